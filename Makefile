@@ -1,0 +1,60 @@
+# mqk — the two commands a newcomer needs: `make run` (a broker on 127.0.0.1:9092) and `make test`.
+# Every target does its own set-up on a fresh machine: virtualenv, pip install (builds the Cython kernels),
+# npm packages for the JS compat clients, and kcat from Debian's packages.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed-stamp
+JSDIR   = compat/js
+PYTEST_ARGS ?=
+
+.PHONY: run test unit test-twins compat-deps setup gen gen-check lint bench clean
+
+$(STAMP): pyproject.toml setup.py setup.cfg $(wildcard mqk/_fast/*.pyx)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/mqk serve
+
+$(JSDIR)/node_modules/.stamp: $(JSDIR)/package.json
+	cd $(JSDIR) && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+compat-deps: $(JSDIR)/node_modules/.stamp
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "installing kcat (Debian package)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat >/dev/null; }
+
+# The whole suite (unit, scenario, integration, compat with real clients), then the unit tests once more
+# on the pure-Python twins.
+test: $(STAMP) compat-deps
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+test-twins: $(STAMP)
+	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q tests/unit
+
+gen: $(STAMP)
+	$(PY) tools/gen_kafka_messages.py
+
+gen-check: $(STAMP)
+	$(PY) tools/gen_kafka_messages.py --check
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check mqk tests compat bench tools
+
+bench: $(STAMP)
+	$(PY) bench/store_bench.py
+
+clean:
+	rm -rf build *.egg-info mqk/_fast/*.so mqk/_fast/*.c

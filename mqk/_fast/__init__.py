@@ -1,0 +1,43 @@
+"""Hot-path kernels: each Cython module `<name>.pyx` here has a pure-Python twin `<name>_py.py` with the same API.
+
+`load(name)` binds the compiled module, or the twin when `MQK_NO_EXTENSIONS=1` is set. A compiled module that is
+missing (no compiler at install time) falls back to the twin loudly: a RuntimeWarning at import, never silently.
+Results are byte-for-byte identical either way (tests/unit/test_fast_parity.py).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from types import ModuleType
+
+NO_EXTENSIONS = os.environ.get("MQK_NO_EXTENSIONS", "") not in ("", "0")
+_missing: list[str] = []
+
+
+def load(name: str) -> ModuleType:
+    if not NO_EXTENSIONS:
+        try:
+            return importlib.import_module(f"mqk._fast.{name}")
+        except ImportError:
+            _missing.append(name)
+            warnings.warn(
+                f"mqk._fast.{name} is not compiled; using the pure-Python twin (much slower). "
+                "Reinstall with a C compiler, or set MQK_NO_EXTENSIONS=1 to silence this.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return importlib.import_module(f"mqk._fast.{name}_py")
+
+
+def twin(name: str) -> ModuleType:
+    """The pure-Python twin, always (for parity tests and benchmarks)."""
+    return importlib.import_module(f"mqk._fast.{name}_py")
+
+
+def compiled(name: str) -> ModuleType | None:
+    """The compiled module, or None if it is not built."""
+    try:
+        return importlib.import_module(f"mqk._fast.{name}")
+    except ImportError:
+        return None

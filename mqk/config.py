@@ -1,0 +1,168 @@
+"""Configuration as frozen values, built once from a TOML file and command-line flags and passed down.
+
+No module-level mutable settings. Defaults are documented beside the field they set. `TopicConfig` holds the
+Kafka-named per-topic settings (the keys DescribeConfigs shows) plus `storage.type`, which picks the engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+FLUSH_ASYNC = "async"
+FLUSH_SYNC = "sync"
+ENGINES = ("file", "memory", "rocksdb")
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    data_dir: Path = Path("mqk-data")
+    #: default engine for topics that do not name one (`storage.type`)
+    storage: str = "file"
+    #: CommitLog segment size; RocketMQ uses 1 GiB. Files are sparse until written.
+    commitlog_segment_bytes: int = 1 << 30
+    #: ConsumeQueue units per mapped file (RocketMQ: 300,000 units)
+    cq_units_per_file: int = 300_000
+    #: `async`: flush every `flush_interval_ms` or once `flush_min_pages` 4 KiB pages are dirty;
+    #: `sync`: an append completes only after fsync (group commit)
+    flush_mode: str = FLUSH_ASYNC
+    flush_interval_ms: int = 500
+    flush_min_pages: int = 4
+    #: how often the checkpoint file is rewritten
+    checkpoint_interval_ms: int = 1000
+    #: above this share of the disk in use, appends are refused
+    disk_max_used_ratio: float = 0.90
+
+    def __post_init__(self) -> None:
+        if self.storage not in ENGINES:
+            raise ValueError(f"storage must be one of {ENGINES}, not {self.storage!r}")
+        if self.flush_mode not in (FLUSH_ASYNC, FLUSH_SYNC):
+            raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
+        if self.commitlog_segment_bytes < 4096:
+            raise ValueError("commitlog_segment_bytes must be at least 4096")
+
+
+#: Kafka's per-topic defaults (the values DescribeConfigs reports as DEFAULT_CONFIG).
+TOPIC_DEFAULTS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "compression.type": "producer",
+    "delete.retention.ms": "86400000",
+    "file.delete.delay.ms": "60000",
+    "flush.messages": "9223372036854775807",
+    "flush.ms": "9223372036854775807",
+    "index.interval.bytes": "4096",
+    "max.compaction.lag.ms": "9223372036854775807",
+    "max.message.bytes": "1048588",
+    "message.timestamp.type": "CreateTime",
+    "message.timestamp.after.max.ms": "9223372036854775807",
+    "message.timestamp.before.max.ms": "9223372036854775807",
+    "min.cleanable.dirty.ratio": "0.5",
+    "min.compaction.lag.ms": "0",
+    "min.insync.replicas": "1",
+    "preallocate": "false",
+    "retention.bytes": "-1",
+    "retention.ms": "604800000",
+    "segment.bytes": "1073741824",
+    "segment.ms": "604800000",
+    "unclean.leader.election.enable": "false",
+    # mqk's own
+    "storage.type": "",
+    "index.keys": "false",
+}
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """Per-topic settings; `overrides` holds only what was set explicitly (Kafka's TOPIC_CONFIG source)."""
+
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> str:
+        return self.overrides.get(key, TOPIC_DEFAULTS.get(key, ""))
+
+    def get_int(self, key: str) -> int:
+        return int(self.get(key))
+
+    @property
+    def storage_type(self) -> str:
+        return self.overrides.get("storage.type", "")
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.get("message.timestamp.type") == "LogAppendTime"
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.get("cleanup.policy")
+
+    def with_overrides(self, changes: Mapping[str, str | None]) -> "TopicConfig":
+        merged = dict(self.overrides)
+        for key, value in changes.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        return TopicConfig(merged)
+
+    def to_dict(self) -> dict[str, str]:
+        return dict(self.overrides)
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    kafka_listen: tuple[str, int] = ("127.0.0.1", 9092)
+    native_listen: tuple[str, int] = ("127.0.0.1", 10911)
+    namesrv_listen: tuple[str, int] = ("127.0.0.1", 9876)
+    node_id: int = 0
+    cluster_id: str = "mqk-cluster"
+    broker_name: str = "mqk-broker-a"
+    auto_create_topics: bool = True
+    num_partitions: int = 1
+    #: Kafka `socket.request.max.bytes`: larger frames close the connection before allocation
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    #: Kafka `message.max.bytes`: the broker-wide ceiling for one record batch
+    message_max_bytes: int = 1048588
+    #: RocketMQ remoting frame ceiling
+    native_max_frame_bytes: int = 16 * 1024 * 1024
+    group_initial_rebalance_delay_ms: int = 0
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1800000
+    #: longest delay a timer message may ask for (RocketMQ timerMaxDelaySec), default 3 days
+    timer_max_delay_ms: int = 3 * 24 * 3600 * 1000
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **flags: Any) -> "BrokerConfig":
+        """Build from an optional TOML file, then flags (non-None values win)."""
+        values: dict[str, Any] = {}
+        store_values: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+            store_values.update(doc.pop("store", {}))
+            values.update(doc)
+        for key, value in flags.items():
+            if value is None:
+                continue
+            if key in {f.name for f in dataclasses.fields(StoreConfig)}:
+                store_values[key] = value
+            else:
+                values[key] = value
+        for key in ("kafka_listen", "native_listen", "namesrv_listen"):
+            if isinstance(values.get(key), str):
+                values[key] = parse_hostport(values[key])
+        if "data_dir" in store_values:
+            store_values["data_dir"] = Path(store_values["data_dir"])
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown configuration keys: {sorted(unknown)}")
+        return cls(store=StoreConfig(**store_values), **values)
