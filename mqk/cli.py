@@ -1,0 +1,91 @@
+"""The `mqk` command line (also `python -m mqk`).
+
+`mqk serve` runs a broker: the embedded default is a file store under ./mqk-data, Kafka on 127.0.0.1:9092,
+RocketMQ remoting on 127.0.0.1:10911 and the name-server role on 127.0.0.1:9876. Port 0 in any listen flag picks a
+free port; once every listener is bound the broker prints one line to stdout:
+`mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`. SIGTERM / SIGINT flush, close files, remove the
+abort marker and exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from mqk import __version__
+from mqk.config import BrokerConfig
+
+log = logging.getLogger("mqk")
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a broker")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML configuration file (flags override it)")
+    p.add_argument("--data-dir", help="data directory (default ./mqk-data)")
+    p.add_argument("--kafka-listen", metavar="HOST:PORT", help="Kafka listener (default 127.0.0.1:9092)")
+    p.add_argument("--native-listen", metavar="HOST:PORT", help="RocketMQ remoting listener (default 127.0.0.1:10911)")
+    p.add_argument("--namesrv-listen", metavar="HOST:PORT", help="name-server listener (default 127.0.0.1:9876)")
+    p.add_argument("--storage", choices=("file", "memory", "rocksdb"), help="default storage engine (default file)")
+    p.add_argument("--flush", dest="flush_mode", choices=("async", "sync"), help="CommitLog flush mode")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=cmd_serve)
+
+
+def build_config(args: argparse.Namespace) -> BrokerConfig:
+    return BrokerConfig.load(
+        args.config,
+        data_dir=args.data_dir,
+        kafka_listen=args.kafka_listen,
+        native_listen=args.native_listen,
+        namesrv_listen=args.namesrv_listen,
+        storage=args.storage,
+        flush_mode=args.flush_mode,
+    )
+
+
+async def _serve(config: BrokerConfig) -> None:
+    from mqk.runtime import BrokerRuntime
+
+    runtime = BrokerRuntime(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runtime.start()
+    print(runtime.ready_line(), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping: flushing and closing the store")
+        await runtime.stop()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    config = build_config(args)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(config))
+    else:
+        uvloop.run(_serve(config))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mqk", description="Kafka- and RocketMQ-compatible message broker")
+    parser.add_argument("--version", action="version", version=f"mqk {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

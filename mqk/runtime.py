@@ -1,0 +1,87 @@
+"""BrokerRuntime: builds the store, the services and the servers from one BrokerConfig; starts and stops them.
+
+Start order is store → services (timer) → Kafka listener → RocketMQ broker listener → name server (which
+advertises the broker listener's bound address). Stop runs in reverse, so no listener outlives the store it uses.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mqk.config import BrokerConfig
+
+log = logging.getLogger("mqk.runtime")
+
+Address = tuple[str, int]
+
+
+class BrokerRuntime:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.store: Any = None
+        self.kafka_address: Address | None = None
+        self.native_address: Address | None = None
+        self.namesrv_address: Address | None = None
+        self._parts: list[Any] = []  # started parts, stopped in reverse
+
+    async def start(self) -> "BrokerRuntime":
+        from mqk.server.kafka.server import KafkaServer
+        from mqk.server.native.namesrv import NameServer
+        from mqk.server.native.server import NativeServer
+        from mqk.store.manager import StoreManager
+        from mqk.timer import TimerService
+
+        cfg = self.config
+        try:
+            self.store = StoreManager(cfg.store)
+            await self.store.start()
+            timer = TimerService(cfg, self.store)
+            await timer.start()
+            self._parts.append(timer)
+
+            kafka = KafkaServer(cfg, self.store)
+            self.kafka_address = await kafka.start()
+            self._parts.append(kafka)
+
+            native = NativeServer(cfg, self.store)
+            self.native_address = await native.start()
+            self._parts.append(native)
+
+            namesrv = NameServer(cfg, self.store, self.native_address)
+            self.namesrv_address = await namesrv.start()
+            self._parts.append(namesrv)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    def ready_line(self) -> str:
+        def fmt(addr: Address | None) -> str:
+            return f"{addr[0]}:{addr[1]}" if addr else "-"
+
+        return (
+            f"mqk ready kafka={fmt(self.kafka_address)} native={fmt(self.native_address)} "
+            f"namesrv={fmt(self.namesrv_address)}"
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.kafka_address is not None
+        return f"{self.kafka_address[0]}:{self.kafka_address[1]}"
+
+    async def stop(self) -> None:
+        while self._parts:
+            part = self._parts.pop()
+            try:
+                await part.stop()
+            except Exception:  # noqa: BLE001 - keep stopping the rest; the store must still close
+                log.exception("error stopping %s", type(part).__name__)
+        if self.store is not None:
+            store, self.store = self.store, None
+            await store.close()
+
+    async def __aenter__(self) -> "BrokerRuntime":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

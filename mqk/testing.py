@@ -1,0 +1,221 @@
+"""Test a Kafka (or RocketMQ) application against a real mqk broker, without Docker or a JVM.
+
+Installed as a pytest plugin (entry point `mqk`), so after `pip install mqk` these fixtures exist in every test run:
+
+- `mqk_broker`: a started in-process `BrokerRuntime` on free loopback ports with a memory store (function scope);
+- `mqk_file_broker`: the same with a file store in the test's tmp_path;
+- `mqk_bootstrap`: the Kafka bootstrap address of `mqk_broker`, "127.0.0.1:PORT".
+
+The in-process broker runs its own event loop in a background thread, so both synchronous clients
+(confluent-kafka, kafka-python) and asyncio tests can use it. `BrokerProcess` runs `python -m mqk serve` as a
+child process instead, for tests that restart or kill -9 the broker.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from mqk.config import BrokerConfig, StoreConfig
+
+_READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
+_ANY_PORT = ("127.0.0.1", 0)
+
+
+def broker_config(storage: str = "memory", data_dir: Path | None = None, **store: Any) -> BrokerConfig:
+    """A config with every listener on a free loopback port."""
+    return BrokerConfig(
+        kafka_listen=_ANY_PORT,
+        native_listen=_ANY_PORT,
+        namesrv_listen=_ANY_PORT,
+        store=StoreConfig(storage=storage, data_dir=data_dir or Path("mqk-data"), **store),
+    )
+
+
+class ThreadedBroker:
+    """A BrokerRuntime running on its own event loop in a daemon thread."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        from mqk.runtime import BrokerRuntime
+
+        self.config = config
+        self.runtime = BrokerRuntime(config)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="mqk-broker", daemon=True)
+
+    def start(self) -> "ThreadedBroker":
+        self._thread.start()
+        self.call(self.runtime.start())
+        return self
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        """Run a coroutine on the broker's loop and wait for its result."""
+        fut: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    def stop(self) -> None:
+        try:
+            self.call(self.runtime.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()
+
+    @property
+    def store(self) -> Any:
+        return self.runtime.store
+
+    @property
+    def bootstrap(self) -> str:
+        return self.runtime.bootstrap
+
+    @property
+    def kafka_address(self) -> tuple[str, int]:
+        return self.runtime.kafka_address
+
+    @property
+    def native_address(self) -> tuple[str, int]:
+        return self.runtime.native_address
+
+    @property
+    def namesrv_address(self) -> tuple[str, int]:
+        return self.runtime.namesrv_address
+
+
+class BrokerProcess:
+    """`python -m mqk serve` in a child process with port-0 listeners; for restart and kill -9 tests."""
+
+    def __init__(
+        self, data_dir: Path | str, storage: str = "file", extra_args: Sequence[str] = (), timeout: float = 30.0
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.storage = storage
+        self.extra_args = list(extra_args)
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self.kafka_address: tuple[str, int] | None = None
+        self.native_address: tuple[str, int] | None = None
+        self.namesrv_address: tuple[str, int] | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.kafka_address is not None, "broker not started"
+        return f"{self.kafka_address[0]}:{self.kafka_address[1]}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> "BrokerProcess":
+        cmd = [
+            sys.executable, "-m", "mqk", "serve",
+            "--data-dir", str(self.data_dir),
+            "--storage", self.storage,
+            "--kafka-listen", "127.0.0.1:0",
+            "--native-listen", "127.0.0.1:0",
+            "--namesrv-listen", "127.0.0.1:0",
+            *self.extra_args,
+        ]  # fmt: skip
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        log.close()
+        deadline = time.monotonic() + self.timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            m = _READY.search(line)
+            if m:
+                g = m.groups()
+                self.kafka_address = (g[0], int(g[1]))
+                self.native_address = (g[2], int(g[3]))
+                self.namesrv_address = (g[4], int(g[5]))
+                return self
+        self.kill()
+        raise RuntimeError(f"broker did not become ready; log: {self.log_path}\n{self.log_text()[-4000:]}")
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no clean-up; the next start must recover."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self._close_pipe()
+
+    def stop(self) -> int:
+        """SIGTERM and wait: a clean stop. Returns the exit code."""
+        code = 0
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(self.timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait(10)
+        elif self.proc:
+            code = self.proc.returncode
+        self._close_pipe()
+        return code
+
+    def restart(self, kill: bool = False) -> "BrokerProcess":
+        self.kill() if kill else self.stop()
+        return self.start()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds used so far by the broker process (from /proc)."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def _close_pipe(self) -> None:
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> "BrokerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture
+def mqk_broker() -> Iterator[ThreadedBroker]:
+    broker = ThreadedBroker(broker_config("memory")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def mqk_file_broker(tmp_path: Path) -> Iterator[ThreadedBroker]:
+    broker = ThreadedBroker(broker_config("file", tmp_path / "data", commitlog_segment_bytes=16 << 20)).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def mqk_bootstrap(mqk_broker: ThreadedBroker) -> str:
+    return mqk_broker.bootstrap
