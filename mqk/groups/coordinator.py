@@ -1,0 +1,759 @@
+"""Classic (pre-KIP-848) consumer-group coordinator: membership, rebalances and committed offsets.
+
+This module owns the group state machine — Empty → PreparingRebalance → CompletingRebalance → Stable (and Dead
+once deleted) — with member ids, generations, static membership (group.instance.id), protocol selection and the
+session / rebalance timers. It is pure logic on asyncio futures and `loop.call_later` timers: no sockets, no wire
+codecs. Handlers translate requests into calls here and results back into responses; errors come back as Kafka
+error codes (ints from `mqk.errors`) because every API answers them per group or per member, never by raising.
+
+Committed offsets live in the store (`commit_offsets` / `fetch_offsets` on the StoreManager), so they survive a
+broker restart; membership does not (members rejoin after a restart, as they would after a coordinator move).
+A group that exists only through its committed offsets is reported as Empty.
+
+Semantics follow Kafka's GroupCoordinator where clients can observe them:
+- a dynamic member joining with an empty member id on JoinGroup v4+ gets MEMBER_ID_REQUIRED plus its new id and
+  must join again with it (KIP-394); older versions are admitted directly;
+- a rebalance completes when every known member has rejoined or the largest rebalance timeout elapses (members
+  that did not rejoin are dropped); the leader's SyncGroup assignment is handed to every member;
+- a static member rejoining with a known instance id replaces (fences) its old member id and, when the group is
+  stable and its protocols are unchanged, gets the current assignment back without a rebalance (KIP-345).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from mqk import errors
+from mqk.store.adapter import GroupOffset
+
+log = logging.getLogger("mqk.groups")
+
+EMPTY = "Empty"
+PREPARING_REBALANCE = "PreparingRebalance"
+COMPLETING_REBALANCE = "CompletingRebalance"
+STABLE = "Stable"
+DEAD = "Dead"
+
+NONE = 0
+OFFSET_METADATA_TOO_LARGE = 12
+#: Kafka's offset.metadata.max.bytes default
+MAX_OFFSET_METADATA = 4096
+
+E = errors  # short alias for the error-code table
+
+
+@dataclass
+class JoinResult:
+    error: int
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    skip_assignment: bool = False
+    #: (member_id, group_instance_id, metadata); only the leader receives the member list
+    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class SyncResult:
+    error: int
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+@dataclass
+class Member:
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    join_future: asyncio.Future | None = None
+    sync_future: asyncio.Future | None = None
+    session_timer: asyncio.TimerHandle | None = None
+    #: true once the member has joined the rebalance in progress
+    joined: bool = False
+
+    def metadata_for(self, protocol: str | None) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+    def protocol_names(self) -> list[str]:
+        return [name for name, _ in self.protocols]
+
+
+class Group:
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        self.state = EMPTY
+        self.generation_id = 0
+        self.protocol_type: str | None = None
+        self.protocol_name: str | None = None
+        self.leader: str | None = None
+        self.members: dict[str, Member] = {}
+        self.static_members: dict[str, str] = {}  # group.instance.id -> member id
+        #: member ids handed out with MEMBER_ID_REQUIRED, not yet joined (expire after one session timeout)
+        self.pending: dict[str, asyncio.TimerHandle] = {}
+        self.rebalance_timer: asyncio.TimerHandle | None = None
+
+    # --- views -----------------------------------------------------------------------------------------
+
+    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
+        if not self.members:
+            return bool(protocol_type) and bool(protocols)
+        if protocol_type != self.protocol_type:
+            return False
+        names = {name for name, _ in protocols}
+        return bool(names & self.candidate_protocols())
+
+    def candidate_protocols(self) -> set[str]:
+        sets = [set(m.protocol_names()) for m in self.members.values()]
+        return set.intersection(*sets) if sets else set()
+
+    def select_protocol(self) -> str | None:
+        """Each member votes for the first protocol in its own preference order that all members support."""
+        candidates = self.candidate_protocols()
+        if not candidates:
+            return None
+        votes: dict[str, int] = {}
+        order: list[str] = []
+        for member in self.members.values():
+            choice = next(name for name in member.protocol_names() if name in candidates)
+            if choice not in votes:
+                order.append(choice)
+            votes[choice] = votes.get(choice, 0) + 1
+        return max(order, key=lambda name: votes[name])  # ties: the first voted for
+
+    def all_joined(self) -> bool:
+        return not self.pending and all(m.joined for m in self.members.values())
+
+    def subscribed_topics(self) -> set[str] | None:
+        """Topics the members subscribe to (consumer protocol metadata), or None if it cannot be told."""
+        if self.protocol_type != "consumer" or self.protocol_name is None:
+            return None
+        topics: set[str] = set()
+        for member in self.members.values():
+            parsed = parse_consumer_subscription(member.metadata_for(self.protocol_name))
+            if parsed is None:
+                return None
+            topics.update(parsed)
+        return topics
+
+
+def parse_consumer_subscription(metadata: bytes) -> list[str] | None:
+    """Topic names from ConsumerProtocolSubscription bytes (version i16, topics [string]); None if malformed."""
+    try:
+        _version, count = struct.unpack_from(">hi", metadata, 0)
+        pos = 6
+        topics = []
+        if count < 0 or count > len(metadata):
+            return None
+        for _ in range(count):
+            (length,) = struct.unpack_from(">h", metadata, pos)
+            pos += 2
+            if length < 0 or pos + length > len(metadata):
+                return None
+            topics.append(metadata[pos : pos + length].decode())
+            pos += length
+        return topics
+    except (struct.error, UnicodeDecodeError):
+        return None
+
+
+class GroupCoordinator:
+    """Every classic group this broker coordinates (this broker coordinates all of them)."""
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        min_session_timeout_ms: int = 6000,
+        max_session_timeout_ms: int = 1800000,
+        initial_rebalance_delay_ms: int = 0,
+    ) -> None:
+        #: anything with commit_offsets / fetch_offsets / delete_offsets / list_offset_groups (the StoreManager)
+        self.store = store
+        self.min_session_timeout_ms = min_session_timeout_ms
+        self.max_session_timeout_ms = max_session_timeout_ms
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self.groups: dict[str, Group] = {}
+
+    @classmethod
+    def from_config(cls, config: Any, store: Any) -> "GroupCoordinator":
+        return cls(
+            store,
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        )
+
+    def close(self) -> None:
+        """Cancel every timer and fail pending joins/syncs (broker shutdown)."""
+        for group in self.groups.values():
+            if group.rebalance_timer:
+                group.rebalance_timer.cancel()
+            for handle in group.pending.values():
+                handle.cancel()
+            for member in group.members.values():
+                if member.session_timer:
+                    member.session_timer.cancel()
+                _resolve(member.join_future, JoinResult(E.CoordinatorNotAvailableError.code, member_id=member.member_id))
+                _resolve(member.sync_future, SyncResult(E.CoordinatorNotAvailableError.code))
+        self.groups.clear()
+
+    # --- JoinGroup -------------------------------------------------------------------------------------
+
+    async def join(
+        self,
+        group_id: str,
+        member_id: str,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        *,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int = -1,
+        group_instance_id: str | None = None,
+        require_known_member_id: bool = False,
+        client_id: str = "",
+        client_host: str = "",
+    ) -> JoinResult:
+        if not group_id:
+            return JoinResult(E.InvalidGroupIdError.code, member_id=member_id)
+        if not (self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms):
+            return JoinResult(E.InvalidSessionTimeoutError.code, member_id=member_id)
+        if rebalance_timeout_ms < 0:
+            rebalance_timeout_ms = session_timeout_ms
+        group = self.groups.get(group_id)
+        if group is None:
+            if member_id and group_instance_id is None:
+                return JoinResult(E.UnknownMemberIdError.code, member_id=member_id)
+            group = self.groups[group_id] = Group(group_id)
+        if group.state == DEAD:
+            return JoinResult(E.CoordinatorNotAvailableError.code, member_id=member_id)
+        if not group.supports(protocol_type, protocols):
+            return JoinResult(E.InconsistentGroupProtocolError.code, member_id=member_id)
+        params = dict(
+            client_id=client_id,
+            client_host=client_host,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            protocol_type=protocol_type,
+            protocols=list(protocols),
+        )
+
+        if not member_id:
+            if group_instance_id is not None:
+                return await self._join_static_unknown(group, group_instance_id, params)
+            new_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if require_known_member_id:
+                loop = asyncio.get_running_loop()
+                group.pending[new_id] = loop.call_later(
+                    session_timeout_ms / 1000, self._expire_pending, group, new_id
+                )
+                return JoinResult(E.MemberIdRequiredError.code, member_id=new_id)
+            member = Member(new_id, None, **params)
+            return await self._add_member_and_rebalance(group, member)
+
+        # a known (or pending) member id
+        if group_instance_id is not None:
+            known = group.static_members.get(group_instance_id)
+            if known is not None and known != member_id:
+                return JoinResult(E.FencedInstanceIdError.code, member_id=member_id)
+        if member_id in group.pending:
+            group.pending.pop(member_id).cancel()
+            member = Member(member_id, group_instance_id, **params)
+            return await self._add_member_and_rebalance(group, member)
+        member = group.members.get(member_id)
+        if member is None:
+            return JoinResult(E.UnknownMemberIdError.code, member_id=member_id)
+        return await self._join_known(group, member, params)
+
+    async def _join_static_unknown(self, group: Group, instance_id: str, params: dict) -> JoinResult:
+        new_id = f"{instance_id}-{uuid.uuid4()}"
+        old_id = group.static_members.get(instance_id)
+        if old_id is None or old_id not in group.members:
+            member = Member(new_id, instance_id, **params)
+            return await self._add_member_and_rebalance(group, member)
+        # the same instance came back (restart): fence the old member id, keep its place and assignment
+        old = group.members.pop(old_id)
+        _cancel(old.session_timer)
+        _resolve(old.join_future, JoinResult(E.FencedInstanceIdError.code, member_id=old_id))
+        _resolve(old.sync_future, SyncResult(E.FencedInstanceIdError.code))
+        member = Member(new_id, instance_id, assignment=old.assignment, **params)
+        member.joined = old.joined
+        group.members[new_id] = member
+        group.static_members[instance_id] = new_id
+        if group.leader == old_id:
+            group.leader = new_id
+        unchanged = old.protocols == member.protocols and old.protocol_type == member.protocol_type
+        if group.state == STABLE and unchanged:
+            self._heartbeat_ok(group, member)
+            return JoinResult(
+                NONE,
+                generation_id=group.generation_id,
+                protocol_type=group.protocol_type,
+                protocol_name=group.protocol_name,
+                leader=group.leader or "",
+                member_id=new_id,
+                # the leader must not reassign: the group did not change (KIP-814)
+                skip_assignment=group.leader == new_id,
+                members=self._member_list(group) if group.leader == new_id else [],
+            )
+        if group.state == PREPARING_REBALANCE:
+            return await self._await_join(group, member)
+        return await self._rebalance_with(group, member)
+
+    async def _join_known(self, group: Group, member: Member, params: dict) -> JoinResult:
+        changed = member.protocols != params["protocols"]
+        member.protocols = params["protocols"]
+        member.session_timeout_ms = params["session_timeout_ms"]
+        member.rebalance_timeout_ms = params["rebalance_timeout_ms"]
+        member.client_id = params["client_id"] or member.client_id
+        member.client_host = params["client_host"] or member.client_host
+        if group.state == PREPARING_REBALANCE:
+            return await self._await_join(group, member)
+        if group.state in (COMPLETING_REBALANCE, STABLE) and not changed and not (
+            group.state == STABLE and group.leader == member.member_id
+        ):
+            # a member that already has this generation: answer with it (e.g. a lost JoinGroup response)
+            self._heartbeat_ok(group, member)
+            return self._join_result(group, member)
+        return await self._rebalance_with(group, member)
+
+    async def _add_member_and_rebalance(self, group: Group, member: Member) -> JoinResult:
+        group.members[member.member_id] = member
+        if member.instance_id is not None:
+            group.static_members[member.instance_id] = member.member_id
+        if group.state == PREPARING_REBALANCE:
+            return await self._await_join(group, member)
+        return await self._rebalance_with(group, member)
+
+    async def _rebalance_with(self, group: Group, member: Member) -> JoinResult:
+        self._prepare_rebalance(group)
+        return await self._await_join(group, member)
+
+    async def _await_join(self, group: Group, member: Member) -> JoinResult:
+        _resolve(member.join_future, JoinResult(E.RebalanceInProgressError.code, member_id=member.member_id))
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        member.join_future = future
+        member.joined = True
+        _cancel(member.session_timer)
+        member.session_timer = None
+        if group.all_joined() and not (group.generation_id == 0 and self.initial_rebalance_delay_ms > 0):
+            self._complete_join(group)
+        return await future
+
+    def _prepare_rebalance(self, group: Group) -> None:
+        if group.state == PREPARING_REBALANCE:
+            return
+        # members waiting in SyncGroup learn that a new round started
+        for m in group.members.values():
+            _resolve(m.sync_future, SyncResult(E.RebalanceInProgressError.code))
+            m.sync_future = None
+            m.joined = False
+        group.state = PREPARING_REBALANCE
+        timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
+        if group.generation_id == 0 and self.initial_rebalance_delay_ms > 0:
+            timeout = max(timeout, self.initial_rebalance_delay_ms)
+            # the first rebalance waits a little for more members (group.initial.rebalance.delay.ms)
+            delay = self.initial_rebalance_delay_ms
+        else:
+            delay = timeout
+        _cancel(group.rebalance_timer)
+        group.rebalance_timer = asyncio.get_running_loop().call_later(
+            delay / 1000, self._rebalance_deadline, group
+        )
+
+    def _rebalance_deadline(self, group: Group) -> None:
+        group.rebalance_timer = None
+        if group.state != PREPARING_REBALANCE:
+            return
+        for member_id, member in list(group.members.items()):
+            if not member.joined:
+                log.info("group %s: member %s did not rejoin in time; removing it", group.group_id, member_id)
+                self._remove_member(group, member)
+        for handle in group.pending.values():
+            handle.cancel()
+        group.pending.clear()
+        self._complete_join(group)
+
+    def _complete_join(self, group: Group) -> None:
+        _cancel(group.rebalance_timer)
+        group.rebalance_timer = None
+        group.generation_id += 1
+        if not group.members:
+            group.state = EMPTY
+            group.protocol_name = None
+            group.leader = None
+            return
+        first = next(iter(group.members.values()))
+        group.protocol_type = first.protocol_type
+        group.protocol_name = group.select_protocol()
+        if group.leader not in group.members:
+            group.leader = first.member_id
+        group.state = COMPLETING_REBALANCE
+        for member in group.members.values():
+            member.joined = False
+            future, member.join_future = member.join_future, None
+            _resolve(future, self._join_result(group, member))
+            self._heartbeat_ok(group, member)
+
+    def _join_result(self, group: Group, member: Member) -> JoinResult:
+        is_leader = member.member_id == group.leader
+        return JoinResult(
+            NONE,
+            generation_id=group.generation_id,
+            protocol_type=group.protocol_type,
+            protocol_name=group.protocol_name,
+            leader=group.leader or "",
+            member_id=member.member_id,
+            members=self._member_list(group) if is_leader else [],
+        )
+
+    @staticmethod
+    def _member_list(group: Group) -> list[tuple[str, str | None, bytes]]:
+        return [
+            (m.member_id, m.instance_id, m.metadata_for(group.protocol_name)) for m in group.members.values()
+        ]
+
+    # --- SyncGroup -------------------------------------------------------------------------------------
+
+    async def sync(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        assignments: dict[str, bytes],
+        *,
+        group_instance_id: str | None = None,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
+    ) -> SyncResult:
+        group = self.groups.get(group_id)
+        if group is None or group.state == DEAD:
+            return SyncResult(E.UnknownMemberIdError.code)
+        error, member = self._check_member(group, member_id, group_instance_id)
+        if member is None:
+            return SyncResult(error)
+        if generation_id != group.generation_id:
+            return SyncResult(E.IllegalGenerationError.code)
+        if (protocol_type is not None and protocol_type != group.protocol_type) or (
+            protocol_name is not None and protocol_name != group.protocol_name
+        ):
+            return SyncResult(E.InconsistentGroupProtocolError.code)
+        if group.state == PREPARING_REBALANCE:
+            return SyncResult(E.RebalanceInProgressError.code)
+        if group.state == STABLE:
+            self._heartbeat_ok(group, member)
+            return self._sync_result(group, member)
+        if group.state != COMPLETING_REBALANCE:
+            return SyncResult(E.UnknownMemberIdError.code)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        _resolve(member.sync_future, SyncResult(E.RebalanceInProgressError.code))
+        member.sync_future = future
+        self._heartbeat_ok(group, member)
+        if member_id == group.leader:
+            for m in group.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            group.state = STABLE
+            for m in group.members.values():
+                waiting, m.sync_future = m.sync_future, None
+                _resolve(waiting, self._sync_result(group, m))
+        return await future
+
+    @staticmethod
+    def _sync_result(group: Group, member: Member) -> SyncResult:
+        return SyncResult(NONE, group.protocol_type, group.protocol_name, member.assignment)
+
+    # --- Heartbeat / LeaveGroup ------------------------------------------------------------------------
+
+    def heartbeat(
+        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None = None
+    ) -> int:
+        group = self.groups.get(group_id)
+        if group is None or group.state in (DEAD, EMPTY):
+            return E.UnknownMemberIdError.code
+        error, member = self._check_member(group, member_id, group_instance_id)
+        if member is None:
+            return error
+        if generation_id != group.generation_id:
+            return E.IllegalGenerationError.code
+        self._heartbeat_ok(group, member)
+        if group.state == PREPARING_REBALANCE:
+            return E.RebalanceInProgressError.code
+        return NONE
+
+    def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[int, list[int]]:
+        """Remove members ((member_id, group_instance_id) pairs); returns (group error, per-member errors)."""
+        group = self.groups.get(group_id)
+        if group is None or group.state == DEAD:
+            return E.UnknownMemberIdError.code, [E.UnknownMemberIdError.code] * len(members)
+        codes = []
+        for member_id, instance_id in members:
+            if instance_id is not None:
+                known = group.static_members.get(instance_id)
+                if known is None:
+                    codes.append(E.UnknownMemberIdError.code)
+                    continue
+                if member_id and member_id != known:
+                    codes.append(E.FencedInstanceIdError.code)
+                    continue
+                member_id = known
+            member = group.members.get(member_id)
+            if member is None:
+                if member_id in group.pending:
+                    group.pending.pop(member_id).cancel()
+                    codes.append(NONE)
+                else:
+                    codes.append(E.UnknownMemberIdError.code)
+                continue
+            codes.append(NONE)
+            self._member_left(group, member)
+        return NONE, codes
+
+    def _check_member(
+        self, group: Group, member_id: str, instance_id: str | None
+    ) -> tuple[int, Member | None]:
+        if instance_id is not None:
+            known = group.static_members.get(instance_id)
+            if known is not None and known != member_id:
+                return E.FencedInstanceIdError.code, None
+        member = group.members.get(member_id)
+        if member is None:
+            return E.UnknownMemberIdError.code, None
+        return NONE, member
+
+    # --- timers ----------------------------------------------------------------------------------------
+
+    def _heartbeat_ok(self, group: Group, member: Member) -> None:
+        _cancel(member.session_timer)
+        member.session_timer = asyncio.get_running_loop().call_later(
+            member.session_timeout_ms / 1000, self._session_expired, group, member
+        )
+
+    def _session_expired(self, group: Group, member: Member) -> None:
+        member.session_timer = None
+        if group.members.get(member.member_id) is not member:
+            return
+        if member.join_future is not None or member.sync_future is not None:
+            # a member parked in JoinGroup / SyncGroup is alive; the rebalance timeout governs it
+            self._heartbeat_ok(group, member)
+            return
+        log.info("group %s: member %s session expired", group.group_id, member.member_id)
+        self._member_left(group, member)
+
+    def _expire_pending(self, group: Group, member_id: str) -> None:
+        group.pending.pop(member_id, None)
+        if group.state == PREPARING_REBALANCE and group.all_joined():
+            self._complete_join(group)
+
+    def _member_left(self, group: Group, member: Member) -> None:
+        self._remove_member(group, member)
+        if group.state in (STABLE, COMPLETING_REBALANCE):
+            if group.members:
+                self._prepare_rebalance(group)
+                # the members still here must rejoin; their sync/heartbeat tells them so
+            else:
+                group.state = EMPTY
+                group.generation_id += 1
+                group.leader = None
+                group.protocol_name = None
+        elif group.state == PREPARING_REBALANCE and group.all_joined():
+            self._complete_join(group)
+
+    def _remove_member(self, group: Group, member: Member) -> None:
+        group.members.pop(member.member_id, None)
+        if member.instance_id is not None and group.static_members.get(member.instance_id) == member.member_id:
+            del group.static_members[member.instance_id]
+        _cancel(member.session_timer)
+        member.session_timer = None
+        _resolve(member.join_future, JoinResult(E.UnknownMemberIdError.code, member_id=member.member_id))
+        _resolve(member.sync_future, SyncResult(E.UnknownMemberIdError.code))
+        if group.leader == member.member_id:
+            group.leader = next(iter(group.members), None)
+
+    # --- offsets ---------------------------------------------------------------------------------------
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        offsets: dict[tuple[str, int], tuple[int, int, str | None]],
+        *,
+        group_instance_id: str | None = None,
+    ) -> dict[tuple[str, int], int]:
+        """Commit (offset, leader_epoch, metadata) per partition; returns an error code per partition.
+
+        Partition validity (topic exists) is the handler's check; it passes only known partitions here."""
+        error = self._commit_check(group_id, generation_id, member_id, group_instance_id)
+        if error:
+            return {tp: error for tp in offsets}
+        result: dict[tuple[str, int], int] = {}
+        now = int(time.time() * 1000)
+        to_store: dict[tuple[str, int], GroupOffset] = {}
+        for tp, (offset, leader_epoch, metadata) in offsets.items():
+            metadata = metadata or ""
+            if len(metadata) > MAX_OFFSET_METADATA:
+                result[tp] = OFFSET_METADATA_TOO_LARGE
+                continue
+            to_store[tp] = GroupOffset(offset, metadata, now, leader_epoch)
+            result[tp] = NONE
+        if to_store:
+            try:
+                await self.store.commit_offsets(group_id, to_store)
+            except Exception as exc:  # noqa: BLE001 - every partition learns the storage failure
+                log.warning("group %s: offset commit failed: %s", group_id, exc)
+                code = errors.kafka_code_for(exc)
+                return {tp: (code if tp in to_store else c) for tp, c in result.items()}
+        if group_id not in self.groups:
+            self.groups[group_id] = Group(group_id)
+        return result
+
+    def _commit_check(
+        self, group_id: str, generation_id: int, member_id: str, instance_id: str | None
+    ) -> int:
+        if not group_id:
+            return E.InvalidGroupIdError.code
+        group = self.groups.get(group_id)
+        if group is None:
+            # a "simple" commit (no membership, offsets only) creates the group as Empty
+            return NONE if generation_id < 0 else E.IllegalGenerationError.code
+        if group.state == DEAD:
+            return E.CoordinatorNotAvailableError.code
+        if group.state == EMPTY and generation_id < 0:
+            return NONE
+        error, member = self._check_member(group, member_id, instance_id)
+        if member is None:
+            return error
+        if generation_id != group.generation_id:
+            return E.IllegalGenerationError.code
+        if group.state == COMPLETING_REBALANCE:
+            return E.RebalanceInProgressError.code
+        self._heartbeat_ok(group, member)
+        return NONE
+
+    def fetch_offsets(
+        self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], GroupOffset | None]:
+        """Committed offsets of these partitions (None where nothing is committed), or all of them."""
+        committed = self.store.fetch_offsets(group_id)
+        if partitions is None:
+            return dict(committed)
+        return {tp: committed.get(tp) for tp in partitions}
+
+    # --- admin -----------------------------------------------------------------------------------------
+
+    def group_ids(self) -> list[str]:
+        ids = {gid for gid, g in self.groups.items() if g.state != DEAD}
+        ids.update(self.store.list_offset_groups())
+        return sorted(ids)
+
+    def list_groups(self, states: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
+        """(group_id, protocol_type, state), optionally only in the given states (case-insensitive)."""
+        wanted = {s.lower() for s in states} if states else None
+        out = []
+        for gid in self.group_ids():
+            group = self.groups.get(gid)
+            state = group.state if group else EMPTY
+            ptype = (group.protocol_type if group else None) or ""
+            if wanted is None or state.lower() in wanted:
+                out.append((gid, ptype, state))
+        return out
+
+    def describe(self, group_id: str) -> dict[str, Any] | None:
+        """The group as DescribeGroups shows it, or None if the coordinator knows nothing of it."""
+        group = self.groups.get(group_id)
+        if group is None:
+            if group_id in self.store.list_offset_groups():
+                group = Group(group_id)
+            else:
+                return None
+        stable = group.state == STABLE
+        members = [
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.instance_id,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                # like Kafka, metadata and assignment are only shown once the group is stable
+                "member_metadata": m.metadata_for(group.protocol_name) if stable else b"",
+                "member_assignment": m.assignment if stable else b"",
+            }
+            for m in group.members.values()
+        ]
+        return {
+            "group_id": group_id,
+            "group_state": group.state,
+            "protocol_type": group.protocol_type or "",
+            "protocol_data": (group.protocol_name or "") if stable else "",
+            "members": members,
+        }
+
+    async def delete_group(self, group_id: str) -> int:
+        group = self.groups.get(group_id)
+        known = group is not None and group.state != DEAD
+        if not known and group_id not in self.store.list_offset_groups():
+            return E.GroupIdNotFoundError.code
+        if group is not None and (group.members or group.state not in (EMPTY, DEAD)):
+            return E.NonEmptyGroupError.code
+        try:
+            await self.store.delete_offsets(group_id, None)
+        except Exception as exc:  # noqa: BLE001
+            return errors.kafka_code_for(exc)
+        if group is not None:
+            group.state = DEAD
+            del self.groups[group_id]
+        return NONE
+
+    async def delete_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]]
+    ) -> tuple[int, dict[tuple[str, int], int]]:
+        """OffsetDelete: (group error, per-partition errors). Partitions of topics the group's members are
+        subscribed to are refused with GROUP_SUBSCRIBED_TO_TOPIC."""
+        group = self.groups.get(group_id)
+        if (group is None or group.state == DEAD) and group_id not in self.store.list_offset_groups():
+            return E.GroupIdNotFoundError.code, {}
+        subscribed: set[str] = set()
+        if group is not None and group.members:
+            topics = group.subscribed_topics()
+            if topics is None:
+                return E.NonEmptyGroupError.code, {}
+            subscribed = topics
+        result = {}
+        deletable = []
+        for tp in partitions:
+            if tp[0] in subscribed:
+                result[tp] = E.GroupSubscribedToTopicError.code
+            else:
+                result[tp] = NONE
+                deletable.append(tp)
+        if deletable:
+            try:
+                await self.store.delete_offsets(group_id, deletable)
+            except Exception as exc:  # noqa: BLE001
+                return errors.kafka_code_for(exc), {}
+        return NONE, result
+
+
+def _resolve(future: asyncio.Future | None, value: Any) -> None:
+    if future is not None and not future.done():
+        future.set_result(value)
+
+
+def _cancel(handle: asyncio.TimerHandle | None) -> None:
+    if handle is not None:
+        handle.cancel()
