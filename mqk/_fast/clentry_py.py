@@ -1,0 +1,133 @@
+"""CommitLog entry kernels, pure Python: the twin of `clentry.pyx`, same API, byte-identical results.
+
+Owns the byte layout of one CommitLog entry (big-endian) and nothing else — segments, positions and flushing are
+the file store's:
+  0 total_size i32 | 4 magic u32 | 8 crc u32 (CRC32C of bytes [12, total_size)) | 12 queue_id i32 | 16 flags i32 |
+  20 queue_offset i64 | 28 physical_offset i64 | 36 record_count i32 | 40 store_timestamp i64 |
+  48 max_timestamp i64 | 56 tags_code i64 | 64 topic_len u16 | 66 topic (UTF-8) | body (a Kafka record batch v2)
+A BLANK entry (total_size, MAGIC_BLANK) fills the unused end of a segment; it is at least BLANK_MIN_SIZE bytes, so a
+writer must only place an entry where `entry_size + BLANK_MIN_SIZE <= bytes left` (RocketMQ's rule) — the space
+that remains can then always take a BLANK.
+
+`read_entry` answers kind 0 (end of data) where total_size is 0 or fewer than BLANK_MIN_SIZE bytes remain before
+`limit`, kind 1 for a message, kind 2 for a blank; any other magic, an impossible size or a CRC mismatch is
+`Corrupt(message, position)`. Writes outside the buffer raise `OutOfBounds`.
+"""
+from __future__ import annotations
+
+import struct
+
+from crc32c import crc32c
+
+from mqk._fast.recbatch_py import HEADER_SIZE as BATCH_HEADER_SIZE
+from mqk._fast.recbatch_py import _i32, _i64, _ssize  # shared argument coercion
+from mqk.errors import Corrupt, OutOfBounds
+
+FIXED_HEADER_SIZE = 66
+MAGIC_MESSAGE = 0xDAA320A7
+MAGIC_BLANK = 0xCBD43194
+BLANK_MIN_SIZE = 8
+CRC_START = 12
+KIND_END, KIND_MESSAGE, KIND_BLANK = 0, 1, 2
+MAX_TOPIC_LEN = 0xFFFF
+_INT32_MAX = (1 << 31) - 1
+
+_FIXED = struct.Struct(">iIIiiqqiqqqH")
+_SIZE_MAGIC = struct.Struct(">iI")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+
+_END = (KIND_END, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
+
+
+def entry_size(topic_len, body_len) -> int:
+    """Bytes an entry with this topic and body takes. ValueError if the topic is too long or the entry over 2 GiB."""
+    topic_len = _ssize(topic_len)
+    body_len = _ssize(body_len)
+    if topic_len < 0 or topic_len > MAX_TOPIC_LEN:
+        raise ValueError(f"topic length {topic_len} outside [0, {MAX_TOPIC_LEN}]")
+    if body_len < 0 or body_len > _INT32_MAX - FIXED_HEADER_SIZE - topic_len:
+        raise ValueError(f"body length {body_len} does not fit an entry")
+    return FIXED_HEADER_SIZE + topic_len + body_len
+
+
+def encode_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp,
+                 tags_code, flags, record_count, body) -> int:
+    """Write one message entry at `pos` in writable `buf`; the copied body (a record batch) gets base offset =
+    queue_offset. Returns the entry's size. OutOfBounds if it does not fit; ValueError if body is no batch."""
+    pos = _ssize(pos)
+    queue_id = _i32(queue_id)
+    queue_offset = _i64(queue_offset)
+    physical_offset = _i64(physical_offset)
+    store_timestamp = _i64(store_timestamp)
+    max_timestamp = _i64(max_timestamp)
+    tags_code = _i64(tags_code)
+    flags = _i32(flags)
+    record_count = _i32(record_count)
+    if not isinstance(topic, bytes):
+        raise TypeError("topic must be bytes")
+    body = memoryview(body)
+    if body.nbytes < BATCH_HEADER_SIZE:
+        raise ValueError(f"body of {body.nbytes} bytes is not a record batch")
+    size = entry_size(len(topic), body.nbytes)
+    mv = memoryview(buf)
+    if pos < 0 or size > mv.nbytes - pos:
+        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
+    _FIXED.pack_into(mv, pos, size, MAGIC_MESSAGE, 0, queue_id, flags, queue_offset, physical_offset, record_count,
+                     store_timestamp, max_timestamp, tags_code, len(topic))
+    p = pos + FIXED_HEADER_SIZE
+    mv[p:p + len(topic)] = topic
+    p += len(topic)
+    mv[p:p + body.nbytes] = body
+    _I64.pack_into(mv, p, queue_offset)
+    _U32.pack_into(mv, pos + 8, crc32c(mv[pos + CRC_START:pos + size]))
+    return size
+
+
+def encode_blank(buf, pos, size) -> None:
+    """A BLANK entry of `size` bytes at `pos` (the rest of a segment). ValueError if size < BLANK_MIN_SIZE."""
+    pos = _ssize(pos)
+    size = _i32(size)
+    if size < BLANK_MIN_SIZE:
+        raise ValueError(f"blank of {size} bytes is below the minimum {BLANK_MIN_SIZE}")
+    mv = memoryview(buf)
+    if pos < 0 or size > mv.nbytes - pos:
+        raise OutOfBounds(f"blank of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
+    _SIZE_MAGIC.pack_into(mv, pos, size, MAGIC_BLANK)
+
+
+def read_entry(buf, pos, limit, verify=True) -> tuple:
+    """The entry at `pos`, not reading at or past `limit`: (kind, total_size, queue_id, flags, queue_offset,
+    physical_offset, record_count, store_timestamp, max_timestamp, tags_code, topic, body_pos)."""
+    pos = _ssize(pos)
+    limit = _ssize(limit)
+    mv = memoryview(buf)
+    if limit < 0 or limit > mv.nbytes or pos < 0 or pos > limit:
+        raise OutOfBounds(f"read at {pos} with limit {limit} outside buffer of {mv.nbytes} bytes")
+    remaining = limit - pos
+    if remaining < BLANK_MIN_SIZE:
+        return _END
+    total_size, magic = _SIZE_MAGIC.unpack_from(mv, pos)
+    if total_size == 0:
+        return _END
+    if magic == MAGIC_BLANK:
+        if total_size < BLANK_MIN_SIZE or total_size > remaining:
+            raise Corrupt(f"impossible blank size {total_size}", pos)
+        return (KIND_BLANK, total_size, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
+    if magic != MAGIC_MESSAGE:
+        raise Corrupt(f"bad entry magic {magic:#x}", pos)
+    if total_size < FIXED_HEADER_SIZE + BATCH_HEADER_SIZE or total_size > remaining:
+        raise Corrupt(f"impossible entry size {total_size}", pos)
+    (crc, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp, max_timestamp, tags_code,
+     topic_len) = _FIXED.unpack_from(mv, pos)[2:]
+    body_pos = pos + FIXED_HEADER_SIZE + topic_len
+    if total_size - FIXED_HEADER_SIZE - topic_len < BATCH_HEADER_SIZE:
+        raise Corrupt(f"topic length {topic_len} leaves no record batch", pos)
+    if verify and crc32c(mv[pos + CRC_START:pos + total_size]) != crc:
+        raise Corrupt("entry CRC mismatch", pos)
+    try:
+        topic = str(mv[pos + FIXED_HEADER_SIZE:body_pos], "utf-8")
+    except UnicodeDecodeError:
+        raise Corrupt("topic is not UTF-8", pos) from None
+    return (KIND_MESSAGE, total_size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp,
+            max_timestamp, tags_code, topic, body_pos)

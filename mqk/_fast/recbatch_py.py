@@ -1,0 +1,354 @@
+"""Kafka record batch v2 kernels, pure Python: the twin of `recbatch.pyx`, same API, byte-identical results.
+
+Owns the byte layout of a record batch (magic 2) and of the records inside it: header parse, scanning a buffer of
+concatenated batches with CRC32C checks, counting and decoding records, encoding records and whole batches, and the
+two in-place edits the broker makes (base offset, log-append time). It does no I/O and knows nothing of topics.
+
+Layout (big-endian):
+  0 base_offset i64 | 8 batch_length i32 | 12 partition_leader_epoch i32 | 16 magic i8 | 17 crc u32 (CRC32C of
+  [21, end)) | 21 attributes i16 | 23 last_offset_delta i32 | 27 base_timestamp i64 | 35 max_timestamp i64 |
+  43 producer_id i64 | 51 producer_epoch i16 | 53 base_sequence i32 | 57 record_count i32 | 61 records...
+A batch occupies 12 + batch_length bytes. A record is: length varint, attributes i8, timestamp_delta varlong,
+offset_delta varint, key (varint length, -1 = null), value (same), header count varint, headers (key: varint
+length + UTF-8, value: varint length, -1 = null). Varints are zigzag (Kafka's ByteUtils): at most 5 bytes for a
+varint and 10 for a varlong; bits above 32 / 64 are dropped as Java drops them.
+
+Errors: bad bytes raise `Corrupt(message, position)`; writing outside the buffer raises `OutOfBounds`; an integer
+argument outside its field's range raises OverflowError and a non-integer TypeError (what the compiled module's typed
+arguments raise), so both implementations fail the same way.
+"""
+from __future__ import annotations
+
+import operator
+import struct
+
+from crc32c import crc32c
+
+from mqk.errors import Corrupt, OutOfBounds
+
+HEADER_SIZE = 61
+MAGIC = 2
+# batch_length counts the bytes after the length field: the header from offset 12 on, then the records.
+MIN_BATCH_LENGTH = HEADER_SIZE - 12
+CRC_START = 21
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+# A record's body is at least attributes + timestamp delta + offset delta + key length + value length + header count.
+MIN_RECORD_BODY = 6
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT16_MIN, _INT16_MAX = -(1 << 15), (1 << 15) - 1
+_SSIZE_MIN, _SSIZE_MAX = _INT64_MIN, _INT64_MAX
+
+
+def _int(value, lo: int, hi: int) -> int:
+    """Coerce like a typed Cython argument: TypeError for non-integers, OverflowError outside [lo, hi]."""
+    value = operator.index(value)
+    if value < lo or value > hi:
+        raise OverflowError(f"integer {value} out of range [{lo}, {hi}]")
+    return value
+
+
+def _i64(v):
+    return _int(v, _INT64_MIN, _INT64_MAX)
+
+
+def _i32(v):
+    return _int(v, _INT32_MIN, _INT32_MAX)
+
+
+def _i16(v):
+    return _int(v, _INT16_MIN, _INT16_MAX)
+
+
+def _ssize(v):
+    return _int(v, _SSIZE_MIN, _SSIZE_MAX)
+
+
+# --- varints -------------------------------------------------------------------------------------------
+
+
+def _read_varint(buf, p: int, end: int) -> tuple[int, int]:
+    """Zigzag varint (int32) at p, not reading at or past `end`. Returns (value, next position)."""
+    raw = 0
+    shift = 0
+    start = p
+    while True:
+        if p >= end:
+            raise Corrupt("truncated varint", start)
+        b = buf[p]
+        p += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift >= 35:
+            raise Corrupt("varint longer than 5 bytes", start)
+    raw &= 0xFFFFFFFF
+    return (raw >> 1) ^ -(raw & 1), p
+
+
+def _read_varlong(buf, p: int, end: int) -> tuple[int, int]:
+    """Zigzag varlong (int64) at p, not reading at or past `end`. Returns (value, next position)."""
+    raw = 0
+    shift = 0
+    start = p
+    while True:
+        if p >= end:
+            raise Corrupt("truncated varlong", start)
+        b = buf[p]
+        p += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift >= 70:
+            raise Corrupt("varlong longer than 10 bytes", start)
+    raw &= 0xFFFFFFFFFFFFFFFF
+    return (raw >> 1) ^ -(raw & 1), p
+
+
+def _put_uvarint(out: bytearray, u: int) -> None:
+    while u >= 0x80:
+        out.append((u & 0x7F) | 0x80)
+        u >>= 7
+    out.append(u)
+
+
+def _put_varint(out: bytearray, v: int) -> None:
+    _put_uvarint(out, ((v << 1) ^ (v >> 31)) & 0xFFFFFFFF)
+
+
+def _put_varlong(out: bytearray, v: int) -> None:
+    _put_uvarint(out, ((v << 1) ^ (v >> 63)) & 0xFFFFFFFFFFFFFFFF)
+
+
+# --- header --------------------------------------------------------------------------------------------
+
+
+def parse_header(buf, pos=0) -> tuple:
+    """The 13 header fields of the batch at `pos`. Corrupt if fewer than 61 bytes remain or magic != 2."""
+    pos = _ssize(pos)
+    mv = memoryview(buf)
+    if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
+        raise Corrupt("truncated record batch header", pos)
+    fields = _HEADER.unpack_from(mv, pos)
+    if fields[3] != MAGIC:
+        raise Corrupt(f"unsupported record batch magic {fields[3]}", pos)
+    return fields
+
+
+def scan_batches(buf, verify_crc=True) -> list[tuple]:
+    """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
+    (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
+    base_sequence, base_timestamp). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
+    or (with verify_crc) a CRC mismatch."""
+    mv = memoryview(buf)
+    n = mv.nbytes
+    out = []
+    pos = 0
+    unpack = _HEADER.unpack_from
+    while pos < n:
+        if n - pos < HEADER_SIZE:
+            raise Corrupt("truncated record batch header", pos)
+        (_, batch_length, _, magic, crc, attributes, last_offset_delta, base_timestamp, max_timestamp,
+         producer_id, producer_epoch, base_sequence, record_count) = unpack(mv, pos)
+        if magic != MAGIC:
+            raise Corrupt(f"unsupported record batch magic {magic}", pos)
+        if batch_length < MIN_BATCH_LENGTH:
+            raise Corrupt(f"record batch length {batch_length} below minimum", pos)
+        size = batch_length + 12
+        if size > n - pos:
+            raise Corrupt("truncated record batch", pos)
+        if record_count < 0:
+            raise Corrupt(f"negative record count {record_count}", pos)
+        if verify_crc and crc32c(mv[pos + CRC_START:pos + size]) != crc:
+            raise Corrupt("record batch CRC mismatch", pos)
+        out.append((pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id,
+                    producer_epoch, base_sequence, base_timestamp))
+        pos += size
+    return out
+
+
+def count_records(buf, pos, size) -> int:
+    """Number of records in the UNCOMPRESSED batch at [pos, pos+size), found by walking the record lengths.
+    Corrupt if they do not fill the batch exactly, the count differs from the header's, or the batch is compressed;
+    OutOfBounds if the range is outside `buf`."""
+    pos = _ssize(pos)
+    size = _ssize(size)
+    mv = memoryview(buf)
+    if pos < 0 or size < 0 or size > mv.nbytes - pos:
+        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {mv.nbytes} bytes")
+    if size < HEADER_SIZE:
+        raise Corrupt("record batch smaller than its header", pos)
+    if _I16.unpack_from(mv, pos + 21)[0] & ATTR_COMPRESSION_MASK:
+        raise Corrupt("count_records on a compressed batch", pos)
+    expected = _I32.unpack_from(mv, pos + 57)[0]
+    end = pos + size
+    p = pos + HEADER_SIZE
+    count = 0
+    while p < end:
+        length, q = _read_varint(mv, p, end)
+        if length < MIN_RECORD_BODY or length > end - q:
+            raise Corrupt(f"bad record length {length}", p)
+        p = q + length
+        count += 1
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
+    return count
+
+
+# --- records -------------------------------------------------------------------------------------------
+
+
+def _read_bytes_or_none(mv, p: int, end: int, what: str):
+    length, p2 = _read_varint(mv, p, end)
+    if length == -1:
+        return None, p2
+    if length < 0 or length > end - p2:
+        raise Corrupt(f"bad {what} length {length}", p)
+    return bytes(mv[p2:p2 + length]), p2 + length
+
+
+def decode_records(data, count) -> list[tuple]:
+    """Decode `count` records filling `data` (a decompressed records section) exactly. Per record:
+    (attributes, timestamp_delta, offset_delta, key, value, headers: list[(str, bytes | None)])."""
+    count = _i32(count)
+    mv = memoryview(data)
+    n = mv.nbytes
+    # Every record takes at least 7 bytes; refuse an impossible count before doing any work.
+    if count < 0 or count > n // (MIN_RECORD_BODY + 1):
+        raise Corrupt(f"record count {count} impossible for {n} bytes", 0)
+    out = []
+    p = 0
+    for _ in range(count):
+        start = p
+        length, p = _read_varint(mv, p, n)
+        if length < MIN_RECORD_BODY or length > n - p:
+            raise Corrupt(f"bad record length {length}", start)
+        end = p + length
+        attributes = mv[p]
+        p += 1
+        timestamp_delta, p = _read_varlong(mv, p, end)
+        offset_delta, p = _read_varint(mv, p, end)
+        key, p = _read_bytes_or_none(mv, p, end, "key")
+        value, p = _read_bytes_or_none(mv, p, end, "value")
+        n_headers, q = _read_varint(mv, p, end)
+        if n_headers < 0:
+            raise Corrupt(f"negative header count {n_headers}", p)
+        p = q
+        headers = []
+        for _ in range(n_headers):
+            klen, q = _read_varint(mv, p, end)
+            if klen < 0 or klen > end - q:
+                raise Corrupt(f"bad header key length {klen}", p)
+            try:
+                hkey = str(mv[q:q + klen], "utf-8")
+            except UnicodeDecodeError:
+                raise Corrupt("header key is not UTF-8", q) from None
+            p = q + klen
+            hvalue, p = _read_bytes_or_none(mv, p, end, "header value")
+            headers.append((hkey, hvalue))
+        if p != end:
+            raise Corrupt("record length does not match its fields", start)
+        out.append((attributes, timestamp_delta, offset_delta, key, value, headers))
+    if p != n:
+        raise Corrupt("trailing bytes after the last record", p)
+    return out
+
+
+def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
+    """One record (length prefix included), attributes 0. key/value: bytes-like or None; headers: [(str, bytes|None)]."""
+    offset_delta = _i32(offset_delta)
+    timestamp_delta = _i64(timestamp_delta)
+    body = bytearray(b"\x00")
+    _put_varlong(body, timestamp_delta)
+    _put_varint(body, offset_delta)
+    for field in (key, value):
+        if field is None:
+            _put_varint(body, -1)
+        else:
+            field = memoryview(field)
+            _put_varint(body, field.nbytes)
+            body += field
+    _put_varint(body, len(headers))
+    for hkey, hvalue in headers:
+        if not isinstance(hkey, str):
+            raise TypeError("header key must be str")
+        raw = hkey.encode("utf-8")
+        _put_varint(body, len(raw))
+        body += raw
+        if hvalue is None:
+            _put_varint(body, -1)
+        else:
+            hvalue = memoryview(hvalue)
+            _put_varint(body, hvalue.nbytes)
+            body += hvalue
+    if len(body) > _INT32_MAX:
+        raise OverflowError("record larger than 2 GiB")
+    out = bytearray()
+    _put_varint(out, len(body))
+    out += body
+    return bytes(out)
+
+
+def build_batch(base_offset, base_timestamp, max_timestamp, records, record_count, last_offset_delta,
+                attributes=0, producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                partition_leader_epoch=-1) -> bytearray:
+    """A complete batch around an already encoded (and possibly compressed) records section, CRC computed."""
+    base_offset = _i64(base_offset)
+    base_timestamp = _i64(base_timestamp)
+    max_timestamp = _i64(max_timestamp)
+    record_count = _i32(record_count)
+    last_offset_delta = _i32(last_offset_delta)
+    attributes = _i16(attributes)
+    producer_id = _i64(producer_id)
+    producer_epoch = _i16(producer_epoch)
+    base_sequence = _i32(base_sequence)
+    partition_leader_epoch = _i32(partition_leader_epoch)
+    records = memoryview(records)
+    if records.nbytes > _INT32_MAX - MIN_BATCH_LENGTH:
+        raise OverflowError("record batch larger than 2 GiB")
+    out = bytearray(HEADER_SIZE + records.nbytes)
+    _HEADER.pack_into(out, 0, base_offset, MIN_BATCH_LENGTH + records.nbytes, partition_leader_epoch, MAGIC, 0,
+                      attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
+                      base_sequence, record_count)
+    out[HEADER_SIZE:] = records
+    _U32.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
+    return out
+
+
+# --- in-place edits ------------------------------------------------------------------------------------
+
+
+def set_base_offset(buf, pos, base_offset) -> None:
+    """Write the base offset of the batch at `pos` (it lies outside the CRC, so nothing else changes)."""
+    pos = _ssize(pos)
+    base_offset = _i64(base_offset)
+    mv = memoryview(buf)
+    if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
+        raise OutOfBounds(f"batch header at {pos} outside buffer of {mv.nbytes} bytes")
+    _I64.pack_into(mv, pos, base_offset)
+
+
+def set_log_append_time(buf, pos, ts) -> None:
+    """Mark the batch at `pos` as LogAppendTime with max_timestamp `ts`, and recompute its CRC (as Kafka does)."""
+    pos = _ssize(pos)
+    ts = _i64(ts)
+    mv = memoryview(buf)
+    if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
+        raise OutOfBounds(f"batch header at {pos} outside buffer of {mv.nbytes} bytes")
+    batch_length = _I32.unpack_from(mv, pos + 8)[0]
+    if batch_length < MIN_BATCH_LENGTH or batch_length + 12 > mv.nbytes - pos:
+        raise Corrupt(f"bad record batch length {batch_length}", pos)
+    attributes = _I16.unpack_from(mv, pos + 21)[0] | ATTR_LOG_APPEND_TIME
+    _I16.pack_into(mv, pos + 21, attributes)
+    _I64.pack_into(mv, pos + 35, ts)
+    _U32.pack_into(mv, pos + 17, crc32c(mv[pos + CRC_START:pos + 12 + batch_length]))

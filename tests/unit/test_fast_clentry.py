@@ -1,0 +1,169 @@
+"""clentry kernels (CommitLog entry): round trips, the stamped base offset, CRC and magic checks, impossible sizes,
+blank and end-of-data handling, and bounds. Every test runs on the twin and, when built, the compiled module."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+from crc32c import crc32c
+
+from mqk._fast import compiled, twin
+from mqk.errors import Corrupt, OutOfBounds
+
+IMPLS = [pytest.param((twin("clentry"), twin("recbatch")), id="twin")]
+if compiled("clentry") is not None and compiled("recbatch") is not None:
+    IMPLS.append(pytest.param((compiled("clentry"), compiled("recbatch")), id="compiled"))
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request):
+    return request.param
+
+
+def a_batch(rb, n=3):
+    records = b"".join(rb.encode_record(i, i, b"k%d" % i, b"value-%d" % i, []) for i in range(n))
+    return bytes(rb.build_batch(0, 1000, 1000 + n, records, n, n - 1))
+
+
+def write(ce, rb, buf, pos=0, topic=b"orders", **kw):
+    args = dict(queue_id=2, queue_offset=500, physical_offset=4096 + pos, store_timestamp=1_700_000_000_123,
+                max_timestamp=1_700_000_000_456, tags_code=-12345, flags=0x11, record_count=3)
+    args.update(kw)
+    body = kw.pop("body", None) or a_batch(rb)
+    args.pop("body", None)
+    size = ce.encode_entry(buf, pos, topic, args["queue_id"], args["queue_offset"], args["physical_offset"],
+                           args["store_timestamp"], args["max_timestamp"], args["tags_code"], args["flags"],
+                           args["record_count"], body)
+    return size, body, args
+
+
+def test_round_trip_and_layout(impl):
+    ce, rb = impl
+    buf = bytearray(4096)
+    size, body, a = write(ce, rb, buf, pos=10)
+    assert size == ce.entry_size(6, len(body)) == 66 + 6 + len(body)
+    entry = ce.read_entry(buf, 10, len(buf))
+    assert entry == (1, size, 2, 0x11, 500, 4106, 3, 1_700_000_000_123, 1_700_000_000_456, -12345, "orders",
+                     10 + 66 + 6)
+    # the layout, field by field, as documented
+    fixed = struct.unpack_from(">iIIiiqqiqqqH", buf, 10)
+    assert fixed[0] == size and fixed[1] == ce.MAGIC_MESSAGE == 0xDAA320A7
+    assert fixed[2] == crc32c(bytes(buf[10 + 12:10 + size]))
+    assert fixed[3:] == (2, 0x11, 500, 4106, 3, 1_700_000_000_123, 1_700_000_000_456, -12345, 6)
+    # the stored batch now carries base offset = queue offset and is still valid
+    stored = bytes(buf[entry[11]:10 + size])
+    assert rb.parse_header(stored)[0] == 500 and stored[8:] == body[8:]
+    assert rb.scan_batches(stored)[0][4] == 3
+
+
+def test_unicode_topic(impl):
+    ce, rb = impl
+    buf = bytearray(1024)
+    topic = "tópico-ü".encode()
+    write(ce, rb, buf, topic=topic)
+    assert ce.read_entry(buf, 0, len(buf))[10] == "tópico-ü"
+
+
+def test_crc_mismatch_detected_for_every_byte_and_skippable(impl):
+    ce, rb = impl
+    buf = bytearray(512)
+    size, _, _ = write(ce, rb, buf)
+    for i in range(12, size):
+        buf[i] ^= 0x40
+        try:
+            with pytest.raises(Corrupt) as err:
+                ce.read_entry(buf, 0, len(buf))
+            assert err.value.position == 0
+        finally:
+            buf[i] ^= 0x40
+    buf[size - 1] ^= 0x40
+    assert ce.read_entry(buf, 0, len(buf), verify=False)[0] == 1
+    assert ce.read_entry(buf, 0, len(buf), False)[0] == 1
+
+
+def test_bad_magic_and_impossible_sizes(impl):
+    ce, rb = impl
+    buf = bytearray(512)
+    size, _, _ = write(ce, rb, buf)
+    bad = bytearray(buf)
+    struct.pack_into(">I", bad, 4, 0x12345678)
+    with pytest.raises(Corrupt, match="magic"):
+        ce.read_entry(bad, 0, len(bad))
+    with pytest.raises(Corrupt, match="size"):
+        ce.read_entry(buf, 0, size - 1)  # entry runs past the limit
+    for impossible in (-5, 1, 65, 66 + 60):
+        bad = bytearray(buf)
+        struct.pack_into(">i", bad, 0, impossible)
+        with pytest.raises(Corrupt):
+            ce.read_entry(bad, 0, len(bad), verify=False)
+    bad = bytearray(buf)
+    struct.pack_into(">H", bad, 64, 0xFFFF)  # topic longer than the entry
+    with pytest.raises(Corrupt):
+        ce.read_entry(bad, 0, len(bad), verify=False)
+
+
+def test_end_of_data_and_blank(impl):
+    ce, rb = impl
+    buf = bytearray(1000)
+    assert ce.read_entry(buf, 0, len(buf))[:2] == (0, 0)
+    size, _, _ = write(ce, rb, buf)
+    assert ce.read_entry(buf, size, len(buf))[0] == 0
+    ce.encode_blank(buf, size, len(buf) - size)
+    blank = ce.read_entry(buf, size, len(buf))
+    assert blank[:2] == (2, len(buf) - size)
+    assert struct.unpack_from(">iI", buf, size) == (len(buf) - size, ce.MAGIC_BLANK)
+    # fewer than BLANK_MIN_SIZE bytes before the limit can hold no entry
+    assert ce.read_entry(buf, 0, 7)[0] == 0
+    assert ce.read_entry(buf, len(buf), len(buf))[0] == 0
+    with pytest.raises(Corrupt):
+        ce.read_entry(buf, size, len(buf) - 1)  # blank claims more than the limit
+    with pytest.raises(ValueError):
+        ce.encode_blank(buf, 0, 7)
+    with pytest.raises(OutOfBounds):
+        ce.encode_blank(buf, 10, len(buf))
+
+
+def test_bounds(impl):
+    ce, rb = impl
+    body = a_batch(rb)
+    need = ce.entry_size(6, len(body))
+    buf = bytearray(need)
+    assert write(ce, rb, buf)[0] == need
+    with pytest.raises(OutOfBounds):
+        write(ce, rb, bytearray(need - 1))
+    with pytest.raises(OutOfBounds):
+        write(ce, rb, bytearray(need + 5), pos=6)
+    with pytest.raises(OutOfBounds):
+        write(ce, rb, bytearray(need + 5), pos=-1)
+    with pytest.raises(OutOfBounds):
+        ce.read_entry(buf, 0, len(buf) + 1)
+    with pytest.raises(OutOfBounds):
+        ce.read_entry(buf, 10, 5)
+    with pytest.raises(OutOfBounds):
+        ce.read_entry(buf, -1, 5)
+    with pytest.raises(ValueError):
+        write(ce, rb, bytearray(need), body=body[:60])
+    with pytest.raises(ValueError):
+        ce.entry_size(70000, 10)
+    with pytest.raises(ValueError):
+        write(ce, rb, bytearray(70000 + need), topic=b"t" * 70000)
+    with pytest.raises(TypeError):
+        write(ce, rb, bytearray(need), topic="str-topic")
+
+
+def test_entries_back_to_back(impl):
+    ce, rb = impl
+    buf = bytearray(4096)
+    pos, offsets = 0, []
+    for i in range(5):
+        size, _, _ = write(ce, rb, buf, pos=pos, queue_offset=i * 3)
+        offsets.append(pos)
+        pos += size
+    seen, p = [], 0
+    while True:
+        e = ce.read_entry(buf, p, len(buf))
+        if e[0] == 0:
+            break
+        seen.append((p, e[4]))
+        p += e[1]
+    assert seen == [(o, i * 3) for i, o in enumerate(offsets)]
