@@ -1,0 +1,262 @@
+"""Helpers shared by the compat tests: unique names, topic creation, waiting, the node script runner and the
+consumer-group rebalance scenario every Kafka client runs the same way.
+
+Kept out of conftest.py so test modules can import them by name (compat/ is on sys.path under pytest's default
+import mode).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+COMPAT_DIR = Path(__file__).resolve().parent
+JS_DIR = COMPAT_DIR / "js"
+
+# Short group timings keep rebalances in the low seconds (the broker's minimum session timeout is 6000 ms).
+SESSION_TIMEOUT_MS = 6000
+HEARTBEAT_MS = 1000
+
+_counter = itertools.count()
+
+
+def hostport(address: Any) -> str:
+    """BrokerProcess addresses may be "host:port" strings or (host, port) tuples; clients want the string."""
+    if isinstance(address, str):
+        return address
+    host, port = address[0], address[1]
+    return f"{host}:{port}"
+
+
+def free_port() -> int:
+    """A loopback port free right now (for brokers that must come back on the same address after a restart)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unique(prefix: str = "t") -> str:
+    """Topic / group names unique across the session and across runs (the shared broker outlives tests)."""
+    return f"{prefix}-{os.getpid()}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+    """Create a topic with confluent-kafka's admin client and wait for the answer."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
+        operation_timeout=10,
+    )
+    futures[name].result(timeout=15)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_node(script: str, *args: str, timeout: float = 60, stdin: str | None = None) -> Any:
+    """Run compat/js/<script> and return the JSON object printed on its last stdout line."""
+    node = shutil.which("node")
+    assert node, "node is not installed"
+    assert (JS_DIR / "node_modules").is_dir(), "run `make compat-deps` (npm install in compat/js) first"
+    proc = subprocess.run(
+        [node, str(JS_DIR / script), *args],
+        cwd=JS_DIR,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, (
+        f"node {script} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    )
+    return json.loads(lines[-1])
+
+
+class NodeProcess:
+    """A long-running node script that prints one JSON event per line (used for push consumers)."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        import threading
+
+        self.events: list[dict[str, Any]] = []
+        self.stderr_tail: list[str] = []
+        self.proc = subprocess.Popen(
+            [shutil.which("node") or "node", str(JS_DIR / script), *args],
+            cwd=JS_DIR,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            for line in self.proc.stdout:
+                if line.startswith("{"):
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue
+                    with self._lock:
+                        self.events.append(event)
+        except ValueError:  # stream closed by close()
+            pass
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        try:
+            for line in self.proc.stderr:
+                self.stderr_tail = (self.stderr_tail + [line])[-40:]
+        except ValueError:
+            pass
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e.get("event") == kind]
+
+    def diagnostics(self) -> str:
+        return f"exit={self.proc.poll()} stderr:\n{''.join(self.stderr_tail)}"
+
+    def close(self, timeout: float = 10) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # the script closes its client (unregister, persist offsets) on SIGTERM
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        time.sleep(0.1)  # let the reader threads drain what the script printed while closing
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Consumer-group scenario: three members, one joins late and one leaves, no record lost or duplicated.
+
+
+class GroupMember(Protocol):
+    """One consumer of the group, polling in its own thread; commits synchronously after every non-empty poll,
+    so a rebalance never hands another member a record this one already processed."""
+
+    name: str
+    values: list[int]
+    assigned: int | None
+
+    def close(self) -> None: ...
+
+
+class ThreadMember:
+    """Runs `poll_once() -> list[int]` (which also commits) in a thread until closed, then `shutdown()`
+    (which must leave the group)."""
+
+    def __init__(self, name: str, setup: Callable[[], Any], poll_once: Callable[[Any], list[int]],
+                 shutdown: Callable[[Any], None], assignment: Callable[[Any], int] | None = None) -> None:
+        self.name = name
+        self.values: list[int] = []
+        #: partitions currently assigned (after the last poll); None when the client cannot tell
+        self.assigned: int | None = None
+        self._assignment = assignment
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._setup, self._poll_once, self._shutdown = setup, poll_once, shutdown
+        self._thread = threading.Thread(target=self._run, name=f"member-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        client = None
+        try:
+            client = self._setup()
+            self._ready.set()
+            while not self._stop.is_set():
+                self.values.extend(self._poll_once(client))
+                if self._assignment is not None:
+                    self.assigned = self._assignment(client)
+        except BaseException as exc:  # noqa: BLE001 - reported by close()
+            self.error = exc
+        finally:
+            self._ready.set()
+            if client is not None:
+                try:
+                    self._shutdown(client)
+                except BaseException as exc:  # noqa: BLE001
+                    self.error = self.error or exc
+
+    def close(self, timeout: float = 20) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"member {self.name} did not stop within {timeout}s"
+        if self.error is not None:
+            raise AssertionError(f"member {self.name} failed: {self.error!r}") from self.error
+
+
+def run_group_scenario(produce: Callable[[int, int], None], new_member: Callable[[str], GroupMember],
+                       batch: int = 120, timeout: float = 45) -> dict[str, list[int]]:
+    """Topic must have 6 partitions. Values are the integers 0 .. 3*batch-1.
+
+    a and b consume the first batch; c joins (rebalance to 3); the second batch is produced; a leaves
+    (rebalance to 2); the third batch is produced. Every value must be consumed exactly once overall, and
+    every member must have consumed something.
+    """
+    deadline = time.monotonic() + timeout
+    members: list[GroupMember] = []
+
+    def total() -> list[int]:
+        return [v for m in members for v in list(m.values)]
+
+    def wait_total(n: int, what: str) -> None:
+        wait_for(lambda: len(set(total())) >= n, max(1.0, deadline - time.monotonic()), 0.05, what)
+
+    try:
+        produce(0, batch)
+        members += [new_member("a"), new_member("b")]
+        wait_total(batch // 3, "a and b to start consuming")
+        members.append(new_member("c"))
+        c = members[2]
+        # Produce the second batch only once c owns partitions, so c is sure to take part.
+        wait_for(lambda: c.assigned is None or c.assigned > 0, max(1.0, deadline - time.monotonic()), 0.05,
+                 "c to be assigned partitions")
+        if c.assigned is None:
+            time.sleep(3 * HEARTBEAT_MS / 1000)
+        produce(batch, batch)
+        wait_total(2 * batch, "the second batch with c in the group")
+        members[0].close()
+        produce(2 * batch, batch)
+        wait_total(3 * batch, "the third batch after a left")
+        time.sleep(0.5)  # a duplicate delivered late would show up here
+    finally:
+        errors = []
+        for m in members:
+            try:
+                m.close()
+            except AssertionError as exc:
+                errors.append(str(exc))
+    assert not errors, errors
+    seen = collections.Counter(total())
+    duplicates = sorted(v for v, n in seen.items() if n > 1)
+    missing = sorted(set(range(3 * batch)) - set(seen))
+    assert not duplicates, f"duplicated across the rebalance: {duplicates[:20]}"
+    assert not missing, f"lost: {missing[:20]}"
+    by_name = {m.name: list(m.values) for m in members}
+    assert all(by_name.values()), f"a member consumed nothing: { {k: len(v) for k, v in by_name.items()} }"
+    return by_name

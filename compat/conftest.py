@@ -1,0 +1,90 @@
+"""Shared fixtures for the compat suite: real, unmodified clients against a real `mqk serve` subprocess.
+
+Every client here is either synchronous (kafka-python, confluent-kafka, kcat, node) or runs its own event loop, so
+the broker always runs in a separate process (`mqk.testing.BrokerProcess`) rather than in the test's event loop:
+an in-process broker would be starved by a blocking client call.
+
+Owns the fixtures: the shared memory-store broker for the session (most tests only need topics, and unique topic
+names keep them apart), a fresh file-store broker per test for restart / crash tests, unique names, the kcat path.
+Plain helpers (node runner, admin, group scenario) live in compat_helpers.py so test modules can import them.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from compat_helpers import free_port, hostport, unique
+
+
+def start_broker(data_dir: Path, storage: str, extra_args: tuple[str, ...] = ()) -> Any:
+    from mqk.testing import BrokerProcess
+
+    broker = BrokerProcess(data_dir, storage=storage, extra_args=extra_args)
+    # The constructor may or may not start the process; start it when no address is known yet.
+    if getattr(broker, "kafka_address", None) in (None, "") and hasattr(broker, "start"):
+        broker.start()
+    return broker
+
+
+def stop_broker(broker: Any) -> None:
+    try:
+        broker.stop()
+    except Exception:  # noqa: BLE001 - teardown must not mask the test's own failure
+        try:
+            broker.kill()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@pytest.fixture(scope="session")
+def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One memory-store broker for every test that needs no restart."""
+    broker = start_broker(tmp_path_factory.mktemp("mqk-compat"), "memory")
+    yield broker
+    stop_broker(broker)
+
+
+@pytest.fixture
+def bootstrap(shared_broker: Any) -> str:
+    return hostport(shared_broker.bootstrap)
+
+
+@pytest.fixture
+def namesrv(shared_broker: Any) -> str:
+    return hostport(shared_broker.namesrv_address)
+
+
+@pytest.fixture
+def file_broker(tmp_path: Path) -> Iterator[Any]:
+    """A file-store broker of this test's own, for stop / restart / kill -9.
+
+    Its listeners are on fixed free ports (the flags after BrokerProcess's port-0 ones win), so `restart()` comes
+    back on the same addresses and a client that lived through the restart (idempotent producer) reconnects."""
+    ports = [free_port() for _ in range(3)]
+    fixed = ("--kafka-listen", f"127.0.0.1:{ports[0]}", "--native-listen", f"127.0.0.1:{ports[1]}",
+             "--namesrv-listen", f"127.0.0.1:{ports[2]}")
+    broker = start_broker(tmp_path / "data", "file", fixed)
+    yield broker
+    stop_broker(broker)
+
+
+@pytest.fixture
+def topic() -> str:
+    return unique("topic")
+
+
+@pytest.fixture
+def group() -> str:
+    return unique("group")
+
+
+@pytest.fixture(scope="session")
+def kcat() -> str:
+    path = shutil.which("kcat") or shutil.which("kafkacat")
+    assert path, "kcat is not installed (make compat-deps installs it from Debian's packages)"
+    return path
+
+

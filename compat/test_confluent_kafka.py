@@ -1,0 +1,296 @@
+"""confluent-kafka (librdkafka) against mqk: codecs, headers, groups, restart, admin, timestamps, idempotence."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+)
+
+from compat_helpers import HEARTBEAT_MS, SESSION_TIMEOUT_MS, ThreadMember, create_topic, hostport, \
+    run_group_scenario, unique, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+
+
+def produce_all(bootstrap: str, topic: str, records: list[dict[str, Any]], **conf: Any) -> list[Any]:
+    """Produce and flush; returns the delivered messages (raises on any delivery error)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **conf})
+    delivered: list[Any] = []
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        (errors if err else delivered).append(err or msg)
+
+    for rec in records:
+        producer.produce(topic, on_delivery=on_delivery, **rec)
+        producer.poll(0)
+    remaining = producer.flush(30)
+    assert remaining == 0, f"{remaining} records not delivered in 30 s"
+    assert not errors, f"delivery errors: {errors[:5]}"
+    return delivered
+
+
+def consume_from(bootstrap: str, topic: str, partition: int, offset: int, count: int,
+                 timeout: float = 20) -> list[Any]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("assign"),
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=count - len(out), timeout=0.2):
+                assert msg.error() is None, msg.error()
+                out.append(msg)
+        return out
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_keys_headers_and_codec_round_trip(bootstrap: str, topic: str, codec: str) -> None:
+    records = [
+        {"key": f"k{i}".encode(), "value": (f"value-{i}-" * (i % 7 + 1)).encode(), "partition": 0,
+         "headers": [("trace", f"t{i}".encode()), ("dup", b"1"), ("dup", b"2")]}
+        for i in range(30)
+    ]
+    records.append({"key": None, "value": b"no key, no headers", "partition": 0})
+    records.append({"key": b"tombstone", "value": None, "partition": 0})
+    delivered = produce_all(bootstrap, topic, records, **{"compression.type": codec})
+    assert sorted(m.offset() for m in delivered) == list(range(len(records)))
+
+    got = consume_from(bootstrap, topic, 0, OFFSET_BEGINNING, len(records))
+    assert [m.offset() for m in got] == list(range(len(records)))
+    for rec, msg in zip(records, got):
+        assert msg.key() == rec["key"]
+        assert msg.value() == rec["value"]
+        assert (msg.headers() or []) == rec.get("headers", [])
+        ts_type, ts = msg.timestamp()
+        assert ts_type == 1 and abs(ts - time.time() * 1000) < 60_000  # CreateTime, set by the producer
+
+
+def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, topic: str, group: str) -> None:
+    create_topic(bootstrap, topic, 6)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all"})
+
+    def produce(start: int, count: int) -> None:
+        for v in range(start, start + count):
+            producer.produce(topic, value=str(v).encode(), key=str(v).encode(), partition=v % 6)
+        assert producer.flush(20) == 0
+
+    def setup() -> Consumer:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
+                      "heartbeat.interval.ms": HEARTBEAT_MS})
+        c.subscribe([topic])
+        return c
+
+    def poll_once(c: Consumer) -> list[int]:
+        msgs = c.consume(num_messages=50, timeout=0.2)
+        values = []
+        for m in msgs:
+            if m.error():
+                raise KafkaException(m.error())
+            values.append(int(m.value()))
+        if values:
+            c.commit(asynchronous=False)
+        return values
+
+    by_member = run_group_scenario(
+        produce, lambda name: ThreadMember(name, setup, poll_once, lambda c: c.close(),
+                                           lambda c: len(c.assignment())))
+    assert sum(map(len, by_member.values())) == 360
+
+
+def test_commit_and_resume_after_broker_restart(file_broker: Any, topic: str, group: str) -> None:
+    bootstrap = hostport(file_broker.bootstrap)
+    create_topic(bootstrap, topic, 1)
+    produce_all(bootstrap, topic, [{"value": str(i).encode(), "partition": 0} for i in range(100)], acks="all")
+
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
+            "heartbeat.interval.ms": HEARTBEAT_MS}
+    c = Consumer(conf)
+    c.subscribe([topic])
+    seen: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < 40 and time.monotonic() < deadline:
+        for m in c.consume(num_messages=40 - len(seen), timeout=0.2):
+            assert m.error() is None, m.error()
+            seen.append(m.offset())
+    assert seen == list(range(40))
+    c.commit(offsets=[TopicPartition(topic, 0, 40, metadata="after-40")], asynchronous=False)
+    c.close()
+
+    file_broker.stop()
+    file_broker.restart()
+    bootstrap = hostport(file_broker.bootstrap)
+    produce_all(bootstrap, topic, [{"value": str(i).encode(), "partition": 0} for i in range(100, 110)])
+
+    c = Consumer({**conf, "bootstrap.servers": bootstrap})
+    try:
+        committed = c.committed([TopicPartition(topic, 0)], timeout=15)
+        assert committed[0].offset == 40
+        assert committed[0].metadata == "after-40"
+        c.subscribe([topic])
+        resumed: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(resumed) < 70 and time.monotonic() < deadline:
+            for m in c.consume(num_messages=70, timeout=0.2):
+                assert m.error() is None, m.error()
+                resumed.append(m.offset())
+        assert resumed == list(range(40, 110))
+    finally:
+        c.close()
+
+
+def test_acks_all_records_survive_kill_9(file_broker: Any, topic: str) -> None:
+    bootstrap = hostport(file_broker.bootstrap)
+    records = [{"key": str(i).encode(), "value": f"durable-{i}".encode(), "partition": 0} for i in range(300)]
+    produce_all(bootstrap, topic, records, acks="all", **{"compression.type": "lz4"})
+    file_broker.kill()
+    file_broker.restart()
+    bootstrap = hostport(file_broker.bootstrap)
+    got = consume_from(bootstrap, topic, 0, OFFSET_BEGINNING, 300)
+    assert [m.value() for m in got] == [r["value"] for r in records]
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("wm")})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 300)
+    finally:
+        consumer.close()
+
+
+def test_admin_create_describe_alter_delete(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    fs = admin.create_topics([NewTopic(topic, 3, 1, config={"retention.ms": "3600000"})], operation_timeout=10)
+    fs[topic].result(15)
+
+    with pytest.raises(KafkaException) as exc:
+        admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(15)
+    assert exc.value.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+
+    dry = unique("validate-only")
+    admin.create_topics([NewTopic(dry, 2, 1)], validate_only=True)[dry].result(15)
+
+    md = admin.list_topics(timeout=10)
+    assert topic in md.topics and dry not in md.topics
+    assert sorted(md.topics[topic].partitions) == [0, 1, 2]
+    assert all(p.leader == md.topics[topic].partitions[0].leader for p in md.topics[topic].partitions.values())
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(15)
+    assert entries["retention.ms"].value == "3600000"
+    assert entries["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG
+    assert entries["cleanup.policy"].value == "delete" and entries["cleanup.policy"].is_default
+    assert entries["segment.bytes"].value is not None and int(entries["segment.bytes"].value) > 0
+    assert "max.message.bytes" in entries and "min.insync.replicas" in entries
+
+    alter = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET),
+    ])
+    admin.incremental_alter_configs([alter])[alter].result(15)
+    entries = admin.describe_configs([resource])[resource].result(15)
+    assert entries["retention.ms"].value == "7200000"
+    assert entries["cleanup.policy"].value == "compact" and not entries["cleanup.policy"].is_default
+
+    admin.create_partitions([NewPartitions(topic, 5)])[topic].result(15)
+    assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 5
+
+    admin.delete_topics([topic], operation_timeout=10)[topic].result(15)
+    wait_for(lambda: topic not in admin.list_topics(timeout=10).topics, 10, 0.2, "the topic to disappear")
+
+    with pytest.raises(KafkaException) as exc:
+        admin.delete_topics([topic])[topic].result(15)
+    assert exc.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_offsets_for_times(bootstrap: str, topic: str) -> None:
+    base = int(time.time() * 1000) - 100_000
+    # One produce call per timestamp, all in one batch: the broker must find the record inside the batch.
+    produce_all(bootstrap, topic, [
+        {"value": str(i).encode(), "partition": 0, "timestamp": base + i * 1000} for i in range(10)
+    ], **{"linger.ms": 50})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("times")})
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, 0, base + 4500)], timeout=10)
+        assert found[0].offset == 5
+        found = consumer.offsets_for_times([TopicPartition(topic, 0, base)], timeout=10)
+        assert found[0].offset == 0
+        found = consumer.offsets_for_times([TopicPartition(topic, 0, base + 60_000)], timeout=10)
+        assert found[0].offset == -1  # no record that late: OFFSET_END
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 10)
+    finally:
+        consumer.close()
+
+
+def test_idempotent_producer_across_restart_and_kill(file_broker: Any, topic: str) -> None:
+    bootstrap = hostport(file_broker.bootstrap)
+    create_topic(bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                         "message.timeout.ms": 45000, "retry.backoff.ms": 100,
+                         "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 500})
+    errors: list[Any] = []
+
+    def cb(err: Any, msg: Any) -> None:
+        if err:
+            errors.append(err)
+
+    for i in range(50):
+        producer.produce(topic, value=str(i).encode(), partition=0, on_delivery=cb)
+    assert producer.flush(20) == 0
+
+    file_broker.stop()
+    file_broker.restart()
+    assert hostport(file_broker.bootstrap) == bootstrap, "restart() must keep the listener address"
+    for i in range(50, 100):
+        producer.produce(topic, value=str(i).encode(), partition=0, on_delivery=cb)
+    assert producer.flush(40) == 0
+
+    # Records in flight when the broker dies: the producer retries them; the broker must drop what it already
+    # stored (same producer id, epoch, sequence) and keep order.
+    for i in range(100, 200):
+        producer.produce(topic, value=str(i).encode(), partition=0, on_delivery=cb)
+        producer.poll(0)
+    file_broker.kill()
+    file_broker.restart()
+    assert producer.flush(40) == 0
+    assert not errors, errors[:5]
+
+    values = [int(m.value()) for m in consume_from(bootstrap, topic, 0, OFFSET_BEGINNING, 200)]
+    assert values == list(range(200))
+    time.sleep(0.5)
+    extra = consume_from(bootstrap, topic, 0, 200, 1, timeout=1.5)
+    assert extra == [], "duplicates stored after the retry"
+
+
+def test_metadata_lists_topics_and_auto_creates(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    create_topic(bootstrap, topic, 4)
+    md = admin.list_topics(timeout=10)
+    assert len(md.brokers) == 1
+    broker = next(iter(md.brokers.values()))
+    assert f"{broker.host}:{broker.port}" == bootstrap
+    assert len(md.topics[topic].partitions) == 4
+    auto = unique("auto")
+    produce_all(bootstrap, auto, [{"value": b"x"}])
+    assert auto in admin.list_topics(timeout=10).topics
