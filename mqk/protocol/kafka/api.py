@@ -1,0 +1,121 @@
+"""Kafka API keys and the version ranges this broker advertises in ApiVersions.
+
+Ranges: from the oldest version present in Kafka's spec files (Kafka 4 dropped some old versions; the generated
+codecs cover exactly what the specs hold, so nothing older can be decoded) up to what an Apache Kafka 4.1 broker
+advertises, never beyond the spec files and never an unstable version (InitProducerId v6 is marked
+`latestVersionUnstable`; Fetch v18 / ListOffsets v11 / Produce v13 / OffsetCommit & OffsetFetch v10 postdate 4.1's
+stable set or replace topic names by ids). Clients negotiate down to the highest version both sides support, so a
+narrower upper bound only costs newer features, never compatibility.
+
+Topic ids: Fetch v13+ carries topic ids instead of names. `supported(topic_ids=False)` caps the APIs whose newer
+versions are id-only, for a server whose handlers do not (yet) resolve topic ids.
+"""
+from __future__ import annotations
+
+from mqk.protocol.kafka import messages
+
+
+class ApiKey:
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
+
+
+# Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
+_KAFKA_41_MAX = {
+    ApiKey.PRODUCE: 12,
+    ApiKey.FETCH: 17,
+    ApiKey.LIST_OFFSETS: 10,
+    ApiKey.METADATA: 13,
+    ApiKey.OFFSET_COMMIT: 9,
+    ApiKey.OFFSET_FETCH: 9,
+    ApiKey.FIND_COORDINATOR: 6,
+    ApiKey.JOIN_GROUP: 9,
+    ApiKey.HEARTBEAT: 4,
+    ApiKey.LEAVE_GROUP: 5,
+    ApiKey.SYNC_GROUP: 5,
+    ApiKey.DESCRIBE_GROUPS: 6,
+    ApiKey.LIST_GROUPS: 5,
+    ApiKey.SASL_HANDSHAKE: 1,
+    ApiKey.API_VERSIONS: 4,
+    ApiKey.CREATE_TOPICS: 7,
+    ApiKey.DELETE_TOPICS: 6,
+    ApiKey.DELETE_RECORDS: 2,
+    ApiKey.INIT_PRODUCER_ID: 5,
+    ApiKey.DESCRIBE_CONFIGS: 4,
+    ApiKey.ALTER_CONFIGS: 2,
+    ApiKey.CREATE_PARTITIONS: 3,
+    ApiKey.DELETE_GROUPS: 2,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: 1,
+    ApiKey.OFFSET_DELETE: 0,
+    ApiKey.DESCRIBE_CLUSTER: 2,
+}
+
+# Last version that still names topics (the next one is topic-id only).
+_LAST_NAME_VERSION = {ApiKey.FETCH: 12}
+
+
+def _ranges(caps: dict[int, int]) -> dict[int, tuple[int, int]]:
+    out = {}
+    for key, cap in sorted(caps.items()):
+        _name, lo, hi, _flex = messages.MESSAGES[key]
+        out[key] = (lo, min(hi, cap))
+    return out
+
+
+SUPPORTED: dict[int, tuple[int, int]] = _ranges(_KAFKA_41_MAX)
+NAMES: dict[int, str] = {key: messages.MESSAGES[key][0] for key in SUPPORTED}
+
+
+def supported(topic_ids: bool = True) -> dict[int, tuple[int, int]]:
+    """The advertised ranges; `topic_ids=False` stops before the id-only versions."""
+    if topic_ids:
+        return dict(SUPPORTED)
+    return _ranges({k: min(v, _LAST_NAME_VERSION.get(k, v)) for k, v in _KAFKA_41_MAX.items()})
+
+
+def is_flexible_request(api_key: int, api_version: int) -> bool:
+    """Flexible versions use request header v2 and (except ApiVersions) response header v1."""
+    flex = messages.MESSAGES[api_key][3]
+    return flex >= 0 and api_version >= flex
+
+
+def api_versions_body(error_code: int = 0, ranges: dict[int, tuple[int, int]] | None = None,
+                      throttle_time_ms: int = 0) -> dict:
+    """An ApiVersions response body listing every supported API (also the UNSUPPORTED_VERSION answer)."""
+    ranges = SUPPORTED if ranges is None else ranges
+    return {
+        "error_code": error_code,
+        "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(ranges.items())],
+        "throttle_time_ms": throttle_time_ms,
+    }
+
+
+UNSUPPORTED_VERSION = 35
+
+
+def api_versions_unsupported_body(ranges: dict[int, tuple[int, int]] | None = None) -> dict:
+    return api_versions_body(UNSUPPORTED_VERSION, ranges)

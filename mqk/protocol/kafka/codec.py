@@ -1,0 +1,248 @@
+"""Kafka framing and request/response headers, sans-IO (in the manner of h11): bytes in, `Request`s out;
+response dicts in, a list of buffers out. Owns the receive buffer and the header-version rules; never touches a
+socket and never imports asyncio.
+
+Wire rules:
+- Frame: int32 size, then `size` bytes. The size is checked (negative or above `max_request_bytes` ->
+  `mqk.errors.FrameTooLarge`) before anything is allocated for the frame.
+- Request header v1 (non-flexible API versions): api_key int16, api_version int16, correlation_id int32,
+  client_id nullable int16-length string. v2 (flexible versions) adds a tagged-field section. client_id stays a
+  non-compact string in v2 (the spec marks it `flexibleVersions: none`).
+- Response header v0: correlation_id. v1 (flexible versions) adds a tagged-field section, EXCEPT for ApiVersions,
+  whose response header is always v0 so that a client can parse the answer whatever version it asked for.
+- ApiVersions at a version the broker does not support: the request is still returned (with `unsupported=True`
+  and an empty body) so the server can answer UNSUPPORTED_VERSION plus the full API list; the answer is encoded
+  with the v0 body schema. Any other unsupported version -> `UnsupportedApiVersion`; unknown key -> `UnknownApiKey`.
+
+Receive buffer: chunks are kept as received (no joining, no re-scanning). A frame that lies inside one chunk is
+handed out as a memoryview into it (so Produce record bytes are never copied); a frame spanning chunks is
+assembled once into a fresh buffer of exactly its declared size.
+"""
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+from mqk.errors import FrameTooLarge
+from mqk.protocol.kafka import api, messages
+from mqk.protocol.kafka.errors import MalformedMessage, UnknownApiKey, UnsupportedApiVersion
+
+_SIZE = struct.Struct(">i")
+_REQ_HEAD = struct.Struct(">hhi")
+_STR_LEN = struct.Struct(">h")
+_RESP_HEAD = struct.Struct(">ii")  # size, correlation_id
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: dict = field(repr=False)
+    unsupported: bool = False  # only ever True for ApiVersions; answer with api.api_versions_unsupported_body()
+    size: int = 0  # frame size in bytes (for metrics / quotas)
+
+
+def _uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 28:
+            raise MalformedMessage("varint too long")
+
+
+def _skip_tagged(buf: memoryview, pos: int) -> int:
+    count, pos = _uvarint(buf, pos)
+    for _ in range(count):
+        _tag, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        pos += size
+        if pos > len(buf):
+            raise MalformedMessage("tagged field beyond the header")
+    return pos
+
+
+def parse_request_header(frame: memoryview) -> tuple[int, int, int, str | None, int]:
+    """-> (api_key, api_version, correlation_id, client_id, body_pos) using header v1 or v2 as the API requires.
+    An unknown api key raises UnknownApiKey (carrying the correlation id)."""
+    if len(frame) < 10:
+        raise MalformedMessage(f"request frame of {len(frame)} bytes is shorter than a request header")
+    api_key, api_version, correlation_id = _REQ_HEAD.unpack_from(frame, 0)
+    meta = messages.MESSAGES.get(api_key)
+    if meta is None:
+        raise UnknownApiKey(api_key, correlation_id)
+    (n,) = _STR_LEN.unpack_from(frame, 8)
+    pos = 10
+    if n < 0:
+        client_id = None
+    else:
+        if pos + n > len(frame):
+            raise MalformedMessage("client_id runs past the frame")
+        try:
+            client_id = str(frame[pos:pos + n], "utf-8")
+        except UnicodeDecodeError as e:
+            raise MalformedMessage(f"client_id is not UTF-8: {e}") from None
+        pos += n
+    flex = meta[3]
+    if flex >= 0 and api_version >= flex:
+        try:
+            pos = _skip_tagged(frame, pos)
+        except IndexError:
+            raise MalformedMessage("truncated request header tagged fields") from None
+    return api_key, api_version, correlation_id, client_id, pos
+
+
+def response_header_flexible(api_key: int, api_version: int) -> bool:
+    return api_key != api.ApiKey.API_VERSIONS and api.is_flexible_request(api_key, api_version)
+
+
+class KafkaConnectionCodec:
+    """One per connection (server side). Feed bytes with `receive_data`; drain with `next_request` until None."""
+
+    def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 supported: dict[int, tuple[int, int]] | None = None) -> None:
+        self.max_request_bytes = max_request_bytes
+        self.supported = api.SUPPORTED if supported is None else supported
+        self._chunks: deque[bytes] = deque()
+        self._offset = 0  # consumed bytes of _chunks[0]
+        self._available = 0
+        self._frame_size = -1  # size of the frame whose prefix was already consumed, -1 if none
+
+    # -- input ------------------------------------------------------------------------------------------
+    def receive_data(self, data: bytes) -> None:
+        if not data:
+            return
+        if type(data) is not bytes:
+            data = bytes(data)  # our views must not see later mutation of the caller's buffer
+        self._chunks.append(data)
+        self._available += len(data)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a request (for back-pressure decisions)."""
+        return self._available
+
+    def _take(self, n: int) -> memoryview:
+        """Consume exactly n buffered bytes (caller checked availability): a view when contiguous, else a copy."""
+        first = self._chunks[0]
+        off = self._offset
+        if len(first) - off >= n:
+            view = memoryview(first)[off:off + n]
+            off += n
+            if off == len(first):
+                self._chunks.popleft()
+                off = 0
+            self._offset = off
+            self._available -= n
+            return view
+        out = bytearray(n)
+        filled = 0
+        while filled < n:
+            chunk = self._chunks[0]
+            step = min(len(chunk) - self._offset, n - filled)
+            out[filled:filled + step] = memoryview(chunk)[self._offset:self._offset + step]
+            filled += step
+            self._offset += step
+            if self._offset == len(chunk):
+                self._chunks.popleft()
+                self._offset = 0
+        self._available -= n
+        return memoryview(out)
+
+    def next_frame(self) -> memoryview | None:
+        """The next complete frame payload (without its size prefix), or None if more data is needed."""
+        if self._frame_size < 0:
+            if self._available < 4:
+                return None
+            (size,) = _SIZE.unpack(self._take(4))
+            if size < 0 or size > self.max_request_bytes:
+                raise FrameTooLarge(f"request frame size {size} outside [0, {self.max_request_bytes}]")
+            self._frame_size = size
+        if self._available < self._frame_size:
+            return None
+        size, self._frame_size = self._frame_size, -1
+        if size == 0:
+            return memoryview(b"")
+        return self._take(size)
+
+    def next_request(self) -> Request | None:
+        frame = self.next_frame()
+        if frame is None:
+            return None
+        api_key, api_version, correlation_id, client_id, pos = parse_request_header(frame)
+        rng = self.supported.get(api_key)
+        if rng is None:
+            raise UnknownApiKey(api_key, correlation_id)
+        if not rng[0] <= api_version <= rng[1]:
+            if api_key == api.ApiKey.API_VERSIONS:
+                return Request(api_key, api_version, correlation_id, client_id, {}, True, len(frame))
+            raise UnsupportedApiVersion(api_key, api_version, correlation_id)
+        body = messages.decode_request(api_key, api_version, frame[pos:])
+        return Request(api_key, api_version, correlation_id, client_id, body, False, len(frame))
+
+    # -- output -----------------------------------------------------------------------------------------
+    def encode_response(self, request: Request, body: dict) -> list:
+        return encode_response(request, body)
+
+
+def encode_response(request: Request, body: dict) -> list:
+    """Size prefix + response header + body as a list of bytes-likes for `transport.writelines`."""
+    api_key = request.api_key
+    version = 0 if request.unsupported else request.api_version
+    flexible = response_header_flexible(api_key, version)
+    head = bytearray(9 if flexible else 8)
+    if flexible:
+        head[8] = 0  # empty tagged-field section
+    parts = messages.encode_response(api_key, version, body, head)
+    total = 0
+    for p in parts:
+        total += len(p)
+    _RESP_HEAD.pack_into(head, 0, total - 4, request.correlation_id)
+    return parts
+
+
+# --- client side (tests, tools, fuzzing) ---------------------------------------------------------------
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict) -> list:
+    """A complete request frame (size prefix included) as a list of bytes-likes."""
+    head = bytearray(4)  # size, patched below
+    head += _REQ_HEAD.pack(api_key, api_version, correlation_id)
+    if client_id is None:
+        head += b"\xff\xff"
+    else:
+        cid = client_id.encode()
+        head += _STR_LEN.pack(len(cid)) + cid
+    if api.is_flexible_request(api_key, api_version):
+        head.append(0)
+    parts = messages.encode_request(api_key, api_version, body, head)
+    total = sum(len(p) for p in parts)
+    _SIZE.pack_into(head, 0, total - 4)
+    return parts
+
+
+def decode_response_frame(api_key: int, api_version: int, frame: bytes | memoryview) -> tuple[int, dict]:
+    """A response frame WITHOUT its size prefix -> (correlation_id, body). ApiVersions error answers are read with
+    the v0 schema, as a client must."""
+    view = memoryview(frame)
+    if len(view) < 4:
+        raise MalformedMessage("response shorter than its header")
+    (correlation_id,) = _SIZE.unpack_from(view, 0)
+    pos = 4
+    if api_key == api.ApiKey.API_VERSIONS:
+        if len(view) >= 6 and _STR_LEN.unpack_from(view, 4)[0] == api.UNSUPPORTED_VERSION:
+            api_version = 0
+    elif response_header_flexible(api_key, api_version):
+        try:
+            pos = _skip_tagged(view, pos)
+        except IndexError:
+            raise MalformedMessage("truncated response header") from None
+    return correlation_id, messages.decode_response(api_key, api_version, view[pos:])
