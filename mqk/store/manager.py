@@ -1,0 +1,377 @@
+"""StoreManager: the broker's one door to storage. Owns topic metadata, the engines, and per-topic routing.
+
+What it owns:
+- topic metadata (`ShardInfo`: queue count, per-topic config overrides, engine, a stable random 16-byte topic id),
+  persisted in `data_dir/config/topics.json` by atomic write-then-rename + fsync (fsutil) after every change;
+- the engines: each created once, lazily, on first use, and shared by every topic routed to it. A topic's engine is
+  its `storage.type` override, else the broker default (`StoreConfig.storage`), fixed at creation;
+- routing of every StorageAdapter data call to the topic's engine, with `UnknownShard` for unknown topics/queues;
+- the put-message hooks (`hooks`, run in order before each append; a hook may reject with `PutRejected` or reroute by
+  rewriting the context's topic/queue) and the data listeners (registered with every engine, present and future);
+- group offsets, kept by the default engine (so they live wherever the broker's default storage lives);
+- small durable JSON documents for services (`load_state` / `save_state`) in `data_dir/state/`.
+
+With `memory` as the default engine nothing is written to disk at all: metadata and state live in this process.
+
+Start-up reconciles metadata with the engines: every topic in topics.json gets its shards (re)created (idempotent;
+a memory-engine topic comes back empty), and shards an engine holds for topics that topics.json no longer lists
+(a crash between the metadata write and the engine's delete) are deleted. If topics.json is missing while an engine
+holds shards (an older data dir, a lost config), those topics are adopted with default settings instead.
+
+Metadata changes are written before the engines act on them, under one admin lock, so a crash leaves at worst a
+topic whose shards are recreated or deleted at the next start.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from mqk.config import ENGINES, StoreConfig, TopicConfig
+from mqk.errors import (
+    Corrupt,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    ShardExists,
+    UnknownShard,
+)
+from mqk.store.adapter import (
+    AppendResult,
+    Buffer,
+    DataListener,
+    GroupOffset,
+    PutContext,
+    PutHook,
+    ReadResult,
+    ShardInfo,
+    StorageAdapter,
+    StoredBatch,
+)
+from mqk.store.fsutil import atomic_write_bytes, read_json
+
+#: Kafka's legal topic characters plus RocketMQ's `%` and `|` (retry/DLQ topics like `%RETRY%group`)
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-%|]+$")
+MAX_TOPIC_LENGTH = 249
+#: far above any real topic; refuses absurd requests before allocating per-queue state
+MAX_QUEUES = 10_000
+_STATE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}$")
+TOPICS_FILE = "topics.json"
+
+
+def _new_topic_id() -> bytes:
+    while True:
+        topic_id = os.urandom(16)
+        # Kafka reserves the zero UUID and UUID 1 (the metadata topic's sentinel)
+        if topic_id.lstrip(b"\x00") not in (b"", b"\x01"):
+            return topic_id
+
+
+class StoreManager:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.hooks: list[PutHook] = []
+        self._listeners: list[DataListener] = []
+        self._engines: dict[str, StorageAdapter] = {}
+        self._topics: dict[str, ShardInfo] = {}
+        self._states: dict[str, dict[str, Any]] = {}
+        self._state_locks: dict[str, asyncio.Lock] = {}
+        self._admin = asyncio.Lock()
+        #: with a memory default nothing touches the disk (not even the data dir)
+        self.persistent = config.storage != "memory"
+        self._started = False
+
+    @property
+    def topics_path(self) -> Path:
+        return self.config.data_dir / "config" / TOPICS_FILE
+
+    @property
+    def engines(self) -> dict[str, StorageAdapter]:
+        """The engines created so far, by name."""
+        return dict(self._engines)
+
+    @property
+    def default_engine(self) -> StorageAdapter:
+        return self._engines[self.config.storage]
+
+    # --- life cycle ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        async with self._admin:
+            if self._started:
+                return
+            doc = await asyncio.to_thread(read_json, self.topics_path) if self.persistent else None
+            if doc is not None:
+                self._topics = self._parse_topics(doc)
+            await self._engine(self.config.storage)
+            for info in self._topics.values():
+                engine = await self._engine(info.engine)
+                await engine.create_shards(info.topic, info.queue_count, info.config)
+            if self.persistent:
+                await self._reconcile(adopt=doc is None)
+            self._started = True
+
+    async def _reconcile(self, adopt: bool) -> None:
+        adopted = False
+        for name, engine in self._engines.items():
+            for topic, count in engine.list_shards().items():
+                info = self._topics.get(topic)
+                if info is not None and info.engine == name:
+                    continue
+                if adopt and info is None:
+                    overrides = {} if name == self.config.storage else {"storage.type": name}
+                    self._topics[topic] = ShardInfo(topic, count, TopicConfig(overrides), name, _new_topic_id())
+                    adopted = True
+                else:
+                    await engine.delete_shards(topic)
+        if adopted:
+            await self._save_topics()
+
+    async def close(self) -> None:
+        async with self._admin:
+            engines, self._engines = list(self._engines.values()), {}
+            self._started = False
+            for engine in reversed(engines):
+                await engine.close()
+
+    async def _engine(self, name: str) -> StorageAdapter:
+        """The engine called `name`, created and started on first use (callers hold the admin lock)."""
+        engine = self._engines.get(name)
+        if engine is not None:
+            return engine
+        if name == "memory":
+            from mqk.store.memory import MemoryEngine
+
+            engine = MemoryEngine()
+        elif name == "rocksdb":
+            from mqk.store.rocksdb import RocksEngine
+
+            engine = RocksEngine(self.config, self.config.data_dir)
+        elif name == "file":
+            from mqk.store.file.engine import FileEngine
+
+            engine = FileEngine(self.config, self.config.data_dir)
+        else:
+            raise InvalidConfigError(f"unknown storage.type {name!r}; expected one of {ENGINES}")
+        engine.listeners.extend(self._listeners)
+        await engine.start()
+        self._engines[name] = engine
+        return engine
+
+    # --- topic metadata ------------------------------------------------------------------------------------
+
+    def topics(self) -> dict[str, ShardInfo]:
+        return dict(self._topics)
+
+    def topic(self, name: str) -> ShardInfo | None:
+        return self._topics.get(name)
+
+    def engine_of(self, topic: str) -> StorageAdapter:
+        info = self._topics.get(topic)
+        if info is None:
+            raise UnknownShard(f"unknown topic {topic!r}")
+        return self._engines[info.engine]
+
+    def _engine_name_for(self, config: TopicConfig) -> str:
+        name = config.storage_type or self.config.storage
+        if name not in ENGINES:
+            raise InvalidConfigError(f"storage.type must be one of {ENGINES}, not {name!r}")
+        return name
+
+    async def create_topic(self, topic: str, partitions: int, config: TopicConfig | None = None) -> ShardInfo:
+        config = config or TopicConfig()
+        _check_topic_name(topic)
+        _check_queue_count(partitions)
+        async with self._admin:
+            if topic in self._topics:
+                raise ShardExists(f"topic {topic!r} already exists")
+            name = self._engine_name_for(config)
+            engine = await self._engine(name)
+            info = ShardInfo(topic, partitions, config, name, _new_topic_id())
+            self._topics[topic] = info
+            try:
+                await self._save_topics()
+                await engine.create_shards(topic, partitions, config)
+            except BaseException:
+                del self._topics[topic]
+                await self._save_topics_quietly()
+                raise
+            return info
+
+    async def delete_topic(self, topic: str) -> None:
+        async with self._admin:
+            info = self._topics.pop(topic, None)
+            if info is None:
+                raise UnknownShard(f"unknown topic {topic!r}")
+            await self._save_topics()
+            try:
+                await self._engines[info.engine].delete_shards(topic)
+            except UnknownShard:
+                pass
+
+    async def add_partitions(self, topic: str, total: int) -> None:
+        _check_queue_count(total)
+        async with self._admin:
+            info = self._topics.get(topic)
+            if info is None:
+                raise UnknownShard(f"unknown topic {topic!r}")
+            if total <= info.queue_count:
+                raise InvalidPartitionsError(
+                    f"topic {topic!r} has {info.queue_count} partitions; cannot change to {total}")
+            self._topics[topic] = ShardInfo(topic, total, info.config, info.engine, info.topic_id)
+            await self._save_topics()
+            await self._engines[info.engine].create_shards(topic, total, info.config)
+
+    async def alter_topic_config(self, topic: str, config: TopicConfig) -> None:
+        async with self._admin:
+            info = self._topics.get(topic)
+            if info is None:
+                raise UnknownShard(f"unknown topic {topic!r}")
+            if self._engine_name_for(config) != info.engine:
+                raise InvalidConfigError(f"storage.type of topic {topic!r} is {info.engine!r} and cannot change")
+            self._topics[topic] = ShardInfo(topic, info.queue_count, config, info.engine, info.topic_id)
+            await self._save_topics()
+            await self._engines[info.engine].update_config(topic, config)
+
+    async def _save_topics(self) -> None:
+        if not self.persistent:
+            return
+        doc = {"version": 1, "topics": {
+            info.topic: {"queues": info.queue_count, "config": info.config.to_dict(), "engine": info.engine,
+                         "topic_id": info.topic_id.hex()}
+            for info in self._topics.values()}}
+        data = json.dumps(doc, sort_keys=True, indent=1).encode()
+        await asyncio.to_thread(atomic_write_bytes, self.topics_path, data)
+
+    async def _save_topics_quietly(self) -> None:
+        try:
+            await self._save_topics()
+        except Exception:  # noqa: BLE001 - already failing; the original error is the one to report
+            pass
+
+    def _parse_topics(self, doc: Any) -> dict[str, ShardInfo]:
+        try:
+            topics = {}
+            for name, entry in doc["topics"].items():
+                config = TopicConfig({str(k): str(v) for k, v in entry["config"].items()})
+                topic_id = bytes.fromhex(entry["topic_id"])
+                if len(topic_id) != 16 or entry["engine"] not in ENGINES or int(entry["queues"]) <= 0:
+                    raise ValueError(f"bad entry for topic {name!r}")
+                topics[name] = ShardInfo(name, int(entry["queues"]), config, entry["engine"], topic_id)
+            return topics
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise Corrupt(f"{self.topics_path}: malformed topic metadata ({exc})") from None
+
+    # --- listeners and hooks -------------------------------------------------------------------------------
+
+    def add_listener(self, listener: DataListener) -> None:
+        """Call `listener(topic, queue, end_offset)` whenever records become visible, on every engine."""
+        self._listeners.append(listener)
+        for engine in self._engines.values():
+            engine.listeners.append(listener)
+
+    # --- routed data methods -------------------------------------------------------------------------------
+
+    def _route(self, topic: str, queue: int) -> tuple[StorageAdapter, ShardInfo]:
+        info = self._topics.get(topic)
+        if info is None or not 0 <= queue < info.queue_count:
+            raise UnknownShard(f"unknown shard {topic!r}/{queue}")
+        return self._engines[info.engine], info
+
+    async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
+                     keys: Sequence[bytes] = (), log_append_time: bool = False,
+                     properties: dict[str, str] | None = None) -> AppendResult:
+        """Run the hooks, then append to the (possibly rerouted) shard. `properties` (native message properties)
+        are only shown to the hooks. A topic configured with LogAppendTime always gets it."""
+        if self.hooks:
+            context = PutContext(topic, queue, list(batches), tags_code, keys, properties or {})
+            for hook in self.hooks:
+                hook(context)
+            topic, queue, batches = context.topic, context.queue, context.batches
+            tags_code, keys = context.tags_code, context.keys
+        engine, info = self._route(topic, queue)
+        return await engine.append(topic, queue, batches, tags_code=tags_code, keys=keys,
+                                   log_append_time=log_append_time or info.config.log_append_time)
+
+    async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
+        return await self._route(topic, queue)[0].read(topic, queue, offset, max_bytes)
+
+    async def read_by_tags(self, topic: str, queue: int, offset: int, tags_codes: Iterable[int],
+                           max_batches: int) -> ReadResult:
+        return await self._route(topic, queue)[0].read_by_tags(topic, queue, offset, tags_codes, max_batches)
+
+    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
+                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+        return await self.engine_of(topic).read_by_key(topic, key, max_count, begin_ms, end_ms)
+
+    async def delete_before(self, topic: str, queue: int, offset: int) -> int:
+        return await self._route(topic, queue)[0].delete_before(topic, queue, offset)
+
+    async def offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
+        return await self._route(topic, queue)[0].offset_for_timestamp(topic, queue, timestamp)
+
+    async def max_timestamp(self, topic: str, queue: int) -> tuple[int, int] | None:
+        return await self._route(topic, queue)[0].max_timestamp(topic, queue)
+
+    def log_start_offset(self, topic: str, queue: int) -> int:
+        return self._route(topic, queue)[0].log_start_offset(topic, queue)
+
+    def end_offset(self, topic: str, queue: int) -> int:
+        return self._route(topic, queue)[0].end_offset(topic, queue)
+
+    # --- group offsets (the default engine) ----------------------------------------------------------------
+
+    async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
+        await self.default_engine.commit_offsets(group, offsets)
+
+    def fetch_offsets(self, group: str) -> dict[tuple[str, int], GroupOffset]:
+        return self.default_engine.fetch_offsets(group)
+
+    async def delete_offsets(self, group: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
+        await self.default_engine.delete_offsets(group, partitions)
+
+    def list_offset_groups(self) -> list[str]:
+        return self.default_engine.list_offset_groups()
+
+    # --- service state -------------------------------------------------------------------------------------
+
+    def _state_path(self, name: str) -> Path:
+        if not _STATE_RE.match(name):
+            raise ValueError(f"bad state document name {name!r}")
+        return self.config.data_dir / "state" / f"{name}.json"
+
+    def load_state(self, name: str) -> dict[str, Any] | None:
+        """The last document saved under `name` (this run or a previous one), or None."""
+        path = self._state_path(name)
+        if name not in self._states and self.persistent:
+            doc = read_json(path)
+            if doc is not None:
+                if not isinstance(doc, dict):
+                    raise Corrupt(f"{path}: state document is not a JSON object")
+                self._states[name] = doc
+        doc = self._states.get(name)
+        return None if doc is None else json.loads(json.dumps(doc))  # a private copy for the caller
+
+    async def save_state(self, name: str, obj: dict[str, Any]) -> None:
+        """Durably replace the document `name` (atomic + fsync); saves of one name land in call order."""
+        path = self._state_path(name)
+        data = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()  # TypeError now, not in a thread
+        lock = self._state_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            if self.persistent:
+                await asyncio.to_thread(atomic_write_bytes, path, data)
+            self._states[name] = json.loads(data)
+
+
+def _check_topic_name(topic: str) -> None:
+    if (not isinstance(topic, str) or not topic or len(topic) > MAX_TOPIC_LENGTH or topic in (".", "..")
+            or not _TOPIC_RE.match(topic)):
+        raise InvalidTopicError(f"illegal topic name {topic!r}")
+
+
+def _check_queue_count(count: int) -> None:
+    if not isinstance(count, int) or not 0 < count <= MAX_QUEUES:
+        raise InvalidPartitionsError(f"partition count must be in [1, {MAX_QUEUES}], not {count!r}")

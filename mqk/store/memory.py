@@ -1,0 +1,315 @@
+"""The `memory` engine: every shard as an in-process list of batches; nothing survives a restart.
+
+Owns, per shard: the stored batches (base offset set by the engine, byte-for-byte what the broker serves), the log
+start and end offsets, a timestamp index, and a key index for `read_by_key`; and every group's committed offsets.
+It is the reference the scenario suite holds the other engines to, and what tests and `--storage memory` run on.
+
+The timestamp index is Kafka's: one entry per batch holding the *running* maximum timestamp up to that batch, so it
+is monotone and a binary search finds the first batch that can hold a record at or after a time; the lookup is then
+refined record by record inside that batch (`first_record_at_or_after`, shared with the rocksdb engine).
+
+Also home of the small batch helpers every non-file engine needs (`prepare_batches`, `first_record_at_or_after`):
+they read the record batch v2 layout only through `mqk._fast.recbatch`.
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from sortedcontainers import SortedList
+
+from mqk._fast import load
+from mqk.config import TopicConfig
+from mqk.errors import Corrupt, InvalidPartitionsError, InvalidRecord, OffsetOutOfRange, UnknownShard
+from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
+
+recbatch = load("recbatch")
+
+_ATTR_COMPRESSION = 0x07
+_ATTR_LOG_APPEND_TIME = 0x08
+_TS_MIN = -(1 << 63)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# --- batch helpers shared by the engines that keep whole batches (memory, rocksdb) -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """A batch copied and stamped for storage: base offset set, LogAppendTime applied if asked."""
+
+    data: bytes
+    base_offset: int
+    record_count: int  #: offsets the batch covers (last_offset_delta + 1)
+    max_timestamp: int  #: the batch's own max timestamp (after LogAppendTime)
+
+
+def prepare_batches(batches: Sequence[Buffer], first_offset: int, log_append_time: int | None) -> list[PreparedBatch]:
+    """Check the framing of each batch, copy it, set its base offset (consecutive from `first_offset`) and, when
+    `log_append_time` is given, the LogAppendTime bit and max timestamp (CRC recomputed). Nothing is changed if any
+    batch is bad: Corrupt for broken framing, InvalidRecord for an empty batch."""
+    if not batches:
+        raise InvalidRecord("append of no batches")
+    out = []
+    offset = first_offset
+    for buf in batches:
+        view = memoryview(buf)
+        header = recbatch.parse_header(view, 0)
+        batch_length, last_offset_delta, max_timestamp, record_count = header[1], header[6], header[8], header[12]
+        if batch_length + 12 != view.nbytes:
+            raise Corrupt(f"record batch length {batch_length} does not match its {view.nbytes} bytes", 0)
+        if last_offset_delta < 0 or record_count <= 0:
+            raise InvalidRecord("record batch holds no records")
+        copy = bytearray(view)
+        recbatch.set_base_offset(copy, 0, offset)
+        if log_append_time is not None:
+            recbatch.set_log_append_time(copy, 0, log_append_time)
+            max_timestamp = log_append_time
+        out.append(PreparedBatch(bytes(copy), offset, last_offset_delta + 1, max_timestamp))
+        offset += last_offset_delta + 1
+    return out
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
+    """The records section of a compressed batch (Kafka codecs: 1 gzip, 2 snappy, 3 lz4 frame, 4 zstd)."""
+    if codec == 1:
+        return gzip.decompress(data)
+    if codec == 2:
+        import cramjam
+
+        if data.startswith(b"\x82SNAPPY\x00"):  # xerial framing (the Java client's SnappyOutputStream)
+            out = bytearray()
+            pos = 16
+            while pos + 4 <= len(data):
+                size = int.from_bytes(data[pos:pos + 4], "big")
+                out += bytes(cramjam.snappy.decompress_raw(data[pos + 4:pos + 4 + size]))
+                pos += 4 + size
+            return bytes(out)
+        return bytes(cramjam.snappy.decompress_raw(data))
+    if codec == 3:
+        import lz4.frame
+
+        return lz4.frame.decompress(data)
+    if codec == 4:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    raise Corrupt(f"unknown compression codec {codec}")
+
+
+def first_record_at_or_after(data: Buffer, timestamp: int, min_offset: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of the batch `data` with timestamp >= `timestamp` and offset >=
+    `min_offset`, or None. Decodes the records (decompressing if needed); if they cannot be decoded, falls back to
+    the batch's first eligible offset with its max timestamp, which is what an index-only lookup would answer."""
+    header = recbatch.parse_header(data, 0)
+    base, attributes, last_delta, base_ts, max_ts, count = (
+        header[0], header[5], header[6], header[7], header[8], header[12])
+    last = base + last_delta
+    if max_ts < timestamp or last < min_offset:
+        return None
+    if attributes & _ATTR_LOG_APPEND_TIME:  # every record carries the append time
+        return max(base, min_offset), max_ts
+    try:
+        section = bytes(memoryview(data)[recbatch.HEADER_SIZE:])
+        codec = attributes & _ATTR_COMPRESSION
+        if codec:
+            section = _decompress(codec, section)
+        records = recbatch.decode_records(section, count)
+    except Exception:  # noqa: BLE001 - unreadable records still have a usable batch-level answer
+        return max(base, min_offset), max_ts
+    for _attrs, ts_delta, offset_delta, _key, _value, _headers in records:
+        offset, ts = base + offset_delta, base_ts + ts_delta
+        if offset >= min_offset and ts >= timestamp:
+            return offset, ts
+    return None
+
+
+# --- the engine ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Shard:
+    batches: list[StoredBatch] = field(default_factory=list)
+    bases: list[int] = field(default_factory=list)  # batches[i].base_offset, for bisect
+    #: (running max timestamp, base offset) per batch; monotone in both, like Kafka's time index
+    time_index: SortedList = field(default_factory=SortedList)
+    running_max: int = _TS_MIN
+    log_start: int = 0
+    end: int = 0
+
+    def index_of(self, offset: int) -> int:
+        """Index of the batch holding `offset` (or the next batch after a gap)."""
+        i = bisect.bisect_right(self.bases, offset) - 1
+        if i < 0:
+            return 0
+        return i if self.batches[i].next_offset > offset else i + 1
+
+
+class MemoryEngine(StorageAdapter):
+    name = "memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._topics: dict[str, list[_Shard]] = {}
+        self._configs: dict[str, TopicConfig] = {}
+        #: topic -> key -> [(queue, base offset)] in append order
+        self._keys: dict[str, dict[bytes, list[tuple[int, int]]]] = {}
+        self._groups: dict[str, dict[tuple[str, int], GroupOffset]] = {}
+
+    async def close(self) -> None:
+        pass
+
+    # --- shards ------------------------------------------------------------------------------------------
+
+    async def create_shards(self, topic: str, queue_count: int, config: TopicConfig) -> None:
+        if queue_count <= 0:
+            raise InvalidPartitionsError(f"queue count must be positive, not {queue_count}")
+        shards = self._topics.setdefault(topic, [])
+        shards.extend(_Shard() for _ in range(queue_count - len(shards)))
+        self._configs[topic] = config
+        self._keys.setdefault(topic, defaultdict(list))
+
+    async def delete_shards(self, topic: str) -> None:
+        if self._topics.pop(topic, None) is None:
+            raise UnknownShard(f"unknown topic {topic!r}")
+        self._configs.pop(topic, None)
+        self._keys.pop(topic, None)
+
+    def list_shards(self) -> dict[str, int]:
+        return {topic: len(shards) for topic, shards in self._topics.items()}
+
+    async def update_config(self, topic: str, config: TopicConfig) -> None:
+        if topic in self._topics:
+            self._configs[topic] = config
+
+    def _shard(self, topic: str, queue: int) -> _Shard:
+        shards = self._topics.get(topic)
+        if shards is None or not 0 <= queue < len(shards):
+            raise UnknownShard(f"unknown shard {topic!r}/{queue}")
+        return shards[queue]
+
+    # --- data --------------------------------------------------------------------------------------------
+
+    async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
+                     keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
+        shard = self._shard(topic, queue)
+        store_ts = now_ms()
+        prepared = prepare_batches(batches, shard.end, store_ts if log_append_time else None)
+        first = prepared[0].base_offset
+        for p in prepared:
+            stored = StoredBatch(p.base_offset, p.record_count, p.data, store_ts, p.max_timestamp, tags_code)
+            shard.batches.append(stored)
+            shard.bases.append(p.base_offset)
+            shard.running_max = max(shard.running_max, p.max_timestamp)
+            shard.time_index.add((shard.running_max, p.base_offset))
+            shard.end = stored.next_offset
+        if keys:
+            index = self._keys[topic]
+            for key in set(keys):
+                index[bytes(key)].append((queue, first))
+        self._notify(topic, queue, shard.end)
+        return AppendResult(first, shard.end - 1, store_ts, shard.log_start)
+
+    async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
+        shard = self._shard(topic, queue)
+        if offset < shard.log_start or offset > shard.end:
+            raise OffsetOutOfRange(offset, shard.log_start, shard.end)
+        picked: list[StoredBatch] = []
+        size = 0
+        for i in range(shard.index_of(offset), len(shard.batches)):
+            batch = shard.batches[i]
+            if picked and size + len(batch.data) > max_bytes:
+                break
+            picked.append(batch)
+            size += len(batch.data)
+        return ReadResult(picked, shard.log_start, shard.end)
+
+    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
+                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+        if topic not in self._topics:
+            raise UnknownShard(f"unknown topic {topic!r}")
+        found: list[tuple[int, StoredBatch]] = []
+        for queue, base in reversed(self._keys[topic].get(bytes(key), ())):
+            if len(found) >= max_count:
+                break
+            shard = self._topics[topic][queue]
+            i = bisect.bisect_left(shard.bases, base)
+            if i < len(shard.bases) and shard.bases[i] == base:
+                batch = shard.batches[i]
+                if begin_ms <= batch.store_timestamp <= end_ms:
+                    found.append((queue, batch))
+        return found
+
+    async def delete_before(self, topic: str, queue: int, offset: int) -> int:
+        shard = self._shard(topic, queue)
+        if offset == -1:  # Kafka's DeleteRecords: -1 means the high watermark
+            offset = shard.end
+        if offset < 0 or offset > shard.end:
+            raise OffsetOutOfRange(offset, shard.log_start, shard.end)
+        if offset <= shard.log_start:
+            return shard.log_start
+        drop = 0
+        while drop < len(shard.batches) and shard.batches[drop].next_offset <= offset:
+            drop += 1
+        del shard.batches[:drop]
+        del shard.bases[:drop]
+        del shard.time_index[:drop]
+        shard.log_start = offset
+        return offset
+
+    async def offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
+        shard = self._shard(topic, queue)
+        i = shard.time_index.bisect_left((timestamp, _TS_MIN))
+        # time_index[k] describes batches[k] (both are trimmed together), so i indexes the batch too
+        for j in range(i, len(shard.batches)):
+            batch = shard.batches[j]
+            if batch.max_timestamp >= timestamp:
+                hit = first_record_at_or_after(batch.data, timestamp, shard.log_start)
+                if hit is not None:
+                    return hit
+        return None
+
+    async def max_timestamp(self, topic: str, queue: int) -> tuple[int, int] | None:
+        shard = self._shard(topic, queue)
+        if not shard.batches:
+            return None
+        return await self.offset_for_timestamp(topic, queue, shard.time_index[-1][0])
+
+    def log_start_offset(self, topic: str, queue: int) -> int:
+        return self._shard(topic, queue).log_start
+
+    def end_offset(self, topic: str, queue: int) -> int:
+        return self._shard(topic, queue).end
+
+    # --- group offsets -----------------------------------------------------------------------------------
+
+    async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
+        self._groups.setdefault(group, {}).update(offsets)
+
+    def fetch_offsets(self, group: str) -> dict[tuple[str, int], GroupOffset]:
+        return dict(self._groups.get(group, {}))
+
+    async def delete_offsets(self, group: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
+        if partitions is None:
+            self._groups.pop(group, None)
+            return
+        parts = self._groups.get(group)
+        if parts is None:
+            return
+        for partition in partitions:
+            parts.pop(partition, None)
+        if not parts:
+            del self._groups[group]
+
+    def list_offset_groups(self) -> list[str]:
+        return sorted(self._groups)
+
+
+__all__ = ["MemoryEngine", "PreparedBatch", "prepare_batches", "first_record_at_or_after", "now_ms"]
