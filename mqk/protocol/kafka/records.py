@@ -1,0 +1,342 @@
+"""Produce-side record handling for the Kafka protocol: compression codecs and validation of the record bytes of
+one partition in a Produce request, before they reach the store. Sans-IO; the byte layout of a v2 batch belongs
+to `mqk._fast.recbatch` (scan, CRC, count, build), which this module drives.
+
+Codecs (attributes bits 0-2): 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd.
+- gzip: RFC 1952 members (several concatenated members are accepted, as Java's GZIPInputStream does).
+- snappy: raw blocks and xerial-framed streams (magic `\\x82SNAPPY\\0`, what Java producers write) on input;
+  `compress` writes xerial framing, which every client reads.
+- lz4: the LZ4 frame format (KIP-57), via the `lz4` package.
+- zstd: via `zstandard`.
+Decompression is bounded: output beyond `max_size` raises `MessageTooLarge` without ever materialising more than
+`max_size + 1` bytes, so a compression bomb cannot exhaust memory. Broken compressed data raises `Corrupt`.
+
+Validation (`validate_produce_records`): every batch's CRC32C and framing (via recbatch.scan_batches), its size
+against the topic's max.message.bytes (`MessageTooLarge`), and its record count: for uncompressed batches the
+records must fill the batch exactly with the header's count (recbatch.count_records); for compressed batches the
+records section is decompressed (bounded) and walked the same way. Valid batches are returned as memoryviews
+into the request frame: the bytes the store keeps, unchanged.
+
+Legacy message sets (magic 0 and 1, from clients older than Kafka 0.11): CONVERTED to one v2 batch, never
+refused. Each legacy message (including the inner messages of compressed wrappers) becomes a v2 record with the
+same key, value and timestamp (magic 0 carries none: -1, Kafka's NO_TIMESTAMP) and no headers; the new batch is
+uncompressed, with offset deltas 0..n-1 (the broker assigns offsets anyway). Legacy CRC32 checksums are verified.
+The converted batch is a fresh buffer, so `BatchInfo.converted` is True for it.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+import cramjam
+import lz4.frame
+import zstandard
+
+from mqk._fast import load
+from mqk.errors import Corrupt, InvalidRecord, MessageTooLarge, UnsupportedCompressionTypeError
+
+recbatch = load("recbatch")
+
+NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
+CODEC_NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
+COMPRESSION_MASK = 0x07
+DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = 16  # magic (8) + version (4) + compatible version (4)
+_I32 = struct.Struct(">i")
+_RECORDS_POS = 61  # recbatch.HEADER_SIZE
+
+
+class BatchInfo(NamedTuple):
+    data: memoryview  # the whole batch, as the store will keep it
+    size: int
+    last_offset_delta: int
+    max_timestamp: int
+    record_count: int
+    attributes: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    base_timestamp: int
+    compression: int
+    converted: bool = False  # built here from a legacy (magic 0/1) message set
+
+
+# --- compression ---------------------------------------------------------------------------------------
+
+
+def _too_big(max_size: int) -> MessageTooLarge:
+    return MessageTooLarge(f"decompressed records exceed {max_size} bytes")
+
+
+def _gunzip(data, max_size: int) -> bytes:
+    out = bytearray()
+    rest = bytes(data)
+    while rest:
+        d = zlib.decompressobj(wbits=47)  # 32 + 15: gzip or zlib header, detected
+        try:
+            chunk = d.decompress(rest, max_size + 1 - len(out))
+        except zlib.error as e:
+            raise Corrupt(f"gzip: {e}") from None
+        out += chunk
+        if len(out) > max_size:
+            raise _too_big(max_size)
+        if not d.eof:
+            if d.unconsumed_tail:  # stopped by the size bound with more to come
+                raise _too_big(max_size)
+            raise Corrupt("gzip: truncated stream")
+        rest = d.unused_data
+        if rest and not rest.startswith(b"\x1f\x8b"):
+            break  # trailing garbage after the last member is ignored, like Java
+    return bytes(out)
+
+
+def _unsnappy_raw(data, max_size: int) -> bytes:
+    try:
+        n = cramjam.snappy.decompress_raw_len(bytes(data))
+    except Exception as e:  # cramjam raises its own error type
+        raise Corrupt(f"snappy: {e}") from None
+    if n > max_size:
+        raise _too_big(max_size)
+    try:
+        return bytes(cramjam.snappy.decompress_raw(bytes(data)))
+    except Exception as e:
+        raise Corrupt(f"snappy: {e}") from None
+
+
+def _unsnappy(data, max_size: int) -> bytes:
+    view = memoryview(data)
+    if bytes(view[:8]) != _XERIAL_MAGIC:
+        return _unsnappy_raw(view, max_size)
+    pos, out = _XERIAL_HEADER, bytearray()
+    if len(view) < pos:
+        raise Corrupt("snappy: truncated xerial header")
+    while pos < len(view):
+        if pos + 4 > len(view):
+            raise Corrupt("snappy: truncated xerial block length")
+        (n,) = _I32.unpack_from(view, pos)
+        pos += 4
+        if n < 0 or pos + n > len(view):
+            raise Corrupt("snappy: xerial block beyond the data")
+        out += _unsnappy_raw(view[pos:pos + n], max_size - len(out))
+        pos += n
+    return bytes(out)
+
+
+def _unlz4(data, max_size: int) -> bytes:
+    d = lz4.frame.LZ4FrameDecompressor()
+    try:
+        out = d.decompress(bytes(data), max_length=max_size + 1)
+    except RuntimeError as e:
+        raise Corrupt(f"lz4: {e}") from None
+    if len(out) > max_size or (not d.eof and not d.needs_input):
+        raise _too_big(max_size)
+    if not d.eof:
+        raise Corrupt("lz4: truncated frame")
+    return out
+
+
+def _unzstd(data, max_size: int) -> bytes:
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
+            out = reader.read(max_size + 1)
+            if len(out) > max_size:
+                raise _too_big(max_size)
+            # read() may return early; keep reading until the stream ends or the bound is crossed
+            buf = bytearray(out)
+            while out:
+                out = reader.read(max_size + 1 - len(buf))
+                buf += out
+                if len(buf) > max_size:
+                    raise _too_big(max_size)
+            return bytes(buf)
+    except zstandard.ZstdError as e:
+        raise Corrupt(f"zstd: {e}") from None
+
+
+_DECOMPRESSORS = {GZIP: _gunzip, SNAPPY: _unsnappy, LZ4: _unlz4, ZSTD: _unzstd}
+
+
+def decompress(codec_id: int, data, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+    if codec_id == NONE:
+        if len(data) > max_size:
+            raise _too_big(max_size)
+        return bytes(data)
+    fn = _DECOMPRESSORS.get(codec_id)
+    if fn is None:
+        raise UnsupportedCompressionTypeError(f"unknown compression codec {codec_id}")
+    return fn(data, max_size)
+
+
+def compress(codec_id: int, data) -> bytes:
+    data = bytes(data)
+    if codec_id == NONE:
+        return data
+    if codec_id == GZIP:
+        c = zlib.compressobj(6, zlib.DEFLATED, 31)  # 16 + 15: gzip wrapper
+        return c.compress(data) + c.flush()
+    if codec_id == SNAPPY:
+        # xerial framing in blocks of 32 KiB, as snappy-java's SnappyOutputStream writes it
+        out = bytearray(_XERIAL_MAGIC + _I32.pack(1) + _I32.pack(1))
+        for i in range(0, len(data), 32768):
+            block = bytes(cramjam.snappy.compress_raw(data[i:i + 32768]))
+            out += _I32.pack(len(block)) + block
+        return bytes(out)
+    if codec_id == LZ4:
+        return lz4.frame.compress(data)
+    if codec_id == ZSTD:
+        return zstandard.ZstdCompressor().compress(data)
+    raise UnsupportedCompressionTypeError(f"unknown compression codec {codec_id}")
+
+
+# --- validation ----------------------------------------------------------------------------------------
+
+
+def _count_records(data, expected: int) -> None:
+    """Walk a (decompressed) records section: each record is a zigzag varint length then that many bytes.
+    Corrupt unless the records fill `data` exactly and number `expected`."""
+    view = memoryview(data)
+    pos, end, n = 0, len(view), 0
+    while pos < end:
+        raw = shift = 0
+        while True:
+            if pos >= end or shift > 28:
+                raise Corrupt("record length varint truncated", pos)
+            byte = view[pos]
+            pos += 1
+            raw |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        length = (raw >> 1) ^ -(raw & 1)
+        if length < 0 or pos + length > end:
+            raise Corrupt("record length outside the batch", pos)
+        pos += length
+        n += 1
+        if n > expected:
+            break
+    if n != expected:
+        raise Corrupt(f"batch declares {expected} records but holds {n}")
+
+
+def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+                             verify_crc: bool = True) -> list[BatchInfo]:
+    """Check the record bytes of one partition of a Produce request; see the module docstring.
+    Raises Corrupt (CORRUPT_MESSAGE), MessageTooLarge (MESSAGE_TOO_LARGE), InvalidRecord (INVALID_RECORD),
+    UnsupportedCompressionTypeError."""
+    if buf is None or len(buf) == 0:
+        raise InvalidRecord("produce request without records")
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    if len(view) > 16 and view[16] in (0, 1):
+        return [convert_legacy(view, max_batch_bytes, max_decompressed_bytes)]
+    out = []
+    for (pos, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch, base_sequence,
+         base_ts) in recbatch.scan_batches(view, verify_crc):
+        if size > max_batch_bytes:
+            raise MessageTooLarge(f"record batch of {size} bytes exceeds the limit of {max_batch_bytes}")
+        codec = attributes & COMPRESSION_MASK
+        if codec == NONE:
+            recbatch.count_records(view, pos, size)
+        else:
+            inner = decompress(codec, view[pos + _RECORDS_POS:pos + size], max_decompressed_bytes)
+            _count_records(inner, count)
+        out.append(BatchInfo(view[pos:pos + size], size, last_offset_delta, max_ts, count, attributes, producer_id,
+                             producer_epoch, base_sequence, base_ts, codec))
+    return out
+
+
+def batch_records(info_or_batch) -> list[tuple]:
+    """Decoded records of one v2 batch (decompressing if needed): recbatch.decode_records tuples."""
+    data = memoryview(info_or_batch.data if isinstance(info_or_batch, BatchInfo) else info_or_batch)
+    header = recbatch.parse_header(data, 0)
+    attributes, count = header[5], header[12]
+    size = 12 + header[1]
+    records = data[_RECORDS_POS:size]
+    codec = attributes & COMPRESSION_MASK
+    if codec != NONE:
+        records = decompress(codec, records)
+    return recbatch.decode_records(records, count)
+
+
+# --- legacy message sets (magic 0/1) -------------------------------------------------------------------
+
+_LEGACY_HEAD = struct.Struct(">qiIbb")  # offset, message_size, crc, magic, attributes
+_I64 = struct.Struct(">q")
+
+
+def _legacy_bytes(view: memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
+    if pos + 4 > end:
+        raise Corrupt("legacy message: truncated length", pos)
+    (n,) = _I32.unpack_from(view, pos)
+    pos += 4
+    if n < 0:
+        return None, pos
+    if pos + n > end:
+        raise Corrupt("legacy message: field beyond the message", pos)
+    return bytes(view[pos:pos + n]), pos + n
+
+
+def _legacy_messages(view: memoryview, max_decompressed: int, depth: int, out: list) -> None:
+    """Append (timestamp, key, value) for each message of a legacy message set, unwrapping compressed ones."""
+    pos, end = 0, len(view)
+    while pos < end:
+        if end - pos < 26:  # offset, size, crc, magic, attributes, key length, value length
+            raise Corrupt("legacy message: truncated", pos)
+        _offset, size, crc, magic, attributes = _LEGACY_HEAD.unpack_from(view, pos)
+        if size < 14 or pos + 12 + size > end:
+            raise Corrupt("legacy message: bad size", pos)
+        body = view[pos + 16:pos + 12 + size]  # magic .. end, the CRC32 range
+        if zlib.crc32(body) != crc:
+            raise Corrupt("legacy message: CRC32 mismatch", pos)
+        if magic not in (0, 1):
+            raise Corrupt(f"legacy message: magic {magic}", pos)
+        p = pos + 18
+        stop = pos + 12 + size
+        timestamp = -1
+        if magic == 1:
+            if p + 8 > stop:
+                raise Corrupt("legacy message: truncated timestamp", pos)
+            (timestamp,) = _I64.unpack_from(view, p)
+            p += 8
+        key, p = _legacy_bytes(view, p, stop)
+        value, p = _legacy_bytes(view, p, stop)
+        codec = attributes & COMPRESSION_MASK
+        if codec == NONE:
+            out.append((timestamp, key, value))
+        else:
+            if depth > 0 or value is None:
+                raise Corrupt("legacy message: nested or empty compressed wrapper", pos)
+            inner = decompress(codec, value, max_decompressed)
+            first = len(out)
+            _legacy_messages(memoryview(inner), max_decompressed, depth + 1, out)
+            if magic == 1 and attributes & 0x08:  # LogAppendTime on the wrapper: its timestamp applies to all
+                out[first:] = [(timestamp, k, v) for _t, k, v in out[first:]]
+        pos = stop
+
+
+def convert_legacy(view: memoryview, max_batch_bytes: int,
+                   max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> BatchInfo:
+    """A magic 0/1 message set -> one uncompressed v2 batch (see the module docstring)."""
+    msgs: list[tuple[int, bytes | None, bytes | None]] = []
+    _legacy_messages(view, max_decompressed_bytes, 0, msgs)
+    if not msgs:
+        raise InvalidRecord("legacy message set without a complete message")
+    timestamps = [t for t, _k, _v in msgs]
+    base_ts = timestamps[0]
+    max_ts = max(timestamps)
+    records = bytearray()
+    total = 0
+    for i, (ts, key, value) in enumerate(msgs):
+        rec = recbatch.encode_record(i, ts - base_ts, key, value, [])
+        total += len(rec)
+        if total > max_batch_bytes:
+            raise MessageTooLarge(f"converted legacy message set exceeds {max_batch_bytes} bytes")
+        records += rec
+    batch = recbatch.build_batch(0, base_ts, max_ts, bytes(records), len(msgs), len(msgs) - 1)
+    if len(batch) > max_batch_bytes:
+        raise MessageTooLarge(f"converted legacy message set exceeds {max_batch_bytes} bytes")
+    return BatchInfo(memoryview(batch), len(batch), len(msgs) - 1, max_ts, len(msgs), 0, -1, -1, -1, base_ts, NONE,
+                     True)
