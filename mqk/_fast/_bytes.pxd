@@ -1,0 +1,139 @@
+# Shared by the _fast Cython kernels (cimported, never imported): big-endian loads and stores, Kafka's zigzag
+# varints, and CRC32C over raw memory. Every helper takes a raw pointer and trusts its caller to have checked the
+# bounds first: the kernels check sizes explicitly before each access (boundscheck is off), so bad input raises
+# Corrupt / OutOfBounds instead of reading or writing outside the buffer.
+from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from cpython.buffer cimport PyBUF_READ
+from cpython.memoryview cimport PyMemoryView_FromMemory
+
+
+cdef inline uint16_t ld_u16(const unsigned char* p) noexcept nogil:
+    return <uint16_t>((<uint16_t>p[0] << 8) | p[1])
+
+
+cdef inline int16_t ld_i16(const unsigned char* p) noexcept nogil:
+    return <int16_t>ld_u16(p)
+
+
+cdef inline uint32_t ld_u32(const unsigned char* p) noexcept nogil:
+    return ((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3])
+
+
+cdef inline int32_t ld_i32(const unsigned char* p) noexcept nogil:
+    return <int32_t>ld_u32(p)
+
+
+cdef inline int64_t ld_i64(const unsigned char* p) noexcept nogil:
+    return <int64_t>((<uint64_t>ld_u32(p) << 32) | <uint64_t>ld_u32(p + 4))
+
+
+cdef inline void st_u16(unsigned char* p, uint16_t v) noexcept nogil:
+    p[0] = <unsigned char>(v >> 8)
+    p[1] = <unsigned char>v
+
+
+cdef inline void st_u32(unsigned char* p, uint32_t v) noexcept nogil:
+    p[0] = <unsigned char>(v >> 24)
+    p[1] = <unsigned char>(v >> 16)
+    p[2] = <unsigned char>(v >> 8)
+    p[3] = <unsigned char>v
+
+
+cdef inline void st_i64(unsigned char* p, int64_t v) noexcept nogil:
+    st_u32(p, <uint32_t>(<uint64_t>v >> 32))
+    st_u32(p + 4, <uint32_t><uint64_t>v)
+
+
+# Varint readers return the position after the varint, or one of these (positions are never negative).
+cdef enum:
+    VARINT_TRUNCATED = -1
+    VARINT_TOO_LONG = -2
+
+
+cdef inline Py_ssize_t rd_varint(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int32_t* out) noexcept nogil:
+    """Zigzag int32 as Kafka's ByteUtils.readVarint: at most 5 bytes; bits above 32 dropped."""
+    cdef uint64_t raw = 0
+    cdef int shift = 0
+    cdef unsigned char c
+    cdef uint32_t u
+    while True:
+        if p >= end:
+            return VARINT_TRUNCATED
+        c = b[p]
+        p += 1
+        raw |= <uint64_t>(c & 0x7F) << shift
+        if not (c & 0x80):
+            break
+        shift += 7
+        if shift >= 35:
+            return VARINT_TOO_LONG
+    u = <uint32_t>raw
+    out[0] = <int32_t>((u >> 1) ^ (0u - (u & 1u)))
+    return p
+
+
+cdef inline Py_ssize_t rd_varlong(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int64_t* out) noexcept nogil:
+    """Zigzag int64 as Kafka's ByteUtils.readVarlong: at most 10 bytes; bits above 64 dropped."""
+    cdef uint64_t raw = 0
+    cdef int shift = 0
+    cdef unsigned char c
+    while True:
+        if p >= end:
+            return VARINT_TRUNCATED
+        c = b[p]
+        p += 1
+        raw |= <uint64_t>(c & 0x7F) << shift
+        if not (c & 0x80):
+            break
+        shift += 7
+        if shift >= 70:
+            return VARINT_TOO_LONG
+    out[0] = <int64_t>((raw >> 1) ^ (0u - (raw & 1u)))
+    return p
+
+
+cdef inline Py_ssize_t uvarint_size(uint64_t u) noexcept nogil:
+    cdef Py_ssize_t n = 1
+    while u >= 0x80:
+        u >>= 7
+        n += 1
+    return n
+
+
+cdef inline uint32_t zigzag32(int32_t v) noexcept nogil:
+    return (<uint32_t>v << 1) ^ <uint32_t>(v >> 31)
+
+
+cdef inline uint64_t zigzag64(int64_t v) noexcept nogil:
+    return (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+
+
+cdef inline unsigned char* put_uvarint(unsigned char* p, uint64_t u) noexcept nogil:
+    while u >= 0x80:
+        p[0] = <unsigned char>((u & 0x7F) | 0x80)
+        p += 1
+        u >>= 7
+    p[0] = <unsigned char>u
+    return p + 1
+
+
+cdef inline uint32_t crc32c_of(object crc_fn, const unsigned char* p, Py_ssize_t n) except? 0xFFFFFFFF:
+    """CRC32C of [p, p+n) through the crc32c package, on a memoryview over the memory itself (no copy).
+    The view is handed to crc32c for the call only; it never outlives the caller's buffer."""
+    return crc_fn(PyMemoryView_FromMemory(<char*>p, n, PyBUF_READ))
+
+
+# Integer arguments are taken as Py_ssize_t (64-bit on every platform the kernels build for; each module refuses
+# to import otherwise) because Cython converts Py_ssize_t through __index__, so a float is a TypeError exactly as
+# in the twins, while its int32_t/int64_t conversions would silently truncate floats. Narrower fields are then
+# range-checked here with the twins' OverflowError.
+cdef inline int32_t as_i32(Py_ssize_t v) except? -1:
+    if v < -2147483648 or v > 2147483647:
+        raise OverflowError(f"integer {v} out of range [-2147483648, 2147483647]")
+    return <int32_t>v
+
+
+cdef inline int16_t as_i16(Py_ssize_t v) except? -1:
+    if v < -32768 or v > 32767:
+        raise OverflowError(f"integer {v} out of range [-32768, 32767]")
+    return <int16_t>v

@@ -1,0 +1,127 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""CommitLog entry kernels, compiled: the hot-path twin of `clentry_py.py` (same API, identical results).
+
+Every append runs `encode_entry`, every recovery and dispatch pass runs `read_entry`. Bounds are checked explicitly
+before each access (boundscheck is off). See clentry_py.py for the layout, the BLANK rule and the error contract.
+"""
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
+from libc.string cimport memcpy
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+from mqk._fast._bytes cimport as_i32, crc32c_of, ld_i32, ld_i64, ld_u16, ld_u32, st_i64, st_u16, st_u32
+
+from crc32c import crc32c as _crc32c
+
+from mqk.errors import Corrupt, OutOfBounds
+
+if sizeof(Py_ssize_t) != 8:
+    raise ImportError("mqk._fast kernels need a 64-bit Py_ssize_t; the pure-Python twins are used instead")
+
+FIXED_HEADER_SIZE = 66
+MAGIC_MESSAGE = 0xDAA320A7
+MAGIC_BLANK = 0xCBD43194
+BLANK_MIN_SIZE = 8
+CRC_START = 12
+KIND_END, KIND_MESSAGE, KIND_BLANK = 0, 1, 2
+MAX_TOPIC_LEN = 0xFFFF
+
+DEF C_FIXED = 66
+DEF C_BATCH_HEADER = 61
+DEF C_MAGIC_MESSAGE = 0xDAA320A7
+DEF C_MAGIC_BLANK = 0xCBD43194
+DEF C_BLANK_MIN = 8
+DEF C_CRC_START = 12
+DEF C_INT32_MAX = 2147483647
+
+cdef tuple _END = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
+
+
+cdef Py_ssize_t _entry_size(Py_ssize_t topic_len, Py_ssize_t body_len) except -1:
+    if topic_len < 0 or topic_len > 0xFFFF:
+        raise ValueError(f"topic length {topic_len} outside [0, 65535]")
+    if body_len < 0 or body_len > C_INT32_MAX - C_FIXED - topic_len:
+        raise ValueError(f"body length {body_len} does not fit an entry")
+    return C_FIXED + topic_len + body_len
+
+
+def entry_size(Py_ssize_t topic_len, Py_ssize_t body_len):
+    return _entry_size(topic_len, body_len)
+
+
+def encode_entry(unsigned char[::1] buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
+                 Py_ssize_t queue_offset, Py_ssize_t physical_offset, Py_ssize_t store_timestamp,
+                 Py_ssize_t max_timestamp, Py_ssize_t tags_code, Py_ssize_t flags, Py_ssize_t record_count,
+                 const unsigned char[::1] body):
+    cdef int32_t c_queue_id = as_i32(queue_id), c_flags = as_i32(flags), c_record_count = as_i32(record_count)
+    cdef Py_ssize_t body_len = body.shape[0]
+    if body_len < C_BATCH_HEADER:
+        raise ValueError(f"body of {body_len} bytes is not a record batch")
+    cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
+    cdef Py_ssize_t size = _entry_size(topic_len, body_len)
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or size > n - pos:
+        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {n} bytes")
+    cdef unsigned char* e = &buf[0] + pos
+    st_u32(e, <uint32_t>size)
+    st_u32(e + 4, C_MAGIC_MESSAGE)
+    st_u32(e + 12, <uint32_t>c_queue_id)
+    st_u32(e + 16, <uint32_t>c_flags)
+    st_i64(e + 20, queue_offset)
+    st_i64(e + 28, physical_offset)
+    st_u32(e + 36, <uint32_t>c_record_count)
+    st_i64(e + 40, store_timestamp)
+    st_i64(e + 48, max_timestamp)
+    st_i64(e + 56, tags_code)
+    st_u16(e + 64, <uint16_t>topic_len)
+    if topic_len:
+        memcpy(e + C_FIXED, PyBytes_AS_STRING(topic), topic_len)
+    memcpy(e + C_FIXED + topic_len, &body[0], body_len)
+    # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
+    st_i64(e + C_FIXED + topic_len, queue_offset)
+    st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
+    return size
+
+
+def encode_blank(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t size):
+    cdef int32_t c_size = as_i32(size)
+    if c_size < C_BLANK_MIN:
+        raise ValueError(f"blank of {c_size} bytes is below the minimum {C_BLANK_MIN}")
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or c_size > n - pos:
+        raise OutOfBounds(f"blank of {c_size} bytes at {pos} does not fit buffer of {n} bytes")
+    st_u32(&buf[0] + pos, <uint32_t>c_size)
+    st_u32(&buf[0] + pos + 4, C_MAGIC_BLANK)
+
+
+def read_entry(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t limit, bint verify=True):
+    cdef Py_ssize_t n = buf.shape[0]
+    if limit < 0 or limit > n or pos < 0 or pos > limit:
+        raise OutOfBounds(f"read at {pos} with limit {limit} outside buffer of {n} bytes")
+    cdef Py_ssize_t remaining = limit - pos
+    if remaining < C_BLANK_MIN:
+        return _END
+    cdef const unsigned char* e = &buf[0] + pos
+    cdef int32_t total_size = ld_i32(e)
+    cdef uint32_t magic = ld_u32(e + 4)
+    if total_size == 0:
+        return _END
+    if magic == C_MAGIC_BLANK:
+        if total_size < C_BLANK_MIN or total_size > remaining:
+            raise Corrupt(f"impossible blank size {total_size}", pos)
+        return (2, total_size, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
+    if magic != C_MAGIC_MESSAGE:
+        raise Corrupt(f"bad entry magic {magic:#x}", pos)
+    if total_size < C_FIXED + C_BATCH_HEADER or total_size > remaining:
+        raise Corrupt(f"impossible entry size {total_size}", pos)
+    cdef Py_ssize_t topic_len = ld_u16(e + 64)
+    if total_size - C_FIXED - topic_len < C_BATCH_HEADER:
+        raise Corrupt(f"topic length {topic_len} leaves no record batch", pos)
+    if verify and crc32c_of(_crc32c, e + C_CRC_START, total_size - C_CRC_START) != ld_u32(e + 8):
+        raise Corrupt("entry CRC mismatch", pos)
+    try:
+        topic = PyUnicode_DecodeUTF8(<const char*>e + C_FIXED, topic_len, NULL)
+    except UnicodeDecodeError:
+        raise Corrupt("topic is not UTF-8", pos) from None
+    return (1, total_size, ld_i32(e + 12), ld_i32(e + 16), ld_i64(e + 20), ld_i64(e + 28), ld_i32(e + 36),
+            ld_i64(e + 40), ld_i64(e + 48), ld_i64(e + 56), topic, pos + C_FIXED + topic_len)

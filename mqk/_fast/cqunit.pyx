@@ -1,0 +1,103 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""ConsumeQueue unit kernels, compiled: the hot-path twin of `cqunit_py.py` (same API, identical results).
+
+Every fetch runs `search_offset`, every ListOffsets-by-time runs `search_timestamp`: plain C binary searches over
+the mapped units, with the unit count checked against the buffer once before the search. See cqunit_py.py for the
+layout and the meaning of record_count and max_timestamp.
+"""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+
+from mqk._fast._bytes cimport as_i32, ld_i32, ld_i64, st_i64, st_u32
+
+from mqk.errors import OutOfBounds
+
+if sizeof(Py_ssize_t) != 8:
+    raise ImportError("mqk._fast kernels need a 64-bit Py_ssize_t; the pure-Python twins are used instead")
+
+UNIT_SIZE = 48
+DEF C_UNIT = 48
+DEF C_BASE_AT = 40
+DEF C_COUNT_AT = 12
+DEF C_MAX_TS_AT = 32
+
+
+def pack_unit(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t physical_offset, Py_ssize_t size,
+              Py_ssize_t record_count, Py_ssize_t tags_code, Py_ssize_t store_ts, Py_ssize_t max_ts,
+              Py_ssize_t base_offset):
+    cdef int32_t c_size = as_i32(size), c_count = as_i32(record_count)
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or C_UNIT > n - pos:
+        raise OutOfBounds(f"unit at {pos} outside buffer of {n} bytes")
+    cdef unsigned char* u = &buf[0] + pos
+    st_i64(u, physical_offset)
+    st_u32(u + 8, <uint32_t>c_size)
+    st_u32(u + 12, <uint32_t>c_count)
+    st_i64(u + 16, tags_code)
+    st_i64(u + 24, store_ts)
+    st_i64(u + 32, max_ts)
+    st_i64(u + 40, base_offset)
+
+
+def unpack_unit(const unsigned char[::1] buf, Py_ssize_t pos):
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or C_UNIT > n - pos:
+        raise OutOfBounds(f"unit at {pos} outside buffer of {n} bytes")
+    cdef const unsigned char* u = &buf[0] + pos
+    return (ld_i64(u), ld_i32(u + 8), ld_i32(u + 12), ld_i64(u + 16), ld_i64(u + 24), ld_i64(u + 32), ld_i64(u + 40))
+
+
+cdef inline const unsigned char* _units(const unsigned char[::1] buf, Py_ssize_t n_units) except NULL:
+    cdef Py_ssize_t n = buf.shape[0]
+    if n_units < 0 or n_units > n // C_UNIT:
+        raise OutOfBounds(f"{n_units} units do not fit buffer of {n} bytes")
+    return &buf[0] if n else <const unsigned char*>""
+
+
+def search_offset(const unsigned char[::1] buf, Py_ssize_t n_units, Py_ssize_t offset):
+    cdef const unsigned char* u = _units(buf, n_units)
+    cdef Py_ssize_t lo = 0, hi = n_units, mid, i
+    cdef int64_t base
+    cdef int32_t count
+    # the last unit with base_offset <= offset (the GIL is kept: ~20 steps cost less than releasing it)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ld_i64(u + mid * C_UNIT + C_BASE_AT) <= offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return -1 if n_units else 0
+    i = lo - 1
+    base = ld_i64(u + i * C_UNIT + C_BASE_AT)
+    count = ld_i32(u + i * C_UNIT + C_COUNT_AT)
+    # base <= offset, so offset - base is exact in uint64 (no signed overflow for extreme offsets)
+    if count > 0 and <uint64_t>offset - <uint64_t>base < <uint64_t>count:
+        return i
+    return i + 1
+
+
+def search_timestamp(const unsigned char[::1] buf, Py_ssize_t n_units, Py_ssize_t ts):
+    cdef const unsigned char* u = _units(buf, n_units)
+    cdef Py_ssize_t lo = 0, hi = n_units, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ld_i64(u + mid * C_UNIT + C_MAX_TS_AT) < ts:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def hash_tag(str tag not None):
+    cdef uint32_t h = 0
+    cdef Py_UCS4 ch
+    cdef uint32_t c
+    for ch in tag:
+        c = ch
+        if c > 0xFFFF:
+            c -= 0x10000
+            h = 31 * h + (0xD800 | (c >> 10))
+            h = 31 * h + (0xDC00 | (c & 0x3FF))
+        else:
+            h = 31 * h + c
+    return <int32_t>h

@@ -1,0 +1,325 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Kafka record batch v2 kernels, compiled: the hot-path twin of `recbatch_py.py` (same API, identical results).
+
+Every produce request runs `scan_batches`; the loops here touch no Python objects except the result tuples. Bounds
+are checked explicitly before each access (boundscheck is off), so bad bytes raise Corrupt / OutOfBounds, never
+an out-of-bounds read or write. See recbatch_py.py for the layout and the error contract.
+"""
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+from mqk._fast._bytes cimport (VARINT_TOO_LONG, as_i16, as_i32, VARINT_TRUNCATED, crc32c_of, ld_i16, ld_i32, ld_i64, ld_u32,
+                               put_uvarint, rd_varint, rd_varlong, st_i64, st_u16, st_u32, uvarint_size, zigzag32,
+                               zigzag64)
+
+from crc32c import crc32c as _crc32c
+
+from mqk.errors import Corrupt, OutOfBounds
+
+if sizeof(Py_ssize_t) != 8:
+    raise ImportError("mqk._fast kernels need a 64-bit Py_ssize_t; the pure-Python twins are used instead")
+
+HEADER_SIZE = 61
+MAGIC = 2
+MIN_BATCH_LENGTH = 49
+CRC_START = 21
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+MIN_RECORD_BODY = 6
+
+DEF C_HEADER = 61
+DEF C_MIN_BATCH_LENGTH = 49
+DEF C_CRC_START = 21
+DEF C_MIN_RECORD_BODY = 6
+DEF C_INT32_MAX = 2147483647
+
+
+cdef inline object _varint_error(Py_ssize_t code, Py_ssize_t start, bint long_form):
+    if code == VARINT_TRUNCATED:
+        return Corrupt("truncated varlong" if long_form else "truncated varint", start)
+    return Corrupt("varlong longer than 10 bytes" if long_form else "varint longer than 5 bytes", start)
+
+
+def parse_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or n - pos < C_HEADER:
+        raise Corrupt("truncated record batch header", pos)
+    cdef const unsigned char* h = &buf[0] + pos
+    cdef int8_t magic = <int8_t>h[16]
+    if magic != 2:
+        raise Corrupt(f"unsupported record batch magic {magic}", pos)
+    return (ld_i64(h), ld_i32(h + 8), ld_i32(h + 12), magic, ld_u32(h + 17), ld_i16(h + 21), ld_i32(h + 23),
+            ld_i64(h + 27), ld_i64(h + 35), ld_i64(h + 43), ld_i16(h + 51), ld_i32(h + 53), ld_i32(h + 57))
+
+
+def scan_batches(const unsigned char[::1] buf, bint verify_crc=True):
+    cdef Py_ssize_t n = buf.shape[0]
+    cdef Py_ssize_t pos = 0, size
+    cdef const unsigned char* base = &buf[0]
+    cdef const unsigned char* h
+    cdef int32_t batch_length, record_count
+    cdef int8_t magic
+    cdef list out = []
+    while pos < n:
+        if n - pos < C_HEADER:
+            raise Corrupt("truncated record batch header", pos)
+        h = base + pos
+        batch_length = ld_i32(h + 8)
+        magic = <int8_t>h[16]
+        if magic != 2:
+            raise Corrupt(f"unsupported record batch magic {magic}", pos)
+        if batch_length < C_MIN_BATCH_LENGTH:
+            raise Corrupt(f"record batch length {batch_length} below minimum", pos)
+        size = <Py_ssize_t>batch_length + 12
+        if size > n - pos:
+            raise Corrupt("truncated record batch", pos)
+        record_count = ld_i32(h + 57)
+        if record_count < 0:
+            raise Corrupt(f"negative record count {record_count}", pos)
+        if verify_crc and crc32c_of(_crc32c, h + C_CRC_START, size - C_CRC_START) != ld_u32(h + 17):
+            raise Corrupt("record batch CRC mismatch", pos)
+        out.append((pos, size, ld_i32(h + 23), ld_i64(h + 35), record_count, ld_i16(h + 21), ld_i64(h + 43),
+                    ld_i16(h + 51), ld_i32(h + 53), ld_i64(h + 27)))
+        pos += size
+    return out
+
+
+def count_records(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t size):
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or size < 0 or size > n - pos:
+        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {n} bytes")
+    if size < C_HEADER:
+        raise Corrupt("record batch smaller than its header", pos)
+    cdef const unsigned char* b = &buf[0]
+    if ld_i16(b + pos + 21) & 0x07:
+        raise Corrupt("count_records on a compressed batch", pos)
+    cdef int32_t expected = ld_i32(b + pos + 57)
+    cdef Py_ssize_t end = pos + size
+    cdef Py_ssize_t p = pos + C_HEADER, q
+    cdef int32_t length
+    cdef Py_ssize_t count = 0
+    while p < end:
+        q = rd_varint(b, p, end, &length)
+        if q < 0:
+            raise _varint_error(q, p, False)
+        if length < C_MIN_RECORD_BODY or length > end - q:
+            raise Corrupt(f"bad record length {length}", p)
+        p = q + length
+        count += 1
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
+    return count
+
+
+cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, Py_ssize_t end, str what):
+    """The length-prefixed bytes field (-1 = None) at pp[0]; advances pp[0] past it."""
+    cdef int32_t length
+    cdef Py_ssize_t p = pp[0]
+    cdef Py_ssize_t q = rd_varint(b, p, end, &length)
+    if q < 0:
+        raise _varint_error(q, p, False)
+    if length == -1:
+        pp[0] = q
+        return None
+    if length < 0 or length > end - q:
+        raise Corrupt(f"bad {what} length {length}", p)
+    pp[0] = q + length
+    return PyBytes_FromStringAndSize(<const char*>b + q, length)
+
+
+def decode_records(const unsigned char[::1] data, Py_ssize_t count_arg):
+    cdef int32_t count = as_i32(count_arg)
+    cdef Py_ssize_t n = data.shape[0]
+    if count < 0 or count > n // (C_MIN_RECORD_BODY + 1):
+        raise Corrupt(f"record count {count} impossible for {n} bytes", 0)
+    cdef const unsigned char* b = &data[0]
+    cdef Py_ssize_t p = 0, q, start, end
+    cdef int32_t i, j, length, offset_delta, n_headers, klen
+    cdef int64_t timestamp_delta
+    cdef unsigned char attributes
+    cdef object key = None, value = None, hvalue = None
+    cdef list headers
+    cdef list out = []
+    for i in range(count):
+        start = p
+        q = rd_varint(b, p, n, &length)
+        if q < 0:
+            raise _varint_error(q, p, False)
+        if length < C_MIN_RECORD_BODY or length > n - q:
+            raise Corrupt(f"bad record length {length}", start)
+        p = q
+        end = p + length
+        attributes = b[p]
+        p += 1
+        q = rd_varlong(b, p, end, &timestamp_delta)
+        if q < 0:
+            raise _varint_error(q, p, True)
+        p = q
+        q = rd_varint(b, p, end, &offset_delta)
+        if q < 0:
+            raise _varint_error(q, p, False)
+        p = q
+        key = _read_bytes_or_none(b, &p, end, "key")
+        value = _read_bytes_or_none(b, &p, end, "value")
+        q = rd_varint(b, p, end, &n_headers)
+        if q < 0:
+            raise _varint_error(q, p, False)
+        if n_headers < 0:
+            raise Corrupt(f"negative header count {n_headers}", p)
+        p = q
+        headers = []
+        for j in range(n_headers):
+            q = rd_varint(b, p, end, &klen)
+            if q < 0:
+                raise _varint_error(q, p, False)
+            if klen < 0 or klen > end - q:
+                raise Corrupt(f"bad header key length {klen}", p)
+            try:
+                hkey = PyUnicode_DecodeUTF8(<const char*>b + q, klen, NULL)
+            except UnicodeDecodeError:
+                raise Corrupt("header key is not UTF-8", q) from None
+            p = q + klen
+            hvalue = _read_bytes_or_none(b, &p, end, "header value")
+            headers.append((hkey, hvalue))
+        if p != end:
+            raise Corrupt("record length does not match its fields", start)
+        out.append((attributes, timestamp_delta, offset_delta, key, value, headers))
+    if p != n:
+        raise Corrupt("trailing bytes after the last record", p)
+    return out
+
+
+cdef inline Py_ssize_t _field_size(object field, const unsigned char** ptr) except -2:
+    """Length of a bytes field (or -1 for None); sets ptr to its bytes, which the caller keeps alive."""
+    if field is None:
+        ptr[0] = NULL
+        return -1
+    ptr[0] = <const unsigned char*>PyBytes_AS_STRING(field)
+    return PyBytes_GET_SIZE(field)
+
+
+def encode_record(Py_ssize_t offset_delta_arg, Py_ssize_t timestamp_delta, key, value, headers):
+    cdef int32_t offset_delta = as_i32(offset_delta_arg)
+    # Pass 1: sizes (and the header keys' UTF-8), with every input checked; pass 2: write into one bytes object.
+    cdef Py_ssize_t n_headers = len(headers)
+    cdef list parts = []
+    cdef Py_ssize_t body, klen_, vlen_, hk, hv
+    cdef const unsigned char* kp
+    cdef const unsigned char* vp
+    cdef const unsigned char* hvp
+    cdef object hkey, hvalue, raw
+    # key and value are normalised to bytes when not bytes already, so their pointers stay valid below
+    if key is not None and type(key) is not bytes:
+        key = bytes(memoryview(key))
+    if value is not None and type(value) is not bytes:
+        value = bytes(memoryview(value))
+    klen_ = _field_size(key, &kp)
+    vlen_ = _field_size(value, &vp)
+    body = 1 + uvarint_size(zigzag64(timestamp_delta)) + uvarint_size(zigzag32(offset_delta))
+    body += uvarint_size(zigzag32(<int32_t>klen_)) + (klen_ if klen_ > 0 else 0)
+    body += uvarint_size(zigzag32(<int32_t>vlen_)) + (vlen_ if vlen_ > 0 else 0)
+    body += uvarint_size(zigzag32(<int32_t>n_headers))
+    for hkey, hvalue in headers:
+        if not isinstance(hkey, str):
+            raise TypeError("header key must be str")
+        raw = (<str>hkey).encode("utf-8")
+        if hvalue is not None and type(hvalue) is not bytes:
+            hvalue = bytes(memoryview(hvalue))
+        hk = PyBytes_GET_SIZE(raw)
+        hv = -1 if hvalue is None else PyBytes_GET_SIZE(hvalue)
+        body += uvarint_size(zigzag32(<int32_t>hk)) + hk + uvarint_size(zigzag32(<int32_t>hv)) + (hv if hv > 0 else 0)
+        parts.append((raw, hvalue))
+    if body > C_INT32_MAX:
+        raise OverflowError("record larger than 2 GiB")
+    cdef Py_ssize_t total = uvarint_size(zigzag32(<int32_t>body)) + body
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char* w = <unsigned char*>PyBytes_AS_STRING(out)
+    w = put_uvarint(w, zigzag32(<int32_t>body))
+    w[0] = 0
+    w += 1
+    w = put_uvarint(w, zigzag64(timestamp_delta))
+    w = put_uvarint(w, zigzag32(offset_delta))
+    w = put_uvarint(w, zigzag32(<int32_t>klen_))
+    if klen_ > 0:
+        memcpy(w, kp, klen_)
+        w += klen_
+    w = put_uvarint(w, zigzag32(<int32_t>vlen_))
+    if vlen_ > 0:
+        memcpy(w, vp, vlen_)
+        w += vlen_
+    w = put_uvarint(w, zigzag32(<int32_t>n_headers))
+    for raw, hvalue in parts:
+        hk = PyBytes_GET_SIZE(raw)
+        w = put_uvarint(w, zigzag32(<int32_t>hk))
+        memcpy(w, PyBytes_AS_STRING(raw), hk)
+        w += hk
+        if hvalue is None:
+            w = put_uvarint(w, zigzag32(-1))
+        else:
+            hv = PyBytes_GET_SIZE(hvalue)
+            w = put_uvarint(w, zigzag32(<int32_t>hv))
+            memcpy(w, PyBytes_AS_STRING(hvalue), hv)
+            w += hv
+    return out
+
+
+def build_batch(Py_ssize_t base_offset, Py_ssize_t base_timestamp, Py_ssize_t max_timestamp, records,
+                Py_ssize_t record_count, Py_ssize_t last_offset_delta, Py_ssize_t attributes=0,
+                Py_ssize_t producer_id=-1, Py_ssize_t producer_epoch=-1, Py_ssize_t base_sequence=-1,
+                Py_ssize_t partition_leader_epoch=-1):
+    # range checks in the twin's order, before the records buffer is looked at
+    cdef int32_t c_record_count = as_i32(record_count), c_last_offset_delta = as_i32(last_offset_delta)
+    cdef int16_t c_attributes = as_i16(attributes), c_producer_epoch = as_i16(producer_epoch)
+    cdef int32_t c_base_sequence = as_i32(base_sequence), c_leader_epoch = as_i32(partition_leader_epoch)
+    return _build_batch(base_offset, base_timestamp, max_timestamp, records, c_record_count, c_last_offset_delta,
+                        c_attributes, producer_id, c_producer_epoch, c_base_sequence, c_leader_epoch)
+
+
+cdef bytearray _build_batch(int64_t base_offset, int64_t base_timestamp, int64_t max_timestamp,
+                            const unsigned char[::1] records, int32_t record_count, int32_t last_offset_delta,
+                            int16_t attributes, int64_t producer_id, int16_t producer_epoch, int32_t base_sequence,
+                            int32_t partition_leader_epoch):
+    cdef Py_ssize_t n = records.shape[0]
+    if n > C_INT32_MAX - C_MIN_BATCH_LENGTH:
+        raise OverflowError("record batch larger than 2 GiB")
+    cdef bytearray out = PyByteArray_FromStringAndSize(NULL, C_HEADER + n)
+    cdef unsigned char* h = <unsigned char*>PyByteArray_AS_STRING(out)
+    st_i64(h, base_offset)
+    st_u32(h + 8, <uint32_t>(C_MIN_BATCH_LENGTH + n))
+    st_u32(h + 12, <uint32_t>partition_leader_epoch)
+    h[16] = 2
+    st_u16(h + 21, <uint16_t>attributes)
+    st_u32(h + 23, <uint32_t>last_offset_delta)
+    st_i64(h + 27, base_timestamp)
+    st_i64(h + 35, max_timestamp)
+    st_i64(h + 43, producer_id)
+    st_u16(h + 51, <uint16_t>producer_epoch)
+    st_u32(h + 53, <uint32_t>base_sequence)
+    st_u32(h + 57, <uint32_t>record_count)
+    if n:
+        memcpy(h + C_HEADER, &records[0], n)
+    st_u32(h + 17, crc32c_of(_crc32c, h + C_CRC_START, C_HEADER - C_CRC_START + n))
+    return out
+
+
+def set_base_offset(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t base_offset):
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or n - pos < C_HEADER:
+        raise OutOfBounds(f"batch header at {pos} outside buffer of {n} bytes")
+    st_i64(&buf[0] + pos, base_offset)
+
+
+def set_log_append_time(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t ts):
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or n - pos < C_HEADER:
+        raise OutOfBounds(f"batch header at {pos} outside buffer of {n} bytes")
+    cdef unsigned char* h = &buf[0] + pos
+    cdef int32_t batch_length = ld_i32(h + 8)
+    if batch_length < C_MIN_BATCH_LENGTH or <Py_ssize_t>batch_length + 12 > n - pos:
+        raise Corrupt(f"bad record batch length {batch_length}", pos)
+    st_u16(h + 21, <uint16_t>(ld_i16(h + 21) | 0x08))
+    st_i64(h + 35, ts)
+    st_u32(h + 17, crc32c_of(_crc32c, h + C_CRC_START, <Py_ssize_t>batch_length + 12 - C_CRC_START))
