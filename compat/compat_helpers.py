@@ -15,8 +15,9 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 COMPAT_DIR = Path(__file__).resolve().parent
 JS_DIR = COMPAT_DIR / "js"
@@ -78,6 +79,7 @@ def run_node(script: str, *args: str, timeout: float = 60, stdin: str | None = N
     assert (JS_DIR / "node_modules").is_dir(), "run `make compat-deps` (npm install in compat/js) first"
     proc = subprocess.run(
         [node, str(JS_DIR / script), *args],
+        check=False,
         cwd=JS_DIR,
         input=stdin,
         capture_output=True,

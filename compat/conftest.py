@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from compat_helpers import free_port, hostport, unique
 
 # kafka-python 3 reads its bundled message specs with importlib.resources' legacy API, whose DeprecationWarning is
 # attributed to importlib (not kafka.*), so setup.cfg's filter misses it; import it once here with it silenced.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    import kafka  # noqa: F401
+    import kafka
     import kafka.admin  # noqa: F401
 
 
@@ -43,8 +43,8 @@ def stop_broker(broker: Any) -> None:
     except Exception:  # noqa: BLE001 - teardown must not mask the test's own failure
         try:
             broker.kill()
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception as exc:  # noqa: BLE001
+            print(f"broker teardown failed: {exc!r}")
 
 
 @pytest.fixture(scope="session")

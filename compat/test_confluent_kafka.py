@@ -5,6 +5,16 @@ import time
 from typing import Any
 
 import pytest
+from compat_helpers import (
+    HEARTBEAT_MS,
+    SESSION_TIMEOUT_MS,
+    ThreadMember,
+    create_topic,
+    hostport,
+    run_group_scenario,
+    unique,
+    wait_for,
+)
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -23,12 +33,10 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from compat_helpers import HEARTBEAT_MS, SESSION_TIMEOUT_MS, ThreadMember, create_topic, hostport, \
-    run_group_scenario, unique, wait_for
-
 pytestmark = pytest.mark.timeout(90)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+REBALANCE_CODES = (KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID)
 
 
 def produce_all(bootstrap: str, topic: str, records: list[dict[str, Any]], **conf: Any) -> list[Any]:
@@ -112,7 +120,14 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
                 raise KafkaException(m.error())
             values.append(int(m.value()))
         if values:
-            c.commit(asynchronous=False)
+            try:
+                c.commit(asynchronous=False)
+            except KafkaException as exc:
+                # A commit refused in a rebalance leaves these records unprocessed: the partition's next owner
+                # (maybe this member) starts from the last committed offset and counts them then.
+                if exc.args[0].code() not in REBALANCE_CODES:
+                    raise
+                return []
         return values
 
     by_member = run_group_scenario(

@@ -1,0 +1,254 @@
+// kafkajs scenarios driven by compat/test_kafkajs.py.
+//
+// Usage: node kafkajs_client.js <bootstrap> <command> '<json options>'
+// Prints one JSON line {"result": ...} on success (the Python test asserts on it); kafkajs' own log goes to
+// stderr so it never mixes with the result. Exit code 1 with the error on stderr on failure.
+'use strict'
+
+const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require('kafkajs')
+const SnappyCodec = require('kafkajs-snappy')
+const lz4 = require('lz4js')
+const { ZstdCodec } = require('zstd-codec')
+
+// kafkajs ships gzip only; the other codecs are plug-ins. lz4js writes the LZ4 frame format Kafka uses;
+// zstd-codec is zstd compiled to JS, so no native build is needed.
+CompressionCodecs[CompressionTypes.Snappy] = SnappyCodec
+CompressionCodecs[CompressionTypes.LZ4] = () => ({
+  async compress (encoder) { return Buffer.from(lz4.compress(encoder.buffer)) },
+  async decompress (buffer) { return Buffer.from(lz4.decompress(buffer)) }
+})
+const zstdReady = new Promise(resolve => ZstdCodec.run(z => resolve(z)))
+CompressionCodecs[CompressionTypes.ZSTD] = () => ({
+  async compress (encoder) { const z = await zstdReady; return Buffer.from(new z.Simple().compress(encoder.buffer, 3)) },
+  async decompress (buffer) { const z = await zstdReady; return Buffer.from(new z.Streaming().decompress(buffer)) }
+})
+const CODECS = {
+  none: CompressionTypes.None,
+  gzip: CompressionTypes.GZIP,
+  snappy: CompressionTypes.Snappy,
+  lz4: CompressionTypes.LZ4,
+  zstd: CompressionTypes.ZSTD
+}
+
+const [bootstrap, command, rawOptions] = process.argv.slice(2)
+const opts = JSON.parse(rawOptions || '{}')
+
+const stderrLog = () => ({ namespace, level, label, log }) => {
+  process.stderr.write(`${label} ${namespace} ${log.message} ${JSON.stringify(log)}\n`)
+}
+const kafka = new Kafka({
+  clientId: 'mqk-compat',
+  brokers: [bootstrap],
+  logLevel: logLevel.WARN,
+  logCreator: stderrLog,
+  connectionTimeout: 3000,
+  retry: { initialRetryTime: 100, retries: 8 }
+})
+
+const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
+const headersOf = h => Object.fromEntries(Object.entries(h || {}).map(([k, v]) => [k, v === null ? null : v.toString()]))
+
+async function withDeadline (ms, what, promise) {
+  let timer
+  const timeout = new Promise((resolve, reject) => { timer = setTimeout(() => reject(new Error(`timeout: ${what}`)), ms) })
+  try { return await Promise.race([promise, timeout]) } finally { clearTimeout(timer) }
+}
+
+// Read `count` messages of a topic from the beginning with a throw-away group.
+async function readAll (topic, count, timeoutMs = 20000) {
+  const consumer = kafka.consumer({ groupId: `read-${Date.now()}-${Math.random()}`, sessionTimeout: 6000, heartbeatInterval: 1000, maxWaitTimeInMs: 200 })
+  const out = []
+  await consumer.connect()
+  try {
+    await consumer.subscribe({ topic, fromBeginning: true })
+    let done
+    const finished = new Promise(resolve => { done = resolve })
+    await consumer.run({
+      autoCommit: false,
+      eachMessage: async ({ partition, message }) => {
+        out.push({ partition, offset: Number(message.offset), key: message.key && message.key.toString(), value: message.value && message.value.toString(), headers: headersOf(message.headers), timestamp: Number(message.timestamp) })
+        if (out.length >= count) done()
+      }
+    })
+    await withDeadline(timeoutMs, `reading ${count} messages (got ${out.length})`, finished)
+  } finally {
+    await consumer.disconnect()
+  }
+  return out
+}
+
+const commands = {
+  // Keys, headers and one codec, produced by kafkajs and read back by kafkajs.
+  async roundtrip ({ topic, codec, n }) {
+    const producer = kafka.producer({ allowAutoTopicCreation: true })
+    await producer.connect()
+    const messages = []
+    for (let i = 0; i < n; i++) {
+      messages.push({ key: `js-${i}`, value: `kafkajs ${i} `.repeat(i + 1), partition: 0, headers: { idx: String(i), codec } })
+    }
+    const sent = await producer.send({ topic, compression: CODECS[codec], acks: -1, messages })
+    await producer.disconnect()
+    const got = await readAll(topic, n)
+    return { sent: sent.map(r => ({ partition: r.partition, baseOffset: Number(r.baseOffset), errorCode: r.errorCode })), messages, got }
+  },
+
+  // Three members; c joins after a and b consumed part of the first batch, a leaves later.
+  // Every member commits the offset of each message right after processing it.
+  async group ({ topic, group, batch }) {
+    const producer = kafka.producer()
+    await producer.connect()
+    const produce = async (start, count) => {
+      const messages = []
+      for (let v = start; v < start + count; v++) messages.push({ value: String(v), partition: v % 6 })
+      await producer.send({ topic, acks: -1, messages })
+    }
+    const values = { a: [], b: [], c: [] }
+    const assigned = { a: 0, b: 0, c: 0 }
+    const members = {}
+    const total = () => new Set([].concat(values.a, values.b, values.c)).size
+    const waitFor = async (pred, ms, what) => {
+      const deadline = Date.now() + ms
+      while (!pred()) {
+        if (Date.now() > deadline) throw new Error(`timeout waiting for ${what}: ${JSON.stringify({ total: total(), assigned })}`)
+        await sleep(50)
+      }
+    }
+    const start = async name => {
+      const c = kafka.consumer({ groupId: group, sessionTimeout: 6000, rebalanceTimeout: 10000, heartbeatInterval: 1000, maxWaitTimeInMs: 200 })
+      c.on(c.events.GROUP_JOIN, e => {
+        const a = e.payload.memberAssignment || {}
+        assigned[name] = Object.values(a).reduce((n, parts) => n + parts.length, 0)
+      })
+      await c.connect()
+      await c.subscribe({ topic, fromBeginning: true })
+      await c.run({
+        autoCommit: false,
+        // A message counts as processed once its offset is committed: if the commit fails in a rebalance,
+        // kafkajs delivers it again (here or to the new owner) and it is counted then.
+        eachMessage: async ({ topic, partition, message }) => {
+          await c.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
+          values[name].push(Number(message.value.toString()))
+        }
+      })
+      members[name] = c
+    }
+    await produce(0, batch)
+    await start('a')
+    await start('b')
+    await waitFor(() => total() >= batch / 3, 30000, 'a and b consuming')
+    await start('c')
+    await waitFor(() => assigned.c > 0, 30000, 'c assigned')
+    await produce(batch, batch)
+    await waitFor(() => total() >= 2 * batch, 30000, 'second batch')
+    await members.a.disconnect()
+    await produce(2 * batch, batch)
+    await waitFor(() => total() >= 3 * batch, 30000, 'third batch')
+    await sleep(500)
+    await members.b.disconnect()
+    await members.c.disconnect()
+    await producer.disconnect()
+    return values
+  },
+
+  async admin ({ topic }) {
+    const admin = kafka.admin()
+    await admin.connect()
+    const r = {}
+    r.created = await admin.createTopics({ topics: [{ topic, numPartitions: 2, configEntries: [{ name: 'retention.ms', value: '7777777' }] }], waitForLeaders: true })
+    r.createdAgain = await admin.createTopics({ topics: [{ topic, numPartitions: 2 }] })
+    r.listed = (await admin.listTopics()).includes(topic)
+    const md = await admin.fetchTopicMetadata({ topics: [topic] })
+    r.partitions = md.topics[0].partitions.map(p => p.partitionId).sort()
+    const describe = async () => {
+      const res = await admin.describeConfigs({ includeSynonyms: false, resources: [{ type: 2, name: topic }] })
+      return Object.fromEntries(res.resources[0].configEntries.map(e => [e.configName, { value: e.configValue, isDefault: e.isDefault, source: e.configSource }]))
+    }
+    r.configs = await describe()
+    await admin.alterConfigs({ validateOnly: false, resources: [{ type: 2, name: topic, configEntries: [{ name: 'retention.ms', value: '1000000' }] }] })
+    r.configsAfterAlter = await describe()
+    await admin.createPartitions({ topicPartitions: [{ topic, count: 3 }] })
+    r.partitionsAfter = (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0].partitions.length
+
+    // offsets by timestamp
+    const producer = kafka.producer()
+    await producer.connect()
+    const base = Date.now() - 60000
+    for (let i = 0; i < 6; i++) {
+      await producer.send({ topic, messages: [{ value: String(i), partition: 0, timestamp: String(base + i * 1000) }] })
+    }
+    await producer.disconnect()
+    r.byTimestamp = await admin.fetchTopicOffsetsByTimestamp(topic, base + 2500)
+    r.offsets = await admin.fetchTopicOffsets(topic)
+
+    await admin.deleteTopics({ topics: [topic] })
+    const deadline = Date.now() + 10000
+    while ((await admin.listTopics()).includes(topic) && Date.now() < deadline) await sleep(200)
+    r.listedAfterDelete = (await admin.listTopics()).includes(topic)
+    await admin.disconnect()
+    return r
+  },
+
+  // Consume `count` messages in `group`, commit, leave. Run twice around a broker restart.
+  async consumeCommit ({ topic, group, count }) {
+    const consumer = kafka.consumer({ groupId: group, sessionTimeout: 6000, heartbeatInterval: 1000, maxWaitTimeInMs: 200 })
+    const got = []
+    await consumer.connect()
+    await consumer.subscribe({ topic, fromBeginning: true })
+    let done
+    const finished = new Promise(resolve => { done = resolve })
+    await consumer.run({
+      autoCommit: false,
+      eachMessage: async ({ topic, partition, message }) => {
+        if (got.length >= count) return
+        got.push(Number(message.offset))
+        await consumer.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
+        if (got.length >= count) done()
+      }
+    })
+    await withDeadline(25000, `consuming ${count}`, finished)
+    await consumer.disconnect()
+    return { offsets: got }
+  },
+
+  async produce ({ topic, n, start = 0 }) {
+    const producer = kafka.producer()
+    await producer.connect()
+    const messages = []
+    for (let i = start; i < start + n; i++) messages.push({ value: String(i), partition: 0 })
+    const r = await producer.send({ topic, acks: -1, messages })
+    await producer.disconnect()
+    return r.map(x => ({ baseOffset: Number(x.baseOffset), errorCode: x.errorCode }))
+  },
+
+  // Idempotent producer kept open while the broker restarts: the test writes a line on stdin once the
+  // broker is back.
+  async idempotent ({ topic, n }) {
+    const producer = kafka.producer({ idempotent: true, maxInFlightRequests: 1 })
+    await producer.connect()
+    const offsets = []
+    for (let i = 0; i < n; i++) {
+      const r = await producer.send({ topic, messages: [{ value: String(i), partition: 0 }] })
+      offsets.push(Number(r[0].baseOffset))
+    }
+    process.stdout.write(JSON.stringify({ phase: 'restart-now' }) + '\n')
+    await new Promise(resolve => process.stdin.once('data', resolve))
+    for (let i = n; i < 2 * n; i++) {
+      const r = await producer.send({ topic, messages: [{ value: String(i), partition: 0 }] })
+      offsets.push(Number(r[0].baseOffset))
+    }
+    await producer.disconnect()
+    const got = await readAll(topic, 2 * n)
+    return { offsets, values: got.map(m => Number(m.value)) }
+  }
+}
+
+async function main () {
+  if (!commands[command]) throw new Error(`unknown command ${command}`)
+  const result = await commands[command](opts)
+  process.stdout.write(JSON.stringify({ result }) + '\n')
+}
+
+main().then(() => process.exit(0), err => {
+  process.stderr.write(`FAILED: ${err && err.stack ? err.stack : err}\n`)
+  process.exit(1)
+})
