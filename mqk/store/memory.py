@@ -24,7 +24,7 @@ from sortedcontainers import SortedList
 
 from mqk._fast import load
 from mqk.config import TopicConfig
-from mqk.errors import Corrupt, InvalidPartitionsError, InvalidRecord, OffsetOutOfRange, UnknownShard
+from mqk.errors import Corrupt, InvalidPartitionsError, InvalidRecord, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
 
 recbatch = load("recbatch")
@@ -162,9 +162,10 @@ class MemoryEngine(StorageAdapter):
         #: topic -> key -> [(queue, base offset)] in append order
         self._keys: dict[str, dict[bytes, list[tuple[int, int]]]] = {}
         self._groups: dict[str, dict[tuple[str, int], GroupOffset]] = {}
+        self._closed = False
 
     async def close(self) -> None:
-        pass
+        self._closed = True  # the data stays for inspection, but a closed engine takes no more appends or reads
 
     # --- shards ------------------------------------------------------------------------------------------
 
@@ -190,6 +191,8 @@ class MemoryEngine(StorageAdapter):
             self._configs[topic] = config
 
     def _shard(self, topic: str, queue: int) -> _Shard:
+        if self._closed:
+            raise StorageError("memory engine is closed")
         shards = self._topics.get(topic)
         if shards is None or not 0 <= queue < len(shards):
             raise UnknownShard(f"unknown shard {topic!r}/{queue}")
