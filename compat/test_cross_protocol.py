@@ -1,0 +1,99 @@
+"""One store, two protocols: what a RocketMQ client sends a Kafka client reads, and the other way round, at the
+same offsets. The RocketMQ side is ali-ons (compat/js/ons.js); the Kafka side is confluent-kafka."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from compat_helpers import NodeProcess, create_topic, run_node, unique, wait_for
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def ons_produce(namesrv: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    results = run_node("ons.js", namesrv, "produce", json.dumps({"messages": messages}), timeout=40)["result"]
+    assert [r["sendStatus"] for r in results] == ["SEND_OK"] * len(messages), results
+    return results
+
+
+def kafka_read(bootstrap: str, topic: str, count: int, timeout: float = 20) -> list[Any]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("x-read"), "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=count, timeout=0.2):
+                assert m.error() is None, m.error()
+                out.append(m)
+        return out
+    finally:
+        consumer.close()
+
+
+def kafka_produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> list[int]:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    offsets: list[int] = []
+    for rec in records:
+        producer.produce(topic, partition=0, on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()),
+                         **rec)
+    assert producer.flush(20) == 0
+    return offsets
+
+
+def test_remoting_message_is_a_kafka_record(bootstrap: str, namesrv: str, topic: str) -> None:
+    create_topic(bootstrap, topic, 1)
+    sent = ons_produce(namesrv, [
+        {"topic": topic, "tags": "TagA", "keys": ["first-key", "second-key"], "body": f"from remoting {i}",
+         "props": {"color": "red", "n": str(i)}}
+        for i in range(3)
+    ])
+    got = kafka_read(bootstrap, topic, 3)
+    assert [m.offset() for m in got] == [r["queueOffset"] for r in sent] == [0, 1, 2]
+    for i, m in enumerate(got):
+        assert m.key() == b"first-key"
+        assert m.value() == f"from remoting {i}".encode()
+        headers = dict(m.headers() or [])
+        assert headers.get("color") == b"red" and headers.get("n") == str(i).encode()
+        assert headers.get("TAGS") == b"TagA"
+        assert headers.get("KEYS") == b"first-key second-key"
+
+
+def test_kafka_record_pulled_over_remoting(bootstrap: str, namesrv: str, topic: str) -> None:
+    create_topic(bootstrap, topic, 1)
+    offsets = kafka_produce(bootstrap, topic, [
+        {"key": f"kk{i}".encode(), "value": f"from kafka {i}".encode(),
+         "headers": [("color", b"blue"), ("trace", f"t{i}".encode())]}
+        for i in range(3)
+    ])
+    assert offsets == [0, 1, 2]
+    consumer = NodeProcess("ons.js", namesrv, "consume", json.dumps({"topic": topic, "group": unique("x-pull")}))
+    try:
+        wait_for(lambda: len(consumer.of("msg")) >= 3, 30, 0.1, f"3 messages ({consumer.diagnostics()})")
+        got = sorted(consumer.of("msg"), key=lambda m: m["queueOffset"])
+    finally:
+        consumer.close()
+    assert [m["queueOffset"] for m in got] == [0, 1, 2]
+    for i, m in enumerate(got):
+        assert m["body"] == f"from kafka {i}"
+        assert m["topic"] == topic and m["queueId"] == 0
+        assert m["props"]["color"] == "blue" and m["props"]["trace"] == f"t{i}"
+        assert m["keys"] == f"kk{i}"  # a Kafka key reads back as KEYS
+
+
+def test_offsets_agree_when_both_protocols_write(bootstrap: str, namesrv: str, topic: str) -> None:
+    create_topic(bootstrap, topic, 1)
+    assert kafka_produce(bootstrap, topic, [{"value": b"k0"}, {"value": b"k1"}]) == [0, 1]
+    sent = ons_produce(namesrv, [{"topic": topic, "tags": "M", "body": "r2"}, {"topic": topic, "tags": "M", "body": "r3"}])
+    assert [r["queueOffset"] for r in sent] == [2, 3]
+    assert kafka_produce(bootstrap, topic, [{"value": b"k4"}]) == [4]
+    got = kafka_read(bootstrap, topic, 5)
+    assert [(m.offset(), m.value()) for m in got] == [(0, b"k0"), (1, b"k1"), (2, b"r2"), (3, b"r3"), (4, b"k4")]
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("x-wm")})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 5)
+    finally:
+        consumer.close()
