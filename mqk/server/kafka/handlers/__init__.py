@@ -1,0 +1,50 @@
+"""One handler per Kafka API (or small family): `async def handler(server, conn, request) -> dict | None`.
+
+A handler returns the response body as a dict (snake_case fields, mqk.protocol.kafka), or None when no
+response is due (Produce with acks=0). Per-topic and per-partition problems are answered with error codes;
+a handler raising means a bug, and costs only the connection it ran on.
+"""
+from __future__ import annotations
+
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.handlers import (
+    api_versions,
+    cluster,
+    configs,
+    fetch,
+    groups,
+    list_offsets,
+    metadata,
+    offsets,
+    produce,
+    topics,
+)
+
+HANDLERS = {
+    ApiKey.PRODUCE: produce.handle,
+    ApiKey.FETCH: fetch.handle,
+    ApiKey.LIST_OFFSETS: list_offsets.handle,
+    ApiKey.METADATA: metadata.handle,
+    ApiKey.OFFSET_COMMIT: offsets.offset_commit,
+    ApiKey.OFFSET_FETCH: offsets.offset_fetch,
+    ApiKey.FIND_COORDINATOR: groups.find_coordinator,
+    ApiKey.JOIN_GROUP: groups.join_group,
+    ApiKey.HEARTBEAT: groups.heartbeat,
+    ApiKey.LEAVE_GROUP: groups.leave_group,
+    ApiKey.SYNC_GROUP: groups.sync_group,
+    ApiKey.DESCRIBE_GROUPS: groups.describe_groups,
+    ApiKey.LIST_GROUPS: groups.list_groups,
+    ApiKey.SASL_HANDSHAKE: cluster.sasl_handshake,
+    ApiKey.API_VERSIONS: api_versions.handle,
+    ApiKey.CREATE_TOPICS: topics.create_topics,
+    ApiKey.DELETE_TOPICS: topics.delete_topics,
+    ApiKey.DELETE_RECORDS: topics.delete_records,
+    ApiKey.INIT_PRODUCER_ID: cluster.init_producer_id,
+    ApiKey.DESCRIBE_CONFIGS: configs.describe_configs,
+    ApiKey.ALTER_CONFIGS: configs.alter_configs,
+    ApiKey.CREATE_PARTITIONS: topics.create_partitions,
+    ApiKey.DELETE_GROUPS: groups.delete_groups,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
+    ApiKey.OFFSET_DELETE: groups.offset_delete,
+    ApiKey.DESCRIBE_CLUSTER: cluster.describe_cluster,
+}

@@ -1,0 +1,36 @@
+"""DescribeCluster, InitProducerId, SaslHandshake: small answers about this broker.
+
+InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence). Transactions are not offered:
+a transactional id is refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather
+than retrying forever. SASL is not offered yet: SaslHandshake answers UNSUPPORTED_SASL_MECHANISM with an empty
+mechanism list."""
+from __future__ import annotations
+
+from mqk import errors as E
+from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
+
+
+async def describe_cluster(server, conn, req) -> dict:
+    return {
+        "throttle_time_ms": 0, "error_code": NONE, "error_message": None,
+        "endpoint_type": req.body.get("endpoint_type", 1),
+        "cluster_id": server.config.cluster_id, "controller_id": server.node_id,
+        "brokers": [{"broker_id": server.node_id, "host": server.host, "port": server.port, "rack": None,
+                     "is_fenced": False}],
+        "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
+    }
+
+
+async def init_producer_id(server, conn, req) -> dict:
+    b = req.body
+    if b["transactional_id"] is not None:
+        code, pid, epoch = E.TransactionalIdAuthorizationFailedError.code, -1, -1
+    else:
+        code, pid, epoch = await server.producers.init_producer_id(b.get("producer_id", -1),
+                                                                   b.get("producer_epoch", -1))
+    return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch,
+            "ongoing_txn_producer_id": -1, "ongoing_txn_producer_epoch": -1}
+
+
+async def sasl_handshake(server, conn, req) -> dict:
+    return {"error_code": E.UnsupportedSaslMechanismError.code, "mechanisms": []}

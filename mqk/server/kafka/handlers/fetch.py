@@ -1,0 +1,119 @@
+"""Fetch: whole batches from the store, long polling, no copies of record bytes.
+
+- Each partition reads at most min(partition_max_bytes, what is left of max_bytes); as in Kafka (KIP-74) the first
+  non-empty partition returns at least one whole batch even if it is larger than the limits, so a consumer
+  always makes progress. A fetch offset inside a batch returns that whole batch (the client skips the head).
+- Long poll: while fewer than `min_bytes` were found and `max_wait_ms` has not elapsed, the request sleeps on the
+  store's data listener for its partitions (mqk.server.kafka.fetch_wait) and reads again when woken.
+- `records` is a list of the store's buffers (memoryviews into mapped segments for the file engine); the codec
+  emits them as separate buffers for `transport.writelines`, so record bytes are never copied in Python.
+- Offsets: high watermark = end offset; last stable offset = high watermark (no transactions); log start offset.
+  OFFSET_OUT_OF_RANGE below the log start or above the end.
+- Fetch sessions (KIP-227): every answer has session id 0, which tells the client that no session was created,
+  so it keeps sending full fetch requests. A request naming a session we never gave out gets
+  FETCH_SESSION_ID_NOT_FOUND, and the client falls back to a full fetch.
+- v13+ names topics by id: unknown ids get UNKNOWN_TOPIC_ID.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from mqk import errors as E
+from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id
+
+_EMPTY = b""
+
+
+def _error_partition(index: int, code: int, hw: int = -1, log_start: int = -1) -> dict:
+    return {"partition_index": index, "error_code": code, "high_watermark": hw, "last_stable_offset": hw,
+            "log_start_offset": log_start, "aborted_transactions": None, "preferred_read_replica": -1,
+            "records": _EMPTY}
+
+
+async def handle(server, conn, req) -> dict:
+    body = req.body
+    if body.get("session_id", 0) != 0:
+        return {"throttle_time_ms": 0, "error_code": E.FetchSessionIdNotFoundError.code, "session_id": 0,
+                "responses": []}
+    by_id = req.api_version >= 13
+    # resolve topics once: (response topic dict, ShardInfo or None, [(partition, offset, max_bytes)])
+    plan = []
+    for t in body["topics"]:
+        if by_id:
+            info = topic_by_id(server, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
+            missing = E.UnknownTopicIdError.code
+        else:
+            info = server.store.topic(t["topic"])
+            missing = E.UnknownTopicOrPartitionError.code
+        parts = [(p["partition"], p["fetch_offset"], p["partition_max_bytes"]) for p in t["partitions"]]
+        plan.append((t, info, missing, parts))
+
+    max_bytes = body.get("max_bytes", 0x7FFFFFFF)
+    if max_bytes <= 0:
+        max_bytes = 0x7FFFFFFF
+    min_bytes = body["min_bytes"]
+    deadline = time.monotonic() + max(0, body["max_wait_ms"]) / 1000
+    isolation_committed = body.get("isolation_level", 0) == 1
+    watch = [(info.topic, p[0]) for _t, info, _m, parts in plan if info is not None for p in parts]
+
+    while True:
+        responses, total, errored = await _read_all(server, plan, max_bytes, isolation_committed)
+        if total >= min_bytes or errored or not watch:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or conn.closed:
+            break
+        await server.waiters.wait(watch, remaining)
+    return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
+
+
+async def _read_all(server, plan, max_bytes: int, isolation_committed: bool):
+    store = server.store
+    responses = []
+    total = 0
+    errored = False
+    left = max_bytes
+    for t, info, missing, parts in plan:
+        out = []
+        for index, offset, partition_max in parts:
+            if info is None or not 0 <= index < info.queue_count:
+                out.append(_error_partition(index, missing if info is None else E.UnknownTopicOrPartitionError.code))
+                errored = True
+                continue
+            topic = info.topic
+            limit = min(partition_max, left)
+            try:
+                if limit <= 0 and total > 0:
+                    # the response is full: report offsets only (Kafka does the same)
+                    hw = store.end_offset(topic, index)
+                    log_start = store.log_start_offset(topic, index)
+                    if not log_start <= offset <= hw:
+                        raise E.OffsetOutOfRange(offset, log_start, hw)
+                    batches = ()
+                else:
+                    result = await store.read(topic, index, offset, max(limit, 1))
+                    hw, log_start, batches = result.end_offset, result.log_start_offset, result.batches
+            except Exception as exc:  # noqa: BLE001 - per-partition error code, as the protocol wants
+                code = E.kafka_code_for(exc)
+                hw = log_start = -1
+                if isinstance(exc, E.OffsetOutOfRange):
+                    hw, log_start = exc.end, exc.start
+                out.append(_error_partition(index, code, hw, log_start))
+                errored = True
+                continue
+            if batches:
+                data = [b.data for b in batches]
+                size = 0
+                for d in data:
+                    size += len(d)
+                total += size
+                left -= size
+            else:
+                data = _EMPTY
+            out.append({"partition_index": index, "error_code": NONE, "high_watermark": hw,
+                        "last_stable_offset": hw, "log_start_offset": log_start,
+                        "aborted_transactions": [] if isolation_committed else None,
+                        "preferred_read_replica": -1, "records": data})
+        responses.append({"topic": t.get("topic"), "topic_id": t.get("topic_id"), "partitions": out})
+    return responses, total, errored

@@ -1,0 +1,54 @@
+"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3), earliest-local (-4, same as earliest here: there is
+no tiered storage), and by timestamp (the ConsumeQueue's time index via `store.offset_for_timestamp`).
+
+No record at or after the timestamp → offset -1, timestamp -1, as Kafka answers. isolation_level does not matter:
+without transactions the last stable offset is the high watermark."""
+from __future__ import annotations
+
+from mqk import errors as E
+from mqk.server.kafka.handlers.common import NONE
+from mqk.server.kafka.handlers.metadata import LEADER_EPOCH
+
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, EARLIEST_PENDING_UPLOAD, LATEST_TIERED = -1, -2, -3, -4, -5, -6
+
+
+async def lookup(store, topic: str, index: int, timestamp: int) -> tuple[int, int]:
+    """(offset, timestamp) for one ListOffsets query."""
+    if timestamp == LATEST:
+        return store.end_offset(topic, index), -1
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):
+        return store.log_start_offset(topic, index), -1
+    if timestamp in (EARLIEST_PENDING_UPLOAD, LATEST_TIERED):
+        return -1, -1  # nothing is tiered
+    if timestamp == MAX_TIMESTAMP:
+        hit = await store.max_timestamp(topic, index)
+    elif timestamp < 0:
+        raise E.InvalidRequestError(f"unknown special timestamp {timestamp}")
+    else:
+        hit = await store.offset_for_timestamp(topic, index, timestamp)
+    return hit if hit is not None else (-1, -1)
+
+
+async def handle(server, conn, req) -> dict:
+    store = server.store
+    topics = []
+    for t in req.body["topics"]:
+        name = t["name"]
+        info = store.topic(name)
+        parts = []
+        for p in t["partitions"]:
+            index = p["partition_index"]
+            entry = {"partition_index": index, "error_code": NONE, "old_style_offsets": [], "timestamp": -1,
+                     "offset": -1, "leader_epoch": -1}
+            if info is None or not 0 <= index < info.queue_count:
+                entry["error_code"] = E.UnknownTopicOrPartitionError.code
+            else:
+                try:
+                    offset, ts = await lookup(store, name, index, p["timestamp"])
+                    entry.update(offset=offset, timestamp=ts, old_style_offsets=[offset],
+                                 leader_epoch=LEADER_EPOCH if offset >= 0 else -1)
+                except Exception as exc:  # noqa: BLE001
+                    entry["error_code"] = E.kafka_code_for(exc)
+            parts.append(entry)
+        topics.append({"name": name, "partitions": parts})
+    return {"throttle_time_ms": 0, "topics": topics}

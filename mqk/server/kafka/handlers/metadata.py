@@ -1,0 +1,68 @@
+"""Metadata: this broker is the whole cluster (node id, bound address, controller), every partition's leader.
+
+Topics are auto-created (broker config `auto_create_topics` and, from v4, the request's
+`allow_auto_topic_creation`). A null topic list (v1+) or an empty one in v0 means every topic; v10+ may name a
+topic by id. The leader epoch reported is 0 and never changes: there is one replica and no elections."""
+from __future__ import annotations
+
+from mqk import errors as E
+from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE, ZERO_UUID, get_or_create_topic, \
+    topic_by_id, topic_uuid
+
+LEADER_EPOCH = 0
+
+
+def topic_entry(server, info) -> dict:
+    node = server.node_id
+    return {
+        "error_code": NONE,
+        "name": info.topic,
+        "topic_id": topic_uuid(info),
+        "is_internal": False,
+        "partitions": [
+            {
+                "error_code": NONE,
+                "partition_index": p,
+                "leader_id": node,
+                "leader_epoch": LEADER_EPOCH,
+                "replica_nodes": [node],
+                "isr_nodes": [node],
+                "offline_replicas": [],
+            }
+            for p in range(info.queue_count)
+        ],
+        "topic_authorized_operations": AUTHORIZED_OPS_OMITTED,
+    }
+
+
+def _error_entry(name, topic_id, code) -> dict:
+    return {"error_code": code, "name": name, "topic_id": topic_id or ZERO_UUID, "is_internal": False,
+            "partitions": [], "topic_authorized_operations": AUTHORIZED_OPS_OMITTED}
+
+
+async def handle(server, conn, req) -> dict:
+    body = req.body
+    requested = body.get("topics")
+    allow_create = body.get("allow_auto_topic_creation", True)
+    if requested is None or (req.api_version == 0 and not requested):
+        topics = [topic_entry(server, info) for info in server.store.topics().values()]
+    else:
+        topics = []
+        for t in requested:
+            name, topic_id = t.get("name"), t.get("topic_id")
+            if name is None:
+                info = topic_by_id(server, topic_id) if topic_id and topic_id != ZERO_UUID else None
+                topics.append(topic_entry(server, info) if info else
+                              _error_entry(None, topic_id, E.UnknownTopicIdError.code))
+                continue
+            code, info = await get_or_create_topic(server, name, allow_create)
+            topics.append(topic_entry(server, info) if info else _error_entry(name, None, code))
+    return {
+        "throttle_time_ms": 0,
+        "brokers": [{"node_id": server.node_id, "host": server.host, "port": server.port, "rack": None}],
+        "cluster_id": server.config.cluster_id,
+        "controller_id": server.node_id,
+        "topics": topics,
+        "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
+        "error_code": NONE,
+    }

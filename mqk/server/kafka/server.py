@@ -1,0 +1,212 @@
+"""The Kafka listener: an asyncio Protocol per connection feeding the sans-IO codec, and the broker-wide state
+the handlers share (group coordinator, producer-id state, fetch wake-ups).
+
+What this module owns:
+- framing errors and protocol errors: a negative or oversized frame, an unknown api key, an unsupported version
+  (other than ApiVersions) or bytes that do not decode close *that* connection with one log line; nothing else
+  is disturbed;
+- ordering: every request is started as soon as it is decoded (so a long-polling Fetch does not hold up the
+  decoding of the next request), but responses leave in request order through a per-connection FIFO of tasks;
+- back-pressure: reading pauses while too many requests are in flight on a connection or while the transport's
+  write buffer is above its high-water mark (a slow consumer), and resumes when both drain. Connections are
+  independent, so a slow consumer never stalls a producer on another connection;
+- zero-copy output: handlers return plain dicts whose `records` may be lists of memoryviews into the store, and
+  the encoded response goes out with `transport.writelines` without joining.
+
+It does not know any API's semantics: those live in `handlers/`, one module per API or small family.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from mqk.config import BrokerConfig
+from mqk.errors import FrameTooLarge, ProtocolError
+from mqk.groups.coordinator import GroupCoordinator
+from mqk.protocol.kafka import api
+from mqk.protocol.kafka.codec import KafkaConnectionCodec, Request, encode_response
+from mqk.server.kafka.fetch_wait import DataWaiters
+from mqk.server.kafka.idempotence import ProducerStates
+
+log = logging.getLogger("mqk.kafka")
+
+#: requests decoded but not yet answered on one connection before we stop reading from it
+MAX_IN_FLIGHT = 64
+
+
+class KafkaServer:
+    def __init__(self, config: BrokerConfig, store: Any) -> None:
+        from mqk.server.kafka.handlers import HANDLERS
+
+        self.config = config
+        self.store = store
+        self.handlers = HANDLERS
+        #: the versions ApiVersions advertises: what the codec can decode AND we have a handler for
+        self.supported = {k: v for k, v in api.SUPPORTED.items() if k in HANDLERS}
+        self.groups = GroupCoordinator.from_config(config, store)
+        self.producers = ProducerStates(store)
+        self.waiters = DataWaiters()
+        self.host, self.port = config.kafka_listen
+        self._server: asyncio.AbstractServer | None = None
+        self.connections: set[KafkaConnection] = set()
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    async def start(self) -> tuple[str, int]:
+        await self.producers.start()
+        self.store.add_listener(self.waiters.notify)
+        loop = asyncio.get_running_loop()
+        host, port = self.config.kafka_listen
+        self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True)
+        sockname = self._server.sockets[0].getsockname()
+        # advertise exactly what we bound (port 0 resolved), as Metadata's broker address
+        self.host, self.port = sockname[0], sockname[1]
+        log.info("kafka listener on %s:%d", self.host, self.port)
+        return self.host, self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close("broker stopping")
+        self.waiters.wake_all()
+        self.groups.close()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+            except asyncio.TimeoutError:
+                log.warning("kafka listener: connections still open after 5 s at stop")
+            self._server = None
+        remove = getattr(self.store, "remove_listener", None)
+        if remove is not None:
+            remove(self.waiters.notify)
+
+
+class KafkaConnection(asyncio.Protocol):
+    """One client connection: bytes → codec → handler tasks; results → codec → transport, in request order."""
+
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self.codec = KafkaConnectionCodec(server.config.socket_request_max_bytes, server.supported)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.client_host = ""
+        #: (request, task) in arrival order; the head is written as soon as its task is done
+        self.pending: deque[tuple[Request, asyncio.Task]] = deque()
+        self.reading_paused = False
+        self.writing_paused = False
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+
+    # --- asyncio callbacks -----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+            self.client_host = f"/{peer[0]}"
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for _req, task in self.pending:
+            task.cancel()
+        self.pending.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        codec = self.codec
+        try:
+            codec.receive_data(data)
+            while not self.closed:
+                req = codec.next_request()
+                if req is None:
+                    break
+                self._dispatch(req)
+        except FrameTooLarge as exc:
+            self.close(f"refused frame: {exc}")
+        except ProtocolError as exc:
+            self.close(f"protocol error: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a codec bug must cost one connection, never the broker
+            log.exception("kafka connection %s: unexpected error decoding a request", self.peer)
+            self.close(f"internal error: {exc!r}")
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._update_reading()
+
+    # --- dispatch --------------------------------------------------------------------------------------
+
+    def _dispatch(self, req: Request) -> None:
+        handler = self.server.handlers[req.api_key]  # the codec already refused keys we cannot serve
+        task = self.loop.create_task(handler(self.server, self, req))
+        self.pending.append((req, task))
+        task.add_done_callback(self._on_done)
+        if len(self.pending) >= MAX_IN_FLIGHT:
+            self._update_reading()
+
+    def _on_done(self, _task: asyncio.Task) -> None:
+        pending = self.pending
+        transport = self.transport
+        while pending and pending[0][1].done():
+            req, task = pending.popleft()
+            if self.closed:
+                return
+            if task.cancelled():
+                continue
+            exc = task.exception()
+            if exc is not None:
+                if isinstance(exc, ProtocolError):
+                    self.close(f"malformed {api.NAMES.get(req.api_key, req.api_key)} request: {exc}")
+                else:
+                    log.error(
+                        "kafka connection %s: %s v%d handler failed",
+                        self.peer, api.NAMES.get(req.api_key, req.api_key), req.api_version, exc_info=exc,
+                    )
+                    self.close("handler error")
+                return
+            body = task.result()
+            if body is None:  # acks=0 produce: no response at all
+                continue
+            try:
+                parts = encode_response(req, body)
+            except Exception as exc:  # noqa: BLE001 - our bug; keep the broker up, drop the connection
+                log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
+                self.close(f"encode error: {exc!r}")
+                return
+            transport.writelines(parts)  # type: ignore[union-attr]
+        if self.reading_paused:
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self.closed or self.transport is None:
+            return
+        should_pause = self.writing_paused or len(self.pending) >= MAX_IN_FLIGHT
+        if should_pause and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        elif not should_pause and self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        log.warning("kafka connection %s closed: %s", self.peer, reason)
+        self.closed = True
+        for _req, task in self.pending:
+            task.cancel()
+        self.pending.clear()
+        if self.transport is not None:
+            self.transport.close()
