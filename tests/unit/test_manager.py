@@ -1,0 +1,192 @@
+"""StoreManager unit tests: validation, metadata life cycle, persistence details, reconciliation, service state.
+
+These use the memory and rocksdb engines only (no file engine), so they pin the manager's own behaviour."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from mqk._fast import twin
+from mqk.config import StoreConfig, TopicConfig
+from mqk.errors import (
+    Corrupt,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    ShardExists,
+    UnknownShard,
+)
+from mqk.store.adapter import GroupOffset
+from mqk.store.manager import StoreManager
+
+rb = twin("recbatch")
+
+
+def _batch(value: bytes) -> bytearray:
+    record = rb.encode_record(0, 0, None, value, [])
+    return rb.build_batch(0, 1_000, 1_000, record, 1, 0)
+
+
+@pytest.fixture
+async def mem(tmp_path: Path):
+    m = StoreManager(StoreConfig(data_dir=tmp_path / "data", storage="memory"))
+    await m.start()
+    yield m
+    await m.close()
+
+
+async def _rocks(tmp_path: Path) -> StoreManager:
+    m = StoreManager(StoreConfig(data_dir=tmp_path / "data", storage="rocksdb"))
+    await m.start()
+    return m
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a b", "x" * 250, "tab\t", "sl/ash", "ünï"])
+async def test_illegal_topic_names(mem: StoreManager, name: str) -> None:
+    with pytest.raises(InvalidTopicError):
+        await mem.create_topic(name, 1)
+    assert mem.topics() == {}
+
+
+@pytest.mark.parametrize("name", ["orders", "a.b-c_d", "%RETRY%group", "%DLQ%g", "x" * 249])
+async def test_legal_topic_names(mem: StoreManager, name: str) -> None:
+    info = await mem.create_topic(name, 1)
+    assert info.topic == name and mem.topic(name) == info
+
+
+@pytest.mark.parametrize("count", [0, -1, 10_001, 1.5, "3"])
+async def test_bad_partition_counts(mem: StoreManager, count: object) -> None:
+    with pytest.raises(InvalidPartitionsError):
+        await mem.create_topic("t", count)  # type: ignore[arg-type]
+
+
+async def test_unknown_engine_is_a_config_error(mem: StoreManager) -> None:
+    with pytest.raises(InvalidConfigError):
+        await mem.create_topic("t", 1, TopicConfig({"storage.type": "tape"}))
+    assert mem.topic("t") is None
+
+
+async def test_topic_life_cycle_errors(mem: StoreManager) -> None:
+    await mem.create_topic("t", 2)
+    with pytest.raises(ShardExists):
+        await mem.create_topic("t", 1)
+    for call in (mem.delete_topic("nope"), mem.add_partitions("nope", 3), mem.alter_topic_config("nope", TopicConfig())):
+        with pytest.raises(UnknownShard):
+            await call
+    for total in (1, 2):
+        with pytest.raises(InvalidPartitionsError):
+            await mem.add_partitions("t", total)
+    await mem.add_partitions("t", 5)
+    assert mem.topic("t").queue_count == 5 and mem.engine_of("t").list_shards()["t"] == 5
+    with pytest.raises(InvalidConfigError):
+        await mem.alter_topic_config("t", TopicConfig({"storage.type": "rocksdb"}))
+    await mem.alter_topic_config("t", TopicConfig({"storage.type": "memory", "retention.ms": "1"}))
+    assert mem.topic("t").config.get("retention.ms") == "1"
+    topic_id = mem.topic("t").topic_id
+    assert mem.topic("t").topic_id == topic_id  # the id never changes with config or partitions
+    await mem.delete_topic("t")
+    assert mem.topic("t") is None and "t" not in mem.engines["memory"].list_shards()
+    with pytest.raises(UnknownShard):
+        mem.end_offset("t", 0)
+
+
+async def test_engines_are_created_lazily_and_once(mem: StoreManager) -> None:
+    assert set(mem.engines) == {"memory"}
+    await mem.create_topic("a", 1, TopicConfig({"storage.type": "rocksdb"}))
+    await mem.create_topic("b", 1, TopicConfig({"storage.type": "rocksdb"}))
+    assert set(mem.engines) == {"memory", "rocksdb"}
+    assert mem.engine_of("a") is mem.engine_of("b")
+
+
+async def test_memory_default_writes_nothing(tmp_path: Path) -> None:
+    m = StoreManager(StoreConfig(data_dir=tmp_path / "data", storage="memory"))
+    await m.start()
+    await m.create_topic("t", 3)
+    await m.append("t", 0, [_batch(b"x")])
+    await m.commit_offsets("g", {("t", 0): GroupOffset(1)})
+    await m.save_state("timer", {"wheel": [1, 2]})
+    assert m.load_state("timer") == {"wheel": [1, 2]}
+    await m.close()
+    assert not (tmp_path / "data").exists()
+
+
+async def test_state_documents(tmp_path: Path) -> None:
+    m = await _rocks(tmp_path)
+    try:
+        assert m.load_state("pids") is None
+        await asyncio.gather(*(m.save_state("pids", {"n": i}) for i in range(20)))
+        assert m.load_state("pids") == {"n": 19}
+        doc = m.load_state("pids")
+        doc["n"] = -1  # callers get a copy
+        assert m.load_state("pids") == {"n": 19}
+        path = tmp_path / "data" / "state" / "pids.json"
+        assert json.loads(path.read_text()) == {"n": 19}
+        for bad in ("", "../x", "a/b", ".hidden", "x" * 200):
+            with pytest.raises(ValueError):
+                await m.save_state(bad, {})
+        with pytest.raises(TypeError):
+            await m.save_state("pids", {"bad": object()})
+        assert m.load_state("pids") == {"n": 19}
+    finally:
+        await m.close()
+    again = await _rocks(tmp_path)
+    try:
+        assert again.load_state("pids") == {"n": 19}
+    finally:
+        await again.close()
+
+
+async def test_corrupt_topic_metadata_refuses_to_start(tmp_path: Path) -> None:
+    m = await _rocks(tmp_path)
+    await m.create_topic("t", 1)
+    await m.close()
+    path = tmp_path / "data" / "config" / "topics.json"
+    for content in ("{not json", json.dumps({"version": 1, "topics": {"t": {"queues": 0}}}), "[]"):
+        path.write_text(content)
+        broken = StoreManager(StoreConfig(data_dir=tmp_path / "data", storage="rocksdb"))
+        with pytest.raises(Corrupt):
+            await broken.start()
+        await broken.close()
+
+
+async def test_restart_reconciles_engine_shards_with_metadata(tmp_path: Path) -> None:
+    m = await _rocks(tmp_path)
+    kept = await m.create_topic("kept", 2)
+    await m.create_topic("orphan", 1)
+    await m.append("orphan", 0, [_batch(b"x")])
+    await m.close()
+    # simulate a crash after the metadata lost "orphan" but before the engine deleted its shards
+    path = tmp_path / "data" / "config" / "topics.json"
+    doc = json.loads(path.read_text())
+    del doc["topics"]["orphan"]
+    path.write_text(json.dumps(doc))
+
+    m = await _rocks(tmp_path)
+    assert set(m.topics()) == {"kept"} and m.topic("kept") == kept
+    assert m.default_engine.list_shards() == {"kept": 2}
+    await m.close()
+
+    # metadata lost entirely: the engine's shards are adopted rather than deleted
+    path.unlink()
+    m = await _rocks(tmp_path)
+    try:
+        assert set(m.topics()) == {"kept"}
+        assert m.topic("kept").queue_count == 2 and m.topic("kept").engine == "rocksdb"
+        assert path.exists()
+    finally:
+        await m.close()
+
+
+async def test_rerouting_hook_to_unknown_topic_is_unknown_shard(mem: StoreManager) -> None:
+    await mem.create_topic("t", 1)
+
+    def to_nowhere(ctx) -> None:
+        ctx.topic = "nowhere"
+
+    mem.hooks.append(to_nowhere)
+    with pytest.raises(UnknownShard):
+        await mem.append("t", 0, [_batch(b"x")])
+    assert mem.end_offset("t", 0) == 0
