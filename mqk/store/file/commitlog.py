@@ -1,0 +1,172 @@
+"""CommitLog: the one append-only log of every topic and queue, in fixed-size mapped segments.
+
+Owns `commitlog/` and the entry placement rules: an entry (layout in `mqk._fast.clentry`) is encoded straight into
+the mapping of the last segment, and the write position moves only after the whole entry (CRC included) is in place.
+An entry never spans segments: when the next one would leave fewer than `clentry.BLANK_MIN_SIZE` bytes, the rest of
+the segment becomes a BLANK entry and the entry goes to the next (pre-allocated) segment.
+
+Also owns the recovery scan: walk entries from a safe point, verify each CRC, stop at the first end-of-data or bad
+entry, and cut the log there. It does not know about queues: dispatch turns scanned entries into ConsumeQueue units.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterator
+
+from mqk._fast import load
+from mqk.errors import Corrupt, MessageTooLarge, OutOfBounds
+from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
+
+clentry = load("clentry")
+log = logging.getLogger(__name__)
+
+FIXED = clentry.FIXED_HEADER_SIZE
+BLANK_MIN = getattr(clentry, "BLANK_MIN_SIZE", 8)
+KIND_END, KIND_MESSAGE, KIND_BLANK = 0, 1, 2
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_bytes: int) -> None:
+        self.dir = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.mfq = MappedFileQueue(self.dir, segment_bytes, preallocate=True)
+        self._encode = clentry.encode_entry
+        self._size = clentry.entry_size
+
+    # --- positions -------------------------------------------------------------------------------------
+
+    @property
+    def max_offset(self) -> int:
+        return self.mfq.max_offset
+
+    @property
+    def current(self) -> MappedFile | None:
+        """The segment being appended to (the last one)."""
+        files = self.mfq.files
+        return files[-1] if files else None
+
+    @property
+    def min_offset(self) -> int:
+        return self.mfq.min_offset
+
+    # --- append ----------------------------------------------------------------------------------------
+
+    def writable_for(self, size: int) -> MappedFile:
+        """The segment the next `size`-byte entry goes to, ending the current one with a BLANK if needed."""
+        if size + BLANK_MIN > self.segment_bytes:
+            raise MessageTooLarge(f"entry of {size} bytes does not fit a {self.segment_bytes}-byte CommitLog segment")
+        files = self.mfq.files
+        mf = files[-1] if files else None
+        if mf is None:
+            return self.mfq.roll(0)
+        rest = mf.file_size - mf.wrote
+        if size + BLANK_MIN <= rest:
+            return mf
+        if rest > 0:
+            clentry.encode_blank(mf.buf, mf.wrote, rest)
+            mf.advance(rest)
+        return self.mfq.roll()
+
+    def put(self, topic: bytes, queue_id: int, queue_offset: int, store_ts: int, max_ts: int, tags_code: int,
+            flags: int, record_count: int, body) -> tuple[int, int, MappedFile, int]:
+        """Encode one entry at the end of the log; returns (physical offset, size, segment, position in it)."""
+        size = self._size(len(topic), len(body))
+        mf = self.writable_for(size)
+        pos = mf.wrote
+        phys = mf.start_offset + pos
+        self._encode(mf.buf, pos, topic, queue_id, queue_offset, phys, store_ts, max_ts, tags_code, flags,
+                     record_count, body)
+        mf.advance(size)
+        return phys, size, mf, pos
+
+    def body_view(self, phys: int, size: int, topic_len: int) -> memoryview:
+        """Zero-copy view of the record batch inside the entry at `phys` of `size` bytes."""
+        mf = self.mfq.find(phys)
+        pos = phys - mf.start_offset
+        return mf.view(pos + FIXED + topic_len, size - FIXED - topic_len)
+
+    def read_entry(self, phys: int, verify: bool = True) -> tuple:
+        mf = self.mfq.find(phys)
+        return clentry.read_entry(mf.buf, phys - mf.start_offset, mf.wrote, verify)
+
+    # --- recovery --------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.mfq.load()
+
+    def scan(self, start: int) -> Iterator[tuple[int, tuple, MappedFile]]:
+        """Yield (physical offset, read_entry tuple, segment) for every valid message entry from `start`, which
+        must be an entry boundary (or a segment start). Afterwards `self.scan_end` is where valid data ends,
+        and `self.scan_error` the Corrupt that stopped it (None at a clean end of data)."""
+        self.scan_end = start
+        self.scan_error: Corrupt | None = None
+        files = self.mfq.files
+        if not files:
+            return
+        try:
+            idx = self.mfq.files.index(self.mfq.find(start))
+        except OutOfBounds:
+            # the safe point lies past every segment we have (they were lost): scan from the last one's start
+            idx = len(files) - 1
+            start = files[idx].start_offset
+            self.scan_end = start
+        read = clentry.read_entry
+        pos = start - files[idx].start_offset
+        while idx < len(files):
+            mf = files[idx]
+            buf = mf.buf
+            limit = mf.file_size
+            while True:
+                try:
+                    entry = read(buf, pos, limit, True)
+                except Corrupt as exc:
+                    self.scan_error = Corrupt(str(exc).split(" at position")[0], mf.start_offset + pos)
+                    self.scan_end = mf.start_offset + pos
+                    return
+                kind = entry[0]
+                if kind == KIND_MESSAGE:
+                    size = entry[1]
+                    if entry[5] != mf.start_offset + pos:
+                        # a valid CRC over a wrong self-address: bytes copied from elsewhere (never ours to serve)
+                        self.scan_error = Corrupt(
+                            f"entry claims physical offset {entry[5]}", mf.start_offset + pos)
+                        self.scan_end = mf.start_offset + pos
+                        return
+                    yield mf.start_offset + pos, entry, mf
+                    pos += size
+                    self.scan_end = mf.start_offset + pos
+                elif kind == KIND_BLANK:
+                    self.scan_end = mf.end_offset
+                    break
+                else:
+                    # end of data; a clean end lies in the last segment
+                    self.scan_end = mf.start_offset + pos
+                    return
+            idx += 1
+            pos = 0
+
+    def truncate(self, offset: int) -> None:
+        self.mfq.truncate(offset)
+
+    def has_data_after(self, offset: int) -> bool:
+        """Whether any non-zero byte lies at or after `offset` (tells a torn tail from damage in the middle)."""
+        for mf in self.mfq.files:
+            if mf.end_offset <= offset:
+                continue
+            pos = max(0, offset - mf.start_offset)
+            step = 1 << 20
+            while pos < mf.file_size:
+                chunk = mf.buf[pos : min(pos + step, mf.file_size)]
+                if chunk.tobytes().strip(b"\x00"):
+                    return True
+                pos += step
+        return False
+
+    # --- durability / life cycle -----------------------------------------------------------------------
+
+    def flush(self) -> int:
+        return self.mfq.flush()
+
+    def close(self) -> None:
+        self.mfq.close()

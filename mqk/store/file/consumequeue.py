@@ -1,0 +1,195 @@
+"""ConsumeQueue: the per topic-queue index over the CommitLog (RocketMQ's batch ConsumeQueue).
+
+Owns the files under `consumequeue/<topic>/<queue>/`: fixed 48-byte units (layout in `mqk._fast.cqunit`), one per
+stored batch, in mapped files of `units_per_file` units named by the 20-digit byte offset of their first unit
+(unit index * 48, RocketMQ's naming). A unit says where the batch lives in the CommitLog (physical offset and
+entry size), which queue offsets it covers (base offset, offset span), its tags code, store timestamp and the
+queue's running maximum record timestamp, so timestamp lookup can bisect.
+
+Lookups choose the file first (bisect over each file's first unit), then bisect inside it with `cqunit`.
+Units are only written by dispatch; recovery cuts them back to what the CommitLog holds.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from mqk._fast import load
+from mqk.errors import OutOfBounds
+from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
+
+cqunit = load("cqunit")
+UNIT = cqunit.UNIT_SIZE
+log = logging.getLogger(__name__)
+
+
+class ConsumeQueue:
+    __slots__ = ("dir", "units_per_file", "mfq", "end_offset", "max_ts", "_pack", "_unpack")
+
+    def __init__(self, directory: Path, units_per_file: int) -> None:
+        self.dir = Path(directory)
+        self.units_per_file = units_per_file
+        self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False)
+        #: queue offset the next batch gets (one past the last unit's span)
+        self.end_offset = 0
+        #: running maximum record timestamp over the queue (what the next unit's max_timestamp builds on)
+        self.max_ts = -1
+        self._pack = cqunit.pack_unit
+        self._unpack = cqunit.unpack_unit
+
+    # --- sizes -----------------------------------------------------------------------------------------
+
+    @property
+    def min_unit(self) -> int:
+        return self.mfq.min_offset // UNIT
+
+    @property
+    def max_unit(self) -> int:
+        """One past the last unit's index."""
+        return self.mfq.max_offset // UNIT
+
+    def __len__(self) -> int:
+        return self.max_unit - self.min_unit
+
+    # --- writing (dispatch only) -----------------------------------------------------------------------
+
+    def put(self, phys: int, size: int, count: int, tags_code: int, store_ts: int, batch_max_ts: int,
+            base_offset: int) -> None:
+        files = self.mfq.files
+        mf = files[-1] if files else None
+        if mf is None or mf.wrote >= mf.file_size:
+            mf = self.mfq.roll(0)  # a queue's first file holds unit 0
+        if batch_max_ts > self.max_ts:
+            self.max_ts = batch_max_ts
+        pos = mf.wrote
+        self._pack(mf.buf, pos, phys, size, count, tags_code, store_ts, self.max_ts, base_offset)
+        mf.wrote = mf.committed = pos + UNIT  # pack_unit raised OutOfBounds had it not fit
+        self.end_offset = base_offset + count
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    def unit(self, index: int) -> tuple:
+        """(physical_offset, size, record_count, tags_code, store_ts, max_ts, base_offset) of unit `index`."""
+        at = index * UNIT
+        mf = self.mfq.find(at)
+        pos = at - mf.start_offset
+        if pos + UNIT > mf.wrote:
+            raise OutOfBounds(f"unit {index} is not written in {self.dir}")
+        return self._unpack(mf.buf, pos)
+
+    def _file_units(self, mf: MappedFile) -> int:
+        return mf.wrote // UNIT
+
+    def search_offset(self, offset: int) -> int:
+        """Index of the unit holding `offset` (or the next one after a gap); max_unit if past the end;
+        min_unit if below the first unit."""
+        files = self.mfq.files
+        if not files:
+            return 0
+        # last file whose first unit's base <= offset
+        lo, hi = 0, len(files)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            mf = files[mid]
+            if mf.wrote >= UNIT and self._unpack(mf.buf, 0)[6] <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return self.min_unit
+        mf = files[lo - 1]
+        n = self._file_units(mf)
+        i = cqunit.search_offset(mf.buf, n, offset)
+        if i < 0:
+            i = 0
+        return mf.start_offset // UNIT + i
+
+    def search_timestamp(self, ts: int) -> int:
+        """Index of the first unit whose running max timestamp >= ts, or max_unit."""
+        files = self.mfq.files
+        # first file whose last unit's max_ts >= ts
+        lo, hi = 0, len(files)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            mf = files[mid]
+            n = self._file_units(mf)
+            if n == 0 or self._unpack(mf.buf, (n - 1) * UNIT)[5] < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(files):
+            return self.max_unit
+        mf = files[lo]
+        return mf.start_offset // UNIT + cqunit.search_timestamp(mf.buf, self._file_units(mf), ts)
+
+    # --- recovery --------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.mfq.load()
+
+    def recover(self, phys_limit: int) -> None:
+        """Keep the units of entries below CommitLog offset `phys_limit` (their units are durable and intact),
+        cut everything after, and restore end offset and running max timestamp.
+
+        Units are appended in CommitLog order, so "written and below the limit" is a prefix of the queue;
+        bisect for its end. Unit boundaries never split the physical-offset and size fields across a page, so
+        a torn unit never shows a plausible (offset, size) pair that was not written."""
+        lo, hi = self.min_unit, self.max_unit
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            phys, size = self._raw_unit(mid)[:2]
+            if size > 0 and 0 <= phys < phys_limit:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.truncate_units(lo)
+
+    def _raw_unit(self, index: int) -> tuple:
+        at = index * UNIT
+        mf = self.mfq.find(at)
+        return self._unpack(mf.buf, at - mf.start_offset)
+
+    def truncate_units(self, count_end: int) -> None:
+        """Make unit index `count_end` the end of the queue."""
+        count_end = max(count_end, self.min_unit)
+        self.mfq.truncate(count_end * UNIT)
+        if count_end > self.min_unit:
+            last = self._raw_unit(count_end - 1)
+            self.end_offset = last[6] + last[2]
+            self.max_ts = last[5]
+        else:
+            # an empty queue keeps its numbering: the first file's name says where it starts; the caller
+            # (engine) restores end_offset from its own metadata when the queue has no unit at all
+            self.max_ts = -1
+
+    def truncate_to_phys(self, phys_end: int) -> None:
+        """Cut units whose CommitLog entry does not end at or before `phys_end`."""
+        lo, hi = self.min_unit, self.max_unit
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            phys, size = self._raw_unit(mid)[:2]
+            if phys + size <= phys_end:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < self.max_unit:
+            self.truncate_units(lo)
+
+    def last_unit_end_phys(self) -> int:
+        """CommitLog offset just past the last unit's entry, or -1 when there is none."""
+        if self.max_unit == self.min_unit:
+            return -1
+        phys, size = self._raw_unit(self.max_unit - 1)[:2]
+        return phys + size
+
+    # --- durability / life cycle ---------------------------------------------------------------------
+
+    def flush(self) -> None:
+        self.mfq.flush()
+
+    def close(self) -> None:
+        self.mfq.close()
+
+    def destroy(self) -> None:
+        self.mfq.destroy()
+

@@ -1,0 +1,44 @@
+"""Dispatch (RocketMQ's ReputMessageService): CommitLog entries become ConsumeQueue units and index entries.
+
+One code path serves both the live append (the engine dispatches each entry in the same call that wrote it, so there
+is no lag to manage and readers, who only look at ConsumeQueues, see an entry the moment its unit exists) and
+recovery (the engine replays scanned entries through `replay`). Extra consumers of entries (the key index, later
+services) register in `hooks`; a hook is called as
+`hook(topic, queue, base_offset, record_count, physical_offset, size, store_timestamp, keys, body)` where `keys`
+is what the producer passed (None at recovery: the hook derives keys from `body`, a view of the record batch).
+A hook must not raise; if it does, the error is logged and dispatch goes on (the CommitLog is the truth).
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from mqk.store.file.engine import Shard
+
+log = logging.getLogger(__name__)
+
+DispatchHook = Callable[..., None]
+
+
+class ReputMessageService:
+    def __init__(self) -> None:
+        self.hooks: list[DispatchHook] = []
+        #: CommitLog offset up to which every entry has been dispatched
+        self.dispatched = 0
+
+    def dispatch(self, shard: "Shard", phys: int, size: int, count: int, tags_code: int, store_ts: int,
+                 max_ts: int, base_offset: int, keys, body) -> None:
+        """Entry → ConsumeQueue unit (+ hooks). The engine's append inlines the unit write for speed and calls
+        `dispatch_hooks` itself; recovery and anything else use this."""
+        shard.cq.put(phys, size, count, tags_code, store_ts, max_ts, base_offset)
+        self.dispatched = phys + size
+        if self.hooks:
+            self.dispatch_hooks(shard, phys, size, count, store_ts, base_offset, keys, body)
+
+    def dispatch_hooks(self, shard, phys, size, count, store_ts, base_offset, keys, body) -> None:
+        for hook in self.hooks:
+            try:
+                hook(shard.topic, shard.queue, base_offset, count, phys, size, store_ts, keys, body)
+            except Exception:  # noqa: BLE001 - an index failure must not lose the append
+                log.exception("dispatch hook %r failed for %s-%d@%d", hook, shard.topic, shard.queue, base_offset)

@@ -1,0 +1,431 @@
+"""Fixed-size memory-mapped segment files and the ordered queue of them (RocketMQ's MappedFile / MappedFileQueue).
+
+A `MappedFile` is one file of exactly `file_size` bytes, named by the 20-digit logical offset of its first byte, mapped
+shared and read/write. It keeps three positions: `wrote` (bytes in place in the mapping), `committed` (equal to `wrote`:
+mqk writes straight into the mapping, there is no transient buffer pool) and `flushed` (known durable). Every read and
+write is bounds-checked and raises `OutOfBounds`; a position only moves after the bytes are in place, so a reader that
+trusts positions never sees half-written data.
+
+`MappedFileQueue` is the ordered list of segments of one log (the CommitLog, or one ConsumeQueue). It finds the segment
+holding a logical offset, pre-allocates the next segment in a background thread (so an append that crosses a segment
+end never waits for file creation), truncates the dirty tail at recovery, and deletes expired head segments.
+
+Nothing here knows entry formats; that belongs to `commitlog` / `consumequeue` and `mqk._fast`.
+"""
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import logging
+import mmap
+import os
+import threading
+from pathlib import Path
+
+from mqk.errors import OutOfBounds, StorageError
+
+log = logging.getLogger(__name__)
+
+#: zero-fill granularity for truncation (avoid allocating a segment-sized zero buffer)
+_ZERO_CHUNK = bytes(1 << 20)
+PAGE = mmap.PAGESIZE
+
+
+def segment_name(start_offset: int) -> str:
+    return f"{start_offset:020d}"
+
+
+class MappedFile:
+    """One mapped segment. Not thread-safe for writes: the store writes from the event loop thread only; flush
+    (`fdatasync`) may run in a worker thread concurrently with writes, which the kernel allows."""
+
+    __slots__ = ("path", "file_size", "start_offset", "fd", "mm", "buf", "wrote", "committed", "flushed", "_closed")
+
+    def __init__(self, path: Path, file_size: int, start_offset: int) -> None:
+        if file_size <= 0:
+            raise StorageError(f"mapped file size must be positive, not {file_size}")
+        self.path = Path(path)
+        self.file_size = file_size
+        self.start_offset = start_offset
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != file_size:
+                # new file (size 0): extend sparsely; a file cut short is extended too (zeros read as "end of
+                # data"); a longer one is never shrunk, we have not examined what it holds
+                if actual > file_size:
+                    raise StorageError(f"{self.path} is {actual} bytes, expected {file_size}")
+                os.ftruncate(fd, file_size)
+            self.mm = mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        #: one writable view over the whole mapping; slices of it are the zero-copy reads handed out
+        self.buf = memoryview(self.mm)
+        self.wrote = 0
+        self.committed = 0
+        self.flushed = 0
+        self._closed = False
+
+    # --- positions -------------------------------------------------------------------------------------
+
+    @property
+    def end_offset(self) -> int:
+        return self.start_offset + self.file_size
+
+    @property
+    def wrote_offset(self) -> int:
+        return self.start_offset + self.wrote
+
+    def available(self) -> int:
+        return self.file_size - self.wrote
+
+    def is_full(self) -> bool:
+        return self.wrote >= self.file_size
+
+    def set_positions(self, pos: int) -> None:
+        """Recovery: everything below `pos` is verified data (and durable: it was read back from the file)."""
+        if not 0 <= pos <= self.file_size:
+            raise OutOfBounds(f"position {pos} outside [0, {self.file_size}] of {self.path.name}")
+        self.wrote = self.committed = self.flushed = pos
+
+    def advance(self, n: int) -> None:
+        """Publish `n` bytes the caller has already written at the write position."""
+        new = self.wrote + n
+        if n < 0 or new > self.file_size:
+            raise OutOfBounds(f"advance by {n} at {self.wrote} beyond {self.file_size} in {self.path.name}")
+        self.wrote = self.committed = new
+
+    # --- bytes -----------------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Copy `data` at the write position; returns the file-relative position it landed at."""
+        pos = self.wrote
+        n = len(data)
+        if n > self.file_size - pos:
+            raise OutOfBounds(f"append of {n} bytes at {pos} overflows {self.path.name} ({self.file_size} bytes)")
+        self.buf[pos : pos + n] = data
+        self.wrote = self.committed = pos + n
+        return pos
+
+    def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Overwrite in place below the file end (ConsumeQueue repair); does not move positions."""
+        n = len(data)
+        if pos < 0 or n > self.file_size - pos:
+            raise OutOfBounds(f"write of {n} bytes at {pos} outside {self.path.name} ({self.file_size} bytes)")
+        self.buf[pos : pos + n] = data
+
+    def view(self, pos: int, size: int) -> memoryview:
+        """Zero-copy view of [pos, pos+size), which must lie inside written data."""
+        if pos < 0 or size < 0 or pos + size > self.wrote:
+            raise OutOfBounds(f"read [{pos}, {pos + size}) outside written [0, {self.wrote}) of {self.path.name}")
+        return self.buf[pos : pos + size]
+
+    def raw_view(self, pos: int, size: int) -> memoryview:
+        """Like `view` but bounded by the file end, not the write position (recovery scans unknown data)."""
+        if pos < 0 or size < 0 or pos + size > self.file_size:
+            raise OutOfBounds(f"read [{pos}, {pos + size}) outside [0, {self.file_size}) of {self.path.name}")
+        return self.buf[pos : pos + size]
+
+    def zero_from(self, pos: int) -> None:
+        """Zero [pos, file end) and make `pos` the write position: a torn tail must not be read back later."""
+        if not 0 <= pos <= self.file_size:
+            raise OutOfBounds(f"truncate at {pos} outside [0, {self.file_size}] of {self.path.name}")
+        # after a crash the positions say nothing about what lies beyond `pos`, so zero to the file end, but
+        # compare first: writing zeros over sparse, never-written pages would allocate them for nothing
+        end = self.file_size
+        p = pos
+        while p < end:
+            n = min(len(_ZERO_CHUNK), end - p)
+            # skip pages that are already zero (reading is cheaper than dirtying sparse pages)
+            if self.buf[p : p + n] != _ZERO_CHUNK[:n]:
+                self.buf[p : p + n] = _ZERO_CHUNK[:n]
+            p += n
+        self.wrote = self.committed = pos
+        self.flushed = min(self.flushed, pos)
+
+    # --- durability ------------------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fdatasync the file (blocking: call from a worker thread); returns the new flushed position.
+
+        On Linux a shared mapping's dirty pages are the file's page cache, so fdatasync on the descriptor
+        writes them (what msync(MS_SYNC) does), and unlike mmap.flush() it releases the GIL.
+        """
+        target = self.wrote
+        if target > self.flushed and not self._closed:
+            os.fdatasync(self.fd)
+            if target > self.flushed:
+                self.flushed = target
+        return self.flushed
+
+    # --- life cycle ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.buf.release()
+        except BufferError:
+            pass
+        try:
+            self.mm.close()
+        except BufferError:
+            # readers still hold zero-copy views; the mapping lives until they drop them
+            pass
+        os.close(self.fd)
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
+
+
+def warm_page_cache(fd: int, size: int) -> None:
+    """Read the (sparse) file once so its pages sit in the page cache before the first append touches them.
+
+    An append into a never-touched page of a sparse mapping pays for allocating and zeroing the page inside the
+    page fault; after this the fault only maps a cached page. Reading (unlike writing zeros, RocketMQ's warm-up)
+    dirties nothing, so no zeros go to disk. `preadv` releases the GIL, so this costs the event loop nothing.
+    """
+    chunk = bytearray(1 << 20)
+    view = [chunk]
+    for off in range(0, size, len(chunk)):
+        if os.preadv(fd, view, off) <= 0:
+            break
+
+
+class _Allocator:
+    """Creates the next segment in a background thread so a roll only swaps a pointer (RocketMQ's
+    AllocateMappedFileService). One request in flight at a time per queue."""
+
+    def __init__(self, name: str, warm: bool = True) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mqk-alloc-{name}")
+        self._pending: dict[int, concurrent.futures.Future[MappedFile]] = {}
+        self._warm = warm
+
+    def request(self, path: Path, size: int, start: int) -> None:
+        if start not in self._pending:
+            self._pending[start] = self._pool.submit(self._create, path, size, start)
+
+    def _create(self, path: Path, size: int, start: int) -> MappedFile:
+        mf = MappedFile(path, size, start)
+        if self._warm:
+            warm_page_cache(mf.fd, size)
+        return mf
+
+    def take(self, path: Path, size: int, start: int) -> MappedFile:
+        fut = self._pending.pop(start, None)
+        if fut is None:
+            return MappedFile(path, size, start)
+        return fut.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for fut in self._pending.values():
+            try:
+                mf = fut.result()
+            except Exception:  # noqa: BLE001 - a failed pre-allocation is simply not used
+                continue
+            # never handed out, so never written: remove it so a restart does not find an empty trailing segment
+            mf.destroy()
+        self._pending.clear()
+
+
+class MappedFileQueue:
+    """The ordered segments of one log, each `file_size` bytes, named by start offset."""
+
+    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True, warm: bool = True) -> None:
+        self.dir = Path(directory)
+        self.file_size = file_size
+        self.files: list[MappedFile] = []
+        self._starts: list[int] = []  # parallel to files, for bisect
+        self._allocator = _Allocator(self.dir.name, warm) if preallocate else None
+        self._lock = threading.Lock()  # guards `files` against the flush thread iterating it
+
+    # --- loading ---------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Map every segment on disk (positions unknown until recovery sets them)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        names = sorted(p for p in self.dir.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20)
+        files = []
+        for p in names:
+            start = int(p.name)
+            size = p.stat().st_size
+            if size > self.file_size:
+                # made with a larger segment size: we cannot address it; stop so everything before is served
+                log.error("segment %s is %d bytes, more than %d; ignoring it and every later segment", p, size,
+                          self.file_size)
+                break
+            if size < self.file_size:
+                # cut short (by hand or a crash while it was being created): it is extended with zeros, which
+                # recovery reads as the end of data
+                log.warning("segment %s is %d bytes, less than %d; extending it", p, size, self.file_size)
+            if files and start != files[-1].end_offset:
+                log.error("segment %s does not follow %s; ignoring it and every later segment", p, files[-1].path)
+                break
+            files.append(MappedFile(p, self.file_size, start))
+        with self._lock:
+            self.files = files
+            self._starts = [f.start_offset for f in files]
+        # every loaded file counts as fully written until recovery says otherwise
+        for f in files:
+            f.set_positions(self.file_size)
+
+    # --- lookup ----------------------------------------------------------------------------------------
+
+    @property
+    def last(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].start_offset if self.files else 0
+
+    @property
+    def max_offset(self) -> int:
+        """Logical offset one past the last byte written."""
+        return self.files[-1].wrote_offset if self.files else 0
+
+    @property
+    def flushed_offset(self) -> int:
+        for f in reversed(self.files):
+            if f.flushed > 0:
+                return f.start_offset + f.flushed
+        return self.min_offset
+
+    def find(self, offset: int) -> MappedFile:
+        """The segment holding logical `offset`; OutOfBounds if none does."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i < 0 or offset >= self.files[i].end_offset:
+            raise OutOfBounds(f"offset {offset} is not in any segment of {self.dir}")
+        return self.files[i]
+
+    def view(self, offset: int, size: int) -> memoryview:
+        mf = self.find(offset)
+        return mf.view(offset - mf.start_offset, size)
+
+    # --- growth ----------------------------------------------------------------------------------------
+
+    def _path(self, start: int) -> Path:
+        return self.dir / segment_name(start)
+
+    def get_last_for_write(self, start_if_empty: int = 0) -> MappedFile:
+        """The segment to append to, creating (or rolling to) a new one if there is none or it is full."""
+        last = self.files[-1] if self.files else None
+        if last is not None and not last.is_full():
+            return last
+        return self.roll(start_if_empty)
+
+    def prepare_next(self, start_if_empty: int = 0) -> None:
+        """Ask the allocator for the segment after the last one now (at start), so the first roll is instant."""
+        if self._allocator is None:
+            return
+        last = self.files[-1] if self.files else None
+        nxt = last.end_offset if last is not None else start_if_empty
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._allocator.request(self._path(nxt), self.file_size, nxt)
+
+    def roll(self, start_if_empty: int = 0) -> MappedFile:
+        """Open the segment after the last one (the current one must already be logically full)."""
+        last = self.files[-1] if self.files else None
+        start = last.end_offset if last is not None else start_if_empty
+        if last is not None:
+            last.wrote = last.committed = last.file_size  # the rest of it is a BLANK (CommitLog) or padding
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self._path(start)
+        if self._allocator is not None:
+            mf = self._allocator.take(path, self.file_size, start)
+            nxt = start + self.file_size
+            self._allocator.request(self._path(nxt), self.file_size, nxt)
+        else:
+            mf = MappedFile(path, self.file_size, start)
+        with self._lock:
+            self.files.append(mf)
+            self._starts.append(start)
+        return mf
+
+    # --- durability ------------------------------------------------------------------------------------
+
+    def snapshot(self) -> list[MappedFile]:
+        with self._lock:
+            return list(self.files)
+
+    def flush(self) -> int:
+        """fdatasync every segment with unflushed bytes (blocking; run in a worker thread). Returns the logical
+        offset now known durable."""
+        durable = None
+        for mf in self.snapshot():
+            if mf.flushed < mf.wrote:
+                mf.flush()
+            if mf.flushed > 0 or durable is None:
+                durable = mf.start_offset + mf.flushed
+        return durable if durable is not None else 0
+
+    def dirty_bytes(self) -> int:
+        last = self.files[-1] if self.files else None
+        if last is None:
+            return 0
+        n = last.wrote - last.flushed
+        if len(self.files) > 1:
+            prev = self.files[-2]
+            n += prev.wrote - prev.flushed
+        return n
+
+    # --- recovery and retention --------------------------------------------------------------------------
+
+    def truncate(self, offset: int) -> None:
+        """Make `offset` the end of the log: zero the rest of its segment and delete every later segment."""
+        keep = [mf for mf in self.files if mf.start_offset < offset]
+        drop = [mf for mf in self.files if mf.start_offset >= offset]
+        if not keep and drop:
+            keep, drop = drop[:1], drop[1:]  # the log keeps its first segment, empty
+        if keep:
+            last = keep[-1]
+            pos = max(0, offset - last.start_offset)
+            if pos < last.file_size:
+                last.zero_from(pos)
+            else:
+                last.set_positions(last.file_size)
+        with self._lock:
+            self.files = keep
+            self._starts = [f.start_offset for f in keep]
+        for mf in drop:
+            log.info("removing segment %s past the recovered end %d", mf.path, offset)
+            mf.destroy()
+
+    def delete_before(self, offset: int) -> int:
+        """Delete whole segments that end at or before `offset` (never the last one). Returns how many."""
+        n = 0
+        while len(self.files) > 1 and self.files[0].end_offset <= offset:
+            with self._lock:
+                mf = self.files.pop(0)
+                self._starts.pop(0)
+            mf.destroy()
+            n += 1
+        return n
+
+    def close(self) -> None:
+        if self._allocator is not None:
+            self._allocator.close()
+        for mf in self.snapshot():
+            mf.close()
+
+    def destroy(self) -> None:
+        self.close()
+        for mf in self.files:
+            try:
+                mf.path.unlink()
+            except FileNotFoundError:
+                pass
+        with self._lock:
+            self.files = []
+            self._starts = []
