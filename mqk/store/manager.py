@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from mqk.config import ENGINES, StoreConfig, TopicConfig
 from mqk.errors import (
@@ -52,6 +54,8 @@ from mqk.store.adapter import (
     StoredBatch,
 )
 from mqk.store.fsutil import atomic_write_bytes, read_json
+
+log = logging.getLogger(__name__)
 
 #: Kafka's legal topic characters plus RocketMQ's `%` and `|` (retry/DLQ topics like `%RETRY%group`)
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-%|]+$")
@@ -249,8 +253,8 @@ class StoreManager:
     async def _save_topics_quietly(self) -> None:
         try:
             await self._save_topics()
-        except Exception:  # noqa: BLE001 - already failing; the original error is the one to report
-            pass
+        except Exception as exc:  # noqa: BLE001 - already failing; the original error is the one to report
+            log.error("could not roll back %s (%s)", self.topics_path, exc)
 
     def _parse_topics(self, doc: Any) -> dict[str, ShardInfo]:
         try:

@@ -17,14 +17,21 @@ import bisect
 import gzip
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from sortedcontainers import SortedList
 
 from mqk._fast import load
 from mqk.config import TopicConfig
-from mqk.errors import Corrupt, InvalidPartitionsError, InvalidRecord, OffsetOutOfRange, StorageError, UnknownShard
+from mqk.errors import (
+    Corrupt,
+    InvalidPartitionsError,
+    InvalidRecord,
+    OffsetOutOfRange,
+    StorageError,
+    UnknownShard,
+)
 from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
 
 recbatch = load("recbatch")
@@ -315,4 +322,4 @@ class MemoryEngine(StorageAdapter):
         return sorted(self._groups)
 
 
-__all__ = ["MemoryEngine", "PreparedBatch", "prepare_batches", "first_record_at_or_after", "now_ms"]
+__all__ = ["MemoryEngine", "PreparedBatch", "first_record_at_or_after", "now_ms", "prepare_batches"]

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import crc32c
 
@@ -32,6 +34,7 @@ from mqk.errors import Corrupt, StorageError
 from mqk.store.adapter import GroupOffset
 from mqk.store.fsutil import atomic_write_json, fsync_dir, read_json
 
+log = logging.getLogger(__name__)
 _RECORD_HEADER = struct.Struct(">II")
 #: a record longer than this is not something we wrote: treat it as a torn/corrupt tail rather than allocating it
 MAX_RECORD_BYTES = 64 << 20
@@ -124,7 +127,7 @@ class FileOffsetStore:
             data = b"".join(records)
             try:
                 await asyncio.to_thread(self._append_and_sync, data)
-            except BaseException as exc:  # noqa: BLE001 - every waiter must hear about the failure
+            except BaseException as exc:
                 error = exc if isinstance(exc, StorageError) else StorageError(f"offset journal write failed: {exc}")
                 for _op, future in batch:
                     if not future.done():
@@ -140,8 +143,8 @@ class FileOffsetStore:
             if self._journal_bytes > max(self.compact_bytes, self._snapshot_bytes):
                 try:
                     await self._compact()
-                except Exception:  # the journal still holds everything; compaction retries next round
-                    pass
+                except OSError as exc:  # the journal still holds everything; compaction retries next round
+                    log.warning("offset snapshot in %s failed (%s); keeping the journal", self.directory, exc)
 
     def _append_and_sync(self, data: bytes) -> None:
         start = self._journal_bytes

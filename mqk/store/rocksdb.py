@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import AsyncIterator, Sequence
 
 import pytest
 

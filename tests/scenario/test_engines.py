@@ -7,7 +7,7 @@ from mqk.config import TopicConfig
 from mqk.errors import Corrupt, InvalidRecord, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import GroupOffset
 
-from .conftest import Harness, header_of, kafka_python_batch, records_of, rb, twin_batch
+from .conftest import Harness, header_of, kafka_python_batch, rb, records_of, twin_batch
 
 T = "orders"
 
