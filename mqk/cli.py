@@ -68,7 +68,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    config = build_config(args)
+    try:
+        config = build_config(args)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"mqk serve: {exc}", file=sys.stderr)
+        return 2
     try:
         import uvloop
     except ImportError:
