@@ -36,9 +36,13 @@ VARIABLE = {"string", "bytes", "records"}
 
 
 def spec_dir() -> Path:
-    import kafka.protocol.schemas as schemas  # generator-time dependency only
+    # Located without importing kafka-python (importing it runs client code and emits deprecation warnings).
+    import importlib.util
 
-    return Path(schemas.__file__).resolve().parent / "resources"
+    spec = importlib.util.find_spec("kafka")
+    if spec is None or spec.origin is None:
+        raise SystemExit("kafka-python (the source of the JSON specs) is not installed")
+    return Path(spec.origin).resolve().parent / "protocol" / "schemas" / "resources"
 
 
 def kafka_python_version() -> str:
