@@ -111,28 +111,51 @@ def _decompress(codec: int, data: bytes) -> bytes:
     raise Corrupt(f"unknown compression codec {codec}")
 
 
-def first_record_at_or_after(data: Buffer, timestamp: int, min_offset: int) -> tuple[int, int] | None:
-    """(offset, timestamp) of the first record of the batch `data` with timestamp >= `timestamp` and offset >=
-    `min_offset`, or None. Decodes the records (decompressing if needed); if they cannot be decoded, falls back to
-    the batch's first eligible offset with its max timestamp, which is what an index-only lookup would answer."""
+def record_times(data: Buffer) -> list[tuple[int, int]] | None:
+    """(offset, timestamp) of every record in the batch `data` (decompressing if needed; every record of a
+    LogAppendTime batch carries the batch's max timestamp), or None if the records cannot be decoded."""
     header = recbatch.parse_header(data, 0)
-    base, attributes, last_delta, base_ts, max_ts, count = (
-        header[0], header[5], header[6], header[7], header[8], header[12])
-    last = base + last_delta
-    if max_ts < timestamp or last < min_offset:
-        return None
-    if attributes & _ATTR_LOG_APPEND_TIME:  # every record carries the append time
-        return max(base, min_offset), max_ts
+    base, attributes, base_ts, max_ts, count = header[0], header[5], header[7], header[8], header[12]
     try:
         section = bytes(memoryview(data)[recbatch.HEADER_SIZE:])
         codec = attributes & _ATTR_COMPRESSION
         if codec:
             section = _decompress(codec, section)
         records = recbatch.decode_records(section, count)
-    except Exception:  # noqa: BLE001 - unreadable records still have a usable batch-level answer
+    except Exception:  # noqa: BLE001 - undecodable records: callers fall back to batch-level answers
+        return None
+    if attributes & _ATTR_LOG_APPEND_TIME:
+        return [(base + r[2], max_ts) for r in records]
+    return [(base + r[2], base_ts + r[1]) for r in records]
+
+
+def max_retained_timestamp(batches: Iterable[StoredBatch], min_offset: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record holding the largest timestamp at or above `min_offset`."""
+    best: tuple[int, int] | None = None
+    for batch in batches:
+        if batch.next_offset <= min_offset or (best is not None and batch.max_timestamp <= best[1]):
+            continue
+        times = record_times(batch.data)
+        if times is None:  # batch-level answer, as an index-only store would give
+            times = [(max(batch.base_offset, min_offset), batch.max_timestamp)]
+        for offset, ts in times:
+            if offset >= min_offset and (best is None or ts > best[1]):
+                best = (offset, ts)
+    return best
+
+
+def first_record_at_or_after(data: Buffer, timestamp: int, min_offset: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of the batch `data` with timestamp >= `timestamp` and offset >=
+    `min_offset`, or None. If the records cannot be decoded, falls back to the batch's first eligible offset with
+    its max timestamp, which is what an index-only lookup would answer."""
+    header = recbatch.parse_header(data, 0)
+    base, last, max_ts = header[0], header[0] + header[6], header[8]
+    if max_ts < timestamp or last < min_offset:
+        return None
+    times = record_times(data)
+    if times is None:
         return max(base, min_offset), max_ts
-    for _attrs, ts_delta, offset_delta, _key, _value, _headers in records:
-        offset, ts = base + offset_delta, base_ts + ts_delta
+    for offset, ts in times:
         if offset >= min_offset and ts >= timestamp:
             return offset, ts
     return None
@@ -290,7 +313,13 @@ class MemoryEngine(StorageAdapter):
         shard = self._shard(topic, queue)
         if not shard.batches:
             return None
-        return await self.offset_for_timestamp(topic, queue, shard.time_index[-1][0])
+        # After delete_before the running maxima may still count deleted batches, and the top record may lie
+        # below the log start: then (rarely: ListOffsets MAX_TIMESTAMP) find the retained maximum the slow way.
+        if shard.time_index[0][0] <= shard.batches[0].max_timestamp:
+            hit = await self.offset_for_timestamp(topic, queue, shard.time_index[-1][0])
+            if hit is not None:
+                return hit
+        return max_retained_timestamp(shard.batches, shard.log_start)
 
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self._shard(topic, queue).log_start

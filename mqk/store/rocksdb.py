@@ -35,7 +35,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from mqk.config import FLUSH_SYNC, StoreConfig, TopicConfig
 from mqk.errors import InvalidPartitionsError, InvalidTopicError, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
-from mqk.store.memory import first_record_at_or_after, now_ms, prepare_batches
+from mqk.store.memory import first_record_at_or_after, max_retained_timestamp, now_ms, prepare_batches
 
 DATA_HEADER = struct.Struct(">qqqqi")  # store ts, own max ts, running max ts, tags code, record count
 _U16 = struct.Struct(">H")
@@ -426,7 +426,30 @@ class RocksEngine(StorageAdapter):
         shard = self._shard(topic, queue)
         if shard.end == shard.log_start:
             return None
-        return await self.offset_for_timestamp(topic, queue, shard.running_max)
+        return await asyncio.to_thread(self._max_timestamp, shard)
+
+    def _max_timestamp(self, shard: _Shard) -> tuple[int, int] | None:
+        # After delete_before the running maxima may still count deleted batches, and the top record may lie
+        # below the log start: then (rarely: ListOffsets MAX_TIMESTAMP) scan the retained batches.
+        first = self._read_batches(shard, shard.log_start, 0, shard.end, limit=1)
+        if not first:
+            return None
+        value = self.db.get(b"d" + shard.sp + _U64.pack(first[0].base_offset))
+        if DATA_HEADER.unpack_from(value)[2] == first[0].max_timestamp:  # first retained running max unpolluted
+            hit = self._offset_for_timestamp(shard, shard.running_max)
+            if hit is not None:
+                return hit
+        best: tuple[int, int] | None = None
+        offset = shard.log_start
+        while offset < shard.end:
+            chunk = self._read_batches(shard, offset, 1 << 20, shard.end)
+            if not chunk:
+                break
+            found = max_retained_timestamp(chunk, shard.log_start)
+            if found is not None and (best is None or found[1] > best[1]):
+                best = found
+            offset = chunk[-1].next_offset
+        return best
 
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self._shard(topic, queue).log_start

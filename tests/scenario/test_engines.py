@@ -373,3 +373,19 @@ async def test_closed_engine_refuses_work_with_a_typed_error(harness: Harness) -
     await harness.close()
     with pytest.raises((StorageError, UnknownShard)):
         await engine.append(T, 0, [twin_batch([b"late"])])
+
+
+async def test_max_timestamp_only_counts_retained_records(harness: Harness) -> None:
+    await _topic(harness)
+    engine = harness.engine
+    await engine.append(T, 0, [twin_batch([b"a", b"b"], timestamps=[900, 100])])  # offsets 0-1
+    await engine.append(T, 0, [twin_batch([b"c", b"d"], timestamps=[300, 400])])  # offsets 2-3
+    await engine.append(T, 0, [twin_batch([b"e"], timestamps=[250])])  # offset 4
+    assert await engine.max_timestamp(T, 0) == (0, 900)
+    await engine.delete_before(T, 0, 1)  # the 900 record is gone, its batch stays
+    assert await engine.max_timestamp(T, 0) == (3, 400)
+    await engine.delete_before(T, 0, 2)
+    assert await engine.max_timestamp(T, 0) == (3, 400)
+    assert await engine.offset_for_timestamp(T, 0, 350) == (3, 400)
+    await engine.delete_before(T, 0, 4)
+    assert await engine.max_timestamp(T, 0) == (4, 250)
