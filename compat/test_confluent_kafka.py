@@ -214,7 +214,7 @@ def test_admin_create_describe_alter_delete(bootstrap: str, topic: str) -> None:
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     entries = admin.describe_configs([resource])[resource].result(15)
     assert entries["retention.ms"].value == "3600000"
-    assert entries["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG
+    assert ConfigSource(entries["retention.ms"].source) == ConfigSource.DYNAMIC_TOPIC_CONFIG
     assert entries["cleanup.policy"].value == "delete" and entries["cleanup.policy"].is_default
     assert entries["segment.bytes"].value is not None and int(entries["segment.bytes"].value) > 0
     assert "max.message.bytes" in entries and "min.insync.replicas" in entries
