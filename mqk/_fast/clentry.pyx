@@ -49,10 +49,10 @@ def entry_size(Py_ssize_t topic_len, Py_ssize_t body_len):
     return _entry_size(topic_len, body_len)
 
 
-def encode_entry(unsigned char[::1] buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
+def encode_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
                  Py_ssize_t queue_offset, Py_ssize_t physical_offset, Py_ssize_t store_timestamp,
                  Py_ssize_t max_timestamp, Py_ssize_t tags_code, Py_ssize_t flags, Py_ssize_t record_count,
-                 const unsigned char[::1] body):
+                 const unsigned char[::1] body not None):
     cdef int32_t c_queue_id = as_i32(queue_id), c_flags = as_i32(flags), c_record_count = as_i32(record_count)
     cdef Py_ssize_t body_len = body.shape[0]
     if body_len < C_BATCH_HEADER:
@@ -83,7 +83,7 @@ def encode_entry(unsigned char[::1] buf, Py_ssize_t pos, bytes topic not None, P
     return size
 
 
-def encode_blank(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t size):
+def encode_blank(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size):
     cdef int32_t c_size = as_i32(size)
     if c_size < C_BLANK_MIN:
         raise ValueError(f"blank of {c_size} bytes is below the minimum {C_BLANK_MIN}")
@@ -94,7 +94,7 @@ def encode_blank(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t size):
     st_u32(&buf[0] + pos + 4, C_MAGIC_BLANK)
 
 
-def read_entry(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t limit, bint verify=True):
+def read_entry(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t limit, bint verify=True):
     cdef Py_ssize_t n = buf.shape[0]
     if limit < 0 or limit > n or pos < 0 or pos > limit:
         raise OutOfBounds(f"read at {pos} with limit {limit} outside buffer of {n} bytes")

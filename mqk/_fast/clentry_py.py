@@ -20,7 +20,7 @@ import struct
 from crc32c import crc32c
 
 from mqk._fast.recbatch_py import HEADER_SIZE as BATCH_HEADER_SIZE
-from mqk._fast.recbatch_py import _i32, _i64, _ssize  # shared argument coercion
+from mqk._fast.recbatch_py import _i32, _i64, _ssize, _view, _writable  # shared argument coercion
 from mqk.errors import Corrupt, OutOfBounds
 
 FIXED_HEADER_SIZE = 66
@@ -66,11 +66,11 @@ def encode_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store
     record_count = _i32(record_count)
     if not isinstance(topic, bytes):
         raise TypeError("topic must be bytes")
-    body = memoryview(body)
+    body = _view(body)
     if body.nbytes < BATCH_HEADER_SIZE:
         raise ValueError(f"body of {body.nbytes} bytes is not a record batch")
     size = entry_size(len(topic), body.nbytes)
-    mv = memoryview(buf)
+    mv = _writable(buf)
     if pos < 0 or size > mv.nbytes - pos:
         raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
     _FIXED.pack_into(mv, pos, size, MAGIC_MESSAGE, 0, queue_id, flags, queue_offset, physical_offset, record_count,
@@ -90,7 +90,7 @@ def encode_blank(buf, pos, size) -> None:
     size = _i32(size)
     if size < BLANK_MIN_SIZE:
         raise ValueError(f"blank of {size} bytes is below the minimum {BLANK_MIN_SIZE}")
-    mv = memoryview(buf)
+    mv = _writable(buf)
     if pos < 0 or size > mv.nbytes - pos:
         raise OutOfBounds(f"blank of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
     _SIZE_MAGIC.pack_into(mv, pos, size, MAGIC_BLANK)
@@ -101,7 +101,7 @@ def read_entry(buf, pos, limit, verify=True) -> tuple:
     physical_offset, record_count, store_timestamp, max_timestamp, tags_code, topic, body_pos)."""
     pos = _ssize(pos)
     limit = _ssize(limit)
-    mv = memoryview(buf)
+    mv = _view(buf)
     if limit < 0 or limit > mv.nbytes or pos < 0 or pos > limit:
         raise OutOfBounds(f"read at {pos} with limit {limit} outside buffer of {mv.nbytes} bytes")
     remaining = limit - pos

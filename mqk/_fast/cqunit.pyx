@@ -21,7 +21,7 @@ DEF C_COUNT_AT = 12
 DEF C_MAX_TS_AT = 32
 
 
-def pack_unit(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t physical_offset, Py_ssize_t size,
+def pack_unit(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t physical_offset, Py_ssize_t size,
               Py_ssize_t record_count, Py_ssize_t tags_code, Py_ssize_t store_ts, Py_ssize_t max_ts,
               Py_ssize_t base_offset):
     cdef int32_t c_size = as_i32(size), c_count = as_i32(record_count)
@@ -38,7 +38,7 @@ def pack_unit(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t physical_offset
     st_i64(u + 40, base_offset)
 
 
-def unpack_unit(const unsigned char[::1] buf, Py_ssize_t pos):
+def unpack_unit(const unsigned char[::1] buf not None, Py_ssize_t pos):
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or C_UNIT > n - pos:
         raise OutOfBounds(f"unit at {pos} outside buffer of {n} bytes")
@@ -53,7 +53,7 @@ cdef inline const unsigned char* _units(const unsigned char[::1] buf, Py_ssize_t
     return &buf[0] if n else <const unsigned char*>""
 
 
-def search_offset(const unsigned char[::1] buf, Py_ssize_t n_units, Py_ssize_t offset):
+def search_offset(const unsigned char[::1] buf not None, Py_ssize_t n_units, Py_ssize_t offset):
     cdef const unsigned char* u = _units(buf, n_units)
     cdef Py_ssize_t lo = 0, hi = n_units, mid, i
     cdef int64_t base
@@ -76,7 +76,7 @@ def search_offset(const unsigned char[::1] buf, Py_ssize_t n_units, Py_ssize_t o
     return i + 1
 
 
-def search_timestamp(const unsigned char[::1] buf, Py_ssize_t n_units, Py_ssize_t ts):
+def search_timestamp(const unsigned char[::1] buf not None, Py_ssize_t n_units, Py_ssize_t ts):
     cdef const unsigned char* u = _units(buf, n_units)
     cdef Py_ssize_t lo = 0, hi = n_units, mid
     while lo < hi:

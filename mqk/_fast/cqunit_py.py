@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 
-from mqk._fast.recbatch_py import _i32, _i64, _ssize
+from mqk._fast.recbatch_py import _i32, _i64, _ssize, _view, _writable
 from mqk.errors import OutOfBounds
 
 UNIT_SIZE = 48
@@ -30,7 +30,7 @@ def pack_unit(buf, pos, physical_offset, size, record_count, tags_code, store_ts
     pos = _ssize(pos)
     fields = (_i64(physical_offset), _i32(size), _i32(record_count), _i64(tags_code), _i64(store_ts), _i64(max_ts),
               _i64(base_offset))
-    mv = memoryview(buf)
+    mv = _writable(buf)
     if pos < 0 or UNIT_SIZE > mv.nbytes - pos:
         raise OutOfBounds(f"unit at {pos} outside buffer of {mv.nbytes} bytes")
     _UNIT.pack_into(mv, pos, *fields)
@@ -39,15 +39,13 @@ def pack_unit(buf, pos, physical_offset, size, record_count, tags_code, store_ts
 def unpack_unit(buf, pos) -> tuple:
     """(physical_offset, size, record_count, tags_code, store_ts, max_ts, base_offset) of the unit at `pos`."""
     pos = _ssize(pos)
-    mv = memoryview(buf)
+    mv = _view(buf)
     if pos < 0 or UNIT_SIZE > mv.nbytes - pos:
         raise OutOfBounds(f"unit at {pos} outside buffer of {mv.nbytes} bytes")
     return _UNIT.unpack_from(mv, pos)
 
 
-def _units(buf, n_units):
-    n_units = _ssize(n_units)
-    mv = memoryview(buf)
+def _units(mv, n_units):
     if n_units < 0 or n_units > mv.nbytes // UNIT_SIZE:
         raise OutOfBounds(f"{n_units} units do not fit buffer of {mv.nbytes} bytes")
     return mv, n_units
@@ -56,8 +54,9 @@ def _units(buf, n_units):
 def search_offset(buf, n_units, offset) -> int:
     """Index of the unit holding queue offset `offset`; the next unit if it falls in a gap; -1 if it is below the
     first unit's base; n_units if it is past the last unit (or there are no units)."""
-    mv, n = _units(buf, n_units)
-    offset = _i64(offset)
+    # every argument is coerced before any check, in order, as the compiled module's typed arguments are
+    mv, n_units, offset = _view(buf), _ssize(n_units), _i64(offset)
+    mv, n = _units(mv, n_units)
     unpack = _I64.unpack_from
     # Bisect for the last unit with base_offset <= offset.
     lo, hi = 0, n
@@ -81,8 +80,9 @@ def search_offset(buf, n_units, offset) -> int:
 
 def search_timestamp(buf, n_units, ts) -> int:
     """Index of the first unit whose max_timestamp >= ts, or n_units."""
-    mv, n = _units(buf, n_units)
-    ts = _i64(ts)
+    # every argument is coerced before any check, in order, as the compiled module's typed arguments are
+    mv, n_units, ts = _view(buf), _ssize(n_units), _i64(ts)
+    mv, n = _units(mv, n_units)
     unpack = _I64.unpack_from
     lo, hi = 0, n
     while lo < hi:

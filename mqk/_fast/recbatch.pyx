@@ -43,7 +43,7 @@ cdef inline object _varint_error(Py_ssize_t code, Py_ssize_t start, bint long_fo
     return Corrupt("varlong longer than 10 bytes" if long_form else "varint longer than 5 bytes", start)
 
 
-def parse_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
+def parse_header(const unsigned char[::1] buf not None, Py_ssize_t pos=0):
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or n - pos < C_HEADER:
         raise Corrupt("truncated record batch header", pos)
@@ -55,7 +55,7 @@ def parse_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
             ld_i64(h + 27), ld_i64(h + 35), ld_i64(h + 43), ld_i16(h + 51), ld_i32(h + 53), ld_i32(h + 57))
 
 
-def scan_batches(const unsigned char[::1] buf, bint verify_crc=True):
+def scan_batches(const unsigned char[::1] buf not None, bint verify_crc=True):
     cdef Py_ssize_t n = buf.shape[0]
     cdef Py_ssize_t pos = 0, size
     cdef const unsigned char* base = &buf[0]
@@ -87,7 +87,7 @@ def scan_batches(const unsigned char[::1] buf, bint verify_crc=True):
     return out
 
 
-def count_records(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t size):
+def count_records(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or size < 0 or size > n - pos:
         raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {n} bytes")
@@ -130,7 +130,7 @@ cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, P
     return PyBytes_FromStringAndSize(<const char*>b + q, length)
 
 
-def decode_records(const unsigned char[::1] data, Py_ssize_t count_arg):
+def decode_records(const unsigned char[::1] data not None, Py_ssize_t count_arg):
     cdef int32_t count = as_i32(count_arg)
     cdef Py_ssize_t n = data.shape[0]
     if count < 0 or count > n // (C_MIN_RECORD_BODY + 1):
@@ -274,6 +274,8 @@ def build_batch(Py_ssize_t base_offset, Py_ssize_t base_timestamp, Py_ssize_t ma
     cdef int32_t c_record_count = as_i32(record_count), c_last_offset_delta = as_i32(last_offset_delta)
     cdef int16_t c_attributes = as_i16(attributes), c_producer_epoch = as_i16(producer_epoch)
     cdef int32_t c_base_sequence = as_i32(base_sequence), c_leader_epoch = as_i32(partition_leader_epoch)
+    if records is None:
+        raise TypeError("records must be a bytes-like object, not None")
     return _build_batch(base_offset, base_timestamp, max_timestamp, records, c_record_count, c_last_offset_delta,
                         c_attributes, producer_id, c_producer_epoch, c_base_sequence, c_leader_epoch)
 
@@ -305,14 +307,14 @@ cdef bytearray _build_batch(int64_t base_offset, int64_t base_timestamp, int64_t
     return out
 
 
-def set_base_offset(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t base_offset):
+def set_base_offset(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t base_offset):
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or n - pos < C_HEADER:
         raise OutOfBounds(f"batch header at {pos} outside buffer of {n} bytes")
     st_i64(&buf[0] + pos, base_offset)
 
 
-def set_log_append_time(unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t ts):
+def set_log_append_time(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t ts):
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or n - pos < C_HEADER:
         raise OutOfBounds(f"batch header at {pos} outside buffer of {n} bytes")

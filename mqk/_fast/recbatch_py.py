@@ -72,6 +72,21 @@ def _ssize(v):
     return _int(v, _SSIZE_MIN, _SSIZE_MAX)
 
 
+def _view(buf) -> memoryview:
+    """A flat byte view of `buf`, accepting exactly the buffers the compiled module's typed memoryviews accept."""
+    mv = memoryview(buf)
+    if mv.ndim != 1 or mv.format.lstrip("@=<>!") not in ("B", "c") or not mv.c_contiguous:
+        raise ValueError("expected a contiguous one-dimensional buffer of bytes")
+    return mv if mv.format == "B" else mv.cast("B")
+
+
+def _writable(buf) -> memoryview:
+    mv = _view(buf)
+    if mv.readonly:
+        raise BufferError("Object is not writable.")
+    return mv
+
+
 # --- varints -------------------------------------------------------------------------------------------
 
 
@@ -136,7 +151,7 @@ def _put_varlong(out: bytearray, v: int) -> None:
 def parse_header(buf, pos=0) -> tuple:
     """The 13 header fields of the batch at `pos`. Corrupt if fewer than 61 bytes remain or magic != 2."""
     pos = _ssize(pos)
-    mv = memoryview(buf)
+    mv = _view(buf)
     if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
         raise Corrupt("truncated record batch header", pos)
     fields = _HEADER.unpack_from(mv, pos)
@@ -150,7 +165,7 @@ def scan_batches(buf, verify_crc=True) -> list[tuple]:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
     base_sequence, base_timestamp). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
     or (with verify_crc) a CRC mismatch."""
-    mv = memoryview(buf)
+    mv = _view(buf)
     n = mv.nbytes
     out = []
     pos = 0
@@ -183,7 +198,7 @@ def count_records(buf, pos, size) -> int:
     OutOfBounds if the range is outside `buf`."""
     pos = _ssize(pos)
     size = _ssize(size)
-    mv = memoryview(buf)
+    mv = _view(buf)
     if pos < 0 or size < 0 or size > mv.nbytes - pos:
         raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {mv.nbytes} bytes")
     if size < HEADER_SIZE:
@@ -221,7 +236,7 @@ def decode_records(data, count) -> list[tuple]:
     """Decode `count` records filling `data` (a decompressed records section) exactly. Per record:
     (attributes, timestamp_delta, offset_delta, key, value, headers: list[(str, bytes | None)])."""
     count = _i32(count)
-    mv = memoryview(data)
+    mv = _view(data)
     n = mv.nbytes
     # Every record takes at least 7 bytes; refuse an impossible count before doing any work.
     if count < 0 or count > n // (MIN_RECORD_BODY + 1):
@@ -275,8 +290,8 @@ def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
         if field is None:
             _put_varint(body, -1)
         else:
-            field = memoryview(field)
-            _put_varint(body, field.nbytes)
+            field = bytes(memoryview(field))
+            _put_varint(body, len(field))
             body += field
     _put_varint(body, len(headers))
     for hkey, hvalue in headers:
@@ -288,8 +303,8 @@ def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
         if hvalue is None:
             _put_varint(body, -1)
         else:
-            hvalue = memoryview(hvalue)
-            _put_varint(body, hvalue.nbytes)
+            hvalue = bytes(memoryview(hvalue))
+            _put_varint(body, len(hvalue))
             body += hvalue
     if len(body) > _INT32_MAX:
         raise OverflowError("record larger than 2 GiB")
@@ -313,7 +328,7 @@ def build_batch(base_offset, base_timestamp, max_timestamp, records, record_coun
     producer_epoch = _i16(producer_epoch)
     base_sequence = _i32(base_sequence)
     partition_leader_epoch = _i32(partition_leader_epoch)
-    records = memoryview(records)
+    records = _view(records)
     if records.nbytes > _INT32_MAX - MIN_BATCH_LENGTH:
         raise OverflowError("record batch larger than 2 GiB")
     out = bytearray(HEADER_SIZE + records.nbytes)
@@ -332,7 +347,7 @@ def set_base_offset(buf, pos, base_offset) -> None:
     """Write the base offset of the batch at `pos` (it lies outside the CRC, so nothing else changes)."""
     pos = _ssize(pos)
     base_offset = _i64(base_offset)
-    mv = memoryview(buf)
+    mv = _writable(buf)
     if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
         raise OutOfBounds(f"batch header at {pos} outside buffer of {mv.nbytes} bytes")
     _I64.pack_into(mv, pos, base_offset)
@@ -342,7 +357,7 @@ def set_log_append_time(buf, pos, ts) -> None:
     """Mark the batch at `pos` as LogAppendTime with max_timestamp `ts`, and recompute its CRC (as Kafka does)."""
     pos = _ssize(pos)
     ts = _i64(ts)
-    mv = memoryview(buf)
+    mv = _writable(buf)
     if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
         raise OutOfBounds(f"batch header at {pos} outside buffer of {mv.nbytes} bytes")
     batch_length = _I32.unpack_from(mv, pos + 8)[0]
