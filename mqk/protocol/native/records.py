@@ -1,7 +1,8 @@
 """The bridge between RocketMQ messages and the store's Kafka record batches.
 
 A RocketMQ message is stored as a record batch v2 holding one record: key = the first of its `KEYS`, value = its
-body, timestamp = its born timestamp, headers = its properties (name, UTF-8 value) in order. The two per-message
+body, timestamp = its born timestamp, headers = its properties (name, UTF-8 value) in order; read back, a Kafka record's key shows as `KEYS` when it has no
+`KEYS` header. The two per-message
 numbers RocketMQ keeps outside properties ride along as headers only when they are not zero: `mqk.flag` (the
 message flag) and `mqk.reconsume` (reconsume times, set on retry topics). They are read back into their fields
 and never shown as properties. The batch's tags code (for ConsumeQueue filtering) is the Java hashCode of `TAGS`.
@@ -124,7 +125,7 @@ def batch_to_messages(data: bytes | bytearray | memoryview, topic: str, queue: i
     base_offset, base_timestamp = header[0], header[7]
     log_append = bool(header[5] & 0x08)
     out: list[MessageExt] = []
-    for _attrs, ts_delta, offset_delta, _key, value, headers in records:
+    for _attrs, ts_delta, offset_delta, key, value, headers in records:
         offset = base_offset + offset_delta
         if offset < min_offset:
             continue
@@ -138,6 +139,8 @@ def batch_to_messages(data: bytes | bytearray | memoryview, topic: str, queue: i
                 reconsume = _int_or_zero(text)
             else:
                 props[name] = text
+        if key is not None and PROPERTY_KEYS not in props:  # a Kafka producer's key is the message's key
+            props[PROPERTY_KEYS] = key.decode("utf-8", "replace")
         commit_offset = (physical_offset + offset_delta if physical_offset >= 0
                          else synthetic_offset(topic, queue, offset))
         born = header[8] if log_append else base_timestamp + ts_delta

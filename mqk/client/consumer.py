@@ -1,0 +1,341 @@
+"""Native consumers.
+
+`PullConsumer`: the caller drives: queues of a topic, pull at an offset (optionally long-polling), committed
+offsets, queue bounds, search by time.
+
+`PushConsumer`: RocketMQ's clustering push consumer: heart-beats its subscription, balances the topic's queues
+(and its group's retry topic) across the group's members with average allocation, re-balancing on the broker's
+NOTIFY_CONSUMER_IDS_CHANGED and periodically; one long-polling pull loop per owned queue calls the handler for
+each message in order; a handler that raises or returns False has the message sent back (the broker re-delivers
+it through `%RETRY%group` later, or dead-letters it after `max_reconsume_times`), and if the send-back fails the
+client re-sends the message to the retry topic itself, as RocketMQ clients do. Consumed offsets are committed
+every `commit_interval` seconds, when a queue is given up, and at stop. Messages from the retry topic are handed
+to the handler with their original topic.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from mqk.client.base import ClientBase, MessageQueue
+from mqk.client.remoting import ClientError
+from mqk.protocol.native.codes import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    RETRY_GROUP_TOPIC_PREFIX,
+    RequestCode,
+    ResponseCode,
+)
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.message import MessageExt, decode_messages, properties_to_string
+
+log = logging.getLogger("mqk.client")
+
+FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"
+_STATUS = {ResponseCode.SUCCESS: FOUND, ResponseCode.PULL_NOT_FOUND: NO_NEW_MSG,
+           ResponseCode.PULL_RETRY_IMMEDIATELY: NO_MATCHED_MSG, ResponseCode.PULL_OFFSET_MOVED: OFFSET_ILLEGAL}
+
+
+@dataclass
+class PullResult:
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt]
+
+
+def allocate_averagely(queues: list[MessageQueue], consumers: list[str], me: str) -> list[MessageQueue]:
+    """RocketMQ's AllocateMessageQueueAveragely: contiguous, as-even-as-possible shares in sorted order."""
+    queues, consumers = sorted(queues), sorted(consumers)
+    if me not in consumers or not queues:
+        return []
+    index, n, m = consumers.index(me), len(queues), len(consumers)
+    mod = n % m
+    if n <= m:
+        size = 1
+    elif mod > 0 and index < mod:
+        size = n // m + 1
+    else:
+        size = n // m
+    start = index * size if mod > 0 and index < mod else index * size + mod
+    return [queues[(start + i) % n] for i in range(max(0, min(size, n - start)))]
+
+
+class PullConsumer(ClientBase):
+    def __init__(self, namesrv: str | tuple[str, int], group: str, request_timeout: float = 30.0) -> None:
+        super().__init__(namesrv, group, request_timeout)
+
+    async def start(self) -> "PullConsumer":
+        return self
+
+    async def stop(self) -> None:
+        await self.close()
+
+    async def __aenter__(self) -> "PullConsumer":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def queues(self, topic: str) -> list[MessageQueue]:
+        return list((await self.route(topic, refresh=True)).queues)
+
+    async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
+                   suspend_ms: int = 0, commit_offset: int | None = None) -> PullResult:
+        flag = PULL_FLAG_SUBSCRIPTION | (PULL_FLAG_SUSPEND if suspend_ms > 0 else 0)
+        if commit_offset is not None:
+            flag |= PULL_FLAG_COMMIT_OFFSET
+        header = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": offset,
+                  "maxMsgNums": max_nums, "sysFlag": flag, "commitOffset": commit_offset or 0,
+                  "suspendTimeoutMillis": suspend_ms, "subscription": expression, "subVersion": 0,
+                  "expressionType": "TAG"}
+        resp = await self.invoke(await self.broker_of(mq), RequestCode.PULL_MESSAGE, header,
+                                 timeout=self.request_timeout + suspend_ms / 1000, ok=tuple(_STATUS))
+        ext = resp.ext_fields
+        messages = decode_messages(resp.body) if resp.code == ResponseCode.SUCCESS and resp.body else []
+        return PullResult(_STATUS[ResponseCode(resp.code)], int(ext.get("nextBeginOffset", offset)),
+                          int(ext.get("minOffset", 0)), int(ext.get("maxOffset", 0)), messages)
+
+    async def _queue_call(self, code: int, mq: MessageQueue, extra: dict | None = None,
+                          ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+        header = {"topic": mq.topic, "queueId": mq.queue_id, **(extra or {})}
+        return await self.invoke(await self.broker_of(mq), code, header, ok=ok)
+
+    async def committed_offset(self, mq: MessageQueue) -> int | None:
+        resp = await self._queue_call(RequestCode.QUERY_CONSUMER_OFFSET, mq, {"consumerGroup": self.group},
+                                      ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        return int(resp.ext_fields["offset"]) if resp.code == ResponseCode.SUCCESS else None
+
+    async def commit_offset(self, mq: MessageQueue, offset: int) -> None:
+        await self._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq,
+                               {"consumerGroup": self.group, "commitOffset": offset})
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return int((await self._queue_call(RequestCode.GET_MAX_OFFSET, mq)).ext_fields["offset"])
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return int((await self._queue_call(RequestCode.GET_MIN_OFFSET, mq)).ext_fields["offset"])
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        resp = await self._queue_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, {"timestamp": timestamp_ms})
+        return int(resp.ext_fields["offset"])
+
+    async def send_back(self, msg: MessageExt, delay_level: int = 0,
+                        max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> None:
+        """CONSUMER_SEND_MSG_BACK, falling back to re-sending the message to the retry topic ourselves."""
+        addr: tuple[str, int] | None = None
+        try:
+            route = await self.route(msg.topic)
+            addr = next(iter(route.broker_addrs.values()))
+            await self.invoke(addr, RequestCode.CONSUMER_SEND_MSG_BACK, {
+                "offset": msg.commit_log_offset, "group": self.group, "delayLevel": delay_level,
+                "originMsgId": msg.msg_id, "originTopic": msg.properties.get(PROPERTY_RETRY_TOPIC, msg.topic),
+                "unitMode": False, "maxReconsumeTimes": max_reconsume_times})
+            return
+        except ClientError as exc:
+            if addr is None:
+                raise
+            log.info("send-back of %s failed (%s); re-sending to the retry topic", msg.msg_id, exc)
+        props = dict(msg.properties)
+        props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
+        props[PROPERTY_RECONSUME_TIME] = str(msg.reconsume_times + 1)
+        props[PROPERTY_DELAY_TIME_LEVEL] = str(3 + msg.reconsume_times)
+        header = {"a": self.group, "b": RETRY_GROUP_TOPIC_PREFIX + self.group, "c": "TBW102", "d": 1, "e": 0,
+                  "f": 0, "g": msg.born_timestamp, "h": msg.flag, "i": properties_to_string(props),
+                  "j": msg.reconsume_times + 1, "k": False, "l": max_reconsume_times}
+        await self.invoke(addr, RequestCode.SEND_MESSAGE_V2, header, msg.body)
+
+
+Handler = Callable[[MessageExt], Awaitable[bool | None] | bool | None]
+
+
+class PushConsumer(PullConsumer):
+    def __init__(self, namesrv: str | tuple[str, int], group: str, topic: str, handler: Handler,
+                 expression: str = "*", *, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+                 pull_batch_size: int = 32, suspend_ms: int = 5000, rebalance_interval: float = 5.0,
+                 commit_interval: float = 1.0, consume_from_last: bool = False) -> None:
+        super().__init__(namesrv, group)
+        self.topic = topic
+        self.handler = handler
+        self.expression = expression
+        self.max_reconsume_times = max_reconsume_times
+        self.pull_batch_size = pull_batch_size
+        self.suspend_ms = suspend_ms
+        self.rebalance_interval = rebalance_interval
+        self.commit_interval = commit_interval
+        self.consume_from_last = consume_from_last
+        self.retry_topic = RETRY_GROUP_TOPIC_PREFIX + group
+        self._owned: dict[MessageQueue, asyncio.Task] = {}
+        self._consumed: dict[MessageQueue, int] = {}
+        self._committed: dict[MessageQueue, int] = {}
+        self._rebalance_now = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._running = False
+        self.on_server_request = self._server_notification
+
+    @property
+    def assigned(self) -> list[MessageQueue]:
+        return sorted(self._owned)
+
+    def _server_notification(self, cmd: RemotingCommand) -> None:
+        if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            self._rebalance_now.set()
+
+    async def start(self) -> "PushConsumer":
+        self._running = True
+        await self._heartbeat()
+        await self.rebalance()
+        self._tasks = [asyncio.create_task(self._background())]
+        return self
+
+    async def stop(self) -> None:
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for mq in list(self._owned):
+            await self._release(mq)
+        try:
+            broker = await self._broker()
+            await self.invoke(broker, RequestCode.UNREGISTER_CLIENT,
+                              {"clientID": self.client_id, "consumerGroup": self.group}, timeout=5)
+        except ClientError:
+            pass
+        await self.close()
+
+    async def _broker(self) -> tuple[str, int]:
+        route = await self.route(self.topic)
+        return next(iter(route.broker_addrs.values()))
+
+    async def _heartbeat(self) -> None:
+        subs = [{"topic": t, "subString": e, "tagsSet": [], "codeSet": [], "subVersion": 0,
+                 "classFilterMode": False, "expressionType": "TAG"}
+                for t, e in ((self.topic, self.expression), (self.retry_topic, "*"))]
+        data = {"clientID": self.client_id, "producerDataSet": [],
+                "consumerDataSet": [{"groupName": self.group, "consumeType": "CONSUME_PASSIVELY",
+                                     "messageModel": "CLUSTERING",
+                                     "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET" if self.consume_from_last
+                                     else "CONSUME_FROM_FIRST_OFFSET",
+                                     "subscriptionDataSet": subs, "unitMode": False}]}
+        await self.invoke(await self._broker(), RequestCode.HEART_BEAT, body=json.dumps(data).encode())
+
+    async def _background(self) -> None:
+        last_heartbeat = asyncio.get_running_loop().time()
+        while self._running:
+            try:
+                await asyncio.wait_for(self._rebalance_now.wait(), self.commit_interval)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                now = asyncio.get_running_loop().time()
+                if now - last_heartbeat >= self.rebalance_interval:
+                    last_heartbeat = now
+                    await self._heartbeat()
+                    self._rebalance_now.set()
+                if self._rebalance_now.is_set():
+                    self._rebalance_now.clear()
+                    await self.rebalance()
+                await self.commit_consumed()
+            except ClientError as exc:
+                log.warning("push consumer %s: %s", self.group, exc)
+
+    async def rebalance(self) -> None:
+        broker = await self._broker()
+        resp = await self.invoke(broker, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group},
+                                 ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+        consumers = json.loads(resp.body or b"{}").get("consumerIdList", []) if resp.code == 0 else []
+        wanted: set[MessageQueue] = set()
+        for topic in (self.topic, self.retry_topic):
+            try:
+                queues = (await self.route(topic, refresh=True)).queues
+            except ClientError:
+                continue
+            wanted.update(allocate_averagely(queues, consumers, self.client_id))
+        for mq in [mq for mq in self._owned if mq not in wanted]:
+            await self._release(mq)
+        for mq in sorted(wanted - set(self._owned)):
+            self._owned[mq] = asyncio.create_task(self._pull_loop(mq))
+
+    async def _release(self, mq: MessageQueue) -> None:
+        task = self._owned.pop(mq, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self._commit(mq)
+        self._consumed.pop(mq, None)
+
+    async def _commit(self, mq: MessageQueue) -> None:
+        offset = self._consumed.get(mq)
+        if offset is not None and self._committed.get(mq) != offset:
+            try:
+                await self.commit_offset(mq, offset)
+                self._committed[mq] = offset
+            except ClientError as exc:
+                log.warning("commit of %s failed: %s", mq, exc)
+
+    async def commit_consumed(self) -> None:
+        for mq in list(self._consumed):
+            await self._commit(mq)
+
+    async def _start_offset(self, mq: MessageQueue) -> int:
+        committed = await self.committed_offset(mq)
+        if committed is not None:
+            return committed
+        return await self.max_offset(mq) if self.consume_from_last else await self.min_offset(mq)
+
+    async def _pull_loop(self, mq: MessageQueue) -> None:
+        expression = self.expression if mq.topic == self.topic else "*"
+        offset = -1
+        while self._running:
+            try:
+                if offset < 0:
+                    offset = await self._start_offset(mq)
+                    self._consumed[mq] = offset
+                result = await self.pull(mq, offset, self.pull_batch_size, expression, self.suspend_ms)
+            except ClientError as exc:
+                log.warning("pull from %s failed: %s", mq, exc)
+                await asyncio.sleep(1)
+                continue
+            for msg in result.messages:
+                await self._consume(msg)
+                self._consumed[mq] = msg.queue_offset + 1
+            if result.status == OFFSET_ILLEGAL:
+                self._consumed[mq] = result.next_offset
+                await self._commit(mq)
+            elif result.status != FOUND:
+                self._consumed[mq] = max(self._consumed.get(mq, 0), result.next_offset)
+            offset = result.next_offset
+
+    async def _consume(self, msg: MessageExt) -> None:
+        retry_of = msg.properties.get(PROPERTY_RETRY_TOPIC)
+        delivered = msg
+        if msg.topic == self.retry_topic and retry_of:
+            delivered = MessageExt(**{**msg.__dict__, "topic": retry_of})
+        try:
+            outcome = self.handler(delivered)
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+            ok = outcome is not False
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a failing handler means "retry later", as in RocketMQ
+            log.info("handler failed on %s; sending it back for retry", msg.msg_id, exc_info=True)
+            ok = False
+        if not ok:
+            while self._running:
+                try:
+                    await self.send_back(msg, 0, self.max_reconsume_times)
+                    return
+                except ClientError as exc:
+                    log.warning("cannot send %s back: %s", msg.msg_id, exc)
+                    await asyncio.sleep(1)

@@ -1,0 +1,83 @@
+"""Topic administration and message queries over remoting: UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER,
+GET_ALL_TOPIC_CONFIG, QUERY_MESSAGE (by key, through the store's key index, bounded by time range and count) and
+VIEW_MESSAGE_BY_ID (the id's commit-log offset, resolved through the broker context)."""
+from __future__ import annotations
+
+import json
+
+from mqk.errors import NotSupported, StorageError, UnknownShard
+from mqk.protocol.native.codes import ResponseCode
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.errors import response_code_for
+from mqk.protocol.native.message import encode_message_ext
+from mqk.server.native.context import TOPIC_NAME, BrokerContext, now_ms
+from mqk.server.native.remoting import Connection
+
+MAX_QUERY_MESSAGES = 64  # RocketMQ's defaultQueryMaxNum
+
+
+class AdminProcessor:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+
+    async def create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = cmd.get_str("topic", required=True) or ""
+        if not TOPIC_NAME.match(topic):
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
+        queues = max(cmd.get_int("readQueueNums", 0) or 0, cmd.get_int("writeQueueNums", 0) or 0, 1)
+        store = self.ctx.store
+        try:
+            info = store.topic(topic)
+            if info is None:
+                await self.ctx.ensure_topic(topic, queues)
+            elif queues > info.queue_count:
+                await store.add_partitions(topic, queues)
+        except StorageError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = cmd.get_str("topic", required=True) or ""
+        try:
+            await self.ctx.store.delete_topic(topic)
+        except UnknownShard:
+            pass  # RocketMQ answers SUCCESS for a topic it does not have
+        except StorageError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        table = {name: self.ctx.topic_config(name, info.queue_count)
+                 for name, info in sorted(self.ctx.store.topics().items())}
+        body = {"topicConfigTable": table, "dataVersion": {"timestamp": now_ms(), "counter": len(table)}}
+        return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
+
+    async def query_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = cmd.get_str("topic", required=True) or ""
+        key = cmd.get_str("key", required=True) or ""
+        max_num = max(1, min(cmd.get_int("maxNum", MAX_QUERY_MESSAGES) or MAX_QUERY_MESSAGES, MAX_QUERY_MESSAGES))
+        begin = cmd.get_int("beginTimestamp", 0) or 0
+        end = cmd.get_int("endTimestamp", 1 << 62) or (1 << 62)
+        try:
+            found = await self.ctx.store.read_by_key(topic, key.encode(), max_num, begin, end)
+        except NotSupported as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"query by key is not available: {exc}")
+        except StorageError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        parts = []
+        for queue, batch in found:
+            for msg in self.ctx.to_messages(topic, queue, batch):
+                if key in msg.keys and len(parts) < max_num:
+                    parts.append(encode_message_ext(msg))
+        if not parts:
+            return cmd.response(ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
+        ext = {"indexLastUpdateTimestamp": now_ms(), "indexLastUpdatePhyoffset": 0}
+        return cmd.response(ResponseCode.SUCCESS, ext=ext, body=b"".join(parts))
+
+    async def view_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        offset = cmd.get_int("offset", required=True)
+        assert offset is not None
+        msg = await self.ctx.resolve(offset)
+        if msg is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        return cmd.response(ResponseCode.SUCCESS, body=encode_message_ext(msg))

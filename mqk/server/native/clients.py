@@ -1,0 +1,205 @@
+"""Who is connected: producer and consumer groups from heartbeats (ClientManageProcessor's job), consumer
+subscriptions (used by pulls that do not carry their own), NOTIFY_CONSUMER_IDS_CHANGED to a group's members
+when one joins or leaves, expiry of clients that stop heart-beating, and the queue locks orderly consumers take
+(LOCK_BATCH_MQ / UNLOCK_BATCH_MQ).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from mqk.protocol.native.codes import RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode
+from mqk.protocol.native.command import RemotingCommand
+from mqk.server.native.context import BrokerContext
+from mqk.server.native.remoting import Connection
+
+log = logging.getLogger("mqk.native")
+
+#: RocketMQ's channelExpiredTimeout: a client silent this long is dropped
+CLIENT_EXPIRY_S = 120.0
+#: RocketMQ's rebalance lock max live time
+LOCK_EXPIRY_S = 60.0
+
+
+def parse_subscription(expression: str | None) -> frozenset[str] | None:
+    """`*` (or empty) = everything (None); else `tagA || tagB`."""
+    if expression is None:
+        return None
+    text = expression.strip()
+    if text in ("", "*"):
+        return None
+    tags = frozenset(t.strip() for t in text.split("||") if t.strip())
+    return tags or None
+
+
+@dataclass
+class ConsumerClient:
+    client_id: str
+    conn: Connection
+    last_seen: float
+
+
+@dataclass
+class ConsumerGroup:
+    name: str
+    clients: dict[str, ConsumerClient] = field(default_factory=dict)
+    subscriptions: dict[str, frozenset[str] | None] = field(default_factory=dict)
+    message_model: str = "CLUSTERING"
+
+
+class ClientManager:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.groups: dict[str, ConsumerGroup] = {}
+        self.producers: dict[str, dict[str, tuple[Connection, float]]] = {}
+        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, queue) -> (client, ts)
+        self._expiry_task: asyncio.Task | None = None
+        self._tracked: set[int] = set()
+        self._background: set[asyncio.Task] = set()  # notifications in flight (held so they are not collected)
+
+    def start(self) -> None:
+        self._expiry_task = asyncio.create_task(self._expire_loop())
+
+    async def stop(self) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            await asyncio.gather(self._expiry_task, return_exceptions=True)
+
+    def subscription(self, group: str, topic: str) -> tuple[bool, frozenset[str] | None]:
+        """(known, tags) of a group's registered subscription to topic."""
+        info = self.groups.get(group)
+        if info is None or topic not in info.subscriptions:
+            return False, None
+        return True, info.subscriptions[topic]
+
+    # --- processors ----------------------------------------------------------------------------------------
+
+    async def heart_beat(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            data = json.loads(cmd.body or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "heartbeat body is not JSON")
+        if not isinstance(data, dict):
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "heartbeat body is not an object")
+        client_id = str(data.get("clientID") or f"{conn.peer[0]}@{conn.id}")
+        self._track(conn)
+        now = time.monotonic()
+        for producer in data.get("producerDataSet") or []:
+            if isinstance(producer, dict) and producer.get("groupName"):
+                self.producers.setdefault(str(producer["groupName"]), {})[client_id] = (conn, now)
+        for consumer in data.get("consumerDataSet") or []:
+            if not isinstance(consumer, dict) or not consumer.get("groupName"):
+                continue
+            name = str(consumer["groupName"])
+            group = self.groups.setdefault(name, ConsumerGroup(name))
+            group.message_model = str(consumer.get("messageModel") or "CLUSTERING")
+            subs: dict[str, frozenset[str] | None] = {}
+            for sub in consumer.get("subscriptionDataSet") or []:
+                if isinstance(sub, dict) and sub.get("topic"):
+                    subs[str(sub["topic"])] = parse_subscription(sub.get("subString"))
+            group.subscriptions = subs
+            known = group.clients.get(client_id)
+            changed = known is None or known.conn is not conn
+            group.clients[client_id] = ConsumerClient(client_id, conn, now)
+            if group.message_model == "CLUSTERING":
+                # RocketMQ creates the group's retry topic when its consumers first heart-beat
+                await self.ctx.ensure_topic(RETRY_GROUP_TOPIC_PREFIX + name, 1)
+            if changed:
+                self._notify(group)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def unregister_client(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        client_id = cmd.get_str("clientID", required=True)
+        producer_group = cmd.get_str("producerGroup")
+        consumer_group = cmd.get_str("consumerGroup")
+        if producer_group and producer_group in self.producers:
+            self.producers[producer_group].pop(str(client_id), None)
+        if consumer_group:
+            self._remove_consumer(consumer_group, str(client_id))
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def get_consumer_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        name = cmd.get_str("consumerGroup", required=True)
+        group = self.groups.get(str(name))
+        if group is None or not group.clients:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {name}")
+        body = json.dumps({"consumerIdList": sorted(group.clients)}).encode()
+        return cmd.response(ResponseCode.SUCCESS, body=body)
+
+    async def lock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        req = _json_body(cmd)
+        group, client = str(req.get("consumerGroup", "")), str(req.get("clientId", ""))
+        now = time.monotonic()
+        locked = []
+        for mq in req.get("mqSet") or []:
+            if not isinstance(mq, dict):
+                continue
+            key = (group, str(mq.get("topic")), int(mq.get("queueId", -1)))
+            holder = self._locks.get(key)
+            if holder is None or holder[0] == client or now - holder[1] > LOCK_EXPIRY_S:
+                self._locks[key] = (client, now)
+                locked.append(mq)
+        return cmd.response(ResponseCode.SUCCESS, body=json.dumps({"lockOKMQSet": locked}).encode())
+
+    async def unlock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        req = _json_body(cmd)
+        group, client = str(req.get("consumerGroup", "")), str(req.get("clientId", ""))
+        for mq in req.get("mqSet") or []:
+            if isinstance(mq, dict):
+                key = (group, str(mq.get("topic")), int(mq.get("queueId", -1)))
+                if self._locks.get(key, ("",))[0] == client:
+                    del self._locks[key]
+        return cmd.response(ResponseCode.SUCCESS)
+
+    # --- membership changes ------------------------------------------------------------------------------------
+
+    def _track(self, conn: Connection) -> None:
+        if conn.id not in self._tracked:
+            self._tracked.add(conn.id)
+            conn.on_close.append(self._connection_closed)
+
+    def _connection_closed(self, conn: Connection) -> None:
+        self._tracked.discard(conn.id)
+        for group in list(self.groups.values()):
+            gone = [cid for cid, c in group.clients.items() if c.conn is conn]
+            for cid in gone:
+                self._remove_consumer(group.name, cid)
+        for members in self.producers.values():
+            for cid in [cid for cid, (c, _) in members.items() if c is conn]:
+                del members[cid]
+
+    def _remove_consumer(self, group_name: str, client_id: str) -> None:
+        group = self.groups.get(group_name)
+        if group is None or group.clients.pop(client_id, None) is None:
+            return
+        for key in [k for k, v in self._locks.items() if k[0] == group_name and v[0] == client_id]:
+            del self._locks[key]
+        if group.clients:
+            self._notify(group)
+
+    def _notify(self, group: ConsumerGroup) -> None:
+        for client in list(group.clients.values()):
+            task = asyncio.create_task(client.conn.send_oneway(
+                RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group.name}))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(10)
+            deadline = time.monotonic() - CLIENT_EXPIRY_S
+            for group in list(self.groups.values()):
+                for cid in [cid for cid, c in group.clients.items() if c.last_seen < deadline]:
+                    log.info("consumer %s of group %s expired (no heartbeat)", cid, group.name)
+                    self._remove_consumer(group.name, cid)
+
+
+def _json_body(cmd: RemotingCommand) -> dict:
+    try:
+        doc = json.loads(cmd.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}

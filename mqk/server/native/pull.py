@@ -1,0 +1,165 @@
+"""PullMessageProcessor: PULL_MESSAGE with tag filtering and long polling, answered the way a RocketMQ 4.x master
+answers (DefaultMessageStore.getMessage status → response code):
+
+- unknown topic → TOPIC_NOT_EXIST; bad queue id → SYSTEM_ERROR;
+- empty queue → PULL_NOT_FOUND (next 0) when asked for offset 0, else PULL_OFFSET_MOVED with next 0;
+- offset below the log start → PULL_OFFSET_MOVED, next = min offset;
+- offset == max offset → PULL_NOT_FOUND, next = offset (this is the one that long-polls);
+- offset beyond max → PULL_OFFSET_MOVED, next = min offset if that is 0, else max offset;
+- messages found → SUCCESS with the stored messages as the body;
+- nothing matched the subscription in what was scanned → PULL_RETRY_IMMEDIATELY, next = past the scanned part.
+
+Tag filtering is two-step as in RocketMQ: the store filters batches by tags code (read_by_tags, from the
+ConsumeQueue), then each message's TAGS must equal one of the subscribed tags (hash collisions). With the
+suspend flag, PULL_NOT_FOUND waits (at most the client's suspendTimeoutMillis) for the store's data listener.
+Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBrokerId.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+
+from mqk._fast import load
+from mqk.errors import OffsetOutOfRange, StorageError
+from mqk.protocol.native.codes import (
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    ResponseCode,
+)
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.errors import response_code_for
+from mqk.protocol.native.message import MessageExt, encode_message_ext
+from mqk.store.adapter import GroupOffset
+from mqk.server.native.clients import ClientManager, parse_subscription
+from mqk.server.native.context import BrokerContext, now_ms
+from mqk.server.native.remoting import Connection
+
+cqunit = load("cqunit")
+
+#: RocketMQ's brokerSuspendMaxTimeMillis: the longest a pull is held, whatever the client asks
+MAX_SUSPEND_MS = 15_000
+#: per pull: RocketMQ's maxTransferCountOnMessageInMemory is 32; clients may ask for more, this caps it
+MAX_MESSAGES = 1024
+MAX_BODY_BYTES = 4 * 1024 * 1024
+READ_BYTES = 1 << 20
+
+
+@dataclass
+class PullResult:
+    code: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt]
+    remark: str | None = None
+
+
+class PullProcessor:
+    def __init__(self, ctx: BrokerContext, clients: ClientManager) -> None:
+        self.ctx = ctx
+        self.clients = clients
+
+    async def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.get_str("consumerGroup", required=True) or ""
+        topic = cmd.get_str("topic", required=True) or ""
+        queue = cmd.get_int("queueId", required=True)
+        offset = cmd.get_int("queueOffset", required=True)
+        max_nums = max(1, min(cmd.get_int("maxMsgNums", 32) or 32, MAX_MESSAGES))
+        sys_flag = cmd.get_int("sysFlag", 0) or 0
+        commit_offset = cmd.get_int("commitOffset", -1)
+        suspend_ms = min(cmd.get_int("suspendTimeoutMillis", 0) or 0, MAX_SUSPEND_MS)
+        assert queue is not None and offset is not None
+
+        queues = self.ctx.queue_count(topic)
+        if queues == 0:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
+                                f"topic[{topic}] not exist, apply first please!")
+        if not 0 <= queue < queues:
+            return cmd.response(ResponseCode.SYSTEM_ERROR,
+                                f"queueId[{queue}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{queues}]")
+        expression_type = (cmd.get_str("expressionType") or "TAG").upper()
+        if expression_type != "TAG":
+            return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                f"expression type {expression_type} is not supported; use TAG")
+        if sys_flag & PULL_FLAG_SUBSCRIPTION:
+            tags = parse_subscription(cmd.get_str("subscription"))
+        else:
+            _, tags = self.clients.subscription(group, topic)
+
+        if sys_flag & PULL_FLAG_COMMIT_OFFSET and commit_offset is not None and commit_offset >= 0:
+            await self.ctx.store.commit_offsets(group, {(topic, queue): GroupOffset(commit_offset, "", now_ms())})
+
+        deadline = time.monotonic() + suspend_ms / 1000
+        while True:
+            try:
+                result = await self.get_messages(topic, queue, offset, max_nums, tags)
+            except StorageError as exc:
+                return cmd.response(response_code_for(exc), str(exc))
+            remaining = deadline - time.monotonic()
+            if result.code != ResponseCode.PULL_NOT_FOUND or not sys_flag & PULL_FLAG_SUSPEND or remaining <= 0:
+                break
+            if self.ctx.store.end_offset(topic, queue) > offset:
+                break  # data is there but none is servable (a gap): answer now rather than spin
+            await self.ctx.long_poll.wait(topic, queue, remaining)
+
+        ext = {"suggestWhichBrokerId": 0, "nextBeginOffset": result.next_offset,
+               "minOffset": result.min_offset, "maxOffset": result.max_offset}
+        body = None
+        if result.messages:
+            body = b"".join(encode_message_ext(m) for m in result.messages)
+        return cmd.response(result.code, result.remark, ext, body)
+
+    async def get_messages(self, topic: str, queue: int, offset: int, max_nums: int,
+                           tags: frozenset[str] | None) -> PullResult:
+        store = self.ctx.store
+        low, high = store.log_start_offset(topic, queue), store.end_offset(topic, queue)
+
+        def answer(code: int, next_offset: int, remark: str | None = None) -> PullResult:
+            return PullResult(code, next_offset, low, high, [], remark)
+
+        if high == 0:
+            return answer(ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED, 0,
+                          "no message in queue")
+        if offset < low:
+            return answer(ResponseCode.PULL_OFFSET_MOVED, low, "offset too small")
+        if offset == high:
+            return answer(ResponseCode.PULL_NOT_FOUND, offset, "no new message")
+        if offset > high:
+            return answer(ResponseCode.PULL_OFFSET_MOVED, low if low == 0 else high, "offset overflow badly")
+
+        try:
+            if tags is None:
+                read = await store.read(topic, queue, offset, READ_BYTES)
+                scanned_to = read.next_offset if read.batches else read.end_offset
+            else:
+                codes = {cqunit.hash_tag(t) for t in tags}
+                read = await store.read_by_tags(topic, queue, offset, codes, max_nums)
+                scanned_to = read.end_offset if len(read.batches) < max_nums else read.next_offset
+        except OffsetOutOfRange as exc:  # moved between the bounds check and the read
+            return answer(ResponseCode.PULL_OFFSET_MOVED, max(exc.start, min(offset, exc.end)))
+        messages: list[MessageExt] = []
+        size = 0
+        full = False
+        for batch in read.batches:
+            for msg in self.ctx.to_messages(topic, queue, batch, offset):
+                if tags is not None and msg.properties.get("TAGS") not in tags:
+                    continue
+                messages.append(msg)
+                size += len(msg.body) + 200
+                if len(messages) >= max_nums or size >= MAX_BODY_BYTES:
+                    full = True
+                    break
+            if full:
+                break
+        if full:
+            next_offset = messages[-1].queue_offset + 1
+        else:
+            next_offset = max(scanned_to, offset)
+        if messages:
+            return PullResult(ResponseCode.SUCCESS, next_offset, low, high, messages, "FOUND")
+        if next_offset <= offset:
+            return answer(ResponseCode.PULL_NOT_FOUND, offset, "no new message")
+        return answer(ResponseCode.PULL_RETRY_IMMEDIATELY, next_offset, "no matched message")

@@ -1,0 +1,146 @@
+"""The asyncio shell around the sans-IO remoting codec, shared by the broker and the name server.
+
+Owns sockets only: it frames bytes with `FrameDecoder`, hands each request to the dispatcher as its own task
+(a long-polling pull must not hold up the heartbeat behind it on the same connection), writes responses in the
+order they complete (clients match them by opaque), drops responses to oneway requests, and closes the connection
+on a protocol error (oversized frame, impossible header) after logging why. It never interprets a request.
+Back-pressure: at most `MAX_INFLIGHT` requests run per connection; reading pauses while they do, and writes wait
+for the transport to drain.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Awaitable, Callable
+
+from mqk.errors import ProtocolError
+from mqk.protocol.native.codes import FLAG_ONEWAY, ResponseCode
+from mqk.protocol.native.command import FrameDecoder, HeaderFieldError, RemotingCommand
+
+log = logging.getLogger("mqk.native")
+
+MAX_INFLIGHT = 256
+_READ_CHUNK = 256 * 1024
+
+
+class Connection:
+    """One client connection: what processors may use to answer later or to call the client (broker → client
+    requests such as NOTIFY_CONSUMER_IDS_CHANGED)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.id = next(Connection._ids)
+        self.writer = writer
+        peer = writer.get_extra_info("peername") or ("127.0.0.1", 0)
+        self.peer: tuple[str, int] = (str(peer[0]), int(peer[1]))
+        self.closed = False
+        self.on_close: list[Callable[["Connection"], None]] = []
+        self._opaque = itertools.count(1 << 30)
+
+    async def send(self, cmd: RemotingCommand) -> None:
+        if self.closed:
+            return
+        try:
+            self.writer.write(cmd.encode())
+            await self.writer.drain()
+        except (ConnectionError, RuntimeError):
+            self.closed = True
+
+    async def send_oneway(self, code: int, ext: dict[str, str], body: bytes | None = None) -> None:
+        await self.send(RemotingCommand(code=code, opaque=next(self._opaque), flag=FLAG_ONEWAY, ext_fields=ext,
+                                        body=body))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.writer.close()
+
+
+Dispatcher = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
+
+
+class RemotingServer:
+    def __init__(self, listen: tuple[str, int], dispatch: Dispatcher, max_frame_bytes: int, name: str) -> None:
+        self.listen = listen
+        self.dispatch = dispatch
+        self.max_frame_bytes = max_frame_bytes
+        self.name = name
+        self.connections: set[Connection] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, self.listen[0], self.listen[1])
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(writer)
+        self.connections.add(conn)
+        decoder = FrameDecoder(self.max_frame_bytes)
+        inflight = asyncio.Semaphore(MAX_INFLIGHT)
+        me = asyncio.current_task()
+        if me is not None:
+            self._tasks.add(me)
+        try:
+            while not conn.closed:
+                data = await reader.read(_READ_CHUNK)
+                if not data:
+                    break
+                decoder.receive_data(data)
+                while (cmd := decoder.next_command()) is not None:
+                    if cmd.is_response:
+                        continue  # answers to our oneway notifications never come; ignore stray ones
+                    await inflight.acquire()
+                    task = asyncio.create_task(self._handle(conn, cmd, inflight))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        except ProtocolError as exc:
+            log.warning("%s: closing connection from %s:%s: %s", self.name, *conn.peer, exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.connections.discard(conn)
+            conn.close()
+            for callback in conn.on_close:
+                try:
+                    callback(conn)
+                except Exception:  # noqa: BLE001 - one bad callback must not keep the others from running
+                    log.exception("%s: connection close callback failed", self.name)
+            if me is not None:
+                self._tasks.discard(me)
+
+    async def _handle(self, conn: Connection, cmd: RemotingCommand, inflight: asyncio.Semaphore) -> None:
+        try:
+            try:
+                response = await self.dispatch(conn, cmd)
+            except HeaderFieldError as exc:
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
+            except ProtocolError as exc:
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, f"bad request: {exc}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - answer the client; the broker keeps serving
+                log.exception("%s: request code %s failed", self.name, cmd.code)
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            if response is not None and not cmd.is_oneway:
+                await conn.send(response)
+        finally:
+            inflight.release()

@@ -1,0 +1,191 @@
+"""SendMessageProcessor: SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE and CONSUMER_SEND_MSG_BACK.
+
+Each RocketMQ message is stored as one record batch (see `mqk.protocol.native.records`) with its tags code and
+keys, so a Kafka consumer reads it and the ConsumeQueue can filter by tag. Delayed messages (DELAY and the timer
+properties) are appended like any other: the timer's put-hook on the store reroutes them.
+
+RocketMQ behaviours kept: a negative queue id picks a queue (round robin here); sending to an unknown topic
+auto-creates it (when `auto_create_topics`) with `min(defaultTopicQueueNums, num_partitions)` queues; a send to a
+retry topic whose reconsume count reached the maximum goes to the group's dead-letter topic; compressed bodies
+(sys flag bit 0, zlib) are inflated on arrival so Kafka consumers see the real body.
+"""
+from __future__ import annotations
+
+import itertools
+import zlib
+from typing import Any
+
+from mqk.errors import StorageError
+from mqk.protocol.native.codes import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    DLQ_GROUP_TOPIC_PREFIX,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_MSG_REGION,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TRACE_SWITCH,
+    RETRY_GROUP_TOPIC_PREFIX,
+    SYSFLAG_COMPRESSED,
+    RequestCode,
+    ResponseCode,
+)
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.errors import response_code_for
+from mqk.protocol.native.message import (
+    MessageFormatError,
+    decode_batch_body,
+    encode_message_id,
+    string_to_properties,
+)
+from mqk.protocol.native.records import keys_of, message_to_batch, synthetic_offset, tags_code_for
+from mqk.server.native.context import TOPIC_NAME, BrokerContext, now_ms
+from mqk.server.native.remoting import Connection
+
+#: RocketMQ's maxMessageSize default
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_BATCH_MESSAGES = 10_000
+#: SEND_MESSAGE_V2 carries its header fields under one-letter names
+_V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums",
+             "e": "queueId", "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties",
+             "j": "reconsumeTimes", "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName"}
+
+
+def normalize_send_header(cmd: RemotingCommand) -> RemotingCommand:
+    if cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE) and "b" in cmd.ext_fields:
+        cmd.ext_fields = {_V2_NAMES.get(k, k): v for k, v in cmd.ext_fields.items()}
+    return cmd
+
+
+class SendProcessor:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self._round_robin = itertools.count()
+
+    async def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        cmd = normalize_send_header(cmd)
+        topic = cmd.get_str("topic", required=True) or ""
+        props = string_to_properties(cmd.get_str("properties"))
+        sys_flag = cmd.get_int("sysFlag", 0) or 0
+        flag = cmd.get_int("flag", 0) or 0
+        born = cmd.get_int("bornTimestamp", 0) or now_ms()
+        reconsume = cmd.get_int("reconsumeTimes", 0) or 0
+        batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or cmd.get_bool("batch")
+
+        if not TOPIC_NAME.match(topic):
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
+        body = cmd.body or b""
+        if sys_flag & SYSFLAG_COMPRESSED and not batch:
+            try:
+                inflater = zlib.decompressobj()
+                body = inflater.decompress(body, MAX_MESSAGE_BYTES + 1)
+            except zlib.error:
+                return cmd.response(ResponseCode.MESSAGE_ILLEGAL, "compressed body does not inflate")
+        if len(body) > MAX_MESSAGE_BYTES:
+            return cmd.response(ResponseCode.MESSAGE_ILLEGAL,
+                                f"the message body size over max value, MAX: {MAX_MESSAGE_BYTES}")
+
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            max_times = cmd.get_int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
+            if max_times is not None and reconsume >= max_times:
+                topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+                cmd.ext_fields["queueId"] = "0"
+
+        queues = self.ctx.queue_count(topic)
+        if queues == 0:
+            if not (self.ctx.config.auto_create_topics or self.ctx.is_system_topic(topic)):
+                return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+            wanted = cmd.get_int("defaultTopicQueueNums", 0) or 0
+            count = 1 if self.ctx.is_system_topic(topic) else (
+                min(wanted, self.ctx.config.num_partitions) if wanted > 0 else self.ctx.config.num_partitions)
+            queues = await self.ctx.ensure_topic(topic, count)
+        queue = cmd.get_int("queueId", -1)
+        if queue is None or queue < 0:
+            queue = next(self._round_robin) % queues
+        elif queue >= queues:
+            return cmd.response(ResponseCode.SYSTEM_ERROR,
+                                f"request queueId[{queue}] is illegal, topic {topic} has {queues} queues")
+
+        if batch:
+            try:
+                items = decode_batch_body(body, MAX_BATCH_MESSAGES)
+            except MessageFormatError as exc:
+                return cmd.response(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}")
+            if not items:
+                return cmd.response(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
+            messages = [(item.body, item.properties, item.flag) for item in items]
+        else:
+            messages = [(body, props, flag)]
+
+        try:
+            ids, first_offset = await self._append(topic, queue, messages, born, reconsume)
+        except StorageError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        ext: dict[str, Any] = {"msgId": ",".join(ids), "queueId": queue, "queueOffset": first_offset,
+                               PROPERTY_MSG_REGION: "DefaultRegion", PROPERTY_TRACE_SWITCH: "false"}
+        return cmd.response(ResponseCode.SUCCESS, ext=ext)
+
+    async def _append(self, topic: str, queue: int, messages: list[tuple[bytes, dict[str, str], int]],
+                      born: int, reconsume: int) -> tuple[list[str], int]:
+        """Append messages in order; runs of equal tags code without keys share one append call (keys are
+        indexed per append, so a keyed message gets its own)."""
+        ids: list[str] = []
+        first_offset = -1
+        i = 0
+        while i < len(messages):
+            body, props, flag = messages[i]
+            code = tags_code_for(props)
+            keys = keys_of(props)
+            run = [message_to_batch(body, props, born, flag, reconsume)]
+            j = i + 1
+            while not keys and j < len(messages):
+                nbody, nprops, nflag = messages[j]
+                if keys_of(nprops) or tags_code_for(nprops) != code:
+                    break
+                run.append(message_to_batch(nbody, nprops, born, nflag, reconsume))
+                j += 1
+            result = await self.ctx.store.append(topic, queue, run, tags_code=code, keys=keys)
+            if first_offset < 0:
+                first_offset = result.base_offset
+            for k in range(len(run)):
+                offset = result.base_offset + k
+                # an engine reports only the first entry's CommitLog position; later ones use the synthetic form
+                if result.physical_offset >= 0 and k == 0:
+                    commit = result.physical_offset
+                else:
+                    commit = synthetic_offset(topic, queue, offset)
+                self.ctx.remember(commit, topic, queue, offset)
+                ids.append(encode_message_id(self.ctx.host[0], self.ctx.host[1], commit))
+            i = j
+        return ids, first_offset
+
+    async def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """CONSUMER_SEND_MSG_BACK: re-deliver a message the consumer failed on, later, via the group's retry
+        topic (delay level 3 + reconsume times unless the client chose one), or to its dead-letter topic once it
+        was retried `maxReconsumeTimes` times (or the client asks with a negative delay level)."""
+        commit_offset = cmd.get_int("offset", required=True)
+        group = cmd.get_str("group", required=True) or ""
+        delay_level = cmd.get_int("delayLevel", 0) or 0
+        origin_id = cmd.get_str("originMsgId")
+        max_times = cmd.get_int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES) or DEFAULT_MAX_RECONSUME_TIMES
+        assert commit_offset is not None
+        msg = await self.ctx.resolve(commit_offset)
+        if msg is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {commit_offset}")
+        props = dict(msg.properties)
+        props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
+        props[PROPERTY_ORIGIN_MESSAGE_ID] = origin_id or msg.msg_id
+        times = msg.reconsume_times
+        if times >= max_times or delay_level < 0:
+            target = DLQ_GROUP_TOPIC_PREFIX + group
+            props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+        else:
+            target = RETRY_GROUP_TOPIC_PREFIX + group
+            props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level if delay_level > 0 else 3 + times)
+        await self.ctx.ensure_topic(target, 1)
+        try:
+            await self.ctx.store.append(
+                target, 0, [message_to_batch(msg.body, props, msg.born_timestamp, msg.flag, times + 1)],
+                tags_code=tags_code_for(props), keys=keys_of(props))
+        except StorageError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        return cmd.response(ResponseCode.SUCCESS)

@@ -1,0 +1,84 @@
+"""NativeServer: the RocketMQ broker role (default 127.0.0.1:10911) over the remoting protocol.
+
+Wires the processors (one per request family: send, pull, offsets, clients, admin) to request codes; an unknown
+code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. ACL ext fields (AccessKey, Signature, ...) are
+accepted and ignored: mqk has no ACL yet. The store's data listener wakes long-polling pulls.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+from mqk.config import BrokerConfig
+from mqk.protocol.native.codes import RequestCode, ResponseCode
+from mqk.protocol.native.command import RemotingCommand
+from mqk.server.native.admin import AdminProcessor
+from mqk.server.native.clients import ClientManager
+from mqk.server.native.context import BrokerContext
+from mqk.server.native.offsets import OffsetProcessor
+from mqk.server.native.pull import PullProcessor
+from mqk.server.native.remoting import Connection, RemotingServer
+from mqk.server.native.send import SendProcessor
+
+Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
+
+
+class NativeServer:
+    def __init__(self, config: BrokerConfig, store: Any) -> None:
+        self.config = config
+        self.store = store
+        self.ctx = BrokerContext(config, store)
+        self.clients = ClientManager(self.ctx)
+        send = SendProcessor(self.ctx)
+        pull = PullProcessor(self.ctx, self.clients)
+        offsets = OffsetProcessor(self.ctx)
+        admin = AdminProcessor(self.ctx)
+        self.handlers: dict[int, Handler] = {
+            RequestCode.SEND_MESSAGE: send.send,
+            RequestCode.SEND_MESSAGE_V2: send.send,
+            RequestCode.SEND_BATCH_MESSAGE: send.send,
+            RequestCode.CONSUMER_SEND_MSG_BACK: send.send_back,
+            RequestCode.PULL_MESSAGE: pull.pull,
+            RequestCode.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
+            RequestCode.GET_MAX_OFFSET: offsets.get_max_offset,
+            RequestCode.GET_MIN_OFFSET: offsets.get_min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: offsets.search_offset,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: offsets.earliest_store_time,
+            RequestCode.HEART_BEAT: self.clients.heart_beat,
+            RequestCode.UNREGISTER_CLIENT: self.clients.unregister_client,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.clients.get_consumer_list,
+            RequestCode.LOCK_BATCH_MQ: self.clients.lock_batch,
+            RequestCode.UNLOCK_BATCH_MQ: self.clients.unlock_batch,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: admin.create_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: admin.all_topic_config,
+            RequestCode.QUERY_MESSAGE: admin.query_message,
+            RequestCode.VIEW_MESSAGE_BY_ID: admin.view_message,
+            RequestCode.CHECK_CLIENT_CONFIG: self._ok,
+        }
+        self._remoting = RemotingServer(config.native_listen, self.dispatch, config.native_max_frame_bytes,
+                                        "rocketmq-broker")
+        self.address: tuple[str, int] | None = None
+
+    async def start(self) -> tuple[str, int]:
+        self.ctx.long_poll.bind(asyncio.get_running_loop())
+        self.store.add_listener(self.ctx.long_poll.on_data)
+        self.address = await self._remoting.start()
+        self.ctx.host = self.address
+        self.clients.start()
+        return self.address
+
+    async def stop(self) -> None:
+        self.ctx.long_poll.wake_all()
+        await self.clients.stop()
+        await self._remoting.stop()
+
+    async def dispatch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        handler = self.handlers.get(cmd.code)
+        if handler is None:
+            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
+        return await handler(conn, cmd)
+
+    async def _ok(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS)

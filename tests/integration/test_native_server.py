@@ -1,0 +1,214 @@
+"""The RocketMQ broker and name-server roles over real sockets, with mqk's native client and raw remoting
+commands, on a memory store in-process."""
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import time
+
+import pytest
+
+from mqk.client import Message, MessageQueue, Producer, PullConsumer
+from mqk.client.remoting import ClientError, RemotingConnection
+from mqk.config import BrokerConfig, StoreConfig
+from mqk.protocol.native.codes import RequestCode, ResponseCode, SerializeType
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.message import decode_message_id, decode_messages
+from mqk.server.native.namesrv import NameServer
+from mqk.server.native.server import NativeServer
+from mqk.store.manager import StoreManager
+
+
+class Native:
+    def __init__(self, store: StoreManager, broker: NativeServer, namesrv: NameServer,
+                 broker_addr: tuple[str, int], namesrv_addr: tuple[str, int]) -> None:
+        self.store, self.broker, self.namesrv = store, broker, namesrv
+        self.broker_addr, self.namesrv_addr = broker_addr, namesrv_addr
+
+    @property
+    def ns(self) -> str:
+        return f"{self.namesrv_addr[0]}:{self.namesrv_addr[1]}"
+
+
+@pytest.fixture
+async def native():
+    config = BrokerConfig(native_listen=("127.0.0.1", 0), namesrv_listen=("127.0.0.1", 0),
+                          store=StoreConfig(storage="memory"))
+    store = StoreManager(config.store)
+    await store.start()
+    broker = NativeServer(config, store)
+    broker_addr = await broker.start()
+    namesrv = NameServer(config, store, broker_addr)
+    namesrv_addr = await namesrv.start()
+    yield Native(store, broker, namesrv, broker_addr, namesrv_addr)
+    await namesrv.stop()
+    await broker.stop()
+    await store.close()
+
+
+async def raw(addr: tuple[str, int], code: int, ext: dict | None = None, body: bytes | None = None,
+              serialize: int = SerializeType.JSON) -> RemotingCommand:
+    conn = RemotingConnection(addr)
+    await conn.connect()
+    try:
+        return await conn.invoke(RemotingCommand(code=code, ext_fields=ext or {}, body=body,
+                                                 serialize_type=serialize), timeout=10)
+    finally:
+        await conn.close()
+
+
+async def test_route_for_unknown_topic_and_auto_create_key(native: Native) -> None:
+    resp = await raw(native.namesrv_addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "nope"})
+    assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+    resp = await raw(native.namesrv_addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"})
+    assert resp.code == ResponseCode.SUCCESS
+    await native.store.create_topic("routed", 3)
+    resp = await raw(native.namesrv_addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "routed"})
+    route = json.loads(resp.body)
+    assert route["queueDatas"][0]["readQueueNums"] == 3 and route["queueDatas"][0]["perm"] == 6
+    assert route["brokerDatas"][0]["brokerAddrs"]["0"] == f"{native.broker_addr[0]}:{native.broker_addr[1]}"
+    cluster = json.loads((await raw(native.namesrv_addr, RequestCode.GET_BROKER_CLUSTER_INFO)).body)
+    assert "mqk-broker-a" in cluster["brokerAddrTable"]
+    topics = json.loads((await raw(native.namesrv_addr, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)).body)
+    assert "routed" in topics["topicList"]
+
+
+async def test_unknown_code_and_binary_header(native: Native) -> None:
+    resp = await raw(native.broker_addr, 9999, serialize=SerializeType.ROCKETMQ)
+    assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "9999" in (resp.remark or "")
+    assert resp.serialize_type == SerializeType.ROCKETMQ
+    # ACL fields are accepted and ignored
+    resp = await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG,
+                     {"AccessKey": "ak", "Signature": "sig"})
+    assert resp.code == ResponseCode.SUCCESS and "topicConfigTable" in json.loads(resp.body)
+
+
+async def test_oversized_frame_closes_connection(native: Native) -> None:
+    reader, writer = await asyncio.open_connection(*native.broker_addr)
+    writer.write(struct.pack(">ii", 64 * 1024 * 1024, 10))
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(100), 5) == b""
+    writer.close()
+    # the broker still serves others
+    resp = await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+    assert resp.code == ResponseCode.SUCCESS
+
+
+async def test_send_and_pull_with_tags_keys_properties(native: Native) -> None:
+    async with Producer(native.ns, "pg") as producer:
+        first = await producer.send("orders", b"one", tags="A", keys=["k1", "k2"], properties={"color": "red"},
+                                    queue_id=0)
+        await producer.send("orders", b"two", tags="B", queue_id=0)
+        await producer.send("orders", b"three", tags="A", queue_id=0)
+    assert first.queue_offset == 0 and first.queue.queue_id == 0
+    assert decode_message_id(first.offset_msg_id)[1] == native.broker_addr[1]
+    async with PullConsumer(native.ns, "cg") as consumer:
+        mq = MessageQueue("orders", "mqk-broker-a", 0)
+        everything = await consumer.pull(mq, 0)
+        assert [m.body for m in everything.messages] == [b"one", b"two", b"three"]
+        assert everything.next_offset == 3 and everything.max_offset == 3
+        msg = everything.messages[0]
+        assert msg.tags == "A" and msg.keys == ["k1", "k2"] and msg.properties["color"] == "red"
+        assert msg.msg_id == first.msg_id and msg.offset_msg_id == first.offset_msg_id
+        only_a = await consumer.pull(mq, 0, expression="A")
+        assert [m.body for m in only_a.messages] == [b"one", b"three"] and only_a.next_offset == 3
+        only_c = await consumer.pull(mq, 0, expression="C || D")
+        assert only_c.status == "NO_MATCHED_MSG" and only_c.next_offset == 3
+        at_end = await consumer.pull(mq, 3)
+        assert at_end.status == "NO_NEW_MSG" and at_end.next_offset == 3
+        beyond = await consumer.pull(mq, 10)
+        assert beyond.status == "OFFSET_ILLEGAL" and beyond.next_offset == 0  # min offset is 0
+        assert await consumer.max_offset(mq) == 3 and await consumer.min_offset(mq) == 0
+        assert await consumer.search_offset(mq, 0) == 0
+        assert await consumer.search_offset(mq, int(time.time() * 1000) + 60_000) == 3
+
+
+async def test_empty_queue_answers(native: Native) -> None:
+    await native.store.create_topic("empty", 1)
+    async with PullConsumer(native.ns, "cg") as consumer:
+        mq = MessageQueue("empty", "mqk-broker-a", 0)
+        assert (await consumer.pull(mq, 0)).status == "NO_NEW_MSG"
+        moved = await consumer.pull(mq, 5)
+        assert moved.status == "OFFSET_ILLEGAL" and moved.next_offset == 0
+        with pytest.raises(ClientError) as err:
+            await consumer.pull(MessageQueue("missing", "mqk-broker-a", 0), 0)
+        assert err.value.code == ResponseCode.TOPIC_NOT_EXIST
+
+
+async def test_long_poll_wakes_on_new_message(native: Native) -> None:
+    await native.store.create_topic("lp", 1)
+    mq = MessageQueue("lp", "mqk-broker-a", 0)
+    async with PullConsumer(native.ns, "cg") as consumer, Producer(native.ns) as producer:
+        started = time.monotonic()
+        waiting = asyncio.create_task(consumer.pull(mq, 0, suspend_ms=5000))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await producer.send("lp", b"wake", queue_id=0)
+        result = await asyncio.wait_for(waiting, 5)
+        assert result.status == "FOUND" and result.messages[0].body == b"wake"
+        assert time.monotonic() - started < 4
+        timed = time.monotonic()
+        nothing = await consumer.pull(mq, 1, suspend_ms=400)
+        assert nothing.status == "NO_NEW_MSG" and 0.3 < time.monotonic() - timed < 3
+
+
+async def test_batch_send(native: Native) -> None:
+    async with Producer(native.ns) as producer:
+        result = await producer.send_batch([Message("batchy", b"m%d" % i, tags="T" if i % 2 else None,
+                                                    keys=[f"key{i}"] if i == 2 else None) for i in range(5)],
+                                           queue_id=0)
+    assert result.queue_offset == 0 and len(result.msg_id.split(",")) == 5
+    assert len(result.offset_msg_id.split(",")) == 5
+    async with PullConsumer(native.ns, "cg") as consumer:
+        got = await consumer.pull(MessageQueue("batchy", "mqk-broker-a", 0), 0)
+        assert [m.body for m in got.messages] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+        assert [m.queue_offset for m in got.messages] == [0, 1, 2, 3, 4]
+        assert [m.msg_id for m in got.messages] == result.msg_id.split(",")
+
+
+async def test_consumer_offsets_shared_with_store_groups(native: Native) -> None:
+    await native.store.create_topic("off", 2)
+    mq = MessageQueue("off", "mqk-broker-a", 1)
+    async with PullConsumer(native.ns, "g1") as consumer:
+        assert await consumer.committed_offset(mq) == 0  # never committed, queue starts at 0
+        await consumer.commit_offset(mq, 7)
+        assert await consumer.committed_offset(mq) == 7
+        assert native.store.fetch_offsets("g1")[("off", 1)].offset == 7
+        await consumer.pull(mq, 0, commit_offset=9)
+        assert await consumer.committed_offset(mq) == 9
+
+
+async def test_query_by_key_and_view_by_id(native: Native) -> None:
+    async with Producer(native.ns) as producer:
+        sent = await producer.send("keyed", b"findme", keys=["order-42"])
+        await producer.send("keyed", b"other", keys=["order-43"])
+    resp = await raw(native.broker_addr, RequestCode.QUERY_MESSAGE,
+                     {"topic": "keyed", "key": "order-42", "maxNum": 10, "beginTimestamp": 0,
+                      "endTimestamp": int(time.time() * 1000) + 1000})
+    assert resp.code == ResponseCode.SUCCESS
+    assert [m.body for m in decode_messages(resp.body)] == [b"findme"]
+    _, _, offset = decode_message_id(sent.offset_msg_id)
+    resp = await raw(native.broker_addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+    assert resp.code == ResponseCode.SUCCESS and decode_messages(resp.body)[0].body == b"findme"
+    resp = await raw(native.broker_addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": 123})
+    assert resp.code == ResponseCode.SYSTEM_ERROR
+
+
+async def test_admin_topics(native: Native) -> None:
+    resp = await raw(native.broker_addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                     {"topic": "made", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6})
+    assert resp.code == ResponseCode.SUCCESS and native.store.topic("made").queue_count == 4
+    table = json.loads((await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)["topicConfigTable"]
+    assert table["made"]["writeQueueNums"] == 4
+    resp = await raw(native.broker_addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "made"})
+    assert resp.code == ResponseCode.SUCCESS and native.store.topic("made") is None
+    resp = await raw(native.broker_addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "bad topic!"})
+    assert resp.code == ResponseCode.SYSTEM_ERROR
+
+
+async def test_missing_required_field_is_an_error_not_a_crash(native: Native) -> None:
+    resp = await raw(native.broker_addr, RequestCode.PULL_MESSAGE, {"topic": "x"})
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "null" in (resp.remark or "")
+    resp = await raw(native.broker_addr, RequestCode.HEART_BEAT, body=b"\xff not json")
+    assert resp.code == ResponseCode.SYSTEM_ERROR
