@@ -72,7 +72,7 @@ class KafkaServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            conn.close("broker stopping")
+            conn.close("broker stopping", level=logging.INFO)
         self.waiters.wake_all()
         self.groups.close()
         if self._server is not None:
@@ -200,10 +200,10 @@ class KafkaConnection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, level: int = logging.WARNING) -> None:
         if self.closed:
             return
-        log.warning("kafka connection %s closed: %s", self.peer, reason)
+        log.log(level, "kafka connection %s closed: %s", self.peer, reason)
         self.closed = True
         for _req, task in self.pending:
             task.cancel()

@@ -1,0 +1,102 @@
+"""A minimal asyncio Kafka client over mqk's own codec, for tests and tools: send any request at any version,
+read responses in order, and write raw bytes (for bad-input tests). Not a production client: no retries, no
+metadata cache, one connection.
+
+Also `make_batch`, which builds a record batch v2 with the `_fast` kernel, for produce tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Any, Sequence
+
+from mqk._fast import load
+from mqk.protocol.kafka.codec import decode_response_frame, encode_request
+
+recbatch = load("recbatch")
+
+
+def make_batch(
+    values: Sequence[bytes | None],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    timestamp: int | None = None,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    headers: Sequence[list] | None = None,
+) -> bytearray:
+    """An uncompressed record batch v2 holding one record per value (timestamps 1 ms apart)."""
+    ts = int(time.time() * 1000) if timestamp is None else timestamp
+    records = bytearray()
+    for i, value in enumerate(values):
+        key = keys[i] if keys is not None else None
+        records += recbatch.encode_record(i, i, key, value, headers[i] if headers else [])
+    n = len(values)
+    return recbatch.build_batch(
+        0, ts, ts + n - 1, bytes(records), n, n - 1,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+    )
+
+
+class RawKafkaClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client_id: str = "raw") -> None:
+        self.reader, self.writer = reader, writer
+        self.client_id = client_id
+        self._correlation = 0
+        self._sent: list[tuple[int, int, int]] = []  # (correlation id, api key, version) awaiting a response
+
+    @classmethod
+    async def connect(cls, host: str, port: int, client_id: str = "raw") -> "RawKafkaClient":
+        reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer, client_id)
+
+    def send(self, api_key: int, version: int, body: dict, expect_response: bool = True) -> int:
+        self._correlation += 1
+        cid = self._correlation
+        self.writer.writelines(encode_request(api_key, version, cid, self.client_id, body))
+        if expect_response:
+            self._sent.append((cid, api_key, version))
+        return cid
+
+    async def receive(self, timeout: float = 10.0) -> tuple[int, dict]:
+        cid, api_key, version = self._sent.pop(0)
+        head = await asyncio.wait_for(self.reader.readexactly(4), timeout)
+        (size,) = struct.unpack(">i", head)
+        frame = await asyncio.wait_for(self.reader.readexactly(size), timeout)
+        got_cid, body = decode_response_frame(api_key, version, frame)
+        if got_cid != cid:
+            raise AssertionError(f"response to correlation id {got_cid}, expected {cid}")
+        return cid, body
+
+    async def call(self, api_key: int, version: int, body: dict, timeout: float = 10.0) -> dict:
+        self.send(api_key, version, body)
+        await self.writer.drain()
+        return (await self.receive(timeout))[1]
+
+    def write_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        """True if the broker closes the connection (EOF) within `timeout`."""
+        try:
+            data = await asyncio.wait_for(self.reader.read(65536), timeout)
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except asyncio.TimeoutError:
+            return False
+        return data == b""
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+
+    async def __aenter__(self) -> "RawKafkaClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()

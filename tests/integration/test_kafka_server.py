@@ -1,0 +1,521 @@
+"""The Kafka server over real sockets with mqk's raw client: bad input, ordering, long poll, produce/fetch
+semantics, idempotence, admin. Every bad-input test also proves that another connection and the stored data
+are unaffected."""
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+import uuid
+
+import pytest
+
+from mqk import errors as E
+from mqk._fast import load
+from mqk.config import BrokerConfig, StoreConfig
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+from mqk.server.kafka.server import KafkaServer
+from mqk.store.manager import StoreManager
+
+recbatch = load("recbatch")
+
+
+def config(**kw) -> BrokerConfig:
+    store = kw.pop("store", StoreConfig(storage="memory"))
+    return BrokerConfig(kafka_listen=("127.0.0.1", 0), store=store, group_min_session_timeout_ms=10, **kw)
+
+
+@pytest.fixture
+async def broker():
+    cfg = config()
+    store = StoreManager(cfg.store)
+    await store.start()
+    server = KafkaServer(cfg, store)
+    await server.start()
+    yield server
+    await server.stop()
+    await store.close()
+
+
+@pytest.fixture
+async def client(broker):
+    c = await RawKafkaClient.connect(broker.host, broker.port)
+    yield c
+    await c.close()
+
+
+def produce_body(topic: str, batch, partition: int = 0, acks: int = -1) -> dict:
+    return {"transactional_id": None, "acks": acks, "timeout_ms": 5000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": bytes(batch)}]}]}
+
+
+def fetch_body(topic: str, offset: int, partition: int = 0, max_wait_ms: int = 0, min_bytes: int = 0,
+               max_bytes: int = 1 << 20) -> dict:
+    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1,
+                 "partition_max_bytes": max_bytes}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+async def produce(client, topic, batch, **kw) -> dict:
+    resp = await client.call(ApiKey.PRODUCE, 9, produce_body(topic, batch, **kw))
+    return resp["responses"][0]["partition_responses"][0]
+
+
+async def fetch(client, topic, offset, version=12, **kw) -> dict:
+    resp = await client.call(ApiKey.FETCH, version, fetch_body(topic, offset, **kw))
+    return resp["responses"][0]["partitions"][0]
+
+
+def raw_records(records) -> bytes:
+    if records is None:
+        return b""
+    return b"".join(bytes(r) for r in records) if isinstance(records, (list, tuple)) else bytes(records)
+
+
+def values_of(records) -> list[bytes]:
+    data = raw_records(records)
+    out = []
+    for pos, size, *_ in recbatch.scan_batches(data):
+        h = recbatch.parse_header(data, pos)
+        out += [r[4] for r in recbatch.decode_records(data[pos + 61:pos + size], h[12])]
+    return out
+
+
+async def assert_healthy(broker, topic="keep", expect=(b"a", b"b")) -> None:
+    """A fresh connection still works and the stored records are intact."""
+    async with await RawKafkaClient.connect(broker.host, broker.port) as other:
+        versions = await other.call(ApiKey.API_VERSIONS, 3, {"client_software_name": "t",
+                                                              "client_software_version": "1"})
+        assert versions["error_code"] == 0
+        part = await fetch(other, topic, 0)
+        assert part["error_code"] == 0 and values_of(part["records"]) == list(expect)
+
+
+async def seed(client, topic="keep"):
+    part = await produce(client, topic, make_batch([b"a", b"b"]))
+    assert part["error_code"] == 0
+
+
+# --- ApiVersions and bad input ------------------------------------------------------------------------
+
+
+async def test_api_versions_lists_every_handled_api(client, broker):
+    resp = await client.call(ApiKey.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
+    keys = {k["api_key"]: (k["min_version"], k["max_version"]) for k in resp["api_keys"]}
+    assert resp["error_code"] == 0
+    assert set(keys) == set(broker.handlers)
+    assert keys[ApiKey.PRODUCE][1] >= 9 and keys[ApiKey.FETCH][1] >= 12
+
+
+async def test_api_versions_too_high_gets_v0_unsupported_with_list(client):
+    await seed(client)
+    # version 99: the answer uses the v0 schema, so the raw client decodes it with v0
+    raw = struct.pack(">hhih", ApiKey.API_VERSIONS, 99, 7, 1) + b"x" + b"\x00" + b"\x02t\x021\x00"
+    client.write_raw(struct.pack(">i", len(raw)) + raw)
+    head = await client.reader.readexactly(4)
+    frame = await client.reader.readexactly(struct.unpack(">i", head)[0])
+    from mqk.protocol.kafka.codec import decode_response_frame
+
+    cid, body = decode_response_frame(ApiKey.API_VERSIONS, 0, frame)
+    assert cid == 7 and body["error_code"] == E.UnsupportedVersionError.code
+    assert any(k["api_key"] == ApiKey.FETCH for k in body["api_keys"])
+    # the connection stays usable
+    assert (await client.call(ApiKey.API_VERSIONS, 0, {}))["error_code"] == 0
+
+
+@pytest.mark.parametrize("prefix", [struct.pack(">i", 200 * 1024 * 1024), struct.pack(">i", -5)])
+async def test_oversized_or_negative_frame_closes_only_that_connection(broker, client, prefix):
+    await seed(client)
+    async with await RawKafkaClient.connect(broker.host, broker.port) as bad:
+        bad.write_raw(prefix + b"\x00" * 16)
+        assert await bad.closed_by_peer()
+    await assert_healthy(broker)
+
+
+async def test_unknown_api_key_and_garbage_close_the_connection(broker, client):
+    await seed(client)
+    async with await RawKafkaClient.connect(broker.host, broker.port) as bad:
+        body = struct.pack(">hhih", 9999, 0, 1, 1) + b"x"
+        bad.write_raw(struct.pack(">i", len(body)) + body)
+        assert await bad.closed_by_peer()
+    async with await RawKafkaClient.connect(broker.host, broker.port) as bad:
+        junk = bytes(range(256)) * 3
+        bad.write_raw(struct.pack(">i", len(junk)) + junk)
+        assert await bad.closed_by_peer()
+    async with await RawKafkaClient.connect(broker.host, broker.port) as bad:
+        # a known API whose body is truncated: Metadata v9 with a topic array claiming 1000 entries
+        head = struct.pack(">hhih", ApiKey.METADATA, 9, 1, 1) + b"x" + b"\x00"
+        body = head + b"\xe9\x07"
+        bad.write_raw(struct.pack(">i", len(body)) + body)
+        assert await bad.closed_by_peer()
+    await assert_healthy(broker)
+
+
+async def test_unsupported_version_of_other_api_closes(broker, client):
+    await seed(client)
+    async with await RawKafkaClient.connect(broker.host, broker.port) as bad:
+        body = struct.pack(">hhih", ApiKey.METADATA, 99, 1, 1) + b"x"
+        bad.write_raw(struct.pack(">i", len(body)) + body)
+        assert await bad.closed_by_peer()
+    await assert_healthy(broker)
+
+
+# --- produce ---------------------------------------------------------------------------------------------
+
+
+async def test_produce_then_fetch_round_trip_and_offsets(client):
+    first = await produce(client, "t", make_batch([b"1", b"2", b"3"], keys=[b"k", None, b"k"]))
+    second = await produce(client, "t", make_batch([b"4"]))
+    assert (first["error_code"], first["base_offset"]) == (0, 0)
+    assert (second["error_code"], second["base_offset"]) == (0, 3)
+    assert first["log_append_time_ms"] == -1
+    part = await fetch(client, "t", 0)
+    assert part["high_watermark"] == 4 and part["last_stable_offset"] == 4 and part["log_start_offset"] == 0
+    assert values_of(part["records"]) == [b"1", b"2", b"3", b"4"]
+    # an offset inside a batch returns the whole batch
+    assert values_of((await fetch(client, "t", 1))["records"]) == [b"1", b"2", b"3", b"4"]
+    assert values_of((await fetch(client, "t", 3))["records"]) == [b"4"]
+    at_end = await fetch(client, "t", 4)
+    assert at_end["error_code"] == 0 and raw_records(at_end["records"]) == b""
+    assert (await fetch(client, "t", 5))["error_code"] == E.OffsetOutOfRangeError.code
+
+
+async def test_corrupt_crc_is_refused_and_stored_data_untouched(client, broker):
+    await seed(client)
+    batch = make_batch([b"x"])
+    batch[-1] ^= 0xFF
+    part = await produce(client, "keep", batch)
+    assert part["error_code"] == E.CorruptMessageError.code
+    truncated = make_batch([b"y"])[:-3]
+    assert (await produce(client, "keep", truncated))["error_code"] == E.CorruptMessageError.code
+    await assert_healthy(broker)
+
+
+async def test_message_too_large_unknown_partition_and_bad_acks(client, broker):
+    await broker.store.create_topic("small", 2)
+    from mqk.config import TopicConfig
+
+    await broker.store.alter_topic_config("small", TopicConfig({"max.message.bytes": "200"}))
+    assert (await produce(client, "small", make_batch([b"x" * 500])))["error_code"] == E.MessageTooLargeError.code
+    assert (await produce(client, "small", make_batch([b"x"]), partition=7))["error_code"] == (
+        E.UnknownTopicOrPartitionError.code)
+    assert (await produce(client, "small", make_batch([b"x"]), acks=5))["error_code"] == (
+        E.InvalidRequiredAcksError.code)
+    assert broker.store.end_offset("small", 0) == 0
+
+
+async def test_auto_create_off_gives_unknown_topic():
+    cfg = config(auto_create_topics=False)
+    store = StoreManager(cfg.store)
+    await store.start()
+    server = KafkaServer(cfg, store)
+    await server.start()
+    try:
+        async with await RawKafkaClient.connect(server.host, server.port) as c:
+            part = await produce(c, "nope", make_batch([b"x"]))
+            assert part["error_code"] == E.UnknownTopicOrPartitionError.code
+            md = await c.call(ApiKey.METADATA, 9, {"topics": [{"name": "nope"}], "allow_auto_topic_creation": True,
+                                                   "include_topic_authorized_operations": False})
+            assert md["topics"][0]["error_code"] == E.UnknownTopicOrPartitionError.code
+            assert store.topic("nope") is None
+    finally:
+        await server.stop()
+        await store.close()
+
+
+async def test_acks_zero_has_no_response_but_is_stored(client, broker):
+    client.send(ApiKey.PRODUCE, 9, produce_body("z", make_batch([b"q"]), acks=0), expect_response=False)
+    md = await client.call(ApiKey.METADATA, 9, {"topics": None, "allow_auto_topic_creation": False,
+                                                "include_topic_authorized_operations": False})
+    assert "z" in {t["name"] for t in md["topics"]}
+    assert broker.store.end_offset("z", 0) == 1
+
+
+async def test_log_append_time_topic(client, broker):
+    from mqk.config import TopicConfig
+
+    await broker.store.create_topic("lat", 1, TopicConfig({"message.timestamp.type": "LogAppendTime"}))
+    before = int(time.time() * 1000)
+    part = await produce(client, "lat", make_batch([b"x"], timestamp=1000))
+    assert part["error_code"] == 0 and part["log_append_time_ms"] >= before
+    data = raw_records((await fetch(client, "lat", 0))["records"])
+    h = recbatch.parse_header(data, 0)
+    assert h[5] & 0x08 and h[8] == part["log_append_time_ms"]
+
+
+# --- pipelining and long poll ----------------------------------------------------------------------------
+
+
+async def test_pipelined_responses_keep_request_order_behind_a_long_poll(broker, client):
+    await seed(client)
+    client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=300, min_bytes=1))
+    client.send(ApiKey.METADATA, 9, {"topics": None, "allow_auto_topic_creation": False,
+                                     "include_topic_authorized_operations": False})
+    client.send(ApiKey.API_VERSIONS, 0, {})
+    started = time.monotonic()
+    cid1, fetched = await client.receive()
+    cid2, md = await client.receive()
+    cid3, av = await client.receive()
+    assert cid1 < cid2 < cid3
+    assert time.monotonic() - started >= 0.25  # the fetch waited its max_wait_ms with nothing to return
+    assert values_of(fetched["responses"][0]["partitions"][0]["records"]) == []
+    assert md["topics"] and av["error_code"] == 0
+
+
+async def test_long_poll_wakes_on_new_data(broker, client):
+    await seed(client)
+    async with await RawKafkaClient.connect(broker.host, broker.port) as producer:
+        client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=5000, min_bytes=1))
+        await client.writer.drain()
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await produce(producer, "keep", make_batch([b"late"]))
+        _, resp = await client.receive()
+        assert time.monotonic() - started < 2
+        assert values_of(resp["responses"][0]["partitions"][0]["records"]) == [b"late"]
+
+
+async def test_fetch_by_topic_id_v13(client, broker):
+    await seed(client)
+    import uuid
+
+    topic_id = uuid.UUID(bytes=bytes(broker.store.topic("keep").topic_id))
+    body = fetch_body("keep", 0)
+    body["topics"][0]["topic_id"] = topic_id
+    resp = await client.call(ApiKey.FETCH, 13, body)
+    part = resp["responses"][0]["partitions"][0]
+    assert resp["responses"][0]["topic_id"] == topic_id and values_of(part["records"]) == [b"a", b"b"]
+    body["topics"][0]["topic_id"] = uuid.uuid4()
+    resp = await client.call(ApiKey.FETCH, 13, body)
+    assert resp["responses"][0]["partitions"][0]["error_code"] == E.UnknownTopicIdError.code
+
+
+async def test_fetch_with_unknown_session_is_refused_so_client_falls_back(client):
+    body = fetch_body("keep", 0)
+    body["session_id"], body["session_epoch"] = 1234, 1
+    resp = await client.call(ApiKey.FETCH, 12, body)
+    assert resp["error_code"] == E.FetchSessionIdNotFoundError.code and resp["session_id"] == 0
+
+
+# --- list offsets, delete records ------------------------------------------------------------------------
+
+
+async def test_list_offsets_special_and_by_time_and_delete_records(client):
+    await produce(client, "lo", make_batch([b"a", b"b"], timestamp=1000))
+    await produce(client, "lo", make_batch([b"c"], timestamp=5000))
+
+    async def lookup(ts):
+        resp = await client.call(ApiKey.LIST_OFFSETS, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
+            {"name": "lo", "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": ts}]}]})
+        p = resp["topics"][0]["partitions"][0]
+        assert p["error_code"] == 0
+        return p["offset"], p["timestamp"]
+
+    assert (await lookup(-2))[0] == 0
+    assert (await lookup(-1))[0] == 3
+    assert await lookup(1001) == (1, 1001)
+    assert await lookup(2000) == (2, 5000)
+    assert await lookup(9999) == (-1, -1)
+    assert await lookup(-3) == (2, 5000)
+    resp = await client.call(ApiKey.DELETE_RECORDS, 1, {"timeout_ms": 1000, "topics": [
+        {"name": "lo", "partitions": [{"partition_index": 0, "offset": 2}, {"partition_index": 4, "offset": 0}]}]})
+    parts = resp["topics"][0]["partitions"]
+    assert parts[0]["error_code"] == 0 and parts[0]["low_watermark"] == 2
+    assert parts[1]["error_code"] == E.UnknownTopicOrPartitionError.code
+    assert (await lookup(-2))[0] == 2
+    assert (await fetch(client, "lo", 0))["error_code"] == E.OffsetOutOfRangeError.code
+
+
+# --- idempotent producer ---------------------------------------------------------------------------------
+
+
+async def test_idempotent_producer_duplicates_and_gaps(client, broker):
+    init = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 60000,
+                                                          "producer_id": -1, "producer_epoch": -1})
+    assert init["error_code"] == 0 and init["producer_id"] >= 0
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+
+    def batch(seq, *values):
+        return make_batch(list(values), producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+    assert (await produce(client, "idem", batch(0, b"a", b"b")))["base_offset"] == 0
+    assert (await produce(client, "idem", batch(2, b"c")))["base_offset"] == 2
+    dup = await produce(client, "idem", batch(0, b"a", b"b"))  # a retry of the first batch
+    assert dup["error_code"] == 0 and dup["base_offset"] == 0
+    gap = await produce(client, "idem", batch(7, b"z"))
+    assert gap["error_code"] == E.OutOfOrderSequenceNumberError.code
+    assert (await produce(client, "idem", batch(3, b"d")))["base_offset"] == 3
+    assert values_of((await fetch(client, "idem", 0))["records"]) == [b"a", b"b", b"c", b"d"]
+    # a second producer id from the allocator is different
+    init2 = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
+                                                           "producer_id": -1, "producer_epoch": -1})
+    assert init2["producer_id"] != pid
+    txn = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout_ms": 1,
+                                                         "producer_id": -1, "producer_epoch": -1})
+    assert txn["error_code"] != 0
+
+
+async def test_idempotence_and_producer_ids_survive_restart(tmp_path):
+    from pathlib import Path
+
+    cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), commitlog_segment_bytes=1 << 20,
+                                   cq_units_per_file=1024))
+
+    async def run(fn):
+        store = StoreManager(cfg.store)
+        await store.start()
+        server = KafkaServer(cfg, store)
+        await server.start()
+        try:
+            async with await RawKafkaClient.connect(server.host, server.port) as c:
+                return await fn(c)
+        finally:
+            await server.stop()
+            await store.close()
+
+    async def first(c):
+        init = await c.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
+                                                         "producer_id": -1, "producer_epoch": -1})
+        pid = init["producer_id"]
+        b = make_batch([b"a"], producer_id=pid, producer_epoch=0, base_sequence=0)
+        assert (await produce(c, "idem", b))["base_offset"] == 0
+        return pid
+
+    pid = await run(first)
+
+    async def second(c):
+        retry = make_batch([b"a"], producer_id=pid, producer_epoch=0, base_sequence=0)
+        dup = await produce(c, "idem", retry)
+        assert dup["error_code"] == 0 and dup["base_offset"] == 0
+        gap = make_batch([b"x"], producer_id=pid, producer_epoch=0, base_sequence=5)
+        assert (await produce(c, "idem", gap))["error_code"] == E.OutOfOrderSequenceNumberError.code
+        nxt = make_batch([b"b"], producer_id=pid, producer_epoch=0, base_sequence=1)
+        assert (await produce(c, "idem", nxt))["base_offset"] == 1
+        init = await c.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
+                                                         "producer_id": -1, "producer_epoch": -1})
+        assert init["producer_id"] > pid  # ids are never reused across restarts
+        return values_of((await fetch(c, "idem", 0))["records"])
+
+    assert await run(second) == [b"a", b"b"]
+
+
+# --- admin and groups over the wire ----------------------------------------------------------------------
+
+
+async def test_create_describe_alter_delete_topic(client, broker):
+    resp = await client.call(ApiKey.CREATE_TOPICS, 5, {"timeout_ms": 1000, "validate_only": False, "topics": [
+        {"name": "adm", "num_partitions": 3, "replication_factor": 1, "assignments": [],
+         "configs": [{"name": "retention.ms", "value": "1000"}]},
+        {"name": "bad", "num_partitions": 1, "replication_factor": 3, "assignments": [], "configs": []},
+        {"name": "badcfg", "num_partitions": 1, "replication_factor": 1, "assignments": [],
+         "configs": [{"name": "no.such", "value": "1"}]},
+        {"name": "dry", "num_partitions": 2, "replication_factor": -1, "assignments": [], "configs": []}]})
+    # (validate_only applies to the whole request, so "dry" is created here too)
+    codes = [t["error_code"] for t in resp["topics"]]
+    assert codes == [0, E.InvalidReplicationFactorError.code, E.InvalidConfigError.code, 0]
+    assert resp["topics"][0]["num_partitions"] == 3
+    assert broker.store.topic("adm").queue_count == 3
+    again = await client.call(ApiKey.CREATE_TOPICS, 5, {"timeout_ms": 1000, "validate_only": True, "topics": [
+        {"name": "adm", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
+        {"name": "only-validated", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}]})
+    assert [t["error_code"] for t in again["topics"]] == [E.TopicAlreadyExistsError.code, 0]
+    assert broker.store.topic("only-validated") is None
+
+    def describe():
+        return client.call(ApiKey.DESCRIBE_CONFIGS, 4, {"include_synonyms": True, "include_documentation": False,
+                                                        "resources": [{"resource_type": 2, "resource_name": "adm",
+                                                                       "configuration_keys": None}]})
+
+    configs = {c["name"]: c for c in (await describe())["results"][0]["configs"]}
+    assert configs["retention.ms"]["value"] == "1000" and configs["retention.ms"]["config_source"] == 1
+    assert configs["cleanup.policy"]["value"] == "delete" and configs["cleanup.policy"]["config_source"] == 5
+    assert configs["max.message.bytes"]["value"] == "1048588"
+    inc = await client.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
+        {"resource_type": 2, "resource_name": "adm", "configs": [
+            {"name": "cleanup.policy", "config_operation": 2, "value": "compact"},
+            {"name": "retention.ms", "config_operation": 1, "value": None}]}]})
+    assert inc["responses"][0]["error_code"] == 0
+    configs = {c["name"]: c for c in (await describe())["results"][0]["configs"]}
+    assert configs["cleanup.policy"]["value"] == "delete,compact"
+    assert configs["retention.ms"]["config_source"] == 5
+    bad = await client.call(ApiKey.ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
+        {"resource_type": 2, "resource_name": "adm", "configs": [{"name": "segment.bytes", "value": "abc"}]}]})
+    assert bad["responses"][0]["error_code"] == E.InvalidConfigError.code
+    parts = await client.call(ApiKey.CREATE_PARTITIONS, 2, {"timeout_ms": 1000, "validate_only": False, "topics": [
+        {"name": "adm", "count": 5, "assignments": None}, {"name": "adm2", "count": 5, "assignments": None}]})
+    assert [r["error_code"] for r in parts["results"]] == [0, E.UnknownTopicOrPartitionError.code]
+    assert broker.store.topic("adm").queue_count == 5
+    broker_cfg = await client.call(ApiKey.DESCRIBE_CONFIGS, 4, {"include_synonyms": False,
+                                                                "include_documentation": False, "resources": [
+        {"resource_type": 4, "resource_name": "0", "configuration_keys": None}]})
+    names = {c["name"]: c for c in broker_cfg["results"][0]["configs"]}
+    assert names["message.max.bytes"]["read_only"] is True
+    deleted = await client.call(ApiKey.DELETE_TOPICS, 4, {"topic_names": ["adm", "ghost"], "timeout_ms": 1000})
+    assert [r["error_code"] for r in deleted["responses"]] == [0, E.UnknownTopicOrPartitionError.code]
+    assert broker.store.topic("adm") is None
+
+
+async def test_metadata_describe_cluster_find_coordinator_sasl(client, broker):
+    md = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": "mdt", "topic_id": uuid.UUID(int=0)}],
+                                                 "allow_auto_topic_creation": True,
+                                                 "include_topic_authorized_operations": False})
+    assert md["brokers"] == [{"node_id": 0, "host": broker.host, "port": broker.port, "rack": None}]
+    assert md["cluster_id"] == broker.config.cluster_id and md["controller_id"] == 0
+    topic = md["topics"][0]
+    assert topic["error_code"] == 0 and topic["partitions"][0]["leader_id"] == 0
+    assert topic["topic_id"].bytes == bytes(broker.store.topic("mdt").topic_id)
+    dc = await client.call(ApiKey.DESCRIBE_CLUSTER, 0, {"include_cluster_authorized_operations": False})
+    assert dc["cluster_id"] == broker.config.cluster_id and dc["brokers"][0]["port"] == broker.port
+    fc = await client.call(ApiKey.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["g1", "g2"]})
+    assert [(c["key"], c["port"], c["error_code"]) for c in fc["coordinators"]] == [
+        ("g1", broker.port, 0), ("g2", broker.port, 0)]
+    sasl = await client.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    assert sasl == {"error_code": E.UnsupportedSaslMechanismError.code, "mechanisms": []}
+
+
+async def test_group_over_the_wire_join_sync_commit_fetch(client, broker):
+    join = {"group_id": "wg", "session_timeout_ms": 10000, "rebalance_timeout_ms": 10000, "member_id": "",
+            "group_instance_id": None, "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b"\x00\x00\x00\x00\x00\x00"}], "reason": None}
+    first = await client.call(ApiKey.JOIN_GROUP, 5, join)
+    assert first["error_code"] == E.MemberIdRequiredError.code
+    joined = await client.call(ApiKey.JOIN_GROUP, 5, dict(join, member_id=first["member_id"]))
+    assert joined["error_code"] == 0 and joined["leader"] == first["member_id"]
+    me, gen = joined["member_id"], joined["generation_id"]
+    sync = await client.call(ApiKey.SYNC_GROUP, 3, {"group_id": "wg", "generation_id": gen, "member_id": me,
+                                                    "group_instance_id": None,
+                                                    "assignments": [{"member_id": me, "assignment": b"A"}]})
+    assert sync["error_code"] == 0 and sync["assignment"] == b"A"
+    hb = await client.call(ApiKey.HEARTBEAT, 3, {"group_id": "wg", "generation_id": gen, "member_id": me,
+                                                 "group_instance_id": None})
+    assert hb["error_code"] == 0
+    await broker.store.create_topic("ct", 2)
+    commit = await client.call(ApiKey.OFFSET_COMMIT, 7, {
+        "group_id": "wg", "generation_id_or_member_epoch": gen, "member_id": me, "group_instance_id": None,
+        "topics": [{"name": "ct", "partitions": [
+            {"partition_index": 0, "committed_offset": 42, "committed_leader_epoch": -1, "committed_metadata": "m"},
+            {"partition_index": 9, "committed_offset": 1, "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+    assert [p["error_code"] for p in commit["topics"][0]["partitions"]] == [0, E.UnknownTopicOrPartitionError.code]
+    fetched = await client.call(ApiKey.OFFSET_FETCH, 8, {"groups": [
+        {"group_id": "wg", "topics": [{"name": "ct", "partition_indexes": [0, 1]}]}], "require_stable": False})
+    parts = fetched["groups"][0]["topics"][0]["partitions"]
+    assert [(p["committed_offset"], p["metadata"]) for p in parts] == [(42, "m"), (-1, "")]
+    described = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["wg", "nope"],
+                                                              "include_authorized_operations": False})
+    assert described["groups"][0]["group_state"] == "Stable"
+    assert described["groups"][0]["members"][0]["member_assignment"] == b"A"
+    assert described["groups"][1]["group_state"] == "Dead"
+    listed = await client.call(ApiKey.LIST_GROUPS, 4, {"states_filter": ["Stable"]})
+    assert [g["group_id"] for g in listed["groups"]] == ["wg"]
+    leave = await client.call(ApiKey.LEAVE_GROUP, 3, {"group_id": "wg", "members": [
+        {"member_id": me, "group_instance_id": None}]})
+    assert leave["error_code"] == 0 and leave["members"][0]["error_code"] == 0
+    od = await client.call(ApiKey.OFFSET_DELETE, 0, {"group_id": "wg", "topics": [
+        {"name": "ct", "partitions": [{"partition_index": 0}]}]})
+    assert od["error_code"] == 0 and od["topics"][0]["partitions"][0]["error_code"] == 0
+    dg = await client.call(ApiKey.DELETE_GROUPS, 1, {"groups_names": ["wg", "nope"]})
+    assert [r["error_code"] for r in dg["results"]] == [0, E.GroupIdNotFoundError.code]
