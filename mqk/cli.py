@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"mqk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    from mqk import cli_admin
+
+    cli_admin.register(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

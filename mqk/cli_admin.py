@@ -1,0 +1,288 @@
+"""The `mqk` admin and data commands that talk to a running broker: topics, groups, produce, consume, query.
+
+They speak the broker's own wire protocols through mqk's codecs (no third-party client needed): Kafka requests
+through `RawKafkaClient`, RocketMQ remoting through `mqk.client`. One connection, one request at a time: these are
+tools for people, not load generators (see bench/ for those).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from mqk.config import parse_hostport
+from mqk.errors import KafkaError
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+
+class CommandError(Exception):
+    """A broker answered with an error; printed as one line, exit code 1."""
+
+
+def _check(code: int, what: str, message: str | None = None) -> None:
+    if code:
+        name = KafkaError.for_code(code).__name__
+        raise CommandError(f"{what}: {name} ({code}){': ' + message if message else ''}")
+
+
+async def _kafka(args: argparse.Namespace) -> RawKafkaClient:
+    host, port = parse_hostport(args.bootstrap)
+    return await RawKafkaClient.connect(host, port, client_id="mqk-cli")
+
+
+def _parse_configs(pairs: list[str] | None) -> dict[str, str]:
+    configs = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise CommandError(f"--config expects KEY=VALUE, got {pair!r}")
+        configs[key] = value
+    return configs
+
+
+# --- topics --------------------------------------------------------------------------------------------
+
+
+async def topics_list(args: argparse.Namespace) -> None:
+    async with await _kafka(args) as client:
+        meta = await client.call(ApiKey.METADATA, 12, {"topics": None, "allow_auto_topic_creation": False})
+    for topic in sorted(meta["topics"], key=lambda t: t["name"]):
+        print(f"{topic['name']}\tpartitions={len(topic['partitions'])}")
+
+
+async def topics_create(args: argparse.Namespace) -> None:
+    body = {
+        "topics": [{
+            "name": args.topic,
+            "num_partitions": args.partitions,
+            "replication_factor": 1,
+            "assignments": [],
+            "configs": [{"name": k, "value": v} for k, v in _parse_configs(args.config).items()],
+        }],
+        "timeout_ms": 30000,
+        "validate_only": False,
+    }
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.CREATE_TOPICS, 7, body)
+    result = resp["topics"][0]
+    _check(result["error_code"], f"create {args.topic}", result.get("error_message"))
+    print(f"created {args.topic} with {args.partitions} partition(s)")
+
+
+async def topics_delete(args: argparse.Namespace) -> None:
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.DELETE_TOPICS, 6, {"topics": [{"name": args.topic}], "timeout_ms": 30000})
+    result = resp["responses"][0]
+    _check(result["error_code"], f"delete {args.topic}", result.get("error_message"))
+    print(f"deleted {args.topic}")
+
+
+async def topics_describe(args: argparse.Namespace) -> None:
+    async with await _kafka(args) as client:
+        meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}]})
+        topic = meta["topics"][0]
+        _check(topic["error_code"], f"describe {args.topic}")
+        cfg = await client.call(
+            ApiKey.DESCRIBE_CONFIGS,
+            4,
+            {"resources": [{"resource_type": 2, "resource_name": args.topic, "configuration_keys": None}]},
+        )
+        offsets = await client.call(ApiKey.LIST_OFFSETS, 7, {
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [{
+                "name": args.topic,
+                "partitions": [{"partition_index": p["partition_index"], "timestamp": -1}
+                               for p in topic["partitions"]],
+            }],
+        })
+    ends = {p["partition_index"]: p["offset"] for p in offsets["topics"][0]["partitions"]}
+    print(f"topic {args.topic}  partitions={len(topic['partitions'])}")
+    for p in sorted(topic["partitions"], key=lambda p: p["partition_index"]):
+        i = p["partition_index"]
+        print(f"  partition {i}\tleader={p['leader_id']}\tend_offset={ends.get(i, '?')}")
+    for entry in sorted(cfg["results"][0]["configs"], key=lambda c: c["name"]):
+        marker = "" if entry.get("config_source", 5) == 5 else "  (set)"
+        print(f"  {entry['name']}={entry['value']}{marker}")
+
+
+# --- groups --------------------------------------------------------------------------------------------
+
+
+async def groups_list(args: argparse.Namespace) -> None:
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
+    _check(resp["error_code"], "list groups")
+    for group in sorted(resp["groups"], key=lambda g: g["group_id"]):
+        print(f"{group['group_id']}\t{group.get('group_state', '')}\t{group['protocol_type']}")
+
+
+async def groups_describe(args: argparse.Namespace) -> None:
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [args.group]})
+        fetched = await client.call(ApiKey.OFFSET_FETCH, 7, {"group_id": args.group, "topics": None})
+    group = resp["groups"][0]
+    _check(group["error_code"], f"describe {args.group}")
+    print(f"group {args.group}  state={group['group_state']}  protocol={group['protocol_data']}")
+    for member in group["members"]:
+        print(f"  member {member['member_id']}  client={member['client_id']}  host={member['client_host']}")
+    for topic in fetched.get("topics") or []:
+        for p in topic["partitions"]:
+            print(f"  {topic['name']}[{p['partition_index']}] committed={p['committed_offset']}")
+
+
+# --- produce / consume ---------------------------------------------------------------------------------
+
+
+def _input_values(args: argparse.Namespace) -> list[bytes]:
+    if args.value is not None:
+        return [v.encode() for v in args.value]
+    return [line.rstrip("\n").encode() for line in sys.stdin]
+
+
+async def produce_kafka(args: argparse.Namespace) -> None:
+    values = _input_values(args)
+    if not values:
+        return
+    key = args.key.encode() if args.key is not None else None
+    headers = [[(k, v.encode()) for k, v in _parse_configs(args.header).items()]] * len(values)
+    batch = make_batch(values, keys=[key] * len(values), headers=headers)
+    async with await _kafka(args) as client:
+        await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}], "allow_auto_topic_creation": True})
+        resp = await client.call(ApiKey.PRODUCE, 9, {
+            "acks": -1,
+            "timeout_ms": 30000,
+            "topic_data": [{"name": args.topic,
+                            "partition_data": [{"index": args.partition, "records": bytes(batch)}]}],
+        })
+    part = resp["responses"][0]["partition_responses"][0]
+    _check(part["error_code"], f"produce to {args.topic}[{args.partition}]", part.get("error_message"))
+    print(f"{len(values)} record(s) written to {args.topic}[{args.partition}] at offset {part['base_offset']}",
+          file=sys.stderr)
+
+
+async def consume_kafka(args: argparse.Namespace) -> None:
+    from mqk._fast import load
+    from mqk.protocol.kafka.records import decompress
+
+    recbatch = load("recbatch")
+    printed = 0
+    deadline = time.monotonic() + args.timeout
+    async with await _kafka(args) as client:
+        offset = args.offset
+        if offset < 0:
+            resp = await client.call(ApiKey.LIST_OFFSETS, 7, {
+                "replica_id": -1, "isolation_level": 0,
+                "topics": [{"name": args.topic, "partitions": [{"partition_index": args.partition,
+                                                               "timestamp": offset}]}],
+            })
+            part = resp["topics"][0]["partitions"][0]
+            _check(part["error_code"], f"list offsets of {args.topic}")
+            offset = part["offset"]
+        while printed < args.max_messages and time.monotonic() < deadline:
+            resp = await client.call(ApiKey.FETCH, 12, {
+                "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                "topics": [{"topic": args.topic, "partitions": [{
+                    "partition": args.partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20}]}],
+                "forgotten_topics_data": [], "rack_id": "",
+            })
+            part = resp["responses"][0]["partitions"][0]
+            _check(part["error_code"], f"fetch {args.topic}[{args.partition}]")
+            data = bytes(part["records"] or b"")
+            for info in recbatch.scan_batches(data, False) if data else []:
+                pos, size, _lod, _max_ts, count, attributes = info[:6]
+                base = recbatch.parse_header(data, pos)[0]
+                records = data[pos + recbatch.HEADER_SIZE: pos + size]
+                if attributes & 0x07:
+                    records = decompress(attributes & 0x07, records)
+                for rec in recbatch.decode_records(records, count):
+                    rec_offset = base + rec[2]
+                    if rec_offset < offset or printed >= args.max_messages:
+                        continue
+                    printed += 1
+                    _print_record(args, rec_offset, rec[3], rec[4], rec[5])
+                offset = max(offset, base + info[2] + 1)
+
+
+def _print_record(args: argparse.Namespace, offset: int, key: Any, value: Any, headers: list) -> None:
+    if args.json:
+        print(json.dumps({
+            "offset": offset,
+            "key": None if key is None else bytes(key).decode(errors="replace"),
+            "value": None if value is None else bytes(value).decode(errors="replace"),
+            "headers": {k: (None if v is None else bytes(v).decode(errors="replace")) for k, v in headers},
+        }), flush=True)
+    else:
+        print("" if value is None else bytes(value).decode(errors="replace"), flush=True)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the admin and data commands to the `mqk` parser."""
+
+    def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
+        return p
+
+    topics = sub.add_parser("topics", help="list, create, describe, delete topics")
+    tsub = topics.add_subparsers(dest="action", required=True)
+    with_bootstrap(tsub.add_parser("list")).set_defaults(run=topics_list)
+    p = with_bootstrap(tsub.add_parser("create"))
+    p.add_argument("topic")
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--config", action="append", metavar="KEY=VALUE")
+    p.set_defaults(run=topics_create)
+    p = with_bootstrap(tsub.add_parser("describe"))
+    p.add_argument("topic")
+    p.set_defaults(run=topics_describe)
+    p = with_bootstrap(tsub.add_parser("delete"))
+    p.add_argument("topic")
+    p.set_defaults(run=topics_delete)
+
+    groups = sub.add_parser("groups", help="list and describe consumer groups")
+    gsub = groups.add_subparsers(dest="action", required=True)
+    with_bootstrap(gsub.add_parser("list")).set_defaults(run=groups_list)
+    p = with_bootstrap(gsub.add_parser("describe"))
+    p.add_argument("group")
+    p.set_defaults(run=groups_describe)
+
+    p = with_bootstrap(sub.add_parser("produce", help="write records (one per stdin line, or --value)"))
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partition", type=int, default=0)
+    p.add_argument("--key")
+    p.add_argument("--header", action="append", metavar="KEY=VALUE")
+    p.add_argument("--value", action="append", help="a record value (repeatable); default: read stdin lines")
+    p.set_defaults(run=produce_kafka)
+
+    p = with_bootstrap(sub.add_parser("consume", help="print records of one partition"))
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partition", type=int, default=0)
+    p.add_argument("--offset", type=int, default=-2, help="start offset; -2 earliest (default), -1 latest")
+    p.add_argument("--max-messages", type=int, default=1 << 62)
+    p.add_argument("--timeout", type=float, default=10.0, help="stop after this many seconds")
+    p.add_argument("--json", action="store_true", help="one JSON object per record with key, headers, offset")
+    p.set_defaults(run=consume_kafka)
+
+    for p in (topics, groups):
+        p.set_defaults(func=run_command)
+    for name in ("produce", "consume"):
+        sub.choices[name].set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        asyncio.run(args.run(args))
+    except CommandError as exc:
+        print(f"mqk: {exc}", file=sys.stderr)
+        return 1
+    except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+        print(f"mqk: cannot reach the broker: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    return 0
