@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mqk._fast import compiled, load, twin  # noqa: E402
-from mqk.config import StoreConfig, TopicConfig  # noqa: E402
-from mqk.store.file.engine import FileEngine  # noqa: E402
+from mqk._fast import compiled, load, twin
+from mqk.config import StoreConfig, TopicConfig
+from mqk.store.file.engine import FileEngine
 
 recbatch = load("recbatch")
 MB = 1024 * 1024

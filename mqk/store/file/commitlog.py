@@ -11,8 +11,8 @@ entry, and cut the log there. It does not know about queues: dispatch turns scan
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from mqk._fast import load
 from mqk.errors import Corrupt, MessageTooLarge, OutOfBounds

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class ConsumeQueue:
-    __slots__ = ("dir", "units_per_file", "mfq", "end_offset", "max_ts", "_pack", "_unpack")
+    __slots__ = ("_pack", "_unpack", "dir", "end_offset", "max_ts", "mfq", "units_per_file")
 
     def __init__(self, directory: Path, units_per_file: int) -> None:
         self.dir = Path(directory)
@@ -59,8 +59,7 @@ class ConsumeQueue:
         mf = files[-1] if files else None
         if mf is None or mf.wrote >= mf.file_size:
             mf = self.mfq.roll(0)  # a queue's first file holds unit 0
-        if batch_max_ts > self.max_ts:
-            self.max_ts = batch_max_ts
+        self.max_ts = max(self.max_ts, batch_max_ts)
         pos = mf.wrote
         self._pack(mf.buf, pos, phys, size, count, tags_code, store_ts, self.max_ts, base_offset)
         mf.wrote = mf.committed = pos + UNIT  # pack_unit raised OutOfBounds had it not fit
@@ -100,8 +99,7 @@ class ConsumeQueue:
         mf = files[lo - 1]
         n = self._file_units(mf)
         i = cqunit.search_offset(mf.buf, n, offset)
-        if i < 0:
-            i = 0
+        i = max(i, 0)
         return mf.start_offset // UNIT + i
 
     def search_timestamp(self, ts: int) -> int:

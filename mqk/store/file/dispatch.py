@@ -11,7 +11,8 @@ A hook must not raise; if it does, the error is logged and dispatch goes on (the
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mqk.store.file.engine import Shard
@@ -27,7 +28,7 @@ class ReputMessageService:
         #: CommitLog offset up to which every entry has been dispatched
         self.dispatched = 0
 
-    def dispatch(self, shard: "Shard", phys: int, size: int, count: int, tags_code: int, store_ts: int,
+    def dispatch(self, shard: Shard, phys: int, size: int, count: int, tags_code: int, store_ts: int,
                  max_ts: int, base_offset: int, keys, body) -> None:
         """Entry → ConsumeQueue unit (+ hooks). The engine's append inlines the unit write for speed and calls
         `dispatch_hooks` itself; recovery and anything else use this."""
@@ -40,5 +41,5 @@ class ReputMessageService:
         for hook in self.hooks:
             try:
                 hook(shard.topic, shard.queue, base_offset, count, phys, size, store_ts, keys, body)
-            except Exception:  # noqa: BLE001 - an index failure must not lose the append
+            except Exception:
                 log.exception("dispatch hook %r failed for %s-%d@%d", hook, shard.topic, shard.queue, base_offset)

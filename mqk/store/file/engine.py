@@ -31,13 +31,20 @@ import os
 import shutil
 import struct
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from mqk._fast import load
 from mqk.config import StoreConfig, TopicConfig
-from mqk.errors import (Corrupt, InvalidRecord, OffsetOutOfRange, OutOfBounds, StorageError, StorageFull,
-                        UnknownShard)
+from mqk.errors import (
+    Corrupt,
+    InvalidRecord,
+    OffsetOutOfRange,
+    OutOfBounds,
+    StorageError,
+    StorageFull,
+    UnknownShard,
+)
 from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
 from mqk.store.file.checkpoint import AbortMarker, Checkpoint
 from mqk.store.file.commitlog import BLANK_MIN, FIXED, CommitLog
@@ -45,6 +52,9 @@ from mqk.store.file.consumequeue import UNIT, ConsumeQueue
 from mqk.store.file.dispatch import ReputMessageService
 from mqk.store.file.flush import FlushService
 from mqk.store.fsutil import atomic_write_json, read_json
+
+# record-level timestamp resolution shared with the memory engine (decoding and decompression of one batch)
+from mqk.store.memory import first_record_at_or_after
 
 recbatch = load("recbatch")
 clentry = load("clentry")
@@ -55,10 +65,7 @@ time_ns = time.time_ns
 log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
-_I16 = struct.Struct(">h")
 BATCH_HEADER = recbatch.HEADER_SIZE
-ATTR_COMPRESSION = 0x07
-ATTR_LOG_APPEND_TIME = 0x08
 #: segments always re-verified at start (RocketMQ's recoverNormally checks the last three files)
 RECOVER_SEGMENTS = 3
 
@@ -66,7 +73,7 @@ RECOVER_SEGMENTS = 3
 class Shard:
     """One topic-queue: its ConsumeQueue and logical log start."""
 
-    __slots__ = ("topic", "topic_b", "queue", "cq", "log_start", "created_phys", "fixed")
+    __slots__ = ("cq", "created_phys", "fixed", "log_start", "queue", "topic", "topic_b")
 
     def __init__(self, topic: str, queue: int, cq: ConsumeQueue, created_phys: int, log_start: int = 0) -> None:
         self.topic = topic
@@ -84,7 +91,7 @@ class StoreStats:
     #: latency bucket upper bounds in microseconds; the last bucket is everything above
     BOUNDS_US = (10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000, 100_000, 500_000)
 
-    def __init__(self, engine: "FileEngine") -> None:
+    def __init__(self, engine: FileEngine) -> None:
         self._engine = engine
         self.puts = 0  #: append calls that succeeded
         self.put_batches = 0
@@ -96,8 +103,7 @@ class StoreStats:
     def record(self, latency_ns: int) -> None:
         us = latency_ns // 1000
         self.latency_buckets[bisect.bisect_left(self.BOUNDS_US, us)] += 1
-        if us > self.max_latency_us:
-            self.max_latency_us = us
+        self.max_latency_us = max(self.max_latency_us, us)
 
     @property
     def dispatch_lag(self) -> int:
@@ -172,8 +178,10 @@ class FileEngine(StorageAdapter):
         for task in self._tasks:
             try:
                 await task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
+            except asyncio.CancelledError:
                 pass
+            except Exception:
+                log.exception("file store background task failed")
         try:
             await self.flusher.stop()
             await self.checkpoint_now(final=True)
@@ -366,8 +374,7 @@ class FileEngine(StorageAdapter):
         for q in range(meta["queues"], queue_count):
             shard = self._open_shard(topic, q, meta)
             shard.cq.dir.mkdir(parents=True, exist_ok=True)
-        if queue_count > meta["queues"]:
-            meta["queues"] = queue_count
+        meta["queues"] = max(meta["queues"], queue_count)
         await self._save_meta()
 
     async def delete_shards(self, topic: str) -> None:
@@ -407,9 +414,12 @@ class FileEngine(StorageAdapter):
             raise StorageFull(f"disk use above {self.config.disk_max_used_ratio:.0%}; appends refused")
         if len(batches) == 1:
             body = batches[0]
-            hdr = parse_header(body)  # single-batch fast path of _validate
-            if hdr[1] + 12 != len(body) or hdr[6] < 0 or hdr[12] < 0:
-                parts = self._validate(batches)
+            try:
+                hdr = parse_header(body)  # single-batch fast path of _validate
+            except Corrupt:
+                hdr = None
+            if hdr is None or hdr[1] + 12 != len(body) or hdr[6] < 0 or hdr[12] < 0:
+                parts = self._validate(batches)  # the slow path says what is wrong
             else:
                 parts = ((body, hdr[6] + 1, hdr[8]),)
         else:
@@ -576,71 +586,40 @@ class FileEngine(StorageAdapter):
         return self._shard(topic, queue).cq.end_offset
 
     async def offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
+        """Bisect the ConsumeQueue's running max timestamps, then find the record inside the batch (decoding,
+        and decompressing if needed, only that one batch; the same resolution as the other engines)."""
         shard = self._shard(topic, queue)
         cq = shard.cq
         if shard.log_start >= cq.end_offset:
             return None
         first = max(cq.search_timestamp(timestamp), cq.search_offset(shard.log_start))
+        view = self.clog.body_view
+        tlen = len(shard.topic_b)
         for unit in self._units_from(cq, first):
-            found = self._first_at_or_after(shard, unit, timestamp)
+            data = view(unit[0], unit[1], tlen)
+            # the unit holds the running max; the batch's own max says whether it can hold a match
+            if _I64.unpack_from(data, 35)[0] < timestamp:
+                continue
+            found = first_record_at_or_after(data, timestamp, shard.log_start)
             if found is not None:
                 return found
         return None
 
-    def _first_at_or_after(self, shard: Shard, unit: tuple, timestamp: int) -> tuple[int, int] | None:
-        """(offset, ts) of the first record in this unit's batch with ts >= timestamp and offset >= log start."""
-        batch = self._batch(shard, unit)
-        data = batch.data
-        if batch.max_timestamp < timestamp:
-            return None
-        attributes = _I16.unpack_from(data, 21)[0]
-        low = max(batch.base_offset, shard.log_start)
-        if attributes & ATTR_LOG_APPEND_TIME or attributes & ATTR_COMPRESSION:
-            # LogAppendTime: every record carries the batch time; compressed: answered at batch granularity
-            return low, batch.max_timestamp
-        base_ts = _I64.unpack_from(data, 27)[0]
-        try:
-            records = recbatch.decode_records(data[BATCH_HEADER:], struct.unpack_from(">i", data, 57)[0])
-        except Corrupt as exc:
-            log.error("%s-%d: batch at offset %d does not decode (%s)", shard.topic, shard.queue,
-                      batch.base_offset, exc)
-            return low, batch.max_timestamp
-        for rec in records:
-            ts = base_ts + rec[1]
-            off = batch.base_offset + rec[2]
-            if ts >= timestamp and off >= shard.log_start:
-                return off, ts
-        return None
-
     async def max_timestamp(self, topic: str, queue: int) -> tuple[int, int] | None:
+        """The first record carrying the queue's largest timestamp (its last unit's running max)."""
         shard = self._shard(topic, queue)
         cq = shard.cq
         if shard.log_start >= cq.end_offset or len(cq) == 0:
             return None
-        top = cq.unit(cq.max_unit - 1)[5]
-        first = max(cq.search_timestamp(top), cq.search_offset(shard.log_start))
-        for unit in self._units_from(cq, first):
-            batch = self._batch(shard, unit)
-            if batch.max_timestamp < top:
-                continue
-            data = batch.data
-            attributes = _I16.unpack_from(data, 21)[0]
-            if attributes & ATTR_LOG_APPEND_TIME:
-                return max(batch.base_offset, shard.log_start), top
-            if attributes & ATTR_COMPRESSION:
-                return batch.next_offset - 1, top  # Kafka's shallow answer: the batch's last offset
-            found = self._first_at_or_after(shard, unit, top)
-            if found is not None:
-                return found
-        # the record holding the maximum lies before the log start: the best remaining one
-        return await self._max_after_start(shard)
-
-    async def _max_after_start(self, shard: Shard) -> tuple[int, int] | None:
+        found = await self.offset_for_timestamp(topic, queue, cq.unit(cq.max_unit - 1)[5])
+        if found is not None:
+            return found
+        # the record holding the maximum lies before the log start: the largest among what remains
         best = None
-        for unit in self._units_from(shard.cq, shard.cq.search_offset(shard.log_start)):
+        for unit in self._units_from(cq, cq.search_offset(shard.log_start)):
             batch = self._batch(shard, unit)
             if best is None or batch.max_timestamp > best[1]:
-                best = (max(batch.base_offset, shard.log_start), batch.max_timestamp)
+                best = first_record_at_or_after(batch.data, batch.max_timestamp, shard.log_start) or best
         return best
 
     # --- background: ConsumeQueue flush + checkpoint ---------------------------------------------------
@@ -702,4 +681,4 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-__all__ = ["FileEngine", "Shard", "StoreStats", "OutOfBounds"]
+__all__ = ["FileEngine", "OutOfBounds", "Shard", "StoreStats"]

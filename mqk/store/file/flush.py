@@ -52,8 +52,7 @@ class FlushService:
         loop = asyncio.get_running_loop()
         flushed = await loop.run_in_executor(self.executor, self.clog.flush)
         self.flush_count += 1
-        if flushed > self.flushed:
-            self.flushed = flushed
+        self.flushed = max(self.flushed, flushed)
         return self.flushed
 
     def wait_flushed(self, target: int) -> asyncio.Future[None]:
@@ -129,6 +128,8 @@ class FlushService:
                 self._task.cancel()
                 try:
                     await self._task
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
+                except asyncio.CancelledError:
                     pass
+                except Exception:
+                    log.exception("flush service failed")
             self.executor.shutdown(wait=True)

@@ -39,7 +39,7 @@ class MappedFile:
     """One mapped segment. Not thread-safe for writes: the store writes from the event loop thread only; flush
     (`fdatasync`) may run in a worker thread concurrently with writes, which the kernel allows."""
 
-    __slots__ = ("path", "file_size", "start_offset", "fd", "mm", "buf", "wrote", "committed", "flushed", "_closed")
+    __slots__ = ("_closed", "buf", "committed", "fd", "file_size", "flushed", "mm", "path", "start_offset", "wrote")
 
     def __init__(self, path: Path, file_size: int, start_offset: int) -> None:
         if file_size <= 0:
@@ -156,8 +156,7 @@ class MappedFile:
         target = self.wrote
         if target > self.flushed and not self._closed:
             os.fdatasync(self.fd)
-            if target > self.flushed:
-                self.flushed = target
+            self.flushed = max(self.flushed, target)
         return self.flushed
 
     # --- life cycle ------------------------------------------------------------------------------------
@@ -232,7 +231,8 @@ class _Allocator:
         for fut in self._pending.values():
             try:
                 mf = fut.result()
-            except Exception:  # noqa: BLE001 - a failed pre-allocation is simply not used
+            except Exception as exc:  # noqa: BLE001 - a failed pre-allocation is simply not used
+                log.warning("pre-allocating a segment failed: %s", exc)
                 continue
             # never handed out, so never written: remove it so a restart does not find an empty trailing segment
             mf.destroy()

@@ -1,0 +1,307 @@
+"""FileEngine through the StorageAdapter API: appends and reads across CommitLog segments and ConsumeQueue files,
+restart, delete-before, timestamp lookups, tag filtering, LogAppendTime, group commit, stats, topic re-creation."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+from pathlib import Path
+
+import pytest
+
+from mqk._fast import load
+from mqk.config import StoreConfig, TopicConfig
+from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, StorageError, UnknownShard
+from mqk.store.adapter import GroupOffset
+from mqk.store.file.engine import FileEngine
+
+rb = load("recbatch")
+T = "orders"
+
+
+def batch(n: int = 3, ts: int = 1000, value: bytes = b"v" * 200, ts_step: int = 1) -> bytearray:
+    recs = b"".join(rb.encode_record(i, i * ts_step, None, value + bytes([i]), []) for i in range(n))
+    return rb.build_batch(0, ts, ts + (n - 1) * ts_step, recs, n, n - 1)
+
+
+def config(root: Path, **changes) -> StoreConfig:
+    base = StoreConfig(data_dir=root, commitlog_segment_bytes=64 * 1024, cq_units_per_file=8,
+                       flush_interval_ms=20, checkpoint_interval_ms=50)
+    return dataclasses.replace(base, **changes)
+
+
+async def open_engine(root: Path, **changes) -> FileEngine:
+    engine = FileEngine(config(root, **changes), root)
+    await engine.start()
+    return engine
+
+
+@pytest.fixture
+async def engine(tmp_path: Path):
+    e = await open_engine(tmp_path)
+    await e.create_shards(T, 2, TopicConfig())
+    yield e
+    await e.close()
+
+
+def records_of(data) -> list[bytes]:
+    header = rb.parse_header(data)
+    return [r[4] for r in rb.decode_records(bytes(data[rb.HEADER_SIZE:]), header[12])]
+
+
+async def test_append_and_read_across_segments_and_cq_files(engine: FileEngine) -> None:
+    originals = []
+    for i in range(400):  # ~110 KB per queue → several 64 KiB segments and 8-unit CQ files
+        b = batch(3, ts=1000 + i, value=bytes([i % 256]) * 250)
+        originals.append(b)
+        result = await engine.append(T, i % 2, [b])
+        assert result.base_offset == (i // 2) * 3 and result.last_offset == result.base_offset + 2
+    assert len(engine.clog.mfq.files) >= 3
+    assert engine.end_offset(T, 0) == 600 and engine.end_offset(T, 1) == 600
+    got = []
+    offset = 0
+    while offset < 600:
+        result = await engine.read(T, 0, offset, 5000)
+        assert result.batches and result.end_offset == 600 and result.log_start_offset == 0
+        for b in result.batches:
+            assert isinstance(b.data, memoryview)  # zero-copy view into the mapping
+            rb.scan_batches(b.data, True)  # CRC intact
+            assert rb.parse_header(b.data)[0] == b.base_offset
+            got.append(bytes(b.data[12:]))
+        offset = result.next_offset
+    assert got == [bytes(o[12:]) for o in originals[0::2]]
+
+
+async def test_read_semantics(engine: FileEngine) -> None:
+    for i in range(5):
+        await engine.append(T, 0, [batch(4, ts=1000 + i)])
+    # an offset inside a batch returns that whole batch
+    result = await engine.read(T, 0, 6, 1)
+    assert [b.base_offset for b in result.batches] == [4]  # first batch even though bigger than max_bytes
+    assert result.batches[0].record_count == 4 and result.next_offset == 8
+    result = await engine.read(T, 0, 0, 10**9)
+    assert [b.base_offset for b in result.batches] == [0, 4, 8, 12, 16]
+    assert (await engine.read(T, 0, 20, 100)).batches == []
+    with pytest.raises(OffsetOutOfRange):
+        await engine.read(T, 0, 21, 100)
+    with pytest.raises(OffsetOutOfRange):
+        await engine.read(T, 0, -1, 100)
+    with pytest.raises(UnknownShard):
+        await engine.read(T, 7, 0, 100)
+    with pytest.raises(UnknownShard):
+        await engine.append("nope", 0, [batch()])
+
+
+async def test_restart_keeps_data_offsets_and_metadata(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path)
+    await e.create_shards(T, 3, TopicConfig())
+    for i in range(300):
+        await e.append(T, i % 3, [batch(2, ts=1000 + i)])
+    await e.delete_before(T, 1, 50)
+    await e.commit_offsets("g1", {(T, 0): GroupOffset(42, "meta")})
+    await e.close()
+    assert not (tmp_path / "abort").exists()
+    e = await open_engine(tmp_path)
+    try:
+        assert not e.recovery_report["abnormal"]
+        assert e.list_shards() == {T: 3}
+        assert [e.end_offset(T, q) for q in range(3)] == [200, 200, 200]
+        assert e.log_start_offset(T, 1) == 50
+        with pytest.raises(OffsetOutOfRange):
+            await e.read(T, 1, 49, 100)
+        assert (await e.read(T, 1, 50, 1)).batches[0].base_offset == 50
+        assert e.fetch_offsets("g1")[(T, 0)].offset == 42
+        result = await e.append(T, 2, [batch(2)])
+        assert result.base_offset == 200
+    finally:
+        await e.close()
+
+
+async def test_delete_before(engine: FileEngine) -> None:
+    for i in range(4):
+        await engine.append(T, 0, [batch(5)])
+    assert await engine.delete_before(T, 0, 7) == 7
+    assert engine.log_start_offset(T, 0) == 7
+    assert await engine.delete_before(T, 0, 3) == 7  # never moves back
+    result = await engine.read(T, 0, 7, 1)
+    assert result.batches[0].base_offset == 5 and result.log_start_offset == 7  # the batch holding 7
+    with pytest.raises(OffsetOutOfRange):
+        await engine.delete_before(T, 0, 21)
+    assert await engine.delete_before(T, 0, 20) == 20
+    assert (await engine.read(T, 0, 20, 100)).batches == []
+
+
+async def test_offset_for_timestamp_and_max_timestamp(engine: FileEngine) -> None:
+    # batch i has records at 1000 + 100*i + {0, 10, 20}; batch 3 is out of order (older timestamps)
+    stamps = [1000, 1100, 1200, 900, 1400]
+    for ts in stamps:
+        await engine.append(T, 0, [batch(3, ts=ts, ts_step=10)])
+    assert await engine.offset_for_timestamp(T, 0, 0) == (0, 1000)
+    assert await engine.offset_for_timestamp(T, 0, 1005) == (1, 1010)
+    assert await engine.offset_for_timestamp(T, 0, 1150) == (6, 1200)
+    assert await engine.offset_for_timestamp(T, 0, 1201) == (7, 1210)
+    assert await engine.offset_for_timestamp(T, 0, 1221) == (12, 1400)
+    assert await engine.offset_for_timestamp(T, 0, 1421) is None
+    assert await engine.max_timestamp(T, 0) == (14, 1420)
+    await engine.delete_before(T, 0, 8)
+    assert await engine.offset_for_timestamp(T, 0, 0) == (8, 1220)
+    assert await engine.max_timestamp(T, 1) is None
+    assert await engine.offset_for_timestamp(T, 1, 0) is None
+
+
+async def test_timestamp_lookup_across_many_cq_files(engine: FileEngine) -> None:
+    for i in range(100):  # 8 units per CQ file: 13 files
+        await engine.append(T, 1, [batch(2, ts=10_000 + 50 * i, ts_step=5)])
+    for i in range(0, 100, 7):
+        assert await engine.offset_for_timestamp(T, 1, 10_000 + 50 * i + 3) == (2 * i + 1, 10_000 + 50 * i + 5)
+
+
+async def test_read_by_tags_uses_only_the_consumequeue(engine: FileEngine, monkeypatch) -> None:
+    for i in range(30):
+        await engine.append(T, 0, [batch(1)], tags_code=i % 3)
+    reads = []
+    real = engine.clog.body_view
+    monkeypatch.setattr(engine.clog, "body_view", lambda *a: reads.append(a) or real(*a))
+    result = await engine.read_by_tags(T, 0, 4, [2], 100)
+    assert [b.base_offset for b in result.batches] == list(range(5, 30, 3))
+    assert all(b.tags_code == 2 for b in result.batches)
+    assert len(reads) == len(result.batches)  # non-matching batches were never read from the CommitLog
+    assert len((await engine.read_by_tags(T, 0, 0, [0, 1], 4)).batches) == 4
+
+
+async def test_log_append_time_rewrites_the_stored_copy(engine: FileEngine) -> None:
+    original = batch(3, ts=5)
+    before = bytes(original)
+    result = await engine.append(T, 0, [original], log_append_time=True)
+    assert bytes(original) == before  # the caller's buffer is untouched
+    stored = (await engine.read(T, 0, 0, 100)).batches[0]
+    header = rb.parse_header(stored.data)
+    assert header[5] & 0x08 and header[8] == result.log_append_time
+    rb.scan_batches(stored.data, True)  # CRC recomputed
+    assert stored.max_timestamp == result.log_append_time
+    assert await engine.offset_for_timestamp(T, 0, result.log_append_time) == (0, result.log_append_time)
+
+
+async def test_several_batches_per_append_and_concatenated_buffers(engine: FileEngine) -> None:
+    r = await engine.append(T, 0, [batch(2), batch(3)])
+    assert (r.base_offset, r.last_offset) == (0, 4)
+    r = await engine.append(T, 0, [bytes(batch(1)) + bytes(batch(4))])
+    assert (r.base_offset, r.last_offset) == (5, 9)
+    result = await engine.read(T, 0, 0, 10**6)
+    assert [(b.base_offset, b.record_count) for b in result.batches] == [(0, 2), (2, 3), (5, 1), (6, 4)]
+
+
+async def test_bad_input_is_a_typed_error_and_writes_nothing(engine: FileEngine) -> None:
+    end = engine.clog.max_offset
+    for bad in ([b"garbage"], [bytes(batch(2))[:-3]], [batch(1), b"x" * 70], []):
+        with pytest.raises(InvalidRecord):
+            await engine.append(T, 0, bad)
+    with pytest.raises(MessageTooLarge):
+        await engine.append(T, 0, [batch(1, value=b"x" * 70_000)])
+    assert engine.clog.max_offset == end and engine.end_offset(T, 0) == 0
+
+
+async def test_sync_flush_group_commit(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path, flush_mode="sync")
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        before = e.flusher.flush_count
+        results = await asyncio.gather(*(e.append(T, 0, [batch(1)]) for _ in range(50)))
+        assert sorted(r.base_offset for r in results) == list(range(50))
+        assert e.flusher.flushed >= e.clog.max_offset  # acknowledged means flushed
+        assert e.flusher.flush_count - before <= 5, "one fsync should serve every writer waiting"
+    finally:
+        await e.close()
+
+
+async def test_async_flush_happens_in_background(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path, flush_mode="async", flush_interval_ms=10, flush_min_pages=1)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        await e.append(T, 0, [batch(40)])
+        for _ in range(200):
+            if e.flusher.flushed >= e.clog.max_offset:
+                break
+            await asyncio.sleep(0.01)
+        assert e.flusher.flushed >= e.clog.max_offset
+        # the checkpoint follows: its safe offset reaches the end
+        for _ in range(200):
+            if e.checkpoint.safe_offset >= e.clog.max_offset:
+                break
+            await asyncio.sleep(0.01)
+        assert e.checkpoint.safe_offset == e.clog.max_offset
+    finally:
+        await e.close()
+
+
+async def test_listeners_and_stats(engine: FileEngine) -> None:
+    seen = []
+    engine.listeners.append(lambda topic, queue, end: seen.append((topic, queue, end)))
+    await engine.append(T, 1, [batch(3)])
+    await engine.append(T, 1, [batch(2), batch(2)])
+    assert seen == [(T, 1, 3), (T, 1, 7)]
+    stats = engine.stats.as_dict()
+    assert stats["puts"] == 2 and stats["put_batches"] == 3
+    assert stats["put_bytes"] == engine.clog.max_offset
+    assert sum(stats["latency_us"].values()) == 2 and stats["dispatch_lag"] == 0
+
+
+async def test_dispatch_hook_sees_each_entry_live_and_at_recovery(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path)
+    calls = []
+    e.dispatcher.hooks.append(lambda *args: calls.append((args[0], args[1], args[2], args[7])))
+    await e.create_shards(T, 1, TopicConfig())
+    await e.append(T, 0, [batch(2)], keys=[b"k1"])
+    assert calls == [(T, 0, 0, [b"k1"])]
+    await e.close()
+    e = FileEngine(config(tmp_path), tmp_path)
+    e.dispatcher.hooks.append(lambda *args: calls.append((args[0], args[1], args[2], args[7])))
+    await e.start()
+    await e.close()
+    assert calls[-1] == (T, 0, 0, None)  # replayed at recovery; keys come from the body then
+
+
+async def test_deleted_then_recreated_topic_starts_empty(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path)
+    await e.create_shards(T, 1, TopicConfig())
+    for _ in range(5):
+        await e.append(T, 0, [batch(2)])
+    await e.delete_shards(T)
+    assert e.list_shards() == {}
+    with pytest.raises(UnknownShard):
+        await e.delete_shards(T)
+    await e.create_shards(T, 1, TopicConfig())
+    assert e.end_offset(T, 0) == 0
+    await e.append(T, 0, [batch(1)])
+    await e.close()
+    e = await open_engine(tmp_path)  # recovery replays the log: the old incarnation's entries stay out
+    try:
+        assert e.end_offset(T, 0) == 1
+        assert [b.record_count for b in (await e.read(T, 0, 0, 10**6)).batches] == [1]
+    finally:
+        await e.close()
+
+
+async def test_add_queues_and_bad_topic_names(engine: FileEngine) -> None:
+    await engine.create_shards(T, 4, TopicConfig())
+    assert engine.list_shards() == {T: 4}
+    await engine.append(T, 3, [batch(1)])
+    for bad in ("", "a/b", ".."):
+        with pytest.raises(StorageError):
+            await engine.create_shards(bad, 1, TopicConfig())
+
+
+async def test_closed_engine_refuses_appends(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path)
+    await e.create_shards(T, 1, TopicConfig())
+    await e.close()
+    with pytest.raises(StorageError):
+        await e.append(T, 0, [batch(1)])
+
+
+async def test_stored_max_timestamp_is_the_batch_own(engine: FileEngine) -> None:
+    await engine.append(T, 0, [batch(2, ts=5000)])
+    await engine.append(T, 0, [batch(2, ts=100)])
+    batches = (await engine.read(T, 0, 0, 10**6)).batches
+    assert [b.max_timestamp for b in batches] == [5001, 101]
+    assert struct.unpack_from(">q", batches[1].data, 35)[0] == 101

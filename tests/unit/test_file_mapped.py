@@ -1,0 +1,188 @@
+"""MappedFile and MappedFileQueue: bounds checks, positions, segment naming, pre-allocation, truncation, reload."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from mqk.errors import OutOfBounds, StorageError
+from mqk.store.file.mapped_file import MappedFile, MappedFileQueue, segment_name
+
+SIZE = 8192
+
+
+def test_segment_names_are_20_digit_offsets() -> None:
+    assert segment_name(0) == "0" * 20
+    assert segment_name(1 << 30) == "00000000001073741824"
+
+
+def test_new_file_has_its_size_and_empty_positions(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / segment_name(SIZE), SIZE, SIZE)
+    try:
+        assert os.path.getsize(mf.path) == SIZE
+        assert (mf.wrote, mf.committed, mf.flushed) == (0, 0, 0)
+        assert mf.start_offset == SIZE and mf.end_offset == 2 * SIZE
+        assert mf.available() == SIZE
+    finally:
+        mf.close()
+
+
+def test_append_view_and_bounds(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / "f", SIZE, 0)
+    try:
+        assert mf.append(b"hello") == 0
+        assert mf.append(b"world") == 5
+        assert mf.wrote == mf.committed == 10
+        assert bytes(mf.view(0, 10)) == b"helloworld"
+        # reads past the write position, below zero, or negative sizes are refused
+        for pos, size in ((5, 6), (-1, 2), (0, -1), (11, 0)):
+            with pytest.raises(OutOfBounds):
+                mf.view(pos, size)
+        # a write that does not fit leaves the position where it was
+        with pytest.raises(OutOfBounds):
+            mf.append(b"x" * (SIZE - 9))
+        assert mf.wrote == 10
+        mf.append(b"y" * (SIZE - 10))
+        assert mf.is_full() and mf.available() == 0
+        with pytest.raises(OutOfBounds):
+            mf.append(b"z")
+        with pytest.raises(OutOfBounds):
+            mf.write_at(SIZE - 2, b"abc")
+        with pytest.raises(OutOfBounds):
+            mf.advance(1)
+        with pytest.raises(OutOfBounds):
+            mf.raw_view(SIZE - 1, 2)
+        with pytest.raises(OutOfBounds):
+            mf.set_positions(SIZE + 1)
+    finally:
+        mf.close()
+
+
+def test_advance_publishes_bytes_written_in_place(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / "f", SIZE, 0)
+    try:
+        mf.buf[0:3] = b"abc"
+        with pytest.raises(OutOfBounds):
+            mf.view(0, 3)  # not published yet
+        mf.advance(3)
+        assert bytes(mf.view(0, 3)) == b"abc"
+        with pytest.raises(OutOfBounds):
+            mf.advance(-1)
+    finally:
+        mf.close()
+
+
+def test_flush_and_reopen_keeps_bytes(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / "f", SIZE, 0)
+    mf.append(b"durable")
+    assert mf.flush() == 7 and mf.flushed == 7
+    mf.close()
+    again = MappedFile(tmp_path / "f", SIZE, 0)
+    try:
+        assert bytes(again.raw_view(0, 7)) == b"durable"
+    finally:
+        again.close()
+
+
+def test_zero_from_cuts_the_tail(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / "f", SIZE, 0)
+    try:
+        mf.append(b"a" * 100)
+        mf.zero_from(40)
+        assert mf.wrote == 40
+        assert bytes(mf.raw_view(40, 60)) == bytes(60)
+        assert bytes(mf.raw_view(0, 40)) == b"a" * 40
+    finally:
+        mf.close()
+
+
+def test_larger_file_is_refused_shorter_is_extended(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"\x01" * (SIZE + 1))
+    with pytest.raises(StorageError):
+        MappedFile(big, SIZE, 0)
+    short = tmp_path / "short"
+    short.write_bytes(b"\x02" * 100)
+    mf = MappedFile(short, SIZE, 0)
+    try:
+        assert os.path.getsize(short) == SIZE
+        assert bytes(mf.raw_view(0, 101)) == b"\x02" * 100 + b"\x00"
+    finally:
+        mf.close()
+
+
+def test_close_with_live_views_does_not_fail(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / "f", SIZE, 0)
+    mf.append(b"held")
+    view = mf.view(0, 4)
+    mf.destroy()  # readers' zero-copy views keep the mapping alive; the file goes
+    assert bytes(view) == b"held"
+    assert not (tmp_path / "f").exists()
+
+
+def test_queue_rolls_named_segments_and_finds_offsets(tmp_path: Path) -> None:
+    q = MappedFileQueue(tmp_path / "log", SIZE)
+    try:
+        first = q.get_last_for_write()
+        assert first.path.name == segment_name(0)
+        first.append(b"a" * SIZE)
+        second = q.get_last_for_write()
+        assert second.start_offset == SIZE and second.path.name == segment_name(SIZE)
+        second.append(b"bc")
+        assert q.max_offset == SIZE + 2
+        assert q.find(0) is first and q.find(SIZE - 1) is first and q.find(SIZE) is second
+        assert bytes(q.view(SIZE, 2)) == b"bc"
+        with pytest.raises(OutOfBounds):
+            q.find(2 * SIZE)
+        with pytest.raises(OutOfBounds):
+            q.find(-1)
+        # the next segment is being created in the background before anyone needs it
+        deadline = time.monotonic() + 5
+        while not (tmp_path / "log" / segment_name(2 * SIZE)).exists():
+            assert time.monotonic() < deadline, "next segment was not pre-allocated"
+            time.sleep(0.01)
+        third = q.roll()
+        assert third.start_offset == 2 * SIZE and second.is_full()
+    finally:
+        q.close()
+    # the pre-allocated, never used segment is removed at close
+    names = sorted(p.name for p in (tmp_path / "log").iterdir())
+    assert names == [segment_name(0), segment_name(SIZE), segment_name(2 * SIZE)]
+
+
+def test_queue_truncate_and_reload(tmp_path: Path) -> None:
+    q = MappedFileQueue(tmp_path / "log", SIZE, preallocate=False)
+    for i in range(3):
+        q.get_last_for_write().append(bytes([i + 1]) * SIZE)
+    q.truncate(SIZE + 100)
+    assert len(q.files) == 2 and q.max_offset == SIZE + 100
+    assert bytes(q.files[1].raw_view(100, 10)) == bytes(10)
+    assert not (tmp_path / "log" / segment_name(2 * SIZE)).exists()
+    q.flush()
+    q.close()
+    again = MappedFileQueue(tmp_path / "log", SIZE, preallocate=False)
+    again.load()
+    try:
+        assert [f.start_offset for f in again.files] == [0, SIZE]
+        assert bytes(again.files[1].raw_view(0, 100)) == b"\x02" * 100
+        assert again.delete_before(SIZE) == 1
+        assert again.min_offset == SIZE
+        assert again.delete_before(10 * SIZE) == 0  # never the last segment
+    finally:
+        again.close()
+
+
+def test_load_ignores_foreign_and_misplaced_files(tmp_path: Path) -> None:
+    d = tmp_path / "log"
+    d.mkdir()
+    (d / segment_name(0)).write_bytes(b"\x00" * SIZE)
+    (d / segment_name(3 * SIZE)).write_bytes(b"\x00" * SIZE)  # a hole before it: not addressable
+    (d / "notes.txt").write_text("not a segment")
+    q = MappedFileQueue(d, SIZE, preallocate=False)
+    q.load()
+    try:
+        assert [f.start_offset for f in q.files] == [0]
+    finally:
+        q.close()
