@@ -138,21 +138,33 @@ def _unlz4(data, max_size: int) -> bytes:
 
 
 def _unzstd(data, max_size: int) -> bytes:
+    data = bytes(data)
+    dctx = zstandard.ZstdDecompressor()
     try:
-        with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
-            out = reader.read(max_size + 1)
-            if len(out) > max_size:
-                raise _too_big(max_size)
-            # read() may return early; keep reading until the stream ends or the bound is crossed
-            buf = bytearray(out)
-            while out:
-                out = reader.read(max_size + 1 - len(buf))
-                buf += out
-                if len(buf) > max_size:
-                    raise _too_big(max_size)
-            return bytes(buf)
+        declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as e:
         raise Corrupt(f"zstd: {e}") from None
+    if declared > max_size:
+        raise _too_big(max_size)
+    try:
+        # one-shot decoding refuses truncated frames; without a declared size, max_output_size bounds the output
+        return dctx.decompress(data, max_output_size=max_size if declared < 0 else 0)
+    except zstandard.ZstdError as e:
+        error = e
+    # Either corrupt/truncated or (size undeclared) larger than the bound: a bounded streaming read tells which.
+    try:
+        with dctx.stream_reader(data) as reader:
+            total = 0
+            while True:
+                chunk = reader.read(min(1 << 20, max_size + 1 - total))
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > max_size:
+                    raise _too_big(max_size)
+    except zstandard.ZstdError:
+        pass
+    raise Corrupt(f"zstd: {error}") from None
 
 
 _DECOMPRESSORS = {GZIP: _gunzip, SNAPPY: _unsnappy, LZ4: _unlz4, ZSTD: _unzstd}
