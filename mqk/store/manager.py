@@ -39,6 +39,7 @@ from mqk.errors import (
     InvalidPartitionsError,
     InvalidTopicError,
     ShardExists,
+    StorageError,
     UnknownShard,
 )
 from mqk.store.adapter import (
@@ -99,7 +100,13 @@ class StoreManager:
 
     @property
     def default_engine(self) -> StorageAdapter:
-        return self._engines[self.config.storage]
+        return self._started_engine(self.config.storage)
+
+    def _started_engine(self, name: str) -> StorageAdapter:
+        engine = self._engines.get(name)
+        if engine is None:
+            raise StorageError("the store is not started (or already closed)")
+        return engine
 
     # --- life cycle ----------------------------------------------------------------------------------------
 
@@ -177,7 +184,7 @@ class StoreManager:
         info = self._topics.get(topic)
         if info is None:
             raise UnknownShard(f"unknown topic {topic!r}")
-        return self._engines[info.engine]
+        return self._started_engine(info.engine)
 
     def _engine_name_for(self, config: TopicConfig) -> str:
         name = config.storage_type or self.config.storage
@@ -212,7 +219,7 @@ class StoreManager:
                 raise UnknownShard(f"unknown topic {topic!r}")
             await self._save_topics()
             try:
-                await self._engines[info.engine].delete_shards(topic)
+                await self._started_engine(info.engine).delete_shards(topic)
             except UnknownShard:
                 pass
 
@@ -227,7 +234,7 @@ class StoreManager:
                     f"topic {topic!r} has {info.queue_count} partitions; cannot change to {total}")
             self._topics[topic] = ShardInfo(topic, total, info.config, info.engine, info.topic_id)
             await self._save_topics()
-            await self._engines[info.engine].create_shards(topic, total, info.config)
+            await self._started_engine(info.engine).create_shards(topic, total, info.config)
 
     async def alter_topic_config(self, topic: str, config: TopicConfig) -> None:
         async with self._admin:
@@ -238,7 +245,7 @@ class StoreManager:
                 raise InvalidConfigError(f"storage.type of topic {topic!r} is {info.engine!r} and cannot change")
             self._topics[topic] = ShardInfo(topic, info.queue_count, config, info.engine, info.topic_id)
             await self._save_topics()
-            await self._engines[info.engine].update_config(topic, config)
+            await self._started_engine(info.engine).update_config(topic, config)
 
     async def _save_topics(self) -> None:
         if not self.persistent:
@@ -283,7 +290,7 @@ class StoreManager:
         info = self._topics.get(topic)
         if info is None or not 0 <= queue < info.queue_count:
             raise UnknownShard(f"unknown shard {topic!r}/{queue}")
-        return self._engines[info.engine], info
+        return self._started_engine(info.engine), info
 
     async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
                      keys: Sequence[bytes] = (), log_append_time: bool = False,

@@ -90,6 +90,7 @@ class RocksEngine(StorageAdapter):
         # sync-mode group commit: (puts, future, publish) waiting for the writer task
         self._pending: list[tuple[list[tuple[bytes, bytes]], asyncio.Future[None], Any]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._write_error: StorageError | None = None
 
     # --- life cycle ----------------------------------------------------------------------------------------
 
@@ -185,6 +186,8 @@ class RocksEngine(StorageAdapter):
         if topic not in self._topics:
             raise UnknownShard(f"unknown topic {topic!r}")
         del self._topics[topic]
+        while self._writer is not None and not self._writer.done():  # no in-flight batch lands after the delete
+            await asyncio.shield(self._writer)
         tk = _topic_key(topic)
         batch = WriteBatch(raw_mode=True)
         batch.delete(b"s" + topic.encode())
@@ -207,6 +210,8 @@ class RocksEngine(StorageAdapter):
                      keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
         shard = self._shard(topic, queue)
         db = self.db
+        if self._write_error is not None:
+            raise self._write_error
         store_ts = now_ms()
         prepared = prepare_batches(batches, shard.assigned, store_ts if log_append_time else None)
         puts: list[tuple[bytes, bytes]] = []
@@ -225,8 +230,6 @@ class RocksEngine(StorageAdapter):
             for key in set(keys):
                 key = bytes(key)
                 puts.append((b"k" + tk + _U32.pack(len(key)) + key + tail, b""))
-        shard.assigned = new_end
-        shard.running_max = running_max
 
         def publish() -> None:
             shard.end = new_end
@@ -236,9 +239,14 @@ class RocksEngine(StorageAdapter):
             batch = WriteBatch(raw_mode=True)
             for key, value in puts:
                 batch.put(key, value)
-            db.write(batch, self._wo_fast)
+            try:
+                db.write(batch, self._wo_fast)
+            except Exception as exc:  # nothing was assigned yet: the shard is unchanged
+                raise StorageError(f"rocksdb write failed: {exc}") from exc
+            shard.assigned, shard.running_max = new_end, running_max
             publish()
         else:
+            shard.assigned, shard.running_max = new_end, running_max
             await self._enqueue(puts, publish)
         return AppendResult(first, new_end - 1, store_ts, shard.log_start)
 
@@ -255,6 +263,11 @@ class RocksEngine(StorageAdapter):
         try:
             while self._pending:
                 round_, self._pending = self._pending, []
+                if self._write_error is not None:  # queued behind a failed write: would leave a hole
+                    for _puts, future, _publish in round_:
+                        if not future.done():
+                            future.set_exception(self._write_error)
+                    continue
                 batch = WriteBatch(raw_mode=True)
                 for puts, _future, _publish in round_:
                     for key, value in puts:
@@ -262,7 +275,10 @@ class RocksEngine(StorageAdapter):
                 try:
                     await asyncio.to_thread(self.db.write, batch, self._wo_sync)
                 except Exception as exc:  # noqa: BLE001 - every waiter hears about it
-                    error = StorageError(f"rocksdb write failed: {exc}")
+                    # Offsets after the failed ones were already handed out: like Kafka taking a log dir
+                    # offline, refuse further appends rather than leave a hole in a shard.
+                    error = StorageError(f"rocksdb write failed, appends disabled until restart: {exc}")
+                    self._write_error = error
                     for _puts, future, _publish in round_:
                         if not future.done():
                             future.set_exception(error)

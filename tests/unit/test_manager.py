@@ -73,9 +73,12 @@ async def test_topic_life_cycle_errors(mem: StoreManager) -> None:
     await mem.create_topic("t", 2)
     with pytest.raises(ShardExists):
         await mem.create_topic("t", 1)
-    for call in (mem.delete_topic("nope"), mem.add_partitions("nope", 3), mem.alter_topic_config("nope", TopicConfig())):
-        with pytest.raises(UnknownShard):
-            await call
+    with pytest.raises(UnknownShard):
+        await mem.delete_topic("nope")
+    with pytest.raises(UnknownShard):
+        await mem.add_partitions("nope", 3)
+    with pytest.raises(UnknownShard):
+        await mem.alter_topic_config("nope", TopicConfig())
     for total in (1, 2):
         with pytest.raises(InvalidPartitionsError):
             await mem.add_partitions("t", total)
@@ -190,3 +193,18 @@ async def test_rerouting_hook_to_unknown_topic_is_unknown_shard(mem: StoreManage
     with pytest.raises(UnknownShard):
         await mem.append("t", 0, [_batch(b"x")])
     assert mem.end_offset("t", 0) == 0
+
+
+async def test_closed_manager_gives_typed_errors(tmp_path: Path) -> None:
+    from mqk.errors import StorageError
+
+    m = StoreManager(StoreConfig(data_dir=tmp_path / "data", storage="memory"))
+    await m.start()
+    await m.create_topic("t", 1)
+    await m.close()
+    with pytest.raises(StorageError):
+        await m.append("t", 0, [_batch(b"late")])
+    with pytest.raises(StorageError):
+        m.fetch_offsets("g")
+    with pytest.raises(StorageError):
+        m.end_offset("t", 0)
