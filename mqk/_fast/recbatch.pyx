@@ -11,7 +11,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
-from mqk._fast._bytes cimport (VARINT_TOO_LONG, as_i16, as_i32, VARINT_TRUNCATED, crc32c_of, ld_i16, ld_i32, ld_i64, ld_u32,
+from mqk._fast._bytes cimport (VARINT_TRUNCATED, as_i16, as_i32, crc32c_of, ld_i16, ld_i32, ld_i64, ld_u32,
                                put_uvarint, rd_varint, rd_varlong, st_i64, st_u16, st_u32, uvarint_size, zigzag32,
                                zigzag64)
 

@@ -280,7 +280,8 @@ def decode_records(data, count) -> list[tuple]:
 
 
 def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
-    """One record (length prefix included), attributes 0. key/value: bytes-like or None; headers: [(str, bytes|None)]."""
+    """One record (length prefix included), attributes 0.
+    key/value: bytes-like or None; headers: [(str, bytes-like | None)]."""
     offset_delta = _i32(offset_delta)
     timestamp_delta = _i64(timestamp_delta)
     body = bytearray(b"\x00")

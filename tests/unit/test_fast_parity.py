@@ -294,8 +294,8 @@ def test_clentry_outcomes_agree_on_damaged_input(e, flip, xor, cut, pos, limit, 
     entry = bytearray(ref_entry(e))
     entry[flip % len(entry)] ^= xor
     for buf in (bytes(entry), bytes(entry[:cut]), noise, struct.pack(">iI", cut - 100, 0xCBD43194) + noise):
-        same_outcome(CE, lambda m: outcome(m.read_entry, buf, 0, len(buf), verify))
-        same_outcome(CE, lambda m: outcome(m.read_entry, buf, pos, limit, verify))
+        same_outcome(CE, lambda m, buf=buf: outcome(m.read_entry, buf, 0, len(buf), verify))
+        same_outcome(CE, lambda m, buf=buf: outcome(m.read_entry, buf, pos, limit, verify))
 
     def encode(m):
         out = bytearray(cut)
