@@ -143,7 +143,9 @@ class SendProcessor:
                     break
                 run.append(message_to_batch(nbody, nprops, born, nflag, reconsume))
                 j += 1
-            result = await self.ctx.store.append(topic, queue, run, tags_code=code, keys=keys)
+            # the properties let the timer's put-hook see a delay without decoding the batch
+            result = await self.ctx.store.append(topic, queue, run, tags_code=code, keys=keys,
+                                                 properties=props if len(run) == 1 else None)
             if first_offset < 0:
                 first_offset = result.base_offset
             for k in range(len(run)):
@@ -185,7 +187,7 @@ class SendProcessor:
         try:
             await self.ctx.store.append(
                 target, 0, [message_to_batch(msg.body, props, msg.born_timestamp, msg.flag, times + 1)],
-                tags_code=tags_code_for(props), keys=keys_of(props))
+                tags_code=tags_code_for(props), keys=keys_of(props), properties=props)
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         return cmd.response(ResponseCode.SUCCESS)

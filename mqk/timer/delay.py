@@ -1,0 +1,136 @@
+"""Pure helpers of delayed delivery: when a message is due, and how a delayed batch is wrapped while it waits.
+
+When (the first that applies):
+- RocketMQ properties (native messages; Kafka record headers of the same names work too):
+  `DELAY` = delay level 1..18 (`1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h`; above 18 means 18,
+  as in RocketMQ), `__STARTDELIVERTIME` / `TIMER_DELIVER_MS` = epoch ms, `TIMER_DELAY_SEC` = seconds from now,
+  `TIMER_DELAY_MS` = ms from now;
+- Kafka record headers: `mqk-deliver-at` = epoch ms, `mqk-delay-ms` = ms from now (decimal text, or an 8-byte
+  big-endian integer).
+A due time not in the future means "deliver now". A batch of several Kafka records is delayed as a unit, until the
+latest due time any of its records asks for.
+
+While it waits, a delayed batch is stored, unchanged, as the value of one record in the timer topic, with headers
+naming its real topic, queue, due time, tags code and keys (`wrap` / `unwrap`).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from mqk._fast import load
+from mqk.errors import Corrupt
+from mqk.protocol.native.codes import (
+    DELAY_LEVELS_MS,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_START_DELIVER_TIME,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+)
+from mqk.protocol.native.records import batch_records
+
+recbatch = load("recbatch")
+
+HEADER_DELIVER_AT = "mqk-deliver-at"
+HEADER_DELAY_MS = "mqk-delay-ms"
+#: byte patterns whose absence in an uncompressed batch proves no record asks for a delay (a cheap pre-filter)
+_MARKERS = tuple(name.encode() for name in (
+    PROPERTY_DELAY_TIME_LEVEL, PROPERTY_START_DELIVER_TIME, "TIMER_DELIVER_MS", "TIMER_DELAY_",
+    HEADER_DELIVER_AT, HEADER_DELAY_MS))
+
+_W_TOPIC, _W_QUEUE, _W_AT, _W_TAGS, _W_KEY = "t", "q", "at", "tags", "k"
+
+
+def _number(raw: str | bytes | None) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        if len(raw) == 8 and not raw.isdigit():
+            return struct.unpack(">q", raw)[0]
+        try:
+            raw = raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        return None
+
+
+def due_time(props: dict[str, str] | dict[str, bytes | None], now: int) -> int | None:
+    """The epoch-ms due time a message's properties/headers ask for, or None if it is not delayed."""
+    level = _number(props.get(PROPERTY_DELAY_TIME_LEVEL))
+    if level is not None and level > 0:
+        return now + DELAY_LEVELS_MS[min(level, len(DELAY_LEVELS_MS)) - 1]
+    for name in (PROPERTY_START_DELIVER_TIME, PROPERTY_TIMER_DELIVER_MS, HEADER_DELIVER_AT):
+        at = _number(props.get(name))
+        if at is not None and at > 0:
+            return at
+    for name, scale in ((PROPERTY_TIMER_DELAY_SEC, 1000), (PROPERTY_TIMER_DELAY_MS, 1), (HEADER_DELAY_MS, 1)):
+        delay = _number(props.get(name))
+        if delay is not None and delay > 0:
+            return now + delay * scale
+    return None
+
+
+def batch_due_time(batch: bytes | bytearray | memoryview, now: int) -> int | None:
+    """The latest due time any record of a stored-format batch asks for, or None."""
+    view = memoryview(batch)
+    attributes = recbatch.parse_header(view, 0)[5]
+    if not attributes & 0x07 and not any(m in view.tobytes() for m in _MARKERS):
+        return None
+    _, records = batch_records(view)
+    latest: int | None = None
+    for record in records:
+        at = due_time(dict(record[5]), now)
+        if at is not None and (latest is None or at > latest):
+            latest = at
+    return latest
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A delayed batch as the timer keeps it."""
+
+    topic: str
+    queue: int
+    due: int
+    tags_code: int
+    keys: tuple[bytes, ...]
+    batch: bytes
+
+
+def wrap(entries: Sequence[Waiting], now: int) -> bytearray:
+    """One timer-topic batch holding each waiting batch as one record."""
+    records = bytearray()
+    for i, w in enumerate(entries):
+        headers: list[tuple[str, bytes | None]] = [
+            (_W_TOPIC, w.topic.encode()), (_W_QUEUE, str(w.queue).encode()), (_W_AT, str(w.due).encode()),
+            (_W_TAGS, str(w.tags_code).encode())]
+        headers += [(_W_KEY, bytes(k)) for k in w.keys]
+        records += recbatch.encode_record(i, 0, None, bytes(w.batch), headers)
+    return recbatch.build_batch(0, now, now, bytes(records), len(entries), len(entries) - 1)
+
+
+def unwrap(stored: bytes | bytearray | memoryview, min_offset: int = 0) -> Iterable[tuple[int, Waiting]]:
+    """(timer offset, waiting batch) per record of a timer-topic batch."""
+    header, records = batch_records(stored)
+    base = header[0]
+    for _attrs, _ts, delta, _key, value, headers in records:
+        if base + delta < min_offset:
+            continue
+        fields: dict[str, bytes | None] = {}
+        keys: list[bytes] = []
+        for name, raw in headers:
+            if name == _W_KEY:
+                keys.append(raw or b"")
+            else:
+                fields[name] = raw
+        try:
+            topic = (fields[_W_TOPIC] or b"").decode()
+            queue, due, tags = (int(fields[n] or b"") for n in (_W_QUEUE, _W_AT, _W_TAGS))
+        except (KeyError, ValueError, UnicodeDecodeError):
+            raise Corrupt(f"timer record at offset {base + delta} lacks its routing headers") from None
+        yield base + delta, Waiting(topic, queue, due, tags, tuple(keys), value or b"")

@@ -1,0 +1,274 @@
+"""TimerService: delayed and scheduled delivery for both protocols (RocketMQ's TimerMessageStore, simplified).
+
+Arrival: a put-hook on the store (`store.hooks`) looks at every append; a delayed one (see `mqk.timer.delay`) is
+rerouted, as one wrapped record per batch, to the internal timer topic `__mqk_timer`, so it is in the CommitLog,
+durable, before the producer is acknowledged. The producer's answer then names the timer topic's offset (RocketMQ
+answers with its schedule topic's offset the same way). A delay beyond `BrokerConfig.timer_max_delay_ms` is refused
+(`PutRejected`, MESSAGE_ILLEGAL over remoting).
+
+Scheduling: a reader follows the timer topic (woken by the store's data listener) and keeps (due, timer offset)
+in a `SortedList`; a deliverer sleeps until the head is due, then re-appends due batches, byte for byte, to their
+real topic and queue, with their tags code and keys. Its own re-appends are recognised by object identity and pass
+the hook untouched.
+
+Restart without loss or duplicates: the state document `timer` (store.save_state: atomic + fsync) holds `floor`
+(every timer offset below it is delivered), `done` (delivered offsets above the floor) and `intent` (offsets being
+delivered, with the real queue's end offset before the append). Intent is saved before a burst of re-appends and
+`done` after it; at start, each intent is settled by looking for its batch (same CRC and length) in the real queue
+after the recorded end offset, and the schedule is rebuilt by re-reading the timer topic from the floor.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from mqk.config import BrokerConfig, TopicConfig
+from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
+from mqk.store.adapter import PutContext
+from mqk.timer.delay import Waiting, batch_due_time, due_time, unwrap, wrap
+
+log = logging.getLogger("mqk.timer")
+
+TIMER_TOPIC = "__mqk_timer"
+STATE_NAME = "timer"
+#: re-appends per delivery burst (one intent save and one done save per burst)
+BURST = 1000
+_READ_BYTES = 4 << 20
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TimerService:
+    def __init__(self, config: BrokerConfig, store: Any) -> None:
+        self.config = config
+        self.store = store
+        self.max_delay_ms = config.timer_max_delay_ms
+        self._schedule: SortedList = SortedList()  # (due, timer offset)
+        self._scheduled: set[int] = set()
+        self._floor = 0
+        self._done: set[int] = set()
+        self._scan = 0
+        self._own: set[int] = set()  # ids of batch objects the deliverer is re-appending
+        self._data = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.delivered = 0
+
+    # --- life cycle --------------------------------------------------------------------------------------------
+
+    async def start(self) -> "TimerService":
+        if self.store.topic(TIMER_TOPIC) is None:
+            retention = max(7 * 24 * 3600 * 1000, 2 * self.max_delay_ms)
+            try:
+                await self.store.create_topic(TIMER_TOPIC, 1, TopicConfig({"retention.ms": str(retention)}))
+            except ShardExists:
+                pass
+        state = self.store.load_state(STATE_NAME) or {}
+        self._floor = max(int(state.get("floor", 0)), self.store.log_start_offset(TIMER_TOPIC, 0))
+        self._done = {o for o in _unruns(state.get("done", [])) if o >= self._floor}
+        await self._settle_intents(state.get("intent", {}))
+        self._scan = self._floor
+        await self._read_new()
+        self.store.add_listener(self._on_data)
+        self.store.hooks.append(self.hook)
+        self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._deliverer())]
+        return self
+
+    async def stop(self) -> None:
+        if self.hook in self.store.hooks:
+            self.store.hooks.remove(self.hook)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._save()
+
+    @property
+    def pending(self) -> int:
+        return len(self._schedule)
+
+    # --- arrival -------------------------------------------------------------------------------------------------
+
+    def hook(self, ctx: PutContext) -> None:
+        if ctx.topic == TIMER_TOPIC or (ctx.batches and id(ctx.batches[0]) in self._own):
+            return
+        now = now_ms()
+        due = due_time(ctx.properties, now) if ctx.properties else None
+        if due is None:
+            for batch in ctx.batches:
+                at = batch_due_time(batch, now)
+                if at is not None and (due is None or at > due):
+                    due = at
+        if due is None or due <= now:
+            return
+        if due - now > self.max_delay_ms:
+            raise PutRejected(f"delivery time {due} is more than timer_max_delay_ms ({self.max_delay_ms} ms) away")
+        waiting = [Waiting(ctx.topic, ctx.queue, due, ctx.tags_code, tuple(bytes(k) for k in ctx.keys), bytes(b))
+                   for b in ctx.batches]
+        ctx.batches = [wrap(waiting, now)]
+        ctx.topic, ctx.queue, ctx.tags_code, ctx.keys = TIMER_TOPIC, 0, 0, ()
+
+    def _on_data(self, topic: str, queue: int, end_offset: int) -> None:
+        if topic == TIMER_TOPIC:
+            self._data.set()
+
+    async def _reader(self) -> None:
+        while True:
+            await self._data.wait()
+            self._data.clear()
+            try:
+                await self._read_new()
+            except StorageError:
+                log.exception("timer: cannot read the timer topic")
+                await asyncio.sleep(1)
+
+    async def _read_new(self) -> None:
+        while self._scan < self.store.end_offset(TIMER_TOPIC, 0):
+            start = self.store.log_start_offset(TIMER_TOPIC, 0)
+            if self._scan < start:
+                self._scan = start
+            result = await self.store.read(TIMER_TOPIC, 0, self._scan, _READ_BYTES)
+            if not result.batches:
+                break
+            head = self._schedule[0][0] if self._schedule else None
+            for batch in result.batches:
+                for offset, waiting in unwrap(batch.data, self._scan):
+                    if offset >= self._floor and offset not in self._done and offset not in self._scheduled:
+                        self._schedule.add((waiting.due, offset))
+                        self._scheduled.add(offset)
+            self._scan = result.next_offset
+            if self._schedule and (head is None or self._schedule[0][0] < head):
+                self._wake.set()
+
+    # --- delivery ------------------------------------------------------------------------------------------------
+
+    async def _deliverer(self) -> None:
+        while True:
+            delay = 3600.0
+            if self._schedule:
+                delay = (self._schedule[0][0] - now_ms()) / 1000
+            if delay > 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), min(delay, 3600.0))
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            try:
+                await self._deliver_due()
+            except StorageError:
+                log.exception("timer: delivery failed; retrying")
+                await asyncio.sleep(0.5)
+
+    async def _deliver_due(self) -> None:
+        now = now_ms()
+        due = []
+        for item in self._schedule.irange(maximum=(now, 1 << 62)):
+            due.append(item)
+            if len(due) >= BURST:
+                break
+        loaded: list[tuple[int, Waiting]] = []
+        for _, offset in due:
+            waiting = await self._load(offset)
+            if waiting is not None:
+                loaded.append((offset, waiting))
+            else:
+                self._mark_done(offset)
+        intent: dict[str, list] = {}
+        for offset, w in loaded:
+            try:
+                intent[str(offset)] = [w.topic, w.queue, self.store.end_offset(w.topic, w.queue)]
+            except UnknownShard:
+                intent[str(offset)] = [w.topic, w.queue, -1]
+        await self._save(intent)
+        for offset, w in loaded:
+            batch = bytearray(w.batch)
+            self._own.add(id(batch))
+            try:
+                await self.store.append(w.topic, w.queue, [batch], tags_code=w.tags_code, keys=list(w.keys))
+                self.delivered += 1
+            except UnknownShard:
+                log.warning("timer: topic %s/%s is gone; dropping the message due at %s", w.topic, w.queue, w.due)
+            finally:
+                self._own.discard(id(batch))
+            self._mark_done(offset)
+        for item in due:
+            self._schedule.discard(item)
+        await self._save()
+
+    async def _load(self, offset: int) -> Waiting | None:
+        try:
+            result = await self.store.read(TIMER_TOPIC, 0, offset, 1)
+        except StorageError:
+            return None
+        for batch in result.batches:
+            for got, waiting in unwrap(batch.data, offset):
+                if got == offset:
+                    return waiting
+        return None
+
+    def _mark_done(self, offset: int) -> None:
+        self._scheduled.discard(offset)
+        self._done.add(offset)
+        while self._floor in self._done:
+            self._done.discard(self._floor)
+            self._floor += 1
+
+    async def _save(self, intent: dict[str, list] | None = None) -> None:
+        await self.store.save_state(STATE_NAME, {"floor": self._floor, "done": _runs(self._done),
+                                                 "intent": intent or {}})
+
+    async def _settle_intents(self, intent: dict[str, list]) -> None:
+        """After a crash mid-burst: an intent whose batch reached its real queue counts as delivered."""
+        for key, (topic, queue, end_before) in intent.items():
+            offset = int(key)
+            waiting = await self._load(offset)
+            if waiting is None or end_before < 0:
+                continue
+            if await self._landed(topic, int(queue), int(end_before), waiting.batch):
+                self._mark_done(offset)
+
+    async def _landed(self, topic: str, queue: int, start: int, batch: bytes) -> bool:
+        from mqk._fast import load
+
+        recbatch = load("recbatch")
+        want = recbatch.parse_header(batch, 0)
+        try:
+            offset = max(start, self.store.log_start_offset(topic, queue))
+            while offset < self.store.end_offset(topic, queue):
+                result = await self.store.read(topic, queue, offset, _READ_BYTES)
+                if not result.batches:
+                    return False
+                for stored in result.batches:
+                    got = recbatch.parse_header(stored.data, 0)
+                    if got[1] == want[1] and got[4] == want[4]:
+                        return True
+                offset = result.next_offset
+        except StorageError:
+            return False
+        return False
+
+
+def _runs(offsets: set[int]) -> list[list[int]]:
+    """Delivered offsets as [first, last] runs: deliveries come mostly in order, so this stays small even when
+    one far-future message holds the floor back."""
+    runs: list[list[int]] = []
+    for offset in sorted(offsets):
+        if runs and runs[-1][1] == offset - 1:
+            runs[-1][1] = offset
+        else:
+            runs.append([offset, offset])
+    return runs
+
+
+def _unruns(runs: list) -> set[int]:
+    out: set[int] = set()
+    for first, last in runs:
+        out.update(range(int(first), int(last) + 1))
+    return out

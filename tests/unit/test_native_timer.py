@@ -1,0 +1,192 @@
+"""Delayed delivery: due-time rules, the put-hook reroute, on-time delivery, and restart without loss or duplicates
+(memory StoreManager, no server)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from mqk._fast import load
+from mqk.config import BrokerConfig, StoreConfig
+from mqk.errors import PutRejected
+from mqk.protocol.native.records import batch_to_messages, message_to_batch, tags_code_for
+from mqk.store.manager import StoreManager
+from mqk.timer import TIMER_TOPIC, TimerService, due_time
+from mqk.timer.delay import Waiting, batch_due_time, unwrap, wrap
+
+recbatch = load("recbatch")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def test_due_time_rules() -> None:
+    assert due_time({}, 1000) is None
+    assert due_time({"DELAY": "1"}, 1000) == 2000
+    assert due_time({"DELAY": "3"}, 0) == 10_000
+    assert due_time({"DELAY": "18"}, 0) == 2 * 3600 * 1000
+    assert due_time({"DELAY": "99"}, 0) == 2 * 3600 * 1000  # clamped to the last level, as RocketMQ does
+    assert due_time({"DELAY": "0"}, 0) is None
+    assert due_time({"__STARTDELIVERTIME": "5000"}, 0) == 5000
+    assert due_time({"TIMER_DELIVER_MS": "7000"}, 0) == 7000
+    assert due_time({"TIMER_DELAY_SEC": "3"}, 100) == 3100
+    assert due_time({"mqk-deliver-at": b"9000"}, 0) == 9000
+    assert due_time({"mqk-delay-ms": (250).to_bytes(8, "big")}, 100) == 350
+    assert due_time({"mqk-delay-ms": b"garbage"}, 100) is None
+
+
+def test_batch_due_time_kafka_records() -> None:
+    records = (recbatch.encode_record(0, 0, None, b"a", [("mqk-delay-ms", b"500")])
+               + recbatch.encode_record(1, 0, None, b"b", [("mqk-delay-ms", b"900")]))
+    batch = recbatch.build_batch(0, 0, 0, records, 2, 1)
+    assert batch_due_time(batch, 1000) == 1900  # the whole batch waits for its latest record
+    plain = recbatch.build_batch(0, 0, 0, recbatch.encode_record(0, 0, None, b"x", []), 1, 0)
+    assert batch_due_time(plain, 1000) is None
+
+
+def test_wrap_round_trip() -> None:
+    inner = bytes(message_to_batch(b"body", {"TAGS": "t"}, 5))
+    waiting = [Waiting("real", 2, 12345, -7, (b"k1", b"k2"), inner), Waiting("other", 0, 1, 0, (), inner)]
+    wrapped = wrap(waiting, 99)
+    recbatch.set_base_offset(wrapped, 0, 40)
+    assert list(unwrap(wrapped)) == [(40, waiting[0]), (41, waiting[1])]
+    assert list(unwrap(wrapped, 41)) == [(41, waiting[1])]
+
+
+@pytest.fixture
+async def store():
+    manager = StoreManager(StoreConfig(storage="memory"))
+    await manager.start()
+    yield manager
+    await manager.close()
+
+
+async def _bodies(store: StoreManager, topic: str, queue: int = 0) -> list[bytes]:
+    if store.end_offset(topic, queue) == 0:
+        return []
+    result = await store.read(topic, queue, 0, 1 << 30)
+    out = []
+    for batch in result.batches:
+        out += [m.body for m in batch_to_messages(batch.data, topic, queue, 0, -1, ("127.0.0.1", 1))]
+    return out
+
+
+async def test_delayed_message_waits_then_arrives_once(store: StoreManager) -> None:
+    timer = await TimerService(BrokerConfig(), store).start()
+    try:
+        await store.create_topic("t", 1)
+        due = now_ms() + 400
+        props = {"TIMER_DELIVER_MS": str(due), "TAGS": "x"}
+        result = await store.append("t", 0, [message_to_batch(b"later", props, now_ms())], properties=props,
+                                    tags_code=tags_code_for(props), keys=[b"k9"])
+        await store.append("t", 0, [message_to_batch(b"now", {}, now_ms())])
+        assert await _bodies(store, "t") == [b"now"]
+        assert store.end_offset(TIMER_TOPIC, 0) == 1 and result.base_offset == 0
+        while now_ms() < due - 50:
+            assert await _bodies(store, "t") == [b"now"]  # not visible before its time
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 3
+        while await _bodies(store, "t") != [b"now", b"later"]:
+            assert time.monotonic() < deadline, "delayed message not delivered within 3 s"
+            await asyncio.sleep(0.02)
+        assert now_ms() >= due
+        stored = (await store.read("t", 0, 1, 1 << 20)).batches[0]
+        assert stored.tags_code == tags_code_for(props) != 0  # the tags code travels with it
+        assert [q for q, _ in await store.read_by_key("t", b"k9", 10)] == [0]  # and the keys
+        await asyncio.sleep(0.3)
+        assert await _bodies(store, "t") == [b"now", b"later"]
+    finally:
+        await timer.stop()
+
+
+async def test_kafka_header_delay_and_max_delay(store: StoreManager) -> None:
+    timer = await TimerService(BrokerConfig(timer_max_delay_ms=10_000), store).start()
+    try:
+        await store.create_topic("k", 1)
+        rec = recbatch.encode_record(0, 0, b"key", b"kafka", [("mqk-delay-ms", b"200")])
+        await store.append("k", 0, [recbatch.build_batch(0, now_ms(), now_ms(), rec, 1, 0)])
+        assert store.end_offset("k", 0) == 0
+        too_far = recbatch.encode_record(0, 0, None, b"x", [("mqk-delay-ms", b"20000")])
+        with pytest.raises(PutRejected):
+            await store.append("k", 0, [recbatch.build_batch(0, 0, 0, too_far, 1, 0)])
+        deadline = time.monotonic() + 3
+        while store.end_offset("k", 0) == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert await _bodies(store, "k") == [b"kafka"]
+    finally:
+        await timer.stop()
+
+
+async def test_many_due_at_once_all_delivered(store: StoreManager) -> None:
+    timer = await TimerService(BrokerConfig(), store).start()
+    try:
+        await store.create_topic("bulk", 2)
+        due = now_ms() + 300
+        for i in range(300):
+            props = {"__STARTDELIVERTIME": str(due)}
+            await store.append("bulk", i % 2, [message_to_batch(b"%d" % i, props, 0)], properties=props)
+        deadline = time.monotonic() + 5
+        while store.end_offset("bulk", 0) + store.end_offset("bulk", 1) < 300:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        got = sorted(await _bodies(store, "bulk", 0) + await _bodies(store, "bulk", 1), key=int)
+        assert got == [b"%d" % i for i in range(300)]
+        assert timer.pending == 0
+    finally:
+        await timer.stop()
+
+
+async def test_restart_keeps_pending_and_does_not_redeliver(store: StoreManager) -> None:
+    await store.create_topic("r", 1)
+    timer = await TimerService(BrokerConfig(), store).start()
+    props_soon = {"TIMER_DELAY_MS": "100"}
+    await store.append("r", 0, [message_to_batch(b"soon", props_soon, 0)], properties=props_soon)
+    props_late = {"TIMER_DELAY_MS": "1200"}
+    await store.append("r", 0, [message_to_batch(b"late", props_late, 0)], properties=props_late)
+    deadline = time.monotonic() + 3
+    while store.end_offset("r", 0) < 1:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    await timer.stop()  # "late" is still waiting
+    assert await _bodies(store, "r") == [b"soon"]
+
+    timer = await TimerService(BrokerConfig(), store).start()
+    try:
+        assert timer.pending == 1
+        deadline = time.monotonic() + 4
+        while store.end_offset("r", 0) < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert await _bodies(store, "r") == [b"soon", b"late"]
+    finally:
+        await timer.stop()
+
+
+async def test_crash_mid_delivery_settles_intents(store: StoreManager) -> None:
+    """State saved with an intent: if the batch landed it is not delivered again; if not, it is."""
+    await store.create_topic("c", 1)
+    timer = await TimerService(BrokerConfig(), store).start()
+    await timer.stop()  # hook removed: we drive the timer topic by hand
+    hook_timer = TimerService(BrokerConfig(), store)
+    landed = bytes(message_to_batch(b"landed", {}, 0))
+    lost = bytes(message_to_batch(b"lost", {}, 1))
+    past = now_ms() - 1000
+    await store.append(TIMER_TOPIC, 0, [wrap([Waiting("c", 0, past, 0, (), landed)], past)])
+    await store.append(TIMER_TOPIC, 0, [wrap([Waiting("c", 0, past, 0, (), lost)], past)])
+    await store.append("c", 0, [bytearray(landed)])  # the crash came after this append...
+    await store.save_state("timer", {"floor": 0, "done": [], "intent": {"0": ["c", 0, 0], "1": ["c", 0, 1]}})
+    await hook_timer.start()  # ...and before the "done" save
+    try:
+        deadline = time.monotonic() + 3
+        while store.end_offset("c", 0) < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert await _bodies(store, "c") == [b"landed", b"lost"]
+        assert store.load_state("timer")["floor"] == 2
+    finally:
+        await hook_timer.stop()
