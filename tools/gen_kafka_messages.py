@@ -229,7 +229,7 @@ class Gen:
         self.funcs: dict[str, str] = {}  # body text -> name
         self.order: list[tuple[str, str]] = []
         self.structs: dict[str, str] = {}  # fmt -> name
-        self.factories: dict[str, str] = {}
+        self.constants: dict[str, str] = {}
         self.counter = 0
 
     def struct(self, fmt: str) -> str:
@@ -250,6 +250,23 @@ class Gen:
     def default_factory(self, f: Field) -> str:
         body = ["return {" + ", ".join(f"{c.key!r}: {default_src(c, self)}" for c in f.children) + "}"]
         return self.emit("df", "", body)
+
+    def default_constant(self, f: Field) -> str:
+        """A module-level instance of a struct's default, for encoders to compare against (never handed out)."""
+        factory = self.default_factory(f)
+        name = "_K" + factory.lstrip("_")
+        self.constants[name] = f"{factory}()"
+        return name
+
+
+def encoder_default_src(f: Field, gen: Gen) -> str:
+    """Defaults as encoders use them: nothing allocated per call (a missing struct is None, a missing array ())."""
+    d = default_src(f, gen)
+    if d == "[]":
+        return "()"
+    if f.is_struct and not f.is_array:
+        return "None"
+    return d
 
 
 class Ctx:
@@ -459,12 +476,12 @@ class EncoderGen:
                 fmt = ">" + "".join(FIXED[g.type][0] for g in run)
                 args = []
                 for g in run:
-                    a = f"o.get({g.key!r}, {default_src(g, self.gen)})"
+                    a = f"o.get({g.key!r}, {encoder_default_src(g, self.gen)})"
                     args.append(f"_ub({a})" if g.type == "uuid" else a)
                 body.append(f"b += {self.gen.struct(fmt)}.pack({', '.join(args)})")
                 continue
             x = ctx.var()
-            body.append(f"{x} = o.get({f.key!r}, {default_src(f, self.gen)})")
+            body.append(f"{x} = o.get({f.key!r}, {encoder_default_src(f, self.gen)})")
             body += self.field(f, x, v, flexible, "", ctx)
             i += 1
         if flexible:
@@ -473,10 +490,15 @@ class EncoderGen:
                 for f in tagged:
                     x = ctx.var()
                     d = default_src(f, self.gen)
-                    body.append(f"{x} = o.get({f.key!r}, {d})")
-                    cond = f"{x} is not None" if d == "None" else f"{x} != {d}"
-                    if f.is_struct and d != "None":
-                        cond = f"{x} is not None and {x} != {d}"
+                    if f.is_struct and not f.is_array and d != "None":
+                        body.append(f"{x} = o.get({f.key!r})")
+                        cond = f"{x} is not None and {x} != {self.gen.default_constant(f)}"
+                    else:
+                        d = encoder_default_src(f, self.gen)
+                        body.append(f"{x} = o.get({f.key!r}, {d})")
+                        cond = f"{x} is not None" if d == "None" else f"{x} != {d}"
+                        if d == "()":
+                            cond = f"{x}"  # a non-empty array (an empty list equals the default)
                     body.append(f"if {cond}:")
                     body.append("    _outer = b")
                     body.append("    b = bytearray()")
@@ -585,7 +607,7 @@ class EncoderGen:
                 L.append(f"{ind}    b.append(1)")
                 L.append(f"{ind}    b = {fn}({x}, b, parts)")
             else:
-                L.append(f"{ind}b = {fn}({x} if {x} is not None else {{}}, b, parts)")
+                L.append(f"{ind}b = {fn}({x} if {x} is not None else _NO_FIELDS, b, parts)")
             return L
         raise ValueError(f"unhandled type {t}")
 
@@ -597,6 +619,7 @@ from uuid import UUID as _UUID
 from mqk.protocol.kafka.errors import EncodeError, MalformedMessage, UnknownApiKey, UnsupportedApiVersion
 
 _ZU = _UUID(int=0)
+_NO_FIELDS = {}  # read-only: "every field at its default" for a missing nested struct
 # What malformed input can raise inside a decoder (UnicodeDecodeError is a ValueError); all become MalformedMessage.
 _DECODE_ERRORS = (_StructError, IndexError, ValueError, TypeError, OverflowError)
 # What a wrong value from a handler can raise inside an encoder; all become EncodeError.
@@ -781,6 +804,9 @@ def generate() -> str:
     lines.append("")
     for name, text in gen.order:
         lines.append(f"\ndef {name}{text}")
+    lines.append("")
+    for name, expr in sorted(gen.constants.items()):
+        lines.append(f"{name} = {expr}")
     lines.append("")
     lines.append("# api_key -> (name, min_version, max_version, first flexible request version or -1)")
     lines.append("MESSAGES = {")

@@ -12,6 +12,7 @@ from uuid import UUID as _UUID
 from mqk.protocol.kafka.errors import EncodeError, MalformedMessage, UnknownApiKey, UnsupportedApiVersion
 
 _ZU = _UUID(int=0)
+_NO_FIELDS = {}  # read-only: "every field at its default" for a missing nested struct
 # What malformed input can raise inside a decoder (UnicodeDecodeError is a ValueError); all become MalformedMessage.
 _DECODE_ERRORS = (_StructError, IndexError, ValueError, TypeError, OverflowError)
 # What a wrong value from a handler can raise inside an encoder; all become EncodeError.
@@ -231,7 +232,7 @@ def _e5(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partition_data', [])
+    v2 = o.get('partition_data', ())
     if v2 is None:
         _enc_null('partition_data')
     else:
@@ -250,7 +251,7 @@ def _e6(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _Shi.pack(o.get('acks', 0), o.get('timeout_ms', 0))
-    v2 = o.get('topic_data', [])
+    v2 = o.get('topic_data', ())
     if v2 is None:
         _enc_null('topic_data')
     else:
@@ -399,7 +400,7 @@ def _e11(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partition_data', [])
+    v2 = o.get('partition_data', ())
     if v2 is None:
         _enc_null('partition_data')
     else:
@@ -427,7 +428,7 @@ def _e12(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Shi.pack(o.get('acks', 0), o.get('timeout_ms', 0))
-    v2 = o.get('topic_data', [])
+    v2 = o.get('topic_data', ())
     if v2 is None:
         _enc_null('topic_data')
     else:
@@ -508,7 +509,7 @@ def _d14(buf, pos, end):
 
 def _e15(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partition_data', [])
+    v1 = o.get('partition_data', ())
     if v1 is None:
         _enc_null('partition_data')
     else:
@@ -536,7 +537,7 @@ def _e16(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Shi.pack(o.get('acks', 0), o.get('timeout_ms', 0))
-    v2 = o.get('topic_data', [])
+    v2 = o.get('topic_data', ())
     if v2 is None:
         _enc_null('topic_data')
     else:
@@ -615,7 +616,7 @@ def _e22(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partition_responses', [])
+    v2 = o.get('partition_responses', ())
     if v2 is None:
         _enc_null('partition_responses')
     else:
@@ -626,7 +627,7 @@ def _e22(o, b, parts):
 
 
 def _e23(o, b, parts):
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -697,7 +698,7 @@ def _e28(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partition_responses', [])
+    v2 = o.get('partition_responses', ())
     if v2 is None:
         _enc_null('partition_responses')
     else:
@@ -708,7 +709,7 @@ def _e28(o, b, parts):
 
 
 def _e29(o, b, parts):
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -815,7 +816,7 @@ def _e34(o, b, parts):
 
 def _e35(o, b, parts):
     b += _Sihqqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1), o.get('log_start_offset', -1))
-    v1 = o.get('record_errors', [])
+    v1 = o.get('record_errors', ())
     if v1 is None:
         _enc_null('record_errors')
     else:
@@ -840,7 +841,7 @@ def _e36(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partition_responses', [])
+    v2 = o.get('partition_responses', ())
     if v2 is None:
         _enc_null('partition_responses')
     else:
@@ -851,7 +852,7 @@ def _e36(o, b, parts):
 
 
 def _e37(o, b, parts):
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -1003,7 +1004,7 @@ def _e42(o, b, parts):
 
 def _e43(o, b, parts):
     b += _Sihqqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1), o.get('log_start_offset', -1))
-    v1 = o.get('record_errors', [])
+    v1 = o.get('record_errors', ())
     if v1 is None:
         _enc_null('record_errors')
     else:
@@ -1041,7 +1042,7 @@ def _e44(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partition_responses', [])
+    v2 = o.get('partition_responses', ())
     if v2 is None:
         _enc_null('partition_responses')
     else:
@@ -1057,7 +1058,7 @@ def _e44(o, b, parts):
 
 
 def _e45(o, b, parts):
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -1284,7 +1285,7 @@ def _e51(o, b, parts):
 
 def _e52(o, b, parts):
     b += _Sihqqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1), o.get('log_start_offset', -1))
-    v1 = o.get('record_errors', [])
+    v1 = o.get('record_errors', ())
     if v1 is None:
         _enc_null('record_errors')
     else:
@@ -1307,11 +1308,11 @@ def _e52(o, b, parts):
             b += _uvb(_n)
         b += v3
     _tags = []
-    v4 = o.get('current_leader', _df17())
-    if v4 is not None and v4 != _df17():
+    v4 = o.get('current_leader')
+    if v4 is not None and v4 != _Kdf17:
         _outer = b
         b = bytearray()
-        b = _e51(v4 if v4 is not None else {}, b, parts)
+        b = _e51(v4 if v4 is not None else _NO_FIELDS, b, parts)
         _tags.append((0, b))
         b = _outer
     _n = len(_tags)
@@ -1346,7 +1347,7 @@ def _e53(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partition_responses', [])
+    v2 = o.get('partition_responses', ())
     if v2 is None:
         _enc_null('partition_responses')
     else:
@@ -1391,7 +1392,7 @@ def _e54(o, b, parts):
 
 
 def _e55(o, b, parts):
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -1404,8 +1405,8 @@ def _e55(o, b, parts):
             b = _e53(v2, b, parts)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     _tags = []
-    v3 = o.get('node_endpoints', [])
-    if v3 is not None and v3 != []:
+    v3 = o.get('node_endpoints', ())
+    if v3:
         _outer = b
         b = bytearray()
         if v3 is None:
@@ -1528,7 +1529,7 @@ def _d57(buf, pos, end):
 
 def _e58(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partition_responses', [])
+    v1 = o.get('partition_responses', ())
     if v1 is None:
         _enc_null('partition_responses')
     else:
@@ -1544,7 +1545,7 @@ def _e58(o, b, parts):
 
 
 def _e59(o, b, parts):
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -1557,8 +1558,8 @@ def _e59(o, b, parts):
             b = _e58(v2, b, parts)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     _tags = []
-    v3 = o.get('node_endpoints', [])
-    if v3 is not None and v3 != []:
+    v3 = o.get('node_endpoints', ())
+    if v3:
         _outer = b
         b = bytearray()
         if v3 is None:
@@ -1657,7 +1658,7 @@ def _e65(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -1669,7 +1670,7 @@ def _e65(o, b, parts):
 
 def _e66(o, b, parts):
     b += _Siiiib.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -1739,7 +1740,7 @@ def _e71(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -1751,7 +1752,7 @@ def _e71(o, b, parts):
 
 def _e72(o, b, parts):
     b += _Siiiib.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -1819,7 +1820,7 @@ def _e75(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -1830,14 +1831,14 @@ def _e75(o, b, parts):
 
 def _e76(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
             b = _e71(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -1918,7 +1919,7 @@ def _e81(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -1930,14 +1931,14 @@ def _e81(o, b, parts):
 
 def _e82(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
             b = _e81(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -1986,14 +1987,14 @@ def _d83(buf, pos, end):
 
 def _e84(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
             b = _e81(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -2194,7 +2195,7 @@ def _e90(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -2221,7 +2222,7 @@ def _e91(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -2237,7 +2238,7 @@ def _e91(o, b, parts):
 
 def _e92(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -2248,7 +2249,7 @@ def _e92(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e90(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -2445,7 +2446,7 @@ def _d95(buf, pos, end):
 
 def _e96(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -2462,7 +2463,7 @@ def _e96(o, b, parts):
 
 def _e97(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -2478,7 +2479,7 @@ def _e97(o, b, parts):
 
 def _e98(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -2489,7 +2490,7 @@ def _e98(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e96(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -2657,7 +2658,7 @@ def _e101(o, b, parts):
 
 def _e102(o, b, parts):
     b += _Siiibii.pack(o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -2668,7 +2669,7 @@ def _e102(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e96(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -2707,11 +2708,11 @@ def _e102(o, b, parts):
             b += v6
         _tags.append((0, b))
         b = _outer
-    v7 = o.get('replica_state', _df62())
-    if v7 is not None and v7 != _df62():
+    v7 = o.get('replica_state')
+    if v7 is not None and v7 != _Kdf62:
         _outer = b
         b = bytearray()
-        b = _e101(v7 if v7 is not None else {}, b, parts)
+        b = _e101(v7 if v7 is not None else _NO_FIELDS, b, parts)
         _tags.append((1, b))
         b = _outer
     _n = len(_tags)
@@ -2916,7 +2917,7 @@ def _e106(o, b, parts):
 
 def _e107(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -2933,7 +2934,7 @@ def _e107(o, b, parts):
 
 def _e108(o, b, parts):
     b += _Siiibii.pack(o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -2944,7 +2945,7 @@ def _e108(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e107(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -2983,11 +2984,11 @@ def _e108(o, b, parts):
             b += v6
         _tags.append((0, b))
         b = _outer
-    v7 = o.get('replica_state', _df62())
-    if v7 is not None and v7 != _df62():
+    v7 = o.get('replica_state')
+    if v7 is not None and v7 != _Kdf62:
         _outer = b
         b = bytearray()
-        b = _e101(v7 if v7 is not None else {}, b, parts)
+        b = _e101(v7 if v7 is not None else _NO_FIELDS, b, parts)
         _tags.append((1, b))
         b = _outer
     _n = len(_tags)
@@ -3205,7 +3206,7 @@ def _e112(o, b, parts):
 
 def _e113(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -3222,7 +3223,7 @@ def _e113(o, b, parts):
 
 def _e114(o, b, parts):
     b += _Siiibii.pack(o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -3233,7 +3234,7 @@ def _e114(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e113(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', [])
+    v3 = o.get('forgotten_topics_data', ())
     if v3 is None:
         _enc_null('forgotten_topics_data')
     else:
@@ -3272,11 +3273,11 @@ def _e114(o, b, parts):
             b += v6
         _tags.append((0, b))
         b = _outer
-    v7 = o.get('replica_state', _df62())
-    if v7 is not None and v7 != _df62():
+    v7 = o.get('replica_state')
+    if v7 is not None and v7 != _Kdf62:
         _outer = b
         b = bytearray()
-        b = _e101(v7 if v7 is not None else {}, b, parts)
+        b = _e101(v7 if v7 is not None else _NO_FIELDS, b, parts)
         _tags.append((1, b))
         b = _outer
     _n = len(_tags)
@@ -3387,7 +3388,7 @@ def _e121(o, b, parts):
 
 def _e122(o, b, parts):
     b += _Sihqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1))
-    v1 = o.get('aborted_transactions', [])
+    v1 = o.get('aborted_transactions', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -3421,7 +3422,7 @@ def _e123(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -3433,7 +3434,7 @@ def _e123(o, b, parts):
 
 def _e124(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -3512,7 +3513,7 @@ def _d127(buf, pos, end):
 
 def _e128(o, b, parts):
     b += _Sihqqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1), o.get('log_start_offset', -1))
-    v1 = o.get('aborted_transactions', [])
+    v1 = o.get('aborted_transactions', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -3546,7 +3547,7 @@ def _e129(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -3558,7 +3559,7 @@ def _e129(o, b, parts):
 
 def _e130(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -3587,7 +3588,7 @@ def _d131(buf, pos, end):
 
 def _e132(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -3668,7 +3669,7 @@ def _d135(buf, pos, end):
 
 def _e136(o, b, parts):
     b += _Sihqqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1), o.get('log_start_offset', -1))
-    v1 = o.get('aborted_transactions', [])
+    v1 = o.get('aborted_transactions', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -3703,7 +3704,7 @@ def _e137(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -3715,7 +3716,7 @@ def _e137(o, b, parts):
 
 def _e138(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -3907,7 +3908,7 @@ def _e147(o, b, parts):
 
 def _e148(o, b, parts):
     b += _Sihqqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1), o.get('log_start_offset', -1))
-    v1 = o.get('aborted_transactions', [])
+    v1 = o.get('aborted_transactions', ())
     if v1 is None:
         b.append(0)
     else:
@@ -3944,25 +3945,25 @@ def _e148(o, b, parts):
         else:
             b += v3
     _tags = []
-    v4 = o.get('diverging_epoch', _df116())
-    if v4 is not None and v4 != _df116():
+    v4 = o.get('diverging_epoch')
+    if v4 is not None and v4 != _Kdf116:
         _outer = b
         b = bytearray()
-        b = _e146(v4 if v4 is not None else {}, b, parts)
+        b = _e146(v4 if v4 is not None else _NO_FIELDS, b, parts)
         _tags.append((0, b))
         b = _outer
-    v5 = o.get('current_leader', _df17())
-    if v5 is not None and v5 != _df17():
+    v5 = o.get('current_leader')
+    if v5 is not None and v5 != _Kdf17:
         _outer = b
         b = bytearray()
-        b = _e51(v5 if v5 is not None else {}, b, parts)
+        b = _e51(v5 if v5 is not None else _NO_FIELDS, b, parts)
         _tags.append((1, b))
         b = _outer
-    v6 = o.get('snapshot_id', _df117())
-    if v6 is not None and v6 != _df117():
+    v6 = o.get('snapshot_id')
+    if v6 is not None and v6 != _Kdf117:
         _outer = b
         b = bytearray()
-        b = _e147(v6 if v6 is not None else {}, b, parts)
+        b = _e147(v6 if v6 is not None else _NO_FIELDS, b, parts)
         _tags.append((2, b))
         b = _outer
     _n = len(_tags)
@@ -3997,7 +3998,7 @@ def _e149(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -4014,7 +4015,7 @@ def _e149(o, b, parts):
 
 def _e150(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -4082,7 +4083,7 @@ def _d152(buf, pos, end):
 
 def _e153(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -4099,7 +4100,7 @@ def _e153(o, b, parts):
 
 def _e154(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -4176,7 +4177,7 @@ def _d155(buf, pos, end):
 
 def _e156(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -4188,8 +4189,8 @@ def _e156(o, b, parts):
         for v2 in v1:
             b = _e153(v2, b, parts)
     _tags = []
-    v3 = o.get('node_endpoints', [])
-    if v3 is not None and v3 != []:
+    v3 = o.get('node_endpoints', ())
+    if v3:
         _outer = b
         b = bytearray()
         if v3 is None:
@@ -4284,7 +4285,7 @@ def _e161(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -4296,7 +4297,7 @@ def _e161(o, b, parts):
 
 def _e162(o, b, parts):
     b += _Si.pack(o.get('replica_id', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4325,7 +4326,7 @@ def _d163(buf, pos, end):
 
 def _e164(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4395,7 +4396,7 @@ def _e169(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -4407,7 +4408,7 @@ def _e169(o, b, parts):
 
 def _e170(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4506,7 +4507,7 @@ def _e175(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -4523,7 +4524,7 @@ def _e175(o, b, parts):
 
 def _e176(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4567,7 +4568,7 @@ def _d177(buf, pos, end):
 
 def _e178(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4641,7 +4642,7 @@ def _e183(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -4652,7 +4653,7 @@ def _e183(o, b, parts):
 
 
 def _e184(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4681,7 +4682,7 @@ def _d185(buf, pos, end):
 
 def _e186(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4751,7 +4752,7 @@ def _e191(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -4763,7 +4764,7 @@ def _e191(o, b, parts):
 
 def _e192(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4862,7 +4863,7 @@ def _e197(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -4879,7 +4880,7 @@ def _e197(o, b, parts):
 
 def _e198(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4934,7 +4935,7 @@ def _e201(o, b, parts):
 
 
 def _e202(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -4960,7 +4961,7 @@ def _d203(buf, pos, end):
 
 
 def _e204(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -4988,7 +4989,7 @@ def _d205(buf, pos, end):
 
 
 def _e206(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -5017,7 +5018,7 @@ def _d207(buf, pos, end):
 
 
 def _e208(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -5091,7 +5092,7 @@ def _e211(o, b, parts):
 
 
 def _e212(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
     else:
@@ -5174,7 +5175,7 @@ def _e215(o, b, parts):
 
 
 def _e216(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
     else:
@@ -5216,7 +5217,7 @@ def _d217(buf, pos, end):
 
 
 def _e218(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
     else:
@@ -5340,13 +5341,13 @@ def _e223(o, b, parts):
 
 def _e224(o, b, parts):
     b += _Shii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0))
-    v1 = o.get('replica_nodes', [])
+    v1 = o.get('replica_nodes', ())
     if v1 is None:
         _enc_null('replica_nodes')
     else:
         b += _Si.pack(len(v1))
         b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', [])
+    v3 = o.get('isr_nodes', ())
     if v3 is None:
         _enc_null('isr_nodes')
     else:
@@ -5364,7 +5365,7 @@ def _e225(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -5375,14 +5376,14 @@ def _e225(o, b, parts):
 
 
 def _e226(o, b, parts):
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
             b = _e223(v2, b, parts)
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -5504,7 +5505,7 @@ def _e231(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _So.pack(o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -5515,7 +5516,7 @@ def _e231(o, b, parts):
 
 
 def _e232(o, b, parts):
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -5523,7 +5524,7 @@ def _e232(o, b, parts):
         for v2 in v1:
             b = _e230(v2, b, parts)
     b += _Si.pack(o.get('controller_id', -1))
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -5571,7 +5572,7 @@ def _d233(buf, pos, end):
 
 
 def _e234(o, b, parts):
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -5586,7 +5587,7 @@ def _e234(o, b, parts):
         b += _Sh.pack(len(v3))
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -5637,7 +5638,7 @@ def _d235(buf, pos, end):
 
 def _e236(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -5652,7 +5653,7 @@ def _e236(o, b, parts):
         b += _Sh.pack(len(v3))
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -5764,19 +5765,19 @@ def _d239(buf, pos, end):
 
 def _e240(o, b, parts):
     b += _Shii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0))
-    v1 = o.get('replica_nodes', [])
+    v1 = o.get('replica_nodes', ())
     if v1 is None:
         _enc_null('replica_nodes')
     else:
         b += _Si.pack(len(v1))
         b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', [])
+    v3 = o.get('isr_nodes', ())
     if v3 is None:
         _enc_null('isr_nodes')
     else:
         b += _Si.pack(len(v3))
         b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('offline_replicas', [])
+    v5 = o.get('offline_replicas', ())
     if v5 is None:
         _enc_null('offline_replicas')
     else:
@@ -5795,7 +5796,7 @@ def _e241(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _So.pack(o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -5807,7 +5808,7 @@ def _e241(o, b, parts):
 
 def _e242(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -5822,7 +5823,7 @@ def _e242(o, b, parts):
         b += _Sh.pack(len(v3))
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -5934,19 +5935,19 @@ def _d245(buf, pos, end):
 
 def _e246(o, b, parts):
     b += _Shiii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0), o.get('leader_epoch', -1))
-    v1 = o.get('replica_nodes', [])
+    v1 = o.get('replica_nodes', ())
     if v1 is None:
         _enc_null('replica_nodes')
     else:
         b += _Si.pack(len(v1))
         b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', [])
+    v3 = o.get('isr_nodes', ())
     if v3 is None:
         _enc_null('isr_nodes')
     else:
         b += _Si.pack(len(v3))
         b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('offline_replicas', [])
+    v5 = o.get('offline_replicas', ())
     if v5 is None:
         _enc_null('offline_replicas')
     else:
@@ -5965,7 +5966,7 @@ def _e247(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _So.pack(o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -5977,7 +5978,7 @@ def _e247(o, b, parts):
 
 def _e248(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -5992,7 +5993,7 @@ def _e248(o, b, parts):
         b += _Sh.pack(len(v3))
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -6083,7 +6084,7 @@ def _e251(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _So.pack(o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -6096,7 +6097,7 @@ def _e251(o, b, parts):
 
 def _e252(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -6111,7 +6112,7 @@ def _e252(o, b, parts):
         b += _Sh.pack(len(v3))
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -6272,7 +6273,7 @@ def _d255(buf, pos, end):
 
 def _e256(o, b, parts):
     b += _Shiii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0), o.get('leader_epoch', -1))
-    v1 = o.get('replica_nodes', [])
+    v1 = o.get('replica_nodes', ())
     if v1 is None:
         _enc_null('replica_nodes')
     else:
@@ -6282,7 +6283,7 @@ def _e256(o, b, parts):
         else:
             b += _uvb(_n)
         b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', [])
+    v3 = o.get('isr_nodes', ())
     if v3 is None:
         _enc_null('isr_nodes')
     else:
@@ -6292,7 +6293,7 @@ def _e256(o, b, parts):
         else:
             b += _uvb(_n)
         b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('offline_replicas', [])
+    v5 = o.get('offline_replicas', ())
     if v5 is None:
         _enc_null('offline_replicas')
     else:
@@ -6320,7 +6321,7 @@ def _e257(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _So.pack(o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -6338,7 +6339,7 @@ def _e257(o, b, parts):
 
 def _e258(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -6361,7 +6362,7 @@ def _e258(o, b, parts):
             b += _uvb(_n)
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -6491,7 +6492,7 @@ def _e261(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Suo.pack(_ub(o.get('topic_id', _ZU)), o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -6509,7 +6510,7 @@ def _e261(o, b, parts):
 
 def _e262(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -6532,7 +6533,7 @@ def _e262(o, b, parts):
             b += _uvb(_n)
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -6605,7 +6606,7 @@ def _d263(buf, pos, end):
 
 def _e264(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -6628,7 +6629,7 @@ def _e264(o, b, parts):
             b += _uvb(_n)
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -6755,7 +6756,7 @@ def _e267(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Suo.pack(_ub(o.get('topic_id', _ZU)), o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -6773,7 +6774,7 @@ def _e267(o, b, parts):
 
 def _e268(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -6796,7 +6797,7 @@ def _e268(o, b, parts):
             b += _uvb(_n)
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -6870,7 +6871,7 @@ def _d269(buf, pos, end):
 
 def _e270(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('brokers', [])
+    v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
@@ -6893,7 +6894,7 @@ def _e270(o, b, parts):
             b += _uvb(_n)
         b += v3
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -7005,7 +7006,7 @@ def _e275(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -7032,7 +7033,7 @@ def _e276(o, b, parts):
         b += _Sh.pack(len(v2))
         b += v2
     b += _Sq.pack(o.get('retention_time_ms', -1))
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -7093,7 +7094,7 @@ def _e278(o, b, parts):
         v2 = v2.encode()
         b += _Sh.pack(len(v2))
         b += v2
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -7197,7 +7198,7 @@ def _e283(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -7223,7 +7224,7 @@ def _e284(o, b, parts):
         v2 = v2.encode()
         b += _Sh.pack(len(v2))
         b += v2
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -7300,7 +7301,7 @@ def _e286(o, b, parts):
         v3 = v3.encode()
         b += _Sh.pack(len(v3))
         b += v3
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -7462,7 +7463,7 @@ def _e291(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -7512,7 +7513,7 @@ def _e292(o, b, parts):
         else:
             b += _uvb(_n)
         b += v3
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -7619,7 +7620,7 @@ def _d294(buf, pos, end):
 
 def _e295(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -7669,7 +7670,7 @@ def _e296(o, b, parts):
         else:
             b += _uvb(_n)
         b += v3
-    v4 = o.get('topics', [])
+    v4 = o.get('topics', ())
     if v4 is None:
         _enc_null('topics')
     else:
@@ -7742,7 +7743,7 @@ def _e301(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -7753,7 +7754,7 @@ def _e301(o, b, parts):
 
 
 def _e302(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -7782,7 +7783,7 @@ def _d303(buf, pos, end):
 
 def _e304(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -7881,7 +7882,7 @@ def _e309(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -7898,7 +7899,7 @@ def _e309(o, b, parts):
 
 def _e310(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -7966,7 +7967,7 @@ def _d312(buf, pos, end):
 
 def _e313(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -7983,7 +7984,7 @@ def _e313(o, b, parts):
 
 def _e314(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -8052,7 +8053,7 @@ def _e317(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partition_indexes', [])
+    v2 = o.get('partition_indexes', ())
     if v2 is None:
         _enc_null('partition_indexes')
     else:
@@ -8069,7 +8070,7 @@ def _e318(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -8111,7 +8112,7 @@ def _e320(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -8203,7 +8204,7 @@ def _e323(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partition_indexes', [])
+    v2 = o.get('partition_indexes', ())
     if v2 is None:
         _enc_null('partition_indexes')
     else:
@@ -8229,7 +8230,7 @@ def _e324(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         b.append(0)
     else:
@@ -8294,7 +8295,7 @@ def _e326(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         b.append(0)
     else:
@@ -8406,7 +8407,7 @@ def _d329(buf, pos, end):
 
 
 def _e330(o, b, parts):
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -8522,7 +8523,7 @@ def _e333(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Si.pack(o.get('member_epoch', -1))
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         b.append(0)
     else:
@@ -8538,7 +8539,7 @@ def _e333(o, b, parts):
 
 
 def _e334(o, b, parts):
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -8656,7 +8657,7 @@ def _d337(buf, pos, end):
 
 def _e338(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partition_indexes', [])
+    v1 = o.get('partition_indexes', ())
     if v1 is None:
         _enc_null('partition_indexes')
     else:
@@ -8694,7 +8695,7 @@ def _e339(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Si.pack(o.get('member_epoch', -1))
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         b.append(0)
     else:
@@ -8710,7 +8711,7 @@ def _e339(o, b, parts):
 
 
 def _e340(o, b, parts):
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -8803,7 +8804,7 @@ def _e345(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -8814,7 +8815,7 @@ def _e345(o, b, parts):
 
 
 def _e346(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -8842,7 +8843,7 @@ def _d347(buf, pos, end):
 
 
 def _e348(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -8874,7 +8875,7 @@ def _d349(buf, pos, end):
 
 def _e350(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -8966,7 +8967,7 @@ def _e355(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -8978,7 +8979,7 @@ def _e355(o, b, parts):
 
 def _e356(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -9107,7 +9108,7 @@ def _e361(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -9124,7 +9125,7 @@ def _e361(o, b, parts):
 
 def _e362(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -9251,7 +9252,7 @@ def _e366(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -9269,7 +9270,7 @@ def _e366(o, b, parts):
 
 def _e367(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -9375,7 +9376,7 @@ def _d370(buf, pos, end):
 
 def _e371(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', [])
+    v1 = o.get('partitions', ())
     if v1 is None:
         _enc_null('partitions')
     else:
@@ -9402,7 +9403,7 @@ def _e372(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -9420,7 +9421,7 @@ def _e372(o, b, parts):
 
 def _e373(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -9565,7 +9566,7 @@ def _d380(buf, pos, end):
 
 def _e381(o, b, parts):
     b += _Sb.pack(o.get('key_type', 0))
-    v1 = o.get('coordinator_keys', [])
+    v1 = o.get('coordinator_keys', ())
     if v1 is None:
         _enc_null('coordinator_keys')
     else:
@@ -9856,7 +9857,7 @@ def _e390(o, b, parts):
 
 def _e391(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('coordinators', [])
+    v1 = o.get('coordinators', ())
     if v1 is None:
         _enc_null('coordinators')
     else:
@@ -9977,7 +9978,7 @@ def _e395(o, b, parts):
         v3 = v3.encode()
         b += _Sh.pack(len(v3))
         b += v3
-    v4 = o.get('protocols', [])
+    v4 = o.get('protocols', ())
     if v4 is None:
         _enc_null('protocols')
     else:
@@ -10054,7 +10055,7 @@ def _e397(o, b, parts):
         v3 = v3.encode()
         b += _Sh.pack(len(v3))
         b += v3
-    v4 = o.get('protocols', [])
+    v4 = o.get('protocols', ())
     if v4 is None:
         _enc_null('protocols')
     else:
@@ -10147,7 +10148,7 @@ def _e399(o, b, parts):
         v4 = v4.encode()
         b += _Sh.pack(len(v4))
         b += v4
-    v5 = o.get('protocols', [])
+    v5 = o.get('protocols', ())
     if v5 is None:
         _enc_null('protocols')
     else:
@@ -10340,7 +10341,7 @@ def _e403(o, b, parts):
         else:
             b += _uvb(_n)
         b += v4
-    v5 = o.get('protocols', [])
+    v5 = o.get('protocols', ())
     if v5 is None:
         _enc_null('protocols')
     else:
@@ -10491,7 +10492,7 @@ def _e405(o, b, parts):
         else:
             b += _uvb(_n)
         b += v4
-    v5 = o.get('protocols', [])
+    v5 = o.get('protocols', ())
     if v5 is None:
         _enc_null('protocols')
     else:
@@ -10623,7 +10624,7 @@ def _e409(o, b, parts):
         v3 = v3.encode()
         b += _Sh.pack(len(v3))
         b += v3
-    v4 = o.get('members', [])
+    v4 = o.get('members', ())
     if v4 is None:
         _enc_null('members')
     else:
@@ -10700,7 +10701,7 @@ def _e411(o, b, parts):
         v3 = v3.encode()
         b += _Sh.pack(len(v3))
         b += v3
-    v4 = o.get('members', [])
+    v4 = o.get('members', ())
     if v4 is None:
         _enc_null('members')
     else:
@@ -10832,7 +10833,7 @@ def _e415(o, b, parts):
         v3 = v3.encode()
         b += _Sh.pack(len(v3))
         b += v3
-    v4 = o.get('members', [])
+    v4 = o.get('members', ())
     if v4 is None:
         _enc_null('members')
     else:
@@ -11025,7 +11026,7 @@ def _e419(o, b, parts):
         else:
             b += _uvb(_n)
         b += v3
-    v4 = o.get('members', [])
+    v4 = o.get('members', ())
     if v4 is None:
         _enc_null('members')
     else:
@@ -11163,7 +11164,7 @@ def _e421(o, b, parts):
         else:
             b += _uvb(_n)
         b += v4
-    v5 = o.get('members', [])
+    v5 = o.get('members', ())
     if v5 is None:
         _enc_null('members')
     else:
@@ -11304,7 +11305,7 @@ def _e423(o, b, parts):
         else:
             b += _uvb(_n)
         b += v4
-    v5 = o.get('members', [])
+    v5 = o.get('members', ())
     if v5 is None:
         _enc_null('members')
     else:
@@ -11659,7 +11660,7 @@ def _e441(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('members', [])
+    v2 = o.get('members', ())
     if v2 is None:
         _enc_null('members')
     else:
@@ -11778,7 +11779,7 @@ def _e445(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('members', [])
+    v2 = o.get('members', ())
     if v2 is None:
         _enc_null('members')
     else:
@@ -11926,7 +11927,7 @@ def _e449(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('members', [])
+    v2 = o.get('members', ())
     if v2 is None:
         _enc_null('members')
     else:
@@ -12015,7 +12016,7 @@ def _e454(o, b, parts):
 
 def _e455(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('members', [])
+    v1 = o.get('members', ())
     if v1 is None:
         _enc_null('members')
     else:
@@ -12116,7 +12117,7 @@ def _e458(o, b, parts):
 
 def _e459(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('members', [])
+    v1 = o.get('members', ())
     if v1 is None:
         _enc_null('members')
     else:
@@ -12221,7 +12222,7 @@ def _e463(o, b, parts):
         v2 = v2.encode()
         b += _Sh.pack(len(v2))
         b += v2
-    v3 = o.get('assignments', [])
+    v3 = o.get('assignments', ())
     if v3 is None:
         _enc_null('assignments')
     else:
@@ -12298,7 +12299,7 @@ def _e465(o, b, parts):
         v3 = v3.encode()
         b += _Sh.pack(len(v3))
         b += v3
-    v4 = o.get('assignments', [])
+    v4 = o.get('assignments', ())
     if v4 is None:
         _enc_null('assignments')
     else:
@@ -12467,7 +12468,7 @@ def _e469(o, b, parts):
         else:
             b += _uvb(_n)
         b += v3
-    v4 = o.get('assignments', [])
+    v4 = o.get('assignments', ())
     if v4 is None:
         _enc_null('assignments')
     else:
@@ -12629,7 +12630,7 @@ def _e471(o, b, parts):
         else:
             b += _uvb(_n)
         b += v5
-    v6 = o.get('assignments', [])
+    v6 = o.get('assignments', ())
     if v6 is None:
         _enc_null('assignments')
     else:
@@ -12846,7 +12847,7 @@ def _d480(buf, pos, end):
 
 
 def _e481(o, b, parts):
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -12887,7 +12888,7 @@ def _d482(buf, pos, end):
 
 
 def _e483(o, b, parts):
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -12941,7 +12942,7 @@ def _d484(buf, pos, end):
 
 
 def _e485(o, b, parts):
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -13150,7 +13151,7 @@ def _e490(o, b, parts):
         v4 = v4.encode()
         b += _Sh.pack(len(v4))
         b += v4
-    v5 = o.get('members', [])
+    v5 = o.get('members', ())
     if v5 is None:
         _enc_null('members')
     else:
@@ -13161,7 +13162,7 @@ def _e490(o, b, parts):
 
 
 def _e491(o, b, parts):
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -13190,7 +13191,7 @@ def _d492(buf, pos, end):
 
 def _e493(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -13302,7 +13303,7 @@ def _e496(o, b, parts):
         v4 = v4.encode()
         b += _Sh.pack(len(v4))
         b += v4
-    v5 = o.get('members', [])
+    v5 = o.get('members', ())
     if v5 is None:
         _enc_null('members')
     else:
@@ -13315,7 +13316,7 @@ def _e496(o, b, parts):
 
 def _e497(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -13529,7 +13530,7 @@ def _e502(o, b, parts):
         v4 = v4.encode()
         b += _Sh.pack(len(v4))
         b += v4
-    v5 = o.get('members', [])
+    v5 = o.get('members', ())
     if v5 is None:
         _enc_null('members')
     else:
@@ -13542,7 +13543,7 @@ def _e502(o, b, parts):
 
 def _e503(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -13857,7 +13858,7 @@ def _e508(o, b, parts):
         else:
             b += _uvb(_n)
         b += v4
-    v5 = o.get('members', [])
+    v5 = o.get('members', ())
     if v5 is None:
         _enc_null('members')
     else:
@@ -13875,7 +13876,7 @@ def _e508(o, b, parts):
 
 def _e509(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -14064,7 +14065,7 @@ def _e512(o, b, parts):
         else:
             b += _uvb(_n)
         b += v5
-    v6 = o.get('members', [])
+    v6 = o.get('members', ())
     if v6 is None:
         _enc_null('members')
     else:
@@ -14082,7 +14083,7 @@ def _e512(o, b, parts):
 
 def _e513(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -14154,7 +14155,7 @@ def _d518(buf, pos, end):
 
 
 def _e519(o, b, parts):
-    v1 = o.get('states_filter', [])
+    v1 = o.get('states_filter', ())
     if v1 is None:
         _enc_null('states_filter')
     else:
@@ -14241,7 +14242,7 @@ def _d520(buf, pos, end):
 
 
 def _e521(o, b, parts):
-    v1 = o.get('states_filter', [])
+    v1 = o.get('states_filter', ())
     if v1 is None:
         _enc_null('states_filter')
     else:
@@ -14261,7 +14262,7 @@ def _e521(o, b, parts):
                 else:
                     b += _uvb(_n)
                 b += v2
-    v3 = o.get('types_filter', [])
+    v3 = o.get('types_filter', ())
     if v3 is None:
         _enc_null('types_filter')
     else:
@@ -14344,7 +14345,7 @@ def _e524(o, b, parts):
 
 def _e525(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -14373,7 +14374,7 @@ def _d526(buf, pos, end):
 
 def _e527(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -14471,7 +14472,7 @@ def _e530(o, b, parts):
 
 def _e531(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -14598,7 +14599,7 @@ def _e534(o, b, parts):
 
 def _e535(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -14749,7 +14750,7 @@ def _e538(o, b, parts):
 
 def _e539(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('groups', [])
+    v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
@@ -14815,7 +14816,7 @@ def _d542(buf, pos, end):
 
 def _e543(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('mechanisms', [])
+    v1 = o.get('mechanisms', ())
     if v1 is None:
         _enc_null('mechanisms')
     else:
@@ -14925,7 +14926,7 @@ def _e549(o, b, parts):
 
 def _e550(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('api_keys', [])
+    v1 = o.get('api_keys', ())
     if v1 is None:
         _enc_null('api_keys')
     else:
@@ -14956,7 +14957,7 @@ def _d551(buf, pos, end):
 
 def _e552(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('api_keys', [])
+    v1 = o.get('api_keys', ())
     if v1 is None:
         _enc_null('api_keys')
     else:
@@ -15158,7 +15159,7 @@ def _e559(o, b, parts):
 
 def _e560(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('api_keys', [])
+    v1 = o.get('api_keys', ())
     if v1 is None:
         _enc_null('api_keys')
     else:
@@ -15171,8 +15172,8 @@ def _e560(o, b, parts):
             b = _e557(v2, b, parts)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     _tags = []
-    v3 = o.get('supported_features', [])
-    if v3 is not None and v3 != []:
+    v3 = o.get('supported_features', ())
+    if v3:
         _outer = b
         b = bytearray()
         if v3 is None:
@@ -15194,8 +15195,8 @@ def _e560(o, b, parts):
         b += _Sq.pack(v5)
         _tags.append((1, b))
         b = _outer
-    v6 = o.get('finalized_features', [])
-    if v6 is not None and v6 != []:
+    v6 = o.get('finalized_features', ())
+    if v6:
         _outer = b
         b = bytearray()
         if v6 is None:
@@ -15330,7 +15331,7 @@ def _d564(buf, pos, end):
 
 def _e565(o, b, parts):
     b += _Si.pack(o.get('partition_index', 0))
-    v1 = o.get('broker_ids', [])
+    v1 = o.get('broker_ids', ())
     if v1 is None:
         _enc_null('broker_ids')
     else:
@@ -15366,14 +15367,14 @@ def _e567(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _Sih.pack(o.get('num_partitions', 0), o.get('replication_factor', 0))
-    v2 = o.get('assignments', [])
+    v2 = o.get('assignments', ())
     if v2 is None:
         _enc_null('assignments')
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
             b = _e565(v3, b, parts)
-    v4 = o.get('configs', [])
+    v4 = o.get('configs', ())
     if v4 is None:
         _enc_null('configs')
     else:
@@ -15384,7 +15385,7 @@ def _e567(o, b, parts):
 
 
 def _e568(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -15532,7 +15533,7 @@ def _d572(buf, pos, end):
 
 def _e573(o, b, parts):
     b += _Si.pack(o.get('partition_index', 0))
-    v1 = o.get('broker_ids', [])
+    v1 = o.get('broker_ids', ())
     if v1 is None:
         _enc_null('broker_ids')
     else:
@@ -15586,7 +15587,7 @@ def _e575(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Sih.pack(o.get('num_partitions', 0), o.get('replication_factor', 0))
-    v2 = o.get('assignments', [])
+    v2 = o.get('assignments', ())
     if v2 is None:
         _enc_null('assignments')
     else:
@@ -15597,7 +15598,7 @@ def _e575(o, b, parts):
             b += _uvb(_n)
         for v3 in v2:
             b = _e573(v3, b, parts)
-    v4 = o.get('configs', [])
+    v4 = o.get('configs', ())
     if v4 is None:
         _enc_null('configs')
     else:
@@ -15613,7 +15614,7 @@ def _e575(o, b, parts):
 
 
 def _e576(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -15691,7 +15692,7 @@ def _e579(o, b, parts):
 
 def _e580(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -15890,7 +15891,7 @@ def _e585(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Sih.pack(o.get('num_partitions', -1), o.get('replication_factor', -1))
-    v3 = o.get('configs', [])
+    v3 = o.get('configs', ())
     if v3 is None:
         b.append(0)
     else:
@@ -15931,7 +15932,7 @@ def _e585(o, b, parts):
 
 def _e586(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -16072,7 +16073,7 @@ def _e589(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Sih.pack(o.get('num_partitions', -1), o.get('replication_factor', -1))
-    v3 = o.get('configs', [])
+    v3 = o.get('configs', ())
     if v3 is None:
         b.append(0)
     else:
@@ -16113,7 +16114,7 @@ def _e589(o, b, parts):
 
 def _e590(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -16154,7 +16155,7 @@ def _d591(buf, pos, end):
 
 
 def _e592(o, b, parts):
-    v1 = o.get('topic_names', [])
+    v1 = o.get('topic_names', ())
     if v1 is None:
         _enc_null('topic_names')
     else:
@@ -16208,7 +16209,7 @@ def _d593(buf, pos, end):
 
 
 def _e594(o, b, parts):
-    v1 = o.get('topic_names', [])
+    v1 = o.get('topic_names', ())
     if v1 is None:
         _enc_null('topic_names')
     else:
@@ -16300,7 +16301,7 @@ def _e597(o, b, parts):
 
 
 def _e598(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -16362,7 +16363,7 @@ def _e601(o, b, parts):
 
 def _e602(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -16439,7 +16440,7 @@ def _e605(o, b, parts):
 
 def _e606(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -16545,7 +16546,7 @@ def _e609(o, b, parts):
 
 def _e610(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -16652,7 +16653,7 @@ def _e613(o, b, parts):
 
 def _e614(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -16727,7 +16728,7 @@ def _e619(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -16738,7 +16739,7 @@ def _e619(o, b, parts):
 
 
 def _e620(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -16838,7 +16839,7 @@ def _e625(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -16854,7 +16855,7 @@ def _e625(o, b, parts):
 
 
 def _e626(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -16930,7 +16931,7 @@ def _e631(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -16942,7 +16943,7 @@ def _e631(o, b, parts):
 
 def _e632(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -17041,7 +17042,7 @@ def _e637(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -17058,7 +17059,7 @@ def _e637(o, b, parts):
 
 def _e638(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -17321,7 +17322,7 @@ def _e657(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -17332,7 +17333,7 @@ def _e657(o, b, parts):
 
 
 def _e658(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -17361,7 +17362,7 @@ def _d659(buf, pos, end):
 
 def _e660(o, b, parts):
     b += _Si.pack(o.get('replica_id', -2))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -17460,7 +17461,7 @@ def _e665(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -17477,7 +17478,7 @@ def _e665(o, b, parts):
 
 def _e666(o, b, parts):
     b += _Si.pack(o.get('replica_id', -2))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -17552,7 +17553,7 @@ def _e671(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -17564,7 +17565,7 @@ def _e671(o, b, parts):
 
 def _e672(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -17663,7 +17664,7 @@ def _e677(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -17680,7 +17681,7 @@ def _e677(o, b, parts):
 
 def _e678(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -17751,7 +17752,7 @@ def _e681(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -17769,7 +17770,7 @@ def _e682(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _Sqh.pack(o.get('v3_and_below_producer_id', 0), o.get('v3_and_below_producer_epoch', 0))
-    v2 = o.get('v3_and_below_topics', [])
+    v2 = o.get('v3_and_below_topics', ())
     if v2 is None:
         _enc_null('v3_and_below_topics')
     else:
@@ -17863,7 +17864,7 @@ def _e685(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -17890,7 +17891,7 @@ def _e686(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Sqh.pack(o.get('v3_and_below_producer_id', 0), o.get('v3_and_below_producer_epoch', 0))
-    v2 = o.get('v3_and_below_topics', [])
+    v2 = o.get('v3_and_below_topics', ())
     if v2 is None:
         _enc_null('v3_and_below_topics')
     else:
@@ -17979,7 +17980,7 @@ def _e689(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Sqho.pack(o.get('producer_id', 0), o.get('producer_epoch', 0), o.get('verify_only', False))
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -17995,7 +17996,7 @@ def _e689(o, b, parts):
 
 
 def _e690(o, b, parts):
-    v1 = o.get('transactions', [])
+    v1 = o.get('transactions', ())
     if v1 is None:
         _enc_null('transactions')
     else:
@@ -18070,7 +18071,7 @@ def _e695(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('results_by_partition', [])
+    v2 = o.get('results_by_partition', ())
     if v2 is None:
         _enc_null('results_by_partition')
     else:
@@ -18082,7 +18083,7 @@ def _e695(o, b, parts):
 
 def _e696(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results_by_topic_v3_and_below', [])
+    v1 = o.get('results_by_topic_v3_and_below', ())
     if v1 is None:
         _enc_null('results_by_topic_v3_and_below')
     else:
@@ -18181,7 +18182,7 @@ def _e701(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('results_by_partition', [])
+    v2 = o.get('results_by_partition', ())
     if v2 is None:
         _enc_null('results_by_partition')
     else:
@@ -18198,7 +18199,7 @@ def _e701(o, b, parts):
 
 def _e702(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results_by_topic_v3_and_below', [])
+    v1 = o.get('results_by_topic_v3_and_below', ())
     if v1 is None:
         _enc_null('results_by_topic_v3_and_below')
     else:
@@ -18286,7 +18287,7 @@ def _e705(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topic_results', [])
+    v2 = o.get('topic_results', ())
     if v2 is None:
         _enc_null('topic_results')
     else:
@@ -18303,7 +18304,7 @@ def _e705(o, b, parts):
 
 def _e706(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('results_by_transaction', [])
+    v1 = o.get('results_by_transaction', ())
     if v1 is None:
         _enc_null('results_by_transaction')
     else:
@@ -18576,7 +18577,7 @@ def _d720(buf, pos, end):
 
 def _e721(o, b, parts):
     b += _Sqho.pack(o.get('producer_id', 0), o.get('producer_epoch', 0), o.get('transaction_result', False))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -18593,7 +18594,7 @@ def _e721(o, b, parts):
 
 
 def _e722(o, b, parts):
-    v1 = o.get('markers', [])
+    v1 = o.get('markers', ())
     if v1 is None:
         _enc_null('markers')
     else:
@@ -18660,7 +18661,7 @@ def _d724(buf, pos, end):
 
 def _e725(o, b, parts):
     b += _Sqho.pack(o.get('producer_id', 0), o.get('producer_epoch', 0), o.get('transaction_result', False))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -18677,7 +18678,7 @@ def _e725(o, b, parts):
 
 
 def _e726(o, b, parts):
-    v1 = o.get('markers', [])
+    v1 = o.get('markers', ())
     if v1 is None:
         _enc_null('markers')
     else:
@@ -18778,7 +18779,7 @@ def _d729(buf, pos, end):
 
 def _e730(o, b, parts):
     b += _Sq.pack(o.get('producer_id', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -18794,7 +18795,7 @@ def _e730(o, b, parts):
 
 
 def _e731(o, b, parts):
-    v1 = o.get('markers', [])
+    v1 = o.get('markers', ())
     if v1 is None:
         _enc_null('markers')
     else:
@@ -18899,7 +18900,7 @@ def _e735(o, b, parts):
         b += _Sh.pack(len(v2))
         b += v2
     b += _Sqh.pack(o.get('producer_id', 0), o.get('producer_epoch', 0))
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -18999,7 +19000,7 @@ def _e739(o, b, parts):
         b += _Sh.pack(len(v2))
         b += v2
     b += _Sqh.pack(o.get('producer_id', 0), o.get('producer_epoch', 0))
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -19191,7 +19192,7 @@ def _e743(o, b, parts):
         else:
             b += _uvb(_n)
         b += v4
-    v5 = o.get('topics', [])
+    v5 = o.get('topics', ())
     if v5 is None:
         _enc_null('topics')
     else:
@@ -19538,7 +19539,7 @@ def _e755(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _Sb.pack(o.get('pattern_type', 3))
-    v2 = o.get('acls', [])
+    v2 = o.get('acls', ())
     if v2 is None:
         _enc_null('acls')
     else:
@@ -19557,7 +19558,7 @@ def _e756(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('resources', [])
+    v2 = o.get('resources', ())
     if v2 is None:
         _enc_null('resources')
     else:
@@ -19723,7 +19724,7 @@ def _e761(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Sb.pack(o.get('pattern_type', 3))
-    v2 = o.get('acls', [])
+    v2 = o.get('acls', ())
     if v2 is None:
         _enc_null('acls')
     else:
@@ -19751,7 +19752,7 @@ def _e762(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('resources', [])
+    v2 = o.get('resources', ())
     if v2 is None:
         _enc_null('resources')
     else:
@@ -19847,7 +19848,7 @@ def _e765(o, b, parts):
 
 
 def _e766(o, b, parts):
-    v1 = o.get('creations', [])
+    v1 = o.get('creations', ())
     if v1 is None:
         _enc_null('creations')
     else:
@@ -19975,7 +19976,7 @@ def _e769(o, b, parts):
 
 
 def _e770(o, b, parts):
-    v1 = o.get('creations', [])
+    v1 = o.get('creations', ())
     if v1 is None:
         _enc_null('creations')
     else:
@@ -20036,7 +20037,7 @@ def _e773(o, b, parts):
 
 def _e774(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -20113,7 +20114,7 @@ def _e777(o, b, parts):
 
 def _e778(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -20144,7 +20145,7 @@ def _d779(buf, pos, end):
 
 
 def _e780(o, b, parts):
-    v1 = o.get('filters', [])
+    v1 = o.get('filters', ())
     if v1 is None:
         _enc_null('filters')
     else:
@@ -20178,7 +20179,7 @@ def _d781(buf, pos, end):
 
 
 def _e782(o, b, parts):
-    v1 = o.get('filters', [])
+    v1 = o.get('filters', ())
     if v1 is None:
         _enc_null('filters')
     else:
@@ -20329,7 +20330,7 @@ def _e787(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('matching_acls', [])
+    v2 = o.get('matching_acls', ())
     if v2 is None:
         _enc_null('matching_acls')
     else:
@@ -20341,7 +20342,7 @@ def _e787(o, b, parts):
 
 def _e788(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('filter_results', [])
+    v1 = o.get('filter_results', ())
     if v1 is None:
         _enc_null('filter_results')
     else:
@@ -20548,7 +20549,7 @@ def _e793(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('matching_acls', [])
+    v2 = o.get('matching_acls', ())
     if v2 is None:
         _enc_null('matching_acls')
     else:
@@ -20565,7 +20566,7 @@ def _e793(o, b, parts):
 
 def _e794(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('filter_results', [])
+    v1 = o.get('filter_results', ())
     if v1 is None:
         _enc_null('filter_results')
     else:
@@ -20640,7 +20641,7 @@ def _e797(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('configuration_keys', [])
+    v2 = o.get('configuration_keys', ())
     if v2 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -20656,7 +20657,7 @@ def _e797(o, b, parts):
 
 
 def _e798(o, b, parts):
-    v1 = o.get('resources', [])
+    v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
@@ -20685,7 +20686,7 @@ def _d799(buf, pos, end):
 
 
 def _e800(o, b, parts):
-    v1 = o.get('resources', [])
+    v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
@@ -20784,7 +20785,7 @@ def _e803(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('configuration_keys', [])
+    v2 = o.get('configuration_keys', ())
     if v2 is None:
         b.append(0)
     else:
@@ -20809,7 +20810,7 @@ def _e803(o, b, parts):
 
 
 def _e804(o, b, parts):
-    v1 = o.get('resources', [])
+    v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
@@ -20973,7 +20974,7 @@ def _e810(o, b, parts):
         b += _Sh.pack(len(v2))
         b += v2
     b += _Sobo.pack(o.get('read_only', False), o.get('config_source', -1), o.get('is_sensitive', False))
-    v3 = o.get('synonyms', [])
+    v3 = o.get('synonyms', ())
     if v3 is None:
         _enc_null('synonyms')
     else:
@@ -21000,7 +21001,7 @@ def _e811(o, b, parts):
         v2 = v2.encode()
         b += _Sh.pack(len(v2))
         b += v2
-    v3 = o.get('configs', [])
+    v3 = o.get('configs', ())
     if v3 is None:
         _enc_null('configs')
     else:
@@ -21012,7 +21013,7 @@ def _e811(o, b, parts):
 
 def _e812(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -21138,7 +21139,7 @@ def _e816(o, b, parts):
         b += _Sh.pack(len(v2))
         b += v2
     b += _Sobo.pack(o.get('read_only', False), o.get('config_source', -1), o.get('is_sensitive', False))
-    v3 = o.get('synonyms', [])
+    v3 = o.get('synonyms', ())
     if v3 is None:
         _enc_null('synonyms')
     else:
@@ -21173,7 +21174,7 @@ def _e817(o, b, parts):
         v2 = v2.encode()
         b += _Sh.pack(len(v2))
         b += v2
-    v3 = o.get('configs', [])
+    v3 = o.get('configs', ())
     if v3 is None:
         _enc_null('configs')
     else:
@@ -21185,7 +21186,7 @@ def _e817(o, b, parts):
 
 def _e818(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -21427,7 +21428,7 @@ def _e824(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Sobo.pack(o.get('read_only', False), o.get('config_source', -1), o.get('is_sensitive', False))
-    v3 = o.get('synonyms', [])
+    v3 = o.get('synonyms', ())
     if v3 is None:
         _enc_null('synonyms')
     else:
@@ -21479,7 +21480,7 @@ def _e825(o, b, parts):
         else:
             b += _uvb(_n)
         b += v2
-    v3 = o.get('configs', [])
+    v3 = o.get('configs', ())
     if v3 is None:
         _enc_null('configs')
     else:
@@ -21496,7 +21497,7 @@ def _e825(o, b, parts):
 
 def _e826(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -21563,7 +21564,7 @@ def _e829(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('configs', [])
+    v2 = o.get('configs', ())
     if v2 is None:
         _enc_null('configs')
     else:
@@ -21574,7 +21575,7 @@ def _e829(o, b, parts):
 
 
 def _e830(o, b, parts):
-    v1 = o.get('resources', [])
+    v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
@@ -21661,7 +21662,7 @@ def _e833(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('configs', [])
+    v2 = o.get('configs', ())
     if v2 is None:
         _enc_null('configs')
     else:
@@ -21677,7 +21678,7 @@ def _e833(o, b, parts):
 
 
 def _e834(o, b, parts):
-    v1 = o.get('resources', [])
+    v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
@@ -21758,7 +21759,7 @@ def _e837(o, b, parts):
 
 def _e838(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -21862,7 +21863,7 @@ def _e841(o, b, parts):
 
 def _e842(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', [])
+    v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
@@ -21924,7 +21925,7 @@ def _e845(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -21935,7 +21936,7 @@ def _e845(o, b, parts):
 
 
 def _e846(o, b, parts):
-    v1 = o.get('dirs', [])
+    v1 = o.get('dirs', ())
     if v1 is None:
         _enc_null('dirs')
     else:
@@ -22016,7 +22017,7 @@ def _e849(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -22032,7 +22033,7 @@ def _e849(o, b, parts):
 
 
 def _e850(o, b, parts):
-    v1 = o.get('dirs', [])
+    v1 = o.get('dirs', ())
     if v1 is None:
         _enc_null('dirs')
     else:
@@ -22096,7 +22097,7 @@ def _e853(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -22108,7 +22109,7 @@ def _e853(o, b, parts):
 
 def _e854(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -22191,7 +22192,7 @@ def _e857(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -22208,7 +22209,7 @@ def _e857(o, b, parts):
 
 def _e858(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -22261,7 +22262,7 @@ def _d860(buf, pos, end):
 
 
 def _e861(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -22329,7 +22330,7 @@ def _d863(buf, pos, end):
 
 
 def _e864(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
     else:
@@ -22430,7 +22431,7 @@ def _e870(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -22449,7 +22450,7 @@ def _e871(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -22461,7 +22462,7 @@ def _e871(o, b, parts):
 
 def _e872(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -22598,7 +22599,7 @@ def _e878(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -22626,7 +22627,7 @@ def _e879(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -22643,7 +22644,7 @@ def _e879(o, b, parts):
 
 def _e880(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -22685,7 +22686,7 @@ def _d881(buf, pos, end):
 
 def _e882(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -22778,7 +22779,7 @@ def _e885(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -22796,7 +22797,7 @@ def _e885(o, b, parts):
 
 def _e886(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -22889,7 +22890,7 @@ def _e889(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -22907,7 +22908,7 @@ def _e889(o, b, parts):
 
 def _e890(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -23191,7 +23192,7 @@ def _d903(buf, pos, end):
 
 
 def _e904(o, b, parts):
-    v1 = o.get('broker_ids', [])
+    v1 = o.get('broker_ids', ())
     if v1 is None:
         _enc_null('broker_ids')
     else:
@@ -23209,7 +23210,7 @@ def _e905(o, b, parts):
         b += _Sh.pack(len(v1))
         b += v1
     b += _Si.pack(o.get('count', 0))
-    v2 = o.get('assignments', [])
+    v2 = o.get('assignments', ())
     if v2 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -23220,7 +23221,7 @@ def _e905(o, b, parts):
 
 
 def _e906(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -23316,7 +23317,7 @@ def _d909(buf, pos, end):
 
 
 def _e910(o, b, parts):
-    v1 = o.get('broker_ids', [])
+    v1 = o.get('broker_ids', ())
     if v1 is None:
         _enc_null('broker_ids')
     else:
@@ -23343,7 +23344,7 @@ def _e911(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Si.pack(o.get('count', 0))
-    v2 = o.get('assignments', [])
+    v2 = o.get('assignments', ())
     if v2 is None:
         b.append(0)
     else:
@@ -23359,7 +23360,7 @@ def _e911(o, b, parts):
 
 
 def _e912(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -23437,7 +23438,7 @@ def _e915(o, b, parts):
 
 def _e916(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -23510,7 +23511,7 @@ def _d918(buf, pos, end):
 
 def _e919(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -23549,7 +23550,7 @@ def _d920(buf, pos, end):
 
 
 def _e921(o, b, parts):
-    v1 = o.get('groups_names', [])
+    v1 = o.get('groups_names', ())
     if v1 is None:
         _enc_null('groups_names')
     else:
@@ -23600,7 +23601,7 @@ def _d922(buf, pos, end):
 
 
 def _e923(o, b, parts):
-    v1 = o.get('groups_names', [])
+    v1 = o.get('groups_names', ())
     if v1 is None:
         _enc_null('groups_names')
     else:
@@ -23670,7 +23671,7 @@ def _e926(o, b, parts):
 
 def _e927(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -23747,7 +23748,7 @@ def _e930(o, b, parts):
 
 def _e931(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -23780,7 +23781,7 @@ def _d932(buf, pos, end):
 
 
 def _e933(o, b, parts):
-    v1 = o.get('topic_partitions', [])
+    v1 = o.get('topic_partitions', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -23812,7 +23813,7 @@ def _d934(buf, pos, end):
 
 def _e935(o, b, parts):
     b += _Sb.pack(o.get('election_type', 0))
-    v1 = o.get('topic_partitions', [])
+    v1 = o.get('topic_partitions', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -23852,7 +23853,7 @@ def _d936(buf, pos, end):
 
 def _e937(o, b, parts):
     b += _Sb.pack(o.get('election_type', 0))
-    v1 = o.get('topic_partitions', [])
+    v1 = o.get('topic_partitions', ())
     if v1 is None:
         b.append(0)
     else:
@@ -23944,7 +23945,7 @@ def _e942(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partition_result', [])
+    v2 = o.get('partition_result', ())
     if v2 is None:
         _enc_null('partition_result')
     else:
@@ -23956,7 +23957,7 @@ def _e942(o, b, parts):
 
 def _e943(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('replica_election_results', [])
+    v1 = o.get('replica_election_results', ())
     if v1 is None:
         _enc_null('replica_election_results')
     else:
@@ -23985,7 +23986,7 @@ def _d944(buf, pos, end):
 
 def _e945(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('replica_election_results', [])
+    v1 = o.get('replica_election_results', ())
     if v1 is None:
         _enc_null('replica_election_results')
     else:
@@ -24108,7 +24109,7 @@ def _e950(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partition_result', [])
+    v2 = o.get('partition_result', ())
     if v2 is None:
         _enc_null('partition_result')
     else:
@@ -24125,7 +24126,7 @@ def _e950(o, b, parts):
 
 def _e951(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('replica_election_results', [])
+    v1 = o.get('replica_election_results', ())
     if v1 is None:
         _enc_null('replica_election_results')
     else:
@@ -24235,7 +24236,7 @@ def _e956(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('configs', [])
+    v2 = o.get('configs', ())
     if v2 is None:
         _enc_null('configs')
     else:
@@ -24246,7 +24247,7 @@ def _e956(o, b, parts):
 
 
 def _e957(o, b, parts):
-    v1 = o.get('resources', [])
+    v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
@@ -24397,7 +24398,7 @@ def _e962(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('configs', [])
+    v2 = o.get('configs', ())
     if v2 is None:
         _enc_null('configs')
     else:
@@ -24413,7 +24414,7 @@ def _e962(o, b, parts):
 
 
 def _e963(o, b, parts):
-    v1 = o.get('resources', [])
+    v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
@@ -24541,7 +24542,7 @@ def _e968(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -24558,7 +24559,7 @@ def _e968(o, b, parts):
 
 def _e969(o, b, parts):
     b += _Si.pack(o.get('timeout_ms', 60000))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -24600,7 +24601,7 @@ def _d970(buf, pos, end):
 
 def _e971(o, b, parts):
     b += _Sio.pack(o.get('timeout_ms', 60000), o.get('allow_replication_factor_change', True))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -24741,7 +24742,7 @@ def _e976(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -24769,7 +24770,7 @@ def _e977(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('responses', [])
+    v2 = o.get('responses', ())
     if v2 is None:
         _enc_null('responses')
     else:
@@ -24835,7 +24836,7 @@ def _e979(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('responses', [])
+    v2 = o.get('responses', ())
     if v2 is None:
         _enc_null('responses')
     else:
@@ -25017,7 +25018,7 @@ def _d984(buf, pos, end):
 
 def _e985(o, b, parts):
     b += _Si.pack(o.get('partition_index', 0))
-    v1 = o.get('replicas', [])
+    v1 = o.get('replicas', ())
     if v1 is None:
         _enc_null('replicas')
     else:
@@ -25027,7 +25028,7 @@ def _e985(o, b, parts):
         else:
             b += _uvb(_n)
         b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('adding_replicas', [])
+    v3 = o.get('adding_replicas', ())
     if v3 is None:
         _enc_null('adding_replicas')
     else:
@@ -25037,7 +25038,7 @@ def _e985(o, b, parts):
         else:
             b += _uvb(_n)
         b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('removing_replicas', [])
+    v5 = o.get('removing_replicas', ())
     if v5 is None:
         _enc_null('removing_replicas')
     else:
@@ -25063,7 +25064,7 @@ def _e986(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -25091,7 +25092,7 @@ def _e987(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -25173,7 +25174,7 @@ def _e992(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -25191,7 +25192,7 @@ def _e993(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -25220,7 +25221,7 @@ def _d994(buf, pos, end):
 
 def _e995(o, b, parts):
     b += _Shi.pack(o.get('error_code', 0), o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -25291,7 +25292,7 @@ def _e998(o, b, parts):
 
 
 def _e999(o, b, parts):
-    v1 = o.get('components', [])
+    v1 = o.get('components', ())
     if v1 is None:
         _enc_null('components')
     else:
@@ -25392,7 +25393,7 @@ def _e1002(o, b, parts):
 
 
 def _e1003(o, b, parts):
-    v1 = o.get('components', [])
+    v1 = o.get('components', ())
     if v1 is None:
         _enc_null('components')
     else:
@@ -25528,14 +25529,14 @@ def _e1009(o, b, parts):
 
 
 def _e1010(o, b, parts):
-    v1 = o.get('entity', [])
+    v1 = o.get('entity', ())
     if v1 is None:
         _enc_null('entity')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
             b = _e1008(v2, b, parts)
-    v3 = o.get('values', [])
+    v3 = o.get('values', ())
     if v3 is None:
         _enc_null('values')
     else:
@@ -25554,7 +25555,7 @@ def _e1011(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('entries', [])
+    v2 = o.get('entries', ())
     if v2 is None:
         b += b'\xff\xff\xff\xff'
     else:
@@ -25742,7 +25743,7 @@ def _e1017(o, b, parts):
 
 
 def _e1018(o, b, parts):
-    v1 = o.get('entity', [])
+    v1 = o.get('entity', ())
     if v1 is None:
         _enc_null('entity')
     else:
@@ -25753,7 +25754,7 @@ def _e1018(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e1016(v2, b, parts)
-    v3 = o.get('values', [])
+    v3 = o.get('values', ())
     if v3 is None:
         _enc_null('values')
     else:
@@ -25781,7 +25782,7 @@ def _e1019(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('entries', [])
+    v2 = o.get('entries', ())
     if v2 is None:
         b.append(0)
     else:
@@ -25867,14 +25868,14 @@ def _e1023(o, b, parts):
 
 
 def _e1024(o, b, parts):
-    v1 = o.get('entity', [])
+    v1 = o.get('entity', ())
     if v1 is None:
         _enc_null('entity')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
             b = _e1008(v2, b, parts)
-    v3 = o.get('ops', [])
+    v3 = o.get('ops', ())
     if v3 is None:
         _enc_null('ops')
     else:
@@ -25885,7 +25886,7 @@ def _e1024(o, b, parts):
 
 
 def _e1025(o, b, parts):
-    v1 = o.get('entries', [])
+    v1 = o.get('entries', ())
     if v1 is None:
         _enc_null('entries')
     else:
@@ -26000,7 +26001,7 @@ def _e1029(o, b, parts):
 
 
 def _e1030(o, b, parts):
-    v1 = o.get('entity', [])
+    v1 = o.get('entity', ())
     if v1 is None:
         _enc_null('entity')
     else:
@@ -26011,7 +26012,7 @@ def _e1030(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e1016(v2, b, parts)
-    v3 = o.get('ops', [])
+    v3 = o.get('ops', ())
     if v3 is None:
         _enc_null('ops')
     else:
@@ -26027,7 +26028,7 @@ def _e1030(o, b, parts):
 
 
 def _e1031(o, b, parts):
-    v1 = o.get('entries', [])
+    v1 = o.get('entries', ())
     if v1 is None:
         _enc_null('entries')
     else:
@@ -26095,7 +26096,7 @@ def _e1034(o, b, parts):
         v1 = v1.encode()
         b += _Sh.pack(len(v1))
         b += v1
-    v2 = o.get('entity', [])
+    v2 = o.get('entity', ())
     if v2 is None:
         _enc_null('entity')
     else:
@@ -26107,7 +26108,7 @@ def _e1034(o, b, parts):
 
 def _e1035(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('entries', [])
+    v1 = o.get('entries', ())
     if v1 is None:
         _enc_null('entries')
     else:
@@ -26193,7 +26194,7 @@ def _e1038(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('entity', [])
+    v2 = o.get('entity', ())
     if v2 is None:
         _enc_null('entity')
     else:
@@ -26210,7 +26211,7 @@ def _e1038(o, b, parts):
 
 def _e1039(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('entries', [])
+    v1 = o.get('entries', ())
     if v1 is None:
         _enc_null('entries')
     else:
@@ -26270,7 +26271,7 @@ def _d1041(buf, pos, end):
 
 
 def _e1042(o, b, parts):
-    v1 = o.get('users', [])
+    v1 = o.get('users', ())
     if v1 is None:
         b.append(0)
     else:
@@ -26414,7 +26415,7 @@ def _e1047(o, b, parts):
         else:
             b += _uvb(_n)
         b += v2
-    v3 = o.get('credential_infos', [])
+    v3 = o.get('credential_infos', ())
     if v3 is None:
         _enc_null('credential_infos')
     else:
@@ -26442,7 +26443,7 @@ def _e1048(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('results', [])
+    v2 = o.get('results', ())
     if v2 is None:
         _enc_null('results')
     else:
@@ -26622,7 +26623,7 @@ def _e1053(o, b, parts):
 
 
 def _e1054(o, b, parts):
-    v1 = o.get('deletions', [])
+    v1 = o.get('deletions', ())
     if v1 is None:
         _enc_null('deletions')
     else:
@@ -26633,7 +26634,7 @@ def _e1054(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e1052(v2, b, parts)
-    v3 = o.get('upsertions', [])
+    v3 = o.get('upsertions', ())
     if v3 is None:
         _enc_null('upsertions')
     else:
@@ -26739,7 +26740,7 @@ def _e1057(o, b, parts):
 
 def _e1058(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('results', [])
+    v1 = o.get('results', ())
     if v1 is None:
         _enc_null('results')
     else:
@@ -26841,7 +26842,7 @@ def _e1063(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -26857,7 +26858,7 @@ def _e1063(o, b, parts):
 
 
 def _e1064(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -26991,7 +26992,7 @@ def _e1069(o, b, parts):
 
 def _e1070(o, b, parts):
     b += _Sihiiq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('leader_id', 0), o.get('leader_epoch', 0), o.get('high_watermark', 0))
-    v1 = o.get('current_voters', [])
+    v1 = o.get('current_voters', ())
     if v1 is None:
         _enc_null('current_voters')
     else:
@@ -27002,7 +27003,7 @@ def _e1070(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e1069(v2, b, parts)
-    v3 = o.get('observers', [])
+    v3 = o.get('observers', ())
     if v3 is None:
         _enc_null('observers')
     else:
@@ -27029,7 +27030,7 @@ def _e1071(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -27046,7 +27047,7 @@ def _e1071(o, b, parts):
 
 def _e1072(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -27180,7 +27181,7 @@ def _e1077(o, b, parts):
 
 def _e1078(o, b, parts):
     b += _Sihiiq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('leader_id', 0), o.get('leader_epoch', 0), o.get('high_watermark', 0))
-    v1 = o.get('current_voters', [])
+    v1 = o.get('current_voters', ())
     if v1 is None:
         _enc_null('current_voters')
     else:
@@ -27191,7 +27192,7 @@ def _e1078(o, b, parts):
             b += _uvb(_n)
         for v2 in v1:
             b = _e1077(v2, b, parts)
-    v3 = o.get('observers', [])
+    v3 = o.get('observers', ())
     if v3 is None:
         _enc_null('observers')
     else:
@@ -27218,7 +27219,7 @@ def _e1079(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -27235,7 +27236,7 @@ def _e1079(o, b, parts):
 
 def _e1080(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -27486,7 +27487,7 @@ def _e1088(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Siiq.pack(o.get('leader_id', 0), o.get('leader_epoch', 0), o.get('high_watermark', 0))
-    v2 = o.get('current_voters', [])
+    v2 = o.get('current_voters', ())
     if v2 is None:
         _enc_null('current_voters')
     else:
@@ -27497,7 +27498,7 @@ def _e1088(o, b, parts):
             b += _uvb(_n)
         for v3 in v2:
             b = _e1087(v3, b, parts)
-    v4 = o.get('observers', [])
+    v4 = o.get('observers', ())
     if v4 is None:
         _enc_null('observers')
     else:
@@ -27524,7 +27525,7 @@ def _e1089(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -27569,7 +27570,7 @@ def _e1090(o, b, parts):
 
 def _e1091(o, b, parts):
     b += _Si.pack(o.get('node_id', 0))
-    v1 = o.get('listeners', [])
+    v1 = o.get('listeners', ())
     if v1 is None:
         _enc_null('listeners')
     else:
@@ -27597,7 +27598,7 @@ def _e1092(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('topics', [])
+    v2 = o.get('topics', ())
     if v2 is None:
         _enc_null('topics')
     else:
@@ -27608,7 +27609,7 @@ def _e1092(o, b, parts):
             b += _uvb(_n)
         for v3 in v2:
             b = _e1089(v3, b, parts)
-    v4 = o.get('nodes', [])
+    v4 = o.get('nodes', ())
     if v4 is None:
         _enc_null('nodes')
     else:
@@ -27690,7 +27691,7 @@ def _e1095(o, b, parts):
 
 def _e1096(o, b, parts):
     b += _Si.pack(o.get('timeout_ms', 60000))
-    v1 = o.get('feature_updates', [])
+    v1 = o.get('feature_updates', ())
     if v1 is None:
         _enc_null('feature_updates')
     else:
@@ -27774,7 +27775,7 @@ def _e1099(o, b, parts):
 
 def _e1100(o, b, parts):
     b += _Si.pack(o.get('timeout_ms', 60000))
-    v1 = o.get('feature_updates', [])
+    v1 = o.get('feature_updates', ())
     if v1 is None:
         _enc_null('feature_updates')
     else:
@@ -27905,7 +27906,7 @@ def _e1104(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('results', [])
+    v2 = o.get('results', ())
     if v2 is None:
         _enc_null('results')
     else:
@@ -28155,7 +28156,7 @@ def _e1116(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Si.pack(o.get('controller_id', -1))
-    v3 = o.get('brokers', [])
+    v3 = o.get('brokers', ())
     if v3 is None:
         _enc_null('brokers')
     else:
@@ -28254,7 +28255,7 @@ def _e1118(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Si.pack(o.get('controller_id', -1))
-    v3 = o.get('brokers', [])
+    v3 = o.get('brokers', ())
     if v3 is None:
         _enc_null('brokers')
     else:
@@ -28423,7 +28424,7 @@ def _e1122(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Si.pack(o.get('controller_id', -1))
-    v3 = o.get('brokers', [])
+    v3 = o.get('brokers', ())
     if v3 is None:
         _enc_null('brokers')
     else:
@@ -28463,7 +28464,7 @@ def _d1123(buf, pos, end):
 
 
 def _e1124(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -28606,7 +28607,7 @@ def _e1130(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('active_producers', [])
+    v2 = o.get('active_producers', ())
     if v2 is None:
         _enc_null('active_producers')
     else:
@@ -28633,7 +28634,7 @@ def _e1131(o, b, parts):
         else:
             b += _uvb(_n)
         b += v1
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -28650,7 +28651,7 @@ def _e1131(o, b, parts):
 
 def _e1132(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -28701,7 +28702,7 @@ def _d1133(buf, pos, end):
 
 
 def _e1134(o, b, parts):
-    v1 = o.get('transactional_ids', [])
+    v1 = o.get('transactional_ids', ())
     if v1 is None:
         _enc_null('transactional_ids')
     else:
@@ -28828,7 +28829,7 @@ def _e1137(o, b, parts):
             b += _uvb(_n)
         b += v2
     b += _Siqqh.pack(o.get('transaction_timeout_ms', 0), o.get('transaction_start_time_ms', 0), o.get('producer_id', 0), o.get('producer_epoch', 0))
-    v3 = o.get('topics', [])
+    v3 = o.get('topics', ())
     if v3 is None:
         _enc_null('topics')
     else:
@@ -28845,7 +28846,7 @@ def _e1137(o, b, parts):
 
 def _e1138(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('transaction_states', [])
+    v1 = o.get('transaction_states', ())
     if v1 is None:
         _enc_null('transaction_states')
     else:
@@ -28909,7 +28910,7 @@ def _d1139(buf, pos, end):
 
 
 def _e1140(o, b, parts):
-    v1 = o.get('state_filters', [])
+    v1 = o.get('state_filters', ())
     if v1 is None:
         _enc_null('state_filters')
     else:
@@ -28929,7 +28930,7 @@ def _e1140(o, b, parts):
                 else:
                     b += _uvb(_n)
                 b += v2
-    v3 = o.get('producer_id_filters', [])
+    v3 = o.get('producer_id_filters', ())
     if v3 is None:
         _enc_null('producer_id_filters')
     else:
@@ -28994,7 +28995,7 @@ def _d1141(buf, pos, end):
 
 
 def _e1142(o, b, parts):
-    v1 = o.get('state_filters', [])
+    v1 = o.get('state_filters', ())
     if v1 is None:
         _enc_null('state_filters')
     else:
@@ -29014,7 +29015,7 @@ def _e1142(o, b, parts):
                 else:
                     b += _uvb(_n)
                 b += v2
-    v3 = o.get('producer_id_filters', [])
+    v3 = o.get('producer_id_filters', ())
     if v3 is None:
         _enc_null('producer_id_filters')
     else:
@@ -29093,7 +29094,7 @@ def _d1143(buf, pos, end):
 
 
 def _e1144(o, b, parts):
-    v1 = o.get('state_filters', [])
+    v1 = o.get('state_filters', ())
     if v1 is None:
         _enc_null('state_filters')
     else:
@@ -29113,7 +29114,7 @@ def _e1144(o, b, parts):
                 else:
                     b += _uvb(_n)
                 b += v2
-    v3 = o.get('producer_id_filters', [])
+    v3 = o.get('producer_id_filters', ())
     if v3 is None:
         _enc_null('producer_id_filters')
     else:
@@ -29257,7 +29258,7 @@ def _e1147(o, b, parts):
 
 def _e1148(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('unknown_state_filters', [])
+    v1 = o.get('unknown_state_filters', ())
     if v1 is None:
         _enc_null('unknown_state_filters')
     else:
@@ -29277,7 +29278,7 @@ def _e1148(o, b, parts):
                 else:
                     b += _uvb(_n)
                 b += v2
-    v3 = o.get('transaction_states', [])
+    v3 = o.get('transaction_states', ())
     if v3 is None:
         _enc_null('transaction_states')
     else:
@@ -29322,7 +29323,7 @@ def _d1150(buf, pos, end):
 
 
 def _e1151(o, b, parts):
-    v1 = o.get('resource_types', [])
+    v1 = o.get('resource_types', ())
     if v1 is None:
         _enc_null('resource_types')
     else:
@@ -29400,7 +29401,7 @@ def _e1154(o, b, parts):
 
 def _e1155(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('config_resources', [])
+    v1 = o.get('config_resources', ())
     if v1 is None:
         _enc_null('config_resources')
     else:
@@ -29482,7 +29483,7 @@ def _e1158(o, b, parts):
 
 def _e1159(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
-    v1 = o.get('config_resources', [])
+    v1 = o.get('config_resources', ())
     if v1 is None:
         _enc_null('config_resources')
     else:
@@ -29569,7 +29570,7 @@ def _e1162(o, b, parts):
 
 
 def _e1163(o, b, parts):
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -29742,7 +29743,7 @@ def _d1166(buf, pos, end):
 
 def _e1167(o, b, parts):
     b += _Shiii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0), o.get('leader_epoch', -1))
-    v1 = o.get('replica_nodes', [])
+    v1 = o.get('replica_nodes', ())
     if v1 is None:
         _enc_null('replica_nodes')
     else:
@@ -29752,7 +29753,7 @@ def _e1167(o, b, parts):
         else:
             b += _uvb(_n)
         b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', [])
+    v3 = o.get('isr_nodes', ())
     if v3 is None:
         _enc_null('isr_nodes')
     else:
@@ -29782,7 +29783,7 @@ def _e1167(o, b, parts):
         else:
             b += _uvb(_n)
         b += _pack('>%di' % len(v7), *v7)
-    v9 = o.get('offline_replicas', [])
+    v9 = o.get('offline_replicas', ())
     if v9 is None:
         _enc_null('offline_replicas')
     else:
@@ -29810,7 +29811,7 @@ def _e1168(o, b, parts):
             b += _uvb(_n)
         b += v1
     b += _Suo.pack(_ub(o.get('topic_id', _ZU)), o.get('is_internal', False))
-    v2 = o.get('partitions', [])
+    v2 = o.get('partitions', ())
     if v2 is None:
         _enc_null('partitions')
     else:
@@ -29828,7 +29829,7 @@ def _e1168(o, b, parts):
 
 def _e1169(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('topics', [])
+    v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
@@ -29848,6 +29849,11 @@ def _e1169(o, b, parts):
     b.append(0)
     return b
 
+
+_Kdf116 = _df116()
+_Kdf117 = _df117()
+_Kdf17 = _df17()
+_Kdf62 = _df62()
 
 # api_key -> (name, min_version, max_version, first flexible request version or -1)
 MESSAGES = {
