@@ -295,7 +295,21 @@ class MemoryEngine(StorageAdapter):
         del shard.bases[:drop]
         del shard.time_index[:drop]
         shard.log_start = offset
+        if drop:
+            self._trim_keys(topic, queue, shard.bases[0] if shard.bases else shard.end)
         return offset
+
+    def _trim_keys(self, topic: str, queue: int, first_base: int) -> None:
+        """Forget key-index entries of deleted batches (delete_before is rare; one pass over the topic's keys)."""
+        index = self._keys.get(topic)
+        if not index:
+            return
+        for key in list(index):
+            kept = [e for e in index[key] if e[0] != queue or e[1] >= first_base]
+            if kept:
+                index[key] = kept
+            else:
+                del index[key]
 
     async def offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
         shard = self._shard(topic, queue)
@@ -330,7 +344,8 @@ class MemoryEngine(StorageAdapter):
     # --- group offsets -----------------------------------------------------------------------------------
 
     async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
-        self._groups.setdefault(group, {}).update(offsets)
+        if offsets:
+            self._groups.setdefault(group, {}).update(offsets)
 
     def fetch_offsets(self, group: str) -> dict[tuple[str, int], GroupOffset]:
         return dict(self._groups.get(group, {}))

@@ -66,9 +66,11 @@ class FileOffsetStore:
 
     async def commit_offsets(self, group: str, offsets: dict[Partition, GroupOffset]) -> None:
         """Store `offsets` for `group`, atomically for the whole call; returns once they are on disk."""
+        if not offsets:
+            return
         entries = []
         for (topic, queue), value in offsets.items():
-            entries.append([str(topic), int(queue), int(value.offset), str(value.metadata),
+            entries.append([str(topic), int(queue), int(value.offset), value.metadata or "",
                             int(value.commit_timestamp), int(value.leader_epoch)])
         await self._submit({"g": str(group), "c": entries})
 

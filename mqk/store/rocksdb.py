@@ -483,11 +483,13 @@ class RocksEngine(StorageAdapter):
         return b"g" + _U16.pack(len(raw)) + raw + _topic_key(topic) + _U32.pack(queue)
 
     async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
+        if not offsets:
+            return
         batch = WriteBatch(raw_mode=True)
         for (topic, queue), value in offsets.items():
             batch.put(self._group_key(group, topic, queue),
                       _GROUP_VALUE.pack(value.offset, value.commit_timestamp, value.leader_epoch)
-                      + value.metadata.encode())
+                      + (value.metadata or "").encode())
         # RocksDB groups concurrent synced writers itself: concurrent commits share one WAL fsync.
         await asyncio.to_thread(self.db.write, batch, self._wo_sync)
         self._groups.setdefault(group, {}).update(offsets)

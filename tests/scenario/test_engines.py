@@ -130,7 +130,7 @@ async def test_read_at_end_is_empty_and_beyond_is_out_of_range(harness: Harness)
 async def test_max_bytes_gives_whole_batches_and_always_the_first(harness: Harness) -> None:
     await _topic(harness)
     engine = harness.engine
-    for i in range(6):
+    for _ in range(6):
         await engine.append(T, 0, [twin_batch([b"v" * 200, b"w" * 100])])
     sizes = [len(b.data) for b in (await engine.read(T, 0, 0, 1 << 20)).batches]
     assert len(sizes) == 6
@@ -325,6 +325,8 @@ async def test_group_offsets_commit_fetch_delete(harness: Harness) -> None:
     await engine.delete_offsets("h")
     assert engine.list_offset_groups() == ["g"]
     await engine.delete_offsets("never-seen")
+    await engine.commit_offsets("empty", {})  # nothing to commit creates no group
+    assert engine.list_offset_groups() == ["g"]
 
 
 # --- listeners -------------------------------------------------------------------------------------------
