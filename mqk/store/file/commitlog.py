@@ -149,6 +149,18 @@ class CommitLog:
     def truncate(self, offset: int) -> None:
         self.mfq.truncate(offset)
 
+    def claimed_size(self, offset: int) -> int:
+        """The size field of the (possibly damaged) entry at `offset`, if it is plausible; else 8."""
+        try:
+            mf = self.mfq.find(offset)
+        except OutOfBounds:
+            return BLANK_MIN
+        pos = offset - mf.start_offset
+        if mf.file_size - pos < 4:
+            return BLANK_MIN
+        size = int.from_bytes(mf.buf[pos : pos + 4], "big", signed=True)
+        return size if BLANK_MIN <= size <= mf.file_size - pos else BLANK_MIN
+
     def has_data_after(self, offset: int) -> bool:
         """Whether any non-zero byte lies at or after `offset` (tells a torn tail from damage in the middle)."""
         for mf in self.mfq.files:

@@ -234,8 +234,9 @@ class FileEngine(StorageAdapter):
         report["end"] = end
         if self.clog.scan_error is not None:
             err = self.clog.scan_error
-            bad_size = 0
-            torn = not self.clog.has_data_after(end + max(8, bad_size))
+            # a torn tail is a bad last entry with nothing but zeros after it; anything after it means damage in
+            # the middle of the log (we cut there too: the entries after it cannot be trusted to line up)
+            torn = not self.clog.has_data_after(end + self.clog.claimed_size(end))
             report["error"] = str(err)
             report["torn_tail"] = torn
             if torn:
