@@ -1,4 +1,4 @@
-"""kill -9 while appending under `sync` flush: every acknowledged batch survives, intact, and the log has no garbage tail.
+"""kill -9 while appending under `sync` flush: every acknowledged batch survives, intact, with no garbage tail.
 
 A child process appends from four concurrent producers (so group commit is what is being killed) and prints one
 line per acknowledged batch: queue, base offset, and a hash of the batch bytes the store must keep (everything after

@@ -118,7 +118,7 @@ async def test_restart_keeps_data_offsets_and_metadata(tmp_path: Path) -> None:
 
 
 async def test_delete_before(engine: FileEngine) -> None:
-    for i in range(4):
+    for _ in range(4):
         await engine.append(T, 0, [batch(5)])
     assert await engine.delete_before(T, 0, 7) == 7
     assert engine.log_start_offset(T, 0) == 7
