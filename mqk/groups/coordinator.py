@@ -114,7 +114,9 @@ class Group:
     def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         if not self.members:
             return bool(protocol_type) and bool(protocols)
-        if protocol_type != self.protocol_type:
+        # Compare with the members' type: group.protocol_type is only set once the first rebalance completes,
+        # and a second member joining before that must not be refused (INCONSISTENT_GROUP_PROTOCOL).
+        if protocol_type != next(iter(self.members.values())).protocol_type:
             return False
         names = {name for name, _ in protocols}
         return bool(names & self.candidate_protocols())
