@@ -168,7 +168,9 @@ class SendProcessor:
         group = cmd.get_str("group", required=True) or ""
         delay_level = cmd.get_int("delayLevel", 0) or 0
         origin_id = cmd.get_str("originMsgId")
-        max_times = cmd.get_int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES) or DEFAULT_MAX_RECONSUME_TIMES
+        max_times = cmd.get_int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
+        if max_times is None:
+            max_times = DEFAULT_MAX_RECONSUME_TIMES
         assert commit_offset is not None
         msg = await self.ctx.resolve(commit_offset)
         if msg is None:

@@ -1,0 +1,167 @@
+"""mqk.client end to end against NativeServer + NameServer + TimerService on a memory store, in-process:
+push consumers sharing a group, retry via send-back, dead-letter, delayed delivery, oneway sends."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from mqk.client import MessageExt, MessageQueue, Producer, PullConsumer, PushConsumer, allocate_averagely
+from mqk.config import BrokerConfig, StoreConfig
+from mqk.server.native.namesrv import NameServer
+from mqk.server.native.server import NativeServer
+from mqk.store.manager import StoreManager
+from mqk.timer import TimerService
+
+
+@pytest.fixture
+async def ns():
+    config = BrokerConfig(native_listen=("127.0.0.1", 0), namesrv_listen=("127.0.0.1", 0),
+                          store=StoreConfig(storage="memory"))
+    store = StoreManager(config.store)
+    await store.start()
+    timer = await TimerService(config, store).start()
+    broker = NativeServer(config, store)
+    namesrv = NameServer(config, store, await broker.start())
+    host, port = await namesrv.start()
+    yield f"{host}:{port}", store
+    await namesrv.stop()
+    await broker.stop()
+    await timer.stop()
+    await store.close()
+
+
+async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def test_average_allocation_matches_rocketmq() -> None:
+    queues = [MessageQueue("t", "b", i) for i in range(5)]
+    shares = {c: [q.queue_id for q in allocate_averagely(queues, ["c1", "c2", "c3"], c)] for c in ("c1", "c2", "c3")}
+    assert shares == {"c1": [0, 1], "c2": [2, 3], "c3": [4]}
+    assert [q.queue_id for q in allocate_averagely(queues[:2], ["a", "b", "c"], "c")] == []
+    assert allocate_averagely(queues, ["a"], "stranger") == []
+
+
+async def test_push_consumers_share_queues_without_loss_or_duplicates(ns) -> None:
+    namesrv, store = ns
+    await store.create_topic("shared", 4)
+    seen: list[tuple[str, bytes]] = []
+
+    def handler_for(name: str):
+        async def handle(msg: MessageExt) -> bool:
+            seen.append((name, msg.body))
+            return True
+        return handle
+
+    c1 = await PushConsumer(namesrv, "grp", "shared", handler_for("c1"), rebalance_interval=0.5,
+                            suspend_ms=500).start()
+    c2 = await PushConsumer(namesrv, "grp", "shared", handler_for("c2"), rebalance_interval=0.5,
+                            suspend_ms=500).start()
+    try:
+        await wait_for(lambda: len(c1.assigned) + len(c2.assigned) == 4 + 1 and c1.assigned and c2.assigned,
+                       what="rebalance to split the queues")
+        main = {mq for mq in c1.assigned + c2.assigned if mq.topic == "shared"}
+        assert len(main) == 4 and not set(c1.assigned) & set(c2.assigned)
+        async with Producer(namesrv) as producer:
+            for i in range(40):
+                await producer.send("shared", b"m%d" % i, tags="t")
+        await wait_for(lambda: len(seen) >= 40, what="all 40 messages")
+        await asyncio.sleep(0.3)
+        bodies = sorted(body for _, body in seen)
+        assert bodies == sorted(b"m%d" % i for i in range(40))  # each exactly once
+        assert {name for name, _ in seen} == {"c1", "c2"}
+    finally:
+        await c1.stop()
+        await c2.stop()
+    committed = store.fetch_offsets("grp")
+    assert sum(o.offset for (topic, _), o in committed.items() if topic == "shared") == 40
+
+
+async def test_tag_subscription_and_retry_after_handler_failure(ns) -> None:
+    namesrv, store = ns
+    await store.create_topic("retry-me", 1)
+    attempts: list[tuple[bytes, int, str]] = []
+
+    async def handle(msg: MessageExt) -> bool:
+        attempts.append((msg.body, msg.reconsume_times, msg.topic))
+        if msg.body == b"fail-once" and msg.reconsume_times == 0:
+            raise RuntimeError("boom")
+        return True
+
+    consumer = await PushConsumer(namesrv, "rg", "retry-me", handle, expression="A || B", suspend_ms=500,
+                                  rebalance_interval=0.5).start()
+    try:
+        async with Producer(namesrv) as producer:
+            await producer.send("retry-me", b"fail-once", tags="A")
+            await producer.send("retry-me", b"filtered-out", tags="C")
+            await producer.send("retry-me", b"ok", tags="B")
+        await wait_for(lambda: [a for a in attempts if a[0] == b"fail-once" and a[1] == 1], timeout=20,
+                       what="the retried message (delay level 3 = 10 s)")
+        retried = [a for a in attempts if a[0] == b"fail-once"]
+        assert retried[0][1] == 0 and retried[1][1] == 1
+        assert retried[1][2] == "retry-me"  # handed over with its original topic
+        assert b"filtered-out" not in [a[0] for a in attempts]
+        assert [a[0] for a in attempts].count(b"ok") == 1
+    finally:
+        await consumer.stop()
+
+
+async def test_dead_letter_after_max_reconsume_times(ns) -> None:
+    namesrv, store = ns
+    await store.create_topic("dlq-src", 1)
+    async with Producer(namesrv) as producer:
+        await producer.send("dlq-src", b"poison", tags="x")
+    async with PullConsumer(namesrv, "dg") as consumer:
+        mq = MessageQueue("dlq-src", "mqk-broker-a", 0)
+        (msg,) = (await consumer.pull(mq, 0)).messages
+        await consumer.send_back(msg, delay_level=0, max_reconsume_times=0)  # already at the maximum
+        await wait_for(lambda: store.topic("%DLQ%dg") is not None and store.end_offset("%DLQ%dg", 0) == 1,
+                       what="the dead-letter topic")
+        (dead,) = (await consumer.pull(MessageQueue("%DLQ%dg", "mqk-broker-a", 0), 0)).messages
+        assert dead.body == b"poison" and dead.reconsume_times == 1
+        assert dead.properties["RETRY_TOPIC"] == "dlq-src" and dead.properties["ORIGIN_MESSAGE_ID"] == msg.msg_id
+
+
+async def test_send_back_goes_to_retry_topic_with_growing_delay(ns) -> None:
+    namesrv, store = ns
+    async with Producer(namesrv) as producer:
+        await producer.send("sb", b"again", tags="x")
+    async with PullConsumer(namesrv, "sg") as consumer:
+        (msg,) = (await consumer.pull(MessageQueue("sb", "mqk-broker-a", 0), 0)).messages
+        await consumer.send_back(msg, delay_level=1)  # 1 s
+        assert store.topic("%RETRY%sg") is not None and store.end_offset("%RETRY%sg", 0) == 0
+        await wait_for(lambda: store.end_offset("%RETRY%sg", 0) == 1, timeout=5, what="retry delivery")
+        (retry,) = (await consumer.pull(MessageQueue("%RETRY%sg", "mqk-broker-a", 0), 0)).messages
+        assert retry.reconsume_times == 1 and retry.properties["DELAY"] == "1" and retry.body == b"again"
+
+
+async def test_delayed_send_over_remoting(ns) -> None:
+    namesrv, store = ns
+    await store.create_topic("later", 1)
+    async with Producer(namesrv) as producer, PullConsumer(namesrv, "lg") as consumer:
+        mq = MessageQueue("later", "mqk-broker-a", 0)
+        sent_at = int(time.time() * 1000)
+        await producer.send("later", b"level1", delay_level=1)
+        await producer.send("later", b"at", deliver_at_ms=sent_at + 500)
+        await producer.send("later", b"now")
+        first = await consumer.pull(mq, 0)
+        assert [m.body for m in first.messages] == [b"now"]
+        got = await consumer.pull(mq, 1, suspend_ms=3000)
+        assert [m.body for m in got.messages] == [b"at"] and int(time.time() * 1000) >= sent_at + 500
+        got = await consumer.pull(mq, 2, suspend_ms=3000)
+        assert [m.body for m in got.messages] == [b"level1"] and int(time.time() * 1000) >= sent_at + 1000
+
+
+async def test_oneway_and_auto_created_topic(ns) -> None:
+    namesrv, store = ns
+    async with Producer(namesrv) as producer:
+        await producer.send_oneway("fresh-topic", b"fire-and-forget")
+        await wait_for(lambda: store.topic("fresh-topic") is not None
+                       and store.end_offset("fresh-topic", 0) == 1, what="oneway send")
+        result = await producer.send("fresh-topic", b"second")
+        assert result.queue_offset == 1
