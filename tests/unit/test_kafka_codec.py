@@ -270,3 +270,13 @@ def test_api_versions_response_parity():
         theirs = bytes(kp.encode(header=True, framed=True))
         ours = join(codec.encode_response(codec.Request(18, version, 7, "c", {}), api.api_versions_body()))
         assert ours == theirs, version
+
+
+def test_malformed_body_names_the_request():
+    raw = frame(3, 12, {"topics": [{"name": "topic"}]}, correlation_id=31)
+    cut = raw[:-4]
+    cut = struct.pack(">i", len(cut) - 4) + cut[4:]
+    with pytest.raises(MalformedMessage) as e:
+        feed(cut).next_request()
+    assert (e.value.api_key, e.value.api_version, e.value.correlation_id) == (3, 12, 31)
+    assert "Metadata v12" in str(e.value)

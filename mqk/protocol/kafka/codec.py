@@ -185,7 +185,14 @@ class KafkaConnectionCodec:
             if api_key == api.ApiKey.API_VERSIONS:
                 return Request(api_key, api_version, correlation_id, client_id, {}, True, len(frame))
             raise UnsupportedApiVersion(api_key, api_version, correlation_id)
-        body = messages.decode_request(api_key, api_version, frame[pos:])
+        try:
+            body = messages.decode_request(api_key, api_version, frame[pos:])
+        except MalformedMessage as exc:
+            # say which request it was, for the server's one log line
+            exc.api_key, exc.api_version, exc.correlation_id = api_key, api_version, correlation_id
+            exc.args = (f"{api.NAMES.get(api_key, api_key)} v{api_version} (correlation id {correlation_id}): "
+                        f"{exc}",)
+            raise
         return Request(api_key, api_version, correlation_id, client_id, body, False, len(frame))
 
     # -- output -----------------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ from mqk.errors import MqkError, ProtocolError
 
 
 class MalformedMessage(ProtocolError):
-    """A frame, header or body that does not decode (truncated, bad length, bad UTF-8, null where not nullable)."""
+    """A frame, header or body that does not decode (truncated, bad length, bad UTF-8, null where not nullable).
+    When the header was readable, the codec sets `api_key`, `api_version` and `correlation_id` (else -1)."""
+
+    api_key = api_version = correlation_id = -1
 
 
 class UnknownApiKey(ProtocolError):
