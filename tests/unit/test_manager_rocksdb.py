@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import random
+import signal
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +18,7 @@ from mqk.errors import StorageError
 from mqk.store.rocksdb import RocksEngine
 
 rb = twin("recbatch")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _batch(value: bytes) -> bytearray:
@@ -95,3 +102,95 @@ async def test_many_topics_with_prefix_names_stay_apart(tmp_path: Path) -> None:
             result = await engine.read(name, q, 0, 1 << 30)
             assert len(result.batches) == n + q + 1
     await engine.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from mqk._fast import twin
+    from mqk.config import StoreConfig, TopicConfig
+    from mqk.store.adapter import GroupOffset
+    from mqk.store.rocksdb import RocksEngine
+
+    rb = twin("recbatch")
+
+    async def writer(engine, w):
+        i = engine.fetch_offsets("g").get(("t", w), GroupOffset(0)).offset  # commits only move forward
+        while True:
+            i += 1
+            value = b"%d-%d" % (w, i)
+            batch = rb.build_batch(0, 1000, 1000, rb.encode_record(0, 0, None, value, []), 1, 0)
+            result = await engine.append("t", w % 2, [batch])
+            await engine.commit_offsets("g", {("t", w): GroupOffset(i)})
+            sys.stdout.write(f"ack {w % 2} {result.base_offset} {value.decode()} {w} {i}\\n")
+            sys.stdout.flush()
+
+    async def main():
+        root = Path(sys.argv[1])
+        engine = RocksEngine(StoreConfig(data_dir=root, storage="rocksdb", flush_mode="sync"), root)
+        await engine.start()
+        await engine.create_shards("t", 2, TopicConfig())
+        await asyncio.gather(*(writer(engine, w) for w in range(4)))
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.timeout(60)
+async def test_acknowledged_appends_and_commits_survive_sigkill(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    acked: dict[tuple[int, int], bytes] = {}  # (queue, offset) -> value
+    commits: dict[int, int] = {}
+    started = time.monotonic()
+    kills = 0
+    while kills < 5 and time.monotonic() - started < 15:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, str(tmp_path), stdout=asyncio.subprocess.PIPE, env=env, cwd=REPO)
+        assert child.stdout is not None
+        wanted, seen = rng.randint(5, 200), 0
+
+        def take(line: bytes) -> None:
+            _, queue, offset, value, w, i = line.decode().split()
+            key = (int(queue), int(offset))
+            assert acked.get(key, value.encode()) == value.encode(), "one offset acknowledged twice"
+            acked[key] = value.encode()
+            commits[int(w)] = max(commits.get(int(w), 0), int(i))
+
+        while seen < wanted:
+            line = await asyncio.wait_for(child.stdout.readline(), 20)
+            if not line:
+                break
+            take(line)
+            seen += 1
+        child.send_signal(signal.SIGKILL)
+        for line in (await child.stdout.read()).splitlines(keepends=True):
+            if line.endswith(b"\n"):
+                take(line)
+        await child.wait()
+        assert seen == wanted, "child stopped early"
+        kills += 1
+
+        engine = RocksEngine(StoreConfig(data_dir=tmp_path, storage="rocksdb"), tmp_path)
+        await engine.start()
+        try:
+            for queue in (0, 1):
+                result = await engine.read("t", queue, 0, 1 << 30)
+                stored = {b.base_offset: records_value(b.data) for b in result.batches}
+                assert sorted(stored) == list(range(engine.end_offset("t", queue)))  # no holes
+                for (q, offset), value in acked.items():
+                    if q == queue:
+                        assert stored.get(offset) == value, f"acknowledged batch lost: {q}/{offset}"
+            got = engine.fetch_offsets("g")
+            for w, i in commits.items():
+                assert got[("t", w)].offset >= i
+        finally:
+            await engine.close()
+    assert kills >= 2 and acked
+
+
+def records_value(data) -> bytes:
+    header = rb.parse_header(bytes(data), 0)
+    return rb.decode_records(bytes(data)[rb.HEADER_SIZE:], header[12])[0][4]
