@@ -157,7 +157,7 @@ def test_admin_topics_and_configs(bootstrap: str, topic: str) -> None:
         with pytest.raises(TopicAlreadyExistsError):
             admin.create_topics({topic: {"num_partitions": 2, "replication_factor": 1}})
         assert topic in admin.list_topics()
-        described = [t for t in admin.describe_topics([topic]) if t["topic"] == topic]
+        described = [t for t in admin.describe_topics([topic]) if t["name"] == topic]
         assert len(described) == 1 and len(described[0]["partitions"]) == 2
 
         resource = ConfigResource(ConfigResourceType.TOPIC, topic)
