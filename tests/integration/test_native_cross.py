@@ -1,0 +1,81 @@
+"""Cross-protocol: RocketMQ remoting and Kafka clients on one full broker (mqk_broker: BrokerRuntime, memory
+store). Offsets agree; tags/keys/properties become key/headers and back; Kafka delay headers work."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from mqk.client import MessageQueue, Producer, PullConsumer
+
+
+def _ns(broker) -> str:
+    host, port = broker.namesrv_address
+    return f"{host}:{port}"
+
+
+async def test_native_message_read_by_kafka(mqk_broker, mqk_bootstrap) -> None:
+    mqk_broker.call(mqk_broker.store.create_topic("x-native", 1))
+    async with Producer(_ns(mqk_broker)) as producer:
+        sent = await producer.send("x-native", b"hello", tags="TagA", keys=["order-1", "order-2"],
+                                   properties={"color": "blue"})
+    consumer = AIOKafkaConsumer(bootstrap_servers=mqk_bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition("x-native", 0)
+        consumer.assign([tp])
+        batch = await consumer.getmany(tp, timeout_ms=5000)
+        (record,) = batch[tp]
+        assert record.offset == sent.queue_offset == 0
+        assert record.key == b"order-1" and record.value == b"hello"
+        headers = dict(record.headers)
+        assert headers["TAGS"] == b"TagA" and headers["KEYS"] == b"order-1 order-2" and headers["color"] == b"blue"
+        assert headers["UNIQ_KEY"] == sent.msg_id.encode()
+    finally:
+        await consumer.stop()
+
+
+async def test_kafka_record_pulled_over_remoting(mqk_broker, mqk_bootstrap) -> None:
+    mqk_broker.call(mqk_broker.store.create_topic("x-kafka", 1))
+    producer = AIOKafkaProducer(bootstrap_servers=mqk_bootstrap)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait("x-kafka", b"from-kafka", key=b"k1", partition=0,
+                                            headers=[("TAGS", b"T1"), ("trace", b"abc")])
+        await producer.send_and_wait("x-kafka", b"second", partition=0)
+    finally:
+        await producer.stop()
+    async with PullConsumer(_ns(mqk_broker), "xg") as consumer:
+        mq = MessageQueue("x-kafka", "mqk-broker-a", 0)
+        result = await consumer.pull(mq, 0)
+        first = result.messages[0]
+        assert first.queue_offset == meta.offset == 0 and first.body == b"from-kafka"
+        assert first.properties["trace"] == "abc" and first.keys == ["k1"] and first.tags == "T1"
+        assert [m.queue_offset for m in result.messages] == [0, 1] and result.next_offset == 2
+        await consumer.commit_offset(mq, 2)
+    # the same committed offset is what a Kafka group of that name sees
+    kc = AIOKafkaConsumer(bootstrap_servers=mqk_bootstrap, group_id="xg", enable_auto_commit=False)
+    await kc.start()
+    try:
+        assert await kc.committed(TopicPartition("x-kafka", 0)) == 2
+    finally:
+        await kc.stop()
+
+
+async def test_kafka_delay_header(mqk_broker, mqk_bootstrap) -> None:
+    mqk_broker.call(mqk_broker.store.create_topic("x-delay", 1))
+    producer = AIOKafkaProducer(bootstrap_servers=mqk_bootstrap)
+    await producer.start()
+    try:
+        sent_at = int(time.time() * 1000)
+        await producer.send_and_wait("x-delay", b"later", partition=0, headers=[("mqk-delay-ms", b"600")])
+    finally:
+        await producer.stop()
+    assert mqk_broker.store.end_offset("x-delay", 0) == 0
+    async with PullConsumer(_ns(mqk_broker), "dg") as consumer:
+        got = await consumer.pull(MessageQueue("x-delay", "mqk-broker-a", 0), 0, suspend_ms=5000)
+        assert [m.body for m in got.messages] == [b"later"]
+        assert int(time.time() * 1000) >= sent_at + 600
+        await asyncio.sleep(0)
