@@ -1,0 +1,284 @@
+"""Real Kafka clients (kafka-python, aiokafka) against the mqk Kafka server on a free port, in process.
+
+kafka-python is synchronous, so its broker runs on an event loop in a background thread; aiokafka shares the
+test's own loop with the broker."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+import warnings
+
+import pytest
+
+# kafka-python 3 reads its bundled specs through importlib.resources' legacy API; the DeprecationWarning that
+# raises is attributed to importlib, so the setup.cfg filter for kafka.* does not catch it. Import it quietly once.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import kafka  # noqa: F401
+    import kafka.admin  # noqa: F401
+
+pytestmark = pytest.mark.filterwarnings("ignore:(open|read)_text is deprecated:DeprecationWarning")
+
+from mqk.config import BrokerConfig, StoreConfig
+from mqk.server.kafka.server import KafkaServer
+from mqk.store.manager import StoreManager
+
+
+def config() -> BrokerConfig:
+    return BrokerConfig(kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory"),
+                        group_min_session_timeout_ms=100)
+
+
+class ThreadedKafka:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.store = StoreManager(config().store)
+        self.server = KafkaServer(config(), self.store)
+        self.call(self.store.start())
+        host, port = self.call(self.server.start())
+        self.bootstrap = f"{host}:{port}"
+
+    def call(self, coro, timeout: float = 30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.call(self.server.stop())
+        self.call(self.store.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def kafka():
+    broker = ThreadedKafka()
+    yield broker
+    broker.stop()
+
+
+def topic_name() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+# --- kafka-python ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "lz4", "zstd"])  # (no snappy library for kafka-python)
+def test_kafka_python_produce_consume_keys_headers_compression(kafka, compression):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    topic = topic_name()
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, compression_type=compression, linger_ms=5)
+    sent = []
+    for i in range(200):
+        key, value = f"k{i % 7}".encode(), f"value-{i}".encode() * 3
+        producer.send(topic, key=key, value=value, headers=[("h", str(i).encode())])
+        sent.append((key, value, [("h", str(i).encode())]))
+    producer.flush()
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False)
+    got = []
+    deadline = time.time() + 20
+    while len(got) < len(sent) and time.time() < deadline:
+        for records in consumer.poll(timeout_ms=200).values():
+            got += [(m.key, m.value, list(m.headers)) for m in records]
+    consumer.close()
+    assert got == sent
+    batch_codec = {None: 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}[compression]
+    stored = kafka.call(kafka.store.read(topic, 0, 0, 1 << 20))
+    assert [bytes(b.data)[22] & 0x07 for b in stored.batches] == [batch_codec] * len(stored.batches)
+
+
+def test_kafka_python_group_of_two_splits_partitions_and_resumes_from_commits(kafka):
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient
+
+    topic = topic_name()
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    admin.create_topics({topic: {"num_partitions": 4, "replication_factor": 1}})
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+
+    def consumer():
+        return KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, group_id="grp", auto_offset_reset="earliest",
+                             enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=200,
+                             consumer_timeout_ms=200)
+
+    a, b = consumer(), consumer()
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    deadline = time.time() + 30
+    # both members join (a rebalance of a one-member group into a two-member one) before any data exists
+    while not (a.assignment() and b.assignment()) and time.time() < deadline:
+        a.poll(timeout_ms=100)
+        b.poll(timeout_ms=100)
+    assert a.assignment() and b.assignment()
+    for i in range(400):
+        producer.send(topic, value=str(i).encode(), partition=i % 4)
+    producer.flush()
+    while len(seen["a"]) + len(seen["b"]) < 400 and time.time() < deadline:
+        for name, c in (("a", a), ("b", b)):
+            for records in c.poll(timeout_ms=100).values():
+                seen[name] += [int(r.value) for r in records]
+    assert sorted(seen["a"] + seen["b"]) == list(range(400))  # nothing lost, nothing twice
+    assert a.assignment() and b.assignment() and not (a.assignment() & b.assignment())
+    a.commit()
+    b.commit()
+    assert {"group_id": "grp", "protocol_type": "consumer", "group_state": "Stable", "group_type": "classic"} in (
+        admin.list_groups())
+    described = admin.describe_groups(["grp"])["grp"]
+    assert described["group_state"] == "Stable" and len(described["members"]) == 2
+    assigned = sorted(p for m in described["members"] for t in m["member_assignment"]["assigned_partitions"]
+                      for p in t["partitions"])
+    assert assigned == [0, 1, 2, 3]
+    a.close()
+    b.close()
+    # more data, then a new member of the group resumes exactly after the committed offsets
+    for i in range(400, 440):
+        producer.send(topic, value=str(i).encode(), partition=i % 4)
+    producer.flush()
+    producer.close()
+    c = consumer()
+    rest = []
+    deadline = time.time() + 20
+    while len(rest) < 40 and time.time() < deadline:
+        for records in c.poll(timeout_ms=200).values():
+            rest += [int(r.value) for r in records]
+    c.close()
+    assert sorted(rest) == list(range(400, 440))
+    offsets = admin.list_group_offsets({"grp": None})["grp"]
+    assert sum(o.offset for o in offsets.values()) == 400
+    admin.close()
+
+
+def test_kafka_python_admin_topics_configs_and_offsets_for_times(kafka):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewPartitions
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    topic = topic_name()
+    admin.create_topics({topic: {"num_partitions": 2, "replication_factor": 1, "configs": {"retention.ms": "12345"}}})
+    with pytest.raises(TopicAlreadyExistsError):
+        admin.create_topics({topic: {"num_partitions": 2, "replication_factor": 1}})
+    assert topic in admin.list_topics()
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic)
+
+    def configs():
+        return admin.describe_configs([resource], config_filter="all")["topic"][topic]
+
+    described = configs()
+    assert described["retention.ms"]["value"] == "12345"
+    assert described["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+    assert described["cleanup.policy"]["value"] == "delete"
+    assert described["cleanup.policy"]["config_source"] == "DEFAULT_CONFIG"
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={"retention.ms": "999"})])
+    assert configs()["retention.ms"]["value"] == "999"
+    admin.create_partitions({topic: NewPartitions(total_count=3)})
+    assert kafka.store.topic(topic).queue_count == 3
+
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    base = 1_700_000_000_000
+    for i in range(10):
+        producer.send(topic, value=b"v", partition=0, timestamp_ms=base + i * 1000)
+    producer.flush()
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
+    tp = TopicPartition(topic, 0)
+    found = consumer.offsets_for_times({tp: base + 4500})[tp]
+    assert (found.offset, found.timestamp) == (5, base + 5000)
+    assert consumer.offsets_for_times({tp: base + 99_000})[tp] is None
+    assert consumer.beginning_offsets([tp])[tp] == 0 and consumer.end_offsets([tp])[tp] == 10
+    consumer.close()
+    admin.delete_topics([topic])
+    assert kafka.store.topic(topic) is None
+    admin.close()
+
+
+# --- aiokafka ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def inloop_kafka():
+    cfg = config()
+    store = StoreManager(cfg.store)
+    await store.start()
+    server = KafkaServer(cfg, store)
+    host, port = await server.start()
+    server.bootstrap = f"{host}:{port}"
+    yield server
+    await server.stop()
+    await store.close()
+
+
+async def test_aiokafka_idempotent_produce_and_group_consume(inloop_kafka):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    topic = topic_name()
+    producer = AIOKafkaProducer(bootstrap_servers=inloop_kafka.bootstrap, enable_idempotence=True,
+                                compression_type="snappy")
+    await producer.start()
+    try:
+        for i in range(100):
+            await producer.send(topic, key=b"k", value=str(i).encode())
+        meta = await producer.send_and_wait(topic, value=b"last")
+        assert meta.offset == 100
+    finally:
+        await producer.stop()
+    stored = await inloop_kafka.store.read(topic, 0, 0, 1 << 20)
+    from mqk._fast import load
+
+    header = load("recbatch").parse_header(bytes(stored.batches[0].data), 0)
+    assert header[9] >= 0 and header[11] == 0  # producer id set, first sequence 0
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=inloop_kafka.bootstrap, group_id="ag",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        got = []
+        async with asyncio.timeout(20):
+            while len(got) < 101:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    got += [r.value for r in records]
+        assert got == [str(i).encode() for i in range(100)] + [b"last"]
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    committed = inloop_kafka.store.fetch_offsets("ag")
+    assert committed[(topic, 0)].offset == 101
+
+
+async def test_aiokafka_slow_consumer_does_not_stall_producer(inloop_kafka):
+    """A consumer that never reads its socket while a producer keeps going on another connection."""
+    from aiokafka import AIOKafkaProducer
+
+    from mqk.protocol.kafka.api import ApiKey
+    from mqk.server.kafka.rawclient import RawKafkaClient
+
+    topic = topic_name()
+    producer = AIOKafkaProducer(bootstrap_servers=inloop_kafka.bootstrap, linger_ms=2)
+    await producer.start()
+    value = b"x" * 10_000
+    for _ in range(200):
+        await producer.send(topic, value=value)
+    await producer.flush()
+    slow = await RawKafkaClient.connect(*inloop_kafka.bootstrap.split(":"))
+    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 50 << 20, "isolation_level": 0,
+             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+             "topics": [{"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                                                         "fetch_offset": 0, "log_start_offset": -1,
+                                                         "partition_max_bytes": 50 << 20}]}]}
+    for _ in range(100):  # ~200 MB of responses nobody reads
+        slow.send(ApiKey.FETCH, 12, fetch)
+    started = time.monotonic()
+    for _ in range(200):
+        await producer.send(topic, value=b"y")
+    await producer.flush()
+    assert time.monotonic() - started < 10
+    await producer.stop()
+    assert inloop_kafka.store.end_offset(topic, 0) == 400
+    await slow.close()
