@@ -5,7 +5,7 @@ Every append runs `encode_entry`, every recovery and dispatch pass runs `read_en
 before each access (boundscheck is off). See clentry_py.py for the layout, the BLANK rule and the error contract.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memmove
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
@@ -76,7 +76,8 @@ def encode_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic no
     st_u16(e + 64, <uint16_t>topic_len)
     if topic_len:
         memcpy(e + C_FIXED, PyBytes_AS_STRING(topic), topic_len)
-    memcpy(e + C_FIXED + topic_len, &body[0], body_len)
+    # memmove: the body may be a view into this same buffer (a re-append); overlap must not corrupt it
+    memmove(e + C_FIXED + topic_len, &body[0], body_len)
     # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
     st_i64(e + C_FIXED + topic_len, queue_offset)
     st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))

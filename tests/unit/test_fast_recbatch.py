@@ -62,6 +62,22 @@ def test_build_matches_kafka_python_idempotent_producer(rb):
     assert bytes(ours) == theirs
 
 
+@pytest.mark.parametrize("codec", [1, 3, 4])  # gzip, lz4, zstd (kafka-python needs python-snappy for 2)
+def test_build_around_kafka_python_compressed_records(rb, codec):
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=0, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 24)
+    for offset, timestamp, key, value, headers in SAMPLE:
+        builder.append(offset, timestamp=timestamp, key=key, value=value, headers=headers)
+    theirs = bytes(builder.build())
+    h = rb.parse_header(theirs)
+    assert h[5] & 0x07 == codec
+    ours = rb.build_batch(h[0], h[7], h[8], theirs[61:], h[12], h[6], h[5], h[9], h[10], h[11], h[2])
+    assert bytes(ours) == theirs
+    assert rb.scan_batches(theirs)[0][5] == h[5]
+    with pytest.raises(Corrupt, match="compressed"):
+        rb.count_records(theirs, 0, len(theirs))
+
+
 def test_kafka_python_reads_what_we_build(rb):
     batch = DefaultRecordBatch(bytes(our_batch(rb, base_offset=100)))
     got = [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch]
