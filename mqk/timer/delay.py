@@ -15,6 +15,7 @@ naming its real topic, queue, due time, tags code and keys (`wrap` / `unwrap`).
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -35,10 +36,11 @@ recbatch = load("recbatch")
 
 HEADER_DELIVER_AT = "mqk-deliver-at"
 HEADER_DELAY_MS = "mqk-delay-ms"
-#: byte patterns whose absence in an uncompressed batch proves no record asks for a delay (a cheap pre-filter)
-_MARKERS = tuple(name.encode() for name in (
+#: header names whose absence from an uncompressed batch's bytes proves no record asks for a delay: one regex pass
+#: is the whole cost of the timer for ordinary Kafka produce traffic
+_MARKERS = re.compile(b"|".join(re.escape(name.encode()) for name in (
     PROPERTY_DELAY_TIME_LEVEL, PROPERTY_START_DELIVER_TIME, "TIMER_DELIVER_MS", "TIMER_DELAY_",
-    HEADER_DELIVER_AT, HEADER_DELAY_MS))
+    HEADER_DELIVER_AT, HEADER_DELAY_MS)))
 
 _W_TOPIC, _W_QUEUE, _W_AT, _W_TAGS, _W_KEY = "t", "q", "at", "tags", "k"
 
@@ -77,11 +79,10 @@ def due_time(props: dict[str, str] | dict[str, bytes | None], now: int) -> int |
 
 def batch_due_time(batch: bytes | bytearray | memoryview, now: int) -> int | None:
     """The latest due time any record of a stored-format batch asks for, or None."""
-    view = memoryview(batch)
-    attributes = recbatch.parse_header(view, 0)[5]
-    if not attributes & 0x07 and not any(m in view.tobytes() for m in _MARKERS):
+    attributes = recbatch.parse_header(batch, 0)[5]
+    if not attributes & 0x07 and _MARKERS.search(batch) is None:
         return None
-    _, records = batch_records(view)
+    _, records = batch_records(batch)
     latest: int | None = None
     for record in records:
         at = due_time(dict(record[5]), now)

@@ -99,8 +99,10 @@ class TimerService:
         if ctx.topic == TIMER_TOPIC or (ctx.batches and id(ctx.batches[0]) in self._own):
             return
         now = now_ms()
-        due = due_time(ctx.properties, now) if ctx.properties else None
-        if due is None:
+        if ctx.properties:  # a native message: its properties are its headers, no need to decode
+            due = due_time(ctx.properties, now)
+        else:
+            due = None
             for batch in ctx.batches:
                 at = batch_due_time(batch, now)
                 if at is not None and (due is None or at > due):
