@@ -14,8 +14,9 @@ they read the record batch v2 layout only through `mqk._fast.recbatch`.
 from __future__ import annotations
 
 import bisect
-import gzip
+import io
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -84,31 +85,60 @@ def prepare_batches(batches: Sequence[Buffer], first_offset: int, log_append_tim
     return out
 
 
+#: a records section that inflates beyond this is not decoded (answers fall back to batch level): a compressed
+#: batch must never make the broker allocate without bound
+MAX_DECOMPRESSED_BYTES = 64 << 20
+
+
+def _snappy_raw_length(data: bytes | memoryview) -> int:
+    """The uncompressed length a raw snappy block declares (its uvarint preamble)."""
+    value = shift = 0
+    for i in range(min(5, len(data))):
+        value |= (data[i] & 0x7F) << shift
+        if not data[i] & 0x80:
+            return value
+        shift += 7
+    raise Corrupt("bad snappy preamble")
+
+
 def _decompress(codec: int, data: bytes) -> bytes:
-    """The records section of a compressed batch (Kafka codecs: 1 gzip, 2 snappy, 3 lz4 frame, 4 zstd)."""
+    """The records section of a compressed batch (Kafka codecs: 1 gzip, 2 snappy, 3 lz4 frame, 4 zstd), never
+    more than MAX_DECOMPRESSED_BYTES (Corrupt beyond)."""
+    cap = MAX_DECOMPRESSED_BYTES
     if codec == 1:
-        return gzip.decompress(data)
-    if codec == 2:
+        out = zlib.decompressobj(31).decompress(data, cap + 1)
+    elif codec == 2:
         import cramjam
 
         if data.startswith(b"\x82SNAPPY\x00"):  # xerial framing (the Java client's SnappyOutputStream)
-            out = bytearray()
-            pos = 16
+            chunks, pos, total = [], 16, 0
             while pos + 4 <= len(data):
                 size = int.from_bytes(data[pos:pos + 4], "big")
-                out += bytes(cramjam.snappy.decompress_raw(data[pos + 4:pos + 4 + size]))
+                chunk = data[pos + 4:pos + 4 + size]
+                total += _snappy_raw_length(chunk)
+                if total > cap:
+                    raise Corrupt("snappy data inflates beyond the limit")
+                chunks.append(bytes(cramjam.snappy.decompress_raw(chunk)))
                 pos += 4 + size
-            return bytes(out)
-        return bytes(cramjam.snappy.decompress_raw(data))
-    if codec == 3:
+            out = b"".join(chunks)
+        else:
+            if _snappy_raw_length(data) > cap:
+                raise Corrupt("snappy data inflates beyond the limit")
+            out = bytes(cramjam.snappy.decompress_raw(data))
+    elif codec == 3:
         import lz4.frame
 
-        return lz4.frame.decompress(data)
-    if codec == 4:
+        out = lz4.frame.LZ4FrameDecompressor().decompress(data, max_length=cap + 1)
+    elif codec == 4:
         import zstandard
 
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    raise Corrupt(f"unknown compression codec {codec}")
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:
+            out = reader.read(cap + 1)
+    else:
+        raise Corrupt(f"unknown compression codec {codec}")
+    if len(out) > cap:
+        raise Corrupt("compressed records inflate beyond the limit")
+    return out
 
 
 def record_times(data: Buffer) -> list[tuple[int, int]] | None:

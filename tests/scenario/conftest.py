@@ -126,3 +126,20 @@ def records_of(data: bytes | bytearray | memoryview) -> list[tuple[int, int, byt
 
 def header_of(data: bytes | bytearray | memoryview) -> tuple:
     return rb.parse_header(bytes(data), 0)
+
+
+def snappy_twin_batch(values: Sequence[bytes], timestamps: Sequence[int], xerial: bool = False) -> bytes:
+    """A snappy-compressed batch (kafka-python needs python-snappy for that; cramjam is what we have), raw or in
+    the xerial framing the Java client writes."""
+    import cramjam
+
+    base_ts = timestamps[0]
+    records = b"".join(rb.encode_record(i, ts - base_ts, b"key-%d" % i, value, [])
+                       for i, (ts, value) in enumerate(zip(timestamps, values)))
+    block = bytes(cramjam.snappy.compress_raw(records))
+    if xerial:
+        half = len(records) // 2  # two chunks, to exercise the chunk walk
+        chunks = [bytes(cramjam.snappy.compress_raw(part)) for part in (records[:half], records[half:])]
+        block = b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") * 2 + b"".join(
+            len(c).to_bytes(4, "big") + c for c in chunks)
+    return bytes(rb.build_batch(0, base_ts, max(timestamps), block, len(values), len(values) - 1, attributes=2))

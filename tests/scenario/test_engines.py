@@ -10,7 +10,7 @@ from mqk.config import TopicConfig
 from mqk.errors import Corrupt, InvalidRecord, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import GroupOffset
 
-from .conftest import Harness, header_of, kafka_python_batch, rb, records_of, twin_batch
+from .conftest import Harness, header_of, kafka_python_batch, rb, records_of, snappy_twin_batch, twin_batch
 
 T = "orders"
 
@@ -235,11 +235,19 @@ async def test_offset_for_timestamp_with_record_level_refinement(harness: Harnes
     assert await engine.max_timestamp(T, 0) == (9, 300)
 
 
-async def test_offset_for_timestamp_on_compressed_kafka_python_batches(harness: Harness) -> None:
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "snappy-xerial", "lz4", "zstd"])
+async def test_offset_for_timestamp_on_compressed_batches(harness: Harness, codec: str) -> None:
     await _topic(harness)
     engine = harness.engine
-    await engine.append(T, 0, [kafka_python_batch([b"x" * 50] * 5, [1000, 1010, 1020, 1030, 1040], compression=1)])
-    await engine.append(T, 0, [kafka_python_batch([b"y" * 50] * 5, [2000, 2010, 2020, 2030, 2040], compression=1)])
+
+    def build(values: list[bytes], timestamps: list[int]) -> bytes:
+        if codec.startswith("snappy"):
+            return snappy_twin_batch(values, timestamps, xerial=codec == "snappy-xerial")
+        return kafka_python_batch(values, timestamps, {"gzip": 1, "lz4": 3, "zstd": 4}[codec])
+
+    await engine.append(T, 0, [build([b"x" * 50] * 5, [1000, 1010, 1020, 1030, 1040])])
+    await engine.append(T, 0, [build([b"y" * 50] * 5, [2000, 2010, 2020, 2030, 2040])])
+    assert header_of((await engine.read(T, 0, 0, 1)).batches[0].data)[5] & 0x07 != 0
     assert await engine.offset_for_timestamp(T, 0, 1015) == (2, 1020)
     assert await engine.offset_for_timestamp(T, 0, 2040) == (9, 2040)
     assert await engine.offset_for_timestamp(T, 0, 2041) is None
