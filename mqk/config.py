@@ -41,6 +41,9 @@ class StoreConfig:
     checkpoint_interval_ms: int = 1000
     #: above this share of the disk in use, appends are refused
     disk_max_used_ratio: float = 0.90
+    #: RocketMQ's fileReservedTime: a CommitLog segment older than this (by its last write) is deleted even if a
+    #: shard's retention would keep it (the shards pointing into it move their log start past it); -1 = never
+    file_reserved_time_ms: int = 72 * 3600 * 1000
 
     def __post_init__(self) -> None:
         if self.storage not in ENGINES:
@@ -138,6 +141,12 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = 1800000
     #: longest delay a timer message may ask for (RocketMQ timerMaxDelaySec), default 3 days
     timer_max_delay_ms: int = 3 * 24 * 3600 * 1000
+    #: Kafka `log.retention.check.interval.ms`: how often retention (and file reclaim) runs
+    log_retention_check_interval_ms: int = 300_000
+    #: Kafka `log.cleaner.backoff.ms`: how long the compactor sleeps when no compacted log is dirty enough
+    log_cleaner_backoff_ms: int = 15_000
+    #: Kafka `log.cleaner.dedupe.buffer.size`: memory cap of the compactor's key -> offset map
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024
     store: StoreConfig = field(default_factory=StoreConfig)
 
     @classmethod

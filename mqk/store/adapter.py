@@ -82,6 +82,30 @@ class GroupOffset:
     leader_epoch: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What the log life cycle (retention, compaction) needs to know of one stored batch, without its records."""
+
+    base_offset: int
+    next_offset: int  #: one past the batch's last offset (base + last_offset_delta + 1)
+    size: int  #: bytes of the record batch
+    max_timestamp: int  #: the batch's own max timestamp (not a running maximum)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireResult:
+    """What one retention pass did to one shard."""
+
+    old_start: int
+    new_start: int
+    bytes_before: int  #: retained batch bytes before the pass (-1 when not measured: no size limit)
+    reason: str = ""  #: "time", "size", "time+size" or "" when nothing moved
+
+    @property
+    def moved(self) -> bool:
+        return self.new_start > self.old_start
+
+
 #: called as listener(topic, queue, end_offset) whenever new records become visible
 DataListener = Callable[[str, int, int], None]
 
@@ -201,6 +225,104 @@ class StorageAdapter(abc.ABC):
         from mqk.errors import NotSupported
 
         raise NotSupported(f"{self.name} engine has no max-timestamp lookup")
+
+    # --- log life cycle (retention; mqk.services.retention drives these) --------------------------------
+
+    async def batch_infos(self, topic: str, queue: int, offset: int, max_batches: int) -> list[BatchInfo]:
+        """Up to `max_batches` batches from the one holding `offset` (or the next one after a gap), in offset
+        order. The default reads whole batches through `read`; engines with an index may answer from it."""
+        out: list[BatchInfo] = []
+        end = self.end_offset(topic, queue)
+        while len(out) < max_batches and offset < end:
+            result = await self.read(topic, queue, offset, 1 << 20)
+            if not result.batches:
+                break
+            for batch in result.batches:
+                out.append(BatchInfo(batch.base_offset, batch.next_offset, len(batch.data), batch.max_timestamp))
+                if len(out) >= max_batches:
+                    break
+            offset = result.batches[-1].next_offset
+        return out
+
+    async def queue_bytes(self, topic: str, queue: int) -> int:
+        """Bytes of the record batches still readable (the batch holding the log start counts whole), the size
+        Kafka's `retention.bytes` is measured against."""
+        total = 0
+        offset = self.log_start_offset(topic, queue)
+        while True:
+            infos = await self.batch_infos(topic, queue, offset, 4096)
+            if not infos:
+                return total
+            total += sum(i.size for i in infos)
+            offset = infos[-1].next_offset
+
+    async def expire(self, topic: str, queue: int, now_ms: int, retention_ms: int, retention_bytes: int,
+                     limit_offset: int | None = None) -> ExpireResult:
+        """Kafka's retention on one shard, moving the log start offset forward in whole batches:
+
+        - `retention_ms` >= 0: batches whose own max timestamp is older than now - retention_ms go, from the head
+          up to the first batch that is still young (Kafka's rule for segments: a young one stops the walk);
+        - `retention_bytes` >= 0: head batches go while what remains is still at least `retention_bytes` (so, as
+          in Kafka, the log is never cut below the limit);
+        - `limit_offset`: never move the start past it (pending timer messages, a consumer the caller protects).
+
+        -1 disables either rule. Returns what moved; the engine frees the space in its own way (`reclaim`)."""
+        start = self.log_start_offset(topic, queue)
+        end = self.end_offset(topic, queue)
+        cut = start
+        reasons = []
+        if retention_ms >= 0 and start < end:
+            deadline = now_ms - retention_ms
+            offset = start
+            young = False
+            while not young and offset < end:
+                infos = await self.batch_infos(topic, queue, offset, 1024)
+                if not infos:
+                    break
+                for info in infos:
+                    if info.max_timestamp >= deadline:
+                        young = True
+                        break
+                    cut = info.next_offset
+                offset = infos[-1].next_offset
+            if cut > start:
+                reasons.append("time")
+        total = -1
+        if retention_bytes >= 0 and cut < end:
+            total = 0
+            infos_all: list[BatchInfo] = []
+            offset = cut
+            while True:
+                infos = await self.batch_infos(topic, queue, offset, 4096)
+                if not infos:
+                    break
+                infos_all.extend(infos)
+                offset = infos[-1].next_offset
+            total = sum(i.size for i in infos_all)
+            remaining = total
+            size_cut = cut
+            for info in infos_all:
+                if remaining - info.size < retention_bytes:
+                    break
+                remaining -= info.size
+                size_cut = info.next_offset
+            if size_cut > cut:
+                cut = size_cut
+                reasons.append("size")
+        if limit_offset is not None:
+            cut = min(cut, max(limit_offset, start))
+        cut = min(cut, end)
+        if cut > start:
+            await self.delete_before(topic, queue, cut)
+        return ExpireResult(start, max(start, cut), total, "+".join(reasons) if cut > start else "")
+
+    async def reclaim(self, now_ms: int, reserved_ms: int, pins: dict[tuple[str, int], int] | None = None) -> int:
+        """Give back the space of data below every shard's log start; returns the bytes freed. Engines whose
+        `delete_before` already frees space (memory, rocksdb) have nothing to do here. The file engine frees
+        whole CommitLog segments (mqk.store.file.reclaim), and also drops segments older than `reserved_ms`
+        (RocketMQ's fileReservedTime), moving the start of the shards that still pointed into them, except past
+        `pins[(topic, queue)]` (offsets still needed: pending timer messages)."""
+        return 0
 
     # --- group offsets ---------------------------------------------------------------------------------
 
