@@ -519,3 +519,66 @@ async def test_group_over_the_wire_join_sync_commit_fetch(client, broker):
     assert od["error_code"] == 0 and od["topics"][0]["partitions"][0]["error_code"] == 0
     dg = await client.call(ApiKey.DELETE_GROUPS, 1, {"groups_names": ["wg", "nope"]})
     assert [r["error_code"] for r in dg["results"]] == [0, E.GroupIdNotFoundError.code]
+
+
+async def test_pipelined_idempotent_batches_and_in_flight_retry(client, broker):
+    """max.in.flight > 1: several sequenced batches (and a retry of one still in flight) sent back to back."""
+    init = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
+                                                          "producer_id": -1, "producer_epoch": -1})
+    pid = init["producer_id"]
+
+    def body(seq, value):
+        return produce_body("pipe", make_batch([value], producer_id=pid, producer_epoch=0, base_sequence=seq))
+
+    for seq, value in [(0, b"a"), (1, b"b"), (1, b"b"), (2, b"c"), (4, b"gap")]:
+        client.send(ApiKey.PRODUCE, 9, body(seq, value))
+    await client.writer.drain()
+    results = [(await client.receive())[1]["responses"][0]["partition_responses"][0] for _ in range(5)]
+    assert [(r["error_code"], r["base_offset"]) for r in results[:4]] == [(0, 0), (0, 1), (0, 1), (0, 2)]
+    assert results[4]["error_code"] == E.OutOfOrderSequenceNumberError.code
+    assert values_of((await fetch(client, "pipe", 0))["records"]) == [b"a", b"b", b"c"]
+    # a new epoch (InitProducerId with the old id and epoch, KIP-360) restarts the sequence at 0
+    bumped = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
+                                                            "producer_id": pid, "producer_epoch": 0})
+    assert (bumped["producer_id"], bumped["producer_epoch"]) == (pid, 1)
+    fresh = make_batch([b"d"], producer_id=pid, producer_epoch=1, base_sequence=0)
+    assert (await produce(client, "pipe", fresh))["base_offset"] == 3
+    stale = make_batch([b"e"], producer_id=pid, producer_epoch=0, base_sequence=3)
+    assert (await produce(client, "pipe", stale))["error_code"] == E.InvalidProducerEpochError.code
+
+
+async def test_storage_failure_is_kafka_storage_error_and_compacted_topic_needs_keys(client, broker, monkeypatch):
+    await seed(client)
+
+    async def failing_append(*args, **kwargs):
+        raise E.StorageFull("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(broker.store, "append", failing_append)
+        part = await produce(client, "keep", make_batch([b"lost"]))
+        assert part["error_code"] == E.KafkaStorageError.code and "disk full" in part["error_message"]
+    await assert_healthy(broker)
+
+    from mqk.config import TopicConfig
+
+    await broker.store.create_topic("compacted", 1, TopicConfig({"cleanup.policy": "compact"}))
+    keyless = await produce(client, "compacted", make_batch([b"v1", b"v2"], keys=[b"k", None]))
+    assert keyless["error_code"] == E.InvalidRecordError.code
+    keyed = await produce(client, "compacted", make_batch([b"v1", b"v2"], keys=[b"k", b"k2"]))
+    assert keyed["error_code"] == 0 and broker.store.end_offset("compacted", 0) == 2
+
+
+async def test_fetch_max_bytes_spans_partitions_with_at_least_one_batch(client, broker):
+    await broker.store.create_topic("mp", 3)
+    for p in range(3):
+        for _ in range(3):
+            assert (await produce(client, "mp", make_batch([b"x" * 1000]), partition=p))["error_code"] == 0
+    body = fetch_body("mp", 0, max_bytes=1500)
+    body["topics"][0]["partitions"] = [
+        {"partition": p, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
+         "partition_max_bytes": 1 << 20} for p in range(3)]
+    resp = await client.call(ApiKey.FETCH, 12, body)
+    counts = [len(values_of(p["records"])) for p in resp["responses"][0]["partitions"]]
+    # the first partition returns one whole batch although it exceeds max_bytes; then the response is full
+    assert counts == [1, 0, 0]
+    assert [p["high_watermark"] for p in resp["responses"][0]["partitions"]] == [3, 3, 3]

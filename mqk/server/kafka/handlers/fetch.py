@@ -105,10 +105,16 @@ async def _read_all(server, plan, max_bytes: int, isolation_committed: bool):
             if batches:
                 data = [b.data for b in batches]
                 size = 0
-                for d in data:
+                for i, d in enumerate(data):
+                    if total > 0 and size + len(d) > left:
+                        # only the first partition with data may exceed the limits (KIP-74)
+                        del data[i:]
+                        break
                     size += len(d)
                 total += size
                 left -= size
+                if not data:
+                    data = _EMPTY
             else:
                 data = _EMPTY
             out.append({"partition_index": index, "error_code": NONE, "high_watermark": hw,
