@@ -2,7 +2,8 @@
 
   scan_batches    every produce request validates its batches (walk + CRC32C); ~1 MB of batches, small and 16 KiB
   count_records   varint walk of an uncompressed batch's records
-  search_offset   every fetch locates its ConsumeQueue unit; 1M units (48 MB)
+  search_offset   every fetch locates its ConsumeQueue unit; 1M units (48 MB), random probes (cache misses
+                  dominate both implementations) and probes near the tail (the caught-up consumer's fetch)
   search_timestamp  ListOffsets by time; 1M units
 
 Usage: .venv/bin/python bench/fast_bench.py [--quick]
@@ -24,15 +25,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from mqk._fast import compiled, twin  # noqa: E402
 
 
-def timed(fn, min_seconds: float) -> tuple[int, float]:
-    """Run fn repeatedly for at least min_seconds; returns (calls, seconds)."""
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return calls, elapsed
+def timed(fn, min_seconds: float, rounds: int = 5) -> tuple[int, float]:
+    """Best of `rounds` short runs of fn (each at least min_seconds / rounds): (calls, seconds) of the fastest.
+    The best round is the least disturbed by other processes on a shared machine."""
+    best = None
+    for _ in range(rounds):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds / rounds:
+                break
+        if best is None or calls / elapsed > best[0] / best[1]:
+            best = (calls, elapsed)
+    return best
 
 
 def make_batches(rb, total_bytes: int, batch_bytes: int, value_size: int) -> bytes:
@@ -138,11 +145,16 @@ def main() -> None:
         return run
 
     results = {k: timed(searches(m.search_offset), secs) for k, m in cq.items()}
-    report("search_offset over 1M units", "lookups", {k: (o * len(offsets), s) for k, (o, s) in results.items()},
-           None)
+    report("search_offset, 1M units, random (cold cache)", "lookups",
+           {k: (o * len(offsets), s) for k, (o, s) in results.items()}, None)
     results = {k: timed(ts_searches(m.search_timestamp), secs) for k, m in cq.items()}
-    report("search_timestamp over 1M units", "lookups", {k: (o * len(stamps), s) for k, (o, s) in results.items()},
-           None)
+    report("search_timestamp, 1M units, random (cold)", "lookups",
+           {k: (o * len(stamps), s) for k, (o, s) in results.items()}, None)
+    # The common fetch: consumers caught up, asking for offsets near the tail, so the search path stays in cache.
+    offsets[:] = [last_base - rng.randrange(0, 64) for _ in range(10_000)]
+    results = {k: timed(searches(m.search_offset), secs) for k, m in cq.items()}
+    report("search_offset, 1M units, near the tail (hot)", "lookups",
+           {k: (o * len(offsets), s) for k, (o, s) in results.items()}, None)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def ids(impls):
     return ["twin" if m.__name__.endswith("_py") else "compiled" for m in impls]
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 I16 = st.integers(-(2**15), 2**15 - 1)
 I32 = st.integers(-(2**31), 2**31 - 1)
