@@ -1,16 +1,16 @@
 """The bridge between RocketMQ messages and the store's Kafka record batches.
 
 A RocketMQ message is stored as a record batch v2 holding one record: key = the first of its `KEYS`, value = its
-body, timestamp = its born timestamp, headers = its properties (name, UTF-8 value) in order; read back, a Kafka record's key shows as `KEYS` when it has no
-`KEYS` header. The two per-message
+body, timestamp = its born timestamp, headers = its properties (name, UTF-8 value) in order. The two per-message
 numbers RocketMQ keeps outside properties ride along as headers only when they are not zero: `mqk.flag` (the
 message flag) and `mqk.reconsume` (reconsume times, set on retry topics). They are read back into their fields
 and never shown as properties. The batch's tags code (for ConsumeQueue filtering) is the Java hashCode of `TAGS`.
 
 The other way, any stored batch (also a Kafka producer's, possibly compressed, with many records) becomes one
-`MessageExt` per record, its headers as properties. The commit-log offset each message reports is the entry's
-physical offset plus the record's offset delta (unique inside the entry), or, for engines without a CommitLog, a
-synthetic value (`synthetic_offset`) that still names topic, queue and offset so message ids stay stable.
+`MessageExt` per record, its headers as properties (its key as `KEYS` when there is no `KEYS` header). The
+commit-log offset each message reports is the entry's physical offset plus the record's offset delta (unique
+inside the entry), or, for engines without a CommitLog, a synthetic value (`synthetic_offset`) that still names
+topic, queue and offset so message ids stay stable.
 """
 from __future__ import annotations
 

@@ -11,7 +11,14 @@ import json
 from typing import Any
 
 from mqk.config import BrokerConfig
-from mqk.protocol.native.codes import AUTO_CREATE_TOPIC_KEY, PERM_INHERIT, PERM_READ, PERM_WRITE, RequestCode, ResponseCode
+from mqk.protocol.native.codes import (
+    AUTO_CREATE_TOPIC_KEY,
+    PERM_INHERIT,
+    PERM_READ,
+    PERM_WRITE,
+    RequestCode,
+    ResponseCode,
+)
 from mqk.protocol.native.command import RemotingCommand
 from mqk.server.native.remoting import Connection, RemotingServer
 

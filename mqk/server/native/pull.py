@@ -16,7 +16,6 @@ Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBroke
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
