@@ -212,7 +212,8 @@ class GroupCoordinator:
             for member in group.members.values():
                 if member.session_timer:
                     member.session_timer.cancel()
-                _resolve(member.join_future, JoinResult(E.CoordinatorNotAvailableError.code, member_id=member.member_id))
+                stopping = E.CoordinatorNotAvailableError.code
+                _resolve(member.join_future, JoinResult(stopping, member_id=member.member_id))
                 _resolve(member.sync_future, SyncResult(E.CoordinatorNotAvailableError.code))
         self.groups.clear()
 

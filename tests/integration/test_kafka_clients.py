@@ -12,6 +12,10 @@ import warnings
 
 import pytest
 
+from mqk.config import BrokerConfig, StoreConfig
+from mqk.server.kafka.server import KafkaServer
+from mqk.store.manager import StoreManager
+
 # kafka-python 3 reads its bundled specs through importlib.resources' legacy API; the DeprecationWarning that
 # raises is attributed to importlib, so the setup.cfg filter for kafka.* does not catch it. Import it quietly once.
 with warnings.catch_warnings():
@@ -20,10 +24,6 @@ with warnings.catch_warnings():
     import kafka.admin  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore:(open|read)_text is deprecated:DeprecationWarning")
-
-from mqk.config import BrokerConfig, StoreConfig
-from mqk.server.kafka.server import KafkaServer
-from mqk.store.manager import StoreManager
 
 
 def config() -> BrokerConfig:

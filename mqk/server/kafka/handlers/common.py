@@ -41,7 +41,9 @@ def topic_by_id(server: "KafkaServer", topic_id: uuid.UUID) -> ShardInfo | None:
     return None
 
 
-async def get_or_create_topic(server: "KafkaServer", name: str, allow_create: bool = True) -> tuple[int, ShardInfo | None]:
+async def get_or_create_topic(
+    server: "KafkaServer", name: str, allow_create: bool = True
+) -> tuple[int, ShardInfo | None]:
     """(error code, topic). Creates the topic with the broker defaults when auto-creation is on and allowed."""
     info = server.store.topic(name)
     if info is not None:

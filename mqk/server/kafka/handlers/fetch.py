@@ -16,7 +16,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import time
 
 from mqk import errors as E

@@ -39,7 +39,8 @@ async def handle(server, conn, req) -> dict | None:
     elif body.get("transactional_id") is not None:
         for topic in body["topic_data"]:
             responses.append({"name": topic["name"], "partition_responses": [
-                _part(p["index"], E.TransactionalIdAuthorizationFailedError.code, message="transactions are not supported")
+                _part(p["index"], E.TransactionalIdAuthorizationFailedError.code,
+                      message="transactions are not supported")
                 for p in topic["partition_data"]]})
     else:
         for topic in body["topic_data"]:
