@@ -96,6 +96,7 @@ async def run_mode(mode: str, directory: Path, batch: bytearray, n: int, writers
     t_append = time.perf_counter() - t0
     stored = engine.stats.put_bytes
     fsyncs = engine.flusher.flush_count
+    fsync_s = engine.flusher.flush_seconds
 
     # read-by-offset scan, 1 MiB per read like a consumer fetch
     end = engine.end_offset("bench", 0)
@@ -119,7 +120,7 @@ async def run_mode(mode: str, directory: Path, batch: bytearray, n: int, writers
     await engine.close()
     shutil.rmtree(root, ignore_errors=True)
     return {"append": t_append, "stored": stored, "read": t_read, "read_bytes": nbytes, "read_batches": nb,
-            "ts": t_ts, "fsyncs": fsyncs}
+            "ts": t_ts, "fsyncs": fsyncs, "fsync_s": fsync_s}
 
 
 def kernel_bench(batch: bytearray) -> list[str]:
@@ -198,7 +199,8 @@ def main() -> None:
             raw_label = "raw write+fdatasync" if mode == "sync" else "raw buffered write"
             raw_mbs = total / MB / raw
             app_mbs = total / MB / r["append"]
-            extra = f", {args.writers} writers, {r['fsyncs']} fsyncs" if mode == "sync" else ""
+            extra = (f", {args.writers} writers, {r['fsyncs']} fsyncs taking {r['fsync_s']:.2f} s"
+                     if mode == "sync" else "")
             print(f"[{mode}] append   {rate(total, n, r['append'])} | {raw_label} {raw_mbs:8.1f} MB/s | "
                   f"ratio {app_mbs / raw_mbs:5.2f}{extra}")
             print(f"[{mode}] read     {rate(r['read_bytes'], r['read_batches'], r['read'])} | {raw_label} "

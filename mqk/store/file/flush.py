@@ -37,6 +37,7 @@ class FlushService:
         #: the CommitLog offset known durable
         self.flushed = commitlog.max_offset
         self.flush_count = 0
+        self.flush_seconds = 0.0  #: wall time spent in flushes (fsync latency as the appends see it)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqk-flush")
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._wake: asyncio.Event | None = None
@@ -50,7 +51,9 @@ class FlushService:
     async def flush(self) -> int:
         """Flush everything written so far (off the loop); returns the durable offset."""
         loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
         flushed = await loop.run_in_executor(self.executor, self.clog.flush)
+        self.flush_seconds += time.perf_counter() - t0
         self.flush_count += 1
         self.flushed = max(self.flushed, flushed)
         return self.flushed

@@ -212,13 +212,23 @@ class _Allocator:
 
     def request(self, path: Path, size: int, start: int) -> None:
         if start not in self._pending:
-            self._pending[start] = self._pool.submit(self._create, path, size, start)
+            fut: concurrent.futures.Future[MappedFile] = concurrent.futures.Future()
+            self._pending[start] = fut
+            self._pool.submit(self._create, fut, path, size, start)
 
-    def _create(self, path: Path, size: int, start: int) -> MappedFile:
-        mf = MappedFile(path, size, start)
+    def _create(self, fut: concurrent.futures.Future, path: Path, size: int, start: int) -> None:
+        try:
+            mf = MappedFile(path, size, start)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            return
+        # hand the segment over as soon as it exists; warming goes on behind the writer if it is needed early
+        fut.set_result(mf)
         if self._warm:
-            warm_page_cache(mf.fd, size)
-        return mf
+            try:
+                warm_page_cache(mf.fd, size)
+            except OSError as exc:  # closed under us (store closing): warming is only an optimisation
+                log.debug("warming %s stopped: %s", path, exc)
 
     def take(self, path: Path, size: int, start: int) -> MappedFile:
         fut = self._pending.pop(start, None)
