@@ -190,3 +190,36 @@ async def test_crash_mid_delivery_settles_intents(store: StoreManager) -> None:
         assert store.load_state("timer")["floor"] == 2
     finally:
         await hook_timer.stop()
+
+
+async def test_file_store_restart_delivers_once(tmp_path) -> None:
+    """A real restart: the waiting message and the timer state come back from disk."""
+    config = StoreConfig(storage="file", data_dir=tmp_path / "data", commitlog_segment_bytes=1 << 20)
+    store = StoreManager(config)
+    await store.start()
+    timer = await TimerService(BrokerConfig(store=config), store).start()
+    await store.create_topic("f", 1)
+    for body, delay in ((b"first", "100"), (b"second", "1500")):
+        props = {"TIMER_DELAY_MS": delay}
+        await store.append("f", 0, [message_to_batch(body, props, 0)], properties=props)
+    deadline = time.monotonic() + 3
+    while store.end_offset("f", 0) < 1:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    await timer.stop()
+    await store.close()
+
+    store = StoreManager(config)
+    await store.start()
+    timer = await TimerService(BrokerConfig(store=config), store).start()
+    try:
+        assert await _bodies(store, "f") == [b"first"] and timer.pending == 1
+        deadline = time.monotonic() + 4
+        while store.end_offset("f", 0) < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert await _bodies(store, "f") == [b"first", b"second"]
+    finally:
+        await timer.stop()
+        await store.close()
