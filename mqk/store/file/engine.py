@@ -428,6 +428,11 @@ class FileEngine(StorageAdapter):
         store_ts = time_ns() // 1_000_000
         clog = self.clog
         cq = shard.cq
+        cq_files = cq.mfq.files
+        if not cq_files or cq_files[-1].file_size - cq_files[-1].wrote < len(parts) * UNIT:
+            # the ConsumeQueue file the units go to must exist before the CommitLog is written: on a full disk
+            # this refuses the whole append (StorageFull) instead of leaving an entry without its unit
+            cq.mfq.reserve_next()
         topic_b = shard.topic_b
         hooks = self.dispatcher.hooks
         base = cq.end_offset

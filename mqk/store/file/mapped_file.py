@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import errno
 import logging
 import mmap
 import os
 import threading
 from pathlib import Path
 
-from mqk.errors import OutOfBounds, StorageError
+from mqk.errors import OutOfBounds, StorageError, StorageFull
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class MappedFile:
         self.file_size = file_size
         self.start_offset = start_offset
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        actual = -1
         try:
             actual = os.fstat(fd).st_size
             if actual != file_size:
@@ -56,9 +58,14 @@ class MappedFile:
                 if actual > file_size:
                     raise StorageError(f"{self.path} is {actual} bytes, expected {file_size}")
                 os.ftruncate(fd, file_size)
+                # reserve the blocks now: on a full disk this fails here with ENOSPC (StorageFull) instead of a
+                # later write into a sparse hole of the mapping killing the process with SIGBUS
+                _allocate(fd, file_size, self.path)
             self.mm = mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
+            if actual == 0:
+                _unlink_quietly(self.path)  # a new file we could not set up must not look like a segment later
             raise
         self.fd = fd
         #: one writable view over the whole mapping; slices of it are the zero-copy reads handed out
@@ -187,6 +194,23 @@ class MappedFile:
         return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
 
 
+def _allocate(fd: int, size: int, path: Path) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFull(f"no space for {path.name} ({size} bytes): {exc.strerror}") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate stay sparse
+            raise
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 def warm_page_cache(fd: int, size: int) -> None:
     """Read the (sparse) file once so its pages sit in the page cache before the first append touches them.
 
@@ -259,6 +283,8 @@ class MappedFileQueue:
         self._starts: list[int] = []  # parallel to files, for bisect
         self._allocator = _Allocator(self.dir.name, warm) if preallocate else None
         self._lock = threading.Lock()  # guards `files` against the flush thread iterating it
+        #: the next file, created ahead by `reserve_next` (queues without an allocator), taken by `roll`
+        self._spare: MappedFile | None = None
 
     # --- loading ---------------------------------------------------------------------------------------
 
@@ -356,12 +382,28 @@ class MappedFileQueue:
             mf = self._allocator.take(path, self.file_size, start)
             nxt = start + self.file_size
             self._allocator.request(self._path(nxt), self.file_size, nxt)
+        elif self._spare is not None and self._spare.start_offset == start:
+            mf, self._spare = self._spare, None
         else:
             mf = MappedFile(path, self.file_size, start)
         with self._lock:
             self.files.append(mf)
             self._starts.append(start)
         return mf
+
+    def reserve_next(self, start_if_empty: int = 0) -> None:
+        """Create (and allocate) the file the next `roll` will open, now: a writer that must not fail halfway
+        (the store appends to the CommitLog before the ConsumeQueue) calls this first, so a full disk refuses
+        the whole append up front (StorageFull) instead of between the two writes."""
+        last = self.files[-1] if self.files else None
+        start = last.end_offset if last is not None else start_if_empty
+        if self._spare is not None:
+            if self._spare.start_offset == start:
+                return
+            self._spare.destroy()
+            self._spare = None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._spare = MappedFile(self._path(start), self.file_size, start)
 
     # --- durability ------------------------------------------------------------------------------------
 
@@ -426,6 +468,9 @@ class MappedFileQueue:
     def close(self) -> None:
         if self._allocator is not None:
             self._allocator.close()
+        if self._spare is not None:  # never written: a restart must not find it
+            self._spare.destroy()
+            self._spare = None
         for mf in self.snapshot():
             mf.close()
 
