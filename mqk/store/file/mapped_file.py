@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 from mqk.errors import OutOfBounds, StorageError, StorageFull
+from mqk.store.fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -135,22 +136,26 @@ class MappedFile:
             raise OutOfBounds(f"read [{pos}, {pos + size}) outside [0, {self.file_size}) of {self.path.name}")
         return self.buf[pos : pos + size]
 
-    def zero_from(self, pos: int) -> None:
-        """Zero [pos, file end) and make `pos` the write position: a torn tail must not be read back later."""
+    def zero_from(self, pos: int) -> bool:
+        """Zero [pos, file end) and make `pos` the write position: a torn tail must not be read back later.
+        Returns whether any byte changed (then the caller must make the zeros durable)."""
         if not 0 <= pos <= self.file_size:
             raise OutOfBounds(f"truncate at {pos} outside [0, {self.file_size}] of {self.path.name}")
         # after a crash the positions say nothing about what lies beyond `pos`, so zero to the file end, but
         # compare first: writing zeros over sparse, never-written pages would allocate them for nothing
         end = self.file_size
         p = pos
+        changed = False
         while p < end:
             n = min(len(_ZERO_CHUNK), end - p)
             # skip pages that are already zero (reading is cheaper than dirtying sparse pages)
             if self.buf[p : p + n] != _ZERO_CHUNK[:n]:
                 self.buf[p : p + n] = _ZERO_CHUNK[:n]
+                changed = True
             p += n
         self.wrote = self.committed = pos
         self.flushed = min(self.flushed, pos)
+        return changed
 
     # --- durability ------------------------------------------------------------------------------------
 
@@ -444,7 +449,9 @@ class MappedFileQueue:
             last = keep[-1]
             pos = max(0, offset - last.start_offset)
             if pos < last.file_size:
-                last.zero_from(pos)
+                if last.zero_from(pos):
+                    # durable now: a cut tail that came back after another crash could pass for data
+                    os.fdatasync(last.fd)
             else:
                 last.set_positions(last.file_size)
         with self._lock:
@@ -453,6 +460,8 @@ class MappedFileQueue:
         for mf in drop:
             log.info("removing segment %s past the recovered end %d", mf.path, offset)
             mf.destroy()
+        if drop:
+            fsync_dir(self.dir)
 
     def delete_before(self, offset: int) -> int:
         """Delete whole segments that end at or before `offset` (never the last one). Returns how many."""
