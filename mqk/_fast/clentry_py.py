@@ -11,7 +11,10 @@ that remains can then always take a BLANK.
 
 `read_entry` answers kind 0 (end of data) where total_size is 0 or fewer than BLANK_MIN_SIZE bytes remain before
 `limit`, kind 1 for a message, kind 2 for a blank; any other magic, an impossible size or a CRC mismatch is
-`Corrupt(message, position)`. Writes outside the buffer raise `OutOfBounds`.
+`Corrupt(message, position)`. For kinds 0 and 2 the fields after total_size are 0, topic "" and body_pos -1.
+A message's body is a whole record batch (at least its 61-byte header), so a message entry is at least 127 bytes;
+`encode_entry` refuses a shorter body with ValueError. A read window outside the buffer (pos < 0, pos > limit,
+limit > len(buf)) and writes that do not fit raise `OutOfBounds`.
 """
 from __future__ import annotations
 
