@@ -3,12 +3,13 @@
 Ranges: from the oldest version present in Kafka's spec files (Kafka 4 dropped some old versions; the generated
 codecs cover exactly what the specs hold, so nothing older can be decoded) up to what an Apache Kafka 4.1 broker
 advertises, never beyond the spec files and never an unstable version (InitProducerId v6 is marked
-`latestVersionUnstable`; Fetch v18 / ListOffsets v11 / Produce v13 / OffsetCommit & OffsetFetch v10 postdate 4.1's
-stable set or replace topic names by ids). Clients negotiate down to the highest version both sides support, so a
-narrower upper bound only costs newer features, never compatibility.
+`latestVersionUnstable`; Fetch v18 and ListOffsets v11 came after 4.1). Clients negotiate down to the highest
+version both sides support, so a narrower upper bound only costs newer features, never compatibility.
 
-Topic ids: Fetch v13+ carries topic ids instead of names. `supported(topic_ids=False)` caps the APIs whose newer
-versions are id-only, for a server whose handlers do not (yet) resolve topic ids.
+Topic ids: Fetch v13+ carries topic ids instead of names (the handlers resolve them). Kafka 4.1 also has Produce
+v13 and OffsetCommit/OffsetFetch v10, which are topic-id only; they stay capped at the last name-based version
+(Produce 12, OffsetCommit/OffsetFetch 9) until those handlers resolve ids: raise `_KAFKA_41_MAX` then.
+`supported(topic_ids=False)` also caps Fetch, for a server without any topic-id support.
 """
 from __future__ import annotations
 
