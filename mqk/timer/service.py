@@ -35,9 +35,11 @@ log = logging.getLogger("mqk.timer")
 
 TIMER_TOPIC = "__mqk_timer"
 STATE_NAME = "timer"
-#: re-appends per delivery burst (one intent save and one done save per burst)
-BURST = 1000
+#: re-appends per delivery burst (one state save per burst, plus one when the due backlog is cleared)
+BURST = 4096
 _READ_BYTES = 4 << 20
+#: memory the timer may hold for waiting payloads; beyond it payloads are re-read from the timer topic when due
+PAYLOAD_BUDGET = 64 << 20
 
 
 def now_ms() -> int:
@@ -55,6 +57,9 @@ class TimerService:
         self._done: set[int] = set()
         self._scan = 0
         self._own: set[int] = set()  # ids of batch objects the deliverer is re-appending
+        # payloads read by the reader, kept (within a memory budget) so delivery need not read them again
+        self._payloads: dict[int, Waiting] = {}
+        self._payload_bytes = 0
         self._data = asyncio.Event()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -144,6 +149,9 @@ class TimerService:
                     if offset >= self._floor and offset not in self._done and offset not in self._scheduled:
                         self._schedule.add((waiting.due, offset))
                         self._scheduled.add(offset)
+                        if self._payload_bytes + len(waiting.batch) <= PAYLOAD_BUDGET:
+                            self._payloads[offset] = waiting
+                            self._payload_bytes += len(waiting.batch)
             self._scan = result.next_offset
             if self._schedule and (head is None or self._schedule[0][0] < head):
                 self._wake.set()
@@ -177,7 +185,11 @@ class TimerService:
                 break
         loaded: list[tuple[int, Waiting]] = []
         for _, offset in due:
-            waiting = await self._load(offset)
+            waiting = self._payloads.pop(offset, None)
+            if waiting is not None:
+                self._payload_bytes -= len(waiting.batch)
+            else:
+                waiting = await self._load(offset)
             if waiting is not None:
                 loaded.append((offset, waiting))
             else:
@@ -189,20 +201,31 @@ class TimerService:
             except UnknownShard:
                 intent[str(offset)] = [w.topic, w.queue, -1]
         await self._save(intent)
+        # batches for one queue with one tags code and no keys share an append call (order within a queue kept)
+        groups: dict[tuple, list[tuple[int, Waiting]]] = {}
         for offset, w in loaded:
-            batch = bytearray(w.batch)
-            self._own.add(id(batch))
-            try:
-                await self.store.append(w.topic, w.queue, [batch], tags_code=w.tags_code, keys=list(w.keys))
-                self.delivered += 1
-            except UnknownShard:
-                log.warning("timer: topic %s/%s is gone; dropping the message due at %s", w.topic, w.queue, w.due)
-            finally:
-                self._own.discard(id(batch))
-            self._mark_done(offset)
+            key = (w.topic, w.queue, w.tags_code) if not w.keys else ("keyed", offset)
+            groups.setdefault(key, []).append((offset, w))
+        for members in groups.values():
+            for start in range(0, len(members), 256):
+                chunk = members[start:start + 256]
+                w = chunk[0][1]
+                batches = [bytearray(entry.batch) for _, entry in chunk]
+                self._own.add(id(batches[0]))
+                try:
+                    await self.store.append(w.topic, w.queue, batches, tags_code=w.tags_code, keys=list(w.keys))
+                    self.delivered += len(chunk)
+                except UnknownShard:
+                    log.warning("timer: topic %s/%s is gone; dropping %d message(s) due at %s", w.topic, w.queue,
+                                len(chunk), w.due)
+                finally:
+                    self._own.discard(id(batches[0]))
+                for offset, _ in chunk:
+                    self._mark_done(offset)
         for item in due:
             self._schedule.discard(item)
-        await self._save()
+        if not self._schedule or self._schedule[0][0] > now_ms():
+            await self._save()  # else the next burst's intent save records this burst as done, one fsync less
 
     async def _load(self, offset: int) -> Waiting | None:
         try:
@@ -227,34 +250,35 @@ class TimerService:
                                                  "intent": intent or {}})
 
     async def _settle_intents(self, intent: dict[str, list]) -> None:
-        """After a crash mid-burst: an intent whose batch reached its real queue counts as delivered."""
-        for key, (topic, queue, end_before) in intent.items():
-            offset = int(key)
-            waiting = await self._load(offset)
-            if waiting is None or end_before < 0:
-                continue
-            if await self._landed(topic, int(queue), int(end_before), waiting.batch):
-                self._mark_done(offset)
-
-    async def _landed(self, topic: str, queue: int, start: int, batch: bytes) -> bool:
+        """After a crash mid-burst: an intent whose batch reached its real queue counts as delivered. Each real
+        queue is scanned once from the lowest end offset recorded for it, matching batches by (length, CRC)."""
         from mqk._fast import load
 
         recbatch = load("recbatch")
-        want = recbatch.parse_header(batch, 0)
-        try:
-            offset = max(start, self.store.log_start_offset(topic, queue))
-            while offset < self.store.end_offset(topic, queue):
-                result = await self.store.read(topic, queue, offset, _READ_BYTES)
-                if not result.batches:
-                    return False
-                for stored in result.batches:
-                    got = recbatch.parse_header(stored.data, 0)
-                    if got[1] == want[1] and got[4] == want[4]:
-                        return True
-                offset = result.next_offset
-        except StorageError:
-            return False
-        return False
+        by_queue: dict[tuple[str, int], list[tuple[int, int, Waiting]]] = {}
+        for key, (topic, queue, end_before) in intent.items():
+            waiting = await self._load(int(key))
+            if waiting is not None and int(end_before) >= 0:
+                by_queue.setdefault((topic, int(queue)), []).append((int(key), int(end_before), waiting))
+        for (topic, queue), entries in by_queue.items():
+            landed: dict[tuple[int, int], int] = {}  # (length, crc) -> how many times seen
+            try:
+                offset = max(min(e[1] for e in entries), self.store.log_start_offset(topic, queue))
+                while offset < self.store.end_offset(topic, queue):
+                    result = await self.store.read(topic, queue, offset, _READ_BYTES)
+                    if not result.batches:
+                        break
+                    for stored in result.batches:
+                        header = recbatch.parse_header(stored.data, 0)
+                        landed[(header[1], header[4])] = landed.get((header[1], header[4]), 0) + 1
+                    offset = result.next_offset
+            except StorageError:
+                continue
+            for timer_offset, _, waiting in entries:
+                header = recbatch.parse_header(waiting.batch, 0)
+                if landed.get((header[1], header[4]), 0) > 0:
+                    landed[(header[1], header[4])] -= 1
+                    self._mark_done(timer_offset)
 
 
 def _runs(offsets: set[int]) -> list[list[int]]:

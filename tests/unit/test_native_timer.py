@@ -223,3 +223,25 @@ async def test_file_store_restart_delivers_once(tmp_path) -> None:
     finally:
         await timer.stop()
         await store.close()
+
+
+async def test_payloads_beyond_the_memory_budget_are_reread(store: StoreManager, monkeypatch) -> None:
+    import mqk.timer.service as service
+
+    monkeypatch.setattr(service, "PAYLOAD_BUDGET", 0)
+    timer = await TimerService(BrokerConfig(), store).start()
+    try:
+        await store.create_topic("budget", 1)
+        for i in range(5):
+            props = {"TIMER_DELAY_MS": "150", "KEYS": f"key{i}"}
+            await store.append("budget", 0, [message_to_batch(b"%d" % i, props, 0)], properties=props,
+                               keys=[f"key{i}".encode()])
+        assert timer._payloads == {}
+        deadline = time.monotonic() + 3
+        while store.end_offset("budget", 0) < 5:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert await _bodies(store, "budget") == [b"0", b"1", b"2", b"3", b"4"]
+        assert [q for q, _ in await store.read_by_key("budget", b"key3", 5)] == [0]
+    finally:
+        await timer.stop()
