@@ -184,5 +184,20 @@ def test_load_ignores_foreign_and_misplaced_files(tmp_path: Path) -> None:
     q.load()
     try:
         assert [f.start_offset for f in q.files] == [0]
+        # the misplaced file is set aside under another name, so a new segment can take its place
+        assert (d / (segment_name(3 * SIZE) + ".unusable")).exists()
+        assert (d / "notes.txt").exists()
     finally:
         q.close()
+
+
+def test_load_refuses_segments_larger_than_configured_when_strict(tmp_path: Path) -> None:
+    d = tmp_path / "log"
+    d.mkdir()
+    (d / segment_name(0)).write_bytes(b"\x01" * (2 * SIZE))
+    with pytest.raises(StorageError, match="configured segment size"):
+        MappedFileQueue(d, SIZE, preallocate=False).load(strict_size=True)
+    assert (d / segment_name(0)).read_bytes() == b"\x01" * (2 * SIZE)  # untouched
+    lenient = MappedFileQueue(d, SIZE, preallocate=False)
+    lenient.load()
+    assert lenient.files == [] and (d / (segment_name(0) + ".unusable")).exists()

@@ -93,7 +93,7 @@ class CommitLog:
     # --- recovery --------------------------------------------------------------------------------------
 
     def load(self) -> None:
-        self.mfq.load()
+        self.mfq.load(strict_size=True)
 
     def scan(self, start: int) -> Iterator[tuple[int, tuple, MappedFile]]:
         """Yield (physical offset, read_entry tuple, segment) for every valid message entry from `start`, which

@@ -293,27 +293,42 @@ class MappedFileQueue:
 
     # --- loading ---------------------------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Map every segment on disk (positions unknown until recovery sets them)."""
+    def load(self, *, strict_size: bool = False) -> None:
+        """Map every segment on disk (positions unknown until recovery sets them).
+
+        A segment larger than the configured size was made with other settings: with `strict_size` (the
+        CommitLog, whose data cannot be rebuilt) that refuses the start with StorageError naming both sizes;
+        otherwise (ConsumeQueues, rebuilt from the CommitLog) it and every later file are set aside. Files that
+        do not follow their predecessor are set aside too. "Set aside" = renamed to `<name>.unusable`, so their
+        names are free for new segments and nothing is lost for an operator to inspect."""
         self.dir.mkdir(parents=True, exist_ok=True)
         names = sorted(p for p in self.dir.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20)
-        files = []
-        for p in names:
+        files: list[MappedFile] = []
+        aside: list[Path] = []
+        for i, p in enumerate(names):
             start = int(p.name)
             size = p.stat().st_size
             if size > self.file_size:
-                # made with a larger segment size: we cannot address it; stop so everything before is served
-                log.error("segment %s is %d bytes, more than %d; ignoring it and every later segment", p, size,
+                if strict_size:
+                    for mf in files:
+                        mf.close()
+                    raise StorageError(f"segment {p} is {size} bytes but the configured segment size is "
+                                       f"{self.file_size}; start with the size the data was written with")
+                log.error("%s is %d bytes, more than %d; setting it and every later file aside", p, size,
                           self.file_size)
+                aside = names[i:]
+                break
+            if files and start != files[-1].end_offset:
+                log.error("%s does not follow %s; setting it and every later file aside", p, files[-1].path)
+                aside = names[i:]
                 break
             if size < self.file_size:
                 # cut short (by hand or a crash while it was being created): it is extended with zeros, which
                 # recovery reads as the end of data
                 log.warning("segment %s is %d bytes, less than %d; extending it", p, size, self.file_size)
-            if files and start != files[-1].end_offset:
-                log.error("segment %s does not follow %s; ignoring it and every later segment", p, files[-1].path)
-                break
             files.append(MappedFile(p, self.file_size, start))
+        for p in aside:
+            p.rename(p.with_name(p.name + ".unusable"))
         with self._lock:
             self.files = files
             self._starts = [f.start_offset for f in files]
