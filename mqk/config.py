@@ -41,6 +41,8 @@ class StoreConfig:
     checkpoint_interval_ms: int = 1000
     #: above this share of the disk in use, appends are refused
     disk_max_used_ratio: float = 0.90
+    #: how often the disk guard (mqk.services.diskguard) measures the data dir's filesystem
+    disk_check_interval_ms: int = 1000
     #: RocketMQ's fileReservedTime: a CommitLog segment older than this (by its last write) is deleted even if a
     #: shard's retention would keep it (the shards pointing into it move their log start past it); -1 = never
     file_reserved_time_ms: int = 72 * 3600 * 1000

@@ -23,6 +23,8 @@ class BrokerRuntime:
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
         self._parts: list[Any] = []  # started parts, stopped in reverse
+        self.retention: Any = None  # mqk.services.retention.RetentionService
+        self.diskguard: Any = None  # mqk.services.diskguard.DiskGuard
 
     async def start(self) -> "BrokerRuntime":
         from mqk.server.kafka.server import KafkaServer
@@ -38,6 +40,15 @@ class BrokerRuntime:
             timer = TimerService(cfg, self.store)
             await timer.start()
             self._parts.append(timer)
+            from mqk.services.diskguard import DiskGuard
+            from mqk.services.retention import RetentionService
+
+            self.retention = RetentionService(cfg, self.store)
+            await self.retention.start()
+            self._parts.append(self.retention)
+            self.diskguard = DiskGuard(cfg, self.store, self.retention)
+            await self.diskguard.start()
+            self._parts.append(self.diskguard)
 
             kafka = KafkaServer(cfg, self.store)
             self.kafka_address = await kafka.start()

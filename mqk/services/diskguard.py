@@ -1,0 +1,117 @@
+"""DiskGuard: refuse appends while the data dir's filesystem is fuller than `StoreConfig.disk_max_used_ratio`.
+
+RocketMQ's diskMaxUsedSpaceRatio idea, for every persistent engine. Every `disk_check_interval_ms` the guard
+measures the filesystem holding `data_dir` (statvfs, in a thread). Above the ratio:
+- a put hook (first in `store.hooks`) refuses every append with `mqk.errors.StorageFull`, which the Kafka server
+  answers with KAFKA_STORAGE_ERROR and the remoting server with SERVICE_NOT_AVAILABLE (remark: the reason);
+- retention runs at once (the RetentionService passed in, else a private one), so expired data and the CommitLog
+  segments nothing needs go now rather than at the next periodic check;
+- reads, fetches, offset commits and admin calls go on.
+Below the ratio again, appends are accepted by themselves. The guard never deletes unexpired data (Kafka keeps what
+retention keeps; RocketMQ's forced cleaning of unexpired files is deliberately not copied): an operator frees space
+with DeleteRecords / lower retention, and the guard notices.
+
+This is the early refusal. A real ENOSPC (another process filled the disk, or a ratio of 1.0) is handled by the file
+engine: its files are fully allocated at creation, so ENOSPC surfaces as StorageFull before any byte of an append
+is written (the write position does not move; the tail stays clean for recovery). A memory default store touches no
+disk, so the guard then does nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from mqk.config import BrokerConfig
+from mqk.errors import StorageFull
+from mqk.store.adapter import PutContext
+
+log = logging.getLogger("mqk.diskguard")
+
+
+def used_ratio(path: Path) -> float:
+    """Share of the filesystem holding `path` in use, as `df` counts it (blocks reserved for root count as used)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    if not st.f_blocks:
+        return 0.0
+    return 1.0 - st.f_bavail / st.f_blocks
+
+
+class DiskGuard:
+    def __init__(self, config: BrokerConfig, store: Any, retention: Any = None) -> None:
+        self.config = config
+        self.store = store
+        self.max_ratio = config.store.disk_max_used_ratio
+        self.interval_ms = config.store.disk_check_interval_ms
+        self.path = Path(config.store.data_dir)
+        self.retention = retention
+        self.full = False
+        self.ratio = 0.0
+        self.refused = 0  #: appends refused since start
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> "DiskGuard":
+        if not getattr(self.store, "persistent", True) or self._task is not None:
+            return self
+        await self.check()
+        self.store.hooks.insert(0, self.hook)  # first: refuse before any hook reroutes or records anything
+        self._task = asyncio.create_task(self._loop(), name="mqk-diskguard")
+        return self
+
+    async def stop(self) -> None:
+        if self.hook in self.store.hooks:
+            self.store.hooks.remove(self.hook)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def hook(self, ctx: PutContext) -> None:
+        if self.full:
+            self.refused += 1
+            raise StorageFull(f"disk {self.ratio:.1%} used, above disk_max_used_ratio {self.max_ratio:.0%}: "
+                              f"appends to {ctx.topic} refused until space is freed")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_ms / 1000)
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep guarding; a failed measurement keeps the last state
+                log.exception("disk guard check failed")
+
+    async def check(self) -> bool:
+        """Measure now; returns whether appends are refused."""
+        self.ratio = await asyncio.to_thread(used_ratio, self.path)
+        full = self.ratio > self.max_ratio
+        if full and not self.full:
+            log.error("disk %.1f%% used (limit %.0f%%): refusing appends, running retention now",
+                      self.ratio * 100, self.max_ratio * 100)
+        elif self.full and not full:
+            log.warning("disk %.1f%% used: accepting appends again", self.ratio * 100)
+        self.full = full
+        if full:
+            await self._free_space()
+        return full
+
+    async def _free_space(self) -> None:
+        retention = self.retention
+        if retention is None:
+            from mqk.services.retention import RetentionService
+
+            retention = self.retention = RetentionService(self.config, self.store)
+        report = await retention.run_once()
+        if report.freed_bytes:
+            self.ratio = await asyncio.to_thread(used_ratio, self.path)
+            self.full = self.ratio > self.max_ratio
+            log.warning("retention freed %d bytes; disk %.1f%% used", report.freed_bytes, self.ratio * 100)
+
+
+__all__ = ["DiskGuard", "used_ratio"]

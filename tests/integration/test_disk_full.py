@@ -1,0 +1,193 @@
+"""A full disk, for real: the test mounts its own 8 MiB tmpfs (we run as root; else a loop-mounted ext4 image) and
+fills it through the Kafka protocol with confluent-kafka.
+
+- disk_max_used_ratio: above it the producer gets KAFKA_STORAGE_ERROR (not a hang), reads go on, retention runs at
+  once and frees the space of a size-limited topic, and appends resume by themselves;
+- a real ENOSPC (ratio 1.0): the append that does not fit is refused with KAFKA_STORAGE_ERROR, nothing partial is
+  stored (the consumer sees exactly the acknowledged records), reads keep working, writes resume once DeleteRecords
+  + reclaim give space back, and a restart finds a clean tail.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from mqk.config import TopicConfig
+from mqk.services.diskguard import used_ratio
+from mqk.testing import ThreadedBroker, broker_config
+
+SIZE = 8 * 1024 * 1024
+VALUE = 16 * 1024
+
+
+def _mount_small_fs(where: Path) -> str:
+    """Mount an 8 MiB filesystem at `where`; returns how, or skips with the reason both ways failed."""
+    where.mkdir(parents=True)
+    tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(where)],
+                           capture_output=True, text=True)
+    if tmpfs.returncode == 0:
+        return "tmpfs"
+    image = where.parent / "disk.img"
+    try:
+        with open(image, "wb") as f:
+            f.truncate(SIZE)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(where)], check=True, capture_output=True, text=True)
+        return "loop"
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot make a small filesystem: tmpfs mount said {tmpfs.stderr.strip()!r}; "
+                    f"loop mount failed with {exc}")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    if shutil.which("mount") is None:
+        pytest.skip("no mount(8) on this machine")
+    mnt = tmp_path / "mnt"
+    _mount_small_fs(mnt)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _start(data_dir: Path, ratio: float, **broker_fields) -> ThreadedBroker:
+    config = broker_config("file", data_dir, commitlog_segment_bytes=512 * 1024, cq_units_per_file=256,
+                           disk_max_used_ratio=ratio, disk_check_interval_ms=100, flush_interval_ms=50,
+                           checkpoint_interval_ms=100)
+    config = dataclasses.replace(config, log_retention_check_interval_ms=3_600_000, **broker_fields)
+    return ThreadedBroker(config).start()
+
+
+class Sender:
+    """One record per request, waited for: the outcome of every send is known (acked offset or error code)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0,
+                                  "enable.idempotence": False, "message.timeout.ms": 10000,
+                                  "request.timeout.ms": 10000})
+
+    def send(self, topic: str, value: bytes) -> tuple[int | None, int | None]:
+        """(offset, None) or (None, error code). Never waits past the client's own timeout."""
+        out: list = []
+        self.producer.produce(topic, value=value, key=value[:8],
+                              on_delivery=lambda err, msg: out.append((err, msg)))
+        started = time.monotonic()
+        while not out:
+            self.producer.poll(0.1)
+            assert time.monotonic() - started < 20, "a produce on a full disk hung"
+        err, msg = out[0]
+        return (None, err.code()) if err is not None else (msg.offset(), None)
+
+
+def _consume_all(bootstrap: str, topic: str, end: int) -> list[tuple[int, bytes]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "disk-full-reader",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    got: list[tuple[int, bytes]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while (not got or got[-1][0] < end - 1) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append((msg.offset(), msg.value()))
+    finally:
+        consumer.close()
+    return got
+
+
+def _value(i: int) -> bytes:
+    return (b"%08d" % i) * (VALUE // 8)
+
+
+def test_above_the_ratio_appends_are_refused_and_resume_after_retention(small_fs: Path) -> None:
+    broker = _start(small_fs / "data", ratio=0.5)
+    try:
+        topic = "bounded"
+        broker.call(broker.store.create_topic(topic, 1, TopicConfig({"retention.bytes": str(512 * 1024)})))
+        sender = Sender(broker.bootstrap)
+        refused = resumed = 0
+        acked: dict[int, bytes] = {}
+        for i in range(700):  # ~11 MiB through an 8 MiB disk: only retention makes that possible
+            offset, code = sender.send(topic, _value(i))
+            if code is not None:
+                assert code == KafkaError.KAFKA_STORAGE_ERROR, code
+                refused += 1
+                time.sleep(0.05)  # the guard measures every 100 ms and runs retention at once
+            else:
+                if refused:
+                    resumed += 1
+                acked[offset] = _value(i)
+        assert refused > 0, "the disk never crossed disk_max_used_ratio"
+        assert resumed > 0, "appends did not resume after retention freed space"
+        assert broker.runtime.diskguard.refused > 0
+        assert used_ratio(small_fs) < 0.9
+        # reads kept working: what is retained is there, in order, every record as acknowledged (the guard may
+        # still be moving the log start while we read: the disk can sit just above the ratio)
+        start = broker.store.log_start_offset(topic, 0)
+        end = broker.store.end_offset(topic, 0)
+        assert start > 0 and list(acked) == list(range(len(acked))) and end == len(acked)
+        got = _consume_all(broker.bootstrap, topic, end)
+        assert got and got[0][0] >= start
+        assert got == [(o, acked[o]) for o in range(got[0][0], end)]
+    finally:
+        broker.stop()
+
+
+def test_enospc_refuses_cleanly_reads_go_on_and_restart_finds_a_clean_tail(small_fs: Path) -> None:
+    data = small_fs / "data"
+    broker = _start(data, ratio=1.0)  # no early refusal: the filesystem itself runs out
+    topic = "filler"
+    try:
+        broker.call(broker.store.create_topic(topic, 1, TopicConfig({"retention.ms": "-1"})))
+        sender = Sender(broker.bootstrap)
+        acked: list[tuple[int, bytes]] = []
+        errors = []
+        for i in range(1000):
+            offset, code = sender.send(topic, _value(i))
+            if code is None:
+                acked.append((offset, _value(i)))
+            else:
+                errors.append(code)
+                if len(errors) >= 3:
+                    break
+        assert errors, "8 MiB never filled up"
+        assert set(errors) == {KafkaError.KAFKA_STORAGE_ERROR}
+        assert [o for o, _ in acked] == list(range(len(acked)))
+        end = broker.store.end_offset(topic, 0)
+        assert end == len(acked)  # no partial entry, no record that was refused
+        # reads keep working on a full disk
+        got = _consume_all(broker.bootstrap, topic, end)
+        assert got == acked
+        # free space: delete most records, reclaim, and appends resume
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        low = next(iter(admin.delete_records([TopicPartition(topic, 0, end - 5)]).values())).result(10)
+        assert low.low_watermark == end - 5
+        engine = broker.store.engines["file"]
+        broker.call(engine.checkpoint_now())
+        report = broker.call(broker.runtime.retention.run_once())
+        assert report.freed["file"] > 0
+        offset, code = sender.send(topic, b"after the storm")
+        assert code is None and offset == end
+        sender.producer.flush(5)
+    finally:
+        broker.stop()
+    broker = _start(data, ratio=1.0)
+    try:
+        report = broker.store.engines["file"].recovery_report
+        assert report["error"] is None, report
+        assert broker.store.log_start_offset(topic, 0) == end - 5
+        assert broker.store.end_offset(topic, 0) == end + 1
+        got = _consume_all(broker.bootstrap, topic, end + 1)
+        assert got == acked[-5:] + [(end, b"after the storm")]
+    finally:
+        broker.stop()
+    assert not os.path.exists(data / "abort")
