@@ -129,6 +129,8 @@ class RemotingCommand:
 
 def stringify_fields(fields: dict[str, Any]) -> dict[str, str]:
     """ext fields are strings on the wire; JS clients send numbers and booleans, Java sends `true`/`false`."""
+    if all(type(v) is str for v in fields.values()):  # the common case (Java clients, our own strings)
+        return {str(k): v for k, v in fields.items()}
     out: dict[str, str] = {}
     for key, value in fields.items():
         if value is None:

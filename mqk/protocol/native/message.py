@@ -13,6 +13,7 @@ Every decoder checks each length against the bytes left before slicing and raise
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import zlib
@@ -55,8 +56,9 @@ def body_crc(body: bytes) -> int:
 # --- host addresses and message ids --------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1024)
 def pack_host(host: str, port: int) -> bytes:
-    """4 (IPv4) or 16 (IPv6) address bytes followed by the port as an i32."""
+    """4 (IPv4) or 16 (IPv6) address bytes followed by the port as an i32 (cached: a broker has few peers)."""
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
@@ -64,6 +66,7 @@ def pack_host(host: str, port: int) -> bytes:
     return addr.packed + struct.pack(">i", port)
 
 
+@functools.lru_cache(maxsize=1024)
 def unpack_host(data: bytes) -> tuple[str, int]:
     if len(data) not in (8, 20):
         raise MessageFormatError(f"host address of {len(data)} bytes")

@@ -43,7 +43,10 @@ MAX_SUSPEND_MS = 15_000
 #: per pull: RocketMQ's maxTransferCountOnMessageInMemory is 32; clients may ask for more, this caps it
 MAX_MESSAGES = 1024
 MAX_BODY_BYTES = 4 * 1024 * 1024
-READ_BYTES = 1 << 20
+#: store bytes read per pull: enough for `maxMsgNums` small messages, capped like RocketMQ's 256 KiB per transfer
+#: (a pull that gets fewer messages than asked simply pulls again from its next offset)
+READ_BYTES_PER_MESSAGE = 512
+READ_BYTES_MIN, READ_BYTES_MAX = 16 << 10, 256 << 10
 
 
 @dataclass
@@ -131,7 +134,8 @@ class PullProcessor:
 
         try:
             if tags is None:
-                read = await store.read(topic, queue, offset, READ_BYTES)
+                budget = min(READ_BYTES_MAX, max(READ_BYTES_MIN, max_nums * READ_BYTES_PER_MESSAGE))
+                read = await store.read(topic, queue, offset, budget)
                 scanned_to = read.next_offset if read.batches else read.end_offset
             else:
                 codes = {cqunit.hash_tag(t) for t in tags}
