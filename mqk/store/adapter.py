@@ -316,6 +316,15 @@ class StorageAdapter(abc.ABC):
             await self.delete_before(topic, queue, cut)
         return ExpireResult(start, max(start, cut), total, "+".join(reasons) if cut > start else "")
 
+    async def replace_range(self, topic: str, queue: int, start: int, end: int, batches: Sequence[Buffer]) -> None:
+        """Compaction's one write: replace the stored batches whose base offsets lie in [start, end) by `batches`
+        (rewritten copies of some of them: each keeps the base offset and offset span of the batch it replaces,
+        in offset order). Batches not named go; log start and end offsets do not move; readers see the old or
+        the new range, never a mix (atomic per call). Engines that cannot rewrite say NotSupported."""
+        from mqk.errors import NotSupported
+
+        raise NotSupported(f"{self.name} engine cannot rewrite stored batches (compaction)")
+
     async def reclaim(self, now_ms: int, reserved_ms: int, pins: dict[tuple[str, int], int] | None = None) -> int:
         """Give back the space of data below every shard's log start; returns the bytes freed. Engines whose
         `delete_before` already frees space (memory, rocksdb) have nothing to do here. The file engine frees

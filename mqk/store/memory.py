@@ -365,6 +365,27 @@ class MemoryEngine(StorageAdapter):
                 return hit
         return max_retained_timestamp(shard.batches, shard.log_start)
 
+    async def replace_range(self, topic: str, queue: int, start: int, end: int, batches: Sequence[Buffer]) -> None:
+        """Compaction's rewrite (StorageAdapter.replace_range): one list-slice swap, so readers see old or new."""
+        shard = self._shard(topic, queue)
+        lo, hi = bisect.bisect_left(shard.bases, start), bisect.bisect_left(shard.bases, end)
+        old = {b.base_offset: b for b in shard.batches[lo:hi]}
+        # time_index[k] describes batches[k]: a kept batch keeps its running max (the index stays monotone)
+        running = {base: ts for ts, base in shard.time_index[lo:hi]}
+        new = []
+        for data in batches:
+            header = recbatch.parse_header(data, 0)
+            prev = old.get(header[0])
+            if prev is None or prev.record_count != header[6] + 1:
+                raise InvalidRecord(f"replacement batch at {header[0]} does not match a stored batch in "
+                                    f"[{start}, {end}) of {topic}-{queue}")
+            new.append(StoredBatch(prev.base_offset, prev.record_count, bytes(data), prev.store_timestamp,
+                                   header[8], prev.tags_code))
+        shard.batches[lo:hi] = new
+        shard.bases[lo:hi] = [b.base_offset for b in new]
+        del shard.time_index[lo:hi]
+        shard.time_index.update((running[b.base_offset], b.base_offset) for b in new)
+
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self._shard(topic, queue).log_start
 

@@ -36,6 +36,7 @@ from mqk.config import FLUSH_SYNC, StoreConfig, TopicConfig
 from mqk.errors import InvalidPartitionsError, InvalidTopicError, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
 from mqk.store.memory import first_record_at_or_after, max_retained_timestamp, now_ms, prepare_batches
+from mqk.store.memory import recbatch as _recbatch
 
 DATA_HEADER = struct.Struct(">qqqqi")  # store ts, own max ts, running max ts, tags code, record count
 _U16 = struct.Struct(">H")
@@ -466,6 +467,49 @@ class RocksEngine(StorageAdapter):
                 best = found
             offset = chunk[-1].next_offset
         return best
+
+    async def replace_range(self, topic: str, queue: int, start: int, end: int, batches: Sequence[Buffer]) -> None:
+        """Compaction's rewrite (StorageAdapter.replace_range): one synced WriteBatch, so a crash leaves the old
+        range or the new one. Kept batches keep their store time, tags code and running max (time index key)."""
+        shard = self._shard(topic, queue)
+        copies = [bytes(b) for b in batches]
+        await asyncio.to_thread(self._replace_range, shard, start, end, copies, f"{topic}-{queue}")
+
+    def _replace_range(self, shard: _Shard, start: int, end: int, batches: list[bytes], name: str) -> None:
+        from mqk.errors import InvalidRecord
+
+        data_prefix, time_prefix = b"d" + shard.sp, b"t" + shard.sp
+        old: dict[int, tuple] = {}
+        it = self.db.iter()
+        try:
+            it.seek(data_prefix + _U64.pack(start))
+            while it.valid():
+                key = it.key()
+                if not key.startswith(data_prefix):
+                    break
+                base = _U64.unpack_from(key, len(data_prefix))[0]
+                if base >= end:
+                    break
+                old[base] = DATA_HEADER.unpack_from(it.value())
+                it.next()
+        finally:
+            del it
+        write = WriteBatch(raw_mode=True)
+        kept = set()
+        for data in batches:
+            header = _recbatch.parse_header(data, 0)
+            prev = old.get(header[0])
+            if prev is None or prev[4] != header[6] + 1:
+                raise InvalidRecord(f"replacement batch at {header[0]} does not match a stored batch in "
+                                    f"[{start}, {end}) of {name}")
+            write.put(data_prefix + _U64.pack(header[0]), DATA_HEADER.pack(prev[0], header[8], prev[2], prev[3],
+                                                                         prev[4]) + data)
+            kept.add(header[0])
+        for base, prev in old.items():
+            if base not in kept:
+                write.delete(data_prefix + _U64.pack(base))
+                write.delete(time_prefix + _bias(prev[2]) + _U64.pack(base))
+        self.db.write(write, self._wo_sync)
 
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self._shard(topic, queue).log_start
