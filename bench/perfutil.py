@@ -1,0 +1,108 @@
+"""Shared plumbing for the perf tools in bench/: starting a broker subprocess to measure, reading its CPU time,
+percentiles, and `key=value` property lists (the Kafka perf tools' `--producer-props` style).
+
+The tools import this as a sibling module (`python bench/producer_perf.py` puts bench/ on sys.path); it also puts
+the repository root on sys.path so `mqk` imports without an install.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def parse_props(items: Sequence[str] | None) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected key=value, got {item!r}")
+        props[key] = value
+    return props
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence (0 for an empty one)."""
+    if not sorted_values:
+        return 0.0
+    rank = min(len(sorted_values) - 1, max(0, int(round(p / 100.0 * len(sorted_values) + 0.5)) - 1))
+    return float(sorted_values[rank])
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc/<pid>/stat (fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Broker:
+    """An mqk broker subprocess started for a measurement (mqk.testing.BrokerProcess), or nothing when the tool
+    targets an existing `--bootstrap`."""
+
+    def __init__(self, storage: str = "file", data_dir: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        from mqk.testing import BrokerProcess
+
+        self._tmp = None
+        if data_dir is None:
+            # Under the repository, not /tmp, so the store sits on the same disk `dd` is measured on.
+            self._tmp = tempfile.TemporaryDirectory(prefix="mqk-bench-", dir=REPO)
+            data_dir = self._tmp.name
+        self.data_dir = Path(data_dir)
+        self.process = BrokerProcess(self.data_dir / "data", storage=storage, extra_args=tuple(extra_args))
+        self.process.start()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.process.bootstrap
+
+    @property
+    def namesrv(self) -> str:
+        host, port = self.process.namesrv_address
+        return f"{host}:{port}"
+
+    def cpu_seconds(self) -> float:
+        return proc_cpu_seconds(self.process.proc.pid)
+
+    def close(self) -> None:
+        try:
+            self.process.stop()
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def add_broker_args(parser: Any) -> None:
+    parser.add_argument("--bootstrap", "--bootstrap-server", dest="bootstrap",
+                        help="an already running broker (host:port)")
+    parser.add_argument("--start-broker", action="store_true",
+                        help="start an mqk broker subprocess for this run and report its CPU time")
+    parser.add_argument("--storage", default="file", choices=("file", "memory", "rocksdb"),
+                        help="storage engine of the started broker (default file)")
+    parser.add_argument("--data-dir", help="data directory of the started broker (default: a temporary one)")
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create the topic if it does not exist (auto-creation would give it one partition)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    try:
+        fut.result(30)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+            raise
