@@ -82,6 +82,31 @@ async def test_push_consumers_share_queues_without_loss_or_duplicates(ns) -> Non
     assert sum(o.offset for (topic, _), o in committed.items() if topic == "shared") == 40
 
 
+async def test_leaving_member_hands_its_queues_over(ns) -> None:
+    namesrv, store = ns
+    await store.create_topic("handover", 2)
+    got: list[bytes] = []
+
+    async def handle(msg: MessageExt) -> None:
+        got.append(msg.body)
+
+    c1 = await PushConsumer(namesrv, "hg", "handover", handle, rebalance_interval=30, suspend_ms=500).start()
+    c2 = await PushConsumer(namesrv, "hg", "handover", handle, rebalance_interval=30, suspend_ms=500).start()
+    try:
+        # the broker's NOTIFY_CONSUMER_IDS_CHANGED (not the 30 s periodic rebalance) splits the queues
+        await wait_for(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 1
+                       and len([q for q in c2.assigned if q.topic == "handover"]) == 1, what="split on notify")
+        await c2.stop()
+        await wait_for(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 2, what="hand-over")
+        async with Producer(namesrv) as producer:
+            for i in range(6):
+                await producer.send("handover", b"h%d" % i)
+        await wait_for(lambda: len(got) == 6, what="all messages after the hand-over")
+        assert sorted(got) == [b"h%d" % i for i in range(6)]
+    finally:
+        await c1.stop()
+
+
 async def test_tag_subscription_and_retry_after_handler_failure(ns) -> None:
     namesrv, store = ns
     await store.create_topic("retry-me", 1)

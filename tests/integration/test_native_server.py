@@ -219,3 +219,18 @@ async def test_missing_required_field_is_an_error_not_a_crash(native: Native) ->
     assert resp.code == ResponseCode.SYSTEM_ERROR and "null" in (resp.remark or "")
     resp = await raw(native.broker_addr, RequestCode.HEART_BEAT, body=b"\xff not json")
     assert resp.code == ResponseCode.SYSTEM_ERROR
+
+
+async def test_garbage_bytes_close_only_that_connection(native: Native) -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(20):
+        reader, writer = await asyncio.open_connection(*native.broker_addr)
+        size = rng.randrange(8, 200)
+        # a plausible length prefix followed by random bytes: a bad header, or a frame that never completes
+        writer.write(struct.pack(">i", size) + bytes(rng.randrange(256) for _ in range(size)))
+        await writer.drain()
+        writer.close()
+    resp = await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+    assert resp.code == ResponseCode.SUCCESS

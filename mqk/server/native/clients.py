@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from mqk.errors import MqkError
 from mqk.protocol.native.codes import RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.server.native.context import BrokerContext
@@ -106,7 +107,10 @@ class ClientManager:
             group.clients[client_id] = ConsumerClient(client_id, conn, now)
             if group.message_model == "CLUSTERING":
                 # RocketMQ creates the group's retry topic when its consumers first heart-beat
-                await self.ctx.ensure_topic(RETRY_GROUP_TOPIC_PREFIX + name, 1)
+                try:
+                    await self.ctx.ensure_topic(RETRY_GROUP_TOPIC_PREFIX + name, 1)
+                except MqkError as exc:  # e.g. a group name no topic may carry: consuming still works
+                    log.warning("cannot create the retry topic of group %r: %s", name, exc)
             if changed:
                 self._notify(group)
         return cmd.response(ResponseCode.SUCCESS)
