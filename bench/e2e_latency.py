@@ -64,7 +64,8 @@ def run(bootstrap: str, topic: str, rate: float, duration_s: float, record_size:
     total = int(rate * duration_s)
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
-    consumer = ctx.Process(target=_consume, args=(bootstrap, topic, total, ready, results, 10.0, fetch_wait_ms), daemon=True)
+    consumer = ctx.Process(target=_consume, args=(bootstrap, topic, total, ready, results, 10.0, fetch_wait_ms),
+                           daemon=True)
     consumer.start()
     if not ready.wait(30):
         consumer.terminate()
