@@ -234,3 +234,25 @@ async def test_garbage_bytes_close_only_that_connection(native: Native) -> None:
         writer.close()
     resp = await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG)
     assert resp.code == ResponseCode.SUCCESS
+
+
+async def test_transactional_half_messages_refused(native: Native) -> None:
+    resp = await raw(native.broker_addr, RequestCode.SEND_MESSAGE_V2,
+                     {"a": "pg", "b": "tx", "d": 4, "e": 0, "f": 4, "g": 0, "h": 0, "i": "TRAN_MSG\x01true\x02"},
+                     body=b"half")
+    assert resp.code == ResponseCode.NO_PERMISSION and "transaction" in (resp.remark or "")
+    assert native.store.topic("tx") is None or native.store.end_offset("tx", 0) == 0
+
+
+async def test_compressed_body_is_inflated_and_v1_header_names(native: Native) -> None:
+    import zlib
+
+    resp = await raw(native.broker_addr, RequestCode.SEND_MESSAGE,
+                     {"producerGroup": "pg", "topic": "zipped", "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
+                      "queueId": 0, "sysFlag": 1, "bornTimestamp": 1700000000000, "flag": 3,
+                      "properties": "TAGS\x01z\x02"}, body=zlib.compress(b"plain text " * 50))
+    assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["queueOffset"] == "0"
+    async with PullConsumer(native.ns, "zg") as consumer:
+        (msg,) = (await consumer.pull(MessageQueue("zipped", "mqk-broker-a", 0), 0)).messages
+    assert msg.body == b"plain text " * 50 and msg.sys_flag & 1 == 0 and msg.flag == 3
+    assert msg.born_timestamp == 1700000000000 and msg.tags == "z"

@@ -25,7 +25,10 @@ from mqk.protocol.native.codes import (
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TRACE_SWITCH,
     RETRY_GROUP_TOPIC_PREFIX,
+    PROPERTY_TRANSACTION_PREPARED,
     SYSFLAG_COMPRESSED,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
     RequestCode,
     ResponseCode,
 )
@@ -71,6 +74,11 @@ class SendProcessor:
         reconsume = cmd.get_int("reconsumeTimes", 0) or 0
         batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or cmd.get_bool("batch")
 
+        if sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED or \
+                props.get(PROPERTY_TRANSACTION_PREPARED) == "true":
+            # no half-message store yet: refuse as a RocketMQ broker with rejectTransactionMessage does, rather
+            # than make a half message visible before its commit
+            return cmd.response(ResponseCode.NO_PERMISSION, "sending transaction message is forbidden")
         if not TOPIC_NAME.match(topic):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
         body = cmd.body or b""
