@@ -108,23 +108,36 @@ def test_kafka_python_group_of_two_splits_partitions_and_resumes_from_commits(ka
                              enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=200,
                              consumer_timeout_ms=200)
 
+    # each member polls in its own thread: a kafka-python poll() blocks while its JoinGroup is parked, so one
+    # thread polling both members would stall every rebalance until a session timeout
     a, b = consumer(), consumer()
     seen: dict[str, list[int]] = {"a": [], "b": []}
-    deadline = time.time() + 30
-    # both members join (a rebalance of a one-member group into a two-member one) before any data exists
-    while not (a.assignment() and b.assignment()) and time.time() < deadline:
-        a.poll(timeout_ms=100)
-        b.poll(timeout_ms=100)
-    assert a.assignment() and b.assignment()
-    for i in range(400):
-        producer.send(topic, value=str(i).encode(), partition=i % 4)
-    producer.flush()
-    while len(seen["a"]) + len(seen["b"]) < 400 and time.time() < deadline:
-        for name, c in (("a", a), ("b", b)):
+    stop = threading.Event()
+
+    def run(name, c):
+        while not stop.is_set():
             for records in c.poll(timeout_ms=100).values():
                 seen[name] += [int(r.value) for r in records]
+
+    threads = [threading.Thread(target=run, args=("a", a)), threading.Thread(target=run, args=("b", b))]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.time() + 30
+        while not (a.assignment() and b.assignment()) and time.time() < deadline:
+            time.sleep(0.05)
+        assert a.assignment() and b.assignment()
+        for i in range(400):
+            producer.send(topic, value=str(i).encode(), partition=i % 4)
+        producer.flush()
+        while len(seen["a"]) + len(seen["b"]) < 400 and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
     assert sorted(seen["a"] + seen["b"]) == list(range(400))  # nothing lost, nothing twice
-    assert a.assignment() and b.assignment() and not (a.assignment() & b.assignment())
+    assert seen["a"] and seen["b"] and not (a.assignment() & b.assignment())
     a.commit()
     b.commit()
     assert {"group_id": "grp", "protocol_type": "consumer", "group_state": "Stable", "group_type": "classic"} in (

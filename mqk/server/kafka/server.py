@@ -149,16 +149,48 @@ class KafkaConnection(asyncio.Protocol):
     # --- dispatch --------------------------------------------------------------------------------------
 
     def _dispatch(self, req: Request) -> None:
+        """Run the handler eagerly: most requests (ApiVersions, Metadata, Produce on a memory store, Heartbeat)
+        finish without ever suspending, and then cost no Task at all. A handler that suspends continues in a
+        Task (`_resume`). Eager start also means side effects (appends) happen in request arrival order up to
+        each handler's first suspension, which keeps pipelined produce requests in order."""
         handler = self.server.handlers[req.api_key]  # the codec already refused keys we cannot serve
-        task = self.loop.create_task(handler(self.server, self, req))
+        coro = handler(self.server, self, req)
+        try:
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            if not self.pending:
+                self._respond(req, stop.value)
+                return
+            done = self.loop.create_future()
+            done.set_result(stop.value)
+            self.pending.append((req, done))
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported in order by _on_done, like a Task failure
+            failed = self.loop.create_future()
+            failed.set_exception(exc)
+            self.pending.append((req, failed))
+            if len(self.pending) == 1:
+                self._on_done(failed)
+            return
+        task = self.loop.create_task(_resume(coro, yielded))
         self.pending.append((req, task))
         task.add_done_callback(self._on_done)
         if len(self.pending) >= MAX_IN_FLIGHT:
             self._update_reading()
 
-    def _on_done(self, _task: asyncio.Task) -> None:
+    def _respond(self, req: Request, body: dict | None) -> None:
+        if body is None:  # acks=0 produce: no response at all
+            return
+        try:
+            parts = encode_response(req, body)
+        except Exception as exc:  # noqa: BLE001 - our bug; keep the broker up, drop the connection
+            log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
+            self.close(f"encode error: {exc!r}")
+            return
+        self.transport.writelines(parts)  # type: ignore[union-attr]
+
+    def _on_done(self, _task: asyncio.Future) -> None:
         pending = self.pending
-        transport = self.transport
         while pending and pending[0][1].done():
             req, task = pending.popleft()
             if self.closed:
@@ -176,16 +208,7 @@ class KafkaConnection(asyncio.Protocol):
                     )
                     self.close("handler error")
                 return
-            body = task.result()
-            if body is None:  # acks=0 produce: no response at all
-                continue
-            try:
-                parts = encode_response(req, body)
-            except Exception as exc:  # noqa: BLE001 - our bug; keep the broker up, drop the connection
-                log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
-                self.close(f"encode error: {exc!r}")
-                return
-            transport.writelines(parts)  # type: ignore[union-attr]
+            self._respond(req, task.result())
         if self.reading_paused:
             self._update_reading()
 
@@ -210,3 +233,31 @@ class KafkaConnection(asyncio.Protocol):
         self.pending.clear()
         if self.transport is not None:
             self.transport.close()
+
+
+async def _resume(coro: Any, yielded: Any) -> Any:
+    """Drive a handler coroutine that `_dispatch` already started and that suspended on `yielded`, as a Task
+    would (Python 3.12's eager tasks do the same natively). The handler reads its awaited future's outcome
+    itself when resumed; only a cancellation of this Task is thrown into it."""
+    while True:
+        try:
+            if yielded is None:
+                await asyncio.sleep(0)  # a bare yield
+            else:
+                # the handler's own `yield` marked the future as blocking; a Task clears that mark before it
+                # waits, and awaiting a pending future that is still marked raises in the C Future
+                yielded._asyncio_future_blocking = False
+                await yielded
+        except asyncio.CancelledError:
+            if yielded is None or not yielded.cancelled():
+                try:
+                    yielded = coro.throw(asyncio.CancelledError())
+                except StopIteration as stop:
+                    return stop.value
+                continue
+        except BaseException:  # noqa: BLE001 - the handler sees it when it reads the future's result
+            pass
+        try:
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            return stop.value
