@@ -451,10 +451,9 @@ async def test_concurrent_appends_under_sync_flush(sync_harness: Harness) -> Non
         assert [r[2] for r in await _read_all(h, q)] == expected[q]
 
 
-# --- key index (engines that have one; the file engine's key index is a later issue) ---------------------
+# --- key index --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine_name", ["memory", "rocksdb"])
 async def test_read_by_key_newest_first(harness: Harness) -> None:
     await _topic(harness, queues=2)
     engine = harness.engine

@@ -52,6 +52,7 @@ from mqk.store.file.commitlog import BLANK_MIN, FIXED, CommitLog
 from mqk.store.file.consumequeue import UNIT, ConsumeQueue
 from mqk.store.file.dispatch import ReputMessageService
 from mqk.store.file.flush import FlushService
+from mqk.store.file.index import IndexService
 from mqk.store.fsutil import atomic_write_json, read_json
 
 # record-level timestamp resolution shared with the memory engine (decoding and decompression of one batch)
@@ -155,6 +156,9 @@ class FileEngine(StorageAdapter):
         self.root = Path(root)
         self.clog = CommitLog(self.root / "commitlog", config.commitlog_segment_bytes)
         self.dispatcher = ReputMessageService()
+        #: the key index (index/), filled by a dispatch hook; rebuilds its own tail at start
+        self.index = IndexService(self.root / "index")
+        self.dispatcher.hooks.append(self.index.dispatch)
         self.checkpoint = Checkpoint(self.root / "checkpoint")
         self.abort = AbortMarker(self.root / "abort")
         self.stats = StoreStats(self)
@@ -182,6 +186,7 @@ class FileEngine(StorageAdapter):
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "consumequeue").mkdir(exist_ok=True)
         await asyncio.to_thread(self._recover)
+        await asyncio.to_thread(self.index.recover, self.clog, self._shards)
         from mqk.store.offsets import FileOffsetStore
 
         self.offsets = FileOffsetStore(self.root / "offsets")
@@ -216,6 +221,7 @@ class FileEngine(StorageAdapter):
             self._io.shutdown(wait=True)
             for shard in self._shards.values():
                 shard.cq.close()
+            self.index.close()
             self.clog.close()
         self.abort.remove()
 
@@ -402,6 +408,10 @@ class FileEngine(StorageAdapter):
             shard.cq.dir.mkdir(parents=True, exist_ok=True)
         meta["queues"] = max(meta["queues"], queue_count)
         await self._save_meta()
+        await self.index.configure(topic, config)
+
+    async def update_config(self, topic: str, config: TopicConfig) -> None:
+        await self.index.configure(topic, config)  # index.keys
 
     async def delete_shards(self, topic: str) -> None:
         meta = self._topics.pop(topic, None)
@@ -601,6 +611,13 @@ class FileEngine(StorageAdapter):
                     break
         return ReadResult(batches, start, end)
 
+    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
+                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+        """Through the key index (index.py), each hit checked against its CommitLog entry; newest first."""
+        if topic not in self._topics:
+            raise UnknownShard(f"unknown topic {topic!r}")
+        return self.index.find(self.clog, self._shards, topic, key, max_count, begin_ms, end_ms)
+
     async def delete_before(self, topic: str, queue: int, offset: int) -> int:
         shard = self._shard(topic, queue)
         end = shard.cq.end_offset
@@ -677,6 +694,8 @@ class FileEngine(StorageAdapter):
         if final:
             dirty = {shard.cq for shard in self._shards.values()}
         await asyncio.get_running_loop().run_in_executor(self._io, self._flush_and_store, safe, dirty)
+        snap = self.index.snapshot(self.clog.min_offset)  # on the loop, where the index is written
+        await asyncio.get_running_loop().run_in_executor(self._io, self.index.store_checkpoint, snap)
 
     def _flush_and_store(self, safe: int, dirty: set[ConsumeQueue]) -> None:
         for cq in dirty:
