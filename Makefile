@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: run test unit test-twins compat-deps setup gen gen-check lint bench clean
 
-$(STAMP): pyproject.toml setup.py setup.cfg $(wildcard mqk/_fast/*.pyx)
+$(STAMP): pyproject.toml setup.py setup.cfg $(wildcard mqk/_fast/*.pyx mqk/_fast/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
