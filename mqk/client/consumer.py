@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 from mqk.client.base import ClientBase, MessageQueue
 from mqk.client.remoting import ClientError
 from mqk.protocol.native.codes import (
+    AUTO_CREATE_TOPIC_KEY,
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_RECONSUME_TIME,
@@ -214,7 +215,16 @@ class PushConsumer(PullConsumer):
         await self.close()
 
     async def _broker(self) -> tuple[str, int]:
-        route = await self.route(self.topic)
+        """The broker to heart-beat and ask for the member list: the topic's, or, while the topic does not exist
+        yet, the auto-create key topic's (the consumer then waits for the topic at each rebalance)."""
+        try:
+            route = await self.route(self.topic)
+        except ClientError as exc:
+            if exc.code != ResponseCode.TOPIC_NOT_EXIST:
+                raise
+            route = await self.route(AUTO_CREATE_TOPIC_KEY)
+        if not route.broker_addrs:
+            raise ClientError(f"no broker serves topic {self.topic}")
         return next(iter(route.broker_addrs.values()))
 
     async def _heartbeat(self) -> None:

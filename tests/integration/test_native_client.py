@@ -190,3 +190,16 @@ async def test_oneway_and_auto_created_topic(ns) -> None:
                        and store.end_offset("fresh-topic", 0) == 1, what="oneway send")
         result = await producer.send("fresh-topic", b"second")
         assert result.queue_offset == 1
+
+
+async def test_push_consumer_started_before_its_topic_exists(ns) -> None:
+    namesrv, store = ns
+    got: list[bytes] = []
+    consumer = await PushConsumer(namesrv, "early", "not-yet", lambda m: got.append(m.body),
+                                  rebalance_interval=0.3, suspend_ms=300).start()
+    try:
+        async with Producer(namesrv) as producer:
+            await producer.send("not-yet", b"first")  # auto-creates the topic
+        await wait_for(lambda: got == [b"first"], what="the consumer to find the new topic")
+    finally:
+        await consumer.stop()
