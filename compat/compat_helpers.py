@@ -109,8 +109,10 @@ class NodeProcess:
             text=True,
         )
         self._lock = threading.Lock()
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._readers = [threading.Thread(target=self._read_stdout, daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read_stdout(self) -> None:
         assert self.proc.stdout is not None
@@ -149,7 +151,11 @@ class NodeProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        time.sleep(0.1)  # let the reader threads drain what the script printed while closing
+        for reader in self._readers:  # they end at EOF, having kept what the script printed while closing
+            reader.join(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None and not stream.closed:
+                stream.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
