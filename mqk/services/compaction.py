@@ -1,0 +1,384 @@
+"""CompactionService: Kafka's log cleaner for topics with `cleanup.policy` containing `compact`.
+
+Owns the cleaning rules and the cleaner checkpoints (the offset up to which each shard is clean, in the store state
+document `compaction`); the engines own the atomic rewrite (`StorageAdapter.replace_range`).
+
+One pass over a shard, as Kafka's cleaner does it:
+1. The *cleanable range* ends before the active head: the trailing batches that together hold less than
+   `segment.bytes` (Kafka never cleans the active segment; the last batch is always head), and anything younger
+   than `min.compaction.lag.ms`. The head is never touched.
+2. Dirty = batches between the cleaner checkpoint and the end of the cleanable range. The shard is cleaned only if
+   dirty bytes / cleanable bytes >= `min.cleanable.dirty.ratio`.
+3. An `OffsetMap` (16-byte key digest -> latest offset, bounded by `log.cleaner.dedupe.buffer.size`, like Kafka's
+   SkimpyOffsetMap) is built over the dirty batches. If it fills, only the batches it fully covers count as cleaned
+   this pass; the next pass goes on from there.
+4. Every batch from the log start to the end of the mapped range is filtered: a record stays if it holds the
+   latest offset of its key (or its key is not in the map: its latest value is in the clean section), it has a key
+   (Kafka drops keyless records from compacted logs), and it is not a tombstone (null value) older than
+   `delete.retention.ms`. Offsets never change: gaps are allowed.
+5. Batches are rewritten whole, with Kafka's header rules: the base offset, last offset delta (so the offset span),
+   producer id / epoch, base sequence, partition leader epoch and base timestamp stay; the max timestamp becomes
+   the retained records' maximum (a LogAppendTime batch keeps its own); records keep their offset and timestamp
+   deltas. Retained records of a compressed batch are written uncompressed (a documented simplification). A batch
+   with nothing left is dropped, except the last batch of each producer id, which stays as an empty batch so the
+   producer's sequence state (idempotence) survives, as in Kafka. Control batches are kept as they are.
+6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
+   batch old or new and cleaning is idempotent), then the checkpoint moves.
+
+The CPU work (decoding and re-encoding records) runs in a worker thread a chunk at a time, so the event loop keeps
+serving producers and consumers while a log is cleaned. Engines that cannot rewrite (NotSupported) are skipped
+with one log line per topic.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mqk._fast import load
+from mqk.config import BrokerConfig
+from mqk.errors import NotSupported, StorageError, UnknownShard
+from mqk.store.adapter import BatchInfo, StoredBatch
+from mqk.store.memory import _decompress
+
+recbatch = load("recbatch")
+log = logging.getLogger("mqk.compaction")
+
+STATE_NAME = "compaction"
+_ATTR_COMPRESSION = 0x07
+_ATTR_LOG_APPEND_TIME = 0x08
+_ATTR_TRANSACTIONAL = 0x10
+_ATTR_CONTROL = 0x20
+#: bytes per map entry in CPython (dict slot + index + 16-byte bytes key + int value), measured in the bench
+MAP_ENTRY_BYTES = 120
+#: batches rewritten per replace_range call (each call is atomic)
+CHUNK_BYTES = 4 << 20
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def key_digest(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
+class OffsetMap:
+    """Key digest -> latest offset, bounded in entries (the memory cap divided by the cost of one entry).
+
+    Like Kafka's SkimpyOffsetMap, keys are stored as 16-byte digests (a collision would need ~2^64 keys), so the
+    memory per key does not depend on key size. A plain dict beats a sorted map here: only point lookups are needed
+    (bench/compaction_bench.py measures it against sortedcontainers.SortedDict)."""
+
+    __slots__ = ("_map", "capacity")
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.capacity = max(1, memory_bytes // MAP_ENTRY_BYTES)
+        self._map: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def room_for(self, n: int) -> bool:
+        return len(self._map) + n <= self.capacity
+
+    def put(self, digest: bytes, offset: int) -> None:
+        self._map[digest] = offset
+
+    def get(self, digest: bytes, default: int = -1) -> int:
+        return self._map.get(digest, default)
+
+
+@dataclass
+class CleanStats:
+    batches_read: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_kept: int = 0
+    records_removed: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mb_per_sec(self) -> float:
+        return self.bytes_read / 1e6 / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class CompactionReport:
+    cleaned: dict[tuple[str, int], CleanStats] = field(default_factory=dict)
+    skipped: dict[tuple[str, int], str] = field(default_factory=dict)
+
+
+# --- the record-level work (pure functions, run in a worker thread) --------------------------------------------
+
+
+def _records(data: Any) -> tuple[tuple, list[tuple]]:
+    header = recbatch.parse_header(data, 0)
+    section = bytes(memoryview(data)[recbatch.HEADER_SIZE:])
+    codec = header[5] & _ATTR_COMPRESSION
+    if codec:
+        section = _decompress(codec, section)
+    return header, recbatch.decode_records(section, header[12])
+
+
+def map_batches(batches: list[StoredBatch], offset_map: OffsetMap) -> int:
+    """Record each key's latest offset; returns how many batches were mapped whole (the map may fill up)."""
+    done = 0
+    for batch in batches:
+        header, records = _records(batch.data)
+        if header[5] & _ATTR_CONTROL:
+            done += 1
+            continue
+        keyed = [(key_digest(r[3]), header[0] + r[2]) for r in records if r[3] is not None]
+        if not offset_map.room_for(len(keyed)):
+            break
+        for digest, offset in keyed:
+            offset_map.put(digest, offset)
+        done += 1
+    return done
+
+
+def filter_batches(batches: list[StoredBatch], offset_map: OffsetMap, tombstone_horizon: int,
+                   last_of_producer: dict[int, int], stats: CleanStats) -> list[Any]:
+    """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out."""
+    out: list[Any] = []
+    for batch in batches:
+        data = batch.data
+        header, records = _records(data)
+        (base, _length, leader_epoch, _magic, _crc, attributes, last_delta, base_ts, max_ts, producer_id,
+         producer_epoch, base_sequence, _count) = header
+        stats.batches_read += 1
+        stats.bytes_read += len(data)
+        if attributes & _ATTR_CONTROL:
+            out.append(data)
+            continue
+        kept = []
+        for record in records:
+            key, value = record[3], record[4]
+            offset = base + record[2]
+            if key is None:
+                continue
+            if offset_map.get(key_digest(key)) > offset:
+                continue  # a later record of this key exists
+            if value is None and max_ts < tombstone_horizon:
+                continue  # an expired tombstone: the key is gone
+            kept.append(record)
+        stats.records_kept += len(kept)
+        stats.records_removed += len(records) - len(kept)
+        if len(kept) == len(records):
+            out.append(data)
+            stats.bytes_written += len(data)
+            continue
+        if not kept and not (producer_id >= 0 and last_of_producer.get(producer_id) == base):
+            continue
+        encoded = b"".join(recbatch.encode_record(r[2], r[1], r[3], r[4], r[5]) for r in kept)
+        if attributes & _ATTR_LOG_APPEND_TIME or not kept:
+            new_max = max_ts
+        else:
+            new_max = max(base_ts + r[1] for r in kept)
+        rebuilt = recbatch.build_batch(base, base_ts, new_max, encoded, len(kept), last_delta,
+                                       attributes & ~_ATTR_COMPRESSION, producer_id, producer_epoch, base_sequence,
+                                       leader_epoch)
+        out.append(bytes(rebuilt))
+        stats.bytes_written += len(rebuilt)
+    return out
+
+
+# --- the service ------------------------------------------------------------------------------------------------
+
+
+def compaction_settings(config: Any) -> dict[str, float] | None:
+    """The cleaner settings of a TopicConfig whose cleanup.policy includes `compact`, else None."""
+    policies = {p.strip() for p in config.get("cleanup.policy").split(",")}
+    if "compact" not in policies:
+        return None
+    try:
+        return {
+            "segment_bytes": config.get_int("segment.bytes"),
+            "min_lag_ms": config.get_int("min.compaction.lag.ms"),
+            "dirty_ratio": float(config.get("min.cleanable.dirty.ratio")),
+            "delete_retention_ms": config.get_int("delete.retention.ms"),
+        }
+    except ValueError:
+        return None
+
+
+class CompactionService:
+    def __init__(self, config: BrokerConfig, store: Any) -> None:
+        self.config = config
+        self.store = store
+        self.backoff_ms = config.log_cleaner_backoff_ms
+        self.map_bytes = config.log_cleaner_dedupe_buffer_size
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+        self._unsupported: set[str] = set()
+        self.passes = 0
+        self.last_report: CompactionReport | None = None
+
+    async def start(self) -> "CompactionService":
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="mqk-compaction")
+        return self
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.backoff_ms / 1000)
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged; the next pass tries again
+                log.exception("compaction pass failed")
+
+    def _checkpoints(self) -> dict[str, int]:
+        try:
+            doc = self.store.load_state(STATE_NAME) or {}
+        except StorageError:
+            doc = {}
+        return {str(k): int(v) for k, v in dict(doc.get("clean", {})).items()}
+
+    async def run_once(self, now: int | None = None) -> CompactionReport:
+        async with self._lock:
+            now = now_ms() if now is None else now
+            report = CompactionReport()
+            checkpoints = self._checkpoints()
+            changed = False
+            for name, info in self.store.topics().items():
+                settings = compaction_settings(info.config)
+                if settings is None or name in self._unsupported:
+                    continue
+                for queue in range(info.queue_count):
+                    key = f"{name}/{queue}"
+                    try:
+                        result = await self.clean_shard(name, queue, settings, checkpoints.get(key, 0), now)
+                    except NotSupported as exc:
+                        self._unsupported.add(name)
+                        log.warning("topic %s is compacted but %s", name, exc)
+                        break
+                    except UnknownShard:
+                        break
+                    if isinstance(result, str):
+                        report.skipped[(name, queue)] = result
+                        continue
+                    upto, stats = result
+                    checkpoints[key] = upto
+                    changed = True
+                    report.cleaned[(name, queue)] = stats
+                    log.info("compacted %s-%d up to %d: %d of %d records kept, %.1f MB/s", name, queue, upto,
+                             stats.records_kept, stats.records_kept + stats.records_removed, stats.mb_per_sec)
+            if changed:
+                live = {f"{t}/{q}" for t, i in self.store.topics().items() for q in range(i.queue_count)}
+                await self.store.save_state(STATE_NAME, {"clean": {k: v for k, v in checkpoints.items()
+                                                                   if k in live}})
+            self.passes += 1
+            self.last_report = report
+            return report
+
+    async def _infos(self, engine: Any, topic: str, queue: int, start: int) -> list[BatchInfo]:
+        out: list[BatchInfo] = []
+        offset = start
+        while True:
+            chunk = await engine.batch_infos(topic, queue, offset, 4096)
+            if not chunk:
+                return out
+            out.extend(chunk)
+            offset = chunk[-1].next_offset
+
+    async def _read(self, engine: Any, topic: str, queue: int, start: int, end: int) -> list[StoredBatch]:
+        out: list[StoredBatch] = []
+        offset = start
+        while offset < end:
+            result = await engine.read(topic, queue, offset, 1 << 20)
+            if not result.batches:
+                break
+            for batch in result.batches:
+                if batch.base_offset >= end:
+                    return out
+                out.append(batch)
+            offset = result.batches[-1].next_offset
+        return out
+
+    async def clean_shard(self, topic: str, queue: int, settings: dict, checkpoint: int,
+                          now: int) -> tuple[int, CleanStats] | str:
+        """One cleaning of one shard: (new checkpoint, stats), or why it was skipped."""
+        engine = self.store.engine_of(topic)
+        start = engine.log_start_offset(topic, queue)
+        infos = await self._infos(engine, topic, queue, start)
+        if len(infos) < 2:
+            return "nothing to clean"
+        # 1. the active head: the last batch, the trailing batches under segment.bytes, the too young
+        head = len(infos) - 1
+        tail_bytes = infos[-1].size
+        while head > 0 and tail_bytes + infos[head - 1].size < settings["segment_bytes"]:
+            head -= 1
+            tail_bytes += infos[head].size
+        lag_deadline = now - settings["min_lag_ms"]
+        for i in range(head):
+            if infos[i].max_timestamp > lag_deadline:
+                head = i
+                break
+        cleanable = infos[:head]
+        if not cleanable:
+            return "only the active head"
+        # 2. dirty ratio
+        checkpoint = max(checkpoint, start)
+        total = sum(i.size for i in cleanable)
+        dirty = sum(i.size for i in cleanable if i.base_offset >= checkpoint)
+        if dirty == 0 or dirty / total < settings["dirty_ratio"]:
+            return f"dirty ratio {dirty / total if total else 0:.2f} below {settings['dirty_ratio']}"
+        end = cleanable[-1].next_offset
+        t0 = time.perf_counter()
+        stats = CleanStats()
+        # 3. the offset map over the dirty batches
+        dirty_start = next(i.base_offset for i in cleanable if i.base_offset >= checkpoint)
+        offset_map = OffsetMap(self.map_bytes)
+        dirty_batches = await self._read(engine, topic, queue, dirty_start, end)
+        mapped = await asyncio.to_thread(map_batches, dirty_batches, offset_map)
+        if mapped == 0:
+            return "offset map too small for one batch"
+        upto = dirty_batches[mapped - 1].next_offset
+        del dirty_batches
+        # 4.-6. filter from the log start to the end of the mapped range, chunk by chunk
+        horizon = now - settings["delete_retention_ms"]
+        last_of_producer = await asyncio.to_thread(self._last_batches, await self._read(
+            engine, topic, queue, start, upto))
+        offset = start
+        while offset < upto:
+            chunk: list[StoredBatch] = []
+            size = 0
+            for batch in await self._read(engine, topic, queue, offset, upto):
+                chunk.append(batch)
+                size += len(batch.data)
+                if size >= CHUNK_BYTES:
+                    break
+            if not chunk:
+                break
+            rewritten = await asyncio.to_thread(filter_batches, chunk, offset_map, horizon, last_of_producer, stats)
+            chunk_end = chunk[-1].next_offset
+            await engine.replace_range(topic, queue, chunk[0].base_offset, chunk_end, rewritten)
+            offset = chunk_end
+        stats.seconds = time.perf_counter() - t0
+        return upto, stats
+
+    @staticmethod
+    def _last_batches(batches: list[StoredBatch]) -> dict[int, int]:
+        """producer id -> base offset of its last batch in the range (that batch survives even if emptied)."""
+        last: dict[int, int] = {}
+        for batch in batches:
+            producer_id = recbatch.parse_header(batch.data, 0)[9]
+            if producer_id >= 0:
+                last[producer_id] = batch.base_offset
+        return last
+
+
+__all__ = ["CleanStats", "CompactionReport", "CompactionService", "OffsetMap", "compaction_settings",
+           "filter_batches", "map_batches"]

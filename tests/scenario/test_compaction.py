@@ -1,0 +1,213 @@
+"""Compaction semantics through the StoreManager on the engines that can rewrite (memory, rocksdb): latest record
+per key with offsets preserved, tombstones removed only after delete.retention.ms, the active head untouched,
+min.cleanable.dirty.ratio and min.compaction.lag.ms respected, a small offset map cleaning in several passes,
+idempotent producers' last batch kept (emptied) so their sequence state survives, and the result surviving restart.
+The file engine says NotSupported and is left alone (see mqk.services.compaction)."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from mqk.config import BrokerConfig, TopicConfig
+from mqk.services.compaction import CompactionService, OffsetMap
+from mqk.store.manager import StoreManager
+
+from .conftest import header_of, rb, store_config
+
+HOUR = 3600 * 1000
+COMPACT = {"cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"}
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+async def manager(request: pytest.FixtureRequest, tmp_path: Path):
+    m = StoreManager(store_config(request.param, tmp_path / "data"))
+    await m.start()
+    try:
+        yield m
+    finally:
+        await m.close()
+
+
+def _service(m: StoreManager, **changes) -> CompactionService:
+    return CompactionService(dataclasses.replace(BrokerConfig(store=m.config), **changes), m)
+
+
+def _batch(records: list[tuple[bytes | None, bytes | None]], ts: int, producer: tuple[int, int, int] = (-1, -1, -1)):
+    body = b"".join(rb.encode_record(i, 0, k, v, []) for i, (k, v) in enumerate(records))
+    pid, epoch, seq = producer
+    return rb.build_batch(0, ts, ts, body, len(records), len(records) - 1, 0, pid, epoch, seq)
+
+
+async def _records(m: StoreManager, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every stored record, decoded with the recbatch twin."""
+    out = []
+    offset = m.log_start_offset(topic, 0)
+    while offset < m.end_offset(topic, 0):
+        result = await m.read(topic, 0, offset, 1 << 20)
+        if not result.batches:
+            break
+        for batch in result.batches:
+            header = header_of(batch.data)
+            for r in rb.decode_records(bytes(batch.data)[rb.HEADER_SIZE:], header[12]):
+                out.append((header[0] + r[2], r[3], r[4]))
+        offset = result.batches[-1].next_offset
+    return out
+
+
+async def _write_rounds(m: StoreManager, topic: str, rounds: int, keys: int, ts: int) -> dict[bytes, tuple]:
+    """`rounds` batches, each updating every key; returns key -> (latest offset, latest value)."""
+    latest = {}
+    for r in range(rounds):
+        records = [(b"k%d" % k, b"v%d-%d" % (k, r)) for k in range(keys)]
+        result = await m.append(topic, 0, [_batch(records, ts)])
+        for k in range(keys):
+            latest[b"k%d" % k] = (result.base_offset + k, b"v%d-%d" % (k, r))
+    return latest
+
+
+async def test_latest_record_per_key_with_offsets_preserved_and_head_untouched(manager: StoreManager) -> None:
+    m = manager
+    await m.create_topic("c", 1, TopicConfig(COMPACT))
+    latest = await _write_rounds(m, "c", 5, 10, _now() - HOUR)
+    head_before = bytes((await m.read("c", 0, 40, 1 << 20)).batches[0].data)
+    report = await _service(m).run_once()
+    # rounds 0..2 go; round 3 is the latest of each key in the cleanable range (Kafka maps only that range,
+    # never the active head, round 4), so it stays beside the head
+    assert report.cleaned[("c", 0)].records_removed == 30
+    got = await _records(m, "c")
+    assert [o for o, _, _ in got] == list(range(30, 50))
+    assert bytes((await m.read("c", 0, 40, 1 << 20)).batches[0].data) == head_before
+    assert {k: (o, v) for o, k, v in got} == latest
+    assert m.log_start_offset("c", 0) == 0 and m.end_offset("c", 0) == 50
+    # a consumer positioned in a removed range moves to the next existing offset
+    assert (await m.read("c", 0, 13, 1 << 20)).batches[0].base_offset == 30
+
+
+async def test_keys_updated_unevenly_keep_their_own_latest(manager: StoreManager) -> None:
+    m = manager
+    await m.create_topic("u", 1, TopicConfig(COMPACT))
+    ts = _now() - HOUR
+    await m.append("u", 0, [_batch([(b"a", b"a0"), (b"b", b"b0"), (b"c", b"c0")], ts)])  # 0..2
+    await m.append("u", 0, [_batch([(b"a", b"a1")], ts)])  # 3
+    await m.append("u", 0, [_batch([(b"c", b"c1"), (b"d", b"d0")], ts)])  # 4..5
+    await m.append("u", 0, [_batch([(b"e", b"e0")], ts)])  # 6: head
+    await _service(m).run_once()
+    got = await _records(m, "u")
+    assert got == [(1, b"b", b"b0"), (3, b"a", b"a1"), (4, b"c", b"c1"), (5, b"d", b"d0"), (6, b"e", b"e0")]
+    # the partly kept first batch keeps its offset span and base offset; its max timestamp is the kept record's
+    first = (await m.read("u", 0, 0, 1)).batches[0]
+    header = header_of(first.data)
+    assert (header[0], header[6], header[12]) == (0, 2, 1)
+
+
+async def test_tombstones_go_only_after_delete_retention(manager: StoreManager) -> None:
+    m = manager
+    await m.create_topic("t", 1, TopicConfig({**COMPACT, "delete.retention.ms": str(24 * HOUR)}))
+    old = _now() - 2 * HOUR
+    await m.append("t", 0, [_batch([(b"x", b"1"), (b"y", b"1")], old)])
+    await m.append("t", 0, [_batch([(b"x", None)], old)])  # tombstone for x
+    await m.append("t", 0, [_batch([(b"z", b"head")], _now())])
+    await _service(m).run_once()
+    assert await _records(m, "t") == [(1, b"y", b"1"), (2, b"x", None), (3, b"z", b"head")]
+    # past delete.retention.ms the tombstone itself goes: x is gone for good
+    await m.alter_topic_config("t", TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+    await m.append("t", 0, [_batch([(b"w", b"dirty")], _now())])  # make the log dirty again
+    await _service(m).run_once()
+    assert await _records(m, "t") == [(1, b"y", b"1"), (3, b"z", b"head"), (4, b"w", b"dirty")]
+
+
+async def test_dirty_ratio_and_min_lag_hold_the_cleaner_back(manager: StoreManager) -> None:
+    m = manager
+    await m.create_topic("r", 1, TopicConfig({**COMPACT, "min.compaction.lag.ms": str(HOUR)}))
+    await _write_rounds(m, "r", 4, 5, _now())  # all younger than the lag
+    report = await _service(m).run_once()
+    assert ("r", 0) not in report.cleaned and "head" in report.skipped[("r", 0)]
+    await m.alter_topic_config("r", TopicConfig({**COMPACT, "min.compaction.lag.ms": "0"}))
+    assert ("r", 0) in (await _service(m).run_once()).cleaned
+    # clean now; a little new dirt stays below a high ratio
+    await m.alter_topic_config("r", TopicConfig({**COMPACT, "min.cleanable.dirty.ratio": "0.9"}))
+    await _write_rounds(m, "r", 1, 5, _now())
+    report = await _service(m).run_once()
+    assert "dirty ratio" in report.skipped[("r", 0)]
+
+
+async def test_a_small_offset_map_cleans_in_several_passes(manager: StoreManager) -> None:
+    m = manager
+    await m.create_topic("s", 1, TopicConfig(COMPACT))
+    latest = {}
+    for r in range(6):  # keys a and b in every round, two new keys per round; round 5 is the head
+        records = [(b"a", b"a%d" % r), (b"b", b"b%d" % r), (b"n%d-1" % r, b"x"), (b"n%d-2" % r, b"y")]
+        result = await m.append("s", 0, [_batch(records, _now() - HOUR)])
+        latest.update({k: (result.base_offset + i, v) for i, (k, v) in enumerate(records)})
+    service = _service(m, log_cleaner_dedupe_buffer_size=9 * 120)  # room for 9 keys: two batches per pass
+    assert OffsetMap(9 * 120).capacity == 9
+    cleaned_passes = 0
+    for _ in range(10):
+        if ("s", 0) not in (await service.run_once()).cleaned:
+            break
+        cleaned_passes += 1
+    assert cleaned_passes == 3  # rounds 0-1, 2-3, 4
+    got = await _records(m, "s")
+    assert {k: (o, v) for o, k, v in got} == latest
+    keys = [k for _, k, _ in got]
+    assert keys.count(b"a") == keys.count(b"b") == 2  # round 4 (cleanable) and round 5 (head)
+    assert len(got) == 12 + 4
+
+
+async def test_idempotent_producer_keeps_its_last_batch_emptied(manager: StoreManager) -> None:
+    m = manager
+    await m.create_topic("p", 1, TopicConfig(COMPACT))
+    ts = _now() - HOUR
+    await m.append("p", 0, [_batch([(b"a", b"1"), (b"b", b"1")], ts, (42, 0, 0))])  # 0..1, seq 0..1
+    await m.append("p", 0, [_batch([(b"a", b"2")], ts, (42, 0, 2))])  # 2, seq 2
+    await m.append("p", 0, [_batch([(b"a", b"3"), (b"b", b"3")], ts)])  # 3..4 (no producer id)
+    await m.append("p", 0, [_batch([(b"c", b"head")], ts)])  # 5: head
+    await _service(m).run_once()
+    batches = (await m.read("p", 0, 0, 1 << 20)).batches
+    headers = [header_of(b.data) for b in batches]
+    # producer 42's batches are both emptied; the first is dropped, its last stays empty with its sequence
+    assert [(h[0], h[6], h[9], h[11], h[12]) for h in headers] == [
+        (2, 0, 42, 2, 0), (3, 1, -1, -1, 2), (5, 0, -1, -1, 1)]
+    assert [(o, v) for o, _, v in await _records(m, "p")] == [(3, b"3"), (4, b"3"), (5, b"head")]
+
+
+async def test_compacted_log_survives_restart(tmp_path: Path) -> None:
+    config = store_config("rocksdb", tmp_path / "data")
+    m = StoreManager(config)
+    await m.start()
+    await m.create_topic("d", 1, TopicConfig(COMPACT))
+    latest = await _write_rounds(m, "d", 3, 6, _now() - HOUR)
+    await _service(m).run_once()
+    before = await _records(m, "d")
+    await m.close()
+    m = StoreManager(config)
+    await m.start()
+    try:
+        assert await _records(m, "d") == before
+        assert {k: (o, v) for o, k, v in before} == latest
+        # the checkpoint survived too: nothing is dirty, so nothing is cleaned again
+        assert ("d", 0) not in (await _service(m).run_once()).cleaned
+        result = await m.append("d", 0, [_batch([(b"k0", b"after")], _now())])
+        assert result.base_offset == 18
+    finally:
+        await m.close()
+
+
+async def test_file_engine_topics_are_left_alone(tmp_path: Path) -> None:
+    m = StoreManager(store_config("file", tmp_path / "data"))
+    await m.start()
+    try:
+        await m.create_topic("f", 1, TopicConfig(COMPACT))
+        await _write_rounds(m, "f", 3, 3, _now() - HOUR)
+        report = await _service(m).run_once()
+        assert not report.cleaned
+        assert len(await _records(m, "f")) == 9
+    finally:
+        await m.close()
