@@ -256,3 +256,62 @@ async def test_compressed_body_is_inflated_and_v1_header_names(native: Native) -
         (msg,) = (await consumer.pull(MessageQueue("zipped", "mqk-broker-a", 0), 0)).messages
     assert msg.body == b"plain text " * 50 and msg.sys_flag & 1 == 0 and msg.flag == 3
     assert msg.born_timestamp == 1700000000000 and msg.tags == "z"
+
+
+async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> None:
+    await native.store.create_topic("hb", 1)
+    notified: list[RemotingCommand] = []
+
+    def heartbeat(client_id: str) -> bytes:
+        return json.dumps({"clientID": client_id, "producerDataSet": [{"groupName": "CLIENT_INNER_PRODUCER"}],
+                           "consumerDataSet": [{"groupName": "hbg", "consumeType": "CONSUME_PASSIVELY",
+                                                "messageModel": "CLUSTERING",
+                                                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+                                                "subscriptionDataSet": [{"topic": "hb", "subString": "A || B",
+                                                                         "tagsSet": ["A", "B"], "codeSet": [65, 66],
+                                                                         "subVersion": 1, "classFilterMode": False,
+                                                                         "expressionType": "TAG"}],
+                                                "unitMode": False}]}).encode()
+
+    first = RemotingConnection(native.broker_addr, notified.append)
+    second = RemotingConnection(native.broker_addr)
+    await first.connect()
+    await second.connect()
+    try:
+        assert (await first.invoke(RemotingCommand(code=RequestCode.HEART_BEAT, body=heartbeat("c-1")))).code == 0
+        assert native.store.topic("%RETRY%hbg") is not None  # created on the group's first heartbeat
+        assert (await second.invoke(RemotingCommand(code=RequestCode.HEART_BEAT, body=heartbeat("c-2")))).code == 0
+        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                                   ext_fields={"consumerGroup": "hbg"}))
+        assert json.loads(resp.body)["consumerIdList"] == ["c-1", "c-2"]
+        deadline = time.monotonic() + 5
+        while not notified:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert notified[-1].code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED and notified[-1].is_oneway
+        assert notified[-1].ext_fields == {"consumerGroup": "hbg"}
+        # the registered subscription filters pulls that do not carry their own
+        async with Producer(native.ns) as producer:
+            for tag in ("A", "C", "B"):
+                await producer.send("hb", tag.encode(), tags=tag, queue_id=0)
+        resp = await second.invoke(RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields={
+            "consumerGroup": "hbg", "topic": "hb", "queueId": "0", "queueOffset": "0", "maxMsgNums": "32",
+            "sysFlag": "0", "commitOffset": "0", "suspendTimeoutMillis": "0"}))
+        assert [m.body for m in decode_messages(resp.body)] == [b"A", b"B"]
+        resp = await second.invoke(RemotingCommand(code=RequestCode.UNREGISTER_CLIENT, ext_fields={
+            "clientID": "c-2", "consumerGroup": "hbg"}))
+        assert resp.code == ResponseCode.SUCCESS
+        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                                   ext_fields={"consumerGroup": "hbg"}))
+        assert json.loads(resp.body)["consumerIdList"] == ["c-1"]
+        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_EARLIEST_MSG_STORETIME,
+                                                   ext_fields={"topic": "hb", "queueId": "0"}))
+        assert resp.code == ResponseCode.SUCCESS and 0 < int(resp.ext_fields["timestamp"]) <= time.time() * 1000
+    finally:
+        await first.close()
+        await second.close()
+    # a closed connection takes its consumer out of the group
+    deadline = time.monotonic() + 5
+    while "hbg" in native.broker.clients.groups and native.broker.clients.groups["hbg"].clients:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
