@@ -78,7 +78,8 @@ class NameServer:
         body = {
             "orderTopicConf": None,
             "queueDatas": [{"brokerName": self.config.broker_name, "readQueueNums": queues,
-                            "writeQueueNums": queues, "perm": perm, "topicSysFlag": 0}],
+                            "writeQueueNums": queues, "perm": perm, "topicSysFlag": 0,
+                            "topicSynFlag": 0}],  # 4.x spells the field this way, 5.x the other
             "brokerDatas": [self._broker_data()],
             "filterServerTable": {},
         }
