@@ -582,3 +582,35 @@ async def test_fetch_max_bytes_spans_partitions_with_at_least_one_batch(client, 
     # the first partition returns one whole batch although it exceeds max_bytes; then the response is full
     assert counts == [1, 0, 0]
     assert [p["high_watermark"] for p in resp["responses"][0]["partitions"]] == [3, 3, 3]
+
+
+async def test_flood_of_requests_is_answered_in_order_with_bounded_work(client, broker):
+    from mqk.server.kafka.server import MAX_IN_FLIGHT
+
+    for _ in range(1000):
+        client.send(ApiKey.API_VERSIONS, 0, {})
+    await client.writer.drain()
+    answers = [await client.receive() for _ in range(1000)]
+    assert [cid for cid, _ in answers] == sorted(cid for cid, _ in answers)
+    assert all(body["error_code"] == 0 for _, body in answers)
+    assert all(len(conn.pending) <= MAX_IN_FLIGHT for conn in broker.connections)
+
+
+async def test_reader_that_does_not_read_is_paused_not_buffered(client, broker):
+    for _ in range(20):
+        assert (await produce(client, "big", make_batch([b"x" * 100_000])))["error_code"] == 0
+    async with await RawKafkaClient.connect(broker.host, broker.port) as slow:
+        for _ in range(40):  # 40 answers of 2 MB each that the client does not read for now
+            slow.send(ApiKey.FETCH, 12, fetch_body("big", 0, max_bytes=50 << 20))
+        await slow.writer.drain()
+        await asyncio.sleep(0.5)
+        (conn,) = [c for c in broker.connections if c.peer.endswith(str(slow.writer.get_extra_info("sockname")[1]))]
+        assert conn.writing_paused
+        assert conn.transport.get_write_buffer_size() < 8 << 20  # one answer beyond the high-water mark, not 80 MB
+        # another connection is served meanwhile
+        assert (await produce(client, "big", make_batch([b"y"])))["error_code"] == 0
+        sizes = []
+        for _ in range(40):
+            _, body = await slow.receive(timeout=30)
+            sizes.append(len(raw_records(body["responses"][0]["partitions"][0]["records"])))
+        assert len(sizes) == 40 and all(size >= 2_000_000 for size in sizes)

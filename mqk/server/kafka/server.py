@@ -122,10 +122,16 @@ class KafkaConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.codec.receive_data(data)
+        self._decode()
+
+    def _decode(self) -> None:
+        """Start the requests buffered in the codec, at most MAX_IN_FLIGHT unanswered at a time (the rest stay
+        as bytes until answers drain, so a flood of tiny requests cannot become a flood of tasks)."""
         codec = self.codec
+        pending = self.pending
         try:
-            codec.receive_data(data)
-            while not self.closed:
+            while not self.closed and len(pending) < MAX_IN_FLIGHT:
                 req = codec.next_request()
                 if req is None:
                     break
@@ -137,14 +143,17 @@ class KafkaConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - a codec bug must cost one connection, never the broker
             log.exception("kafka connection %s: unexpected error decoding a request", self.peer)
             self.close(f"internal error: {exc!r}")
+        self._update_reading()
 
     def pause_writing(self) -> None:
+        """The peer is not reading: stop reading its requests and keep finished answers queued (they hold
+        views of store data, not copies) until the transport drains."""
         self.writing_paused = True
         self._update_reading()
 
     def resume_writing(self) -> None:
         self.writing_paused = False
-        self._update_reading()
+        self._on_done(None)
 
     # --- dispatch --------------------------------------------------------------------------------------
 
@@ -158,7 +167,7 @@ class KafkaConnection(asyncio.Protocol):
         try:
             yielded = coro.send(None)
         except StopIteration as stop:
-            if not self.pending:
+            if not self.pending and not self.writing_paused:
                 self._respond(req, stop.value)
                 return
             done = self.loop.create_future()
@@ -175,8 +184,6 @@ class KafkaConnection(asyncio.Protocol):
         task = self.loop.create_task(_resume(coro, yielded))
         self.pending.append((req, task))
         task.add_done_callback(self._on_done)
-        if len(self.pending) >= MAX_IN_FLIGHT:
-            self._update_reading()
 
     def _respond(self, req: Request, body: dict | None) -> None:
         if body is None:  # acks=0 produce: no response at all
@@ -189,9 +196,9 @@ class KafkaConnection(asyncio.Protocol):
             return
         self.transport.writelines(parts)  # type: ignore[union-attr]
 
-    def _on_done(self, _task: asyncio.Future) -> None:
+    def _on_done(self, _task: asyncio.Future | None) -> None:
         pending = self.pending
-        while pending and pending[0][1].done():
+        while pending and pending[0][1].done() and not self.writing_paused:
             req, task = pending.popleft()
             if self.closed:
                 return
@@ -209,7 +216,11 @@ class KafkaConnection(asyncio.Protocol):
                     self.close("handler error")
                 return
             self._respond(req, task.result())
-        if self.reading_paused:
+        if self.closed:
+            return
+        if self.codec.buffered and len(pending) < MAX_IN_FLIGHT and not self.writing_paused:
+            self._decode()  # requests that arrived while MAX_IN_FLIGHT were unanswered
+        elif self.reading_paused:
             self._update_reading()
 
     def _update_reading(self) -> None:
