@@ -1,7 +1,8 @@
 """BrokerRuntime: builds the store, the services and the servers from one BrokerConfig; starts and stops them.
 
-Start order is store → services (timer) → Kafka listener → RocketMQ broker listener → name server (which
-advertises the broker listener's bound address). Stop runs in reverse, so no listener outlives the store it uses.
+Start order is store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker
+listener → name server (which advertises the broker listener's bound address). Stop runs in reverse, so no
+listener outlives the store it uses.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class BrokerRuntime:
         self._parts: list[Any] = []  # started parts, stopped in reverse
         self.retention: Any = None  # mqk.services.retention.RetentionService
         self.diskguard: Any = None  # mqk.services.diskguard.DiskGuard
+        self.compaction: Any = None  # mqk.services.compaction.CompactionService
 
     async def start(self) -> "BrokerRuntime":
         from mqk.server.kafka.server import KafkaServer
@@ -49,6 +51,11 @@ class BrokerRuntime:
             self.diskguard = DiskGuard(cfg, self.store, self.retention)
             await self.diskguard.start()
             self._parts.append(self.diskguard)
+            from mqk.services.compaction import CompactionService
+
+            self.compaction = CompactionService(cfg, self.store)
+            await self.compaction.start()
+            self._parts.append(self.compaction)
 
             kafka = KafkaServer(cfg, self.store)
             self.kafka_address = await kafka.start()
