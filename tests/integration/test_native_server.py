@@ -167,6 +167,8 @@ async def test_batch_send(native: Native) -> None:
         assert [m.body for m in got.messages] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
         assert [m.queue_offset for m in got.messages] == [0, 1, 2, 3, 4]
         assert [m.msg_id for m in got.messages] == result.msg_id.split(",")
+        # the broker ids of the send answer are the ones pulls show (real CommitLog positions on the file store)
+        assert [m.offset_msg_id for m in got.messages] == result.offset_msg_id.split(",")
 
 
 async def test_consumer_offsets_shared_with_store_groups(native: Native) -> None:

@@ -156,17 +156,26 @@ class SendProcessor:
                                                  properties=props if len(run) == 1 else None)
             if first_offset < 0:
                 first_offset = result.base_offset
-            for k in range(len(run)):
-                offset = result.base_offset + k
-                # an engine reports only the first entry's CommitLog position; later ones use the synthetic form
-                if result.physical_offset >= 0 and k == 0:
-                    commit = result.physical_offset
-                else:
-                    commit = synthetic_offset(topic, queue, offset)
-                self.ctx.remember(commit, topic, queue, offset)
+            positions = [synthetic_offset(topic, queue, result.base_offset + k) for k in range(len(run))]
+            if result.physical_offset >= 0:
+                positions[0] = result.physical_offset
+                if len(run) > 1:
+                    # the append reports only the first entry's CommitLog position; the ids a pull will show for
+                    # the others come from reading them back (zero-copy views on every engine that has one)
+                    positions = await self._positions(topic, queue, result.base_offset, run, positions)
+            for k, commit in enumerate(positions):
+                self.ctx.remember(commit, topic, queue, result.base_offset + k)
                 ids.append(encode_message_id(self.ctx.host[0], self.ctx.host[1], commit))
             i = j
         return ids, first_offset
+
+    async def _positions(self, topic: str, queue: int, base: int, run: list, fallback: list[int]) -> list[int]:
+        try:
+            read = await self.ctx.store.read(topic, queue, base, sum(len(b) for b in run))
+        except StorageError:
+            return fallback
+        found = {b.base_offset: b.physical_offset for b in read.batches if b.physical_offset >= 0}
+        return [found.get(base + k, fallback[k]) for k in range(len(run))]
 
     async def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """CONSUMER_SEND_MSG_BACK: re-deliver a message the consumer failed on, later, via the group's retry
