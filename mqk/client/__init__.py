@@ -1,11 +1,12 @@
-"""mqk's native (RocketMQ remoting) Python client, asyncio: `Producer`, `PullConsumer`, `PushConsumer`."""
+"""mqk's native (RocketMQ remoting) Python client, asyncio: `Producer`, `PullConsumer`, `PushConsumer`, `Admin`."""
 from __future__ import annotations
 
+from mqk.client.admin import Admin
 from mqk.client.base import MessageQueue
 from mqk.client.consumer import PullConsumer, PullResult, PushConsumer, allocate_averagely
 from mqk.client.producer import Message, Producer, SendResult
 from mqk.client.remoting import ClientError
 from mqk.protocol.native.message import MessageExt
 
-__all__ = ["ClientError", "Message", "MessageExt", "MessageQueue", "Producer", "PullConsumer", "PullResult",
+__all__ = ["Admin", "ClientError", "Message", "MessageExt", "MessageQueue", "Producer", "PullConsumer", "PullResult",
            "PushConsumer", "SendResult", "allocate_averagely"]

@@ -317,3 +317,24 @@ async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> 
     while "hbg" in native.broker.clients.groups and native.broker.clients.groups["hbg"].clients:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
+
+
+async def test_admin_client(native: Native) -> None:
+    from mqk.client import Admin
+
+    async with Admin(native.ns) as admin:
+        assert await admin.brokers() == [native.broker_addr]
+        await admin.create_topic("adm", 3)
+        assert "adm" in await admin.topics() and native.store.topic("adm").queue_count == 3
+        async with Producer(native.ns) as producer:
+            sent = await producer.send("adm", b"look", keys=["lk"])
+        assert (await admin.view_message(sent.offset_msg_id)).body == b"look"
+        try:
+            await native.store.read_by_key("adm", b"lk", 1)
+        except NotSupported:
+            pass
+        else:
+            assert [m.body for m in await admin.query_by_key("adm", "lk")] == [b"look"]
+            assert await admin.query_by_key("adm", "absent") == []
+        await admin.delete_topic("adm")
+        assert "adm" not in await admin.topics()
