@@ -614,3 +614,47 @@ async def test_reader_that_does_not_read_is_paused_not_buffered(client, broker):
             _, body = await slow.receive(timeout=30)
             sizes.append(len(raw_records(body["responses"][0]["partitions"][0]["records"])))
         assert len(sizes) == 40 and all(size >= 2_000_000 for size in sizes)
+
+
+async def test_committed_offsets_and_topics_survive_restart(tmp_path):
+    from pathlib import Path
+
+    cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), commitlog_segment_bytes=1 << 20,
+                                   cq_units_per_file=1024))
+
+    async def run(fn):
+        store = StoreManager(cfg.store)
+        await store.start()
+        server = KafkaServer(cfg, store)
+        await server.start()
+        try:
+            async with await RawKafkaClient.connect(server.host, server.port) as c:
+                return await fn(c)
+        finally:
+            await server.stop()
+            await store.close()
+
+    def fetch_offsets(c):
+        return c.call(ApiKey.OFFSET_FETCH, 7, {"group_id": "rg", "topics": None, "require_stable": False})
+
+    async def first(c):
+        await produce(c, "rt", make_batch([b"a", b"b", b"c"]))
+        commit = await c.call(ApiKey.OFFSET_COMMIT, 7, {
+            "group_id": "rg", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+            "topics": [{"name": "rt", "partitions": [{"partition_index": 0, "committed_offset": 2,
+                                                      "committed_leader_epoch": 0, "committed_metadata": "note"}]}]})
+        assert commit["topics"][0]["partitions"][0]["error_code"] == 0
+        return await fetch_offsets(c)
+
+    before = await run(first)
+
+    async def second(c):
+        listed = await c.call(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
+        assert [g["group_id"] for g in listed["groups"]] == ["rg"]
+        assert values_of((await fetch(c, "rt", 2))["records"]) == [b"a", b"b", b"c"]
+        return await fetch_offsets(c)
+
+    after = await run(second)
+    part = after["topics"][0]["partitions"][0]
+    assert (part["committed_offset"], part["metadata"], part["committed_leader_epoch"]) == (2, "note", 0)
+    assert after == before
