@@ -95,6 +95,7 @@ class PullProcessor:
             await self.ctx.store.commit_offsets(group, {(topic, queue): GroupOffset(commit_offset, "", now_ms())})
 
         deadline = time.monotonic() + suspend_ms / 1000
+        looked_again = False
         while True:
             try:
                 result = await self.get_messages(topic, queue, offset, max_nums, tags)
@@ -104,7 +105,13 @@ class PullProcessor:
             if result.code != ResponseCode.PULL_NOT_FOUND or not sys_flag & PULL_FLAG_SUSPEND or remaining <= 0:
                 break
             if self.ctx.store.end_offset(topic, queue) > offset:
-                break  # data is there but none is servable (a gap): answer now rather than spin
+                # data arrived since the look: look once more; if still nothing is servable (a gap), answer now
+                # rather than spin
+                if looked_again:
+                    break
+                looked_again = True
+                continue
+            looked_again = False
             await self.ctx.long_poll.wait(topic, queue, remaining)
 
         ext = {"suggestWhichBrokerId": 0, "nextBeginOffset": result.next_offset,
