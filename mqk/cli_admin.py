@@ -224,6 +224,53 @@ def _print_record(args: argparse.Namespace, offset: int, key: Any, value: Any, h
         print("" if value is None else bytes(value).decode(errors="replace"), flush=True)
 
 
+# --- query by key --------------------------------------------------------------------------------------
+
+
+async def query_by_key(args: argparse.Namespace) -> None:
+    """QUERY_MESSAGE (RocketMQ's query by key) to every broker of the topic's name-server route. The broker's key
+    index holds RocketMQ `KEYS` and, on topics with `index.keys=true`, Kafka record keys; a key that matches
+    nothing prints nothing (exit 0)."""
+    from mqk.client.base import ClientBase
+    from mqk.client.remoting import ClientError
+    from mqk.protocol.native.codes import RequestCode, ResponseCode
+    from mqk.protocol.native.message import decode_messages
+
+    if args.max < 1:
+        raise CommandError(f"--max must be at least 1, not {args.max}")
+    end_ms = args.end_ms if args.end_ms is not None else int(time.time() * 1000) + 60_000
+    try:
+        client = ClientBase(args.namesrv, "mqk-cli-query")
+    except ValueError as exc:
+        raise CommandError(f"--namesrv: {exc}") from None
+    try:
+        route = await client.route(args.topic)
+        found = []
+        for addr in sorted(set(route.broker_addrs.values())):
+            resp = await client.invoke(addr, RequestCode.QUERY_MESSAGE, {
+                "topic": args.topic, "key": args.key, "maxNum": args.max,
+                "beginTimestamp": args.begin_ms, "endTimestamp": end_ms,
+            }, ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            if resp.code == ResponseCode.SUCCESS and resp.body:
+                found.extend(decode_messages(resp.body))
+    except ClientError as exc:
+        raise CommandError(f"query {args.topic} by key {args.key!r}: {exc}") from None
+    finally:
+        await client.close()
+    found.sort(key=lambda m: (m.store_timestamp, m.queue_id, m.queue_offset), reverse=True)  # newest first
+    for msg in found[: args.max]:
+        body = msg.body.decode(errors="replace")
+        if args.json:
+            print(json.dumps({
+                "queue": msg.queue_id, "offset": msg.queue_offset, "keys": msg.keys, "tags": msg.tags,
+                "body": body, "store_timestamp": msg.store_timestamp, "msg_id": msg.msg_id,
+                "properties": msg.properties,
+            }), flush=True)
+        else:
+            print(f"queue={msg.queue_id}\toffset={msg.queue_offset}\tkeys={' '.join(msg.keys)}\t"
+                  f"tags={msg.tags or ''}\t{body}", flush=True)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the admin and data commands to the `mqk` parser."""
 
@@ -272,7 +319,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     for p in (topics, groups):
         p.set_defaults(func=run_command)
-    for name in ("produce", "consume"):
+    p = sub.add_parser("query", help="print the messages whose key (RocketMQ KEYS, or an indexed Kafka key) matches")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="name server (RocketMQ route)")
+    p.add_argument("--max", type=int, default=64, help="at most this many messages (the broker caps it at 64)")
+    p.add_argument("--begin-ms", type=int, default=0, help="store time lower bound, epoch ms")
+    p.add_argument("--end-ms", type=int, default=None, help="store time upper bound, epoch ms (default: now)")
+    p.add_argument("--json", action="store_true", help="one JSON object per message")
+    p.set_defaults(run=query_by_key)
+
+    for name in ("produce", "consume", "query"):
         sub.choices[name].set_defaults(func=run_command)
 
 
