@@ -5,6 +5,7 @@ Owns everything under its root directory:
   consumequeue/<topic>/<q>/  one ConsumeQueue per shard (consumequeue.py)
   queues.json                which shards exist, each topic's creation point in the CommitLog, log start offsets
   offsets/                   committed group offsets (mqk.store.offsets.FileOffsetStore)
+  index/                     the key index for read_by_key, with its own checkpoint (index.py)
   checkpoint, abort          recovery bookkeeping (checkpoint.py)
 
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
