@@ -42,7 +42,6 @@ from mqk.errors import (
     Corrupt,
     InvalidRecord,
     OffsetOutOfRange,
-    OutOfBounds,
     StorageError,
     StorageFull,
     UnknownShard,
@@ -735,4 +734,4 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-__all__ = ["FileEngine", "OutOfBounds", "Shard", "StoreStats"]
+__all__ = ["FileEngine", "Shard", "StoreStats"]
