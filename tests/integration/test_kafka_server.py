@@ -658,3 +658,14 @@ async def test_committed_offsets_and_topics_survive_restart(tmp_path):
     part = after["topics"][0]["partitions"][0]
     assert (part["committed_offset"], part["metadata"], part["committed_leader_epoch"]) == (2, "note", 0)
     assert after == before
+
+
+async def test_failed_acks_zero_produce_closes_the_connection(broker, client):
+    await seed(client)
+    async with await RawKafkaClient.connect(broker.host, broker.port) as fire_and_forget:
+        bad = make_batch([b"x"])
+        bad[-1] ^= 1
+        fire_and_forget.send(ApiKey.PRODUCE, 9, produce_body("keep", bad, acks=0), expect_response=False)
+        await fire_and_forget.writer.drain()
+        assert await fire_and_forget.closed_by_peer()
+    await assert_healthy(broker)

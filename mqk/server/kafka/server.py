@@ -36,6 +36,14 @@ log = logging.getLogger("mqk.kafka")
 MAX_IN_FLIGHT = 64
 
 
+class CloseConnection:
+    """A handler's answer meaning "send nothing and close this connection once the earlier answers are out"
+    (Kafka does this when an acks=0 produce fails, so the producer notices and refreshes its metadata)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
 class KafkaServer:
     def __init__(self, config: BrokerConfig, store: Any) -> None:
         from mqk.server.kafka.handlers import HANDLERS
@@ -185,8 +193,11 @@ class KafkaConnection(asyncio.Protocol):
         self.pending.append((req, task))
         task.add_done_callback(self._on_done)
 
-    def _respond(self, req: Request, body: dict | None) -> None:
+    def _respond(self, req: Request, body: Any) -> None:
         if body is None:  # acks=0 produce: no response at all
+            return
+        if isinstance(body, CloseConnection):
+            self.close(body.reason)
             return
         try:
             parts = encode_response(req, body)

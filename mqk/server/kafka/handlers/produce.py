@@ -8,7 +8,8 @@ with its original offset and not appended again) → append (LogAppendTime appli
 Uncompressed batches cost no per-record Python work: scanning, CRC and the record-length walk are `_fast`
 kernels, and the batches reach the store as memoryviews into the request frame.
 
-acks=0 gets no response (the handler returns None); acks=1 and acks=-1 are the same on a single replica
+acks=0 gets no response (the handler returns None), but a failure closes the connection, as Kafka does, so the
+producer notices and refreshes its metadata; acks=1 and acks=-1 are the same on a single replica
 (an append completes once the data is readable and, under sync flush, on disk).
 """
 from __future__ import annotations
@@ -57,6 +58,12 @@ async def handle(server, conn, req) -> dict | None:
                     parts.append(await produce_partition(server, info, index, p["records"]))
             responses.append({"name": name, "partition_responses": parts})
     if acks == 0:
+        failed = [(t["name"], p["index"], p["error_code"]) for t in responses for p in t["partition_responses"]
+                  if p["error_code"]]
+        if failed:
+            from mqk.server.kafka.server import CloseConnection
+
+            return CloseConnection(f"acks=0 produce failed for {failed[:3]}")
         return None
     return {"responses": responses, "throttle_time_ms": 0}
 
