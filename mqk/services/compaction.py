@@ -25,9 +25,10 @@ One pass over a shard, as Kafka's cleaner does it:
 6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
    batch old or new and cleaning is idempotent), then the checkpoint moves.
 
-The CPU work (decoding and re-encoding records) runs in a worker thread a chunk at a time, so the event loop keeps
-serving producers and consumers while a log is cleaned. Engines that cannot rewrite (NotSupported) are skipped
-with one log line per topic.
+The CPU work (decoding and re-encoding records) runs on the event loop one batch at a time, yielding between
+slices and, while other work is waiting, keeping to `duty` (25 %) of the loop, so producers and consumers keep most
+of the broker while a log is cleaned (a worker thread would fight the loop for the GIL and stall every socket
+call). Engines that cannot rewrite (NotSupported) are skipped with one log line per topic.
 """
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ _ATTR_CONTROL = 0x20
 MAP_ENTRY_BYTES = 120
 #: batches rewritten per replace_range call (each call is atomic)
 CHUNK_BYTES = 4 << 20
+#: cleaner work between two yields to the event loop
+SLICE_SECONDS = 0.002
+#: share of the event loop the cleaner may take while producers and consumers are busy
+DEFAULT_DUTY = 0.25
 
 
 def now_ms() -> int:
@@ -215,6 +220,8 @@ class CompactionService:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._unsupported: set[str] = set()
+        self.duty = DEFAULT_DUTY
+        self._debt = 0.0
         self.passes = 0
         self.last_report: CompactionReport | None = None
 
@@ -341,33 +348,61 @@ class CompactionService:
         # 3. the offset map over the dirty batches
         dirty_start = next(i.base_offset for i in cleanable if i.base_offset >= checkpoint)
         offset_map = OffsetMap(self.map_bytes)
-        dirty_batches = await self._read(engine, topic, queue, dirty_start, end)
-        mapped = await asyncio.to_thread(map_batches, dirty_batches, offset_map)
-        if mapped == 0:
+        upto = dirty_start
+        offset = dirty_start
+        full = False
+        while offset < end and not full:
+            batches = await self._read(engine, topic, queue, offset, end)
+            if not batches:
+                break
+            for batch in batches:
+                t = time.perf_counter()
+                if map_batches([batch], offset_map) == 0:
+                    full = True
+                    break
+                upto = batch.next_offset
+                await self._pace(time.perf_counter() - t)
+            offset = batches[-1].next_offset
+        if upto == dirty_start:
             return "offset map too small for one batch"
-        upto = dirty_batches[mapped - 1].next_offset
-        del dirty_batches
         # 4.-6. filter from the log start to the end of the mapped range, chunk by chunk
         horizon = now - settings["delete_retention_ms"]
-        last_of_producer = await asyncio.to_thread(self._last_batches, await self._read(
-            engine, topic, queue, start, upto))
+        last_of_producer = self._last_batches(await self._read(engine, topic, queue, start, upto))
         offset = start
         while offset < upto:
-            chunk: list[StoredBatch] = []
-            size = 0
-            for batch in await self._read(engine, topic, queue, offset, upto):
-                chunk.append(batch)
-                size += len(batch.data)
-                if size >= CHUNK_BYTES:
-                    break
+            chunk = await self._read(engine, topic, queue, offset, upto)
             if not chunk:
                 break
-            rewritten = await asyncio.to_thread(filter_batches, chunk, offset_map, horizon, last_of_producer, stats)
-            chunk_end = chunk[-1].next_offset
+            rewritten: list[Any] = []
+            size = 0
+            taken = 0
+            for batch in chunk:
+                t = time.perf_counter()
+                rewritten.extend(filter_batches([batch], offset_map, horizon, last_of_producer, stats))
+                taken += 1
+                size += len(batch.data)
+                await self._pace(time.perf_counter() - t)
+                if size >= CHUNK_BYTES:
+                    break
+            chunk_end = chunk[taken - 1].next_offset
             await engine.replace_range(topic, queue, chunk[0].base_offset, chunk_end, rewritten)
             offset = chunk_end
         stats.seconds = time.perf_counter() - t0
         return upto, stats
+
+    async def _pace(self, spent: float) -> None:
+        """Share the event loop: the cleaner works in slices of one batch on the loop (a worker thread would
+        fight the loop for the GIL and stall every socket call). After each slice it yields; if other work was
+        waiting (the yield took a while) it also sleeps long enough to use at most `duty` of the loop's time."""
+        self._debt += spent
+        if self._debt < SLICE_SECONDS:
+            return
+        t = time.perf_counter()
+        await asyncio.sleep(0)
+        others = time.perf_counter() - t
+        if others > 0.0005 and self.duty < 1.0:
+            await asyncio.sleep(self._debt * (1 - self.duty) / self.duty)
+        self._debt = 0.0
 
     @staticmethod
     def _last_batches(batches: list[StoredBatch]) -> dict[int, int]:
