@@ -203,3 +203,28 @@ async def test_push_consumer_started_before_its_topic_exists(ns) -> None:
         await wait_for(lambda: got == [b"first"], what="the consumer to find the new topic")
     finally:
         await consumer.stop()
+
+
+async def test_send_back_picks_the_right_topic_when_synthetic_ids_collide(ns) -> None:
+    import zlib
+
+    namesrv, store = ns
+    seen: dict[int, str] = {}
+    for i in range(100_000):  # two topic names whose 15-bit hashes agree (birthday: a few hundred tries)
+        name = f"col-{i}"
+        h = zlib.crc32(name.encode()) & 0x7FFF
+        if h in seen:
+            first, second = seen[h], name
+            break
+        seen[h] = name
+    async with Producer(namesrv) as producer:
+        await producer.send(first, b"from-first")
+        await producer.send(second, b"from-second")
+    async with PullConsumer(namesrv, "cgx") as consumer:
+        (msg,) = (await consumer.pull(MessageQueue(second, "mqk-broker-a", 0), 0)).messages
+        (other,) = (await consumer.pull(MessageQueue(first, "mqk-broker-a", 0), 0)).messages
+        assert msg.commit_log_offset == other.commit_log_offset  # the collision
+        await consumer.send_back(msg, delay_level=-1)  # straight to the dead-letter topic
+        await wait_for(lambda: store.topic("%DLQ%cgx") is not None and store.end_offset("%DLQ%cgx", 0) == 1)
+        (dead,) = (await consumer.pull(MessageQueue("%DLQ%cgx", "mqk-broker-a", 0), 0)).messages
+        assert dead.body == b"from-second"

@@ -249,3 +249,14 @@ def test_kafka_batch_with_many_records_and_compression() -> None:
     assert [m.body for m in msgs] == [b"v1", b"v2"] and msgs[0].properties == {"h": "x"}
     assert [m.commit_log_offset for m in msgs] == [801, 802]
     assert msgs[1].born_timestamp == 1002
+
+
+def test_synthetic_offsets_fit_javascript_numbers_and_name_their_queue() -> None:
+    from mqk.protocol.native.records import synthetic_queue_offset
+
+    for topic in ("a", "orders", "%RETRY%group", "x" * 249):
+        for queue in (0, 7, 255):
+            value = synthetic_offset(topic, queue, (1 << 29) - 1)
+            assert 0 <= value < 1 << 53
+            assert synthetic_matches(value, topic, queue) and not synthetic_matches(value, topic, (queue + 1) % 256)
+            assert synthetic_queue_offset(synthetic_offset(topic, queue, 12345)) == 12345

@@ -53,14 +53,27 @@ def message_to_batch(body: bytes, properties: dict[str, str], born_timestamp: in
     return recbatch.build_batch(0, born_timestamp, born_timestamp, record, 1, 0)
 
 
+_SYN_OFFSET_BITS = 29
+_SYN_QUEUE_BITS = 8
+_SYN_HASH_BITS = 15
+
+
 def synthetic_offset(topic: str, queue: int, offset: int) -> int:
-    """A stand-in commit-log offset for engines without one: 12 bits of topic hash, 8 of queue, 32 of offset.
-    It stays below 2**53 so JavaScript clients (ali-ons turns it into a Number) keep it exact."""
-    return ((zlib.crc32(topic.encode()) & 0xFFF) << 40) | ((queue & 0xFF) << 32) | (offset & 0xFFFFFFFF)
+    """A stand-in commit-log offset for engines without one: 15 bits of topic hash, 8 of queue, 29 of offset
+    (52 bits: JavaScript clients such as ali-ons turn it into a Number and must keep it exact). Stable across
+    restarts; the broker checks the topic (and the full offset) before trusting a match."""
+    topic_hash = zlib.crc32(topic.encode()) & ((1 << _SYN_HASH_BITS) - 1)
+    return ((topic_hash << (_SYN_QUEUE_BITS + _SYN_OFFSET_BITS)) | ((queue & 0xFF) << _SYN_OFFSET_BITS)
+            | (offset & ((1 << _SYN_OFFSET_BITS) - 1)))
 
 
 def synthetic_matches(value: int, topic: str, queue: int) -> bool:
-    return value >> 40 == zlib.crc32(topic.encode()) & 0xFFF and (value >> 32) & 0xFF == queue & 0xFF
+    return value >> _SYN_OFFSET_BITS == synthetic_offset(topic, queue, 0) >> _SYN_OFFSET_BITS
+
+
+def synthetic_queue_offset(value: int) -> int:
+    """The queue offset a synthetic value names (exact below 2**29 records per queue)."""
+    return value & ((1 << _SYN_OFFSET_BITS) - 1)
 
 
 def decompress(codec: int, data: bytes) -> bytes:

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Iterable
 
 from mqk.config import BrokerConfig
 from mqk.errors import ShardExists, StorageError, UnknownShard
@@ -27,7 +27,7 @@ from mqk.protocol.native.codes import (
     RETRY_GROUP_TOPIC_PREFIX,
 )
 from mqk.protocol.native.message import MessageExt
-from mqk.protocol.native.records import batch_to_messages, synthetic_matches
+from mqk.protocol.native.records import batch_to_messages, synthetic_matches, synthetic_queue_offset
 
 log = logging.getLogger("mqk.native")
 
@@ -107,16 +107,22 @@ class BrokerContext:
         if len(locations) > LOCATION_CACHE_SIZE:
             locations.popitem(last=False)
 
-    async def resolve(self, commit_offset: int) -> MessageExt | None:
-        """The message a commit-log offset names, or None."""
+    async def resolve(self, commit_offset: int, topics: Iterable[str] | None = None) -> MessageExt | None:
+        """The message a commit-log offset names, or None. `topics`, when given, are the only topics it may be in
+        (a send-back names the original topic; the message may also sit in the group's retry topic): the cache
+        and the synthetic form can both collide across topics, the topic cannot."""
+        allowed = None if topics is None else set(topics)
+        candidates: list[tuple[str, int, int]] = []
         where = self._locations.get(commit_offset)
-        candidates: list[tuple[str, int, int]] = [where] if where else []
-        if not candidates:
-            offset = commit_offset & 0xFFFFFFFF
-            for topic, info in self.store.topics().items():
-                for queue in range(info.queue_count):
-                    if synthetic_matches(commit_offset, topic, queue):
-                        candidates.append((topic, queue, offset))
+        if where is not None and (allowed is None or where[0] in allowed):
+            candidates.append(where)
+        offset = synthetic_queue_offset(commit_offset)
+        for topic, info in self.store.topics().items():
+            if allowed is not None and topic not in allowed:
+                continue
+            for queue in range(info.queue_count):
+                if synthetic_matches(commit_offset, topic, queue) and (topic, queue, offset) not in candidates:
+                    candidates.append((topic, queue, offset))
         for topic, queue, offset in candidates:
             for msg in await self.read_messages(topic, queue, offset, 1):
                 if msg.queue_offset == offset and msg.commit_log_offset == commit_offset:

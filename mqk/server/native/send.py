@@ -189,7 +189,9 @@ class SendProcessor:
         if max_times is None:
             max_times = DEFAULT_MAX_RECONSUME_TIMES
         assert commit_offset is not None
-        msg = await self.ctx.resolve(commit_offset)
+        origin_topic = cmd.get_str("originTopic")
+        hint = None if not origin_topic else {origin_topic, RETRY_GROUP_TOPIC_PREFIX + group}
+        msg = await self.ctx.resolve(commit_offset, hint)
         if msg is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {commit_offset}")
         props = dict(msg.properties)
