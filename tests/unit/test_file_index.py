@@ -3,6 +3,7 @@ record keys on `index.keys` topics, torn-tail recovery, and restarts that re-rea
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import shutil
 import struct
 from pathlib import Path
@@ -209,6 +210,9 @@ def test_batch_keys_reads_headers_and_record_keys() -> None:
     assert batch_keys(msg(b"v", None, record_key=b"rk"), False) == set()
     assert batch_keys(kafka_batch([(b"x", b"1"), (b"y", b"2")]), True) == {b"x", b"y"}
     assert batch_keys(b"\x00" * 10, True) == set()  # undecodable: no keys, no crash
+    recs = b"".join(rb.encode_record(i, 0, b"gz%d" % i, b"v", []) for i in range(3))
+    gzipped = rb.build_batch(0, 1000, 1000, gzip.compress(recs), 3, 2, attributes=1)
+    assert batch_keys(gzipped, True) == {b"gz0", b"gz1", b"gz2"}  # compressed Kafka batches too
 
 
 # --- restart and recovery -----------------------------------------------------------------------------------
