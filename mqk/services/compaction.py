@@ -192,6 +192,11 @@ def filter_batches(batches: list[StoredBatch], offset_map: OffsetMap, tombstone_
     return out
 
 
+def _next_offset(data: Any) -> int:
+    header = recbatch.parse_header(data, 0)
+    return header[0] + header[6] + 1
+
+
 # --- the service ------------------------------------------------------------------------------------------------
 
 
@@ -385,8 +390,13 @@ class CompactionService:
                 if size >= CHUNK_BYTES:
                     break
             chunk_end = chunk[taken - 1].next_offset
+            # retention (DeleteRecords, compact,delete) may have moved the log start while we worked: batches
+            # wholly below it are gone and must not come back
+            log_start = engine.log_start_offset(topic, queue)
+            if log_start > chunk[0].base_offset:
+                rewritten = [b for b in rewritten if _next_offset(b) > log_start]
             await engine.replace_range(topic, queue, chunk[0].base_offset, chunk_end, rewritten)
-            offset = chunk_end
+            offset = max(chunk_end, engine.log_start_offset(topic, queue))
         stats.seconds = time.perf_counter() - t0
         return upto, stats
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ from mqk.errors import StorageFull
 from mqk.store.adapter import PutContext
 
 log = logging.getLogger("mqk.diskguard")
+
+#: while the disk stays full, retention runs again after this long
+RETRY_SECONDS = 2.0
 
 
 def used_ratio(path: Path) -> float:
@@ -54,6 +58,7 @@ class DiskGuard:
         self.ratio = 0.0
         self.refused = 0  #: appends refused since start
         self._task: asyncio.Task | None = None
+        self._last_pass = 0.0
 
     async def start(self) -> "DiskGuard":
         if not getattr(self.store, "persistent", True) or self._task is not None:
@@ -96,10 +101,13 @@ class DiskGuard:
                       self.ratio * 100, self.max_ratio * 100)
         elif self.full and not full:
             log.warning("disk %.1f%% used: accepting appends again", self.ratio * 100)
-        self.full = full
-        if full:
+        was_full, self.full = self.full, full
+        # retention at once when the disk fills, then at most every RETRY_SECONDS while it stays full (a pass
+        # walks every topic; one that frees nothing should not run every second)
+        if full and (not was_full or time.monotonic() - self._last_pass >= RETRY_SECONDS):
+            self._last_pass = time.monotonic()
             await self._free_space()
-        return full
+        return self.full
 
     async def _free_space(self) -> None:
         retention = self.retention
