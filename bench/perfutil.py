@@ -51,8 +51,8 @@ class Broker:
 
         self._tmp = None
         if data_dir is None:
-            # Under the repository, not /tmp, so the store sits on the same disk `dd` is measured on.
-            self._tmp = tempfile.TemporaryDirectory(prefix="mqk-bench-", dir=REPO)
+            # `dd` comparisons write next to the store (kafka_suite.py), so both measure the same disk.
+            self._tmp = tempfile.TemporaryDirectory(prefix="mqk-bench-")
             data_dir = self._tmp.name
         self.data_dir = Path(data_dir)
         self.process = BrokerProcess(self.data_dir / "data", storage=storage, extra_args=tuple(extra_args))

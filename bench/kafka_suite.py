@@ -1,0 +1,158 @@
+"""The benchmark list of the Kafka-wire issue, in one run against one freshly started file-store broker:
+
+    python bench/kafka_suite.py                # defaults: 1,000,000 x 100 B, 200,000 x 1 KiB, native too
+    python bench/kafka_suite.py --quick        # a smoke run with small counts
+
+1. ingest of 100 B records into 1 partition, acks=1 and acks=all: records/s, MB/s, broker CPU s per million records;
+2. ingest of 1 KiB records: MB/s, beside `dd` writing the same number of bytes (buffered, no fsync) next to the
+   store on the same disk;
+3. consume of the 100 B topic: records/s;
+4. end-to-end latency p50/p99 at half of the acks=1 ingest rate, and at 1,000 records/s;
+5. ingest into 1,000 partitions (records sent round-robin) against 1 partition: a first pass (which pays for
+   creating 1,000 queues' files) and a second pass into the same, now existing partitions;
+6. the native (remoting) figures of bench/native_perf.py from the same run, for comparison.
+Each figure is printed as its tool prints it, then a summary with the issue's goals. The clients are Python
+(confluent-kafka / librdkafka, mqk.client) sharing the machine with the broker, so where the client is the limit
+the broker's CPU per record is the figure that speaks for the broker.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import consumer_perf
+import e2e_latency
+import native_perf
+import perfutil
+import producer_perf
+
+
+def _produce(broker: perfutil.Broker, name: str, records: int, size: int, acks: str, partitions: int = 1,
+             sample_every: int = 100, topic: str | None = None) -> dict[str, Any]:
+    if topic is None:
+        topic = f"suite-{name}-{uuid.uuid4().hex[:6]}"
+        perfutil.create_topic(broker.bootstrap, topic, partitions)
+    cpu0 = broker.cpu_seconds()
+    print(f"\n== {name}: {records} x {size} B, {partitions} partition(s), acks={acks}", flush=True)
+    r = producer_perf.run(broker.bootstrap, topic, records, size, producer_props={"acks": acks},
+                          partitions=partitions, sample_every=sample_every)
+    r["cpu_s"] = broker.cpu_seconds() - cpu0
+    r["cpu_s_per_million"] = r["cpu_s"] / records * 1e6
+    r["topic"] = topic
+    print(f"broker cpu: {r['cpu_s']:.2f} s, {r['cpu_s_per_million']:.2f} s per million records", flush=True)
+    return r
+
+
+def _dd(directory: str, nbytes: int) -> float:
+    """MB/s of a buffered `dd` write of `nbytes` in 1 MiB blocks (what the store's own writes go through too)."""
+    target = f"{directory}/dd-{uuid.uuid4().hex[:6]}.bin"
+    count = max(1, nbytes // 1048576)
+    proc = subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={count}"],
+                          capture_output=True, text=True, check=True)
+    subprocess.run(["rm", "-f", target], check=True)
+    # "... bytes (...) copied, 0.25 s, 840 MB/s" -- recompute from bytes and seconds to avoid unit parsing.
+    m = re.search(r"(\d+) bytes.*copied, ([\d.,]+) s", proc.stderr)
+    if not m:
+        raise RuntimeError(f"cannot read dd's output: {proc.stderr}")
+    return int(m.group(1)) / float(m.group(2).replace(",", ".")) / 1048576
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", type=int, default=1_000_000, help="100 B records per ingest run")
+    p.add_argument("--records-1k", type=int, default=200_000, help="1 KiB records for the dd comparison")
+    p.add_argument("--partition-records", type=int, default=500_000, help="records for the 1 vs 1,000 partitions runs")
+    p.add_argument("--e2e-seconds", type=float, default=5.0)
+    p.add_argument("--native-messages", type=int, default=20_000)
+    p.add_argument("--native-delayed", type=int, default=10_000)
+    p.add_argument("--no-native", action="store_true")
+    p.add_argument("--storage", default="file", choices=("file", "memory", "rocksdb"))
+    p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.records, args.records_1k, args.partition_records = 100_000, 20_000, 50_000
+        args.e2e_seconds, args.native_messages, args.native_delayed = 2.0, 2_000, 1_000
+
+    results: dict[str, Any] = {}
+    with perfutil.Broker(args.storage) as broker:
+        print(f"broker pid {broker.process.proc.pid}, {args.storage} store in {broker.data_dir}", flush=True)
+        results["acks1"] = _produce(broker, "100B-acks1", args.records, 100, "1")
+        results["acksall"] = _produce(broker, "100B-acksall", args.records, 100, "all")
+
+        results["1k"] = _produce(broker, "1KiB-acks1", args.records_1k, 1024, "1", sample_every=10)
+        results["dd_mb_s"] = _dd(str(broker.data_dir), args.records_1k * 1024)
+        print(f"dd buffered write of the same {args.records_1k * 1024 / 1048576:.0f} MiB: "
+              f"{results['dd_mb_s']:.1f} MB/sec", flush=True)
+
+        print(f"\n== consume {args.records} x 100 B", flush=True)
+        cpu0 = broker.cpu_seconds()
+        results["consume"] = consumer_perf.run(broker.bootstrap, results["acks1"]["topic"], args.records)
+        results["consume"]["cpu_s"] = broker.cpu_seconds() - cpu0
+        print(f"broker cpu: {results['consume']['cpu_s']:.2f} s", flush=True)
+
+        rate = max(100.0, results["acks1"]["records_per_s"] / 2)
+        print(f"\n== end-to-end latency at half the acks=1 ingest rate ({rate:.0f} records/s)", flush=True)
+        e2e_topic = f"suite-e2e-{uuid.uuid4().hex[:6]}"
+        perfutil.create_topic(broker.bootstrap, e2e_topic, 1)
+        # linger.ms=1: batching like the ingest runs (which used 5) costs at most 1 ms of the budget.
+        results["e2e"] = e2e_latency.run(broker.bootstrap, e2e_topic, rate, args.e2e_seconds, 100,
+                                         producer_props={"linger.ms": "1"})
+        print("== end-to-end latency at 1,000 records/s (the broker's floor, machine not saturated)", flush=True)
+        results["e2e_low"] = e2e_latency.run(broker.bootstrap, e2e_topic, 1000, args.e2e_seconds, 100)
+
+        results["p1"] = _produce(broker, "partitions-1", args.partition_records, 100, "1")
+        results["p1000_first"] = _produce(broker, "partitions-1000", args.partition_records, 100, "1",
+                                          partitions=1000)
+        results["p1000"] = _produce(broker, "partitions-1000-again", args.partition_records, 100, "1",
+                                    partitions=1000, topic=results["p1000_first"]["topic"])
+
+        if not args.no_native:
+            print("\n== native (remoting) path", flush=True)
+            results["native"] = asyncio.run(native_perf.run(
+                broker.namesrv, args.native_messages, 100, 64, 4, 16, args.native_delayed, 10.0,
+                broker.cpu_seconds))
+
+    a1, aa, k1 = results["acks1"], results["acksall"], results["1k"]
+    cons, e2e = results["consume"], results["e2e"]
+    ratio_dd = k1["mb_per_s"] / results["dd_mb_s"]
+    ratio_p = results["p1000"]["records_per_s"] / results["p1"]["records_per_s"]
+    us_per_record = a1["cpu_s_per_million"]  # s per million == us per record
+    print("\n== summary (issue goals in brackets)")
+    print(f"ingest 100 B acks=1   : {a1['records_per_s']:,.0f} records/s, {a1['mb_per_s']:.1f} MB/s, broker "
+          f"{a1['cpu_s_per_million']:.2f} s CPU per million records [>= 1.5 M/s, or <= 0.5 us CPU per record: "
+          f"{'met' if a1['records_per_s'] >= 1.5e6 or us_per_record <= 0.5 else 'NOT met'}]")
+    print(f"ingest 100 B acks=all : {aa['records_per_s']:,.0f} records/s, {aa['mb_per_s']:.1f} MB/s, broker "
+          f"{aa['cpu_s_per_million']:.2f} s CPU per million records")
+    print(f"ingest 1 KiB          : {k1['mb_per_s']:.1f} MB/s vs dd {results['dd_mb_s']:.1f} MB/s = "
+          f"{ratio_dd:.0%} [>= 70%: {'met' if ratio_dd >= 0.7 else 'NOT met'}]")
+    print(f"consume 100 B         : {cons['messages_per_s']:,.0f} records/s ({cons['fetch_messages_per_s']:,.0f} "
+          f"after the rebalance), broker {cons['cpu_s']:.2f} s CPU "
+          f"[>= 2 M/s: {'met' if cons['fetch_messages_per_s'] >= 2e6 else 'NOT met'}]")
+    print(f"e2e at {e2e['rate']:,.0f} records/s  : p50 {e2e['p50_ms']:.2f} ms, p99 {e2e['p99_ms']:.2f} ms "
+          f"[p99 <= 5 ms: {'met' if e2e['p99_ms'] <= 5 else 'NOT met'}]")
+    low = results["e2e_low"]
+    print(f"e2e at 1,000 records/s: p50 {low['p50_ms']:.2f} ms, p99 {low['p99_ms']:.2f} ms")
+    first = results["p1000_first"]
+    print(f"1,000 vs 1 partition  : {results['p1000']['records_per_s']:,.0f} vs {results['p1']['records_per_s']:,.0f}"
+          f" records/s = {ratio_p:.0%} [>= 80%: {'met' if ratio_p >= 0.8 else 'NOT met'}]; first pass into the new "
+          f"partitions {first['records_per_s']:,.0f} records/s, broker {first['cpu_s']:.1f} s CPU")
+    if "native" in results:
+        n = results["native"]
+        print(f"native send-1 / batch / pull: {n['send1']['count'] / n['send1']['elapsed']:,.0f} / "
+              f"{n['batch']['count'] / n['batch']['elapsed']:,.0f} / {n['pull']['count'] / n['pull']['elapsed']:,.0f}"
+              f" records/s" + (f"; delayed {n['delayed']['delivered']}/{n['delayed']['count']} delivered, lateness "
+                               f"p99 {n['delayed']['p99']:.0f} ms" if "delayed" in n else ""))
+    print(f"(run finished {time.strftime('%Y-%m-%d %H:%M:%S')}; clients and broker share this machine's "
+          f"{len(os.sched_getaffinity(0))} CPUs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
