@@ -1,7 +1,8 @@
 """One store, two protocols: what a RocketMQ client sends a Kafka client reads, and the other way round, at the
-same offsets. The RocketMQ side is ali-ons (compat/js/ons.js); the Kafka side is confluent-kafka."""
+same offsets. The RocketMQ side is ali-ons (compat/js/ons.js) or mqk.client; the Kafka side is confluent-kafka."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -87,7 +88,7 @@ def test_kafka_record_pulled_over_remoting(bootstrap: str, namesrv: str, topic: 
 def test_offsets_agree_when_both_protocols_write(bootstrap: str, namesrv: str, topic: str) -> None:
     create_topic(bootstrap, topic, 1)
     assert kafka_produce(bootstrap, topic, [{"value": b"k0"}, {"value": b"k1"}]) == [0, 1]
-    sent = ons_produce(namesrv, [{"topic": topic, "tags": "M", "body": "r2"}, {"topic": topic, "tags": "M", "body": "r3"}])
+    sent = ons_produce(namesrv, [{"topic": topic, "tags": "M", "body": body} for body in ("r2", "r3")])
     assert [r["queueOffset"] for r in sent] == [2, 3]
     assert kafka_produce(bootstrap, topic, [{"value": b"k4"}]) == [4]
     got = kafka_read(bootstrap, topic, 5)
@@ -97,3 +98,46 @@ def test_offsets_agree_when_both_protocols_write(bootstrap: str, namesrv: str, t
         assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 5)
     finally:
         consumer.close()
+
+
+# The same two directions with mqk's own native client (mqk.client) on the RocketMQ side.
+
+
+async def test_native_client_message_read_by_kafka_client(bootstrap: str, namesrv: str, topic: str) -> None:
+    from mqk.client import Message, Producer
+
+    create_topic(bootstrap, topic, 1)
+    async with Producer(namesrv, group=unique("x-native-prod")) as producer:
+        single = await producer.send(Message(topic, b"native one", tags="T1", keys=["nk1", "nk2"],
+                                             properties={"origin": "mqk.client"}))
+        batch = await producer.send_batch([Message(topic, f"native batch {i}".encode(), keys=[f"b{i}"])
+                                           for i in range(3)], queue_id=0)
+    assert single.queue_offset == 0 and batch.queue_offset == 1
+    got = await asyncio.to_thread(kafka_read, bootstrap, topic, 4)
+    assert [m.offset() for m in got] == [0, 1, 2, 3]
+    assert (got[0].key(), got[0].value()) == (b"nk1", b"native one")
+    headers = dict(got[0].headers() or [])
+    assert headers.get("origin") == b"mqk.client" and headers.get("TAGS") == b"T1"
+    assert [(m.key(), m.value()) for m in got[1:]] == [(f"b{i}".encode(), f"native batch {i}".encode())
+                                                      for i in range(3)]
+
+
+async def test_kafka_record_pulled_by_native_client(bootstrap: str, namesrv: str, topic: str) -> None:
+    from mqk.client import PullConsumer
+
+    create_topic(bootstrap, topic, 1)
+    offsets = await asyncio.to_thread(kafka_produce, bootstrap, topic, [
+        {"key": b"kafka-key", "value": f"kafka {i}".encode(), "headers": [("h", f"v{i}".encode())]}
+        for i in range(4)
+    ])
+    assert offsets == [0, 1, 2, 3]
+    async with PullConsumer(namesrv, group=unique("x-native-pull")) as consumer:
+        (mq,) = await consumer.queues(topic)
+        assert await consumer.max_offset(mq) == 4
+        result = await consumer.pull(mq, 1, max_nums=32)
+    assert [m.queue_offset for m in result.messages] == [1, 2, 3]
+    assert result.next_offset == 4
+    for i, m in zip(range(1, 4), result.messages):
+        assert m.body == f"kafka {i}".encode()
+        assert m.properties["h"] == f"v{i}"
+        assert m.keys == ["kafka-key"]
