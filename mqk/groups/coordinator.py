@@ -551,8 +551,9 @@ class GroupCoordinator:
         member.session_timer = None
         if group.members.get(member.member_id) is not member:
             return
-        if member.join_future is not None or member.sync_future is not None:
-            # a member parked in JoinGroup / SyncGroup is alive; the rebalance timeout governs it
+        if _waiting(member.join_future) or _waiting(member.sync_future):
+            # a member parked in JoinGroup / SyncGroup is alive; the rebalance timeout governs it (a future
+            # cancelled because the member's connection dropped does not count)
             self._heartbeat_ok(group, member)
             return
         log.info("group %s: member %s session expired", group.group_id, member.member_id)
@@ -750,6 +751,10 @@ class GroupCoordinator:
             except Exception as exc:  # noqa: BLE001
                 return errors.kafka_code_for(exc), {}
         return NONE, result
+
+
+def _waiting(future: asyncio.Future | None) -> bool:
+    return future is not None and not future.done()
 
 
 def _resolve(future: asyncio.Future | None, value: Any) -> None:

@@ -284,3 +284,19 @@ def test_parse_consumer_subscription():
     assert parse_consumer_subscription(subscription("a", "bc")) == ["a", "bc"]
     assert parse_consumer_subscription(b"\x00") is None
     assert parse_consumer_subscription(struct.pack(">hi", 0, 5)) is None
+
+
+async def test_member_whose_sync_was_abandoned_still_expires(coord):
+    a = await join_new(coord, session=60)
+    b_first = await join(coord, session=60)
+    b_task = asyncio.create_task(join(coord, b_first.member_id, session=60))
+    await asyncio.sleep(0)
+    await join(coord, a.member_id, session=60)
+    b = await b_task
+    follower = b if b.member_id != b.leader else a
+    # the follower waits in SyncGroup, then its connection drops (the request task is cancelled)
+    waiting = asyncio.create_task(coord.sync("g", 2, follower.member_id, {}))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    await asyncio.sleep(0.2)  # nobody heartbeats: both sessions expire
+    assert coord.groups["g"].state == EMPTY and not coord.groups["g"].members
