@@ -130,7 +130,7 @@ class RemotingCommand:
 def stringify_fields(fields: dict[str, Any]) -> dict[str, str]:
     """ext fields are strings on the wire; JS clients send numbers and booleans, Java sends `true`/`false`."""
     if all(type(v) is str for v in fields.values()):  # the common case (Java clients, our own strings)
-        return {str(k): v for k, v in fields.items()}
+        return fields if all(type(k) is str for k in fields) else {str(k): v for k, v in fields.items()}
     out: dict[str, str] = {}
     for key, value in fields.items():
         if value is None:

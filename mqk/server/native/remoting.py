@@ -22,6 +22,7 @@ log = logging.getLogger("mqk.native")
 
 MAX_INFLIGHT = 256
 _READ_CHUNK = 256 * 1024
+_HIGH_WATER = 1024 * 1024
 
 
 class Connection:
@@ -38,13 +39,29 @@ class Connection:
         self.closed = False
         self.on_close: list[Callable[["Connection"], None]] = []
         self._opaque = itertools.count(1 << 30)
+        self._pending: list[bytes] = []
 
     async def send(self, cmd: RemotingCommand) -> None:
+        """Queue a frame; frames queued during one loop iteration leave in one write (one syscall, one wake-up
+        of the client) instead of one each. Waits for the socket to drain only above the high-water mark."""
         if self.closed:
             return
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(cmd.encode())
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() > _HIGH_WATER:
+            try:
+                await self.writer.drain()
+            except (ConnectionError, RuntimeError):
+                self.closed = True
+
+    def _flush(self) -> None:
+        data, self._pending = self._pending, []
+        if self.closed or not data:
+            return
         try:
-            self.writer.write(cmd.encode())
-            await self.writer.drain()
+            self.writer.write(data[0] if len(data) == 1 else b"".join(data))
         except (ConnectionError, RuntimeError):
             self.closed = True
 
