@@ -3,7 +3,8 @@
 For each flush mode (`async`, `sync`) it appends `--size` bytes of record batches (16 KiB batches of 1 KiB records
 by default) to a fresh FileEngine, scans them back by offset, and times random timestamp lookups. Beside each mode
 it runs a dd-style raw write of the same number of bytes, in the same batch-sized chunks, to the same directory:
-buffered (like `dd bs=16k`), and with one fdatasync at the end (like `dd conv=fdatasync`) for the sync mode.
+buffered (like `dd bs=16k`), and with one fdatasync at the end (like `dd conv=fdatasync`) for the sync mode, once
+just before and once just after the store run, and compares with their mean (the machine may be shared).
 
 `sync` appends come from `--writers` concurrent producers (group commit: one fsync serves everyone waiting), which
 is how a broker under load sees them; a lone synchronous producer pays one fsync per batch.
@@ -184,14 +185,18 @@ def main() -> None:
         print(f"store_bench: {n} batches of {len(batch)} bytes ({total / MB:.0f} MiB) in {base.resolve()}, "
               f"_fast={'compiled' if compiled('clentry') else 'twin'}")
         for mode in args.modes.split(","):
-            raw = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
+            # raw write before and after the store run, averaged: on a shared machine the disk and CPUs drift
+            raw_before = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
             r = asyncio.run(run_mode(mode, base, batch, n, args.writers, args.lookups, parse_size(args.segment)))
+            raw_after = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
+            raw = (raw_before + raw_after) / 2
             raw_label = "raw write+fdatasync" if mode == "sync" else "raw buffered write"
             raw_mbs = total / MB / raw
             app_mbs = total / MB / r["append"]
             extra = (f", {args.writers} writers, {r['fsyncs']} fsyncs taking {r['fsync_s']:.2f} s"
                      if mode == "sync" else "")
-            print(f"[{mode}] append   {rate(total, n, r['append'])} | {raw_label} {raw_mbs:8.1f} MB/s | "
+            print(f"[{mode}] append   {rate(total, n, r['append'])} | {raw_label} {raw_mbs:8.1f} MB/s "
+                  f"(before {total / MB / raw_before:.0f}, after {total / MB / raw_after:.0f}) | "
                   f"ratio {app_mbs / raw_mbs:5.2f}{extra}")
             print(f"[{mode}] read     {rate(r['read_bytes'], r['read_batches'], r['read'])} | {raw_label} "
                   f"{raw_mbs:8.1f} MB/s | ratio {r['read_bytes'] / MB / r['read'] / raw_mbs:5.2f}")
