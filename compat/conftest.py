@@ -72,8 +72,12 @@ def file_broker(tmp_path: Path) -> Iterator[Any]:
     Its listeners are on fixed free ports (the flags after BrokerProcess's port-0 ones win), so `restart()` comes
     back on the same addresses and a client that lived through the restart (idempotent producer) reconnects."""
     ports = [free_port() for _ in range(3)]
-    fixed = ("--kafka-listen", f"127.0.0.1:{ports[0]}", "--native-listen", f"127.0.0.1:{ports[1]}",
-             "--namesrv-listen", f"127.0.0.1:{ports[2]}")
+    # Small segments and ConsumeQueue files (like mqk_file_broker's): tests write little, and a start scans and
+    # maps whole segments.
+    config = tmp_path / "broker.toml"
+    config.write_text("[store]\ncommitlog_segment_bytes = 16777216\ncq_units_per_file = 10000\n")
+    fixed = ("--config", str(config), "--kafka-listen", f"127.0.0.1:{ports[0]}",
+             "--native-listen", f"127.0.0.1:{ports[1]}", "--namesrv-listen", f"127.0.0.1:{ports[2]}")
     broker = start_broker(tmp_path / "data", "file", fixed)
     yield broker
     stop_broker(broker)
