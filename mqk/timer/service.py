@@ -12,10 +12,11 @@ real topic and queue, with their tags code and keys. Its own re-appends are reco
 the hook untouched.
 
 Restart without loss or duplicates: the state document `timer` (store.save_state: atomic + fsync) holds `floor`
-(every timer offset below it is delivered), `done` (delivered offsets above the floor) and `intent` (offsets being
-delivered, with the real queue's end offset before the append). Intent is saved before a burst of re-appends and
-`done` after it; at start, each intent is settled by looking for its batch (same CRC and length) in the real queue
-after the recorded end offset, and the schedule is rebuilt by re-reading the timer topic from the floor.
+(every timer offset below it is delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the
+burst being delivered: offsets with their real queue's end offset before the appends). The intent is saved before a
+burst's re-appends and `done` after them (the next burst's save, or a stop cutting a burst short, carries it); at
+start each open intent is settled by looking for its batch (same length and CRC) in its real queue after the
+recorded end offset, and the schedule is rebuilt by re-reading the timer topic from the floor.
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class TimerService:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.delivered = 0
+        self._intent: dict[str, list] = {}  # the delivery burst in progress (saved before its appends)
 
     # --- life cycle --------------------------------------------------------------------------------------------
 
@@ -92,7 +94,8 @@ class TimerService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        await self._save()
+        # a burst cut short keeps its intent: whether its last append landed is settled at the next start
+        await self._save(self._intent)
 
     @property
     def pending(self) -> int:
@@ -200,6 +203,7 @@ class TimerService:
                 intent[str(offset)] = [w.topic, w.queue, self.store.end_offset(w.topic, w.queue)]
             except UnknownShard:
                 intent[str(offset)] = [w.topic, w.queue, -1]
+        self._intent = intent
         await self._save(intent)
         # batches for one queue with one tags code and no keys share an append call (order within a queue kept)
         groups: dict[tuple, list[tuple[int, Waiting]]] = {}
@@ -224,6 +228,7 @@ class TimerService:
                     self._mark_done(offset)
         for item in due:
             self._schedule.discard(item)
+        self._intent = {}
         if not self._schedule or self._schedule[0][0] > now_ms():
             await self._save()  # else the next burst's intent save records this burst as done, one fsync less
 
@@ -257,6 +262,8 @@ class TimerService:
         recbatch = load("recbatch")
         by_queue: dict[tuple[str, int], list[tuple[int, int, Waiting]]] = {}
         for key, (topic, queue, end_before) in intent.items():
+            if int(key) < self._floor or int(key) in self._done:
+                continue  # its append was recorded as done before the stop
             waiting = await self._load(int(key))
             if waiting is not None and int(end_before) >= 0:
                 by_queue.setdefault((topic, int(queue)), []).append((int(key), int(end_before), waiting))
