@@ -93,8 +93,12 @@ def _check(records: list[tuple[int, bytes, bytes | None]], latest: dict[bytes, b
     assert seen == latest
 
 
-def test_consumers_see_latest_values_during_and_after_compaction(mqk_broker) -> None:
-    broker = mqk_broker
+@pytest.fixture(params=["memory", "file"])
+def broker(request: pytest.FixtureRequest):
+    return request.getfixturevalue("mqk_broker" if request.param == "memory" else "mqk_file_broker")
+
+
+def test_consumers_see_latest_values_during_and_after_compaction(broker) -> None:
     latest = _setup(broker)
     end = broker.store.end_offset(TOPIC, 0)
     assert end == KEYS * ROUNDS

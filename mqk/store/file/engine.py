@@ -49,6 +49,7 @@ from mqk.errors import (
 from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
 from mqk.store.file.checkpoint import AbortMarker, Checkpoint
 from mqk.store.file.commitlog import BLANK_MIN, FIXED, CommitLog
+from mqk.store.file.compactlog import CompactLog, open_compacted
 from mqk.store.file.consumequeue import UNIT, ConsumeQueue
 from mqk.store.file.dispatch import ReputMessageService
 from mqk.store.file.flush import FlushService
@@ -175,6 +176,8 @@ class FileEngine(StorageAdapter):
         self._running = False  # started and not closed: appends accepted
         self._sync = config.flush_mode == "sync"
         self._disk_full = False
+        #: compacted shards' prefixes (mqk.store.file.compactlog): reads below their `upto` are served from there
+        self._compacted: dict[tuple[str, int], CompactLog] = {}
         #: what the last recovery found, for tests and operators
         self.recovery_report: dict = {}
 
@@ -187,6 +190,7 @@ class FileEngine(StorageAdapter):
         (self.root / "consumequeue").mkdir(exist_ok=True)
         await asyncio.to_thread(self._recover)
         await asyncio.to_thread(self.index.recover, self.clog, self._shards)
+        self._compacted = await asyncio.to_thread(open_compacted, self.root, list(self._shards))
         from mqk.store.offsets import FileOffsetStore
 
         self.offsets = FileOffsetStore(self.root / "offsets")
@@ -221,6 +225,8 @@ class FileEngine(StorageAdapter):
             self._io.shutdown(wait=True)
             for shard in self._shards.values():
                 shard.cq.close()
+            for compacted in self._compacted.values():
+                compacted.close()
             self.index.close()
             self.clog.close()
         self.abort.remove()
@@ -422,8 +428,12 @@ class FileEngine(StorageAdapter):
             if shard is not None:
                 self._dirty_cqs.discard(shard.cq)
                 shard.cq.close()
+            compacted = self._compacted.pop((topic, q), None)
+            if compacted is not None:
+                compacted.close()
         await self._save_meta()
         await asyncio.to_thread(shutil.rmtree, self.root / "consumequeue" / topic, True)
+        await asyncio.to_thread(shutil.rmtree, self.root / "compaction" / topic, True)
 
     def list_shards(self) -> dict[str, int]:
         return {name: meta["queues"] for name, meta in self._topics.items()}
@@ -577,10 +587,18 @@ class FileEngine(StorageAdapter):
         batches: list[StoredBatch] = []
         if offset == end:
             return ReadResult(batches, start, end)
+        total = 0
+        if self._compacted:
+            compacted = self._compacted.get((topic, queue))
+            if compacted is not None and offset < compacted.upto:  # a compacted prefix answers below its upto
+                batches = compacted.read(offset, max_bytes)
+                total = sum(len(b.data) for b in batches)
+                offset = compacted.upto
+                if total >= max_bytes or offset >= end:
+                    return ReadResult(batches, start, end)
         view = self.clog.body_view
         fixed = shard.fixed
         tlen = len(shard.topic_b)
-        total = 0
         for phys, size, count, tags, store_ts, _running_max, base in self._units_from(cq, cq.search_offset(offset)):
             n = size - fixed
             if batches and total + n > max_bytes:
@@ -604,7 +622,13 @@ class FileEngine(StorageAdapter):
         batches: list[StoredBatch] = []
         if offset == end or max_batches <= 0 or not wanted:
             return ReadResult(batches, start, end)
+        compacted = self._compacted.get((topic, queue)) if self._compacted else None
+        if compacted is not None and offset < compacted.upto:
+            batches = compacted.read(offset, 1 << 62, wanted, max_batches)
+            offset = compacted.upto
         for unit in self._units_from(cq, cq.search_offset(offset)):
+            if len(batches) >= max_batches:
+                break
             if unit[3] in wanted:
                 batches.append(self._batch(shard, unit))
                 if len(batches) >= max_batches:
@@ -630,6 +654,12 @@ class FileEngine(StorageAdapter):
         await self._save_meta()
         return shard.log_start
 
+    async def replace_range(self, topic: str, queue: int, start: int, end: int, batches: Sequence[Buffer]) -> None:
+        """Compaction's rewrite: into the shard's own compaction log (compactlog.py), never the shared CommitLog."""
+        from mqk.store.file.compactlog import replace_range
+
+        await replace_range(self, self._shard(topic, queue), start, end, batches)
+
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self._shard(topic, queue).log_start
 
@@ -643,7 +673,16 @@ class FileEngine(StorageAdapter):
         cq = shard.cq
         if shard.log_start >= cq.end_offset:
             return None
-        first = max(cq.search_timestamp(timestamp), cq.search_offset(shard.log_start))
+        floor = shard.log_start
+        compacted = self._compacted.get((topic, queue)) if self._compacted else None
+        if compacted is not None and floor < compacted.upto:  # below upto the compacted prefix answers
+            found = compacted.offset_for_timestamp(timestamp, floor)
+            if found is not None:
+                return found
+            floor = compacted.upto
+            if floor >= cq.end_offset:
+                return None
+        first = max(cq.search_timestamp(timestamp), cq.search_offset(floor))
         view = self.clog.body_view
         tlen = len(shard.topic_b)
         for unit in self._units_from(cq, first):
@@ -667,6 +706,17 @@ class FileEngine(StorageAdapter):
             return found
         # the record holding the maximum lies before the log start: the largest among what remains
         best = None
+        if (topic, queue) in self._compacted:  # part of it lives in the compacted prefix: walk through read()
+            offset = shard.log_start
+            while offset < cq.end_offset:
+                result = await self.read(topic, queue, offset, 1 << 20)
+                if not result.batches:
+                    break
+                for batch in result.batches:
+                    if best is None or batch.max_timestamp > best[1]:
+                        best = first_record_at_or_after(batch.data, batch.max_timestamp, shard.log_start) or best
+                offset = result.batches[-1].next_offset
+            return best
         for unit in self._units_from(cq, cq.search_offset(shard.log_start)):
             batch = self._batch(shard, unit)
             if best is None or batch.max_timestamp > best[1]:

@@ -47,12 +47,17 @@ def _disk_bytes(mf: MappedFile) -> int:
         return 0
 
 
-def _first_live_unit(shard: Shard) -> int:
-    """Index of the unit holding the shard's log start, or the queue's max unit when nothing is readable."""
+def _first_live_unit(shard: Shard, engine: FileEngine | None = None) -> int:
+    """Index of the unit holding the shard's log start (or, for a compacted shard, its compacted prefix's end:
+    the units below it are served from the compaction log), or the queue's max unit when nothing is readable."""
     cq = shard.cq
-    if shard.log_start >= cq.end_offset or len(cq) == 0:
+    floor = shard.log_start
+    compacted = engine._compacted.get((shard.topic, shard.queue)) if engine is not None else None
+    if compacted is not None:
+        floor = max(floor, compacted.upto)
+    if floor >= cq.end_offset or len(cq) == 0:
         return cq.max_unit
-    return max(cq.search_offset(shard.log_start), cq.min_unit)
+    return max(cq.search_offset(floor), cq.min_unit)
 
 
 def _first_unit_at_phys(shard: Shard, lo: int, phys: int) -> int:
@@ -118,7 +123,7 @@ async def reclaim(engine: FileEngine, now_ms: int | None = None, reserved_ms: in
             forced = mf.end_offset
     if forced > clog.min_offset:
         for shard in shards:
-            first = _first_live_unit(shard)
+            first = _first_live_unit(shard, engine)
             if first >= shard.cq.max_unit or shard.cq.unit(first)[0] >= forced:
                 continue
             keep = _first_unit_at_phys(shard, first, forced)
@@ -137,7 +142,7 @@ async def reclaim(engine: FileEngine, now_ms: int | None = None, reserved_ms: in
     needed = clog.max_offset
     cq_cuts: list[tuple[Shard, int]] = []
     for shard in shards:
-        first = _first_live_unit(shard)
+        first = _first_live_unit(shard, engine)
         cq_cuts.append((shard, first))
         if first < shard.cq.max_unit:
             needed = min(needed, shard.cq.unit(first)[0])
