@@ -295,3 +295,28 @@ async def test_aiokafka_slow_consumer_does_not_stall_producer(inloop_kafka):
     await producer.stop()
     assert inloop_kafka.store.end_offset(topic, 0) == 400
     await slow.close()
+
+
+async def test_aiokafka_static_member_restart_keeps_assignment_without_rebalance(inloop_kafka):
+    from aiokafka import AIOKafkaConsumer
+
+    topic = topic_name()
+    await inloop_kafka.store.create_topic(topic, 2)
+    seen = []
+    for _ in range(2):
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=inloop_kafka.bootstrap, group_id="static",
+                                    group_instance_id="instance-1", session_timeout_ms=10000)
+        await consumer.start()
+        try:
+            async with asyncio.timeout(15):
+                while not consumer.assignment():
+                    await asyncio.sleep(0.05)
+            group = inloop_kafka.groups.groups["static"]
+            seen.append((sorted(tp.partition for tp in consumer.assignment()), group.generation_id,
+                         list(group.members)))
+        finally:
+            await consumer.stop()  # a static member leaves no LeaveGroup: its place waits for it
+    (parts1, gen1, members1), (parts2, gen2, members2) = seen
+    assert parts1 == parts2 == [0, 1]
+    assert gen1 == gen2  # the restarted instance got its assignment back without a rebalance
+    assert members1 != members2 and all(m.startswith("instance-1-") for m in members1 + members2)
