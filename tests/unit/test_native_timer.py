@@ -245,3 +245,32 @@ async def test_payloads_beyond_the_memory_budget_are_reread(store: StoreManager,
         assert [q for q, _ in await store.read_by_key("budget", b"key3", 5)] == [0]
     finally:
         await timer.stop()
+
+
+async def test_stop_in_the_middle_of_a_burst_keeps_its_intent(store: StoreManager, monkeypatch) -> None:
+    await store.create_topic("s", 1)
+    timer = await TimerService(BrokerConfig(), store).start()
+    original = store.append
+    stuck = asyncio.Event()
+
+    async def slow_append(topic, queue, batches, **kw):
+        result = await original(topic, queue, batches, **kw)
+        if topic == "s" and batches and id(batches[0]) in timer._own:
+            stuck.set()
+            await asyncio.Event().wait()  # landed, but the deliverer never hears back
+        return result
+
+    monkeypatch.setattr(store, "append", slow_append)
+    props = {"TIMER_DELAY_MS": "50"}
+    await original("s", 0, [message_to_batch(b"once", props, 0)], properties=props)
+    await asyncio.wait_for(stuck.wait(), 5)
+    await timer.stop()
+    assert len(store.load_state("timer")["intent"]) == 1
+    monkeypatch.setattr(store, "append", original)
+
+    timer = await TimerService(BrokerConfig(), store).start()
+    try:
+        await asyncio.sleep(0.5)
+        assert await _bodies(store, "s") == [b"once"] and timer.pending == 0
+    finally:
+        await timer.stop()
