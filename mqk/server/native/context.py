@@ -31,7 +31,8 @@ from mqk.protocol.native.records import batch_to_messages, synthetic_matches, sy
 
 log = logging.getLogger("mqk.native")
 
-LOCATION_CACHE_SIZE = 200_000
+#: ~150 bytes an entry: 100k recent messages cost ~15 MB
+LOCATION_CACHE_SIZE = 100_000
 #: RocketMQ's topic name rule widened by '.', which Kafka topic names use
 TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_.\-]{1,249}$")
 
