@@ -11,7 +11,7 @@ import pytest
 
 from mqk._fast import load
 from mqk.config import StoreConfig, TopicConfig
-from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, StorageError, UnknownShard
+from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, StorageError, StorageFull, UnknownShard
 from mqk.store.adapter import GroupOffset
 from mqk.store.file.engine import FileEngine
 
@@ -305,3 +305,38 @@ async def test_stored_max_timestamp_is_the_batch_own(engine: FileEngine) -> None
     batches = (await engine.read(T, 0, 0, 10**6)).batches
     assert [b.max_timestamp for b in batches] == [5001, 101]
     assert struct.unpack_from(">q", batches[1].data, 35)[0] == 101
+
+
+async def test_sync_flush_failure_fails_the_waiting_appends_not_the_store(tmp_path: Path, monkeypatch) -> None:
+    e = await open_engine(tmp_path, flush_mode="sync")
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        real = e.clog.flush
+
+        def broken() -> int:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(e.clog, "flush", broken)
+        with pytest.raises(StorageError, match="flush failed"):
+            await e.append(T, 0, [batch(1)])
+        monkeypatch.setattr(e.clog, "flush", real)
+        result = await e.append(T, 0, [batch(1)])  # the disk is back: appends are acknowledged again
+        assert result.base_offset == 1 and e.flusher.flushed >= e.clog.max_offset
+    finally:
+        await e.close()
+
+
+async def test_disk_above_the_ratio_refuses_appends(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path, disk_max_used_ratio=0.0, checkpoint_interval_ms=10)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        for _ in range(300):
+            if e._disk_full:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(StorageFull):
+            await e.append(T, 0, [batch(1)])
+        assert e.stats.put_failures == 1
+        assert (await e.read(T, 0, 0, 100)).batches == []  # reads go on
+    finally:
+        await e.close()
