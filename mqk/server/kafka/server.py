@@ -182,7 +182,7 @@ class KafkaConnection(asyncio.Protocol):
             done.set_result(stop.value)
             self.pending.append((req, done))
             return
-        except BaseException as exc:  # noqa: BLE001 - reported in order by _on_done, like a Task failure
+        except Exception as exc:  # noqa: BLE001 - reported in order by _on_done, like a Task failure
             failed = self.loop.create_future()
             failed.set_exception(exc)
             self.pending.append((req, failed))
