@@ -228,3 +228,16 @@ async def test_send_back_picks_the_right_topic_when_synthetic_ids_collide(ns) ->
         await wait_for(lambda: store.topic("%DLQ%cgx") is not None and store.end_offset("%DLQ%cgx", 0) == 1)
         (dead,) = (await consumer.pull(MessageQueue("%DLQ%cgx", "mqk-broker-a", 0), 0)).messages
         assert dead.body == b"from-second"
+
+
+async def test_delay_beyond_the_maximum_is_refused(ns) -> None:
+    from mqk.client import ClientError
+    from mqk.protocol.native.codes import ResponseCode
+
+    namesrv, store = ns
+    async with Producer(namesrv) as producer:
+        far = int(time.time() * 1000) + 10 * 24 * 3600 * 1000  # the default maximum is 3 days
+        with pytest.raises(ClientError) as err:
+            await producer.send("too-late", b"x", deliver_at_ms=far)
+        assert err.value.code == ResponseCode.MESSAGE_ILLEGAL and "timer_max_delay_ms" in str(err.value)
+        assert store.end_offset("too-late", 0) == 0
