@@ -669,3 +669,31 @@ async def test_failed_acks_zero_produce_closes_the_connection(broker, client):
         await fire_and_forget.writer.drain()
         assert await fire_and_forget.closed_by_peer()
     await assert_healthy(broker)
+
+
+async def test_multi_partition_produce_under_sync_flush(tmp_path):
+    from pathlib import Path
+
+    cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), flush_mode="sync",
+                                   commitlog_segment_bytes=1 << 20, cq_units_per_file=1024))
+    store = StoreManager(cfg.store)
+    await store.start()
+    server = KafkaServer(cfg, store)
+    await server.start()
+    try:
+        await store.create_topic("many", 8)
+        async with await RawKafkaClient.connect(server.host, server.port) as c:
+            body = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [
+                {"name": "many", "partition_data": [
+                    {"index": p, "records": bytes(make_batch([str(p).encode()]))} for p in range(8)] + [
+                    {"index": 99, "records": bytes(make_batch([b"x"]))}]}]}
+            resp = await c.call(ApiKey.PRODUCE, 9, body)
+            parts = resp["responses"][0]["partition_responses"]
+            assert [(p["index"], p["error_code"], p["base_offset"]) for p in parts[:8]] == [
+                (p, 0, 0) for p in range(8)]
+            assert parts[8]["error_code"] == E.UnknownTopicOrPartitionError.code
+            for p in range(8):
+                assert values_of((await fetch(c, "many", 0, partition=p))["records"]) == [str(p).encode()]
+    finally:
+        await server.stop()
+        await store.close()

@@ -14,9 +14,11 @@ producer notices and refreshes its metadata; acks=1 and acks=-1 are the same on 
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from mqk import errors as E
+from mqk.config import FLUSH_SYNC
 from mqk.protocol.kafka import records as kafka_records
 from mqk.server.kafka.handlers.common import NONE, get_or_create_topic
 
@@ -44,19 +46,30 @@ async def handle(server, conn, req) -> dict | None:
                       message="transactions are not supported")
                 for p in topic["partition_data"]]})
     else:
+        # under sync flush each append waits for its fsync: run the partitions of one request together so they
+        # share the group commit instead of queueing one fsync after another
+        concurrent = server.config.store.flush_mode == FLUSH_SYNC
         for topic in body["topic_data"]:
             name = topic["name"]
             code, info = await get_or_create_topic(server, name)
-            parts = []
+            parts: list = []
             for p in topic["partition_data"]:
                 index = p["index"]
                 if info is None:
                     parts.append(_part(index, code))
                 elif not 0 <= index < info.queue_count:
                     parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
+                elif concurrent:
+                    parts.append(asyncio.ensure_future(produce_partition(server, info, index, p["records"])))
                 else:
                     parts.append(await produce_partition(server, info, index, p["records"]))
             responses.append({"name": name, "partition_responses": parts})
+        if concurrent:
+            for topic_response in responses:
+                parts = topic_response["partition_responses"]
+                for i, part in enumerate(parts):
+                    if isinstance(part, asyncio.Future):
+                        parts[i] = await part
     if acks == 0:
         failed = [(t["name"], p["index"], p["error_code"]) for t in responses for p in t["partition_responses"]
                   if p["error_code"]]
