@@ -1,8 +1,8 @@
 """Shared fixtures for the compat suite: real, unmodified clients against a real `mqk serve` subprocess.
 
-Every client here is either synchronous (kafka-python, confluent-kafka, kcat, node) or runs its own event loop, so
-the broker always runs in a separate process (`mqk.testing.BrokerProcess`) rather than in the test's event loop:
-an in-process broker would be starved by a blocking client call.
+The broker always runs as a separate process (`mqk.testing.BrokerProcess`): restart and kill -9 tests need one,
+and a broker in its own process does not compete with the clients for this interpreter's GIL, so client-side
+timing (rebalances, heartbeats, long polls) behaves as it would against a real deployment.
 
 Owns the fixtures: the shared memory-store broker for the session (most tests only need topics, and unique topic
 names keep them apart), a fresh file-store broker per test for restart / crash tests, unique names, the kcat path.
@@ -30,11 +30,7 @@ with warnings.catch_warnings():
 def start_broker(data_dir: Path, storage: str, extra_args: tuple[str, ...] = ()) -> Any:
     from mqk.testing import BrokerProcess
 
-    broker = BrokerProcess(data_dir, storage=storage, extra_args=extra_args)
-    # The constructor may or may not start the process; start it when no address is known yet.
-    if getattr(broker, "kafka_address", None) in (None, "") and hasattr(broker, "start"):
-        broker.start()
-    return broker
+    return BrokerProcess(data_dir, storage=storage, extra_args=extra_args).start()
 
 
 def stop_broker(broker: Any) -> None:
