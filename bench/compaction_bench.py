@@ -7,8 +7,8 @@
 4. print Kafka perf-test style lines for both runs, the cleaner's MB/s, and the throughput ratio (goal >= 70 %);
 5. the offset map: 100 k key digests into a dict versus sortedcontainers.SortedDict (why the map is a dict).
 
-The broker runs in this process (mqk.testing.ThreadedBroker) on the chosen engine (memory or rocksdb: the engines
-that compact). Example: `python bench/compaction_bench.py --records 1000000 --keys 100000`.
+The broker runs in this process (mqk.testing.ThreadedBroker) on the chosen engine (file by default, with 64 MiB
+CommitLog segments; memory; rocksdb). Example: `python bench/compaction_bench.py --records 1000000 --keys 100000`.
 """
 from __future__ import annotations
 
@@ -104,12 +104,13 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--value-size", type=int, default=100)
-    parser.add_argument("--storage", choices=["memory", "rocksdb"], default="memory")
+    parser.add_argument("--storage", choices=["file", "memory", "rocksdb"], default="file")
     parser.add_argument("--duty", type=float, default=None, help="cleaner share of a busy event loop (0-1]")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        broker = ThreadedBroker(broker_config(args.storage, Path(tmp) / "data")).start()
+        extra = {"commitlog_segment_bytes": 64 << 20} if args.storage == "file" else {}
+        broker = ThreadedBroker(broker_config(args.storage, Path(tmp) / "data", **extra)).start()
         try:
             store = broker.store
             broker.call(store.create_topic("compact-me", 1, TopicConfig({
