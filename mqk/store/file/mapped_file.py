@@ -239,7 +239,7 @@ def _load_madvise():
 _madvise = _load_madvise()
 
 
-def warm_mapping(mf: MappedFile) -> bool:
+def warm_mapping(mf: MappedFile, stop=lambda: False) -> bool:
     """Fault the whole segment in ahead of the writer (read-only population; nothing becomes dirty, no zeros go
     to disk; RocketMQ's warm-up writes zeros instead). An append then takes a cheap write-protect fault per page
     instead of a full fault that allocates and zeroes the page: measured here the appending thread's CPU per
@@ -258,7 +258,7 @@ def warm_mapping(mf: MappedFile) -> bool:
     try:
         base = ctypes.addressof(holder)
         for off in range(0, mf.file_size, _POPULATE_CHUNK):
-            if mf._closed:
+            if mf._closed or stop():
                 return False
             if madvise(base + off, min(_POPULATE_CHUNK, mf.file_size - off), _MADV_POPULATE_READ) != 0:
                 return False  # EINVAL on kernels before 5.14: stay lazy
@@ -275,6 +275,7 @@ class _Allocator:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mqk-alloc-{name}")
         self._pending: dict[int, concurrent.futures.Future[MappedFile]] = {}
         self._warm = warm
+        self._stopping = False
 
     def request(self, path: Path, size: int, start: int) -> None:
         if start not in self._pending:
@@ -291,7 +292,7 @@ class _Allocator:
         # hand the segment over as soon as it exists; warming goes on behind the writer if it is needed early
         fut.set_result(mf)
         if self._warm:
-            warm_mapping(mf)
+            warm_mapping(mf, lambda: self._stopping)
 
     def take(self, path: Path, size: int, start: int) -> MappedFile:
         fut = self._pending.pop(start, None)
@@ -300,6 +301,7 @@ class _Allocator:
         return fut.result()
 
     def close(self) -> None:
+        self._stopping = True  # a warm-up in progress stops at its next chunk instead of delaying the close
         self._pool.shutdown(wait=True)
         for fut in self._pending.values():
             try:
