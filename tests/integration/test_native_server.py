@@ -300,6 +300,12 @@ async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> 
             "consumerGroup": "hbg", "topic": "hb", "queueId": "0", "queueOffset": "0", "maxMsgNums": "32",
             "sysFlag": "0", "commitOffset": "0", "suspendTimeoutMillis": "0"}))
         assert [m.body for m in decode_messages(resp.body)] == [b"A", b"B"]
+        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                                                   ext_fields={"consumerGroup": "hbg"}))
+        connections = json.loads(resp.body)
+        assert [c["clientId"] for c in connections["connectionSet"]] == ["c-1", "c-2"]
+        assert connections["subscriptionTable"]["hb"]["subString"] == "A || B"
+        assert connections["messageModel"] == "CLUSTERING"
         resp = await second.invoke(RemotingCommand(code=RequestCode.UNREGISTER_CLIENT, ext_fields={
             "clientID": "c-2", "consumerGroup": "hbg"}))
         assert resp.code == ResponseCode.SUCCESS

@@ -41,6 +41,8 @@ class ConsumerClient:
     client_id: str
     conn: Connection
     last_seen: float
+    language: str = "JAVA"
+    version: int = 0
 
 
 @dataclass
@@ -49,6 +51,9 @@ class ConsumerGroup:
     clients: dict[str, ConsumerClient] = field(default_factory=dict)
     subscriptions: dict[str, frozenset[str] | None] = field(default_factory=dict)
     message_model: str = "CLUSTERING"
+    consume_type: str = "CONSUME_PASSIVELY"
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    raw_subscriptions: list[dict] = field(default_factory=list)  # as the clients sent them (for admin tools)
 
 
 class ClientManager:
@@ -97,6 +102,10 @@ class ClientManager:
             name = str(consumer["groupName"])
             group = self.groups.setdefault(name, ConsumerGroup(name))
             group.message_model = str(consumer.get("messageModel") or "CLUSTERING")
+            group.consume_type = str(consumer.get("consumeType") or group.consume_type)
+            group.consume_from_where = str(consumer.get("consumeFromWhere") or group.consume_from_where)
+            group.raw_subscriptions = [sub for sub in consumer.get("subscriptionDataSet") or []
+                                       if isinstance(sub, dict) and sub.get("topic")]
             subs: dict[str, frozenset[str] | None] = {}
             for sub in consumer.get("subscriptionDataSet") or []:
                 if isinstance(sub, dict) and sub.get("topic"):
@@ -104,7 +113,7 @@ class ClientManager:
             group.subscriptions = subs
             known = group.clients.get(client_id)
             changed = known is None or known.conn is not conn
-            group.clients[client_id] = ConsumerClient(client_id, conn, now)
+            group.clients[client_id] = ConsumerClient(client_id, conn, now, cmd.language, cmd.version)
             if group.message_model == "CLUSTERING":
                 # RocketMQ creates the group's retry topic when its consumers first heart-beat
                 try:
@@ -132,6 +141,22 @@ class ClientManager:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {name}")
         body = json.dumps({"consumerIdList": sorted(group.clients)}).encode()
         return cmd.response(ResponseCode.SUCCESS, body=body)
+
+    async def consumer_connections(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """GET_CONSUMER_CONNECTION_LIST (what `mqadmin consumerConnection` shows)."""
+        name = cmd.get_str("consumerGroup", required=True)
+        group = self.groups.get(str(name))
+        if group is None or not group.clients:
+            return cmd.response(ResponseCode.CONSUMER_NOT_ONLINE, "the consumer group not online")
+        body = {
+            "connectionSet": [{"clientId": c.client_id, "clientAddr": f"{c.conn.peer[0]}:{c.conn.peer[1]}",
+                               "language": c.language, "version": c.version}
+                              for c in sorted(group.clients.values(), key=lambda c: c.client_id)],
+            "subscriptionTable": {sub["topic"]: sub for sub in group.raw_subscriptions},
+            "consumeType": group.consume_type, "messageModel": group.message_model,
+            "consumeFromWhere": group.consume_from_where,
+        }
+        return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
     async def lock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         req = _json_body(cmd)

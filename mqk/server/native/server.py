@@ -48,6 +48,7 @@ class NativeServer:
             RequestCode.HEART_BEAT: self.clients.heart_beat,
             RequestCode.UNREGISTER_CLIENT: self.clients.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.clients.get_consumer_list,
+            RequestCode.GET_CONSUMER_CONNECTION_LIST: self.clients.consumer_connections,
             RequestCode.LOCK_BATCH_MQ: self.clients.lock_batch,
             RequestCode.UNLOCK_BATCH_MQ: self.clients.unlock_batch,
             RequestCode.UPDATE_AND_CREATE_TOPIC: admin.create_topic,
