@@ -34,6 +34,8 @@ log = logging.getLogger("mqk.kafka")
 
 #: requests decoded but not yet answered on one connection before we stop reading from it
 MAX_IN_FLIGHT = 64
+#: answers are gathered into one writelines call until they reach this size (asyncio's default high-water mark)
+FLUSH_BYTES = 64 * 1024
 
 
 class CloseConnection:
@@ -108,6 +110,10 @@ class KafkaConnection(asyncio.Protocol):
         self.reading_paused = False
         self.writing_paused = False
         self.closed = False
+        #: encoded answers not yet handed to the transport: every answer ready in one pass goes out in one
+        #: writelines call (one send for a burst of pipelined requests, not one per answer)
+        self._out: list = []
+        self._out_bytes = 0
         self.loop = asyncio.get_running_loop()
 
     # --- asyncio callbacks -----------------------------------------------------------------------------
@@ -151,6 +157,7 @@ class KafkaConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - a codec bug must cost one connection, never the broker
             log.exception("kafka connection %s: unexpected error decoding a request", self.peer)
             self.close(f"internal error: {exc!r}")
+        self._flush()
         self._update_reading()
 
     def pause_writing(self) -> None:
@@ -205,7 +212,17 @@ class KafkaConnection(asyncio.Protocol):
             log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
             self.close(f"encode error: {exc!r}")
             return
-        self.transport.writelines(parts)  # type: ignore[union-attr]
+        self._out += parts
+        # the first part starts with the frame's size prefix
+        self._out_bytes += 4 + int.from_bytes(parts[0][:4], "big")
+        if self._out_bytes >= FLUSH_BYTES:
+            self._flush()  # big answers go out at once, so pause_writing can stop the next ones
+
+    def _flush(self) -> None:
+        if self._out and not self.closed:
+            out, self._out = self._out, []
+            self._out_bytes = 0
+            self.transport.writelines(out)  # type: ignore[union-attr]
 
     def _on_done(self, _task: asyncio.Future | None) -> None:
         pending = self.pending
@@ -229,6 +246,7 @@ class KafkaConnection(asyncio.Protocol):
             self._respond(req, task.result())
         if self.closed:
             return
+        self._flush()
         if self.codec.buffered and len(pending) < MAX_IN_FLIGHT and not self.writing_paused:
             self._decode()  # requests that arrived while MAX_IN_FLIGHT were unanswered
         elif self.reading_paused:
@@ -249,6 +267,7 @@ class KafkaConnection(asyncio.Protocol):
         if self.closed:
             return
         log.log(level, "kafka connection %s closed: %s", self.peer, reason)
+        self._flush()  # the answers before the reason to close still go out
         self.closed = True
         for _req, task in self.pending:
             task.cancel()
