@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mqk.client import MessageExt, MessageQueue, Producer, PullConsumer, PushConsumer, allocate_averagely
+from mqk.client import Message, MessageExt, MessageQueue, Producer, PullConsumer, PushConsumer, allocate_averagely
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
@@ -241,3 +241,28 @@ async def test_delay_beyond_the_maximum_is_refused(ns) -> None:
             await producer.send("too-late", b"x", deliver_at_ms=far)
         assert err.value.code == ResponseCode.MESSAGE_ILLEGAL and "timer_max_delay_ms" in str(err.value)
         assert store.end_offset("too-late", 0) == 0
+
+
+async def test_concurrent_push_consumption(ns) -> None:
+    namesrv, store = ns
+    await store.create_topic("conc", 1)
+    active, peak, got = 0, 0, []
+
+    async def handle(msg: MessageExt) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.05)
+        got.append(msg.body)
+        active -= 1
+
+    async with Producer(namesrv) as producer:
+        await producer.send_batch([Message("conc", b"c%d" % i) for i in range(20)], queue_id=0)
+    consumer = await PushConsumer(namesrv, "cc", "conc", handle, concurrency=8, suspend_ms=300).start()
+    try:
+        await wait_for(lambda: len(got) == 20, what="concurrent consumption")
+        assert sorted(got) == sorted(b"c%d" % i for i in range(20)) and peak > 1
+        await wait_for(lambda: store.fetch_offsets("cc").get(("conc", 0)) is not None
+                       and store.fetch_offsets("cc")[("conc", 0)].offset == 20, what="offset commit")
+    finally:
+        await consumer.stop()
