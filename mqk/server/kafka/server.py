@@ -58,6 +58,8 @@ class KafkaServer:
         self.groups = GroupCoordinator.from_config(config, store)
         self.producers = ProducerStates(store)
         self.waiters = DataWaiters()
+        #: topic id -> name, for the APIs that name topics by id (see handlers.common.topic_by_id)
+        self.topic_names_by_id: dict[bytes, str] = {}
         self.host, self.port = config.kafka_listen
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[KafkaConnection] = set()

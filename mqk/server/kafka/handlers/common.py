@@ -34,11 +34,20 @@ def topic_uuid(info: ShardInfo) -> uuid.UUID:
 
 
 def topic_by_id(server: "KafkaServer", topic_id: uuid.UUID) -> ShardInfo | None:
+    """The topic with this id. Fetch v13+ names every topic by id, so the id -> name map is cached on the
+    server and rebuilt only when a lookup misses (a topic created or recreated since)."""
     wanted = topic_id.bytes
-    for info in server.store.topics().values():
-        if bytes(info.topic_id) == wanted:
+    names: dict[bytes, str] = server.topic_names_by_id
+    name = names.get(wanted)
+    if name is not None:
+        info = server.store.topic(name)
+        if info is not None and bytes(info.topic_id) == wanted:
             return info
-    return None
+    names.clear()
+    for info in server.store.topics().values():
+        names[bytes(info.topic_id)] = info.topic
+    name = names.get(wanted)
+    return server.store.topic(name) if name is not None else None
 
 
 async def get_or_create_topic(
