@@ -266,3 +266,17 @@ async def test_concurrent_push_consumption(ns) -> None:
                        and store.fetch_offsets("cc")[("conc", 0)].offset == 20, what="offset commit")
     finally:
         await consumer.stop()
+
+
+async def test_cli_helpers_produce_and_consume(ns) -> None:
+    from mqk.client.tools import consume, format_message, produce_lines
+
+    namesrv, store = ns
+    await store.create_topic("cli", 2)
+    assert await produce_lines(namesrv, "cli", [b"k1:one", b"two", b"k3:three"], tags="t", key_separator=b":") == 3
+    printed: list[str] = []
+    got = await consume(namesrv, "cli", "cli-g", max_messages=3, out=lambda m: printed.append(format_message(m)))
+    assert got == 3 and sorted(p.split("\t")[-1] for p in printed) == ["one", "three", "two"]
+    assert any("\tk1\t" in p for p in printed)
+    # committed: a second run of the same group sees nothing new
+    assert await consume(namesrv, "cli", "cli-g", idle_timeout_s=0.2, out=lambda m: printed.append("again")) == 0
