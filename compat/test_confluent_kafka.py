@@ -309,3 +309,58 @@ def test_metadata_lists_topics_and_auto_creates(bootstrap: str, topic: str) -> N
     auto = unique("auto")
     produce_all(bootstrap, auto, [{"value": b"x"}])
     assert auto in admin.list_topics(timeout=10).topics
+
+
+def test_group_admin_list_describe_offsets_delete(bootstrap: str, topic: str, group: str) -> None:
+    from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions
+
+    create_topic(bootstrap, topic, 2)
+    produce_all(bootstrap, topic, [{"value": str(i).encode(), "partition": i % 2} for i in range(10)])
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
+                  "heartbeat.interval.ms": HEARTBEAT_MS, "client.id": "compat-describe"})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        c.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 20
+        while got < 10 and time.monotonic() < deadline:
+            got += len(c.consume(num_messages=10, timeout=0.2))
+        assert got == 10
+        c.commit(offsets=[TopicPartition(topic, 0, 5), TopicPartition(topic, 1, 3)], asynchronous=False)
+
+        listed = admin.list_consumer_groups().result(15)
+        assert group in {g.group_id for g in listed.valid}
+        desc = admin.describe_consumer_groups([group])[group].result(15)
+        assert desc.state == ConsumerGroupState.STABLE
+        assert len(desc.members) == 1 and desc.members[0].client_id == "compat-describe"
+        assert sorted(tp.partition for tp in desc.members[0].assignment.topic_partitions) == [0, 1]
+
+        req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        offsets = admin.list_consumer_group_offsets([req])[group].result(15)
+        assert sorted((tp.partition, tp.offset) for tp in offsets.topic_partitions) == [(0, 5), (1, 3)]
+
+        # A group with a live member cannot be deleted.
+        with pytest.raises(KafkaException) as exc:
+            admin.delete_consumer_groups([group])[group].result(15)
+        assert exc.value.args[0].code() == KafkaError.NON_EMPTY_GROUP
+    finally:
+        c.close()
+    admin.delete_consumer_groups([group])[group].result(15)
+    assert group not in {g.group_id for g in admin.list_consumer_groups().result(15).valid}
+
+
+def test_delete_records_moves_log_start(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    create_topic(bootstrap, topic, 1)
+    for i in range(4):  # four batches, so the cut can fall on a batch boundary
+        produce_all(bootstrap, topic, [{"value": f"{i}-{j}".encode(), "partition": 0} for j in range(5)])
+    result = admin.delete_records([TopicPartition(topic, 0, 10)])[TopicPartition(topic, 0, 10)].result(15)
+    assert result.low_watermark == 10
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("dr")})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (10, 20)
+    finally:
+        consumer.close()
+    got = consume_from(bootstrap, topic, 0, OFFSET_BEGINNING, 10)
+    assert [m.offset() for m in got] == list(range(10, 20))
