@@ -364,3 +364,38 @@ def test_delete_records_moves_log_start(bootstrap: str, topic: str) -> None:
         consumer.close()
     got = consume_from(bootstrap, topic, 0, OFFSET_BEGINNING, 10)
     assert [m.offset() for m in got] == list(range(10, 20))
+
+
+def test_static_member_restart_keeps_assignment_without_rebalance(bootstrap: str, topic: str, group: str) -> None:
+    create_topic(bootstrap, topic, 4)
+    revoked: dict[str, int] = {"a": 0, "b": 0}
+
+    def member(name: str) -> Consumer:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.instance.id": f"static-{name}",
+                      "session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": HEARTBEAT_MS,
+                      "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        c.subscribe([topic], on_revoke=lambda _c, parts: revoked.__setitem__(name, revoked[name] + len(parts)))
+        return c
+
+    def settle(consumers: list[Consumer], until: Any, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not until() and time.monotonic() < deadline:
+            for c in consumers:
+                c.poll(0.1)
+        assert until(), "the group did not settle"
+
+    a, b = member("a"), member("b")
+    try:
+        settle([a, b], lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2)
+        before_a = sorted(tp.partition for tp in a.assignment())
+        revoked.update(a=0, b=0)
+        a.close()  # a static member does not send LeaveGroup: its partitions wait for it
+        a = member("a")
+        settle([a, b], lambda: len(a.assignment()) == 2)
+        for _ in range(20):  # give a rebalance, if one was started, the time to reach b
+            b.poll(0.1)
+        assert sorted(tp.partition for tp in a.assignment()) == before_a
+        assert revoked["b"] == 0, "b was rebalanced although a came back with its group.instance.id"
+    finally:
+        a.close()
+        b.close()
