@@ -60,6 +60,8 @@ class KafkaServer:
         self.waiters = DataWaiters()
         #: topic id -> name, for the APIs that name topics by id (see handlers.common.topic_by_id)
         self.topic_names_by_id: dict[bytes, str] = {}
+        #: id(TopicConfig) -> (config, produce limits); see handlers.produce._limits
+        self.topic_limits: dict[int, tuple] = {}
         self.host, self.port = config.kafka_listen
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[KafkaConnection] = set()

@@ -51,7 +51,10 @@ async def handle(server, conn, req) -> dict | None:
         concurrent = server.config.store.flush_mode == FLUSH_SYNC
         for topic in body["topic_data"]:
             name = topic["name"]
-            code, info = await get_or_create_topic(server, name)
+            info = server.store.topic(name)
+            code = NONE
+            if info is None:
+                code, info = await get_or_create_topic(server, name)
             parts: list = []
             for p in topic["partition_data"]:
                 index = p["index"]
@@ -81,14 +84,28 @@ async def handle(server, conn, req) -> dict | None:
     return {"responses": responses, "throttle_time_ms": 0}
 
 
+def _limits(server, config) -> tuple[int, bool, bool]:
+    """(max batch bytes, compacted, log append time) of a topic config, computed once per config object
+    (configs are frozen; a changed topic gets a new one) and kept on the server."""
+    cache = server.topic_limits
+    entry = cache.get(id(config))
+    if entry is not None and entry[0] is config:
+        return entry[1]
+    limits = (min(config.get_int("max.message.bytes"), server.config.socket_request_max_bytes),
+              config.compacted, config.log_append_time)
+    if len(cache) > 10_000:
+        cache.clear()
+    cache[id(config)] = (config, limits)
+    return limits
+
+
 async def produce_partition(server, info, index: int, records) -> dict:
     store = server.store
     topic = info.topic
-    config = info.config
+    max_bytes, compacted, log_append_time = _limits(server, info.config)
     try:
-        max_bytes = min(config.get_int("max.message.bytes"), server.config.socket_request_max_bytes)
         batches = kafka_records.validate_produce_records(records, max_bytes)
-        if config.compacted:
+        if compacted:
             _require_keys(batches)
     except E.MqkError as exc:
         return _part(index, E.kafka_code_for(exc), message=str(exc))
@@ -101,7 +118,7 @@ async def produce_partition(server, info, index: int, records) -> dict:
             result = await store.append(topic, index, [b.data for b in batches])
         except Exception as exc:  # noqa: BLE001
             return _storage_failure(topic, index, exc)
-        return _part(index, NONE, result.base_offset, _append_time(config, result.log_append_time),
+        return _part(index, NONE, result.base_offset, result.log_append_time if log_append_time else -1,
                      result.log_start_offset)
 
     # idempotent producer: one batch at a time through the sequence check
@@ -125,17 +142,13 @@ async def produce_partition(server, info, index: int, records) -> dict:
         except Exception as exc:  # noqa: BLE001
             server.producers.abort(decision)
             return _storage_failure(topic, index, exc)
-        ts = _append_time(config, result.log_append_time)
+        ts = result.log_append_time if log_append_time else -1
         server.producers.complete(decision, result.base_offset, ts)
         if first_offset < 0:
             first_offset = result.base_offset
         last = (ts, result.log_start_offset)
     assert last is not None
     return _part(index, NONE, first_offset, last[0], last[1])
-
-
-def _append_time(config, log_append_time: int) -> int:
-    return log_append_time if config.log_append_time else -1
 
 
 def _storage_failure(topic: str, index: int, exc: BaseException) -> dict:
