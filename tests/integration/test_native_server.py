@@ -113,6 +113,7 @@ async def test_send_and_pull_with_tags_keys_properties(native: Native) -> None:
         msg = everything.messages[0]
         assert msg.tags == "A" and msg.keys == ["k1", "k2"] and msg.properties["color"] == "red"
         assert msg.msg_id == first.msg_id and msg.offset_msg_id == first.offset_msg_id
+        assert msg.born_host[0] == "127.0.0.1" and msg.born_host != msg.store_host  # the producer's address
         only_a = await consumer.pull(mq, 0, expression="A")
         assert [m.body for m in only_a.messages] == [b"one", b"three"] and only_a.next_offset == 3
         only_c = await consumer.pull(mq, 0, expression="C || D")

@@ -217,7 +217,8 @@ def test_batch_body_count_limit() -> None:
 
 def test_message_becomes_one_record_batch_and_back() -> None:
     props = {"TAGS": "TagA", "KEYS": "order-1 order-2", "UNIQ_KEY": "ABC"}
-    batch = message_to_batch(b"payload", props, 1700000000000, flag=4, reconsume_times=3)
+    batch = message_to_batch(b"payload", props, 1700000000000, flag=4, reconsume_times=3,
+                             born_host=("10.0.0.9", 4242))
     from mqk._fast import load
 
     recbatch = load("recbatch")
@@ -229,6 +230,7 @@ def test_message_becomes_one_record_batch_and_back() -> None:
     recbatch.set_base_offset(batch, 0, 41)
     (msg,) = batch_to_messages(batch, "T", 2, 1700000000005, -1, ("127.0.0.1", 10911))
     assert msg.properties == props and msg.flag == 4 and msg.reconsume_times == 3
+    assert msg.born_host == ("10.0.0.9", 4242) and msg.store_host == ("127.0.0.1", 10911)
     assert msg.queue_offset == 41 and msg.born_timestamp == 1700000000000
     assert msg.commit_log_offset == synthetic_offset("T", 2, 41) < 1 << 53
     assert synthetic_matches(msg.commit_log_offset, "T", 2)

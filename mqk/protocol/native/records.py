@@ -3,8 +3,9 @@
 A RocketMQ message is stored as a record batch v2 holding one record: key = the first of its `KEYS`, value = its
 body, timestamp = its born timestamp, headers = its properties (name, UTF-8 value) in order. The two per-message
 numbers RocketMQ keeps outside properties ride along as headers only when they are not zero: `mqk.flag` (the
-message flag) and `mqk.reconsume` (reconsume times, set on retry topics). They are read back into their fields
-and never shown as properties. The batch's tags code (for ConsumeQueue filtering) is the Java hashCode of `TAGS`.
+message flag) and `mqk.reconsume` (reconsume times, set on retry topics); the producer's address rides as
+`mqk.born` (`host:port`). They are read back into their fields and never shown as properties. The batch's
+tags code (for ConsumeQueue filtering) is the Java hashCode of `TAGS`.
 
 The other way, any stored batch (also a Kafka producer's, possibly compressed, with many records) becomes one
 `MessageExt` per record, its headers as properties (its key as `KEYS` when there is no `KEYS` header). The
@@ -27,7 +28,7 @@ cqunit = load("cqunit")
 
 HEADER_FLAG = "mqk.flag"
 HEADER_RECONSUME = "mqk.reconsume"
-_INTERNAL_HEADERS = (HEADER_FLAG, HEADER_RECONSUME)
+HEADER_BORN_HOST = "mqk.born"
 #: ceiling on one decompressed records section, so a compression bomb is refused, not allocated
 MAX_DECOMPRESSED = 64 * 1024 * 1024
 
@@ -42,9 +43,11 @@ def keys_of(properties: dict[str, str]) -> list[bytes]:
 
 
 def message_to_batch(body: bytes, properties: dict[str, str], born_timestamp: int, flag: int = 0,
-                     reconsume_times: int = 0) -> bytearray:
+                     reconsume_times: int = 0, born_host: tuple[str, int] | None = None) -> bytearray:
     keys = keys_of(properties)
     headers: list[tuple[str, bytes | None]] = [(k, v.encode()) for k, v in properties.items()]
+    if born_host is not None:
+        headers.append((HEADER_BORN_HOST, f"{born_host[0]}:{born_host[1]}".encode()))
     if flag:
         headers.append((HEADER_FLAG, str(flag).encode()))
     if reconsume_times:
@@ -144,12 +147,16 @@ def batch_to_messages(data: bytes | bytearray | memoryview, topic: str, queue: i
             continue
         props: dict[str, str] = {}
         flag = reconsume = 0
+        born_host = store_host
         for name, raw in headers:
             text = "" if raw is None else raw.decode("utf-8", "replace")
             if name == HEADER_FLAG:
                 flag = _int_or_zero(text)
             elif name == HEADER_RECONSUME:
                 reconsume = _int_or_zero(text)
+            elif name == HEADER_BORN_HOST:
+                host, _, port = text.rpartition(":")
+                born_host = (host, _int_or_zero(port)) if host else store_host
             else:
                 props[name] = text
         if key is not None and PROPERTY_KEYS not in props:  # a Kafka producer's key is the message's key
@@ -159,7 +166,7 @@ def batch_to_messages(data: bytes | bytearray | memoryview, topic: str, queue: i
         born = header[8] if log_append else base_timestamp + ts_delta
         out.append(MessageExt(
             topic=topic, body=value or b"", properties=props, queue_id=queue, flag=flag, queue_offset=offset,
-            commit_log_offset=commit_offset, born_timestamp=born, born_host=store_host,
+            commit_log_offset=commit_offset, born_timestamp=born, born_host=born_host,
             store_timestamp=store_timestamp or born, store_host=store_host, reconsume_times=reconsume,
         ))
     return out

@@ -125,7 +125,7 @@ class SendProcessor:
             messages = [(body, props, flag)]
 
         try:
-            ids, first_offset = await self._append(topic, queue, messages, born, reconsume)
+            ids, first_offset = await self._append(topic, queue, messages, born, reconsume, conn.peer)
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         ext: dict[str, Any] = {"msgId": ",".join(ids), "queueId": queue, "queueOffset": first_offset,
@@ -133,7 +133,7 @@ class SendProcessor:
         return cmd.response(ResponseCode.SUCCESS, ext=ext)
 
     async def _append(self, topic: str, queue: int, messages: list[tuple[bytes, dict[str, str], int]],
-                      born: int, reconsume: int) -> tuple[list[str], int]:
+                      born: int, reconsume: int, born_host: tuple[str, int]) -> tuple[list[str], int]:
         """Append messages in order; runs of equal tags code without keys share one append call (keys are
         indexed per append, so a keyed message gets its own)."""
         ids: list[str] = []
@@ -143,13 +143,13 @@ class SendProcessor:
             body, props, flag = messages[i]
             code = tags_code_for(props)
             keys = keys_of(props)
-            run = [message_to_batch(body, props, born, flag, reconsume)]
+            run = [message_to_batch(body, props, born, flag, reconsume, born_host)]
             j = i + 1
             while not keys and j < len(messages):
                 nbody, nprops, nflag = messages[j]
                 if keys_of(nprops) or tags_code_for(nprops) != code:
                     break
-                run.append(message_to_batch(nbody, nprops, born, nflag, reconsume))
+                run.append(message_to_batch(nbody, nprops, born, nflag, reconsume, born_host))
                 j += 1
             # the properties let the timer's put-hook see a delay without decoding the batch
             result = await self.ctx.store.append(topic, queue, run, tags_code=code, keys=keys,
@@ -207,7 +207,8 @@ class SendProcessor:
         await self.ctx.ensure_topic(target, 1)
         try:
             await self.ctx.store.append(
-                target, 0, [message_to_batch(msg.body, props, msg.born_timestamp, msg.flag, times + 1)],
+                target, 0,
+                [message_to_batch(msg.body, props, msg.born_timestamp, msg.flag, times + 1, msg.born_host)],
                 tags_code=tags_code_for(props), keys=keys_of(props), properties=props)
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
