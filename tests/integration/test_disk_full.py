@@ -191,3 +191,55 @@ def test_enospc_refuses_cleanly_reads_go_on_and_restart_finds_a_clean_tail(small
     finally:
         broker.stop()
     assert not os.path.exists(data / "abort")
+
+
+def test_kill_minus_nine_on_a_full_disk_restarts_with_a_clean_tail(small_fs: Path, tmp_path: Path) -> None:
+    """The broker process is killed while the disk is full (ENOSPC refusals under way); it restarts on that full
+    disk, serves exactly the acknowledged records, and takes appends once space is freed."""
+    from mqk.testing import BrokerProcess
+
+    config = tmp_path / "broker.toml"
+    config.write_text("log_retention_check_interval_ms = 200\n[store]\ncommitlog_segment_bytes = 524288\n"
+                      "cq_units_per_file = 256\ndisk_max_used_ratio = 1.0\n")
+    # the last --data-dir wins: data on the small filesystem, the broker's log beside tmp_path
+    broker = BrokerProcess(tmp_path / "proc", extra_args=["--config", str(config),
+                                                          "--data-dir", str(small_fs / "data")]).start()
+    topic = "crash-full"
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        from confluent_kafka.admin import NewTopic
+
+        next(iter(admin.create_topics([NewTopic(topic, 1, 1, config={"retention.ms": "-1"})]).values())).result(10)
+        sender = Sender(broker.bootstrap)
+        acked: list[tuple[int, bytes]] = []
+        refused = 0
+        for i in range(1000):
+            offset, code = sender.send(topic, _value(i))
+            if code is None:
+                acked.append((offset, _value(i)))
+            else:
+                assert code == KafkaError.KAFKA_STORAGE_ERROR
+                refused += 1
+                if refused >= 2:
+                    break
+        assert refused, "8 MiB never filled up"
+        broker.kill()
+        broker.start()
+        assert "torn tail" not in broker.log_text() and "damaged" not in broker.log_text()
+        got = _consume_all(broker.bootstrap, topic, len(acked))
+        assert got == acked
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        low = next(iter(admin.delete_records([TopicPartition(topic, 0, len(acked) - 2)]).values())).result(10)
+        assert low.low_watermark == len(acked) - 2
+        # the periodic retention pass reclaims the segments below the new log start; appends resume
+        sender = Sender(broker.bootstrap)  # the restarted broker listens on a new port
+        deadline = time.monotonic() + 20
+        while True:
+            offset, code = sender.send(topic, b"after the restart")
+            if code is None:
+                break
+            assert time.monotonic() < deadline, "appends never resumed after DeleteRecords"
+            time.sleep(0.3)
+        assert offset == len(acked)
+    finally:
+        broker.stop()
