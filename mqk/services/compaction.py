@@ -8,7 +8,8 @@ One pass over a shard, as Kafka's cleaner does it:
    `segment.bytes` (Kafka never cleans the active segment; the last batch is always head), and anything younger
    than `min.compaction.lag.ms`. The head is never touched.
 2. Dirty = batches between the cleaner checkpoint and the end of the cleanable range. The shard is cleaned only if
-   dirty bytes / cleanable bytes >= `min.cleanable.dirty.ratio`.
+   dirty bytes / cleanable bytes >= `min.cleanable.dirty.ratio`, or a dirty batch is older than
+   `max.compaction.lag.ms`.
 3. An `OffsetMap` (16-byte key digest -> latest offset, bounded by `log.cleaner.dedupe.buffer.size`, like Kafka's
    SkimpyOffsetMap) is built over the dirty batches. If it fills, only the batches it fully covers count as cleaned
    this pass; the next pass goes on from there.
@@ -209,6 +210,7 @@ def compaction_settings(config: Any) -> dict[str, float] | None:
         return {
             "segment_bytes": config.get_int("segment.bytes"),
             "min_lag_ms": config.get_int("min.compaction.lag.ms"),
+            "max_lag_ms": config.get_int("max.compaction.lag.ms"),
             "dirty_ratio": float(config.get("min.cleanable.dirty.ratio")),
             "delete_retention_ms": config.get_int("delete.retention.ms"),
         }
@@ -345,8 +347,13 @@ class CompactionService:
         checkpoint = max(checkpoint, start)
         total = sum(i.size for i in cleanable)
         dirty = sum(i.size for i in cleanable if i.base_offset >= checkpoint)
-        if dirty == 0 or dirty / total < settings["dirty_ratio"]:
-            return f"dirty ratio {dirty / total if total else 0:.2f} below {settings['dirty_ratio']}"
+        if dirty == 0:
+            return "nothing dirty"
+        if dirty / total < settings["dirty_ratio"]:
+            # max.compaction.lag.ms: dirt older than that is cleaned whatever the ratio
+            oldest_dirty = min(i.max_timestamp for i in cleanable if i.base_offset >= checkpoint)
+            if oldest_dirty >= now - settings["max_lag_ms"]:
+                return f"dirty ratio {dirty / total:.2f} below {settings['dirty_ratio']}"
         end = cleanable[-1].next_offset
         t0 = time.perf_counter()
         stats = CleanStats()

@@ -136,6 +136,11 @@ async def test_dirty_ratio_and_min_lag_hold_the_cleaner_back(manager: StoreManag
     await _write_rounds(m, "r", 1, 5, _now())
     report = await _service(m).run_once()
     assert "dirty ratio" in report.skipped[("r", 0)]
+    # ... unless the dirt is older than max.compaction.lag.ms
+    await m.alter_topic_config("r", TopicConfig({**COMPACT, "min.cleanable.dirty.ratio": "0.9",
+                                                 "max.compaction.lag.ms": "0"}))
+    await m.append("r", 0, [_batch([(b"head", b"h")], _now())])  # the dirty round leaves the active head
+    assert ("r", 0) in (await _service(m).run_once(now=_now() + 1000)).cleaned
 
 
 async def test_a_small_offset_map_cleans_in_several_passes(manager: StoreManager) -> None:
