@@ -130,3 +130,47 @@ def test_consumers_see_latest_values_during_and_after_compaction(broker) -> None
     inside = removed[len(removed) // 2]
     moved = _confluent_read(broker.bootstrap, end, start=inside)
     assert moved[0][0] == min(o for o in offsets if o > inside)
+
+
+def test_idempotent_producer_goes_on_after_compaction(broker) -> None:
+    """An idempotent producer's batches keep their producer id, epoch and sequence through compaction (emptied
+    last batches stay), so the same producer keeps producing without sequence errors afterwards."""
+    from confluent_kafka import Producer
+
+    topic = "compacted-idempotent"
+    broker.call(broker.store.create_topic(topic, 1, TopicConfig({
+        "cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"})))
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    errors: list = []
+
+    def produce_round(r: int) -> None:
+        for k in range(50):
+            producer.produce(topic, key=b"k%d" % k, value=b"%d" % r,
+                             on_delivery=lambda err, msg: errors.append(err) if err else None)
+        assert producer.flush(15) == 0
+
+    for r in range(4):
+        produce_round(r)
+    report = broker.call(broker.runtime.compaction.run_once())
+    assert report.cleaned[(topic, 0)].records_removed > 0
+    for r in range(4, 6):
+        produce_round(r)
+    assert errors == []
+    got = _confluent_read_topic(broker.bootstrap, topic, broker.store.end_offset(topic, 0))
+    assert {k: v for _, k, v in got} == {b"k%d" % k: b"5" for k in range(50)}
+
+
+def _confluent_read_topic(bootstrap: str, topic: str, end: int) -> list[tuple[int, bytes, bytes | None]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "idempotent-reader",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    out: list = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while (not out or out[-1][0] < end - 1) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                out.append((msg.offset(), msg.key(), msg.value()))
+    finally:
+        consumer.close()
+    return out
