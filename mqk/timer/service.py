@@ -8,8 +8,8 @@ answers with its schedule topic's offset the same way). A delay beyond `BrokerCo
 
 Scheduling: a reader follows the timer topic (woken by the store's data listener) and keeps (due, timer offset)
 in a `SortedList`; a deliverer sleeps until the head is due, then re-appends due batches, byte for byte, to their
-real topic and queue, with their tags code and keys. Its own re-appends are recognised by object identity and pass
-the hook untouched.
+real topic and queue, with their tags code and keys. Its own re-appends are recognised by a context variable set in
+the deliverer task and pass the hook untouched.
 
 Restart without loss or duplicates: the state document `timer` (store.save_state: atomic + fsync) holds `floor`
 (every timer offset below it is delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the
@@ -21,6 +21,7 @@ recorded end offset, and the schedule is rebuilt by re-reading the timer topic f
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from typing import Any
@@ -35,6 +36,9 @@ from mqk.timer.delay import Waiting, batch_due_time, due_time, unwrap, wrap
 log = logging.getLogger("mqk.timer")
 
 TIMER_TOPIC = "__mqk_timer"
+#: true in the deliverer task's context: its re-appends (still carrying their delay headers) pass the hook. A
+#: context variable rather than batch identity, so a hook that copies batches cannot make a message loop.
+DELIVERING: contextvars.ContextVar[bool] = contextvars.ContextVar("mqk_timer_delivering", default=False)
 STATE_NAME = "timer"
 #: re-appends per delivery burst (one state save per burst, plus one when the due backlog is cleared)
 BURST = 4096
@@ -57,7 +61,6 @@ class TimerService:
         self._floor = 0
         self._done: set[int] = set()
         self._scan = 0
-        self._own: set[int] = set()  # ids of batch objects the deliverer is re-appending
         # payloads read by the reader, kept (within a memory budget) so delivery need not read them again
         self._payloads: dict[int, Waiting] = {}
         self._payload_bytes = 0
@@ -104,7 +107,7 @@ class TimerService:
     # --- arrival -------------------------------------------------------------------------------------------------
 
     def hook(self, ctx: PutContext) -> None:
-        if ctx.topic == TIMER_TOPIC or (ctx.batches and id(ctx.batches[0]) in self._own):
+        if ctx.topic == TIMER_TOPIC or DELIVERING.get():
             return
         now = now_ms()
         if ctx.properties:  # a native message: its properties are its headers, no need to decode
@@ -162,6 +165,7 @@ class TimerService:
     # --- delivery ------------------------------------------------------------------------------------------------
 
     async def _deliverer(self) -> None:
+        DELIVERING.set(True)  # this task's context only: its appends pass the hook
         while True:
             delay = 3600.0
             if self._schedule:
@@ -215,15 +219,12 @@ class TimerService:
                 chunk = members[start:start + 256]
                 w = chunk[0][1]
                 batches = [bytearray(entry.batch) for _, entry in chunk]
-                self._own.add(id(batches[0]))
                 try:
                     await self.store.append(w.topic, w.queue, batches, tags_code=w.tags_code, keys=list(w.keys))
                     self.delivered += len(chunk)
                 except UnknownShard:
                     log.warning("timer: topic %s/%s is gone; dropping %d message(s) due at %s", w.topic, w.queue,
                                 len(chunk), w.due)
-                finally:
-                    self._own.discard(id(batches[0]))
                 for offset, _ in chunk:
                     self._mark_done(offset)
         for item in due:

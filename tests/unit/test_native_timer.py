@@ -248,6 +248,8 @@ async def test_payloads_beyond_the_memory_budget_are_reread(store: StoreManager,
 
 
 async def test_stop_in_the_middle_of_a_burst_keeps_its_intent(store: StoreManager, monkeypatch) -> None:
+    import mqk.timer.service as service
+
     await store.create_topic("s", 1)
     timer = await TimerService(BrokerConfig(), store).start()
     original = store.append
@@ -255,7 +257,7 @@ async def test_stop_in_the_middle_of_a_burst_keeps_its_intent(store: StoreManage
 
     async def slow_append(topic, queue, batches, **kw):
         result = await original(topic, queue, batches, **kw)
-        if topic == "s" and batches and id(batches[0]) in timer._own:
+        if topic == "s" and service.DELIVERING.get():
             stuck.set()
             await asyncio.Event().wait()  # landed, but the deliverer never hears back
         return result
@@ -273,4 +275,27 @@ async def test_stop_in_the_middle_of_a_burst_keeps_its_intent(store: StoreManage
         await asyncio.sleep(0.5)
         assert await _bodies(store, "s") == [b"once"] and timer.pending == 0
     finally:
+        await timer.stop()
+
+
+async def test_a_hook_that_copies_batches_cannot_make_delivery_loop(store: StoreManager) -> None:
+    def copying_hook(ctx) -> None:
+        ctx.batches = [bytearray(b) for b in ctx.batches]
+
+    store.hooks.append(copying_hook)
+    timer = await TimerService(BrokerConfig(), store).start()
+    store.hooks.remove(copying_hook)
+    store.hooks.insert(0, copying_hook)  # runs before the timer's hook
+    try:
+        await store.create_topic("cp", 1)
+        props = {"TIMER_DELAY_MS": "50"}
+        await store.append("cp", 0, [message_to_batch(b"once", props, 0)], properties=props)
+        deadline = time.monotonic() + 3
+        while store.end_offset("cp", 0) < 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        assert store.end_offset("cp", 0) == 1 and store.end_offset(TIMER_TOPIC, 0) == 1
+    finally:
+        store.hooks.remove(copying_hook)
         await timer.stop()
