@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from mqk.errors import NotSupported, StorageError, UnknownShard
+from mqk.errors import MqkError, NotSupported, StorageError, UnknownShard
 from mqk.protocol.native.codes import ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.errors import response_code_for
@@ -34,6 +34,8 @@ class AdminProcessor:
                 await store.add_partitions(topic, queues)
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
+        except MqkError as exc:  # the store's own refusals (too many queues, a name it rejects)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
         return cmd.response(ResponseCode.SUCCESS)
 
     async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

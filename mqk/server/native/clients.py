@@ -93,10 +93,10 @@ class ClientManager:
         client_id = str(data.get("clientID") or f"{conn.peer[0]}@{conn.id}")
         self._track(conn)
         now = time.monotonic()
-        for producer in data.get("producerDataSet") or []:
+        for producer in _list(data.get("producerDataSet")):
             if isinstance(producer, dict) and producer.get("groupName"):
                 self.producers.setdefault(str(producer["groupName"]), {})[client_id] = (conn, now)
-        for consumer in data.get("consumerDataSet") or []:
+        for consumer in _list(data.get("consumerDataSet")):
             if not isinstance(consumer, dict) or not consumer.get("groupName"):
                 continue
             name = str(consumer["groupName"])
@@ -104,12 +104,13 @@ class ClientManager:
             group.message_model = str(consumer.get("messageModel") or "CLUSTERING")
             group.consume_type = str(consumer.get("consumeType") or group.consume_type)
             group.consume_from_where = str(consumer.get("consumeFromWhere") or group.consume_from_where)
-            group.raw_subscriptions = [sub for sub in consumer.get("subscriptionDataSet") or []
+            group.raw_subscriptions = [sub for sub in _list(consumer.get("subscriptionDataSet"))
                                        if isinstance(sub, dict) and sub.get("topic")]
             subs: dict[str, frozenset[str] | None] = {}
-            for sub in consumer.get("subscriptionDataSet") or []:
+            for sub in _list(consumer.get("subscriptionDataSet")):
                 if isinstance(sub, dict) and sub.get("topic"):
-                    subs[str(sub["topic"])] = parse_subscription(sub.get("subString"))
+                    expression = sub.get("subString")
+                    subs[str(sub["topic"])] = parse_subscription(None if expression is None else str(expression))
             group.subscriptions = subs
             known = group.clients.get(client_id)
             changed = known is None or known.conn is not conn
@@ -163,10 +164,10 @@ class ClientManager:
         group, client = str(req.get("consumerGroup", "")), str(req.get("clientId", ""))
         now = time.monotonic()
         locked = []
-        for mq in req.get("mqSet") or []:
-            if not isinstance(mq, dict):
+        for mq in _list(req.get("mqSet")):
+            key = _mq_key(group, mq)
+            if key is None:
                 continue
-            key = (group, str(mq.get("topic")), int(mq.get("queueId", -1)))
             holder = self._locks.get(key)
             if holder is None or holder[0] == client or now - holder[1] > LOCK_EXPIRY_S:
                 self._locks[key] = (client, now)
@@ -176,11 +177,10 @@ class ClientManager:
     async def unlock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         req = _json_body(cmd)
         group, client = str(req.get("consumerGroup", "")), str(req.get("clientId", ""))
-        for mq in req.get("mqSet") or []:
-            if isinstance(mq, dict):
-                key = (group, str(mq.get("topic")), int(mq.get("queueId", -1)))
-                if self._locks.get(key, ("",))[0] == client:
-                    del self._locks[key]
+        for mq in _list(req.get("mqSet")):
+            key = _mq_key(group, mq)
+            if key is not None and self._locks.get(key, ("",))[0] == client:
+                del self._locks[key]
         return cmd.response(ResponseCode.SUCCESS)
 
     # --- membership changes ------------------------------------------------------------------------------------
@@ -232,3 +232,17 @@ def _json_body(cmd: RemotingCommand) -> dict:
     except (ValueError, UnicodeDecodeError):
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def _list(value: object) -> list:
+    """A JSON array from a client, or nothing (a malformed field is ignored, not a crash)."""
+    return value if isinstance(value, list) else []
+
+
+def _mq_key(group: str, mq: object) -> tuple[str, str, int] | None:
+    if not isinstance(mq, dict):
+        return None
+    try:
+        return group, str(mq.get("topic")), int(mq.get("queueId", -1))
+    except (TypeError, ValueError):
+        return None

@@ -34,7 +34,7 @@ log = logging.getLogger("mqk.native")
 #: ~150 bytes an entry: 100k recent messages cost ~15 MB
 LOCATION_CACHE_SIZE = 100_000
 #: RocketMQ's topic name rule widened by '.', which Kafka topic names use
-TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_.\-]{1,249}$")
+TOPIC_NAME = re.compile(r"^(?!\.{1,2}$)[%|a-zA-Z0-9_.\-]{1,249}$")
 
 
 def now_ms() -> int:

@@ -15,7 +15,7 @@ import itertools
 import zlib
 from typing import Any
 
-from mqk.errors import StorageError
+from mqk.errors import MqkError, StorageError
 from mqk.protocol.native.codes import (
     DEFAULT_MAX_RECONSUME_TIMES,
     DLQ_GROUP_TOPIC_PREFIX,
@@ -105,7 +105,10 @@ class SendProcessor:
             wanted = cmd.get_int("defaultTopicQueueNums", 0) or 0
             count = 1 if self.ctx.is_system_topic(topic) else (
                 min(wanted, self.ctx.config.num_partitions) if wanted > 0 else self.ctx.config.num_partitions)
-            queues = await self.ctx.ensure_topic(topic, count)
+            try:
+                queues = await self.ctx.ensure_topic(topic, count)
+            except MqkError as exc:  # the store refuses the name or the count
+                return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot create topic {topic}: {exc}")
         queue = cmd.get_int("queueId", -1)
         if queue is None or queue < 0:
             queue = next(self._round_robin) % queues
@@ -204,7 +207,10 @@ class SendProcessor:
         else:
             target = RETRY_GROUP_TOPIC_PREFIX + group
             props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level if delay_level > 0 else 3 + times)
-        await self.ctx.ensure_topic(target, 1)
+        try:
+            await self.ctx.ensure_topic(target, 1)
+        except MqkError as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot create topic {target}: {exc}")
         try:
             await self.ctx.store.append(
                 target, 0,
