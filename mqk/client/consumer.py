@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 
 from mqk.client.base import ClientBase, MessageQueue
 from mqk.client.remoting import ClientError
+from mqk.errors import MqkError
 from mqk.protocol.native.codes import (
     AUTO_CREATE_TOPIC_KEY,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -261,8 +262,9 @@ class PushConsumer(PullConsumer):
                     self._rebalance_now.clear()
                     await self.rebalance()
                 await self.commit_consumed()
-            except ClientError as exc:
+            except (MqkError, ValueError, KeyError, OSError) as exc:  # keep consuming; the next round retries
                 log.warning("push consumer %s: %s", self.group, exc)
+                await asyncio.sleep(self.commit_interval)
 
     async def rebalance(self) -> None:
         broker = await self._broker()
@@ -317,7 +319,7 @@ class PushConsumer(PullConsumer):
                     offset = await self._start_offset(mq)
                     self._consumed[mq] = offset
                 result = await self.pull(mq, offset, self.pull_batch_size, expression, self.suspend_ms)
-            except ClientError as exc:
+            except (MqkError, ValueError, KeyError, OSError) as exc:  # incl. a malformed answer: retry, don't die
                 log.warning("pull from %s failed: %s", mq, exc)
                 await asyncio.sleep(1)
                 continue
