@@ -20,6 +20,8 @@ from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
 
 cqunit = load("cqunit")
 UNIT = cqunit.UNIT_SIZE
+#: disk blocks of a ConsumeQueue file are reserved this many bytes at a time, ahead of the writer
+RESERVE_STEP = 64 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -29,7 +31,8 @@ class ConsumeQueue:
     def __init__(self, directory: Path, units_per_file: int) -> None:
         self.dir = Path(directory)
         self.units_per_file = units_per_file
-        self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False)
+        # blocks are reserved 64 KiB (1,365 units) at a time: a thousand quiet queues must not pin gigabytes
+        self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False, reserve_step=RESERVE_STEP)
         #: queue offset the next batch gets (one past the last unit's span)
         self.end_offset = 0
         #: running maximum record timestamp over the queue (what the next unit's max_timestamp builds on)
@@ -61,6 +64,8 @@ class ConsumeQueue:
             mf = self.mfq.roll(0)  # a queue's first file holds unit 0
         self.max_ts = max(self.max_ts, batch_max_ts)
         pos = mf.wrote
+        if pos + UNIT > mf.reserved:
+            mf.ensure_reserved(pos + UNIT)
         self._pack(mf.buf, pos, phys, size, count, tags_code, store_ts, self.max_ts, base_offset)
         mf.wrote = mf.committed = pos + UNIT  # pack_unit raised OutOfBounds had it not fit
         self.end_offset = base_offset + count

@@ -474,9 +474,13 @@ class FileEngine(StorageAdapter):
         clog = self.clog
         cq = shard.cq
         cq_files = cq.mfq.files
-        if not cq_files or cq_files[-1].file_size - cq_files[-1].wrote < len(parts) * UNIT:
-            # the ConsumeQueue file the units go to must exist before the CommitLog is written: on a full disk
-            # this refuses the whole append (StorageFull) instead of leaving an entry without its unit
+        # the ConsumeQueue blocks the units go to must exist before the CommitLog is written: on a full disk
+        # this refuses the whole append (StorageFull) instead of leaving an entry without its unit
+        need = len(parts) * UNIT
+        last_cq = cq_files[-1] if cq_files else None
+        if last_cq is not None and last_cq.wrote + need > last_cq.reserved:
+            last_cq.ensure_reserved(min(last_cq.file_size, last_cq.wrote + need))
+        if last_cq is None or last_cq.file_size - last_cq.wrote < need:
             cq.mfq.reserve_next()
         topic_b = shard.topic_b
         hooks = self.dispatcher.hooks

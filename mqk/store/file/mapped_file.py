@@ -41,9 +41,13 @@ class MappedFile:
     """One mapped segment. Not thread-safe for writes: the store writes from the event loop thread only; flush
     (`fdatasync`) may run in a worker thread concurrently with writes, which the kernel allows."""
 
-    __slots__ = ("_closed", "buf", "committed", "fd", "file_size", "flushed", "mm", "path", "start_offset", "wrote")
+    __slots__ = ("_closed", "buf", "committed", "fd", "file_size", "flushed", "mm", "path", "reserve_step",
+                 "reserved", "start_offset", "wrote")
 
-    def __init__(self, path: Path, file_size: int, start_offset: int) -> None:
+    def __init__(self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0) -> None:
+        """`reserve_step` 0 reserves the whole file's blocks at creation (CommitLog segments); a positive step
+        reserves them that many bytes at a time ahead of the writer (`ensure_reserved`), so a ConsumeQueue file
+        of a quiet queue does not hold megabytes of disk it may never use."""
         if file_size <= 0:
             raise StorageError(f"mapped file size must be positive, not {file_size}")
         self.path = Path(path)
@@ -61,7 +65,7 @@ class MappedFile:
                 os.ftruncate(fd, file_size)
                 # reserve the blocks now: on a full disk this fails here with ENOSPC (StorageFull) instead of a
                 # later write into a sparse hole of the mapping killing the process with SIGBUS
-                _allocate(fd, file_size, self.path)
+                _allocate(fd, 0, min(reserve_step, file_size) if reserve_step > 0 else file_size, self.path)
             self.mm = mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
@@ -74,6 +78,10 @@ class MappedFile:
         self.wrote = 0
         self.committed = 0
         self.flushed = 0
+        self.reserve_step = reserve_step
+        #: bytes [0, reserved) have disk blocks (an existing file's allocation is unknown: re-reserved on demand,
+        #: which costs nothing where blocks already exist)
+        self.reserved = file_size if reserve_step <= 0 else 0
         self._closed = False
 
     # --- positions -------------------------------------------------------------------------------------
@@ -104,6 +112,18 @@ class MappedFile:
         if n < 0 or new > self.file_size:
             raise OutOfBounds(f"advance by {n} at {self.wrote} beyond {self.file_size} in {self.path.name}")
         self.wrote = self.committed = new
+
+    def ensure_reserved(self, end: int) -> None:
+        """Make sure bytes [0, end) have disk blocks before anything is written there (StorageFull if the disk
+        is full); a write into an unreserved hole of a shared mapping on a full disk is a SIGBUS, not an error."""
+        if end <= self.reserved:
+            return
+        if end > self.file_size:
+            raise OutOfBounds(f"reserve up to {end} beyond {self.file_size} in {self.path.name}")
+        step = self.reserve_step or self.file_size
+        new = min(self.file_size, -(-end // step) * step)
+        _allocate(self.fd, self.reserved, new - self.reserved, self.path)
+        self.reserved = new
 
     # --- bytes -----------------------------------------------------------------------------------------
 
@@ -199,9 +219,9 @@ class MappedFile:
         return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
 
 
-def _allocate(fd: int, size: int, path: Path) -> None:
+def _allocate(fd: int, offset: int, size: int, path: Path) -> None:
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, offset, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StorageFull(f"no space for {path.name} ({size} bytes): {exc.strerror}") from None
@@ -317,9 +337,11 @@ class _Allocator:
 class MappedFileQueue:
     """The ordered segments of one log, each `file_size` bytes, named by start offset."""
 
-    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True, warm: bool = True) -> None:
+    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True, warm: bool = True,
+                 reserve_step: int = 0) -> None:
         self.dir = Path(directory)
         self.file_size = file_size
+        self.reserve_step = reserve_step
         self.files: list[MappedFile] = []
         self._starts: list[int] = []  # parallel to files, for bisect
         self._allocator = _Allocator(self.dir.name, warm) if preallocate else None
@@ -362,7 +384,7 @@ class MappedFileQueue:
                 # cut short (by hand or a crash while it was being created): it is extended with zeros, which
                 # recovery reads as the end of data
                 log.warning("segment %s is %d bytes, less than %d; extending it", p, size, self.file_size)
-            files.append(MappedFile(p, self.file_size, start))
+            files.append(MappedFile(p, self.file_size, start, self.reserve_step))
         for p in aside:
             p.rename(p.with_name(p.name + ".unusable"))
         with self._lock:
@@ -441,7 +463,7 @@ class MappedFileQueue:
         elif self._spare is not None and self._spare.start_offset == start:
             mf, self._spare = self._spare, None
         else:
-            mf = MappedFile(path, self.file_size, start)
+            mf = MappedFile(path, self.file_size, start, self.reserve_step)
         with self._lock:
             self.files.append(mf)
             self._starts.append(start)
@@ -459,7 +481,7 @@ class MappedFileQueue:
             self._spare.destroy()
             self._spare = None
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._spare = MappedFile(self._path(start), self.file_size, start)
+        self._spare = MappedFile(self._path(start), self.file_size, start, self.reserve_step)
 
     # --- durability ------------------------------------------------------------------------------------
 
