@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             r = producer_perf.run(bootstrap, args.topic, args.produce_first, args.record_size,
                                   producer_props={"acks": "1"}, sample_every=1000, quiet=True)
             print(f"produced {args.produce_first} records first ({r['records_per_s']:.0f} records/sec)")
+        if broker:
+            broker.settle()
         cpu0 = broker.cpu_seconds() if broker else 0.0
         result = run(bootstrap, args.topic, args.messages, args.group, args.timeout,
                      perfutil.parse_props(args.consumer_props))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,6 +70,16 @@ class Broker:
 
     def cpu_seconds(self) -> float:
         return proc_cpu_seconds(self.process.proc.pid)
+
+    def settle(self, quiet_s: float = 0.5, timeout_s: float = 30.0) -> None:
+        """Wait until the broker is idle (background flush / dispatch of an earlier phase done), so the next
+        phase's CPU figure is its own."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            c0 = self.cpu_seconds()
+            time.sleep(quiet_s)
+            if self.cpu_seconds() - c0 < 0.02 * quiet_s / 0.5:
+                return
 
     def close(self) -> None:
         try:
