@@ -113,6 +113,19 @@ async def topics_describe(args: argparse.Namespace) -> None:
         print(f"  {entry['name']}={entry['value']}{marker}")
 
 
+async def topics_delete_records(args: argparse.Namespace) -> None:
+    """Move a partition's log start offset to `--before` (-1: the end offset), as kafka-delete-records does."""
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.DELETE_RECORDS, 2, {
+            "topics": [{"name": args.topic,
+                        "partitions": [{"partition_index": args.partition, "offset": args.before}]}],
+            "timeout_ms": 30000,
+        })
+    part = resp["topics"][0]["partitions"][0]
+    _check(part["error_code"], f"delete records of {args.topic}[{args.partition}]")
+    print(f"{args.topic}[{args.partition}] now starts at offset {part['low_watermark']}")
+
+
 # --- groups --------------------------------------------------------------------------------------------
 
 
@@ -292,6 +305,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = with_bootstrap(tsub.add_parser("delete"))
     p.add_argument("topic")
     p.set_defaults(run=topics_delete)
+    p = with_bootstrap(tsub.add_parser("delete-records", help="move a partition's log start offset forward"))
+    p.add_argument("topic")
+    p.add_argument("--partition", type=int, default=0)
+    p.add_argument("--before", type=int, required=True, help="new log start offset; -1 = the end offset")
+    p.set_defaults(run=topics_delete_records)
 
     groups = sub.add_parser("groups", help="list and describe consumer groups")
     gsub = groups.add_subparsers(dest="action", required=True)

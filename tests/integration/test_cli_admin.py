@@ -48,3 +48,15 @@ def test_unreachable_broker_is_one_line_not_a_traceback():
     out = mqk("topics", "list", "--bootstrap", "127.0.0.1:1")
     assert out.returncode == 1
     assert "cannot reach the broker" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_delete_records_moves_the_log_start_and_consume_follows(mqk_broker):
+    b = ("--bootstrap", mqk_broker.bootstrap)
+    assert mqk("produce", "--topic", "dr", *b, stdin="".join(f"r{i}\n" for i in range(5))).returncode == 0
+    moved = mqk("topics", "delete-records", "dr", "--before", "3", *b)
+    assert moved.returncode == 0, moved.stderr
+    assert "now starts at offset 3" in moved.stdout
+    consumed = mqk("consume", "--topic", "dr", "--json", "--max-messages", "2", *b)
+    assert [json.loads(line)["value"] for line in consumed.stdout.splitlines()] == ["r3", "r4"]
+    beyond = mqk("topics", "delete-records", "dr", "--before", "99", *b)
+    assert beyond.returncode == 1 and "OffsetOutOfRange" in beyond.stderr
