@@ -239,12 +239,58 @@ async def test_garbage_bytes_close_only_that_connection(native: Native) -> None:
     assert resp.code == ResponseCode.SUCCESS
 
 
-async def test_transactional_half_messages_refused(native: Native) -> None:
-    resp = await raw(native.broker_addr, RequestCode.SEND_MESSAGE_V2,
-                     {"a": "pg", "b": "tx", "d": 4, "e": 0, "f": 4, "g": 0, "h": 0, "i": "TRAN_MSG\x01true\x02"},
-                     body=b"half")
+async def test_transactional_batches_refused(native: Native) -> None:
+    from mqk.protocol.native.message import BatchItem, encode_batch_body
+
+    body = encode_batch_body([BatchItem(b"half", {"TRAN_MSG": "true"})])
+    resp = await raw(native.broker_addr, RequestCode.SEND_BATCH_MESSAGE,
+                     {"a": "pg", "b": "tx", "d": 4, "e": 0, "f": 4, "g": 0, "h": 0, "i": "TRAN_MSG\x01true\x02",
+                      "m": "true"}, body=body)
     assert resp.code == ResponseCode.NO_PERMISSION and "transaction" in (resp.remark or "")
-    assert native.store.topic("tx") is None or native.store.end_offset("tx", 0) == 0
+
+
+async def test_transactions_commit_rollback_and_check(native: Native) -> None:
+    from mqk.client import COMMIT_MESSAGE, ROLLBACK_MESSAGE, UNKNOWN, TransactionProducer
+
+    await native.store.create_topic("txn", 1)
+    checked: list[bytes] = []
+
+    def check(msg) -> str:
+        checked.append(msg.body)
+        assert msg.topic == "txn" and msg.properties["PGROUP"] == "tpg"
+        return COMMIT_MESSAGE
+
+    mq = MessageQueue("txn", "mqk-broker-a", 0)
+    async with PullConsumer(native.ns, "tcg") as consumer:
+        producer = await TransactionProducer(native.ns, "tpg", check).start()
+        try:
+            _, state = await producer.send_in_transaction(Message("txn", b"committed", tags="T"),
+                                                          lambda r: COMMIT_MESSAGE)
+            assert state == COMMIT_MESSAGE
+            await producer.send_in_transaction(Message("txn", b"rolled-back"), lambda r: ROLLBACK_MESSAGE)
+            await producer.send_in_transaction(Message("txn", b"undecided"), lambda r: UNKNOWN)
+            got = await consumer.pull(mq, 0, suspend_ms=3000)
+            assert [m.body for m in got.messages] == [b"committed"]
+            assert got.messages[0].tags == "T" and "TRAN_MSG" not in got.messages[0].properties
+            # the broker asks the producer group about the undecided one; the answer commits it
+            assert await native.broker.transactions.check_once(older_than_ms=0) == 1
+            later = await consumer.pull(mq, 1, suspend_ms=3000)
+            assert [m.body for m in later.messages] == [b"undecided"] and checked == [b"undecided"]
+            assert await native.broker.transactions.check_once(older_than_ms=0) == 0  # nothing open any more
+        finally:
+            await producer.stop()
+        await asyncio.sleep(0.2)
+        assert native.store.end_offset("txn", 0) == 2  # the rolled-back message never appears
+    # what was resolved is rebuilt from the op topic (a restart asks nobody about it again)
+    from mqk.server.native.transaction import TransactionService
+
+    again = TransactionService(native.broker.ctx, native.broker.clients)
+    await again.start()
+    try:
+        assert again.resolved == native.broker.transactions.resolved and len(again.resolved) == 3
+        assert await again.check_once(older_than_ms=0) == 0
+    finally:
+        await again.stop()
 
 
 async def test_compressed_body_is_inflated_and_v1_header_names(native: Native) -> None:

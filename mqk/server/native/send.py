@@ -43,6 +43,7 @@ from mqk.protocol.native.message import (
 from mqk.protocol.native.records import keys_of, message_to_batch, synthetic_offset, tags_code_for
 from mqk.server.native.context import TOPIC_NAME, BrokerContext, now_ms
 from mqk.server.native.remoting import Connection
+from mqk.server.native.transaction import TransactionService
 
 #: RocketMQ's maxMessageSize default
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -63,6 +64,8 @@ class SendProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self._round_robin = itertools.count()
+        #: the half-message service; None refuses transactional sends
+        self.transactions: TransactionService | None = None
 
     async def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         cmd = normalize_send_header(cmd)
@@ -74,10 +77,11 @@ class SendProcessor:
         reconsume = cmd.get_int("reconsumeTimes", 0) or 0
         batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or cmd.get_bool("batch")
 
-        if sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED or \
-                props.get(PROPERTY_TRANSACTION_PREPARED) == "true":
-            # no half-message store yet: refuse as a RocketMQ broker with rejectTransactionMessage does, rather
-            # than make a half message visible before its commit
+        prepared = (sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED
+                    or props.get(PROPERTY_TRANSACTION_PREPARED) == "true")
+        if prepared and (self.transactions is None or batch):
+            # refuse as a RocketMQ broker with rejectTransactionMessage does, rather than make a half message
+            # visible before its commit
             return cmd.response(ResponseCode.NO_PERMISSION, "sending transaction message is forbidden")
         if not TOPIC_NAME.match(topic):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
@@ -116,6 +120,9 @@ class SendProcessor:
             return cmd.response(ResponseCode.SYSTEM_ERROR,
                                 f"request queueId[{queue}] is illegal, topic {topic} has {queues} queues")
 
+        if prepared:
+            assert self.transactions is not None
+            return await self.transactions.prepare(cmd, topic, queue, body, props, flag, born, conn.peer)
         if batch:
             try:
                 items = decode_batch_body(body, MAX_BATCH_MESSAGES)

@@ -19,6 +19,7 @@ from mqk.server.native.offsets import OffsetProcessor
 from mqk.server.native.pull import PullProcessor
 from mqk.server.native.remoting import Connection, RemotingServer
 from mqk.server.native.send import SendProcessor
+from mqk.server.native.transaction import TransactionService
 
 Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
@@ -33,6 +34,8 @@ class NativeServer:
         pull = PullProcessor(self.ctx, self.clients)
         offsets = OffsetProcessor(self.ctx)
         admin = AdminProcessor(self.ctx)
+        self.transactions = TransactionService(self.ctx, self.clients)
+        send.transactions = self.transactions
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.send,
             RequestCode.SEND_MESSAGE_V2: send.send,
@@ -57,6 +60,7 @@ class NativeServer:
             RequestCode.QUERY_MESSAGE: admin.query_message,
             RequestCode.VIEW_MESSAGE_BY_ID: admin.view_message,
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
+            RequestCode.END_TRANSACTION: self.transactions.end,
         }
         self._remoting = RemotingServer(config.native_listen, self.dispatch, config.native_max_frame_bytes,
                                         "rocketmq-broker")
@@ -68,10 +72,12 @@ class NativeServer:
         self.address = await self._remoting.start()
         self.ctx.host = self.address
         self.clients.start()
+        await self.transactions.start()
         return self.address
 
     async def stop(self) -> None:
         self.ctx.long_poll.wake_all()
+        await self.transactions.stop()
         await self.clients.stop()
         await self._remoting.stop()
 

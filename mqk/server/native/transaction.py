@@ -1,0 +1,199 @@
+"""Transactional (half) messages, RocketMQ 4.x style: SEND with the prepared sys flag stores the message in the
+half topic, END_TRANSACTION commits (re-appends it to its real topic and queue) or rolls back, and a check loop
+asks the producer group (CHECK_TRANSACTION_STATE, broker → client) about half messages left open too long.
+
+Storage: half messages live in `RMQ_SYS_TRANS_HALF_TOPIC` (their real topic and queue in `REAL_TOPIC` /
+`REAL_QID`); each commit or rollback appends one record (the half offset) to `RMQ_SYS_TRANS_OP_HALF_TOPIC`, so
+the resolved set is rebuilt from the op topic at start and a commit is never applied twice. A commit writes the
+message before its op record: a crash between them may apply it again when the producer re-sends
+END_TRANSACTION after a check (at-least-once, as in RocketMQ). A half message still open after
+`MAX_CHECKS` checks is rolled back.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from mqk.errors import MqkError, StorageError
+from mqk.protocol.native.codes import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    RequestCode,
+    ResponseCode,
+)
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.errors import response_code_for
+from mqk.protocol.native.message import MessageExt, encode_message_ext, encode_message_id
+from mqk.protocol.native.records import keys_of, message_to_batch, tags_code_for
+from mqk.server.native.clients import ClientManager
+from mqk.server.native.context import BrokerContext, now_ms
+from mqk.server.native.remoting import Connection
+
+log = logging.getLogger("mqk.native")
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0  # MessageSysFlag transaction types, as END_TRANSACTION sends them
+#: RocketMQ's transactionTimeOut and transactionCheckMax
+CHECK_AFTER_MS = 6_000
+MAX_CHECKS = 15
+
+
+class TransactionService:
+    def __init__(self, ctx: BrokerContext, clients: ClientManager, check_interval_s: float = 5.0) -> None:
+        self.ctx = ctx
+        self.clients = clients
+        self.check_interval_s = check_interval_s
+        self.resolved: set[int] = set()
+        self._checks: dict[int, int] = {}
+        self._scan_from = 0
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        store = self.ctx.store
+        for topic in (HALF_TOPIC, OP_TOPIC):
+            await self.ctx.ensure_topic(topic, 1)
+        offset = store.log_start_offset(OP_TOPIC, 0)
+        while offset < store.end_offset(OP_TOPIC, 0):
+            read = await store.read(OP_TOPIC, 0, offset, 1 << 20)
+            if not read.batches:
+                break
+            for batch in read.batches:
+                for msg in self.ctx.to_messages(OP_TOPIC, 0, batch, offset):
+                    try:
+                        self.resolved.add(int(msg.body))
+                    except ValueError:
+                        log.warning("transaction op record %s is not an offset", msg.queue_offset)
+            offset = read.next_offset
+        self._scan_from = store.log_start_offset(HALF_TOPIC, 0)
+        self._task = asyncio.create_task(self._check_loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # --- prepare / end ---------------------------------------------------------------------------------------
+
+    async def prepare(self, cmd: RemotingCommand, topic: str, queue: int, body: bytes, props: dict[str, str],
+                      flag: int, born: int, born_host: tuple[str, int]) -> RemotingCommand:
+        half_props = {**props, PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: str(queue),
+                      PROPERTY_TRANSACTION_PREPARED: "true"}
+        try:
+            result = await self.ctx.store.append(HALF_TOPIC, 0, [message_to_batch(body, half_props, born, flag, 0,
+                                                                                 born_host)])
+        except StorageError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        commit = result.physical_offset if result.physical_offset >= 0 else None
+        msgs = await self.ctx.read_messages(HALF_TOPIC, 0, result.base_offset, 1)
+        if commit is None:
+            commit = msgs[0].commit_log_offset if msgs else 0
+        msg_id = encode_message_id(self.ctx.host[0], self.ctx.host[1], commit)
+        return cmd.response(ResponseCode.SUCCESS, ext={
+            "msgId": msg_id, "queueId": queue, "queueOffset": result.base_offset,
+            "transactionId": props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id)})
+
+    async def end(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """END_TRANSACTION: `tranStateTableOffset` names the half message (its offset in the half topic)."""
+        half_offset = cmd.get_int("tranStateTableOffset", required=True)
+        decision = cmd.get_int("commitOrRollback", required=True)
+        assert half_offset is not None
+        if decision == UNKNOWN:
+            return cmd.response(ResponseCode.SUCCESS)
+        if decision not in (COMMIT, ROLLBACK):
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"commitOrRollback {decision} is not 0, 8 or 12")
+        async with self._lock:
+            if half_offset in self.resolved:
+                return cmd.response(ResponseCode.SUCCESS, "already resolved")
+            msgs = await self.ctx.read_messages(HALF_TOPIC, 0, half_offset, 1)
+            if not msgs or msgs[0].queue_offset != half_offset:
+                return cmd.response(ResponseCode.SYSTEM_ERROR, f"no half message at {half_offset}")
+            if decision == COMMIT:
+                error = await self._commit(msgs[0])
+                if error is not None:
+                    return cmd.response(response_code_for(error), str(error))
+            await self._resolve(half_offset)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def _commit(self, half: MessageExt) -> MqkError | None:
+        props = {k: v for k, v in half.properties.items()
+                 if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED)}
+        topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+        try:
+            queue = int(half.properties.get(PROPERTY_REAL_QUEUE_ID, "0"))
+            await self.ctx.store.append(
+                topic, queue, [message_to_batch(half.body, props, half.born_timestamp, half.flag, 0, half.born_host)],
+                tags_code=tags_code_for(props), keys=keys_of(props), properties=props)
+        except (MqkError, ValueError) as exc:
+            return exc if isinstance(exc, MqkError) else StorageError(str(exc))
+        return None
+
+    async def _resolve(self, half_offset: int) -> None:
+        await self.ctx.store.append(OP_TOPIC, 0, [message_to_batch(str(half_offset).encode(), {}, now_ms())])
+        self.resolved.add(half_offset)
+        self._checks.pop(half_offset, None)
+
+    # --- check-back ----------------------------------------------------------------------------------------------
+
+    async def _check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_interval_s)
+            try:
+                await self.check_once()
+            except (MqkError, OSError):
+                log.exception("transaction check failed")
+
+    async def check_once(self, older_than_ms: int = CHECK_AFTER_MS) -> int:
+        """Ask producers about half messages open longer than `older_than_ms`; returns how many were asked."""
+        store = self.ctx.store
+        end = store.end_offset(HALF_TOPIC, 0)
+        offset = max(self._scan_from, store.log_start_offset(HALF_TOPIC, 0))
+        while offset < end and offset in self.resolved:
+            offset += 1
+        self._scan_from = offset  # every half message below is resolved
+        asked = 0
+        deadline = now_ms() - older_than_ms
+        while offset < end:
+            msgs = await self.ctx.read_messages(HALF_TOPIC, 0, offset, 256)
+            if not msgs:
+                break
+            for msg in msgs:
+                if msg.queue_offset in self.resolved:
+                    continue
+                if msg.store_timestamp > deadline:
+                    return asked  # younger ones follow
+                asked += await self._ask(msg)
+            offset = msgs[-1].queue_offset + 1
+        return asked
+
+    async def _ask(self, half: MessageExt) -> int:
+        count = self._checks.get(half.queue_offset, 0) + 1
+        if count > MAX_CHECKS:
+            log.info("half message %s unresolved after %d checks: rolled back", half.queue_offset, MAX_CHECKS)
+            async with self._lock:
+                if half.queue_offset not in self.resolved:
+                    await self._resolve(half.queue_offset)
+            return 0
+        self._checks[half.queue_offset] = count
+        group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
+        members = self.clients.producers.get(group) or {}
+        live = [c for c, _ in members.values() if not c.closed]
+        if not live:
+            return 0
+        conn = live[count % len(live)]
+        shown = MessageExt(**{**half.__dict__})
+        shown.topic = half.properties.get(PROPERTY_REAL_TOPIC, half.topic)
+        try:
+            shown.queue_id = int(half.properties.get(PROPERTY_REAL_QUEUE_ID, "0"))
+        except ValueError:
+            pass
+        ext: dict[str, Any] = {
+            "tranStateTableOffset": str(half.queue_offset), "commitLogOffset": str(half.commit_log_offset),
+            "msgId": half.msg_id, "transactionId": half.msg_id, "offsetMsgId": half.offset_msg_id}
+        await conn.send_oneway(RequestCode.CHECK_TRANSACTION_STATE, ext, encode_message_ext(shown))
+        return 1
