@@ -107,7 +107,8 @@ class TimerService:
     # --- arrival -------------------------------------------------------------------------------------------------
 
     def hook(self, ctx: PutContext) -> None:
-        if ctx.topic == TIMER_TOPIC or DELIVERING.get():
+        # half messages wait for their commit, not their time: a delay applies when the commit appends them
+        if ctx.topic == TIMER_TOPIC or DELIVERING.get() or ctx.topic.startswith("RMQ_SYS_TRANS_"):
             return
         now = now_ms()
         if ctx.properties:  # a native message: its properties are its headers, no need to decode
