@@ -56,8 +56,9 @@ class TransactionService:
 
     async def start(self) -> None:
         store = self.ctx.store
-        for topic in (HALF_TOPIC, OP_TOPIC):
-            await self.ctx.ensure_topic(topic, 1)
+        self._task = asyncio.create_task(self._check_loop())
+        if store.topic(OP_TOPIC) is None or store.topic(HALF_TOPIC) is None:
+            return  # no transaction yet: the topics appear with the first half message
         offset = store.log_start_offset(OP_TOPIC, 0)
         while offset < store.end_offset(OP_TOPIC, 0):
             read = await store.read(OP_TOPIC, 0, offset, 1 << 20)
@@ -71,7 +72,6 @@ class TransactionService:
                         log.warning("transaction op record %s is not an offset", msg.queue_offset)
             offset = read.next_offset
         self._scan_from = store.log_start_offset(HALF_TOPIC, 0)
-        self._task = asyncio.create_task(self._check_loop())
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -85,6 +85,8 @@ class TransactionService:
         half_props = {**props, PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: str(queue),
                       PROPERTY_TRANSACTION_PREPARED: "true"}
         try:
+            for internal in (HALF_TOPIC, OP_TOPIC):
+                await self.ctx.ensure_topic(internal, 1)
             result = await self.ctx.store.append(HALF_TOPIC, 0, [message_to_batch(body, half_props, born, flag, 0,
                                                                                  born_host)])
         except StorageError as exc:
@@ -151,6 +153,8 @@ class TransactionService:
     async def check_once(self, older_than_ms: int = CHECK_AFTER_MS) -> int:
         """Ask producers about half messages open longer than `older_than_ms`; returns how many were asked."""
         store = self.ctx.store
+        if store.topic(HALF_TOPIC) is None:
+            return 0
         end = store.end_offset(HALF_TOPIC, 0)
         offset = max(self._scan_from, store.log_start_offset(HALF_TOPIC, 0))
         while offset < end and offset in self.resolved:
