@@ -181,6 +181,45 @@ async def produce_kafka(args: argparse.Namespace) -> None:
           file=sys.stderr)
 
 
+async def produce_native(args: argparse.Namespace) -> None:
+    from mqk.client import Message, Producer
+
+    values = _input_values(args)
+    properties = _parse_configs(args.header)
+    async with Producer(args.namesrv, "mqk-cli-producer") as producer:
+        for value in values:
+            result = await producer.send(Message(
+                args.topic, value, tags=args.tags, keys=[args.key] if args.key else None, properties=properties,
+                delay_level=args.delay_level, deliver_at_ms=args.deliver_at))
+        if values:
+            print(f"{len(values)} message(s) sent to {args.topic}, last to queue {result.queue.queue_id} "
+                  f"at offset {result.queue_offset}", file=sys.stderr)
+
+
+async def consume_native(args: argparse.Namespace) -> None:
+    from mqk.client.tools import consume
+
+    def out(msg: Any) -> None:
+        if args.json:
+            print(json.dumps({
+                "queue": msg.queue_id, "offset": msg.queue_offset, "tags": msg.tags, "keys": list(msg.keys),
+                "value": msg.body.decode(errors="replace"), "properties": msg.properties,
+            }), flush=True)
+        else:
+            print(msg.body.decode(errors="replace"), flush=True)
+
+    await consume(args.namesrv, args.topic, args.group, expression=args.tags or "*",
+                  from_beginning=args.offset != -1, max_messages=None if args.max_messages >= 1 << 62
+                  else args.max_messages, idle_timeout_s=args.timeout, out=out)
+
+
+def _by_protocol(kafka: Any, native: Any) -> Any:
+    async def run(args: argparse.Namespace) -> None:
+        await (native if args.protocol == "native" else kafka)(args)
+
+    return run
+
+
 async def consume_kafka(args: argparse.Namespace) -> None:
     from mqk._fast import load
     from mqk.protocol.kafka.records import decompress
@@ -287,6 +326,11 @@ async def query_by_key(args: argparse.Namespace) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the admin and data commands to the `mqk` parser."""
 
+    def with_native(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--protocol", choices=("kafka", "native"), default="kafka",
+                       help="kafka (default) or native: RocketMQ remoting through the name server")
+        p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="native: the name server")
+
     def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
         return p
@@ -324,7 +368,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key")
     p.add_argument("--header", action="append", metavar="KEY=VALUE")
     p.add_argument("--value", action="append", help="a record value (repeatable); default: read stdin lines")
-    p.set_defaults(run=produce_kafka)
+    with_native(p)
+    p.add_argument("--tags", help="native: the message's TAGS")
+    p.add_argument("--delay-level", type=int, default=0, help="native: RocketMQ delay level 1..18")
+    p.add_argument("--deliver-at", type=int, help="native: delivery time, epoch ms")
+    p.set_defaults(run=_by_protocol(produce_kafka, produce_native))
 
     p = with_bootstrap(sub.add_parser("consume", help="print records of one partition"))
     p.add_argument("--topic", required=True)
@@ -333,7 +381,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-messages", type=int, default=1 << 62)
     p.add_argument("--timeout", type=float, default=10.0, help="stop after this many seconds")
     p.add_argument("--json", action="store_true", help="one JSON object per record with key, headers, offset")
-    p.set_defaults(run=consume_kafka)
+    with_native(p)
+    p.add_argument("--group", default="mqk-cli-consumer", help="native: the consumer group (commits its offsets)")
+    p.add_argument("--tags", help="native: tag expression, e.g. 'a || b'")
+    p.set_defaults(run=_by_protocol(consume_kafka, consume_native))
 
     for p in (topics, groups):
         p.set_defaults(func=run_command)

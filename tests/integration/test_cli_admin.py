@@ -60,3 +60,20 @@ def test_delete_records_moves_the_log_start_and_consume_follows(mqk_broker):
     assert [json.loads(line)["value"] for line in consumed.stdout.splitlines()] == ["r3", "r4"]
     beyond = mqk("topics", "delete-records", "dr", "--before", "99", *b)
     assert beyond.returncode == 1 and "OffsetOutOfRange" in beyond.stderr
+
+
+def test_native_protocol_produce_and_consume_with_tags(mqk_broker):
+    host, port = mqk_broker.namesrv_address
+    n = ("--protocol", "native", "--namesrv", f"{host}:{port}")
+    assert mqk("topics", "create", "nat", "--bootstrap", mqk_broker.bootstrap).returncode == 0
+    sent = mqk("produce", "--topic", "nat", "--tags", "red", "--key", "k1", *n, stdin="a\nb\n")
+    assert sent.returncode == 0, sent.stderr
+    assert mqk("produce", "--topic", "nat", "--tags", "blue", *n, stdin="c\n").returncode == 0
+    red = mqk("consume", "--topic", "nat", "--tags", "red", "--json", "--timeout", "2", *n)
+    assert red.returncode == 0, red.stderr
+    got = [json.loads(line) for line in red.stdout.splitlines()]
+    assert [(m["value"], m["tags"], m["keys"]) for m in got] == [("a", "red", ["k1"]), ("b", "red", ["k1"])]
+    # the same messages through Kafka: the first key is the record key
+    kafka = mqk("consume", "--topic", "nat", "--json", "--max-messages", "3", "--bootstrap", mqk_broker.bootstrap)
+    assert [(r["key"], r["value"]) for r in map(json.loads, kafka.stdout.splitlines())] == [
+        ("k1", "a"), ("k1", "b"), (None, "c")]
