@@ -141,3 +141,39 @@ async def test_kafka_record_pulled_by_native_client(bootstrap: str, namesrv: str
         assert m.body == f"kafka {i}".encode()
         assert m.properties["h"] == f"v{i}"
         assert m.keys == ["kafka-key"]
+
+
+def test_kafka_producer_delayed_delivery_headers(bootstrap: str, topic: str) -> None:
+    """The timer serves Kafka producers too: `mqk-delay-ms` (ms from now) and `mqk-deliver-at` (epoch ms)."""
+    create_topic(bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    sent_at = time.time() * 1000
+    producer.produce(topic, key=b"later", value=b"in 1.5 s", partition=0,
+                     headers=[("mqk-delay-ms", b"1500"), ("trace", b"t-delay")])
+    producer.flush(10)
+    producer.produce(topic, key=b"at", value=b"at +2.5 s", partition=0,
+                     headers=[("mqk-deliver-at", str(int(sent_at) + 2500).encode())])
+    producer.flush(10)
+    producer.produce(topic, key=b"now", value=b"now", partition=0)
+    assert producer.flush(10) == 0
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("x-delay"), "fetch.wait.max.ms": 100})
+    arrivals: dict[bytes, tuple[float, Any]] = {}
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 15
+        while len(arrivals) < 3 and time.monotonic() < deadline:
+            m = consumer.poll(0.05)
+            if m is not None and m.error() is None:
+                arrivals[m.key()] = (time.time() * 1000, m)
+    finally:
+        consumer.close()
+    assert set(arrivals) == {b"later", b"at", b"now"}, sorted(arrivals)
+    lateness = {k.decode(): t - sent_at for k, (t, _) in arrivals.items()}
+    assert lateness["now"] < 1400, lateness
+    assert 1400 <= lateness["later"] <= 1500 + 2500, lateness
+    assert 2400 <= lateness["at"] <= 2500 + 2500, lateness
+    later = arrivals[b"later"][1]
+    assert later.value() == b"in 1.5 s" and ("trace", b"t-delay") in (later.headers() or [])
+    # injected when due, so after the record sent without a delay
+    assert arrivals[b"now"][1].offset() < later.offset() < arrivals[b"at"][1].offset()
