@@ -30,7 +30,7 @@ class AppendResult:
     last_offset: int  #: offset of the last record appended
     log_append_time: int  #: the store timestamp (ms) given to the batch(es)
     log_start_offset: int  #: the shard's log start offset after the append
-    physical_offset: int = -1  #: where the (first) entry landed in the CommitLog, or -1 for engines without one
+    physical_offset: int = -1  #: `read_at` address of the (first) batch (see PHYSICAL_KINDS), or -1 if none
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +126,33 @@ class PutContext:
 PutHook = Callable[[PutContext], None]
 
 
+# --- physical offsets: one id space for every engine -----------------------------------------------------------
+#
+# A physical offset names one stored batch for `read_at` (RocketMQ message ids carry it). Bits 48..50 say which
+# engine issued it, so an offset can be routed without a table and ids of two engines never collide; the file
+# engine's kind is 0, so its value is its CommitLog offset unchanged (as RocketMQ's ids are). Everything stays
+# below 2**53: JavaScript clients (ali-ons) turn the offset into a Number and must keep it exact. Each engine thus
+# has 2**48 values (256 TiB of CommitLog; the memory and rocksdb engines spend one value per offset covered).
+
+PHYSICAL_KIND_SHIFT = 48
+#: the values one engine may issue: [kind << 48, (kind + 1) << 48)
+PHYSICAL_SPAN = 1 << PHYSICAL_KIND_SHIFT
+PHYSICAL_KINDS = {"file": 0, "memory": 1, "rocksdb": 2}
+_ENGINE_OF_KIND = {kind: name for name, kind in PHYSICAL_KINDS.items()}
+
+
+def physical_base(engine: str) -> int:
+    """The first physical offset the engine called `engine` may issue."""
+    return PHYSICAL_KINDS[engine] << PHYSICAL_KIND_SHIFT
+
+
+def physical_engine(physical_offset: int) -> str | None:
+    """The name of the engine that issued `physical_offset`, or None if no engine issues such values."""
+    if physical_offset < 0:
+        return None
+    return _ENGINE_OF_KIND.get(physical_offset >> PHYSICAL_KIND_SHIFT)
+
+
 class StorageAdapter(abc.ABC):
     """One engine's view of its shards. An engine instance is created once and shared by every topic using it."""
 
@@ -204,6 +231,17 @@ class StorageAdapter(abc.ABC):
         from mqk.errors import NotSupported
 
         raise NotSupported(f"{self.name} engine has no key index yet")
+
+    async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
+        """(topic, queue, batch) of the batch stored at `physical_offset` (a value this engine returned as
+        `AppendResult.physical_offset` / `StoredBatch.physical_offset`), or None when no readable batch is there.
+
+        None, never an error, for: a value this engine never issued (another engine's, negative, not the start of
+        a batch), a batch below its queue's log start (the batch holding the log start still counts, as `read`
+        serves it whole), space reclaimed, a damaged entry, and a topic deleted (and maybe re-created) since.
+        Survives a restart in every persistent engine. RocketMQ's VIEW_MESSAGE_BY_ID and send-back use this: their
+        message ids carry the physical offset (plus the record's offset delta inside the batch)."""
+        return None
 
     @abc.abstractmethod
     async def delete_before(self, topic: str, queue: int, offset: int) -> int:

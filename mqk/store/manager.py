@@ -53,6 +53,7 @@ from mqk.store.adapter import (
     ShardInfo,
     StorageAdapter,
     StoredBatch,
+    physical_engine,
 )
 from mqk.store.fsutil import atomic_write_bytes, read_json
 
@@ -317,6 +318,22 @@ class StoreManager:
     async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
                           end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
         return await self.engine_of(topic).read_by_key(topic, key, max_count, begin_ms, end_ms)
+
+    async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
+        """The batch at a physical offset: the offset's top bits name the engine that issued it (adapter's
+        PHYSICAL_KINDS). The answer counts only if that topic is still routed to that engine (a topic deleted and
+        re-created elsewhere does not own the old engine's batches)."""
+        name = physical_engine(physical_offset)
+        engine = self._engines.get(name) if name is not None else None
+        if engine is None:
+            return None
+        found = await engine.read_at(physical_offset)
+        if found is None:
+            return None
+        info = self._topics.get(found[0])
+        if info is None or info.engine != name or not 0 <= found[1] < info.queue_count:
+            return None
+        return found
 
     async def delete_before(self, topic: str, queue: int, offset: int) -> int:
         return await self._route(topic, queue)[0].delete_before(topic, queue, offset)

@@ -33,7 +33,15 @@ from mqk.errors import (
     StorageError,
     UnknownShard,
 )
-from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
+from mqk.store.adapter import (
+    AppendResult,
+    Buffer,
+    GroupOffset,
+    ReadResult,
+    StorageAdapter,
+    StoredBatch,
+    physical_base,
+)
 
 recbatch = load("recbatch")
 
@@ -223,6 +231,11 @@ class MemoryEngine(StorageAdapter):
         self._keys: dict[str, dict[bytes, list[tuple[int, int]]]] = {}
         self._groups: dict[str, dict[tuple[str, int], GroupOffset]] = {}
         self._closed = False
+        #: read_at's map: physical offset -> (topic, queue, the shard object, base offset). Each batch gets the next value and
+        #: the counter moves by the offsets it covers, so physical offset + offset delta names one record (as in
+        #: the CommitLog). Holding the shard object, not its name, tells a re-created topic's shards apart.
+        self._next_phys = physical_base(self.name)
+        self._by_phys: dict[int, tuple[str, int, _Shard, int]] = {}
 
     async def close(self) -> None:
         self._closed = True  # the data stays for inspection, but a closed engine takes no more appends or reads
@@ -238,8 +251,12 @@ class MemoryEngine(StorageAdapter):
         self._keys.setdefault(topic, defaultdict(list))
 
     async def delete_shards(self, topic: str) -> None:
-        if self._topics.pop(topic, None) is None:
+        shards = self._topics.pop(topic, None)
+        if shards is None:
             raise UnknownShard(f"unknown topic {topic!r}")
+        for shard in shards:
+            for batch in shard.batches:
+                self._by_phys.pop(batch.physical_offset, None)
         self._configs.pop(topic, None)
         self._keys.pop(topic, None)
 
@@ -266,8 +283,12 @@ class MemoryEngine(StorageAdapter):
         store_ts = now_ms()
         prepared = prepare_batches(batches, shard.end, store_ts if log_append_time else None)
         first = prepared[0].base_offset
+        first_phys = self._next_phys
         for p in prepared:
-            stored = StoredBatch(p.base_offset, p.record_count, p.data, store_ts, p.max_timestamp, tags_code)
+            phys = self._next_phys
+            self._next_phys += p.record_count
+            stored = StoredBatch(p.base_offset, p.record_count, p.data, store_ts, p.max_timestamp, tags_code, phys)
+            self._by_phys[phys] = (topic, queue, shard, p.base_offset)
             shard.batches.append(stored)
             shard.bases.append(p.base_offset)
             shard.running_max = max(shard.running_max, p.max_timestamp)
@@ -278,7 +299,7 @@ class MemoryEngine(StorageAdapter):
             for key in set(keys):
                 index[bytes(key)].append((queue, first))
         self._notify(topic, queue, shard.end)
-        return AppendResult(first, shard.end - 1, store_ts, shard.log_start)
+        return AppendResult(first, shard.end - 1, store_ts, shard.log_start, first_phys)
 
     async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
         shard = self._shard(topic, queue)
@@ -320,6 +341,7 @@ class MemoryEngine(StorageAdapter):
             return shard.log_start
         drop = 0
         while drop < len(shard.batches) and shard.batches[drop].next_offset <= offset:
+            self._by_phys.pop(shard.batches[drop].physical_offset, None)
             drop += 1
         del shard.batches[:drop]
         del shard.bases[:drop]
@@ -380,11 +402,31 @@ class MemoryEngine(StorageAdapter):
                 raise InvalidRecord(f"replacement batch at {header[0]} does not match a stored batch in "
                                     f"[{start}, {end}) of {topic}-{queue}")
             new.append(StoredBatch(prev.base_offset, prev.record_count, bytes(data), prev.store_timestamp,
-                                   header[8], prev.tags_code))
+                                   header[8], prev.tags_code, prev.physical_offset))
+        kept = {b.physical_offset for b in new}
+        for batch in old.values():
+            if batch.physical_offset not in kept:  # compacted away: its id no longer names a message
+                self._by_phys.pop(batch.physical_offset, None)
         shard.batches[lo:hi] = new
         shard.bases[lo:hi] = [b.base_offset for b in new]
         del shard.time_index[lo:hi]
         shard.time_index.update((running[b.base_offset], b.base_offset) for b in new)
+
+    async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
+        if self._closed:
+            return None
+        where = self._by_phys.get(physical_offset)
+        if where is None:
+            return None
+        topic, queue, shard, base = where
+        shards = self._topics.get(topic)
+        if shards is None or queue >= len(shards) or shards[queue] is not shard:
+            return None  # deleted (and maybe re-created: a new shard object)
+        i = bisect.bisect_left(shard.bases, base)
+        if i == len(shard.bases) or shard.bases[i] != base:
+            return None
+        batch = shard.batches[i]
+        return (topic, queue, batch) if batch.physical_offset == physical_offset else None
 
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self._shard(topic, queue).log_start

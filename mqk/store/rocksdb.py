@@ -11,6 +11,13 @@ range (integers big-endian, so byte order is numeric order):
     b"s" + topic                          -> u32 queue count
     b"k" + tk + u32 len + key + u64 biased store ts + u32 queue + u64 base_offset -> b""   (key index)
     b"g" + u16 len + group + tk + u32 queue -> i64 offset, i64 commit ts, i32 leader epoch + metadata (UTF-8)
+    b"p" + u64 physical offset            -> u64 base_offset + u32 span + sp   (read_at: batch by physical offset)
+    b"P" + sp + u64 base_offset           -> u64 physical offset   (the reverse: reads report it; read_at checks it)
+    b"n"                                  -> u64 next physical offset (never handed out twice, even after deletes)
+
+Physical offsets (adapter's PHYSICAL_KINDS, rocksdb's range) are handed out per batch, moving by the offsets it
+covers, so physical offset + offset delta names one record. A forward key is trusted only if the reverse key of
+its batch still points back at it: a deleted (or deleted and re-created) topic's ids then resolve to nothing.
 
 Timestamps are biased by 2**63 so negative ones (-1: none) sort first.
 
@@ -34,7 +41,15 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from mqk.config import FLUSH_SYNC, StoreConfig, TopicConfig
 from mqk.errors import InvalidPartitionsError, InvalidTopicError, OffsetOutOfRange, StorageError, UnknownShard
-from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
+from mqk.store.adapter import (
+    AppendResult,
+    Buffer,
+    GroupOffset,
+    ReadResult,
+    StorageAdapter,
+    StoredBatch,
+    physical_base,
+)
 from mqk.store.memory import first_record_at_or_after, max_retained_timestamp, now_ms, prepare_batches
 from mqk.store.memory import recbatch as _recbatch
 
@@ -43,6 +58,7 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _META = struct.Struct(">qq")
+_PHYS_VALUE = struct.Struct(">QI")  # base offset, span; then the shard prefix
 _GROUP_VALUE = struct.Struct(">qqi")
 _BIAS = 1 << 63
 _TS_MIN = -(1 << 63)
@@ -92,6 +108,7 @@ class RocksEngine(StorageAdapter):
         self._pending: list[tuple[list[tuple[bytes, bytes]], asyncio.Future[None], Any]] = []
         self._writer: asyncio.Task[None] | None = None
         self._write_error: StorageError | None = None
+        self._next_phys = physical_base(self.name)
 
     # --- life cycle ----------------------------------------------------------------------------------------
 
@@ -109,6 +126,9 @@ class RocksEngine(StorageAdapter):
         except Exception as exc:  # rocksdict raises plain Exceptions (e.g. the LOCK is held by another process)
             raise StorageError(f"cannot open rocksdb at {self.path}: {exc}") from exc
         self._db = db
+        next_phys = db.get(b"n")
+        if next_phys is not None:
+            self._next_phys = max(self._next_phys, _U64.unpack(next_phys)[0])
         it = db.iter()
         try:
             it.seek(b"s")
@@ -192,8 +212,9 @@ class RocksEngine(StorageAdapter):
         tk = _topic_key(topic)
         batch = WriteBatch(raw_mode=True)
         batch.delete(b"s" + topic.encode())
-        for kind in (b"d", b"t", b"m", b"k"):
+        for kind in (b"d", b"t", b"m", b"k", b"P"):
             batch.delete_range(kind + tk, _prefix_end(kind + tk))
+        await asyncio.to_thread(self._forget_phys, batch, b"P" + tk, _prefix_end(b"P" + tk))
         await asyncio.to_thread(self.db.write, batch, self._wo_sync)
 
     def list_shards(self) -> dict[str, int]:
@@ -217,12 +238,18 @@ class RocksEngine(StorageAdapter):
         prepared = prepare_batches(batches, shard.assigned, store_ts if log_append_time else None)
         puts: list[tuple[bytes, bytes]] = []
         running_max = shard.running_max
+        first_phys = phys = self._next_phys
         for p in prepared:
             running_max = max(running_max, p.max_timestamp)
             base = _U64.pack(p.base_offset)
             header = DATA_HEADER.pack(store_ts, p.max_timestamp, running_max, tags_code, p.record_count)
             puts.append((b"d" + shard.sp + base, header + p.data))
             puts.append((b"t" + shard.sp + _bias(running_max) + base, b""))
+            puts.append((b"p" + _U64.pack(phys), _PHYS_VALUE.pack(p.base_offset, p.record_count) + shard.sp))
+            puts.append((b"P" + shard.sp + base, _U64.pack(phys)))
+            phys += p.record_count
+        self._next_phys = phys  # handed out now, so a failed write leaves a gap, never a reuse
+        puts.append((b"n", _U64.pack(phys)))
         first = prepared[0].base_offset
         new_end = prepared[-1].base_offset + prepared[-1].record_count
         if keys:
@@ -249,7 +276,7 @@ class RocksEngine(StorageAdapter):
         else:
             shard.assigned, shard.running_max = new_end, running_max
             await self._enqueue(puts, publish)
-        return AppendResult(first, new_end - 1, store_ts, shard.log_start)
+        return AppendResult(first, new_end - 1, store_ts, shard.log_start, first_phys)
 
     async def _enqueue(self, puts: list[tuple[bytes, bytes]], publish: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -331,7 +358,54 @@ class RocksEngine(StorageAdapter):
                 it.next()
         finally:
             del it
+        if picked:  # one multi-get for the batches' physical offsets (batches stored before read_at: none)
+            rev = b"P" + shard.sp
+            physs = self.db.get([rev + _U64.pack(b.base_offset) for b in picked])
+            picked = [b if ph is None else StoredBatch(b.base_offset, b.record_count, b.data, b.store_timestamp,
+                                                       b.max_timestamp, b.tags_code, _U64.unpack(ph)[0])
+                      for b, ph in zip(picked, physs)]
         return picked
+
+    def _forget_phys(self, batch: WriteBatch, start: bytes, end: bytes) -> None:
+        """Add to `batch` the deletion of the reverse keys in [start, end) and of the forward keys they name."""
+        it = self.db.iter()
+        try:
+            it.seek(start)
+            while it.valid() and it.key() < end:
+                batch.delete(b"p" + it.value())
+                it.next()
+        finally:
+            del it
+        batch.delete_range(start, end)
+
+    async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
+        if self._db is None or not 0 <= physical_offset < 1 << 64:
+            return None
+        return await asyncio.to_thread(self._read_at, physical_offset)
+
+    def _read_at(self, phys: int) -> tuple[str, int, StoredBatch] | None:
+        value = self.db.get(b"p" + _U64.pack(phys))
+        if value is None or len(value) < _PHYS_VALUE.size + 6:
+            return None
+        base, span = _PHYS_VALUE.unpack_from(value)
+        sp = value[_PHYS_VALUE.size:]
+        tlen = _U16.unpack_from(sp)[0]
+        if len(sp) != 2 + tlen + 4:
+            return None
+        topic = sp[2:2 + tlen].decode("utf-8", "replace")
+        queue = _U32.unpack_from(sp, 2 + tlen)[0]
+        shards = self._topics.get(topic)
+        if shards is None or queue >= len(shards):
+            return None
+        shard = shards[queue]
+        if base + span <= shard.log_start or base >= shard.end:
+            return None  # deleted, or not yet visible
+        if self.db.get(b"P" + sp + _U64.pack(base)) != _U64.pack(phys):
+            return None  # the topic was deleted (and re-created) since, or the batch compacted away
+        found = self._read_batches(shard, base, 0, shard.end, limit=1)
+        if not found or found[0].base_offset != base:
+            return None
+        return topic, queue, found[0]
 
     async def read_by_tags(self, topic: str, queue: int, offset: int, tags_codes: Iterable[int],
                            max_batches: int) -> ReadResult:
@@ -399,6 +473,9 @@ class RocksEngine(StorageAdapter):
         data_prefix, time_prefix = b"d" + shard.sp, b"t" + shard.sp
         kept = self._read_batches(shard, offset, 0, 1 << 63, limit=1)
         batch = WriteBatch(raw_mode=True)
+        rev_prefix = b"P" + shard.sp
+        self._forget_phys(batch, rev_prefix,
+                          rev_prefix + _U64.pack(kept[0].base_offset) if kept else _prefix_end(rev_prefix))
         if kept:
             first = kept[0]
             running = DATA_HEADER.unpack_from(self.db.get(data_prefix + _U64.pack(first.base_offset)))[2]
@@ -509,6 +586,8 @@ class RocksEngine(StorageAdapter):
             if base not in kept:
                 write.delete(data_prefix + _U64.pack(base))
                 write.delete(time_prefix + _bias(prev[2]) + _U64.pack(base))
+                rev = b"P" + shard.sp + _U64.pack(base)
+                self._forget_phys(write, rev, rev + b"\x00")  # compacted away: its id names nothing now
         self.db.write(write, self._wo_sync)
 
     def log_start_offset(self, topic: str, queue: int) -> int:

@@ -53,7 +53,7 @@ from mqk.store.file.compactlog import CompactLog, open_compacted
 from mqk.store.file.consumequeue import UNIT, ConsumeQueue
 from mqk.store.file.dispatch import ReputMessageService
 from mqk.store.file.flush import FlushService
-from mqk.store.file.index import IndexService
+from mqk.store.file.index import IndexService, live_entry
 from mqk.store.fsutil import atomic_write_json, read_json
 
 # record-level timestamp resolution shared with the memory engine (decoding and decompression of one batch)
@@ -645,6 +645,18 @@ class FileEngine(StorageAdapter):
         if topic not in self._topics:
             raise UnknownShard(f"unknown topic {topic!r}")
         return self.index.find(self.clog, self._shards, topic, key, max_count, begin_ms, end_ms)
+
+    async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
+        """The CommitLog entry at `physical_offset`, CRC checked, if it is still served (index.live_entry: the
+        same rules the key index applies to its hits). Below a shard's compacted prefix the entry is not what
+        readers get any more (the compaction log is), so it does not count either."""
+        found = live_entry(self.clog, self._shards, physical_offset, verify=True)
+        if found is None or not self._compacted:
+            return found
+        compacted = self._compacted.get((found[0], found[1]))
+        if compacted is not None and found[2].base_offset < compacted.upto:
+            return None
+        return found
 
     async def delete_before(self, topic: str, queue: int, offset: int) -> int:
         shard = self._shard(topic, queue)

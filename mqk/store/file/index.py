@@ -377,27 +377,14 @@ class IndexService:
             return out
         key = bytes(key)
         for phys in self.candidates(topic, key, begin_ms, end_ms):
-            if phys < clog.min_offset or phys >= clog.max_offset:
-                continue  # reclaimed, or cut at recovery
-            try:
-                mf = clog.mfq.find(phys)
-                entry = clog.read_entry(phys, verify=False)
-            except StorageError:
+            found = live_entry(clog, shards, phys, verify=False)
+            if found is None or found[0] != topic or not begin_ms <= found[2].store_timestamp <= end_ms:
                 continue
-            kind, size, queue, _flags, base, entry_phys, count, store_ts, _max_ts, tags, entry_topic, body_pos = entry
-            if kind != 1 or entry_phys != phys or entry_topic != topic or not begin_ms <= store_ts <= end_ms:
-                continue
-            shard = shards.get((topic, queue))
-            if shard is None or phys < shard.created_phys or base + count <= shard.log_start:
-                continue
-            if base >= shard.cq.end_offset:
-                continue  # not dispatched (cannot happen while dispatch is synchronous)
-            body = mf.buf[body_pos: phys - mf.start_offset + size]
-            carried = batch_keys(body, True, True)
+            _topic, queue, batch = found
+            carried = batch_keys(batch.data, True, True)
             if carried and key not in carried:
                 continue  # a hash collision
-            max_ts = _I64.unpack_from(body, _BODY_MAX_TS)[0]
-            out.append((queue, StoredBatch(base, count, body, store_ts, max_ts, tags, phys)))
+            out.append((queue, batch))
             if len(out) >= max_count:
                 break
         return out
@@ -534,6 +521,33 @@ class IndexService:
         for f in self.files:
             f.close()
         self.ready = False
+
+
+def live_entry(clog: CommitLog, shards: dict, phys: int, verify: bool = True
+               ) -> tuple[str, int, StoredBatch] | None:
+    """(topic, queue, batch) of the message entry starting at CommitLog offset `phys` if it is still served, else
+    None: inside the log (not reclaimed, not cut at recovery), a message entry that names itself (so `phys` is an
+    entry boundary, not bytes inside another entry), of a shard that exists and was created before it (not an
+    older incarnation of a re-created topic), not wholly below the log start, dispatched. Shared by the key index
+    (hits are only candidates) and `FileEngine.read_at` (ids clients hold); `verify` also checks the CRC."""
+    if phys < clog.min_offset or phys >= clog.max_offset:
+        return None  # reclaimed, or cut at recovery
+    try:
+        mf = clog.mfq.find(phys)
+        entry = clog.read_entry(phys, verify=verify)
+    except StorageError:
+        return None  # not an entry boundary (bad magic or size), or damaged
+    kind, size, queue, _flags, base, entry_phys, count, store_ts, _max_ts, tags, topic, body_pos = entry
+    if kind != 1 or entry_phys != phys:
+        return None
+    shard = shards.get((topic, queue))
+    if shard is None or phys < shard.created_phys or base + count <= shard.log_start:
+        return None
+    if base >= shard.cq.end_offset:
+        return None  # not dispatched (cannot happen while dispatch is synchronous)
+    body = mf.buf[body_pos: phys - mf.start_offset + size]
+    max_ts = _I64.unpack_from(body, _BODY_MAX_TS)[0]
+    return topic, queue, StoredBatch(base, count, body, store_ts, max_ts, tags, phys)
 
 
 def encode_checkpoint(offset: int, seq: int, count: int) -> bytes:
