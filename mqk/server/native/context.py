@@ -1,12 +1,13 @@
 """State the broker's remoting processors share: the store, the broker's own address, long-polling waiters,
-the commit-log-offset → message location cache, and topic helpers (existence, auto-create, configs as RocketMQ
-shows them).
+message lookup by commit-log offset, and topic helpers (existence, auto-create, configs as RocketMQ shows them).
 
-Why a location cache: RocketMQ clients name a message by its commit-log offset (CONSUMER_SEND_MSG_BACK,
-VIEW_MESSAGE_BY_ID), but the StorageAdapter reads by topic/queue/offset. Every message the broker hands out or
-stores is remembered here (bounded LRU); for engines without a CommitLog the synthetic offset is decodable on a
-miss (`resolve`). A miss on a real CommitLog offset after the cache forgot it answers "not found", which RocketMQ
-clients handle by re-sending the message to the retry topic themselves.
+Lookup by commit-log offset: RocketMQ clients name a message by it (CONSUMER_SEND_MSG_BACK, VIEW_MESSAGE_BY_ID;
+the message id carries it). A message's commit-log offset is its batch's physical offset plus the record's offset
+delta, and `store.read_at(physical offset)` finds the batch durably on every engine (after a restart too), so the
+first record of a batch (every RocketMQ-produced message: one record a batch) needs no memory here. What
+`read_at` cannot name is remembered in a bounded LRU: later records of a multi-record (Kafka-produced) batch, and
+messages of batches without a physical offset (compacted file batches), whose synthetic offset `resolve` can also
+decode on a miss. A miss answers "not found", which RocketMQ clients handle by re-sending the message themselves.
 """
 from __future__ import annotations
 
@@ -113,6 +114,12 @@ class BrokerContext:
         (a send-back names the original topic; the message may also sit in the group's retry topic): the cache
         and the synthetic form can both collide across topics, the topic cannot."""
         allowed = None if topics is None else set(topics)
+        found = await self.store.read_at(commit_offset)
+        if found is not None and (allowed is None or found[0] in allowed):
+            topic, queue, batch = found
+            for msg in self.to_messages(topic, queue, batch):
+                if msg.commit_log_offset == commit_offset:
+                    return msg
         candidates: list[tuple[str, int, int]] = []
         where = self._locations.get(commit_offset)
         if where is not None and (allowed is None or where[0] in allowed):
@@ -144,10 +151,11 @@ class BrokerContext:
         return out[:max_count]
 
     def to_messages(self, topic: str, queue: int, batch: Any, min_offset: int = 0) -> list[MessageExt]:
-        msgs = batch_to_messages(batch.data, topic, queue, batch.store_timestamp, batch.physical_offset,
-                                 self.host, min_offset)
+        phys = batch.physical_offset
+        msgs = batch_to_messages(batch.data, topic, queue, batch.store_timestamp, phys, self.host, min_offset)
         for msg in msgs:
-            self.remember(msg.commit_log_offset, topic, queue, msg.queue_offset)
+            if msg.commit_log_offset != phys:  # read_at names only a batch's first record
+                self.remember(msg.commit_log_offset, topic, queue, msg.queue_offset)
         return msgs
 
     # --- topics ---------------------------------------------------------------------------------------------

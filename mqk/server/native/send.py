@@ -174,7 +174,8 @@ class SendProcessor:
                     # the others come from reading them back (zero-copy views on every engine that has one)
                     positions = await self._positions(topic, queue, result.base_offset, run, positions)
             for k, commit in enumerate(positions):
-                self.ctx.remember(commit, topic, queue, result.base_offset + k)
+                if result.physical_offset < 0 or commit < 0:  # else the store's read_at finds it, durably
+                    self.ctx.remember(commit, topic, queue, result.base_offset + k)
                 ids.append(encode_message_id(self.ctx.host[0], self.ctx.host[1], commit))
             i = j
         return ids, first_offset
