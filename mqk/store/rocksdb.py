@@ -13,11 +13,13 @@ range (integers big-endian, so byte order is numeric order):
     b"g" + u16 len + group + tk + u32 queue -> i64 offset, i64 commit ts, i32 leader epoch + metadata (UTF-8)
     b"p" + u64 physical offset            -> u64 base_offset + u32 span + sp   (read_at: batch by physical offset)
     b"P" + sp + u64 base_offset           -> u64 physical offset   (the reverse: reads report it; read_at checks it)
-    b"n"                                  -> u64 next physical offset (never handed out twice, even after deletes)
+    b"n"                                  -> u64 next physical offset as of the last forward-key deletion
 
 Physical offsets (adapter's PHYSICAL_KINDS, rocksdb's range) are handed out per batch, moving by the offsets it
 covers, so physical offset + offset delta names one record. A forward key is trusted only if the reverse key of
 its batch still points back at it: a deleted (or deleted and re-created) topic's ids then resolve to nothing.
+None is ever handed out twice: at open the next one is past the last forward key and past `n`, which every
+deletion of forward keys rewrites (so appends pay no extra write for it).
 
 Timestamps are biased by 2**63 so negative ones (-1: none) sort first.
 
@@ -129,6 +131,14 @@ class RocksEngine(StorageAdapter):
         next_phys = db.get(b"n")
         if next_phys is not None:
             self._next_phys = max(self._next_phys, _U64.unpack(next_phys)[0])
+        it = db.iter()
+        try:
+            it.seek_for_prev(b"p" + b"\xff" * 9)
+            if it.valid() and it.key()[:1] == b"p" and len(it.key()) == 9:
+                span = _PHYS_VALUE.unpack_from(it.value())[1]
+                self._next_phys = max(self._next_phys, _U64.unpack_from(it.key(), 1)[0] + span)
+        finally:
+            del it
         it = db.iter()
         try:
             it.seek(b"s")
@@ -249,7 +259,6 @@ class RocksEngine(StorageAdapter):
             puts.append((b"P" + shard.sp + base, _U64.pack(phys)))
             phys += p.record_count
         self._next_phys = phys  # handed out now, so a failed write leaves a gap, never a reuse
-        puts.append((b"n", _U64.pack(phys)))
         first = prepared[0].base_offset
         new_end = prepared[-1].base_offset + prepared[-1].record_count
         if keys:
@@ -358,16 +367,35 @@ class RocksEngine(StorageAdapter):
                 it.next()
         finally:
             del it
-        if picked:  # one multi-get for the batches' physical offsets (batches stored before read_at: none)
-            rev = b"P" + shard.sp
-            physs = self.db.get([rev + _U64.pack(b.base_offset) for b in picked])
-            picked = [b if ph is None else StoredBatch(b.base_offset, b.record_count, b.data, b.store_timestamp,
-                                                       b.max_timestamp, b.tags_code, _U64.unpack(ph)[0])
-                      for b, ph in zip(picked, physs)]
+        if picked:
+            picked = self._with_physical(shard, picked)
         return picked
 
+    def _with_physical(self, shard: _Shard, picked: list[StoredBatch]) -> list[StoredBatch]:
+        """The batches with their physical offsets, from one walk over the shard's reverse keys (they run in the
+        same base-offset order as the batches; cheaper than a point lookup each). Batches stored before physical
+        offsets existed have none (-1)."""
+        rev = b"P" + shard.sp
+        last = rev + _U64.pack(picked[-1].base_offset)
+        physs: dict[int, int] = {}
+        it = self.db.iter()
+        try:
+            it.seek(rev + _U64.pack(picked[0].base_offset))
+            while it.valid():
+                key = it.key()
+                if key > last:
+                    break
+                physs[_U64.unpack_from(key, len(rev))[0]] = _U64.unpack(it.value())[0]
+                it.next()
+        finally:
+            del it
+        return [StoredBatch(b.base_offset, b.record_count, b.data, b.store_timestamp, b.max_timestamp, b.tags_code,
+                            physs.get(b.base_offset, -1)) for b in picked]
+
     def _forget_phys(self, batch: WriteBatch, start: bytes, end: bytes) -> None:
-        """Add to `batch` the deletion of the reverse keys in [start, end) and of the forward keys they name."""
+        """Add to `batch` the deletion of the reverse keys in [start, end) and of the forward keys they name, and
+        the high-water mark that keeps the deleted values from being handed out again."""
+        batch.put(b"n", _U64.pack(self._next_phys))
         it = self.db.iter()
         try:
             it.seek(start)
