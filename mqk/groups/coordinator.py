@@ -723,6 +723,17 @@ class GroupCoordinator:
             del self.groups[group_id]
         return NONE
 
+    async def forget_topic(self, topic: str) -> None:
+        """A deleted topic's committed offsets go with it (as in Kafka), so a topic created again under the
+        same name does not inherit them."""
+        for group_id in self.store.list_offset_groups():
+            stale = [tp for tp in self.store.fetch_offsets(group_id) if tp[0] == topic]
+            if stale:
+                try:
+                    await self.store.delete_offsets(group_id, stale)
+                except Exception as exc:  # noqa: BLE001 - the topic is gone either way; log and go on
+                    log.warning("group %s: offsets of deleted topic %s not removed: %s", group_id, topic, exc)
+
     async def delete_offsets(
         self, group_id: str, partitions: list[tuple[str, int]]
     ) -> tuple[int, dict[tuple[str, int], int]]:

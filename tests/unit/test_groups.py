@@ -300,3 +300,11 @@ async def test_member_whose_sync_was_abandoned_still_expires(coord):
     waiting.cancel()
     await asyncio.sleep(0.2)  # nobody heartbeats: both sessions expire
     assert coord.groups["g"].state == EMPTY and not coord.groups["g"].members
+
+
+async def test_forget_topic_drops_its_committed_offsets_only(coord):
+    await coord.commit_offsets("g1", -1, "", {("gone", 0): (5, -1, ""), ("kept", 0): (7, -1, "")})
+    await coord.commit_offsets("g2", -1, "", {("gone", 1): (9, -1, "")})
+    await coord.forget_topic("gone")
+    assert set(coord.fetch_offsets("g1")) == {("kept", 0)}
+    assert coord.fetch_offsets("g2") == {}

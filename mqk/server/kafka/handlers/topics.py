@@ -100,6 +100,7 @@ async def delete_topics(server, conn, req) -> dict:
             entry.update(error_code=E.kafka_code_for(exc), error_message=str(exc))
             continue
         server.producers.forget_topic(name)
+        await server.groups.forget_topic(name)
     return {"throttle_time_ms": 0, "responses": responses}
 
 
