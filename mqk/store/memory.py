@@ -231,9 +231,9 @@ class MemoryEngine(StorageAdapter):
         self._keys: dict[str, dict[bytes, list[tuple[int, int]]]] = {}
         self._groups: dict[str, dict[tuple[str, int], GroupOffset]] = {}
         self._closed = False
-        #: read_at's map: physical offset -> (topic, queue, the shard object, base offset). Each batch gets the next value and
-        #: the counter moves by the offsets it covers, so physical offset + offset delta names one record (as in
-        #: the CommitLog). Holding the shard object, not its name, tells a re-created topic's shards apart.
+        #: read_at's map: physical offset -> (topic, queue, the shard object, base offset). Each batch gets the
+        #: next value and the counter moves by the offsets it covers, so physical offset + offset delta names one
+        #: record (as in the CommitLog). Holding the shard object tells a re-created topic's shards apart.
         self._next_phys = physical_base(self.name)
         self._by_phys: dict[int, tuple[str, int, _Shard, int]] = {}
 
