@@ -168,9 +168,12 @@ class MappedFile:
         changed = False
         while p < end:
             n = min(len(_ZERO_CHUNK), end - p)
-            # skip pages that are already zero (reading is cheaper than dirtying sparse pages)
-            if self.buf[p : p + n] != _ZERO_CHUNK[:n]:
-                self.buf[p : p + n] = _ZERO_CHUNK[:n]
+            zeros = _ZERO_CHUNK if n == len(_ZERO_CHUNK) else _ZERO_CHUNK[:n]
+            # skip pages that are already zero (reading is cheaper than dirtying sparse pages). The slice of the
+            # mmap is a bytes copy on purpose: bytes == bytes is a memcmp, while comparing a memoryview walks it
+            # element by element, 40x slower (6 s instead of 0.16 s for a 1 GiB segment at every start)
+            if self.mm[p : p + n] != zeros:
+                self.buf[p : p + n] = zeros
                 changed = True
             p += n
         self.wrote = self.committed = pos
