@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqk.services import BackgroundTask
 from mqk._fast import load
 from mqk.config import BrokerConfig
 from mqk.errors import NotSupported, StorageError, UnknownShard
@@ -225,7 +226,7 @@ class CompactionService:
         self.backoff_ms = config.log_cleaner_backoff_ms
         self.map_bytes = config.log_cleaner_dedupe_buffer_size
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task | None = None
+        self._loop_task = BackgroundTask("mqk-compaction")
         self._unsupported: set[str] = set()
         self.duty = DEFAULT_DUTY
         self._debt = 0.0
@@ -233,15 +234,11 @@ class CompactionService:
         self.last_report: CompactionReport | None = None
 
     async def start(self) -> "CompactionService":
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="mqk-compaction")
+        self._loop_task.start(self._loop)
         return self
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._loop_task.stop()
 
     async def _loop(self) -> None:
         while True:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mqk.services import BackgroundTask
 from mqk.config import BrokerConfig
 from mqk.errors import StorageFull
 from mqk.store.adapter import PutContext
@@ -57,24 +58,21 @@ class DiskGuard:
         self.full = False
         self.ratio = 0.0
         self.refused = 0  #: appends refused since start
-        self._task: asyncio.Task | None = None
+        self._loop_task = BackgroundTask("mqk-diskguard")
         self._last_pass = 0.0
 
     async def start(self) -> "DiskGuard":
-        if not getattr(self.store, "persistent", True) or self._task is not None:
+        if not getattr(self.store, "persistent", True) or self._loop_task.running:
             return self
         await self.check()
         self.store.hooks.insert(0, self.hook)  # first: refuse before any hook reroutes or records anything
-        self._task = asyncio.create_task(self._loop(), name="mqk-diskguard")
+        self._loop_task.start(self._loop)
         return self
 
     async def stop(self) -> None:
         if self.hook in self.store.hooks:
             self.store.hooks.remove(self.hook)
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._loop_task.stop()
 
     def hook(self, ctx: PutContext) -> None:
         if self.full:

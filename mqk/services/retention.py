@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqk.services import BackgroundTask
 from mqk.config import BrokerConfig
 from mqk.errors import StorageError, UnknownShard
 from mqk.store.adapter import ExpireResult
@@ -70,20 +71,16 @@ class RetentionService:
         self.interval_ms = config.log_retention_check_interval_ms
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._loop_task = BackgroundTask("mqk-retention")
         self.passes = 0
         self.last_report: RetentionReport | None = None
 
     async def start(self) -> "RetentionService":
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="mqk-retention")
+        self._loop_task.start(self._loop)
         return self
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._loop_task.stop()
 
     def trigger(self) -> None:
         """Run a pass now (from the event loop thread), without waiting for it."""
