@@ -2,6 +2,9 @@
 
   scan_batches    every produce request validates its batches (walk + CRC32C); ~1 MB of batches, small and 16 KiB
   count_records   varint walk of an uncompressed batch's records
+  has_header      the timer's test for delay headers on every produced batch: a 1 MB batch of 100 B records,
+                  without headers and with one non-delay header per record; also the regex byte scan
+                  it replaced (mqk.timer.delay's pre-filter without the extensions), for comparison
   search_offset   every fetch locates its ConsumeQueue unit; 1M units (48 MB), random probes (cache misses
                   dominate both implementations) and probes near the tail (the caught-up consumer's fetch)
   search_timestamp  ListOffsets by time; 1M units
@@ -121,6 +124,29 @@ def main() -> None:
                 m.count_records(buf, p, s)
         results = {k: timed(lambda m=m: count_all(m), secs) for k, m in rb.items()}
         report(f"count_records {label}", "buffers", results, len(buf))
+
+    # The timer's put-hook asks every produced batch whether any record carries a delay header.
+    from mqk.timer.delay import _DELAY_HEADER_KEYS, _MARKERS
+
+    rng = random.Random(3)
+    for label, headers in (("no headers", []), ("1 non-delay header/record", [("trace-id", b"0123456789abcdef")])):
+        records, n, size = [], 0, 61
+        while True:
+            rec = rb["twin"].encode_record(n, n, None, rng.randbytes(100), headers)
+            if size + len(rec) > 1 << 20:
+                break
+            records.append(rec)
+            size += len(rec)
+            n += 1
+        batch = bytes(rb["twin"].build_batch(0, 0, 0, b"".join(records), n, n - 1))
+        assert all(m.has_header(batch, 0, len(batch), _DELAY_HEADER_KEYS) is False for m in rb.values())
+        results = {k: timed(lambda m=m, batch=batch: m.has_header(batch, 0, len(batch), _DELAY_HEADER_KEYS), secs)
+                   for k, m in rb.items()}
+        report(f"has_header 1 MB batch, {n} x 100 B, {label}", "batches", results, len(batch))
+        for k, (calls, seconds) in results.items():
+            print(f"  {k}: {seconds / calls * 1e6:,.1f} us per batch", flush=True)
+        calls, seconds = timed(lambda batch=batch: any(marker.search(batch) for marker in _MARKERS), secs)
+        print(f"  regex pre-filter (replaced): {seconds / calls * 1e6:,.1f} us per batch", flush=True)
 
     n_units = 1_000_000
     units = make_units(n_units)

@@ -6,7 +6,7 @@ are checked explicitly before each access (boundscheck is off), so bad bytes rai
 an out-of-bounds read or write. See recbatch_py.py for the layout and the error contract.
 """
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -112,6 +112,109 @@ def count_records(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssiz
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
     return count
+
+
+cdef inline Py_ssize_t _skip_bytes_or_none(const unsigned char* b, Py_ssize_t p, Py_ssize_t end,
+                                           str what) except -1:
+    """Position after the length-prefixed bytes field (-1 = None) at p, its content not looked at."""
+    cdef int32_t length
+    cdef Py_ssize_t q = rd_varint(b, p, end, &length)
+    if q < 0:
+        raise _varint_error(q, p, False)
+    if length == -1:
+        return q
+    if length < 0 or length > end - q:
+        raise Corrupt(f"bad {what} length {length}", p)
+    return q + length
+
+
+cdef inline bint _is_wanted(const unsigned char* key, Py_ssize_t klen, tuple names, uint64_t short_lengths,
+                            bint any_long) noexcept:
+    """Whether key[0:klen] equals one of `names` (all bytes, held alive by the tuple). A bitmask of the names'
+    lengths below 64 rejects almost every key before any byte is compared."""
+    cdef Py_ssize_t i
+    cdef object name
+    if klen < 64:
+        if not (short_lengths >> klen) & 1:
+            return False
+    elif not any_long:
+        return False
+    for i in range(len(names)):
+        name = names[i]
+        if PyBytes_GET_SIZE(name) == klen and memcmp(PyBytes_AS_STRING(name), key, klen) == 0:
+            return True
+    return False
+
+
+def has_header(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size, names):
+    if type(names) is not tuple:
+        raise TypeError("names must be a tuple of bytes")
+    cdef tuple wanted = <tuple>names
+    cdef uint64_t short_lengths = 0
+    cdef bint any_long = False
+    cdef Py_ssize_t name_len
+    for name in wanted:
+        if type(name) is not bytes:
+            raise TypeError("names must be a tuple of bytes")
+        name_len = PyBytes_GET_SIZE(name)
+        if name_len < 64:
+            short_lengths |= (<uint64_t>1) << name_len
+        else:
+            any_long = True
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or size < 0 or size > n - pos:
+        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {n} bytes")
+    if size < C_HEADER:
+        raise Corrupt("record batch smaller than its header", pos)
+    cdef const unsigned char* b = &buf[0]
+    if ld_i16(b + pos + 21) & 0x07:
+        raise Corrupt("has_header on a compressed batch", pos)
+    cdef int32_t expected = ld_i32(b + pos + 57)
+    cdef Py_ssize_t end = pos + size
+    cdef Py_ssize_t p = pos + C_HEADER, q, start, record_end
+    cdef int32_t length, offset_delta, n_headers, klen, j
+    cdef int64_t timestamp_delta
+    cdef Py_ssize_t count = 0
+    cdef bint found = False
+    while p < end:
+        start = p
+        q = rd_varint(b, p, end, &length)
+        if q < 0:
+            raise _varint_error(q, p, False)
+        if length < C_MIN_RECORD_BODY or length > end - q:
+            raise Corrupt(f"bad record length {length}", start)
+        record_end = q + length
+        p = q + 1  # attributes
+        q = rd_varlong(b, p, record_end, &timestamp_delta)
+        if q < 0:
+            raise _varint_error(q, p, True)
+        p = q
+        q = rd_varint(b, p, record_end, &offset_delta)
+        if q < 0:
+            raise _varint_error(q, p, False)
+        p = _skip_bytes_or_none(b, q, record_end, "key")
+        p = _skip_bytes_or_none(b, p, record_end, "value")
+        q = rd_varint(b, p, record_end, &n_headers)
+        if q < 0:
+            raise _varint_error(q, p, False)
+        if n_headers < 0:
+            raise Corrupt(f"negative header count {n_headers}", p)
+        p = q
+        for j in range(n_headers):
+            q = rd_varint(b, p, record_end, &klen)
+            if q < 0:
+                raise _varint_error(q, p, False)
+            if klen < 0 or klen > record_end - q:
+                raise Corrupt(f"bad header key length {klen}", p)
+            if not found and _is_wanted(b + q, klen, wanted, short_lengths, any_long):
+                found = True
+            p = _skip_bytes_or_none(b, q + klen, record_end, "header value")
+        if p != record_end:
+            raise Corrupt("record length does not match its fields", start)
+        count += 1
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
+    return found
 
 
 cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, Py_ssize_t end, str what):

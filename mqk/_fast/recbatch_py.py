@@ -2,7 +2,8 @@
 
 Owns the byte layout of a record batch (magic 2) and of the records inside it: header parse, scanning a buffer of
 concatenated batches with CRC32C checks, counting and decoding records, encoding records and whole batches, and the
-two in-place edits the broker makes (base offset, log-append time). It does no I/O and knows nothing of topics.
+two in-place edits the broker makes (base offset, log-append time), and finding a header by name without
+decoding (`has_header`, the timer's test for delay headers). It does no I/O and knows nothing of topics.
 
 Layout (big-endian):
   0 base_offset i64 | 8 batch_length i32 | 12 partition_leader_epoch i32 | 16 magic i8 | 17 crc u32 (CRC32C of
@@ -218,6 +219,76 @@ def count_records(buf, pos, size) -> int:
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
     return count
+
+
+def _names(names) -> tuple:
+    if type(names) is not tuple or any(type(name) is not bytes for name in names):
+        raise TypeError("names must be a tuple of bytes")
+    return names
+
+
+def _skip_bytes_or_none(mv, p: int, end: int, what: str) -> int:
+    """Position after the length-prefixed bytes field (-1 = None) at p, its content not looked at."""
+    length, p2 = _read_varint(mv, p, end)
+    if length == -1:
+        return p2
+    if length < 0 or length > end - p2:
+        raise Corrupt(f"bad {what} length {length}", p)
+    return p2 + length
+
+
+def has_header(buf, pos, size, names) -> bool:
+    """True iff some record of the UNCOMPRESSED batch at [pos, pos+size) has a header whose key (raw UTF-8 bytes)
+    equals one of `names` (a tuple of bytes). Keys, values and header values are skipped by their lengths, never
+    read, so the cost is per record and per header, not per byte. The whole batch is walked and checked as
+    count_records and decode_records check it (the match does not end the walk, so the outcome does not depend on
+    where a header sits), except that header keys are not checked for UTF-8: Corrupt on any bad length, varint or
+    count, or on a compressed batch; OutOfBounds if the range is outside `buf`; TypeError for bad `names`."""
+    pos = _ssize(pos)
+    size = _ssize(size)
+    mv = _view(buf)
+    names = _names(names)
+    if pos < 0 or size < 0 or size > mv.nbytes - pos:
+        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {mv.nbytes} bytes")
+    if size < HEADER_SIZE:
+        raise Corrupt("record batch smaller than its header", pos)
+    if _I16.unpack_from(mv, pos + 21)[0] & ATTR_COMPRESSION_MASK:
+        raise Corrupt("has_header on a compressed batch", pos)
+    expected = _I32.unpack_from(mv, pos + 57)[0]
+    # only keys of a wanted length are compared, as the compiled kernel does
+    lengths = {len(name) for name in names}
+    found = False
+    end = pos + size
+    p = pos + HEADER_SIZE
+    count = 0
+    while p < end:
+        start = p
+        length, p = _read_varint(mv, p, end)
+        if length < MIN_RECORD_BODY or length > end - p:
+            raise Corrupt(f"bad record length {length}", start)
+        record_end = p + length
+        p += 1  # attributes
+        _, p = _read_varlong(mv, p, record_end)  # timestamp delta
+        _, p = _read_varint(mv, p, record_end)  # offset delta
+        p = _skip_bytes_or_none(mv, p, record_end, "key")
+        p = _skip_bytes_or_none(mv, p, record_end, "value")
+        n_headers, q = _read_varint(mv, p, record_end)
+        if n_headers < 0:
+            raise Corrupt(f"negative header count {n_headers}", p)
+        p = q
+        for _ in range(n_headers):
+            klen, q = _read_varint(mv, p, record_end)
+            if klen < 0 or klen > record_end - q:
+                raise Corrupt(f"bad header key length {klen}", p)
+            if not found and klen in lengths and bytes(mv[q:q + klen]) in names:
+                found = True
+            p = _skip_bytes_or_none(mv, q + klen, record_end, "header value")
+        if p != record_end:
+            raise Corrupt("record length does not match its fields", start)
+        count += 1
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
+    return found
 
 
 # --- records -------------------------------------------------------------------------------------------

@@ -251,6 +251,100 @@ def test_recbatch_bad_argument_types_agree(bad):
     same_outcome(RB, lambda m: outcome(m.parse_header, bytes(100), 1.5))
 
 
+# --- recbatch.has_header: records with random headers, names that are and are not among them ----------------
+
+DELAY_KEYS = (b"DELAY", b"__STARTDELIVERTIME", b"TIMER_DELIVER_MS", b"mqk-deliver-at", b"TIMER_DELAY_SEC",
+              b"TIMER_DELAY_MS", b"mqk-delay-ms")
+header_key_st = st.one_of(st.text(max_size=8), st.sampled_from([k.decode() for k in DELAY_KEYS]),
+                          st.sampled_from(["DELAYX", "DELA", "mqk-delay-m", "n" * 70]))
+headed_records_st = st.lists(
+    st.tuples(I32, I64, st.none() | st.binary(max_size=40), st.none() | st.binary(max_size=40),
+              st.lists(st.tuples(header_key_st, st.none() | st.binary(max_size=8)), max_size=4)),
+    max_size=8)
+names_st = st.one_of(st.just(DELAY_KEYS), st.lists(header_key_st.map(str.encode), max_size=4).map(tuple))
+
+
+@pytest.mark.parametrize("rb", RB, ids=ids(RB))
+@SETTINGS
+@given(fields=batch_fields_st, records=headed_records_st, names=names_st, lead=st.integers(0, 5))
+def test_has_header_matches_reference(rb, fields, records, names, lead):
+    fields = dict(fields, count=len(records))
+    batch = ref_batch(fields, b"".join(ref_record(*r) for r in records))
+    expected = any(hk.encode() in names for *_, headers in records for hk, _ in headers)
+    # and the same answer from the decoded records, as the timer used to get it
+    decoded = rb.decode_records(batch[61:], len(records))
+    assert expected == any(hk.encode() in names for *_, headers in decoded for hk, _ in headers)
+    buf = bytes(lead) + batch + bytes(lead)
+    assert rb.has_header(buf, lead, len(batch), names) is expected
+
+
+@SETTINGS
+@given(buf=damaged_batches(), pos=st.integers(-3, 300), size=st.integers(-3, 400), names=names_st)
+def test_has_header_outcomes_agree_on_damaged_input(buf, pos, size, names):
+    data = bytes(buf)
+    same_outcome(RB, lambda m: outcome(m.has_header, data, pos, size, names))
+    whole = same_outcome(RB, lambda m: outcome(m.has_header, data, 0, len(data), names))
+    if len(data) < 61 or data[22] & 0x07:
+        assert whole[0] == "Corrupt"
+        return
+    # has_header accepts exactly what decode_records accepts, except that it does not check keys for UTF-8
+    count = struct.unpack_from(">i", data, 57)[0]
+    decoded = same_outcome(RB, lambda m: outcome(m.decode_records, data[61:], count))
+    if decoded[0] == "ok":
+        assert whole == ("ok", any(hk.encode() in names for *_, headers in decoded[1] for hk, _ in headers))
+    elif whole[0] == "ok":
+        assert decoded[0] == "Corrupt" and "UTF-8" in decoded[1]
+    else:
+        assert whole[0] == decoded[0] == "Corrupt"
+
+
+@SETTINGS
+@given(ints=st.lists(WIDE, min_size=2, max_size=2))
+def test_has_header_integer_arguments_agree(ints):
+    same_outcome(RB, lambda m: outcome(m.has_header, bytes(100), ints[0], ints[1], DELAY_KEYS))
+
+
+@pytest.mark.parametrize("bad", [None, "text", 3, [b"DELAY"], ("DELAY",), (b"DELAY", 1), b"DELAY", 1.5])
+def test_has_header_bad_argument_types_agree(bad):
+    batch = ref_batch(dict(base_offset=0, leader_epoch=0, attributes=0, last_offset_delta=0, base_ts=0, max_ts=0,
+                           pid=-1, epoch=-1, seq=-1, count=0), b"")
+    assert same_outcome(RB, lambda m: outcome(m.has_header, batch, 0, len(batch), bad))[0] == "TypeError"
+    same_outcome(RB, lambda m: outcome(m.has_header, bad, 0, 61, DELAY_KEYS))
+    same_outcome(RB, lambda m: outcome(m.has_header, batch, bad, 61, DELAY_KEYS))
+
+
+@pytest.mark.parametrize("walk", [True, False], ids=["has_header", "regex"])
+@SETTINGS
+@given(records=headed_records_st, values=st.lists(st.sampled_from([b"0", b"3", b"250", b"99", b"x", b""]),
+                                                  min_size=40, max_size=40))
+def test_batch_due_time_equals_decoding_every_record(walk, records, values):
+    # batch_due_time skips decoding when no record names a delay header; that must never change its answer
+    from mqk.timer import delay
+    if walk and delay.recbatch.__name__.endswith("_py"):
+        walk_module = twin("recbatch")  # without the extensions, exercise the walk through the twin
+    else:
+        walk_module = delay.recbatch
+    rb = twin("recbatch")
+    vals = iter(values * 2)
+    records = [(od, 0, k, v, [(hk, next(vals)) for hk, _ in hs]) for od, _, k, v, hs in records]
+    batch = ref_batch(dict(base_offset=0, leader_epoch=0, attributes=0, last_offset_delta=max(len(records) - 1, 0),
+                           base_ts=0, max_ts=0, pid=-1, epoch=-1, seq=-1, count=len(records)),
+                      b"".join(ref_record(*r) for r in records))
+    now = 1_000_000
+    expected = None
+    for *_, headers in rb.decode_records(batch[61:], len(records)):
+        at = delay.due_time(dict(headers), now)
+        if at is not None and (expected is None or at > expected):
+            expected = at
+    saved = delay._WALK_HEADERS, delay.recbatch
+    try:
+        delay._WALK_HEADERS, delay.recbatch = walk, walk_module
+        assert delay.batch_due_time(batch, now) == expected
+        assert delay.batch_due_time(memoryview(batch), now) == expected
+    finally:
+        delay._WALK_HEADERS, delay.recbatch = saved
+
+
 # --- clentry -------------------------------------------------------------------------------------------
 
 entry_st = st.fixed_dictionaries({

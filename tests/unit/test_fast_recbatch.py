@@ -259,3 +259,82 @@ def test_build_batch_range_checks(rb):
         rb.build_batch(1 << 63, 0, 0, b"", 0, 0)
     empty = rb.build_batch(0, 0, 0, b"", 0, 0)
     assert len(empty) == 61 and rb.scan_batches(empty)[0][4] == 0
+
+
+# --- has_header: the timer's "does any record carry a delay header?" without decoding ----------------------------
+
+DELAY_KEYS = (b"DELAY", b"__STARTDELIVERTIME", b"mqk-delay-ms")
+
+
+def headers_batch(rb, per_record_headers, base_offset=0):
+    records = b"".join(rb.encode_record(i, i, b"k%d" % i, b"v" * 100, headers)
+                       for i, headers in enumerate(per_record_headers))
+    n = len(per_record_headers)
+    return bytes(rb.build_batch(base_offset, 0, 0, records, n, max(n - 1, 0)))
+
+
+def test_has_header_finds_a_named_header_in_any_record_or_position(rb):
+    plain = [("trace-id", b"x"), ("DELAYX", b"1"), ("DELA", None)]
+    assert rb.has_header(headers_batch(rb, [plain] * 5), 0, len(headers_batch(rb, [plain] * 5)), DELAY_KEYS) is False
+    for record in range(5):
+        for at in range(len(plain) + 1):
+            per = [list(plain) for _ in range(5)]
+            per[record].insert(at, ("mqk-delay-ms", b"500"))
+            data = headers_batch(rb, per)
+            assert rb.has_header(data, 0, len(data), DELAY_KEYS) is True
+            assert rb.has_header(data, 0, len(data), (b"mqk-delay-ms",)) is True
+            assert rb.has_header(data, 0, len(data), (b"DELAY",)) is False
+            assert rb.has_header(data, 0, len(data), ()) is False
+
+
+def test_has_header_ignores_the_name_in_keys_values_and_header_values(rb):
+    records = (rb.encode_record(0, 0, b"DELAY", b"mqk-delay-ms", [("h", b"DELAY")])
+               + rb.encode_record(1, 0, b"\x0aDELAY", b"\x18mqk-delay-ms\x02", [("x", b"\x0aDELAY\x02")]))
+    data = bytes(rb.build_batch(0, 0, 0, records, 2, 1))
+    assert rb.has_header(data, 0, len(data), DELAY_KEYS) is False
+    assert rb.has_header(data, 0, len(data), (b"h",)) is True
+
+
+def test_has_header_long_names_empty_batch_and_offset(rb):
+    long_name = "n" * 200
+    data = headers_batch(rb, [[(long_name, b"")], []])
+    assert rb.has_header(data, 0, len(data), (long_name.encode(),)) is True
+    assert rb.has_header(data, 0, len(data), (b"n" * 199, b"n" * 201)) is False
+    assert rb.has_header(headers_batch(rb, []), 0, 61, DELAY_KEYS) is False
+    data = headers_batch(rb, [[("DELAY", b"3")]])
+    buf = b"\xff" * 9 + data + b"\xff" * 5
+    assert rb.has_header(buf, 9, len(data), DELAY_KEYS) is True
+    assert rb.has_header(memoryview(buf)[9:9 + len(data)], 0, len(data), DELAY_KEYS) is True
+    assert rb.has_header(bytearray(data), 0, len(data), (b"",)) is False
+    assert rb.has_header(headers_batch(rb, [[("", None)]]), 0, len(headers_batch(rb, [[("", None)]])), (b"",))
+
+
+def test_has_header_rejects_malformed_batches_and_bad_names(rb):
+    data = headers_batch(rb, [[("DELAY", b"1")], [("a", b"b")]])
+    for cut in (1, 5, 20):
+        with pytest.raises(Corrupt):
+            rb.has_header(data, 0, len(data) - cut, DELAY_KEYS)  # a header found early does not hide the cut
+    with pytest.raises(Corrupt):
+        rb.has_header(data + b"\x00", 0, len(data) + 1, DELAY_KEYS)
+    wrong_count = bytearray(data)
+    struct.pack_into(">i", wrong_count, 57, 3)
+    with pytest.raises(Corrupt, match="header says 3"):
+        rb.has_header(wrong_count, 0, len(data), DELAY_KEYS)
+    compressed = bytearray(data)
+    compressed[22] |= 2
+    with pytest.raises(Corrupt, match="compressed"):
+        rb.has_header(compressed, 0, len(data), DELAY_KEYS)
+    with pytest.raises(Corrupt):
+        rb.has_header(data, 0, 60, DELAY_KEYS)
+    with pytest.raises(OutOfBounds):
+        rb.has_header(data, 1, len(data), DELAY_KEYS)
+    with pytest.raises(OutOfBounds):
+        rb.has_header(data, -1, 10, DELAY_KEYS)
+    # a header key length (2**20, zigzag 0x80 0x80 0x80 0x01) pointing past its record: refused, not read
+    body = b"\x00\x00\x00\x01\x01\x02" + b"\x80\x80\x80\x01" + b"h\x00"
+    bad = bytes(rb.build_batch(0, 0, 0, bytes([2 * len(body)]) + body, 1, 0))
+    with pytest.raises(Corrupt, match="header key length"):
+        rb.has_header(bad, 0, len(bad), DELAY_KEYS)
+    for names in (None, [b"DELAY"], ("DELAY",), (b"DELAY", bytearray(b"x")), b"DELAY"):
+        with pytest.raises(TypeError):
+            rb.has_header(data, 0, len(data), names)
