@@ -83,6 +83,10 @@ class StoreManager:
         self._listeners: list[DataListener] = []
         self._engines: dict[str, StorageAdapter] = {}
         self._topics: dict[str, ShardInfo] = {}
+        #: topic -> (its ShardInfo, its started engine, its LogAppendTime setting), what `append` needs per call;
+        #: an entry counts only while its ShardInfo is still the one in `_topics` (every topic change stores a new
+        #: ShardInfo), and the whole cache goes when the engines change
+        self._append_routes: dict[str, tuple[ShardInfo, StorageAdapter, bool]] = {}
         self._states: dict[str, dict[str, Any]] = {}
         self._state_locks: dict[str, asyncio.Lock] = {}
         self._admin = asyncio.Lock()
@@ -145,6 +149,7 @@ class StoreManager:
     async def close(self) -> None:
         async with self._admin:
             engines, self._engines = list(self._engines.values()), {}
+            self._append_routes.clear()
             self._started = False
             for engine in reversed(engines):
                 await engine.close()
@@ -216,6 +221,7 @@ class StoreManager:
     async def delete_topic(self, topic: str) -> None:
         async with self._admin:
             info = self._topics.pop(topic, None)
+            self._append_routes.pop(topic, None)
             if info is None:
                 raise UnknownShard(f"unknown topic {topic!r}")
             await self._save_topics()
@@ -304,9 +310,14 @@ class StoreManager:
                 hook(context)
             topic, queue, batches = context.topic, context.queue, context.batches
             tags_code, keys = context.tags_code, context.keys
-        engine, info = self._route(topic, queue)
-        return await engine.append(topic, queue, batches, tags_code=tags_code, keys=keys,
-                                   log_append_time=log_append_time or info.config.log_append_time)
+        route = self._append_routes.get(topic)
+        if route is None or route[0] is not self._topics.get(topic):
+            engine, info = self._route(topic, queue)
+            route = self._append_routes[topic] = (info, engine, info.config.log_append_time)
+        elif not 0 <= queue < route[0].queue_count:
+            raise UnknownShard(f"unknown shard {topic!r}/{queue}")
+        return await route[1].append(topic, queue, batches, tags_code=tags_code, keys=keys,
+                                     log_append_time=log_append_time or route[2])
 
     async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
         return await self._route(topic, queue)[0].read(topic, queue, offset, max_bytes)

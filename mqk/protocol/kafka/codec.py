@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mqk.errors import FrameTooLarge
 from mqk.protocol.kafka import api, messages
@@ -35,15 +35,21 @@ _RESP_HEAD = struct.Struct(">ii")  # size, correlation_id
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
+    """One decoded request. A NamedTuple rather than a frozen dataclass: one is built per request, and a frozen
+    dataclass's __init__ sets each field through object.__setattr__ (several times the cost of a tuple)."""
+
     api_key: int
     api_version: int
     correlation_id: int
     client_id: str | None
-    body: dict = field(repr=False)
+    body: dict
     unsupported: bool = False  # only ever True for ApiVersions; answer with api.api_versions_unsupported_body()
     size: int = 0  # frame size in bytes (for metrics / quotas)
+
+    def __repr__(self) -> str:  # the body can be megabytes of records: leave it out
+        return (f"Request(api_key={self.api_key}, api_version={self.api_version}, "
+                f"correlation_id={self.correlation_id}, client_id={self.client_id!r}, size={self.size})")
 
 
 def _uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -93,6 +99,8 @@ def parse_request_header(frame: memoryview) -> tuple[int, int, int, str | None, 
         pos += n
     flex = meta[3]
     if flex >= 0 and api_version >= flex:
+        if pos < len(frame) and frame[pos] == 0:  # the usual case, no tagged fields: skip the varint walk
+            return api_key, api_version, correlation_id, client_id, pos + 1
         try:
             pos = _skip_tagged(frame, pos)
         except IndexError:

@@ -245,6 +245,7 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
     if len(view) > 16 and view[16] in (0, 1):
         return [convert_legacy(view, max_batch_bytes, max_decompressed_bytes)]
     out = []
+    whole = len(view)
     for (pos, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch, base_sequence,
          base_ts) in recbatch.scan_batches(view, verify_crc):
         if size > max_batch_bytes:
@@ -255,8 +256,10 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
         else:
             inner = decompress(codec, view[pos + _RECORDS_POS:pos + size], max_decompressed_bytes)
             _count_records(inner, count)
-        out.append(BatchInfo(view[pos:pos + size], size, last_offset_delta, max_ts, count, attributes, producer_id,
-                             producer_epoch, base_sequence, base_ts, codec))
+        # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
+        data = view if size == whole else view[pos:pos + size]
+        out.append(BatchInfo(data, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch,
+                             base_sequence, base_ts, codec))
     return out
 
 

@@ -49,24 +49,47 @@ async def handle(server, conn, req) -> dict | None:
         # under sync flush each append waits for its fsync: run the partitions of one request together so they
         # share the group commit instead of queueing one fsync after another
         concurrent = server.config.store.flush_mode == FLUSH_SYNC
+        store = server.store
         for topic in body["topic_data"]:
             name = topic["name"]
-            info = server.store.topic(name)
+            info = store.topic(name)
             code = NONE
             if info is None:
                 code, info = await get_or_create_topic(server, name)
             parts: list = []
+            responses.append({"name": name, "partition_responses": parts})
+            if info is None:
+                parts.extend(_part(p["index"], code) for p in topic["partition_data"])
+                continue
+            # what every partition of the topic shares, looked up once per topic rather than once per partition
+            queue_count = info.queue_count
+            limits = _limits(server, info.config)
+            log_append_time = limits[2]
             for p in topic["partition_data"]:
                 index = p["index"]
-                if info is None:
-                    parts.append(_part(index, code))
-                elif not 0 <= index < info.queue_count:
+                if not 0 <= index < queue_count:
                     parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
                 elif concurrent:
-                    parts.append(asyncio.ensure_future(produce_partition(server, info, index, p["records"])))
+                    parts.append(asyncio.ensure_future(produce_partition(server, info, index, p["records"], limits)))
                 else:
-                    parts.append(await produce_partition(server, info, index, p["records"]))
-            responses.append({"name": name, "partition_responses": parts})
+                    # the common case (async flush, no idempotence) inline: a coroutine per partition is a
+                    # measurable share of a produce spreading one or two records over many partitions
+                    batches = _validate(p["records"], limits, index)
+                    if batches.__class__ is dict:
+                        parts.append(batches)  # the error answer
+                    elif batches[0].producer_id < 0 or batches[0].base_sequence < 0:
+                        try:
+                            result = await store.append(
+                                name, index, [batches[0].data] if len(batches) == 1 else [b.data for b in batches],
+                                log_append_time=log_append_time)
+                        except Exception as exc:  # noqa: BLE001
+                            parts.append(_storage_failure(name, index, exc))
+                        else:
+                            parts.append(_part(index, NONE, result.base_offset,
+                                               result.log_append_time if log_append_time else -1,
+                                               result.log_start_offset))
+                    else:
+                        parts.append(await _produce_idempotent(server, name, index, batches, log_append_time))
         if concurrent:
             for topic_response in responses:
                 parts = topic_response["partition_responses"]
@@ -99,28 +122,42 @@ def _limits(server, config) -> tuple[int, bool, bool]:
     return limits
 
 
-async def produce_partition(server, info, index: int, records) -> dict:
-    store = server.store
-    topic = info.topic
-    max_bytes, compacted, log_append_time = _limits(server, info.config)
+def _validate(records, limits: tuple[int, bool, bool], index: int) -> list | dict:
+    """The partition's batches (records.BatchInfo), or the partition's error answer (a dict) if they are refused."""
     try:
-        batches = kafka_records.validate_produce_records(records, max_bytes)
-        if compacted:
+        batches = kafka_records.validate_produce_records(records, limits[0])
+        if limits[1]:
             _require_keys(batches)
+        return batches
     except E.MqkError as exc:
         return _part(index, E.kafka_code_for(exc), message=str(exc))
     except Exception as exc:  # noqa: BLE001 - bytes we cannot judge are corrupt, never a crash
         return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
 
+
+async def produce_partition(server, info, index: int, records, limits: tuple[int, bool, bool] | None = None) -> dict:
+    """One partition's produce, as its own coroutine (what the sync-flush path runs concurrently)."""
+    store = server.store
+    topic = info.topic
+    if limits is None:
+        limits = _limits(server, info.config)
+    log_append_time = limits[2]
+    batches = _validate(records, limits, index)
+    if batches.__class__ is dict:
+        return batches
     if batches[0].producer_id < 0 or batches[0].base_sequence < 0:
         # the common path: one append for every batch of the partition
         try:
-            result = await store.append(topic, index, [b.data for b in batches])
+            result = await store.append(topic, index, [b.data for b in batches], log_append_time=log_append_time)
         except Exception as exc:  # noqa: BLE001
             return _storage_failure(topic, index, exc)
         return _part(index, NONE, result.base_offset, result.log_append_time if log_append_time else -1,
                      result.log_start_offset)
+    return await _produce_idempotent(server, topic, index, batches, log_append_time)
 
+
+async def _produce_idempotent(server, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
+    store = server.store
     # idempotent producer: one batch at a time through the sequence check
     first_offset = -1
     last = None
