@@ -29,7 +29,6 @@ import bisect
 from bisect import bisect_left
 import concurrent.futures
 import logging
-import os
 import shutil
 import struct
 import time
@@ -43,7 +42,6 @@ from mqk.errors import (
     InvalidRecord,
     OffsetOutOfRange,
     StorageError,
-    StorageFull,
     UnknownShard,
 )
 from mqk.store.adapter import AppendResult, Buffer, GroupOffset, ReadResult, StorageAdapter, StoredBatch
@@ -161,7 +159,6 @@ class FileEngine(StorageAdapter):
         self._closed = False
         self._running = False  # started and not closed: appends accepted
         self._sync = config.flush_mode == "sync"
-        self._disk_full = False
         #: compacted shards' prefixes (mqk.store.file.compactlog): reads below their `upto` are served from there
         self._compacted: dict[tuple[str, int], CompactLog] = {}
         #: what the last recovery found, for tests and operators
@@ -441,9 +438,6 @@ class FileEngine(StorageAdapter):
             raise UnknownShard(f"unknown shard {topic}-{queue}")
         if not self._running:
             raise StorageError("the file store is not running")
-        if self._disk_full:
-            self.stats.put_failures += 1
-            raise StorageFull(f"disk use above {self.config.disk_max_used_ratio:.0%}; appends refused")
         if len(batches) == 1:
             body = batches[0]
             try:
@@ -732,7 +726,6 @@ class FileEngine(StorageAdapter):
         while True:
             await asyncio.sleep(interval)
             try:
-                await asyncio.to_thread(self._check_disk)
                 await self.checkpoint_now()
             except (OSError, StorageError) as exc:
                 log.error("file store checkpoint failed: %s", exc)
@@ -756,16 +749,6 @@ class FileEngine(StorageAdapter):
         if self.flusher is not None and flushed > self.flusher.flushed:
             self.flusher.flushed = flushed
         self.checkpoint.store(min(safe, flushed), flushed, _now_ms())
-
-    def _check_disk(self) -> None:
-        st = os.statvfs(self.root)
-        if st.f_blocks:
-            used = 1 - st.f_bavail / st.f_blocks
-            full = used > self.config.disk_max_used_ratio
-            if full != self._disk_full:
-                (log.error if full else log.warning)("disk use %.1f%%: appends %s", used * 100,
-                                                     "refused" if full else "accepted again")
-            self._disk_full = full
 
     # --- group offsets --------------------------------------------------------------------------------
 
