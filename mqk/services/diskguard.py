@@ -37,14 +37,19 @@ RETRY_SECONDS = 2.0
 
 
 def used_ratio(path: Path) -> float:
-    """Share of the filesystem holding `path` in use, as `df` counts it (blocks reserved for root count as used)."""
+    """Share of the filesystem holding `path` in use, as `df`'s Use% counts it: used / (used + available to us).
+
+    Not 1 - available / total: on a filesystem whose blocks are partly reserved for root, or shared with
+    something that hides part of its size (overlay and container disks), that reads e.g. 88 % where df says 71 %,
+    and the broker would refuse writes on a disk with tens of gigabytes free."""
     probe = Path(path)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     st = os.statvfs(probe)
-    if not st.f_blocks:
+    used = st.f_blocks - st.f_bfree
+    if used + st.f_bavail <= 0:
         return 0.0
-    return 1.0 - st.f_bavail / st.f_blocks
+    return used / (used + st.f_bavail)
 
 
 class DiskGuard:
