@@ -91,44 +91,34 @@ def _writable(buf) -> memoryview:
 # --- varints -------------------------------------------------------------------------------------------
 
 
-def _read_varint(buf, p: int, end: int) -> tuple[int, int]:
-    """Zigzag varint (int32) at p, not reading at or past `end`. Returns (value, next position)."""
+def _read_zigzag(buf, p: int, end: int, max_bytes: int, bits: int, name: str) -> tuple[int, int]:
+    """Zigzag varint of at most `max_bytes` bytes at p, not reading at or past `end`; (value, next position)."""
     raw = 0
     shift = 0
     start = p
     while True:
         if p >= end:
-            raise Corrupt("truncated varint", start)
+            raise Corrupt(f"truncated {name}", start)
         b = buf[p]
         p += 1
         raw |= (b & 0x7F) << shift
         if not b & 0x80:
             break
         shift += 7
-        if shift >= 35:
-            raise Corrupt("varint longer than 5 bytes", start)
-    raw &= 0xFFFFFFFF
+        if shift >= 7 * max_bytes:
+            raise Corrupt(f"{name} longer than {max_bytes} bytes", start)
+    raw &= (1 << bits) - 1
     return (raw >> 1) ^ -(raw & 1), p
+
+
+def _read_varint(buf, p: int, end: int) -> tuple[int, int]:
+    """Zigzag varint (int32) at p, not reading at or past `end`. Returns (value, next position)."""
+    return _read_zigzag(buf, p, end, 5, 32, "varint")
 
 
 def _read_varlong(buf, p: int, end: int) -> tuple[int, int]:
     """Zigzag varlong (int64) at p, not reading at or past `end`. Returns (value, next position)."""
-    raw = 0
-    shift = 0
-    start = p
-    while True:
-        if p >= end:
-            raise Corrupt("truncated varlong", start)
-        b = buf[p]
-        p += 1
-        raw |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if shift >= 70:
-            raise Corrupt("varlong longer than 10 bytes", start)
-    raw &= 0xFFFFFFFFFFFFFFFF
-    return (raw >> 1) ^ -(raw & 1), p
+    return _read_zigzag(buf, p, end, 10, 64, "varlong")
 
 
 def _put_uvarint(out: bytearray, u: int) -> None:
