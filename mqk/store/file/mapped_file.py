@@ -65,7 +65,8 @@ class MappedFile:
                 os.ftruncate(fd, file_size)
                 # reserve the blocks now: on a full disk this fails here with ENOSPC (StorageFull) instead of a
                 # later write into a sparse hole of the mapping killing the process with SIGBUS
-                _allocate(fd, 0, min(reserve_step, file_size) if reserve_step > 0 else file_size, self.path)
+                if reserve_step <= 0:
+                    _allocate(fd, 0, file_size, self.path)
             self.mm = mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
@@ -122,7 +123,16 @@ class MappedFile:
             raise OutOfBounds(f"reserve up to {end} beyond {self.file_size} in {self.path.name}")
         step = self.reserve_step or self.file_size
         new = min(self.file_size, -(-end // step) * step)
-        _allocate(self.fd, self.reserved, new - self.reserved, self.path)
+        if self.reserve_step > 0:
+            # write zeros rather than fallocate: the first store into a fallocated (unwritten) extent through the
+            # mapping cost ~16 ms of CPU per file (1,000 new partitions: 17 s), a pwrite of zeros makes the pages
+            # ordinary cached pages and still fails with ENOSPC when the disk is full. Only bytes at or past the
+            # write position are zeroed: nothing there is published data.
+            start = max(self.reserved, self.wrote)
+            if new > start:
+                _zero_fill(self.fd, start, new - start, self.path)
+        else:
+            _allocate(self.fd, self.reserved, new - self.reserved, self.path)
         self.reserved = new
 
     # --- bytes -----------------------------------------------------------------------------------------
@@ -230,6 +240,18 @@ def _allocate(fd: int, offset: int, size: int, path: Path) -> None:
             raise StorageFull(f"no space for {path.name} ({size} bytes): {exc.strerror}") from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate stay sparse
             raise
+
+
+def _zero_fill(fd: int, offset: int, size: int, path: Path) -> None:
+    try:
+        while size > 0:
+            n = os.pwrite(fd, _ZERO_CHUNK[: min(size, len(_ZERO_CHUNK))], offset)
+            offset += n
+            size -= n
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFull(f"no space for {path.name} ({size} bytes): {exc.strerror}") from None
+        raise
 
 
 def _unlink_quietly(path: Path) -> None:
