@@ -41,3 +41,26 @@ def compiled(name: str) -> ModuleType | None:
         return importlib.import_module(f"mqk._fast.{name}")
     except ImportError:
         return None
+
+
+def crc32c_native_address(crc_fn) -> int:
+    """Address of the C function the crc32c package selected for `crc_fn` (its `crc32c.crc32c`), or 0.
+
+    The compiled kernels call it directly, skipping the Python call's argument parsing and buffer handling, which
+    costs more than the CRC of a small record batch. The package exports `get_state(module)`, whose state's first
+    field is that function (crc32c 2.x); the kernels self-test the function against `crc_fn` before using it.
+    """
+    import ctypes
+
+    module = getattr(crc_fn, "__self__", None)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return 0
+    library = ctypes.PyDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    get_state = library.get_state
+    get_state.restype = ctypes.c_void_p
+    get_state.argtypes = [ctypes.py_object]
+    state = get_state(module)
+    if not state:
+        return 0
+    return ctypes.c_void_p.from_address(state).value or 0

@@ -2,7 +2,7 @@
 # varints, and CRC32C over raw memory. Every helper takes a raw pointer and trusts its caller to have checked the
 # bounds first: the kernels check sizes explicitly before each access (boundscheck is off), so bad input raises
 # Corrupt / OutOfBounds instead of reading or writing outside the buffer.
-from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from cpython.buffer cimport PyBUF_READ
 from cpython.memoryview cimport PyMemoryView_FromMemory
 
@@ -117,9 +117,65 @@ cdef inline unsigned char* put_uvarint(unsigned char* p, uint64_t u) noexcept no
     return p + 1
 
 
+cdef extern from *:
+    """
+    #include <stdint.h>
+    typedef uint32_t (*mqk_crc32c_fn)(uint32_t crc, const unsigned char *data, unsigned long length);
+    /* Per kernel module: 0 = not looked up yet, 1 = the crc32c package's own C function is called directly,
+       2 = calls go through the package's Python function. */
+    static int mqk_crc32c_mode = 0;
+    static mqk_crc32c_fn mqk_crc32c_native = NULL;
+    static void mqk_crc32c_set(int mode, uintptr_t fn) { mqk_crc32c_mode = mode; mqk_crc32c_native = (mqk_crc32c_fn)fn; }
+    """
+    ctypedef uint32_t (*mqk_crc32c_fn)(uint32_t crc, const unsigned char* data, unsigned long length) noexcept nogil
+    int mqk_crc32c_mode
+    mqk_crc32c_fn mqk_crc32c_native
+    void mqk_crc32c_set(int mode, uintptr_t fn)
+
+
+# The crc32c package's Python call (argument parsing, buffer protocol, a memoryview to wrap raw memory) costs far
+# more than the CRC of a small batch, so each module calls the very C function the package selected at import
+# (hardware SSE4.2 / ARMv8, or its software fallback), found once through the package's exported `get_state`.
+# Any surprise (symbol missing, other layout) falls back to the Python call; a self-test against the Python call
+# guards the result.
+cdef inline uint32_t _crc32c_native(mqk_crc32c_fn fn, const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    return fn(0xFFFFFFFFU, p, <unsigned long>n) ^ 0xFFFFFFFFU
+
+
+cdef inline int _crc32c_resolve(object crc_fn) except -1:
+    mqk_crc32c_set(2, 0)
+    try:
+        from mqk._fast import crc32c_native_address
+        address = crc32c_native_address(crc_fn)
+    except Exception:
+        return 0
+    if not address:
+        return 0
+    cdef mqk_crc32c_fn fn = <mqk_crc32c_fn><uintptr_t>address
+    cdef bytes probe = bytes(range(256)) * 5
+    cdef const unsigned char* p = probe
+    cdef Py_ssize_t start, length
+    for start in range(0, 8):
+        for length in (0, 1, 7, 9, 63, 64, 65, 255, 1000):
+            if _crc32c_native(fn, p + start, length) != crc_fn(probe[start:start + length]):
+                return 0
+    mqk_crc32c_set(1, address)
+    return 0
+
+
 cdef inline uint32_t crc32c_of(object crc_fn, const unsigned char* p, Py_ssize_t n) except? 0xFFFFFFFF:
-    """CRC32C of [p, p+n) through the crc32c package, on a memoryview over the memory itself (no copy).
-    The view is handed to crc32c for the call only; it never outlives the caller's buffer."""
+    """CRC32C of [p, p+n), computed by the crc32c package: its C function directly once found, else its Python
+    function on a memoryview over the memory itself (no copy; the view never outlives the caller's buffer).
+    Like the package, the GIL is released for 32 KiB and more."""
+    cdef uint32_t crc
+    if mqk_crc32c_mode == 0:
+        _crc32c_resolve(crc_fn)
+    if mqk_crc32c_mode == 1:
+        if n < 32768:
+            return _crc32c_native(mqk_crc32c_native, p, n)
+        with nogil:
+            crc = _crc32c_native(mqk_crc32c_native, p, n)
+        return crc
     return crc_fn(PyMemoryView_FromMemory(<char*>p, n, PyBUF_READ))
 
 

@@ -11,7 +11,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
-from mqk._fast._bytes cimport (VARINT_TRUNCATED, as_i16, as_i32, crc32c_of, ld_i16, ld_i32, ld_i64, ld_u32,
+from mqk._fast._bytes cimport (VARINT_TRUNCATED, mqk_crc32c_mode, as_i16, as_i32, crc32c_of, ld_i16, ld_i32, ld_i64, ld_u32,
                                put_uvarint, rd_varint, rd_varlong, st_i64, st_u16, st_u32, uvarint_size, zigzag32,
                                zigzag64)
 
@@ -35,6 +35,13 @@ DEF C_MIN_BATCH_LENGTH = 49
 DEF C_CRC_START = 21
 DEF C_MIN_RECORD_BODY = 6
 DEF C_INT32_MAX = 2147483647
+
+
+def crc32c_direct():
+    """Whether this module calls the crc32c package's C function directly (else through its Python function)."""
+    if mqk_crc32c_mode == 0:
+        crc32c_of(_crc32c, <const unsigned char*>b"", 0)
+    return mqk_crc32c_mode == 1
 
 
 cdef inline object _varint_error(Py_ssize_t code, Py_ssize_t start, bint long_form):

@@ -139,6 +139,11 @@ def _put_varlong(out: bytearray, v: int) -> None:
 # --- header --------------------------------------------------------------------------------------------
 
 
+def crc32c_direct() -> bool:
+    """The compiled module may call the crc32c package's C function directly; the twin always uses its Python call."""
+    return False
+
+
 def parse_header(buf, pos=0) -> tuple:
     """The 13 header fields of the batch at `pos`. Corrupt if fewer than 61 bytes remain or magic != 2."""
     pos = _ssize(pos)

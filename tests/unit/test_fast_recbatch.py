@@ -338,3 +338,23 @@ def test_has_header_rejects_malformed_batches_and_bad_names(rb):
     for names in (None, [b"DELAY"], ("DELAY",), (b"DELAY", bytearray(b"x")), b"DELAY"):
         with pytest.raises(TypeError):
             rb.has_header(data, 0, len(data), names)
+
+
+def test_compiled_module_calls_the_crc32c_packages_c_function_directly(rb):
+    # Falling back to the Python call stays correct but costs most of a small batch's validation time.
+    assert rb.crc32c_direct() is (rb is compiled("recbatch"))
+
+
+@pytest.mark.parametrize("size", [0, 1, 61, 4095, 32767, 32768, 1 << 20])
+def test_crc_of_large_and_small_batches_matches_the_crc32c_package(rb, size):
+    # 32 KiB and more releases the GIL around the CRC, below it does not: both paths checked.
+    records = [(0, 1_700_000_000_000, None, bytes(range(256)) * (size // 256) + b"x" * (size % 256), [])]
+    batch = bytes(our_batch(rb, records))
+    assert struct.unpack_from(">I", batch, 17)[0] == crc32c(batch[21:])
+    assert rb.scan_batches(batch)[0][1] == len(batch)
+
+
+def test_crc32c_native_address_refuses_what_is_not_the_package():
+    from mqk._fast import crc32c_native_address
+
+    assert crc32c_native_address(lambda data: 0) == 0
