@@ -8,7 +8,8 @@ trusts positions never sees half-written data.
 
 `MappedFileQueue` is the ordered list of segments of one log (the CommitLog, or one ConsumeQueue). It finds the segment
 holding a logical offset, pre-allocates the next segment in a background thread (so an append that crosses a segment
-end never waits for file creation), truncates the dirty tail at recovery, and deletes expired head segments.
+end never waits for file creation) which also keeps the pages ahead of the writer faulted in (`follow_writer`),
+truncates the dirty tail at recovery, and deletes expired head segments.
 
 Nothing here knows entry formats; that belongs to `commitlog` / `consumequeue` and `mqk._fast`.
 """
@@ -21,6 +22,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from pathlib import Path
 
 from mqk.errors import OutOfBounds, StorageError, StorageFull
@@ -148,11 +150,13 @@ class MappedFile:
         return pos
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        """Overwrite in place below the file end (ConsumeQueue repair); does not move positions."""
+        """Overwrite in place below the file end (index files, repairs); moves only `flushed`, back to `pos`."""
         n = len(data)
         if pos < 0 or n > self.file_size - pos:
             raise OutOfBounds(f"write of {n} bytes at {pos} outside {self.path.name} ({self.file_size} bytes)")
         self.buf[pos : pos + n] = data
+        if pos < self.flushed:  # flushes sync from `flushed` on (sync_range): this write must be in the next one
+            self.flushed = pos
 
     def view(self, pos: int, size: int) -> memoryview:
         """Zero-copy view of [pos, pos+size), which must lie inside written data."""
@@ -193,14 +197,17 @@ class MappedFile:
     # --- durability ------------------------------------------------------------------------------------
 
     def flush(self) -> int:
-        """fdatasync the file (blocking: call from a worker thread); returns the new flushed position.
+        """Make the written bytes durable (blocking: call from a worker thread); returns the new flushed position.
 
-        On Linux a shared mapping's dirty pages are the file's page cache, so fdatasync on the descriptor
-        writes them (what msync(MS_SYNC) does), and unlike mmap.flush() it releases the GIL.
+        msync(MS_SYNC) of the range not yet flushed (`sync_range`), or fdatasync of the file where msync is not
+        available: on Linux a shared mapping's dirty pages are the file's page cache, so both write them and wait,
+        and both release the GIL (mmap.flush() does not). The range form leaves alone the pages the warm-up
+        dirtied ahead of the writer and was ~20% faster per 1 MiB group commit here.
         """
         target = self.wrote
         if target > self.flushed and not self._closed:
-            os.fdatasync(self.fd)
+            if not sync_range(self, self.flushed, target):
+                os.fdatasync(self.fd)
             self.flushed = max(self.flushed, target)
         return self.flushed
 
@@ -261,55 +268,117 @@ def _unlink_quietly(path: Path) -> None:
         pass
 
 
-#: MADV_POPULATE_READ (Linux 5.14): fault a range in, read-only, without dirtying it
+#: madvise advice values (Linux 5.14+); older kernels answer EINVAL and pages are then simply faulted as written
 _MADV_POPULATE_READ = 22
-_POPULATE_CHUNK = 64 << 20
+_MADV_POPULATE_WRITE = 23
+_MS_SYNC = 4
+#: how far ahead of the writer a segment's pages are faulted in writable, and in what steps (see follow_writer)
+WARM_AHEAD = 64 << 20
+WARM_STEP = 16 << 20
+#: the writer-following warm-up polls the write position this often (backing off while the writer is idle)
+_WARM_POLL_MIN = 0.002
+_WARM_POLL_MAX = 0.02
 
 
-def _load_madvise():
-    """libc's madvise through ctypes, which (unlike mmap.madvise) releases the GIL for the call; None where
-    there is no libc to load."""
+def _load_libc():
+    """libc's madvise and msync through ctypes, which (unlike mmap.madvise / mmap.flush) release the GIL for the
+    call; None where there is no libc to load."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.madvise
+        madvise = libc.madvise
+        msync = libc.msync
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return ctypes, fn
+    for fn in (madvise, msync):
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        fn.restype = ctypes.c_int
+    return ctypes, madvise, msync
 
 
-_madvise = _load_madvise()
+_libc = _load_libc()
 
 
-def warm_mapping(mf: MappedFile, stop=lambda: False) -> bool:
-    """Fault the whole segment in ahead of the writer (read-only population; nothing becomes dirty, no zeros go
-    to disk; RocketMQ's warm-up writes zeros instead). An append then takes a cheap write-protect fault per page
-    instead of a full fault that allocates and zeroes the page: measured here the appending thread's CPU per
-    16 KiB entry fell from 8-27 us to 6 us, for 0.04-0.24 s of this background thread per 256 MiB.
-
-    Runs in the allocator thread: ctypes releases the GIL, so the event loop keeps running. A buffer export is
-    held during each call, so the mapping cannot be unmapped under it (MappedFile.close tolerates that). Returns
-    False where the kernel or platform lacks MADV_POPULATE_READ (then appends simply fault as they go)."""
-    if _madvise is None or mf._closed:
-        return False
-    ctypes, madvise = _madvise
+def _call_on_range(mf: MappedFile, fn, pos: int, size: int, arg: int) -> int | None:
+    """`fn(address of mf's byte pos, size, arg)` (pos page-aligned): 0 on success, the errno on failure, None if
+    the mapping is closed or libc is unavailable. A buffer export is held during the call, so the mapping cannot
+    be unmapped under it (MappedFile.close tolerates that)."""
+    if _libc is None or mf._closed:
+        return None
+    ctypes = _libc[0]
     try:
         holder = ctypes.c_char.from_buffer(mf.mm)
     except (ValueError, TypeError, BufferError):  # closed meanwhile
-        return False
+        return None
     try:
-        base = ctypes.addressof(holder)
-        for off in range(0, mf.file_size, _POPULATE_CHUNK):
-            if mf._closed or stop():
-                return False
-            if madvise(base + off, min(_POPULATE_CHUNK, mf.file_size - off), _MADV_POPULATE_READ) != 0:
-                return False  # EINVAL on kernels before 5.14: stay lazy
-        return True
+        if fn(ctypes.addressof(holder) + pos, size, arg) == 0:
+            return 0
+        return ctypes.get_errno() or errno.EINVAL
     finally:
         del holder
+
+
+def sync_range(mf: MappedFile, pos: int, end: int) -> bool:
+    """msync(MS_SYNC) bytes [pos, end) of `mf` (pos rounded down to a page): the kernel writes back and waits for
+    that range only and commits the metadata needed to read it back, as fdatasync does for the whole file
+    (Linux: both are vfs_fsync_range with datasync set). Whole-file fdatasync would also write pages the warm-up
+    dirtied ahead of the writer (zeros that are about to be overwritten). Returns False where msync is not
+    available (the caller falls back to fdatasync); raises OSError on an I/O error."""
+    if _libc is None:
+        return False
+    pos -= pos % PAGE
+    err = _call_on_range(mf, _libc[2], pos, end - pos, _MS_SYNC)
+    if err is None or err in (errno.EINVAL, errno.ENOMEM, errno.ENOSYS):
+        return False  # closed, or a platform that will not msync this mapping: fdatasync answers instead
+    if err:
+        raise OSError(err, os.strerror(err), str(mf.path))
+    return True
+
+
+def populate(mf: MappedFile, pos: int, size: int, advice: int = _MADV_POPULATE_WRITE) -> bool:
+    """Fault [pos, pos+size) of `mf` in (pos page-aligned); False if the kernel or platform cannot."""
+    return _call_on_range(mf, _libc[1], pos, size, advice) == 0 if _libc is not None else False
+
+
+def follow_writer(mf: MappedFile, stop=lambda: False, ahead: int = WARM_AHEAD, step: int = WARM_STEP) -> bool:
+    """Keep the pages of `mf` up to `ahead` bytes past its write position faulted in writable, `step` bytes at a
+    time, until the segment is covered (or closed, full, or `stop()`). Returns False where MADV_POPULATE_WRITE
+    is not available.
+
+    Why: the first store into each page of a fresh shared file mapping costs the appending thread a full page
+    fault (allocate, zero, page_mkwrite into the filesystem) where a write() of the same bytes does not map
+    anything. Measured for 16 KiB entries into a fallocated segment: 7.7 us per entry unwarmed, 6.7 us after a
+    read-only population (a write-protect fault per page remains), 3.9 us after a writable population, which
+    itself costs this background thread ~4 us per 16 KiB. Populating writable dirties the pages (zeros, which
+    read back exactly as the unwritten extent did), so it is done only a window ahead of the writer and never
+    behind it (a page already flushed would be written again), and flushes sync only the written range
+    (`sync_range`) so these zeros are not written to disk just before the data replaces them.
+
+    Runs in the allocator thread: ctypes releases the GIL during each call, so the event loop keeps running; the
+    GIL is needed only between steps."""
+    size = mf.file_size
+    ahead = min(ahead, size)
+    done = 0  #: [0, done) is populated or written
+    poll = _WARM_POLL_MIN
+    while not stop() and not mf._closed:
+        wrote = mf.wrote
+        if wrote >= size:
+            return True
+        start = max(done, -(-wrote // PAGE) * PAGE)  # the page the writer is in is already writable
+        limit = min(size, wrote - wrote % PAGE + ahead)
+        if start >= size:
+            return True
+        if limit - start >= step or (limit == size and start < limit):
+            n = min(step, limit - start)
+            if not populate(mf, start, n):
+                return False
+            done = start + n
+            poll = _WARM_POLL_MIN
+        else:
+            time.sleep(poll)
+            poll = min(poll * 2, _WARM_POLL_MAX)
+    return True
 
 
 class _Allocator:
@@ -322,22 +391,36 @@ class _Allocator:
         self._warm = warm
         self._stopping = False
 
-    def request(self, path: Path, size: int, start: int) -> None:
+    def request(self, path: Path, size: int, start: int, follow: MappedFile | None = None) -> None:
+        """Create the segment at `start` in the background; `follow` is the segment being written meanwhile,
+        whose pages the same thread then keeps populated ahead of the writer (`follow_writer`)."""
         if start not in self._pending:
             fut: concurrent.futures.Future[MappedFile] = concurrent.futures.Future()
             self._pending[start] = fut
-            self._pool.submit(self._create, fut, path, size, start)
+            self._pool.submit(self._create, fut, path, size, start, follow)
 
-    def _create(self, fut: concurrent.futures.Future, path: Path, size: int, start: int) -> None:
+    def _create(self, fut: concurrent.futures.Future, path: Path, size: int, start: int,
+                follow: MappedFile | None) -> None:
         try:
             mf = MappedFile(path, size, start)
         except BaseException as exc:
             fut.set_exception(exc)
             return
-        # hand the segment over as soon as it exists; warming goes on behind the writer if it is needed early
+        # hand the segment over as soon as it exists; warming goes on behind (ahead of) the writer
         fut.set_result(mf)
-        if self._warm:
-            warm_mapping(mf, lambda: self._stopping)
+        if not self._warm:
+            return
+        stop = self._is_stopping
+        if follow is not None and not follow_writer(follow, stop):
+            return  # no MADV_POPULATE_WRITE here: appends fault pages in as they go
+        # the head of the new segment, so the first appends after the roll find it warm too
+        head = min(WARM_AHEAD, size)
+        for pos in range(0, head, WARM_STEP):
+            if stop() or not populate(mf, pos, min(WARM_STEP, head - pos)):
+                return
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     def take(self, path: Path, size: int, start: int) -> MappedFile:
         fut = self._pending.pop(start, None)
@@ -471,7 +554,7 @@ class MappedFileQueue:
         last = self.files[-1] if self.files else None
         nxt = last.end_offset if last is not None else start_if_empty
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._allocator.request(self._path(nxt), self.file_size, nxt)
+        self._allocator.request(self._path(nxt), self.file_size, nxt, follow=last)
 
     def roll(self, start_if_empty: int = 0) -> MappedFile:
         """Open the segment after the last one (the current one must already be logically full)."""
@@ -484,7 +567,7 @@ class MappedFileQueue:
         if self._allocator is not None:
             mf = self._allocator.take(path, self.file_size, start)
             nxt = start + self.file_size
-            self._allocator.request(self._path(nxt), self.file_size, nxt)
+            self._allocator.request(self._path(nxt), self.file_size, nxt, follow=mf)
         elif self._spare is not None and self._spare.start_offset == start:
             mf, self._spare = self._spare, None
         else:
