@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """CommitLog entry kernels, compiled: the hot-path twin of `clentry_py.py` (same API, identical results).
 
-Every append runs `encode_entry`, every recovery and dispatch pass runs `read_entry`. Bounds are checked explicitly
+Every append runs `append_entry` (or `encode_entry`), every recovery and dispatch pass runs `read_entry`. Bounds are checked explicitly
 before each access (boundscheck is off). See clentry_py.py for the layout, the BLANK rule and the error contract.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
@@ -33,6 +33,7 @@ DEF C_MAGIC_BLANK = 0xCBD43194
 DEF C_BLANK_MIN = 8
 DEF C_CRC_START = 12
 DEF C_INT32_MAX = 2147483647
+DEF C_UNIT = 48
 
 cdef tuple _END = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
 
@@ -82,6 +83,59 @@ def encode_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic no
     st_i64(e + C_FIXED + topic_len, queue_offset)
     st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
     return size
+
+
+def append_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
+                 Py_ssize_t queue_offset, Py_ssize_t physical_offset, Py_ssize_t store_timestamp,
+                 Py_ssize_t tags_code, const unsigned char[::1] body not None, unsigned char[::1] cq_buf not None,
+                 Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
+    """One record batch's entry and ConsumeQueue unit in one call; see clentry_py.append_entry (None: not exactly
+    one valid batch, nothing written; OutOfBounds: entry or unit does not fit, nothing written)."""
+    cdef Py_ssize_t body_len = body.shape[0]
+    cdef const unsigned char* b = &body[0]
+    if body_len < C_BATCH_HEADER or b[16] != 2 or <Py_ssize_t>ld_i32(b + 8) + 12 != body_len:
+        return None
+    cdef int32_t last_offset_delta = ld_i32(b + 23)
+    if last_offset_delta < 0 or last_offset_delta == C_INT32_MAX or ld_i32(b + 57) < 0:
+        return None
+    cdef int32_t span = last_offset_delta + 1
+    cdef int64_t batch_max_ts = ld_i64(b + 35)
+    cdef int32_t c_queue_id = as_i32(queue_id)
+    cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
+    cdef Py_ssize_t size = _entry_size(topic_len, body_len)
+    cdef Py_ssize_t n = buf.shape[0]
+    if pos < 0 or size > n - pos:
+        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {n} bytes")
+    cdef Py_ssize_t cq_n = cq_buf.shape[0]
+    if cq_pos < 0 or C_UNIT > cq_n - cq_pos:
+        raise OutOfBounds(f"unit at {cq_pos} outside buffer of {cq_n} bytes")
+    cdef int64_t running = running_max_ts if running_max_ts >= batch_max_ts else batch_max_ts
+    cdef unsigned char* e = &buf[0] + pos
+    st_u32(e, <uint32_t>size)
+    st_u32(e + 4, C_MAGIC_MESSAGE)
+    st_u32(e + 12, <uint32_t>c_queue_id)
+    st_u32(e + 16, 0)
+    st_i64(e + 20, queue_offset)
+    st_i64(e + 28, physical_offset)
+    st_u32(e + 36, <uint32_t>span)
+    st_i64(e + 40, store_timestamp)
+    st_i64(e + 48, batch_max_ts)
+    st_i64(e + 56, tags_code)
+    st_u16(e + 64, <uint16_t>topic_len)
+    if topic_len:
+        memcpy(e + C_FIXED, PyBytes_AS_STRING(topic), topic_len)
+    memmove(e + C_FIXED + topic_len, b, body_len)
+    st_i64(e + C_FIXED + topic_len, queue_offset)
+    st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
+    cdef unsigned char* u = &cq_buf[0] + cq_pos
+    st_i64(u, physical_offset)
+    st_u32(u + 8, <uint32_t>size)
+    st_u32(u + 12, <uint32_t>span)
+    st_i64(u + 16, tags_code)
+    st_i64(u + 24, store_timestamp)
+    st_i64(u + 32, running)
+    st_i64(u + 40, queue_offset)
+    return (size, span, running)
 
 
 def encode_blank(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size):

@@ -15,6 +15,10 @@ that remains can then always take a BLANK.
 A message's body is a whole record batch (at least its 61-byte header), so a message entry is at least 127 bytes;
 `encode_entry` refuses a shorter body with ValueError. A read window outside the buffer (pos < 0, pos > limit,
 limit > len(buf)) and writes that do not fit raise `OutOfBounds`.
+
+`append_entry` is the file store's single-batch append in one call: it checks the batch header, writes the entry
+and the entry's ConsumeQueue unit (layout in `cqunit_py`), so an append costs one kernel call instead of a header
+parse, an encode and a unit pack.
 """
 from __future__ import annotations
 
@@ -38,7 +42,11 @@ _INT32_MAX = (1 << 31) - 1
 _FIXED = struct.Struct(">iIIiiqqiqqqH")
 _SIZE_MAGIC = struct.Struct(">iI")
 _U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+#: the ConsumeQueue unit append_entry writes (cqunit's layout)
+_UNIT = struct.Struct(">qiiqqqq")
+_UNIT_SIZE = 48
 
 _END = (KIND_END, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
 
@@ -85,6 +93,51 @@ def encode_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store
     _I64.pack_into(mv, p, queue_offset)
     _U32.pack_into(mv, pos + 8, crc32c(mv[pos + CRC_START:pos + size]))
     return size
+
+
+def append_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body, cq_buf,
+                 cq_pos, running_max_ts):
+    """Append one record batch: if `body` is exactly one Kafka record batch v2 (at least its header, magic 2,
+    batch_length + 12 == len(body), 0 <= last_offset_delta < 2**31 - 1, record_count >= 0), write its entry at
+    `pos` in `buf` as `encode_entry` does with flags 0, max_timestamp = the batch's and record_count = its offset
+    span (last_offset_delta + 1), and its ConsumeQueue unit at `cq_pos` in `cq_buf`: (physical_offset, entry size,
+    span, tags_code, store_timestamp, max(running_max_ts, the batch's max_timestamp), queue_offset).
+
+    Returns (entry size, span, new running max timestamp), or None, writing nothing, when `body` is not exactly
+    one such batch (the caller's general path then says what is wrong). OutOfBounds, writing nothing, when the
+    entry or the unit does not fit its buffer."""
+    mv = _writable(buf)
+    pos = _ssize(pos)
+    if not isinstance(topic, bytes):
+        raise TypeError("topic must be bytes")
+    queue_id = _ssize(queue_id)
+    queue_offset = _ssize(queue_offset)
+    physical_offset = _ssize(physical_offset)
+    store_timestamp = _ssize(store_timestamp)
+    tags_code = _ssize(tags_code)
+    body = _view(body)
+    cq = _writable(cq_buf)
+    cq_pos = _ssize(cq_pos)
+    running_max_ts = _ssize(running_max_ts)
+    n = body.nbytes
+    if n < BATCH_HEADER_SIZE or body[16] != 2 or _I32.unpack_from(body, 8)[0] + 12 != n:
+        return None
+    last_offset_delta = _I32.unpack_from(body, 23)[0]
+    if last_offset_delta < 0 or last_offset_delta == _INT32_MAX or _I32.unpack_from(body, 57)[0] < 0:
+        return None
+    span = last_offset_delta + 1
+    batch_max_ts = _I64.unpack_from(body, 35)[0]
+    queue_id = _i32(queue_id)
+    size = entry_size(len(topic), n)
+    if pos < 0 or size > mv.nbytes - pos:
+        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
+    if cq_pos < 0 or _UNIT_SIZE > cq.nbytes - cq_pos:
+        raise OutOfBounds(f"unit at {cq_pos} outside buffer of {cq.nbytes} bytes")
+    running = max(running_max_ts, batch_max_ts)
+    encode_entry(mv, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp, batch_max_ts, tags_code, 0,
+                 span, body)
+    _UNIT.pack_into(cq, cq_pos, physical_offset, size, span, tags_code, store_timestamp, running, queue_offset)
+    return (size, span, running)
 
 
 def encode_blank(buf, pos, size) -> None:

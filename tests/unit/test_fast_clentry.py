@@ -167,3 +167,96 @@ def test_entries_back_to_back(impl):
         seen.append((p, e[4]))
         p += e[1]
     assert seen == [(o, i * 3) for i, o in enumerate(offsets)]
+
+
+# --- append_entry: header check + entry + ConsumeQueue unit in one call --------------------------------------------
+
+UNIT = struct.Struct(">qiiqqqq")
+
+
+def test_append_entry_writes_what_encode_entry_and_pack_unit_write(impl):
+    ce, rb = impl
+    records = b"".join(rb.encode_record(i, i, b"k", b"v" * 30, []) for i in range(4))
+    # a compacted batch: 4 records over an offset span of 10 (last_offset_delta 9)
+    body = bytes(rb.build_batch(0, 5000, 5009, records, 4, 9))
+    buf, cq = bytearray(2000), bytearray(200)
+    got = ce.append_entry(buf, 7, b"orders", 2, 500, 4096, 1_700_000_000_123, -12345, body, cq, 48, 9000)
+    size = ce.entry_size(6, len(body))
+    assert got == (size, 10, 9000)  # the running max stays where it was: this batch's max (5009) is below it
+    # the same bytes as the two-step path: an entry with record_count = span, flags 0, the batch's max timestamp
+    ref = bytearray(2000)
+    ce.encode_entry(ref, 7, b"orders", 2, 500, 4096, 1_700_000_000_123, 5009, -12345, 0, 10, body)
+    assert buf == ref
+    assert UNIT.unpack_from(cq, 48) == (4096, size, 10, -12345, 1_700_000_000_123, 9000, 500)
+    assert cq[:48] == bytes(48) and cq[96:] == bytes(104)
+    entry = ce.read_entry(buf, 7, len(buf))
+    assert entry[:10] == (1, size, 2, 0, 500, 4096, 10, 1_700_000_000_123, 5009, -12345)
+    assert struct.unpack_from(">q", buf, entry[11])[0] == 500  # the stored batch's base offset
+    # a later batch with a higher max timestamp raises the running max
+    assert ce.append_entry(buf, 7 + size, b"orders", 2, 510, 4096 + size, 1, 0, body, cq, 96, 100)[2] == 5009
+
+
+def test_append_entry_declines_what_is_not_exactly_one_batch_and_writes_nothing(impl):
+    ce, rb = impl
+    body = bytearray(a_batch(rb))
+    two = bytes(body) * 2
+    bad_magic = bytearray(body)
+    bad_magic[16] = 1
+    bad_length = bytearray(body)
+    struct.pack_into(">i", bad_length, 8, len(body) - 12 + 1)
+    negative_delta = bytearray(body)
+    struct.pack_into(">i", negative_delta, 23, -1)
+    max_delta = bytearray(body)
+    struct.pack_into(">i", max_delta, 23, 2**31 - 1)  # a span of 2**31 does not fit the entry's record count
+    negative_count = bytearray(body)
+    struct.pack_into(">i", negative_count, 57, -1)
+    for bad in (body[:60], two, bad_magic, bad_length, negative_delta, max_delta, negative_count, body + b"x"):
+        buf, cq = bytearray(1000), bytearray(48)
+        assert ce.append_entry(buf, 0, b"t", 0, 0, 0, 0, 0, bytes(bad), cq, 0, -1) is None
+        assert buf == bytes(1000) and cq == bytes(48)
+
+
+def test_append_entry_bounds_write_nothing(impl):
+    ce, rb = impl
+    body = a_batch(rb)
+    need = ce.entry_size(1, len(body))
+    for buf_len, pos, cq_len, cq_pos in ((need - 1, 0, 48, 0), (need, 1, 48, 0), (need, -1, 48, 0),
+                                         (need, 0, 47, 0), (need, 0, 96, 49), (need, 0, 48, -1)):
+        buf, cq = bytearray(buf_len), bytearray(cq_len)
+        with pytest.raises(OutOfBounds):
+            ce.append_entry(buf, pos, b"t", 0, 0, 0, 0, 0, body, cq, cq_pos, -1)
+        assert buf == bytes(buf_len) and cq == bytes(cq_len)
+    with pytest.raises(OverflowError):
+        ce.append_entry(bytearray(need), 0, b"t", 2**31, 0, 0, 0, 0, body, bytearray(48), 0, -1)
+    with pytest.raises(TypeError):
+        ce.append_entry(bytearray(need), 0, "t", 0, 0, 0, 0, 0, body, bytearray(48), 0, -1)
+
+
+def test_append_entry_compiled_and_twin_agree_on_arbitrary_bodies():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    impls = [m for m in (compiled("clentry"), twin("clentry")) if m is not None]  # the twin alone if not built
+    rb = twin("recbatch")
+    good = a_batch(rb, 5)
+
+    @settings(max_examples=300, deadline=None)
+    @given(flips=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 255)), max_size=4),
+           cut=st.integers(0, 8), ints=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=6, max_size=6),
+           cq_pos=st.integers(-2, 60))
+    def check(flips, cut, ints, cq_pos):
+        body = bytearray(good[: len(good) - cut])
+        for at, value in flips:
+            body[at] = value
+        results = []
+        for m in impls:
+            buf, cq = bytearray(600), bytearray(100)
+            try:
+                r = ("ok", m.append_entry(buf, 3, b"topic", ints[0] % 2**32 - 2**31, ints[1], ints[2], ints[3],
+                                          ints[4], bytes(body), cq, cq_pos, ints[5]))
+            except (OutOfBounds, OverflowError, ValueError) as exc:
+                r = (type(exc).__name__, str(exc))
+            results.append((r, bytes(buf), bytes(cq)))
+        assert all(r == results[0] for r in results)
+
+    check()

@@ -324,3 +324,65 @@ async def test_sync_flush_failure_fails_the_waiting_appends_not_the_store(tmp_pa
         assert result.base_offset == 1 and e.flusher.flushed >= e.clog.max_offset
     finally:
         await e.close()
+
+
+async def test_single_batch_fast_path_stores_what_the_general_path_stores(tmp_path: Path, monkeypatch) -> None:
+    """The one-call append (clentry.append_entry) and the general path (parse, encode, ConsumeQueue put) must leave
+    byte-identical CommitLog segments and ConsumeQueue files, across segment rolls, ConsumeQueue file rolls and
+    block reservations, compacted batches, tags codes, and rejected input in between."""
+    import mqk.store.file.engine as engine_mod
+
+    clock = iter(range(10**9))
+    monkeypatch.setattr(engine_mod, "time_ns", lambda: next(clock) * 1_000_000)
+
+    async def run(root: Path, fast: bool) -> tuple[list[bytes], list[bytes]]:
+        nonlocal clock
+        clock = iter(range(10**9))
+        used = []
+        real = engine_mod.clentry.append_entry
+
+        def kernel(*args):
+            used.append(True)
+            return real(*args) if fast else None
+
+        monkeypatch.setattr(engine_mod, "append_entry", kernel)
+        e = await open_engine(root, cq_units_per_file=2000)  # 96 KB ConsumeQueue files: 64 KiB reservations
+        try:
+            await e.create_shards(T, 2, TopicConfig())
+            for i in range(1500):
+                b = batch(1 + i % 4, ts=1000 + (i * 7919) % 5000, value=bytes([i % 256]) * (50 + i % 300))
+                if i % 5 == 0:  # a compacted batch: offset span larger than its record count
+                    struct.pack_into(">i", b, 23, 5)
+                await e.append(T, i % 2, [b], tags_code=i % 3)
+                if i % 97 == 0:
+                    with pytest.raises(InvalidRecord):
+                        await e.append(T, 0, [bytes(b)[:-1]])
+            assert e.end_offset(T, 0) > 0
+            clog = [bytes(mf.buf[: mf.wrote]) for mf in e.clog.mfq.files]
+            cqs = [bytes(mf.buf[: mf.wrote]) for q in (0, 1) for mf in e._shards[(T, q)].cq.mfq.files]
+        finally:
+            await e.close()
+        assert used, "the append kernel was never reached"
+        return clog, cqs
+
+    fast = await run(tmp_path / "fast", True)
+    general = await run(tmp_path / "general", False)
+    assert len(fast[0]) >= 3 and len(fast[1]) >= 2  # segment and ConsumeQueue file rolls happened
+    assert fast == general
+
+
+async def test_failing_dispatch_hook_on_the_fast_path_is_logged_not_raised(engine: FileEngine, caplog) -> None:
+    seen = []
+
+    def broken(*args) -> None:
+        raise RuntimeError("hook bug")
+
+    engine.dispatcher.hooks[:0] = [broken]
+    engine.dispatcher.hooks.append(lambda *args: seen.append((args[2], args[3], args[4], args[5], bytes(args[8]))))
+    b = batch(2)
+    result = await engine.append(T, 0, [b], keys=[b"k"])
+    assert result.base_offset == 0 and engine.end_offset(T, 0) == 2
+    assert "hook bug" in caplog.text
+    stored = (await engine.read(T, 0, 0, 10**6)).batches[0]
+    assert seen == [(0, 2, stored.physical_offset, engine.clog.max_offset - stored.physical_offset,
+                     bytes(stored.data))]

@@ -61,6 +61,7 @@ recbatch = load("recbatch")
 clentry = load("clentry")
 parse_header = recbatch.parse_header
 encode_entry = clentry.encode_entry
+append_entry = clentry.append_entry
 perf_ns = time.perf_counter_ns
 time_ns = time.time_ns
 log = logging.getLogger(__name__)
@@ -140,6 +141,9 @@ class FileEngine(StorageAdapter):
         self.config = config
         self.root = Path(root)
         self.clog = CommitLog(self.root / "commitlog", config.commitlog_segment_bytes)
+        #: the CommitLog's segment list, read at every append (the list object is replaced at recovery, so it is
+        #: looked up through its queue each time, never cached)
+        self._clog_mfq = self.clog.mfq
         self.dispatcher = ReputMessageService()
         #: the key index (index/), filled by a dispatch hook; rebuilds its own tail at start
         self.index = IndexService(self.root / "index")
@@ -438,6 +442,68 @@ class FileEngine(StorageAdapter):
             raise UnknownShard(f"unknown shard {topic}-{queue}")
         if not self._running:
             raise StorageError("the file store is not running")
+        store_ts = time_ns() // 1_000_000
+        cq = shard.cq
+        done = None
+        if len(batches) == 1 and not log_append_time:
+            # Fast path: one batch, room in the current CommitLog segment and in the ConsumeQueue file's reserved
+            # blocks. One kernel call checks the batch header and writes the entry and its unit (nothing if the
+            # batch is not exactly one valid v2 batch: the general path below then says what is wrong).
+            body = batches[0]
+            size = shard.fixed + len(body)
+            files = self._clog_mfq.files
+            mf = files[-1] if files else None
+            qfiles = cq.mfq.files
+            qf = qfiles[-1] if qfiles else None
+            if (mf is not None and qf is not None and size + BLANK_MIN <= mf.file_size - mf.wrote
+                    and qf.wrote + UNIT <= qf.reserved):
+                pos = mf.wrote
+                qpos = qf.wrote
+                base = cq.end_offset
+                first_phys = mf.start_offset + pos
+                done = append_entry(mf.buf, pos, shard.topic_b, queue, base, first_phys, store_ts, tags_code, body,
+                                    qf.buf, qpos, cq.max_ts)
+        if done is not None:
+            size, span, cq.max_ts = done
+            # positions move only now that the bytes are in place: the entry, then its unit, then the queue end
+            mf.wrote = mf.committed = pos + size
+            qf.wrote = qf.committed = qpos + UNIT
+            end = cq.end_offset = base + span
+            last = first_phys + size
+            nparts = 1
+            nbytes = size
+            hooks = self.dispatcher.hooks
+            if hooks:  # ReputMessageService.dispatch_hooks, inlined (same arguments, same error rule)
+                body = mf.buf[pos + shard.fixed: pos + size]
+                for hook in hooks:
+                    try:
+                        hook(topic, queue, base, span, first_phys, size, store_ts, keys, body)
+                    except Exception:
+                        log.exception("dispatch hook %r failed for %s-%d@%d", hook, topic, queue, base)
+        else:
+            base, end, first_phys, last, nparts, nbytes = self._append_general(
+                shard, batches, store_ts, tags_code, keys, log_append_time)
+        self.dispatcher.dispatched = last
+        self._dirty_cqs.add(cq)
+        if self.listeners:
+            self._notify(topic, queue, end)
+        if self._sync:
+            await self.flusher.wait_flushed(last)
+        st = self.stats
+        st.puts += 1
+        st.put_batches += nparts
+        st.put_bytes += nbytes
+        latency = perf_ns() - t0
+        st.latency_buckets[bisect_left(_BOUNDS_NS, latency)] += 1  # StoreStats.record, inlined
+        if latency > st.max_latency_ns:
+            st.max_latency_ns = latency
+        return _new_tuple(AppendResult, (base, end - 1, store_ts, shard.log_start, first_phys))
+
+    def _append_general(self, shard: Shard, batches: Sequence[Buffer], store_ts: int, tags_code: int,
+                        keys: Sequence[bytes], log_append_time: bool) -> tuple[int, int, int, int, int, int]:
+        """Any append (several batches, log-append time, a segment or ConsumeQueue file to roll or reserve):
+        validate everything first, then write entry by entry. Returns (base offset, end offset, first entry's
+        physical offset, CommitLog offset past the last entry, batch count, bytes written)."""
         if len(batches) == 1:
             body = batches[0]
             try:
@@ -450,9 +516,9 @@ class FileEngine(StorageAdapter):
                 parts = ((body, hdr[6] + 1, hdr[8]),)
         else:
             parts = self._validate(batches)
-        store_ts = time_ns() // 1_000_000
         clog = self.clog
         cq = shard.cq
+        queue = shard.queue
         cq_files = cq.mfq.files
         # the ConsumeQueue blocks the units go to must exist before the CommitLog is written: on a full disk
         # this refuses the whole append (StorageFull) instead of leaving an entry without its unit
@@ -484,28 +550,22 @@ class FileEngine(StorageAdapter):
             mf.wrote = mf.committed = pos + size  # encode_entry raised OutOfBounds had it not fit
             if first_phys < 0:
                 first_phys = phys
-            # dispatch (ReputMessageService.dispatch, inlined for the common no-hook case)
+            # dispatch (ReputMessageService.dispatch, inlined)
             cq.put(phys, size, span, tags_code, store_ts, max_ts, offset)
             if hooks:
-                self.dispatcher.dispatch_hooks(shard, phys, size, span, store_ts, offset, keys,
-                                               mf.buf[pos + shard.fixed: pos + size])
+                self._run_hooks(hooks, shard, phys, size, span, store_ts, offset, keys,
+                                mf.buf[pos + shard.fixed: pos + size])
             nbytes += size
-        self.dispatcher.dispatched = phys + size
-        self._dirty_cqs.add(cq)
-        end = cq.end_offset
-        if self.listeners:
-            self._notify(topic, queue, end)
-        if self._sync:
-            await self.flusher.wait_flushed(phys + size)
-        st = self.stats
-        st.puts += 1
-        st.put_batches += len(parts)
-        st.put_bytes += nbytes
-        latency = perf_ns() - t0
-        st.latency_buckets[bisect_left(_BOUNDS_NS, latency)] += 1  # StoreStats.record, inlined
-        if latency > st.max_latency_ns:
-            st.max_latency_ns = latency
-        return _new_tuple(AppendResult, (base, end - 1, store_ts, shard.log_start, first_phys))
+        return base, cq.end_offset, first_phys, phys + size, len(parts), nbytes
+
+    @staticmethod
+    def _run_hooks(hooks, shard, phys, size, count, store_ts, base_offset, keys, body) -> None:
+        """ReputMessageService.dispatch_hooks without its extra call layer (same arguments, same error rule)."""
+        for hook in hooks:
+            try:
+                hook(shard.topic, shard.queue, base_offset, count, phys, size, store_ts, keys, body)
+            except Exception:
+                log.exception("dispatch hook %r failed for %s-%d@%d", hook, shard.topic, shard.queue, base_offset)
 
     @staticmethod
     def _validate(batches: Sequence[Buffer]) -> list[tuple[Buffer, int, int]]:
