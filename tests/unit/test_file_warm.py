@@ -127,6 +127,7 @@ def test_real_range_flush_keeps_the_bytes(tmp_path: Path) -> None:
 def test_follow_writer_stays_ahead_of_the_writer_and_never_behind(tmp_path: Path, monkeypatch) -> None:
     mf = MappedFile(tmp_path / "f", SIZE, 0)
     ahead, step = 256 << 10, 64 << 10
+    lead = ahead // 4
     calls = []  # (start, size, write position when called)
 
     def fake_populate(target, pos, size, advice=mapped_file._MADV_POPULATE_WRITE):
@@ -141,7 +142,7 @@ def test_follow_writer_stays_ahead_of_the_writer_and_never_behind(tmp_path: Path
     monkeypatch.setattr(mapped_file, "populate", fake_populate)
     monkeypatch.setattr(mapped_file, "_WARM_POLL_MIN", 0.0001)
     try:
-        mf.wrote = 1000
+        mf.wrote = 0
         assert follow_writer(mf, writer_moves, ahead, step) is True
         assert calls, "nothing was populated"
         end = 0
@@ -150,10 +151,34 @@ def test_follow_writer_stays_ahead_of_the_writer_and_never_behind(tmp_path: Path
             assert pos >= end  # each page once
             assert pos >= -(-wrote // PAGE) * PAGE  # never at or behind the writer's page
             assert pos + size <= wrote - wrote % PAGE + ahead  # no more than `ahead` past it
+            if end < wrote:  # the writer had overtaken the warm-up: it resumes `lead` past it
+                assert pos >= wrote + lead
             end = pos + size
-        assert end == SIZE  # the whole segment got covered before the writer reached its end
-        # first look: the writer at 41,000 (stop() moved it), so population starts at the next page
-        assert calls[0] == (-(-41_000 // PAGE) * PAGE, step, 41_000)
+        assert end == SIZE  # covered to the end of the segment before the writer got there
+        # the writer moved before the first look (to 40,000), so the warm-up started `lead` past it
+        assert calls[0] == (-(-(40_000 + lead) // PAGE) * PAGE, step, 40_000)
+        assert len({wrote for _, _, wrote in calls}) > 3  # it followed the writer over several looks
+    finally:
+        mf.close()
+
+
+def test_follow_writer_resumes_ahead_of_a_writer_that_overtook_it(tmp_path: Path, monkeypatch) -> None:
+    mf = MappedFile(tmp_path / "f", SIZE, 0)
+    ahead, step = 256 << 10, 64 << 10
+    calls = []
+
+    def fake_populate(target, pos, size, advice=mapped_file._MADV_POPULATE_WRITE):
+        calls.append((pos, size, mf.wrote))
+        mf.wrote = min(SIZE, mf.wrote + 300_000)  # a writer faster than the warm-up
+        return True
+
+    monkeypatch.setattr(mapped_file, "populate", fake_populate)
+    try:
+        mf.wrote = 10_000
+        assert follow_writer(mf, lambda: False, ahead, step) is True
+        assert calls[0][0] == -(-(10_000 + ahead // 4) // PAGE) * PAGE  # a head start, not beside the writer
+        for pos, _size, wrote in calls:
+            assert pos >= wrote + ahead // 4 and pos % PAGE == 0
     finally:
         mf.close()
 
