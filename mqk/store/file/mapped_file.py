@@ -275,8 +275,10 @@ _MS_SYNC = 4
 #: how far ahead of the writer a segment's pages are faulted in writable, and in what steps (see follow_writer)
 WARM_AHEAD = 64 << 20
 WARM_STEP = 16 << 20
-#: where the warm-up resumes, past the write position, after the writer has overtaken it
-WARM_LEAD = 4 << 20
+#: where the warm-up resumes, past the write position, after the writer has overtaken it: beyond the readahead
+#: window a fault of the writer fills (page-cache readahead zero-fills up to read_ahead_kb of an unwritten extent,
+#: 8 MiB on the test machine), so the two threads do not fill the same pages
+WARM_LEAD = 16 << 20
 #: the writer-following warm-up polls the write position this often (backing off while the writer is idle)
 _WARM_POLL_MIN = 0.002
 _WARM_POLL_MAX = 0.02
@@ -370,8 +372,8 @@ def follow_writer(mf: MappedFile, stop=lambda: False, ahead: int = WARM_AHEAD, s
         if wrote >= size:
             return True
         if done < wrote:
-            # the writer overtook the warm-up: resume a little ahead of it, not beside it (two threads faulting
-            # the same pages of a file wait on each other's page locks; measured 3-6x slower for both)
+            # the writer overtook the warm-up: resume well ahead of it, not beside it (two threads faulting the
+            # same pages of a file wait on each other's page locks; measured 3-6x slower for both)
             start = -(-(wrote + lead) // PAGE) * PAGE
         else:
             start = done
