@@ -10,7 +10,9 @@ Owns everything under its root directory:
 
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
 encode the entry straight into the CommitLog mapping (one copy of the batch, the CRC computed in place), dispatch
-its ConsumeQueue unit in the same call, notify listeners. Reads hand out zero-copy views into the mapping.
+its ConsumeQueue unit in the same call, notify listeners. The common case (one batch, room in the current segment
+and ConsumeQueue file) is one kernel call, `clentry.append_entry`; anything else takes the general path, which
+writes the same bytes. Reads hand out zero-copy views into the mapping.
 
 Recovery runs at every start, from the older of the checkpoint's safe offset and the start of the last three
 segments: ConsumeQueues are cut back to units below that point, entries are scanned forward with CRC checks and

@@ -1,7 +1,8 @@
 """Flushing the CommitLog to disk: `async` (periodic, RocketMQ's FlushRealTimeService) and `sync` with group commit
 (RocketMQ's GroupCommitService).
 
-Every fdatasync runs in one dedicated worker thread, never on the event loop, and flushes are serialized there.
+Every flush (msync of the CommitLog range not yet durable, fdatasync where msync is unavailable: MappedFile.flush)
+runs in one dedicated worker thread, never on the event loop, and flushes are serialized there.
 
 - `sync`: an append calls `await wait_flushed(end)`; the service runs one flush for everyone waiting at that moment,
   then wakes every waiter whose data it covered. Writers arriving during a flush ride the next one, so N concurrent
