@@ -41,6 +41,7 @@ def _consume(bootstrap: str, topic: str, expected: int, ready: Any, results: Any
             break
     ready.set()
     latencies: list[float] = []
+    first_ns = last_ns = 0
     last = time.monotonic()
     while len(latencies) < expected and time.monotonic() - last < timeout_s:
         # poll() returns as soon as one record is there (consume(n, timeout) would wait for n records or the
@@ -50,18 +51,26 @@ def _consume(bootstrap: str, topic: str, expected: int, ready: Any, results: Any
         batch = [first] + consumer.consume(num_messages=1000, timeout=0) if first is not None else []
         if batch:
             last = time.monotonic()
+            first_ns = first_ns or now
+            last_ns = now
         for m in batch:
             if m.error() is None:
                 latencies.append((now - _TS.unpack_from(m.value())[0]) / 1e6)
     consumer.close()
-    results.put(latencies)
+    results.put((latencies, (last_ns - first_ns) / 1e9))
 
 
 def run(bootstrap: str, topic: str, rate: float, duration_s: float, record_size: int = 100,
-        producer_props: dict[str, str] | None = None, quiet: bool = False, fetch_wait_ms: int = 100) -> dict[str, Any]:
+        producer_props: dict[str, str] | None = None, quiet: bool = False, fetch_wait_ms: int = 100,
+        records: int | None = None) -> dict[str, Any]:
+    """`rate` records/s for `duration_s`; or, with rate=inf, `records` records sent as fast as the producer can
+    while the consumer reads them: the pipeline's maximum is then the lower of `rate` (sent) and
+    `received_rate` (taken in by the consumer)."""
     from confluent_kafka import Producer
 
-    total = int(rate * duration_s)
+    total = records if rate == float("inf") else int(rate * duration_s)
+    if not total:
+        raise ValueError("give a finite rate, or records with rate=inf")
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     consumer = ctx.Process(target=_consume, args=(bootstrap, topic, total, ready, results, 10.0, fetch_wait_ms),
@@ -84,12 +93,15 @@ def run(bootstrap: str, topic: str, rate: float, duration_s: float, record_size:
         producer.poll(0)
     producer.flush(30)
     sent_s = time.monotonic() - start
-    latencies = sorted(results.get(timeout=60))
+    latencies, receive_s = results.get(timeout=60)
+    latencies.sort()
     consumer.join(10)
     if not latencies:
         raise RuntimeError("the consumer received nothing")
     r = {
         "records": total, "received": len(latencies), "rate": total / sent_s,
+        # what the consumer took in per second, first to last receipt (the pipeline's rate when unpaced)
+        "received_rate": len(latencies) / receive_s if receive_s > 0 else float("inf"),
         "avg_ms": sum(latencies) / len(latencies),
         "p50_ms": perfutil.percentile(latencies, 50), "p95_ms": perfutil.percentile(latencies, 95),
         "p99_ms": perfutil.percentile(latencies, 99), "p999_ms": perfutil.percentile(latencies, 99.9),

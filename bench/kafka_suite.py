@@ -8,9 +8,12 @@
    store on the same disk;
 3. consume of the 100 B topic: records/s with confluent-kafka, and with a wire-level consumer that counts records
    from batch headers (what the broker serves when the Python client's per-record cost is not the limit);
-4. end-to-end latency p50/p99 at half of the acks=1 ingest rate, and at 1,000 records/s;
+4. end-to-end latency p50/p99 at half of the acks=1 ingest rate (producer alone), at half of the end-to-end
+   pipeline's own maximum (unpaced producer with the consumer reading along), and at 1,000 records/s;
 5. ingest into 1,000 partitions (records sent round-robin) against 1 partition: a first pass (which pays for
-   creating 1,000 queues' files) and a second pass into the same, now existing partitions;
+   creating 1,000 queues' files) and a second pass into the same, now existing partitions; then the broker's own
+   capacity with the same batches spread over 1 or 1,000 partitions (bench/produce_capacity.py), since
+   round-robin over 1,000 partitions leaves librdkafka ~1-record batches whose cost is mostly the client's;
 6. the native (remoting) figures of bench/native_perf.py from the same run, for comparison.
 Each figure is printed as its tool prints it, then a summary with the issue's goals. The clients are Python
 (confluent-kafka / librdkafka, mqk.client) sharing the machine with the broker, so where the client is the limit
@@ -29,6 +32,7 @@ import uuid
 from typing import Any
 
 import consumer_perf
+import produce_capacity
 import e2e_latency
 import native_perf
 import perfutil
@@ -72,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=1_000_000, help="100 B records per ingest run")
     p.add_argument("--records-1k", type=int, default=200_000, help="1 KiB records for the dd comparison")
     p.add_argument("--partition-records", type=int, default=500_000, help="records for the 1 vs 1,000 partitions runs")
+    p.add_argument("--capacity-records", type=int, default=1_000_000,
+                   help="records per produce_capacity.py run (1 and 1,000 partitions, 100- and 10-record batches)")
     p.add_argument("--e2e-seconds", type=float, default=5.0)
     p.add_argument("--native-messages", type=int, default=20_000)
     p.add_argument("--native-delayed", type=int, default=10_000)
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     args = p.parse_args(argv)
     if args.quick:
-        args.records, args.records_1k, args.partition_records = 100_000, 20_000, 50_000
+        args.records, args.records_1k, args.partition_records, args.capacity_records = 100_000, 20_000, 50_000, 50_000
         args.e2e_seconds, args.native_messages, args.native_delayed = 2.0, 2_000, 1_000
 
     results: dict[str, Any] = {}
@@ -115,6 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         # linger.ms=1: batching like the ingest runs (which used 5) costs at most 1 ms of the budget.
         results["e2e"] = e2e_latency.run(broker.bootstrap, e2e_topic, rate, args.e2e_seconds, 100,
                                          producer_props={"linger.ms": "1"})
+        # The pipeline's own maximum: producer, consumer and broker together on this machine's cores, unpaced.
+        probe = e2e_latency.run(broker.bootstrap, e2e_topic, float("inf"), 0, 100, producer_props={"linger.ms": "1"},
+                                quiet=True, records=int(rate * args.e2e_seconds))
+        results["e2e_max_rate"] = top = min(probe["rate"], probe["received_rate"])
+        half = top / 2
+        print(f"== end-to-end maximum (unpaced, consumer reading along): {top:.0f} records/s; "
+              f"latency at half of it ({half:.0f} records/s)", flush=True)
+        results["e2e_half_max"] = e2e_latency.run(broker.bootstrap, e2e_topic, half, args.e2e_seconds, 100,
+                                                  producer_props={"linger.ms": "1"})
         print("== end-to-end latency at 1,000 records/s (the broker's floor, machine not saturated)", flush=True)
         results["e2e_low"] = e2e_latency.run(broker.bootstrap, e2e_topic, 1000, args.e2e_seconds, 100)
 
@@ -123,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
                                           partitions=1000)
         results["p1000"] = _produce(broker, "partitions-1000-again", args.partition_records, 100, "1",
                                     partitions=1000, topic=results["p1000_first"]["topic"])
+
+        print("\n== broker ingest capacity, 1 vs 1,000 partitions, same batches (produce_capacity.py)", flush=True)
+        capacity = results["capacity"] = {}
+        for batch_records in (100, 10):
+            for n in (1, 1000):
+                r = capacity[(batch_records, n)] = produce_capacity.run(
+                    broker, n, args.capacity_records, 100, batch_records, 100, 5)
+                print(produce_capacity.line(r, n, batch_records, capacity[(batch_records, 1)]), flush=True)
 
         if not args.no_native:
             print("\n== native (remoting) path", flush=True)
@@ -151,14 +174,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{raw['messages_per_s']:,.0f} records/s [>= 2 M/s: confluent-kafka "
           f"{'met' if cons['fetch_messages_per_s'] >= 2e6 else 'NOT met'}, broker "
           f"{'met' if raw['messages_per_s'] >= 2e6 else 'NOT met'}]")
-    print(f"e2e at {e2e['rate']:,.0f} records/s  : p50 {e2e['p50_ms']:.2f} ms, p99 {e2e['p99_ms']:.2f} ms "
-          f"[p99 <= 5 ms: {'met' if e2e['p99_ms'] <= 5 else 'NOT met'}]")
+    print(f"e2e at {e2e['rate']:,.0f} records/s  : p50 {e2e['p50_ms']:.2f} ms, p99 {e2e['p99_ms']:.2f} ms = half of "
+          f"the producer-alone ingest [p99 <= 5 ms: {'met' if e2e['p99_ms'] <= 5 else 'NOT met'}]")
+    half = results["e2e_half_max"]
+    print(f"e2e at {half['rate']:,.0f} records/s  : p50 {half['p50_ms']:.2f} ms, p99 {half['p99_ms']:.2f} ms = half of "
+          f"the pipeline's maximum ({results['e2e_max_rate']:,.0f} records/s with producer, consumer and broker on "
+          f"these cores) [p99 <= 5 ms: {'met' if half['p99_ms'] <= 5 else 'NOT met'}]")
     low = results["e2e_low"]
     print(f"e2e at 1,000 records/s: p50 {low['p50_ms']:.2f} ms, p99 {low['p99_ms']:.2f} ms")
     first = results["p1000_first"]
     print(f"1,000 vs 1 partition  : {results['p1000']['records_per_s']:,.0f} vs {results['p1']['records_per_s']:,.0f}"
           f" records/s = {ratio_p:.0%} [>= 80%: {'met' if ratio_p >= 0.8 else 'NOT met'}]; first pass into the new "
           f"partitions {first['records_per_s']:,.0f} records/s, broker {first['cpu_s']:.1f} s CPU")
+    for batch_records in (100, 10):
+        one, many = results["capacity"][(batch_records, 1)], results["capacity"][(batch_records, 1000)]
+        ratio = many["records_per_s"] / one["records_per_s"]
+        print(f"broker, {batch_records:3d}-record batches: {many['records_per_s']:,.0f} vs {one['records_per_s']:,.0f} "
+              f"records/s into 1,000 vs 1 partition = {ratio:.0%} [>= 80%: {'met' if ratio >= 0.8 else 'NOT met'}]; "
+              f"broker {many['cpu_s_per_million']:.2f} vs {one['cpu_s_per_million']:.2f} us CPU per record")
     if "native" in results:
         n = results["native"]
         print(f"native send-1 / batch / pull: {n['send1']['count'] / n['send1']['elapsed']:,.0f} / "
