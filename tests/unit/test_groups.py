@@ -145,12 +145,14 @@ async def test_member_not_rejoining_is_dropped_after_rebalance_timeout(coord):
 
 
 async def test_session_expiry_removes_member_and_empties_group(coord):
-    a = await join_new(coord, session=50)
+    # wide margins (heartbeat every 50 ms against a 300 ms session): on a loaded machine a 30 ms sleep against a
+    # 50 ms session overslept into the expiry it was meant to prevent
+    a = await join_new(coord, session=300)
     await coord.sync("g", 1, a.member_id, {})
-    for _ in range(3):  # heartbeats keep it alive past its session timeout
-        await asyncio.sleep(0.03)
+    for _ in range(8):  # heartbeats keep it alive past its session timeout
+        await asyncio.sleep(0.05)
         assert coord.heartbeat("g", 1, a.member_id) == 0
-    await asyncio.sleep(0.12)
+    await asyncio.sleep(0.6)
     assert coord.groups["g"].state == EMPTY
     assert coord.heartbeat("g", 1, a.member_id) == E.UnknownMemberIdError.code
 
