@@ -170,7 +170,7 @@ class StorageAdapter(abc.ABC):
 
     # --- life cycle -----------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - optional: an engine with nothing to open keeps this no-op
         """Open files, recover, start background services (flush, dispatch, checkpoint)."""
 
     @abc.abstractmethod
@@ -190,7 +190,7 @@ class StorageAdapter(abc.ABC):
     def list_shards(self) -> dict[str, int]:
         """topic -> queue count, for the topics this engine holds."""
 
-    async def update_config(self, topic: str, config: TopicConfig) -> None:
+    async def update_config(self, topic: str, config: TopicConfig) -> None:  # noqa: B027 - optional, as start
         """Engines that act on topic settings (retention, compaction) hear about changes here."""
 
     # --- data ------------------------------------------------------------------------------------------

@@ -201,3 +201,31 @@ def test_load_refuses_segments_larger_than_configured_when_strict(tmp_path: Path
     lenient = MappedFileQueue(d, SIZE, preallocate=False)
     lenient.load()
     assert lenient.files == [] and (d / (segment_name(0) + ".unusable")).exists()
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_flush_fsyncs_the_directories_a_new_segment_appeared_in(tmp_path: Path, monkeypatch, preallocate) -> None:
+    # fdatasync of a new file does not make its directory entry durable: without the directory fsync a crash can
+    # lose a whole segment whose bytes the flush (and a sync-mode acknowledgement) said were on disk
+    import mqk.store.file.mapped_file as mapped_file
+
+    synced: list[Path] = []
+    monkeypatch.setattr(mapped_file, "fsync_dir", lambda d: synced.append(Path(d)))
+    root = tmp_path / "consumequeue"
+    q = MappedFileQueue(root / "topic" / "0", SIZE, preallocate=preallocate)
+    try:
+        q.get_last_for_write().append(b"x" * 10)
+        assert synced == []  # nothing before the flush: the append path never waits for a directory fsync
+        q.flush()
+        # the segment's directory, and each directory created on the way to it, deepest first
+        assert synced == [root / "topic" / "0", root / "topic", root, tmp_path]
+        synced.clear()
+        q.get_last_for_write().append(b"y")
+        q.flush()
+        assert synced == []  # no new entry, no directory fsync
+        q.last.wrote = SIZE  # full: the next write rolls to a new segment in the existing directory
+        q.get_last_for_write().append(b"z")
+        q.flush()
+        assert synced == [root / "topic" / "0"]
+    finally:
+        q.close()

@@ -467,6 +467,9 @@ class MappedFileQueue:
         self._lock = threading.Lock()  # guards `files` against the flush thread iterating it
         #: the next file, created ahead by `reserve_next` (queues without an allocator), taken by `roll`
         self._spare: MappedFile | None = None
+        #: directories whose entries changed (a segment or a directory was created) and are not yet fsynced:
+        #: the next `flush` syncs them, so a segment whose bytes it made durable is found again after a crash
+        self._unsynced_dirs: set[Path] = set()
 
     # --- loading ---------------------------------------------------------------------------------------
 
@@ -564,7 +567,7 @@ class MappedFileQueue:
             return
         last = self.files[-1] if self.files else None
         nxt = last.end_offset if last is not None else start_if_empty
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         self._allocator.request(self._path(nxt), self.file_size, nxt, follow=last)
 
     def roll(self, start_if_empty: int = 0) -> MappedFile:
@@ -573,7 +576,7 @@ class MappedFileQueue:
         start = last.end_offset if last is not None else start_if_empty
         if last is not None:
             last.wrote = last.committed = last.file_size  # the rest of it is a BLANK (CommitLog) or padding
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         path = self._path(start)
         if self._allocator is not None:
             mf = self._allocator.take(path, self.file_size, start)
@@ -586,7 +589,17 @@ class MappedFileQueue:
         with self._lock:
             self.files.append(mf)
             self._starts.append(start)
+            self._unsynced_dirs.add(self.dir)
         return mf
+
+    def _make_dir(self) -> None:
+        """Create the queue's directory if needed, noting every directory whose entries that changed."""
+        if self.dir.is_dir():
+            return
+        missing = [d for d in (self.dir, *self.dir.parents) if not d.exists()]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._unsynced_dirs.update(d.parent for d in missing)
 
     def reserve_next(self, start_if_empty: int = 0) -> None:
         """Create (and allocate) the file the next `roll` will open, now: a writer that must not fail halfway
@@ -599,7 +612,7 @@ class MappedFileQueue:
                 return
             self._spare.destroy()
             self._spare = None
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         self._spare = MappedFile(self._path(start), self.file_size, start, self.reserve_step)
 
     # --- durability ------------------------------------------------------------------------------------
@@ -617,6 +630,12 @@ class MappedFileQueue:
                 mf.flush()
             if mf.flushed > 0 or durable is None:
                 durable = mf.start_offset + mf.flushed
+        # after the data: every segment of the snapshot was created (and its directory noted) before it was taken
+        if self._unsynced_dirs:
+            with self._lock:
+                dirs, self._unsynced_dirs = self._unsynced_dirs, set()
+            for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+                fsync_dir(directory)
         return durable if durable is not None else 0
 
     def dirty_bytes(self) -> int:
