@@ -189,9 +189,14 @@ def main() -> None:
         print(f"store_bench: {n} batches of {len(batch)} bytes ({total / MB:.0f} MiB) in {base.resolve()}, "
               f"_fast={'compiled' if compiled('clentry') else 'twin'}")
         for mode in args.modes.split(","):
-            # raw write before and after the store run, averaged: on a shared machine the disk and CPUs drift
+            # raw write before and after the store run, averaged: on a shared machine the disk and CPUs drift.
+            # Each phase starts with no dirty pages left by the one before (os.sync, untimed): otherwise the
+            # writeback of the previous phase's gigabyte competes with whichever phase runs next.
+            os.sync()
             raw_before = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
+            os.sync()
             r = asyncio.run(run_mode(mode, base, batch, n, args.writers, args.lookups, parse_size(args.segment)))
+            os.sync()
             raw_after = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
             raw = (raw_before + raw_after) / 2
             raw_label = "raw write+fdatasync" if mode == "sync" else "raw buffered write"
