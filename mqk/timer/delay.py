@@ -88,16 +88,25 @@ def due_time(props: dict[str, str] | dict[str, bytes | None], now: int) -> int |
     return None
 
 
+def batch_may_be_delayed(batch: bytes | bytearray | memoryview) -> bool:
+    """False when no record of the stored-format batch can ask for a delay (the cheap answer for almost every
+    batch: the timer's put hook asks it of every append); True means `batch_due_time` must decode it."""
+    if recbatch.parse_header(batch, 0)[5] & 0x07:
+        return True  # compressed: only decoding tells
+    if _WALK_HEADERS:
+        return recbatch.has_header(batch, 0, memoryview(batch).nbytes, _DELAY_HEADER_KEYS)
+    return any(marker.search(batch) for marker in _MARKERS)
+
+
 def batch_due_time(batch: bytes | bytearray | memoryview, now: int) -> int | None:
     """The latest due time any record of a stored-format batch asks for, or None."""
-    attributes = recbatch.parse_header(batch, 0)[5]
-    if not attributes & 0x07:
-        # no record names a delay header: nothing to decode (compressed batches are decompressed and decoded below)
-        if _WALK_HEADERS:
-            if not recbatch.has_header(batch, 0, memoryview(batch).nbytes, _DELAY_HEADER_KEYS):
-                return None
-        elif not any(marker.search(batch) for marker in _MARKERS):
-            return None
+    if not batch_may_be_delayed(batch):
+        return None
+    return decoded_batch_due_time(batch, now)
+
+
+def decoded_batch_due_time(batch: bytes | bytearray | memoryview, now: int) -> int | None:
+    """`batch_due_time` by decoding every record (compressed batches are decompressed first)."""
     _, records = batch_records(batch)
     latest: int | None = None
     for record in records:

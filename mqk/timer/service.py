@@ -31,7 +31,7 @@ from sortedcontainers import SortedList
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
 from mqk.store.adapter import PutContext
-from mqk.timer.delay import Waiting, batch_due_time, due_time, unwrap, wrap
+from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
 
 log = logging.getLogger("mqk.timer")
 
@@ -110,13 +110,18 @@ class TimerService:
         # half messages wait for their commit, not their time: a delay applies when the commit appends them
         if ctx.topic == TIMER_TOPIC or DELIVERING.get() or ctx.topic.startswith("RMQ_SYS_TRANS_"):
             return
-        now = now_ms()
         if ctx.properties:  # a native message: its properties are its headers, no need to decode
+            now = now_ms()
             due = due_time(ctx.properties, now)
         else:
+            # the clock is read only for a batch that may carry a delay header (almost none do)
+            candidates = [batch for batch in ctx.batches if batch_may_be_delayed(batch)]
+            if not candidates:
+                return
+            now = now_ms()
             due = None
-            for batch in ctx.batches:
-                at = batch_due_time(batch, now)
+            for batch in candidates:
+                at = decoded_batch_due_time(batch, now)
                 if at is not None and (due is None or at > due):
                     due = at
         if due is None or due <= now:
