@@ -100,6 +100,18 @@ cdef inline Py_ssize_t uvarint_size(uint64_t u) noexcept nogil:
     return n
 
 
+cdef inline void st_cq_unit(unsigned char* u, int64_t physical_offset, uint32_t size, uint32_t record_count,
+                            int64_t tags_code, int64_t store_ts, int64_t max_ts, int64_t base_offset) noexcept nogil:
+    """One 48-byte ConsumeQueue unit (layout: mqk._fast.cqunit_py); the caller checked the 48 bytes fit."""
+    st_i64(u, physical_offset)
+    st_u32(u + 8, size)
+    st_u32(u + 12, record_count)
+    st_i64(u + 16, tags_code)
+    st_i64(u + 24, store_ts)
+    st_i64(u + 32, max_ts)
+    st_i64(u + 40, base_offset)
+
+
 cdef inline uint32_t zigzag32(int32_t v) noexcept nogil:
     return (<uint32_t>v << 1) ^ <uint32_t>(v >> 31)
 

@@ -9,7 +9,8 @@ from libc.string cimport memcpy, memmove
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
-from mqk._fast._bytes cimport as_i32, crc32c_of, ld_i32, ld_i64, ld_u16, ld_u32, st_i64, st_u16, st_u32
+from mqk._fast._bytes cimport (as_i32, crc32c_of, ld_i32, ld_i64, ld_u16, ld_u32, st_cq_unit, st_i64, st_u16,
+                               st_u32)
 
 from crc32c import crc32c as _crc32c
 
@@ -46,6 +47,32 @@ cdef Py_ssize_t _entry_size(Py_ssize_t topic_len, Py_ssize_t body_len) except -1
     return C_FIXED + topic_len + body_len
 
 
+cdef int _write_entry(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32_t flags, int64_t queue_offset,
+                     int64_t physical_offset, int32_t record_count, int64_t store_timestamp, int64_t max_timestamp,
+                     int64_t tags_code, bytes topic, Py_ssize_t topic_len, const unsigned char* body,
+                     Py_ssize_t body_len) except -1:
+    """Header, topic, body and CRC of one MESSAGE entry at e (the caller checked `size` bytes fit)."""
+    st_u32(e, <uint32_t>size)
+    st_u32(e + 4, C_MAGIC_MESSAGE)
+    st_u32(e + 12, <uint32_t>queue_id)
+    st_u32(e + 16, <uint32_t>flags)
+    st_i64(e + 20, queue_offset)
+    st_i64(e + 28, physical_offset)
+    st_u32(e + 36, <uint32_t>record_count)
+    st_i64(e + 40, store_timestamp)
+    st_i64(e + 48, max_timestamp)
+    st_i64(e + 56, tags_code)
+    st_u16(e + 64, <uint16_t>topic_len)
+    if topic_len:
+        memcpy(e + C_FIXED, PyBytes_AS_STRING(topic), topic_len)
+    # memmove: the body may be a view into this same buffer (a re-append); overlap must not corrupt it
+    memmove(e + C_FIXED + topic_len, body, body_len)
+    # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
+    st_i64(e + C_FIXED + topic_len, queue_offset)
+    st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
+    return 0
+
+
 def entry_size(Py_ssize_t topic_len, Py_ssize_t body_len):
     return _entry_size(topic_len, body_len)
 
@@ -63,25 +90,8 @@ def encode_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic no
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or size > n - pos:
         raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {n} bytes")
-    cdef unsigned char* e = &buf[0] + pos
-    st_u32(e, <uint32_t>size)
-    st_u32(e + 4, C_MAGIC_MESSAGE)
-    st_u32(e + 12, <uint32_t>c_queue_id)
-    st_u32(e + 16, <uint32_t>c_flags)
-    st_i64(e + 20, queue_offset)
-    st_i64(e + 28, physical_offset)
-    st_u32(e + 36, <uint32_t>c_record_count)
-    st_i64(e + 40, store_timestamp)
-    st_i64(e + 48, max_timestamp)
-    st_i64(e + 56, tags_code)
-    st_u16(e + 64, <uint16_t>topic_len)
-    if topic_len:
-        memcpy(e + C_FIXED, PyBytes_AS_STRING(topic), topic_len)
-    # memmove: the body may be a view into this same buffer (a re-append); overlap must not corrupt it
-    memmove(e + C_FIXED + topic_len, &body[0], body_len)
-    # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
-    st_i64(e + C_FIXED + topic_len, queue_offset)
-    st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
+    _write_entry(&buf[0] + pos, size, c_queue_id, c_flags, queue_offset, physical_offset, c_record_count,
+                 store_timestamp, max_timestamp, tags_code, topic, topic_len, &body[0], body_len)
     return size
 
 
@@ -110,31 +120,10 @@ def append_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic no
     if cq_pos < 0 or C_UNIT > cq_n - cq_pos:
         raise OutOfBounds(f"unit at {cq_pos} outside buffer of {cq_n} bytes")
     cdef int64_t running = running_max_ts if running_max_ts >= batch_max_ts else batch_max_ts
-    cdef unsigned char* e = &buf[0] + pos
-    st_u32(e, <uint32_t>size)
-    st_u32(e + 4, C_MAGIC_MESSAGE)
-    st_u32(e + 12, <uint32_t>c_queue_id)
-    st_u32(e + 16, 0)
-    st_i64(e + 20, queue_offset)
-    st_i64(e + 28, physical_offset)
-    st_u32(e + 36, <uint32_t>span)
-    st_i64(e + 40, store_timestamp)
-    st_i64(e + 48, batch_max_ts)
-    st_i64(e + 56, tags_code)
-    st_u16(e + 64, <uint16_t>topic_len)
-    if topic_len:
-        memcpy(e + C_FIXED, PyBytes_AS_STRING(topic), topic_len)
-    memmove(e + C_FIXED + topic_len, b, body_len)
-    st_i64(e + C_FIXED + topic_len, queue_offset)
-    st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
-    cdef unsigned char* u = &cq_buf[0] + cq_pos
-    st_i64(u, physical_offset)
-    st_u32(u + 8, <uint32_t>size)
-    st_u32(u + 12, <uint32_t>span)
-    st_i64(u + 16, tags_code)
-    st_i64(u + 24, store_timestamp)
-    st_i64(u + 32, running)
-    st_i64(u + 40, queue_offset)
+    _write_entry(&buf[0] + pos, size, c_queue_id, 0, queue_offset, physical_offset, span, store_timestamp,
+                 batch_max_ts, tags_code, topic, topic_len, b, body_len)
+    st_cq_unit(&cq_buf[0] + cq_pos, physical_offset, <uint32_t>size, <uint32_t>span, tags_code, store_timestamp,
+               running, queue_offset)
     return (size, span, running)
 
 

@@ -7,7 +7,7 @@ layout and the meaning of record_count and max_timestamp.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from mqk._fast._bytes cimport as_i32, ld_i32, ld_i64, st_i64, st_u32
+from mqk._fast._bytes cimport as_i32, ld_i32, ld_i64, st_cq_unit
 
 from mqk.errors import OutOfBounds
 
@@ -28,14 +28,8 @@ def pack_unit(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t physic
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or C_UNIT > n - pos:
         raise OutOfBounds(f"unit at {pos} outside buffer of {n} bytes")
-    cdef unsigned char* u = &buf[0] + pos
-    st_i64(u, physical_offset)
-    st_u32(u + 8, <uint32_t>c_size)
-    st_u32(u + 12, <uint32_t>c_count)
-    st_i64(u + 16, tags_code)
-    st_i64(u + 24, store_ts)
-    st_i64(u + 32, max_ts)
-    st_i64(u + 40, base_offset)
+    st_cq_unit(&buf[0] + pos, physical_offset, <uint32_t>c_size, <uint32_t>c_count, tags_code, store_ts, max_ts,
+               base_offset)
 
 
 def unpack_unit(const unsigned char[::1] buf not None, Py_ssize_t pos):
