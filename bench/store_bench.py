@@ -178,6 +178,9 @@ def main() -> None:
     ap.add_argument("--segment", default="1GiB", help="CommitLog segment size")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir in the current directory)")
     ap.add_argument("--no-kernels", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per mode (each beside its own raw writes); >1 also prints the median ratio: on a shared "
+                         "VM identical runs differ 2-3x")
     args = ap.parse_args()
     size = parse_size(args.size)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mqk-bench-", dir="."))
@@ -189,31 +192,38 @@ def main() -> None:
         print(f"store_bench: {n} batches of {len(batch)} bytes ({total / MB:.0f} MiB) in {base.resolve()}, "
               f"_fast={'compiled' if compiled('clentry') else 'twin'}")
         for mode in args.modes.split(","):
-            # raw write before and after the store run, averaged: on a shared machine the disk and CPUs drift.
-            # Each phase starts with no dirty pages left by the one before (os.sync, untimed): otherwise the
-            # writeback of the previous phase's gigabyte competes with whichever phase runs next.
-            os.sync()
-            raw_before = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
-            os.sync()
-            r = asyncio.run(run_mode(mode, base, batch, n, args.writers, args.lookups, parse_size(args.segment)))
-            os.sync()
-            raw_after = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
-            raw = (raw_before + raw_after) / 2
-            raw_label = "raw write+fdatasync" if mode == "sync" else "raw buffered write"
-            raw_mbs = total / MB / raw
-            app_mbs = total / MB / r["append"]
-            extra = (f", {args.writers} writers, {r['fsyncs']} fsyncs taking {r['fsync_s']:.2f} s"
-                     if mode == "sync" else "")
-            print(f"[{mode}] append   {rate(total, n, r['append'])} | {raw_label} {raw_mbs:8.1f} MB/s "
-                  f"(before {total / MB / raw_before:.0f}, after {total / MB / raw_after:.0f}) | "
-                  f"ratio {app_mbs / raw_mbs:5.2f}{extra}")
-            print(f"[{mode}] cpu      {r['cpu'] / n * 1e6:.1f} us/append in the process, "
-                  f"{r['loop_cpu'] / n * 1e6:.1f} us on the event loop; raw write "
-                  f"{raw / n * 1e6:.1f} us wall per batch")
-            print(f"[{mode}] read     {rate(r['read_bytes'], r['read_batches'], r['read'])} | {raw_label} "
-                  f"{raw_mbs:8.1f} MB/s | ratio {r['read_bytes'] / MB / r['read'] / raw_mbs:5.2f}")
-            print(f"[{mode}] ts-lookup {args.lookups / r['ts']:9.0f} lookups/s ({r['ts'] / args.lookups * 1e6:.1f} us "
-                  f"each) | {raw_label} {raw_mbs:8.1f} MB/s")
+            ratios = []
+            for _ in range(args.repeat):
+                # raw write before and after the store run, averaged: on a shared machine the disk and CPUs drift.
+                # Each phase starts with no dirty pages left by the one before (os.sync, untimed): otherwise the
+                # writeback of the previous phase's gigabyte competes with whichever phase runs next.
+                os.sync()
+                raw_before = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
+                os.sync()
+                r = asyncio.run(run_mode(mode, base, batch, n, args.writers, args.lookups, parse_size(args.segment)))
+                os.sync()
+                raw_after = raw_write(base, bytes(batch), n, sync=(mode == "sync"))
+                raw = (raw_before + raw_after) / 2
+                raw_label = "raw write+fdatasync" if mode == "sync" else "raw buffered write"
+                raw_mbs = total / MB / raw
+                app_mbs = total / MB / r["append"]
+                extra = (f", {args.writers} writers, {r['fsyncs']} fsyncs taking {r['fsync_s']:.2f} s"
+                         if mode == "sync" else "")
+                print(f"[{mode}] append   {rate(total, n, r['append'])} | {raw_label} {raw_mbs:8.1f} MB/s "
+                      f"(before {total / MB / raw_before:.0f}, after {total / MB / raw_after:.0f}) | "
+                      f"ratio {app_mbs / raw_mbs:5.2f}{extra}")
+                print(f"[{mode}] cpu      {r['cpu'] / n * 1e6:.1f} us/append in the process, "
+                      f"{r['loop_cpu'] / n * 1e6:.1f} us on the event loop; raw write "
+                      f"{raw / n * 1e6:.1f} us wall per batch")
+                print(f"[{mode}] read     {rate(r['read_bytes'], r['read_batches'], r['read'])} | {raw_label} "
+                      f"{raw_mbs:8.1f} MB/s | ratio {r['read_bytes'] / MB / r['read'] / raw_mbs:5.2f}")
+                print(f"[{mode}] ts-lookup {args.lookups / r['ts']:9.0f} lookups/s "
+                      f"({r['ts'] / args.lookups * 1e6:.1f} us each) | {raw_label} {raw_mbs:8.1f} MB/s")
+                ratios.append(app_mbs / raw_mbs)
+            if len(ratios) > 1:
+                ratios.sort()
+                print(f"[{mode}] append ratio over {len(ratios)} runs: median {ratios[len(ratios) // 2]:.2f} "
+                      f"(min {ratios[0]:.2f}, max {ratios[-1]:.2f})")
         if not args.no_kernels:
             for line in kernel_bench(batch):
                 print(line)
