@@ -94,7 +94,10 @@ def scan_batches(const unsigned char[::1] buf not None, bint verify_crc=True):
     return out
 
 
-def count_records(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size):
+cdef int32_t _uncompressed_batch(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t size,
+                                 str what) except? -1:
+    """The record count the header of the uncompressed batch at [pos, pos+size) declares, after the checks every
+    record walk starts with (the twin's _uncompressed_batch: same errors, same messages)."""
     cdef Py_ssize_t n = buf.shape[0]
     if pos < 0 or size < 0 or size > n - pos:
         raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {n} bytes")
@@ -102,8 +105,13 @@ def count_records(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssiz
         raise Corrupt("record batch smaller than its header", pos)
     cdef const unsigned char* b = &buf[0]
     if ld_i16(b + pos + 21) & 0x07:
-        raise Corrupt("count_records on a compressed batch", pos)
-    cdef int32_t expected = ld_i32(b + pos + 57)
+        raise Corrupt(f"{what} on a compressed batch", pos)
+    return ld_i32(b + pos + 57)
+
+
+def count_records(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size):
+    cdef int32_t expected = _uncompressed_batch(buf, pos, size, "count_records")
+    cdef const unsigned char* b = &buf[0]
     cdef Py_ssize_t end = pos + size
     cdef Py_ssize_t p = pos + C_HEADER, q
     cdef int32_t length
@@ -168,15 +176,8 @@ def has_header(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t
             short_lengths |= (<uint64_t>1) << name_len
         else:
             any_long = True
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or size < 0 or size > n - pos:
-        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {n} bytes")
-    if size < C_HEADER:
-        raise Corrupt("record batch smaller than its header", pos)
+    cdef int32_t expected = _uncompressed_batch(buf, pos, size, "has_header")
     cdef const unsigned char* b = &buf[0]
-    if ld_i16(b + pos + 21) & 0x07:
-        raise Corrupt("has_header on a compressed batch", pos)
-    cdef int32_t expected = ld_i32(b + pos + 57)
     cdef Py_ssize_t end = pos + size
     cdef Py_ssize_t p = pos + C_HEADER, q, start, record_end
     cdef int32_t length, offset_delta, n_headers, klen, j

@@ -188,6 +188,18 @@ def scan_batches(buf, verify_crc=True) -> list[tuple]:
     return out
 
 
+def _uncompressed_batch(mv, pos: int, size: int, what: str) -> int:
+    """The record count the header of the uncompressed batch at [pos, pos+size) declares, after the checks every
+    record walk starts with: OutOfBounds outside `mv`, Corrupt if shorter than a header or compressed."""
+    if pos < 0 or size < 0 or size > mv.nbytes - pos:
+        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {mv.nbytes} bytes")
+    if size < HEADER_SIZE:
+        raise Corrupt("record batch smaller than its header", pos)
+    if _I16.unpack_from(mv, pos + 21)[0] & ATTR_COMPRESSION_MASK:
+        raise Corrupt(f"{what} on a compressed batch", pos)
+    return _I32.unpack_from(mv, pos + 57)[0]
+
+
 def count_records(buf, pos, size) -> int:
     """Number of records in the UNCOMPRESSED batch at [pos, pos+size), found by walking the record lengths.
     Corrupt if they do not fill the batch exactly, the count differs from the header's, or the batch is compressed;
@@ -195,13 +207,7 @@ def count_records(buf, pos, size) -> int:
     pos = _ssize(pos)
     size = _ssize(size)
     mv = _view(buf)
-    if pos < 0 or size < 0 or size > mv.nbytes - pos:
-        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {mv.nbytes} bytes")
-    if size < HEADER_SIZE:
-        raise Corrupt("record batch smaller than its header", pos)
-    if _I16.unpack_from(mv, pos + 21)[0] & ATTR_COMPRESSION_MASK:
-        raise Corrupt("count_records on a compressed batch", pos)
-    expected = _I32.unpack_from(mv, pos + 57)[0]
+    expected = _uncompressed_batch(mv, pos, size, "count_records")
     end = pos + size
     p = pos + HEADER_SIZE
     count = 0
@@ -243,13 +249,7 @@ def has_header(buf, pos, size, names) -> bool:
     size = _ssize(size)
     mv = _view(buf)
     names = _names(names)
-    if pos < 0 or size < 0 or size > mv.nbytes - pos:
-        raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {mv.nbytes} bytes")
-    if size < HEADER_SIZE:
-        raise Corrupt("record batch smaller than its header", pos)
-    if _I16.unpack_from(mv, pos + 21)[0] & ATTR_COMPRESSION_MASK:
-        raise Corrupt("has_header on a compressed batch", pos)
-    expected = _I32.unpack_from(mv, pos + 57)[0]
+    expected = _uncompressed_batch(mv, pos, size, "has_header")
     # only keys of a wanted length are compared, as the compiled kernel does
     lengths = {len(name) for name in names}
     found = False
