@@ -50,45 +50,44 @@ cdef enum:
     VARINT_TOO_LONG = -2
 
 
-cdef inline Py_ssize_t rd_varint(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int32_t* out) noexcept nogil:
-    """Zigzag int32 as Kafka's ByteUtils.readVarint: at most 5 bytes; bits above 32 dropped."""
-    cdef uint64_t raw = 0
+cdef inline Py_ssize_t _rd_zigzag_raw(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int max_bytes,
+                                      uint64_t* raw) noexcept nogil:
+    """The raw (still zigzag-encoded) bits of a base-128 varint of at most `max_bytes` bytes at p."""
+    cdef uint64_t acc = 0
     cdef int shift = 0
     cdef unsigned char c
-    cdef uint32_t u
     while True:
         if p >= end:
             return VARINT_TRUNCATED
         c = b[p]
         p += 1
-        raw |= <uint64_t>(c & 0x7F) << shift
+        acc |= <uint64_t>(c & 0x7F) << shift
         if not (c & 0x80):
             break
         shift += 7
-        if shift >= 35:
+        if shift >= 7 * max_bytes:
             return VARINT_TOO_LONG
-    u = <uint32_t>raw
-    out[0] = <int32_t>((u >> 1) ^ (0u - (u & 1u)))
+    raw[0] = acc
+    return p
+
+
+cdef inline Py_ssize_t rd_varint(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int32_t* out) noexcept nogil:
+    """Zigzag int32 as Kafka's ByteUtils.readVarint: at most 5 bytes; bits above 32 dropped."""
+    cdef uint64_t raw
+    cdef uint32_t u
+    p = _rd_zigzag_raw(b, p, end, 5, &raw)
+    if p >= 0:
+        u = <uint32_t>raw
+        out[0] = <int32_t>((u >> 1) ^ (0u - (u & 1u)))
     return p
 
 
 cdef inline Py_ssize_t rd_varlong(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int64_t* out) noexcept nogil:
     """Zigzag int64 as Kafka's ByteUtils.readVarlong: at most 10 bytes; bits above 64 dropped."""
-    cdef uint64_t raw = 0
-    cdef int shift = 0
-    cdef unsigned char c
-    while True:
-        if p >= end:
-            return VARINT_TRUNCATED
-        c = b[p]
-        p += 1
-        raw |= <uint64_t>(c & 0x7F) << shift
-        if not (c & 0x80):
-            break
-        shift += 7
-        if shift >= 70:
-            return VARINT_TOO_LONG
-    out[0] = <int64_t>((raw >> 1) ^ (0u - (raw & 1u)))
+    cdef uint64_t raw
+    p = _rd_zigzag_raw(b, p, end, 10, &raw)
+    if p >= 0:
+        out[0] = <int64_t>((raw >> 1) ^ (0u - (raw & 1u)))
     return p
 
 

@@ -37,6 +37,22 @@ DEF C_MIN_RECORD_BODY = 6
 DEF C_INT32_MAX = 2147483647
 
 
+cdef inline Py_ssize_t _varint(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int32_t* out) except -1:
+    """rd_varint raising the twins' Corrupt for a truncated or over-long varint at p."""
+    cdef Py_ssize_t q = rd_varint(b, p, end, out)
+    if q < 0:
+        raise _varint_error(q, p, False)
+    return q
+
+
+cdef inline Py_ssize_t _varlong(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int64_t* out) except -1:
+    """rd_varlong raising the twins' Corrupt for a truncated or over-long varlong at p."""
+    cdef Py_ssize_t q = rd_varlong(b, p, end, out)
+    if q < 0:
+        raise _varint_error(q, p, True)
+    return q
+
+
 def crc32c_direct():
     """Whether this module calls the crc32c package's C function directly (else through its Python function)."""
     if mqk_crc32c_mode == 0:
@@ -117,9 +133,7 @@ def count_records(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssiz
     cdef int32_t length
     cdef Py_ssize_t count = 0
     while p < end:
-        q = rd_varint(b, p, end, &length)
-        if q < 0:
-            raise _varint_error(q, p, False)
+        q = _varint(b, p, end, &length)
         if length < C_MIN_RECORD_BODY or length > end - q:
             raise Corrupt(f"bad record length {length}", p)
         p = q + length
@@ -133,9 +147,7 @@ cdef inline Py_ssize_t _skip_bytes_or_none(const unsigned char* b, Py_ssize_t p,
                                            str what) except -1:
     """Position after the length-prefixed bytes field (-1 = None) at p, its content not looked at."""
     cdef int32_t length
-    cdef Py_ssize_t q = rd_varint(b, p, end, &length)
-    if q < 0:
-        raise _varint_error(q, p, False)
+    cdef Py_ssize_t q = _varint(b, p, end, &length)
     if length == -1:
         return q
     if length < 0 or length > end - q:
@@ -186,32 +198,22 @@ def has_header(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t
     cdef bint found = False
     while p < end:
         start = p
-        q = rd_varint(b, p, end, &length)
-        if q < 0:
-            raise _varint_error(q, p, False)
+        q = _varint(b, p, end, &length)
         if length < C_MIN_RECORD_BODY or length > end - q:
             raise Corrupt(f"bad record length {length}", start)
         record_end = q + length
         p = q + 1  # attributes
-        q = rd_varlong(b, p, record_end, &timestamp_delta)
-        if q < 0:
-            raise _varint_error(q, p, True)
+        q = _varlong(b, p, record_end, &timestamp_delta)
         p = q
-        q = rd_varint(b, p, record_end, &offset_delta)
-        if q < 0:
-            raise _varint_error(q, p, False)
+        q = _varint(b, p, record_end, &offset_delta)
         p = _skip_bytes_or_none(b, q, record_end, "key")
         p = _skip_bytes_or_none(b, p, record_end, "value")
-        q = rd_varint(b, p, record_end, &n_headers)
-        if q < 0:
-            raise _varint_error(q, p, False)
+        q = _varint(b, p, record_end, &n_headers)
         if n_headers < 0:
             raise Corrupt(f"negative header count {n_headers}", p)
         p = q
         for j in range(n_headers):
-            q = rd_varint(b, p, record_end, &klen)
-            if q < 0:
-                raise _varint_error(q, p, False)
+            q = _varint(b, p, record_end, &klen)
             if klen < 0 or klen > record_end - q:
                 raise Corrupt(f"bad header key length {klen}", p)
             if not found and _is_wanted(b + q, klen, wanted, short_lengths, any_long):
@@ -229,9 +231,7 @@ cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, P
     """The length-prefixed bytes field (-1 = None) at pp[0]; advances pp[0] past it."""
     cdef int32_t length
     cdef Py_ssize_t p = pp[0]
-    cdef Py_ssize_t q = rd_varint(b, p, end, &length)
-    if q < 0:
-        raise _varint_error(q, p, False)
+    cdef Py_ssize_t q = _varint(b, p, end, &length)
     if length == -1:
         pp[0] = q
         return None
@@ -256,36 +256,26 @@ def decode_records(const unsigned char[::1] data not None, Py_ssize_t count_arg)
     cdef list out = []
     for i in range(count):
         start = p
-        q = rd_varint(b, p, n, &length)
-        if q < 0:
-            raise _varint_error(q, p, False)
+        q = _varint(b, p, n, &length)
         if length < C_MIN_RECORD_BODY or length > n - q:
             raise Corrupt(f"bad record length {length}", start)
         p = q
         end = p + length
         attributes = b[p]
         p += 1
-        q = rd_varlong(b, p, end, &timestamp_delta)
-        if q < 0:
-            raise _varint_error(q, p, True)
+        q = _varlong(b, p, end, &timestamp_delta)
         p = q
-        q = rd_varint(b, p, end, &offset_delta)
-        if q < 0:
-            raise _varint_error(q, p, False)
+        q = _varint(b, p, end, &offset_delta)
         p = q
         key = _read_bytes_or_none(b, &p, end, "key")
         value = _read_bytes_or_none(b, &p, end, "value")
-        q = rd_varint(b, p, end, &n_headers)
-        if q < 0:
-            raise _varint_error(q, p, False)
+        q = _varint(b, p, end, &n_headers)
         if n_headers < 0:
             raise Corrupt(f"negative header count {n_headers}", p)
         p = q
         headers = []
         for j in range(n_headers):
-            q = rd_varint(b, p, end, &klen)
-            if q < 0:
-                raise _varint_error(q, p, False)
+            q = _varint(b, p, end, &klen)
             if klen < 0 or klen > end - q:
                 raise Corrupt(f"bad header key length {klen}", p)
             try:
