@@ -7,6 +7,7 @@ import asyncio
 import struct
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -359,9 +360,9 @@ async def test_idempotent_producer_duplicates_and_gaps(client, broker):
     assert txn["error_code"] != 0
 
 
-async def test_idempotence_and_producer_ids_survive_restart(tmp_path):
-    from pathlib import Path
-
+def file_broker_session(tmp_path):
+    """`await run(fn)`: start a file-store broker on `tmp_path`, call fn(client) on one connection, stop the broker
+    (store closed cleanly); each call is one broker lifetime over the same data."""
     cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), commitlog_segment_bytes=1 << 20,
                                    cq_units_per_file=1024))
 
@@ -376,6 +377,12 @@ async def test_idempotence_and_producer_ids_survive_restart(tmp_path):
         finally:
             await server.stop()
             await store.close()
+
+    return run
+
+
+async def test_idempotence_and_producer_ids_survive_restart(tmp_path):
+    run = file_broker_session(tmp_path)
 
     async def first(c):
         init = await c.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
@@ -617,22 +624,7 @@ async def test_reader_that_does_not_read_is_paused_not_buffered(client, broker):
 
 
 async def test_committed_offsets_and_topics_survive_restart(tmp_path):
-    from pathlib import Path
-
-    cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), commitlog_segment_bytes=1 << 20,
-                                   cq_units_per_file=1024))
-
-    async def run(fn):
-        store = StoreManager(cfg.store)
-        await store.start()
-        server = KafkaServer(cfg, store)
-        await server.start()
-        try:
-            async with await RawKafkaClient.connect(server.host, server.port) as c:
-                return await fn(c)
-        finally:
-            await server.stop()
-            await store.close()
+    run = file_broker_session(tmp_path)
 
     def fetch_offsets(c):
         return c.call(ApiKey.OFFSET_FETCH, 7, {"group_id": "rg", "topics": None, "require_stable": False})
@@ -672,8 +664,6 @@ async def test_failed_acks_zero_produce_closes_the_connection(broker, client):
 
 
 async def test_multi_partition_produce_under_sync_flush(tmp_path):
-    from pathlib import Path
-
     cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), flush_mode="sync",
                                    commitlog_segment_bytes=1 << 20, cq_units_per_file=1024))
     store = StoreManager(cfg.store)
