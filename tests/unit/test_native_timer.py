@@ -73,6 +73,14 @@ async def _bodies(store: StoreManager, topic: str, queue: int = 0) -> list[bytes
     return out
 
 
+async def _wait_end(store: StoreManager, topic: str, end: int, seconds: float) -> None:
+    """Wait until queue 0 of `topic` ends at `end` or later; fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while store.end_offset(topic, 0) < end:
+        assert time.monotonic() < deadline, f"{topic}/0 did not reach offset {end} within {seconds} s"
+        await asyncio.sleep(0.02)
+
+
 async def test_delayed_message_waits_then_arrives_once(store: StoreManager) -> None:
     timer = await TimerService(BrokerConfig(), store).start()
     try:
@@ -111,10 +119,7 @@ async def test_kafka_header_delay_and_max_delay(store: StoreManager) -> None:
         too_far = recbatch.encode_record(0, 0, None, b"x", [("mqk-delay-ms", b"20000")])
         with pytest.raises(PutRejected):
             await store.append("k", 0, [recbatch.build_batch(0, 0, 0, too_far, 1, 0)])
-        deadline = time.monotonic() + 3
-        while store.end_offset("k", 0) == 0:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await _wait_end(store, "k", 1, 3)
         assert await _bodies(store, "k") == [b"kafka"]
     finally:
         await timer.stop()
@@ -146,20 +151,14 @@ async def test_restart_keeps_pending_and_does_not_redeliver(store: StoreManager)
     await store.append("r", 0, [message_to_batch(b"soon", props_soon, 0)], properties=props_soon)
     props_late = {"TIMER_DELAY_MS": "1200"}
     await store.append("r", 0, [message_to_batch(b"late", props_late, 0)], properties=props_late)
-    deadline = time.monotonic() + 3
-    while store.end_offset("r", 0) < 1:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await _wait_end(store, "r", 1, 3)
     await timer.stop()  # "late" is still waiting
     assert await _bodies(store, "r") == [b"soon"]
 
     timer = await TimerService(BrokerConfig(), store).start()
     try:
         assert timer.pending == 1
-        deadline = time.monotonic() + 4
-        while store.end_offset("r", 0) < 2:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await _wait_end(store, "r", 2, 4)
         await asyncio.sleep(0.2)
         assert await _bodies(store, "r") == [b"soon", b"late"]
     finally:
@@ -181,10 +180,7 @@ async def test_crash_mid_delivery_settles_intents(store: StoreManager) -> None:
     await store.save_state("timer", {"floor": 0, "done": [], "intent": {"0": ["c", 0, 0], "1": ["c", 0, 1]}})
     await hook_timer.start()  # ...and before the "done" save
     try:
-        deadline = time.monotonic() + 3
-        while store.end_offset("c", 0) < 2:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await _wait_end(store, "c", 2, 3)
         await asyncio.sleep(0.2)
         assert await _bodies(store, "c") == [b"landed", b"lost"]
         assert store.load_state("timer")["floor"] == 2
@@ -202,10 +198,7 @@ async def test_file_store_restart_delivers_once(tmp_path) -> None:
     for body, delay in ((b"first", "100"), (b"second", "1500")):
         props = {"TIMER_DELAY_MS": delay}
         await store.append("f", 0, [message_to_batch(body, props, 0)], properties=props)
-    deadline = time.monotonic() + 3
-    while store.end_offset("f", 0) < 1:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await _wait_end(store, "f", 1, 3)
     await timer.stop()
     await store.close()
 
@@ -214,10 +207,7 @@ async def test_file_store_restart_delivers_once(tmp_path) -> None:
     timer = await TimerService(BrokerConfig(store=config), store).start()
     try:
         assert await _bodies(store, "f") == [b"first"] and timer.pending == 1
-        deadline = time.monotonic() + 4
-        while store.end_offset("f", 0) < 2:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await _wait_end(store, "f", 2, 4)
         await asyncio.sleep(0.2)
         assert await _bodies(store, "f") == [b"first", b"second"]
     finally:
@@ -237,10 +227,7 @@ async def test_payloads_beyond_the_memory_budget_are_reread(store: StoreManager,
             await store.append("budget", 0, [message_to_batch(b"%d" % i, props, 0)], properties=props,
                                keys=[f"key{i}".encode()])
         assert timer._payloads == {}
-        deadline = time.monotonic() + 3
-        while store.end_offset("budget", 0) < 5:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await _wait_end(store, "budget", 5, 3)
         assert await _bodies(store, "budget") == [b"0", b"1", b"2", b"3", b"4"]
         assert [q for q, _ in await store.read_by_key("budget", b"key3", 5)] == [0]
     finally:
@@ -290,10 +277,7 @@ async def test_a_hook_that_copies_batches_cannot_make_delivery_loop(store: Store
         await store.create_topic("cp", 1)
         props = {"TIMER_DELAY_MS": "50"}
         await store.append("cp", 0, [message_to_batch(b"once", props, 0)], properties=props)
-        deadline = time.monotonic() + 3
-        while store.end_offset("cp", 0) < 1:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await _wait_end(store, "cp", 1, 3)
         await asyncio.sleep(0.3)
         assert store.end_offset("cp", 0) == 1 and store.end_offset(TIMER_TOPIC, 0) == 1
     finally:
