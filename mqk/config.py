@@ -37,8 +37,13 @@ class StoreConfig:
     flush_mode: str = FLUSH_ASYNC
     flush_interval_ms: int = 500
     flush_min_pages: int = 4
-    #: how often the checkpoint file is rewritten
+    #: how often the checkpoint file is rewritten (and ConsumeQueues are flushed, see the next two)
     checkpoint_interval_ms: int = 1000
+    #: a checkpoint flushes a ConsumeQueue holding at least this many unflushed 4 KiB pages (RocketMQ's
+    #: flushConsumeQueueLeastPages) or whose oldest unflushed unit is `cq_flush_max_delay_ms` old; the others
+    #: wait, and the checkpoint's safe offset stays at their oldest unflushed unit (recovery re-dispatches it)
+    cq_flush_least_pages: int = 2
+    cq_flush_max_delay_ms: int = 10_000
     #: above this share of the disk in use, appends are refused
     disk_max_used_ratio: float = 0.90
     #: how often the disk guard (mqk.services.diskguard) measures the data dir's filesystem
@@ -54,6 +59,8 @@ class StoreConfig:
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
         if self.commitlog_segment_bytes < 4096:
             raise ValueError("commitlog_segment_bytes must be at least 4096")
+        if self.cq_flush_least_pages < 0 or self.cq_flush_max_delay_ms < 0:
+            raise ValueError("cq_flush_least_pages and cq_flush_max_delay_ms must not be negative")
 
 
 #: Kafka's per-topic defaults (the values DescribeConfigs reports as DEFAULT_CONFIG).

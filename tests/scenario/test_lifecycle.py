@@ -51,7 +51,7 @@ async def _fill(m: StoreManager, topic: str, n: int, ts: int, size: int = 200, p
 async def _flush(m: StoreManager) -> None:
     engine = m.engines.get("file")
     if engine is not None:
-        await engine.checkpoint_now()
+        await engine.checkpoint_now(flush_all=True)
 
 
 async def _all_offsets(m: StoreManager, topic: str) -> list[int]:

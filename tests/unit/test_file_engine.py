@@ -13,6 +13,7 @@ from mqk._fast import load
 from mqk.config import StoreConfig, TopicConfig
 from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import GroupOffset
+from mqk.store.file.checkpoint import Checkpoint
 from mqk.store.file.engine import FileEngine
 
 rb = load("recbatch")
@@ -214,8 +215,53 @@ async def test_sync_flush_group_commit(tmp_path: Path) -> None:
         await e.close()
 
 
+async def test_checkpoint_defers_quiet_queues_and_recovery_replays_them(tmp_path: Path) -> None:
+    # one unit in a quiet queue, many in a busy one: the checkpoint flushes only the busy queue and keeps its safe
+    # offset at the quiet queue's unflushed unit, so a crash that loses that unit gets it back from the CommitLog
+    # even though the entry is far behind the last three segments recovery re-verifies anyway
+    e = await open_engine(tmp_path, cq_units_per_file=4096, checkpoint_interval_ms=3_600_000,
+                          cq_flush_max_delay_ms=3_600_000)
+    await e.create_shards(T, 2, TopicConfig())
+    quiet = await e.append(T, 0, [batch(2, value=b"q" * 100)])
+    for _ in range(400):  # ~110 KB: several 64 KiB segments, 400 units (over two 4 KiB pages of units)
+        await e.append(T, 1, [batch(1, value=b"b" * 250)])
+    await e.checkpoint_now()
+    quiet_cq, busy_cq = e._shard(T, 0).cq, e._shard(T, 1).cq
+    assert busy_cq.mfq.dirty_bytes() == 0
+    assert quiet_cq.mfq.dirty_bytes() > 0
+    assert e.checkpoint.safe_offset == quiet.physical_offset
+    held = Checkpoint.encode(e.checkpoint.safe_offset, e.checkpoint.flushed_offset, e.checkpoint.timestamp)
+    await e.close()
+    # the crash: the quiet queue's unit never reached the disk, the checkpoint on disk is the one taken above
+    for path in (tmp_path / "consumequeue" / T / "0").iterdir():
+        path.write_bytes(bytes(path.stat().st_size))
+    (tmp_path / "checkpoint").write_bytes(held)
+    (tmp_path / "abort").touch()
+    e = await open_engine(tmp_path, cq_units_per_file=4096)
+    try:
+        assert e.recovery_report["abnormal"] and e.recovery_report["scan_start"] == quiet.physical_offset
+        assert e.end_offset(T, 0) == 2 and e.end_offset(T, 1) == 400
+        assert records_of((await e.read(T, 0, 0, 1 << 20)).batches[0].data) == [b"q" * 100 + b"\0",
+                                                                                b"q" * 100 + b"\1"]
+    finally:
+        await e.close()
+
+
+async def test_checkpoint_flushes_a_quiet_queue_once_its_unit_is_old_enough(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path, checkpoint_interval_ms=3_600_000, cq_flush_max_delay_ms=0)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        await e.append(T, 0, [batch(1)])
+        await e.checkpoint_now()
+        assert e._shard(T, 0).cq.mfq.dirty_bytes() == 0
+        assert e.checkpoint.safe_offset == e.clog.max_offset
+    finally:
+        await e.close()
+
+
 async def test_async_flush_happens_in_background(tmp_path: Path) -> None:
-    e = await open_engine(tmp_path, flush_mode="async", flush_interval_ms=10, flush_min_pages=1)
+    e = await open_engine(tmp_path, flush_mode="async", flush_interval_ms=10, flush_min_pages=1,
+                          cq_flush_max_delay_ms=0)
     try:
         await e.create_shards(T, 1, TopicConfig())
         await e.append(T, 0, [batch(40)])

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class ConsumeQueue:
-    __slots__ = ("_pack", "_unpack", "dir", "end_offset", "max_ts", "mfq", "units_per_file")
+    __slots__ = ("_pack", "_unpack", "dir", "dirty_since_ms", "dirty_since_phys", "end_offset", "max_ts", "mfq",
+                 "units_per_file")
 
     def __init__(self, directory: Path, units_per_file: int) -> None:
         self.dir = Path(directory)
@@ -37,6 +38,10 @@ class ConsumeQueue:
         self.end_offset = 0
         #: running maximum record timestamp over the queue (what the next unit's max_timestamp builds on)
         self.max_ts = -1
+        #: CommitLog offset and store time of the first entry whose unit is not yet flushed (-1: none); kept by
+        #: the engine, which decides at each checkpoint whether this queue is worth an msync yet
+        self.dirty_since_phys = -1
+        self.dirty_since_ms = 0
         self._pack = cqunit.pack_unit
         self._unpack = cqunit.unpack_unit
 

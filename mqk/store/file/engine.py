@@ -207,7 +207,7 @@ class FileEngine(StorageAdapter):
                 log.exception("file store background task failed")
         try:
             await self.flusher.stop()
-            await self.checkpoint_now(final=True)
+            await self.checkpoint_now(flush_all=True)
             if self.offsets is not None:
                 await self.offsets.close()
         finally:
@@ -486,7 +486,10 @@ class FileEngine(StorageAdapter):
             base, end, first_phys, last, nparts, nbytes = self._append_general(
                 shard, batches, store_ts, tags_code, keys, log_append_time)
         self.dispatcher.dispatched = last
-        self._dirty_cqs.add(cq)
+        if cq.dirty_since_phys < 0:  # the first unflushed unit since this queue's last flush
+            cq.dirty_since_phys = first_phys
+            cq.dirty_since_ms = store_ts
+            self._dirty_cqs.add(cq)
         if self.listeners:
             self._notify(topic, queue, end)
         if self._sync:
@@ -792,19 +795,38 @@ class FileEngine(StorageAdapter):
             except (OSError, StorageError) as exc:
                 log.error("file store checkpoint failed: %s", exc)
 
-    async def checkpoint_now(self, final: bool = False) -> None:
-        """Flush dirty ConsumeQueues and the CommitLog, then record the safe offset (blocking work off the loop)."""
-        # taken on the loop thread, where appends happen: every unit of an entry below `safe` is in a queue of
-        # `dirty` (or was flushed by an earlier checkpoint)
+    async def checkpoint_now(self, flush_all: bool = False) -> None:
+        """Flush the ConsumeQueues that are due and the CommitLog, then record the safe offset (blocking work off
+        the loop). A queue is due with `cq_flush_least_pages` unflushed pages or once its oldest unflushed unit is
+        `cq_flush_max_delay_ms` old (RocketMQ's least-pages rule: a thousand queues with a unit or two each must
+        not cost a thousand msyncs, and journal commits, every second); the rest keep the safe offset at their
+        oldest unflushed unit. `flush_all` flushes every queue, due or not (close, and tests that need it now)."""
+        # taken on the loop thread, where appends happen: every unit of an entry below `safe` is in a queue
+        # flushed now (or by an earlier checkpoint)
         safe = self.dispatcher.dispatched
-        dirty, self._dirty_cqs = self._dirty_cqs, set()
-        if final:
-            dirty = {shard.cq for shard in self._shards.values()}
-        await asyncio.get_running_loop().run_in_executor(self._io, self._flush_and_store, safe, dirty)
+        if flush_all:
+            due = [shard.cq for shard in self._shards.values()]
+            waiting: set[ConsumeQueue] = set()
+        else:
+            least_bytes = self.config.cq_flush_least_pages * 4096
+            oldest_ms = _now_ms() - self.config.cq_flush_max_delay_ms
+            due = []
+            waiting = set()
+            for cq in self._dirty_cqs:
+                if cq.dirty_since_ms <= oldest_ms or cq.mfq.dirty_bytes() >= least_bytes:
+                    due.append(cq)
+                else:
+                    waiting.add(cq)
+                    if cq.dirty_since_phys < safe:
+                        safe = cq.dirty_since_phys
+        for cq in due:
+            cq.dirty_since_phys = -1  # a unit written from here on marks the queue dirty again
+        self._dirty_cqs = waiting
+        await asyncio.get_running_loop().run_in_executor(self._io, self._flush_and_store, safe, due)
         snap = self.index.snapshot(self.clog.min_offset)  # on the loop, where the index is written
         await asyncio.get_running_loop().run_in_executor(self._io, self.index.store_checkpoint, snap)
 
-    def _flush_and_store(self, safe: int, dirty: set[ConsumeQueue]) -> None:
+    def _flush_and_store(self, safe: int, dirty: list[ConsumeQueue]) -> None:
         for cq in dirty:
             cq.flush()
         flushed = self.clog.flush()
