@@ -7,10 +7,11 @@ before each access (boundscheck is off). See clentry_py.py for the layout, the B
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcpy, memmove
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
-from mqk._fast._bytes cimport (as_i32, crc32c_of, ld_i32, ld_i64, ld_u16, ld_u32, st_cq_unit, st_i64, st_u16,
-                               st_u32)
+from mqk._fast._bytes cimport (as_i32, borrow, borrow_writable, crc32c_of, ld_i32, ld_i64, ld_u16, ld_u32,
+                               st_cq_unit, st_i64, st_u16, st_u32)
 
 from crc32c import crc32c as _crc32c
 
@@ -77,32 +78,59 @@ def entry_size(Py_ssize_t topic_len, Py_ssize_t body_len):
     return _entry_size(topic_len, body_len)
 
 
-def encode_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
-                 Py_ssize_t queue_offset, Py_ssize_t physical_offset, Py_ssize_t store_timestamp,
-                 Py_ssize_t max_timestamp, Py_ssize_t tags_code, Py_ssize_t flags, Py_ssize_t record_count,
-                 const unsigned char[::1] body not None):
+def encode_entry(buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset,
+                 Py_ssize_t physical_offset, Py_ssize_t store_timestamp, Py_ssize_t max_timestamp,
+                 Py_ssize_t tags_code, Py_ssize_t flags, Py_ssize_t record_count, body):
     cdef int32_t c_queue_id = as_i32(queue_id), c_flags = as_i32(flags), c_record_count = as_i32(record_count)
-    cdef Py_ssize_t body_len = body.shape[0]
-    if body_len < C_BATCH_HEADER:
-        raise ValueError(f"body of {body_len} bytes is not a record batch")
-    cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
-    cdef Py_ssize_t size = _entry_size(topic_len, body_len)
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or size > n - pos:
-        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {n} bytes")
-    _write_entry(&buf[0] + pos, size, c_queue_id, c_flags, queue_offset, physical_offset, c_record_count,
-                 store_timestamp, max_timestamp, tags_code, topic, topic_len, &body[0], body_len)
-    return size
+    cdef Py_buffer out, batch
+    cdef Py_ssize_t topic_len, size
+    borrow_writable(buf, &out)
+    try:
+        borrow(body, &batch)
+        try:
+            if batch.len < C_BATCH_HEADER:
+                raise ValueError(f"body of {batch.len} bytes is not a record batch")
+            topic_len = PyBytes_GET_SIZE(topic)
+            size = _entry_size(topic_len, batch.len)
+            if pos < 0 or size > out.len - pos:
+                raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {out.len} bytes")
+            _write_entry(<unsigned char*>out.buf + pos, size, c_queue_id, c_flags, queue_offset, physical_offset,
+                         c_record_count, store_timestamp, max_timestamp, tags_code, topic, topic_len,
+                         <const unsigned char*>batch.buf, batch.len)
+            return size
+        finally:
+            PyBuffer_Release(&batch)
+    finally:
+        PyBuffer_Release(&out)
 
 
-def append_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
-                 Py_ssize_t queue_offset, Py_ssize_t physical_offset, Py_ssize_t store_timestamp,
-                 Py_ssize_t tags_code, const unsigned char[::1] body not None, unsigned char[::1] cq_buf not None,
+def append_entry(buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset,
+                 Py_ssize_t physical_offset, Py_ssize_t store_timestamp, Py_ssize_t tags_code, body, cq_buf,
                  Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
     """One record batch's entry and ConsumeQueue unit in one call; see clentry_py.append_entry (None: not exactly
     one valid batch, nothing written; OutOfBounds: entry or unit does not fit, nothing written)."""
-    cdef Py_ssize_t body_len = body.shape[0]
-    cdef const unsigned char* b = &body[0]
+    cdef Py_buffer out, batch, units
+    borrow_writable(buf, &out)
+    try:
+        borrow(body, &batch)
+        try:
+            borrow_writable(cq_buf, &units)
+            try:
+                return _append_entry(&out, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp,
+                                     tags_code, &batch, &units, cq_pos, running_max_ts)
+            finally:
+                PyBuffer_Release(&units)
+        finally:
+            PyBuffer_Release(&batch)
+    finally:
+        PyBuffer_Release(&out)
+
+
+cdef object _append_entry(Py_buffer* out, Py_ssize_t pos, bytes topic, Py_ssize_t queue_id, int64_t queue_offset,
+                          int64_t physical_offset, int64_t store_timestamp, int64_t tags_code, Py_buffer* batch,
+                          Py_buffer* units, Py_ssize_t cq_pos, int64_t running_max_ts):
+    cdef Py_ssize_t body_len = batch.len
+    cdef const unsigned char* b = <const unsigned char*>batch.buf
     if body_len < C_BATCH_HEADER or b[16] != 2 or <Py_ssize_t>ld_i32(b + 8) + 12 != body_len:
         return None
     cdef int32_t last_offset_delta = ld_i32(b + 23)
@@ -113,39 +141,47 @@ def append_entry(unsigned char[::1] buf not None, Py_ssize_t pos, bytes topic no
     cdef int32_t c_queue_id = as_i32(queue_id)
     cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
     cdef Py_ssize_t size = _entry_size(topic_len, body_len)
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or size > n - pos:
-        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {n} bytes")
-    cdef Py_ssize_t cq_n = cq_buf.shape[0]
-    if cq_pos < 0 or C_UNIT > cq_n - cq_pos:
-        raise OutOfBounds(f"unit at {cq_pos} outside buffer of {cq_n} bytes")
+    if pos < 0 or size > out.len - pos:
+        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {out.len} bytes")
+    if cq_pos < 0 or C_UNIT > units.len - cq_pos:
+        raise OutOfBounds(f"unit at {cq_pos} outside buffer of {units.len} bytes")
     cdef int64_t running = running_max_ts if running_max_ts >= batch_max_ts else batch_max_ts
-    _write_entry(&buf[0] + pos, size, c_queue_id, 0, queue_offset, physical_offset, span, store_timestamp,
-                 batch_max_ts, tags_code, topic, topic_len, b, body_len)
-    st_cq_unit(&cq_buf[0] + cq_pos, physical_offset, <uint32_t>size, <uint32_t>span, tags_code, store_timestamp,
-               running, queue_offset)
+    _write_entry(<unsigned char*>out.buf + pos, size, c_queue_id, 0, queue_offset, physical_offset, span,
+                 store_timestamp, batch_max_ts, tags_code, topic, topic_len, b, body_len)
+    st_cq_unit(<unsigned char*>units.buf + cq_pos, physical_offset, <uint32_t>size, <uint32_t>span, tags_code,
+               store_timestamp, running, queue_offset)
     return (size, span, running)
 
 
-def encode_blank(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size):
+def encode_blank(buf, Py_ssize_t pos, Py_ssize_t size):
     cdef int32_t c_size = as_i32(size)
     if c_size < C_BLANK_MIN:
         raise ValueError(f"blank of {c_size} bytes is below the minimum {C_BLANK_MIN}")
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or c_size > n - pos:
-        raise OutOfBounds(f"blank of {c_size} bytes at {pos} does not fit buffer of {n} bytes")
-    st_u32(&buf[0] + pos, <uint32_t>c_size)
-    st_u32(&buf[0] + pos + 4, C_MAGIC_BLANK)
+    cdef Py_buffer out
+    borrow_writable(buf, &out)
+    try:
+        if pos < 0 or c_size > out.len - pos:
+            raise OutOfBounds(f"blank of {c_size} bytes at {pos} does not fit buffer of {out.len} bytes")
+        st_u32(<unsigned char*>out.buf + pos, <uint32_t>c_size)
+        st_u32(<unsigned char*>out.buf + pos + 4, C_MAGIC_BLANK)
+    finally:
+        PyBuffer_Release(&out)
 
 
-def read_entry(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t limit, bint verify=True):
-    cdef Py_ssize_t n = buf.shape[0]
-    if limit < 0 or limit > n or pos < 0 or pos > limit:
-        raise OutOfBounds(f"read at {pos} with limit {limit} outside buffer of {n} bytes")
-    cdef Py_ssize_t remaining = limit - pos
+def read_entry(buf, Py_ssize_t pos, Py_ssize_t limit, bint verify=True):
+    cdef Py_buffer view
+    borrow(buf, &view)
+    try:
+        if limit < 0 or limit > view.len or pos < 0 or pos > limit:
+            raise OutOfBounds(f"read at {pos} with limit {limit} outside buffer of {view.len} bytes")
+        return _read_entry(<const unsigned char*>view.buf + pos, pos, limit - pos, verify)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef tuple _read_entry(const unsigned char* e, Py_ssize_t pos, Py_ssize_t remaining, bint verify):
     if remaining < C_BLANK_MIN:
         return _END
-    cdef const unsigned char* e = &buf[0] + pos
     cdef int32_t total_size = ld_i32(e)
     cdef uint32_t magic = ld_u32(e + 4)
     if total_size == 0:

@@ -7,7 +7,9 @@ layout and the meaning of record_count and max_timestamp.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from mqk._fast._bytes cimport as_i32, ld_i32, ld_i64, st_cq_unit
+from cpython.buffer cimport PyBuffer_Release
+
+from mqk._fast._bytes cimport as_i32, borrow, borrow_writable, ld_i32, ld_i64, st_cq_unit
 
 from mqk.errors import OutOfBounds
 
@@ -21,65 +23,87 @@ DEF C_COUNT_AT = 12
 DEF C_MAX_TS_AT = 32
 
 
-def pack_unit(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t physical_offset, Py_ssize_t size,
-              Py_ssize_t record_count, Py_ssize_t tags_code, Py_ssize_t store_ts, Py_ssize_t max_ts,
-              Py_ssize_t base_offset):
+def pack_unit(buf, Py_ssize_t pos, Py_ssize_t physical_offset, Py_ssize_t size, Py_ssize_t record_count,
+              Py_ssize_t tags_code, Py_ssize_t store_ts, Py_ssize_t max_ts, Py_ssize_t base_offset):
     cdef int32_t c_size = as_i32(size), c_count = as_i32(record_count)
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or C_UNIT > n - pos:
-        raise OutOfBounds(f"unit at {pos} outside buffer of {n} bytes")
-    st_cq_unit(&buf[0] + pos, physical_offset, <uint32_t>c_size, <uint32_t>c_count, tags_code, store_ts, max_ts,
-               base_offset)
+    cdef Py_buffer view
+    borrow_writable(buf, &view)
+    try:
+        if pos < 0 or C_UNIT > view.len - pos:
+            raise OutOfBounds(f"unit at {pos} outside buffer of {view.len} bytes")
+        st_cq_unit(<unsigned char*>view.buf + pos, physical_offset, <uint32_t>c_size, <uint32_t>c_count, tags_code,
+                   store_ts, max_ts, base_offset)
+    finally:
+        PyBuffer_Release(&view)
 
 
-def unpack_unit(const unsigned char[::1] buf not None, Py_ssize_t pos):
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or C_UNIT > n - pos:
-        raise OutOfBounds(f"unit at {pos} outside buffer of {n} bytes")
-    cdef const unsigned char* u = &buf[0] + pos
-    return (ld_i64(u), ld_i32(u + 8), ld_i32(u + 12), ld_i64(u + 16), ld_i64(u + 24), ld_i64(u + 32), ld_i64(u + 40))
+def unpack_unit(buf, Py_ssize_t pos):
+    cdef Py_buffer view
+    cdef const unsigned char* u
+    borrow(buf, &view)
+    try:
+        if pos < 0 or C_UNIT > view.len - pos:
+            raise OutOfBounds(f"unit at {pos} outside buffer of {view.len} bytes")
+        u = <const unsigned char*>view.buf + pos
+        return (ld_i64(u), ld_i32(u + 8), ld_i32(u + 12), ld_i64(u + 16), ld_i64(u + 24), ld_i64(u + 32),
+                ld_i64(u + 40))
+    finally:
+        PyBuffer_Release(&view)
 
 
-cdef inline const unsigned char* _units(const unsigned char[::1] buf, Py_ssize_t n_units) except NULL:
-    cdef Py_ssize_t n = buf.shape[0]
-    if n_units < 0 or n_units > n // C_UNIT:
-        raise OutOfBounds(f"{n_units} units do not fit buffer of {n} bytes")
-    return &buf[0] if n else <const unsigned char*>""
+cdef inline int _check_units(const Py_buffer* view, Py_ssize_t n_units) except -1:
+    if n_units < 0 or n_units > view.len // C_UNIT:
+        raise OutOfBounds(f"{n_units} units do not fit buffer of {view.len} bytes")
+    return 0
 
 
-def search_offset(const unsigned char[::1] buf not None, Py_ssize_t n_units, Py_ssize_t offset):
-    cdef const unsigned char* u = _units(buf, n_units)
+def search_offset(buf, Py_ssize_t n_units, Py_ssize_t offset):
+    cdef Py_buffer view
+    cdef const unsigned char* u
     cdef Py_ssize_t lo = 0, hi = n_units, mid, i
     cdef int64_t base
     cdef int32_t count
-    # the last unit with base_offset <= offset (the GIL is kept: ~20 steps cost less than releasing it)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if ld_i64(u + mid * C_UNIT + C_BASE_AT) <= offset:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == 0:
-        return -1 if n_units else 0
-    i = lo - 1
-    base = ld_i64(u + i * C_UNIT + C_BASE_AT)
-    count = ld_i32(u + i * C_UNIT + C_COUNT_AT)
-    # base <= offset, so offset - base is exact in uint64 (no signed overflow for extreme offsets)
-    if count > 0 and <uint64_t>offset - <uint64_t>base < <uint64_t>count:
-        return i
-    return i + 1
+    borrow(buf, &view)
+    try:
+        _check_units(&view, n_units)
+        u = <const unsigned char*>view.buf
+        # the last unit with base_offset <= offset (the GIL is kept: ~20 steps cost less than releasing it)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if ld_i64(u + mid * C_UNIT + C_BASE_AT) <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return -1 if n_units else 0
+        i = lo - 1
+        base = ld_i64(u + i * C_UNIT + C_BASE_AT)
+        count = ld_i32(u + i * C_UNIT + C_COUNT_AT)
+        # base <= offset, so offset - base is exact in uint64 (no signed overflow for extreme offsets)
+        if count > 0 and <uint64_t>offset - <uint64_t>base < <uint64_t>count:
+            return i
+        return i + 1
+    finally:
+        PyBuffer_Release(&view)
 
 
-def search_timestamp(const unsigned char[::1] buf not None, Py_ssize_t n_units, Py_ssize_t ts):
-    cdef const unsigned char* u = _units(buf, n_units)
+def search_timestamp(buf, Py_ssize_t n_units, Py_ssize_t ts):
+    cdef Py_buffer view
+    cdef const unsigned char* u
     cdef Py_ssize_t lo = 0, hi = n_units, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if ld_i64(u + mid * C_UNIT + C_MAX_TS_AT) < ts:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    borrow(buf, &view)
+    try:
+        _check_units(&view, n_units)
+        u = <const unsigned char*>view.buf
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if ld_i64(u + mid * C_UNIT + C_MAX_TS_AT) < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+    finally:
+        PyBuffer_Release(&view)
 
 
 def hash_tag(str tag not None):

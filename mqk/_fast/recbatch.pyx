@@ -7,13 +7,14 @@ an out-of-bounds read or write. See recbatch_py.py for the layout and the error 
 """
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
-from mqk._fast._bytes cimport (VARINT_TRUNCATED, mqk_crc32c_mode, as_i16, as_i32, crc32c_of, ld_i16, ld_i32, ld_i64, ld_u32,
-                               put_uvarint, rd_varint, rd_varlong, st_i64, st_u16, st_u32, uvarint_size, zigzag32,
-                               zigzag64)
+from mqk._fast._bytes cimport (VARINT_TRUNCATED, mqk_crc32c_mode, as_i16, as_i32, borrow, borrow_writable, crc32c_of,
+                               ld_i16, ld_i32, ld_i64, ld_u32, put_uvarint, rd_varint, rd_varlong, st_i64, st_u16,
+                               st_u32, uvarint_size, zigzag32, zigzag64)
 
 from crc32c import crc32c as _crc32c
 
@@ -66,22 +67,35 @@ cdef inline object _varint_error(Py_ssize_t code, Py_ssize_t start, bint long_fo
     return Corrupt("varlong longer than 10 bytes" if long_form else "varint longer than 5 bytes", start)
 
 
-def parse_header(const unsigned char[::1] buf not None, Py_ssize_t pos=0):
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or n - pos < C_HEADER:
-        raise Corrupt("truncated record batch header", pos)
-    cdef const unsigned char* h = &buf[0] + pos
-    cdef int8_t magic = <int8_t>h[16]
-    if magic != 2:
-        raise Corrupt(f"unsupported record batch magic {magic}", pos)
-    return (ld_i64(h), ld_i32(h + 8), ld_i32(h + 12), magic, ld_u32(h + 17), ld_i16(h + 21), ld_i32(h + 23),
-            ld_i64(h + 27), ld_i64(h + 35), ld_i64(h + 43), ld_i16(h + 51), ld_i32(h + 53), ld_i32(h + 57))
+def parse_header(buf, Py_ssize_t pos=0):
+    cdef Py_buffer view
+    cdef const unsigned char* h
+    cdef int8_t magic
+    borrow(buf, &view)
+    try:
+        if pos < 0 or view.len - pos < C_HEADER:
+            raise Corrupt("truncated record batch header", pos)
+        h = <const unsigned char*>view.buf + pos
+        magic = <int8_t>h[16]
+        if magic != 2:
+            raise Corrupt(f"unsupported record batch magic {magic}", pos)
+        return (ld_i64(h), ld_i32(h + 8), ld_i32(h + 12), magic, ld_u32(h + 17), ld_i16(h + 21), ld_i32(h + 23),
+                ld_i64(h + 27), ld_i64(h + 35), ld_i64(h + 43), ld_i16(h + 51), ld_i32(h + 53), ld_i32(h + 57))
+    finally:
+        PyBuffer_Release(&view)
 
 
-def scan_batches(const unsigned char[::1] buf not None, bint verify_crc=True):
-    cdef Py_ssize_t n = buf.shape[0]
+def scan_batches(buf, bint verify_crc=True):
+    cdef Py_buffer view
+    borrow(buf, &view)
+    try:
+        return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc):
     cdef Py_ssize_t pos = 0, size
-    cdef const unsigned char* base = &buf[0]
     cdef const unsigned char* h
     cdef int32_t batch_length, record_count
     cdef int8_t magic
@@ -110,24 +124,30 @@ def scan_batches(const unsigned char[::1] buf not None, bint verify_crc=True):
     return out
 
 
-cdef int32_t _uncompressed_batch(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t size,
+cdef int32_t _uncompressed_batch(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size,
                                  str what) except? -1:
-    """The record count the header of the uncompressed batch at [pos, pos+size) declares, after the checks every
-    record walk starts with (the twin's _uncompressed_batch: same errors, same messages)."""
-    cdef Py_ssize_t n = buf.shape[0]
+    """The record count the header of the uncompressed batch at [pos, pos+size) of b[0:n] declares, after the
+    checks every record walk starts with (the twin's _uncompressed_batch: same errors, same messages)."""
     if pos < 0 or size < 0 or size > n - pos:
         raise OutOfBounds(f"batch [{pos}, +{size}) outside buffer of {n} bytes")
     if size < C_HEADER:
         raise Corrupt("record batch smaller than its header", pos)
-    cdef const unsigned char* b = &buf[0]
     if ld_i16(b + pos + 21) & 0x07:
         raise Corrupt(f"{what} on a compressed batch", pos)
     return ld_i32(b + pos + 57)
 
 
-def count_records(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size):
-    cdef int32_t expected = _uncompressed_batch(buf, pos, size, "count_records")
-    cdef const unsigned char* b = &buf[0]
+def count_records(buf, Py_ssize_t pos, Py_ssize_t size):
+    cdef Py_buffer view
+    borrow(buf, &view)
+    try:
+        return _count_records(<const unsigned char*>view.buf, view.len, pos, size)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef Py_ssize_t _count_records(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size) except -1:
+    cdef int32_t expected = _uncompressed_batch(b, n, pos, size, "count_records")
     cdef Py_ssize_t end = pos + size
     cdef Py_ssize_t p = pos + C_HEADER, q
     cdef int32_t length
@@ -173,7 +193,16 @@ cdef inline bint _is_wanted(const unsigned char* key, Py_ssize_t klen, tuple nam
     return False
 
 
-def has_header(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t size, names):
+def has_header(buf, Py_ssize_t pos, Py_ssize_t size, names):
+    cdef Py_buffer view
+    borrow(buf, &view)
+    try:
+        return _has_header(<const unsigned char*>view.buf, view.len, pos, size, names)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef bint _has_header(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size, names) except -1:
     if type(names) is not tuple:
         raise TypeError("names must be a tuple of bytes")
     cdef tuple wanted = <tuple>names
@@ -188,8 +217,7 @@ def has_header(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t
             short_lengths |= (<uint64_t>1) << name_len
         else:
             any_long = True
-    cdef int32_t expected = _uncompressed_batch(buf, pos, size, "has_header")
-    cdef const unsigned char* b = &buf[0]
+    cdef int32_t expected = _uncompressed_batch(b, n, pos, size, "has_header")
     cdef Py_ssize_t end = pos + size
     cdef Py_ssize_t p = pos + C_HEADER, q, start, record_end
     cdef int32_t length, offset_delta, n_headers, klen, j
@@ -241,12 +269,18 @@ cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, P
     return PyBytes_FromStringAndSize(<const char*>b + q, length)
 
 
-def decode_records(const unsigned char[::1] data not None, Py_ssize_t count_arg):
-    cdef int32_t count = as_i32(count_arg)
-    cdef Py_ssize_t n = data.shape[0]
+def decode_records(data, Py_ssize_t count_arg):
+    cdef Py_buffer view
+    borrow(data, &view)
+    try:
+        return _decode_records(<const unsigned char*>view.buf, view.len, as_i32(count_arg))
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef list _decode_records(const unsigned char* b, Py_ssize_t n, int32_t count):
     if count < 0 or count > n // (C_MIN_RECORD_BODY + 1):
         raise Corrupt(f"record count {count} impossible for {n} bytes", 0)
-    cdef const unsigned char* b = &data[0]
     cdef Py_ssize_t p = 0, q, start, end
     cdef int32_t i, j, length, offset_delta, n_headers, klen
     cdef int64_t timestamp_delta
@@ -375,17 +409,20 @@ def build_batch(Py_ssize_t base_offset, Py_ssize_t base_timestamp, Py_ssize_t ma
     cdef int32_t c_record_count = as_i32(record_count), c_last_offset_delta = as_i32(last_offset_delta)
     cdef int16_t c_attributes = as_i16(attributes), c_producer_epoch = as_i16(producer_epoch)
     cdef int32_t c_base_sequence = as_i32(base_sequence), c_leader_epoch = as_i32(partition_leader_epoch)
-    if records is None:
-        raise TypeError("records must be a bytes-like object, not None")
-    return _build_batch(base_offset, base_timestamp, max_timestamp, records, c_record_count, c_last_offset_delta,
-                        c_attributes, producer_id, c_producer_epoch, c_base_sequence, c_leader_epoch)
+    cdef Py_buffer view
+    borrow(records, &view)
+    try:
+        return _build_batch(base_offset, base_timestamp, max_timestamp, <const unsigned char*>view.buf, view.len,
+                            c_record_count, c_last_offset_delta, c_attributes, producer_id, c_producer_epoch,
+                            c_base_sequence, c_leader_epoch)
+    finally:
+        PyBuffer_Release(&view)
 
 
 cdef bytearray _build_batch(int64_t base_offset, int64_t base_timestamp, int64_t max_timestamp,
-                            const unsigned char[::1] records, int32_t record_count, int32_t last_offset_delta,
-                            int16_t attributes, int64_t producer_id, int16_t producer_epoch, int32_t base_sequence,
-                            int32_t partition_leader_epoch):
-    cdef Py_ssize_t n = records.shape[0]
+                            const unsigned char* records, Py_ssize_t n, int32_t record_count,
+                            int32_t last_offset_delta, int16_t attributes, int64_t producer_id,
+                            int16_t producer_epoch, int32_t base_sequence, int32_t partition_leader_epoch):
     if n > C_INT32_MAX - C_MIN_BATCH_LENGTH:
         raise OverflowError("record batch larger than 2 GiB")
     cdef bytearray out = PyByteArray_FromStringAndSize(NULL, C_HEADER + n)
@@ -403,26 +440,36 @@ cdef bytearray _build_batch(int64_t base_offset, int64_t base_timestamp, int64_t
     st_u32(h + 53, <uint32_t>base_sequence)
     st_u32(h + 57, <uint32_t>record_count)
     if n:
-        memcpy(h + C_HEADER, &records[0], n)
+        memcpy(h + C_HEADER, records, n)
     st_u32(h + 17, crc32c_of(_crc32c, h + C_CRC_START, C_HEADER - C_CRC_START + n))
     return out
 
 
-def set_base_offset(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t base_offset):
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or n - pos < C_HEADER:
-        raise OutOfBounds(f"batch header at {pos} outside buffer of {n} bytes")
-    st_i64(&buf[0] + pos, base_offset)
+def set_base_offset(buf, Py_ssize_t pos, Py_ssize_t base_offset):
+    cdef Py_buffer view
+    borrow_writable(buf, &view)
+    try:
+        if pos < 0 or view.len - pos < C_HEADER:
+            raise OutOfBounds(f"batch header at {pos} outside buffer of {view.len} bytes")
+        st_i64(<unsigned char*>view.buf + pos, base_offset)
+    finally:
+        PyBuffer_Release(&view)
 
 
-def set_log_append_time(unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t ts):
-    cdef Py_ssize_t n = buf.shape[0]
-    if pos < 0 or n - pos < C_HEADER:
-        raise OutOfBounds(f"batch header at {pos} outside buffer of {n} bytes")
-    cdef unsigned char* h = &buf[0] + pos
-    cdef int32_t batch_length = ld_i32(h + 8)
-    if batch_length < C_MIN_BATCH_LENGTH or <Py_ssize_t>batch_length + 12 > n - pos:
-        raise Corrupt(f"bad record batch length {batch_length}", pos)
-    st_u16(h + 21, <uint16_t>(ld_i16(h + 21) | 0x08))
-    st_i64(h + 35, ts)
-    st_u32(h + 17, crc32c_of(_crc32c, h + C_CRC_START, <Py_ssize_t>batch_length + 12 - C_CRC_START))
+def set_log_append_time(buf, Py_ssize_t pos, Py_ssize_t ts):
+    cdef Py_buffer view
+    cdef unsigned char* h
+    cdef int32_t batch_length
+    borrow_writable(buf, &view)
+    try:
+        if pos < 0 or view.len - pos < C_HEADER:
+            raise OutOfBounds(f"batch header at {pos} outside buffer of {view.len} bytes")
+        h = <unsigned char*>view.buf + pos
+        batch_length = ld_i32(h + 8)
+        if batch_length < C_MIN_BATCH_LENGTH or <Py_ssize_t>batch_length + 12 > view.len - pos:
+            raise Corrupt(f"bad record batch length {batch_length}", pos)
+        st_u16(h + 21, <uint16_t>(ld_i16(h + 21) | 0x08))
+        st_i64(h + 35, ts)
+        st_u32(h + 17, crc32c_of(_crc32c, h + C_CRC_START, <Py_ssize_t>batch_length + 12 - C_CRC_START))
+    finally:
+        PyBuffer_Release(&view)
