@@ -90,11 +90,16 @@ def due_time(props: dict[str, str] | dict[str, bytes | None], now: int) -> int |
 
 def batch_may_be_delayed(batch: bytes | bytearray | memoryview) -> bool:
     """False when no record of the stored-format batch can ask for a delay (the cheap answer for almost every
-    batch: the timer's put hook asks it of every append); True means `batch_due_time` must decode it."""
-    if recbatch.parse_header(batch, 0)[5] & 0x07:
+    batch: the timer's put hook asks it of every append); True means `batch_due_time` must decode it. `batch` is
+    bytes-like with one-byte items (bytes, bytearray, a byte memoryview): its header is read by index, not parsed,
+    which is a measurable share of a small append."""
+    size = len(batch)
+    if size < recbatch.HEADER_SIZE or batch[16] != recbatch.MAGIC:
+        recbatch.parse_header(batch, 0)  # raises Corrupt with what is wrong
+    if batch[22] & 0x07:  # the codec bits of the attributes (big-endian int16 at 21)
         return True  # compressed: only decoding tells
     if _WALK_HEADERS:
-        return recbatch.has_header(batch, 0, memoryview(batch).nbytes, _DELAY_HEADER_KEYS)
+        return recbatch.has_header(batch, 0, size, _DELAY_HEADER_KEYS)
     return any(marker.search(batch) for marker in _MARKERS)
 
 

@@ -115,9 +115,9 @@ class TimerService:
             due = due_time(ctx.properties, now)
         else:
             # the clock is read only for a batch that may carry a delay header (almost none do)
-            candidates = [batch for batch in ctx.batches if batch_may_be_delayed(batch)]
-            if not candidates:
+            if not any(map(batch_may_be_delayed, ctx.batches)):
                 return
+            candidates = [batch for batch in ctx.batches if batch_may_be_delayed(batch)]
             now = now_ms()
             due = None
             for batch in candidates:
