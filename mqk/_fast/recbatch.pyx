@@ -8,6 +8,7 @@ an out-of-bounds read or write. See recbatch_py.py for the layout and the error 
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from cpython.buffer cimport PyBuffer_Release
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -473,3 +474,11 @@ def set_log_append_time(buf, Py_ssize_t pos, Py_ssize_t ts):
         st_u32(h + 17, crc32c_of(_crc32c, h + C_CRC_START, <Py_ssize_t>batch_length + 12 - C_CRC_START))
     finally:
         PyBuffer_Release(&view)
+
+
+def new_buffer(Py_ssize_t size):
+    """A bytearray of `size` bytes whose contents are unspecified: unlike bytearray(size) it is not zero-filled
+    (a receive buffer's bytes are all written before they are read)."""
+    if size < 0:
+        raise OverflowError(f"integer {size} out of range [0, {PY_SSIZE_T_MAX}]")
+    return PyByteArray_FromStringAndSize(NULL, size)

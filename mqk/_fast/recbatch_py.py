@@ -74,11 +74,12 @@ def _ssize(v):
 
 
 def _view(buf) -> memoryview:
-    """A flat byte view of `buf`, accepting exactly the buffers the compiled module's typed memoryviews accept."""
+    """A flat byte view of `buf`, accepting exactly what the compiled module borrows (PyObject_GetBuffer with
+    PyBUF_SIMPLE): any C-contiguous buffer, seen as its bytes."""
     mv = memoryview(buf)
-    if mv.ndim != 1 or mv.format.lstrip("@=<>!") not in ("B", "c") or not mv.c_contiguous:
-        raise ValueError("expected a contiguous one-dimensional buffer of bytes")
-    return mv if mv.format == "B" else mv.cast("B")
+    if not mv.c_contiguous:
+        raise BufferError("memoryview: underlying buffer is not C-contiguous")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
 def _writable(buf) -> memoryview:
@@ -434,3 +435,9 @@ def set_log_append_time(buf, pos, ts) -> None:
     _I16.pack_into(mv, pos + 21, attributes)
     _I64.pack_into(mv, pos + 35, ts)
     _U32.pack_into(mv, pos + 17, crc32c(mv[pos + CRC_START:pos + 12 + batch_length]))
+
+
+def new_buffer(size) -> bytearray:
+    """A bytearray of `size` bytes whose contents are unspecified (the compiled twin skips the zero fill): for
+    receive buffers, whose bytes are all written before they are read."""
+    return bytearray(_int(size, 0, _SSIZE_MAX))

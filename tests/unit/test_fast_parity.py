@@ -501,3 +501,20 @@ def java_hash(tag: str) -> int:
 @given(tag=st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=30))
 def test_hash_tag_matches_reference(cq, tag):
     assert cq.hash_tag(tag) == java_hash(tag)
+
+
+# --- recbatch.new_buffer: a receive buffer (contents unspecified, so only size, type and refusals compare) ---
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 300_000, -1, 1.5, "8"])
+def test_new_buffer_agrees(size):
+    same_outcome(RB, lambda m: outcome(lambda n: (type(m.new_buffer(n)), len(m.new_buffer(n))), size))
+
+
+@pytest.mark.parametrize("buf", [memoryview(bytes(200))[::2], memoryview(bytearray(200)).cast("i"),
+                                 __import__("array").array("q", [0] * 25)])
+def test_buffers_of_other_shapes_agree(buf):
+    # strided: refused (BufferError) by both; other item formats: read as their bytes by both
+    same_outcome(RB, lambda m: outcome(m.parse_header, buf, 0))
+    same_outcome(RB, lambda m: outcome(m.count_records, buf, 0, 100))
+    same_outcome(CQ, lambda m: outcome(m.search_offset, buf, 2, 0))

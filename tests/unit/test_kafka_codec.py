@@ -157,15 +157,81 @@ def test_many_frames_in_one_chunk_and_split_sizes():
     assert ids == [(i, f"g{i}") for i in range(50)]
 
 
-def test_produce_records_are_views_into_the_received_chunk():
+def produce_frame(records: bytes, correlation_id: int = 1) -> bytes:
+    return frame(0, 9, {"acks": 1, "timeout_ms": 5, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": records}]}]}, correlation_id=correlation_id)
+
+
+def read_into(c: codec.KafkaConnectionCodec, data: bytes) -> memoryview:
+    """What a buffered transport does: one read of `data` into the room the codec offers; returns that room."""
+    room = c.get_buffer(-1)
+    assert len(room) >= len(data)
+    room[:len(data)] = data
+    c.buffer_updated(len(data))
+    return room
+
+
+def records_of(req) -> memoryview:
+    return req.body["topic_data"][0]["partition_data"][0]["records"]
+
+
+def test_produce_records_are_views_into_the_receive_buffer():
     records = bytes(range(256)) * 40
-    raw = frame(0, 9, {"acks": 1, "timeout_ms": 5, "topic_data": [
-        {"name": "t", "partition_data": [{"index": 0, "records": records}]}]})
     c = codec.KafkaConnectionCodec()
-    c.receive_data(raw)
-    req = c.next_request()
-    rec = req.body["topic_data"][0]["partition_data"][0]["records"]
-    assert isinstance(rec, memoryview) and rec == records and rec.obj is raw  # no copy of the record bytes
+    room = read_into(c, produce_frame(records))
+    rec = records_of(c.next_request())
+    assert isinstance(rec, memoryview) and rec == records and rec.obj is room.obj  # read in place, no copy
+
+
+def test_a_frame_split_across_reads_is_read_in_place_after_its_prefix():
+    records = bytes(range(256)) * 4000  # ~1 MB: bigger than a shared read buffer
+    raw = produce_frame(records)
+    c = codec.KafkaConnectionCodec()
+    read_into(c, raw[:100])  # the prefix and the start of the frame
+    assert c.next_request() is None
+    room = c.get_buffer(-1)
+    assert len(room) == len(raw) - 100  # room for exactly the rest of the frame
+    for at in range(100, len(raw), 65536):  # the rest in 64 KiB reads, all into that room
+        chunk = raw[at:at + 65536]
+        assert read_into(c, chunk).obj is room.obj
+    rec = records_of(c.next_request())
+    assert rec == records and rec.obj is room.obj
+    assert c.buffered == 0
+
+
+def test_a_size_prefix_alone_does_not_size_a_buffer_beyond_ahead_max():
+    c = codec.KafkaConnectionCodec()
+    read_into(c, struct.pack(">i", 90 * 1024 * 1024))  # announced, not sent
+    assert c.next_request() is None
+    assert len(c.get_buffer(-1)) == codec.AHEAD_MAX
+    # as the bytes do arrive, the buffer grows (doubling past AHEAD_MAX) and the frame still comes out whole
+    body = frame(3, 12, {"topics": [{"name": "t"}]})[4:]
+    payload = body + b"\0" * (90 * 1024 * 1024 - len(body))
+    sent = 0
+    while sent < len(payload):
+        room = c.get_buffer(-1)
+        assert len(room) <= max(codec.AHEAD_MAX, 4 + sent)
+        step = min(len(room), len(payload) - sent)
+        room[:step] = payload[sent:sent + step]
+        c.buffer_updated(step)
+        sent += step
+    req = c.next_request()  # the decoder ignores the padding after the Metadata body
+    assert req.api_key == 3 and req.body["topics"][0]["name"] == "t" and c.buffered == 0
+
+
+def test_handed_out_frames_are_never_overwritten():
+    c = codec.KafkaConnectionCodec()
+    kept = []
+    for i in range(400):  # ~4 MB through the codec: many buffer changes, most reads split a frame
+        records = bytes([i % 256]) * (7000 + i)
+        raw = produce_frame(records, correlation_id=i)
+        for at in range(0, len(raw), 5000):
+            c.receive_data(raw[at:at + 5000])
+            while (req := c.next_request()) is not None:
+                kept.append((req.correlation_id, records_of(req)))
+    assert len(kept) == 400
+    for i, rec in kept:
+        assert rec == bytes([i % 256]) * (7000 + i)
 
 
 def test_truncated_body_is_malformed():

@@ -14,16 +14,20 @@ Wire rules:
   and an empty body) so the server can answer UNSUPPORTED_VERSION plus the full API list; the answer is encoded
   with the v0 body schema. Any other unsupported version -> `UnsupportedApiVersion`; unknown key -> `UnknownApiKey`.
 
-Receive buffer: chunks are kept as received (no joining, no re-scanning). A frame that lies inside one chunk is
-handed out as a memoryview into it (so Produce record bytes are never copied); a frame spanning chunks is
-assembled once into a fresh buffer of exactly its declared size.
+Receive buffer (`get_buffer` / `buffer_updated`, the shape of asyncio.BufferedProtocol): the transport reads
+straight into the buffer frames are handed out from, as memoryviews, so Produce record bytes are never copied on
+their way to the store. Bytes are only ever written past everything handed out: when the buffer runs out of room,
+the unframed tail moves to a fresh one and the old one lives on as long as views of it do. A frame whose size
+prefix has arrived gets a buffer with room for all of it (up to `AHEAD_MAX`; a bigger frame's buffer doubles as its
+bytes arrive, so a size prefix alone never makes the broker set aside `max_request_bytes`); small frames share
+`READ_CHUNK`-sized buffers. `receive_data(bytes)` copies into the same buffer, for callers holding bytes.
 """
 from __future__ import annotations
 
 import struct
-from collections import deque
 from typing import NamedTuple
 
+from mqk._fast import load
 from mqk.errors import FrameTooLarge
 from mqk.protocol.kafka import api, messages
 from mqk.protocol.kafka.errors import MalformedMessage, UnknownApiKey, UnsupportedApiVersion
@@ -33,6 +37,14 @@ _REQ_HEAD = struct.Struct(">hhi")
 _STR_LEN = struct.Struct(">h")
 _RESP_HEAD = struct.Struct(">ii")  # size, correlation_id
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+#: the size of a receive buffer shared by small frames
+READ_CHUNK = 256 * 1024
+#: below this much room a buffer is done with: the next read gets a fresh one
+MIN_ROOM = 4096
+#: a frame's buffer is sized for at most this much beyond the bytes that have arrived
+AHEAD_MAX = 8 * 1024 * 1024
+
+_new_buffer = load("recbatch").new_buffer
 
 
 class Request(NamedTuple):
@@ -113,73 +125,83 @@ def response_header_flexible(api_key: int, api_version: int) -> bool:
 
 
 class KafkaConnectionCodec:
-    """One per connection (server side). Feed bytes with `receive_data`; drain with `next_request` until None."""
+    """One per connection (server side). Feed bytes with `get_buffer` / `buffer_updated` (or `receive_data`);
+    drain with `next_request` until None."""
 
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  supported: dict[int, tuple[int, int]] | None = None) -> None:
         self.max_request_bytes = max_request_bytes
         self.supported = api.SUPPORTED if supported is None else supported
-        self._chunks: deque[bytes] = deque()
-        self._offset = 0  # consumed bytes of _chunks[0]
-        self._available = 0
-        self._frame_size = -1  # size of the frame whose prefix was already consumed, -1 if none
+        self._buf = bytearray()
+        self._start = 0  # bytes [_start, _end) of _buf are received and not yet handed out
+        self._end = 0
+        self._frame_size = -1  # size of the frame at _start once its prefix is read and checked, -1 before
 
     # -- input ------------------------------------------------------------------------------------------
-    def receive_data(self, data: bytes) -> None:
-        if not data:
-            return
-        if type(data) is not bytes:
-            data = bytes(data)  # our views must not see later mutation of the caller's buffer
-        self._chunks.append(data)
-        self._available += len(data)
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Writable room for the next received bytes; say how many were written with `buffer_updated`."""
+        held = self._end - self._start
+        room = len(self._buf) - self._end
+        try:
+            total = self._frame_total()
+        except FrameTooLarge:
+            total = -1  # next_frame refuses it; until then the bytes go where small frames go
+        if total > held:  # a frame is partly here: give it room for the rest
+            lacking = total - held
+            if lacking <= room:
+                return memoryview(self._buf)[self._end:]
+            room = max(min(lacking, max(AHEAD_MAX, held)), READ_CHUNK)
+        elif room >= MIN_ROOM:
+            return memoryview(self._buf)[self._end:]
+        else:
+            room = READ_CHUNK
+        buf = _new_buffer(held + room)
+        buf[:held] = memoryview(self._buf)[self._start:self._end]
+        self._buf, self._start, self._end = buf, 0, held
+        return memoryview(buf)[held:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """`nbytes` were written at the start of the room the last `get_buffer` returned."""
+        self._end += nbytes
+
+    def receive_data(self, data) -> None:
+        """Take received bytes from a caller that has them as an object (one copy into the buffer)."""
+        data = memoryview(data).cast("B")
+        done = 0
+        while done < len(data):
+            room = self.get_buffer()
+            step = min(len(room), len(data) - done)
+            room[:step] = data[done:done + step]
+            self.buffer_updated(step)
+            done += step
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a request (for back-pressure decisions)."""
-        return self._available
+        return self._end - self._start
 
-    def _take(self, n: int) -> memoryview:
-        """Consume exactly n buffered bytes (caller checked availability): a view when contiguous, else a copy."""
-        first = self._chunks[0]
-        off = self._offset
-        if len(first) - off >= n:
-            view = memoryview(first)[off:off + n]
-            off += n
-            if off == len(first):
-                self._chunks.popleft()
-                off = 0
-            self._offset = off
-            self._available -= n
-            return view
-        out = bytearray(n)
-        filled = 0
-        while filled < n:
-            chunk = self._chunks[0]
-            step = min(len(chunk) - self._offset, n - filled)
-            out[filled:filled + step] = memoryview(chunk)[self._offset:self._offset + step]
-            filled += step
-            self._offset += step
-            if self._offset == len(chunk):
-                self._chunks.popleft()
-                self._offset = 0
-        self._available -= n
-        return memoryview(out)
-
-    def next_frame(self) -> memoryview | None:
-        """The next complete frame payload (without its size prefix), or None if more data is needed."""
-        if self._frame_size < 0:
-            if self._available < 4:
-                return None
-            (size,) = _SIZE.unpack(self._take(4))
+    def _frame_total(self) -> int:
+        """Prefix plus payload size of the frame at _start, or -1 while its prefix has not arrived. The size is
+        checked here, before any buffer is sized for it."""
+        size = self._frame_size
+        if size < 0:
+            if self._end - self._start < 4:
+                return -1
+            (size,) = _SIZE.unpack_from(self._buf, self._start)
             if size < 0 or size > self.max_request_bytes:
                 raise FrameTooLarge(f"request frame size {size} outside [0, {self.max_request_bytes}]")
             self._frame_size = size
-        if self._available < self._frame_size:
+        return size + 4
+
+    def next_frame(self) -> memoryview | None:
+        """The next complete frame payload (without its size prefix), or None if more data is needed."""
+        total = self._frame_total()
+        if total < 0 or self._end - self._start < total:
             return None
-        size, self._frame_size = self._frame_size, -1
-        if size == 0:
-            return memoryview(b"")
-        return self._take(size)
+        begin = self._start + 4
+        self._start += total
+        self._frame_size = -1
+        return memoryview(self._buf)[begin:self._start]
 
     def next_request(self) -> Request | None:
         frame = self.next_frame()

@@ -100,8 +100,10 @@ class KafkaServer:
             remove(self.waiters.notify)
 
 
-class KafkaConnection(asyncio.Protocol):
-    """One client connection: bytes → codec → handler tasks; results → codec → transport, in request order."""
+class KafkaConnection(asyncio.BufferedProtocol):
+    """One client connection: bytes → codec → handler tasks; results → codec → transport, in request order.
+    A buffered protocol: the transport reads straight into the codec's buffer (no bytes object per read, no
+    copy to assemble a frame)."""
 
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
@@ -137,10 +139,13 @@ class KafkaConnection(asyncio.Protocol):
             task.cancel()
         self.pending.clear()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.codec.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
-        self.codec.receive_data(data)
+        self.codec.buffer_updated(nbytes)
         self._decode()
 
     def _decode(self) -> None:
