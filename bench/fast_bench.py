@@ -1,7 +1,9 @@
 """Benchmark the _fast kernels: compiled module vs its pure-Python twin, on the broker's hot paths.
 
-  scan_batches    every produce request validates its batches (walk + CRC32C); ~1 MB of batches, small and 16 KiB
+  scan_batches    the batch framing walk + CRC32C; ~1 MB of batches, small and 16 KiB
   count_records   varint walk of an uncompressed batch's records
+  produce check   what every produce request runs on its batches: scan_batches(verify_crc=True,
+                  walk_records=True), framing + CRC32C + record walk in one call
   has_header      the timer's test for delay headers on every produced batch: a 1 MB batch of 100 B records,
                   without headers and with one non-delay header per record; also the regex byte scan
                   it replaced (mqk.timer.delay's pre-filter without the extensions), for comparison
@@ -124,6 +126,8 @@ def main() -> None:
                 m.count_records(buf, p, s)
         results = {k: timed(lambda m=m: count_all(m), secs) for k, m in rb.items()}
         report(f"count_records {label}", "buffers", results, len(buf))
+        results = {k: timed(lambda m=m, buf=buf: m.scan_batches(buf, True, True), secs) for k, m in rb.items()}
+        report(f"produce check {label}", "buffers", results, len(buf))
 
     # The timer's put-hook asks every produced batch whether any record carries a delay header.
     from mqk.timer.delay import _DELAY_HEADER_KEYS, _MARKERS

@@ -130,13 +130,16 @@ async def run_mode(mode: str, directory: Path, batch: bytearray, n: int, writers
 
 def kernel_bench(batch: bytearray) -> list[str]:
     """Compiled vs twin on work where the kernel, not CRC or memcpy, dominates: walking 1,000 small batches
-    (headers, lengths, CRC of 200 bytes each) and bisecting 300,000 ConsumeQueue units."""
+    (headers, lengths, CRC of 200 bytes each; then also their records, the check every produce runs) and bisecting
+    300,000 ConsumeQueue units."""
     lines = []
     small = b"".join(bytes(make_batch(100, 200, 1000)) for _ in range(1000))
-    res = []
-    for mod in (compiled("recbatch"), twin("recbatch")):
-        res.append(None if mod is None else _per_call(lambda m=mod: m.scan_batches(small, True)))
-    lines.append(_kernel_line("recbatch.scan_batches (1000 small batches, CRC on)", res))
+    for label, walk in (("recbatch.scan_batches (1000 small batches, CRC on)", False),
+                        ("recbatch.scan_batches + record walk (the produce check, same batches)", True)):
+        res = []
+        for mod in (compiled("recbatch"), twin("recbatch")):
+            res.append(None if mod is None else _per_call(lambda m=mod: m.scan_batches(small, True, walk)))
+        lines.append(_kernel_line(label, res))
     slow = twin("cqunit")
     units = bytearray(300_000 * 48)
     for i in range(300_000):

@@ -86,16 +86,16 @@ def parse_header(buf, Py_ssize_t pos=0):
         PyBuffer_Release(&view)
 
 
-def scan_batches(buf, bint verify_crc=True):
+def scan_batches(buf, bint verify_crc=True, bint walk_records=False):
     cdef Py_buffer view
     borrow(buf, &view)
     try:
-        return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc)
+        return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc, walk_records)
     finally:
         PyBuffer_Release(&view)
 
 
-cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc):
+cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc, bint walk_records):
     cdef Py_ssize_t pos = 0, size
     cdef const unsigned char* h
     cdef int32_t batch_length, record_count
@@ -119,6 +119,8 @@ cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc
             raise Corrupt(f"negative record count {record_count}", pos)
         if verify_crc and crc32c_of(_crc32c, h + C_CRC_START, size - C_CRC_START) != ld_u32(h + 17):
             raise Corrupt("record batch CRC mismatch", pos)
+        if walk_records and not ld_i16(h + 21) & 0x07:
+            _count_records(base, n, pos, size)
         out.append((pos, size, ld_i32(h + 23), ld_i64(h + 35), record_count, ld_i16(h + 21), ld_i64(h + 43),
                     ld_i16(h + 51), ld_i32(h + 53), ld_i64(h + 27)))
         pos += size

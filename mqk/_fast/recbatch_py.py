@@ -157,11 +157,12 @@ def parse_header(buf, pos=0) -> tuple:
     return fields
 
 
-def scan_batches(buf, verify_crc=True) -> list[tuple]:
+def scan_batches(buf, verify_crc=True, walk_records=False) -> list[tuple]:
     """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
     base_sequence, base_timestamp). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
-    or (with verify_crc) a CRC mismatch."""
+    or (with verify_crc) a CRC mismatch. With walk_records, each uncompressed batch's records are also walked as
+    `count_records` does (same errors), right after its CRC: a produce request's whole check in one call."""
     mv = _view(buf)
     n = mv.nbytes
     out = []
@@ -183,6 +184,8 @@ def scan_batches(buf, verify_crc=True) -> list[tuple]:
             raise Corrupt(f"negative record count {record_count}", pos)
         if verify_crc and crc32c(mv[pos + CRC_START:pos + size]) != crc:
             raise Corrupt("record batch CRC mismatch", pos)
+        if walk_records and not attributes & ATTR_COMPRESSION_MASK:
+            count_records(mv, pos, size)
         out.append((pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id,
                     producer_epoch, base_sequence, base_timestamp))
         pos += size

@@ -156,6 +156,7 @@ def test_scan_batches_matches_reference(rb, batches, pad):
         pos += len(b)
     assert rb.scan_batches(buf) == expected
     assert rb.scan_batches(bytes(buf), False) == expected
+    assert rb.scan_batches(buf, True, True) == expected  # and every uncompressed batch's records walk clean
     assert rb.scan_batches(memoryview(b"\x00" * pad + bytes(buf))[pad:]) == expected
     for p, size, *_ in expected:
         assert rb.parse_header(buf, p)[1] == size - 12
@@ -210,6 +211,7 @@ def damaged_batches(draw):
 def test_recbatch_outcomes_agree_on_damaged_input(buf, pos, size, count, verify):
     data = bytes(buf)
     same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify))
+    same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify, True))
     same_outcome(RB, lambda m: outcome(m.parse_header, data, pos))
     same_outcome(RB, lambda m: outcome(m.count_records, data, pos, size))
     same_outcome(RB, lambda m: outcome(m.count_records, data, 0, len(data)))

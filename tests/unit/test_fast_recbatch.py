@@ -166,6 +166,19 @@ def test_parse_header_needs_61_bytes(rb):
     assert rb.parse_header(b"\x00" * 3 + data, 3) == rb.parse_header(data)
 
 
+def test_scan_batches_walk_records_checks_each_uncompressed_batch(rb):
+    good = kafka_python_batch(SAMPLE)
+    lying = bytearray(kafka_python_batch(SAMPLE))
+    struct.pack_into(">i", lying, 57, 4)  # says 4 records, holds 3; CRC recomputed so only the walk can tell
+    struct.pack_into(">I", lying, 17, crc32c(bytes(lying[21:])))
+    data = good + bytes(lying)
+    assert len(rb.scan_batches(data)) == 2  # framing and CRC alone pass it
+    with pytest.raises(Corrupt, match="header says 4") as err:
+        rb.scan_batches(data, True, True)
+    assert err.value.position == len(good)
+    assert rb.scan_batches(good + good, True, True) == rb.scan_batches(good + good)
+
+
 def test_count_records_mismatch_and_bounds(rb):
     data = bytearray(kafka_python_batch(SAMPLE))
     struct.pack_into(">i", data, 57, 4)

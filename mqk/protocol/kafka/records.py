@@ -11,10 +11,11 @@ Codecs (attributes bits 0-2): 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd.
 Decompression is bounded: output beyond `max_size` raises `MessageTooLarge` without ever materialising more than
 `max_size + 1` bytes, so a compression bomb cannot exhaust memory. Broken compressed data raises `Corrupt`.
 
-Validation (`validate_produce_records`): every batch's CRC32C and framing (via recbatch.scan_batches), its size
-against the topic's max.message.bytes (`MessageTooLarge`), and its record count: for uncompressed batches the
-records must fill the batch exactly with the header's count (recbatch.count_records); for compressed batches the
-records section is decompressed (bounded) and walked the same way. Valid batches are returned as memoryviews
+Validation (`validate_produce_records`): every batch's CRC32C and framing, its size against the topic's
+max.message.bytes (`MessageTooLarge`), and its record count: for uncompressed batches the records must fill the
+batch exactly with the header's count (all three in one recbatch.scan_batches call, walking like
+recbatch.count_records); for compressed batches the records section is decompressed (bounded) and walked the
+same way. Valid batches are returned as memoryviews
 into the request frame: the bytes the store keeps, unchanged.
 
 Legacy message sets (magic 0 and 1, from clients older than Kafka 0.11): CONVERTED to one v2 batch, never
@@ -246,14 +247,13 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
         return [convert_legacy(view, max_batch_bytes, max_decompressed_bytes)]
     out = []
     whole = len(view)
+    # one kernel call checks every batch's framing and CRC and walks the records of the uncompressed ones
     for (pos, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch, base_sequence,
-         base_ts) in recbatch.scan_batches(view, verify_crc):
+         base_ts) in recbatch.scan_batches(view, verify_crc, True):
         if size > max_batch_bytes:
             raise MessageTooLarge(f"record batch of {size} bytes exceeds the limit of {max_batch_bytes}")
         codec = attributes & COMPRESSION_MASK
-        if codec == NONE:
-            recbatch.count_records(view, pos, size)
-        else:
+        if codec != NONE:
             inner = decompress(codec, view[pos + _RECORDS_POS:pos + size], max_decompressed_bytes)
             _count_records(inner, count)
         # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
