@@ -138,7 +138,7 @@ def kernel_bench(batch: bytearray) -> list[str]:
                         ("recbatch.scan_batches + record walk (the produce check, same batches)", True)):
         res = []
         for mod in (compiled("recbatch"), twin("recbatch")):
-            res.append(None if mod is None else _per_call(lambda m=mod: m.scan_batches(small, True, walk)))
+            res.append(None if mod is None else _per_call(lambda m=mod, w=walk: m.scan_batches(small, True, w)))
         lines.append(_kernel_line(label, res))
     slow = twin("cqunit")
     units = bytearray(300_000 * 48)
