@@ -47,6 +47,7 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = 16  # magic (8) + version (4) + compatible version (4)
 _I32 = struct.Struct(">i")
 _RECORDS_POS = 61  # recbatch.HEADER_SIZE
+_new_tuple = tuple.__new__
 
 
 class BatchInfo(NamedTuple):
@@ -240,7 +241,7 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
     UnsupportedCompressionTypeError."""
     if buf is None or len(buf) == 0:
         raise InvalidRecord("produce request without records")
-    view = memoryview(buf)
+    view = buf if buf.__class__ is memoryview else memoryview(buf)  # the decoder hands over views already
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
     if len(view) > 16 and view[16] in (0, 1):
@@ -258,8 +259,9 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
             _count_records(inner, count)
         # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
         data = view if size == whole else view[pos:pos + size]
-        out.append(BatchInfo(data, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch,
-                             base_sequence, base_ts, codec))
+        # tuple.__new__ straight away: the NamedTuple's generated __new__ is a Python call per batch
+        out.append(_new_tuple(BatchInfo, (data, size, last_offset_delta, max_ts, count, attributes, producer_id,
+                                          producer_epoch, base_sequence, base_ts, codec, False)))
     return out
 
 
