@@ -57,23 +57,33 @@ cdef inline int _check_units(const Py_buffer* view, Py_ssize_t n_units) except -
     return 0
 
 
+cdef inline Py_ssize_t _bisect(const unsigned char* u, Py_ssize_t n_units, Py_ssize_t field_at, int64_t key,
+                               bint right) noexcept:
+    """Index of the first unit whose int64 at `field_at` is > key (right) or >= key (left); the fields ascend. The
+    GIL is kept: ~20 steps cost less than releasing it."""
+    cdef Py_ssize_t lo = 0, hi = n_units, mid
+    cdef int64_t value
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        value = ld_i64(u + mid * C_UNIT + field_at)
+        if value < key or (right and value == key):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def search_offset(buf, Py_ssize_t n_units, Py_ssize_t offset):
     cdef Py_buffer view
     cdef const unsigned char* u
-    cdef Py_ssize_t lo = 0, hi = n_units, mid, i
+    cdef Py_ssize_t lo, i
     cdef int64_t base
     cdef int32_t count
     borrow(buf, &view)
     try:
         _check_units(&view, n_units)
         u = <const unsigned char*>view.buf
-        # the last unit with base_offset <= offset (the GIL is kept: ~20 steps cost less than releasing it)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if ld_i64(u + mid * C_UNIT + C_BASE_AT) <= offset:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = _bisect(u, n_units, C_BASE_AT, offset, True)  # one past the last unit with base_offset <= offset
         if lo == 0:
             return -1 if n_units else 0
         i = lo - 1
@@ -89,19 +99,10 @@ def search_offset(buf, Py_ssize_t n_units, Py_ssize_t offset):
 
 def search_timestamp(buf, Py_ssize_t n_units, Py_ssize_t ts):
     cdef Py_buffer view
-    cdef const unsigned char* u
-    cdef Py_ssize_t lo = 0, hi = n_units, mid
     borrow(buf, &view)
     try:
         _check_units(&view, n_units)
-        u = <const unsigned char*>view.buf
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if ld_i64(u + mid * C_UNIT + C_MAX_TS_AT) < ts:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _bisect(<const unsigned char*>view.buf, n_units, C_MAX_TS_AT, ts, False)
     finally:
         PyBuffer_Release(&view)
 
