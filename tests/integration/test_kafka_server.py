@@ -15,6 +15,7 @@ from mqk import errors as E
 from mqk._fast import load
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.kafka.api import ApiKey
+from mqk.protocol.kafka.codec import decode_response_frame, encode_request
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 from mqk.server.kafka.server import KafkaServer
 from mqk.store.manager import StoreManager
@@ -119,7 +120,6 @@ async def test_api_versions_too_high_gets_v0_unsupported_with_list(client):
     client.write_raw(struct.pack(">i", len(raw)) + raw)
     head = await client.reader.readexactly(4)
     frame = await client.reader.readexactly(struct.unpack(">i", head)[0])
-    from mqk.protocol.kafka.codec import decode_response_frame
 
     cid, body = decode_response_frame(ApiKey.API_VERSIONS, 0, frame)
     assert cid == 7 and body["error_code"] == E.UnsupportedVersionError.code
@@ -135,6 +135,34 @@ async def test_oversized_or_negative_frame_closes_only_that_connection(broker, c
         bad.write_raw(prefix + b"\x00" * 16)
         assert await bad.closed_by_peer()
     await assert_healthy(broker)
+
+
+async def test_big_trickled_and_abandoned_frames(broker, client):
+    # a 900 KB request (bigger than a shared read buffer: read into a buffer of its own), one trickled in 7-byte
+    # writes, and a peer that announces 90 MiB and leaves: each request is whole, the broker stays up
+    values = [bytes([i % 251]) * 1000 for i in range(900)]
+    assert (await produce(client, "frames", make_batch(values)))["error_code"] == 0
+    async with await RawKafkaClient.connect(broker.host, broker.port) as slow:
+        raw = b"".join(bytes(p) for p in encode_request(ApiKey.PRODUCE, 9, 1, "slow",
+                                                         produce_body("frames", make_batch([b"trickled"]))))
+        for at in range(0, len(raw), 7):
+            slow.write_raw(raw[at:at + 7])
+            await slow.writer.drain()
+            await asyncio.sleep(0.001)
+        head = await asyncio.wait_for(slow.reader.readexactly(4), 10)
+        cid, answer = decode_response_frame(ApiKey.PRODUCE, 9, await slow.reader.readexactly(
+            struct.unpack(">i", head)[0]))
+        assert cid == 1 and answer["responses"][0]["partition_responses"][0]["error_code"] == 0
+    async with await RawKafkaClient.connect(broker.host, broker.port) as leaving:
+        leaving.write_raw(struct.pack(">i", 90 * 1024 * 1024) + b"\x00" * 1000)
+        await leaving.writer.drain()
+    async with await RawKafkaClient.connect(broker.host, broker.port) as other:
+        got: list[bytes] = []
+        while len(got) < len(values) + 1:
+            part = await fetch(other, "frames", len(got), max_bytes=8 << 20)
+            assert part["error_code"] == 0 and part["records"]
+            got += values_of(part["records"])
+    assert got == values + [b"trickled"]
 
 
 async def test_unknown_api_key_and_garbage_close_the_connection(broker, client):
