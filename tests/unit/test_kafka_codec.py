@@ -181,6 +181,9 @@ def test_produce_records_are_views_into_the_receive_buffer():
     room = read_into(c, produce_frame(records))
     rec = records_of(c.next_request())
     assert isinstance(rec, memoryview) and rec == records and rec.obj is room.obj  # read in place, no copy
+    assert len(c._buf) == 0  # all of it handed out: the codec lets the buffer go (the view keeps it alive)
+    del room
+    assert rec == records
 
 
 def test_a_frame_split_across_reads_is_read_in_place_after_its_prefix():

@@ -17,9 +17,10 @@ Wire rules:
 Receive buffer (`get_buffer` / `buffer_updated`, the shape of asyncio.BufferedProtocol): the transport reads
 straight into the buffer frames are handed out from, as memoryviews, so Produce record bytes are never copied on
 their way to the store. Bytes are only ever written past everything handed out: when the buffer runs out of room,
-the unframed tail moves to a fresh one and the old one lives on as long as views of it do. A frame whose size
-prefix has arrived gets a buffer with room for all of it (up to `AHEAD_MAX`; a bigger frame's buffer doubles as its
-bytes arrive, so a size prefix alone never makes the broker set aside `max_request_bytes`); small frames share
+the unframed tail moves to a fresh one and the old one lives on as long as views of it do (a buffer whose bytes
+are all handed out is let go at once, so an idle connection holds no buffer). A frame whose size prefix has
+arrived gets a buffer with room for all of it (up to `AHEAD_MAX`; a bigger frame's buffer doubles as its bytes
+arrive, so a size prefix alone never makes the broker set aside `max_request_bytes`); small frames share
 `READ_CHUNK`-sized buffers. `receive_data(bytes)` copies into the same buffer, for callers holding bytes.
 """
 from __future__ import annotations
@@ -198,10 +199,16 @@ class KafkaConnectionCodec:
         total = self._frame_total()
         if total < 0 or self._end - self._start < total:
             return None
+        buf = self._buf
         begin = self._start + 4
         self._start += total
         self._frame_size = -1
-        return memoryview(self._buf)[begin:self._start]
+        if self._start == self._end:
+            # everything received is handed out: let go of the buffer (the frames' views keep it alive as long
+            # as they need it), so an idle connection holds none; the next read gets a fresh one
+            self._buf = bytearray()
+            self._start = self._end = 0
+        return memoryview(buf)[begin:begin + total - 4]
 
     def next_request(self) -> Request | None:
         frame = self.next_frame()
