@@ -213,6 +213,19 @@ class StorageAdapter(abc.ABC):
         data is readable and, under sync flush, on disk.
         """
 
+    async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
+                          log_append_time: bool = False) -> list[AppendResult | Exception]:
+        """`append` to several queues of one topic at once (a Produce request's partitions): entries are
+        (queue, batches), each appended as `append` would, in order; the answer holds, per entry, its
+        AppendResult or the exception its append raised. Engines may override it to save the per-call cost."""
+        out: list[AppendResult | Exception] = []
+        for queue, batches in entries:
+            try:
+                out.append(await self.append(topic, queue, batches, log_append_time=log_append_time))
+            except Exception as exc:  # noqa: BLE001 - that entry's answer
+                out.append(exc)
+        return out
+
     @abc.abstractmethod
     async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
         """Whole batches from the one containing `offset`, up to `max_bytes` (but at least one batch when any

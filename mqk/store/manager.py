@@ -314,14 +314,56 @@ class StoreManager:
                 hook(context)
             topic, queue, batches = context.topic, context.queue, context.batches
             tags_code, keys = context.tags_code, context.keys
+        info, engine, topic_log_append_time = self._append_route(topic, queue)
+        return engine.append(topic, queue, batches, tags_code=tags_code, keys=keys,
+                             log_append_time=log_append_time or topic_log_append_time)
+
+    async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
+                          log_append_time: bool = False) -> list[AppendResult | Exception]:
+        """StorageAdapter.append_many through the hooks: each entry is shown to them as its own append; one they
+        refuse gets their exception, one they change (the timer rerouting a delayed batch) is appended as
+        changed, on its own; the rest reach the topic's engine in one call."""
+        out: list[AppendResult | Exception | None] = [None] * len(entries)
+        direct: list[tuple[int, Sequence[Buffer]]] = []
+        positions: list[int] = []
+        hooks = self.hooks
+        for i, (queue, batches) in enumerate(entries):
+            try:
+                if hooks:
+                    batch_list = list(batches)
+                    context = PutContext(topic, queue, batch_list)
+                    for hook in hooks:
+                        hook(context)
+                    if (context.topic != topic or context.queue != queue or context.batches is not batch_list
+                            or context.tags_code or context.keys):
+                        _info, engine, topic_log_append_time = self._append_route(context.topic, context.queue)
+                        out[i] = await engine.append(context.topic, context.queue, context.batches,
+                                                     tags_code=context.tags_code, keys=context.keys,
+                                                     log_append_time=log_append_time or topic_log_append_time)
+                        continue
+                self._append_route(topic, queue)
+            except Exception as exc:  # noqa: BLE001 - that entry's answer
+                out[i] = exc
+                continue
+            direct.append((queue, batches))
+            positions.append(i)
+        if direct:
+            _info, engine, topic_log_append_time = self._append_route(topic, direct[0][0])
+            results = await engine.append_many(topic, direct, log_append_time=log_append_time or topic_log_append_time)
+            for i, result in zip(positions, results):
+                out[i] = result
+        return out  # type: ignore[return-value]
+
+    def _append_route(self, topic: str, queue: int) -> tuple[ShardInfo, StorageAdapter, bool]:
+        """(topic info, its started engine, its LogAppendTime setting), cached per topic incarnation; UnknownShard
+        for an unknown topic or queue."""
         route = self._append_routes.get(topic)
         if route is None or route[0] is not self._topics.get(topic):
             engine, info = self._route(topic, queue)
             route = self._append_routes[topic] = (info, engine, info.config.log_append_time)
         elif not 0 <= queue < route[0].queue_count:
             raise UnknownShard(f"unknown shard {topic!r}/{queue}")
-        return route[1].append(topic, queue, batches, tags_code=tags_code, keys=keys,
-                               log_append_time=log_append_time or route[2])
+        return route
 
     async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
         return await self._route(topic, queue)[0].read(topic, queue, offset, max_bytes)

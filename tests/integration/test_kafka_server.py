@@ -582,16 +582,18 @@ async def test_pipelined_idempotent_batches_and_in_flight_retry(client, broker):
     assert (await produce(client, "pipe", stale))["error_code"] == E.InvalidProducerEpochError.code
 
 
-async def test_storage_failure_is_kafka_storage_error_and_compacted_topic_needs_keys(client, broker, monkeypatch):
+async def test_storage_failure_is_kafka_storage_error_and_compacted_topic_needs_keys(client, broker):
     await seed(client)
 
-    async def failing_append(*args, **kwargs):
+    def refuse(context):  # what the disk guard's put hook does when the disk fills up
         raise E.StorageFull("disk full")
 
-    with monkeypatch.context() as m:
-        m.setattr(broker.store, "append", failing_append)
+    broker.store.hooks.insert(0, refuse)
+    try:
         part = await produce(client, "keep", make_batch([b"lost"]))
         assert part["error_code"] == E.KafkaStorageError.code and "disk full" in part["error_message"]
+    finally:
+        broker.store.hooks.remove(refuse)
     await assert_healthy(broker)
 
     from mqk.config import TopicConfig

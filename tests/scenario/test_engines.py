@@ -89,6 +89,26 @@ async def test_queues_and_topics_are_independent(harness: Harness) -> None:
     assert engine.list_shards() == {T: 3, "other": 1}
 
 
+async def test_append_many_answers_each_entry_as_its_own_append(harness: Harness) -> None:
+    await _topic(harness, queues=3)
+    engine = harness.engine
+    good = twin_batch([b"ok"])
+    results = await engine.append_many(T, [
+        (0, [twin_batch([b"a", b"b"])]),
+        (2, [twin_batch([b"c"]), twin_batch([b"d"])]),
+        (7, [twin_batch([b"nowhere"])]),  # no such queue
+        (0, [bytes(good[:40])]),  # not a batch: refused, nothing of it appended
+        (0, [twin_batch([b"e"])]),  # the same queue again, after the first entry
+    ])
+    assert [(r.base_offset, r.last_offset) for r in (results[0], results[1], results[4])] == [(0, 1), (0, 1), (2, 2)]
+    assert isinstance(results[2], UnknownShard)
+    assert isinstance(results[3], (Corrupt, InvalidRecord))
+    assert [engine.end_offset(T, q) for q in range(3)] == [3, 0, 2]
+    assert [r[2] for r in await _read_all(harness, 0)] == [b"a", b"b", b"e"]
+    assert [r[2] for r in await _read_all(harness, 2)] == [b"c", b"d"]
+    assert await engine.append_many(T, []) == []
+
+
 async def test_kafka_python_built_batches_round_trip(harness: Harness) -> None:
     await _topic(harness)
     engine = harness.engine

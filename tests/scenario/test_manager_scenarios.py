@@ -158,6 +158,33 @@ async def test_hooks_reject_and_reroute(manager: StoreManager) -> None:
     assert seen == ["orders", "orders", "orders"]
 
 
+async def test_append_many_shows_each_entry_to_the_hooks(manager: StoreManager) -> None:
+    await manager.create_topic("orders", 3)
+    await manager.create_topic("delayed", 1, TopicConfig({"storage.type": "memory"}))
+    seen: list[int] = []
+
+    def hook(ctx: PutContext) -> None:
+        seen.append(ctx.queue)
+        if ctx.queue == 1:
+            raise PutRejected("queue 1 is closed")
+        if ctx.queue == 2:
+            ctx.topic, ctx.queue = "delayed", 0
+
+    manager.hooks.append(hook)
+    results = await manager.append_many("orders", [(0, [twin_batch([b"a"])]), (1, [twin_batch([b"no"])]),
+                                                   (2, [twin_batch([b"later"])]), (5, [twin_batch([b"x"])]),
+                                                   (0, [twin_batch([b"b", b"c"])])])
+    assert seen == [0, 1, 2, 5, 0]
+    assert (results[0].base_offset, results[4].base_offset, results[4].last_offset) == (0, 1, 2)
+    assert isinstance(results[1], PutRejected) and isinstance(results[3], UnknownShard)
+    assert results[2].base_offset == 0  # appended where the hook sent it
+    assert await _values(manager, "orders", 0) == [b"a", b"b", b"c"]
+    assert [manager.end_offset("orders", q) for q in (1, 2)] == [0, 0]
+    assert await _values(manager, "delayed") == [b"later"]
+    results = await manager.append_many("nosuch", [(0, [twin_batch([b"x"])])])
+    assert isinstance(results[0], UnknownShard)
+
+
 async def test_topic_log_append_time_config_applies(manager: StoreManager) -> None:
     await manager.create_topic("lat", 1, TopicConfig({"message.timestamp.type": "LogAppendTime"}))
     result = await manager.append("lat", 0, [twin_batch([b"x"], timestamps=[5])])

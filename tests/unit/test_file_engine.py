@@ -215,6 +215,19 @@ async def test_sync_flush_group_commit(tmp_path: Path) -> None:
         await e.close()
 
 
+async def test_sync_append_many_is_durable_on_return_after_one_flush_wait(tmp_path: Path) -> None:
+    e = await open_engine(tmp_path, flush_mode="sync")
+    try:
+        await e.create_shards(T, 2, TopicConfig())
+        before = e.flusher.flush_count
+        results = await e.append_many(T, [(i % 2, [batch(2)]) for i in range(20)])
+        assert [r.base_offset for r in results] == [2 * (i // 2) for i in range(20)]
+        assert e.flusher.flushed >= e.clog.max_offset  # every entry on disk when the call returns
+        assert e.flusher.flush_count - before <= 2  # one wait for all twenty (a flush may have been under way)
+    finally:
+        await e.close()
+
+
 async def test_checkpoint_defers_quiet_queues_and_recovery_replays_them(tmp_path: Path) -> None:
     # one unit in a quiet queue, many in a busy one: the checkpoint flushes only the busy queue and keeps its safe
     # offset at the quiet queue's unflushed unit, so a crash that loses that unit gets it back from the CommitLog

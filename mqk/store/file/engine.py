@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from bisect import bisect_left
 import concurrent.futures
 import logging
 import shutil
@@ -104,10 +103,11 @@ class StoreStats:
         self.latency_buckets = [0] * (len(self.BOUNDS_US) + 1)
         self.max_latency_ns = 0
 
-    def record(self, latency_ns: int) -> None:
-        """Count one put's latency (the engine's append inlines this)."""
-        self.latency_buckets[bisect.bisect_left(_BOUNDS_NS, latency_ns)] += 1
-        self.max_latency_ns = max(self.max_latency_ns, latency_ns)
+    def record(self, latency_ns: int, count: int = 1) -> None:
+        """Count `count` puts that each took `latency_ns`."""
+        self.latency_buckets[bisect.bisect_left(_BOUNDS_NS, latency_ns)] += count
+        if latency_ns > self.max_latency_ns:
+            self.max_latency_ns = latency_ns
 
     @property
     def max_latency_us(self) -> int:
@@ -437,8 +437,40 @@ class FileEngine(StorageAdapter):
 
     async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
                      keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
-        # The hot path: kept flat on purpose (each attribute lookup and call is a measurable share of an append).
         t0 = perf_ns()
+        result, last = self._put(topic, queue, batches, tags_code, keys, log_append_time)
+        if self._sync:
+            await self.flusher.wait_flushed(last)
+        self.stats.record(perf_ns() - t0)
+        return result
+
+    async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
+                          log_append_time: bool = False) -> list[AppendResult | Exception]:
+        """See StorageAdapter.append_many: every entry is written before one sync-flush wait covers them all."""
+        t0 = perf_ns()
+        put = self._put
+        out: list[AppendResult | Exception] = []
+        last = -1
+        for queue, batches in entries:
+            try:
+                result, end = put(topic, queue, batches, 0, (), log_append_time)
+            except Exception as exc:  # noqa: BLE001 - that entry's answer, as its own append would raise it
+                out.append(exc)
+                continue
+            out.append(result)
+            last = end
+        if self._sync and last >= 0:
+            try:
+                await self.flusher.wait_flushed(last)
+            except Exception as exc:  # noqa: BLE001 - nothing written here is known durable
+                out = [exc if result.__class__ is AppendResult else result for result in out]
+        self.stats.record(perf_ns() - t0, len(entries))
+        return out
+
+    def _put(self, topic: str, queue: int, batches: Sequence[Buffer], tags_code: int, keys: Sequence[bytes],
+             log_append_time: bool) -> tuple[AppendResult, int]:
+        """An append up to (not including) the sync-flush wait: (its result, CommitLog offset past it)."""
+        # The hot path: kept flat on purpose (each attribute lookup and call is a measurable share of an append).
         shard = self._shards.get((topic, queue))
         if shard is None:
             raise UnknownShard(f"unknown shard {topic}-{queue}")
@@ -492,17 +524,11 @@ class FileEngine(StorageAdapter):
             self._dirty_cqs.add(cq)
         if self.listeners:
             self._notify(topic, queue, end)
-        if self._sync:
-            await self.flusher.wait_flushed(last)
         st = self.stats
         st.puts += 1
         st.put_batches += nparts
         st.put_bytes += nbytes
-        latency = perf_ns() - t0
-        st.latency_buckets[bisect_left(_BOUNDS_NS, latency)] += 1  # StoreStats.record, inlined
-        if latency > st.max_latency_ns:
-            st.max_latency_ns = latency
-        return _new_tuple(AppendResult, (base, end - 1, store_ts, shard.log_start, first_phys))
+        return _new_tuple(AppendResult, (base, end - 1, store_ts, shard.log_start, first_phys)), last
 
     def _append_general(self, shard: Shard, batches: Sequence[Buffer], store_ts: int, tags_code: int,
                         keys: Sequence[bytes], log_append_time: bool) -> tuple[int, int, int, int, int, int]:

@@ -4,6 +4,8 @@ Per partition, in order: topic (auto-created like Metadata) and partition exist 
 record counts, size against the topic's max.message.bytes; legacy message sets converted) → compacted topics
 need a key on every record → idempotent batches pass the sequence check (a retry of a stored batch is answered
 with its original offset and not appended again) → append (LogAppendTime applied by the store per topic config).
+A topic's partitions without idempotence are appended in one `store.append_many` call (under sync flush: one
+flush wait for all of them), each answered with its own result.
 
 Uncompressed batches cost no per-record Python work: scanning, CRC and the record-length walk are `_fast`
 kernels, and the batches reach the store as memoryviews into the request frame.
@@ -46,8 +48,8 @@ async def handle(server, conn, req) -> dict | None:
                       message="transactions are not supported")
                 for p in topic["partition_data"]]})
     else:
-        # under sync flush each append waits for its fsync: run the partitions of one request together so they
-        # share the group commit instead of queueing one fsync after another
+        # under sync flush an idempotent partition's appends wait for their fsync one by one: such partitions run
+        # concurrently so they share the group commit (the others go to the store together anyway)
         concurrent = server.config.store.flush_mode == FLUSH_SYNC
         store = server.store
         for topic in body["topic_data"]:
@@ -65,31 +67,33 @@ async def handle(server, conn, req) -> dict | None:
             queue_count = info.queue_count
             limits = _limits(server, info.config)
             log_append_time = limits[2]
+            # the common case (no idempotence): the partitions' batches reach the store in one append_many call,
+            # their answers filled in afterwards (a call and a coroutine per partition are a measurable share of
+            # a produce spreading a few records over many partitions)
+            plain: list[tuple[int, list]] = []
+            slots: list[int] = []
             for p in topic["partition_data"]:
                 index = p["index"]
                 if not 0 <= index < queue_count:
                     parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
+                    continue
+                batches = _validate(p["records"], limits, index)
+                if batches.__class__ is dict:
+                    parts.append(batches)  # the error answer
+                elif batches[0].producer_id < 0 or batches[0].base_sequence < 0:
+                    slots.append(len(parts))
+                    parts.append(None)
+                    plain.append((index, [batches[0].data] if len(batches) == 1 else [b.data for b in batches]))
                 elif concurrent:
-                    parts.append(asyncio.ensure_future(produce_partition(server, info, index, p["records"], limits)))
+                    parts.append(asyncio.ensure_future(
+                        _produce_idempotent(server, name, index, batches, log_append_time)))
                 else:
-                    # the common case (async flush, no idempotence) inline: a coroutine per partition is a
-                    # measurable share of a produce spreading one or two records over many partitions
-                    batches = _validate(p["records"], limits, index)
-                    if batches.__class__ is dict:
-                        parts.append(batches)  # the error answer
-                    elif batches[0].producer_id < 0 or batches[0].base_sequence < 0:
-                        try:
-                            result = await store.append(
-                                name, index, [batches[0].data] if len(batches) == 1 else [b.data for b in batches],
-                                log_append_time=log_append_time)
-                        except Exception as exc:  # noqa: BLE001
-                            parts.append(_storage_failure(name, index, exc))
-                        else:
-                            parts.append(_part(index, NONE, result.base_offset,
-                                               result.log_append_time if log_append_time else -1,
-                                               result.log_start_offset))
-                    else:
-                        parts.append(await _produce_idempotent(server, name, index, batches, log_append_time))
+                    if plain:  # appends keep the request's order
+                        await _append_plain(store, name, plain, slots, parts, log_append_time)
+                        plain, slots = [], []
+                    parts.append(await _produce_idempotent(server, name, index, batches, log_append_time))
+            if plain:
+                await _append_plain(store, name, plain, slots, parts, log_append_time)
         if concurrent:
             for topic_response in responses:
                 parts = topic_response["partition_responses"]
@@ -135,25 +139,19 @@ def _validate(records, limits: tuple[int, bool, bool], index: int) -> list | dic
         return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
 
 
-async def produce_partition(server, info, index: int, records, limits: tuple[int, bool, bool] | None = None) -> dict:
-    """One partition's produce, as its own coroutine (what the sync-flush path runs concurrently)."""
-    store = server.store
-    topic = info.topic
-    if limits is None:
-        limits = _limits(server, info.config)
-    log_append_time = limits[2]
-    batches = _validate(records, limits, index)
-    if batches.__class__ is dict:
-        return batches
-    if batches[0].producer_id < 0 or batches[0].base_sequence < 0:
-        # the common path: one append for every batch of the partition
-        try:
-            result = await store.append(topic, index, [b.data for b in batches], log_append_time=log_append_time)
-        except Exception as exc:  # noqa: BLE001
-            return _storage_failure(topic, index, exc)
-        return _part(index, NONE, result.base_offset, result.log_append_time if log_append_time else -1,
-                     result.log_start_offset)
-    return await _produce_idempotent(server, topic, index, batches, log_append_time)
+async def _append_plain(store, topic: str, entries: list[tuple[int, list]], slots: list[int], parts: list,
+                        log_append_time: bool) -> None:
+    """Append the entries (partition, batches) in one call and put each partition's answer at its slot."""
+    try:
+        results = await store.append_many(topic, entries, log_append_time=log_append_time)
+    except Exception as exc:  # noqa: BLE001 - the store answers per entry; anything else fails them all
+        results = [exc] * len(entries)
+    for slot, (index, _batches), result in zip(slots, entries, results):
+        if isinstance(result, Exception):
+            parts[slot] = _storage_failure(topic, index, result)
+        else:
+            parts[slot] = _part(index, NONE, result.base_offset, result.log_append_time if log_append_time else -1,
+                                result.log_start_offset)
 
 
 async def _produce_idempotent(server, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
