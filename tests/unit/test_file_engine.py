@@ -260,6 +260,29 @@ async def test_checkpoint_defers_quiet_queues_and_recovery_replays_them(tmp_path
         await e.close()
 
 
+async def test_a_failed_checkpoint_flush_leaves_its_queues_dirty(tmp_path: Path, monkeypatch) -> None:
+    e = await open_engine(tmp_path, checkpoint_interval_ms=3_600_000, cq_flush_max_delay_ms=0)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        first = await e.append(T, 0, [batch(1)])
+        cq = e._shard(T, 0).cq
+        safe_before = e.checkpoint.safe_offset
+
+        def broken_flush(self) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(type(cq), "flush", broken_flush)
+        with pytest.raises(OSError):
+            await e.checkpoint_now()
+        assert e.checkpoint.safe_offset == safe_before  # nothing claimed
+        assert cq in e._dirty_cqs and cq.dirty_since_phys == first.physical_offset
+        monkeypatch.undo()
+        await e.checkpoint_now()
+        assert cq.mfq.dirty_bytes() == 0 and e.checkpoint.safe_offset == e.clog.max_offset
+    finally:
+        await e.close()
+
+
 async def test_checkpoint_flushes_a_quiet_queue_once_its_unit_is_old_enough(tmp_path: Path) -> None:
     e = await open_engine(tmp_path, checkpoint_interval_ms=3_600_000, cq_flush_max_delay_ms=0)
     try:

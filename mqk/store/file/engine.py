@@ -845,10 +845,20 @@ class FileEngine(StorageAdapter):
                     waiting.add(cq)
                     if cq.dirty_since_phys < safe:
                         safe = cq.dirty_since_phys
+        marks = [(cq, cq.dirty_since_phys, cq.dirty_since_ms) for cq in due]
         for cq in due:
             cq.dirty_since_phys = -1  # a unit written from here on marks the queue dirty again
         self._dirty_cqs = waiting
-        await asyncio.get_running_loop().run_in_executor(self._io, self._flush_and_store, safe, due)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._io, self._flush_and_store, safe, due)
+        except BaseException:
+            # not known flushed: the queues stay dirty since their oldest unflushed unit, for the next checkpoint
+            for cq, since_phys, since_ms in marks:
+                if since_phys >= 0 and (cq.dirty_since_phys < 0 or since_phys < cq.dirty_since_phys):
+                    cq.dirty_since_phys, cq.dirty_since_ms = since_phys, since_ms
+                if cq.dirty_since_phys >= 0:
+                    self._dirty_cqs.add(cq)
+            raise
         snap = self.index.snapshot(self.clog.min_offset)  # on the loop, where the index is written
         await asyncio.get_running_loop().run_in_executor(self._io, self.index.store_checkpoint, snap)
 
