@@ -324,31 +324,36 @@ class StoreManager:
         refuse gets their exception, one they change (the timer rerouting a delayed batch) is appended as
         changed, on its own; the rest reach the topic's engine in one call."""
         out: list[AppendResult | Exception | None] = [None] * len(entries)
+        try:
+            info, engine, topic_log_append_time = self._append_route(topic, 0)
+        except UnknownShard as exc:
+            return [exc] * len(entries)
+        queue_count = info.queue_count
         direct: list[tuple[int, Sequence[Buffer]]] = []
         positions: list[int] = []
         hooks = self.hooks
         for i, (queue, batches) in enumerate(entries):
             try:
                 if hooks:
-                    batch_list = list(batches)
+                    batch_list = batches if batches.__class__ is list else list(batches)
                     context = PutContext(topic, queue, batch_list)
                     for hook in hooks:
                         hook(context)
                     if (context.topic != topic or context.queue != queue or context.batches is not batch_list
                             or context.tags_code or context.keys):
-                        _info, engine, topic_log_append_time = self._append_route(context.topic, context.queue)
-                        out[i] = await engine.append(context.topic, context.queue, context.batches,
-                                                     tags_code=context.tags_code, keys=context.keys,
-                                                     log_append_time=log_append_time or topic_log_append_time)
+                        _info, other, other_log_append_time = self._append_route(context.topic, context.queue)
+                        out[i] = await other.append(context.topic, context.queue, context.batches,
+                                                    tags_code=context.tags_code, keys=context.keys,
+                                                    log_append_time=log_append_time or other_log_append_time)
                         continue
-                self._append_route(topic, queue)
+                if not 0 <= queue < queue_count:
+                    raise UnknownShard(f"unknown shard {topic!r}/{queue}")
             except Exception as exc:  # noqa: BLE001 - that entry's answer
                 out[i] = exc
                 continue
             direct.append((queue, batches))
             positions.append(i)
         if direct:
-            _info, engine, topic_log_append_time = self._append_route(topic, direct[0][0])
             results = await engine.append_many(topic, direct, log_append_time=log_append_time or topic_log_append_time)
             for i, result in zip(positions, results):
                 out[i] = result
