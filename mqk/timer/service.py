@@ -114,13 +114,13 @@ class TimerService:
             now = now_ms()
             due = due_time(ctx.properties, now)
         else:
-            # the clock is read only for a batch that may carry a delay header (almost none do)
-            if not any(map(batch_may_be_delayed, ctx.batches)):
-                return
-            candidates = [batch for batch in ctx.batches if batch_may_be_delayed(batch)]
-            now = now_ms()
+            now = -1
             due = None
-            for batch in candidates:
+            for batch in ctx.batches:
+                if not batch_may_be_delayed(batch):
+                    continue
+                if now < 0:  # the clock is read only for a batch that may carry a delay header (almost none do)
+                    now = now_ms()
                 at = decoded_batch_due_time(batch, now)
                 if at is not None and (due is None or at > due):
                     due = at
