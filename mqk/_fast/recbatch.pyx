@@ -120,7 +120,7 @@ cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc
         if verify_crc and crc32c_of(_crc32c, h + C_CRC_START, size - C_CRC_START) != ld_u32(h + 17):
             raise Corrupt("record batch CRC mismatch", pos)
         if walk_records and not ld_i16(h + 21) & 0x07:
-            _count_records(base, n, pos, size)
+            _check_section(base, pos + C_HEADER, pos + size, record_count, pos)
         out.append((pos, size, ld_i32(h + 23), ld_i64(h + 35), record_count, ld_i16(h + 21), ld_i64(h + 43),
                     ld_i16(h + 51), ld_i32(h + 53), ld_i64(h + 27)))
         pos += size
@@ -221,12 +221,24 @@ cdef bint _has_header(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_s
         else:
             any_long = True
     cdef int32_t expected = _uncompressed_batch(b, n, pos, size, "has_header")
-    cdef Py_ssize_t end = pos + size
-    cdef Py_ssize_t p = pos + C_HEADER, q, start, record_end
+    cdef bint found = False
+    cdef Py_ssize_t count = _walk_section(b, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, &found)
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
+    return found
+
+
+cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, tuple wanted,
+                              uint64_t short_lengths, bint any_long, bint* found) except -1:
+    """Parse every record of the records section [p, end) field by field, as Kafka's DefaultRecord.readFrom
+    does: length, attributes, timestamp delta, offset delta, key, value, header count, each header's key (never
+    null) and value; Corrupt (positions absolute in b) unless every length fits and each record's fields fill
+    exactly its declared length. Contents are skipped by their lengths, never read, except that a header key of
+    a wanted length is compared with `wanted` (empty: none): found[0] is set on a match. Returns the count."""
+    cdef Py_ssize_t q, start, record_end
     cdef int32_t length, offset_delta, n_headers, klen, j
     cdef int64_t timestamp_delta
     cdef Py_ssize_t count = 0
-    cdef bint found = False
     while p < end:
         start = p
         q = _varint(b, p, end, &length)
@@ -247,15 +259,33 @@ cdef bint _has_header(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_s
             q = _varint(b, p, record_end, &klen)
             if klen < 0 or klen > record_end - q:
                 raise Corrupt(f"bad header key length {klen}", p)
-            if not found and _is_wanted(b + q, klen, wanted, short_lengths, any_long):
-                found = True
+            if not found[0] and _is_wanted(b + q, klen, wanted, short_lengths, any_long):
+                found[0] = True
             p = _skip_bytes_or_none(b, q + klen, record_end, "header value")
         if p != record_end:
             raise Corrupt("record length does not match its fields", start)
         count += 1
+    return count
+
+
+cdef int _check_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, Py_ssize_t expected,
+                        Py_ssize_t at) except -1:
+    """_walk_section of [p, end) with no names, then Corrupt at `at` unless it holds `expected` records."""
+    cdef bint found = False
+    cdef Py_ssize_t count = _walk_section(b, p, end, (), 0, False, &found)
     if count != expected:
-        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
-    return found
+        raise Corrupt(f"batch holds {count} records, header says {expected}", at)
+    return 0
+
+
+def check_records(data, Py_ssize_t expected):
+    cdef Py_buffer view
+    borrow(data, &view)
+    try:
+        _check_section(<const unsigned char*>view.buf, 0, view.len, expected, 0)
+        return expected
+    finally:
+        PyBuffer_Release(&view)
 
 
 cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, Py_ssize_t end, str what):

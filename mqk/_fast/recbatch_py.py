@@ -1,9 +1,10 @@
 """Kafka record batch v2 kernels, pure Python: the twin of `recbatch.pyx`, same API, byte-identical results.
 
 Owns the byte layout of a record batch (magic 2) and of the records inside it: header parse, scanning a buffer of
-concatenated batches with CRC32C checks, counting and decoding records, encoding records and whole batches, and the
-two in-place edits the broker makes (base offset, log-append time), and finding a header by name without
-decoding (`has_header`, the timer's test for delay headers). It does no I/O and knows nothing of topics.
+concatenated batches with CRC32C checks, counting, checking (`check_records`: every field of every record, as a
+broker validates a produced batch) and decoding records, encoding records and whole batches, and the two in-place
+edits the broker makes (base offset, log-append time), and finding a header by name without decoding
+(`has_header`, the timer's test for delay headers). It does no I/O and knows nothing of topics.
 
 Layout (big-endian):
   0 base_offset i64 | 8 batch_length i32 | 12 partition_leader_epoch i32 | 16 magic i8 | 17 crc u32 (CRC32C of
@@ -161,8 +162,9 @@ def scan_batches(buf, verify_crc=True, walk_records=False) -> list[tuple]:
     """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
     base_sequence, base_timestamp). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
-    or (with verify_crc) a CRC mismatch. With walk_records, each uncompressed batch's records are also walked as
-    `count_records` does (same errors), right after its CRC: a produce request's whole check in one call."""
+    or (with verify_crc) a CRC mismatch. With walk_records, each uncompressed batch's records are also parsed
+    field by field right after its CRC, as `check_records` does (a broker's whole check of a produced batch in
+    one call, what Kafka's LogValidator does by iterating the records)."""
     mv = _view(buf)
     n = mv.nbytes
     out = []
@@ -185,7 +187,7 @@ def scan_batches(buf, verify_crc=True, walk_records=False) -> list[tuple]:
         if verify_crc and crc32c(mv[pos + CRC_START:pos + size]) != crc:
             raise Corrupt("record batch CRC mismatch", pos)
         if walk_records and not attributes & ATTR_COMPRESSION_MASK:
-            count_records(mv, pos, size)
+            _check_section(mv, pos + HEADER_SIZE, pos + size, record_count, pos)
         out.append((pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id,
                     producer_epoch, base_sequence, base_timestamp))
         pos += size
@@ -254,11 +256,36 @@ def has_header(buf, pos, size, names) -> bool:
     mv = _view(buf)
     names = _names(names)
     expected = _uncompressed_batch(mv, pos, size, "has_header")
+    count, found = _walk_section(mv, pos + HEADER_SIZE, pos + size, names)
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
+    return found
+
+
+def check_records(data, expected) -> int:
+    """Parse the records section `data` (a batch's records after its 61-byte header, decompressed if it was
+    compressed) field by field, as Kafka's DefaultRecord.readFrom does, and return `expected`. Corrupt (with the
+    position in `data`) on any bad length or varint, a null header key, a record whose fields do not fill its
+    declared length exactly, or a record count other than `expected`."""
+    expected = _ssize(expected)
+    mv = _view(data)
+    _check_section(mv, 0, mv.nbytes, expected, 0)
+    return expected
+
+
+def _check_section(mv, p: int, end: int, expected: int, at: int) -> None:
+    count, _ = _walk_section(mv, p, end, ())
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", at)
+
+
+def _walk_section(mv, p: int, end: int, names: tuple) -> tuple[int, bool]:
+    """(record count, whether a header key equals one of `names`) of the records section [p, end) of `mv`,
+    parsed field by field; Corrupt (positions absolute in `mv`) unless every length fits and each record's fields
+    fill exactly its declared length."""
     # only keys of a wanted length are compared, as the compiled kernel does
     lengths = {len(name) for name in names}
     found = False
-    end = pos + size
-    p = pos + HEADER_SIZE
     count = 0
     while p < end:
         start = p
@@ -285,9 +312,7 @@ def has_header(buf, pos, size, names) -> bool:
         if p != record_end:
             raise Corrupt("record length does not match its fields", start)
         count += 1
-    if count != expected:
-        raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
-    return found
+    return count, found
 
 
 # --- records -------------------------------------------------------------------------------------------

@@ -221,6 +221,12 @@ async def test_corrupt_crc_is_refused_and_stored_data_untouched(client, broker):
     assert part["error_code"] == E.CorruptMessageError.code
     truncated = make_batch([b"y"])[:-3]
     assert (await produce(client, "keep", truncated))["error_code"] == E.CorruptMessageError.code
+    # a right CRC over records that do not parse (a header with a null key): refused as Kafka refuses it
+    body = b"\x00\x02\x02\x02k\x02v\x02\x01"
+    good = recbatch.encode_record(0, 0, b"k", b"v", [])
+    unparsable = recbatch.build_batch(0, 0, 0, good + bytes([2 * len(body)]) + body, 2, 1, 0)
+    part = await produce(client, "keep", unparsable)
+    assert part["error_code"] == E.CorruptMessageError.code and "header key length" in part["error_message"]
     await assert_healthy(broker)
 
 

@@ -217,6 +217,8 @@ def test_recbatch_outcomes_agree_on_damaged_input(buf, pos, size, count, verify)
     same_outcome(RB, lambda m: outcome(m.count_records, data, 0, len(data)))
     same_outcome(RB, lambda m: outcome(m.decode_records, data[61:], count))
     same_outcome(RB, lambda m: outcome(m.decode_records, data, count))
+    same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count))
+    same_outcome(RB, lambda m: outcome(m.check_records, data, count))
     for edit in ("set_base_offset", "set_log_append_time"):
         def call(m, edit=edit):
             copy = bytearray(data)
@@ -231,6 +233,14 @@ def test_decode_records_agree_on_varint_noise(noise, count):
     data = bytes(b | 0x80 if i % 3 else b for i, b in enumerate(noise))
     same_outcome(RB, lambda m: outcome(m.decode_records, data, count))
     same_outcome(RB, lambda m: outcome(m.decode_records, noise, count))
+    checked = same_outcome(RB, lambda m: outcome(m.check_records, data, count))
+    # check_records accepts exactly what decode_records accepts, except that it does not check keys for UTF-8
+    decoded = same_outcome(RB, lambda m: outcome(m.decode_records, data, count))
+    assert checked[0] == "ok" or decoded[0] != "ok"
+    if decoded[0] == "ok":
+        assert checked == ("ok", count)
+    elif checked[0] == "ok":
+        assert "UTF-8" in decoded[1]
 
 
 @SETTINGS
@@ -241,6 +251,7 @@ def test_recbatch_integer_arguments_agree(ints, records):
     same_outcome(RB, lambda m: outcome(m.decode_records, records, ints[0]))
     same_outcome(RB, lambda m: outcome(m.parse_header, bytes(100), ints[0]))
     same_outcome(RB, lambda m: outcome(m.count_records, bytes(100), ints[0], ints[1]))
+    same_outcome(RB, lambda m: outcome(m.check_records, records, ints[0]))
 
 
 @pytest.mark.parametrize("bad", [None, "text", 3, b"bytes-header-key", ("k",)])
@@ -248,6 +259,8 @@ def test_recbatch_bad_argument_types_agree(bad):
     same_outcome(RB, lambda m: outcome(m.encode_record, 0, 0, bad, None, []))
     same_outcome(RB, lambda m: outcome(m.encode_record, 0, 0, None, None, [(bad, b"")]))
     same_outcome(RB, lambda m: outcome(m.scan_batches, bad))
+    same_outcome(RB, lambda m: outcome(m.check_records, bad, 0))
+    same_outcome(RB, lambda m: outcome(m.check_records, b"", bad))
     same_outcome(RB, lambda m: outcome(m.build_batch, 0, 0, 0, bad, 0, 0))
     same_outcome(RB, lambda m: outcome(m.set_base_offset, bytes(100), 0, 1))  # read-only buffer
     same_outcome(RB, lambda m: outcome(m.parse_header, bytes(100), 1.5))

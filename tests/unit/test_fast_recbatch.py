@@ -179,6 +179,55 @@ def test_scan_batches_walk_records_checks_each_uncompressed_batch(rb):
     assert rb.scan_batches(good + good, True, True) == rb.scan_batches(good + good)
 
 
+# Records whose lengths all add up but whose fields do not: what a length walk accepts and Kafka's LogValidator
+# (DefaultRecord.readFrom) refuses. Each body follows a record length varint; CRCs are computed by build_batch.
+MALFORMED_RECORD_BODIES = {
+    "negative header count": b"\x00\x00\x00\x02k\x02v\x01",  # header count -1
+    "header key length": b"\x00\x00\x00\x02k\x02v\x02\x01",  # one header, key length -1 (null key)
+    "record length does not match": b"\x00\x00\x00\x02k\x02v\x00\x00",  # a spare byte after the headers
+    "bad value length": b"\x00\x00\x00\x02k\x03v\x00",  # value length -2
+    "varlong longer": b"\x00" + b"\xff" * 10 + b"\x00\x00\x00",  # an 11-byte timestamp delta
+}
+
+
+def malformed_batch(rb, body: bytes) -> bytes:
+    good = rb.encode_record(0, 0, b"k", b"v", [])
+    records = good + bytes([2 * len(body)]) + body
+    return bytes(rb.build_batch(0, 0, 0, records, 2, 1, 0))
+
+
+@pytest.mark.parametrize("what", sorted(MALFORMED_RECORD_BODIES))
+def test_produce_check_parses_every_record_field(rb, what):
+    bad = malformed_batch(rb, MALFORMED_RECORD_BODIES[what])
+    good = kafka_python_batch(SAMPLE)
+    assert len(rb.scan_batches(good + bad, True, False)) == 2  # framing, CRC and the record lengths are fine
+    with pytest.raises(Corrupt, match=what) as err:
+        rb.scan_batches(good + bad, True, True)
+    assert err.value.position >= len(good)  # inside the second batch
+    with pytest.raises(Corrupt, match=what):
+        rb.check_records(bad[61:], 2)
+    with pytest.raises(Corrupt):
+        rb.decode_records(bad[61:], 2)  # what a consumer decoding the batch would hit
+
+
+def test_check_records_counts_and_positions(rb):
+    data = kafka_python_batch(SAMPLE)
+    section = data[61:]
+    assert rb.check_records(section, 3) == 3
+    assert rb.check_records(b"", 0) == 0
+    with pytest.raises(Corrupt, match="header says 4") as err:
+        rb.check_records(section, 4)
+    assert err.value.position == 0
+    with pytest.raises(Corrupt, match="bad record length"):
+        rb.check_records(section[:-1], 3)  # the last record is cut
+    with pytest.raises(Corrupt):
+        rb.check_records(section + b"\x00", 3)  # a trailing byte is no record
+    # a section handed over inside a larger buffer is read through any buffer shape
+    assert rb.check_records(memoryview(bytearray(section)), 3) == 3
+    with pytest.raises(TypeError):
+        rb.check_records(section, "3")
+
+
 def test_count_records_mismatch_and_bounds(rb):
     data = bytearray(kafka_python_batch(SAMPLE))
     struct.pack_into(">i", data, 57, 4)

@@ -110,6 +110,22 @@ def test_record_count_mismatch_uncompressed_and_compressed():
             R.validate_produce_records(build(4, codec, count_override=6), 1 << 20)
 
 
+@pytest.mark.parametrize("codec", [R.NONE, R.GZIP, R.SNAPPY, R.LZ4, R.ZSTD])
+def test_malformed_records_under_a_valid_crc_are_corrupt(codec):
+    """A client bug Kafka's LogValidator catches: every length adds up and the CRC matches, but a record's fields
+    do not parse (here a header with a null key, which a consumer's decoder refuses)."""
+    good = recbatch.encode_record(0, 0, b"k", b"v", [("h", b"x")])
+    body = b"\x00\x02\x02\x02k\x02v\x02\x01"  # attributes, deltas, key, value, 1 header whose key length is -1
+    recs = good + bytes([2 * len(body)]) + body
+    attrs = codec
+    if codec != R.NONE:
+        recs = R.compress(codec, recs)
+    data = bytes(recbatch.build_batch(0, 1000, 1001, recs, 2, 1, attrs))
+    with pytest.raises(Corrupt, match="header key length") as e:
+        R.validate_produce_records(data, 1 << 20)
+    assert kafka_code_for(e.value) == 2  # CORRUPT_MESSAGE
+
+
 def test_compressed_bomb_in_a_batch_is_refused():
     recs = R.compress(R.ZSTD, b"\x00" * (4 << 20))
     data = bytes(recbatch.build_batch(0, 0, 0, recs, 1, 0, R.ZSTD))

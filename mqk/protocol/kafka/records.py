@@ -12,11 +12,13 @@ Decompression is bounded: output beyond `max_size` raises `MessageTooLarge` with
 `max_size + 1` bytes, so a compression bomb cannot exhaust memory. Broken compressed data raises `Corrupt`.
 
 Validation (`validate_produce_records`): every batch's CRC32C and framing, its size against the topic's
-max.message.bytes (`MessageTooLarge`), and its record count: for uncompressed batches the records must fill the
-batch exactly with the header's count (all three in one recbatch.scan_batches call, walking like
-recbatch.count_records); for compressed batches the records section is decompressed (bounded) and walked the
-same way. Valid batches are returned as memoryviews
-into the request frame: the bytes the store keeps, unchanged.
+max.message.bytes (`MessageTooLarge`), and its records, parsed field by field as Kafka's LogValidator does by
+iterating them (recbatch.check_records): every length and varint in range, no null header key, each record's
+fields filling exactly its declared length, and the header's record count. For uncompressed batches all of it is
+one recbatch.scan_batches call; for compressed ones the records section is decompressed (bounded) and then
+checked. A batch whose CRC is right but whose records are malformed (a client bug) is refused with
+CORRUPT_MESSAGE, so it never reaches a consumer. Valid batches are returned as memoryviews into the request
+frame: the bytes the store keeps, unchanged.
 
 Legacy message sets (magic 0 and 1, from clients older than Kafka 0.11): CONVERTED to one v2 batch, never
 refused. Each legacy message (including the inner messages of compressed wrappers) becomes a v2 record with the
@@ -207,33 +209,6 @@ def compress(codec_id: int, data) -> bytes:
 # --- validation ----------------------------------------------------------------------------------------
 
 
-def _count_records(data, expected: int) -> None:
-    """Walk a (decompressed) records section: each record is a zigzag varint length then that many bytes.
-    Corrupt unless the records fill `data` exactly and number `expected`."""
-    view = memoryview(data)
-    pos, end, n = 0, len(view), 0
-    while pos < end:
-        raw = shift = 0
-        while True:
-            if pos >= end or shift > 28:
-                raise Corrupt("record length varint truncated", pos)
-            byte = view[pos]
-            pos += 1
-            raw |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-        length = (raw >> 1) ^ -(raw & 1)
-        if length < 0 or pos + length > end:
-            raise Corrupt("record length outside the batch", pos)
-        pos += length
-        n += 1
-        if n > expected:
-            break
-    if n != expected:
-        raise Corrupt(f"batch declares {expected} records but holds {n}")
-
-
 def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
                              verify_crc: bool = True) -> list[BatchInfo]:
     """Check the record bytes of one partition of a Produce request; see the module docstring.
@@ -256,7 +231,7 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
         codec = attributes & COMPRESSION_MASK
         if codec != NONE:
             inner = decompress(codec, view[pos + _RECORDS_POS:pos + size], max_decompressed_bytes)
-            _count_records(inner, count)
+            recbatch.check_records(inner, count)
         # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
         data = view if size == whole else view[pos:pos + size]
         # tuple.__new__ straight away: the NamedTuple's generated __new__ is a Python call per batch
