@@ -130,7 +130,7 @@ def main() -> None:
         report(f"produce check {label}", "buffers", results, len(buf))
 
     # The timer's put-hook asks every produced batch whether any record carries a delay header.
-    from mqk.timer.delay import _DELAY_HEADER_KEYS, _MARKERS
+    from mqk.timer.delay import DELAY_HEADER_KEYS, _MARKERS
 
     rng = random.Random(3)
     for label, headers in (("no headers", []), ("1 non-delay header/record", [("trace-id", b"0123456789abcdef")])):
@@ -143,8 +143,8 @@ def main() -> None:
             size += len(rec)
             n += 1
         batch = bytes(rb["twin"].build_batch(0, 0, 0, b"".join(records), n, n - 1))
-        assert all(m.has_header(batch, 0, len(batch), _DELAY_HEADER_KEYS) is False for m in rb.values())
-        results = {k: timed(lambda m=m, batch=batch: m.has_header(batch, 0, len(batch), _DELAY_HEADER_KEYS), secs)
+        assert all(m.has_header(batch, 0, len(batch), DELAY_HEADER_KEYS) is False for m in rb.values())
+        results = {k: timed(lambda m=m, batch=batch: m.has_header(batch, 0, len(batch), DELAY_HEADER_KEYS), secs)
                    for k, m in rb.items()}
         report(f"has_header 1 MB batch, {n} x 100 B, {label}", "batches", results, len(batch))
         for k, (calls, seconds) in results.items():

@@ -86,20 +86,27 @@ def parse_header(buf, Py_ssize_t pos=0):
         PyBuffer_Release(&view)
 
 
-def scan_batches(buf, bint verify_crc=True, bint walk_records=False):
+def scan_batches(buf, bint verify_crc=True, bint walk_records=False, names=()):
+    cdef uint64_t short_lengths = 0
+    cdef bint any_long = False
+    cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
     cdef Py_buffer view
     borrow(buf, &view)
     try:
-        return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc, walk_records)
+        return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc, walk_records, wanted,
+                             short_lengths, any_long)
     finally:
         PyBuffer_Release(&view)
 
 
-cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc, bint walk_records):
-    cdef Py_ssize_t pos = 0, size
+cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc, bint walk_records, tuple wanted,
+                        uint64_t short_lengths, bint any_long):
+    cdef Py_ssize_t pos = 0, size, count
     cdef const unsigned char* h
     cdef int32_t batch_length, record_count
     cdef int8_t magic
+    cdef bint found
+    cdef object named
     cdef list out = []
     while pos < n:
         if n - pos < C_HEADER:
@@ -119,10 +126,15 @@ cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc
             raise Corrupt(f"negative record count {record_count}", pos)
         if verify_crc and crc32c_of(_crc32c, h + C_CRC_START, size - C_CRC_START) != ld_u32(h + 17):
             raise Corrupt("record batch CRC mismatch", pos)
+        named = None
         if walk_records and not ld_i16(h + 21) & 0x07:
-            _check_section(base, pos + C_HEADER, pos + size, record_count, pos)
+            found = False
+            count = _walk_section(base, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, &found)
+            if count != record_count:
+                raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
+            named = found
         out.append((pos, size, ld_i32(h + 23), ld_i64(h + 35), record_count, ld_i16(h + 21), ld_i64(h + 43),
-                    ld_i16(h + 51), ld_i32(h + 53), ld_i64(h + 27)))
+                    ld_i16(h + 51), ld_i32(h + 53), ld_i64(h + 27), named))
         pos += size
     return out
 
@@ -205,21 +217,26 @@ def has_header(buf, Py_ssize_t pos, Py_ssize_t size, names):
         PyBuffer_Release(&view)
 
 
-cdef bint _has_header(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size, names) except -1:
+cdef tuple _wanted_names(names, uint64_t* short_lengths, bint* any_long):
+    """`names` checked to be a tuple of bytes, with the bitmask of its lengths below 64 (for _is_wanted)."""
     if type(names) is not tuple:
         raise TypeError("names must be a tuple of bytes")
-    cdef tuple wanted = <tuple>names
-    cdef uint64_t short_lengths = 0
-    cdef bint any_long = False
     cdef Py_ssize_t name_len
-    for name in wanted:
+    for name in <tuple>names:
         if type(name) is not bytes:
             raise TypeError("names must be a tuple of bytes")
         name_len = PyBytes_GET_SIZE(name)
         if name_len < 64:
-            short_lengths |= (<uint64_t>1) << name_len
+            short_lengths[0] |= (<uint64_t>1) << name_len
         else:
-            any_long = True
+            any_long[0] = True
+    return <tuple>names
+
+
+cdef bint _has_header(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size, names) except -1:
+    cdef uint64_t short_lengths = 0
+    cdef bint any_long = False
+    cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
     cdef int32_t expected = _uncompressed_batch(b, n, pos, size, "has_header")
     cdef bint found = False
     cdef Py_ssize_t count = _walk_section(b, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, &found)
@@ -268,24 +285,21 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
     return count
 
 
-cdef int _check_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, Py_ssize_t expected,
-                        Py_ssize_t at) except -1:
-    """_walk_section of [p, end) with no names, then Corrupt at `at` unless it holds `expected` records."""
+def check_records(data, Py_ssize_t expected, names=()):
+    cdef uint64_t short_lengths = 0
+    cdef bint any_long = False
+    cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
     cdef bint found = False
-    cdef Py_ssize_t count = _walk_section(b, p, end, (), 0, False, &found)
-    if count != expected:
-        raise Corrupt(f"batch holds {count} records, header says {expected}", at)
-    return 0
-
-
-def check_records(data, Py_ssize_t expected):
+    cdef Py_ssize_t count
     cdef Py_buffer view
     borrow(data, &view)
     try:
-        _check_section(<const unsigned char*>view.buf, 0, view.len, expected, 0)
-        return expected
+        count = _walk_section(<const unsigned char*>view.buf, 0, view.len, wanted, short_lengths, any_long, &found)
     finally:
         PyBuffer_Release(&view)
+    if count != expected:
+        raise Corrupt(f"batch holds {count} records, header says {expected}", 0)
+    return found
 
 
 cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, Py_ssize_t end, str what):

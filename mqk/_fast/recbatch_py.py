@@ -158,13 +158,16 @@ def parse_header(buf, pos=0) -> tuple:
     return fields
 
 
-def scan_batches(buf, verify_crc=True, walk_records=False) -> list[tuple]:
+def scan_batches(buf, verify_crc=True, walk_records=False, names=()) -> list[tuple]:
     """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
-    base_sequence, base_timestamp). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
+    base_sequence, base_timestamp, named). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
     or (with verify_crc) a CRC mismatch. With walk_records, each uncompressed batch's records are also parsed
     field by field right after its CRC, as `check_records` does (a broker's whole check of a produced batch in
-    one call, what Kafka's LogValidator does by iterating the records)."""
+    one call, what Kafka's LogValidator does by iterating the records), and `named` says whether some record has
+    a header whose key is one of `names` (a tuple of bytes); for a batch not walked (compressed, or walk_records
+    off) `named` is None."""
+    names = _names(names)
     mv = _view(buf)
     n = mv.nbytes
     out = []
@@ -186,10 +189,13 @@ def scan_batches(buf, verify_crc=True, walk_records=False) -> list[tuple]:
             raise Corrupt(f"negative record count {record_count}", pos)
         if verify_crc and crc32c(mv[pos + CRC_START:pos + size]) != crc:
             raise Corrupt("record batch CRC mismatch", pos)
+        named = None
         if walk_records and not attributes & ATTR_COMPRESSION_MASK:
-            _check_section(mv, pos + HEADER_SIZE, pos + size, record_count, pos)
+            count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names)
+            if count != record_count:
+                raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
         out.append((pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id,
-                    producer_epoch, base_sequence, base_timestamp))
+                    producer_epoch, base_sequence, base_timestamp, named))
         pos += size
     return out
 
@@ -262,21 +268,19 @@ def has_header(buf, pos, size, names) -> bool:
     return found
 
 
-def check_records(data, expected) -> int:
+def check_records(data, expected, names=()) -> bool:
     """Parse the records section `data` (a batch's records after its 61-byte header, decompressed if it was
-    compressed) field by field, as Kafka's DefaultRecord.readFrom does, and return `expected`. Corrupt (with the
-    position in `data`) on any bad length or varint, a null header key, a record whose fields do not fill its
-    declared length exactly, or a record count other than `expected`."""
+    compressed) field by field, as Kafka's DefaultRecord.readFrom does; return whether some record has a header
+    whose key is one of `names` (a tuple of bytes). Corrupt (with the position in `data`) on any bad length or
+    varint, a null header key, a record whose fields do not fill its declared length exactly, or a record count
+    other than `expected`."""
     expected = _ssize(expected)
+    names = _names(names)
     mv = _view(data)
-    _check_section(mv, 0, mv.nbytes, expected, 0)
-    return expected
-
-
-def _check_section(mv, p: int, end: int, expected: int, at: int) -> None:
-    count, _ = _walk_section(mv, p, end, ())
+    count, found = _walk_section(mv, 0, mv.nbytes, names)
     if count != expected:
-        raise Corrupt(f"batch holds {count} records, header says {expected}", at)
+        raise Corrupt(f"batch holds {count} records, header says {expected}", 0)
+    return found
 
 
 def _walk_section(mv, p: int, end: int, names: tuple) -> tuple[int, bool]:

@@ -116,7 +116,11 @@ DataListener = Callable[[str, int, int], None]
 @dataclass(slots=True)  # one per append: slots make it cheaper to build and to read
 class PutContext:
     """What a put-message hook sees and may change before an append: the hook may rewrite `topic`/`queue`
-    (the timer reroutes delayed messages this way) or raise `PutRejected`."""
+    (the timer reroutes delayed messages this way) or raise `PutRejected`.
+
+    `delay_headers` is what the protocol layer's own record check found out: False when no record of the batches
+    carries one of the timer's delay headers (mqk.timer.delay.DELAY_HEADER_KEYS), True when one does, None when
+    nobody looked (the timer then looks itself)."""
 
     topic: str
     queue: int
@@ -124,6 +128,7 @@ class PutContext:
     tags_code: int = 0
     keys: Sequence[bytes] = ()
     properties: dict[str, str] = field(default_factory=dict)
+    delay_headers: bool | None = None
 
 
 PutHook = Callable[[PutContext], None]

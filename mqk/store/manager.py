@@ -301,15 +301,16 @@ class StoreManager:
 
     def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
                keys: Sequence[bytes] = (), log_append_time: bool = False,
-               properties: dict[str, str] | None = None) -> Awaitable[AppendResult]:
+               properties: dict[str, str] | None = None, delay_headers: bool | None = None) -> Awaitable[AppendResult]:
         """Run the hooks, then append to the (possibly rerouted) shard. `properties` (native message properties)
-        are only shown to the hooks. A topic configured with LogAppendTime always gets it.
+        and `delay_headers` (PutContext) are only shown to the hooks. A topic configured with LogAppendTime always
+        gets it.
 
         Not a coroutine itself: it returns the engine's append coroutine for the caller to await (one coroutine
         per append instead of two, on the hottest path). So a hook's refusal or an unknown shard raises from the
         call, which `await store.append(...)` does not tell apart."""
         if self.hooks:
-            context = PutContext(topic, queue, list(batches), tags_code, keys, properties or {})
+            context = PutContext(topic, queue, list(batches), tags_code, keys, properties or {}, delay_headers)
             for hook in self.hooks:
                 hook(context)
             topic, queue, batches = context.topic, context.queue, context.batches
@@ -319,10 +320,12 @@ class StoreManager:
                              log_append_time=log_append_time or topic_log_append_time)
 
     async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
-                          log_append_time: bool = False) -> list[AppendResult | Exception]:
-        """StorageAdapter.append_many through the hooks: each entry is shown to them as its own append; one they
-        refuse gets their exception, one they change (the timer rerouting a delayed batch) is appended as
-        changed, on its own; the rest reach the topic's engine in one call."""
+                          log_append_time: bool = False,
+                          delay_headers: Sequence[bool | None] | None = None) -> list[AppendResult | Exception]:
+        """StorageAdapter.append_many through the hooks: each entry is shown to them as its own append (with
+        `delay_headers[i]` as its PutContext.delay_headers, when given); one they refuse gets their exception,
+        one they change (the timer rerouting a delayed batch) is appended as changed, on its own; the rest reach
+        the topic's engine in one call."""
         out: list[AppendResult | Exception | None] = [None] * len(entries)
         try:
             info, engine, topic_log_append_time = self._append_route(topic, 0)
@@ -337,6 +340,8 @@ class StoreManager:
                 if hooks:
                     batch_list = batches if batches.__class__ is list else list(batches)
                     context = PutContext(topic, queue, batch_list)
+                    if delay_headers is not None:
+                        context.delay_headers = delay_headers[i]
                     for hook in hooks:
                         hook(context)
                     if (context.topic != topic or context.queue != queue or context.batches is not batch_list

@@ -37,10 +37,11 @@ recbatch = load("recbatch")
 HEADER_DELIVER_AT = "mqk-deliver-at"
 HEADER_DELAY_MS = "mqk-delay-ms"
 #: header names that carry a due time (epoch ms) and ones that carry a delay with its scale to ms, in the order
-#: `due_time` tries them; `_DELAY_HEADER_KEYS` is every name `due_time` reads, as the raw keys `has_header` matches
+#: `due_time` tries them; `DELAY_HEADER_KEYS` is every name `due_time` reads, as the raw keys `has_header` matches
+#: (and the names the Kafka produce check screens for, so the put hook is told instead of looking: PutContext)
 _AT_NAMES = (PROPERTY_START_DELIVER_TIME, PROPERTY_TIMER_DELIVER_MS, HEADER_DELIVER_AT)
 _DELAY_NAMES = ((PROPERTY_TIMER_DELAY_SEC, 1000), (PROPERTY_TIMER_DELAY_MS, 1), (HEADER_DELAY_MS, 1))
-_DELAY_HEADER_KEYS = tuple(name.encode() for name in
+DELAY_HEADER_KEYS = tuple(name.encode() for name in
                            (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES)))
 #: With the compiled kernels, `recbatch.has_header` answers "does any record carry a delay header?" by walking the
 #: record structure and skipping keys and values by length (~0.15 ms per 1 MB batch of 100 B records, vs ~2.5 ms
@@ -50,7 +51,7 @@ _DELAY_HEADER_KEYS = tuple(name.encode() for name in
 #: faster than an alternation of the names; regexes, not `in`, because batches may be memoryviews).
 _WALK_HEADERS = not recbatch.__name__.endswith("_py")
 _MARKER_ROOTS = (b"DELAY", b"DELIVER", b"mqk-del")
-assert all(any(root in name for root in _MARKER_ROOTS) for name in _DELAY_HEADER_KEYS)
+assert all(any(root in name for root in _MARKER_ROOTS) for name in DELAY_HEADER_KEYS)
 _MARKERS = tuple(re.compile(re.escape(root)) for root in _MARKER_ROOTS)
 
 _W_TOPIC, _W_QUEUE, _W_AT, _W_TAGS, _W_KEY = "t", "q", "at", "tags", "k"
@@ -99,7 +100,7 @@ def batch_may_be_delayed(batch: bytes | bytearray | memoryview) -> bool:
     if batch[22] & 0x07:  # the codec bits of the attributes (big-endian int16 at 21)
         return True  # compressed: only decoding tells
     if _WALK_HEADERS:
-        return recbatch.has_header(batch, 0, size, _DELAY_HEADER_KEYS)
+        return recbatch.has_header(batch, 0, size, DELAY_HEADER_KEYS)
     return any(marker.search(batch) for marker in _MARKERS)
 
 

@@ -113,6 +113,8 @@ class TimerService:
         if ctx.properties:  # a native message: its properties are its headers, no need to decode
             now = now_ms()
             due = due_time(ctx.properties, now)
+        elif ctx.delay_headers is False:  # the producer's record check found none (no walk, no decompression)
+            return
         else:
             now = -1
             due = None

@@ -151,12 +151,14 @@ def test_scan_batches_matches_reference(rb, batches, pad):
         fields = dict(fields, count=len(records))
         b = ref_batch(fields, b"".join(ref_record(*r) for r in records))
         expected.append((pos, len(b), fields["last_offset_delta"], fields["max_ts"], len(records),
-                         fields["attributes"], fields["pid"], fields["epoch"], fields["seq"], fields["base_ts"]))
+                         fields["attributes"], fields["pid"], fields["epoch"], fields["seq"], fields["base_ts"], None))
         buf += b
         pos += len(b)
     assert rb.scan_batches(buf) == expected
     assert rb.scan_batches(bytes(buf), False) == expected
-    assert rb.scan_batches(buf, True, True) == expected  # and every uncompressed batch's records walk clean
+    # and every uncompressed batch's records walk clean (no names asked for: none found)
+    walked = [e[:10] + (None if e[5] & 0x07 else False,) for e in expected]
+    assert rb.scan_batches(buf, True, True) == walked
     assert rb.scan_batches(memoryview(b"\x00" * pad + bytes(buf))[pad:]) == expected
     for p, size, *_ in expected:
         assert rb.parse_header(buf, p)[1] == size - 12
@@ -219,6 +221,8 @@ def test_recbatch_outcomes_agree_on_damaged_input(buf, pos, size, count, verify)
     same_outcome(RB, lambda m: outcome(m.decode_records, data, count))
     same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count))
     same_outcome(RB, lambda m: outcome(m.check_records, data, count))
+    same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify, True, DELAY_KEYS))
+    same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count, DELAY_KEYS))
     for edit in ("set_base_offset", "set_log_append_time"):
         def call(m, edit=edit):
             copy = bytearray(data)
@@ -291,6 +295,9 @@ def test_has_header_matches_reference(rb, fields, records, names, lead):
     assert expected == any(hk.encode() in names for *_, headers in decoded for hk, _ in headers)
     buf = bytes(lead) + batch + bytes(lead)
     assert rb.has_header(buf, lead, len(batch), names) is expected
+    # the produce check's walk answers the same question for every uncompressed batch it scans
+    assert rb.scan_batches(batch, True, True, names)[0][10] is expected
+    assert rb.check_records(batch[61:], len(records), names) is expected
 
 
 @SETTINGS

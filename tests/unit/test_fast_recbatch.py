@@ -90,7 +90,8 @@ def test_parse_and_scan_kafka_python_batch(rb):
     assert h[0] == 5 and h[1] == len(data) - 12 and h[3] == 2
     assert h[4] == crc32c(data[21:])
     assert h[6:] == (2, SAMPLE[0][1], SAMPLE[1][1], 9, 1, 4, 3)
-    assert rb.scan_batches(data) == [(0, len(data), 2, SAMPLE[1][1], 3, 0, 9, 1, 4, SAMPLE[0][1])]
+    assert rb.scan_batches(data) == [(0, len(data), 2, SAMPLE[1][1], 3, 0, 9, 1, 4, SAMPLE[0][1], None)]
+    assert rb.scan_batches(data, True, True)[0][10] is False  # walked: no header key among the (no) names
     assert rb.count_records(data, 0, len(data)) == 3
     decoded = rb.decode_records(data[61:], 3)
     assert decoded == [(0, ts - SAMPLE[0][1], o, k, v, h) for o, ts, k, v, h in SAMPLE]
@@ -176,7 +177,7 @@ def test_scan_batches_walk_records_checks_each_uncompressed_batch(rb):
     with pytest.raises(Corrupt, match="header says 4") as err:
         rb.scan_batches(data, True, True)
     assert err.value.position == len(good)
-    assert rb.scan_batches(good + good, True, True) == rb.scan_batches(good + good)
+    assert [b[:10] for b in rb.scan_batches(good + good, True, True)] == [b[:10] for b in rb.scan_batches(good + good)]
 
 
 # Records whose lengths all add up but whose fields do not: what a length walk accepts and Kafka's LogValidator
@@ -213,8 +214,8 @@ def test_produce_check_parses_every_record_field(rb, what):
 def test_check_records_counts_and_positions(rb):
     data = kafka_python_batch(SAMPLE)
     section = data[61:]
-    assert rb.check_records(section, 3) == 3
-    assert rb.check_records(b"", 0) == 0
+    assert rb.check_records(section, 3) is False
+    assert rb.check_records(b"", 0) is False
     with pytest.raises(Corrupt, match="header says 4") as err:
         rb.check_records(section, 4)
     assert err.value.position == 0
@@ -223,9 +224,33 @@ def test_check_records_counts_and_positions(rb):
     with pytest.raises(Corrupt):
         rb.check_records(section + b"\x00", 3)  # a trailing byte is no record
     # a section handed over inside a larger buffer is read through any buffer shape
-    assert rb.check_records(memoryview(bytearray(section)), 3) == 3
+    assert rb.check_records(memoryview(bytearray(section)), 3) is False
     with pytest.raises(TypeError):
         rb.check_records(section, "3")
+    with pytest.raises(TypeError):
+        rb.check_records(section, 3, [b"DELAY"])
+
+
+def test_produce_check_answers_whether_a_named_header_is_there(rb):
+    """The produce check's walk tells, per uncompressed batch, whether some record carries a header of a given
+    name (the timer's delay headers), so nothing walks the records a second time; compressed batches: None."""
+    plain = [("trace", b"1")]
+    with_delay = headers_batch(rb, [plain, plain + [("DELAY", b"3")], []])
+    without = headers_batch(rb, [plain, [], [("delay", b"3")]])
+    data = with_delay + without
+    scanned = rb.scan_batches(data, True, True, DELAY_KEYS)
+    assert [b[10] for b in scanned] == [True, False]
+    assert [b[:10] for b in scanned] == [b[:10] for b in rb.scan_batches(data)]
+    assert [b[10] for b in rb.scan_batches(data, True, False, DELAY_KEYS)] == [None, None]
+    assert rb.check_records(with_delay[61:], 3, DELAY_KEYS) is True
+    assert rb.check_records(without[61:], 3, DELAY_KEYS) is False
+    compressed = bytearray(with_delay)
+    compressed[22] |= 1
+    struct.pack_into(">I", compressed, 17, crc32c(bytes(compressed[21:])))
+    assert rb.scan_batches(bytes(compressed), True, True, DELAY_KEYS)[0][10] is None
+    for bad in (None, [b"DELAY"], ("DELAY",)):
+        with pytest.raises(TypeError):
+            rb.scan_batches(data, True, True, bad)
 
 
 def test_count_records_mismatch_and_bounds(rb):

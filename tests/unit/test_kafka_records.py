@@ -126,6 +126,22 @@ def test_malformed_records_under_a_valid_crc_are_corrupt(codec):
     assert kafka_code_for(e.value) == 2  # CORRUPT_MESSAGE
 
 
+@pytest.mark.parametrize("codec", [R.NONE, R.GZIP, R.SNAPPY, R.LZ4, R.ZSTD])
+def test_the_check_says_which_batches_carry_a_named_header(codec):
+    from mqk.timer.delay import DELAY_HEADER_KEYS
+
+    def batch(headers):
+        recs = b"".join(recbatch.encode_record(i, i, None, b"v", h) for i, h in enumerate(headers))
+        if codec != R.NONE:
+            recs = R.compress(codec, recs)
+        return bytes(recbatch.build_batch(0, 0, 0, recs, len(headers), len(headers) - 1, codec))
+
+    data = batch([[("trace", b"1")], [("mqk-delay-ms", b"5")]]) + batch([[("trace", b"1")], []])
+    assert [i.named_header for i in R.validate_produce_records(data, 1 << 20, header_names=DELAY_HEADER_KEYS)] == [
+        True, False]
+    assert [i.named_header for i in R.validate_produce_records(data, 1 << 20)] == [False, False]
+
+
 def test_compressed_bomb_in_a_batch_is_refused():
     recs = R.compress(R.ZSTD, b"\x00" * (4 << 20))
     data = bytes(recbatch.build_batch(0, 0, 0, recs, 1, 0, R.ZSTD))

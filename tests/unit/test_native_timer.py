@@ -125,6 +125,27 @@ async def test_kafka_header_delay_and_max_delay(store: StoreManager) -> None:
         await timer.stop()
 
 
+async def test_a_screened_append_is_taken_at_its_word(store: StoreManager) -> None:
+    """The Kafka produce check tells the hook whether a record carries a delay header (PutContext.delay_headers):
+    False is trusted (no walk, no decompression), True and None make the hook look. A batch that does carry a
+    delay header shows which answer was used."""
+    timer = await TimerService(BrokerConfig(), store).start()
+    try:
+        await store.create_topic("s", 1)
+        rec = recbatch.encode_record(0, 0, None, b"x", [("mqk-delay-ms", b"60000")])
+        batch = recbatch.build_batch(0, now_ms(), now_ms(), rec, 1, 0)
+        await store.append("s", 0, [batch], delay_headers=False)
+        assert store.end_offset("s", 0) == 1 and store.end_offset(TIMER_TOPIC, 0) == 0
+        await store.append("s", 0, [batch], delay_headers=True)
+        await store.append("s", 0, [batch])
+        assert store.end_offset("s", 0) == 1 and store.end_offset(TIMER_TOPIC, 0) == 2
+        results = await store.append_many("s", [(0, [batch]), (0, [batch])], delay_headers=[True, False])
+        assert [r.__class__.__name__ for r in results] == ["AppendResult", "AppendResult"]
+        assert store.end_offset("s", 0) == 2 and store.end_offset(TIMER_TOPIC, 0) == 3
+    finally:
+        await timer.stop()
+
+
 async def test_many_due_at_once_all_delivered(store: StoreManager) -> None:
     timer = await TimerService(BrokerConfig(), store).start()
     try:

@@ -65,6 +65,8 @@ class BatchInfo(NamedTuple):
     base_timestamp: int
     compression: int
     converted: bool = False  # built here from a legacy (magic 0/1) message set
+    #: whether some record has a header whose key is one of the `header_names` the check was asked about
+    named_header: bool = False
 
 
 # --- compression ---------------------------------------------------------------------------------------
@@ -210,10 +212,12 @@ def compress(codec_id: int, data) -> bytes:
 
 
 def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-                             verify_crc: bool = True) -> list[BatchInfo]:
+                             verify_crc: bool = True, header_names: tuple[bytes, ...] = ()) -> list[BatchInfo]:
     """Check the record bytes of one partition of a Produce request; see the module docstring.
     Raises Corrupt (CORRUPT_MESSAGE), MessageTooLarge (MESSAGE_TOO_LARGE), InvalidRecord (INVALID_RECORD),
-    UnsupportedCompressionTypeError."""
+    UnsupportedCompressionTypeError. The same parse answers, per batch, whether some record carries a header
+    named in `header_names` (`BatchInfo.named_header`; the Kafka produce handler asks about the timer's delay
+    headers, so a put hook need not walk, decompress or decode the batch again)."""
     if buf is None or len(buf) == 0:
         raise InvalidRecord("produce request without records")
     view = buf if buf.__class__ is memoryview else memoryview(buf)  # the decoder hands over views already
@@ -225,18 +229,18 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
     whole = len(view)
     # one kernel call checks every batch's framing and CRC and walks the records of the uncompressed ones
     for (pos, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch, base_sequence,
-         base_ts) in recbatch.scan_batches(view, verify_crc, True):
+         base_ts, named) in recbatch.scan_batches(view, verify_crc, True, header_names):
         if size > max_batch_bytes:
             raise MessageTooLarge(f"record batch of {size} bytes exceeds the limit of {max_batch_bytes}")
         codec = attributes & COMPRESSION_MASK
         if codec != NONE:
             inner = decompress(codec, view[pos + _RECORDS_POS:pos + size], max_decompressed_bytes)
-            recbatch.check_records(inner, count)
+            named = recbatch.check_records(inner, count, header_names)
         # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
         data = view if size == whole else view[pos:pos + size]
         # tuple.__new__ straight away: the NamedTuple's generated __new__ is a Python call per batch
         out.append(_new_tuple(BatchInfo, (data, size, last_offset_delta, max_ts, count, attributes, producer_id,
-                                          producer_epoch, base_sequence, base_ts, codec, False)))
+                                          producer_epoch, base_sequence, base_ts, codec, False, named)))
     return out
 
 

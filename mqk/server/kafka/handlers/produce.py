@@ -23,6 +23,7 @@ from mqk import errors as E
 from mqk.config import FLUSH_SYNC
 from mqk.protocol.kafka import records as kafka_records
 from mqk.server.kafka.handlers.common import NONE, get_or_create_topic
+from mqk.timer.delay import DELAY_HEADER_KEYS
 
 log = logging.getLogger("mqk.kafka.produce")
 
@@ -71,6 +72,7 @@ async def handle(server, conn, req) -> dict | None:
             # their answers filled in afterwards (a call and a coroutine per partition are a measurable share of
             # a produce spreading a few records over many partitions)
             plain: list[tuple[int, list]] = []
+            delays: list[bool] = []  # per plain entry: does a record carry a delay header (PutContext)
             slots: list[int] = []
             for p in topic["partition_data"]:
                 index = p["index"]
@@ -83,17 +85,22 @@ async def handle(server, conn, req) -> dict | None:
                 elif batches[0].producer_id < 0 or batches[0].base_sequence < 0:
                     slots.append(len(parts))
                     parts.append(None)
-                    plain.append((index, [batches[0].data] if len(batches) == 1 else [b.data for b in batches]))
+                    if len(batches) == 1:
+                        plain.append((index, [batches[0].data]))
+                        delays.append(batches[0].named_header)
+                    else:
+                        plain.append((index, [b.data for b in batches]))
+                        delays.append(any(b.named_header for b in batches))
                 elif concurrent:
                     parts.append(asyncio.ensure_future(
                         _produce_idempotent(server, name, index, batches, log_append_time)))
                 else:
                     if plain:  # appends keep the request's order
-                        await _append_plain(store, name, plain, slots, parts, log_append_time)
-                        plain, slots = [], []
+                        await _append_plain(store, name, plain, delays, slots, parts, log_append_time)
+                        plain, delays, slots = [], [], []
                     parts.append(await _produce_idempotent(server, name, index, batches, log_append_time))
             if plain:
-                await _append_plain(store, name, plain, slots, parts, log_append_time)
+                await _append_plain(store, name, plain, delays, slots, parts, log_append_time)
         if concurrent:
             for topic_response in responses:
                 parts = topic_response["partition_responses"]
@@ -129,7 +136,9 @@ def _limits(server, config) -> tuple[int, bool, bool]:
 def _validate(records, limits: tuple[int, bool, bool], index: int) -> list | dict:
     """The partition's batches (records.BatchInfo), or the partition's error answer (a dict) if they are refused."""
     try:
-        batches = kafka_records.validate_produce_records(records, limits[0])
+        # the record check also says whether a record carries a delay header, so the timer's put hook need not
+        # walk (or decompress and decode) the batches again
+        batches = kafka_records.validate_produce_records(records, limits[0], header_names=DELAY_HEADER_KEYS)
         if limits[1]:
             _require_keys(batches)
         return batches
@@ -139,11 +148,11 @@ def _validate(records, limits: tuple[int, bool, bool], index: int) -> list | dic
         return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
 
 
-async def _append_plain(store, topic: str, entries: list[tuple[int, list]], slots: list[int], parts: list,
-                        log_append_time: bool) -> None:
+async def _append_plain(store, topic: str, entries: list[tuple[int, list]], delays: list[bool], slots: list[int],
+                        parts: list, log_append_time: bool) -> None:
     """Append the entries (partition, batches) in one call and put each partition's answer at its slot."""
     try:
-        results = await store.append_many(topic, entries, log_append_time=log_append_time)
+        results = await store.append_many(topic, entries, log_append_time=log_append_time, delay_headers=delays)
     except Exception as exc:  # noqa: BLE001 - the store answers per entry; anything else fails them all
         results = [exc] * len(entries)
     for slot, (index, _batches), result in zip(slots, entries, results):
@@ -173,7 +182,7 @@ async def _produce_idempotent(server, topic: str, index: int, batches: list, log
             last = (entry.log_append_time, store.log_start_offset(topic, index))
             continue
         try:
-            result = await store.append(topic, index, [batch.data])
+            result = await store.append(topic, index, [batch.data], delay_headers=batch.named_header)
         except Exception as exc:  # noqa: BLE001
             server.producers.abort(decision)
             return _storage_failure(topic, index, exc)
