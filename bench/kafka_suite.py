@@ -3,7 +3,8 @@
     python bench/kafka_suite.py                # defaults: 1,000,000 x 100 B, 200,000 x 1 KiB, native too
     python bench/kafka_suite.py --quick        # a smoke run with small counts
 
-1. ingest of 100 B records into 1 partition, acks=1 and acks=all: records/s, MB/s, broker CPU s per million records;
+1. ingest of 100 B records into 1 partition, acks=1 and acks=all (and acks=1 with lz4): records/s, MB/s, broker
+   CPU s per million records;
 2. ingest of 1 KiB records: MB/s, beside `dd` writing the same number of bytes (buffered, no fsync) next to the
    store on the same disk, into fresh page cache as the broker's ingest is (see `_dd_kept`; a `dd` rewriting a
    deleted file's pages is printed too);
@@ -42,7 +43,7 @@ import producer_perf
 
 
 def _produce(broker: perfutil.Broker, name: str, records: int, size: int, acks: str, partitions: int = 1,
-             sample_every: int = 100, topic: str | None = None) -> dict[str, Any]:
+             sample_every: int = 100, topic: str | None = None, props: dict[str, str] | None = None) -> dict[str, Any]:
     if topic is None:
         topic = f"suite-{name}-{uuid.uuid4().hex[:6]}"
         perfutil.create_topic(broker.bootstrap, topic, partitions)
@@ -50,7 +51,7 @@ def _produce(broker: perfutil.Broker, name: str, records: int, size: int, acks: 
     broker.settle()
     cpu0 = broker.cpu_seconds()
     print(f"\n== {name}: {records} x {size} B, {partitions} partition(s), acks={acks}", flush=True)
-    r = producer_perf.run(broker.bootstrap, topic, records, size, producer_props={"acks": acks},
+    r = producer_perf.run(broker.bootstrap, topic, records, size, producer_props={"acks": acks, **(props or {})},
                           partitions=partitions, sample_every=sample_every)
     broker.settle()  # background flush / dispatch of these records belongs to this phase
     r["cpu_s"] = broker.cpu_seconds() - cpu0
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                           sample_every=1000, quiet=True)
         results["acks1"] = _produce(broker, "100B-acks1", args.records, 100, "1")
         results["acksall"] = _produce(broker, "100B-acksall", args.records, 100, "all")
+        # most producers compress: the broker decompresses each batch once, to check its records
+        results["lz4"] = _produce(broker, "100B-acks1-lz4", args.records, 100, "1", props={"compression.type": "lz4"})
 
         data_dir = str(broker.data_dir)
         results["1k"] = _produce(broker, "1KiB-acks1", args.records_1k, 1024, "1", sample_every=10)
@@ -213,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{'met' if a1['records_per_s'] >= 1.5e6 or us_per_record <= 0.5 else 'NOT met'}]")
     print(f"ingest 100 B acks=all : {aa['records_per_s']:,.0f} records/s, {aa['mb_per_s']:.1f} MB/s, broker "
           f"{aa['cpu_s_per_million']:.2f} s CPU per million records")
+    lz = results["lz4"]
+    print(f"ingest 100 B lz4      : {lz['records_per_s']:,.0f} records/s, {lz['mb_per_s']:.1f} MB/s, broker "
+          f"{lz['cpu_s_per_million']:.2f} s CPU per million records (acks=1, compression.type=lz4)")
     # What one broker core could take if the client were not the limit: record size / broker CPU per record.
     k1_ceiling = 1024 / (k1["cpu_s_per_million"] / 1e6) / 1048576 if k1["cpu_s_per_million"] else float("inf")
     print(f"ingest 1 KiB          : {k1['mb_per_s']:.1f} MB/s vs dd {results['dd_mb_s']:.1f} MB/s = "
