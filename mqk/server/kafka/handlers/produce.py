@@ -66,11 +66,11 @@ async def handle(server, conn, req) -> dict | None:
                 continue
             # what every partition of the topic shares, looked up once per topic rather than once per partition
             queue_count = info.queue_count
-            limits = _limits(server, info.config)
-            log_append_time = limits[2]
+            max_batch_bytes, compacted, log_append_time = _limits(server, info.config)
             # the common case (no idempotence): the partitions' batches reach the store in one append_many call,
             # their answers filled in afterwards (a call and a coroutine per partition are a measurable share of
             # a produce spreading a few records over many partitions)
+            validate = kafka_records.validate_produce_records
             plain: list[tuple[int, list]] = []
             delays: list[bool] = []  # per plain entry: does a record carry a delay header (PutContext)
             slots: list[int] = []
@@ -79,15 +79,22 @@ async def handle(server, conn, req) -> dict | None:
                 if not 0 <= index < queue_count:
                     parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
                     continue
-                batches = _validate(p["records"], limits, index)
-                if batches.__class__ is dict:
-                    parts.append(batches)  # the error answer
-                elif batches[0].producer_id < 0 or batches[0].base_sequence < 0:
+                try:
+                    # the record check also says whether a record carries a delay header, so the timer's put hook
+                    # need not walk (or decompress and decode) the batches again
+                    batches = validate(p["records"], max_batch_bytes, header_names=DELAY_HEADER_KEYS)
+                    if compacted:
+                        _require_keys(batches)
+                except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
+                    parts.append(_refused(index, exc))
+                    continue
+                first = batches[0]
+                if first.producer_id < 0 or first.base_sequence < 0:
                     slots.append(len(parts))
                     parts.append(None)
                     if len(batches) == 1:
-                        plain.append((index, [batches[0].data]))
-                        delays.append(batches[0].named_header)
+                        plain.append((index, [first.data]))
+                        delays.append(first.named_header)
                     else:
                         plain.append((index, [b.data for b in batches]))
                         delays.append(any(b.named_header for b in batches))
@@ -133,19 +140,12 @@ def _limits(server, config) -> tuple[int, bool, bool]:
     return limits
 
 
-def _validate(records, limits: tuple[int, bool, bool], index: int) -> list | dict:
-    """The partition's batches (records.BatchInfo), or the partition's error answer (a dict) if they are refused."""
-    try:
-        # the record check also says whether a record carries a delay header, so the timer's put hook need not
-        # walk (or decompress and decode) the batches again
-        batches = kafka_records.validate_produce_records(records, limits[0], header_names=DELAY_HEADER_KEYS)
-        if limits[1]:
-            _require_keys(batches)
-        return batches
-    except E.MqkError as exc:
+def _refused(index: int, exc: Exception) -> dict:
+    """The answer of a partition whose records the check refused."""
+    if isinstance(exc, E.MqkError):
         return _part(index, E.kafka_code_for(exc), message=str(exc))
-    except Exception as exc:  # noqa: BLE001 - bytes we cannot judge are corrupt, never a crash
-        return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
+    # bytes we cannot judge are corrupt, never a crash
+    return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
 
 
 async def _append_plain(store, topic: str, entries: list[tuple[int, list]], delays: list[bool], slots: list[int],
@@ -158,9 +158,10 @@ async def _append_plain(store, topic: str, entries: list[tuple[int, list]], dela
     for slot, (index, _batches), result in zip(slots, entries, results):
         if isinstance(result, Exception):
             parts[slot] = _storage_failure(topic, index, result)
-        else:
-            parts[slot] = _part(index, NONE, result.base_offset, result.log_append_time if log_append_time else -1,
-                                result.log_start_offset)
+        else:  # _part's dict, built in place: one call less per partition
+            parts[slot] = {"index": index, "error_code": NONE, "base_offset": result.base_offset,
+                           "log_append_time_ms": result.log_append_time if log_append_time else -1,
+                           "log_start_offset": result.log_start_offset, "record_errors": (), "error_message": None}
 
 
 async def _produce_idempotent(server, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
