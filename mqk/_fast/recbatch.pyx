@@ -19,7 +19,7 @@ from mqk._fast._bytes cimport (VARINT_TRUNCATED, mqk_crc32c_mode, as_i16, as_i32
 
 from crc32c import crc32c as _crc32c
 
-from mqk.errors import Corrupt, OutOfBounds
+from mqk.errors import Corrupt, InvalidRecord, OutOfBounds
 
 if sizeof(Py_ssize_t) != 8:
     raise ImportError("mqk._fast kernels need a 64-bit Py_ssize_t; the pure-Python twins are used instead")
@@ -86,7 +86,7 @@ def parse_header(buf, Py_ssize_t pos=0):
         PyBuffer_Release(&view)
 
 
-def scan_batches(buf, bint verify_crc=True, bint walk_records=False, names=()):
+def scan_batches(buf, bint verify_crc=True, bint walk_records=False, names=(), bint require_keys=False):
     cdef uint64_t short_lengths = 0
     cdef bint any_long = False
     cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
@@ -94,13 +94,13 @@ def scan_batches(buf, bint verify_crc=True, bint walk_records=False, names=()):
     borrow(buf, &view)
     try:
         return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc, walk_records, wanted,
-                             short_lengths, any_long)
+                             short_lengths, any_long, require_keys)
     finally:
         PyBuffer_Release(&view)
 
 
 cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc, bint walk_records, tuple wanted,
-                        uint64_t short_lengths, bint any_long):
+                        uint64_t short_lengths, bint any_long, bint require_keys):
     cdef Py_ssize_t pos = 0, size, count
     cdef const unsigned char* h
     cdef int32_t batch_length, record_count
@@ -129,7 +129,8 @@ cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc
         named = None
         if walk_records and not ld_i16(h + 21) & 0x07:
             found = False
-            count = _walk_section(base, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, &found)
+            count = _walk_section(base, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, require_keys,
+                                  &found)
             if count != record_count:
                 raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
             named = found
@@ -239,21 +240,23 @@ cdef bint _has_header(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_s
     cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
     cdef int32_t expected = _uncompressed_batch(b, n, pos, size, "has_header")
     cdef bint found = False
-    cdef Py_ssize_t count = _walk_section(b, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, &found)
+    cdef Py_ssize_t count = _walk_section(b, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, False,
+                                         &found)
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
     return found
 
 
 cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, tuple wanted,
-                              uint64_t short_lengths, bint any_long, bint* found) except -1:
+                              uint64_t short_lengths, bint any_long, bint require_keys, bint* found) except -1:
     """Parse every record of the records section [p, end) field by field, as Kafka's DefaultRecord.readFrom
     does: length, attributes, timestamp delta, offset delta, key, value, header count, each header's key (never
     null) and value; Corrupt (positions absolute in b) unless every length fits and each record's fields fill
-    exactly its declared length. Contents are skipped by their lengths, never read, except that a header key of
-    a wanted length is compared with `wanted` (empty: none): found[0] is set on a match. Returns the count."""
+    exactly its declared length, and with `require_keys` InvalidRecord for a null key (a compacted topic's rule).
+    Contents are skipped by their lengths, never read, except that a header key of a wanted length is compared
+    with `wanted` (empty: none): found[0] is set on a match. Returns the count."""
     cdef Py_ssize_t q, start, record_end
-    cdef int32_t length, offset_delta, n_headers, klen, j
+    cdef int32_t length, offset_delta, n_headers, klen, key_len, j
     cdef int64_t timestamp_delta
     cdef Py_ssize_t count = 0
     while p < end:
@@ -266,6 +269,10 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
         q = _varlong(b, p, record_end, &timestamp_delta)
         p = q
         q = _varint(b, p, record_end, &offset_delta)
+        if require_keys:
+            _varint(b, q, record_end, &key_len)
+            if key_len == -1:
+                raise InvalidRecord(f"compacted topic: every record needs a key (record at position {start})")
         p = _skip_bytes_or_none(b, q, record_end, "key")
         p = _skip_bytes_or_none(b, p, record_end, "value")
         q = _varint(b, p, record_end, &n_headers)
@@ -285,7 +292,7 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
     return count
 
 
-def check_records(data, Py_ssize_t expected, names=()):
+def check_records(data, Py_ssize_t expected, names=(), bint require_keys=False):
     cdef uint64_t short_lengths = 0
     cdef bint any_long = False
     cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
@@ -294,7 +301,8 @@ def check_records(data, Py_ssize_t expected, names=()):
     cdef Py_buffer view
     borrow(data, &view)
     try:
-        count = _walk_section(<const unsigned char*>view.buf, 0, view.len, wanted, short_lengths, any_long, &found)
+        count = _walk_section(<const unsigned char*>view.buf, 0, view.len, wanted, short_lengths, any_long,
+                              require_keys, &found)
     finally:
         PyBuffer_Release(&view)
     if count != expected:

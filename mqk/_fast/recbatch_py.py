@@ -26,7 +26,7 @@ import struct
 
 from crc32c import crc32c
 
-from mqk.errors import Corrupt, OutOfBounds
+from mqk.errors import Corrupt, InvalidRecord, OutOfBounds
 
 HEADER_SIZE = 61
 MAGIC = 2
@@ -158,7 +158,7 @@ def parse_header(buf, pos=0) -> tuple:
     return fields
 
 
-def scan_batches(buf, verify_crc=True, walk_records=False, names=()) -> list[tuple]:
+def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_keys=False) -> list[tuple]:
     """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
     base_sequence, base_timestamp, named). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
@@ -166,7 +166,8 @@ def scan_batches(buf, verify_crc=True, walk_records=False, names=()) -> list[tup
     field by field right after its CRC, as `check_records` does (a broker's whole check of a produced batch in
     one call, what Kafka's LogValidator does by iterating the records), and `named` says whether some record has
     a header whose key is one of `names` (a tuple of bytes); for a batch not walked (compressed, or walk_records
-    off) `named` is None."""
+    off) `named` is None. With require_keys, a walked record without a key raises InvalidRecord (a compacted
+    topic's rule)."""
     names = _names(names)
     mv = _view(buf)
     n = mv.nbytes
@@ -191,7 +192,7 @@ def scan_batches(buf, verify_crc=True, walk_records=False, names=()) -> list[tup
             raise Corrupt("record batch CRC mismatch", pos)
         named = None
         if walk_records and not attributes & ATTR_COMPRESSION_MASK:
-            count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names)
+            count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, require_keys)
             if count != record_count:
                 raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
         out.append((pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id,
@@ -262,31 +263,31 @@ def has_header(buf, pos, size, names) -> bool:
     mv = _view(buf)
     names = _names(names)
     expected = _uncompressed_batch(mv, pos, size, "has_header")
-    count, found = _walk_section(mv, pos + HEADER_SIZE, pos + size, names)
+    count, found = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, False)
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
     return found
 
 
-def check_records(data, expected, names=()) -> bool:
+def check_records(data, expected, names=(), require_keys=False) -> bool:
     """Parse the records section `data` (a batch's records after its 61-byte header, decompressed if it was
     compressed) field by field, as Kafka's DefaultRecord.readFrom does; return whether some record has a header
     whose key is one of `names` (a tuple of bytes). Corrupt (with the position in `data`) on any bad length or
     varint, a null header key, a record whose fields do not fill its declared length exactly, or a record count
-    other than `expected`."""
+    other than `expected`; InvalidRecord, with `require_keys`, for a record without a key."""
     expected = _ssize(expected)
     names = _names(names)
     mv = _view(data)
-    count, found = _walk_section(mv, 0, mv.nbytes, names)
+    count, found = _walk_section(mv, 0, mv.nbytes, names, require_keys)
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", 0)
     return found
 
 
-def _walk_section(mv, p: int, end: int, names: tuple) -> tuple[int, bool]:
+def _walk_section(mv, p: int, end: int, names: tuple, require_keys: bool) -> tuple[int, bool]:
     """(record count, whether a header key equals one of `names`) of the records section [p, end) of `mv`,
     parsed field by field; Corrupt (positions absolute in `mv`) unless every length fits and each record's fields
-    fill exactly its declared length."""
+    fill exactly its declared length; with `require_keys`, InvalidRecord for a null key."""
     # only keys of a wanted length are compared, as the compiled kernel does
     lengths = {len(name) for name in names}
     found = False
@@ -300,6 +301,8 @@ def _walk_section(mv, p: int, end: int, names: tuple) -> tuple[int, bool]:
         p += 1  # attributes
         _, p = _read_varlong(mv, p, record_end)  # timestamp delta
         _, p = _read_varint(mv, p, record_end)  # offset delta
+        if require_keys and _read_varint(mv, p, record_end)[0] == -1:
+            raise InvalidRecord(f"compacted topic: every record needs a key (record at position {start})")
         p = _skip_bytes_or_none(mv, p, record_end, "key")
         p = _skip_bytes_or_none(mv, p, record_end, "value")
         n_headers, q = _read_varint(mv, p, record_end)

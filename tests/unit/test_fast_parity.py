@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqk._fast import compiled, twin
-from mqk.errors import Corrupt, OutOfBounds
+from mqk.errors import Corrupt, InvalidRecord, OutOfBounds
 
 
 def implementations(name: str) -> list:
@@ -46,7 +46,7 @@ I16 = st.integers(-(2**15), 2**15 - 1)
 I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
 WIDE = st.one_of(I64, st.integers(-(2**70), 2**70), st.sampled_from([2**31, -(2**31) - 1, 2**15, 2**63, -(2**63) - 1]))
-ALLOWED_ERRORS = (Corrupt, OutOfBounds, OverflowError, TypeError, ValueError, BufferError)
+ALLOWED_ERRORS = (Corrupt, InvalidRecord, OutOfBounds, OverflowError, TypeError, ValueError, BufferError)
 
 
 # --- independent reference encoders ---------------------------------------------------------------------
@@ -93,7 +93,7 @@ def outcome(fn, *args):
     try:
         return ("ok", fn(*args))
     except ALLOWED_ERRORS as exc:
-        return (type(exc).__name__, str(exc) if isinstance(exc, (Corrupt, OutOfBounds)) else "",
+        return (type(exc).__name__, str(exc) if isinstance(exc, (Corrupt, InvalidRecord, OutOfBounds)) else "",
                 getattr(exc, "position", None))
 
 
@@ -223,6 +223,8 @@ def test_recbatch_outcomes_agree_on_damaged_input(buf, pos, size, count, verify)
     same_outcome(RB, lambda m: outcome(m.check_records, data, count))
     same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify, True, DELAY_KEYS))
     same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count, DELAY_KEYS))
+    same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify, True, (), True))
+    same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count, (), True))
     for edit in ("set_base_offset", "set_log_append_time"):
         def call(m, edit=edit):
             copy = bytearray(data)

@@ -253,6 +253,25 @@ def test_produce_check_answers_whether_a_named_header_is_there(rb):
             rb.scan_batches(data, True, True, bad)
 
 
+def test_produce_check_requires_keys_when_asked(rb):
+    """A compacted topic's rule, checked in the same walk: a record without a key is InvalidRecord."""
+    from mqk.errors import InvalidRecord
+
+    keyed = rb.build_batch(0, 0, 0, rb.encode_record(0, 0, b"k", b"v", []), 1, 0)
+    keyless = rb.build_batch(0, 0, 0, rb.encode_record(0, 0, b"k", b"v", []) + rb.encode_record(1, 0, None, b"v", []),
+                             2, 1)
+    assert len(rb.scan_batches(keyed + keyless, True, True)) == 2
+    assert len(rb.scan_batches(keyed, True, True, (), True)) == 1
+    with pytest.raises(InvalidRecord, match="needs a key"):
+        rb.scan_batches(keyed + keyless, True, True, (), True)
+    assert rb.check_records(keyless[61:], 2) is False
+    with pytest.raises(InvalidRecord, match="needs a key"):
+        rb.check_records(keyless[61:], 2, (), True)
+    # an empty key is a key
+    empty = rb.build_batch(0, 0, 0, rb.encode_record(0, 0, b"", b"v", []), 1, 0)
+    assert len(rb.scan_batches(empty, True, True, (), True)) == 1
+
+
 def test_count_records_mismatch_and_bounds(rb):
     data = bytearray(kafka_python_batch(SAMPLE))
     struct.pack_into(">i", data, 57, 4)

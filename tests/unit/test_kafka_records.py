@@ -142,6 +142,20 @@ def test_the_check_says_which_batches_carry_a_named_header(codec):
     assert [i.named_header for i in R.validate_produce_records(data, 1 << 20)] == [False, False]
 
 
+@pytest.mark.parametrize("codec", [R.NONE, R.GZIP, R.SNAPPY, R.LZ4, R.ZSTD])
+def test_a_compacted_topic_needs_a_key_on_every_record(codec):
+    recs = recbatch.encode_record(0, 0, b"k", b"v", []) + recbatch.encode_record(1, 0, None, b"v", [])
+    if codec != R.NONE:
+        recs = R.compress(codec, recs)
+    data = bytes(recbatch.build_batch(0, 0, 0, recs, 2, 1, codec))
+    assert len(R.validate_produce_records(data, 1 << 20)) == 1
+    with pytest.raises(InvalidRecord, match="needs a key") as e:
+        R.validate_produce_records(data, 1 << 20, require_keys=True)
+    assert kafka_code_for(e.value) == 87  # INVALID_RECORD
+    keyed = bytes(recbatch.build_batch(0, 0, 0, recbatch.encode_record(0, 0, b"k", b"v", []), 1, 0))
+    assert R.validate_produce_records(keyed, 1 << 20, require_keys=True)[0].record_count == 1
+
+
 def test_compressed_bomb_in_a_batch_is_refused():
     recs = R.compress(R.ZSTD, b"\x00" * (4 << 20))
     data = bytes(recbatch.build_batch(0, 0, 0, recs, 1, 0, R.ZSTD))
@@ -198,6 +212,11 @@ def test_legacy_message_sets_are_converted_to_v2(magic, codec):
         assert [info.base_timestamp + r[1] for r in recs] == [2000 + i for i in range(6)]
     else:
         assert info.base_timestamp == -1
+
+
+def test_legacy_keyless_messages_are_refused_by_a_compacted_topic():
+    with pytest.raises(InvalidRecord, match="needs a key"):
+        R.validate_produce_records(_legacy(1, 0), 1 << 20, require_keys=True)  # every other message has no key
 
 
 def test_legacy_crc_checked():

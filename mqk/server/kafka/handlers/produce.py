@@ -1,14 +1,15 @@
 """Produce: validate each partition's record batches (mqk.protocol.kafka.records), enforce idempotence, append.
 
 Per partition, in order: topic (auto-created like Metadata) and partition exist → batches valid (CRC, framing,
-record counts, size against the topic's max.message.bytes; legacy message sets converted) → compacted topics
-need a key on every record → idempotent batches pass the sequence check (a retry of a stored batch is answered
+every record's fields, size against the topic's max.message.bytes; legacy message sets converted; on a compacted
+topic a key on every record) → idempotent batches pass the sequence check (a retry of a stored batch is answered
 with its original offset and not appended again) → append (LogAppendTime applied by the store per topic config).
 A topic's partitions without idempotence are appended in one `store.append_many` call (under sync flush: one
 flush wait for all of them), each answered with its own result.
 
-Uncompressed batches cost no per-record Python work: scanning, CRC and the record-length walk are `_fast`
-kernels, and the batches reach the store as memoryviews into the request frame.
+Records cost no per-record Python work: scanning, CRC and the record walk (which also finds delay headers for the
+timer's put hook and null keys for compacted topics) are `_fast` kernels, compressed batches are decompressed
+once, and the batches reach the store as memoryviews into the request frame.
 
 acks=0 gets no response (the handler returns None), but a failure closes the connection, as Kafka does, so the
 producer notices and refreshes its metadata; acks=1 and acks=-1 are the same on a single replica
@@ -82,9 +83,8 @@ async def handle(server, conn, req) -> dict | None:
                 try:
                     # the record check also says whether a record carries a delay header, so the timer's put hook
                     # need not walk (or decompress and decode) the batches again
-                    batches = validate(p["records"], max_batch_bytes, header_names=DELAY_HEADER_KEYS)
-                    if compacted:
-                        _require_keys(batches)
+                    batches = validate(p["records"], max_batch_bytes, header_names=DELAY_HEADER_KEYS,
+                                       require_keys=compacted)
                 except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
                     parts.append(_refused(index, exc))
                     continue
@@ -201,10 +201,3 @@ def _storage_failure(topic: str, index: int, exc: BaseException) -> dict:
     if code in (E.KafkaStorageError.code, E.UnknownServerError.code):
         log.warning("append to %s/%d failed: %r", topic, index, exc)
     return _part(index, code, message=str(exc) or type(exc).__name__)
-
-
-def _require_keys(batches) -> None:
-    for batch in batches:
-        for record in kafka_records.batch_records(batch):
-            if record[3] is None:
-                raise E.InvalidRecord("compacted topic: every record needs a key")
