@@ -42,7 +42,7 @@ HEADER_DELAY_MS = "mqk-delay-ms"
 _AT_NAMES = (PROPERTY_START_DELIVER_TIME, PROPERTY_TIMER_DELIVER_MS, HEADER_DELIVER_AT)
 _DELAY_NAMES = ((PROPERTY_TIMER_DELAY_SEC, 1000), (PROPERTY_TIMER_DELAY_MS, 1), (HEADER_DELAY_MS, 1))
 DELAY_HEADER_KEYS = tuple(name.encode() for name in
-                           (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES)))
+                          (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES)))
 #: With the compiled kernels, `recbatch.has_header` answers "does any record carry a delay header?" by walking the
 #: record structure and skipping keys and values by length (~0.15 ms per 1 MB batch of 100 B records, vs ~2.5 ms
 #: for the regex pass below, which read every byte and was ~30% of the event loop under Kafka produce load).
