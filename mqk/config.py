@@ -75,7 +75,7 @@ TOPIC_DEFAULTS: dict[str, str] = {
     "max.compaction.lag.ms": "9223372036854775807",
     "max.message.bytes": "1048588",
     "message.timestamp.type": "CreateTime",
-    "message.timestamp.after.max.ms": "9223372036854775807",
+    "message.timestamp.after.max.ms": "3600000",  # Kafka 4.0 (KIP-1030): one hour; before that unbounded
     "message.timestamp.before.max.ms": "9223372036854775807",
     "min.cleanable.dirty.ratio": "0.5",
     "min.compaction.lag.ms": "0",

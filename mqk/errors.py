@@ -59,6 +59,11 @@ class InvalidRecord(StorageError):
     """A record or batch is well formed but not acceptable (e.g. no key on a compacted topic)."""
 
 
+class InvalidTimestamp(InvalidRecord):
+    """A record's create time lies outside the topic's window (message.timestamp.before.max.ms and
+    message.timestamp.after.max.ms around the broker's clock)."""
+
+
 class MessageTooLarge(StorageError):
     """A batch is larger than the topic (or broker) allows."""
 
@@ -126,6 +131,7 @@ RebalanceInProgressError = _kafka("RebalanceInProgressError", 27)
 InvalidCommitOffsetSizeError = _kafka("InvalidCommitOffsetSizeError", 28)
 TopicAuthorizationFailedError = _kafka("TopicAuthorizationFailedError", 29)
 GroupAuthorizationFailedError = _kafka("GroupAuthorizationFailedError", 30)
+InvalidTimestampError = _kafka("InvalidTimestampError", 32)
 UnsupportedSaslMechanismError = _kafka("UnsupportedSaslMechanismError", 33)
 IllegalSaslStateError = _kafka("IllegalSaslStateError", 34)
 UnsupportedVersionError = _kafka("UnsupportedVersionError", 35)
@@ -181,6 +187,8 @@ def kafka_code_for(exc: BaseException) -> int:
         return CorruptMessageError.code
     if isinstance(exc, MessageTooLarge):
         return MessageTooLargeError.code
+    if isinstance(exc, InvalidTimestamp):
+        return InvalidTimestampError.code
     if isinstance(exc, InvalidRecord):
         return InvalidRecordError.code
     if isinstance(exc, (StorageError, OSError)):

@@ -19,7 +19,7 @@ from mqk._fast._bytes cimport (VARINT_TRUNCATED, mqk_crc32c_mode, as_i16, as_i32
 
 from crc32c import crc32c as _crc32c
 
-from mqk.errors import Corrupt, InvalidRecord, OutOfBounds
+from mqk.errors import Corrupt, InvalidRecord, InvalidTimestamp, OutOfBounds
 
 if sizeof(Py_ssize_t) != 8:
     raise ImportError("mqk._fast kernels need a 64-bit Py_ssize_t; the pure-Python twins are used instead")
@@ -86,21 +86,48 @@ def parse_header(buf, Py_ssize_t pos=0):
         PyBuffer_Release(&view)
 
 
-def scan_batches(buf, bint verify_crc=True, bint walk_records=False, names=(), bint require_keys=False):
-    cdef uint64_t short_lengths = 0
-    cdef bint any_long = False
-    cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
+cdef struct Rules:
+    # what a record walk checks beyond the record structure (the produce check of one topic's batches)
+    uint64_t short_lengths  # bitmask of the wanted header names' lengths below 64 (_is_wanted)
+    bint any_long           # a wanted name of 64 bytes or more
+    bint require_keys       # a compacted topic: a null key is InvalidRecord
+    bint check_timestamps   # CreateTime: a record's timestamp outside [ts_low, ts_high] is InvalidTimestamp
+    int64_t ts_low
+    int64_t ts_high
+
+
+cdef tuple _rules(Rules* rules, names, bint require_keys, timestamps):
+    """Fill `rules`; returns `names` checked to be a tuple of bytes."""
+    rules.short_lengths = 0
+    rules.any_long = False
+    rules.require_keys = require_keys
+    rules.check_timestamps = timestamps is not None
+    rules.ts_low = rules.ts_high = 0
+    cdef tuple wanted = _wanted_names(names, &rules.short_lengths, &rules.any_long)
+    cdef Py_ssize_t low, high  # 64-bit (the module refuses to import otherwise); converted through __index__
+    if timestamps is not None:
+        if type(timestamps) is not tuple or len(<tuple>timestamps) != 2:
+            raise TypeError("timestamps must be a (low, high) tuple")
+        low = (<tuple>timestamps)[0]
+        high = (<tuple>timestamps)[1]
+        rules.ts_low, rules.ts_high = low, high
+    return wanted
+
+
+def scan_batches(buf, bint verify_crc=True, bint walk_records=False, names=(), bint require_keys=False,
+                 timestamps=None):
+    cdef Rules rules
+    cdef tuple wanted = _rules(&rules, names, require_keys, timestamps)
     cdef Py_buffer view
     borrow(buf, &view)
     try:
-        return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc, walk_records, wanted,
-                             short_lengths, any_long, require_keys)
+        return _scan_batches(<const unsigned char*>view.buf, view.len, verify_crc, walk_records, wanted, &rules)
     finally:
         PyBuffer_Release(&view)
 
 
 cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc, bint walk_records, tuple wanted,
-                        uint64_t short_lengths, bint any_long, bint require_keys):
+                        Rules* rules):
     cdef Py_ssize_t pos = 0, size, count
     cdef const unsigned char* h
     cdef int32_t batch_length, record_count
@@ -129,8 +156,7 @@ cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc
         named = None
         if walk_records and not ld_i16(h + 21) & 0x07:
             found = False
-            count = _walk_section(base, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, require_keys,
-                                  &found)
+            count = _walk_section(base, pos + C_HEADER, pos + size, ld_i64(h + 27), wanted, rules, &found)
             if count != record_count:
                 raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
             named = found
@@ -235,29 +261,29 @@ cdef tuple _wanted_names(names, uint64_t* short_lengths, bint* any_long):
 
 
 cdef bint _has_header(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size, names) except -1:
-    cdef uint64_t short_lengths = 0
-    cdef bint any_long = False
-    cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
+    cdef Rules rules
+    cdef tuple wanted = _rules(&rules, names, False, None)
     cdef int32_t expected = _uncompressed_batch(b, n, pos, size, "has_header")
     cdef bint found = False
-    cdef Py_ssize_t count = _walk_section(b, pos + C_HEADER, pos + size, wanted, short_lengths, any_long, False,
-                                         &found)
+    cdef Py_ssize_t count = _walk_section(b, pos + C_HEADER, pos + size, 0, wanted, &rules, &found)
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
     return found
 
 
-cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, tuple wanted,
-                              uint64_t short_lengths, bint any_long, bint require_keys, bint* found) except -1:
+cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t end, int64_t base_timestamp,
+                              tuple wanted, Rules* rules, bint* found) except -1:
     """Parse every record of the records section [p, end) field by field, as Kafka's DefaultRecord.readFrom
     does: length, attributes, timestamp delta, offset delta, key, value, header count, each header's key (never
     null) and value; Corrupt (positions absolute in b) unless every length fits and each record's fields fill
-    exactly its declared length, and with `require_keys` InvalidRecord for a null key (a compacted topic's rule).
-    Contents are skipped by their lengths, never read, except that a header key of a wanted length is compared
-    with `wanted` (empty: none): found[0] is set on a match. Returns the count."""
+    exactly its declared length. `rules` adds a compacted topic's InvalidRecord for a null key and the create-time
+    window's InvalidTimestamp (a record's timestamp is `base_timestamp` + its delta, wrapping as Java's long
+    does; -1, no timestamp, is exempt, as in Kafka's LogValidator). Contents are skipped by their lengths, never
+    read, except that a header key of a wanted length is compared with `wanted` (empty: none): found[0] is set
+    on a match. Returns the count."""
     cdef Py_ssize_t q, start, record_end
     cdef int32_t length, offset_delta, n_headers, klen, key_len, j
-    cdef int64_t timestamp_delta
+    cdef int64_t timestamp_delta, timestamp
     cdef Py_ssize_t count = 0
     while p < end:
         start = p
@@ -267,9 +293,14 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
         record_end = q + length
         p = q + 1  # attributes
         q = _varlong(b, p, record_end, &timestamp_delta)
+        if rules.check_timestamps:
+            timestamp = <int64_t>(<uint64_t>base_timestamp + <uint64_t>timestamp_delta)
+            if timestamp != -1 and (timestamp < rules.ts_low or timestamp > rules.ts_high):
+                raise InvalidTimestamp(f"timestamp {timestamp} of the record at position {start} is out of range: "
+                                       f"it should be within [{rules.ts_low}, {rules.ts_high}]")
         p = q
         q = _varint(b, p, record_end, &offset_delta)
-        if require_keys:
+        if rules.require_keys:
             _varint(b, q, record_end, &key_len)
             if key_len == -1:
                 raise InvalidRecord(f"compacted topic: every record needs a key (record at position {start})")
@@ -283,7 +314,7 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
             q = _varint(b, p, record_end, &klen)
             if klen < 0 or klen > record_end - q:
                 raise Corrupt(f"bad header key length {klen}", p)
-            if not found[0] and _is_wanted(b + q, klen, wanted, short_lengths, any_long):
+            if not found[0] and _is_wanted(b + q, klen, wanted, rules.short_lengths, rules.any_long):
                 found[0] = True
             p = _skip_bytes_or_none(b, q + klen, record_end, "header value")
         if p != record_end:
@@ -292,17 +323,16 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
     return count
 
 
-def check_records(data, Py_ssize_t expected, names=(), bint require_keys=False):
-    cdef uint64_t short_lengths = 0
-    cdef bint any_long = False
-    cdef tuple wanted = _wanted_names(names, &short_lengths, &any_long)
+def check_records(data, Py_ssize_t expected, names=(), bint require_keys=False, timestamps=None,
+                  Py_ssize_t base_timestamp=0):
+    cdef Rules rules
+    cdef tuple wanted = _rules(&rules, names, require_keys, timestamps)
     cdef bint found = False
     cdef Py_ssize_t count
     cdef Py_buffer view
     borrow(data, &view)
     try:
-        count = _walk_section(<const unsigned char*>view.buf, 0, view.len, wanted, short_lengths, any_long,
-                              require_keys, &found)
+        count = _walk_section(<const unsigned char*>view.buf, 0, view.len, base_timestamp, wanted, &rules, &found)
     finally:
         PyBuffer_Release(&view)
     if count != expected:

@@ -26,7 +26,7 @@ import struct
 
 from crc32c import crc32c
 
-from mqk.errors import Corrupt, InvalidRecord, OutOfBounds
+from mqk.errors import Corrupt, InvalidRecord, InvalidTimestamp, OutOfBounds
 
 HEADER_SIZE = 61
 MAGIC = 2
@@ -162,7 +162,17 @@ def parse_header(buf, pos=0) -> tuple:
     return fields
 
 
-def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_keys=False) -> list[tuple]:
+def _timestamps(timestamps) -> tuple[int, int] | None:
+    """The (low, high) create-time window, checked as the compiled kernel checks it."""
+    if timestamps is None:
+        return None
+    if type(timestamps) is not tuple or len(timestamps) != 2:
+        raise TypeError("timestamps must be a (low, high) tuple")
+    return _ssize(timestamps[0]), _ssize(timestamps[1])
+
+
+def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_keys=False,
+                 timestamps=None) -> list[tuple]:
     """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
     base_sequence, base_timestamp, named). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
@@ -171,8 +181,11 @@ def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_key
     one call, what Kafka's LogValidator does by iterating the records), and `named` says whether some record has
     a header whose key is one of `names` (a tuple of bytes); for a batch not walked (compressed, or walk_records
     off) `named` is None. With require_keys, a walked record without a key raises InvalidRecord (a compacted
-    topic's rule)."""
+    topic's rule); with `timestamps` (low, high), a walked record whose create time (the batch's base timestamp
+    plus its delta; -1, no timestamp, is exempt) lies outside [low, high] raises InvalidTimestamp."""
+    verify_crc, walk_records, require_keys = bool(verify_crc), bool(walk_records), bool(require_keys)
     names = _names(names)
+    window = _timestamps(timestamps)
     mv = _view(buf)
     n = mv.nbytes
     out = []
@@ -196,7 +209,8 @@ def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_key
             raise Corrupt("record batch CRC mismatch", pos)
         named = None
         if walk_records and not attributes & ATTR_COMPRESSION_MASK:
-            count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, require_keys)
+            count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, require_keys, window,
+                                         base_timestamp)
             if count != record_count:
                 raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
         out.append((pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id,
@@ -239,6 +253,10 @@ def count_records(buf, pos, size) -> int:
     return count
 
 
+_WRAP64 = 1 << 63
+_MASK64 = (1 << 64) - 1
+
+
 def _names(names) -> tuple:
     if type(names) is not tuple or any(type(name) is not bytes for name in names):
         raise TypeError("names must be a tuple of bytes")
@@ -267,31 +285,37 @@ def has_header(buf, pos, size, names) -> bool:
     mv = _view(buf)
     names = _names(names)
     expected = _uncompressed_batch(mv, pos, size, "has_header")
-    count, found = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, False)
+    count, found = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, False, None, 0)
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", pos)
     return found
 
 
-def check_records(data, expected, names=(), require_keys=False) -> bool:
+def check_records(data, expected, names=(), require_keys=False, timestamps=None, base_timestamp=0) -> bool:
     """Parse the records section `data` (a batch's records after its 61-byte header, decompressed if it was
     compressed) field by field, as Kafka's DefaultRecord.readFrom does; return whether some record has a header
     whose key is one of `names` (a tuple of bytes). Corrupt (with the position in `data`) on any bad length or
     varint, a null header key, a record whose fields do not fill its declared length exactly, or a record count
-    other than `expected`; InvalidRecord, with `require_keys`, for a record without a key."""
+    other than `expected`; InvalidRecord, with `require_keys`, for a record without a key; InvalidTimestamp,
+    with `timestamps` (low, high), for a create time (`base_timestamp` plus the record's delta) outside them."""
     expected = _ssize(expected)
+    require_keys = bool(require_keys)
+    base_timestamp = _ssize(base_timestamp)
     names = _names(names)
+    window = _timestamps(timestamps)
     mv = _view(data)
-    count, found = _walk_section(mv, 0, mv.nbytes, names, require_keys)
+    count, found = _walk_section(mv, 0, mv.nbytes, names, require_keys, window, base_timestamp)
     if count != expected:
         raise Corrupt(f"batch holds {count} records, header says {expected}", 0)
     return found
 
 
-def _walk_section(mv, p: int, end: int, names: tuple, require_keys: bool) -> tuple[int, bool]:
+def _walk_section(mv, p: int, end: int, names: tuple, require_keys: bool, window: tuple[int, int] | None,
+                  base_timestamp: int) -> tuple[int, bool]:
     """(record count, whether a header key equals one of `names`) of the records section [p, end) of `mv`,
     parsed field by field; Corrupt (positions absolute in `mv`) unless every length fits and each record's fields
-    fill exactly its declared length; with `require_keys`, InvalidRecord for a null key."""
+    fill exactly its declared length; with `require_keys`, InvalidRecord for a null key; with `window`,
+    InvalidTimestamp for a create time outside it (base + delta wrapping as Java's long does; -1 is exempt)."""
     # only keys of a wanted length are compared, as the compiled kernel does
     lengths = {len(name) for name in names}
     found = False
@@ -303,7 +327,12 @@ def _walk_section(mv, p: int, end: int, names: tuple, require_keys: bool) -> tup
             raise Corrupt(f"bad record length {length}", start)
         record_end = p + length
         p += 1  # attributes
-        _, p = _read_varlong(mv, p, record_end)  # timestamp delta
+        timestamp_delta, p = _read_varlong(mv, p, record_end)
+        if window is not None:
+            timestamp = ((base_timestamp + timestamp_delta + _WRAP64) & _MASK64) - _WRAP64
+            if timestamp != -1 and not window[0] <= timestamp <= window[1]:
+                raise InvalidTimestamp(f"timestamp {timestamp} of the record at position {start} is out of range: "
+                                       f"it should be within [{window[0]}, {window[1]}]")
         _, p = _read_varint(mv, p, record_end)  # offset delta
         if require_keys and _read_varint(mv, p, record_end)[0] == -1:
             raise InvalidRecord(f"compacted topic: every record needs a key (record at position {start})")

@@ -282,6 +282,27 @@ async def test_log_append_time_topic(client, broker):
     assert h[5] & 0x08 and h[8] == part["log_append_time_ms"]
 
 
+async def test_create_times_outside_the_topic_window_are_invalid_timestamp(client, broker):
+    """Kafka 4's defaults: a record more than message.timestamp.after.max.ms (one hour) ahead of the broker's clock
+    is refused; message.timestamp.before.max.ms is unbounded; a LogAppendTime topic checks nothing."""
+    from mqk.config import TopicConfig
+
+    await broker.store.create_topic("ts", 1)
+    now = int(time.time() * 1000)
+    ahead = await produce(client, "ts", make_batch([b"later"], timestamp=now + 2 * 3600_000))
+    assert ahead["error_code"] == E.InvalidTimestampError.code and "out of range" in ahead["error_message"]
+    assert (await produce(client, "ts", make_batch([b"soon"], timestamp=now + 60_000)))["error_code"] == 0
+    assert (await produce(client, "ts", make_batch([b"1970"], timestamp=1000)))["error_code"] == 0
+    assert broker.store.end_offset("ts", 0) == 2
+    await broker.store.alter_topic_config("ts", TopicConfig({"message.timestamp.before.max.ms": "60000",
+                                                              "message.timestamp.after.max.ms": "86400000"}))
+    assert (await produce(client, "ts", make_batch([b"1970"], timestamp=1000)))["error_code"] == (
+        E.InvalidTimestampError.code)
+    assert (await produce(client, "ts", make_batch([b"later"], timestamp=now + 2 * 3600_000)))["error_code"] == 0
+    await broker.store.create_topic("ts-lat", 1, TopicConfig({"message.timestamp.type": "LogAppendTime"}))
+    assert (await produce(client, "ts-lat", make_batch([b"x"], timestamp=now + 10 * 3600_000)))["error_code"] == 0
+
+
 # --- pipelining and long poll ----------------------------------------------------------------------------
 
 

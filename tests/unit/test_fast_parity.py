@@ -225,6 +225,9 @@ def test_recbatch_outcomes_agree_on_damaged_input(buf, pos, size, count, verify)
     same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count, DELAY_KEYS))
     same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify, True, (), True))
     same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count, (), True))
+    window = (pos * 10**9, pos * 10**9 + size * 10**7)  # some windows cut through the batches' timestamps
+    same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify, True, (), False, window))
+    same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count, (), False, window, pos * 10**9))
     for edit in ("set_base_offset", "set_log_append_time"):
         def call(m, edit=edit):
             copy = bytearray(data)
@@ -258,6 +261,8 @@ def test_recbatch_integer_arguments_agree(ints, records):
     same_outcome(RB, lambda m: outcome(m.parse_header, bytes(100), ints[0]))
     same_outcome(RB, lambda m: outcome(m.count_records, bytes(100), ints[0], ints[1]))
     same_outcome(RB, lambda m: outcome(m.check_records, records, ints[0]))
+    same_outcome(RB, lambda m: outcome(m.check_records, records, 0, (), False, (ints[1], ints[2]), ints[3]))
+    same_outcome(RB, lambda m: outcome(m.scan_batches, records, False, True, (), False, (ints[4], ints[5])))
 
 
 @pytest.mark.parametrize("bad", [None, "text", 3, b"bytes-header-key", ("k",)])

@@ -272,6 +272,30 @@ def test_produce_check_requires_keys_when_asked(rb):
     assert len(rb.scan_batches(empty, True, True, (), True)) == 1
 
 
+def test_produce_check_holds_create_times_to_a_window(rb):
+    """A CreateTime topic's rule (message.timestamp.before/after.max.ms), checked per record in the same walk:
+    a record's time is the batch's base timestamp plus its delta; -1 (no timestamp) is exempt."""
+    from mqk.errors import InvalidTimestamp
+
+    recs = rb.encode_record(0, 0, b"k", b"a", []) + rb.encode_record(1, 500, b"k", b"b", [])
+    batch = rb.build_batch(0, 10_000, 10_500, recs, 2, 1)
+    assert len(rb.scan_batches(batch, True, True, (), False, (10_000, 10_500))) == 1
+    with pytest.raises(InvalidTimestamp, match="timestamp 10500 of the record at position 7[0-9] is out of range"):
+        rb.scan_batches(batch, True, True, (), False, (10_000, 10_499))
+    with pytest.raises(InvalidTimestamp, match="timestamp 10000 "):
+        rb.scan_batches(batch, True, True, (), False, (10_001, 20_000))
+    assert rb.scan_batches(batch, True, False, (), False, (0, 1))[0][10] is None  # not walked: not checked
+    untimed = rb.build_batch(0, -1, -1, rb.encode_record(0, 0, b"k", b"a", []), 1, 0)
+    assert len(rb.scan_batches(untimed, True, True, (), False, (0, 1))) == 1  # -1: no timestamp, exempt
+    # a decompressed section is checked against the base timestamp it is given
+    assert rb.check_records(recs, 2, (), False, (10_000, 10_500), 10_000) is False
+    with pytest.raises(InvalidTimestamp):
+        rb.check_records(recs, 2, (), False, (10_000, 10_500), 10_001)
+    for bad in ((1,), [1, 2], (1, "2"), (1, 2**64)):
+        with pytest.raises((TypeError, OverflowError)):
+            rb.scan_batches(batch, True, True, (), False, bad)
+
+
 def test_count_records_mismatch_and_bounds(rb):
     data = bytearray(kafka_python_batch(SAMPLE))
     struct.pack_into(">i", data, 57, 4)

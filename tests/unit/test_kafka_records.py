@@ -156,6 +156,18 @@ def test_a_compacted_topic_needs_a_key_on_every_record(codec):
     assert R.validate_produce_records(keyed, 1 << 20, require_keys=True)[0].record_count == 1
 
 
+@pytest.mark.parametrize("codec", [R.NONE, R.GZIP, R.SNAPPY, R.LZ4, R.ZSTD])
+def test_create_times_outside_the_window_are_invalid_timestamps(codec):
+    from mqk.errors import InvalidTimestamp
+
+    data = build(4, codec, base_ts=50_000)  # records at 50,000 .. 50,003
+    assert len(R.validate_produce_records(data, 1 << 20, timestamps=(50_000, 50_003))) == 1
+    for window in ((50_001, 60_000), (0, 50_002)):
+        with pytest.raises(InvalidTimestamp) as e:
+            R.validate_produce_records(data, 1 << 20, timestamps=window)
+        assert kafka_code_for(e.value) == 32  # INVALID_TIMESTAMP
+
+
 def test_compressed_bomb_in_a_batch_is_refused():
     recs = R.compress(R.ZSTD, b"\x00" * (4 << 20))
     data = bytes(recbatch.build_batch(0, 0, 0, recs, 1, 0, R.ZSTD))
@@ -217,6 +229,16 @@ def test_legacy_message_sets_are_converted_to_v2(magic, codec):
 def test_legacy_keyless_messages_are_refused_by_a_compacted_topic():
     with pytest.raises(InvalidRecord, match="needs a key"):
         R.validate_produce_records(_legacy(1, 0), 1 << 20, require_keys=True)  # every other message has no key
+
+
+def test_legacy_create_times_are_held_to_the_window_too():
+    from mqk.errors import InvalidTimestamp
+
+    assert R.validate_produce_records(_legacy(1, 0), 1 << 20, timestamps=(2000, 2005))[0].record_count == 6
+    with pytest.raises(InvalidTimestamp):
+        R.validate_produce_records(_legacy(1, 0), 1 << 20, timestamps=(2000, 2004))
+    # magic 0 carries no timestamps (-1): nothing to hold
+    assert R.validate_produce_records(_legacy(0, 0), 1 << 20, timestamps=(2000, 2004))[0].record_count == 6
 
 
 def test_legacy_crc_checked():

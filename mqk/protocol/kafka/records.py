@@ -213,13 +213,15 @@ def compress(codec_id: int, data) -> bytes:
 
 def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
                              verify_crc: bool = True, header_names: tuple[bytes, ...] = (),
-                             require_keys: bool = False) -> list[BatchInfo]:
+                             require_keys: bool = False, timestamps: tuple[int, int] | None = None) -> list[BatchInfo]:
     """Check the record bytes of one partition of a Produce request; see the module docstring.
     Raises Corrupt (CORRUPT_MESSAGE), MessageTooLarge (MESSAGE_TOO_LARGE), InvalidRecord (INVALID_RECORD),
     UnsupportedCompressionTypeError. The same parse answers, per batch, whether some record carries a header
     named in `header_names` (`BatchInfo.named_header`; the Kafka produce handler asks about the timer's delay
     headers, so a put hook need not walk, decompress or decode the batch again). `require_keys` (a compacted
-    topic) refuses a record without a key with InvalidRecord (INVALID_RECORD), in the same walk."""
+    topic) refuses a record without a key with InvalidRecord (INVALID_RECORD), and `timestamps` (low, high: a
+    CreateTime topic's window around now) a record whose timestamp lies outside with InvalidTimestamp
+    (INVALID_TIMESTAMP), both in the same walk."""
     if buf is None or len(buf) == 0:
         raise InvalidRecord("produce request without records")
     view = buf if buf.__class__ is memoryview else memoryview(buf)  # the decoder hands over views already
@@ -227,20 +229,21 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
         view = view.cast("B")
     if len(view) > 16 and view[16] in (0, 1):
         converted = convert_legacy(view, max_batch_bytes, max_decompressed_bytes)
-        if require_keys:
-            recbatch.check_records(converted.data[_RECORDS_POS:], converted.record_count, (), True)
+        if require_keys or timestamps is not None:
+            recbatch.check_records(converted.data[_RECORDS_POS:], converted.record_count, (), require_keys, timestamps,
+                                   converted.base_timestamp)
         return [converted]
     out = []
     whole = len(view)
     # one kernel call checks every batch's framing and CRC and walks the records of the uncompressed ones
     for (pos, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch, base_sequence,
-         base_ts, named) in recbatch.scan_batches(view, verify_crc, True, header_names, require_keys):
+         base_ts, named) in recbatch.scan_batches(view, verify_crc, True, header_names, require_keys, timestamps):
         if size > max_batch_bytes:
             raise MessageTooLarge(f"record batch of {size} bytes exceeds the limit of {max_batch_bytes}")
         codec = attributes & COMPRESSION_MASK
         if codec != NONE:
             inner = decompress(codec, view[pos + _RECORDS_POS:pos + size], max_decompressed_bytes)
-            named = recbatch.check_records(inner, count, header_names, require_keys)
+            named = recbatch.check_records(inner, count, header_names, require_keys, timestamps, base_ts)
         # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
         data = view if size == whole else view[pos:pos + size]
         # tuple.__new__ straight away: the NamedTuple's generated __new__ is a Python call per batch

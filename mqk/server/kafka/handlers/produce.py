@@ -2,8 +2,10 @@
 
 Per partition, in order: topic (auto-created like Metadata) and partition exist → batches valid (CRC, framing,
 every record's fields, size against the topic's max.message.bytes; legacy message sets converted; on a compacted
-topic a key on every record) → idempotent batches pass the sequence check (a retry of a stored batch is answered
-with its original offset and not appended again) → append (LogAppendTime applied by the store per topic config).
+topic a key on every record; on a CreateTime topic every record's timestamp within message.timestamp.before.max.ms
+and message.timestamp.after.max.ms of the broker's clock, else INVALID_TIMESTAMP) → idempotent batches pass the
+sequence check (a retry of a stored batch is answered with its original offset and not appended again) → append
+(LogAppendTime applied by the store per topic config).
 A topic's partitions without idempotence are appended in one `store.append_many` call (under sync flush: one
 flush wait for all of them), each answered with its own result.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from mqk import errors as E
 from mqk.config import FLUSH_SYNC
@@ -27,6 +30,8 @@ from mqk.server.kafka.handlers.common import NONE, get_or_create_topic
 from mqk.timer.delay import DELAY_HEADER_KEYS
 
 log = logging.getLogger("mqk.kafka.produce")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_NO_LIMIT = _INT64_MAX  # a timestamp window bound that Kafka's default (Long.MAX_VALUE) leaves open
 
 
 def _part(index: int, code: int, base_offset: int = -1, log_append_time: int = -1, log_start: int = -1,
@@ -67,7 +72,11 @@ async def handle(server, conn, req) -> dict | None:
                 continue
             # what every partition of the topic shares, looked up once per topic rather than once per partition
             queue_count = info.queue_count
-            max_batch_bytes, compacted, log_append_time = _limits(server, info.config)
+            max_batch_bytes, compacted, log_append_time, before_ms, after_ms = _limits(server, info.config)
+            timestamps = None  # CreateTime: the window a record's timestamp must lie in (Kafka's LogValidator)
+            if not log_append_time and (before_ms < _NO_LIMIT or after_ms < _NO_LIMIT):
+                now = time.time_ns() // 1_000_000
+                timestamps = (max(_INT64_MIN, now - before_ms), min(_INT64_MAX, now + after_ms))
             # the common case (no idempotence): the partitions' batches reach the store in one append_many call,
             # their answers filled in afterwards (a call and a coroutine per partition are a measurable share of
             # a produce spreading a few records over many partitions)
@@ -84,7 +93,7 @@ async def handle(server, conn, req) -> dict | None:
                     # the record check also says whether a record carries a delay header, so the timer's put hook
                     # need not walk (or decompress and decode) the batches again
                     batches = validate(p["records"], max_batch_bytes, header_names=DELAY_HEADER_KEYS,
-                                       require_keys=compacted)
+                                       require_keys=compacted, timestamps=timestamps)
                 except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
                     parts.append(_refused(index, exc))
                     continue
@@ -125,15 +134,17 @@ async def handle(server, conn, req) -> dict | None:
     return {"responses": responses, "throttle_time_ms": 0}
 
 
-def _limits(server, config) -> tuple[int, bool, bool]:
-    """(max batch bytes, compacted, log append time) of a topic config, computed once per config object
-    (configs are frozen; a changed topic gets a new one) and kept on the server."""
+def _limits(server, config) -> tuple[int, bool, bool, int, int]:
+    """(max batch bytes, compacted, log append time, message.timestamp.before.max.ms,
+    message.timestamp.after.max.ms) of a topic config, computed once per config object (configs are frozen; a
+    changed topic gets a new one) and kept on the server."""
     cache = server.topic_limits
     entry = cache.get(id(config))
     if entry is not None and entry[0] is config:
         return entry[1]
     limits = (min(config.get_int("max.message.bytes"), server.config.socket_request_max_bytes),
-              config.compacted, config.log_append_time)
+              config.compacted, config.log_append_time, config.get_int("message.timestamp.before.max.ms"),
+              config.get_int("message.timestamp.after.max.ms"))
     if len(cache) > 10_000:
         cache.clear()
     cache[id(config)] = (config, limits)
