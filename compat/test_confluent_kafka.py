@@ -258,6 +258,23 @@ def test_offsets_for_times(bootstrap: str, topic: str) -> None:
         consumer.close()
 
 
+def test_a_record_from_the_future_is_refused_with_invalid_timestamp(bootstrap: str, topic: str) -> None:
+    """Kafka 4's message.timestamp.after.max.ms default (one hour): librdkafka reports the refusal per message."""
+    create_topic(bootstrap, topic, 1)
+    now = int(time.time() * 1000)
+    reports: list[Any] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0})
+    for value, ts in ((b"later", now + 2 * 3600_000), (b"now", now)):
+        producer.produce(topic, value, partition=0, timestamp=ts, on_delivery=lambda err, msg: reports.append(err))
+        producer.flush(10)
+    assert [err.code() if err else None for err in reports] == [KafkaError.INVALID_TIMESTAMP, None]
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("ts")})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 1)
+    finally:
+        consumer.close()
+
+
 def test_idempotent_producer_across_restart_and_kill(file_broker: Any, topic: str) -> None:
     bootstrap = hostport(file_broker.bootstrap)
     create_topic(bootstrap, topic, 1)
