@@ -285,6 +285,9 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
     cdef int32_t length, offset_delta, n_headers, klen, key_len, j
     cdef int64_t timestamp_delta, timestamp
     cdef Py_ssize_t count = 0
+    # the rules in locals: stores through the out-pointers below could alias the struct's fields for the compiler
+    cdef bint check_timestamps = rules.check_timestamps, require_keys = rules.require_keys
+    cdef int64_t ts_low = rules.ts_low, ts_high = rules.ts_high
     while p < end:
         start = p
         q = _varint(b, p, end, &length)
@@ -293,14 +296,14 @@ cdef Py_ssize_t _walk_section(const unsigned char* b, Py_ssize_t p, Py_ssize_t e
         record_end = q + length
         p = q + 1  # attributes
         q = _varlong(b, p, record_end, &timestamp_delta)
-        if rules.check_timestamps:
+        if check_timestamps:
             timestamp = <int64_t>(<uint64_t>base_timestamp + <uint64_t>timestamp_delta)
-            if timestamp != -1 and (timestamp < rules.ts_low or timestamp > rules.ts_high):
+            if (timestamp < ts_low or timestamp > ts_high) and timestamp != -1:
                 raise InvalidTimestamp(f"timestamp {timestamp} of the record at position {start} is out of range: "
-                                       f"it should be within [{rules.ts_low}, {rules.ts_high}]")
+                                       f"it should be within [{ts_low}, {ts_high}]")
         p = q
         q = _varint(b, p, record_end, &offset_delta)
-        if rules.require_keys:
+        if require_keys:
             _varint(b, q, record_end, &key_len)
             if key_len == -1:
                 raise InvalidRecord(f"compacted topic: every record needs a key (record at position {start})")
