@@ -315,7 +315,7 @@ class StoreManager:
                 hook(context)
             topic, queue, batches = context.topic, context.queue, context.batches
             tags_code, keys = context.tags_code, context.keys
-        info, engine, topic_log_append_time = self._append_route(topic, queue)
+        _info, engine, topic_log_append_time = self._append_route(topic, queue)
         return engine.append(topic, queue, batches, tags_code=tags_code, keys=keys,
                              log_append_time=log_append_time or topic_log_append_time)
 

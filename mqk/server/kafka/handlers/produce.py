@@ -37,7 +37,7 @@ _NO_LIMIT = _INT64_MAX  # a timestamp window bound that Kafka's default (Long.MA
 def _part(index: int, code: int, base_offset: int = -1, log_append_time: int = -1, log_start: int = -1,
           message: str | None = None) -> dict:
     return {"index": index, "error_code": code, "base_offset": base_offset, "log_append_time_ms": log_append_time,
-            "log_start_offset": log_start, "record_errors": [], "error_message": message}
+            "log_start_offset": log_start, "record_errors": (), "error_message": message}
 
 
 async def handle(server, conn, req) -> dict | None:
