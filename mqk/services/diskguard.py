@@ -2,8 +2,9 @@
 
 RocketMQ's diskMaxUsedSpaceRatio idea, for every persistent engine. Every `disk_check_interval_ms` the guard
 measures the filesystem holding `data_dir` (statvfs, in a thread). Above the ratio:
-- a put hook (first in `store.hooks`) refuses every append with `mqk.errors.StorageFull`, which the Kafka server
-  answers with KAFKA_STORAGE_ERROR and the remoting server with SERVICE_NOT_AVAILABLE (remark: the reason);
+- a put hook, first in `store.hooks` while the disk is full (and absent otherwise, so appends on a healthy disk
+  pay nothing for it), refuses every append with `mqk.errors.StorageFull`, which the Kafka server answers with
+  KAFKA_STORAGE_ERROR and the remoting server with SERVICE_NOT_AVAILABLE (remark: the reason);
 - retention runs at once (the RetentionService passed in, else a private one), so expired data and the CommitLog
   segments nothing needs go now rather than at the next periodic check;
 - reads, fetches, offset commits and admin calls go on.
@@ -65,19 +66,27 @@ class DiskGuard:
         self.refused = 0  #: appends refused since start
         self._loop_task = BackgroundTask("mqk-diskguard")
         self._last_pass = 0.0
+        self._guarding = False  #: between start and stop: the hook is in store.hooks while the disk is full
 
     async def start(self) -> "DiskGuard":
         if not getattr(self.store, "persistent", True) or self._loop_task.running:
             return self
+        self._guarding = True
         await self.check()
-        self.store.hooks.insert(0, self.hook)  # first: refuse before any hook reroutes or records anything
         self._loop_task.start(self._loop)
         return self
 
     async def stop(self) -> None:
-        if self.hook in self.store.hooks:
-            self.store.hooks.remove(self.hook)
+        self._guarding = False
+        self._place_hook(False)
         await self._loop_task.stop()
+
+    def _place_hook(self, refusing: bool) -> None:
+        hooks = self.store.hooks
+        if refusing and self.hook not in hooks:
+            hooks.insert(0, self.hook)  # first: refuse before any hook reroutes or records anything
+        elif not refusing and self.hook in hooks:
+            hooks.remove(self.hook)
 
     def hook(self, ctx: PutContext) -> None:
         if self.full:
@@ -105,6 +114,7 @@ class DiskGuard:
         elif self.full and not full:
             log.warning("disk %.1f%% used: accepting appends again", self.ratio * 100)
         was_full, self.full = self.full, full
+        self._place_hook(full and self._guarding)
         # retention at once when the disk fills, then at most every RETRY_SECONDS while it stays full (a pass
         # walks every topic; one that frees nothing should not run every second)
         if full and (not was_full or time.monotonic() - self._last_pass >= RETRY_SECONDS):
@@ -122,6 +132,7 @@ class DiskGuard:
         if report.freed_bytes:
             self.ratio = await asyncio.to_thread(used_ratio, self.path)
             self.full = self.ratio > self.max_ratio
+            self._place_hook(self.full and self._guarding)
             log.warning("retention freed %d bytes; disk %.1f%% used", report.freed_bytes, self.ratio * 100)
 
 

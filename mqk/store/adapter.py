@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 from mqk.config import TopicConfig
 
@@ -132,6 +132,21 @@ class PutContext:
 
 
 PutHook = Callable[[PutContext], None]
+_H = TypeVar("_H", bound=PutHook)
+
+
+def delayed_only(hook: _H) -> _H:
+    """Mark a put hook that leaves alone every append whose context says that no record carries a delay header
+    (`PutContext.delay_headers is False`) and that has no native `properties` (the timer's hook is one). For
+    such an append the store neither builds a PutContext nor calls the hook: a Produce spreading its records
+    over many partitions would otherwise pay both once per partition."""
+    hook.delayed_only = True  # type: ignore[attr-defined]
+    return hook
+
+
+def is_delayed_only(hook: PutHook) -> bool:
+    """Whether `hook` was marked with `delayed_only` (a bound method answers for its function)."""
+    return getattr(hook, "delayed_only", False) is True
 
 
 # --- physical offsets: one id space for every engine -----------------------------------------------------------

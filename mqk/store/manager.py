@@ -53,6 +53,7 @@ from mqk.store.adapter import (
     ShardInfo,
     StorageAdapter,
     StoredBatch,
+    is_delayed_only,
     physical_engine,
 )
 from mqk.store.fsutil import atomic_write_bytes, read_json
@@ -309,9 +310,12 @@ class StoreManager:
         Not a coroutine itself: it returns the engine's append coroutine for the caller to await (one coroutine
         per append instead of two, on the hottest path). So a hook's refusal or an unknown shard raises from the
         call, which `await store.append(...)` does not tell apart."""
-        if self.hooks:
+        hooks = self.hooks
+        if hooks and delay_headers is False and not properties:
+            hooks = self._undelayed_hooks()
+        if hooks:
             context = PutContext(topic, queue, list(batches), tags_code, keys, properties or {}, delay_headers)
-            for hook in self.hooks:
+            for hook in hooks:
                 hook(context)
             topic, queue, batches = context.topic, context.queue, context.batches
             tags_code, keys = context.tags_code, context.keys
@@ -319,30 +323,54 @@ class StoreManager:
         return engine.append(topic, queue, batches, tags_code=tags_code, keys=keys,
                              log_append_time=log_append_time or topic_log_append_time)
 
+    def _undelayed_hooks(self) -> list[PutHook]:
+        """The hooks an append without delay headers and without properties must pass: those not marked
+        `delayed_only` (the others would leave it alone)."""
+        return [hook for hook in self.hooks if not is_delayed_only(hook)]
+
     async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
                           log_append_time: bool = False,
                           delay_headers: Sequence[bool | None] | None = None) -> list[AppendResult | Exception]:
         """StorageAdapter.append_many through the hooks: each entry is shown to them as its own append (with
         `delay_headers[i]` as its PutContext.delay_headers, when given); one they refuse gets their exception,
         one they change (the timer rerouting a delayed batch) is appended as changed, on its own; the rest reach
-        the topic's engine in one call."""
-        out: list[AppendResult | Exception | None] = [None] * len(entries)
+        the topic's engine in one call. An entry whose `delay_headers[i]` is False skips the `delayed_only` hooks
+        (no context at all when that is every hook): the usual Produce, many partitions and no delay header,
+        then costs the hooks nothing per partition."""
         try:
             info, engine, topic_log_append_time = self._append_route(topic, 0)
         except UnknownShard as exc:
             return [exc] * len(entries)
+        stamp = log_append_time or topic_log_append_time  # this topic's appends (a rerouted one asks its own)
         queue_count = info.queue_count
+        hooks = self.hooks
+        undelayed_hooks = hooks
+        if hooks and delay_headers is not None:
+            undelayed_hooks = self._undelayed_hooks()
+            if not undelayed_hooks:
+                for delayed in delay_headers:
+                    if delayed is not False:
+                        break
+                else:
+                    hooks = undelayed_hooks  # no entry needs a hook
+        if not hooks:
+            for queue, _batches in entries:
+                if not 0 <= queue < queue_count:
+                    break
+            else:  # every entry goes to the engine as it is
+                return await engine.append_many(topic, entries, log_append_time=stamp)
+        out: list[AppendResult | Exception | None] = [None] * len(entries)
         direct: list[tuple[int, Sequence[Buffer]]] = []
         positions: list[int] = []
-        hooks = self.hooks
         for i, (queue, batches) in enumerate(entries):
             try:
-                if hooks:
+                entry_hooks = hooks if delay_headers is None or delay_headers[i] is not False else undelayed_hooks
+                if entry_hooks:
                     batch_list = batches if batches.__class__ is list else list(batches)
                     context = PutContext(topic, queue, batch_list)
                     if delay_headers is not None:
                         context.delay_headers = delay_headers[i]
-                    for hook in hooks:
+                    for hook in entry_hooks:
                         hook(context)
                     if (context.topic != topic or context.queue != queue or context.batches is not batch_list
                             or context.tags_code or context.keys):
@@ -359,7 +387,7 @@ class StoreManager:
             direct.append((queue, batches))
             positions.append(i)
         if direct:
-            results = await engine.append_many(topic, direct, log_append_time=log_append_time or topic_log_append_time)
+            results = await engine.append_many(topic, direct, log_append_time=stamp)
             for i, result in zip(positions, results):
                 out[i] = result
         return out  # type: ignore[return-value]

@@ -30,7 +30,7 @@ from sortedcontainers import SortedList
 
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
-from mqk.store.adapter import PutContext
+from mqk.store.adapter import PutContext, delayed_only
 from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
 
 log = logging.getLogger("mqk.timer")
@@ -106,6 +106,7 @@ class TimerService:
 
     # --- arrival -------------------------------------------------------------------------------------------------
 
+    @delayed_only  # an append said to carry no delay header (and no properties) returns below untouched
     def hook(self, ctx: PutContext) -> None:
         # half messages wait for their commit, not their time: a delay applies when the commit appends them
         if ctx.topic == TIMER_TOPIC or DELIVERING.get() or ctx.topic.startswith("RMQ_SYS_TRANS_"):

@@ -208,3 +208,51 @@ async def test_closed_manager_gives_typed_errors(tmp_path: Path) -> None:
         m.fetch_offsets("g")
     with pytest.raises(StorageError):
         m.end_offset("t", 0)
+
+
+async def test_delayed_only_hooks_skip_appends_said_to_carry_no_delay_header(mem: StoreManager) -> None:
+    """A hook marked `delayed_only` sees an append unless the caller said that no record carries a delay header
+    (delay_headers False, no properties); an unmarked hook sees every append; the answers are the same."""
+    from mqk.store.adapter import delayed_only
+
+    await mem.create_topic("t", 4)
+    seen: dict[str, list] = {"marked": [], "plain": []}
+
+    @delayed_only
+    def marked(ctx) -> None:
+        seen["marked"].append((ctx.queue, ctx.delay_headers))
+
+    def plain(ctx) -> None:
+        seen["plain"].append((ctx.queue, ctx.delay_headers))
+
+    mem.hooks.append(marked)
+    entries = [(q, [_batch(b"%d" % q)]) for q in range(4)]
+    results = await mem.append_many("t", entries, delay_headers=[False, True, None, False])
+    assert [r.base_offset for r in results] == [0, 0, 0, 0]
+    assert seen["marked"] == [(1, True), (2, None)]
+    await mem.append_many("t", entries, delay_headers=[False] * 4)  # no hook needs any entry
+    assert seen["marked"] == [(1, True), (2, None)]
+    await mem.append_many("t", entries)  # nobody looked: every hook sees every entry
+    assert seen["marked"][2:] == [(0, None), (1, None), (2, None), (3, None)]
+    await mem.append("t", 0, [_batch(b"x")], delay_headers=False)
+    await mem.append("t", 0, [_batch(b"x")], delay_headers=False, properties={"KEYS": "k"})
+    await mem.append("t", 0, [_batch(b"x")], delay_headers=True)
+    assert seen["marked"][6:] == [(0, False), (0, True)]
+
+    mem.hooks.append(plain)  # an unmarked hook: every entry builds a context again
+    seen["marked"].clear()
+    await mem.append_many("t", entries, delay_headers=[False, True, False, False])
+    assert seen["plain"] == [(0, False), (1, True), (2, False), (3, False)]
+    assert seen["marked"] == [(1, True)]
+    await mem.append("t", 1, [_batch(b"x")], delay_headers=False)
+    assert seen["plain"][-1] == (1, False) and seen["marked"] == [(1, True)]
+    assert [mem.end_offset("t", q) for q in range(4)] == [7, 5, 4, 4]
+
+
+async def test_append_many_without_hooks_answers_unknown_queues_per_entry(mem: StoreManager) -> None:
+    await mem.create_topic("t", 2)
+    results = await mem.append_many("t", [(0, [_batch(b"a")]), (5, [_batch(b"b")]), (1, [_batch(b"c")])],
+                                    delay_headers=[False, False, False])
+    assert results[0].base_offset == 0 and results[2].base_offset == 0
+    assert isinstance(results[1], UnknownShard)
+    assert mem.end_offset("t", 0) == 1 and mem.end_offset("t", 1) == 1

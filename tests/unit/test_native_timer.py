@@ -146,6 +146,24 @@ async def test_a_screened_append_is_taken_at_its_word(store: StoreManager) -> No
         await timer.stop()
 
 
+async def test_one_delayed_partition_among_many_is_still_rerouted(store: StoreManager) -> None:
+    """append_many with the check's answers: the entries said to carry no delay header skip the timer's hook (no
+    context at all), the one said to carry one is still rerouted to the timer topic."""
+    timer = await TimerService(BrokerConfig(), store).start()
+    try:
+        await store.create_topic("m", 3)
+        delayed = recbatch.build_batch(0, now_ms(), now_ms(),
+                                       recbatch.encode_record(0, 0, None, b"later", [("mqk-delay-ms", b"60000")]), 1, 0)
+        plain = recbatch.build_batch(0, now_ms(), now_ms(), recbatch.encode_record(0, 0, None, b"now", []), 1, 0)
+        results = await store.append_many("m", [(0, [plain]), (1, [delayed]), (2, [plain])],
+                                          delay_headers=[False, True, False])
+        assert [r.__class__.__name__ for r in results] == ["AppendResult"] * 3
+        assert [store.end_offset("m", q) for q in range(3)] == [1, 0, 1]
+        assert store.end_offset(TIMER_TOPIC, 0) == 1
+    finally:
+        await timer.stop()
+
+
 async def test_many_due_at_once_all_delivered(store: StoreManager) -> None:
     timer = await TimerService(BrokerConfig(), store).start()
     try:
