@@ -280,12 +280,19 @@ class Ctx:
         return f"v{self.n}"
 
 
-def uvarint_read(var: str, ind: str) -> list[str]:
-    return [f"{ind}{var} = buf[pos]",
-            f"{ind}if {var} < 128:",
-            f"{ind}    pos += 1",
-            f"{ind}else:",
-            f"{ind}    {var}, pos = _uv(buf, pos)"]
+def uvarint_read(var: str, ind: str, two_bytes: bool = False) -> list[str]:
+    """Inline read of an unsigned varint; `two_bytes` also inlines the two-byte form (values 128..16383), for
+    lengths that are usually past 127 (a partition's records): a call to _uv costs more than the rest of the
+    field."""
+    lines = [f"{ind}{var} = buf[pos]",
+             f"{ind}if {var} < 128:",
+             f"{ind}    pos += 1"]
+    if two_bytes:
+        lines += [f"{ind}elif buf[pos + 1] < 128:",
+                  f"{ind}    {var} = ({var} & 127) | (buf[pos + 1] << 7)",
+                  f"{ind}    pos += 2"]
+    return lines + [f"{ind}else:",
+                    f"{ind}    {var}, pos = _uv(buf, pos)"]
 
 
 def uvarint_write(expr: str, ind: str) -> list[str]:
@@ -302,12 +309,29 @@ def is_flexible_field(f: Field, flexible: bool, v: int) -> bool:
     return in_range(f.flexible_override, v)  # type: ignore[arg-type]
 
 
+def is_leaf(fields: list[Field], v: int) -> bool:
+    """Whether a struct holds, at version v, neither arrays nor structs."""
+    return all(f.type in FIXED or f.type in VARIABLE for f in fields if in_range(f.versions, v))
+
+
+def is_shallow(fields: list[Field], v: int) -> bool:
+    """Whether a struct holds, at version v, no structs but leaf ones (in arrays or not): inlining it in a loop
+    costs the generated code a few lines, not a copy of a whole tree."""
+    return all(f.children is None or is_leaf(f.children, v) for f in fields if in_range(f.versions, v))
+
+
 class DecoderGen:
     def __init__(self, gen: Gen) -> None:
         self.gen = gen
 
     def struct_fn(self, fields: list[Field], v: int, flexible: bool) -> str:
-        ctx = Ctx()
+        body, value = self.struct_body(fields, v, flexible, Ctx())
+        body.append(f"return {value}, pos")
+        return self.gen.emit("d", "buf, pos, end", body)
+
+    def struct_body(self, fields: list[Field], v: int, flexible: bool, ctx: Ctx) -> tuple[list[str], str]:
+        """The statements that read one struct at `pos` (advancing it), and the dict expression that is its value
+        after them."""
         body: list[str] = []
         present = [f for f in fields if in_range(f.versions, v)]
         tagged = sorted((f for f in present if flexible and in_range(f.tagged, v)), key=lambda f: f.tag)
@@ -366,12 +390,11 @@ class DecoderGen:
         for f in fields:
             src = local.get(f.key) or default_src(f, self.gen)
             items.append(f"{f.key!r}: {src}")
-        body.append("return {" + ", ".join(items) + "}, pos")
-        return self.gen.emit("d", "buf, pos, end", body)
+        return body, "{" + ", ".join(items) + "}"
 
-    def read_len(self, var: str, compact: bool, width: int, ind: str) -> list[str]:
+    def read_len(self, var: str, compact: bool, width: int, ind: str, two_bytes: bool = False) -> list[str]:
         if compact:
-            return uvarint_read(var, ind) + [f"{ind}{var} -= 1"]
+            return uvarint_read(var, ind, two_bytes) + [f"{ind}{var} -= 1"]
         fmt = ">h" if width == 2 else ">i"
         return [f"{ind}{var}, = {self.gen.struct(fmt)}.unpack_from(buf, pos)", f"{ind}pos += {width}"]
 
@@ -390,7 +413,7 @@ class DecoderGen:
             return L
         if t in VARIABLE:
             ln = ctx.var()
-            L += self.read_len(ln, compact, 2 if t == "string" else 4, ind)
+            L += self.read_len(ln, compact, 2 if t == "string" else 4, ind, two_bytes=t == "records")
             L.append(f"{ind}if {ln} < 0:")
             L.append(f"{ind}    {null_stmt}")
             L.append(f"{ind}else:")
@@ -428,7 +451,14 @@ class DecoderGen:
             L.append(f"{ind2}    _trunc()")
             L.append(f"{ind2}{out} = []")
             item = ctx.var()
-            if f.is_struct:
+            if f.is_struct and end == "end" and is_leaf(f.children, v):
+                # a leaf element (Produce's partitions, Fetch's): read in the loop itself, which saves a call
+                # and a tuple per element; not inside a tagged field, whose own _te the element's would clobber
+                lines, value = self.struct_body(f.children, v, flexible, ctx)
+                L.append(f"{ind2}for _ in range({n}):")
+                L += [f"{ind2}    {ln}" for ln in lines]
+                L.append(f"{ind2}    {out}.append({value})")
+            elif f.is_struct:
                 fn = self.struct_fn(f.children, v, flexible)
                 L.append(f"{ind2}for _ in range({n}):")
                 L.append(f"{ind2}    {item}, pos = {fn}(buf, pos, {end})")
@@ -460,7 +490,12 @@ class EncoderGen:
         self.gen = gen
 
     def struct_fn(self, fields: list[Field], v: int, flexible: bool) -> str:
-        ctx = Ctx()
+        body = self.struct_body(fields, v, flexible, Ctx(), "o")
+        body.append("return b")
+        return self.gen.emit("e", "o, b, parts", body)
+
+    def struct_body(self, fields: list[Field], v: int, flexible: bool, ctx: Ctx, o: str) -> list[str]:
+        """The statements that write the struct held in variable `o` to `b` (and `parts`)."""
         body: list[str] = []
         present = [f for f in fields if in_range(f.versions, v)]
         tagged = sorted((f for f in present if flexible and in_range(f.tagged, v)), key=lambda f: f.tag)
@@ -476,13 +511,13 @@ class EncoderGen:
                 fmt = ">" + "".join(FIXED[g.type][0] for g in run)
                 args = []
                 for g in run:
-                    a = f"o.get({g.key!r}, {encoder_default_src(g, self.gen)})"
+                    a = f"{o}.get({g.key!r}, {encoder_default_src(g, self.gen)})"
                     args.append(f"_ub({a})" if g.type == "uuid" else a)
                 body.append(f"b += {self.gen.struct(fmt)}.pack({', '.join(args)})")
                 continue
             x = ctx.var()
-            body.append(f"{x} = o.get({f.key!r}, {encoder_default_src(f, self.gen)})")
-            body += self.field(f, x, v, flexible, "", ctx)
+            body.append(f"{x} = {o}.get({f.key!r}, {encoder_default_src(f, self.gen)})")
+            body += self.field(f, x, v, flexible, "", ctx, tagged=False)
             i += 1
         if flexible:
             if tagged:
@@ -491,18 +526,18 @@ class EncoderGen:
                     x = ctx.var()
                     d = default_src(f, self.gen)
                     if f.is_struct and not f.is_array and d != "None":
-                        body.append(f"{x} = o.get({f.key!r})")
+                        body.append(f"{x} = {o}.get({f.key!r})")
                         cond = f"{x} is not None and {x} != {self.gen.default_constant(f)}"
                     else:
                         d = encoder_default_src(f, self.gen)
-                        body.append(f"{x} = o.get({f.key!r}, {d})")
+                        body.append(f"{x} = {o}.get({f.key!r}, {d})")
                         cond = f"{x} is not None" if d == "None" else f"{x} != {d}"
                         if d == "()":
                             cond = f"{x}"  # a non-empty array (an empty list equals the default)
                     body.append(f"if {cond}:")
                     body.append("    _outer = b")
                     body.append("    b = bytearray()")
-                    body += self.field(f, x, v, flexible, "    ", ctx)
+                    body += self.field(f, x, v, flexible, "    ", ctx, tagged=True)
                     body.append(f"    _tags.append(({f.tag}, b))")
                     body.append("    b = _outer")
                 body += uvarint_write("len(_tags)", "")
@@ -512,8 +547,7 @@ class EncoderGen:
                 body.append("    b += _tb")
             else:
                 body.append("b.append(0)")
-        body.append("return b")
-        return self.gen.emit("e", "o, b, parts", body)
+        return body
 
     def write_len(self, expr: str, compact: bool, width: int, ind: str) -> list[str]:
         if compact:
@@ -526,7 +560,9 @@ class EncoderGen:
         ff = repr(b"\xff" * width)
         return [f"{ind}b += {ff}"]
 
-    def field(self, f: Field, x: str, v: int, flexible: bool, ind: str, ctx: Ctx) -> list[str]:
+    def field(self, f: Field, x: str, v: int, flexible: bool, ind: str, ctx: Ctx, tagged: bool) -> list[str]:
+        """`tagged`: the field is written inside a tagged-field section (into its own `b`, with `_outer` and
+        `_tags` in use)."""
         compact = is_flexible_field(f, flexible, v)
         nullable = in_range(f.nullable, v)
         t = f.type
@@ -589,6 +625,11 @@ class EncoderGen:
                     L.append(f"{ind2}    b += _ub({y})")
                 else:
                     L.append(f"{ind2}b += _pack('>%d{fmt}' % len({x}), *{x})")
+            elif f.is_struct and not tagged and is_shallow(f.children, v):
+                # written in the loop itself (Produce's partition answers, Fetch's): saves a call per element;
+                # not inside a tagged field, whose _outer and _tags the element's own tagged fields would clobber
+                L.append(f"{ind2}for {y} in {x}:")
+                L += [f"{ind2}    {ln}" for ln in self.struct_body(f.children, v, flexible, ctx, y)]
             elif f.is_struct:
                 fn = self.struct_fn(f.children, v, flexible)
                 L.append(f"{ind2}for {y} in {x}:")
@@ -596,7 +637,7 @@ class EncoderGen:
             else:
                 elem = Field(f.name, f.key, e, f.versions, None, None, None, None, False)
                 L.append(f"{ind2}for {y} in {x}:")
-                L += self.field(elem, y, v, flexible, ind2 + "    ", ctx)
+                L += self.field(elem, y, v, flexible, ind2 + "    ", ctx, tagged)
             return L
         if f.is_struct:
             fn = self.struct_fn(f.children, v, flexible)

@@ -139,21 +139,6 @@ _Suo = _Struct('>16s?')
 
 
 def _d1(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = buf[pos:pos + v3]
-        pos += v3
-    return {'index': v1, 'records': v2}, pos
-
-
-def _d2(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -172,12 +157,22 @@ def _d2(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1(buf, pos, end)
-            v3.append(v5)
+            v6, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v8 < 0:
+                v7 = None
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = buf[pos:pos + v8]
+                pos += v8
+            v3.append({'index': v6, 'records': v7})
     return {'name': v1, 'topic_id': _ZU, 'partition_data': v3}, pos
 
 
-def _d3(buf, pos, end):
+def _d2(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -198,51 +193,12 @@ def _d3(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d2(buf, pos, end)
+            v7, pos = _d1(buf, pos, end)
             v5.append(v7)
     return {'transactional_id': v1, 'acks': v3, 'timeout_ms': v4, 'topic_data': v5}, pos
 
 
-def _e4(o, b, parts):
-    b += _Si.pack(o.get('index', 0))
-    v1 = o.get('records', None)
-    if v1 is None:
-        b += b'\xff\xff\xff\xff'
-    elif v1.__class__ is list or v1.__class__ is tuple:
-        b += _Si.pack(sum(map(len, v1)))
-        parts.append(b)
-        parts.extend(v1)
-        b = bytearray()
-    else:
-        b += _Si.pack(len(v1))
-        if len(v1) >= 4096:
-            parts.append(b)
-            parts.append(v1)
-            b = bytearray()
-        else:
-            b += v1
-    return b
-
-
-def _e5(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partition_data', ())
-    if v2 is None:
-        _enc_null('partition_data')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e4(v3, b, parts)
-    return b
-
-
-def _e6(o, b, parts):
+def _e3(o, b, parts):
     v1 = o.get('transactional_id', None)
     if v1 is None:
         b += b'\xff\xff'
@@ -257,34 +213,40 @@ def _e6(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e5(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('partition_data', ())
+            if v5 is None:
+                _enc_null('partition_data')
+            else:
+                b += _Si.pack(len(v5))
+                for v6 in v5:
+                    b += _Si.pack(v6.get('index', 0))
+                    v7 = v6.get('records', None)
+                    if v7 is None:
+                        b += b'\xff\xff\xff\xff'
+                    elif v7.__class__ is list or v7.__class__ is tuple:
+                        b += _Si.pack(sum(map(len, v7)))
+                        parts.append(b)
+                        parts.extend(v7)
+                        b = bytearray()
+                    else:
+                        b += _Si.pack(len(v7))
+                        if len(v7) >= 4096:
+                            parts.append(b)
+                            parts.append(v7)
+                            b = bytearray()
+                        else:
+                            b += v7
     return b
 
 
-def _d7(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = buf[pos:pos + v3]
-        pos += v3
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'index': v1, 'records': v2}, pos
-
-
-def _d8(buf, pos, end):
+def _d4(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -311,8 +273,29 @@ def _d8(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d7(buf, pos, end)
-            v3.append(v5)
+            v6, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v8 = buf[pos]
+            if v8 < 128:
+                pos += 1
+            elif buf[pos + 1] < 128:
+                v8 = (v8 & 127) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                v8, pos = _uv(buf, pos)
+            v8 -= 1
+            if v8 < 0:
+                v7 = None
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = buf[pos:pos + v8]
+                pos += v8
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'index': v6, 'records': v7})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -320,7 +303,7 @@ def _d8(buf, pos, end):
     return {'name': v1, 'topic_id': _ZU, 'partition_data': v3}, pos
 
 
-def _d9(buf, pos, end):
+def _d5(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -349,7 +332,7 @@ def _d9(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d8(buf, pos, end)
+            v7, pos = _d4(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -358,64 +341,7 @@ def _d9(buf, pos, end):
     return {'transactional_id': v1, 'acks': v3, 'timeout_ms': v4, 'topic_data': v5}, pos
 
 
-def _e10(o, b, parts):
-    b += _Si.pack(o.get('index', 0))
-    v1 = o.get('records', None)
-    if v1 is None:
-        b.append(0)
-    elif v1.__class__ is list or v1.__class__ is tuple:
-        _n = sum(map(len, v1)) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        parts.append(b)
-        parts.extend(v1)
-        b = bytearray()
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        if len(v1) >= 4096:
-            parts.append(b)
-            parts.append(v1)
-            b = bytearray()
-        else:
-            b += v1
-    b.append(0)
-    return b
-
-
-def _e11(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partition_data', ())
-    if v2 is None:
-        _enc_null('partition_data')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e10(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e12(o, b, parts):
+def _e6(o, b, parts):
     v1 = o.get('transactional_id', None)
     if v1 is None:
         b.append(0)
@@ -438,12 +364,59 @@ def _e12(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e11(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partition_data', ())
+            if v5 is None:
+                _enc_null('partition_data')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Si.pack(v6.get('index', 0))
+                    v7 = v6.get('records', None)
+                    if v7 is None:
+                        b.append(0)
+                    elif v7.__class__ is list or v7.__class__ is tuple:
+                        _n = sum(map(len, v7)) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        parts.append(b)
+                        parts.extend(v7)
+                        b = bytearray()
+                    else:
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        if len(v7) >= 4096:
+                            parts.append(b)
+                            parts.append(v7)
+                            b = bytearray()
+                        else:
+                            b += v7
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d13(buf, pos, end):
+def _d7(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -460,8 +433,29 @@ def _d13(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d7(buf, pos, end)
-            v2.append(v4)
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            elif buf[pos + 1] < 128:
+                v7 = (v7 & 127) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = buf[pos:pos + v7]
+                pos += v7
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'index': v5, 'records': v6})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -469,7 +463,7 @@ def _d13(buf, pos, end):
     return {'name': '', 'topic_id': v1, 'partition_data': v2}, pos
 
 
-def _d14(buf, pos, end):
+def _d8(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -498,7 +492,7 @@ def _d14(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d13(buf, pos, end)
+            v7, pos = _d7(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -507,24 +501,7 @@ def _d14(buf, pos, end):
     return {'transactional_id': v1, 'acks': v3, 'timeout_ms': v4, 'topic_data': v5}, pos
 
 
-def _e15(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partition_data', ())
-    if v1 is None:
-        _enc_null('partition_data')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e10(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e16(o, b, parts):
+def _e9(o, b, parts):
     v1 = o.get('transactional_id', None)
     if v1 is None:
         b.append(0)
@@ -547,22 +524,53 @@ def _e16(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e15(v3, b, parts)
+            b += _Su.pack(_ub(v3.get('topic_id', _ZU)))
+            v4 = v3.get('partition_data', ())
+            if v4 is None:
+                _enc_null('partition_data')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Si.pack(v5.get('index', 0))
+                    v6 = v5.get('records', None)
+                    if v6 is None:
+                        b.append(0)
+                    elif v6.__class__ is list or v6.__class__ is tuple:
+                        _n = sum(map(len, v6)) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        parts.append(b)
+                        parts.extend(v6)
+                        b = bytearray()
+                    else:
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        if len(v6) >= 4096:
+                            parts.append(b)
+                            parts.append(v6)
+                            b = bytearray()
+                        else:
+                            b += v6
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _df17():
+def _df10():
     return {'leader_id': -1, 'leader_epoch': -1}
 
 
-def _d18(buf, pos, end):
-    v1, v2, v3, v4, = _Sihqq.unpack_from(buf, pos)
-    pos += 22
-    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': -1, 'record_errors': [], 'error_message': None, 'current_leader': _df17()}, pos
-
-
-def _d19(buf, pos, end):
+def _d11(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -581,12 +589,13 @@ def _d19(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d18(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, = _Sihqq.unpack_from(buf, pos)
+            pos += 22
+            v3.append({'index': v6, 'error_code': v7, 'base_offset': v8, 'log_append_time_ms': v9, 'log_start_offset': -1, 'record_errors': [], 'error_message': None, 'current_leader': _df10()})
     return {'name': v1, 'topic_id': _ZU, 'partition_responses': v3}, pos
 
 
-def _d20(buf, pos, end):
+def _d12(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -596,55 +605,39 @@ def _d20(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d19(buf, pos, end)
+            v3, pos = _d11(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
     return {'responses': v1, 'throttle_time_ms': v4, 'node_endpoints': []}, pos
 
 
-def _e21(o, b, parts):
-    b += _Sihqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1))
-    return b
-
-
-def _e22(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partition_responses', ())
-    if v2 is None:
-        _enc_null('partition_responses')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e21(v3, b, parts)
-    return b
-
-
-def _e23(o, b, parts):
+def _e13(o, b, parts):
     v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e22(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partition_responses', ())
+            if v4 is None:
+                _enc_null('partition_responses')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sihqq.pack(v5.get('index', 0), v5.get('error_code', 0), v5.get('base_offset', 0), v5.get('log_append_time_ms', -1))
     b += _Si.pack(o.get('throttle_time_ms', 0))
     return b
 
 
-def _d24(buf, pos, end):
-    v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
-    pos += 30
-    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': v5, 'record_errors': [], 'error_message': None, 'current_leader': _df17()}, pos
-
-
-def _d25(buf, pos, end):
+def _d14(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -663,12 +656,13 @@ def _d25(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d24(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, v10, = _Sihqqq.unpack_from(buf, pos)
+            pos += 30
+            v3.append({'index': v6, 'error_code': v7, 'base_offset': v8, 'log_append_time_ms': v9, 'log_start_offset': v10, 'record_errors': [], 'error_message': None, 'current_leader': _df10()})
     return {'name': v1, 'topic_id': _ZU, 'partition_responses': v3}, pos
 
 
-def _d26(buf, pos, end):
+def _d15(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -678,64 +672,39 @@ def _d26(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d25(buf, pos, end)
+            v3, pos = _d14(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
     return {'responses': v1, 'throttle_time_ms': v4, 'node_endpoints': []}, pos
 
 
-def _e27(o, b, parts):
-    b += _Sihqqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1), o.get('log_start_offset', -1))
-    return b
-
-
-def _e28(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partition_responses', ())
-    if v2 is None:
-        _enc_null('partition_responses')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e27(v3, b, parts)
-    return b
-
-
-def _e29(o, b, parts):
+def _e16(o, b, parts):
     v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e28(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partition_responses', ())
+            if v4 is None:
+                _enc_null('partition_responses')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sihqqq.pack(v5.get('index', 0), v5.get('error_code', 0), v5.get('base_offset', 0), v5.get('log_append_time_ms', -1), v5.get('log_start_offset', -1))
     b += _Si.pack(o.get('throttle_time_ms', 0))
     return b
 
 
-def _d30(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    return {'batch_index': v1, 'batch_index_error_message': v2}, pos
-
-
-def _d31(buf, pos, end):
+def _d17(buf, pos, end):
     v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
     pos += 30
     v7, = _Si.unpack_from(buf, pos)
@@ -747,21 +716,31 @@ def _d31(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d30(buf, pos, end)
-            v6.append(v8)
-    v10, = _Sh.unpack_from(buf, pos)
+            v9, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v6.append({'batch_index': v9, 'batch_index_error_message': v10})
+    v13, = _Sh.unpack_from(buf, pos)
     pos += 2
-    if v10 < 0:
-        v9 = None
+    if v13 < 0:
+        v12 = None
     else:
-        if pos + v10 > end:
+        if pos + v13 > end:
             _trunc()
-        v9 = str(buf[pos:pos + v10], 'utf-8')
-        pos += v10
-    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': v5, 'record_errors': v6, 'error_message': v9, 'current_leader': _df17()}, pos
+        v12 = str(buf[pos:pos + v13], 'utf-8')
+        pos += v13
+    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': v5, 'record_errors': v6, 'error_message': v12, 'current_leader': _df10()}, pos
 
 
-def _d32(buf, pos, end):
+def _d18(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -780,12 +759,12 @@ def _d32(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d31(buf, pos, end)
+            v5, pos = _d17(buf, pos, end)
             v3.append(v5)
     return {'name': v1, 'topic_id': _ZU, 'partition_responses': v3}, pos
 
 
-def _d33(buf, pos, end):
+def _d19(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -795,45 +774,14 @@ def _d33(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d32(buf, pos, end)
+            v3, pos = _d18(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
     return {'responses': v1, 'throttle_time_ms': v4, 'node_endpoints': []}, pos
 
 
-def _e34(o, b, parts):
-    b += _Si.pack(o.get('batch_index', 0))
-    v1 = o.get('batch_index_error_message', None)
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    return b
-
-
-def _e35(o, b, parts):
-    b += _Sihqqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1), o.get('log_start_offset', -1))
-    v1 = o.get('record_errors', ())
-    if v1 is None:
-        _enc_null('record_errors')
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e34(v2, b, parts)
-    v3 = o.get('error_message', None)
-    if v3 is None:
-        b += b'\xff\xff'
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    return b
-
-
-def _e36(o, b, parts):
+def _e20(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -847,46 +795,44 @@ def _e36(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e35(v3, b, parts)
+            b += _Sihqqq.pack(v3.get('index', 0), v3.get('error_code', 0), v3.get('base_offset', 0), v3.get('log_append_time_ms', -1), v3.get('log_start_offset', -1))
+            v4 = v3.get('record_errors', ())
+            if v4 is None:
+                _enc_null('record_errors')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Si.pack(v5.get('batch_index', 0))
+                    v6 = v5.get('batch_index_error_message', None)
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+            v7 = v3.get('error_message', None)
+            if v7 is None:
+                b += b'\xff\xff'
+            else:
+                v7 = v7.encode()
+                b += _Sh.pack(len(v7))
+                b += v7
     return b
 
 
-def _e37(o, b, parts):
+def _e21(o, b, parts):
     v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e36(v2, b, parts)
+            b = _e20(v2, b, parts)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     return b
 
 
-def _d38(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'batch_index': v1, 'batch_index_error_message': v2}, pos
-
-
-def _d39(buf, pos, end):
+def _d22(buf, pos, end):
     v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
     pos += 30
     v7 = buf[pos]
@@ -902,29 +848,47 @@ def _d39(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d38(buf, pos, end)
-            v6.append(v8)
-    v10 = buf[pos]
-    if v10 < 128:
+            v9, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v6.append({'batch_index': v9, 'batch_index_error_message': v10})
+    v13 = buf[pos]
+    if v13 < 128:
         pos += 1
     else:
-        v10, pos = _uv(buf, pos)
-    v10 -= 1
-    if v10 < 0:
-        v9 = None
+        v13, pos = _uv(buf, pos)
+    v13 -= 1
+    if v13 < 0:
+        v12 = None
     else:
-        if pos + v10 > end:
+        if pos + v13 > end:
             _trunc()
-        v9 = str(buf[pos:pos + v10], 'utf-8')
-        pos += v10
+        v12 = str(buf[pos:pos + v13], 'utf-8')
+        pos += v13
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': v5, 'record_errors': v6, 'error_message': v9, 'current_leader': _df17()}, pos
+    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': v5, 'record_errors': v6, 'error_message': v12, 'current_leader': _df10()}, pos
 
 
-def _d40(buf, pos, end):
+def _d23(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -951,7 +915,7 @@ def _d40(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d39(buf, pos, end)
+            v5, pos = _d22(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -960,7 +924,7 @@ def _d40(buf, pos, end):
     return {'name': v1, 'topic_id': _ZU, 'partition_responses': v3}, pos
 
 
-def _d41(buf, pos, end):
+def _d24(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -974,7 +938,7 @@ def _d41(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d40(buf, pos, end)
+            v3, pos = _d23(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -985,52 +949,7 @@ def _d41(buf, pos, end):
     return {'responses': v1, 'throttle_time_ms': v4, 'node_endpoints': []}, pos
 
 
-def _e42(o, b, parts):
-    b += _Si.pack(o.get('batch_index', 0))
-    v1 = o.get('batch_index_error_message', None)
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e43(o, b, parts):
-    b += _Sihqqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1), o.get('log_start_offset', -1))
-    v1 = o.get('record_errors', ())
-    if v1 is None:
-        _enc_null('record_errors')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e42(v2, b, parts)
-    v3 = o.get('error_message', None)
-    if v3 is None:
-        b.append(0)
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    b.append(0)
-    return b
-
-
-def _e44(o, b, parts):
+def _e25(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -1052,12 +971,47 @@ def _e44(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e43(v3, b, parts)
+            b += _Sihqqq.pack(v3.get('index', 0), v3.get('error_code', 0), v3.get('base_offset', 0), v3.get('log_append_time_ms', -1), v3.get('log_start_offset', -1))
+            v4 = v3.get('record_errors', ())
+            if v4 is None:
+                _enc_null('record_errors')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Si.pack(v5.get('batch_index', 0))
+                    v6 = v5.get('batch_index_error_message', None)
+                    if v6 is None:
+                        b.append(0)
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b.append(0)
+            v7 = v3.get('error_message', None)
+            if v7 is None:
+                b.append(0)
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e45(o, b, parts):
+def _e26(o, b, parts):
     v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
@@ -1068,13 +1022,13 @@ def _e45(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e44(v2, b, parts)
+            b = _e25(v2, b, parts)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     b.append(0)
     return b
 
 
-def _d46(buf, pos, end):
+def _d27(buf, pos, end):
     v1, v2, = _Sii.unpack_from(buf, pos)
     pos += 8
     if buf[pos]:
@@ -1084,7 +1038,7 @@ def _d46(buf, pos, end):
     return {'leader_id': v1, 'leader_epoch': v2}, pos
 
 
-def _d47(buf, pos, end):
+def _d28(buf, pos, end):
     v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
     pos += 30
     v7 = buf[pos]
@@ -1100,22 +1054,40 @@ def _d47(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d38(buf, pos, end)
-            v6.append(v8)
-    v10 = buf[pos]
-    if v10 < 128:
+            v9, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v6.append({'batch_index': v9, 'batch_index_error_message': v10})
+    v13 = buf[pos]
+    if v13 < 128:
         pos += 1
     else:
-        v10, pos = _uv(buf, pos)
-    v10 -= 1
-    if v10 < 0:
-        v9 = None
+        v13, pos = _uv(buf, pos)
+    v13 -= 1
+    if v13 < 0:
+        v12 = None
     else:
-        if pos + v10 > end:
+        if pos + v13 > end:
             _trunc()
-        v9 = str(buf[pos:pos + v10], 'utf-8')
-        pos += v10
-    v11 = _df17()
+        v12 = str(buf[pos:pos + v13], 'utf-8')
+        pos += v13
+    v14 = _df10()
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -1136,14 +1108,14 @@ def _d47(buf, pos, end):
         if _te > end:
             _trunc()
         if _tg == 0:
-            v11, pos = _d46(buf, pos, _te)
+            v14, pos = _d27(buf, pos, _te)
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
-    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': v5, 'record_errors': v6, 'error_message': v9, 'current_leader': v11}, pos
+    return {'index': v1, 'error_code': v2, 'base_offset': v3, 'log_append_time_ms': v4, 'log_start_offset': v5, 'record_errors': v6, 'error_message': v12, 'current_leader': v14}, pos
 
 
-def _d48(buf, pos, end):
+def _d29(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -1170,7 +1142,7 @@ def _d48(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d47(buf, pos, end)
+            v5, pos = _d28(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -1179,7 +1151,7 @@ def _d48(buf, pos, end):
     return {'name': v1, 'topic_id': _ZU, 'partition_responses': v3}, pos
 
 
-def _d49(buf, pos, end):
+def _d30(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -1217,7 +1189,7 @@ def _d49(buf, pos, end):
     return {'node_id': v1, 'host': v2, 'port': v4, 'rack': v5}, pos
 
 
-def _d50(buf, pos, end):
+def _d31(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -1231,7 +1203,7 @@ def _d50(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d48(buf, pos, end)
+            v3, pos = _d29(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -1269,7 +1241,7 @@ def _d50(buf, pos, end):
                     _trunc()
                 v5 = []
                 for _ in range(v6):
-                    v7, pos = _d49(buf, pos, _te)
+                    v7, pos = _d30(buf, pos, _te)
                     v5.append(v7)
             if pos > _te:
                 _bad('tagged field overruns its size')
@@ -1277,65 +1249,13 @@ def _d50(buf, pos, end):
     return {'responses': v1, 'throttle_time_ms': v4, 'node_endpoints': v5}, pos
 
 
-def _e51(o, b, parts):
+def _e32(o, b, parts):
     b += _Sii.pack(o.get('leader_id', -1), o.get('leader_epoch', -1))
     b.append(0)
     return b
 
 
-def _e52(o, b, parts):
-    b += _Sihqqq.pack(o.get('index', 0), o.get('error_code', 0), o.get('base_offset', 0), o.get('log_append_time_ms', -1), o.get('log_start_offset', -1))
-    v1 = o.get('record_errors', ())
-    if v1 is None:
-        _enc_null('record_errors')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e42(v2, b, parts)
-    v3 = o.get('error_message', None)
-    if v3 is None:
-        b.append(0)
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    _tags = []
-    v4 = o.get('current_leader')
-    if v4 is not None and v4 != _Kdf17:
-        _outer = b
-        b = bytearray()
-        b = _e51(v4 if v4 is not None else _NO_FIELDS, b, parts)
-        _tags.append((0, b))
-        b = _outer
-    _n = len(_tags)
-    if _n < 128:
-        b.append(_n)
-    else:
-        b += _uvb(_n)
-    for _tg, _tb in _tags:
-        _n = _tg
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        _n = len(_tb)
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _tb
-    return b
-
-
-def _e53(o, b, parts):
+def _e33(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -1357,12 +1277,71 @@ def _e53(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e52(v3, b, parts)
+            b += _Sihqqq.pack(v3.get('index', 0), v3.get('error_code', 0), v3.get('base_offset', 0), v3.get('log_append_time_ms', -1), v3.get('log_start_offset', -1))
+            v4 = v3.get('record_errors', ())
+            if v4 is None:
+                _enc_null('record_errors')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Si.pack(v5.get('batch_index', 0))
+                    v6 = v5.get('batch_index_error_message', None)
+                    if v6 is None:
+                        b.append(0)
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b.append(0)
+            v7 = v3.get('error_message', None)
+            if v7 is None:
+                b.append(0)
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            _tags = []
+            v8 = v3.get('current_leader')
+            if v8 is not None and v8 != _Kdf10:
+                _outer = b
+                b = bytearray()
+                b = _e32(v8 if v8 is not None else _NO_FIELDS, b, parts)
+                _tags.append((0, b))
+                b = _outer
+            _n = len(_tags)
+            if _n < 128:
+                b.append(_n)
+            else:
+                b += _uvb(_n)
+            for _tg, _tb in _tags:
+                _n = _tg
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                _n = len(_tb)
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _tb
     b.append(0)
     return b
 
 
-def _e54(o, b, parts):
+def _e34(o, b, parts):
     b += _Si.pack(o.get('node_id', 0))
     v1 = o.get('host', '')
     if v1 is None:
@@ -1391,7 +1370,7 @@ def _e54(o, b, parts):
     return b
 
 
-def _e55(o, b, parts):
+def _e35(o, b, parts):
     v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
@@ -1402,7 +1381,7 @@ def _e55(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e53(v2, b, parts)
+            b = _e33(v2, b, parts)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     _tags = []
     v3 = o.get('node_endpoints', ())
@@ -1418,7 +1397,7 @@ def _e55(o, b, parts):
             else:
                 b += _uvb(_n)
             for v4 in v3:
-                b = _e54(v4, b, parts)
+                b = _e34(v4, b, parts)
         _tags.append((0, b))
         b = _outer
     _n = len(_tags)
@@ -1441,7 +1420,7 @@ def _e55(o, b, parts):
     return b
 
 
-def _d56(buf, pos, end):
+def _d36(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -1458,7 +1437,7 @@ def _d56(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d47(buf, pos, end)
+            v4, pos = _d28(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -1467,7 +1446,7 @@ def _d56(buf, pos, end):
     return {'name': '', 'topic_id': v1, 'partition_responses': v2}, pos
 
 
-def _d57(buf, pos, end):
+def _d37(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -1481,7 +1460,7 @@ def _d57(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d56(buf, pos, end)
+            v3, pos = _d36(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -1519,7 +1498,7 @@ def _d57(buf, pos, end):
                     _trunc()
                 v5 = []
                 for _ in range(v6):
-                    v7, pos = _d49(buf, pos, _te)
+                    v7, pos = _d30(buf, pos, _te)
                     v5.append(v7)
             if pos > _te:
                 _bad('tagged field overruns its size')
@@ -1527,7 +1506,7 @@ def _d57(buf, pos, end):
     return {'responses': v1, 'throttle_time_ms': v4, 'node_endpoints': v5}, pos
 
 
-def _e58(o, b, parts):
+def _e38(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
     v1 = o.get('partition_responses', ())
     if v1 is None:
@@ -1539,12 +1518,71 @@ def _e58(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e52(v2, b, parts)
+            b += _Sihqqq.pack(v2.get('index', 0), v2.get('error_code', 0), v2.get('base_offset', 0), v2.get('log_append_time_ms', -1), v2.get('log_start_offset', -1))
+            v3 = v2.get('record_errors', ())
+            if v3 is None:
+                _enc_null('record_errors')
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    b += _Si.pack(v4.get('batch_index', 0))
+                    v5 = v4.get('batch_index_error_message', None)
+                    if v5 is None:
+                        b.append(0)
+                    else:
+                        v5 = v5.encode()
+                        _n = len(v5) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v5
+                    b.append(0)
+            v6 = v2.get('error_message', None)
+            if v6 is None:
+                b.append(0)
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            _tags = []
+            v7 = v2.get('current_leader')
+            if v7 is not None and v7 != _Kdf10:
+                _outer = b
+                b = bytearray()
+                b = _e32(v7 if v7 is not None else _NO_FIELDS, b, parts)
+                _tags.append((0, b))
+                b = _outer
+            _n = len(_tags)
+            if _n < 128:
+                b.append(_n)
+            else:
+                b += _uvb(_n)
+            for _tg, _tb in _tags:
+                _n = _tg
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                _n = len(_tb)
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _tb
     b.append(0)
     return b
 
 
-def _e59(o, b, parts):
+def _e39(o, b, parts):
     v1 = o.get('responses', ())
     if v1 is None:
         _enc_null('responses')
@@ -1555,7 +1593,7 @@ def _e59(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e58(v2, b, parts)
+            b = _e38(v2, b, parts)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     _tags = []
     v3 = o.get('node_endpoints', ())
@@ -1571,7 +1609,7 @@ def _e59(o, b, parts):
             else:
                 b += _uvb(_n)
             for v4 in v3:
-                b = _e54(v4, b, parts)
+                b = _e34(v4, b, parts)
         _tags.append((0, b))
         b = _outer
     _n = len(_tags)
@@ -1594,13 +1632,7 @@ def _e59(o, b, parts):
     return b
 
 
-def _d60(buf, pos, end):
-    v1, v2, v3, = _Siqi.unpack_from(buf, pos)
-    pos += 16
-    return {'partition': v1, 'current_leader_epoch': -1, 'fetch_offset': v2, 'last_fetched_epoch': -1, 'log_start_offset': -1, 'partition_max_bytes': v3, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807}, pos
-
-
-def _d61(buf, pos, end):
+def _d40(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -1619,16 +1651,17 @@ def _d61(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d60(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v3.append({'partition': v6, 'current_leader_epoch': -1, 'fetch_offset': v7, 'last_fetched_epoch': -1, 'log_start_offset': -1, 'partition_max_bytes': v8, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807})
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _df62():
+def _df41():
     return {'replica_id': -1, 'replica_epoch': -1}
 
 
-def _d63(buf, pos, end):
+def _d42(buf, pos, end):
     v1, v2, v3, v4, v5, = _Siiiib.unpack_from(buf, pos)
     pos += 17
     v7, = _Si.unpack_from(buf, pos)
@@ -1640,35 +1673,12 @@ def _d63(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d61(buf, pos, end)
+            v8, pos = _d40(buf, pos, end)
             v6.append(v8)
-    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df62(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': 0, 'session_epoch': -1, 'topics': v6, 'forgotten_topics_data': [], 'rack_id': ''}, pos
+    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df41(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': 0, 'session_epoch': -1, 'topics': v6, 'forgotten_topics_data': [], 'rack_id': ''}, pos
 
 
-def _e64(o, b, parts):
-    b += _Siqi.pack(o.get('partition', 0), o.get('fetch_offset', 0), o.get('partition_max_bytes', 0))
-    return b
-
-
-def _e65(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e64(v3, b, parts)
-    return b
-
-
-def _e66(o, b, parts):
+def _e43(o, b, parts):
     b += _Siiiib.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -1676,17 +1686,24 @@ def _e66(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e65(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siqi.pack(v5.get('partition', 0), v5.get('fetch_offset', 0), v5.get('partition_max_bytes', 0))
     return b
 
 
-def _d67(buf, pos, end):
-    v1, v2, v3, v4, = _Siqqi.unpack_from(buf, pos)
-    pos += 24
-    return {'partition': v1, 'current_leader_epoch': -1, 'fetch_offset': v2, 'last_fetched_epoch': -1, 'log_start_offset': v3, 'partition_max_bytes': v4, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807}, pos
-
-
-def _d68(buf, pos, end):
+def _d44(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -1705,12 +1722,13 @@ def _d68(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d67(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, = _Siqqi.unpack_from(buf, pos)
+            pos += 24
+            v3.append({'partition': v6, 'current_leader_epoch': -1, 'fetch_offset': v7, 'last_fetched_epoch': -1, 'log_start_offset': v8, 'partition_max_bytes': v9, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807})
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d69(buf, pos, end):
+def _d45(buf, pos, end):
     v1, v2, v3, v4, v5, = _Siiiib.unpack_from(buf, pos)
     pos += 17
     v7, = _Si.unpack_from(buf, pos)
@@ -1722,35 +1740,12 @@ def _d69(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d68(buf, pos, end)
+            v8, pos = _d44(buf, pos, end)
             v6.append(v8)
-    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df62(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': 0, 'session_epoch': -1, 'topics': v6, 'forgotten_topics_data': [], 'rack_id': ''}, pos
+    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df41(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': 0, 'session_epoch': -1, 'topics': v6, 'forgotten_topics_data': [], 'rack_id': ''}, pos
 
 
-def _e70(o, b, parts):
-    b += _Siqqi.pack(o.get('partition', 0), o.get('fetch_offset', 0), o.get('log_start_offset', -1), o.get('partition_max_bytes', 0))
-    return b
-
-
-def _e71(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e70(v3, b, parts)
-    return b
-
-
-def _e72(o, b, parts):
+def _e46(o, b, parts):
     b += _Siiiib.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -1758,11 +1753,24 @@ def _e72(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e71(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siqqi.pack(v5.get('partition', 0), v5.get('fetch_offset', 0), v5.get('log_start_offset', -1), v5.get('partition_max_bytes', 0))
     return b
 
 
-def _d73(buf, pos, end):
+def _d47(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -1784,7 +1792,7 @@ def _d73(buf, pos, end):
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d74(buf, pos, end):
+def _d48(buf, pos, end):
     v1, v2, v3, v4, v5, v6, v7, = _Siiiibii.unpack_from(buf, pos)
     pos += 25
     v9, = _Si.unpack_from(buf, pos)
@@ -1796,7 +1804,7 @@ def _d74(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d68(buf, pos, end)
+            v10, pos = _d44(buf, pos, end)
             v8.append(v10)
     v12, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -1807,29 +1815,12 @@ def _d74(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d73(buf, pos, end)
+            v13, pos = _d47(buf, pos, end)
             v11.append(v13)
-    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df62(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': ''}, pos
+    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df41(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': ''}, pos
 
 
-def _e75(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        b += _pack('>%di' % len(v2), *v2)
-    return b
-
-
-def _e76(o, b, parts):
+def _e49(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -1837,24 +1828,43 @@ def _e76(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e71(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siqqi.pack(v5.get('partition', 0), v5.get('fetch_offset', 0), v5.get('log_start_offset', -1), v5.get('partition_max_bytes', 0))
+    v6 = o.get('forgotten_topics_data', ())
+    if v6 is None:
         _enc_null('forgotten_topics_data')
     else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e75(v4, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            v8 = v7.get('topic', '')
+            if v8 is None:
+                _enc_null('topic')
+            else:
+                v8 = v8.encode()
+                b += _Sh.pack(len(v8))
+                b += v8
+            v9 = v7.get('partitions', ())
+            if v9 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v9))
+                b += _pack('>%di' % len(v9), *v9)
     return b
 
 
-def _d77(buf, pos, end):
-    v1, v2, v3, v4, v5, = _Siiqqi.unpack_from(buf, pos)
-    pos += 28
-    return {'partition': v1, 'current_leader_epoch': v2, 'fetch_offset': v3, 'last_fetched_epoch': -1, 'log_start_offset': v4, 'partition_max_bytes': v5, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807}, pos
-
-
-def _d78(buf, pos, end):
+def _d50(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -1873,12 +1883,13 @@ def _d78(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d77(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, v10, = _Siiqqi.unpack_from(buf, pos)
+            pos += 28
+            v3.append({'partition': v6, 'current_leader_epoch': v7, 'fetch_offset': v8, 'last_fetched_epoch': -1, 'log_start_offset': v9, 'partition_max_bytes': v10, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807})
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d79(buf, pos, end):
+def _d51(buf, pos, end):
     v1, v2, v3, v4, v5, v6, v7, = _Siiiibii.unpack_from(buf, pos)
     pos += 25
     v9, = _Si.unpack_from(buf, pos)
@@ -1890,7 +1901,7 @@ def _d79(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d78(buf, pos, end)
+            v10, pos = _d50(buf, pos, end)
             v8.append(v10)
     v12, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -1901,35 +1912,12 @@ def _d79(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d73(buf, pos, end)
+            v13, pos = _d47(buf, pos, end)
             v11.append(v13)
-    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df62(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': ''}, pos
+    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df41(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': ''}, pos
 
 
-def _e80(o, b, parts):
-    b += _Siiqqi.pack(o.get('partition', 0), o.get('current_leader_epoch', -1), o.get('fetch_offset', 0), o.get('log_start_offset', -1), o.get('partition_max_bytes', 0))
-    return b
-
-
-def _e81(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e80(v3, b, parts)
-    return b
-
-
-def _e82(o, b, parts):
+def _e52(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -1937,18 +1925,43 @@ def _e82(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e81(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siiqqi.pack(v5.get('partition', 0), v5.get('current_leader_epoch', -1), v5.get('fetch_offset', 0), v5.get('log_start_offset', -1), v5.get('partition_max_bytes', 0))
+    v6 = o.get('forgotten_topics_data', ())
+    if v6 is None:
         _enc_null('forgotten_topics_data')
     else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e75(v4, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            v8 = v7.get('topic', '')
+            if v8 is None:
+                _enc_null('topic')
+            else:
+                v8 = v8.encode()
+                b += _Sh.pack(len(v8))
+                b += v8
+            v9 = v7.get('partitions', ())
+            if v9 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v9))
+                b += _pack('>%di' % len(v9), *v9)
     return b
 
 
-def _d83(buf, pos, end):
+def _d53(buf, pos, end):
     v1, v2, v3, v4, v5, v6, v7, = _Siiiibii.unpack_from(buf, pos)
     pos += 25
     v9, = _Si.unpack_from(buf, pos)
@@ -1960,7 +1973,7 @@ def _d83(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d78(buf, pos, end)
+            v10, pos = _d50(buf, pos, end)
             v8.append(v10)
     v12, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -1971,7 +1984,7 @@ def _d83(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d73(buf, pos, end)
+            v13, pos = _d47(buf, pos, end)
             v11.append(v13)
     v15, = _Sh.unpack_from(buf, pos)
     pos += 2
@@ -1982,10 +1995,10 @@ def _d83(buf, pos, end):
             _trunc()
         v14 = str(buf[pos:pos + v15], 'utf-8')
         pos += v15
-    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df62(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': v14}, pos
+    return {'cluster_id': None, 'replica_id': v1, 'replica_state': _df41(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': v14}, pos
 
 
-def _e84(o, b, parts):
+def _e54(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -1993,35 +2006,50 @@ def _e84(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e81(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siiqqi.pack(v5.get('partition', 0), v5.get('current_leader_epoch', -1), v5.get('fetch_offset', 0), v5.get('log_start_offset', -1), v5.get('partition_max_bytes', 0))
+    v6 = o.get('forgotten_topics_data', ())
+    if v6 is None:
         _enc_null('forgotten_topics_data')
     else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e75(v4, b, parts)
-    v5 = o.get('rack_id', '')
-    if v5 is None:
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            v8 = v7.get('topic', '')
+            if v8 is None:
+                _enc_null('topic')
+            else:
+                v8 = v8.encode()
+                b += _Sh.pack(len(v8))
+                b += v8
+            v9 = v7.get('partitions', ())
+            if v9 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v9))
+                b += _pack('>%di' % len(v9), *v9)
+    v11 = o.get('rack_id', '')
+    if v11 is None:
         _enc_null('rack_id')
     else:
-        v5 = v5.encode()
-        b += _Sh.pack(len(v5))
-        b += v5
+        v11 = v11.encode()
+        b += _Sh.pack(len(v11))
+        b += v11
     return b
 
 
-def _d85(buf, pos, end):
-    v1, v2, v3, v4, v5, v6, = _Siiqiqi.unpack_from(buf, pos)
-    pos += 32
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition': v1, 'current_leader_epoch': v2, 'fetch_offset': v3, 'last_fetched_epoch': v4, 'log_start_offset': v5, 'partition_max_bytes': v6, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807}, pos
-
-
-def _d86(buf, pos, end):
+def _d55(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -2048,8 +2076,13 @@ def _d86(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d85(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, v10, v11, = _Siiqiqi.unpack_from(buf, pos)
+            pos += 32
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition': v6, 'current_leader_epoch': v7, 'fetch_offset': v8, 'last_fetched_epoch': v9, 'log_start_offset': v10, 'partition_max_bytes': v11, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -2057,7 +2090,7 @@ def _d86(buf, pos, end):
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d87(buf, pos, end):
+def _d56(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -2091,7 +2124,7 @@ def _d87(buf, pos, end):
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d88(buf, pos, end):
+def _d57(buf, pos, end):
     v1, v2, v3, v4, v5, v6, v7, = _Siiiibii.unpack_from(buf, pos)
     pos += 25
     v9 = buf[pos]
@@ -2107,7 +2140,7 @@ def _d88(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d86(buf, pos, end)
+            v10, pos = _d55(buf, pos, end)
             v8.append(v10)
     v12 = buf[pos]
     if v12 < 128:
@@ -2122,7 +2155,7 @@ def _d88(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d87(buf, pos, end)
+            v13, pos = _d56(buf, pos, end)
             v11.append(v13)
     v15 = buf[pos]
     if v15 < 128:
@@ -2174,69 +2207,10 @@ def _d88(buf, pos, end):
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
-    return {'cluster_id': v16, 'replica_id': v1, 'replica_state': _df62(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': v14}, pos
+    return {'cluster_id': v16, 'replica_id': v1, 'replica_state': _df41(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': v14}, pos
 
 
-def _e89(o, b, parts):
-    b += _Siiqiqi.pack(o.get('partition', 0), o.get('current_leader_epoch', -1), o.get('fetch_offset', 0), o.get('last_fetched_epoch', -1), o.get('log_start_offset', -1), o.get('partition_max_bytes', 0))
-    b.append(0)
-    return b
-
-
-def _e90(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e89(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e91(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v2), *v2)
-    b.append(0)
-    return b
-
-
-def _e92(o, b, parts):
+def _e58(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -2248,44 +2222,88 @@ def _e92(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e90(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siiqiqi.pack(v5.get('partition', 0), v5.get('current_leader_epoch', -1), v5.get('fetch_offset', 0), v5.get('last_fetched_epoch', -1), v5.get('log_start_offset', -1), v5.get('partition_max_bytes', 0))
+                    b.append(0)
+            b.append(0)
+    v6 = o.get('forgotten_topics_data', ())
+    if v6 is None:
         _enc_null('forgotten_topics_data')
     else:
-        _n = len(v3) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v4 in v3:
-            b = _e91(v4, b, parts)
-    v5 = o.get('rack_id', '')
-    if v5 is None:
+        for v7 in v6:
+            v8 = v7.get('topic', '')
+            if v8 is None:
+                _enc_null('topic')
+            else:
+                v8 = v8.encode()
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            v9 = v7.get('partitions', ())
+            if v9 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v9) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v9), *v9)
+            b.append(0)
+    v11 = o.get('rack_id', '')
+    if v11 is None:
         _enc_null('rack_id')
     else:
-        v5 = v5.encode()
-        _n = len(v5) + 1
+        v11 = v11.encode()
+        _n = len(v11) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v5
+        b += v11
     _tags = []
-    v6 = o.get('cluster_id', None)
-    if v6 is not None:
+    v12 = o.get('cluster_id', None)
+    if v12 is not None:
         _outer = b
         b = bytearray()
-        if v6 is None:
+        if v12 is None:
             b.append(0)
         else:
-            v6 = v6.encode()
-            _n = len(v6) + 1
+            v12 = v12.encode()
+            _n = len(v12) + 1
             if _n < 128:
                 b.append(_n)
             else:
                 b += _uvb(_n)
-            b += v6
+            b += v12
         _tags.append((0, b))
         b = _outer
     _n = len(_tags)
@@ -2308,7 +2326,7 @@ def _e92(o, b, parts):
     return b
 
 
-def _d93(buf, pos, end):
+def _d59(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -2325,8 +2343,13 @@ def _d93(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d85(buf, pos, end)
-            v2.append(v4)
+            v5, v6, v7, v8, v9, v10, = _Siiqiqi.unpack_from(buf, pos)
+            pos += 32
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'partition': v5, 'current_leader_epoch': v6, 'fetch_offset': v7, 'last_fetched_epoch': v8, 'log_start_offset': v9, 'partition_max_bytes': v10, 'replica_directory_id': _ZU, 'high_watermark': 9223372036854775807})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -2334,7 +2357,7 @@ def _d93(buf, pos, end):
     return {'topic': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d94(buf, pos, end):
+def _d60(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -2358,7 +2381,7 @@ def _d94(buf, pos, end):
     return {'topic': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d95(buf, pos, end):
+def _d61(buf, pos, end):
     v1, v2, v3, v4, v5, v6, v7, = _Siiiibii.unpack_from(buf, pos)
     pos += 25
     v9 = buf[pos]
@@ -2374,7 +2397,7 @@ def _d95(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d93(buf, pos, end)
+            v10, pos = _d59(buf, pos, end)
             v8.append(v10)
     v12 = buf[pos]
     if v12 < 128:
@@ -2389,7 +2412,7 @@ def _d95(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d94(buf, pos, end)
+            v13, pos = _d60(buf, pos, end)
             v11.append(v13)
     v15 = buf[pos]
     if v15 < 128:
@@ -2441,43 +2464,10 @@ def _d95(buf, pos, end):
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
-    return {'cluster_id': v16, 'replica_id': v1, 'replica_state': _df62(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': v14}, pos
+    return {'cluster_id': v16, 'replica_id': v1, 'replica_state': _df41(), 'max_wait_ms': v2, 'min_bytes': v3, 'max_bytes': v4, 'isolation_level': v5, 'session_id': v6, 'session_epoch': v7, 'topics': v8, 'forgotten_topics_data': v11, 'rack_id': v14}, pos
 
 
-def _e96(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', ())
-    if v1 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e89(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e97(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', ())
-    if v1 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    b.append(0)
-    return b
-
-
-def _e98(o, b, parts):
+def _e62(o, b, parts):
     b += _Siiiibii.pack(o.get('replica_id', -1), o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -2489,44 +2479,68 @@ def _e98(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e96(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            v3 = v2.get('partitions', ())
+            if v3 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    b += _Siiqiqi.pack(v4.get('partition', 0), v4.get('current_leader_epoch', -1), v4.get('fetch_offset', 0), v4.get('last_fetched_epoch', -1), v4.get('log_start_offset', -1), v4.get('partition_max_bytes', 0))
+                    b.append(0)
+            b.append(0)
+    v5 = o.get('forgotten_topics_data', ())
+    if v5 is None:
         _enc_null('forgotten_topics_data')
     else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e97(v4, b, parts)
-    v5 = o.get('rack_id', '')
-    if v5 is None:
-        _enc_null('rack_id')
-    else:
-        v5 = v5.encode()
         _n = len(v5) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v5
+        for v6 in v5:
+            b += _Su.pack(_ub(v6.get('topic_id', _ZU)))
+            v7 = v6.get('partitions', ())
+            if v7 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v7), *v7)
+            b.append(0)
+    v9 = o.get('rack_id', '')
+    if v9 is None:
+        _enc_null('rack_id')
+    else:
+        v9 = v9.encode()
+        _n = len(v9) + 1
+        if _n < 128:
+            b.append(_n)
+        else:
+            b += _uvb(_n)
+        b += v9
     _tags = []
-    v6 = o.get('cluster_id', None)
-    if v6 is not None:
+    v10 = o.get('cluster_id', None)
+    if v10 is not None:
         _outer = b
         b = bytearray()
-        if v6 is None:
+        if v10 is None:
             b.append(0)
         else:
-            v6 = v6.encode()
-            _n = len(v6) + 1
+            v10 = v10.encode()
+            _n = len(v10) + 1
             if _n < 128:
                 b.append(_n)
             else:
                 b += _uvb(_n)
-            b += v6
+            b += v10
         _tags.append((0, b))
         b = _outer
     _n = len(_tags)
@@ -2549,7 +2563,7 @@ def _e98(o, b, parts):
     return b
 
 
-def _d99(buf, pos, end):
+def _d63(buf, pos, end):
     v1, v2, = _Siq.unpack_from(buf, pos)
     pos += 12
     if buf[pos]:
@@ -2559,7 +2573,7 @@ def _d99(buf, pos, end):
     return {'replica_id': v1, 'replica_epoch': v2}, pos
 
 
-def _d100(buf, pos, end):
+def _d64(buf, pos, end):
     v1, v2, v3, v4, v5, v6, = _Siiibii.unpack_from(buf, pos)
     pos += 21
     v8 = buf[pos]
@@ -2575,7 +2589,7 @@ def _d100(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d93(buf, pos, end)
+            v9, pos = _d59(buf, pos, end)
             v7.append(v9)
     v11 = buf[pos]
     if v11 < 128:
@@ -2590,7 +2604,7 @@ def _d100(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d94(buf, pos, end)
+            v12, pos = _d60(buf, pos, end)
             v10.append(v12)
     v14 = buf[pos]
     if v14 < 128:
@@ -2606,7 +2620,7 @@ def _d100(buf, pos, end):
         v13 = str(buf[pos:pos + v14], 'utf-8')
         pos += v14
     v15 = None
-    v16 = _df62()
+    v16 = _df41()
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -2643,20 +2657,20 @@ def _d100(buf, pos, end):
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 1:
-            v16, pos = _d99(buf, pos, _te)
+            v16, pos = _d63(buf, pos, _te)
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
     return {'cluster_id': v15, 'replica_id': -1, 'replica_state': v16, 'max_wait_ms': v1, 'min_bytes': v2, 'max_bytes': v3, 'isolation_level': v4, 'session_id': v5, 'session_epoch': v6, 'topics': v7, 'forgotten_topics_data': v10, 'rack_id': v13}, pos
 
 
-def _e101(o, b, parts):
+def _e65(o, b, parts):
     b += _Siq.pack(o.get('replica_id', -1), o.get('replica_epoch', -1))
     b.append(0)
     return b
 
 
-def _e102(o, b, parts):
+def _e66(o, b, parts):
     b += _Siiibii.pack(o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -2668,51 +2682,75 @@ def _e102(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e96(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            v3 = v2.get('partitions', ())
+            if v3 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    b += _Siiqiqi.pack(v4.get('partition', 0), v4.get('current_leader_epoch', -1), v4.get('fetch_offset', 0), v4.get('last_fetched_epoch', -1), v4.get('log_start_offset', -1), v4.get('partition_max_bytes', 0))
+                    b.append(0)
+            b.append(0)
+    v5 = o.get('forgotten_topics_data', ())
+    if v5 is None:
         _enc_null('forgotten_topics_data')
     else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e97(v4, b, parts)
-    v5 = o.get('rack_id', '')
-    if v5 is None:
-        _enc_null('rack_id')
-    else:
-        v5 = v5.encode()
         _n = len(v5) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v5
+        for v6 in v5:
+            b += _Su.pack(_ub(v6.get('topic_id', _ZU)))
+            v7 = v6.get('partitions', ())
+            if v7 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v7), *v7)
+            b.append(0)
+    v9 = o.get('rack_id', '')
+    if v9 is None:
+        _enc_null('rack_id')
+    else:
+        v9 = v9.encode()
+        _n = len(v9) + 1
+        if _n < 128:
+            b.append(_n)
+        else:
+            b += _uvb(_n)
+        b += v9
     _tags = []
-    v6 = o.get('cluster_id', None)
-    if v6 is not None:
+    v10 = o.get('cluster_id', None)
+    if v10 is not None:
         _outer = b
         b = bytearray()
-        if v6 is None:
+        if v10 is None:
             b.append(0)
         else:
-            v6 = v6.encode()
-            _n = len(v6) + 1
+            v10 = v10.encode()
+            _n = len(v10) + 1
             if _n < 128:
                 b.append(_n)
             else:
                 b += _uvb(_n)
-            b += v6
+            b += v10
         _tags.append((0, b))
         b = _outer
-    v7 = o.get('replica_state')
-    if v7 is not None and v7 != _Kdf62:
+    v11 = o.get('replica_state')
+    if v11 is not None and v11 != _Kdf41:
         _outer = b
         b = bytearray()
-        b = _e101(v7 if v7 is not None else _NO_FIELDS, b, parts)
+        b = _e65(v11 if v11 is not None else _NO_FIELDS, b, parts)
         _tags.append((1, b))
         b = _outer
     _n = len(_tags)
@@ -2735,40 +2773,7 @@ def _e102(o, b, parts):
     return b
 
 
-def _d103(buf, pos, end):
-    v1, v2, v3, v4, v5, v6, = _Siiqiqi.unpack_from(buf, pos)
-    pos += 32
-    v7 = _ZU
-    _nt = buf[pos]
-    if _nt < 128:
-        pos += 1
-    else:
-        _nt, pos = _uv(buf, pos)
-    for _ in range(_nt):
-        _tg = buf[pos]
-        if _tg < 128:
-            pos += 1
-        else:
-            _tg, pos = _uv(buf, pos)
-        _sz = buf[pos]
-        if _sz < 128:
-            pos += 1
-        else:
-            _sz, pos = _uv(buf, pos)
-        _te = pos + _sz
-        if _te > end:
-            _trunc()
-        if _tg == 0:
-            v7, = _Su.unpack_from(buf, pos)
-            pos += 16
-            v7 = _UUID(bytes=v7)
-            if pos > _te:
-                _bad('tagged field overruns its size')
-        pos = _te
-    return {'partition': v1, 'current_leader_epoch': v2, 'fetch_offset': v3, 'last_fetched_epoch': v4, 'log_start_offset': v5, 'partition_max_bytes': v6, 'replica_directory_id': v7, 'high_watermark': 9223372036854775807}, pos
-
-
-def _d104(buf, pos, end):
+def _d67(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -2785,8 +2790,36 @@ def _d104(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d103(buf, pos, end)
-            v2.append(v4)
+            v5, v6, v7, v8, v9, v10, = _Siiqiqi.unpack_from(buf, pos)
+            pos += 32
+            v11 = _ZU
+            _nt = buf[pos]
+            if _nt < 128:
+                pos += 1
+            else:
+                _nt, pos = _uv(buf, pos)
+            for _ in range(_nt):
+                _tg = buf[pos]
+                if _tg < 128:
+                    pos += 1
+                else:
+                    _tg, pos = _uv(buf, pos)
+                _sz = buf[pos]
+                if _sz < 128:
+                    pos += 1
+                else:
+                    _sz, pos = _uv(buf, pos)
+                _te = pos + _sz
+                if _te > end:
+                    _trunc()
+                if _tg == 0:
+                    v11, = _Su.unpack_from(buf, pos)
+                    pos += 16
+                    v11 = _UUID(bytes=v11)
+                    if pos > _te:
+                        _bad('tagged field overruns its size')
+                pos = _te
+            v2.append({'partition': v5, 'current_leader_epoch': v6, 'fetch_offset': v7, 'last_fetched_epoch': v8, 'log_start_offset': v9, 'partition_max_bytes': v10, 'replica_directory_id': v11, 'high_watermark': 9223372036854775807})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -2794,7 +2827,7 @@ def _d104(buf, pos, end):
     return {'topic': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d105(buf, pos, end):
+def _d68(buf, pos, end):
     v1, v2, v3, v4, v5, v6, = _Siiibii.unpack_from(buf, pos)
     pos += 21
     v8 = buf[pos]
@@ -2810,7 +2843,7 @@ def _d105(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d104(buf, pos, end)
+            v9, pos = _d67(buf, pos, end)
             v7.append(v9)
     v11 = buf[pos]
     if v11 < 128:
@@ -2825,7 +2858,7 @@ def _d105(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d94(buf, pos, end)
+            v12, pos = _d60(buf, pos, end)
             v10.append(v12)
     v14 = buf[pos]
     if v14 < 128:
@@ -2841,7 +2874,7 @@ def _d105(buf, pos, end):
         v13 = str(buf[pos:pos + v14], 'utf-8')
         pos += v14
     v15 = None
-    v16 = _df62()
+    v16 = _df41()
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -2878,61 +2911,14 @@ def _d105(buf, pos, end):
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 1:
-            v16, pos = _d99(buf, pos, _te)
+            v16, pos = _d63(buf, pos, _te)
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
     return {'cluster_id': v15, 'replica_id': -1, 'replica_state': v16, 'max_wait_ms': v1, 'min_bytes': v2, 'max_bytes': v3, 'isolation_level': v4, 'session_id': v5, 'session_epoch': v6, 'topics': v7, 'forgotten_topics_data': v10, 'rack_id': v13}, pos
 
 
-def _e106(o, b, parts):
-    b += _Siiqiqi.pack(o.get('partition', 0), o.get('current_leader_epoch', -1), o.get('fetch_offset', 0), o.get('last_fetched_epoch', -1), o.get('log_start_offset', -1), o.get('partition_max_bytes', 0))
-    _tags = []
-    v1 = o.get('replica_directory_id', _ZU)
-    if v1 != _ZU:
-        _outer = b
-        b = bytearray()
-        b += _Su.pack(_ub(v1))
-        _tags.append((0, b))
-        b = _outer
-    _n = len(_tags)
-    if _n < 128:
-        b.append(_n)
-    else:
-        b += _uvb(_n)
-    for _tg, _tb in _tags:
-        _n = _tg
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        _n = len(_tb)
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _tb
-    return b
-
-
-def _e107(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', ())
-    if v1 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e106(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e108(o, b, parts):
+def _e69(o, b, parts):
     b += _Siiibii.pack(o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -2944,51 +2930,99 @@ def _e108(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e107(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            v3 = v2.get('partitions', ())
+            if v3 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    b += _Siiqiqi.pack(v4.get('partition', 0), v4.get('current_leader_epoch', -1), v4.get('fetch_offset', 0), v4.get('last_fetched_epoch', -1), v4.get('log_start_offset', -1), v4.get('partition_max_bytes', 0))
+                    _tags = []
+                    v5 = v4.get('replica_directory_id', _ZU)
+                    if v5 != _ZU:
+                        _outer = b
+                        b = bytearray()
+                        b += _Su.pack(_ub(v5))
+                        _tags.append((0, b))
+                        b = _outer
+                    _n = len(_tags)
+                    if _n < 128:
+                        b.append(_n)
+                    else:
+                        b += _uvb(_n)
+                    for _tg, _tb in _tags:
+                        _n = _tg
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        _n = len(_tb)
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += _tb
+            b.append(0)
+    v6 = o.get('forgotten_topics_data', ())
+    if v6 is None:
         _enc_null('forgotten_topics_data')
     else:
-        _n = len(v3) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v4 in v3:
-            b = _e97(v4, b, parts)
-    v5 = o.get('rack_id', '')
-    if v5 is None:
+        for v7 in v6:
+            b += _Su.pack(_ub(v7.get('topic_id', _ZU)))
+            v8 = v7.get('partitions', ())
+            if v8 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v8), *v8)
+            b.append(0)
+    v10 = o.get('rack_id', '')
+    if v10 is None:
         _enc_null('rack_id')
     else:
-        v5 = v5.encode()
-        _n = len(v5) + 1
+        v10 = v10.encode()
+        _n = len(v10) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v5
+        b += v10
     _tags = []
-    v6 = o.get('cluster_id', None)
-    if v6 is not None:
+    v11 = o.get('cluster_id', None)
+    if v11 is not None:
         _outer = b
         b = bytearray()
-        if v6 is None:
+        if v11 is None:
             b.append(0)
         else:
-            v6 = v6.encode()
-            _n = len(v6) + 1
+            v11 = v11.encode()
+            _n = len(v11) + 1
             if _n < 128:
                 b.append(_n)
             else:
                 b += _uvb(_n)
-            b += v6
+            b += v11
         _tags.append((0, b))
         b = _outer
-    v7 = o.get('replica_state')
-    if v7 is not None and v7 != _Kdf62:
+    v12 = o.get('replica_state')
+    if v12 is not None and v12 != _Kdf41:
         _outer = b
         b = bytearray()
-        b = _e101(v7 if v7 is not None else _NO_FIELDS, b, parts)
+        b = _e65(v12 if v12 is not None else _NO_FIELDS, b, parts)
         _tags.append((1, b))
         b = _outer
     _n = len(_tags)
@@ -3011,46 +3045,7 @@ def _e108(o, b, parts):
     return b
 
 
-def _d109(buf, pos, end):
-    v1, v2, v3, v4, v5, v6, = _Siiqiqi.unpack_from(buf, pos)
-    pos += 32
-    v7 = _ZU
-    v8 = 9223372036854775807
-    _nt = buf[pos]
-    if _nt < 128:
-        pos += 1
-    else:
-        _nt, pos = _uv(buf, pos)
-    for _ in range(_nt):
-        _tg = buf[pos]
-        if _tg < 128:
-            pos += 1
-        else:
-            _tg, pos = _uv(buf, pos)
-        _sz = buf[pos]
-        if _sz < 128:
-            pos += 1
-        else:
-            _sz, pos = _uv(buf, pos)
-        _te = pos + _sz
-        if _te > end:
-            _trunc()
-        if _tg == 0:
-            v7, = _Su.unpack_from(buf, pos)
-            pos += 16
-            v7 = _UUID(bytes=v7)
-            if pos > _te:
-                _bad('tagged field overruns its size')
-        elif _tg == 1:
-            v8, = _Sq.unpack_from(buf, pos)
-            pos += 8
-            if pos > _te:
-                _bad('tagged field overruns its size')
-        pos = _te
-    return {'partition': v1, 'current_leader_epoch': v2, 'fetch_offset': v3, 'last_fetched_epoch': v4, 'log_start_offset': v5, 'partition_max_bytes': v6, 'replica_directory_id': v7, 'high_watermark': v8}, pos
-
-
-def _d110(buf, pos, end):
+def _d70(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -3067,8 +3062,42 @@ def _d110(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d109(buf, pos, end)
-            v2.append(v4)
+            v5, v6, v7, v8, v9, v10, = _Siiqiqi.unpack_from(buf, pos)
+            pos += 32
+            v11 = _ZU
+            v12 = 9223372036854775807
+            _nt = buf[pos]
+            if _nt < 128:
+                pos += 1
+            else:
+                _nt, pos = _uv(buf, pos)
+            for _ in range(_nt):
+                _tg = buf[pos]
+                if _tg < 128:
+                    pos += 1
+                else:
+                    _tg, pos = _uv(buf, pos)
+                _sz = buf[pos]
+                if _sz < 128:
+                    pos += 1
+                else:
+                    _sz, pos = _uv(buf, pos)
+                _te = pos + _sz
+                if _te > end:
+                    _trunc()
+                if _tg == 0:
+                    v11, = _Su.unpack_from(buf, pos)
+                    pos += 16
+                    v11 = _UUID(bytes=v11)
+                    if pos > _te:
+                        _bad('tagged field overruns its size')
+                elif _tg == 1:
+                    v12, = _Sq.unpack_from(buf, pos)
+                    pos += 8
+                    if pos > _te:
+                        _bad('tagged field overruns its size')
+                pos = _te
+            v2.append({'partition': v5, 'current_leader_epoch': v6, 'fetch_offset': v7, 'last_fetched_epoch': v8, 'log_start_offset': v9, 'partition_max_bytes': v10, 'replica_directory_id': v11, 'high_watermark': v12})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -3076,7 +3105,7 @@ def _d110(buf, pos, end):
     return {'topic': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d111(buf, pos, end):
+def _d71(buf, pos, end):
     v1, v2, v3, v4, v5, v6, = _Siiibii.unpack_from(buf, pos)
     pos += 21
     v8 = buf[pos]
@@ -3092,7 +3121,7 @@ def _d111(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d110(buf, pos, end)
+            v9, pos = _d70(buf, pos, end)
             v7.append(v9)
     v11 = buf[pos]
     if v11 < 128:
@@ -3107,7 +3136,7 @@ def _d111(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d94(buf, pos, end)
+            v12, pos = _d60(buf, pos, end)
             v10.append(v12)
     v14 = buf[pos]
     if v14 < 128:
@@ -3123,7 +3152,7 @@ def _d111(buf, pos, end):
         v13 = str(buf[pos:pos + v14], 'utf-8')
         pos += v14
     v15 = None
-    v16 = _df62()
+    v16 = _df41()
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -3160,68 +3189,14 @@ def _d111(buf, pos, end):
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 1:
-            v16, pos = _d99(buf, pos, _te)
+            v16, pos = _d63(buf, pos, _te)
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
     return {'cluster_id': v15, 'replica_id': -1, 'replica_state': v16, 'max_wait_ms': v1, 'min_bytes': v2, 'max_bytes': v3, 'isolation_level': v4, 'session_id': v5, 'session_epoch': v6, 'topics': v7, 'forgotten_topics_data': v10, 'rack_id': v13}, pos
 
 
-def _e112(o, b, parts):
-    b += _Siiqiqi.pack(o.get('partition', 0), o.get('current_leader_epoch', -1), o.get('fetch_offset', 0), o.get('last_fetched_epoch', -1), o.get('log_start_offset', -1), o.get('partition_max_bytes', 0))
-    _tags = []
-    v1 = o.get('replica_directory_id', _ZU)
-    if v1 != _ZU:
-        _outer = b
-        b = bytearray()
-        b += _Su.pack(_ub(v1))
-        _tags.append((0, b))
-        b = _outer
-    v2 = o.get('high_watermark', 9223372036854775807)
-    if v2 != 9223372036854775807:
-        _outer = b
-        b = bytearray()
-        b += _Sq.pack(v2)
-        _tags.append((1, b))
-        b = _outer
-    _n = len(_tags)
-    if _n < 128:
-        b.append(_n)
-    else:
-        b += _uvb(_n)
-    for _tg, _tb in _tags:
-        _n = _tg
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        _n = len(_tb)
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _tb
-    return b
-
-
-def _e113(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', ())
-    if v1 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e112(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e114(o, b, parts):
+def _e72(o, b, parts):
     b += _Siiibii.pack(o.get('max_wait_ms', 0), o.get('min_bytes', 0), o.get('max_bytes', 2147483647), o.get('isolation_level', 0), o.get('session_id', 0), o.get('session_epoch', -1))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -3233,51 +3208,106 @@ def _e114(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e113(v2, b, parts)
-    v3 = o.get('forgotten_topics_data', ())
-    if v3 is None:
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            v3 = v2.get('partitions', ())
+            if v3 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    b += _Siiqiqi.pack(v4.get('partition', 0), v4.get('current_leader_epoch', -1), v4.get('fetch_offset', 0), v4.get('last_fetched_epoch', -1), v4.get('log_start_offset', -1), v4.get('partition_max_bytes', 0))
+                    _tags = []
+                    v5 = v4.get('replica_directory_id', _ZU)
+                    if v5 != _ZU:
+                        _outer = b
+                        b = bytearray()
+                        b += _Su.pack(_ub(v5))
+                        _tags.append((0, b))
+                        b = _outer
+                    v6 = v4.get('high_watermark', 9223372036854775807)
+                    if v6 != 9223372036854775807:
+                        _outer = b
+                        b = bytearray()
+                        b += _Sq.pack(v6)
+                        _tags.append((1, b))
+                        b = _outer
+                    _n = len(_tags)
+                    if _n < 128:
+                        b.append(_n)
+                    else:
+                        b += _uvb(_n)
+                    for _tg, _tb in _tags:
+                        _n = _tg
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        _n = len(_tb)
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += _tb
+            b.append(0)
+    v7 = o.get('forgotten_topics_data', ())
+    if v7 is None:
         _enc_null('forgotten_topics_data')
     else:
-        _n = len(v3) + 1
+        _n = len(v7) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v4 in v3:
-            b = _e97(v4, b, parts)
-    v5 = o.get('rack_id', '')
-    if v5 is None:
+        for v8 in v7:
+            b += _Su.pack(_ub(v8.get('topic_id', _ZU)))
+            v9 = v8.get('partitions', ())
+            if v9 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v9) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v9), *v9)
+            b.append(0)
+    v11 = o.get('rack_id', '')
+    if v11 is None:
         _enc_null('rack_id')
     else:
-        v5 = v5.encode()
-        _n = len(v5) + 1
+        v11 = v11.encode()
+        _n = len(v11) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v5
+        b += v11
     _tags = []
-    v6 = o.get('cluster_id', None)
-    if v6 is not None:
+    v12 = o.get('cluster_id', None)
+    if v12 is not None:
         _outer = b
         b = bytearray()
-        if v6 is None:
+        if v12 is None:
             b.append(0)
         else:
-            v6 = v6.encode()
-            _n = len(v6) + 1
+            v12 = v12.encode()
+            _n = len(v12) + 1
             if _n < 128:
                 b.append(_n)
             else:
                 b += _uvb(_n)
-            b += v6
+            b += v12
         _tags.append((0, b))
         b = _outer
-    v7 = o.get('replica_state')
-    if v7 is not None and v7 != _Kdf62:
+    v13 = o.get('replica_state')
+    if v13 is not None and v13 != _Kdf41:
         _outer = b
         b = bytearray()
-        b = _e101(v7 if v7 is not None else _NO_FIELDS, b, parts)
+        b = _e65(v13 if v13 is not None else _NO_FIELDS, b, parts)
         _tags.append((1, b))
         b = _outer
     _n = len(_tags)
@@ -3300,21 +3330,15 @@ def _e114(o, b, parts):
     return b
 
 
-def _d115(buf, pos, end):
-    v1, v2, = _Sqq.unpack_from(buf, pos)
-    pos += 16
-    return {'producer_id': v1, 'first_offset': v2}, pos
-
-
-def _df116():
+def _df73():
     return {'epoch': -1, 'end_offset': -1}
 
 
-def _df117():
+def _df74():
     return {'end_offset': -1, 'epoch': -1}
 
 
-def _d118(buf, pos, end):
+def _d75(buf, pos, end):
     v1, v2, v3, v4, = _Sihqq.unpack_from(buf, pos)
     pos += 22
     v6, = _Si.unpack_from(buf, pos)
@@ -3326,294 +3350,9 @@ def _d118(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d115(buf, pos, end)
-            v5.append(v7)
-    v9, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v9 < 0:
-        v8 = None
-    else:
-        if pos + v9 > end:
-            _trunc()
-        v8 = buf[pos:pos + v9]
-        pos += v9
-    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': -1, 'diverging_epoch': _df116(), 'current_leader': _df17(), 'snapshot_id': _df117(), 'aborted_transactions': v5, 'preferred_read_replica': -1, 'records': v8}, pos
-
-
-def _d119(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null topic')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v4 < 0:
-        _bad('null partitions')
-    else:
-        if v4 > end - pos:
-            _trunc()
-        v3 = []
-        for _ in range(v4):
-            v5, pos = _d118(buf, pos, end)
-            v3.append(v5)
-    return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
-
-
-def _d120(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v3 < 0:
-        _bad('null responses')
-    else:
-        if v3 > end - pos:
-            _trunc()
-        v2 = []
-        for _ in range(v3):
-            v4, pos = _d119(buf, pos, end)
-            v2.append(v4)
-    return {'throttle_time_ms': v1, 'error_code': 0, 'session_id': 0, 'responses': v2, 'node_endpoints': []}, pos
-
-
-def _e121(o, b, parts):
-    b += _Sqq.pack(o.get('producer_id', 0), o.get('first_offset', 0))
-    return b
-
-
-def _e122(o, b, parts):
-    b += _Sihqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1))
-    v1 = o.get('aborted_transactions', ())
-    if v1 is None:
-        b += b'\xff\xff\xff\xff'
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e121(v2, b, parts)
-    v3 = o.get('records', None)
-    if v3 is None:
-        b += b'\xff\xff\xff\xff'
-    elif v3.__class__ is list or v3.__class__ is tuple:
-        b += _Si.pack(sum(map(len, v3)))
-        parts.append(b)
-        parts.extend(v3)
-        b = bytearray()
-    else:
-        b += _Si.pack(len(v3))
-        if len(v3) >= 4096:
-            parts.append(b)
-            parts.append(v3)
-            b = bytearray()
-        else:
-            b += v3
-    return b
-
-
-def _e123(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e122(v3, b, parts)
-    return b
-
-
-def _e124(o, b, parts):
-    b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', ())
-    if v1 is None:
-        _enc_null('responses')
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e123(v2, b, parts)
-    return b
-
-
-def _d125(buf, pos, end):
-    v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
-    pos += 30
-    v7, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v7 < 0:
-        v6 = None
-    else:
-        if v7 > end - pos:
-            _trunc()
-        v6 = []
-        for _ in range(v7):
-            v8, pos = _d115(buf, pos, end)
-            v6.append(v8)
-    v10, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v10 < 0:
-        v9 = None
-    else:
-        if pos + v10 > end:
-            _trunc()
-        v9 = buf[pos:pos + v10]
-        pos += v10
-    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': v5, 'diverging_epoch': _df116(), 'current_leader': _df17(), 'snapshot_id': _df117(), 'aborted_transactions': v6, 'preferred_read_replica': -1, 'records': v9}, pos
-
-
-def _d126(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null topic')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v4 < 0:
-        _bad('null partitions')
-    else:
-        if v4 > end - pos:
-            _trunc()
-        v3 = []
-        for _ in range(v4):
-            v5, pos = _d125(buf, pos, end)
-            v3.append(v5)
-    return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
-
-
-def _d127(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v3 < 0:
-        _bad('null responses')
-    else:
-        if v3 > end - pos:
-            _trunc()
-        v2 = []
-        for _ in range(v3):
-            v4, pos = _d126(buf, pos, end)
-            v2.append(v4)
-    return {'throttle_time_ms': v1, 'error_code': 0, 'session_id': 0, 'responses': v2, 'node_endpoints': []}, pos
-
-
-def _e128(o, b, parts):
-    b += _Sihqqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1), o.get('log_start_offset', -1))
-    v1 = o.get('aborted_transactions', ())
-    if v1 is None:
-        b += b'\xff\xff\xff\xff'
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e121(v2, b, parts)
-    v3 = o.get('records', None)
-    if v3 is None:
-        b += b'\xff\xff\xff\xff'
-    elif v3.__class__ is list or v3.__class__ is tuple:
-        b += _Si.pack(sum(map(len, v3)))
-        parts.append(b)
-        parts.extend(v3)
-        b = bytearray()
-    else:
-        b += _Si.pack(len(v3))
-        if len(v3) >= 4096:
-            parts.append(b)
-            parts.append(v3)
-            b = bytearray()
-        else:
-            b += v3
-    return b
-
-
-def _e129(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e128(v3, b, parts)
-    return b
-
-
-def _e130(o, b, parts):
-    b += _Si.pack(o.get('throttle_time_ms', 0))
-    v1 = o.get('responses', ())
-    if v1 is None:
-        _enc_null('responses')
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e129(v2, b, parts)
-    return b
-
-
-def _d131(buf, pos, end):
-    v1, v2, v3, = _Sihi.unpack_from(buf, pos)
-    pos += 10
-    v5, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v5 < 0:
-        _bad('null responses')
-    else:
-        if v5 > end - pos:
-            _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d126(buf, pos, end)
-            v4.append(v6)
-    return {'throttle_time_ms': v1, 'error_code': v2, 'session_id': v3, 'responses': v4, 'node_endpoints': []}, pos
-
-
-def _e132(o, b, parts):
-    b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
-    v1 = o.get('responses', ())
-    if v1 is None:
-        _enc_null('responses')
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e129(v2, b, parts)
-    return b
-
-
-def _d133(buf, pos, end):
-    v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
-    pos += 30
-    v7, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v7 < 0:
-        v6 = None
-    else:
-        if v7 > end - pos:
-            _trunc()
-        v6 = []
-        for _ in range(v7):
-            v8, pos = _d115(buf, pos, end)
-            v6.append(v8)
-    v9, = _Si.unpack_from(buf, pos)
-    pos += 4
+            v8, v9, = _Sqq.unpack_from(buf, pos)
+            pos += 16
+            v5.append({'producer_id': v8, 'first_offset': v9})
     v11, = _Si.unpack_from(buf, pos)
     pos += 4
     if v11 < 0:
@@ -3623,10 +3362,10 @@ def _d133(buf, pos, end):
             _trunc()
         v10 = buf[pos:pos + v11]
         pos += v11
-    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': v5, 'diverging_epoch': _df116(), 'current_leader': _df17(), 'snapshot_id': _df117(), 'aborted_transactions': v6, 'preferred_read_replica': v9, 'records': v10}, pos
+    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': -1, 'diverging_epoch': _df73(), 'current_leader': _df10(), 'snapshot_id': _df74(), 'aborted_transactions': v5, 'preferred_read_replica': -1, 'records': v10}, pos
 
 
-def _d134(buf, pos, end):
+def _d76(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -3645,58 +3384,29 @@ def _d134(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d133(buf, pos, end)
+            v5, pos = _d75(buf, pos, end)
             v3.append(v5)
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d135(buf, pos, end):
-    v1, v2, v3, = _Sihi.unpack_from(buf, pos)
-    pos += 10
-    v5, = _Si.unpack_from(buf, pos)
+def _d77(buf, pos, end):
+    v1, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v5 < 0:
+    v3, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v3 < 0:
         _bad('null responses')
     else:
-        if v5 > end - pos:
+        if v3 > end - pos:
             _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d134(buf, pos, end)
-            v4.append(v6)
-    return {'throttle_time_ms': v1, 'error_code': v2, 'session_id': v3, 'responses': v4, 'node_endpoints': []}, pos
+        v2 = []
+        for _ in range(v3):
+            v4, pos = _d76(buf, pos, end)
+            v2.append(v4)
+    return {'throttle_time_ms': v1, 'error_code': 0, 'session_id': 0, 'responses': v2, 'node_endpoints': []}, pos
 
 
-def _e136(o, b, parts):
-    b += _Sihqqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1), o.get('log_start_offset', -1))
-    v1 = o.get('aborted_transactions', ())
-    if v1 is None:
-        b += b'\xff\xff\xff\xff'
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e121(v2, b, parts)
-    b += _Si.pack(o.get('preferred_read_replica', -1))
-    v3 = o.get('records', None)
-    if v3 is None:
-        b += b'\xff\xff\xff\xff'
-    elif v3.__class__ is list or v3.__class__ is tuple:
-        b += _Si.pack(sum(map(len, v3)))
-        parts.append(b)
-        parts.extend(v3)
-        b = bytearray()
-    else:
-        b += _Si.pack(len(v3))
-        if len(v3) >= 4096:
-            parts.append(b)
-            parts.append(v3)
-            b = bytearray()
-        else:
-            b += v3
-    return b
-
-
-def _e137(o, b, parts):
+def _e78(o, b, parts):
     v1 = o.get('topic', '')
     if v1 is None:
         _enc_null('topic')
@@ -3710,11 +3420,184 @@ def _e137(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e136(v3, b, parts)
+            b += _Sihqq.pack(v3.get('partition_index', 0), v3.get('error_code', 0), v3.get('high_watermark', 0), v3.get('last_stable_offset', -1))
+            v4 = v3.get('aborted_transactions', ())
+            if v4 is None:
+                b += b'\xff\xff\xff\xff'
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sqq.pack(v5.get('producer_id', 0), v5.get('first_offset', 0))
+            v6 = v3.get('records', None)
+            if v6 is None:
+                b += b'\xff\xff\xff\xff'
+            elif v6.__class__ is list or v6.__class__ is tuple:
+                b += _Si.pack(sum(map(len, v6)))
+                parts.append(b)
+                parts.extend(v6)
+                b = bytearray()
+            else:
+                b += _Si.pack(len(v6))
+                if len(v6) >= 4096:
+                    parts.append(b)
+                    parts.append(v6)
+                    b = bytearray()
+                else:
+                    b += v6
     return b
 
 
-def _e138(o, b, parts):
+def _e79(o, b, parts):
+    b += _Si.pack(o.get('throttle_time_ms', 0))
+    v1 = o.get('responses', ())
+    if v1 is None:
+        _enc_null('responses')
+    else:
+        b += _Si.pack(len(v1))
+        for v2 in v1:
+            b = _e78(v2, b, parts)
+    return b
+
+
+def _d80(buf, pos, end):
+    v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
+    pos += 30
+    v7, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v7 < 0:
+        v6 = None
+    else:
+        if v7 > end - pos:
+            _trunc()
+        v6 = []
+        for _ in range(v7):
+            v9, v10, = _Sqq.unpack_from(buf, pos)
+            pos += 16
+            v6.append({'producer_id': v9, 'first_offset': v10})
+    v12, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v12 < 0:
+        v11 = None
+    else:
+        if pos + v12 > end:
+            _trunc()
+        v11 = buf[pos:pos + v12]
+        pos += v12
+    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': v5, 'diverging_epoch': _df73(), 'current_leader': _df10(), 'snapshot_id': _df74(), 'aborted_transactions': v6, 'preferred_read_replica': -1, 'records': v11}, pos
+
+
+def _d81(buf, pos, end):
+    v2, = _Sh.unpack_from(buf, pos)
+    pos += 2
+    if v2 < 0:
+        _bad('null topic')
+    else:
+        if pos + v2 > end:
+            _trunc()
+        v1 = str(buf[pos:pos + v2], 'utf-8')
+        pos += v2
+    v4, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v4 < 0:
+        _bad('null partitions')
+    else:
+        if v4 > end - pos:
+            _trunc()
+        v3 = []
+        for _ in range(v4):
+            v5, pos = _d80(buf, pos, end)
+            v3.append(v5)
+    return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
+
+
+def _d82(buf, pos, end):
+    v1, = _Si.unpack_from(buf, pos)
+    pos += 4
+    v3, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v3 < 0:
+        _bad('null responses')
+    else:
+        if v3 > end - pos:
+            _trunc()
+        v2 = []
+        for _ in range(v3):
+            v4, pos = _d81(buf, pos, end)
+            v2.append(v4)
+    return {'throttle_time_ms': v1, 'error_code': 0, 'session_id': 0, 'responses': v2, 'node_endpoints': []}, pos
+
+
+def _e83(o, b, parts):
+    v1 = o.get('topic', '')
+    if v1 is None:
+        _enc_null('topic')
+    else:
+        v1 = v1.encode()
+        b += _Sh.pack(len(v1))
+        b += v1
+    v2 = o.get('partitions', ())
+    if v2 is None:
+        _enc_null('partitions')
+    else:
+        b += _Si.pack(len(v2))
+        for v3 in v2:
+            b += _Sihqqq.pack(v3.get('partition_index', 0), v3.get('error_code', 0), v3.get('high_watermark', 0), v3.get('last_stable_offset', -1), v3.get('log_start_offset', -1))
+            v4 = v3.get('aborted_transactions', ())
+            if v4 is None:
+                b += b'\xff\xff\xff\xff'
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sqq.pack(v5.get('producer_id', 0), v5.get('first_offset', 0))
+            v6 = v3.get('records', None)
+            if v6 is None:
+                b += b'\xff\xff\xff\xff'
+            elif v6.__class__ is list or v6.__class__ is tuple:
+                b += _Si.pack(sum(map(len, v6)))
+                parts.append(b)
+                parts.extend(v6)
+                b = bytearray()
+            else:
+                b += _Si.pack(len(v6))
+                if len(v6) >= 4096:
+                    parts.append(b)
+                    parts.append(v6)
+                    b = bytearray()
+                else:
+                    b += v6
+    return b
+
+
+def _e84(o, b, parts):
+    b += _Si.pack(o.get('throttle_time_ms', 0))
+    v1 = o.get('responses', ())
+    if v1 is None:
+        _enc_null('responses')
+    else:
+        b += _Si.pack(len(v1))
+        for v2 in v1:
+            b = _e83(v2, b, parts)
+    return b
+
+
+def _d85(buf, pos, end):
+    v1, v2, v3, = _Sihi.unpack_from(buf, pos)
+    pos += 10
+    v5, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v5 < 0:
+        _bad('null responses')
+    else:
+        if v5 > end - pos:
+            _trunc()
+        v4 = []
+        for _ in range(v5):
+            v6, pos = _d81(buf, pos, end)
+            v4.append(v6)
+    return {'throttle_time_ms': v1, 'error_code': v2, 'session_id': v3, 'responses': v4, 'node_endpoints': []}, pos
+
+
+def _e86(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -3722,21 +3605,135 @@ def _e138(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e137(v2, b, parts)
+            b = _e83(v2, b, parts)
     return b
 
 
-def _d139(buf, pos, end):
-    v1, v2, = _Sqq.unpack_from(buf, pos)
-    pos += 16
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
+def _d87(buf, pos, end):
+    v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
+    pos += 30
+    v7, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v7 < 0:
+        v6 = None
     else:
-        pos += 1
-    return {'producer_id': v1, 'first_offset': v2}, pos
+        if v7 > end - pos:
+            _trunc()
+        v6 = []
+        for _ in range(v7):
+            v9, v10, = _Sqq.unpack_from(buf, pos)
+            pos += 16
+            v6.append({'producer_id': v9, 'first_offset': v10})
+    v11, = _Si.unpack_from(buf, pos)
+    pos += 4
+    v13, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v13 < 0:
+        v12 = None
+    else:
+        if pos + v13 > end:
+            _trunc()
+        v12 = buf[pos:pos + v13]
+        pos += v13
+    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': v5, 'diverging_epoch': _df73(), 'current_leader': _df10(), 'snapshot_id': _df74(), 'aborted_transactions': v6, 'preferred_read_replica': v11, 'records': v12}, pos
 
 
-def _d140(buf, pos, end):
+def _d88(buf, pos, end):
+    v2, = _Sh.unpack_from(buf, pos)
+    pos += 2
+    if v2 < 0:
+        _bad('null topic')
+    else:
+        if pos + v2 > end:
+            _trunc()
+        v1 = str(buf[pos:pos + v2], 'utf-8')
+        pos += v2
+    v4, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v4 < 0:
+        _bad('null partitions')
+    else:
+        if v4 > end - pos:
+            _trunc()
+        v3 = []
+        for _ in range(v4):
+            v5, pos = _d87(buf, pos, end)
+            v3.append(v5)
+    return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
+
+
+def _d89(buf, pos, end):
+    v1, v2, v3, = _Sihi.unpack_from(buf, pos)
+    pos += 10
+    v5, = _Si.unpack_from(buf, pos)
+    pos += 4
+    if v5 < 0:
+        _bad('null responses')
+    else:
+        if v5 > end - pos:
+            _trunc()
+        v4 = []
+        for _ in range(v5):
+            v6, pos = _d88(buf, pos, end)
+            v4.append(v6)
+    return {'throttle_time_ms': v1, 'error_code': v2, 'session_id': v3, 'responses': v4, 'node_endpoints': []}, pos
+
+
+def _e90(o, b, parts):
+    v1 = o.get('topic', '')
+    if v1 is None:
+        _enc_null('topic')
+    else:
+        v1 = v1.encode()
+        b += _Sh.pack(len(v1))
+        b += v1
+    v2 = o.get('partitions', ())
+    if v2 is None:
+        _enc_null('partitions')
+    else:
+        b += _Si.pack(len(v2))
+        for v3 in v2:
+            b += _Sihqqq.pack(v3.get('partition_index', 0), v3.get('error_code', 0), v3.get('high_watermark', 0), v3.get('last_stable_offset', -1), v3.get('log_start_offset', -1))
+            v4 = v3.get('aborted_transactions', ())
+            if v4 is None:
+                b += b'\xff\xff\xff\xff'
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sqq.pack(v5.get('producer_id', 0), v5.get('first_offset', 0))
+            b += _Si.pack(v3.get('preferred_read_replica', -1))
+            v6 = v3.get('records', None)
+            if v6 is None:
+                b += b'\xff\xff\xff\xff'
+            elif v6.__class__ is list or v6.__class__ is tuple:
+                b += _Si.pack(sum(map(len, v6)))
+                parts.append(b)
+                parts.extend(v6)
+                b = bytearray()
+            else:
+                b += _Si.pack(len(v6))
+                if len(v6) >= 4096:
+                    parts.append(b)
+                    parts.append(v6)
+                    b = bytearray()
+                else:
+                    b += v6
+    return b
+
+
+def _e91(o, b, parts):
+    b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
+    v1 = o.get('responses', ())
+    if v1 is None:
+        _enc_null('responses')
+    else:
+        b += _Si.pack(len(v1))
+        for v2 in v1:
+            b = _e90(v2, b, parts)
+    return b
+
+
+def _d92(buf, pos, end):
     v1, v2, = _Siq.unpack_from(buf, pos)
     pos += 12
     if buf[pos]:
@@ -3746,7 +3743,7 @@ def _d140(buf, pos, end):
     return {'epoch': v1, 'end_offset': v2}, pos
 
 
-def _d141(buf, pos, end):
+def _d93(buf, pos, end):
     v1, v2, = _Sqi.unpack_from(buf, pos)
     pos += 12
     if buf[pos]:
@@ -3756,7 +3753,7 @@ def _d141(buf, pos, end):
     return {'end_offset': v1, 'epoch': v2}, pos
 
 
-def _d142(buf, pos, end):
+def _d94(buf, pos, end):
     v1, v2, v3, v4, v5, = _Sihqqq.unpack_from(buf, pos)
     pos += 30
     v7 = buf[pos]
@@ -3772,26 +3769,34 @@ def _d142(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d139(buf, pos, end)
-            v6.append(v8)
-    v9, = _Si.unpack_from(buf, pos)
+            v9, v10, = _Sqq.unpack_from(buf, pos)
+            pos += 16
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v6.append({'producer_id': v9, 'first_offset': v10})
+    v11, = _Si.unpack_from(buf, pos)
     pos += 4
-    v11 = buf[pos]
-    if v11 < 128:
+    v13 = buf[pos]
+    if v13 < 128:
         pos += 1
+    elif buf[pos + 1] < 128:
+        v13 = (v13 & 127) | (buf[pos + 1] << 7)
+        pos += 2
     else:
-        v11, pos = _uv(buf, pos)
-    v11 -= 1
-    if v11 < 0:
-        v10 = None
+        v13, pos = _uv(buf, pos)
+    v13 -= 1
+    if v13 < 0:
+        v12 = None
     else:
-        if pos + v11 > end:
+        if pos + v13 > end:
             _trunc()
-        v10 = buf[pos:pos + v11]
-        pos += v11
-    v12 = _df116()
-    v13 = _df17()
-    v14 = _df117()
+        v12 = buf[pos:pos + v13]
+        pos += v13
+    v14 = _df73()
+    v15 = _df10()
+    v16 = _df74()
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -3812,22 +3817,22 @@ def _d142(buf, pos, end):
         if _te > end:
             _trunc()
         if _tg == 0:
-            v12, pos = _d140(buf, pos, _te)
+            v14, pos = _d92(buf, pos, _te)
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 1:
-            v13, pos = _d46(buf, pos, _te)
+            v15, pos = _d27(buf, pos, _te)
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 2:
-            v14, pos = _d141(buf, pos, _te)
+            v16, pos = _d93(buf, pos, _te)
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
-    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': v5, 'diverging_epoch': v12, 'current_leader': v13, 'snapshot_id': v14, 'aborted_transactions': v6, 'preferred_read_replica': v9, 'records': v10}, pos
+    return {'partition_index': v1, 'error_code': v2, 'high_watermark': v3, 'last_stable_offset': v4, 'log_start_offset': v5, 'diverging_epoch': v14, 'current_leader': v15, 'snapshot_id': v16, 'aborted_transactions': v6, 'preferred_read_replica': v11, 'records': v12}, pos
 
 
-def _d143(buf, pos, end):
+def _d95(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -3854,7 +3859,7 @@ def _d143(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d142(buf, pos, end)
+            v5, pos = _d94(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -3863,7 +3868,7 @@ def _d143(buf, pos, end):
     return {'topic': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d144(buf, pos, end):
+def _d96(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5 = buf[pos]
@@ -3879,7 +3884,7 @@ def _d144(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d143(buf, pos, end)
+            v6, pos = _d95(buf, pos, end)
             v4.append(v6)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -3888,105 +3893,19 @@ def _d144(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'session_id': v3, 'responses': v4, 'node_endpoints': []}, pos
 
 
-def _e145(o, b, parts):
-    b += _Sqq.pack(o.get('producer_id', 0), o.get('first_offset', 0))
-    b.append(0)
-    return b
-
-
-def _e146(o, b, parts):
+def _e97(o, b, parts):
     b += _Siq.pack(o.get('epoch', -1), o.get('end_offset', -1))
     b.append(0)
     return b
 
 
-def _e147(o, b, parts):
+def _e98(o, b, parts):
     b += _Sqi.pack(o.get('end_offset', -1), o.get('epoch', -1))
     b.append(0)
     return b
 
 
-def _e148(o, b, parts):
-    b += _Sihqqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('high_watermark', 0), o.get('last_stable_offset', -1), o.get('log_start_offset', -1))
-    v1 = o.get('aborted_transactions', ())
-    if v1 is None:
-        b.append(0)
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e145(v2, b, parts)
-    b += _Si.pack(o.get('preferred_read_replica', -1))
-    v3 = o.get('records', None)
-    if v3 is None:
-        b.append(0)
-    elif v3.__class__ is list or v3.__class__ is tuple:
-        _n = sum(map(len, v3)) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        parts.append(b)
-        parts.extend(v3)
-        b = bytearray()
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        if len(v3) >= 4096:
-            parts.append(b)
-            parts.append(v3)
-            b = bytearray()
-        else:
-            b += v3
-    _tags = []
-    v4 = o.get('diverging_epoch')
-    if v4 is not None and v4 != _Kdf116:
-        _outer = b
-        b = bytearray()
-        b = _e146(v4 if v4 is not None else _NO_FIELDS, b, parts)
-        _tags.append((0, b))
-        b = _outer
-    v5 = o.get('current_leader')
-    if v5 is not None and v5 != _Kdf17:
-        _outer = b
-        b = bytearray()
-        b = _e51(v5 if v5 is not None else _NO_FIELDS, b, parts)
-        _tags.append((1, b))
-        b = _outer
-    v6 = o.get('snapshot_id')
-    if v6 is not None and v6 != _Kdf117:
-        _outer = b
-        b = bytearray()
-        b = _e147(v6 if v6 is not None else _NO_FIELDS, b, parts)
-        _tags.append((2, b))
-        b = _outer
-    _n = len(_tags)
-    if _n < 128:
-        b.append(_n)
-    else:
-        b += _uvb(_n)
-    for _tg, _tb in _tags:
-        _n = _tg
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        _n = len(_tb)
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _tb
-    return b
-
-
-def _e149(o, b, parts):
+def _e99(o, b, parts):
     v1 = o.get('topic', '')
     if v1 is None:
         _enc_null('topic')
@@ -4008,12 +3927,88 @@ def _e149(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e148(v3, b, parts)
+            b += _Sihqqq.pack(v3.get('partition_index', 0), v3.get('error_code', 0), v3.get('high_watermark', 0), v3.get('last_stable_offset', -1), v3.get('log_start_offset', -1))
+            v4 = v3.get('aborted_transactions', ())
+            if v4 is None:
+                b.append(0)
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sqq.pack(v5.get('producer_id', 0), v5.get('first_offset', 0))
+                    b.append(0)
+            b += _Si.pack(v3.get('preferred_read_replica', -1))
+            v6 = v3.get('records', None)
+            if v6 is None:
+                b.append(0)
+            elif v6.__class__ is list or v6.__class__ is tuple:
+                _n = sum(map(len, v6)) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                parts.append(b)
+                parts.extend(v6)
+                b = bytearray()
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                if len(v6) >= 4096:
+                    parts.append(b)
+                    parts.append(v6)
+                    b = bytearray()
+                else:
+                    b += v6
+            _tags = []
+            v7 = v3.get('diverging_epoch')
+            if v7 is not None and v7 != _Kdf73:
+                _outer = b
+                b = bytearray()
+                b = _e97(v7 if v7 is not None else _NO_FIELDS, b, parts)
+                _tags.append((0, b))
+                b = _outer
+            v8 = v3.get('current_leader')
+            if v8 is not None and v8 != _Kdf10:
+                _outer = b
+                b = bytearray()
+                b = _e32(v8 if v8 is not None else _NO_FIELDS, b, parts)
+                _tags.append((1, b))
+                b = _outer
+            v9 = v3.get('snapshot_id')
+            if v9 is not None and v9 != _Kdf74:
+                _outer = b
+                b = bytearray()
+                b = _e98(v9 if v9 is not None else _NO_FIELDS, b, parts)
+                _tags.append((2, b))
+                b = _outer
+            _n = len(_tags)
+            if _n < 128:
+                b.append(_n)
+            else:
+                b += _uvb(_n)
+            for _tg, _tb in _tags:
+                _n = _tg
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                _n = len(_tb)
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _tb
     b.append(0)
     return b
 
 
-def _e150(o, b, parts):
+def _e100(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -4025,12 +4020,12 @@ def _e150(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e149(v2, b, parts)
+            b = _e99(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d151(buf, pos, end):
+def _d101(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -4047,7 +4042,7 @@ def _d151(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d142(buf, pos, end)
+            v4, pos = _d94(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -4056,7 +4051,7 @@ def _d151(buf, pos, end):
     return {'topic': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d152(buf, pos, end):
+def _d102(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5 = buf[pos]
@@ -4072,7 +4067,7 @@ def _d152(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d151(buf, pos, end)
+            v6, pos = _d101(buf, pos, end)
             v4.append(v6)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -4081,7 +4076,7 @@ def _d152(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'session_id': v3, 'responses': v4, 'node_endpoints': []}, pos
 
 
-def _e153(o, b, parts):
+def _e103(o, b, parts):
     b += _Su.pack(_ub(o.get('topic_id', _ZU)))
     v1 = o.get('partitions', ())
     if v1 is None:
@@ -4093,12 +4088,88 @@ def _e153(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e148(v2, b, parts)
+            b += _Sihqqq.pack(v2.get('partition_index', 0), v2.get('error_code', 0), v2.get('high_watermark', 0), v2.get('last_stable_offset', -1), v2.get('log_start_offset', -1))
+            v3 = v2.get('aborted_transactions', ())
+            if v3 is None:
+                b.append(0)
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    b += _Sqq.pack(v4.get('producer_id', 0), v4.get('first_offset', 0))
+                    b.append(0)
+            b += _Si.pack(v2.get('preferred_read_replica', -1))
+            v5 = v2.get('records', None)
+            if v5 is None:
+                b.append(0)
+            elif v5.__class__ is list or v5.__class__ is tuple:
+                _n = sum(map(len, v5)) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                parts.append(b)
+                parts.extend(v5)
+                b = bytearray()
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                if len(v5) >= 4096:
+                    parts.append(b)
+                    parts.append(v5)
+                    b = bytearray()
+                else:
+                    b += v5
+            _tags = []
+            v6 = v2.get('diverging_epoch')
+            if v6 is not None and v6 != _Kdf73:
+                _outer = b
+                b = bytearray()
+                b = _e97(v6 if v6 is not None else _NO_FIELDS, b, parts)
+                _tags.append((0, b))
+                b = _outer
+            v7 = v2.get('current_leader')
+            if v7 is not None and v7 != _Kdf10:
+                _outer = b
+                b = bytearray()
+                b = _e32(v7 if v7 is not None else _NO_FIELDS, b, parts)
+                _tags.append((1, b))
+                b = _outer
+            v8 = v2.get('snapshot_id')
+            if v8 is not None and v8 != _Kdf74:
+                _outer = b
+                b = bytearray()
+                b = _e98(v8 if v8 is not None else _NO_FIELDS, b, parts)
+                _tags.append((2, b))
+                b = _outer
+            _n = len(_tags)
+            if _n < 128:
+                b.append(_n)
+            else:
+                b += _uvb(_n)
+            for _tg, _tb in _tags:
+                _n = _tg
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                _n = len(_tb)
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _tb
     b.append(0)
     return b
 
 
-def _e154(o, b, parts):
+def _e104(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -4110,12 +4181,12 @@ def _e154(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e153(v2, b, parts)
+            b = _e103(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d155(buf, pos, end):
+def _d105(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5 = buf[pos]
@@ -4131,7 +4202,7 @@ def _d155(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d151(buf, pos, end)
+            v6, pos = _d101(buf, pos, end)
             v4.append(v6)
     v7 = []
     _nt = buf[pos]
@@ -4167,7 +4238,7 @@ def _d155(buf, pos, end):
                     _trunc()
                 v7 = []
                 for _ in range(v8):
-                    v9, pos = _d49(buf, pos, _te)
+                    v9, pos = _d30(buf, pos, _te)
                     v7.append(v9)
             if pos > _te:
                 _bad('tagged field overruns its size')
@@ -4175,7 +4246,7 @@ def _d155(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'session_id': v3, 'responses': v4, 'node_endpoints': v7}, pos
 
 
-def _e156(o, b, parts):
+def _e106(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('session_id', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -4187,7 +4258,7 @@ def _e156(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e153(v2, b, parts)
+            b = _e103(v2, b, parts)
     _tags = []
     v3 = o.get('node_endpoints', ())
     if v3:
@@ -4202,7 +4273,7 @@ def _e156(o, b, parts):
             else:
                 b += _uvb(_n)
             for v4 in v3:
-                b = _e54(v4, b, parts)
+                b = _e34(v4, b, parts)
         _tags.append((0, b))
         b = _outer
     _n = len(_tags)
@@ -4225,13 +4296,7 @@ def _e156(o, b, parts):
     return b
 
 
-def _d157(buf, pos, end):
-    v1, v2, = _Siq.unpack_from(buf, pos)
-    pos += 12
-    return {'partition_index': v1, 'current_leader_epoch': -1, 'timestamp': v2, 'max_num_offsets': 1}, pos
-
-
-def _d158(buf, pos, end):
+def _d107(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -4250,12 +4315,13 @@ def _d158(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d157(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            v3.append({'partition_index': v6, 'current_leader_epoch': -1, 'timestamp': v7, 'max_num_offsets': 1})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d159(buf, pos, end):
+def _d108(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -4267,35 +4333,12 @@ def _d159(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d158(buf, pos, end)
+            v4, pos = _d107(buf, pos, end)
             v2.append(v4)
     return {'replica_id': v1, 'isolation_level': 0, 'topics': v2, 'timeout_ms': 0}, pos
 
 
-def _e160(o, b, parts):
-    b += _Siq.pack(o.get('partition_index', 0), o.get('timestamp', 0))
-    return b
-
-
-def _e161(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e160(v3, b, parts)
-    return b
-
-
-def _e162(o, b, parts):
+def _e109(o, b, parts):
     b += _Si.pack(o.get('replica_id', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4303,11 +4346,24 @@ def _e162(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e161(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('partition_index', 0), v5.get('timestamp', 0))
     return b
 
 
-def _d163(buf, pos, end):
+def _d110(buf, pos, end):
     v1, v2, = _Sib.unpack_from(buf, pos)
     pos += 5
     v4, = _Si.unpack_from(buf, pos)
@@ -4319,12 +4375,12 @@ def _d163(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d158(buf, pos, end)
+            v5, pos = _d107(buf, pos, end)
             v3.append(v5)
     return {'replica_id': v1, 'isolation_level': v2, 'topics': v3, 'timeout_ms': 0}, pos
 
 
-def _e164(o, b, parts):
+def _e111(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4332,17 +4388,24 @@ def _e164(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e161(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('partition_index', 0), v5.get('timestamp', 0))
     return b
 
 
-def _d165(buf, pos, end):
-    v1, v2, v3, = _Siiq.unpack_from(buf, pos)
-    pos += 16
-    return {'partition_index': v1, 'current_leader_epoch': v2, 'timestamp': v3, 'max_num_offsets': 1}, pos
-
-
-def _d166(buf, pos, end):
+def _d112(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -4361,12 +4424,13 @@ def _d166(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d165(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siiq.unpack_from(buf, pos)
+            pos += 16
+            v3.append({'partition_index': v6, 'current_leader_epoch': v7, 'timestamp': v8, 'max_num_offsets': 1})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d167(buf, pos, end):
+def _d113(buf, pos, end):
     v1, v2, = _Sib.unpack_from(buf, pos)
     pos += 5
     v4, = _Si.unpack_from(buf, pos)
@@ -4378,35 +4442,12 @@ def _d167(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d166(buf, pos, end)
+            v5, pos = _d112(buf, pos, end)
             v3.append(v5)
     return {'replica_id': v1, 'isolation_level': v2, 'topics': v3, 'timeout_ms': 0}, pos
 
 
-def _e168(o, b, parts):
-    b += _Siiq.pack(o.get('partition_index', 0), o.get('current_leader_epoch', -1), o.get('timestamp', 0))
-    return b
-
-
-def _e169(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e168(v3, b, parts)
-    return b
-
-
-def _e170(o, b, parts):
+def _e114(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4414,21 +4455,24 @@ def _e170(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e169(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siiq.pack(v5.get('partition_index', 0), v5.get('current_leader_epoch', -1), v5.get('timestamp', 0))
     return b
 
 
-def _d171(buf, pos, end):
-    v1, v2, v3, = _Siiq.unpack_from(buf, pos)
-    pos += 16
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'current_leader_epoch': v2, 'timestamp': v3, 'max_num_offsets': 1}, pos
-
-
-def _d172(buf, pos, end):
+def _d115(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -4455,8 +4499,13 @@ def _d172(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d171(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siiq.unpack_from(buf, pos)
+            pos += 16
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'current_leader_epoch': v7, 'timestamp': v8, 'max_num_offsets': 1})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -4464,7 +4513,7 @@ def _d172(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d173(buf, pos, end):
+def _d116(buf, pos, end):
     v1, v2, = _Sib.unpack_from(buf, pos)
     pos += 5
     v4 = buf[pos]
@@ -4480,7 +4529,7 @@ def _d173(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d172(buf, pos, end)
+            v5, pos = _d115(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -4489,40 +4538,7 @@ def _d173(buf, pos, end):
     return {'replica_id': v1, 'isolation_level': v2, 'topics': v3, 'timeout_ms': 0}, pos
 
 
-def _e174(o, b, parts):
-    b += _Siiq.pack(o.get('partition_index', 0), o.get('current_leader_epoch', -1), o.get('timestamp', 0))
-    b.append(0)
-    return b
-
-
-def _e175(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e174(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e176(o, b, parts):
+def _e117(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4534,12 +4550,35 @@ def _e176(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e175(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siiq.pack(v5.get('partition_index', 0), v5.get('current_leader_epoch', -1), v5.get('timestamp', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d177(buf, pos, end):
+def _d118(buf, pos, end):
     v1, v2, = _Sib.unpack_from(buf, pos)
     pos += 5
     v4 = buf[pos]
@@ -4555,7 +4594,7 @@ def _d177(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d172(buf, pos, end)
+            v5, pos = _d115(buf, pos, end)
             v3.append(v5)
     v6, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -4566,7 +4605,7 @@ def _d177(buf, pos, end):
     return {'replica_id': v1, 'isolation_level': v2, 'topics': v3, 'timeout_ms': v6}, pos
 
 
-def _e178(o, b, parts):
+def _e119(o, b, parts):
     b += _Sib.pack(o.get('replica_id', 0), o.get('isolation_level', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4578,19 +4617,36 @@ def _e178(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e175(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siiq.pack(v5.get('partition_index', 0), v5.get('current_leader_epoch', -1), v5.get('timestamp', 0))
+                    b.append(0)
+            b.append(0)
     b += _Si.pack(o.get('timeout_ms', 0))
     b.append(0)
     return b
 
 
-def _d179(buf, pos, end):
-    v1, v2, v3, v4, = _Sihqq.unpack_from(buf, pos)
-    pos += 22
-    return {'partition_index': v1, 'error_code': v2, 'old_style_offsets': [], 'timestamp': v3, 'offset': v4, 'leader_epoch': -1}, pos
-
-
-def _d180(buf, pos, end):
+def _d120(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -4609,12 +4665,13 @@ def _d180(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d179(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, = _Sihqq.unpack_from(buf, pos)
+            pos += 22
+            v3.append({'partition_index': v6, 'error_code': v7, 'old_style_offsets': [], 'timestamp': v8, 'offset': v9, 'leader_epoch': -1})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d181(buf, pos, end):
+def _d121(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -4624,46 +4681,36 @@ def _d181(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d180(buf, pos, end)
+            v3, pos = _d120(buf, pos, end)
             v1.append(v3)
     return {'throttle_time_ms': 0, 'topics': v1}, pos
 
 
-def _e182(o, b, parts):
-    b += _Sihqq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('timestamp', -1), o.get('offset', -1))
-    return b
-
-
-def _e183(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e182(v3, b, parts)
-    return b
-
-
-def _e184(o, b, parts):
+def _e122(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e183(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sihqq.pack(v5.get('partition_index', 0), v5.get('error_code', 0), v5.get('timestamp', -1), v5.get('offset', -1))
     return b
 
 
-def _d185(buf, pos, end):
+def _d123(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -4675,12 +4722,12 @@ def _d185(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d180(buf, pos, end)
+            v4, pos = _d120(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e186(o, b, parts):
+def _e124(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4688,17 +4735,24 @@ def _e186(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e183(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sihqq.pack(v5.get('partition_index', 0), v5.get('error_code', 0), v5.get('timestamp', -1), v5.get('offset', -1))
     return b
 
 
-def _d187(buf, pos, end):
-    v1, v2, v3, v4, v5, = _Sihqqi.unpack_from(buf, pos)
-    pos += 26
-    return {'partition_index': v1, 'error_code': v2, 'old_style_offsets': [], 'timestamp': v3, 'offset': v4, 'leader_epoch': v5}, pos
-
-
-def _d188(buf, pos, end):
+def _d125(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -4717,12 +4771,13 @@ def _d188(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d187(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, v10, = _Sihqqi.unpack_from(buf, pos)
+            pos += 26
+            v3.append({'partition_index': v6, 'error_code': v7, 'old_style_offsets': [], 'timestamp': v8, 'offset': v9, 'leader_epoch': v10})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d189(buf, pos, end):
+def _d126(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -4734,35 +4789,12 @@ def _d189(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d188(buf, pos, end)
+            v4, pos = _d125(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e190(o, b, parts):
-    b += _Sihqqi.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('timestamp', -1), o.get('offset', -1), o.get('leader_epoch', -1))
-    return b
-
-
-def _e191(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e190(v3, b, parts)
-    return b
-
-
-def _e192(o, b, parts):
+def _e127(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4770,21 +4802,24 @@ def _e192(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e191(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sihqqi.pack(v5.get('partition_index', 0), v5.get('error_code', 0), v5.get('timestamp', -1), v5.get('offset', -1), v5.get('leader_epoch', -1))
     return b
 
 
-def _d193(buf, pos, end):
-    v1, v2, v3, v4, v5, = _Sihqqi.unpack_from(buf, pos)
-    pos += 26
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'error_code': v2, 'old_style_offsets': [], 'timestamp': v3, 'offset': v4, 'leader_epoch': v5}, pos
-
-
-def _d194(buf, pos, end):
+def _d128(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -4811,8 +4846,13 @@ def _d194(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d193(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, v10, = _Sihqqi.unpack_from(buf, pos)
+            pos += 26
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'error_code': v7, 'old_style_offsets': [], 'timestamp': v8, 'offset': v9, 'leader_epoch': v10})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -4820,7 +4860,7 @@ def _d194(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d195(buf, pos, end):
+def _d129(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -4836,7 +4876,7 @@ def _d195(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d194(buf, pos, end)
+            v4, pos = _d128(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -4845,40 +4885,7 @@ def _d195(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e196(o, b, parts):
-    b += _Sihqqi.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('timestamp', -1), o.get('offset', -1), o.get('leader_epoch', -1))
-    b.append(0)
-    return b
-
-
-def _e197(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e196(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e198(o, b, parts):
+def _e130(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -4890,25 +4897,35 @@ def _e198(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e197(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sihqqi.pack(v5.get('partition_index', 0), v5.get('error_code', 0), v5.get('timestamp', -1), v5.get('offset', -1), v5.get('leader_epoch', -1))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d199(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    return {'topic_id': _ZU, 'name': v1}, pos
-
-
-def _d200(buf, pos, end):
+def _d131(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -4918,34 +4935,37 @@ def _d200(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d199(buf, pos, end)
-            v1.append(v3)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v1.append({'topic_id': _ZU, 'name': v4})
     return {'topics': v1, 'allow_auto_topic_creation': True, 'include_cluster_authorized_operations': False, 'include_topic_authorized_operations': False}, pos
 
 
-def _e201(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    return b
-
-
-def _e202(o, b, parts):
+def _e132(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e201(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
     return b
 
 
-def _d203(buf, pos, end):
+def _d133(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -4955,23 +4975,37 @@ def _d203(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d199(buf, pos, end)
-            v1.append(v3)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v1.append({'topic_id': _ZU, 'name': v4})
     return {'topics': v1, 'allow_auto_topic_creation': True, 'include_cluster_authorized_operations': False, 'include_topic_authorized_operations': False}, pos
 
 
-def _e204(o, b, parts):
+def _e134(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e201(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
     return b
 
 
-def _d205(buf, pos, end):
+def _d135(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -4981,26 +5015,40 @@ def _d205(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d199(buf, pos, end)
-            v1.append(v3)
-    v4, = _So.unpack_from(buf, pos)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v1.append({'topic_id': _ZU, 'name': v4})
+    v6, = _So.unpack_from(buf, pos)
     pos += 1
-    return {'topics': v1, 'allow_auto_topic_creation': v4, 'include_cluster_authorized_operations': False, 'include_topic_authorized_operations': False}, pos
+    return {'topics': v1, 'allow_auto_topic_creation': v6, 'include_cluster_authorized_operations': False, 'include_topic_authorized_operations': False}, pos
 
 
-def _e206(o, b, parts):
+def _e136(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e201(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
     b += _So.pack(o.get('allow_auto_topic_creation', True))
     return b
 
 
-def _d207(buf, pos, end):
+def _d137(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -5010,47 +5058,40 @@ def _d207(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d199(buf, pos, end)
-            v1.append(v3)
-    v4, v5, v6, = _Sooo.unpack_from(buf, pos)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v1.append({'topic_id': _ZU, 'name': v4})
+    v6, v7, v8, = _Sooo.unpack_from(buf, pos)
     pos += 3
-    return {'topics': v1, 'allow_auto_topic_creation': v4, 'include_cluster_authorized_operations': v5, 'include_topic_authorized_operations': v6}, pos
+    return {'topics': v1, 'allow_auto_topic_creation': v6, 'include_cluster_authorized_operations': v7, 'include_topic_authorized_operations': v8}, pos
 
 
-def _e208(o, b, parts):
+def _e138(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e201(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
     b += _Sooo.pack(o.get('allow_auto_topic_creation', True), o.get('include_cluster_authorized_operations', False), o.get('include_topic_authorized_operations', False))
     return b
 
 
-def _d209(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'topic_id': _ZU, 'name': v1}, pos
-
-
-def _d210(buf, pos, end):
+def _d139(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -5064,34 +5105,34 @@ def _d210(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d209(buf, pos, end)
-            v1.append(v3)
-    v4, v5, v6, = _Sooo.unpack_from(buf, pos)
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'topic_id': _ZU, 'name': v4})
+    v6, v7, v8, = _Sooo.unpack_from(buf, pos)
     pos += 3
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'topics': v1, 'allow_auto_topic_creation': v4, 'include_cluster_authorized_operations': v5, 'include_topic_authorized_operations': v6}, pos
+    return {'topics': v1, 'allow_auto_topic_creation': v6, 'include_cluster_authorized_operations': v7, 'include_topic_authorized_operations': v8}, pos
 
 
-def _e211(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e212(o, b, parts):
+def _e140(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
@@ -5102,37 +5143,24 @@ def _e212(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e211(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b.append(0)
     b += _Sooo.pack(o.get('allow_auto_topic_creation', True), o.get('include_cluster_authorized_operations', False), o.get('include_topic_authorized_operations', False))
     b.append(0)
     return b
 
 
-def _d213(buf, pos, end):
-    v1, = _Su.unpack_from(buf, pos)
-    pos += 16
-    v1 = _UUID(bytes=v1)
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'topic_id': v1, 'name': v2}, pos
-
-
-def _d214(buf, pos, end):
+def _d141(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -5146,35 +5174,37 @@ def _d214(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d213(buf, pos, end)
-            v1.append(v3)
-    v4, v5, v6, = _Sooo.unpack_from(buf, pos)
+            v4, = _Su.unpack_from(buf, pos)
+            pos += 16
+            v4 = _UUID(bytes=v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                v5 = None
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'topic_id': v4, 'name': v5})
+    v7, v8, v9, = _Sooo.unpack_from(buf, pos)
     pos += 3
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'topics': v1, 'allow_auto_topic_creation': v4, 'include_cluster_authorized_operations': v5, 'include_topic_authorized_operations': v6}, pos
+    return {'topics': v1, 'allow_auto_topic_creation': v7, 'include_cluster_authorized_operations': v8, 'include_topic_authorized_operations': v9}, pos
 
 
-def _e215(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('name', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e216(o, b, parts):
+def _e142(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
@@ -5185,13 +5215,25 @@ def _e216(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e215(v2, b, parts)
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            v3 = v2.get('name', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b.append(0)
     b += _Sooo.pack(o.get('allow_auto_topic_creation', True), o.get('include_cluster_authorized_operations', False), o.get('include_topic_authorized_operations', False))
     b.append(0)
     return b
 
 
-def _d217(buf, pos, end):
+def _d143(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -5205,18 +5247,37 @@ def _d217(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d213(buf, pos, end)
-            v1.append(v3)
-    v4, v5, = _Soo.unpack_from(buf, pos)
+            v4, = _Su.unpack_from(buf, pos)
+            pos += 16
+            v4 = _UUID(bytes=v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                v5 = None
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'topic_id': v4, 'name': v5})
+    v7, v8, = _Soo.unpack_from(buf, pos)
     pos += 2
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'topics': v1, 'allow_auto_topic_creation': v4, 'include_cluster_authorized_operations': False, 'include_topic_authorized_operations': v5}, pos
+    return {'topics': v1, 'allow_auto_topic_creation': v7, 'include_cluster_authorized_operations': False, 'include_topic_authorized_operations': v8}, pos
 
 
-def _e218(o, b, parts):
+def _e144(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
@@ -5227,30 +5288,25 @@ def _e218(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e215(v2, b, parts)
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            v3 = v2.get('name', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b.append(0)
     b += _Soo.pack(o.get('allow_auto_topic_creation', True), o.get('include_topic_authorized_operations', False))
     b.append(0)
     return b
 
 
-def _d219(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v3 < 0:
-        _bad('null host')
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    return {'node_id': v1, 'host': v2, 'port': v4, 'rack': None}, pos
-
-
-def _d220(buf, pos, end):
+def _d145(buf, pos, end):
     v1, v2, v3, = _Shii.unpack_from(buf, pos)
     pos += 10
     v5, = _Si.unpack_from(buf, pos)
@@ -5274,7 +5330,7 @@ def _d220(buf, pos, end):
     return {'error_code': v1, 'partition_index': v2, 'leader_id': v3, 'leader_epoch': -1, 'replica_nodes': v4, 'isr_nodes': v6, 'offline_replicas': []}, pos
 
 
-def _d221(buf, pos, end):
+def _d146(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -5295,12 +5351,12 @@ def _d221(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d220(buf, pos, end)
+            v6, pos = _d145(buf, pos, end)
             v4.append(v6)
     return {'error_code': v1, 'name': v2, 'topic_id': _ZU, 'is_internal': False, 'partitions': v4, 'topic_authorized_operations': -2147483648}, pos
 
 
-def _d222(buf, pos, end):
+def _d147(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -5310,53 +5366,35 @@ def _d222(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d219(buf, pos, end)
-            v1.append(v3)
-    v5, = _Si.unpack_from(buf, pos)
+            v4, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null host')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v1.append({'node_id': v4, 'host': v5, 'port': v7, 'rack': None})
+    v9, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v5 < 0:
+    if v9 < 0:
         _bad('null topics')
     else:
-        if v5 > end - pos:
+        if v9 > end - pos:
             _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d221(buf, pos, end)
-            v4.append(v6)
-    return {'throttle_time_ms': 0, 'brokers': v1, 'cluster_id': None, 'controller_id': -1, 'topics': v4, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+        v8 = []
+        for _ in range(v9):
+            v10, pos = _d146(buf, pos, end)
+            v8.append(v10)
+    return {'throttle_time_ms': 0, 'brokers': v1, 'cluster_id': None, 'controller_id': -1, 'topics': v8, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e223(o, b, parts):
-    b += _Si.pack(o.get('node_id', 0))
-    v1 = o.get('host', '')
-    if v1 is None:
-        _enc_null('host')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Si.pack(o.get('port', 0))
-    return b
-
-
-def _e224(o, b, parts):
-    b += _Shii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0))
-    v1 = o.get('replica_nodes', ())
-    if v1 is None:
-        _enc_null('replica_nodes')
-    else:
-        b += _Si.pack(len(v1))
-        b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', ())
-    if v3 is None:
-        _enc_null('isr_nodes')
-    else:
-        b += _Si.pack(len(v3))
-        b += _pack('>%di' % len(v3), *v3)
-    return b
-
-
-def _e225(o, b, parts):
+def _e148(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -5371,55 +5409,49 @@ def _e225(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e224(v3, b, parts)
+            b += _Shii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                b += _Si.pack(len(v6))
+                b += _pack('>%di' % len(v6), *v6)
     return b
 
 
-def _e226(o, b, parts):
+def _e149(o, b, parts):
     v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e223(v2, b, parts)
-    v3 = o.get('topics', ())
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+    v4 = o.get('topics', ())
+    if v4 is None:
         _enc_null('topics')
     else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e225(v4, b, parts)
+        b += _Si.pack(len(v4))
+        for v5 in v4:
+            b = _e148(v5, b, parts)
     return b
 
 
-def _d227(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v3 < 0:
-        _bad('null host')
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v6 < 0:
-        v5 = None
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    return {'node_id': v1, 'host': v2, 'port': v4, 'rack': v5}, pos
-
-
-def _d228(buf, pos, end):
+def _d150(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -5442,12 +5474,12 @@ def _d228(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d220(buf, pos, end)
+            v7, pos = _d145(buf, pos, end)
             v5.append(v7)
     return {'error_code': v1, 'name': v2, 'topic_id': _ZU, 'is_internal': v4, 'partitions': v5, 'topic_authorized_operations': -2147483648}, pos
 
 
-def _d229(buf, pos, end):
+def _d151(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -5457,45 +5489,46 @@ def _d229(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d227(buf, pos, end)
-            v1.append(v3)
-    v4, = _Si.unpack_from(buf, pos)
+            v4, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null host')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v1.append({'node_id': v4, 'host': v5, 'port': v7, 'rack': v8})
+    v10, = _Si.unpack_from(buf, pos)
     pos += 4
-    v6, = _Si.unpack_from(buf, pos)
+    v12, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v6 < 0:
+    if v12 < 0:
         _bad('null topics')
     else:
-        if v6 > end - pos:
+        if v12 > end - pos:
             _trunc()
-        v5 = []
-        for _ in range(v6):
-            v7, pos = _d228(buf, pos, end)
-            v5.append(v7)
-    return {'throttle_time_ms': 0, 'brokers': v1, 'cluster_id': None, 'controller_id': v4, 'topics': v5, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+        v11 = []
+        for _ in range(v12):
+            v13, pos = _d150(buf, pos, end)
+            v11.append(v13)
+    return {'throttle_time_ms': 0, 'brokers': v1, 'cluster_id': None, 'controller_id': v10, 'topics': v11, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e230(o, b, parts):
-    b += _Si.pack(o.get('node_id', 0))
-    v1 = o.get('host', '')
-    if v1 is None:
-        _enc_null('host')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Si.pack(o.get('port', 0))
-    v2 = o.get('rack', None)
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e231(o, b, parts):
+def _e152(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -5511,30 +5544,57 @@ def _e231(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e224(v3, b, parts)
+            b += _Shii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                b += _Si.pack(len(v6))
+                b += _pack('>%di' % len(v6), *v6)
     return b
 
 
-def _e232(o, b, parts):
+def _e153(o, b, parts):
     v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e230(v2, b, parts)
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
     b += _Si.pack(o.get('controller_id', -1))
-    v3 = o.get('topics', ())
-    if v3 is None:
+    v5 = o.get('topics', ())
+    if v5 is None:
         _enc_null('topics')
     else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e231(v4, b, parts)
+        b += _Si.pack(len(v5))
+        for v6 in v5:
+            b = _e152(v6, b, parts)
     return b
 
 
-def _d233(buf, pos, end):
+def _d154(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -5544,60 +5604,96 @@ def _d233(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d227(buf, pos, end)
-            v1.append(v3)
-    v5, = _Sh.unpack_from(buf, pos)
+            v4, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null host')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v1.append({'node_id': v4, 'host': v5, 'port': v7, 'rack': v8})
+    v11, = _Sh.unpack_from(buf, pos)
     pos += 2
-    if v5 < 0:
-        v4 = None
+    if v11 < 0:
+        v10 = None
     else:
-        if pos + v5 > end:
+        if pos + v11 > end:
             _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    v6, = _Si.unpack_from(buf, pos)
+        v10 = str(buf[pos:pos + v11], 'utf-8')
+        pos += v11
+    v12, = _Si.unpack_from(buf, pos)
     pos += 4
-    v8, = _Si.unpack_from(buf, pos)
+    v14, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v8 < 0:
+    if v14 < 0:
         _bad('null topics')
     else:
-        if v8 > end - pos:
+        if v14 > end - pos:
             _trunc()
-        v7 = []
-        for _ in range(v8):
-            v9, pos = _d228(buf, pos, end)
-            v7.append(v9)
-    return {'throttle_time_ms': 0, 'brokers': v1, 'cluster_id': v4, 'controller_id': v6, 'topics': v7, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+        v13 = []
+        for _ in range(v14):
+            v15, pos = _d150(buf, pos, end)
+            v13.append(v15)
+    return {'throttle_time_ms': 0, 'brokers': v1, 'cluster_id': v10, 'controller_id': v12, 'topics': v13, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e234(o, b, parts):
+def _e155(o, b, parts):
     v1 = o.get('brokers', ())
     if v1 is None:
         _enc_null('brokers')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e230(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b += b'\xff\xff'
     else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
+        v5 = v5.encode()
+        b += _Sh.pack(len(v5))
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        b += _Si.pack(len(v4))
-        for v5 in v4:
-            b = _e231(v5, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            b = _e152(v7, b, parts)
     return b
 
 
-def _d235(buf, pos, end):
+def _d156(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -5609,34 +5705,55 @@ def _d235(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d227(buf, pos, end)
-            v2.append(v4)
-    v6, = _Sh.unpack_from(buf, pos)
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12, = _Sh.unpack_from(buf, pos)
     pos += 2
-    if v6 < 0:
-        v5 = None
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9, = _Si.unpack_from(buf, pos)
+    v15, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v9 < 0:
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d228(buf, pos, end)
-            v8.append(v10)
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d150(buf, pos, end)
+            v14.append(v16)
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e236(o, b, parts):
+def _e157(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -5644,26 +5761,41 @@ def _e236(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e230(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b += b'\xff\xff'
     else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
+        v5 = v5.encode()
+        b += _Sh.pack(len(v5))
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        b += _Si.pack(len(v4))
-        for v5 in v4:
-            b = _e231(v5, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            b = _e152(v7, b, parts)
     return b
 
 
-def _d237(buf, pos, end):
+def _d158(buf, pos, end):
     v1, v2, v3, = _Shii.unpack_from(buf, pos)
     pos += 10
     v5, = _Si.unpack_from(buf, pos)
@@ -5696,7 +5828,7 @@ def _d237(buf, pos, end):
     return {'error_code': v1, 'partition_index': v2, 'leader_id': v3, 'leader_epoch': -1, 'replica_nodes': v4, 'isr_nodes': v6, 'offline_replicas': v8}, pos
 
 
-def _d238(buf, pos, end):
+def _d159(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -5719,12 +5851,12 @@ def _d238(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d237(buf, pos, end)
+            v7, pos = _d158(buf, pos, end)
             v5.append(v7)
     return {'error_code': v1, 'name': v2, 'topic_id': _ZU, 'is_internal': v4, 'partitions': v5, 'topic_authorized_operations': -2147483648}, pos
 
 
-def _d239(buf, pos, end):
+def _d160(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -5736,57 +5868,55 @@ def _d239(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d227(buf, pos, end)
-            v2.append(v4)
-    v6, = _Sh.unpack_from(buf, pos)
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12, = _Sh.unpack_from(buf, pos)
     pos += 2
-    if v6 < 0:
-        v5 = None
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9, = _Si.unpack_from(buf, pos)
+    v15, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v9 < 0:
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d238(buf, pos, end)
-            v8.append(v10)
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d159(buf, pos, end)
+            v14.append(v16)
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e240(o, b, parts):
-    b += _Shii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0))
-    v1 = o.get('replica_nodes', ())
-    if v1 is None:
-        _enc_null('replica_nodes')
-    else:
-        b += _Si.pack(len(v1))
-        b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', ())
-    if v3 is None:
-        _enc_null('isr_nodes')
-    else:
-        b += _Si.pack(len(v3))
-        b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('offline_replicas', ())
-    if v5 is None:
-        _enc_null('offline_replicas')
-    else:
-        b += _Si.pack(len(v5))
-        b += _pack('>%di' % len(v5), *v5)
-    return b
-
-
-def _e241(o, b, parts):
+def _e161(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -5802,11 +5932,29 @@ def _e241(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e240(v3, b, parts)
+            b += _Shii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                b += _Si.pack(len(v6))
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('offline_replicas', ())
+            if v8 is None:
+                _enc_null('offline_replicas')
+            else:
+                b += _Si.pack(len(v8))
+                b += _pack('>%di' % len(v8), *v8)
     return b
 
 
-def _e242(o, b, parts):
+def _e162(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -5814,26 +5962,41 @@ def _e242(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e230(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b += b'\xff\xff'
     else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
+        v5 = v5.encode()
+        b += _Sh.pack(len(v5))
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        b += _Si.pack(len(v4))
-        for v5 in v4:
-            b = _e241(v5, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            b = _e161(v7, b, parts)
     return b
 
 
-def _d243(buf, pos, end):
+def _d163(buf, pos, end):
     v1, v2, v3, v4, = _Shiii.unpack_from(buf, pos)
     pos += 14
     v6, = _Si.unpack_from(buf, pos)
@@ -5866,7 +6029,7 @@ def _d243(buf, pos, end):
     return {'error_code': v1, 'partition_index': v2, 'leader_id': v3, 'leader_epoch': v4, 'replica_nodes': v5, 'isr_nodes': v7, 'offline_replicas': v9}, pos
 
 
-def _d244(buf, pos, end):
+def _d164(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -5889,12 +6052,12 @@ def _d244(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d243(buf, pos, end)
+            v7, pos = _d163(buf, pos, end)
             v5.append(v7)
     return {'error_code': v1, 'name': v2, 'topic_id': _ZU, 'is_internal': v4, 'partitions': v5, 'topic_authorized_operations': -2147483648}, pos
 
 
-def _d245(buf, pos, end):
+def _d165(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -5906,57 +6069,55 @@ def _d245(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d227(buf, pos, end)
-            v2.append(v4)
-    v6, = _Sh.unpack_from(buf, pos)
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12, = _Sh.unpack_from(buf, pos)
     pos += 2
-    if v6 < 0:
-        v5 = None
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9, = _Si.unpack_from(buf, pos)
+    v15, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v9 < 0:
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d244(buf, pos, end)
-            v8.append(v10)
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d164(buf, pos, end)
+            v14.append(v16)
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e246(o, b, parts):
-    b += _Shiii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0), o.get('leader_epoch', -1))
-    v1 = o.get('replica_nodes', ())
-    if v1 is None:
-        _enc_null('replica_nodes')
-    else:
-        b += _Si.pack(len(v1))
-        b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', ())
-    if v3 is None:
-        _enc_null('isr_nodes')
-    else:
-        b += _Si.pack(len(v3))
-        b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('offline_replicas', ())
-    if v5 is None:
-        _enc_null('offline_replicas')
-    else:
-        b += _Si.pack(len(v5))
-        b += _pack('>%di' % len(v5), *v5)
-    return b
-
-
-def _e247(o, b, parts):
+def _e166(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -5972,11 +6133,29 @@ def _e247(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e246(v3, b, parts)
+            b += _Shiii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0), v3.get('leader_epoch', -1))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                b += _Si.pack(len(v6))
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('offline_replicas', ())
+            if v8 is None:
+                _enc_null('offline_replicas')
+            else:
+                b += _Si.pack(len(v8))
+                b += _pack('>%di' % len(v8), *v8)
     return b
 
 
-def _e248(o, b, parts):
+def _e167(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -5984,26 +6163,41 @@ def _e248(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e230(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b += b'\xff\xff'
     else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
+        v5 = v5.encode()
+        b += _Sh.pack(len(v5))
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        b += _Si.pack(len(v4))
-        for v5 in v4:
-            b = _e247(v5, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            b = _e166(v7, b, parts)
     return b
 
 
-def _d249(buf, pos, end):
+def _d168(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -6026,14 +6220,14 @@ def _d249(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d243(buf, pos, end)
+            v7, pos = _d163(buf, pos, end)
             v5.append(v7)
     v8, = _Si.unpack_from(buf, pos)
     pos += 4
     return {'error_code': v1, 'name': v2, 'topic_id': _ZU, 'is_internal': v4, 'partitions': v5, 'topic_authorized_operations': v8}, pos
 
 
-def _d250(buf, pos, end):
+def _d169(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -6045,36 +6239,57 @@ def _d250(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d227(buf, pos, end)
-            v2.append(v4)
-    v6, = _Sh.unpack_from(buf, pos)
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12, = _Sh.unpack_from(buf, pos)
     pos += 2
-    if v6 < 0:
-        v5 = None
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9, = _Si.unpack_from(buf, pos)
+    v15, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v9 < 0:
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d249(buf, pos, end)
-            v8.append(v10)
-    v11, = _Si.unpack_from(buf, pos)
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d168(buf, pos, end)
+            v14.append(v16)
+    v17, = _Si.unpack_from(buf, pos)
     pos += 4
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': v11, 'error_code': 0}, pos
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': v17, 'error_code': 0}, pos
 
 
-def _e251(o, b, parts):
+def _e170(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -6090,12 +6305,30 @@ def _e251(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e246(v3, b, parts)
+            b += _Shiii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0), v3.get('leader_epoch', -1))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                b += _Si.pack(len(v6))
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('offline_replicas', ())
+            if v8 is None:
+                _enc_null('offline_replicas')
+            else:
+                b += _Si.pack(len(v8))
+                b += _pack('>%di' % len(v8), *v8)
     b += _Si.pack(o.get('topic_authorized_operations', -2147483648))
     return b
 
 
-def _e252(o, b, parts):
+def _e171(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -6103,27 +6336,42 @@ def _e252(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e230(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b += b'\xff\xff'
     else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
+        v5 = v5.encode()
+        b += _Sh.pack(len(v5))
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        b += _Si.pack(len(v4))
-        for v5 in v4:
-            b = _e251(v5, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            b = _e170(v7, b, parts)
     b += _Si.pack(o.get('cluster_authorized_operations', -2147483648))
     return b
 
 
-def _d253(buf, pos, end):
+def _d172(buf, pos, end):
     v1, v2, v3, v4, = _Shiii.unpack_from(buf, pos)
     pos += 14
     v6 = buf[pos]
@@ -6172,7 +6420,7 @@ def _d253(buf, pos, end):
     return {'error_code': v1, 'partition_index': v2, 'leader_id': v3, 'leader_epoch': v4, 'replica_nodes': v5, 'isr_nodes': v7, 'offline_replicas': v9}, pos
 
 
-def _d254(buf, pos, end):
+def _d173(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -6203,7 +6451,7 @@ def _d254(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d253(buf, pos, end)
+            v7, pos = _d172(buf, pos, end)
             v5.append(v7)
     v8, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -6214,7 +6462,7 @@ def _d254(buf, pos, end):
     return {'error_code': v1, 'name': v2, 'topic_id': _ZU, 'is_internal': v4, 'partitions': v5, 'topic_authorized_operations': v8}, pos
 
 
-def _d255(buf, pos, end):
+def _d174(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -6230,84 +6478,81 @@ def _d255(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d49(buf, pos, end)
-            v2.append(v4)
-    v6 = buf[pos]
-    if v6 < 128:
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12 = buf[pos]
+    if v12 < 128:
         pos += 1
     else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
+        v12, pos = _uv(buf, pos)
+    v12 -= 1
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9 = buf[pos]
-    if v9 < 128:
+    v15 = buf[pos]
+    if v15 < 128:
         pos += 1
     else:
-        v9, pos = _uv(buf, pos)
-    v9 -= 1
-    if v9 < 0:
+        v15, pos = _uv(buf, pos)
+    v15 -= 1
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d254(buf, pos, end)
-            v8.append(v10)
-    v11, = _Si.unpack_from(buf, pos)
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d173(buf, pos, end)
+            v14.append(v16)
+    v17, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': v11, 'error_code': 0}, pos
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': v17, 'error_code': 0}, pos
 
 
-def _e256(o, b, parts):
-    b += _Shiii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0), o.get('leader_epoch', -1))
-    v1 = o.get('replica_nodes', ())
-    if v1 is None:
-        _enc_null('replica_nodes')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', ())
-    if v3 is None:
-        _enc_null('isr_nodes')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('offline_replicas', ())
-    if v5 is None:
-        _enc_null('offline_replicas')
-    else:
-        _n = len(v5) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v5), *v5)
-    b.append(0)
-    return b
-
-
-def _e257(o, b, parts):
+def _e175(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -6331,13 +6576,44 @@ def _e257(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e256(v3, b, parts)
+            b += _Shiii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0), v3.get('leader_epoch', -1))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('offline_replicas', ())
+            if v8 is None:
+                _enc_null('offline_replicas')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v8), *v8)
+            b.append(0)
     b += _Si.pack(o.get('topic_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _e258(o, b, parts):
+def _e176(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -6349,36 +6625,60 @@ def _e258(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e54(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b.append(0)
     else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
+        v5 = v5.encode()
+        _n = len(v5) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v3
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        _n = len(v4) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v5 in v4:
-            b = _e257(v5, b, parts)
+        for v7 in v6:
+            b = _e175(v7, b, parts)
     b += _Si.pack(o.get('cluster_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _d259(buf, pos, end):
+def _d177(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -6410,7 +6710,7 @@ def _d259(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d253(buf, pos, end)
+            v8, pos = _d172(buf, pos, end)
             v6.append(v8)
     v9, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -6421,7 +6721,7 @@ def _d259(buf, pos, end):
     return {'error_code': v1, 'name': v2, 'topic_id': v4, 'is_internal': v5, 'partitions': v6, 'topic_authorized_operations': v9}, pos
 
 
-def _d260(buf, pos, end):
+def _d178(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -6437,48 +6737,81 @@ def _d260(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d49(buf, pos, end)
-            v2.append(v4)
-    v6 = buf[pos]
-    if v6 < 128:
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12 = buf[pos]
+    if v12 < 128:
         pos += 1
     else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
+        v12, pos = _uv(buf, pos)
+    v12 -= 1
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9 = buf[pos]
-    if v9 < 128:
+    v15 = buf[pos]
+    if v15 < 128:
         pos += 1
     else:
-        v9, pos = _uv(buf, pos)
-    v9 -= 1
-    if v9 < 0:
+        v15, pos = _uv(buf, pos)
+    v15 -= 1
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d259(buf, pos, end)
-            v8.append(v10)
-    v11, = _Si.unpack_from(buf, pos)
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d177(buf, pos, end)
+            v14.append(v16)
+    v17, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': v11, 'error_code': 0}, pos
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': v17, 'error_code': 0}, pos
 
 
-def _e261(o, b, parts):
+def _e179(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -6502,13 +6835,44 @@ def _e261(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e256(v3, b, parts)
+            b += _Shiii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0), v3.get('leader_epoch', -1))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('offline_replicas', ())
+            if v8 is None:
+                _enc_null('offline_replicas')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v8), *v8)
+            b.append(0)
     b += _Si.pack(o.get('topic_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _e262(o, b, parts):
+def _e180(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -6520,36 +6884,60 @@ def _e262(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e54(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b.append(0)
     else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
+        v5 = v5.encode()
+        _n = len(v5) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v3
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        _n = len(v4) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v5 in v4:
-            b = _e261(v5, b, parts)
+        for v7 in v6:
+            b = _e179(v7, b, parts)
     b += _Si.pack(o.get('cluster_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _d263(buf, pos, end):
+def _d181(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -6565,46 +6953,79 @@ def _d263(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d49(buf, pos, end)
-            v2.append(v4)
-    v6 = buf[pos]
-    if v6 < 128:
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12 = buf[pos]
+    if v12 < 128:
         pos += 1
     else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
+        v12, pos = _uv(buf, pos)
+    v12 -= 1
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9 = buf[pos]
-    if v9 < 128:
+    v15 = buf[pos]
+    if v15 < 128:
         pos += 1
     else:
-        v9, pos = _uv(buf, pos)
-    v9 -= 1
-    if v9 < 0:
+        v15, pos = _uv(buf, pos)
+    v15 -= 1
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d259(buf, pos, end)
-            v8.append(v10)
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d177(buf, pos, end)
+            v14.append(v16)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e264(o, b, parts):
+def _e182(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -6616,35 +7037,59 @@ def _e264(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e54(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b.append(0)
     else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
+        v5 = v5.encode()
+        _n = len(v5) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v3
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        _n = len(v4) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v5 in v4:
-            b = _e261(v5, b, parts)
+        for v7 in v6:
+            b = _e179(v7, b, parts)
     b.append(0)
     return b
 
 
-def _d265(buf, pos, end):
+def _d183(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -6676,7 +7121,7 @@ def _d265(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d253(buf, pos, end)
+            v8, pos = _d172(buf, pos, end)
             v6.append(v8)
     v9, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -6687,7 +7132,7 @@ def _d265(buf, pos, end):
     return {'error_code': v1, 'name': v2, 'topic_id': v4, 'is_internal': v5, 'partitions': v6, 'topic_authorized_operations': v9}, pos
 
 
-def _d266(buf, pos, end):
+def _d184(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -6703,46 +7148,79 @@ def _d266(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d49(buf, pos, end)
-            v2.append(v4)
-    v6 = buf[pos]
-    if v6 < 128:
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12 = buf[pos]
+    if v12 < 128:
         pos += 1
     else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
+        v12, pos = _uv(buf, pos)
+    v12 -= 1
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9 = buf[pos]
-    if v9 < 128:
+    v15 = buf[pos]
+    if v15 < 128:
         pos += 1
     else:
-        v9, pos = _uv(buf, pos)
-    v9 -= 1
-    if v9 < 0:
+        v15, pos = _uv(buf, pos)
+    v15 -= 1
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d265(buf, pos, end)
-            v8.append(v10)
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d183(buf, pos, end)
+            v14.append(v16)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': -2147483648, 'error_code': 0}, pos
 
 
-def _e267(o, b, parts):
+def _e185(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -6766,13 +7244,44 @@ def _e267(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e256(v3, b, parts)
+            b += _Shiii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0), v3.get('leader_epoch', -1))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('offline_replicas', ())
+            if v8 is None:
+                _enc_null('offline_replicas')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v8), *v8)
+            b.append(0)
     b += _Si.pack(o.get('topic_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _e268(o, b, parts):
+def _e186(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -6784,35 +7293,59 @@ def _e268(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e54(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b.append(0)
     else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
+        v5 = v5.encode()
+        _n = len(v5) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v3
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        _n = len(v4) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v5 in v4:
-            b = _e267(v5, b, parts)
+        for v7 in v6:
+            b = _e185(v7, b, parts)
     b.append(0)
     return b
 
 
-def _d269(buf, pos, end):
+def _d187(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -6828,48 +7361,81 @@ def _d269(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d49(buf, pos, end)
-            v2.append(v4)
-    v6 = buf[pos]
-    if v6 < 128:
+            v5, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null host')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'node_id': v5, 'host': v6, 'port': v8, 'rack': v9})
+    v12 = buf[pos]
+    if v12 < 128:
         pos += 1
     else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
+        v12, pos = _uv(buf, pos)
+    v12 -= 1
+    if v12 < 0:
+        v11 = None
     else:
-        if pos + v6 > end:
+        if pos + v12 > end:
             _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Si.unpack_from(buf, pos)
+        v11 = str(buf[pos:pos + v12], 'utf-8')
+        pos += v12
+    v13, = _Si.unpack_from(buf, pos)
     pos += 4
-    v9 = buf[pos]
-    if v9 < 128:
+    v15 = buf[pos]
+    if v15 < 128:
         pos += 1
     else:
-        v9, pos = _uv(buf, pos)
-    v9 -= 1
-    if v9 < 0:
+        v15, pos = _uv(buf, pos)
+    v15 -= 1
+    if v15 < 0:
         _bad('null topics')
     else:
-        if v9 > end - pos:
+        if v15 > end - pos:
             _trunc()
-        v8 = []
-        for _ in range(v9):
-            v10, pos = _d265(buf, pos, end)
-            v8.append(v10)
-    v11, = _Sh.unpack_from(buf, pos)
+        v14 = []
+        for _ in range(v15):
+            v16, pos = _d183(buf, pos, end)
+            v14.append(v16)
+    v17, = _Sh.unpack_from(buf, pos)
     pos += 2
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v5, 'controller_id': v7, 'topics': v8, 'cluster_authorized_operations': -2147483648, 'error_code': v11}, pos
+    return {'throttle_time_ms': v1, 'brokers': v2, 'cluster_id': v11, 'controller_id': v13, 'topics': v14, 'cluster_authorized_operations': -2147483648, 'error_code': v17}, pos
 
 
-def _e270(o, b, parts):
+def _e188(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('brokers', ())
     if v1 is None:
@@ -6881,51 +7447,60 @@ def _e270(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e54(v2, b, parts)
-    v3 = o.get('cluster_id', None)
-    if v3 is None:
+            b += _Si.pack(v2.get('node_id', 0))
+            v3 = v2.get('host', '')
+            if v3 is None:
+                _enc_null('host')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Si.pack(v2.get('port', 0))
+            v4 = v2.get('rack', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
+    v5 = o.get('cluster_id', None)
+    if v5 is None:
         b.append(0)
     else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
+        v5 = v5.encode()
+        _n = len(v5) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v3
+        b += v5
     b += _Si.pack(o.get('controller_id', -1))
-    v4 = o.get('topics', ())
-    if v4 is None:
+    v6 = o.get('topics', ())
+    if v6 is None:
         _enc_null('topics')
     else:
-        _n = len(v4) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v5 in v4:
-            b = _e267(v5, b, parts)
+        for v7 in v6:
+            b = _e185(v7, b, parts)
     b += _Sh.pack(o.get('error_code', 0))
     b.append(0)
     return b
 
 
-def _d271(buf, pos, end):
-    v1, v2, = _Siq.unpack_from(buf, pos)
-    pos += 12
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': -1, 'commit_timestamp': -1, 'committed_metadata': v3}, pos
-
-
-def _d272(buf, pos, end):
+def _d189(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -6944,12 +7519,22 @@ def _d272(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d271(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': -1, 'commit_timestamp': -1, 'committed_metadata': v8})
     return {'name': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d273(buf, pos, end):
+def _d190(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -6981,42 +7566,12 @@ def _d273(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d272(buf, pos, end)
+            v9, pos = _d189(buf, pos, end)
             v7.append(v9)
     return {'group_id': v1, 'generation_id_or_member_epoch': v3, 'member_id': v4, 'group_instance_id': None, 'retention_time_ms': v6, 'topics': v7}, pos
 
 
-def _e274(o, b, parts):
-    b += _Siq.pack(o.get('partition_index', 0), o.get('committed_offset', 0))
-    v1 = o.get('committed_metadata', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    return b
-
-
-def _e275(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e274(v3, b, parts)
-    return b
-
-
-def _e276(o, b, parts):
+def _e191(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -7039,11 +7594,31 @@ def _e276(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e275(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('partitions', ())
+            if v6 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v6))
+                for v7 in v6:
+                    b += _Siq.pack(v7.get('partition_index', 0), v7.get('committed_offset', 0))
+                    v8 = v7.get('committed_metadata', '')
+                    if v8 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v8 = v8.encode()
+                        b += _Sh.pack(len(v8))
+                        b += v8
     return b
 
 
-def _d277(buf, pos, end):
+def _d192(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -7073,12 +7648,12 @@ def _d277(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d272(buf, pos, end)
+            v8, pos = _d189(buf, pos, end)
             v6.append(v8)
     return {'group_id': v1, 'generation_id_or_member_epoch': v3, 'member_id': v4, 'group_instance_id': None, 'retention_time_ms': -1, 'topics': v6}, pos
 
 
-def _e278(o, b, parts):
+def _e193(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -7100,26 +7675,31 @@ def _e278(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e275(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('partitions', ())
+            if v6 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v6))
+                for v7 in v6:
+                    b += _Siq.pack(v7.get('partition_index', 0), v7.get('committed_offset', 0))
+                    v8 = v7.get('committed_metadata', '')
+                    if v8 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v8 = v8.encode()
+                        b += _Sh.pack(len(v8))
+                        b += v8
     return b
 
 
-def _d279(buf, pos, end):
-    v1, v2, v3, = _Siqi.unpack_from(buf, pos)
-    pos += 16
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': v3, 'commit_timestamp': -1, 'committed_metadata': v4}, pos
-
-
-def _d280(buf, pos, end):
+def _d194(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -7138,12 +7718,22 @@ def _d280(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d279(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': v8, 'commit_timestamp': -1, 'committed_metadata': v9})
     return {'name': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d281(buf, pos, end):
+def _d195(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -7173,42 +7763,12 @@ def _d281(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d280(buf, pos, end)
+            v8, pos = _d194(buf, pos, end)
             v6.append(v8)
     return {'group_id': v1, 'generation_id_or_member_epoch': v3, 'member_id': v4, 'group_instance_id': None, 'retention_time_ms': -1, 'topics': v6}, pos
 
 
-def _e282(o, b, parts):
-    b += _Siqi.pack(o.get('partition_index', 0), o.get('committed_offset', 0), o.get('committed_leader_epoch', -1))
-    v1 = o.get('committed_metadata', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    return b
-
-
-def _e283(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e282(v3, b, parts)
-    return b
-
-
-def _e284(o, b, parts):
+def _e196(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -7230,11 +7790,31 @@ def _e284(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e283(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('partitions', ())
+            if v6 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v6))
+                for v7 in v6:
+                    b += _Siqi.pack(v7.get('partition_index', 0), v7.get('committed_offset', 0), v7.get('committed_leader_epoch', -1))
+                    v8 = v7.get('committed_metadata', '')
+                    if v8 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v8 = v8.encode()
+                        b += _Sh.pack(len(v8))
+                        b += v8
     return b
 
 
-def _d285(buf, pos, end):
+def _d197(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -7273,12 +7853,12 @@ def _d285(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d280(buf, pos, end)
+            v10, pos = _d194(buf, pos, end)
             v8.append(v10)
     return {'group_id': v1, 'generation_id_or_member_epoch': v3, 'member_id': v4, 'group_instance_id': v6, 'retention_time_ms': -1, 'topics': v8}, pos
 
 
-def _e286(o, b, parts):
+def _e198(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -7307,34 +7887,31 @@ def _e286(o, b, parts):
     else:
         b += _Si.pack(len(v4))
         for v5 in v4:
-            b = _e283(v5, b, parts)
+            v6 = v5.get('name', '')
+            if v6 is None:
+                _enc_null('name')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v5.get('partitions', ())
+            if v7 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    b += _Siqi.pack(v8.get('partition_index', 0), v8.get('committed_offset', 0), v8.get('committed_leader_epoch', -1))
+                    v9 = v8.get('committed_metadata', '')
+                    if v9 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
     return b
 
 
-def _d287(buf, pos, end):
-    v1, v2, v3, = _Siqi.unpack_from(buf, pos)
-    pos += 16
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': v3, 'commit_timestamp': -1, 'committed_metadata': v4}, pos
-
-
-def _d288(buf, pos, end):
+def _d199(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -7361,8 +7938,26 @@ def _d288(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d287(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': v8, 'commit_timestamp': -1, 'committed_metadata': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -7370,7 +7965,7 @@ def _d288(buf, pos, end):
     return {'name': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d289(buf, pos, end):
+def _d200(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -7425,7 +8020,7 @@ def _d289(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d288(buf, pos, end)
+            v10, pos = _d199(buf, pos, end)
             v8.append(v10)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -7434,51 +8029,7 @@ def _d289(buf, pos, end):
     return {'group_id': v1, 'generation_id_or_member_epoch': v3, 'member_id': v4, 'group_instance_id': v6, 'retention_time_ms': -1, 'topics': v8}, pos
 
 
-def _e290(o, b, parts):
-    b += _Siqi.pack(o.get('partition_index', 0), o.get('committed_offset', 0), o.get('committed_leader_epoch', -1))
-    v1 = o.get('committed_metadata', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e291(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e290(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e292(o, b, parts):
+def _e201(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -7523,12 +8074,46 @@ def _e292(o, b, parts):
         else:
             b += _uvb(_n)
         for v5 in v4:
-            b = _e291(v5, b, parts)
+            v6 = v5.get('name', '')
+            if v6 is None:
+                _enc_null('name')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            v7 = v5.get('partitions', ())
+            if v7 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v8 in v7:
+                    b += _Siqi.pack(v8.get('partition_index', 0), v8.get('committed_offset', 0), v8.get('committed_leader_epoch', -1))
+                    v9 = v8.get('committed_metadata', '')
+                    if v9 is None:
+                        b.append(0)
+                    else:
+                        v9 = v9.encode()
+                        _n = len(v9) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v9
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d293(buf, pos, end):
+def _d202(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -7545,8 +8130,26 @@ def _d293(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d287(buf, pos, end)
-            v2.append(v4)
+            v5, v6, v7, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'partition_index': v5, 'committed_offset': v6, 'committed_leader_epoch': v7, 'commit_timestamp': -1, 'committed_metadata': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -7554,7 +8157,7 @@ def _d293(buf, pos, end):
     return {'name': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d294(buf, pos, end):
+def _d203(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -7609,7 +8212,7 @@ def _d294(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d293(buf, pos, end)
+            v10, pos = _d202(buf, pos, end)
             v8.append(v10)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -7618,24 +8221,7 @@ def _d294(buf, pos, end):
     return {'group_id': v1, 'generation_id_or_member_epoch': v3, 'member_id': v4, 'group_instance_id': v6, 'retention_time_ms': -1, 'topics': v8}, pos
 
 
-def _e295(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', ())
-    if v1 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e290(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e296(o, b, parts):
+def _e204(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -7680,18 +8266,36 @@ def _e296(o, b, parts):
         else:
             b += _uvb(_n)
         for v5 in v4:
-            b = _e295(v5, b, parts)
+            b += _Su.pack(_ub(v5.get('topic_id', _ZU)))
+            v6 = v5.get('partitions', ())
+            if v6 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v7 in v6:
+                    b += _Siqi.pack(v7.get('partition_index', 0), v7.get('committed_offset', 0), v7.get('committed_leader_epoch', -1))
+                    v8 = v7.get('committed_metadata', '')
+                    if v8 is None:
+                        b.append(0)
+                    else:
+                        v8 = v8.encode()
+                        _n = len(v8) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v8
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d297(buf, pos, end):
-    v1, v2, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    return {'partition_index': v1, 'error_code': v2}, pos
-
-
-def _d298(buf, pos, end):
+def _d205(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -7710,12 +8314,13 @@ def _d298(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d297(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v3.append({'partition_index': v6, 'error_code': v7})
     return {'name': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d299(buf, pos, end):
+def _d206(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -7725,46 +8330,36 @@ def _d299(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d298(buf, pos, end)
+            v3, pos = _d205(buf, pos, end)
             v1.append(v3)
     return {'throttle_time_ms': 0, 'topics': v1}, pos
 
 
-def _e300(o, b, parts):
-    b += _Sih.pack(o.get('partition_index', 0), o.get('error_code', 0))
-    return b
-
-
-def _e301(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e300(v3, b, parts)
-    return b
-
-
-def _e302(o, b, parts):
+def _e207(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e301(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('error_code', 0))
     return b
 
 
-def _d303(buf, pos, end):
+def _d208(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -7776,12 +8371,12 @@ def _d303(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d298(buf, pos, end)
+            v4, pos = _d205(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e304(o, b, parts):
+def _e209(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -7789,21 +8384,24 @@ def _e304(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e301(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('error_code', 0))
     return b
 
 
-def _d305(buf, pos, end):
-    v1, v2, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'error_code': v2}, pos
-
-
-def _d306(buf, pos, end):
+def _d210(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -7830,8 +8428,13 @@ def _d306(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d305(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'error_code': v7})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -7839,7 +8442,7 @@ def _d306(buf, pos, end):
     return {'name': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d307(buf, pos, end):
+def _d211(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -7855,7 +8458,7 @@ def _d307(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d306(buf, pos, end)
+            v4, pos = _d210(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -7864,40 +8467,7 @@ def _d307(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e308(o, b, parts):
-    b += _Sih.pack(o.get('partition_index', 0), o.get('error_code', 0))
-    b.append(0)
-    return b
-
-
-def _e309(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e308(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e310(o, b, parts):
+def _e212(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -7909,12 +8479,35 @@ def _e310(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e309(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d311(buf, pos, end):
+def _d213(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -7931,8 +8524,13 @@ def _d311(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d305(buf, pos, end)
-            v2.append(v4)
+            v5, v6, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'partition_index': v5, 'error_code': v6})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -7940,7 +8538,7 @@ def _d311(buf, pos, end):
     return {'name': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d312(buf, pos, end):
+def _d214(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -7956,7 +8554,7 @@ def _d312(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d311(buf, pos, end)
+            v4, pos = _d213(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -7965,24 +8563,7 @@ def _d312(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e313(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', ())
-    if v1 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e308(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e314(o, b, parts):
+def _e215(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -7994,12 +8575,25 @@ def _e314(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e313(v2, b, parts)
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            v3 = v2.get('partitions', ())
+            if v3 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    b += _Sih.pack(v4.get('partition_index', 0), v4.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d315(buf, pos, end):
+def _d216(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -8021,7 +8615,7 @@ def _d315(buf, pos, end):
     return {'name': v1, 'partition_indexes': v3}, pos
 
 
-def _d316(buf, pos, end):
+def _d217(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -8040,29 +8634,12 @@ def _d316(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d315(buf, pos, end)
+            v5, pos = _d216(buf, pos, end)
             v3.append(v5)
     return {'group_id': v1, 'topics': v3, 'groups': [], 'require_stable': False}, pos
 
 
-def _e317(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partition_indexes', ())
-    if v2 is None:
-        _enc_null('partition_indexes')
-    else:
-        b += _Si.pack(len(v2))
-        b += _pack('>%di' % len(v2), *v2)
-    return b
-
-
-def _e318(o, b, parts):
+def _e218(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -8076,11 +8653,23 @@ def _e318(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e317(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('partition_indexes', ())
+            if v5 is None:
+                _enc_null('partition_indexes')
+            else:
+                b += _Si.pack(len(v5))
+                b += _pack('>%di' % len(v5), *v5)
     return b
 
 
-def _d319(buf, pos, end):
+def _d219(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -8099,12 +8688,12 @@ def _d319(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d315(buf, pos, end)
+            v5, pos = _d216(buf, pos, end)
             v3.append(v5)
     return {'group_id': v1, 'topics': v3, 'groups': [], 'require_stable': False}, pos
 
 
-def _e320(o, b, parts):
+def _e220(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -8118,11 +8707,23 @@ def _e320(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e317(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('partition_indexes', ())
+            if v5 is None:
+                _enc_null('partition_indexes')
+            else:
+                b += _Si.pack(len(v5))
+                b += _pack('>%di' % len(v5), *v5)
     return b
 
 
-def _d321(buf, pos, end):
+def _d221(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8156,7 +8757,7 @@ def _d321(buf, pos, end):
     return {'name': v1, 'partition_indexes': v3}, pos
 
 
-def _d322(buf, pos, end):
+def _d222(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8183,7 +8784,7 @@ def _d322(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d321(buf, pos, end)
+            v5, pos = _d221(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -8192,33 +8793,7 @@ def _d322(buf, pos, end):
     return {'group_id': v1, 'topics': v3, 'groups': [], 'require_stable': False}, pos
 
 
-def _e323(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partition_indexes', ())
-    if v2 is None:
-        _enc_null('partition_indexes')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v2), *v2)
-    b.append(0)
-    return b
-
-
-def _e324(o, b, parts):
+def _e223(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -8240,12 +8815,33 @@ def _e324(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e323(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partition_indexes', ())
+            if v5 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v5), *v5)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d325(buf, pos, end):
+def _d224(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8272,7 +8868,7 @@ def _d325(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d321(buf, pos, end)
+            v5, pos = _d221(buf, pos, end)
             v3.append(v5)
     v6, = _So.unpack_from(buf, pos)
     pos += 1
@@ -8283,7 +8879,7 @@ def _d325(buf, pos, end):
     return {'group_id': v1, 'topics': v3, 'groups': [], 'require_stable': v6}, pos
 
 
-def _e326(o, b, parts):
+def _e225(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -8305,13 +8901,34 @@ def _e326(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e323(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partition_indexes', ())
+            if v5 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v5), *v5)
+            b.append(0)
     b += _So.pack(o.get('require_stable', False))
     b.append(0)
     return b
 
 
-def _d327(buf, pos, end):
+def _d226(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8345,7 +8962,7 @@ def _d327(buf, pos, end):
     return {'name': v1, 'topic_id': _ZU, 'partition_indexes': v3}, pos
 
 
-def _d328(buf, pos, end):
+def _d227(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8372,7 +8989,7 @@ def _d328(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d327(buf, pos, end)
+            v5, pos = _d226(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -8381,7 +8998,7 @@ def _d328(buf, pos, end):
     return {'group_id': v1, 'member_id': None, 'member_epoch': -1, 'topics': v3}, pos
 
 
-def _d329(buf, pos, end):
+def _d228(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8395,7 +9012,7 @@ def _d329(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d328(buf, pos, end)
+            v3, pos = _d227(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
@@ -8406,7 +9023,7 @@ def _d329(buf, pos, end):
     return {'group_id': '', 'topics': [], 'groups': v1, 'require_stable': v4}, pos
 
 
-def _e330(o, b, parts):
+def _e229(o, b, parts):
     v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
@@ -8417,13 +9034,13 @@ def _e330(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e324(v2, b, parts)
+            b = _e223(v2, b, parts)
     b += _So.pack(o.get('require_stable', False))
     b.append(0)
     return b
 
 
-def _d331(buf, pos, end):
+def _d230(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8465,7 +9082,7 @@ def _d331(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d327(buf, pos, end)
+            v8, pos = _d226(buf, pos, end)
             v6.append(v8)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -8474,7 +9091,7 @@ def _d331(buf, pos, end):
     return {'group_id': v1, 'member_id': v3, 'member_epoch': v5, 'topics': v6}, pos
 
 
-def _d332(buf, pos, end):
+def _d231(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8488,7 +9105,7 @@ def _d332(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d331(buf, pos, end)
+            v3, pos = _d230(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
@@ -8499,7 +9116,7 @@ def _d332(buf, pos, end):
     return {'group_id': '', 'topics': [], 'groups': v1, 'require_stable': v4}, pos
 
 
-def _e333(o, b, parts):
+def _e232(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -8533,12 +9150,33 @@ def _e333(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e323(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v4.get('partition_indexes', ())
+            if v6 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v6), *v6)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e334(o, b, parts):
+def _e233(o, b, parts):
     v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
@@ -8549,13 +9187,13 @@ def _e334(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e333(v2, b, parts)
+            b = _e232(v2, b, parts)
     b += _So.pack(o.get('require_stable', False))
     b.append(0)
     return b
 
 
-def _d335(buf, pos, end):
+def _d234(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -8579,7 +9217,7 @@ def _d335(buf, pos, end):
     return {'name': '', 'topic_id': v1, 'partition_indexes': v2}, pos
 
 
-def _d336(buf, pos, end):
+def _d235(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8621,7 +9259,7 @@ def _d336(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d335(buf, pos, end)
+            v8, pos = _d234(buf, pos, end)
             v6.append(v8)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -8630,7 +9268,7 @@ def _d336(buf, pos, end):
     return {'group_id': v1, 'member_id': v3, 'member_epoch': v5, 'topics': v6}, pos
 
 
-def _d337(buf, pos, end):
+def _d236(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -8644,7 +9282,7 @@ def _d337(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d336(buf, pos, end)
+            v3, pos = _d235(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
@@ -8655,23 +9293,7 @@ def _d337(buf, pos, end):
     return {'group_id': '', 'topics': [], 'groups': v1, 'require_stable': v4}, pos
 
 
-def _e338(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partition_indexes', ())
-    if v1 is None:
-        _enc_null('partition_indexes')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    b.append(0)
-    return b
-
-
-def _e339(o, b, parts):
+def _e237(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -8705,12 +9327,23 @@ def _e339(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e338(v4, b, parts)
+            b += _Su.pack(_ub(v4.get('topic_id', _ZU)))
+            v5 = v4.get('partition_indexes', ())
+            if v5 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v5), *v5)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e340(o, b, parts):
+def _e238(o, b, parts):
     v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
@@ -8721,30 +9354,13 @@ def _e340(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e339(v2, b, parts)
+            b = _e237(v2, b, parts)
     b += _So.pack(o.get('require_stable', False))
     b.append(0)
     return b
 
 
-def _d341(buf, pos, end):
-    v1, v2, = _Siq.unpack_from(buf, pos)
-    pos += 12
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': -1, 'metadata': v3, 'error_code': v5}, pos
-
-
-def _d342(buf, pos, end):
+def _d239(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -8763,12 +9379,24 @@ def _d342(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d341(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': -1, 'metadata': v8, 'error_code': v10})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d343(buf, pos, end):
+def _d240(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -8778,54 +9406,44 @@ def _d343(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d342(buf, pos, end)
+            v3, pos = _d239(buf, pos, end)
             v1.append(v3)
     return {'throttle_time_ms': 0, 'topics': v1, 'error_code': 0, 'groups': []}, pos
 
 
-def _e344(o, b, parts):
-    b += _Siq.pack(o.get('partition_index', 0), o.get('committed_offset', 0))
-    v1 = o.get('metadata', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    return b
-
-
-def _e345(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e344(v3, b, parts)
-    return b
-
-
-def _e346(o, b, parts):
+def _e241(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e345(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('partition_index', 0), v5.get('committed_offset', 0))
+                    v6 = v5.get('metadata', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    b += _Sh.pack(v5.get('error_code', 0))
     return b
 
 
-def _d347(buf, pos, end):
+def _d242(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -8835,26 +9453,47 @@ def _d347(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d342(buf, pos, end)
+            v3, pos = _d239(buf, pos, end)
             v1.append(v3)
     v4, = _Sh.unpack_from(buf, pos)
     pos += 2
     return {'throttle_time_ms': 0, 'topics': v1, 'error_code': v4, 'groups': []}, pos
 
 
-def _e348(o, b, parts):
+def _e243(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e345(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('partition_index', 0), v5.get('committed_offset', 0))
+                    v6 = v5.get('metadata', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    b += _Sh.pack(v5.get('error_code', 0))
     b += _Sh.pack(o.get('error_code', 0))
     return b
 
 
-def _d349(buf, pos, end):
+def _d244(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -8866,14 +9505,14 @@ def _d349(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d342(buf, pos, end)
+            v4, pos = _d239(buf, pos, end)
             v2.append(v4)
     v5, = _Sh.unpack_from(buf, pos)
     pos += 2
     return {'throttle_time_ms': v1, 'topics': v2, 'error_code': v5, 'groups': []}, pos
 
 
-def _e350(o, b, parts):
+def _e245(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -8881,29 +9520,33 @@ def _e350(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e345(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('partition_index', 0), v5.get('committed_offset', 0))
+                    v6 = v5.get('metadata', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    b += _Sh.pack(v5.get('error_code', 0))
     b += _Sh.pack(o.get('error_code', 0))
     return b
 
 
-def _d351(buf, pos, end):
-    v1, v2, v3, = _Siqi.unpack_from(buf, pos)
-    pos += 16
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': v3, 'metadata': v4, 'error_code': v6}, pos
-
-
-def _d352(buf, pos, end):
+def _d246(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -8922,12 +9565,24 @@ def _d352(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d351(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': v8, 'metadata': v9, 'error_code': v11})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d353(buf, pos, end):
+def _d247(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -8939,45 +9594,14 @@ def _d353(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d352(buf, pos, end)
+            v4, pos = _d246(buf, pos, end)
             v2.append(v4)
     v5, = _Sh.unpack_from(buf, pos)
     pos += 2
     return {'throttle_time_ms': v1, 'topics': v2, 'error_code': v5, 'groups': []}, pos
 
 
-def _e354(o, b, parts):
-    b += _Siqi.pack(o.get('partition_index', 0), o.get('committed_offset', 0), o.get('committed_leader_epoch', -1))
-    v1 = o.get('metadata', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    return b
-
-
-def _e355(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e354(v3, b, parts)
-    return b
-
-
-def _e356(o, b, parts):
+def _e248(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -8985,37 +9609,33 @@ def _e356(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e355(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siqi.pack(v5.get('partition_index', 0), v5.get('committed_offset', 0), v5.get('committed_leader_epoch', -1))
+                    v6 = v5.get('metadata', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    b += _Sh.pack(v5.get('error_code', 0))
     b += _Sh.pack(o.get('error_code', 0))
     return b
 
 
-def _d357(buf, pos, end):
-    v1, v2, v3, = _Siqi.unpack_from(buf, pos)
-    pos += 16
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': v3, 'metadata': v4, 'error_code': v6}, pos
-
-
-def _d358(buf, pos, end):
+def _d249(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -9042,8 +9662,28 @@ def _d358(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d357(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': v8, 'metadata': v9, 'error_code': v11})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -9051,7 +9691,7 @@ def _d358(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d359(buf, pos, end):
+def _d250(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -9067,7 +9707,7 @@ def _d359(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d358(buf, pos, end)
+            v4, pos = _d249(buf, pos, end)
             v2.append(v4)
     v5, = _Sh.unpack_from(buf, pos)
     pos += 2
@@ -9078,52 +9718,7 @@ def _d359(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2, 'error_code': v5, 'groups': []}, pos
 
 
-def _e360(o, b, parts):
-    b += _Siqi.pack(o.get('partition_index', 0), o.get('committed_offset', 0), o.get('committed_leader_epoch', -1))
-    v1 = o.get('metadata', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    b.append(0)
-    return b
-
-
-def _e361(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e360(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e362(o, b, parts):
+def _e251(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -9135,13 +9730,48 @@ def _e362(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e361(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siqi.pack(v5.get('partition_index', 0), v5.get('committed_offset', 0), v5.get('committed_leader_epoch', -1))
+                    v6 = v5.get('metadata', '')
+                    if v6 is None:
+                        b.append(0)
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b += _Sh.pack(v5.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b += _Sh.pack(o.get('error_code', 0))
     b.append(0)
     return b
 
 
-def _d363(buf, pos, end):
+def _d252(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -9168,8 +9798,28 @@ def _d363(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d357(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': v8, 'metadata': v9, 'error_code': v11})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -9177,7 +9827,7 @@ def _d363(buf, pos, end):
     return {'name': v1, 'topic_id': _ZU, 'partitions': v3}, pos
 
 
-def _d364(buf, pos, end):
+def _d253(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -9204,7 +9854,7 @@ def _d364(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d363(buf, pos, end)
+            v5, pos = _d252(buf, pos, end)
             v3.append(v5)
     v6, = _Sh.unpack_from(buf, pos)
     pos += 2
@@ -9215,7 +9865,7 @@ def _d364(buf, pos, end):
     return {'group_id': v1, 'topics': v3, 'error_code': v6}, pos
 
 
-def _d365(buf, pos, end):
+def _d254(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -9231,7 +9881,7 @@ def _d365(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d364(buf, pos, end)
+            v4, pos = _d253(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -9240,7 +9890,7 @@ def _d365(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': [], 'error_code': 0, 'groups': v2}, pos
 
 
-def _e366(o, b, parts):
+def _e255(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -9262,13 +9912,48 @@ def _e366(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e361(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Siqi.pack(v6.get('partition_index', 0), v6.get('committed_offset', 0), v6.get('committed_leader_epoch', -1))
+                    v7 = v6.get('metadata', '')
+                    if v7 is None:
+                        b.append(0)
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b += _Sh.pack(v6.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b += _Sh.pack(o.get('error_code', 0))
     b.append(0)
     return b
 
 
-def _e367(o, b, parts):
+def _e256(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -9280,12 +9965,12 @@ def _e367(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e366(v2, b, parts)
+            b = _e255(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d368(buf, pos, end):
+def _d257(buf, pos, end):
     v1, = _Su.unpack_from(buf, pos)
     pos += 16
     v1 = _UUID(bytes=v1)
@@ -9302,8 +9987,28 @@ def _d368(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d357(buf, pos, end)
-            v2.append(v4)
+            v5, v6, v7, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'partition_index': v5, 'committed_offset': v6, 'committed_leader_epoch': v7, 'metadata': v8, 'error_code': v10})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -9311,7 +10016,7 @@ def _d368(buf, pos, end):
     return {'name': '', 'topic_id': v1, 'partitions': v2}, pos
 
 
-def _d369(buf, pos, end):
+def _d258(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -9338,7 +10043,7 @@ def _d369(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d368(buf, pos, end)
+            v5, pos = _d257(buf, pos, end)
             v3.append(v5)
     v6, = _Sh.unpack_from(buf, pos)
     pos += 2
@@ -9349,7 +10054,7 @@ def _d369(buf, pos, end):
     return {'group_id': v1, 'topics': v3, 'error_code': v6}, pos
 
 
-def _d370(buf, pos, end):
+def _d259(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -9365,7 +10070,7 @@ def _d370(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d369(buf, pos, end)
+            v4, pos = _d258(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -9374,24 +10079,7 @@ def _d370(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': [], 'error_code': 0, 'groups': v2}, pos
 
 
-def _e371(o, b, parts):
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    v1 = o.get('partitions', ())
-    if v1 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e360(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e372(o, b, parts):
+def _e260(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -9413,13 +10101,38 @@ def _e372(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e371(v3, b, parts)
+            b += _Su.pack(_ub(v3.get('topic_id', _ZU)))
+            v4 = v3.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siqi.pack(v5.get('partition_index', 0), v5.get('committed_offset', 0), v5.get('committed_leader_epoch', -1))
+                    v6 = v5.get('metadata', '')
+                    if v6 is None:
+                        b.append(0)
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b += _Sh.pack(v5.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b += _Sh.pack(o.get('error_code', 0))
     b.append(0)
     return b
 
 
-def _e373(o, b, parts):
+def _e261(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -9431,12 +10144,12 @@ def _e373(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e372(v2, b, parts)
+            b = _e260(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d374(buf, pos, end):
+def _d262(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -9449,7 +10162,7 @@ def _d374(buf, pos, end):
     return {'key': v1, 'key_type': 0, 'coordinator_keys': []}, pos
 
 
-def _e375(o, b, parts):
+def _e263(o, b, parts):
     v1 = o.get('key', '')
     if v1 is None:
         _enc_null('key')
@@ -9460,7 +10173,7 @@ def _e375(o, b, parts):
     return b
 
 
-def _d376(buf, pos, end):
+def _d264(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -9475,7 +10188,7 @@ def _d376(buf, pos, end):
     return {'key': v1, 'key_type': v3, 'coordinator_keys': []}, pos
 
 
-def _e377(o, b, parts):
+def _e265(o, b, parts):
     v1 = o.get('key', '')
     if v1 is None:
         _enc_null('key')
@@ -9487,7 +10200,7 @@ def _e377(o, b, parts):
     return b
 
 
-def _d378(buf, pos, end):
+def _d266(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -9510,7 +10223,7 @@ def _d378(buf, pos, end):
     return {'key': v1, 'key_type': v3, 'coordinator_keys': []}, pos
 
 
-def _e379(o, b, parts):
+def _e267(o, b, parts):
     v1 = o.get('key', '')
     if v1 is None:
         _enc_null('key')
@@ -9527,7 +10240,7 @@ def _e379(o, b, parts):
     return b
 
 
-def _d380(buf, pos, end):
+def _d268(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3 = buf[pos]
@@ -9564,7 +10277,7 @@ def _d380(buf, pos, end):
     return {'key': '', 'key_type': v1, 'coordinator_keys': v2}, pos
 
 
-def _e381(o, b, parts):
+def _e269(o, b, parts):
     b += _Sb.pack(o.get('key_type', 0))
     v1 = o.get('coordinator_keys', ())
     if v1 is None:
@@ -9590,7 +10303,7 @@ def _e381(o, b, parts):
     return b
 
 
-def _d382(buf, pos, end):
+def _d270(buf, pos, end):
     v1, v2, = _Shi.unpack_from(buf, pos)
     pos += 6
     v4, = _Sh.unpack_from(buf, pos)
@@ -9607,7 +10320,7 @@ def _d382(buf, pos, end):
     return {'throttle_time_ms': 0, 'error_code': v1, 'error_message': '', 'node_id': v2, 'host': v3, 'port': v5, 'coordinators': []}, pos
 
 
-def _e383(o, b, parts):
+def _e271(o, b, parts):
     b += _Shi.pack(o.get('error_code', 0), o.get('node_id', 0))
     v1 = o.get('host', '')
     if v1 is None:
@@ -9620,7 +10333,7 @@ def _e383(o, b, parts):
     return b
 
 
-def _d384(buf, pos, end):
+def _d272(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4, = _Sh.unpack_from(buf, pos)
@@ -9648,7 +10361,7 @@ def _d384(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'node_id': v5, 'host': v6, 'port': v8, 'coordinators': []}, pos
 
 
-def _e385(o, b, parts):
+def _e273(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -9669,7 +10382,7 @@ def _e385(o, b, parts):
     return b
 
 
-def _d386(buf, pos, end):
+def _d274(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -9709,7 +10422,7 @@ def _d386(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'node_id': v5, 'host': v6, 'port': v8, 'coordinators': []}, pos
 
 
-def _e387(o, b, parts):
+def _e275(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -9739,58 +10452,7 @@ def _e387(o, b, parts):
     return b
 
 
-def _d388(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null key')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        _bad('null host')
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    v6, v7, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    v9 = buf[pos]
-    if v9 < 128:
-        pos += 1
-    else:
-        v9, pos = _uv(buf, pos)
-    v9 -= 1
-    if v9 < 0:
-        v8 = None
-    else:
-        if pos + v9 > end:
-            _trunc()
-        v8 = str(buf[pos:pos + v9], 'utf-8')
-        pos += v9
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'key': v1, 'node_id': v3, 'host': v4, 'port': v6, 'error_code': v7, 'error_message': v8}, pos
-
-
-def _d389(buf, pos, end):
+def _d276(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -9806,8 +10468,54 @@ def _d389(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d388(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null key')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                _bad('null host')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, v11, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v13 = buf[pos]
+            if v13 < 128:
+                pos += 1
+            else:
+                v13, pos = _uv(buf, pos)
+            v13 -= 1
+            if v13 < 0:
+                v12 = None
+            else:
+                if pos + v13 > end:
+                    _trunc()
+                v12 = str(buf[pos:pos + v13], 'utf-8')
+                pos += v13
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'key': v5, 'node_id': v7, 'host': v8, 'port': v10, 'error_code': v11, 'error_message': v12})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -9815,47 +10523,7 @@ def _d389(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': 0, 'error_message': '', 'node_id': 0, 'host': '', 'port': 0, 'coordinators': v2}, pos
 
 
-def _e390(o, b, parts):
-    v1 = o.get('key', '')
-    if v1 is None:
-        _enc_null('key')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Si.pack(o.get('node_id', 0))
-    v2 = o.get('host', '')
-    if v2 is None:
-        _enc_null('host')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sih.pack(o.get('port', 0), o.get('error_code', 0))
-    v3 = o.get('error_message', '')
-    if v3 is None:
-        b.append(0)
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    b.append(0)
-    return b
-
-
-def _e391(o, b, parts):
+def _e277(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('coordinators', ())
     if v1 is None:
@@ -9867,34 +10535,47 @@ def _e391(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e390(v2, b, parts)
+            v3 = v2.get('key', '')
+            if v3 is None:
+                _enc_null('key')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Si.pack(v2.get('node_id', 0))
+            v4 = v2.get('host', '')
+            if v4 is None:
+                _enc_null('host')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Sih.pack(v2.get('port', 0), v2.get('error_code', 0))
+            v5 = v2.get('error_message', '')
+            if v5 is None:
+                b.append(0)
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d392(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v4 < 0:
-        _bad('null metadata')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = bytes(buf[pos:pos + v4])
-        pos += v4
-    return {'name': v1, 'metadata': v3}, pos
-
-
-def _d393(buf, pos, end):
+def _d278(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -9933,29 +10614,29 @@ def _d393(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d392(buf, pos, end)
-            v8.append(v10)
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v14 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = bytes(buf[pos:pos + v14])
+                pos += v14
+            v8.append({'name': v11, 'metadata': v13})
     return {'group_id': v1, 'session_timeout_ms': v3, 'rebalance_timeout_ms': -1, 'member_id': v4, 'group_instance_id': None, 'protocol_type': v6, 'protocols': v8, 'reason': None}, pos
 
 
-def _e394(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('metadata', b'')
-    if v2 is None:
-        _enc_null('metadata')
-    else:
-        b += _Si.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e395(o, b, parts):
+def _e279(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -9984,11 +10665,23 @@ def _e395(o, b, parts):
     else:
         b += _Si.pack(len(v4))
         for v5 in v4:
-            b = _e394(v5, b, parts)
+            v6 = v5.get('name', '')
+            if v6 is None:
+                _enc_null('name')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v5.get('metadata', b'')
+            if v7 is None:
+                _enc_null('metadata')
+            else:
+                b += _Si.pack(len(v7))
+                b += v7
     return b
 
 
-def _d396(buf, pos, end):
+def _d280(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -10027,12 +10720,29 @@ def _d396(buf, pos, end):
             _trunc()
         v9 = []
         for _ in range(v10):
-            v11, pos = _d392(buf, pos, end)
-            v9.append(v11)
+            v13, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v13 < 0:
+                _bad('null name')
+            else:
+                if pos + v13 > end:
+                    _trunc()
+                v12 = str(buf[pos:pos + v13], 'utf-8')
+                pos += v13
+            v15, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v15 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = bytes(buf[pos:pos + v15])
+                pos += v15
+            v9.append({'name': v12, 'metadata': v14})
     return {'group_id': v1, 'session_timeout_ms': v3, 'rebalance_timeout_ms': v4, 'member_id': v5, 'group_instance_id': None, 'protocol_type': v7, 'protocols': v9, 'reason': None}, pos
 
 
-def _e397(o, b, parts):
+def _e281(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -10061,11 +10771,23 @@ def _e397(o, b, parts):
     else:
         b += _Si.pack(len(v4))
         for v5 in v4:
-            b = _e394(v5, b, parts)
+            v6 = v5.get('name', '')
+            if v6 is None:
+                _enc_null('name')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v5.get('metadata', b'')
+            if v7 is None:
+                _enc_null('metadata')
+            else:
+                b += _Si.pack(len(v7))
+                b += v7
     return b
 
 
-def _d398(buf, pos, end):
+def _d282(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -10113,12 +10835,29 @@ def _d398(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d392(buf, pos, end)
-            v11.append(v13)
+            v15, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v15 < 0:
+                _bad('null name')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = str(buf[pos:pos + v15], 'utf-8')
+                pos += v15
+            v17, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v17 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = bytes(buf[pos:pos + v17])
+                pos += v17
+            v11.append({'name': v14, 'metadata': v16})
     return {'group_id': v1, 'session_timeout_ms': v3, 'rebalance_timeout_ms': v4, 'member_id': v5, 'group_instance_id': v7, 'protocol_type': v9, 'protocols': v11, 'reason': None}, pos
 
 
-def _e399(o, b, parts):
+def _e283(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -10154,45 +10893,23 @@ def _e399(o, b, parts):
     else:
         b += _Si.pack(len(v5))
         for v6 in v5:
-            b = _e394(v6, b, parts)
+            v7 = v6.get('name', '')
+            if v7 is None:
+                _enc_null('name')
+            else:
+                v7 = v7.encode()
+                b += _Sh.pack(len(v7))
+                b += v7
+            v8 = v6.get('metadata', b'')
+            if v8 is None:
+                _enc_null('metadata')
+            else:
+                b += _Si.pack(len(v8))
+                b += v8
     return b
 
 
-def _d400(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        _bad('null metadata')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = bytes(buf[pos:pos + v4])
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'metadata': v3}, pos
-
-
-def _d401(buf, pos, end):
+def _d284(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -10260,8 +10977,37 @@ def _d401(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d400(buf, pos, end)
-            v11.append(v13)
+            v15 = buf[pos]
+            if v15 < 128:
+                pos += 1
+            else:
+                v15, pos = _uv(buf, pos)
+            v15 -= 1
+            if v15 < 0:
+                _bad('null name')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = str(buf[pos:pos + v15], 'utf-8')
+                pos += v15
+            v17 = buf[pos]
+            if v17 < 128:
+                pos += 1
+            else:
+                v17, pos = _uv(buf, pos)
+            v17 -= 1
+            if v17 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = bytes(buf[pos:pos + v17])
+                pos += v17
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v11.append({'name': v14, 'metadata': v16})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -10269,33 +11015,7 @@ def _d401(buf, pos, end):
     return {'group_id': v1, 'session_timeout_ms': v3, 'rebalance_timeout_ms': v4, 'member_id': v5, 'group_instance_id': v7, 'protocol_type': v9, 'protocols': v11, 'reason': None}, pos
 
 
-def _e402(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('metadata', b'')
-    if v2 is None:
-        _enc_null('metadata')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e403(o, b, parts):
+def _e285(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -10351,12 +11071,33 @@ def _e403(o, b, parts):
         else:
             b += _uvb(_n)
         for v6 in v5:
-            b = _e402(v6, b, parts)
+            v7 = v6.get('name', '')
+            if v7 is None:
+                _enc_null('name')
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v6.get('metadata', b'')
+            if v8 is None:
+                _enc_null('metadata')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d404(buf, pos, end):
+def _d286(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -10424,29 +11165,58 @@ def _d404(buf, pos, end):
             _trunc()
         v11 = []
         for _ in range(v12):
-            v13, pos = _d400(buf, pos, end)
-            v11.append(v13)
-    v15 = buf[pos]
-    if v15 < 128:
+            v15 = buf[pos]
+            if v15 < 128:
+                pos += 1
+            else:
+                v15, pos = _uv(buf, pos)
+            v15 -= 1
+            if v15 < 0:
+                _bad('null name')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = str(buf[pos:pos + v15], 'utf-8')
+                pos += v15
+            v17 = buf[pos]
+            if v17 < 128:
+                pos += 1
+            else:
+                v17, pos = _uv(buf, pos)
+            v17 -= 1
+            if v17 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = bytes(buf[pos:pos + v17])
+                pos += v17
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v11.append({'name': v14, 'metadata': v16})
+    v19 = buf[pos]
+    if v19 < 128:
         pos += 1
     else:
-        v15, pos = _uv(buf, pos)
-    v15 -= 1
-    if v15 < 0:
-        v14 = None
+        v19, pos = _uv(buf, pos)
+    v19 -= 1
+    if v19 < 0:
+        v18 = None
     else:
-        if pos + v15 > end:
+        if pos + v19 > end:
             _trunc()
-        v14 = str(buf[pos:pos + v15], 'utf-8')
-        pos += v15
+        v18 = str(buf[pos:pos + v19], 'utf-8')
+        pos += v19
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'group_id': v1, 'session_timeout_ms': v3, 'rebalance_timeout_ms': v4, 'member_id': v5, 'group_instance_id': v7, 'protocol_type': v9, 'protocols': v11, 'reason': v14}, pos
+    return {'group_id': v1, 'session_timeout_ms': v3, 'rebalance_timeout_ms': v4, 'member_id': v5, 'group_instance_id': v7, 'protocol_type': v9, 'protocols': v11, 'reason': v18}, pos
 
 
-def _e405(o, b, parts):
+def _e287(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -10502,45 +11272,44 @@ def _e405(o, b, parts):
         else:
             b += _uvb(_n)
         for v6 in v5:
-            b = _e402(v6, b, parts)
-    v7 = o.get('reason', None)
-    if v7 is None:
+            v7 = v6.get('name', '')
+            if v7 is None:
+                _enc_null('name')
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v6.get('metadata', b'')
+            if v8 is None:
+                _enc_null('metadata')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            b.append(0)
+    v9 = o.get('reason', None)
+    if v9 is None:
         b.append(0)
     else:
-        v7 = v7.encode()
-        _n = len(v7) + 1
+        v9 = v9.encode()
+        _n = len(v9) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        b += v7
+        b += v9
     b.append(0)
     return b
 
 
-def _d406(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v4 < 0:
-        _bad('null metadata')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = bytes(buf[pos:pos + v4])
-        pos += v4
-    return {'member_id': v1, 'group_instance_id': None, 'metadata': v3}, pos
-
-
-def _d407(buf, pos, end):
+def _d288(buf, pos, end):
     v1, v2, = _Shi.unpack_from(buf, pos)
     pos += 6
     v4, = _Sh.unpack_from(buf, pos)
@@ -10579,29 +11348,29 @@ def _d407(buf, pos, end):
             _trunc()
         v9 = []
         for _ in range(v10):
-            v11, pos = _d406(buf, pos, end)
-            v9.append(v11)
+            v13, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v13 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v13 > end:
+                    _trunc()
+                v12 = str(buf[pos:pos + v13], 'utf-8')
+                pos += v13
+            v15, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v15 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = bytes(buf[pos:pos + v15])
+                pos += v15
+            v9.append({'member_id': v12, 'group_instance_id': None, 'metadata': v14})
     return {'throttle_time_ms': 0, 'error_code': v1, 'generation_id': v2, 'protocol_type': None, 'protocol_name': v3, 'leader': v5, 'skip_assignment': False, 'member_id': v7, 'members': v9}, pos
 
 
-def _e408(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('metadata', b'')
-    if v2 is None:
-        _enc_null('metadata')
-    else:
-        b += _Si.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e409(o, b, parts):
+def _e289(o, b, parts):
     b += _Shi.pack(o.get('error_code', 0), o.get('generation_id', -1))
     v1 = o.get('protocol_name', '')
     if v1 is None:
@@ -10630,11 +11399,23 @@ def _e409(o, b, parts):
     else:
         b += _Si.pack(len(v4))
         for v5 in v4:
-            b = _e408(v5, b, parts)
+            v6 = v5.get('member_id', '')
+            if v6 is None:
+                _enc_null('member_id')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v5.get('metadata', b'')
+            if v7 is None:
+                _enc_null('metadata')
+            else:
+                b += _Si.pack(len(v7))
+                b += v7
     return b
 
 
-def _d410(buf, pos, end):
+def _d290(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5, = _Sh.unpack_from(buf, pos)
@@ -10673,12 +11454,29 @@ def _d410(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d406(buf, pos, end)
-            v10.append(v12)
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v16, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v16 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = bytes(buf[pos:pos + v16])
+                pos += v16
+            v10.append({'member_id': v13, 'group_instance_id': None, 'metadata': v15})
     return {'throttle_time_ms': v1, 'error_code': v2, 'generation_id': v3, 'protocol_type': None, 'protocol_name': v4, 'leader': v6, 'skip_assignment': False, 'member_id': v8, 'members': v10}, pos
 
 
-def _e411(o, b, parts):
+def _e291(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('generation_id', -1))
     v1 = o.get('protocol_name', '')
     if v1 is None:
@@ -10707,42 +11505,23 @@ def _e411(o, b, parts):
     else:
         b += _Si.pack(len(v4))
         for v5 in v4:
-            b = _e408(v5, b, parts)
+            v6 = v5.get('member_id', '')
+            if v6 is None:
+                _enc_null('member_id')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v5.get('metadata', b'')
+            if v7 is None:
+                _enc_null('metadata')
+            else:
+                b += _Si.pack(len(v7))
+                b += v7
     return b
 
 
-def _d412(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v6 < 0:
-        _bad('null metadata')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = bytes(buf[pos:pos + v6])
-        pos += v6
-    return {'member_id': v1, 'group_instance_id': v3, 'metadata': v5}, pos
-
-
-def _d413(buf, pos, end):
+def _d292(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5, = _Sh.unpack_from(buf, pos)
@@ -10781,36 +11560,38 @@ def _d413(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d412(buf, pos, end)
-            v10.append(v12)
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v16, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v16 < 0:
+                v15 = None
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v18 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = bytes(buf[pos:pos + v18])
+                pos += v18
+            v10.append({'member_id': v13, 'group_instance_id': v15, 'metadata': v17})
     return {'throttle_time_ms': v1, 'error_code': v2, 'generation_id': v3, 'protocol_type': None, 'protocol_name': v4, 'leader': v6, 'skip_assignment': False, 'member_id': v8, 'members': v10}, pos
 
 
-def _e414(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('group_instance_id', None)
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    v3 = o.get('metadata', b'')
-    if v3 is None:
-        _enc_null('metadata')
-    else:
-        b += _Si.pack(len(v3))
-        b += v3
-    return b
-
-
-def _e415(o, b, parts):
+def _e293(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('generation_id', -1))
     v1 = o.get('protocol_name', '')
     if v1 is None:
@@ -10839,58 +11620,30 @@ def _e415(o, b, parts):
     else:
         b += _Si.pack(len(v4))
         for v5 in v4:
-            b = _e414(v5, b, parts)
+            v6 = v5.get('member_id', '')
+            if v6 is None:
+                _enc_null('member_id')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v5.get('group_instance_id', None)
+            if v7 is None:
+                b += b'\xff\xff'
+            else:
+                v7 = v7.encode()
+                b += _Sh.pack(len(v7))
+                b += v7
+            v8 = v5.get('metadata', b'')
+            if v8 is None:
+                _enc_null('metadata')
+            else:
+                b += _Si.pack(len(v8))
+                b += v8
     return b
 
 
-def _d416(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null metadata')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = bytes(buf[pos:pos + v6])
-        pos += v6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'member_id': v1, 'group_instance_id': v3, 'metadata': v5}, pos
-
-
-def _d417(buf, pos, end):
+def _d294(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5 = buf[pos]
@@ -10945,8 +11698,50 @@ def _d417(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d416(buf, pos, end)
-            v10.append(v12)
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v16 = buf[pos]
+            if v16 < 128:
+                pos += 1
+            else:
+                v16, pos = _uv(buf, pos)
+            v16 -= 1
+            if v16 < 0:
+                v15 = None
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18 = buf[pos]
+            if v18 < 128:
+                pos += 1
+            else:
+                v18, pos = _uv(buf, pos)
+            v18 -= 1
+            if v18 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = bytes(buf[pos:pos + v18])
+                pos += v18
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v10.append({'member_id': v13, 'group_instance_id': v15, 'metadata': v17})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -10954,44 +11749,7 @@ def _d417(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'generation_id': v3, 'protocol_type': None, 'protocol_name': v4, 'leader': v6, 'skip_assignment': False, 'member_id': v8, 'members': v10}, pos
 
 
-def _e418(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('group_instance_id', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('metadata', b'')
-    if v3 is None:
-        _enc_null('metadata')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    b.append(0)
-    return b
-
-
-def _e419(o, b, parts):
+def _e295(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('generation_id', -1))
     v1 = o.get('protocol_name', '')
     if v1 is None:
@@ -11036,12 +11794,44 @@ def _e419(o, b, parts):
         else:
             b += _uvb(_n)
         for v5 in v4:
-            b = _e418(v5, b, parts)
+            v6 = v5.get('member_id', '')
+            if v6 is None:
+                _enc_null('member_id')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            v7 = v5.get('group_instance_id', None)
+            if v7 is None:
+                b.append(0)
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v5.get('metadata', b'')
+            if v8 is None:
+                _enc_null('metadata')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d420(buf, pos, end):
+def _d296(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5 = buf[pos]
@@ -11109,8 +11899,50 @@ def _d420(buf, pos, end):
             _trunc()
         v12 = []
         for _ in range(v13):
-            v14, pos = _d416(buf, pos, end)
-            v12.append(v14)
+            v16 = buf[pos]
+            if v16 < 128:
+                pos += 1
+            else:
+                v16, pos = _uv(buf, pos)
+            v16 -= 1
+            if v16 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18 = buf[pos]
+            if v18 < 128:
+                pos += 1
+            else:
+                v18, pos = _uv(buf, pos)
+            v18 -= 1
+            if v18 < 0:
+                v17 = None
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = str(buf[pos:pos + v18], 'utf-8')
+                pos += v18
+            v20 = buf[pos]
+            if v20 < 128:
+                pos += 1
+            else:
+                v20, pos = _uv(buf, pos)
+            v20 -= 1
+            if v20 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v20 > end:
+                    _trunc()
+                v19 = bytes(buf[pos:pos + v20])
+                pos += v20
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v12.append({'member_id': v15, 'group_instance_id': v17, 'metadata': v19})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -11118,7 +11950,7 @@ def _d420(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'generation_id': v3, 'protocol_type': v4, 'protocol_name': v6, 'leader': v8, 'skip_assignment': False, 'member_id': v10, 'members': v12}, pos
 
 
-def _e421(o, b, parts):
+def _e297(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('generation_id', -1))
     v1 = o.get('protocol_type', None)
     if v1 is None:
@@ -11174,12 +12006,44 @@ def _e421(o, b, parts):
         else:
             b += _uvb(_n)
         for v6 in v5:
-            b = _e418(v6, b, parts)
+            v7 = v6.get('member_id', '')
+            if v7 is None:
+                _enc_null('member_id')
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v6.get('group_instance_id', None)
+            if v8 is None:
+                b.append(0)
+            else:
+                v8 = v8.encode()
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            v9 = v6.get('metadata', b'')
+            if v9 is None:
+                _enc_null('metadata')
+            else:
+                _n = len(v9) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v9
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d422(buf, pos, end):
+def _d298(buf, pos, end):
     v1, v2, v3, = _Sihi.unpack_from(buf, pos)
     pos += 10
     v5 = buf[pos]
@@ -11249,8 +12113,50 @@ def _d422(buf, pos, end):
             _trunc()
         v13 = []
         for _ in range(v14):
-            v15, pos = _d416(buf, pos, end)
-            v13.append(v15)
+            v17 = buf[pos]
+            if v17 < 128:
+                pos += 1
+            else:
+                v17, pos = _uv(buf, pos)
+            v17 -= 1
+            if v17 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = str(buf[pos:pos + v17], 'utf-8')
+                pos += v17
+            v19 = buf[pos]
+            if v19 < 128:
+                pos += 1
+            else:
+                v19, pos = _uv(buf, pos)
+            v19 -= 1
+            if v19 < 0:
+                v18 = None
+            else:
+                if pos + v19 > end:
+                    _trunc()
+                v18 = str(buf[pos:pos + v19], 'utf-8')
+                pos += v19
+            v21 = buf[pos]
+            if v21 < 128:
+                pos += 1
+            else:
+                v21, pos = _uv(buf, pos)
+            v21 -= 1
+            if v21 < 0:
+                _bad('null metadata')
+            else:
+                if pos + v21 > end:
+                    _trunc()
+                v20 = bytes(buf[pos:pos + v21])
+                pos += v21
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v13.append({'member_id': v16, 'group_instance_id': v18, 'metadata': v20})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -11258,7 +12164,7 @@ def _d422(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'generation_id': v3, 'protocol_type': v4, 'protocol_name': v6, 'leader': v8, 'skip_assignment': v10, 'member_id': v11, 'members': v13}, pos
 
 
-def _e423(o, b, parts):
+def _e299(o, b, parts):
     b += _Sihi.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('generation_id', -1))
     v1 = o.get('protocol_type', None)
     if v1 is None:
@@ -11315,12 +12221,44 @@ def _e423(o, b, parts):
         else:
             b += _uvb(_n)
         for v6 in v5:
-            b = _e418(v6, b, parts)
+            v7 = v6.get('member_id', '')
+            if v7 is None:
+                _enc_null('member_id')
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v6.get('group_instance_id', None)
+            if v8 is None:
+                b.append(0)
+            else:
+                v8 = v8.encode()
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            v9 = v6.get('metadata', b'')
+            if v9 is None:
+                _enc_null('metadata')
+            else:
+                _n = len(v9) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v9
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d424(buf, pos, end):
+def _d300(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -11344,7 +12282,7 @@ def _d424(buf, pos, end):
     return {'group_id': v1, 'generation_id': v3, 'member_id': v4, 'group_instance_id': None}, pos
 
 
-def _e425(o, b, parts):
+def _e301(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -11363,7 +12301,7 @@ def _e425(o, b, parts):
     return b
 
 
-def _d426(buf, pos, end):
+def _d302(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -11396,7 +12334,7 @@ def _d426(buf, pos, end):
     return {'group_id': v1, 'generation_id': v3, 'member_id': v4, 'group_instance_id': v6}, pos
 
 
-def _e427(o, b, parts):
+def _e303(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -11422,7 +12360,7 @@ def _e427(o, b, parts):
     return b
 
 
-def _d428(buf, pos, end):
+def _d304(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -11471,7 +12409,7 @@ def _d428(buf, pos, end):
     return {'group_id': v1, 'generation_id': v3, 'member_id': v4, 'group_instance_id': v6}, pos
 
 
-def _e429(o, b, parts):
+def _e305(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -11510,29 +12448,29 @@ def _e429(o, b, parts):
     return b
 
 
-def _d430(buf, pos, end):
+def _d306(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     return {'throttle_time_ms': 0, 'error_code': v1}, pos
 
 
-def _e431(o, b, parts):
+def _e307(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     return b
 
 
-def _d432(buf, pos, end):
+def _d308(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     return {'throttle_time_ms': v1, 'error_code': v2}, pos
 
 
-def _e433(o, b, parts):
+def _e309(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     return b
 
 
-def _d434(buf, pos, end):
+def _d310(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     if buf[pos]:
@@ -11542,13 +12480,13 @@ def _d434(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2}, pos
 
 
-def _e435(o, b, parts):
+def _e311(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     b.append(0)
     return b
 
 
-def _d436(buf, pos, end):
+def _d312(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -11570,7 +12508,7 @@ def _d436(buf, pos, end):
     return {'group_id': v1, 'member_id': v3, 'members': []}, pos
 
 
-def _e437(o, b, parts):
+def _e313(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -11588,29 +12526,7 @@ def _e437(o, b, parts):
     return b
 
 
-def _d438(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    return {'member_id': v1, 'group_instance_id': v3, 'reason': None}, pos
-
-
-def _d439(buf, pos, end):
+def _d314(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -11629,30 +12545,29 @@ def _d439(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d438(buf, pos, end)
-            v3.append(v5)
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v3.append({'member_id': v6, 'group_instance_id': v8, 'reason': None})
     return {'group_id': v1, 'member_id': '', 'members': v3}, pos
 
 
-def _e440(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('group_instance_id', None)
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e441(o, b, parts):
+def _e315(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -11666,45 +12581,24 @@ def _e441(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e440(v3, b, parts)
+            v4 = v3.get('member_id', '')
+            if v4 is None:
+                _enc_null('member_id')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('group_instance_id', None)
+            if v5 is None:
+                b += b'\xff\xff'
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
     return b
 
 
-def _d442(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'member_id': v1, 'group_instance_id': v3, 'reason': None}, pos
-
-
-def _d443(buf, pos, end):
+def _d316(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -11731,8 +12625,37 @@ def _d443(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d442(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'member_id': v6, 'group_instance_id': v8, 'reason': None})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -11740,34 +12663,7 @@ def _d443(buf, pos, end):
     return {'group_id': v1, 'member_id': '', 'members': v3}, pos
 
 
-def _e444(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('group_instance_id', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e445(o, b, parts):
+def _e317(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -11789,59 +12685,34 @@ def _e445(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e444(v3, b, parts)
+            v4 = v3.get('member_id', '')
+            if v4 is None:
+                _enc_null('member_id')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('group_instance_id', None)
+            if v5 is None:
+                b.append(0)
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d446(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'member_id': v1, 'group_instance_id': v3, 'reason': v5}, pos
-
-
-def _d447(buf, pos, end):
+def _d318(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -11868,8 +12739,50 @@ def _d447(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d446(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'member_id': v6, 'group_instance_id': v8, 'reason': v10})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -11877,45 +12790,7 @@ def _d447(buf, pos, end):
     return {'group_id': v1, 'member_id': '', 'members': v3}, pos
 
 
-def _e448(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('group_instance_id', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('reason', None)
-    if v3 is None:
-        b.append(0)
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    b.append(0)
-    return b
-
-
-def _e449(o, b, parts):
+def _e319(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -11937,48 +12812,57 @@ def _e449(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e448(v3, b, parts)
+            v4 = v3.get('member_id', '')
+            if v4 is None:
+                _enc_null('member_id')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('group_instance_id', None)
+            if v5 is None:
+                b.append(0)
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v3.get('reason', None)
+            if v6 is None:
+                b.append(0)
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d450(buf, pos, end):
+def _d320(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     return {'throttle_time_ms': 0, 'error_code': v1, 'members': []}, pos
 
 
-def _d451(buf, pos, end):
+def _d321(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     return {'throttle_time_ms': v1, 'error_code': v2, 'members': []}, pos
 
 
-def _d452(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    return {'member_id': v1, 'group_instance_id': v3, 'error_code': v5}, pos
-
-
-def _d453(buf, pos, end):
+def _d322(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4, = _Si.unpack_from(buf, pos)
@@ -11990,31 +12874,31 @@ def _d453(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d452(buf, pos, end)
-            v3.append(v5)
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v3.append({'member_id': v6, 'group_instance_id': v8, 'error_code': v10})
     return {'throttle_time_ms': v1, 'error_code': v2, 'members': v3}, pos
 
 
-def _e454(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('group_instance_id', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    b += _Sh.pack(o.get('error_code', 0))
-    return b
-
-
-def _e455(o, b, parts):
+def _e323(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('members', ())
     if v1 is None:
@@ -12022,47 +12906,25 @@ def _e455(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e454(v2, b, parts)
+            v3 = v2.get('member_id', '')
+            if v3 is None:
+                _enc_null('member_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('group_instance_id', '')
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            b += _Sh.pack(v2.get('error_code', 0))
     return b
 
 
-def _d456(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'member_id': v1, 'group_instance_id': v3, 'error_code': v5}, pos
-
-
-def _d457(buf, pos, end):
+def _d324(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -12078,8 +12940,39 @@ def _d457(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d456(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'member_id': v6, 'group_instance_id': v8, 'error_code': v10})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -12087,35 +12980,7 @@ def _d457(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'members': v3}, pos
 
 
-def _e458(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('group_instance_id', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sh.pack(o.get('error_code', 0))
-    b.append(0)
-    return b
-
-
-def _e459(o, b, parts):
+def _e325(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('members', ())
     if v1 is None:
@@ -12127,34 +12992,35 @@ def _e459(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e458(v2, b, parts)
+            v3 = v2.get('member_id', '')
+            if v3 is None:
+                _enc_null('member_id')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('group_instance_id', '')
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Sh.pack(v2.get('error_code', 0))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d460(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v4 < 0:
-        _bad('null assignment')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = bytes(buf[pos:pos + v4])
-        pos += v4
-    return {'member_id': v1, 'assignment': v3}, pos
-
-
-def _d461(buf, pos, end):
+def _d326(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -12184,29 +13050,29 @@ def _d461(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d460(buf, pos, end)
-            v6.append(v8)
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v12, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v12 < 0:
+                _bad('null assignment')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = bytes(buf[pos:pos + v12])
+                pos += v12
+            v6.append({'member_id': v9, 'assignment': v11})
     return {'group_id': v1, 'generation_id': v3, 'member_id': v4, 'group_instance_id': None, 'protocol_type': None, 'protocol_name': None, 'assignments': v6}, pos
 
 
-def _e462(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('assignment', b'')
-    if v2 is None:
-        _enc_null('assignment')
-    else:
-        b += _Si.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e463(o, b, parts):
+def _e327(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -12228,11 +13094,23 @@ def _e463(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e462(v4, b, parts)
+            v5 = v4.get('member_id', '')
+            if v5 is None:
+                _enc_null('member_id')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('assignment', b'')
+            if v6 is None:
+                _enc_null('assignment')
+            else:
+                b += _Si.pack(len(v6))
+                b += v6
     return b
 
 
-def _d464(buf, pos, end):
+def _d328(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -12271,12 +13149,29 @@ def _d464(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d460(buf, pos, end)
-            v8.append(v10)
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v14 < 0:
+                _bad('null assignment')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = bytes(buf[pos:pos + v14])
+                pos += v14
+            v8.append({'member_id': v11, 'assignment': v13})
     return {'group_id': v1, 'generation_id': v3, 'member_id': v4, 'group_instance_id': v6, 'protocol_type': None, 'protocol_name': None, 'assignments': v8}, pos
 
 
-def _e465(o, b, parts):
+def _e329(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -12305,45 +13200,23 @@ def _e465(o, b, parts):
     else:
         b += _Si.pack(len(v4))
         for v5 in v4:
-            b = _e462(v5, b, parts)
+            v6 = v5.get('member_id', '')
+            if v6 is None:
+                _enc_null('member_id')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v5.get('assignment', b'')
+            if v7 is None:
+                _enc_null('assignment')
+            else:
+                b += _Si.pack(len(v7))
+                b += v7
     return b
 
 
-def _d466(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        _bad('null assignment')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = bytes(buf[pos:pos + v4])
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'member_id': v1, 'assignment': v3}, pos
-
-
-def _d467(buf, pos, end):
+def _d330(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -12398,8 +13271,37 @@ def _d467(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d466(buf, pos, end)
-            v8.append(v10)
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                _bad('null assignment')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = bytes(buf[pos:pos + v14])
+                pos += v14
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'member_id': v11, 'assignment': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -12407,33 +13309,7 @@ def _d467(buf, pos, end):
     return {'group_id': v1, 'generation_id': v3, 'member_id': v4, 'group_instance_id': v6, 'protocol_type': None, 'protocol_name': None, 'assignments': v8}, pos
 
 
-def _e468(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('assignment', b'')
-    if v2 is None:
-        _enc_null('assignment')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e469(o, b, parts):
+def _e331(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -12478,12 +13354,33 @@ def _e469(o, b, parts):
         else:
             b += _uvb(_n)
         for v5 in v4:
-            b = _e468(v5, b, parts)
+            v6 = v5.get('member_id', '')
+            if v6 is None:
+                _enc_null('member_id')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            v7 = v5.get('assignment', b'')
+            if v7 is None:
+                _enc_null('assignment')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d470(buf, pos, end):
+def _d332(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -12564,8 +13461,37 @@ def _d470(buf, pos, end):
             _trunc()
         v12 = []
         for _ in range(v13):
-            v14, pos = _d466(buf, pos, end)
-            v12.append(v14)
+            v16 = buf[pos]
+            if v16 < 128:
+                pos += 1
+            else:
+                v16, pos = _uv(buf, pos)
+            v16 -= 1
+            if v16 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18 = buf[pos]
+            if v18 < 128:
+                pos += 1
+            else:
+                v18, pos = _uv(buf, pos)
+            v18 -= 1
+            if v18 < 0:
+                _bad('null assignment')
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = bytes(buf[pos:pos + v18])
+                pos += v18
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v12.append({'member_id': v15, 'assignment': v17})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -12573,7 +13499,7 @@ def _d470(buf, pos, end):
     return {'group_id': v1, 'generation_id': v3, 'member_id': v4, 'group_instance_id': v6, 'protocol_type': v8, 'protocol_name': v10, 'assignments': v12}, pos
 
 
-def _e471(o, b, parts):
+def _e333(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -12640,12 +13566,33 @@ def _e471(o, b, parts):
         else:
             b += _uvb(_n)
         for v7 in v6:
-            b = _e468(v7, b, parts)
+            v8 = v7.get('member_id', '')
+            if v8 is None:
+                _enc_null('member_id')
+            else:
+                v8 = v8.encode()
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            v9 = v7.get('assignment', b'')
+            if v9 is None:
+                _enc_null('assignment')
+            else:
+                _n = len(v9) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v9
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d472(buf, pos, end):
+def _d334(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Si.unpack_from(buf, pos)
@@ -12660,7 +13607,7 @@ def _d472(buf, pos, end):
     return {'throttle_time_ms': 0, 'error_code': v1, 'protocol_type': None, 'protocol_name': None, 'assignment': v2}, pos
 
 
-def _e473(o, b, parts):
+def _e335(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('assignment', b'')
     if v1 is None:
@@ -12671,7 +13618,7 @@ def _e473(o, b, parts):
     return b
 
 
-def _d474(buf, pos, end):
+def _d336(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4, = _Si.unpack_from(buf, pos)
@@ -12686,7 +13633,7 @@ def _d474(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'protocol_type': None, 'protocol_name': None, 'assignment': v3}, pos
 
 
-def _e475(o, b, parts):
+def _e337(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('assignment', b'')
     if v1 is None:
@@ -12697,7 +13644,7 @@ def _e475(o, b, parts):
     return b
 
 
-def _d476(buf, pos, end):
+def _d338(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -12720,7 +13667,7 @@ def _d476(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'protocol_type': None, 'protocol_name': None, 'assignment': v3}, pos
 
 
-def _e477(o, b, parts):
+def _e339(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('assignment', b'')
     if v1 is None:
@@ -12736,7 +13683,7 @@ def _e477(o, b, parts):
     return b
 
 
-def _d478(buf, pos, end):
+def _d340(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -12785,7 +13732,7 @@ def _d478(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'protocol_type': v3, 'protocol_name': v5, 'assignment': v7}, pos
 
 
-def _e479(o, b, parts):
+def _e341(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('protocol_type', None)
     if v1 is None:
@@ -12823,7 +13770,7 @@ def _e479(o, b, parts):
     return b
 
 
-def _d480(buf, pos, end):
+def _d342(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -12846,7 +13793,7 @@ def _d480(buf, pos, end):
     return {'groups': v1, 'include_authorized_operations': False}, pos
 
 
-def _e481(o, b, parts):
+def _e343(o, b, parts):
     v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
@@ -12862,7 +13809,7 @@ def _e481(o, b, parts):
     return b
 
 
-def _d482(buf, pos, end):
+def _d344(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -12887,7 +13834,7 @@ def _d482(buf, pos, end):
     return {'groups': v1, 'include_authorized_operations': v5}, pos
 
 
-def _e483(o, b, parts):
+def _e345(o, b, parts):
     v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
@@ -12904,7 +13851,7 @@ def _e483(o, b, parts):
     return b
 
 
-def _d484(buf, pos, end):
+def _d346(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -12941,7 +13888,7 @@ def _d484(buf, pos, end):
     return {'groups': v1, 'include_authorized_operations': v5}, pos
 
 
-def _e485(o, b, parts):
+def _e347(o, b, parts):
     v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
@@ -12967,56 +13914,7 @@ def _e485(o, b, parts):
     return b
 
 
-def _d486(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        _bad('null client_id')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v6 < 0:
-        _bad('null client_host')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v8, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v8 < 0:
-        _bad('null member_metadata')
-    else:
-        if pos + v8 > end:
-            _trunc()
-        v7 = bytes(buf[pos:pos + v8])
-        pos += v8
-    v10, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v10 < 0:
-        _bad('null member_assignment')
-    else:
-        if pos + v10 > end:
-            _trunc()
-        v9 = bytes(buf[pos:pos + v10])
-        pos += v10
-    return {'member_id': v1, 'group_instance_id': None, 'client_id': v3, 'client_host': v5, 'member_metadata': v7, 'member_assignment': v9}, pos
-
-
-def _d487(buf, pos, end):
+def _d348(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -13064,12 +13962,56 @@ def _d487(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d486(buf, pos, end)
-            v10.append(v12)
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v16, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v16 < 0:
+                _bad('null client_id')
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v18 < 0:
+                _bad('null client_host')
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = str(buf[pos:pos + v18], 'utf-8')
+                pos += v18
+            v20, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v20 < 0:
+                _bad('null member_metadata')
+            else:
+                if pos + v20 > end:
+                    _trunc()
+                v19 = bytes(buf[pos:pos + v20])
+                pos += v20
+            v22, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v22 < 0:
+                _bad('null member_assignment')
+            else:
+                if pos + v22 > end:
+                    _trunc()
+                v21 = bytes(buf[pos:pos + v22])
+                pos += v22
+            v10.append({'member_id': v13, 'group_instance_id': None, 'client_id': v15, 'client_host': v17, 'member_metadata': v19, 'member_assignment': v21})
     return {'error_code': v1, 'error_message': None, 'group_id': v2, 'group_state': v4, 'protocol_type': v6, 'protocol_data': v8, 'members': v10, 'authorized_operations': -2147483648}, pos
 
 
-def _d488(buf, pos, end):
+def _d349(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -13079,100 +14021,90 @@ def _d488(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d487(buf, pos, end)
+            v3, pos = _d348(buf, pos, end)
             v1.append(v3)
     return {'throttle_time_ms': 0, 'groups': v1}, pos
 
 
-def _e489(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('client_id', '')
-    if v2 is None:
-        _enc_null('client_id')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    v3 = o.get('client_host', '')
-    if v3 is None:
-        _enc_null('client_host')
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    v4 = o.get('member_metadata', b'')
-    if v4 is None:
-        _enc_null('member_metadata')
-    else:
-        b += _Si.pack(len(v4))
-        b += v4
-    v5 = o.get('member_assignment', b'')
-    if v5 is None:
-        _enc_null('member_assignment')
-    else:
-        b += _Si.pack(len(v5))
-        b += v5
-    return b
-
-
-def _e490(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('group_state', '')
-    if v2 is None:
-        _enc_null('group_state')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    v3 = o.get('protocol_type', '')
-    if v3 is None:
-        _enc_null('protocol_type')
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    v4 = o.get('protocol_data', '')
-    if v4 is None:
-        _enc_null('protocol_data')
-    else:
-        v4 = v4.encode()
-        b += _Sh.pack(len(v4))
-        b += v4
-    v5 = o.get('members', ())
-    if v5 is None:
-        _enc_null('members')
-    else:
-        b += _Si.pack(len(v5))
-        for v6 in v5:
-            b = _e489(v6, b, parts)
-    return b
-
-
-def _e491(o, b, parts):
+def _e350(o, b, parts):
     v1 = o.get('groups', ())
     if v1 is None:
         _enc_null('groups')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e490(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('group_state', '')
+            if v4 is None:
+                _enc_null('group_state')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v2.get('protocol_type', '')
+            if v5 is None:
+                _enc_null('protocol_type')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v2.get('protocol_data', '')
+            if v6 is None:
+                _enc_null('protocol_data')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v2.get('members', ())
+            if v7 is None:
+                _enc_null('members')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    v9 = v8.get('member_id', '')
+                    if v9 is None:
+                        _enc_null('member_id')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    v10 = v8.get('client_id', '')
+                    if v10 is None:
+                        _enc_null('client_id')
+                    else:
+                        v10 = v10.encode()
+                        b += _Sh.pack(len(v10))
+                        b += v10
+                    v11 = v8.get('client_host', '')
+                    if v11 is None:
+                        _enc_null('client_host')
+                    else:
+                        v11 = v11.encode()
+                        b += _Sh.pack(len(v11))
+                        b += v11
+                    v12 = v8.get('member_metadata', b'')
+                    if v12 is None:
+                        _enc_null('member_metadata')
+                    else:
+                        b += _Si.pack(len(v12))
+                        b += v12
+                    v13 = v8.get('member_assignment', b'')
+                    if v13 is None:
+                        _enc_null('member_assignment')
+                    else:
+                        b += _Si.pack(len(v13))
+                        b += v13
     return b
 
 
-def _d492(buf, pos, end):
+def _d351(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -13184,12 +14116,12 @@ def _d492(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d487(buf, pos, end)
+            v4, pos = _d348(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'groups': v2}, pos
 
 
-def _e493(o, b, parts):
+def _e352(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -13197,11 +14129,78 @@ def _e493(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e490(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('group_state', '')
+            if v4 is None:
+                _enc_null('group_state')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v2.get('protocol_type', '')
+            if v5 is None:
+                _enc_null('protocol_type')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v2.get('protocol_data', '')
+            if v6 is None:
+                _enc_null('protocol_data')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v2.get('members', ())
+            if v7 is None:
+                _enc_null('members')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    v9 = v8.get('member_id', '')
+                    if v9 is None:
+                        _enc_null('member_id')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    v10 = v8.get('client_id', '')
+                    if v10 is None:
+                        _enc_null('client_id')
+                    else:
+                        v10 = v10.encode()
+                        b += _Sh.pack(len(v10))
+                        b += v10
+                    v11 = v8.get('client_host', '')
+                    if v11 is None:
+                        _enc_null('client_host')
+                    else:
+                        v11 = v11.encode()
+                        b += _Sh.pack(len(v11))
+                        b += v11
+                    v12 = v8.get('member_metadata', b'')
+                    if v12 is None:
+                        _enc_null('member_metadata')
+                    else:
+                        b += _Si.pack(len(v12))
+                        b += v12
+                    v13 = v8.get('member_assignment', b'')
+                    if v13 is None:
+                        _enc_null('member_assignment')
+                    else:
+                        b += _Si.pack(len(v13))
+                        b += v13
     return b
 
 
-def _d494(buf, pos, end):
+def _d353(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -13249,14 +14248,58 @@ def _d494(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d486(buf, pos, end)
-            v10.append(v12)
-    v13, = _Si.unpack_from(buf, pos)
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v16, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v16 < 0:
+                _bad('null client_id')
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v18 < 0:
+                _bad('null client_host')
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = str(buf[pos:pos + v18], 'utf-8')
+                pos += v18
+            v20, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v20 < 0:
+                _bad('null member_metadata')
+            else:
+                if pos + v20 > end:
+                    _trunc()
+                v19 = bytes(buf[pos:pos + v20])
+                pos += v20
+            v22, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v22 < 0:
+                _bad('null member_assignment')
+            else:
+                if pos + v22 > end:
+                    _trunc()
+                v21 = bytes(buf[pos:pos + v22])
+                pos += v22
+            v10.append({'member_id': v13, 'group_instance_id': None, 'client_id': v15, 'client_host': v17, 'member_metadata': v19, 'member_assignment': v21})
+    v23, = _Si.unpack_from(buf, pos)
     pos += 4
-    return {'error_code': v1, 'error_message': None, 'group_id': v2, 'group_state': v4, 'protocol_type': v6, 'protocol_data': v8, 'members': v10, 'authorized_operations': v13}, pos
+    return {'error_code': v1, 'error_message': None, 'group_id': v2, 'group_state': v4, 'protocol_type': v6, 'protocol_data': v8, 'members': v10, 'authorized_operations': v23}, pos
 
 
-def _d495(buf, pos, end):
+def _d354(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -13268,53 +14311,12 @@ def _d495(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d494(buf, pos, end)
+            v4, pos = _d353(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'groups': v2}, pos
 
 
-def _e496(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('group_state', '')
-    if v2 is None:
-        _enc_null('group_state')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    v3 = o.get('protocol_type', '')
-    if v3 is None:
-        _enc_null('protocol_type')
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    v4 = o.get('protocol_data', '')
-    if v4 is None:
-        _enc_null('protocol_data')
-    else:
-        v4 = v4.encode()
-        b += _Sh.pack(len(v4))
-        b += v4
-    v5 = o.get('members', ())
-    if v5 is None:
-        _enc_null('members')
-    else:
-        b += _Si.pack(len(v5))
-        for v6 in v5:
-            b = _e489(v6, b, parts)
-    b += _Si.pack(o.get('authorized_operations', -2147483648))
-    return b
-
-
-def _e497(o, b, parts):
+def _e355(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -13322,69 +14324,79 @@ def _e497(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e496(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('group_state', '')
+            if v4 is None:
+                _enc_null('group_state')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v2.get('protocol_type', '')
+            if v5 is None:
+                _enc_null('protocol_type')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v2.get('protocol_data', '')
+            if v6 is None:
+                _enc_null('protocol_data')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v2.get('members', ())
+            if v7 is None:
+                _enc_null('members')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    v9 = v8.get('member_id', '')
+                    if v9 is None:
+                        _enc_null('member_id')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    v10 = v8.get('client_id', '')
+                    if v10 is None:
+                        _enc_null('client_id')
+                    else:
+                        v10 = v10.encode()
+                        b += _Sh.pack(len(v10))
+                        b += v10
+                    v11 = v8.get('client_host', '')
+                    if v11 is None:
+                        _enc_null('client_host')
+                    else:
+                        v11 = v11.encode()
+                        b += _Sh.pack(len(v11))
+                        b += v11
+                    v12 = v8.get('member_metadata', b'')
+                    if v12 is None:
+                        _enc_null('member_metadata')
+                    else:
+                        b += _Si.pack(len(v12))
+                        b += v12
+                    v13 = v8.get('member_assignment', b'')
+                    if v13 is None:
+                        _enc_null('member_assignment')
+                    else:
+                        b += _Si.pack(len(v13))
+                        b += v13
+            b += _Si.pack(v2.get('authorized_operations', -2147483648))
     return b
 
 
-def _d498(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v6 < 0:
-        _bad('null client_id')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v8, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v8 < 0:
-        _bad('null client_host')
-    else:
-        if pos + v8 > end:
-            _trunc()
-        v7 = str(buf[pos:pos + v8], 'utf-8')
-        pos += v8
-    v10, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v10 < 0:
-        _bad('null member_metadata')
-    else:
-        if pos + v10 > end:
-            _trunc()
-        v9 = bytes(buf[pos:pos + v10])
-        pos += v10
-    v12, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if v12 < 0:
-        _bad('null member_assignment')
-    else:
-        if pos + v12 > end:
-            _trunc()
-        v11 = bytes(buf[pos:pos + v12])
-        pos += v12
-    return {'member_id': v1, 'group_instance_id': v3, 'client_id': v5, 'client_host': v7, 'member_metadata': v9, 'member_assignment': v11}, pos
-
-
-def _d499(buf, pos, end):
+def _d356(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -13432,14 +14444,67 @@ def _d499(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d498(buf, pos, end)
-            v10.append(v12)
-    v13, = _Si.unpack_from(buf, pos)
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v16, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v16 < 0:
+                v15 = None
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v18 < 0:
+                _bad('null client_id')
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = str(buf[pos:pos + v18], 'utf-8')
+                pos += v18
+            v20, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v20 < 0:
+                _bad('null client_host')
+            else:
+                if pos + v20 > end:
+                    _trunc()
+                v19 = str(buf[pos:pos + v20], 'utf-8')
+                pos += v20
+            v22, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v22 < 0:
+                _bad('null member_metadata')
+            else:
+                if pos + v22 > end:
+                    _trunc()
+                v21 = bytes(buf[pos:pos + v22])
+                pos += v22
+            v24, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if v24 < 0:
+                _bad('null member_assignment')
+            else:
+                if pos + v24 > end:
+                    _trunc()
+                v23 = bytes(buf[pos:pos + v24])
+                pos += v24
+            v10.append({'member_id': v13, 'group_instance_id': v15, 'client_id': v17, 'client_host': v19, 'member_metadata': v21, 'member_assignment': v23})
+    v25, = _Si.unpack_from(buf, pos)
     pos += 4
-    return {'error_code': v1, 'error_message': None, 'group_id': v2, 'group_state': v4, 'protocol_type': v6, 'protocol_data': v8, 'members': v10, 'authorized_operations': v13}, pos
+    return {'error_code': v1, 'error_message': None, 'group_id': v2, 'group_state': v4, 'protocol_type': v6, 'protocol_data': v8, 'members': v10, 'authorized_operations': v25}, pos
 
 
-def _d500(buf, pos, end):
+def _d357(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -13451,97 +14516,12 @@ def _d500(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d499(buf, pos, end)
+            v4, pos = _d356(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'groups': v2}, pos
 
 
-def _e501(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('group_instance_id', None)
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    v3 = o.get('client_id', '')
-    if v3 is None:
-        _enc_null('client_id')
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    v4 = o.get('client_host', '')
-    if v4 is None:
-        _enc_null('client_host')
-    else:
-        v4 = v4.encode()
-        b += _Sh.pack(len(v4))
-        b += v4
-    v5 = o.get('member_metadata', b'')
-    if v5 is None:
-        _enc_null('member_metadata')
-    else:
-        b += _Si.pack(len(v5))
-        b += v5
-    v6 = o.get('member_assignment', b'')
-    if v6 is None:
-        _enc_null('member_assignment')
-    else:
-        b += _Si.pack(len(v6))
-        b += v6
-    return b
-
-
-def _e502(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('group_state', '')
-    if v2 is None:
-        _enc_null('group_state')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    v3 = o.get('protocol_type', '')
-    if v3 is None:
-        _enc_null('protocol_type')
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    v4 = o.get('protocol_data', '')
-    if v4 is None:
-        _enc_null('protocol_data')
-    else:
-        v4 = v4.encode()
-        b += _Sh.pack(len(v4))
-        b += v4
-    v5 = o.get('members', ())
-    if v5 is None:
-        _enc_null('members')
-    else:
-        b += _Si.pack(len(v5))
-        for v6 in v5:
-            b = _e501(v6, b, parts)
-    b += _Si.pack(o.get('authorized_operations', -2147483648))
-    return b
-
-
-def _e503(o, b, parts):
+def _e358(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -13549,97 +14529,86 @@ def _e503(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e502(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('group_state', '')
+            if v4 is None:
+                _enc_null('group_state')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v2.get('protocol_type', '')
+            if v5 is None:
+                _enc_null('protocol_type')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v2.get('protocol_data', '')
+            if v6 is None:
+                _enc_null('protocol_data')
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            v7 = v2.get('members', ())
+            if v7 is None:
+                _enc_null('members')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    v9 = v8.get('member_id', '')
+                    if v9 is None:
+                        _enc_null('member_id')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    v10 = v8.get('group_instance_id', None)
+                    if v10 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v10 = v10.encode()
+                        b += _Sh.pack(len(v10))
+                        b += v10
+                    v11 = v8.get('client_id', '')
+                    if v11 is None:
+                        _enc_null('client_id')
+                    else:
+                        v11 = v11.encode()
+                        b += _Sh.pack(len(v11))
+                        b += v11
+                    v12 = v8.get('client_host', '')
+                    if v12 is None:
+                        _enc_null('client_host')
+                    else:
+                        v12 = v12.encode()
+                        b += _Sh.pack(len(v12))
+                        b += v12
+                    v13 = v8.get('member_metadata', b'')
+                    if v13 is None:
+                        _enc_null('member_metadata')
+                    else:
+                        b += _Si.pack(len(v13))
+                        b += v13
+                    v14 = v8.get('member_assignment', b'')
+                    if v14 is None:
+                        _enc_null('member_assignment')
+                    else:
+                        b += _Si.pack(len(v14))
+                        b += v14
+            b += _Si.pack(v2.get('authorized_operations', -2147483648))
     return b
 
 
-def _d504(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null member_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null client_id')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v8 = buf[pos]
-    if v8 < 128:
-        pos += 1
-    else:
-        v8, pos = _uv(buf, pos)
-    v8 -= 1
-    if v8 < 0:
-        _bad('null client_host')
-    else:
-        if pos + v8 > end:
-            _trunc()
-        v7 = str(buf[pos:pos + v8], 'utf-8')
-        pos += v8
-    v10 = buf[pos]
-    if v10 < 128:
-        pos += 1
-    else:
-        v10, pos = _uv(buf, pos)
-    v10 -= 1
-    if v10 < 0:
-        _bad('null member_metadata')
-    else:
-        if pos + v10 > end:
-            _trunc()
-        v9 = bytes(buf[pos:pos + v10])
-        pos += v10
-    v12 = buf[pos]
-    if v12 < 128:
-        pos += 1
-    else:
-        v12, pos = _uv(buf, pos)
-    v12 -= 1
-    if v12 < 0:
-        _bad('null member_assignment')
-    else:
-        if pos + v12 > end:
-            _trunc()
-        v11 = bytes(buf[pos:pos + v12])
-        pos += v12
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'member_id': v1, 'group_instance_id': v3, 'client_id': v5, 'client_host': v7, 'member_metadata': v9, 'member_assignment': v11}, pos
-
-
-def _d505(buf, pos, end):
+def _d359(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -13707,18 +14676,99 @@ def _d505(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d504(buf, pos, end)
-            v10.append(v12)
-    v13, = _Si.unpack_from(buf, pos)
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v16 = buf[pos]
+            if v16 < 128:
+                pos += 1
+            else:
+                v16, pos = _uv(buf, pos)
+            v16 -= 1
+            if v16 < 0:
+                v15 = None
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18 = buf[pos]
+            if v18 < 128:
+                pos += 1
+            else:
+                v18, pos = _uv(buf, pos)
+            v18 -= 1
+            if v18 < 0:
+                _bad('null client_id')
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = str(buf[pos:pos + v18], 'utf-8')
+                pos += v18
+            v20 = buf[pos]
+            if v20 < 128:
+                pos += 1
+            else:
+                v20, pos = _uv(buf, pos)
+            v20 -= 1
+            if v20 < 0:
+                _bad('null client_host')
+            else:
+                if pos + v20 > end:
+                    _trunc()
+                v19 = str(buf[pos:pos + v20], 'utf-8')
+                pos += v20
+            v22 = buf[pos]
+            if v22 < 128:
+                pos += 1
+            else:
+                v22, pos = _uv(buf, pos)
+            v22 -= 1
+            if v22 < 0:
+                _bad('null member_metadata')
+            else:
+                if pos + v22 > end:
+                    _trunc()
+                v21 = bytes(buf[pos:pos + v22])
+                pos += v22
+            v24 = buf[pos]
+            if v24 < 128:
+                pos += 1
+            else:
+                v24, pos = _uv(buf, pos)
+            v24 -= 1
+            if v24 < 0:
+                _bad('null member_assignment')
+            else:
+                if pos + v24 > end:
+                    _trunc()
+                v23 = bytes(buf[pos:pos + v24])
+                pos += v24
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v10.append({'member_id': v13, 'group_instance_id': v15, 'client_id': v17, 'client_host': v19, 'member_metadata': v21, 'member_assignment': v23})
+    v25, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'error_code': v1, 'error_message': None, 'group_id': v2, 'group_state': v4, 'protocol_type': v6, 'protocol_data': v8, 'members': v10, 'authorized_operations': v13}, pos
+    return {'error_code': v1, 'error_message': None, 'group_id': v2, 'group_state': v4, 'protocol_type': v6, 'protocol_data': v8, 'members': v10, 'authorized_operations': v25}, pos
 
 
-def _d506(buf, pos, end):
+def _d360(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -13734,7 +14784,7 @@ def _d506(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d505(buf, pos, end)
+            v4, pos = _d359(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -13743,138 +14793,7 @@ def _d506(buf, pos, end):
     return {'throttle_time_ms': v1, 'groups': v2}, pos
 
 
-def _e507(o, b, parts):
-    v1 = o.get('member_id', '')
-    if v1 is None:
-        _enc_null('member_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('group_instance_id', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('client_id', '')
-    if v3 is None:
-        _enc_null('client_id')
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    v4 = o.get('client_host', '')
-    if v4 is None:
-        _enc_null('client_host')
-    else:
-        v4 = v4.encode()
-        _n = len(v4) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v4
-    v5 = o.get('member_metadata', b'')
-    if v5 is None:
-        _enc_null('member_metadata')
-    else:
-        _n = len(v5) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v5
-    v6 = o.get('member_assignment', b'')
-    if v6 is None:
-        _enc_null('member_assignment')
-    else:
-        _n = len(v6) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v6
-    b.append(0)
-    return b
-
-
-def _e508(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('group_state', '')
-    if v2 is None:
-        _enc_null('group_state')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('protocol_type', '')
-    if v3 is None:
-        _enc_null('protocol_type')
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    v4 = o.get('protocol_data', '')
-    if v4 is None:
-        _enc_null('protocol_data')
-    else:
-        v4 = v4.encode()
-        _n = len(v4) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v4
-    v5 = o.get('members', ())
-    if v5 is None:
-        _enc_null('members')
-    else:
-        _n = len(v5) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v6 in v5:
-            b = _e507(v6, b, parts)
-    b += _Si.pack(o.get('authorized_operations', -2147483648))
-    b.append(0)
-    return b
-
-
-def _e509(o, b, parts):
+def _e361(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -13886,12 +14805,133 @@ def _e509(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e508(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('group_state', '')
+            if v4 is None:
+                _enc_null('group_state')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v2.get('protocol_type', '')
+            if v5 is None:
+                _enc_null('protocol_type')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v2.get('protocol_data', '')
+            if v6 is None:
+                _enc_null('protocol_data')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            v7 = v2.get('members', ())
+            if v7 is None:
+                _enc_null('members')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v8 in v7:
+                    v9 = v8.get('member_id', '')
+                    if v9 is None:
+                        _enc_null('member_id')
+                    else:
+                        v9 = v9.encode()
+                        _n = len(v9) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v9
+                    v10 = v8.get('group_instance_id', None)
+                    if v10 is None:
+                        b.append(0)
+                    else:
+                        v10 = v10.encode()
+                        _n = len(v10) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v10
+                    v11 = v8.get('client_id', '')
+                    if v11 is None:
+                        _enc_null('client_id')
+                    else:
+                        v11 = v11.encode()
+                        _n = len(v11) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v11
+                    v12 = v8.get('client_host', '')
+                    if v12 is None:
+                        _enc_null('client_host')
+                    else:
+                        v12 = v12.encode()
+                        _n = len(v12) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v12
+                    v13 = v8.get('member_metadata', b'')
+                    if v13 is None:
+                        _enc_null('member_metadata')
+                    else:
+                        _n = len(v13) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v13
+                    v14 = v8.get('member_assignment', b'')
+                    if v14 is None:
+                        _enc_null('member_assignment')
+                    else:
+                        _n = len(v14) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v14
+                    b.append(0)
+            b += _Si.pack(v2.get('authorized_operations', -2147483648))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d510(buf, pos, end):
+def _d362(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -13972,18 +15012,99 @@ def _d510(buf, pos, end):
             _trunc()
         v12 = []
         for _ in range(v13):
-            v14, pos = _d504(buf, pos, end)
-            v12.append(v14)
-    v15, = _Si.unpack_from(buf, pos)
+            v16 = buf[pos]
+            if v16 < 128:
+                pos += 1
+            else:
+                v16, pos = _uv(buf, pos)
+            v16 -= 1
+            if v16 < 0:
+                _bad('null member_id')
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            v18 = buf[pos]
+            if v18 < 128:
+                pos += 1
+            else:
+                v18, pos = _uv(buf, pos)
+            v18 -= 1
+            if v18 < 0:
+                v17 = None
+            else:
+                if pos + v18 > end:
+                    _trunc()
+                v17 = str(buf[pos:pos + v18], 'utf-8')
+                pos += v18
+            v20 = buf[pos]
+            if v20 < 128:
+                pos += 1
+            else:
+                v20, pos = _uv(buf, pos)
+            v20 -= 1
+            if v20 < 0:
+                _bad('null client_id')
+            else:
+                if pos + v20 > end:
+                    _trunc()
+                v19 = str(buf[pos:pos + v20], 'utf-8')
+                pos += v20
+            v22 = buf[pos]
+            if v22 < 128:
+                pos += 1
+            else:
+                v22, pos = _uv(buf, pos)
+            v22 -= 1
+            if v22 < 0:
+                _bad('null client_host')
+            else:
+                if pos + v22 > end:
+                    _trunc()
+                v21 = str(buf[pos:pos + v22], 'utf-8')
+                pos += v22
+            v24 = buf[pos]
+            if v24 < 128:
+                pos += 1
+            else:
+                v24, pos = _uv(buf, pos)
+            v24 -= 1
+            if v24 < 0:
+                _bad('null member_metadata')
+            else:
+                if pos + v24 > end:
+                    _trunc()
+                v23 = bytes(buf[pos:pos + v24])
+                pos += v24
+            v26 = buf[pos]
+            if v26 < 128:
+                pos += 1
+            else:
+                v26, pos = _uv(buf, pos)
+            v26 -= 1
+            if v26 < 0:
+                _bad('null member_assignment')
+            else:
+                if pos + v26 > end:
+                    _trunc()
+                v25 = bytes(buf[pos:pos + v26])
+                pos += v26
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v12.append({'member_id': v15, 'group_instance_id': v17, 'client_id': v19, 'client_host': v21, 'member_metadata': v23, 'member_assignment': v25})
+    v27, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'error_code': v1, 'error_message': v2, 'group_id': v4, 'group_state': v6, 'protocol_type': v8, 'protocol_data': v10, 'members': v12, 'authorized_operations': v15}, pos
+    return {'error_code': v1, 'error_message': v2, 'group_id': v4, 'group_state': v6, 'protocol_type': v8, 'protocol_data': v10, 'members': v12, 'authorized_operations': v27}, pos
 
 
-def _d511(buf, pos, end):
+def _d363(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -13999,7 +15120,7 @@ def _d511(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d510(buf, pos, end)
+            v4, pos = _d362(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -14008,80 +15129,7 @@ def _d511(buf, pos, end):
     return {'throttle_time_ms': v1, 'groups': v2}, pos
 
 
-def _e512(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', None)
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('group_id', '')
-    if v2 is None:
-        _enc_null('group_id')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('group_state', '')
-    if v3 is None:
-        _enc_null('group_state')
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    v4 = o.get('protocol_type', '')
-    if v4 is None:
-        _enc_null('protocol_type')
-    else:
-        v4 = v4.encode()
-        _n = len(v4) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v4
-    v5 = o.get('protocol_data', '')
-    if v5 is None:
-        _enc_null('protocol_data')
-    else:
-        v5 = v5.encode()
-        _n = len(v5) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v5
-    v6 = o.get('members', ())
-    if v6 is None:
-        _enc_null('members')
-    else:
-        _n = len(v6) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v7 in v6:
-            b = _e507(v7, b, parts)
-    b += _Si.pack(o.get('authorized_operations', -2147483648))
-    b.append(0)
-    return b
-
-
-def _e513(o, b, parts):
+def _e364(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -14093,20 +15141,152 @@ def _e513(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e512(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', None)
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('group_id', '')
+            if v4 is None:
+                _enc_null('group_id')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v2.get('group_state', '')
+            if v5 is None:
+                _enc_null('group_state')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v2.get('protocol_type', '')
+            if v6 is None:
+                _enc_null('protocol_type')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            v7 = v2.get('protocol_data', '')
+            if v7 is None:
+                _enc_null('protocol_data')
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v2.get('members', ())
+            if v8 is None:
+                _enc_null('members')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v9 in v8:
+                    v10 = v9.get('member_id', '')
+                    if v10 is None:
+                        _enc_null('member_id')
+                    else:
+                        v10 = v10.encode()
+                        _n = len(v10) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v10
+                    v11 = v9.get('group_instance_id', None)
+                    if v11 is None:
+                        b.append(0)
+                    else:
+                        v11 = v11.encode()
+                        _n = len(v11) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v11
+                    v12 = v9.get('client_id', '')
+                    if v12 is None:
+                        _enc_null('client_id')
+                    else:
+                        v12 = v12.encode()
+                        _n = len(v12) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v12
+                    v13 = v9.get('client_host', '')
+                    if v13 is None:
+                        _enc_null('client_host')
+                    else:
+                        v13 = v13.encode()
+                        _n = len(v13) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v13
+                    v14 = v9.get('member_metadata', b'')
+                    if v14 is None:
+                        _enc_null('member_metadata')
+                    else:
+                        _n = len(v14) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v14
+                    v15 = v9.get('member_assignment', b'')
+                    if v15 is None:
+                        _enc_null('member_assignment')
+                    else:
+                        _n = len(v15) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v15
+                    b.append(0)
+            b += _Si.pack(v2.get('authorized_operations', -2147483648))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d514(buf, pos, end):
+def _d365(buf, pos, end):
     return {'states_filter': [], 'types_filter': []}, pos
 
 
-def _e515(o, b, parts):
+def _e366(o, b, parts):
     return b
 
 
-def _d516(buf, pos, end):
+def _d367(buf, pos, end):
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -14114,12 +15294,12 @@ def _d516(buf, pos, end):
     return {'states_filter': [], 'types_filter': []}, pos
 
 
-def _e517(o, b, parts):
+def _e368(o, b, parts):
     b.append(0)
     return b
 
 
-def _d518(buf, pos, end):
+def _d369(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -14154,7 +15334,7 @@ def _d518(buf, pos, end):
     return {'states_filter': v1, 'types_filter': []}, pos
 
 
-def _e519(o, b, parts):
+def _e370(o, b, parts):
     v1 = o.get('states_filter', ())
     if v1 is None:
         _enc_null('states_filter')
@@ -14179,7 +15359,7 @@ def _e519(o, b, parts):
     return b
 
 
-def _d520(buf, pos, end):
+def _d371(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -14241,7 +15421,7 @@ def _d520(buf, pos, end):
     return {'states_filter': v1, 'types_filter': v5}, pos
 
 
-def _e521(o, b, parts):
+def _e372(o, b, parts):
     v1 = o.get('states_filter', ())
     if v1 is None:
         _enc_null('states_filter')
@@ -14286,29 +15466,7 @@ def _e521(o, b, parts):
     return b
 
 
-def _d522(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null group_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        _bad('null protocol_type')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    return {'group_id': v1, 'protocol_type': v3, 'group_state': '', 'group_type': ''}, pos
-
-
-def _d523(buf, pos, end):
+def _d373(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Si.unpack_from(buf, pos)
@@ -14320,30 +15478,29 @@ def _d523(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d522(buf, pos, end)
-            v2.append(v4)
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null group_id')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v8, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v8 < 0:
+                _bad('null protocol_type')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v2.append({'group_id': v5, 'protocol_type': v7, 'group_state': '', 'group_type': ''})
     return {'throttle_time_ms': 0, 'error_code': v1, 'groups': v2}, pos
 
 
-def _e524(o, b, parts):
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('protocol_type', '')
-    if v2 is None:
-        _enc_null('protocol_type')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e525(o, b, parts):
+def _e374(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -14351,11 +15508,24 @@ def _e525(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e524(v2, b, parts)
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('protocol_type', '')
+            if v4 is None:
+                _enc_null('protocol_type')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
     return b
 
 
-def _d526(buf, pos, end):
+def _d375(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4, = _Si.unpack_from(buf, pos)
@@ -14367,12 +15537,29 @@ def _d526(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d522(buf, pos, end)
-            v3.append(v5)
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                _bad('null group_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                _bad('null protocol_type')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v3.append({'group_id': v6, 'protocol_type': v8, 'group_state': '', 'group_type': ''})
     return {'throttle_time_ms': v1, 'error_code': v2, 'groups': v3}, pos
 
 
-def _e527(o, b, parts):
+def _e376(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -14380,45 +15567,24 @@ def _e527(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e524(v2, b, parts)
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('protocol_type', '')
+            if v4 is None:
+                _enc_null('protocol_type')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
     return b
 
 
-def _d528(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null group_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        _bad('null protocol_type')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'group_id': v1, 'protocol_type': v3, 'group_state': '', 'group_type': ''}, pos
-
-
-def _d529(buf, pos, end):
+def _d377(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -14434,8 +15600,37 @@ def _d529(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d528(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null group_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                _bad('null protocol_type')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'group_id': v6, 'protocol_type': v8, 'group_state': '', 'group_type': ''})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -14443,34 +15638,7 @@ def _d529(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'groups': v3}, pos
 
 
-def _e530(o, b, parts):
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('protocol_type', '')
-    if v2 is None:
-        _enc_null('protocol_type')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e531(o, b, parts):
+def _e378(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -14482,59 +15650,34 @@ def _e531(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e530(v2, b, parts)
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('protocol_type', '')
+            if v4 is None:
+                _enc_null('protocol_type')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d532(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null group_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        _bad('null protocol_type')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null group_state')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'group_id': v1, 'protocol_type': v3, 'group_state': v5, 'group_type': ''}, pos
-
-
-def _d533(buf, pos, end):
+def _d379(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -14550,8 +15693,50 @@ def _d533(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d532(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null group_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                _bad('null protocol_type')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                _bad('null group_state')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'group_id': v6, 'protocol_type': v8, 'group_state': v10, 'group_type': ''})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -14559,45 +15744,7 @@ def _d533(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'groups': v3}, pos
 
 
-def _e534(o, b, parts):
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('protocol_type', '')
-    if v2 is None:
-        _enc_null('protocol_type')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('group_state', '')
-    if v3 is None:
-        _enc_null('group_state')
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    b.append(0)
-    return b
-
-
-def _e535(o, b, parts):
+def _e380(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -14609,72 +15756,45 @@ def _e535(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e534(v2, b, parts)
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('protocol_type', '')
+            if v4 is None:
+                _enc_null('protocol_type')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v2.get('group_state', '')
+            if v5 is None:
+                _enc_null('group_state')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d536(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null group_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        _bad('null protocol_type')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null group_state')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v8 = buf[pos]
-    if v8 < 128:
-        pos += 1
-    else:
-        v8, pos = _uv(buf, pos)
-    v8 -= 1
-    if v8 < 0:
-        _bad('null group_type')
-    else:
-        if pos + v8 > end:
-            _trunc()
-        v7 = str(buf[pos:pos + v8], 'utf-8')
-        pos += v8
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'group_id': v1, 'protocol_type': v3, 'group_state': v5, 'group_type': v7}, pos
-
-
-def _d537(buf, pos, end):
+def _d381(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -14690,8 +15810,63 @@ def _d537(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d536(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null group_id')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                _bad('null protocol_type')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                _bad('null group_state')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v13 = buf[pos]
+            if v13 < 128:
+                pos += 1
+            else:
+                v13, pos = _uv(buf, pos)
+            v13 -= 1
+            if v13 < 0:
+                _bad('null group_type')
+            else:
+                if pos + v13 > end:
+                    _trunc()
+                v12 = str(buf[pos:pos + v13], 'utf-8')
+                pos += v13
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'group_id': v6, 'protocol_type': v8, 'group_state': v10, 'group_type': v12})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -14699,56 +15874,7 @@ def _d537(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'groups': v3}, pos
 
 
-def _e538(o, b, parts):
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('protocol_type', '')
-    if v2 is None:
-        _enc_null('protocol_type')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('group_state', '')
-    if v3 is None:
-        _enc_null('group_state')
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    v4 = o.get('group_type', '')
-    if v4 is None:
-        _enc_null('group_type')
-    else:
-        v4 = v4.encode()
-        _n = len(v4) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v4
-    b.append(0)
-    return b
-
-
-def _e539(o, b, parts):
+def _e382(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('groups', ())
     if v1 is None:
@@ -14760,12 +15886,56 @@ def _e539(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e538(v2, b, parts)
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('protocol_type', '')
+            if v4 is None:
+                _enc_null('protocol_type')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v2.get('group_state', '')
+            if v5 is None:
+                _enc_null('group_state')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v2.get('group_type', '')
+            if v6 is None:
+                _enc_null('group_type')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d540(buf, pos, end):
+def _d383(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -14778,7 +15948,7 @@ def _d540(buf, pos, end):
     return {'mechanism': v1}, pos
 
 
-def _e541(o, b, parts):
+def _e384(o, b, parts):
     v1 = o.get('mechanism', '')
     if v1 is None:
         _enc_null('mechanism')
@@ -14789,7 +15959,7 @@ def _e541(o, b, parts):
     return b
 
 
-def _d542(buf, pos, end):
+def _d385(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Si.unpack_from(buf, pos)
@@ -14814,7 +15984,7 @@ def _d542(buf, pos, end):
     return {'error_code': v1, 'mechanisms': v2}, pos
 
 
-def _e543(o, b, parts):
+def _e386(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('mechanisms', ())
     if v1 is None:
@@ -14831,11 +16001,11 @@ def _e543(o, b, parts):
     return b
 
 
-def _d544(buf, pos, end):
+def _d387(buf, pos, end):
     return {'client_software_name': '', 'client_software_version': ''}, pos
 
 
-def _d545(buf, pos, end):
+def _d388(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -14869,7 +16039,7 @@ def _d545(buf, pos, end):
     return {'client_software_name': v1, 'client_software_version': v3}, pos
 
 
-def _e546(o, b, parts):
+def _e389(o, b, parts):
     v1 = o.get('client_software_name', '')
     if v1 is None:
         _enc_null('client_software_name')
@@ -14896,13 +16066,7 @@ def _e546(o, b, parts):
     return b
 
 
-def _d547(buf, pos, end):
-    v1, v2, v3, = _Shhh.unpack_from(buf, pos)
-    pos += 6
-    return {'api_key': v1, 'min_version': v2, 'max_version': v3}, pos
-
-
-def _d548(buf, pos, end):
+def _d390(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Si.unpack_from(buf, pos)
@@ -14914,17 +16078,13 @@ def _d548(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d547(buf, pos, end)
-            v2.append(v4)
+            v5, v6, v7, = _Shhh.unpack_from(buf, pos)
+            pos += 6
+            v2.append({'api_key': v5, 'min_version': v6, 'max_version': v7})
     return {'error_code': v1, 'api_keys': v2, 'throttle_time_ms': 0, 'supported_features': [], 'finalized_features_epoch': -1, 'finalized_features': [], 'zk_migration_ready': False}, pos
 
 
-def _e549(o, b, parts):
-    b += _Shhh.pack(o.get('api_key', 0), o.get('min_version', 0), o.get('max_version', 0))
-    return b
-
-
-def _e550(o, b, parts):
+def _e391(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('api_keys', ())
     if v1 is None:
@@ -14932,11 +16092,11 @@ def _e550(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e549(v2, b, parts)
+            b += _Shhh.pack(v2.get('api_key', 0), v2.get('min_version', 0), v2.get('max_version', 0))
     return b
 
 
-def _d551(buf, pos, end):
+def _d392(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Si.unpack_from(buf, pos)
@@ -14948,14 +16108,15 @@ def _d551(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d547(buf, pos, end)
-            v2.append(v4)
-    v5, = _Si.unpack_from(buf, pos)
+            v5, v6, v7, = _Shhh.unpack_from(buf, pos)
+            pos += 6
+            v2.append({'api_key': v5, 'min_version': v6, 'max_version': v7})
+    v8, = _Si.unpack_from(buf, pos)
     pos += 4
-    return {'error_code': v1, 'api_keys': v2, 'throttle_time_ms': v5, 'supported_features': [], 'finalized_features_epoch': -1, 'finalized_features': [], 'zk_migration_ready': False}, pos
+    return {'error_code': v1, 'api_keys': v2, 'throttle_time_ms': v8, 'supported_features': [], 'finalized_features_epoch': -1, 'finalized_features': [], 'zk_migration_ready': False}, pos
 
 
-def _e552(o, b, parts):
+def _e393(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('api_keys', ())
     if v1 is None:
@@ -14963,22 +16124,12 @@ def _e552(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e549(v2, b, parts)
+            b += _Shhh.pack(v2.get('api_key', 0), v2.get('min_version', 0), v2.get('max_version', 0))
     b += _Si.pack(o.get('throttle_time_ms', 0))
     return b
 
 
-def _d553(buf, pos, end):
-    v1, v2, v3, = _Shhh.unpack_from(buf, pos)
-    pos += 6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'api_key': v1, 'min_version': v2, 'max_version': v3}, pos
-
-
-def _d554(buf, pos, end):
+def _d394(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -15001,7 +16152,7 @@ def _d554(buf, pos, end):
     return {'name': v1, 'min_version': v3, 'max_version': v4}, pos
 
 
-def _d555(buf, pos, end):
+def _d395(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -15024,7 +16175,7 @@ def _d555(buf, pos, end):
     return {'name': v1, 'max_version_level': v3, 'min_version_level': v4}, pos
 
 
-def _d556(buf, pos, end):
+def _d396(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -15040,14 +16191,19 @@ def _d556(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d553(buf, pos, end)
-            v2.append(v4)
-    v5, = _Si.unpack_from(buf, pos)
+            v5, v6, v7, = _Shhh.unpack_from(buf, pos)
+            pos += 6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'api_key': v5, 'min_version': v6, 'max_version': v7})
+    v8, = _Si.unpack_from(buf, pos)
     pos += 4
-    v6 = []
-    v7 = -1
-    v8 = []
-    v9 = False
+    v9 = []
+    v10 = -1
+    v11 = []
+    v12 = False
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -15068,62 +16224,56 @@ def _d556(buf, pos, end):
         if _te > end:
             _trunc()
         if _tg == 0:
-            v10 = buf[pos]
-            if v10 < 128:
+            v13 = buf[pos]
+            if v13 < 128:
                 pos += 1
             else:
-                v10, pos = _uv(buf, pos)
-            v10 -= 1
-            if v10 < 0:
+                v13, pos = _uv(buf, pos)
+            v13 -= 1
+            if v13 < 0:
                 _bad('null supported_features')
             else:
-                if v10 > _te - pos:
+                if v13 > _te - pos:
                     _trunc()
-                v6 = []
-                for _ in range(v10):
-                    v11, pos = _d554(buf, pos, _te)
-                    v6.append(v11)
+                v9 = []
+                for _ in range(v13):
+                    v14, pos = _d394(buf, pos, _te)
+                    v9.append(v14)
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 1:
-            v7, = _Sq.unpack_from(buf, pos)
+            v10, = _Sq.unpack_from(buf, pos)
             pos += 8
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 2:
-            v12 = buf[pos]
-            if v12 < 128:
+            v15 = buf[pos]
+            if v15 < 128:
                 pos += 1
             else:
-                v12, pos = _uv(buf, pos)
-            v12 -= 1
-            if v12 < 0:
+                v15, pos = _uv(buf, pos)
+            v15 -= 1
+            if v15 < 0:
                 _bad('null finalized_features')
             else:
-                if v12 > _te - pos:
+                if v15 > _te - pos:
                     _trunc()
-                v8 = []
-                for _ in range(v12):
-                    v13, pos = _d555(buf, pos, _te)
-                    v8.append(v13)
+                v11 = []
+                for _ in range(v15):
+                    v16, pos = _d395(buf, pos, _te)
+                    v11.append(v16)
             if pos > _te:
                 _bad('tagged field overruns its size')
         elif _tg == 3:
-            v9, = _So.unpack_from(buf, pos)
+            v12, = _So.unpack_from(buf, pos)
             pos += 1
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
-    return {'error_code': v1, 'api_keys': v2, 'throttle_time_ms': v5, 'supported_features': v6, 'finalized_features_epoch': v7, 'finalized_features': v8, 'zk_migration_ready': v9}, pos
+    return {'error_code': v1, 'api_keys': v2, 'throttle_time_ms': v8, 'supported_features': v9, 'finalized_features_epoch': v10, 'finalized_features': v11, 'zk_migration_ready': v12}, pos
 
 
-def _e557(o, b, parts):
-    b += _Shhh.pack(o.get('api_key', 0), o.get('min_version', 0), o.get('max_version', 0))
-    b.append(0)
-    return b
-
-
-def _e558(o, b, parts):
+def _e397(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -15140,7 +16290,7 @@ def _e558(o, b, parts):
     return b
 
 
-def _e559(o, b, parts):
+def _e398(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -15157,7 +16307,7 @@ def _e559(o, b, parts):
     return b
 
 
-def _e560(o, b, parts):
+def _e399(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('api_keys', ())
     if v1 is None:
@@ -15169,7 +16319,8 @@ def _e560(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e557(v2, b, parts)
+            b += _Shhh.pack(v2.get('api_key', 0), v2.get('min_version', 0), v2.get('max_version', 0))
+            b.append(0)
     b += _Si.pack(o.get('throttle_time_ms', 0))
     _tags = []
     v3 = o.get('supported_features', ())
@@ -15185,7 +16336,7 @@ def _e560(o, b, parts):
             else:
                 b += _uvb(_n)
             for v4 in v3:
-                b = _e558(v4, b, parts)
+                b = _e397(v4, b, parts)
         _tags.append((0, b))
         b = _outer
     v5 = o.get('finalized_features_epoch', -1)
@@ -15208,7 +16359,7 @@ def _e560(o, b, parts):
             else:
                 b += _uvb(_n)
             for v7 in v6:
-                b = _e559(v7, b, parts)
+                b = _e398(v7, b, parts)
         _tags.append((2, b))
         b = _outer
     v8 = o.get('zk_migration_ready', False)
@@ -15238,7 +16389,7 @@ def _e560(o, b, parts):
     return b
 
 
-def _d561(buf, pos, end):
+def _d400(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -15253,29 +16404,7 @@ def _d561(buf, pos, end):
     return {'partition_index': v1, 'broker_ids': v2}, pos
 
 
-def _d562(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    return {'name': v1, 'value': v3}, pos
-
-
-def _d563(buf, pos, end):
+def _d401(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -15296,7 +16425,7 @@ def _d563(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d561(buf, pos, end)
+            v7, pos = _d400(buf, pos, end)
             v5.append(v7)
     v9, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -15307,12 +16436,29 @@ def _d563(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d562(buf, pos, end)
-            v8.append(v10)
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                v13 = None
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v8.append({'name': v11, 'value': v13})
     return {'name': v1, 'num_partitions': v3, 'replication_factor': v4, 'assignments': v5, 'configs': v8}, pos
 
 
-def _d564(buf, pos, end):
+def _d402(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -15322,43 +16468,14 @@ def _d564(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d563(buf, pos, end)
+            v3, pos = _d401(buf, pos, end)
             v1.append(v3)
     v4, v5, = _Sio.unpack_from(buf, pos)
     pos += 5
     return {'topics': v1, 'timeout_ms': v4, 'validate_only': v5}, pos
 
 
-def _e565(o, b, parts):
-    b += _Si.pack(o.get('partition_index', 0))
-    v1 = o.get('broker_ids', ())
-    if v1 is None:
-        _enc_null('broker_ids')
-    else:
-        b += _Si.pack(len(v1))
-        b += _pack('>%di' % len(v1), *v1)
-    return b
-
-
-def _e566(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e567(o, b, parts):
+def _e403(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -15373,30 +16490,49 @@ def _e567(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e565(v3, b, parts)
-    v4 = o.get('configs', ())
-    if v4 is None:
+            b += _Si.pack(v3.get('partition_index', 0))
+            v4 = v3.get('broker_ids', ())
+            if v4 is None:
+                _enc_null('broker_ids')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
+    v6 = o.get('configs', ())
+    if v6 is None:
         _enc_null('configs')
     else:
-        b += _Si.pack(len(v4))
-        for v5 in v4:
-            b = _e566(v5, b, parts)
+        b += _Si.pack(len(v6))
+        for v7 in v6:
+            v8 = v7.get('name', '')
+            if v8 is None:
+                _enc_null('name')
+            else:
+                v8 = v8.encode()
+                b += _Sh.pack(len(v8))
+                b += v8
+            v9 = v7.get('value', '')
+            if v9 is None:
+                b += b'\xff\xff'
+            else:
+                v9 = v9.encode()
+                b += _Sh.pack(len(v9))
+                b += v9
     return b
 
 
-def _e568(o, b, parts):
+def _e404(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e567(v2, b, parts)
+            b = _e403(v2, b, parts)
     b += _Sio.pack(o.get('timeout_ms', 60000), o.get('validate_only', False))
     return b
 
 
-def _d569(buf, pos, end):
+def _d405(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -15419,41 +16555,7 @@ def _d569(buf, pos, end):
     return {'partition_index': v1, 'broker_ids': v2}, pos
 
 
-def _d570(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'value': v3}, pos
-
-
-def _d571(buf, pos, end):
+def _d406(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -15482,7 +16584,7 @@ def _d571(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d569(buf, pos, end)
+            v7, pos = _d405(buf, pos, end)
             v5.append(v7)
     v9 = buf[pos]
     if v9 < 128:
@@ -15497,8 +16599,37 @@ def _d571(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d570(buf, pos, end)
-            v8.append(v10)
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                _bad('null name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                v13 = None
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'name': v11, 'value': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -15506,7 +16637,7 @@ def _d571(buf, pos, end):
     return {'name': v1, 'num_partitions': v3, 'replication_factor': v4, 'assignments': v5, 'configs': v8}, pos
 
 
-def _d572(buf, pos, end):
+def _d407(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -15520,7 +16651,7 @@ def _d572(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d571(buf, pos, end)
+            v3, pos = _d406(buf, pos, end)
             v1.append(v3)
     v4, v5, = _Sio.unpack_from(buf, pos)
     pos += 5
@@ -15531,50 +16662,7 @@ def _d572(buf, pos, end):
     return {'topics': v1, 'timeout_ms': v4, 'validate_only': v5}, pos
 
 
-def _e573(o, b, parts):
-    b += _Si.pack(o.get('partition_index', 0))
-    v1 = o.get('broker_ids', ())
-    if v1 is None:
-        _enc_null('broker_ids')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    b.append(0)
-    return b
-
-
-def _e574(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e575(o, b, parts):
+def _e408(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -15597,23 +16685,56 @@ def _e575(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e573(v3, b, parts)
-    v4 = o.get('configs', ())
-    if v4 is None:
+            b += _Si.pack(v3.get('partition_index', 0))
+            v4 = v3.get('broker_ids', ())
+            if v4 is None:
+                _enc_null('broker_ids')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
+    v6 = o.get('configs', ())
+    if v6 is None:
         _enc_null('configs')
     else:
-        _n = len(v4) + 1
+        _n = len(v6) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v5 in v4:
-            b = _e574(v5, b, parts)
+        for v7 in v6:
+            v8 = v7.get('name', '')
+            if v8 is None:
+                _enc_null('name')
+            else:
+                v8 = v8.encode()
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            v9 = v7.get('value', '')
+            if v9 is None:
+                b.append(0)
+            else:
+                v9 = v9.encode()
+                _n = len(v9) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v9
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e576(o, b, parts):
+def _e409(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
@@ -15624,37 +16745,13 @@ def _e576(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e575(v2, b, parts)
+            b = _e408(v2, b, parts)
     b += _Sio.pack(o.get('timeout_ms', 60000), o.get('validate_only', False))
     b.append(0)
     return b
 
 
-def _d577(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    return {'name': v1, 'topic_id': _ZU, 'error_code': v3, 'error_message': v4, 'topic_config_error_code': 0, 'num_partitions': -1, 'replication_factor': -1, 'configs': []}, pos
-
-
-def _d578(buf, pos, end):
+def _d410(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -15666,31 +16763,31 @@ def _d578(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d577(buf, pos, end)
-            v2.append(v4)
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v2.append({'name': v5, 'topic_id': _ZU, 'error_code': v7, 'error_message': v8, 'topic_config_error_code': 0, 'num_partitions': -1, 'replication_factor': -1, 'configs': []})
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e579(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    v2 = o.get('error_message', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e580(o, b, parts):
+def _e411(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -15698,47 +16795,25 @@ def _e580(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e579(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            v4 = v2.get('error_message', '')
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
     return b
 
 
-def _d581(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, v6, v7, = _Sobo.unpack_from(buf, pos)
-    pos += 3
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'value': v3, 'read_only': v5, 'config_source': v6, 'is_sensitive': v7}, pos
-
-
-def _d582(buf, pos, end):
+def _d412(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -15782,9 +16857,40 @@ def _d582(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d581(buf, pos, end)
-            v8.append(v10)
-    v11 = 0
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                _bad('null name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                v13 = None
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v15, v16, v17, = _Sobo.unpack_from(buf, pos)
+            pos += 3
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'name': v11, 'value': v13, 'read_only': v15, 'config_source': v16, 'is_sensitive': v17})
+    v18 = 0
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -15805,15 +16911,15 @@ def _d582(buf, pos, end):
         if _te > end:
             _trunc()
         if _tg == 0:
-            v11, = _Sh.unpack_from(buf, pos)
+            v18, = _Sh.unpack_from(buf, pos)
             pos += 2
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
-    return {'name': v1, 'topic_id': _ZU, 'error_code': v3, 'error_message': v4, 'topic_config_error_code': v11, 'num_partitions': v6, 'replication_factor': v7, 'configs': v8}, pos
+    return {'name': v1, 'topic_id': _ZU, 'error_code': v3, 'error_message': v4, 'topic_config_error_code': v18, 'num_partitions': v6, 'replication_factor': v7, 'configs': v8}, pos
 
 
-def _d583(buf, pos, end):
+def _d413(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -15829,7 +16935,7 @@ def _d583(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d582(buf, pos, end)
+            v4, pos = _d412(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -15838,99 +16944,7 @@ def _d583(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e584(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sobo.pack(o.get('read_only', False), o.get('config_source', -1), o.get('is_sensitive', False))
-    b.append(0)
-    return b
-
-
-def _e585(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    v2 = o.get('error_message', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sih.pack(o.get('num_partitions', -1), o.get('replication_factor', -1))
-    v3 = o.get('configs', ())
-    if v3 is None:
-        b.append(0)
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e584(v4, b, parts)
-    _tags = []
-    v5 = o.get('topic_config_error_code', 0)
-    if v5 != 0:
-        _outer = b
-        b = bytearray()
-        b += _Sh.pack(v5)
-        _tags.append((0, b))
-        b = _outer
-    _n = len(_tags)
-    if _n < 128:
-        b.append(_n)
-    else:
-        b += _uvb(_n)
-    for _tg, _tb in _tags:
-        _n = _tg
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        _n = len(_tb)
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _tb
-    return b
-
-
-def _e586(o, b, parts):
+def _e414(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -15942,12 +16956,94 @@ def _e586(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e585(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            v4 = v2.get('error_message', '')
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Sih.pack(v2.get('num_partitions', -1), v2.get('replication_factor', -1))
+            v5 = v2.get('configs', ())
+            if v5 is None:
+                b.append(0)
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    v7 = v6.get('name', '')
+                    if v7 is None:
+                        _enc_null('name')
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    v8 = v6.get('value', '')
+                    if v8 is None:
+                        b.append(0)
+                    else:
+                        v8 = v8.encode()
+                        _n = len(v8) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v8
+                    b += _Sobo.pack(v6.get('read_only', False), v6.get('config_source', -1), v6.get('is_sensitive', False))
+                    b.append(0)
+            _tags = []
+            v9 = v2.get('topic_config_error_code', 0)
+            if v9 != 0:
+                _outer = b
+                b = bytearray()
+                b += _Sh.pack(v9)
+                _tags.append((0, b))
+                b = _outer
+            _n = len(_tags)
+            if _n < 128:
+                b.append(_n)
+            else:
+                b += _uvb(_n)
+            for _tg, _tb in _tags:
+                _n = _tg
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                _n = len(_tb)
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _tb
     b.append(0)
     return b
 
 
-def _d587(buf, pos, end):
+def _d415(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -15992,9 +17088,40 @@ def _d587(buf, pos, end):
             _trunc()
         v9 = []
         for _ in range(v10):
-            v11, pos = _d581(buf, pos, end)
-            v9.append(v11)
-    v12 = 0
+            v13 = buf[pos]
+            if v13 < 128:
+                pos += 1
+            else:
+                v13, pos = _uv(buf, pos)
+            v13 -= 1
+            if v13 < 0:
+                _bad('null name')
+            else:
+                if pos + v13 > end:
+                    _trunc()
+                v12 = str(buf[pos:pos + v13], 'utf-8')
+                pos += v13
+            v15 = buf[pos]
+            if v15 < 128:
+                pos += 1
+            else:
+                v15, pos = _uv(buf, pos)
+            v15 -= 1
+            if v15 < 0:
+                v14 = None
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = str(buf[pos:pos + v15], 'utf-8')
+                pos += v15
+            v16, v17, v18, = _Sobo.unpack_from(buf, pos)
+            pos += 3
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v9.append({'name': v12, 'value': v14, 'read_only': v16, 'config_source': v17, 'is_sensitive': v18})
+    v19 = 0
     _nt = buf[pos]
     if _nt < 128:
         pos += 1
@@ -16015,15 +17142,15 @@ def _d587(buf, pos, end):
         if _te > end:
             _trunc()
         if _tg == 0:
-            v12, = _Sh.unpack_from(buf, pos)
+            v19, = _Sh.unpack_from(buf, pos)
             pos += 2
             if pos > _te:
                 _bad('tagged field overruns its size')
         pos = _te
-    return {'name': v1, 'topic_id': v3, 'error_code': v4, 'error_message': v5, 'topic_config_error_code': v12, 'num_partitions': v7, 'replication_factor': v8, 'configs': v9}, pos
+    return {'name': v1, 'topic_id': v3, 'error_code': v4, 'error_message': v5, 'topic_config_error_code': v19, 'num_partitions': v7, 'replication_factor': v8, 'configs': v9}, pos
 
 
-def _d588(buf, pos, end):
+def _d416(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -16039,7 +17166,7 @@ def _d588(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d587(buf, pos, end)
+            v4, pos = _d415(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -16048,71 +17175,7 @@ def _d588(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e589(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Suh.pack(_ub(o.get('topic_id', _ZU)), o.get('error_code', 0))
-    v2 = o.get('error_message', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sih.pack(o.get('num_partitions', -1), o.get('replication_factor', -1))
-    v3 = o.get('configs', ())
-    if v3 is None:
-        b.append(0)
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e584(v4, b, parts)
-    _tags = []
-    v5 = o.get('topic_config_error_code', 0)
-    if v5 != 0:
-        _outer = b
-        b = bytearray()
-        b += _Sh.pack(v5)
-        _tags.append((0, b))
-        b = _outer
-    _n = len(_tags)
-    if _n < 128:
-        b.append(_n)
-    else:
-        b += _uvb(_n)
-    for _tg, _tb in _tags:
-        _n = _tg
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        _n = len(_tb)
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _tb
-    return b
-
-
-def _e590(o, b, parts):
+def _e417(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -16124,12 +17187,94 @@ def _e590(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e589(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Suh.pack(_ub(v2.get('topic_id', _ZU)), v2.get('error_code', 0))
+            v4 = v2.get('error_message', '')
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Sih.pack(v2.get('num_partitions', -1), v2.get('replication_factor', -1))
+            v5 = v2.get('configs', ())
+            if v5 is None:
+                b.append(0)
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    v7 = v6.get('name', '')
+                    if v7 is None:
+                        _enc_null('name')
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    v8 = v6.get('value', '')
+                    if v8 is None:
+                        b.append(0)
+                    else:
+                        v8 = v8.encode()
+                        _n = len(v8) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v8
+                    b += _Sobo.pack(v6.get('read_only', False), v6.get('config_source', -1), v6.get('is_sensitive', False))
+                    b.append(0)
+            _tags = []
+            v9 = v2.get('topic_config_error_code', 0)
+            if v9 != 0:
+                _outer = b
+                b = bytearray()
+                b += _Sh.pack(v9)
+                _tags.append((0, b))
+                b = _outer
+            _n = len(_tags)
+            if _n < 128:
+                b.append(_n)
+            else:
+                b += _uvb(_n)
+            for _tg, _tb in _tags:
+                _n = _tg
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                _n = len(_tb)
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _tb
     b.append(0)
     return b
 
 
-def _d591(buf, pos, end):
+def _d418(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -16154,7 +17299,7 @@ def _d591(buf, pos, end):
     return {'topics': [], 'topic_names': v1, 'timeout_ms': v5}, pos
 
 
-def _e592(o, b, parts):
+def _e419(o, b, parts):
     v1 = o.get('topic_names', ())
     if v1 is None:
         _enc_null('topic_names')
@@ -16171,7 +17316,7 @@ def _e592(o, b, parts):
     return b
 
 
-def _d593(buf, pos, end):
+def _d420(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -16208,7 +17353,7 @@ def _d593(buf, pos, end):
     return {'topics': [], 'topic_names': v1, 'timeout_ms': v5}, pos
 
 
-def _e594(o, b, parts):
+def _e421(o, b, parts):
     v1 = o.get('topic_names', ())
     if v1 is None:
         _enc_null('topic_names')
@@ -16234,31 +17379,7 @@ def _e594(o, b, parts):
     return b
 
 
-def _d595(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        v1 = None
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Su.unpack_from(buf, pos)
-    pos += 16
-    v3 = _UUID(bytes=v3)
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'topic_id': v3}, pos
-
-
-def _d596(buf, pos, end):
+def _d422(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -16272,35 +17393,37 @@ def _d596(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d595(buf, pos, end)
-            v1.append(v3)
-    v4, = _Si.unpack_from(buf, pos)
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                v4 = None
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v6, = _Su.unpack_from(buf, pos)
+            pos += 16
+            v6 = _UUID(bytes=v6)
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'name': v4, 'topic_id': v6})
+    v7, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'topics': v1, 'topic_names': [], 'timeout_ms': v4}, pos
+    return {'topics': v1, 'topic_names': [], 'timeout_ms': v7}, pos
 
 
-def _e597(o, b, parts):
-    v1 = o.get('name', None)
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Su.pack(_ub(o.get('topic_id', _ZU)))
-    b.append(0)
-    return b
-
-
-def _e598(o, b, parts):
+def _e423(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
@@ -16311,28 +17434,25 @@ def _e598(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e597(v2, b, parts)
+            v3 = v2.get('name', None)
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Su.pack(_ub(v2.get('topic_id', _ZU)))
+            b.append(0)
     b += _Si.pack(o.get('timeout_ms', 0))
     b.append(0)
     return b
 
 
-def _d599(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    return {'name': v1, 'topic_id': _ZU, 'error_code': v3, 'error_message': None}, pos
-
-
-def _d600(buf, pos, end):
+def _d424(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -16344,24 +17464,22 @@ def _d600(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d599(buf, pos, end)
-            v2.append(v4)
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v2.append({'name': v5, 'topic_id': _ZU, 'error_code': v7, 'error_message': None})
     return {'throttle_time_ms': v1, 'responses': v2}, pos
 
 
-def _e601(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    return b
-
-
-def _e602(o, b, parts):
+def _e425(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -16369,34 +17487,18 @@ def _e602(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e601(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
     return b
 
 
-def _d603(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'topic_id': _ZU, 'error_code': v3, 'error_message': None}, pos
-
-
-def _d604(buf, pos, end):
+def _d426(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -16412,8 +17514,26 @@ def _d604(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d603(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'name': v5, 'topic_id': _ZU, 'error_code': v7, 'error_message': None})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -16421,24 +17541,7 @@ def _d604(buf, pos, end):
     return {'throttle_time_ms': v1, 'responses': v2}, pos
 
 
-def _e605(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    b.append(0)
-    return b
-
-
-def _e606(o, b, parts):
+def _e427(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -16450,48 +17553,24 @@ def _e606(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e605(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d607(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'topic_id': _ZU, 'error_code': v3, 'error_message': v4}, pos
-
-
-def _d608(buf, pos, end):
+def _d428(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -16507,8 +17586,39 @@ def _d608(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d607(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'name': v5, 'topic_id': _ZU, 'error_code': v7, 'error_message': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -16516,35 +17626,7 @@ def _d608(buf, pos, end):
     return {'throttle_time_ms': v1, 'responses': v2}, pos
 
 
-def _e609(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    v2 = o.get('error_message', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e610(o, b, parts):
+def _e429(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -16556,49 +17638,35 @@ def _e610(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e609(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            v4 = v2.get('error_message', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d611(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        v1 = None
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, v4, = _Suh.unpack_from(buf, pos)
-    pos += 18
-    v3 = _UUID(bytes=v3)
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'topic_id': v3, 'error_code': v4, 'error_message': v5}, pos
-
-
-def _d612(buf, pos, end):
+def _d430(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -16614,8 +17682,40 @@ def _d612(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d611(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                v5 = None
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, v8, = _Suh.unpack_from(buf, pos)
+            pos += 18
+            v7 = _UUID(bytes=v7)
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'name': v5, 'topic_id': v7, 'error_code': v8, 'error_message': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -16623,35 +17723,7 @@ def _d612(buf, pos, end):
     return {'throttle_time_ms': v1, 'responses': v2}, pos
 
 
-def _e613(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Suh.pack(_ub(o.get('topic_id', _ZU)), o.get('error_code', 0))
-    v2 = o.get('error_message', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e614(o, b, parts):
+def _e431(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -16663,18 +17735,35 @@ def _e614(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e613(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Suh.pack(_ub(v2.get('topic_id', _ZU)), v2.get('error_code', 0))
+            v4 = v2.get('error_message', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d615(buf, pos, end):
-    v1, v2, = _Siq.unpack_from(buf, pos)
-    pos += 12
-    return {'partition_index': v1, 'offset': v2}, pos
-
-
-def _d616(buf, pos, end):
+def _d432(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -16693,12 +17782,13 @@ def _d616(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d615(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            v3.append({'partition_index': v6, 'offset': v7})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d617(buf, pos, end):
+def _d433(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -16708,59 +17798,39 @@ def _d617(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d616(buf, pos, end)
+            v3, pos = _d432(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
     return {'topics': v1, 'timeout_ms': v4}, pos
 
 
-def _e618(o, b, parts):
-    b += _Siq.pack(o.get('partition_index', 0), o.get('offset', 0))
-    return b
-
-
-def _e619(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e618(v3, b, parts)
-    return b
-
-
-def _e620(o, b, parts):
+def _e434(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e619(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('partition_index', 0), v5.get('offset', 0))
     b += _Si.pack(o.get('timeout_ms', 0))
     return b
 
 
-def _d621(buf, pos, end):
-    v1, v2, = _Siq.unpack_from(buf, pos)
-    pos += 12
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'offset': v2}, pos
-
-
-def _d622(buf, pos, end):
+def _d435(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -16787,8 +17857,13 @@ def _d622(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d621(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'offset': v7})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -16796,7 +17871,7 @@ def _d622(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d623(buf, pos, end):
+def _d436(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -16810,7 +17885,7 @@ def _d623(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d622(buf, pos, end)
+            v3, pos = _d435(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -16821,40 +17896,7 @@ def _d623(buf, pos, end):
     return {'topics': v1, 'timeout_ms': v4}, pos
 
 
-def _e624(o, b, parts):
-    b += _Siq.pack(o.get('partition_index', 0), o.get('offset', 0))
-    b.append(0)
-    return b
-
-
-def _e625(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e624(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e626(o, b, parts):
+def _e437(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
@@ -16865,19 +17907,36 @@ def _e626(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e625(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('partition_index', 0), v5.get('offset', 0))
+                    b.append(0)
+            b.append(0)
     b += _Si.pack(o.get('timeout_ms', 0))
     b.append(0)
     return b
 
 
-def _d627(buf, pos, end):
-    v1, v2, v3, = _Siqh.unpack_from(buf, pos)
-    pos += 14
-    return {'partition_index': v1, 'low_watermark': v2, 'error_code': v3}, pos
-
-
-def _d628(buf, pos, end):
+def _d438(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -16896,12 +17955,13 @@ def _d628(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d627(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqh.unpack_from(buf, pos)
+            pos += 14
+            v3.append({'partition_index': v6, 'low_watermark': v7, 'error_code': v8})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d629(buf, pos, end):
+def _d439(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -16913,35 +17973,12 @@ def _d629(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d628(buf, pos, end)
+            v4, pos = _d438(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e630(o, b, parts):
-    b += _Siqh.pack(o.get('partition_index', 0), o.get('low_watermark', 0), o.get('error_code', 0))
-    return b
-
-
-def _e631(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e630(v3, b, parts)
-    return b
-
-
-def _e632(o, b, parts):
+def _e440(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -16949,21 +17986,24 @@ def _e632(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e631(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siqh.pack(v5.get('partition_index', 0), v5.get('low_watermark', 0), v5.get('error_code', 0))
     return b
 
 
-def _d633(buf, pos, end):
-    v1, v2, v3, = _Siqh.unpack_from(buf, pos)
-    pos += 14
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'low_watermark': v2, 'error_code': v3}, pos
-
-
-def _d634(buf, pos, end):
+def _d441(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -16990,8 +18030,13 @@ def _d634(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d633(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqh.unpack_from(buf, pos)
+            pos += 14
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'low_watermark': v7, 'error_code': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -16999,7 +18044,7 @@ def _d634(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d635(buf, pos, end):
+def _d442(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -17015,7 +18060,7 @@ def _d635(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d634(buf, pos, end)
+            v4, pos = _d441(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -17024,40 +18069,7 @@ def _d635(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e636(o, b, parts):
-    b += _Siqh.pack(o.get('partition_index', 0), o.get('low_watermark', 0), o.get('error_code', 0))
-    b.append(0)
-    return b
-
-
-def _e637(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e636(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e638(o, b, parts):
+def _e443(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -17069,12 +18081,35 @@ def _e638(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e637(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siqh.pack(v5.get('partition_index', 0), v5.get('low_watermark', 0), v5.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d639(buf, pos, end):
+def _d444(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -17089,7 +18124,7 @@ def _d639(buf, pos, end):
     return {'transactional_id': v1, 'transaction_timeout_ms': v3, 'producer_id': -1, 'producer_epoch': -1, 'enable2_pc': False, 'keep_prepared_txn': False}, pos
 
 
-def _e640(o, b, parts):
+def _e445(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         b += b'\xff\xff'
@@ -17101,7 +18136,7 @@ def _e640(o, b, parts):
     return b
 
 
-def _d641(buf, pos, end):
+def _d446(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17124,7 +18159,7 @@ def _d641(buf, pos, end):
     return {'transactional_id': v1, 'transaction_timeout_ms': v3, 'producer_id': -1, 'producer_epoch': -1, 'enable2_pc': False, 'keep_prepared_txn': False}, pos
 
 
-def _e642(o, b, parts):
+def _e447(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         b.append(0)
@@ -17141,7 +18176,7 @@ def _e642(o, b, parts):
     return b
 
 
-def _d643(buf, pos, end):
+def _d448(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17164,7 +18199,7 @@ def _d643(buf, pos, end):
     return {'transactional_id': v1, 'transaction_timeout_ms': v3, 'producer_id': v4, 'producer_epoch': v5, 'enable2_pc': False, 'keep_prepared_txn': False}, pos
 
 
-def _e644(o, b, parts):
+def _e449(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         b.append(0)
@@ -17181,7 +18216,7 @@ def _e644(o, b, parts):
     return b
 
 
-def _d645(buf, pos, end):
+def _d450(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17204,7 +18239,7 @@ def _d645(buf, pos, end):
     return {'transactional_id': v1, 'transaction_timeout_ms': v3, 'producer_id': v4, 'producer_epoch': v5, 'enable2_pc': v6, 'keep_prepared_txn': v7}, pos
 
 
-def _e646(o, b, parts):
+def _e451(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         b.append(0)
@@ -17221,18 +18256,18 @@ def _e646(o, b, parts):
     return b
 
 
-def _d647(buf, pos, end):
+def _d452(buf, pos, end):
     v1, v2, v3, v4, = _Sihqh.unpack_from(buf, pos)
     pos += 16
     return {'throttle_time_ms': v1, 'error_code': v2, 'producer_id': v3, 'producer_epoch': v4, 'ongoing_txn_producer_id': -1, 'ongoing_txn_producer_epoch': -1}, pos
 
 
-def _e648(o, b, parts):
+def _e453(o, b, parts):
     b += _Sihqh.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('producer_id', -1), o.get('producer_epoch', 0))
     return b
 
 
-def _d649(buf, pos, end):
+def _d454(buf, pos, end):
     v1, v2, v3, v4, = _Sihqh.unpack_from(buf, pos)
     pos += 16
     if buf[pos]:
@@ -17242,13 +18277,13 @@ def _d649(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'producer_id': v3, 'producer_epoch': v4, 'ongoing_txn_producer_id': -1, 'ongoing_txn_producer_epoch': -1}, pos
 
 
-def _e650(o, b, parts):
+def _e455(o, b, parts):
     b += _Sihqh.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('producer_id', -1), o.get('producer_epoch', 0))
     b.append(0)
     return b
 
 
-def _d651(buf, pos, end):
+def _d456(buf, pos, end):
     v1, v2, v3, v4, v5, v6, = _Sihqhqh.unpack_from(buf, pos)
     pos += 26
     if buf[pos]:
@@ -17258,19 +18293,13 @@ def _d651(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'producer_id': v3, 'producer_epoch': v4, 'ongoing_txn_producer_id': v5, 'ongoing_txn_producer_epoch': v6}, pos
 
 
-def _e652(o, b, parts):
+def _e457(o, b, parts):
     b += _Sihqhqh.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('producer_id', -1), o.get('producer_epoch', 0), o.get('ongoing_txn_producer_id', -1), o.get('ongoing_txn_producer_epoch', -1))
     b.append(0)
     return b
 
 
-def _d653(buf, pos, end):
-    v1, v2, v3, = _Siii.unpack_from(buf, pos)
-    pos += 12
-    return {'partition': v1, 'current_leader_epoch': v2, 'leader_epoch': v3}, pos
-
-
-def _d654(buf, pos, end):
+def _d458(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -17289,12 +18318,13 @@ def _d654(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d653(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siii.unpack_from(buf, pos)
+            pos += 12
+            v3.append({'partition': v6, 'current_leader_epoch': v7, 'leader_epoch': v8})
     return {'topic': v1, 'partitions': v3}, pos
 
 
-def _d655(buf, pos, end):
+def _d459(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -17304,46 +18334,36 @@ def _d655(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d654(buf, pos, end)
+            v3, pos = _d458(buf, pos, end)
             v1.append(v3)
     return {'replica_id': -2, 'topics': v1}, pos
 
 
-def _e656(o, b, parts):
-    b += _Siii.pack(o.get('partition', 0), o.get('current_leader_epoch', -1), o.get('leader_epoch', 0))
-    return b
-
-
-def _e657(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e656(v3, b, parts)
-    return b
-
-
-def _e658(o, b, parts):
+def _e460(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e657(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siii.pack(v5.get('partition', 0), v5.get('current_leader_epoch', -1), v5.get('leader_epoch', 0))
     return b
 
 
-def _d659(buf, pos, end):
+def _d461(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -17355,12 +18375,12 @@ def _d659(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d654(buf, pos, end)
+            v4, pos = _d458(buf, pos, end)
             v2.append(v4)
     return {'replica_id': v1, 'topics': v2}, pos
 
 
-def _e660(o, b, parts):
+def _e462(o, b, parts):
     b += _Si.pack(o.get('replica_id', -2))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -17368,21 +18388,24 @@ def _e660(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e657(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Siii.pack(v5.get('partition', 0), v5.get('current_leader_epoch', -1), v5.get('leader_epoch', 0))
     return b
 
 
-def _d661(buf, pos, end):
-    v1, v2, v3, = _Siii.unpack_from(buf, pos)
-    pos += 12
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition': v1, 'current_leader_epoch': v2, 'leader_epoch': v3}, pos
-
-
-def _d662(buf, pos, end):
+def _d463(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17409,8 +18432,13 @@ def _d662(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d661(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siii.unpack_from(buf, pos)
+            pos += 12
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition': v6, 'current_leader_epoch': v7, 'leader_epoch': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -17418,7 +18446,7 @@ def _d662(buf, pos, end):
     return {'topic': v1, 'partitions': v3}, pos
 
 
-def _d663(buf, pos, end):
+def _d464(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -17434,7 +18462,7 @@ def _d663(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d662(buf, pos, end)
+            v4, pos = _d463(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -17443,40 +18471,7 @@ def _d663(buf, pos, end):
     return {'replica_id': v1, 'topics': v2}, pos
 
 
-def _e664(o, b, parts):
-    b += _Siii.pack(o.get('partition', 0), o.get('current_leader_epoch', -1), o.get('leader_epoch', 0))
-    b.append(0)
-    return b
-
-
-def _e665(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e664(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e666(o, b, parts):
+def _e465(o, b, parts):
     b += _Si.pack(o.get('replica_id', -2))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -17488,18 +18483,35 @@ def _e666(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e665(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siii.pack(v5.get('partition', 0), v5.get('current_leader_epoch', -1), v5.get('leader_epoch', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d667(buf, pos, end):
-    v1, v2, v3, v4, = _Shiiq.unpack_from(buf, pos)
-    pos += 18
-    return {'error_code': v1, 'partition': v2, 'leader_epoch': v3, 'end_offset': v4}, pos
-
-
-def _d668(buf, pos, end):
+def _d466(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -17518,12 +18530,13 @@ def _d668(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d667(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, = _Shiiq.unpack_from(buf, pos)
+            pos += 18
+            v3.append({'error_code': v6, 'partition': v7, 'leader_epoch': v8, 'end_offset': v9})
     return {'topic': v1, 'partitions': v3}, pos
 
 
-def _d669(buf, pos, end):
+def _d467(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -17535,35 +18548,12 @@ def _d669(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d668(buf, pos, end)
+            v4, pos = _d466(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e670(o, b, parts):
-    b += _Shiiq.pack(o.get('error_code', 0), o.get('partition', 0), o.get('leader_epoch', -1), o.get('end_offset', -1))
-    return b
-
-
-def _e671(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e670(v3, b, parts)
-    return b
-
-
-def _e672(o, b, parts):
+def _e468(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -17571,21 +18561,24 @@ def _e672(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e671(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Shiiq.pack(v5.get('error_code', 0), v5.get('partition', 0), v5.get('leader_epoch', -1), v5.get('end_offset', -1))
     return b
 
 
-def _d673(buf, pos, end):
-    v1, v2, v3, v4, = _Shiiq.unpack_from(buf, pos)
-    pos += 18
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'error_code': v1, 'partition': v2, 'leader_epoch': v3, 'end_offset': v4}, pos
-
-
-def _d674(buf, pos, end):
+def _d469(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17612,8 +18605,13 @@ def _d674(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d673(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, = _Shiiq.unpack_from(buf, pos)
+            pos += 18
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'error_code': v6, 'partition': v7, 'leader_epoch': v8, 'end_offset': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -17621,7 +18619,7 @@ def _d674(buf, pos, end):
     return {'topic': v1, 'partitions': v3}, pos
 
 
-def _d675(buf, pos, end):
+def _d470(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -17637,7 +18635,7 @@ def _d675(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d674(buf, pos, end)
+            v4, pos = _d469(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -17646,40 +18644,7 @@ def _d675(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e676(o, b, parts):
-    b += _Shiiq.pack(o.get('error_code', 0), o.get('partition', 0), o.get('leader_epoch', -1), o.get('end_offset', -1))
-    b.append(0)
-    return b
-
-
-def _e677(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e676(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e678(o, b, parts):
+def _e471(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -17691,12 +18656,35 @@ def _e678(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e677(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Shiiq.pack(v5.get('error_code', 0), v5.get('partition', 0), v5.get('leader_epoch', -1), v5.get('end_offset', -1))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d679(buf, pos, end):
+def _d472(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -17718,7 +18706,7 @@ def _d679(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d680(buf, pos, end):
+def _d473(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -17739,29 +18727,12 @@ def _d680(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d679(buf, pos, end)
+            v7, pos = _d472(buf, pos, end)
             v5.append(v7)
     return {'transactions': [], 'v3_and_below_transactional_id': v1, 'v3_and_below_producer_id': v3, 'v3_and_below_producer_epoch': v4, 'v3_and_below_topics': v5}, pos
 
 
-def _e681(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        b += _pack('>%di' % len(v2), *v2)
-    return b
-
-
-def _e682(o, b, parts):
+def _e474(o, b, parts):
     v1 = o.get('v3_and_below_transactional_id', '')
     if v1 is None:
         _enc_null('v3_and_below_transactional_id')
@@ -17776,11 +18747,23 @@ def _e682(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e681(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v5))
+                b += _pack('>%di' % len(v5), *v5)
     return b
 
 
-def _d683(buf, pos, end):
+def _d475(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17814,7 +18797,7 @@ def _d683(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d684(buf, pos, end):
+def _d476(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17843,7 +18826,7 @@ def _d684(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d683(buf, pos, end)
+            v7, pos = _d475(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -17852,33 +18835,7 @@ def _d684(buf, pos, end):
     return {'transactions': [], 'v3_and_below_transactional_id': v1, 'v3_and_below_producer_id': v3, 'v3_and_below_producer_epoch': v4, 'v3_and_below_topics': v5}, pos
 
 
-def _e685(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v2), *v2)
-    b.append(0)
-    return b
-
-
-def _e686(o, b, parts):
+def _e477(o, b, parts):
     v1 = o.get('v3_and_below_transactional_id', '')
     if v1 is None:
         _enc_null('v3_and_below_transactional_id')
@@ -17901,12 +18858,33 @@ def _e686(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e685(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v5), *v5)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d687(buf, pos, end):
+def _d478(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17935,7 +18913,7 @@ def _d687(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d683(buf, pos, end)
+            v8, pos = _d475(buf, pos, end)
             v6.append(v8)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -17944,7 +18922,7 @@ def _d687(buf, pos, end):
     return {'transactional_id': v1, 'producer_id': v3, 'producer_epoch': v4, 'verify_only': v5, 'topics': v6}, pos
 
 
-def _d688(buf, pos, end):
+def _d479(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -17958,7 +18936,7 @@ def _d688(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d687(buf, pos, end)
+            v3, pos = _d478(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -17967,7 +18945,7 @@ def _d688(buf, pos, end):
     return {'transactions': v1, 'v3_and_below_transactional_id': '', 'v3_and_below_producer_id': 0, 'v3_and_below_producer_epoch': 0, 'v3_and_below_topics': []}, pos
 
 
-def _e689(o, b, parts):
+def _e480(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -17990,12 +18968,33 @@ def _e689(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e685(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v5), *v5)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e690(o, b, parts):
+def _e481(o, b, parts):
     v1 = o.get('transactions', ())
     if v1 is None:
         _enc_null('transactions')
@@ -18006,18 +19005,12 @@ def _e690(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e689(v2, b, parts)
+            b = _e480(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d691(buf, pos, end):
-    v1, v2, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    return {'partition_index': v1, 'partition_error_code': v2}, pos
-
-
-def _d692(buf, pos, end):
+def _d482(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -18036,12 +19029,13 @@ def _d692(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d691(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v3.append({'partition_index': v6, 'partition_error_code': v7})
     return {'name': v1, 'results_by_partition': v3}, pos
 
 
-def _d693(buf, pos, end):
+def _d483(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -18053,35 +19047,12 @@ def _d693(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d692(buf, pos, end)
+            v4, pos = _d482(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'error_code': 0, 'results_by_transaction': [], 'results_by_topic_v3_and_below': v2}, pos
 
 
-def _e694(o, b, parts):
-    b += _Sih.pack(o.get('partition_index', 0), o.get('partition_error_code', 0))
-    return b
-
-
-def _e695(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('results_by_partition', ())
-    if v2 is None:
-        _enc_null('results_by_partition')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e694(v3, b, parts)
-    return b
-
-
-def _e696(o, b, parts):
+def _e484(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results_by_topic_v3_and_below', ())
     if v1 is None:
@@ -18089,21 +19060,24 @@ def _e696(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e695(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('results_by_partition', ())
+            if v4 is None:
+                _enc_null('results_by_partition')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('partition_error_code', 0))
     return b
 
 
-def _d697(buf, pos, end):
-    v1, v2, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'partition_error_code': v2}, pos
-
-
-def _d698(buf, pos, end):
+def _d485(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18130,8 +19104,13 @@ def _d698(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d697(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'partition_error_code': v7})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -18139,7 +19118,7 @@ def _d698(buf, pos, end):
     return {'name': v1, 'results_by_partition': v3}, pos
 
 
-def _d699(buf, pos, end):
+def _d486(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -18155,7 +19134,7 @@ def _d699(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d698(buf, pos, end)
+            v4, pos = _d485(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -18164,40 +19143,7 @@ def _d699(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': 0, 'results_by_transaction': [], 'results_by_topic_v3_and_below': v2}, pos
 
 
-def _e700(o, b, parts):
-    b += _Sih.pack(o.get('partition_index', 0), o.get('partition_error_code', 0))
-    b.append(0)
-    return b
-
-
-def _e701(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('results_by_partition', ())
-    if v2 is None:
-        _enc_null('results_by_partition')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e700(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e702(o, b, parts):
+def _e487(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results_by_topic_v3_and_below', ())
     if v1 is None:
@@ -18209,12 +19155,35 @@ def _e702(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e701(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('results_by_partition', ())
+            if v4 is None:
+                _enc_null('results_by_partition')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('partition_error_code', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d703(buf, pos, end):
+def _d488(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18241,7 +19210,7 @@ def _d703(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d698(buf, pos, end)
+            v5, pos = _d485(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -18250,7 +19219,7 @@ def _d703(buf, pos, end):
     return {'transactional_id': v1, 'topic_results': v3}, pos
 
 
-def _d704(buf, pos, end):
+def _d489(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -18266,7 +19235,7 @@ def _d704(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d703(buf, pos, end)
+            v5, pos = _d488(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -18275,7 +19244,7 @@ def _d704(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'results_by_transaction': v3, 'results_by_topic_v3_and_below': []}, pos
 
 
-def _e705(o, b, parts):
+def _e490(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -18297,12 +19266,35 @@ def _e705(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e701(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('results_by_partition', ())
+            if v5 is None:
+                _enc_null('results_by_partition')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Sih.pack(v6.get('partition_index', 0), v6.get('partition_error_code', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e706(o, b, parts):
+def _e491(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('results_by_transaction', ())
     if v1 is None:
@@ -18314,12 +19306,12 @@ def _e706(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e705(v2, b, parts)
+            b = _e490(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d707(buf, pos, end):
+def _d492(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -18343,7 +19335,7 @@ def _d707(buf, pos, end):
     return {'transactional_id': v1, 'producer_id': v3, 'producer_epoch': v4, 'group_id': v5}, pos
 
 
-def _e708(o, b, parts):
+def _e493(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -18362,7 +19354,7 @@ def _e708(o, b, parts):
     return b
 
 
-def _d709(buf, pos, end):
+def _d494(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18398,7 +19390,7 @@ def _d709(buf, pos, end):
     return {'transactional_id': v1, 'producer_id': v3, 'producer_epoch': v4, 'group_id': v5}, pos
 
 
-def _e710(o, b, parts):
+def _e495(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -18426,7 +19418,7 @@ def _e710(o, b, parts):
     return b
 
 
-def _d711(buf, pos, end):
+def _d496(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -18441,7 +19433,7 @@ def _d711(buf, pos, end):
     return {'transactional_id': v1, 'producer_id': v3, 'producer_epoch': v4, 'committed': v5}, pos
 
 
-def _e712(o, b, parts):
+def _e497(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -18453,7 +19445,7 @@ def _e712(o, b, parts):
     return b
 
 
-def _d713(buf, pos, end):
+def _d498(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18476,7 +19468,7 @@ def _d713(buf, pos, end):
     return {'transactional_id': v1, 'producer_id': v3, 'producer_epoch': v4, 'committed': v5}, pos
 
 
-def _e714(o, b, parts):
+def _e499(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -18493,13 +19485,13 @@ def _e714(o, b, parts):
     return b
 
 
-def _d715(buf, pos, end):
+def _d500(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     return {'throttle_time_ms': v1, 'error_code': v2, 'producer_id': -1, 'producer_epoch': -1}, pos
 
 
-def _d716(buf, pos, end):
+def _d501(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     if buf[pos]:
@@ -18509,7 +19501,7 @@ def _d716(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'producer_id': -1, 'producer_epoch': -1}, pos
 
 
-def _d717(buf, pos, end):
+def _d502(buf, pos, end):
     v1, v2, v3, v4, = _Sihqh.unpack_from(buf, pos)
     pos += 16
     if buf[pos]:
@@ -18519,13 +19511,13 @@ def _d717(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'producer_id': v3, 'producer_epoch': v4}, pos
 
 
-def _e718(o, b, parts):
+def _e503(o, b, parts):
     b += _Sihqh.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0), o.get('producer_id', -1), o.get('producer_epoch', -1))
     b.append(0)
     return b
 
 
-def _d719(buf, pos, end):
+def _d504(buf, pos, end):
     v1, v2, v3, = _Sqho.unpack_from(buf, pos)
     pos += 11
     v5 = buf[pos]
@@ -18541,7 +19533,7 @@ def _d719(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d321(buf, pos, end)
+            v6, pos = _d221(buf, pos, end)
             v4.append(v6)
     v7, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -18552,7 +19544,7 @@ def _d719(buf, pos, end):
     return {'producer_id': v1, 'producer_epoch': v2, 'transaction_result': v3, 'topics': v4, 'coordinator_epoch': v7, 'transaction_version': 0}, pos
 
 
-def _d720(buf, pos, end):
+def _d505(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18566,7 +19558,7 @@ def _d720(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d719(buf, pos, end)
+            v3, pos = _d504(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -18575,7 +19567,7 @@ def _d720(buf, pos, end):
     return {'markers': v1}, pos
 
 
-def _e721(o, b, parts):
+def _e506(o, b, parts):
     b += _Sqho.pack(o.get('producer_id', 0), o.get('producer_epoch', 0), o.get('transaction_result', False))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -18587,13 +19579,34 @@ def _e721(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e323(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partition_indexes', ())
+            if v4 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b += _Si.pack(o.get('coordinator_epoch', 0))
     b.append(0)
     return b
 
 
-def _e722(o, b, parts):
+def _e507(o, b, parts):
     v1 = o.get('markers', ())
     if v1 is None:
         _enc_null('markers')
@@ -18604,12 +19617,12 @@ def _e722(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e721(v2, b, parts)
+            b = _e506(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d723(buf, pos, end):
+def _d508(buf, pos, end):
     v1, v2, v3, = _Sqho.unpack_from(buf, pos)
     pos += 11
     v5 = buf[pos]
@@ -18625,7 +19638,7 @@ def _d723(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d321(buf, pos, end)
+            v6, pos = _d221(buf, pos, end)
             v4.append(v6)
     v7, v8, = _Sib.unpack_from(buf, pos)
     pos += 5
@@ -18636,7 +19649,7 @@ def _d723(buf, pos, end):
     return {'producer_id': v1, 'producer_epoch': v2, 'transaction_result': v3, 'topics': v4, 'coordinator_epoch': v7, 'transaction_version': v8}, pos
 
 
-def _d724(buf, pos, end):
+def _d509(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18650,7 +19663,7 @@ def _d724(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d723(buf, pos, end)
+            v3, pos = _d508(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -18659,7 +19672,7 @@ def _d724(buf, pos, end):
     return {'markers': v1}, pos
 
 
-def _e725(o, b, parts):
+def _e510(o, b, parts):
     b += _Sqho.pack(o.get('producer_id', 0), o.get('producer_epoch', 0), o.get('transaction_result', False))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -18671,13 +19684,34 @@ def _e725(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e323(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partition_indexes', ())
+            if v4 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b += _Sib.pack(o.get('coordinator_epoch', 0), o.get('transaction_version', 0))
     b.append(0)
     return b
 
 
-def _e726(o, b, parts):
+def _e511(o, b, parts):
     v1 = o.get('markers', ())
     if v1 is None:
         _enc_null('markers')
@@ -18688,12 +19722,12 @@ def _e726(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e725(v2, b, parts)
+            b = _e510(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d727(buf, pos, end):
+def _d512(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18720,8 +19754,13 @@ def _d727(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d305(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'error_code': v7})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -18729,7 +19768,7 @@ def _d727(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d728(buf, pos, end):
+def _d513(buf, pos, end):
     v1, = _Sq.unpack_from(buf, pos)
     pos += 8
     v3 = buf[pos]
@@ -18745,7 +19784,7 @@ def _d728(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d727(buf, pos, end)
+            v4, pos = _d512(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -18754,7 +19793,7 @@ def _d728(buf, pos, end):
     return {'producer_id': v1, 'topics': v2}, pos
 
 
-def _d729(buf, pos, end):
+def _d514(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -18768,7 +19807,7 @@ def _d729(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d728(buf, pos, end)
+            v3, pos = _d513(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -18777,7 +19816,7 @@ def _d729(buf, pos, end):
     return {'markers': v1}, pos
 
 
-def _e730(o, b, parts):
+def _e515(o, b, parts):
     b += _Sq.pack(o.get('producer_id', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -18789,12 +19828,35 @@ def _e730(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e309(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e731(o, b, parts):
+def _e516(o, b, parts):
     v1 = o.get('markers', ())
     if v1 is None:
         _enc_null('markers')
@@ -18805,27 +19867,12 @@ def _e731(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e730(v2, b, parts)
+            b = _e515(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d732(buf, pos, end):
-    v1, v2, = _Siq.unpack_from(buf, pos)
-    pos += 12
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': -1, 'committed_metadata': v3}, pos
-
-
-def _d733(buf, pos, end):
+def _d517(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -18844,12 +19891,22 @@ def _d733(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d732(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': -1, 'committed_metadata': v8})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d734(buf, pos, end):
+def _d518(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -18879,12 +19936,12 @@ def _d734(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d733(buf, pos, end)
+            v9, pos = _d517(buf, pos, end)
             v7.append(v9)
     return {'transactional_id': v1, 'group_id': v3, 'producer_id': v5, 'producer_epoch': v6, 'generation_id': -1, 'member_id': '', 'group_instance_id': None, 'topics': v7}, pos
 
 
-def _e735(o, b, parts):
+def _e519(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -18906,26 +19963,31 @@ def _e735(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e275(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('partitions', ())
+            if v6 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v6))
+                for v7 in v6:
+                    b += _Siq.pack(v7.get('partition_index', 0), v7.get('committed_offset', 0))
+                    v8 = v7.get('committed_metadata', '')
+                    if v8 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v8 = v8.encode()
+                        b += _Sh.pack(len(v8))
+                        b += v8
     return b
 
 
-def _d736(buf, pos, end):
-    v1, v2, v3, = _Siqi.unpack_from(buf, pos)
-    pos += 16
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': v3, 'committed_metadata': v4}, pos
-
-
-def _d737(buf, pos, end):
+def _d520(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -18944,12 +20006,22 @@ def _d737(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d736(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': v8, 'committed_metadata': v9})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d738(buf, pos, end):
+def _d521(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -18979,12 +20051,12 @@ def _d738(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d737(buf, pos, end)
+            v9, pos = _d520(buf, pos, end)
             v7.append(v9)
     return {'transactional_id': v1, 'group_id': v3, 'producer_id': v5, 'producer_epoch': v6, 'generation_id': -1, 'member_id': '', 'group_instance_id': None, 'topics': v7}, pos
 
 
-def _e739(o, b, parts):
+def _e522(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -19006,34 +20078,31 @@ def _e739(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e283(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('partitions', ())
+            if v6 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v6))
+                for v7 in v6:
+                    b += _Siqi.pack(v7.get('partition_index', 0), v7.get('committed_offset', 0), v7.get('committed_leader_epoch', -1))
+                    v8 = v7.get('committed_metadata', '')
+                    if v8 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v8 = v8.encode()
+                        b += _Sh.pack(len(v8))
+                        b += v8
     return b
 
 
-def _d740(buf, pos, end):
-    v1, v2, v3, = _Siqi.unpack_from(buf, pos)
-    pos += 16
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'committed_offset': v2, 'committed_leader_epoch': v3, 'committed_metadata': v4}, pos
-
-
-def _d741(buf, pos, end):
+def _d523(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -19060,8 +20129,26 @@ def _d741(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d740(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, = _Siqi.unpack_from(buf, pos)
+            pos += 16
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'committed_offset': v7, 'committed_leader_epoch': v8, 'committed_metadata': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -19069,7 +20156,7 @@ def _d741(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d742(buf, pos, end):
+def _d524(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -19137,7 +20224,7 @@ def _d742(buf, pos, end):
             _trunc()
         v12 = []
         for _ in range(v13):
-            v14, pos = _d741(buf, pos, end)
+            v14, pos = _d523(buf, pos, end)
             v12.append(v14)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -19146,7 +20233,7 @@ def _d742(buf, pos, end):
     return {'transactional_id': v1, 'group_id': v3, 'producer_id': v5, 'producer_epoch': v6, 'generation_id': v7, 'member_id': v8, 'group_instance_id': v10, 'topics': v12}, pos
 
 
-def _e743(o, b, parts):
+def _e525(o, b, parts):
     v1 = o.get('transactional_id', '')
     if v1 is None:
         _enc_null('transactional_id')
@@ -19202,12 +20289,46 @@ def _e743(o, b, parts):
         else:
             b += _uvb(_n)
         for v6 in v5:
-            b = _e291(v6, b, parts)
+            v7 = v6.get('name', '')
+            if v7 is None:
+                _enc_null('name')
+            else:
+                v7 = v7.encode()
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v6.get('partitions', ())
+            if v8 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v9 in v8:
+                    b += _Siqi.pack(v9.get('partition_index', 0), v9.get('committed_offset', 0), v9.get('committed_leader_epoch', -1))
+                    v10 = v9.get('committed_metadata', '')
+                    if v10 is None:
+                        b.append(0)
+                    else:
+                        v10 = v10.encode()
+                        _n = len(v10) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v10
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d744(buf, pos, end):
+def _d526(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -19226,12 +20347,13 @@ def _d744(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d297(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v3.append({'partition_index': v6, 'error_code': v7})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d745(buf, pos, end):
+def _d527(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -19243,12 +20365,12 @@ def _d745(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d744(buf, pos, end)
+            v4, pos = _d526(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _d746(buf, pos, end):
+def _d528(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -19264,7 +20386,7 @@ def _d746(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d727(buf, pos, end)
+            v4, pos = _d512(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -19273,7 +20395,7 @@ def _d746(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _d747(buf, pos, end):
+def _d529(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3, = _Sh.unpack_from(buf, pos)
@@ -19310,7 +20432,7 @@ def _d747(buf, pos, end):
     return {'resource_type_filter': v1, 'resource_name_filter': v2, 'pattern_type_filter': v4, 'principal_filter': v5, 'host_filter': v7, 'operation': v9, 'permission_type': v10}, pos
 
 
-def _e748(o, b, parts):
+def _e530(o, b, parts):
     b += _Sb.pack(o.get('resource_type_filter', 0))
     v1 = o.get('resource_name_filter', '')
     if v1 is None:
@@ -19338,7 +20460,7 @@ def _e748(o, b, parts):
     return b
 
 
-def _d749(buf, pos, end):
+def _d531(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3 = buf[pos]
@@ -19391,7 +20513,7 @@ def _d749(buf, pos, end):
     return {'resource_type_filter': v1, 'resource_name_filter': v2, 'pattern_type_filter': v4, 'principal_filter': v5, 'host_filter': v7, 'operation': v9, 'permission_type': v10}, pos
 
 
-def _e750(o, b, parts):
+def _e532(o, b, parts):
     b += _Sb.pack(o.get('resource_type_filter', 0))
     v1 = o.get('resource_name_filter', '')
     if v1 is None:
@@ -19432,31 +20554,7 @@ def _e750(o, b, parts):
     return b
 
 
-def _d751(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null principal')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        _bad('null host')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, v6, = _Sbb.unpack_from(buf, pos)
-    pos += 2
-    return {'principal': v1, 'host': v3, 'operation': v5, 'permission_type': v6}, pos
-
-
-def _d752(buf, pos, end):
+def _d533(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3, = _Sh.unpack_from(buf, pos)
@@ -19479,12 +20577,31 @@ def _d752(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d751(buf, pos, end)
-            v5.append(v7)
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                _bad('null principal')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v11 < 0:
+                _bad('null host')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, v13, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            v5.append({'principal': v8, 'host': v10, 'operation': v12, 'permission_type': v13})
     return {'resource_type': v1, 'resource_name': v2, 'pattern_type': v4, 'acls': v5}, pos
 
 
-def _d753(buf, pos, end):
+def _d534(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4, = _Sh.unpack_from(buf, pos)
@@ -19505,51 +20622,12 @@ def _d753(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d752(buf, pos, end)
+            v7, pos = _d533(buf, pos, end)
             v5.append(v7)
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'resources': v5}, pos
 
 
-def _e754(o, b, parts):
-    v1 = o.get('principal', '')
-    if v1 is None:
-        _enc_null('principal')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('host', '')
-    if v2 is None:
-        _enc_null('host')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    b += _Sbb.pack(o.get('operation', 0), o.get('permission_type', 0))
-    return b
-
-
-def _e755(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sb.pack(o.get('pattern_type', 3))
-    v2 = o.get('acls', ())
-    if v2 is None:
-        _enc_null('acls')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e754(v3, b, parts)
-    return b
-
-
-def _e756(o, b, parts):
+def _e535(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -19564,47 +20642,40 @@ def _e756(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e755(v3, b, parts)
+            b += _Sb.pack(v3.get('resource_type', 0))
+            v4 = v3.get('resource_name', '')
+            if v4 is None:
+                _enc_null('resource_name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            b += _Sb.pack(v3.get('pattern_type', 3))
+            v5 = v3.get('acls', ())
+            if v5 is None:
+                _enc_null('acls')
+            else:
+                b += _Si.pack(len(v5))
+                for v6 in v5:
+                    v7 = v6.get('principal', '')
+                    if v7 is None:
+                        _enc_null('principal')
+                    else:
+                        v7 = v7.encode()
+                        b += _Sh.pack(len(v7))
+                        b += v7
+                    v8 = v6.get('host', '')
+                    if v8 is None:
+                        _enc_null('host')
+                    else:
+                        v8 = v8.encode()
+                        b += _Sh.pack(len(v8))
+                        b += v8
+                    b += _Sbb.pack(v6.get('operation', 0), v6.get('permission_type', 0))
     return b
 
 
-def _d757(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null principal')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        _bad('null host')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, v6, = _Sbb.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'principal': v1, 'host': v3, 'operation': v5, 'permission_type': v6}, pos
-
-
-def _d758(buf, pos, end):
+def _d536(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3 = buf[pos]
@@ -19635,8 +20706,39 @@ def _d758(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d757(buf, pos, end)
-            v5.append(v7)
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                _bad('null principal')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                _bad('null host')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, v13, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v5.append({'principal': v8, 'host': v10, 'operation': v12, 'permission_type': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -19644,7 +20746,7 @@ def _d758(buf, pos, end):
     return {'resource_type': v1, 'resource_name': v2, 'pattern_type': v4, 'acls': v5}, pos
 
 
-def _d759(buf, pos, end):
+def _d537(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -19673,7 +20775,7 @@ def _d759(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d758(buf, pos, end)
+            v7, pos = _d536(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -19682,64 +20784,7 @@ def _d759(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'resources': v5}, pos
 
 
-def _e760(o, b, parts):
-    v1 = o.get('principal', '')
-    if v1 is None:
-        _enc_null('principal')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('host', '')
-    if v2 is None:
-        _enc_null('host')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sbb.pack(o.get('operation', 0), o.get('permission_type', 0))
-    b.append(0)
-    return b
-
-
-def _e761(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('pattern_type', 3))
-    v2 = o.get('acls', ())
-    if v2 is None:
-        _enc_null('acls')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e760(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e762(o, b, parts):
+def _e538(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -19762,49 +20807,59 @@ def _e762(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e761(v3, b, parts)
+            b += _Sb.pack(v3.get('resource_type', 0))
+            v4 = v3.get('resource_name', '')
+            if v4 is None:
+                _enc_null('resource_name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Sb.pack(v3.get('pattern_type', 3))
+            v5 = v3.get('acls', ())
+            if v5 is None:
+                _enc_null('acls')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    v7 = v6.get('principal', '')
+                    if v7 is None:
+                        _enc_null('principal')
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    v8 = v6.get('host', '')
+                    if v8 is None:
+                        _enc_null('host')
+                    else:
+                        v8 = v8.encode()
+                        _n = len(v8) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v8
+                    b += _Sbb.pack(v6.get('operation', 0), v6.get('permission_type', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d763(buf, pos, end):
-    v1, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v3 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v6 < 0:
-        _bad('null principal')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v8, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v8 < 0:
-        _bad('null host')
-    else:
-        if pos + v8 > end:
-            _trunc()
-        v7 = str(buf[pos:pos + v8], 'utf-8')
-        pos += v8
-    v9, v10, = _Sbb.unpack_from(buf, pos)
-    pos += 2
-    return {'resource_type': v1, 'resource_name': v2, 'resource_pattern_type': v4, 'principal': v5, 'host': v7, 'operation': v9, 'permission_type': v10}, pos
-
-
-def _d764(buf, pos, end):
+def _d539(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -19814,104 +20869,78 @@ def _d764(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d763(buf, pos, end)
-            v1.append(v3)
+            v4, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                _bad('null principal')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v11 < 0:
+                _bad('null host')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, v13, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            v1.append({'resource_type': v4, 'resource_name': v5, 'resource_pattern_type': v7, 'principal': v8, 'host': v10, 'operation': v12, 'permission_type': v13})
     return {'creations': v1}, pos
 
 
-def _e765(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sb.pack(o.get('resource_pattern_type', 3))
-    v2 = o.get('principal', '')
-    if v2 is None:
-        _enc_null('principal')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    v3 = o.get('host', '')
-    if v3 is None:
-        _enc_null('host')
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    b += _Sbb.pack(o.get('operation', 0), o.get('permission_type', 0))
-    return b
-
-
-def _e766(o, b, parts):
+def _e540(o, b, parts):
     v1 = o.get('creations', ())
     if v1 is None:
         _enc_null('creations')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e765(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sb.pack(v2.get('resource_pattern_type', 3))
+            v4 = v2.get('principal', '')
+            if v4 is None:
+                _enc_null('principal')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v2.get('host', '')
+            if v5 is None:
+                _enc_null('host')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            b += _Sbb.pack(v2.get('operation', 0), v2.get('permission_type', 0))
     return b
 
 
-def _d767(buf, pos, end):
-    v1, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null principal')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v8 = buf[pos]
-    if v8 < 128:
-        pos += 1
-    else:
-        v8, pos = _uv(buf, pos)
-    v8 -= 1
-    if v8 < 0:
-        _bad('null host')
-    else:
-        if pos + v8 > end:
-            _trunc()
-        v7 = str(buf[pos:pos + v8], 'utf-8')
-        pos += v8
-    v9, v10, = _Sbb.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'resource_type': v1, 'resource_name': v2, 'resource_pattern_type': v4, 'principal': v5, 'host': v7, 'operation': v9, 'permission_type': v10}, pos
-
-
-def _d768(buf, pos, end):
+def _d541(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -19925,8 +20954,56 @@ def _d768(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d767(buf, pos, end)
-            v1.append(v3)
+            v4, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                _bad('null principal')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                _bad('null host')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, v13, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'resource_type': v4, 'resource_name': v5, 'resource_pattern_type': v7, 'principal': v8, 'host': v10, 'operation': v12, 'permission_type': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -19934,48 +21011,7 @@ def _d768(buf, pos, end):
     return {'creations': v1}, pos
 
 
-def _e769(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('resource_pattern_type', 3))
-    v2 = o.get('principal', '')
-    if v2 is None:
-        _enc_null('principal')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('host', '')
-    if v3 is None:
-        _enc_null('host')
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    b += _Sbb.pack(o.get('operation', 0), o.get('permission_type', 0))
-    b.append(0)
-    return b
-
-
-def _e770(o, b, parts):
+def _e542(o, b, parts):
     v1 = o.get('creations', ())
     if v1 is None:
         _enc_null('creations')
@@ -19986,27 +21022,48 @@ def _e770(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e769(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sb.pack(v2.get('resource_pattern_type', 3))
+            v4 = v2.get('principal', '')
+            if v4 is None:
+                _enc_null('principal')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v2.get('host', '')
+            if v5 is None:
+                _enc_null('host')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b += _Sbb.pack(v2.get('operation', 0), v2.get('permission_type', 0))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d771(buf, pos, end):
-    v1, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    return {'error_code': v1, 'error_message': v2}, pos
-
-
-def _d772(buf, pos, end):
+def _d543(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -20018,24 +21075,22 @@ def _d772(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d771(buf, pos, end)
-            v2.append(v4)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v2.append({'error_code': v5, 'error_message': v6})
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e773(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    return b
-
-
-def _e774(o, b, parts):
+def _e544(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -20043,34 +21098,18 @@ def _e774(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e773(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b += b'\xff\xff'
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
     return b
 
 
-def _d775(buf, pos, end):
-    v1, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'error_code': v1, 'error_message': v2}, pos
-
-
-def _d776(buf, pos, end):
+def _d545(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -20086,8 +21125,26 @@ def _d776(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d775(buf, pos, end)
-            v2.append(v4)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'error_code': v5, 'error_message': v6})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -20095,24 +21152,7 @@ def _d776(buf, pos, end):
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e777(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e778(o, b, parts):
+def _e546(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -20124,12 +21164,24 @@ def _e778(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e777(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d779(buf, pos, end):
+def _d547(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -20139,23 +21191,78 @@ def _d779(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d747(buf, pos, end)
-            v1.append(v3)
+            v4, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                v5 = None
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, v13, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            v1.append({'resource_type_filter': v4, 'resource_name_filter': v5, 'pattern_type_filter': v7, 'principal_filter': v8, 'host_filter': v10, 'operation': v12, 'permission_type': v13})
     return {'filters': v1}, pos
 
 
-def _e780(o, b, parts):
+def _e548(o, b, parts):
     v1 = o.get('filters', ())
     if v1 is None:
         _enc_null('filters')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e748(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type_filter', 0))
+            v3 = v2.get('resource_name_filter', '')
+            if v3 is None:
+                b += b'\xff\xff'
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sb.pack(v2.get('pattern_type_filter', 3))
+            v4 = v2.get('principal_filter', '')
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v2.get('host_filter', '')
+            if v5 is None:
+                b += b'\xff\xff'
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            b += _Sbb.pack(v2.get('operation', 0), v2.get('permission_type', 0))
     return b
 
 
-def _d781(buf, pos, end):
+def _d549(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -20169,8 +21276,56 @@ def _d781(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d749(buf, pos, end)
-            v1.append(v3)
+            v4, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                v5 = None
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, v13, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'resource_type_filter': v4, 'resource_name_filter': v5, 'pattern_type_filter': v7, 'principal_filter': v8, 'host_filter': v10, 'operation': v12, 'permission_type': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -20178,7 +21333,7 @@ def _d781(buf, pos, end):
     return {'filters': v1}, pos
 
 
-def _e782(o, b, parts):
+def _e550(o, b, parts):
     v1 = o.get('filters', ())
     if v1 is None:
         _enc_null('filters')
@@ -20189,60 +21344,48 @@ def _e782(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e750(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type_filter', 0))
+            v3 = v2.get('resource_name_filter', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sb.pack(v2.get('pattern_type_filter', 3))
+            v4 = v2.get('principal_filter', '')
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v2.get('host_filter', '')
+            if v5 is None:
+                b.append(0)
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b += _Sbb.pack(v2.get('operation', 0), v2.get('permission_type', 0))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d783(buf, pos, end):
-    v1, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v6 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v9, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v9 < 0:
-        _bad('null principal')
-    else:
-        if pos + v9 > end:
-            _trunc()
-        v8 = str(buf[pos:pos + v9], 'utf-8')
-        pos += v9
-    v11, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v11 < 0:
-        _bad('null host')
-    else:
-        if pos + v11 > end:
-            _trunc()
-        v10 = str(buf[pos:pos + v11], 'utf-8')
-        pos += v11
-    v12, v13, = _Sbb.unpack_from(buf, pos)
-    pos += 2
-    return {'error_code': v1, 'error_message': v2, 'resource_type': v4, 'resource_name': v5, 'pattern_type': v7, 'principal': v8, 'host': v10, 'operation': v12, 'permission_type': v13}, pos
-
-
-def _d784(buf, pos, end):
+def _d551(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -20263,12 +21406,55 @@ def _d784(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d783(buf, pos, end)
-            v4.append(v6)
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v13, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v15, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v15 < 0:
+                _bad('null principal')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = str(buf[pos:pos + v15], 'utf-8')
+                pos += v15
+            v17, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v17 < 0:
+                _bad('null host')
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = str(buf[pos:pos + v17], 'utf-8')
+                pos += v17
+            v18, v19, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            v4.append({'error_code': v7, 'error_message': v8, 'resource_type': v10, 'resource_name': v11, 'pattern_type': v13, 'principal': v14, 'host': v16, 'operation': v18, 'permission_type': v19})
     return {'error_code': v1, 'error_message': v2, 'matching_acls': v4}, pos
 
 
-def _d785(buf, pos, end):
+def _d552(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -20280,67 +21466,12 @@ def _d785(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d784(buf, pos, end)
+            v4, pos = _d551(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'filter_results': v2}, pos
 
 
-def _e786(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sb.pack(o.get('resource_type', 0))
-    v2 = o.get('resource_name', '')
-    if v2 is None:
-        _enc_null('resource_name')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    b += _Sb.pack(o.get('pattern_type', 3))
-    v3 = o.get('principal', '')
-    if v3 is None:
-        _enc_null('principal')
-    else:
-        v3 = v3.encode()
-        b += _Sh.pack(len(v3))
-        b += v3
-    v4 = o.get('host', '')
-    if v4 is None:
-        _enc_null('host')
-    else:
-        v4 = v4.encode()
-        b += _Sh.pack(len(v4))
-        b += v4
-    b += _Sbb.pack(o.get('operation', 0), o.get('permission_type', 0))
-    return b
-
-
-def _e787(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('matching_acls', ())
-    if v2 is None:
-        _enc_null('matching_acls')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e786(v3, b, parts)
-    return b
-
-
-def _e788(o, b, parts):
+def _e553(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('filter_results', ())
     if v1 is None:
@@ -20348,79 +21479,56 @@ def _e788(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e787(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b += b'\xff\xff'
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('matching_acls', ())
+            if v4 is None:
+                _enc_null('matching_acls')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sh.pack(v5.get('error_code', 0))
+                    v6 = v5.get('error_message', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    b += _Sb.pack(v5.get('resource_type', 0))
+                    v7 = v5.get('resource_name', '')
+                    if v7 is None:
+                        _enc_null('resource_name')
+                    else:
+                        v7 = v7.encode()
+                        b += _Sh.pack(len(v7))
+                        b += v7
+                    b += _Sb.pack(v5.get('pattern_type', 3))
+                    v8 = v5.get('principal', '')
+                    if v8 is None:
+                        _enc_null('principal')
+                    else:
+                        v8 = v8.encode()
+                        b += _Sh.pack(len(v8))
+                        b += v8
+                    v9 = v5.get('host', '')
+                    if v9 is None:
+                        _enc_null('host')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    b += _Sbb.pack(v5.get('operation', 0), v5.get('permission_type', 0))
     return b
 
 
-def _d789(buf, pos, end):
-    v1, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v9 = buf[pos]
-    if v9 < 128:
-        pos += 1
-    else:
-        v9, pos = _uv(buf, pos)
-    v9 -= 1
-    if v9 < 0:
-        _bad('null principal')
-    else:
-        if pos + v9 > end:
-            _trunc()
-        v8 = str(buf[pos:pos + v9], 'utf-8')
-        pos += v9
-    v11 = buf[pos]
-    if v11 < 128:
-        pos += 1
-    else:
-        v11, pos = _uv(buf, pos)
-    v11 -= 1
-    if v11 < 0:
-        _bad('null host')
-    else:
-        if pos + v11 > end:
-            _trunc()
-        v10 = str(buf[pos:pos + v11], 'utf-8')
-        pos += v11
-    v12, v13, = _Sbb.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'error_code': v1, 'error_message': v2, 'resource_type': v4, 'resource_name': v5, 'pattern_type': v7, 'principal': v8, 'host': v10, 'operation': v12, 'permission_type': v13}, pos
-
-
-def _d790(buf, pos, end):
+def _d554(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -20449,8 +21557,71 @@ def _d790(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d789(buf, pos, end)
-            v4.append(v6)
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v13, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v15 = buf[pos]
+            if v15 < 128:
+                pos += 1
+            else:
+                v15, pos = _uv(buf, pos)
+            v15 -= 1
+            if v15 < 0:
+                _bad('null principal')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = str(buf[pos:pos + v15], 'utf-8')
+                pos += v15
+            v17 = buf[pos]
+            if v17 < 128:
+                pos += 1
+            else:
+                v17, pos = _uv(buf, pos)
+            v17 -= 1
+            if v17 < 0:
+                _bad('null host')
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = str(buf[pos:pos + v17], 'utf-8')
+                pos += v17
+            v18, v19, = _Sbb.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v4.append({'error_code': v7, 'error_message': v8, 'resource_type': v10, 'resource_name': v11, 'pattern_type': v13, 'principal': v14, 'host': v16, 'operation': v18, 'permission_type': v19})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -20458,7 +21629,7 @@ def _d790(buf, pos, end):
     return {'error_code': v1, 'error_message': v2, 'matching_acls': v4}, pos
 
 
-def _d791(buf, pos, end):
+def _d555(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -20474,7 +21645,7 @@ def _d791(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d790(buf, pos, end)
+            v4, pos = _d554(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -20483,88 +21654,7 @@ def _d791(buf, pos, end):
     return {'throttle_time_ms': v1, 'filter_results': v2}, pos
 
 
-def _e792(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('resource_type', 0))
-    v2 = o.get('resource_name', '')
-    if v2 is None:
-        _enc_null('resource_name')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sb.pack(o.get('pattern_type', 3))
-    v3 = o.get('principal', '')
-    if v3 is None:
-        _enc_null('principal')
-    else:
-        v3 = v3.encode()
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    v4 = o.get('host', '')
-    if v4 is None:
-        _enc_null('host')
-    else:
-        v4 = v4.encode()
-        _n = len(v4) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v4
-    b += _Sbb.pack(o.get('operation', 0), o.get('permission_type', 0))
-    b.append(0)
-    return b
-
-
-def _e793(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('matching_acls', ())
-    if v2 is None:
-        _enc_null('matching_acls')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e792(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e794(o, b, parts):
+def _e556(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('filter_results', ())
     if v1 is None:
@@ -20576,12 +21666,83 @@ def _e794(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e793(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('matching_acls', ())
+            if v4 is None:
+                _enc_null('matching_acls')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sh.pack(v5.get('error_code', 0))
+                    v6 = v5.get('error_message', '')
+                    if v6 is None:
+                        b.append(0)
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b += _Sb.pack(v5.get('resource_type', 0))
+                    v7 = v5.get('resource_name', '')
+                    if v7 is None:
+                        _enc_null('resource_name')
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b += _Sb.pack(v5.get('pattern_type', 3))
+                    v8 = v5.get('principal', '')
+                    if v8 is None:
+                        _enc_null('principal')
+                    else:
+                        v8 = v8.encode()
+                        _n = len(v8) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v8
+                    v9 = v5.get('host', '')
+                    if v9 is None:
+                        _enc_null('host')
+                    else:
+                        v9 = v9.encode()
+                        _n = len(v9) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v9
+                    b += _Sbb.pack(v5.get('operation', 0), v5.get('permission_type', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d795(buf, pos, end):
+def _d557(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3, = _Sh.unpack_from(buf, pos)
@@ -20615,7 +21776,7 @@ def _d795(buf, pos, end):
     return {'resource_type': v1, 'resource_name': v2, 'configuration_keys': v4}, pos
 
 
-def _d796(buf, pos, end):
+def _d558(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -20625,50 +21786,45 @@ def _d796(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d795(buf, pos, end)
+            v3, pos = _d557(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
     return {'resources': v1, 'include_synonyms': v4, 'include_documentation': False}, pos
 
 
-def _e797(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('configuration_keys', ())
-    if v2 is None:
-        b += b'\xff\xff\xff\xff'
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            if v3 is None:
-                _enc_null('configuration_keys')
-            else:
-                v3 = v3.encode()
-                b += _Sh.pack(len(v3))
-                b += v3
-    return b
-
-
-def _e798(o, b, parts):
+def _e559(o, b, parts):
     v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e797(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('configuration_keys', ())
+            if v4 is None:
+                b += b'\xff\xff\xff\xff'
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    if v5 is None:
+                        _enc_null('configuration_keys')
+                    else:
+                        v5 = v5.encode()
+                        b += _Sh.pack(len(v5))
+                        b += v5
     b += _So.pack(o.get('include_synonyms', False))
     return b
 
 
-def _d799(buf, pos, end):
+def _d560(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -20678,26 +21834,45 @@ def _d799(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d795(buf, pos, end)
+            v3, pos = _d557(buf, pos, end)
             v1.append(v3)
     v4, v5, = _Soo.unpack_from(buf, pos)
     pos += 2
     return {'resources': v1, 'include_synonyms': v4, 'include_documentation': v5}, pos
 
 
-def _e800(o, b, parts):
+def _e561(o, b, parts):
     v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e797(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('configuration_keys', ())
+            if v4 is None:
+                b += b'\xff\xff\xff\xff'
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    if v5 is None:
+                        _enc_null('configuration_keys')
+                    else:
+                        v5 = v5.encode()
+                        b += _Sh.pack(len(v5))
+                        b += v5
     b += _Soo.pack(o.get('include_synonyms', False), o.get('include_documentation', False))
     return b
 
 
-def _d801(buf, pos, end):
+def _d562(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3 = buf[pos]
@@ -20747,7 +21922,7 @@ def _d801(buf, pos, end):
     return {'resource_type': v1, 'resource_name': v2, 'configuration_keys': v4}, pos
 
 
-def _d802(buf, pos, end):
+def _d563(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -20761,7 +21936,7 @@ def _d802(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d801(buf, pos, end)
+            v3, pos = _d562(buf, pos, end)
             v1.append(v3)
     v4, v5, = _Soo.unpack_from(buf, pos)
     pos += 2
@@ -20772,44 +21947,7 @@ def _d802(buf, pos, end):
     return {'resources': v1, 'include_synonyms': v4, 'include_documentation': v5}, pos
 
 
-def _e803(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('configuration_keys', ())
-    if v2 is None:
-        b.append(0)
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            if v3 is None:
-                _enc_null('configuration_keys')
-            else:
-                v3 = v3.encode()
-                _n = len(v3) + 1
-                if _n < 128:
-                    b.append(_n)
-                else:
-                    b += _uvb(_n)
-                b += v3
-    b.append(0)
-    return b
-
-
-def _e804(o, b, parts):
+def _e564(o, b, parts):
     v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
@@ -20820,37 +21958,45 @@ def _e804(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e803(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('configuration_keys', ())
+            if v4 is None:
+                b.append(0)
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    if v5 is None:
+                        _enc_null('configuration_keys')
+                    else:
+                        v5 = v5.encode()
+                        _n = len(v5) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v5
+            b.append(0)
     b += _Soo.pack(o.get('include_synonyms', False), o.get('include_documentation', False))
     b.append(0)
     return b
 
 
-def _d805(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    return {'name': v1, 'value': v3, 'source': v5}, pos
-
-
-def _d806(buf, pos, end):
+def _d565(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -20880,12 +22026,31 @@ def _d806(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d805(buf, pos, end)
-            v8.append(v10)
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                v13 = None
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v15, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v8.append({'name': v11, 'value': v13, 'source': v15})
     return {'name': v1, 'value': v3, 'read_only': v5, 'config_source': v6, 'is_default': False, 'is_sensitive': v7, 'synonyms': v8, 'config_type': 0, 'documentation': ''}, pos
 
 
-def _d807(buf, pos, end):
+def _d566(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -20917,12 +22082,12 @@ def _d807(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d806(buf, pos, end)
+            v9, pos = _d565(buf, pos, end)
             v7.append(v9)
     return {'error_code': v1, 'error_message': v2, 'resource_type': v4, 'resource_name': v5, 'configs': v7}, pos
 
 
-def _d808(buf, pos, end):
+def _d567(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -20934,57 +22099,12 @@ def _d808(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d807(buf, pos, end)
+            v4, pos = _d566(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e809(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    b += _Sb.pack(o.get('source', 0))
-    return b
-
-
-def _e810(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    b += _Sobo.pack(o.get('read_only', False), o.get('config_source', -1), o.get('is_sensitive', False))
-    v3 = o.get('synonyms', ())
-    if v3 is None:
-        _enc_null('synonyms')
-    else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e809(v4, b, parts)
-    return b
-
-
-def _e811(o, b, parts):
+def _e568(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -21007,11 +22127,46 @@ def _e811(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e810(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('value', '')
+            if v6 is None:
+                b += b'\xff\xff'
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            b += _Sobo.pack(v4.get('read_only', False), v4.get('config_source', -1), v4.get('is_sensitive', False))
+            v7 = v4.get('synonyms', ())
+            if v7 is None:
+                _enc_null('synonyms')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    v9 = v8.get('name', '')
+                    if v9 is None:
+                        _enc_null('name')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    v10 = v8.get('value', '')
+                    if v10 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v10 = v10.encode()
+                        b += _Sh.pack(len(v10))
+                        b += v10
+                    b += _Sb.pack(v8.get('source', 0))
     return b
 
 
-def _e812(o, b, parts):
+def _e569(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -21019,11 +22174,11 @@ def _e812(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e811(v2, b, parts)
+            b = _e568(v2, b, parts)
     return b
 
 
-def _d813(buf, pos, end):
+def _d570(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -21053,23 +22208,42 @@ def _d813(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d805(buf, pos, end)
-            v8.append(v10)
-    v11, = _Sb.unpack_from(buf, pos)
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v14 < 0:
+                v13 = None
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v15, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v8.append({'name': v11, 'value': v13, 'source': v15})
+    v16, = _Sb.unpack_from(buf, pos)
     pos += 1
-    v13, = _Sh.unpack_from(buf, pos)
+    v18, = _Sh.unpack_from(buf, pos)
     pos += 2
-    if v13 < 0:
-        v12 = None
+    if v18 < 0:
+        v17 = None
     else:
-        if pos + v13 > end:
+        if pos + v18 > end:
             _trunc()
-        v12 = str(buf[pos:pos + v13], 'utf-8')
-        pos += v13
-    return {'name': v1, 'value': v3, 'read_only': v5, 'config_source': v6, 'is_default': False, 'is_sensitive': v7, 'synonyms': v8, 'config_type': v11, 'documentation': v12}, pos
+        v17 = str(buf[pos:pos + v18], 'utf-8')
+        pos += v18
+    return {'name': v1, 'value': v3, 'read_only': v5, 'config_source': v6, 'is_default': False, 'is_sensitive': v7, 'synonyms': v8, 'config_type': v16, 'documentation': v17}, pos
 
 
-def _d814(buf, pos, end):
+def _d571(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -21101,12 +22275,12 @@ def _d814(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d813(buf, pos, end)
+            v9, pos = _d570(buf, pos, end)
             v7.append(v9)
     return {'error_code': v1, 'error_message': v2, 'resource_type': v4, 'resource_name': v5, 'configs': v7}, pos
 
 
-def _d815(buf, pos, end):
+def _d572(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -21118,46 +22292,12 @@ def _d815(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d814(buf, pos, end)
+            v4, pos = _d571(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e816(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    b += _Sobo.pack(o.get('read_only', False), o.get('config_source', -1), o.get('is_sensitive', False))
-    v3 = o.get('synonyms', ())
-    if v3 is None:
-        _enc_null('synonyms')
-    else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e809(v4, b, parts)
-    b += _Sb.pack(o.get('config_type', 0))
-    v5 = o.get('documentation', '')
-    if v5 is None:
-        b += b'\xff\xff'
-    else:
-        v5 = v5.encode()
-        b += _Sh.pack(len(v5))
-        b += v5
-    return b
-
-
-def _e817(o, b, parts):
+def _e573(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -21180,11 +22320,54 @@ def _e817(o, b, parts):
     else:
         b += _Si.pack(len(v3))
         for v4 in v3:
-            b = _e816(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                b += _Sh.pack(len(v5))
+                b += v5
+            v6 = v4.get('value', '')
+            if v6 is None:
+                b += b'\xff\xff'
+            else:
+                v6 = v6.encode()
+                b += _Sh.pack(len(v6))
+                b += v6
+            b += _Sobo.pack(v4.get('read_only', False), v4.get('config_source', -1), v4.get('is_sensitive', False))
+            v7 = v4.get('synonyms', ())
+            if v7 is None:
+                _enc_null('synonyms')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    v9 = v8.get('name', '')
+                    if v9 is None:
+                        _enc_null('name')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    v10 = v8.get('value', '')
+                    if v10 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v10 = v10.encode()
+                        b += _Sh.pack(len(v10))
+                        b += v10
+                    b += _Sb.pack(v8.get('source', 0))
+            b += _Sb.pack(v4.get('config_type', 0))
+            v11 = v4.get('documentation', '')
+            if v11 is None:
+                b += b'\xff\xff'
+            else:
+                v11 = v11.encode()
+                b += _Sh.pack(len(v11))
+                b += v11
     return b
 
 
-def _e818(o, b, parts):
+def _e574(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -21192,47 +22375,11 @@ def _e818(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e817(v2, b, parts)
+            b = _e573(v2, b, parts)
     return b
 
 
-def _d819(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'value': v3, 'source': v5}, pos
-
-
-def _d820(buf, pos, end):
+def _d575(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -21274,31 +22421,62 @@ def _d820(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d819(buf, pos, end)
-            v8.append(v10)
-    v11, = _Sb.unpack_from(buf, pos)
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                _bad('null name')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                v13 = None
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v15, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'name': v11, 'value': v13, 'source': v15})
+    v16, = _Sb.unpack_from(buf, pos)
     pos += 1
-    v13 = buf[pos]
-    if v13 < 128:
+    v18 = buf[pos]
+    if v18 < 128:
         pos += 1
     else:
-        v13, pos = _uv(buf, pos)
-    v13 -= 1
-    if v13 < 0:
-        v12 = None
+        v18, pos = _uv(buf, pos)
+    v18 -= 1
+    if v18 < 0:
+        v17 = None
     else:
-        if pos + v13 > end:
+        if pos + v18 > end:
             _trunc()
-        v12 = str(buf[pos:pos + v13], 'utf-8')
-        pos += v13
+        v17 = str(buf[pos:pos + v18], 'utf-8')
+        pos += v18
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'name': v1, 'value': v3, 'read_only': v5, 'config_source': v6, 'is_default': False, 'is_sensitive': v7, 'synonyms': v8, 'config_type': v11, 'documentation': v12}, pos
+    return {'name': v1, 'value': v3, 'read_only': v5, 'config_source': v6, 'is_default': False, 'is_sensitive': v7, 'synonyms': v8, 'config_type': v16, 'documentation': v17}, pos
 
 
-def _d821(buf, pos, end):
+def _d576(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -21342,7 +22520,7 @@ def _d821(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d820(buf, pos, end)
+            v9, pos = _d575(buf, pos, end)
             v7.append(v9)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -21351,7 +22529,7 @@ def _d821(buf, pos, end):
     return {'error_code': v1, 'error_message': v2, 'resource_type': v4, 'resource_name': v5, 'configs': v7}, pos
 
 
-def _d822(buf, pos, end):
+def _d577(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -21367,7 +22545,7 @@ def _d822(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d821(buf, pos, end)
+            v4, pos = _d576(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -21376,86 +22554,7 @@ def _d822(buf, pos, end):
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e823(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sb.pack(o.get('source', 0))
-    b.append(0)
-    return b
-
-
-def _e824(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('value', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _Sobo.pack(o.get('read_only', False), o.get('config_source', -1), o.get('is_sensitive', False))
-    v3 = o.get('synonyms', ())
-    if v3 is None:
-        _enc_null('synonyms')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e823(v4, b, parts)
-    b += _Sb.pack(o.get('config_type', 0))
-    v5 = o.get('documentation', '')
-    if v5 is None:
-        b.append(0)
-    else:
-        v5 = v5.encode()
-        _n = len(v5) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v5
-    b.append(0)
-    return b
-
-
-def _e825(o, b, parts):
+def _e578(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -21490,12 +22589,81 @@ def _e825(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e824(v4, b, parts)
+            v5 = v4.get('name', '')
+            if v5 is None:
+                _enc_null('name')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v4.get('value', '')
+            if v6 is None:
+                b.append(0)
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b += _Sobo.pack(v4.get('read_only', False), v4.get('config_source', -1), v4.get('is_sensitive', False))
+            v7 = v4.get('synonyms', ())
+            if v7 is None:
+                _enc_null('synonyms')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v8 in v7:
+                    v9 = v8.get('name', '')
+                    if v9 is None:
+                        _enc_null('name')
+                    else:
+                        v9 = v9.encode()
+                        _n = len(v9) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v9
+                    v10 = v8.get('value', '')
+                    if v10 is None:
+                        b.append(0)
+                    else:
+                        v10 = v10.encode()
+                        _n = len(v10) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v10
+                    b += _Sb.pack(v8.get('source', 0))
+                    b.append(0)
+            b += _Sb.pack(v4.get('config_type', 0))
+            v11 = v4.get('documentation', '')
+            if v11 is None:
+                b.append(0)
+            else:
+                v11 = v11.encode()
+                _n = len(v11) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v11
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e826(o, b, parts):
+def _e579(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -21507,12 +22675,12 @@ def _e826(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e825(v2, b, parts)
+            b = _e578(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d827(buf, pos, end):
+def _d580(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3, = _Sh.unpack_from(buf, pos)
@@ -21533,12 +22701,29 @@ def _d827(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d562(buf, pos, end)
-            v4.append(v6)
+            v8, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v8 < 0:
+                _bad('null name')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v4.append({'name': v7, 'value': v9})
     return {'resource_type': v1, 'resource_name': v2, 'configs': v4}, pos
 
 
-def _d828(buf, pos, end):
+def _d581(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -21548,45 +22733,53 @@ def _d828(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d827(buf, pos, end)
+            v3, pos = _d580(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
     return {'resources': v1, 'validate_only': v4}, pos
 
 
-def _e829(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('configs', ())
-    if v2 is None:
-        _enc_null('configs')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e566(v3, b, parts)
-    return b
-
-
-def _e830(o, b, parts):
+def _e582(o, b, parts):
     v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e829(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('configs', ())
+            if v4 is None:
+                _enc_null('configs')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    v6 = v5.get('name', '')
+                    if v6 is None:
+                        _enc_null('name')
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    v7 = v5.get('value', '')
+                    if v7 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v7 = v7.encode()
+                        b += _Sh.pack(len(v7))
+                        b += v7
     b += _So.pack(o.get('validate_only', False))
     return b
 
 
-def _d831(buf, pos, end):
+def _d583(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3 = buf[pos]
@@ -21615,8 +22808,37 @@ def _d831(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d570(buf, pos, end)
-            v4.append(v6)
+            v8 = buf[pos]
+            if v8 < 128:
+                pos += 1
+            else:
+                v8, pos = _uv(buf, pos)
+            v8 -= 1
+            if v8 < 0:
+                _bad('null name')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v4.append({'name': v7, 'value': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -21624,7 +22846,7 @@ def _d831(buf, pos, end):
     return {'resource_type': v1, 'resource_name': v2, 'configs': v4}, pos
 
 
-def _d832(buf, pos, end):
+def _d584(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -21638,7 +22860,7 @@ def _d832(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d831(buf, pos, end)
+            v3, pos = _d583(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
@@ -21649,35 +22871,7 @@ def _d832(buf, pos, end):
     return {'resources': v1, 'validate_only': v4}, pos
 
 
-def _e833(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('configs', ())
-    if v2 is None:
-        _enc_null('configs')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e574(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e834(o, b, parts):
+def _e585(o, b, parts):
     v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
@@ -21688,39 +22882,58 @@ def _e834(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e833(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('configs', ())
+            if v4 is None:
+                _enc_null('configs')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    v6 = v5.get('name', '')
+                    if v6 is None:
+                        _enc_null('name')
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    v7 = v5.get('value', '')
+                    if v7 is None:
+                        b.append(0)
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b.append(0)
+            b.append(0)
     b += _So.pack(o.get('validate_only', False))
     b.append(0)
     return b
 
 
-def _d835(buf, pos, end):
-    v1, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v6, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v6 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    return {'error_code': v1, 'error_message': v2, 'resource_type': v4, 'resource_name': v5}, pos
-
-
-def _d836(buf, pos, end):
+def _d586(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -21732,32 +22945,33 @@ def _d836(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d835(buf, pos, end)
-            v2.append(v4)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v2.append({'error_code': v5, 'error_message': v6, 'resource_type': v8, 'resource_name': v9})
     return {'throttle_time_ms': v1, 'responses': v2}, pos
 
 
-def _e837(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sb.pack(o.get('resource_type', 0))
-    v2 = o.get('resource_name', '')
-    if v2 is None:
-        _enc_null('resource_name')
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e838(o, b, parts):
+def _e587(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -21765,49 +22979,26 @@ def _e838(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e837(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b += b'\xff\xff'
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v4 = v2.get('resource_name', '')
+            if v4 is None:
+                _enc_null('resource_name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
     return b
 
 
-def _d839(buf, pos, end):
-    v1, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        v2 = None
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'error_code': v1, 'error_message': v2, 'resource_type': v4, 'resource_name': v5}, pos
-
-
-def _d840(buf, pos, end):
+def _d588(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -21823,8 +23014,41 @@ def _d840(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d839(buf, pos, end)
-            v2.append(v4)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'error_code': v5, 'error_message': v6, 'resource_type': v8, 'resource_name': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -21832,36 +23056,7 @@ def _d840(buf, pos, end):
     return {'throttle_time_ms': v1, 'responses': v2}, pos
 
 
-def _e841(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('resource_type', 0))
-    v2 = o.get('resource_name', '')
-    if v2 is None:
-        _enc_null('resource_name')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e842(o, b, parts):
+def _e589(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('responses', ())
     if v1 is None:
@@ -21873,12 +23068,36 @@ def _e842(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e841(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v4 = v2.get('resource_name', '')
+            if v4 is None:
+                _enc_null('resource_name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d843(buf, pos, end):
+def _d590(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -21897,12 +23116,12 @@ def _d843(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d679(buf, pos, end)
+            v5, pos = _d472(buf, pos, end)
             v3.append(v5)
     return {'path': v1, 'topics': v3}, pos
 
 
-def _d844(buf, pos, end):
+def _d591(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -21912,12 +23131,12 @@ def _d844(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d843(buf, pos, end)
+            v3, pos = _d590(buf, pos, end)
             v1.append(v3)
     return {'dirs': v1}, pos
 
 
-def _e845(o, b, parts):
+def _e592(o, b, parts):
     v1 = o.get('path', '')
     if v1 is None:
         _enc_null('path')
@@ -21931,22 +23150,34 @@ def _e845(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e681(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v5))
+                b += _pack('>%di' % len(v5), *v5)
     return b
 
 
-def _e846(o, b, parts):
+def _e593(o, b, parts):
     v1 = o.get('dirs', ())
     if v1 is None:
         _enc_null('dirs')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e845(v2, b, parts)
+            b = _e592(v2, b, parts)
     return b
 
 
-def _d847(buf, pos, end):
+def _d594(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -21973,7 +23204,7 @@ def _d847(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d683(buf, pos, end)
+            v5, pos = _d475(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -21982,7 +23213,7 @@ def _d847(buf, pos, end):
     return {'path': v1, 'topics': v3}, pos
 
 
-def _d848(buf, pos, end):
+def _d595(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -21996,7 +23227,7 @@ def _d848(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d847(buf, pos, end)
+            v3, pos = _d594(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22005,7 +23236,7 @@ def _d848(buf, pos, end):
     return {'dirs': v1}, pos
 
 
-def _e849(o, b, parts):
+def _e596(o, b, parts):
     v1 = o.get('path', '')
     if v1 is None:
         _enc_null('path')
@@ -22027,12 +23258,33 @@ def _e849(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e685(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v5), *v5)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e850(o, b, parts):
+def _e597(o, b, parts):
     v1 = o.get('dirs', ())
     if v1 is None:
         _enc_null('dirs')
@@ -22043,12 +23295,12 @@ def _e850(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e849(v2, b, parts)
+            b = _e596(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d851(buf, pos, end):
+def _d598(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -22067,12 +23319,13 @@ def _d851(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d297(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v3.append({'partition_index': v6, 'error_code': v7})
     return {'topic_name': v1, 'partitions': v3}, pos
 
 
-def _d852(buf, pos, end):
+def _d599(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -22084,30 +23337,12 @@ def _d852(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d851(buf, pos, end)
+            v4, pos = _d598(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e853(o, b, parts):
-    v1 = o.get('topic_name', '')
-    if v1 is None:
-        _enc_null('topic_name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e300(v3, b, parts)
-    return b
-
-
-def _e854(o, b, parts):
+def _e600(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -22115,11 +23350,24 @@ def _e854(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e853(v2, b, parts)
+            v3 = v2.get('topic_name', '')
+            if v3 is None:
+                _enc_null('topic_name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('error_code', 0))
     return b
 
 
-def _d855(buf, pos, end):
+def _d601(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -22146,8 +23394,13 @@ def _d855(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d305(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'error_code': v7})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -22155,7 +23408,7 @@ def _d855(buf, pos, end):
     return {'topic_name': v1, 'partitions': v3}, pos
 
 
-def _d856(buf, pos, end):
+def _d602(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -22171,7 +23424,7 @@ def _d856(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d855(buf, pos, end)
+            v4, pos = _d601(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22180,34 +23433,7 @@ def _d856(buf, pos, end):
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e857(o, b, parts):
-    v1 = o.get('topic_name', '')
-    if v1 is None:
-        _enc_null('topic_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e308(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e858(o, b, parts):
+def _e603(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -22219,12 +23445,35 @@ def _e858(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e857(v2, b, parts)
+            v3 = v2.get('topic_name', '')
+            if v3 is None:
+                _enc_null('topic_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('error_code', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d859(buf, pos, end):
+def _d604(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -22246,7 +23495,7 @@ def _d859(buf, pos, end):
     return {'topic': v1, 'partitions': v3}, pos
 
 
-def _d860(buf, pos, end):
+def _d605(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -22256,23 +23505,35 @@ def _d860(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d859(buf, pos, end)
+            v3, pos = _d604(buf, pos, end)
             v1.append(v3)
     return {'topics': v1}, pos
 
 
-def _e861(o, b, parts):
+def _e606(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e75(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
     return b
 
 
-def _d862(buf, pos, end):
+def _d607(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -22306,7 +23567,7 @@ def _d862(buf, pos, end):
     return {'topic': v1, 'partitions': v3}, pos
 
 
-def _d863(buf, pos, end):
+def _d608(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -22320,7 +23581,7 @@ def _d863(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d862(buf, pos, end)
+            v3, pos = _d607(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22329,7 +23590,7 @@ def _d863(buf, pos, end):
     return {'topics': v1}, pos
 
 
-def _e864(o, b, parts):
+def _e609(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         b.append(0)
@@ -22340,18 +23601,33 @@ def _e864(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e91(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d865(buf, pos, end):
-    v1, v2, v3, v4, = _Siqqo.unpack_from(buf, pos)
-    pos += 21
-    return {'partition_index': v1, 'partition_size': v2, 'offset_lag': v3, 'is_future_key': v4}, pos
-
-
-def _d866(buf, pos, end):
+def _d610(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -22370,12 +23646,13 @@ def _d866(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d865(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, = _Siqqo.unpack_from(buf, pos)
+            pos += 21
+            v3.append({'partition_index': v6, 'partition_size': v7, 'offset_lag': v8, 'is_future_key': v9})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d867(buf, pos, end):
+def _d611(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -22396,12 +23673,12 @@ def _d867(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d866(buf, pos, end)
+            v6, pos = _d610(buf, pos, end)
             v4.append(v6)
     return {'error_code': v1, 'log_dir': v2, 'topics': v4, 'total_bytes': -1, 'usable_bytes': -1, 'is_cordoned': False}, pos
 
 
-def _d868(buf, pos, end):
+def _d612(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -22413,35 +23690,12 @@ def _d868(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d867(buf, pos, end)
+            v4, pos = _d611(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'error_code': 0, 'results': v2}, pos
 
 
-def _e869(o, b, parts):
-    b += _Siqqo.pack(o.get('partition_index', 0), o.get('partition_size', 0), o.get('offset_lag', 0), o.get('is_future_key', False))
-    return b
-
-
-def _e870(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e869(v3, b, parts)
-    return b
-
-
-def _e871(o, b, parts):
+def _e613(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('log_dir', '')
     if v1 is None:
@@ -22456,11 +23710,24 @@ def _e871(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e870(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v5))
+                for v6 in v5:
+                    b += _Siqqo.pack(v6.get('partition_index', 0), v6.get('partition_size', 0), v6.get('offset_lag', 0), v6.get('is_future_key', False))
     return b
 
 
-def _e872(o, b, parts):
+def _e614(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -22468,21 +23735,11 @@ def _e872(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e871(v2, b, parts)
+            b = _e613(v2, b, parts)
     return b
 
 
-def _d873(buf, pos, end):
-    v1, v2, v3, v4, = _Siqqo.unpack_from(buf, pos)
-    pos += 21
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'partition_size': v2, 'offset_lag': v3, 'is_future_key': v4}, pos
-
-
-def _d874(buf, pos, end):
+def _d615(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -22509,8 +23766,13 @@ def _d874(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d873(buf, pos, end)
-            v3.append(v5)
+            v6, v7, v8, v9, = _Siqqo.unpack_from(buf, pos)
+            pos += 21
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'partition_size': v7, 'offset_lag': v8, 'is_future_key': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -22518,7 +23780,7 @@ def _d874(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d875(buf, pos, end):
+def _d616(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -22547,7 +23809,7 @@ def _d875(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d874(buf, pos, end)
+            v6, pos = _d615(buf, pos, end)
             v4.append(v6)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22556,7 +23818,7 @@ def _d875(buf, pos, end):
     return {'error_code': v1, 'log_dir': v2, 'topics': v4, 'total_bytes': -1, 'usable_bytes': -1, 'is_cordoned': False}, pos
 
 
-def _d876(buf, pos, end):
+def _d617(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -22572,7 +23834,7 @@ def _d876(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d875(buf, pos, end)
+            v4, pos = _d616(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22581,40 +23843,7 @@ def _d876(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': 0, 'results': v2}, pos
 
 
-def _e877(o, b, parts):
-    b += _Siqqo.pack(o.get('partition_index', 0), o.get('partition_size', 0), o.get('offset_lag', 0), o.get('is_future_key', False))
-    b.append(0)
-    return b
-
-
-def _e878(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e877(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e879(o, b, parts):
+def _e618(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('log_dir', '')
     if v1 is None:
@@ -22637,12 +23866,35 @@ def _e879(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e878(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Siqqo.pack(v6.get('partition_index', 0), v6.get('partition_size', 0), v6.get('offset_lag', 0), v6.get('is_future_key', False))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e880(o, b, parts):
+def _e619(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -22654,12 +23906,12 @@ def _e880(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e879(v2, b, parts)
+            b = _e618(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d881(buf, pos, end):
+def _d620(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -22675,7 +23927,7 @@ def _d881(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d875(buf, pos, end)
+            v5, pos = _d616(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22684,7 +23936,7 @@ def _d881(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'results': v3}, pos
 
 
-def _e882(o, b, parts):
+def _e621(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -22696,12 +23948,12 @@ def _e882(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e879(v2, b, parts)
+            b = _e618(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d883(buf, pos, end):
+def _d622(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -22730,7 +23982,7 @@ def _d883(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d874(buf, pos, end)
+            v6, pos = _d615(buf, pos, end)
             v4.append(v6)
     v7, v8, = _Sqq.unpack_from(buf, pos)
     pos += 16
@@ -22741,7 +23993,7 @@ def _d883(buf, pos, end):
     return {'error_code': v1, 'log_dir': v2, 'topics': v4, 'total_bytes': v7, 'usable_bytes': v8, 'is_cordoned': False}, pos
 
 
-def _d884(buf, pos, end):
+def _d623(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -22757,7 +24009,7 @@ def _d884(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d883(buf, pos, end)
+            v5, pos = _d622(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22766,7 +24018,7 @@ def _d884(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'results': v3}, pos
 
 
-def _e885(o, b, parts):
+def _e624(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('log_dir', '')
     if v1 is None:
@@ -22789,13 +24041,36 @@ def _e885(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e878(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Siqqo.pack(v6.get('partition_index', 0), v6.get('partition_size', 0), v6.get('offset_lag', 0), v6.get('is_future_key', False))
+                    b.append(0)
+            b.append(0)
     b += _Sqq.pack(o.get('total_bytes', -1), o.get('usable_bytes', -1))
     b.append(0)
     return b
 
 
-def _e886(o, b, parts):
+def _e625(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -22807,12 +24082,12 @@ def _e886(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e885(v2, b, parts)
+            b = _e624(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d887(buf, pos, end):
+def _d626(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -22841,7 +24116,7 @@ def _d887(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d874(buf, pos, end)
+            v6, pos = _d615(buf, pos, end)
             v4.append(v6)
     v7, v8, v9, = _Sqqo.unpack_from(buf, pos)
     pos += 17
@@ -22852,7 +24127,7 @@ def _d887(buf, pos, end):
     return {'error_code': v1, 'log_dir': v2, 'topics': v4, 'total_bytes': v7, 'usable_bytes': v8, 'is_cordoned': v9}, pos
 
 
-def _d888(buf, pos, end):
+def _d627(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -22868,7 +24143,7 @@ def _d888(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d887(buf, pos, end)
+            v5, pos = _d626(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -22877,7 +24152,7 @@ def _d888(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'results': v3}, pos
 
 
-def _e889(o, b, parts):
+def _e628(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('log_dir', '')
     if v1 is None:
@@ -22900,13 +24175,36 @@ def _e889(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e878(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Siqqo.pack(v6.get('partition_index', 0), v6.get('partition_size', 0), v6.get('offset_lag', 0), v6.get('is_future_key', False))
+                    b.append(0)
+            b.append(0)
     b += _Sqqo.pack(o.get('total_bytes', -1), o.get('usable_bytes', -1), o.get('is_cordoned', False))
     b.append(0)
     return b
 
 
-def _e890(o, b, parts):
+def _e629(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -22918,12 +24216,12 @@ def _e890(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e889(v2, b, parts)
+            b = _e628(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d891(buf, pos, end):
+def _d630(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -22936,7 +24234,7 @@ def _d891(buf, pos, end):
     return {'auth_bytes': v1}, pos
 
 
-def _e892(o, b, parts):
+def _e631(o, b, parts):
     v1 = o.get('auth_bytes', b'')
     if v1 is None:
         _enc_null('auth_bytes')
@@ -22946,7 +24244,7 @@ def _e892(o, b, parts):
     return b
 
 
-def _d893(buf, pos, end):
+def _d632(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -22967,7 +24265,7 @@ def _d893(buf, pos, end):
     return {'auth_bytes': v1}, pos
 
 
-def _e894(o, b, parts):
+def _e633(o, b, parts):
     v1 = o.get('auth_bytes', b'')
     if v1 is None:
         _enc_null('auth_bytes')
@@ -22982,7 +24280,7 @@ def _e894(o, b, parts):
     return b
 
 
-def _d895(buf, pos, end):
+def _d634(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -23006,7 +24304,7 @@ def _d895(buf, pos, end):
     return {'error_code': v1, 'error_message': v2, 'auth_bytes': v4, 'session_lifetime_ms': 0}, pos
 
 
-def _e896(o, b, parts):
+def _e635(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -23024,7 +24322,7 @@ def _e896(o, b, parts):
     return b
 
 
-def _d897(buf, pos, end):
+def _d636(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -23050,7 +24348,7 @@ def _d897(buf, pos, end):
     return {'error_code': v1, 'error_message': v2, 'auth_bytes': v4, 'session_lifetime_ms': v6}, pos
 
 
-def _e898(o, b, parts):
+def _e637(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -23069,7 +24367,7 @@ def _e898(o, b, parts):
     return b
 
 
-def _d899(buf, pos, end):
+def _d638(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -23107,7 +24405,7 @@ def _d899(buf, pos, end):
     return {'error_code': v1, 'error_message': v2, 'auth_bytes': v4, 'session_lifetime_ms': v6}, pos
 
 
-def _e900(o, b, parts):
+def _e639(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -23135,7 +24433,7 @@ def _e900(o, b, parts):
     return b
 
 
-def _d901(buf, pos, end):
+def _d640(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -23148,7 +24446,7 @@ def _d901(buf, pos, end):
     return {'broker_ids': v1}, pos
 
 
-def _d902(buf, pos, end):
+def _d641(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -23169,12 +24467,12 @@ def _d902(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d901(buf, pos, end)
+            v6, pos = _d640(buf, pos, end)
             v4.append(v6)
     return {'name': v1, 'count': v3, 'assignments': v4}, pos
 
 
-def _d903(buf, pos, end):
+def _d642(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -23184,24 +24482,14 @@ def _d903(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d902(buf, pos, end)
+            v3, pos = _d641(buf, pos, end)
             v1.append(v3)
     v4, v5, = _Sio.unpack_from(buf, pos)
     pos += 5
     return {'topics': v1, 'timeout_ms': v4, 'validate_only': v5}, pos
 
 
-def _e904(o, b, parts):
-    v1 = o.get('broker_ids', ())
-    if v1 is None:
-        _enc_null('broker_ids')
-    else:
-        b += _Si.pack(len(v1))
-        b += _pack('>%di' % len(v1), *v1)
-    return b
-
-
-def _e905(o, b, parts):
+def _e643(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -23216,23 +24504,28 @@ def _e905(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e904(v3, b, parts)
+            v4 = v3.get('broker_ids', ())
+            if v4 is None:
+                _enc_null('broker_ids')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
     return b
 
 
-def _e906(o, b, parts):
+def _e644(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e905(v2, b, parts)
+            b = _e643(v2, b, parts)
     b += _Sio.pack(o.get('timeout_ms', 0), o.get('validate_only', False))
     return b
 
 
-def _d907(buf, pos, end):
+def _d645(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -23253,7 +24546,7 @@ def _d907(buf, pos, end):
     return {'broker_ids': v1}, pos
 
 
-def _d908(buf, pos, end):
+def _d646(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -23282,7 +24575,7 @@ def _d908(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d907(buf, pos, end)
+            v6, pos = _d645(buf, pos, end)
             v4.append(v6)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -23291,7 +24584,7 @@ def _d908(buf, pos, end):
     return {'name': v1, 'count': v3, 'assignments': v4}, pos
 
 
-def _d909(buf, pos, end):
+def _d647(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -23305,7 +24598,7 @@ def _d909(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d908(buf, pos, end)
+            v3, pos = _d646(buf, pos, end)
             v1.append(v3)
     v4, v5, = _Sio.unpack_from(buf, pos)
     pos += 5
@@ -23316,22 +24609,7 @@ def _d909(buf, pos, end):
     return {'topics': v1, 'timeout_ms': v4, 'validate_only': v5}, pos
 
 
-def _e910(o, b, parts):
-    v1 = o.get('broker_ids', ())
-    if v1 is None:
-        _enc_null('broker_ids')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    b.append(0)
-    return b
-
-
-def _e911(o, b, parts):
+def _e648(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -23354,12 +24632,22 @@ def _e911(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e910(v3, b, parts)
+            v4 = v3.get('broker_ids', ())
+            if v4 is None:
+                _enc_null('broker_ids')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e912(o, b, parts):
+def _e649(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
@@ -23370,37 +24658,13 @@ def _e912(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e911(v2, b, parts)
+            b = _e648(v2, b, parts)
     b += _Sio.pack(o.get('timeout_ms', 0), o.get('validate_only', False))
     b.append(0)
     return b
 
 
-def _d913(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    return {'name': v1, 'error_code': v3, 'error_message': v4}, pos
-
-
-def _d914(buf, pos, end):
+def _d650(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -23412,31 +24676,31 @@ def _d914(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d913(buf, pos, end)
-            v2.append(v4)
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v2.append({'name': v5, 'error_code': v7, 'error_message': v8})
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e915(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    v2 = o.get('error_message', None)
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e916(o, b, parts):
+def _e651(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -23444,47 +24708,25 @@ def _e916(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e915(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            v4 = v2.get('error_message', None)
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
     return b
 
 
-def _d917(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'error_code': v3, 'error_message': v4}, pos
-
-
-def _d918(buf, pos, end):
+def _d652(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -23500,8 +24742,39 @@ def _d918(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d917(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'name': v5, 'error_code': v7, 'error_message': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -23509,7 +24782,7 @@ def _d918(buf, pos, end):
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e919(o, b, parts):
+def _e653(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -23521,12 +24794,35 @@ def _e919(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e609(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            v4 = v2.get('error_message', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d920(buf, pos, end):
+def _d654(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -23549,7 +24845,7 @@ def _d920(buf, pos, end):
     return {'groups_names': v1}, pos
 
 
-def _e921(o, b, parts):
+def _e655(o, b, parts):
     v1 = o.get('groups_names', ())
     if v1 is None:
         _enc_null('groups_names')
@@ -23565,7 +24861,7 @@ def _e921(o, b, parts):
     return b
 
 
-def _d922(buf, pos, end):
+def _d656(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -23600,7 +24896,7 @@ def _d922(buf, pos, end):
     return {'groups_names': v1}, pos
 
 
-def _e923(o, b, parts):
+def _e657(o, b, parts):
     v1 = o.get('groups_names', ())
     if v1 is None:
         _enc_null('groups_names')
@@ -23625,22 +24921,7 @@ def _e923(o, b, parts):
     return b
 
 
-def _d924(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null group_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    return {'group_id': v1, 'error_code': v3}, pos
-
-
-def _d925(buf, pos, end):
+def _d658(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -23652,24 +24933,22 @@ def _d925(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d924(buf, pos, end)
-            v2.append(v4)
+            v6, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v6 < 0:
+                _bad('null group_id')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v2.append({'group_id': v5, 'error_code': v7})
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e926(o, b, parts):
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    return b
-
-
-def _e927(o, b, parts):
+def _e659(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -23677,34 +24956,18 @@ def _e927(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e926(v2, b, parts)
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
     return b
 
 
-def _d928(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null group_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'group_id': v1, 'error_code': v3}, pos
-
-
-def _d929(buf, pos, end):
+def _d660(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -23720,8 +24983,26 @@ def _d929(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d928(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null group_id')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'group_id': v5, 'error_code': v7})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -23729,24 +25010,7 @@ def _d929(buf, pos, end):
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e930(o, b, parts):
-    v1 = o.get('group_id', '')
-    if v1 is None:
-        _enc_null('group_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    b.append(0)
-    return b
-
-
-def _e931(o, b, parts):
+def _e661(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -23758,12 +25022,24 @@ def _e931(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e930(v2, b, parts)
+            v3 = v2.get('group_id', '')
+            if v3 is None:
+                _enc_null('group_id')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d932(buf, pos, end):
+def _d662(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -23773,26 +25049,38 @@ def _d932(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d859(buf, pos, end)
+            v3, pos = _d604(buf, pos, end)
             v1.append(v3)
     v4, = _Si.unpack_from(buf, pos)
     pos += 4
     return {'election_type': 0, 'topic_partitions': v1, 'timeout_ms': v4}, pos
 
 
-def _e933(o, b, parts):
+def _e663(o, b, parts):
     v1 = o.get('topic_partitions', ())
     if v1 is None:
         b += b'\xff\xff\xff\xff'
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e75(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
     b += _Si.pack(o.get('timeout_ms', 60000))
     return b
 
 
-def _d934(buf, pos, end):
+def _d664(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3, = _Si.unpack_from(buf, pos)
@@ -23804,14 +25092,14 @@ def _d934(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d859(buf, pos, end)
+            v4, pos = _d604(buf, pos, end)
             v2.append(v4)
     v5, = _Si.unpack_from(buf, pos)
     pos += 4
     return {'election_type': v1, 'topic_partitions': v2, 'timeout_ms': v5}, pos
 
 
-def _e935(o, b, parts):
+def _e665(o, b, parts):
     b += _Sb.pack(o.get('election_type', 0))
     v1 = o.get('topic_partitions', ())
     if v1 is None:
@@ -23819,12 +25107,24 @@ def _e935(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e75(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                b += _pack('>%di' % len(v4), *v4)
     b += _Si.pack(o.get('timeout_ms', 60000))
     return b
 
 
-def _d936(buf, pos, end):
+def _d666(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3 = buf[pos]
@@ -23840,7 +25140,7 @@ def _d936(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d862(buf, pos, end)
+            v4, pos = _d607(buf, pos, end)
             v2.append(v4)
     v5, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -23851,7 +25151,7 @@ def _d936(buf, pos, end):
     return {'election_type': v1, 'topic_partitions': v2, 'timeout_ms': v5}, pos
 
 
-def _e937(o, b, parts):
+def _e667(o, b, parts):
     b += _Sb.pack(o.get('election_type', 0))
     v1 = o.get('topic_partitions', ())
     if v1 is None:
@@ -23863,28 +25163,34 @@ def _e937(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e91(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b += _Si.pack(o.get('timeout_ms', 60000))
     b.append(0)
     return b
 
 
-def _d938(buf, pos, end):
-    v1, v2, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    return {'partition_id': v1, 'error_code': v2, 'error_message': v3}, pos
-
-
-def _d939(buf, pos, end):
+def _d668(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -23903,12 +25209,22 @@ def _d939(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d938(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v9, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v3.append({'partition_id': v6, 'error_code': v7, 'error_message': v8})
     return {'topic': v1, 'partition_result': v3}, pos
 
 
-def _d940(buf, pos, end):
+def _d669(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -23920,42 +25236,12 @@ def _d940(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d939(buf, pos, end)
+            v4, pos = _d668(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'error_code': 0, 'replica_election_results': v2}, pos
 
 
-def _e941(o, b, parts):
-    b += _Sih.pack(o.get('partition_id', 0), o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    return b
-
-
-def _e942(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partition_result', ())
-    if v2 is None:
-        _enc_null('partition_result')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e941(v3, b, parts)
-    return b
-
-
-def _e943(o, b, parts):
+def _e670(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('replica_election_results', ())
     if v1 is None:
@@ -23963,11 +25249,31 @@ def _e943(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e942(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partition_result', ())
+            if v4 is None:
+                _enc_null('partition_result')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_id', 0), v5.get('error_code', 0))
+                    v6 = v5.get('error_message', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
     return b
 
 
-def _d944(buf, pos, end):
+def _d671(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4, = _Si.unpack_from(buf, pos)
@@ -23979,12 +25285,12 @@ def _d944(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d939(buf, pos, end)
+            v5, pos = _d668(buf, pos, end)
             v3.append(v5)
     return {'throttle_time_ms': v1, 'error_code': v2, 'replica_election_results': v3}, pos
 
 
-def _e945(o, b, parts):
+def _e672(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('replica_election_results', ())
     if v1 is None:
@@ -23992,34 +25298,31 @@ def _e945(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e942(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partition_result', ())
+            if v4 is None:
+                _enc_null('partition_result')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_id', 0), v5.get('error_code', 0))
+                    v6 = v5.get('error_message', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
     return b
 
 
-def _d946(buf, pos, end):
-    v1, v2, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_id': v1, 'error_code': v2, 'error_message': v3}, pos
-
-
-def _d947(buf, pos, end):
+def _d673(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -24046,8 +25349,26 @@ def _d947(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d946(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_id': v6, 'error_code': v7, 'error_message': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -24055,7 +25376,7 @@ def _d947(buf, pos, end):
     return {'topic': v1, 'partition_result': v3}, pos
 
 
-def _d948(buf, pos, end):
+def _d674(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -24071,7 +25392,7 @@ def _d948(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d947(buf, pos, end)
+            v5, pos = _d673(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24080,51 +25401,7 @@ def _d948(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'replica_election_results': v3}, pos
 
 
-def _e949(o, b, parts):
-    b += _Sih.pack(o.get('partition_id', 0), o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e950(o, b, parts):
-    v1 = o.get('topic', '')
-    if v1 is None:
-        _enc_null('topic')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partition_result', ())
-    if v2 is None:
-        _enc_null('partition_result')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e949(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e951(o, b, parts):
+def _e675(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('replica_election_results', ())
     if v1 is None:
@@ -24136,36 +25413,46 @@ def _e951(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e950(v2, b, parts)
+            v3 = v2.get('topic', '')
+            if v3 is None:
+                _enc_null('topic')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partition_result', ())
+            if v4 is None:
+                _enc_null('partition_result')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_id', 0), v5.get('error_code', 0))
+                    v6 = v5.get('error_message', '')
+                    if v6 is None:
+                        b.append(0)
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d952(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    return {'name': v1, 'config_operation': v3, 'value': v4}, pos
-
-
-def _d953(buf, pos, end):
+def _d676(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3, = _Sh.unpack_from(buf, pos)
@@ -24186,12 +25473,31 @@ def _d953(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d952(buf, pos, end)
-            v4.append(v6)
+            v8, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v8 < 0:
+                _bad('null name')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v9, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v11, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v4.append({'name': v7, 'config_operation': v9, 'value': v10})
     return {'resource_type': v1, 'resource_name': v2, 'configs': v4}, pos
 
 
-def _d954(buf, pos, end):
+def _d677(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -24201,100 +25507,54 @@ def _d954(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d953(buf, pos, end)
+            v3, pos = _d676(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
     return {'resources': v1, 'validate_only': v4}, pos
 
 
-def _e955(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sb.pack(o.get('config_operation', 0))
-    v2 = o.get('value', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e956(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('configs', ())
-    if v2 is None:
-        _enc_null('configs')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e955(v3, b, parts)
-    return b
-
-
-def _e957(o, b, parts):
+def _e678(o, b, parts):
     v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e956(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('configs', ())
+            if v4 is None:
+                _enc_null('configs')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    v6 = v5.get('name', '')
+                    if v6 is None:
+                        _enc_null('name')
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    b += _Sb.pack(v5.get('config_operation', 0))
+                    v7 = v5.get('value', '')
+                    if v7 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v7 = v7.encode()
+                        b += _Sh.pack(len(v7))
+                        b += v7
     b += _So.pack(o.get('validate_only', False))
     return b
 
 
-def _d958(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'config_operation': v3, 'value': v4}, pos
-
-
-def _d959(buf, pos, end):
+def _d679(buf, pos, end):
     v1, = _Sb.unpack_from(buf, pos)
     pos += 1
     v3 = buf[pos]
@@ -24323,8 +25583,39 @@ def _d959(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d958(buf, pos, end)
-            v4.append(v6)
+            v8 = buf[pos]
+            if v8 < 128:
+                pos += 1
+            else:
+                v8, pos = _uv(buf, pos)
+            v8 -= 1
+            if v8 < 0:
+                _bad('null name')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v9, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                v10 = None
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v4.append({'name': v7, 'config_operation': v9, 'value': v10})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -24332,7 +25623,7 @@ def _d959(buf, pos, end):
     return {'resource_type': v1, 'resource_name': v2, 'configs': v4}, pos
 
 
-def _d960(buf, pos, end):
+def _d680(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -24346,7 +25637,7 @@ def _d960(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d959(buf, pos, end)
+            v3, pos = _d679(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
@@ -24357,63 +25648,7 @@ def _d960(buf, pos, end):
     return {'resources': v1, 'validate_only': v4}, pos
 
 
-def _e961(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('config_operation', 0))
-    v2 = o.get('value', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e962(o, b, parts):
-    b += _Sb.pack(o.get('resource_type', 0))
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('configs', ())
-    if v2 is None:
-        _enc_null('configs')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e961(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e963(o, b, parts):
+def _e681(o, b, parts):
     v1 = o.get('resources', ())
     if v1 is None:
         _enc_null('resources')
@@ -24424,13 +25659,59 @@ def _e963(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e962(v2, b, parts)
+            b += _Sb.pack(v2.get('resource_type', 0))
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('configs', ())
+            if v4 is None:
+                _enc_null('configs')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    v6 = v5.get('name', '')
+                    if v6 is None:
+                        _enc_null('name')
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b += _Sb.pack(v5.get('config_operation', 0))
+                    v7 = v5.get('value', '')
+                    if v7 is None:
+                        b.append(0)
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b.append(0)
+            b.append(0)
     b += _So.pack(o.get('validate_only', False))
     b.append(0)
     return b
 
 
-def _d964(buf, pos, end):
+def _d682(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -24453,7 +25734,7 @@ def _d964(buf, pos, end):
     return {'partition_index': v1, 'replicas': v2}, pos
 
 
-def _d965(buf, pos, end):
+def _d683(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -24480,7 +25761,7 @@ def _d965(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d964(buf, pos, end)
+            v5, pos = _d682(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24489,7 +25770,7 @@ def _d965(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d966(buf, pos, end):
+def _d684(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -24505,7 +25786,7 @@ def _d966(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d965(buf, pos, end)
+            v4, pos = _d683(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24514,23 +25795,7 @@ def _d966(buf, pos, end):
     return {'timeout_ms': v1, 'allow_replication_factor_change': True, 'topics': v2}, pos
 
 
-def _e967(o, b, parts):
-    b += _Si.pack(o.get('partition_index', 0))
-    v1 = o.get('replicas', None)
-    if v1 is None:
-        b.append(0)
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    b.append(0)
-    return b
-
-
-def _e968(o, b, parts):
+def _e685(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -24552,12 +25817,23 @@ def _e968(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e967(v3, b, parts)
+            b += _Si.pack(v3.get('partition_index', 0))
+            v4 = v3.get('replicas', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e969(o, b, parts):
+def _e686(o, b, parts):
     b += _Si.pack(o.get('timeout_ms', 60000))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -24569,12 +25845,12 @@ def _e969(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e968(v2, b, parts)
+            b = _e685(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d970(buf, pos, end):
+def _d687(buf, pos, end):
     v1, v2, = _Sio.unpack_from(buf, pos)
     pos += 5
     v4 = buf[pos]
@@ -24590,7 +25866,7 @@ def _d970(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d965(buf, pos, end)
+            v5, pos = _d683(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24599,7 +25875,7 @@ def _d970(buf, pos, end):
     return {'timeout_ms': v1, 'allow_replication_factor_change': v2, 'topics': v3}, pos
 
 
-def _e971(o, b, parts):
+def _e688(o, b, parts):
     b += _Sio.pack(o.get('timeout_ms', 60000), o.get('allow_replication_factor_change', True))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -24611,35 +25887,12 @@ def _e971(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e968(v2, b, parts)
+            b = _e685(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d972(buf, pos, end):
-    v1, v2, = _Sih.unpack_from(buf, pos)
-    pos += 6
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1, 'error_code': v2, 'error_message': v3}, pos
-
-
-def _d973(buf, pos, end):
+def _d689(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -24666,8 +25919,26 @@ def _d973(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d972(buf, pos, end)
-            v3.append(v5)
+            v6, v7, = _Sih.unpack_from(buf, pos)
+            pos += 6
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6, 'error_code': v7, 'error_message': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -24675,7 +25946,7 @@ def _d973(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d974(buf, pos, end):
+def _d690(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -24704,7 +25975,7 @@ def _d974(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d973(buf, pos, end)
+            v7, pos = _d689(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24713,51 +25984,7 @@ def _d974(buf, pos, end):
     return {'throttle_time_ms': v1, 'allow_replication_factor_change': True, 'error_code': v2, 'error_message': v3, 'responses': v5}, pos
 
 
-def _e975(o, b, parts):
-    b += _Sih.pack(o.get('partition_index', 0), o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e976(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e975(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e977(o, b, parts):
+def _e691(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -24780,12 +26007,46 @@ def _e977(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e976(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Sih.pack(v6.get('partition_index', 0), v6.get('error_code', 0))
+                    v7 = v6.get('error_message', '')
+                    if v7 is None:
+                        b.append(0)
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d978(buf, pos, end):
+def _d692(buf, pos, end):
     v1, v2, v3, = _Sioh.unpack_from(buf, pos)
     pos += 7
     v5 = buf[pos]
@@ -24814,7 +26075,7 @@ def _d978(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d973(buf, pos, end)
+            v8, pos = _d689(buf, pos, end)
             v6.append(v8)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24823,7 +26084,7 @@ def _d978(buf, pos, end):
     return {'throttle_time_ms': v1, 'allow_replication_factor_change': v2, 'error_code': v3, 'error_message': v4, 'responses': v6}, pos
 
 
-def _e979(o, b, parts):
+def _e693(o, b, parts):
     b += _Sioh.pack(o.get('throttle_time_ms', 0), o.get('allow_replication_factor_change', True), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -24846,12 +26107,46 @@ def _e979(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e976(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Sih.pack(v6.get('partition_index', 0), v6.get('error_code', 0))
+                    v7 = v6.get('error_message', '')
+                    if v7 is None:
+                        b.append(0)
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d980(buf, pos, end):
+def _d694(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -24867,7 +26162,7 @@ def _d980(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d321(buf, pos, end)
+            v4, pos = _d221(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24876,7 +26171,7 @@ def _d980(buf, pos, end):
     return {'timeout_ms': v1, 'topics': v2}, pos
 
 
-def _e981(o, b, parts):
+def _e695(o, b, parts):
     b += _Si.pack(o.get('timeout_ms', 60000))
     v1 = o.get('topics', None)
     if v1 is None:
@@ -24888,12 +26183,33 @@ def _e981(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e323(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partition_indexes', ())
+            if v4 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d982(buf, pos, end):
+def _d696(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -24942,7 +26258,7 @@ def _d982(buf, pos, end):
     return {'partition_index': v1, 'replicas': v2, 'adding_replicas': v4, 'removing_replicas': v6}, pos
 
 
-def _d983(buf, pos, end):
+def _d697(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -24969,7 +26285,7 @@ def _d983(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d982(buf, pos, end)
+            v5, pos = _d696(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -24978,7 +26294,7 @@ def _d983(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d984(buf, pos, end):
+def _d698(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -25007,7 +26323,7 @@ def _d984(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d983(buf, pos, end)
+            v7, pos = _d697(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -25016,43 +26332,7 @@ def _d984(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'topics': v5}, pos
 
 
-def _e985(o, b, parts):
-    b += _Si.pack(o.get('partition_index', 0))
-    v1 = o.get('replicas', ())
-    if v1 is None:
-        _enc_null('replicas')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('adding_replicas', ())
-    if v3 is None:
-        _enc_null('adding_replicas')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('removing_replicas', ())
-    if v5 is None:
-        _enc_null('removing_replicas')
-    else:
-        _n = len(v5) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v5), *v5)
-    b.append(0)
-    return b
-
-
-def _e986(o, b, parts):
+def _e699(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -25074,12 +26354,43 @@ def _e986(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e985(v3, b, parts)
+            b += _Si.pack(v3.get('partition_index', 0))
+            v4 = v3.get('replicas', ())
+            if v4 is None:
+                _enc_null('replicas')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('adding_replicas', ())
+            if v6 is None:
+                _enc_null('adding_replicas')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('removing_replicas', ())
+            if v8 is None:
+                _enc_null('removing_replicas')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v8), *v8)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e987(o, b, parts):
+def _e700(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -25102,18 +26413,12 @@ def _e987(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e986(v3, b, parts)
+            b = _e699(v3, b, parts)
     b.append(0)
     return b
 
 
-def _d988(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    return {'partition_index': v1}, pos
-
-
-def _d989(buf, pos, end):
+def _d701(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -25132,12 +26437,13 @@ def _d989(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d988(buf, pos, end)
-            v3.append(v5)
+            v6, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v3.append({'partition_index': v6})
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d990(buf, pos, end):
+def _d702(buf, pos, end):
     v2, = _Sh.unpack_from(buf, pos)
     pos += 2
     if v2 < 0:
@@ -25156,35 +26462,12 @@ def _d990(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d989(buf, pos, end)
+            v5, pos = _d701(buf, pos, end)
             v3.append(v5)
     return {'group_id': v1, 'topics': v3}, pos
 
 
-def _e991(o, b, parts):
-    b += _Si.pack(o.get('partition_index', 0))
-    return b
-
-
-def _e992(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e991(v3, b, parts)
-    return b
-
-
-def _e993(o, b, parts):
+def _e703(o, b, parts):
     v1 = o.get('group_id', '')
     if v1 is None:
         _enc_null('group_id')
@@ -25198,11 +26481,24 @@ def _e993(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e992(v3, b, parts)
+            v4 = v3.get('name', '')
+            if v4 is None:
+                _enc_null('name')
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
+            v5 = v3.get('partitions', ())
+            if v5 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v5))
+                for v6 in v5:
+                    b += _Si.pack(v6.get('partition_index', 0))
     return b
 
 
-def _d994(buf, pos, end):
+def _d704(buf, pos, end):
     v1, v2, = _Shi.unpack_from(buf, pos)
     pos += 6
     v4, = _Si.unpack_from(buf, pos)
@@ -25214,12 +26510,12 @@ def _d994(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d744(buf, pos, end)
+            v5, pos = _d526(buf, pos, end)
             v3.append(v5)
     return {'error_code': v1, 'throttle_time_ms': v2, 'topics': v3}, pos
 
 
-def _e995(o, b, parts):
+def _e705(o, b, parts):
     b += _Shi.pack(o.get('error_code', 0), o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -25227,35 +26523,24 @@ def _e995(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e301(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    b += _Sih.pack(v5.get('partition_index', 0), v5.get('error_code', 0))
     return b
 
 
-def _d996(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null entity_type')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v5, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    return {'entity_type': v1, 'match_type': v3, 'match': v4}, pos
-
-
-def _d997(buf, pos, end):
+def _d706(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -25265,81 +26550,59 @@ def _d997(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d996(buf, pos, end)
-            v1.append(v3)
-    v4, = _So.unpack_from(buf, pos)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v5 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v6, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v8, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v8 < 0:
+                v7 = None
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v1.append({'entity_type': v4, 'match_type': v6, 'match': v7})
+    v9, = _So.unpack_from(buf, pos)
     pos += 1
-    return {'components': v1, 'strict': v4}, pos
+    return {'components': v1, 'strict': v9}, pos
 
 
-def _e998(o, b, parts):
-    v1 = o.get('entity_type', '')
-    if v1 is None:
-        _enc_null('entity_type')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sb.pack(o.get('match_type', 0))
-    v2 = o.get('match', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e999(o, b, parts):
+def _e707(o, b, parts):
     v1 = o.get('components', ())
     if v1 is None:
         _enc_null('components')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e998(v2, b, parts)
+            v3 = v2.get('entity_type', '')
+            if v3 is None:
+                _enc_null('entity_type')
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            b += _Sb.pack(v2.get('match_type', 0))
+            v4 = v2.get('match', '')
+            if v4 is None:
+                b += b'\xff\xff'
+            else:
+                v4 = v4.encode()
+                b += _Sh.pack(len(v4))
+                b += v4
     b += _So.pack(o.get('strict', False))
     return b
 
 
-def _d1000(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null entity_type')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'entity_type': v1, 'match_type': v3, 'match': v4}, pos
-
-
-def _d1001(buf, pos, end):
+def _d708(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -25353,46 +26616,49 @@ def _d1001(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1000(buf, pos, end)
-            v1.append(v3)
-    v4, = _So.unpack_from(buf, pos)
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v6, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            v8 = buf[pos]
+            if v8 < 128:
+                pos += 1
+            else:
+                v8, pos = _uv(buf, pos)
+            v8 -= 1
+            if v8 < 0:
+                v7 = None
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'entity_type': v4, 'match_type': v6, 'match': v7})
+    v9, = _So.unpack_from(buf, pos)
     pos += 1
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'components': v1, 'strict': v4}, pos
+    return {'components': v1, 'strict': v9}, pos
 
 
-def _e1002(o, b, parts):
-    v1 = o.get('entity_type', '')
-    if v1 is None:
-        _enc_null('entity_type')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('match_type', 0))
-    v2 = o.get('match', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e1003(o, b, parts):
+def _e709(o, b, parts):
     v1 = o.get('components', ())
     if v1 is None:
         _enc_null('components')
@@ -25403,50 +26669,36 @@ def _e1003(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1002(v2, b, parts)
+            v3 = v2.get('entity_type', '')
+            if v3 is None:
+                _enc_null('entity_type')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sb.pack(v2.get('match_type', 0))
+            v4 = v2.get('match', '')
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
     b += _So.pack(o.get('strict', False))
     b.append(0)
     return b
 
 
-def _d1004(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null entity_type')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    return {'entity_type': v1, 'entity_name': v3}, pos
-
-
-def _d1005(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null key')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sd.unpack_from(buf, pos)
-    pos += 8
-    return {'key': v1, 'value': v3}, pos
-
-
-def _d1006(buf, pos, end):
+def _d710(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -25456,23 +26708,50 @@ def _d1006(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1004(buf, pos, end)
-            v1.append(v3)
-    v5, = _Si.unpack_from(buf, pos)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v5 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v1.append({'entity_type': v4, 'entity_name': v6})
+    v9, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v5 < 0:
+    if v9 < 0:
         _bad('null values')
     else:
-        if v5 > end - pos:
+        if v9 > end - pos:
             _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d1005(buf, pos, end)
-            v4.append(v6)
-    return {'entity': v1, 'values': v4}, pos
+        v8 = []
+        for _ in range(v9):
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null key')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v13, = _Sd.unpack_from(buf, pos)
+            pos += 8
+            v8.append({'key': v11, 'value': v13})
+    return {'entity': v1, 'values': v8}, pos
 
 
-def _d1007(buf, pos, end):
+def _d711(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4, = _Sh.unpack_from(buf, pos)
@@ -25493,60 +26772,12 @@ def _d1007(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d1006(buf, pos, end)
+            v7, pos = _d710(buf, pos, end)
             v5.append(v7)
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'entries': v5}, pos
 
 
-def _e1008(o, b, parts):
-    v1 = o.get('entity_type', '')
-    if v1 is None:
-        _enc_null('entity_type')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('entity_name', '')
-    if v2 is None:
-        b += b'\xff\xff'
-    else:
-        v2 = v2.encode()
-        b += _Sh.pack(len(v2))
-        b += v2
-    return b
-
-
-def _e1009(o, b, parts):
-    v1 = o.get('key', '')
-    if v1 is None:
-        _enc_null('key')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sd.pack(o.get('value', 0.0))
-    return b
-
-
-def _e1010(o, b, parts):
-    v1 = o.get('entity', ())
-    if v1 is None:
-        _enc_null('entity')
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e1008(v2, b, parts)
-    v3 = o.get('values', ())
-    if v3 is None:
-        _enc_null('values')
-    else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e1009(v4, b, parts)
-    return b
-
-
-def _e1011(o, b, parts):
+def _e712(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -25561,68 +26792,44 @@ def _e1011(o, b, parts):
     else:
         b += _Si.pack(len(v2))
         for v3 in v2:
-            b = _e1010(v3, b, parts)
+            v4 = v3.get('entity', ())
+            if v4 is None:
+                _enc_null('entity')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    v6 = v5.get('entity_type', '')
+                    if v6 is None:
+                        _enc_null('entity_type')
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    v7 = v5.get('entity_name', '')
+                    if v7 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v7 = v7.encode()
+                        b += _Sh.pack(len(v7))
+                        b += v7
+            v8 = v3.get('values', ())
+            if v8 is None:
+                _enc_null('values')
+            else:
+                b += _Si.pack(len(v8))
+                for v9 in v8:
+                    v10 = v9.get('key', '')
+                    if v10 is None:
+                        _enc_null('key')
+                    else:
+                        v10 = v10.encode()
+                        b += _Sh.pack(len(v10))
+                        b += v10
+                    b += _Sd.pack(v9.get('value', 0.0))
     return b
 
 
-def _d1012(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null entity_type')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        v3 = None
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'entity_type': v1, 'entity_name': v3}, pos
-
-
-def _d1013(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null key')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sd.unpack_from(buf, pos)
-    pos += 8
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'key': v1, 'value': v3}, pos
-
-
-def _d1014(buf, pos, end):
+def _d713(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -25636,31 +26843,78 @@ def _d1014(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1012(buf, pos, end)
-            v1.append(v3)
-    v5 = buf[pos]
-    if v5 < 128:
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'entity_type': v4, 'entity_name': v6})
+    v9 = buf[pos]
+    if v9 < 128:
         pos += 1
     else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
+        v9, pos = _uv(buf, pos)
+    v9 -= 1
+    if v9 < 0:
         _bad('null values')
     else:
-        if v5 > end - pos:
+        if v9 > end - pos:
             _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d1013(buf, pos, end)
-            v4.append(v6)
+        v8 = []
+        for _ in range(v9):
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                _bad('null key')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v13, = _Sd.unpack_from(buf, pos)
+            pos += 8
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'key': v11, 'value': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'entity': v1, 'values': v4}, pos
+    return {'entity': v1, 'values': v8}, pos
 
 
-def _d1015(buf, pos, end):
+def _d714(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -25689,7 +26943,7 @@ def _d1015(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d1014(buf, pos, end)
+            v7, pos = _d713(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -25698,78 +26952,7 @@ def _d1015(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'entries': v5}, pos
 
 
-def _e1016(o, b, parts):
-    v1 = o.get('entity_type', '')
-    if v1 is None:
-        _enc_null('entity_type')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('entity_name', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e1017(o, b, parts):
-    v1 = o.get('key', '')
-    if v1 is None:
-        _enc_null('key')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sd.pack(o.get('value', 0.0))
-    b.append(0)
-    return b
-
-
-def _e1018(o, b, parts):
-    v1 = o.get('entity', ())
-    if v1 is None:
-        _enc_null('entity')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e1016(v2, b, parts)
-    v3 = o.get('values', ())
-    if v3 is None:
-        _enc_null('values')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e1017(v4, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1019(o, b, parts):
+def _e715(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -25792,27 +26975,68 @@ def _e1019(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1018(v3, b, parts)
+            v4 = v3.get('entity', ())
+            if v4 is None:
+                _enc_null('entity')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    v6 = v5.get('entity_type', '')
+                    if v6 is None:
+                        _enc_null('entity_type')
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    v7 = v5.get('entity_name', '')
+                    if v7 is None:
+                        b.append(0)
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b.append(0)
+            v8 = v3.get('values', ())
+            if v8 is None:
+                _enc_null('values')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v9 in v8:
+                    v10 = v9.get('key', '')
+                    if v10 is None:
+                        _enc_null('key')
+                    else:
+                        v10 = v10.encode()
+                        _n = len(v10) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v10
+                    b += _Sd.pack(v9.get('value', 0.0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1020(buf, pos, end):
-    v2, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    if v2 < 0:
-        _bad('null key')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, v4, = _Sdo.unpack_from(buf, pos)
-    pos += 9
-    return {'key': v1, 'value': v3, 'remove': v4}, pos
-
-
-def _d1021(buf, pos, end):
+def _d716(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -25822,23 +27046,50 @@ def _d1021(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1004(buf, pos, end)
-            v1.append(v3)
-    v5, = _Si.unpack_from(buf, pos)
+            v5, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v5 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v1.append({'entity_type': v4, 'entity_name': v6})
+    v9, = _Si.unpack_from(buf, pos)
     pos += 4
-    if v5 < 0:
+    if v9 < 0:
         _bad('null ops')
     else:
-        if v5 > end - pos:
+        if v9 > end - pos:
             _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d1020(buf, pos, end)
-            v4.append(v6)
-    return {'entity': v1, 'ops': v4}, pos
+        v8 = []
+        for _ in range(v9):
+            v12, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v12 < 0:
+                _bad('null key')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v13, v14, = _Sdo.unpack_from(buf, pos)
+            pos += 9
+            v8.append({'key': v11, 'value': v13, 'remove': v14})
+    return {'entity': v1, 'ops': v8}, pos
 
 
-def _d1022(buf, pos, end):
+def _d717(buf, pos, end):
     v2, = _Si.unpack_from(buf, pos)
     pos += 4
     if v2 < 0:
@@ -25848,79 +27099,59 @@ def _d1022(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1021(buf, pos, end)
+            v3, pos = _d716(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
     return {'entries': v1, 'validate_only': v4}, pos
 
 
-def _e1023(o, b, parts):
-    v1 = o.get('key', '')
-    if v1 is None:
-        _enc_null('key')
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    b += _Sdo.pack(o.get('value', 0.0), o.get('remove', False))
-    return b
-
-
-def _e1024(o, b, parts):
-    v1 = o.get('entity', ())
-    if v1 is None:
-        _enc_null('entity')
-    else:
-        b += _Si.pack(len(v1))
-        for v2 in v1:
-            b = _e1008(v2, b, parts)
-    v3 = o.get('ops', ())
-    if v3 is None:
-        _enc_null('ops')
-    else:
-        b += _Si.pack(len(v3))
-        for v4 in v3:
-            b = _e1023(v4, b, parts)
-    return b
-
-
-def _e1025(o, b, parts):
+def _e718(o, b, parts):
     v1 = o.get('entries', ())
     if v1 is None:
         _enc_null('entries')
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e1024(v2, b, parts)
+            v3 = v2.get('entity', ())
+            if v3 is None:
+                _enc_null('entity')
+            else:
+                b += _Si.pack(len(v3))
+                for v4 in v3:
+                    v5 = v4.get('entity_type', '')
+                    if v5 is None:
+                        _enc_null('entity_type')
+                    else:
+                        v5 = v5.encode()
+                        b += _Sh.pack(len(v5))
+                        b += v5
+                    v6 = v4.get('entity_name', '')
+                    if v6 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+            v7 = v2.get('ops', ())
+            if v7 is None:
+                _enc_null('ops')
+            else:
+                b += _Si.pack(len(v7))
+                for v8 in v7:
+                    v9 = v8.get('key', '')
+                    if v9 is None:
+                        _enc_null('key')
+                    else:
+                        v9 = v9.encode()
+                        b += _Sh.pack(len(v9))
+                        b += v9
+                    b += _Sdo.pack(v8.get('value', 0.0), v8.get('remove', False))
     b += _So.pack(o.get('validate_only', False))
     return b
 
 
-def _d1026(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null key')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, v4, = _Sdo.unpack_from(buf, pos)
-    pos += 9
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'key': v1, 'value': v3, 'remove': v4}, pos
-
-
-def _d1027(buf, pos, end):
+def _d719(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -25934,31 +27165,78 @@ def _d1027(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1012(buf, pos, end)
-            v1.append(v3)
-    v5 = buf[pos]
-    if v5 < 128:
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                v6 = None
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'entity_type': v4, 'entity_name': v6})
+    v9 = buf[pos]
+    if v9 < 128:
         pos += 1
     else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
+        v9, pos = _uv(buf, pos)
+    v9 -= 1
+    if v9 < 0:
         _bad('null ops')
     else:
-        if v5 > end - pos:
+        if v9 > end - pos:
             _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d1026(buf, pos, end)
-            v4.append(v6)
+        v8 = []
+        for _ in range(v9):
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                _bad('null key')
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            v13, v14, = _Sdo.unpack_from(buf, pos)
+            pos += 9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'key': v11, 'value': v13, 'remove': v14})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'entity': v1, 'ops': v4}, pos
+    return {'entity': v1, 'ops': v8}, pos
 
 
-def _d1028(buf, pos, end):
+def _d720(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -25972,7 +27250,7 @@ def _d1028(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1027(buf, pos, end)
+            v3, pos = _d719(buf, pos, end)
             v1.append(v3)
     v4, = _So.unpack_from(buf, pos)
     pos += 1
@@ -25983,51 +27261,7 @@ def _d1028(buf, pos, end):
     return {'entries': v1, 'validate_only': v4}, pos
 
 
-def _e1029(o, b, parts):
-    v1 = o.get('key', '')
-    if v1 is None:
-        _enc_null('key')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sdo.pack(o.get('value', 0.0), o.get('remove', False))
-    b.append(0)
-    return b
-
-
-def _e1030(o, b, parts):
-    v1 = o.get('entity', ())
-    if v1 is None:
-        _enc_null('entity')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e1016(v2, b, parts)
-    v3 = o.get('ops', ())
-    if v3 is None:
-        _enc_null('ops')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e1029(v4, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1031(o, b, parts):
+def _e721(o, b, parts):
     v1 = o.get('entries', ())
     if v1 is None:
         _enc_null('entries')
@@ -26038,13 +27272,69 @@ def _e1031(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1030(v2, b, parts)
+            v3 = v2.get('entity', ())
+            if v3 is None:
+                _enc_null('entity')
+            else:
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v4 in v3:
+                    v5 = v4.get('entity_type', '')
+                    if v5 is None:
+                        _enc_null('entity_type')
+                    else:
+                        v5 = v5.encode()
+                        _n = len(v5) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v5
+                    v6 = v4.get('entity_name', '')
+                    if v6 is None:
+                        b.append(0)
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    b.append(0)
+            v7 = v2.get('ops', ())
+            if v7 is None:
+                _enc_null('ops')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v8 in v7:
+                    v9 = v8.get('key', '')
+                    if v9 is None:
+                        _enc_null('key')
+                    else:
+                        v9 = v9.encode()
+                        _n = len(v9) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v9
+                    b += _Sdo.pack(v8.get('value', 0.0), v8.get('remove', False))
+                    b.append(0)
+            b.append(0)
     b += _So.pack(o.get('validate_only', False))
     b.append(0)
     return b
 
 
-def _d1032(buf, pos, end):
+def _d722(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3, = _Sh.unpack_from(buf, pos)
@@ -26065,12 +27355,29 @@ def _d1032(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d1004(buf, pos, end)
-            v4.append(v6)
+            v8, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v8 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            v4.append({'entity_type': v7, 'entity_name': v9})
     return {'error_code': v1, 'error_message': v2, 'entity': v4}, pos
 
 
-def _d1033(buf, pos, end):
+def _d723(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3, = _Si.unpack_from(buf, pos)
@@ -26082,31 +27389,12 @@ def _d1033(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1032(buf, pos, end)
+            v4, pos = _d722(buf, pos, end)
             v2.append(v4)
     return {'throttle_time_ms': v1, 'entries': v2}, pos
 
 
-def _e1034(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b += b'\xff\xff'
-    else:
-        v1 = v1.encode()
-        b += _Sh.pack(len(v1))
-        b += v1
-    v2 = o.get('entity', ())
-    if v2 is None:
-        _enc_null('entity')
-    else:
-        b += _Si.pack(len(v2))
-        for v3 in v2:
-            b = _e1008(v3, b, parts)
-    return b
-
-
-def _e1035(o, b, parts):
+def _e724(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('entries', ())
     if v1 is None:
@@ -26114,11 +27402,38 @@ def _e1035(o, b, parts):
     else:
         b += _Si.pack(len(v1))
         for v2 in v1:
-            b = _e1034(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b += b'\xff\xff'
+            else:
+                v3 = v3.encode()
+                b += _Sh.pack(len(v3))
+                b += v3
+            v4 = v2.get('entity', ())
+            if v4 is None:
+                _enc_null('entity')
+            else:
+                b += _Si.pack(len(v4))
+                for v5 in v4:
+                    v6 = v5.get('entity_type', '')
+                    if v6 is None:
+                        _enc_null('entity_type')
+                    else:
+                        v6 = v6.encode()
+                        b += _Sh.pack(len(v6))
+                        b += v6
+                    v7 = v5.get('entity_name', '')
+                    if v7 is None:
+                        b += b'\xff\xff'
+                    else:
+                        v7 = v7.encode()
+                        b += _Sh.pack(len(v7))
+                        b += v7
     return b
 
 
-def _d1036(buf, pos, end):
+def _d725(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -26147,8 +27462,37 @@ def _d1036(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d1012(buf, pos, end)
-            v4.append(v6)
+            v8 = buf[pos]
+            if v8 < 128:
+                pos += 1
+            else:
+                v8, pos = _uv(buf, pos)
+            v8 -= 1
+            if v8 < 0:
+                _bad('null entity_type')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v10 = buf[pos]
+            if v10 < 128:
+                pos += 1
+            else:
+                v10, pos = _uv(buf, pos)
+            v10 -= 1
+            if v10 < 0:
+                v9 = None
+            else:
+                if pos + v10 > end:
+                    _trunc()
+                v9 = str(buf[pos:pos + v10], 'utf-8')
+                pos += v10
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v4.append({'entity_type': v7, 'entity_name': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -26156,7 +27500,7 @@ def _d1036(buf, pos, end):
     return {'error_code': v1, 'error_message': v2, 'entity': v4}, pos
 
 
-def _d1037(buf, pos, end):
+def _d726(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -26172,7 +27516,7 @@ def _d1037(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1036(buf, pos, end)
+            v4, pos = _d725(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -26181,35 +27525,7 @@ def _d1037(buf, pos, end):
     return {'throttle_time_ms': v1, 'entries': v2}, pos
 
 
-def _e1038(o, b, parts):
-    b += _Sh.pack(o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('entity', ())
-    if v2 is None:
-        _enc_null('entity')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e1016(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1039(o, b, parts):
+def _e727(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('entries', ())
     if v1 is None:
@@ -26221,33 +27537,57 @@ def _e1039(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1038(v2, b, parts)
+            b += _Sh.pack(v2.get('error_code', 0))
+            v3 = v2.get('error_message', '')
+            if v3 is None:
+                b.append(0)
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('entity', ())
+            if v4 is None:
+                _enc_null('entity')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    v6 = v5.get('entity_type', '')
+                    if v6 is None:
+                        _enc_null('entity_type')
+                    else:
+                        v6 = v6.encode()
+                        _n = len(v6) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v6
+                    v7 = v5.get('entity_name', '')
+                    if v7 is None:
+                        b.append(0)
+                    else:
+                        v7 = v7.encode()
+                        _n = len(v7) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v7
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1040(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1}, pos
-
-
-def _d1041(buf, pos, end):
+def _d728(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -26261,8 +27601,24 @@ def _d1041(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1040(buf, pos, end)
-            v1.append(v3)
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'name': v4})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -26270,7 +27626,7 @@ def _d1041(buf, pos, end):
     return {'users': v1}, pos
 
 
-def _e1042(o, b, parts):
+def _e729(o, b, parts):
     v1 = o.get('users', ())
     if v1 is None:
         b.append(0)
@@ -26281,22 +27637,23 @@ def _e1042(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e211(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1043(buf, pos, end):
-    v1, v2, = _Sbi.unpack_from(buf, pos)
-    pos += 5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'mechanism': v1, 'iterations': v2}, pos
-
-
-def _d1044(buf, pos, end):
+def _d730(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -26338,8 +27695,13 @@ def _d1044(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d1043(buf, pos, end)
-            v6.append(v8)
+            v9, v10, = _Sbi.unpack_from(buf, pos)
+            pos += 5
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v6.append({'mechanism': v9, 'iterations': v10})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -26347,7 +27709,7 @@ def _d1044(buf, pos, end):
     return {'user': v1, 'error_code': v3, 'error_message': v4, 'credential_infos': v6}, pos
 
 
-def _d1045(buf, pos, end):
+def _d731(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -26376,7 +27738,7 @@ def _d1045(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d1044(buf, pos, end)
+            v7, pos = _d730(buf, pos, end)
             v5.append(v7)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -26385,52 +27747,7 @@ def _d1045(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'results': v5}, pos
 
 
-def _e1046(o, b, parts):
-    b += _Sbi.pack(o.get('mechanism', 0), o.get('iterations', 0))
-    b.append(0)
-    return b
-
-
-def _e1047(o, b, parts):
-    v1 = o.get('user', '')
-    if v1 is None:
-        _enc_null('user')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    v2 = o.get('error_message', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('credential_infos', ())
-    if v3 is None:
-        _enc_null('credential_infos')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e1046(v4, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1048(o, b, parts):
+def _e732(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -26453,84 +27770,47 @@ def _e1048(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1047(v3, b, parts)
+            v4 = v3.get('user', '')
+            if v4 is None:
+                _enc_null('user')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Sh.pack(v3.get('error_code', 0))
+            v5 = v3.get('error_message', '')
+            if v5 is None:
+                b.append(0)
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v3.get('credential_infos', ())
+            if v6 is None:
+                _enc_null('credential_infos')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v7 in v6:
+                    b += _Sbi.pack(v7.get('mechanism', 0), v7.get('iterations', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1049(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'mechanism': v3}, pos
-
-
-def _d1050(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, v4, = _Sbi.unpack_from(buf, pos)
-    pos += 5
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        _bad('null salt')
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = bytes(buf[pos:pos + v6])
-        pos += v6
-    v8 = buf[pos]
-    if v8 < 128:
-        pos += 1
-    else:
-        v8, pos = _uv(buf, pos)
-    v8 -= 1
-    if v8 < 0:
-        _bad('null salted_password')
-    else:
-        if pos + v8 > end:
-            _trunc()
-        v7 = bytes(buf[pos:pos + v8])
-        pos += v8
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'mechanism': v3, 'iterations': v4, 'salt': v5, 'salted_password': v7}, pos
-
-
-def _d1051(buf, pos, end):
+def _d733(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -26544,85 +27824,93 @@ def _d1051(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1049(buf, pos, end)
-            v1.append(v3)
-    v5 = buf[pos]
-    if v5 < 128:
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            v6, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'name': v4, 'mechanism': v6})
+    v8 = buf[pos]
+    if v8 < 128:
         pos += 1
     else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
+        v8, pos = _uv(buf, pos)
+    v8 -= 1
+    if v8 < 0:
         _bad('null upsertions')
     else:
-        if v5 > end - pos:
+        if v8 > end - pos:
             _trunc()
-        v4 = []
-        for _ in range(v5):
-            v6, pos = _d1050(buf, pos, end)
-            v4.append(v6)
+        v7 = []
+        for _ in range(v8):
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                _bad('null name')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, v13, = _Sbi.unpack_from(buf, pos)
+            pos += 5
+            v15 = buf[pos]
+            if v15 < 128:
+                pos += 1
+            else:
+                v15, pos = _uv(buf, pos)
+            v15 -= 1
+            if v15 < 0:
+                _bad('null salt')
+            else:
+                if pos + v15 > end:
+                    _trunc()
+                v14 = bytes(buf[pos:pos + v15])
+                pos += v15
+            v17 = buf[pos]
+            if v17 < 128:
+                pos += 1
+            else:
+                v17, pos = _uv(buf, pos)
+            v17 -= 1
+            if v17 < 0:
+                _bad('null salted_password')
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = bytes(buf[pos:pos + v17])
+                pos += v17
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v7.append({'name': v10, 'mechanism': v12, 'iterations': v13, 'salt': v14, 'salted_password': v16})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'deletions': v1, 'upsertions': v4}, pos
+    return {'deletions': v1, 'upsertions': v7}, pos
 
 
-def _e1052(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('mechanism', 0))
-    b.append(0)
-    return b
-
-
-def _e1053(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sbi.pack(o.get('mechanism', 0), o.get('iterations', 0))
-    v2 = o.get('salt', b'')
-    if v2 is None:
-        _enc_null('salt')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    v3 = o.get('salted_password', b'')
-    if v3 is None:
-        _enc_null('salted_password')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v3
-    b.append(0)
-    return b
-
-
-def _e1054(o, b, parts):
+def _e734(o, b, parts):
     v1 = o.get('deletions', ())
     if v1 is None:
         _enc_null('deletions')
@@ -26633,59 +27921,67 @@ def _e1054(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1052(v2, b, parts)
-    v3 = o.get('upsertions', ())
-    if v3 is None:
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sb.pack(v2.get('mechanism', 0))
+            b.append(0)
+    v4 = o.get('upsertions', ())
+    if v4 is None:
         _enc_null('upsertions')
     else:
-        _n = len(v3) + 1
+        _n = len(v4) + 1
         if _n < 128:
             b.append(_n)
         else:
             b += _uvb(_n)
-        for v4 in v3:
-            b = _e1053(v4, b, parts)
+        for v5 in v4:
+            v6 = v5.get('name', '')
+            if v6 is None:
+                _enc_null('name')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b += _Sbi.pack(v5.get('mechanism', 0), v5.get('iterations', 0))
+            v7 = v5.get('salt', b'')
+            if v7 is None:
+                _enc_null('salt')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v7
+            v8 = v5.get('salted_password', b'')
+            if v8 is None:
+                _enc_null('salted_password')
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v8
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1055(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null user')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'user': v1, 'error_code': v3, 'error_message': v4}, pos
-
-
-def _d1056(buf, pos, end):
+def _d735(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -26701,8 +27997,39 @@ def _d1056(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1055(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null user')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                v8 = None
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'user': v5, 'error_code': v7, 'error_message': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -26710,35 +28037,7 @@ def _d1056(buf, pos, end):
     return {'throttle_time_ms': v1, 'results': v2}, pos
 
 
-def _e1057(o, b, parts):
-    v1 = o.get('user', '')
-    if v1 is None:
-        _enc_null('user')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    v2 = o.get('error_message', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e1058(o, b, parts):
+def _e736(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('results', ())
     if v1 is None:
@@ -26750,22 +28049,35 @@ def _e1058(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1057(v2, b, parts)
+            v3 = v2.get('user', '')
+            if v3 is None:
+                _enc_null('user')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sh.pack(v2.get('error_code', 0))
+            v4 = v2.get('error_message', '')
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1059(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'partition_index': v1}, pos
-
-
-def _d1060(buf, pos, end):
+def _d737(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -26792,8 +28104,13 @@ def _d1060(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1059(buf, pos, end)
-            v3.append(v5)
+            v6, = _Si.unpack_from(buf, pos)
+            pos += 4
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'partition_index': v6})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -26801,7 +28118,7 @@ def _d1060(buf, pos, end):
     return {'topic_name': v1, 'partitions': v3}, pos
 
 
-def _d1061(buf, pos, end):
+def _d738(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -26815,7 +28132,7 @@ def _d1061(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1060(buf, pos, end)
+            v3, pos = _d737(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -26824,40 +28141,7 @@ def _d1061(buf, pos, end):
     return {'topics': v1}, pos
 
 
-def _e1062(o, b, parts):
-    b += _Si.pack(o.get('partition_index', 0))
-    b.append(0)
-    return b
-
-
-def _e1063(o, b, parts):
-    v1 = o.get('topic_name', '')
-    if v1 is None:
-        _enc_null('topic_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('partitions', ())
-    if v2 is None:
-        _enc_null('partitions')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e1062(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1064(o, b, parts):
+def _e739(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
@@ -26868,22 +28152,35 @@ def _e1064(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1063(v2, b, parts)
+            v3 = v2.get('topic_name', '')
+            if v3 is None:
+                _enc_null('topic_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partitions', ())
+            if v4 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Si.pack(v5.get('partition_index', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1065(buf, pos, end):
-    v1, v2, = _Siq.unpack_from(buf, pos)
-    pos += 12
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'replica_id': v1, 'replica_directory_id': _ZU, 'log_end_offset': v2, 'last_fetch_timestamp': -1, 'last_caught_up_timestamp': -1}, pos
-
-
-def _d1066(buf, pos, end):
+def _d740(buf, pos, end):
     v1, v2, v3, v4, v5, = _Sihiiq.unpack_from(buf, pos)
     pos += 22
     v7 = buf[pos]
@@ -26899,31 +28196,41 @@ def _d1066(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d1065(buf, pos, end)
-            v6.append(v8)
-    v10 = buf[pos]
-    if v10 < 128:
+            v9, v10, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v6.append({'replica_id': v9, 'replica_directory_id': _ZU, 'log_end_offset': v10, 'last_fetch_timestamp': -1, 'last_caught_up_timestamp': -1})
+    v12 = buf[pos]
+    if v12 < 128:
         pos += 1
     else:
-        v10, pos = _uv(buf, pos)
-    v10 -= 1
-    if v10 < 0:
+        v12, pos = _uv(buf, pos)
+    v12 -= 1
+    if v12 < 0:
         _bad('null observers')
     else:
-        if v10 > end - pos:
+        if v12 > end - pos:
             _trunc()
-        v9 = []
-        for _ in range(v10):
-            v11, pos = _d1065(buf, pos, end)
-            v9.append(v11)
+        v11 = []
+        for _ in range(v12):
+            v14, v15, = _Siq.unpack_from(buf, pos)
+            pos += 12
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v11.append({'replica_id': v14, 'replica_directory_id': _ZU, 'log_end_offset': v15, 'last_fetch_timestamp': -1, 'last_caught_up_timestamp': -1})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'partition_index': v1, 'error_code': v2, 'error_message': '', 'leader_id': v3, 'leader_epoch': v4, 'high_watermark': v5, 'current_voters': v6, 'observers': v9}, pos
+    return {'partition_index': v1, 'error_code': v2, 'error_message': '', 'leader_id': v3, 'leader_epoch': v4, 'high_watermark': v5, 'current_voters': v6, 'observers': v11}, pos
 
 
-def _d1067(buf, pos, end):
+def _d741(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -26950,7 +28257,7 @@ def _d1067(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1066(buf, pos, end)
+            v5, pos = _d740(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -26959,7 +28266,7 @@ def _d1067(buf, pos, end):
     return {'topic_name': v1, 'partitions': v3}, pos
 
 
-def _d1068(buf, pos, end):
+def _d742(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -26975,7 +28282,7 @@ def _d1068(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1067(buf, pos, end)
+            v4, pos = _d741(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -26984,41 +28291,7 @@ def _d1068(buf, pos, end):
     return {'error_code': v1, 'error_message': '', 'topics': v2, 'nodes': []}, pos
 
 
-def _e1069(o, b, parts):
-    b += _Siq.pack(o.get('replica_id', 0), o.get('log_end_offset', 0))
-    b.append(0)
-    return b
-
-
-def _e1070(o, b, parts):
-    b += _Sihiiq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('leader_id', 0), o.get('leader_epoch', 0), o.get('high_watermark', 0))
-    v1 = o.get('current_voters', ())
-    if v1 is None:
-        _enc_null('current_voters')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e1069(v2, b, parts)
-    v3 = o.get('observers', ())
-    if v3 is None:
-        _enc_null('observers')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e1069(v4, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1071(o, b, parts):
+def _e743(o, b, parts):
     v1 = o.get('topic_name', '')
     if v1 is None:
         _enc_null('topic_name')
@@ -27040,12 +28313,37 @@ def _e1071(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1070(v3, b, parts)
+            b += _Sihiiq.pack(v3.get('partition_index', 0), v3.get('error_code', 0), v3.get('leader_id', 0), v3.get('leader_epoch', 0), v3.get('high_watermark', 0))
+            v4 = v3.get('current_voters', ())
+            if v4 is None:
+                _enc_null('current_voters')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siq.pack(v5.get('replica_id', 0), v5.get('log_end_offset', 0))
+                    b.append(0)
+            v6 = v3.get('observers', ())
+            if v6 is None:
+                _enc_null('observers')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v7 in v6:
+                    b += _Siq.pack(v7.get('replica_id', 0), v7.get('log_end_offset', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e1072(o, b, parts):
+def _e744(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -27057,22 +28355,12 @@ def _e1072(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1071(v2, b, parts)
+            b = _e743(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d1073(buf, pos, end):
-    v1, v2, v3, v4, = _Siqqq.unpack_from(buf, pos)
-    pos += 28
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'replica_id': v1, 'replica_directory_id': _ZU, 'log_end_offset': v2, 'last_fetch_timestamp': v3, 'last_caught_up_timestamp': v4}, pos
-
-
-def _d1074(buf, pos, end):
+def _d745(buf, pos, end):
     v1, v2, v3, v4, v5, = _Sihiiq.unpack_from(buf, pos)
     pos += 22
     v7 = buf[pos]
@@ -27088,31 +28376,41 @@ def _d1074(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d1073(buf, pos, end)
-            v6.append(v8)
-    v10 = buf[pos]
-    if v10 < 128:
+            v9, v10, v11, v12, = _Siqqq.unpack_from(buf, pos)
+            pos += 28
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v6.append({'replica_id': v9, 'replica_directory_id': _ZU, 'log_end_offset': v10, 'last_fetch_timestamp': v11, 'last_caught_up_timestamp': v12})
+    v14 = buf[pos]
+    if v14 < 128:
         pos += 1
     else:
-        v10, pos = _uv(buf, pos)
-    v10 -= 1
-    if v10 < 0:
+        v14, pos = _uv(buf, pos)
+    v14 -= 1
+    if v14 < 0:
         _bad('null observers')
     else:
-        if v10 > end - pos:
+        if v14 > end - pos:
             _trunc()
-        v9 = []
-        for _ in range(v10):
-            v11, pos = _d1073(buf, pos, end)
-            v9.append(v11)
+        v13 = []
+        for _ in range(v14):
+            v16, v17, v18, v19, = _Siqqq.unpack_from(buf, pos)
+            pos += 28
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v13.append({'replica_id': v16, 'replica_directory_id': _ZU, 'log_end_offset': v17, 'last_fetch_timestamp': v18, 'last_caught_up_timestamp': v19})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'partition_index': v1, 'error_code': v2, 'error_message': '', 'leader_id': v3, 'leader_epoch': v4, 'high_watermark': v5, 'current_voters': v6, 'observers': v9}, pos
+    return {'partition_index': v1, 'error_code': v2, 'error_message': '', 'leader_id': v3, 'leader_epoch': v4, 'high_watermark': v5, 'current_voters': v6, 'observers': v13}, pos
 
 
-def _d1075(buf, pos, end):
+def _d746(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -27139,7 +28437,7 @@ def _d1075(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1074(buf, pos, end)
+            v5, pos = _d745(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -27148,7 +28446,7 @@ def _d1075(buf, pos, end):
     return {'topic_name': v1, 'partitions': v3}, pos
 
 
-def _d1076(buf, pos, end):
+def _d747(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -27164,7 +28462,7 @@ def _d1076(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1075(buf, pos, end)
+            v4, pos = _d746(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -27173,41 +28471,7 @@ def _d1076(buf, pos, end):
     return {'error_code': v1, 'error_message': '', 'topics': v2, 'nodes': []}, pos
 
 
-def _e1077(o, b, parts):
-    b += _Siqqq.pack(o.get('replica_id', 0), o.get('log_end_offset', 0), o.get('last_fetch_timestamp', -1), o.get('last_caught_up_timestamp', -1))
-    b.append(0)
-    return b
-
-
-def _e1078(o, b, parts):
-    b += _Sihiiq.pack(o.get('partition_index', 0), o.get('error_code', 0), o.get('leader_id', 0), o.get('leader_epoch', 0), o.get('high_watermark', 0))
-    v1 = o.get('current_voters', ())
-    if v1 is None:
-        _enc_null('current_voters')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e1077(v2, b, parts)
-    v3 = o.get('observers', ())
-    if v3 is None:
-        _enc_null('observers')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v4 in v3:
-            b = _e1077(v4, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1079(o, b, parts):
+def _e748(o, b, parts):
     v1 = o.get('topic_name', '')
     if v1 is None:
         _enc_null('topic_name')
@@ -27229,12 +28493,37 @@ def _e1079(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1078(v3, b, parts)
+            b += _Sihiiq.pack(v3.get('partition_index', 0), v3.get('error_code', 0), v3.get('leader_id', 0), v3.get('leader_epoch', 0), v3.get('high_watermark', 0))
+            v4 = v3.get('current_voters', ())
+            if v4 is None:
+                _enc_null('current_voters')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v5 in v4:
+                    b += _Siqqq.pack(v5.get('replica_id', 0), v5.get('log_end_offset', 0), v5.get('last_fetch_timestamp', -1), v5.get('last_caught_up_timestamp', -1))
+                    b.append(0)
+            v6 = v3.get('observers', ())
+            if v6 is None:
+                _enc_null('observers')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v7 in v6:
+                    b += _Siqqq.pack(v7.get('replica_id', 0), v7.get('log_end_offset', 0), v7.get('last_fetch_timestamp', -1), v7.get('last_caught_up_timestamp', -1))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e1080(o, b, parts):
+def _e749(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -27246,23 +28535,12 @@ def _e1080(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1079(v2, b, parts)
+            b = _e748(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d1081(buf, pos, end):
-    v1, v2, v3, v4, v5, = _Siuqqq.unpack_from(buf, pos)
-    pos += 44
-    v2 = _UUID(bytes=v2)
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'replica_id': v1, 'replica_directory_id': v2, 'log_end_offset': v3, 'last_fetch_timestamp': v4, 'last_caught_up_timestamp': v5}, pos
-
-
-def _d1082(buf, pos, end):
+def _d750(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -27293,31 +28571,43 @@ def _d1082(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d1081(buf, pos, end)
-            v8.append(v10)
-    v12 = buf[pos]
-    if v12 < 128:
+            v11, v12, v13, v14, v15, = _Siuqqq.unpack_from(buf, pos)
+            pos += 44
+            v12 = _UUID(bytes=v12)
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'replica_id': v11, 'replica_directory_id': v12, 'log_end_offset': v13, 'last_fetch_timestamp': v14, 'last_caught_up_timestamp': v15})
+    v17 = buf[pos]
+    if v17 < 128:
         pos += 1
     else:
-        v12, pos = _uv(buf, pos)
-    v12 -= 1
-    if v12 < 0:
+        v17, pos = _uv(buf, pos)
+    v17 -= 1
+    if v17 < 0:
         _bad('null observers')
     else:
-        if v12 > end - pos:
+        if v17 > end - pos:
             _trunc()
-        v11 = []
-        for _ in range(v12):
-            v13, pos = _d1081(buf, pos, end)
-            v11.append(v13)
+        v16 = []
+        for _ in range(v17):
+            v19, v20, v21, v22, v23, = _Siuqqq.unpack_from(buf, pos)
+            pos += 44
+            v20 = _UUID(bytes=v20)
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v16.append({'replica_id': v19, 'replica_directory_id': v20, 'log_end_offset': v21, 'last_fetch_timestamp': v22, 'last_caught_up_timestamp': v23})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'partition_index': v1, 'error_code': v2, 'error_message': v3, 'leader_id': v5, 'leader_epoch': v6, 'high_watermark': v7, 'current_voters': v8, 'observers': v11}, pos
+    return {'partition_index': v1, 'error_code': v2, 'error_message': v3, 'leader_id': v5, 'leader_epoch': v6, 'high_watermark': v7, 'current_voters': v8, 'observers': v16}, pos
 
 
-def _d1083(buf, pos, end):
+def _d751(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -27344,7 +28634,7 @@ def _d1083(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1082(buf, pos, end)
+            v5, pos = _d750(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -27353,43 +28643,7 @@ def _d1083(buf, pos, end):
     return {'topic_name': v1, 'partitions': v3}, pos
 
 
-def _d1084(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v4 = buf[pos]
-    if v4 < 128:
-        pos += 1
-    else:
-        v4, pos = _uv(buf, pos)
-    v4 -= 1
-    if v4 < 0:
-        _bad('null host')
-    else:
-        if pos + v4 > end:
-            _trunc()
-        v3 = str(buf[pos:pos + v4], 'utf-8')
-        pos += v4
-    v5, = _SH.unpack_from(buf, pos)
-    pos += 2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'name': v1, 'host': v3, 'port': v5}, pos
-
-
-def _d1085(buf, pos, end):
+def _d752(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -27405,8 +28659,39 @@ def _d1085(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1084(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null name')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v8 = buf[pos]
+            if v8 < 128:
+                pos += 1
+            else:
+                v8, pos = _uv(buf, pos)
+            v8 -= 1
+            if v8 < 0:
+                _bad('null host')
+            else:
+                if pos + v8 > end:
+                    _trunc()
+                v7 = str(buf[pos:pos + v8], 'utf-8')
+                pos += v8
+            v9, = _SH.unpack_from(buf, pos)
+            pos += 2
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'name': v5, 'host': v7, 'port': v9})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -27414,7 +28699,7 @@ def _d1085(buf, pos, end):
     return {'node_id': v1, 'listeners': v2}, pos
 
 
-def _d1086(buf, pos, end):
+def _d753(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -27443,7 +28728,7 @@ def _d1086(buf, pos, end):
             _trunc()
         v4 = []
         for _ in range(v5):
-            v6, pos = _d1083(buf, pos, end)
+            v6, pos = _d751(buf, pos, end)
             v4.append(v6)
     v8 = buf[pos]
     if v8 < 128:
@@ -27458,7 +28743,7 @@ def _d1086(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d1085(buf, pos, end)
+            v9, pos = _d752(buf, pos, end)
             v7.append(v9)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -27467,53 +28752,7 @@ def _d1086(buf, pos, end):
     return {'error_code': v1, 'error_message': v2, 'topics': v4, 'nodes': v7}, pos
 
 
-def _e1087(o, b, parts):
-    b += _Siuqqq.pack(o.get('replica_id', 0), _ub(o.get('replica_directory_id', _ZU)), o.get('log_end_offset', 0), o.get('last_fetch_timestamp', -1), o.get('last_caught_up_timestamp', -1))
-    b.append(0)
-    return b
-
-
-def _e1088(o, b, parts):
-    b += _Sih.pack(o.get('partition_index', 0), o.get('error_code', 0))
-    v1 = o.get('error_message', '')
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Siiq.pack(o.get('leader_id', 0), o.get('leader_epoch', 0), o.get('high_watermark', 0))
-    v2 = o.get('current_voters', ())
-    if v2 is None:
-        _enc_null('current_voters')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e1087(v3, b, parts)
-    v4 = o.get('observers', ())
-    if v4 is None:
-        _enc_null('observers')
-    else:
-        _n = len(v4) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v5 in v4:
-            b = _e1087(v5, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1089(o, b, parts):
+def _e754(o, b, parts):
     v1 = o.get('topic_name', '')
     if v1 is None:
         _enc_null('topic_name')
@@ -27535,57 +28774,49 @@ def _e1089(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1088(v3, b, parts)
+            b += _Sih.pack(v3.get('partition_index', 0), v3.get('error_code', 0))
+            v4 = v3.get('error_message', '')
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Siiq.pack(v3.get('leader_id', 0), v3.get('leader_epoch', 0), v3.get('high_watermark', 0))
+            v5 = v3.get('current_voters', ())
+            if v5 is None:
+                _enc_null('current_voters')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Siuqqq.pack(v6.get('replica_id', 0), _ub(v6.get('replica_directory_id', _ZU)), v6.get('log_end_offset', 0), v6.get('last_fetch_timestamp', -1), v6.get('last_caught_up_timestamp', -1))
+                    b.append(0)
+            v7 = v3.get('observers', ())
+            if v7 is None:
+                _enc_null('observers')
+            else:
+                _n = len(v7) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v8 in v7:
+                    b += _Siuqqq.pack(v8.get('replica_id', 0), _ub(v8.get('replica_directory_id', _ZU)), v8.get('log_end_offset', 0), v8.get('last_fetch_timestamp', -1), v8.get('last_caught_up_timestamp', -1))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e1090(o, b, parts):
-    v1 = o.get('name', '')
-    if v1 is None:
-        _enc_null('name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('host', '')
-    if v2 is None:
-        _enc_null('host')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _SH.pack(o.get('port', 0))
-    b.append(0)
-    return b
-
-
-def _e1091(o, b, parts):
-    b += _Si.pack(o.get('node_id', 0))
-    v1 = o.get('listeners', ())
-    if v1 is None:
-        _enc_null('listeners')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v2 in v1:
-            b = _e1090(v2, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1092(o, b, parts):
+def _e755(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -27608,7 +28839,7 @@ def _e1092(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1089(v3, b, parts)
+            b = _e754(v3, b, parts)
     v4 = o.get('nodes', ())
     if v4 is None:
         _enc_null('nodes')
@@ -27619,35 +28850,47 @@ def _e1092(o, b, parts):
         else:
             b += _uvb(_n)
         for v5 in v4:
-            b = _e1091(v5, b, parts)
+            b += _Si.pack(v5.get('node_id', 0))
+            v6 = v5.get('listeners', ())
+            if v6 is None:
+                _enc_null('listeners')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v7 in v6:
+                    v8 = v7.get('name', '')
+                    if v8 is None:
+                        _enc_null('name')
+                    else:
+                        v8 = v8.encode()
+                        _n = len(v8) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v8
+                    v9 = v7.get('host', '')
+                    if v9 is None:
+                        _enc_null('host')
+                    else:
+                        v9 = v9.encode()
+                        _n = len(v9) + 1
+                        if _n < 128:
+                            b.append(_n)
+                        else:
+                            b += _uvb(_n)
+                        b += v9
+                    b += _SH.pack(v7.get('port', 0))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1093(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null feature')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, v4, = _Sho.unpack_from(buf, pos)
-    pos += 3
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'feature': v1, 'max_version_level': v3, 'allow_downgrade': v4, 'upgrade_type': 1}, pos
-
-
-def _d1094(buf, pos, end):
+def _d756(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -27663,8 +28906,26 @@ def _d1094(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1093(buf, pos, end)
-            v2.append(v4)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null feature')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, v8, = _Sho.unpack_from(buf, pos)
+            pos += 3
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'feature': v5, 'max_version_level': v7, 'allow_downgrade': v8, 'upgrade_type': 1})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -27672,24 +28933,7 @@ def _d1094(buf, pos, end):
     return {'timeout_ms': v1, 'feature_updates': v2, 'validate_only': False}, pos
 
 
-def _e1095(o, b, parts):
-    v1 = o.get('feature', '')
-    if v1 is None:
-        _enc_null('feature')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sho.pack(o.get('max_version_level', 0), o.get('allow_downgrade', False))
-    b.append(0)
-    return b
-
-
-def _e1096(o, b, parts):
+def _e757(o, b, parts):
     b += _Si.pack(o.get('timeout_ms', 60000))
     v1 = o.get('feature_updates', ())
     if v1 is None:
@@ -27701,35 +28945,24 @@ def _e1096(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1095(v2, b, parts)
+            v3 = v2.get('feature', '')
+            if v3 is None:
+                _enc_null('feature')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sho.pack(v2.get('max_version_level', 0), v2.get('allow_downgrade', False))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1097(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null feature')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, v4, = _Shb.unpack_from(buf, pos)
-    pos += 3
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'feature': v1, 'max_version_level': v3, 'allow_downgrade': False, 'upgrade_type': v4}, pos
-
-
-def _d1098(buf, pos, end):
+def _d758(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -27745,35 +28978,36 @@ def _d1098(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1097(buf, pos, end)
-            v2.append(v4)
-    v5, = _So.unpack_from(buf, pos)
+            v6 = buf[pos]
+            if v6 < 128:
+                pos += 1
+            else:
+                v6, pos = _uv(buf, pos)
+            v6 -= 1
+            if v6 < 0:
+                _bad('null feature')
+            else:
+                if pos + v6 > end:
+                    _trunc()
+                v5 = str(buf[pos:pos + v6], 'utf-8')
+                pos += v6
+            v7, v8, = _Shb.unpack_from(buf, pos)
+            pos += 3
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v2.append({'feature': v5, 'max_version_level': v7, 'allow_downgrade': False, 'upgrade_type': v8})
+    v9, = _So.unpack_from(buf, pos)
     pos += 1
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'timeout_ms': v1, 'feature_updates': v2, 'validate_only': v5}, pos
+    return {'timeout_ms': v1, 'feature_updates': v2, 'validate_only': v9}, pos
 
 
-def _e1099(o, b, parts):
-    v1 = o.get('feature', '')
-    if v1 is None:
-        _enc_null('feature')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Shb.pack(o.get('max_version_level', 0), o.get('upgrade_type', 1))
-    b.append(0)
-    return b
-
-
-def _e1100(o, b, parts):
+def _e759(o, b, parts):
     b += _Si.pack(o.get('timeout_ms', 60000))
     v1 = o.get('feature_updates', ())
     if v1 is None:
@@ -27785,49 +29019,25 @@ def _e1100(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1099(v2, b, parts)
+            v3 = v2.get('feature', '')
+            if v3 is None:
+                _enc_null('feature')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Shb.pack(v2.get('max_version_level', 0), v2.get('upgrade_type', 1))
+            b.append(0)
     b += _So.pack(o.get('validate_only', False))
     b.append(0)
     return b
 
 
-def _d1101(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null feature')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sh.unpack_from(buf, pos)
-    pos += 2
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        v4 = None
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'feature': v1, 'error_code': v3, 'error_message': v4}, pos
-
-
-def _d1102(buf, pos, end):
+def _d760(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -27856,8 +29066,39 @@ def _d1102(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d1101(buf, pos, end)
-            v5.append(v7)
+            v9 = buf[pos]
+            if v9 < 128:
+                pos += 1
+            else:
+                v9, pos = _uv(buf, pos)
+            v9 -= 1
+            if v9 < 0:
+                _bad('null feature')
+            else:
+                if pos + v9 > end:
+                    _trunc()
+                v8 = str(buf[pos:pos + v9], 'utf-8')
+                pos += v9
+            v10, = _Sh.unpack_from(buf, pos)
+            pos += 2
+            v12 = buf[pos]
+            if v12 < 128:
+                pos += 1
+            else:
+                v12, pos = _uv(buf, pos)
+            v12 -= 1
+            if v12 < 0:
+                v11 = None
+            else:
+                if pos + v12 > end:
+                    _trunc()
+                v11 = str(buf[pos:pos + v12], 'utf-8')
+                pos += v12
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v5.append({'feature': v8, 'error_code': v10, 'error_message': v11})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -27865,35 +29106,7 @@ def _d1102(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'results': v5}, pos
 
 
-def _e1103(o, b, parts):
-    v1 = o.get('feature', '')
-    if v1 is None:
-        _enc_null('feature')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sh.pack(o.get('error_code', 0))
-    v2 = o.get('error_message', '')
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e1104(o, b, parts):
+def _e761(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -27916,12 +29129,35 @@ def _e1104(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1103(v3, b, parts)
+            v4 = v3.get('feature', '')
+            if v4 is None:
+                _enc_null('feature')
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            b += _Sh.pack(v3.get('error_code', 0))
+            v5 = v3.get('error_message', '')
+            if v5 is None:
+                b.append(0)
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1105(buf, pos, end):
+def _d762(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -27944,7 +29180,7 @@ def _d1105(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'results': []}, pos
 
 
-def _e1106(o, b, parts):
+def _e763(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', '')
     if v1 is None:
@@ -27961,7 +29197,7 @@ def _e1106(o, b, parts):
     return b
 
 
-def _d1107(buf, pos, end):
+def _d764(buf, pos, end):
     v1, = _So.unpack_from(buf, pos)
     pos += 1
     if buf[pos]:
@@ -27971,13 +29207,13 @@ def _d1107(buf, pos, end):
     return {'include_cluster_authorized_operations': v1, 'endpoint_type': 1, 'include_fenced_brokers': False}, pos
 
 
-def _e1108(o, b, parts):
+def _e765(o, b, parts):
     b += _So.pack(o.get('include_cluster_authorized_operations', False))
     b.append(0)
     return b
 
 
-def _d1109(buf, pos, end):
+def _d766(buf, pos, end):
     v1, v2, = _Sob.unpack_from(buf, pos)
     pos += 2
     if buf[pos]:
@@ -27987,13 +29223,13 @@ def _d1109(buf, pos, end):
     return {'include_cluster_authorized_operations': v1, 'endpoint_type': v2, 'include_fenced_brokers': False}, pos
 
 
-def _e1110(o, b, parts):
+def _e767(o, b, parts):
     b += _Sob.pack(o.get('include_cluster_authorized_operations', False), o.get('endpoint_type', 1))
     b.append(0)
     return b
 
 
-def _d1111(buf, pos, end):
+def _d768(buf, pos, end):
     v1, v2, v3, = _Sobo.unpack_from(buf, pos)
     pos += 3
     if buf[pos]:
@@ -28003,51 +29239,13 @@ def _d1111(buf, pos, end):
     return {'include_cluster_authorized_operations': v1, 'endpoint_type': v2, 'include_fenced_brokers': v3}, pos
 
 
-def _e1112(o, b, parts):
+def _e769(o, b, parts):
     b += _Sobo.pack(o.get('include_cluster_authorized_operations', False), o.get('endpoint_type', 1), o.get('include_fenced_brokers', False))
     b.append(0)
     return b
 
 
-def _d1113(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        _bad('null host')
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'broker_id': v1, 'host': v2, 'port': v4, 'rack': v5, 'is_fenced': False}, pos
-
-
-def _d1114(buf, pos, end):
+def _d770(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -28091,47 +29289,51 @@ def _d1114(buf, pos, end):
             _trunc()
         v8 = []
         for _ in range(v9):
-            v10, pos = _d1113(buf, pos, end)
-            v8.append(v10)
-    v11, = _Si.unpack_from(buf, pos)
+            v11, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v13 = buf[pos]
+            if v13 < 128:
+                pos += 1
+            else:
+                v13, pos = _uv(buf, pos)
+            v13 -= 1
+            if v13 < 0:
+                _bad('null host')
+            else:
+                if pos + v13 > end:
+                    _trunc()
+                v12 = str(buf[pos:pos + v13], 'utf-8')
+                pos += v13
+            v14, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v16 = buf[pos]
+            if v16 < 128:
+                pos += 1
+            else:
+                v16, pos = _uv(buf, pos)
+            v16 -= 1
+            if v16 < 0:
+                v15 = None
+            else:
+                if pos + v16 > end:
+                    _trunc()
+                v15 = str(buf[pos:pos + v16], 'utf-8')
+                pos += v16
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v8.append({'broker_id': v11, 'host': v12, 'port': v14, 'rack': v15, 'is_fenced': False})
+    v17, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'endpoint_type': 1, 'cluster_id': v5, 'controller_id': v7, 'brokers': v8, 'cluster_authorized_operations': v11}, pos
+    return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'endpoint_type': 1, 'cluster_id': v5, 'controller_id': v7, 'brokers': v8, 'cluster_authorized_operations': v17}, pos
 
 
-def _e1115(o, b, parts):
-    b += _Si.pack(o.get('broker_id', 0))
-    v1 = o.get('host', '')
-    if v1 is None:
-        _enc_null('host')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Si.pack(o.get('port', 0))
-    v2 = o.get('rack', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e1116(o, b, parts):
+def _e771(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', None)
     if v1 is None:
@@ -28166,13 +29368,37 @@ def _e1116(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e1115(v4, b, parts)
+            b += _Si.pack(v4.get('broker_id', 0))
+            v5 = v4.get('host', '')
+            if v5 is None:
+                _enc_null('host')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b += _Si.pack(v4.get('port', 0))
+            v6 = v4.get('rack', None)
+            if v6 is None:
+                b.append(0)
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b.append(0)
     b += _Si.pack(o.get('cluster_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _d1117(buf, pos, end):
+def _d772(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -28218,18 +29444,51 @@ def _d1117(buf, pos, end):
             _trunc()
         v9 = []
         for _ in range(v10):
-            v11, pos = _d1113(buf, pos, end)
-            v9.append(v11)
-    v12, = _Si.unpack_from(buf, pos)
+            v12, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                _bad('null host')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v15, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v17 = buf[pos]
+            if v17 < 128:
+                pos += 1
+            else:
+                v17, pos = _uv(buf, pos)
+            v17 -= 1
+            if v17 < 0:
+                v16 = None
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = str(buf[pos:pos + v17], 'utf-8')
+                pos += v17
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v9.append({'broker_id': v12, 'host': v13, 'port': v15, 'rack': v16, 'is_fenced': False})
+    v18, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'endpoint_type': v5, 'cluster_id': v6, 'controller_id': v8, 'brokers': v9, 'cluster_authorized_operations': v12}, pos
+    return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'endpoint_type': v5, 'cluster_id': v6, 'controller_id': v8, 'brokers': v9, 'cluster_authorized_operations': v18}, pos
 
 
-def _e1118(o, b, parts):
+def _e773(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', None)
     if v1 is None:
@@ -28265,53 +29524,37 @@ def _e1118(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e1115(v4, b, parts)
+            b += _Si.pack(v4.get('broker_id', 0))
+            v5 = v4.get('host', '')
+            if v5 is None:
+                _enc_null('host')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b += _Si.pack(v4.get('port', 0))
+            v6 = v4.get('rack', None)
+            if v6 is None:
+                b.append(0)
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b.append(0)
     b += _Si.pack(o.get('cluster_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _d1119(buf, pos, end):
-    v1, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v3 = buf[pos]
-    if v3 < 128:
-        pos += 1
-    else:
-        v3, pos = _uv(buf, pos)
-    v3 -= 1
-    if v3 < 0:
-        _bad('null host')
-    else:
-        if pos + v3 > end:
-            _trunc()
-        v2 = str(buf[pos:pos + v3], 'utf-8')
-        pos += v3
-    v4, = _Si.unpack_from(buf, pos)
-    pos += 4
-    v6 = buf[pos]
-    if v6 < 128:
-        pos += 1
-    else:
-        v6, pos = _uv(buf, pos)
-    v6 -= 1
-    if v6 < 0:
-        v5 = None
-    else:
-        if pos + v6 > end:
-            _trunc()
-        v5 = str(buf[pos:pos + v6], 'utf-8')
-        pos += v6
-    v7, = _So.unpack_from(buf, pos)
-    pos += 1
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'broker_id': v1, 'host': v2, 'port': v4, 'rack': v5, 'is_fenced': v7}, pos
-
-
-def _d1120(buf, pos, end):
+def _d774(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -28357,48 +29600,53 @@ def _d1120(buf, pos, end):
             _trunc()
         v9 = []
         for _ in range(v10):
-            v11, pos = _d1119(buf, pos, end)
-            v9.append(v11)
-    v12, = _Si.unpack_from(buf, pos)
+            v12, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                _bad('null host')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            v15, = _Si.unpack_from(buf, pos)
+            pos += 4
+            v17 = buf[pos]
+            if v17 < 128:
+                pos += 1
+            else:
+                v17, pos = _uv(buf, pos)
+            v17 -= 1
+            if v17 < 0:
+                v16 = None
+            else:
+                if pos + v17 > end:
+                    _trunc()
+                v16 = str(buf[pos:pos + v17], 'utf-8')
+                pos += v17
+            v18, = _So.unpack_from(buf, pos)
+            pos += 1
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v9.append({'broker_id': v12, 'host': v13, 'port': v15, 'rack': v16, 'is_fenced': v18})
+    v19, = _Si.unpack_from(buf, pos)
     pos += 4
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'endpoint_type': v5, 'cluster_id': v6, 'controller_id': v8, 'brokers': v9, 'cluster_authorized_operations': v12}, pos
+    return {'throttle_time_ms': v1, 'error_code': v2, 'error_message': v3, 'endpoint_type': v5, 'cluster_id': v6, 'controller_id': v8, 'brokers': v9, 'cluster_authorized_operations': v19}, pos
 
 
-def _e1121(o, b, parts):
-    b += _Si.pack(o.get('broker_id', 0))
-    v1 = o.get('host', '')
-    if v1 is None:
-        _enc_null('host')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Si.pack(o.get('port', 0))
-    v2 = o.get('rack', None)
-    if v2 is None:
-        b.append(0)
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b += _So.pack(o.get('is_fenced', False))
-    b.append(0)
-    return b
-
-
-def _e1122(o, b, parts):
+def _e775(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('error_message', None)
     if v1 is None:
@@ -28434,13 +29682,38 @@ def _e1122(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e1121(v4, b, parts)
+            b += _Si.pack(v4.get('broker_id', 0))
+            v5 = v4.get('host', '')
+            if v5 is None:
+                _enc_null('host')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b += _Si.pack(v4.get('port', 0))
+            v6 = v4.get('rack', None)
+            if v6 is None:
+                b.append(0)
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b += _So.pack(v4.get('is_fenced', False))
+            b.append(0)
     b += _Si.pack(o.get('cluster_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _d1123(buf, pos, end):
+def _d776(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -28454,7 +29727,7 @@ def _d1123(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d321(buf, pos, end)
+            v3, pos = _d221(buf, pos, end)
             v1.append(v3)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -28463,7 +29736,7 @@ def _d1123(buf, pos, end):
     return {'topics': v1}, pos
 
 
-def _e1124(o, b, parts):
+def _e777(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
@@ -28474,22 +29747,33 @@ def _e1124(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e323(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            v4 = v2.get('partition_indexes', ())
+            if v4 is None:
+                _enc_null('partition_indexes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1125(buf, pos, end):
-    v1, v2, v3, v4, v5, v6, = _Sqiiqiq.unpack_from(buf, pos)
-    pos += 36
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'producer_id': v1, 'producer_epoch': v2, 'last_sequence': v3, 'last_timestamp': v4, 'coordinator_epoch': v5, 'current_txn_start_offset': v6}, pos
-
-
-def _d1126(buf, pos, end):
+def _d778(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -28518,8 +29802,13 @@ def _d1126(buf, pos, end):
             _trunc()
         v5 = []
         for _ in range(v6):
-            v7, pos = _d1125(buf, pos, end)
-            v5.append(v7)
+            v8, v9, v10, v11, v12, v13, = _Sqiiqiq.unpack_from(buf, pos)
+            pos += 36
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v5.append({'producer_id': v8, 'producer_epoch': v9, 'last_sequence': v10, 'last_timestamp': v11, 'coordinator_epoch': v12, 'current_txn_start_offset': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -28527,7 +29816,7 @@ def _d1126(buf, pos, end):
     return {'partition_index': v1, 'error_code': v2, 'error_message': v3, 'active_producers': v5}, pos
 
 
-def _d1127(buf, pos, end):
+def _d779(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -28554,7 +29843,7 @@ def _d1127(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1126(buf, pos, end)
+            v5, pos = _d778(buf, pos, end)
             v3.append(v5)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -28563,7 +29852,7 @@ def _d1127(buf, pos, end):
     return {'name': v1, 'partitions': v3}, pos
 
 
-def _d1128(buf, pos, end):
+def _d780(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -28579,7 +29868,7 @@ def _d1128(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1127(buf, pos, end)
+            v4, pos = _d779(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -28588,41 +29877,7 @@ def _d1128(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2}, pos
 
 
-def _e1129(o, b, parts):
-    b += _Sqiiqiq.pack(o.get('producer_id', 0), o.get('producer_epoch', 0), o.get('last_sequence', -1), o.get('last_timestamp', -1), o.get('coordinator_epoch', 0), o.get('current_txn_start_offset', -1))
-    b.append(0)
-    return b
-
-
-def _e1130(o, b, parts):
-    b += _Sih.pack(o.get('partition_index', 0), o.get('error_code', 0))
-    v1 = o.get('error_message', None)
-    if v1 is None:
-        b.append(0)
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    v2 = o.get('active_producers', ())
-    if v2 is None:
-        _enc_null('active_producers')
-    else:
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        for v3 in v2:
-            b = _e1129(v3, b, parts)
-    b.append(0)
-    return b
-
-
-def _e1131(o, b, parts):
+def _e781(o, b, parts):
     v1 = o.get('name', '')
     if v1 is None:
         _enc_null('name')
@@ -28644,12 +29899,36 @@ def _e1131(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1130(v3, b, parts)
+            b += _Sih.pack(v3.get('partition_index', 0), v3.get('error_code', 0))
+            v4 = v3.get('error_message', None)
+            if v4 is None:
+                b.append(0)
+            else:
+                v4 = v4.encode()
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v4
+            v5 = v3.get('active_producers', ())
+            if v5 is None:
+                _enc_null('active_producers')
+            else:
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                for v6 in v5:
+                    b += _Sqiiqiq.pack(v6.get('producer_id', 0), v6.get('producer_epoch', 0), v6.get('last_sequence', -1), v6.get('last_timestamp', -1), v6.get('coordinator_epoch', 0), v6.get('current_txn_start_offset', -1))
+                    b.append(0)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e1132(o, b, parts):
+def _e782(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -28661,12 +29940,12 @@ def _e1132(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1131(v2, b, parts)
+            b = _e781(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d1133(buf, pos, end):
+def _d783(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -28701,7 +29980,7 @@ def _d1133(buf, pos, end):
     return {'transactional_ids': v1}, pos
 
 
-def _e1134(o, b, parts):
+def _e784(o, b, parts):
     v1 = o.get('transactional_ids', ())
     if v1 is None:
         _enc_null('transactional_ids')
@@ -28726,7 +30005,7 @@ def _e1134(o, b, parts):
     return b
 
 
-def _d1135(buf, pos, end):
+def _d785(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -28770,7 +30049,7 @@ def _d1135(buf, pos, end):
             _trunc()
         v10 = []
         for _ in range(v11):
-            v12, pos = _d862(buf, pos, end)
+            v12, pos = _d607(buf, pos, end)
             v10.append(v12)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -28779,7 +30058,7 @@ def _d1135(buf, pos, end):
     return {'error_code': v1, 'transactional_id': v2, 'transaction_state': v4, 'transaction_timeout_ms': v6, 'transaction_start_time_ms': v7, 'producer_id': v8, 'producer_epoch': v9, 'topics': v10}, pos
 
 
-def _d1136(buf, pos, end):
+def _d786(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -28795,7 +30074,7 @@ def _d1136(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1135(buf, pos, end)
+            v4, pos = _d785(buf, pos, end)
             v2.append(v4)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
@@ -28804,7 +30083,7 @@ def _d1136(buf, pos, end):
     return {'throttle_time_ms': v1, 'transaction_states': v2}, pos
 
 
-def _e1137(o, b, parts):
+def _e787(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('transactional_id', '')
     if v1 is None:
@@ -28839,12 +30118,33 @@ def _e1137(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e91(v4, b, parts)
+            v5 = v4.get('topic', '')
+            if v5 is None:
+                _enc_null('topic')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            v6 = v4.get('partitions', ())
+            if v6 is None:
+                _enc_null('partitions')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v6), *v6)
+            b.append(0)
     b.append(0)
     return b
 
 
-def _e1138(o, b, parts):
+def _e788(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('transaction_states', ())
     if v1 is None:
@@ -28856,12 +30156,12 @@ def _e1138(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1137(v2, b, parts)
+            b = _e787(v2, b, parts)
     b.append(0)
     return b
 
 
-def _d1139(buf, pos, end):
+def _d789(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -28909,7 +30209,7 @@ def _d1139(buf, pos, end):
     return {'state_filters': v1, 'producer_id_filters': v5, 'duration_filter': -1, 'transactional_id_pattern': None}, pos
 
 
-def _e1140(o, b, parts):
+def _e790(o, b, parts):
     v1 = o.get('state_filters', ())
     if v1 is None:
         _enc_null('state_filters')
@@ -28944,7 +30244,7 @@ def _e1140(o, b, parts):
     return b
 
 
-def _d1141(buf, pos, end):
+def _d791(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -28994,7 +30294,7 @@ def _d1141(buf, pos, end):
     return {'state_filters': v1, 'producer_id_filters': v5, 'duration_filter': v7, 'transactional_id_pattern': None}, pos
 
 
-def _e1142(o, b, parts):
+def _e792(o, b, parts):
     v1 = o.get('state_filters', ())
     if v1 is None:
         _enc_null('state_filters')
@@ -29030,7 +30330,7 @@ def _e1142(o, b, parts):
     return b
 
 
-def _d1143(buf, pos, end):
+def _d793(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -29093,7 +30393,7 @@ def _d1143(buf, pos, end):
     return {'state_filters': v1, 'producer_id_filters': v5, 'duration_filter': v7, 'transactional_id_pattern': v8}, pos
 
 
-def _e1144(o, b, parts):
+def _e794(o, b, parts):
     v1 = o.get('state_filters', ())
     if v1 is None:
         _enc_null('state_filters')
@@ -29140,43 +30440,7 @@ def _e1144(o, b, parts):
     return b
 
 
-def _d1145(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null transactional_id')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sq.unpack_from(buf, pos)
-    pos += 8
-    v5 = buf[pos]
-    if v5 < 128:
-        pos += 1
-    else:
-        v5, pos = _uv(buf, pos)
-    v5 -= 1
-    if v5 < 0:
-        _bad('null transaction_state')
-    else:
-        if pos + v5 > end:
-            _trunc()
-        v4 = str(buf[pos:pos + v5], 'utf-8')
-        pos += v5
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'transactional_id': v1, 'producer_id': v3, 'transaction_state': v4}, pos
-
-
-def _d1146(buf, pos, end):
+def _d795(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -29219,8 +30483,39 @@ def _d1146(buf, pos, end):
             _trunc()
         v7 = []
         for _ in range(v8):
-            v9, pos = _d1145(buf, pos, end)
-            v7.append(v9)
+            v11 = buf[pos]
+            if v11 < 128:
+                pos += 1
+            else:
+                v11, pos = _uv(buf, pos)
+            v11 -= 1
+            if v11 < 0:
+                _bad('null transactional_id')
+            else:
+                if pos + v11 > end:
+                    _trunc()
+                v10 = str(buf[pos:pos + v11], 'utf-8')
+                pos += v11
+            v12, = _Sq.unpack_from(buf, pos)
+            pos += 8
+            v14 = buf[pos]
+            if v14 < 128:
+                pos += 1
+            else:
+                v14, pos = _uv(buf, pos)
+            v14 -= 1
+            if v14 < 0:
+                _bad('null transaction_state')
+            else:
+                if pos + v14 > end:
+                    _trunc()
+                v13 = str(buf[pos:pos + v14], 'utf-8')
+                pos += v14
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v7.append({'transactional_id': v10, 'producer_id': v12, 'transaction_state': v13})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -29228,35 +30523,7 @@ def _d1146(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'unknown_state_filters': v3, 'transaction_states': v7}, pos
 
 
-def _e1147(o, b, parts):
-    v1 = o.get('transactional_id', '')
-    if v1 is None:
-        _enc_null('transactional_id')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sq.pack(o.get('producer_id', 0))
-    v2 = o.get('transaction_state', '')
-    if v2 is None:
-        _enc_null('transaction_state')
-    else:
-        v2 = v2.encode()
-        _n = len(v2) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v2
-    b.append(0)
-    return b
-
-
-def _e1148(o, b, parts):
+def _e796(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('unknown_state_filters', ())
     if v1 is None:
@@ -29288,12 +30555,35 @@ def _e1148(o, b, parts):
         else:
             b += _uvb(_n)
         for v4 in v3:
-            b = _e1147(v4, b, parts)
+            v5 = v4.get('transactional_id', '')
+            if v5 is None:
+                _enc_null('transactional_id')
+            else:
+                v5 = v5.encode()
+                _n = len(v5) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v5
+            b += _Sq.pack(v4.get('producer_id', 0))
+            v6 = v4.get('transaction_state', '')
+            if v6 is None:
+                _enc_null('transaction_state')
+            else:
+                v6 = v6.encode()
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v6
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1149(buf, pos, end):
+def _d797(buf, pos, end):
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -29301,7 +30591,7 @@ def _d1149(buf, pos, end):
     return {'resource_types': []}, pos
 
 
-def _d1150(buf, pos, end):
+def _d798(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -29322,7 +30612,7 @@ def _d1150(buf, pos, end):
     return {'resource_types': v1}, pos
 
 
-def _e1151(o, b, parts):
+def _e799(o, b, parts):
     v1 = o.get('resource_types', ())
     if v1 is None:
         _enc_null('resource_types')
@@ -29337,28 +30627,7 @@ def _e1151(o, b, parts):
     return b
 
 
-def _d1152(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'resource_name': v1, 'resource_type': 16}, pos
-
-
-def _d1153(buf, pos, end):
+def _d800(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -29374,8 +30643,24 @@ def _d1153(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1152(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'resource_name': v6, 'resource_type': 16})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -29383,23 +30668,7 @@ def _d1153(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'config_resources': v3}, pos
 
 
-def _e1154(o, b, parts):
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b.append(0)
-    return b
-
-
-def _e1155(o, b, parts):
+def _e801(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('config_resources', ())
     if v1 is None:
@@ -29411,35 +30680,23 @@ def _e1155(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1154(v2, b, parts)
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1156(buf, pos, end):
-    v2 = buf[pos]
-    if v2 < 128:
-        pos += 1
-    else:
-        v2, pos = _uv(buf, pos)
-    v2 -= 1
-    if v2 < 0:
-        _bad('null resource_name')
-    else:
-        if pos + v2 > end:
-            _trunc()
-        v1 = str(buf[pos:pos + v2], 'utf-8')
-        pos += v2
-    v3, = _Sb.unpack_from(buf, pos)
-    pos += 1
-    if buf[pos]:
-        pos = _skip_tags(buf, pos, end)
-    else:
-        pos += 1
-    return {'resource_name': v1, 'resource_type': v3}, pos
-
-
-def _d1157(buf, pos, end):
+def _d802(buf, pos, end):
     v1, v2, = _Sih.unpack_from(buf, pos)
     pos += 6
     v4 = buf[pos]
@@ -29455,8 +30712,26 @@ def _d1157(buf, pos, end):
             _trunc()
         v3 = []
         for _ in range(v4):
-            v5, pos = _d1156(buf, pos, end)
-            v3.append(v5)
+            v7 = buf[pos]
+            if v7 < 128:
+                pos += 1
+            else:
+                v7, pos = _uv(buf, pos)
+            v7 -= 1
+            if v7 < 0:
+                _bad('null resource_name')
+            else:
+                if pos + v7 > end:
+                    _trunc()
+                v6 = str(buf[pos:pos + v7], 'utf-8')
+                pos += v7
+            v8, = _Sb.unpack_from(buf, pos)
+            pos += 1
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v3.append({'resource_name': v6, 'resource_type': v8})
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -29464,24 +30739,7 @@ def _d1157(buf, pos, end):
     return {'throttle_time_ms': v1, 'error_code': v2, 'config_resources': v3}, pos
 
 
-def _e1158(o, b, parts):
-    v1 = o.get('resource_name', '')
-    if v1 is None:
-        _enc_null('resource_name')
-    else:
-        v1 = v1.encode()
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += v1
-    b += _Sb.pack(o.get('resource_type', 16))
-    b.append(0)
-    return b
-
-
-def _e1159(o, b, parts):
+def _e803(o, b, parts):
     b += _Sih.pack(o.get('throttle_time_ms', 0), o.get('error_code', 0))
     v1 = o.get('config_resources', ())
     if v1 is None:
@@ -29493,12 +30751,24 @@ def _e1159(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1158(v2, b, parts)
+            v3 = v2.get('resource_name', '')
+            if v3 is None:
+                _enc_null('resource_name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b += _Sb.pack(v2.get('resource_type', 16))
+            b.append(0)
     b.append(0)
     return b
 
 
-def _d1160(buf, pos, end):
+def _d804(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -29521,7 +30791,7 @@ def _d1160(buf, pos, end):
     return {'topic_name': v1, 'partition_index': v3}, pos
 
 
-def _d1161(buf, pos, end):
+def _d805(buf, pos, end):
     v2 = buf[pos]
     if v2 < 128:
         pos += 1
@@ -29535,24 +30805,40 @@ def _d1161(buf, pos, end):
             _trunc()
         v1 = []
         for _ in range(v2):
-            v3, pos = _d1040(buf, pos, end)
-            v1.append(v3)
-    v4, = _Si.unpack_from(buf, pos)
+            v5 = buf[pos]
+            if v5 < 128:
+                pos += 1
+            else:
+                v5, pos = _uv(buf, pos)
+            v5 -= 1
+            if v5 < 0:
+                _bad('null name')
+            else:
+                if pos + v5 > end:
+                    _trunc()
+                v4 = str(buf[pos:pos + v5], 'utf-8')
+                pos += v5
+            if buf[pos]:
+                pos = _skip_tags(buf, pos, end)
+            else:
+                pos += 1
+            v1.append({'name': v4})
+    v6, = _Si.unpack_from(buf, pos)
     pos += 4
-    v6, = _Sb.unpack_from(buf, pos)
+    v8, = _Sb.unpack_from(buf, pos)
     pos += 1
-    if v6 < 0:
-        v5 = None
+    if v8 < 0:
+        v7 = None
     else:
-        v5, pos = _d1160(buf, pos, end)
+        v7, pos = _d804(buf, pos, end)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
         pos += 1
-    return {'topics': v1, 'response_partition_limit': v4, 'cursor': v5}, pos
+    return {'topics': v1, 'response_partition_limit': v6, 'cursor': v7}, pos
 
 
-def _e1162(o, b, parts):
+def _e806(o, b, parts):
     v1 = o.get('topic_name', '')
     if v1 is None:
         _enc_null('topic_name')
@@ -29569,7 +30855,7 @@ def _e1162(o, b, parts):
     return b
 
 
-def _e1163(o, b, parts):
+def _e807(o, b, parts):
     v1 = o.get('topics', ())
     if v1 is None:
         _enc_null('topics')
@@ -29580,19 +30866,30 @@ def _e1163(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e211(v2, b, parts)
+            v3 = v2.get('name', '')
+            if v3 is None:
+                _enc_null('name')
+            else:
+                v3 = v3.encode()
+                _n = len(v3) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += v3
+            b.append(0)
     b += _Si.pack(o.get('response_partition_limit', 2000))
-    v3 = o.get('cursor', None)
-    if v3 is None:
+    v4 = o.get('cursor', None)
+    if v4 is None:
         b += b'\xff'
     else:
         b.append(1)
-        b = _e1162(v3, b, parts)
+        b = _e806(v4, b, parts)
     b.append(0)
     return b
 
 
-def _d1164(buf, pos, end):
+def _d808(buf, pos, end):
     v1, v2, v3, v4, = _Shiii.unpack_from(buf, pos)
     pos += 14
     v6 = buf[pos]
@@ -29667,7 +30964,7 @@ def _d1164(buf, pos, end):
     return {'error_code': v1, 'partition_index': v2, 'leader_id': v3, 'leader_epoch': v4, 'replica_nodes': v5, 'isr_nodes': v7, 'eligible_leader_replicas': v9, 'last_known_elr': v11, 'offline_replicas': v13}, pos
 
 
-def _d1165(buf, pos, end):
+def _d809(buf, pos, end):
     v1, = _Sh.unpack_from(buf, pos)
     pos += 2
     v3 = buf[pos]
@@ -29699,7 +30996,7 @@ def _d1165(buf, pos, end):
             _trunc()
         v6 = []
         for _ in range(v7):
-            v8, pos = _d1164(buf, pos, end)
+            v8, pos = _d808(buf, pos, end)
             v6.append(v8)
     v9, = _Si.unpack_from(buf, pos)
     pos += 4
@@ -29710,7 +31007,7 @@ def _d1165(buf, pos, end):
     return {'error_code': v1, 'name': v2, 'topic_id': v4, 'is_internal': v5, 'partitions': v6, 'topic_authorized_operations': v9}, pos
 
 
-def _d1166(buf, pos, end):
+def _d810(buf, pos, end):
     v1, = _Si.unpack_from(buf, pos)
     pos += 4
     v3 = buf[pos]
@@ -29726,14 +31023,14 @@ def _d1166(buf, pos, end):
             _trunc()
         v2 = []
         for _ in range(v3):
-            v4, pos = _d1165(buf, pos, end)
+            v4, pos = _d809(buf, pos, end)
             v2.append(v4)
     v6, = _Sb.unpack_from(buf, pos)
     pos += 1
     if v6 < 0:
         v5 = None
     else:
-        v5, pos = _d1160(buf, pos, end)
+        v5, pos = _d804(buf, pos, end)
     if buf[pos]:
         pos = _skip_tags(buf, pos, end)
     else:
@@ -29741,63 +31038,7 @@ def _d1166(buf, pos, end):
     return {'throttle_time_ms': v1, 'topics': v2, 'next_cursor': v5}, pos
 
 
-def _e1167(o, b, parts):
-    b += _Shiii.pack(o.get('error_code', 0), o.get('partition_index', 0), o.get('leader_id', 0), o.get('leader_epoch', -1))
-    v1 = o.get('replica_nodes', ())
-    if v1 is None:
-        _enc_null('replica_nodes')
-    else:
-        _n = len(v1) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v1), *v1)
-    v3 = o.get('isr_nodes', ())
-    if v3 is None:
-        _enc_null('isr_nodes')
-    else:
-        _n = len(v3) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v3), *v3)
-    v5 = o.get('eligible_leader_replicas', None)
-    if v5 is None:
-        b.append(0)
-    else:
-        _n = len(v5) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v5), *v5)
-    v7 = o.get('last_known_elr', None)
-    if v7 is None:
-        b.append(0)
-    else:
-        _n = len(v7) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v7), *v7)
-    v9 = o.get('offline_replicas', ())
-    if v9 is None:
-        _enc_null('offline_replicas')
-    else:
-        _n = len(v9) + 1
-        if _n < 128:
-            b.append(_n)
-        else:
-            b += _uvb(_n)
-        b += _pack('>%di' % len(v9), *v9)
-    b.append(0)
-    return b
-
-
-def _e1168(o, b, parts):
+def _e811(o, b, parts):
     b += _Sh.pack(o.get('error_code', 0))
     v1 = o.get('name', '')
     if v1 is None:
@@ -29821,13 +31062,64 @@ def _e1168(o, b, parts):
         else:
             b += _uvb(_n)
         for v3 in v2:
-            b = _e1167(v3, b, parts)
+            b += _Shiii.pack(v3.get('error_code', 0), v3.get('partition_index', 0), v3.get('leader_id', 0), v3.get('leader_epoch', -1))
+            v4 = v3.get('replica_nodes', ())
+            if v4 is None:
+                _enc_null('replica_nodes')
+            else:
+                _n = len(v4) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v4), *v4)
+            v6 = v3.get('isr_nodes', ())
+            if v6 is None:
+                _enc_null('isr_nodes')
+            else:
+                _n = len(v6) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v6), *v6)
+            v8 = v3.get('eligible_leader_replicas', None)
+            if v8 is None:
+                b.append(0)
+            else:
+                _n = len(v8) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v8), *v8)
+            v10 = v3.get('last_known_elr', None)
+            if v10 is None:
+                b.append(0)
+            else:
+                _n = len(v10) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v10), *v10)
+            v12 = v3.get('offline_replicas', ())
+            if v12 is None:
+                _enc_null('offline_replicas')
+            else:
+                _n = len(v12) + 1
+                if _n < 128:
+                    b.append(_n)
+                else:
+                    b += _uvb(_n)
+                b += _pack('>%di' % len(v12), *v12)
+            b.append(0)
     b += _Si.pack(o.get('topic_authorized_operations', -2147483648))
     b.append(0)
     return b
 
 
-def _e1169(o, b, parts):
+def _e812(o, b, parts):
     b += _Si.pack(o.get('throttle_time_ms', 0))
     v1 = o.get('topics', ())
     if v1 is None:
@@ -29839,21 +31131,21 @@ def _e1169(o, b, parts):
         else:
             b += _uvb(_n)
         for v2 in v1:
-            b = _e1168(v2, b, parts)
+            b = _e811(v2, b, parts)
     v3 = o.get('next_cursor', None)
     if v3 is None:
         b += b'\xff'
     else:
         b.append(1)
-        b = _e1162(v3, b, parts)
+        b = _e806(v3, b, parts)
     b.append(0)
     return b
 
 
-_Kdf116 = _df116()
-_Kdf117 = _df117()
-_Kdf17 = _df17()
-_Kdf62 = _df62()
+_Kdf10 = _df10()
+_Kdf41 = _df41()
+_Kdf73 = _df73()
+_Kdf74 = _df74()
 
 # api_key -> (name, min_version, max_version, first flexible request version or -1)
 MESSAGES = {
@@ -29911,225 +31203,225 @@ MESSAGES = {
     75: ('DescribeTopicPartitions', 0, 0, 0),
 }
 _REQ_DEC = {
-    0: (3, (_d3, _d3, _d3, _d3, _d3, _d3, _d9, _d9, _d9, _d9, _d14,)),
-    1: (4, (_d63, _d69, _d69, _d74, _d74, _d79, _d79, _d83, _d88, _d95, _d95, _d100, _d100, _d105, _d111,)),
-    2: (1, (_d159, _d163, _d163, _d167, _d167, _d173, _d173, _d173, _d173, _d177, _d177,)),
-    3: (0, (_d200, _d203, _d203, _d203, _d205, _d205, _d205, _d205, _d207, _d210, _d214, _d217, _d217, _d217,)),
-    8: (2, (_d273, _d273, _d273, _d277, _d281, _d285, _d289, _d289, _d294,)),
-    9: (1, (_d316, _d319, _d319, _d319, _d319, _d322, _d325, _d329, _d332, _d337,)),
-    10: (0, (_d374, _d376, _d376, _d378, _d380, _d380, _d380,)),
-    11: (0, (_d393, _d396, _d396, _d396, _d396, _d398, _d401, _d401, _d404, _d404,)),
-    12: (0, (_d424, _d424, _d424, _d426, _d428,)),
-    13: (0, (_d436, _d436, _d436, _d439, _d443, _d447,)),
-    14: (0, (_d461, _d461, _d461, _d464, _d467, _d470,)),
-    15: (0, (_d480, _d480, _d480, _d482, _d482, _d484, _d484,)),
-    16: (0, (_d514, _d514, _d514, _d516, _d518, _d520,)),
-    17: (0, (_d540, _d540,)),
-    18: (0, (_d544, _d544, _d544, _d545, _d545,)),
-    19: (2, (_d564, _d564, _d564, _d572, _d572, _d572,)),
-    20: (1, (_d591, _d591, _d591, _d593, _d593, _d596,)),
-    21: (0, (_d617, _d617, _d623,)),
-    22: (0, (_d639, _d639, _d641, _d643, _d643, _d643, _d645,)),
-    23: (2, (_d655, _d659, _d663,)),
-    24: (0, (_d680, _d680, _d680, _d684, _d688, _d688,)),
-    25: (0, (_d707, _d707, _d707, _d709, _d709,)),
-    26: (0, (_d711, _d711, _d711, _d713, _d713, _d713,)),
-    27: (1, (_d720, _d724,)),
-    28: (0, (_d734, _d734, _d738, _d742, _d742, _d742,)),
-    29: (1, (_d747, _d749, _d749,)),
-    30: (1, (_d764, _d768, _d768,)),
-    31: (1, (_d779, _d781, _d781,)),
-    32: (1, (_d796, _d796, _d799, _d802,)),
-    33: (0, (_d828, _d828, _d832,)),
-    34: (1, (_d844, _d848,)),
-    35: (1, (_d860, _d863, _d863, _d863, _d863,)),
-    36: (0, (_d891, _d891, _d893,)),
-    37: (0, (_d903, _d903, _d909, _d909,)),
-    42: (0, (_d920, _d920, _d922,)),
-    43: (0, (_d932, _d934, _d936,)),
-    44: (0, (_d954, _d960,)),
-    45: (0, (_d966, _d970,)),
-    46: (0, (_d980,)),
-    47: (0, (_d990,)),
-    48: (0, (_d997, _d1001,)),
-    49: (0, (_d1022, _d1028,)),
-    50: (0, (_d1041,)),
-    51: (0, (_d1051,)),
-    55: (0, (_d1061, _d1061, _d1061,)),
-    57: (0, (_d1094, _d1098, _d1098,)),
-    60: (0, (_d1107, _d1109, _d1111,)),
-    61: (0, (_d1123,)),
-    65: (0, (_d1133,)),
-    66: (0, (_d1139, _d1141, _d1143,)),
-    74: (0, (_d1149, _d1150,)),
-    75: (0, (_d1161,)),
+    0: (3, (_d2, _d2, _d2, _d2, _d2, _d2, _d5, _d5, _d5, _d5, _d8,)),
+    1: (4, (_d42, _d45, _d45, _d48, _d48, _d51, _d51, _d53, _d57, _d61, _d61, _d64, _d64, _d68, _d71,)),
+    2: (1, (_d108, _d110, _d110, _d113, _d113, _d116, _d116, _d116, _d116, _d118, _d118,)),
+    3: (0, (_d131, _d133, _d133, _d133, _d135, _d135, _d135, _d135, _d137, _d139, _d141, _d143, _d143, _d143,)),
+    8: (2, (_d190, _d190, _d190, _d192, _d195, _d197, _d200, _d200, _d203,)),
+    9: (1, (_d217, _d219, _d219, _d219, _d219, _d222, _d224, _d228, _d231, _d236,)),
+    10: (0, (_d262, _d264, _d264, _d266, _d268, _d268, _d268,)),
+    11: (0, (_d278, _d280, _d280, _d280, _d280, _d282, _d284, _d284, _d286, _d286,)),
+    12: (0, (_d300, _d300, _d300, _d302, _d304,)),
+    13: (0, (_d312, _d312, _d312, _d314, _d316, _d318,)),
+    14: (0, (_d326, _d326, _d326, _d328, _d330, _d332,)),
+    15: (0, (_d342, _d342, _d342, _d344, _d344, _d346, _d346,)),
+    16: (0, (_d365, _d365, _d365, _d367, _d369, _d371,)),
+    17: (0, (_d383, _d383,)),
+    18: (0, (_d387, _d387, _d387, _d388, _d388,)),
+    19: (2, (_d402, _d402, _d402, _d407, _d407, _d407,)),
+    20: (1, (_d418, _d418, _d418, _d420, _d420, _d422,)),
+    21: (0, (_d433, _d433, _d436,)),
+    22: (0, (_d444, _d444, _d446, _d448, _d448, _d448, _d450,)),
+    23: (2, (_d459, _d461, _d464,)),
+    24: (0, (_d473, _d473, _d473, _d476, _d479, _d479,)),
+    25: (0, (_d492, _d492, _d492, _d494, _d494,)),
+    26: (0, (_d496, _d496, _d496, _d498, _d498, _d498,)),
+    27: (1, (_d505, _d509,)),
+    28: (0, (_d518, _d518, _d521, _d524, _d524, _d524,)),
+    29: (1, (_d529, _d531, _d531,)),
+    30: (1, (_d539, _d541, _d541,)),
+    31: (1, (_d547, _d549, _d549,)),
+    32: (1, (_d558, _d558, _d560, _d563,)),
+    33: (0, (_d581, _d581, _d584,)),
+    34: (1, (_d591, _d595,)),
+    35: (1, (_d605, _d608, _d608, _d608, _d608,)),
+    36: (0, (_d630, _d630, _d632,)),
+    37: (0, (_d642, _d642, _d647, _d647,)),
+    42: (0, (_d654, _d654, _d656,)),
+    43: (0, (_d662, _d664, _d666,)),
+    44: (0, (_d677, _d680,)),
+    45: (0, (_d684, _d687,)),
+    46: (0, (_d694,)),
+    47: (0, (_d702,)),
+    48: (0, (_d706, _d708,)),
+    49: (0, (_d717, _d720,)),
+    50: (0, (_d728,)),
+    51: (0, (_d733,)),
+    55: (0, (_d738, _d738, _d738,)),
+    57: (0, (_d756, _d758, _d758,)),
+    60: (0, (_d764, _d766, _d768,)),
+    61: (0, (_d776,)),
+    65: (0, (_d783,)),
+    66: (0, (_d789, _d791, _d793,)),
+    74: (0, (_d797, _d798,)),
+    75: (0, (_d805,)),
 }
 _REQ_ENC = {
-    0: (3, (_e6, _e6, _e6, _e6, _e6, _e6, _e12, _e12, _e12, _e12, _e16,)),
-    1: (4, (_e66, _e72, _e72, _e76, _e76, _e82, _e82, _e84, _e92, _e98, _e98, _e102, _e102, _e108, _e114,)),
-    2: (1, (_e162, _e164, _e164, _e170, _e170, _e176, _e176, _e176, _e176, _e178, _e178,)),
-    3: (0, (_e202, _e204, _e204, _e204, _e206, _e206, _e206, _e206, _e208, _e212, _e216, _e218, _e218, _e218,)),
-    8: (2, (_e276, _e276, _e276, _e278, _e284, _e286, _e292, _e292, _e296,)),
-    9: (1, (_e318, _e320, _e320, _e320, _e320, _e324, _e326, _e330, _e334, _e340,)),
-    10: (0, (_e375, _e377, _e377, _e379, _e381, _e381, _e381,)),
-    11: (0, (_e395, _e397, _e397, _e397, _e397, _e399, _e403, _e403, _e405, _e405,)),
-    12: (0, (_e425, _e425, _e425, _e427, _e429,)),
-    13: (0, (_e437, _e437, _e437, _e441, _e445, _e449,)),
-    14: (0, (_e463, _e463, _e463, _e465, _e469, _e471,)),
-    15: (0, (_e481, _e481, _e481, _e483, _e483, _e485, _e485,)),
-    16: (0, (_e515, _e515, _e515, _e517, _e519, _e521,)),
-    17: (0, (_e541, _e541,)),
-    18: (0, (_e515, _e515, _e515, _e546, _e546,)),
-    19: (2, (_e568, _e568, _e568, _e576, _e576, _e576,)),
-    20: (1, (_e592, _e592, _e592, _e594, _e594, _e598,)),
-    21: (0, (_e620, _e620, _e626,)),
-    22: (0, (_e640, _e640, _e642, _e644, _e644, _e644, _e646,)),
-    23: (2, (_e658, _e660, _e666,)),
-    24: (0, (_e682, _e682, _e682, _e686, _e690, _e690,)),
-    25: (0, (_e708, _e708, _e708, _e710, _e710,)),
-    26: (0, (_e712, _e712, _e712, _e714, _e714, _e714,)),
-    27: (1, (_e722, _e726,)),
-    28: (0, (_e735, _e735, _e739, _e743, _e743, _e743,)),
-    29: (1, (_e748, _e750, _e750,)),
-    30: (1, (_e766, _e770, _e770,)),
-    31: (1, (_e780, _e782, _e782,)),
-    32: (1, (_e798, _e798, _e800, _e804,)),
-    33: (0, (_e830, _e830, _e834,)),
-    34: (1, (_e846, _e850,)),
-    35: (1, (_e861, _e864, _e864, _e864, _e864,)),
-    36: (0, (_e892, _e892, _e894,)),
-    37: (0, (_e906, _e906, _e912, _e912,)),
-    42: (0, (_e921, _e921, _e923,)),
-    43: (0, (_e933, _e935, _e937,)),
-    44: (0, (_e957, _e963,)),
-    45: (0, (_e969, _e971,)),
-    46: (0, (_e981,)),
-    47: (0, (_e993,)),
-    48: (0, (_e999, _e1003,)),
-    49: (0, (_e1025, _e1031,)),
-    50: (0, (_e1042,)),
-    51: (0, (_e1054,)),
-    55: (0, (_e1064, _e1064, _e1064,)),
-    57: (0, (_e1096, _e1100, _e1100,)),
-    60: (0, (_e1108, _e1110, _e1112,)),
-    61: (0, (_e1124,)),
-    65: (0, (_e1134,)),
-    66: (0, (_e1140, _e1142, _e1144,)),
-    74: (0, (_e517, _e1151,)),
-    75: (0, (_e1163,)),
+    0: (3, (_e3, _e3, _e3, _e3, _e3, _e3, _e6, _e6, _e6, _e6, _e9,)),
+    1: (4, (_e43, _e46, _e46, _e49, _e49, _e52, _e52, _e54, _e58, _e62, _e62, _e66, _e66, _e69, _e72,)),
+    2: (1, (_e109, _e111, _e111, _e114, _e114, _e117, _e117, _e117, _e117, _e119, _e119,)),
+    3: (0, (_e132, _e134, _e134, _e134, _e136, _e136, _e136, _e136, _e138, _e140, _e142, _e144, _e144, _e144,)),
+    8: (2, (_e191, _e191, _e191, _e193, _e196, _e198, _e201, _e201, _e204,)),
+    9: (1, (_e218, _e220, _e220, _e220, _e220, _e223, _e225, _e229, _e233, _e238,)),
+    10: (0, (_e263, _e265, _e265, _e267, _e269, _e269, _e269,)),
+    11: (0, (_e279, _e281, _e281, _e281, _e281, _e283, _e285, _e285, _e287, _e287,)),
+    12: (0, (_e301, _e301, _e301, _e303, _e305,)),
+    13: (0, (_e313, _e313, _e313, _e315, _e317, _e319,)),
+    14: (0, (_e327, _e327, _e327, _e329, _e331, _e333,)),
+    15: (0, (_e343, _e343, _e343, _e345, _e345, _e347, _e347,)),
+    16: (0, (_e366, _e366, _e366, _e368, _e370, _e372,)),
+    17: (0, (_e384, _e384,)),
+    18: (0, (_e366, _e366, _e366, _e389, _e389,)),
+    19: (2, (_e404, _e404, _e404, _e409, _e409, _e409,)),
+    20: (1, (_e419, _e419, _e419, _e421, _e421, _e423,)),
+    21: (0, (_e434, _e434, _e437,)),
+    22: (0, (_e445, _e445, _e447, _e449, _e449, _e449, _e451,)),
+    23: (2, (_e460, _e462, _e465,)),
+    24: (0, (_e474, _e474, _e474, _e477, _e481, _e481,)),
+    25: (0, (_e493, _e493, _e493, _e495, _e495,)),
+    26: (0, (_e497, _e497, _e497, _e499, _e499, _e499,)),
+    27: (1, (_e507, _e511,)),
+    28: (0, (_e519, _e519, _e522, _e525, _e525, _e525,)),
+    29: (1, (_e530, _e532, _e532,)),
+    30: (1, (_e540, _e542, _e542,)),
+    31: (1, (_e548, _e550, _e550,)),
+    32: (1, (_e559, _e559, _e561, _e564,)),
+    33: (0, (_e582, _e582, _e585,)),
+    34: (1, (_e593, _e597,)),
+    35: (1, (_e606, _e609, _e609, _e609, _e609,)),
+    36: (0, (_e631, _e631, _e633,)),
+    37: (0, (_e644, _e644, _e649, _e649,)),
+    42: (0, (_e655, _e655, _e657,)),
+    43: (0, (_e663, _e665, _e667,)),
+    44: (0, (_e678, _e681,)),
+    45: (0, (_e686, _e688,)),
+    46: (0, (_e695,)),
+    47: (0, (_e703,)),
+    48: (0, (_e707, _e709,)),
+    49: (0, (_e718, _e721,)),
+    50: (0, (_e729,)),
+    51: (0, (_e734,)),
+    55: (0, (_e739, _e739, _e739,)),
+    57: (0, (_e757, _e759, _e759,)),
+    60: (0, (_e765, _e767, _e769,)),
+    61: (0, (_e777,)),
+    65: (0, (_e784,)),
+    66: (0, (_e790, _e792, _e794,)),
+    74: (0, (_e368, _e799,)),
+    75: (0, (_e807,)),
 }
 _RESP_DEC = {
-    0: (3, (_d20, _d20, _d26, _d26, _d26, _d33, _d41, _d50, _d50, _d50, _d57,)),
-    1: (4, (_d120, _d127, _d127, _d131, _d131, _d131, _d131, _d135, _d144, _d152, _d152, _d152, _d155, _d155, _d155,)),
-    2: (1, (_d181, _d185, _d185, _d189, _d189, _d195, _d195, _d195, _d195, _d195, _d195,)),
-    3: (0, (_d222, _d229, _d233, _d235, _d235, _d239, _d239, _d245, _d250, _d255, _d260, _d263, _d266, _d269,)),
-    8: (2, (_d299, _d303, _d303, _d303, _d303, _d303, _d307, _d307, _d312,)),
-    9: (1, (_d343, _d347, _d349, _d349, _d353, _d359, _d359, _d365, _d365, _d370,)),
-    10: (0, (_d382, _d384, _d384, _d386, _d389, _d389, _d389,)),
-    11: (0, (_d407, _d407, _d410, _d410, _d410, _d413, _d417, _d420, _d420, _d422,)),
-    12: (0, (_d430, _d432, _d432, _d432, _d434,)),
-    13: (0, (_d450, _d451, _d451, _d453, _d457, _d457,)),
-    14: (0, (_d472, _d474, _d474, _d474, _d476, _d478,)),
-    15: (0, (_d488, _d492, _d492, _d495, _d500, _d506, _d511,)),
-    16: (0, (_d523, _d526, _d526, _d529, _d533, _d537,)),
-    17: (0, (_d542, _d542,)),
-    18: (0, (_d548, _d551, _d551, _d556, _d556,)),
-    19: (2, (_d578, _d578, _d578, _d583, _d583, _d588,)),
-    20: (1, (_d600, _d600, _d600, _d604, _d608, _d612,)),
-    21: (0, (_d629, _d629, _d635,)),
-    22: (0, (_d647, _d647, _d649, _d649, _d649, _d649, _d651,)),
-    23: (2, (_d669, _d669, _d675,)),
-    24: (0, (_d693, _d693, _d693, _d699, _d704, _d704,)),
-    25: (0, (_d432, _d432, _d432, _d434, _d434,)),
-    26: (0, (_d715, _d715, _d715, _d716, _d716, _d717,)),
-    27: (1, (_d729, _d729,)),
-    28: (0, (_d745, _d745, _d745, _d746, _d746, _d746,)),
-    29: (1, (_d753, _d759, _d759,)),
-    30: (1, (_d772, _d776, _d776,)),
-    31: (1, (_d785, _d791, _d791,)),
-    32: (1, (_d808, _d808, _d815, _d822,)),
-    33: (0, (_d836, _d836, _d840,)),
-    34: (1, (_d852, _d856,)),
-    35: (1, (_d868, _d876, _d881, _d884, _d888,)),
-    36: (0, (_d895, _d897, _d899,)),
-    37: (0, (_d914, _d914, _d918, _d918,)),
-    42: (0, (_d925, _d925, _d929,)),
-    43: (0, (_d940, _d944, _d948,)),
-    44: (0, (_d836, _d840,)),
-    45: (0, (_d974, _d978,)),
-    46: (0, (_d984,)),
-    47: (0, (_d994,)),
-    48: (0, (_d1007, _d1015,)),
-    49: (0, (_d1033, _d1037,)),
-    50: (0, (_d1045,)),
-    51: (0, (_d1056,)),
-    55: (0, (_d1068, _d1076, _d1086,)),
-    57: (0, (_d1102, _d1102, _d1105,)),
-    60: (0, (_d1114, _d1117, _d1120,)),
-    61: (0, (_d1128,)),
-    65: (0, (_d1136,)),
-    66: (0, (_d1146, _d1146, _d1146,)),
-    74: (0, (_d1153, _d1157,)),
-    75: (0, (_d1166,)),
+    0: (3, (_d12, _d12, _d15, _d15, _d15, _d19, _d24, _d31, _d31, _d31, _d37,)),
+    1: (4, (_d77, _d82, _d82, _d85, _d85, _d85, _d85, _d89, _d96, _d102, _d102, _d102, _d105, _d105, _d105,)),
+    2: (1, (_d121, _d123, _d123, _d126, _d126, _d129, _d129, _d129, _d129, _d129, _d129,)),
+    3: (0, (_d147, _d151, _d154, _d156, _d156, _d160, _d160, _d165, _d169, _d174, _d178, _d181, _d184, _d187,)),
+    8: (2, (_d206, _d208, _d208, _d208, _d208, _d208, _d211, _d211, _d214,)),
+    9: (1, (_d240, _d242, _d244, _d244, _d247, _d250, _d250, _d254, _d254, _d259,)),
+    10: (0, (_d270, _d272, _d272, _d274, _d276, _d276, _d276,)),
+    11: (0, (_d288, _d288, _d290, _d290, _d290, _d292, _d294, _d296, _d296, _d298,)),
+    12: (0, (_d306, _d308, _d308, _d308, _d310,)),
+    13: (0, (_d320, _d321, _d321, _d322, _d324, _d324,)),
+    14: (0, (_d334, _d336, _d336, _d336, _d338, _d340,)),
+    15: (0, (_d349, _d351, _d351, _d354, _d357, _d360, _d363,)),
+    16: (0, (_d373, _d375, _d375, _d377, _d379, _d381,)),
+    17: (0, (_d385, _d385,)),
+    18: (0, (_d390, _d392, _d392, _d396, _d396,)),
+    19: (2, (_d410, _d410, _d410, _d413, _d413, _d416,)),
+    20: (1, (_d424, _d424, _d424, _d426, _d428, _d430,)),
+    21: (0, (_d439, _d439, _d442,)),
+    22: (0, (_d452, _d452, _d454, _d454, _d454, _d454, _d456,)),
+    23: (2, (_d467, _d467, _d470,)),
+    24: (0, (_d483, _d483, _d483, _d486, _d489, _d489,)),
+    25: (0, (_d308, _d308, _d308, _d310, _d310,)),
+    26: (0, (_d500, _d500, _d500, _d501, _d501, _d502,)),
+    27: (1, (_d514, _d514,)),
+    28: (0, (_d527, _d527, _d527, _d528, _d528, _d528,)),
+    29: (1, (_d534, _d537, _d537,)),
+    30: (1, (_d543, _d545, _d545,)),
+    31: (1, (_d552, _d555, _d555,)),
+    32: (1, (_d567, _d567, _d572, _d577,)),
+    33: (0, (_d586, _d586, _d588,)),
+    34: (1, (_d599, _d602,)),
+    35: (1, (_d612, _d617, _d620, _d623, _d627,)),
+    36: (0, (_d634, _d636, _d638,)),
+    37: (0, (_d650, _d650, _d652, _d652,)),
+    42: (0, (_d658, _d658, _d660,)),
+    43: (0, (_d669, _d671, _d674,)),
+    44: (0, (_d586, _d588,)),
+    45: (0, (_d690, _d692,)),
+    46: (0, (_d698,)),
+    47: (0, (_d704,)),
+    48: (0, (_d711, _d714,)),
+    49: (0, (_d723, _d726,)),
+    50: (0, (_d731,)),
+    51: (0, (_d735,)),
+    55: (0, (_d742, _d747, _d753,)),
+    57: (0, (_d760, _d760, _d762,)),
+    60: (0, (_d770, _d772, _d774,)),
+    61: (0, (_d780,)),
+    65: (0, (_d786,)),
+    66: (0, (_d795, _d795, _d795,)),
+    74: (0, (_d800, _d802,)),
+    75: (0, (_d810,)),
 }
 _RESP_ENC = {
-    0: (3, (_e23, _e23, _e29, _e29, _e29, _e37, _e45, _e55, _e55, _e55, _e59,)),
-    1: (4, (_e124, _e130, _e130, _e132, _e132, _e132, _e132, _e138, _e150, _e154, _e154, _e154, _e156, _e156, _e156,)),
-    2: (1, (_e184, _e186, _e186, _e192, _e192, _e198, _e198, _e198, _e198, _e198, _e198,)),
-    3: (0, (_e226, _e232, _e234, _e236, _e236, _e242, _e242, _e248, _e252, _e258, _e262, _e264, _e268, _e270,)),
-    8: (2, (_e302, _e304, _e304, _e304, _e304, _e304, _e310, _e310, _e314,)),
-    9: (1, (_e346, _e348, _e350, _e350, _e356, _e362, _e362, _e367, _e367, _e373,)),
-    10: (0, (_e383, _e385, _e385, _e387, _e391, _e391, _e391,)),
-    11: (0, (_e409, _e409, _e411, _e411, _e411, _e415, _e419, _e421, _e421, _e423,)),
-    12: (0, (_e431, _e433, _e433, _e433, _e435,)),
-    13: (0, (_e431, _e433, _e433, _e455, _e459, _e459,)),
-    14: (0, (_e473, _e475, _e475, _e475, _e477, _e479,)),
-    15: (0, (_e491, _e493, _e493, _e497, _e503, _e509, _e513,)),
-    16: (0, (_e525, _e527, _e527, _e531, _e535, _e539,)),
-    17: (0, (_e543, _e543,)),
-    18: (0, (_e550, _e552, _e552, _e560, _e560,)),
-    19: (2, (_e580, _e580, _e580, _e586, _e586, _e590,)),
-    20: (1, (_e602, _e602, _e602, _e606, _e610, _e614,)),
-    21: (0, (_e632, _e632, _e638,)),
-    22: (0, (_e648, _e648, _e650, _e650, _e650, _e650, _e652,)),
-    23: (2, (_e672, _e672, _e678,)),
-    24: (0, (_e696, _e696, _e696, _e702, _e706, _e706,)),
-    25: (0, (_e433, _e433, _e433, _e435, _e435,)),
-    26: (0, (_e433, _e433, _e433, _e435, _e435, _e718,)),
-    27: (1, (_e731, _e731,)),
-    28: (0, (_e304, _e304, _e304, _e310, _e310, _e310,)),
-    29: (1, (_e756, _e762, _e762,)),
-    30: (1, (_e774, _e778, _e778,)),
-    31: (1, (_e788, _e794, _e794,)),
-    32: (1, (_e812, _e812, _e818, _e826,)),
-    33: (0, (_e838, _e838, _e842,)),
-    34: (1, (_e854, _e858,)),
-    35: (1, (_e872, _e880, _e882, _e886, _e890,)),
-    36: (0, (_e896, _e898, _e900,)),
-    37: (0, (_e916, _e916, _e919, _e919,)),
-    42: (0, (_e927, _e927, _e931,)),
-    43: (0, (_e943, _e945, _e951,)),
-    44: (0, (_e838, _e842,)),
-    45: (0, (_e977, _e979,)),
-    46: (0, (_e987,)),
-    47: (0, (_e995,)),
-    48: (0, (_e1011, _e1019,)),
-    49: (0, (_e1035, _e1039,)),
-    50: (0, (_e1048,)),
-    51: (0, (_e1058,)),
-    55: (0, (_e1072, _e1080, _e1092,)),
-    57: (0, (_e1104, _e1104, _e1106,)),
-    60: (0, (_e1116, _e1118, _e1122,)),
-    61: (0, (_e1132,)),
-    65: (0, (_e1138,)),
-    66: (0, (_e1148, _e1148, _e1148,)),
-    74: (0, (_e1155, _e1159,)),
-    75: (0, (_e1169,)),
+    0: (3, (_e13, _e13, _e16, _e16, _e16, _e21, _e26, _e35, _e35, _e35, _e39,)),
+    1: (4, (_e79, _e84, _e84, _e86, _e86, _e86, _e86, _e91, _e100, _e104, _e104, _e104, _e106, _e106, _e106,)),
+    2: (1, (_e122, _e124, _e124, _e127, _e127, _e130, _e130, _e130, _e130, _e130, _e130,)),
+    3: (0, (_e149, _e153, _e155, _e157, _e157, _e162, _e162, _e167, _e171, _e176, _e180, _e182, _e186, _e188,)),
+    8: (2, (_e207, _e209, _e209, _e209, _e209, _e209, _e212, _e212, _e215,)),
+    9: (1, (_e241, _e243, _e245, _e245, _e248, _e251, _e251, _e256, _e256, _e261,)),
+    10: (0, (_e271, _e273, _e273, _e275, _e277, _e277, _e277,)),
+    11: (0, (_e289, _e289, _e291, _e291, _e291, _e293, _e295, _e297, _e297, _e299,)),
+    12: (0, (_e307, _e309, _e309, _e309, _e311,)),
+    13: (0, (_e307, _e309, _e309, _e323, _e325, _e325,)),
+    14: (0, (_e335, _e337, _e337, _e337, _e339, _e341,)),
+    15: (0, (_e350, _e352, _e352, _e355, _e358, _e361, _e364,)),
+    16: (0, (_e374, _e376, _e376, _e378, _e380, _e382,)),
+    17: (0, (_e386, _e386,)),
+    18: (0, (_e391, _e393, _e393, _e399, _e399,)),
+    19: (2, (_e411, _e411, _e411, _e414, _e414, _e417,)),
+    20: (1, (_e425, _e425, _e425, _e427, _e429, _e431,)),
+    21: (0, (_e440, _e440, _e443,)),
+    22: (0, (_e453, _e453, _e455, _e455, _e455, _e455, _e457,)),
+    23: (2, (_e468, _e468, _e471,)),
+    24: (0, (_e484, _e484, _e484, _e487, _e491, _e491,)),
+    25: (0, (_e309, _e309, _e309, _e311, _e311,)),
+    26: (0, (_e309, _e309, _e309, _e311, _e311, _e503,)),
+    27: (1, (_e516, _e516,)),
+    28: (0, (_e209, _e209, _e209, _e212, _e212, _e212,)),
+    29: (1, (_e535, _e538, _e538,)),
+    30: (1, (_e544, _e546, _e546,)),
+    31: (1, (_e553, _e556, _e556,)),
+    32: (1, (_e569, _e569, _e574, _e579,)),
+    33: (0, (_e587, _e587, _e589,)),
+    34: (1, (_e600, _e603,)),
+    35: (1, (_e614, _e619, _e621, _e625, _e629,)),
+    36: (0, (_e635, _e637, _e639,)),
+    37: (0, (_e651, _e651, _e653, _e653,)),
+    42: (0, (_e659, _e659, _e661,)),
+    43: (0, (_e670, _e672, _e675,)),
+    44: (0, (_e587, _e589,)),
+    45: (0, (_e691, _e693,)),
+    46: (0, (_e700,)),
+    47: (0, (_e705,)),
+    48: (0, (_e712, _e715,)),
+    49: (0, (_e724, _e727,)),
+    50: (0, (_e732,)),
+    51: (0, (_e736,)),
+    55: (0, (_e744, _e749, _e755,)),
+    57: (0, (_e761, _e761, _e763,)),
+    60: (0, (_e771, _e773, _e775,)),
+    61: (0, (_e782,)),
+    65: (0, (_e788,)),
+    66: (0, (_e796, _e796, _e796,)),
+    74: (0, (_e801, _e803,)),
+    75: (0, (_e812,)),
 }
 _FIELD_INFO = {
     ('request', 0): [('transactional_id', 3, 32767, False, None), ('acks', 0, 32767, False, 0), ('timeout_ms', 0, 32767, False, 0), ('topic_data', 0, 32767, False, [])],
     ('response', 0): [('responses', 0, 32767, False, []), ('throttle_time_ms', 1, 32767, True, 0), ('node_endpoints', 10, 32767, False, [])],
-    ('request', 1): [('cluster_id', 12, 32767, True, None), ('replica_id', 0, 14, False, -1), ('replica_state', 15, 32767, False, _df62()), ('max_wait_ms', 0, 32767, False, 0), ('min_bytes', 0, 32767, False, 0), ('max_bytes', 3, 32767, True, 2147483647), ('isolation_level', 4, 32767, True, 0), ('session_id', 7, 32767, True, 0), ('session_epoch', 7, 32767, True, -1), ('topics', 0, 32767, False, []), ('forgotten_topics_data', 7, 32767, False, []), ('rack_id', 11, 32767, True, '')],
+    ('request', 1): [('cluster_id', 12, 32767, True, None), ('replica_id', 0, 14, False, -1), ('replica_state', 15, 32767, False, _df41()), ('max_wait_ms', 0, 32767, False, 0), ('min_bytes', 0, 32767, False, 0), ('max_bytes', 3, 32767, True, 2147483647), ('isolation_level', 4, 32767, True, 0), ('session_id', 7, 32767, True, 0), ('session_epoch', 7, 32767, True, -1), ('topics', 0, 32767, False, []), ('forgotten_topics_data', 7, 32767, False, []), ('rack_id', 11, 32767, True, '')],
     ('response', 1): [('throttle_time_ms', 1, 32767, True, 0), ('error_code', 7, 32767, True, 0), ('session_id', 7, 32767, False, 0), ('responses', 0, 32767, False, []), ('node_endpoints', 16, 32767, False, [])],
     ('request', 2): [('replica_id', 0, 32767, False, 0), ('isolation_level', 2, 32767, False, 0), ('topics', 0, 32767, False, []), ('timeout_ms', 10, 32767, True, 0)],
     ('response', 2): [('throttle_time_ms', 2, 32767, True, 0), ('topics', 0, 32767, False, [])],
