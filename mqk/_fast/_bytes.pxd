@@ -203,6 +203,21 @@ cdef inline uint32_t crc32c_of(object crc_fn, const unsigned char* p, Py_ssize_t
     return crc_fn(PyMemoryView_FromMemory(<char*>p, n, PyBUF_READ))
 
 
+cdef inline uint32_t crc32c_of_two(object crc_fn, const unsigned char* p, Py_ssize_t n, const unsigned char* q,
+                                   Py_ssize_t m) except? 0xFFFFFFFF:
+    """CRC32C of [p, p+n) followed by [q, q+m), as if the two ranges were one (see crc32c_of)."""
+    cdef uint32_t crc
+    if mqk_crc32c_mode == 0:
+        _crc32c_resolve(crc_fn)
+    if mqk_crc32c_mode == 1:
+        if n + m < 32768:
+            return mqk_crc32c_native(mqk_crc32c_native(0xFFFFFFFFU, p, <unsigned long>n), q, <unsigned long>m) ^ 0xFFFFFFFFU
+        with nogil:
+            crc = mqk_crc32c_native(mqk_crc32c_native(0xFFFFFFFFU, p, <unsigned long>n), q, <unsigned long>m) ^ 0xFFFFFFFFU
+        return crc
+    return crc_fn(PyMemoryView_FromMemory(<char*>q, m, PyBUF_READ), crc_fn(PyMemoryView_FromMemory(<char*>p, n, PyBUF_READ)))
+
+
 # Integer arguments are taken as Py_ssize_t (64-bit on every platform the kernels build for; each module refuses
 # to import otherwise) because Cython converts Py_ssize_t through __index__, so a float is a TypeError exactly as
 # in the twins, while its int32_t/int64_t conversions would silently truncate floats. Narrower fields are then

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """CommitLog entry kernels, compiled: the hot-path twin of `clentry_py.py` (same API, identical results).
 
-Every append runs `append_entry` (or `encode_entry`), every recovery and dispatch pass runs `read_entry`. Bounds are checked explicitly
+Every append runs `append_head` (or `encode_head`), every recovery and dispatch pass runs `read_entry`. Bounds are checked explicitly
 before each access (boundscheck is off). See clentry_py.py for the layout, the BLANK rule and the error contract.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
@@ -10,7 +10,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
-from mqk._fast._bytes cimport (as_i32, borrow, borrow_writable, crc32c_of, ld_i32, ld_i64, ld_u16, ld_u32,
+from mqk._fast._bytes cimport (as_i32, borrow, borrow_writable, crc32c_of, crc32c_of_two, ld_i32, ld_i64, ld_u16, ld_u32,
                                st_cq_unit, st_i64, st_u16, st_u32)
 
 from crc32c import crc32c as _crc32c
@@ -48,11 +48,12 @@ cdef Py_ssize_t _entry_size(Py_ssize_t topic_len, Py_ssize_t body_len) except -1
     return C_FIXED + topic_len + body_len
 
 
-cdef int _write_entry(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32_t flags, int64_t queue_offset,
-                     int64_t physical_offset, int32_t record_count, int64_t store_timestamp, int64_t max_timestamp,
-                     int64_t tags_code, bytes topic, Py_ssize_t topic_len, const unsigned char* body,
-                     Py_ssize_t body_len) except -1:
-    """Header, topic, body and CRC of one MESSAGE entry at e (the caller checked `size` bytes fit)."""
+cdef Py_ssize_t _write_head(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32_t flags,
+                            int64_t queue_offset, int64_t physical_offset, int32_t record_count,
+                            int64_t store_timestamp, int64_t max_timestamp, int64_t tags_code, bytes topic,
+                            Py_ssize_t topic_len) noexcept:
+    """Fixed header (CRC left for the caller), topic and the body's base offset (= queue offset) of one MESSAGE
+    entry at e; returns the body's position in the entry. The caller checked that FIXED + topic_len + 8 bytes fit."""
     st_u32(e, <uint32_t>size)
     st_u32(e + 4, C_MAGIC_MESSAGE)
     st_u32(e + 12, <uint32_t>queue_id)
@@ -66,11 +67,32 @@ cdef int _write_entry(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32
     st_u16(e + 64, <uint16_t>topic_len)
     if topic_len:
         memcpy(e + C_FIXED, PyBytes_AS_STRING(topic), topic_len)
-    # memmove: the body may be a view into this same buffer (a re-append); overlap must not corrupt it
-    memmove(e + C_FIXED + topic_len, body, body_len)
     # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
     st_i64(e + C_FIXED + topic_len, queue_offset)
+    return C_FIXED + topic_len
+
+
+cdef int _write_entry(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32_t flags, int64_t queue_offset,
+                     int64_t physical_offset, int32_t record_count, int64_t store_timestamp, int64_t max_timestamp,
+                     int64_t tags_code, bytes topic, Py_ssize_t topic_len, const unsigned char* body,
+                     Py_ssize_t body_len) except -1:
+    """Header, topic, body and CRC of one MESSAGE entry at e (the caller checked `size` bytes fit)."""
+    # memmove first: the body may be a view into this same buffer (a re-append); overlap must not corrupt it
+    memmove(e + C_FIXED + topic_len + 8, body + 8, body_len - 8)
+    _write_head(e, size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp,
+                max_timestamp, tags_code, topic, topic_len)
     st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
+    return 0
+
+
+cdef int _write_head_crc(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32_t flags, int64_t queue_offset,
+                         int64_t physical_offset, int32_t record_count, int64_t store_timestamp,
+                         int64_t max_timestamp, int64_t tags_code, bytes topic, Py_ssize_t topic_len,
+                         const unsigned char* body, Py_ssize_t body_len) except -1:
+    """The head (see encode_head) at e, its CRC covering body[8:] as well."""
+    cdef Py_ssize_t at = _write_head(e, size, queue_id, flags, queue_offset, physical_offset, record_count,
+                                     store_timestamp, max_timestamp, tags_code, topic, topic_len)
+    st_u32(e + 8, crc32c_of_two(_crc32c, e + C_CRC_START, at + 8 - C_CRC_START, body + 8, body_len - 8))
     return 0
 
 
@@ -104,20 +126,50 @@ def encode_entry(buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
         PyBuffer_Release(&out)
 
 
-def append_entry(buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset,
-                 Py_ssize_t physical_offset, Py_ssize_t store_timestamp, Py_ssize_t tags_code, body, cq_buf,
-                 Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
-    """One record batch's entry and ConsumeQueue unit in one call; see clentry_py.append_entry (None: not exactly
-    one valid batch, nothing written; OutOfBounds: entry or unit does not fit, nothing written)."""
+def head_size(Py_ssize_t topic_len):
+    return C_FIXED + topic_len + 8
+
+
+def encode_head(head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset, Py_ssize_t physical_offset,
+                Py_ssize_t store_timestamp, Py_ssize_t max_timestamp, Py_ssize_t tags_code, Py_ssize_t flags,
+                Py_ssize_t record_count, body):
+    cdef int32_t c_queue_id = as_i32(queue_id), c_flags = as_i32(flags), c_record_count = as_i32(record_count)
+    cdef Py_buffer out, batch
+    cdef Py_ssize_t topic_len, size
+    borrow_writable(head, &out)
+    try:
+        borrow(body, &batch)
+        try:
+            if batch.len < C_BATCH_HEADER:
+                raise ValueError(f"body of {batch.len} bytes is not a record batch")
+            topic_len = PyBytes_GET_SIZE(topic)
+            size = _entry_size(topic_len, batch.len)
+            if C_FIXED + topic_len + 8 > out.len:
+                raise OutOfBounds(f"entry head of {C_FIXED + topic_len + 8} bytes does not fit buffer of {out.len} bytes")
+            _write_head_crc(<unsigned char*>out.buf, size, c_queue_id, c_flags, queue_offset, physical_offset,
+                            c_record_count, store_timestamp, max_timestamp, tags_code, topic, topic_len,
+                            <const unsigned char*>batch.buf, batch.len)
+            return size
+        finally:
+            PyBuffer_Release(&batch)
+    finally:
+        PyBuffer_Release(&out)
+
+
+def append_head(head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset, Py_ssize_t physical_offset,
+                Py_ssize_t store_timestamp, Py_ssize_t tags_code, body, cq_buf, Py_ssize_t cq_pos,
+                Py_ssize_t running_max_ts):
+    """One record batch's entry head and ConsumeQueue unit in one call; see clentry_py.append_head (None: not
+    exactly one valid batch, nothing written; OutOfBounds: head or unit does not fit, nothing written)."""
     cdef Py_buffer out, batch, units
-    borrow_writable(buf, &out)
+    borrow_writable(head, &out)
     try:
         borrow(body, &batch)
         try:
             borrow_writable(cq_buf, &units)
             try:
-                return _append_entry(&out, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp,
-                                     tags_code, &batch, &units, cq_pos, running_max_ts)
+                return _append_head(&out, topic, queue_id, queue_offset, physical_offset, store_timestamp,
+                                    tags_code, &batch, &units, cq_pos, running_max_ts)
             finally:
                 PyBuffer_Release(&units)
         finally:
@@ -126,9 +178,9 @@ def append_entry(buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id,
         PyBuffer_Release(&out)
 
 
-cdef object _append_entry(Py_buffer* out, Py_ssize_t pos, bytes topic, Py_ssize_t queue_id, int64_t queue_offset,
-                          int64_t physical_offset, int64_t store_timestamp, int64_t tags_code, Py_buffer* batch,
-                          Py_buffer* units, Py_ssize_t cq_pos, int64_t running_max_ts):
+cdef object _append_head(Py_buffer* out, bytes topic, Py_ssize_t queue_id, int64_t queue_offset,
+                         int64_t physical_offset, int64_t store_timestamp, int64_t tags_code, Py_buffer* batch,
+                         Py_buffer* units, Py_ssize_t cq_pos, int64_t running_max_ts):
     cdef Py_ssize_t body_len = batch.len
     cdef const unsigned char* b = <const unsigned char*>batch.buf
     if body_len < C_BATCH_HEADER or b[16] != 2 or <Py_ssize_t>ld_i32(b + 8) + 12 != body_len:
@@ -141,31 +193,26 @@ cdef object _append_entry(Py_buffer* out, Py_ssize_t pos, bytes topic, Py_ssize_
     cdef int32_t c_queue_id = as_i32(queue_id)
     cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
     cdef Py_ssize_t size = _entry_size(topic_len, body_len)
-    if pos < 0 or size > out.len - pos:
-        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {out.len} bytes")
+    if C_FIXED + topic_len + 8 > out.len:
+        raise OutOfBounds(f"entry head of {C_FIXED + topic_len + 8} bytes does not fit buffer of {out.len} bytes")
     if cq_pos < 0 or C_UNIT > units.len - cq_pos:
         raise OutOfBounds(f"unit at {cq_pos} outside buffer of {units.len} bytes")
     cdef int64_t running = running_max_ts if running_max_ts >= batch_max_ts else batch_max_ts
-    _write_entry(<unsigned char*>out.buf + pos, size, c_queue_id, 0, queue_offset, physical_offset, span,
-                 store_timestamp, batch_max_ts, tags_code, topic, topic_len, b, body_len)
+    _write_head_crc(<unsigned char*>out.buf, size, c_queue_id, 0, queue_offset, physical_offset, span,
+                    store_timestamp, batch_max_ts, tags_code, topic, topic_len, b, body_len)
     st_cq_unit(<unsigned char*>units.buf + cq_pos, physical_offset, <uint32_t>size, <uint32_t>span, tags_code,
                store_timestamp, running, queue_offset)
     return (size, span, running)
 
 
-def encode_blank(buf, Py_ssize_t pos, Py_ssize_t size):
+def blank_head(Py_ssize_t size):
     cdef int32_t c_size = as_i32(size)
     if c_size < C_BLANK_MIN:
         raise ValueError(f"blank of {c_size} bytes is below the minimum {C_BLANK_MIN}")
-    cdef Py_buffer out
-    borrow_writable(buf, &out)
-    try:
-        if pos < 0 or c_size > out.len - pos:
-            raise OutOfBounds(f"blank of {c_size} bytes at {pos} does not fit buffer of {out.len} bytes")
-        st_u32(<unsigned char*>out.buf + pos, <uint32_t>c_size)
-        st_u32(<unsigned char*>out.buf + pos + 4, C_MAGIC_BLANK)
-    finally:
-        PyBuffer_Release(&out)
+    cdef unsigned char out[8]
+    st_u32(out, <uint32_t>c_size)
+    st_u32(out + 4, C_MAGIC_BLANK)
+    return (<char*>out)[:8]
 
 
 def read_entry(buf, Py_ssize_t pos, Py_ssize_t limit, bint verify=True):

@@ -16,9 +16,13 @@ A message's body is a whole record batch (at least its 61-byte header), so a mes
 `encode_entry` refuses a shorter body with ValueError. A read window outside the buffer (pos < 0, pos > limit,
 limit > len(buf)) and writes that do not fit raise `OutOfBounds`.
 
-`append_entry` is the file store's single-batch append in one call: it checks the batch header, writes the entry
-and the entry's ConsumeQueue unit (layout in `cqunit_py`), so an append costs one kernel call instead of a header
-parse, an encode and a unit pack.
+The file store does not copy a body into an entry: it writes the entry's *head* (the fixed header, the topic and the
+body's first 8 bytes, which are the batch's base offset, set here to the queue offset) and then the rest of the body
+straight from the producer's buffer, in one `pwritev`. `encode_head` builds such a head, CRC included (computed over
+the head and the body's tail, as if they were one entry), so `head + body[8:]` is byte for byte what `encode_entry`
+writes. `append_head` is the file store's single-batch append in one call: it checks the batch header, builds the
+head and writes the entry's ConsumeQueue unit (layout in `cqunit_py`), so an append costs one kernel call instead
+of a header parse, an encode and a unit pack.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
-#: the ConsumeQueue unit append_entry writes (cqunit's layout)
+#: the ConsumeQueue unit append_head writes (cqunit's layout)
 _UNIT = struct.Struct(">qiiqqqq")
 _UNIT_SIZE = 48
 
@@ -67,6 +71,44 @@ def encode_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store
     """Write one message entry at `pos` in writable `buf`; the copied body (a record batch) gets base offset =
     queue_offset. Returns the entry's size. OutOfBounds if it does not fit; ValueError if body is no batch."""
     pos = _ssize(pos)
+    fields, body = _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp,
+                                 tags_code, flags, record_count, body)
+    size = fields[0]
+    mv = _writable(buf)
+    if pos < 0 or size > mv.nbytes - pos:
+        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
+    # the body first: it may be a view into this same buffer (a re-append), which the header must not overwrite
+    p = pos + FIXED_HEADER_SIZE + len(topic)
+    mv[p + 8:p + body.nbytes] = body[8:]
+    _pack_head(mv, pos, fields, topic)
+    _U32.pack_into(mv, pos + 8, crc32c(mv[pos + CRC_START:pos + size]))
+    return size
+
+
+def head_size(topic_len) -> int:
+    """Bytes of an entry's head (fixed header, topic, the body's 8-byte base offset): see `encode_head`."""
+    return FIXED_HEADER_SIZE + _ssize(topic_len) + 8
+
+
+def encode_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp, tags_code,
+                flags, record_count, body) -> int:
+    """Write the head of the entry `encode_entry` would write into `head[0:head_size(len(topic))]`, its CRC
+    covering `body[8:]` too, so that head + body[8:] is that entry. Returns the entry's size (not the head's).
+    OutOfBounds if the head does not fit `head`; ValueError if body is no batch."""
+    fields, body = _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp,
+                                 tags_code, flags, record_count, body)
+    mv = _writable(head)
+    n = FIXED_HEADER_SIZE + len(topic) + 8
+    if n > mv.nbytes:
+        raise OutOfBounds(f"entry head of {n} bytes does not fit buffer of {mv.nbytes} bytes")
+    _pack_head(mv, 0, fields, topic)
+    _U32.pack_into(mv, 8, crc32c(body[8:], crc32c(mv[CRC_START:n])))
+    return fields[0]
+
+
+def _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp, tags_code, flags,
+                  record_count, body) -> tuple[tuple, memoryview]:
+    """The checked header fields (size first) of a message entry, and the body as a memoryview."""
     queue_id = _i32(queue_id)
     queue_offset = _i64(queue_offset)
     physical_offset = _i64(physical_offset)
@@ -81,33 +123,35 @@ def encode_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store
     if body.nbytes < BATCH_HEADER_SIZE:
         raise ValueError(f"body of {body.nbytes} bytes is not a record batch")
     size = entry_size(len(topic), body.nbytes)
-    mv = _writable(buf)
-    if pos < 0 or size > mv.nbytes - pos:
-        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
+    return (size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp, max_timestamp,
+            tags_code), body
+
+
+def _pack_head(mv: memoryview, pos: int, fields: tuple, topic: bytes) -> int:
+    """Fixed header (CRC left 0), topic and base offset (= queue offset) at `pos`; returns the body's position."""
+    size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp, max_timestamp, tags_code = fields
     _FIXED.pack_into(mv, pos, size, MAGIC_MESSAGE, 0, queue_id, flags, queue_offset, physical_offset, record_count,
                      store_timestamp, max_timestamp, tags_code, len(topic))
     p = pos + FIXED_HEADER_SIZE
     mv[p:p + len(topic)] = topic
     p += len(topic)
-    mv[p:p + body.nbytes] = body
+    # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
     _I64.pack_into(mv, p, queue_offset)
-    _U32.pack_into(mv, pos + 8, crc32c(mv[pos + CRC_START:pos + size]))
-    return size
+    return p
 
 
-def append_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body, cq_buf,
-                 cq_pos, running_max_ts):
+def append_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body, cq_buf,
+                cq_pos, running_max_ts):
     """Append one record batch: if `body` is exactly one Kafka record batch v2 (at least its header, magic 2,
-    batch_length + 12 == len(body), 0 <= last_offset_delta < 2**31 - 1, record_count >= 0), write its entry at
-    `pos` in `buf` as `encode_entry` does with flags 0, max_timestamp = the batch's and record_count = its offset
+    batch_length + 12 == len(body), 0 <= last_offset_delta < 2**31 - 1, record_count >= 0), write its entry's
+    head into `head` as `encode_head` does with flags 0, max_timestamp = the batch's and record_count = its offset
     span (last_offset_delta + 1), and its ConsumeQueue unit at `cq_pos` in `cq_buf`: (physical_offset, entry size,
     span, tags_code, store_timestamp, max(running_max_ts, the batch's max_timestamp), queue_offset).
 
     Returns (entry size, span, new running max timestamp), or None, writing nothing, when `body` is not exactly
     one such batch (the caller's general path then says what is wrong). OutOfBounds, writing nothing, when the
-    entry or the unit does not fit its buffer."""
-    mv = _writable(buf)
-    pos = _ssize(pos)
+    head or the unit does not fit its buffer."""
+    mv = _writable(head)
     if not isinstance(topic, bytes):
         raise TypeError("topic must be bytes")
     queue_id = _ssize(queue_id)
@@ -129,27 +173,25 @@ def append_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store
     batch_max_ts = _I64.unpack_from(body, 35)[0]
     queue_id = _i32(queue_id)
     size = entry_size(len(topic), n)
-    if pos < 0 or size > mv.nbytes - pos:
-        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
+    if FIXED_HEADER_SIZE + len(topic) + 8 > mv.nbytes:
+        raise OutOfBounds(f"entry head of {FIXED_HEADER_SIZE + len(topic) + 8} bytes does not fit buffer of "
+                          f"{mv.nbytes} bytes")
     if cq_pos < 0 or _UNIT_SIZE > cq.nbytes - cq_pos:
         raise OutOfBounds(f"unit at {cq_pos} outside buffer of {cq.nbytes} bytes")
     running = max(running_max_ts, batch_max_ts)
-    encode_entry(mv, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp, batch_max_ts, tags_code, 0,
-                 span, body)
+    encode_head(mv, topic, queue_id, queue_offset, physical_offset, store_timestamp, batch_max_ts, tags_code, 0, span,
+                body)
     _UNIT.pack_into(cq, cq_pos, physical_offset, size, span, tags_code, store_timestamp, running, queue_offset)
     return (size, span, running)
 
 
-def encode_blank(buf, pos, size) -> None:
-    """A BLANK entry of `size` bytes at `pos` (the rest of a segment). ValueError if size < BLANK_MIN_SIZE."""
-    pos = _ssize(pos)
+def blank_head(size) -> bytes:
+    """The bytes a BLANK entry of `size` bytes starts with (its size and magic; what follows them is never read).
+    ValueError if size < BLANK_MIN_SIZE."""
     size = _i32(size)
     if size < BLANK_MIN_SIZE:
         raise ValueError(f"blank of {size} bytes is below the minimum {BLANK_MIN_SIZE}")
-    mv = _writable(buf)
-    if pos < 0 or size > mv.nbytes - pos:
-        raise OutOfBounds(f"blank of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
-    _SIZE_MAGIC.pack_into(mv, pos, size, MAGIC_BLANK)
+    return _SIZE_MAGIC.pack(size, MAGIC_BLANK)
 
 
 def read_entry(buf, pos, limit, verify=True) -> tuple:

@@ -108,7 +108,7 @@ def test_end_of_data_and_blank(impl):
     assert ce.read_entry(buf, 0, len(buf))[:2] == (0, 0)
     size, _, _ = write(ce, rb, buf)
     assert ce.read_entry(buf, size, len(buf))[0] == 0
-    ce.encode_blank(buf, size, len(buf) - size)
+    buf[size:size + 8] = ce.blank_head(len(buf) - size)
     blank = ce.read_entry(buf, size, len(buf))
     assert blank[:2] == (2, len(buf) - size)
     assert struct.unpack_from(">iI", buf, size) == (len(buf) - size, ce.MAGIC_BLANK)
@@ -118,9 +118,9 @@ def test_end_of_data_and_blank(impl):
     with pytest.raises(Corrupt):
         ce.read_entry(buf, size, len(buf) - 1)  # blank claims more than the limit
     with pytest.raises(ValueError):
-        ce.encode_blank(buf, 0, 7)
-    with pytest.raises(OutOfBounds):
-        ce.encode_blank(buf, 10, len(buf))
+        ce.blank_head(7)
+    with pytest.raises(OverflowError):
+        ce.blank_head(2**31)
 
 
 def test_bounds(impl):
@@ -169,34 +169,62 @@ def test_entries_back_to_back(impl):
     assert seen == [(o, i * 3) for i, o in enumerate(offsets)]
 
 
-# --- append_entry: header check + entry + ConsumeQueue unit in one call --------------------------------------------
+# --- encode_head / append_head: an entry written as its head + the batch's tail -----------------------------------
 
 UNIT = struct.Struct(">qiiqqqq")
 
 
-def test_append_entry_writes_what_encode_entry_and_pack_unit_write(impl):
+@pytest.mark.parametrize("records", [3, 400])  # 400 records: past 32 KiB, where the CRC runs without the GIL
+def test_head_and_the_batch_tail_are_the_entry_encode_entry_writes(impl, records):
+    ce, rb = impl
+    body = a_batch(rb, records)
+    ref = bytearray(len(body) + 200)
+    size = ce.encode_entry(ref, 5, b"orders", 2, 500, 4096, 1_700_000_000_123, 77, -12345, 0x11, 3, body)
+    head = bytearray(ce.head_size(6) + 10)
+    assert ce.encode_head(head, b"orders", 2, 500, 4096, 1_700_000_000_123, 77, -12345, 0x11, 3, body) == size
+    n = ce.head_size(6)
+    assert n == 66 + 6 + 8
+    assert bytes(head[:n]) + body[8:] == bytes(ref[5:5 + size])
+    assert head[n:] == bytes(10)  # nothing past the head
+    assert ce.read_entry(bytes(head[:n]) + body[8:], 0, size)[4] == 500
+
+
+def test_encode_head_bounds_and_bad_bodies_write_nothing(impl):
+    ce, rb = impl
+    body = a_batch(rb)
+    head = bytearray(ce.head_size(6) - 1)
+    with pytest.raises(OutOfBounds):
+        ce.encode_head(head, b"orders", 0, 0, 0, 0, 0, 0, 0, 1, body)
+    with pytest.raises(ValueError):
+        ce.encode_head(bytearray(100), b"orders", 0, 0, 0, 0, 0, 0, 0, 1, body[:60])
+    assert head == bytes(len(head))
+
+
+def test_append_head_writes_what_encode_entry_and_pack_unit_write(impl):
     ce, rb = impl
     records = b"".join(rb.encode_record(i, i, b"k", b"v" * 30, []) for i in range(4))
     # a compacted batch: 4 records over an offset span of 10 (last_offset_delta 9)
     body = bytes(rb.build_batch(0, 5000, 5009, records, 4, 9))
-    buf, cq = bytearray(2000), bytearray(200)
-    got = ce.append_entry(buf, 7, b"orders", 2, 500, 4096, 1_700_000_000_123, -12345, body, cq, 48, 9000)
+    head, cq = bytearray(200), bytearray(200)
+    got = ce.append_head(head, b"orders", 2, 500, 4096, 1_700_000_000_123, -12345, body, cq, 48, 9000)
     size = ce.entry_size(6, len(body))
     assert got == (size, 10, 9000)  # the running max stays where it was: this batch's max (5009) is below it
     # the same bytes as the two-step path: an entry with record_count = span, flags 0, the batch's max timestamp
     ref = bytearray(2000)
     ce.encode_entry(ref, 7, b"orders", 2, 500, 4096, 1_700_000_000_123, 5009, -12345, 0, 10, body)
-    assert buf == ref
+    n = ce.head_size(6)
+    entry_bytes = bytes(head[:n]) + body[8:]
+    assert entry_bytes == bytes(ref[7:7 + size]) and head[n:] == bytes(200 - n)
     assert UNIT.unpack_from(cq, 48) == (4096, size, 10, -12345, 1_700_000_000_123, 9000, 500)
     assert cq[:48] == bytes(48) and cq[96:] == bytes(104)
-    entry = ce.read_entry(buf, 7, len(buf))
+    entry = ce.read_entry(entry_bytes, 0, size)
     assert entry[:10] == (1, size, 2, 0, 500, 4096, 10, 1_700_000_000_123, 5009, -12345)
-    assert struct.unpack_from(">q", buf, entry[11])[0] == 500  # the stored batch's base offset
+    assert struct.unpack_from(">q", entry_bytes, entry[11])[0] == 500  # the stored batch's base offset
     # a later batch with a higher max timestamp raises the running max
-    assert ce.append_entry(buf, 7 + size, b"orders", 2, 510, 4096 + size, 1, 0, body, cq, 96, 100)[2] == 5009
+    assert ce.append_head(head, b"orders", 2, 510, 4096 + size, 1, 0, body, cq, 96, 100)[2] == 5009
 
 
-def test_append_entry_declines_what_is_not_exactly_one_batch_and_writes_nothing(impl):
+def test_append_head_declines_what_is_not_exactly_one_batch_and_writes_nothing(impl):
     ce, rb = impl
     body = bytearray(a_batch(rb))
     two = bytes(body) * 2
@@ -211,28 +239,27 @@ def test_append_entry_declines_what_is_not_exactly_one_batch_and_writes_nothing(
     negative_count = bytearray(body)
     struct.pack_into(">i", negative_count, 57, -1)
     for bad in (body[:60], two, bad_magic, bad_length, negative_delta, max_delta, negative_count, body + b"x"):
-        buf, cq = bytearray(1000), bytearray(48)
-        assert ce.append_entry(buf, 0, b"t", 0, 0, 0, 0, 0, bytes(bad), cq, 0, -1) is None
-        assert buf == bytes(1000) and cq == bytes(48)
+        head, cq = bytearray(100), bytearray(48)
+        assert ce.append_head(head, b"t", 0, 0, 0, 0, 0, bytes(bad), cq, 0, -1) is None
+        assert head == bytes(100) and cq == bytes(48)
 
 
-def test_append_entry_bounds_write_nothing(impl):
+def test_append_head_bounds_write_nothing(impl):
     ce, rb = impl
     body = a_batch(rb)
-    need = ce.entry_size(1, len(body))
-    for buf_len, pos, cq_len, cq_pos in ((need - 1, 0, 48, 0), (need, 1, 48, 0), (need, -1, 48, 0),
-                                         (need, 0, 47, 0), (need, 0, 96, 49), (need, 0, 48, -1)):
-        buf, cq = bytearray(buf_len), bytearray(cq_len)
+    need = ce.head_size(1)
+    for head_len, cq_len, cq_pos in ((need - 1, 48, 0), (need, 47, 0), (need, 96, 49), (need, 48, -1)):
+        head, cq = bytearray(head_len), bytearray(cq_len)
         with pytest.raises(OutOfBounds):
-            ce.append_entry(buf, pos, b"t", 0, 0, 0, 0, 0, body, cq, cq_pos, -1)
-        assert buf == bytes(buf_len) and cq == bytes(cq_len)
+            ce.append_head(head, b"t", 0, 0, 0, 0, 0, body, cq, cq_pos, -1)
+        assert head == bytes(head_len) and cq == bytes(cq_len)
     with pytest.raises(OverflowError):
-        ce.append_entry(bytearray(need), 0, b"t", 2**31, 0, 0, 0, 0, body, bytearray(48), 0, -1)
+        ce.append_head(bytearray(need), b"t", 2**31, 0, 0, 0, 0, body, bytearray(48), 0, -1)
     with pytest.raises(TypeError):
-        ce.append_entry(bytearray(need), 0, "t", 0, 0, 0, 0, 0, body, bytearray(48), 0, -1)
+        ce.append_head(bytearray(need), "t", 0, 0, 0, 0, 0, body, bytearray(48), 0, -1)
 
 
-def test_append_entry_compiled_and_twin_agree_on_arbitrary_bodies():
+def test_append_head_compiled_and_twin_agree_on_arbitrary_bodies():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -243,20 +270,20 @@ def test_append_entry_compiled_and_twin_agree_on_arbitrary_bodies():
     @settings(max_examples=300, deadline=None)
     @given(flips=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 255)), max_size=4),
            cut=st.integers(0, 8), ints=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=6, max_size=6),
-           cq_pos=st.integers(-2, 60))
-    def check(flips, cut, ints, cq_pos):
+           cq_pos=st.integers(-2, 60), head_len=st.integers(75, 90))
+    def check(flips, cut, ints, cq_pos, head_len):
         body = bytearray(good[: len(good) - cut])
         for at, value in flips:
             body[at] = value
         results = []
         for m in impls:
-            buf, cq = bytearray(600), bytearray(100)
+            head, cq = bytearray(head_len), bytearray(100)
             try:
-                r = ("ok", m.append_entry(buf, 3, b"topic", ints[0] % 2**32 - 2**31, ints[1], ints[2], ints[3],
-                                          ints[4], bytes(body), cq, cq_pos, ints[5]))
+                r = ("ok", m.append_head(head, b"topic", ints[0] % 2**32 - 2**31, ints[1], ints[2], ints[3],
+                                         ints[4], bytes(body), cq, cq_pos, ints[5]))
             except (OutOfBounds, OverflowError, ValueError) as exc:
                 r = (type(exc).__name__, str(exc))
-            results.append((r, bytes(buf), bytes(cq)))
+            results.append((r, bytes(head), bytes(cq)))
         assert all(r == results[0] for r in results)
 
     check()

@@ -405,9 +405,14 @@ def test_clentry_matches_reference(ce, e):
     assert ce.read_entry(buf, e["pos"], e["pos"] + size) == (
         1, size, e["queue_id"], e["flags"], e["queue_offset"], e["physical_offset"], e["count"], e["store_ts"],
         e["max_ts"], e["tags"], e["topic"].decode(), e["pos"] + 66 + len(e["topic"]))
+    head = bytearray(ce.head_size(len(e["topic"])))
+    assert ce.encode_head(head, e["topic"], e["queue_id"], e["queue_offset"], e["physical_offset"], e["store_ts"],
+                          e["max_ts"], e["tags"], e["flags"], e["count"], e["body"]) == size
+    assert bytes(head) + e["body"][8:] == expected
     if e["slack"] >= 8:
-        ce.encode_blank(buf, e["pos"] + size, e["slack"])
-        assert ce.read_entry(buf, e["pos"] + size, len(buf))[:2] == (2, e["slack"])
+        at = e["pos"] + size
+        buf[at:at + 8] = ce.blank_head(e["slack"])
+        assert ce.read_entry(buf, at, len(buf))[:2] == (2, e["slack"])
 
 
 @SETTINGS
@@ -425,12 +430,14 @@ def test_clentry_outcomes_agree_on_damaged_input(e, flip, xor, cut, pos, limit, 
         return outcome(m.encode_entry, out, pos, e["topic"], e["queue_id"], e["queue_offset"], e["physical_offset"],
                        e["store_ts"], e["max_ts"], e["tags"], e["flags"], e["count"], noise), bytes(out)
 
-    def blank(m):
-        out = bytearray(cut)
-        return outcome(m.encode_blank, out, pos, limit), bytes(out)
+    def head(m):
+        out = bytearray(cut % 100)
+        return outcome(m.encode_head, out, e["topic"], e["queue_id"], e["queue_offset"], e["physical_offset"],
+                       e["store_ts"], e["max_ts"], e["tags"], e["flags"], e["count"], noise), bytes(out)
 
     same_outcome(CE, encode)
-    same_outcome(CE, blank)
+    same_outcome(CE, head)
+    same_outcome(CE, lambda m: outcome(m.blank_head, limit))
     same_outcome(CE, lambda m: outcome(m.entry_size, pos * 1000, limit))
 
 
@@ -443,7 +450,12 @@ def test_clentry_integer_arguments_agree(ints):
     same_outcome(CE, encode)
     same_outcome(CE, lambda m: outcome(m.entry_size, ints[0], ints[1]))
     same_outcome(CE, lambda m: outcome(m.read_entry, bytes(100), ints[0], ints[1]))
-    same_outcome(CE, lambda m: outcome(m.encode_blank, bytearray(100), ints[0], ints[1]))
+    same_outcome(CE, lambda m: outcome(m.blank_head, ints[0]))
+
+    def head(m):
+        out = bytearray(100)
+        return outcome(m.encode_head, out, b"t", *ints[1:], bytes(61)), bytes(out)
+    same_outcome(CE, head)
 
 
 # --- cqunit --------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """CommitLog: the one append-only log of every topic and queue, in fixed-size mapped segments.
 
-Owns `commitlog/` and the entry placement rules: an entry (layout in `mqk._fast.clentry`) is encoded straight into
-the mapping of the last segment, and the write position moves only after the whole entry (CRC included) is in place.
+Owns `commitlog/` and the entry placement rules: an entry (layout in `mqk._fast.clentry`) is written at the end of
+the last segment as its head (header, topic, base offset, CRC over the whole entry) and the producer's batch from
+its 9th byte on, in one pwritev (`MappedFile.write`), and the write position moves only after the whole entry is in
+place.
 An entry never spans segments: when the next one would leave fewer than `clentry.BLANK_MIN_SIZE` bytes, the rest of
 the segment becomes a BLANK entry and the entry goes to the next (pre-allocated) segment.
 
@@ -31,8 +33,9 @@ class CommitLog:
         self.dir = Path(directory)
         self.segment_bytes = segment_bytes
         self.mfq = MappedFileQueue(self.dir, segment_bytes, preallocate=True)
-        self._encode = clentry.encode_entry
-        self._size = clentry.entry_size
+        #: where entry heads are built before they are written (one at a time: appends run on one thread)
+        self.head = bytearray(clentry.head_size(0xFFFF))
+        self.head_view = memoryview(self.head)
 
     # --- positions -------------------------------------------------------------------------------------
 
@@ -64,21 +67,30 @@ class CommitLog:
         if size + BLANK_MIN <= rest:
             return mf
         if rest > 0:
-            clentry.encode_blank(mf.buf, mf.wrote, rest)
+            mf.write(mf.wrote, clentry.blank_head(rest))
             mf.advance(rest)
         return self.mfq.roll()
 
     def put(self, topic: bytes, queue_id: int, queue_offset: int, store_ts: int, max_ts: int, tags_code: int,
             flags: int, record_count: int, body) -> tuple[int, int, MappedFile, int]:
         """Encode one entry at the end of the log; returns (physical offset, size, segment, position in it)."""
-        size = self._size(len(topic), len(body))
+        size = clentry.entry_size(len(topic), len(body))
         mf = self.writable_for(size)
         pos = mf.wrote
         phys = mf.start_offset + pos
-        self._encode(mf.buf, pos, topic, queue_id, queue_offset, phys, store_ts, max_ts, tags_code, flags,
-                     record_count, body)
+        self.write_entry(mf, pos, topic, queue_id, queue_offset, phys, store_ts, max_ts, tags_code, flags,
+                         record_count, body)
         mf.advance(size)
         return phys, size, mf, pos
+
+    def write_entry(self, mf: MappedFile, pos: int, topic: bytes, queue_id: int, queue_offset: int, phys: int,
+                    store_ts: int, max_ts: int, tags_code: int, flags: int, record_count: int, body) -> int:
+        """Write one entry at `pos` of `mf` (which the caller checked it fits) without publishing it; returns
+        its size."""
+        size = clentry.encode_head(self.head, topic, queue_id, queue_offset, phys, store_ts, max_ts, tags_code,
+                                   flags, record_count, body)
+        mf.write(pos, self.head_view[: FIXED + len(topic) + 8], memoryview(body)[8:])
+        return size
 
     def body_view(self, phys: int, size: int, topic_len: int) -> memoryview:
         """Zero-copy view of the record batch inside the entry at `phys` of `size` bytes."""

@@ -9,10 +9,11 @@ Owns everything under its root directory:
   checkpoint, abort          recovery bookkeeping (checkpoint.py)
 
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
-encode the entry straight into the CommitLog mapping (one copy of the batch, the CRC computed in place), dispatch
-its ConsumeQueue unit in the same call, notify listeners. The common case (one batch, room in the current segment
-and ConsumeQueue file) is one kernel call, `clentry.append_entry`; anything else takes the general path, which
-writes the same bytes. Reads hand out zero-copy views into the mapping.
+build the entry's head (its CRC computed over head and batch) and dispatch its ConsumeQueue unit in one kernel call,
+`clentry.append_head`, then write head and batch into the CommitLog with one pwritev (one copy of the batch, by the
+kernel), publish, notify listeners. That is the common case (one batch, room in the current segment and
+ConsumeQueue file); anything else takes the general path, which writes the same bytes. Reads hand out zero-copy
+views into the mapping.
 
 Recovery runs at every start, from the older of the checkpoint's safe offset and the start of the last three
 segments: ConsumeQueues are cut back to units below that point, entries are scanned forward with CRC checks and
@@ -61,8 +62,7 @@ from mqk.store.memory import first_record_at_or_after
 recbatch = load("recbatch")
 clentry = load("clentry")
 parse_header = recbatch.parse_header
-encode_entry = clentry.encode_entry
-append_entry = clentry.append_entry
+append_head = clentry.append_head
 perf_ns = time.perf_counter_ns
 time_ns = time.time_ns
 log = logging.getLogger(__name__)
@@ -495,8 +495,11 @@ class FileEngine(StorageAdapter):
                 qpos = qf.wrote
                 base = cq.end_offset
                 first_phys = mf.start_offset + pos
-                done = append_entry(mf.buf, pos, shard.topic_b, queue, base, first_phys, store_ts, tags_code, body,
-                                    qf.buf, qpos, cq.max_ts)
+                clog = self.clog
+                done = append_head(clog.head, shard.topic_b, queue, base, first_phys, store_ts, tags_code, body,
+                                   qf.buf, qpos, cq.max_ts)
+                if done is not None:
+                    mf.write(pos, clog.head_view[: shard.fixed + 8], memoryview(body)[8:])
         if done is not None:
             size, span, cq.max_ts = done
             # positions move only now that the bytes are in place: the entry, then its unit, then the queue end
@@ -570,15 +573,15 @@ class FileEngine(StorageAdapter):
                 recbatch.set_log_append_time(body, 0, store_ts)
                 max_ts = store_ts
             offset = cq.end_offset
-            # CommitLog.put, inlined: encode straight into the mapping, then publish the position
+            # CommitLog.put, inlined: write the entry, then publish the position
             size = FIXED + len(topic_b) + len(body)
             mf = clog.current
             if mf is None or size + BLANK_MIN > mf.file_size - mf.wrote:
                 mf = clog.writable_for(size)
             pos = mf.wrote
             phys = mf.start_offset + pos
-            encode_entry(mf.buf, pos, topic_b, queue, offset, phys, store_ts, max_ts, tags_code, 0, span, body)
-            mf.wrote = mf.committed = pos + size  # encode_entry raised OutOfBounds had it not fit
+            clog.write_entry(mf, pos, topic_b, queue, offset, phys, store_ts, max_ts, tags_code, 0, span, body)
+            mf.wrote = mf.committed = pos + size  # the write raised OutOfBounds had it not fit
             if first_phys < 0:
                 first_phys = phys
             # dispatch (ReputMessageService.dispatch, inlined)

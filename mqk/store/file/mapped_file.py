@@ -1,15 +1,21 @@
 """Fixed-size memory-mapped segment files and the ordered queue of them (RocketMQ's MappedFile / MappedFileQueue).
 
 A `MappedFile` is one file of exactly `file_size` bytes, named by the 20-digit logical offset of its first byte, mapped
-shared and read/write. It keeps three positions: `wrote` (bytes in place in the mapping), `committed` (equal to `wrote`:
-mqk writes straight into the mapping, there is no transient buffer pool) and `flushed` (known durable). Every read and
-write is bounds-checked and raises `OutOfBounds`; a position only moves after the bytes are in place, so a reader that
-trusts positions never sees half-written data.
+shared and read/write. It keeps three positions: `wrote` (bytes in place in the file's page cache), `committed`
+(equal to `wrote`: there is no transient buffer pool holding bytes not yet in the file) and `flushed` (known
+durable). Every read and write is bounds-checked and raises `OutOfBounds`; a position only moves after the bytes
+are in place, so a reader that trusts positions never sees half-written data.
+
+Two ways in, one way out. Small fixed-size structures (ConsumeQueue units, index slots) are stored straight into the
+mapping (`append`, `write_at`). CommitLog entries are written through the file descriptor (`write`, one pwritev of
+the entry's head and the producer's batch) because storing into a shared mapping costs the writer a page fault per
+fresh page, and every flush a write-protect pass over the pages the writer dirtied through it; a pwritev does
+neither (16 KiB entries, one flush per MiB: 1.0 ms per flush against 1.5-1.7 ms through the mapping on the test
+machine). Reads of both are zero-copy views of the mapping, which shows the same page cache.
 
 `MappedFileQueue` is the ordered list of segments of one log (the CommitLog, or one ConsumeQueue). It finds the segment
 holding a logical offset, pre-allocates the next segment in a background thread (so an append that crosses a segment
-end never waits for file creation) which also keeps the pages ahead of the writer faulted in (`follow_writer`),
-truncates the dirty tail at recovery, and deletes expired head segments.
+end never waits for file creation), truncates the dirty tail at recovery, and deletes expired head segments.
 
 Nothing here knows entry formats; that belongs to `commitlog` / `consumequeue` and `mqk._fast`.
 """
@@ -22,7 +28,6 @@ import logging
 import mmap
 import os
 import threading
-import time
 from pathlib import Path
 
 from mqk.errors import OutOfBounds, StorageError, StorageFull
@@ -158,6 +163,26 @@ class MappedFile:
         if pos < self.flushed:  # flushes sync from `flushed` on (sync_range): this write must be in the next one
             self.flushed = pos
 
+    def write(self, pos: int, head, tail=b"") -> None:
+        """Write `head` then `tail` at `pos` through the file descriptor (one pwritev into the page cache, see the
+        module docstring), below the file end. Moves no position: the caller publishes the bytes once all of
+        them are in place. StorageFull on a full disk, StorageError on any other failure (EIO)."""
+        n = len(head) + len(tail)
+        if pos < 0 or n > self.file_size - pos:
+            raise OutOfBounds(f"write of {n} bytes at {pos} outside {self.path.name} ({self.file_size} bytes)")
+        try:
+            done = os.pwritev(self.fd, (head, tail), pos)
+            if done < n:  # only a signal or a device error stops a regular file's write short: finish it
+                rest = (bytes(head) + bytes(tail))[done:]
+                while rest:
+                    k = os.pwrite(self.fd, rest, pos + done)
+                    done += k
+                    rest = rest[k:]
+        except OSError as exc:
+            raise _storage_error(exc, self.path, n) from None
+        if pos < self.flushed:
+            self.flushed = pos
+
     def view(self, pos: int, size: int) -> memoryview:
         """Zero-copy view of [pos, pos+size), which must lie inside written data."""
         if pos < 0 or size < 0 or pos + size > self.wrote:
@@ -198,16 +223,11 @@ class MappedFile:
 
     def flush(self) -> int:
         """Make the written bytes durable (blocking: call from a worker thread); returns the new flushed position.
-
-        msync(MS_SYNC) of the range not yet flushed (`sync_range`), or fdatasync of the file where msync is not
-        available: on Linux a shared mapping's dirty pages are the file's page cache, so both write them and wait,
-        and both release the GIL (mmap.flush() does not). The range form leaves alone the pages the warm-up
-        dirtied ahead of the writer and was ~20% faster per 1 MiB group commit here.
-        """
+        fdatasync: on Linux a shared mapping's dirty pages are the file's page cache, so it writes those stored
+        through the mapping as well as those written through the descriptor, and it releases the GIL."""
         target = self.wrote
         if target > self.flushed and not self._closed:
-            if not sync_range(self, self.flushed, target):
-                os.fdatasync(self.fd)
+            os.fdatasync(self.fd)
             self.flushed = max(self.flushed, target)
         return self.flushed
 
@@ -239,14 +259,22 @@ class MappedFile:
         return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
 
 
+def _storage_error(exc: OSError, path: Path, size: int) -> StorageError:
+    """The typed error for a failed write or reservation of `size` bytes in `path`."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull(f"no space for {size} bytes in {path.name}: {exc.strerror}")
+    return StorageError(f"writing {size} bytes to {path.name} failed: {exc.strerror or exc}")
+
+
 def _allocate(fd: int, offset: int, size: int, path: Path) -> None:
     try:
         os.posix_fallocate(fd, offset, size)
     except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate stay sparse
+            return
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StorageFull(f"no space for {path.name} ({size} bytes): {exc.strerror}") from None
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate stay sparse
-            raise
+            raise _storage_error(exc, path, size) from None
+        raise
 
 
 def _zero_fill(fd: int, offset: int, size: int, path: Path) -> None:
@@ -257,7 +285,7 @@ def _zero_fill(fd: int, offset: int, size: int, path: Path) -> None:
             size -= n
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StorageFull(f"no space for {path.name} ({size} bytes): {exc.strerror}") from None
+            raise _storage_error(exc, path, size) from None
         raise
 
 
@@ -268,170 +296,18 @@ def _unlink_quietly(path: Path) -> None:
         pass
 
 
-#: madvise advice values (Linux 5.14+); older kernels answer EINVAL and pages are then simply faulted as written
-_MADV_POPULATE_READ = 22
-_MADV_POPULATE_WRITE = 23
-_MS_SYNC = 4
-#: how far ahead of the writer a segment's pages are faulted in writable, and in what steps (see follow_writer)
-WARM_AHEAD = 64 << 20
-WARM_STEP = 16 << 20
-#: where the warm-up resumes, past the write position, after the writer has overtaken it: beyond the readahead
-#: window a fault of the writer fills (page-cache readahead zero-fills up to read_ahead_kb of an unwritten extent,
-#: 8 MiB on the test machine), so the two threads do not fill the same pages
-WARM_LEAD = 16 << 20
-#: the writer-following warm-up polls the write position this often (backing off while the writer is idle)
-_WARM_POLL_MIN = 0.002
-_WARM_POLL_MAX = 0.02
-
-
-def _load_libc():
-    """libc's madvise and msync through ctypes, which (unlike mmap.madvise / mmap.flush) release the GIL for the
-    call; None where there is no libc to load."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-        msync = libc.msync
-    except (OSError, AttributeError):
-        return None
-    for fn in (madvise, msync):
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        fn.restype = ctypes.c_int
-    return ctypes, madvise, msync
-
-
-_libc = _load_libc()
-
-
-def _call_on_range(mf: MappedFile, fn, pos: int, size: int, arg: int) -> int | None:
-    """`fn(address of mf's byte pos, size, arg)` (pos page-aligned): 0 on success, the errno on failure, None if
-    the mapping is closed or libc is unavailable. A buffer export is held during the call, so the mapping cannot
-    be unmapped under it (MappedFile.close tolerates that)."""
-    if _libc is None or mf._closed:
-        return None
-    ctypes = _libc[0]
-    try:
-        holder = ctypes.c_char.from_buffer(mf.mm)
-    except (ValueError, TypeError, BufferError):  # closed meanwhile
-        return None
-    try:
-        if fn(ctypes.addressof(holder) + pos, size, arg) == 0:
-            return 0
-        return ctypes.get_errno() or errno.EINVAL
-    finally:
-        del holder
-
-
-def sync_range(mf: MappedFile, pos: int, end: int) -> bool:
-    """msync(MS_SYNC) bytes [pos, end) of `mf` (pos rounded down to a page): the kernel writes back and waits for
-    that range only and commits the metadata needed to read it back, as fdatasync does for the whole file
-    (Linux: both are vfs_fsync_range with datasync set). Whole-file fdatasync would also write pages the warm-up
-    dirtied ahead of the writer (zeros that are about to be overwritten). Returns False where msync is not
-    available (the caller falls back to fdatasync); raises OSError on an I/O error."""
-    if _libc is None:
-        return False
-    pos -= pos % PAGE
-    err = _call_on_range(mf, _libc[2], pos, end - pos, _MS_SYNC)
-    if err is None or err in (errno.EINVAL, errno.ENOMEM, errno.ENOSYS):
-        return False  # closed, or a platform that will not msync this mapping: fdatasync answers instead
-    if err:
-        raise OSError(err, os.strerror(err), str(mf.path))
-    return True
-
-
-def populate(mf: MappedFile, pos: int, size: int, advice: int = _MADV_POPULATE_WRITE) -> bool:
-    """Fault [pos, pos+size) of `mf` in (pos page-aligned); False if the kernel or platform cannot."""
-    return _call_on_range(mf, _libc[1], pos, size, advice) == 0 if _libc is not None else False
-
-
-def follow_writer(mf: MappedFile, stop=lambda: False, ahead: int = WARM_AHEAD, step: int = WARM_STEP) -> bool:
-    """Keep the pages of `mf` up to `ahead` bytes past its write position faulted in writable, `step` bytes at a
-    time, until the segment is covered (or closed, full, or `stop()`). Returns False where MADV_POPULATE_WRITE
-    is not available.
-
-    Why: the first store into each page of a fresh shared file mapping costs the appending thread a full page
-    fault (allocate, zero, page_mkwrite into the filesystem) where a write() of the same bytes does not map
-    anything. Measured for 16 KiB entries into a fallocated segment: 7.7 us per entry unwarmed, 6.7 us after a
-    read-only population (a write-protect fault per page remains), 3.9 us after a writable population, which
-    itself costs this background thread ~4 us per 16 KiB. Populating writable dirties the pages (zeros, which
-    read back exactly as the unwritten extent did), so it is done only a window ahead of the writer and never
-    behind it (a page already flushed would be written again; after the writer overtakes it, it resumes
-    `WARM_LEAD` past it), and flushes sync only the written range
-    (`sync_range`) so these zeros are not written to disk just before the data replaces them.
-
-    Runs in the allocator thread: ctypes releases the GIL during each call, so the event loop keeps running; the
-    GIL is needed only between steps."""
-    size = mf.file_size
-    ahead = min(ahead, size)
-    lead = min(WARM_LEAD, ahead // 4)
-    done = 0  #: [0, done) is populated or written
-    poll = _WARM_POLL_MIN
-    while not stop() and not mf._closed:
-        wrote = mf.wrote
-        if wrote >= size:
-            return True
-        if done < wrote:
-            # the writer overtook the warm-up: resume well ahead of it, not beside it (two threads faulting the
-            # same pages of a file wait on each other's page locks; measured 3-6x slower for both)
-            start = -(-(wrote + lead) // PAGE) * PAGE
-        else:
-            start = done
-        limit = min(size, wrote - wrote % PAGE + ahead)
-        if start >= size:
-            return True
-        if limit - start >= step or (limit == size and start < limit):
-            n = min(step, limit - start)
-            if not populate(mf, start, n):
-                return False
-            done = start + n
-            poll = _WARM_POLL_MIN
-        else:
-            time.sleep(poll)
-            poll = min(poll * 2, _WARM_POLL_MAX)
-    return True
-
-
 class _Allocator:
     """Creates the next segment in a background thread so a roll only swaps a pointer (RocketMQ's
     AllocateMappedFileService). One request in flight at a time per queue."""
 
-    def __init__(self, name: str, warm: bool = True) -> None:
+    def __init__(self, name: str) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mqk-alloc-{name}")
         self._pending: dict[int, concurrent.futures.Future[MappedFile]] = {}
-        self._warm = warm
-        self._stopping = False
 
-    def request(self, path: Path, size: int, start: int, follow: MappedFile | None = None) -> None:
-        """Create the segment at `start` in the background; `follow` is the segment being written meanwhile,
-        whose pages the same thread then keeps populated ahead of the writer (`follow_writer`)."""
+    def request(self, path: Path, size: int, start: int) -> None:
+        """Create the segment at `start` in the background."""
         if start not in self._pending:
-            fut: concurrent.futures.Future[MappedFile] = concurrent.futures.Future()
-            self._pending[start] = fut
-            self._pool.submit(self._create, fut, path, size, start, follow)
-
-    def _create(self, fut: concurrent.futures.Future, path: Path, size: int, start: int,
-                follow: MappedFile | None) -> None:
-        try:
-            mf = MappedFile(path, size, start)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            return
-        # hand the segment over as soon as it exists; warming goes on behind (ahead of) the writer
-        fut.set_result(mf)
-        if not self._warm:
-            return
-        stop = self._is_stopping
-        if follow is not None and not follow_writer(follow, stop):
-            return  # no MADV_POPULATE_WRITE here: appends fault pages in as they go
-        # the head of the new segment, so the first appends after the roll find it warm too
-        head = min(WARM_AHEAD, size)
-        for pos in range(0, head, WARM_STEP):
-            if stop() or not populate(mf, pos, min(WARM_STEP, head - pos)):
-                return
-
-    def _is_stopping(self) -> bool:
-        return self._stopping
+            self._pending[start] = self._pool.submit(MappedFile, path, size, start)
 
     def take(self, path: Path, size: int, start: int) -> MappedFile:
         fut = self._pending.pop(start, None)
@@ -440,7 +316,6 @@ class _Allocator:
         return fut.result()
 
     def close(self) -> None:
-        self._stopping = True  # a warm-up in progress stops at its next chunk instead of delaying the close
         self._pool.shutdown(wait=True)
         for fut in self._pending.values():
             try:
@@ -456,14 +331,14 @@ class _Allocator:
 class MappedFileQueue:
     """The ordered segments of one log, each `file_size` bytes, named by start offset."""
 
-    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True, warm: bool = True,
+    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True,
                  reserve_step: int = 0) -> None:
         self.dir = Path(directory)
         self.file_size = file_size
         self.reserve_step = reserve_step
         self.files: list[MappedFile] = []
         self._starts: list[int] = []  # parallel to files, for bisect
-        self._allocator = _Allocator(self.dir.name, warm) if preallocate else None
+        self._allocator = _Allocator(self.dir.name) if preallocate else None
         self._lock = threading.Lock()  # guards `files` against the flush thread iterating it
         #: the next file, created ahead by `reserve_next` (queues without an allocator), taken by `roll`
         self._spare: MappedFile | None = None
@@ -568,7 +443,7 @@ class MappedFileQueue:
         last = self.files[-1] if self.files else None
         nxt = last.end_offset if last is not None else start_if_empty
         self._make_dir()
-        self._allocator.request(self._path(nxt), self.file_size, nxt, follow=last)
+        self._allocator.request(self._path(nxt), self.file_size, nxt)
 
     def roll(self, start_if_empty: int = 0) -> MappedFile:
         """Open the segment after the last one (the current one must already be logically full)."""
@@ -581,7 +456,7 @@ class MappedFileQueue:
         if self._allocator is not None:
             mf = self._allocator.take(path, self.file_size, start)
             nxt = start + self.file_size
-            self._allocator.request(self._path(nxt), self.file_size, nxt, follow=mf)
+            self._allocator.request(self._path(nxt), self.file_size, nxt)
         elif self._spare is not None and self._spare.start_offset == start:
             mf, self._spare = self._spare, None
         else:
