@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -206,11 +207,22 @@ async def test_sync_flush_group_commit(tmp_path: Path) -> None:
     e = await open_engine(tmp_path, flush_mode="sync")
     try:
         await e.create_shards(T, 1, TopicConfig())
+        real_flush = e.clog.flush
+        covered = []
+
+        def slow_flush():  # a disk slow enough that every writer arrives while the first flush is under way
+            time.sleep(0.05)
+            covered.append(real_flush())
+            return covered[-1]
+
+        e.clog.flush = slow_flush
         before = e.flusher.flush_count
         results = await asyncio.gather(*(e.append(T, 0, [batch(1)]) for _ in range(50)))
         assert sorted(r.base_offset for r in results) == list(range(50))
         assert e.flusher.flushed >= e.clog.max_offset  # acknowledged means flushed
-        assert e.flusher.flush_count - before <= 5, "one fsync should serve every writer waiting"
+        # the first flush starts with the first write; the 49 writers arriving during it ride the next one
+        assert e.flusher.flush_count - before <= 2, "one fsync should serve every writer waiting"
+        assert covered[-1] == e.clog.max_offset
     finally:
         await e.close()
 

@@ -869,8 +869,8 @@ class FileEngine(StorageAdapter):
         for cq in dirty:
             cq.flush()
         flushed = self.clog.flush()
-        if self.flusher is not None and flushed > self.flusher.flushed:
-            self.flusher.flushed = flushed
+        if self.flusher is not None:
+            self.flusher.note_flushed(flushed)
         self.checkpoint.store(min(safe, flushed), flushed, _now_ms())
 
     # --- group offsets --------------------------------------------------------------------------------

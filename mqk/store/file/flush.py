@@ -1,23 +1,25 @@
 """Flushing the CommitLog to disk: `async` (periodic, RocketMQ's FlushRealTimeService) and `sync` with group commit
 (RocketMQ's GroupCommitService).
 
-Every flush (msync of the CommitLog range not yet durable, fdatasync where msync is unavailable: MappedFile.flush)
-runs in one dedicated worker thread, never on the event loop, and flushes are serialized there.
-
-- `sync`: an append calls `await wait_flushed(end)`; the service runs one flush for everyone waiting at that moment,
-  then wakes every waiter whose data it covered. Writers arriving during a flush ride the next one, so N concurrent
-  producers cost about one fsync per round trip, not N.
+- `sync`: an append calls `wait_flushed(end)` and waits on the future it returns. A dedicated flusher thread
+  flushes whatever has been written since the last flush, and keeps going flush after flush for as long as
+  writes keep arriving; after each flush it wakes every waiter the flush covered. Writers arriving during a
+  flush ride the next one, so N concurrent producers cost about one flush per round trip, not N, and the event
+  loop appends the next group while the disk syncs this one (the two overlap instead of taking turns).
 - `async`: every `flush_interval_ms`, flush if at least `flush_min_pages` pages are dirty, and flush whatever is
   dirty at least every `thorough_interval_ms` (RocketMQ's flushPhysicQueueThoroughInterval), so a trickle of
-  small writes is not left unflushed forever.
+  small writes is not left unflushed forever. These flushes, and `flush()` in either mode, run in a one-thread
+  executor, never on the event loop.
 
-A flush failure (EIO, ENOSPC) fails the waiting appends with StorageError and is logged; the service keeps running.
+A flush failure (EIO, ENOSPC) fails the appends waiting for it with StorageError and is logged; the service keeps
+running, and the next write tries again.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import logging
+import threading
 import time
 
 from mqk.config import FLUSH_SYNC, StoreConfig
@@ -35,33 +37,44 @@ class FlushService:
         self.interval = config.flush_interval_ms / 1000
         self.min_bytes = config.flush_min_pages * PAGE
         self.thorough = thorough_interval_ms / 1000
-        #: the CommitLog offset known durable
+        #: the CommitLog offset known durable (as the event loop has been told)
         self.flushed = commitlog.max_offset
         self.flush_count = 0
         self.flush_seconds = 0.0  #: wall time spent in flushes (fsync latency as the appends see it)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqk-flush")
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: set by the loop when a write wants flushing; the sync flusher thread sleeps on it
+        self._kick = threading.Event()
+        self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
     def start(self) -> None:
-        self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run_sync() if self.sync else self._run_async())
+        self._loop = asyncio.get_running_loop()
+        if self.sync:
+            self._thread = threading.Thread(target=self._sync_flusher, name="mqk-flush-sync", daemon=True)
+            self._thread.start()
+        else:
+            self._task = self._loop.create_task(self._run_async())
 
     async def flush(self) -> int:
         """Flush everything written so far (off the loop); returns the durable offset."""
         loop = asyncio.get_running_loop()
+        flushed = await loop.run_in_executor(self.executor, self._timed_flush)
+        self._flushed_to(flushed)
+        return self.flushed
+
+    def _timed_flush(self) -> int:
         t0 = time.perf_counter()
-        flushed = await loop.run_in_executor(self.executor, self.clog.flush)
+        flushed = self.clog.flush()
         self.flush_seconds += time.perf_counter() - t0
         self.flush_count += 1
-        self.flushed = max(self.flushed, flushed)
-        return self.flushed
+        return flushed
 
     def wait_flushed(self, target: int) -> asyncio.Future[None]:
         """A future done once CommitLog bytes below `target` are durable (sync mode: group commit)."""
-        fut = asyncio.get_running_loop().create_future()
+        fut = self._loop.create_future()
         if self.flushed >= target:
             fut.set_result(None)
             return fut
@@ -69,36 +82,73 @@ class FlushService:
             fut.set_exception(StorageError("the store is closing"))
             return fut
         self._waiters.append((target, fut))
-        self._wake.set()
+        if not self._kick.is_set():
+            self._kick.set()
         return fut
 
-    async def _run_sync(self) -> None:
-        wake = self._wake
+    # --- sync: the flusher thread -------------------------------------------------------------------------
+
+    def _sync_flusher(self) -> None:
+        """Flush while there is something written and not yet flushed, then sleep until kicked. The kick is
+        cleared before the write position is read, so a write that lands after that read kicks again."""
+        durable = self.flushed
+        kick = self._kick
+        loop = self._loop
         while True:
-            await wake.wait()
-            wake.clear()
-            if not self._waiters:
+            kick.wait()
+            kick.clear()
+            if self._stopping:
+                return
+            while self.clog.max_offset > durable:
+                try:
+                    durable = max(durable, self._timed_flush())
+                except OSError as exc:
+                    log.error("CommitLog flush failed: %s", exc)
+                    self._call_loop(self._fail_waiters, exc)
+                    break
+                self._call_loop(self._flushed_to, durable)
                 if self._stopping:
                     return
-                continue
-            waiting, self._waiters = self._waiters, []
-            try:
-                flushed = await self.flush()
-            except OSError as exc:
-                log.error("CommitLog flush failed: %s", exc)
-                for _, fut in waiting:
-                    if not fut.done():
-                        fut.set_exception(StorageError(f"flush failed: {exc}"))
-                continue
-            for target, fut in waiting:
-                if fut.done():
-                    continue
-                if target <= flushed:
+
+    def note_flushed(self, flushed: int) -> None:
+        """From any thread: CommitLog bytes below `flushed` were made durable by someone else (a checkpoint)."""
+        self._call_loop(self._flushed_to, flushed)
+
+    def _call_loop(self, fn, arg) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the loop closed under a store that was not stopped: nobody is waiting any more
+            pass
+
+    def _flushed_to(self, flushed: int) -> None:
+        """On the loop: record the durable offset and wake every waiter it covers."""
+        if flushed <= self.flushed:
+            return
+        self.flushed = flushed
+        waiters = self._waiters
+        if not waiters:
+            return
+        keep = []
+        for target, fut in waiters:
+            if target <= flushed:
+                if not fut.done():
                     fut.set_result(None)
-                else:  # written after the flush began: the next round covers it
-                    self._waiters.append((target, fut))
-            if self._waiters:
-                wake.set()
+            else:
+                keep.append((target, fut))
+        self._waiters = keep
+
+    def _fail_waiters(self, exc: OSError) -> None:
+        """On the loop: a flush failed; every append waiting for bytes it did not make durable fails."""
+        waiters, self._waiters = self._waiters, []
+        for target, fut in waiters:
+            if fut.done():
+                continue
+            if target <= self.flushed:
+                fut.set_result(None)
+            else:
+                fut.set_exception(StorageError(f"flush failed: {exc}"))
+
+    # --- async --------------------------------------------------------------------------------------------
 
     async def _run_async(self) -> None:
         last_flush = time.monotonic()
@@ -116,8 +166,12 @@ class FlushService:
                 last_flush = now
 
     async def stop(self) -> None:
-        """Final flush, wake every waiter, stop the task."""
+        """Stop the flusher, flush everything once more, wake every waiter."""
         self._stopping = True
+        if self._thread is not None:
+            self._kick.set()
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
         try:
             await self.flush()
         finally:
