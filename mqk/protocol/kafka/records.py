@@ -222,19 +222,19 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
     topic) refuses a record without a key with InvalidRecord (INVALID_RECORD), and `timestamps` (low, high: a
     CreateTime topic's window around now) a record whose timestamp lies outside with InvalidTimestamp
     (INVALID_TIMESTAMP), both in the same walk."""
-    if buf is None or len(buf) == 0:
+    if not buf:  # None or no bytes
         raise InvalidRecord("produce request without records")
     view = buf if buf.__class__ is memoryview else memoryview(buf)  # the decoder hands over views already
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
-    if len(view) > 16 and view[16] in (0, 1):
+    whole = len(view)
+    if whole > 16 and view[16] in (0, 1):
         converted = convert_legacy(view, max_batch_bytes, max_decompressed_bytes)
         if require_keys or timestamps is not None:
             recbatch.check_records(converted.data[_RECORDS_POS:], converted.record_count, (), require_keys, timestamps,
                                    converted.base_timestamp)
         return [converted]
     out = []
-    whole = len(view)
     # one kernel call checks every batch's framing and CRC and walks the records of the uncompressed ones
     for (pos, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch, base_sequence,
          base_ts, named) in recbatch.scan_batches(view, verify_crc, True, header_names, require_keys, timestamps):
