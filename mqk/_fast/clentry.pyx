@@ -9,6 +9,11 @@ from libc.string cimport memcpy, memmove
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.exc cimport PyErr_CheckSignals
+from libc cimport errno as c_errno
+from libc.string cimport strerror
+from posix.types cimport off_t
+from posix.uio cimport iovec, pwritev
 
 from mqk._fast._bytes cimport (as_i32, borrow, borrow_writable, crc32c_of, crc32c_of_two, ld_i32, ld_i64, ld_u16, ld_u32,
                                st_cq_unit, st_i64, st_u16, st_u32)
@@ -203,6 +208,51 @@ cdef object _append_head(Py_buffer* out, bytes topic, Py_ssize_t queue_id, int64
     st_cq_unit(<unsigned char*>units.buf + cq_pos, physical_offset, <uint32_t>size, <uint32_t>span, tags_code,
                store_timestamp, running, queue_offset)
     return (size, span, running)
+
+
+def write_entry(int fd, Py_ssize_t pos, head, Py_ssize_t head_len, body):
+    """See clentry_py.write_entry: pwritev of head[:head_len] and body[8:] at pos, without the GIL."""
+    cdef Py_buffer h, b
+    cdef iovec iov[2]
+    cdef ssize_t done
+    cdef int err = 0
+    borrow(head, &h)
+    try:
+        borrow(body, &b)
+        try:
+            if head_len < 0 or head_len > h.len or b.len < 8 or pos < 0:
+                raise OutOfBounds(f"entry write of head {head_len}/{h.len} and body {b.len} bytes at {pos}")
+            iov[0].iov_base = h.buf
+            iov[0].iov_len = <size_t>head_len
+            iov[1].iov_base = <char*>b.buf + 8
+            iov[1].iov_len = <size_t>(b.len - 8)
+            while iov[0].iov_len + iov[1].iov_len:
+                with nogil:
+                    done = pwritev(fd, iov, 2, <off_t>pos)
+                    if done < 0:
+                        err = c_errno.errno
+                if done < 0:
+                    if err == c_errno.EINTR:
+                        PyErr_CheckSignals()  # a signal handler's exception ends the write, as in os.pwritev
+                        continue
+                    raise OSError(err, strerror(err).decode(errors="replace"))
+                if done == 0:
+                    raise OSError(0, f"pwritev wrote nothing at {pos}")
+                # a short write (a signal, a device error about to be reported): write the rest
+                pos += done
+                if <size_t>done >= iov[0].iov_len:
+                    done -= iov[0].iov_len
+                    iov[0].iov_len = 0
+                    iov[1].iov_base = <char*>iov[1].iov_base + done
+                    iov[1].iov_len -= <size_t>done
+                else:
+                    iov[0].iov_base = <char*>iov[0].iov_base + done
+                    iov[0].iov_len -= <size_t>done
+            return None
+        finally:
+            PyBuffer_Release(&b)
+    finally:
+        PyBuffer_Release(&h)
 
 
 def blank_head(Py_ssize_t size):

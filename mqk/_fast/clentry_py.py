@@ -26,6 +26,7 @@ of a header parse, an encode and a unit pack.
 """
 from __future__ import annotations
 
+import os
 import struct
 
 from crc32c import crc32c
@@ -183,6 +184,29 @@ def append_head(head, topic, queue_id, queue_offset, physical_offset, store_time
                 body)
     _UNIT.pack_into(cq, cq_pos, physical_offset, size, span, tags_code, store_timestamp, running, queue_offset)
     return (size, span, running)
+
+
+def write_entry(fd, pos, head, head_len, body) -> None:
+    """Write the entry whose head is `head[:head_len]` (see `encode_head`) and whose batch is `body` at offset `pos`
+    of file `fd`: one pwritev of the head and body[8:] (the batch's base offset is in the head), finishing a short
+    write. OSError as os.pwritev raises it; OutOfBounds for a head length outside `head`, a body under 8 bytes or a
+    negative position."""
+    pos = _ssize(pos)
+    head_len = _ssize(head_len)
+    h = _view(head)
+    b = _view(body)
+    if head_len < 0 or head_len > h.nbytes or b.nbytes < 8 or pos < 0:
+        raise OutOfBounds(f"entry write of head {head_len}/{h.nbytes} and body {b.nbytes} bytes at {pos}")
+    parts = [h[:head_len], b[8:]]
+    while parts:
+        done = os.pwritev(fd, parts, pos)
+        if done == 0:
+            raise OSError(0, f"pwritev wrote nothing at {pos}")
+        pos += done
+        while parts and done >= parts[0].nbytes:  # a short write (a signal, a device error to come): the rest
+            done -= parts.pop(0).nbytes
+        if parts and done:
+            parts[0] = parts[0][done:]
 
 
 def blank_head(size) -> bytes:

@@ -2,6 +2,8 @@
 blank and end-of-data handling, and bounds. Every test runs on the twin and, when built, the compiled module."""
 from __future__ import annotations
 
+import errno
+import os
 import struct
 
 import pytest
@@ -287,3 +289,67 @@ def test_append_head_compiled_and_twin_agree_on_arbitrary_bodies():
         assert all(r == results[0] for r in results)
 
     check()
+
+
+# --- write_entry: head and batch tail into a file in one pwritev -----------------------------------------------
+
+
+def test_write_entry_puts_the_entry_encode_entry_writes_into_the_file(impl, tmp_path):
+    ce, rb = impl
+    body = a_batch(rb, 5)
+    ref = bytearray(len(body) + 100)
+    size = ce.encode_entry(ref, 0, b"orders", 2, 500, 4096, 1_700_000_000_123, 77, -12345, 0, 5, body)
+    head = bytearray(200)
+    ce.encode_head(head, b"orders", 2, 500, 4096, 1_700_000_000_123, 77, -12345, 0, 5, body)
+    path = tmp_path / "log"
+    path.write_bytes(b"\xee" * 3000)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert ce.write_entry(fd, 100, head, ce.head_size(6), memoryview(body)) is None
+    finally:
+        os.close(fd)
+    data = path.read_bytes()
+    assert data[:100] == b"\xee" * 100 and data[100:100 + size] == bytes(ref[:size])
+    assert data[100 + size:] == b"\xee" * (3000 - 100 - size)
+
+
+def test_twin_write_entry_finishes_a_short_write(tmp_path, monkeypatch):
+    """The twin's loop over short writes (the compiled kernel's is the same loop over pwritev(2) itself)."""
+    ce = twin("clentry")
+    body = a_batch(twin("recbatch"))
+    real = os.pwritev
+    calls = []
+
+    def short(fd, parts, pos):
+        calls.append(pos)
+        data = b"".join(bytes(p) for p in parts)
+        return real(fd, [data[:7]], pos)
+
+    monkeypatch.setattr(os, "pwritev", short)
+    path = tmp_path / "log"
+    path.write_bytes(bytes(400))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        ce.write_entry(fd, 0, b"0123456789AB", 10, body)
+    finally:
+        os.close(fd)
+    expected = b"0123456789" + body[8:]
+    assert path.read_bytes()[: len(expected)] == expected
+    assert calls[:3] == [0, 7, 14] and len(calls) == -(-len(expected) // 7)
+
+
+def test_write_entry_errors(impl, tmp_path):
+    ce, rb = impl
+    body = a_batch(rb)
+    for head_len, bad_body, pos in ((-1, body, 0), (11, body, 0), (10, body[:7], 0), (10, body, -1)):
+        with pytest.raises(OutOfBounds):
+            ce.write_entry(0, pos, bytes(10), head_len, bad_body)
+    path = tmp_path / "ro"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as info:
+            ce.write_entry(fd, 0, bytes(10), 10, body)
+        assert info.value.errno == errno.EBADF
+    finally:
+        os.close(fd)

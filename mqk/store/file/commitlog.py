@@ -2,7 +2,7 @@
 
 Owns `commitlog/` and the entry placement rules: an entry (layout in `mqk._fast.clentry`) is written at the end of
 the last segment as its head (header, topic, base offset, CRC over the whole entry) and the producer's batch from
-its 9th byte on, in one pwritev (`MappedFile.write`), and the write position moves only after the whole entry is in
+its 9th byte on, in one pwritev (`clentry.write_entry`), and the write position moves only after the whole entry is in
 place.
 An entry never spans segments: when the next one would leave fewer than `clentry.BLANK_MIN_SIZE` bytes, the rest of
 the segment becomes a BLANK entry and the entry goes to the next (pre-allocated) segment.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mqk._fast import load
 from mqk.errors import Corrupt, MessageTooLarge, OutOfBounds
-from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
+from mqk.store.file.mapped_file import MappedFile, MappedFileQueue, storage_error
 
 clentry = load("clentry")
 log = logging.getLogger(__name__)
@@ -35,7 +35,6 @@ class CommitLog:
         self.mfq = MappedFileQueue(self.dir, segment_bytes, preallocate=True)
         #: where entry heads are built before they are written (one at a time: appends run on one thread)
         self.head = bytearray(clentry.head_size(0xFFFF))
-        self.head_view = memoryview(self.head)
 
     # --- positions -------------------------------------------------------------------------------------
 
@@ -89,7 +88,12 @@ class CommitLog:
         its size."""
         size = clentry.encode_head(self.head, topic, queue_id, queue_offset, phys, store_ts, max_ts, tags_code,
                                    flags, record_count, body)
-        mf.write(pos, self.head_view[: FIXED + len(topic) + 8], memoryview(body)[8:])
+        if pos < 0 or size > mf.file_size - pos:
+            raise OutOfBounds(f"entry of {size} bytes at {pos} overflows {mf.path.name} ({mf.file_size} bytes)")
+        try:
+            clentry.write_entry(mf.fd, pos, self.head, FIXED + len(topic) + 8, body)
+        except OSError as exc:
+            raise storage_error(exc, mf.path, size) from None
         return size
 
     def body_view(self, phys: int, size: int, topic_len: int) -> memoryview:

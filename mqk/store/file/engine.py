@@ -10,8 +10,8 @@ Owns everything under its root directory:
 
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
 build the entry's head (its CRC computed over head and batch) and dispatch its ConsumeQueue unit in one kernel call,
-`clentry.append_head`, then write head and batch into the CommitLog with one pwritev (one copy of the batch, by the
-kernel), publish, notify listeners. That is the common case (one batch, room in the current segment and
+`clentry.append_head`, then write head and batch into the CommitLog with one pwritev (`clentry.write_entry`: one
+copy of the batch, by the kernel), publish, notify listeners. That is the common case (one batch, room in the current segment and
 ConsumeQueue file); anything else takes the general path, which writes the same bytes. Reads hand out zero-copy
 views into the mapping.
 
@@ -54,6 +54,7 @@ from mqk.store.file.consumequeue import UNIT, ConsumeQueue
 from mqk.store.file.dispatch import ReputMessageService
 from mqk.store.file.flush import FlushService
 from mqk.store.file.index import IndexService, live_entry
+from mqk.store.file.mapped_file import storage_error
 from mqk.store.fsutil import atomic_write_json, read_json
 
 # record-level timestamp resolution shared with the memory engine (decoding and decompression of one batch)
@@ -63,6 +64,7 @@ recbatch = load("recbatch")
 clentry = load("clentry")
 parse_header = recbatch.parse_header
 append_head = clentry.append_head
+write_entry = clentry.write_entry
 perf_ns = time.perf_counter_ns
 time_ns = time.time_ns
 log = logging.getLogger(__name__)
@@ -499,7 +501,10 @@ class FileEngine(StorageAdapter):
                 done = append_head(clog.head, shard.topic_b, queue, base, first_phys, store_ts, tags_code, body,
                                    qf.buf, qpos, cq.max_ts)
                 if done is not None:
-                    mf.write(pos, clog.head_view[: shard.fixed + 8], memoryview(body)[8:])
+                    try:
+                        write_entry(mf.fd, pos, clog.head, shard.fixed + 8, body)
+                    except OSError as exc:
+                        raise storage_error(exc, mf.path, done[0]) from None
         if done is not None:
             size, span, cq.max_ts = done
             # positions move only now that the bytes are in place: the entry, then its unit, then the queue end

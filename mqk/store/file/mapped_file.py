@@ -7,8 +7,8 @@ durable). Every read and write is bounds-checked and raises `OutOfBounds`; a pos
 are in place, so a reader that trusts positions never sees half-written data.
 
 Two ways in, one way out. Small fixed-size structures (ConsumeQueue units, index slots) are stored straight into the
-mapping (`append`, `write_at`). CommitLog entries are written through the file descriptor (`write`, one pwritev of
-the entry's head and the producer's batch) because storing into a shared mapping costs the writer a page fault per
+mapping (`append`, `write_at`). CommitLog entries are written through the file descriptor (`commitlog`: one pwritev
+of the entry's head and the producer's batch; `write` here for anything else) because storing into a shared mapping costs the writer a page fault per
 fresh page, and every flush a write-protect pass over the pages the writer dirtied through it; a pwritev does
 neither (16 KiB entries, one flush per MiB: 1.0 ms per flush against 1.5-1.7 ms through the mapping on the test
 machine). Reads of both are zero-copy views of the mapping, which shows the same page cache.
@@ -163,23 +163,20 @@ class MappedFile:
         if pos < self.flushed:  # flushes sync from `flushed` on (sync_range): this write must be in the next one
             self.flushed = pos
 
-    def write(self, pos: int, head, tail=b"") -> None:
-        """Write `head` then `tail` at `pos` through the file descriptor (one pwritev into the page cache, see the
-        module docstring), below the file end. Moves no position: the caller publishes the bytes once all of
-        them are in place. StorageFull on a full disk, StorageError on any other failure (EIO)."""
-        n = len(head) + len(tail)
+    def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Write `data` at `pos` through the file descriptor (a pwrite into the page cache, see the module
+        docstring), below the file end. Moves no position: the caller publishes the bytes once all of them are in
+        place. StorageFull on a full disk, StorageError on any other failure (EIO)."""
+        n = len(data)
         if pos < 0 or n > self.file_size - pos:
             raise OutOfBounds(f"write of {n} bytes at {pos} outside {self.path.name} ({self.file_size} bytes)")
+        view = memoryview(data)
         try:
-            done = os.pwritev(self.fd, (head, tail), pos)
-            if done < n:  # only a signal or a device error stops a regular file's write short: finish it
-                rest = (bytes(head) + bytes(tail))[done:]
-                while rest:
-                    k = os.pwrite(self.fd, rest, pos + done)
-                    done += k
-                    rest = rest[k:]
+            done = 0
+            while done < n:  # a regular file's write stops short only for a signal or a device error: finish it
+                done += os.pwrite(self.fd, view[done:], pos + done)
         except OSError as exc:
-            raise _storage_error(exc, self.path, n) from None
+            raise storage_error(exc, self.path, n) from None
         if pos < self.flushed:
             self.flushed = pos
 
@@ -259,7 +256,7 @@ class MappedFile:
         return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
 
 
-def _storage_error(exc: OSError, path: Path, size: int) -> StorageError:
+def storage_error(exc: OSError, path: Path, size: int) -> StorageError:
     """The typed error for a failed write or reservation of `size` bytes in `path`."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StorageFull(f"no space for {size} bytes in {path.name}: {exc.strerror}")
@@ -273,7 +270,7 @@ def _allocate(fd: int, offset: int, size: int, path: Path) -> None:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate stay sparse
             return
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _storage_error(exc, path, size) from None
+            raise storage_error(exc, path, size) from None
         raise
 
 
@@ -285,7 +282,7 @@ def _zero_fill(fd: int, offset: int, size: int, path: Path) -> None:
             size -= n
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _storage_error(exc, path, size) from None
+            raise storage_error(exc, path, size) from None
         raise
 
 
