@@ -5,7 +5,7 @@ Every append runs `append_head` (or `encode_head`), every recovery and dispatch 
 before each access (boundscheck is off). See clentry_py.py for the layout, the BLANK rule and the error contract.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
-from libc.string cimport memcpy, memmove
+from libc.string cimport memcpy
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -77,19 +77,6 @@ cdef Py_ssize_t _write_head(unsigned char* e, Py_ssize_t size, int32_t queue_id,
     return C_FIXED + topic_len
 
 
-cdef int _write_entry(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32_t flags, int64_t queue_offset,
-                     int64_t physical_offset, int32_t record_count, int64_t store_timestamp, int64_t max_timestamp,
-                     int64_t tags_code, bytes topic, Py_ssize_t topic_len, const unsigned char* body,
-                     Py_ssize_t body_len) except -1:
-    """Header, topic, body and CRC of one MESSAGE entry at e (the caller checked `size` bytes fit)."""
-    # memmove first: the body may be a view into this same buffer (a re-append); overlap must not corrupt it
-    memmove(e + C_FIXED + topic_len + 8, body + 8, body_len - 8)
-    _write_head(e, size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp,
-                max_timestamp, tags_code, topic, topic_len)
-    st_u32(e + 8, crc32c_of(_crc32c, e + C_CRC_START, size - C_CRC_START))
-    return 0
-
-
 cdef int _write_head_crc(unsigned char* e, Py_ssize_t size, int32_t queue_id, int32_t flags, int64_t queue_offset,
                          int64_t physical_offset, int32_t record_count, int64_t store_timestamp,
                          int64_t max_timestamp, int64_t tags_code, bytes topic, Py_ssize_t topic_len,
@@ -103,32 +90,6 @@ cdef int _write_head_crc(unsigned char* e, Py_ssize_t size, int32_t queue_id, in
 
 def entry_size(Py_ssize_t topic_len, Py_ssize_t body_len):
     return _entry_size(topic_len, body_len)
-
-
-def encode_entry(buf, Py_ssize_t pos, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset,
-                 Py_ssize_t physical_offset, Py_ssize_t store_timestamp, Py_ssize_t max_timestamp,
-                 Py_ssize_t tags_code, Py_ssize_t flags, Py_ssize_t record_count, body):
-    cdef int32_t c_queue_id = as_i32(queue_id), c_flags = as_i32(flags), c_record_count = as_i32(record_count)
-    cdef Py_buffer out, batch
-    cdef Py_ssize_t topic_len, size
-    borrow_writable(buf, &out)
-    try:
-        borrow(body, &batch)
-        try:
-            if batch.len < C_BATCH_HEADER:
-                raise ValueError(f"body of {batch.len} bytes is not a record batch")
-            topic_len = PyBytes_GET_SIZE(topic)
-            size = _entry_size(topic_len, batch.len)
-            if pos < 0 or size > out.len - pos:
-                raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {out.len} bytes")
-            _write_entry(<unsigned char*>out.buf + pos, size, c_queue_id, c_flags, queue_offset, physical_offset,
-                         c_record_count, store_timestamp, max_timestamp, tags_code, topic, topic_len,
-                         <const unsigned char*>batch.buf, batch.len)
-            return size
-        finally:
-            PyBuffer_Release(&batch)
-    finally:
-        PyBuffer_Release(&out)
 
 
 def head_size(Py_ssize_t topic_len):

@@ -13,16 +13,16 @@ that remains can then always take a BLANK.
 `limit`, kind 1 for a message, kind 2 for a blank; any other magic, an impossible size or a CRC mismatch is
 `Corrupt(message, position)`. For kinds 0 and 2 the fields after total_size are 0, topic "" and body_pos -1.
 A message's body is a whole record batch (at least its 61-byte header), so a message entry is at least 127 bytes;
-`encode_entry` refuses a shorter body with ValueError. A read window outside the buffer (pos < 0, pos > limit,
+`encode_head` refuses a shorter body with ValueError. A read window outside the buffer (pos < 0, pos > limit,
 limit > len(buf)) and writes that do not fit raise `OutOfBounds`.
 
-The file store does not copy a body into an entry: it writes the entry's *head* (the fixed header, the topic and the
-body's first 8 bytes, which are the batch's base offset, set here to the queue offset) and then the rest of the body
-straight from the producer's buffer, in one `pwritev`. `encode_head` builds such a head, CRC included (computed over
-the head and the body's tail, as if they were one entry), so `head + body[8:]` is byte for byte what `encode_entry`
-writes. `append_head` is the file store's single-batch append in one call: it checks the batch header, builds the
-head and writes the entry's ConsumeQueue unit (layout in `cqunit_py`), so an append costs one kernel call instead
-of a header parse, an encode and a unit pack.
+An entry is never assembled in memory: the file store writes its *head* (the fixed header, the topic and the body's
+first 8 bytes, which are the batch's base offset, set to the queue offset) and then the rest of the body straight
+from the producer's buffer, in one `pwritev` (`write_entry`). `encode_head` builds such a head, CRC included
+(computed over the head and the body's tail, as if they were one buffer), so `head + body[8:]` is the entry.
+`append_head` is the file store's single-batch append in one call: it checks the batch header, builds the head and
+writes the entry's ConsumeQueue unit (layout in `cqunit_py`), so an append costs one kernel call instead of a header
+parse, an encode and a unit pack.
 """
 from __future__ import annotations
 
@@ -67,25 +67,6 @@ def entry_size(topic_len, body_len) -> int:
     return FIXED_HEADER_SIZE + topic_len + body_len
 
 
-def encode_entry(buf, pos, topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp,
-                 tags_code, flags, record_count, body) -> int:
-    """Write one message entry at `pos` in writable `buf`; the copied body (a record batch) gets base offset =
-    queue_offset. Returns the entry's size. OutOfBounds if it does not fit; ValueError if body is no batch."""
-    pos = _ssize(pos)
-    fields, body = _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp,
-                                 tags_code, flags, record_count, body)
-    size = fields[0]
-    mv = _writable(buf)
-    if pos < 0 or size > mv.nbytes - pos:
-        raise OutOfBounds(f"entry of {size} bytes at {pos} does not fit buffer of {mv.nbytes} bytes")
-    # the body first: it may be a view into this same buffer (a re-append), which the header must not overwrite
-    p = pos + FIXED_HEADER_SIZE + len(topic)
-    mv[p + 8:p + body.nbytes] = body[8:]
-    _pack_head(mv, pos, fields, topic)
-    _U32.pack_into(mv, pos + 8, crc32c(mv[pos + CRC_START:pos + size]))
-    return size
-
-
 def head_size(topic_len) -> int:
     """Bytes of an entry's head (fixed header, topic, the body's 8-byte base offset): see `encode_head`."""
     return FIXED_HEADER_SIZE + _ssize(topic_len) + 8
@@ -93,8 +74,9 @@ def head_size(topic_len) -> int:
 
 def encode_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp, tags_code,
                 flags, record_count, body) -> int:
-    """Write the head of the entry `encode_entry` would write into `head[0:head_size(len(topic))]`, its CRC
-    covering `body[8:]` too, so that head + body[8:] is that entry. Returns the entry's size (not the head's).
+    """Write the head of a message entry for the record batch `body` into `head[0:head_size(len(topic))]`: the
+    fixed header with these fields, the topic, and the batch's base offset set to queue_offset, with the CRC
+    covering `body[8:]` too, so that head + body[8:] is the entry. Returns the entry's size (not the head's).
     OutOfBounds if the head does not fit `head`; ValueError if body is no batch."""
     fields, body = _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp,
                                  tags_code, flags, record_count, body)
