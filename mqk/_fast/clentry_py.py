@@ -112,14 +112,12 @@ def _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestam
 
 def _pack_head(mv: memoryview, pos: int, fields: tuple, topic: bytes) -> int:
     """Fixed header (CRC left 0), topic and base offset (= queue offset) at `pos`; returns the body's position."""
-    size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp, max_timestamp, tags_code = fields
-    _FIXED.pack_into(mv, pos, size, MAGIC_MESSAGE, 0, queue_id, flags, queue_offset, physical_offset, record_count,
-                     store_timestamp, max_timestamp, tags_code, len(topic))
+    _FIXED.pack_into(mv, pos, fields[0], MAGIC_MESSAGE, 0, *fields[1:], len(topic))
     p = pos + FIXED_HEADER_SIZE
     mv[p:p + len(topic)] = topic
     p += len(topic)
     # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
-    _I64.pack_into(mv, p, queue_offset)
+    _I64.pack_into(mv, p, fields[3])
     return p
 
 

@@ -11,9 +11,9 @@ Owns everything under its root directory:
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
 build the entry's head (its CRC computed over head and batch) and dispatch its ConsumeQueue unit in one kernel call,
 `clentry.append_head`, then write head and batch into the CommitLog with one pwritev (`clentry.write_entry`: one
-copy of the batch, by the kernel), publish, notify listeners. That is the common case (one batch, room in the current segment and
-ConsumeQueue file); anything else takes the general path, which writes the same bytes. Reads hand out zero-copy
-views into the mapping.
+copy of the batch, by the kernel), publish, notify listeners. That is the common case (one batch, room in the
+current segment and ConsumeQueue file); anything else takes the general path, which writes the same bytes. Reads
+hand out zero-copy views into the mapping.
 
 Recovery runs at every start, from the older of the checkpoint's safe offset and the start of the last three
 segments: ConsumeQueues are cut back to units below that point, entries are scanned forward with CRC checks and

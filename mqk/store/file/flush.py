@@ -93,7 +93,6 @@ class FlushService:
         cleared before the write position is read, so a write that lands after that read kicks again."""
         durable = self.flushed
         kick = self._kick
-        loop = self._loop
         while True:
             kick.wait()
             kick.clear()

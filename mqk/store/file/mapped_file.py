@@ -7,11 +7,12 @@ durable). Every read and write is bounds-checked and raises `OutOfBounds`; a pos
 are in place, so a reader that trusts positions never sees half-written data.
 
 Two ways in, one way out. Small fixed-size structures (ConsumeQueue units, index slots) are stored straight into the
-mapping (`append`, `write_at`). CommitLog entries are written through the file descriptor (`commitlog`: one pwritev
-of the entry's head and the producer's batch; `write` here for anything else) because storing into a shared mapping costs the writer a page fault per
-fresh page, and every flush a write-protect pass over the pages the writer dirtied through it; a pwritev does
-neither (16 KiB entries, one flush per MiB: 1.0 ms per flush against 1.5-1.7 ms through the mapping on the test
-machine). Reads of both are zero-copy views of the mapping, which shows the same page cache.
+mapping (`append`, `write_at`). CommitLog entries are written through the file descriptor (one pwritev of the entry's
+head and the producer's batch, in `commitlog`; `write` here for anything else), because storing into a shared
+mapping costs the writer a page fault per fresh page, and every flush a write-protect pass over the pages the writer
+dirtied through it; a pwritev does neither (16 KiB entries, one flush per MiB: 1.0 ms per flush against 1.5-1.7 ms
+through the mapping on the test machine). Reads of both are zero-copy views of the mapping, which shows the same
+page cache.
 
 `MappedFileQueue` is the ordered list of segments of one log (the CommitLog, or one ConsumeQueue). It finds the segment
 holding a logical offset, pre-allocates the next segment in a background thread (so an append that crosses a segment
