@@ -1,4 +1,4 @@
-"""Fuzz target for the Kafka request path: frame codec -> header -> generated body decoders.
+"""Fuzz target for the Kafka request path: frame codec -> header -> body decoders (Produce: the _fast kernel).
 
 With atheris installed:  python fuzz/fuzz_kafka_codec.py [-atheris_runs=N] [corpus dir]
 Without it, `smoke(iterations, seed)` runs the same target on pseudo-random and mutated-valid inputs (the unit tests

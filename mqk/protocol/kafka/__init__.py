@@ -23,6 +23,9 @@ Encoders take any subset of fields; missing ones get the schema default; fields 
 version are dropped (treated as ignorable; `messages.check_ignorable()` reports the non-ignorable ones a test may
 want to assert on).
 
+`next_request()` decodes Produce bodies with the hand-written `mqk._fast.producereq` kernel (the same dicts as
+the generated decoder, held to it by tests/unit/test_fast_producereq.py), every other body with `messages`.
+
 Lower level (no framing/header): `messages.decode_request(api_key, v, buf) -> dict`,
 `messages.encode_response(api_key, v, obj) -> list`, and the symmetric `encode_request` / `decode_response`
 (used by tests and by mqk's own tools).

@@ -46,6 +46,18 @@ MIN_ROOM = 4096
 AHEAD_MAX = 8 * 1024 * 1024
 
 _new_buffer = load("recbatch").new_buffer
+_produce_kernel = load("producereq").decode_produce_request
+_PRODUCE = int(api.ApiKey.PRODUCE)
+
+
+def _decode_produce(api_version: int, body: memoryview) -> dict:
+    """Produce bodies are decoded by a hand-written `_fast` kernel (DESIGN: Produce decode may be): the same dict
+    as the generated decoder, at a fraction of its cost per partition, which counts when a request spreads its
+    records over many partitions. Its ValueError becomes MalformedMessage, as the generated decoder's errors do."""
+    try:
+        return _produce_kernel(body, api_version)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise MalformedMessage(f"api {_PRODUCE} v{api_version}: {exc.__class__.__name__}: {exc}") from None
 
 
 class Request(NamedTuple):
@@ -223,7 +235,10 @@ class KafkaConnectionCodec:
                 return Request(api_key, api_version, correlation_id, client_id, {}, True, len(frame))
             raise UnsupportedApiVersion(api_key, api_version, correlation_id)
         try:
-            body = messages.decode_request(api_key, api_version, frame[pos:])
+            if api_key == _PRODUCE:
+                body = _decode_produce(api_version, frame[pos:])
+            else:
+                body = messages.decode_request(api_key, api_version, frame[pos:])
         except MalformedMessage as exc:
             # say which request it was, for the server's one log line
             exc.api_key, exc.api_version, exc.correlation_id = api_key, api_version, correlation_id
