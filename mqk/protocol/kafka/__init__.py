@@ -24,7 +24,9 @@ version are dropped (treated as ignorable; `messages.check_ignorable()` reports 
 want to assert on).
 
 `next_request()` decodes Produce bodies with the hand-written `mqk._fast.producereq` kernel (the same dicts as
-the generated decoder, held to it by tests/unit/test_fast_producereq.py), every other body with `messages`.
+the generated decoder, held to it by tests/unit/test_fast_producereq.py), every other body with `messages`;
+`encode_response` writes the usual Produce answer with `mqk._fast.produceresp` (the generated encoder's bytes,
+tests/unit/test_fast_produceresp.py), anything else with `messages`.
 
 Lower level (no framing/header): `messages.decode_request(api_key, v, buf) -> dict`,
 `messages.encode_response(api_key, v, obj) -> list`, and the symmetric `encode_request` / `decode_response`

@@ -47,6 +47,7 @@ AHEAD_MAX = 8 * 1024 * 1024
 
 _new_buffer = load("recbatch").new_buffer
 _produce_kernel = load("producereq").decode_produce_request
+_produce_answer_kernel = load("produceresp").encode_produce_response
 _PRODUCE = int(api.ApiKey.PRODUCE)
 
 
@@ -260,7 +261,10 @@ def encode_response(request: Request, body: dict) -> list:
     head = bytearray(9 if flexible else 8)
     if flexible:
         head[8] = 0  # empty tagged-field section
-    parts = messages.encode_response(api_key, version, body, head)
+    if api_key == _PRODUCE and _produce_answer_kernel(body, version, head):
+        parts = [head]  # the usual Produce answer, written by the _fast kernel (the generated encoder's bytes)
+    else:
+        parts = messages.encode_response(api_key, version, body, head)
     total = 0
     for p in parts:
         total += len(p)
