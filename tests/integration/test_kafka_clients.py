@@ -101,7 +101,12 @@ def test_kafka_python_produce_consume_keys_headers_compression(kafka, compressio
     assert got == sent
     batch_codec = {None: 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}[compression]
     stored = kafka.call(kafka.store.read(topic, 0, 0, 1 << 20))
-    assert [bytes(b.data)[22] & 0x07 for b in stored.batches] == [batch_codec] * len(stored.batches)
+    codecs = [(bytes(b.data)[22] & 0x07, b.record_count) for b in stored.batches]
+    # kafka-python sends a batch uncompressed when compressing does not make it smaller (a record or two); the
+    # stored batches are as sent, and every batch of a few records or more shrinks
+    assert all(codec in (batch_codec, 0) for codec, _ in codecs), codecs
+    assert all(codec == batch_codec for codec, count in codecs if count >= 10), codecs
+    assert any(count >= 10 for _, count in codecs), codecs
 
 
 # The first JoinGroup waits group.initial.rebalance.delay.ms (Kafka's default is 3 s; mqk's, like the
