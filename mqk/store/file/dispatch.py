@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: hook(topic, queue, base_offset, count, phys, size, store_ts, keys, body): `body` is the entry's record batch, as
+#: stored or as the producer gave it (the same bytes but for the first eight, the base offset, which is the
+#: `base_offset` argument); appends hand over the producer's buffer, not a view that reads the log back
 DispatchHook = Callable[..., None]
 
 

@@ -516,7 +516,6 @@ class FileEngine(StorageAdapter):
             nbytes = size
             hooks = self.dispatcher.hooks
             if hooks:  # ReputMessageService.dispatch_hooks, inlined (same arguments, same error rule)
-                body = mf.buf[pos + shard.fixed: pos + size]
                 for hook in hooks:
                     try:
                         hook(topic, queue, base, span, first_phys, size, store_ts, keys, body)
@@ -592,8 +591,7 @@ class FileEngine(StorageAdapter):
             # dispatch (ReputMessageService.dispatch, inlined)
             cq.put(phys, size, span, tags_code, store_ts, max_ts, offset)
             if hooks:
-                self._run_hooks(hooks, shard, phys, size, span, store_ts, offset, keys,
-                                mf.buf[pos + shard.fixed: pos + size])
+                self._run_hooks(hooks, shard, phys, size, span, store_ts, offset, keys, body)
             nbytes += size
         return base, cq.end_offset, first_phys, phys + size, len(parts), nbytes
 
