@@ -262,6 +262,42 @@ async def test_crash_rebuilds_only_the_tail_after_the_index_checkpoint(tmp_path:
     await e.close()
 
 
+async def test_entries_with_nothing_to_index_skip_the_hook_but_count_as_indexed(tmp_path: Path, monkeypatch) -> None:
+    """Kafka appends to a topic that does not index record keys never reach the index's hook (a call per append
+    for nothing), yet the index checkpoint moves past them, so a crash re-reads only what came after it."""
+    src = tmp_path / "run"
+    e = await open_engine(src)
+    await e.create_shards("plain", 1, TopicConfig())
+    await e.create_shards("keyed", 1, TopicConfig({"index.keys": "true"}))
+    calls = []
+    real = e.index.dispatch
+    monkeypatch.setattr(e.index, "dispatch", lambda *a: (calls.append(a[0]), real(*a)))
+    e.dispatcher.hooks[:] = [e.index.dispatch]
+    for i in range(50):
+        await e.append("plain", 0, [kafka_batch([(b"user-%d" % i, b"x")])])  # keys=(): nothing to index
+    await e.append_many("plain", [(0, [kafka_batch([(b"u", b"y")])])])
+    await e.append_many("plain", [(0, [kafka_batch([(b"u", b"a")]), kafka_batch([(b"u", b"b")])])])  # general path
+    assert calls == []
+    await e.append("keyed", 0, [kafka_batch([(b"user-1", b"k")])])  # a keyed topic still reaches it
+    await send(e, b"native", "nk", topic="plain")  # and so do explicit keys
+    assert calls == ["keyed", "plain"]
+    await e.append("plain", 0, [kafka_batch([(b"late", b"z")])])
+    assert calls == ["keyed", "plain"]
+    await e.checkpoint_now()
+    assert e.index.indexed_offset == e.clog.max_offset
+    for i in range(5):  # after the checkpoint
+        await e.append("plain", 0, [kafka_batch([(b"after", b"%d" % i)])])
+    crashed = crash_copy(src, tmp_path / "crashed")
+    await e.close()
+
+    e = await open_engine(crashed)
+    assert e.index.recovery_report["scanned"] == 5  # not the 54 skipped entries before the checkpoint
+    assert values(await e.read_by_key("keyed", b"user-1", 5)) == [b"k"]
+    assert values(await e.read_by_key("plain", b"nk", 5)) == [b"native"]
+    assert await e.read_by_key("plain", b"user-3", 5) == []
+    await e.close()
+
+
 async def test_lost_checkpoint_means_a_full_rebuild(tmp_path: Path) -> None:
     e = await open_engine(tmp_path)
     await e.create_shards(T, 1, TopicConfig())

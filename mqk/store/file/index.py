@@ -391,10 +391,14 @@ class IndexService:
 
     # --- checkpoint ----------------------------------------------------------------------------------
 
-    def snapshot(self, min_phys: int = 0) -> tuple[int, list[IndexFile], int, int]:
+    def snapshot(self, min_phys: int = 0, considered: int = 0) -> tuple[int, list[IndexFile], int, int]:
         """What a checkpoint will record, taken on the event loop where the index is written: (indexed offset,
-        files to flush, last file's sequence, its entry count). Also drops files that only point below
-        `min_phys` (CommitLog segments reclaimed), never the last one."""
+        files to flush, last file's sequence, its entry count). `considered` is a CommitLog offset below which the
+        caller knows every entry was either shown to `dispatch` or had nothing to index (the engine does not call
+        the hook for those); the indexed offset moves up to it. Also drops files that only point below `min_phys`
+        (CommitLog segments reclaimed), never the last one."""
+        if self.ready and considered > self.indexed_offset:
+            self.indexed_offset = considered
         while len(self.files) > 1 and self.files[0].end_phys <= min_phys:
             f = self.files.pop(0)
             log.info("key index file %s only covers reclaimed CommitLog; deleting it", f.path.name)
