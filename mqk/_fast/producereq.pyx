@@ -66,6 +66,15 @@ cdef class _Cursor:
             return self.uvarint() - 1
         return self.i32()
 
+    cdef inline int64_t array_length(self, bint compact, str what) except -1:
+        """The element count of a non-nullable array: ValueError for null, or for more elements than bytes left."""
+        cdef int64_t count = self.length32(compact)
+        if count < 0:
+            raise ValueError(f"null {what}")
+        if count > self.n - self.pos:
+            raise ValueError("truncated or oversized length")
+        return count
+
     cdef inline int skip_tags(self) except -1:
         cdef int64_t count, i, size
         count = self.uvarint()
@@ -108,11 +117,7 @@ def decode_produce_request(buf, Py_ssize_t version):
         transactional_id = None if size < 0 else c.string(size)
         acks = c.i16()
         timeout_ms = c.i32()
-        topics = c.length32(compact)
-        if topics < 0:
-            raise ValueError("null topic_data")
-        if topics > c.n - c.pos:
-            raise ValueError("truncated or oversized length")
+        topics = c.array_length(compact, "topic_data")
         topic_data = []
         for t in range(topics):
             if by_id:
@@ -126,11 +131,7 @@ def decode_produce_request(buf, Py_ssize_t version):
                     raise ValueError("null name")
                 name = c.string(size)
                 topic_id = ZERO_UUID
-            partitions = c.length32(compact)
-            if partitions < 0:
-                raise ValueError("null partition_data")
-            if partitions > c.n - c.pos:
-                raise ValueError("truncated or oversized length")
+            partitions = c.array_length(compact, "partition_data")
             partition_data = []
             for i in range(partitions):
                 index = c.i32()

@@ -73,6 +73,15 @@ class _Cursor:
         """A bytes / array length: negative for null."""
         return self.uvarint() - 1 if compact else self.i32()
 
+    def array_length(self, compact: bool, what: str) -> int:
+        """The element count of a non-nullable array: ValueError for null, or for more elements than bytes left."""
+        count = self.length32(compact)
+        if count < 0:
+            raise ValueError(f"null {what}")
+        if count > self.n - self.pos:
+            raise ValueError("truncated or oversized length")
+        return count
+
     def skip_tags(self) -> None:
         for _ in range(self.uvarint()):
             self.uvarint()
@@ -102,11 +111,7 @@ def decode_produce_request(buf: memoryview, version: int) -> dict:
     transactional_id = None if size < 0 else c.string(size)
     acks = c.i16()
     timeout_ms = c.i32()
-    topics = c.length32(compact)
-    if topics < 0:
-        raise ValueError("null topic_data")
-    if topics > c.n - c.pos:
-        raise ValueError("truncated or oversized length")
+    topics = c.array_length(compact, "topic_data")
     topic_data = []
     for _ in range(topics):
         if by_id:
@@ -120,11 +125,7 @@ def decode_produce_request(buf: memoryview, version: int) -> dict:
                 raise ValueError("null name")
             name = c.string(size)
             topic_id = ZERO_UUID
-        partitions = c.length32(compact)
-        if partitions < 0:
-            raise ValueError("null partition_data")
-        if partitions > c.n - c.pos:
-            raise ValueError("truncated or oversized length")
+        partitions = c.array_length(compact, "partition_data")
         partition_data = []
         for _ in range(partitions):
             index = c.i32()
