@@ -115,11 +115,7 @@ def run_raw(bootstrap: str, topic: str, messages: int, timeout_s: float = 10.0,
         start = time.time()  # from the first Fetch sent (metadata excluded) to the last answered
         last_data = time.monotonic()
         while count < messages and time.monotonic() - last_data < timeout_s:
-            body = {"replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 52_428_800,
-                    "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
-                    "rack_id": "", "topics": [{"topic": topic, "partitions": [
-                        {"partition": p, "current_leader_epoch": -1, "fetch_offset": o, "log_start_offset": -1,
-                         "partition_max_bytes": partition_max_bytes} for p, o in offsets.items()]}]}
+            body = perfutil.fetch_v12(topic, offsets, 500, partition_max_bytes)
             resp = await client.call(ApiKey.FETCH, 12, body, timeout=timeout_s + 1)
             for part in resp["responses"][0]["partitions"]:
                 records = part["records"]

@@ -139,12 +139,8 @@ def _raw_consume(bootstrap: str, topic: str, expected: int, ready: Any, results:
         ready.set()
         last = time.monotonic()
         while got < expected and time.monotonic() - last < timeout_s:
-            body = {"replica_id": -1, "max_wait_ms": fetch_wait_ms, "min_bytes": 1, "max_bytes": 52_428_800,
-                    "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
-                    "rack_id": "", "topics": [{"topic": topic, "partitions": [
-                        {"partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1,
-                         "partition_max_bytes": 52_428_800}]}]}
-            resp = await client.call(ApiKey.FETCH, 12, body, timeout=timeout_s + 1)
+            resp = await client.call(ApiKey.FETCH, 12, perfutil.fetch_v12(topic, {0: offset}, fetch_wait_ms),
+                                     timeout=timeout_s + 1)
             now = time.time_ns()
             part = resp["responses"][0]["partitions"][0]
             records = part["records"]

@@ -117,3 +117,13 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     except KafkaException as exc:
         if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
             raise
+
+
+def fetch_v12(topic: str, offsets: dict[int, int], max_wait_ms: int, partition_max_bytes: int = 52_428_800) -> dict:
+    """The body of a wire-level consumer's Fetch v12 (no session, read-uncommitted) for `offsets` {partition:
+    offset} of one topic."""
+    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": 1, "max_bytes": 52_428_800,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": p, "current_leader_epoch": -1, "fetch_offset": o, "log_start_offset": -1,
+                 "partition_max_bytes": partition_max_bytes} for p, o in offsets.items()]}]}
