@@ -262,7 +262,7 @@ async def test_crash_rebuilds_only_the_tail_after_the_index_checkpoint(tmp_path:
     await e.close()
 
 
-async def test_entries_with_nothing_to_index_skip_the_hook_but_count_as_indexed(tmp_path: Path, monkeypatch) -> None:
+async def test_entries_with_nothing_to_index_skip_the_hook_but_count_as_indexed(tmp_path: Path) -> None:
     """Kafka appends to a topic that does not index record keys never reach the index's hook (a call per append
     for nothing), yet the index checkpoint moves past them, so a crash re-reads only what came after it."""
     src = tmp_path / "run"
@@ -271,8 +271,8 @@ async def test_entries_with_nothing_to_index_skip_the_hook_but_count_as_indexed(
     await e.create_shards("keyed", 1, TopicConfig({"index.keys": "true"}))
     calls = []
     real = e.index.dispatch
-    monkeypatch.setattr(e.index, "dispatch", lambda *a: (calls.append(a[0]), real(*a)))
-    e.dispatcher.hooks[:] = [e.index.dispatch]
+    counting = e._index_hook = lambda *a: (calls.append(a[0]), real(*a))  # the index's hook, counted
+    e.dispatcher.hooks[:] = [counting]
     for i in range(50):
         await e.append("plain", 0, [kafka_batch([(b"user-%d" % i, b"x")])])  # keys=(): nothing to index
     await e.append_many("plain", [(0, [kafka_batch([(b"u", b"y")])])])
@@ -283,6 +283,11 @@ async def test_entries_with_nothing_to_index_skip_the_hook_but_count_as_indexed(
     assert calls == ["keyed", "plain"]
     await e.append("plain", 0, [kafka_batch([(b"late", b"z")])])
     assert calls == ["keyed", "plain"]
+    seen = []  # a lone hook that is not the index's sees every entry
+    e.dispatcher.hooks[:] = [lambda *a: seen.append(a[0])]
+    await e.append("plain", 0, [kafka_batch([(b"other", b"o")])])
+    assert seen == ["plain"]
+    e.dispatcher.hooks[:] = [counting]
     await e.checkpoint_now()
     assert e.index.indexed_offset == e.clog.max_offset
     for i in range(5):  # after the checkpoint

@@ -151,7 +151,9 @@ class FileEngine(StorageAdapter):
         self.dispatcher = ReputMessageService()
         #: the key index (index/), filled by a dispatch hook; rebuilds its own tail at start
         self.index = IndexService(self.root / "index")
-        self.dispatcher.hooks.append(self.index.dispatch)
+        #: the index's hook as registered (the bound method object in `dispatcher.hooks`; see _hooks_for)
+        self._index_hook = self.index.dispatch
+        self.dispatcher.hooks.append(self._index_hook)
         self.checkpoint = Checkpoint(self.root / "checkpoint")
         self.abort = AbortMarker(self.root / "abort")
         self.stats = StoreStats(self)
@@ -516,7 +518,8 @@ class FileEngine(StorageAdapter):
             nbytes = size
             hooks = self.dispatcher.hooks
             # (_hooks_for, inlined)
-            if hooks and (keys or len(hooks) > 1 or topic in self.index.keyed_topics):
+            if hooks and (keys or len(hooks) > 1 or hooks[0] is not self._index_hook
+                          or topic in self.index.keyed_topics):
                 for hook in hooks:  # ReputMessageService.dispatch_hooks, inlined (same arguments, same error rule)
                     try:
                         hook(topic, queue, base, span, first_phys, size, store_ts, keys, body)
@@ -597,12 +600,13 @@ class FileEngine(StorageAdapter):
         return base, cq.end_offset, first_phys, phys + size, len(parts), nbytes
 
     def _hooks_for(self, topic: str, keys: Sequence[bytes]) -> Sequence:
-        """The dispatch hooks an append must call. The key index's hook, registered first and alone unless
-        someone added another, has nothing to do for an entry without keys of a topic that does not index Kafka
-        record keys (a call per append, a tenth of a small one's cost): it is skipped, and its checkpoint counts
-        everything dispatched as considered (IndexService.snapshot)."""
+        """The dispatch hooks an append must call. When the key index's hook is the only one, it has nothing to
+        do for an entry without keys of a topic that does not index Kafka record keys (a call per append, a tenth
+        of a small one's cost): it is skipped, and its checkpoint counts everything dispatched as considered
+        (IndexService.snapshot). Any other hook sees every entry."""
         hooks = self.dispatcher.hooks
-        if hooks and (keys or len(hooks) > 1 or topic in self.index.keyed_topics):
+        if hooks and (keys or len(hooks) > 1 or hooks[0] is not self._index_hook
+                      or topic in self.index.keyed_topics):
             return hooks
         return ()
 
