@@ -174,46 +174,79 @@ cdef object _append_head(Py_buffer* out, bytes topic, Py_ssize_t queue_id, int64
 def write_entry(int fd, Py_ssize_t pos, head, Py_ssize_t head_len, body):
     """See clentry_py.write_entry: pwritev of head[:head_len] and body[8:] at pos, without the GIL."""
     cdef Py_buffer h, b
-    cdef iovec iov[2]
-    cdef ssize_t done
-    cdef int err = 0
     borrow(head, &h)
     try:
         borrow(body, &b)
         try:
             if head_len < 0 or head_len > h.len or b.len < 8 or pos < 0:
                 raise OutOfBounds(f"entry write of head {head_len}/{h.len} and body {b.len} bytes at {pos}")
-            iov[0].iov_base = h.buf
-            iov[0].iov_len = <size_t>head_len
-            iov[1].iov_base = <char*>b.buf + 8
-            iov[1].iov_len = <size_t>(b.len - 8)
-            while iov[0].iov_len + iov[1].iov_len:
-                with nogil:
-                    done = pwritev(fd, iov, 2, <off_t>pos)
-                    if done < 0:
-                        err = c_errno.errno
-                if done < 0:
-                    if err == c_errno.EINTR:
-                        PyErr_CheckSignals()  # a signal handler's exception ends the write, as in os.pwritev
-                        continue
-                    raise OSError(err, strerror(err).decode(errors="replace"))
-                if done == 0:
-                    raise OSError(0, f"pwritev wrote nothing at {pos}")
-                # a short write (a signal, a device error about to be reported): write the rest
-                pos += done
-                if <size_t>done >= iov[0].iov_len:
-                    done -= iov[0].iov_len
-                    iov[0].iov_len = 0
-                    iov[1].iov_base = <char*>iov[1].iov_base + done
-                    iov[1].iov_len -= <size_t>done
-                else:
-                    iov[0].iov_base = <char*>iov[0].iov_base + done
-                    iov[0].iov_len -= <size_t>done
+            _write_head_and_tail(fd, pos, h.buf, head_len, &b)
             return None
         finally:
             PyBuffer_Release(&b)
     finally:
         PyBuffer_Release(&h)
+
+
+def put_entry(int fd, Py_ssize_t pos, head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset,
+              Py_ssize_t physical_offset, Py_ssize_t store_timestamp, Py_ssize_t tags_code, body, cq_buf,
+              Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
+    """See clentry_py.put_entry: append_head, then write_entry of that head and body at pos, in one call."""
+    cdef Py_buffer out, batch, units
+    if pos < 0:
+        raise OutOfBounds(f"entry write at {pos}")
+    borrow_writable(head, &out)
+    try:
+        borrow(body, &batch)
+        try:
+            borrow_writable(cq_buf, &units)
+            try:
+                done = _append_head(&out, topic, queue_id, queue_offset, physical_offset, store_timestamp,
+                                    tags_code, &batch, &units, cq_pos, running_max_ts)
+            finally:
+                PyBuffer_Release(&units)
+            if done is not None:
+                _write_head_and_tail(fd, pos, out.buf, C_FIXED + PyBytes_GET_SIZE(topic) + 8, &batch)
+            return done
+        finally:
+            PyBuffer_Release(&batch)
+    finally:
+        PyBuffer_Release(&out)
+
+
+cdef int _write_head_and_tail(int fd, Py_ssize_t pos, void* head, Py_ssize_t head_len, Py_buffer* body) except -1:
+    """pwritev head[:head_len] and body[8:] at pos, without the GIL, through EINTR and short writes. The caller
+    checked 0 <= head_len <= the head's size, body.len >= 8 and pos >= 0."""
+    cdef iovec iov[2]
+    cdef ssize_t done
+    cdef int err = 0
+    iov[0].iov_base = head
+    iov[0].iov_len = <size_t>head_len
+    iov[1].iov_base = <char*>body.buf + 8
+    iov[1].iov_len = <size_t>(body.len - 8)
+    while iov[0].iov_len + iov[1].iov_len:
+        with nogil:
+            done = pwritev(fd, iov, 2, <off_t>pos)
+            if done < 0:
+                err = c_errno.errno
+        if done < 0:
+            if err == c_errno.EINTR:
+                PyErr_CheckSignals()  # a signal handler's exception ends the write, as in os.pwritev
+                continue
+            raise OSError(err, strerror(err).decode(errors="replace"))
+        if done == 0:
+            raise OSError(0, f"pwritev wrote nothing at {pos}")
+        # a short write (a signal, a device error about to be reported): write the rest
+        pos += done
+        if <size_t>done >= iov[0].iov_len:
+            done -= iov[0].iov_len
+            iov[0].iov_len = 0
+            iov[1].iov_base = <char*>iov[1].iov_base + done
+            iov[1].iov_len -= <size_t>done
+        else:
+            iov[0].iov_base = <char*>iov[0].iov_base + done
+            iov[0].iov_len -= <size_t>done
+    return 0
 
 
 def blank_head(Py_ssize_t size):

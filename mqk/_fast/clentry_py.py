@@ -189,6 +189,20 @@ def write_entry(fd, pos, head, head_len, body) -> None:
             parts[0] = parts[0][done:]
 
 
+def put_entry(fd, pos, head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body,
+              cq_buf, cq_pos, running_max_ts):
+    """The file store's single-batch append in one call: `append_head` (same arguments but `fd` and `pos`, same
+    None and OutOfBounds), then `write_entry` of that head and `body` at `pos` of `fd`. Returns what append_head
+    returns. An OSError from the write leaves the unit written in `cq_buf`; the caller has not published it."""
+    if _ssize(pos) < 0:
+        raise OutOfBounds(f"entry write at {pos}")
+    done = append_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body,
+                       cq_buf, cq_pos, running_max_ts)
+    if done is not None:
+        write_entry(fd, pos, head, FIXED_HEADER_SIZE + len(topic) + 8, body)
+    return done
+
+
 def blank_head(size) -> bytes:
     """The bytes a BLANK entry of `size` bytes starts with (its size and magic; what follows them is never read).
     ValueError if size < BLANK_MIN_SIZE."""

@@ -347,3 +347,51 @@ def test_write_entry_errors(impl, tmp_path):
         assert info.value.errno == errno.EBADF
     finally:
         os.close(fd)
+
+
+# --- put_entry: append_head and write_entry in one call -----------------------------------------------------------
+
+
+def test_put_entry_writes_the_entry_to_the_file_and_its_unit(impl, tmp_path):
+    ce, rb = impl
+    body = a_batch(rb, 5)
+    path = tmp_path / "log"
+    path.write_bytes(b"\xee" * 3000)
+    head, cq = bytearray(200), bytearray(96)
+    ref_head, ref_cq = bytearray(200), bytearray(96)
+    expected = ce.append_head(ref_head, b"orders", 2, 500, 4196, 7, 3, body, ref_cq, 48, 1)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert ce.put_entry(fd, 100, head, b"orders", 2, 500, 4196, 7, 3, body, cq, 48, 1) == expected
+        # not exactly one batch: None, and neither the file nor the unit is touched
+        assert ce.put_entry(fd, 2000, bytearray(200), b"orders", 2, 0, 0, 0, 0, body + b"x", bytearray(48), 0,
+                            -1) is None
+    finally:
+        os.close(fd)
+    size = expected[0]
+    data = path.read_bytes()
+    assert (head, cq) == (ref_head, ref_cq)
+    assert data[100:100 + size] == bytes(head[:ce.head_size(6)]) + body[8:]
+    assert data[:100] + data[100 + size:] == b"\xee" * (3000 - size)
+    assert ce.read_entry(data, 100, 3000)[:5] == (1, size, 2, 0, 500)
+
+
+def test_put_entry_errors(impl, tmp_path):
+    ce, rb = impl
+    body = a_batch(rb)
+    head, cq = bytearray(100), bytearray(48)
+    with pytest.raises(OutOfBounds):  # a negative position is refused before anything is written
+        ce.put_entry(0, -1, head, b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
+    assert head == bytes(100) and cq == bytes(48)
+    with pytest.raises(OutOfBounds):
+        ce.put_entry(0, 0, bytearray(10), b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
+    path = tmp_path / "ro"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as info:
+            ce.put_entry(fd, 0, head, b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
+        assert info.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b""

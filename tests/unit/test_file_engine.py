@@ -421,7 +421,7 @@ async def test_sync_flush_failure_fails_the_waiting_appends_not_the_store(tmp_pa
 
 
 async def test_single_batch_fast_path_stores_what_the_general_path_stores(tmp_path: Path, monkeypatch) -> None:
-    """The one-call append (clentry.append_head) and the general path (parse, encode, ConsumeQueue put) must leave
+    """The one-call append (clentry.put_entry) and the general path (parse, encode, ConsumeQueue put) must leave
     byte-identical CommitLog segments and ConsumeQueue files, across segment rolls, ConsumeQueue file rolls and
     block reservations, compacted batches, tags codes, and rejected input in between."""
     import mqk.store.file.engine as engine_mod
@@ -433,13 +433,13 @@ async def test_single_batch_fast_path_stores_what_the_general_path_stores(tmp_pa
         nonlocal clock
         clock = iter(range(10**9))
         used = []
-        real = engine_mod.clentry.append_head
+        real = engine_mod.clentry.put_entry
 
         def kernel(*args):
             used.append(True)
             return real(*args) if fast else None
 
-        monkeypatch.setattr(engine_mod, "append_head", kernel)
+        monkeypatch.setattr(engine_mod, "put_entry", kernel)
         e = await open_engine(root, cq_units_per_file=2000)  # 96 KB ConsumeQueue files: 64 KiB reservations
         try:
             await e.create_shards(T, 2, TopicConfig())

@@ -9,9 +9,9 @@ Owns everything under its root directory:
   checkpoint, abort          recovery bookkeeping (checkpoint.py)
 
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
-build the entry's head (its CRC computed over head and batch) and dispatch its ConsumeQueue unit in one kernel call,
-`clentry.append_head`, then write head and batch into the CommitLog with one pwritev (`clentry.write_entry`: one
-copy of the batch, by the kernel), publish, notify listeners. That is the common case (one batch, room in the
+build the entry's head (its CRC computed over head and batch), dispatch its ConsumeQueue unit and write head and
+batch into the CommitLog with one pwritev, all in one kernel call (`clentry.put_entry`: one copy of the batch, by the
+kernel), then publish and notify listeners. That is the common case (one batch, room in the
 current segment and ConsumeQueue file); anything else takes the general path, which writes the same bytes. Reads
 hand out zero-copy views into the mapping.
 
@@ -63,9 +63,7 @@ from mqk.store.memory import first_record_at_or_after
 recbatch = load("recbatch")
 clentry = load("clentry")
 parse_header = recbatch.parse_header
-append_head = clentry.append_head
-write_entry = clentry.write_entry
-perf_ns = time.perf_counter_ns
+put_entry = clentry.put_entry
 time_ns = time.time_ns
 log = logging.getLogger(__name__)
 
@@ -106,7 +104,11 @@ class StoreStats:
         self.max_latency_ns = 0
 
     def record(self, latency_ns: int, count: int = 1) -> None:
-        """Count `count` puts that each took `latency_ns`."""
+        """Count `count` puts that each took `latency_ns` (wall-clock time, the clock the store timestamps come
+        from: one clock read per append serves both; a clock stepped back during an append counts it as fast)."""
+        if latency_ns <= _FIRST_BOUND_NS and latency_ns <= self.max_latency_ns:  # the usual async append
+            self.latency_buckets[0] += count
+            return
         self.latency_buckets[bisect.bisect_left(_BOUNDS_NS, latency_ns)] += count
         if latency_ns > self.max_latency_ns:
             self.max_latency_ns = latency_ns
@@ -132,6 +134,7 @@ class StoreStats:
 
 
 _BOUNDS_NS = tuple(b * 1000 for b in StoreStats.BOUNDS_US)
+_FIRST_BOUND_NS = _BOUNDS_NS[0]
 #: AppendResult is a NamedTuple (mqk.store.adapter): `append` builds it with tuple.__new__ directly, a third of
 #: the cost of its Python-level __new__ (its five fields, in order, are all it has)
 _new_tuple = tuple.__new__
@@ -441,23 +444,23 @@ class FileEngine(StorageAdapter):
 
     async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
                      keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
-        t0 = perf_ns()
-        result, last = self._put(topic, queue, batches, tags_code, keys, log_append_time)
+        now = time_ns()  # the store timestamp and the latency's start: one clock read
+        result, last = self._put(topic, queue, batches, tags_code, keys, log_append_time, now)
         if self._sync:
             await self.flusher.wait_flushed(last)
-        self.stats.record(perf_ns() - t0)
+        self.stats.record(time_ns() - now)
         return result
 
     async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
                           log_append_time: bool = False) -> list[AppendResult | Exception]:
         """See StorageAdapter.append_many: every entry is written before one sync-flush wait covers them all."""
-        t0 = perf_ns()
+        now = time_ns()  # one store timestamp for the whole call
         put = self._put
         out: list[AppendResult | Exception] = []
         last = -1
         for queue, batches in entries:
             try:
-                result, end = put(topic, queue, batches, 0, (), log_append_time)
+                result, end = put(topic, queue, batches, 0, (), log_append_time, now)
             except Exception as exc:  # noqa: BLE001 - that entry's answer, as its own append would raise it
                 out.append(exc)
                 continue
@@ -468,19 +471,20 @@ class FileEngine(StorageAdapter):
                 await self.flusher.wait_flushed(last)
             except Exception as exc:  # noqa: BLE001 - nothing written here is known durable
                 out = [exc if result.__class__ is AppendResult else result for result in out]
-        self.stats.record(perf_ns() - t0, len(entries))
+        self.stats.record(time_ns() - now, len(entries))
         return out
 
     def _put(self, topic: str, queue: int, batches: Sequence[Buffer], tags_code: int, keys: Sequence[bytes],
-             log_append_time: bool) -> tuple[AppendResult, int]:
-        """An append up to (not including) the sync-flush wait: (its result, CommitLog offset past it)."""
+             log_append_time: bool, now_ns: int) -> tuple[AppendResult, int]:
+        """An append up to (not including) the sync-flush wait, stamped with wall-clock time `now_ns`: (its result,
+        CommitLog offset past it)."""
         # The hot path: kept flat on purpose (each attribute lookup and call is a measurable share of an append).
         shard = self._shards.get((topic, queue))
         if shard is None:
             raise UnknownShard(f"unknown shard {topic}-{queue}")
         if not self._running:
             raise StorageError("the file store is not running")
-        store_ts = time_ns() // 1_000_000
+        store_ts = now_ns // 1_000_000
         cq = shard.cq
         done = None
         if len(batches) == 1 and not log_append_time:
@@ -499,14 +503,11 @@ class FileEngine(StorageAdapter):
                 qpos = qf.wrote
                 base = cq.end_offset
                 first_phys = mf.start_offset + pos
-                clog = self.clog
-                done = append_head(clog.head, shard.topic_b, queue, base, first_phys, store_ts, tags_code, body,
-                                   qf.buf, qpos, cq.max_ts)
-                if done is not None:
-                    try:
-                        write_entry(mf.fd, pos, clog.head, shard.fixed + 8, body)
-                    except OSError as exc:
-                        raise storage_error(exc, mf.path, done[0]) from None
+                try:
+                    done = put_entry(mf.fd, pos, self.clog.head, shard.topic_b, queue, base, first_phys, store_ts,
+                                     tags_code, body, qf.buf, qpos, cq.max_ts)
+                except OSError as exc:
+                    raise storage_error(exc, mf.path, size) from None
         if done is not None:
             size, span, cq.max_ts = done
             # positions move only now that the bytes are in place: the entry, then its unit, then the queue end
