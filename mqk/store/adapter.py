@@ -109,8 +109,10 @@ class ExpireResult:
         return self.new_start > self.old_start
 
 
-#: called as listener(topic, queue, end_offset) whenever new records become visible
-DataListener = Callable[[str, int, int], None]
+#: called as listener(topic, queue_ends) whenever new records become visible: queue_ends holds a (queue, new end
+#: offset) pair per queue of `topic` that grew (one for an append, one per written entry for append_many), so a
+#: Produce spread over many partitions costs each listener one call
+DataListener = Callable[[str, Sequence[tuple[int, int]]], None]
 
 
 @dataclass(slots=True)  # one per append: slots make it cheaper to build and to read
@@ -184,9 +186,9 @@ class StorageAdapter(abc.ABC):
     def __init__(self) -> None:
         self.listeners: list[DataListener] = []
 
-    def _notify(self, topic: str, queue: int, end_offset: int) -> None:
+    def _notify(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None:
         for listener in self.listeners:
-            listener(topic, queue, end_offset)
+            listener(topic, queue_ends)
 
     # --- life cycle -----------------------------------------------------------------------------------
 

@@ -298,7 +298,7 @@ class MemoryEngine(StorageAdapter):
             index = self._keys[topic]
             for key in set(keys):
                 index[bytes(key)].append((queue, first))
-        self._notify(topic, queue, shard.end)
+        self._notify(topic, ((queue, shard.end),))
         return AppendResult(first, shard.end - 1, store_ts, shard.log_start, first_phys)
 
     async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:

@@ -270,7 +270,7 @@ class RocksEngine(StorageAdapter):
 
         def publish() -> None:
             shard.end = new_end
-            self._notify(topic, queue, new_end)
+            self._notify(topic, ((queue, new_end),))
 
         if not self._sync and self._writer is None:
             batch = WriteBatch(raw_mode=True)

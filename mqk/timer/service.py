@@ -24,7 +24,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from sortedcontainers import SortedList
 
@@ -136,7 +136,7 @@ class TimerService:
         ctx.batches = [wrap(waiting, now)]
         ctx.topic, ctx.queue, ctx.tags_code, ctx.keys = TIMER_TOPIC, 0, 0, ()
 
-    def _on_data(self, topic: str, queue: int, end_offset: int) -> None:
+    def _on_data(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None:
         if topic == TIMER_TOPIC:
             self._data.set()
 

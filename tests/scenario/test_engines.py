@@ -364,7 +364,7 @@ async def test_listeners_hear_new_end_offsets(harness: Harness) -> None:
     await _topic(harness, queues=2)
     engine = harness.engine
     heard: list[tuple[str, int, int]] = []
-    engine.listeners.append(lambda topic, queue, end: heard.append((topic, queue, end)))
+    engine.listeners.append(lambda topic, ends: heard.extend((topic, queue, end) for queue, end in ends))
     await engine.append(T, 1, [twin_batch([b"a", b"b"])])
     await engine.append(T, 0, [twin_batch([b"c"])])
     assert (T, 1, 2) in heard and (T, 0, 1) in heard
@@ -444,7 +444,7 @@ async def test_concurrent_appends_under_sync_flush(sync_harness: Harness) -> Non
     await _topic(h, queues=2)
     engine = h.engine
     seen_ends: list[int] = []
-    engine.listeners.append(lambda topic, queue, end: seen_ends.append(end) if queue == 0 else None)
+    engine.listeners.append(lambda topic, ends: seen_ends.extend(end for queue, end in ends if queue == 0))
 
     async def writer(w: int) -> list[tuple[int, int, bytes]]:
         got = []

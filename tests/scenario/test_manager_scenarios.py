@@ -117,7 +117,7 @@ async def test_metadata_data_and_offsets_across_restart(engine_name: str, tmp_pa
 
 async def test_listeners_fire_for_every_engine(manager: StoreManager) -> None:
     heard: list[tuple[str, int, int]] = []
-    manager.add_listener(lambda topic, queue, end: heard.append((topic, queue, end)))
+    manager.add_listener(lambda topic, ends: heard.extend((topic, queue, end) for queue, end in ends))
     await manager.create_topic("a", 1)
     for other in ALL:  # engines created after the listener was added hear it too
         await manager.create_topic(f"on-{other}", 2, TopicConfig({"storage.type": other}))

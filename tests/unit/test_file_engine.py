@@ -330,7 +330,7 @@ async def test_async_flush_happens_in_background(tmp_path: Path) -> None:
 
 async def test_listeners_and_stats(engine: FileEngine) -> None:
     seen = []
-    engine.listeners.append(lambda topic, queue, end: seen.append((topic, queue, end)))
+    engine.listeners.append(lambda topic, ends: seen.extend((topic, queue, end) for queue, end in ends))
     await engine.append(T, 1, [batch(3)])
     await engine.append(T, 1, [batch(2), batch(2)])
     assert seen == [(T, 1, 3), (T, 1, 7)]
@@ -338,6 +338,18 @@ async def test_listeners_and_stats(engine: FileEngine) -> None:
     assert stats["puts"] == 2 and stats["put_batches"] == 3
     assert stats["put_bytes"] == engine.clog.max_offset
     assert sum(stats["latency_us"].values()) == 2 and stats["dispatch_lag"] == 0
+
+
+async def test_append_many_tells_each_listener_once_about_every_written_entry(engine: FileEngine) -> None:
+    calls = []
+    engine.listeners.append(lambda topic, ends: calls.append((topic, list(ends))))
+    results = await engine.append_many(T, [(0, [batch(2)]), (1, [b"not a batch"]), (1, [batch(3)]), (0, [batch(1)])])
+    assert isinstance(results[1], InvalidRecord)
+    # one call for the whole append_many; the refused entry is not in it; readers already see every end offset
+    assert calls == [(T, [(0, 2), (1, 3), (0, 3)])]
+    assert engine.end_offset(T, 0) == 3 and engine.end_offset(T, 1) == 3
+    await engine.append_many(T, [(0, [b"bad"])])  # nothing written: nothing to tell
+    assert len(calls) == 1
 
 
 async def test_dispatch_hook_sees_each_entry_live_and_at_recovery(tmp_path: Path) -> None:

@@ -1,28 +1,30 @@
 """Wake-ups for long-polling Fetch requests.
 
-The store calls `notify(topic, queue, end_offset)` (registered with `StoreManager.add_listener`) whenever records
-become visible. A Fetch that found fewer than `min_bytes` registers one future on every partition it reads and
+The store calls `notify(topic, queue_ends)` (registered with `StoreManager.add_listener`) whenever records become
+visible, with a (queue, end offset) pair per partition that grew. A Fetch that found fewer than `min_bytes` registers one future on every partition it reads and
 sleeps until any of them is resolved or its `max_wait_ms` runs out. Each notify wakes and forgets every waiter
-of that partition, so the cost of an append with nobody waiting is one dict lookup.
+of that partition, so the cost of an append with nobody waiting is one truth test.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from typing import Iterable, Sequence
 
 
 class DataWaiters:
     def __init__(self) -> None:
         self._waiting: dict[tuple[str, int], list[asyncio.Future]] = {}
 
-    def notify(self, topic: str, queue: int, end_offset: int) -> None:
-        if not self._waiting:
+    def notify(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None:
+        waiting = self._waiting
+        if not waiting:
             return
-        futures = self._waiting.pop((topic, queue), None)
-        if futures:
-            for future in futures:
-                if not future.done():
-                    future.set_result(None)
+        for queue, _end in queue_ends:
+            futures = waiting.pop((topic, queue), None)
+            if futures:
+                for future in futures:
+                    if not future.done():
+                        future.set_result(None)
 
     async def wait(self, partitions: Iterable[tuple[str, int]], timeout: float) -> bool:
         """Sleep until new data on any of `partitions` or `timeout` seconds; True if woken by data."""

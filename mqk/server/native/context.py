@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from mqk.config import BrokerConfig
 from mqk.errors import ShardExists, StorageError, UnknownShard
@@ -53,16 +53,21 @@ class LongPollHub:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop, self._thread = loop, threading.get_ident()
 
-    def on_data(self, topic: str, queue: int, end_offset: int) -> None:
-        if (topic, queue) not in self._waiters or self._loop is None:
+    def on_data(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None:
+        """The store's data listener: wake the pulls waiting on any queue of `topic` that grew."""
+        waiters = self._waiters
+        if not waiters or self._loop is None:
             return
-        if threading.get_ident() == self._thread:
-            self._wake(topic, queue)
-        else:
-            try:
-                self._loop.call_soon_threadsafe(self._wake, topic, queue)
-            except RuntimeError:  # loop closed: nobody is waiting any more
-                pass
+        for queue, _end in queue_ends:
+            if (topic, queue) not in waiters:
+                continue
+            if threading.get_ident() == self._thread:
+                self._wake(topic, queue)
+            else:
+                try:
+                    self._loop.call_soon_threadsafe(self._wake, topic, queue)
+                except RuntimeError:  # loop closed: nobody is waiting any more
+                    return
 
     def _wake(self, topic: str, queue: int) -> None:
         for fut in self._waiters.pop((topic, queue), ()):

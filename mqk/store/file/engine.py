@@ -11,7 +11,8 @@ Owns everything under its root directory:
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
 build the entry's head (its CRC computed over head and batch), dispatch its ConsumeQueue unit and write head and
 batch into the CommitLog with one pwritev, all in one kernel call (`clentry.put_entry`: one copy of the batch, by the
-kernel), then publish and notify listeners. That is the common case (one batch, room in the
+kernel), then publish; listeners hear of the new end offsets once per append call (append_many: one call for all
+its entries). That is the common case (one batch, room in the
 current segment and ConsumeQueue file); anything else takes the general path, which writes the same bytes. Reads
 hand out zero-copy views into the mapping.
 
@@ -446,6 +447,8 @@ class FileEngine(StorageAdapter):
                      keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
         now = time_ns()  # the store timestamp and the latency's start: one clock read
         result, last = self._put(topic, queue, batches, tags_code, keys, log_append_time, now)
+        if self.listeners:
+            self._notify(topic, ((queue, result.last_offset + 1),))
         if self._sync:
             await self.flusher.wait_flushed(last)
         self.stats.record(time_ns() - now)
@@ -457,6 +460,7 @@ class FileEngine(StorageAdapter):
         now = time_ns()  # one store timestamp for the whole call
         put = self._put
         out: list[AppendResult | Exception] = []
+        grown: list[tuple[int, int]] = []  # (queue, new end offset) per written entry, for the listeners
         last = -1
         for queue, batches in entries:
             try:
@@ -465,7 +469,10 @@ class FileEngine(StorageAdapter):
                 out.append(exc)
                 continue
             out.append(result)
+            grown.append((queue, result.last_offset + 1))
             last = end
+        if grown and self.listeners:
+            self._notify(topic, grown)
         if self._sync and last >= 0:
             try:
                 await self.flusher.wait_flushed(last)
@@ -534,8 +541,6 @@ class FileEngine(StorageAdapter):
             cq.dirty_since_phys = first_phys
             cq.dirty_since_ms = store_ts
             self._dirty_cqs.add(cq)
-        if self.listeners:
-            self._notify(topic, queue, end)
         st = self.stats
         st.puts += 1
         st.put_batches += nparts

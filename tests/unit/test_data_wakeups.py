@@ -1,0 +1,37 @@
+"""The store's data listeners that wake long polls: Kafka Fetch (DataWaiters) and native pulls (LongPollHub).
+
+The store tells a listener once per append call, with a (queue, end offset) pair per queue that grew: a Produce
+spread over many partitions wakes the waiters of each of them."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from mqk.server.kafka.fetch_wait import DataWaiters
+from mqk.server.native.context import LongPollHub
+
+
+async def test_fetch_waiters_wake_on_any_listed_partition_and_only_those() -> None:
+    waiters = DataWaiters()
+    woken_b = asyncio.ensure_future(waiters.wait([("t", 1)], 5))
+    asleep = asyncio.ensure_future(waiters.wait([("t", 2), ("u", 0)], 0.2))
+    await asyncio.sleep(0)
+    waiters.notify("u", [(1, 10)])  # another topic's queue 1: nobody here
+    waiters.notify("t", [(0, 4), (1, 7)])  # one call for two queues of t
+    assert await asyncio.wait_for(woken_b, 1) is True
+    assert await asyncio.wait_for(asleep, 1) is False  # its partitions never grew: timed out
+
+
+async def test_long_poll_hub_wakes_pulls_of_every_grown_queue_from_any_thread() -> None:
+    hub = LongPollHub()
+    hub.bind(asyncio.get_running_loop())
+    pulls = [asyncio.ensure_future(hub.wait("t", q, 5)) for q in (0, 1, 2)]
+    await asyncio.sleep(0)
+    hub.on_data("t", [(0, 3), (2, 9)])
+    done, pending = await asyncio.wait(pulls, timeout=1)
+    assert done == {pulls[0], pulls[2]} and pending == {pulls[1]}
+    # from another thread (an engine's writer thread): the wake-up is handed to the loop
+    thread = threading.Thread(target=hub.on_data, args=("t", [(1, 4)]))
+    thread.start()
+    thread.join()
+    await asyncio.wait_for(pulls[1], 1)
