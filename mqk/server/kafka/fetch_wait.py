@@ -1,9 +1,10 @@
 """Wake-ups for long-polling Fetch requests.
 
 The store calls `notify(topic, queue_ends)` (registered with `StoreManager.add_listener`) whenever records become
-visible, with a (queue, end offset) pair per partition that grew. A Fetch that found fewer than `min_bytes` registers one future on every partition it reads and
-sleeps until any of them is resolved or its `max_wait_ms` runs out. Each notify wakes and forgets every waiter
-of that partition, so the cost of an append with nobody waiting is one truth test.
+visible, with a (queue, end offset) pair per partition that grew. A Fetch that found fewer than `min_bytes`
+registers one future on every partition it reads and sleeps until any of them is resolved or its `max_wait_ms`
+runs out. Each notify wakes and forgets every waiter of the partitions it names, so the cost of an append with
+nobody waiting is one truth test.
 """
 from __future__ import annotations
 
