@@ -492,3 +492,40 @@ async def test_failing_dispatch_hook_on_the_fast_path_is_logged_not_raised(engin
     stored = (await engine.read(T, 0, 0, 10**6)).batches[0]
     assert seen == [(0, 2, stored.physical_offset, engine.clog.max_offset - stored.physical_offset,
                      bytes(stored.data))]
+
+
+@pytest.mark.parametrize("has_syncfs", [True, False])
+async def test_a_checkpoint_of_many_queues_syncs_the_filesystem_once(tmp_path: Path, monkeypatch, has_syncfs) -> None:
+    """From SYNCFS_MIN_QUEUES due queues on one filesystem a checkpoint makes them durable with one syncfs instead
+    of an fdatasync each; without syncfs each queue is flushed itself. Either way every queue ends flushed and the
+    safe offset reaches the end of what was dispatched."""
+    import mqk.store.file.engine as engine_mod
+    from mqk.store import fsutil
+
+    calls = []
+
+    def counting_syncfs(fd):
+        calls.append(fd)
+        return fsutil.syncfs(fd) if has_syncfs else False
+
+    monkeypatch.setattr(engine_mod, "syncfs", counting_syncfs)
+    e = await open_engine(tmp_path, checkpoint_interval_ms=3_600_000)
+    try:
+        n = engine_mod.SYNCFS_MIN_QUEUES + 8
+        await e.create_shards(T, n, TopicConfig())
+        await e.checkpoint_now(flush_all=True)  # the new queues' directories
+        calls.clear()
+        await e.append_many(T, [(q, [batch(1)]) for q in range(n)])
+        cqs = [e._shard(T, q).cq for q in range(n)]
+        assert all(cq.mfq.dirty_bytes() > 0 for cq in cqs)
+        await e.checkpoint_now(flush_all=True)
+        assert len(calls) == 1
+        assert all(cq.mfq.dirty_bytes() == 0 for cq in cqs)
+        assert e.checkpoint.safe_offset == e.dispatcher.dispatched
+        # a few queues: their own fdatasync, no filesystem-wide sync
+        calls.clear()
+        await e.append_many(T, [(q, [batch(1)]) for q in range(3)])
+        await e.checkpoint_now(flush_all=True)
+        assert calls == [] and all(cq.mfq.dirty_bytes() == 0 for cq in cqs)
+    finally:
+        await e.close()

@@ -229,3 +229,45 @@ def test_flush_fsyncs_the_directories_a_new_segment_appeared_in(tmp_path: Path, 
         assert synced == [root / "topic" / "0"]
     finally:
         q.close()
+
+
+def test_sync_marks_claim_only_what_was_written_before_the_sync(tmp_path: Path, monkeypatch) -> None:
+    """A filesystem-wide sync covers what was written before it started: note_synced moves each segment's flushed
+    position to its write position at sync_marks time, never to a later write's, and clears only the directories
+    noted by then."""
+    import mqk.store.file.mapped_file as mapped_file
+
+    monkeypatch.setattr(mapped_file, "fsync_dir", lambda d: None)
+    q = MappedFileQueue(tmp_path / "cq" / "0", SIZE, preallocate=False)
+    try:
+        mf = q.get_last_for_write()
+        mf.append(b"x" * 10)
+        marks = q.sync_marks()
+        assert marks == ([(mf, 10)], {tmp_path / "cq" / "0", tmp_path / "cq", tmp_path})
+        assert mf.device == os.stat(tmp_path).st_dev
+        mf.append(b"y" * 5)  # written while the sync runs: not covered
+        q.note_synced(marks)
+        assert mf.flushed == 10 and q.dirty_bytes() == 5
+        assert q.sync_marks() == ([(mf, 15)], set())  # the directories were synced with the filesystem
+        q.note_synced(([(mf, 8)], set()))  # an older mark never moves flushed back
+        assert mf.flushed == 10
+    finally:
+        q.close()
+
+
+def test_syncfs_syncs_a_filesystem_or_says_it_cannot(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from mqk.store import fsutil
+
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"data")
+        assert fsutil.syncfs(fd) is True
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as info:
+        fsutil.syncfs(fd)  # closed
+    assert info.value.errno == errno.EBADF
+    monkeypatch.setattr(fsutil, "_syncfs", None)  # a platform without syncfs(2)
+    assert fsutil.syncfs(0) is False

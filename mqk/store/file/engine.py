@@ -56,7 +56,7 @@ from mqk.store.file.dispatch import ReputMessageService
 from mqk.store.file.flush import FlushService
 from mqk.store.file.index import IndexService, live_entry
 from mqk.store.file.mapped_file import storage_error
-from mqk.store.fsutil import atomic_write_json, read_json
+from mqk.store.fsutil import atomic_write_json, read_json, syncfs
 
 # record-level timestamp resolution shared with the memory engine (decoding and decompression of one batch)
 from mqk.store.memory import first_record_at_or_after
@@ -72,6 +72,8 @@ _I64 = struct.Struct(">q")
 BATCH_HEADER = recbatch.HEADER_SIZE
 #: segments always re-verified at start (RocketMQ's recoverNormally checks the last three files)
 RECOVER_SEGMENTS = 3
+#: a checkpoint flushing at least this many ConsumeQueues of one filesystem syncs the filesystem once (syncfs)
+SYNCFS_MIN_QUEUES = 32
 
 
 class Shard:
@@ -892,14 +894,36 @@ class FileEngine(StorageAdapter):
         await asyncio.get_running_loop().run_in_executor(self._io, self.index.store_checkpoint, snap)
 
     def _flush_and_store(self, safe: int, dirty: list[ConsumeQueue]) -> None:
-        for cq in dirty:
-            cq.flush()
+        self._flush_queues(dirty)
         flushed = self.clog.flush()
         if self.flusher is not None:
             self.flusher.note_flushed(flushed)
         self.checkpoint.store(min(safe, flushed), flushed, _now_ms())
 
     # --- group offsets --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _flush_queues(queues: list[ConsumeQueue]) -> None:
+        """Make the queues' units durable. An fdatasync per file costs a journal commit each (1,000 queues with a
+        page or two of units: ~200 ms wall, ~70 ms of this process's CPU on ext4 here); from SYNCFS_MIN_QUEUES
+        queues on one filesystem, a single syncfs(2) covers them all (~40 ms wall, ~1 ms CPU). A queue whose
+        files are on another filesystem, or a platform without syncfs, gets its own fdatasync."""
+        by_device: dict[int, list[tuple[ConsumeQueue, tuple]]] = {}
+        if len(queues) >= SYNCFS_MIN_QUEUES:
+            for cq in queues:
+                marks = cq.mfq.sync_marks()
+                devices = {mf.device for mf, _wrote in marks[0]}
+                if len(devices) == 1:
+                    by_device.setdefault(devices.pop(), []).append((cq, marks))
+        synced: set[ConsumeQueue] = set()
+        for group in by_device.values():
+            if len(group) >= SYNCFS_MIN_QUEUES and syncfs(group[0][1][0][0][0].fd):
+                for cq, marks in group:
+                    cq.mfq.note_synced(marks)
+                    synced.add(cq)
+        for cq in queues:
+            if cq not in synced:
+                cq.flush()
 
     async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
         await self.offsets.commit_offsets(group, offsets)

@@ -49,8 +49,8 @@ class MappedFile:
     """One mapped segment. Not thread-safe for writes: the store writes from the event loop thread only; flush
     (`fdatasync`) may run in a worker thread concurrently with writes, which the kernel allows."""
 
-    __slots__ = ("_closed", "buf", "committed", "fd", "file_size", "flushed", "mm", "path", "reserve_step",
-                 "reserved", "start_offset", "wrote")
+    __slots__ = ("_closed", "buf", "committed", "device", "fd", "file_size", "flushed", "mm", "path",
+                 "reserve_step", "reserved", "start_offset", "wrote")
 
     def __init__(self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0) -> None:
         """`reserve_step` 0 reserves the whole file's blocks at creation (CommitLog segments); a positive step
@@ -64,7 +64,8 @@ class MappedFile:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         actual = -1
         try:
-            actual = os.fstat(fd).st_size
+            stat = os.fstat(fd)
+            actual = stat.st_size
             if actual != file_size:
                 # new file (size 0): extend sparsely; a file cut short is extended too (zeros read as "end of
                 # data"); a longer one is never shrunk, we have not examined what it holds
@@ -82,6 +83,8 @@ class MappedFile:
                 _unlink_quietly(self.path)  # a new file we could not set up must not look like a segment later
             raise
         self.fd = fd
+        #: the filesystem the file is on (st_dev): a filesystem-wide sync covers every file with the same device
+        self.device = stat.st_dev
         #: one writable view over the whole mapping; slices of it are the zero-copy reads handed out
         self.buf = memoryview(self.mm)
         self.wrote = 0
@@ -510,6 +513,25 @@ class MappedFileQueue:
             for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
                 fsync_dir(directory)
         return durable if durable is not None else 0
+
+    def sync_marks(self) -> tuple[list[tuple[MappedFile, int]], set[Path]]:
+        """What a filesystem-wide sync (fsutil.syncfs) started after this call makes durable here: each segment
+        with unflushed bytes with its write position now, and the directories whose new entries are unsynced.
+        Hand them to `note_synced` once the sync returned."""
+        with self._lock:
+            files = list(self.files)
+            dirs = set(self._unsynced_dirs)
+        return [(mf, mf.wrote) for mf in files if mf.flushed < mf.wrote], dirs
+
+    def note_synced(self, marks: tuple[list[tuple[MappedFile, int]], set[Path]]) -> None:
+        """Record that a filesystem-wide sync ran after `sync_marks` returned `marks`."""
+        files, dirs = marks
+        for mf, wrote in files:
+            if wrote > mf.flushed:
+                mf.flushed = wrote
+        if dirs:
+            with self._lock:
+                self._unsynced_dirs -= dirs
 
     def dirty_bytes(self) -> int:
         last = self.files[-1] if self.files else None
