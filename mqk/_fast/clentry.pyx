@@ -10,6 +10,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc cimport errno as c_errno
 from libc.string cimport strerror
 from posix.types cimport off_t
@@ -215,18 +216,25 @@ def put_entry(int fd, Py_ssize_t pos, head, bytes topic not None, Py_ssize_t que
 
 
 cdef int _write_head_and_tail(int fd, Py_ssize_t pos, void* head, Py_ssize_t head_len, Py_buffer* body) except -1:
-    """pwritev head[:head_len] and body[8:] at pos, without the GIL, through EINTR and short writes. The caller
-    checked 0 <= head_len <= the head's size, body.len >= 8 and pos >= 0."""
+    """pwritev head[:head_len] and body[8:] at pos. The caller checked 0 <= head_len <= the head's size,
+    body.len >= 8 and pos >= 0."""
     cdef iovec iov[2]
-    cdef ssize_t done
-    cdef int err = 0
     iov[0].iov_base = head
     iov[0].iov_len = <size_t>head_len
     iov[1].iov_base = <char*>body.buf + 8
     iov[1].iov_len = <size_t>(body.len - 8)
-    while iov[0].iov_len + iov[1].iov_len:
+    _pwritev_all(fd, pos, iov, 2)
+    return 0
+
+
+cdef Py_ssize_t _pwritev_all(int fd, Py_ssize_t pos, iovec* iov, int count) except -1:
+    """pwritev iov[0:count] at pos without the GIL, through EINTR and short writes (a signal, a device error
+    about to be reported: the rest is written again); the position after them. Consumes the iovecs."""
+    cdef ssize_t done
+    cdef int err = 0
+    while count > 0:
         with nogil:
-            done = pwritev(fd, iov, 2, <off_t>pos)
+            done = pwritev(fd, iov, count, <off_t>pos)
             if done < 0:
                 err = c_errno.errno
         if done < 0:
@@ -236,17 +244,60 @@ cdef int _write_head_and_tail(int fd, Py_ssize_t pos, void* head, Py_ssize_t hea
             raise OSError(err, strerror(err).decode(errors="replace"))
         if done == 0:
             raise OSError(0, f"pwritev wrote nothing at {pos}")
-        # a short write (a signal, a device error about to be reported): write the rest
         pos += done
-        if <size_t>done >= iov[0].iov_len:
+        while count > 0 and <size_t>done >= iov[0].iov_len:
             done -= iov[0].iov_len
-            iov[0].iov_len = 0
-            iov[1].iov_base = <char*>iov[1].iov_base + done
-            iov[1].iov_len -= <size_t>done
-        else:
+            iov += 1
+            count -= 1
+        if count > 0 and done > 0:
             iov[0].iov_base = <char*>iov[0].iov_base + done
             iov[0].iov_len -= <size_t>done
-    return 0
+    return pos
+
+
+WRITE_ENTRIES_CHUNK = 512
+DEF C_WRITE_ENTRIES_CHUNK = 512
+
+
+def write_entries(int fd, Py_ssize_t pos, heads, Py_ssize_t head_len, bodies):
+    """See clentry_py.write_entries: entry i is heads[i * head_len:][:head_len] + bodies[i][8:], one pwritev per
+    WRITE_ENTRIES_CHUNK entries, without the GIL."""
+    cdef Py_buffer h
+    cdef Py_buffer* views
+    cdef Py_ssize_t n = len(bodies), got = 0, i, k, chunk
+    cdef iovec iov[2 * C_WRITE_ENTRIES_CHUNK]
+    cdef bint short_body = False
+    borrow(heads, &h)
+    views = <Py_buffer*>PyMem_Malloc(max(n, 1) * sizeof(Py_buffer))
+    if views == NULL:
+        PyBuffer_Release(&h)
+        raise MemoryError()
+    try:
+        for body in bodies:
+            if got == n:
+                raise ValueError("bodies grew while being read")
+            borrow(body, &views[got])
+            got += 1
+            if views[got - 1].len < 8:
+                short_body = True
+        if head_len < 1 or h.len < n * head_len or pos < 0 or short_body:
+            raise OutOfBounds(f"write of {n} entries with heads of {head_len} bytes in {h.len} at {pos}")
+        i = 0
+        while i < n:
+            chunk = min(n - i, C_WRITE_ENTRIES_CHUNK)
+            for k in range(chunk):
+                iov[2 * k].iov_base = <char*>h.buf + (i + k) * head_len
+                iov[2 * k].iov_len = <size_t>head_len
+                iov[2 * k + 1].iov_base = <char*>views[i + k].buf + 8
+                iov[2 * k + 1].iov_len = <size_t>(views[i + k].len - 8)
+            pos = _pwritev_all(fd, pos, iov, <int>(2 * chunk))
+            i += chunk
+        return None
+    finally:
+        for i in range(got):
+            PyBuffer_Release(&views[i])
+        PyMem_Free(views)
+        PyBuffer_Release(&h)
 
 
 def blank_head(Py_ssize_t size):

@@ -177,7 +177,35 @@ def write_entry(fd, pos, head, head_len, body) -> None:
     b = _view(body)
     if head_len < 0 or head_len > h.nbytes or b.nbytes < 8 or pos < 0:
         raise OutOfBounds(f"entry write of head {head_len}/{h.nbytes} and body {b.nbytes} bytes at {pos}")
-    parts = [h[:head_len], b[8:]]
+    _write_all(fd, pos, [h[:head_len], b[8:]])
+
+
+#: entries `write_entries` hands to one pwritev (two buffers each; Linux's IOV_MAX is 1024)
+WRITE_ENTRIES_CHUNK = 512
+
+
+def write_entries(fd, pos, heads, head_len, bodies) -> None:
+    """Write len(bodies) consecutive entries at offset `pos` of file `fd`: entry i is heads[i * head_len:(i + 1) *
+    head_len] (its head, see `encode_head`) followed by bodies[i][8:], as `write_entry` writes one, with one pwritev
+    per WRITE_ENTRIES_CHUNK entries, finishing short writes. OSError as os.pwritev raises it (bytes before the
+    failure may be written); OutOfBounds, writing nothing, for a head length below 1, heads shorter than
+    len(bodies) * head_len, a body under 8 bytes or a negative position."""
+    pos = _ssize(pos)
+    head_len = _ssize(head_len)
+    h = _view(heads)
+    views = [_view(body) for body in bodies]
+    if head_len < 1 or h.nbytes < len(views) * head_len or pos < 0 or any(b.nbytes < 8 for b in views):
+        raise OutOfBounds(f"write of {len(views)} entries with heads of {head_len} bytes in {h.nbytes} at {pos}")
+    for start in range(0, len(views), WRITE_ENTRIES_CHUNK):
+        parts = []
+        for i in range(start, min(start + WRITE_ENTRIES_CHUNK, len(views))):
+            parts.append(h[i * head_len:(i + 1) * head_len])
+            parts.append(views[i][8:])
+        pos = _write_all(fd, pos, parts)
+
+
+def _write_all(fd, pos, parts) -> int:
+    """pwritev `parts` at `pos` through short writes; returns the position after them."""
     while parts:
         done = os.pwritev(fd, parts, pos)
         if done == 0:
@@ -187,6 +215,7 @@ def write_entry(fd, pos, head, head_len, body) -> None:
             done -= parts.pop(0).nbytes
         if parts and done:
             parts[0] = parts[0][done:]
+    return pos
 
 
 def put_entry(fd, pos, head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body,

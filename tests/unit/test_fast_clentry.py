@@ -395,3 +395,80 @@ def test_put_entry_errors(impl, tmp_path):
     finally:
         os.close(fd)
     assert path.read_bytes() == b""
+
+
+# --- write_entries: consecutive entries in one pwritev ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 3, 700])  # 700: more than one pwritev's worth (WRITE_ENTRIES_CHUNK)
+def test_write_entries_writes_what_write_entry_writes_one_by_one(impl, tmp_path, count):
+    ce, rb = impl
+    bodies = [memoryview(a_batch(rb, 1 + i % 4)) for i in range(count)]
+    hl = ce.head_size(6)
+    heads = bytearray(hl * count + 5)
+    pos = 100
+    ref = tmp_path / "ref"
+    ref.write_bytes(b"\xee" * 100)
+    fd_ref = os.open(ref, os.O_RDWR)
+    at = pos
+    for i, body in enumerate(bodies):
+        head = memoryview(heads)[i * hl:(i + 1) * hl]
+        size = ce.encode_head(head, b"orders", 1, i, at, 7, 7, 0, 0, 1, body)
+        ce.write_entry(fd_ref, at, head, hl, body)
+        at += size
+    os.close(fd_ref)
+    got = tmp_path / "got"
+    got.write_bytes(b"\xee" * 100)
+    fd = os.open(got, os.O_RDWR)
+    try:
+        assert ce.write_entries(fd, pos, heads, hl, bodies) is None
+    finally:
+        os.close(fd)
+    assert got.read_bytes() == ref.read_bytes() and len(got.read_bytes()) == at
+
+
+def test_write_entries_refuses_bad_arguments_before_writing(impl, tmp_path):
+    ce, rb = impl
+    body = a_batch(rb)
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for pos, heads, head_len, bodies in ((-1, bytes(20), 10, [body]), (0, bytes(19), 10, [body, body]),
+                                             (0, bytes(20), 0, [body]), (0, bytes(20), 10, [body, b"1234567"])):
+            with pytest.raises(OutOfBounds):
+                ce.write_entries(fd, pos, heads, head_len, bodies)
+        assert ce.write_entries(fd, 0, b"", 10, []) is None
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b""
+    ro = tmp_path / "ro"
+    ro.write_bytes(b"")
+    fd = os.open(ro, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as info:
+            ce.write_entries(fd, 0, bytes(10), 10, [body])
+        assert info.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
+
+
+def test_twin_write_entries_finishes_short_writes_across_entries(tmp_path, monkeypatch):
+    ce = twin("clentry")
+    rb = twin("recbatch")
+    bodies = [a_batch(rb, 1), a_batch(rb, 2)]
+    real = os.pwritev
+
+    def short(fd, parts, pos):
+        data = b"".join(bytes(p) for p in parts)
+        return real(fd, [data[:50]], pos)
+
+    monkeypatch.setattr(os, "pwritev", short)
+    path = tmp_path / "log"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        ce.write_entries(fd, 0, b"A" * 12 + b"B" * 12, 12, bodies)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"A" * 12 + bodies[0][8:] + b"B" * 12 + bodies[1][8:]

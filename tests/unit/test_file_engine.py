@@ -529,3 +529,99 @@ async def test_a_checkpoint_of_many_queues_syncs_the_filesystem_once(tmp_path: P
         assert calls == [] and all(cq.mfq.dirty_bytes() == 0 for cq in cqs)
     finally:
         await e.close()
+
+
+async def test_append_many_in_one_write_stores_what_appends_one_by_one_store(tmp_path: Path, monkeypatch) -> None:
+    """append_many writes runs of single-batch entries with one pwritev (_put_staged). The files it leaves and its
+    answers must be those of the same entries appended one by one, across segment rolls, ConsumeQueue file rolls
+    and block reservations, a queue named twice in one call, several batches in one entry, compacted batches and
+    refused entries in between."""
+    import mqk.store.file.engine as engine_mod
+
+    calls = []
+    real = engine_mod.write_entries
+
+    def counting(*args):
+        calls.append(len(args[4]))
+        return real(*args)
+
+    monkeypatch.setattr(engine_mod, "write_entries", counting)
+    monkeypatch.setattr(engine_mod, "time_ns", lambda: 1_700_000_000_000_000_000)
+
+    def request(i: int) -> list:
+        entries = []
+        for j in range(12):
+            q = (i * 5 + j * 3) % 7
+            b = batch(1 + (i + j) % 3, ts=1000 + (i * 31 + j * 7) % 900, value=bytes([j]) * (40 + (i * j) % 400))
+            if (i + j) % 11 == 0:
+                struct.pack_into(">i", b, 23, 6)  # compacted: a span beyond its record count
+            if (i + j) % 13 == 0:
+                entries.append((q, [b, batch(1)]))  # several batches
+            elif (i + j) % 17 == 0:
+                entries.append((q, [bytes(b)[:-1]]))  # refused
+            else:
+                entries.append((q, [b]))
+        entries.append((entries[0][0], [batch(1)]))  # the first queue again
+        return entries
+
+    async def run(root: Path, together: bool) -> tuple[list, list, list]:
+        e = await open_engine(root, cq_units_per_file=2000)
+        answers = []
+        try:
+            await e.create_shards(T, 7, TopicConfig())
+            for i in range(120):
+                if together:
+                    got = await e.append_many(T, request(i))
+                else:
+                    got = []
+                    for q, batches in request(i):
+                        try:
+                            got.append(await e.append(T, q, batches))
+                        except Exception as exc:  # noqa: BLE001 - compared below
+                            got.append(exc)
+                answers.append([r if isinstance(r, tuple) else type(r).__name__ for r in got])
+            clog = [bytes(mf.buf[: mf.wrote]) for mf in e.clog.mfq.files]
+            cqs = [bytes(mf.buf[: mf.wrote]) for q in range(7) for mf in e._shards[(T, q)].cq.mfq.files]
+        finally:
+            await e.close()
+        return answers, clog, cqs
+
+    together = await run(tmp_path / "together", True)
+    assert calls and max(calls) > 3  # runs of several entries were written at once
+    apart = await run(tmp_path / "apart", False)
+    assert len(together[1]) >= 3  # segments rolled
+    assert together == apart
+
+
+async def test_append_many_write_failure_fails_its_run_and_publishes_nothing(engine: FileEngine, monkeypatch) -> None:
+    import errno
+
+    import mqk.store.file.engine as engine_mod
+    from mqk.errors import StorageFull
+
+    await engine.append_many(T, [(0, [batch(1)]), (1, [batch(1)])])  # each queue's first file now exists
+    before = (engine.clog.max_offset, engine.end_offset(T, 0), engine.end_offset(T, 1))
+    heard = []
+    engine.listeners.append(lambda topic, ends: heard.append(list(ends)))
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(engine_mod, "write_entries", full)
+    results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(3)])])
+    assert all(isinstance(r, StorageFull) for r in results)
+    assert (engine.clog.max_offset, engine.end_offset(T, 0), engine.end_offset(T, 1)) == before
+    assert heard == [] and len((await engine.read(T, 0, 0, 1 << 20)).batches) == 1
+    monkeypatch.undo()
+    results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(3)])])
+    assert [r.base_offset for r in results] == [1, 1] and heard == [[(0, 3), (1, 4)]]
+    assert [b.base_offset for b in (await engine.read(T, 1, 0, 1 << 20)).batches] == [0, 1]
+
+
+async def test_append_many_shows_entries_to_dispatch_hooks_one_by_one(engine: FileEngine) -> None:
+    seen = []
+    engine.dispatcher.hooks.append(lambda topic, queue, base, count, phys, size, ts, keys, body: seen.append(
+        (queue, base, phys)))
+    results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(1)]), (0, [batch(1)])])
+    assert seen == [(0, 0, results[0].physical_offset), (1, 0, results[1].physical_offset),
+                    (0, 2, results[2].physical_offset)]

@@ -65,6 +65,8 @@ recbatch = load("recbatch")
 clentry = load("clentry")
 parse_header = recbatch.parse_header
 put_entry = clentry.put_entry
+append_head = clentry.append_head
+write_entries = clentry.write_entries
 time_ns = time.time_ns
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,8 @@ class FileEngine(StorageAdapter):
         self._shards: dict[tuple[str, int], Shard] = {}
         self._topics: dict[str, dict] = {}  # name -> {"queues": n, "created": phys, "log_start": {q: off}}
         self._dirty_cqs: set[ConsumeQueue] = set()
+        #: append_many's heads, written side by side for one pwritev: (head length, buffer, a slice per entry)
+        self._staging: tuple[int, bytearray, list[memoryview]] = (0, bytearray(), [])
         #: one thread for ConsumeQueue flushes and checkpoint writes (the CommitLog flusher has its own)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqk-checkpoint")
         self._tasks: list[asyncio.Task] = []
@@ -458,21 +462,18 @@ class FileEngine(StorageAdapter):
 
     async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
                           log_append_time: bool = False) -> list[AppendResult | Exception]:
-        """See StorageAdapter.append_many: every entry is written before one sync-flush wait covers them all."""
+        """See StorageAdapter.append_many: every entry is written before one sync-flush wait covers them all.
+        Entries of one batch each are written side by side with one pwritev (see _put_staged) when no dispatch
+        hook has to see them; the others, and every entry of a LogAppendTime append, one by one (_put)."""
         now = time_ns()  # one store timestamp for the whole call
-        put = self._put
         out: list[AppendResult | Exception] = []
         grown: list[tuple[int, int]] = []  # (queue, new end offset) per written entry, for the listeners
-        last = -1
-        for queue, batches in entries:
-            try:
-                result, end = put(topic, queue, batches, 0, (), log_append_time, now)
-            except Exception as exc:  # noqa: BLE001 - that entry's answer, as its own append would raise it
-                out.append(exc)
-                continue
-            out.append(result)
-            grown.append((queue, result.last_offset + 1))
-            last = end
+        if len(entries) > 1 and not log_append_time and self._running and not self._hooks_for(topic, ()):
+            last = self._put_staged(topic, entries, now, out, grown)
+        else:
+            last = -1
+            for queue, batches in entries:
+                last = self._put_one_of_many(topic, queue, batches, log_append_time, now, out, grown, last)
         if grown and self.listeners:
             self._notify(topic, grown)
         if self._sync and last >= 0:
@@ -482,6 +483,127 @@ class FileEngine(StorageAdapter):
                 out = [exc if result.__class__ is AppendResult else result for result in out]
         self.stats.record(time_ns() - now, len(entries))
         return out
+
+    def _put_one_of_many(self, topic: str, queue: int, batches: Sequence[Buffer], log_append_time: bool,
+                         now_ns: int, out: list, grown: list, last: int) -> int:
+        """An entry of append_many through _put: its answer (result or exception) into `out`, its queue's new end
+        into `grown`; returns the CommitLog offset past the last entry written so far."""
+        try:
+            result, end = self._put(topic, queue, batches, 0, (), log_append_time, now_ns)
+        except Exception as exc:  # noqa: BLE001 - that entry's answer, as its own append would raise it
+            out.append(exc)
+            return last
+        out.append(result)
+        grown.append((queue, result.last_offset + 1))
+        return end
+
+    def _put_staged(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], now_ns: int, out: list,
+                    grown: list) -> int:
+        """append_many without dispatch hooks: each single-batch entry with room in the current segment and its
+        queue's reserved ConsumeQueue block gets its head (`clentry.append_head`, which also writes its unit past
+        the queue's published end) side by side with the previous ones, and the whole run is written with one
+        pwritev (`clentry.write_entries`) before any of it is published: a Produce spread over many partitions
+        pays one system call, not one per partition. An entry that cannot join (several batches, a segment to
+        roll, a block to reserve, a batch the kernel declines, a queue already in the run) ends the run: the run
+        is written, then that entry goes through _put. Returns the CommitLog offset past the last entry written."""
+        shards = self._shards
+        store_ts = now_ns // 1_000_000
+        head_len = 0
+        slots: list[memoryview] = []
+        heads = None
+        run: list[tuple] = []
+        in_run: set[Shard] = set()
+        mf = None
+        pos = 0
+        last = -1
+        for queue, batches in entries:
+            shard = shards.get((topic, queue))
+            done = None
+            if shard is not None and len(batches) == 1 and shard not in in_run:
+                if mf is None:
+                    files = self._clog_mfq.files
+                    mf = files[-1] if files else None
+                    if mf is None:
+                        last = self._put_one_of_many(topic, queue, batches, False, now_ns, out, grown, last)
+                        continue
+                    pos = mf.wrote
+                    head_len = shard.fixed + 8
+                    heads, slots = self._staging_for(head_len, len(entries))
+                body = batches[0]
+                size = shard.fixed + len(body)
+                cq = shard.cq
+                qfiles = cq.mfq.files
+                qf = qfiles[-1] if qfiles else None
+                if qf is not None and size + BLANK_MIN <= mf.file_size - pos and qf.wrote + UNIT <= qf.reserved:
+                    phys = mf.start_offset + pos
+                    try:
+                        done = append_head(slots[len(run)], shard.topic_b, queue, cq.end_offset, phys, store_ts, 0,
+                                           body, qf.buf, qf.wrote, cq.max_ts)
+                    except Exception:  # noqa: BLE001 - _put below gives this entry its own answer
+                        done = None
+            if done is None:
+                if run:
+                    last = self._write_run(mf, run, heads, head_len, store_ts, out, grown, last)
+                    run, in_run = [], set()
+                last = self._put_one_of_many(topic, queue, batches, False, now_ns, out, grown, last)
+                mf = None  # _put may have rolled the segment: look again
+                continue
+            size, span, running = done
+            run.append((shard, qf, phys, size, span, running, body, len(out)))
+            in_run.add(shard)
+            out.append(None)  # filled in once the run is written
+            pos += size
+        if run:
+            last = self._write_run(mf, run, heads, head_len, store_ts, out, grown, last)
+        return last
+
+    def _staging_for(self, head_len: int, count: int) -> tuple[bytearray, list[memoryview]]:
+        """A buffer for `count` heads of `head_len` bytes side by side, and a view of each slot (kept between
+        calls: most requests name the same topics)."""
+        have_len, heads, slots = self._staging
+        if have_len != head_len or len(slots) < count:
+            count = max(count, len(slots) if have_len == head_len else 0, 64)
+            heads = bytearray(head_len * count)
+            whole = memoryview(heads)
+            slots = [whole[i * head_len:(i + 1) * head_len] for i in range(count)]
+            self._staging = (head_len, heads, slots)
+        return heads, slots
+
+    def _write_run(self, mf, run: list[tuple], heads: bytearray, head_len: int, store_ts: int, out: list,
+                   grown: list, last: int) -> int:
+        """Write a run staged by _put_staged at the segment's end, then publish each entry as _put does (the
+        entry, its unit, its queue's end). A failed write publishes nothing and fails every entry of the run.
+        Returns the CommitLog offset past the run (or `last`, unchanged, after a failure)."""
+        pos = mf.wrote
+        try:
+            write_entries(mf.fd, pos, heads, head_len, [entry[6] for entry in run])
+        except OSError as exc:
+            failure = storage_error(exc, mf.path, sum(entry[3] for entry in run))
+            for entry in run:
+                out[entry[7]] = failure
+            return last
+        dirty = self._dirty_cqs
+        nbytes = 0
+        for shard, qf, phys, size, span, running, _body, slot in run:
+            cq = shard.cq
+            qf.wrote = qf.committed = qf.wrote + UNIT
+            base = cq.end_offset
+            end = cq.end_offset = base + span
+            cq.max_ts = running
+            if cq.dirty_since_phys < 0:
+                cq.dirty_since_phys = phys
+                cq.dirty_since_ms = store_ts
+                dirty.add(cq)
+            out[slot] = _new_tuple(AppendResult, (base, end - 1, store_ts, shard.log_start, phys))
+            grown.append((shard.queue, end))
+            nbytes += size
+        end_pos = mf.wrote = mf.committed = pos + nbytes
+        last = self.dispatcher.dispatched = mf.start_offset + end_pos
+        st = self.stats
+        st.puts += len(run)
+        st.put_batches += len(run)
+        st.put_bytes += nbytes
+        return last
 
     def _put(self, topic: str, queue: int, batches: Sequence[Buffer], tags_code: int, keys: Sequence[bytes],
              log_append_time: bool, now_ns: int) -> tuple[AppendResult, int]:
