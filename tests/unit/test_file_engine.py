@@ -625,3 +625,51 @@ async def test_append_many_shows_entries_to_dispatch_hooks_one_by_one(engine: Fi
     results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(1)]), (0, [batch(1)])])
     assert seen == [(0, 0, results[0].physical_offset), (1, 0, results[1].physical_offset),
                     (0, 2, results[2].physical_offset)]
+
+
+@pytest.mark.parametrize("log_append_time", [False, True])
+async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_path: Path, monkeypatch,
+                                                                            log_append_time) -> None:
+    """An append of several batches that fit the current segment is written with one pwritev (_append_run); the
+    files must be those of the batches appended one at a time, with keys shown to the index hook the same way,
+    across segment rolls (where the entry-by-entry loop takes over) and LogAppendTime."""
+    import mqk.store.file.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "time_ns", lambda: 1_700_000_000_000_000_000)
+    runs = []
+    real = engine_mod.write_entries
+    monkeypatch.setattr(engine_mod, "write_entries", lambda *a: runs.append(len(a[4])) or real(*a))
+
+    def batches(i: int) -> list:
+        return [batch(1 + (i + j) % 3, ts=2000 + i * 10 + j, value=bytes([i % 251]) * (30 + (i * 7 + j) % 500))
+                for j in range(1 + i % 5)]
+
+    async def run(root: Path, together: bool) -> tuple[list, list, list, list]:
+        e = await open_engine(root, cq_units_per_file=16)
+        answers = []
+        try:
+            await e.create_shards(T, 2, TopicConfig())
+            for i in range(150):
+                keys = [b"k%d" % i] if i % 4 == 0 else ()
+                groups = [batches(i)] if together else [[b] for b in batches(i)]
+                for group in groups:
+                    r = await e.append(T, i % 2, group, keys=keys, log_append_time=log_append_time)
+                    answers.append((r.base_offset, r.last_offset))
+            clog = [bytes(mf.buf[: mf.wrote]) for mf in e.clog.mfq.files]
+            cqs = [bytes(mf.buf[: mf.wrote]) for q in (0, 1) for mf in e._shards[(T, q)].cq.mfq.files]
+            found = [sorted((q, b.base_offset) for q, b in await e.read_by_key(T, b"k%d" % i, 10))
+                     for i in range(0, 150, 4)]
+        finally:
+            await e.close()
+        return answers, clog, cqs, found
+
+    together = await run(tmp_path / "together", True)
+    assert runs and max(runs) >= 4
+    apart = await run(tmp_path / "apart", False)
+    assert len(together[1]) >= 3  # segments rolled
+    # one append's answer spans what its batches' single appends spanned
+    singles = iter(apart[0])
+    for i, (base, last) in enumerate(together[0]):
+        spanned = [next(singles) for _ in range(1 + i % 5)]
+        assert (base, last) == (spanned[0][0], spanned[-1][1])
+    assert together[1:] == apart[1:]

@@ -702,14 +702,22 @@ class FileEngine(StorageAdapter):
             cq.mfq.reserve_next()
         topic_b = shard.topic_b
         hooks = self._hooks_for(shard.topic, keys)
+        if log_append_time:
+            stamped = []
+            for body, span, _max_ts in parts:
+                body = bytearray(body)
+                recbatch.set_log_append_time(body, 0, store_ts)
+                stamped.append((body, span, store_ts))
+            parts = stamped
+        mf = clog.current
+        if len(parts) > 1 and mf is not None:
+            total = sum(FIXED + len(topic_b) + len(body) for body, _span, _max_ts in parts)
+            if total + BLANK_MIN <= mf.file_size - mf.wrote:
+                return self._append_run(shard, parts, mf, total, store_ts, tags_code, keys, hooks)
         base = cq.end_offset
         first_phys = -1
         nbytes = 0
         for body, span, max_ts in parts:
-            if log_append_time:
-                body = bytearray(body)
-                recbatch.set_log_append_time(body, 0, store_ts)
-                max_ts = store_ts
             offset = cq.end_offset
             # CommitLog.put, inlined: write the entry, then publish the position
             size = FIXED + len(topic_b) + len(body)
@@ -728,6 +736,37 @@ class FileEngine(StorageAdapter):
                 self._run_hooks(hooks, shard, phys, size, span, store_ts, offset, keys, body)
             nbytes += size
         return base, cq.end_offset, first_phys, phys + size, len(parts), nbytes
+
+    def _append_run(self, shard: Shard, parts: list[tuple[Buffer, int, int]], mf, total: int, store_ts: int,
+                    tags_code: int, keys: Sequence[bytes], hooks: Sequence) -> tuple[int, int, int, int, int, int]:
+        """_append_general's batches when all of them fit the current segment (and their units the queue's
+        reserved blocks, which the caller made sure of): their heads side by side, one pwritev for all
+        (`clentry.write_entries`), then each entry's unit and hooks in order. A failed write publishes none."""
+        cq = shard.cq
+        queue = shard.queue
+        topic_b = shard.topic_b
+        head_len = shard.fixed + 8
+        heads, slots = self._staging_for(head_len, len(parts))
+        pos = mf.wrote
+        phys = first_phys = mf.start_offset + pos
+        offset = base = cq.end_offset
+        placed = []
+        for i, (body, span, max_ts) in enumerate(parts):
+            size = clentry.encode_head(slots[i], topic_b, queue, offset, phys, store_ts, max_ts, tags_code, 0, span,
+                                       body)
+            placed.append((phys, size, span, max_ts, offset))
+            phys += size
+            offset += span
+        try:
+            write_entries(mf.fd, pos, heads, head_len, [body for body, _span, _max_ts in parts])
+        except OSError as exc:
+            raise storage_error(exc, mf.path, total) from None
+        mf.wrote = mf.committed = pos + total
+        for (body, _span, _max_ts), (phys, size, span, max_ts, offset) in zip(parts, placed):
+            cq.put(phys, size, span, tags_code, store_ts, max_ts, offset)
+            if hooks:
+                self._run_hooks(hooks, shard, phys, size, span, store_ts, offset, keys, body)
+        return base, cq.end_offset, first_phys, first_phys + total, len(parts), total
 
     def _hooks_for(self, topic: str, keys: Sequence[bytes]) -> Sequence:
         """The dispatch hooks an append must call. When the key index's hook is the only one, it has nothing to
