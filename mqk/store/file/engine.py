@@ -11,10 +11,11 @@ Owns everything under its root directory:
 Append path, all on the event loop and without suspending (except the sync-flush wait): validate the batch header,
 build the entry's head (its CRC computed over head and batch), dispatch its ConsumeQueue unit and write head and
 batch into the CommitLog with one pwritev, all in one kernel call (`clentry.put_entry`: one copy of the batch, by the
-kernel), then publish; listeners hear of the new end offsets once per append call (append_many: one call for all
-its entries). That is the common case (one batch, room in the
-current segment and ConsumeQueue file); anything else takes the general path, which writes the same bytes. Reads
-hand out zero-copy views into the mapping.
+kernel), then publish. That is the common case (one batch, room in the current segment and ConsumeQueue file);
+anything else takes the general path, which writes the same bytes. Entries written together (the partitions of an
+append_many, the batches of one append) have their heads built side by side and take one pwritev for the lot
+(`clentry.write_entries`) before any of them is published. Listeners hear of the new end offsets once per append
+call. Reads hand out zero-copy views into the mapping.
 
 Recovery runs at every start, from the older of the checkpoint's safe offset and the start of the last three
 segments: ConsumeQueues are cut back to units below that point, entries are scanned forward with CRC checks and
