@@ -128,6 +128,14 @@ def append_head(head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queu
                 Py_ssize_t running_max_ts):
     """One record batch's entry head and ConsumeQueue unit in one call; see clentry_py.append_head (None: not
     exactly one valid batch, nothing written; OutOfBounds: head or unit does not fit, nothing written)."""
+    return _append_and_write(-1, 0, head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code,
+                             body, cq_buf, cq_pos, running_max_ts)
+
+
+cdef object _append_and_write(int fd, Py_ssize_t pos, head, bytes topic, Py_ssize_t queue_id,
+                              Py_ssize_t queue_offset, Py_ssize_t physical_offset, Py_ssize_t store_timestamp,
+                              Py_ssize_t tags_code, body, cq_buf, Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
+    """append_head, then (fd >= 0) the entry's pwritev at pos of fd: put_entry's and append_head's one body."""
     cdef Py_buffer out, batch, units
     borrow_writable(head, &out)
     try:
@@ -135,10 +143,13 @@ def append_head(head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queu
         try:
             borrow_writable(cq_buf, &units)
             try:
-                return _append_head(&out, topic, queue_id, queue_offset, physical_offset, store_timestamp,
+                done = _append_head(&out, topic, queue_id, queue_offset, physical_offset, store_timestamp,
                                     tags_code, &batch, &units, cq_pos, running_max_ts)
             finally:
                 PyBuffer_Release(&units)
+            if done is not None and fd >= 0:
+                _write_head_and_tail(fd, pos, out.buf, C_FIXED + PyBytes_GET_SIZE(topic) + 8, &batch)
+            return done
         finally:
             PyBuffer_Release(&batch)
     finally:
@@ -193,26 +204,12 @@ def put_entry(int fd, Py_ssize_t pos, head, bytes topic not None, Py_ssize_t que
               Py_ssize_t physical_offset, Py_ssize_t store_timestamp, Py_ssize_t tags_code, body, cq_buf,
               Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
     """See clentry_py.put_entry: append_head, then write_entry of that head and body at pos, in one call."""
-    cdef Py_buffer out, batch, units
     if pos < 0:
         raise OutOfBounds(f"entry write at {pos}")
-    borrow_writable(head, &out)
-    try:
-        borrow(body, &batch)
-        try:
-            borrow_writable(cq_buf, &units)
-            try:
-                done = _append_head(&out, topic, queue_id, queue_offset, physical_offset, store_timestamp,
-                                    tags_code, &batch, &units, cq_pos, running_max_ts)
-            finally:
-                PyBuffer_Release(&units)
-            if done is not None:
-                _write_head_and_tail(fd, pos, out.buf, C_FIXED + PyBytes_GET_SIZE(topic) + 8, &batch)
-            return done
-        finally:
-            PyBuffer_Release(&batch)
-    finally:
-        PyBuffer_Release(&out)
+    if fd < 0:
+        raise OSError(c_errno.EBADF, "put_entry: bad file descriptor")
+    return _append_and_write(fd, pos, head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code,
+                             body, cq_buf, cq_pos, running_max_ts)
 
 
 cdef int _write_head_and_tail(int fd, Py_ssize_t pos, void* head, Py_ssize_t head_len, Py_buffer* body) except -1:

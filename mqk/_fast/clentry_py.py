@@ -26,6 +26,7 @@ parse, an encode and a unit pack.
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 
@@ -225,6 +226,8 @@ def put_entry(fd, pos, head, topic, queue_id, queue_offset, physical_offset, sto
     returns. An OSError from the write leaves the unit written in `cq_buf`; the caller has not published it."""
     if _ssize(pos) < 0:
         raise OutOfBounds(f"entry write at {pos}")
+    if fd < 0:
+        raise OSError(errno.EBADF, "put_entry: bad file descriptor")
     done = append_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body,
                        cq_buf, cq_pos, running_max_ts)
     if done is not None:

@@ -385,6 +385,9 @@ def test_put_entry_errors(impl, tmp_path):
     assert head == bytes(100) and cq == bytes(48)
     with pytest.raises(OutOfBounds):
         ce.put_entry(0, 0, bytearray(10), b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
+    with pytest.raises(OSError) as bad_fd:  # refused before the head or the unit is built
+        ce.put_entry(-1, 0, head, b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
+    assert bad_fd.value.errno == errno.EBADF and head == bytes(100) and cq == bytes(48)
     path = tmp_path / "ro"
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)
