@@ -673,3 +673,30 @@ async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_
         spanned = [next(singles) for _ in range(1 + i % 5)]
         assert (base, last) == (spanned[0][0], spanned[-1][1])
     assert together[1:] == apart[1:]
+
+
+async def test_a_queue_on_another_filesystem_is_flushed_on_its_own(tmp_path: Path, monkeypatch) -> None:
+    import mqk.store.file.engine as engine_mod
+    from mqk.store import fsutil
+
+    calls = []
+    monkeypatch.setattr(engine_mod, "syncfs", lambda fd: calls.append(fd) or fsutil.syncfs(fd))
+    flushed = []
+    e = await open_engine(tmp_path, checkpoint_interval_ms=3_600_000)
+    try:
+        n = engine_mod.SYNCFS_MIN_QUEUES + 1
+        await e.create_shards(T, n, TopicConfig())
+        await e.append_many(T, [(q, [batch(1)]) for q in range(n)])
+        await e.checkpoint_now(flush_all=True)
+        calls.clear()
+        await e.append_many(T, [(q, [batch(1)]) for q in range(n)])
+        elsewhere = e._shard(T, 0).cq
+        for mf in elsewhere.mfq.files:
+            mf.device = -5  # as if mounted from another disk
+        real_flush = elsewhere.mfq.flush
+        monkeypatch.setattr(elsewhere.mfq, "flush", lambda: flushed.append(0) or real_flush())
+        await e.checkpoint_now(flush_all=True)
+        assert len(calls) == 1 and flushed == [0]
+        assert all(e._shard(T, q).cq.mfq.dirty_bytes() == 0 for q in range(n))
+    finally:
+        await e.close()

@@ -33,6 +33,7 @@ import asyncio
 import bisect
 import concurrent.futures
 import logging
+import os
 import shutil
 import struct
 import time
@@ -1072,7 +1073,14 @@ class FileEngine(StorageAdapter):
         if len(queues) >= SYNCFS_MIN_QUEUES:
             for cq in queues:
                 marks = cq.mfq.sync_marks()
+                if not marks[0]:
+                    continue  # only directories to sync: its own flush does that
                 devices = {mf.device for mf, _wrote in marks[0]}
+                for directory in marks[1]:  # new entries live in these directories, which must be synced too
+                    try:
+                        devices.add(os.stat(directory).st_dev)
+                    except OSError:
+                        devices.add(-1)  # gone or unreadable: left to the queue's own flush
                 if len(devices) == 1:
                     by_device.setdefault(devices.pop(), []).append((cq, marks))
         synced: set[ConsumeQueue] = set()
