@@ -1,7 +1,8 @@
 """kill -9 while appending under `sync` flush: every acknowledged batch survives, intact, with no garbage tail.
 
-A child process appends from four concurrent producers (so group commit is what is being killed) and prints one
-line per acknowledged batch: queue, base offset, and a hash of the batch bytes the store must keep (everything after
+A child process appends from four concurrent producers (so group commit is what is being killed), by single
+batches, by several queues at once (append_many) and by several batches at once, and prints one line per
+acknowledged batch: queue, base offset, and a hash of the batch bytes the store must keep (everything after
 the base offset). The parent kills it with SIGKILL at a random moment, reopens the store (abnormal recovery), checks
 every acknowledgement seen so far, and starts the child again on the same data: 20 rounds under `sync` (6 more
 under `async`), bounded in time.
@@ -48,15 +49,34 @@ async def main():
     print("ready", flush=True)
     rng = random.Random(seed)
 
+    def a_batch():
+        n = rng.randrange(1, 6)
+        recs = b"".join(rb.encode_record(k, k, None, rng.randbytes(rng.randrange(10, 3000)), []) for k in range(n))
+        return rb.build_batch(0, 1000, 1000, recs, n, n - 1), n
+
+    def ack(queue, base, batch):
+        sys.stdout.write(f"ack {queue} {base} {hashlib.sha1(bytes(batch[8:])).hexdigest()}\n")
+
     async def producer():
+        # a single batch, a Produce spread over the queues (append_many: one pwritev for the run) or several
+        # batches in one append (one pwritev for all of them): the kill lands in each way of writing
         while True:
-            n = rng.randrange(1, 6)
-            recs = b"".join(rb.encode_record(k, k, None, rng.randbytes(rng.randrange(10, 3000)), [])
-                            for k in range(n))
-            batch = rb.build_batch(0, 1000, 1000, recs, n, n - 1)
-            queue = rng.randrange(2)
-            result = await engine.append("crash", queue, [batch])
-            sys.stdout.write(f"ack {queue} {result.base_offset} {hashlib.sha1(bytes(batch[8:])).hexdigest()}\n")
+            way = rng.randrange(3)
+            if way == 0:
+                queue = rng.randrange(2)
+                batch, _n = a_batch()
+                ack(queue, (await engine.append("crash", queue, [batch])).base_offset, batch)
+            elif way == 1:
+                entries = [(rng.randrange(2), [a_batch()[0]]) for _ in range(rng.randrange(2, 5))]
+                for (queue, (batch,)), result in zip(entries, await engine.append_many("crash", entries)):
+                    ack(queue, result.base_offset, batch)
+            else:
+                queue = rng.randrange(2)
+                made = [a_batch() for _ in range(rng.randrange(2, 4))]
+                base = (await engine.append("crash", queue, [batch for batch, _n in made])).base_offset
+                for batch, n in made:
+                    ack(queue, base, batch)
+                    base += n
             sys.stdout.flush()
 
     await asyncio.gather(*(producer() for _ in range(4)))
