@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -54,12 +55,24 @@ async def _serve(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runtime.start()
+    _freeze_startup_objects()
     print(runtime.ready_line(), flush=True)
     try:
         await stop.wait()
     finally:
         log.info("stopping: flushing and closing the store")
         await runtime.stop()
+
+
+def _freeze_startup_objects() -> None:
+    """Move what start-up built out of the cyclic GC's reach (gc.freeze). A broker process owns its interpreter,
+    and recovery builds ~20 long-lived objects per partition: with 7,000 recovered partitions a full collection
+    walked 140,000 of them, stopping the broker for 80-97 ms each time; frozen, it walks what came since.
+    Refcounting still frees a frozen object (a deleted topic's queues); only a reference cycle among them would
+    stay. Not done for an embedded broker (mqk.testing), whose interpreter is the application's."""
+    gc.collect()
+    gc.freeze()
+    log.info("start-up objects moved out of the cyclic GC's reach: %d", gc.get_freeze_count())
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
