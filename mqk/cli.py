@@ -66,7 +66,7 @@ async def _serve(config: BrokerConfig) -> None:
 
 def _freeze_startup_objects() -> None:
     """Move what start-up built out of the cyclic GC's reach (gc.freeze). A broker process owns its interpreter,
-    and recovery builds ~20 long-lived objects per partition: with 7,000 recovered partitions a full collection
+    and recovery builds 11-20 long-lived objects per partition: with 7,000 recovered partitions a full collection
     walked 140,000 of them, stopping the broker for 80-97 ms each time; frozen, it walks what came since.
     Refcounting still frees a frozen object (a deleted topic's queues); only a reference cycle among them would
     stay. Not done for an embedded broker (mqk.testing), whose interpreter is the application's."""
