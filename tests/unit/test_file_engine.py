@@ -700,3 +700,14 @@ async def test_a_queue_on_another_filesystem_is_flushed_on_its_own(tmp_path: Pat
         assert all(e._shard(T, q).cq.mfq.dirty_bytes() == 0 for q in range(n))
     finally:
         await e.close()
+
+
+async def test_staging_for_a_huge_run_is_not_kept(engine: FileEngine) -> None:
+    import mqk.store.file.engine as engine_mod
+
+    heads, slots = engine._staging_for(80, 10)
+    assert len(slots) >= 10 and all(len(s) == 80 for s in slots) and engine._staging[2] is slots
+    big_heads, big_slots = engine._staging_for(80, engine_mod.STAGING_KEPT + 1)
+    assert len(big_slots) == engine_mod.STAGING_KEPT + 1 and len(big_heads) == 80 * len(big_slots)
+    assert engine._staging[2] is slots  # the usual buffers stay; the huge one goes with its request
+    assert engine._staging_for(80, 10)[1] is slots

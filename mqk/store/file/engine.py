@@ -78,6 +78,8 @@ BATCH_HEADER = recbatch.HEADER_SIZE
 RECOVER_SEGMENTS = 3
 #: a checkpoint flushing at least this many ConsumeQueues of one filesystem syncs the filesystem once (syncfs)
 SYNCFS_MIN_QUEUES = 32
+#: head slots the engine keeps between writes of several entries (_staging_for)
+STAGING_KEPT = 4096
 
 
 class Shard:
@@ -561,14 +563,16 @@ class FileEngine(StorageAdapter):
 
     def _staging_for(self, head_len: int, count: int) -> tuple[bytearray, list[memoryview]]:
         """A buffer for `count` heads of `head_len` bytes side by side, and a view of each slot (kept between
-        calls: most requests name the same topics)."""
+        calls: most requests name the same topics; up to STAGING_KEPT slots, so one request naming a huge number
+        of partitions does not pin its buffers)."""
         have_len, heads, slots = self._staging
         if have_len != head_len or len(slots) < count:
-            count = max(count, len(slots) if have_len == head_len else 0, 64)
-            heads = bytearray(head_len * count)
+            size = max(count, len(slots) if have_len == head_len else 0, 64)
+            heads = bytearray(head_len * size)
             whole = memoryview(heads)
-            slots = [whole[i * head_len:(i + 1) * head_len] for i in range(count)]
-            self._staging = (head_len, heads, slots)
+            slots = [whole[i * head_len:(i + 1) * head_len] for i in range(size)]
+            if size <= STAGING_KEPT:
+                self._staging = (head_len, heads, slots)
         return heads, slots
 
     def _write_run(self, mf, run: list[tuple], heads: bytearray, head_len: int, store_ts: int, out: list,
