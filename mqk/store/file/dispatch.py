@@ -33,16 +33,19 @@ class ReputMessageService:
 
     def dispatch(self, shard: Shard, phys: int, size: int, count: int, tags_code: int, store_ts: int,
                  max_ts: int, base_offset: int, keys, body) -> None:
-        """Entry → ConsumeQueue unit (+ hooks). The engine's append inlines the unit write for speed and calls
-        `dispatch_hooks` itself; recovery and anything else use this."""
+        """Entry → ConsumeQueue unit (+ hooks), as recovery replays it. The engine's appends write the unit
+        their own way (in the append kernel, or a run at a time) and call `run_hooks` with the hooks that apply."""
         shard.cq.put(phys, size, count, tags_code, store_ts, max_ts, base_offset)
         self.dispatched = phys + size
         if self.hooks:
-            self.dispatch_hooks(shard, phys, size, count, store_ts, base_offset, keys, body)
+            run_hooks(self.hooks, shard.topic, shard.queue, base_offset, count, phys, size, store_ts, keys, body)
 
-    def dispatch_hooks(self, shard, phys, size, count, store_ts, base_offset, keys, body) -> None:
-        for hook in self.hooks:
-            try:
-                hook(shard.topic, shard.queue, base_offset, count, phys, size, store_ts, keys, body)
-            except Exception:
-                log.exception("dispatch hook %r failed for %s-%d@%d", hook, shard.topic, shard.queue, base_offset)
+
+def run_hooks(hooks, topic: str, queue: int, base_offset: int, count: int, phys: int, size: int, store_ts: int,
+              keys, body) -> None:
+    """Show one entry to `hooks`, in order; a hook that raises is logged and the next one still runs."""
+    for hook in hooks:
+        try:
+            hook(topic, queue, base_offset, count, phys, size, store_ts, keys, body)
+        except Exception:
+            log.exception("dispatch hook %r failed for %s-%d@%d", hook, topic, queue, base_offset)

@@ -54,7 +54,7 @@ from mqk.store.file.checkpoint import AbortMarker, Checkpoint
 from mqk.store.file.commitlog import BLANK_MIN, FIXED, CommitLog
 from mqk.store.file.compactlog import CompactLog, open_compacted
 from mqk.store.file.consumequeue import UNIT, ConsumeQueue
-from mqk.store.file.dispatch import ReputMessageService
+from mqk.store.file.dispatch import ReputMessageService, run_hooks
 from mqk.store.file.flush import FlushService
 from mqk.store.file.index import IndexService, live_entry
 from mqk.store.file.mapped_file import storage_error
@@ -335,10 +335,8 @@ class FileEngine(StorageAdapter):
             log.error("recovery: %s-%d has a gap at offsets %d..%d (entry at %d)", topic, queue_id,
                       cq.end_offset, queue_offset - 1, phys)
         body = mf.buf[body_pos: phys - mf.start_offset + size]
-        shard.cq.put(phys, size, record_count, tags_code, store_ts, max_ts, queue_offset)
-        self.dispatcher.dispatched = phys + size
-        if self.dispatcher.hooks:
-            self.dispatcher.dispatch_hooks(shard, phys, size, record_count, store_ts, queue_offset, None, body)
+        self.dispatcher.dispatch(shard, phys, size, record_count, tags_code, store_ts, max_ts, queue_offset, None,
+                                 body)
 
     def _rebuild(self, broken: dict, end: int) -> None:
         for shard, start in broken.items():
@@ -658,11 +656,7 @@ class FileEngine(StorageAdapter):
             # (_hooks_for, inlined)
             if hooks and (keys or len(hooks) > 1 or hooks[0] is not self._index_hook
                           or topic in self.index.keyed_topics):
-                for hook in hooks:  # ReputMessageService.dispatch_hooks, inlined (same arguments, same error rule)
-                    try:
-                        hook(topic, queue, base, span, first_phys, size, store_ts, keys, body)
-                    except Exception:
-                        log.exception("dispatch hook %r failed for %s-%d@%d", hook, topic, queue, base)
+                run_hooks(hooks, topic, queue, base, span, first_phys, size, store_ts, keys, body)
         else:
             base, end, first_phys, last, nparts, nbytes = self._append_general(
                 shard, batches, store_ts, tags_code, keys, log_append_time)
@@ -725,21 +719,12 @@ class FileEngine(StorageAdapter):
         nbytes = 0
         for body, span, max_ts in parts:
             offset = cq.end_offset
-            # CommitLog.put, inlined: write the entry, then publish the position
-            size = FIXED + len(topic_b) + len(body)
-            mf = clog.current
-            if mf is None or size + BLANK_MIN > mf.file_size - mf.wrote:
-                mf = clog.writable_for(size)
-            pos = mf.wrote
-            phys = mf.start_offset + pos
-            clog.write_entry(mf, pos, topic_b, queue, offset, phys, store_ts, max_ts, tags_code, 0, span, body)
-            mf.wrote = mf.committed = pos + size  # the write raised OutOfBounds had it not fit
+            phys, size, _mf, _pos = clog.put(topic_b, queue, offset, store_ts, max_ts, tags_code, 0, span, body)
             if first_phys < 0:
                 first_phys = phys
-            # dispatch (ReputMessageService.dispatch, inlined)
             cq.put(phys, size, span, tags_code, store_ts, max_ts, offset)
             if hooks:
-                self._run_hooks(hooks, shard, phys, size, span, store_ts, offset, keys, body)
+                run_hooks(hooks, shard.topic, queue, offset, span, phys, size, store_ts, keys, body)
             nbytes += size
         return base, cq.end_offset, first_phys, phys + size, len(parts), nbytes
 
@@ -771,7 +756,7 @@ class FileEngine(StorageAdapter):
         for (body, _span, _max_ts), (phys, size, span, max_ts, offset) in zip(parts, placed):
             cq.put(phys, size, span, tags_code, store_ts, max_ts, offset)
             if hooks:
-                self._run_hooks(hooks, shard, phys, size, span, store_ts, offset, keys, body)
+                run_hooks(hooks, shard.topic, queue, offset, span, phys, size, store_ts, keys, body)
         return base, cq.end_offset, first_phys, first_phys + total, len(parts), total
 
     def _hooks_for(self, topic: str, keys: Sequence[bytes]) -> Sequence:
@@ -784,15 +769,6 @@ class FileEngine(StorageAdapter):
                       or topic in self.index.keyed_topics):
             return hooks
         return ()
-
-    @staticmethod
-    def _run_hooks(hooks, shard, phys, size, count, store_ts, base_offset, keys, body) -> None:
-        """ReputMessageService.dispatch_hooks without its extra call layer (same arguments, same error rule)."""
-        for hook in hooks:
-            try:
-                hook(shard.topic, shard.queue, base_offset, count, phys, size, store_ts, keys, body)
-            except Exception:
-                log.exception("dispatch hook %r failed for %s-%d@%d", hook, shard.topic, shard.queue, base_offset)
 
     @staticmethod
     def _validate(batches: Sequence[Buffer]) -> list[tuple[Buffer, int, int]]:
