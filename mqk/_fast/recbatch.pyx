@@ -128,42 +128,142 @@ def scan_batches(buf, bint verify_crc=True, bint walk_records=False, names=(), b
 
 cdef list _scan_batches(const unsigned char* base, Py_ssize_t n, bint verify_crc, bint walk_records, tuple wanted,
                         Rules* rules):
-    cdef Py_ssize_t pos = 0, size, count
+    cdef Py_ssize_t pos = 0, size
+    cdef const unsigned char* h
+    cdef int named
+    cdef list out = []
+    while pos < n:
+        size = _check_batch(base, n, pos, verify_crc, walk_records, wanted, rules, &named)
+        h = base + pos
+        out.append((pos, size, ld_i32(h + 23), ld_i64(h + 35), ld_i32(h + 57), ld_i16(h + 21), ld_i64(h + 43),
+                    ld_i16(h + 51), ld_i32(h + 53), ld_i64(h + 27), None if named < 0 else named == 1))
+        pos += size
+    return out
+
+
+cdef Py_ssize_t _check_batch(const unsigned char* base, Py_ssize_t n, Py_ssize_t pos, bint verify_crc,
+                             bint walk_records, tuple wanted, Rules* rules, int* named) except -1:
+    """scan_batches' checks of the batch at `pos` of base[0:n]; returns its size. named[0]: -1 (not walked), 0 or
+    1 (whether a record carries a wanted header)."""
     cdef const unsigned char* h
     cdef int32_t batch_length, record_count
     cdef int8_t magic
+    cdef Py_ssize_t size, count
     cdef bint found
-    cdef object named
-    cdef list out = []
-    while pos < n:
-        if n - pos < C_HEADER:
-            raise Corrupt("truncated record batch header", pos)
-        h = base + pos
-        batch_length = ld_i32(h + 8)
-        magic = <int8_t>h[16]
-        if magic != 2:
-            raise Corrupt(f"unsupported record batch magic {magic}", pos)
-        if batch_length < C_MIN_BATCH_LENGTH:
-            raise Corrupt(f"record batch length {batch_length} below minimum", pos)
-        size = <Py_ssize_t>batch_length + 12
-        if size > n - pos:
-            raise Corrupt("truncated record batch", pos)
-        record_count = ld_i32(h + 57)
-        if record_count < 0:
-            raise Corrupt(f"negative record count {record_count}", pos)
-        if verify_crc and crc32c_of(_crc32c, h + C_CRC_START, size - C_CRC_START) != ld_u32(h + 17):
-            raise Corrupt("record batch CRC mismatch", pos)
-        named = None
-        if walk_records and not ld_i16(h + 21) & 0x07:
-            found = False
-            count = _walk_section(base, pos + C_HEADER, pos + size, ld_i64(h + 27), wanted, rules, &found)
-            if count != record_count:
-                raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
-            named = found
-        out.append((pos, size, ld_i32(h + 23), ld_i64(h + 35), record_count, ld_i16(h + 21), ld_i64(h + 43),
-                    ld_i16(h + 51), ld_i32(h + 53), ld_i64(h + 27), named))
-        pos += size
-    return out
+    if n - pos < C_HEADER:
+        raise Corrupt("truncated record batch header", pos)
+    h = base + pos
+    batch_length = ld_i32(h + 8)
+    magic = <int8_t>h[16]
+    if magic != 2:
+        raise Corrupt(f"unsupported record batch magic {magic}", pos)
+    if batch_length < C_MIN_BATCH_LENGTH:
+        raise Corrupt(f"record batch length {batch_length} below minimum", pos)
+    size = <Py_ssize_t>batch_length + 12
+    if size > n - pos:
+        raise Corrupt("truncated record batch", pos)
+    record_count = ld_i32(h + 57)
+    if record_count < 0:
+        raise Corrupt(f"negative record count {record_count}", pos)
+    if verify_crc and crc32c_of(_crc32c, h + C_CRC_START, size - C_CRC_START) != ld_u32(h + 17):
+        raise Corrupt("record batch CRC mismatch", pos)
+    named[0] = -1
+    if walk_records and not ld_i16(h + 21) & 0x07:
+        found = False
+        count = _walk_section(base, pos + C_HEADER, pos + size, ld_i64(h + 27), wanted, rules, &found)
+        if count != record_count:
+            raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
+        named[0] = found
+    return size
+
+
+cdef extern from "Python.h":
+    Py_buffer* PyMemoryView_GET_BUFFER(object view)
+
+
+def plan_plain_appends(list partitions not None, Py_ssize_t start, Py_ssize_t queue_count,
+                       Py_ssize_t max_batch_bytes, names, bint require_keys, timestamps, list entries not None,
+                       list delays not None, list slots not None, list answers not None):
+    """The Produce handler's common case, one topic's `partition_data` dicts at a time from `start`: a partition
+    whose `index` is a queue below `queue_count` and whose `records` (a 1-byte-item memoryview, as the request
+    decoder gives) are v2 batches that pass scan_batches' whole check (CRC, record walk, `require_keys`,
+    `timestamps`), none compressed, none over `max_batch_bytes`, the first without an idempotent producer id and
+    sequence, is planned for one append: (index, [batch views]) onto `entries`, whether a record carries a
+    header named in `names` onto `delays`, len(answers) onto `slots` and None onto `answers` (its answer's place).
+    Stops at the first partition that is not such (an error to answer, compression to undo, idempotence, legacy
+    message sets): returns its position (len(partitions) when all were planned), and the caller takes it on."""
+    cdef Rules rules
+    cdef tuple wanted = _rules(&rules, names, require_keys, timestamps)
+    cdef Py_ssize_t i = start, n = len(partitions), index, pos, size, batches, first_size, n_bytes
+    cdef Py_buffer view
+    cdef Py_buffer* shape
+    cdef const unsigned char* b
+    cdef object part, index_obj, records
+    cdef list views
+    cdef int named, any_named
+    cdef bint plain
+    if i < 0:
+        raise ValueError("start must not be negative")
+    while i < n:
+        part = partitions[i]
+        if type(part) is not dict:
+            break
+        index_obj = (<dict>part).get("index")
+        records = (<dict>part).get("records")
+        if type(index_obj) is not int or type(records) is not memoryview:
+            break
+        shape = PyMemoryView_GET_BUFFER(records)
+        if shape.ndim != 1 or shape.itemsize != 1:
+            break
+        try:
+            index = index_obj
+        except OverflowError:
+            break
+        if index < 0 or index >= queue_count:
+            break
+        try:
+            borrow(records, &view)
+        except BufferError:  # not contiguous
+            break
+        try:
+            b = <const unsigned char*>view.buf
+            n_bytes = view.len
+            if n_bytes <= 16 or b[16] != 2:  # nothing, or a legacy message set
+                break
+            plain = not (ld_i64(b + 43) >= 0 and ld_i32(b + 53) >= 0) if n_bytes >= C_HEADER else False
+            pos = batches = any_named = 0
+            first_size = -1
+            try:
+                while plain and pos < n_bytes:
+                    size = _check_batch(b, n_bytes, pos, True, True, wanted, &rules, &named)
+                    if named < 0 or size > max_batch_bytes:  # compressed, or too large
+                        plain = False
+                    any_named |= named
+                    if first_size < 0:
+                        first_size = size
+                    pos += size
+                    batches += 1
+            except Exception:  # noqa: the caller's own check says what is wrong
+                plain = False
+        finally:
+            PyBuffer_Release(&view)
+        if not plain:
+            break
+        if first_size == n_bytes:
+            views = [records]
+        else:
+            views = []
+            pos = 0
+            while pos < n_bytes:
+                size = ld_i32(<const unsigned char*>shape.buf + pos + 8) + 12
+                views.append(records[pos:pos + size])
+                pos += size
+        entries.append((index_obj, views))
+        delays.append(any_named == 1)
+        slots.append(len(answers))
+        answers.append(None)
+        i += 1
+    return i
 
 
 cdef int32_t _uncompressed_batch(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size,

@@ -219,6 +219,57 @@ def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_key
     return out
 
 
+def plan_plain_appends(partitions, start, queue_count, max_batch_bytes, names, require_keys, timestamps,
+                       entries, delays, slots, answers) -> int:
+    """The Produce handler's common case, one topic's `partition_data` dicts at a time from `start`: a partition
+    whose `index` is a queue below `queue_count` and whose `records` (a 1-byte-item memoryview, as the request
+    decoder gives) are v2 batches that pass scan_batches' whole check (CRC, record walk, `require_keys`,
+    `timestamps`), none compressed, none over `max_batch_bytes`, the first without an idempotent producer id and
+    sequence, is planned for one append: (index, [batch views]) onto `entries`, whether a record carries a
+    header named in `names` onto `delays`, len(answers) onto `slots` and None onto `answers` (its answer's place).
+    Stops at the first partition that is not such (an error to answer, compression to undo, idempotence, legacy
+    message sets): returns its position (len(partitions) when all were planned), and the caller takes it on."""
+    if type(partitions) is not list:
+        raise TypeError("partitions must be a list")
+    for out in (entries, delays, slots, answers):
+        if type(out) is not list:
+            raise TypeError("entries, delays, slots and answers must be lists")
+    start, queue_count, max_batch_bytes = _ssize(start), _ssize(queue_count), _ssize(max_batch_bytes)
+    require_keys = bool(require_keys)
+    names = _names(names)
+    window = _timestamps(timestamps)
+    if start < 0:
+        raise ValueError("start must not be negative")
+    i = start
+    while i < len(partitions):
+        part = partitions[i]
+        if type(part) is not dict:
+            break
+        index, records = part.get("index"), part.get("records")
+        if type(index) is not int or type(records) is not memoryview or records.ndim != 1 or records.itemsize != 1:
+            break
+        if not 0 <= index < queue_count or not records.c_contiguous:
+            break
+        n = records.nbytes
+        if n <= 16 or _view(records)[16] != MAGIC:  # nothing, or a legacy message set
+            break
+        try:
+            batches = scan_batches(records, True, True, names, require_keys, window)
+        except Exception:  # noqa: BLE001 - the caller's own check says what is wrong
+            break
+        first = batches[0]
+        if (first[6] >= 0 and first[8] >= 0) or any(
+                b[10] is None or b[1] > max_batch_bytes for b in batches):
+            break
+        views = [records] if first[1] == n else [records[b[0]:b[0] + b[1]] for b in batches]
+        entries.append((index, views))
+        delays.append(any(b[10] for b in batches))
+        slots.append(len(answers))
+        answers.append(None)
+        i += 1
+    return i
+
+
 def _uncompressed_batch(mv, pos: int, size: int, what: str) -> int:
     """The record count the header of the uncompressed batch at [pos, pos+size) declares, after the checks every
     record walk starts with: OutOfBounds outside `mv`, Corrupt if shorter than a header or compressed."""

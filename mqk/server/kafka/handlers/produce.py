@@ -30,6 +30,7 @@ from mqk.server.kafka.handlers.common import NONE, get_or_create_topic
 from mqk.timer.delay import DELAY_HEADER_KEYS
 
 log = logging.getLogger("mqk.kafka.produce")
+plan_plain_appends = kafka_records.recbatch.plan_plain_appends
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _NO_LIMIT = _INT64_MAX  # a timestamp window bound that Kafka's default (Long.MAX_VALUE) leaves open
 
@@ -84,7 +85,19 @@ async def handle(server, conn, req) -> dict | None:
             plain: list[tuple[int, list]] = []
             delays: list[bool] = []  # per plain entry: does a record carry a delay header (PutContext)
             slots: list[int] = []
-            for p in topic["partition_data"]:
+            partitions = topic["partition_data"]
+            if partitions.__class__ is not list:
+                partitions = list(partitions)
+            i, count = 0, len(partitions)
+            while i < count:
+                # one kernel call takes the plain partitions (valid, uncompressed, not idempotent) from i on,
+                # as the loop below would; the loop takes the one it stopped at
+                i = plan_plain_appends(partitions, i, queue_count, max_batch_bytes, DELAY_HEADER_KEYS, compacted,
+                                       timestamps, plain, delays, slots, parts)
+                if i == count:
+                    break
+                p = partitions[i]
+                i += 1
                 index = p["index"]
                 if not 0 <= index < queue_count:
                     parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
