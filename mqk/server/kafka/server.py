@@ -7,6 +7,9 @@ What this module owns:
   is disturbed;
 - ordering: every request is started as soon as it is decoded (so a long-polling Fetch does not hold up the
   decoding of the next request), but responses leave in request order through a per-connection FIFO of tasks;
+- grouping: consecutive requests of an API in `handlers.GROUPED` that arrive together (one read holding several
+  Produce requests: a client with requests in flight, librdkafka sending one partition per request) are prepared
+  one by one and answered by one call, before any later request starts, so their appends are one store write;
 - back-pressure: reading pauses while too many requests are in flight on a connection or while the transport's
   write buffer is above its high-water mark (a slow consumer), and resumes when both drain. Connections are
   independent, so a slow consumer never stalls a producer on another connection;
@@ -18,6 +21,7 @@ It does not know any API's semantics: those live in `handlers/`, one module per 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from typing import Any
@@ -48,11 +52,12 @@ class CloseConnection:
 
 class KafkaServer:
     def __init__(self, config: BrokerConfig, store: Any) -> None:
-        from mqk.server.kafka.handlers import HANDLERS
+        from mqk.server.kafka.handlers import GROUPED, HANDLERS
 
         self.config = config
         self.store = store
         self.handlers = HANDLERS
+        self.grouped = GROUPED
         #: the versions ApiVersions advertises: what the codec can decode AND we have a handler for
         self.supported = {k: v for k, v in api.SUPPORTED.items() if k in HANDLERS}
         self.groups = GroupCoordinator.from_config(config, store)
@@ -116,6 +121,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.reading_paused = False
         self.writing_paused = False
         self.closed = False
+        #: the tasks answering a group of requests that suspended (_dispatch_group), cancelled with the connection
+        self._group_tasks: set[asyncio.Task] = set()
         #: encoded answers not yet handed to the transport: every answer ready in one pass goes out in one
         #: writelines call (one send for a burst of pipelined requests, not one per answer)
         self._out: list = []
@@ -135,9 +142,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
-        for _req, task in self.pending:
-            task.cancel()
-        self.pending.clear()
+        self._cancel_pending()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.codec.get_buffer(sizehint)
@@ -153,19 +158,44 @@ class KafkaConnection(asyncio.BufferedProtocol):
         as bytes until answers drain, so a flood of tiny requests cannot become a flood of tasks)."""
         codec = self.codec
         pending = self.pending
+        grouped = self.server.grouped
+        group: list[tuple[Request, Any]] = []  # (request, plan) of consecutive requests of one grouped API
+        refusal = None
         try:
             while not self.closed and len(pending) < MAX_IN_FLIGHT:
+                if len(pending) + len(group) >= MAX_IN_FLIGHT:
+                    # a full group is answered before decoding on (its answers may leave room at once); the loop
+                    # must not end with requests left in the codec that no later read would ever decode
+                    self._dispatch_group(group)
+                    group = []
+                    continue
                 req = codec.next_request()
                 if req is None:
                     break
+                if group and req.api_key != group[0][0].api_key:
+                    self._dispatch_group(group)
+                    group = []
+                grouping = grouped.get(req.api_key)
+                if grouping is not None:
+                    plan = grouping[0](self.server, req)
+                    if plan is not None:
+                        group.append((req, plan))
+                        continue
+                if group:
+                    self._dispatch_group(group)
+                    group = []
                 self._dispatch(req)
         except FrameTooLarge as exc:
-            self.close(f"refused frame: {exc}")
+            refusal = f"refused frame: {exc}"
         except ProtocolError as exc:
-            self.close(f"protocol error: {exc}")
+            refusal = f"protocol error: {exc}"
         except Exception as exc:  # noqa: BLE001 - a codec bug must cost one connection, never the broker
             log.exception("kafka connection %s: unexpected error decoding a request", self.peer)
-            self.close(f"internal error: {exc!r}")
+            refusal = f"internal error: {exc!r}"
+        if group and not self.closed:
+            self._dispatch_group(group)  # the requests before a bad one are still answered, as when dispatched
+        if refusal is not None:
+            self.close(refusal)
         self._flush()
         self._update_reading()
 
@@ -208,6 +238,67 @@ class KafkaConnection(asyncio.BufferedProtocol):
         task = self.loop.create_task(_resume(coro, yielded))
         self.pending.append((req, task))
         task.add_done_callback(self._on_done)
+
+    def _dispatch_group(self, group: list[tuple[Request, Any]]) -> None:
+        """Answer prepared requests of one grouped API with one call, eagerly like `_dispatch`; if that call
+        suspends, each request's place in `pending` is a future the group's task fills when it ends."""
+        answer = self.server.grouped[group[0][0].api_key][1]
+        coro = answer(self.server, [plan for _req, plan in group])
+        try:
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            bodies = stop.value
+            if not self.pending and not self.writing_paused:
+                for (req, _plan), body in zip(group, bodies):
+                    if self.closed:
+                        return
+                    self._respond(req, body)
+                return
+            for (req, _plan), body in zip(group, bodies):
+                done = self.loop.create_future()
+                done.set_result(body)
+                self.pending.append((req, done))
+            return
+        except Exception as exc:  # noqa: BLE001 - reported in order by _on_done, like a Task failure
+            futures = self._group_places(group)
+            self._settle_group(futures, None, exc)
+            return
+        task = self.loop.create_task(_resume(coro, yielded))
+        self._group_tasks.add(task)
+        task.add_done_callback(functools.partial(self._group_done, self._group_places(group)))
+
+    def _group_places(self, group: list[tuple[Request, Any]]) -> list[asyncio.Future]:
+        """A future per request of a group, queued in `pending` in request order."""
+        futures = []
+        for req, _plan in group:
+            future = self.loop.create_future()
+            self.pending.append((req, future))
+            futures.append(future)
+        return futures
+
+    def _group_done(self, futures: list[asyncio.Future], task: asyncio.Task) -> None:
+        self._group_tasks.discard(task)
+        if task.cancelled():
+            for future in futures:
+                future.cancel()
+            return
+        exc = task.exception()
+        self._settle_group(futures, None if exc is not None else task.result(), exc)
+
+    def _settle_group(self, futures: list[asyncio.Future], bodies: list | None, exc: BaseException | None) -> None:
+        """Give each request of a group its answer, or the first the group's failure (which closes the connection
+        when _on_done reaches it; the others are cancelled, so nobody else reports it), then send what is due."""
+        if exc is not None:
+            if not futures[0].done():
+                futures[0].set_exception(exc)
+            for future in futures[1:]:
+                future.cancel()
+        else:
+            for future, body in zip(futures, bodies):  # type: ignore[arg-type]
+                if not future.done():
+                    future.set_result(body)
+        if self.pending and self.pending[0][1].done():
+            self._on_done(None)
 
     def _respond(self, req: Request, body: Any) -> None:
         if body is None:  # acks=0 produce: no response at all
@@ -278,11 +369,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
         log.log(level, "kafka connection %s closed: %s", self.peer, reason)
         self._flush()  # the answers before the reason to close still go out
         self.closed = True
+        self._cancel_pending()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _cancel_pending(self) -> None:
         for _req, task in self.pending:
             task.cancel()
         self.pending.clear()
-        if self.transport is not None:
-            self.transport.close()
+        for task in list(self._group_tasks):
+            task.cancel()
 
 
 async def _resume(coro: Any, yielded: Any) -> Any:

@@ -3,6 +3,10 @@
 A handler returns the response body as a dict (snake_case fields, mqk.protocol.kafka), or None when no
 response is due (Produce with acks=0). Per-topic and per-partition problems are answered with error codes;
 a handler raising means a bug, and costs only the connection it ran on.
+
+`GROUPED` names the APIs whose requests arriving together on a connection are answered by one call:
+`prepare(server, request)` -> a plan, or None to take that request through its handler alone, and
+`async answer(server, plans)` -> one response body (or None) per plan, in order.
 """
 from __future__ import annotations
 
@@ -47,4 +51,8 @@ HANDLERS = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
     ApiKey.OFFSET_DELETE: groups.offset_delete,
     ApiKey.DESCRIBE_CLUSTER: cluster.describe_cluster,
+}
+
+GROUPED = {
+    ApiKey.PRODUCE: (produce.prepare_request, produce.answer_prepared),
 }

@@ -6,22 +6,29 @@ topic a key on every record; on a CreateTime topic every record's timestamp with
 and message.timestamp.after.max.ms of the broker's clock, else INVALID_TIMESTAMP) → idempotent batches pass the
 sequence check (a retry of a stored batch is answered with its original offset and not appended again) → append
 (LogAppendTime applied by the store per topic config).
-A topic's partitions without idempotence are appended in one `store.append_many` call (under sync flush: one
-flush wait for all of them), each answered with its own result.
+
+A request is answered in two steps: `prepare` checks everything that needs no waiting (the batches, the topics'
+limits, which partitions are idempotent) and `answer_prepared` appends and answers. The Kafka connection prepares
+the Produce requests that arrive together (a client with several requests in flight, librdkafka sending one
+partition per request) and answers them with one `answer_prepared` call: a topic's partitions without
+idempotence, from all of those requests, reach the store in one `store.append_many` call (one write, one wake-up
+of the fetch waiters, under sync flush one flush wait), each answered with its own result. Idempotent partitions
+then go through the sequence check one by one, in request order.
 
 Records cost no per-record Python work: scanning, CRC and the record walk (which also finds delay headers for the
 timer's put hook and null keys for compacted topics) are `_fast` kernels, compressed batches are decompressed
 once, and the batches reach the store as memoryviews into the request frame.
 
-acks=0 gets no response (the handler returns None), but a failure closes the connection, as Kafka does, so the
-producer notices and refreshes its metadata; acks=1 and acks=-1 are the same on a single replica
-(an append completes once the data is readable and, under sync flush, on disk).
+acks=0 gets no response (None), but a failure closes the connection, as Kafka does, so the producer notices and
+refreshes its metadata; acks=1 and acks=-1 are the same on a single replica (an append completes once the data
+is readable and, under sync flush, on disk).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from typing import NamedTuple
 
 from mqk import errors as E
 from mqk.config import FLUSH_SYNC
@@ -46,110 +53,191 @@ def _part(index: int, code: int, base_offset: int = -1, log_append_time: int = -
 _STORED = _part(0, NONE)
 
 
+class Prepared(NamedTuple):
+    """A Produce request checked and ready to append: its answer with a None in place of every partition still
+    to be appended, and what to append."""
+
+    acks: int
+    responses: list  # the response's `responses`, per topic {"name", "partition_responses"}
+    #: per topic with plain partitions: (topic, [(partition, [batch, ...])], [delay header?], [(answers,
+    #: slots)], LogAppendTime?); entry i's answer goes to answers[slot] of the (answers, slots) pair it falls in
+    appends: list
+    #: per idempotent partition: (topic, partition, batches, LogAppendTime?, answers, slot)
+    idempotent: list
+
+
 async def handle(server, conn, req) -> dict | None:
-    body = req.body
+    """One Produce request on its own (a topic to auto-create first, or a request that arrived alone)."""
+    prepared = prepare(server, req.body)
+    if prepared is None:  # a topic it names does not exist (yet)
+        prepared = await _prepare_creating_topics(server, req.body)
+    return (await answer_prepared(server, [prepared]))[0]
+
+
+def prepare_request(server, req) -> Prepared | None:
+    """`prepare` for the connection's grouping (KafkaServer.grouped)."""
+    return prepare(server, req.body)
+
+
+def prepare(server, body: dict, missing: dict[str, int] | None = None) -> Prepared | None:
+    """Check a Produce request without waiting for anything: answers for what is refused, the rest planned for
+    `answer_prepared`. None if a topic it names does not exist and `missing` does not say that topic's error
+    code (`handle` creates the topic and prepares again)."""
     acks = body["acks"]
-    responses = []
+    responses: list = []
+    appends: list = []
+    idempotent: list = []
+    prepared = Prepared(acks, responses, appends, idempotent)
     if acks not in (0, 1, -1):
         for topic in body["topic_data"]:
             responses.append({"name": topic["name"], "partition_responses": [
                 _part(p["index"], E.InvalidRequiredAcksError.code) for p in topic["partition_data"]]})
-    elif body.get("transactional_id") is not None:
+        return prepared
+    if body.get("transactional_id") is not None:
         for topic in body["topic_data"]:
             responses.append({"name": topic["name"], "partition_responses": [
                 _part(p["index"], E.TransactionalIdAuthorizationFailedError.code,
                       message="transactions are not supported")
                 for p in topic["partition_data"]]})
+        return prepared
+    store = server.store
+    for topic in body["topic_data"]:
+        name = topic["name"]
+        info = store.topic(name)
+        parts: list = []
+        if info is None:
+            if missing is None:
+                return None
+            code = missing.get(name, E.UnknownTopicOrPartitionError.code)
+            parts.extend(_part(p["index"], code) for p in topic["partition_data"])
+        else:
+            _prepare_topic(server, name, info, topic["partition_data"], parts, appends, idempotent)
+        responses.append({"name": name, "partition_responses": parts})
+    return prepared
+
+
+async def _prepare_creating_topics(server, body: dict) -> Prepared:
+    """Create (when auto-creation allows) the topics the request names that do not exist, then prepare it; the
+    topics that could not be created are answered with the reason."""
+    missing: dict[str, int] = {}
+    for topic in body["topic_data"]:
+        name = topic["name"]
+        if server.store.topic(name) is None:
+            code, info = await get_or_create_topic(server, name)
+            if info is None:
+                missing[name] = code
+    prepared = prepare(server, body, missing)
+    assert prepared is not None
+    return prepared
+
+
+def _prepare_topic(server, name: str, info, partitions, parts: list, appends: list, idempotent: list) -> None:
+    """One topic's partitions: an answer (error) or a None placeholder onto `parts` for each, the plain ones onto
+    `appends` as one entry list, the idempotent ones onto `idempotent`."""
+    # what every partition of the topic shares, looked up once per topic rather than once per partition
+    queue_count = info.queue_count
+    max_batch_bytes, compacted, log_append_time, before_ms, after_ms = _limits(server, info.config)
+    timestamps = None  # CreateTime: the window a record's timestamp must lie in (Kafka's LogValidator)
+    if not log_append_time and (before_ms < _NO_LIMIT or after_ms < _NO_LIMIT):
+        now = time.time_ns() // 1_000_000
+        timestamps = (max(_INT64_MIN, now - before_ms), min(_INT64_MAX, now + after_ms))
+    validate = kafka_records.validate_produce_records
+    plain: list[tuple[int, list]] = []
+    delays: list[bool] = []  # per plain entry: does a record carry a delay header (PutContext)
+    slots: list[int] = []
+    if partitions.__class__ is not list:
+        partitions = list(partitions)
+    i, count = 0, len(partitions)
+    while i < count:
+        # one kernel call takes the plain partitions (valid, uncompressed, not idempotent) from i on, as the
+        # loop below would; the loop takes the one it stopped at
+        i = plan_plain_appends(partitions, i, queue_count, max_batch_bytes, DELAY_HEADER_KEYS, compacted,
+                               timestamps, plain, delays, slots, parts)
+        if i == count:
+            break
+        p = partitions[i]
+        i += 1
+        index = p["index"]
+        if not 0 <= index < queue_count:
+            parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
+            continue
+        try:
+            # the record check also says whether a record carries a delay header, so the timer's put hook need
+            # not walk (or decompress and decode) the batches again
+            batches = validate(p["records"], max_batch_bytes, header_names=DELAY_HEADER_KEYS,
+                               require_keys=compacted, timestamps=timestamps)
+        except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
+            parts.append(_refused(index, exc))
+            continue
+        first = batches[0]
+        if first.producer_id < 0 or first.base_sequence < 0:
+            slots.append(len(parts))
+            parts.append(None)
+            if len(batches) == 1:
+                plain.append((index, [first.data]))
+                delays.append(first.named_header)
+            else:
+                plain.append((index, [b.data for b in batches]))
+                delays.append(any(b.named_header for b in batches))
+        else:
+            idempotent.append((name, index, batches, log_append_time, parts, len(parts)))
+            parts.append(None)
+    if plain:
+        appends.append((name, plain, delays, [(parts, slots)], log_append_time))
+
+
+async def answer_prepared(server, prepared: list[Prepared]) -> list:
+    """Append what the prepared requests planned and answer each (a response body, None for acks=0, or
+    CloseConnection for a failed acks=0): every topic's plain partitions of all of them in one append_many call
+    (in request order), then the idempotent partitions."""
+    store = server.store
+    if len(prepared) == 1:
+        appends, idempotent = prepared[0].appends, prepared[0].idempotent
     else:
-        # under sync flush an idempotent partition's appends wait for their fsync one by one: such partitions run
-        # concurrently so they share the group commit (the others go to the store together anyway)
-        concurrent = server.config.store.flush_mode == FLUSH_SYNC
-        store = server.store
-        for topic in body["topic_data"]:
-            name = topic["name"]
-            info = store.topic(name)
-            code = NONE
-            if info is None:
-                code, info = await get_or_create_topic(server, name)
-            parts: list = []
-            responses.append({"name": name, "partition_responses": parts})
-            if info is None:
-                parts.extend(_part(p["index"], code) for p in topic["partition_data"])
-                continue
-            # what every partition of the topic shares, looked up once per topic rather than once per partition
-            queue_count = info.queue_count
-            max_batch_bytes, compacted, log_append_time, before_ms, after_ms = _limits(server, info.config)
-            timestamps = None  # CreateTime: the window a record's timestamp must lie in (Kafka's LogValidator)
-            if not log_append_time and (before_ms < _NO_LIMIT or after_ms < _NO_LIMIT):
-                now = time.time_ns() // 1_000_000
-                timestamps = (max(_INT64_MIN, now - before_ms), min(_INT64_MAX, now + after_ms))
-            # the common case (no idempotence): the partitions' batches reach the store in one append_many call,
-            # their answers filled in afterwards (a call and a coroutine per partition are a measurable share of
-            # a produce spreading a few records over many partitions)
-            validate = kafka_records.validate_produce_records
-            plain: list[tuple[int, list]] = []
-            delays: list[bool] = []  # per plain entry: does a record carry a delay header (PutContext)
-            slots: list[int] = []
-            partitions = topic["partition_data"]
-            if partitions.__class__ is not list:
-                partitions = list(partitions)
-            i, count = 0, len(partitions)
-            while i < count:
-                # one kernel call takes the plain partitions (valid, uncompressed, not idempotent) from i on,
-                # as the loop below would; the loop takes the one it stopped at
-                i = plan_plain_appends(partitions, i, queue_count, max_batch_bytes, DELAY_HEADER_KEYS, compacted,
-                                       timestamps, plain, delays, slots, parts)
-                if i == count:
-                    break
-                p = partitions[i]
-                i += 1
-                index = p["index"]
-                if not 0 <= index < queue_count:
-                    parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
-                    continue
-                try:
-                    # the record check also says whether a record carries a delay header, so the timer's put hook
-                    # need not walk (or decompress and decode) the batches again
-                    batches = validate(p["records"], max_batch_bytes, header_names=DELAY_HEADER_KEYS,
-                                       require_keys=compacted, timestamps=timestamps)
-                except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
-                    parts.append(_refused(index, exc))
-                    continue
-                first = batches[0]
-                if first.producer_id < 0 or first.base_sequence < 0:
-                    slots.append(len(parts))
-                    parts.append(None)
-                    if len(batches) == 1:
-                        plain.append((index, [first.data]))
-                        delays.append(first.named_header)
-                    else:
-                        plain.append((index, [b.data for b in batches]))
-                        delays.append(any(b.named_header for b in batches))
-                elif concurrent:
-                    parts.append(asyncio.ensure_future(
-                        _produce_idempotent(server, name, index, batches, log_append_time)))
-                else:
-                    if plain:  # appends keep the request's order
-                        await _append_plain(store, name, plain, delays, slots, parts, log_append_time)
-                        plain, delays, slots = [], [], []
-                    parts.append(await _produce_idempotent(server, name, index, batches, log_append_time))
-            if plain:
-                await _append_plain(store, name, plain, delays, slots, parts, log_append_time)
-        if concurrent:
-            for topic_response in responses:
-                parts = topic_response["partition_responses"]
-                for i, part in enumerate(parts):
-                    if isinstance(part, asyncio.Future):
-                        parts[i] = await part
-    if acks == 0:
-        failed = [(t["name"], p["index"], p["error_code"]) for t in responses for p in t["partition_responses"]
-                  if p["error_code"]]
+        appends, idempotent = _merged(prepared), [entry for p in prepared for entry in p.idempotent]
+    for topic, entries, delays, answers, log_append_time in appends:
+        await _append_plain(store, topic, entries, delays, answers, log_append_time)
+    if idempotent:
+        if server.config.store.flush_mode == FLUSH_SYNC:
+            # under sync flush each idempotent append waits for its fsync: run them concurrently so they share the
+            # group commit (one partition's batches still go one by one inside _produce_idempotent)
+            results = await asyncio.gather(*(_produce_idempotent(server, topic, index, batches, lat)
+                                             for topic, index, batches, lat, _parts, _slot in idempotent))
+            for (_t, _i, _b, _l, parts, slot), answer in zip(idempotent, results):
+                parts[slot] = answer
+        else:
+            for topic, index, batches, lat, parts, slot in idempotent:
+                parts[slot] = await _produce_idempotent(server, topic, index, batches, lat)
+    return [_body(p) for p in prepared]
+
+
+def _merged(prepared: list[Prepared]) -> list:
+    """The requests' appends with one entry list per topic (and LogAppendTime setting), in request order."""
+    by_topic: dict[tuple[str, bool], tuple] = {}
+    for p in prepared:
+        for append in p.appends:
+            topic, entries, delays, answers, log_append_time = append
+            key = (topic, log_append_time)
+            merged = by_topic.get(key)
+            if merged is None:
+                by_topic[key] = (topic, list(entries), list(delays), list(answers), log_append_time)
+            else:
+                merged[1].extend(entries)
+                merged[2].extend(delays)
+                merged[3].extend(answers)
+    return list(by_topic.values())
+
+
+def _body(prepared: Prepared):
+    if prepared.acks == 0:
+        failed = [(t["name"], p["index"], p["error_code"]) for t in prepared.responses
+                  for p in t["partition_responses"] if p["error_code"]]
         if failed:
             from mqk.server.kafka.server import CloseConnection
 
             return CloseConnection(f"acks=0 produce failed for {failed[:3]}")
         return None
-    return {"responses": responses, "throttle_time_ms": 0}
+    return {"responses": prepared.responses, "throttle_time_ms": 0}
 
 
 def _limits(server, config) -> tuple[int, bool, bool, int, int]:
@@ -177,27 +265,31 @@ def _refused(index: int, exc: Exception) -> dict:
     return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
 
 
-async def _append_plain(store, topic: str, entries: list[tuple[int, list]], delays: list[bool], slots: list[int],
-                        parts: list, log_append_time: bool) -> None:
-    """Append the entries (partition, batches) in one call and put each partition's answer at its slot."""
+async def _append_plain(store, topic: str, entries: list[tuple[int, list]], delays: list[bool],
+                        answers: list[tuple[list, list[int]]], log_append_time: bool) -> None:
+    """Append the entries (partition, batches) in one call and put each partition's answer in its place: entry i
+    belongs to the i-th slot of the (answer list, slots) pairs taken in order."""
     try:
         results = await store.append_many(topic, entries, log_append_time=log_append_time, delay_headers=delays)
     except Exception as exc:  # noqa: BLE001 - the store answers per entry; anything else fails them all
         results = [exc] * len(entries)
     # each answer is a copy of a template with three fields set: a 7-key dict display costs more than the copy
     copy = _STORED.copy
-    for slot, (index, _batches), result in zip(slots, entries, results):
-        if result.__class__ is AppendResult:
-            answer = parts[slot] = copy()
-            answer["index"] = index
-            answer["base_offset"] = result.base_offset
-            answer["log_start_offset"] = result.log_start_offset
-            if log_append_time:
-                answer["log_append_time_ms"] = result.log_append_time
-        else:
-            parts[slot] = _storage_failure(topic, index, result)
-
-
+    i = 0
+    for parts, slots in answers:
+        for slot in slots:
+            result = results[i]
+            index = entries[i][0]
+            i += 1
+            if result.__class__ is AppendResult:
+                answer = parts[slot] = copy()
+                answer["index"] = index
+                answer["base_offset"] = result.base_offset
+                answer["log_start_offset"] = result.log_start_offset
+                if log_append_time:
+                    answer["log_append_time_ms"] = result.log_append_time
+            else:
+                parts[slot] = _storage_failure(topic, index, result)
 async def _produce_idempotent(server, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
     store = server.store
     # idempotent producer: one batch at a time through the sequence check
