@@ -84,22 +84,14 @@ def prepare(server, body: dict, missing: dict[str, int] | None = None) -> Prepar
     `answer_prepared`. None if a topic it names does not exist and `missing` does not say that topic's error
     code (`handle` creates the topic and prepares again)."""
     acks = body["acks"]
+    if acks not in (0, 1, -1):
+        return Prepared(acks, _refuse_all(body, E.InvalidRequiredAcksError.code), [], [])
+    if body.get("transactional_id") is not None:
+        return Prepared(acks, _refuse_all(body, E.TransactionalIdAuthorizationFailedError.code,
+                                          "transactions are not supported"), [], [])
     responses: list = []
     appends: list = []
     idempotent: list = []
-    prepared = Prepared(acks, responses, appends, idempotent)
-    if acks not in (0, 1, -1):
-        for topic in body["topic_data"]:
-            responses.append({"name": topic["name"], "partition_responses": [
-                _part(p["index"], E.InvalidRequiredAcksError.code) for p in topic["partition_data"]]})
-        return prepared
-    if body.get("transactional_id") is not None:
-        for topic in body["topic_data"]:
-            responses.append({"name": topic["name"], "partition_responses": [
-                _part(p["index"], E.TransactionalIdAuthorizationFailedError.code,
-                      message="transactions are not supported")
-                for p in topic["partition_data"]]})
-        return prepared
     store = server.store
     for topic in body["topic_data"]:
         name = topic["name"]
@@ -113,7 +105,14 @@ def prepare(server, body: dict, missing: dict[str, int] | None = None) -> Prepar
         else:
             _prepare_topic(server, name, info, topic["partition_data"], parts, appends, idempotent)
         responses.append({"name": name, "partition_responses": parts})
-    return prepared
+    return Prepared(acks, responses, appends, idempotent)
+
+
+def _refuse_all(body: dict, code: int, message: str | None = None) -> list:
+    """The answer of a request refused as a whole: every partition gets `code`."""
+    return [{"name": t["name"], "partition_responses": [_part(p["index"], code, message=message)
+                                                        for p in t["partition_data"]]}
+            for t in body["topic_data"]]
 
 
 async def _prepare_creating_topics(server, body: dict) -> Prepared:
