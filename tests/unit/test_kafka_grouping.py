@@ -193,12 +193,12 @@ async def test_a_group_appends_after_earlier_requests_and_before_later_ones(serv
     assert [parts_of(answers[i])[0][3] for i in (0, 1, 3, 5)] == [0, 1, 2, 3]
 
 
-async def answer_alone_and_together(bodies: list[dict], setup) -> tuple[list, list]:
+async def answer_alone_and_together(bodies: list[dict], setup, store_config) -> tuple[list, list]:
     """The answers to the same Produce requests sent one per read, and all in one read, each to a fresh broker;
     and what each broker stored."""
     results = []
     for together in (False, True):
-        server = await start()
+        server = await start(store_config(together))
         try:
             await setup(server)
             wire = connect(server)
@@ -208,8 +208,11 @@ async def answer_alone_and_together(bodies: list[dict], setup) -> tuple[list, li
             else:
                 for frame in frames:
                     wire.feed(frame)
-            for _ in range(20):  # idempotent appends and topic creation may take a few loop turns
-                await asyncio.sleep(0)
+            expected = sum(1 for body in bodies if body["acks"] != 0)
+            for _ in range(500):  # idempotent appends, topic creation and sync flushes take loop turns
+                if not wire.conn.pending and _count_frames(wire.transport.data) == expected:
+                    break
+                await asyncio.sleep(0.01)
             answers = []
             for _cid, body in wire.answers():
                 for topic in body["responses"]:
@@ -224,7 +227,16 @@ async def answer_alone_and_together(bodies: list[dict], setup) -> tuple[list, li
     return results[0], results[1]
 
 
-async def test_every_request_of_a_group_gets_the_answer_it_gets_alone():
+def _count_frames(data: bytearray) -> int:
+    count = pos = 0
+    while pos + 4 <= len(data):
+        pos += 4 + struct.unpack_from(">i", data, pos)[0]
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("flush", ["memory", "sync"])
+async def test_every_request_of_a_group_gets_the_answer_it_gets_alone(flush, tmp_path):
     """Refused partitions (bad index, bad CRC, compacted topic without keys), a topic to auto-create (that
     request is answered alone, between the groups), idempotent batches with a duplicate and a gap across requests,
     compressed and multi-batch partitions, acks=0 in the middle: the same answers and the same stored offsets."""
@@ -272,7 +284,13 @@ async def test_every_request_of_a_group_gets_the_answer_it_gets_alone():
         {"transactional_id": "tx", "acks": -1, "timeout_ms": 5000, "topic_data": []},
         produce_body("t", {0: make_batch([b"e"])}, acks=5),
     ]
-    alone, together = await answer_alone_and_together(bodies, setup)
+    def store_config(together: bool) -> StoreConfig:
+        if flush == "memory":
+            return StoreConfig(storage="memory")
+        # under sync flush the idempotent partitions of a group are appended concurrently (one flush for all)
+        return StoreConfig(storage="file", data_dir=tmp_path / f"together-{together}", flush_mode="sync")
+
+    alone, together = await answer_alone_and_together(bodies, setup, store_config)
     assert pids == [pid, pid, pid]
     assert together == alone
     answers = alone[0]
