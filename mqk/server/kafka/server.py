@@ -217,60 +217,50 @@ class KafkaConnection(asyncio.BufferedProtocol):
         Task (`_resume`). Eager start also means side effects (appends) happen in request arrival order up to
         each handler's first suspension, which keeps pipelined produce requests in order."""
         handler = self.server.handlers[req.api_key]  # the codec already refused keys we cannot serve
-        coro = handler(self.server, self, req)
-        try:
-            yielded = coro.send(None)
-        except StopIteration as stop:
-            if not self.pending and not self.writing_paused:
-                self._respond(req, stop.value)
-                return
-            done = self.loop.create_future()
-            done.set_result(stop.value)
-            self.pending.append((req, done))
-            return
-        except Exception as exc:  # noqa: BLE001 - reported in order by _on_done, like a Task failure
-            failed = self.loop.create_future()
-            failed.set_exception(exc)
-            self.pending.append((req, failed))
-            if len(self.pending) == 1:
-                self._on_done(failed)
-            return
-        task = self.loop.create_task(_resume(coro, yielded))
-        self.pending.append((req, task))
-        task.add_done_callback(self._on_done)
+        self._start((req,), handler(self.server, self, req), grouped=False)
 
     def _dispatch_group(self, group: list[tuple[Request, Any]]) -> None:
-        """Answer prepared requests of one grouped API with one call, eagerly like `_dispatch`; if that call
-        suspends, each request's place in `pending` is a future the group's task fills when it ends."""
+        """Answer prepared requests of one grouped API with one call (its answer per request, in order),
+        started eagerly as `_dispatch` starts a handler."""
         answer = self.server.grouped[group[0][0].api_key][1]
-        coro = answer(self.server, [plan for _req, plan in group])
+        self._start([req for req, _plan in group], answer(self.server, [plan for _req, plan in group]),
+                    grouped=True)
+
+    def _start(self, reqs, coro, grouped: bool) -> None:
+        """Run `coro` until it first suspends: if it finished, its answers (`grouped`: one per request, else the
+        one request's) are sent at once when nothing is ahead of them, or queued done; if it failed, the failure
+        is queued for the first request. If it suspended it continues in a Task: a lone request's place in
+        `pending` is that Task; a group's places are futures the Task fills when it ends (_group_done)."""
         try:
             yielded = coro.send(None)
         except StopIteration as stop:
-            bodies = stop.value
+            bodies = stop.value if grouped else (stop.value,)
             if not self.pending and not self.writing_paused:
-                for (req, _plan), body in zip(group, bodies):
+                for req, body in zip(reqs, bodies):
                     if self.closed:
                         return
                     self._respond(req, body)
                 return
-            for (req, _plan), body in zip(group, bodies):
+            for req, body in zip(reqs, bodies):
                 done = self.loop.create_future()
                 done.set_result(body)
                 self.pending.append((req, done))
             return
         except Exception as exc:  # noqa: BLE001 - reported in order by _on_done, like a Task failure
-            futures = self._group_places(group)
-            self._settle_group(futures, None, exc)
+            self._settle(self._places(reqs), None, exc)
             return
         task = self.loop.create_task(_resume(coro, yielded))
-        self._group_tasks.add(task)
-        task.add_done_callback(functools.partial(self._group_done, self._group_places(group)))
+        if grouped:
+            self._group_tasks.add(task)
+            task.add_done_callback(functools.partial(self._group_done, self._places(reqs)))
+        else:
+            self.pending.append((reqs[0], task))
+            task.add_done_callback(self._on_done)
 
-    def _group_places(self, group: list[tuple[Request, Any]]) -> list[asyncio.Future]:
-        """A future per request of a group, queued in `pending` in request order."""
+    def _places(self, reqs) -> list[asyncio.Future]:
+        """A future per request, queued in `pending` in request order."""
         futures = []
-        for req, _plan in group:
+        for req in reqs:
             future = self.loop.create_future()
             self.pending.append((req, future))
             futures.append(future)
@@ -283,11 +273,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 future.cancel()
             return
         exc = task.exception()
-        self._settle_group(futures, None if exc is not None else task.result(), exc)
+        self._settle(futures, None if exc is not None else task.result(), exc)
 
-    def _settle_group(self, futures: list[asyncio.Future], bodies: list | None, exc: BaseException | None) -> None:
-        """Give each request of a group its answer, or the first the group's failure (which closes the connection
-        when _on_done reaches it; the others are cancelled, so nobody else reports it), then send what is due."""
+    def _settle(self, futures: list[asyncio.Future], bodies: list | None, exc: BaseException | None) -> None:
+        """Give each request its answer, or the first one the failure (which closes the connection when _on_done
+        reaches it; the others are cancelled, so nobody else reports it), then send what is due."""
         if exc is not None:
             if not futures[0].done():
                 futures[0].set_exception(exc)
