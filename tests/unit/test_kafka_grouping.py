@@ -57,7 +57,8 @@ class Wire:
     def __init__(self, conn: KafkaConnection, transport: Transport) -> None:
         self.conn, self.transport = conn, transport
         self.sent: list[tuple[int, int, int]] = []  # (correlation id, api key, version) expecting an answer
-        self.read = 0
+        self.read = 0  # bytes of the transport's output already decoded
+        self.answered = 0  # answers already decoded
 
     def frame(self, api_key: int, version: int, body: dict, answered: bool = True) -> bytes:
         cid = len(self.sent) + 1 if answered else 10_000 + len(self.sent)
@@ -77,15 +78,13 @@ class Wire:
         while self.read + 4 <= len(data):
             (size,) = struct.unpack_from(">i", data, self.read)
             frame = bytes(data[self.read + 4:self.read + 4 + size])
-            cid, api_key, version = self.sent[len(out) + self._answered_before]
+            cid, api_key, version = self.sent[self.answered + len(out)]
             got, body = decode_response_frame(api_key, version, frame)
             assert got == cid, "answers must leave in request order"
             out.append((cid, body))
             self.read += 4 + size
-        self._answered_before += len(out)
+        self.answered += len(out)
         return out
-
-    _answered_before = 0
 
 
 async def start(store_config: StoreConfig | None = None) -> KafkaServer:

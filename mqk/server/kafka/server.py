@@ -172,19 +172,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 req = codec.next_request()
                 if req is None:
                     break
-                if group and req.api_key != group[0][0].api_key:
-                    self._dispatch_group(group)
-                    group = []
                 grouping = grouped.get(req.api_key)
-                if grouping is not None:
-                    plan = grouping[0](self.server, req)
-                    if plan is not None:
-                        group.append((req, plan))
-                        continue
-                if group:
-                    self._dispatch_group(group)
+                plan = None if grouping is None else grouping[0](self.server, req)
+                if group and (plan is None or req.api_key != group[0][0].api_key):
+                    self._dispatch_group(group)  # the group ends where a request cannot join it
                     group = []
-                self._dispatch(req)
+                if plan is not None:
+                    group.append((req, plan))
+                else:
+                    self._dispatch(req)
         except FrameTooLarge as exc:
             refusal = f"refused frame: {exc}"
         except ProtocolError as exc:

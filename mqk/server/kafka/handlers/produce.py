@@ -289,6 +289,8 @@ async def _append_plain(store, topic: str, entries: list[tuple[int, list]], dela
                     answer["log_append_time_ms"] = result.log_append_time
             else:
                 parts[slot] = _storage_failure(topic, index, result)
+
+
 async def _produce_idempotent(server, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
     store = server.store
     # idempotent producer: one batch at a time through the sequence check
