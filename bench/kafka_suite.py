@@ -16,6 +16,7 @@
    creating 1,000 queues' files), then three alternating pairs of 1 partition and the same, now existing 1,000,
    with the client's CPU per record beside the broker's: librdkafka sends one partition per request, ~15-30
    records each here against thousands into 1 partition, and its per-partition work is mostly the client's;
+   the same three pairs with the client on one CPU and the broker on another, with how busy each core was;
    then the broker's own capacity with the same batches spread over 1 or 1,000 partitions
    (bench/produce_capacity.py);
 6. the native (remoting) figures of bench/native_perf.py from the same run, for comparison.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import statistics
@@ -44,25 +46,43 @@ import perfutil
 import producer_perf
 
 
+def _quiet(broker: perfutil.Broker) -> None:
+    """Start a phase with no dirty pages of an earlier one left to write back (os.sync, untimed) and the broker
+    idle: an unpaced run leaves hundreds of MB for the flusher, which would otherwise land in the next phase."""
+    os.sync()
+    broker.settle()
+
+
 def _produce(broker: perfutil.Broker, name: str, records: int, size: int, acks: str, partitions: int = 1,
-             sample_every: int = 100, topic: str | None = None, props: dict[str, str] | None = None) -> dict[str, Any]:
+             sample_every: int = 100, topic: str | None = None, props: dict[str, str] | None = None,
+             pin: bool = False) -> dict[str, Any]:
+    """One producer_perf.py run with the broker's and the client's CPU per record; with `pin`, the client on one
+    CPU and the broker on another (perfutil.pinned), and how busy each of the two cores was."""
     if topic is None:
         topic = f"suite-{name}-{uuid.uuid4().hex[:6]}"
         perfutil.create_topic(broker.bootstrap, topic, partitions)
-    os.sync()  # no dirty pages of an earlier phase written back during this one (untimed)
-    broker.settle()
+    _quiet(broker)
     cpu0 = broker.cpu_seconds()
     print(f"\n== {name}: {records} x {size} B, {partitions} partition(s), acks={acks}", flush=True)
     client0 = time.process_time()  # this process is the client: Python's produce() loop and librdkafka's threads
-    r = producer_perf.run(broker.bootstrap, topic, records, size, producer_props={"acks": acks, **(props or {})},
-                          partitions=partitions, sample_every=sample_every)
-    r["client_cpu_s_per_million"] = (time.process_time() - client0) / records * 1e6
+    with perfutil.pinned(broker.process.proc.pid) if pin else contextlib.nullcontext(False) as pinned:
+        r = producer_perf.run(broker.bootstrap, topic, records, size, producer_props={"acks": acks, **(props or {})},
+                              partitions=partitions, sample_every=sample_every)
+        client_cpu = time.process_time() - client0
+        broker_cpu = broker.cpu_seconds() - cpu0
+    r["client_cpu_s_per_million"] = client_cpu / records * 1e6
     broker.settle()  # background flush / dispatch of these records belongs to this phase
     r["cpu_s"] = broker.cpu_seconds() - cpu0
     r["cpu_s_per_million"] = r["cpu_s"] / records * 1e6
     r["topic"] = topic
+    pinned_note = ""
+    if pinned:
+        r["client_core_busy"] = client_cpu / r["elapsed_s"]
+        r["broker_core_busy"] = broker_cpu / r["elapsed_s"]
+        pinned_note = (f"; a core each: client core {r['client_core_busy']:.0%} busy, broker core "
+                       f"{r['broker_core_busy']:.0%} busy")
     print(f"broker cpu: {r['cpu_s']:.2f} s, {r['cpu_s_per_million']:.2f} s per million records; client cpu "
-          f"{r['client_cpu_s_per_million']:.2f} s per million records", flush=True)
+          f"{r['client_cpu_s_per_million']:.2f} s per million records{pinned_note}", flush=True)
     return r
 
 
@@ -164,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         print(consumer_perf.raw_line(raw, broker.cpu_seconds() - cpu0), flush=True)
 
         rate = max(100.0, results["acks1"]["records_per_s"] / 2)
+        _quiet(broker)
         print(f"\n== end-to-end latency at half the acks=1 ingest rate ({rate:.0f} records/s)", flush=True)
         e2e_topic = f"suite-e2e-{uuid.uuid4().hex[:6]}"
         perfutil.create_topic(broker.bootstrap, e2e_topic, 1)
@@ -175,10 +196,12 @@ def main(argv: list[str] | None = None) -> int:
                                 quiet=True, records=int(rate * args.e2e_seconds))
         results["e2e_max_rate"] = top = min(probe["rate"], probe["received_rate"])
         half = top / 2
+        _quiet(broker)
         print(f"== end-to-end maximum (unpaced, consumer reading along): {top:.0f} records/s; "
               f"latency at half of it ({half:.0f} records/s)", flush=True)
         results["e2e_half_max"] = e2e_latency.run(broker.bootstrap, e2e_topic, half, args.e2e_seconds, 100,
                                                   producer_props={"linger.ms": "1"})
+        _quiet(broker)
         print("== end-to-end latency at 1,000 records/s (the broker's floor, machine not saturated)", flush=True)
         results["e2e_low"] = e2e_latency.run(broker.bootstrap, e2e_topic, 1000, args.e2e_seconds, 100)
         # The broker's own share: wire-level producer and consumer, whose per-record cost is next to nothing.
@@ -187,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             perfutil.create_topic(broker.bootstrap, t, 1)
         probe = e2e_latency.run_raw(broker.bootstrap, raw_topics[0], float("inf"), 3.0, 100, quiet=True)
         results["e2e_raw_max_rate"] = top = min(probe["rate"], probe["received_rate"])
+        _quiet(broker)
         print(f"== end-to-end, wire-level producer and consumer: maximum {top:.0f} records/s (1,000-record batches, "
               f"unpaced); latency at half of it, one batch a millisecond", flush=True)
         results["e2e_raw"] = e2e_latency.run_raw(broker.bootstrap, raw_topics[1], top / 2, args.e2e_seconds, 100)
@@ -199,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
             (_produce(broker, "partitions-1", args.partition_records, 100, "1"),
              _produce(broker, "partitions-1000-again", args.partition_records, 100, "1", partitions=1000,
                       topic=results["p1000_first"]["topic"]))
+            for _ in range(3)]
+        # the same pairs with a core each for the client and the broker: which of the two is the limit
+        results["p_pairs_pinned"] = [
+            (_produce(broker, "partitions-1-pinned", args.partition_records, 100, "1", pin=True),
+             _produce(broker, "partitions-1000-pinned", args.partition_records, 100, "1", partitions=1000,
+                      topic=results["p1000_first"]["topic"], pin=True))
             for _ in range(3)]
 
         print("\n== broker ingest capacity, 1 vs 1,000 partitions, same batches (produce_capacity.py)", flush=True)
@@ -281,6 +311,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{p1000['client_cpu_s_per_million']:.2f} vs {p1['client_cpu_s_per_million']:.2f} us, broker "
           f"{p1000['cpu_s_per_million']:.2f} vs {p1['cpu_s_per_million']:.2f} us; first pass into the new "
           f"partitions {first['records_per_s']:,.0f} records/s, broker {first['cpu_s']:.1f} s CPU")
+    pinned_pairs = results["p_pairs_pinned"]
+    if "client_core_busy" in pinned_pairs[0][0]:
+        print("1,000 vs 1, a core each: pair ratios "
+              + ", ".join(f"{many['records_per_s'] / one['records_per_s']:.0%}" for one, many in pinned_pairs)
+              + "; client core busy (1 / 1,000 partitions) "
+              + ", ".join(f"{one['client_core_busy']:.0%} / {many['client_core_busy']:.0%}" for one, many in pinned_pairs)
+              + "; broker core busy "
+              + ", ".join(f"{one['broker_core_busy']:.0%} / {many['broker_core_busy']:.0%}" for one, many in pinned_pairs)
+              + " (a client core at 100% while the broker's is not: the client is the limit)")
     for batch_records in (100, 10):
         one, many = results["capacity"][(batch_records, 1)], results["capacity"][(batch_records, 1000)]
         ratios = results["capacity"][(batch_records, "ratios")]

@@ -6,12 +6,13 @@ the repository root on sys.path so `mqk` imports without an install.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -41,6 +42,33 @@ def proc_cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` (a new thread inherits its creator's set) may run on `cpus` only."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
+@contextlib.contextmanager
+def pinned(broker_pid: int) -> Iterator[bool]:
+    """Run this process (the client, with its library's threads) on the first CPU and the broker on the last,
+    then give both every CPU back. Yields False, pinning nothing, on a machine with one CPU. With a core each, a
+    run whose client core is 100% busy while the broker's is not measures the client, whatever the broker does."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        yield False
+        return
+    _set_affinity(os.getpid(), {cpus[0]})
+    _set_affinity(broker_pid, {cpus[-1]})
+    try:
+        yield True
+    finally:
+        _set_affinity(os.getpid(), set(cpus))
+        _set_affinity(broker_pid, set(cpus))
 
 
 class Broker:
