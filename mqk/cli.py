@@ -55,6 +55,7 @@ async def _serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    _raise_open_files_limit()
     await runtime.start()
     _freeze_startup_objects()
     freezer = SurvivorFreezer(loop=loop).install()
@@ -65,6 +66,35 @@ async def _serve(config: BrokerConfig) -> None:
         freezer.uninstall()
         log.info("stopping: flushing and closing the store")
         await runtime.stop()
+
+
+def _raise_open_files_limit() -> None:
+    """Let the broker open as many files as the system allows, as the JVM does for Kafka (MaxFDLimit): each
+    ConsumeQueue and CommitLog segment is a mapped file holding two descriptors (its own and the mapping's
+    duplicate), so the usual soft limit of 1,024 would stop a broker at about 500 written partitions with
+    EMFILE. Raised to the hard limit (capped by fs.nr_open when that is unlimited); a failure is logged, not fatal."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, target, exc)
+            return
+        log.info("open files limit raised from %d to %d", soft, target)
+    if target < 4096:
+        log.warning("the open files limit is %d: each written partition holds two descriptors (raise the hard "
+                    "limit, `ulimit -Hn`, for more than ~%d partitions)", target, target // 2 - 100)
 
 
 def _freeze_startup_objects() -> None:

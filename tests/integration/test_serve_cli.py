@@ -1,9 +1,11 @@
 """The contracts outside tests rely on: the ready line, port 0, SIGTERM exits 0 and leaves a clean data dir."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +69,51 @@ def test_serve_moves_what_recovery_built_out_of_the_gcs_reach(tmp_path):
     empty = frozen_after_start()  # creates the topic after its start-up
     recovered = frozen_after_start()  # starts with 300 partitions to recover
     assert recovered - empty > 300 * 5
+
+
+def test_serve_raises_its_open_files_limit_and_serves_more_partitions_than_it_allowed(tmp_path):
+    """Started with a soft limit of 256 open files, `mqk serve` raises it to the hard limit (as the JVM does for
+    Kafka) and takes records into 300 partitions: their queues hold two descriptors each, far over 256."""
+    import asyncio
+    import re
+    import resource
+
+    from mqk.protocol.kafka.api import ApiKey
+    from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard > 1000, f"this test needs a hard open files limit above 1,000, not {hard}"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        broker = BrokerProcess(tmp_path / "data").start()  # inherits the soft limit of 256
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    async def produce_everywhere(partitions: int) -> list[dict]:
+        host, port = broker.kafka_address
+        client = await RawKafkaClient.connect(host, port)
+        try:
+            made = await client.call(ApiKey.CREATE_TOPICS, 5, {"topics": [
+                {"name": "wide", "num_partitions": partitions, "replication_factor": 1, "assignments": [],
+                 "configs": []}], "timeout_ms": 30000, "validate_only": False}, timeout=60)
+            assert made["topics"][0]["error_code"] == 0, made
+            answer = await client.call(ApiKey.PRODUCE, 9, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
+                                                          "topic_data": [{"name": "wide", "partition_data": [
+                                                              {"index": i, "records": bytes(make_batch([b"r"]))}
+                                                              for i in range(partitions)]}]}, timeout=60)
+            return answer["responses"][0]["partition_responses"]
+        finally:
+            await client.close()
+
+    try:
+        limits = Path(f"/proc/{broker.pid}/limits").read_text()
+        max_open = re.search(r"Max open files\s+(\d+)\s+(\d+)", limits)
+        assert max_open and int(max_open.group(1)) == hard, limits
+        answers = asyncio.run(produce_everywhere(300))
+        assert sorted((a["index"], a["error_code"], a["base_offset"]) for a in answers) == [
+            (i, 0, 0) for i in range(300)]
+        assert len(os.listdir(f"/proc/{broker.pid}/fd")) > 600
+    finally:
+        code = broker.stop()
+    assert code == 0, broker.log_text()
+    assert f"open files limit raised from 256 to {hard}" in broker.log_text()
