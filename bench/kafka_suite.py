@@ -313,13 +313,14 @@ def main(argv: list[str] | None = None) -> int:
           f"partitions {first['records_per_s']:,.0f} records/s, broker {first['cpu_s']:.1f} s CPU")
     pinned_pairs = results["p_pairs_pinned"]
     if "client_core_busy" in pinned_pairs[0][0]:
+        def busy(key: str) -> str:
+            return ", ".join(f"{one[key]:.0%} / {many[key]:.0%}" for one, many in pinned_pairs)
+
         print("1,000 vs 1, a core each: pair ratios "
               + ", ".join(f"{many['records_per_s'] / one['records_per_s']:.0%}" for one, many in pinned_pairs)
-              + "; client core busy (1 / 1,000 partitions) "
-              + ", ".join(f"{one['client_core_busy']:.0%} / {many['client_core_busy']:.0%}" for one, many in pinned_pairs)
-              + "; broker core busy "
-              + ", ".join(f"{one['broker_core_busy']:.0%} / {many['broker_core_busy']:.0%}" for one, many in pinned_pairs)
-              + " (a client core at 100% while the broker's is not: the client is the limit)")
+              + f"; client core busy (1 / 1,000 partitions) {busy('client_core_busy')}; broker core busy "
+              + f"{busy('broker_core_busy')} (a client core at 100% while the broker's is not: the client is the "
+              + "limit)")
     for batch_records in (100, 10):
         one, many = results["capacity"][(batch_records, 1)], results["capacity"][(batch_records, 1000)]
         ratios = results["capacity"][(batch_records, "ratios")]

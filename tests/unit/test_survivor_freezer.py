@@ -84,6 +84,7 @@ def test_a_deleted_topics_frozen_queues_are_freed_by_reference_counting(freezer,
     """Frozen objects are out of the cyclic GC's reach: a deleted topic's queues must hold no cycles, or each
     deleted topic would stay in memory for good."""
     freezer(0.0)
+
     def alive() -> list:
         """The topic's queue objects still in memory (its ConsumeQueue directory is named after it)."""
         kinds = (ConsumeQueue, MappedFileQueue, MappedFile)
