@@ -109,3 +109,46 @@ def test_a_deleted_topics_frozen_queues_are_freed_by_reference_counting(freezer,
     asyncio.run(scenario())
     gc.unfreeze()  # back in the collector's lists: anything still there was kept alive, not freed
     assert alive() == []
+
+
+def test_connections_closed_under_uvloop_leave_no_cycles(freezer, tmp_path):
+    """`mqk serve` runs on uvloop: a connection open when the freezer freezes must still be freed when it closes,
+    which it is only if closing it leaves no reference cycle behind (asyncio's own transports would)."""
+    import re
+
+    import uvloop
+
+    from mqk.protocol.kafka.api import ApiKey
+    from mqk.runtime import BrokerRuntime
+    from mqk.server.kafka.rawclient import RawKafkaClient
+    from mqk.testing import broker_config
+
+    freezer(0.0)
+
+    async def serve_and_close() -> None:
+        runtime = BrokerRuntime(broker_config("file", tmp_path))
+        await runtime.start()
+        try:
+            host, port = re.search(r"kafka=([\d.]+):(\d+)", runtime.ready_line()).groups()
+            clients = [await RawKafkaClient.connect(host, int(port)) for _ in range(3)]
+            for client in clients:
+                await client.call(ApiKey.METADATA, 9, {"topics": None, "allow_auto_topic_creation": True,
+                                                       "include_cluster_authorized_operations": False,
+                                                       "include_topic_authorized_operations": False})
+            gc.collect()  # the freezer freezes the open connections
+            for client in clients:
+                await client.close()
+            await asyncio.sleep(0.2)  # the server sees the closes
+            gc.unfreeze()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                gc.collect()
+                leftovers = [type(o).__name__ for o in gc.garbage]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+            assert leftovers == []
+        finally:
+            await runtime.stop()
+
+    uvloop.run(serve_and_close())
