@@ -14,8 +14,9 @@
    pipeline's own maximum (unpaced producer with the consumer reading along), and at 1,000 records/s;
 5. ingest into 1,000 partitions (records sent round-robin) against 1 partition: a first pass (which pays for
    creating 1,000 queues' files), then three alternating pairs of 1 partition and the same, now existing 1,000,
-   with the client's CPU per record beside the broker's: librdkafka sends one partition per request, ~15-30
-   records each here against thousands into 1 partition, and its per-partition work is mostly the client's;
+   with the client's CPU per record beside the broker's: librdkafka sends one partition per request (15-200
+   records each, measured, depending on how fast answers come back) against thousands into 1 partition, and its
+   per-partition work is mostly the client's;
    the same three pairs with the client on one CPU and the broker on another, with how busy each core was;
    then the broker's own capacity with the same batches spread over 1 or 1,000 partitions
    (bench/produce_capacity.py);
