@@ -63,6 +63,58 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[st
     futures[name].result(timeout=15)
 
 
+#: the compression codec ids of a record batch's attributes (bits 0-2)
+CODEC_IDS = {None: 0, "none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list[tuple[int, bytes]]:
+    """(codec id, first 8 bytes of the records section) of each record batch the broker serves for the
+    partition, read with a wire-level Fetch: what a client sent, as the broker keeps and serves it (the clients'
+    own consumers would decompress it out of sight). Blocks; callable from async tests too (own thread and loop)."""
+    import asyncio
+    import concurrent.futures
+
+    from mqk.protocol.kafka.api import ApiKey
+    from mqk.server.kafka.rawclient import RawKafkaClient
+
+    host, port = bootstrap.rsplit(":", 1)
+    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 24, "isolation_level": 0,
+             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+             "topics": [{"topic": topic, "partitions": [
+                 {"partition": partition, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
+                  "partition_max_bytes": 1 << 24}]}]}
+
+    async def records() -> bytes:
+        async with await RawKafkaClient.connect(host, int(port), "compat-stored-batches") as client:
+            answer = await client.call(ApiKey.FETCH, 12, fetch)
+        part = answer["responses"][0]["partitions"][0]
+        assert part["error_code"] == 0, part
+        return bytes(part["records"] or b"")
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        data = pool.submit(asyncio.run, records()).result(timeout=30)
+    out = []
+    pos = 0
+    while pos + 61 <= len(data):
+        length = int.from_bytes(data[pos + 8:pos + 12], "big", signed=True)
+        attributes = int.from_bytes(data[pos + 21:pos + 23], "big")
+        out.append((attributes & 0x7, data[pos + 61:pos + 69]))
+        pos += 12 + length
+    return out
+
+
+def assert_stored_with(bootstrap: str, topic: str, codec: str | None, partition: int = 0, *,
+                       xerial: bool | None = None) -> None:
+    """Every batch of the partition is served with the codec the client compressed it with (and, for snappy
+    with `xerial` given, in that framing): the broker stores what it was sent and never recompresses."""
+    batches = stored_batches(bootstrap, topic, partition)
+    assert batches, f"no batches served for {topic}-{partition}"
+    assert {codec_id for codec_id, _ in batches} == {CODEC_IDS[codec]}, batches
+    if xerial is not None:
+        assert [start == XERIAL_MAGIC for _, start in batches] == [xerial] * len(batches), batches
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

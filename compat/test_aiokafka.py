@@ -15,6 +15,7 @@ from compat_helpers import (
     HEARTBEAT_MS,
     SESSION_TIMEOUT_MS,
     ThreadMember,
+    assert_stored_with,
     create_topic,
     hostport,
     run_group_scenario,
@@ -60,6 +61,7 @@ async def test_keys_headers_and_codec_round_trip(bootstrap: str, topic: str, cod
     finally:
         await producer.stop()
     assert [m.offset for m in metas] == list(range(25))
+    assert_stored_with(bootstrap, topic, codec)
 
     got = await read_partition(bootstrap, topic, 0, 0, len(sent))
     assert [r.offset for r in got] == list(range(len(sent)))

@@ -9,6 +9,7 @@ from compat_helpers import (
     HEARTBEAT_MS,
     SESSION_TIMEOUT_MS,
     ThreadMember,
+    assert_stored_with,
     create_topic,
     hostport,
     run_group_scenario,
@@ -85,6 +86,7 @@ def test_keys_headers_and_codec_round_trip(bootstrap: str, topic: str, codec: st
     records.append({"key": b"tombstone", "value": None, "partition": 0})
     delivered = produce_all(bootstrap, topic, records, **{"compression.type": codec})
     assert sorted(m.offset() for m in delivered) == list(range(len(records)))
+    assert_stored_with(bootstrap, topic, codec)
 
     got = consume_from(bootstrap, topic, 0, OFFSET_BEGINNING, len(records))
     assert [m.offset() for m in got] == list(range(len(records)))

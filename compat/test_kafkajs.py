@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from compat_helpers import JS_DIR, create_topic, hostport, run_node
+from compat_helpers import JS_DIR, assert_stored_with, create_topic, hostport, run_node
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -26,6 +26,7 @@ def kafkajs(bootstrap: str, command: str, timeout: float = 60, **options: Any) -
 def test_keys_headers_and_codec_round_trip(bootstrap: str, topic: str, codec: str) -> None:
     r = kafkajs(bootstrap, "roundtrip", topic=topic, codec=codec, n=20)
     assert r["sent"] == [{"partition": 0, "baseOffset": 0, "errorCode": 0}]
+    assert_stored_with(bootstrap, topic, codec)
     got = sorted(r["got"], key=lambda m: m["offset"])
     assert [m["offset"] for m in got] == list(range(20))
     for sent, m in zip(r["messages"], got):

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from compat_helpers import SESSION_TIMEOUT_MS, create_topic, hostport
+from compat_helpers import SESSION_TIMEOUT_MS, assert_stored_with, create_topic, hostport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,6 +47,7 @@ def test_produce_consume_keys_headers_codec(kcat: str, bootstrap: str, topic: st
     lines = [f"key{i}:value {i} {'x' * i}" for i in range(40)]
     run_kcat(kcat, "-b", bootstrap, "-P", "-t", topic, "-p", "0", "-K", ":", "-X", f"compression.codec={codec}",
              "-H", "source=kcat", "-H", f"codec={codec}", stdin="\n".join(lines) + "\n")
+    assert_stored_with(bootstrap, topic, codec)
     got = consume_json(kcat, bootstrap, topic)
     assert [m["offset"] for m in got] == list(range(40))
     assert [f"{m['key']}:{m['payload']}" for m in got] == lines

@@ -193,6 +193,23 @@ async def test_unsupported_version_of_other_api_closes(broker, client):
     await assert_healthy(broker)
 
 
+async def test_produce_is_listed_from_v0_but_v0_to_v2_requests_are_refused(broker, client, caplog):
+    # KAFKA-18659: librdkafka <= 2.11 compresses with gzip, snappy or lz4 only when Produce v0 is listed
+    resp = await client.call(ApiKey.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
+    keys = {k["api_key"]: (k["min_version"], k["max_version"]) for k in resp["api_keys"]}
+    assert keys[ApiKey.PRODUCE][0] == 0
+    assert keys[ApiKey.FETCH][0] == 4  # only Produce is listed below what is accepted
+    await seed(client)
+    for version in (0, 2):
+        async with await RawKafkaClient.connect(broker.host, broker.port) as old:
+            # a magic 1 era Produce header (acks, timeout, then an empty topic array): refused, not decoded
+            body = struct.pack(">hhih", ApiKey.PRODUCE, version, 1, 3) + b"old" + struct.pack(">hii", 1, 1000, 0)
+            old.write_raw(struct.pack(">i", len(body)) + body)
+            assert await old.closed_by_peer()
+    assert "api key 0 version 2 is not supported" in caplog.text
+    await assert_healthy(broker)
+
+
 # --- produce ---------------------------------------------------------------------------------------------
 
 

@@ -75,6 +75,13 @@ _KAFKA_41_MAX = {
     ApiKey.DESCRIBE_CLUSTER: 2,
 }
 
+#: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since
+#: Kafka 4, but librdkafka up to 2.11 turns gzip, snappy and lz4 on only when the broker lists Produce v0 (it asks
+#: whether Produce [0, 0] is supported) and otherwise sends every batch uncompressed without a word. Kafka 4 lists
+#: Produce from v0 for that reason (KAFKA-18659) and still refuses a v0-v2 request; so does mqk (the codec checks
+#: requests against SUPPORTED, not against this).
+ADVERTISED_MIN = {ApiKey.PRODUCE: 0}
+
 # Last version that still names topics (the next one is topic-id only).
 _LAST_NAME_VERSION = {ApiKey.FETCH: 12}
 
@@ -106,11 +113,13 @@ def is_flexible_request(api_key: int, api_version: int) -> bool:
 
 def api_versions_body(error_code: int = 0, ranges: dict[int, tuple[int, int]] | None = None,
                       throttle_time_ms: int = 0) -> dict:
-    """An ApiVersions response body listing every supported API (also the UNSUPPORTED_VERSION answer)."""
+    """An ApiVersions response body listing every supported API (also the UNSUPPORTED_VERSION answer), with the
+    ADVERTISED_MIN exceptions."""
     ranges = SUPPORTED if ranges is None else ranges
     return {
         "error_code": error_code,
-        "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(ranges.items())],
+        "api_keys": [{"api_key": k, "min_version": min(lo, ADVERTISED_MIN.get(k, lo)), "max_version": hi}
+                     for k, (lo, hi) in sorted(ranges.items())],
         "throttle_time_ms": throttle_time_ms,
     }
 
