@@ -17,7 +17,9 @@
    with the client's CPU per record beside the broker's: librdkafka sends one partition per request (15-200
    records each, measured, depending on how fast answers come back) against thousands into 1 partition, and its
    per-partition work is mostly the client's;
-   the same three pairs with the client on one CPU and the broker on another, with how busy each core was;
+   three pairs more with keyless records placed by the client's partitioner, as kafka-producer-perf-test's are
+   (librdkafka's sticky partitioner: one partition's batch at a time), with how many partitions each run wrote;
+   the round-robin pairs again with the client on one CPU and the broker on another, with how busy each core was;
    then the broker's own capacity with the same batches spread over 1 or 1,000 partitions
    (bench/produce_capacity.py);
 6. the native (remoting) figures of bench/native_perf.py from the same run, for comparison.
@@ -56,19 +58,21 @@ def _quiet(broker: perfutil.Broker) -> None:
 
 def _produce(broker: perfutil.Broker, name: str, records: int, size: int, acks: str, partitions: int = 1,
              sample_every: int = 100, topic: str | None = None, props: dict[str, str] | None = None,
-             pin: bool = False) -> dict[str, Any]:
+             pin: bool = False, spread: str = "round-robin") -> dict[str, Any]:
     """One producer_perf.py run with the broker's and the client's CPU per record; with `pin`, the client on one
-    CPU and the broker on another (perfutil.pinned), and how busy each of the two cores was."""
+    CPU and the broker on another (perfutil.pinned), and how busy each of the two cores was. `spread`: see
+    producer_perf.run; with "client", also how many of the partitions the run wrote to."""
     if topic is None:
         topic = f"suite-{name}-{uuid.uuid4().hex[:6]}"
         perfutil.create_topic(broker.bootstrap, topic, partitions)
+    before = perfutil.end_offsets(broker.bootstrap, topic, partitions) if spread == "client" else None
     _quiet(broker)
     cpu0 = broker.cpu_seconds()
-    print(f"\n== {name}: {records} x {size} B, {partitions} partition(s), acks={acks}", flush=True)
+    print(f"\n== {name}: {records} x {size} B, {partitions} partition(s), acks={acks}, {spread}", flush=True)
     client0 = time.process_time()  # this process is the client: Python's produce() loop and librdkafka's threads
     with perfutil.pinned(broker.process.proc.pid) if pin else contextlib.nullcontext(False) as pinned:
         r = producer_perf.run(broker.bootstrap, topic, records, size, producer_props={"acks": acks, **(props or {})},
-                              partitions=partitions, sample_every=sample_every)
+                              partitions=partitions, sample_every=sample_every, spread=spread)
         client_cpu = time.process_time() - client0
         broker_cpu = broker.cpu_seconds() - cpu0
     r["client_cpu_s_per_million"] = client_cpu / records * 1e6
@@ -76,6 +80,11 @@ def _produce(broker: perfutil.Broker, name: str, records: int, size: int, acks: 
     r["cpu_s"] = broker.cpu_seconds() - cpu0
     r["cpu_s_per_million"] = r["cpu_s"] / records * 1e6
     r["topic"] = topic
+    if before is not None:
+        after = perfutil.end_offsets(broker.bootstrap, topic, partitions)
+        r["partitions_written"] = sum(1 for b, a in zip(before, after) if a > b)
+        print(f"the client's partitioner wrote to {r['partitions_written']} of the {partitions} partitions",
+              flush=True)
     pinned_note = ""
     if pinned:
         r["client_core_busy"] = client_cpu / r["elapsed_s"]
@@ -225,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
              _produce(broker, "partitions-1000-again", args.partition_records, 100, "1", partitions=1000,
                       topic=results["p1000_first"]["topic"]))
             for _ in range(3)]
+        # kafka-producer-perf-test's way: keyless records, placed by the client's partitioner (librdkafka's
+        # sticky one fills one partition's batch at a time), into the same 1,000 partitions
+        results["p_pairs_client"] = [
+            (_produce(broker, "partitions-1-partitioner", args.partition_records, 100, "1", spread="client"),
+             _produce(broker, "partitions-1000-partitioner", args.partition_records, 100, "1", partitions=1000,
+                      topic=results["p1000_first"]["topic"], spread="client"))
+            for _ in range(3)]
         # the same pairs with a core each for the client and the broker: which of the two is the limit
         results["p_pairs_pinned"] = [
             (_produce(broker, "partitions-1-pinned", args.partition_records, 100, "1", pin=True),
@@ -306,12 +322,22 @@ def main(argv: list[str] | None = None) -> int:
           f"({results['e2e_raw_max_rate']:,.0f} records/s) [p99 <= 5 ms: "
           f"{'met' if raw_e2e['p99_ms'] <= 5 else 'NOT met'}]")
     first = results["p1000_first"]
-    print(f"1,000 vs 1 partition  : pair ratios {', '.join(f'{x:.0%}' for x in p_ratios)}, median pair "
+    print(f"1,000 vs 1, round-robin: pair ratios {', '.join(f'{x:.0%}' for x in p_ratios)}, median pair "
           f"{p1000['records_per_s']:,.0f} vs {p1['records_per_s']:,.0f} records/s = {ratio_p:.0%} [>= 80%: "
           f"{'met' if ratio_p >= 0.8 else 'NOT met'}]; CPU per record 1,000 vs 1 partition: client "
           f"{p1000['client_cpu_s_per_million']:.2f} vs {p1['client_cpu_s_per_million']:.2f} us, broker "
           f"{p1000['cpu_s_per_million']:.2f} vs {p1['cpu_s_per_million']:.2f} us; first pass into the new "
           f"partitions {first['records_per_s']:,.0f} records/s, broker {first['cpu_s']:.1f} s CPU")
+    client_pairs = results["p_pairs_client"]
+    c_ratios = [many["records_per_s"] / one["records_per_s"] for one, many in client_pairs]
+    c1, c1000 = sorted(client_pairs, key=lambda pair: pair[1]["records_per_s"] / pair[0]["records_per_s"])[1]
+    ratio_c = c1000["records_per_s"] / c1["records_per_s"]
+    print(f"1,000 vs 1, partitioner: pair ratios {', '.join(f'{x:.0%}' for x in c_ratios)}, median pair "
+          f"{c1000['records_per_s']:,.0f} vs {c1['records_per_s']:,.0f} records/s = {ratio_c:.0%} [>= 80%: "
+          f"{'met' if ratio_c >= 0.8 else 'NOT met'}]; keyless records placed by librdkafka's sticky partitioner, "
+          f"as kafka-producer-perf-test's are; the runs wrote to "
+          f"{', '.join(str(many['partitions_written']) for _one, many in client_pairs)} of the 1,000 partitions; "
+          f"broker {c1000['cpu_s_per_million']:.2f} vs {c1['cpu_s_per_million']:.2f} us CPU per record")
     pinned_pairs = results["p_pairs_pinned"]
     if "client_core_busy" in pinned_pairs[0][0]:
         def busy(key: str) -> str:

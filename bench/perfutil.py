@@ -147,6 +147,16 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
             raise
 
 
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    """The latest offset of each of the topic's partitions (one ListOffsets request)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)})
+    return [fut.result(30).offset for _tp, fut in sorted(futures.items(), key=lambda item: item[0].partition)]
+
+
 def fetch_v12(topic: str, offsets: dict[int, int], max_wait_ms: int, partition_max_bytes: int = 52_428_800) -> dict:
     """The body of a wire-level consumer's Fetch v12 (no session, read-uncommitted) for `offsets` {partition:
     offset} of one topic."""

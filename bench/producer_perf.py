@@ -23,6 +23,7 @@ from typing import Any
 import perfutil
 
 REPORT_INTERVAL_S = 5.0
+SPREADS = ("round-robin", "client")
 
 
 @dataclass
@@ -82,8 +83,11 @@ def make_payload(size: int, seed: int = 7) -> bytes:
 
 def run(bootstrap: str, topic: str, num_records: int, record_size: int, throughput: float = -1,
         producer_props: dict[str, str] | None = None, partitions: int = 1, sample_every: int = 1,
-        quiet: bool = False) -> dict[str, Any]:
-    """Produce `num_records` records of `record_size` bytes; returns the summary figures."""
+        quiet: bool = False, spread: str = "round-robin") -> dict[str, Any]:
+    """Produce `num_records` records of `record_size` bytes; returns the summary figures. With several
+    partitions, `spread` "round-robin" names partition i % partitions for record i; "client" names none, so
+    librdkafka's partitioner places the keyless records (its sticky partitioner: one partition at a time, switching
+    every sticky.partitioning.linger.ms), as kafka-producer-perf-test's records are placed."""
     from confluent_kafka import Producer
 
     conf: dict[str, Any] = {
@@ -100,9 +104,13 @@ def run(bootstrap: str, topic: str, num_records: int, record_size: int, throughp
     cb = stats.on_delivery
     produce, poll = producer.produce, producer.poll
 
+    if spread not in SPREADS:
+        raise ValueError(f"spread {spread!r} is not one of {SPREADS}")
+    round_robin = partitions > 1 and spread == "round-robin"
+    default_partition = -1 if spread == "client" else 0  # -1: unassigned, the partitioner decides
     start = time.monotonic()
     for i in range(num_records):
-        partition = i % partitions if partitions > 1 else 0
+        partition = i % partitions if round_robin else default_partition
         while True:
             try:
                 if i % sample_every == 0:
@@ -162,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--throughput", type=float, default=-1, help="records/s ceiling; -1 = as fast as possible")
     p.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE")
     p.add_argument("--partitions", type=int, default=1,
-                   help="create the topic with this many partitions and send round-robin across them")
+                   help="create the topic with this many partitions (see --spread)")
+    p.add_argument("--spread", choices=SPREADS, default="round-robin",
+                   help="round-robin: record i to partition i %% partitions; client: no partition named, the "
+                        "client's partitioner places the keyless records (what kafka-producer-perf-test does)")
     p.add_argument("--latency-sample-every", type=int, default=1,
                    help="delivery report (and latency sample) for every Nth record; 1 = every record")
     perfutil.add_broker_args(p)
@@ -180,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             broker.settle()
         cpu0 = broker.cpu_seconds() if broker else 0.0
         result = run(bootstrap, args.topic, args.num_records, args.record_size, args.throughput, props,
-                     args.partitions, args.latency_sample_every)
+                     args.partitions, args.latency_sample_every, spread=args.spread)
         if broker:
             broker.settle()  # count the background flush / dispatch these records caused
             cpu = broker.cpu_seconds() - cpu0
