@@ -19,6 +19,7 @@ from compat_helpers import (
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    ConsumerGroupState,
     KafkaError,
     KafkaException,
     Producer,
@@ -98,11 +99,28 @@ def test_keys_headers_and_codec_round_trip(bootstrap: str, topic: str, codec: st
         assert ts_type == 1 and abs(ts - time.time() * 1000) < 60_000  # CreateTime, set by the producer
 
 
-def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, topic: str, group: str) -> None:
+@pytest.mark.parametrize("assignor", ["range,roundrobin", "cooperative-sticky"])
+def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, topic: str, group: str,
+                                                             assignor: str) -> None:
+    # cooperative-sticky: incremental rebalances (KIP-429), members keep their partitions through a join and
+    # revoke only what moves, in a second round of JoinGroup / SyncGroup
     create_topic(bootstrap, topic, 6)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all"})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    chosen: list[str] = []  # the group's protocol (the assignor the broker selected) while members run
+
+    def stable_group_protocol() -> str:
+        # as in Kafka, a group answers with its protocol only when stable (a rebalance may be under way here)
+        deadline = time.monotonic() + 15
+        while True:
+            desc = admin.describe_consumer_groups([group])[group].result(15)
+            if desc.state == ConsumerGroupState.STABLE or time.monotonic() > deadline:
+                return desc.partition_assignor
+            time.sleep(0.1)
 
     def produce(start: int, count: int) -> None:
+        if start:
+            chosen.append(stable_group_protocol())
         for v in range(start, start + count):
             producer.produce(topic, value=str(v).encode(), key=str(v).encode(), partition=v % 6)
         assert producer.flush(20) == 0
@@ -110,7 +128,7 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
     def setup() -> Consumer:
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
                       "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
-                      "heartbeat.interval.ms": HEARTBEAT_MS})
+                      "heartbeat.interval.ms": HEARTBEAT_MS, "partition.assignment.strategy": assignor})
         c.subscribe([topic])
         return c
 
@@ -136,6 +154,7 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
         produce, lambda name: ThreadMember(name, setup, poll_once, lambda c: c.close(),
                                            lambda c: len(c.assignment())))
     assert sum(map(len, by_member.values())) == 360
+    assert chosen == [assignor.split(",")[0]] * 2  # the first protocol every member supports
 
 
 def test_commit_and_resume_after_broker_restart(file_broker: Any, topic: str, group: str) -> None:
@@ -331,7 +350,7 @@ def test_metadata_lists_topics_and_auto_creates(bootstrap: str, topic: str) -> N
 
 
 def test_group_admin_list_describe_offsets_delete(bootstrap: str, topic: str, group: str) -> None:
-    from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions
+    from confluent_kafka import ConsumerGroupTopicPartitions
 
     create_topic(bootstrap, topic, 2)
     produce_all(bootstrap, topic, [{"value": str(i).encode(), "partition": i % 2} for i in range(10)])
