@@ -367,6 +367,19 @@ async def test_fetch_by_topic_id_v13(client, broker):
     assert resp["responses"][0]["partitions"][0]["error_code"] == E.UnknownTopicIdError.code
 
 
+async def test_metadata_by_topic_id_from_v12_only(client, broker):
+    await seed(client)
+    topic_id = uuid.UUID(bytes=bytes(broker.store.topic("keep").topic_id))
+    body = {"topics": [{"topic_id": topic_id, "name": None}], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False}
+    found = (await client.call(ApiKey.METADATA, 12, body))["topics"]
+    assert [(t["error_code"], t["name"], len(t["partitions"])) for t in found] == [(0, "keep", 1)]
+    # v10-11 have the field but an answer there cannot carry a null name: refused, the connection stays up
+    refused = (await client.call(ApiKey.METADATA, 11, body))["topics"]
+    assert [(t["error_code"], t["name"]) for t in refused] == [(E.InvalidRequestError.code, "")]
+    await assert_healthy(broker)
+
+
 async def test_fetch_with_unknown_session_is_refused_so_client_falls_back(client):
     body = fetch_body("keep", 0)
     body["session_id"], body["session_epoch"] = 1234, 1

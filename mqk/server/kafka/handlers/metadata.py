@@ -1,8 +1,9 @@
 """Metadata: this broker is the whole cluster (node id, bound address, controller), every partition's leader.
 
 Topics are auto-created (broker config `auto_create_topics` and, from v4, the request's
-`allow_auto_topic_creation`). A null topic list (v1+) or an empty one in v0 means every topic; v10+ may name a
-topic by id. The leader epoch reported is 0 and never changes: there is one replica and no elections."""
+`allow_auto_topic_creation`). A null topic list (v1+) or an empty one in v0 means every topic; v12+ may name a
+topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). The leader epoch reported is 0 and
+never changes: there is one replica and no elections."""
 from __future__ import annotations
 
 from mqk import errors as E
@@ -51,6 +52,11 @@ async def handle(server, conn, req) -> dict:
         for t in requested:
             name, topic_id = t.get("name"), t.get("topic_id")
             if name is None:
+                if req.api_version < 12:
+                    # v10-11 carry a topic_id field but name topics only by name (their answer's name cannot be
+                    # null): refused as Kafka refuses it
+                    topics.append(_error_entry("", topic_id, E.InvalidRequestError.code))
+                    continue
                 info = topic_by_id(server, topic_id) if topic_id and topic_id != ZERO_UUID else None
                 topics.append(topic_entry(server, info) if info else
                               _error_entry(None, topic_id, E.UnknownTopicIdError.code))
