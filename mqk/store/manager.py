@@ -209,14 +209,15 @@ class StoreManager:
             name = self._engine_name_for(config)
             engine = await self._engine(name)
             info = ShardInfo(topic, partitions, config, name, _new_topic_id())
-            self._topics[topic] = info
+            # published only once its shards exist: a request that finds the topic can append to it (one that
+            # found it while the shards were being made got UNKNOWN_TOPIC_OR_PARTITION)
+            await self._save_topics({**self._topics, topic: info})
             try:
-                await self._save_topics()
                 await engine.create_shards(topic, partitions, config)
             except BaseException:
-                del self._topics[topic]
                 await self._save_topics_quietly()
                 raise
+            self._topics[topic] = info
             return info
 
     async def delete_topic(self, topic: str) -> None:
@@ -240,9 +241,14 @@ class StoreManager:
             if total <= info.queue_count:
                 raise InvalidPartitionsError(
                     f"topic {topic!r} has {info.queue_count} partitions; cannot change to {total}")
-            self._topics[topic] = ShardInfo(topic, total, info.config, info.engine, info.topic_id)
-            await self._save_topics()
-            await self._started_engine(info.engine).create_shards(topic, total, info.config)
+            grown = ShardInfo(topic, total, info.config, info.engine, info.topic_id)
+            await self._save_topics({**self._topics, topic: grown})
+            try:
+                await self._started_engine(info.engine).create_shards(topic, total, info.config)
+            except BaseException:
+                await self._save_topics_quietly()
+                raise
+            self._topics[topic] = grown  # the new partitions are served once they exist
 
     async def alter_topic_config(self, topic: str, config: TopicConfig) -> None:
         async with self._admin:
@@ -255,13 +261,14 @@ class StoreManager:
             await self._save_topics()
             await self._started_engine(info.engine).update_config(topic, config)
 
-    async def _save_topics(self) -> None:
+    async def _save_topics(self, topics: dict[str, ShardInfo] | None = None) -> None:
+        """Write `topics` (default: the published ones) to topics.json."""
         if not self.persistent:
             return
         doc = {"version": 1, "topics": {
             info.topic: {"queues": info.queue_count, "config": info.config.to_dict(), "engine": info.engine,
                          "topic_id": info.topic_id.hex()}
-            for info in self._topics.values()}}
+            for info in (self._topics if topics is None else topics).values()}}
         data = json.dumps(doc, sort_keys=True, indent=1).encode()
         await asyncio.to_thread(atomic_write_bytes, self.topics_path, data)
 
