@@ -35,7 +35,6 @@ ID_BLOCK = 1000
 CACHED_BATCHES = 5
 TAIL_RECORDS = 100_000
 TAIL_READ_BYTES = 64 * 1024 * 1024
-MAX_EPOCH = 32767
 SEQ_MOD = 1 << 31  # sequences wrap from Int32.MaxValue to 0
 
 
@@ -75,7 +74,6 @@ class ProducerStates:
         self.next_id = 0
         self.block_end = 0
         self.first_id_this_run = 0
-        self.epochs: dict[int, int] = {}
         self.partitions: dict[tuple[str, int], dict[int, ProducerEntry]] = {}
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
         self._alloc_lock = asyncio.Lock()
@@ -87,15 +85,11 @@ class ProducerStates:
 
     # --- InitProducerId --------------------------------------------------------------------------------
 
-    async def init_producer_id(self, producer_id: int = -1, producer_epoch: int = -1) -> tuple[int, int, int]:
-        """-> (error, producer_id, epoch). With an existing id and epoch (KIP-360) the epoch is bumped."""
-        if producer_id >= 0:
-            known = self.epochs.get(producer_id)
-            if known is not None and producer_epoch != known:
-                return E.InvalidProducerEpochError.code, -1, -1
-            if producer_epoch + 1 <= MAX_EPOCH:
-                self.epochs[producer_id] = producer_epoch + 1
-                return 0, producer_id, producer_epoch + 1
+    async def init_producer_id(self) -> tuple[int, int, int]:
+        """-> (error, producer_id, epoch): a new producer id at epoch 0, every time. As in Kafka, an idempotent
+        producer (no transactional id) asking again with its current id and epoch (KIP-360) also gets a new id: the
+        broker keeps no epoch per producer id outside the partitions' batches, so there is nothing to bump (a
+        producer that bumps its epoch itself starts the new epoch at sequence 0, see `begin`)."""
         async with self._alloc_lock:
             if self.next_id >= self.block_end:
                 new_end = self.next_id + ID_BLOCK
@@ -107,7 +101,6 @@ class ProducerStates:
                 self.block_end = new_end
             pid = self.next_id
             self.next_id += 1
-        self.epochs[pid] = 0
         return 0, pid, 0
 
     # --- produce-side checks ---------------------------------------------------------------------------
@@ -215,5 +208,4 @@ class ProducerStates:
                 producer.batches.append(
                     BatchEntry(base_seq, add_seq(base_seq, last_delta), base_offset, log_append_time)
                 )
-                self.epochs[producer_id] = max(self.epochs.get(producer_id, -1), epoch)
             offset = result.next_offset

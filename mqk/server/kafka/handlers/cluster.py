@@ -26,8 +26,8 @@ async def init_producer_id(server, conn, req) -> dict:
     if b["transactional_id"] is not None:
         code, pid, epoch = E.TransactionalIdAuthorizationFailedError.code, -1, -1
     else:
-        code, pid, epoch = await server.producers.init_producer_id(b.get("producer_id", -1),
-                                                                   b.get("producer_epoch", -1))
+        # the producer_id / producer_epoch an idempotent producer may send (v3+) ask for a fresh id, as in Kafka
+        code, pid, epoch = await server.producers.init_producer_id()
     return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch,
             "ongoing_txn_producer_id": -1, "ongoing_txn_producer_epoch": -1}
 
