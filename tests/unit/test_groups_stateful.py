@@ -5,7 +5,8 @@ timeouts. Real asyncio timers with timeouts of tens of milliseconds.
 
 Invariants checked after every step:
 - nothing the coordinator answers raises, and every error code is one a client of that call can be given;
-- one generation has one leader and one protocol, and that protocol is one every member of it offered;
+- one generation has one protocol, which every member of it offered, and one leader (whose member id changes only
+  when it is a static member that restarted);
 - a generation holds only members that were told they joined it (one that did not rejoin in time is dropped);
 - generations only grow for a member; the leader's member list contains the leader;
 - an assignment a member receives is one a leader handed out, and a dynamic member only ever gets its own;
@@ -72,6 +73,8 @@ class GroupMachine(RuleBasedStateMachine):
         self.offered: dict[int, dict[str, tuple[str, ...]]] = {}  # generation -> member -> protocols offered
         self.handed_out: set[bytes] = set()
         self.joined_ok: dict[int, set[str]] = {}  # generation -> member ids that were told they are in it
+        self.instance_of: dict[str, str | None] = {}  # member id -> its group.instance.id
+        self.abandoned: set[str] = set()  # members that may be in a generation without hearing so (see vanish)
 
     def teardown(self) -> None:
         try:
@@ -138,8 +141,14 @@ class GroupMachine(RuleBasedStateMachine):
             return
         assert result.member_id and result.generation_id >= 1
         assert result.generation_id >= client.generation, (result.generation_id, client.generation)
+        self.instance_of[result.member_id] = client.instance_id
         seen = self.generations.setdefault(result.generation_id, (result.leader, result.protocol_name))
-        assert seen == (result.leader, result.protocol_name), (result.generation_id, seen, result)
+        if seen[0] != result.leader:
+            # the one change a generation allows: its static leader restarted and took a new member id (KIP-345)
+            instance = self.instance_of.get(seen[0])
+            assert instance is not None and instance == self.instance_of.get(result.leader), (seen, result)
+            self.generations[result.generation_id] = (result.leader, seen[1])
+        assert seen[1] == result.protocol_name, (result.generation_id, seen, result)
         assert result.protocol_name in client.protocols
         self.joined_ok.setdefault(result.generation_id, set()).add(result.member_id)
         if result.leader == result.member_id and not result.skip_assignment:
@@ -224,7 +233,13 @@ class GroupMachine(RuleBasedStateMachine):
     def vanish(self, index: int) -> None:
         """The consumer process dies: no LeaveGroup; its parked requests' connections drop."""
         client = self.clients[index]
-        self._harvest()  # an answer that already arrived was seen by the consumer before it died
+        self._run(0)  # an answer that already arrived was seen by the consumer before it died
+        if client.join_task is not None:
+            # a member whose JoinGroup was parked stays in the rebalance it joined, and in the generation that
+            # completes, until its session expires (as in Kafka): nobody is told it joined that generation
+            group = self.coordinator.groups.get(GROUP)
+            if group is not None:
+                self.abandoned.update(m.member_id for m in group.members.values() if m.client_id == client.name)
         for task in (client.join_task, client.sync_task):
             if task is not None:
                 task.cancel()
@@ -266,7 +281,7 @@ class GroupMachine(RuleBasedStateMachine):
         if group.state in (COMPLETING_REBALANCE, STABLE):
             assert group.members and group.leader in group.members
             # a generation holds only members that joined it: one that did not rejoin in time was dropped
-            assert set(group.members) <= self.joined_ok.get(group.generation_id, set()), (
+            assert set(group.members) - self.abandoned <= self.joined_ok.get(group.generation_id, set()), (
                 group.generation_id, list(group.members), self.joined_ok.get(group.generation_id))
             assert group.protocol_name is not None
             for member in group.members.values():
