@@ -139,6 +139,13 @@ def test_header_field_accessors() -> None:
         cmd.get_int("bad")
     with pytest.raises(ProtocolError):
         cmd.get_str("missing", required=True)
+    # Java longs only (Long.parseLong): one past either end is refused as a bad field, not passed on
+    edges = RemotingCommand(code=1, ext_fields={"lo": str(-(1 << 63)), "hi": str((1 << 63) - 1),
+                                                "under": str(-(1 << 63) - 1), "over": "1e30"})
+    assert edges.get_int("lo") == -(1 << 63) and edges.get_int("hi") == (1 << 63) - 1
+    for name in ("under", "over"):
+        with pytest.raises(ProtocolError, match="64-bit"):
+            edges.get_int(name)
 
 
 # --- messages -----------------------------------------------------------------------------------------------

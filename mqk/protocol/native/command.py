@@ -27,6 +27,7 @@ MQK_VERSION = 401
 _MAX_HEADER = (1 << 24) - 1
 _I32 = struct.Struct(">i")
 _BIN_FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1  # what an int ext field may hold (a Java long)
 
 
 class RemotingProtocolError(ProtocolError):
@@ -85,7 +86,7 @@ class RemotingCommand:
                 raise HeaderFieldError(f"the custom field <{name}> is null")
             return default
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             try:  # JS clients may send 1.0-style numbers
                 as_float = float(value)
@@ -93,7 +94,12 @@ class RemotingCommand:
                 raise HeaderFieldError(f"the custom field <{name}> is not a number: {value[:40]!r}") from None
             if as_float != as_float or as_float in (float("inf"), float("-inf")):
                 raise HeaderFieldError(f"the custom field <{name}> is not a finite number") from None
-            return int(as_float)
+            number = int(as_float)
+        # a Java long at most (RocketMQ parses these with Long.parseLong): a larger number reached the kernels,
+        # which take 64-bit integers, and failed there as an unexpected error
+        if not _LONG_MIN <= number <= _LONG_MAX:
+            raise HeaderFieldError(f"the custom field <{name}> is outside the 64-bit range: {value[:40]!r}")
+        return number
 
     def get_bool(self, name: str, default: bool = False) -> bool:
         value = self.ext_fields.get(name)
