@@ -6,7 +6,8 @@ The property: each request is answered with a response that decodes at the reque
 is closed; no handler raises (nothing is logged at ERROR level or with a traceback); the broker keeps serving.
 Topic, group and member names are often pointed at a real topic and partition numbers at real ones, so handlers get
 past "unknown topic". This found Metadata v10-11 answering a topic named only by id with a null name, which cannot
-be encoded at those versions.
+be encoded at those versions; FOUND replays such finds every run, since the generated examples change whenever
+the test does.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import socket
 import struct
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,16 +80,9 @@ def _aimed(value, rnd: random.Random):
     return value
 
 
-class _Failures(logging.Handler):
-    """Collects what the broker logs at ERROR level or with a traceback."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.records.append(self.format(record))
+def _raised(records: list[logging.LogRecord]) -> list[str]:
+    """What the broker logged at ERROR level or with a traceback."""
+    return [r.getMessage() for r in records if r.levelno >= logging.ERROR or r.exc_info]
 
 
 class _LiveBroker:
@@ -152,24 +147,37 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[tuple[_LiveBroker, _Failures]]:
-    failures = _Failures()
-    logger = logging.getLogger("mqk")
-    logger.addHandler(failures)
+def live() -> Iterator[_LiveBroker]:
     broker = _LiveBroker()
     try:
-        yield broker, failures
+        yield broker
     finally:
         broker.close()
-        logger.removeHandler(failures)
+
+
+#: requests that once closed their connection or logged an error, replayed every run (the generated ones vary)
+FOUND = [
+    # Metadata v10-11 naming a topic only by id: the answer's null name could not be encoded
+    (api.ApiKey.METADATA, 11, {"topics": [{"topic_id": uuid.UUID(int=7), "name": None}],
+                               "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}),
+]
+
+
+@pytest.mark.parametrize(("api_key", "version", "body"), FOUND)
+def test_requests_that_once_failed_are_answered(live, caplog, api_key: int, version: int, body: dict) -> None:
+    logged = len(caplog.records)
+    answer = live.exchange(b"".join(bytes(p) for p in encode_request(api_key, version, 7, "fuzz", body)))
+    assert _raised(caplog.records[logged:]) == []
+    assert answer is not None and decode_response_frame(api_key, version, answer)[0] == 7
 
 
 @pytest.mark.parametrize(("api_key", "version"), CASES, ids=[f"{api.NAMES[k]}-v{v}" for k, v in CASES])
 @settings(max_examples=6, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
-def test_every_request_is_answered_or_refused_and_nothing_raises(live, api_key: int, version: int, data) -> None:
-    broker, failures = live
+def test_every_request_is_answered_or_refused_and_nothing_raises(live, caplog, api_key: int, version: int,
+                                                                 data) -> None:
+    broker = live
     message = strategies.PAIRS[api_key]["request"]
     rnd = random.Random(data.draw(st.integers(0, 1 << 32), label="seed"))
     body = _aimed(data.draw(strategies.struct_strategy(message.fields, version), label="body"), rnd)
@@ -184,7 +192,7 @@ def test_every_request_is_answered_or_refused_and_nothing_raises(live, api_key: 
     for at, byte in changes:
         if len(frame) > header_end:
             frame[header_end + at % (len(frame) - header_end)] = byte
-    logged = len(failures.records)
+    logged = len(caplog.records)
 
     answer = broker.exchange(bytes(frame))
 
@@ -193,5 +201,5 @@ def test_every_request_is_answered_or_refused_and_nothing_raises(live, api_key: 
         assert correlation_id == 7
     else:
         assert changes, f"{api.NAMES[api_key]} v{version}: an unchanged, schema-valid request closed the connection"
-    assert failures.records[logged:] == []
+    assert _raised(caplog.records[logged:]) == []
     assert broker.exchange(b"".join(bytes(p) for p in encode_request(api.ApiKey.API_VERSIONS, 0, 8, "fuzz", {})))
