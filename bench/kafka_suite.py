@@ -135,6 +135,21 @@ def _dd_kept(directory: str, nbytes: int) -> float:
             os.unlink(path)
 
 
+def _pairs(broker: perfutil.Broker, records: int, many_topic: str, tag: str,
+           **kw: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Three alternating (1 partition, 1,000 partitions of `many_topic`) _produce runs of 100 B records."""
+    return [(_produce(broker, f"partitions-1-{tag}", records, 100, "1", **kw),
+             _produce(broker, f"partitions-1000-{tag}", records, 100, "1", partitions=1000, topic=many_topic, **kw))
+            for _ in range(3)]
+
+
+def _median_pair(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[float], dict, dict, float]:
+    """(every pair's 1,000 / 1 partition rate ratio, the median pair's two runs, its ratio)."""
+    ratios = [many["records_per_s"] / one["records_per_s"] for one, many in pairs]
+    one, many = sorted(pairs, key=lambda pair: pair[1]["records_per_s"] / pair[0]["records_per_s"])[len(pairs) // 2]
+    return ratios, one, many, many["records_per_s"] / one["records_per_s"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=1_000_000, help="100 B records per ingest run")
@@ -229,24 +244,13 @@ def main(argv: list[str] | None = None) -> int:
                                           partitions=1000)
         # three alternating pairs into 1 partition and into the now existing 1,000 (identical runs differ by
         # tens of percent on this VM): the summary gives every pair's ratio and the median pair
-        results["p_pairs"] = [
-            (_produce(broker, "partitions-1", args.partition_records, 100, "1"),
-             _produce(broker, "partitions-1000-again", args.partition_records, 100, "1", partitions=1000,
-                      topic=results["p1000_first"]["topic"]))
-            for _ in range(3)]
+        many_topic = results["p1000_first"]["topic"]
+        results["p_pairs"] = _pairs(broker, args.partition_records, many_topic, "again")
         # kafka-producer-perf-test's way: keyless records, placed by the client's partitioner (librdkafka's
         # sticky one fills one partition's batch at a time), into the same 1,000 partitions
-        results["p_pairs_client"] = [
-            (_produce(broker, "partitions-1-partitioner", args.partition_records, 100, "1", spread="client"),
-             _produce(broker, "partitions-1000-partitioner", args.partition_records, 100, "1", partitions=1000,
-                      topic=results["p1000_first"]["topic"], spread="client"))
-            for _ in range(3)]
+        results["p_pairs_client"] = _pairs(broker, args.partition_records, many_topic, "partitioner", spread="client")
         # the same pairs with a core each for the client and the broker: which of the two is the limit
-        results["p_pairs_pinned"] = [
-            (_produce(broker, "partitions-1-pinned", args.partition_records, 100, "1", pin=True),
-             _produce(broker, "partitions-1000-pinned", args.partition_records, 100, "1", partitions=1000,
-                      topic=results["p1000_first"]["topic"], pin=True))
-            for _ in range(3)]
+        results["p_pairs_pinned"] = _pairs(broker, args.partition_records, many_topic, "pinned", pin=True)
 
         print("\n== broker ingest capacity, 1 vs 1,000 partitions, same batches (produce_capacity.py)", flush=True)
         # three alternating 1 / 1,000 pairs: identical runs differ by tens of percent on this VM, so the summary
@@ -277,10 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     a1, aa, k1 = results["acks1"], results["acksall"], results["1k"]
     cons, raw, e2e = results["consume"], results["consume_raw"], results["e2e"]
     ratio_dd = k1["mb_per_s"] / results["dd_mb_s"]
-    pairs = sorted(results["p_pairs"], key=lambda pair: pair[1]["records_per_s"] / pair[0]["records_per_s"])
-    p_ratios = [many["records_per_s"] / one["records_per_s"] for one, many in results["p_pairs"]]
-    p1, p1000 = pairs[len(pairs) // 2]
-    ratio_p = p1000["records_per_s"] / p1["records_per_s"]
+    p_ratios, p1, p1000, ratio_p = _median_pair(results["p_pairs"])
     us_per_record = a1["cpu_s_per_million"]  # s per million == us per record
     print("\n== summary (issue goals in brackets)")
     print(f"ingest 100 B acks=1   : {a1['records_per_s']:,.0f} records/s, {a1['mb_per_s']:.1f} MB/s, broker "
@@ -329,9 +330,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{p1000['cpu_s_per_million']:.2f} vs {p1['cpu_s_per_million']:.2f} us; first pass into the new "
           f"partitions {first['records_per_s']:,.0f} records/s, broker {first['cpu_s']:.1f} s CPU")
     client_pairs = results["p_pairs_client"]
-    c_ratios = [many["records_per_s"] / one["records_per_s"] for one, many in client_pairs]
-    c1, c1000 = sorted(client_pairs, key=lambda pair: pair[1]["records_per_s"] / pair[0]["records_per_s"])[1]
-    ratio_c = c1000["records_per_s"] / c1["records_per_s"]
+    c_ratios, c1, c1000, ratio_c = _median_pair(client_pairs)
     print(f"1,000 vs 1, partitioner: pair ratios {', '.join(f'{x:.0%}' for x in c_ratios)}, median pair "
           f"{c1000['records_per_s']:,.0f} vs {c1['records_per_s']:,.0f} records/s = {ratio_c:.0%} [>= 80%: "
           f"{'met' if ratio_c >= 0.8 else 'NOT met'}]; keyless records placed by librdkafka's sticky partitioner, "

@@ -75,6 +75,7 @@ def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list[tuple
     import asyncio
     import concurrent.futures
 
+    from mqk._fast import load
     from mqk.protocol.kafka.api import ApiKey
     from mqk.server.kafka.rawclient import RawKafkaClient
 
@@ -94,13 +95,11 @@ def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list[tuple
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         data = pool.submit(asyncio.run, records()).result(timeout=30)
+    recbatch = load("recbatch")
     out = []
-    pos = 0
-    while pos + 61 <= len(data):
-        length = int.from_bytes(data[pos + 8:pos + 12], "big", signed=True)
-        attributes = int.from_bytes(data[pos + 21:pos + 23], "big")
-        out.append((attributes & 0x7, data[pos + 61:pos + 69]))
-        pos += 12 + length
+    for pos, _size, *_ in recbatch.scan_batches(data):  # CRCs checked too
+        records_at = pos + recbatch.HEADER_SIZE
+        out.append((recbatch.parse_header(data, pos)[5] & 0x7, data[records_at:records_at + 8]))
     return out
 
 

@@ -20,23 +20,17 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from test_kafka_server import fetch_body, produce_body, values_of
 
 from mqk import errors as E
-from mqk._fast import load
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 from mqk.server.kafka.server import KafkaServer
 from mqk.store.manager import StoreManager
 
-recbatch = load("recbatch")
 TOPIC = "idem"
 CACHED = 5  # batches per producer and partition the broker remembers (Kafka's window)
-
-
-def _produce_body(batch) -> dict:
-    return {"transactional_id": None, "acks": -1, "timeout_ms": 5000,
-            "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": bytes(batch)}]}]}
 
 
 def _answer(response: dict) -> tuple[int, int]:
@@ -98,7 +92,7 @@ class IdempotenceMachine(RuleBasedStateMachine):
                           base_sequence=seq)
 
     def _send(self, batch) -> tuple[int, int]:
-        return _answer(self._run(self.client.call(ApiKey.PRODUCE, 9, _produce_body(batch))))
+        return _answer(self._run(self.client.call(ApiKey.PRODUCE, 9, produce_body(TOPIC, batch))))
 
     def _init_producer_id(self, pid: int, epoch: int) -> dict:
         return self._run(self.client.call(ApiKey.INIT_PRODUCER_ID, 4, {
@@ -144,7 +138,7 @@ class IdempotenceMachine(RuleBasedStateMachine):
         seq = self.next_seq
         for batch in (self._batch(self.epoch, seq, first), self._batch(self.epoch, seq + count, second),
                       self._batch(self.epoch, seq, first)):
-            self.client.send(ApiKey.PRODUCE, 9, _produce_body(batch))
+            self.client.send(ApiKey.PRODUCE, 9, produce_body(TOPIC, batch))
         self._run(self.client.writer.drain())
         answers = [_answer(self._run(self.client.receive())[1]) for _ in range(3)]
         assert answers[0][0] == 0 and answers[1][0] == 0 and answers[2] == answers[0], answers
@@ -196,30 +190,16 @@ class IdempotenceMachine(RuleBasedStateMachine):
             return
         got: list[bytes] = []
         while True:
-            response = self._run(self.client.call(ApiKey.FETCH, 12, {
-                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
-                "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-                "topics": [{"topic": TOPIC, "partitions": [{"partition": 0, "current_leader_epoch": -1,
-                                                            "fetch_offset": len(got), "log_start_offset": -1,
-                                                            "partition_max_bytes": 1 << 20}]}]}))
+            response = self._run(self.client.call(ApiKey.FETCH, 12, fetch_body(TOPIC, len(got))))
             part = response["responses"][0]["partitions"][0]
             if part["error_code"] == E.UnknownTopicOrPartitionError.code and not self.values:
                 return
             assert part["error_code"] == 0, part["error_code"]
-            batch = _record_values(part["records"])
+            batch = values_of(part["records"])
             if not batch:
                 break
             got += batch
         assert got == self.values
-
-
-def _record_values(records) -> list[bytes]:
-    data = bytes(records or b"")
-    out: list[bytes] = []
-    for pos, size, *_ in recbatch.scan_batches(data):
-        header = recbatch.parse_header(data, pos)
-        out += [record[4] for record in recbatch.decode_records(data[pos + 61:pos + size], header[12])]
-    return out
 
 
 TestIdempotentProducerInterleavings = IdempotenceMachine.TestCase

@@ -11,14 +11,13 @@ the test does.
 """
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import importlib.util
 import logging
 import random
 import socket
 import struct
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,13 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.kafka import api
 from mqk.protocol.kafka.codec import decode_response_frame, encode_request
 from mqk.server.kafka.handlers import HANDLERS
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
-from mqk.server.kafka.server import KafkaServer
-from mqk.store.manager import StoreManager
+from mqk.testing import ThreadedBroker, broker_config
 
 
 def _spec_strategies():
@@ -85,55 +82,30 @@ def _raised(records: list[logging.LogRecord]) -> list[str]:
     return [r.getMessage() for r in records if r.levelno >= logging.ERROR or r.exc_info]
 
 
-class _LiveBroker:
-    """A memory-store broker on its own event loop thread, so blocking sockets (and Hypothesis) drive it."""
+async def _seed(host: str, port: int) -> None:
+    """The topic the requests are aimed at: 3 partitions with two records each."""
+    async with await RawKafkaClient.connect(host, port) as client:
+        await client.call(api.ApiKey.CREATE_TOPICS, 5, {"topics": [
+            {"name": TOPIC, "num_partitions": 3, "replication_factor": 1, "assignments": [], "configs": []}],
+            "timeout_ms": 5000, "validate_only": False})
+        for partition in range(3):
+            await client.call(api.ApiKey.PRODUCE, 9, {"transactional_id": None, "acks": -1, "timeout_ms": 5000,
+                              "topic_data": [{"name": TOPIC, "partition_data": [
+                                  {"index": partition, "records": bytes(make_batch([b"a", b"b"]))}]}]})
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="fuzzed-broker", daemon=True)
-        self.thread.start()
-        config = BrokerConfig(kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory"),
-                              group_min_session_timeout_ms=10)
-        self.store = StoreManager(config.store)
-        self.server = KafkaServer(config, self.store)
-        self._call(self._start())
 
-    def _call(self, coro, timeout: float = 30):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+def _frame(api_key: int, version: int, correlation_id: int, body: dict) -> bytes:
+    return b"".join(bytes(p) for p in encode_request(api_key, version, correlation_id, "fuzz", body))
 
-    async def _start(self) -> None:
-        await self.store.start()
-        await self.server.start()
-        async with await RawKafkaClient.connect(self.server.host, self.server.port) as client:
-            await client.call(api.ApiKey.CREATE_TOPICS, 5, {"topics": [
-                {"name": TOPIC, "num_partitions": 3, "replication_factor": 1, "assignments": [], "configs": []}],
-                "timeout_ms": 5000, "validate_only": False})
-            for partition in range(3):
-                await client.call(api.ApiKey.PRODUCE, 9, {"transactional_id": None, "acks": -1, "timeout_ms": 5000,
-                                  "topic_data": [{"name": TOPIC, "partition_data": [
-                                      {"index": partition, "records": bytes(make_batch([b"a", b"b"]))}]}]})
 
-    async def _stop(self) -> None:
-        await self.server.stop()
-        await self.store.close()
-
-    def close(self) -> None:
-        try:
-            self._call(self._stop())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            self.loop.close()
-
-    def exchange(self, frame: bytes) -> bytes | None:
-        """Send one request frame on a new connection: the response frame, or None if the broker closed it."""
-        with socket.create_connection((self.server.host, self.server.port), timeout=ANSWER_TIMEOUT_S) as sock:
-            sock.sendall(frame)
-            head = _read_exactly(sock, 4)
-            if head is None:
-                return None
-            size = struct.unpack(">i", head)[0]
-            return _read_exactly(sock, size)
+def _exchange(address: tuple[str, int], frame: bytes) -> bytes | None:
+    """Send one request frame on a new connection: the response frame, or None if the broker closed it."""
+    with socket.create_connection(address, timeout=ANSWER_TIMEOUT_S) as sock:
+        sock.sendall(frame)
+        head = _read_exactly(sock, 4)
+        if head is None:
+            return None
+        return _read_exactly(sock, struct.unpack(">i", head)[0])
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
@@ -147,12 +119,17 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[_LiveBroker]:
-    broker = _LiveBroker()
+def live(tmp_path_factory) -> Iterator[ThreadedBroker]:
+    # a memory store, on its own loop thread so blocking sockets (and Hypothesis) drive it; session timeouts
+    # down to 10 ms are valid, so generated JoinGroups get past that check
+    config = dataclasses.replace(broker_config("memory", tmp_path_factory.mktemp("fuzzed")),
+                                 group_min_session_timeout_ms=10)
+    broker = ThreadedBroker(config).start()
     try:
+        broker.call(_seed(*broker.kafka_address))
         yield broker
     finally:
-        broker.close()
+        broker.stop()
 
 
 #: requests that once closed their connection or logged an error, replayed every run (the generated ones vary)
@@ -166,7 +143,7 @@ FOUND = [
 @pytest.mark.parametrize(("api_key", "version", "body"), FOUND)
 def test_requests_that_once_failed_are_answered(live, caplog, api_key: int, version: int, body: dict) -> None:
     logged = len(caplog.records)
-    answer = live.exchange(b"".join(bytes(p) for p in encode_request(api_key, version, 7, "fuzz", body)))
+    answer = _exchange(live.kafka_address, _frame(api_key, version, 7, body))
     assert _raised(caplog.records[logged:]) == []
     assert answer is not None and decode_response_frame(api_key, version, answer)[0] == 7
 
@@ -177,7 +154,6 @@ def test_requests_that_once_failed_are_answered(live, caplog, api_key: int, vers
 @given(data=st.data())
 def test_every_request_is_answered_or_refused_and_nothing_raises(live, caplog, api_key: int, version: int,
                                                                  data) -> None:
-    broker = live
     message = strategies.PAIRS[api_key]["request"]
     rnd = random.Random(data.draw(st.integers(0, 1 << 32), label="seed"))
     body = _aimed(data.draw(strategies.struct_strategy(message.fields, version), label="body"), rnd)
@@ -186,7 +162,7 @@ def test_every_request_is_answered_or_refused_and_nothing_raises(live, caplog, a
             body[field] = body[field] % 200
     if api_key == api.ApiKey.PRODUCE and body.get("acks") == 0:
         body["acks"] = 1  # acks=0 is answered by silence
-    frame = bytearray(b"".join(bytes(p) for p in encode_request(api_key, version, 7, "fuzz", body)))
+    frame = bytearray(_frame(api_key, version, 7, body))
     header_end = 4 + 8 + 2 + len(b"fuzz")
     changes = data.draw(st.lists(st.tuples(st.integers(0), st.integers(0, 255)), max_size=3), label="changes")
     for at, byte in changes:
@@ -194,7 +170,7 @@ def test_every_request_is_answered_or_refused_and_nothing_raises(live, caplog, a
             frame[header_end + at % (len(frame) - header_end)] = byte
     logged = len(caplog.records)
 
-    answer = broker.exchange(bytes(frame))
+    answer = _exchange(live.kafka_address, bytes(frame))
 
     if answer is not None:
         correlation_id, _decoded = decode_response_frame(api_key, version, answer)
@@ -202,4 +178,4 @@ def test_every_request_is_answered_or_refused_and_nothing_raises(live, caplog, a
     else:
         assert changes, f"{api.NAMES[api_key]} v{version}: an unchanged, schema-valid request closed the connection"
     assert _raised(caplog.records[logged:]) == []
-    assert broker.exchange(b"".join(bytes(p) for p in encode_request(api.ApiKey.API_VERSIONS, 0, 8, "fuzz", {})))
+    assert _exchange(live.kafka_address, _frame(api.ApiKey.API_VERSIONS, 0, 8, {}))
