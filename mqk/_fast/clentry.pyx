@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """CommitLog entry kernels, compiled: the hot-path twin of `clentry_py.py` (same API, identical results).
 
-Every append runs `append_head` (or `encode_head`), every recovery and dispatch pass runs `read_entry`. Bounds are checked explicitly
-before each access (boundscheck is off). See clentry_py.py for the layout, the BLANK rule and the error contract.
+Every single append runs `put_entry` (or `encode_head`), every Produce spread over partitions `append_run`, every
+recovery and dispatch pass `read_entry`. Bounds are checked explicitly before each access (boundscheck is off). See
+clentry_py.py for the layout, the BLANK rule and the error contract.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcpy
@@ -10,7 +11,12 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.stdlib cimport calloc, free
 from libc cimport errno as c_errno
 from libc.string cimport strerror
 from posix.types cimport off_t
@@ -159,28 +165,43 @@ cdef object _append_and_write(int fd, Py_ssize_t pos, head, bytes topic, Py_ssiz
 cdef object _append_head(Py_buffer* out, bytes topic, Py_ssize_t queue_id, int64_t queue_offset,
                          int64_t physical_offset, int64_t store_timestamp, int64_t tags_code, Py_buffer* batch,
                          Py_buffer* units, Py_ssize_t cq_pos, int64_t running_max_ts):
-    cdef Py_ssize_t body_len = batch.len
-    cdef const unsigned char* b = <const unsigned char*>batch.buf
-    if body_len < C_BATCH_HEADER or b[16] != 2 or <Py_ssize_t>ld_i32(b + 8) + 12 != body_len:
+    cdef int64_t done[3]
+    if not _head_and_unit(<unsigned char*>out.buf, out.len, topic, queue_id, queue_offset, physical_offset,
+                          store_timestamp, tags_code, <const unsigned char*>batch.buf, batch.len,
+                          <unsigned char*>units.buf, units.len, cq_pos, running_max_ts, done):
         return None
+    return (done[0], done[1], done[2])
+
+
+cdef int _head_and_unit(unsigned char* head, Py_ssize_t head_cap, bytes topic, Py_ssize_t queue_id,
+                        int64_t queue_offset, int64_t physical_offset, int64_t store_timestamp, int64_t tags_code,
+                        const unsigned char* b, Py_ssize_t body_len, unsigned char* units, Py_ssize_t units_len,
+                        Py_ssize_t cq_pos, int64_t running_max_ts, int64_t* done) except -1:
+    """append_head over raw memory: 0 (nothing written) when the body is not exactly one valid batch, else the head
+    and the unit are written and done[] = (entry size, span, new running max timestamp); 1."""
+    if body_len < C_BATCH_HEADER or b[16] != 2 or <Py_ssize_t>ld_i32(b + 8) + 12 != body_len:
+        return 0
     cdef int32_t last_offset_delta = ld_i32(b + 23)
     if last_offset_delta < 0 or last_offset_delta == C_INT32_MAX or ld_i32(b + 57) < 0:
-        return None
+        return 0
     cdef int32_t span = last_offset_delta + 1
     cdef int64_t batch_max_ts = ld_i64(b + 35)
     cdef int32_t c_queue_id = as_i32(queue_id)
     cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
     cdef Py_ssize_t size = _entry_size(topic_len, body_len)
-    if C_FIXED + topic_len + 8 > out.len:
-        raise OutOfBounds(f"entry head of {C_FIXED + topic_len + 8} bytes does not fit buffer of {out.len} bytes")
-    if cq_pos < 0 or C_UNIT > units.len - cq_pos:
-        raise OutOfBounds(f"unit at {cq_pos} outside buffer of {units.len} bytes")
+    if C_FIXED + topic_len + 8 > head_cap:
+        raise OutOfBounds(f"entry head of {C_FIXED + topic_len + 8} bytes does not fit buffer of {head_cap} bytes")
+    if cq_pos < 0 or C_UNIT > units_len - cq_pos:
+        raise OutOfBounds(f"unit at {cq_pos} outside buffer of {units_len} bytes")
     cdef int64_t running = running_max_ts if running_max_ts >= batch_max_ts else batch_max_ts
-    _write_head_crc(<unsigned char*>out.buf, size, c_queue_id, 0, queue_offset, physical_offset, span,
-                    store_timestamp, batch_max_ts, tags_code, topic, topic_len, b, body_len)
-    st_cq_unit(<unsigned char*>units.buf + cq_pos, physical_offset, <uint32_t>size, <uint32_t>span, tags_code,
-               store_timestamp, running, queue_offset)
-    return (size, span, running)
+    _write_head_crc(head, size, c_queue_id, 0, queue_offset, physical_offset, span, store_timestamp, batch_max_ts,
+                    tags_code, topic, topic_len, b, body_len)
+    st_cq_unit(units + cq_pos, physical_offset, <uint32_t>size, <uint32_t>span, tags_code, store_timestamp, running,
+               queue_offset)
+    done[0] = size
+    done[1] = span
+    done[2] = running
+    return 1
 
 
 def write_entry(int fd, Py_ssize_t pos, head, Py_ssize_t head_len, body):
@@ -294,6 +315,158 @@ def write_entries(int fd, Py_ssize_t pos, heads, Py_ssize_t head_len, bodies):
         for i in range(got):
             PyBuffer_Release(&views[i])
         PyMem_Free(views)
+        PyBuffer_Release(&h)
+
+
+cdef struct Staged:
+    PyObject* shard
+    PyObject* cq
+    PyObject* qf
+    Py_ssize_t queue
+    Py_ssize_t qpos
+    int64_t phys
+    int64_t base
+    int64_t size
+    int64_t span
+    int64_t running
+
+
+def append_run(int fd, Py_ssize_t seg_start, Py_ssize_t pos, Py_ssize_t seg_size, list shards not None,
+               list entries not None, Py_ssize_t start, heads, bytes topic not None, Py_ssize_t store_timestamp,
+               list out not None, list grown not None, result_type, set dirty not None):
+    """See clentry_py.append_run: a run of single-batch entries staged, written with one pwritev per
+    WRITE_ENTRIES_CHUNK entries (without the GIL) and published, in one call."""
+    cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
+    cdef Py_ssize_t head_len = C_FIXED + topic_len + 8
+    cdef Py_ssize_t n_shards = len(shards), count = 0, limit, i, k, chunk, cur = pos, queue, qpos, wpos
+    cdef Py_buffer h, units
+    cdef Py_buffer* bodies = NULL
+    cdef Staged* staged = NULL
+    cdef Staged* st
+    cdef unsigned char* marks = NULL
+    cdef int64_t done[3]
+    cdef int64_t base, running
+    cdef iovec iov[2 * C_WRITE_ENTRIES_CHUNK]
+    cdef int ok
+    if start < 0 or pos < 0 or seg_size < pos or seg_start < 0:
+        raise OutOfBounds(f"run from entry {start} at {pos} of a {seg_size}-byte segment at {seg_start}")
+    borrow_writable(heads, &h)
+    try:
+        limit = min(len(entries) - start, h.len // head_len)
+        if limit <= 0:
+            return (0, pos, None)
+        staged = <Staged*>PyMem_Malloc(limit * sizeof(Staged))
+        bodies = <Py_buffer*>PyMem_Malloc(limit * sizeof(Py_buffer))
+        marks = <unsigned char*>calloc(n_shards // 8 + 1, 1)
+        if staged == NULL or bodies == NULL or marks == NULL:
+            raise MemoryError()
+        # staging: each entry's head into its slot of `heads` and its unit past its queue's published end
+        while count < limit:
+            entry = entries[start + count]
+            if type(entry) is not tuple or PyTuple_GET_SIZE(entry) != 2:
+                break
+            q = <object>PyTuple_GET_ITEM(entry, 0)
+            if type(q) is not int or not 0 <= q < n_shards:
+                break
+            queue = q
+            if marks[queue >> 3] & (1 << (queue & 7)):
+                break  # a queue appears once in a run: its second entry builds on the first one's published end
+            shard = <object>PyList_GET_ITEM(shards, queue)
+            batches = <object>PyTuple_GET_ITEM(entry, 1)
+            if shard is None or len(batches) != 1:
+                break
+            try:
+                cq = shard.cq
+                files = cq.mfq.files
+                if not files:
+                    break
+                qf = files[len(files) - 1]
+                qpos = qf.wrote
+                if qpos + C_UNIT > qf.reserved:
+                    break
+                base = cq.end_offset
+                running = cq.max_ts
+                borrow(batches[0], &bodies[count])
+            except Exception:  # a shape _put reports
+                break
+            ok = 0
+            try:
+                if (bodies[count].len <= C_INT32_MAX - C_FIXED - topic_len
+                        and C_FIXED + topic_len + bodies[count].len + C_BLANK_MIN <= seg_size - cur):
+                    borrow_writable(qf.buf, &units)
+                    try:
+                        ok = _head_and_unit(<unsigned char*>h.buf + count * head_len, head_len, topic, queue,
+                                            base, seg_start + cur, store_timestamp, 0,
+                                            <const unsigned char*>bodies[count].buf, bodies[count].len,
+                                            <unsigned char*>units.buf, units.len, qpos, running, done)
+                    finally:
+                        PyBuffer_Release(&units)
+            except Exception:  # _put gives this entry its own answer
+                ok = 0
+            if not ok:
+                PyBuffer_Release(&bodies[count])
+                break
+            st = &staged[count]
+            st.shard = <PyObject*>shard
+            st.cq = <PyObject*>cq
+            st.qf = <PyObject*>qf
+            Py_INCREF(shard)
+            Py_INCREF(cq)
+            Py_INCREF(qf)
+            st.queue = queue
+            st.qpos = qpos
+            st.phys = seg_start + cur
+            st.base = base
+            st.size = done[0]
+            st.span = done[1]
+            st.running = done[2]
+            marks[queue >> 3] |= <unsigned char>(1 << (queue & 7))
+            cur += done[0]
+            count += 1
+        if count == 0:
+            return (0, pos, None)
+        # the run's bytes, before any of it is published
+        i = 0
+        wpos = pos
+        try:
+            while i < count:
+                chunk = min(count - i, C_WRITE_ENTRIES_CHUNK)
+                for k in range(chunk):
+                    iov[2 * k].iov_base = <char*>h.buf + (i + k) * head_len
+                    iov[2 * k].iov_len = <size_t>head_len
+                    iov[2 * k + 1].iov_base = <char*>bodies[i + k].buf + 8
+                    iov[2 * k + 1].iov_len = <size_t>(bodies[i + k].len - 8)
+                wpos = _pwritev_all(fd, wpos, iov, <int>(2 * chunk))
+                i += chunk
+        except OSError as exc:
+            return (count, pos, exc)
+        # publish, as FileEngine._put does: the unit, then the queue's end
+        for i in range(count):
+            st = &staged[i]
+            qf = <object>st.qf
+            cq = <object>st.cq
+            qf.wrote = qf.committed = st.qpos + C_UNIT
+            end = st.base + st.span
+            cq.end_offset = end
+            cq.max_ts = st.running
+            if cq.dirty_since_phys < 0:
+                cq.dirty_since_phys = st.phys
+                cq.dirty_since_ms = store_timestamp
+                dirty.add(cq)
+            out.append(tuple.__new__(result_type, (st.base, end - 1, store_timestamp, (<object>st.shard).log_start,
+                                                   st.phys)))
+            grown.append((st.queue, end))
+        return (count, cur, None)
+    finally:
+        if staged != NULL:
+            for k in range(count):
+                PyBuffer_Release(&bodies[k])
+                Py_XDECREF(staged[k].shard)
+                Py_XDECREF(staged[k].cq)
+                Py_XDECREF(staged[k].qf)
+        PyMem_Free(staged)
+        PyMem_Free(bodies)
+        free(marks)
         PyBuffer_Release(&h)
 
 

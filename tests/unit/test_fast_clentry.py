@@ -475,3 +475,183 @@ def test_twin_write_entries_finishes_short_writes_across_entries(tmp_path, monke
     finally:
         os.close(fd)
     assert path.read_bytes() == b"A" * 12 + bodies[0][8:] + b"B" * 12 + bodies[1][8:]
+
+
+# --- append_run: the file store's run of single-batch entries ----------------------------------------------------
+
+
+class _File:
+    """A ConsumeQueue file as append_run sees it (MappedFile's positions and buffer)."""
+
+    __slots__ = ("buf", "committed", "reserved", "wrote")
+
+    def __init__(self, size: int, wrote: int, reserved: int) -> None:
+        self.buf = bytearray(size)
+        self.wrote = self.committed = wrote
+        self.reserved = reserved
+
+
+class _Files:
+    __slots__ = ("files",)
+
+    def __init__(self, files: list) -> None:
+        self.files = files
+
+
+class _Queue:
+    __slots__ = ("dirty_since_ms", "dirty_since_phys", "end_offset", "max_ts", "mfq")
+
+    def __init__(self, files: list, end_offset: int, max_ts: int, dirty_since_phys: int) -> None:
+        self.mfq = _Files(files)
+        self.end_offset = end_offset
+        self.max_ts = max_ts
+        self.dirty_since_phys = dirty_since_phys
+        self.dirty_since_ms = 0
+
+
+class _Shard:
+    __slots__ = ("cq", "log_start")
+
+    def __init__(self, cq: _Queue, log_start: int) -> None:
+        self.cq = cq
+        self.log_start = log_start
+
+
+class _Result(tuple):
+    """Stands in for AppendResult (a tuple subclass built with tuple.__new__)."""
+
+
+def _run_state(spec: dict) -> tuple[list, list]:
+    """Fresh shards (None where the spec says) and entries from a generated spec."""
+    shards = []
+    for q, (present, units_free, files, end, max_ts, dirty) in enumerate(spec["queues"]):
+        if not present:
+            shards.append(None)
+            continue
+        file_list = [] if not files else [_File(48 * 8, 48 * 2, 48 * 2 + 48 * units_free)]
+        shards.append(_Shard(_Queue(file_list, end, max_ts, dirty), log_start=q * 3))
+    return shards, [(queue, list(batches)) if not bad_shape else [queue, batches]
+                    for queue, batches, bad_shape in spec["entries"]]
+
+
+def _run_outcome(ce, spec: dict, tmp_path, name: str) -> tuple:
+    shards, entries = _run_state(spec)
+    path = tmp_path / name
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    try:
+        out, grown, dirty = ["before"], [], set()
+        heads = bytearray(ce.head_size(len(spec["topic"])) * spec["slots"])
+        got = ce.append_run(fd, 1 << 20, spec["pos"], spec["seg_size"], shards, entries, spec["start"], heads,
+                            spec["topic"], 1_700_000_000_999, out, grown, _Result, dirty)
+    finally:
+        os.close(fd)
+    count, end, error = got
+    state = [None if s is None else (s.cq.end_offset, s.cq.max_ts, s.cq.dirty_since_phys, s.cq.dirty_since_ms,
+                                     [(bytes(f.buf), f.wrote, f.committed) for f in s.cq.mfq.files])
+             for s in shards]
+    written = path.read_bytes()
+    return ((count, end, type(error).__name__), [(type(r).__name__, tuple(r)) if isinstance(r, tuple) else r
+                                                 for r in out], grown,
+            sorted(shards.index(next(s for s in shards if s is not None and s.cq is cq)) for cq in dirty),
+            state, written if error is None else b"", bytes(heads[:count * ce.head_size(len(spec["topic"]))]))
+
+
+def test_append_run_compiled_and_twin_agree(tmp_path):
+    """The same run, state and arguments through both builds: the same answer, the same published positions,
+    units, heads and file bytes, including every way an entry stops a run."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    impls = [m for m in (twin("clentry"), compiled("clentry")) if m is not None]  # the twin alone if not built
+    rb = twin("recbatch")
+    good = [a_batch(rb, n) for n in (1, 2, 5)]
+    compacted = bytearray(good[2])
+    struct.pack_into(">i", compacted, 23, 9)  # a span beyond its record count
+    def rarely(usual, *unusual):
+        """`usual`, or about one time in twenty one of the `unusual` ones: most entries join the run, and every way
+        of stopping one still comes up."""
+        return st.integers(0, 19).flatmap(lambda r: st.one_of(*unusual) if r == 0 else usual)
+
+    bad_batch = st.sampled_from([bytes(compacted), good[0][:-1], b"", good[1] + b"x"])
+    batches = rarely(st.lists(st.sampled_from(good), min_size=1, max_size=1),
+                     st.lists(bad_batch, min_size=1, max_size=1), st.lists(st.sampled_from(good), max_size=3))
+    queue = rarely(st.integers(0, 5), st.sampled_from([-1, 6, True, 1 << 70, "1"]))
+    spec = st.fixed_dictionaries({
+        "queues": st.lists(st.tuples(rarely(st.just(True), st.just(False)), rarely(st.integers(1, 4), st.just(0)),
+                                     rarely(st.just(True), st.just(False)), st.integers(0, 1 << 40),
+                                     st.integers(-1, 1 << 41), st.sampled_from([-1, 77])),
+                           min_size=6, max_size=6),
+        # the third field: a list instead of a (queue, batches) tuple
+        "entries": st.lists(st.tuples(queue, batches, rarely(st.just(False), st.just(True))), max_size=10),
+        "start": rarely(st.just(0), st.integers(1, 3)),
+        "pos": st.integers(0, 300),
+        "seg_size": rarely(st.integers(1200, 4000), st.integers(300, 1200)),
+        "slots": rarely(st.just(12), st.integers(0, 4)),
+        "topic": st.sampled_from([b"orders", b"", "é".encode() * 3]),
+    })
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(spec=spec)
+    def check(spec):
+        outcomes = [_run_outcome(ce, spec, tmp_path, ce.__name__) for ce in impls]
+        assert all(outcome == outcomes[0] for outcome in outcomes[1:])
+
+    check()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_append_run_writes_stages_and_publishes(impl, tmp_path, fail):
+    """A run of three queues (the fourth entry names the first queue again, so the run stops there): the file
+    holds their entries back to back, each unit and end offset moves only once the write succeeded, and a failed
+    write (ENOSPC) publishes nothing and leaves `out` untouched."""
+    ce, rb = impl
+    body = a_batch(rb, 2)
+    spec = {"queues": [(True, 2, True, 10 * q, 5, -1) for q in range(3)], "topic": b"orders", "start": 0, "pos": 64,
+            "seg_size": 4096, "slots": 8,
+            "entries": [(0, [body], False), (1, [body], False), (2, [body], False), (0, [body], False)]}
+    shards, entries = _run_state(spec)
+    path = tmp_path / "seg"
+    fd = os.open("/dev/full", os.O_WRONLY) if fail else os.open(path, os.O_RDWR | os.O_CREAT)
+    out, grown, dirty = [], [], set()
+    try:
+        count, end, error = ce.append_run(fd, 1000, 64, 4096, shards, entries, 0, bytearray(400 * 8), b"orders",
+                                          1234, out, grown, _Result, dirty)
+    finally:
+        os.close(fd)
+    size = ce.entry_size(6, len(body))
+    assert count == 3
+    if fail:
+        assert (end, error.errno, out, grown, dirty) == (64, errno.ENOSPC, [], [], set())
+        assert [(s.cq.end_offset, s.cq.mfq.files[0].wrote) for s in shards] == [(0, 96), (10, 96), (20, 96)]
+        return
+    assert error is None and end == 64 + 3 * size
+    assert [tuple(r) for r in out] == [(10 * q, 10 * q + 1, 1234, q * 3, 1064 + q * size) for q in range(3)]
+    assert grown == [(q, 10 * q + 2) for q in range(3)]
+    assert {id(s.cq) for s in shards} == {id(cq) for cq in dirty}
+    assert [(s.cq.end_offset, s.cq.mfq.files[0].wrote, s.cq.mfq.files[0].committed, s.cq.dirty_since_phys)
+            for s in shards] == [(10 * q + 2, 144, 144, 1064 + q * size) for q in range(3)]
+    data = path.read_bytes()
+    for q in range(3):
+        entry = ce.read_entry(data, 64 + q * size, len(data))
+        assert entry[:6] == (1, size, q, 0, 10 * q, 1064 + q * size)
+        assert twin("cqunit").unpack_unit(shards[q].cq.mfq.files[0].buf, 96) == (
+            1064 + q * size, size, 2, 0, 1234, entry[8], 10 * q)
+
+
+@pytest.mark.parametrize("spare", [8, 7])
+def test_append_run_leaves_room_for_a_blank_at_the_segment_end(impl, tmp_path, spare):
+    """An entry joins the run only if BLANK_MIN_SIZE bytes stay free after it (the segment's end can always take
+    a blank); with one byte fewer the run stops before it and nothing is staged or written."""
+    ce, rb = impl
+    body = a_batch(rb, 1)
+    spec = {"queues": [(True, 1, True, 0, -1, -1)], "entries": [(0, [body], False)]}
+    shards, entries = _run_state(spec)
+    size = ce.entry_size(6, len(body))
+    fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT)
+    try:
+        count, end, error = ce.append_run(fd, 0, 100, 100 + size + spare, shards, entries, 0, bytearray(200),
+                                          b"orders", 1, [], [], _Result, set())
+    finally:
+        os.close(fd)
+    assert (count, end, error) == ((1, 100 + size, None) if spare == 8 else (0, 100, None))
+    assert shards[0].cq.end_offset == (1 if spare == 8 else 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mqk._fast import load
+from mqk._fast import compiled, load, twin
 from mqk.config import StoreConfig, TopicConfig
 from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import GroupOffset
@@ -19,6 +19,8 @@ from mqk.store.file.engine import FileEngine
 
 rb = load("recbatch")
 T = "orders"
+#: append_many's run kernel, each build (the twin alone when the compiled one is not built)
+CLENTRY_IMPLS = [m for m in (compiled("clentry"), twin("clentry")) if m is not None]
 
 
 def batch(n: int = 3, ts: int = 1000, value: bytes = b"v" * 200, ts_step: int = 1) -> bytearray:
@@ -532,20 +534,12 @@ async def test_a_checkpoint_of_many_queues_syncs_the_filesystem_once(tmp_path: P
 
 
 async def test_append_many_in_one_write_stores_what_appends_one_by_one_store(tmp_path: Path, monkeypatch) -> None:
-    """append_many writes runs of single-batch entries with one pwritev (_put_staged). The files it leaves and its
-    answers must be those of the same entries appended one by one, across segment rolls, ConsumeQueue file rolls
-    and block reservations, a queue named twice in one call, several batches in one entry, compacted batches and
-    refused entries in between."""
+    """append_many writes runs of single-batch entries with one pwritev (_put_staged, clentry.append_run). The files
+    it leaves and its answers must be those of the same entries appended one by one, across segment rolls,
+    ConsumeQueue file rolls and block reservations, a queue named twice in one call, several batches in one entry,
+    compacted batches and refused entries in between; with the compiled kernel and with its twin, byte for byte."""
     import mqk.store.file.engine as engine_mod
 
-    calls = []
-    real = engine_mod.write_entries
-
-    def counting(*args):
-        calls.append(len(args[4]))
-        return real(*args)
-
-    monkeypatch.setattr(engine_mod, "write_entries", counting)
     monkeypatch.setattr(engine_mod, "time_ns", lambda: 1_700_000_000_000_000_000)
 
     def request(i: int) -> list:
@@ -586,15 +580,24 @@ async def test_append_many_in_one_write_stores_what_appends_one_by_one_store(tmp
             await e.close()
         return answers, clog, cqs
 
-    together = await run(tmp_path / "together", True)
-    assert calls and max(calls) > 3  # runs of several entries were written at once
     apart = await run(tmp_path / "apart", False)
-    assert len(together[1]) >= 3  # segments rolled
-    assert together == apart
+    assert len(apart[1]) >= 3  # segments rolled
+    for kernels in CLENTRY_IMPLS:
+        runs = []
+
+        def counting(*args, real=kernels.append_run, runs=runs):
+            result = real(*args)
+            runs.append(result[0])
+            return result
+
+        monkeypatch.setattr(engine_mod, "append_run", counting)
+        together = await run(tmp_path / f"together-{kernels.__name__}", True)
+        assert runs and max(runs) > 3  # runs of several entries were written at once
+        assert together == apart, kernels.__name__
 
 
 async def test_append_many_write_failure_fails_its_run_and_publishes_nothing(engine: FileEngine, monkeypatch) -> None:
-    import errno
+    import os
 
     import mqk.store.file.engine as engine_mod
     from mqk.errors import StorageFull
@@ -603,13 +606,14 @@ async def test_append_many_write_failure_fails_its_run_and_publishes_nothing(eng
     before = (engine.clog.max_offset, engine.end_offset(T, 0), engine.end_offset(T, 1))
     heard = []
     engine.listeners.append(lambda topic, ends: heard.append(list(ends)))
-
-    def full(*args):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(engine_mod, "write_entries", full)
-    results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(3)])])
-    assert all(isinstance(r, StorageFull) for r in results)
+    full = os.open("/dev/full", os.O_WRONLY)  # every write: ENOSPC
+    real = engine_mod.append_run
+    monkeypatch.setattr(engine_mod, "append_run", lambda fd, *rest: real(full, *rest))
+    try:
+        results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(3)])])
+    finally:
+        os.close(full)
+    assert all(isinstance(r, StorageFull) for r in results) and len(results) == 2
     assert (engine.clog.max_offset, engine.end_offset(T, 0), engine.end_offset(T, 1)) == before
     assert heard == [] and len((await engine.read(T, 0, 0, 1 << 20)).batches) == 1
     monkeypatch.undo()

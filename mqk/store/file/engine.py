@@ -67,7 +67,7 @@ recbatch = load("recbatch")
 clentry = load("clentry")
 parse_header = recbatch.parse_header
 put_entry = clentry.put_entry
-append_head = clentry.append_head
+append_run = clentry.append_run
 write_entries = clentry.write_entries
 time_ns = time.time_ns
 log = logging.getLogger(__name__)
@@ -172,6 +172,8 @@ class FileEngine(StorageAdapter):
         self.flusher: FlushService | None = None
         self.offsets = None  # FileOffsetStore, opened at start
         self._shards: dict[tuple[str, int], Shard] = {}
+        #: the same shards by topic, indexed by queue (append_many's run looks them up without building keys)
+        self._queues: dict[str, list[Shard | None]] = {}
         self._topics: dict[str, dict] = {}  # name -> {"queues": n, "created": phys, "log_start": {q: off}}
         self._dirty_cqs: set[ConsumeQueue] = set()
         #: append_many's heads, written side by side for one pwritev: (head length, buffer, a slice per entry)
@@ -401,6 +403,9 @@ class FileEngine(StorageAdapter):
         cq = ConsumeQueue(self.root / "consumequeue" / topic / str(q), self.config.cq_units_per_file)
         shard = Shard(topic, q, cq, meta["created"], meta["log_start"].get(q, 0))
         self._shards[(topic, q)] = shard
+        queues = self._queues.setdefault(topic, [])
+        queues.extend([None] * (q + 1 - len(queues)))
+        queues[q] = shard
         return shard
 
     # --- shards ---------------------------------------------------------------------------------------
@@ -428,6 +433,7 @@ class FileEngine(StorageAdapter):
         meta = self._topics.pop(topic, None)
         if meta is None:
             raise UnknownShard(f"unknown topic {topic!r}")
+        self._queues.pop(topic, None)
         for q in range(meta["queues"]):
             shard = self._shards.pop((topic, q), None)
             if shard is not None:
@@ -501,62 +507,46 @@ class FileEngine(StorageAdapter):
 
     def _put_staged(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], now_ns: int, out: list,
                     grown: list) -> int:
-        """append_many without dispatch hooks: each single-batch entry with room in the current segment and its
-        queue's reserved ConsumeQueue block gets its head (`clentry.append_head`, which also writes its unit past
-        the queue's published end) side by side with the previous ones, and the whole run is written with one
-        pwritev (`clentry.write_entries`) before any of it is published: a Produce spread over many partitions
-        pays one system call, not one per partition. An entry that cannot join (several batches, a segment to
-        roll, a block to reserve, a batch the kernel declines, a queue already in the run) ends the run: the run
-        is written, then that entry goes through _put. Returns the CommitLog offset past the last entry written."""
-        shards = self._shards
+        """append_many without dispatch hooks: runs of single-batch entries, each run staged, written with one
+        pwritev and published by one kernel call (`clentry.append_run`): a Produce spread over many partitions pays
+        one system call and no per-entry Python, not one call per partition. An entry that cannot join a run
+        (several batches, a segment to roll, a ConsumeQueue block to reserve, a batch the kernel declines, a
+        queue already in the run) goes through _put. A failed write fails every entry of its run and publishes
+        nothing. Returns the CommitLog offset past the last entry written."""
+        shards = self._queues.get(topic)
+        if shards is None or entries.__class__ is not list:
+            shards, entries = [], list(entries)  # every entry through _put, which says what is wrong
         store_ts = now_ns // 1_000_000
-        head_len = 0
-        slots: list[memoryview] = []
-        heads = None
-        run: list[tuple] = []
-        in_run: set[Shard] = set()
-        mf = None
-        pos = 0
+        topic_b = topic.encode()
+        heads = self._staging_for(FIXED + len(topic_b) + 8, len(entries))[0]
+        mfq = self._clog_mfq
         last = -1
-        for queue, batches in entries:
-            shard = shards.get((topic, queue))
-            done = None
-            if shard is not None and len(batches) == 1 and shard not in in_run:
-                if mf is None:
-                    files = self._clog_mfq.files
-                    mf = files[-1] if files else None
-                    if mf is None:
-                        last = self._put_one_of_many(topic, queue, batches, False, now_ns, out, grown, last)
-                        continue
-                    pos = mf.wrote
-                    head_len = shard.fixed + 8
-                    heads, slots = self._staging_for(head_len, len(entries))
-                body = batches[0]
-                size = shard.fixed + len(body)
-                cq = shard.cq
-                qfiles = cq.mfq.files
-                qf = qfiles[-1] if qfiles else None
-                if qf is not None and size + BLANK_MIN <= mf.file_size - pos and qf.wrote + UNIT <= qf.reserved:
-                    phys = mf.start_offset + pos
-                    try:
-                        done = append_head(slots[len(run)], shard.topic_b, queue, cq.end_offset, phys, store_ts, 0,
-                                           body, qf.buf, qf.wrote, cq.max_ts)
-                    except Exception:  # noqa: BLE001 - _put below gives this entry its own answer
-                        done = None
-            if done is None:
-                if run:
-                    last = self._write_run(mf, run, heads, head_len, store_ts, out, grown, last)
-                    run, in_run = [], set()
+        i, count = 0, len(entries)
+        while i < count:
+            files = mfq.files
+            mf = files[-1] if files else None
+            ran = 0
+            if mf is not None:
+                pos = mf.wrote
+                ran, end_pos, failure = append_run(mf.fd, mf.start_offset, pos, mf.file_size, shards, entries, i,
+                                                   heads, topic_b, store_ts, out, grown, AppendResult,
+                                                   self._dirty_cqs)
+            if ran:
+                if failure is not None:
+                    size = sum(FIXED + len(topic_b) + len(entries[j][1][0]) for j in range(i, i + ran))
+                    out.extend([storage_error(failure, mf.path, size)] * ran)
+                else:
+                    mf.wrote = mf.committed = end_pos
+                    last = self.dispatcher.dispatched = mf.start_offset + end_pos
+                    st = self.stats
+                    st.puts += ran
+                    st.put_batches += ran
+                    st.put_bytes += end_pos - pos
+                i += ran
+            else:
+                queue, batches = entries[i]
                 last = self._put_one_of_many(topic, queue, batches, False, now_ns, out, grown, last)
-                mf = None  # _put may have rolled the segment: look again
-                continue
-            size, span, running = done
-            run.append((shard, qf, phys, size, span, running, body, len(out)))
-            in_run.add(shard)
-            out.append(None)  # filled in once the run is written
-            pos += size
-        if run:
-            last = self._write_run(mf, run, heads, head_len, store_ts, out, grown, last)
+                i += 1
         return last
 
     def _staging_for(self, head_len: int, count: int) -> tuple[bytearray, list[memoryview]]:
@@ -572,42 +562,6 @@ class FileEngine(StorageAdapter):
             if size <= STAGING_KEPT:
                 self._staging = (head_len, heads, slots)
         return heads, slots
-
-    def _write_run(self, mf, run: list[tuple], heads: bytearray, head_len: int, store_ts: int, out: list,
-                   grown: list, last: int) -> int:
-        """Write a run staged by _put_staged at the segment's end, then publish each entry as _put does (the
-        entry, its unit, its queue's end). A failed write publishes nothing and fails every entry of the run.
-        Returns the CommitLog offset past the run (or `last`, unchanged, after a failure)."""
-        pos = mf.wrote
-        try:
-            write_entries(mf.fd, pos, heads, head_len, [entry[6] for entry in run])
-        except OSError as exc:
-            failure = storage_error(exc, mf.path, sum(entry[3] for entry in run))
-            for entry in run:
-                out[entry[7]] = failure
-            return last
-        dirty = self._dirty_cqs
-        nbytes = 0
-        for shard, qf, phys, size, span, running, _body, slot in run:
-            cq = shard.cq
-            qf.wrote = qf.committed = qf.wrote + UNIT
-            base = cq.end_offset
-            end = cq.end_offset = base + span
-            cq.max_ts = running
-            if cq.dirty_since_phys < 0:
-                cq.dirty_since_phys = phys
-                cq.dirty_since_ms = store_ts
-                dirty.add(cq)
-            out[slot] = _new_tuple(AppendResult, (base, end - 1, store_ts, shard.log_start, phys))
-            grown.append((shard.queue, end))
-            nbytes += size
-        end_pos = mf.wrote = mf.committed = pos + nbytes
-        last = self.dispatcher.dispatched = mf.start_offset + end_pos
-        st = self.stats
-        st.puts += len(run)
-        st.put_batches += len(run)
-        st.put_bytes += nbytes
-        return last
 
     def _put(self, topic: str, queue: int, batches: Sequence[Buffer], tags_code: int, keys: Sequence[bytes],
              log_append_time: bool, now_ns: int) -> tuple[AppendResult, int]:
