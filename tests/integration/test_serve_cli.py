@@ -49,7 +49,8 @@ def test_bad_flag_is_refused_with_a_message(tmp_path):
 
 def test_serve_moves_what_recovery_built_out_of_the_gcs_reach(tmp_path):
     """`mqk serve` freezes its start-up objects (gc.freeze), so a full collection does not walk every recovered
-    partition's objects: the count it logs grows with the partitions it recovered."""
+    partition's objects: the count it logs grows with the partitions it recovered. It also collects the young
+    generation less often (cli.YOUNG_COLLECTION_THRESHOLD)."""
     import re
 
     def frozen_after_start() -> int:
@@ -64,6 +65,7 @@ def test_serve_moves_what_recovery_built_out_of_the_gcs_reach(tmp_path):
             assert broker.stop() == 0, broker.log_text()
         counts = re.findall(r"moved out of the cyclic GC's reach: (\d+)", broker.log_text())
         assert counts, broker.log_text()
+        assert "young generation is collected every 10000 allocations" in broker.log_text()
         return int(counts[-1])
 
     empty = frozen_after_start()  # creates the topic after its start-up
