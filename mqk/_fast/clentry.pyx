@@ -277,13 +277,30 @@ WRITE_ENTRIES_CHUNK = 512
 DEF C_WRITE_ENTRIES_CHUNK = 512
 
 
+cdef int _write_heads_and_bodies(int fd, Py_ssize_t pos, char* heads, Py_ssize_t head_len, Py_buffer* bodies,
+                                 Py_ssize_t n) except -1:
+    """Entry i = heads[i * head_len:][:head_len] + bodies[i][8:], written back to back at pos, one pwritev per
+    WRITE_ENTRIES_CHUNK entries. The caller checked the heads' size and that every body has 8 bytes."""
+    cdef iovec iov[2 * C_WRITE_ENTRIES_CHUNK]
+    cdef Py_ssize_t i = 0, k, chunk
+    while i < n:
+        chunk = min(n - i, C_WRITE_ENTRIES_CHUNK)
+        for k in range(chunk):
+            iov[2 * k].iov_base = heads + (i + k) * head_len
+            iov[2 * k].iov_len = <size_t>head_len
+            iov[2 * k + 1].iov_base = <char*>bodies[i + k].buf + 8
+            iov[2 * k + 1].iov_len = <size_t>(bodies[i + k].len - 8)
+        pos = _pwritev_all(fd, pos, iov, <int>(2 * chunk))
+        i += chunk
+    return 0
+
+
 def write_entries(int fd, Py_ssize_t pos, heads, Py_ssize_t head_len, bodies):
     """See clentry_py.write_entries: entry i is heads[i * head_len:][:head_len] + bodies[i][8:], one pwritev per
     WRITE_ENTRIES_CHUNK entries, without the GIL."""
     cdef Py_buffer h
     cdef Py_buffer* views
-    cdef Py_ssize_t n = len(bodies), got = 0, i, k, chunk
-    cdef iovec iov[2 * C_WRITE_ENTRIES_CHUNK]
+    cdef Py_ssize_t n = len(bodies), got = 0, i
     cdef bint short_body = False
     borrow(heads, &h)
     views = <Py_buffer*>PyMem_Malloc(max(n, 1) * sizeof(Py_buffer))
@@ -300,16 +317,7 @@ def write_entries(int fd, Py_ssize_t pos, heads, Py_ssize_t head_len, bodies):
                 short_body = True
         if head_len < 1 or h.len < n * head_len or pos < 0 or short_body:
             raise OutOfBounds(f"write of {n} entries with heads of {head_len} bytes in {h.len} at {pos}")
-        i = 0
-        while i < n:
-            chunk = min(n - i, C_WRITE_ENTRIES_CHUNK)
-            for k in range(chunk):
-                iov[2 * k].iov_base = <char*>h.buf + (i + k) * head_len
-                iov[2 * k].iov_len = <size_t>head_len
-                iov[2 * k + 1].iov_base = <char*>views[i + k].buf + 8
-                iov[2 * k + 1].iov_len = <size_t>(views[i + k].len - 8)
-            pos = _pwritev_all(fd, pos, iov, <int>(2 * chunk))
-            i += chunk
+        _write_heads_and_bodies(fd, pos, <char*>h.buf, head_len, views, n)
         return None
     finally:
         for i in range(got):
@@ -338,7 +346,7 @@ def append_run(int fd, Py_ssize_t seg_start, Py_ssize_t pos, Py_ssize_t seg_size
     WRITE_ENTRIES_CHUNK entries (without the GIL) and published, in one call."""
     cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
     cdef Py_ssize_t head_len = C_FIXED + topic_len + 8
-    cdef Py_ssize_t n_shards = len(shards), count = 0, limit, i, k, chunk, cur = pos, queue, qpos, wpos
+    cdef Py_ssize_t n_shards = len(shards), count = 0, limit, i, k, cur = pos, queue, qpos
     cdef Py_buffer h, units
     cdef Py_buffer* bodies = NULL
     cdef Staged* staged = NULL
@@ -346,7 +354,6 @@ def append_run(int fd, Py_ssize_t seg_start, Py_ssize_t pos, Py_ssize_t seg_size
     cdef unsigned char* marks = NULL
     cdef int64_t done[3]
     cdef int64_t base, running
-    cdef iovec iov[2 * C_WRITE_ENTRIES_CHUNK]
     cdef int ok
     if start < 0 or pos < 0 or seg_size < pos or seg_start < 0:
         raise OutOfBounds(f"run from entry {start} at {pos} of a {seg_size}-byte segment at {seg_start}")
@@ -425,19 +432,8 @@ def append_run(int fd, Py_ssize_t seg_start, Py_ssize_t pos, Py_ssize_t seg_size
             count += 1
         if count == 0:
             return (0, pos, None)
-        # the run's bytes, before any of it is published
-        i = 0
-        wpos = pos
-        try:
-            while i < count:
-                chunk = min(count - i, C_WRITE_ENTRIES_CHUNK)
-                for k in range(chunk):
-                    iov[2 * k].iov_base = <char*>h.buf + (i + k) * head_len
-                    iov[2 * k].iov_len = <size_t>head_len
-                    iov[2 * k + 1].iov_base = <char*>bodies[i + k].buf + 8
-                    iov[2 * k + 1].iov_len = <size_t>(bodies[i + k].len - 8)
-                wpos = _pwritev_all(fd, wpos, iov, <int>(2 * chunk))
-                i += chunk
+        try:  # the run's bytes, before any of it is published
+            _write_heads_and_bodies(fd, pos, <char*>h.buf, head_len, bodies, count)
         except OSError as exc:
             return (count, pos, exc)
         # publish, as FileEngine._put does: the unit, then the queue's end
