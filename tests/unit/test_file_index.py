@@ -401,3 +401,42 @@ async def test_damaged_index_file_is_rebuilt_from_the_one_before(tmp_path: Path,
     for i in (0, 19, 24):
         assert values(await e.read_by_key(T, b"k%d" % i, 5)) == [b"m%d" % i]
     await e.close()
+
+
+async def test_a_checkpoint_that_cannot_be_written_at_start_up_does_not_stop_the_start(tmp_path: Path, monkeypatch,
+                                                                                       caplog) -> None:
+    """On a full disk (ENOSPC from the checkpoint's write) recovery still finishes: the index answers, the old
+    checkpoint stays on disk, and the next start, with room again, recovers from it to the same index."""
+    import errno
+
+    src = tmp_path / "run"
+    e = await open_engine(src)
+    await e.create_shards(T, 1, TopicConfig())
+    for i in range(50):
+        await send(e, b"m%d" % i, f"k{i} all")
+    await e.checkpoint_now()
+    for i in range(50, 60):
+        await send(e, b"m%d" % i, f"k{i} all")
+    crashed = crash_copy(src, tmp_path / "crashed")
+    await e.close()
+    stored = (crashed / "index" / "checkpoint").read_bytes()
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(index_mod, "atomic_write_bytes", full)
+    e = await open_engine(crashed)
+    assert "key index checkpoint not written at start-up" in caplog.text
+    assert e.index.recovery_report["scanned"] == 10
+    assert len(await e.read_by_key(T, b"all", 1000)) == 60
+    assert (crashed / "index" / "checkpoint").read_bytes() == stored
+    monkeypatch.undo()
+    crashed_again = crash_copy(crashed, tmp_path / "crashed-again")
+    await e.close()
+    e = await open_engine(crashed_again)
+    try:
+        assert e.index.recovery_report["scanned"] == 10  # from the old checkpoint, as after the first crash
+        assert values(await e.read_by_key(T, b"k55", 5)) == [b"m55"]
+        assert len(await e.read_by_key(T, b"all", 1000)) == 60
+    finally:
+        await e.close()

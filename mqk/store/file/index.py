@@ -500,7 +500,13 @@ class IndexService:
         self.indexed_offset = end
         for f in self.files:
             f.dirty = True  # cut or extended above: make it durable before the checkpoint says so
-        self.store_checkpoint(self.snapshot(start_min))
+        try:
+            self.store_checkpoint(self.snapshot(start_min))
+        except OSError as exc:
+            # a full disk must not keep the broker from starting: the checkpoint on disk is the previous one,
+            # which the next start cuts back to and re-reads from, as after a crash; the running checkpoint
+            # loop writes a new one once there is room
+            log.warning("key index checkpoint not written at start-up (%s): the previous one stands", exc)
         if report["scanned"] or report["cut_entries"]:
             log.info("key index recovered: cut %d entries, re-read %d CommitLog entries from %d",
                      report["cut_entries"], report["scanned"], offset)
