@@ -47,6 +47,22 @@ def _mount_small_fs(where: Path) -> str:
                     f"loop mount failed with {exc}")
 
 
+def _fill(where: Path) -> Path:
+    """A file taking every free byte of the filesystem at `where`."""
+    path = where / "filler"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (65536, 4096, 512, 64, 8, 1):  # down to the last partial block
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return path
+
+
 @pytest.fixture
 def small_fs(tmp_path: Path):
     if shutil.which("mount") is None:
@@ -203,8 +219,9 @@ def test_enospc_refuses_cleanly_reads_go_on_and_restart_finds_a_clean_tail(small
 
 
 def test_kill_minus_nine_on_a_full_disk_restarts_with_a_clean_tail(small_fs: Path, tmp_path: Path) -> None:
-    """The broker process is killed while the disk is full (ENOSPC refusals under way); it restarts on that full
-    disk, serves exactly the acknowledged records, and takes appends once space is freed."""
+    """The broker process is killed while the disk is full (ENOSPC refusals under way); it restarts on that disk
+    with every free block taken, serves exactly the acknowledged records, and takes appends once space is
+    freed."""
     from mqk.testing import BrokerProcess
 
     config = tmp_path / "broker.toml"
@@ -233,10 +250,12 @@ def test_kill_minus_nine_on_a_full_disk_restarts_with_a_clean_tail(small_fs: Pat
                     break
         assert refused, "8 MiB never filled up"
         broker.kill()
+        filler = _fill(small_fs)  # not a free block left: the restart itself must not need one
         broker.start()
         assert "torn tail" not in broker.log_text() and "damaged" not in broker.log_text()
         got = _consume_all(broker.bootstrap, topic, len(acked))
         assert got == acked
+        filler.unlink()
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         low = next(iter(admin.delete_records([TopicPartition(topic, 0, len(acked) - 2)]).values())).result(10)
         assert low.low_watermark == len(acked) - 2

@@ -715,3 +715,40 @@ async def test_staging_for_a_huge_run_is_not_kept(engine: FileEngine) -> None:
     assert len(big_slots) == engine_mod.STAGING_KEPT + 1 and len(big_heads) == 80 * len(big_slots)
     assert engine._staging[2] is slots  # the usual buffers stay; the huge one goes with its request
     assert engine._staging_for(80, 10)[1] is slots
+
+
+async def test_a_start_that_cannot_write_its_checkpoint_still_starts(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Recovery on a full disk: the checkpoint it writes at its end fails with ENOSPC, and the store starts anyway
+    with everything it recovered, the previous checkpoint left as it was; naming the recovered topic again (as
+    the StoreManager does at start) rewrites nothing either (queues.json)."""
+    import errno
+    import shutil
+
+    import mqk.store.file.checkpoint as checkpoint_mod
+
+    e = await open_engine(tmp_path / "run")
+    await e.create_shards(T, 2, TopicConfig())
+    for i in range(5):
+        await e.append(T, i % 2, [batch(2)])
+    await e.checkpoint_now()
+    await e.append(T, 0, [batch(1)])
+    crashed = tmp_path / "crashed"
+    shutil.copytree(tmp_path / "run", crashed)  # as kill -9 leaves it: the abort marker is there
+    await e.close()
+    stored = (crashed / "checkpoint").read_bytes()
+    meta = (crashed / "queues.json").stat().st_mtime_ns
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_mod, "atomic_write_bytes", full)
+    e = await open_engine(crashed)
+    try:
+        assert "checkpoint not written at start-up" in caplog.text
+        assert (e.end_offset(T, 0), e.end_offset(T, 1)) == (7, 4)
+        assert (crashed / "checkpoint").read_bytes() == stored
+        await e.create_shards(T, 2, TopicConfig())
+        assert (crashed / "queues.json").stat().st_mtime_ns == meta
+    finally:
+        monkeypatch.undo()
+        await e.close()

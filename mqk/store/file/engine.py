@@ -303,7 +303,13 @@ class FileEngine(StorageAdapter):
             self._fix_empty(shard)
             shard.cq.flush()
         self.dispatcher.dispatched = end
-        self.checkpoint.store(end, end, _now_ms())
+        try:
+            self.checkpoint.store(end, end, _now_ms())
+        except OSError as exc:
+            # a full disk must not keep the broker from starting: the checkpoint on disk is the previous one,
+            # whose offsets are below what was just recovered and flushed (the next start scans a little more);
+            # the checkpoint loop writes a new one once there is room
+            log.warning("checkpoint not written at start-up (%s): the previous one stands", exc)
         self.clog.mfq.prepare_next()
         if abnormal or self.clog.scan_error is not None:
             log.warning("file store recovered (abnormal=%s): replayed %d entries from %d, log ends at %d",
@@ -416,6 +422,7 @@ class FileEngine(StorageAdapter):
         if not topic or len(topic.encode()) > 0xFFFF or "/" in topic or topic in (".", ".."):
             raise StorageError(f"topic name {topic!r} cannot name a directory")
         meta = self._topics.get(topic)
+        changed = meta is None or queue_count > meta["queues"]
         if meta is None:
             meta = {"queues": 0, "created": self.clog.max_offset, "log_start": {}}
             self._topics[topic] = meta
@@ -423,7 +430,9 @@ class FileEngine(StorageAdapter):
             shard = self._open_shard(topic, q, meta)
             shard.cq.dir.mkdir(parents=True, exist_ok=True)
         meta["queues"] = max(meta["queues"], queue_count)
-        await self._save_meta()
+        # the store's start names every topic it recovered again: that writes nothing (it may be a full disk)
+        if changed or not self._meta_path().exists():
+            await self._save_meta()
         await self.index.configure(topic, config)
 
     async def update_config(self, topic: str, config: TopicConfig) -> None:
