@@ -452,6 +452,11 @@ class StoreManager:
     def end_offset(self, topic: str, queue: int) -> int:
         return self._route(topic, queue)[0].end_offset(topic, queue)
 
+    def offset_bounds(self, topic: str, queue: int) -> tuple[int, int]:
+        """(log start offset, end offset) with one routing (a Fetch asks for both of every partition)."""
+        engine = self._route(topic, queue)[0]
+        return engine.log_start_offset(topic, queue), engine.end_offset(topic, queue)
+
     # --- group offsets (the default engine) ----------------------------------------------------------------
 
     async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:

@@ -83,12 +83,12 @@ async def _read_all(server, plan, max_bytes: int, isolation_committed: bool):
             topic = info.topic
             limit = min(partition_max, left)
             try:
-                if limit <= 0 and total > 0:
-                    # the response is full: report offsets only (Kafka does the same)
-                    hw = store.end_offset(topic, index)
-                    log_start = store.log_start_offset(topic, index)
-                    if not log_start <= offset <= hw:
-                        raise E.OffsetOutOfRange(offset, log_start, hw)
+                log_start, hw = store.offset_bounds(topic, index)
+                if not log_start <= offset <= hw:
+                    raise E.OffsetOutOfRange(offset, log_start, hw)
+                if offset == hw or (limit <= 0 and total > 0):
+                    # nothing new (a consumer of many partitions waits on most of them), or the response is full:
+                    # offsets only, as Kafka does, without a store read
                     batches = ()
                 else:
                     result = await store.read(topic, index, offset, max(limit, 1))
