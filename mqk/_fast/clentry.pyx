@@ -334,7 +334,6 @@ cdef struct Staged:
     Py_ssize_t qpos
     int64_t phys
     int64_t base
-    int64_t size
     int64_t span
     int64_t running
 
@@ -424,7 +423,6 @@ def append_run(int fd, Py_ssize_t seg_start, Py_ssize_t pos, Py_ssize_t seg_size
             st.qpos = qpos
             st.phys = seg_start + cur
             st.base = base
-            st.size = done[0]
             st.span = done[1]
             st.running = done[2]
             marks[queue >> 3] |= <unsigned char>(1 << (queue & 7))
