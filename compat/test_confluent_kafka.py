@@ -437,3 +437,38 @@ def test_static_member_restart_keeps_assignment_without_rebalance(bootstrap: str
     finally:
         a.close()
         b.close()
+
+
+def test_a_consumer_of_many_partitions_reads_them_all_and_then_what_arrives_on_a_few(bootstrap: str, topic: str,
+                                                                                    group: str) -> None:
+    """A subscriber of a 200-partition topic: every Fetch names all its partitions, most of them caught up (the
+    broker answers those from their offsets alone). It reads every record, in order per partition, then the
+    records produced while it waits, on three partitions, arrive too."""
+    partitions = 200
+    create_topic(bootstrap, topic, partitions)
+    produce_all(bootstrap, topic, [{"value": b"%d-%d" % (p, i), "partition": p}
+                                   for i in range(5) for p in range(partitions)])
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    try:
+        consumer.subscribe([topic])
+        seen: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+
+        def read(until: int) -> None:
+            deadline = time.monotonic() + 30
+            while sum(map(len, seen.values())) < until and time.monotonic() < deadline:
+                for msg in consumer.consume(1000, timeout=0.5):
+                    assert msg.error() is None, msg.error()
+                    seen[msg.partition()].append(msg.value())
+
+        read(5 * partitions)
+        assert all(seen[p] == [b"%d-%d" % (p, i) for i in range(5)] for p in range(partitions))
+        produce_all(bootstrap, topic, [{"value": b"late-%d" % p, "partition": p} for p in (0, 99, 199)])
+        read(5 * partitions + 3)
+        assert [seen[p][5:] for p in (0, 99, 199)] == [[b"late-0"], [b"late-99"], [b"late-199"]]
+        assert sum(map(len, seen.values())) == 5 * partitions + 3
+        # the high watermarks the broker reported for caught-up partitions are their ends
+        lows_highs = [consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True) for p in (1, 99)]
+        assert lows_highs == [(0, 5), (0, 6)]
+    finally:
+        consumer.close()
