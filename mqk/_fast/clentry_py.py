@@ -227,6 +227,11 @@ def append_run(fd, seg_start, pos, seg_size, shards, entries, start, heads, topi
     the entry's CommitLog offset and `store_timestamp` (`dirty_since_ms`) and adds it to `dirty`; appends
     `result_type(base, last offset, store_timestamp, shard.log_start, CommitLog offset)` to `out` and
     `(queue, new end offset)` to `grown`."""
+    for name, value, kind in (("shards", shards, list), ("entries", entries, list), ("topic", topic, bytes),
+                              ("out", out, list), ("grown", grown, list), ("dirty", dirty, set)):
+        if type(value) is not kind:  # as the compiled kernel's typed arguments refuse them
+            raise TypeError(f"Argument {name!r} has incorrect type (expected {kind.__name__}, got "
+                            f"{type(value).__name__})")
     head_len = head_size(len(topic))
     h = _writable(heads)
     seg_start = _ssize(seg_start)

@@ -552,7 +552,7 @@ def _run_outcome(ce, spec: dict, tmp_path, name: str) -> tuple:
     written = path.read_bytes()
     return ((count, end, type(error).__name__), [(type(r).__name__, tuple(r)) if isinstance(r, tuple) else r
                                                  for r in out], grown,
-            sorted(shards.index(next(s for s in shards if s is not None and s.cq is cq)) for cq in dirty),
+            [q for q, s in enumerate(shards) if s is not None and s.cq in dirty],
             state, written if error is None else b"", bytes(heads[:count * ce.head_size(len(spec["topic"]))]))
 
 
@@ -655,3 +655,13 @@ def test_append_run_leaves_room_for_a_blank_at_the_segment_end(impl, tmp_path, s
         os.close(fd)
     assert (count, end, error) == ((1, 100 + size, None) if spare == 8 else (0, 100, None))
     assert shards[0].cq.end_offset == (1 if spare == 8 else 0)
+
+
+@pytest.mark.parametrize("bad", ["topic", "shards", "dirty"])
+def test_append_run_refuses_the_argument_types_the_compiled_kernel_refuses(impl, bad):
+    ce, _rb = impl
+    args = {"shards": [], "entries": [], "topic": b"t", "out": [], "grown": [], "dirty": set()}
+    args[bad] = {"topic": "t", "shards": type("Shards", (list,), {})(), "dirty": frozenset()}[bad]
+    with pytest.raises(TypeError, match=bad):
+        ce.append_run(0, 0, 0, 0, args["shards"], args["entries"], 0, bytearray(100), args["topic"], 0, args["out"],
+                      args["grown"], _Result, args["dirty"])

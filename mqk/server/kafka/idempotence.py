@@ -188,8 +188,8 @@ class ProducerStates:
         return producers
 
     async def _scan_tail(self, topic: str, partition: int, producers: dict[int, ProducerEntry]) -> None:
-        end = self.store.end_offset(topic, partition)
-        offset = max(self.store.log_start_offset(topic, partition), end - TAIL_RECORDS)
+        start, end = self.store.offset_bounds(topic, partition)
+        offset = max(start, end - TAIL_RECORDS)
         while offset < end:
             result = await self.store.read(topic, partition, offset, TAIL_READ_BYTES)
             if not result.batches:

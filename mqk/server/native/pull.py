@@ -124,7 +124,7 @@ class PullProcessor:
     async def get_messages(self, topic: str, queue: int, offset: int, max_nums: int,
                            tags: frozenset[str] | None) -> PullResult:
         store = self.ctx.store
-        low, high = store.log_start_offset(topic, queue), store.end_offset(topic, queue)
+        low, high = store.offset_bounds(topic, queue)
 
         def answer(code: int, next_offset: int, remark: str | None = None) -> PullResult:
             return PullResult(code, next_offset, low, high, [], remark)
