@@ -10,6 +10,8 @@
    deleted file's pages is printed too);
 3. consume of the 100 B topic: records/s with confluent-kafka, and with a wire-level consumer that counts records
    from batch headers (what the broker serves when the Python client's per-record cost is not the limit);
+   then 100 B ingest into 1 partition and consume of those records with kcat (librdkafka's C client, no Python
+   in the client's path: a real client that can push what the broker takes), three runs each (kcat_perf.py);
 4. end-to-end latency p50/p99 at half of the acks=1 ingest rate (producer alone), at half of the end-to-end
    pipeline's own maximum (unpaced producer with the consumer reading along), and at 1,000 records/s;
 5. ingest into 1,000 partitions (records sent round-robin) against 1 partition: a first pass (which pays for
@@ -37,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from typing import Any
@@ -44,6 +47,7 @@ from typing import Any
 import consumer_perf
 import produce_capacity
 import e2e_latency
+import kcat_perf
 import native_perf
 import perfutil
 import producer_perf
@@ -150,6 +154,30 @@ def _median_pair(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[li
     return ratios, one, many, many["records_per_s"] / one["records_per_s"]
 
 
+def _kcat(broker: perfutil.Broker, records: int) -> dict[str, dict[str, Any]]:
+    """Three kcat ingest runs of `records` x 100 B into one fresh 1-partition topic, then three kcat consumes of
+    the first `records` of it; the median run of each (by records/s) with the broker's CPU for it."""
+    topic = f"suite-kcat-{uuid.uuid4().hex[:6]}"
+    perfutil.create_topic(broker.bootstrap, topic, 1)
+    runs: dict[str, list] = {"produce": [], "consume": []}
+    with tempfile.TemporaryDirectory(prefix="mqk-bench-kcat-") as tmp:
+        values = os.path.join(tmp, "values.txt")
+        kcat_perf.write_records(values, records, 100)
+        print(f"\n== kcat ingest: {records} x 100 B, 1 partition, acks=1, linger.ms=5 (three runs)", flush=True)
+        for _ in range(3):
+            _quiet(broker)
+            r = kcat_perf.with_broker_cpu(broker, lambda: kcat_perf.produce(broker.bootstrap, topic, records, 100,
+                                                                            input_path=values))
+            print(f"{kcat_perf.produce_line(r)}; {kcat_perf.broker_note(r)}", flush=True)
+            runs["produce"].append(r)
+    print(f"== kcat consume: the first {records} records of that topic (three runs)", flush=True)
+    for _ in range(3):
+        r = kcat_perf.with_broker_cpu(broker, lambda: kcat_perf.consume(broker.bootstrap, topic, records))
+        print(f"{kcat_perf.consume_line(r, 100)}; {kcat_perf.broker_note(r)}", flush=True)
+        runs["consume"].append(r)
+    return {kind: sorted(rs, key=lambda r: r["records_per_s"])[1] for kind, rs in runs.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=1_000_000, help="100 B records per ingest run")
@@ -157,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partition-records", type=int, default=500_000, help="records for the 1 vs 1,000 partitions runs")
     p.add_argument("--capacity-records", type=int, default=1_000_000,
                    help="records per produce_capacity.py run (1 and 1,000 partitions, 100- and 10-record batches)")
+    p.add_argument("--kcat-records", type=int, default=2_000_000, help="100 B records per kcat run")
     p.add_argument("--e2e-seconds", type=float, default=5.0)
     p.add_argument("--native-messages", type=int, default=20_000)
     p.add_argument("--native-delayed", type=int, default=10_000)
@@ -166,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.records, args.records_1k, args.partition_records, args.capacity_records = 100_000, 20_000, 50_000, 50_000
+        args.kcat_records = 200_000
         args.e2e_seconds, args.native_messages, args.native_delayed = 2.0, 2_000, 1_000
 
     results: dict[str, Any] = {}
@@ -207,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu0 = broker.cpu_seconds()
         raw = results["consume_raw"] = consumer_perf.run_raw(broker.bootstrap, results["acks1"]["topic"], args.records)
         print(consumer_perf.raw_line(raw, broker.cpu_seconds() - cpu0), flush=True)
+        results["kcat"] = _kcat(broker, args.kcat_records)
 
         rate = max(100.0, results["acks1"]["records_per_s"] / 2)
         _quiet(broker)
@@ -269,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                 many["records_per_s"] / one["records_per_s"] for one, many in zip(runs[1], runs[1000])]
             # the broker's own capacity (records per CPU second) into 1,000 against 1 partition: what the broker
             # does per record, without the client and the neighbours that share the two cores with it
+            # (a run too short for one CPU clock tick reads 0 s: its capacity is unmeasured, not infinite)
             capacity[(batch_records, "cpu_ratios")] = [
-                one["cpu_s_per_million"] / many["cpu_s_per_million"] for one, many in zip(runs[1], runs[1000])]
+                one["cpu_s_per_million"] / many["cpu_s_per_million"] if many["cpu_s_per_million"] else float("nan")
+                for one, many in zip(runs[1], runs[1000])]
 
         if not args.no_native:
             print("\n== native (remoting) path", flush=True)
@@ -309,6 +342,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{raw['messages_per_s']:,.0f} records/s [>= 2 M/s: confluent-kafka "
           f"{'met' if cons['fetch_messages_per_s'] >= 2e6 else 'NOT met'}, broker "
           f"{'met' if raw['messages_per_s'] >= 2e6 else 'NOT met'}]")
+    kp, kc = results["kcat"]["produce"], results["kcat"]["consume"]
+    print(f"ingest 100 B, kcat    : {kp['records_per_s']:,.0f} records/s, {kp['mb_per_s']:.1f} MB/s (median of 3, "
+          f"acks=1), broker {kp['broker_cpu_s'] / kp['records'] * 1e6:.2f} s CPU per million records, kcat "
+          f"{kp['client_cpu_s'] / kp['records'] * 1e6:.2f} us CPU per record [>= 1.5 M/s: "
+          f"{'met' if kp['records_per_s'] >= 1.5e6 else 'NOT met'}]")
+    print(f"consume 100 B, kcat   : {kc['records_per_s']:,.0f} records/s (median of 3), broker "
+          f"{kc['broker_cpu_s'] / kc['records'] * 1e6:.2f} s CPU per million records, kcat "
+          f"{kc['client_cpu_s'] / kc['records'] * 1e6:.2f} us CPU per record [>= 2 M/s: "
+          f"{'met' if kc['records_per_s'] >= 2e6 else 'NOT met'}]")
     print(f"e2e at {e2e['rate']:,.0f} records/s  : p50 {e2e['p50_ms']:.2f} ms, p99 {e2e['p99_ms']:.2f} ms = half of "
           f"the producer-alone ingest [p99 <= 5 ms: {'met' if e2e['p99_ms'] <= 5 else 'NOT met'}]")
     half = results["e2e_half_max"]
