@@ -13,7 +13,8 @@
    then 100 B ingest into 1 partition and consume of those records with kcat (librdkafka's C client, no Python
    in the client's path: a real client that can push what the broker takes), three runs each (kcat_perf.py);
 4. end-to-end latency p50/p99 at half of the acks=1 ingest rate (producer alone), at half of the end-to-end
-   pipeline's own maximum (unpaced producer with the consumer reading along), and at 1,000 records/s;
+   pipeline's own maximum (unpaced producer with the consumer reading along; three runs), and at 1,000 records/s;
+   then at half of the wire-level pipeline's maximum (three runs);
 5. ingest into 1,000 partitions (records sent round-robin) against 1 partition: a first pass (which pays for
    creating 1,000 queues' files), then three alternating pairs of 1 partition and the same, now existing 1,000,
    with the client's CPU per record beside the broker's: librdkafka sends one partition per request (15-200
@@ -154,6 +155,21 @@ def _median_pair(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[li
     return ratios, one, many, many["records_per_s"] / one["records_per_s"]
 
 
+def _three(run: Any, broker: perfutil.Broker) -> dict[str, Any]:
+    """Three latency runs (each started quiet): the run with the median p99, with every run's p50 and p99."""
+    runs = []
+    for i in range(3):
+        if i:
+            _quiet(broker)
+        runs.append(run())
+    median = sorted(runs, key=lambda r: r["p99_ms"])[1]
+    return {**median, "runs": runs}
+
+
+def _runs_note(r: dict[str, Any]) -> str:
+    return "runs' p50 / p99 " + ", ".join(f"{x['p50_ms']:.2f} / {x['p99_ms']:.2f}" for x in r["runs"]) + " ms"
+
+
 def _kcat(broker: perfutil.Broker, records: int) -> dict[str, dict[str, Any]]:
     """Three kcat ingest runs of `records` x 100 B into one fresh 1-partition topic, then three kcat consumes of
     the first `records` of it; the median run of each (by records/s) with the broker's CPU for it."""
@@ -255,13 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         _quiet(broker)
         print(f"== end-to-end maximum (unpaced, consumer reading along): {top:.0f} records/s; "
               f"latency at half of it ({half:.0f} records/s)", flush=True)
-        results["e2e_half_max"] = e2e_latency.run(broker.bootstrap, e2e_topic, half, args.e2e_seconds, 100,
-                                                  producer_props={"linger.ms": "1"})
+        # three runs: one run's p99 is its worst 1% of records, which a few milliseconds of this VM not scheduling
+        # a process decide; the summary gives all three and judges the median run
+        results["e2e_half_max"] = _three(lambda: e2e_latency.run(
+            broker.bootstrap, e2e_topic, half, args.e2e_seconds, 100, producer_props={"linger.ms": "1"}), broker)
         _quiet(broker)
         print("== end-to-end latency at 1,000 records/s (the broker's floor, machine not saturated)", flush=True)
         results["e2e_low"] = e2e_latency.run(broker.bootstrap, e2e_topic, 1000, args.e2e_seconds, 100)
         # The broker's own share: wire-level producer and consumer, whose per-record cost is next to nothing.
-        raw_topics = [f"suite-e2e-raw-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+        raw_topics = [f"suite-e2e-raw-{uuid.uuid4().hex[:6]}" for _ in range(4)]
         for t in raw_topics:
             perfutil.create_topic(broker.bootstrap, t, 1)
         probe = e2e_latency.run_raw(broker.bootstrap, raw_topics[0], float("inf"), 3.0, 100, quiet=True)
@@ -269,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         _quiet(broker)
         print(f"== end-to-end, wire-level producer and consumer: maximum {top:.0f} records/s (1,000-record batches, "
               f"unpaced); latency at half of it, one batch a millisecond", flush=True)
-        results["e2e_raw"] = e2e_latency.run_raw(broker.bootstrap, raw_topics[1], top / 2, args.e2e_seconds, 100)
+        # (the wire-level consumer reads its topic from offset 0: a fresh topic per run)
+        results["e2e_raw"] = _three(lambda: e2e_latency.run_raw(broker.bootstrap, raw_topics.pop(), top / 2,
+                                                                args.e2e_seconds, 100), broker)
 
         results["p1000_first"] = _produce(broker, "partitions-1000", args.partition_records, 100, "1",
                                           partitions=1000)
@@ -354,14 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"e2e at {e2e['rate']:,.0f} records/s  : p50 {e2e['p50_ms']:.2f} ms, p99 {e2e['p99_ms']:.2f} ms = half of "
           f"the producer-alone ingest [p99 <= 5 ms: {'met' if e2e['p99_ms'] <= 5 else 'NOT met'}]")
     half = results["e2e_half_max"]
-    print(f"e2e at {half['rate']:,.0f} records/s  : p50 {half['p50_ms']:.2f} ms, p99 {half['p99_ms']:.2f} ms = half of "
-          f"the pipeline's maximum ({results['e2e_max_rate']:,.0f} records/s with producer, consumer and broker on "
-          f"these cores) [p99 <= 5 ms: {'met' if half['p99_ms'] <= 5 else 'NOT met'}]")
+    print(f"e2e at {half['rate']:,.0f} records/s  : p50 {half['p50_ms']:.2f} ms, p99 {half['p99_ms']:.2f} ms (median "
+          f"of 3 runs by p99: {_runs_note(half)}) = half of the pipeline's maximum ({results['e2e_max_rate']:,.0f} "
+          f"records/s with producer, consumer and broker on these cores) [p99 <= 5 ms: "
+          f"{'met' if half['p99_ms'] <= 5 else 'NOT met'}]")
     low = results["e2e_low"]
     print(f"e2e at 1,000 records/s: p50 {low['p50_ms']:.2f} ms, p99 {low['p99_ms']:.2f} ms")
     raw_e2e = results["e2e_raw"]
     print(f"e2e, wire-level       : at {raw_e2e['rate']:,.0f} records/s p50 {raw_e2e['p50_ms']:.2f} ms, p99 "
-          f"{raw_e2e['p99_ms']:.2f} ms = half of the wire-level pipeline's maximum "
+          f"{raw_e2e['p99_ms']:.2f} ms (median of 3 runs by p99: {_runs_note(raw_e2e)}) = half of the wire-level "
+          f"pipeline's maximum "
           f"({results['e2e_raw_max_rate']:,.0f} records/s) [p99 <= 5 ms: "
           f"{'met' if raw_e2e['p99_ms'] <= 5 else 'NOT met'}]")
     first = results["p1000_first"]
