@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 from mqk.config import TopicConfig
+from mqk.errors import UnknownShard
 
 Buffer = bytes | bytearray | memoryview
 
@@ -295,6 +296,18 @@ class StorageAdapter(abc.ABC):
 
     @abc.abstractmethod
     def end_offset(self, topic: str, queue: int) -> int: ...
+
+    def offset_bounds_many(self, topic: str, queues: Sequence[int]) -> list[tuple[int, int] | None]:
+        """(log start offset, end offset) of each of `queues`, None for a queue the topic does not have (or a
+        topic this engine does not hold). A Fetch of a consumer assigned many partitions asks for all of them, in
+        every request; an engine that can answer without a call per queue overrides this."""
+        bounds: list[tuple[int, int] | None] = []
+        for queue in queues:
+            try:
+                bounds.append((self.log_start_offset(topic, queue), self.end_offset(topic, queue)))
+            except UnknownShard:
+                bounds.append(None)
+        return bounds
 
     async def max_timestamp(self, topic: str, queue: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the record with the largest timestamp (ListOffsets MAX_TIMESTAMP)."""

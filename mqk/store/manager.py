@@ -457,6 +457,14 @@ class StoreManager:
         engine = self._route(topic, queue)[0]
         return engine.log_start_offset(topic, queue), engine.end_offset(topic, queue)
 
+    def offset_bounds_many(self, topic: str, queues: Sequence[int]) -> list[tuple[int, int] | None]:
+        """`offset_bounds` of each of `queues` with one routing; None for a queue the topic does not have, and
+        for every queue of a topic that does not exist."""
+        info = self._topics.get(topic)
+        if info is None:
+            return [None] * len(queues)
+        return self._started_engine(info.engine).offset_bounds_many(topic, queues)
+
     # --- group offsets (the default engine) ----------------------------------------------------------------
 
     async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:

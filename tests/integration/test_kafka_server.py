@@ -352,6 +352,42 @@ async def test_long_poll_wakes_on_new_data(broker, client):
         assert values_of(resp["responses"][0]["partitions"][0]["records"]) == [b"late"]
 
 
+@pytest.mark.parametrize("max_bytes", [1 << 20, 1])
+async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is_after_the_wake_up(broker, client,
+                                                                                                   max_bytes):
+    # a consumer of many partitions waits on all of them and is woken by one; the answer after the wake-up must
+    # still give every partition its offsets as they are then, and the records of every partition that grew (with
+    # max_bytes 1, only the first one's, as KIP-74 lets the first partition with data exceed the limit; the other
+    # is answered with offsets only, its new ones)
+    await broker.store.create_topic("wide", 20)
+    for p in range(20):
+        for _ in range(p % 3):
+            await broker.store.append("wide", p, [make_batch([b"seed-%d" % p])])
+    ends = [p % 3 for p in range(20)]
+    body = fetch_body("wide", 0, max_wait_ms=5000, min_bytes=1, max_bytes=max_bytes)
+    template = body["topics"][0]["partitions"][0]
+    body["topics"][0]["partitions"] = [{**template, "partition": p, "fetch_offset": ends[p]} for p in range(20)]
+    async with await RawKafkaClient.connect(broker.host, broker.port) as producer:
+        client.send(ApiKey.FETCH, 12, body)
+        await client.writer.drain()
+        await asyncio.sleep(0.1)
+        assert await broker.store.delete_before("wide", 5, ends[5]) == ends[5]  # moves a log start, wakes nobody
+        grown = {3: [b"three"], 7: [b"seven", b"seven-2"]}
+        both = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "wide",
+                "partition_data": [{"index": p, "records": bytes(make_batch(v))} for p, v in grown.items()]}]}
+        answer = await producer.call(ApiKey.PRODUCE, 9, both)  # one request: one append, one wake-up for both
+        assert [x["error_code"] for x in answer["responses"][0]["partition_responses"]] == [0, 0]
+        _, resp = await client.receive()
+    parts = {x["partition_index"]: x for x in resp["responses"][0]["partitions"]}
+    assert sorted(parts) == list(range(20))
+    for p, part in parts.items():
+        expected_end = ends[p] + len(grown.get(p, ()))
+        assert (part["error_code"], part["high_watermark"], part["last_stable_offset"]) == (0, expected_end,
+                                                                                           expected_end)
+        assert part["log_start_offset"] == (ends[5] if p == 5 else 0)
+        assert values_of(part["records"]) == (grown.get(p, []) if p == 3 or max_bytes > 1 else [])
+
+
 async def test_fetch_by_topic_id_v13(client, broker):
     await seed(client)
     import uuid

@@ -322,6 +322,22 @@ async def test_delete_before_moves_the_log_start(harness: Harness) -> None:
     assert [r[2] for r in await _read_all(harness)] == [b"after"]
 
 
+async def test_offset_bounds_many_answers_each_queue_as_the_single_calls_do(harness: Harness) -> None:
+    await _topic(harness, queues=3)
+    engine = harness.engine
+    for i in range(4):
+        await engine.append(T, 1, [twin_batch([b"%d" % i, b"x"])])
+    await engine.append(T, 2, [twin_batch([b"y"])])
+    assert await engine.delete_before(T, 1, 2) == 2
+    queues = [2, 0, 1, 1, 3, -1]  # any order, repeats, and queues the topic does not have
+    assert engine.offset_bounds_many(T, queues) == [(0, 1), (0, 0), (2, 8), (2, 8), None, None]
+    assert [engine.offset_bounds_many(T, [q])[0] for q in range(3)] == [
+        (engine.log_start_offset(T, q), engine.end_offset(T, q)) for q in range(3)]
+    assert engine.offset_bounds_many("nope", [0, 1]) == [None, None]
+    await engine.delete_shards(T)
+    assert engine.offset_bounds_many(T, [0]) == [None]
+
+
 # --- tags ------------------------------------------------------------------------------------------------
 
 

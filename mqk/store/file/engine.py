@@ -888,6 +888,15 @@ class FileEngine(StorageAdapter):
     def end_offset(self, topic: str, queue: int) -> int:
         return self._shard(topic, queue).cq.end_offset
 
+    def offset_bounds_many(self, topic: str, queues: Sequence[int]) -> list[tuple[int, int] | None]:
+        shards = self._queues.get(topic, ())
+        count = len(shards)
+        bounds: list[tuple[int, int] | None] = []
+        for queue in queues:
+            shard = shards[queue] if 0 <= queue < count else None
+            bounds.append(None if shard is None else (shard.log_start, shard.cq.end_offset))
+        return bounds
+
     async def offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
         """Bisect the ConsumeQueue's running max timestamps, then find the record inside the batch (decoding,
         and decompressing if needed, only that one batch; the same resolution as the other engines)."""

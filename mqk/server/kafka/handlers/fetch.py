@@ -56,8 +56,9 @@ async def handle(server, conn, req) -> dict:
     isolation_committed = body.get("isolation_level", 0) == 1
     watch = [(info.topic, p[0]) for _t, info, _m, parts in plan if info is not None for p in parts]
 
+    responses = None
     while True:
-        responses, total, errored = await _read_all(server, plan, max_bytes, isolation_committed)
+        responses, total, errored = await _read_all(server, plan, max_bytes, isolation_committed, responses)
         if total >= min_bytes or errored or not watch:
             break
         remaining = deadline - time.monotonic()
@@ -67,32 +68,51 @@ async def handle(server, conn, req) -> dict:
     return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
 
 
-async def _read_all(server, plan, max_bytes: int, isolation_committed: bool):
+async def _read_all(server, plan, max_bytes: int, isolation_committed: bool, previous: list | None = None):
+    """One pass over the request's partitions: (responses, bytes of records found, whether a partition erred).
+    `previous` is the last pass of the same request, which found too little and waited: a partition it answered
+    with offsets only keeps that answer (the same dict) while its offsets have not moved, so the pass after a
+    wake-up costs a consumer of many partitions little more than reading the one that woke it."""
     store = server.store
     responses = []
     total = 0
     errored = False
     left = max_bytes
-    for t, info, missing, parts in plan:
+    for k, (t, info, missing, parts) in enumerate(plan):
         out = []
-        for index, offset, partition_max in parts:
-            if info is None or not 0 <= index < info.queue_count:
-                out.append(_error_partition(index, missing if info is None else E.UnknownTopicOrPartitionError.code))
+        bounds = None
+        unknown = missing if info is None else E.UnknownTopicOrPartitionError.code
+        if info is not None:
+            try:
+                # both offsets of every partition with one routing; None for a partition the topic does not have
+                bounds = store.offset_bounds_many(info.topic, [p[0] for p in parts])
+            except Exception as exc:  # noqa: BLE001 - every partition of the topic answers with its code
+                unknown = E.kafka_code_for(exc)
+        earlier = previous[k]["partitions"] if previous is not None else None
+        for i, (index, offset, partition_max) in enumerate(parts):
+            known = bounds[i] if bounds is not None else None
+            if known is None:
+                out.append(_error_partition(index, unknown))
                 errored = True
                 continue
-            topic = info.topic
+            log_start, hw = known
+            if not log_start <= offset <= hw:
+                out.append(_error_partition(index, E.OffsetOutOfRangeError.code, hw, log_start))
+                errored = True
+                continue
             limit = min(partition_max, left)
+            if offset == hw or (limit <= 0 and total > 0):
+                # nothing new (a consumer of many partitions waits on most of them), or the response is full:
+                # offsets only, as Kafka does, without a store read
+                answer = earlier[i] if earlier is not None else None
+                if (answer is None or answer["records"] is not _EMPTY or answer["error_code"]
+                        or answer["high_watermark"] != hw or answer["log_start_offset"] != log_start):
+                    answer = _offsets_only(index, hw, log_start, isolation_committed)
+                out.append(answer)
+                continue
             try:
-                log_start, hw = store.offset_bounds(topic, index)
-                if not log_start <= offset <= hw:
-                    raise E.OffsetOutOfRange(offset, log_start, hw)
-                if offset == hw or (limit <= 0 and total > 0):
-                    # nothing new (a consumer of many partitions waits on most of them), or the response is full:
-                    # offsets only, as Kafka does, without a store read
-                    batches = ()
-                else:
-                    result = await store.read(topic, index, offset, max(limit, 1))
-                    hw, log_start, batches = result.end_offset, result.log_start_offset, result.batches
+                result = await store.read(info.topic, index, offset, max(limit, 1))
+                hw, log_start, batches = result.end_offset, result.log_start_offset, result.batches
             except Exception as exc:  # noqa: BLE001 - per-partition error code, as the protocol wants
                 code = E.kafka_code_for(exc)
                 hw = log_start = -1
@@ -104,10 +124,10 @@ async def _read_all(server, plan, max_bytes: int, isolation_committed: bool):
             if batches:
                 data = [b.data for b in batches]
                 size = 0
-                for i, d in enumerate(data):
+                for cut, d in enumerate(data):
                     if total > 0 and size + len(d) > left:
                         # only the first partition with data may exceed the limits (KIP-74)
-                        del data[i:]
+                        del data[cut:]
                         break
                     size += len(d)
                 total += size
@@ -116,9 +136,15 @@ async def _read_all(server, plan, max_bytes: int, isolation_committed: bool):
                     data = _EMPTY
             else:
                 data = _EMPTY
-            out.append({"partition_index": index, "error_code": NONE, "high_watermark": hw,
-                        "last_stable_offset": hw, "log_start_offset": log_start,
-                        "aborted_transactions": [] if isolation_committed else None,
-                        "preferred_read_replica": -1, "records": data})
+            answer = _offsets_only(index, hw, log_start, isolation_committed)
+            answer["records"] = data
+            out.append(answer)
         responses.append({"topic": t.get("topic"), "topic_id": t.get("topic_id"), "partitions": out})
     return responses, total, errored
+
+
+def _offsets_only(index: int, hw: int, log_start: int, isolation_committed: bool) -> dict:
+    """A partition's answer without records (the records field is set by the caller when there are some)."""
+    return {"partition_index": index, "error_code": NONE, "high_watermark": hw, "last_stable_offset": hw,
+            "log_start_offset": log_start, "aborted_transactions": [] if isolation_committed else None,
+            "preferred_read_replica": -1, "records": _EMPTY}
