@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from mqk.server.kafka.fetch_wait import DataWaiters
+from mqk.server.kafka.fetch_wait import WIDE, DataWaiters
 from mqk.server.native.context import LongPollHub
 
 
@@ -20,6 +20,32 @@ async def test_fetch_waiters_wake_on_any_listed_partition_and_only_those() -> No
     waiters.notify("t", [(0, 4), (1, 7)])  # one call for two queues of t
     assert await asyncio.wait_for(woken_b, 1) is True
     assert await asyncio.wait_for(asleep, 1) is False  # its partitions never grew: timed out
+
+
+async def test_a_wait_on_many_partitions_of_a_topic_wakes_on_any_of_them_and_leaves_nothing_registered() -> None:
+    waiters = DataWaiters()
+    many = [("t", q) for q in range(0, 2 * WIDE, 2)]  # the even queues of t: registered once, for the topic
+    wide = asyncio.ensure_future(waiters.wait(many + [("u", 0)], 5))
+    other = asyncio.ensure_future(waiters.wait([("t", q) for q in range(1, 2 * WIDE, 2)], 5))  # the odd ones
+    narrow = asyncio.ensure_future(waiters.wait([("t", 5)], 5))
+    await asyncio.sleep(0)
+    assert list(waiters._wide) == ["t"] and len(waiters._wide["t"]) == 2
+    waiters.notify("t", [(2 * WIDE, 1), (2 * WIDE + 1, 1)])  # queues nobody waits on
+    waiters.notify("v", [(4, 1)])
+    await asyncio.sleep(0)
+    assert not (wide.done() or other.done() or narrow.done())
+    waiters.notify("t", [(5, 3), (2 * WIDE - 2, 9)])  # an odd queue (a wide and a narrow wait) and an even one
+    assert await asyncio.wait_for(wide, 1) is True
+    assert await asyncio.wait_for(other, 1) is True
+    assert await asyncio.wait_for(narrow, 1) is True
+    assert waiters._wide == {} and waiters._waiting == {}
+    # a wide wait that times out or is released by wake_all leaves nothing behind either
+    assert await waiters.wait(many, 0.01) is False
+    stopped = asyncio.ensure_future(waiters.wait(many, 5))
+    await asyncio.sleep(0)
+    waiters.wake_all()
+    assert await asyncio.wait_for(stopped, 1) is True
+    assert waiters._wide == {} and waiters._waiting == {}
 
 
 async def test_long_poll_hub_wakes_pulls_of_every_grown_queue_from_any_thread() -> None:
