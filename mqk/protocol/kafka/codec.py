@@ -48,7 +48,9 @@ AHEAD_MAX = 8 * 1024 * 1024
 _new_buffer = load("recbatch").new_buffer
 _produce_kernel = load("producereq").decode_produce_request
 _produce_answer_kernel = load("produceresp").encode_produce_response
+_fetch_answer_kernel = load("fetchresp").encode_fetch_response
 _PRODUCE = int(api.ApiKey.PRODUCE)
+_FETCH = int(api.ApiKey.FETCH)
 
 
 def _decode_produce(api_version: int, body: memoryview) -> dict:
@@ -261,9 +263,15 @@ def encode_response(request: Request, body: dict) -> list:
     head = bytearray(9 if flexible else 8)
     if flexible:
         head[8] = 0  # empty tagged-field section
-    if api_key == _PRODUCE and _produce_answer_kernel(body, version, head):
-        parts = [head]  # the usual Produce answer, written by the _fast kernel (the generated encoder's bytes)
-    else:
+    # the usual Produce and Fetch answers are written by _fast kernels (the generated encoder's bytes); anything
+    # else, or what a kernel declines, by the generated encoder
+    parts = None
+    if api_key == _PRODUCE:
+        if _produce_answer_kernel(body, version, head):
+            parts = [head]
+    elif api_key == _FETCH:
+        parts = _fetch_answer_kernel(body, version, head)
+    if parts is None:
         parts = messages.encode_response(api_key, version, body, head)
     total = 0
     for p in parts:
