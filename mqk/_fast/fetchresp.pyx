@@ -90,12 +90,12 @@ cdef int _length(Out* o, Py_ssize_t n, bint compact, bint i16) except -1:
 
 
 cdef int64_t _int(dict d, str key, int64_t default, int64_t lo, int64_t hi) except? -1:
-    """An int16 / int32 field: an exact int within [lo, hi], else the generated encoder takes the body."""
+    """An int16 / int32 field: an int within [lo, hi], else the generated encoder takes the body."""
     cdef PyObject* v = PyDict_GetItem(d, key)
     cdef int64_t x
     if v == NULL:
         return default
-    if type(<object>v) is not int:
+    if not isinstance(<object>v, int):  # bool too, as struct.pack in the twin takes it
         raise _Decline()
     try:
         x = <object>v
@@ -110,7 +110,7 @@ cdef int64_t _i64(dict d, str key, int64_t default) except? -1:
     cdef PyObject* v = PyDict_GetItem(d, key)
     if v == NULL:
         return default
-    if type(<object>v) is not int:
+    if not isinstance(<object>v, int):  # bool too, as struct.pack in the twin takes it
         raise _Decline()
     try:
         return <object>v

@@ -10,87 +10,14 @@ from libc.stdint cimport int16_t, int32_t, int64_t
 
 from cpython.buffer cimport PyBuffer_Release
 
-from mqk._fast._bytes cimport borrow, ld_i16, ld_i32
+from mqk._fast._bytes cimport borrow
+from mqk._fast._cursor cimport Cursor, array_length, i16, i32, length, length32, raw16, skip_tags, string
 
 from uuid import UUID
 
 ZERO_UUID = UUID(int=0)
 FIRST_VERSION = 3
 LAST_VERSION = 13
-
-
-cdef class _Cursor:
-    cdef const unsigned char* b
-    cdef Py_ssize_t n
-    cdef Py_ssize_t pos
-
-    cdef inline int need(self, Py_ssize_t k) except -1:
-        if k > self.n - self.pos:
-            raise ValueError(f"truncated at byte {self.pos}")
-        return 0
-
-    cdef inline int16_t i16(self) except? -1:
-        self.need(2)
-        self.pos += 2
-        return ld_i16(self.b + self.pos - 2)
-
-    cdef inline int32_t i32(self) except? -1:
-        self.need(4)
-        self.pos += 4
-        return ld_i32(self.b + self.pos - 4)
-
-    cdef inline int64_t uvarint(self) except? -1:
-        # the generated decoder's _uv: at most five bytes, the last one's high bits kept
-        cdef int64_t result = 0
-        cdef int shift = 0
-        cdef unsigned char byte
-        while True:
-            self.need(1)
-            byte = self.b[self.pos]
-            self.pos += 1
-            result |= <int64_t>(byte & 0x7F) << shift
-            if byte < 0x80:
-                return result
-            shift += 7
-            if shift > 28:
-                raise ValueError("varint too long")
-
-    cdef inline int64_t length(self, bint compact) except? -2:
-        """A string / bytes / array length: -1 (or any negative) for null."""
-        if compact:
-            return self.uvarint() - 1
-        return self.i16()
-
-    cdef inline int64_t length32(self, bint compact) except? -2:
-        if compact:
-            return self.uvarint() - 1
-        return self.i32()
-
-    cdef inline int64_t array_length(self, bint compact, str what) except -1:
-        """The element count of a non-nullable array: ValueError for null, or for more elements than bytes left."""
-        cdef int64_t count = self.length32(compact)
-        if count < 0:
-            raise ValueError(f"null {what}")
-        if count > self.n - self.pos:
-            raise ValueError("truncated or oversized length")
-        return count
-
-    cdef inline int skip_tags(self) except -1:
-        cdef int64_t count, i, size
-        count = self.uvarint()
-        for i in range(count):
-            self.uvarint()
-            size = self.uvarint()
-            self.pos += size
-            if self.pos > self.n:
-                raise ValueError("truncated or oversized length")
-        return 0
-
-    cdef inline object string(self, int64_t size):
-        if size > self.n - self.pos:
-            raise ValueError("truncated or oversized length")
-        self.pos += size
-        return (<const char*>self.b)[self.pos - size:self.pos].decode("utf-8")
 
 
 def decode_produce_request(buf, Py_ssize_t version):
@@ -102,7 +29,7 @@ def decode_produce_request(buf, Py_ssize_t version):
         raise ValueError(f"Produce v{version} is not decoded here")
     cdef bint compact = version >= 9
     cdef bint by_id = version >= 13
-    cdef _Cursor c = _Cursor.__new__(_Cursor)
+    cdef Cursor c
     cdef Py_buffer view
     cdef int64_t size, topics, partitions, t, i
     cdef int32_t index
@@ -113,29 +40,27 @@ def decode_produce_request(buf, Py_ssize_t version):
         c.b = <const unsigned char*>view.buf
         c.n = view.len
         c.pos = 0
-        size = c.length(compact)
-        transactional_id = None if size < 0 else c.string(size)
-        acks = c.i16()
-        timeout_ms = c.i32()
-        topics = c.array_length(compact, "topic_data")
+        size = length(&c, compact)
+        transactional_id = None if size < 0 else string(&c, size)
+        acks = i16(&c)
+        timeout_ms = i32(&c)
+        topics = array_length(&c, compact, "topic_data")
         topic_data = []
         for t in range(topics):
             if by_id:
-                c.need(16)
-                topic_id = UUID(bytes=(<const char*>c.b)[c.pos:c.pos + 16])
-                c.pos += 16
+                topic_id = UUID(bytes=raw16(&c))
                 name = ""
             else:
-                size = c.length(compact)
+                size = length(&c, compact)
                 if size < 0:
                     raise ValueError("null name")
-                name = c.string(size)
+                name = string(&c, size)
                 topic_id = ZERO_UUID
-            partitions = c.array_length(compact, "partition_data")
+            partitions = array_length(&c, compact, "partition_data")
             partition_data = []
             for i in range(partitions):
-                index = c.i32()
-                size = c.length32(compact)
+                index = i32(&c)
+                size = length32(&c, compact)
                 if size < 0:
                     records = None
                 else:
@@ -144,13 +69,13 @@ def decode_produce_request(buf, Py_ssize_t version):
                     records = buf[c.pos:c.pos + size]
                     c.pos += size
                 if compact:
-                    c.skip_tags()
+                    skip_tags(&c)
                 partition_data.append({"index": index, "records": records})
             if compact:
-                c.skip_tags()
+                skip_tags(&c)
             topic_data.append({"name": name, "topic_id": topic_id, "partition_data": partition_data})
         if compact:
-            c.skip_tags()
+            skip_tags(&c)
     finally:
         PyBuffer_Release(&view)
     return {"transactional_id": transactional_id, "acks": acks, "timeout_ms": timeout_ms, "topic_data": topic_data}

@@ -25,11 +25,16 @@ ZERO_UUID = UUID(int=0)
 FIRST_VERSION = 3
 LAST_VERSION = 13
 
+_I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
 
 
-class _Cursor:
+class Cursor:
+    """A read position over a request body and the Kafka wire primitives read from it (the twins' side of
+    _cursor.pxd; fetchreq_py uses it too)."""
+
     __slots__ = ("buf", "n", "pos")
 
     def __init__(self, buf: memoryview) -> None:
@@ -41,6 +46,11 @@ class _Cursor:
         if k > self.n - self.pos:
             raise ValueError(f"truncated at byte {self.pos}")
 
+    def i8(self) -> int:
+        self.need(1)
+        self.pos += 1
+        return _I8.unpack_from(self.buf, self.pos - 1)[0]
+
     def i16(self) -> int:
         self.need(2)
         self.pos += 2
@@ -50,6 +60,17 @@ class _Cursor:
         self.need(4)
         self.pos += 4
         return _I32.unpack_from(self.buf, self.pos - 4)[0]
+
+    def i64(self) -> int:
+        self.need(8)
+        self.pos += 8
+        return _I64.unpack_from(self.buf, self.pos - 8)[0]
+
+    def raw16(self) -> bytes:
+        """The 16 bytes of a uuid."""
+        self.need(16)
+        self.pos += 16
+        return bytes(self.buf[self.pos - 16:self.pos])
 
     def uvarint(self) -> int:
         # the generated decoder's _uv: at most five bytes, the last one's high bits kept
@@ -106,7 +127,7 @@ def decode_produce_request(buf: memoryview, version: int) -> dict:
         raise ValueError(f"Produce v{version} is not decoded here")
     compact = version >= 9
     by_id = version >= 13
-    c = _Cursor(buf)
+    c = Cursor(buf)
     size = c.length(compact)
     transactional_id = None if size < 0 else c.string(size)
     acks = c.i16()
@@ -115,9 +136,7 @@ def decode_produce_request(buf: memoryview, version: int) -> dict:
     topic_data = []
     for _ in range(topics):
         if by_id:
-            c.need(16)
-            topic_id = UUID(bytes=bytes(buf[c.pos:c.pos + 16]))
-            c.pos += 16
+            topic_id = UUID(bytes=c.raw16())
             name = ""
         else:
             size = c.length(compact)

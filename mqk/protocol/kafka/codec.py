@@ -47,20 +47,23 @@ AHEAD_MAX = 8 * 1024 * 1024
 
 _new_buffer = load("recbatch").new_buffer
 _produce_kernel = load("producereq").decode_produce_request
+_fetch_kernel = load("fetchreq").decode_fetch_request
 _produce_answer_kernel = load("produceresp").encode_produce_response
 _fetch_answer_kernel = load("fetchresp").encode_fetch_response
 _PRODUCE = int(api.ApiKey.PRODUCE)
 _FETCH = int(api.ApiKey.FETCH)
 
 
-def _decode_produce(api_version: int, body: memoryview) -> dict:
-    """Produce bodies are decoded by a hand-written `_fast` kernel (DESIGN: Produce decode may be): the same dict
-    as the generated decoder, at a fraction of its cost per partition, which counts when a request spreads its
-    records over many partitions. Its ValueError becomes MalformedMessage, as the generated decoder's errors do."""
+def _decode_by_kernel(kernel, api_key: int, api_version: int, body: memoryview) -> dict | None:
+    """Produce and Fetch bodies are decoded by hand-written `_fast` kernels (DESIGN: hot paths may be): the same
+    dict as the generated decoder, at a fraction of its cost per partition, which counts when a request names
+    many partitions (a producer spreading its records, a consumer assigned a large topic). None: the kernel left
+    the body to the generated decoder. Its ValueError becomes MalformedMessage, as the generated decoder's errors
+    do."""
     try:
-        return _produce_kernel(body, api_version)
+        return kernel(body, api_version)
     except ValueError as exc:  # UnicodeDecodeError included
-        raise MalformedMessage(f"api {_PRODUCE} v{api_version}: {exc.__class__.__name__}: {exc}") from None
+        raise MalformedMessage(f"api {api_key} v{api_version}: {exc.__class__.__name__}: {exc}") from None
 
 
 class Request(NamedTuple):
@@ -238,9 +241,12 @@ class KafkaConnectionCodec:
                 return Request(api_key, api_version, correlation_id, client_id, {}, True, len(frame))
             raise UnsupportedApiVersion(api_key, api_version, correlation_id)
         try:
+            body = None
             if api_key == _PRODUCE:
-                body = _decode_produce(api_version, frame[pos:])
-            else:
+                body = _decode_by_kernel(_produce_kernel, api_key, api_version, frame[pos:])
+            elif api_key == _FETCH:
+                body = _decode_by_kernel(_fetch_kernel, api_key, api_version, frame[pos:])
+            if body is None:
                 body = messages.decode_request(api_key, api_version, frame[pos:])
         except MalformedMessage as exc:
             # say which request it was, for the server's one log line
