@@ -23,7 +23,8 @@ encoder's bytes.
 from __future__ import annotations
 
 import struct
-from uuid import UUID
+
+from mqk._fast.handwritten import I16_RANGE, I32_RANGE, I64_RANGE, Decline, dict_int, dict_seq, put_length, put_topic
 
 FIRST_VERSION = 4
 LAST_VERSION = 17
@@ -35,48 +36,7 @@ _HEAD_V7 = struct.Struct(">ihi")
 _PART_V4 = struct.Struct(">ihqq")
 _PART_V5 = struct.Struct(">ihqqq")
 _ABORTED = struct.Struct(">qq")
-_I16_RANGE = (-(1 << 15), (1 << 15) - 1)
-_I32_RANGE = (-(1 << 31), (1 << 31) - 1)
-_I64_RANGE = (-(1 << 63), (1 << 63) - 1)
 _BYTES_LIKE = (bytes, bytearray, memoryview)
-_ZERO_UUID = UUID(int=0)
-
-
-class _Decline(Exception):
-    """The body is not the usual answer: the generated encoder takes it."""
-
-
-def _int(d: dict, key: str, default: int, bounds: tuple[int, int]) -> int:
-    v = d.get(key, default)
-    if not isinstance(v, int) or not bounds[0] <= v <= bounds[1]:
-        raise _Decline
-    return v
-
-
-def _uvarint(b: bytearray, n: int) -> None:
-    while n >= 0x80:
-        b.append((n & 0x7F) | 0x80)
-        n >>= 7
-    b.append(n)
-
-
-def _length(b: bytearray, n: int, compact: bool, i16: bool = False) -> None:
-    """An array, string or bytes length; -1 is null."""
-    if compact:
-        _uvarint(b, n + 1)
-    elif i16:
-        if n > _I16_RANGE[1]:
-            raise _Decline
-        b += n.to_bytes(2, "big", signed=True)
-    else:
-        b += _I32.pack(n)
-
-
-def _seq(d: dict, key: str) -> list | tuple:
-    v = d.get(key, ())
-    if v.__class__ is not list and v.__class__ is not tuple:
-        raise _Decline
-    return v
 
 
 def encode_fetch_response(body, version: int, out: bytearray) -> list | None:
@@ -86,7 +46,7 @@ def encode_fetch_response(body, version: int, out: bytearray) -> list | None:
         return None
     try:
         parts = _write(body, version)
-    except (_Decline, UnicodeEncodeError, struct.error):
+    except (Decline, UnicodeEncodeError, struct.error):
         return None
     out += parts[0]
     parts[0] = out
@@ -96,36 +56,26 @@ def encode_fetch_response(body, version: int, out: bytearray) -> list | None:
 def _write(body: dict, version: int) -> list:
     compact = version >= 12
     if version >= 16 and body.get("node_endpoints"):
-        raise _Decline
+        raise Decline
     parts: list = []
     b = bytearray()
-    throttle = _int(body, "throttle_time_ms", 0, _I32_RANGE)
+    throttle = dict_int(body, "throttle_time_ms", 0, I32_RANGE)
     if version >= 7:
-        b += _HEAD_V7.pack(throttle, _int(body, "error_code", 0, _I16_RANGE), _int(body, "session_id", 0, _I32_RANGE))
+        b += _HEAD_V7.pack(throttle, dict_int(body, "error_code", 0, I16_RANGE),
+                           dict_int(body, "session_id", 0, I32_RANGE))
     else:
         b += _I32.pack(throttle)
-    responses = _seq(body, "responses")
-    _length(b, len(responses), compact)
+    responses = dict_seq(body, "responses")
+    put_length(b, len(responses), compact)
     for topic in responses:
         if topic.__class__ is not dict:
-            raise _Decline
-        if version >= 13:
-            topic_id = topic.get("topic_id", _ZERO_UUID)
-            if topic_id.__class__ is not UUID:
-                raise _Decline
-            b += topic_id.bytes
-        else:
-            name = topic.get("topic", "")
-            if name.__class__ is not str:
-                raise _Decline
-            name = name.encode()
-            _length(b, len(name), compact, True)
-            b += name
-        partitions = _seq(topic, "partitions")
-        _length(b, len(partitions), compact)
+            raise Decline
+        put_topic(b, topic, "topic", version >= 13, compact)
+        partitions = dict_seq(topic, "partitions")
+        put_length(b, len(partitions), compact)
         for p in partitions:
             if p.__class__ is not dict:
-                raise _Decline
+                raise Decline
             # a value of another type or out of its field's range makes pack raise struct.error: declined
             if version >= 5:
                 b += _PART_V5.pack(p.get("partition_index", 0), p.get("error_code", 0), p.get("high_watermark", 0),
@@ -135,38 +85,38 @@ def _write(body: dict, version: int) -> list:
                                    p.get("last_stable_offset", -1))
             if compact and (p.get("diverging_epoch") is not None or p.get("current_leader") is not None
                             or p.get("snapshot_id") is not None):
-                raise _Decline
+                raise Decline
             aborted = p.get("aborted_transactions", ())
             if aborted is None:
-                _length(b, -1, compact)
+                put_length(b, -1, compact)
             elif aborted.__class__ is list or aborted.__class__ is tuple:
-                _length(b, len(aborted), compact)
+                put_length(b, len(aborted), compact)
                 for txn in aborted:
                     if txn.__class__ is not dict:
-                        raise _Decline
-                    b += _ABORTED.pack(_int(txn, "producer_id", 0, _I64_RANGE),
-                                       _int(txn, "first_offset", 0, _I64_RANGE))
+                        raise Decline
+                    b += _ABORTED.pack(dict_int(txn, "producer_id", 0, I64_RANGE),
+                                       dict_int(txn, "first_offset", 0, I64_RANGE))
                     if compact:
                         b.append(0)
             else:
-                raise _Decline
+                raise Decline
             if version >= 11:
                 b += _I32.pack(p.get("preferred_read_replica", -1))
             records = p.get("records")
             if records is None:
-                _length(b, -1, compact)
+                put_length(b, -1, compact)
             elif records.__class__ is list or records.__class__ is tuple:
                 size = 0
                 for chunk in records:
                     if chunk.__class__ not in _BYTES_LIKE:
-                        raise _Decline
+                        raise Decline
                     size += len(chunk)
-                _length(b, size, compact)
+                put_length(b, size, compact)
                 parts.append(b)
                 parts.extend(records)
                 b = bytearray()
             elif records.__class__ in _BYTES_LIKE:
-                _length(b, len(records), compact)
+                put_length(b, len(records), compact)
                 if len(records) >= INLINE_MAX:
                     parts.append(b)
                     parts.append(records)
@@ -174,7 +124,7 @@ def _write(body: dict, version: int) -> list:
                 else:
                     b += records
             else:
-                raise _Decline
+                raise Decline
             if compact:
                 b.append(0)  # no tagged fields
         if compact:

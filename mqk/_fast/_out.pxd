@@ -1,0 +1,134 @@
+# Shared by the _fast response encoders (cimported, never imported): a growing C buffer and the writers of answer
+# fields read from the body's dicts with C lookups; the twins' side is handwritten.py. A value the usual answer
+# never holds (another type, out of its field's range) raises handwritten.Decline: the caller leaves the body to
+# the generated encoder.
+from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint64_t
+from libc.stdlib cimport realloc
+from libc.string cimport memcpy, memset
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+
+
+cdef struct Out:
+    unsigned char* p
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef inline int decline() except -1:
+    from mqk._fast.handwritten import Decline
+    raise Decline()
+
+
+cdef inline int out_reserve(Out* o, Py_ssize_t k) except -1:
+    cdef Py_ssize_t cap
+    cdef unsigned char* p
+    if o.n + k <= o.cap:
+        return 0
+    cap = max(2 * o.cap, o.n + k, 256)
+    p = <unsigned char*>realloc(o.p, cap)
+    if p == NULL:
+        raise MemoryError()
+    o.p = p
+    o.cap = cap
+    return 0
+
+
+cdef inline int out_be(Out* o, uint64_t v, int width) except -1:
+    cdef int i
+    out_reserve(o, width)
+    for i in range(width):
+        o.p[o.n + i] = <unsigned char>(v >> (8 * (width - 1 - i)))
+    o.n += width
+    return 0
+
+
+cdef inline int out_uvarint(Out* o, uint64_t v) except -1:
+    out_reserve(o, 10)
+    while v >= 0x80:
+        o.p[o.n] = <unsigned char>((v & 0x7F) | 0x80)
+        o.n += 1
+        v >>= 7
+    o.p[o.n] = <unsigned char>v
+    o.n += 1
+    return 0
+
+
+cdef inline int out_mem(Out* o, const unsigned char* data, Py_ssize_t k) except -1:
+    out_reserve(o, k)
+    memcpy(o.p + o.n, data, k)
+    o.n += k
+    return 0
+
+
+cdef inline int out_length(Out* o, Py_ssize_t n, bint compact, bint i16) except -1:
+    """An array, string or bytes length (-1: null): an unsigned varint of n + 1 in flexible versions, else an
+    int16 (strings) or int32."""
+    if compact:
+        out_uvarint(o, <uint64_t>(n + 1))
+    elif i16:
+        if n > 32767:
+            decline()
+        out_be(o, <uint64_t>n, 2)
+    else:
+        out_be(o, <uint64_t>n, 4)
+    return 0
+
+
+cdef inline int64_t dict_int(dict d, str key, int64_t default, int64_t lo, int64_t hi) except? -1:
+    """An int field within [lo, hi] (bool included, as the twins' struct packing takes it)."""
+    cdef PyObject* v = PyDict_GetItem(d, key)
+    cdef int64_t x = 0
+    if v == NULL:
+        return default
+    if not isinstance(<object>v, int):
+        decline()
+    try:
+        x = <object>v
+    except OverflowError:
+        decline()
+    if not lo <= x <= hi:
+        decline()
+    return x
+
+
+cdef inline int64_t dict_i64(dict d, str key, int64_t default) except? -1:
+    return dict_int(d, key, default, INT64_MIN, INT64_MAX)
+
+
+cdef inline object dict_seq(dict d, str key):
+    cdef PyObject* v = PyDict_GetItem(d, key)
+    if v == NULL:
+        return ()
+    if type(<object>v) is not list and type(<object>v) is not tuple:
+        decline()
+    return <object>v
+
+
+cdef inline int out_topic(Out* o, dict topic, str name_key, bint by_id, bint compact, object uuid_type) except -1:
+    """A topic's 16-byte id (`topic_id`, a `uuid_type`, default zero) from v13, else its name (`name_key`, a str,
+    default "")."""
+    cdef PyObject* found
+    cdef object name
+    if by_id:
+        found = PyDict_GetItem(topic, "topic_id")
+        if found == NULL:
+            out_reserve(o, 16)
+            memset(o.p + o.n, 0, 16)
+            o.n += 16
+            return 0
+        if type(<object>found) is not uuid_type:
+            decline()
+        name = (<object>found).bytes
+        out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), 16)
+        return 0
+    found = PyDict_GetItem(topic, name_key)
+    name = "" if found == NULL else <object>found
+    if type(name) is not str:
+        decline()
+    name = (<str>name).encode("utf-8")
+    out_length(o, PyBytes_GET_SIZE(name), compact, True)
+    out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name))
+    return 0
