@@ -21,7 +21,9 @@ the unframed tail moves to a fresh one and the old one lives on as long as views
 are all handed out is let go at once, so an idle connection holds no buffer). A frame whose size prefix has
 arrived gets a buffer with room for all of it (up to `AHEAD_MAX`; a bigger frame's buffer doubles as its bytes
 arrive, so a size prefix alone never makes the broker set aside `max_request_bytes`); small frames share
-`READ_CHUNK`-sized buffers. `receive_data(bytes)` copies into the same buffer, for callers holding bytes.
+`READ_CHUNK`-sized buffers. Once a peer's frame did not fit one, its fresh buffers get `AHEAD_MAX` of room, so
+that its next frames land whole and only a frame straddling a buffer's end is copied. `receive_data(bytes)`
+copies into the same buffer, for callers holding bytes.
 """
 from __future__ import annotations
 
@@ -155,6 +157,9 @@ class KafkaConnectionCodec:
         self._start = 0  # bytes [_start, _end) of _buf are received and not yet handed out
         self._end = 0
         self._frame_size = -1  # size of the frame at _start once its prefix is read and checked, -1 before
+        #: the last frame handed out did not fit a shared read buffer: the peer sends large frames (a producer's
+        #: 1 MB batches), and a fresh buffer is made room for several of them (see get_buffer)
+        self._large_frames = False
 
     # -- input ------------------------------------------------------------------------------------------
     def get_buffer(self, sizehint: int = -1) -> memoryview:
@@ -170,10 +175,14 @@ class KafkaConnectionCodec:
             if lacking <= room:
                 return memoryview(self._buf)[self._end:]
             room = max(min(lacking, max(AHEAD_MAX, held)), READ_CHUNK)
+            if self._large_frames:
+                room = max(room, AHEAD_MAX)  # the frames after it too
         elif room >= MIN_ROOM:
             return memoryview(self._buf)[self._end:]
         else:
-            room = READ_CHUNK
+            # a peer sending large frames gets AHEAD_MAX: its frames land whole, and only the one left straddling
+            # a buffer's end is copied to the next, where READ_CHUNK buffers copied the head of every frame
+            room = AHEAD_MAX if self._large_frames else READ_CHUNK
         buf = _new_buffer(held + room)
         buf[:held] = memoryview(self._buf)[self._start:self._end]
         self._buf, self._start, self._end = buf, 0, held
@@ -221,6 +230,7 @@ class KafkaConnectionCodec:
         begin = self._start + 4
         self._start += total
         self._frame_size = -1
+        self._large_frames = total > READ_CHUNK
         if self._start == self._end:
             # everything received is handed out: let go of the buffer (the frames' views keep it alive as long
             # as they need it), so an idle connection holds none; the next read gets a fresh one
