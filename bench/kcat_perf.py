@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -32,8 +33,14 @@ def _run_kcat(args: Sequence[str], stdin: Any = None, stdout: Any = subprocess.D
     pipe). A failed run raises with kcat's own complaint."""
     start = time.perf_counter()
     proc = subprocess.Popen([KCAT, *args], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE)
+    # stderr is drained beside stdout, so kcat never blocks on a full pipe we are not reading
+    errors: list[bytes] = []
+    drain = threading.Thread(target=lambda: errors.append(proc.stderr.read()))  # type: ignore[union-attr]
+    drain.start()
     out = proc.stdout.read() if proc.stdout is not None else b""
-    err = proc.stderr.read()  # type: ignore[union-attr]
+    drain.join()
+    err = errors[0]
+    # os.wait4 rather than proc.wait: it also gives kcat's CPU time, summed over its threads
     _pid, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)

@@ -94,6 +94,14 @@ cdef inline int64_t dict_int(dict d, str key, int64_t default, int64_t lo, int64
     return x
 
 
+cdef inline int64_t dict_i16(dict d, str key, int64_t default) except? -1:
+    return dict_int(d, key, default, -32768, 32767)
+
+
+cdef inline int64_t dict_i32(dict d, str key, int64_t default) except? -1:
+    return dict_int(d, key, default, -2147483648, 2147483647)
+
+
 cdef inline int64_t dict_i64(dict d, str key, int64_t default) except? -1:
     return dict_int(d, key, default, INT64_MIN, INT64_MAX)
 

@@ -13,21 +13,19 @@ from mqk._fast._cursor cimport Cursor, array_length, i8, i32, i64, length, need,
 
 from uuid import UUID
 
+from mqk._fast.handwritten import Decline
+
 ZERO_UUID = UUID(int=0)
 FIRST_VERSION = 4
 LAST_VERSION = 17
 _NO_HIGH_WATERMARK = (1 << 63) - 1
 
 
-class _Decline(Exception):
-    """A tagged field: the generated decoder takes the body."""
-
-
 cdef inline int _no_tags(Cursor* c) except -1:
     """An empty tagged-field section (one zero byte); anything else is declined (see fetchreq_py)."""
     need(c, 1)
     if c.b[c.pos]:
-        raise _Decline()
+        raise Decline()
     c.pos += 1
     return 0
 
@@ -55,7 +53,7 @@ def decode_fetch_request(buf, Py_ssize_t version):
         c.n = view.len
         c.pos = 0
         return _decode(&c, version)
-    except _Decline:
+    except Decline:
         return None
     finally:
         PyBuffer_Release(&view)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from uuid import UUID
 
+from mqk._fast.handwritten import Decline
 from mqk._fast.producereq_py import Cursor
 
 ZERO_UUID = UUID(int=0)
@@ -30,16 +31,12 @@ LAST_VERSION = 17
 _NO_HIGH_WATERMARK = (1 << 63) - 1  # the generated decoder's default for a partition's (v18) high_watermark
 
 
-class _Decline(Exception):
-    """A tagged field: the generated decoder takes the body."""
-
-
 def _no_tags(c: Cursor) -> None:
     """An empty tagged-field section (one zero byte); anything else is declined, a count spelt in more than one
     byte too (the generated decoder reads that)."""
     c.need(1)
     if c.buf[c.pos]:
-        raise _Decline
+        raise Decline
     c.pos += 1
 
 
@@ -61,7 +58,7 @@ def decode_fetch_request(buf: memoryview, version: int) -> dict | None:
         raise ValueError(f"Fetch v{version} is not decoded here")
     try:
         return _decode(Cursor(buf), version)
-    except _Decline:
+    except Decline:
         return None
 
 
@@ -109,7 +106,7 @@ def _decode(c: Cursor, version: int) -> dict:
                 if pos >= end:
                     raise ValueError(f"truncated at byte {pos}")
                 if buf[pos]:
-                    raise _Decline
+                    raise Decline
                 pos += 1
             partitions.append({"partition": partition, "current_leader_epoch": current_leader_epoch,
                                "fetch_offset": fetch_offset, "last_fetched_epoch": last_fetched_epoch,

@@ -10,8 +10,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
-from mqk._fast._out cimport (Out, decline, dict_i64, dict_int, dict_seq, out_be, out_length, out_mem, out_topic,
-                             out_uvarint)
+from mqk._fast._out cimport (Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
+                             out_topic)
 
 from uuid import UUID
 
@@ -21,12 +21,6 @@ FIRST_VERSION = 4
 LAST_VERSION = 17
 INLINE_MAX = 4096
 _UUID = UUID
-
-DEF I16_MIN = -32768
-DEF I16_MAX = 32767
-DEF I32_MIN = -2147483648
-DEF I32_MAX = 2147483647
-
 
 cdef bint _absent(dict d, str key):
     cdef PyObject* v = PyDict_GetItem(d, key)
@@ -52,11 +46,11 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
     cdef int64_t throttle
     if version >= 16 and body.get("node_endpoints"):
         decline()
-    throttle = dict_int(body, "throttle_time_ms", 0, I32_MIN, I32_MAX)
+    throttle = dict_i32(body, "throttle_time_ms", 0)
     out_be(o, <uint64_t>throttle, 4)
     if version >= 7:
-        out_be(o, <uint64_t>dict_int(body, "error_code", 0, I16_MIN, I16_MAX), 2)
-        out_be(o, <uint64_t>dict_int(body, "session_id", 0, I32_MIN, I32_MAX), 4)
+        out_be(o, <uint64_t>dict_i16(body, "error_code", 0), 2)
+        out_be(o, <uint64_t>dict_i32(body, "session_id", 0), 4)
     responses = dict_seq(body, "responses")
     out_length(o, len(responses), compact, False)
     for topic in responses:
@@ -68,8 +62,8 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
         for p in partitions:
             if type(p) is not dict:
                 decline()
-            out_be(o, <uint64_t>dict_int(p, "partition_index", 0, I32_MIN, I32_MAX), 4)
-            out_be(o, <uint64_t>dict_int(p, "error_code", 0, I16_MIN, I16_MAX), 2)
+            out_be(o, <uint64_t>dict_i32(p, "partition_index", 0), 4)
+            out_be(o, <uint64_t>dict_i16(p, "error_code", 0), 2)
             out_be(o, <uint64_t>dict_i64(p, "high_watermark", 0), 8)
             out_be(o, <uint64_t>dict_i64(p, "last_stable_offset", -1), 8)
             if version >= 5:
@@ -93,7 +87,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
             else:
                 decline()
             if version >= 11:
-                out_be(o, <uint64_t>dict_int(p, "preferred_read_replica", -1, I32_MIN, I32_MAX), 4)
+                out_be(o, <uint64_t>dict_i32(p, "preferred_read_replica", -1), 4)
             found = PyDict_GetItem(p, "records")
             records = None if found == NULL else <object>found
             if records is None:

@@ -1,7 +1,7 @@
-"""Shared by the hand-written response encoders (produceresp, fetchresp): `Decline`, which both builds raise for a
-body they leave to the generated encoder, and the twins' writers of answer fields (the compiled modules' side is
-_out.pxd). A field is taken only as an int within its range, an array only as a list or tuple; anything else is
-declined, and the generated encoder then encodes it or raises its own error.
+"""Shared by the hand-written codecs: `Decline`, which both builds of an encoder (produceresp, fetchresp) or a
+decoder (fetchreq) raise for a body they leave to the generated codec; and the encoder twins' writers of answer
+fields (the compiled modules' side is _out.pxd). A field is taken only as an int within its range, an array only
+as a list or tuple; anything else is declined, and the generated encoder then encodes it or raises its own error.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ _I32 = struct.Struct(">i")
 
 
 class Decline(Exception):
-    """The body is not the usual answer: the generated encoder takes it."""
+    """The body is not the usual one (an unusual answer, a tagged field in a request): the generated codec takes
+    it."""
 
 
 def dict_int(d: dict, key: str, default: int, bounds: tuple[int, int]) -> int:

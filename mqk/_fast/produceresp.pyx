@@ -10,7 +10,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
-from mqk._fast._out cimport Out, decline, dict_i64, dict_int, dict_seq, out_be, out_length, out_mem, out_topic
+from mqk._fast._out cimport (Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
+                             out_topic)
 
 from uuid import UUID
 
@@ -20,12 +21,6 @@ FIRST_VERSION = 3
 LAST_VERSION = 13
 _UUID = UUID
 
-DEF I16_MIN = -32768
-DEF I16_MAX = 32767
-DEF I32_MIN = -2147483648
-DEF I32_MAX = 2147483647
-
-
 cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
     cdef bint compact = version >= 9
     cdef object responses, partitions, topic, p, name, topic_id, message
@@ -34,7 +29,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
     if version >= 10 and body.get("node_endpoints"):
         decline()
     responses = dict_seq(body, "responses")
-    throttle = dict_int(body, "throttle_time_ms", 0, I32_MIN, I32_MAX)
+    throttle = dict_i32(body, "throttle_time_ms", 0)
     out_length(o, len(responses), compact, False)
     for topic in responses:
         if type(topic) is not dict:
@@ -45,8 +40,8 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
         for p in partitions:
             if type(p) is not dict:
                 decline()
-            out_be(o, <uint64_t>dict_int(p, "index", 0, I32_MIN, I32_MAX), 4)
-            out_be(o, <uint64_t>dict_int(p, "error_code", 0, I16_MIN, I16_MAX), 2)
+            out_be(o, <uint64_t>dict_i32(p, "index", 0), 4)
+            out_be(o, <uint64_t>dict_i16(p, "error_code", 0), 2)
             out_be(o, <uint64_t>dict_i64(p, "base_offset", 0), 8)
             out_be(o, <uint64_t>dict_i64(p, "log_append_time_ms", -1), 8)
             if version >= 5:
