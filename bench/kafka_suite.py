@@ -5,9 +5,10 @@
 
 1. ingest of 100 B records into 1 partition, acks=1 and acks=all (and acks=1 with lz4): records/s, MB/s, broker
    CPU s per million records;
-2. ingest of 1 KiB records: MB/s, beside `dd` writing the same number of bytes (buffered, no fsync) next to the
-   store on the same disk, into fresh page cache as the broker's ingest is (see `_dd_kept`; a `dd` rewriting a
-   deleted file's pages is printed too);
+2. ingest of 1 KiB records (confluent-kafka, then the broker's own capacity from pre-built batches): MB/s, beside
+   `dd` writing the same number of bytes (buffered, no fsync) next to the store on the same disk, into fresh page
+   cache as the broker's ingest is, in three alternating pairs (see `_dd_pairs`); a `dd` rewriting a deleted
+   file's pages is printed too;
 3. consume of the 100 B topic: records/s with confluent-kafka, and with a wire-level consumer that counts records
    from batch headers (what the broker serves when the Python client's per-record cost is not the limit);
    then 100 B ingest into 1 partition and consume of those records with kcat (librdkafka's C client, no Python
@@ -108,7 +109,7 @@ def _dd(directory: str, nbytes: int, fdatasync: bool = False, kept: list[str] | 
 
     The file is removed at once, unless `kept` is given: then its path is added there for the caller to remove
     after the last run, so each run fills page cache that nothing just freed, as a broker keeping what it ingests
-    does (see `_dd_kept`)."""
+    does (see `_dd_pairs`)."""
     target = f"{directory}/dd-{uuid.uuid4().hex[:6]}.bin"
     count = max(1, nbytes // 1048576)
     os.sync()
@@ -125,19 +126,35 @@ def _dd(directory: str, nbytes: int, fdatasync: bool = False, kept: list[str] | 
     return int(m.group(1)) / float(m.group(2).replace(",", ".")) / 1048576
 
 
-def _dd_kept(directory: str, nbytes: int) -> float:
-    """Median MB/s of three buffered `dd` writes of `nbytes`, all three files kept until the third is done.
+def _dd_pairs(directory: str, nbytes: int, kept: list[str], ingest: Any) -> list[tuple[float, dict[str, Any]]]:
+    """Three pairs of a buffered `dd` of `nbytes` and `ingest()` (a broker ingest of the same bytes), in turns
+    (dd first, then the broker first, then dd first): [(dd MB/s, the ingest's result)].
 
-    The like-for-like baseline for an ingest of `nbytes`: the broker keeps every byte it is sent, so its page
-    cache grows into memory nobody just freed. On this VM (a virtio balloon reporting free pages to the host)
-    such memory costs host-side faults: a `dd` that keeps its files writes 300-600 MB/s where one that deletes
-    and rewrites its file, re-using the pages it just freed, writes ~3 GB/s (bench/README.md)."""
-    kept: list[str] = []
-    try:
-        return statistics.median(_dd(directory, nbytes, kept=kept) for _ in range(3))
-    finally:
-        for path in kept:
-            os.unlink(path)
+    The like-for-like baseline for an ingest: the broker keeps every byte it is sent, so each dd keeps its file
+    too (its path goes to `kept`, which the caller removes after its last pair), and both grow the page cache
+    into memory nobody just freed. On this VM (a virtio balloon reporting free pages to the host) such memory
+    costs host-side faults, but how much changes from minute to minute: a `dd` keeping its files has written
+    270 MB/s and 3,200 MB/s in one run, minutes apart (bench/README.md). Each pair's two writes run back to back,
+    so each pair's ratio compares the two in one state of the host."""
+    pairs = []
+    for i in range(3):
+        if i % 2 == 0:
+            dd_mb_s = _dd(directory, nbytes, kept=kept)
+            result = ingest()
+        else:
+            result = ingest()
+            dd_mb_s = _dd(directory, nbytes, kept=kept)
+        print(f"dd buffered write of the same {nbytes / 1048576:.0f} MiB into fresh page cache (file kept): "
+              f"{dd_mb_s:.1f} MB/sec; the ingest {result['mb_per_s'] / dd_mb_s:.0%} of it", flush=True)
+        pairs.append((dd_mb_s, result))
+    return pairs
+
+
+def _median_dd_pair(pairs: list[tuple[float, dict[str, Any]]]) -> tuple[list[float], float, dict[str, Any], float]:
+    """(every pair's ingest / dd ratio, the median pair's dd MB/s, its ingest result, its ratio)."""
+    ratios = [result["mb_per_s"] / dd_mb_s for dd_mb_s, result in pairs]
+    dd_mb_s, result = sorted(pairs, key=lambda pair: pair[1]["mb_per_s"] / pair[0])[len(pairs) // 2]
+    return ratios, dd_mb_s, result, result["mb_per_s"] / dd_mb_s
 
 
 def _pairs(broker: perfutil.Broker, records: int, many_topic: str, tag: str,
@@ -146,6 +163,10 @@ def _pairs(broker: perfutil.Broker, records: int, many_topic: str, tag: str,
     return [(_produce(broker, f"partitions-1-{tag}", records, 100, "1", **kw),
              _produce(broker, f"partitions-1000-{tag}", records, 100, "1", partitions=1000, topic=many_topic, **kw))
             for _ in range(3)]
+
+
+def _percents(ratios: list[float]) -> str:
+    return ", ".join(f"{x:.0%}" for x in ratios)
 
 
 def _median_pair(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[float], dict, dict, float]:
@@ -227,22 +248,33 @@ def main(argv: list[str] | None = None) -> int:
         results["lz4"] = _produce(broker, "100B-acks1-lz4", args.records, 100, "1", props={"compression.type": "lz4"})
 
         data_dir = str(broker.data_dir)
-        results["1k"] = _produce(broker, "1KiB-acks1", args.records_1k, 1024, "1", sample_every=10)
-        # dd of the same bytes into fresh page cache (files kept, like the broker's); then, for reference, the
-        # usual dd that deletes and rewrites its file (re-using freed pages) and dd with fdatasync; medians of 3
-        results["dd_mb_s"] = _dd_kept(data_dir, args.records_1k * 1024)
+        # 1 KiB ingest against dd of the same bytes, in alternating pairs (dd files kept, like the broker's data):
+        # both then write into page cache in the same state of the host, which swings the figures tenfold
+        kept: list[str] = []
+        try:
+            results["1k_pairs"] = _dd_pairs(data_dir, args.records_1k * 1024, kept, lambda: _produce(
+                broker, "1KiB-acks1", args.records_1k, 1024, "1", sample_every=10))
+            print("\n== broker ingest of 1 KiB records from pre-built 1 MB batches (produce_capacity.py), against dd",
+                  flush=True)
+
+            def capacity_1k() -> dict[str, Any]:
+                _quiet(broker)
+                r = produce_capacity.run(broker, 1, args.records_1k * 5, 1024, 1000, 1, 5)
+                print(produce_capacity.line(r, 1, 1000, r), flush=True)
+                return r
+
+            results["1k_cap_pairs"] = _dd_pairs(data_dir, args.records_1k * 5 * 1024, kept, capacity_1k)
+        finally:
+            for path in kept:
+                os.unlink(path)
+        # for reference: the usual dd that deletes and rewrites its file (re-using the pages it just freed), and
+        # dd with fdatasync; medians of 3
         results["dd_reused_mb_s"] = statistics.median(_dd(data_dir, args.records_1k * 1024) for _ in range(3))
         results["dd_sync_mb_s"] = statistics.median(
             _dd(data_dir, args.records_1k * 1024, fdatasync=True) for _ in range(3))
-        print(f"dd buffered write of the same {args.records_1k * 1024 / 1048576:.0f} MiB (medians of 3): "
-              f"{results['dd_mb_s']:.1f} MB/sec into fresh page cache (files kept), {results['dd_reused_mb_s']:.1f} "
-              f"MB/sec rewriting a deleted file's pages; with fdatasync: {results['dd_sync_mb_s']:.1f} MB/sec",
-              flush=True)
-        cap = results["1k_capacity"] = produce_capacity.run(broker, 1, args.records_1k * 5, 1024, 1000, 1, 5)
-        print(produce_capacity.line(cap, 1, 1000, cap), flush=True)
-        results["dd_cap_mb_s"] = _dd_kept(data_dir, args.records_1k * 5 * 1024)
-        print(f"dd buffered write of the same {args.records_1k * 5 * 1024 / 1048576:.0f} MiB into fresh page cache "
-              f"(files kept, median of 3): {results['dd_cap_mb_s']:.1f} MB/sec", flush=True)
+        print(f"dd buffered write of {args.records_1k * 1024 / 1048576:.0f} MiB (medians of 3): "
+              f"{results['dd_reused_mb_s']:.1f} MB/sec rewriting a deleted file's pages; with fdatasync: "
+              f"{results['dd_sync_mb_s']:.1f} MB/sec", flush=True)
 
         print(f"\n== consume {args.records} x 100 B", flush=True)
         broker.settle()
@@ -331,9 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                 broker.namesrv, args.native_messages, 100, 64, 4, 16, args.native_delayed, 10.0,
                 broker.cpu_seconds))
 
-    a1, aa, k1 = results["acks1"], results["acksall"], results["1k"]
+    a1, aa = results["acks1"], results["acksall"]
+    k1_ratios, k1_dd, k1, ratio_dd = _median_dd_pair(results["1k_pairs"])
     cons, raw, e2e = results["consume"], results["consume_raw"], results["e2e"]
-    ratio_dd = k1["mb_per_s"] / results["dd_mb_s"]
     p_ratios, p1, p1000, ratio_p = _median_pair(results["p_pairs"])
     us_per_record = a1["cpu_s_per_million"]  # s per million == us per record
     print("\n== summary (issue goals in brackets)")
@@ -347,15 +379,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{lz['cpu_s_per_million']:.2f} s CPU per million records (acks=1, compression.type=lz4)")
     # What one broker core could take if the client were not the limit: record size / broker CPU per record.
     k1_ceiling = 1024 / (k1["cpu_s_per_million"] / 1e6) / 1048576 if k1["cpu_s_per_million"] else float("inf")
-    print(f"ingest 1 KiB          : {k1['mb_per_s']:.1f} MB/s vs dd {results['dd_mb_s']:.1f} MB/s = "
-          f"{ratio_dd:.0%} [>= 70%: {'met' if ratio_dd >= 0.7 else 'NOT met'}] (dd rewriting freed pages "
-          f"{results['dd_reused_mb_s']:.1f} MB/s: {k1['mb_per_s'] / results['dd_reused_mb_s']:.0%}); broker "
-          f"{k1['cpu_s_per_million']:.2f} us CPU per record = {k1_ceiling:.0f} MB/s per broker core")
-    cap = results["1k_capacity"]
-    cap_dd = cap["mb_per_s"] / results["dd_cap_mb_s"]
+    print(f"ingest 1 KiB          : {k1['mb_per_s']:.1f} MB/s vs dd {k1_dd:.1f} MB/s = {ratio_dd:.0%} (median of "
+          f"3 pairs: {_percents(k1_ratios)}) [>= 70%: {'met' if ratio_dd >= 0.7 else 'NOT met'}] (dd rewriting "
+          f"freed pages {results['dd_reused_mb_s']:.1f} MB/s: {k1['mb_per_s'] / results['dd_reused_mb_s']:.0%}); "
+          f"broker {k1['cpu_s_per_million']:.2f} us CPU per record = {k1_ceiling:.0f} MB/s per broker core")
+    cap_ratios, cap_dd_mb_s, cap, cap_dd = _median_dd_pair(results["1k_cap_pairs"])
     print(f"ingest 1 KiB, broker  : {cap['mb_per_s']:.1f} MB/s from pre-built 1 MB batches (produce_capacity.py) vs "
-          f"dd {results['dd_cap_mb_s']:.1f} MB/s = {cap_dd:.0%} [>= 70%: {'met' if cap_dd >= 0.7 else 'NOT met'}] "
-          f"(dd rewriting freed pages: {cap['mb_per_s'] / results['dd_reused_mb_s']:.0%}; dd with fdatasync: "
+          f"dd {cap_dd_mb_s:.1f} MB/s = {cap_dd:.0%} (median of 3 pairs: {_percents(cap_ratios)}) [>= 70%: "
+          f"{'met' if cap_dd >= 0.7 else 'NOT met'}] (dd rewriting freed pages: "
+          f"{cap['mb_per_s'] / results['dd_reused_mb_s']:.0%}; dd with fdatasync: "
           f"{cap['mb_per_s'] / results['dd_sync_mb_s']:.0%})")
     print(f"consume 100 B         : {cons['messages_per_s']:,.0f} records/s ({cons['fetch_messages_per_s']:,.0f} "
           f"after the rebalance, confluent-kafka), broker {cons['cpu_s']:.2f} s CPU; wire-level consumer "
@@ -387,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({results['e2e_raw_max_rate']:,.0f} records/s) [p99 <= 5 ms: "
           f"{'met' if raw_e2e['p99_ms'] <= 5 else 'NOT met'}]")
     first = results["p1000_first"]
-    print(f"1,000 vs 1, round-robin: pair ratios {', '.join(f'{x:.0%}' for x in p_ratios)}, median pair "
+    print(f"1,000 vs 1, round-robin: pair ratios {_percents(p_ratios)}, median pair "
           f"{p1000['records_per_s']:,.0f} vs {p1['records_per_s']:,.0f} records/s = {ratio_p:.0%} [>= 80%: "
           f"{'met' if ratio_p >= 0.8 else 'NOT met'}]; CPU per record 1,000 vs 1 partition: client "
           f"{p1000['client_cpu_s_per_million']:.2f} vs {p1['client_cpu_s_per_million']:.2f} us, broker "
@@ -395,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
           f"partitions {first['records_per_s']:,.0f} records/s, broker {first['cpu_s']:.1f} s CPU")
     client_pairs = results["p_pairs_client"]
     c_ratios, c1, c1000, ratio_c = _median_pair(client_pairs)
-    print(f"1,000 vs 1, partitioner: pair ratios {', '.join(f'{x:.0%}' for x in c_ratios)}, median pair "
+    print(f"1,000 vs 1, partitioner: pair ratios {_percents(c_ratios)}, median pair "
           f"{c1000['records_per_s']:,.0f} vs {c1['records_per_s']:,.0f} records/s = {ratio_c:.0%} [>= 80%: "
           f"{'met' if ratio_c >= 0.8 else 'NOT met'}]; keyless records placed by librdkafka's sticky partitioner, "
           f"as kafka-producer-perf-test's are; the runs wrote to "
@@ -418,9 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         cpu_ratio = statistics.median(cpu_ratios)
         print(f"broker, {batch_records:3d}-record batches: {many['records_per_s']:,.0f} vs {one['records_per_s']:,.0f} "
               f"records/s into 1,000 vs 1 partition (medians of 3), pair ratios "
-              f"{', '.join(f'{x:.0%}' for x in ratios)} (median {statistics.median(ratios):.0%}); broker "
+              f"{_percents(ratios)} (median {statistics.median(ratios):.0%}); broker "
               f"{many['cpu_s_per_million']:.2f} vs {one['cpu_s_per_million']:.2f} us CPU per record, capacity "
-              f"(records per CPU second) pair ratios {', '.join(f'{x:.0%}' for x in cpu_ratios)}, median "
+              f"(records per CPU second) pair ratios {_percents(cpu_ratios)}, median "
               f"{cpu_ratio:.0%} [>= 80%: {'met' if cpu_ratio >= 0.8 else 'NOT met'}]")
     if "native" in results:
         n = results["native"]
