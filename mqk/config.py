@@ -37,6 +37,10 @@ class StoreConfig:
     flush_mode: str = FLUSH_ASYNC
     flush_interval_ms: int = 500
     flush_min_pages: int = 4
+    #: the CommitLog's most recent bytes whose page cache is kept once flushed; the flusher drops older pages
+    #: (mqk.store.file.flush), so writes reuse pages instead of growing the cache into fresh memory, and readers
+    #: further behind read from the file; 0 = keep every page, as Kafka leaves it to the kernel
+    commitlog_cache_bytes: int = 256 << 20
     #: how often the checkpoint file is rewritten (and ConsumeQueues are flushed, see the next two)
     checkpoint_interval_ms: int = 1000
     #: a checkpoint flushes a ConsumeQueue holding at least this many unflushed 4 KiB pages (RocketMQ's
@@ -59,6 +63,8 @@ class StoreConfig:
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
         if self.commitlog_segment_bytes < 4096:
             raise ValueError("commitlog_segment_bytes must be at least 4096")
+        if self.commitlog_cache_bytes < 0:
+            raise ValueError("commitlog_cache_bytes must not be negative (0 keeps every page)")
         if self.cq_flush_least_pages < 0 or self.cq_flush_max_delay_ms < 0:
             raise ValueError("cq_flush_least_pages and cq_flush_max_delay_ms must not be negative")
 

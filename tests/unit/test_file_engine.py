@@ -16,6 +16,7 @@ from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, Storage
 from mqk.store.adapter import GroupOffset
 from mqk.store.file.checkpoint import Checkpoint
 from mqk.store.file.engine import FileEngine
+from test_file_mapped import cached_pages
 
 rb = load("recbatch")
 T = "orders"
@@ -751,4 +752,32 @@ async def test_a_start_that_cannot_write_its_checkpoint_still_starts(tmp_path: P
         assert (crashed / "queues.json").stat().st_mtime_ns == meta
     finally:
         monkeypatch.undo()
+        await e.close()
+
+
+async def test_the_flusher_drops_cached_pages_behind_the_kept_tail_and_reads_still_see_them(tmp_path: Path) -> None:
+    keep = 128 * 1024  # two 64 KiB segments
+    e = await open_engine(tmp_path, commitlog_cache_bytes=keep)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        written = []
+        for i in range(300):  # ~240 KB: the CommitLog's first segments fall behind the kept tail
+            b = batch(3, ts=1000 + i, value=bytes([i % 256]) * 250)
+            written.append(bytes(b))
+            await e.append(T, 0, [b])
+        await e.flusher.flush()
+        segments = e.clog.mfq.snapshot()
+        behind = [mf for mf in segments if mf.end_offset <= e.clog.max_offset - keep]
+        assert len(behind) >= 2
+        assert not any(any(cached_pages(mf)) for mf in behind)
+        assert e.flusher.cache_from >= behind[-1].end_offset
+        assert cached_pages(segments[-1])[0]  # the tail stays
+        # every record reads back as written, those whose pages went included
+        got, offset = [], 0
+        while offset < 900:
+            result = await e.read(T, 0, offset, 1 << 20)
+            got.extend(bytes(stored.data) for stored in result.batches)
+            offset = result.next_offset
+        assert [records_of(g) for g in got] == [records_of(w) for w in written]
+    finally:
         await e.close()

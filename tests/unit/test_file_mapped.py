@@ -1,6 +1,8 @@
-"""MappedFile and MappedFileQueue: bounds checks, positions, segment naming, pre-allocation, truncation, reload."""
+"""MappedFile and MappedFileQueue: bounds checks, positions, segment naming, pre-allocation, truncation, reload,
+dropping flushed pages from the page cache."""
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from pathlib import Path
@@ -8,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mqk.errors import OutOfBounds, StorageError
-from mqk.store.file.mapped_file import MappedFile, MappedFileQueue, segment_name
+from mqk.store.file.mapped_file import CACHE_DROP_ALIGN, PAGE, MappedFile, MappedFileQueue, segment_name
 
 SIZE = 8192
 
@@ -271,3 +273,69 @@ def test_syncfs_syncs_a_filesystem_or_says_it_cannot(tmp_path: Path, monkeypatch
     assert info.value.errno == errno.EBADF
     monkeypatch.setattr(fsutil, "_syncfs", None)  # a platform without syncfs(2)
     assert fsutil.syncfs(0) is False
+
+
+def cached_pages(mf: MappedFile) -> list[bool]:
+    """Which pages of `mf` are in the page cache (mincore over its mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    pages = (mf.file_size + PAGE - 1) // PAGE
+    vec = (ctypes.c_ubyte * pages)()
+    window = (ctypes.c_char * mf.file_size).from_buffer(mf.mm)
+    try:
+        assert libc.mincore(ctypes.addressof(window), mf.file_size, vec) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        del window  # the buffer export would keep the mapping from closing
+    return [bool(v & 1) for v in vec]
+
+
+def _filled_queue(directory: Path, segment: int, segments: int) -> MappedFileQueue:
+    """A queue of `segments` full segments written through the descriptor, read back through the mapping (so
+    its pages are mapped, as a Fetch's views map them) and flushed."""
+    q = MappedFileQueue(directory, segment, preallocate=False)
+    for i in range(segments):
+        mf = q.get_last_for_write()
+        data = bytes([65 + i]) * segment
+        mf.write(0, data)
+        mf.advance(segment)
+        assert bytes(mf.view(0, segment)) == data
+    q.flush()
+    return q
+
+
+def test_drop_cache_below_lets_flushed_pages_go_and_reads_fault_them_back(tmp_path: Path) -> None:
+    segment = 2 * CACHE_DROP_ALIGN
+    per_align = CACHE_DROP_ALIGN // PAGE
+    q = _filled_queue(tmp_path / "log", segment, 3)
+    try:
+        first, second, third = q.files
+        assert all(cached_pages(first)) and all(cached_pages(second))
+        upto = segment + CACHE_DROP_ALIGN + 5 * PAGE + 123  # rounded down to the second segment's middle
+        assert q.drop_point(upto) == segment + CACHE_DROP_ALIGN
+        assert q.drop_cache_below(0, upto, budget=1 << 30) == segment + CACHE_DROP_ALIGN
+        assert not any(cached_pages(first))
+        assert cached_pages(second) == [False] * per_align + [True] * per_align
+        assert all(cached_pages(third))
+        # the bytes come back from the file, through views taken before the drop as well
+        assert bytes(q.view(0, segment)) == b"A" * segment
+        assert bytes(q.view(segment, segment)) == b"B" * segment
+    finally:
+        q.close()
+
+
+def test_drop_cache_below_stops_at_its_budget_and_goes_on_from_there(tmp_path: Path) -> None:
+    segment = 2 * CACHE_DROP_ALIGN
+    per_align = CACHE_DROP_ALIGN // PAGE
+    q = _filled_queue(tmp_path / "log", segment, 2)
+    try:
+        first, second = q.files
+        done = q.drop_cache_below(0, 2 * segment, budget=CACHE_DROP_ALIGN)
+        assert done == CACHE_DROP_ALIGN
+        assert cached_pages(first) == [False] * per_align + [True] * per_align
+        assert q.drop_cache_below(done, 2 * segment, budget=2 * CACHE_DROP_ALIGN) == segment + CACHE_DROP_ALIGN
+        assert not any(cached_pages(first))
+        assert cached_pages(second) == [False] * per_align + [True] * per_align
+        second.close()  # a segment deleted under the flusher: nothing to drop, no error
+        assert q.drop_cache_below(segment + CACHE_DROP_ALIGN, 2 * segment, budget=1 << 30) == 2 * segment
+    finally:
+        q.close()

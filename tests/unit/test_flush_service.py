@@ -1,6 +1,7 @@
-"""FlushService in sync mode against a stand-in CommitLog: the flusher thread flushes back to back while writes
+"""FlushService against a stand-in CommitLog: in sync mode the flusher thread flushes back to back while writes
 keep coming, wakes exactly the waiters a flush covered, takes a flush done elsewhere (a checkpoint) as its own,
-and fails only the waiters a failed flush left undurable."""
+and fails only the waiters a failed flush left undurable; in both modes it drops the page cache of flushed bytes
+behind the kept tail (`commitlog_cache_bytes`), a flush's worth at a time."""
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,13 @@ from mqk.store.file.flush import FlushService
 class FakeLog:
     """max_offset = bytes written; flush() makes them durable, optionally waiting for a gate or failing."""
 
+    CACHE_DROP_CHUNK = 10
+
     def __init__(self) -> None:
         self.max_offset = 0
+        self.min_offset = 0
+        #: (start, upto, budget) of every drop_cache_below call
+        self.drops: list[tuple[int, int, int]] = []
         self.durable = 0
         self.flushes: list[int] = []
         self.gate: threading.Event | None = None
@@ -32,6 +38,14 @@ class FakeLog:
         self.flushes.append(target)
         self.durable = target
         return target
+
+    def drop_point(self, offset: int) -> int:
+        return max(offset, self.min_offset)
+
+    def drop_cache_below(self, start: int, upto: int, budget: int) -> int:
+        assert upto <= self.durable, "only flushed bytes may be dropped"
+        self.drops.append((start, upto, budget))
+        return min(upto, start + budget)
 
 
 @pytest.fixture
@@ -87,3 +101,67 @@ async def test_a_failed_flush_fails_its_waiters_and_the_next_write_flushes_again
     log.max_offset = 150
     await asyncio.wait_for(svc.wait_flushed(150), 5)
     assert svc.flushed == 150 and log.flushes == [150]
+
+
+async def test_sync_flusher_drops_the_cache_of_flushed_bytes_behind_the_kept_tail() -> None:
+    log = FakeLog()
+    log.max_offset = 1000  # written before this start: left to the kernel
+    svc = FlushService(log, StoreConfig(flush_mode="sync", commitlog_cache_bytes=300))
+    assert svc.cache_from == 700
+    svc.start()
+    try:
+        log.max_offset = 1100
+        await asyncio.wait_for(svc.wait_flushed(1100), 5)
+        # the flush covered 100 bytes (1000 -> 1100): it may drop that much and a chunk more, up to 300 behind
+        await _until(lambda: log.drops)
+        assert log.drops == [(700, 800, 100 + FakeLog.CACHE_DROP_CHUNK)]
+        log.max_offset = 1150
+        await asyncio.wait_for(svc.wait_flushed(1150), 5)
+        await _until(lambda: len(log.drops) == 2)
+        assert log.drops[1] == (800, 850, 50 + FakeLog.CACHE_DROP_CHUNK) and svc.cache_from == 850
+    finally:
+        await svc.stop()
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+async def test_nothing_is_dropped_with_a_zero_cache_setting_or_inside_the_kept_tail(mode) -> None:
+    log = FakeLog()
+    svc = FlushService(log, StoreConfig(flush_mode=mode, commitlog_cache_bytes=0))
+    svc.start()
+    try:
+        log.max_offset = 5000
+        await svc.flush()
+        assert log.flushes and svc.flushed == 5000
+    finally:
+        await svc.stop()
+    assert log.drops == []
+    log = FakeLog()
+    svc = FlushService(log, StoreConfig(flush_mode=mode, commitlog_cache_bytes=10_000))
+    svc.start()
+    try:
+        log.max_offset = 5000
+        await svc.flush()
+    finally:
+        await svc.stop()
+    assert log.drops == []
+
+
+async def test_async_flush_drops_behind_the_kept_tail_a_flush_at_a_time() -> None:
+    log = FakeLog()
+    svc = FlushService(log, StoreConfig(flush_mode="async", commitlog_cache_bytes=100))
+    svc.start()
+    try:
+        log.max_offset = 1000
+        await svc.flush()  # 1,000 bytes flushed: up to 900 may go, 1,000 + a chunk allowed
+        assert log.drops == [(0, 900, 1000 + FakeLog.CACHE_DROP_CHUNK)] and svc.cache_from == 900
+        await svc.flush()  # nothing new flushed, nothing new to drop
+        assert len(log.drops) == 1
+    finally:
+        await svc.stop()
+
+
+async def _until(condition, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)

@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 #: zero-fill granularity for truncation (avoid allocating a segment-sized zero buffer)
 _ZERO_CHUNK = bytes(1 << 20)
 PAGE = mmap.PAGESIZE
+#: page cache dropped per madvise/fadvise pair (`MappedFileQueue.drop_cache_below`): the madvise holds the GIL
+CACHE_DROP_CHUNK = 16 << 20
+#: the ends of the ranges dropped: the largest folio the page cache uses (x86-64: 2 MiB) is aligned to its size
+#: in the file, and one straddling a range's end would stay cached (the kernel drops only whole folios)
+CACHE_DROP_ALIGN = 2 << 20
 
 
 def segment_name(start_offset: int) -> str:
@@ -231,6 +236,19 @@ class MappedFile:
             os.fdatasync(self.fd)
             self.flushed = max(self.flushed, target)
         return self.flushed
+
+    def drop_cache(self, start: int, end: int) -> None:
+        """Let the kernel drop the page cache of bytes [start, end), which must be flushed (blocking: call from a
+        worker thread). Our own mapping's page table entries go first: the kernel keeps pages a process has
+        mapped. Reads of the range afterwards (views handed out before included) fault the bytes back in from
+        the file. `start` is page-aligned or 0."""
+        if self._closed or end <= start:
+            return
+        try:
+            self.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except (ValueError, OSError) as exc:  # closed under us (a deleted segment): nothing left to drop
+            log.debug("dropping cached pages of %s failed: %s", self.path.name, exc)
 
     # --- life cycle ------------------------------------------------------------------------------------
 
@@ -532,6 +550,45 @@ class MappedFileQueue:
         if dirs:
             with self._lock:
                 self._unsynced_dirs -= dirs
+
+    def drop_point(self, offset: int) -> int:
+        """`offset` rounded down to where a `drop_cache_below` may start (the log's start if it is below it)."""
+        with self._lock:
+            files = list(self.files)
+        i = bisect.bisect_right([f.start_offset for f in files], offset) - 1
+        if i < 0:
+            return files[0].start_offset if files else 0
+        mf = files[i]
+        if offset >= mf.end_offset:
+            return mf.end_offset
+        return offset - (offset - mf.start_offset) % CACHE_DROP_ALIGN
+
+    def drop_cache_below(self, start: int, upto: int, budget: int) -> int:
+        """Drop the page cache of logical bytes [start, upto), flushed ones, at most about `budget` bytes of it,
+        in chunks of CACHE_DROP_CHUNK (blocking: call from a worker thread). Returns where the next call starts:
+        `upto` once done. Every range dropped ends on a multiple of CACHE_DROP_ALIGN in its segment (or at the
+        segment's end), so `upto` is rounded down to one; `start` must be such an end, or 0."""
+        done = start
+        for mf in self.snapshot():
+            if mf.end_offset <= done:
+                continue
+            if mf.start_offset >= upto or budget <= 0:
+                break
+            pos = max(done, mf.start_offset) - mf.start_offset
+            end = min(upto, mf.end_offset) - mf.start_offset
+            if end < mf.file_size:
+                end -= end % CACHE_DROP_ALIGN
+            while pos < end and budget > 0:
+                step = min(end - pos, CACHE_DROP_CHUNK, max(budget, CACHE_DROP_ALIGN))
+                if pos + step < mf.file_size:
+                    step -= (pos + step) % CACHE_DROP_ALIGN
+                mf.drop_cache(pos, pos + step)
+                pos += step
+                budget -= step
+            done = mf.start_offset + pos
+            if pos < mf.file_size:
+                break
+        return done
 
     def dirty_bytes(self) -> int:
         last = self.files[-1] if self.files else None
