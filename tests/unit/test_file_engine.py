@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -779,5 +780,35 @@ async def test_the_flusher_drops_cached_pages_behind_the_kept_tail_and_reads_sti
             got.extend(bytes(stored.data) for stored in result.batches)
             offset = result.next_offset
         assert [records_of(g) for g in got] == [records_of(w) for w in written]
+    finally:
+        await e.close()
+
+
+async def test_reads_of_dropped_bytes_fault_their_own_entries_in_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:
+    e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
+    try:
+        await e.create_shards(T, 2, TopicConfig())
+        for i in range(150):  # the two queues' entries interleave in the CommitLog
+            for q in (0, 1):
+                await e.append(T, q, [batch(3, ts=1000 + i, value=bytes([q]) * 250)])
+        await e.flusher.flush()
+        assert e.flusher.cache_from > 64 * 1024
+        calls = []
+        fault_in = e.clog.fault_in
+
+        def recording(entries):
+            calls.append((threading.current_thread().name, list(entries)))
+            fault_in(entries)
+
+        monkeypatch.setattr(e.clog, "fault_in", recording)
+        tail = await e.read(T, 0, 140 * 3, 1 << 20)  # written last: still cached, read straight away
+        assert tail.batches and calls == []
+        old = await e.read(T, 0, 0, 10 * 1000)
+        assert [b.base_offset for b in old.batches] == [i * 3 for i in range(len(old.batches))]
+        assert all(records_of(b.data) == [bytes([0]) * 250 + bytes([i]) for i in range(3)] for b in old.batches)
+        [(thread, entries)] = calls
+        assert thread.startswith("mqk-fault-in")
+        # exactly the entries read, not the other queue's between them
+        assert entries == [(b.physical_offset, len(b.data) + e._shard(T, 0).fixed) for b in old.batches]
     finally:
         await e.close()

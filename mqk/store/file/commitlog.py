@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 FIXED = clentry.FIXED_HEADER_SIZE
 BLANK_MIN = getattr(clentry, "BLANK_MIN_SIZE", 8)
 KIND_END, KIND_MESSAGE, KIND_BLANK = 0, 1, 2
+#: what `fault_in` has the kernel read ahead past a reader's last entry
+FAULT_IN_AHEAD = 16 << 20
 
 
 class CommitLog:
@@ -205,6 +207,19 @@ class CommitLog:
     def drop_cache_below(self, start: int, upto: int, budget: int) -> int:
         """See MappedFileQueue.drop_cache_below: the flusher lets the page cache of old flushed bytes go."""
         return self.mfq.drop_cache_below(start, upto, budget)
+
+    def fault_in(self, entries: list[tuple[int, int]]) -> None:
+        """Read the entries at (physical offset, size), in log order, into the page cache (blocking: call from a
+        worker thread); entries side by side are read as one range. The kernel is asked to read FAULT_IN_AHEAD
+        bytes past the last one in the background, where a reader going on through the log reads next."""
+        ranges: list[list[int]] = []
+        for phys, size in entries:
+            if ranges and ranges[-1][1] == phys:
+                ranges[-1][1] = phys + size
+            else:
+                ranges.append([phys, phys + size])
+        for i, (start, end) in enumerate(ranges):
+            self.mfq.fault_in(start, end, FAULT_IN_AHEAD if i == len(ranges) - 1 else 0)
 
     def close(self) -> None:
         self.mfq.close()

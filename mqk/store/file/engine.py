@@ -46,6 +46,7 @@ from mqk.errors import (
     Corrupt,
     InvalidRecord,
     OffsetOutOfRange,
+    OutOfBounds,
     StorageError,
     UnknownShard,
 )
@@ -178,6 +179,8 @@ class FileEngine(StorageAdapter):
         self._dirty_cqs: set[ConsumeQueue] = set()
         #: append_many's heads, written side by side for one pwritev: (head length, buffer, a slice per entry)
         self._staging: tuple[int, bytearray, list[memoryview]] = (0, bytearray(), [])
+        #: one thread reading dropped CommitLog bytes back into the page cache for readers (see _stored)
+        self._reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqk-fault-in")
         #: one thread for ConsumeQueue flushes and checkpoint writes (the CommitLog flusher has its own)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqk-checkpoint")
         self._tasks: list[asyncio.Task] = []
@@ -232,6 +235,7 @@ class FileEngine(StorageAdapter):
                 await self.offsets.close()
         finally:
             self._io.shutdown(wait=True)
+            self._reader.shutdown(wait=True)
             for shard in self._shards.values():
                 shard.cq.close()
             for compacted in self._compacted.values():
@@ -783,6 +787,25 @@ class FileEngine(StorageAdapter):
             if i < len(files):
                 at = files[i].start_offset
 
+    async def _stored(self, shard: Shard, units: list[tuple]) -> list[StoredBatch]:
+        """The stored batches of ConsumeQueue `units` (in CommitLog order), as views of the CommitLog. When the
+        first of them lies where the flusher dropped the page cache (FlushService.cache_from), their entries are
+        read back in a worker thread first: touching them through the mapping on the event loop would stall
+        every connection on disk reads, one page fault at a time. A segment deleted meanwhile (retention) ends
+        the list where its first entry would have been."""
+        flusher = self.flusher
+        if flusher is None or units[0][0] >= flusher.cache_from:
+            return [self._batch(shard, unit) for unit in units]
+        await asyncio.get_running_loop().run_in_executor(self._reader, self.clog.fault_in,
+                                                         [(unit[0], unit[1]) for unit in units])
+        out = []
+        for unit in units:
+            try:
+                out.append(self._batch(shard, unit))
+            except OutOfBounds:
+                break
+        return out
+
     def _batch(self, shard: Shard, unit: tuple) -> StoredBatch:
         phys, size, count, tags, store_ts, _running_max, base = unit
         data = self.clog.body_view(phys, size, len(shard.topic_b))
@@ -806,18 +829,18 @@ class FileEngine(StorageAdapter):
                 offset = compacted.upto
                 if total >= max_bytes or offset >= end:
                     return ReadResult(batches, start, end)
-        view = self.clog.body_view
         fixed = shard.fixed
-        tlen = len(shard.topic_b)
-        for phys, size, count, tags, store_ts, _running_max, base in self._units_from(cq, cq.search_offset(offset)):
-            n = size - fixed
-            if batches and total + n > max_bytes:
+        units = []
+        for unit in self._units_from(cq, cq.search_offset(offset)):
+            n = unit[1] - fixed
+            if (batches or units) and total + n > max_bytes:
                 break
-            data = view(phys, size, tlen)
-            batches.append(StoredBatch(base, count, data, store_ts, _I64.unpack_from(data, 35)[0], tags, phys))
+            units.append(unit)
             total += n
             if total >= max_bytes:
                 break
+        if units:
+            batches.extend(await self._stored(shard, units))
         return ReadResult(batches, start, end)
 
     async def read_by_tags(self, topic: str, queue: int, offset: int, tags_codes: Iterable[int],
@@ -836,13 +859,14 @@ class FileEngine(StorageAdapter):
         if compacted is not None and offset < compacted.upto:
             batches = compacted.read(offset, 1 << 62, wanted, max_batches)
             offset = compacted.upto
+        units = []
         for unit in self._units_from(cq, cq.search_offset(offset)):
-            if len(batches) >= max_batches:
+            if len(batches) + len(units) >= max_batches:
                 break
             if unit[3] in wanted:
-                batches.append(self._batch(shard, unit))
-                if len(batches) >= max_batches:
-                    break
+                units.append(unit)
+        if units:
+            batches.extend(await self._stored(shard, units))
         return ReadResult(batches, start, end)
 
     async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,

@@ -46,6 +46,17 @@ CACHE_DROP_CHUNK = 16 << 20
 CACHE_DROP_ALIGN = 2 << 20
 
 
+_scratch = threading.local()
+
+
+def _fault_in_scratch() -> memoryview:
+    """This thread's buffer for `MappedFileQueue.fault_in` reads (their bytes are not used)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = memoryview(bytearray(1 << 20))
+    return buf
+
+
 def segment_name(start_offset: int) -> str:
     return f"{start_offset:020d}"
 
@@ -589,6 +600,30 @@ class MappedFileQueue:
             if pos < mf.file_size:
                 break
         return done
+
+    def fault_in(self, start: int, end: int, ahead: int = 0) -> None:
+        """Read logical bytes [start, end) through the descriptors, so that they are in the page cache when
+        views of the mapping are read next, and ask the kernel to read `ahead` bytes more in the background
+        (blocking: call from a worker thread; preadv and posix_fadvise release the GIL). A segment closed
+        meanwhile is skipped: its reader gets whatever it would have got."""
+        scratch = _fault_in_scratch()
+        for mf in self.snapshot():
+            if mf.end_offset <= start:
+                continue
+            if mf.start_offset >= end:
+                break
+            pos = max(start, mf.start_offset) - mf.start_offset
+            stop = min(end, mf.end_offset) - mf.start_offset
+            try:
+                while pos < stop:
+                    n = os.preadv(mf.fd, [scratch[: stop - pos]], pos)
+                    if n <= 0:
+                        break
+                    pos += n
+                if ahead > 0 and stop < mf.file_size:
+                    os.posix_fadvise(mf.fd, stop, min(ahead, mf.file_size - stop), os.POSIX_FADV_WILLNEED)
+            except (OSError, ValueError):
+                continue
 
     def dirty_bytes(self) -> int:
         last = self.files[-1] if self.files else None
