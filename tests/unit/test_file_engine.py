@@ -812,3 +812,27 @@ async def test_reads_of_dropped_bytes_fault_their_own_entries_in_off_the_event_l
         assert entries == [(b.physical_offset, len(b.data) + e._shard(T, 0).fixed) for b in old.batches]
     finally:
         await e.close()
+
+
+@pytest.mark.parametrize("many", [False, True])
+async def test_an_append_leaving_kick_bytes_unflushed_starts_an_async_flush(tmp_path: Path, many: bool) -> None:
+    e = await open_engine(tmp_path, flush_interval_ms=60_000)
+    try:
+        await e.create_shards(T, 2, TopicConfig())
+        e.flusher.kick_bytes = 2000
+        if many:
+            await e.append_many(T, [(0, [batch()]), (1, [batch()])])
+        else:
+            await e.append(T, 0, [batch()])
+        assert e.flusher.flushed == 0  # below kick_bytes: left for the interval
+        for _ in range(4):
+            if many:
+                await e.append_many(T, [(0, [batch()]), (1, [batch()])])
+            else:
+                await e.append(T, 0, [batch()])
+        deadline = time.monotonic() + 5
+        while e.flusher.flushed < 2000:
+            assert time.monotonic() < deadline, "the kick did not flush"
+            await asyncio.sleep(0.01)
+    finally:
+        await e.close()

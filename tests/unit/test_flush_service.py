@@ -157,3 +157,19 @@ async def _until(condition, timeout: float = 5.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+async def test_async_kick_flushes_before_the_interval_and_only_with_drops_on() -> None:
+    log = FakeLog()
+    svc = FlushService(log, StoreConfig(flush_mode="async", flush_interval_ms=60_000))
+    assert svc.kick_bytes < float("inf")
+    svc.start()
+    try:
+        log.max_offset = int(svc.kick_bytes)
+        svc.kick()
+        await _until(lambda: log.flushes == [log.max_offset])  # not a minute later
+        assert svc.flushed == log.max_offset
+    finally:
+        await svc.stop()
+    for settings in ({"flush_mode": "async", "commitlog_cache_bytes": 0}, {"flush_mode": "sync"}):
+        assert FlushService(FakeLog(), StoreConfig(**settings)).kick_bytes == float("inf")

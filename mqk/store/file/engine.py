@@ -476,8 +476,11 @@ class FileEngine(StorageAdapter):
         result, last = self._put(topic, queue, batches, tags_code, keys, log_append_time, now)
         if self.listeners:
             self._notify(topic, ((queue, result.last_offset + 1),))
+        flusher = self.flusher
         if self._sync:
-            await self.flusher.wait_flushed(last)
+            await flusher.wait_flushed(last)
+        elif last - flusher.flushed >= flusher.kick_bytes:
+            flusher.kick()
         self.stats.record(time_ns() - now)
         return result
 
@@ -497,11 +500,14 @@ class FileEngine(StorageAdapter):
                 last = self._put_one_of_many(topic, queue, batches, log_append_time, now, out, grown, last)
         if grown and self.listeners:
             self._notify(topic, grown)
+        flusher = self.flusher
         if self._sync and last >= 0:
             try:
-                await self.flusher.wait_flushed(last)
+                await flusher.wait_flushed(last)
             except Exception as exc:  # noqa: BLE001 - nothing written here is known durable
                 out = [exc if result.__class__ is AppendResult else result for result in out]
+        elif last - flusher.flushed >= flusher.kick_bytes:
+            flusher.kick()
         self.stats.record(time_ns() - now, len(entries))
         return out
 
