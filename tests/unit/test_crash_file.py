@@ -41,8 +41,10 @@ rb = load("recbatch")
 root, seed, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 async def main():
+    # a kept tail of two segments: the flusher drops older pages while the kill can land
     engine = FileEngine(StoreConfig(data_dir=root, flush_mode=mode, commitlog_segment_bytes=64 * 1024,
-                                    cq_units_per_file=64, checkpoint_interval_ms=40), root)
+                                    cq_units_per_file=64, checkpoint_interval_ms=40,
+                                    commitlog_cache_bytes=128 * 1024), root)
     await engine.start()
     if "crash" not in engine.list_shards():
         await engine.create_shards("crash", 2, TopicConfig())
