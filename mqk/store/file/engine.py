@@ -506,7 +506,7 @@ class FileEngine(StorageAdapter):
                 await flusher.wait_flushed(last)
             except Exception as exc:  # noqa: BLE001 - nothing written here is known durable
                 out = [exc if result.__class__ is AppendResult else result for result in out]
-        elif last - flusher.flushed >= flusher.kick_bytes:
+        elif last >= 0 and last - flusher.flushed >= flusher.kick_bytes:  # (nothing written: maybe not started)
             flusher.kick()
         self.stats.record(time_ns() - now, len(entries))
         return out
