@@ -816,7 +816,8 @@ async def test_reads_of_dropped_bytes_fault_their_own_entries_in_off_the_event_l
 
 @pytest.mark.parametrize("many", [False, True])
 async def test_an_append_leaving_kick_bytes_unflushed_starts_an_async_flush(tmp_path: Path, many: bool) -> None:
-    e = await open_engine(tmp_path, flush_interval_ms=60_000)
+    # neither the flush interval nor a checkpoint (which flushes the CommitLog too) comes within the test
+    e = await open_engine(tmp_path, flush_interval_ms=60_000, checkpoint_interval_ms=60_000)
     try:
         await e.create_shards(T, 2, TopicConfig())
         e.flusher.kick_bytes = 2000
