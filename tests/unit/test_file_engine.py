@@ -784,7 +784,7 @@ async def test_the_flusher_drops_cached_pages_behind_the_kept_tail_and_reads_sti
         await e.close()
 
 
-async def test_reads_of_dropped_bytes_fault_their_own_entries_in_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:
+async def test_reads_of_dropped_bytes_fault_their_entries_in_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:
     e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
     try:
         await e.create_shards(T, 2, TopicConfig())

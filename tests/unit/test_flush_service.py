@@ -12,12 +12,11 @@ import pytest
 from mqk.config import StoreConfig
 from mqk.errors import StorageError
 from mqk.store.file.flush import FlushService
+from mqk.store.file.mapped_file import CACHE_DROP_CHUNK
 
 
 class FakeLog:
     """max_offset = bytes written; flush() makes them durable, optionally waiting for a gate or failing."""
-
-    CACHE_DROP_CHUNK = 10
 
     def __init__(self) -> None:
         self.max_offset = 0
@@ -114,11 +113,11 @@ async def test_sync_flusher_drops_the_cache_of_flushed_bytes_behind_the_kept_tai
         await asyncio.wait_for(svc.wait_flushed(1100), 5)
         # the flush covered 100 bytes (1000 -> 1100): it may drop that much and a chunk more, up to 300 behind
         await _until(lambda: log.drops)
-        assert log.drops == [(700, 800, 100 + FakeLog.CACHE_DROP_CHUNK)]
+        assert log.drops == [(700, 800, 100 + CACHE_DROP_CHUNK)]
         log.max_offset = 1150
         await asyncio.wait_for(svc.wait_flushed(1150), 5)
         await _until(lambda: len(log.drops) == 2)
-        assert log.drops[1] == (800, 850, 50 + FakeLog.CACHE_DROP_CHUNK) and svc.cache_from == 850
+        assert log.drops[1] == (800, 850, 50 + CACHE_DROP_CHUNK) and svc.cache_from == 850
     finally:
         await svc.stop()
 
@@ -145,7 +144,7 @@ async def test_async_flush_drops_behind_the_kept_tail_a_flush_at_a_time() -> Non
     try:
         log.max_offset = 1000
         await svc.flush()  # 1,000 bytes flushed: up to 900 may go, 1,000 + a chunk allowed
-        assert log.drops == [(0, 900, 1000 + FakeLog.CACHE_DROP_CHUNK)] and svc.cache_from == 900
+        assert log.drops == [(0, 900, 1000 + CACHE_DROP_CHUNK)] and svc.cache_from == 900
         await svc.flush()  # nothing new flushed, nothing new to drop
         assert len(log.drops) == 1
     finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mqk._fast import load
 from mqk.errors import Corrupt, MessageTooLarge, OutOfBounds
-from mqk.store.file.mapped_file import CACHE_DROP_CHUNK, MappedFile, MappedFileQueue, storage_error
+from mqk.store.file.mapped_file import MappedFile, MappedFileQueue, storage_error
 
 clentry = load("clentry")
 log = logging.getLogger(__name__)
@@ -197,9 +197,6 @@ class CommitLog:
 
     def flush(self) -> int:
         return self.mfq.flush()
-
-    #: the most page cache dropped by one `drop_cache_below` pass beyond what the caller asks (see FlushService)
-    CACHE_DROP_CHUNK = CACHE_DROP_CHUNK
 
     def drop_point(self, offset: int) -> int:
         return self.mfq.drop_point(offset)

@@ -34,6 +34,7 @@ import time
 from mqk.config import FLUSH_SYNC, StoreConfig
 from mqk.errors import StorageError
 from mqk.store.file.commitlog import CommitLog
+from mqk.store.file.mapped_file import CACHE_DROP_CHUNK
 
 log = logging.getLogger(__name__)
 PAGE = 4096
@@ -102,7 +103,7 @@ class FlushService:
             return
         upto = min(flushed, self.clog.max_offset - self.cache_keep)
         if upto > self.cache_from:
-            budget = max(just_flushed, 0) + self.clog.CACHE_DROP_CHUNK
+            budget = max(just_flushed, 0) + CACHE_DROP_CHUNK
             self.cache_from = self.clog.drop_cache_below(self.cache_from, upto, budget)
 
     def _timed_flush(self) -> int:

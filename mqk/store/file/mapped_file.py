@@ -565,10 +565,10 @@ class MappedFileQueue:
     def drop_point(self, offset: int) -> int:
         """`offset` rounded down to where a `drop_cache_below` may start (the log's start if it is below it)."""
         with self._lock:
-            files = list(self.files)
-        i = bisect.bisect_right([f.start_offset for f in files], offset) - 1
+            files, starts = self.files, self._starts
+        i = bisect.bisect_right(starts, offset) - 1
         if i < 0:
-            return files[0].start_offset if files else 0
+            return starts[0] if starts else 0
         mf = files[i]
         if offset >= mf.end_offset:
             return mf.end_offset
