@@ -6,23 +6,38 @@ import os
 import pytest
 
 from mqk.errors import OutOfBounds
-from mqk.store.file.consumequeue import RESERVE_STEP
-from mqk.store.file.mapped_file import MappedFile
+from mqk.store.file.consumequeue import RESERVE_STEP, UNIT
+from mqk.store.file.mapped_file import PAGE, MappedFile
 
 
 def _allocated(path) -> int:
     return os.stat(path).st_blocks * 512
 
 
-def test_stepped_file_holds_only_what_it_reserved(tmp_path):
+def _block_rounded(directory, size: int) -> int:
+    """`size` rounded up to the filesystem's allocation unit, what a file of `size` written bytes may take."""
+    block = os.statvfs(directory).f_bsize
+    return -(-size // block) * block
+
+
+def test_stepped_file_reserves_from_one_page_doubling_up_to_the_step(tmp_path):
     mf = MappedFile(tmp_path / "cq", 4 << 20, 0, reserve_step=RESERVE_STEP)
     try:
-        assert _allocated(mf.path) <= RESERVE_STEP
-        mf.ensure_reserved(RESERVE_STEP + 1)
-        assert mf.reserved == 2 * RESERVE_STEP
-        assert RESERVE_STEP < _allocated(mf.path) <= 2 * RESERVE_STEP
+        assert mf.reserved == 0 and _allocated(mf.path) == 0
+        mf.ensure_reserved(UNIT)  # a new queue's first unit: one page, not a whole step
+        assert mf.reserved == PAGE
+        assert 0 < _allocated(mf.path) <= _block_rounded(tmp_path, PAGE)
+        grown = []
+        while mf.reserved < 3 * RESERVE_STEP:
+            mf.ensure_reserved(mf.reserved + UNIT)
+            grown.append(mf.reserved)
+        assert grown == [2 * PAGE, 4 * PAGE, 8 * PAGE, 16 * PAGE, 16 * PAGE + RESERVE_STEP, 16 * PAGE + 2 * RESERVE_STEP]
+        assert 16 * PAGE == RESERVE_STEP  # (the list above assumes 4 KiB pages and a 64 KiB step)
+        assert RESERVE_STEP * 2 < _allocated(mf.path) <= _block_rounded(tmp_path, 3 * RESERVE_STEP)
         mf.ensure_reserved(10)  # already reserved: nothing changes
-        assert mf.reserved == 2 * RESERVE_STEP
+        assert mf.reserved == 3 * RESERVE_STEP
+        mf.ensure_reserved(10 * RESERVE_STEP + 1)  # a jump ahead rounds up to the step, not beyond
+        assert mf.reserved == 11 * RESERVE_STEP
         with pytest.raises(OutOfBounds):
             mf.ensure_reserved(mf.file_size + 1)
     finally:
@@ -52,6 +67,6 @@ async def test_a_thousand_quiet_queues_pin_little_disk(tmp_path):
         cq_files = [p for p in (tmp_path / "consumequeue").rglob("*") if p.is_file()]
         assert len(cq_files) >= 200
         cq_bytes = sum(_allocated(p) for p in cq_files)
-        assert cq_bytes <= 200 * RESERVE_STEP, cq_bytes
+        assert cq_bytes <= 200 * _block_rounded(tmp_path, PAGE), cq_bytes  # a page each, not a 64 KiB step
     finally:
         await store.close()

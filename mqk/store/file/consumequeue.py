@@ -20,7 +20,8 @@ from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
 
 cqunit = load("cqunit")
 UNIT = cqunit.UNIT_SIZE
-#: disk blocks of a ConsumeQueue file are reserved this many bytes at a time, ahead of the writer
+#: disk blocks of a ConsumeQueue file are reserved ahead of the writer, doubling from one page up to this many
+#: bytes at a time (MappedFile.ensure_reserved)
 RESERVE_STEP = 64 * 1024
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class ConsumeQueue:
     def __init__(self, directory: Path, units_per_file: int) -> None:
         self.dir = Path(directory)
         self.units_per_file = units_per_file
-        # blocks are reserved 64 KiB (1,365 units) at a time: a thousand quiet queues must not pin gigabytes
+        # blocks are reserved at most 64 KiB (1,365 units) at a time: a thousand quiet queues must not pin gigabytes
         self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False, reserve_step=RESERVE_STEP)
         #: queue offset the next batch gets (one past the last unit's span)
         self.end_offset = 0
