@@ -784,6 +784,19 @@ async def test_the_flusher_drops_cached_pages_behind_the_kept_tail_and_reads_sti
         await e.close()
 
 
+def record_fault_ins(e: FileEngine, monkeypatch) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Every CommitLog.fault_in call from now on: (thread name, entries), the reads still done."""
+    calls = []
+    fault_in = e.clog.fault_in
+
+    def recording(entries):
+        calls.append((threading.current_thread().name, list(entries)))
+        fault_in(entries)
+
+    monkeypatch.setattr(e.clog, "fault_in", recording)
+    return calls
+
+
 async def test_reads_of_dropped_bytes_fault_their_entries_in_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:
     e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
     try:
@@ -793,14 +806,7 @@ async def test_reads_of_dropped_bytes_fault_their_entries_in_off_the_event_loop(
                 await e.append(T, q, [batch(3, ts=1000 + i, value=bytes([q]) * 250)])
         await e.flusher.flush()
         assert e.flusher.cache_from > 64 * 1024
-        calls = []
-        fault_in = e.clog.fault_in
-
-        def recording(entries):
-            calls.append((threading.current_thread().name, list(entries)))
-            fault_in(entries)
-
-        monkeypatch.setattr(e.clog, "fault_in", recording)
+        calls = record_fault_ins(e, monkeypatch)
         tail = await e.read(T, 0, 140 * 3, 1 << 20)  # written last: still cached, read straight away
         assert tail.batches and calls == []
         old = await e.read(T, 0, 0, 10 * 1000)
@@ -810,6 +816,66 @@ async def test_reads_of_dropped_bytes_fault_their_entries_in_off_the_event_loop(
         assert thread.startswith("mqk-fault-in")
         # exactly the entries read, not the other queue's between them
         assert entries == [(b.physical_offset, len(b.data) + e._shard(T, 0).fixed) for b in old.batches]
+    finally:
+        await e.close()
+
+
+async def test_lookups_by_id_key_and_time_read_dropped_entries_back_off_the_event_loop(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        appended = []
+        for i in range(300):
+            b = batch(3, ts=10_000 + 10 * i, value=bytes([i % 256]) * 250)
+            appended.append(await e.append(T, 0, [b], keys=[b"k%d" % i]))
+        await e.flusher.flush()
+        old, new = appended[2], appended[-1]
+        assert old.physical_offset < e.flusher.cache_from <= new.physical_offset
+        size = len(batch(3, value=bytes(250))) + e._shard(T, 0).fixed  # every entry's size
+        calls = record_fault_ins(e, monkeypatch)
+        # the kept tail is read straight away
+        assert (await e.read_at(new.physical_offset))[2].base_offset == 897
+        assert [b.base_offset for _, b in await e.read_by_key(T, b"k299", 4)] == [897]
+        assert await e.offset_for_timestamp(T, 0, 12_990) == (897, 12_990)
+        assert calls == []
+        # by message id: the entry, its size read in the reader thread
+        topic, queue, found = await e.read_at(old.physical_offset)
+        assert (topic, queue, found.base_offset) == (T, 0, 6)
+        assert records_of(found.data) == [bytes([2]) * 250 + bytes([i]) for i in range(3)]
+        thread, entries = calls.pop()
+        assert thread.startswith("mqk-fault-in") and entries == [(old.physical_offset, size)]
+        # by key: the index's hits
+        assert [b.base_offset for _, b in await e.read_by_key(T, b"k2", 4)] == [6]
+        thread, entries = calls.pop()
+        assert thread.startswith("mqk-fault-in") and entries == [(old.physical_offset, size)]
+        # by time: the batch the search lands on and a few after it
+        assert await e.offset_for_timestamp(T, 0, 10_021) == (7, 10_021)
+        thread, entries = calls.pop()
+        assert thread.startswith("mqk-fault-in") and entries[0] == (old.physical_offset, size)
+        assert [phys for phys, _ in entries] == [r.physical_offset for r in appended[2:2 + len(entries)]]
+        assert calls == []
+    finally:
+        await e.close()
+
+
+async def test_fault_in_at_reads_no_further_than_written_bytes_whatever_an_offset_points_at(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
+    e = await open_engine(tmp_path)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        first = await e.append(T, 0, [batch()])
+        last = await e.append(T, 0, [batch()])
+        calls = record_fault_ins(e, monkeypatch)
+        mf = e.clog.mfq.find(last.physical_offset)
+        written_end = mf.start_offset + mf.wrote
+        size = last.physical_offset - first.physical_offset
+        # an entry, a position inside one (its four bytes are record bytes, not a size), one past the written end
+        e.clog.fault_in_at([first.physical_offset, last.physical_offset + 100, written_end])
+        [(_thread, entries)] = calls
+        assert entries[0] == (first.physical_offset, size)
+        assert len(entries) == 2 and entries[1][0] == last.physical_offset + 100
+        assert 4 <= entries[1][1] <= written_end - (last.physical_offset + 100)
     finally:
         await e.close()
 

@@ -12,7 +12,9 @@ entry, and cut the log there. It does not know about queues: dispatch turns scan
 """
 from __future__ import annotations
 
+import bisect
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,6 +219,28 @@ class CommitLog:
                 ranges.append([phys, phys + size])
         for i, (start, end) in enumerate(ranges):
             self.mfq.fault_in(start, end, FAULT_IN_AHEAD if i == len(ranges) - 1 else 0)
+
+    def fault_in_at(self, offsets: list[int]) -> None:
+        """`fault_in` for entries known only by where they start (sorted CommitLog offsets), each entry's size read
+        from its first four bytes here (blocking: call from a worker thread). An offset that is stale or not an
+        entry start reads any four bytes: what is read is bounded by its segment's written end."""
+        files = self.mfq.snapshot()
+        starts = [mf.start_offset for mf in files]
+        entries = []
+        for phys in offsets:
+            i = bisect.bisect_right(starts, phys) - 1
+            if i < 0:
+                continue
+            mf = files[i]
+            pos = phys - mf.start_offset
+            if pos + 4 > mf.wrote:
+                continue
+            try:
+                size = int.from_bytes(os.pread(mf.fd, 4, pos), "big", signed=True)
+            except OSError:  # the segment was closed meanwhile: nothing to read back
+                continue
+            entries.append((phys, max(4, min(size, mf.wrote - pos))))
+        self.fault_in(entries)
 
     def close(self) -> None:
         self.mfq.close()

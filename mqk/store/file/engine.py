@@ -38,6 +38,7 @@ import shutil
 import struct
 import time
 from collections.abc import Iterable, Sequence
+from itertools import chain, islice
 from pathlib import Path
 
 from mqk._fast import load
@@ -81,6 +82,9 @@ RECOVER_SEGMENTS = 3
 SYNCFS_MIN_QUEUES = 32
 #: head slots the engine keeps between writes of several entries (_staging_for)
 STAGING_KEPT = 4096
+#: batches from the one the timestamp search lands on that it reads back off the loop if their pages were dropped
+#: (the search reads on past a batch whose own max timestamp is below the target, rarely far)
+TIMESTAMP_FAULT_IN_UNITS = 8
 
 
 class Shard:
@@ -799,11 +803,8 @@ class FileEngine(StorageAdapter):
         read back in a worker thread first: touching them through the mapping on the event loop would stall
         every connection on disk reads, one page fault at a time. A segment deleted meanwhile (retention) ends
         the list where its first entry would have been."""
-        flusher = self.flusher
-        if flusher is None or units[0][0] >= flusher.cache_from:
+        if not await self._fault_in_units(units):
             return [self._batch(shard, unit) for unit in units]
-        await asyncio.get_running_loop().run_in_executor(self._reader, self.clog.fault_in,
-                                                         [(unit[0], unit[1]) for unit in units])
         out = []
         for unit in units:
             try:
@@ -811,6 +812,28 @@ class FileEngine(StorageAdapter):
             except OutOfBounds:
                 break
         return out
+
+    async def _fault_in_units(self, units: list[tuple]) -> bool:
+        """If the first of ConsumeQueue `units` (in CommitLog order) lies where the flusher dropped the page cache,
+        read their entries back in the reader thread (CommitLog.fault_in) and say so: the caller's views of them
+        then find their pages cached, and a segment deleted meanwhile is the caller's to notice."""
+        flusher = self.flusher
+        if flusher is None or not units or units[0][0] >= flusher.cache_from:
+            return False
+        await asyncio.get_running_loop().run_in_executor(self._reader, self.clog.fault_in,
+                                                         [(unit[0], unit[1]) for unit in units])
+        return True
+
+    async def _fault_in_at(self, offsets: Iterable[int]) -> None:
+        """The same for entries known by where they start (a client's message id, the key index's hits): those
+        below the drop point are read back in the reader thread, their sizes read there too. Any offset may be
+        stale; the caller's own checks, made after this, decide what is an entry."""
+        flusher = self.flusher
+        if flusher is None:
+            return
+        dropped = sorted(phys for phys in offsets if phys < flusher.cache_from)
+        if dropped:
+            await asyncio.get_running_loop().run_in_executor(self._reader, self.clog.fault_in_at, dropped)
 
     def _batch(self, shard: Shard, unit: tuple) -> StoredBatch:
         phys, size, count, tags, store_ts, _running_max, base = unit
@@ -877,15 +900,26 @@ class FileEngine(StorageAdapter):
 
     async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
                           end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
-        """Through the key index (index.py), each hit checked against its CommitLog entry; newest first."""
+        """Through the key index (index.py), each hit checked against its CommitLog entry; newest first. The
+        first `max_count` hits are read back off the loop first if their pages were dropped (_fault_in_at)."""
         if topic not in self._topics:
             raise UnknownShard(f"unknown topic {topic!r}")
-        return self.index.find(self.clog, self._shards, topic, key, max_count, begin_ms, end_ms)
+        first = list(islice(self.index.candidates(topic, key, begin_ms, end_ms), max(0, max_count)))
+        await self._fault_in_at(first)
+        candidates: Iterable[int] = first
+        if len(first) == max_count:
+            # past those, a new walk of the index (it may have grown meanwhile), taken only if some hit fails its
+            # check; fewer than max_count hits were all the index had
+            taken = set(first)
+            candidates = chain(first, (phys for phys in self.index.candidates(topic, key, begin_ms, end_ms)
+                                       if phys not in taken))
+        return self.index.find(self.clog, self._shards, topic, key, max_count, begin_ms, end_ms, candidates)
 
     async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
         """The CommitLog entry at `physical_offset`, CRC checked, if it is still served (index.live_entry: the
         same rules the key index applies to its hits). Below a shard's compacted prefix the entry is not what
         readers get any more (the compaction log is), so it does not count either."""
+        await self._fault_in_at((physical_offset,))
         found = live_entry(self.clog, self._shards, physical_offset, verify=True)
         if found is None or not self._compacted:
             return found
@@ -929,7 +963,16 @@ class FileEngine(StorageAdapter):
 
     async def offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
         """Bisect the ConsumeQueue's running max timestamps, then find the record inside the batch (decoding,
-        and decompressing if needed, only that one batch; the same resolution as the other engines)."""
+        and decompressing if needed, only that one batch; the same resolution as the other engines). The
+        batches the search most likely reads are read back off the loop first if their pages were dropped."""
+        shard = self._shard(topic, queue)
+        cq = shard.cq
+        if self.flusher is not None and shard.log_start < cq.end_offset:
+            await self._fault_in_units(list(islice(self._units_from(cq, cq.search_timestamp(timestamp)),
+                                                   TIMESTAMP_FAULT_IN_UNITS)))
+        return self._offset_for_timestamp(topic, queue, timestamp)
+
+    def _offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
         shard = self._shard(topic, queue)
         cq = shard.cq
         if shard.log_start >= cq.end_offset:

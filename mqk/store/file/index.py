@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -368,15 +368,15 @@ class IndexService:
                 log.error("key index file %s is damaged (%s); skipping it", f.path.name, exc)
 
     def find(self, clog: CommitLog, shards: dict, topic: str, key: bytes, max_count: int, begin_ms: int,
-             end_ms: int) -> list[tuple[int, StoredBatch]]:
+             end_ms: int, candidates: Iterable[int] | None = None) -> list[tuple[int, StoredBatch]]:
         """(queue, batch) pairs whose entry holds `key`, newest first: each candidate is checked against the
         CommitLog entry (still there, same topic incarnation, not below the log start, in the time range, key
-        really in it)."""
+        really in it). `candidates`: the caller's own walk of `candidates`, if it took one."""
         out: list[tuple[int, StoredBatch]] = []
         if max_count <= 0:
             return out
         key = bytes(key)
-        for phys in self.candidates(topic, key, begin_ms, end_ms):
+        for phys in self.candidates(topic, key, begin_ms, end_ms) if candidates is None else candidates:
             found = live_entry(clog, shards, phys, verify=False)
             if found is None or found[0] != topic or not begin_ms <= found[2].store_timestamp <= end_ms:
                 continue
