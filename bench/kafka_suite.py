@@ -13,9 +13,10 @@
    from batch headers (what the broker serves when the Python client's per-record cost is not the limit);
    then 100 B ingest into 1 partition and consume of those records with kcat (librdkafka's C client, no Python
    in the client's path: a real client that can push what the broker takes), three runs each (kcat_perf.py);
-4. end-to-end latency p50/p99 at half of the acks=1 ingest rate (producer alone), at half of the end-to-end
-   pipeline's own maximum (unpaced producer with the consumer reading along; three runs), and at 1,000 records/s;
-   then at half of the wire-level pipeline's maximum (three runs);
+4. end-to-end latency p50/p99 at half of the end-to-end pipeline's own maximum (unpaced producer with the
+   consumer reading along; three runs: the goal's half load), at half of the acks=1 ingest rate (producer alone:
+   for reference, it can be the pipeline's whole maximum), and at 1,000 records/s; then at half of the wire-level
+   pipeline's maximum (three runs);
 5. ingest into 1,000 partitions (records sent round-robin) against 1 partition: a first pass (which pays for
    creating 1,000 queues' files), then three alternating pairs of 1 partition and the same, now existing 1,000,
    with the client's CPU per record beside the broker's: librdkafka sends one partition per request (15-200
@@ -403,8 +404,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{kc['broker_cpu_s'] / kc['records'] * 1e6:.2f} s CPU per million records, kcat "
           f"{kc['client_cpu_s'] / kc['records'] * 1e6:.2f} us CPU per record [>= 2 M/s: "
           f"{'met' if kc['records_per_s'] >= 2e6 else 'NOT met'}]")
+    # not a goal line: with a producer that alone ingests more than twice what producer, consumer and broker manage
+    # together on these cores, half of it is no half load for the pipeline (the next line is)
     print(f"e2e at {e2e['rate']:,.0f} records/s  : p50 {e2e['p50_ms']:.2f} ms, p99 {e2e['p99_ms']:.2f} ms = half of "
-          f"the producer-alone ingest [p99 <= 5 ms: {'met' if e2e['p99_ms'] <= 5 else 'NOT met'}]")
+          f"the producer-alone ingest, {e2e['rate'] / results['e2e_max_rate']:.0%} of the pipeline's maximum")
     half = results["e2e_half_max"]
     print(f"e2e at {half['rate']:,.0f} records/s  : p50 {half['p50_ms']:.2f} ms, p99 {half['p99_ms']:.2f} ms (median "
           f"of 3 runs by p99: {_runs_note(half)}) = half of the pipeline's maximum ({results['e2e_max_rate']:,.0f} "
