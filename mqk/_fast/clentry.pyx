@@ -275,16 +275,25 @@ cdef Py_ssize_t _pwritev_all(int fd, Py_ssize_t pos, iovec* iov, int count) exce
 
 WRITE_ENTRIES_CHUNK = 512
 DEF C_WRITE_ENTRIES_CHUNK = 512
+WRITE_BYTES_CHUNK = 1 << 20
+DEF C_WRITE_BYTES_CHUNK = 1 << 20
 
 
 cdef int _write_heads_and_bodies(int fd, Py_ssize_t pos, char* heads, Py_ssize_t head_len, Py_buffer* bodies,
                                  Py_ssize_t n) except -1:
     """Entry i = heads[i * head_len:][:head_len] + bodies[i][8:], written back to back at pos, one pwritev per
-    WRITE_ENTRIES_CHUNK entries. The caller checked the heads' size and that every body has 8 bytes."""
+    WRITE_ENTRIES_CHUNK entries or WRITE_BYTES_CHUNK bytes, whichever comes first (an entry larger than that goes
+    alone). The caller checked the heads' size and that every body has 8 bytes."""
     cdef iovec iov[2 * C_WRITE_ENTRIES_CHUNK]
-    cdef Py_ssize_t i = 0, k, chunk
+    cdef Py_ssize_t i = 0, k, chunk, nbytes
     while i < n:
         chunk = min(n - i, C_WRITE_ENTRIES_CHUNK)
+        nbytes = head_len + bodies[i].len - 8
+        for k in range(1, chunk):
+            nbytes += head_len + bodies[i + k].len - 8
+            if nbytes > C_WRITE_BYTES_CHUNK:
+                chunk = k
+                break
         for k in range(chunk):
             iov[2 * k].iov_base = heads + (i + k) * head_len
             iov[2 * k].iov_len = <size_t>head_len
@@ -297,7 +306,7 @@ cdef int _write_heads_and_bodies(int fd, Py_ssize_t pos, char* heads, Py_ssize_t
 
 def write_entries(int fd, Py_ssize_t pos, heads, Py_ssize_t head_len, bodies):
     """See clentry_py.write_entries: entry i is heads[i * head_len:][:head_len] + bodies[i][8:], one pwritev per
-    WRITE_ENTRIES_CHUNK entries, without the GIL."""
+    WRITE_ENTRIES_CHUNK entries or WRITE_BYTES_CHUNK bytes, without the GIL."""
     cdef Py_buffer h
     cdef Py_buffer* views
     cdef Py_ssize_t n = len(bodies), got = 0, i

@@ -430,6 +430,32 @@ def test_write_entries_writes_what_write_entry_writes_one_by_one(impl, tmp_path,
     assert got.read_bytes() == ref.read_bytes() and len(got.read_bytes()) == at
 
 
+def _write_calls() -> int:
+    """Write system calls this thread has made (pwritev included)."""
+    with open("/proc/thread-self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("syscw:"))
+
+
+def test_write_entries_writes_at_most_write_bytes_chunk_per_call_unless_an_entry_is_larger(impl, tmp_path):
+    ce, _rb = impl
+    assert ce.WRITE_BYTES_CHUNK == 1 << 20
+    # three that do not fit two to a call, one larger than a call on its own, two small ones together
+    sizes = [600_000, 600_000, 600_000, ce.WRITE_BYTES_CHUNK + 500_000, 1000, 1000]
+    bodies = [bytes([i + 1]) * n for i, n in enumerate(sizes)]
+    hl = 20
+    heads = bytes(range(hl)) * len(bodies)
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        before = _write_calls()
+        ce.write_entries(fd, 0, heads, hl, bodies)
+        assert _write_calls() - before == 5
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"".join(heads[i * hl:(i + 1) * hl] + b[8:] for i, b in enumerate(bodies))
+
+
 def test_write_entries_refuses_bad_arguments_before_writing(impl, tmp_path):
     ce, rb = impl
     body = a_batch(rb)

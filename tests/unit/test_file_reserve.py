@@ -31,8 +31,8 @@ def test_stepped_file_reserves_from_one_page_doubling_up_to_the_step(tmp_path):
         while mf.reserved < 3 * RESERVE_STEP:
             mf.ensure_reserved(mf.reserved + UNIT)
             grown.append(mf.reserved)
-        assert grown == [2 * PAGE, 4 * PAGE, 8 * PAGE, 16 * PAGE, 16 * PAGE + RESERVE_STEP, 16 * PAGE + 2 * RESERVE_STEP]
-        assert 16 * PAGE == RESERVE_STEP  # (the list above assumes 4 KiB pages and a 64 KiB step)
+        assert 16 * PAGE == RESERVE_STEP  # (the list below assumes 4 KiB pages and a 64 KiB step)
+        assert grown == [2 * PAGE, 4 * PAGE, 8 * PAGE, RESERVE_STEP, 2 * RESERVE_STEP, 3 * RESERVE_STEP]
         assert RESERVE_STEP * 2 < _allocated(mf.path) <= _block_rounded(tmp_path, 3 * RESERVE_STEP)
         mf.ensure_reserved(10)  # already reserved: nothing changes
         assert mf.reserved == 3 * RESERVE_STEP
