@@ -147,6 +147,14 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
             raise
 
 
+def delete_topic(bootstrap: str, topic: str) -> None:
+    """Delete the topic (its queues' files and descriptors go with it)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer: it owns the request
+    admin.delete_topics([topic])[topic].result(30)
+
+
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
     """The latest offset of each of the topic's partitions (one ListOffsets request)."""
     from confluent_kafka import TopicPartition
