@@ -854,6 +854,11 @@ async def test_lookups_by_id_key_and_time_read_dropped_entries_back_off_the_even
         thread, entries = calls.pop()
         assert thread.startswith("mqk-fault-in") and entries[0] == (old.physical_offset, size)
         assert [phys for phys, _ in entries] == [r.physical_offset for r in appended[2:2 + len(entries)]]
+        # a search landing below the log start reads on from the log start, and so does what is read back
+        await e.delete_before(T, 0, 9)
+        assert await e.offset_for_timestamp(T, 0, 10_000) == (9, 10_030)
+        thread, entries = calls.pop()
+        assert entries[0] == (appended[3].physical_offset, size)
         assert calls == []
     finally:
         await e.close()

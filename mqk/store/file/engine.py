@@ -803,8 +803,10 @@ class FileEngine(StorageAdapter):
         read back in a worker thread first: touching them through the mapping on the event loop would stall
         every connection on disk reads, one page fault at a time. A segment deleted meanwhile (retention) ends
         the list where its first entry would have been."""
-        if not await self._fault_in_units(units):
+        flusher = self.flusher
+        if flusher is None or units[0][0] >= flusher.cache_from:  # (no await on the hot path: cached)
             return [self._batch(shard, unit) for unit in units]
+        await self._read_back(units)
         out = []
         for unit in units:
             try:
@@ -813,16 +815,12 @@ class FileEngine(StorageAdapter):
                 break
         return out
 
-    async def _fault_in_units(self, units: list[tuple]) -> bool:
-        """If the first of ConsumeQueue `units` (in CommitLog order) lies where the flusher dropped the page cache,
-        read their entries back in the reader thread (CommitLog.fault_in) and say so: the caller's views of them
-        then find their pages cached, and a segment deleted meanwhile is the caller's to notice."""
-        flusher = self.flusher
-        if flusher is None or not units or units[0][0] >= flusher.cache_from:
-            return False
+    async def _read_back(self, units: list[tuple]) -> None:
+        """Read the entries of ConsumeQueue `units` (in CommitLog order) into the page cache in the reader thread
+        (CommitLog.fault_in), for a caller that found the first below the flusher's drop point: its views of
+        them then find their pages cached, and a segment deleted meanwhile is the caller's to notice."""
         await asyncio.get_running_loop().run_in_executor(self._reader, self.clog.fault_in,
                                                          [(unit[0], unit[1]) for unit in units])
-        return True
 
     async def _fault_in_at(self, offsets: Iterable[int]) -> None:
         """The same for entries known by where they start (a client's message id, the key index's hits): those
@@ -967,9 +965,13 @@ class FileEngine(StorageAdapter):
         batches the search most likely reads are read back off the loop first if their pages were dropped."""
         shard = self._shard(topic, queue)
         cq = shard.cq
-        if self.flusher is not None and shard.log_start < cq.end_offset:
-            await self._fault_in_units(list(islice(self._units_from(cq, cq.search_timestamp(timestamp)),
-                                                   TIMESTAMP_FAULT_IN_UNITS)))
+        flusher = self.flusher
+        if flusher is not None and shard.log_start < cq.end_offset:
+            # where the search below starts (but for a compacted prefix, which answers from its own log)
+            first = max(cq.search_timestamp(timestamp), cq.search_offset(shard.log_start))
+            units = list(islice(self._units_from(cq, first), TIMESTAMP_FAULT_IN_UNITS))
+            if units and units[0][0] < flusher.cache_from:
+                await self._read_back(units)
         return self._offset_for_timestamp(topic, queue, timestamp)
 
     def _offset_for_timestamp(self, topic: str, queue: int, timestamp: int) -> tuple[int, int] | None:
