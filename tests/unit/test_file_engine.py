@@ -17,6 +17,7 @@ from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, Storage
 from mqk.store.adapter import GroupOffset
 from mqk.store.file.checkpoint import Checkpoint
 from mqk.store.file.engine import FileEngine
+from mqk.store.file.mapped_file import MappedFileQueue
 from test_file_mapped import cached_pages
 
 rb = load("recbatch")
@@ -699,8 +700,14 @@ async def test_a_queue_on_another_filesystem_is_flushed_on_its_own(tmp_path: Pat
         elsewhere = e._shard(T, 0).cq
         for mf in elsewhere.mfq.files:
             mf.device = -5  # as if mounted from another disk
-        real_flush = elsewhere.mfq.flush
-        monkeypatch.setattr(elsewhere.mfq, "flush", lambda: flushed.append(0) or real_flush())
+        real_flush = MappedFileQueue.flush
+
+        def flush_counted(mfq: MappedFileQueue):
+            if mfq is elsewhere.mfq:
+                flushed.append(0)
+            return real_flush(mfq)
+
+        monkeypatch.setattr(MappedFileQueue, "flush", flush_counted)
         await e.checkpoint_now(flush_all=True)
         assert len(calls) == 1 and flushed == [0]
         assert all(e._shard(T, q).cq.mfq.dirty_bytes() == 0 for q in range(n))
