@@ -71,9 +71,9 @@ async def _serve(config: BrokerConfig) -> None:
 
 def _raise_open_files_limit() -> None:
     """Let the broker open as many files as the system allows, as the JVM does for Kafka (MaxFDLimit): each
-    ConsumeQueue and CommitLog segment is a mapped file holding two descriptors (its own and the mapping's
-    duplicate), so the usual soft limit of 1,024 would stop a broker at about 500 written partitions with
-    EMFILE. Raised to the hard limit (capped by fs.nr_open when that is unlimited); a failure is logged, not fatal."""
+    ConsumeQueue file is a mapping holding a descriptor (a CommitLog segment two), so the usual soft limit of
+    1,024 would stop a broker at about 1,000 written partitions with EMFILE. Raised to the hard limit (capped by
+    fs.nr_open when that is unlimited); a failure is logged, not fatal."""
     try:
         import resource
     except ImportError:  # not a POSIX system: nothing to raise
@@ -94,8 +94,8 @@ def _raise_open_files_limit() -> None:
             return
         log.info("open files limit raised from %d to %d", soft, target)
     if target < 4096:
-        log.warning("the open files limit is %d: each written partition holds two descriptors (raise the hard "
-                    "limit, `ulimit -Hn`, for more than ~%d partitions)", target, target // 2 - 100)
+        log.warning("the open files limit is %d: each written partition holds a descriptor (raise the hard "
+                    "limit, `ulimit -Hn`, for more than ~%d partitions)", target, target - 200)
 
 
 def _freeze_startup_objects() -> None:

@@ -75,7 +75,7 @@ def test_serve_moves_what_recovery_built_out_of_the_gcs_reach(tmp_path):
 
 def test_serve_raises_its_open_files_limit_and_serves_more_partitions_than_it_allowed(tmp_path):
     """Started with a soft limit of 256 open files, `mqk serve` raises it to the hard limit (as the JVM does for
-    Kafka) and takes records into 300 partitions: their queues hold two descriptors each, far over 256."""
+    Kafka) and takes records into 300 partitions: their queues hold a descriptor each, over 256 with the rest."""
     import asyncio
     import re
     import resource
@@ -114,8 +114,62 @@ def test_serve_raises_its_open_files_limit_and_serves_more_partitions_than_it_al
         answers = asyncio.run(produce_everywhere(300))
         assert sorted((a["index"], a["error_code"], a["base_offset"]) for a in answers) == [
             (i, 0, 0) for i in range(300)]
-        assert len(os.listdir(f"/proc/{broker.pid}/fd")) > 600
+        assert len(os.listdir(f"/proc/{broker.pid}/fd")) > 300
     finally:
         code = broker.stop()
     assert code == 0, broker.log_text()
     assert f"open files limit raised from 256 to {hard}" in broker.log_text()
+
+
+def test_a_partition_costs_one_descriptor_so_a_limit_serves_twice_the_partitions(tmp_path):
+    """A ConsumeQueue file keeps no descriptor of its own once mapped (the mapping holds one): under a hard limit
+    of 800 open files the broker takes and serves records in 600 partitions, which at two descriptors each (the
+    file's and the mapping's) would have failed past the first ~380 with KAFKA_STORAGE_ERROR."""
+    import asyncio
+    import resource
+
+    from mqk.protocol.kafka.api import ApiKey
+    from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+
+    partitions = 600
+    broker = BrokerProcess(tmp_path / "data").start()
+
+    async def produce_and_fetch_everywhere() -> tuple[list[dict], list[dict]]:
+        host, port = broker.kafka_address
+        client = await RawKafkaClient.connect(host, port)
+        try:
+            made = await client.call(ApiKey.CREATE_TOPICS, 5, {"topics": [
+                {"name": "wide", "num_partitions": partitions, "replication_factor": 1, "assignments": [],
+                 "configs": []}], "timeout_ms": 30000, "validate_only": False}, timeout=60)
+            assert made["topics"][0]["error_code"] == 0, made
+            produced = await client.call(ApiKey.PRODUCE, 9, {
+                "transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [{
+                    "name": "wide", "partition_data": [
+                        {"index": i, "records": bytes(make_batch([b"r%d" % i]))} for i in range(partitions)]}]},
+                timeout=60)
+            fetched = await client.call(ApiKey.FETCH, 11, {
+                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 50 << 20, "isolation_level": 0,
+                "session_id": 0, "session_epoch": -1, "topics": [{"topic": "wide", "partitions": [
+                    {"partition": i, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
+                     "partition_max_bytes": 1 << 20} for i in range(partitions)]}],
+                "forgotten_topics_data": [], "rack_id": ""}, timeout=60)
+            return (produced["responses"][0]["partition_responses"], fetched["responses"][0]["partitions"])
+        finally:
+            await client.close()
+
+    try:
+        resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (800, 800))
+        produced, fetched = asyncio.run(produce_and_fetch_everywhere())
+        assert sorted((a["index"], a["error_code"], a["base_offset"]) for a in produced) == [
+            (i, 0, 0) for i in range(partitions)]
+        assert sorted((f["partition_index"], f["error_code"], f["high_watermark"]) for f in fetched) == [
+            (i, 0, 1) for i in range(partitions)]
+        assert all(b"r%d" % f["partition_index"] in bytes(f["records"]) for f in fetched)
+        fd_dir = f"/proc/{broker.pid}/fd"
+        queue_files = [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
+        queue_files = [link for link in queue_files if "/consumequeue/wide/" in link]
+        assert len(queue_files) == partitions and len(set(queue_files)) == partitions
+    finally:
+        code = broker.stop()
+    assert code == 0, broker.log_text()
+    assert "KAFKA_STORAGE_ERROR" not in broker.log_text() and "Too many open files" not in broker.log_text()

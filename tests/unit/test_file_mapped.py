@@ -339,3 +339,71 @@ def test_drop_cache_below_stops_at_its_budget_and_goes_on_from_there(tmp_path: P
         assert q.drop_cache_below(segment + CACHE_DROP_ALIGN, 2 * segment, budget=1 << 30) == 2 * segment
     finally:
         q.close()
+
+
+def _descriptors_of(path: Path) -> int:
+    """How many of this process's open descriptors are `path` (the mapping's own duplicate included)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the descriptor listdir itself used, closed by now
+            pass
+    return links.count(str(path))
+
+
+def test_a_file_without_its_own_descriptor_keeps_only_the_mappings(tmp_path: Path, monkeypatch) -> None:
+    """hold_fd=False (ConsumeQueue files): one descriptor per file, the mapping's; a reservation and a flush open
+    the file for their call and close it again, and the flush syncs that file."""
+    import mqk.store.file.mapped_file as mapped_file
+
+    synced = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(mapped_file.os, "fdatasync", fdatasync)
+    held = MappedFile(tmp_path / "held", 1 << 16, 0, reserve_step=PAGE)
+    mf = MappedFile(tmp_path / "mapped", 1 << 16, 0, reserve_step=PAGE, hold_fd=False)
+    try:
+        assert (_descriptors_of(held.path), _descriptors_of(mf.path), mf.fd) == (2, 1, -1)
+        mf.ensure_reserved(3 * PAGE)
+        mf.append(b"unit" * 5)
+        assert mf.flush() == 20 and synced == [str(mf.path)]
+        assert mf.reserved == 3 * PAGE and os.stat(mf.path).st_blocks * 512 >= 3 * PAGE
+        assert _descriptors_of(mf.path) == 1
+        reopened = MappedFile(tmp_path / "mapped", 1 << 16, 0, hold_fd=False)
+        assert bytes(reopened.raw_view(0, 20)) == b"unit" * 5
+        reopened.close()
+    finally:
+        held.close()
+        mf.close()
+    assert _descriptors_of(mf.path) == 0
+    mf.datasync()  # closed (a deleted segment): nothing left to sync, no error
+
+
+def test_a_file_without_its_own_descriptor_reports_a_full_disk_and_leaks_nothing(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    import errno
+
+    import mqk.store.file.mapped_file as mapped_file
+    from mqk.errors import StorageFull
+
+    mf = MappedFile(tmp_path / "mapped", 1 << 16, 0, reserve_step=PAGE, hold_fd=False)
+    try:
+        def no_space(*_args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(mapped_file.os, "pwrite", no_space)
+        with pytest.raises(StorageFull):
+            mf.ensure_reserved(PAGE)
+        assert mf.reserved == 0 and _descriptors_of(mf.path) == 1
+        monkeypatch.undo()
+        mf.append(b"x")  # (reserved or not, the mapping itself still works)
+        mf.path.unlink()  # gone while open and not closed: a flush that cannot reach it says so
+        with pytest.raises(FileNotFoundError):
+            mf.flush()
+    finally:
+        mf.close()

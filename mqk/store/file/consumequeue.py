@@ -33,8 +33,10 @@ class ConsumeQueue:
     def __init__(self, directory: Path, units_per_file: int) -> None:
         self.dir = Path(directory)
         self.units_per_file = units_per_file
-        # blocks are reserved at most 64 KiB (1,365 units) at a time: a thousand quiet queues must not pin gigabytes
-        self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False, reserve_step=RESERVE_STEP)
+        # blocks are reserved at most 64 KiB (1,365 units) at a time: a thousand quiet queues must not pin gigabytes;
+        # units are stored through the mapping, so a file needs no descriptor of its own (one per partition, not two)
+        self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False, reserve_step=RESERVE_STEP,
+                                   hold_fd=False)
         #: queue offset the next batch gets (one past the last unit's span)
         self.end_offset = 0
         #: running maximum record timestamp over the queue (what the next unit's max_timestamp builds on)

@@ -1115,8 +1115,14 @@ class FileEngine(StorageAdapter):
             if len(group) < SYNCFS_MIN_QUEUES:
                 continue
             first_marks = group[0][1]
-            some_fd = first_marks[0][0][0].fd  # a file of this filesystem: syncfs syncs the filesystem it is on
-            if syncfs(some_fd):
+            try:
+                # a file of this filesystem: syncfs syncs the filesystem it is on
+                with first_marks[0][0][0].descriptor() as some_fd:
+                    done = syncfs(some_fd)
+            except OSError as exc:  # that file deleted meanwhile: each queue flushes its own below
+                log.debug("syncfs through %s failed: %s", first_marks[0][0][0].path, exc)
+                done = False
+            if done:
                 for cq, marks in group:
                     cq.mfq.note_synced(marks)
                     synced.add(cq)

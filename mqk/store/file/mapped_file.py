@@ -18,6 +18,12 @@ page cache.
 holding a logical offset, pre-allocates the next segment in a background thread (so an append that crosses a segment
 end never waits for file creation), truncates the dirty tail at recovery, and deletes expired head segments.
 
+Descriptors: Python's `mmap` keeps a duplicate of the descriptor it maps, so a mapped file holding its own too
+costs two. CommitLog segments keep theirs (every entry is written through it). A queue of small files written only
+through the mapping (`hold_fd=False`: ConsumeQueues, one per partition) gives its own up once mapped and opens the
+file again for the rare calls that need one (a reservation, a flush): a thousand partitions then hold a thousand
+descriptors, not two thousand, against the process's limit.
+
 Nothing here knows entry formats; that belongs to `commitlog` / `consumequeue` and `mqk._fast`.
 """
 from __future__ import annotations
@@ -68,11 +74,13 @@ class MappedFile:
     __slots__ = ("_closed", "buf", "committed", "device", "fd", "file_size", "flushed", "mm", "path",
                  "reserve_step", "reserved", "start_offset", "wrote")
 
-    def __init__(self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0) -> None:
+    def __init__(self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0, *,
+                 hold_fd: bool = True) -> None:
         """`reserve_step` 0 reserves the whole file's blocks at creation (CommitLog segments); a positive step
         reserves them ahead of the writer (`ensure_reserved`), as much again as is reserved already, from one
         page up to `reserve_step` bytes at a time, so a ConsumeQueue file of a quiet queue holds a page of disk
-        and page cache, not megabytes it may never use."""
+        and page cache, not megabytes it may never use. Without `hold_fd` the file keeps no descriptor of its
+        own once mapped (`fd` is -1; see the module docstring)."""
         if file_size <= 0:
             raise StorageError(f"mapped file size must be positive, not {file_size}")
         self.path = Path(path)
@@ -99,6 +107,9 @@ class MappedFile:
             if actual == 0:
                 _unlink_quietly(self.path)  # a new file we could not set up must not look like a segment later
             raise
+        if not hold_fd:
+            os.close(fd)  # the mapping holds its own duplicate
+            fd = -1
         self.fd = fd
         #: the filesystem the file is on (st_dev): a filesystem-wide sync covers every file with the same device
         self.device = stat.st_dev
@@ -160,9 +171,11 @@ class MappedFile:
             # write position are zeroed: nothing there is published data.
             start = max(self.reserved, self.wrote)
             if new > start:
-                _zero_fill(self.fd, start, new - start, self.path)
+                with self.descriptor() as fd:
+                    _zero_fill(fd, start, new - start, self.path)
         else:
-            _allocate(self.fd, self.reserved, new - self.reserved, self.path)
+            with self.descriptor() as fd:
+                _allocate(fd, self.reserved, new - self.reserved, self.path)
         self.reserved = new
 
     # --- bytes -----------------------------------------------------------------------------------------
@@ -195,9 +208,10 @@ class MappedFile:
             raise OutOfBounds(f"write of {n} bytes at {pos} outside {self.path.name} ({self.file_size} bytes)")
         view = memoryview(data)
         try:
-            done = 0
-            while done < n:  # a regular file's write stops short only for a signal or a device error: finish it
-                done += os.pwrite(self.fd, view[done:], pos + done)
+            with self.descriptor() as fd:
+                done = 0
+                while done < n:  # a regular file's write stops short only for a signal or a device error: finish it
+                    done += os.pwrite(fd, view[done:], pos + done)
         except OSError as exc:
             raise storage_error(exc, self.path, n) from None
         if pos < self.flushed:
@@ -247,9 +261,24 @@ class MappedFile:
         through the mapping as well as those written through the descriptor, and it releases the GIL."""
         target = self.wrote
         if target > self.flushed and not self._closed:
-            os.fdatasync(self.fd)
+            self.datasync()
             self.flushed = max(self.flushed, target)
         return self.flushed
+
+    def datasync(self) -> None:
+        """fdatasync the file now, whatever the positions say (blocking). A file closed meanwhile (its segment
+        deleted) has nothing left to make durable."""
+        try:
+            with self.descriptor() as fd:
+                os.fdatasync(fd)
+        except FileNotFoundError:
+            if not self._closed:
+                raise
+
+    def descriptor(self) -> _Descriptor:
+        """A context giving a descriptor of the file: its own, or (a file without one) the file opened again for
+        the duration of the block."""
+        return _Descriptor(self.fd, self.path)
 
     def drop_cache(self, start: int, end: int) -> None:
         """Let the kernel drop the page cache of bytes [start, end), which must be flushed (blocking: call from a
@@ -260,7 +289,8 @@ class MappedFile:
             return
         try:
             self.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
-            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
+            with self.descriptor() as fd:
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
         except (ValueError, OSError) as exc:  # closed under us (a deleted segment): nothing left to drop
             log.debug("dropping cached pages of %s failed: %s", self.path.name, exc)
 
@@ -279,7 +309,8 @@ class MappedFile:
         except BufferError:
             # readers still hold zero-copy views; the mapping lives until they drop them
             pass
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
 
     def destroy(self) -> None:
         self.close()
@@ -290,6 +321,27 @@ class MappedFile:
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
+
+
+class _Descriptor:
+    """`MappedFile.descriptor`: the file's own descriptor (kept open), or the path opened for the block."""
+
+    __slots__ = ("_opened", "fd", "path")
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+        self._opened = False
+
+    def __enter__(self) -> int:
+        if self.fd < 0:
+            self.fd = os.open(self.path, os.O_RDWR)
+            self._opened = True
+        return self.fd
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._opened:
+            os.close(self.fd)
 
 
 def storage_error(exc: OSError, path: Path, size: int) -> StorageError:
@@ -367,13 +419,15 @@ class MappedFileQueue:
     # slots, not a dict: clentry.append_run reads `files` of every partition a Produce names, and a thousand
     # partitions' instance dicts are a thousand more cold lookups per request cycle
     __slots__ = ("_allocator", "_lock", "_spare", "_starts", "_unsynced_dirs", "dir", "file_size", "files",
-                 "reserve_step")
+                 "hold_fd", "reserve_step")
 
     def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True,
-                 reserve_step: int = 0) -> None:
+                 reserve_step: int = 0, hold_fd: bool = True) -> None:
+        """`hold_fd` False: the segments keep no descriptor of their own (see the module docstring)."""
         self.dir = Path(directory)
         self.file_size = file_size
         self.reserve_step = reserve_step
+        self.hold_fd = hold_fd
         self.files: list[MappedFile] = []
         self._starts: list[int] = []  # parallel to files, for bisect
         self._allocator = _Allocator(self.dir.name) if preallocate else None
@@ -419,7 +473,7 @@ class MappedFileQueue:
                 # cut short (by hand or a crash while it was being created): it is extended with zeros, which
                 # recovery reads as the end of data
                 log.warning("segment %s is %d bytes, less than %d; extending it", p, size, self.file_size)
-            files.append(MappedFile(p, self.file_size, start, self.reserve_step))
+            files.append(MappedFile(p, self.file_size, start, self.reserve_step, hold_fd=self.hold_fd))
         for p in aside:
             p.rename(p.with_name(p.name + ".unusable"))
         with self._lock:
@@ -498,7 +552,7 @@ class MappedFileQueue:
         elif self._spare is not None and self._spare.start_offset == start:
             mf, self._spare = self._spare, None
         else:
-            mf = MappedFile(path, self.file_size, start, self.reserve_step)
+            mf = MappedFile(path, self.file_size, start, self.reserve_step, hold_fd=self.hold_fd)
         with self._lock:
             self.files.append(mf)
             self._starts.append(start)
@@ -526,7 +580,8 @@ class MappedFileQueue:
             self._spare.destroy()
             self._spare = None
         self._make_dir()
-        self._spare = MappedFile(self._path(start), self.file_size, start, self.reserve_step)
+        self._spare = MappedFile(self._path(start), self.file_size, start, self.reserve_step,
+                                 hold_fd=self.hold_fd)
 
     # --- durability ------------------------------------------------------------------------------------
 
@@ -623,13 +678,14 @@ class MappedFileQueue:
             pos = max(start, mf.start_offset) - mf.start_offset
             stop = min(end, mf.end_offset) - mf.start_offset
             try:
-                while pos < stop:
-                    n = os.preadv(mf.fd, [scratch[: stop - pos]], pos)
-                    if n <= 0:
-                        break
-                    pos += n
-                if ahead > 0 and stop < mf.file_size:
-                    os.posix_fadvise(mf.fd, stop, min(ahead, mf.file_size - stop), os.POSIX_FADV_WILLNEED)
+                with mf.descriptor() as fd:
+                    while pos < stop:
+                        n = os.preadv(fd, [scratch[: stop - pos]], pos)
+                        if n <= 0:
+                            break
+                        pos += n
+                    if ahead > 0 and stop < mf.file_size:
+                        os.posix_fadvise(fd, stop, min(ahead, mf.file_size - stop), os.POSIX_FADV_WILLNEED)
             except (OSError, ValueError):
                 continue
 
@@ -657,7 +713,7 @@ class MappedFileQueue:
             if pos < last.file_size:
                 if last.zero_from(pos):
                     # durable now: a cut tail that came back after another crash could pass for data
-                    os.fdatasync(last.fd)
+                    last.datasync()
             else:
                 last.set_positions(last.file_size)
         with self._lock:
