@@ -915,3 +915,61 @@ async def test_an_append_leaving_kick_bytes_unflushed_starts_an_async_flush(tmp_
             await asyncio.sleep(0.01)
     finally:
         await e.close()
+
+
+async def test_max_timestamp_past_a_deleted_maximum_walks_in_steps_off_the_loop(tmp_path: Path, monkeypatch) -> None:
+    """When the record holding the maximum was deleted, max_timestamp walks the whole queue: in steps of
+    MAX_TIMESTAMP_WALK_UNITS units, the loop serving others between them, and reading back dropped entries in the
+    reader thread, as Fetch does."""
+    import mqk.store.file.engine as engine_mod
+
+    e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        appended = [await e.append(T, 0, [batch(3, ts=50_000, value=b"max")])]  # the maximum, deleted below
+        for i in range(299):  # a peak of 30_000 at batch 100 among older and newer records
+            ts = 30_000 if i == 99 else 10_000 + i
+            appended.append(await e.append(T, 0, [batch(3, ts=ts, value=bytes([i % 256]) * 250)]))
+        await e.flusher.flush()
+        await e.delete_before(T, 0, 3)
+        assert appended[1].physical_offset < e.flusher.cache_from
+        monkeypatch.setattr(engine_mod, "MAX_TIMESTAMP_WALK_UNITS", 16)
+        calls = record_fault_ins(e, monkeypatch)
+        ticks = 0
+        walking = True
+
+        async def other_work() -> None:
+            nonlocal ticks
+            while walking:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(other_work())
+        await asyncio.sleep(0)
+        try:
+            assert await e.max_timestamp(T, 0) == (302, 30_002)  # the last record of the peak batch
+        finally:
+            walking = False
+            await other
+        steps = -(-299 // 16)
+        assert ticks >= steps  # the loop ran other work between every two steps
+        assert calls and all(thread.startswith("mqk-fault-in") for thread, _ in calls)
+        # after the timestamp search's own read-back (calls[0]), the steps read back exactly the dropped entries
+        # of the walk, in order, from the log start on
+        read_back = [phys for _, entries in calls[1:] for phys, _size in entries]
+        dropped = [r.physical_offset for r in appended[1:] if r.physical_offset < e.flusher.cache_from]
+        assert read_back[:len(dropped)] == dropped
+        # with every page cached nothing is read back, and the walk still lets the loop run between its steps
+        calls.clear()
+        monkeypatch.setattr(e.flusher, "cache_from", 0)
+        ticks, walking = 0, True
+        other = asyncio.ensure_future(other_work())
+        await asyncio.sleep(0)
+        try:
+            assert await e.max_timestamp(T, 0) == (302, 30_002)
+        finally:
+            walking = False
+            await other
+        assert calls == [] and ticks >= steps
+    finally:
+        await e.close()

@@ -85,6 +85,9 @@ STAGING_KEPT = 4096
 #: batches from the one the timestamp search lands on that it reads back off the loop if their pages were dropped
 #: (the search reads on past a batch whose own max timestamp is below the target, rarely far)
 TIMESTAMP_FAULT_IN_UNITS = 8
+#: units per step of max_timestamp's walk over a whole queue (when the record holding the maximum was deleted):
+#: between steps the loop serves others, and each step's dropped entries are read back in the reader thread
+MAX_TIMESTAMP_WALK_UNITS = 1024
 
 
 class Shard:
@@ -1022,12 +1025,22 @@ class FileEngine(StorageAdapter):
                     if best is None or batch.max_timestamp > best[1]:
                         best = first_record_at_or_after(batch.data, batch.max_timestamp, shard.log_start) or best
                 offset = result.batches[-1].next_offset
+                await asyncio.sleep(0)  # (as below)
             return best
-        for unit in self._units_from(cq, cq.search_offset(shard.log_start)):
-            batch = self._batch(shard, unit)
-            if best is None or batch.max_timestamp > best[1]:
-                best = first_record_at_or_after(batch.data, batch.max_timestamp, shard.log_start) or best
-        return best
+        index = cq.search_offset(shard.log_start)
+        while True:
+            units = list(islice(self._units_from(cq, index), MAX_TIMESTAMP_WALK_UNITS))
+            if not units:
+                return best
+            index += len(units)
+            batches = await self._stored(shard, units)  # (dropped pages read back off the loop)
+            await asyncio.sleep(0)  # a long queue: the walk must not hold the loop from end to end
+            if self._shards.get((topic, queue)) is not shard:
+                raise UnknownShard(f"{topic}-{queue} was deleted during the lookup")
+            log_start = shard.log_start  # retention may have moved it meanwhile
+            for batch in batches:
+                if best is None or batch.max_timestamp > best[1]:
+                    best = first_record_at_or_after(batch.data, batch.max_timestamp, log_start) or best
 
     # --- background: ConsumeQueue flush + checkpoint ---------------------------------------------------
 
