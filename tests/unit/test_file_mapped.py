@@ -407,3 +407,41 @@ def test_a_file_without_its_own_descriptor_reports_a_full_disk_and_leaks_nothing
             mf.flush()
     finally:
         mf.close()
+
+
+def test_pages_are_dropped_without_the_gil_and_never_from_a_closed_mapping(tmp_path: Path, monkeypatch) -> None:
+    """drop_cache's madvise is libc's through ctypes.CDLL, which releases the GIL (mmap.madvise holds it for the
+    whole call); a close waits for a madvise of the mapping under way, and no madvise starts on a closed one (its
+    addresses may belong to another mapping by then)."""
+    import threading
+
+    import mqk.store.file.mapped_file as mapped_file
+
+    real = mapped_file._madvise
+    assert real is not None and not real._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # a CDLL function: no GIL held
+    q = _filled_queue(tmp_path / "log", 2 * CACHE_DROP_ALIGN, 1)
+    mf = q.files[0]
+    entered, release, calls = threading.Event(), threading.Event(), []
+
+    def slow_madvise(address, length, advice):
+        calls.append((address, length))
+        entered.set()
+        release.wait(10)
+        return real(address, length, advice)
+
+    monkeypatch.setattr(mapped_file, "_madvise", slow_madvise)
+    dropper = threading.Thread(target=mf.drop_cache, args=(0, CACHE_DROP_ALIGN))
+    dropper.start()
+    assert entered.wait(10)
+    closer = threading.Thread(target=mf.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and not mf._closed  # the close waits for the madvise
+    release.set()
+    dropper.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and mf._closed
+    assert len(calls) == 1 and calls[0][1] == CACHE_DROP_ALIGN
+    mf.drop_cache(0, CACHE_DROP_ALIGN)  # closed: no madvise at all
+    assert len(calls) == 1
+    q.close()

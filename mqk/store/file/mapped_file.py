@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import ctypes
 import errno
 import logging
 import mmap
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 #: zero-fill granularity for truncation (avoid allocating a segment-sized zero buffer)
 _ZERO_CHUNK = bytes(1 << 20)
 PAGE = mmap.PAGESIZE
-#: page cache dropped per madvise/fadvise pair (`MappedFileQueue.drop_cache_below`): the madvise holds the GIL
+#: page cache dropped per madvise/fadvise pair (`MappedFileQueue.drop_cache_below`)
 CACHE_DROP_CHUNK = 16 << 20
 #: the ends of the ranges dropped: the largest folio the page cache uses (x86-64: 2 MiB) is aligned to its size
 #: in the file, and one straddling a range's end would stay cached (the kernel drops only whole folios)
@@ -53,6 +54,25 @@ CACHE_DROP_ALIGN = 2 << 20
 
 
 _scratch = threading.local()
+
+
+def _libc_madvise():
+    """libc's madvise through ctypes, which releases the GIL for the call (mmap.madvise holds it: 0.2-0.5 ms per
+    16 MiB of a mapping whose pages Fetch touched, during which the event loop could not run); None where there
+    is no such symbol (the mmap module's is used then)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_madvise = _libc_madvise()
+#: held while a mapping's pages are dropped without the GIL, and while a mapping is closed: a mapping is never
+#: unmapped (and its addresses reused) under a running madvise
+_unmap_lock = threading.Lock()
 
 
 def _fault_in_scratch() -> memoryview:
@@ -71,7 +91,7 @@ class MappedFile:
     """One mapped segment. Not thread-safe for writes: the store writes from the event loop thread only; flush
     (`fdatasync`) may run in a worker thread concurrently with writes, which the kernel allows."""
 
-    __slots__ = ("_closed", "buf", "committed", "device", "fd", "file_size", "flushed", "mm", "path",
+    __slots__ = ("_address", "_closed", "buf", "committed", "device", "fd", "file_size", "flushed", "mm", "path",
                  "reserve_step", "reserved", "start_offset", "wrote")
 
     def __init__(self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0, *,
@@ -123,6 +143,7 @@ class MappedFile:
         #: which costs nothing where blocks already exist)
         self.reserved = file_size if reserve_step <= 0 else 0
         self._closed = False
+        self._address = 0  # where the mapping starts, once drop_cache needed it
 
     # --- positions -------------------------------------------------------------------------------------
 
@@ -288,18 +309,37 @@ class MappedFile:
         if self._closed or end <= start:
             return
         try:
-            self.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            self._unmap_pages(start, end)
             with self.descriptor() as fd:
                 os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
         except (ValueError, OSError) as exc:  # closed under us (a deleted segment): nothing left to drop
             log.debug("dropping cached pages of %s failed: %s", self.path.name, exc)
+
+    def _unmap_pages(self, start: int, end: int) -> None:
+        """madvise(MADV_DONTNEED) bytes [start, end) of our mapping, without the GIL where libc's is at hand."""
+        if end > self.file_size or start < 0:
+            raise ValueError(f"range [{start}, {end}) outside {self.path.name}")
+        if _madvise is None:
+            self.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            return
+        with _unmap_lock:
+            if self._closed:
+                return
+            if not self._address:
+                view = ctypes.c_char.from_buffer(self.mm)  # (an export of the mapping only for this line)
+                self._address = ctypes.addressof(view)
+                del view
+            if _madvise(self._address + start, end - start, mmap.MADV_DONTNEED) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"madvise: {os.strerror(err)}")
 
     # --- life cycle ------------------------------------------------------------------------------------
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        with _unmap_lock:  # (waits for a madvise of this mapping still running in the flush thread)
+            self._closed = True
         try:
             self.buf.release()
         except BufferError:
@@ -307,7 +347,8 @@ class MappedFile:
         try:
             self.mm.close()
         except BufferError:
-            # readers still hold zero-copy views; the mapping lives until they drop them
+            # readers still hold zero-copy views; the mapping lives until they drop them (no madvise reaches it
+            # any more: `_closed` is set)
             pass
         if self.fd >= 0:
             os.close(self.fd)
