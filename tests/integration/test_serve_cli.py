@@ -80,8 +80,7 @@ def test_serve_raises_its_open_files_limit_and_serves_more_partitions_than_it_al
     import re
     import resource
 
-    from mqk.protocol.kafka.api import ApiKey
-    from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+    from mqk.server.kafka.rawclient import RawKafkaClient
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert hard > 1000, f"this test needs a hard open files limit above 1,000, not {hard}"
@@ -92,18 +91,9 @@ def test_serve_raises_its_open_files_limit_and_serves_more_partitions_than_it_al
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
     async def produce_everywhere(partitions: int) -> list[dict]:
-        host, port = broker.kafka_address
-        client = await RawKafkaClient.connect(host, port)
+        client = await RawKafkaClient.connect(*broker.kafka_address)
         try:
-            made = await client.call(ApiKey.CREATE_TOPICS, 5, {"topics": [
-                {"name": "wide", "num_partitions": partitions, "replication_factor": 1, "assignments": [],
-                 "configs": []}], "timeout_ms": 30000, "validate_only": False}, timeout=60)
-            assert made["topics"][0]["error_code"] == 0, made
-            answer = await client.call(ApiKey.PRODUCE, 9, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
-                                                          "topic_data": [{"name": "wide", "partition_data": [
-                                                              {"index": i, "records": bytes(make_batch([b"r"]))}
-                                                              for i in range(partitions)]}]}, timeout=60)
-            return answer["responses"][0]["partition_responses"]
+            return await _fill_wide_topic(client, partitions)
         finally:
             await client.close()
 
@@ -129,31 +119,22 @@ def test_a_partition_costs_one_descriptor_so_a_limit_serves_twice_the_partitions
     import resource
 
     from mqk.protocol.kafka.api import ApiKey
-    from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+    from mqk.server.kafka.rawclient import RawKafkaClient
 
     partitions = 600
     broker = BrokerProcess(tmp_path / "data").start()
 
     async def produce_and_fetch_everywhere() -> tuple[list[dict], list[dict]]:
-        host, port = broker.kafka_address
-        client = await RawKafkaClient.connect(host, port)
+        client = await RawKafkaClient.connect(*broker.kafka_address)
         try:
-            made = await client.call(ApiKey.CREATE_TOPICS, 5, {"topics": [
-                {"name": "wide", "num_partitions": partitions, "replication_factor": 1, "assignments": [],
-                 "configs": []}], "timeout_ms": 30000, "validate_only": False}, timeout=60)
-            assert made["topics"][0]["error_code"] == 0, made
-            produced = await client.call(ApiKey.PRODUCE, 9, {
-                "transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [{
-                    "name": "wide", "partition_data": [
-                        {"index": i, "records": bytes(make_batch([b"r%d" % i]))} for i in range(partitions)]}]},
-                timeout=60)
+            produced = await _fill_wide_topic(client, partitions)
             fetched = await client.call(ApiKey.FETCH, 11, {
                 "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 50 << 20, "isolation_level": 0,
                 "session_id": 0, "session_epoch": -1, "topics": [{"topic": "wide", "partitions": [
                     {"partition": i, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
                      "partition_max_bytes": 1 << 20} for i in range(partitions)]}],
                 "forgotten_topics_data": [], "rack_id": ""}, timeout=60)
-            return (produced["responses"][0]["partition_responses"], fetched["responses"][0]["partitions"])
+            return produced, fetched["responses"][0]["partitions"]
         finally:
             await client.close()
 
@@ -173,3 +154,19 @@ def test_a_partition_costs_one_descriptor_so_a_limit_serves_twice_the_partitions
         code = broker.stop()
     assert code == 0, broker.log_text()
     assert "KAFKA_STORAGE_ERROR" not in broker.log_text() and "Too many open files" not in broker.log_text()
+
+
+async def _fill_wide_topic(client, partitions: int) -> list[dict]:
+    """Create topic "wide" with `partitions` partitions and produce one record (b"r<i>") into each partition i in
+    one request; returns the partitions' answers."""
+    from mqk.protocol.kafka.api import ApiKey
+    from mqk.server.kafka.rawclient import make_batch
+
+    made = await client.call(ApiKey.CREATE_TOPICS, 5, {"topics": [
+        {"name": "wide", "num_partitions": partitions, "replication_factor": 1, "assignments": [], "configs": []}],
+        "timeout_ms": 30000, "validate_only": False}, timeout=60)
+    assert made["topics"][0]["error_code"] == 0, made
+    answer = await client.call(ApiKey.PRODUCE, 9, {
+        "transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [{"name": "wide", "partition_data": [
+            {"index": i, "records": bytes(make_batch([b"r%d" % i]))} for i in range(partitions)]}]}, timeout=60)
+    return answer["responses"][0]["partition_responses"]
