@@ -114,7 +114,7 @@ def test_serve_raises_its_open_files_limit_and_serves_more_partitions_than_it_al
 def test_a_partition_costs_one_descriptor_so_a_limit_serves_twice_the_partitions(tmp_path):
     """A ConsumeQueue file keeps no descriptor of its own once mapped (the mapping holds one): under a hard limit
     of 800 open files the broker takes and serves records in 600 partitions, which at two descriptors each (the
-    file's and the mapping's) would have failed past the first ~380 with KAFKA_STORAGE_ERROR."""
+    file's and the mapping's) failed from partition 389 on with KAFKA_STORAGE_ERROR."""
     import asyncio
     import resource
 
