@@ -401,7 +401,7 @@ def test_a_file_without_its_own_descriptor_reports_a_full_disk_and_leaks_nothing
             mf.ensure_reserved(PAGE)
         assert mf.reserved == 0 and _descriptors_of(mf.path) == 1
         monkeypatch.undo()
-        mf.append(b"x")  # (reserved or not, the mapping itself still works)
+        mf.append(b"x")  # (the disk is not really full: a store into the mapping works)
         mf.path.unlink()  # gone while open and not closed: a flush that cannot reach it says so
         with pytest.raises(FileNotFoundError):
             mf.flush()
@@ -431,17 +431,20 @@ def test_pages_are_dropped_without_the_gil_and_never_from_a_closed_mapping(tmp_p
 
     monkeypatch.setattr(mapped_file, "_madvise", slow_madvise)
     dropper = threading.Thread(target=mf.drop_cache, args=(0, CACHE_DROP_ALIGN))
-    dropper.start()
-    assert entered.wait(10)
     closer = threading.Thread(target=mf.close)
-    closer.start()
-    closer.join(0.2)
-    assert closer.is_alive() and not mf._closed  # the close waits for the madvise
-    release.set()
-    dropper.join(10)
-    closer.join(10)
-    assert not closer.is_alive() and mf._closed
-    assert len(calls) == 1 and calls[0][1] == CACHE_DROP_ALIGN
-    mf.drop_cache(0, CACHE_DROP_ALIGN)  # closed: no madvise at all
-    assert len(calls) == 1
-    q.close()
+    try:
+        dropper.start()
+        assert entered.wait(10)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive() and not mf._closed  # the close waits for the madvise
+        release.set()
+        dropper.join(10)
+        closer.join(10)
+        assert not closer.is_alive() and mf._closed
+        assert len(calls) == 1 and calls[0][1] == CACHE_DROP_ALIGN
+        mf.drop_cache(0, CACHE_DROP_ALIGN)  # closed: no madvise at all
+        assert len(calls) == 1
+    finally:
+        release.set()
+        q.close()
