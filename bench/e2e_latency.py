@@ -26,23 +26,30 @@ from typing import Any
 import perfutil
 
 _TS = struct.Struct(">q")
+#: the record the consumer sends itself before the measurement, to know its fetcher is live
+_READY_MARKER = b"e2e-latency: consumer ready"
 
 
 def _consume(bootstrap: str, topic: str, expected: int, ready: Any, results: Any, timeout_s: float,
              fetch_wait_ms: int) -> None:
-    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+    from confluent_kafka import Consumer, Producer, TopicPartition
 
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": "e2e-latency", "enable.auto.commit": False,
         "fetch.wait.max.ms": fetch_wait_ms, "fetch.min.bytes": 1, "fetch.error.backoff.ms": 10,
     })
-    consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
-    # Poll until the assignment is live (position resolved) before telling the producer to start.
+    # The producer starts once this consumer's fetcher is live at the partition's end: it starts at the end
+    # offset, and a marker record sent now has come back. (position() stays unset until a record is consumed,
+    # so it cannot tell; a partition EOF event would, but enabling those costs an event per caught-up fetch.)
+    _low, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.assign([TopicPartition(topic, 0, end)])
+    marker = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    marker.produce(topic, _READY_MARKER, partition=0)
+    marker.flush(10)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        consumer.consume(num_messages=1, timeout=0.1)
-        pos = consumer.position([TopicPartition(topic, 0)])[0].offset
-        if pos >= 0:
+        m = consumer.poll(0.1)
+        if m is not None and m.error() is None and m.value() == _READY_MARKER:
             break
     ready.set()
     latencies: list[float] = []
