@@ -167,9 +167,10 @@ def record_times(data: Buffer) -> list[tuple[int, int]] | None:
     return [(base + r[2], base_ts + r[1]) for r in records]
 
 
-def max_retained_timestamp(batches: Iterable[StoredBatch], min_offset: int) -> tuple[int, int] | None:
-    """(offset, timestamp) of the first record holding the largest timestamp at or above `min_offset`."""
-    best: tuple[int, int] | None = None
+def max_retained_timestamp(batches: Iterable[StoredBatch], min_offset: int,
+                           best: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record holding the largest timestamp at or above `min_offset`; `best` is
+    the answer over earlier batches, for a caller that walks a queue in steps."""
     for batch in batches:
         if batch.next_offset <= min_offset or (best is not None and batch.max_timestamp <= best[1]):
             continue

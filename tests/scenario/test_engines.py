@@ -440,6 +440,16 @@ async def test_max_timestamp_only_counts_retained_records(harness: Harness) -> N
     assert await engine.max_timestamp(T, 0) == (4, 250)
 
 
+async def test_max_timestamp_counts_the_retained_records_of_a_batch_whose_maximum_was_deleted(
+        harness: Harness) -> None:
+    await _topic(harness)
+    engine = harness.engine
+    await engine.append(T, 0, [twin_batch([b"a", b"b"], timestamps=[900, 500])])  # offsets 0-1
+    await engine.append(T, 0, [twin_batch([b"c"], timestamps=[300])])  # offset 2
+    await engine.delete_before(T, 0, 1)  # the 900 record goes; the 500 one, in the same batch, stays
+    assert await engine.max_timestamp(T, 0) == (1, 500)
+
+
 # --- sync flush: concurrent appends ----------------------------------------------------------------------
 
 

@@ -63,7 +63,7 @@ from mqk.store.file.mapped_file import storage_error
 from mqk.store.fsutil import atomic_write_json, read_json, syncfs
 
 # record-level timestamp resolution shared with the memory engine (decoding and decompression of one batch)
-from mqk.store.memory import first_record_at_or_after
+from mqk.store.memory import first_record_at_or_after, max_retained_timestamp
 
 recbatch = load("recbatch")
 clentry = load("clentry")
@@ -1021,9 +1021,7 @@ class FileEngine(StorageAdapter):
                 result = await self.read(topic, queue, offset, 1 << 20)
                 if not result.batches:
                     break
-                for batch in result.batches:
-                    if best is None or batch.max_timestamp > best[1]:
-                        best = first_record_at_or_after(batch.data, batch.max_timestamp, shard.log_start) or best
+                best = max_retained_timestamp(result.batches, shard.log_start, best)
                 offset = result.batches[-1].next_offset
                 await asyncio.sleep(0)  # (as below)
             return best
@@ -1037,10 +1035,7 @@ class FileEngine(StorageAdapter):
             await asyncio.sleep(0)  # a long queue: the walk must not hold the loop from end to end
             if self._shards.get((topic, queue)) is not shard:
                 raise UnknownShard(f"{topic}-{queue} was deleted during the lookup")
-            log_start = shard.log_start  # retention may have moved it meanwhile
-            for batch in batches:
-                if best is None or batch.max_timestamp > best[1]:
-                    best = first_record_at_or_after(batch.data, batch.max_timestamp, log_start) or best
+            best = max_retained_timestamp(batches, shard.log_start, best)  # (the log start as it is now)
 
     # --- background: ConsumeQueue flush + checkpoint ---------------------------------------------------
 
