@@ -7,6 +7,7 @@ the repository root on sys.path so `mqk` imports without an install.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import tempfile
@@ -51,6 +52,22 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:  # a thread that ended meanwhile
             pass
+
+
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """A measuring client's loop without the cyclic garbage collector (reference counting still frees what it
+    drops). A consumer taking 400,000 records/s keeps each poll's messages alive across young collections, so
+    they reach the old generation and set off full collections of the whole interpreter: 8-13 ms pauses in
+    which it reads nothing, charged to every record waiting behind them as if the broker were late (measured:
+    e2e p99 3.4-4.3 ms and max 8-16 ms with it, 2.5-3.1 ms and 6.5-7.6 ms without, same broker)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager
