@@ -220,6 +220,12 @@ def write_entries(fd, pos, heads, head_len, bodies) -> None:
         pos = _write_all(fd, pos, parts)
 
 
+def plan_prefetch(shard_type, queue_type, file_queue_type, file_type) -> bool:
+    """The compiled kernel prefetches each partition's objects for `append_run` (reading their classes' slots);
+    a hint with no effect on any result, so the twin prefetches nothing and says so (False)."""
+    return False
+
+
 def append_run(fd, seg_start, pos, seg_size, shards, entries, start, heads, topic, store_timestamp, out, grown,
                result_type, dirty) -> tuple:
     """The file store's append of many single-batch entries of one topic in one call (FileEngine._put_staged):

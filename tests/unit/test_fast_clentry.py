@@ -511,8 +511,8 @@ class _File:
 
     __slots__ = ("buf", "committed", "reserved", "wrote")
 
-    def __init__(self, size: int, wrote: int, reserved: int) -> None:
-        self.buf = bytearray(size)
+    def __init__(self, size: int, wrote: int, reserved: int, view: bool = False) -> None:
+        self.buf = memoryview(bytearray(size)) if view else bytearray(size)  # MappedFile's is a memoryview
         self.wrote = self.committed = wrote
         self.reserved = reserved
 
@@ -554,7 +554,7 @@ def _run_state(spec: dict) -> tuple[list, list]:
         if not present:
             shards.append(None)
             continue
-        file_list = [] if not files else [_File(48 * 8, 48 * 2, 48 * 2 + 48 * units_free)]
+        file_list = [] if not files else [_File(48 * 8, 48 * 2, 48 * 2 + 48 * units_free, spec.get("views", False))]
         shards.append(_Shard(_Queue(file_list, end, max_ts, dirty), log_start=q * 3))
     return shards, [(queue, list(batches)) if not bad_shape else [queue, batches]
                     for queue, batches, bad_shape in spec["entries"]]
@@ -582,12 +582,28 @@ def _run_outcome(ce, spec: dict, tmp_path, name: str) -> tuple:
             state, written if error is None else b"", bytes(heads[:count * ce.head_size(len(spec["topic"]))]))
 
 
-def test_append_run_compiled_and_twin_agree(tmp_path):
+@pytest.fixture
+def prefetch_plan():
+    """Sets the compiled kernel's prefetch plan for a test (a no-op on the twin), then puts back the file engine's."""
+    from mqk.store.file import engine
+
+    ce = compiled("clentry")
+    yield (lambda *classes: ce.plan_prefetch(*classes)) if ce is not None else (lambda *classes: False)
+    if ce is not None:
+        assert ce.plan_prefetch(engine.Shard, engine.ConsumeQueue, engine.MappedFileQueue, engine.MappedFile)
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["prefetch", "no-prefetch"])
+def test_append_run_compiled_and_twin_agree(tmp_path, prefetch_plan, planned):
     """The same run, state and arguments through both builds: the same answer, the same published positions,
-    units, heads and file bytes, including every way an entry stops a run."""
+    units, heads and file bytes, including every way an entry stops a run; with the compiled kernel prefetching
+    the run's objects (planned for these classes, so it walks odd queues, missing shards and empty file lists)
+    and without."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
+    assert prefetch_plan(*((_Shard, _Queue, _Files, _File) if planned else (None,) * 4)) == (
+        planned and compiled("clentry") is not None)
     impls = [m for m in (twin("clentry"), compiled("clentry")) if m is not None]  # the twin alone if not built
     rb = twin("recbatch")
     good = [a_batch(rb, n) for n in (1, 2, 5)]
@@ -614,6 +630,7 @@ def test_append_run_compiled_and_twin_agree(tmp_path):
         "seg_size": rarely(st.integers(1200, 4000), st.integers(300, 1200)),
         "slots": rarely(st.just(12), st.integers(0, 4)),
         "topic": st.sampled_from([b"orders", b"", "é".encode() * 3]),
+        "views": st.booleans(),
     })
 
     @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -681,6 +698,32 @@ def test_append_run_leaves_room_for_a_blank_at_the_segment_end(impl, tmp_path, s
         os.close(fd)
     assert (count, end, error) == ((1, 100 + size, None) if spare == 8 else (0, 100, None))
     assert shards[0].cq.end_offset == (1 if spare == 8 else 0)
+
+
+def test_prefetch_plan_takes_slot_classes_only(prefetch_plan):
+    """The compiled kernel reads the planned classes' slots at their offsets, so it takes a plan only when every
+    attribute it reads is a __slots__ member; anything else leaves it prefetching nothing. The twin never plans."""
+    from mqk.store.file import engine
+
+    class DictShard:  # attributes in an instance dict, no slot offsets
+        def __init__(self) -> None:
+            self.cq = self.log_start = None
+
+    class PropertyFile:
+        __slots__ = ("buf", "committed", "reserved")
+        wrote = property(lambda self: 0)  # a property where a slot is expected
+
+    # another class's slots (their offsets are that class's layout)
+    borrowed = type("Borrowed", (), {name: _Shard.__dict__[name] for name in ("cq", "log_start")})
+
+    built = compiled("clentry") is not None
+    assert twin("clentry").plan_prefetch(_Shard, _Queue, _Files, _File) is False
+    assert prefetch_plan(engine.Shard, engine.ConsumeQueue, engine.MappedFileQueue, engine.MappedFile) is built
+    assert prefetch_plan(_Shard, _Queue, _Files, _File) is built
+    assert prefetch_plan(DictShard, _Queue, _Files, _File) is False
+    assert prefetch_plan(_Shard, _Queue, _Files, PropertyFile) is False
+    assert prefetch_plan(_Shard, _Queue, _Files, "MappedFile") is False
+    assert prefetch_plan(borrowed, _Queue, _Files, _File) is False
 
 
 @pytest.mark.parametrize("bad", ["topic", "shards", "dirty"])

@@ -59,7 +59,7 @@ from mqk.store.file.consumequeue import UNIT, ConsumeQueue
 from mqk.store.file.dispatch import ReputMessageService, run_hooks
 from mqk.store.file.flush import FlushService
 from mqk.store.file.index import IndexService, live_entry
-from mqk.store.file.mapped_file import storage_error
+from mqk.store.file.mapped_file import MappedFile, MappedFileQueue, storage_error
 from mqk.store.fsutil import atomic_write_json, read_json, syncfs
 
 # record-level timestamp resolution shared with the memory engine (decoding and decompression of one batch)
@@ -103,6 +103,11 @@ class Shard:
         self.log_start = log_start
         self.created_phys = created_phys
         self.fixed = FIXED + len(self.topic_b)  # bytes of entry header before the batch
+
+
+# append_run walks each partition's shard -> ConsumeQueue -> file chain; told the classes, the compiled kernel
+# prefetches those objects a window of partitions at a time (a Produce into 1,000 partitions finds none cached)
+clentry.plan_prefetch(Shard, ConsumeQueue, MappedFileQueue, MappedFile)
 
 
 class StoreStats:
