@@ -1,0 +1,208 @@
+"""Time, injected: the one place the broker's services read the clock and schedule timers.
+
+A `Clock` is handed down from the runtime to everything that measures or waits for time (group sessions and
+rebalances, the timer's delivery schedule, retention and compaction passes, the disk guard, producer-id state).
+Production runs on `SystemClock`; tests drive a `FakeClock` (mqk.testing re-exports it) whose time moves only when
+the test says so, so a test of a 30 s session timeout takes no wall time and never passes by accident on a slow
+machine.
+
+Two readings, as Kafka's `Time` has them:
+- wall time (`time_ms`, `time_ns`): what timestamps carry and what "older than retention.ms" is measured against;
+- monotonic time (`monotonic`): what durations and deadlines are measured with.
+
+This module is a leaf: it imports nothing from mqk, so every layer may use it.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class TimerHandle(Protocol):
+    """What `Clock.call_later` returns: asyncio's TimerHandle has this shape, and so has the fake one."""
+
+    def cancel(self) -> None: ...
+
+    def cancelled(self) -> bool: ...
+
+
+class Clock(Protocol):
+    """Everything above the store that reads time or waits for it takes one of these."""
+
+    def time_ms(self) -> int:
+        """Wall-clock milliseconds since the epoch."""
+        ...
+
+    def time_ns(self) -> int:
+        """Wall-clock nanoseconds since the epoch."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (for durations and deadlines)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Suspend the caller for `seconds` of this clock's time."""
+        ...
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        """Run `callback(*args)` on the event loop after `delay` seconds of this clock's time."""
+        ...
+
+
+class SystemClock:
+    """The real clock: the OS's wall and monotonic clocks, asyncio's sleep and timers."""
+
+    __slots__ = ()
+
+    def time_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def time_ns(self) -> int:
+        return time.time_ns()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        return asyncio.get_running_loop().call_later(delay, callback, *args)
+
+
+#: the process's real clock; the default wherever no clock is passed in
+SYSTEM_CLOCK = SystemClock()
+
+
+class _FakeTimer:
+    """A callback FakeClock runs when its time reaches `when`."""
+
+    __slots__ = ("_cancelled", "args", "callback", "when")
+
+    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.when = when
+        self.callback = callback
+        self.args = args
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+
+class FakeClock:
+    """A clock whose time moves only through `advance` (or `set_time_ms`).
+
+    Timers and sleeps due at or before the new time fire in deadline order, each with the clock showing its own
+    deadline, as they would have on a real clock. `advance` is a coroutine: after each firing it lets the event
+    loop run until every task it woke has settled, so code that reacts to a timer (a rebalance that completes,
+    a delayed message appended) has done so when `advance` returns. Wall and monotonic time move together.
+    """
+
+    def __init__(self, start_ms: int | None = None) -> None:
+        self._wall_ns = (time.time_ns() if start_ms is None else start_ms * 1_000_000)
+        self._mono = 1_000.0  # arbitrary, positive, like a real monotonic clock some time after boot
+        self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._order = itertools.count()
+
+    # --- readings -------------------------------------------------------------------------------------------
+
+    def time_ms(self) -> int:
+        return self._wall_ns // 1_000_000
+
+    def time_ns(self) -> int:
+        return self._wall_ns
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    # --- waiting --------------------------------------------------------------------------------------------
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> _FakeTimer:
+        timer = _FakeTimer(self._mono + max(0.0, delay), callback, args)
+        heapq.heappush(self._timers, (timer.when, next(self._order), timer))
+        return timer
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.call_later(seconds, _wake, future)
+        await future
+
+    @property
+    def pending(self) -> int:
+        """Timers and sleeps not yet due (cancelled ones excluded)."""
+        return sum(1 for _when, _n, timer in self._timers if not timer.cancelled())
+
+    def next_deadline(self) -> float | None:
+        """Seconds from now until the earliest pending timer, or None when nothing waits."""
+        self._drop_cancelled()
+        return max(0.0, self._timers[0][0] - self._mono) if self._timers else None
+
+    # --- moving time ----------------------------------------------------------------------------------------
+
+    async def advance(self, seconds: float) -> None:
+        """Move time forward by `seconds`, firing what falls due on the way (see the class docstring)."""
+        if seconds < 0:
+            raise ValueError(f"a clock does not go back ({seconds} s)")
+        target = self._mono + seconds
+        await settle()
+        while True:
+            self._drop_cancelled()
+            if not self._timers or self._timers[0][0] > target:
+                break
+            when, _n, timer = heapq.heappop(self._timers)
+            self._move_to(when)
+            timer.callback(*timer.args)
+            await settle()
+        self._move_to(target)
+        await settle()
+
+    async def advance_ms(self, ms: float) -> None:
+        await self.advance(ms / 1000)
+
+    async def run_until_idle(self, limit_seconds: float = 3600.0) -> None:
+        """Advance to each pending deadline in turn until nothing is scheduled (or `limit_seconds` have passed)."""
+        end = self._mono + limit_seconds
+        while True:
+            nxt = self.next_deadline()
+            if nxt is None or self._mono + nxt > end:
+                return
+            await self.advance(nxt)
+
+    def set_time_ms(self, wall_ms: int) -> None:
+        """Step the wall clock (as an operator or NTP might); monotonic time and timers are not affected."""
+        self._wall_ns = wall_ms * 1_000_000
+
+    def _move_to(self, mono: float) -> None:
+        if mono > self._mono:
+            self._wall_ns += round((mono - self._mono) * 1e9)
+            self._mono = mono
+
+    def _drop_cancelled(self) -> None:
+        while self._timers and self._timers[0][2].cancelled():
+            heapq.heappop(self._timers)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let the event loop run the callbacks and tasks that are ready, and those they make ready in turn, for up to
+    `rounds` passes (enough for chains of awaits that do not wait on I/O or on real time)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock", "TimerHandle", "settle"]
