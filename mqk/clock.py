@@ -100,10 +100,13 @@ class _FakeTimer:
 class FakeClock:
     """A clock whose time moves only through `advance` (or `set_time_ms`).
 
-    Timers and sleeps due at or before the new time fire in deadline order, each with the clock showing its own
-    deadline, as they would have on a real clock. `advance` is a coroutine: after each firing it lets the event
-    loop run until every task it woke has settled, so code that reacts to a timer (a rebalance that completes,
-    a delayed message appended) has done so when `advance` returns. Wall and monotonic time move together.
+    Timers and sleeps due at or before the new time fire in deadline order (equal deadlines in the order they were
+    set), each with the clock showing its own deadline, as they would have on a real clock. `advance` is a
+    coroutine: after each firing it lets the event loop run until every task it woke has settled (see `settle`),
+    so code that reacts to a timer (a rebalance that completes, a delayed message appended) has done so when
+    `advance` returns, unless it waits for something outside the loop (a worker thread, a socket): a test awaits
+    that event itself. A timer callback that raises fails the `advance` that fired it, so a broken timer fails the
+    test instead of being logged and forgotten. Wall and monotonic time move together.
     """
 
     def __init__(self, start_ms: int | None = None) -> None:
@@ -135,8 +138,11 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.call_later(seconds, _wake, future)
-        await future
+        timer = self.call_later(seconds, _wake, future)
+        try:
+            await future
+        finally:
+            timer.cancel()  # a cancelled sleeper leaves no timer behind (`pending` counts only live ones)
 
     @property
     def pending(self) -> int:
@@ -198,11 +204,36 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def settle(rounds: int = 20) -> None:
-    """Let the event loop run the callbacks and tasks that are ready, and those they make ready in turn, for up to
-    `rounds` passes (enough for chains of awaits that do not wait on I/O or on real time)."""
-    for _ in range(rounds):
+async def settle(limit: int = 10_000) -> None:
+    """Let the event loop run what is ready, and what that makes ready in turn, until nothing is: every task woken
+    has run on to its next wait on something outside the loop (I/O, a worker thread, a timer), or finished.
+
+    On asyncio's own loops the ready queue is looked at, so a long chain of hand-offs settles completely (up to
+    `limit` passes); on a loop that does not expose it, a fixed 50 passes are taken."""
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)  # asyncio.BaseEventLoop's ready callbacks
+    await asyncio.sleep(0)
+    for _ in range(limit if ready is not None else 49):
+        if ready is not None and not ready:
+            return
         await asyncio.sleep(0)
 
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock", "TimerHandle", "settle"]
+async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool:
+    """Wait until `event` is set or `timeout` seconds of `clock` time have passed, whichever comes first (what
+    `asyncio.wait_for(event.wait(), timeout)` does on the loop's own clock); True when the event was set."""
+    if event.is_set():
+        return True
+    loop = asyncio.get_running_loop()
+    timed_out: asyncio.Future[None] = loop.create_future()
+    timer = clock.call_later(timeout, _wake, timed_out)
+    waiter = loop.create_task(event.wait())
+    try:
+        await asyncio.wait((waiter, timed_out), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        waiter.cancel()
+        timed_out.cancel()
+    return event.is_set()
+
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock", "TimerHandle", "settle", "wait_event"]
