@@ -80,12 +80,12 @@ SYSTEM_CLOCK = SystemClock()
 
 
 class _FakeTimer:
-    """A callback FakeClock runs when its time reaches `when`."""
+    """A callback FakeClock runs when its monotonic time reaches `when_ns`."""
 
-    __slots__ = ("_cancelled", "args", "callback", "when")
+    __slots__ = ("_cancelled", "args", "callback", "when_ns")
 
-    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.when = when
+    def __init__(self, when_ns: int, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.when_ns = when_ns
         self.callback = callback
         self.args = args
         self._cancelled = False
@@ -97,6 +97,10 @@ class _FakeTimer:
         return self._cancelled
 
 
+def _ns(seconds: float) -> int:
+    return round(seconds * 1_000_000_000)
+
+
 class FakeClock:
     """A clock whose time moves only through `advance` (or `set_time_ms`).
 
@@ -106,13 +110,17 @@ class FakeClock:
     so code that reacts to a timer (a rebalance that completes, a delayed message appended) has done so when
     `advance` returns, unless it waits for something outside the loop (a worker thread, a socket): a test awaits
     that event itself. A timer callback that raises fails the `advance` that fired it, so a broken timer fails the
-    test instead of being logged and forgotten. Wall and monotonic time move together.
+    test instead of being logged and forgotten.
+
+    Time is kept in whole nanoseconds, and wall and monotonic time move together, so steps add up exactly (0.199 s
+    then 0.001 s reach a deadline set 0.2 s ahead, and a due time 200 ms away in wall milliseconds). The wall clock
+    starts at a whole millisecond (now, unless `start_ms` is given).
     """
 
     def __init__(self, start_ms: int | None = None) -> None:
-        self._wall_ns = (time.time_ns() if start_ms is None else start_ms * 1_000_000)
-        self._mono = 1_000.0  # arbitrary, positive, like a real monotonic clock some time after boot
-        self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._wall_ns = (time.time_ns() // 1_000_000 if start_ms is None else start_ms) * 1_000_000
+        self._mono_ns = 1_000 * 1_000_000_000  # arbitrary, positive, like a real monotonic clock after boot
+        self._timers: list[tuple[int, int, _FakeTimer]] = []
         self._order = itertools.count()
 
     # --- readings -------------------------------------------------------------------------------------------
@@ -124,13 +132,13 @@ class FakeClock:
         return self._wall_ns
 
     def monotonic(self) -> float:
-        return self._mono
+        return self._mono_ns / 1_000_000_000
 
     # --- waiting --------------------------------------------------------------------------------------------
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> _FakeTimer:
-        timer = _FakeTimer(self._mono + max(0.0, delay), callback, args)
-        heapq.heappush(self._timers, (timer.when, next(self._order), timer))
+        timer = _FakeTimer(self._mono_ns + max(0, _ns(delay)), callback, args)
+        heapq.heappush(self._timers, (timer.when_ns, next(self._order), timer))
         return timer
 
     async def sleep(self, seconds: float) -> None:
@@ -152,7 +160,7 @@ class FakeClock:
     def next_deadline(self) -> float | None:
         """Seconds from now until the earliest pending timer, or None when nothing waits."""
         self._drop_cancelled()
-        return max(0.0, self._timers[0][0] - self._mono) if self._timers else None
+        return max(0, self._timers[0][0] - self._mono_ns) / 1_000_000_000 if self._timers else None
 
     # --- moving time ----------------------------------------------------------------------------------------
 
@@ -160,7 +168,7 @@ class FakeClock:
         """Move time forward by `seconds`, firing what falls due on the way (see the class docstring)."""
         if seconds < 0:
             raise ValueError(f"a clock does not go back ({seconds} s)")
-        target = self._mono + seconds
+        target = self._mono_ns + _ns(seconds)
         await settle()
         while True:
             self._drop_cancelled()
@@ -178,21 +186,21 @@ class FakeClock:
 
     async def run_until_idle(self, limit_seconds: float = 3600.0) -> None:
         """Advance to each pending deadline in turn until nothing is scheduled (or `limit_seconds` have passed)."""
-        end = self._mono + limit_seconds
+        end = self._mono_ns + _ns(limit_seconds)
         while True:
-            nxt = self.next_deadline()
-            if nxt is None or self._mono + nxt > end:
+            self._drop_cancelled()
+            if not self._timers or self._timers[0][0] > end:
                 return
-            await self.advance(nxt)
+            await self.advance((self._timers[0][0] - self._mono_ns) / 1_000_000_000)
 
     def set_time_ms(self, wall_ms: int) -> None:
         """Step the wall clock (as an operator or NTP might); monotonic time and timers are not affected."""
         self._wall_ns = wall_ms * 1_000_000
 
-    def _move_to(self, mono: float) -> None:
-        if mono > self._mono:
-            self._wall_ns += round((mono - self._mono) * 1e9)
-            self._mono = mono
+    def _move_to(self, mono_ns: int) -> None:
+        if mono_ns > self._mono_ns:
+            self._wall_ns += mono_ns - self._mono_ns
+            self._mono_ns = mono_ns
 
     def _drop_cancelled(self) -> None:
         while self._timers and self._timers[0][2].cancelled():
