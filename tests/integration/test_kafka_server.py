@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import fetch_body, produce_body, raw_records, values_of
 
 from mqk import errors as E
 from mqk._fast import load
@@ -47,21 +48,6 @@ async def client(broker):
     await c.close()
 
 
-def produce_body(topic: str, batch, partition: int = 0, acks: int = -1) -> dict:
-    return {"transactional_id": None, "acks": acks, "timeout_ms": 5000,
-            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": bytes(batch)}]}]}
-
-
-def fetch_body(topic: str, offset: int, partition: int = 0, max_wait_ms: int = 0, min_bytes: int = 0,
-               max_bytes: int = 1 << 20) -> dict:
-    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes,
-            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-            "topics": [{"topic": topic, "partitions": [
-                {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1,
-                 "partition_max_bytes": max_bytes}]}],
-            "forgotten_topics_data": [], "rack_id": ""}
-
-
 async def produce(client, topic, batch, **kw) -> dict:
     resp = await client.call(ApiKey.PRODUCE, 9, produce_body(topic, batch, **kw))
     return resp["responses"][0]["partition_responses"][0]
@@ -70,21 +56,6 @@ async def produce(client, topic, batch, **kw) -> dict:
 async def fetch(client, topic, offset, version=12, **kw) -> dict:
     resp = await client.call(ApiKey.FETCH, version, fetch_body(topic, offset, **kw))
     return resp["responses"][0]["partitions"][0]
-
-
-def raw_records(records) -> bytes:
-    if records is None:
-        return b""
-    return b"".join(bytes(r) for r in records) if isinstance(records, (list, tuple)) else bytes(records)
-
-
-def values_of(records) -> list[bytes]:
-    data = raw_records(records)
-    out = []
-    for pos, size, *_ in recbatch.scan_batches(data):
-        h = recbatch.parse_header(data, pos)
-        out += [r[4] for r in recbatch.decode_records(data[pos + 61:pos + size], h[12])]
-    return out
 
 
 async def assert_healthy(broker, topic="keep", expect=(b"a", b"b")) -> None:

@@ -15,7 +15,7 @@ from mqk.config import BrokerConfig, TopicConfig
 from mqk.services.compaction import CompactionService, OffsetMap
 from mqk.store.manager import StoreManager
 
-from .conftest import header_of, rb, store_config
+from helpers import header_of, rb, store_config
 
 HOUR = 3600 * 1000
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"}

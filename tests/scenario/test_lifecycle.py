@@ -15,7 +15,7 @@ from mqk.errors import OffsetOutOfRange
 from mqk.services.retention import RetentionService, retention_limits
 from mqk.store.manager import StoreManager
 
-from .conftest import records_of, store_config, twin_batch
+from helpers import records_of, store_config, twin_batch
 
 HOUR = 3600 * 1000
 

@@ -11,7 +11,7 @@ from mqk.errors import PutRejected, ShardExists, UnknownShard
 from mqk.store.adapter import GroupOffset, PutContext
 from mqk.store.manager import StoreManager
 
-from .conftest import header_of, kafka_python_batch, records_of, store_config, twin_batch
+from helpers import header_of, kafka_python_batch, records_of, store_config, twin_batch
 
 ALL = ["memory", "rocksdb", "file"]
 

@@ -18,7 +18,7 @@ from mqk.store.adapter import GroupOffset
 from mqk.store.file.checkpoint import Checkpoint
 from mqk.store.file.engine import FileEngine
 from mqk.store.file.mapped_file import MappedFileQueue
-from test_file_mapped import cached_pages
+from helpers import cached_pages
 
 rb = load("recbatch")
 T = "orders"
