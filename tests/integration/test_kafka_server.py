@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import fetch_body, produce_body, raw_records, values_of
+from helpers import fetch_body, produce_body, raw_records, values_of, wait_until_async
 
 from mqk import errors as E
 from mqk._fast import load
@@ -119,6 +119,8 @@ async def test_big_trickled_and_abandoned_frames(broker, client):
         for at in range(0, len(raw), 7):
             slow.write_raw(raw[at:at + 7])
             await slow.writer.drain()
+            # a real pause between the pieces, so they reach the broker as separate reads: no event on this side
+            # can make the kernel deliver them apart
             await asyncio.sleep(0.001)
         head = await asyncio.wait_for(slow.reader.readexactly(4), 10)
         cid, answer = decode_response_frame(ApiKey.PRODUCE, 9, await slow.reader.readexactly(
@@ -313,13 +315,12 @@ async def test_pipelined_responses_keep_request_order_behind_a_long_poll(broker,
 async def test_long_poll_wakes_on_new_data(broker, client):
     await seed(client)
     async with await RawKafkaClient.connect(broker.host, broker.port) as producer:
-        client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=5000, min_bytes=1))
+        # waits up to a minute: an answer within receive's 10 s can only come from the wake-up
+        client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=60_000, min_bytes=1))
         await client.writer.drain()
-        await asyncio.sleep(0.1)
-        started = time.monotonic()
+        await wait_until_async(lambda: ("keep", 0) in broker.waiters._waiting, what="the fetch to be parked")
         await produce(producer, "keep", make_batch([b"late"]))
-        _, resp = await client.receive()
-        assert time.monotonic() - started < 2
+        _, resp = await client.receive(timeout=10)
         assert values_of(resp["responses"][0]["partitions"][0]["records"]) == [b"late"]
 
 
@@ -341,7 +342,7 @@ async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is
     async with await RawKafkaClient.connect(broker.host, broker.port) as producer:
         client.send(ApiKey.FETCH, 12, body)
         await client.writer.drain()
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: ("wide", 0) in broker.waiters._waiting, what="the fetch to be parked")
         assert await broker.store.delete_before("wide", 5, ends[5]) == ends[5]  # moves a log start, wakes nobody
         grown = {3: [b"three"], 7: [b"seven", b"seven-2"]}
         both = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "wide",
@@ -721,9 +722,9 @@ async def test_reader_that_does_not_read_is_paused_not_buffered(client, broker):
         for _ in range(40):  # 40 answers of 2 MB each that the client does not read for now
             slow.send(ApiKey.FETCH, 12, fetch_body("big", 0, max_bytes=50 << 20))
         await slow.writer.drain()
-        await asyncio.sleep(0.5)
         (conn,) = [c for c in broker.connections if c.peer.endswith(str(slow.writer.get_extra_info("sockname")[1]))]
-        assert conn.writing_paused
+        # paused writing stops the answers (and the reading) until the client reads: the buffer is final
+        await wait_until_async(lambda: conn.writing_paused, what="the connection to pause writing")
         assert conn.transport.get_write_buffer_size() < 8 << 20  # one answer beyond the high-water mark, not 80 MB
         # another connection is served meanwhile
         assert (await produce(client, "big", make_batch([b"y"])))["error_code"] == 0

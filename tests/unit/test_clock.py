@@ -42,7 +42,7 @@ async def test_sleepers_wake_at_their_time_and_a_cancelled_one_leaves_no_timer()
     order: list[str] = []
 
     async def sleeper(name: str, seconds: float) -> None:
-        await clock.sleep(seconds)
+        await clock.sleep(seconds)  # the fake clock's sleep is what is under test: no real time passes
         order.append(name)
 
     tasks = [asyncio.ensure_future(sleeper("late", 2)), asyncio.ensure_future(sleeper("early", 1))]
@@ -62,16 +62,19 @@ async def test_advance_settles_a_chain_of_hand_offs_longer_than_a_few_loop_turns
     clock = FakeClock()
     queue: asyncio.Queue[int] = asyncio.Queue()
     got: list[int] = []
+    due = asyncio.get_running_loop().create_future()
+    clock.call_later(1, due.set_result, None)
 
     async def relay() -> None:
-        await clock.sleep(1)
-        for i in range(200):  # each put wakes the reader, which waits again: 200 round trips through the loop
+        await due
+        for i in range(200):  # each item is taken before the next is put: 200 round trips through the loop
             queue.put_nowait(i)
-            await asyncio.sleep(0)
+            await queue.join()
 
     async def reader() -> None:
         while len(got) < 200:
             got.append(await queue.get())
+            queue.task_done()
 
     tasks = [asyncio.ensure_future(relay()), asyncio.ensure_future(reader())]
     await clock.advance(1)
@@ -117,7 +120,6 @@ async def test_system_clock_reads_the_real_clocks_and_waits_on_the_loop() -> Non
     before = SYSTEM_CLOCK.monotonic()
     fired = asyncio.Event()
     handle = SYSTEM_CLOCK.call_later(0, fired.set)
-    await SYSTEM_CLOCK.sleep(0)
     await asyncio.wait_for(fired.wait(), 10)
     assert not handle.cancelled() and SYSTEM_CLOCK.monotonic() >= before
     assert await wait_event(SYSTEM_CLOCK, fired, 10) is True
