@@ -20,8 +20,8 @@ from compat_helpers import (
     hostport,
     run_group_scenario,
     unique,
-    wait_for,
 )
+from helpers import wait_until
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions
 from kafka.errors import (
@@ -186,11 +186,10 @@ def test_admin_topics_and_configs(bootstrap: str, topic: str) -> None:
         assert configs["retention.ms"]["value"] == "999"
 
         admin.create_partitions({topic: NewPartitions(total_count=4)})
-        wait_for(lambda: len(admin.describe_topics([topic])[0]["partitions"]) == 4, 10, 0.2,
-                 "4 partitions")
+        wait_until(lambda: len(admin.describe_topics([topic])[0]["partitions"]) == 4, 10, "4 partitions")
 
         admin.delete_topics([topic])
-        wait_for(lambda: topic not in admin.list_topics(), 10, 0.2, "the topic to be gone")
+        wait_until(lambda: topic not in admin.list_topics(), 10, "the topic to be gone")
         with pytest.raises(UnknownTopicOrPartitionError):
             admin.delete_topics([topic])
     finally:
