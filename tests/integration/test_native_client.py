@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from helpers import wait_until_async as wait_for
+from helpers import wait_until_async
 
 from mqk.clock import FakeClock
 from mqk.client import Message, MessageExt, MessageQueue, Producer, PullConsumer, PushConsumer, allocate_averagely
@@ -61,8 +61,8 @@ async def test_push_consumers_share_queues_without_loss_or_duplicates(ns) -> Non
     c2 = await PushConsumer(namesrv, "grp", "shared", handler_for("c2"), rebalance_interval=0.5,
                             suspend_ms=500).start()
     try:
-        await wait_for(lambda: len(c1.assigned) + len(c2.assigned) == 4 + 1 and c1.assigned and c2.assigned,
-                       what="rebalance to split the queues")
+        await wait_until_async(lambda: len(c1.assigned) + len(c2.assigned) == 4 + 1 and c1.assigned and c2.assigned,
+                               what="rebalance to split the queues")
         main = {mq for mq in c1.assigned + c2.assigned if mq.topic == "shared"}
         assert len(main) == 4 and not set(c1.assigned) & set(c2.assigned)
         async with Producer(namesrv) as producer:
@@ -72,8 +72,8 @@ async def test_push_consumers_share_queues_without_loss_or_duplicates(ns) -> Non
             # is in, anything delivered twice before it has been seen too
             for queue in range(4):
                 await producer.send("shared", b"last-%d" % queue, tags="t", queue_id=queue)
-        await wait_for(lambda: len({body for _, body in seen if body.startswith(b"last-")}) == 4,
-                       what="all 40 messages and the 4 last ones")
+        await wait_until_async(lambda: len({body for _, body in seen if body.startswith(b"last-")}) == 4,
+                               what="all 40 messages and the 4 last ones")
         bodies = sorted(body for _, body in seen if not body.startswith(b"last-"))
         assert bodies == sorted(b"m%d" % i for i in range(40))  # each exactly once
         assert {name for name, _ in seen} == {"c1", "c2"}
@@ -96,14 +96,14 @@ async def test_leaving_member_hands_its_queues_over(ns) -> None:
     c2 = await PushConsumer(namesrv, "hg", "handover", handle, rebalance_interval=30, suspend_ms=500).start()
     try:
         # the broker's NOTIFY_CONSUMER_IDS_CHANGED (not the 30 s periodic rebalance) splits the queues
-        await wait_for(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 1
-                       and len([q for q in c2.assigned if q.topic == "handover"]) == 1, what="split on notify")
+        await wait_until_async(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 1
+                               and len([q for q in c2.assigned if q.topic == "handover"]) == 1, what="split on notify")
         await c2.stop()
-        await wait_for(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 2, what="hand-over")
+        await wait_until_async(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 2, what="hand-over")
         async with Producer(namesrv) as producer:
             for i in range(6):
                 await producer.send("handover", b"h%d" % i)
-        await wait_for(lambda: len(got) == 6, what="all messages after the hand-over")
+        await wait_until_async(lambda: len(got) == 6, what="all messages after the hand-over")
         assert sorted(got) == [b"h%d" % i for i in range(6)]
     finally:
         await c1.stop()
@@ -128,14 +128,14 @@ async def test_tag_subscription_and_retry_after_handler_failure(ns, mqk_fake_clo
             await producer.send("retry-me", b"filtered-out", tags="C")
             await producer.send("retry-me", b"ok", tags="B")
         # sent back with delay level 0: the broker picks level 3 (10 s), so it waits in the timer
-        await wait_for(lambda: store.topic(TIMER_TOPIC) is not None and store.end_offset(TIMER_TOPIC, 0) == 1,
-                       what="the failed message sent back")
+        await wait_until_async(lambda: store.topic(TIMER_TOPIC) is not None and store.end_offset(TIMER_TOPIC, 0) == 1,
+                               what="the failed message sent back")
         await mqk_fake_clock.advance(9.999)
         assert store.topic("%RETRY%rg") is None or store.end_offset("%RETRY%rg", 0) == 0
         await mqk_fake_clock.advance(0.001)
         assert store.end_offset("%RETRY%rg", 0) == 1
-        await wait_for(lambda: [a for a in attempts if a[0] == b"fail-once" and a[1] == 1],
-                       what="the retried message")
+        await wait_until_async(lambda: [a for a in attempts if a[0] == b"fail-once" and a[1] == 1],
+                               what="the retried message")
         retried = [a for a in attempts if a[0] == b"fail-once"]
         assert retried[0][1] == 0 and retried[1][1] == 1
         assert retried[1][2] == "retry-me"  # handed over with its original topic
@@ -154,8 +154,8 @@ async def test_dead_letter_after_max_reconsume_times(ns) -> None:
         mq = MessageQueue("dlq-src", "mqk-broker-a", 0)
         (msg,) = (await consumer.pull(mq, 0)).messages
         await consumer.send_back(msg, delay_level=0, max_reconsume_times=0)  # already at the maximum
-        await wait_for(lambda: store.topic("%DLQ%dg") is not None and store.end_offset("%DLQ%dg", 0) == 1,
-                       what="the dead-letter topic")
+        await wait_until_async(lambda: store.topic("%DLQ%dg") is not None and store.end_offset("%DLQ%dg", 0) == 1,
+                               what="the dead-letter topic")
         (dead,) = (await consumer.pull(MessageQueue("%DLQ%dg", "mqk-broker-a", 0), 0)).messages
         assert dead.body == b"poison" and dead.reconsume_times == 1
         assert dead.properties["RETRY_TOPIC"] == "dlq-src" and dead.properties["ORIGIN_MESSAGE_ID"] == msg.msg_id
@@ -207,8 +207,8 @@ async def test_oneway_and_auto_created_topic(ns) -> None:
     namesrv, store = ns
     async with Producer(namesrv) as producer:
         await producer.send_oneway("fresh-topic", b"fire-and-forget")
-        await wait_for(lambda: store.topic("fresh-topic") is not None
-                       and store.end_offset("fresh-topic", 0) == 1, what="oneway send")
+        await wait_until_async(lambda: store.topic("fresh-topic") is not None
+                               and store.end_offset("fresh-topic", 0) == 1, what="oneway send")
         result = await producer.send("fresh-topic", b"second")
         assert result.queue_offset == 1
 
@@ -221,7 +221,7 @@ async def test_push_consumer_started_before_its_topic_exists(ns) -> None:
     try:
         async with Producer(namesrv) as producer:
             await producer.send("not-yet", b"first")  # auto-creates the topic
-        await wait_for(lambda: got == [b"first"], what="the consumer to find the new topic")
+        await wait_until_async(lambda: got == [b"first"], what="the consumer to find the new topic")
     finally:
         await consumer.stop()
 
@@ -248,7 +248,7 @@ async def test_send_back_picks_the_right_topic_when_synthetic_ids_collide(ns) ->
         # of these two topics would have collided; send-back must still pick the right message
         assert msg.commit_log_offset != other.commit_log_offset
         await consumer.send_back(msg, delay_level=-1)  # straight to the dead-letter topic
-        await wait_for(lambda: store.topic("%DLQ%cgx") is not None and store.end_offset("%DLQ%cgx", 0) == 1)
+        await wait_until_async(lambda: store.topic("%DLQ%cgx") is not None and store.end_offset("%DLQ%cgx", 0) == 1)
         (dead,) = (await consumer.pull(MessageQueue("%DLQ%cgx", "mqk-broker-a", 0), 0)).messages
         assert dead.body == b"from-second"
 
@@ -287,10 +287,10 @@ async def test_concurrent_push_consumption(ns) -> None:
         await producer.send_batch([Message("conc", b"c%d" % i) for i in range(20)], queue_id=0)
     consumer = await PushConsumer(namesrv, "cc", "conc", handle, concurrency=8, suspend_ms=300).start()
     try:
-        await wait_for(lambda: len(got) == 20, what="concurrent consumption")
+        await wait_until_async(lambda: len(got) == 20, what="concurrent consumption")
         assert sorted(got) == sorted(b"c%d" % i for i in range(20)) and peak > 1
-        await wait_for(lambda: store.fetch_offsets("cc").get(("conc", 0)) is not None
-                       and store.fetch_offsets("cc")[("conc", 0)].offset == 20, what="offset commit")
+        await wait_until_async(lambda: store.fetch_offsets("cc").get(("conc", 0)) is not None
+                               and store.fetch_offsets("cc")[("conc", 0)].offset == 20, what="offset commit")
     finally:
         await consumer.stop()
 

@@ -25,16 +25,6 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
-@pytest.fixture(params=["memory", "rocksdb", "file"])
-async def manager(request: pytest.FixtureRequest, tmp_path: Path):
-    m = StoreManager(store_config(request.param, tmp_path / "data"))
-    await m.start()
-    try:
-        yield m
-    finally:
-        await m.close()
-
-
 def _service(m: StoreManager, **changes) -> CompactionService:
     return CompactionService(dataclasses.replace(BrokerConfig(store=m.config), **changes), m)
 

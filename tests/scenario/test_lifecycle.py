@@ -24,16 +24,6 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
-@pytest.fixture
-async def manager(engine_name: str, tmp_path: Path):
-    m = StoreManager(store_config(engine_name, tmp_path / "data"))
-    await m.start()
-    try:
-        yield m
-    finally:
-        await m.close()
-
-
 def _service(m: StoreManager) -> RetentionService:
     return RetentionService(BrokerConfig(store=m.config), m)
 

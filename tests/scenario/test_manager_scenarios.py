@@ -16,16 +16,6 @@ from helpers import header_of, kafka_python_batch, records_of, store_config, twi
 ALL = ["memory", "rocksdb", "file"]
 
 
-@pytest.fixture
-async def manager(engine_name: str, tmp_path: Path):
-    m = StoreManager(store_config(engine_name, tmp_path / "data"))
-    await m.start()
-    try:
-        yield m
-    finally:
-        await m.close()
-
-
 async def _values(m: StoreManager, topic: str, queue: int = 0) -> list[bytes | None]:
     out: list[bytes | None] = []
     offset = m.log_start_offset(topic, queue)

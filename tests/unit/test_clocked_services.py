@@ -4,54 +4,45 @@ compaction passes come every `log_cleaner_backoff_ms`; idle idempotent producers
 `producer.id.expiration.ms`. Each deadline is checked just before and at its time."""
 from __future__ import annotations
 
-import pytest
 from helpers import twin_batch
 
 from mqk import errors as E
 from mqk.clock import FakeClock, settle
-from mqk.config import BrokerConfig, StoreConfig, TopicConfig
+from mqk.config import BrokerConfig, TopicConfig
 from mqk.server.kafka.idempotence import EXPIRATION_CHECK_INTERVAL_MS, PRODUCER_ID_EXPIRATION_MS, ProducerStates
 from mqk.services.compaction import CompactionService
 from mqk.services.retention import RetentionService
 from mqk.store.manager import StoreManager
 
 
-@pytest.fixture
-async def store():
-    manager = StoreManager(StoreConfig(storage="memory"))
-    await manager.start()
-    yield manager
-    await manager.close()
-
-
 async def test_retention_runs_every_interval_and_on_trigger_measuring_age_on_the_clock(
-        store: StoreManager, mqk_fake_clock: FakeClock) -> None:
+        memory_store: StoreManager, mqk_fake_clock: FakeClock) -> None:
     clock = mqk_fake_clock
-    await store.create_topic("aging", 1, TopicConfig({"retention.ms": "60000"}))
-    await store.append("aging", 0, [twin_batch([b"old"], timestamps=[clock.time_ms()])])
-    service = RetentionService(BrokerConfig(log_retention_check_interval_ms=300_000), store, clock=clock)
+    await memory_store.create_topic("aging", 1, TopicConfig({"retention.ms": "60000"}))
+    await memory_store.append("aging", 0, [twin_batch([b"old"], timestamps=[clock.time_ms()])])
+    service = RetentionService(BrokerConfig(log_retention_check_interval_ms=300_000), memory_store, clock=clock)
     await service.start()
     try:
         await clock.advance(299.999)
         assert service.passes == 0
         await clock.advance(0.001)
         # the first pass: the record is 300 s old on the clock, past its 60 s
-        assert service.passes == 1 and store.log_start_offset("aging", 0) == 1
-        await store.append("aging", 0, [twin_batch([b"new"], timestamps=[clock.time_ms()])])
+        assert service.passes == 1 and memory_store.log_start_offset("aging", 0) == 1
+        await memory_store.append("aging", 0, [twin_batch([b"new"], timestamps=[clock.time_ms()])])
         service.trigger()
         await settle()
-        assert service.passes == 2 and store.log_start_offset("aging", 0) == 1  # young: kept
+        assert service.passes == 2 and memory_store.log_start_offset("aging", 0) == 1  # young: kept
         await clock.advance(299.999)  # the interval counts from the triggered pass
         assert service.passes == 2
         await clock.advance(0.001)
-        assert service.passes == 3 and store.log_start_offset("aging", 0) == 2
+        assert service.passes == 3 and memory_store.log_start_offset("aging", 0) == 2
     finally:
         await service.stop()
 
 
-async def test_compaction_runs_every_backoff(store: StoreManager, mqk_fake_clock: FakeClock) -> None:
+async def test_compaction_runs_every_backoff(memory_store: StoreManager, mqk_fake_clock: FakeClock) -> None:
     clock = mqk_fake_clock
-    service = CompactionService(BrokerConfig(log_cleaner_backoff_ms=15_000), store, clock=clock)
+    service = CompactionService(BrokerConfig(log_cleaner_backoff_ms=15_000), memory_store, clock=clock)
     await service.start()
     try:
         for passes in (1, 2):
@@ -70,11 +61,11 @@ async def _begin(states: ProducerStates, producer_id: int, first_seq: int, count
     return decision
 
 
-async def test_idle_producers_expire_and_are_then_taken_at_any_sequence(store: StoreManager,
+async def test_idle_producers_expire_and_are_then_taken_at_any_sequence(memory_store: StoreManager,
                                                                         mqk_fake_clock: FakeClock) -> None:
     clock = mqk_fake_clock
-    await store.create_topic("t", 1)
-    states = ProducerStates(store, clock=clock)
+    await memory_store.create_topic("t", 1)
+    states = ProducerStates(memory_store, clock=clock)
     await states.start()
     (_, idle, _), (_, busy, _), (_, late, _) = [await states.init_producer_id() for _ in range(3)]
     assert (await _begin(states, idle, 0, 5)).entry is not None
