@@ -216,11 +216,12 @@ async def settle(limit: int = 10_000) -> None:
     """Let the event loop run what is ready, and what that makes ready in turn, until nothing is: every task woken
     has run on to its next wait on something outside the loop (I/O, a worker thread, a timer), or finished.
 
-    On asyncio's own loops the ready queue is looked at, so a long chain of hand-offs settles completely (up to
-    `limit` passes); on a loop that does not expose it, a fixed 50 passes are taken."""
+    Yields once, then again while anything else is ready, at most `limit` more times (`settle(0)` is one yield).
+    On a loop that does not expose its ready queue (asyncio's own loops do), `min(limit, 49)` more yields are taken.
+    Settle from one task at a time: two tasks settling at once see each other ready until their limits run out."""
     ready = getattr(asyncio.get_running_loop(), "_ready", None)  # asyncio.BaseEventLoop's ready callbacks
     await asyncio.sleep(0)
-    for _ in range(limit if ready is not None else 49):
+    for _ in range(limit if ready is not None else min(limit, 49)):
         if ready is not None and not ready:
             return
         await asyncio.sleep(0)

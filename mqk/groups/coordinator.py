@@ -4,8 +4,9 @@ This module owns the group state machine — Empty → PreparingRebalance → Co
 once deleted) — with member ids, generations, static membership (group.instance.id), protocol selection and the
 session / rebalance timers. It is pure logic on asyncio futures and timers of the injected `Clock`
 (`clock.call_later`; commit timestamps read `clock.time_ms`): no sockets, no wire codecs, no direct reading of the
-system clock, so tests drive sessions and rebalances with a `FakeClock`. Handlers translate requests into calls here and results back into responses; errors come back as Kafka
-error codes (ints from `mqk.errors`) because every API answers them per group or per member, never by raising.
+system clock, so tests drive sessions and rebalances with a `FakeClock`. Handlers translate requests into calls
+here and results back into responses; errors come back as Kafka error codes (ints from `mqk.errors`) because every
+API answers them per group or per member, never by raising.
 
 Committed offsets live in the store (`commit_offsets` / `fetch_offsets` on the StoreManager), so they survive a
 broker restart; membership does not (members rejoin after a restart, as they would after a coordinator move).

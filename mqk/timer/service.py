@@ -8,9 +8,9 @@ answers with its schedule topic's offset the same way). A delay beyond `BrokerCo
 
 Scheduling: a reader follows the timer topic (woken by the store's data listener) and keeps (due, timer offset)
 in a `SortedList`; a deliverer sleeps until the head is due (on the injected `Clock`, which also says what "now" is
-for due times, so tests move time with a `FakeClock` instead of waiting for it), then re-appends due batches, byte for byte, to their
-real topic and queue, with their tags code and keys. Its own re-appends are recognised by a context variable set in
-the deliverer task and pass the hook untouched.
+for due times, so tests move time with a `FakeClock` instead of waiting for it), then re-appends due batches, byte
+for byte, to their real topic and queue, with their tags code and keys. Its own re-appends are recognised by a
+context variable set in the deliverer task and pass the hook untouched.
 
 Restart without loss or duplicates: the state document `timer` (store.save_state: atomic + fsync) holds `floor`
 (every timer offset below it is delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the
