@@ -1,8 +1,9 @@
-"""Helpers shared by the compat tests: unique names, topic creation, waiting, the node script runner and the
-consumer-group rebalance scenario every Kafka client runs the same way.
+"""Helpers shared by the compat tests: unique names, topic creation, the node script runner and the consumer-group
+rebalance scenario every Kafka client runs the same way.
 
-Kept out of conftest.py so test modules can import them by name (compat/ is on sys.path under pytest's default
-import mode).
+A helper module, not a test module: compat's tests import it by name (compat/ is on sys.path under pytest's default
+import mode), and it takes what the whole suite shares (`wait_until`, the one poller) from tests/helpers.py.
+compat/conftest.py keeps compat's own fixtures (the broker subprocesses).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+from helpers import wait_until
 
 COMPAT_DIR = Path(__file__).resolve().parent
 JS_DIR = COMPAT_DIR / "js"
@@ -112,15 +115,6 @@ def assert_stored_with(bootstrap: str, topic: str, codec: str | None, partition:
     assert {codec_id for codec_id, _ in batches} == {CODEC_IDS[codec]}, batches
     if xerial is not None:
         assert [start == XERIAL_MAGIC for _, start in batches] == [xerial] * len(batches), batches
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def run_node(script: str, *args: str, timeout: float = 60, stdin: str | None = None) -> Any:
@@ -219,21 +213,21 @@ class GroupMember(Protocol):
 
     name: str
     values: list[int]
-    assigned: int | None
+    assigned: int
 
     def close(self) -> None: ...
 
 
 class ThreadMember:
     """Runs `poll_once() -> list[int]` (which also commits) in a thread until closed, then `shutdown()`
-    (which must leave the group)."""
+    (which must leave the group); `assignment()` tells how many partitions the client holds."""
 
     def __init__(self, name: str, setup: Callable[[], Any], poll_once: Callable[[Any], list[int]],
-                 shutdown: Callable[[Any], None], assignment: Callable[[Any], int] | None = None) -> None:
+                 shutdown: Callable[[Any], None], assignment: Callable[[Any], int]) -> None:
         self.name = name
         self.values: list[int] = []
-        #: partitions currently assigned (after the last poll); None when the client cannot tell
-        self.assigned: int | None = None
+        #: partitions currently assigned (after the last poll)
+        self.assigned = 0
         self._assignment = assignment
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -249,8 +243,7 @@ class ThreadMember:
             self._ready.set()
             while not self._stop.is_set():
                 self.values.extend(self._poll_once(client))
-                if self._assignment is not None:
-                    self.assigned = self._assignment(client)
+                self.assigned = self._assignment(client)
         except BaseException as exc:  # noqa: BLE001 - reported by close()
             self.error = exc
         finally:
@@ -269,22 +262,29 @@ class ThreadMember:
             raise AssertionError(f"member {self.name} failed: {self.error!r}") from self.error
 
 
+#: partitions of the scenario's topic; `produce(start, count)` writes value v to partition v % PARTITIONS
+PARTITIONS = 6
+
+
 def run_group_scenario(produce: Callable[[int, int], None], new_member: Callable[[str], GroupMember],
                        batch: int = 120, timeout: float = 45) -> dict[str, list[int]]:
-    """Topic must have 6 partitions. Values are the integers 0 .. 3*batch-1.
+    """Topic must have 6 partitions. Values are the integers 0 .. 3*batch-1, then one last value per partition.
 
     a and b consume the first batch; c joins (rebalance to 3); the second batch is produced; a leaves
-    (rebalance to 2); the third batch is produced. Every value must be consumed exactly once overall, and
-    every member must have consumed something.
+    (rebalance to 2); the third batch is produced, then the last values (3*batch .. 3*batch+5, one per partition).
+    A partition is consumed in order, so once its last value is in, every earlier value of it that was going to
+    be delivered (twice, too) has been. Every value must be consumed exactly once overall, and every member must
+    have consumed something. Returns each member's values of the three batches (the last values left out).
     """
     deadline = time.monotonic() + timeout
     members: list[GroupMember] = []
+    every = 3 * batch + PARTITIONS
 
     def total() -> list[int]:
         return [v for m in members for v in list(m.values)]
 
     def wait_total(n: int, what: str) -> None:
-        wait_for(lambda: len(set(total())) >= n, max(1.0, deadline - time.monotonic()), 0.05, what)
+        wait_until(lambda: len(set(total())) >= n, max(1.0, deadline - time.monotonic()), what)
 
     try:
         produce(0, batch)
@@ -293,16 +293,14 @@ def run_group_scenario(produce: Callable[[int, int], None], new_member: Callable
         members.append(new_member("c"))
         c = members[2]
         # Produce the second batch only once c owns partitions, so c is sure to take part.
-        wait_for(lambda: c.assigned is None or c.assigned > 0, max(1.0, deadline - time.monotonic()), 0.05,
-                 "c to be assigned partitions")
-        if c.assigned is None:
-            time.sleep(3 * HEARTBEAT_MS / 1000)
+        wait_until(lambda: c.assigned > 0, max(1.0, deadline - time.monotonic()), "c to be assigned partitions")
         produce(batch, batch)
         wait_total(2 * batch, "the second batch with c in the group")
         members[0].close()
         produce(2 * batch, batch)
         wait_total(3 * batch, "the third batch after a left")
-        time.sleep(0.5)  # a duplicate delivered late would show up here
+        produce(3 * batch, PARTITIONS)
+        wait_total(every, "the last value of every partition")
     finally:
         errors = []
         for m in members:
@@ -313,9 +311,9 @@ def run_group_scenario(produce: Callable[[int, int], None], new_member: Callable
     assert not errors, errors
     seen = collections.Counter(total())
     duplicates = sorted(v for v, n in seen.items() if n > 1)
-    missing = sorted(set(range(3 * batch)) - set(seen))
+    missing = sorted(set(range(every)) - set(seen))
     assert not duplicates, f"duplicated across the rebalance: {duplicates[:20]}"
     assert not missing, f"lost: {missing[:20]}"
-    by_name = {m.name: list(m.values) for m in members}
+    by_name = {m.name: [v for v in m.values if v < 3 * batch] for m in members}
     assert all(by_name.values()), f"a member consumed nothing: { {k: len(v) for k, v in by_name.items()} }"
     return by_name

@@ -3,13 +3,16 @@ tags and keys, tag-filtered push consumption, delayed delivery, retry after a th
 of one group sharing the queues without loss or duplicates."""
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
-import time
 from typing import Any
 
 import pytest
-from compat_helpers import NodeProcess, create_topic, run_node, unique, wait_for
+from compat_helpers import NodeProcess, create_topic, run_node, unique
+from helpers import wait_until
+
+from mqk.client import MessageQueue, PullConsumer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -24,9 +27,27 @@ def ons_consumer(namesrv: str, topic: str, group: str, **options: Any) -> NodePr
     return NodeProcess("ons.js", namesrv, "consume", json.dumps({"topic": topic, "group": group, **options}))
 
 
+def caught_up(namesrv: str, group: str, topic: str, queues: int, end: int | None = None) -> bool:
+    """Whether `group` has committed every queue of `topic` up to the queue's end (and the queues hold `end`
+    messages in all, when given): then nothing of it is left to deliver to the group (short of a rebalance).
+    Asked with mqk's own client, which reads offsets without joining the group."""
+
+    async def ask() -> list[tuple[int | None, int]]:
+        async with PullConsumer(namesrv, group) as client:
+            out = []
+            for queue in range(queues):
+                mq = MessageQueue(topic, "mqk-broker-a", queue)
+                out.append((await client.committed_offset(mq), await client.max_offset(mq)))
+            return out
+
+    offsets = asyncio.run(ask())
+    return all(committed == last for committed, last in offsets) and (
+        end is None or sum(last for _, last in offsets) == end)
+
+
 def wait_assigned(consumer: NodeProcess, queues: int, timeout: float = 20) -> None:
-    wait_for(lambda: bool(consumer.of("assign")) and len(consumer.of("assign")[-1]["queues"]) == queues,
-             timeout, 0.1, f"the consumer to own {queues} queues ({consumer.diagnostics()})")
+    wait_until(lambda: bool(consumer.of("assign")) and len(consumer.of("assign")[-1]["queues"]) == queues,
+               timeout, f"the consumer to own {queues} queues ({consumer.diagnostics()})")
 
 
 def test_tags_keys_properties_and_tag_filtered_push_consumer(bootstrap: str, namesrv: str, topic: str) -> None:
@@ -45,10 +66,12 @@ def test_tags_keys_properties_and_tag_filtered_push_consumer(bootstrap: str, nam
         per_queue[r["queueId"]].append(r["queueOffset"])
     assert all(offs == list(range(len(offs))) for offs in per_queue.values()), per_queue
 
-    consumer = ons_consumer(namesrv, topic, unique("ons-tags"), subExpression="TagA || TagB")
+    group = unique("ons-tags")
+    consumer = ons_consumer(namesrv, topic, group, subExpression="TagA || TagB")
     try:
-        wait_for(lambda: len(consumer.of("msg")) >= 8, 30, 0.1, f"8 TagA/TagB messages ({consumer.diagnostics()})")
-        time.sleep(1.0)  # a TagC message let through would arrive by now
+        wait_until(lambda: len(consumer.of("msg")) >= 8, 30, f"8 TagA/TagB messages ({consumer.diagnostics()})")
+        # the group has acknowledged every queue to its end: a TagC message let through was delivered before
+        wait_until(lambda: caught_up(namesrv, group, topic, 4, 12), 30, "the group to commit every queue")
         got = consumer.of("msg")
     finally:
         consumer.close()
@@ -77,7 +100,7 @@ def test_delayed_delivery(bootstrap: str, namesrv: str, topic: str) -> None:
             {"topic": topic, "tags": "T", "body": "level-1", "delayLevel": 1},  # 1 s
             {"topic": topic, "tags": "T", "body": "now"},
         ])
-        wait_for(lambda: len(consumer.of("msg")) >= 3, 20, 0.05, f"3 messages ({consumer.diagnostics()})")
+        wait_until(lambda: len(consumer.of("msg")) >= 3, 20, f"3 messages ({consumer.diagnostics()})")
         got = {m["body"]: m for m in consumer.of("msg")}
     finally:
         consumer.close()
@@ -90,15 +113,19 @@ def test_delayed_delivery(bootstrap: str, namesrv: str, topic: str) -> None:
 
 def test_retry_after_handler_throws(bootstrap: str, namesrv: str, topic: str) -> None:
     create_topic(bootstrap, topic, 1)
-    consumer = ons_consumer(namesrv, topic, unique("ons-retry"), failFirst=True)
+    group = unique("ons-retry")
+    consumer = ons_consumer(namesrv, topic, group, failFirst=True)
     try:
         wait_assigned(consumer, 1)
         ons_produce(namesrv, [{"topic": topic, "tags": "R", "keys": [f"r{i}"], "body": f"retry-{i}"}
                               for i in range(2)])
-        wait_for(lambda: len(consumer.of("fail")) >= 2, 20, 0.1, f"the first deliveries ({consumer.diagnostics()})")
+        wait_until(lambda: len(consumer.of("fail")) >= 2, 20, f"the first deliveries ({consumer.diagnostics()})")
         # Sent back with delay level 0: the broker picks the delay (RocketMQ: level 3 + reconsume times = 10 s).
-        wait_for(lambda: len(consumer.of("msg")) >= 2, 40, 0.1, f"the retried deliveries ({consumer.diagnostics()})")
-        time.sleep(0.5)
+        wait_until(lambda: len(consumer.of("msg")) >= 2, 40, f"the retried deliveries ({consumer.diagnostics()})")
+        # both originals and both retries (the retry topic holds exactly two) acknowledged: nothing more can come
+        wait_until(lambda: caught_up(namesrv, group, topic, 1, 2) and caught_up(namesrv, group, f"%RETRY%{group}",
+                                                                                   1, 2),
+                   20, "the group to commit the originals and the retries")
         fails, retried = consumer.of("fail"), consumer.of("msg")
     finally:
         consumer.close()
@@ -121,17 +148,17 @@ def test_two_consumers_in_one_group_share_queues(bootstrap: str, namesrv: str, t
             qy = set(y.of("assign")[-1]["queues"]) if y.of("assign") else set()
             return len(qx) == 4 and len(qy) == 4 and not (qx & qy)
 
-        wait_for(settled, 30, 0.1, f"4 + 4 disjoint queues (x: {x.diagnostics()} y: {y.diagnostics()})")
+        wait_until(settled, 30, f"4 + 4 disjoint queues (x: {x.diagnostics()} y: {y.diagnostics()})")
         ons_produce(namesrv, [{"topic": topic, "tags": "S", "body": f"share-{i}"} for i in range(40)])
-        wait_for(lambda: len(x.of("msg")) + len(y.of("msg")) >= 40, 30, 0.1, "40 messages")
-        time.sleep(1.0)
+        wait_until(lambda: len(x.of("msg")) + len(y.of("msg")) >= 40, 30, "40 messages")
+        wait_until(lambda: caught_up(namesrv, group, topic, 8, 40), 30, "the group to commit all 40")
         first_x, first_y = [m["body"] for m in x.of("msg")], [m["body"] for m in y.of("msg")]
 
         y.close()  # y leaves: x must take over y's queues from y's committed offsets
         wait_assigned(x, 8, timeout=30)
         ons_produce(namesrv, [{"topic": topic, "tags": "S", "body": f"after-{i}"} for i in range(16)])
-        wait_for(lambda: len(x.of("msg")) - len(first_x) >= 16, 30, 0.1, "16 messages after y left")
-        time.sleep(1.0)
+        wait_until(lambda: len(x.of("msg")) - len(first_x) >= 16, 30, "16 messages after y left")
+        wait_until(lambda: caught_up(namesrv, group, topic, 8, 56), 30, "the group to commit all 56")
         all_x = [m["body"] for m in x.of("msg")]
     finally:
         x.close()

@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 import pytest
-from compat_helpers import NodeProcess, create_topic, run_node, unique, wait_for
+from compat_helpers import NodeProcess, create_topic, run_node, unique
+from helpers import wait_until
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 pytestmark = pytest.mark.timeout(90)
@@ -73,7 +74,7 @@ def test_kafka_record_pulled_over_remoting(bootstrap: str, namesrv: str, topic: 
     assert offsets == [0, 1, 2]
     consumer = NodeProcess("ons.js", namesrv, "consume", json.dumps({"topic": topic, "group": unique("x-pull")}))
     try:
-        wait_for(lambda: len(consumer.of("msg")) >= 3, 30, 0.1, f"3 messages ({consumer.diagnostics()})")
+        wait_until(lambda: len(consumer.of("msg")) >= 3, 30, f"3 messages ({consumer.diagnostics()})")
         got = sorted(consumer.of("msg"), key=lambda m: m["queueOffset"])
     finally:
         consumer.close()

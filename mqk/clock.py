@@ -80,12 +80,12 @@ SYSTEM_CLOCK = SystemClock()
 
 
 class _FakeTimer:
-    """A callback FakeClock runs when its time reaches `when`."""
+    """A callback FakeClock runs when its monotonic time reaches `when_ns`."""
 
-    __slots__ = ("_cancelled", "args", "callback", "when")
+    __slots__ = ("_cancelled", "args", "callback", "when_ns")
 
-    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.when = when
+    def __init__(self, when_ns: int, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.when_ns = when_ns
         self.callback = callback
         self.args = args
         self._cancelled = False
@@ -97,19 +97,30 @@ class _FakeTimer:
         return self._cancelled
 
 
+def _ns(seconds: float) -> int:
+    return round(seconds * 1_000_000_000)
+
+
 class FakeClock:
     """A clock whose time moves only through `advance` (or `set_time_ms`).
 
-    Timers and sleeps due at or before the new time fire in deadline order, each with the clock showing its own
-    deadline, as they would have on a real clock. `advance` is a coroutine: after each firing it lets the event
-    loop run until every task it woke has settled, so code that reacts to a timer (a rebalance that completes,
-    a delayed message appended) has done so when `advance` returns. Wall and monotonic time move together.
+    Timers and sleeps due at or before the new time fire in deadline order (equal deadlines in the order they were
+    set), each with the clock showing its own deadline, as they would have on a real clock. `advance` is a
+    coroutine: after each firing it lets the event loop run until every task it woke has settled (see `settle`),
+    so code that reacts to a timer (a rebalance that completes, a delayed message appended) has done so when
+    `advance` returns, unless it waits for something outside the loop (a worker thread, a socket): a test awaits
+    that event itself. A timer callback that raises fails the `advance` that fired it, so a broken timer fails the
+    test instead of being logged and forgotten.
+
+    Time is kept in whole nanoseconds, and wall and monotonic time move together, so steps add up exactly (0.199 s
+    then 0.001 s reach a deadline set 0.2 s ahead, and a due time 200 ms away in wall milliseconds). The wall clock
+    starts at a whole millisecond (now, unless `start_ms` is given).
     """
 
     def __init__(self, start_ms: int | None = None) -> None:
-        self._wall_ns = (time.time_ns() if start_ms is None else start_ms * 1_000_000)
-        self._mono = 1_000.0  # arbitrary, positive, like a real monotonic clock some time after boot
-        self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._wall_ns = (time.time_ns() // 1_000_000 if start_ms is None else start_ms) * 1_000_000
+        self._mono_ns = 1_000 * 1_000_000_000  # arbitrary, positive, like a real monotonic clock after boot
+        self._timers: list[tuple[int, int, _FakeTimer]] = []
         self._order = itertools.count()
 
     # --- readings -------------------------------------------------------------------------------------------
@@ -121,13 +132,13 @@ class FakeClock:
         return self._wall_ns
 
     def monotonic(self) -> float:
-        return self._mono
+        return self._mono_ns / 1_000_000_000
 
     # --- waiting --------------------------------------------------------------------------------------------
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> _FakeTimer:
-        timer = _FakeTimer(self._mono + max(0.0, delay), callback, args)
-        heapq.heappush(self._timers, (timer.when, next(self._order), timer))
+        timer = _FakeTimer(self._mono_ns + max(0, _ns(delay)), callback, args)
+        heapq.heappush(self._timers, (timer.when_ns, next(self._order), timer))
         return timer
 
     async def sleep(self, seconds: float) -> None:
@@ -135,8 +146,11 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.call_later(seconds, _wake, future)
-        await future
+        timer = self.call_later(seconds, _wake, future)
+        try:
+            await future
+        finally:
+            timer.cancel()  # a cancelled sleeper leaves no timer behind (`pending` counts only live ones)
 
     @property
     def pending(self) -> int:
@@ -146,7 +160,7 @@ class FakeClock:
     def next_deadline(self) -> float | None:
         """Seconds from now until the earliest pending timer, or None when nothing waits."""
         self._drop_cancelled()
-        return max(0.0, self._timers[0][0] - self._mono) if self._timers else None
+        return max(0, self._timers[0][0] - self._mono_ns) / 1_000_000_000 if self._timers else None
 
     # --- moving time ----------------------------------------------------------------------------------------
 
@@ -154,7 +168,7 @@ class FakeClock:
         """Move time forward by `seconds`, firing what falls due on the way (see the class docstring)."""
         if seconds < 0:
             raise ValueError(f"a clock does not go back ({seconds} s)")
-        target = self._mono + seconds
+        target = self._mono_ns + _ns(seconds)
         await settle()
         while True:
             self._drop_cancelled()
@@ -172,21 +186,21 @@ class FakeClock:
 
     async def run_until_idle(self, limit_seconds: float = 3600.0) -> None:
         """Advance to each pending deadline in turn until nothing is scheduled (or `limit_seconds` have passed)."""
-        end = self._mono + limit_seconds
+        end = self._mono_ns + _ns(limit_seconds)
         while True:
-            nxt = self.next_deadline()
-            if nxt is None or self._mono + nxt > end:
+            self._drop_cancelled()
+            if not self._timers or self._timers[0][0] > end:
                 return
-            await self.advance(nxt)
+            await self.advance((self._timers[0][0] - self._mono_ns) / 1_000_000_000)
 
     def set_time_ms(self, wall_ms: int) -> None:
         """Step the wall clock (as an operator or NTP might); monotonic time and timers are not affected."""
         self._wall_ns = wall_ms * 1_000_000
 
-    def _move_to(self, mono: float) -> None:
-        if mono > self._mono:
-            self._wall_ns += round((mono - self._mono) * 1e9)
-            self._mono = mono
+    def _move_to(self, mono_ns: int) -> None:
+        if mono_ns > self._mono_ns:
+            self._wall_ns += mono_ns - self._mono_ns
+            self._mono_ns = mono_ns
 
     def _drop_cancelled(self) -> None:
         while self._timers and self._timers[0][2].cancelled():
@@ -198,11 +212,37 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def settle(rounds: int = 20) -> None:
-    """Let the event loop run the callbacks and tasks that are ready, and those they make ready in turn, for up to
-    `rounds` passes (enough for chains of awaits that do not wait on I/O or on real time)."""
-    for _ in range(rounds):
+async def settle(limit: int = 10_000) -> None:
+    """Let the event loop run what is ready, and what that makes ready in turn, until nothing is: every task woken
+    has run on to its next wait on something outside the loop (I/O, a worker thread, a timer), or finished.
+
+    Yields once, then again while anything else is ready, at most `limit` more times (`settle(0)` is one yield).
+    On a loop that does not expose its ready queue (asyncio's own loops do), `min(limit, 49)` more yields are taken.
+    Settle from one task at a time: two tasks settling at once see each other ready until their limits run out."""
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)  # asyncio.BaseEventLoop's ready callbacks
+    await asyncio.sleep(0)
+    for _ in range(limit if ready is not None else min(limit, 49)):
+        if ready is not None and not ready:
+            return
         await asyncio.sleep(0)
 
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock", "TimerHandle", "settle"]
+async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool:
+    """Wait until `event` is set or `timeout` seconds of `clock` time have passed, whichever comes first (what
+    `asyncio.wait_for(event.wait(), timeout)` does on the loop's own clock); True when the event was set."""
+    if event.is_set():
+        return True
+    loop = asyncio.get_running_loop()
+    timed_out: asyncio.Future[None] = loop.create_future()
+    timer = clock.call_later(timeout, _wake, timed_out)
+    waiter = loop.create_task(event.wait())
+    try:
+        await asyncio.wait((waiter, timed_out), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        waiter.cancel()
+        timed_out.cancel()
+    return event.is_set()
+
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock", "TimerHandle", "settle", "wait_event"]

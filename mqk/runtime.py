@@ -3,12 +3,17 @@
 Start order is store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker
 listener → name server (which advertises the broker listener's bound address). Stop runs in reverse, so no
 listener outlives the store it uses.
+
+The runtime owns the broker's `Clock` (the system clock unless one is passed in, as tests pass a `FakeClock`) and
+hands it to every part that reads time or waits for it: the timer, retention, the disk guard, compaction, and
+through the servers the group coordinator and the producer-id state.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 
 log = logging.getLogger("mqk.runtime")
@@ -17,13 +22,17 @@ Address = tuple[str, int]
 
 
 class BrokerRuntime:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
+        self.clock = clock
         self.store: Any = None
         self.kafka_address: Address | None = None
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
         self._parts: list[Any] = []  # started parts, stopped in reverse
+        self.timer: Any = None  # mqk.timer.TimerService
+        self.kafka: Any = None  # mqk.server.kafka.server.KafkaServer (its group coordinator: .groups)
+        self.native: Any = None  # mqk.server.native.server.NativeServer
         self.retention: Any = None  # mqk.services.retention.RetentionService
         self.diskguard: Any = None  # mqk.services.diskguard.DiskGuard
         self.compaction: Any = None  # mqk.services.compaction.CompactionService
@@ -39,31 +48,31 @@ class BrokerRuntime:
         try:
             self.store = StoreManager(cfg.store)
             await self.store.start()
-            timer = TimerService(cfg, self.store)
-            await timer.start()
-            self._parts.append(timer)
+            self.timer = TimerService(cfg, self.store, clock=self.clock)
+            await self.timer.start()
+            self._parts.append(self.timer)
             from mqk.services.diskguard import DiskGuard
             from mqk.services.retention import RetentionService
 
-            self.retention = RetentionService(cfg, self.store)
+            self.retention = RetentionService(cfg, self.store, clock=self.clock)
             await self.retention.start()
             self._parts.append(self.retention)
-            self.diskguard = DiskGuard(cfg, self.store, self.retention)
+            self.diskguard = DiskGuard(cfg, self.store, self.retention, clock=self.clock)
             await self.diskguard.start()
             self._parts.append(self.diskguard)
             from mqk.services.compaction import CompactionService
 
-            self.compaction = CompactionService(cfg, self.store)
+            self.compaction = CompactionService(cfg, self.store, clock=self.clock)
             await self.compaction.start()
             self._parts.append(self.compaction)
 
-            kafka = KafkaServer(cfg, self.store)
-            self.kafka_address = await kafka.start()
-            self._parts.append(kafka)
+            self.kafka = KafkaServer(cfg, self.store, clock=self.clock)
+            self.kafka_address = await self.kafka.start()
+            self._parts.append(self.kafka)
 
-            native = NativeServer(cfg, self.store)
-            self.native_address = await native.start()
-            self._parts.append(native)
+            self.native = NativeServer(cfg, self.store, clock=self.clock)
+            self.native_address = await self.native.start()
+            self._parts.append(self.native)
 
             namesrv = NameServer(cfg, self.store, self.native_address)
             self.namesrv_address = await namesrv.start()

@@ -4,11 +4,16 @@ Installed as a pytest plugin (entry point `mqk`), so after `pip install mqk` the
 
 - `mqk_broker`: a started in-process `BrokerRuntime` on free loopback ports with a memory store (function scope);
 - `mqk_file_broker`: the same with a file store in the test's tmp_path;
-- `mqk_bootstrap`: the Kafka bootstrap address of `mqk_broker`, "127.0.0.1:PORT".
+- `mqk_bootstrap`: the Kafka bootstrap address of `mqk_broker`, "127.0.0.1:PORT";
+- `mqk_fake_clock`: a `FakeClock` (time moves only when the test says so);
+- `mqk_clock`: the clock the two broker fixtures run on, the system clock by default. A module (or conftest) that
+  wants its brokers on fake time overrides it: `@pytest.fixture` `def mqk_clock(mqk_fake_clock): return
+  mqk_fake_clock`; the test then moves the broker's time with `mqk_broker.advance(seconds)` (group session and
+  rebalance timeouts, delayed delivery, retention / compaction / disk-guard passes, producer-id expiry).
 
 The in-process broker runs its own event loop in a background thread, so both synchronous clients
 (confluent-kafka, kafka-python) and asyncio tests can use it. `BrokerProcess` runs `python -m mqk serve` as a
-child process instead, for tests that restart or kill -9 the broker.
+child process instead, for tests that restart or kill -9 the broker (it runs on the system clock).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
+from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
 from mqk.config import BrokerConfig, StoreConfig
 
 _READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
@@ -43,13 +49,14 @@ def broker_config(storage: str = "memory", data_dir: Path | None = None, **store
 
 
 class ThreadedBroker:
-    """A BrokerRuntime running on its own event loop in a daemon thread."""
+    """A BrokerRuntime running on its own event loop in a daemon thread, on `clock` (the system clock by default)."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         from mqk.runtime import BrokerRuntime
 
         self.config = config
-        self.runtime = BrokerRuntime(config)
+        self.clock = clock
+        self.runtime = BrokerRuntime(config, clock=clock)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="mqk-broker", daemon=True)
 
@@ -62,6 +69,13 @@ class ThreadedBroker:
         """Run a coroutine on the broker's loop and wait for its result."""
         fut: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(timeout)
+
+    def advance(self, seconds: float) -> None:
+        """Move the broker's FakeClock forward (on the broker's loop) and return once what fell due has run (see
+        `FakeClock.advance`)."""
+        if not isinstance(self.clock, FakeClock):
+            raise TypeError("advance() needs a broker started with a FakeClock (override the mqk_clock fixture)")
+        self.call(self.clock.advance(seconds))
 
     def stop(self) -> None:
         try:
@@ -199,8 +213,19 @@ class BrokerProcess:
 
 
 @pytest.fixture
-def mqk_broker() -> Iterator[ThreadedBroker]:
-    broker = ThreadedBroker(broker_config("memory")).start()
+def mqk_fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def mqk_clock() -> Clock:
+    """The clock of `mqk_broker` / `mqk_file_broker`; override it with `mqk_fake_clock` to drive their time."""
+    return SYSTEM_CLOCK
+
+
+@pytest.fixture
+def mqk_broker(mqk_clock: Clock) -> Iterator[ThreadedBroker]:
+    broker = ThreadedBroker(broker_config("memory"), clock=mqk_clock).start()
     try:
         yield broker
     finally:
@@ -208,8 +233,9 @@ def mqk_broker() -> Iterator[ThreadedBroker]:
 
 
 @pytest.fixture
-def mqk_file_broker(tmp_path: Path) -> Iterator[ThreadedBroker]:
-    broker = ThreadedBroker(broker_config("file", tmp_path / "data", commitlog_segment_bytes=16 << 20)).start()
+def mqk_file_broker(tmp_path: Path, mqk_clock: Clock) -> Iterator[ThreadedBroker]:
+    broker = ThreadedBroker(broker_config("file", tmp_path / "data", commitlog_segment_bytes=16 << 20),
+                            clock=mqk_clock).start()
     try:
         yield broker
     finally:

@@ -5,6 +5,7 @@
 // stderr so it never mixes with the result. Exit code 1 with the error on stderr on failure.
 'use strict'
 
+const { EventEmitter } = require('events')
 const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require('kafkajs')
 const SnappyCodec = require('kafkajs-snappy')
 const lz4 = require('lz4js')
@@ -45,7 +46,6 @@ const kafka = new Kafka({
   retry: { initialRetryTime: 100, retries: 8 }
 })
 
-const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
 const headersOf = h => Object.fromEntries(Object.entries(h || {}).map(([k, v]) => [k, v === null ? null : v.toString()]))
 
 async function withDeadline (ms, what, promise) {
@@ -92,8 +92,10 @@ const commands = {
     return { sent: sent.map(r => ({ partition: r.partition, baseOffset: Number(r.baseOffset), errorCode: r.errorCode })), messages, got }
   },
 
-  // Three members; c joins after a and b consumed part of the first batch, a leaves later.
-  // Every member commits the offset of each message right after processing it.
+  // Three members; c joins after a and b consumed part of the first batch, a leaves later. Then one last value
+  // per partition: a partition is consumed in order, so once every last value is in, any value of it that was
+  // going to be delivered (twice, too) has been. Every member commits the offset of each message right after
+  // processing it.
   async group ({ topic, group, batch }) {
     const producer = kafka.producer()
     await producer.connect()
@@ -106,18 +108,24 @@ const commands = {
     const assigned = { a: 0, b: 0, c: 0 }
     const members = {}
     const total = () => new Set([].concat(values.a, values.b, values.c)).size
-    const waitFor = async (pred, ms, what) => {
-      const deadline = Date.now() + ms
-      while (!pred()) {
-        if (Date.now() > deadline) throw new Error(`timeout waiting for ${what}: ${JSON.stringify({ total: total(), assigned })}`)
-        await sleep(50)
-      }
-    }
+    // every message consumed and every assignment emits 'change': a wait checks its condition then, never polls
+    const changes = new EventEmitter()
+    const waitFor = (pred, ms, what) => new Promise((resolve, reject) => {
+      const check = () => { if (pred()) { stop(); resolve() } }
+      const timer = setTimeout(() => {
+        stop()
+        reject(new Error(`timeout waiting for ${what}: ${JSON.stringify({ total: total(), assigned })}`))
+      }, ms)
+      const stop = () => { clearTimeout(timer); changes.off('change', check) }
+      changes.on('change', check)
+      check()
+    })
     const start = async name => {
       const c = kafka.consumer({ groupId: group, sessionTimeout: 6000, rebalanceTimeout: 10000, heartbeatInterval: 1000, maxWaitTimeInMs: 200 })
       c.on(c.events.GROUP_JOIN, e => {
         const a = e.payload.memberAssignment || {}
         assigned[name] = Object.values(a).reduce((n, parts) => n + parts.length, 0)
+        changes.emit('change')
       })
       await c.connect()
       await c.subscribe({ topic, fromBeginning: true })
@@ -128,6 +136,7 @@ const commands = {
         eachMessage: async ({ topic, partition, message }) => {
           await c.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
           values[name].push(Number(message.value.toString()))
+          changes.emit('change')
         }
       })
       members[name] = c
@@ -143,7 +152,8 @@ const commands = {
     await members.a.disconnect()
     await produce(2 * batch, batch)
     await waitFor(() => total() >= 3 * batch, 30000, 'third batch')
-    await sleep(500)
+    await produce(3 * batch, 6)
+    await waitFor(() => total() >= 3 * batch + 6, 30000, 'the last value of every partition')
     await members.b.disconnect()
     await members.c.disconnect()
     await producer.disconnect()
@@ -181,9 +191,7 @@ const commands = {
     r.offsets = await admin.fetchTopicOffsets(topic)
 
     await admin.deleteTopics({ topics: [topic] })
-    const deadline = Date.now() + 10000
-    while ((await admin.listTopics()).includes(topic) && Date.now() < deadline) await sleep(200)
-    r.listedAfterDelete = (await admin.listTopics()).includes(topic)
+    r.listedAfterDelete = (await admin.listTopics()).includes(topic) // mqk answers once the topic is gone
     await admin.disconnect()
     return r
   },

@@ -2,9 +2,11 @@
 
 This module owns the group state machine — Empty → PreparingRebalance → CompletingRebalance → Stable (and Dead
 once deleted) — with member ids, generations, static membership (group.instance.id), protocol selection and the
-session / rebalance timers. It is pure logic on asyncio futures and `loop.call_later` timers: no sockets, no wire
-codecs. Handlers translate requests into calls here and results back into responses; errors come back as Kafka
-error codes (ints from `mqk.errors`) because every API answers them per group or per member, never by raising.
+session / rebalance timers. It is pure logic on asyncio futures and timers of the injected `Clock`
+(`clock.call_later`; commit timestamps read `clock.time_ms`): no sockets, no wire codecs, no direct reading of the
+system clock, so tests drive sessions and rebalances with a `FakeClock`. Handlers translate requests into calls
+here and results back into responses; errors come back as Kafka error codes (ints from `mqk.errors`) because every
+API answers them per group or per member, never by raising.
 
 Committed offsets live in the store (`commit_offsets` / `fetch_offsets` on the StoreManager), so they survive a
 broker restart; membership does not (members rejoin after a restart, as they would after a coordinator move).
@@ -23,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from mqk import errors
+from mqk.clock import SYSTEM_CLOCK, Clock, TimerHandle
 from mqk.store.adapter import GroupOffset
 
 log = logging.getLogger("mqk.groups")
@@ -81,7 +83,7 @@ class Member:
     assignment: bytes = b""
     join_future: asyncio.Future | None = None
     sync_future: asyncio.Future | None = None
-    session_timer: asyncio.TimerHandle | None = None
+    session_timer: TimerHandle | None = None
     #: true once the member has joined the rebalance in progress
     joined: bool = False
 
@@ -106,8 +108,8 @@ class Group:
         self.members: dict[str, Member] = {}
         self.static_members: dict[str, str] = {}  # group.instance.id -> member id
         #: member ids handed out with MEMBER_ID_REQUIRED, not yet joined (expire after one session timeout)
-        self.pending: dict[str, asyncio.TimerHandle] = {}
-        self.rebalance_timer: asyncio.TimerHandle | None = None
+        self.pending: dict[str, TimerHandle] = {}
+        self.rebalance_timer: TimerHandle | None = None
 
     # --- views -----------------------------------------------------------------------------------------
 
@@ -185,21 +187,24 @@ class GroupCoordinator:
         min_session_timeout_ms: int = 6000,
         max_session_timeout_ms: int = 1800000,
         initial_rebalance_delay_ms: int = 0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         #: anything with commit_offsets / fetch_offsets / delete_offsets / list_offset_groups (the StoreManager)
         self.store = store
+        self.clock = clock
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.groups: dict[str, Group] = {}
 
     @classmethod
-    def from_config(cls, config: Any, store: Any) -> "GroupCoordinator":
+    def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> "GroupCoordinator":
         return cls(
             store,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            clock=clock,
         )
 
     def close(self) -> None:
@@ -262,8 +267,7 @@ class GroupCoordinator:
                 return await self._join_static_unknown(group, group_instance_id, params)
             new_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             if require_known_member_id:
-                loop = asyncio.get_running_loop()
-                group.pending[new_id] = loop.call_later(
+                group.pending[new_id] = self.clock.call_later(
                     session_timeout_ms / 1000, self._expire_pending, group, new_id
                 )
                 return JoinResult(E.MemberIdRequiredError.code, member_id=new_id)
@@ -376,9 +380,7 @@ class GroupCoordinator:
         else:
             delay = timeout
         _cancel(group.rebalance_timer)
-        group.rebalance_timer = asyncio.get_running_loop().call_later(
-            delay / 1000, self._rebalance_deadline, group
-        )
+        group.rebalance_timer = self.clock.call_later(delay / 1000, self._rebalance_deadline, group)
 
     def _rebalance_deadline(self, group: Group) -> None:
         group.rebalance_timer = None
@@ -543,7 +545,7 @@ class GroupCoordinator:
 
     def _heartbeat_ok(self, group: Group, member: Member) -> None:
         _cancel(member.session_timer)
-        member.session_timer = asyncio.get_running_loop().call_later(
+        member.session_timer = self.clock.call_later(
             member.session_timeout_ms / 1000, self._session_expired, group, member
         )
 
@@ -607,7 +609,7 @@ class GroupCoordinator:
         if error:
             return {tp: error for tp in offsets}
         result: dict[tuple[str, int], int] = {}
-        now = int(time.time() * 1000)
+        now = self.clock.time_ms()
         to_store: dict[tuple[str, int], GroupOffset] = {}
         for tp, (offset, leader_epoch, metadata) in offsets.items():
             metadata = metadata or ""
@@ -773,6 +775,6 @@ def _resolve(future: asyncio.Future | None, value: Any) -> None:
         future.set_result(value)
 
 
-def _cancel(handle: asyncio.TimerHandle | None) -> None:
+def _cancel(handle: TimerHandle | None) -> None:
     if handle is not None:
         handle.cancel()

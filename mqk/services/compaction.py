@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.services import BackgroundTask
 from mqk._fast import load
 from mqk.config import BrokerConfig
@@ -63,10 +64,6 @@ CHUNK_BYTES = 4 << 20
 SLICE_SECONDS = 0.002
 #: share of the event loop the cleaner may take while producers and consumers are busy
 DEFAULT_DUTY = 0.25
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def key_digest(key: bytes) -> bytes:
@@ -220,9 +217,12 @@ def compaction_settings(config: Any) -> dict[str, float] | None:
 
 
 class CompactionService:
-    def __init__(self, config: BrokerConfig, store: Any) -> None:
+    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.store = store
+        #: when the next pass is due (`log_cleaner_backoff_ms` after the last) and what "now" the lags and the
+        #: tombstone horizon are measured from; `_pace` measures real CPU time instead, on purpose (see there)
+        self.clock = clock
         self.backoff_ms = config.log_cleaner_backoff_ms
         self.map_bytes = config.log_cleaner_dedupe_buffer_size
         self._lock = asyncio.Lock()
@@ -242,7 +242,7 @@ class CompactionService:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.backoff_ms / 1000)
+            await self.clock.sleep(self.backoff_ms / 1000)
             try:
                 await self.run_once()
             except asyncio.CancelledError:
@@ -259,7 +259,7 @@ class CompactionService:
 
     async def run_once(self, now: int | None = None) -> CompactionReport:
         async with self._lock:
-            now = now_ms() if now is None else now
+            now = self.clock.time_ms() if now is None else now
             report = CompactionReport()
             checkpoints = self._checkpoints()
             changed = False
@@ -410,7 +410,9 @@ class CompactionService:
     async def _pace(self, spent: float) -> None:
         """Share the event loop: the cleaner works in slices of one batch on the loop (a worker thread would
         fight the loop for the GIL and stall every socket call). After each slice it yields; if other work was
-        waiting (the yield took a while) it also sleeps long enough to use at most `duty` of the loop's time."""
+        waiting (the yield took a while) it also sleeps long enough to use at most `duty` of the loop's time.
+        This is about the real loop's real time (CPU shared with sockets), not about the broker's clock: it reads
+        `perf_counter` and sleeps on the loop, whatever clock the service was given."""
         self._debt += spent
         if self._debt < SLICE_SECONDS:
             return

@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
+from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.services import BackgroundTask
 from mqk.config import BrokerConfig
 from mqk.errors import StorageFull
@@ -54,9 +54,11 @@ def used_ratio(path: Path) -> float:
 
 
 class DiskGuard:
-    def __init__(self, config: BrokerConfig, store: Any, retention: Any = None) -> None:
+    def __init__(self, config: BrokerConfig, store: Any, retention: Any = None, *,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.store = store
+        self.clock = clock  #: paces the periodic measurement and the retention retries while the disk stays full
         self.max_ratio = config.store.disk_max_used_ratio
         self.interval_ms = config.store.disk_check_interval_ms
         self.path = Path(config.store.data_dir)
@@ -64,6 +66,7 @@ class DiskGuard:
         self.full = False
         self.ratio = 0.0
         self.refused = 0  #: appends refused since start
+        self.checks = 0  #: checks completed since start (periodic or called), with the retention they ran
         self._loop_task = BackgroundTask("mqk-diskguard")
         self._last_pass = 0.0
         self._guarding = False  #: between start and stop: the hook is in store.hooks while the disk is full
@@ -96,7 +99,7 @@ class DiskGuard:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_ms / 1000)
+            await self.clock.sleep(self.interval_ms / 1000)
             try:
                 await self.check()
             except asyncio.CancelledError:
@@ -117,9 +120,10 @@ class DiskGuard:
         self._place_hook(full and self._guarding)
         # retention at once when the disk fills, then at most every RETRY_SECONDS while it stays full (a pass
         # walks every topic; one that frees nothing should not run every second)
-        if full and (not was_full or time.monotonic() - self._last_pass >= RETRY_SECONDS):
-            self._last_pass = time.monotonic()
+        if full and (not was_full or self.clock.monotonic() - self._last_pass >= RETRY_SECONDS):
+            self._last_pass = self.clock.monotonic()
             await self._free_space()
+        self.checks += 1
         return self.full
 
     async def _free_space(self) -> None:
@@ -127,7 +131,7 @@ class DiskGuard:
         if retention is None:
             from mqk.services.retention import RetentionService
 
-            retention = self.retention = RetentionService(self.config, self.store)
+            retention = self.retention = RetentionService(self.config, self.store, clock=self.clock)
         report = await retention.run_once()
         if report.freed_bytes:
             self.ratio = await asyncio.to_thread(used_ratio, self.path)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqk.clock import SYSTEM_CLOCK, Clock, wait_event
 from mqk.services import BackgroundTask
 from mqk.config import BrokerConfig
 from mqk.errors import StorageError, UnknownShard
@@ -34,10 +34,6 @@ log = logging.getLogger("mqk.retention")
 
 TIMER_TOPIC = "__mqk_timer"  # mqk.timer.service.TIMER_TOPIC (not imported: services do not depend on each other)
 TIMER_STATE = "timer"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -65,9 +61,10 @@ def retention_limits(config: Any) -> tuple[int, int] | None:
 
 
 class RetentionService:
-    def __init__(self, config: BrokerConfig, store: Any) -> None:
+    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.store = store
+        self.clock = clock  #: says when the periodic pass is due and what "now" a pass measures retention.ms from
         self.interval_ms = config.log_retention_check_interval_ms
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -88,10 +85,7 @@ class RetentionService:
 
     async def _loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval_ms / 1000)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self.clock, self._wake, self.interval_ms / 1000)
             self._wake.clear()
             try:
                 await self.run_once()
@@ -114,7 +108,7 @@ class RetentionService:
     async def run_once(self, now: int | None = None) -> RetentionReport:
         """One retention pass over every topic, then a reclaim pass on every engine."""
         async with self._lock:
-            now = now_ms() if now is None else now
+            now = self.clock.time_ms() if now is None else now
             report = RetentionReport()
             pins = self.pins()
             for name, info in self.store.topics().items():

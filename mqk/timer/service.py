@@ -7,9 +7,10 @@ answers with its schedule topic's offset the same way). A delay beyond `BrokerCo
 (`PutRejected`, MESSAGE_ILLEGAL over remoting).
 
 Scheduling: a reader follows the timer topic (woken by the store's data listener) and keeps (due, timer offset)
-in a `SortedList`; a deliverer sleeps until the head is due, then re-appends due batches, byte for byte, to their
-real topic and queue, with their tags code and keys. Its own re-appends are recognised by a context variable set in
-the deliverer task and pass the hook untouched.
+in a `SortedList`; a deliverer sleeps until the head is due (on the injected `Clock`, which also says what "now" is
+for due times, so tests move time with a `FakeClock` instead of waiting for it), then re-appends due batches, byte
+for byte, to their real topic and queue, with their tags code and keys. Its own re-appends are recognised by a
+context variable set in the deliverer task and pass the hook untouched.
 
 Restart without loss or duplicates: the state document `timer` (store.save_state: atomic + fsync) holds `floor`
 (every timer offset below it is delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the
@@ -23,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import time
 from typing import Any, Sequence
 
 from sortedcontainers import SortedList
 
+from mqk.clock import SYSTEM_CLOCK, Clock, wait_event
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
 from mqk.store.adapter import PutContext, delayed_only
@@ -45,16 +46,15 @@ BURST = 4096
 _READ_BYTES = 4 << 20
 #: memory the timer may hold for waiting payloads; beyond it payloads are re-read from the timer topic when due
 PAYLOAD_BUDGET = 64 << 20
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
+#: the longest the deliverer sleeps at once (it re-reads the schedule's head when it wakes)
+MAX_WAIT_SECONDS = 3600.0
 
 
 class TimerService:
-    def __init__(self, config: BrokerConfig, store: Any) -> None:
+    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.store = store
+        self.clock = clock
         self.max_delay_ms = config.timer_max_delay_ms
         self._schedule: SortedList = SortedList()  # (due, timer offset)
         self._scheduled: set[int] = set()
@@ -112,7 +112,7 @@ class TimerService:
         if ctx.topic == TIMER_TOPIC or DELIVERING.get() or ctx.topic.startswith("RMQ_SYS_TRANS_"):
             return
         if ctx.properties:  # a native message: its properties are its headers, no need to decode
-            now = now_ms()
+            now = self.clock.time_ms()
             due = due_time(ctx.properties, now)
         elif ctx.delay_headers is False:  # the producer's record check found none (no walk, no decompression)
             return
@@ -123,7 +123,7 @@ class TimerService:
                 if not batch_may_be_delayed(batch):
                     continue
                 if now < 0:  # the clock is read only for a batch that may carry a delay header (almost none do)
-                    now = now_ms()
+                    now = self.clock.time_ms()
                 at = decoded_batch_due_time(batch, now)
                 if at is not None and (due is None or at > due):
                     due = at
@@ -148,7 +148,7 @@ class TimerService:
                 await self._read_new()
             except StorageError:
                 log.exception("timer: cannot read the timer topic")
-                await asyncio.sleep(1)
+                await self.clock.sleep(1)
 
     async def _read_new(self) -> None:
         while self._scan < self.store.end_offset(TIMER_TOPIC, 0):
@@ -176,24 +176,21 @@ class TimerService:
     async def _deliverer(self) -> None:
         DELIVERING.set(True)  # this task's context only: its appends pass the hook
         while True:
-            delay = 3600.0
+            delay = MAX_WAIT_SECONDS
             if self._schedule:
-                delay = (self._schedule[0][0] - now_ms()) / 1000
+                delay = (self._schedule[0][0] - self.clock.time_ms()) / 1000
             if delay > 0:
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), min(delay, 3600.0))
-                except asyncio.TimeoutError:
-                    pass
+                await wait_event(self.clock, self._wake, min(delay, MAX_WAIT_SECONDS))
                 continue
             try:
                 await self._deliver_due()
             except StorageError:
                 log.exception("timer: delivery failed; retrying")
-                await asyncio.sleep(0.5)
+                await self.clock.sleep(0.5)
 
     async def _deliver_due(self) -> None:
-        now = now_ms()
+        now = self.clock.time_ms()
         due = []
         for item in self._schedule.irange(maximum=(now, 1 << 62)):
             due.append(item)
@@ -239,7 +236,7 @@ class TimerService:
         for item in due:
             self._schedule.discard(item)
         self._intent = {}
-        if not self._schedule or self._schedule[0][0] > now_ms():
+        if not self._schedule or self._schedule[0][0] > self.clock.time_ms():
             await self._save()  # else the next burst's intent save records this burst as done, one fsync less
 
     async def _load(self, offset: int) -> Waiting | None:

@@ -26,16 +26,16 @@ KEYS = 500
 ROUNDS = 8
 
 
-def _setup(broker) -> dict[bytes, bytes | None]:
-    broker.call(broker.store.create_topic(TOPIC, 1, TopicConfig({
+def _setup(engine_broker) -> dict[bytes, bytes | None]:
+    engine_broker.call(engine_broker.store.create_topic(TOPIC, 1, TopicConfig({
         "cleanup.policy": "compact", "segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01"})))
-    refused = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap)
+    refused = kafka.KafkaProducer(bootstrap_servers=engine_broker.bootstrap)
     try:  # kafka-python treats INVALID_RECORD as fatal for the producer: a producer of its own
         with pytest.raises(InvalidRecordError):
             refused.send(TOPIC, value=b"no key").get(10)
     finally:
         refused.close(5)
-    producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5, batch_size=16384)
+    producer = kafka.KafkaProducer(bootstrap_servers=engine_broker.bootstrap, linger_ms=5, batch_size=16384)
     latest: dict[bytes, bytes | None] = {}
     try:
         for r in range(ROUNDS):
@@ -93,21 +93,17 @@ def _check(records: list[tuple[int, bytes, bytes | None]], latest: dict[bytes, b
     assert seen == latest
 
 
-@pytest.fixture(params=["memory", "file"])
-def broker(request: pytest.FixtureRequest):
-    return request.getfixturevalue("mqk_broker" if request.param == "memory" else "mqk_file_broker")
-
-
-def test_consumers_see_latest_values_during_and_after_compaction(broker) -> None:
-    latest = _setup(broker)
-    end = broker.store.end_offset(TOPIC, 0)
+def test_consumers_see_latest_values_during_and_after_compaction(engine_broker) -> None:
+    latest = _setup(engine_broker)
+    end = engine_broker.store.end_offset(TOPIC, 0)
     assert end == KEYS * ROUNDS
 
     # a kafka-python consumer reads from 0 while the cleaner runs beside it
     during: list = []
-    reader = threading.Thread(target=lambda: during.extend(_kafka_python_read(broker.bootstrap, end)))
+    reader = threading.Thread(target=lambda: during.extend(_kafka_python_read(engine_broker.bootstrap, end)))
     reader.start()
-    report = asyncio.run_coroutine_threadsafe(broker.runtime.compaction.run_once(), broker.loop).result(60)
+    report = asyncio.run_coroutine_threadsafe(engine_broker.runtime.compaction.run_once(),
+                                              engine_broker.loop).result(60)
     reader.join(90)
     assert not reader.is_alive()
     stats = report.cleaned[(TOPIC, 0)]
@@ -115,8 +111,8 @@ def test_consumers_see_latest_values_during_and_after_compaction(broker) -> None
     _check(during, latest)
 
     # after: both clients see far fewer records, gaps in the offsets, every key's latest value
-    after_kp = _kafka_python_read(broker.bootstrap, end)
-    after_ck = _confluent_read(broker.bootstrap, end)
+    after_kp = _kafka_python_read(engine_broker.bootstrap, end)
+    after_ck = _confluent_read(engine_broker.bootstrap, end)
     assert [o for o, _, _ in after_kp] == [o for o, _, _ in after_ck]
     assert len(after_kp) < KEYS * 3
     _check(after_kp, latest)
@@ -128,19 +124,19 @@ def test_consumers_see_latest_values_during_and_after_compaction(broker) -> None
     offsets = [o for o, _, _ in after_ck]
     removed = sorted(set(range(end)) - set(offsets))
     inside = removed[len(removed) // 2]
-    moved = _confluent_read(broker.bootstrap, end, start=inside)
+    moved = _confluent_read(engine_broker.bootstrap, end, start=inside)
     assert moved[0][0] == min(o for o in offsets if o > inside)
 
 
-def test_idempotent_producer_goes_on_after_compaction(broker) -> None:
+def test_idempotent_producer_goes_on_after_compaction(engine_broker) -> None:
     """An idempotent producer's batches keep their producer id, epoch and sequence through compaction (emptied
     last batches stay), so the same producer keeps producing without sequence errors afterwards."""
     from confluent_kafka import Producer
 
     topic = "compacted-idempotent"
-    broker.call(broker.store.create_topic(topic, 1, TopicConfig({
+    engine_broker.call(engine_broker.store.create_topic(topic, 1, TopicConfig({
         "cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"})))
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": engine_broker.bootstrap, "enable.idempotence": True, "linger.ms": 0})
     errors: list = []
 
     def produce_round(r: int) -> None:
@@ -151,12 +147,12 @@ def test_idempotent_producer_goes_on_after_compaction(broker) -> None:
 
     for r in range(4):
         produce_round(r)
-    report = broker.call(broker.runtime.compaction.run_once())
+    report = engine_broker.call(engine_broker.runtime.compaction.run_once())
     assert report.cleaned[(topic, 0)].records_removed > 0
     for r in range(4, 6):
         produce_round(r)
     assert errors == []
-    got = _confluent_read_topic(broker.bootstrap, topic, broker.store.end_offset(topic, 0))
+    got = _confluent_read_topic(engine_broker.bootstrap, topic, engine_broker.store.end_offset(topic, 0))
     assert {k: v for _, k, v in got} == {b"k%d" % k: b"5" for k in range(50)}
 
 

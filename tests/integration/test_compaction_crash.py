@@ -69,6 +69,8 @@ def test_kill_minus_nine_during_compaction_leaves_old_or_new(storage: str, tmp_p
         _produce_round(broker.bootstrap, 0, written)
         for r in range(1, 11):
             _produce_round(broker.bootstrap, r, written)  # makes the log dirty: the cleaner starts within 20 ms
+            # kill at a random point of the cleaner's work in the broker process: a real, random pause, since
+            # nothing outside the process marks the points inside a pass
             time.sleep(rng.uniform(0.0, 0.25))
             broker.kill()
             broker.start()

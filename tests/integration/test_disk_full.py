@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from helpers import wait_until
 
+from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
 from mqk.config import TopicConfig
-from mqk.services.diskguard import used_ratio
+from mqk.services.diskguard import RETRY_SECONDS, used_ratio
 from mqk.testing import ThreadedBroker, broker_config
 
 SIZE = 8 * 1024 * 1024
@@ -75,12 +77,13 @@ def small_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def _start(data_dir: Path, ratio: float, **broker_fields) -> ThreadedBroker:
+def _start(data_dir: Path, ratio: float, clock: Clock = SYSTEM_CLOCK, disk_check_interval_ms: int = 100,
+           **broker_fields) -> ThreadedBroker:
     config = broker_config("file", data_dir, commitlog_segment_bytes=512 * 1024, cq_units_per_file=256,
-                           disk_max_used_ratio=ratio, disk_check_interval_ms=100, flush_interval_ms=50,
-                           checkpoint_interval_ms=100)
+                           disk_max_used_ratio=ratio, disk_check_interval_ms=disk_check_interval_ms,
+                           flush_interval_ms=50, checkpoint_interval_ms=100)
     config = dataclasses.replace(config, log_retention_check_interval_ms=3_600_000, **broker_fields)
-    return ThreadedBroker(config).start()
+    return ThreadedBroker(config, clock=clock).start()
 
 
 class Sender:
@@ -120,12 +123,22 @@ def _consume_all(bootstrap: str, topic: str, end: int) -> list[tuple[int, bytes]
     return got
 
 
+def _stored(outcome: tuple[int | None, int | None]) -> tuple[int | None, int | None] | None:
+    """A Sender.send outcome if the record was stored, else None (try again)."""
+    return outcome if outcome[1] is None else None
+
+
 def _value(i: int) -> bytes:
     return (b"%08d" % i) * (VALUE // 8)
 
 
 def test_above_the_ratio_appends_are_refused_and_resume_after_retention(small_fs: Path) -> None:
-    broker = _start(small_fs / "data", ratio=0.5)
+    # The guard runs on a FakeClock and measures after every send (its periodic measurement never comes due): it
+    # sees every step from 4 MiB (the ratio) to 8 MiB (ENOSPC), however fast the sender; its retention re-runs
+    # (RETRY_SECONDS apart while the disk stays full) are released by moving the clock.
+    clock = FakeClock()
+    broker = _start(small_fs / "data", ratio=0.5, clock=clock, disk_check_interval_ms=3_600_000)
+    guard = broker.runtime.diskguard
     try:
         topic = "bounded"
         # nothing of this topic expires yet: above the ratio the guard's retention frees nothing, so appends are
@@ -140,17 +153,15 @@ def test_above_the_ratio_appends_are_refused_and_resume_after_retention(small_fs
                 assert code == KafkaError.KAFKA_STORAGE_ERROR, code
                 refused += 1
                 if refused == 1:
-                    assert broker.runtime.diskguard.refused > 0, "refused by ENOSPC, not by the guard"
+                    assert guard.refused > 0, "refused by ENOSPC, not by the guard"
                     broker.call(broker.store.alter_topic_config(
                         topic, TopicConfig({"retention.ms": "-1", "retention.bytes": str(512 * 1024)})))
-                time.sleep(0.05)  # the guard measures every 100 ms and runs retention again while the disk is full
+                broker.advance(RETRY_SECONDS)  # the disk stays full: the next measurement runs retention again
             else:
                 if refused:
                     resumed += 1
                 acked[offset] = _value(i)
-                # the guard samples the disk every 100 ms: paced like this, 4 MiB (the ratio) to 8 MiB (ENOSPC)
-                # takes it several samples, where an unpaced sender can fill that in less than one
-                time.sleep(0.002)
+            broker.call(guard.check())
         assert refused > 0, "the disk never crossed disk_max_used_ratio"
         assert resumed > 0, "appends did not resume after retention freed space"
         assert broker.runtime.diskguard.refused > 0
@@ -261,13 +272,8 @@ def test_kill_minus_nine_on_a_full_disk_restarts_with_a_clean_tail(small_fs: Pat
         assert low.low_watermark == len(acked) - 2
         # the periodic retention pass reclaims the segments below the new log start; appends resume
         sender = Sender(broker.bootstrap)  # the restarted broker listens on a new port
-        deadline = time.monotonic() + 20
-        while True:
-            offset, code = sender.send(topic, b"after the restart")
-            if code is None:
-                break
-            assert time.monotonic() < deadline, "appends never resumed after DeleteRecords"
-            time.sleep(0.3)
+        offset, code = wait_until(lambda: _stored(sender.send(topic, b"after the restart")), 20,
+                                  "appends to resume after DeleteRecords")
         assert offset == len(acked)
     finally:
         broker.stop()

@@ -1,21 +1,30 @@
 """The disk guard over both protocols, without a small filesystem: with disk_max_used_ratio at 0 every disk is "full".
 A Kafka producer gets KAFKA_STORAGE_ERROR, a RocketMQ producer SERVICE_NOT_AVAILABLE with the reason in its remark,
-fetches and pulls go on, and once the ratio allows it again appends resume by themselves."""
+fetches and pulls go on, and once the ratio allows it again appends resume by themselves. The broker runs on a
+FakeClock: the guard's periodic check is released by moving it."""
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from helpers import wait_until
 
 from mqk.client.base import MessageQueue
 from mqk.client.consumer import PullConsumer
 from mqk.client.producer import Producer as NativeProducer
 from mqk.client.remoting import ClientError
+from mqk.clock import Clock, FakeClock
 from mqk.config import TopicConfig
 from mqk.protocol.native.codes import ResponseCode
 
 TOPIC = "guarded"
+
+
+@pytest.fixture
+def mqk_clock(mqk_fake_clock: FakeClock) -> Clock:
+    return mqk_fake_clock
 
 
 def _kafka_send(bootstrap: str, value: bytes) -> int | None:
@@ -29,11 +38,13 @@ def _kafka_send(bootstrap: str, value: bytes) -> int | None:
     return None if out[0] is None else out[0].code()
 
 
-def _wait_guard(broker, full: bool) -> None:
-    deadline = time.monotonic() + 10
-    while broker.runtime.diskguard.full != full:
-        assert time.monotonic() < deadline, f"the guard never became full={full}"
-        time.sleep(0.05)
+def _periodic_check(broker) -> None:
+    """Move the broker's clock to the guard's next periodic check and wait for that check (its measurement runs in
+    a worker thread) to finish."""
+    guard = broker.runtime.diskguard
+    before = guard.checks
+    broker.advance(guard.interval_ms / 1000)
+    wait_until(lambda: guard.checks > before, 10, "the guard's periodic check")
 
 
 def test_guard_refuses_both_protocols_keeps_reads_and_resumes(mqk_file_broker) -> None:
@@ -43,7 +54,8 @@ def test_guard_refuses_both_protocols_keeps_reads_and_resumes(mqk_file_broker) -
     assert _kafka_send(broker.bootstrap, b"before") is None
 
     guard.max_ratio = 0.0
-    _wait_guard(broker, True)
+    _periodic_check(broker)
+    assert guard.full
     assert _kafka_send(broker.bootstrap, b"refused") == KafkaError.KAFKA_STORAGE_ERROR
 
     async def native_send() -> tuple[int, str]:
@@ -87,7 +99,8 @@ def test_guard_refuses_both_protocols_keeps_reads_and_resumes(mqk_file_broker) -
     assert broker.store.end_offset(TOPIC, 0) == 1  # nothing refused was stored
 
     guard.max_ratio = 0.999
-    _wait_guard(broker, False)
+    _periodic_check(broker)
+    assert not guard.full
     assert _kafka_send(broker.bootstrap, b"after") is None
     assert broker.store.end_offset(TOPIC, 0) == 2
     assert guard.refused >= 2

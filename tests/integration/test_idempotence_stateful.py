@@ -20,7 +20,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from test_kafka_server import fetch_body, produce_body, values_of
+from helpers import fetch_body, produce_body, values_of
 
 from mqk import errors as E
 from mqk.config import BrokerConfig, StoreConfig

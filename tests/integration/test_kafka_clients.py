@@ -12,6 +12,7 @@ import uuid
 import warnings
 
 import pytest
+from helpers import wait_until, wait_until_async
 
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.server.kafka.server import KafkaServer
@@ -61,9 +62,10 @@ def kafka(request):
     # kafka-python 3.0.12 drops, without closing, the sockets of connection attempts refused once the broker is
     # gone, and its IO threads can outlive close() briefly: let them finish before the broker stops, and collect
     # any such socket here instead of in a later test
-    deadline = time.time() + 5
-    while time.time() < deadline and any(t.name.startswith("kafka") for t in threading.enumerate()):
-        time.sleep(0.05)
+    deadline = time.monotonic() + 5
+    for thread in threading.enumerate():
+        if thread.name.startswith("kafka"):
+            thread.join(max(0.0, deadline - time.monotonic()))
     broker.stop()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
@@ -146,20 +148,15 @@ def test_kafka_python_group_of_two_splits_partitions_and_resumes_from_commits(ka
     threads = [threading.Thread(target=run, args=("a", a))]
     threads[0].start()
     try:
-        deadline = time.time() + 30
-        while not a.assignment() and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(a.assignment, 30, "a to be assigned partitions")
         b = consumer()
         threads.append(threading.Thread(target=run, args=("b", b)))
         threads[1].start()
-        while not (a.assignment() and b.assignment()) and time.time() < deadline:
-            time.sleep(0.05)
-        assert a.assignment() and b.assignment()
+        wait_until(lambda: a.assignment() and b.assignment(), 30, "a and b to split the partitions")
         for i in range(400):
             producer.send(topic, value=str(i).encode(), partition=i % 4)
         producer.flush()
-        while len(seen["a"]) + len(seen["b"]) < 400 and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(seen["a"]) + len(seen["b"]) >= 400, 30, "400 records consumed")
     finally:
         stop.set()
         for t in threads:
@@ -336,9 +333,7 @@ async def test_aiokafka_static_member_restart_keeps_assignment_without_rebalance
                                     group_instance_id="instance-1", session_timeout_ms=10000)
         await consumer.start()
         try:
-            async with asyncio.timeout(15):
-                while not consumer.assignment():
-                    await asyncio.sleep(0.05)
+            await wait_until_async(consumer.assignment, 15, "the static member's assignment")
             group = inloop_kafka.groups.groups["static"]
             seen.append((sorted(tp.partition for tp in consumer.assignment()), group.generation_id,
                          list(group.members)))

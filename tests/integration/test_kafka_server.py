@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import fetch_body, produce_body, raw_records, values_of, wait_until_async
 
 from mqk import errors as E
 from mqk._fast import load
@@ -47,21 +48,6 @@ async def client(broker):
     await c.close()
 
 
-def produce_body(topic: str, batch, partition: int = 0, acks: int = -1) -> dict:
-    return {"transactional_id": None, "acks": acks, "timeout_ms": 5000,
-            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": bytes(batch)}]}]}
-
-
-def fetch_body(topic: str, offset: int, partition: int = 0, max_wait_ms: int = 0, min_bytes: int = 0,
-               max_bytes: int = 1 << 20) -> dict:
-    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes,
-            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-            "topics": [{"topic": topic, "partitions": [
-                {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1,
-                 "partition_max_bytes": max_bytes}]}],
-            "forgotten_topics_data": [], "rack_id": ""}
-
-
 async def produce(client, topic, batch, **kw) -> dict:
     resp = await client.call(ApiKey.PRODUCE, 9, produce_body(topic, batch, **kw))
     return resp["responses"][0]["partition_responses"][0]
@@ -70,21 +56,6 @@ async def produce(client, topic, batch, **kw) -> dict:
 async def fetch(client, topic, offset, version=12, **kw) -> dict:
     resp = await client.call(ApiKey.FETCH, version, fetch_body(topic, offset, **kw))
     return resp["responses"][0]["partitions"][0]
-
-
-def raw_records(records) -> bytes:
-    if records is None:
-        return b""
-    return b"".join(bytes(r) for r in records) if isinstance(records, (list, tuple)) else bytes(records)
-
-
-def values_of(records) -> list[bytes]:
-    data = raw_records(records)
-    out = []
-    for pos, size, *_ in recbatch.scan_batches(data):
-        h = recbatch.parse_header(data, pos)
-        out += [r[4] for r in recbatch.decode_records(data[pos + 61:pos + size], h[12])]
-    return out
 
 
 async def assert_healthy(broker, topic="keep", expect=(b"a", b"b")) -> None:
@@ -148,6 +119,8 @@ async def test_big_trickled_and_abandoned_frames(broker, client):
         for at in range(0, len(raw), 7):
             slow.write_raw(raw[at:at + 7])
             await slow.writer.drain()
+            # a real pause between the pieces, so they reach the broker as separate reads: no event on this side
+            # can make the kernel deliver them apart
             await asyncio.sleep(0.001)
         head = await asyncio.wait_for(slow.reader.readexactly(4), 10)
         cid, answer = decode_response_frame(ApiKey.PRODUCE, 9, await slow.reader.readexactly(
@@ -342,13 +315,12 @@ async def test_pipelined_responses_keep_request_order_behind_a_long_poll(broker,
 async def test_long_poll_wakes_on_new_data(broker, client):
     await seed(client)
     async with await RawKafkaClient.connect(broker.host, broker.port) as producer:
-        client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=5000, min_bytes=1))
+        # waits up to a minute: an answer within receive's 10 s can only come from the wake-up
+        client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=60_000, min_bytes=1))
         await client.writer.drain()
-        await asyncio.sleep(0.1)
-        started = time.monotonic()
+        await wait_until_async(lambda: ("keep", 0) in broker.waiters._waiting, what="the fetch to be parked")
         await produce(producer, "keep", make_batch([b"late"]))
-        _, resp = await client.receive()
-        assert time.monotonic() - started < 2
+        _, resp = await client.receive(timeout=10)
         assert values_of(resp["responses"][0]["partitions"][0]["records"]) == [b"late"]
 
 
@@ -370,7 +342,7 @@ async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is
     async with await RawKafkaClient.connect(broker.host, broker.port) as producer:
         client.send(ApiKey.FETCH, 12, body)
         await client.writer.drain()
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: ("wide", 0) in broker.waiters._waiting, what="the fetch to be parked")
         assert await broker.store.delete_before("wide", 5, ends[5]) == ends[5]  # moves a log start, wakes nobody
         grown = {3: [b"three"], 7: [b"seven", b"seven-2"]}
         both = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "wide",
@@ -750,9 +722,9 @@ async def test_reader_that_does_not_read_is_paused_not_buffered(client, broker):
         for _ in range(40):  # 40 answers of 2 MB each that the client does not read for now
             slow.send(ApiKey.FETCH, 12, fetch_body("big", 0, max_bytes=50 << 20))
         await slow.writer.drain()
-        await asyncio.sleep(0.5)
         (conn,) = [c for c in broker.connections if c.peer.endswith(str(slow.writer.get_extra_info("sockname")[1]))]
-        assert conn.writing_paused
+        # paused writing stops the answers (and the reading) until the client reads: the buffer is final
+        await wait_until_async(lambda: conn.writing_paused, what="the connection to pause writing")
         assert conn.transport.get_write_buffer_size() < 8 << 20  # one answer beyond the high-water mark, not 80 MB
         # another connection is served meanwhile
         assert (await produce(client, "big", make_batch([b"y"])))["error_code"] == 0

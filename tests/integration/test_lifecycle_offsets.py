@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -14,11 +13,6 @@ from mqk.client.base import MessageQueue
 from mqk.client.consumer import PullConsumer
 from mqk.config import TopicConfig
 from mqk.services.retention import RetentionService
-
-
-@pytest.fixture(params=["memory", "file"])
-def broker(request: pytest.FixtureRequest):
-    return request.getfixturevalue("mqk_broker" if request.param == "memory" else "mqk_file_broker")
 
 
 def _produce(bootstrap: str, topic: str, n: int, timestamp: int | None = None) -> None:
@@ -29,9 +23,9 @@ def _produce(bootstrap: str, topic: str, n: int, timestamp: int | None = None) -
     assert producer.flush(10) == 0
 
 
-def _views(broker, topic: str) -> tuple[int, int, int]:
+def _views(engine_broker, topic: str) -> tuple[int, int, int]:
     """(ListOffsets earliest, first offset a fetch from 0 returns, remoting min offset)."""
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "lifecycle-view",
+    consumer = Consumer({"bootstrap.servers": engine_broker.bootstrap, "group.id": "lifecycle-view",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     try:
         low, _high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
@@ -46,40 +40,40 @@ def _views(broker, topic: str) -> tuple[int, int, int]:
         consumer.close()
 
     async def native_min() -> int:
-        client = PullConsumer(broker.namesrv_address, "lifecycle-native")
+        client = PullConsumer(engine_broker.namesrv_address, "lifecycle-native")
         try:
-            return await client.min_offset(MessageQueue(topic, broker.config.broker_name, 0))
+            return await client.min_offset(MessageQueue(topic, engine_broker.config.broker_name, 0))
         finally:
             await client.stop()
 
     return low, first, asyncio.run(native_min())
 
 
-def test_delete_records_and_retention_agree_everywhere(broker) -> None:
+def test_delete_records_and_retention_agree_everywhere(engine_broker) -> None:
     topic = "lifecycle-agree"
-    broker.call(broker.store.create_topic(topic, 1, TopicConfig({"retention.ms": "-1"})))
+    engine_broker.call(engine_broker.store.create_topic(topic, 1, TopicConfig({"retention.ms": "-1"})))
     old = int(time.time() * 1000) - 3_600_000
-    _produce(broker.bootstrap, topic, 6, timestamp=old)
-    _produce(broker.bootstrap, topic, 4)
-    assert broker.store.end_offset(topic, 0) == 10
+    _produce(engine_broker.bootstrap, topic, 6, timestamp=old)
+    _produce(engine_broker.bootstrap, topic, 4)
+    assert engine_broker.store.end_offset(topic, 0) == 10
 
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": engine_broker.bootstrap})
     futures = admin.delete_records([TopicPartition(topic, 0, 3)])
     result = next(iter(futures.values())).result(10)
     assert result.low_watermark == 3
-    assert _views(broker, topic) == (3, 3, 3)
+    assert _views(engine_broker, topic) == (3, 3, 3)
 
     # retention by time: the six old one-record batches go, the log start lands on the first young one
-    broker.call(broker.store.alter_topic_config(topic, TopicConfig({"retention.ms": "60000"})))
-    service = RetentionService(broker.config, broker.store)
-    report = broker.call(service.run_once())
+    engine_broker.call(engine_broker.store.alter_topic_config(topic, TopicConfig({"retention.ms": "60000"})))
+    service = RetentionService(engine_broker.config, engine_broker.store)
+    report = engine_broker.call(service.run_once())
     assert report.moved[(topic, 0)].new_start == 6
-    assert _views(broker, topic) == (6, 6, 6)
+    assert _views(engine_broker, topic) == (6, 6, 6)
 
     # DeleteRecords to the high watermark (-1): everything goes, and the three views still agree
     futures = admin.delete_records([TopicPartition(topic, 0, -1)])
     assert next(iter(futures.values())).result(10).low_watermark == 10
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "lifecycle-end"})
+    consumer = Consumer({"bootstrap.servers": engine_broker.bootstrap, "group.id": "lifecycle-end"})
     try:
         assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (10, 10)
     finally:

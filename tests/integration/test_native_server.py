@@ -8,6 +8,7 @@ import struct
 import time
 
 import pytest
+from helpers import wait_until_async
 
 from mqk.client import Message, MessageQueue, Producer, PullConsumer
 from mqk.client.remoting import ClientError, RemotingConnection
@@ -142,18 +143,19 @@ async def test_empty_queue_answers(native: Native) -> None:
 async def test_long_poll_wakes_on_new_message(native: Native) -> None:
     await native.store.create_topic("lp", 1)
     mq = MessageQueue("lp", "mqk-broker-a", 0)
+    hub = native.broker.ctx.long_poll
     async with PullConsumer(native.ns, "cg") as consumer, Producer(native.ns) as producer:
-        started = time.monotonic()
-        waiting = asyncio.create_task(consumer.pull(mq, 0, suspend_ms=5000))
-        await asyncio.sleep(0.3)
+        # suspended for a minute: an answer within the 10 s below can only come from the wake-up
+        waiting = asyncio.create_task(consumer.pull(mq, 0, suspend_ms=60_000))
+        await wait_until_async(lambda: ("lp", 0) in hub._waiters, what="the pull to be parked")
         assert not waiting.done()
         await producer.send("lp", b"wake", queue_id=0)
-        result = await asyncio.wait_for(waiting, 5)
+        result = await asyncio.wait_for(waiting, 10)
         assert result.status == "FOUND" and result.messages[0].body == b"wake"
-        assert time.monotonic() - started < 4
-        timed = time.monotonic()
-        nothing = await consumer.pull(mq, 1, suspend_ms=400)
-        assert nothing.status == "NO_NEW_MSG" and 0.3 < time.monotonic() - timed < 3
+        # with nothing new, the pull is held (parked) and answered NO_NEW_MSG when its suspension is over
+        nothing = asyncio.create_task(consumer.pull(mq, 1, suspend_ms=1000))
+        await wait_until_async(lambda: ("lp", 0) in hub._waiters, what="the second pull to be parked")
+        assert (await asyncio.wait_for(nothing, 10)).status == "NO_NEW_MSG"
 
 
 async def test_batch_send(native: Native) -> None:
@@ -279,8 +281,9 @@ async def test_transactions_commit_rollback_and_check(native: Native) -> None:
             assert await native.broker.transactions.check_once(older_than_ms=0) == 0  # nothing open any more
         finally:
             await producer.stop()
-        await asyncio.sleep(0.2)
-        assert native.store.end_offset("txn", 0) == 2  # the rolled-back message never appears
+        # all three are resolved (the rollback too, a oneway END_TRANSACTION): the rolled-back one did not appear
+        await wait_until_async(lambda: len(native.broker.transactions.resolved) == 3, what="three resolutions")
+        assert native.store.end_offset("txn", 0) == 2
     # what was resolved is rebuilt from the op topic (a restart asks nobody about it again)
     from mqk.server.native.transaction import TransactionService
 
@@ -333,10 +336,7 @@ async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> 
         resp = await second.invoke(RemotingCommand(code=RequestCode.GET_CONSUMER_LIST_BY_GROUP,
                                                    ext_fields={"consumerGroup": "hbg"}))
         assert json.loads(resp.body)["consumerIdList"] == ["c-1", "c-2"]
-        deadline = time.monotonic() + 5
-        while not notified:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await wait_until_async(lambda: notified, what="NOTIFY_CONSUMER_IDS_CHANGED")
         assert notified[-1].code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED and notified[-1].is_oneway
         assert notified[-1].ext_fields == {"consumerGroup": "hbg"}
         # the registered subscription filters pulls that do not carry their own
@@ -366,10 +366,8 @@ async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> 
         await first.close()
         await second.close()
     # a closed connection takes its consumer out of the group
-    deadline = time.monotonic() + 5
-    while "hbg" in native.broker.clients.groups and native.broker.clients.groups["hbg"].clients:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await wait_until_async(lambda: "hbg" not in native.broker.clients.groups
+                           or not native.broker.clients.groups["hbg"].clients, what="the group to be empty")
 
 
 async def test_admin_client(native: Native) -> None:

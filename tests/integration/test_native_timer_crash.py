@@ -16,23 +16,16 @@ def _ns(broker: BrokerProcess) -> str:
     return f"{broker.namesrv_address[0]}:{broker.namesrv_address[1]}"
 
 
-async def _collect(ns: str, topic: str, queues: int, expect: int, timeout: float) -> list[bytes]:
+async def _collect_until(ns: str, topic: str, last: bytes, timeout: float) -> list[bytes]:
+    """Every message of `topic`'s queue 0, in order, up to and including `last` (long polls: no sleeping)."""
     got: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    async with PullConsumer(ns, "crash-check") as consumer:
-        offsets = [0] * queues
-        while time.monotonic() < deadline:
-            for q in range(queues):
-                result = await consumer.pull(MessageQueue(topic, "mqk-broker-a", q), offsets[q], 256)
-                got += [m.body for m in result.messages]
-                offsets[q] = result.next_offset
-            if len(got) >= expect:
-                await asyncio.sleep(1.0)  # anything more now would be a duplicate
-                for q in range(queues):
-                    result = await consumer.pull(MessageQueue(topic, "mqk-broker-a", q), offsets[q], 256)
-                    got += [m.body for m in result.messages]
-                return got
-            await asyncio.sleep(0.1)
+    mq = MessageQueue(topic, "mqk-broker-a", 0)
+    async with PullConsumer(ns, "crash-check") as consumer, asyncio.timeout(timeout):
+        offset = 0
+        while last not in got:
+            result = await consumer.pull(mq, offset, 256, suspend_ms=5000)
+            got += [m.body for m in result.messages]
+            offset = result.next_offset
     return got
 
 
@@ -48,14 +41,20 @@ async def test_delayed_messages_survive_kill_9(tmp_path, kill_during_delivery: b
                 await producer.send("crashy", b"%d" % i, deliver_at_ms=due)
             await producer.send("crashy", b"plain")
         if kill_during_delivery:
-            # let delivery start, then kill in the middle of it (some delivered, some not, maybe an intent open)
-            while int(time.time() * 1000) < due:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.02)
+            # kill as soon as delivery has started (some delivered, some maybe not, an intent maybe open): a long
+            # poll past "plain" returns with the first delivered message
+            async with PullConsumer(_ns(broker), "crash-watch") as watcher:
+                started = await watcher.pull(MessageQueue("crashy", "mqk-broker-a", 0), 1, 1, suspend_ms=30_000)
+                assert started.messages, "delivery did not start"
         broker.kill()
         broker.start()
-        got = await _collect(_ns(broker), "crashy", 1, n + 1, timeout=30)
-        assert sorted(got) == sorted([b"%d" % i for i in range(n)] + [b"plain"])  # each once
+        # one more, due after every other: the timer delivers in due order, so once it is in, every delivery that
+        # will ever happen of the earlier ones (a duplicate too) has happened
+        async with Producer(_ns(broker)) as producer:
+            await producer.send("crashy", b"last", deliver_at_ms=max(due, int(time.time() * 1000)) + 200)
+        got = await _collect_until(_ns(broker), "crashy", b"last", timeout=60)
+        assert got[-1] == b"last"
+        assert sorted(got[:-1]) == sorted([b"%d" % i for i in range(n)] + [b"plain"])  # each once
         assert int(time.time() * 1000) >= due
     finally:
         broker.stop()

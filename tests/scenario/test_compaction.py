@@ -15,7 +15,7 @@ from mqk.config import BrokerConfig, TopicConfig
 from mqk.services.compaction import CompactionService, OffsetMap
 from mqk.store.manager import StoreManager
 
-from .conftest import header_of, rb, store_config
+from helpers import header_of, rb, store_config
 
 HOUR = 3600 * 1000
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"}
@@ -23,16 +23,6 @@ COMPACT = {"cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dir
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
-
-
-@pytest.fixture(params=["memory", "rocksdb", "file"])
-async def manager(request: pytest.FixtureRequest, tmp_path: Path):
-    m = StoreManager(store_config(request.param, tmp_path / "data"))
-    await m.start()
-    try:
-        yield m
-    finally:
-        await m.close()
 
 
 def _service(m: StoreManager, **changes) -> CompactionService:

@@ -13,7 +13,7 @@ import pytest
 from mqk.config import TopicConfig
 from mqk.errors import OffsetOutOfRange
 
-from .conftest import ENGINE_NAMES, Harness, kafka_python_batch, twin_batch
+from helpers import ENGINE_NAMES, Harness, kafka_python_batch, twin_batch
 
 T = "diff"
 

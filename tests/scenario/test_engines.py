@@ -10,7 +10,7 @@ from mqk.config import TopicConfig
 from mqk.errors import Corrupt, InvalidRecord, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import GroupOffset
 
-from .conftest import Harness, header_of, kafka_python_batch, rb, records_of, snappy_twin_batch, twin_batch
+from helpers import Harness, header_of, kafka_python_batch, rb, records_of, snappy_twin_batch, twin_batch
 
 T = "orders"
 

@@ -15,23 +15,13 @@ from mqk.errors import OffsetOutOfRange
 from mqk.services.retention import RetentionService, retention_limits
 from mqk.store.manager import StoreManager
 
-from .conftest import records_of, store_config, twin_batch
+from helpers import records_of, store_config, twin_batch
 
 HOUR = 3600 * 1000
 
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
-
-
-@pytest.fixture
-async def manager(engine_name: str, tmp_path: Path):
-    m = StoreManager(store_config(engine_name, tmp_path / "data"))
-    await m.start()
-    try:
-        yield m
-    finally:
-        await m.close()
 
 
 def _service(m: StoreManager) -> RetentionService:

@@ -11,19 +11,9 @@ from mqk.errors import PutRejected, ShardExists, UnknownShard
 from mqk.store.adapter import GroupOffset, PutContext
 from mqk.store.manager import StoreManager
 
-from .conftest import header_of, kafka_python_batch, records_of, store_config, twin_batch
+from helpers import header_of, kafka_python_batch, records_of, store_config, twin_batch
 
 ALL = ["memory", "rocksdb", "file"]
-
-
-@pytest.fixture
-async def manager(engine_name: str, tmp_path: Path):
-    m = StoreManager(store_config(engine_name, tmp_path / "data"))
-    await m.start()
-    try:
-        yield m
-    finally:
-        await m.close()
 
 
 async def _values(m: StoreManager, topic: str, queue: int = 0) -> list[bytes | None]:

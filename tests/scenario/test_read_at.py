@@ -11,7 +11,7 @@ from mqk.config import TopicConfig
 from mqk.store.adapter import PHYSICAL_SPAN, physical_base, physical_engine
 from mqk.store.manager import StoreManager
 
-from .conftest import Harness, records_of, store_config, twin_batch
+from helpers import Harness, records_of, store_config, twin_batch
 
 T = "orders"
 

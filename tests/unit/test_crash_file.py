@@ -3,7 +3,8 @@
 A child process appends from four concurrent producers (so group commit is what is being killed), by single
 batches, by several queues at once (append_many) and by several batches at once, and prints one line per
 acknowledged batch: queue, base offset, and a hash of the batch bytes the store must keep (everything after
-the base offset). The parent kills it with SIGKILL at a random moment, reopens the store (abnormal recovery), checks
+the base offset). The parent kills it with SIGKILL at a random moment (after a random number of acknowledgements,
+with appends in flight), reopens the store (abnormal recovery), checks
 every acknowledgement seen so far, and starts the child again on the same data: 20 rounds under `sync` (6 more
 under `async`), bounded in time.
 """
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 from mqk._fast import load
 from mqk.config import StoreConfig
@@ -97,14 +99,15 @@ def run_child_until_killed(root: Path, seed: int, out_path: Path, rng: random.Ra
     with open(out_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(seed), mode], stdout=out,
                                 stderr=subprocess.PIPE, cwd=REPO, env=env)
+        def printed(text: bytes, count: int = 1) -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"child exited early: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+            return out_path.read_bytes().count(text) >= count
+
         try:
-            deadline = time.monotonic() + 20
-            while b"ready" not in out_path.read_bytes():
-                if proc.poll() is not None:
-                    pytest.fail(f"child exited early: {proc.stderr.read().decode(errors='replace')[-2000:]}")
-                assert time.monotonic() < deadline, "child did not start"
-                time.sleep(0.01)
-            time.sleep(rng.uniform(0.02, 0.4))
+            wait_until(lambda: printed(b"ready"), 20, "the child to start")
+            wanted = rng.randrange(1, 200)
+            wait_until(lambda: printed(b"\nack ", wanted), 30, f"{wanted} acknowledgements")
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)

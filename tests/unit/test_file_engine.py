@@ -6,19 +6,19 @@ import asyncio
 import dataclasses
 import struct
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from helpers import cached_pages, wait_until_async
 
 from mqk._fast import compiled, load, twin
+from mqk.clock import settle
 from mqk.config import StoreConfig, TopicConfig
 from mqk.errors import InvalidRecord, MessageTooLarge, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import GroupOffset
 from mqk.store.file.checkpoint import Checkpoint
 from mqk.store.file.engine import FileEngine
 from mqk.store.file.mapped_file import MappedFileQueue
-from test_file_mapped import cached_pages
 
 rb = load("recbatch")
 T = "orders"
@@ -214,15 +214,22 @@ async def test_sync_flush_group_commit(tmp_path: Path) -> None:
         await e.create_shards(T, 1, TopicConfig())
         real_flush = e.clog.flush
         covered = []
+        disk = threading.Event()
 
         def slow_flush():  # a disk slow enough that every writer arrives while the first flush is under way
-            time.sleep(0.05)
+            assert disk.wait(30), "the test never let the flush finish"
             covered.append(real_flush())
             return covered[-1]
 
         e.clog.flush = slow_flush
         before = e.flusher.flush_count
-        results = await asyncio.gather(*(e.append(T, 0, [batch(1)]) for _ in range(50)))
+        appends = asyncio.gather(*(e.append(T, 0, [batch(1)]) for _ in range(50)))
+        try:
+            # the first writer's flush is held; every writer, the first too, waits for a flush
+            await wait_until_async(lambda: len(e.flusher._waiters) == 50, what="50 writers waiting for a flush")
+        finally:
+            disk.set()
+        results = await appends
         assert sorted(r.base_offset for r in results) == list(range(50))
         assert e.flusher.flushed >= e.clog.max_offset  # acknowledged means flushed
         # the first flush starts with the first write; the 49 writers arriving during it ride the next one
@@ -318,16 +325,11 @@ async def test_async_flush_happens_in_background(tmp_path: Path) -> None:
     try:
         await e.create_shards(T, 1, TopicConfig())
         await e.append(T, 0, [batch(40)])
-        for _ in range(200):
-            if e.flusher.flushed >= e.clog.max_offset:
-                break
-            await asyncio.sleep(0.01)
+        # nobody asks for a flush: the interval's flush, in its thread, is what wakes this waiter
+        await asyncio.wait_for(e.flusher.wait_flushed(e.clog.max_offset), 10)
         assert e.flusher.flushed >= e.clog.max_offset
         # the checkpoint follows: its safe offset reaches the end
-        for _ in range(200):
-            if e.checkpoint.safe_offset >= e.clog.max_offset:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: e.checkpoint.safe_offset >= e.clog.max_offset, what="the checkpoint")
         assert e.checkpoint.safe_offset == e.clog.max_offset
     finally:
         await e.close()
@@ -909,10 +911,8 @@ async def test_an_append_leaving_kick_bytes_unflushed_starts_an_async_flush(tmp_
                 await e.append_many(T, [(0, [batch()]), (1, [batch()])])
             else:
                 await e.append(T, 0, [batch()])
-        deadline = time.monotonic() + 5
-        while e.flusher.flushed < 2000:
-            assert time.monotonic() < deadline, "the kick did not flush"
-            await asyncio.sleep(0.01)
+        # the kick's flush runs in the flush thread; neither the interval nor a checkpoint comes meanwhile
+        await asyncio.wait_for(e.flusher.wait_flushed(2000), 10)
     finally:
         await e.close()
 
@@ -942,10 +942,10 @@ async def test_max_timestamp_past_a_deleted_maximum_walks_in_steps_off_the_loop(
             nonlocal ticks
             while walking:
                 ticks += 1
-                await asyncio.sleep(0)
+                await settle(0)  # one turn of the loop per tick
 
         other = asyncio.ensure_future(other_work())
-        await asyncio.sleep(0)
+        await settle(0)
         try:
             assert await e.max_timestamp(T, 0) == (302, 30_002)  # the last record of the peak batch
         finally:
@@ -964,7 +964,7 @@ async def test_max_timestamp_past_a_deleted_maximum_walks_in_steps_off_the_loop(
         monkeypatch.setattr(e.flusher, "cache_from", 0)
         ticks, walking = 0, True
         other = asyncio.ensure_future(other_work())
-        await asyncio.sleep(0)
+        await settle(0)
         try:
             assert await e.max_timestamp(T, 0) == (302, 30_002)
         finally:

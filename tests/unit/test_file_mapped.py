@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from pathlib import Path
 
 import pytest
+from helpers import cached_pages
 
 from mqk.errors import OutOfBounds, StorageError
 from mqk.store.file.mapped_file import CACHE_DROP_ALIGN, PAGE, MappedFile, MappedFileQueue, segment_name
@@ -141,10 +141,8 @@ def test_queue_rolls_named_segments_and_finds_offsets(tmp_path: Path) -> None:
         with pytest.raises(OutOfBounds):
             q.find(-1)
         # the next segment is being created in the background before anyone needs it
-        deadline = time.monotonic() + 5
-        while not (tmp_path / "log" / segment_name(2 * SIZE)).exists():
-            assert time.monotonic() < deadline, "next segment was not pre-allocated"
-            time.sleep(0.01)
+        q._allocator._pending[2 * SIZE].result(timeout=10)
+        assert (tmp_path / "log" / segment_name(2 * SIZE)).exists()
         third = q.roll()
         assert third.start_offset == 2 * SIZE and second.is_full()
     finally:
@@ -273,20 +271,6 @@ def test_syncfs_syncs_a_filesystem_or_says_it_cannot(tmp_path: Path, monkeypatch
     assert info.value.errno == errno.EBADF
     monkeypatch.setattr(fsutil, "_syncfs", None)  # a platform without syncfs(2)
     assert fsutil.syncfs(0) is False
-
-
-def cached_pages(mf: MappedFile) -> list[bool]:
-    """Which pages of `mf` are in the page cache (mincore over its mapping)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    pages = (mf.file_size + PAGE - 1) // PAGE
-    vec = (ctypes.c_ubyte * pages)()
-    window = (ctypes.c_char * mf.file_size).from_buffer(mf.mm)
-    try:
-        assert libc.mincore(ctypes.addressof(window), mf.file_size, vec) == 0, os.strerror(ctypes.get_errno())
-    finally:
-        del window  # the buffer export would keep the mapping from closing
-    return [bool(v & 1) for v in vec]
 
 
 def _filled_queue(directory: Path, segment: int, segments: int) -> MappedFileQueue:

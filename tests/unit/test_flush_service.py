@@ -8,6 +8,7 @@ import asyncio
 import threading
 
 import pytest
+from helpers import wait_until_async
 
 from mqk.config import StoreConfig
 from mqk.errors import StorageError
@@ -27,9 +28,12 @@ class FakeLog:
         self.flushes: list[int] = []
         self.gate: threading.Event | None = None
         self.fail: OSError | None = None
+        #: set when a flush has read its target (and is about to wait at the gate, if there is one)
+        self.entered = threading.Event()
 
     def flush(self) -> int:
         target = self.max_offset
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait(5)
         if self.fail is not None:
@@ -64,7 +68,7 @@ async def test_writes_during_a_flush_ride_the_next_one(service) -> None:
     log.gate = threading.Event()
     log.max_offset = 100
     first = svc.wait_flushed(100)
-    await asyncio.sleep(0.05)  # the flusher is inside flush(100), held at the gate
+    assert await asyncio.to_thread(log.entered.wait, 10)  # the flusher is inside flush(100), held at the gate
     waiters = []
     for end in (200, 300, 400):
         log.max_offset = end
@@ -81,7 +85,7 @@ async def test_a_flush_done_elsewhere_wakes_the_waiters_it_covers(service) -> No
     log.gate = threading.Event()  # the flusher thread stays stuck in its flush
     log.max_offset = 500
     covered, beyond = svc.wait_flushed(300), svc.wait_flushed(500)
-    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(log.entered.wait, 10)
     threading.Thread(target=svc.note_flushed, args=(300,)).start()  # a checkpoint's flush, from its thread
     await asyncio.wait_for(covered, 5)
     assert not beyond.done() and svc.flushed == 300
@@ -112,11 +116,11 @@ async def test_sync_flusher_drops_the_cache_of_flushed_bytes_behind_the_kept_tai
         log.max_offset = 1100
         await asyncio.wait_for(svc.wait_flushed(1100), 5)
         # the flush covered 100 bytes (1000 -> 1100): it may drop that much and a chunk more, up to 300 behind
-        await _until(lambda: log.drops)
+        await wait_until_async(lambda: log.drops)
         assert log.drops == [(700, 800, 100 + CACHE_DROP_CHUNK)]
         log.max_offset = 1150
         await asyncio.wait_for(svc.wait_flushed(1150), 5)
-        await _until(lambda: len(log.drops) == 2)
+        await wait_until_async(lambda: len(log.drops) == 2)
         assert log.drops[1] == (800, 850, 50 + CACHE_DROP_CHUNK) and svc.cache_from == 850
     finally:
         await svc.stop()
@@ -151,13 +155,6 @@ async def test_async_flush_drops_behind_the_kept_tail_a_flush_at_a_time() -> Non
         await svc.stop()
 
 
-async def _until(condition, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 async def test_async_kick_flushes_before_the_interval_and_only_with_drops_on() -> None:
     log = FakeLog()
     svc = FlushService(log, StoreConfig(flush_mode="async", flush_interval_ms=60_000))
@@ -166,7 +163,7 @@ async def test_async_kick_flushes_before_the_interval_and_only_with_drops_on() -
     try:
         log.max_offset = int(svc.kick_bytes)
         svc.kick()
-        await _until(lambda: log.flushes == [log.max_offset])  # not a minute later
+        await wait_until_async(lambda: log.flushes == [log.max_offset])  # not a minute later
         assert svc.flushed == log.max_offset
     finally:
         await svc.stop()

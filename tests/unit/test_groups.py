@@ -1,12 +1,15 @@
-"""The classic group coordinator as pure logic: no sockets, real asyncio timers with short timeouts."""
+"""The classic group coordinator as pure logic: no sockets, timers on a FakeClock the tests move (a session or
+rebalance timeout is checked just before its deadline and just after it)."""
 from __future__ import annotations
 
 import asyncio
 import struct
 
 import pytest
+from helpers import OffsetsOnly, subscription
 
 from mqk import errors as E
+from mqk.clock import FakeClock, settle
 from mqk.groups.coordinator import (
     COMPLETING_REBALANCE,
     EMPTY,
@@ -15,47 +18,21 @@ from mqk.groups.coordinator import (
     GroupCoordinator,
     parse_consumer_subscription,
 )
-from mqk.store.adapter import GroupOffset
-
-
-class OffsetsOnly:
-    """The four group-offset methods of the StoreManager, kept in a dict (what the coordinator needs)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, dict[tuple[str, int], GroupOffset]] = {}
-
-    async def commit_offsets(self, group, offsets):
-        self.data.setdefault(group, {}).update(offsets)
-
-    def fetch_offsets(self, group):
-        return dict(self.data.get(group, {}))
-
-    async def delete_offsets(self, group, partitions=None):
-        if partitions is None:
-            self.data.pop(group, None)
-        else:
-            for tp in partitions:
-                self.data.get(group, {}).pop(tp, None)
-
-    def list_offset_groups(self):
-        return [g for g, o in self.data.items() if o]
-
-
-def subscription(*topics: str) -> bytes:
-    out = struct.pack(">hi", 0, len(topics))
-    for t in topics:
-        out += struct.pack(">h", len(t)) + t.encode()
-    return out + struct.pack(">i", -1)
 
 
 PROTOS = [("range", subscription("t")), ("roundrobin", subscription("t"))]
 
 
 @pytest.fixture
-def coord():
-    c = GroupCoordinator(OffsetsOnly(), min_session_timeout_ms=10, max_session_timeout_ms=60000)
+def coord(mqk_fake_clock: FakeClock):
+    c = GroupCoordinator(OffsetsOnly(), min_session_timeout_ms=10, max_session_timeout_ms=60000, clock=mqk_fake_clock)
     yield c
     c.close()
+
+
+@pytest.fixture
+def clock(coord) -> FakeClock:
+    return coord.clock
 
 
 async def join(coord, member_id="", *, protos=PROTOS, session=5000, rebalance=5000, instance=None, v4=True, **kw):
@@ -98,7 +75,7 @@ async def test_second_member_triggers_rebalance_and_both_get_leader_assignment(c
     await coord.sync("g", a.generation_id, a.member_id, {a.member_id: b"all"})
     b_first = await join(coord)
     b_task = asyncio.create_task(join(coord, b_first.member_id))
-    await asyncio.sleep(0.01)
+    await settle()
     assert coord.groups["g"].state == PREPARING_REBALANCE
     # the old member learns of the rebalance from its heartbeat, then rejoins
     assert coord.heartbeat("g", a.generation_id, a.member_id) == E.RebalanceInProgressError.code
@@ -108,8 +85,9 @@ async def test_second_member_triggers_rebalance_and_both_get_leader_assignment(c
     assert a2.leader == a.member_id == b.leader
     assert len(a2.members) == 2 and b.members == []
     b_sync = asyncio.create_task(coord.sync("g", 2, b.member_id, {}))
-    await asyncio.sleep(0.01)
-    assert not b_sync.done()  # waits for the leader's assignment
+    await settle()
+    # parked in SyncGroup until the leader's assignment arrives
+    assert coord.groups["g"].members[b.member_id].sync_future is not None and not b_sync.done()
     a_sync = await coord.sync("g", 2, a.member_id, {a.member_id: b"p0", b.member_id: b"p1"})
     assert a_sync.assignment == b"p0" and (await b_sync).assignment == b"p1"
     desc = coord.describe("g")
@@ -125,54 +103,57 @@ async def test_protocol_selection_votes_and_inconsistent_protocol(coord):
     assert bad.error == E.InconsistentGroupProtocolError.code
     b_first = await join(coord, protos=[("range", b"")])
     b_task = asyncio.create_task(join(coord, b_first.member_id, protos=[("range", b"")]))
-    await asyncio.sleep(0)
+    await settle()
     a2 = await join(coord, a.member_id, protos=[("roundrobin", b""), ("range", b"")])
     b = await b_task
     # only "range" is supported by both members
     assert a2.protocol_name == b.protocol_name == "range"
 
 
-async def test_member_not_rejoining_is_dropped_after_rebalance_timeout(coord):
+async def test_member_not_rejoining_is_dropped_after_rebalance_timeout(coord, clock):
     a = await join_new(coord, rebalance=100)
     await coord.sync("g", 1, a.member_id, {})
     b_first = await join(coord, rebalance=100)
-    started = asyncio.get_running_loop().time()
-    b = await join(coord, b_first.member_id, rebalance=100)  # a never rejoins
-    assert asyncio.get_running_loop().time() - started >= 0.09
+    b_task = asyncio.create_task(join(coord, b_first.member_id, rebalance=100))  # a never rejoins
+    await clock.advance(0.099)
+    assert not b_task.done() and coord.groups["g"].state == PREPARING_REBALANCE  # the rebalance still waits for a
+    assert a.member_id in coord.groups["g"].members
+    await clock.advance(0.001)
+    b = b_task.result()
     assert b.error == 0 and b.generation_id == 2 and b.leader == b.member_id
     assert [m[0] for m in b.members] == [b.member_id]
     assert coord.heartbeat("g", 2, a.member_id) == E.UnknownMemberIdError.code
 
 
-async def test_session_expiry_removes_member_and_empties_group(coord):
-    # wide margins (heartbeat every 50 ms against a 300 ms session): on a loaded machine a 30 ms sleep against a
-    # 50 ms session overslept into the expiry it was meant to prevent
+async def test_session_expiry_removes_member_and_empties_group(coord, clock):
     a = await join_new(coord, session=300)
     await coord.sync("g", 1, a.member_id, {})
     for _ in range(8):  # heartbeats keep it alive past its session timeout
-        await asyncio.sleep(0.05)
+        await clock.advance(0.05)
         assert coord.heartbeat("g", 1, a.member_id) == 0
-    await asyncio.sleep(0.6)
+    await clock.advance(0.299)  # the session runs from the last heartbeat
+    assert coord.groups["g"].state == STABLE and a.member_id in coord.groups["g"].members
+    await clock.advance(0.001)
     assert coord.groups["g"].state == EMPTY
     assert coord.heartbeat("g", 1, a.member_id) == E.UnknownMemberIdError.code
 
 
-async def test_session_expiry_of_one_member_rebalances_the_other(coord):
+async def test_session_expiry_of_one_member_rebalances_the_other(coord, clock):
     a = await join_new(coord, session=60, rebalance=2000)
     await coord.sync("g", 1, a.member_id, {})
     b_first = await join(coord, session=5000)
     b_task = asyncio.create_task(join(coord, b_first.member_id, session=5000))
-    await asyncio.sleep(0.01)
+    await settle()
     a2 = await join(coord, a.member_id, session=60)
     b = await b_task
     await coord.sync("g", 2, a2.member_id, {})
     await coord.sync("g", 2, b.member_id, {})
-    # a stops heartbeating; b keeps going and is told to rejoin
-    codes = []
-    for _ in range(10):
-        await asyncio.sleep(0.02)
-        codes.append(coord.heartbeat("g", 2, b.member_id))
-    assert E.RebalanceInProgressError.code in codes
+    # a stops heartbeating; b keeps going and is told to rejoin once a's session is over
+    await clock.advance(0.059)
+    assert coord.heartbeat("g", 2, b.member_id) == 0 and a.member_id in coord.groups["g"].members
+    await clock.advance(0.001)
+    assert coord.heartbeat("g", 2, b.member_id) == E.RebalanceInProgressError.code
+    assert a.member_id not in coord.groups["g"].members
     b3 = await join(coord, b.member_id, session=5000)
     assert b3.generation_id == 3 and b3.leader == b.member_id and len(b3.members) == 1
 
@@ -203,7 +184,7 @@ async def test_leave_group_rebalances_remaining_members_and_static_leave(coord):
     a = await join(coord, instance="i-a")
     await coord.sync("g", 1, a.member_id, {})
     b_task = asyncio.create_task(join(coord, instance="i-b"))
-    await asyncio.sleep(0)
+    await settle()
     a2 = await join(coord, a.member_id, instance="i-a")
     b = await b_task
     await coord.sync("g", a2.generation_id, a2.member_id, {})
@@ -288,19 +269,22 @@ def test_parse_consumer_subscription():
     assert parse_consumer_subscription(struct.pack(">hi", 0, 5)) is None
 
 
-async def test_member_whose_sync_was_abandoned_still_expires(coord):
+async def test_member_whose_sync_was_abandoned_still_expires(coord, clock):
     a = await join_new(coord, session=60)
     b_first = await join(coord, session=60)
     b_task = asyncio.create_task(join(coord, b_first.member_id, session=60))
-    await asyncio.sleep(0)
+    await settle()
     await join(coord, a.member_id, session=60)
     b = await b_task
     follower = b if b.member_id != b.leader else a
     # the follower waits in SyncGroup, then its connection drops (the request task is cancelled)
     waiting = asyncio.create_task(coord.sync("g", 2, follower.member_id, {}))
-    await asyncio.sleep(0.01)
+    await settle()
+    assert coord.groups["g"].members[follower.member_id].sync_future is not None
     waiting.cancel()
-    await asyncio.sleep(0.2)  # nobody heartbeats: both sessions expire
+    await clock.advance(0.059)  # nobody heartbeats
+    assert len(coord.groups["g"].members) == 2
+    await clock.advance(0.001)  # both sessions expire, the abandoned SyncGroup's member's too
     assert coord.groups["g"].state == EMPTY and not coord.groups["g"].members
 
 

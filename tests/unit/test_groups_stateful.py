@@ -1,7 +1,8 @@
 """The classic group coordinator driven by Hypothesis through random interleavings of what consumers do: join (old
 and new JoinGroup versions, dynamic and static members, changing protocol lists), sync, heartbeat, commit, leave,
 vanish without leaving (a crash: the session timer must clean up), and time passing past session and rebalance
-timeouts. Real asyncio timers with timeouts of tens of milliseconds.
+timeouts. Time is a FakeClock moved by the steps (sessions and rebalance timeouts of tens of milliseconds), so a
+run is deterministic and takes no wall time.
 
 Invariants checked after every step:
 - nothing the coordinator answers raises, and every error code is one a client of that call can be given;
@@ -20,9 +21,10 @@ import asyncio
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-from test_groups import OffsetsOnly, subscription
+from helpers import OffsetsOnly, subscription
 
 from mqk import errors as E
+from mqk.clock import FakeClock, settle
 from mqk.groups.coordinator import COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, GroupCoordinator
 
 GROUP = "g"
@@ -66,7 +68,9 @@ class GroupMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.coordinator = GroupCoordinator(OffsetsOnly(), min_session_timeout_ms=10, max_session_timeout_ms=60_000)
+        self.clock = FakeClock()
+        self.coordinator = GroupCoordinator(OffsetsOnly(), min_session_timeout_ms=10, max_session_timeout_ms=60_000,
+                                            clock=self.clock)
         self.clients = [Client(i) for i in range(4)]
         self.other_tasks: list[tuple[str, asyncio.Task]] = []
         self.generations: dict[int, tuple[str, str | None]] = {}  # generation -> (leader, protocol)
@@ -93,9 +97,8 @@ class GroupMachine(RuleBasedStateMachine):
     # --- driving the loop ----------------------------------------------------------------------------
 
     def _run(self, seconds: float) -> None:
-        self.loop.run_until_complete(asyncio.sleep(seconds))
-        for _ in range(3):  # let the tasks whose answers just arrived finish
-            self.loop.run_until_complete(asyncio.sleep(0))
+        """Time passes (the timers due meanwhile fire), and every task they woke runs to its next wait."""
+        self.loop.run_until_complete(self.clock.advance(seconds))
         self._harvest()
 
     def _now(self, fn, *args):
@@ -108,7 +111,7 @@ class GroupMachine(RuleBasedStateMachine):
 
     def _start(self, coro) -> asyncio.Task:
         task = self.loop.create_task(coro)
-        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.run_until_complete(settle())
         return task
 
     def _harvest(self) -> None:
@@ -300,6 +303,6 @@ class GroupMachine(RuleBasedStateMachine):
 
 TestGroupCoordinatorInterleavings = GroupMachine.TestCase
 TestGroupCoordinatorInterleavings.settings = settings(
-    max_examples=25, stateful_step_count=30, deadline=None, derandomize=True, database=None,
-    # no shrinking: every step sleeps for real, and shrinking a failure took minutes; the failing run is printed
-    phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow])
+    # fake time makes a run cheap: many more interleavings than real sleeps allowed, and failures shrink
+    max_examples=300, stateful_step_count=30, deadline=None, derandomize=True, database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=[HealthCheck.too_slow])

@@ -14,6 +14,7 @@ import pytest
 
 from mqk import errors as E
 from mqk._fast import load
+from mqk.clock import settle
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.kafka.api import ApiKey
 from mqk.protocol.kafka.codec import decode_response_frame, encode_request
@@ -99,6 +100,16 @@ async def start(store_config: StoreConfig | None = None) -> KafkaServer:
 async def stop(server: KafkaServer) -> None:
     await server.stop()
     await server.store.close()
+
+
+async def drained(wire: Wire, timeout: float = 10.0) -> None:
+    """Return once the connection has answered everything fed to it: wait for the tasks (and futures) it holds for
+    its requests, then let it write their answers; again while answering starts more."""
+    conn = wire.conn
+    while conn.pending or conn._group_tasks:
+        waiting = {task for _request, task in conn.pending} | set(conn._group_tasks)
+        await asyncio.wait_for(asyncio.wait(waiting), timeout)
+        await settle()
 
 
 def connect(server: KafkaServer) -> Wire:
@@ -208,10 +219,8 @@ async def answer_alone_and_together(bodies: list[dict], setup, store_config) -> 
                 for frame in frames:
                     wire.feed(frame)
             expected = sum(1 for body in bodies if body["acks"] != 0)
-            for _ in range(500):  # idempotent appends, topic creation and sync flushes take loop turns
-                if not wire.conn.pending and _count_frames(wire.transport.data) == expected:
-                    break
-                await asyncio.sleep(0.01)
+            await drained(wire)  # idempotent appends, topic creation and sync flushes take loop turns and threads
+            assert _count_frames(wire.transport.data) == expected
             answers = []
             for _cid, body in wire.answers():
                 for topic in body["responses"]:
@@ -308,7 +317,7 @@ async def test_a_failing_group_closes_the_connection_after_the_answers_before_it
 
     async def failing(_server, _plans, suspend: bool):
         if suspend:
-            await asyncio.sleep(0)
+            await settle(0)  # one turn of the loop: the answer is not ready at once
         raise RuntimeError("a bug in the group's answer")
 
     for suspend in (False, True):
@@ -316,8 +325,7 @@ async def test_a_failing_group_closes_the_connection_after_the_answers_before_it
         wire = connect(server)
         wire.feed(wire.frame(ApiKey.API_VERSIONS, 0, {}),
                   *(wire.frame(ApiKey.PRODUCE, 9, produce_body("t", {0: make_batch([b"x"])})) for _ in range(3)))
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await settle()
         answers = wire.answers()
         assert [cid for cid, _body in answers] == [1]  # ApiVersions, then nothing
         assert wire.transport.closed and wire.conn.closed and not wire.conn._group_tasks
@@ -335,12 +343,11 @@ async def test_a_suspended_group_is_cancelled_with_its_connection(server):
     server.grouped = {ApiKey.PRODUCE: (prepare, waiting)}
     wire = connect(server)
     wire.feed(*(wire.frame(ApiKey.PRODUCE, 9, produce_body("t", {0: make_batch([b"x"])})) for _ in range(2)))
-    await asyncio.sleep(0)
+    await settle()
     (task,) = wire.conn._group_tasks
     assert len(wire.conn.pending) == 2
     wire.conn.connection_lost(None)
-    for _ in range(3):  # the cancellation, then the task's done callback
-        await asyncio.sleep(0)
+    await settle()  # the cancellation, then the task's done callback
     assert task.cancelled() and not wire.conn._group_tasks and not wire.conn.pending
 
 
@@ -354,10 +361,7 @@ async def test_a_group_under_sync_flush_waits_for_one_flush(tmp_path):
                     for i in range(40)))
         assert wire.answers() == []  # nothing is acknowledged before its flush
         assert len(calls) == 1 and len(wire.conn._group_tasks) == 1
-        for _ in range(200):
-            if len(wire.transport.data) and not wire.conn.pending:
-                break
-            await asyncio.sleep(0.01)
+        await drained(wire)
         answers = wire.answers()
         assert len(answers) == 40 and all(parts_of(body)[0][2] == 0 for _cid, body in answers)
         assert [parts_of(body)[0][3] for _cid, body in answers] == [i // 8 for i in range(40)]

@@ -7,6 +7,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from helpers import wait_until_async
 
 from mqk.cli import SurvivorFreezer
 from mqk.config import StoreConfig
@@ -138,7 +139,7 @@ def test_connections_closed_under_uvloop_leave_no_cycles(freezer, tmp_path):
             gc.collect()  # the freezer freezes the open connections
             for client in clients:
                 await client.close()
-            await asyncio.sleep(0.2)  # the server sees the closes
+            await wait_until_async(lambda: not runtime.kafka.connections, what="the server to see the closes")
             gc.unfreeze()
             gc.set_debug(gc.DEBUG_SAVEALL)
             try:

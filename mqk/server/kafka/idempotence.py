@@ -15,6 +15,16 @@ the first time a partition is produced to after a start, the tail of its log (`T
 and every batch with a producer id rebuilds that producer's sequence window — the batches are the truth.
 A producer whose id predates this start but which has no batch in that tail is accepted at any sequence
 (its state cannot be known), while a producer id allocated since this start must begin at sequence 0.
+
+Expiry (Kafka's `producer.id.expiration.ms`, its default of one day): a producer that has written nothing to a
+partition for that long is forgotten there, so the state of producers that come and go does not grow without
+bound. Idleness is measured on the injected `Clock` (the broker's receive time of the producer's last batch; Kafka
+reads the batch's own timestamp, which a client clock can skew), swept at most every
+`producer.id.expiration.check.interval.ms` (ten minutes) from the produce path. A forgotten producer is like one
+whose state predates this start: any sequence is accepted from it, as Kafka accepts it. A partition keeps only the
+highest id it forgot, and gives that benefit to every unknown id up to it (an id allocated this run that first
+writes to the partition after a higher one expired there is not held to sequence 0: the one case where the check
+is looser than without expiry, and as loose as Kafka's).
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ from typing import Any
 
 from mqk import errors as E
 from mqk._fast import load
+from mqk.clock import SYSTEM_CLOCK, Clock
 
 recbatch = load("recbatch")
 log = logging.getLogger("mqk.kafka.idempotence")
@@ -36,6 +47,9 @@ CACHED_BATCHES = 5
 TAIL_RECORDS = 100_000
 TAIL_READ_BYTES = 64 * 1024 * 1024
 SEQ_MOD = 1 << 31  # sequences wrap from Int32.MaxValue to 0
+#: Kafka's producer.id.expiration.ms and producer.id.expiration.check.interval.ms defaults
+PRODUCER_ID_EXPIRATION_MS = 86_400_000
+EXPIRATION_CHECK_INTERVAL_MS = 600_000
 
 
 def add_seq(seq: int, delta: int) -> int:
@@ -56,6 +70,8 @@ class BatchEntry:
 class ProducerEntry:
     epoch: int
     batches: deque[BatchEntry] = field(default_factory=lambda: deque(maxlen=CACHED_BATCHES))
+    #: clock time (epoch ms) of the producer's last batch here, or of the tail scan that found it
+    last_ms: int = 0
 
 
 @dataclass
@@ -69,12 +85,18 @@ class Decision:
 
 
 class ProducerStates:
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, clock: Clock = SYSTEM_CLOCK,
+                 expiration_ms: int = PRODUCER_ID_EXPIRATION_MS) -> None:
         self.store = store
+        self.clock = clock
+        self.expiration_ms = expiration_ms
         self.next_id = 0
         self.block_end = 0
         self.first_id_this_run = 0
         self.partitions: dict[tuple[str, int], dict[int, ProducerEntry]] = {}
+        #: per partition, the highest producer id expired there (see the module docstring)
+        self.forgotten: dict[tuple[str, int], int] = {}
+        self._next_sweep_ms = 0
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
         self._alloc_lock = asyncio.Lock()
 
@@ -108,13 +130,17 @@ class ProducerStates:
     async def begin(
         self, topic: str, partition: int, producer_id: int, epoch: int, first_seq: int, last_offset_delta: int
     ) -> Decision:
+        now = self.clock.time_ms()
+        if now >= self._next_sweep_ms:
+            self.expire(now)
         producers = self.partitions.get((topic, partition))
         if producers is None:
             producers = await self._load(topic, partition)
         last_seq = add_seq(first_seq, last_offset_delta)
         producer = producers.get(producer_id)
         if producer is None:
-            if first_seq != 0 and producer_id >= self.first_id_this_run:
+            if (first_seq != 0 and producer_id >= self.first_id_this_run
+                    and producer_id > self.forgotten.get((topic, partition), -1)):
                 return Decision(E.OutOfOrderSequenceNumberError.code)
             producer = producers[producer_id] = ProducerEntry(epoch)
         elif epoch < producer.epoch:
@@ -132,6 +158,7 @@ class ProducerStates:
                 return Decision(E.OutOfOrderSequenceNumberError.code)
         entry = BatchEntry(first_seq, last_seq, done=asyncio.get_running_loop().create_future())
         producer.batches.append(entry)
+        producer.last_ms = now
         return Decision(entry=entry, producer=producer)
 
     @staticmethod
@@ -166,6 +193,27 @@ class ProducerStates:
     def forget_topic(self, topic: str) -> None:
         for key in [k for k in self.partitions if k[0] == topic]:
             del self.partitions[key]
+        for key in [k for k in self.forgotten if k[0] == topic]:
+            del self.forgotten[key]
+
+    def expire(self, now_ms: int | None = None) -> int:
+        """Forget every producer idle in a partition for `expiration_ms` or longer; returns how many were. Runs
+        from `begin` once per check interval; callable directly (tests, an operator's clean-up)."""
+        now = self.clock.time_ms() if now_ms is None else now_ms
+        self._next_sweep_ms = now + EXPIRATION_CHECK_INTERVAL_MS
+        horizon = now - self.expiration_ms
+        expired = 0
+        for key, producers in self.partitions.items():
+            # a batch in flight was registered just now (last_ms), so an idle producer has none
+            stale = [pid for pid, producer in producers.items() if producer.last_ms <= horizon]
+            if stale:
+                for pid in stale:
+                    del producers[pid]
+                self.forgotten[key] = max(self.forgotten.get(key, -1), *stale)
+                expired += len(stale)
+        if expired:
+            log.info("%d idle producer(s) expired (producer.id.expiration.ms %d)", expired, self.expiration_ms)
+        return expired
 
     # --- rebuilding from the log -----------------------------------------------------------------------
 
@@ -190,6 +238,7 @@ class ProducerStates:
     async def _scan_tail(self, topic: str, partition: int, producers: dict[int, ProducerEntry]) -> None:
         start, end = self.store.offset_bounds(topic, partition)
         offset = max(start, end - TAIL_RECORDS)
+        found_at = self.clock.time_ms()  # idleness of a producer found in the tail counts from now
         while offset < end:
             result = await self.store.read(topic, partition, offset, TAIL_READ_BYTES)
             if not result.batches:
@@ -201,7 +250,7 @@ class ProducerStates:
                     continue
                 producer = producers.get(producer_id)
                 if producer is None or epoch > producer.epoch:
-                    producer = producers[producer_id] = ProducerEntry(epoch)
+                    producer = producers[producer_id] = ProducerEntry(epoch, last_ms=found_at)
                 elif epoch < producer.epoch:
                     continue
                 log_append_time = h[8] if h[5] & 0x08 else -1

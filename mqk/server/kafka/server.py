@@ -26,6 +26,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.errors import FrameTooLarge, ProtocolError
 from mqk.groups.coordinator import GroupCoordinator
@@ -51,17 +52,18 @@ class CloseConnection:
 
 
 class KafkaServer:
-    def __init__(self, config: BrokerConfig, store: Any) -> None:
+    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
         from mqk.server.kafka.handlers import GROUPED, HANDLERS
 
         self.config = config
         self.store = store
+        self.clock = clock
         self.handlers = HANDLERS
         self.grouped = GROUPED
         #: the versions ApiVersions advertises: what the codec can decode AND we have a handler for
         self.supported = {k: v for k, v in api.SUPPORTED.items() if k in HANDLERS}
-        self.groups = GroupCoordinator.from_config(config, store)
-        self.producers = ProducerStates(store)
+        self.groups = GroupCoordinator.from_config(config, store, clock=clock)
+        self.producers = ProducerStates(store, clock=clock)
         self.waiters = DataWaiters()
         #: topic id -> name, for the APIs that name topics by id (see handlers.common.topic_by_id)
         self.topic_names_by_id: dict[bytes, str] = {}

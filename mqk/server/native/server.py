@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
+from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
@@ -25,9 +26,11 @@ Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | No
 
 
 class NativeServer:
-    def __init__(self, config: BrokerConfig, store: Any) -> None:
+    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.store = store
+        #: the broker's clock, for the processors once the broker context carries it (they read the system clock)
+        self.clock = clock
         self.ctx = BrokerContext(config, store)
         self.clients = ClientManager(self.ctx)
         send = SendProcessor(self.ctx)

@@ -1,0 +1,312 @@
+"""Helpers the test suites share (plain functions and classes; the shared fixtures are in tests/conftest.py).
+
+Test modules import them by name (`from helpers import wait_until`): setup.cfg puts tests/ on pytest's
+`pythonpath`, and compat/ uses them the same way. No test module imports another test module.
+
+What lives here:
+- waiting: `wait_until` / `wait_until_async`, the one place that polls, for conditions outside the test's control
+  (a real client's rebalance, a subprocess, a worker thread); `queue_reaches`, which waits for an append through
+  the store's data listener instead. Time the broker itself measures is moved with a `FakeClock`, never waited for;
+- record batches: builders (the recbatch twin, kafka-python's own producer-side builder, snappy in both framings)
+  and an independent decoder;
+- the storage engines under test: `store_config`, `new_engine`, `Harness` (an engine plus restart);
+- Kafka request bodies for the raw client (`produce_body`, `fetch_body`) and `values_of`;
+- `OffsetsOnly` (the group-offset part of a store) and `subscription` (consumer-protocol metadata);
+- `cached_pages` (mincore over a MappedFile).
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import dataclasses
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mqk._fast import load, twin
+from mqk.config import StoreConfig
+from mqk.store.adapter import GroupOffset, StorageAdapter
+
+with warnings.catch_warnings():
+    # kafka-python 3 reads its JSON schemas with importlib.resources' deprecated legacy API at import time; the
+    # warning is attributed to importlib, so setup.cfg's `kafka.*` filter does not catch it.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+rb = twin("recbatch")
+
+# --- waiting ------------------------------------------------------------------------------------------------------
+
+#: how often `wait_until` looks again; short against every timeout given, long enough not to steal the CPU
+#: from what is being waited for
+POLL_SECONDS = 0.02
+
+
+class _Deadline:
+    def __init__(self, timeout: float, what: str) -> None:
+        self.end = time.monotonic() + timeout
+        self.timeout = timeout
+        self.what = what
+
+    def check(self) -> None:
+        if time.monotonic() >= self.end:
+            raise AssertionError(f"timed out after {self.timeout} s waiting for {self.what}")
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:
+    """Block until `condition()` is truthy and return its value; fail the test after `timeout` seconds.
+
+    For conditions that change outside this thread with no event to wait on: a real client in its own threads or
+    process, a subprocess, the broker's loop thread. Never for time the broker measures (move a FakeClock)."""
+    deadline = _Deadline(timeout, what)
+    while True:
+        value = condition()
+        if value:
+            return value
+        deadline.check()
+        time.sleep(POLL_SECONDS)  # the one synchronous poll of the suite: nothing to wait on but the condition
+
+
+async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:
+    """`wait_until` for a coroutine: the event loop keeps running while it waits (the condition usually depends
+    on it, and on a worker thread or a socket peer it serves)."""
+    deadline = _Deadline(timeout, what)
+    while True:
+        value = condition()
+        if value:
+            return value
+        deadline.check()
+        await asyncio.sleep(POLL_SECONDS)  # the one asynchronous poll of the suite (see wait_until)
+
+
+async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: float = 10.0) -> None:
+    """Return once `topic`/`queue` ends at `end` or later. Woken by the store's data listener (which engines may
+    call from their writer thread), so no polling; fails after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    reached: asyncio.Future[None] = loop.create_future()
+    listening = [True]  # the store has no remove_listener: the listener goes quiet instead
+
+    def done() -> None:
+        if not reached.done():
+            reached.set_result(None)
+
+    def listener(grown: str, queue_ends: Sequence[tuple[int, int]]) -> None:
+        if listening[0] and grown == topic and any(q == queue and e >= end for q, e in queue_ends):
+            try:
+                loop.call_soon_threadsafe(done)
+            except RuntimeError:  # the test's loop is gone: nobody waits any more
+                pass
+
+    store.add_listener(listener)
+    try:
+        if store.end_offset(topic, queue) < end:
+            try:
+                await asyncio.wait_for(reached, timeout)
+            except asyncio.TimeoutError:
+                raise AssertionError(f"{topic}/{queue} ends at {store.end_offset(topic, queue)}, not {end}, "
+                                     f"after {timeout} s") from None
+    finally:
+        listening[0] = False
+
+
+# --- record batches -----------------------------------------------------------------------------------------------
+
+
+def twin_batch(values: Sequence[bytes], base_timestamp: int = 1_000, ts_step: int = 1,
+               timestamps: Sequence[int] | None = None, keys: Sequence[bytes | None] | None = None) -> bytearray:
+    """An uncompressed batch built with the recbatch twin; record i has value values[i] and timestamp
+    timestamps[i] (or base_timestamp + i * ts_step)."""
+    if timestamps is None:
+        timestamps = [base_timestamp + i * ts_step for i in range(len(values))]
+    base_ts = timestamps[0]
+    records = b"".join(
+        rb.encode_record(i, ts - base_ts, None if keys is None else keys[i], value, [("h", b"x")])
+        for i, (ts, value) in enumerate(zip(timestamps, values)))
+    return rb.build_batch(0, base_ts, max(timestamps), records, len(values), len(values) - 1)
+
+
+def kafka_python_batch(values: Sequence[bytes], timestamps: Sequence[int], compression: int = 0) -> bytes:
+    """A batch built by kafka-python's own producer-side builder (compression: 0 none, 1 gzip, 2 snappy, 3 lz4,
+    4 zstd)."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=compression, is_transactional=False,
+                                        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i, (value, ts) in enumerate(zip(values, timestamps)):
+        builder.append(i, timestamp=ts, key=b"key-%d" % i, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def records_of(data: bytes | bytearray | memoryview) -> list[tuple[int, int, bytes | None]]:
+    """(offset, timestamp, value) of every record in a stored batch, decoded independently by kafka-python."""
+    batch = DefaultRecordBatch(bytes(data))
+    assert batch.validate_crc(), "stored batch has a bad CRC"
+    return [(r.offset, r.timestamp, r.value) for r in batch]
+
+
+def header_of(data: bytes | bytearray | memoryview) -> tuple:
+    return rb.parse_header(bytes(data), 0)
+
+
+def snappy_twin_batch(values: Sequence[bytes], timestamps: Sequence[int], xerial: bool = False) -> bytes:
+    """A snappy-compressed batch (kafka-python needs python-snappy for that; cramjam is what we have), raw or in
+    the xerial framing the Java client writes."""
+    import cramjam
+
+    base_ts = timestamps[0]
+    records = b"".join(rb.encode_record(i, ts - base_ts, b"key-%d" % i, value, [])
+                       for i, (ts, value) in enumerate(zip(timestamps, values)))
+    block = bytes(cramjam.snappy.compress_raw(records))
+    if xerial:
+        half = len(records) // 2  # two chunks, to exercise the chunk walk
+        chunks = [bytes(cramjam.snappy.compress_raw(part)) for part in (records[:half], records[half:])]
+        block = b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") * 2 + b"".join(
+            len(c).to_bytes(4, "big") + c for c in chunks)
+    return bytes(rb.build_batch(0, base_ts, max(timestamps), block, len(values), len(values) - 1, attributes=2))
+
+
+# --- the engines under test ---------------------------------------------------------------------------------------
+
+ENGINE_NAMES = ["memory", "rocksdb", "file"]
+#: the scenario suite's file engine runs with tiny CommitLog segments (and 16-unit ConsumeQueue files) so ordinary
+#: tests cross segment and file boundaries
+SMALL_SEGMENT = 4096
+
+
+def store_config(engine: str, data_dir: Path, **changes: object) -> StoreConfig:
+    base = StoreConfig(data_dir=data_dir, storage=engine, commitlog_segment_bytes=SMALL_SEGMENT, cq_units_per_file=16,
+                       flush_interval_ms=20, checkpoint_interval_ms=50)
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]  # changes are StoreConfig fields
+
+
+def new_engine(engine: str, config: StoreConfig) -> StorageAdapter:
+    if engine == "memory":
+        from mqk.store.memory import MemoryEngine
+
+        return MemoryEngine()
+    if engine == "rocksdb":
+        from mqk.store.rocksdb import RocksEngine
+
+        return RocksEngine(config, config.data_dir)
+    from mqk.store.file.engine import FileEngine
+
+    return FileEngine(config, config.data_dir)
+
+
+class Harness:
+    """An engine under test plus the means to restart it on the same data."""
+
+    def __init__(self, name: str, data_dir: Path, **config_changes: object) -> None:
+        self.name = name
+        self.config = store_config(name, data_dir, **config_changes)
+        self.engine: StorageAdapter | None = None
+
+    @property
+    def durable(self) -> bool:
+        return self.name != "memory"
+
+    async def open(self) -> StorageAdapter:
+        self.engine = new_engine(self.name, self.config)
+        await self.engine.start()
+        return self.engine
+
+    async def restart(self) -> StorageAdapter:
+        assert self.engine is not None
+        await self.engine.close()
+        return await self.open()
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.close()
+            self.engine = None
+
+
+# --- Kafka request bodies for the raw client ----------------------------------------------------------------------
+
+
+def produce_body(topic: str, batch: Any, partition: int = 0, acks: int = -1) -> dict:
+    return {"transactional_id": None, "acks": acks, "timeout_ms": 5000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": bytes(batch)}]}]}
+
+
+def fetch_body(topic: str, offset: int, partition: int = 0, max_wait_ms: int = 0, min_bytes: int = 0,
+               max_bytes: int = 1 << 20) -> dict:
+    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1,
+                 "partition_max_bytes": max_bytes}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+def raw_records(records: Any) -> bytes:
+    if records is None:
+        return b""
+    return b"".join(bytes(r) for r in records) if isinstance(records, (list, tuple)) else bytes(records)
+
+
+def values_of(records: Any) -> list[bytes]:
+    """The values of every record in a Fetch answer's `records` (bytes or a list of views), in order."""
+    recbatch = load("recbatch")
+    data = raw_records(records)
+    out = []
+    for pos, size, *_ in recbatch.scan_batches(data):
+        h = recbatch.parse_header(data, pos)
+        out += [r[4] for r in recbatch.decode_records(data[pos + 61:pos + size], h[12])]
+    return out
+
+
+# --- groups -------------------------------------------------------------------------------------------------------
+
+
+class OffsetsOnly:
+    """The four group-offset methods of the StoreManager, kept in a dict (what the group coordinator needs)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[tuple[str, int], GroupOffset]] = {}
+
+    async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
+        self.data.setdefault(group, {}).update(offsets)
+
+    def fetch_offsets(self, group: str) -> dict[tuple[str, int], GroupOffset]:
+        return dict(self.data.get(group, {}))
+
+    async def delete_offsets(self, group: str, partitions: list[tuple[str, int]] | None = None) -> None:
+        if partitions is None:
+            self.data.pop(group, None)
+        else:
+            for tp in partitions:
+                self.data.get(group, {}).pop(tp, None)
+
+    def list_offset_groups(self) -> list[str]:
+        return [g for g, o in self.data.items() if o]
+
+
+def subscription(*topics: str) -> bytes:
+    """ConsumerProtocolSubscription v0 bytes for `topics` (no user data)."""
+    import struct
+
+    out = struct.pack(">hi", 0, len(topics))
+    for t in topics:
+        out += struct.pack(">h", len(t)) + t.encode()
+    return out + struct.pack(">i", -1)
+
+
+# --- the file store's mappings ------------------------------------------------------------------------------------
+
+
+def cached_pages(mf: Any) -> list[bool]:
+    """Which pages of MappedFile `mf` are in the page cache (mincore over its mapping)."""
+    from mqk.store.file.mapped_file import PAGE
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    pages = (mf.file_size + PAGE - 1) // PAGE
+    vec = (ctypes.c_ubyte * pages)()
+    window = (ctypes.c_char * mf.file_size).from_buffer(mf.mm)
+    try:
+        assert libc.mincore(ctypes.addressof(window), mf.file_size, vec) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        del window  # the buffer export would keep the mapping from closing
+    return [bool(v & 1) for v in vec]
