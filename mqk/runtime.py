@@ -2,14 +2,26 @@
 
 Start order is store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker
 listener → name server (which advertises the broker listener's bound address). Stop runs in reverse, so no
-listener outlives the store it uses.
+listener outlives the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
+clock).
+
+This module imports the whole broker; `mqk.cli` and `mqk.testing` import it only when a broker is started.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from mqk.broker import Broker
 from mqk.config import BrokerConfig
+from mqk.server.kafka.server import KafkaServer
+from mqk.server.native.namesrv import NameServer
+from mqk.server.native.server import NativeServer
+from mqk.services.compaction import CompactionService
+from mqk.services.diskguard import DiskGuard
+from mqk.services.retention import RetentionService
+from mqk.store.manager import StoreManager
+from mqk.timer import TimerService
 
 log = logging.getLogger("mqk.runtime")
 
@@ -19,22 +31,16 @@ Address = tuple[str, int]
 class BrokerRuntime:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.store: Any = None
+        self.store: StoreManager | None = None
         self.kafka_address: Address | None = None
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
         self._parts: list[Any] = []  # started parts, stopped in reverse
-        self.retention: Any = None  # mqk.services.retention.RetentionService
-        self.diskguard: Any = None  # mqk.services.diskguard.DiskGuard
-        self.compaction: Any = None  # mqk.services.compaction.CompactionService
+        self.retention: RetentionService | None = None
+        self.diskguard: DiskGuard | None = None
+        self.compaction: CompactionService | None = None
 
     async def start(self) -> "BrokerRuntime":
-        from mqk.server.kafka.server import KafkaServer
-        from mqk.server.native.namesrv import NameServer
-        from mqk.server.native.server import NativeServer
-        from mqk.store.manager import StoreManager
-        from mqk.timer import TimerService
-
         cfg = self.config
         try:
             self.store = StoreManager(cfg.store)
@@ -42,30 +48,26 @@ class BrokerRuntime:
             timer = TimerService(cfg, self.store)
             await timer.start()
             self._parts.append(timer)
-            from mqk.services.diskguard import DiskGuard
-            from mqk.services.retention import RetentionService
-
             self.retention = RetentionService(cfg, self.store)
             await self.retention.start()
             self._parts.append(self.retention)
             self.diskguard = DiskGuard(cfg, self.store, self.retention)
             await self.diskguard.start()
             self._parts.append(self.diskguard)
-            from mqk.services.compaction import CompactionService
-
             self.compaction = CompactionService(cfg, self.store)
             await self.compaction.start()
             self._parts.append(self.compaction)
 
-            kafka = KafkaServer(cfg, self.store)
+            broker = Broker(cfg, self.store)
+            kafka = KafkaServer(cfg, self.store, broker=broker)
             self.kafka_address = await kafka.start()
             self._parts.append(kafka)
 
-            native = NativeServer(cfg, self.store)
+            native = NativeServer(cfg, self.store, broker=broker)
             self.native_address = await native.start()
             self._parts.append(native)
 
-            namesrv = NameServer(cfg, self.store, self.native_address)
+            namesrv = NameServer(cfg, self.store, self.native_address, topics=broker.topics)
             self.namesrv_address = await namesrv.start()
             self._parts.append(namesrv)
         except BaseException:
