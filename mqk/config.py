@@ -1,7 +1,8 @@
 """Configuration as frozen values, built once from a TOML file and command-line flags and passed down.
 
-No module-level mutable settings. Defaults are documented beside the field they set. `TopicConfig` holds the
-Kafka-named per-topic settings (the keys DescribeConfigs shows) plus `storage.type`, which picks the engine.
+No module-level mutable settings. Defaults are documented beside the field they set. `TopicConfig` holds a
+topic's explicitly set per-topic settings; `TOPIC_SCHEMA` describes every per-topic key (type, allowed values,
+bounds, default, whether mqk acts on it): Kafka's keys plus mqk's `storage.type` (which engine) and `index.keys`.
 """
 from __future__ import annotations
 
@@ -69,33 +70,113 @@ class StoreConfig:
             raise ValueError("cq_flush_least_pages and cq_flush_max_delay_ms must not be negative")
 
 
-#: Kafka's per-topic defaults (the values DescribeConfigs reports as DEFAULT_CONFIG).
-TOPIC_DEFAULTS: dict[str, str] = {
-    "cleanup.policy": "delete",
-    "compression.type": "producer",
-    "delete.retention.ms": "86400000",
-    "file.delete.delay.ms": "60000",
-    "flush.messages": "9223372036854775807",
-    "flush.ms": "9223372036854775807",
-    "index.interval.bytes": "4096",
-    "max.compaction.lag.ms": "9223372036854775807",
-    "max.message.bytes": "1048588",
-    "message.timestamp.type": "CreateTime",
-    "message.timestamp.after.max.ms": "3600000",  # Kafka 4.0 (KIP-1030): one hour; before that unbounded
-    "message.timestamp.before.max.ms": "9223372036854775807",
-    "min.cleanable.dirty.ratio": "0.5",
-    "min.compaction.lag.ms": "0",
-    "min.insync.replicas": "1",
-    "preallocate": "false",
-    "retention.bytes": "-1",
-    "retention.ms": "604800000",
-    "segment.bytes": "1073741824",
-    "segment.ms": "604800000",
-    "unclean.leader.election.enable": "false",
+# --- per-topic settings: the one schema -------------------------------------------------------------------
+#
+# Every per-topic key mqk knows, with its type, the values it takes and its default, in the order DescribeConfigs
+# lists them. The schema lives here, beside `TopicConfig`, because the store and the services below the broker
+# read settings through `TopicConfig.get` and need the defaults; the broker layer (mqk.broker.topic_config)
+# applies it to every creation and alteration, and each protocol's view (Kafka's DescribeConfigs, RocketMQ's
+# topic config table) is drawn from it.
+
+#: value types, named as Kafka's ConfigDef names them
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = "boolean", "string", "int", "long", "double", "list"
+_INT_MAX = (1 << 31) - 1
+_LONG_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfigKey:
+    """One per-topic setting. `choices` are the allowed values of a STRING (or the allowed items of a LIST);
+    `minimum`/`maximum` bound an INT, LONG or DOUBLE (inclusive); `acted_on` is False for a key mqk accepts and
+    shows (so Kafka tools that set it keep working) but does not act on: one replica, no preallocation, flushing
+    set broker-wide (`StoreConfig.flush_mode`), a log layout of its own. `refusal_note` is added to the message
+    refusing a value outside `choices`."""
+
+    name: str
+    type: str
+    default: str
+    choices: tuple[str, ...] | None = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    acted_on: bool = True
+    refusal_note: str = ""
+
+    def check(self, value: str) -> str | None:
+        """Why `value` is not acceptable for this key, or None if it is."""
+        key, kind = self.name, self.type
+        try:
+            if kind == INT or kind == LONG:
+                number: int | float = int(value)
+                if not self._in_range(number):
+                    return f"{key}={value} is out of range"
+            elif kind == DOUBLE:
+                number = float(value)
+                if not self._in_range(number):  # NaN is in no range
+                    return f"{key}={value} is out of range"
+            elif kind == BOOLEAN:
+                if value.lower() not in ("true", "false"):
+                    return f"{key} must be true or false"
+            elif kind == LIST:
+                items = [p.strip() for p in value.split(",") if p.strip()]
+                if not items or (self.choices is not None and any(p not in self.choices for p in items)):
+                    return f"{key} must be a list of {' and '.join(self.choices or ())}"
+                return None
+        except ValueError:
+            return f"{key}={value!r} is not a number"
+        if self.choices is not None and value not in self.choices:
+            return f"{key} must be one of {sorted(self.choices)}{self.refusal_note}"
+        return None
+
+    def _in_range(self, number: int | float) -> bool:
+        low = self.minimum if self.minimum is not None else -float("inf")
+        high = self.maximum if self.maximum is not None else float("inf")
+        return low <= number <= high
+
+
+def _key(name: str, kind: str, default: str, **kw: Any) -> TopicConfigKey:
+    if kind in (INT, LONG) and "minimum" not in kw:
+        kw["minimum"] = 0
+    if kind == INT:
+        kw.setdefault("maximum", _INT_MAX)
+    elif kind == LONG:
+        kw.setdefault("maximum", _LONG_MAX)
+    return TopicConfigKey(name, kind, default, **kw)
+
+
+_NEVER = str(_LONG_MAX)  # Kafka's "no limit" default (Long.MAX_VALUE)
+
+#: the per-topic keys: Kafka's (with Kafka's defaults) and mqk's own `storage.type` (which engine; fixed at creation)
+#: and `index.keys` (keep the key index of the file engine for this topic)
+TOPIC_SCHEMA: dict[str, TopicConfigKey] = {k.name: k for k in (
+    _key("cleanup.policy", LIST, "delete", choices=("delete", "compact")),
+    _key("compression.type", STRING, "producer", choices=("producer",),
+         refusal_note=" (mqk stores batches as the producer compressed them)"),
+    _key("delete.retention.ms", LONG, "86400000"),
+    _key("file.delete.delay.ms", LONG, "60000", acted_on=False),
+    _key("flush.messages", LONG, _NEVER, acted_on=False),
+    _key("flush.ms", LONG, _NEVER, acted_on=False),
+    _key("index.interval.bytes", INT, "4096", acted_on=False),
+    _key("max.compaction.lag.ms", LONG, _NEVER),
+    _key("max.message.bytes", INT, "1048588"),
+    _key("message.timestamp.type", STRING, "CreateTime", choices=("CreateTime", "LogAppendTime")),
+    _key("message.timestamp.after.max.ms", LONG, "3600000"),  # Kafka 4.0 (KIP-1030): one hour
+    _key("message.timestamp.before.max.ms", LONG, _NEVER),
+    _key("min.cleanable.dirty.ratio", DOUBLE, "0.5", minimum=0.0, maximum=1.0),
+    _key("min.compaction.lag.ms", LONG, "0"),
+    _key("min.insync.replicas", INT, "1", minimum=1, acted_on=False),
+    _key("preallocate", BOOLEAN, "false", acted_on=False),
+    _key("retention.bytes", LONG, "-1", minimum=-1),
+    _key("retention.ms", LONG, "604800000", minimum=-1),
+    _key("segment.bytes", INT, "1073741824", minimum=14),
+    _key("segment.ms", LONG, "604800000", acted_on=False),
+    _key("unclean.leader.election.enable", BOOLEAN, "false", acted_on=False),
     # mqk's own
-    "storage.type": "",
-    "index.keys": "false",
-}
+    _key("storage.type", STRING, "", choices=(*ENGINES, "")),
+    _key("index.keys", BOOLEAN, "false"),
+)}
+
+#: each key's default (the values DescribeConfigs reports as DEFAULT_CONFIG)
+TOPIC_DEFAULTS: dict[str, str] = {name: key.default for name, key in TOPIC_SCHEMA.items()}
 
 
 @dataclass(frozen=True)

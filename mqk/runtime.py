@@ -2,19 +2,31 @@
 
 Start order is store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker
 listener → name server (which advertises the broker listener's bound address). Stop runs in reverse, so no
-listener outlives the store it uses.
+listener outlives the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
+clock).
 
 The runtime owns the broker's `Clock` (the system clock unless one is passed in, as tests pass a `FakeClock`) and
 hands it to every part that reads time or waits for it: the timer, retention, the disk guard, compaction, and
-through the servers the group coordinator and the producer-id state.
+through the broker the servers, the group coordinator and the producer-id state.
+
+This module imports the whole broker; `mqk.cli` and `mqk.testing` import it only when a broker is started.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from mqk.broker import Broker
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
+from mqk.server.kafka.server import KafkaServer
+from mqk.server.native.namesrv import NameServer
+from mqk.server.native.server import NativeServer
+from mqk.services.compaction import CompactionService
+from mqk.services.diskguard import DiskGuard
+from mqk.services.retention import RetentionService
+from mqk.store.manager import StoreManager
+from mqk.timer import TimerService
 
 log = logging.getLogger("mqk.runtime")
 
@@ -25,25 +37,19 @@ class BrokerRuntime:
     def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.clock = clock
-        self.store: Any = None
+        self.store: StoreManager | None = None
         self.kafka_address: Address | None = None
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
         self._parts: list[Any] = []  # started parts, stopped in reverse
-        self.timer: Any = None  # mqk.timer.TimerService
-        self.kafka: Any = None  # mqk.server.kafka.server.KafkaServer (its group coordinator: .groups)
-        self.native: Any = None  # mqk.server.native.server.NativeServer
-        self.retention: Any = None  # mqk.services.retention.RetentionService
-        self.diskguard: Any = None  # mqk.services.diskguard.DiskGuard
-        self.compaction: Any = None  # mqk.services.compaction.CompactionService
+        self.timer: TimerService | None = None
+        self.kafka: KafkaServer | None = None  # (its group coordinator: .groups)
+        self.native: NativeServer | None = None
+        self.retention: RetentionService | None = None
+        self.diskguard: DiskGuard | None = None
+        self.compaction: CompactionService | None = None
 
     async def start(self) -> "BrokerRuntime":
-        from mqk.server.kafka.server import KafkaServer
-        from mqk.server.native.namesrv import NameServer
-        from mqk.server.native.server import NativeServer
-        from mqk.store.manager import StoreManager
-        from mqk.timer import TimerService
-
         cfg = self.config
         try:
             self.store = StoreManager(cfg.store)
@@ -51,30 +57,26 @@ class BrokerRuntime:
             self.timer = TimerService(cfg, self.store, clock=self.clock)
             await self.timer.start()
             self._parts.append(self.timer)
-            from mqk.services.diskguard import DiskGuard
-            from mqk.services.retention import RetentionService
-
             self.retention = RetentionService(cfg, self.store, clock=self.clock)
             await self.retention.start()
             self._parts.append(self.retention)
             self.diskguard = DiskGuard(cfg, self.store, self.retention, clock=self.clock)
             await self.diskguard.start()
             self._parts.append(self.diskguard)
-            from mqk.services.compaction import CompactionService
-
             self.compaction = CompactionService(cfg, self.store, clock=self.clock)
             await self.compaction.start()
             self._parts.append(self.compaction)
 
-            self.kafka = KafkaServer(cfg, self.store, clock=self.clock)
+            broker = Broker(cfg, self.store, self.clock)
+            self.kafka = KafkaServer(cfg, self.store, broker=broker)
             self.kafka_address = await self.kafka.start()
             self._parts.append(self.kafka)
 
-            self.native = NativeServer(cfg, self.store, clock=self.clock)
+            self.native = NativeServer(cfg, self.store, broker=broker)
             self.native_address = await self.native.start()
             self._parts.append(self.native)
 
-            namesrv = NameServer(cfg, self.store, self.native_address)
+            namesrv = NameServer(cfg, self.store, self.native_address, topics=broker.topics)
             self.namesrv_address = await namesrv.start()
             self._parts.append(namesrv)
         except BaseException:

@@ -20,6 +20,10 @@ holds shards (an older data dir, a lost config), those topics are adopted with d
 
 Metadata changes are written before the engines act on them, under one admin lock, so a crash leaves at worst a
 topic whose shards are recreated or deleted at the next start.
+
+Topic names and settings are the broker's policy (mqk.broker.topics checks them before calling here); the store
+refuses only what it cannot hold: a partition count outside [1, MAX_QUEUES], an unknown engine, a storage.type
+change, and whatever name an engine cannot store (a file engine's directory name).
 """
 from __future__ import annotations
 
@@ -37,7 +41,6 @@ from mqk.errors import (
     Corrupt,
     InvalidConfigError,
     InvalidPartitionsError,
-    InvalidTopicError,
     ShardExists,
     StorageError,
     UnknownShard,
@@ -60,9 +63,6 @@ from mqk.store.fsutil import atomic_write_bytes, read_json
 
 log = logging.getLogger(__name__)
 
-#: Kafka's legal topic characters plus RocketMQ's `%` and `|` (retry/DLQ topics like `%RETRY%group`)
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-%|]+$")
-MAX_TOPIC_LENGTH = 249
 #: far above any real topic; refuses absurd requests before allocating per-queue state
 MAX_QUEUES = 10_000
 _STATE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}$")
@@ -201,7 +201,6 @@ class StoreManager:
 
     async def create_topic(self, topic: str, partitions: int, config: TopicConfig | None = None) -> ShardInfo:
         config = config or TopicConfig()
-        _check_topic_name(topic)
         _check_queue_count(partitions)
         async with self._admin:
             if topic in self._topics:
@@ -507,12 +506,6 @@ class StoreManager:
             if self.persistent:
                 await asyncio.to_thread(atomic_write_bytes, path, data)
             self._states[name] = json.loads(data)
-
-
-def _check_topic_name(topic: str) -> None:
-    if (not isinstance(topic, str) or not topic or len(topic) > MAX_TOPIC_LENGTH or topic in (".", "..")
-            or not _TOPIC_RE.match(topic)):
-        raise InvalidTopicError(f"illegal topic name {topic!r}")
 
 
 def _check_queue_count(count: int) -> None:

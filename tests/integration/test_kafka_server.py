@@ -318,7 +318,7 @@ async def test_long_poll_wakes_on_new_data(broker, client):
         # waits up to a minute: an answer within receive's 10 s can only come from the wake-up
         client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=60_000, min_bytes=1))
         await client.writer.drain()
-        await wait_until_async(lambda: ("keep", 0) in broker.waiters._waiting, what="the fetch to be parked")
+        await wait_until_async(lambda: broker.broker.hub.waiting_on("keep", 0), what="the fetch to be parked")
         await produce(producer, "keep", make_batch([b"late"]))
         _, resp = await client.receive(timeout=10)
         assert values_of(resp["responses"][0]["partitions"][0]["records"]) == [b"late"]
@@ -342,7 +342,7 @@ async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is
     async with await RawKafkaClient.connect(broker.host, broker.port) as producer:
         client.send(ApiKey.FETCH, 12, body)
         await client.writer.drain()
-        await wait_until_async(lambda: ("wide", 0) in broker.waiters._waiting, what="the fetch to be parked")
+        await wait_until_async(lambda: broker.broker.hub.waiting_on("wide", 0), what="the fetch to be parked")
         assert await broker.store.delete_before("wide", 5, ends[5]) == ends[5]  # moves a log start, wakes nobody
         grown = {3: [b"three"], 7: [b"seven", b"seven-2"]}
         both = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "wide",

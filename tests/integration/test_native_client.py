@@ -6,12 +6,14 @@ by waiting for it. The clients run on real time (their rebalances and long polls
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from helpers import wait_until_async
 
-from mqk.clock import FakeClock
+from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
 from mqk.client import Message, MessageExt, MessageQueue, Producer, PullConsumer, PushConsumer, allocate_averagely
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.server.native.namesrv import NameServer
@@ -20,21 +22,37 @@ from mqk.store.manager import StoreManager
 from mqk.timer import TIMER_TOPIC, TimerService
 
 
-@pytest.fixture
-async def ns(mqk_fake_clock: FakeClock):
+@contextlib.asynccontextmanager
+async def remoting_broker(clock: Clock) -> AsyncIterator[tuple[str, StoreManager]]:
+    """A RocketMQ broker role, its name server and a timer on a memory store, all on `clock`."""
     config = BrokerConfig(native_listen=("127.0.0.1", 0), namesrv_listen=("127.0.0.1", 0),
                           store=StoreConfig(storage="memory"))
     store = StoreManager(config.store)
     await store.start()
-    timer = await TimerService(config, store, clock=mqk_fake_clock).start()
-    broker = NativeServer(config, store, clock=mqk_fake_clock)
+    timer = await TimerService(config, store, clock=clock).start()
+    broker = NativeServer(config, store, clock=clock)
     namesrv = NameServer(config, store, await broker.start())
     host, port = await namesrv.start()
-    yield f"{host}:{port}", store
-    await namesrv.stop()
-    await broker.stop()
-    await timer.stop()
-    await store.close()
+    try:
+        yield f"{host}:{port}", store
+    finally:
+        await namesrv.stop()
+        await broker.stop()
+        await timer.stop()
+        await store.close()
+
+
+@pytest.fixture
+async def ns(mqk_fake_clock: FakeClock):
+    async with remoting_broker(mqk_fake_clock) as parts:
+        yield parts
+
+
+@pytest.fixture
+async def ns_real_time():
+    """For clients that wait on the broker's own long polls and idle timeouts (the CLI helpers)."""
+    async with remoting_broker(SYSTEM_CLOCK) as parts:
+        yield parts
 
 
 def test_average_allocation_matches_rocketmq() -> None:
@@ -295,10 +313,10 @@ async def test_concurrent_push_consumption(ns) -> None:
         await consumer.stop()
 
 
-async def test_cli_helpers_produce_and_consume(ns) -> None:
+async def test_cli_helpers_produce_and_consume(ns_real_time) -> None:
     from mqk.client.tools import consume, format_message, produce_lines
 
-    namesrv, store = ns
+    namesrv, store = ns_real_time
     await store.create_topic("cli", 2)
     assert await produce_lines(namesrv, "cli", [b"k1:one", b"two", b"k3:three"], tags="t", key_separator=b":") == 3
     printed: list[str] = []

@@ -143,18 +143,18 @@ async def test_empty_queue_answers(native: Native) -> None:
 async def test_long_poll_wakes_on_new_message(native: Native) -> None:
     await native.store.create_topic("lp", 1)
     mq = MessageQueue("lp", "mqk-broker-a", 0)
-    hub = native.broker.ctx.long_poll
+    hub = native.broker.ctx.hub
     async with PullConsumer(native.ns, "cg") as consumer, Producer(native.ns) as producer:
         # suspended for a minute: an answer within the 10 s below can only come from the wake-up
         waiting = asyncio.create_task(consumer.pull(mq, 0, suspend_ms=60_000))
-        await wait_until_async(lambda: ("lp", 0) in hub._waiters, what="the pull to be parked")
+        await wait_until_async(lambda: hub.waiting_on("lp", 0), what="the pull to be parked")
         assert not waiting.done()
         await producer.send("lp", b"wake", queue_id=0)
         result = await asyncio.wait_for(waiting, 10)
         assert result.status == "FOUND" and result.messages[0].body == b"wake"
         # with nothing new, the pull is held (parked) and answered NO_NEW_MSG when its suspension is over
         nothing = asyncio.create_task(consumer.pull(mq, 1, suspend_ms=1000))
-        await wait_until_async(lambda: ("lp", 0) in hub._waiters, what="the second pull to be parked")
+        await wait_until_async(lambda: hub.waiting_on("lp", 0), what="the second pull to be parked")
         assert (await asyncio.wait_for(nothing, 10)).status == "NO_NEW_MSG"
 
 

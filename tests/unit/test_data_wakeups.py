@@ -1,4 +1,4 @@
-"""The store's data listeners that wake long polls: Kafka Fetch (DataWaiters) and native pulls (LongPollHub).
+"""The broker's wake-up hub, the store's data listener that wakes long polls (Kafka Fetch and RocketMQ pulls).
 
 The store tells a listener once per append call, with a (queue, end offset) pair per queue that grew: a Produce
 spread over many partitions wakes the waiters of each of them."""
@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from mqk.broker.hub import WIDE, WakeupHub
 from mqk.clock import settle
-from mqk.server.kafka.fetch_wait import WIDE, DataWaiters
-from mqk.server.native.context import LongPollHub
 
 
 async def test_fetch_waiters_wake_on_any_listed_partition_and_only_those() -> None:
-    waiters = DataWaiters()
+    waiters = WakeupHub()
     woken_b = asyncio.ensure_future(waiters.wait([("t", 1)], 5))
     asleep = asyncio.ensure_future(waiters.wait([("t", 2), ("u", 0)], 0.2))
     await settle()
@@ -24,7 +23,7 @@ async def test_fetch_waiters_wake_on_any_listed_partition_and_only_those() -> No
 
 
 async def test_a_wait_on_many_partitions_of_a_topic_wakes_on_any_of_them_and_leaves_nothing_registered() -> None:
-    waiters = DataWaiters()
+    waiters = WakeupHub()
     many = [("t", q) for q in range(0, 2 * WIDE, 2)]  # the even queues of t: registered once, for the topic
     wide = asyncio.ensure_future(waiters.wait(many + [("u", 0)], 5))
     other = asyncio.ensure_future(waiters.wait([("t", q) for q in range(1, 2 * WIDE, 2)], 5))  # the odd ones
@@ -49,17 +48,17 @@ async def test_a_wait_on_many_partitions_of_a_topic_wakes_on_any_of_them_and_lea
     assert waiters._wide == {} and waiters._waiting == {}
 
 
-async def test_long_poll_hub_wakes_pulls_of_every_grown_queue_from_any_thread() -> None:
-    hub = LongPollHub()
+async def test_the_hub_wakes_pulls_of_every_grown_queue_from_any_thread() -> None:
+    hub = WakeupHub()
     hub.bind(asyncio.get_running_loop())
-    pulls = [asyncio.ensure_future(hub.wait("t", q, 5)) for q in (0, 1, 2)]
+    pulls = [asyncio.ensure_future(hub.wait([("t", q)], 5)) for q in (0, 1, 2)]
     await settle()
-    hub.on_data("t", [(0, 3), (2, 9)])
+    hub.notify("t", [(0, 3), (2, 9)])
     await asyncio.wait_for(asyncio.gather(pulls[0], pulls[2]), 1)
-    await settle()  # the same thread: the wake-ups were handed out synchronously, pulls[1] is still registered
-    assert not pulls[1].done() and ("t", 1) in hub._waiters
+    await settle()  # the same thread: the wake-ups were handed out synchronously, pulls[1] is still waiting
+    assert not pulls[1].done()
     # from another thread (an engine's writer thread): the wake-up is handed to the loop
-    thread = threading.Thread(target=hub.on_data, args=("t", [(1, 4)]))
+    thread = threading.Thread(target=hub.notify, args=("t", [(1, 4)]))
     thread.start()
     thread.join()
     await asyncio.wait_for(pulls[1], 1)

@@ -1,7 +1,8 @@
-"""The Kafka listener: an asyncio Protocol per connection feeding the sans-IO codec, and the broker-wide state
-the handlers share (group coordinator, producer-id state, fetch wake-ups).
+"""The Kafka listener: an asyncio Protocol per connection feeding the sans-IO codec, and the handlers' context.
 
 What this module owns:
+- the handlers' context (`KafkaContext`): built once from the shared broker services (mqk.broker) and the
+  Kafka-only state (group coordinator, producer-id state); handlers see it, never the server;
 - framing errors and protocol errors: a negative or oversized frame, an unknown api key, an unsupported version
   (other than ApiVersions) or bytes that do not decode close *that* connection with one log line; nothing else
   is disturbed;
@@ -26,14 +27,17 @@ import logging
 from collections import deque
 from typing import Any
 
-from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.broker import Broker
+from mqk.clock import Clock
 from mqk.config import BrokerConfig
 from mqk.errors import FrameTooLarge, ProtocolError
 from mqk.groups.coordinator import GroupCoordinator
 from mqk.protocol.kafka import api
 from mqk.protocol.kafka.codec import KafkaConnectionCodec, Request, encode_response
-from mqk.server.kafka.fetch_wait import DataWaiters
+from mqk.server.kafka.context import CloseConnection, KafkaContext
+from mqk.server.kafka.handlers import GROUPED, HANDLERS
 from mqk.server.kafka.idempotence import ProducerStates
+from mqk.store.manager import StoreManager
 
 log = logging.getLogger("mqk.kafka")
 
@@ -42,34 +46,30 @@ MAX_IN_FLIGHT = 64
 #: answers are gathered into one writelines call until they reach this size (asyncio's default high-water mark)
 FLUSH_BYTES = 64 * 1024
 
-
-class CloseConnection:
-    """A handler's answer meaning "send nothing and close this connection once the earlier answers are out"
-    (Kafka does this when an acks=0 produce fails, so the producer notices and refreshes its metadata)."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+__all__ = ["FLUSH_BYTES", "MAX_IN_FLIGHT", "CloseConnection", "KafkaConnection", "KafkaServer"]
 
 
 class KafkaServer:
-    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        from mqk.server.kafka.handlers import GROUPED, HANDLERS
-
+    def __init__(self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None,
+                 clock: Clock | None = None) -> None:
+        """`broker`: the broker services shared with the other front doors (one is made for this server alone
+        when not given, on `clock` or the system clock)."""
         self.config = config
         self.store = store
-        self.clock = clock
+        self.broker = broker if broker is not None else Broker(config, store, *(() if clock is None else (clock,)))
+        if clock is not None and clock is not self.broker.clock:
+            raise ValueError("a KafkaServer runs on its broker's clock")
         self.handlers = HANDLERS
         self.grouped = GROUPED
-        #: the versions ApiVersions advertises: what the codec can decode AND we have a handler for
-        self.supported = {k: v for k, v in api.SUPPORTED.items() if k in HANDLERS}
-        self.groups = GroupCoordinator.from_config(config, store, clock=clock)
-        self.producers = ProducerStates(store, clock=clock)
-        self.waiters = DataWaiters()
-        #: topic id -> name, for the APIs that name topics by id (see handlers.common.topic_by_id)
-        self.topic_names_by_id: dict[bytes, str] = {}
-        #: id(TopicConfig) -> (config, produce limits); see handlers.produce._limits
-        self.topic_limits: dict[int, tuple] = {}
-        self.host, self.port = config.kafka_listen
+        self.groups = GroupCoordinator.from_config(config, store, clock=self.broker.clock)
+        self.producers = ProducerStates(store, clock=self.broker.clock)
+        host, port = config.kafka_listen
+        self.ctx = KafkaContext(
+            config=config, store=store, topics=self.broker.topics, groups=self.groups, producers=self.producers,
+            hub=self.broker.hub, clock=self.broker.clock,
+            # the versions ApiVersions advertises: what the codec can decode AND we have a handler for
+            supported={k: v for k, v in api.SUPPORTED.items() if k in HANDLERS},
+            node_id=config.node_id, cluster_id=config.cluster_id, host=host, port=port)
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[KafkaConnection] = set()
 
@@ -77,15 +77,27 @@ class KafkaServer:
     def node_id(self) -> int:
         return self.config.node_id
 
+    @property
+    def supported(self) -> dict[int, tuple[int, int]]:
+        return self.ctx.supported
+
+    @property
+    def host(self) -> str:
+        return self.ctx.host
+
+    @property
+    def port(self) -> int:
+        return self.ctx.port
+
     async def start(self) -> tuple[str, int]:
         await self.producers.start()
-        self.store.add_listener(self.waiters.notify)
+        self.broker.open()
         loop = asyncio.get_running_loop()
         host, port = self.config.kafka_listen
         self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True)
         sockname = self._server.sockets[0].getsockname()
         # advertise exactly what we bound (port 0 resolved), as Metadata's broker address
-        self.host, self.port = sockname[0], sockname[1]
+        self.ctx.host, self.ctx.port = sockname[0], sockname[1]
         log.info("kafka listener on %s:%d", self.host, self.port)
         return self.host, self.port
 
@@ -94,7 +106,7 @@ class KafkaServer:
             self._server.close()
         for conn in list(self.connections):
             conn.close("broker stopping", level=logging.INFO)
-        self.waiters.wake_all()
+        self.broker.release_waiters()
         self.groups.close()
         if self._server is not None:
             try:
@@ -102,9 +114,6 @@ class KafkaServer:
             except asyncio.TimeoutError:
                 log.warning("kafka listener: connections still open after 5 s at stop")
             self._server = None
-        remove = getattr(self.store, "remove_listener", None)
-        if remove is not None:
-            remove(self.waiters.notify)
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -114,12 +123,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
-        self.codec = KafkaConnectionCodec(server.config.socket_request_max_bytes, server.supported)
+        self.ctx = server.ctx
+        self.codec = KafkaConnectionCodec(server.config.socket_request_max_bytes, server.ctx.supported)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.client_host = ""
         #: (request, task) in arrival order; the head is written as soon as its task is done
-        self.pending: deque[tuple[Request, asyncio.Task]] = deque()
+        self.pending: deque[tuple[Request, asyncio.Future[Any]]] = deque()
         self.reading_paused = False
         self.writing_paused = False
         self.closed = False
@@ -175,7 +185,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if req is None:
                     break
                 grouping = grouped.get(req.api_key)
-                plan = None if grouping is None else grouping[0](self.server, req)
+                plan = None if grouping is None else grouping[0](self.ctx, req)
                 if group and (plan is None or req.api_key != group[0][0].api_key):
                     self._dispatch_group(group)  # the group ends where a request cannot join it
                     group = []
@@ -215,13 +225,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
         Task (`_resume`). Eager start also means side effects (appends) happen in request arrival order up to
         each handler's first suspension, which keeps pipelined produce requests in order."""
         handler = self.server.handlers[req.api_key]  # the codec already refused keys we cannot serve
-        self._start((req,), handler(self.server, self, req), grouped=False)
+        self._start((req,), handler(self.ctx, self, req), grouped=False)
 
     def _dispatch_group(self, group: list[tuple[Request, Any]]) -> None:
         """Answer prepared requests of one grouped API with one call (its answer per request, in order),
         started eagerly as `_dispatch` starts a handler."""
         answer = self.server.grouped[group[0][0].api_key][1]
-        self._start([req for req, _plan in group], answer(self.server, [plan for _req, plan in group]),
+        self._start([req for req, _plan in group], answer(self.ctx, [plan for _req, plan in group]),
                     grouped=True)
 
     def _start(self, reqs, coro, grouped: bool) -> None:

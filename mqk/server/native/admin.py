@@ -1,16 +1,18 @@
 """Topic administration and message queries over remoting: UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER,
 GET_ALL_TOPIC_CONFIG, QUERY_MESSAGE (by key, through the store's key index, bounded by time range and count) and
-VIEW_MESSAGE_BY_ID (the id's commit-log offset, resolved through the broker context)."""
+VIEW_MESSAGE_BY_ID (the id's commit-log offset, resolved through the broker context). Topic names and
+creation follow the broker's topic registry (mqk.broker.topics), in RocketMQ's alphabet."""
 from __future__ import annotations
 
 import json
 
+from mqk.broker.names import ROCKETMQ
 from mqk.errors import MqkError, NotSupported, StorageError, UnknownShard
 from mqk.protocol.native.codes import ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.errors import response_code_for
 from mqk.protocol.native.message import encode_message_ext
-from mqk.server.native.context import TOPIC_NAME, BrokerContext, now_ms
+from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 
 MAX_QUERY_MESSAGES = 64  # RocketMQ's defaultQueryMaxNum
@@ -22,16 +24,16 @@ class AdminProcessor:
 
     async def create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.get_str("topic", required=True) or ""
-        if not TOPIC_NAME.match(topic):
+        if not ROCKETMQ.allows(topic):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
         queues = max(cmd.get_int("readQueueNums", 0) or 0, cmd.get_int("writeQueueNums", 0) or 0, 1)
-        store = self.ctx.store
+        topics = self.ctx.topics
         try:
-            info = store.topic(topic)
+            info = topics.get(topic)
             if info is None:
-                await self.ctx.ensure_topic(topic, queues)
+                await topics.ensure(topic, queues)
             elif queues > info.queue_count:
-                await store.add_partitions(topic, queues)
+                await topics.add_partitions(topic, queues)
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         except MqkError as exc:  # the store's own refusals (too many queues, a name it rejects)
@@ -41,7 +43,7 @@ class AdminProcessor:
     async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.get_str("topic", required=True) or ""
         try:
-            await self.ctx.store.delete_topic(topic)
+            await self.ctx.topics.delete(topic)
         except UnknownShard:
             pass  # RocketMQ answers SUCCESS for a topic it does not have
         except StorageError as exc:
@@ -50,8 +52,8 @@ class AdminProcessor:
 
     async def all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         table = {name: self.ctx.topic_config(name, info.queue_count)
-                 for name, info in sorted(self.ctx.store.topics().items())}
-        body = {"topicConfigTable": table, "dataVersion": {"timestamp": now_ms(), "counter": len(table)}}
+                 for name, info in sorted(self.ctx.topics.all().items())}
+        body = {"topicConfigTable": table, "dataVersion": {"timestamp": self.ctx.now_ms(), "counter": len(table)}}
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
     async def query_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -66,14 +68,14 @@ class AdminProcessor:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"query by key is not available: {exc}")
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
-        parts = []
+        parts: list[bytes] = []
         for queue, batch in found:
             for msg in self.ctx.to_messages(topic, queue, batch):
                 if key in msg.keys and len(parts) < max_num:
                     parts.append(encode_message_ext(msg))
         if not parts:
             return cmd.response(ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
-        ext = {"indexLastUpdateTimestamp": now_ms(), "indexLastUpdatePhyoffset": 0}
+        ext = {"indexLastUpdateTimestamp": self.ctx.now_ms(), "indexLastUpdatePhyoffset": 0}
         return cmd.response(ResponseCode.SUCCESS, ext=ext, body=b"".join(parts))
 
     async def view_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 
+from mqk.broker.internal import ON_DEMAND_QUEUES, retry_topic
 from mqk.errors import MqkError
-from mqk.protocol.native.codes import RETRY_GROUP_TOPIC_PREFIX, RequestCode, ResponseCode
+from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
@@ -92,7 +92,7 @@ class ClientManager:
             return cmd.response(ResponseCode.SYSTEM_ERROR, "heartbeat body is not an object")
         client_id = str(data.get("clientID") or f"{conn.peer[0]}@{conn.id}")
         self._track(conn)
-        now = time.monotonic()
+        now = self.ctx.clock.monotonic()
         for producer in _list(data.get("producerDataSet")):
             if isinstance(producer, dict) and producer.get("groupName"):
                 self.producers.setdefault(str(producer["groupName"]), {})[client_id] = (conn, now)
@@ -118,7 +118,7 @@ class ClientManager:
             if group.message_model == "CLUSTERING":
                 # RocketMQ creates the group's retry topic when its consumers first heart-beat
                 try:
-                    await self.ctx.ensure_topic(RETRY_GROUP_TOPIC_PREFIX + name, 1)
+                    await self.ctx.ensure_topic(retry_topic(name), ON_DEMAND_QUEUES)
                 except MqkError as exc:  # e.g. a group name no topic may carry: consuming still works
                     log.warning("cannot create the retry topic of group %r: %s", name, exc)
             if changed:
@@ -162,7 +162,7 @@ class ClientManager:
     async def lock_batch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         req = _json_body(cmd)
         group, client = str(req.get("consumerGroup", "")), str(req.get("clientId", ""))
-        now = time.monotonic()
+        now = self.ctx.clock.monotonic()
         locked = []
         for mq in _list(req.get("mqSet")):
             key = _mq_key(group, mq)
@@ -218,8 +218,8 @@ class ClientManager:
 
     async def _expire_loop(self) -> None:
         while True:
-            await asyncio.sleep(10)
-            deadline = time.monotonic() - CLIENT_EXPIRY_S
+            await self.ctx.clock.sleep(10)
+            deadline = self.ctx.clock.monotonic() - CLIENT_EXPIRY_S
             for group in list(self.groups.values()):
                 for cid in [cid for cid, c in group.clients.items() if c.last_seen < deadline]:
                     log.info("consumer %s of group %s expired (no heartbeat)", cid, group.name)

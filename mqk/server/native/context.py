@@ -1,5 +1,5 @@
-"""State the broker's remoting processors share: the store, the broker's own address, long-polling waiters,
-message lookup by commit-log offset, and topic helpers (existence, auto-create, configs as RocketMQ shows them).
+"""State the broker's remoting processors share: the broker services (topic registry, wake-up hub, clock; see
+mqk.broker), the broker's own address, message lookup by commit-log offset, and RocketMQ's view of topics.
 
 Lookup by commit-log offset: RocketMQ clients name a message by it (CONSUMER_SEND_MSG_BACK, VIEW_MESSAGE_BY_ID;
 the message id carries it). A message's commit-log offset is its batch's physical offset plus the record's offset
@@ -8,102 +8,49 @@ first record of a batch (every RocketMQ-produced message: one record a batch) ne
 `read_at` cannot name is remembered in a bounded LRU: later records of a multi-record (Kafka-produced) batch, and
 messages of batches without a physical offset (compacted file batches), whose synthetic offset `resolve` can also
 decode on a miss. A miss answers "not found", which RocketMQ clients handle by re-sending the message themselves.
+
+RocketMQ's view of a topic (`topic_config`): read and write queue numbers are both the topic's partition count
+(a RocketMQ queue is a Kafka partition); perm is read+write (mqk has no per-topic permissions); the filter type
+is SINGLE_TAG (the ConsumeQueue keeps one tags code per entry); no sys flag, not ordered.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import re
-import threading
-import time
 from collections import OrderedDict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any
 
+from mqk.broker import Broker
 from mqk.config import BrokerConfig
-from mqk.errors import ShardExists, StorageError, UnknownShard
-from mqk.protocol.native.codes import (
-    DLQ_GROUP_TOPIC_PREFIX,
-    PERM_READ,
-    PERM_WRITE,
-    RETRY_GROUP_TOPIC_PREFIX,
-)
+from mqk.errors import StorageError
+from mqk.protocol.native.codes import PERM_READ, PERM_WRITE
 from mqk.protocol.native.message import MessageExt
 from mqk.protocol.native.records import batch_to_messages, synthetic_matches, synthetic_queue_offset
+from mqk.store.adapter import StoredBatch
+from mqk.store.manager import StoreManager
 
 log = logging.getLogger("mqk.native")
 
 #: ~150 bytes an entry: 100k recent messages cost ~15 MB
 LOCATION_CACHE_SIZE = 100_000
-#: RocketMQ's topic name rule widened by '.', which Kafka topic names use
-TOPIC_NAME = re.compile(r"^(?!\.{1,2}$)[%|a-zA-Z0-9_.\-]{1,249}$")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class LongPollHub:
-    """Pull requests waiting for data, woken by the store's data listener (which may run on another thread)."""
-
-    def __init__(self) -> None:
-        self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop, self._thread = loop, threading.get_ident()
-
-    def on_data(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None:
-        """The store's data listener: wake the pulls waiting on any queue of `topic` that grew."""
-        waiters = self._waiters
-        if not waiters or self._loop is None:
-            return
-        for queue, _end in queue_ends:
-            if (topic, queue) not in waiters:
-                continue
-            if threading.get_ident() == self._thread:
-                self._wake(topic, queue)
-            else:
-                try:
-                    self._loop.call_soon_threadsafe(self._wake, topic, queue)
-                except RuntimeError:  # loop closed: nobody is waiting any more
-                    return
-
-    def _wake(self, topic: str, queue: int) -> None:
-        for fut in self._waiters.pop((topic, queue), ()):
-            if not fut.done():
-                fut.set_result(None)
-
-    async def wait(self, topic: str, queue: int, timeout: float) -> None:
-        """Returns when data arrives for the queue, or after `timeout` seconds."""
-        assert self._loop is not None
-        fut = self._loop.create_future()
-        key = (topic, queue)
-        self._waiters.setdefault(key, set()).add(fut)
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                waiters.discard(fut)
-                if not waiters:
-                    del self._waiters[key]
-
-    def wake_all(self) -> None:
-        for key in list(self._waiters):
-            self._wake(*key)
 
 
 class BrokerContext:
-    def __init__(self, config: BrokerConfig, store: Any) -> None:
+    def __init__(self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None) -> None:
+        """`broker`: the broker services shared with the other front doors (one is made for this context alone
+        when not given)."""
         self.config = config
         self.store = store
+        self.broker = broker if broker is not None else Broker(config, store)
+        self.topics = self.broker.topics
+        self.hub = self.broker.hub
+        self.clock = self.broker.clock
         self.host: tuple[str, int] = config.native_listen
-        self.long_poll = LongPollHub()
         self._locations: OrderedDict[int, tuple[str, int, int]] = OrderedDict()
-        self._topic_locks: dict[str, asyncio.Lock] = {}
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds on the broker's clock."""
+        return self.clock.time_ms()
 
     # --- message locations -------------------------------------------------------------------------------
 
@@ -130,7 +77,7 @@ class BrokerContext:
         if where is not None and (allowed is None or where[0] in allowed):
             candidates.append(where)
         offset = synthetic_queue_offset(commit_offset)
-        for topic, info in self.store.topics().items():
+        for topic, info in self.topics.all().items():
             if allowed is not None and topic not in allowed:
                 continue
             for queue in range(info.queue_count):
@@ -155,7 +102,7 @@ class BrokerContext:
                 break
         return out[:max_count]
 
-    def to_messages(self, topic: str, queue: int, batch: Any, min_offset: int = 0) -> list[MessageExt]:
+    def to_messages(self, topic: str, queue: int, batch: StoredBatch, min_offset: int = 0) -> list[MessageExt]:
         phys = batch.physical_offset
         msgs = batch_to_messages(batch.data, topic, queue, batch.store_timestamp, phys, self.host, min_offset)
         for msg in msgs:
@@ -166,30 +113,14 @@ class BrokerContext:
     # --- topics ---------------------------------------------------------------------------------------------
 
     def queue_count(self, topic: str) -> int:
-        info = self.store.topic(topic)
-        return 0 if info is None else info.queue_count
+        return self.topics.queue_count(topic)
 
     async def ensure_topic(self, topic: str, queues: int) -> int:
         """Create `topic` with `queues` queues unless it exists; returns its queue count."""
-        info = self.store.topic(topic)
-        if info is not None:
-            return info.queue_count
-        lock = self._topic_locks.setdefault(topic, asyncio.Lock())
-        async with lock:
-            info = self.store.topic(topic)
-            if info is None:
-                try:
-                    info = await self.store.create_topic(topic, max(1, queues))
-                except ShardExists:
-                    info = self.store.topic(topic)
-            if info is None:
-                raise UnknownShard(f"topic {topic!r} vanished while being created")
-            return info.queue_count
+        return (await self.topics.ensure(topic, queues)).queue_count
 
     @staticmethod
-    def is_system_topic(topic: str) -> bool:
-        return topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)) or topic.startswith("mqk.")
-
-    def topic_config(self, topic: str, queues: int) -> dict[str, Any]:
+    def topic_config(topic: str, queues: int) -> dict[str, Any]:
+        """RocketMQ's TopicConfig of a topic with `queues` queues (see the module docstring)."""
         return {"topicName": topic, "readQueueNums": queues, "writeQueueNums": queues,
                 "perm": PERM_READ | PERM_WRITE, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}

@@ -1,7 +1,7 @@
 """NameServer: the RocketMQ name-server role (default 127.0.0.1:9876) for the one broker mqk runs.
 
-Routes come straight from the store's topics (a Kafka partition is a RocketMQ queue), so Kafka-created topics
-route too. GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic
+Routes come straight from the broker's topic registry (a Kafka partition is a RocketMQ queue), so Kafka-created
+topics route too. GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic
 (TBW102) while `auto_create_topics` is on: RocketMQ producers fetch its route to send to new topics, which the
 broker then creates. JSON bodies use standard JSON (quoted map keys), which fastjson and ali-ons both read.
 """
@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mqk.broker import TopicRegistry
+from mqk.broker.internal import AUTO_CREATE_KEY
 from mqk.config import BrokerConfig
 from mqk.protocol.native.codes import (
-    AUTO_CREATE_TOPIC_KEY,
     PERM_INHERIT,
     PERM_READ,
     PERM_WRITE,
@@ -21,12 +22,16 @@ from mqk.protocol.native.codes import (
 )
 from mqk.protocol.native.command import RemotingCommand
 from mqk.server.native.remoting import Connection, RemotingServer
+from mqk.store.manager import StoreManager
 
 
 class NameServer:
-    def __init__(self, config: BrokerConfig, store: Any, broker_addr: tuple[str, int]) -> None:
+    def __init__(self, config: BrokerConfig, store: StoreManager, broker_addr: tuple[str, int], *,
+                 topics: TopicRegistry | None = None) -> None:
+        """`topics`: the broker's topic registry (a registry over `store` when not given)."""
         self.config = config
         self.store = store
+        self.topics = topics if topics is not None else TopicRegistry(store, config)
         self.broker_addr = broker_addr
         self._remoting = RemotingServer(config.namesrv_listen, self.dispatch, config.native_max_frame_bytes,
                                         "rocketmq-namesrv")
@@ -56,7 +61,7 @@ class NameServer:
                     "clusterAddrTable": {self.config.cluster_id: [self.config.broker_name]}}
             return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
         if code in (RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, RequestCode.GET_TOPICS_BY_CLUSTER):
-            body = {"topicList": sorted(self.store.topics())}
+            body = {"topicList": sorted(self.topics.all())}
             return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
         if code in (RequestCode.GET_KV_CONFIG, RequestCode.GET_KV_CONFIG_BY_VALUE):
             return cmd.response(ResponseCode.QUERY_NOT_FOUND, "No config item")
@@ -67,15 +72,15 @@ class NameServer:
 
     def route_info(self, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.get_str("topic", required=True) or ""
-        info = self.store.topic(topic)
+        info = self.topics.get(topic)
         if info is not None:
             queues, perm = info.queue_count, PERM_READ | PERM_WRITE
-        elif topic == AUTO_CREATE_TOPIC_KEY and self.config.auto_create_topics:
+        elif topic == AUTO_CREATE_KEY and self.config.auto_create_topics:
             queues, perm = self.config.num_partitions, PERM_READ | PERM_WRITE | PERM_INHERIT
         else:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
                                 f"No topic route info in name server for the topic: {topic}")
-        body = {
+        body: dict[str, Any] = {
             "orderTopicConf": None,
             "queueDatas": [{"brokerName": self.config.broker_name, "readQueueNums": queues,
                             "writeQueueNums": queues, "perm": perm, "topicSysFlag": 0,

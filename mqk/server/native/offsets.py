@@ -12,7 +12,7 @@ from mqk.errors import StorageError
 from mqk.protocol.native.codes import ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.errors import response_code_for
-from mqk.server.native.context import BrokerContext, now_ms
+from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 from mqk.store.adapter import GroupOffset
 
@@ -52,7 +52,7 @@ class OffsetProcessor:
             return error
         assert offset is not None
         try:
-            await self.ctx.store.commit_offsets(group, {(topic, queue): GroupOffset(offset, "", now_ms())})
+            await self.ctx.store.commit_offsets(group, {(topic, queue): GroupOffset(offset, "", self.ctx.now_ms())})
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         return cmd.response(ResponseCode.SUCCESS)

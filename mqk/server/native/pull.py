@@ -11,14 +11,12 @@ answers (DefaultMessageStore.getMessage status → response code):
 
 Tag filtering is two-step as in RocketMQ: the store filters batches by tags code (read_by_tags, from the
 ConsumeQueue), then each message's TAGS must equal one of the subscribed tags (hash collisions). With the
-suspend flag, PULL_NOT_FOUND waits (at most the client's suspendTimeoutMillis) for the store's data listener.
+suspend flag, PULL_NOT_FOUND waits (at most the client's suspendTimeoutMillis) on the broker's wake-up hub.
 Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBrokerId.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-
 
 from mqk._fast import load
 from mqk.errors import OffsetOutOfRange, StorageError
@@ -31,10 +29,10 @@ from mqk.protocol.native.codes import (
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.errors import response_code_for
 from mqk.protocol.native.message import MessageExt, encode_message_ext
-from mqk.store.adapter import GroupOffset
 from mqk.server.native.clients import ClientManager, parse_subscription
-from mqk.server.native.context import BrokerContext, now_ms
+from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
+from mqk.store.adapter import GroupOffset
 
 cqunit = load("cqunit")
 
@@ -92,16 +90,18 @@ class PullProcessor:
             _, tags = self.clients.subscription(group, topic)
 
         if sys_flag & PULL_FLAG_COMMIT_OFFSET and commit_offset is not None and commit_offset >= 0:
-            await self.ctx.store.commit_offsets(group, {(topic, queue): GroupOffset(commit_offset, "", now_ms())})
+            committed = GroupOffset(commit_offset, "", self.ctx.now_ms())
+            await self.ctx.store.commit_offsets(group, {(topic, queue): committed})
 
-        deadline = time.monotonic() + suspend_ms / 1000
+        clock = self.ctx.clock
+        deadline = clock.monotonic() + suspend_ms / 1000
         looked_again = False
         while True:
             try:
                 result = await self.get_messages(topic, queue, offset, max_nums, tags)
             except StorageError as exc:
                 return cmd.response(response_code_for(exc), str(exc))
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock.monotonic()
             if result.code != ResponseCode.PULL_NOT_FOUND or not sys_flag & PULL_FLAG_SUSPEND or remaining <= 0:
                 break
             if self.ctx.store.end_offset(topic, queue) > offset:
@@ -112,7 +112,7 @@ class PullProcessor:
                 looked_again = True
                 continue
             looked_again = False
-            await self.ctx.long_poll.wait(topic, queue, remaining)
+            await self.ctx.hub.wait(((topic, queue),), remaining)
 
         ext = {"suggestWhichBrokerId": 0, "nextBeginOffset": result.next_offset,
                "minOffset": result.min_offset, "maxOffset": result.max_offset}

@@ -5,9 +5,10 @@ keys, so a Kafka consumer reads it and the ConsumeQueue can filter by tag. Delay
 properties) are appended like any other: the timer's put-hook on the store reroutes them.
 
 RocketMQ behaviours kept: a negative queue id picks a queue (round robin here); sending to an unknown topic
-auto-creates it (when `auto_create_topics`) with `min(defaultTopicQueueNums, num_partitions)` queues; a send to a
-retry topic whose reconsume count reached the maximum goes to the group's dead-letter topic; compressed bodies
-(sys flag bit 0, zlib) are inflated on arrival so Kafka consumers see the real body.
+creates it under the broker's auto-creation policy (mqk.broker.topics: when `auto_create_topics`, with
+`min(defaultTopicQueueNums, num_partitions)` queues; a group's retry and dead-letter topics always, with one); a
+send to a retry topic whose reconsume count reached the maximum goes to the group's dead-letter topic; compressed
+bodies (sys flag bit 0, zlib) are inflated on arrival so Kafka consumers see the real body.
 """
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ import itertools
 import zlib
 from typing import Any
 
+from mqk.broker.internal import DLQ_PREFIX, RETRY_PREFIX, dlq_topic, retry_topic
+from mqk.broker.names import ROCKETMQ
 from mqk.errors import MqkError, StorageError
 from mqk.protocol.native.codes import (
     DEFAULT_MAX_RECONSUME_TIMES,
-    DLQ_GROUP_TOPIC_PREFIX,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_MSG_REGION,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TRACE_SWITCH,
-    RETRY_GROUP_TOPIC_PREFIX,
     PROPERTY_TRANSACTION_PREPARED,
     SYSFLAG_COMPRESSED,
     SYSFLAG_TRANSACTION_MASK,
@@ -41,7 +42,7 @@ from mqk.protocol.native.message import (
     string_to_properties,
 )
 from mqk.protocol.native.records import keys_of, message_to_batch, synthetic_offset, tags_code_for
-from mqk.server.native.context import TOPIC_NAME, BrokerContext, now_ms
+from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 from mqk.server.native.transaction import TransactionService
 
@@ -73,7 +74,7 @@ class SendProcessor:
         props = string_to_properties(cmd.get_str("properties"))
         sys_flag = cmd.get_int("sysFlag", 0) or 0
         flag = cmd.get_int("flag", 0) or 0
-        born = cmd.get_int("bornTimestamp", 0) or now_ms()
+        born = cmd.get_int("bornTimestamp", 0) or self.ctx.now_ms()
         reconsume = cmd.get_int("reconsumeTimes", 0) or 0
         batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or cmd.get_bool("batch")
 
@@ -83,7 +84,7 @@ class SendProcessor:
             # refuse as a RocketMQ broker with rejectTransactionMessage does, rather than make a half message
             # visible before its commit
             return cmd.response(ResponseCode.NO_PERMISSION, "sending transaction message is forbidden")
-        if not TOPIC_NAME.match(topic):
+        if not ROCKETMQ.allows(topic):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
         body = cmd.body or b""
         if sys_flag & SYSFLAG_COMPRESSED and not batch:
@@ -96,21 +97,20 @@ class SendProcessor:
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL,
                                 f"the message body size over max value, MAX: {MAX_MESSAGE_BYTES}")
 
-        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        if topic.startswith(RETRY_PREFIX):
             max_times = cmd.get_int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
             if max_times is not None and reconsume >= max_times:
-                topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+                topic = DLQ_PREFIX + topic[len(RETRY_PREFIX):]
                 cmd.ext_fields["queueId"] = "0"
 
-        queues = self.ctx.queue_count(topic)
+        topics = self.ctx.topics
+        queues = topics.queue_count(topic)
         if queues == 0:
-            if not (self.ctx.config.auto_create_topics or self.ctx.is_system_topic(topic)):
+            if not topics.may_auto_create(topic):
                 return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-            wanted = cmd.get_int("defaultTopicQueueNums", 0) or 0
-            count = 1 if self.ctx.is_system_topic(topic) else (
-                min(wanted, self.ctx.config.num_partitions) if wanted > 0 else self.ctx.config.num_partitions)
+            count = topics.auto_create_partitions(topic, cmd.get_int("defaultTopicQueueNums", 0) or 0)
             try:
-                queues = await self.ctx.ensure_topic(topic, count)
+                queues = (await topics.ensure(topic, count)).queue_count
             except MqkError as exc:  # the store refuses the name or the count
                 return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot create topic {topic}: {exc}")
         queue = cmd.get_int("queueId", -1)
@@ -201,7 +201,7 @@ class SendProcessor:
             max_times = DEFAULT_MAX_RECONSUME_TIMES
         assert commit_offset is not None
         origin_topic = cmd.get_str("originTopic")
-        hint = None if not origin_topic else {origin_topic, RETRY_GROUP_TOPIC_PREFIX + group}
+        hint = None if not origin_topic else {origin_topic, retry_topic(group)}
         msg = await self.ctx.resolve(commit_offset, hint)
         if msg is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {commit_offset}")
@@ -210,10 +210,10 @@ class SendProcessor:
         props[PROPERTY_ORIGIN_MESSAGE_ID] = origin_id or msg.msg_id
         times = msg.reconsume_times
         if times >= max_times or delay_level < 0:
-            target = DLQ_GROUP_TOPIC_PREFIX + group
+            target = dlq_topic(group)
             props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
         else:
-            target = RETRY_GROUP_TOPIC_PREFIX + group
+            target = retry_topic(group)
             props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level if delay_level > 0 else 3 + times)
         try:
             await self.ctx.ensure_topic(target, 1)

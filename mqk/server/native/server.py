@@ -2,14 +2,15 @@
 
 Wires the processors (one per request family: send, pull, offsets, clients, admin) to request codes; an unknown
 code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. ACL ext fields (AccessKey, Signature, ...) are
-accepted and ignored: mqk has no ACL yet. The store's data listener wakes long-polling pulls.
+accepted and ignored: mqk has no ACL yet. The processors share the broker services (mqk.broker) with the Kafka
+listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
 """
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.broker import Broker
+from mqk.clock import Clock
 from mqk.config import BrokerConfig
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
@@ -21,17 +22,23 @@ from mqk.server.native.pull import PullProcessor
 from mqk.server.native.remoting import Connection, RemotingServer
 from mqk.server.native.send import SendProcessor
 from mqk.server.native.transaction import TransactionService
+from mqk.store.manager import StoreManager
 
 Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 
 class NativeServer:
-    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None,
+                 clock: Clock | None = None) -> None:
+        """`broker`: the broker services shared with the other front doors (one is made for this server alone
+        when not given, on `clock` or the system clock)."""
         self.config = config
         self.store = store
-        #: the broker's clock, for the processors once the broker context carries it (they read the system clock)
-        self.clock = clock
-        self.ctx = BrokerContext(config, store)
+        if broker is None:
+            broker = Broker(config, store, *(() if clock is None else (clock,)))
+        elif clock is not None and clock is not broker.clock:
+            raise ValueError("a NativeServer runs on its broker's clock")
+        self.ctx = BrokerContext(config, store, broker=broker)
         self.clients = ClientManager(self.ctx)
         send = SendProcessor(self.ctx)
         pull = PullProcessor(self.ctx, self.clients)
@@ -70,8 +77,7 @@ class NativeServer:
         self.address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
-        self.ctx.long_poll.bind(asyncio.get_running_loop())
-        self.store.add_listener(self.ctx.long_poll.on_data)
+        self.ctx.broker.open()
         self.address = await self._remoting.start()
         self.ctx.host = self.address
         self.clients.start()
@@ -79,7 +85,7 @@ class NativeServer:
         return self.address
 
     async def stop(self) -> None:
-        self.ctx.long_poll.wake_all()
+        self.ctx.broker.release_waiters()
         await self.transactions.stop()
         await self.clients.stop()
         await self._remoting.stop()

@@ -2,8 +2,9 @@
 half topic, END_TRANSACTION commits (re-appends it to its real topic and queue) or rolls back, and a check loop
 asks the producer group (CHECK_TRANSACTION_STATE, broker → client) about half messages left open too long.
 
-Storage: half messages live in `RMQ_SYS_TRANS_HALF_TOPIC` (their real topic and queue in `REAL_TOPIC` /
-`REAL_QID`); each commit or rollback appends one record (the half offset) to `RMQ_SYS_TRANS_OP_HALF_TOPIC`, so
+Storage: half messages live in the internal topic `RMQ_SYS_TRANS_HALF_TOPIC` (their real topic and queue in
+`REAL_TOPIC` / `REAL_QID`); each commit or rollback appends one record (the half offset) to the internal
+`RMQ_SYS_TRANS_OP_HALF_TOPIC` (both named in mqk.broker.internal), so
 the resolved set is rebuilt from the op topic at start and a commit is never applied twice. A commit writes the
 message before its op record: a crash between them may apply it again when the producer re-sends
 END_TRANSACTION after a check (at-least-once, as in RocketMQ). A half message still open after
@@ -15,6 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
+from mqk.broker.internal import ON_DEMAND_QUEUES, TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC
 from mqk.errors import MqkError, StorageError
 from mqk.protocol.native.codes import (
     PROPERTY_PRODUCER_GROUP,
@@ -30,13 +32,13 @@ from mqk.protocol.native.errors import response_code_for
 from mqk.protocol.native.message import MessageExt, encode_message_ext, encode_message_id
 from mqk.protocol.native.records import keys_of, message_to_batch, tags_code_for
 from mqk.server.native.clients import ClientManager
-from mqk.server.native.context import BrokerContext, now_ms
+from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 
 log = logging.getLogger("mqk.native")
 
-HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+HALF_TOPIC = TRANSACTION_HALF_TOPIC
+OP_TOPIC = TRANSACTION_OP_TOPIC
 COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0  # MessageSysFlag transaction types, as END_TRANSACTION sends them
 #: RocketMQ's transactionTimeOut and transactionCheckMax
 CHECK_AFTER_MS = 6_000
@@ -86,7 +88,7 @@ class TransactionService:
                       PROPERTY_TRANSACTION_PREPARED: "true"}
         try:
             for internal in (HALF_TOPIC, OP_TOPIC):
-                await self.ctx.ensure_topic(internal, 1)
+                await self.ctx.ensure_topic(internal, ON_DEMAND_QUEUES)
             result = await self.ctx.store.append(HALF_TOPIC, 0, [message_to_batch(body, half_props, born, flag, 0,
                                                                                  born_host)])
         except StorageError as exc:
@@ -136,7 +138,7 @@ class TransactionService:
         return None
 
     async def _resolve(self, half_offset: int) -> None:
-        await self.ctx.store.append(OP_TOPIC, 0, [message_to_batch(str(half_offset).encode(), {}, now_ms())])
+        await self.ctx.store.append(OP_TOPIC, 0, [message_to_batch(str(half_offset).encode(), {}, self.ctx.now_ms())])
         self.resolved.add(half_offset)
         self._checks.pop(half_offset, None)
 
@@ -144,7 +146,7 @@ class TransactionService:
 
     async def _check_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.check_interval_s)
+            await self.ctx.clock.sleep(self.check_interval_s)
             try:
                 await self.check_once()
             except (MqkError, OSError):
@@ -161,7 +163,7 @@ class TransactionService:
             offset += 1
         self._scan_from = offset  # every half message below is resolved
         asked = 0
-        deadline = now_ms() - older_than_ms
+        deadline = self.ctx.now_ms() - older_than_ms
         while offset < end:
             msgs = await self.ctx.read_messages(HALF_TOPIC, 0, offset, 256)
             if not msgs:

@@ -1,16 +1,19 @@
-"""One handler per Kafka API (or small family): `async def handler(server, conn, request) -> dict | None`.
+"""One handler per Kafka API (or small family): `async def handler(ctx, peer, request) -> dict | None`.
 
-A handler returns the response body as a dict (snake_case fields, mqk.protocol.kafka), or None when no
-response is due (Produce with acks=0). Per-topic and per-partition problems are answered with error codes;
-a handler raising means a bug, and costs only the connection it ran on.
+`ctx` is the KafkaContext (mqk.server.kafka.context: the broker's services, this broker's identity and address),
+`peer` the requesting connection as a handler may see it. A handler returns the response body as a dict
+(snake_case fields, mqk.protocol.kafka), None when no response is due (Produce with acks=0), or CloseConnection.
+Per-topic and per-partition problems are answered with error codes; a handler raising means a bug, and costs
+only the connection it ran on.
 
 `GROUPED` names the APIs whose requests arriving together on a connection are answered by one call:
-`prepare(server, request)` -> a plan, or None to take that request through its handler alone, and
-`async answer(server, plans)` -> one response body (or None) per plan, in order.
+`prepare(ctx, request)` -> a plan, or None to take that request through its handler alone, and
+`async answer(ctx, plans)` -> one response body (or None) per plan, in order.
 """
 from __future__ import annotations
 
 from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.context import Handler
 from mqk.server.kafka.handlers import (
     api_versions,
     cluster,
@@ -24,7 +27,7 @@ from mqk.server.kafka.handlers import (
     topics,
 )
 
-HANDLERS = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.PRODUCE: produce.handle,
     ApiKey.FETCH: fetch.handle,
     ApiKey.LIST_OFFSETS: list_offsets.handle,

@@ -5,9 +5,11 @@ can retry with a version we speak (the codec marks such requests `unsupported` a
 from __future__ import annotations
 
 from mqk.protocol.kafka import api
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
 
 
-async def handle(server, conn, req) -> dict:
+async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     if req.unsupported:
-        return api.api_versions_unsupported_body(server.supported)
-    return api.api_versions_body(0, server.supported)
+        return api.api_versions_unsupported_body(ctx.supported)
+    return api.api_versions_body(0, ctx.supported)

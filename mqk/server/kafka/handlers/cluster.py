@@ -7,30 +7,32 @@ mechanism list."""
 from __future__ import annotations
 
 from mqk import errors as E
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
 from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
 
 
-async def describe_cluster(server, conn, req) -> dict:
+async def describe_cluster(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     return {
         "throttle_time_ms": 0, "error_code": NONE, "error_message": None,
         "endpoint_type": req.body.get("endpoint_type", 1),
-        "cluster_id": server.config.cluster_id, "controller_id": server.node_id,
-        "brokers": [{"broker_id": server.node_id, "host": server.host, "port": server.port, "rack": None,
+        "cluster_id": ctx.cluster_id, "controller_id": ctx.node_id,
+        "brokers": [{"broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None,
                      "is_fenced": False}],
         "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
     }
 
 
-async def init_producer_id(server, conn, req) -> dict:
+async def init_producer_id(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     if b["transactional_id"] is not None:
         code, pid, epoch = E.TransactionalIdAuthorizationFailedError.code, -1, -1
     else:
         # the producer_id / producer_epoch an idempotent producer may send (v3+) ask for a fresh id, as in Kafka
-        code, pid, epoch = await server.producers.init_producer_id()
+        code, pid, epoch = await ctx.producers.init_producer_id()
     return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch,
             "ongoing_txn_producer_id": -1, "ongoing_txn_producer_epoch": -1}
 
 
-async def sasl_handshake(server, conn, req) -> dict:
+async def sasl_handshake(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     return {"error_code": E.UnsupportedSaslMechanismError.code, "mechanisms": []}

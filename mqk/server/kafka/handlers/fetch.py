@@ -4,7 +4,8 @@
   non-empty partition returns at least one whole batch even if it is larger than the limits, so a consumer
   always makes progress. A fetch offset inside a batch returns that whole batch (the client skips the head).
 - Long poll: while fewer than `min_bytes` were found and `max_wait_ms` has not elapsed, the request sleeps on the
-  store's data listener for its partitions (mqk.server.kafka.fetch_wait) and reads again when woken.
+  broker's wake-up hub for its partitions (mqk.broker.hub) and reads again when woken; the deadline is on the
+  broker's clock.
 - `records` is a list of the store's buffers (memoryviews into mapped segments for the file engine); the codec
   emits them as separate buffers for `transport.writelines`, so record bytes are never copied in Python.
 - Offsets: high watermark = end offset; last stable offset = high watermark (no transactions); log start offset.
@@ -16,9 +17,9 @@
 """
 from __future__ import annotations
 
-import time
-
 from mqk import errors as E
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
 from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id
 
 _EMPTY = b""
@@ -30,7 +31,7 @@ def _error_partition(index: int, code: int, hw: int = -1, log_start: int = -1) -
             "records": _EMPTY}
 
 
-async def handle(server, conn, req) -> dict:
+async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     body = req.body
     if body.get("session_id", 0) != 0:
         return {"throttle_time_ms": 0, "error_code": E.FetchSessionIdNotFoundError.code, "session_id": 0,
@@ -40,10 +41,10 @@ async def handle(server, conn, req) -> dict:
     plan = []
     for t in body["topics"]:
         if by_id:
-            info = topic_by_id(server, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
+            info = topic_by_id(ctx, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
             missing = E.UnknownTopicIdError.code
         else:
-            info = server.store.topic(t["topic"])
+            info = ctx.store.topic(t["topic"])
             missing = E.UnknownTopicOrPartitionError.code
         parts = [(p["partition"], p["fetch_offset"], p["partition_max_bytes"]) for p in t["partitions"]]
         plan.append((t, info, missing, parts))
@@ -52,28 +53,30 @@ async def handle(server, conn, req) -> dict:
     if max_bytes <= 0:
         max_bytes = 0x7FFFFFFF
     min_bytes = body["min_bytes"]
-    deadline = time.monotonic() + max(0, body["max_wait_ms"]) / 1000
+    clock = ctx.clock
+    deadline = clock.monotonic() + max(0, body["max_wait_ms"]) / 1000
     isolation_committed = body.get("isolation_level", 0) == 1
     watch = [(info.topic, p[0]) for _t, info, _m, parts in plan if info is not None for p in parts]
 
     responses = None
     while True:
-        responses, total, errored = await _read_all(server, plan, max_bytes, isolation_committed, responses)
+        responses, total, errored = await _read_all(ctx, plan, max_bytes, isolation_committed, responses)
         if total >= min_bytes or errored or not watch:
             break
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or conn.closed:
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0 or peer.closed:
             break
-        await server.waiters.wait(watch, remaining)
+        await ctx.hub.wait(watch, remaining)
     return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
 
 
-async def _read_all(server, plan, max_bytes: int, isolation_committed: bool, previous: list | None = None):
+async def _read_all(ctx: KafkaContext, plan: list, max_bytes: int, isolation_committed: bool,
+                    previous: list | None = None) -> tuple[list, int, bool]:
     """One pass over the request's partitions: (responses, bytes of records found, whether a partition erred).
     `previous` is the last pass of the same request, which found too little and waited: a partition it answered
     with offsets only keeps that answer (the same dict) while its offsets have not moved, so the pass after a
     wake-up costs a consumer of many partitions little more than reading the one that woke it."""
-    store = server.store
+    store = ctx.store
     responses = []
     total = 0
     errored = False
@@ -121,6 +124,7 @@ async def _read_all(server, plan, max_bytes: int, isolation_committed: bool, pre
                 out.append(_error_partition(index, code, hw, log_start))
                 errored = True
                 continue
+            data: list | bytes
             if batches:
                 data = [b.data for b in batches]
                 size = 0

@@ -1,22 +1,24 @@
 """Consumer-group APIs (classic protocol): FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
 DescribeGroups, ListGroups, DeleteGroups, OffsetDelete. Translation only: the state machine is
-`mqk.groups.coordinator.GroupCoordinator` (server.groups)."""
+`mqk.groups.coordinator.GroupCoordinator` (ctx.groups)."""
 from __future__ import annotations
 
 from mqk import errors as E
 from mqk.groups.coordinator import DEAD
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
 from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 
 
-async def find_coordinator(server, conn, req) -> dict:
+async def find_coordinator(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     body = req.body
     key_type = body.get("key_type", GROUP_KEY)
     # this broker coordinates every group; transactions are not offered (InitProducerId refuses them)
     code = NONE if key_type == GROUP_KEY else E.CoordinatorNotAvailableError.code
     message = None if code == NONE else "transactions are not supported"
-    node, host, port = (server.node_id, server.host, server.port) if code == NONE else (-1, "", -1)
+    node, host, port = (ctx.node_id, ctx.host, ctx.port) if code == NONE else (-1, "", -1)
     if req.api_version >= 4:
         return {"throttle_time_ms": 0, "coordinators": [
             {"key": key, "node_id": node, "host": host, "port": port, "error_code": code, "error_message": message}
@@ -25,9 +27,9 @@ async def find_coordinator(server, conn, req) -> dict:
             "port": port}
 
 
-async def join_group(server, conn, req) -> dict:
+async def join_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
-    result = await server.groups.join(
+    result = await ctx.groups.join(
         b["group_id"], b["member_id"], b["protocol_type"],
         [(p["name"], bytes(p["metadata"])) for p in b["protocols"]],
         session_timeout_ms=b["session_timeout_ms"],
@@ -35,7 +37,7 @@ async def join_group(server, conn, req) -> dict:
         group_instance_id=b.get("group_instance_id"),
         require_known_member_id=req.api_version >= 4,
         client_id=req.client_id or "",
-        client_host=conn.client_host,
+        client_host=peer.client_host,
     )
     return {
         "throttle_time_ms": 0,
@@ -51,9 +53,9 @@ async def join_group(server, conn, req) -> dict:
     }
 
 
-async def sync_group(server, conn, req) -> dict:
+async def sync_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
-    result = await server.groups.sync(
+    result = await ctx.groups.sync(
         b["group_id"], b["generation_id"], b["member_id"],
         {a["member_id"]: bytes(a["assignment"]) for a in b["assignments"]},
         group_instance_id=b.get("group_instance_id"),
@@ -64,29 +66,29 @@ async def sync_group(server, conn, req) -> dict:
             "protocol_name": result.protocol_name, "assignment": result.assignment}
 
 
-async def heartbeat(server, conn, req) -> dict:
+async def heartbeat(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
-    code = server.groups.heartbeat(b["group_id"], b["generation_id"], b["member_id"], b.get("group_instance_id"))
+    code = ctx.groups.heartbeat(b["group_id"], b["generation_id"], b["member_id"], b.get("group_instance_id"))
     return {"throttle_time_ms": 0, "error_code": code}
 
 
-async def leave_group(server, conn, req) -> dict:
+async def leave_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     if req.api_version >= 3:
         members = [(m["member_id"], m.get("group_instance_id")) for m in b["members"]]
     else:
         members = [(b["member_id"], None)]
-    code, per_member = server.groups.leave(b["group_id"], members)
+    code, per_member = ctx.groups.leave(b["group_id"], members)
     if req.api_version < 3 and code == NONE:
         code = per_member[0]
     return {"throttle_time_ms": 0, "error_code": code, "members": [
         {"member_id": m, "group_instance_id": i, "error_code": c} for (m, i), c in zip(members, per_member)]}
 
 
-async def describe_groups(server, conn, req) -> dict:
+async def describe_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     out = []
     for group_id in req.body["groups"]:
-        desc = server.groups.describe(group_id)
+        desc = ctx.groups.describe(group_id)
         if desc is None:
             # v6+ says GROUP_ID_NOT_FOUND; older versions answer a Dead group without error, like Kafka
             code = E.GroupIdNotFoundError.code if req.api_version >= 6 else NONE
@@ -99,27 +101,27 @@ async def describe_groups(server, conn, req) -> dict:
     return {"throttle_time_ms": 0, "groups": out}
 
 
-async def list_groups(server, conn, req) -> dict:
+async def list_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     types = {t.lower() for t in b.get("types_filter") or ()}
     if types and "classic" not in types:
         listed = []
     else:
-        listed = server.groups.list_groups(b.get("states_filter") or None)
+        listed = ctx.groups.list_groups(b.get("states_filter") or None)
     return {"throttle_time_ms": 0, "error_code": NONE, "groups": [
         {"group_id": g, "protocol_type": p, "group_state": s, "group_type": "classic"} for g, p, s in listed]}
 
 
-async def delete_groups(server, conn, req) -> dict:
+async def delete_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     results = []
     for group_id in req.body["groups_names"]:
-        results.append({"group_id": group_id, "error_code": await server.groups.delete_group(group_id)})
+        results.append({"group_id": group_id, "error_code": await ctx.groups.delete_group(group_id)})
     return {"throttle_time_ms": 0, "results": results}
 
 
-async def offset_delete(server, conn, req) -> dict:
+async def offset_delete(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
-    store = server.store
+    store = ctx.store
     wanted = []
     unknown = {}
     for t in b["topics"]:
@@ -130,7 +132,7 @@ async def offset_delete(server, conn, req) -> dict:
                 unknown[tp] = E.UnknownTopicOrPartitionError.code
             else:
                 wanted.append(tp)
-    code, per = await server.groups.delete_offsets(b["group_id"], wanted)
+    code, per = await ctx.groups.delete_offsets(b["group_id"], wanted)
     per.update(unknown)
     if code != NONE:
         return {"error_code": code, "throttle_time_ms": 0, "topics": []}

@@ -6,6 +6,8 @@ without transactions the last stable offset is the high watermark."""
 from __future__ import annotations
 
 from mqk import errors as E
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
 from mqk.server.kafka.handlers.common import NONE
 from mqk.server.kafka.handlers.metadata import LEADER_EPOCH
 
@@ -29,8 +31,8 @@ async def lookup(store, topic: str, index: int, timestamp: int) -> tuple[int, in
     return hit if hit is not None else (-1, -1)
 
 
-async def handle(server, conn, req) -> dict:
-    store = server.store
+async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+    store = ctx.store
     topics = []
     for t in req.body["topics"]:
         name = t["name"]

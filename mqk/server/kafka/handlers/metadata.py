@@ -3,23 +3,36 @@
 Topics are auto-created (broker config `auto_create_topics` and, from v4, the request's
 `allow_auto_topic_creation`). A null topic list (v1+) or an empty one in v0 means every topic; v12+ may name a
 topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). The leader epoch reported is 0 and
-never changes: there is one replica and no elections."""
+never changes: there is one replica and no elections. `is_internal` is the broker's (mqk.broker.internal): the
+timer's and RocketMQ's transaction topics."""
 from __future__ import annotations
 
+import uuid
+
 from mqk import errors as E
-from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE, ZERO_UUID, get_or_create_topic, \
-    topic_by_id, topic_uuid
+from mqk.broker.internal import is_internal
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.server.kafka.handlers.common import (
+    AUTHORIZED_OPS_OMITTED,
+    NONE,
+    ZERO_UUID,
+    get_or_create_topic,
+    topic_by_id,
+    topic_uuid,
+)
+from mqk.store.adapter import ShardInfo
 
 LEADER_EPOCH = 0
 
 
-def topic_entry(server, info) -> dict:
-    node = server.node_id
+def topic_entry(ctx: KafkaContext, info: ShardInfo) -> dict:
+    node = ctx.node_id
     return {
         "error_code": NONE,
         "name": info.topic,
         "topic_id": topic_uuid(info),
-        "is_internal": False,
+        "is_internal": is_internal(info.topic),
         "partitions": [
             {
                 "error_code": NONE,
@@ -36,17 +49,17 @@ def topic_entry(server, info) -> dict:
     }
 
 
-def _error_entry(name, topic_id, code) -> dict:
+def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> dict:
     return {"error_code": code, "name": name, "topic_id": topic_id or ZERO_UUID, "is_internal": False,
             "partitions": [], "topic_authorized_operations": AUTHORIZED_OPS_OMITTED}
 
 
-async def handle(server, conn, req) -> dict:
+async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     body = req.body
     requested = body.get("topics")
     allow_create = body.get("allow_auto_topic_creation", True)
     if requested is None or (req.api_version == 0 and not requested):
-        topics = [topic_entry(server, info) for info in server.store.topics().values()]
+        topics = [topic_entry(ctx, info) for info in ctx.topics.all().values()]
     else:
         topics = []
         for t in requested:
@@ -57,17 +70,17 @@ async def handle(server, conn, req) -> dict:
                     # null): refused as Kafka refuses it
                     topics.append(_error_entry("", topic_id, E.InvalidRequestError.code))
                     continue
-                info = topic_by_id(server, topic_id) if topic_id and topic_id != ZERO_UUID else None
-                topics.append(topic_entry(server, info) if info else
+                info = topic_by_id(ctx, topic_id) if topic_id and topic_id != ZERO_UUID else None
+                topics.append(topic_entry(ctx, info) if info else
                               _error_entry(None, topic_id, E.UnknownTopicIdError.code))
                 continue
-            code, info = await get_or_create_topic(server, name, allow_create)
-            topics.append(topic_entry(server, info) if info else _error_entry(name, None, code))
+            code, info = await get_or_create_topic(ctx, name, allow_create)
+            topics.append(topic_entry(ctx, info) if info else _error_entry(name, None, code))
     return {
         "throttle_time_ms": 0,
-        "brokers": [{"node_id": server.node_id, "host": server.host, "port": server.port, "rack": None}],
-        "cluster_id": server.config.cluster_id,
-        "controller_id": server.node_id,
+        "brokers": [{"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None}],
+        "cluster_id": ctx.cluster_id,
+        "controller_id": ctx.node_id,
         "topics": topics,
         "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
         "error_code": NONE,

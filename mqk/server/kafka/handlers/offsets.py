@@ -4,12 +4,14 @@ with UNKNOWN_TOPIC_OR_PARTITION on commit, and with offset -1 on fetch (as Kafka
 from __future__ import annotations
 
 from mqk import errors as E
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
 from mqk.server.kafka.handlers.common import NONE
 
 
-async def offset_commit(server, conn, req) -> dict:
+async def offset_commit(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
-    store = server.store
+    store = ctx.store
     wanted: dict[tuple[str, int], tuple[int, int, str | None]] = {}
     codes: dict[tuple[str, int], int] = {}
     for t in b["topics"]:
@@ -21,7 +23,7 @@ async def offset_commit(server, conn, req) -> dict:
             else:
                 wanted[tp] = (p["committed_offset"], p.get("committed_leader_epoch", -1), p["committed_metadata"])
     if wanted:
-        codes.update(await server.groups.commit_offsets(
+        codes.update(await ctx.groups.commit_offsets(
             b["group_id"], b.get("generation_id_or_member_epoch", -1), b.get("member_id", ""), wanted,
             group_instance_id=b.get("group_instance_id")))
     return {"throttle_time_ms": 0, "topics": [
@@ -31,17 +33,17 @@ async def offset_commit(server, conn, req) -> dict:
         for t in b["topics"]]}
 
 
-def _fetch_group(server, group_id: str, topics) -> list[dict]:
+def _fetch_group(ctx, group_id: str, topics) -> list[dict]:
     """Topics dicts for one group. `topics` None means every partition with a committed offset."""
     if topics is None:
-        committed = server.groups.fetch_offsets(group_id)
+        committed = ctx.groups.fetch_offsets(group_id)
         by_topic: dict[str, list] = {}
         for (topic, part), off in sorted(committed.items()):
             if off is not None:
                 by_topic.setdefault(topic, []).append(_partition(part, off))
         return [{"name": topic, "partitions": parts} for topic, parts in by_topic.items()]
     wanted = [(t["name"], p) for t in topics for p in t["partition_indexes"]]
-    committed = server.groups.fetch_offsets(group_id, wanted)
+    committed = ctx.groups.fetch_offsets(group_id, wanted)
     return [{"name": t["name"], "partitions": [_partition(p, committed.get((t["name"], p))) for p in
                                                t["partition_indexes"]]} for t in topics]
 
@@ -54,15 +56,15 @@ def _partition(index: int, off) -> dict:
             "metadata": off.metadata, "error_code": NONE}
 
 
-async def offset_fetch(server, conn, req) -> dict:
+async def offset_fetch(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     if req.api_version >= 8:
         groups = []
         for g in b["groups"]:
             code = NONE if g["group_id"] else E.InvalidGroupIdError.code
-            topics = _fetch_group(server, g["group_id"], g["topics"]) if code == NONE else []
+            topics = _fetch_group(ctx, g["group_id"], g["topics"]) if code == NONE else []
             groups.append({"group_id": g["group_id"], "topics": topics, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     if not b["group_id"]:
         return {"throttle_time_ms": 0, "topics": [], "error_code": E.InvalidGroupIdError.code}
-    return {"throttle_time_ms": 0, "topics": _fetch_group(server, b["group_id"], b["topics"]), "error_code": NONE}
+    return {"throttle_time_ms": 0, "topics": _fetch_group(ctx, b["group_id"], b["topics"]), "error_code": NONE}

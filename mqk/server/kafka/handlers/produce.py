@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from mqk import errors as E
-from mqk.config import FLUSH_SYNC
+from mqk.config import FLUSH_SYNC, TopicConfig
 from mqk.protocol.kafka import records as kafka_records
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import CloseConnection, KafkaContext, Peer
 from mqk.server.kafka.handlers.common import NONE, get_or_create_topic
-from mqk.store.adapter import AppendResult
+from mqk.store.adapter import AppendResult, ShardInfo
+from mqk.store.manager import StoreManager
 from mqk.timer.delay import DELAY_HEADER_KEYS
 
 log = logging.getLogger("mqk.kafka.produce")
@@ -66,20 +69,20 @@ class Prepared(NamedTuple):
     idempotent: list
 
 
-async def handle(server, conn, req) -> dict | None:
+async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict | None:
     """One Produce request on its own (a topic to auto-create first, or a request that arrived alone)."""
-    prepared = prepare(server, req.body)
+    prepared = prepare(ctx, req.body)
     if prepared is None:  # a topic it names does not exist (yet)
-        prepared = await _prepare_creating_topics(server, req.body)
-    return (await answer_prepared(server, [prepared]))[0]
+        prepared = await _prepare_creating_topics(ctx, req.body)
+    return (await answer_prepared(ctx, [prepared]))[0]
 
 
-def prepare_request(server, req) -> Prepared | None:
+def prepare_request(ctx: KafkaContext, req: Request) -> Prepared | None:
     """`prepare` for the connection's grouping (KafkaServer.grouped)."""
-    return prepare(server, req.body)
+    return prepare(ctx, req.body)
 
 
-def prepare(server, body: dict, missing: dict[str, int] | None = None) -> Prepared | None:
+def prepare(ctx: KafkaContext, body: dict, missing: dict[str, int] | None = None) -> Prepared | None:
     """Check a Produce request without waiting for anything: answers for what is refused, the rest planned for
     `answer_prepared`. None if a topic it names does not exist and `missing` does not say that topic's error
     code (`handle` creates the topic and prepares again)."""
@@ -92,7 +95,7 @@ def prepare(server, body: dict, missing: dict[str, int] | None = None) -> Prepar
     responses: list = []
     appends: list = []
     idempotent: list = []
-    store = server.store
+    store = ctx.store
     for topic in body["topic_data"]:
         name = topic["name"]
         info = store.topic(name)
@@ -103,7 +106,7 @@ def prepare(server, body: dict, missing: dict[str, int] | None = None) -> Prepar
             code = missing.get(name, E.UnknownTopicOrPartitionError.code)
             parts.extend(_part(p["index"], code) for p in topic["partition_data"])
         else:
-            _prepare_topic(server, name, info, topic["partition_data"], parts, appends, idempotent)
+            _prepare_topic(ctx, name, info, topic["partition_data"], parts, appends, idempotent)
         responses.append({"name": name, "partition_responses": parts})
     return Prepared(acks, responses, appends, idempotent)
 
@@ -115,30 +118,31 @@ def _refuse_all(body: dict, code: int, message: str | None = None) -> list:
             for t in body["topic_data"]]
 
 
-async def _prepare_creating_topics(server, body: dict) -> Prepared:
+async def _prepare_creating_topics(ctx: KafkaContext, body: dict) -> Prepared:
     """Create (when auto-creation allows) the topics the request names that do not exist, then prepare it; the
     topics that could not be created are answered with the reason."""
     missing: dict[str, int] = {}
     for topic in body["topic_data"]:
         name = topic["name"]
-        if server.store.topic(name) is None:
-            code, info = await get_or_create_topic(server, name)
+        if ctx.store.topic(name) is None:
+            code, info = await get_or_create_topic(ctx, name)
             if info is None:
                 missing[name] = code
-    prepared = prepare(server, body, missing)
+    prepared = prepare(ctx, body, missing)
     assert prepared is not None
     return prepared
 
 
-def _prepare_topic(server, name: str, info, partitions, parts: list, appends: list, idempotent: list) -> None:
+def _prepare_topic(ctx: KafkaContext, name: str, info: ShardInfo, partitions: Sequence[dict], parts: list,
+                   appends: list, idempotent: list) -> None:
     """One topic's partitions: an answer (error) or a None placeholder onto `parts` for each, the plain ones onto
     `appends` as one entry list, the idempotent ones onto `idempotent`."""
     # what every partition of the topic shares, looked up once per topic rather than once per partition
     queue_count = info.queue_count
-    max_batch_bytes, compacted, log_append_time, before_ms, after_ms = _limits(server, info.config)
+    max_batch_bytes, compacted, log_append_time, before_ms, after_ms = _limits(ctx, info.config)
     timestamps = None  # CreateTime: the window a record's timestamp must lie in (Kafka's LogValidator)
     if not log_append_time and (before_ms < _NO_LIMIT or after_ms < _NO_LIMIT):
-        now = time.time_ns() // 1_000_000
+        now = ctx.clock.time_ms()
         timestamps = (max(_INT64_MIN, now - before_ms), min(_INT64_MAX, now + after_ms))
     validate = kafka_records.validate_produce_records
     plain: list[tuple[int, list]] = []
@@ -185,11 +189,11 @@ def _prepare_topic(server, name: str, info, partitions, parts: list, appends: li
         appends.append((name, plain, delays, [(parts, slots)], log_append_time))
 
 
-async def answer_prepared(server, prepared: list[Prepared]) -> list:
+async def answer_prepared(ctx: KafkaContext, prepared: list[Prepared]) -> list:
     """Append what the prepared requests planned and answer each (a response body, None for acks=0, or
     CloseConnection for a failed acks=0): every topic's plain partitions of all of them in one append_many call
     (in request order), then the idempotent partitions."""
-    store = server.store
+    store = ctx.store
     if len(prepared) == 1:
         appends, idempotent = prepared[0].appends, prepared[0].idempotent
     else:
@@ -197,16 +201,16 @@ async def answer_prepared(server, prepared: list[Prepared]) -> list:
     for topic, entries, delays, answers, log_append_time in appends:
         await _append_plain(store, topic, entries, delays, answers, log_append_time)
     if idempotent:
-        if server.config.store.flush_mode == FLUSH_SYNC:
+        if ctx.config.store.flush_mode == FLUSH_SYNC:
             # under sync flush each idempotent append waits for its fsync: run them concurrently so they share the
             # group commit (one partition's batches still go one by one inside _produce_idempotent)
-            results = await asyncio.gather(*(_produce_idempotent(server, topic, index, batches, lat)
+            results = await asyncio.gather(*(_produce_idempotent(ctx, topic, index, batches, lat)
                                              for topic, index, batches, lat, _parts, _slot in idempotent))
             for (_t, _i, _b, _l, parts, slot), answer in zip(idempotent, results):
                 parts[slot] = answer
         else:
             for topic, index, batches, lat, parts, slot in idempotent:
-                parts[slot] = await _produce_idempotent(server, topic, index, batches, lat)
+                parts[slot] = await _produce_idempotent(ctx, topic, index, batches, lat)
     return [_body(p) for p in prepared]
 
 
@@ -227,27 +231,25 @@ def _merged(prepared: list[Prepared]) -> list:
     return list(by_topic.values())
 
 
-def _body(prepared: Prepared):
+def _body(prepared: Prepared) -> dict | CloseConnection | None:
     if prepared.acks == 0:
         failed = [(t["name"], p["index"], p["error_code"]) for t in prepared.responses
                   for p in t["partition_responses"] if p["error_code"]]
         if failed:
-            from mqk.server.kafka.server import CloseConnection
-
             return CloseConnection(f"acks=0 produce failed for {failed[:3]}")
         return None
     return {"responses": prepared.responses, "throttle_time_ms": 0}
 
 
-def _limits(server, config) -> tuple[int, bool, bool, int, int]:
+def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, int, int]:
     """(max batch bytes, compacted, log append time, message.timestamp.before.max.ms,
     message.timestamp.after.max.ms) of a topic config, computed once per config object (configs are frozen; a
-    changed topic gets a new one) and kept on the server."""
-    cache = server.topic_limits
+    changed topic gets a new one) and kept in the context."""
+    cache = ctx.produce_limits
     entry = cache.get(id(config))
     if entry is not None and entry[0] is config:
         return entry[1]
-    limits = (min(config.get_int("max.message.bytes"), server.config.socket_request_max_bytes),
+    limits = (min(config.get_int("max.message.bytes"), ctx.config.socket_request_max_bytes),
               config.compacted, config.log_append_time, config.get_int("message.timestamp.before.max.ms"),
               config.get_int("message.timestamp.after.max.ms"))
     if len(cache) > 10_000:
@@ -264,7 +266,7 @@ def _refused(index: int, exc: Exception) -> dict:
     return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
 
 
-async def _append_plain(store, topic: str, entries: list[tuple[int, list]], delays: list[bool],
+async def _append_plain(store: StoreManager, topic: str, entries: list[tuple[int, list]], delays: list[bool],
                         answers: list[tuple[list, list[int]]], log_append_time: bool) -> None:
     """Append the entries (partition, batches) in one call and put each partition's answer in its place: entry i
     belongs to the i-th slot of the (answer list, slots) pairs taken in order."""
@@ -288,22 +290,23 @@ async def _append_plain(store, topic: str, entries: list[tuple[int, list]], dela
                 if log_append_time:
                     answer["log_append_time_ms"] = result.log_append_time
             else:
-                parts[slot] = _storage_failure(topic, index, result)
+                parts[slot] = _storage_failure(topic, index, result)  # type: ignore[arg-type]  # not an AppendResult
 
 
-async def _produce_idempotent(server, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
-    store = server.store
+async def _produce_idempotent(ctx: KafkaContext, topic: str, index: int, batches: list,
+                              log_append_time: bool) -> dict:
+    store = ctx.store
     # idempotent producer: one batch at a time through the sequence check
     first_offset = -1
     last = None
     for batch in batches:
-        decision = await server.producers.begin(
+        decision = await ctx.producers.begin(
             topic, index, batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_offset_delta)
         if decision.error:
             return _part(index, decision.error, message="producer sequence check failed")
         if decision.duplicate is not None:
             entry = decision.duplicate
-            if not await server.producers.settle(entry):
+            if not await ctx.producers.settle(entry):
                 return _part(index, E.KafkaStorageError.code, message="the original append failed; retry")
             if first_offset < 0:
                 first_offset = entry.base_offset
@@ -312,10 +315,10 @@ async def _produce_idempotent(server, topic: str, index: int, batches: list, log
         try:
             result = await store.append(topic, index, [batch.data], delay_headers=batch.named_header)
         except Exception as exc:  # noqa: BLE001
-            server.producers.abort(decision)
+            ctx.producers.abort(decision)
             return _storage_failure(topic, index, exc)
         ts = result.log_append_time if log_append_time else -1
-        server.producers.complete(decision, result.base_offset, ts)
+        ctx.producers.complete(decision, result.base_offset, ts)
         if first_offset < 0:
             first_offset = result.base_offset
         last = (ts, result.log_start_offset)

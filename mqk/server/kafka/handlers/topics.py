@@ -6,12 +6,15 @@ from __future__ import annotations
 import uuid
 
 from mqk import errors as E
-from mqk.config import TopicConfig
-from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id, topic_uuid, valid_topic_name
-from mqk.server.kafka.handlers.configs import check_topic_configs, topic_config_entries
+from mqk.broker import topic_config
+from mqk.broker.names import KAFKA
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id, topic_uuid
+from mqk.server.kafka.handlers.configs import topic_config_entries
 
 
-async def create_topics(server, conn, req) -> dict:
+async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     names = [t["name"] for t in b["topics"]]
     results = []
@@ -29,23 +32,24 @@ async def create_topics(server, conn, req) -> dict:
         if names.count(name) > 1:
             fail(E.InvalidRequestError.code, f"topic {name!r} is named more than once in the request")
             continue
-        if not valid_topic_name(name):
-            fail(E.InvalidTopicError.code, f"illegal topic name {name!r}")
+        reason = KAFKA.error(name)
+        if reason:
+            fail(E.InvalidTopicError.code, reason)
             continue
-        if server.store.topic(name) is not None:
+        if ctx.topics.get(name) is not None:
             fail(E.TopicAlreadyExistsError.code, f"topic {name!r} already exists")
             continue
         if assignments:
             if partitions != -1 or rf != -1:
                 fail(E.InvalidRequestError.code, "give either assignments or partitions/replication factor")
                 continue
-            if any(a["broker_ids"] != [server.node_id] for a in assignments) or \
+            if any(a["broker_ids"] != [ctx.node_id] for a in assignments) or \
                     sorted(a["partition_index"] for a in assignments) != list(range(len(assignments))):
-                fail(E.InvalidReplicaAssignmentError.code, f"only broker {server.node_id} exists")
+                fail(E.InvalidReplicaAssignmentError.code, f"only broker {ctx.node_id} exists")
                 continue
             partitions = len(assignments)
         if partitions == -1:
-            partitions = server.config.num_partitions
+            partitions = ctx.config.num_partitions  # CreateTopics' default, as Kafka's num.partitions
         if partitions <= 0:
             fail(E.InvalidPartitionsError.code, f"number of partitions must be positive, not {partitions}")
             continue
@@ -54,14 +58,14 @@ async def create_topics(server, conn, req) -> dict:
                  f"replication factor {rf} is larger than the number of brokers (1)")
             continue
         overrides = {c["name"]: c["value"] for c in t["configs"]}
-        reason = check_topic_configs(overrides)
+        reason = topic_config.check_all(overrides)
         if reason:
             fail(E.InvalidConfigError.code, reason)
             continue
-        config = TopicConfig({k: v for k, v in overrides.items() if v is not None})
+        config = topic_config.config_of(overrides)
         if not b["validate_only"]:
             try:
-                info = await server.store.create_topic(name, partitions, config)
+                info = await ctx.topics.create(name, partitions, overrides, names=KAFKA)
             except Exception as exc:  # noqa: BLE001
                 fail(E.kafka_code_for(exc), str(exc))
                 continue
@@ -73,7 +77,7 @@ async def create_topics(server, conn, req) -> dict:
     return {"throttle_time_ms": 0, "topics": results}
 
 
-async def delete_topics(server, conn, req) -> dict:
+async def delete_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     targets: list[tuple[str | None, uuid.UUID]] = []
     if req.api_version >= 6:
@@ -85,33 +89,33 @@ async def delete_topics(server, conn, req) -> dict:
         entry = {"name": name, "topic_id": topic_id, "error_code": NONE, "error_message": None}
         responses.append(entry)
         if name is None:
-            info = topic_by_id(server, topic_id) if topic_id != ZERO_UUID else None
+            info = topic_by_id(ctx, topic_id) if topic_id != ZERO_UUID else None
             if info is None:
                 entry.update(error_code=E.UnknownTopicIdError.code, error_message="unknown topic id")
                 continue
             name = entry["name"] = info.topic
         else:
-            info = server.store.topic(name)
+            info = ctx.topics.get(name)
             if info is not None:
                 entry["topic_id"] = topic_uuid(info)
         try:
-            await server.store.delete_topic(name)
+            await ctx.topics.delete(name)
         except Exception as exc:  # noqa: BLE001
             entry.update(error_code=E.kafka_code_for(exc), error_message=str(exc))
             continue
-        server.producers.forget_topic(name)
-        await server.groups.forget_topic(name)
+        ctx.producers.forget_topic(name)
+        await ctx.groups.forget_topic(name)
     return {"throttle_time_ms": 0, "responses": responses}
 
 
-async def create_partitions(server, conn, req) -> dict:
+async def create_partitions(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     results = []
     for t in b["topics"]:
         name, count = t["name"], t["count"]
         entry = {"name": name, "error_code": NONE, "error_message": None}
         results.append(entry)
-        info = server.store.topic(name)
+        info = ctx.topics.get(name)
         if info is None:
             entry.update(error_code=E.UnknownTopicOrPartitionError.code, error_message=f"unknown topic {name!r}")
             continue
@@ -121,24 +125,24 @@ async def create_partitions(server, conn, req) -> dict:
             continue
         assignments = t["assignments"]
         if assignments is not None and (len(assignments) != count - info.queue_count or
-                                        any(a["broker_ids"] != [server.node_id] for a in assignments)):
+                                        any(a["broker_ids"] != [ctx.node_id] for a in assignments)):
             entry.update(error_code=E.InvalidReplicaAssignmentError.code,
-                         error_message=f"only broker {server.node_id} exists")
+                         error_message=f"only broker {ctx.node_id} exists")
             continue
         if b["validate_only"]:
             continue
         try:
-            await server.store.add_partitions(name, count)
+            await ctx.topics.add_partitions(name, count)
         except Exception as exc:  # noqa: BLE001
             entry.update(error_code=E.kafka_code_for(exc), error_message=str(exc))
     return {"throttle_time_ms": 0, "results": results}
 
 
-async def delete_records(server, conn, req) -> dict:
-    store = server.store
+async def delete_records(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+    store = ctx.store
     topics = []
     for t in req.body["topics"]:
-        info = store.topic(t["name"])
+        info = ctx.topics.get(t["name"])
         parts = []
         for p in t["partitions"]:
             index = p["partition_index"]

@@ -1,0 +1,38 @@
+"""Broker: the protocol-neutral services of one broker process, built once and shared by its front doors.
+
+It holds the store, the topic registry (names, settings, auto-creation, ids), the wake-up hub for long polls and
+the clock. The Kafka listener and the RocketMQ broker role each take the same Broker (the runtime builds it), so
+a record appended through one wakes the long polls of the other, and both apply one topic policy.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from mqk.broker.hub import WakeupHub
+from mqk.broker.topics import TopicRegistry
+from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.config import BrokerConfig
+from mqk.store.manager import StoreManager
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, store: StoreManager, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.topics = TopicRegistry(store, config)
+        self.hub = WakeupHub(clock)
+        self._listening = False
+
+    def open(self) -> None:
+        """Called by each front door as it starts (on the event loop): the hub hears the store's appends from
+        then on. Idempotent."""
+        if not self._listening:
+            self.hub.bind(asyncio.get_running_loop())
+            self.store.add_listener(self.hub.notify)
+            self._listening = True
+
+    def release_waiters(self) -> None:
+        """Called by each front door as it stops: every long poll returns now (and finds its connection closing)
+        rather than at its timeout. The hub stays the store's listener; empty, it costs an append one truth test."""
+        self.hub.wake_all()

@@ -1,0 +1,159 @@
+"""The topic registry: every front door looks topics up, creates, grows, reconfigures and deletes them here.
+
+It sits over the store's topic metadata (`StoreManager`, which persists it) and adds the broker's policy:
+- names: one rule set (mqk.broker.names), in the alphabet of the front door that asks;
+- settings: every creation and alteration is checked against the schema (mqk.broker.topic_config) before
+  anything changes; the store then refuses only what it cannot do (a storage.type change, a partition count
+  outside its range);
+- auto-creation: Kafka's Metadata and Produce and RocketMQ's send create a missing topic when the broker's
+  `auto_create_topics` allows it (and, for Metadata, the request does), with `num_partitions` partitions (a
+  RocketMQ producer may ask for fewer); RocketMQ's per-group topics are created on demand with one queue
+  whatever the setting says (mqk.broker.internal). Concurrent creations of one topic create it once;
+- topic ids: Kafka names topics by a 16-byte id in newer API versions; the id -> name map is cached and rebuilt
+  only when a lookup misses (a topic created or re-created since).
+
+Failures are raised as mqk.errors types (InvalidTopicError, InvalidConfigError, UnknownShard, ShardExists, ...);
+each front door turns them into its own codes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from mqk.broker import internal
+from mqk.broker import topic_config as settings
+from mqk.broker.names import KAFKA, ROCKETMQ, NameRule
+from mqk.config import BrokerConfig
+from mqk.errors import InvalidConfigError, InvalidTopicError, ShardExists, UnknownShard
+from mqk.store.adapter import ShardInfo
+from mqk.store.manager import StoreManager
+
+log = logging.getLogger("mqk.broker.topics")
+
+
+class TopicRegistry:
+    def __init__(self, store: StoreManager, config: BrokerConfig) -> None:
+        self._store = store
+        self._auto_create = config.auto_create_topics
+        self._default_partitions = config.num_partitions
+        #: the topic named `name`, or None: the store's own lookup, bound once (Produce and Fetch call it for
+        #: every topic of every request)
+        self.get = store.topic
+        self._names_by_id: dict[bytes, str] = {}
+        self._creating: dict[str, asyncio.Lock] = {}
+
+    # --- lookup -------------------------------------------------------------------------------------------
+
+    def all(self) -> dict[str, ShardInfo]:
+        """Every topic, by name (a copy)."""
+        return self._store.topics()
+
+    def queue_count(self, name: str) -> int:
+        """The topic's partition (queue) count; 0 when it does not exist."""
+        info = self._store.topic(name)
+        return 0 if info is None else info.queue_count
+
+    def by_id(self, topic_id: bytes) -> ShardInfo | None:
+        """The topic with this 16-byte id, or None."""
+        names = self._names_by_id
+        name = names.get(topic_id)
+        if name is not None:
+            info = self._store.topic(name)
+            if info is not None and info.topic_id == topic_id:
+                return info
+        names.clear()
+        for info in self._store.topics().values():
+            names[bytes(info.topic_id)] = info.topic
+        name = names.get(topic_id)
+        return self._store.topic(name) if name is not None else None
+
+    @staticmethod
+    def is_internal(name: str) -> bool:
+        return internal.is_internal(name)
+
+    # --- creation -----------------------------------------------------------------------------------------
+
+    async def create(self, name: str, partitions: int, changes: Mapping[str, str | None] | None = None, *,
+                     names: NameRule = KAFKA) -> ShardInfo:
+        """Create `name` with `partitions` partitions and the settings `changes` (None values ignored).
+        InvalidTopicError for an illegal name, InvalidConfigError for a refused setting, ShardExists if it
+        exists, the store's error if it cannot make it."""
+        reason = names.error(name)
+        if reason:
+            raise InvalidTopicError(reason)
+        reason = settings.check_all(changes or {})
+        if reason:
+            raise InvalidConfigError(reason)
+        return await self._store.create_topic(name, partitions, settings.config_of(changes or {}))
+
+    def may_auto_create(self, name: str, client_allows: bool = True) -> bool:
+        """Whether a missing topic of this name is created when first used."""
+        return internal.created_on_demand(name) or (client_allows and self._auto_create)
+
+    def auto_create_partitions(self, name: str, requested: int = 0) -> int:
+        """The partition count auto-creation gives `name`: `num_partitions`, or fewer when the producer asks
+        for fewer (RocketMQ's defaultTopicQueueNums); one for a topic created on demand."""
+        if internal.created_on_demand(name):
+            return internal.ON_DEMAND_QUEUES
+        default = self._default_partitions
+        return min(requested, default) if requested > 0 else default
+
+    async def auto_create(self, name: str, *, names: NameRule = KAFKA, client_allows: bool = True,
+                          requested: int = 0) -> ShardInfo:
+        """The topic `name`, created under the auto-creation policy if it does not exist. InvalidTopicError for an
+        illegal name, UnknownShard when the policy does not create it."""
+        info = self._store.topic(name)
+        if info is not None:
+            return info
+        reason = names.error(name)
+        if reason:
+            raise InvalidTopicError(reason)
+        if not self.may_auto_create(name, client_allows):
+            raise UnknownShard(f"unknown topic {name!r}")
+        try:
+            info = await self.ensure(name, self.auto_create_partitions(name, requested), names=names)
+        except Exception as exc:  # the caller answers with the error; the log keeps the reason
+            log.warning("auto-creating topic %s failed: %s", name, exc)
+            raise
+        return info
+
+    async def ensure(self, name: str, partitions: int, *, names: NameRule = ROCKETMQ) -> ShardInfo:
+        """The topic `name`, created with `partitions` partitions (at least one) unless it exists. Concurrent calls
+        for one name create it once."""
+        info = self._store.topic(name)
+        if info is not None:
+            return info
+        reason = names.error(name)
+        if reason:
+            raise InvalidTopicError(reason)
+        lock = self._creating.setdefault(name, asyncio.Lock())
+        async with lock:
+            info = self._store.topic(name)
+            if info is None:
+                try:
+                    info = await self._store.create_topic(name, max(1, partitions))
+                    log.info("auto-created topic %s with %d partition(s)", name, info.queue_count)
+                except ShardExists:
+                    info = self._store.topic(name)
+            if info is None:
+                raise UnknownShard(f"topic {name!r} vanished while being created")
+            return info
+
+    # --- changes ------------------------------------------------------------------------------------------
+
+    async def delete(self, name: str) -> None:
+        """UnknownShard if there is no such topic."""
+        await self._store.delete_topic(name)
+        self._creating.pop(name, None)
+
+    async def add_partitions(self, name: str, total: int) -> None:
+        """Grow `name` to `total` partitions (InvalidPartitionsError unless more than it has)."""
+        await self._store.add_partitions(name, total)
+
+    async def alter_config(self, name: str, changes: Mapping[str, str | None]) -> None:
+        """Replace the topic's settings with `changes` (None values ignored), after checking them."""
+        reason = settings.check_all(changes)
+        if reason:
+            raise InvalidConfigError(reason)
+        await self._store.alter_topic_config(name, settings.config_of(changes))

@@ -1,0 +1,66 @@
+"""What a Kafka handler may use: `KafkaContext`, built once by the KafkaServer and handed to every handler.
+
+A handler sees the broker's services (the store, the topic registry, the group coordinator, the producer-id
+state, the wake-up hub, the clock), this broker's identity and advertised listener address, and the API versions
+it serves; not the server, its connections or its sockets. From the connection that sent the request it sees
+only `Peer`: whether it is closed (a long poll stops waiting) and the client's host (group membership shows it).
+
+Handlers are `async def handler(ctx, peer, request) -> body`; see mqk.server.kafka.handlers.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mqk.broker.hub import WakeupHub
+from mqk.broker.topics import TopicRegistry
+from mqk.clock import Clock
+from mqk.config import BrokerConfig, TopicConfig
+from mqk.groups.coordinator import GroupCoordinator
+from mqk.protocol.kafka.codec import Request
+from mqk.server.kafka.idempotence import ProducerStates
+from mqk.store.manager import StoreManager
+
+
+class Peer(Protocol):
+    """The requesting connection, as a handler sees it."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def client_host(self) -> str: ...
+
+
+@dataclass(slots=True, eq=False)
+class KafkaContext:
+    #: the broker's settings (read-only values: limits, flush mode, the static entries DescribeConfigs shows)
+    config: BrokerConfig
+    store: StoreManager
+    topics: TopicRegistry
+    groups: GroupCoordinator
+    producers: ProducerStates
+    hub: WakeupHub
+    clock: Clock
+    #: api key -> (min, max) version this broker serves (what ApiVersions advertises)
+    supported: dict[int, tuple[int, int]]
+    node_id: int
+    cluster_id: str
+    #: the listener's advertised address: what was bound (port 0 resolved) once the server has started
+    host: str
+    port: int
+    #: id(TopicConfig) -> (that config, its produce limits); see handlers.produce._limits
+    produce_limits: dict[int, tuple[TopicConfig, tuple[int, bool, bool, int, int]]] = field(default_factory=dict)
+
+
+class CloseConnection:
+    """A handler's answer meaning "send nothing and close this connection once the earlier answers are out"
+    (Kafka does this when an acks=0 produce fails, so the producer notices and refreshes its metadata)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+#: a handler: (context, requesting connection, request) -> response body, None (no response) or CloseConnection
+Handler = Callable[[KafkaContext, Peer, Request], Awaitable[Any]]
