@@ -198,6 +198,9 @@ class StorageAdapter(abc.ABC):
     """One engine's view of its shards. An engine instance is created once and shared by every topic using it."""
 
     name: str = "abstract"
+    #: whether `replace_range` rewrites a shard's whole compacted prefix whatever the range (the file engine's
+    #: compaction log): compaction then hands it the whole range in one call instead of chunks
+    rewrite_copies_prefix: bool = False
 
     def __init__(self) -> None:
         self.listeners: list[DataListener] = []
