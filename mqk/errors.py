@@ -47,6 +47,14 @@ class ShardExists(StorageError):
     """The topic already exists."""
 
 
+class InvalidShardCount(StorageError):
+    """A topic cannot have that many queues (every engine takes 1 to MAX_SHARD_COUNT)."""
+
+
+class InvalidShardName(StorageError):
+    """An engine cannot store a topic under that name (empty, too long, or not usable as a file name)."""
+
+
 class OffsetOutOfRange(StorageError):
     """The offset is below the log start offset or above the end offset."""
 
@@ -183,6 +191,10 @@ def kafka_code_for(exc: BaseException) -> int:
         return UnknownTopicOrPartitionError.code
     if isinstance(exc, ShardExists):
         return TopicAlreadyExistsError.code
+    if isinstance(exc, InvalidShardCount):
+        return InvalidPartitionsError.code
+    if isinstance(exc, InvalidShardName):
+        return InvalidTopicError.code
     if isinstance(exc, Corrupt):
         return CorruptMessageError.code
     if isinstance(exc, MessageTooLarge):

@@ -1,8 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """CommitLog entry kernels, compiled: the hot-path twin of `clentry_py.py` (same API, identical results).
 
-Every single append runs `put_entry` (or `encode_head`), every Produce spread over partitions `append_run`, every
-recovery and dispatch pass `read_entry`. Bounds are checked explicitly before each access (boundscheck is off). See
+Every append runs through `AppendRun` (plan, write, publish), every recovery and dispatch pass `read_entry`. Bounds are checked explicitly before each access (boundscheck is off). See
 clentry_py.py for the layout, the BLANK rule and the error contract.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
@@ -11,12 +10,13 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.list cimport PyList_GET_ITEM
+from cpython.buffer cimport PyObject_CheckBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_CheckExact
+from cpython.long cimport PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF, Py_XDECREF
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from libc.stdlib cimport calloc, free
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
 from libc cimport errno as c_errno
 from libc.string cimport strerror
 from posix.types cimport off_t
@@ -129,50 +129,6 @@ def encode_head(head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queu
         PyBuffer_Release(&out)
 
 
-def append_head(head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset, Py_ssize_t physical_offset,
-                Py_ssize_t store_timestamp, Py_ssize_t tags_code, body, cq_buf, Py_ssize_t cq_pos,
-                Py_ssize_t running_max_ts):
-    """One record batch's entry head and ConsumeQueue unit in one call; see clentry_py.append_head (None: not
-    exactly one valid batch, nothing written; OutOfBounds: head or unit does not fit, nothing written)."""
-    return _append_and_write(-1, 0, head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code,
-                             body, cq_buf, cq_pos, running_max_ts)
-
-
-cdef object _append_and_write(int fd, Py_ssize_t pos, head, bytes topic, Py_ssize_t queue_id,
-                              Py_ssize_t queue_offset, Py_ssize_t physical_offset, Py_ssize_t store_timestamp,
-                              Py_ssize_t tags_code, body, cq_buf, Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
-    """append_head, then (fd >= 0) the entry's pwritev at pos of fd: put_entry's and append_head's one body."""
-    cdef Py_buffer out, batch, units
-    borrow_writable(head, &out)
-    try:
-        borrow(body, &batch)
-        try:
-            borrow_writable(cq_buf, &units)
-            try:
-                done = _append_head(&out, topic, queue_id, queue_offset, physical_offset, store_timestamp,
-                                    tags_code, &batch, &units, cq_pos, running_max_ts)
-            finally:
-                PyBuffer_Release(&units)
-            if done is not None and fd >= 0:
-                _write_head_and_tail(fd, pos, out.buf, C_FIXED + PyBytes_GET_SIZE(topic) + 8, &batch)
-            return done
-        finally:
-            PyBuffer_Release(&batch)
-    finally:
-        PyBuffer_Release(&out)
-
-
-cdef object _append_head(Py_buffer* out, bytes topic, Py_ssize_t queue_id, int64_t queue_offset,
-                         int64_t physical_offset, int64_t store_timestamp, int64_t tags_code, Py_buffer* batch,
-                         Py_buffer* units, Py_ssize_t cq_pos, int64_t running_max_ts):
-    cdef int64_t done[3]
-    if not _head_and_unit(<unsigned char*>out.buf, out.len, topic, queue_id, queue_offset, physical_offset,
-                          store_timestamp, tags_code, <const unsigned char*>batch.buf, batch.len,
-                          <unsigned char*>units.buf, units.len, cq_pos, running_max_ts, done):
-        return None
-    return (done[0], done[1], done[2])
-
-
 cdef int _head_and_unit(unsigned char* head, Py_ssize_t head_cap, bytes topic, Py_ssize_t queue_id,
                         int64_t queue_offset, int64_t physical_offset, int64_t store_timestamp, int64_t tags_code,
                         const unsigned char* b, Py_ssize_t body_len, unsigned char* units, Py_ssize_t units_len,
@@ -204,6 +160,7 @@ cdef int _head_and_unit(unsigned char* head, Py_ssize_t head_cap, bytes topic, P
     return 1
 
 
+
 def write_entry(int fd, Py_ssize_t pos, head, Py_ssize_t head_len, body):
     """See clentry_py.write_entry: pwritev of head[:head_len] and body[8:] at pos, without the GIL."""
     cdef Py_buffer h, b
@@ -219,18 +176,6 @@ def write_entry(int fd, Py_ssize_t pos, head, Py_ssize_t head_len, body):
             PyBuffer_Release(&b)
     finally:
         PyBuffer_Release(&h)
-
-
-def put_entry(int fd, Py_ssize_t pos, head, bytes topic not None, Py_ssize_t queue_id, Py_ssize_t queue_offset,
-              Py_ssize_t physical_offset, Py_ssize_t store_timestamp, Py_ssize_t tags_code, body, cq_buf,
-              Py_ssize_t cq_pos, Py_ssize_t running_max_ts):
-    """See clentry_py.put_entry: append_head, then write_entry of that head and body at pos, in one call."""
-    if pos < 0:
-        raise OutOfBounds(f"entry write at {pos}")
-    if fd < 0:
-        raise OSError(c_errno.EBADF, "put_entry: bad file descriptor")
-    return _append_and_write(fd, pos, head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code,
-                             body, cq_buf, cq_pos, running_max_ts)
 
 
 cdef int _write_head_and_tail(int fd, Py_ssize_t pos, void* head, Py_ssize_t head_len, Py_buffer* body) except -1:
@@ -335,341 +280,422 @@ def write_entries(int fd, Py_ssize_t pos, heads, Py_ssize_t head_len, bodies):
         PyBuffer_Release(&h)
 
 
-# --- prefetching a run's per-partition objects ------------------------------------------------------------------
+cdef extern from "Python.h":
+    long PyLong_AsLongAndOverflow(object o, int* overflow) except? -1
+
+
+# --- the append pipeline's kernel: plan, write, publish ----------------------------------------------------------
 #
-# Staging an entry reads a chain of objects that belong to its partition: shard -> ConsumeQueue -> its file queue
-# -> the files list -> the last file -> its positions, its memoryview and the unit's page. With a thousand
-# partitions none of them is in the cache, and each read waits for the one before it: about 16 misses one after
-# the other per entry, most of what a batch into 1,000 partitions costs beyond one into 1 partition. So, a window
-# of entries at a time, the chain is walked one link per pass over the window, prefetching each entry's next link:
-# the window's misses of one link overlap instead of queueing. Slots are read at their offsets (taken from the
-# classes' member descriptors by `plan_prefetch`) and only from objects of exactly the planned type; nothing is
-# changed, no reference is taken, and a prefetch of any address is harmless. Whatever does not match the plan is
-# skipped here and staged as before.
+# The file store appends through one `AppendRun`: `plan` stages a run of entries (each entry's heads side by side in
+# the run's buffer, each batch's ConsumeQueue unit past its queue's published end), `write` puts the run's bytes in
+# the CommitLog with pwritev (no GIL), and `publish` moves the positions: the only place they move. Per-queue
+# positions live in the store's queue table, a flat buffer of ROW_FIELDS native int64 per queue (row layout below),
+# so staging reads one cache line per queue instead of a chain of Python objects.
+
+ROW_END = 0             #: the queue's end offset (the offset its next record gets)
+ROW_MAX_TS = 1          #: running maximum record timestamp over the queue
+ROW_CQ_WROTE = 2        #: write position in the queue's last ConsumeQueue file (published units end here)
+ROW_CQ_RESERVED = 3     #: bytes of that file with disk blocks (a unit is only staged below this)
+ROW_DIRTY_PHYS = 4      #: CommitLog offset of the first unit not yet flushed (-1: none)
+ROW_DIRTY_MS = 5        #: store time of that unit
+ROW_LOG_START = 6       #: the queue's log start offset (answered with every append)
+ROW_STAGED = 7          #: 1 + index of the queue's last batch staged in the current run (0: none); plan's scratch
+ROW_FIELDS = 8
+ROW_BYTES = 64
+
+STOP_END = 0            #: every entry was planned
+STOP_FULL = 1           #: the run holds as many batches as it can (`capacity`)
+STOP_SEGMENT = 2        #: the entry does not fit the rest of the CommitLog segment
+STOP_UNIT_ROOM = 3      #: the queue's last ConsumeQueue file has no reserved room for the entry's units
+STOP_NO_SHARD = 4       #: the entry's queue is not a shard of the topic
+STOP_BATCH = 5          #: a buffer of the entry is not exactly one acceptable record batch v2
+STOP_SHAPE = 6          #: the entry is not a (queue id, sequence of buffers) pair
+
+DEF R_END = 0
+DEF R_MAX_TS = 1
+DEF R_CQ_WROTE = 2
+DEF R_CQ_RESERVED = 3
+DEF R_DIRTY_PHYS = 4
+DEF R_DIRTY_MS = 5
+DEF R_LOG_START = 6
+DEF R_STAGED = 7
+DEF R_FIELDS = 8
 
 cdef extern from *:
     """
-    #include <structmember.h>
-    #ifndef T_OBJECT_EX
-    #define T_OBJECT_EX Py_T_OBJECT_EX
-    #endif
+    /* a new, empty instance of the tuple type `type` with room for n items (what tuple.__new__ allocates) */
+    static PyObject* mqk_alloc_tuple(PyObject* type, Py_ssize_t n) {
+        return ((PyTypeObject*)type)->tp_alloc((PyTypeObject*)type, n);
+    }
     #define MQK_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
     #define MQK_PREFETCH_W(p) __builtin_prefetch((const void*)(p), 1, 3)
-    /* offset of a __slots__ member of `type` (its own member descriptor of an object slot), or -1 */
-    static Py_ssize_t mqk_slot_offset(PyObject* descr, PyObject* type) {
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
-                || (PyObject*)((PyDescrObject*)descr)->d_type != type) return -1;
-        PyMemberDef* m = ((PyMemberDescrObject*)descr)->d_member;
-        return m->type == T_OBJECT_EX ? m->offset : -1;
-    }
-    static inline PyObject* mqk_slot(PyObject* obj, Py_ssize_t offset) {
-        return *(PyObject**)((char*)obj + offset);
-    }
-    static inline int mqk_is(PyObject* obj, PyObject* type) {
-        return obj != NULL && (PyObject*)Py_TYPE(obj) == type;
-    }
-    static inline void* mqk_view_buf(PyObject* mv) {
-        return ((PyMemoryViewObject*)mv)->view.buf;
-    }
-    static inline Py_ssize_t mqk_view_len(PyObject* mv) {
-        return ((PyMemoryViewObject*)mv)->view.len;
-    }
-    static inline PyObject** mqk_list_items(PyObject* list) {
-        return ((PyListObject*)list)->ob_item;
-    }
-    static inline int mqk_is_memoryview(PyObject* obj) {
-        return obj != NULL && Py_IS_TYPE(obj, &PyMemoryView_Type);
-    }
-    static inline PyObject* mqk_view_base(PyObject* mv) {
-        return (PyObject*)((PyMemoryViewObject*)mv)->mbuf;
-    }
     """
+    object mqk_alloc_tuple(object type, Py_ssize_t n)
     void MQK_PREFETCH(const void* p) nogil
     void MQK_PREFETCH_W(const void* p) nogil
-    Py_ssize_t mqk_slot_offset(PyObject* descr, PyObject* type)
-    PyObject* mqk_slot(PyObject* obj, Py_ssize_t offset)
-    bint mqk_is(PyObject* obj, PyObject* type)
-    bint mqk_is_memoryview(PyObject* obj)
-    void* mqk_view_buf(PyObject* mv)
-    Py_ssize_t mqk_view_len(PyObject* mv)
-    PyObject* mqk_view_base(PyObject* mv)
-    bint PyTuple_CheckExact(PyObject* o)
-    bint PyLong_CheckExact(PyObject* o)
-    bint PyList_CheckExact(PyObject* o)
-    long PyLong_AsLongAndOverflow(PyObject* o, int* overflow)
-    Py_ssize_t PyList_GET_SIZE(PyObject* o)
-    PyObject* PyList_GET_ITEM_RAW "PyList_GET_ITEM" (PyObject* o, Py_ssize_t i)
-    PyObject* PyTuple_GET_ITEM_RAW "PyTuple_GET_ITEM" (PyObject* o, Py_ssize_t i)
-    Py_ssize_t PyTuple_GET_SIZE_RAW "PyTuple_GET_SIZE" (PyObject* o)
-    PyObject** mqk_list_items(PyObject* o)
 
 DEF PREFETCH_WINDOW = 16
 
-cdef object _planned = None  # the four classes, kept alive while their addresses are compared
-cdef PyObject* _t_shard = NULL
-cdef PyObject* _t_queue = NULL
-cdef PyObject* _t_file_queue = NULL
-cdef PyObject* _t_file = NULL
-cdef Py_ssize_t _o_cq, _o_log_start, _o_mfq, _o_end_offset, _o_max_ts, _o_files, _o_wrote, _o_reserved, _o_buf
-
-
-def plan_prefetch(shard_type, queue_type, file_queue_type, file_type):
-    """Let `append_run` prefetch a run's per-partition objects (see above): the classes of the shard (slots `cq`,
-    `log_start`), ConsumeQueue (`mfq`, `end_offset`, `max_ts`), MappedFileQueue (`files`) and MappedFile
-    (`wrote`, `reserved`, `buf`), as `append_run` reads them. Returns whether every one is a __slots__ member;
-    if not, nothing is prefetched. A hint only: results never depend on it (the twin's is a no-op)."""
-    global _planned, _t_shard, _t_queue, _t_file_queue, _t_file
-    global _o_cq, _o_log_start, _o_mfq, _o_end_offset, _o_max_ts, _o_files, _o_wrote, _o_reserved, _o_buf
-    _t_shard = _t_queue = _t_file_queue = _t_file = NULL
-    _planned = None
-    wanted = ((shard_type, ("cq", "log_start")), (queue_type, ("mfq", "end_offset", "max_ts")),
-              (file_queue_type, ("files",)), (file_type, ("wrote", "reserved", "buf")))
-    offsets = []
-    for cls, names in wanted:
-        if not isinstance(cls, type):
-            return False
-        for name in names:
-            descr = cls.__dict__.get(name)
-            offset = mqk_slot_offset(<PyObject*>descr, <PyObject*>cls) if descr is not None else -1
-            if offset < 0:
-                return False
-            offsets.append(offset)
-    _o_cq, _o_log_start, _o_mfq, _o_end_offset, _o_max_ts, _o_files, _o_wrote, _o_reserved, _o_buf = offsets
-    _planned = (shard_type, queue_type, file_queue_type, file_type)
-    _t_shard = <PyObject*>shard_type
-    _t_queue = <PyObject*>queue_type
-    _t_file_queue = <PyObject*>file_queue_type
-    _t_file = <PyObject*>file_type
-    return True
-
-
-cdef inline void _prefetch_object(PyObject* obj) noexcept:
-    if obj != NULL:
-        MQK_PREFETCH(obj)
-        MQK_PREFETCH(<char*>obj + 64)
-
-
-cdef void _prefetch_window(PyObject* shards, PyObject* entries, Py_ssize_t first, Py_ssize_t stop) noexcept:
-    """Walk entries[first:stop]'s chains one link per pass (see above). Borrowed pointers only, under the GIL."""
-    cdef PyObject* link[PREFETCH_WINDOW]
-    cdef PyObject* entry
-    cdef PyObject* obj
-    cdef Py_ssize_t n = min(stop - first, PREFETCH_WINDOW), k, n_shards = PyList_GET_SIZE(shards), last
-    cdef long queue
-    cdef int overflow
-    if _t_shard == NULL:
-        return
-    for k in range(n):  # the shards (the request's entries are fresh in the cache)
-        link[k] = NULL
-        entry = PyList_GET_ITEM_RAW(entries, first + k)
-        if not PyTuple_CheckExact(entry) or PyTuple_GET_SIZE_RAW(entry) != 2:
-            continue
-        obj = PyTuple_GET_ITEM_RAW(entry, 0)
-        if not PyLong_CheckExact(obj):
-            continue
-        queue = PyLong_AsLongAndOverflow(obj, &overflow)
-        if overflow or not 0 <= queue < n_shards:
-            continue
-        link[k] = PyList_GET_ITEM_RAW(shards, queue)
-        _prefetch_object(link[k])
-    for k in range(n):  # shard -> its ConsumeQueue (and the log start its answer reads)
-        obj = link[k]
-        link[k] = NULL
-        if mqk_is(obj, _t_shard):
-            MQK_PREFETCH(mqk_slot(obj, _o_log_start))
-            link[k] = mqk_slot(obj, _o_cq)
-            _prefetch_object(link[k])
-    for k in range(n):  # ConsumeQueue -> its end offset, running max timestamp and file queue
-        obj = link[k]
-        link[k] = NULL
-        if mqk_is(obj, _t_queue):
-            MQK_PREFETCH(mqk_slot(obj, _o_end_offset))
-            MQK_PREFETCH(mqk_slot(obj, _o_max_ts))
-            link[k] = mqk_slot(obj, _o_mfq)
-            if link[k] != NULL:
-                MQK_PREFETCH(<char*>link[k] + _o_files)
-    for k in range(n):  # file queue -> the files list
-        obj = link[k]
-        link[k] = NULL
-        if mqk_is(obj, _t_file_queue):
-            link[k] = mqk_slot(obj, _o_files)
-            if link[k] != NULL:
-                MQK_PREFETCH(link[k])
-    for k in range(n):  # the list -> its last item's pointer
-        obj = link[k]
-        if obj != NULL and PyList_CheckExact(obj) and PyList_GET_SIZE(obj) > 0:
-            MQK_PREFETCH(mqk_list_items(obj) + PyList_GET_SIZE(obj) - 1)
-        else:
-            link[k] = NULL
-    for k in range(n):  # -> the last file
-        obj = link[k]
-        link[k] = NULL
-        if obj != NULL:
-            link[k] = PyList_GET_ITEM_RAW(obj, PyList_GET_SIZE(obj) - 1)
-            _prefetch_object(link[k])
-    for k in range(n):  # file -> its write position, reservation and memoryview
-        obj = link[k]
-        link[k] = NULL
-        if mqk_is(obj, _t_file):
-            MQK_PREFETCH(mqk_slot(obj, _o_reserved))
-            MQK_PREFETCH(mqk_slot(obj, _o_wrote))
-            link[k] = obj
-            obj = mqk_slot(obj, _o_buf)
-            if obj != NULL:
-                _prefetch_object(obj)
-                MQK_PREFETCH(<char*>obj + 128)
-    for k in range(n):  # memoryview -> its managed buffer, and the unit's place in the mapping
-        obj = link[k]
-        if obj == NULL:
-            continue
-        entry = mqk_slot(obj, _o_buf)  # the memoryview
-        obj = mqk_slot(obj, _o_wrote)
-        if not mqk_is_memoryview(entry) or obj == NULL or not PyLong_CheckExact(obj):
-            continue
-        MQK_PREFETCH(mqk_view_base(entry))
-        last = PyLong_AsLongAndOverflow(obj, &overflow)
-        if not overflow and 0 <= last < mqk_view_len(entry):
-            MQK_PREFETCH_W(<char*>mqk_view_buf(entry) + last)
-
 
 cdef struct Staged:
-    PyObject* shard
-    PyObject* cq
-    PyObject* qf
-    Py_ssize_t queue
-    Py_ssize_t qpos
-    int64_t phys
+    int64_t slot
+    int64_t queue
+    int64_t entry       # index of the entry in the caller's list
+    int64_t index       # position of the batch in its entry
+    int64_t qpos        # where its unit was staged
+    int64_t phys        # its CommitLog offset
     int64_t base
     int64_t span
-    int64_t running
+    int64_t running     # the queue's running max timestamp with this batch
+    int64_t size        # its entry's size in the CommitLog
 
 
-def append_run(int fd, Py_ssize_t seg_start, Py_ssize_t pos, Py_ssize_t seg_size, list shards not None,
-               list entries not None, Py_ssize_t start, heads, bytes topic not None, Py_ssize_t store_timestamp,
-               list out not None, list grown not None, result_type, set dirty not None):
-    """See clentry_py.append_run: a run of single-batch entries staged, written with one pwritev per
-    WRITE_ENTRIES_CHUNK entries (without the GIL) and published, in one call."""
-    cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
-    cdef Py_ssize_t head_len = C_FIXED + topic_len + 8
-    cdef Py_ssize_t n_shards = len(shards), count = 0, limit, i, k, cur = pos, queue, qpos
-    cdef Py_buffer h, units
-    cdef Py_buffer* bodies = NULL
-    cdef Staged* staged = NULL
-    cdef Staged* st
-    cdef unsigned char* marks = NULL
-    cdef int64_t done[3]
-    cdef int64_t base, running
-    cdef int ok
-    if start < 0 or pos < 0 or seg_size < pos or seg_start < 0:
-        raise OutOfBounds(f"run from entry {start} at {pos} of a {seg_size}-byte segment at {seg_start}")
-    borrow_writable(heads, &h)
-    try:
-        limit = min(len(entries) - start, h.len // head_len)
-        if limit <= 0:
-            return (0, pos, None)
-        staged = <Staged*>PyMem_Malloc(limit * sizeof(Staged))
-        bodies = <Py_buffer*>PyMem_Malloc(limit * sizeof(Py_buffer))
-        marks = <unsigned char*>calloc(n_shards // 8 + 1, 1)
-        if staged == NULL or bodies == NULL or marks == NULL:
+cdef class AppendRun:
+    """See clentry_py.AppendRun: the same API and results."""
+
+    cdef Staged* _staged
+    cdef Py_buffer* _bodies
+    cdef readonly Py_ssize_t capacity
+    cdef bytearray _heads
+    cdef Py_ssize_t _head_len
+    cdef readonly Py_ssize_t batches
+    cdef readonly Py_ssize_t entries
+    cdef readonly int stop
+    cdef readonly Py_ssize_t start
+    cdef readonly Py_ssize_t pos
+    cdef readonly Py_ssize_t end_pos
+    cdef readonly int64_t seg_start
+    cdef readonly int64_t store_timestamp
+    cdef readonly int64_t published_entries
+    cdef readonly int64_t published_batches
+    cdef readonly int64_t published_bytes
+
+    def __cinit__(self, Py_ssize_t capacity=4096):
+        if capacity < 1 or capacity > 1 << 20:
+            raise ValueError(f"run capacity {capacity} outside [1, 1048576]")
+        self._staged = <Staged*>PyMem_Malloc(capacity * sizeof(Staged))
+        self._bodies = <Py_buffer*>PyMem_Malloc(capacity * sizeof(Py_buffer))
+        if self._staged == NULL or self._bodies == NULL:
             raise MemoryError()
-        # staging: each entry's head into its slot of `heads` and its unit past its queue's published end
-        while count < limit:
-            if count % PREFETCH_WINDOW == 0:
-                _prefetch_window(<PyObject*>shards, <PyObject*>entries, start + count, start + limit)
-            entry = entries[start + count]
-            if type(entry) is not tuple or PyTuple_GET_SIZE(entry) != 2:
-                break
-            q = <object>PyTuple_GET_ITEM(entry, 0)
-            if type(q) is not int or not 0 <= q < n_shards:
-                break
-            queue = q
-            if marks[queue >> 3] & (1 << (queue & 7)):
-                break  # a queue appears once in a run: its second entry builds on the first one's published end
-            shard = <object>PyList_GET_ITEM(shards, queue)
+        self.capacity = capacity
+        self._heads = bytearray()
+        self._head_len = 0
+        self.batches = 0
+        self.entries = 0
+        self.stop = STOP_END
+        self.start = self.pos = self.end_pos = 0
+        self.published_entries = self.published_batches = self.published_bytes = 0
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self._bodies != NULL:
+            for i in range(self.batches):
+                PyBuffer_Release(&self._bodies[i])
+        PyMem_Free(self._staged)
+        PyMem_Free(self._bodies)
+
+    cdef void _release(self, Py_ssize_t first) noexcept:
+        """Forget the staged batches from `first` on (their bodies' buffers released)."""
+        cdef Py_ssize_t i
+        for i in range(first, self.batches):
+            PyBuffer_Release(&self._bodies[i])
+        self.batches = first
+
+    def plan(self, rows, slot_map, list unit_bufs not None, list entries not None, Py_ssize_t start,
+             bytes topic not None, int64_t store_timestamp, int64_t tags_code, int64_t seg_start, Py_ssize_t pos,
+             Py_ssize_t seg_size, int write_to=-1):
+        """See clentry_py.AppendRun.plan."""
+        if self.batches:
+            raise RuntimeError("an AppendRun must be published or abandoned before it plans again")
+        if start < 0 or start > len(entries) or pos < 0 or seg_size < pos or seg_start < 0:
+            raise OutOfBounds(f"run from entry {start} at {pos} of a {seg_size}-byte segment at {seg_start}")
+        cdef Py_ssize_t topic_len = PyBytes_GET_SIZE(topic)
+        if topic_len > 0xFFFF:
+            raise ValueError(f"topic length {topic_len} outside [0, 65535]")
+        cdef Py_ssize_t head_len = C_FIXED + topic_len + 8
+        if len(self._heads) < head_len * self.capacity:
+            self._heads = bytearray(head_len * self.capacity)
+        self._head_len = head_len
+        self.start = start
+        self.pos = self.end_pos = pos
+        self.seg_start = seg_start
+        self.store_timestamp = store_timestamp
+        self.entries = 0
+        self.stop = STOP_END
+        cdef Py_buffer rv, mv
+        borrow_writable(rows, &rv)
+        try:
+            borrow(slot_map, &mv)
+            try:  # (the heads buffer is the run's own bytearray, never resized while planned)
+                self._plan(<int64_t*>rv.buf, rv.len // (R_FIELDS * 8), <const int64_t*>mv.buf, mv.len // 8,
+                           unit_bufs, entries, topic, tags_code, seg_size,
+                           <unsigned char*>PyByteArray_AS_STRING(self._heads))
+            finally:
+                PyBuffer_Release(&mv)
+        finally:
+            PyBuffer_Release(&rv)
+        if write_to >= 0 and self.batches:
+            _write_heads_and_bodies(write_to, self.pos, <char*>PyByteArray_AS_STRING(self._heads), head_len,
+                                    self._bodies, self.batches)
+        return self.entries
+
+    cdef int _plan(self, int64_t* rows, Py_ssize_t n_rows, const int64_t* slots, Py_ssize_t n_queues,
+                   list unit_bufs, list entries, bytes topic, int64_t tags_code, Py_ssize_t seg_size,
+                   unsigned char* heads) except -1:
+        cdef Py_ssize_t n_entries = PyList_GET_SIZE(entries), e, j, n_batches, first_batch
+        cdef Py_ssize_t head_len = self._head_len, topic_len = PyBytes_GET_SIZE(topic)
+        cdef Py_ssize_t n_bufs = PyList_GET_SIZE(unit_bufs)
+        cdef Py_ssize_t cur = self.pos, entry_cur, size
+        cdef int64_t slot, queue, end, running, qpos, reserved, saved_staged
+        cdef int64_t* row
+        cdef int64_t done[3]
+        cdef Staged* st
+        cdef Staged* prev
+        cdef Py_buffer* body
+        cdef Py_buffer unit_view
+        cdef int stop
+        cdef long q
+        cdef int overflow
+        cdef object entry, batches, ubuf
+        for e in range(self.start, n_entries):
+            if (e - self.start) % PREFETCH_WINDOW == 0:
+                _prefetch_rows(rows, n_rows, slots, n_queues, entries, e, min(n_entries, e + PREFETCH_WINDOW))
+            entry = <object>PyList_GET_ITEM(entries, e)
+            if not PyTuple_CheckExact(entry) or PyTuple_GET_SIZE(entry) != 2:
+                self.stop = STOP_SHAPE
+                return 0
+            qobj = <object>PyTuple_GET_ITEM(entry, 0)
             batches = <object>PyTuple_GET_ITEM(entry, 1)
-            if shard is None or len(batches) != 1:
-                break
-            try:
-                cq = shard.cq
-                files = cq.mfq.files
-                if not files:
+            if not PyLong_CheckExact(qobj) or not (PyList_CheckExact(batches) or PyTuple_CheckExact(batches)):
+                self.stop = STOP_SHAPE
+                return 0
+            q = PyLong_AsLongAndOverflow(qobj, &overflow)
+            if overflow or q < 0 or q >= n_queues or slots[q] < 0:
+                self.stop = STOP_NO_SHARD
+                return 0
+            queue = q
+            slot = slots[q]
+            if slot >= n_rows or slot >= n_bufs:
+                raise OutOfBounds(f"queue {queue} maps to slot {slot} outside the table of {n_rows} rows")
+            n_batches = len(batches)
+            if n_batches == 0:
+                self.stop = STOP_BATCH
+                return 0
+            if self.batches + n_batches > self.capacity:
+                self.stop = STOP_FULL
+                return 0
+            row = rows + slot * R_FIELDS
+            saved_staged = row[R_STAGED]
+            if saved_staged > 0:  # the queue is in this run already: build on what was staged for it
+                prev = &self._staged[saved_staged - 1]
+                end = prev.base + prev.span
+                running = prev.running
+                qpos = prev.qpos + C_UNIT
+            else:
+                end = row[R_END]
+                running = row[R_MAX_TS]
+                qpos = row[R_CQ_WROTE]
+            reserved = row[R_CQ_RESERVED]
+            ubuf = <object>PyList_GET_ITEM(unit_bufs, slot)
+            first_batch = self.batches
+            entry_cur = cur
+            stop = STOP_END
+            for j in range(n_batches):
+                obj = batches[j]
+                if not PyObject_CheckBuffer(obj):
+                    stop = STOP_SHAPE
                     break
-                qf = files[len(files) - 1]
-                qpos = qf.wrote
-                if qpos + C_UNIT > qf.reserved:
+                body = &self._bodies[self.batches]
+                borrow(obj, body)
+                self.batches += 1  # (released by _release from here on)
+                if not _acceptable_batch(<const unsigned char*>body.buf, body.len) \
+                        or body.len > C_INT32_MAX - C_FIXED - topic_len:
+                    stop = STOP_BATCH
                     break
-                base = cq.end_offset
-                running = cq.max_ts
-                borrow(batches[0], &bodies[count])
-            except Exception:  # a shape _put reports
-                break
-            ok = 0
-            try:
-                if (bodies[count].len <= C_INT32_MAX - C_FIXED - topic_len
-                        and C_FIXED + topic_len + bodies[count].len + C_BLANK_MIN <= seg_size - cur):
-                    borrow_writable(qf.buf, &units)
-                    try:
-                        ok = _head_and_unit(<unsigned char*>h.buf + count * head_len, head_len, topic, queue,
-                                            base, seg_start + cur, store_timestamp, 0,
-                                            <const unsigned char*>bodies[count].buf, bodies[count].len,
-                                            <unsigned char*>units.buf, units.len, qpos, running, done)
-                    finally:
-                        PyBuffer_Release(&units)
-            except Exception:  # _put gives this entry its own answer
-                ok = 0
-            if not ok:
-                PyBuffer_Release(&bodies[count])
-                break
-            st = &staged[count]
-            st.shard = <PyObject*>shard
-            st.cq = <PyObject*>cq
-            st.qf = <PyObject*>qf
-            Py_INCREF(shard)
-            Py_INCREF(cq)
-            Py_INCREF(qf)
-            st.queue = queue
-            st.qpos = qpos
-            st.phys = seg_start + cur
-            st.base = base
-            st.span = done[1]
-            st.running = done[2]
-            marks[queue >> 3] |= <unsigned char>(1 << (queue & 7))
-            cur += done[0]
-            count += 1
-        if count == 0:
-            return (0, pos, None)
-        try:  # the run's bytes, before any of it is published
-            _write_heads_and_bodies(fd, pos, <char*>h.buf, head_len, bodies, count)
-        except OSError as exc:
-            return (count, pos, exc)
-        # publish, as FileEngine._put does: the unit, then the queue's end
-        for i in range(count):
-            st = &staged[i]
-            qf = <object>st.qf
-            cq = <object>st.cq
-            qf.wrote = qf.committed = st.qpos + C_UNIT
-            end = st.base + st.span
-            cq.end_offset = end
-            cq.max_ts = st.running
-            if cq.dirty_since_phys < 0:
-                cq.dirty_since_phys = st.phys
-                cq.dirty_since_ms = store_timestamp
-                dirty.add(cq)
-            out.append(tuple.__new__(result_type, (st.base, end - 1, store_timestamp, (<object>st.shard).log_start,
-                                                   st.phys)))
-            grown.append((st.queue, end))
-        return (count, cur, None)
+                size = C_FIXED + topic_len + body.len
+                if size + C_BLANK_MIN > seg_size - cur:
+                    stop = STOP_SEGMENT
+                    break
+                if ubuf is None or qpos < 0 or qpos + C_UNIT > reserved:
+                    stop = STOP_UNIT_ROOM
+                    break
+                borrow_writable(ubuf, &unit_view)
+                try:
+                    _head_and_unit(heads + (self.batches - 1) * head_len, head_len, topic, queue, end,
+                                   self.seg_start + cur, self.store_timestamp, tags_code,
+                                   <const unsigned char*>body.buf, body.len, <unsigned char*>unit_view.buf,
+                                   unit_view.len, qpos, running, done)
+                finally:
+                    PyBuffer_Release(&unit_view)
+                st = &self._staged[self.batches - 1]
+                st.slot = slot
+                st.queue = queue
+                st.entry = e
+                st.index = j
+                st.qpos = qpos
+                st.phys = self.seg_start + cur
+                st.base = end
+                st.span = done[1]
+                st.running = done[2]
+                st.size = done[0]
+                cur += done[0]
+                end += done[1]
+                running = done[2]
+                qpos += C_UNIT
+            if stop != STOP_END:  # the entry is planned whole or not at all
+                self._release(first_batch)
+                self.stop = stop
+                return 0
+            row[R_STAGED] = self.batches
+            self.entries += 1
+            self.end_pos = cur
+        return 0
+
+    def write(self, int fd):
+        """See clentry_py.AppendRun.write."""
+        if self.batches == 0:
+            return None
+        if fd < 0:
+            raise OSError(c_errno.EBADF, "AppendRun.write: bad file descriptor")
+        _write_heads_and_bodies(fd, self.pos, <char*>PyByteArray_AS_STRING(self._heads), self._head_len,
+                                self._bodies, self.batches)
+        return None
+
+    def publish(self, rows, list out not None, list grown not None, list dirtied not None, type result_type not None):
+        """See clentry_py.AppendRun.publish."""
+        global _checked_result_type
+        if result_type is not _checked_result_type:
+            if not issubclass(result_type, tuple):
+                raise TypeError(f"result_type must be a tuple type, not {result_type.__name__}")
+            _checked_result_type = result_type
+        cdef Py_buffer rv
+        cdef Py_ssize_t i, n = self.batches, n_rows
+        cdef Staged* st
+        cdef int64_t* row
+        cdef int64_t* r
+        cdef int64_t first_base = 0, first_phys = 0, end
+        if n == 0:
+            return 0
+        borrow_writable(rows, &rv)
+        try:
+            r = <int64_t*>rv.buf
+            n_rows = rv.len // (R_FIELDS * 8)
+            for i in range(n):
+                if self._staged[i].slot >= n_rows:
+                    raise OutOfBounds(f"staged slot {self._staged[i].slot} outside the table of {n_rows} rows")
+            for i in range(n):
+                st = &self._staged[i]
+                row = r + st.slot * R_FIELDS
+                if st.index == 0:
+                    first_base = st.base
+                    first_phys = st.phys
+                end = st.base + st.span
+                row[R_CQ_WROTE] = st.qpos + C_UNIT
+                row[R_END] = end
+                row[R_MAX_TS] = st.running
+                row[R_STAGED] = 0
+                if row[R_DIRTY_PHYS] < 0:  # the queue's first unit not yet flushed
+                    row[R_DIRTY_PHYS] = st.phys
+                    row[R_DIRTY_MS] = self.store_timestamp
+                    dirtied.append(st.slot)
+                if i + 1 == n or self._staged[i + 1].entry != st.entry:  # the entry's last batch
+                    out.append(_result(result_type, first_base, end - 1, self.store_timestamp, row[R_LOG_START],
+                                       first_phys))
+                    grown.append((st.queue, end))
+                    self.published_entries += 1
+        finally:
+            PyBuffer_Release(&rv)
+        self.published_batches += n
+        self.published_bytes += self.end_pos - self.pos
+        self._release(0)
+        return n
+
+    def abandon(self, rows):
+        """See clentry_py.AppendRun.abandon."""
+        cdef Py_buffer rv
+        cdef Py_ssize_t i, n_rows
+        cdef int64_t* r
+        if self.batches == 0:
+            return None
+        borrow_writable(rows, &rv)
+        try:
+            r = <int64_t*>rv.buf
+            n_rows = rv.len // (R_FIELDS * 8)
+            for i in range(self.batches):
+                if self._staged[i].slot < n_rows:
+                    r[self._staged[i].slot * R_FIELDS + R_STAGED] = 0
+        finally:
+            PyBuffer_Release(&rv)
+        self._release(0)
+        return None
+
+    def batch(self, Py_ssize_t i):
+        """See clentry_py.AppendRun.batch."""
+        if i < 0 or i >= self.batches:
+            raise IndexError(f"batch {i} of a run of {self.batches}")
+        cdef Staged* st = &self._staged[i]
+        return (st.entry, st.index, st.queue, st.base, st.span, st.phys, st.size)
+
+
+cdef object _result(type result_type, int64_t base, int64_t last, int64_t store_ts, int64_t log_start,
+                    int64_t phys):
+    """result_type(base, last, store_ts, log_start, phys) for a tuple subclass of five fields (AppendResult), built
+    as tuple.__new__ builds it, without looking tuple.__new__ up and binding it at every call."""
+    result = mqk_alloc_tuple(result_type, 5)
+    _set_item(result, 0, base)
+    _set_item(result, 1, last)
+    _set_item(result, 2, store_ts)
+    _set_item(result, 3, log_start)
+    _set_item(result, 4, phys)
+    return result
+
+
+cdef inline void _set_item(object result, Py_ssize_t i, object value) noexcept:
+    Py_INCREF(value)  # (PyTuple_SET_ITEM steals a reference)
+    PyTuple_SET_ITEM(result, i, value)
+
+
+cdef type _checked_result_type = None  # the last result type publish was handed and found to be a tuple type
+
+
+cdef bint _acceptable_batch(const unsigned char* b, Py_ssize_t n) noexcept:
+    """Exactly one record batch v2 the store takes as it is (clentry_py.acceptable_batch)."""
+    if n < C_BATCH_HEADER or b[16] != 2 or <Py_ssize_t>ld_i32(b + 8) + 12 != n:
+        return False
+    cdef int32_t last_offset_delta = ld_i32(b + 23)
+    return 0 <= last_offset_delta < C_INT32_MAX and ld_i32(b + 57) >= 0
+
+
+def acceptable_batch(body):
+    """See clentry_py.acceptable_batch."""
+    cdef Py_buffer view
+    borrow(body, &view)
+    try:
+        return _acceptable_batch(<const unsigned char*>view.buf, view.len)
     finally:
-        if staged != NULL:
-            for k in range(count):
-                PyBuffer_Release(&bodies[k])
-                Py_XDECREF(staged[k].shard)
-                Py_XDECREF(staged[k].cq)
-                Py_XDECREF(staged[k].qf)
-        PyMem_Free(staged)
-        PyMem_Free(bodies)
-        free(marks)
-        PyBuffer_Release(&h)
+        PyBuffer_Release(&view)
+
+
+cdef void _prefetch_rows(int64_t* rows, Py_ssize_t n_rows, const int64_t* slots, Py_ssize_t n_queues,
+                         list entries, Py_ssize_t first, Py_ssize_t stop) noexcept:
+    """Ask for the queue-table rows of entries[first:stop] ahead of staging them (a Produce into many partitions
+    finds none of them cached; their misses then overlap instead of queueing). A hint: nothing is read for a
+    result, an entry of the wrong shape is skipped."""
+    cdef Py_ssize_t k
+    cdef object entry, qobj
+    cdef long q
+    cdef int overflow
+    for k in range(first, stop):
+        entry = <object>PyList_GET_ITEM(entries, k)
+        if not PyTuple_CheckExact(entry) or PyTuple_GET_SIZE(entry) != 2:
+            continue
+        qobj = <object>PyTuple_GET_ITEM(entry, 0)
+        if not PyLong_CheckExact(qobj):
+            continue
+        q = PyLong_AsLongAndOverflow(qobj, &overflow)
+        if overflow or q < 0 or q >= n_queues or slots[q] < 0 or slots[q] >= n_rows:
+            continue
+        MQK_PREFETCH_W(rows + slots[q] * R_FIELDS)
 
 
 def blank_head(Py_ssize_t size):

@@ -1,8 +1,8 @@
 """CommitLog entry kernels, pure Python: the twin of `clentry.pyx`, same API, byte-identical results.
 
-Owns the byte layout of one CommitLog entry (big-endian); segments, positions and flushing are the file store's,
-except that `append_run` (the store's append of one batch to each of many queues) moves the positions the store
-hands it, so that such an append costs one call and no Python per entry. The layout:
+Owns the byte layout of one CommitLog entry (big-endian) and the append kernel (`AppendRun`), which stages, writes
+and publishes a run of entries against the store's queue table (a flat buffer of per-queue positions: the kernel
+never touches the store's Python objects). Segments, files and flushing are the file store's. The layout:
   0 total_size i32 | 4 magic u32 | 8 crc u32 (CRC32C of bytes [12, total_size)) | 12 queue_id i32 | 16 flags i32 |
   20 queue_offset i64 | 28 physical_offset i64 | 36 record_count i32 | 40 store_timestamp i64 |
   48 max_timestamp i64 | 56 tags_code i64 | 64 topic_len u16 | 66 topic (UTF-8) | body (a Kafka record batch v2)
@@ -21,9 +21,9 @@ An entry is never assembled in memory: the file store writes its *head* (the fix
 first 8 bytes, which are the batch's base offset, set to the queue offset) and then the rest of the body straight
 from the producer's buffer, in one `pwritev` (`write_entry`). `encode_head` builds such a head, CRC included
 (computed over the head and the body's tail, as if they were one buffer), so `head + body[8:]` is the entry.
-`append_head` is the file store's single-batch append in one call: it checks the batch header, builds the head and
-writes the entry's ConsumeQueue unit (layout in `cqunit_py`), so an append costs one kernel call instead of a header
-parse, an encode and a unit pack.
+`AppendRun.plan` builds the heads of a run of entries side by side and their ConsumeQueue units (layout in
+`cqunit_py`) past each queue's published end; `write` puts them in the segment with `write_entries`; `publish` moves
+the queue table's positions, the only place they move.
 """
 from __future__ import annotations
 
@@ -123,51 +123,6 @@ def _pack_head(mv: memoryview, pos: int, fields: tuple, topic: bytes) -> int:
     return p
 
 
-def append_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body, cq_buf,
-                cq_pos, running_max_ts):
-    """Append one record batch: if `body` is exactly one Kafka record batch v2 (at least its header, magic 2,
-    batch_length + 12 == len(body), 0 <= last_offset_delta < 2**31 - 1, record_count >= 0), write its entry's
-    head into `head` as `encode_head` does with flags 0, max_timestamp = the batch's and record_count = its offset
-    span (last_offset_delta + 1), and its ConsumeQueue unit at `cq_pos` in `cq_buf`: (physical_offset, entry size,
-    span, tags_code, store_timestamp, max(running_max_ts, the batch's max_timestamp), queue_offset).
-
-    Returns (entry size, span, new running max timestamp), or None, writing nothing, when `body` is not exactly
-    one such batch (the caller's general path then says what is wrong). OutOfBounds, writing nothing, when the
-    head or the unit does not fit its buffer."""
-    mv = _writable(head)
-    if not isinstance(topic, bytes):
-        raise TypeError("topic must be bytes")
-    queue_id = _ssize(queue_id)
-    queue_offset = _ssize(queue_offset)
-    physical_offset = _ssize(physical_offset)
-    store_timestamp = _ssize(store_timestamp)
-    tags_code = _ssize(tags_code)
-    body = _view(body)
-    cq = _writable(cq_buf)
-    cq_pos = _ssize(cq_pos)
-    running_max_ts = _ssize(running_max_ts)
-    n = body.nbytes
-    if n < BATCH_HEADER_SIZE or body[16] != 2 or _I32.unpack_from(body, 8)[0] + 12 != n:
-        return None
-    last_offset_delta = _I32.unpack_from(body, 23)[0]
-    if last_offset_delta < 0 or last_offset_delta == _INT32_MAX or _I32.unpack_from(body, 57)[0] < 0:
-        return None
-    span = last_offset_delta + 1
-    batch_max_ts = _I64.unpack_from(body, 35)[0]
-    queue_id = _i32(queue_id)
-    size = entry_size(len(topic), n)
-    if FIXED_HEADER_SIZE + len(topic) + 8 > mv.nbytes:
-        raise OutOfBounds(f"entry head of {FIXED_HEADER_SIZE + len(topic) + 8} bytes does not fit buffer of "
-                          f"{mv.nbytes} bytes")
-    if cq_pos < 0 or _UNIT_SIZE > cq.nbytes - cq_pos:
-        raise OutOfBounds(f"unit at {cq_pos} outside buffer of {cq.nbytes} bytes")
-    running = max(running_max_ts, batch_max_ts)
-    encode_head(mv, topic, queue_id, queue_offset, physical_offset, store_timestamp, batch_max_ts, tags_code, 0, span,
-                body)
-    _UNIT.pack_into(cq, cq_pos, physical_offset, size, span, tags_code, store_timestamp, running, queue_offset)
-    return (size, span, running)
-
-
 def write_entry(fd, pos, head, head_len, body) -> None:
     """Write the entry whose head is `head[:head_len]` (see `encode_head`) and whose batch is `body` at offset `pos`
     of file `fd`: one pwritev of the head and body[8:] (the batch's base offset is in the head), finishing a short
@@ -220,108 +175,6 @@ def write_entries(fd, pos, heads, head_len, bodies) -> None:
         pos = _write_all(fd, pos, parts)
 
 
-def plan_prefetch(shard_type, queue_type, file_queue_type, file_type) -> bool:
-    """The compiled kernel prefetches each partition's objects for `append_run` (reading their classes' slots);
-    a hint with no effect on any result, so the twin prefetches nothing and says so (False)."""
-    return False
-
-
-def append_run(fd, seg_start, pos, seg_size, shards, entries, start, heads, topic, store_timestamp, out, grown,
-               result_type, dirty) -> tuple:
-    """The file store's append of many single-batch entries of one topic in one call (FileEngine._put_staged):
-    stage a run of entries from `entries[start]` on, write it at offset `pos` of the CommitLog segment `fd`
-    (which starts at CommitLog offset `seg_start` and holds `seg_size` bytes) with `write_entries`, then publish
-    each entry. Returns (entries in the run, segment position after it, None), or (entries in the run, `pos`,
-    the OSError) when the write failed, in which case nothing is published and `out` is untouched.
-
-    An entry `(queue, [batch])` joins the run while: `shards[queue]` is a shard (`.cq`, `.log_start`) whose
-    ConsumeQueue's last file (`cq.mfq.files[-1]`: `.wrote`, `.reserved`, `.buf`) has a reserved unit free; its
-    queue is not already in the run; the batch is exactly one valid record batch (`append_head`); and its entry
-    leaves BLANK_MIN_SIZE bytes free in the segment. The first entry that does not stops the run (the caller
-    appends it on its own; a run of 0 entries writes nothing). Staging writes each entry's head into its slot of
-    `heads` (head_size(len(topic)) bytes each; the run is at most as long as `heads` has slots) and its unit past
-    the queue's published end, as `append_head` does with tags code 0 and store time `store_timestamp`.
-
-    Publishing moves, per entry, the unit file's `wrote` and `committed` past its unit, the queue's `end_offset`
-    past its span and its `max_ts` to the running maximum; marks a queue whose `dirty_since_phys` is below 0 with
-    the entry's CommitLog offset and `store_timestamp` (`dirty_since_ms`) and adds it to `dirty`; appends
-    `result_type(base, last offset, store_timestamp, shard.log_start, CommitLog offset)` to `out` and
-    `(queue, new end offset)` to `grown`."""
-    for name, value, kind in (("shards", shards, list), ("entries", entries, list), ("topic", topic, bytes),
-                              ("out", out, list), ("grown", grown, list), ("dirty", dirty, set)):
-        if type(value) is not kind:  # as the compiled kernel's typed arguments refuse them
-            raise TypeError(f"Argument {name!r} has incorrect type (expected {kind.__name__}, got "
-                            f"{type(value).__name__})")
-    head_len = head_size(len(topic))
-    h = _writable(heads)
-    seg_start = _ssize(seg_start)
-    pos = _ssize(pos)
-    seg_size = _ssize(seg_size)
-    start = _ssize(start)
-    if start < 0 or pos < 0 or seg_size < pos or seg_start < 0:
-        raise OutOfBounds(f"run from entry {start} at {pos} of a {seg_size}-byte segment at {seg_start}")
-    limit = min(len(entries) - start, h.nbytes // head_len)
-    staged: list[tuple] = []
-    in_run: set[int] = set()
-    cur = pos
-    while len(staged) < limit:
-        entry = entries[start + len(staged)]
-        if type(entry) is not tuple or len(entry) != 2:
-            break
-        queue, batches = entry
-        if type(queue) is not int or not 0 <= queue < len(shards) or queue in in_run:
-            break  # a queue appears once in a run: its second entry builds on the first one's published end
-        shard = shards[queue]
-        if shard is None or len(batches) != 1:
-            break
-        try:
-            cq = shard.cq
-            files = cq.mfq.files
-            if not files:
-                break
-            qf = files[-1]
-            qpos = _ssize(qf.wrote)
-            if qpos + _UNIT_SIZE > qf.reserved:
-                break
-            base = _i64(cq.end_offset)
-            running = _i64(cq.max_ts)
-            body = _view(batches[0])
-        except Exception:  # noqa: BLE001 - a shape _put reports
-            break
-        try:
-            slot = h[len(staged) * head_len:(len(staged) + 1) * head_len]
-            done = None
-            if (body.nbytes <= _INT32_MAX - FIXED_HEADER_SIZE - len(topic)
-                    and FIXED_HEADER_SIZE + len(topic) + body.nbytes + BLANK_MIN_SIZE <= seg_size - cur):
-                done = append_head(slot, topic, queue, base, seg_start + cur, store_timestamp, 0, body, qf.buf, qpos,
-                                   running)
-        except Exception:  # noqa: BLE001 - _put gives this entry its own answer
-            done = None
-        if done is None:
-            break
-        size, span, running = done
-        staged.append((shard, cq, qf, queue, qpos, seg_start + cur, base, span, running, body))
-        in_run.add(queue)
-        cur += size
-    if not staged:
-        return (0, pos, None)
-    try:
-        write_entries(fd, pos, h, head_len, [entry[9] for entry in staged])
-    except OSError as exc:
-        return (len(staged), pos, exc)
-    for shard, cq, qf, queue, qpos, phys, base, span, running, _body in staged:
-        qf.wrote = qf.committed = qpos + _UNIT_SIZE
-        end = cq.end_offset = base + span
-        cq.max_ts = running
-        if cq.dirty_since_phys < 0:
-            cq.dirty_since_phys = phys
-            cq.dirty_since_ms = store_timestamp
-            dirty.add(cq)
-        out.append(tuple.__new__(result_type, (base, end - 1, store_timestamp, shard.log_start, phys)))
-        grown.append((queue, end))
-    return (len(staged), cur, None)
-
-
 def _write_all(fd, pos, parts) -> int:
     """pwritev `parts` at `pos` through short writes; returns the position after them."""
     while parts:
@@ -334,22 +187,6 @@ def _write_all(fd, pos, parts) -> int:
         if parts and done:
             parts[0] = parts[0][done:]
     return pos
-
-
-def put_entry(fd, pos, head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body,
-              cq_buf, cq_pos, running_max_ts):
-    """The file store's single-batch append in one call: `append_head` (same arguments but `fd` and `pos`, same
-    None and OutOfBounds), then `write_entry` of that head and `body` at `pos` of `fd`. Returns what append_head
-    returns. An OSError from the write leaves the unit written in `cq_buf`; the caller has not published it."""
-    if _ssize(pos) < 0:
-        raise OutOfBounds(f"entry write at {pos}")
-    if fd < 0:
-        raise OSError(errno.EBADF, "put_entry: bad file descriptor")
-    done = append_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, tags_code, body,
-                       cq_buf, cq_pos, running_max_ts)
-    if done is not None:
-        write_entry(fd, pos, head, FIXED_HEADER_SIZE + len(topic) + 8, body)
-    return done
 
 
 def blank_head(size) -> bytes:
@@ -396,3 +233,267 @@ def read_entry(buf, pos, limit, verify=True) -> tuple:
         raise Corrupt("topic is not UTF-8", pos) from None
     return (KIND_MESSAGE, total_size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp,
             max_timestamp, tags_code, topic, body_pos)
+
+
+# --- the append pipeline's kernel: plan, write, publish ------------------------------------------------------------
+
+ROW_END = 0             #: the queue's end offset (the offset its next record gets)
+ROW_MAX_TS = 1          #: running maximum record timestamp over the queue
+ROW_CQ_WROTE = 2        #: write position in the queue's last ConsumeQueue file (published units end here)
+ROW_CQ_RESERVED = 3     #: bytes of that file with disk blocks (a unit is only staged below this)
+ROW_DIRTY_PHYS = 4      #: CommitLog offset of the first unit not yet flushed (-1: none)
+ROW_DIRTY_MS = 5        #: store time of that unit
+ROW_LOG_START = 6       #: the queue's log start offset (answered with every append)
+ROW_STAGED = 7          #: 1 + index of the queue's last batch staged in the current run (0: none); plan's scratch
+ROW_FIELDS = 8
+ROW_BYTES = 64
+
+STOP_END = 0            #: every entry was planned
+STOP_FULL = 1           #: the run holds as many batches as it can (`capacity`)
+STOP_SEGMENT = 2        #: the entry does not fit the rest of the CommitLog segment
+STOP_UNIT_ROOM = 3      #: the queue's last ConsumeQueue file has no reserved room for the entry's units
+STOP_NO_SHARD = 4       #: the entry's queue is not a shard of the topic
+STOP_BATCH = 5          #: a buffer of the entry is not exactly one acceptable record batch v2
+STOP_SHAPE = 6          #: the entry is not a (queue id, sequence of buffers) pair
+
+
+def acceptable_batch(body) -> bool:
+    """Whether `body` is exactly one record batch v2 the store takes as it is: at least its 61-byte header, magic 2,
+    batch_length + 12 == len(body), 0 <= last_offset_delta < 2**31 - 1 and record_count >= 0."""
+    b = _view(body)
+    n = b.nbytes
+    if n < BATCH_HEADER_SIZE or b[16] != 2 or _I32.unpack_from(b, 8)[0] + 12 != n:
+        return False
+    last_offset_delta = _I32.unpack_from(b, 23)[0]
+    return 0 <= last_offset_delta < _INT32_MAX and _I32.unpack_from(b, 57)[0] >= 0
+
+
+class AppendRun:
+    """The file store's append kernel: a run of entries of one topic planned, written and published in three calls.
+
+    Per-queue positions live in the caller's *queue table* `rows`: ROW_FIELDS native-endian int64 per queue (a
+    *slot*), fields ROW_*. `slot_map` (int64 buffer) maps a queue id of the topic to its slot, -1 for none;
+    `unit_bufs[slot]` is the writable buffer of the queue's last ConsumeQueue file (None: none).
+
+    `plan` stages entries from `entries[start]` on. An entry is `(queue id, [batch, ...])` (a tuple; the batches a
+    list or tuple of buffers); it is planned whole or not at all. For each batch, plan checks it
+    (`acceptable_batch`), writes its entry's head (see `encode_head`: flags 0, the batch's max timestamp, record
+    count = its offset span, tags code `tags_code`, store time `store_timestamp`) into the run's own head buffer
+    and its 48-byte ConsumeQueue unit (cqunit's layout: physical offset, entry size, span, tags code, store time,
+    running max timestamp, base offset) at the queue's staged write position in `unit_bufs[slot]`, past what is
+    published. Entries follow each other in the CommitLog segment from position `pos` (the segment starts at
+    CommitLog offset `seg_start` and holds `seg_size` bytes); each must leave BLANK_MIN_SIZE bytes free. A queue may
+    appear several times in a run: each entry builds on what the one before staged (the row's ROW_STAGED says
+    where; plan's scratch, left 0 by publish and abandon). Plan stops at the first entry it cannot take and says why
+    in `stop` (STOP_*); the entries before it are staged. Returns the number of entries planned (`entries`);
+    `batches` is the number of batches staged, `end_pos` the segment position after them.
+
+    `write(fd)` writes the staged entries (head i + batch i from its 9th byte) at `pos` of the segment file `fd`,
+    one pwritev per WRITE_ENTRIES_CHUNK entries or WRITE_BYTES_CHUNK bytes (`write_entries`), finishing short
+    writes; OSError as os.pwritev raises it, after which the caller must `abandon` the run. `plan` with
+    `write_to` >= 0 writes what it staged to that file before returning (one call instead of two, for a caller
+    with nothing to do in between).
+
+    `publish` moves, per batch in order, its queue's row: ROW_CQ_WROTE past its unit, ROW_END past its span,
+    ROW_MAX_TS to the running maximum, ROW_STAGED to 0, and (when ROW_DIRTY_PHYS < 0) ROW_DIRTY_PHYS/ROW_DIRTY_MS to
+    the batch's CommitLog offset and the store time, appending the slot to `dirtied`; after an entry's last batch
+    it appends `result_type(base offset, last offset, store time, ROW_LOG_START, the entry's first CommitLog
+    offset)` to `out` and `(queue id, new end offset)` to `grown`. Returns the batches published; the run is empty
+    afterwards. `published_entries`, `published_batches` and `published_bytes` count what every publish of this
+    run object made visible (the store's put statistics). `abandon` empties the run without publishing (ROW_STAGED reset). `batch(i)` describes staged batch
+    i: (entry index, index in the entry, queue id, base offset, span, CommitLog offset, entry size).
+
+    Problems with an entry are `stop` reasons, never exceptions; arguments that cannot be right raise: OutOfBounds
+    for a window outside the segment or a slot outside the table, RuntimeError for a plan over an unpublished run,
+    TypeError as the compiled kernel's typed arguments refuse them."""
+
+    def __init__(self, capacity=4096) -> None:
+        capacity = _ssize(capacity)
+        if capacity < 1 or capacity > 1 << 20:
+            raise ValueError(f"run capacity {capacity} outside [1, 1048576]")
+        self.capacity = capacity
+        self._staged: list[tuple] = []  # (slot, queue, entry, index, qpos, phys, base, span, running, size)
+        self._bodies: list[memoryview] = []
+        self._heads: list[bytes] = []
+        self.entries = 0
+        self.stop = STOP_END
+        self.start = self.pos = self.end_pos = 0
+        self.seg_start = 0
+        self.store_timestamp = 0
+        self.published_entries = self.published_batches = self.published_bytes = 0
+
+    @property
+    def batches(self) -> int:
+        return len(self._staged)
+
+    def plan(self, rows, slot_map, unit_bufs, entries, start, topic, store_timestamp, tags_code, seg_start, pos,
+             seg_size, write_to=-1) -> int:
+        for name, value, kind in (("unit_bufs", unit_bufs, list), ("entries", entries, list), ("topic", topic, bytes)):
+            if type(value) is not kind:  # as the compiled kernel's typed arguments refuse them
+                raise TypeError(f"Argument {name!r} has incorrect type (expected {kind.__name__}, got "
+                                f"{type(value).__name__})")
+        if self._staged:
+            raise RuntimeError("an AppendRun must be published or abandoned before it plans again")
+        start, pos, seg_size, seg_start = _ssize(start), _ssize(pos), _ssize(seg_size), _i64(seg_start)
+        store_timestamp, tags_code = _i64(store_timestamp), _i64(tags_code)
+        if start < 0 or start > len(entries) or pos < 0 or seg_size < pos or seg_start < 0:
+            raise OutOfBounds(f"run from entry {start} at {pos} of a {seg_size}-byte segment at {seg_start}")
+        if len(topic) > MAX_TOPIC_LEN:
+            raise ValueError(f"topic length {len(topic)} outside [0, {MAX_TOPIC_LEN}]")
+        table = _writable(rows).cast("B").cast("q")
+        slots = _view(slot_map).cast("B").cast("q")
+        n_rows = len(table) // ROW_FIELDS
+        head_len = head_size(len(topic))
+        self.start, self.pos, self.end_pos = start, pos, pos
+        self.seg_start, self.store_timestamp = seg_start, store_timestamp
+        self.entries = 0
+        self.stop = STOP_END
+        cur = pos
+        for e in range(start, len(entries)):
+            entry = entries[e]
+            if type(entry) is not tuple or len(entry) != 2:
+                self.stop = STOP_SHAPE
+                break
+            queue, batches = entry
+            if type(queue) is not int or type(batches) not in (list, tuple):
+                self.stop = STOP_SHAPE
+                break
+            if not 0 <= queue < len(slots) or slots[queue] < 0:
+                self.stop = STOP_NO_SHARD
+                break
+            slot = slots[queue]
+            if slot >= n_rows or slot >= len(unit_bufs):
+                raise OutOfBounds(f"queue {queue} maps to slot {slot} outside the table of {n_rows} rows")
+            if not batches:
+                self.stop = STOP_BATCH
+                break
+            if len(self._staged) + len(batches) > self.capacity:
+                self.stop = STOP_FULL
+                break
+            row = slot * ROW_FIELDS
+            staged_at = table[row + ROW_STAGED]
+            if staged_at > 0:  # the queue is in this run already: build on what was staged for it
+                prev = self._staged[staged_at - 1]
+                end, running, qpos = prev[6] + prev[7], prev[8], prev[4] + _UNIT_SIZE
+            else:
+                end, running, qpos = table[row + ROW_END], table[row + ROW_MAX_TS], table[row + ROW_CQ_WROTE]
+            reserved = table[row + ROW_CQ_RESERVED]
+            ubuf = unit_bufs[slot]
+            staged: list[tuple] = []
+            bodies: list[memoryview] = []
+            heads: list[bytes] = []
+            entry_cur = cur
+            stop = STOP_END
+            for j, obj in enumerate(batches):
+                try:
+                    body = memoryview(obj)
+                except TypeError:
+                    stop = STOP_SHAPE
+                    break
+                body = _view(body)
+                if not acceptable_batch(body) or body.nbytes > _INT32_MAX - FIXED_HEADER_SIZE - len(topic):
+                    stop = STOP_BATCH
+                    break
+                size = FIXED_HEADER_SIZE + len(topic) + body.nbytes
+                if size + BLANK_MIN_SIZE > seg_size - entry_cur:
+                    stop = STOP_SEGMENT
+                    break
+                if ubuf is None or qpos < 0 or qpos + _UNIT_SIZE > reserved:
+                    stop = STOP_UNIT_ROOM
+                    break
+                head = bytearray(head_len)
+                span = _I32.unpack_from(body, 23)[0] + 1
+                batch_max_ts = _I64.unpack_from(body, 35)[0]
+                running = max(running, batch_max_ts)
+                phys = seg_start + entry_cur
+                encode_head(head, topic, queue, end, phys, store_timestamp, batch_max_ts, tags_code, 0, span, body)
+                units = _writable(ubuf)
+                if qpos + _UNIT_SIZE > units.nbytes:
+                    raise OutOfBounds(f"unit at {qpos} outside buffer of {units.nbytes} bytes")
+                _UNIT.pack_into(units, qpos, phys, size, span, tags_code, store_timestamp, running, end)
+                staged.append((slot, queue, e, j, qpos, phys, end, span, running, size))
+                bodies.append(body)
+                heads.append(bytes(head))
+                entry_cur += size
+                end += span
+                qpos += _UNIT_SIZE
+            if stop != STOP_END:  # the entry is planned whole or not at all
+                self.stop = stop
+                break
+            self._staged.extend(staged)
+            self._bodies.extend(bodies)
+            self._heads.extend(heads)
+            table[row + ROW_STAGED] = len(self._staged)
+            self.entries += 1
+            cur = self.end_pos = entry_cur
+        if _ssize(write_to) >= 0 and self._staged:
+            self.write(write_to)
+        return self.entries
+
+    def write(self, fd) -> None:
+        if not self._staged:
+            return None
+        if fd < 0:
+            raise OSError(errno.EBADF, "AppendRun.write: bad file descriptor")
+        head_len = len(self._heads[0])
+        write_entries(fd, self.pos, b"".join(self._heads), head_len, self._bodies)
+        return None
+
+    def publish(self, rows, out, grown, dirtied, result_type) -> int:
+        for name, value in (("out", out), ("grown", grown), ("dirtied", dirtied)):
+            if type(value) is not list:
+                raise TypeError(f"Argument {name!r} has incorrect type (expected list, got {type(value).__name__})")
+        n = len(self._staged)
+        if n == 0:
+            return 0
+        table = _writable(rows).cast("B").cast("q")
+        n_rows = len(table) // ROW_FIELDS
+        for st in self._staged:
+            if st[0] >= n_rows:
+                raise OutOfBounds(f"staged slot {st[0]} outside the table of {n_rows} rows")
+        first_base = first_phys = 0
+        for i, (slot, queue, entry, index, qpos, phys, base, span, running, _size) in enumerate(self._staged):
+            row = slot * ROW_FIELDS
+            if index == 0:
+                first_base, first_phys = base, phys
+            end = base + span
+            table[row + ROW_CQ_WROTE] = qpos + _UNIT_SIZE
+            table[row + ROW_END] = end
+            table[row + ROW_MAX_TS] = running
+            table[row + ROW_STAGED] = 0
+            if table[row + ROW_DIRTY_PHYS] < 0:  # the queue's first unit not yet flushed
+                table[row + ROW_DIRTY_PHYS] = phys
+                table[row + ROW_DIRTY_MS] = self.store_timestamp
+                dirtied.append(slot)
+            if i + 1 == n or self._staged[i + 1][2] != entry:  # the entry's last batch
+                out.append(tuple.__new__(result_type, (first_base, end - 1, self.store_timestamp,
+                                                       table[row + ROW_LOG_START], first_phys)))
+                grown.append((queue, end))
+                self.published_entries += 1
+        self.published_batches += n
+        self.published_bytes += self.end_pos - self.pos
+        self._clear()
+        return n
+
+    def abandon(self, rows) -> None:
+        if not self._staged:
+            return None
+        table = _writable(rows).cast("B").cast("q")
+        n_rows = len(table) // ROW_FIELDS
+        for st in self._staged:
+            if st[0] < n_rows:
+                table[st[0] * ROW_FIELDS + ROW_STAGED] = 0
+        self._clear()
+        return None
+
+    def batch(self, i) -> tuple:
+        i = _ssize(i)
+        if i < 0 or i >= len(self._staged):
+            raise IndexError(f"batch {i} of a run of {len(self._staged)}")
+        slot, queue, entry, index, _qpos, phys, base, span, _running, size = self._staged[i]
+        return (entry, index, queue, base, span, phys, size)
+
+    def _clear(self) -> None:
+        self._staged.clear()
+        self._bodies.clear()
+        self._heads.clear()

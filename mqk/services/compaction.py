@@ -46,7 +46,7 @@ from mqk._fast import load
 from mqk.config import BrokerConfig
 from mqk.errors import NotSupported, StorageError, UnknownShard
 from mqk.store.adapter import BatchInfo, StoredBatch
-from mqk.store.memory import _decompress
+from mqk.store.batches import decompress as _decompress
 
 recbatch = load("recbatch")
 log = logging.getLogger("mqk.compaction")
@@ -387,7 +387,7 @@ class CompactionService:
             taken = 0
             # an engine whose rewrite costs a whole copy of the prefix (the file engine's compaction log) gets the
             # whole range in one call; the others get atomic chunks
-            limit = CHUNK_BYTES if engine.name != "file" else 1 << 62
+            limit = 1 << 62 if engine.rewrite_copies_prefix else CHUNK_BYTES
             for batch in chunk:
                 t = time.perf_counter()
                 rewritten.extend(filter_batches([batch], offset_map, horizon, last_of_producer, stats))

@@ -146,12 +146,8 @@ class RetentionService:
 
 
 async def reclaim_engine(engine: Any, now: int, pins: dict[tuple[str, int], int]) -> int:
-    """The engine's reclaim: the file engine's lives in mqk.store.file.reclaim (it needs the engine's files)."""
-    if engine.name == "file":
-        from mqk.store.file.reclaim import reclaim
-
-        return await reclaim(engine, now, engine.config.file_reserved_time_ms, pins)
-    return await engine.reclaim(now, -1, pins)
+    """The engine's reclaim pass, with its own configured reserved time (StorageAdapter.reclaim)."""
+    return await engine.reclaim(now, None, pins)
 
 
 __all__ = ["RetentionReport", "RetentionService", "reclaim_engine", "retention_limits"]

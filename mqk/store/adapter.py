@@ -16,13 +16,28 @@ file and memory engines answer without suspending (a coroutine that never awaits
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 from mqk.config import TopicConfig
-from mqk.errors import UnknownShard
+from mqk.errors import InvalidShardCount, UnknownShard
 
 Buffer = bytes | bytearray | memoryview
+
+#: queues per topic every engine takes (the broker's own limit on partitions is lower)
+MAX_SHARD_COUNT = 1 << 16
+
+
+def check_shard_count(queue_count: int) -> None:
+    """The one rule every engine's `create_shards` applies: InvalidShardCount outside [1, MAX_SHARD_COUNT]."""
+    if not 1 <= queue_count <= MAX_SHARD_COUNT:
+        raise InvalidShardCount(f"queue count {queue_count} outside [1, {MAX_SHARD_COUNT}]")
+
+
+def store_time_ms() -> int:
+    """Wall-clock milliseconds: what engines stamp appended batches with (their store timestamp)."""
+    return time.time_ns() // 1_000_000
 
 
 class AppendResult(NamedTuple):
@@ -183,6 +198,9 @@ class StorageAdapter(abc.ABC):
     """One engine's view of its shards. An engine instance is created once and shared by every topic using it."""
 
     name: str = "abstract"
+    #: whether `replace_range` rewrites a shard's whole compacted prefix whatever the range (the file engine's
+    #: compaction log): compaction then hands it the whole range in one call instead of chunks
+    rewrite_copies_prefix: bool = False
 
     def __init__(self) -> None:
         self.listeners: list[DataListener] = []
@@ -414,12 +432,14 @@ class StorageAdapter(abc.ABC):
 
         raise NotSupported(f"{self.name} engine cannot rewrite stored batches (compaction)")
 
-    async def reclaim(self, now_ms: int, reserved_ms: int, pins: dict[tuple[str, int], int] | None = None) -> int:
+    async def reclaim(self, now_ms: int, reserved_ms: int | None = None,
+                      pins: dict[tuple[str, int], int] | None = None) -> int:
         """Give back the space of data below every shard's log start; returns the bytes freed. Engines whose
         `delete_before` already frees space (memory, rocksdb) have nothing to do here. The file engine frees
         whole CommitLog segments (mqk.store.file.reclaim), and also drops segments older than `reserved_ms`
-        (RocketMQ's fileReservedTime), moving the start of the shards that still pointed into them, except past
-        `pins[(topic, queue)]` (offsets still needed: pending timer messages)."""
+        (RocketMQ's fileReservedTime; None: the engine's configured one), moving the start of the shards that
+        still pointed into them, except past `pins[(topic, queue)]` (offsets still needed: pending timer
+        messages)."""
         return 0
 
     # --- group offsets ---------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Any
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from mqk.config import FLUSH_SYNC, StoreConfig, TopicConfig
-from mqk.errors import InvalidPartitionsError, InvalidTopicError, OffsetOutOfRange, StorageError, UnknownShard
+from mqk.errors import InvalidShardName, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import (
     AppendResult,
     Buffer,
@@ -50,10 +50,12 @@ from mqk.store.adapter import (
     ReadResult,
     StorageAdapter,
     StoredBatch,
+    check_shard_count,
     physical_base,
+    store_time_ms,
 )
-from mqk.store.memory import first_record_at_or_after, max_retained_timestamp, now_ms, prepare_batches
-from mqk.store.memory import recbatch as _recbatch
+from mqk.store.batches import first_record_at_or_after, max_retained_timestamp, prepare_batches
+from mqk.store.batches import recbatch as _recbatch
 
 DATA_HEADER = struct.Struct(">qqqqi")  # store ts, own max ts, running max ts, tags code, record count
 _U16 = struct.Struct(">H")
@@ -74,7 +76,7 @@ def _bias(ts: int) -> bytes:
 def _topic_key(topic: str) -> bytes:
     raw = topic.encode()
     if len(raw) > 0xFFFF:
-        raise InvalidTopicError(f"topic name of {len(raw)} bytes is too long")
+        raise InvalidShardName(f"topic name of {len(raw)} bytes is too long")
     return _U16.pack(len(raw)) + raw
 
 
@@ -199,8 +201,7 @@ class RocksEngine(StorageAdapter):
     # --- shards --------------------------------------------------------------------------------------------
 
     async def create_shards(self, topic: str, queue_count: int, config: TopicConfig) -> None:
-        if queue_count <= 0:
-            raise InvalidPartitionsError(f"queue count must be positive, not {queue_count}")
+        check_shard_count(queue_count)
         tk = _topic_key(topic)
         shards = self._topics.get(topic, [])
         if len(shards) >= queue_count:
@@ -244,7 +245,7 @@ class RocksEngine(StorageAdapter):
         db = self.db
         if self._write_error is not None:
             raise self._write_error
-        store_ts = now_ms()
+        store_ts = store_time_ms()
         prepared = prepare_batches(batches, shard.assigned, store_ts if log_append_time else None)
         puts: list[tuple[bytes, bytes]] = []
         running_max = shard.running_max

@@ -193,7 +193,7 @@ async def test_file_disk_use_falls_after_expiry_and_restart_is_clean(engine_name
         engine = m.engines["file"]
         keep_phys = (await m.read("keep", 0, 0, 1)).batches[0].physical_offset
         segments_before = len(engine.clog.mfq.files)
-        cq_files_before = len(engine._shards[("big", 0)].cq.mfq.files)
+        cq_files_before = len(engine.registry.shards[("big", 0)].cq.mfq.files)
         disk_before = _disk_bytes(config.data_dir / "commitlog")
         report = await _service(m).run_once()
         disk_after = _disk_bytes(config.data_dir / "commitlog")
@@ -203,7 +203,7 @@ async def test_file_disk_use_falls_after_expiry_and_restart_is_clean(engine_name
         assert len(engine.clog.mfq.files) <= 2
         assert report.freed["file"] > 0
         assert disk_after < disk_before / 3, (disk_before, disk_after)
-        assert len(engine._shards[("big", 0)].cq.mfq.files) < cq_files_before
+        assert len(engine.registry.shards[("big", 0)].cq.mfq.files) < cq_files_before
         assert await _all_offsets(m, "big") == list(range(young[0], young[-1] + 2))
         assert len(await _all_offsets(m, "keep")) == 8
     finally:

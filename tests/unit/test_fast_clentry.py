@@ -2,6 +2,7 @@
 blank and end-of-data handling, and bounds. Every test runs on the twin and, when built, the compiled module."""
 from __future__ import annotations
 
+import array
 import errno
 import os
 import struct
@@ -197,98 +198,6 @@ def test_encode_head_bounds_and_bad_bodies_write_nothing(impl):
     assert head == bytes(len(head))
 
 
-def test_append_head_writes_what_encode_head_and_pack_unit_write(impl):
-    ce, rb = impl
-    records = b"".join(rb.encode_record(i, i, b"k", b"v" * 30, []) for i in range(4))
-    # a compacted batch: 4 records over an offset span of 10 (last_offset_delta 9)
-    body = bytes(rb.build_batch(0, 5000, 5009, records, 4, 9))
-    head, cq = bytearray(200), bytearray(200)
-    got = ce.append_head(head, b"orders", 2, 500, 4096, 1_700_000_000_123, -12345, body, cq, 48, 9000)
-    size = ce.entry_size(6, len(body))
-    assert got == (size, 10, 9000)  # the running max stays where it was: this batch's max (5009) is below it
-    # the same bytes as the two-step path: a head with record_count = span, flags 0, the batch's max timestamp
-    ref = bytearray(200)
-    ce.encode_head(ref, b"orders", 2, 500, 4096, 1_700_000_000_123, 5009, -12345, 0, 10, body)
-    n = ce.head_size(6)
-    entry_bytes = bytes(head[:n]) + body[8:]
-    assert head == ref
-    assert UNIT.unpack_from(cq, 48) == (4096, size, 10, -12345, 1_700_000_000_123, 9000, 500)
-    assert cq[:48] == bytes(48) and cq[96:] == bytes(104)
-    entry = ce.read_entry(entry_bytes, 0, size)
-    assert entry[:10] == (1, size, 2, 0, 500, 4096, 10, 1_700_000_000_123, 5009, -12345)
-    assert struct.unpack_from(">q", entry_bytes, entry[11])[0] == 500  # the stored batch's base offset
-    # a later batch with a higher max timestamp raises the running max
-    assert ce.append_head(head, b"orders", 2, 510, 4096 + size, 1, 0, body, cq, 96, 100)[2] == 5009
-
-
-def test_append_head_declines_what_is_not_exactly_one_batch_and_writes_nothing(impl):
-    ce, rb = impl
-    body = bytearray(a_batch(rb))
-    two = bytes(body) * 2
-    bad_magic = bytearray(body)
-    bad_magic[16] = 1
-    bad_length = bytearray(body)
-    struct.pack_into(">i", bad_length, 8, len(body) - 12 + 1)
-    negative_delta = bytearray(body)
-    struct.pack_into(">i", negative_delta, 23, -1)
-    max_delta = bytearray(body)
-    struct.pack_into(">i", max_delta, 23, 2**31 - 1)  # a span of 2**31 does not fit the entry's record count
-    negative_count = bytearray(body)
-    struct.pack_into(">i", negative_count, 57, -1)
-    for bad in (body[:60], two, bad_magic, bad_length, negative_delta, max_delta, negative_count, body + b"x"):
-        head, cq = bytearray(100), bytearray(48)
-        assert ce.append_head(head, b"t", 0, 0, 0, 0, 0, bytes(bad), cq, 0, -1) is None
-        assert head == bytes(100) and cq == bytes(48)
-
-
-def test_append_head_bounds_write_nothing(impl):
-    ce, rb = impl
-    body = a_batch(rb)
-    need = ce.head_size(1)
-    for head_len, cq_len, cq_pos in ((need - 1, 48, 0), (need, 47, 0), (need, 96, 49), (need, 48, -1)):
-        head, cq = bytearray(head_len), bytearray(cq_len)
-        with pytest.raises(OutOfBounds):
-            ce.append_head(head, b"t", 0, 0, 0, 0, 0, body, cq, cq_pos, -1)
-        assert head == bytes(head_len) and cq == bytes(cq_len)
-    with pytest.raises(OverflowError):
-        ce.append_head(bytearray(need), b"t", 2**31, 0, 0, 0, 0, body, bytearray(48), 0, -1)
-    with pytest.raises(TypeError):
-        ce.append_head(bytearray(need), "t", 0, 0, 0, 0, 0, body, bytearray(48), 0, -1)
-
-
-def test_append_head_compiled_and_twin_agree_on_arbitrary_bodies():
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
-    impls = [m for m in (compiled("clentry"), twin("clentry")) if m is not None]  # the twin alone if not built
-    rb = twin("recbatch")
-    good = a_batch(rb, 5)
-
-    @settings(max_examples=300, deadline=None)
-    @given(flips=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 255)), max_size=4),
-           cut=st.integers(0, 8), ints=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=6, max_size=6),
-           cq_pos=st.integers(-2, 60), head_len=st.integers(75, 90))
-    def check(flips, cut, ints, cq_pos, head_len):
-        body = bytearray(good[: len(good) - cut])
-        for at, value in flips:
-            body[at] = value
-        results = []
-        for m in impls:
-            head, cq = bytearray(head_len), bytearray(100)
-            try:
-                r = ("ok", m.append_head(head, b"topic", ints[0] % 2**32 - 2**31, ints[1], ints[2], ints[3],
-                                         ints[4], bytes(body), cq, cq_pos, ints[5]))
-            except (OutOfBounds, OverflowError, ValueError) as exc:
-                r = (type(exc).__name__, str(exc))
-            results.append((r, bytes(head), bytes(cq)))
-        assert all(r == results[0] for r in results)
-
-    check()
-
-
-# --- write_entry: head and batch tail into a file in one pwritev -----------------------------------------------
-
-
 def test_write_entry_puts_head_and_batch_tail_into_the_file(impl, tmp_path):
     ce, rb = impl
     body = a_batch(rb, 5)
@@ -347,57 +256,6 @@ def test_write_entry_errors(impl, tmp_path):
         assert info.value.errno == errno.EBADF
     finally:
         os.close(fd)
-
-
-# --- put_entry: append_head and write_entry in one call -----------------------------------------------------------
-
-
-def test_put_entry_writes_the_entry_to_the_file_and_its_unit(impl, tmp_path):
-    ce, rb = impl
-    body = a_batch(rb, 5)
-    path = tmp_path / "log"
-    path.write_bytes(b"\xee" * 3000)
-    head, cq = bytearray(200), bytearray(96)
-    ref_head, ref_cq = bytearray(200), bytearray(96)
-    expected = ce.append_head(ref_head, b"orders", 2, 500, 4196, 7, 3, body, ref_cq, 48, 1)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        assert ce.put_entry(fd, 100, head, b"orders", 2, 500, 4196, 7, 3, body, cq, 48, 1) == expected
-        # not exactly one batch: None, and neither the file nor the unit is touched
-        assert ce.put_entry(fd, 2000, bytearray(200), b"orders", 2, 0, 0, 0, 0, body + b"x", bytearray(48), 0,
-                            -1) is None
-    finally:
-        os.close(fd)
-    size = expected[0]
-    data = path.read_bytes()
-    assert (head, cq) == (ref_head, ref_cq)
-    assert data[100:100 + size] == bytes(head[:ce.head_size(6)]) + body[8:]
-    assert data[:100] + data[100 + size:] == b"\xee" * (3000 - size)
-    assert ce.read_entry(data, 100, 3000)[:5] == (1, size, 2, 0, 500)
-
-
-def test_put_entry_errors(impl, tmp_path):
-    ce, rb = impl
-    body = a_batch(rb)
-    head, cq = bytearray(100), bytearray(48)
-    with pytest.raises(OutOfBounds):  # a negative position is refused before anything is written
-        ce.put_entry(0, -1, head, b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
-    assert head == bytes(100) and cq == bytes(48)
-    with pytest.raises(OutOfBounds):
-        ce.put_entry(0, 0, bytearray(10), b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
-    with pytest.raises(OSError) as bad_fd:  # refused before the head or the unit is built
-        ce.put_entry(-1, 0, head, b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
-    assert bad_fd.value.errno == errno.EBADF and head == bytes(100) and cq == bytes(48)
-    path = tmp_path / "ro"
-    path.write_bytes(b"")
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with pytest.raises(OSError) as info:
-            ce.put_entry(fd, 0, head, b"t", 0, 0, 0, 0, 0, body, cq, 0, -1)
-        assert info.value.errno == errno.EBADF
-    finally:
-        os.close(fd)
-    assert path.read_bytes() == b""
 
 
 # --- write_entries: consecutive entries in one pwritev ------------------------------------------------------------
@@ -503,234 +361,234 @@ def test_twin_write_entries_finishes_short_writes_across_entries(tmp_path, monke
     assert path.read_bytes() == b"A" * 12 + bodies[0][8:] + b"B" * 12 + bodies[1][8:]
 
 
-# --- append_run: the file store's run of single-batch entries ----------------------------------------------------
+# --- AppendRun: the append pipeline's kernel (plan, write, publish) ---------------------------------------------
+
+ROWS = 8
+UNIT = 48
 
 
-class _File:
-    """A ConsumeQueue file as append_run sees it (MappedFile's positions and buffer)."""
+class Table:
+    """A queue table as the file store keeps one: ROWS rows, each slot's unit buffer, a topic's slot map."""
 
-    __slots__ = ("buf", "committed", "reserved", "wrote")
+    def __init__(self, ce, slots=(3, 1, -1, 5, 0), reserved=UNIT * 4, wrote=0):
+        self.rows = bytearray(ce.ROW_BYTES * ROWS)
+        self.cols = memoryview(self.rows).cast("q")
+        for slot in range(ROWS):
+            self.set(ce, slot, MAX_TS=-1, CQ_WROTE=wrote, CQ_RESERVED=reserved, DIRTY_PHYS=-1)
+        self.slot_map = array.array("q", slots)
+        self.unit_bufs = [bytearray(UNIT * 6) for _ in range(ROWS)]
 
-    def __init__(self, size: int, wrote: int, reserved: int, view: bool = False) -> None:
-        self.buf = memoryview(bytearray(size)) if view else bytearray(size)  # MappedFile's is a memoryview
-        self.wrote = self.committed = wrote
-        self.reserved = reserved
+    def set(self, ce, slot, **fields):
+        for name, value in fields.items():
+            self.cols[slot * ce.ROW_FIELDS + getattr(ce, "ROW_" + name)] = value
 
-
-class _Files:
-    __slots__ = ("files",)
-
-    def __init__(self, files: list) -> None:
-        self.files = files
-
-
-class _Queue:
-    __slots__ = ("dirty_since_ms", "dirty_since_phys", "end_offset", "max_ts", "mfq")
-
-    def __init__(self, files: list, end_offset: int, max_ts: int, dirty_since_phys: int) -> None:
-        self.mfq = _Files(files)
-        self.end_offset = end_offset
-        self.max_ts = max_ts
-        self.dirty_since_phys = dirty_since_phys
-        self.dirty_since_ms = 0
+    def get(self, ce, slot, name):
+        return self.cols[slot * ce.ROW_FIELDS + getattr(ce, "ROW_" + name)]
 
 
-class _Shard:
-    __slots__ = ("cq", "log_start")
-
-    def __init__(self, cq: _Queue, log_start: int) -> None:
-        self.cq = cq
-        self.log_start = log_start
-
-
-class _Result(tuple):
-    """Stands in for AppendResult (a tuple subclass built with tuple.__new__)."""
-
-
-def _run_state(spec: dict) -> tuple[list, list]:
-    """Fresh shards (None where the spec says) and entries from a generated spec."""
-    shards = []
-    for q, (present, units_free, files, end, max_ts, dirty) in enumerate(spec["queues"]):
-        if not present:
-            shards.append(None)
-            continue
-        file_list = [] if not files else [_File(48 * 8, 48 * 2, 48 * 2 + 48 * units_free, spec.get("views", False))]
-        shards.append(_Shard(_Queue(file_list, end, max_ts, dirty), log_start=q * 3))
-    return shards, [(queue, list(batches)) if not bad_shape else [queue, batches]
-                    for queue, batches, bad_shape in spec["entries"]]
-
-
-def _run_outcome(ce, spec: dict, tmp_path, name: str) -> tuple:
-    shards, entries = _run_state(spec)
+def _file(tmp_path, name="seg", size=1 << 16):
     path = tmp_path / name
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-    try:
-        out, grown, dirty = ["before"], [], set()
-        heads = bytearray(ce.head_size(len(spec["topic"])) * spec["slots"])
-        got = ce.append_run(fd, 1 << 20, spec["pos"], spec["seg_size"], shards, entries, spec["start"], heads,
-                            spec["topic"], 1_700_000_000_999, out, grown, _Result, dirty)
-    finally:
-        os.close(fd)
-    count, end, error = got
-    state = [None if s is None else (s.cq.end_offset, s.cq.max_ts, s.cq.dirty_since_phys, s.cq.dirty_since_ms,
-                                     [(bytes(f.buf), f.wrote, f.committed) for f in s.cq.mfq.files])
-             for s in shards]
-    written = path.read_bytes()
-    return ((count, end, type(error).__name__), [(type(r).__name__, tuple(r)) if isinstance(r, tuple) else r
-                                                 for r in out], grown,
-            [q for q, s in enumerate(shards) if s is not None and s.cq in dirty],
-            state, written if error is None else b"", bytes(heads[:count * ce.head_size(len(spec["topic"]))]))
+    path.write_bytes(b"\xee" * size)
+    return path, os.open(path, os.O_RDWR)
 
 
-@pytest.fixture
-def prefetch_plan():
-    """Sets the compiled kernel's prefetch plan for a test (a no-op on the twin), then puts back the file engine's."""
-    from mqk.store.file import engine
-
-    ce = compiled("clentry")
-    yield (lambda *classes: ce.plan_prefetch(*classes)) if ce is not None else (lambda *classes: False)
-    if ce is not None:
-        assert ce.plan_prefetch(engine.Shard, engine.ConsumeQueue, engine.MappedFileQueue, engine.MappedFile)
-
-
-@pytest.mark.parametrize("planned", [True, False], ids=["prefetch", "no-prefetch"])
-def test_append_run_compiled_and_twin_agree(tmp_path, prefetch_plan, planned):
-    """The same run, state and arguments through both builds: the same answer, the same published positions,
-    units, heads and file bytes, including every way an entry stops a run; with the compiled kernel prefetching
-    the run's objects (planned for these classes, so it walks odd queues, missing shards and empty file lists)
-    and without."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    assert prefetch_plan(*((_Shard, _Queue, _Files, _File) if planned else (None,) * 4)) == (
-        planned and compiled("clentry") is not None)
-    impls = [m for m in (twin("clentry"), compiled("clentry")) if m is not None]  # the twin alone if not built
-    rb = twin("recbatch")
-    good = [a_batch(rb, n) for n in (1, 2, 5)]
-    compacted = bytearray(good[2])
-    struct.pack_into(">i", compacted, 23, 9)  # a span beyond its record count
-    def rarely(usual, *unusual):
-        """`usual`, or about one time in twenty one of the `unusual` ones: most entries join the run, and every way
-        of stopping one still comes up."""
-        return st.integers(0, 19).flatmap(lambda r: st.one_of(*unusual) if r == 0 else usual)
-
-    bad_batch = st.sampled_from([bytes(compacted), good[0][:-1], b"", good[1] + b"x"])
-    batches = rarely(st.lists(st.sampled_from(good), min_size=1, max_size=1),
-                     st.lists(bad_batch, min_size=1, max_size=1), st.lists(st.sampled_from(good), max_size=3))
-    queue = rarely(st.integers(0, 5), st.sampled_from([-1, 6, True, 1 << 70, "1"]))
-    spec = st.fixed_dictionaries({
-        "queues": st.lists(st.tuples(rarely(st.just(True), st.just(False)), rarely(st.integers(1, 4), st.just(0)),
-                                     rarely(st.just(True), st.just(False)), st.integers(0, 1 << 40),
-                                     st.integers(-1, 1 << 41), st.sampled_from([-1, 77])),
-                           min_size=6, max_size=6),
-        # the third field: a list instead of a (queue, batches) tuple
-        "entries": st.lists(st.tuples(queue, batches, rarely(st.just(False), st.just(True))), max_size=10),
-        "start": rarely(st.just(0), st.integers(1, 3)),
-        "pos": st.integers(0, 300),
-        "seg_size": rarely(st.integers(1200, 4000), st.integers(300, 1200)),
-        "slots": rarely(st.just(12), st.integers(0, 4)),
-        "topic": st.sampled_from([b"orders", b"", "é".encode() * 3]),
-        "views": st.booleans(),
-    })
-
-    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(spec=spec)
-    def check(spec):
-        outcomes = [_run_outcome(ce, spec, tmp_path, ce.__name__) for ce in impls]
-        assert all(outcome == outcomes[0] for outcome in outcomes[1:])
-
-    check()
-
-
-@pytest.mark.parametrize("fail", [False, True])
-def test_append_run_writes_stages_and_publishes(impl, tmp_path, fail):
-    """A run of three queues (the fourth entry names the first queue again, so the run stops there): the file
-    holds their entries back to back, each unit and end offset moves only once the write succeeded, and a failed
-    write (ENOSPC) publishes nothing and leaves `out` untouched."""
+def test_a_run_writes_heads_units_and_moves_rows_only_at_publish(impl, tmp_path):
     ce, rb = impl
-    body = a_batch(rb, 2)
-    spec = {"queues": [(True, 2, True, 10 * q, 5, -1) for q in range(3)], "topic": b"orders", "start": 0, "pos": 64,
-            "seg_size": 4096, "slots": 8,
-            "entries": [(0, [body], False), (1, [body], False), (2, [body], False), (0, [body], False)]}
-    shards, entries = _run_state(spec)
-    path = tmp_path / "seg"
-    fd = os.open("/dev/full", os.O_WRONLY) if fail else os.open(path, os.O_RDWR | os.O_CREAT)
-    out, grown, dirty = [], [], set()
+    from mqk.store.adapter import AppendResult
+
+    t = Table(ce)
+    b1, b2, b3 = a_batch(rb, 3), a_batch(rb, 5), a_batch(rb, 1)
+    t.set(ce, 3, END=40, MAX_TS=5000, LOG_START=7)  # queue 0's slot: offsets go on from 40, a later timestamp
+    entries = [(0, [b1]), (1, [b2, b3]), (0, (b3,))]
+    run = ce.AppendRun(16)
+    path, fd = _file(tmp_path)
     try:
-        count, end, error = ce.append_run(fd, 1000, 64, 4096, shards, entries, 0, bytearray(400 * 8), b"orders",
-                                          1234, out, grown, _Result, dirty)
+        assert run.plan(t.rows, t.slot_map, t.unit_bufs, entries, 0, b"orders", 1234, 9, 1 << 20, 100, 1 << 16) == 3
+        assert (run.entries, run.batches, run.stop, run.pos) == (3, 4, ce.STOP_END, 100)
+        before = bytes(t.rows)
+        staged = [run.batch(i) for i in range(run.batches)]
+        run.write(fd)
+        assert path.read_bytes()[:100] == b"\xee" * 100  # nothing before the run's position
+        # planning and writing moved nothing but the kernel's own staging marks
+        ends = [(slot, t.get(ce, slot, "END"), t.get(ce, slot, "CQ_WROTE")) for slot in (3, 1)]
+        assert ends == [(3, 40, 0), (1, 0, 0)]
+        out, grown, dirtied = [], [], []
+        assert run.publish(t.rows, out, grown, dirtied, AppendResult) == 4 and run.batches == 0
     finally:
         os.close(fd)
-    size = ce.entry_size(6, len(body))
-    assert count == 3
-    if fail:
-        assert (end, error.errno, out, grown, dirty) == (64, errno.ENOSPC, [], [], set())
-        assert [(s.cq.end_offset, s.cq.mfq.files[0].wrote) for s in shards] == [(0, 96), (10, 96), (20, 96)]
-        return
-    assert error is None and end == 64 + 3 * size
-    assert [tuple(r) for r in out] == [(10 * q, 10 * q + 1, 1234, q * 3, 1064 + q * size) for q in range(3)]
-    assert grown == [(q, 10 * q + 2) for q in range(3)]
-    assert {id(s.cq) for s in shards} == {id(cq) for cq in dirty}
-    assert [(s.cq.end_offset, s.cq.mfq.files[0].wrote, s.cq.mfq.files[0].committed, s.cq.dirty_since_phys)
-            for s in shards] == [(10 * q + 2, 144, 144, 1064 + q * size) for q in range(3)]
+    assert bytes(t.rows) != before
     data = path.read_bytes()
-    for q in range(3):
-        entry = ce.read_entry(data, 64 + q * size, len(data))
-        assert entry[:6] == (1, size, q, 0, 10 * q, 1064 + q * size)
-        assert twin("cqunit").unpack_unit(shards[q].cq.mfq.files[0].buf, 96) == (
-            1064 + q * size, size, 2, 0, 1234, entry[8], 10 * q)
+    # each staged batch is an entry at its CommitLog offset: the head encode_head builds, then the batch's tail
+    for (entry, index, queue, base, span, phys, size), body in zip(staged, [b1, b2, b3, b3]):
+        at = phys - (1 << 20)
+        head = bytearray(ce.head_size(6))
+        max_ts = rb.parse_header(body)[8]
+        assert ce.encode_head(head, b"orders", queue, base, phys, 1234, max_ts, 9, 0, span, body) == size
+        assert data[at:at + size] == bytes(head) + body[8:]
+    assert [s[:5] for s in staged] == [(0, 0, 0, 40, 3), (1, 0, 1, 0, 5), (1, 1, 1, 5, 1), (2, 0, 0, 43, 1)]
+    assert staged[1][5] == staged[0][5] + staged[0][6]  # back to back
+    # units: queue 0 (slot 3) got two, queue 1 (slot 1) two, each at the queue's write position in turn
+    unit = struct.Struct(">qiiqqqq")
+    assert unit.unpack_from(t.unit_bufs[3], 0) == (staged[0][5], staged[0][6], 3, 9, 1234, 5000, 40)
+    assert unit.unpack_from(t.unit_bufs[3], UNIT)[6] == 43
+    assert unit.unpack_from(t.unit_bufs[1], UNIT)[:3] == (staged[2][5], staged[2][6], 1)
+    assert (t.get(ce, 3, "END"), t.get(ce, 3, "CQ_WROTE"), t.get(ce, 3, "MAX_TS")) == (44, 2 * UNIT, 5000)
+    assert (t.get(ce, 1, "END"), t.get(ce, 1, "CQ_WROTE"), t.get(ce, 1, "STAGED")) == (6, 2 * UNIT, 0)
+    assert (t.get(ce, 3, "DIRTY_PHYS"), t.get(ce, 3, "DIRTY_MS")) == (staged[0][5], 1234)
+    assert dirtied == [3, 1]
+    # an answer per entry (its first base to its last offset), the shard's log start, its first CommitLog offset
+    assert out == [(40, 42, 1234, 7, staged[0][5]), (0, 5, 1234, 0, staged[1][5]), (43, 43, 1234, 7, staged[3][5])]
+    assert all(type(r) is AppendResult for r in out)
+    assert grown == [(0, 43), (1, 6), (0, 44)]
+    # a queue already dirty keeps its first mark
+    run.plan(t.rows, t.slot_map, t.unit_bufs, [(0, [b1])], 0, b"orders", 99, 0, 1 << 20, 2000, 1 << 16)
+    run.publish(t.rows, [], [], dirtied, AppendResult)
+    assert t.get(ce, 3, "DIRTY_PHYS") == staged[0][5] and dirtied == [3, 1]
 
 
-@pytest.mark.parametrize("spare", [8, 7])
-def test_append_run_leaves_room_for_a_blank_at_the_segment_end(impl, tmp_path, spare):
-    """An entry joins the run only if BLANK_MIN_SIZE bytes stay free after it (the segment's end can always take
-    a blank); with one byte fewer the run stops before it and nothing is staged or written."""
+@pytest.mark.parametrize("case", ["segment", "unit_room", "no_unit_buf", "no_shard", "bad_batch", "shape",
+                                  "full", "empty"])
+def test_plan_stops_before_an_entry_it_cannot_take_and_says_why(impl, case):
     ce, rb = impl
-    body = a_batch(rb, 1)
-    spec = {"queues": [(True, 1, True, 0, -1, -1)], "entries": [(0, [body], False)]}
-    shards, entries = _run_state(spec)
-    size = ce.entry_size(6, len(body))
-    fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT)
+    t = Table(ce)
+    good, bad = a_batch(rb, 2), a_batch(rb, 2)[:-1]
+    entry, expect, seg_size, capacity = (0, [good, good]), None, 1 << 16, 16
+    if case == "segment":
+        seg_size, expect = 100 + 2 * (66 + 6 + len(good)) + 7, ce.STOP_SEGMENT  # one entry fits, not two + a blank
+    elif case == "unit_room":
+        t.set(ce, 3, CQ_WROTE=3 * UNIT)  # one reserved unit left: the entry's two units do not fit
+        expect = ce.STOP_UNIT_ROOM
+    elif case == "no_unit_buf":
+        t.unit_bufs[3] = None
+        expect = ce.STOP_UNIT_ROOM
+    elif case == "no_shard":
+        entry, expect = (2, [good]), ce.STOP_NO_SHARD
+    elif case == "bad_batch":
+        entry, expect = (0, [good, bad]), ce.STOP_BATCH  # all or nothing: the good first batch is not staged
+    elif case == "shape":
+        entry, expect = (0, [good, "text"]), ce.STOP_SHAPE
+    elif case == "full":
+        capacity, expect = 2, ce.STOP_FULL
+    elif case == "empty":
+        entry, expect = (0, []), ce.STOP_BATCH
+    run = ce.AppendRun(capacity)
+    rows = bytes(t.rows)
+    n = run.plan(t.rows, t.slot_map, t.unit_bufs, [(1, [good]), entry, (1, [good])], 0, b"orders", 1, 0, 0, 100,
+                 seg_size)
+    assert (n, run.stop, run.batches) == (1, expect, 1)  # the first entry is staged, the second stops the run
+    assert t.get(ce, 3, "STAGED") == 0 and t.get(ce, 1, "STAGED") == 1
+    run.abandon(t.rows)
+    # nothing published (units staged past a queue's published end are scratch: no reader looks there)
+    assert bytes(t.rows) == rows and run.batches == 0
+
+
+def test_plan_refuses_arguments_that_cannot_be_right(impl):
+    ce, rb = impl
+    t = Table(ce, slots=(9,))  # slot 9 is outside the table's 8 rows
+    run = ce.AppendRun(4)
+    with pytest.raises(OutOfBounds):
+        run.plan(t.rows, t.slot_map, t.unit_bufs, [(0, [a_batch(rb)])], 0, b"t", 1, 0, 0, 0, 1 << 16)
+    for args in ((-1, 0, 1 << 16), (0, 10, 5), (2, 0, 1 << 16)):  # entry index, position, segment size
+        with pytest.raises(OutOfBounds):
+            run.plan(t.rows, t.slot_map, t.unit_bufs, [], args[0], b"t", 1, 0, 0, args[1], args[2])
+    for bad in ("topic", "entries", "unit_bufs"):
+        kw = dict(topic=b"t", entries=[], unit_bufs=t.unit_bufs)
+        kw[bad] = "x" if bad == "topic" else (tuple(kw[bad]) if bad == "unit_bufs" else ())
+        with pytest.raises(TypeError):
+            run.plan(t.rows, t.slot_map, kw["unit_bufs"], kw["entries"], 0, kw["topic"], 1, 0, 0, 0, 1 << 16)
+    t = Table(ce)
+    run.plan(t.rows, t.slot_map, t.unit_bufs, [(0, [a_batch(rb)])], 0, b"t", 1, 0, 0, 0, 1 << 16)
+    with pytest.raises(RuntimeError):  # a run must be published or abandoned first
+        run.plan(t.rows, t.slot_map, t.unit_bufs, [(0, [a_batch(rb)])], 0, b"t", 1, 0, 0, 0, 1 << 16)
+    with pytest.raises(OSError) as bad_fd:
+        run.write(-1)
+    assert bad_fd.value.errno == errno.EBADF
+    run.abandon(t.rows)
+    with pytest.raises(IndexError):
+        run.batch(0)
+
+
+def test_a_failed_write_is_abandoned_and_the_next_run_writes_the_same_place(impl, tmp_path):
+    ce, rb = impl
+    from mqk.store.adapter import AppendResult
+
+    t = Table(ce)
+    run = ce.AppendRun(8)
+    rows = bytes(t.rows)
+    run.plan(t.rows, t.slot_map, t.unit_bufs, [(0, [a_batch(rb)]), (1, [a_batch(rb)])], 0, b"t", 5, 0, 0, 64, 4096)
+    full = os.open("/dev/full", os.O_WRONLY)
     try:
-        count, end, error = ce.append_run(fd, 0, 100, 100 + size + spare, shards, entries, 0, bytearray(200),
-                                          b"orders", 1, [], [], _Result, set())
+        with pytest.raises(OSError) as info:
+            run.write(full)
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        os.close(full)
+    run.abandon(t.rows)
+    assert bytes(t.rows) == rows  # nothing published, no staging mark left behind
+    path, fd = _file(tmp_path)
+    try:
+        assert run.plan(t.rows, t.slot_map, t.unit_bufs, [(0, [a_batch(rb)])], 0, b"t", 5, 0, 0, 64, 4096) == 1
+        run.write(fd)
+        out = []
+        run.publish(t.rows, out, [], [], AppendResult)
     finally:
         os.close(fd)
-    assert (count, end, error) == ((1, 100 + size, None) if spare == 8 else (0, 100, None))
-    assert shards[0].cq.end_offset == (1 if spare == 8 else 0)
+    entry = ce.read_entry(path.read_bytes(), 64, 4096)
+    assert out[0][4] == 64 and entry[0] == 1 and entry[2:5] == (0, 0, 0)
 
 
-def test_prefetch_plan_takes_slot_classes_only(prefetch_plan):
-    """The compiled kernel reads the planned classes' slots at their offsets, so it takes a plan only when every
-    attribute it reads is a __slots__ member; anything else leaves it prefetching nothing. The twin never plans."""
-    from mqk.store.file import engine
-
-    class DictShard:  # attributes in an instance dict, no slot offsets
-        def __init__(self) -> None:
-            self.cq = self.log_start = None
-
-    class PropertyFile:
-        __slots__ = ("buf", "committed", "reserved")
-        wrote = property(lambda self: 0)  # a property where a slot is expected
-
-    # another class's slots (their offsets are that class's layout)
-    borrowed = type("Borrowed", (), {name: _Shard.__dict__[name] for name in ("cq", "log_start")})
-
-    built = compiled("clentry") is not None
-    assert twin("clentry").plan_prefetch(_Shard, _Queue, _Files, _File) is False
-    assert prefetch_plan(engine.Shard, engine.ConsumeQueue, engine.MappedFileQueue, engine.MappedFile) is built
-    assert prefetch_plan(_Shard, _Queue, _Files, _File) is built
-    assert prefetch_plan(DictShard, _Queue, _Files, _File) is False
-    assert prefetch_plan(_Shard, _Queue, _Files, PropertyFile) is False
-    assert prefetch_plan(_Shard, _Queue, _Files, "MappedFile") is False
-    assert prefetch_plan(borrowed, _Queue, _Files, _File) is False
+def _random_entries(rb, rng, count):
+    """Entries of every shape the kernel meets: good single and multi-batch ones, repeated queues, refused ones."""
+    good = [a_batch(rb, n) for n in (1, 2, 5)]
+    entries = []
+    for _ in range(count):
+        roll = rng.random()
+        queue = rng.randrange(-1, 6)
+        if roll < 0.7:
+            entries.append((queue, [rng.choice(good) for _ in range(rng.randrange(1, 4))]))
+        elif roll < 0.8:
+            entries.append((queue, [rng.choice(good)[:-rng.randrange(1, 20)]]))
+        elif roll < 0.85:
+            entries.append((queue, []))
+        elif roll < 0.9:
+            entries.append([queue, [rng.choice(good)]])  # a list, not a tuple
+        else:
+            entries.append((queue, (rng.choice(good),)))
+    return entries
 
 
-@pytest.mark.parametrize("bad", ["topic", "shards", "dirty"])
-def test_append_run_refuses_the_argument_types_the_compiled_kernel_refuses(impl, bad):
-    ce, _rb = impl
-    args = {"shards": [], "entries": [], "topic": b"t", "out": [], "grown": [], "dirty": set()}
-    args[bad] = {"topic": "t", "shards": type("Shards", (list,), {})(), "dirty": frozenset()}[bad]
-    with pytest.raises(TypeError, match=bad):
-        ce.append_run(0, 0, 0, 0, args["shards"], args["entries"], 0, bytearray(100), args["topic"], 0, args["out"],
-                      args["grown"], _Result, args["dirty"])
+def test_compiled_and_twin_runs_agree_byte_for_byte(tmp_path):
+    """The same entries, tables and segment through both kernels: the same stops, staged batches, files, units,
+    rows and answers, including when plan stops (each stop skips its entry here, as the store would answer it)."""
+    import random
+
+    from mqk.store.adapter import AppendResult
+
+    ce_c = compiled("clentry")
+    if ce_c is None:
+        pytest.skip("the compiled kernels are not built (MQK_NO_EXTENSIONS)")
+    rb = twin("recbatch")
+    for seed in range(20):
+        outcomes = []
+        for ce in (ce_c, twin("clentry")):
+            rng = random.Random(seed)
+            entries = _random_entries(rb, rng, 60)
+            t = Table(ce, reserved=UNIT * rng.randrange(1, 6))
+            path, fd = _file(tmp_path, f"{ce.__name__}-{seed}")
+            run = ce.AppendRun(rng.randrange(1, 12))
+            log, pos, i = [], 0, 0
+            try:
+                while i < len(entries) and pos < 30_000:
+                    n = run.plan(t.rows, t.slot_map, t.unit_bufs, entries, i, b"orders", seed, seed * 3, 0, pos,
+                                 30_000)
+                    staged = [run.batch(k) for k in range(run.batches)]
+                    run.write(fd)
+                    out, grown, dirtied = [], [], []
+                    run.publish(t.rows, out, grown, dirtied, AppendResult)
+                    log.append((n, run.stop, run.end_pos, staged, out, grown, dirtied))
+                    pos = run.end_pos
+                    i += n if n or run.stop == ce.STOP_END else 1
+            finally:
+                os.close(fd)
+            outcomes.append((log, bytes(t.rows), [bytes(u) for u in t.unit_bufs], path.read_bytes()))
+        assert outcomes[0] == outcomes[1], seed

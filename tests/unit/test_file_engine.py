@@ -263,7 +263,7 @@ async def test_checkpoint_defers_quiet_queues_and_recovery_replays_them(tmp_path
     for _ in range(400):  # ~110 KB: several 64 KiB segments, 400 units (over two 4 KiB pages of units)
         await e.append(T, 1, [batch(1, value=b"b" * 250)])
     await e.checkpoint_now()
-    quiet_cq, busy_cq = e._shard(T, 0).cq, e._shard(T, 1).cq
+    quiet_cq, busy_cq = e.registry.get(T, 0).cq, e.registry.get(T, 1).cq
     assert busy_cq.mfq.dirty_bytes() == 0
     assert quiet_cq.mfq.dirty_bytes() > 0
     assert e.checkpoint.safe_offset == quiet.physical_offset
@@ -289,7 +289,7 @@ async def test_a_failed_checkpoint_flush_leaves_its_queues_dirty(tmp_path: Path,
     try:
         await e.create_shards(T, 1, TopicConfig())
         first = await e.append(T, 0, [batch(1)])
-        cq = e._shard(T, 0).cq
+        cq = e.registry.get(T, 0).cq
         safe_before = e.checkpoint.safe_offset
 
         def broken_flush(self) -> None:
@@ -299,7 +299,7 @@ async def test_a_failed_checkpoint_flush_leaves_its_queues_dirty(tmp_path: Path,
         with pytest.raises(OSError):
             await e.checkpoint_now()
         assert e.checkpoint.safe_offset == safe_before  # nothing claimed
-        assert cq in e._dirty_cqs and cq.dirty_since_phys == first.physical_offset
+        assert cq in e.appender.dirty and cq.dirty_since_phys == first.physical_offset
         monkeypatch.undo()
         await e.checkpoint_now()
         assert cq.mfq.dirty_bytes() == 0 and e.checkpoint.safe_offset == e.clog.max_offset
@@ -313,7 +313,7 @@ async def test_checkpoint_flushes_a_quiet_queue_once_its_unit_is_old_enough(tmp_
         await e.create_shards(T, 1, TopicConfig())
         await e.append(T, 0, [batch(1)])
         await e.checkpoint_now()
-        assert e._shard(T, 0).cq.mfq.dirty_bytes() == 0
+        assert e.registry.get(T, 0).cq.mfq.dirty_bytes() == 0
         assert e.checkpoint.safe_offset == e.clog.max_offset
     finally:
         await e.close()
@@ -439,27 +439,53 @@ async def test_sync_flush_failure_fails_the_waiting_appends_not_the_store(tmp_pa
         await e.close()
 
 
-async def test_single_batch_fast_path_stores_what_the_general_path_stores(tmp_path: Path, monkeypatch) -> None:
-    """The one-call append (clentry.put_entry) and the general path (parse, encode, ConsumeQueue put) must leave
-    byte-identical CommitLog segments and ConsumeQueue files, across segment rolls, ConsumeQueue file rolls and
-    block reservations, compacted batches, tags codes, and rejected input in between."""
+class RunProxy:
+    """An engine's AppendRun, observed: the batches each publish made visible; `write_to`, a descriptor every write
+    goes to instead of the segment's."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.published: list[int] = []
+        self.write_to: int | None = None
+
+    def write(self, fd: int) -> None:
+        self.real.write(fd if self.write_to is None else self.write_to)
+
+    def plan(self, *args) -> int:
+        if self.write_to is not None and len(args) == 12 and args[11] >= 0:  # (plan writes too)
+            args = (*args[:11], self.write_to)
+        return self.real.plan(*args)
+
+    def publish(self, *args) -> int:
+        n = self.real.publish(*args)
+        self.published.append(n)
+        return n
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+def observe_runs(e: FileEngine, kernels=None) -> RunProxy:
+    """Put a RunProxy (over `kernels`' AppendRun, or the engine's own) in the engine's append pipeline."""
+    real = e.appender.run if kernels is None else kernels.AppendRun(4096)
+    proxy = e.appender.run = RunProxy(real)
+    return proxy
+
+
+async def test_compiled_kernel_and_twin_store_the_same_bytes(tmp_path: Path, monkeypatch) -> None:
+    """The append pipeline on the compiled kernel and on its pure-Python twin must leave byte-identical CommitLog
+    segments and ConsumeQueue files, across segment rolls, ConsumeQueue file rolls and block reservations,
+    compacted batches, tags codes, and rejected input in between."""
     import mqk.store.file.engine as engine_mod
 
     clock = iter(range(10**9))
     monkeypatch.setattr(engine_mod, "time_ns", lambda: next(clock) * 1_000_000)
 
-    async def run(root: Path, fast: bool) -> tuple[list[bytes], list[bytes]]:
+    async def run(root: Path, kernels) -> tuple[list[bytes], list[bytes]]:
         nonlocal clock
         clock = iter(range(10**9))
-        used = []
-        real = engine_mod.clentry.put_entry
-
-        def kernel(*args):
-            used.append(True)
-            return real(*args) if fast else None
-
-        monkeypatch.setattr(engine_mod, "put_entry", kernel)
         e = await open_engine(root, cq_units_per_file=2000)  # 96 KB ConsumeQueue files: 64 KiB reservations
+        runs = observe_runs(e, kernels)
         try:
             await e.create_shards(T, 2, TopicConfig())
             for i in range(1500):
@@ -472,16 +498,15 @@ async def test_single_batch_fast_path_stores_what_the_general_path_stores(tmp_pa
                         await e.append(T, 0, [bytes(b)[:-1]])
             assert e.end_offset(T, 0) > 0
             clog = [bytes(mf.buf[: mf.wrote]) for mf in e.clog.mfq.files]
-            cqs = [bytes(mf.buf[: mf.wrote]) for q in (0, 1) for mf in e._shards[(T, q)].cq.mfq.files]
+            cqs = [bytes(mf.buf[: mf.wrote]) for q in (0, 1) for mf in e.registry.shards[(T, q)].cq.mfq.files]
         finally:
             await e.close()
-        assert used, "the append kernel was never reached"
+        assert sum(runs.published) == 1500, "every append went through the kernel"
         return clog, cqs
 
-    fast = await run(tmp_path / "fast", True)
-    general = await run(tmp_path / "general", False)
-    assert len(fast[0]) >= 3 and len(fast[1]) >= 2  # segment and ConsumeQueue file rolls happened
-    assert fast == general
+    outcomes = [await run(tmp_path / kernels.__name__, kernels) for kernels in CLENTRY_IMPLS]
+    assert len(outcomes[0][0]) >= 3 and len(outcomes[0][1]) >= 2  # segment and ConsumeQueue file rolls happened
+    assert all(outcome == outcomes[0] for outcome in outcomes)
 
 
 async def test_failing_dispatch_hook_on_the_fast_path_is_logged_not_raised(engine: FileEngine, caplog) -> None:
@@ -506,7 +531,7 @@ async def test_a_checkpoint_of_many_queues_syncs_the_filesystem_once(tmp_path: P
     """From SYNCFS_MIN_QUEUES due queues on one filesystem a checkpoint makes them durable with one syncfs instead
     of an fdatasync each; without syncfs each queue is flushed itself. Either way every queue ends flushed and the
     safe offset reaches the end of what was dispatched."""
-    import mqk.store.file.engine as engine_mod
+    import mqk.store.file.checkpoint as engine_mod
     from mqk.store import fsutil
 
     calls = []
@@ -523,7 +548,7 @@ async def test_a_checkpoint_of_many_queues_syncs_the_filesystem_once(tmp_path: P
         await e.checkpoint_now(flush_all=True)  # the new queues' directories
         calls.clear()
         await e.append_many(T, [(q, [batch(1)]) for q in range(n)])
-        cqs = [e._shard(T, q).cq for q in range(n)]
+        cqs = [e.registry.get(T, q).cq for q in range(n)]
         assert all(cq.mfq.dirty_bytes() > 0 for cq in cqs)
         await e.checkpoint_now(flush_all=True)
         assert len(calls) == 1
@@ -539,8 +564,8 @@ async def test_a_checkpoint_of_many_queues_syncs_the_filesystem_once(tmp_path: P
 
 
 async def test_append_many_in_one_write_stores_what_appends_one_by_one_store(tmp_path: Path, monkeypatch) -> None:
-    """append_many writes runs of single-batch entries with one pwritev (_put_staged, clentry.append_run). The files
-    it leaves and its answers must be those of the same entries appended one by one, across segment rolls,
+    """append_many writes runs of entries with one pwritev (clentry.AppendRun). The files it leaves and its answers
+    must be those of the same entries appended one by one, across segment rolls,
     ConsumeQueue file rolls and block reservations, a queue named twice in one call, several batches in one entry,
     compacted batches and refused entries in between; with the compiled kernel and with its twin, byte for byte."""
     import mqk.store.file.engine as engine_mod
@@ -563,8 +588,9 @@ async def test_append_many_in_one_write_stores_what_appends_one_by_one_store(tmp
         entries.append((entries[0][0], [batch(1)]))  # the first queue again
         return entries
 
-    async def run(root: Path, together: bool) -> tuple[list, list, list]:
+    async def run(root: Path, together: bool, kernels=None) -> tuple[list, list, list]:
         e = await open_engine(root, cq_units_per_file=2000)
+        runs = observe_runs(e, kernels)
         answers = []
         try:
             await e.create_shards(T, 7, TopicConfig())
@@ -580,48 +606,39 @@ async def test_append_many_in_one_write_stores_what_appends_one_by_one_store(tmp
                             got.append(exc)
                 answers.append([r if isinstance(r, tuple) else type(r).__name__ for r in got])
             clog = [bytes(mf.buf[: mf.wrote]) for mf in e.clog.mfq.files]
-            cqs = [bytes(mf.buf[: mf.wrote]) for q in range(7) for mf in e._shards[(T, q)].cq.mfq.files]
+            cqs = [bytes(mf.buf[: mf.wrote]) for q in range(7) for mf in e.registry.shards[(T, q)].cq.mfq.files]
         finally:
             await e.close()
+        if together:
+            assert runs.published and max(runs.published) > 3  # runs of several batches were written at once
         return answers, clog, cqs
 
     apart = await run(tmp_path / "apart", False)
     assert len(apart[1]) >= 3  # segments rolled
     for kernels in CLENTRY_IMPLS:
-        runs = []
-
-        def counting(*args, real=kernels.append_run, runs=runs):
-            result = real(*args)
-            runs.append(result[0])
-            return result
-
-        monkeypatch.setattr(engine_mod, "append_run", counting)
-        together = await run(tmp_path / f"together-{kernels.__name__}", True)
-        assert runs and max(runs) > 3  # runs of several entries were written at once
+        together = await run(tmp_path / f"together-{kernels.__name__}", True, kernels)
         assert together == apart, kernels.__name__
 
 
 async def test_append_many_write_failure_fails_its_run_and_publishes_nothing(engine: FileEngine, monkeypatch) -> None:
     import os
 
-    import mqk.store.file.engine as engine_mod
     from mqk.errors import StorageFull
 
     await engine.append_many(T, [(0, [batch(1)]), (1, [batch(1)])])  # each queue's first file now exists
     before = (engine.clog.max_offset, engine.end_offset(T, 0), engine.end_offset(T, 1))
     heard = []
     engine.listeners.append(lambda topic, ends: heard.append(list(ends)))
-    full = os.open("/dev/full", os.O_WRONLY)  # every write: ENOSPC
-    real = engine_mod.append_run
-    monkeypatch.setattr(engine_mod, "append_run", lambda fd, *rest: real(full, *rest))
+    runs = observe_runs(engine)
+    runs.write_to = os.open("/dev/full", os.O_WRONLY)  # every write: ENOSPC
     try:
         results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(3)])])
     finally:
-        os.close(full)
+        os.close(runs.write_to)
+        runs.write_to = None
     assert all(isinstance(r, StorageFull) for r in results) and len(results) == 2
     assert (engine.clog.max_offset, engine.end_offset(T, 0), engine.end_offset(T, 1)) == before
     assert heard == [] and len((await engine.read(T, 0, 0, 1 << 20)).batches) == 1
-    monkeypatch.undo()
     results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(3)])])
     assert [r.base_offset for r in results] == [1, 1] and heard == [[(0, 3), (1, 4)]]
     assert [b.base_offset for b in (await engine.read(T, 1, 0, 1 << 20)).batches] == [0, 1]
@@ -639,15 +656,13 @@ async def test_append_many_shows_entries_to_dispatch_hooks_one_by_one(engine: Fi
 @pytest.mark.parametrize("log_append_time", [False, True])
 async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_path: Path, monkeypatch,
                                                                             log_append_time) -> None:
-    """An append of several batches that fit the current segment is written with one pwritev (_append_run); the
-    files must be those of the batches appended one at a time, with keys shown to the index hook the same way,
-    across segment rolls (where the entry-by-entry loop takes over) and LogAppendTime."""
+    """An append of several batches is one run (one pwritev); the files must be those of the batches appended one
+    at a time, with keys shown to the index hook the same way, across segment rolls and ConsumeQueue files too
+    small for the whole entry (where its batches go one by one) and LogAppendTime."""
     import mqk.store.file.engine as engine_mod
 
     monkeypatch.setattr(engine_mod, "time_ns", lambda: 1_700_000_000_000_000_000)
-    runs = []
-    real = engine_mod.write_entries
-    monkeypatch.setattr(engine_mod, "write_entries", lambda *a: runs.append(len(a[4])) or real(*a))
+    runs: list[int] = []
 
     def batches(i: int) -> list:
         return [batch(1 + (i + j) % 3, ts=2000 + i * 10 + j, value=bytes([i % 251]) * (30 + (i * 7 + j) % 500))
@@ -655,6 +670,8 @@ async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_
 
     async def run(root: Path, together: bool) -> tuple[list, list, list, list]:
         e = await open_engine(root, cq_units_per_file=16)
+        runs_seen = observe_runs(e)
+        runs_seen.published = runs
         answers = []
         try:
             await e.create_shards(T, 2, TopicConfig())
@@ -665,7 +682,7 @@ async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_
                     r = await e.append(T, i % 2, group, keys=keys, log_append_time=log_append_time)
                     answers.append((r.base_offset, r.last_offset))
             clog = [bytes(mf.buf[: mf.wrote]) for mf in e.clog.mfq.files]
-            cqs = [bytes(mf.buf[: mf.wrote]) for q in (0, 1) for mf in e._shards[(T, q)].cq.mfq.files]
+            cqs = [bytes(mf.buf[: mf.wrote]) for q in (0, 1) for mf in e.registry.shards[(T, q)].cq.mfq.files]
             found = [sorted((q, b.base_offset) for q, b in await e.read_by_key(T, b"k%d" % i, 10))
                      for i in range(0, 150, 4)]
         finally:
@@ -685,21 +702,21 @@ async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_
 
 
 async def test_a_queue_on_another_filesystem_is_flushed_on_its_own(tmp_path: Path, monkeypatch) -> None:
-    import mqk.store.file.engine as engine_mod
+    import mqk.store.file.checkpoint as checkpoint_mod
     from mqk.store import fsutil
 
     calls = []
-    monkeypatch.setattr(engine_mod, "syncfs", lambda fd: calls.append(fd) or fsutil.syncfs(fd))
+    monkeypatch.setattr(checkpoint_mod, "syncfs", lambda fd: calls.append(fd) or fsutil.syncfs(fd))
     flushed = []
     e = await open_engine(tmp_path, checkpoint_interval_ms=3_600_000)
     try:
-        n = engine_mod.SYNCFS_MIN_QUEUES + 1
+        n = checkpoint_mod.SYNCFS_MIN_QUEUES + 1
         await e.create_shards(T, n, TopicConfig())
         await e.append_many(T, [(q, [batch(1)]) for q in range(n)])
         await e.checkpoint_now(flush_all=True)
         calls.clear()
         await e.append_many(T, [(q, [batch(1)]) for q in range(n)])
-        elsewhere = e._shard(T, 0).cq
+        elsewhere = e.registry.get(T, 0).cq
         for mf in elsewhere.mfq.files:
             mf.device = -5  # as if mounted from another disk
         real_flush = MappedFileQueue.flush
@@ -712,20 +729,23 @@ async def test_a_queue_on_another_filesystem_is_flushed_on_its_own(tmp_path: Pat
         monkeypatch.setattr(MappedFileQueue, "flush", flush_counted)
         await e.checkpoint_now(flush_all=True)
         assert len(calls) == 1 and flushed == [0]
-        assert all(e._shard(T, q).cq.mfq.dirty_bytes() == 0 for q in range(n))
+        assert all(e.registry.get(T, q).cq.mfq.dirty_bytes() == 0 for q in range(n))
     finally:
         await e.close()
 
 
-async def test_staging_for_a_huge_run_is_not_kept(engine: FileEngine) -> None:
-    import mqk.store.file.engine as engine_mod
+async def test_an_entry_larger_than_a_run_is_appended_batch_by_batch(engine: FileEngine) -> None:
+    """A run holds at most its capacity of batches: an entry with more is appended one batch after the other, with
+    one answer spanning them all, and the entries around it in runs of their own."""
+    from mqk._fast import load
 
-    heads, slots = engine._staging_for(80, 10)
-    assert len(slots) >= 10 and all(len(s) == 80 for s in slots) and engine._staging[2] is slots
-    big_heads, big_slots = engine._staging_for(80, engine_mod.STAGING_KEPT + 1)
-    assert len(big_slots) == engine_mod.STAGING_KEPT + 1 and len(big_heads) == 80 * len(big_slots)
-    assert engine._staging[2] is slots  # the usual buffers stay; the huge one goes with its request
-    assert engine._staging_for(80, 10)[1] is slots
+    engine.appender.run = load("clentry").AppendRun(4)
+    runs = observe_runs(engine)
+    results = await engine.append_many(T, [(1, [batch(1)]), (0, [batch(2) for _ in range(9)]), (1, [batch(1)])])
+    assert [(r.base_offset, r.last_offset) for r in results] == [(0, 0), (0, 17), (1, 1)]
+    assert max(runs.published) <= 4 and sum(runs.published) == 11
+    stored = (await engine.read(T, 0, 0, 1 << 20)).batches
+    assert [b.base_offset for b in stored] == list(range(0, 18, 2))
 
 
 async def test_a_start_that_cannot_write_its_checkpoint_still_starts(tmp_path: Path, monkeypatch, caplog) -> None:
@@ -824,7 +844,7 @@ async def test_reads_of_dropped_bytes_fault_their_entries_in_off_the_event_loop(
         [(thread, entries)] = calls
         assert thread.startswith("mqk-fault-in")
         # exactly the entries read, not the other queue's between them
-        assert entries == [(b.physical_offset, len(b.data) + e._shard(T, 0).fixed) for b in old.batches]
+        assert entries == [(b.physical_offset, len(b.data) + e.registry.get(T, 0).fixed) for b in old.batches]
     finally:
         await e.close()
 
@@ -841,7 +861,7 @@ async def test_lookups_by_id_key_and_time_read_dropped_entries_back_off_the_even
         await e.flusher.flush()
         old, new = appended[2], appended[-1]
         assert old.physical_offset < e.flusher.cache_from <= new.physical_offset
-        size = len(batch(3, value=bytes(250))) + e._shard(T, 0).fixed  # every entry's size
+        size = len(batch(3, value=bytes(250))) + e.registry.get(T, 0).fixed  # every entry's size
         calls = record_fault_ins(e, monkeypatch)
         # the kept tail is read straight away
         assert (await e.read_at(new.physical_offset))[2].base_offset == 897
@@ -921,7 +941,7 @@ async def test_max_timestamp_past_a_deleted_maximum_walks_in_steps_off_the_loop(
     """When the record holding the maximum was deleted, max_timestamp walks the whole queue: in steps of
     MAX_TIMESTAMP_WALK_UNITS units, the loop serving others between them, and reading back dropped entries in the
     reader thread, as Fetch does."""
-    import mqk.store.file.engine as engine_mod
+    import mqk.store.file.reader as reader_mod
 
     e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
     try:
@@ -933,7 +953,7 @@ async def test_max_timestamp_past_a_deleted_maximum_walks_in_steps_off_the_loop(
         await e.flusher.flush()
         await e.delete_before(T, 0, 3)
         assert appended[1].physical_offset < e.flusher.cache_from
-        monkeypatch.setattr(engine_mod, "MAX_TIMESTAMP_WALK_UNITS", 16)
+        monkeypatch.setattr(reader_mod, "MAX_TIMESTAMP_WALK_UNITS", 16)
         calls = record_fault_ins(e, monkeypatch)
         ticks = 0
         walking = True

@@ -271,7 +271,7 @@ async def test_entries_with_nothing_to_index_skip_the_hook_but_count_as_indexed(
     await e.create_shards("keyed", 1, TopicConfig({"index.keys": "true"}))
     calls = []
     real = e.index.dispatch
-    counting = e._index_hook = lambda *a: (calls.append(a[0]), real(*a))  # the index's hook, counted
+    counting = e.appender._index_hook = lambda *a: (calls.append(a[0]), real(*a))  # the index's hook, counted
     e.dispatcher.hooks[:] = [counting]
     for i in range(50):
         await e.append("plain", 0, [kafka_batch([(b"user-%d" % i, b"x")])])  # keys=(): nothing to index

@@ -2,14 +2,17 @@
 units across files: offset and timestamp search, recovery cut, truncation to the CommitLog."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from mqk._fast import load
+from mqk.config import StoreConfig, TopicConfig
 from mqk.errors import MessageTooLarge, OutOfBounds
 from mqk.store.file.commitlog import CommitLog
 from mqk.store.file.consumequeue import UNIT, ConsumeQueue
+from mqk.store.file.engine import FileEngine
 
 rb = load("recbatch")
 cl = load("clentry")
@@ -21,18 +24,28 @@ def batch(n: int = 1, value_size: int = 100, ts: int = 1000) -> bytearray:
     return rb.build_batch(0, ts, ts + n - 1, recs, n, n - 1)
 
 
-def fill(clog: CommitLog, count: int, value_size: int = 300) -> list[tuple[int, int]]:
+async def open_engine(root: Path) -> FileEngine:
+    """A file store whose CommitLog segments are SEG bytes (its placement is the append pipeline's)."""
+    engine = FileEngine(dataclasses.replace(StoreConfig(data_dir=root), commitlog_segment_bytes=SEG), root)
+    await engine.start()
+    await engine.create_shards("topic", 1, TopicConfig())
+    return engine
+
+
+async def fill(engine: FileEngine, count: int, value_size: int = 300) -> list[tuple[int, int]]:
+    """Append `count` one-record batches; (CommitLog offset, entry size) of each."""
     out = []
-    for i in range(count):
-        phys, size, _, _ = clog.put(b"topic", 0, i, 5000 + i, 1000 + i, 0, 0, 1, batch(1, value_size))
-        out.append((phys, size))
+    for _ in range(count):
+        result = await engine.append("topic", 0, [batch(1, value_size)])
+        out.append((result.physical_offset, engine.clog.read_entry(result.physical_offset)[1]))
     return out
 
 
-def test_entries_never_span_segments_and_segments_end_with_blank(tmp_path: Path) -> None:
-    clog = CommitLog(tmp_path / "commitlog", SEG)
+async def test_entries_never_span_segments_and_segments_end_with_blank(tmp_path: Path) -> None:
+    engine = await open_engine(tmp_path)
+    clog = engine.clog
     try:
-        placed = fill(clog, 40)
+        placed = await fill(engine, 40)
         for phys, size in placed:
             assert phys // SEG == (phys + size - 1) // SEG, "an entry crosses a segment boundary"
         assert len(clog.mfq.files) > 3
@@ -51,24 +64,25 @@ def test_entries_never_span_segments_and_segments_end_with_blank(tmp_path: Path)
             body = clog.body_view(phys, size, len(b"topic"))
             assert rb.parse_header(body)[0] == i
     finally:
-        clog.close()
+        await engine.close()
 
 
-def test_entry_larger_than_a_segment_is_refused(tmp_path: Path) -> None:
-    clog = CommitLog(tmp_path / "commitlog", SEG)
+async def test_entry_larger_than_a_segment_is_refused(tmp_path: Path) -> None:
+    engine = await open_engine(tmp_path)
     try:
         with pytest.raises(MessageTooLarge):
-            clog.put(b"t", 0, 0, 1, 1, 0, 0, 1, batch(1, SEG))
-        assert clog.max_offset == 0
+            await engine.append("topic", 0, [batch(1, SEG)])
+        assert engine.clog.max_offset == 0 and engine.end_offset("topic", 0) == 0
+        await fill(engine, 1)  # the next append goes where the refused one would have
+        assert engine.clog.read_entry(0)[4] == 0
     finally:
-        clog.close()
+        await engine.close()
 
 
-def test_scan_replays_every_entry_and_stops_at_damage(tmp_path: Path) -> None:
-    clog = CommitLog(tmp_path / "commitlog", SEG)
-    placed = fill(clog, 30)
-    clog.flush()
-    clog.close()
+async def test_scan_replays_every_entry_and_stops_at_damage(tmp_path: Path) -> None:
+    engine = await open_engine(tmp_path)
+    placed = await fill(engine, 30)
+    await engine.close()
     again = CommitLog(tmp_path / "commitlog", SEG)
     again.load()
     try:

@@ -2,8 +2,8 @@
 
 Owns `commitlog/` and the entry placement rules: an entry (layout in `mqk._fast.clentry`) is written at the end of
 the last segment as its head (header, topic, base offset, CRC over the whole entry) and the producer's batch from
-its 9th byte on, in one pwritev (`clentry.write_entry`), and the write position moves only after the whole entry is in
-place.
+its 9th byte on (the append pipeline, append.py, writes runs of them with pwritev and moves the write position once
+they are in place).
 An entry never spans segments: when the next one would leave fewer than `clentry.BLANK_MIN_SIZE` bytes, the rest of
 the segment becomes a BLANK entry and the entry goes to the next (pre-allocated) segment.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mqk._fast import load
 from mqk.errors import Corrupt, MessageTooLarge, OutOfBounds
-from mqk.store.file.mapped_file import MappedFile, MappedFileQueue, storage_error
+from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
 
 clentry = load("clentry")
 log = logging.getLogger(__name__)
@@ -37,8 +37,6 @@ class CommitLog:
         self.dir = Path(directory)
         self.segment_bytes = segment_bytes
         self.mfq = MappedFileQueue(self.dir, segment_bytes, preallocate=True)
-        #: where entry heads are built before they are written (one at a time: appends run on one thread)
-        self.head = bytearray(clentry.head_size(0xFFFF))
 
     # --- positions -------------------------------------------------------------------------------------
 
@@ -58,8 +56,9 @@ class CommitLog:
 
     # --- append ----------------------------------------------------------------------------------------
 
-    def writable_for(self, size: int) -> MappedFile:
-        """The segment the next `size`-byte entry goes to, ending the current one with a BLANK if needed."""
+    def roll_for(self, size: int) -> MappedFile:
+        """End the current segment with a BLANK and open the next one, for an entry of `size` bytes that does not
+        fit what is left (MessageTooLarge if it would not fit an empty segment either)."""
         if size + BLANK_MIN > self.segment_bytes:
             raise MessageTooLarge(f"entry of {size} bytes does not fit a {self.segment_bytes}-byte CommitLog segment")
         files = self.mfq.files
@@ -67,38 +66,10 @@ class CommitLog:
         if mf is None:
             return self.mfq.roll(0)
         rest = mf.file_size - mf.wrote
-        if size + BLANK_MIN <= rest:
-            return mf
         if rest > 0:
             mf.write(mf.wrote, clentry.blank_head(rest))
             mf.advance(rest)
         return self.mfq.roll()
-
-    def put(self, topic: bytes, queue_id: int, queue_offset: int, store_ts: int, max_ts: int, tags_code: int,
-            flags: int, record_count: int, body) -> tuple[int, int, MappedFile, int]:
-        """Encode one entry at the end of the log; returns (physical offset, size, segment, position in it)."""
-        size = clentry.entry_size(len(topic), len(body))
-        mf = self.writable_for(size)
-        pos = mf.wrote
-        phys = mf.start_offset + pos
-        self.write_entry(mf, pos, topic, queue_id, queue_offset, phys, store_ts, max_ts, tags_code, flags,
-                         record_count, body)
-        mf.advance(size)
-        return phys, size, mf, pos
-
-    def write_entry(self, mf: MappedFile, pos: int, topic: bytes, queue_id: int, queue_offset: int, phys: int,
-                    store_ts: int, max_ts: int, tags_code: int, flags: int, record_count: int, body) -> int:
-        """Write one entry at `pos` of `mf` (which the caller checked it fits) without publishing it; returns
-        its size."""
-        size = clentry.encode_head(self.head, topic, queue_id, queue_offset, phys, store_ts, max_ts, tags_code,
-                                   flags, record_count, body)
-        if pos < 0 or size > mf.file_size - pos:
-            raise OutOfBounds(f"entry of {size} bytes at {pos} overflows {mf.path.name} ({mf.file_size} bytes)")
-        try:
-            clentry.write_entry(mf.fd, pos, self.head, FIXED + len(topic) + 8, body)
-        except OSError as exc:
-            raise storage_error(exc, mf.path, size) from None
-        return size
 
     def body_view(self, phys: int, size: int, topic_len: int) -> memoryview:
         """Zero-copy view of the record batch inside the entry at `phys` of `size` bytes."""

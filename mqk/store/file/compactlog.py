@@ -17,20 +17,21 @@ damaged generation is an error for the operator (logged), and the shard is then 
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from mqk._fast import load
 from mqk.errors import Corrupt, InvalidRecord
-from mqk.store.adapter import StoredBatch
+from mqk.store.adapter import ReadResult, StoredBatch
 from mqk.store.fsutil import atomic_write_json, fsync_dir, read_json
-from mqk.store.memory import first_record_at_or_after
+from mqk.store.batches import first_record_at_or_after
 
 recbatch = load("recbatch")
 log = logging.getLogger(__name__)
@@ -241,17 +242,18 @@ def open_compacted(root: Path, shards: Iterable[tuple[str, int]]) -> dict[tuple[
     return out
 
 
-async def replace_range(engine: Any, shard: Any, start: int, end: int, batches: Sequence[Any]) -> None:
-    """FileEngine.replace_range: write the shard's next compacted generation (this one's batches outside
-    [start, end), `batches` inside it) and serve below max(end, old upto) from it."""
-    import asyncio
-
+async def replace_range(compacted: dict[tuple[str, int], CompactLog], root: Path, shard: Any,
+                        read: Callable[[str, int, int, int], Awaitable[ReadResult]], start: int, end: int,
+                        batches: Sequence[Any]) -> None:
+    """FileEngine.replace_range: write `shard`'s next compacted generation (this one's batches outside [start, end),
+    `batches` inside it), then serve below max(end, old upto) from it (`compacted` is the engine's map of compacted
+    prefixes, `read` its read)."""
     key = (shard.topic, shard.queue)
-    clog = engine._compacted.get(key) or CompactLog(shard_dir(engine.root, shard.topic, shard.queue))
+    clog = compacted.get(key) or CompactLog(shard_dir(root, shard.topic, shard.queue))
     old: dict[int, tuple[int, int, int]] = {}
     offset = max(start, shard.log_start)
     while offset < end:
-        result = await engine.read(shard.topic, shard.queue, offset, 1 << 20)
+        result = await read(shard.topic, shard.queue, offset, 1 << 20)
         if not result.batches:
             break
         for batch in result.batches:
@@ -265,7 +267,7 @@ async def replace_range(engine: Any, shard: Any, start: int, end: int, batches: 
     upto = max(end, clog.upto)
     gen = await asyncio.to_thread(clog.write_next, entries, upto)
     clog.switch(gen, upto)
-    engine._compacted[key] = clog
+    compacted[key] = clog
 
 
 def _next_offset(data: Any) -> int:

@@ -7,7 +7,10 @@ entry size), which queue offsets it covers (base offset, offset span), its tags 
 queue's running maximum record timestamp, so timestamp lookup can bisect.
 
 Lookups choose the file first (bisect over each file's first unit), then bisect inside it with `cqunit`.
-Units are only written by dispatch; recovery cuts them back to what the CommitLog holds.
+Units are written by the append kernel (`clentry.AppendRun`) and by `put` (dispatch at recovery); recovery cuts them
+back to what the CommitLog holds. The queue's positions (end offset, running max timestamp, dirty marks, and its last
+file's write position and reservation) live in its row of the engine's queue table (queue_table.py): this class is
+their Python face, and keeps its last file bound to the row whenever the files change.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 from mqk._fast import load
 from mqk.errors import OutOfBounds
 from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
+from mqk.store.file.queue_table import DIRTY_MS, DIRTY_PHYS, END, MAX_TS, ROW_FIELDS, QueueTable, UnitFile
 
 cqunit = load("cqunit")
 UNIT = cqunit.UNIT_SIZE
@@ -27,26 +31,91 @@ log = logging.getLogger(__name__)
 
 
 class ConsumeQueue:
-    __slots__ = ("_pack", "_unpack", "dir", "dirty_since_ms", "dirty_since_phys", "end_offset", "max_ts", "mfq",
-                 "units_per_file")
+    __slots__ = ("_at", "_bound", "_pack", "_unpack", "dir", "mfq", "slot", "table", "units_per_file")
 
-    def __init__(self, directory: Path, units_per_file: int) -> None:
+    def __init__(self, directory: Path, units_per_file: int, table: QueueTable | None = None) -> None:
+        """`table`: the engine's queue table, where this queue takes a row (a queue of its own, for tools and
+        tests, gets a table of one)."""
         self.dir = Path(directory)
         self.units_per_file = units_per_file
         # blocks are reserved at most 64 KiB (1,365 units) at a time: a thousand quiet queues must not pin gigabytes;
         # units are stored through the mapping, so a file needs no descriptor of its own (one per partition, not two)
         self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False, reserve_step=RESERVE_STEP,
-                                   hold_fd=False)
-        #: queue offset the next batch gets (one past the last unit's span)
-        self.end_offset = 0
-        #: running maximum record timestamp over the queue (what the next unit's max_timestamp builds on)
-        self.max_ts = -1
-        #: CommitLog offset and store time of the first entry whose unit is not yet flushed (-1: none); kept by
-        #: the engine, which decides at each checkpoint whether this queue is worth an msync yet
-        self.dirty_since_phys = -1
-        self.dirty_since_ms = 0
+                                   hold_fd=False, file_type=UnitFile)
+        self.table = table if table is not None else QueueTable(1)
+        self.slot = self.table.allocate()
+        self._at = self.slot * ROW_FIELDS
+        self._bound: UnitFile | None = None
         self._pack = cqunit.pack_unit
         self._unpack = cqunit.unpack_unit
+
+    # --- positions (the queue table's row) ---------------------------------------------------------------
+
+    @property
+    def end_offset(self) -> int:
+        """Queue offset the next batch gets (one past the last unit's span)."""
+        return self.table.cols[self._at + END]
+
+    @end_offset.setter
+    def end_offset(self, value: int) -> None:
+        self.table.cols[self._at + END] = value
+
+    @property
+    def max_ts(self) -> int:
+        """Running maximum record timestamp over the queue (what the next unit's max_timestamp builds on)."""
+        return self.table.cols[self._at + MAX_TS]
+
+    @max_ts.setter
+    def max_ts(self, value: int) -> None:
+        self.table.cols[self._at + MAX_TS] = value
+
+    @property
+    def dirty_since_phys(self) -> int:
+        """CommitLog offset of the first entry whose unit is not yet flushed (-1: none); the engine's checkpoint
+        decides from it (and `dirty_since_ms`, its store time) whether this queue is worth an msync yet."""
+        return self.table.cols[self._at + DIRTY_PHYS]
+
+    @dirty_since_phys.setter
+    def dirty_since_phys(self, value: int) -> None:
+        self.table.cols[self._at + DIRTY_PHYS] = value
+
+    @property
+    def dirty_since_ms(self) -> int:
+        return self.table.cols[self._at + DIRTY_MS]
+
+    @dirty_since_ms.setter
+    def dirty_since_ms(self, value: int) -> None:
+        self.table.cols[self._at + DIRTY_MS] = value
+
+    def _rebind(self) -> None:
+        """Bind the queue's last file to its row (after any change of the file list)."""
+        files = self.mfq.files
+        last = files[-1] if files else None
+        if last is self._bound:
+            return
+        if self._bound is not None:
+            self._bound.unbind()
+        self._bound = last  # type: ignore[assignment]  # the queue's files are UnitFiles (file_type)
+        if last is not None:
+            last.bind(self.table, self.slot)  # type: ignore[attr-defined]
+
+    def make_room(self, units: int) -> bool:
+        """Give the next `units` units reserved room in one file (rolling to a new file when the last one is full;
+        StorageFull on a full disk, before anything of the append is written). False when they cannot share a
+        file (the last one has room for some of them only): the caller then appends them one at a time. The append
+        kernel declines a queue without room (STOP_UNIT_ROOM); the engine calls this and plans again."""
+        need = units * UNIT
+        last = self._bound
+        if last is None or last.wrote >= last.file_size:
+            self.mfq.roll(0)  # (a queue's first file holds unit 0)
+            self._rebind()
+            last = self._bound
+            assert last is not None
+        if last.wrote + need > last.file_size:
+            return False
+        if last.wrote + need > last.reserved:
+            last.ensure_reserved(last.wrote + need)
+        return True
 
     # --- sizes -----------------------------------------------------------------------------------------
 
@@ -65,18 +134,20 @@ class ConsumeQueue:
     # --- writing (dispatch only) -----------------------------------------------------------------------
 
     def put(self, phys: int, size: int, count: int, tags_code: int, store_ts: int, batch_max_ts: int,
-            base_offset: int) -> None:
+            base_offset: int) -> bool:
+        """Dispatch one entry already in the CommitLog (recovery): write its unit, then publish it. Returns whether
+        the queue became dirty."""
         files = self.mfq.files
         mf = files[-1] if files else None
         if mf is None or mf.wrote >= mf.file_size:
             mf = self.mfq.roll(0)  # a queue's first file holds unit 0
-        self.max_ts = max(self.max_ts, batch_max_ts)
+            self._rebind()
+        running = max(self.max_ts, batch_max_ts)
         pos = mf.wrote
         if pos + UNIT > mf.reserved:
             mf.ensure_reserved(pos + UNIT)
-        self._pack(mf.buf, pos, phys, size, count, tags_code, store_ts, self.max_ts, base_offset)
-        mf.wrote = mf.committed = pos + UNIT  # pack_unit raised OutOfBounds had it not fit
-        self.end_offset = base_offset + count
+        self._pack(mf.buf, pos, phys, size, count, tags_code, store_ts, running, base_offset)  # (OutOfBounds: unmoved)
+        return self.table.publish_unit(self.slot, pos + UNIT, base_offset + count, running, phys, store_ts)
 
     # --- reading ---------------------------------------------------------------------------------------
 
@@ -137,6 +208,7 @@ class ConsumeQueue:
 
     def load(self) -> None:
         self.mfq.load()
+        self._rebind()
 
     def recover(self, phys_limit: int) -> None:
         """Keep the units of entries below CommitLog offset `phys_limit` (their units are durable and intact),
@@ -164,6 +236,7 @@ class ConsumeQueue:
         """Make unit index `count_end` the end of the queue."""
         count_end = max(count_end, self.min_unit)
         self.mfq.truncate(count_end * UNIT)
+        self._rebind()
         if count_end > self.min_unit:
             last = self._raw_unit(count_end - 1)
             self.end_offset = last[6] + last[2]
@@ -199,8 +272,19 @@ class ConsumeQueue:
         self.mfq.flush()
 
     def close(self) -> None:
-        self.mfq.close()
+        """Close the files and give the row back (the queue is not used afterwards)."""
+        self._close_files(self.mfq.close)
 
     def destroy(self) -> None:
-        self.mfq.destroy()
+        self._close_files(self.mfq.destroy)
+
+    def _close_files(self, how) -> None:
+        if self.slot < 0:
+            return
+        if self._bound is not None:
+            self._bound.unbind()
+            self._bound = None
+        how()
+        self.table.release(self.slot)
+        self.slot = -1
 

@@ -94,7 +94,7 @@ def batch_keys(body, record_keys: bool, key_headers: bool = True) -> set[bytes]:
     `record_keys`, the records' keys. Empty when the batch cannot be decoded (it was validated when written;
     a batch too large to inflate within the store's bound gives no keys rather than an unbounded allocation)."""
     # the bounded decompression shared by the engines (memory.py keeps it next to its other batch helpers)
-    from mqk.store.memory import _decompress
+    from mqk.store.batches import decompress as _decompress
 
     out: set[bytes] = set()
     try:

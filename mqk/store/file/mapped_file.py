@@ -457,15 +457,16 @@ class _Allocator:
 class MappedFileQueue:
     """The ordered segments of one log, each `file_size` bytes, named by start offset."""
 
-    # slots, not a dict: clentry.append_run reads `files` of every partition a Produce names, and a thousand
-    # partitions' instance dicts are a thousand more cold lookups per request cycle
-    __slots__ = ("_allocator", "_lock", "_spare", "_starts", "_unsynced_dirs", "dir", "file_size", "files",
-                 "hold_fd", "reserve_step")
+    __slots__ = ("_allocator", "_lock", "_spare", "_starts", "_unsynced_dirs", "dir", "file_size", "file_type",
+                 "files", "hold_fd", "reserve_step")
 
     def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True,
-                 reserve_step: int = 0, hold_fd: bool = True) -> None:
-        """`hold_fd` False: the segments keep no descriptor of their own (see the module docstring)."""
+                 reserve_step: int = 0, hold_fd: bool = True, file_type: type[MappedFile] = MappedFile) -> None:
+        """`hold_fd` False: the segments keep no descriptor of their own (see the module docstring). `file_type`:
+        the class of the segments (ConsumeQueues use a subclass whose last file's positions live in the store's
+        queue table)."""
         self.dir = Path(directory)
+        self.file_type = file_type
         self.file_size = file_size
         self.reserve_step = reserve_step
         self.hold_fd = hold_fd
@@ -514,7 +515,7 @@ class MappedFileQueue:
                 # cut short (by hand or a crash while it was being created): it is extended with zeros, which
                 # recovery reads as the end of data
                 log.warning("segment %s is %d bytes, less than %d; extending it", p, size, self.file_size)
-            files.append(MappedFile(p, self.file_size, start, self.reserve_step, hold_fd=self.hold_fd))
+            files.append(self.file_type(p, self.file_size, start, self.reserve_step, hold_fd=self.hold_fd))
         for p in aside:
             p.rename(p.with_name(p.name + ".unusable"))
         with self._lock:
@@ -593,7 +594,7 @@ class MappedFileQueue:
         elif self._spare is not None and self._spare.start_offset == start:
             mf, self._spare = self._spare, None
         else:
-            mf = MappedFile(path, self.file_size, start, self.reserve_step, hold_fd=self.hold_fd)
+            mf = self.file_type(path, self.file_size, start, self.reserve_step, hold_fd=self.hold_fd)
         with self._lock:
             self.files.append(mf)
             self._starts.append(start)
@@ -621,8 +622,8 @@ class MappedFileQueue:
             self._spare.destroy()
             self._spare = None
         self._make_dir()
-        self._spare = MappedFile(self._path(start), self.file_size, start, self.reserve_step,
-                                 hold_fd=self.hold_fd)
+        self._spare = self.file_type(self._path(start), self.file_size, start, self.reserve_step,
+                                     hold_fd=self.hold_fd)
 
     # --- durability ------------------------------------------------------------------------------------
 

@@ -28,14 +28,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from mqk.store.file.consumequeue import UNIT
 
 if TYPE_CHECKING:
-    from mqk.store.file.engine import FileEngine, Shard
+    from mqk.store.file.commitlog import CommitLog
+    from mqk.store.file.compactlog import CompactLog
     from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
+    from mqk.store.file.shards import Shard
+
+#: how reclaim moves a shard's log start (the engine's delete_before: metadata saved before it returns)
+MoveLogStart = Callable[[str, int, int], Awaitable[int]]
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +52,11 @@ def _disk_bytes(mf: MappedFile) -> int:
         return 0
 
 
-def _first_live_unit(shard: Shard, engine: FileEngine | None = None) -> int:
+def _first_live_unit(shard: Shard, compacted: CompactLog | None) -> int:
     """Index of the unit holding the shard's log start (or, for a compacted shard, its compacted prefix's end:
     the units below it are served from the compaction log), or the queue's max unit when nothing is readable."""
     cq = shard.cq
     floor = shard.log_start
-    compacted = engine._compacted.get((shard.topic, shard.queue)) if engine is not None else None
     if compacted is not None:
         floor = max(floor, compacted.upto)
     if floor >= cq.end_offset or len(cq) == 0:
@@ -97,17 +101,14 @@ def _destroy(files: list[MappedFile]) -> int:
     return freed
 
 
-async def reclaim(engine: FileEngine, now_ms: int | None = None, reserved_ms: int | None = None,
+async def reclaim(clog: CommitLog, shards: Iterable[Shard], compacted: dict[tuple[str, int], CompactLog],
+                  move_log_start: MoveLogStart, now_ms: int, reserved_ms: int,
                   pins: dict[tuple[str, int], int] | None = None) -> int:
-    """One reclaim pass; returns the bytes of disk given back (as counted by the files' allocated blocks)."""
-    if not engine._running:
-        return 0
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    reserved_ms = engine.config.file_reserved_time_ms if reserved_ms is None else reserved_ms
+    """One reclaim pass over the CommitLog `clog` and `shards` (`compacted`: their compacted prefixes); returns the
+    bytes of disk given back (as counted by the files' allocated blocks)."""
     pins = pins or {}
-    clog = engine.clog
     files = clog.mfq.files
-    shards = list(engine._shards.values())
+    shards = list(shards)
 
     # 1. fileReservedTime: the head segments (never the last) last written before now - reserved_ms
     forced = clog.min_offset
@@ -123,7 +124,7 @@ async def reclaim(engine: FileEngine, now_ms: int | None = None, reserved_ms: in
             forced = mf.end_offset
     if forced > clog.min_offset:
         for shard in shards:
-            first = _first_live_unit(shard, engine)
+            first = _first_live_unit(shard, compacted.get((shard.topic, shard.queue)))
             if first >= shard.cq.max_unit or shard.cq.unit(first)[0] >= forced:
                 continue
             keep = _first_unit_at_phys(shard, first, forced)
@@ -136,13 +137,13 @@ async def reclaim(engine: FileEngine, now_ms: int | None = None, reserved_ms: in
             if new_start > shard.log_start:
                 log.warning("reclaim: segments before %d are older than file_reserved_time; %s-%d log start "
                             "moves %d -> %d", forced, shard.topic, shard.queue, shard.log_start, new_start)
-                await engine.delete_before(shard.topic, shard.queue, new_start)
+                await move_log_start(shard.topic, shard.queue, new_start)
 
     # 2. the lowest CommitLog offset any shard can still read
     needed = clog.max_offset
     cq_cuts: list[tuple[Shard, int]] = []
     for shard in shards:
-        first = _first_live_unit(shard, engine)
+        first = _first_live_unit(shard, compacted.get((shard.topic, shard.queue)))
         cq_cuts.append((shard, first))
         if first < shard.cq.max_unit:
             needed = min(needed, shard.cq.unit(first)[0])
