@@ -44,6 +44,8 @@ unit: $(STAMP)
 test-twins: $(STAMP)
 	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q tests/unit
 
+# The Kafka codecs (mqk/protocol/kafka/messages/) from the spec files of the one kafka-python release that
+# pyproject.toml's `gen` extra pins (`.[dev]` includes it); the generator refuses any other version.
 gen: $(STAMP)
 	$(PY) tools/gen_kafka_messages.py
 

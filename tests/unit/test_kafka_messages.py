@@ -136,12 +136,14 @@ def all_cases():
 
 import importlib  # noqa: E402
 import pkgutil  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from mqk.protocol.kafka import messages  # noqa: E402
+from mqk.protocol.kafka.errors import UnsupportedApiVersion  # noqa: E402
 
 CASES = list(all_cases())
 _SETTINGS = settings(max_examples=6, deadline=None, database=None,
@@ -160,10 +162,75 @@ def _codec_fns(kind):
 
 def test_every_pair_and_version_is_generated():
     assert len(CASES) > 400
+    assert set(messages.MODULES) == set(PAIRS)
     for kind, api_key, v, _m in CASES:
-        table = messages._REQ_DEC if kind == "request" else messages._RESP_DEC
-        lo, fns = table[api_key]
-        assert callable(fns[v - lo])
+        module = messages.module_for(api_key)
+        assert api_key == module.API_KEY
+        for table in ("DECODERS", "ENCODERS"):
+            lo, fns = getattr(module, f"{kind.upper()}_{table}")
+            assert callable(fns[v - lo])
+
+
+def test_api_modules_are_named_after_their_api():
+    assert messages.MODULES[0] == "produce" and messages.MODULES[2] == "list_offsets"
+    assert messages.MODULES[18] == "api_versions" and messages.MODULES[3] == "metadata"
+
+
+def test_typeddict_keys_are_the_decoded_keys():
+    """Every body's TypedDict names exactly the keys its decoders fill, in every version; a key every version
+    carries (untagged) is Required, any other NotRequired."""
+    for kind, api_key, v, m in CASES:
+        enc, dec = _codec_fns(kind)
+        typed = getattr(messages.module_for(api_key), m.name)
+        body = dec(api_key, v, _join(enc(api_key, v, _minimal(kind, api_key, v))))
+        assert set(body) == typed.__required_keys__ | typed.__optional_keys__, (m.name, v)
+    produce = messages.module_for(0)
+    assert produce.ProduceRequest.__required_keys__ == {"transactional_id", "acks", "timeout_ms", "topic_data"}
+    assert produce.ProduceRequestTopicProduceData.__optional_keys__ == {"name", "topic_id"}  # v3-v12, v13+
+    assert "node_endpoints" in produce.ProduceResponse.__optional_keys__  # tagged
+
+
+def test_typed_entry_points_match_the_untyped_ones():
+    from mqk.protocol.kafka.messages import metadata
+
+    req = {"topics": [{"name": "a"}], "allow_auto_topic_creation": True}
+    wire = _join(metadata.encode_request(12, req))
+    assert wire == _join(messages.encode_request(3, 12, req))
+    assert metadata.decode_request(12, wire) == messages.decode_request(3, 12, wire)
+    resp = {"brokers": [{"node_id": 1, "host": "h", "port": 9}], "topics": []}
+    assert _join(metadata.encode_response(9, resp, bytearray(b"hd"))) == b"hd" + _join(
+        messages.encode_response(3, 9, resp))
+    with pytest.raises(UnsupportedApiVersion):
+        metadata.decode_request(99, wire)
+
+
+def test_types_are_reexported_from_the_package():
+    from mqk.protocol.kafka.messages import OffsetCommitRequest, ProduceResponse, fetch
+
+    assert ProduceResponse is messages.module_for(0).ProduceResponse
+    assert OffsetCommitRequest.__module__ == "mqk.protocol.kafka.messages.offset_commit"
+    assert fetch.FetchRequest.__name__ == "FetchRequest"
+    with pytest.raises(AttributeError):
+        messages.NoSuchRequest  # noqa: B018  # the attribute access is what is tested
+
+
+_LAZY_PROBE = """
+import sys
+import mqk.protocol.kafka.api, mqk.protocol.kafka.codec
+loaded = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("mqk.protocol.kafka.messages."))
+print(loaded())
+from mqk.protocol.kafka import messages
+messages.decode_request(3, 9, bytes(messages.encode_request(3, 9, {"topics": None})[0]))
+print(loaded())
+from mqk.protocol.kafka.messages import JoinGroupRequest
+print(loaded())
+"""
+
+
+def test_api_modules_load_on_first_use():
+    out = subprocess.run([sys.executable, "-c", _LAZY_PROBE], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split("\n")[:3] == ["['_runtime']", "['_runtime', 'metadata']",
+                                          "['_runtime', 'join_group', 'metadata']"], out.stdout
 
 
 @pytest.mark.parametrize("kind,api_key,version", [(k, a, v) for k, a, v, _ in CASES],
@@ -336,21 +403,72 @@ def test_parity_kafka_python_built_requests():
         assert bytes(kp.encode()) == ours, v
 
 
-def test_generator_check_passes_on_committed_module(tmp_path):
-    import sys as _sys
+PACKAGE_DIR = Path(messages.__file__).parent
 
-    ok = subprocess.run([_sys.executable, str(GEN_PATH), "--check"], capture_output=True, text=True, timeout=120)
+
+def _check(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(GEN_PATH), "--check", "--output", str(out)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_generator_check_passes_on_committed_package(tmp_path):
+    ok = _check(PACKAGE_DIR)
     assert ok.returncode == 0, ok.stderr
-    stale = tmp_path / "messages.py"
-    stale.write_text(Path(messages.__file__).read_text().replace("def _d1(", "def _d1 (", 1))
-    bad = subprocess.run([_sys.executable, str(GEN_PATH), "--check", "--output", str(stale)],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "stale" in bad.stderr
+    copy = tmp_path / "messages"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert _check(copy).returncode == 0
+    produce = copy / "produce.py"
+    produce.write_text(produce.read_text().replace("def _d1(", "def _d1 (", 1))
+    bad = _check(copy)
+    assert bad.returncode == 1 and "stale" in bad.stderr and "produce.py: differs" in bad.stderr
 
 
-def test_generated_module_says_so():
-    first = Path(messages.__file__).read_text().splitlines()[0]
-    assert first.startswith("# Generated by tools/gen_kafka_messages.py") and "DO NOT EDIT" in first
+def test_generator_check_fails_on_missing_and_left_over_modules(tmp_path):
+    copy = tmp_path / "messages"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "heartbeat.py").unlink()
+    (copy / "old_api.py").write_text((copy / "produce.py").read_text())
+    bad = _check(copy)
+    assert bad.returncode == 1
+    assert "heartbeat.py: missing" in bad.stderr and "old_api.py: left over" in bad.stderr
+
+
+def test_generator_check_fails_on_another_spec_hash(tmp_path):
+    copy = tmp_path / "messages"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    init = copy / "__init__.py"
+    init.write_text(init.read_text().replace(messages.SPEC_SHA256, "0" * 64))
+    bad = _check(copy)
+    assert bad.returncode == 1 and f"record sha256 {'0' * 64}" in bad.stderr and messages.SPEC_SHA256 in bad.stderr
+
+
+def test_generation_is_pinned_to_one_release():
+    wanted = gen.pinned_release()
+    assert f"kafka-python=={wanted}" == messages.SPEC_RELEASE
+    assert gen.spec_set().sha256 == messages.SPEC_SHA256
+    gen.require_release(wanted, wanted)
+    for installed, said in (("2.2.15", "kafka-python 2.2.15 is installed"), (None, "kafka-python is not installed")):
+        with pytest.raises(SystemExit) as refused:
+            gen.require_release(installed, wanted)
+        assert said in str(refused.value) and f"kafka-python {wanted} only" in str(refused.value)
+        assert "pip install -e '.[gen]'" in str(refused.value)
+
+
+def test_pin_must_be_exact(tmp_path):
+    toml = tmp_path / "pyproject.toml"
+    toml.write_text('[project.optional-dependencies]\ngen = ["kafka-python>=3"]\n')
+    with pytest.raises(SystemExit, match="must pin kafka-python exactly"):
+        gen.pinned_release(toml)
+    toml.write_text('[project.optional-dependencies]\ngen = ["kafka-python == 3.0.12"]\n')
+    assert gen.pinned_release(toml) == "3.0.12"
+
+
+def test_generated_modules_say_so():
+    files = sorted(PACKAGE_DIR.glob("*.py"))
+    assert len(files) == len(messages.MODULES) + 2  # the API modules, _runtime and __init__
+    for path in files:
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# Generated by tools/gen_kafka_messages.py") and "DO NOT EDIT" in first, path
 
 
 def test_every_decoder_turns_garbage_into_malformed_message():
