@@ -10,6 +10,7 @@
 The broker runs in this process (mqk.testing.ThreadedBroker) on the chosen engine (file by default, with 64 MiB
 CommitLog segments; memory; rocksdb). Example: `python bench/compaction_bench.py --records 1000000 --keys 100000`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,17 +38,26 @@ def percentile(values: list[float], p: float) -> float:
 def perf_line(n: int, seconds: float, nbytes: int, latencies_ms: list[float]) -> str:
     lat = sorted(latencies_ms)
     avg = sum(lat) / len(lat) if lat else 0.0
-    return (f"{n} records sent, {n / seconds:.1f} records/sec ({nbytes / seconds / 1e6:.2f} MB/sec), "
-            f"{avg:.2f} ms avg latency, {lat[-1] if lat else 0:.2f} ms max latency, "
-            f"{percentile(lat, 50):.0f} ms 50th, {percentile(lat, 95):.0f} ms 95th, "
-            f"{percentile(lat, 99):.0f} ms 99th, {percentile(lat, 99.9):.0f} ms 99.9th.")
+    return (
+        f"{n} records sent, {n / seconds:.1f} records/sec ({nbytes / seconds / 1e6:.2f} MB/sec), "
+        f"{avg:.2f} ms avg latency, {lat[-1] if lat else 0:.2f} ms max latency, "
+        f"{percentile(lat, 50):.0f} ms 50th, {percentile(lat, 95):.0f} ms 95th, "
+        f"{percentile(lat, 99):.0f} ms 99th, {percentile(lat, 99.9):.0f} ms 99.9th."
+    )
 
 
 def produce(bootstrap: str, topic: str, n: int, keys: int, value_size: int, until=None) -> tuple[int, float, int, list]:
     """Send up to n records (stop early once `until()` is true); returns (acked, seconds, bytes, latencies ms)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 256 * 1024,
-                         "enable.idempotence": False, "queue.buffering.max.messages": 200_000,
-                         "compression.type": "none"})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "batch.size": 256 * 1024,
+            "enable.idempotence": False,
+            "queue.buffering.max.messages": 200_000,
+            "compression.type": "none",
+        }
+    )
     value = b"v" * value_size
     latencies: list[float] = []
     errors = [0]
@@ -58,6 +68,7 @@ def produce(bootstrap: str, topic: str, n: int, keys: int, value_size: int, unti
                 errors[0] += 1
             else:
                 latencies.append((time.perf_counter() - sent) * 1000)
+
         return cb
 
     start = time.perf_counter()
@@ -67,8 +78,9 @@ def produce(bootstrap: str, topic: str, n: int, keys: int, value_size: int, unti
             break
         while True:
             try:
-                producer.produce(topic, key=b"key-%08d" % (i % keys), value=value,
-                                 on_delivery=make_cb(time.perf_counter()))
+                producer.produce(
+                    topic, key=b"key-%08d" % (i % keys), value=value, on_delivery=make_cb(time.perf_counter())
+                )
                 break
             except BufferError:
                 producer.poll(0.01)
@@ -95,8 +107,9 @@ def map_microbench(n: int) -> None:
         hits = sum(1 for d in digests if m.get(d, -1) >= 0)
         t2 = time.perf_counter()
         print(f"offset map {name}: {n} puts {n / (t1 - t0) / 1e6:.2f} M/s, {hits} gets {n / (t2 - t1) / 1e6:.2f} M/s")
-    print(f"offset map budget: {MAP_ENTRY_BYTES} bytes per key -> 128 MiB holds "
-          f"{(128 << 20) // MAP_ENTRY_BYTES:,} keys")
+    print(
+        f"offset map budget: {MAP_ENTRY_BYTES} bytes per key -> 128 MiB holds {(128 << 20) // MAP_ENTRY_BYTES:,} keys"
+    )
 
 
 def main() -> None:
@@ -113,8 +126,19 @@ def main() -> None:
         broker = ThreadedBroker(broker_config(args.storage, Path(tmp) / "data", **extra)).start()
         try:
             store = broker.store
-            broker.call(store.create_topic("compact-me", 1, TopicConfig({
-                "cleanup.policy": "compact", "segment.bytes": str(1 << 20), "min.cleanable.dirty.ratio": "0.01"})))
+            broker.call(
+                store.create_topic(
+                    "compact-me",
+                    1,
+                    TopicConfig(
+                        {
+                            "cleanup.policy": "compact",
+                            "segment.bytes": str(1 << 20),
+                            "min.cleanable.dirty.ratio": "0.01",
+                        }
+                    ),
+                )
+            )
             broker.call(store.create_topic("load", 1, TopicConfig({"retention.ms": "-1"})))
             n, s, b, lat = produce(broker.bootstrap, "compact-me", args.records, args.keys, args.value_size)
             print(f"fill: {perf_line(n, s, b, lat)}")
@@ -128,8 +152,14 @@ def main() -> None:
             report = future.result(600)
             busy_line = perf_line(n, s, b, lat)
             deadline = time.perf_counter() + s
-            n, s, b, lat = produce(broker.bootstrap, "load", 1 << 40, args.keys, args.value_size,
-                                   until=lambda: time.perf_counter() >= deadline)
+            n, s, b, lat = produce(
+                broker.bootstrap,
+                "load",
+                1 << 40,
+                args.keys,
+                args.value_size,
+                until=lambda: time.perf_counter() >= deadline,
+            )
             base_rate = n / s
             print(f"produce without compaction: {perf_line(n, s, b, lat)}")
             print(f"produce while compacting:   {busy_line}")
@@ -137,11 +167,12 @@ def main() -> None:
             if stats is None:
                 print(f"compaction did not run: {report.skipped}")
             else:
-                print(f"compaction: {stats.batches_read} batches, {stats.bytes_read / 1e6:.1f} MB read in "
-                      f"{stats.seconds:.2f} s = {stats.mb_per_sec:.2f} MB/sec; {stats.records_kept} records kept, "
-                      f"{stats.records_removed} removed")
-            print(f"produce throughput while compacting: {busy_rate / base_rate:.0%} of the run without "
-                  f"(goal >= 70%)")
+                print(
+                    f"compaction: {stats.batches_read} batches, {stats.bytes_read / 1e6:.1f} MB read in "
+                    f"{stats.seconds:.2f} s = {stats.mb_per_sec:.2f} MB/sec; {stats.records_kept} records kept, "
+                    f"{stats.records_removed} removed"
+                )
+            print(f"produce throughput while compacting: {busy_rate / base_rate:.0%} of the run without (goal >= 70%)")
         finally:
             broker.stop()
     map_microbench(args.keys)

@@ -9,6 +9,7 @@ rebalance time is measured as Kafka's tool does) and reads from the earliest off
 topic before measuring (for a broker started by `--start-broker`); with a started broker its CPU seconds during
 the consume phase are printed too. `run()` is the same measurement as a function (used by kafka_suite.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,15 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S:%f")[:-3]
 
 
-def run(bootstrap: str, topic: str, messages: int, group: str | None = None, timeout_s: float = 10.0,
-        consumer_props: dict[str, str] | None = None, quiet: bool = False) -> dict[str, Any]:
+def run(
+    bootstrap: str,
+    topic: str,
+    messages: int,
+    group: str | None = None,
+    timeout_s: float = 10.0,
+    consumer_props: dict[str, str] | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
     from confluent_kafka import Consumer, KafkaException, Message
 
     conf: dict[str, Any] = {
@@ -73,24 +81,40 @@ def run(bootstrap: str, topic: str, messages: int, group: str | None = None, tim
     fetch_s = max(elapsed - rebalance_ms / 1000.0, 1e-9)
     mb = nbytes / 1048576
     result = {
-        "start": start, "end": end, "mb": mb, "mb_per_s": mb / elapsed, "messages": count,
-        "messages_per_s": count / elapsed, "rebalance_ms": rebalance_ms, "fetch_ms": fetch_s * 1000.0,
-        "fetch_mb_per_s": mb / fetch_s, "fetch_messages_per_s": count / fetch_s,
+        "start": start,
+        "end": end,
+        "mb": mb,
+        "mb_per_s": mb / elapsed,
+        "messages": count,
+        "messages_per_s": count / elapsed,
+        "rebalance_ms": rebalance_ms,
+        "fetch_ms": fetch_s * 1000.0,
+        "fetch_mb_per_s": mb / fetch_s,
+        "fetch_messages_per_s": count / fetch_s,
     }
     if not quiet:
-        print("start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
-              "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec")
-        print(f"{_stamp(start)}, {_stamp(end)}, {mb:.4f}, {result['mb_per_s']:.4f}, {count}, "
-              f"{result['messages_per_s']:.4f}, {rebalance_ms:.0f}, {fetch_s * 1000:.0f}, "
-              f"{result['fetch_mb_per_s']:.4f}, {result['fetch_messages_per_s']:.4f}", flush=True)
+        print(
+            "start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
+            "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec"
+        )
+        print(
+            f"{_stamp(start)}, {_stamp(end)}, {mb:.4f}, {result['mb_per_s']:.4f}, {count}, "
+            f"{result['messages_per_s']:.4f}, {rebalance_ms:.0f}, {fetch_s * 1000:.0f}, "
+            f"{result['fetch_mb_per_s']:.4f}, {result['fetch_messages_per_s']:.4f}",
+            flush=True,
+        )
     if count < messages:
-        print(f"WARNING: exiting before consuming the expected number of messages: timeout ({timeout_s:.0f} s) "
-              f"exceeded; consumed {count} of {messages}", file=sys.stderr)
+        print(
+            f"WARNING: exiting before consuming the expected number of messages: timeout ({timeout_s:.0f} s) "
+            f"exceeded; consumed {count} of {messages}",
+            file=sys.stderr,
+        )
     return result
 
 
-def run_raw(bootstrap: str, topic: str, messages: int, timeout_s: float = 10.0,
-            partition_max_bytes: int = 10 << 20) -> dict[str, Any]:
+def run_raw(
+    bootstrap: str, topic: str, messages: int, timeout_s: float = 10.0, partition_max_bytes: int = 10 << 20
+) -> dict[str, Any]:
     """The broker's own fetch capacity, without a client library's per-record cost: one connection sends Fetch v12
     for every partition of `topic`, one request in flight as a consumer keeps it, and counts records from each
     batch's header after checking its CRC (recbatch.scan_batches, compiled), never decoding a record. This is
@@ -107,9 +131,15 @@ def run_raw(bootstrap: str, topic: str, messages: int, timeout_s: float = 10.0,
 
     async def consume() -> tuple[int, int, float, float]:
         client = await RawKafkaClient.connect(host, int(port), "mqk-raw-consumer")
-        meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"topic_id": bytes(16), "name": topic}],
-                                                         "allow_auto_topic_creation": False,
-                                                         "include_topic_authorized_operations": False})
+        meta = await client.call(
+            ApiKey.METADATA,
+            12,
+            {
+                "topics": [{"topic_id": bytes(16), "name": topic}],
+                "allow_auto_topic_creation": False,
+                "include_topic_authorized_operations": False,
+            },
+        )
         offsets = {p["partition_index"]: 0 for p in meta["topics"][0]["partitions"]}
         count = nbytes = 0
         start = time.time()  # from the first Fetch sent (metadata excluded) to the last answered
@@ -125,7 +155,7 @@ def run_raw(bootstrap: str, topic: str, messages: int, timeout_s: float = 10.0,
                 count += sum(b[4] for b in batches)
                 nbytes += len(records)
                 pos, _size, last_delta = batches[-1][:3]
-                offsets[part["partition_index"]] = int.from_bytes(records[pos:pos + 8], "big") + last_delta + 1
+                offsets[part["partition_index"]] = int.from_bytes(records[pos : pos + 8], "big") + last_delta + 1
                 last_data = time.monotonic()
         end = time.time()
         await client.close()
@@ -133,13 +163,21 @@ def run_raw(bootstrap: str, topic: str, messages: int, timeout_s: float = 10.0,
 
     count, nbytes, start, end = asyncio.run(consume())
     elapsed = max(end - start, 1e-9)
-    return {"messages": count, "mb": nbytes / 1048576, "messages_per_s": count / elapsed,
-            "mb_per_s": nbytes / 1048576 / elapsed, "start": start, "end": end}
+    return {
+        "messages": count,
+        "mb": nbytes / 1048576,
+        "messages_per_s": count / elapsed,
+        "mb_per_s": nbytes / 1048576 / elapsed,
+        "start": start,
+        "end": end,
+    }
 
 
 def raw_line(raw: dict[str, Any], broker_cpu_s: float | None = None) -> str:
-    line = (f"raw fetch (wire-level consumer, CRC checked, records counted from batch headers): {raw['messages']} "
-            f"records, {raw['messages_per_s']:,.0f} records/sec, {raw['mb_per_s']:.1f} MB/sec")
+    line = (
+        f"raw fetch (wire-level consumer, CRC checked, records counted from batch headers): {raw['messages']} "
+        f"records, {raw['messages_per_s']:,.0f} records/sec, {raw['mb_per_s']:.1f} MB/sec"
+    )
     return line if broker_cpu_s is None else f"{line}, broker cpu {broker_cpu_s:.2f} s"
 
 
@@ -152,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--consumer-props", nargs="*", default=[], metavar="KEY=VALUE")
     p.add_argument("--produce-first", type=int, default=0, metavar="N", help="produce N records before consuming")
     p.add_argument("--record-size", type=int, default=100, help="record size for --produce-first")
-    p.add_argument("--raw", action="store_true",
-                   help="also measure the broker's fetch capacity with a wire-level consumer (run_raw)")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="also measure the broker's fetch capacity with a wire-level consumer (run_raw)",
+    )
     perfutil.add_broker_args(p)
     args = p.parse_args(argv)
 
@@ -165,18 +206,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.produce_first:
             import producer_perf
 
-            r = producer_perf.run(bootstrap, args.topic, args.produce_first, args.record_size,
-                                  producer_props={"acks": "1"}, sample_every=1000, quiet=True)
+            r = producer_perf.run(
+                bootstrap,
+                args.topic,
+                args.produce_first,
+                args.record_size,
+                producer_props={"acks": "1"},
+                sample_every=1000,
+                quiet=True,
+            )
             print(f"produced {args.produce_first} records first ({r['records_per_s']:.0f} records/sec)")
         if broker:
             broker.settle()
         cpu0 = broker.cpu_seconds() if broker else 0.0
-        result = run(bootstrap, args.topic, args.messages, args.group, args.timeout,
-                     perfutil.parse_props(args.consumer_props))
+        result = run(
+            bootstrap, args.topic, args.messages, args.group, args.timeout, perfutil.parse_props(args.consumer_props)
+        )
         if broker:
             cpu = broker.cpu_seconds() - cpu0
-            print(f"broker cpu: {cpu:.2f} s for {result['messages']} records, "
-                  f"{cpu / max(result['messages'], 1) * 1e6:.2f} s per million records", flush=True)
+            print(
+                f"broker cpu: {cpu:.2f} s for {result['messages']} records, "
+                f"{cpu / max(result['messages'], 1) * 1e6:.2f} s per million records",
+                flush=True,
+            )
         if args.raw:
             cpu0 = broker.cpu_seconds() if broker else 0.0
             raw = run_raw(bootstrap, args.topic, args.messages, args.timeout)

@@ -16,6 +16,7 @@ consumer, not the broker, and would be charged to the records waiting behind the
 records, its first record's key carrying the send time, and a wire-level consumer in another process long-polls
 Fetch and charges every record of a batch with receipt - send (`run_raw()`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,14 +33,21 @@ _TS = struct.Struct(">q")
 _READY_MARKER = b"e2e-latency: consumer ready"
 
 
-def _consume(bootstrap: str, topic: str, expected: int, ready: Any, results: Any, timeout_s: float,
-             fetch_wait_ms: int) -> None:
+def _consume(
+    bootstrap: str, topic: str, expected: int, ready: Any, results: Any, timeout_s: float, fetch_wait_ms: int
+) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "e2e-latency", "enable.auto.commit": False,
-        "fetch.wait.max.ms": fetch_wait_ms, "fetch.min.bytes": 1, "fetch.error.backoff.ms": 10,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "e2e-latency",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": fetch_wait_ms,
+            "fetch.min.bytes": 1,
+            "fetch.error.backoff.ms": 10,
+        }
+    )
     # The producer starts once this consumer's fetcher is live at the partition's end: it starts at the end
     # offset, and a marker record sent now has come back. (position() stays unset until a record is consumed,
     # so it cannot tell; a partition EOF event would, but enabling those costs an event per caught-up fetch.)
@@ -75,9 +83,17 @@ def _consume(bootstrap: str, topic: str, expected: int, ready: Any, results: Any
     results.put((latencies, (last_ns - first_ns) / 1e9))
 
 
-def run(bootstrap: str, topic: str, rate: float, duration_s: float, record_size: int = 100,
-        producer_props: dict[str, str] | None = None, quiet: bool = False, fetch_wait_ms: int = 100,
-        records: int | None = None) -> dict[str, Any]:
+def run(
+    bootstrap: str,
+    topic: str,
+    rate: float,
+    duration_s: float,
+    record_size: int = 100,
+    producer_props: dict[str, str] | None = None,
+    quiet: bool = False,
+    fetch_wait_ms: int = 100,
+    records: int | None = None,
+) -> dict[str, Any]:
     """`rate` records/s for `duration_s`; or, with rate=inf, `records` records sent as fast as the producer can
     while the consumer reads them: the pipeline's maximum is then the lower of `rate` (sent) and
     `received_rate` (taken in by the consumer)."""
@@ -88,8 +104,9 @@ def run(bootstrap: str, topic: str, rate: float, duration_s: float, record_size:
         raise ValueError("give a finite rate, or records with rate=inf")
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
-    consumer = ctx.Process(target=_consume, args=(bootstrap, topic, total, ready, results, 10.0, fetch_wait_ms),
-                           daemon=True)
+    consumer = ctx.Process(
+        target=_consume, args=(bootstrap, topic, total, ready, results, 10.0, fetch_wait_ms), daemon=True
+    )
     consumer.start()
     if not ready.wait(30):
         consumer.terminate()
@@ -114,23 +131,31 @@ def run(bootstrap: str, topic: str, rate: float, duration_s: float, record_size:
     if not latencies:
         raise RuntimeError("the consumer received nothing")
     r = {
-        "records": total, "received": len(latencies), "rate": total / sent_s,
+        "records": total,
+        "received": len(latencies),
+        "rate": total / sent_s,
         # what the consumer took in per second, first to last receipt (the pipeline's rate when unpaced)
         "received_rate": len(latencies) / receive_s if receive_s > 0 else float("inf"),
         "avg_ms": sum(latencies) / len(latencies),
-        "p50_ms": perfutil.percentile(latencies, 50), "p95_ms": perfutil.percentile(latencies, 95),
-        "p99_ms": perfutil.percentile(latencies, 99), "p999_ms": perfutil.percentile(latencies, 99.9),
+        "p50_ms": perfutil.percentile(latencies, 50),
+        "p95_ms": perfutil.percentile(latencies, 95),
+        "p99_ms": perfutil.percentile(latencies, 99),
+        "p999_ms": perfutil.percentile(latencies, 99.9),
         "max_ms": latencies[-1],
     }
     if not quiet:
-        print(f"{r['received']} of {total} records at {r['rate']:.0f} records/sec: avg {r['avg_ms']:.2f} ms, "
-              f"p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
-              f"p99.9 {r['p999_ms']:.2f} ms, max {r['max_ms']:.2f} ms", flush=True)
+        print(
+            f"{r['received']} of {total} records at {r['rate']:.0f} records/sec: avg {r['avg_ms']:.2f} ms, "
+            f"p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
+            f"p99.9 {r['p999_ms']:.2f} ms, max {r['max_ms']:.2f} ms",
+            flush=True,
+        )
     return r
 
 
-def _raw_consume(bootstrap: str, topic: str, expected: int, ready: Any, results: Any, timeout_s: float,
-                 fetch_wait_ms: int) -> None:
+def _raw_consume(
+    bootstrap: str, topic: str, expected: int, ready: Any, results: Any, timeout_s: float, fetch_wait_ms: int
+) -> None:
     import asyncio
 
     from mqk._fast import load
@@ -149,8 +174,9 @@ def _raw_consume(bootstrap: str, topic: str, expected: int, ready: Any, results:
         ready.set()
         last = time.monotonic()
         while got < expected and time.monotonic() - last < timeout_s:
-            resp = await client.call(ApiKey.FETCH, 12, perfutil.fetch_v12(topic, {0: offset}, fetch_wait_ms),
-                                     timeout=timeout_s + 1)
+            resp = await client.call(
+                ApiKey.FETCH, 12, perfutil.fetch_v12(topic, {0: offset}, fetch_wait_ms), timeout=timeout_s + 1
+            )
             now = time.time_ns()
             part = resp["responses"][0]["partitions"][0]
             records = part["records"]
@@ -162,7 +188,7 @@ def _raw_consume(bootstrap: str, topic: str, expected: int, ready: Any, results:
             for pos, _size, last_delta, _ts, count, *_ in scan(records, True):
                 samples.append(((now - _sent_ns(records, pos)) / 1e6, count))
                 got += count
-                offset = int.from_bytes(records[pos:pos + 8], "big") + last_delta + 1
+                offset = int.from_bytes(records[pos : pos + 8], "big") + last_delta + 1
         await client.close()
         return samples, (last_ns - first_ns) / 1e9
 
@@ -189,8 +215,16 @@ def _sent_ns(batch, pos: int) -> int:
     return _TS.unpack_from(batch, _key_pos(batch, pos))[0]
 
 
-def run_raw(bootstrap: str, topic: str, rate: float, duration_s: float, record_size: int = 100,
-            quiet: bool = False, fetch_wait_ms: int = 100, max_batch: int = 1000) -> dict[str, Any]:
+def run_raw(
+    bootstrap: str,
+    topic: str,
+    rate: float,
+    duration_s: float,
+    record_size: int = 100,
+    quiet: bool = False,
+    fetch_wait_ms: int = 100,
+    max_batch: int = 1000,
+) -> dict[str, Any]:
     """Wire-level producer and consumer (see the module docstring). `rate` records/s for `duration_s`; with
     rate=inf the producer sends `max_batch`-record batches as fast as the broker acknowledges them (five requests
     in flight) for `duration_s`, which measures the pipeline's maximum."""
@@ -206,8 +240,9 @@ def run_raw(bootstrap: str, topic: str, rate: float, duration_s: float, record_s
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     expected = total if total is not None else 1 << 62
-    consumer = ctx.Process(target=_raw_consume, args=(bootstrap, topic, expected, ready, results, 3.0,
-                                                      fetch_wait_ms), daemon=True)
+    consumer = ctx.Process(
+        target=_raw_consume, args=(bootstrap, topic, expected, ready, results, 3.0, fetch_wait_ms), daemon=True
+    )
     consumer.start()
     if not ready.wait(30):
         consumer.terminate()
@@ -261,9 +296,18 @@ def run_raw(bootstrap: str, topic: str, rate: float, duration_s: float, record_s
                 owed -= n
             if n:
                 await window.acquire()
-                client.send(ApiKey.PRODUCE, 9, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
-                                                "topic_data": [{"name": topic, "partition_data": [
-                                                    {"index": 0, "records": bytes(batch_of(n))}]}]})
+                client.send(
+                    ApiKey.PRODUCE,
+                    9,
+                    {
+                        "transactional_id": None,
+                        "acks": 1,
+                        "timeout_ms": 30000,
+                        "topic_data": [
+                            {"name": topic, "partition_data": [{"index": 0, "records": bytes(batch_of(n))}]}
+                        ],
+                    },
+                )
                 outstanding += 1
                 sent += n
             if unpaced:
@@ -286,15 +330,24 @@ def run_raw(bootstrap: str, topic: str, rate: float, duration_s: float, record_s
     if not received:
         raise RuntimeError("the wire-level consumer received nothing")
     samples.sort()
-    r = {"records": sent, "received": received, "rate": sent / sent_s,
-         "received_rate": received / receive_s if receive_s > 0 else float("inf"),
-         "p50_ms": _weighted(samples, received, 50), "p99_ms": _weighted(samples, received, 99),
-         "p999_ms": _weighted(samples, received, 99.9), "max_ms": samples[-1][0],
-         "avg_ms": sum(lat * c for lat, c in samples) / received}
+    r = {
+        "records": sent,
+        "received": received,
+        "rate": sent / sent_s,
+        "received_rate": received / receive_s if receive_s > 0 else float("inf"),
+        "p50_ms": _weighted(samples, received, 50),
+        "p99_ms": _weighted(samples, received, 99),
+        "p999_ms": _weighted(samples, received, 99.9),
+        "max_ms": samples[-1][0],
+        "avg_ms": sum(lat * c for lat, c in samples) / received,
+    }
     if not quiet:
-        print(f"{received} of {sent} records at {r['rate']:.0f} records/sec (wire-level): avg {r['avg_ms']:.2f} ms, "
-              f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms, "
-              f"max {r['max_ms']:.2f} ms", flush=True)
+        print(
+            f"{received} of {sent} records at {r['rate']:.0f} records/sec (wire-level): avg {r['avg_ms']:.2f} ms, "
+            f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms, "
+            f"max {r['max_ms']:.2f} ms",
+            flush=True,
+        )
     return r
 
 
@@ -316,10 +369,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10, help="seconds of sending")
     p.add_argument("--record-size", type=int, default=100)
     p.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE")
-    p.add_argument("--fetch-wait-ms", type=int, default=100,
-                   help="consumer fetch.wait.max.ms: the broker's long poll must answer sooner when data lands")
-    p.add_argument("--raw", action="store_true",
-                   help="wire-level producer and consumer: the broker's share of the latency (run_raw)")
+    p.add_argument(
+        "--fetch-wait-ms",
+        type=int,
+        default=100,
+        help="consumer fetch.wait.max.ms: the broker's long poll must answer sooner when data lands",
+    )
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="wire-level producer and consumer: the broker's share of the latency (run_raw)",
+    )
     perfutil.add_broker_args(p)
     args = p.parse_args(argv)
     broker = perfutil.Broker(args.storage, args.data_dir) if args.start_broker else None
@@ -329,11 +389,19 @@ def main(argv: list[str] | None = None) -> int:
             p.error("give --bootstrap or --start-broker")
         perfutil.create_topic(bootstrap, args.topic, 1)
         if args.raw:
-            r = run_raw(bootstrap, args.topic, args.rate, args.duration, args.record_size,
-                        fetch_wait_ms=args.fetch_wait_ms)
+            r = run_raw(
+                bootstrap, args.topic, args.rate, args.duration, args.record_size, fetch_wait_ms=args.fetch_wait_ms
+            )
         else:
-            r = run(bootstrap, args.topic, args.rate, args.duration, args.record_size,
-                    perfutil.parse_props(args.producer_props), fetch_wait_ms=args.fetch_wait_ms)
+            r = run(
+                bootstrap,
+                args.topic,
+                args.rate,
+                args.duration,
+                args.record_size,
+                perfutil.parse_props(args.producer_props),
+                fetch_wait_ms=args.fetch_wait_ms,
+            )
     finally:
         if broker:
             broker.close()

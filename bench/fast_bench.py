@@ -16,6 +16,7 @@ Prints ops/s and MB/s per implementation and the compiled/twin speedup. CRC32C i
 package) by both implementations, so on large batches both are CRC-bound and the speedup is necessarily small;
 the per-batch Python overhead the compiled module removes shows on small batches.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,17 +99,22 @@ def main() -> None:
     secs = 0.3 if args.quick else 1.5
     for name in ("recbatch", "cqunit"):
         if compiled(name) is None:
-            print(f"mqk._fast.{name} is not built: run `.venv/bin/python setup.py build_ext --inplace`; "
-                  "reporting the twin only", file=sys.stderr)
+            print(
+                f"mqk._fast.{name} is not built: run `.venv/bin/python setup.py build_ext --inplace`; "
+                "reporting the twin only",
+                file=sys.stderr,
+            )
     rb = {"twin": twin("recbatch"), "compiled": compiled("recbatch")}
     cq = {"twin": twin("cqunit"), "compiled": compiled("cqunit")}
     rb = {k: v for k, v in rb.items() if v is not None}
     cq = {k: v for k, v in cq.items() if v is not None}
 
     total = 1 << 20
-    for label, batch_bytes, value_size in (("~1 MB of 16 KiB batches", 16 << 10, 100),
-                                           ("~1 MB of ~200 B batches (1 record)", 200, 100),
-                                           ("~1 MB of 1 KiB batches", 1 << 10, 100)):
+    for label, batch_bytes, value_size in (
+        ("~1 MB of 16 KiB batches", 16 << 10, 100),
+        ("~1 MB of ~200 B batches (1 record)", 200, 100),
+        ("~1 MB of 1 KiB batches", 1 << 10, 100),
+    ):
         buf = make_batches(rb["twin"], total, batch_bytes, value_size)
         n_batches = len(rb["twin"].scan_batches(buf))
         assert all(m.scan_batches(buf) == rb["twin"].scan_batches(buf) for m in rb.values())
@@ -124,13 +130,14 @@ def main() -> None:
         def count_all(m, buf=buf, spans=spans):
             for p, s in spans:
                 m.count_records(buf, p, s)
+
         results = {k: timed(lambda m=m: count_all(m), secs) for k, m in rb.items()}
         report(f"count_records {label}", "buffers", results, len(buf))
         results = {k: timed(lambda m=m, buf=buf: m.scan_batches(buf, True, True), secs) for k, m in rb.items()}
         report(f"produce check {label}", "buffers", results, len(buf))
 
     # The timer's put-hook asks every produced batch whether any record carries a delay header.
-    from mqk.timer.delay import DELAY_HEADER_KEYS, _MARKERS
+    from mqk.timer.delay import _MARKERS, DELAY_HEADER_KEYS
 
     rng = random.Random(3)
     for label, headers in (("no headers", []), ("1 non-delay header/record", [("trace-id", b"0123456789abcdef")])):
@@ -144,8 +151,10 @@ def main() -> None:
             n += 1
         batch = bytes(rb["twin"].build_batch(0, 0, 0, b"".join(records), n, n - 1))
         assert all(m.has_header(batch, 0, len(batch), DELAY_HEADER_KEYS) is False for m in rb.values())
-        results = {k: timed(lambda m=m, batch=batch: m.has_header(batch, 0, len(batch), DELAY_HEADER_KEYS), secs)
-                   for k, m in rb.items()}
+        results = {
+            k: timed(lambda m=m, batch=batch: m.has_header(batch, 0, len(batch), DELAY_HEADER_KEYS), secs)
+            for k, m in rb.items()
+        }
         report(f"has_header 1 MB batch, {n} x 100 B, {label}", "batches", results, len(batch))
         for k, (calls, seconds) in results.items():
             print(f"  {k}: {seconds / calls * 1e6:,.1f} us per batch", flush=True)
@@ -159,32 +168,47 @@ def main() -> None:
     offsets = [rng.randrange(0, last_base + last_count) for _ in range(10_000)]
     stamps = [rng.randrange(1_700_000_000_000, 1_700_000_000_000 + n_units) for _ in range(10_000)]
     for m in cq.values():
-        assert [m.search_offset(units, n_units, o) for o in offsets[:200]] == \
-            [cq["twin"].search_offset(units, n_units, o) for o in offsets[:200]]
+        assert [m.search_offset(units, n_units, o) for o in offsets[:200]] == [
+            cq["twin"].search_offset(units, n_units, o) for o in offsets[:200]
+        ]
 
     def searches(fn):
         def run():
             for o in offsets:
                 fn(units, n_units, o)
+
         return run
 
     def ts_searches(fn):
         def run():
             for t in stamps:
                 fn(units, n_units, t)
+
         return run
 
     results = {k: timed(searches(m.search_offset), secs) for k, m in cq.items()}
-    report("search_offset, 1M units, random (cold cache)", "lookups",
-           {k: (o * len(offsets), s) for k, (o, s) in results.items()}, None)
+    report(
+        "search_offset, 1M units, random (cold cache)",
+        "lookups",
+        {k: (o * len(offsets), s) for k, (o, s) in results.items()},
+        None,
+    )
     results = {k: timed(ts_searches(m.search_timestamp), secs) for k, m in cq.items()}
-    report("search_timestamp, 1M units, random (cold)", "lookups",
-           {k: (o * len(stamps), s) for k, (o, s) in results.items()}, None)
+    report(
+        "search_timestamp, 1M units, random (cold)",
+        "lookups",
+        {k: (o * len(stamps), s) for k, (o, s) in results.items()},
+        None,
+    )
     # The common fetch: consumers caught up, asking for offsets near the tail, so the search path stays in cache.
     offsets[:] = [last_base - rng.randrange(0, 64) for _ in range(10_000)]
     results = {k: timed(searches(m.search_offset), secs) for k, m in cq.items()}
-    report("search_offset, 1M units, near the tail (hot)", "lookups",
-           {k: (o * len(offsets), s) for k, (o, s) in results.items()}, None)
+    report(
+        "search_offset, 1M units, near the tail (hot)",
+        "lookups",
+        {k: (o * len(offsets), s) for k, (o, s) in results.items()},
+        None,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ kafka-consumer-perf-test style line with kcat's CPU (all its threads) per record
 broker's CPU per million records. `produce()` and `consume()` are the same measurements as functions (used by
 kafka_suite.py). Needs `kcat` on PATH (`make compat-deps` installs it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,16 @@ def write_records(path: str, records: int, size: int) -> None:
             f.write(value * min(chunk, records - done))
 
 
-def produce(bootstrap: str, topic: str, records: int, size: int, props: dict[str, str] | None = None,
-            partition: int | None = 0, partitions: int = 1, input_path: str | None = None) -> dict[str, Any]:
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    size: int,
+    props: dict[str, str] | None = None,
+    partition: int | None = 0,
+    partitions: int = 1,
+    input_path: str | None = None,
+) -> dict[str, Any]:
     """kcat -P of `records` values of `size` bytes into `partition` of the `partitions` of `topic` (None:
     librdkafka's partitioner places them). The clock runs from kcat's start until it exits, after its last
     delivery report."""
@@ -69,21 +78,46 @@ def produce(bootstrap: str, topic: str, records: int, size: int, props: dict[str
             write_records(input_path, records, size)
         before = sum(perfutil.end_offsets(bootstrap, topic, partitions))
         conf = {"acks": "1", "linger.ms": "5", **(props or {})}
-        args = ["-P", "-b", bootstrap, "-t", topic, *(["-p", str(partition)] if partition is not None else []),
-                *(arg for key, value in conf.items() for arg in ("-X", f"{key}={value}"))]
+        args = [
+            "-P",
+            "-b",
+            bootstrap,
+            "-t",
+            topic,
+            *(["-p", str(partition)] if partition is not None else []),
+            *(arg for key, value in conf.items() for arg in ("-X", f"{key}={value}")),
+        ]
         with open(input_path, "rb") as stdin:
             elapsed, cpu, _ = _run_kcat(args, stdin=stdin)
     written = sum(perfutil.end_offsets(bootstrap, topic, partitions)) - before
     if written != records:
         raise RuntimeError(f"kcat reported success but the topic grew by {written} records, not {records}")
-    return {"records": records, "elapsed_s": elapsed, "records_per_s": records / elapsed,
-            "mb_per_s": records * size / elapsed / 1048576, "client_cpu_s": cpu}
+    return {
+        "records": records,
+        "elapsed_s": elapsed,
+        "records_per_s": records / elapsed,
+        "mb_per_s": records * size / elapsed / 1048576,
+        "client_cpu_s": cpu,
+    }
 
 
 def consume(bootstrap: str, topic: str, records: int, props: dict[str, str] | None = None) -> dict[str, Any]:
     """kcat -C of `records` records of `topic` from the earliest offsets, one printed newline each."""
-    args = ["-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-c", str(records), "-q", "-f", "\n",
-            *(arg for key, value in (props or {}).items() for arg in ("-X", f"{key}={value}"))]
+    args = [
+        "-C",
+        "-b",
+        bootstrap,
+        "-t",
+        topic,
+        "-o",
+        "beginning",
+        "-c",
+        str(records),
+        "-q",
+        "-f",
+        "\n",
+        *(arg for key, value in (props or {}).items() for arg in ("-X", f"{key}={value}")),
+    ]
     elapsed, cpu, out = _run_kcat(args, stdout=subprocess.PIPE)
     count = out.count(b"\n")
     if count != records:
@@ -92,15 +126,19 @@ def consume(bootstrap: str, topic: str, records: int, props: dict[str, str] | No
 
 
 def produce_line(r: dict[str, Any]) -> str:
-    return (f"{r['records']} records sent, {r['records_per_s']:.1f} records/sec ({r['mb_per_s']:.2f} MB/sec), kcat "
-            f"cpu {r['client_cpu_s'] / r['records'] * 1e6:.2f} us per record")
+    return (
+        f"{r['records']} records sent, {r['records_per_s']:.1f} records/sec ({r['mb_per_s']:.2f} MB/sec), kcat "
+        f"cpu {r['client_cpu_s'] / r['records'] * 1e6:.2f} us per record"
+    )
 
 
 def consume_line(r: dict[str, Any], size: int) -> str:
     mb = r["records"] * size / 1048576
-    return (f"kcat consumed {r['records']} records ({mb:.1f} MB of values) in {r['elapsed_s']:.3f} s: "
-            f"{r['records_per_s']:.1f} records/sec, {mb / r['elapsed_s']:.2f} MB/sec, kcat cpu "
-            f"{r['client_cpu_s'] / r['records'] * 1e6:.2f} us per record")
+    return (
+        f"kcat consumed {r['records']} records ({mb:.1f} MB of values) in {r['elapsed_s']:.3f} s: "
+        f"{r['records_per_s']:.1f} records/sec, {mb / r['elapsed_s']:.2f} MB/sec, kcat cpu "
+        f"{r['client_cpu_s'] / r['records'] * 1e6:.2f} us per record"
+    )
 
 
 def with_broker_cpu(broker: perfutil.Broker | None, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -129,9 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE")
     p.add_argument("--consumer-props", nargs="*", default=[], metavar="KEY=VALUE")
     p.add_argument("--partitions", type=int, default=1, help="create the topic with this many partitions")
-    p.add_argument("--partitioner", action="store_true",
-                   help="name no partition: librdkafka's partitioner places the keyless records (default: "
-                        "partition 0)")
+    p.add_argument(
+        "--partitioner",
+        action="store_true",
+        help="name no partition: librdkafka's partitioner places the keyless records (default: partition 0)",
+    )
     p.add_argument("--no-consume", action="store_true", help="produce only")
     perfutil.add_broker_args(p)
     args = p.parse_args(argv)
@@ -144,15 +184,26 @@ def main(argv: list[str] | None = None) -> int:
         if not bootstrap:
             p.error("give --bootstrap or --start-broker")
         perfutil.create_topic(bootstrap, args.topic, args.partitions)
-        r = with_broker_cpu(broker, lambda: produce(
-            bootstrap, args.topic, args.num_records, args.record_size, perfutil.parse_props(args.producer_props),
-            None if args.partitioner else 0, args.partitions))
+        r = with_broker_cpu(
+            broker,
+            lambda: produce(
+                bootstrap,
+                args.topic,
+                args.num_records,
+                args.record_size,
+                perfutil.parse_props(args.producer_props),
+                None if args.partitioner else 0,
+                args.partitions,
+            ),
+        )
         print(produce_line(r), flush=True)
         if broker:
             print(broker_note(r), flush=True)
         if not args.no_consume:
-            r = with_broker_cpu(broker, lambda: consume(
-                bootstrap, args.topic, args.num_records, perfutil.parse_props(args.consumer_props)))
+            r = with_broker_cpu(
+                broker,
+                lambda: consume(bootstrap, args.topic, args.num_records, perfutil.parse_props(args.consumer_props)),
+            )
             print(consume_line(r, args.record_size), flush=True)
             if broker:
                 print(broker_note(r), flush=True)

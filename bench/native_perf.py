@@ -12,6 +12,7 @@ Four measurements, each printed as one line:
   this host, which shares the broker's clock).
 With `--start-broker` the broker's CPU seconds per phase are printed too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,10 @@ import perfutil
 
 def _line(name: str, count: int, elapsed: float, size: int, extra: str = "") -> str:
     rate = count / max(elapsed, 1e-9)
-    return (f"{name}: {count} records in {elapsed:.2f} s, {rate:.1f} records/sec "
-            f"({rate * size / 1048576:.2f} MB/sec){extra}")
+    return (
+        f"{name}: {count} records in {elapsed:.2f} s, {rate:.1f} records/sec "
+        f"({rate * size / 1048576:.2f} MB/sec){extra}"
+    )
 
 
 async def _send_single(namesrv: str, topic: str, count: int, size: int, concurrency: int) -> dict[str, Any]:
@@ -49,12 +52,17 @@ async def _send_single(namesrv: str, topic: str, count: int, size: int, concurre
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
     latencies.sort()
-    return {"count": count + 1, "elapsed": elapsed, "p50": perfutil.percentile(latencies, 50),
-            "p99": perfutil.percentile(latencies, 99)}
+    return {
+        "count": count + 1,
+        "elapsed": elapsed,
+        "p50": perfutil.percentile(latencies, 50),
+        "p99": perfutil.percentile(latencies, 99),
+    }
 
 
-async def _send_batches(namesrv: str, topic: str, count: int, size: int, batch: int,
-                        concurrency: int) -> dict[str, Any]:
+async def _send_batches(
+    namesrv: str, topic: str, count: int, size: int, batch: int, concurrency: int
+) -> dict[str, Any]:
     from mqk.client import Message, Producer
 
     body = b"b" * size
@@ -105,6 +113,7 @@ async def _delayed(namesrv: str, topic: str, count: int, lead_s: float, concurre
     pending = iter(range(count))
     sent_done = 0.0
     async with Producer(namesrv, group="perf-delay-producer") as producer:
+
         async def sender() -> None:
             for i in pending:
                 await producer.send(Message(topic, str(i).encode(), tags="delayed", deliver_at_ms=due_ms))
@@ -113,8 +122,9 @@ async def _delayed(namesrv: str, topic: str, count: int, lead_s: float, concurre
         await asyncio.gather(*(sender() for _ in range(concurrency)))
         sent_done = time.time()
     if sent_done * 1000 >= due_ms:
-        raise SystemExit(f"sending {count} delayed messages took {sent_done - t0:.1f} s, past the due time; "
-                         f"raise --delay-lead")
+        raise SystemExit(
+            f"sending {count} delayed messages took {sent_done - t0:.1f} s, past the due time; raise --delay-lead"
+        )
 
     seen: dict[int, float] = {}
     early = duplicates = 0
@@ -137,14 +147,29 @@ async def _delayed(namesrv: str, topic: str, count: int, lead_s: float, concurre
 
         await asyncio.gather(*(drain(mq) for mq in queues))
     lateness = sorted(t - due_ms for t in seen.values())
-    return {"count": count, "delivered": len(seen), "early": early, "duplicates": duplicates,
-            "send_s": sent_done - t0,
-            "p50": perfutil.percentile(lateness, 50), "p99": perfutil.percentile(lateness, 99),
-            "max": lateness[-1] if lateness else float("nan")}
+    return {
+        "count": count,
+        "delivered": len(seen),
+        "early": early,
+        "duplicates": duplicates,
+        "send_s": sent_done - t0,
+        "p50": perfutil.percentile(lateness, 50),
+        "p99": perfutil.percentile(lateness, 99),
+        "max": lateness[-1] if lateness else float("nan"),
+    }
 
 
-async def run(namesrv: str, messages: int, size: int, batch: int, queues: int, concurrency: int, delayed: int,
-              delay_lead_s: float, cpu: Any = None) -> dict[str, Any]:
+async def run(
+    namesrv: str,
+    messages: int,
+    size: int,
+    batch: int,
+    queues: int,
+    concurrency: int,
+    delayed: int,
+    delay_lead_s: float,
+    cpu: Any = None,
+) -> dict[str, Any]:
     from mqk.client import Admin
 
     topic = f"native-perf-{uuid.uuid4().hex[:6]}"
@@ -159,27 +184,37 @@ async def run(namesrv: str, messages: int, size: int, batch: int, queues: int, c
     out: dict[str, Any] = {}
     c0 = cpu() if cpu else None
     r = await _send_single(namesrv, topic, messages, size, concurrency)
-    print(_line("send-1", r["count"] - 1, r["elapsed"], size,
-                f", p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (concurrency {concurrency}){cpu_note(c0)}"),
-          flush=True)
+    print(
+        _line(
+            "send-1",
+            r["count"] - 1,
+            r["elapsed"],
+            size,
+            f", p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (concurrency {concurrency}){cpu_note(c0)}",
+        ),
+        flush=True,
+    )
     out["send1"] = r
     c0 = cpu() if cpu else None
     r = await _send_batches(namesrv, topic, messages, size, batch, concurrency)
-    print(_line("send-batch", r["count"] - 1, r["elapsed"], size, f" (batches of {batch}){cpu_note(c0)}"),
-          flush=True)
+    print(_line("send-batch", r["count"] - 1, r["elapsed"], size, f" (batches of {batch}){cpu_note(c0)}"), flush=True)
     out["batch"] = r
     expected = out["send1"]["count"] + out["batch"]["count"]
     c0 = cpu() if cpu else None
     r = await _pull_all(namesrv, topic, expected, 32)
-    print(_line("pull", r["count"], r["elapsed"], size, f" (expected {expected}, maxMsgNums 32){cpu_note(c0)}"),
-          flush=True)
+    print(
+        _line("pull", r["count"], r["elapsed"], size, f" (expected {expected}, maxMsgNums 32){cpu_note(c0)}"),
+        flush=True,
+    )
     out["pull"] = r
     if delayed:
         r = await _delayed(namesrv, delayed_topic, delayed, delay_lead_s, concurrency)
-        print(f"delayed: {r['delivered']} of {r['count']} delivered, {r['early']} early, {r['duplicates']} "
-              f"duplicates; lateness p50 "
-              f"{r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, max {r['max']:.0f} ms (sent in {r['send_s']:.1f} s)",
-              flush=True)
+        print(
+            f"delayed: {r['delivered']} of {r['count']} delivered, {r['early']} early, {r['duplicates']} "
+            f"duplicates; lateness p50 "
+            f"{r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, max {r['max']:.0f} ms (sent in {r['send_s']:.1f} s)",
+            flush=True,
+        )
         out["delayed"] = r
     return out
 
@@ -203,8 +238,19 @@ def main(argv: list[str] | None = None) -> int:
         namesrv = broker.namesrv if broker else args.namesrv
         if not namesrv:
             p.error("give --namesrv or --start-broker")
-        out = asyncio.run(run(namesrv, args.messages, args.record_size, args.batch, args.queues, args.concurrency,
-                              args.delayed, args.delay_lead, broker.cpu_seconds if broker else None))
+        out = asyncio.run(
+            run(
+                namesrv,
+                args.messages,
+                args.record_size,
+                args.batch,
+                args.queues,
+                args.concurrency,
+                args.delayed,
+                args.delay_lead,
+                broker.cpu_seconds if broker else None,
+            )
+        )
     finally:
         if broker:
             broker.close()

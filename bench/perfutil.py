@@ -4,6 +4,7 @@ percentiles, and `key=value` property lists (the Kafka perf tools' `--producer-p
 The tools import this as a sibling module (`python bench/producer_perf.py` puts bench/ on sys.path); it also puts
 the repository root on sys.path so `mqk` imports without an install.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -141,12 +142,20 @@ class Broker:
 
 
 def add_broker_args(parser: Any) -> None:
-    parser.add_argument("--bootstrap", "--bootstrap-server", dest="bootstrap",
-                        help="an already running broker (host:port)")
-    parser.add_argument("--start-broker", action="store_true",
-                        help="start an mqk broker subprocess for this run and report its CPU time")
-    parser.add_argument("--storage", default="file", choices=("file", "memory", "rocksdb"),
-                        help="storage engine of the started broker (default file)")
+    parser.add_argument(
+        "--bootstrap", "--bootstrap-server", dest="bootstrap", help="an already running broker (host:port)"
+    )
+    parser.add_argument(
+        "--start-broker",
+        action="store_true",
+        help="start an mqk broker subprocess for this run and report its CPU time",
+    )
+    parser.add_argument(
+        "--storage",
+        default="file",
+        choices=("file", "memory", "rocksdb"),
+        help="storage engine of the started broker (default file)",
+    )
     parser.add_argument("--data-dir", help="data directory of the started broker (default: a temporary one)")
 
 
@@ -185,8 +194,29 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
 def fetch_v12(topic: str, offsets: dict[int, int], max_wait_ms: int, partition_max_bytes: int = 52_428_800) -> dict:
     """The body of a wire-level consumer's Fetch v12 (no session, read-uncommitted) for `offsets` {partition:
     offset} of one topic."""
-    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": 1, "max_bytes": 52_428_800,
-            "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-            "topics": [{"topic": topic, "partitions": [
-                {"partition": p, "current_leader_epoch": -1, "fetch_offset": o, "log_start_offset": -1,
-                 "partition_max_bytes": partition_max_bytes} for p, o in offsets.items()]}]}
+    return {
+        "replica_id": -1,
+        "max_wait_ms": max_wait_ms,
+        "min_bytes": 1,
+        "max_bytes": 52_428_800,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "forgotten_topics_data": [],
+        "rack_id": "",
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [
+                    {
+                        "partition": p,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": o,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": partition_max_bytes,
+                    }
+                    for p, o in offsets.items()
+                ],
+            }
+        ],
+    }

@@ -14,6 +14,7 @@ and the ratio of each run to the 1-partition run.
 confluent-kafka spreading records round-robin over 1,000 partitions pays librdkafka's per-batch cost on ~1-record
 batches (bench/kafka_suite.py shows it); this tool shows what the broker itself does with many partitions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,22 +42,31 @@ def build_requests(topic: str, partitions: int, batch: bytes, batches_per_reques
     """Enough distinct requests to visit every partition once per cycle: request r carries the batches for
     partitions r*B .. r*B+B-1 (mod partitions); with one partition all B batches go to partition 0 together."""
     if partitions == 1:
-        body = {"transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [
-            {"name": topic, "partition_data": [{"index": 0, "records": batch * batches_per_request}]}]}
+        body = {
+            "transactional_id": None,
+            "acks": 1,
+            "timeout_ms": 30000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch * batches_per_request}]}],
+        }
         return [bytearray(b"".join(encode_request(ApiKey.PRODUCE, PRODUCE_VERSION, 0, "capacity", body)))]
     per_request = min(batches_per_request, partitions)
     count = max(1, partitions // per_request)
     requests = []
     for r in range(count):
         indexes = [(r * per_request + i) % partitions for i in range(per_request)]
-        body = {"transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [
-            {"name": topic, "partition_data": [{"index": i, "records": batch} for i in indexes]}]}
+        body = {
+            "transactional_id": None,
+            "acks": 1,
+            "timeout_ms": 30000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": i, "records": batch} for i in indexes]}],
+        }
         requests.append(bytearray(b"".join(encode_request(ApiKey.PRODUCE, PRODUCE_VERSION, 0, "capacity", body))))
     return requests
 
 
-async def produce(bootstrap: str, requests: list[bytearray], records_per_request: int, total_records: int,
-                  in_flight: int) -> dict[str, Any]:
+async def produce(
+    bootstrap: str, requests: list[bytearray], records_per_request: int, total_records: int, in_flight: int
+) -> dict[str, Any]:
     host, port = bootstrap.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     n_requests = max(1, total_records // records_per_request)
@@ -88,13 +98,27 @@ async def produce(bootstrap: str, requests: list[bytearray], records_per_request
     writer.close()
     latencies.sort()
     records = n_requests * records_per_request
-    return {"records": records, "elapsed": elapsed, "records_per_s": records / elapsed, "errors": errors,
-            "avg_ms": sum(latencies) / len(latencies), "p50_ms": perfutil.percentile(latencies, 50),
-            "p99_ms": perfutil.percentile(latencies, 99), "max_ms": latencies[-1]}
+    return {
+        "records": records,
+        "elapsed": elapsed,
+        "records_per_s": records / elapsed,
+        "errors": errors,
+        "avg_ms": sum(latencies) / len(latencies),
+        "p50_ms": perfutil.percentile(latencies, 50),
+        "p99_ms": perfutil.percentile(latencies, 99),
+        "max_ms": latencies[-1],
+    }
 
 
-def run(broker: perfutil.Broker, partitions: int, records: int, record_size: int, batch_records: int,
-        batches_per_request: int, in_flight: int) -> dict[str, Any]:
+def run(
+    broker: perfutil.Broker,
+    partitions: int,
+    records: int,
+    record_size: int,
+    batch_records: int,
+    batches_per_request: int,
+    in_flight: int,
+) -> dict[str, Any]:
     topic = f"capacity-{partitions}-{uuid.uuid4().hex[:6]}"
     perfutil.create_topic(broker.bootstrap, topic, partitions)
     batch = bytes(make_batch([b"v" * record_size] * batch_records))
@@ -116,11 +140,13 @@ def run(broker: perfutil.Broker, partitions: int, records: int, record_size: int
 
 def line(r: dict[str, Any], partitions: int, batch_records: int, base: dict[str, Any], base_partitions: int = 1) -> str:
     """One producer-perf-test style line, with the broker's CPU and the ratio to the `base` run."""
-    return (f"{r['records']} records sent, {r['records_per_s']:.1f} records/sec ({r['mb_per_s']:.2f} MB/sec), "
-            f"{r['avg_ms']:.2f} ms avg latency, {r['max_ms']:.2f} ms max latency, {r['p50_ms']:.0f} ms 50th, "
-            f"{r['p99_ms']:.0f} ms 99th.   [{partitions} partition(s), {batch_records} records per batch; broker cpu "
-            f"{r['cpu_s_per_million']:.2f} s per million records; {r['records_per_s'] / base['records_per_s']:.0%} of "
-            f"{base_partitions} partition(s); errors {r['errors']}]")
+    return (
+        f"{r['records']} records sent, {r['records_per_s']:.1f} records/sec ({r['mb_per_s']:.2f} MB/sec), "
+        f"{r['avg_ms']:.2f} ms avg latency, {r['max_ms']:.2f} ms max latency, {r['p50_ms']:.0f} ms 50th, "
+        f"{r['p99_ms']:.0f} ms 99th.   [{partitions} partition(s), {batch_records} records per batch; broker cpu "
+        f"{r['cpu_s_per_million']:.2f} s per million records; {r['records_per_s'] / base['records_per_s']:.0%} of "
+        f"{base_partitions} partition(s); errors {r['errors']}]"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     with perfutil.Broker(args.storage, args.data_dir) as broker:
         for n in args.partitions:
-            r = results[n] = run(broker, n, args.records, args.record_size, args.batch_records,
-                                 args.batches_per_request, args.in_flight)
+            r = results[n] = run(
+                broker, n, args.records, args.record_size, args.batch_records, args.batches_per_request, args.in_flight
+            )
             print(line(r, n, args.batch_records, results[args.partitions[0]], args.partitions[0]), flush=True)
     return 0 if all(r["errors"] == 0 for r in results.values()) else 1
 

@@ -10,6 +10,7 @@ P99 ms 99th, P999 ms 99.9th.` Latency is librdkafka's own per-message figure (pr
 With `--start-broker` the tool runs an mqk broker subprocess for the measurement and adds its CPU seconds for
 the run and per million records. `run()` is the same measurement as a function (used by kafka_suite.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,9 +71,12 @@ class Stats:
         elapsed = max(now - w.start, 1e-9)
         samples = max(1, w.count // self.sample_every)
         if not self.quiet:
-            print(f"{w.count} records sent, {w.count / elapsed:.1f} records/sec "
-                  f"({w.count * self.record_size / elapsed / 1048576:.2f} MB/sec), "
-                  f"{w.latency_sum / samples:.1f} ms avg latency, {w.latency_max:.1f} ms max latency.", flush=True)
+            print(
+                f"{w.count} records sent, {w.count / elapsed:.1f} records/sec "
+                f"({w.count * self.record_size / elapsed / 1048576:.2f} MB/sec), "
+                f"{w.latency_sum / samples:.1f} ms avg latency, {w.latency_max:.1f} ms max latency.",
+                flush=True,
+            )
         self.window = _Window(now)
 
 
@@ -81,9 +85,18 @@ def make_payload(size: int, seed: int = 7) -> bytes:
     return "".join(rnd.choice(string.ascii_letters) for _ in range(size)).encode()
 
 
-def run(bootstrap: str, topic: str, num_records: int, record_size: int, throughput: float = -1,
-        producer_props: dict[str, str] | None = None, partitions: int = 1, sample_every: int = 1,
-        quiet: bool = False, spread: str = "round-robin") -> dict[str, Any]:
+def run(
+    bootstrap: str,
+    topic: str,
+    num_records: int,
+    record_size: int,
+    throughput: float = -1,
+    producer_props: dict[str, str] | None = None,
+    partitions: int = 1,
+    sample_every: int = 1,
+    quiet: bool = False,
+    spread: str = "round-robin",
+) -> dict[str, Any]:
     """Produce `num_records` records of `record_size` bytes; returns the summary figures. With several
     partitions, `spread` "round-robin" names partition i % partitions for record i; "client" names none, so
     librdkafka's partitioner places the keyless records (its sticky partitioner: one partition at a time, switching
@@ -157,9 +170,11 @@ def run(bootstrap: str, topic: str, num_records: int, record_size: int, throughp
 
 
 def final_line(r: dict[str, Any]) -> str:
-    return (f"{r['records']} records sent, {r['records_per_s']:.1f} records/sec ({r['mb_per_s']:.2f} MB/sec), "
-            f"{r['avg_ms']:.2f} ms avg latency, {r['max_ms']:.2f} ms max latency, {r['p50_ms']:.0f} ms 50th, "
-            f"{r['p95_ms']:.0f} ms 95th, {r['p99_ms']:.0f} ms 99th, {r['p999_ms']:.0f} ms 99.9th.")
+    return (
+        f"{r['records']} records sent, {r['records_per_s']:.1f} records/sec ({r['mb_per_s']:.2f} MB/sec), "
+        f"{r['avg_ms']:.2f} ms avg latency, {r['max_ms']:.2f} ms max latency, {r['p50_ms']:.0f} ms 50th, "
+        f"{r['p95_ms']:.0f} ms 95th, {r['p99_ms']:.0f} ms 99th, {r['p999_ms']:.0f} ms 99.9th."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,13 +184,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record-size", type=int, default=100)
     p.add_argument("--throughput", type=float, default=-1, help="records/s ceiling; -1 = as fast as possible")
     p.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE")
-    p.add_argument("--partitions", type=int, default=1,
-                   help="create the topic with this many partitions (see --spread)")
-    p.add_argument("--spread", choices=SPREADS, default="round-robin",
-                   help="round-robin: record i to partition i %% partitions; client: no partition named, the "
-                        "client's partitioner places the keyless records (what kafka-producer-perf-test does)")
-    p.add_argument("--latency-sample-every", type=int, default=1,
-                   help="delivery report (and latency sample) for every Nth record; 1 = every record")
+    p.add_argument(
+        "--partitions", type=int, default=1, help="create the topic with this many partitions (see --spread)"
+    )
+    p.add_argument(
+        "--spread",
+        choices=SPREADS,
+        default="round-robin",
+        help="round-robin: record i to partition i %% partitions; client: no partition named, the "
+        "client's partitioner places the keyless records (what kafka-producer-perf-test does)",
+    )
+    p.add_argument(
+        "--latency-sample-every",
+        type=int,
+        default=1,
+        help="delivery report (and latency sample) for every Nth record; 1 = every record",
+    )
     perfutil.add_broker_args(p)
     args = p.parse_args(argv)
 
@@ -190,14 +214,26 @@ def main(argv: list[str] | None = None) -> int:
         if broker:
             broker.settle()
         cpu0 = broker.cpu_seconds() if broker else 0.0
-        result = run(bootstrap, args.topic, args.num_records, args.record_size, args.throughput, props,
-                     args.partitions, args.latency_sample_every, spread=args.spread)
+        result = run(
+            bootstrap,
+            args.topic,
+            args.num_records,
+            args.record_size,
+            args.throughput,
+            props,
+            args.partitions,
+            args.latency_sample_every,
+            spread=args.spread,
+        )
         if broker:
             broker.settle()  # count the background flush / dispatch these records caused
             cpu = broker.cpu_seconds() - cpu0
             # CPU seconds per million records is numerically the CPU microseconds per record.
-            print(f"broker cpu: {cpu:.2f} s for {args.num_records} records, "
-                  f"{cpu / args.num_records * 1e6:.2f} s per million records", flush=True)
+            print(
+                f"broker cpu: {cpu:.2f} s for {args.num_records} records, "
+                f"{cpu / args.num_records * 1e6:.2f} s per million records",
+                flush=True,
+            )
     finally:
         if broker:
             broker.close()

@@ -14,6 +14,7 @@ Also: compiled `_fast` vs its pure-Python twin for batch validation and ConsumeQ
     python bench/store_bench.py                 # 1 GiB, both modes
     python bench/store_bench.py --size 64MiB --modes async
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,15 @@ def parse_size(text: str) -> int:
     units = {"k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "": 1}
     t = text.strip().lower()
     num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    return int(float(num) * units[t[len(num):]])
+    return int(float(num) * units[t[len(num) :]])
 
 
 def make_batch(record_bytes: int, batch_bytes: int, base_ts: int) -> bytearray:
     rng = random.Random(7)
     count = max(1, batch_bytes // record_bytes)
     records = b"".join(
-        recbatch.encode_record(i, i, b"key-%d" % i, rng.randbytes(record_bytes), []) for i in range(count))
+        recbatch.encode_record(i, i, b"key-%d" % i, rng.randbytes(record_bytes), []) for i in range(count)
+    )
     return recbatch.build_batch(0, base_ts, base_ts + count - 1, records, count, count - 1)
 
 
@@ -71,8 +73,9 @@ def raw_write(directory: Path, chunk: bytes, n: int, sync: bool) -> float:
     return elapsed
 
 
-async def run_mode(mode: str, directory: Path, batch: bytearray, n: int, writers: int, lookups: int,
-                   segment: int) -> dict:
+async def run_mode(
+    mode: str, directory: Path, batch: bytearray, n: int, writers: int, lookups: int, segment: int
+) -> dict:
     root = directory / f"store-{mode}"
     shutil.rmtree(root, ignore_errors=True)
     config = StoreConfig(data_dir=root, flush_mode=mode, commitlog_segment_bytes=segment)
@@ -124,8 +127,18 @@ async def run_mode(mode: str, directory: Path, batch: bytearray, n: int, writers
     t_ts = time.perf_counter() - t0
     await engine.close()
     shutil.rmtree(root, ignore_errors=True)
-    return {"append": t_append, "stored": stored, "read": t_read, "read_bytes": nbytes, "read_batches": nb,
-            "ts": t_ts, "fsyncs": fsyncs, "fsync_s": fsync_s, "cpu": cpu_append, "loop_cpu": loop_append}
+    return {
+        "append": t_append,
+        "stored": stored,
+        "read": t_read,
+        "read_bytes": nbytes,
+        "read_batches": nb,
+        "ts": t_ts,
+        "fsyncs": fsyncs,
+        "fsync_s": fsync_s,
+        "cpu": cpu_append,
+        "loop_cpu": loop_append,
+    }
 
 
 def kernel_bench(batch: bytearray) -> list[str]:
@@ -134,8 +147,10 @@ def kernel_bench(batch: bytearray) -> list[str]:
     300,000 ConsumeQueue units."""
     lines = []
     small = b"".join(bytes(make_batch(100, 200, 1000)) for _ in range(1000))
-    for label, walk in (("recbatch.scan_batches (1000 small batches, CRC on)", False),
-                        ("recbatch.scan_batches + record walk (the produce check, same batches)", True)):
+    for label, walk in (
+        ("recbatch.scan_batches (1000 small batches, CRC on)", False),
+        ("recbatch.scan_batches + record walk (the produce check, same batches)", True),
+    ):
         res = []
         for mod in (compiled("recbatch"), twin("recbatch")):
             res.append(None if mod is None else _per_call(lambda m=mod, w=walk: m.scan_batches(small, True, w)))
@@ -148,8 +163,11 @@ def kernel_bench(batch: bytearray) -> list[str]:
     keys = [rng.randrange(300_000 * 16) for _ in range(200)]
     res = []
     for mod in (compiled("cqunit"), slow):
-        res.append(None if mod is None else
-                   _per_call(lambda m=mod: [m.search_offset(units, 300_000, k) for k in keys]) / len(keys))
+        res.append(
+            None
+            if mod is None
+            else _per_call(lambda m=mod: [m.search_offset(units, 300_000, k) for k in keys]) / len(keys)
+        )
     lines.append(_kernel_line("cqunit.search_offset (300k units)", res))
     return lines
 
@@ -181,9 +199,13 @@ def main() -> None:
     ap.add_argument("--segment", default="1GiB", help="CommitLog segment size")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir in the current directory)")
     ap.add_argument("--no-kernels", action="store_true")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per mode (each beside its own raw writes); >1 also prints the median ratio: on a shared "
-                         "VM identical runs differ 2-3x")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per mode (each beside its own raw writes); >1 also prints the median ratio: on a shared "
+        "VM identical runs differ 2-3x",
+    )
     args = ap.parse_args()
     size = parse_size(args.size)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mqk-bench-", dir="."))
@@ -192,8 +214,10 @@ def main() -> None:
         batch = make_batch(parse_size(args.record_bytes), parse_size(args.batch_bytes), int(time.time() * 1000))
         n = max(1, size // len(batch))
         total = n * len(batch)
-        print(f"store_bench: {n} batches of {len(batch)} bytes ({total / MB:.0f} MiB) in {base.resolve()}, "
-              f"_fast={'compiled' if compiled('clentry') else 'twin'}")
+        print(
+            f"store_bench: {n} batches of {len(batch)} bytes ({total / MB:.0f} MiB) in {base.resolve()}, "
+            f"_fast={'compiled' if compiled('clentry') else 'twin'}"
+        )
         for mode in args.modes.split(","):
             ratios = []
             for _ in range(args.repeat):
@@ -210,23 +234,36 @@ def main() -> None:
                 raw_label = "raw write+fdatasync" if mode == "sync" else "raw buffered write"
                 raw_mbs = total / MB / raw
                 app_mbs = total / MB / r["append"]
-                extra = (f", {args.writers} writers, {r['fsyncs']} fsyncs taking {r['fsync_s']:.2f} s"
-                         if mode == "sync" else "")
-                print(f"[{mode}] append   {rate(total, n, r['append'])} | {raw_label} {raw_mbs:8.1f} MB/s "
-                      f"(before {total / MB / raw_before:.0f}, after {total / MB / raw_after:.0f}) | "
-                      f"ratio {app_mbs / raw_mbs:5.2f}{extra}")
-                print(f"[{mode}] cpu      {r['cpu'] / n * 1e6:.1f} us/append in the process, "
-                      f"{r['loop_cpu'] / n * 1e6:.1f} us on the event loop; raw write "
-                      f"{raw / n * 1e6:.1f} us wall per batch")
-                print(f"[{mode}] read     {rate(r['read_bytes'], r['read_batches'], r['read'])} | {raw_label} "
-                      f"{raw_mbs:8.1f} MB/s | ratio {r['read_bytes'] / MB / r['read'] / raw_mbs:5.2f}")
-                print(f"[{mode}] ts-lookup {args.lookups / r['ts']:9.0f} lookups/s "
-                      f"({r['ts'] / args.lookups * 1e6:.1f} us each) | {raw_label} {raw_mbs:8.1f} MB/s")
+                extra = (
+                    f", {args.writers} writers, {r['fsyncs']} fsyncs taking {r['fsync_s']:.2f} s"
+                    if mode == "sync"
+                    else ""
+                )
+                print(
+                    f"[{mode}] append   {rate(total, n, r['append'])} | {raw_label} {raw_mbs:8.1f} MB/s "
+                    f"(before {total / MB / raw_before:.0f}, after {total / MB / raw_after:.0f}) | "
+                    f"ratio {app_mbs / raw_mbs:5.2f}{extra}"
+                )
+                print(
+                    f"[{mode}] cpu      {r['cpu'] / n * 1e6:.1f} us/append in the process, "
+                    f"{r['loop_cpu'] / n * 1e6:.1f} us on the event loop; raw write "
+                    f"{raw / n * 1e6:.1f} us wall per batch"
+                )
+                print(
+                    f"[{mode}] read     {rate(r['read_bytes'], r['read_batches'], r['read'])} | {raw_label} "
+                    f"{raw_mbs:8.1f} MB/s | ratio {r['read_bytes'] / MB / r['read'] / raw_mbs:5.2f}"
+                )
+                print(
+                    f"[{mode}] ts-lookup {args.lookups / r['ts']:9.0f} lookups/s "
+                    f"({r['ts'] / args.lookups * 1e6:.1f} us each) | {raw_label} {raw_mbs:8.1f} MB/s"
+                )
                 ratios.append(app_mbs / raw_mbs)
             if len(ratios) > 1:
                 ratios.sort()
-                print(f"[{mode}] append ratio over {len(ratios)} runs: median {ratios[len(ratios) // 2]:.2f} "
-                      f"(min {ratios[0]:.2f}, max {ratios[-1]:.2f})")
+                print(
+                    f"[{mode}] append ratio over {len(ratios)} runs: median {ratios[len(ratios) // 2]:.2f} "
+                    f"(min {ratios[0]:.2f}, max {ratios[-1]:.2f})"
+                )
         if not args.no_kernels:
             for line in kernel_bench(batch):
                 print(line)

@@ -10,6 +10,7 @@ fetch.min.bytes=1, gets an answer as soon as any one of them has a record: at a 
 costs the broker a Fetch over all the partitions. Prints, per rate, the records consumed and the broker's CPU
 (percent of one core, and CPU time per record), first with the producer alone, then with the consumer reading.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,14 @@ from typing import Any
 import perfutil
 
 
-def run(broker: perfutil.Broker, partitions: int, rate: float, seconds: float, topic: str | None = None,
-        consumer: Any = None) -> dict[str, Any]:
+def run(
+    broker: perfutil.Broker,
+    partitions: int,
+    rate: float,
+    seconds: float,
+    topic: str | None = None,
+    consumer: Any = None,
+) -> dict[str, Any]:
     """`rate` records/s round-robin into `topic` for `seconds` while `consumer` (None: no consumer) reads; the
     broker's CPU for the phase and how many records the consumer got."""
     from confluent_kafka import Producer
@@ -66,8 +73,13 @@ def run(broker: perfutil.Broker, partitions: int, rate: float, seconds: float, t
             break
         if message.error() is None:
             consumed += 1
-    return {"rate": rate, "sent": sent, "consumed": consumed, "broker_busy": cpu / elapsed,
-            "broker_ms_per_record": cpu / max(consumed or sent, 1) * 1000}
+    return {
+        "rate": rate,
+        "sent": sent,
+        "consumed": consumed,
+        "broker_busy": cpu / elapsed,
+        "broker_ms_per_record": cpu / max(consumed or sent, 1) * 1000,
+    }
 
 
 def caught_up_consumer(bootstrap: str, topic: str, expected: int) -> Any:
@@ -75,8 +87,14 @@ def caught_up_consumer(bootstrap: str, topic: str, expected: int) -> Any:
     already there."""
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wide-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"wide-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got = 0
     deadline = time.monotonic() + 60
@@ -90,9 +108,11 @@ def caught_up_consumer(bootstrap: str, topic: str, expected: int) -> Any:
 
 
 def line(r: dict[str, Any], partitions: int, what: str) -> str:
-    return (f"{partitions} partitions, {r['rate']:g} records/s, {what}: {r['consumed']} of {r['sent']} records "
-            f"consumed, broker {r['broker_busy']:.0%} of a core busy, {r['broker_ms_per_record']:.2f} ms broker "
-            f"CPU per record")
+    return (
+        f"{partitions} partitions, {r['rate']:g} records/s, {what}: {r['consumed']} of {r['sent']} records "
+        f"consumed, broker {r['broker_busy']:.0%} of a core busy, {r['broker_ms_per_record']:.2f} ms broker "
+        f"CPU per record"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,14 +131,23 @@ def main(argv: list[str] | None = None) -> int:
         run(broker, args.partitions, 2000, args.partitions / 2000, topic)
         # the producer alone first (a librdkafka consumer fetches in the background whether or not it is polled)
         for rate in args.rates:
-            print(line(run(broker, args.partitions, rate, args.seconds, topic), args.partitions, "no consumer"),
-                  flush=True)
-        consumer = caught_up_consumer(broker.bootstrap, topic, sum(perfutil.end_offsets(
-            broker.bootstrap, topic, args.partitions)))
+            print(
+                line(run(broker, args.partitions, rate, args.seconds, topic), args.partitions, "no consumer"),
+                flush=True,
+            )
+        consumer = caught_up_consumer(
+            broker.bootstrap, topic, sum(perfutil.end_offsets(broker.bootstrap, topic, args.partitions))
+        )
         try:
             for rate in args.rates:
-                print(line(run(broker, args.partitions, rate, args.seconds, topic, consumer), args.partitions,
-                           "one consumer of every partition"), flush=True)
+                print(
+                    line(
+                        run(broker, args.partitions, rate, args.seconds, topic, consumer),
+                        args.partitions,
+                        "one consumer of every partition",
+                    ),
+                    flush=True,
+                )
         finally:
             consumer.close()
     return 0

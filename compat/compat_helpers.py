@@ -5,6 +5,7 @@ A helper module, not a test module: compat's tests import it by name (compat/ is
 import mode), and it takes what the whole suite shares (`wait_until`, the one poller) from tests/helpers.py.
 compat/conftest.py keeps compat's own fixtures (the broker subprocesses).
 """
+
 from __future__ import annotations
 
 import collections
@@ -83,11 +84,31 @@ def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list[tuple
     from mqk.server.kafka.rawclient import RawKafkaClient
 
     host, port = bootstrap.rsplit(":", 1)
-    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 24, "isolation_level": 0,
-             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-             "topics": [{"topic": topic, "partitions": [
-                 {"partition": partition, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
-                  "partition_max_bytes": 1 << 24}]}]}
+    fetch = {
+        "replica_id": -1,
+        "max_wait_ms": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 24,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "forgotten_topics_data": [],
+        "rack_id": "",
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [
+                    {
+                        "partition": partition,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": 0,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 1 << 24,
+                    }
+                ],
+            }
+        ],
+    }
 
     async def records() -> bytes:
         async with await RawKafkaClient.connect(host, int(port), "compat-stored-batches") as client:
@@ -102,12 +123,13 @@ def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list[tuple
     out = []
     for pos, _size, *_ in recbatch.scan_batches(data):  # CRCs checked too
         records_at = pos + recbatch.HEADER_SIZE
-        out.append((recbatch.parse_header(data, pos)[5] & 0x7, data[records_at:records_at + 8]))
+        out.append((recbatch.parse_header(data, pos)[5] & 0x7, data[records_at : records_at + 8]))
     return out
 
 
-def assert_stored_with(bootstrap: str, topic: str, codec: str | None, partition: int = 0, *,
-                       xerial: bool | None = None) -> None:
+def assert_stored_with(
+    bootstrap: str, topic: str, codec: str | None, partition: int = 0, *, xerial: bool | None = None
+) -> None:
     """Every batch of the partition is served with the codec the client compressed it with (and, for snappy
     with `xerial` given, in that framing): the broker stores what it was sent and never recompresses."""
     batches = stored_batches(bootstrap, topic, partition)
@@ -154,8 +176,10 @@ class NodeProcess:
             text=True,
         )
         self._lock = threading.Lock()
-        self._readers = [threading.Thread(target=self._read_stdout, daemon=True),
-                         threading.Thread(target=self._read_stderr, daemon=True)]
+        self._readers = [
+            threading.Thread(target=self._read_stdout, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -222,8 +246,14 @@ class ThreadMember:
     """Runs `poll_once() -> list[int]` (which also commits) in a thread until closed, then `shutdown()`
     (which must leave the group); `assignment()` tells how many partitions the client holds."""
 
-    def __init__(self, name: str, setup: Callable[[], Any], poll_once: Callable[[Any], list[int]],
-                 shutdown: Callable[[Any], None], assignment: Callable[[Any], int]) -> None:
+    def __init__(
+        self,
+        name: str,
+        setup: Callable[[], Any],
+        poll_once: Callable[[Any], list[int]],
+        shutdown: Callable[[Any], None],
+        assignment: Callable[[Any], int],
+    ) -> None:
         self.name = name
         self.values: list[int] = []
         #: partitions currently assigned (after the last poll)
@@ -266,8 +296,9 @@ class ThreadMember:
 PARTITIONS = 6
 
 
-def run_group_scenario(produce: Callable[[int, int], None], new_member: Callable[[str], GroupMember],
-                       batch: int = 120, timeout: float = 45) -> dict[str, list[int]]:
+def run_group_scenario(
+    produce: Callable[[int, int], None], new_member: Callable[[str], GroupMember], batch: int = 120, timeout: float = 45
+) -> dict[str, list[int]]:
     """Topic must have 6 partitions. Values are the integers 0 .. 3*batch-1, then one last value per partition.
 
     a and b consume the first batch; c joins (rebalance to 3); the second batch is produced; a leaves

@@ -8,6 +8,7 @@ Owns the fixtures: the shared memory-store broker for the session (most tests on
 names keep them apart), a fresh file-store broker per test for restart / crash tests, unique names, the kcat path.
 Plain helpers (node runner, admin, group scenario) live in compat_helpers.py so test modules can import them.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -72,8 +73,16 @@ def file_broker(tmp_path: Path) -> Iterator[Any]:
     # maps whole segments.
     config = tmp_path / "broker.toml"
     config.write_text("[store]\ncommitlog_segment_bytes = 16777216\ncq_units_per_file = 10000\n")
-    fixed = ("--config", str(config), "--kafka-listen", f"127.0.0.1:{ports[0]}",
-             "--native-listen", f"127.0.0.1:{ports[1]}", "--namesrv-listen", f"127.0.0.1:{ports[2]}")
+    fixed = (
+        "--config",
+        str(config),
+        "--kafka-listen",
+        f"127.0.0.1:{ports[0]}",
+        "--native-listen",
+        f"127.0.0.1:{ports[1]}",
+        "--namesrv-listen",
+        f"127.0.0.1:{ports[2]}",
+    )
     broker = start_broker(tmp_path / "data", "file", fixed)
     yield broker
     stop_broker(broker)
@@ -94,8 +103,6 @@ def kcat() -> str:
     path = shutil.which("kcat") or shutil.which("kafkacat")
     assert path, "kcat is not installed (make compat-deps installs it from Debian's packages)"
     return path
-
-
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,4 +1,5 @@
 """aiokafka against mqk: codecs, headers, groups, restart, admin, timestamps, idempotence."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.timeout(90)
 CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
 
 
-async def read_partition(bootstrap: str, topic: str, partition: int, start: int, count: int,
-                         timeout: float = 20) -> list[Any]:
+async def read_partition(
+    bootstrap: str, topic: str, partition: int, start: int, count: int, timeout: float = 20
+) -> list[Any]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -85,9 +87,15 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
         loop = asyncio.new_event_loop()
 
         async def make() -> AIOKafkaConsumer:
-            c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
-                                 auto_offset_reset="earliest", enable_auto_commit=False,
-                                 session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS)
+            c = AIOKafkaConsumer(
+                topic,
+                bootstrap_servers=bootstrap,
+                group_id=group,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                session_timeout_ms=SESSION_TIMEOUT_MS,
+                heartbeat_interval_ms=HEARTBEAT_MS,
+            )
             await c.start()
             return c
 
@@ -115,8 +123,9 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
         finally:
             loop.close()
 
-    run_group_scenario(produce, lambda name: ThreadMember(name, setup, poll_once, shutdown,
-                                                          lambda s: len(s[1].assignment())))
+    run_group_scenario(
+        produce, lambda name: ThreadMember(name, setup, poll_once, shutdown, lambda s: len(s[1].assignment()))
+    )
 
 
 async def test_commit_and_resume_after_restart(file_broker: Any, topic: str, group: str) -> None:
@@ -143,9 +152,15 @@ async def test_commit_and_resume_after_restart(file_broker: Any, topic: str, gro
     await asyncio.to_thread(file_broker.restart)
     bootstrap = hostport(file_broker.bootstrap)
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                                auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
-                                heartbeat_interval_ms=HEARTBEAT_MS)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=HEARTBEAT_MS,
+    )
     await consumer.start()
     try:
         got: list[int] = []
@@ -224,8 +239,9 @@ async def test_offsets_for_times(bootstrap: str, topic: str) -> None:
 async def test_idempotent_producer_across_restart(file_broker: Any, topic: str) -> None:
     bootstrap = hostport(file_broker.bootstrap)
     create_topic(bootstrap, topic, 1)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, retry_backoff_ms=200,
-                                request_timeout_ms=15000)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, retry_backoff_ms=200, request_timeout_ms=15000
+    )
     await producer.start()
     try:
         first = [await producer.send_and_wait(topic, str(i).encode(), partition=0) for i in range(30)]

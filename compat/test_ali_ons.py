@@ -1,6 +1,7 @@
 """ali-ons (pure-JS RocketMQ 4.x remoting client) against mqk's name server and broker, via compat/js/ons.js:
 tags and keys, tag-filtered push consumption, delayed delivery, retry after a throwing handler, and two consumers
 of one group sharing the queues without loss or duplicates."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,20 +43,29 @@ def caught_up(namesrv: str, group: str, topic: str, queues: int, end: int | None
 
     offsets = asyncio.run(ask())
     return all(committed == last for committed, last in offsets) and (
-        end is None or sum(last for _, last in offsets) == end)
+        end is None or sum(last for _, last in offsets) == end
+    )
 
 
 def wait_assigned(consumer: NodeProcess, queues: int, timeout: float = 20) -> None:
-    wait_until(lambda: bool(consumer.of("assign")) and len(consumer.of("assign")[-1]["queues"]) == queues,
-               timeout, f"the consumer to own {queues} queues ({consumer.diagnostics()})")
+    wait_until(
+        lambda: bool(consumer.of("assign")) and len(consumer.of("assign")[-1]["queues"]) == queues,
+        timeout,
+        f"the consumer to own {queues} queues ({consumer.diagnostics()})",
+    )
 
 
 def test_tags_keys_properties_and_tag_filtered_push_consumer(bootstrap: str, namesrv: str, topic: str) -> None:
     create_topic(bootstrap, topic, 4)
     tags = ["TagA", "TagB", "TagC"]
     messages = [
-        {"topic": topic, "tags": tags[i % 3], "keys": [f"key-{i}", f"order-{i}"], "body": f"ons body {i}",
-         "props": {"color": f"c{i}"}}
+        {
+            "topic": topic,
+            "tags": tags[i % 3],
+            "keys": [f"key-{i}", f"order-{i}"],
+            "body": f"ons body {i}",
+            "props": {"color": f"c{i}"},
+        }
         for i in range(12)
     ]
     sent = ons_produce(namesrv, messages)
@@ -95,11 +105,14 @@ def test_delayed_delivery(bootstrap: str, namesrv: str, topic: str) -> None:
     consumer = ons_consumer(namesrv, topic, unique("ons-delay"))
     try:
         wait_assigned(consumer, 2)
-        sent = ons_produce(namesrv, [
-            {"topic": topic, "tags": "T", "body": "at-3s", "deliverAfterMs": 3000},
-            {"topic": topic, "tags": "T", "body": "level-1", "delayLevel": 1},  # 1 s
-            {"topic": topic, "tags": "T", "body": "now"},
-        ])
+        sent = ons_produce(
+            namesrv,
+            [
+                {"topic": topic, "tags": "T", "body": "at-3s", "deliverAfterMs": 3000},
+                {"topic": topic, "tags": "T", "body": "level-1", "delayLevel": 1},  # 1 s
+                {"topic": topic, "tags": "T", "body": "now"},
+            ],
+        )
         wait_until(lambda: len(consumer.of("msg")) >= 3, 20, f"3 messages ({consumer.diagnostics()})")
         got = {m["body"]: m for m in consumer.of("msg")}
     finally:
@@ -117,15 +130,16 @@ def test_retry_after_handler_throws(bootstrap: str, namesrv: str, topic: str) ->
     consumer = ons_consumer(namesrv, topic, group, failFirst=True)
     try:
         wait_assigned(consumer, 1)
-        ons_produce(namesrv, [{"topic": topic, "tags": "R", "keys": [f"r{i}"], "body": f"retry-{i}"}
-                              for i in range(2)])
+        ons_produce(namesrv, [{"topic": topic, "tags": "R", "keys": [f"r{i}"], "body": f"retry-{i}"} for i in range(2)])
         wait_until(lambda: len(consumer.of("fail")) >= 2, 20, f"the first deliveries ({consumer.diagnostics()})")
         # Sent back with delay level 0: the broker picks the delay (RocketMQ: level 3 + reconsume times = 10 s).
         wait_until(lambda: len(consumer.of("msg")) >= 2, 40, f"the retried deliveries ({consumer.diagnostics()})")
         # both originals and both retries (the retry topic holds exactly two) acknowledged: nothing more can come
-        wait_until(lambda: caught_up(namesrv, group, topic, 1, 2) and caught_up(namesrv, group, f"%RETRY%{group}",
-                                                                                   1, 2),
-                   20, "the group to commit the originals and the retries")
+        wait_until(
+            lambda: caught_up(namesrv, group, topic, 1, 2) and caught_up(namesrv, group, f"%RETRY%{group}", 1, 2),
+            20,
+            "the group to commit the originals and the retries",
+        )
         fails, retried = consumer.of("fail"), consumer.of("msg")
     finally:
         consumer.close()
@@ -143,6 +157,7 @@ def test_two_consumers_in_one_group_share_queues(bootstrap: str, namesrv: str, t
     x = ons_consumer(namesrv, topic, group)
     y = ons_consumer(namesrv, topic, group)
     try:
+
         def settled() -> bool:
             qx = set(x.of("assign")[-1]["queues"]) if x.of("assign") else set()
             qy = set(y.of("assign")[-1]["queues"]) if y.of("assign") else set()
@@ -167,5 +182,5 @@ def test_two_consumers_in_one_group_share_queues(bootstrap: str, namesrv: str, t
     counts = collections.Counter(first_x + first_y)
     assert not [b for b, n in counts.items() if n > 1], "duplicates between the two consumers"
     assert set(counts) == {f"share-{i}" for i in range(40)}
-    after = all_x[len(first_x):]
+    after = all_x[len(first_x) :]
     assert sorted(after) == sorted(f"after-{i}" for i in range(16)), after

@@ -1,4 +1,5 @@
 """confluent-kafka (librdkafka) against mqk: codecs, headers, groups, restart, admin, timestamps, idempotence."""
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,6 @@ from compat_helpers import (
     run_group_scenario,
     unique,
 )
-from helpers import wait_until
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -34,6 +34,7 @@ from confluent_kafka.admin import (
     NewPartitions,
     NewTopic,
 )
+from helpers import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -59,10 +60,8 @@ def produce_all(bootstrap: str, topic: str, records: list[dict[str, Any]], **con
     return delivered
 
 
-def consume_from(bootstrap: str, topic: str, partition: int, offset: int, count: int,
-                 timeout: float = 20) -> list[Any]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("assign"),
-                         "enable.auto.commit": False})
+def consume_from(bootstrap: str, topic: str, partition: int, offset: int, count: int, timeout: float = 20) -> list[Any]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("assign"), "enable.auto.commit": False})
     try:
         consumer.assign([TopicPartition(topic, partition, offset)])
         out: list[Any] = []
@@ -79,8 +78,12 @@ def consume_from(bootstrap: str, topic: str, partition: int, offset: int, count:
 @pytest.mark.parametrize("codec", CODECS)
 def test_keys_headers_and_codec_round_trip(bootstrap: str, topic: str, codec: str) -> None:
     records = [
-        {"key": f"k{i}".encode(), "value": (f"value-{i}-" * (i % 7 + 1)).encode(), "partition": 0,
-         "headers": [("trace", f"t{i}".encode()), ("dup", b"1"), ("dup", b"2")]}
+        {
+            "key": f"k{i}".encode(),
+            "value": (f"value-{i}-" * (i % 7 + 1)).encode(),
+            "partition": 0,
+            "headers": [("trace", f"t{i}".encode()), ("dup", b"1"), ("dup", b"2")],
+        }
         for i in range(30)
     ]
     records.append({"key": None, "value": b"no key, no headers", "partition": 0})
@@ -100,8 +103,9 @@ def test_keys_headers_and_codec_round_trip(bootstrap: str, topic: str, codec: st
 
 
 @pytest.mark.parametrize("assignor", ["range,roundrobin", "cooperative-sticky"])
-def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, topic: str, group: str,
-                                                             assignor: str) -> None:
+def test_consumer_group_join_and_leave_no_loss_no_duplicates(
+    bootstrap: str, topic: str, group: str, assignor: str
+) -> None:
     # cooperative-sticky: incremental rebalances (KIP-429), members keep their partitions through a join and
     # revoke only what moves, in a second round of JoinGroup / SyncGroup
     create_topic(bootstrap, topic, 6)
@@ -125,9 +129,17 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
         assert producer.flush(20) == 0
 
     def setup() -> Consumer:
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                      "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
-                      "heartbeat.interval.ms": HEARTBEAT_MS, "partition.assignment.strategy": assignor})
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": HEARTBEAT_MS,
+                "partition.assignment.strategy": assignor,
+            }
+        )
         c.subscribe([topic])
         return c
 
@@ -150,8 +162,8 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
         return values
 
     by_member = run_group_scenario(
-        produce, lambda name: ThreadMember(name, setup, poll_once, lambda c: c.close(),
-                                           lambda c: len(c.assignment())))
+        produce, lambda name: ThreadMember(name, setup, poll_once, lambda c: c.close(), lambda c: len(c.assignment()))
+    )
     assert sum(map(len, by_member.values())) == 360
     assert chosen == [assignor.split(",")[0]] * 3  # the first protocol every member supports
 
@@ -161,9 +173,14 @@ def test_commit_and_resume_after_broker_restart(file_broker: Any, topic: str, gr
     create_topic(bootstrap, topic, 1)
     produce_all(bootstrap, topic, [{"value": str(i).encode(), "partition": 0} for i in range(100)], acks="all")
 
-    conf = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
-            "heartbeat.interval.ms": HEARTBEAT_MS}
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "session.timeout.ms": SESSION_TIMEOUT_MS,
+        "heartbeat.interval.ms": HEARTBEAT_MS,
+    }
     c = Consumer(conf)
     c.subscribe([topic])
     seen: list[int] = []
@@ -239,10 +256,14 @@ def test_admin_create_describe_alter_delete(bootstrap: str, topic: str) -> None:
     assert entries["segment.bytes"].value is not None and int(entries["segment.bytes"].value) > 0
     assert "max.message.bytes" in entries and "min.insync.replicas" in entries
 
-    alter = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET),
-    ])
+    alter = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET),
+        ],
+    )
     admin.incremental_alter_configs([alter])[alter].result(15)
     entries = admin.describe_configs([resource])[resource].result(15)
     assert entries["retention.ms"].value == "7200000"
@@ -262,9 +283,12 @@ def test_admin_create_describe_alter_delete(bootstrap: str, topic: str) -> None:
 def test_offsets_for_times(bootstrap: str, topic: str) -> None:
     base = int(time.time() * 1000) - 100_000
     # One produce call per timestamp, all in one batch: the broker must find the record inside the batch.
-    produce_all(bootstrap, topic, [
-        {"value": str(i).encode(), "partition": 0, "timestamp": base + i * 1000} for i in range(10)
-    ], **{"linger.ms": 50})
+    produce_all(
+        bootstrap,
+        topic,
+        [{"value": str(i).encode(), "partition": 0, "timestamp": base + i * 1000} for i in range(10)],
+        **{"linger.ms": 50},
+    )
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("times")})
     try:
         found = consumer.offsets_for_times([TopicPartition(topic, 0, base + 4500)], timeout=10)
@@ -298,9 +322,17 @@ def test_a_record_from_the_future_is_refused_with_invalid_timestamp(bootstrap: s
 def test_idempotent_producer_across_restart_and_kill(file_broker: Any, topic: str) -> None:
     bootstrap = hostport(file_broker.bootstrap)
     create_topic(bootstrap, topic, 1)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
-                         "message.timeout.ms": 45000, "retry.backoff.ms": 100,
-                         "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 500})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 45000,
+            "retry.backoff.ms": 100,
+            "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 500,
+        }
+    )
     errors: list[Any] = []
 
     def cb(err: Any, msg: Any) -> None:
@@ -334,7 +366,8 @@ def test_idempotent_producer_across_restart_and_kill(file_broker: Any, topic: st
     watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("watermarks")})
     try:
         assert watcher.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 200), (
-            "duplicates stored after the retry")
+            "duplicates stored after the retry"
+        )
     finally:
         watcher.close()
 
@@ -357,9 +390,17 @@ def test_group_admin_list_describe_offsets_delete(bootstrap: str, topic: str, gr
 
     create_topic(bootstrap, topic, 2)
     produce_all(bootstrap, topic, [{"value": str(i).encode(), "partition": i % 2} for i in range(10)])
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
-                  "heartbeat.interval.ms": HEARTBEAT_MS, "client.id": "compat-describe"})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": SESSION_TIMEOUT_MS,
+            "heartbeat.interval.ms": HEARTBEAT_MS,
+            "client.id": "compat-describe",
+        }
+    )
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
         c.subscribe([topic])
@@ -412,9 +453,17 @@ def test_static_member_restart_keeps_assignment_without_rebalance(bootstrap: str
     revoked: dict[str, int] = {"a": 0, "b": 0}
 
     def member(name: str) -> Consumer:
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.instance.id": f"static-{name}",
-                      "session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": HEARTBEAT_MS,
-                      "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "group.instance.id": f"static-{name}",
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": HEARTBEAT_MS,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         c.subscribe([topic], on_revoke=lambda _c, parts: revoked.__setitem__(name, revoked[name] + len(parts)))
         return c
 
@@ -442,17 +491,26 @@ def test_static_member_restart_keeps_assignment_without_rebalance(bootstrap: str
         b.close()
 
 
-def test_a_consumer_of_many_partitions_reads_them_all_and_then_what_arrives_on_a_few(bootstrap: str, topic: str,
-                                                                                    group: str) -> None:
+def test_a_consumer_of_many_partitions_reads_them_all_and_then_what_arrives_on_a_few(
+    bootstrap: str, topic: str, group: str
+) -> None:
     """A subscriber of a 200-partition topic: every Fetch names all its partitions, most of them caught up (the
     broker answers those from their offsets alone). It reads every record, in order per partition, then the
     records produced while it waits, on three partitions, arrive too."""
     partitions = 200
     create_topic(bootstrap, topic, partitions)
-    produce_all(bootstrap, topic, [{"value": b"%d-%d" % (p, i), "partition": p}
-                                   for i in range(5) for p in range(partitions)])
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    produce_all(
+        bootstrap, topic, [{"value": b"%d-%d" % (p, i), "partition": p} for i in range(5) for p in range(partitions)]
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
     try:
         consumer.subscribe([topic])
         seen: dict[int, list[bytes]] = {p: [] for p in range(partitions)}

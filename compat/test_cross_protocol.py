@@ -1,5 +1,6 @@
 """One store, two protocols: what a RocketMQ client sends a Kafka client reads, and the other way round, at the
 same offsets. The RocketMQ side is ali-ons (compat/js/ons.js) or mqk.client; the Kafka side is confluent-kafka."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +10,8 @@ from typing import Any
 
 import pytest
 from compat_helpers import NodeProcess, create_topic, run_node, unique
-from helpers import wait_until
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from helpers import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,19 +41,28 @@ def kafka_produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     offsets: list[int] = []
     for rec in records:
-        producer.produce(topic, partition=0, on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()),
-                         **rec)
+        producer.produce(
+            topic, partition=0, on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()), **rec
+        )
     assert producer.flush(20) == 0
     return offsets
 
 
 def test_remoting_message_is_a_kafka_record(bootstrap: str, namesrv: str, topic: str) -> None:
     create_topic(bootstrap, topic, 1)
-    sent = ons_produce(namesrv, [
-        {"topic": topic, "tags": "TagA", "keys": ["first-key", "second-key"], "body": f"from remoting {i}",
-         "props": {"color": "red", "n": str(i)}}
-        for i in range(3)
-    ])
+    sent = ons_produce(
+        namesrv,
+        [
+            {
+                "topic": topic,
+                "tags": "TagA",
+                "keys": ["first-key", "second-key"],
+                "body": f"from remoting {i}",
+                "props": {"color": "red", "n": str(i)},
+            }
+            for i in range(3)
+        ],
+    )
     got = kafka_read(bootstrap, topic, 3)
     assert [m.offset() for m in got] == [r["queueOffset"] for r in sent] == [0, 1, 2]
     for i, m in enumerate(got):
@@ -66,11 +76,18 @@ def test_remoting_message_is_a_kafka_record(bootstrap: str, namesrv: str, topic:
 
 def test_kafka_record_pulled_over_remoting(bootstrap: str, namesrv: str, topic: str) -> None:
     create_topic(bootstrap, topic, 1)
-    offsets = kafka_produce(bootstrap, topic, [
-        {"key": f"kk{i}".encode(), "value": f"from kafka {i}".encode(),
-         "headers": [("color", b"blue"), ("trace", f"t{i}".encode())]}
-        for i in range(3)
-    ])
+    offsets = kafka_produce(
+        bootstrap,
+        topic,
+        [
+            {
+                "key": f"kk{i}".encode(),
+                "value": f"from kafka {i}".encode(),
+                "headers": [("color", b"blue"), ("trace", f"t{i}".encode())],
+            }
+            for i in range(3)
+        ],
+    )
     assert offsets == [0, 1, 2]
     consumer = NodeProcess("ons.js", namesrv, "consume", json.dumps({"topic": topic, "group": unique("x-pull")}))
     try:
@@ -109,28 +126,33 @@ async def test_native_client_message_read_by_kafka_client(bootstrap: str, namesr
 
     create_topic(bootstrap, topic, 1)
     async with Producer(namesrv, group=unique("x-native-prod")) as producer:
-        single = await producer.send(Message(topic, b"native one", tags="T1", keys=["nk1", "nk2"],
-                                             properties={"origin": "mqk.client"}))
-        batch = await producer.send_batch([Message(topic, f"native batch {i}".encode(), keys=[f"b{i}"])
-                                           for i in range(3)], queue_id=0)
+        single = await producer.send(
+            Message(topic, b"native one", tags="T1", keys=["nk1", "nk2"], properties={"origin": "mqk.client"})
+        )
+        batch = await producer.send_batch(
+            [Message(topic, f"native batch {i}".encode(), keys=[f"b{i}"]) for i in range(3)], queue_id=0
+        )
     assert single.queue_offset == 0 and batch.queue_offset == 1
     got = await asyncio.to_thread(kafka_read, bootstrap, topic, 4)
     assert [m.offset() for m in got] == [0, 1, 2, 3]
     assert (got[0].key(), got[0].value()) == (b"nk1", b"native one")
     headers = dict(got[0].headers() or [])
     assert headers.get("origin") == b"mqk.client" and headers.get("TAGS") == b"T1"
-    assert [(m.key(), m.value()) for m in got[1:]] == [(f"b{i}".encode(), f"native batch {i}".encode())
-                                                      for i in range(3)]
+    assert [(m.key(), m.value()) for m in got[1:]] == [
+        (f"b{i}".encode(), f"native batch {i}".encode()) for i in range(3)
+    ]
 
 
 async def test_kafka_record_pulled_by_native_client(bootstrap: str, namesrv: str, topic: str) -> None:
     from mqk.client import PullConsumer
 
     create_topic(bootstrap, topic, 1)
-    offsets = await asyncio.to_thread(kafka_produce, bootstrap, topic, [
-        {"key": b"kafka-key", "value": f"kafka {i}".encode(), "headers": [("h", f"v{i}".encode())]}
-        for i in range(4)
-    ])
+    offsets = await asyncio.to_thread(
+        kafka_produce,
+        bootstrap,
+        topic,
+        [{"key": b"kafka-key", "value": f"kafka {i}".encode(), "headers": [("h", f"v{i}".encode())]} for i in range(4)],
+    )
     assert offsets == [0, 1, 2, 3]
     async with PullConsumer(namesrv, group=unique("x-native-pull")) as consumer:
         (mq,) = await consumer.queues(topic)
@@ -149,11 +171,17 @@ def test_kafka_producer_delayed_delivery_headers(bootstrap: str, topic: str) -> 
     create_topic(bootstrap, topic, 1)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     sent_at = time.time() * 1000
-    producer.produce(topic, key=b"later", value=b"in 1.5 s", partition=0,
-                     headers=[("mqk-delay-ms", b"1500"), ("trace", b"t-delay")])
+    producer.produce(
+        topic, key=b"later", value=b"in 1.5 s", partition=0, headers=[("mqk-delay-ms", b"1500"), ("trace", b"t-delay")]
+    )
     producer.flush(10)
-    producer.produce(topic, key=b"at", value=b"at +2.5 s", partition=0,
-                     headers=[("mqk-deliver-at", str(int(sent_at) + 2500).encode())])
+    producer.produce(
+        topic,
+        key=b"at",
+        value=b"at +2.5 s",
+        partition=0,
+        headers=[("mqk-deliver-at", str(int(sent_at) + 2500).encode())],
+    )
     producer.flush(10)
     producer.produce(topic, key=b"now", value=b"now", partition=0)
     assert producer.flush(10) == 0

@@ -3,6 +3,7 @@
 kafka-python frames snappy the xerial way (its default `xerial_compatible=True`), so its snappy round trip is the
 compat suite's check of that framing; the other clients send raw snappy.
 """
+
 from __future__ import annotations
 
 import gc
@@ -46,11 +47,13 @@ def _collect_failed_connect_sockets() -> Iterator[None]:
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
 
+
 CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
 
 
-def read_partition(bootstrap: str, topic: str, partition: int, start: int, count: int,
-                   timeout: float = 20) -> list[Any]:
+def read_partition(
+    bootstrap: str, topic: str, partition: int, start: int, count: int, timeout: float = 20
+) -> list[Any]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
         tp = TopicPartition(topic, partition)
@@ -100,9 +103,15 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
         producer.flush(20)
 
     def setup() -> KafkaConsumer:
-        return KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                             enable_auto_commit=False, session_timeout_ms=SESSION_TIMEOUT_MS,
-                             heartbeat_interval_ms=HEARTBEAT_MS)
+        return KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms=HEARTBEAT_MS,
+        )
 
     def poll_once(c: KafkaConsumer) -> list[int]:
         values = [int(r.value) for recs in c.poll(timeout_ms=200).values() for r in recs]
@@ -114,8 +123,10 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(bootstrap: str, top
         return values
 
     try:
-        run_group_scenario(produce, lambda name: ThreadMember(name, setup, poll_once, lambda c: c.close(),
-                                                              lambda c: len(c.assignment())))
+        run_group_scenario(
+            produce,
+            lambda name: ThreadMember(name, setup, poll_once, lambda c: c.close(), lambda c: len(c.assignment())),
+        )
     finally:
         producer.close()
 
@@ -130,9 +141,14 @@ def test_commit_with_metadata_and_resume_after_restart(file_broker: Any, topic: 
     producer.close()
 
     tp = TopicPartition(topic, 0)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                             auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
-                             heartbeat_interval_ms=HEARTBEAT_MS)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=HEARTBEAT_MS,
+    )
     consumer.assign([tp])
     consumer.commit({tp: OffsetAndMetadata(25, "kp-25", -1)})
     consumer.close()
@@ -141,8 +157,9 @@ def test_commit_with_metadata_and_resume_after_restart(file_broker: Any, topic: 
     file_broker.restart()
     bootstrap = hostport(file_broker.bootstrap)
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                             auto_offset_reset="earliest")
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
     try:
         consumer.assign([tp])
         committed = consumer.committed(tp, metadata=True)
@@ -167,8 +184,9 @@ def _topic_configs(result: Any, topic: str) -> dict[str, Any]:
 def test_admin_topics_and_configs(bootstrap: str, topic: str) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics({topic: {"num_partitions": 2, "replication_factor": 1,
-                                     "configs": {"retention.ms": "1234567"}}})
+        admin.create_topics(
+            {topic: {"num_partitions": 2, "replication_factor": 1, "configs": {"retention.ms": "1234567"}}}
+        )
         with pytest.raises(TopicAlreadyExistsError):
             admin.create_topics({topic: {"num_partitions": 2, "replication_factor": 1}})
         assert topic in admin.list_topics()
@@ -218,9 +236,16 @@ def test_offsets_for_times_and_end_offsets(bootstrap: str, topic: str) -> None:
 def test_idempotent_producer_across_restart(file_broker: Any, topic: str) -> None:
     bootstrap = hostport(file_broker.bootstrap)
     create_topic(bootstrap, topic, 1)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
-                             retries=20, retry_backoff_ms=200, reconnect_backoff_ms=100,
-                             reconnect_backoff_max_ms=500, request_timeout_ms=10000)
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        retries=20,
+        retry_backoff_ms=200,
+        reconnect_backoff_ms=100,
+        reconnect_backoff_max_ms=500,
+        request_timeout_ms=10000,
+    )
     futures = [producer.send(topic, value=str(i).encode(), partition=0) for i in range(40)]
     producer.flush(20)
     file_broker.stop()

@@ -2,6 +2,7 @@
 
 Each scenario runs in one node process and prints its observations as JSON; the assertions live here.
 """
+
 from __future__ import annotations
 
 import collections
@@ -84,7 +85,11 @@ def test_idempotent_producer_across_restart(file_broker: Any, topic: str) -> Non
     create_topic(bootstrap, topic, 1)
     proc = subprocess.Popen(
         ["node", str(JS_DIR / "kafkajs_client.js"), bootstrap, "idempotent", json.dumps({"topic": topic, "n": 20})],
-        cwd=JS_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=JS_DIR,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None and proc.stdin is not None

@@ -1,5 +1,6 @@
 """kcat (librdkafka's command-line client) against mqk: metadata listing, codecs with keys and headers,
 offset-by-timestamp queries, and a balanced consumer group that commits and resumes across a broker restart."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,25 @@ def test_metadata_listing(kcat: str, bootstrap: str, topic: str) -> None:
 @pytest.mark.parametrize("codec", CODECS)
 def test_produce_consume_keys_headers_codec(kcat: str, bootstrap: str, topic: str, codec: str) -> None:
     lines = [f"key{i}:value {i} {'x' * i}" for i in range(40)]
-    run_kcat(kcat, "-b", bootstrap, "-P", "-t", topic, "-p", "0", "-K", ":", "-X", f"compression.codec={codec}",
-             "-H", "source=kcat", "-H", f"codec={codec}", stdin="\n".join(lines) + "\n")
+    run_kcat(
+        kcat,
+        "-b",
+        bootstrap,
+        "-P",
+        "-t",
+        topic,
+        "-p",
+        "0",
+        "-K",
+        ":",
+        "-X",
+        f"compression.codec={codec}",
+        "-H",
+        "source=kcat",
+        "-H",
+        f"codec={codec}",
+        stdin="\n".join(lines) + "\n",
+    )
     assert_stored_with(bootstrap, topic, codec)
     got = consume_json(kcat, bootstrap, topic)
     assert [m["offset"] for m in got] == list(range(40))
@@ -72,10 +90,33 @@ def test_query_offset_by_timestamp(kcat: str, bootstrap: str, topic: str) -> Non
 def test_group_commit_resume_across_restart(kcat: str, file_broker: Any, topic: str, group: str) -> None:
     bootstrap = hostport(file_broker.bootstrap)
     create_topic(bootstrap, topic, 2)
-    run_kcat(kcat, "-b", bootstrap, "-P", "-t", topic, "-p", "0", "-X", "acks=all",
-             stdin="".join(f"{i}\n" for i in range(30)))
-    group_args = ["-b", bootstrap, "-G", group, "-J", "-q", "-X", "auto.offset.reset=earliest",
-                  "-X", f"session.timeout.ms={SESSION_TIMEOUT_MS}", "-X", "heartbeat.interval.ms=1000"]
+    run_kcat(
+        kcat,
+        "-b",
+        bootstrap,
+        "-P",
+        "-t",
+        topic,
+        "-p",
+        "0",
+        "-X",
+        "acks=all",
+        stdin="".join(f"{i}\n" for i in range(30)),
+    )
+    group_args = [
+        "-b",
+        bootstrap,
+        "-G",
+        group,
+        "-J",
+        "-q",
+        "-X",
+        "auto.offset.reset=earliest",
+        "-X",
+        f"session.timeout.ms={SESSION_TIMEOUT_MS}",
+        "-X",
+        "heartbeat.interval.ms=1000",
+    ]
     first = [json.loads(x) for x in run_kcat(kcat, *group_args, "-c", "10", topic).splitlines() if x.strip()]
     assert [int(m["payload"]) for m in first] == list(range(10))
 

@@ -5,6 +5,7 @@ Without it, `smoke(iterations, seed)` runs the same target on pseudo-random and 
 call it). The property: every input either decodes or raises an `mqk.errors.MqkError` subclass; nothing else
 escapes, nothing hangs, and a declared frame size is never allocated before it is checked.
 """
+
 from __future__ import annotations
 
 import random
@@ -41,12 +42,35 @@ def _valid_frames() -> list[bytes]:
     samples = [
         (18, 3, {"client_software_name": "fuzz", "client_software_version": "1"}),
         (3, 12, {"topics": [{"name": "t"}], "allow_auto_topic_creation": True}),
-        (0, 9, {"acks": -1, "timeout_ms": 5, "topic_data": [
-            {"name": "t", "partition_data": [{"index": 0, "records": b"\x00" * 70}]}]}),
-        (1, 12, {"max_wait_ms": 1, "min_bytes": 1, "topics": [
-            {"topic": "t", "partitions": [{"partition": 0, "fetch_offset": 3}]}]}),
-        (11, 5, {"group_id": "g", "session_timeout_ms": 1, "member_id": "", "protocol_type": "consumer",
-                 "protocols": [{"name": "range", "metadata": b"abc"}]}),
+        (
+            0,
+            9,
+            {
+                "acks": -1,
+                "timeout_ms": 5,
+                "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"\x00" * 70}]}],
+            },
+        ),
+        (
+            1,
+            12,
+            {
+                "max_wait_ms": 1,
+                "min_bytes": 1,
+                "topics": [{"topic": "t", "partitions": [{"partition": 0, "fetch_offset": 3}]}],
+            },
+        ),
+        (
+            11,
+            5,
+            {
+                "group_id": "g",
+                "session_timeout_ms": 1,
+                "member_id": "",
+                "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": b"abc"}],
+            },
+        ),
     ]
     return [b"".join(bytes(p) for p in codec.encode_request(k, v, 1, "c", body)) for k, v, body in samples]
 
@@ -66,7 +90,7 @@ def smoke(iterations: int = 2000, seed: int = 0) -> int:
                 pos = rng.randrange(4, len(data)) if mode == 1 else rng.randrange(0, len(data))
                 data[pos] = rng.getrandbits(8)
             if rng.random() < 0.3:
-                data = data[:rng.randrange(0, len(data))]
+                data = data[: rng.randrange(0, len(data))]
             data = bytes(data)
         test_one_input(data)
     return iterations

@@ -8,6 +8,7 @@ call it). The property: every input either decodes or raises an `mqk.errors.MqkE
 escapes, nothing hangs, a declared frame size is never trusted before it is checked, and a command that decoded
 encodes again into a frame that decodes to the same code, opaque, flag, ext fields and body.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,7 +51,12 @@ def _exercise(cmd: RemotingCommand) -> None:
     except MqkError:
         return  # e.g. a header that no longer fits 24 bits once re-serialised: refused, typed
     assert (again.code, again.opaque, again.flag, again.ext_fields, again.body or b"") == (
-        cmd.code, cmd.opaque, cmd.flag, cmd.ext_fields, cmd.body or b""), "re-encoded command differs"
+        cmd.code,
+        cmd.opaque,
+        cmd.flag,
+        cmd.ext_fields,
+        cmd.body or b"",
+    ), "re-encoded command differs"
 
 
 def test_one_input(data: bytes) -> None:
@@ -70,24 +76,35 @@ def test_one_input(data: bytes) -> None:
 
 
 def _valid_frames() -> list[bytes]:
-    msg = MessageExt(topic="t", body=b"hello", properties={"TAGS": "a", "KEYS": "k1 k2"}, queue_offset=3,
-                     commit_log_offset=1234)
+    msg = MessageExt(
+        topic="t", body=b"hello", properties={"TAGS": "a", "KEYS": "k1 k2"}, queue_offset=3, commit_log_offset=1234
+    )
     batch = encode_batch_body([BatchItem(b"one", {"TAGS": "x"}), BatchItem(b"two", {"KEYS": "y"})])
     out = []
     for serialize in (SerializeType.JSON, SerializeType.ROCKETMQ):
         out += [
-            RemotingCommand(RequestCode.SEND_MESSAGE_V2, opaque=7, ext_fields={
-                "a": "grp", "b": "t", "e": "0", "i": "TAGS\x01a\x02", "j": "0"}, body=b"payload",
-                serialize_type=serialize).encode(),
-            RemotingCommand(RequestCode.PULL_MESSAGE, opaque=8, ext_fields={
-                "topic": "t", "queueId": "1", "queueOffset": "0", "maxMsgNums": "32"},
-                serialize_type=serialize).encode(),
-            RemotingCommand(RequestCode.VIEW_MESSAGE_BY_ID, opaque=9, ext_fields={"offset": "1234"},
-                            serialize_type=serialize).encode(),
-            RemotingCommand(0, opaque=8, flag=1, remark="ok", body=encode_message_ext(msg) * 2,
-                            serialize_type=serialize).encode(),
-            RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, opaque=10, ext_fields={"b": "t"}, body=batch,
-                            serialize_type=serialize).encode(),
+            RemotingCommand(
+                RequestCode.SEND_MESSAGE_V2,
+                opaque=7,
+                ext_fields={"a": "grp", "b": "t", "e": "0", "i": "TAGS\x01a\x02", "j": "0"},
+                body=b"payload",
+                serialize_type=serialize,
+            ).encode(),
+            RemotingCommand(
+                RequestCode.PULL_MESSAGE,
+                opaque=8,
+                ext_fields={"topic": "t", "queueId": "1", "queueOffset": "0", "maxMsgNums": "32"},
+                serialize_type=serialize,
+            ).encode(),
+            RemotingCommand(
+                RequestCode.VIEW_MESSAGE_BY_ID, opaque=9, ext_fields={"offset": "1234"}, serialize_type=serialize
+            ).encode(),
+            RemotingCommand(
+                0, opaque=8, flag=1, remark="ok", body=encode_message_ext(msg) * 2, serialize_type=serialize
+            ).encode(),
+            RemotingCommand(
+                RequestCode.SEND_BATCH_MESSAGE, opaque=10, ext_fields={"b": "t"}, body=batch, serialize_type=serialize
+            ).encode(),
         ]
     return out
 
@@ -105,14 +122,14 @@ def smoke(iterations: int = 2000, seed: int = 0) -> int:
                 data = struct.pack(">iI", len(data) + 4, (rng.randrange(0, 2) << 24) | header_len) + data
         elif mode == 3:  # two valid frames back to back, the second one cut short
             a, b = rng.choice(valid), rng.choice(valid)
-            data = a + b[:rng.randrange(0, len(b) + 1)]
+            data = a + b[: rng.randrange(0, len(b) + 1)]
         else:
             data = bytearray(rng.choice(valid))
             for _ in range(rng.randrange(1, 6)):
                 pos = rng.randrange(8, len(data)) if mode == 1 else rng.randrange(0, len(data))
                 data[pos] = rng.getrandbits(8)
             if rng.random() < 0.3:
-                data = data[:rng.randrange(0, len(data))]
+                data = data[: rng.randrange(0, len(data))]
             data = bytes(data)
         test_one_input(data)
     return iterations

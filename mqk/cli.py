@@ -6,6 +6,7 @@ free port; once every listener is bound the broker prints one line to stdout:
 `mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`. SIGTERM / SIGINT flush, close files, remove the
 abort marker and exit 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,8 +95,12 @@ def _raise_open_files_limit() -> None:
             return
         log.info("open files limit raised from %d to %d", soft, target)
     if target < 4096:
-        log.warning("the open files limit is %d: each written partition holds a descriptor (raise the hard "
-                    "limit, `ulimit -Hn`, for more than ~%d partitions)", target, target - 200)
+        log.warning(
+            "the open files limit is %d: each written partition holds a descriptor (raise the hard "
+            "limit, `ulimit -Hn`, for more than ~%d partitions)",
+            target,
+            target - 200,
+        )
 
 
 def _freeze_startup_objects() -> None:
@@ -139,8 +144,7 @@ class SurvivorFreezer:
     queues hold no cycles, nor does a connection closed under uvloop (asyncio's own transports do, which would
     keep ~1 KB per connection open at a freeze). Installed only by `mqk serve`, like the start-up freeze."""
 
-    def __init__(self, slow_s: float = SLOW_FULL_COLLECTION_S,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, slow_s: float = SLOW_FULL_COLLECTION_S, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.slow_s = slow_s
         #: where the log line is written from: a collection runs in whichever thread allocated, possibly in the
         #: middle of that thread's own logging call
@@ -169,8 +173,7 @@ class SurvivorFreezer:
         self.freezes += 1
         # no object count in the line: gc.get_freeze_count() walks every frozen object (3.7 ms for 300,000),
         # and this runs while every thread waits for the collection to end
-        args = ("a full collection took %.1f ms: what it found alive moved out of the cyclic GC's reach",
-                took * 1000)
+        args = ("a full collection took %.1f ms: what it found alive moved out of the cyclic GC's reach", took * 1000)
         if self.loop is None:
             log.info(*args)
             return

@@ -4,6 +4,7 @@ They speak the broker's own wire protocols through mqk's codecs (no third-party 
 through `RawKafkaClient`, RocketMQ remoting through `mqk.client`. One connection, one request at a time: these are
 tools for people, not load generators (see bench/ for those).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,13 +60,15 @@ async def topics_list(args: argparse.Namespace) -> None:
 
 async def topics_create(args: argparse.Namespace) -> None:
     body = {
-        "topics": [{
-            "name": args.topic,
-            "num_partitions": args.partitions,
-            "replication_factor": 1,
-            "assignments": [],
-            "configs": [{"name": k, "value": v} for k, v in _parse_configs(args.config).items()],
-        }],
+        "topics": [
+            {
+                "name": args.topic,
+                "num_partitions": args.partitions,
+                "replication_factor": 1,
+                "assignments": [],
+                "configs": [{"name": k, "value": v} for k, v in _parse_configs(args.config).items()],
+            }
+        ],
         "timeout_ms": 30000,
         "validate_only": False,
     }
@@ -94,15 +97,22 @@ async def topics_describe(args: argparse.Namespace) -> None:
             4,
             {"resources": [{"resource_type": 2, "resource_name": args.topic, "configuration_keys": None}]},
         )
-        offsets = await client.call(ApiKey.LIST_OFFSETS, 7, {
-            "replica_id": -1,
-            "isolation_level": 0,
-            "topics": [{
-                "name": args.topic,
-                "partitions": [{"partition_index": p["partition_index"], "timestamp": -1}
-                               for p in topic["partitions"]],
-            }],
-        })
+        offsets = await client.call(
+            ApiKey.LIST_OFFSETS,
+            7,
+            {
+                "replica_id": -1,
+                "isolation_level": 0,
+                "topics": [
+                    {
+                        "name": args.topic,
+                        "partitions": [
+                            {"partition_index": p["partition_index"], "timestamp": -1} for p in topic["partitions"]
+                        ],
+                    }
+                ],
+            },
+        )
     ends = {p["partition_index"]: p["offset"] for p in offsets["topics"][0]["partitions"]}
     print(f"topic {args.topic}  partitions={len(topic['partitions'])}")
     for p in sorted(topic["partitions"], key=lambda p: p["partition_index"]):
@@ -116,11 +126,16 @@ async def topics_describe(args: argparse.Namespace) -> None:
 async def topics_delete_records(args: argparse.Namespace) -> None:
     """Move a partition's log start offset to `--before` (-1: the end offset), as kafka-delete-records does."""
     async with await _kafka(args) as client:
-        resp = await client.call(ApiKey.DELETE_RECORDS, 2, {
-            "topics": [{"name": args.topic,
-                        "partitions": [{"partition_index": args.partition, "offset": args.before}]}],
-            "timeout_ms": 30000,
-        })
+        resp = await client.call(
+            ApiKey.DELETE_RECORDS,
+            2,
+            {
+                "topics": [
+                    {"name": args.topic, "partitions": [{"partition_index": args.partition, "offset": args.before}]}
+                ],
+                "timeout_ms": 30000,
+            },
+        )
     part = resp["topics"][0]["partitions"][0]
     _check(part["error_code"], f"delete records of {args.topic}[{args.partition}]")
     print(f"{args.topic}[{args.partition}] now starts at offset {part['low_watermark']}")
@@ -169,16 +184,23 @@ async def produce_kafka(args: argparse.Namespace) -> None:
     batch = make_batch(values, keys=[key] * len(values), headers=headers)
     async with await _kafka(args) as client:
         await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}], "allow_auto_topic_creation": True})
-        resp = await client.call(ApiKey.PRODUCE, 9, {
-            "acks": -1,
-            "timeout_ms": 30000,
-            "topic_data": [{"name": args.topic,
-                            "partition_data": [{"index": args.partition, "records": bytes(batch)}]}],
-        })
+        resp = await client.call(
+            ApiKey.PRODUCE,
+            9,
+            {
+                "acks": -1,
+                "timeout_ms": 30000,
+                "topic_data": [
+                    {"name": args.topic, "partition_data": [{"index": args.partition, "records": bytes(batch)}]}
+                ],
+            },
+        )
     part = resp["responses"][0]["partition_responses"][0]
     _check(part["error_code"], f"produce to {args.topic}[{args.partition}]", part.get("error_message"))
-    print(f"{len(values)} record(s) written to {args.topic}[{args.partition}] at offset {part['base_offset']}",
-          file=sys.stderr)
+    print(
+        f"{len(values)} record(s) written to {args.topic}[{args.partition}] at offset {part['base_offset']}",
+        file=sys.stderr,
+    )
 
 
 async def produce_native(args: argparse.Namespace) -> None:
@@ -188,12 +210,23 @@ async def produce_native(args: argparse.Namespace) -> None:
     properties = _parse_configs(args.header)
     async with Producer(args.namesrv, "mqk-cli-producer") as producer:
         for value in values:
-            result = await producer.send(Message(
-                args.topic, value, tags=args.tags, keys=[args.key] if args.key else None, properties=properties,
-                delay_level=args.delay_level, deliver_at_ms=args.deliver_at))
+            result = await producer.send(
+                Message(
+                    args.topic,
+                    value,
+                    tags=args.tags,
+                    keys=[args.key] if args.key else None,
+                    properties=properties,
+                    delay_level=args.delay_level,
+                    deliver_at_ms=args.deliver_at,
+                )
+            )
         if values:
-            print(f"{len(values)} message(s) sent to {args.topic}, last to queue {result.queue.queue_id} "
-                  f"at offset {result.queue_offset}", file=sys.stderr)
+            print(
+                f"{len(values)} message(s) sent to {args.topic}, last to queue {result.queue.queue_id} "
+                f"at offset {result.queue_offset}",
+                file=sys.stderr,
+            )
 
 
 async def consume_native(args: argparse.Namespace) -> None:
@@ -201,16 +234,32 @@ async def consume_native(args: argparse.Namespace) -> None:
 
     def out(msg: Any) -> None:
         if args.json:
-            print(json.dumps({
-                "queue": msg.queue_id, "offset": msg.queue_offset, "tags": msg.tags, "keys": list(msg.keys),
-                "value": msg.body.decode(errors="replace"), "properties": msg.properties,
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "queue": msg.queue_id,
+                        "offset": msg.queue_offset,
+                        "tags": msg.tags,
+                        "keys": list(msg.keys),
+                        "value": msg.body.decode(errors="replace"),
+                        "properties": msg.properties,
+                    }
+                ),
+                flush=True,
+            )
         else:
             print(msg.body.decode(errors="replace"), flush=True)
 
-    await consume(args.namesrv, args.topic, args.group, expression=args.tags or "*",
-                  from_beginning=args.offset != -1, max_messages=None if args.max_messages >= 1 << 62
-                  else args.max_messages, idle_timeout_s=args.timeout, out=out)
+    await consume(
+        args.namesrv,
+        args.topic,
+        args.group,
+        expression=args.tags or "*",
+        from_beginning=args.offset != -1,
+        max_messages=None if args.max_messages >= 1 << 62 else args.max_messages,
+        idle_timeout_s=args.timeout,
+        out=out,
+    )
 
 
 def _by_protocol(kafka: Any, native: Any) -> Any:
@@ -230,29 +279,51 @@ async def consume_kafka(args: argparse.Namespace) -> None:
     async with await _kafka(args) as client:
         offset = args.offset
         if offset < 0:
-            resp = await client.call(ApiKey.LIST_OFFSETS, 7, {
-                "replica_id": -1, "isolation_level": 0,
-                "topics": [{"name": args.topic, "partitions": [{"partition_index": args.partition,
-                                                               "timestamp": offset}]}],
-            })
+            resp = await client.call(
+                ApiKey.LIST_OFFSETS,
+                7,
+                {
+                    "replica_id": -1,
+                    "isolation_level": 0,
+                    "topics": [
+                        {"name": args.topic, "partitions": [{"partition_index": args.partition, "timestamp": offset}]}
+                    ],
+                },
+            )
             part = resp["topics"][0]["partitions"][0]
             _check(part["error_code"], f"list offsets of {args.topic}")
             offset = part["offset"]
         while printed < args.max_messages and time.monotonic() < deadline:
-            resp = await client.call(ApiKey.FETCH, 12, {
-                "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20,
-                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-                "topics": [{"topic": args.topic, "partitions": [{
-                    "partition": args.partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20}]}],
-                "forgotten_topics_data": [], "rack_id": "",
-            })
+            resp = await client.call(
+                ApiKey.FETCH,
+                12,
+                {
+                    "replica_id": -1,
+                    "max_wait_ms": 500,
+                    "min_bytes": 1,
+                    "max_bytes": 1 << 20,
+                    "isolation_level": 0,
+                    "session_id": 0,
+                    "session_epoch": -1,
+                    "topics": [
+                        {
+                            "topic": args.topic,
+                            "partitions": [
+                                {"partition": args.partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20}
+                            ],
+                        }
+                    ],
+                    "forgotten_topics_data": [],
+                    "rack_id": "",
+                },
+            )
             part = resp["responses"][0]["partitions"][0]
             _check(part["error_code"], f"fetch {args.topic}[{args.partition}]")
             data = bytes(part["records"] or b"")
             for info in recbatch.scan_batches(data, False) if data else []:
                 pos, size, _lod, _max_ts, count, attributes = info[:6]
                 base = recbatch.parse_header(data, pos)[0]
-                records = data[pos + recbatch.HEADER_SIZE: pos + size]
+                records = data[pos + recbatch.HEADER_SIZE : pos + size]
                 if attributes & 0x07:
                     records = decompress(attributes & 0x07, records)
                 for rec in recbatch.decode_records(records, count):
@@ -266,12 +337,17 @@ async def consume_kafka(args: argparse.Namespace) -> None:
 
 def _print_record(args: argparse.Namespace, offset: int, key: Any, value: Any, headers: list) -> None:
     if args.json:
-        print(json.dumps({
-            "offset": offset,
-            "key": None if key is None else bytes(key).decode(errors="replace"),
-            "value": None if value is None else bytes(value).decode(errors="replace"),
-            "headers": {k: (None if v is None else bytes(v).decode(errors="replace")) for k, v in headers},
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "offset": offset,
+                    "key": None if key is None else bytes(key).decode(errors="replace"),
+                    "value": None if value is None else bytes(value).decode(errors="replace"),
+                    "headers": {k: (None if v is None else bytes(v).decode(errors="replace")) for k, v in headers},
+                }
+            ),
+            flush=True,
+        )
     else:
         print("" if value is None else bytes(value).decode(errors="replace"), flush=True)
 
@@ -299,10 +375,18 @@ async def query_by_key(args: argparse.Namespace) -> None:
         route = await client.route(args.topic)
         found = []
         for addr in sorted(set(route.broker_addrs.values())):
-            resp = await client.invoke(addr, RequestCode.QUERY_MESSAGE, {
-                "topic": args.topic, "key": args.key, "maxNum": args.max,
-                "beginTimestamp": args.begin_ms, "endTimestamp": end_ms,
-            }, ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            resp = await client.invoke(
+                addr,
+                RequestCode.QUERY_MESSAGE,
+                {
+                    "topic": args.topic,
+                    "key": args.key,
+                    "maxNum": args.max,
+                    "beginTimestamp": args.begin_ms,
+                    "endTimestamp": end_ms,
+                },
+                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND),
+            )
             if resp.code == ResponseCode.SUCCESS and resp.body:
                 found.extend(decode_messages(resp.body))
     except ClientError as exc:
@@ -313,22 +397,39 @@ async def query_by_key(args: argparse.Namespace) -> None:
     for msg in found[: args.max]:
         body = msg.body.decode(errors="replace")
         if args.json:
-            print(json.dumps({
-                "queue": msg.queue_id, "offset": msg.queue_offset, "keys": msg.keys, "tags": msg.tags,
-                "body": body, "store_timestamp": msg.store_timestamp, "msg_id": msg.msg_id,
-                "properties": msg.properties,
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "queue": msg.queue_id,
+                        "offset": msg.queue_offset,
+                        "keys": msg.keys,
+                        "tags": msg.tags,
+                        "body": body,
+                        "store_timestamp": msg.store_timestamp,
+                        "msg_id": msg.msg_id,
+                        "properties": msg.properties,
+                    }
+                ),
+                flush=True,
+            )
         else:
-            print(f"queue={msg.queue_id}\toffset={msg.queue_offset}\tkeys={' '.join(msg.keys)}\t"
-                  f"tags={msg.tags or ''}\t{body}", flush=True)
+            print(
+                f"queue={msg.queue_id}\toffset={msg.queue_offset}\tkeys={' '.join(msg.keys)}\t"
+                f"tags={msg.tags or ''}\t{body}",
+                flush=True,
+            )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the admin and data commands to the `mqk` parser."""
 
     def with_native(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--protocol", choices=("kafka", "native"), default="kafka",
-                       help="kafka (default) or native: RocketMQ remoting through the name server")
+        p.add_argument(
+            "--protocol",
+            choices=("kafka", "native"),
+            default="kafka",
+            help="kafka (default) or native: RocketMQ remoting through the name server",
+        )
         p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="native: the name server")
 
     def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ Two readings, as Kafka's `Time` has them:
 
 This module is a leaf: it imports nothing from mqk, so every layer may use it.
 """
+
 from __future__ import annotations
 
 import asyncio

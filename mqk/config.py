@@ -4,6 +4,7 @@ No module-level mutable settings. Defaults are documented beside the field they 
 topic's explicitly set per-topic settings; `TOPIC_SCHEMA` describes every per-topic key (type, allowed values,
 bounds, default, whether mqk acts on it): Kafka's keys plus mqk's `storage.type` (which engine) and `index.keys`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -147,33 +148,41 @@ _NEVER = str(_LONG_MAX)  # Kafka's "no limit" default (Long.MAX_VALUE)
 
 #: the per-topic keys: Kafka's (with Kafka's defaults) and mqk's own `storage.type` (which engine; fixed at creation)
 #: and `index.keys` (keep the key index of the file engine for this topic)
-TOPIC_SCHEMA: dict[str, TopicConfigKey] = {k.name: k for k in (
-    _key("cleanup.policy", LIST, "delete", choices=("delete", "compact")),
-    _key("compression.type", STRING, "producer", choices=("producer",),
-         refusal_note=" (mqk stores batches as the producer compressed them)"),
-    _key("delete.retention.ms", LONG, "86400000"),
-    _key("file.delete.delay.ms", LONG, "60000", acted_on=False),
-    _key("flush.messages", LONG, _NEVER, acted_on=False),
-    _key("flush.ms", LONG, _NEVER, acted_on=False),
-    _key("index.interval.bytes", INT, "4096", acted_on=False),
-    _key("max.compaction.lag.ms", LONG, _NEVER),
-    _key("max.message.bytes", INT, "1048588"),
-    _key("message.timestamp.type", STRING, "CreateTime", choices=("CreateTime", "LogAppendTime")),
-    _key("message.timestamp.after.max.ms", LONG, "3600000"),  # Kafka 4.0 (KIP-1030): one hour
-    _key("message.timestamp.before.max.ms", LONG, _NEVER),
-    _key("min.cleanable.dirty.ratio", DOUBLE, "0.5", minimum=0.0, maximum=1.0),
-    _key("min.compaction.lag.ms", LONG, "0"),
-    _key("min.insync.replicas", INT, "1", minimum=1, acted_on=False),
-    _key("preallocate", BOOLEAN, "false", acted_on=False),
-    _key("retention.bytes", LONG, "-1", minimum=-1),
-    _key("retention.ms", LONG, "604800000", minimum=-1),
-    _key("segment.bytes", INT, "1073741824", minimum=14),
-    _key("segment.ms", LONG, "604800000", acted_on=False),
-    _key("unclean.leader.election.enable", BOOLEAN, "false", acted_on=False),
-    # mqk's own
-    _key("storage.type", STRING, "", choices=(*ENGINES, "")),
-    _key("index.keys", BOOLEAN, "false"),
-)}
+TOPIC_SCHEMA: dict[str, TopicConfigKey] = {
+    k.name: k
+    for k in (
+        _key("cleanup.policy", LIST, "delete", choices=("delete", "compact")),
+        _key(
+            "compression.type",
+            STRING,
+            "producer",
+            choices=("producer",),
+            refusal_note=" (mqk stores batches as the producer compressed them)",
+        ),
+        _key("delete.retention.ms", LONG, "86400000"),
+        _key("file.delete.delay.ms", LONG, "60000", acted_on=False),
+        _key("flush.messages", LONG, _NEVER, acted_on=False),
+        _key("flush.ms", LONG, _NEVER, acted_on=False),
+        _key("index.interval.bytes", INT, "4096", acted_on=False),
+        _key("max.compaction.lag.ms", LONG, _NEVER),
+        _key("max.message.bytes", INT, "1048588"),
+        _key("message.timestamp.type", STRING, "CreateTime", choices=("CreateTime", "LogAppendTime")),
+        _key("message.timestamp.after.max.ms", LONG, "3600000"),  # Kafka 4.0 (KIP-1030): one hour
+        _key("message.timestamp.before.max.ms", LONG, _NEVER),
+        _key("min.cleanable.dirty.ratio", DOUBLE, "0.5", minimum=0.0, maximum=1.0),
+        _key("min.compaction.lag.ms", LONG, "0"),
+        _key("min.insync.replicas", INT, "1", minimum=1, acted_on=False),
+        _key("preallocate", BOOLEAN, "false", acted_on=False),
+        _key("retention.bytes", LONG, "-1", minimum=-1),
+        _key("retention.ms", LONG, "604800000", minimum=-1),
+        _key("segment.bytes", INT, "1073741824", minimum=14),
+        _key("segment.ms", LONG, "604800000", acted_on=False),
+        _key("unclean.leader.election.enable", BOOLEAN, "false", acted_on=False),
+        # mqk's own
+        _key("storage.type", STRING, "", choices=(*ENGINES, "")),
+        _key("index.keys", BOOLEAN, "false"),
+    )
+}
 
 #: each key's default (the values DescribeConfigs reports as DEFAULT_CONFIG)
 TOPIC_DEFAULTS: dict[str, str] = {name: key.default for name, key in TOPIC_SCHEMA.items()}

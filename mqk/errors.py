@@ -5,6 +5,7 @@ Kafka errors carry their wire `code` and `retriable` flag (the table below is Ka
 place that maps them to Kafka codes is `kafka_code_for()` at the bottom of this module, and the native
 (RocketMQ) protocol maps them in `mqk.protocol.native` the same way.
 """
+
 from __future__ import annotations
 
 

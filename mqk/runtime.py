@@ -11,6 +11,7 @@ through the broker the servers, the group coordinator and the producer-id state.
 
 This module imports the whole broker; `mqk.cli` and `mqk.testing` import it only when a broker is started.
 """
+
 from __future__ import annotations
 
 import logging

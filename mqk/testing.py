@@ -15,6 +15,7 @@ The in-process broker runs its own event loop in a background thread, so both sy
 (confluent-kafka, kafka-python) and asyncio tests can use it. `BrokerProcess` runs `python -m mqk serve` as a
 child process instead, for tests that restart or kill -9 the broker (it runs on the system clock).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -234,8 +235,9 @@ def mqk_broker(mqk_clock: Clock) -> Iterator[ThreadedBroker]:
 
 @pytest.fixture
 def mqk_file_broker(tmp_path: Path, mqk_clock: Clock) -> Iterator[ThreadedBroker]:
-    broker = ThreadedBroker(broker_config("file", tmp_path / "data", commitlog_segment_bytes=16 << 20),
-                            clock=mqk_clock).start()
+    broker = ThreadedBroker(
+        broker_config("file", tmp_path / "data", commitlog_segment_bytes=16 << 20), clock=mqk_clock
+    ).start()
     try:
         yield broker
     finally:

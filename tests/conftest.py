@@ -8,6 +8,7 @@ the in-process broker and clock fixtures come from mqk's own pytest plugin (mqk.
 - `memory_store`: a StoreManager on the memory engine;
 - `engine_broker`: an in-process broker, once on the memory and once on the file store.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator

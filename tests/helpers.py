@@ -14,6 +14,7 @@ What lives here:
 - `OffsetsOnly` (the group-offset part of a store) and `subscription` (consumer-protocol metadata);
 - `cached_pages` (mincore over a MappedFile).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -106,8 +107,9 @@ async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: f
             try:
                 await asyncio.wait_for(reached, timeout)
             except asyncio.TimeoutError:
-                raise AssertionError(f"{topic}/{queue} ends at {store.end_offset(topic, queue)}, not {end}, "
-                                     f"after {timeout} s") from None
+                raise AssertionError(
+                    f"{topic}/{queue} ends at {store.end_offset(topic, queue)}, not {end}, after {timeout} s"
+                ) from None
     finally:
         listening[0] = False
 
@@ -115,8 +117,13 @@ async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: f
 # --- record batches -----------------------------------------------------------------------------------------------
 
 
-def twin_batch(values: Sequence[bytes], base_timestamp: int = 1_000, ts_step: int = 1,
-               timestamps: Sequence[int] | None = None, keys: Sequence[bytes | None] | None = None) -> bytearray:
+def twin_batch(
+    values: Sequence[bytes],
+    base_timestamp: int = 1_000,
+    ts_step: int = 1,
+    timestamps: Sequence[int] | None = None,
+    keys: Sequence[bytes | None] | None = None,
+) -> bytearray:
     """An uncompressed batch built with the recbatch twin; record i has value values[i] and timestamp
     timestamps[i] (or base_timestamp + i * ts_step)."""
     if timestamps is None:
@@ -124,15 +131,23 @@ def twin_batch(values: Sequence[bytes], base_timestamp: int = 1_000, ts_step: in
     base_ts = timestamps[0]
     records = b"".join(
         rb.encode_record(i, ts - base_ts, None if keys is None else keys[i], value, [("h", b"x")])
-        for i, (ts, value) in enumerate(zip(timestamps, values)))
+        for i, (ts, value) in enumerate(zip(timestamps, values))
+    )
     return rb.build_batch(0, base_ts, max(timestamps), records, len(values), len(values) - 1)
 
 
 def kafka_python_batch(values: Sequence[bytes], timestamps: Sequence[int], compression: int = 0) -> bytes:
     """A batch built by kafka-python's own producer-side builder (compression: 0 none, 1 gzip, 2 snappy, 3 lz4,
     4 zstd)."""
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=compression, is_transactional=False,
-                                        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
     for i, (value, ts) in enumerate(zip(values, timestamps)):
         builder.append(i, timestamp=ts, key=b"key-%d" % i, value=value, headers=[])
     return bytes(builder.build())
@@ -155,14 +170,15 @@ def snappy_twin_batch(values: Sequence[bytes], timestamps: Sequence[int], xerial
     import cramjam
 
     base_ts = timestamps[0]
-    records = b"".join(rb.encode_record(i, ts - base_ts, b"key-%d" % i, value, [])
-                       for i, (ts, value) in enumerate(zip(timestamps, values)))
+    records = b"".join(
+        rb.encode_record(i, ts - base_ts, b"key-%d" % i, value, [])
+        for i, (ts, value) in enumerate(zip(timestamps, values))
+    )
     block = bytes(cramjam.snappy.compress_raw(records))
     if xerial:
         half = len(records) // 2  # two chunks, to exercise the chunk walk
         chunks = [bytes(cramjam.snappy.compress_raw(part)) for part in (records[:half], records[half:])]
-        block = b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") * 2 + b"".join(
-            len(c).to_bytes(4, "big") + c for c in chunks)
+        block = b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") * 2 + b"".join(len(c).to_bytes(4, "big") + c for c in chunks)
     return bytes(rb.build_batch(0, base_ts, max(timestamps), block, len(values), len(values) - 1, attributes=2))
 
 
@@ -175,8 +191,14 @@ SMALL_SEGMENT = 4096
 
 
 def store_config(engine: str, data_dir: Path, **changes: object) -> StoreConfig:
-    base = StoreConfig(data_dir=data_dir, storage=engine, commitlog_segment_bytes=SMALL_SEGMENT, cq_units_per_file=16,
-                       flush_interval_ms=20, checkpoint_interval_ms=50)
+    base = StoreConfig(
+        data_dir=data_dir,
+        storage=engine,
+        commitlog_segment_bytes=SMALL_SEGMENT,
+        cq_units_per_file=16,
+        flush_interval_ms=20,
+        checkpoint_interval_ms=50,
+    )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]  # changes are StoreConfig fields
 
 
@@ -226,18 +248,42 @@ class Harness:
 
 
 def produce_body(topic: str, batch: Any, partition: int = 0, acks: int = -1) -> dict:
-    return {"transactional_id": None, "acks": acks, "timeout_ms": 5000,
-            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": bytes(batch)}]}]}
+    return {
+        "transactional_id": None,
+        "acks": acks,
+        "timeout_ms": 5000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": bytes(batch)}]}],
+    }
 
 
-def fetch_body(topic: str, offset: int, partition: int = 0, max_wait_ms: int = 0, min_bytes: int = 0,
-               max_bytes: int = 1 << 20) -> dict:
-    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes,
-            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-            "topics": [{"topic": topic, "partitions": [
-                {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1,
-                 "partition_max_bytes": max_bytes}]}],
-            "forgotten_topics_data": [], "rack_id": ""}
+def fetch_body(
+    topic: str, offset: int, partition: int = 0, max_wait_ms: int = 0, min_bytes: int = 0, max_bytes: int = 1 << 20
+) -> dict:
+    return {
+        "replica_id": -1,
+        "max_wait_ms": max_wait_ms,
+        "min_bytes": min_bytes,
+        "max_bytes": max_bytes,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [
+                    {
+                        "partition": partition,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": offset,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": max_bytes,
+                    }
+                ],
+            }
+        ],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
 
 
 def raw_records(records: Any) -> bytes:
@@ -253,7 +299,7 @@ def values_of(records: Any) -> list[bytes]:
     out = []
     for pos, size, *_ in recbatch.scan_batches(data):
         h = recbatch.parse_header(data, pos)
-        out += [r[4] for r in recbatch.decode_records(data[pos + 61:pos + size], h[12])]
+        out += [r[4] for r in recbatch.decode_records(data[pos + 61 : pos + size], h[12])]
     return out
 
 

@@ -4,6 +4,7 @@
 missing (no compiler at install time) falls back to the twin loudly: a RuntimeWarning at import, never silently.
 Results are byte-for-byte identical either way (tests/unit/test_fast_parity.py).
 """
+
 from __future__ import annotations
 
 import importlib

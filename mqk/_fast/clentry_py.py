@@ -25,6 +25,7 @@ from the producer's buffer, in one `pwritev` (`write_entry`). `encode_head` buil
 `cqunit_py`) past each queue's published end; `write` puts them in the segment with `write_entries`; `publish` moves
 the queue table's positions, the only place they move.
 """
+
 from __future__ import annotations
 
 import errno
@@ -74,14 +75,35 @@ def head_size(topic_len) -> int:
     return FIXED_HEADER_SIZE + _ssize(topic_len) + 8
 
 
-def encode_head(head, topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp, tags_code,
-                flags, record_count, body) -> int:
+def encode_head(
+    head,
+    topic,
+    queue_id,
+    queue_offset,
+    physical_offset,
+    store_timestamp,
+    max_timestamp,
+    tags_code,
+    flags,
+    record_count,
+    body,
+) -> int:
     """Write the head of a message entry for the record batch `body` into `head[0:head_size(len(topic))]`: the
     fixed header with these fields, the topic, and the batch's base offset set to queue_offset, with the CRC
     covering `body[8:]` too, so that head + body[8:] is the entry. Returns the entry's size (not the head's).
     OutOfBounds if the head does not fit `head`; ValueError if body is no batch."""
-    fields, body = _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp,
-                                 tags_code, flags, record_count, body)
+    fields, body = _entry_fields(
+        topic,
+        queue_id,
+        queue_offset,
+        physical_offset,
+        store_timestamp,
+        max_timestamp,
+        tags_code,
+        flags,
+        record_count,
+        body,
+    )
     mv = _writable(head)
     n = FIXED_HEADER_SIZE + len(topic) + 8
     if n > mv.nbytes:
@@ -91,8 +113,9 @@ def encode_head(head, topic, queue_id, queue_offset, physical_offset, store_time
     return fields[0]
 
 
-def _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp, tags_code, flags,
-                  record_count, body) -> tuple[tuple, memoryview]:
+def _entry_fields(
+    topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp, tags_code, flags, record_count, body
+) -> tuple[tuple, memoryview]:
     """The checked header fields (size first) of a message entry, and the body as a memoryview."""
     queue_id = _i32(queue_id)
     queue_offset = _i64(queue_offset)
@@ -108,15 +131,24 @@ def _entry_fields(topic, queue_id, queue_offset, physical_offset, store_timestam
     if body.nbytes < BATCH_HEADER_SIZE:
         raise ValueError(f"body of {body.nbytes} bytes is not a record batch")
     size = entry_size(len(topic), body.nbytes)
-    return (size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp, max_timestamp,
-            tags_code), body
+    return (
+        size,
+        queue_id,
+        flags,
+        queue_offset,
+        physical_offset,
+        record_count,
+        store_timestamp,
+        max_timestamp,
+        tags_code,
+    ), body
 
 
 def _pack_head(mv: memoryview, pos: int, fields: tuple, topic: bytes) -> int:
     """Fixed header (CRC left 0), topic and base offset (= queue offset) at `pos`; returns the body's position."""
     _FIXED.pack_into(mv, pos, fields[0], MAGIC_MESSAGE, 0, *fields[1:], len(topic))
     p = pos + FIXED_HEADER_SIZE
-    mv[p:p + len(topic)] = topic
+    mv[p : p + len(topic)] = topic
     p += len(topic)
     # the stored batch's base offset is the queue offset (outside the batch CRC, so the batch stays valid)
     _I64.pack_into(mv, p, fields[3])
@@ -169,7 +201,7 @@ def write_entries(fd, pos, heads, head_len, bodies) -> None:
             nbytes += head_len + views[k].nbytes - 8
             if parts and nbytes > WRITE_BYTES_CHUNK:
                 break
-            parts.append(h[k * head_len:(k + 1) * head_len])
+            parts.append(h[k * head_len : (k + 1) * head_len])
             parts.append(views[k][8:])
         i += len(parts) // 2  # (counted first: _write_all consumes `parts`)
         pos = _write_all(fd, pos, parts)
@@ -220,41 +252,63 @@ def read_entry(buf, pos, limit, verify=True) -> tuple:
         raise Corrupt(f"bad entry magic {magic:#x}", pos)
     if total_size < FIXED_HEADER_SIZE + BATCH_HEADER_SIZE or total_size > remaining:
         raise Corrupt(f"impossible entry size {total_size}", pos)
-    (crc, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp, max_timestamp, tags_code,
-     topic_len) = _FIXED.unpack_from(mv, pos)[2:]
+    (
+        crc,
+        queue_id,
+        flags,
+        queue_offset,
+        physical_offset,
+        record_count,
+        store_timestamp,
+        max_timestamp,
+        tags_code,
+        topic_len,
+    ) = _FIXED.unpack_from(mv, pos)[2:]
     body_pos = pos + FIXED_HEADER_SIZE + topic_len
     if total_size - FIXED_HEADER_SIZE - topic_len < BATCH_HEADER_SIZE:
         raise Corrupt(f"topic length {topic_len} leaves no record batch", pos)
-    if verify and crc32c(mv[pos + CRC_START:pos + total_size]) != crc:
+    if verify and crc32c(mv[pos + CRC_START : pos + total_size]) != crc:
         raise Corrupt("entry CRC mismatch", pos)
     try:
-        topic = str(mv[pos + FIXED_HEADER_SIZE:body_pos], "utf-8")
+        topic = str(mv[pos + FIXED_HEADER_SIZE : body_pos], "utf-8")
     except UnicodeDecodeError:
         raise Corrupt("topic is not UTF-8", pos) from None
-    return (KIND_MESSAGE, total_size, queue_id, flags, queue_offset, physical_offset, record_count, store_timestamp,
-            max_timestamp, tags_code, topic, body_pos)
+    return (
+        KIND_MESSAGE,
+        total_size,
+        queue_id,
+        flags,
+        queue_offset,
+        physical_offset,
+        record_count,
+        store_timestamp,
+        max_timestamp,
+        tags_code,
+        topic,
+        body_pos,
+    )
 
 
 # --- the append pipeline's kernel: plan, write, publish ------------------------------------------------------------
 
-ROW_END = 0             #: the queue's end offset (the offset its next record gets)
-ROW_MAX_TS = 1          #: running maximum record timestamp over the queue
-ROW_CQ_WROTE = 2        #: write position in the queue's last ConsumeQueue file (published units end here)
-ROW_CQ_RESERVED = 3     #: bytes of that file with disk blocks (a unit is only staged below this)
-ROW_DIRTY_PHYS = 4      #: CommitLog offset of the first unit not yet flushed (-1: none)
-ROW_DIRTY_MS = 5        #: store time of that unit
-ROW_LOG_START = 6       #: the queue's log start offset (answered with every append)
-ROW_STAGED = 7          #: 1 + index of the queue's last batch staged in the current run (0: none); plan's scratch
+ROW_END = 0  #: the queue's end offset (the offset its next record gets)
+ROW_MAX_TS = 1  #: running maximum record timestamp over the queue
+ROW_CQ_WROTE = 2  #: write position in the queue's last ConsumeQueue file (published units end here)
+ROW_CQ_RESERVED = 3  #: bytes of that file with disk blocks (a unit is only staged below this)
+ROW_DIRTY_PHYS = 4  #: CommitLog offset of the first unit not yet flushed (-1: none)
+ROW_DIRTY_MS = 5  #: store time of that unit
+ROW_LOG_START = 6  #: the queue's log start offset (answered with every append)
+ROW_STAGED = 7  #: 1 + index of the queue's last batch staged in the current run (0: none); plan's scratch
 ROW_FIELDS = 8
 ROW_BYTES = 64
 
-STOP_END = 0            #: every entry was planned
-STOP_FULL = 1           #: the run holds as many batches as it can (`capacity`)
-STOP_SEGMENT = 2        #: the entry does not fit the rest of the CommitLog segment
-STOP_UNIT_ROOM = 3      #: the queue's last ConsumeQueue file has no reserved room for the entry's units
-STOP_NO_SHARD = 4       #: the entry's queue is not a shard of the topic
-STOP_BATCH = 5          #: a buffer of the entry is not exactly one acceptable record batch v2
-STOP_SHAPE = 6          #: the entry is not a (queue id, sequence of buffers) pair
+STOP_END = 0  #: every entry was planned
+STOP_FULL = 1  #: the run holds as many batches as it can (`capacity`)
+STOP_SEGMENT = 2  #: the entry does not fit the rest of the CommitLog segment
+STOP_UNIT_ROOM = 3  #: the queue's last ConsumeQueue file has no reserved room for the entry's units
+STOP_NO_SHARD = 4  #: the entry's queue is not a shard of the topic
+STOP_BATCH = 5  #: a buffer of the entry is not exactly one acceptable record batch v2
+STOP_SHAPE = 6  #: the entry is not a (queue id, sequence of buffers) pair
 
 
 def acceptable_batch(body) -> bool:
@@ -300,8 +354,9 @@ class AppendRun:
     it appends `result_type(base offset, last offset, store time, ROW_LOG_START, the entry's first CommitLog
     offset)` to `out` and `(queue id, new end offset)` to `grown`. Returns the batches published; the run is empty
     afterwards. `published_entries`, `published_batches` and `published_bytes` count what every publish of this
-    run object made visible (the store's put statistics). `abandon` empties the run without publishing (ROW_STAGED reset). `batch(i)` describes staged batch
-    i: (entry index, index in the entry, queue id, base offset, span, CommitLog offset, entry size).
+    run object made visible (the store's put statistics). `abandon` empties the run without publishing
+    (ROW_STAGED reset). `batch(i)` describes staged batch i: (entry index, index in the entry, queue id, base
+    offset, span, CommitLog offset, entry size).
 
     Problems with an entry are `stop` reasons, never exceptions; arguments that cannot be right raise: OutOfBounds
     for a window outside the segment or a slot outside the table, RuntimeError for a plan over an unpublished run,
@@ -326,12 +381,26 @@ class AppendRun:
     def batches(self) -> int:
         return len(self._staged)
 
-    def plan(self, rows, slot_map, unit_bufs, entries, start, topic, store_timestamp, tags_code, seg_start, pos,
-             seg_size, write_to=-1) -> int:
+    def plan(
+        self,
+        rows,
+        slot_map,
+        unit_bufs,
+        entries,
+        start,
+        topic,
+        store_timestamp,
+        tags_code,
+        seg_start,
+        pos,
+        seg_size,
+        write_to=-1,
+    ) -> int:
         for name, value, kind in (("unit_bufs", unit_bufs, list), ("entries", entries, list), ("topic", topic, bytes)):
             if type(value) is not kind:  # as the compiled kernel's typed arguments refuse them
-                raise TypeError(f"Argument {name!r} has incorrect type (expected {kind.__name__}, got "
-                                f"{type(value).__name__})")
+                raise TypeError(
+                    f"Argument {name!r} has incorrect type (expected {kind.__name__}, got {type(value).__name__})"
+                )
         if self._staged:
             raise RuntimeError("an AppendRun must be published or abandoned before it plans again")
         start, pos, seg_size, seg_start = _ssize(start), _ssize(pos), _ssize(seg_size), _i64(seg_start)
@@ -466,8 +535,11 @@ class AppendRun:
                 table[row + ROW_DIRTY_MS] = self.store_timestamp
                 dirtied.append(slot)
             if i + 1 == n or self._staged[i + 1][2] != entry:  # the entry's last batch
-                out.append(tuple.__new__(result_type, (first_base, end - 1, self.store_timestamp,
-                                                       table[row + ROW_LOG_START], first_phys)))
+                out.append(
+                    tuple.__new__(
+                        result_type, (first_base, end - 1, self.store_timestamp, table[row + ROW_LOG_START], first_phys)
+                    )
+                )
                 grown.append((queue, end))
                 self.published_entries += 1
         self.published_batches += n

@@ -11,6 +11,7 @@ queue up to that unit, so it never decreases and `search_timestamp` may bisect i
 Also RocketMQ's tags code: `hash_tag` is Java's String.hashCode (over UTF-16 code units, int32 arithmetic).
 Reads or writes outside the buffer raise `OutOfBounds`.
 """
+
 from __future__ import annotations
 
 import struct
@@ -28,8 +29,15 @@ _MAX_TS_AT = 32
 
 def pack_unit(buf, pos, physical_offset, size, record_count, tags_code, store_ts, max_ts, base_offset) -> None:
     pos = _ssize(pos)
-    fields = (_i64(physical_offset), _i32(size), _i32(record_count), _i64(tags_code), _i64(store_ts), _i64(max_ts),
-              _i64(base_offset))
+    fields = (
+        _i64(physical_offset),
+        _i32(size),
+        _i32(record_count),
+        _i64(tags_code),
+        _i64(store_ts),
+        _i64(max_ts),
+        _i64(base_offset),
+    )
     mv = _writable(buf)
     if pos < 0 or UNIT_SIZE > mv.nbytes - pos:
         raise OutOfBounds(f"unit at {pos} outside buffer of {mv.nbytes} bytes")

@@ -17,6 +17,7 @@ and a tagged-field section after each struct. Fields a version does not carry ge
 defaults. Trailing bytes are ignored, as the generated decoder ignores them. Malformed bytes raise ValueError
 (UnicodeDecodeError for a name that is not UTF-8); the protocol layer turns that into MalformedMessage.
 """
+
 from __future__ import annotations
 
 import struct
@@ -64,8 +65,12 @@ def decode_fetch_request(buf: memoryview, version: int) -> dict | None:
 
 #: a partition's fixed fields per version: partition, [current_leader_epoch v9+], fetch_offset,
 #: [last_fetched_epoch v12+], [log_start_offset v5+], partition_max_bytes
-_PARTITION = {4: struct.Struct(">iqi"), 5: struct.Struct(">iqqi"), 9: struct.Struct(">iiqqi"),
-              12: struct.Struct(">iiqiqi")}
+_PARTITION = {
+    4: struct.Struct(">iqi"),
+    5: struct.Struct(">iqqi"),
+    9: struct.Struct(">iiqqi"),
+    12: struct.Struct(">iiqiqi"),
+}
 
 
 def _decode(c: Cursor, version: int) -> dict:
@@ -108,10 +113,18 @@ def _decode(c: Cursor, version: int) -> dict:
                 if buf[pos]:
                     raise Decline
                 pos += 1
-            partitions.append({"partition": partition, "current_leader_epoch": current_leader_epoch,
-                               "fetch_offset": fetch_offset, "last_fetched_epoch": last_fetched_epoch,
-                               "log_start_offset": log_start_offset, "partition_max_bytes": max_b,
-                               "replica_directory_id": ZERO_UUID, "high_watermark": _NO_HIGH_WATERMARK})
+            partitions.append(
+                {
+                    "partition": partition,
+                    "current_leader_epoch": current_leader_epoch,
+                    "fetch_offset": fetch_offset,
+                    "last_fetched_epoch": last_fetched_epoch,
+                    "log_start_offset": log_start_offset,
+                    "partition_max_bytes": max_b,
+                    "replica_directory_id": ZERO_UUID,
+                    "high_watermark": _NO_HIGH_WATERMARK,
+                }
+            )
         c.pos = pos
         if compact:
             _no_tags(c)
@@ -120,8 +133,13 @@ def _decode(c: Cursor, version: int) -> dict:
     if version >= 7:
         for _ in range(c.array_length(compact, "forgotten_topics_data")):
             name, topic_id = _name(c, compact, by_id)
-            forgotten.append({"topic": name, "topic_id": topic_id,
-                              "partitions": [c.i32() for _ in range(c.array_length(compact, "partitions"))]})
+            forgotten.append(
+                {
+                    "topic": name,
+                    "topic_id": topic_id,
+                    "partitions": [c.i32() for _ in range(c.array_length(compact, "partitions"))],
+                }
+            )
             if compact:
                 _no_tags(c)
     rack_id = ""
@@ -132,7 +150,17 @@ def _decode(c: Cursor, version: int) -> dict:
         rack_id = c.string(size)
     if compact:
         _no_tags(c)
-    return {"cluster_id": None, "replica_id": replica_id, "replica_state": {"replica_id": -1, "replica_epoch": -1},
-            "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes,
-            "isolation_level": isolation_level, "session_id": session_id, "session_epoch": session_epoch,
-            "topics": topics, "forgotten_topics_data": forgotten, "rack_id": rack_id}
+    return {
+        "cluster_id": None,
+        "replica_id": replica_id,
+        "replica_state": {"replica_id": -1, "replica_epoch": -1},
+        "max_wait_ms": max_wait_ms,
+        "min_bytes": min_bytes,
+        "max_bytes": max_bytes,
+        "isolation_level": isolation_level,
+        "session_id": session_id,
+        "session_epoch": session_epoch,
+        "topics": topics,
+        "forgotten_topics_data": forgotten,
+        "rack_id": rack_id,
+    }

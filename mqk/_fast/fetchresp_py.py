@@ -20,6 +20,7 @@ and an empty tagged-field section after each aborted transaction, partition and 
 topic's 16-byte id in place of its name. tests/unit/test_fast_fetchresp.py holds both twins to the generated
 encoder's bytes.
 """
+
 from __future__ import annotations
 
 import struct
@@ -61,8 +62,9 @@ def _write(body: dict, version: int) -> list:
     b = bytearray()
     throttle = dict_int(body, "throttle_time_ms", 0, I32_RANGE)
     if version >= 7:
-        b += _HEAD_V7.pack(throttle, dict_int(body, "error_code", 0, I16_RANGE),
-                           dict_int(body, "session_id", 0, I32_RANGE))
+        b += _HEAD_V7.pack(
+            throttle, dict_int(body, "error_code", 0, I16_RANGE), dict_int(body, "session_id", 0, I32_RANGE)
+        )
     else:
         b += _I32.pack(throttle)
     responses = dict_seq(body, "responses")
@@ -78,13 +80,25 @@ def _write(body: dict, version: int) -> list:
                 raise Decline
             # a value of another type or out of its field's range makes pack raise struct.error: declined
             if version >= 5:
-                b += _PART_V5.pack(p.get("partition_index", 0), p.get("error_code", 0), p.get("high_watermark", 0),
-                                   p.get("last_stable_offset", -1), p.get("log_start_offset", -1))
+                b += _PART_V5.pack(
+                    p.get("partition_index", 0),
+                    p.get("error_code", 0),
+                    p.get("high_watermark", 0),
+                    p.get("last_stable_offset", -1),
+                    p.get("log_start_offset", -1),
+                )
             else:
-                b += _PART_V4.pack(p.get("partition_index", 0), p.get("error_code", 0), p.get("high_watermark", 0),
-                                   p.get("last_stable_offset", -1))
-            if compact and (p.get("diverging_epoch") is not None or p.get("current_leader") is not None
-                            or p.get("snapshot_id") is not None):
+                b += _PART_V4.pack(
+                    p.get("partition_index", 0),
+                    p.get("error_code", 0),
+                    p.get("high_watermark", 0),
+                    p.get("last_stable_offset", -1),
+                )
+            if compact and (
+                p.get("diverging_epoch") is not None
+                or p.get("current_leader") is not None
+                or p.get("snapshot_id") is not None
+            ):
                 raise Decline
             aborted = p.get("aborted_transactions", ())
             if aborted is None:
@@ -94,8 +108,9 @@ def _write(body: dict, version: int) -> list:
                 for txn in aborted:
                     if txn.__class__ is not dict:
                         raise Decline
-                    b += _ABORTED.pack(dict_int(txn, "producer_id", 0, I64_RANGE),
-                                       dict_int(txn, "first_offset", 0, I64_RANGE))
+                    b += _ABORTED.pack(
+                        dict_int(txn, "producer_id", 0, I64_RANGE), dict_int(txn, "first_offset", 0, I64_RANGE)
+                    )
                     if compact:
                         b.append(0)
             else:

@@ -3,6 +3,7 @@ decoder (fetchreq) raise for a body they leave to the generated codec; and the e
 fields (the compiled modules' side is _out.pxd). A field is taken only as an int within its range, an array only
 as a list or tuple; anything else is declined, and the generated encoder then encodes it or raises its own error.
 """
+
 from __future__ import annotations
 
 import struct

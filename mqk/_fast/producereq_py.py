@@ -16,6 +16,7 @@ Records come back as slices of the input memoryview (never copied). Trailing byt
 the generated decoder ignores them. Malformed bytes raise ValueError (UnicodeDecodeError for a name that is not
 UTF-8); the protocol layer turns that into MalformedMessage. This module knows nothing of the rest of Kafka.
 """
+
 from __future__ import annotations
 
 import struct
@@ -70,7 +71,7 @@ class Cursor:
         """The 16 bytes of a uuid."""
         self.need(16)
         self.pos += 16
-        return bytes(self.buf[self.pos - 16:self.pos])
+        return bytes(self.buf[self.pos - 16 : self.pos])
 
     def uvarint(self) -> int:
         # the generated decoder's _uv: at most five bytes, the last one's high bits kept
@@ -115,7 +116,7 @@ class Cursor:
         if size > self.n - self.pos:
             raise ValueError("truncated or oversized length")
         self.pos += size
-        return str(self.buf[self.pos - size:self.pos], "utf-8")
+        return str(self.buf[self.pos - size : self.pos], "utf-8")
 
 
 def decode_produce_request(buf: memoryview, version: int) -> dict:
@@ -154,7 +155,7 @@ def decode_produce_request(buf: memoryview, version: int) -> dict:
             else:
                 if size > c.n - c.pos:
                     raise ValueError("truncated or oversized length")
-                records = buf[c.pos:c.pos + size]
+                records = buf[c.pos : c.pos + size]
                 c.pos += size
             if compact:
                 c.skip_tags()

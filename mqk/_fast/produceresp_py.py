@@ -13,6 +13,7 @@ Layout: v3..v8 int16-length strings and int32-length arrays, v5+ log_start_offse
 error_message (null: -1); v9+ (flexible) unsigned-varint lengths + 1 and an empty tagged-field section after each
 partition, topic and the body; v13 a topic's 16-byte id in place of its name.
 """
+
 from __future__ import annotations
 
 import struct
@@ -57,8 +58,12 @@ def _write(b: bytearray, body: dict, version: int) -> None:
         for p in partitions:
             if p.__class__ is not dict:
                 raise Decline
-            head = (dict_int(p, "index", 0, I32_RANGE), dict_int(p, "error_code", 0, I16_RANGE),
-                    dict_int(p, "base_offset", 0, I64_RANGE), dict_int(p, "log_append_time_ms", -1, I64_RANGE))
+            head = (
+                dict_int(p, "index", 0, I32_RANGE),
+                dict_int(p, "error_code", 0, I16_RANGE),
+                dict_int(p, "base_offset", 0, I64_RANGE),
+                dict_int(p, "log_append_time_ms", -1, I64_RANGE),
+            )
             if version >= 5:
                 b += _PART_V5.pack(*head, dict_int(p, "log_start_offset", -1, I64_RANGE))
             else:
@@ -88,5 +93,3 @@ def _write(b: bytearray, body: dict, version: int) -> None:
     b += _I32.pack(throttle)
     if compact:
         b.append(0)
-
-

@@ -19,6 +19,7 @@ Errors: bad bytes raise `Corrupt(message, position)`; writing outside the buffer
 argument outside its field's range raises OverflowError and a non-integer TypeError (what the compiled module's typed
 arguments raise), so both implementations fail the same way.
 """
+
 from __future__ import annotations
 
 import operator
@@ -171,8 +172,9 @@ def _timestamps(timestamps) -> tuple[int, int] | None:
     return _ssize(timestamps[0]), _ssize(timestamps[1])
 
 
-def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_keys=False,
-                 timestamps=None) -> list[tuple]:
+def scan_batches(
+    buf, verify_crc=True, walk_records=False, names=(), require_keys=False, timestamps=None
+) -> list[tuple]:
     """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
     base_sequence, base_timestamp, named). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
@@ -194,8 +196,21 @@ def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_key
     while pos < n:
         if n - pos < HEADER_SIZE:
             raise Corrupt("truncated record batch header", pos)
-        (_, batch_length, _, magic, crc, attributes, last_offset_delta, base_timestamp, max_timestamp,
-         producer_id, producer_epoch, base_sequence, record_count) = unpack(mv, pos)
+        (
+            _,
+            batch_length,
+            _,
+            magic,
+            crc,
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            record_count,
+        ) = unpack(mv, pos)
         if magic != MAGIC:
             raise Corrupt(f"unsupported record batch magic {magic}", pos)
         if batch_length < MIN_BATCH_LENGTH:
@@ -205,22 +220,35 @@ def scan_batches(buf, verify_crc=True, walk_records=False, names=(), require_key
             raise Corrupt("truncated record batch", pos)
         if record_count < 0:
             raise Corrupt(f"negative record count {record_count}", pos)
-        if verify_crc and crc32c(mv[pos + CRC_START:pos + size]) != crc:
+        if verify_crc and crc32c(mv[pos + CRC_START : pos + size]) != crc:
             raise Corrupt("record batch CRC mismatch", pos)
         named = None
         if walk_records and not attributes & ATTR_COMPRESSION_MASK:
-            count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, require_keys, window,
-                                         base_timestamp)
+            count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, require_keys, window, base_timestamp)
             if count != record_count:
                 raise Corrupt(f"batch holds {count} records, header says {record_count}", pos)
-        out.append((pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id,
-                    producer_epoch, base_sequence, base_timestamp, named))
+        out.append(
+            (
+                pos,
+                size,
+                last_offset_delta,
+                max_timestamp,
+                record_count,
+                attributes,
+                producer_id,
+                producer_epoch,
+                base_sequence,
+                base_timestamp,
+                named,
+            )
+        )
         pos += size
     return out
 
 
-def plan_plain_appends(partitions, start, queue_count, max_batch_bytes, names, require_keys, timestamps,
-                       entries, delays, slots, answers) -> int:
+def plan_plain_appends(
+    partitions, start, queue_count, max_batch_bytes, names, require_keys, timestamps, entries, delays, slots, answers
+) -> int:
     """The Produce handler's common case, one topic's `partition_data` dicts at a time from `start`: a partition
     whose `index` is a queue below `queue_count` and whose `records` (a 1-byte-item memoryview, as the request
     decoder gives) are v2 batches that pass scan_batches' whole check (CRC, record walk, `require_keys`,
@@ -258,10 +286,9 @@ def plan_plain_appends(partitions, start, queue_count, max_batch_bytes, names, r
         except Exception:  # noqa: BLE001 - the caller's own check says what is wrong
             break
         first = batches[0]
-        if (first[6] >= 0 and first[8] >= 0) or any(
-                b[10] is None or b[1] > max_batch_bytes for b in batches):
+        if (first[6] >= 0 and first[8] >= 0) or any(b[10] is None or b[1] > max_batch_bytes for b in batches):
             break
-        views = [records] if first[1] == n else [records[b[0]:b[0] + b[1]] for b in batches]
+        views = [records] if first[1] == n else [records[b[0] : b[0] + b[1]] for b in batches]
         entries.append((index, views))
         delays.append(any(b[10] for b in batches))
         slots.append(len(answers))
@@ -361,8 +388,9 @@ def check_records(data, expected, names=(), require_keys=False, timestamps=None,
     return found
 
 
-def _walk_section(mv, p: int, end: int, names: tuple, require_keys: bool, window: tuple[int, int] | None,
-                  base_timestamp: int) -> tuple[int, bool]:
+def _walk_section(
+    mv, p: int, end: int, names: tuple, require_keys: bool, window: tuple[int, int] | None, base_timestamp: int
+) -> tuple[int, bool]:
     """(record count, whether a header key equals one of `names`) of the records section [p, end) of `mv`,
     parsed field by field; Corrupt (positions absolute in `mv`) unless every length fits and each record's fields
     fill exactly its declared length; with `require_keys`, InvalidRecord for a null key; with `window`,
@@ -382,8 +410,10 @@ def _walk_section(mv, p: int, end: int, names: tuple, require_keys: bool, window
         if window is not None:
             timestamp = ((base_timestamp + timestamp_delta + _WRAP64) & _MASK64) - _WRAP64
             if timestamp != -1 and not window[0] <= timestamp <= window[1]:
-                raise InvalidTimestamp(f"timestamp {timestamp} of the record at position {start} is out of range: "
-                                       f"it should be within [{window[0]}, {window[1]}]")
+                raise InvalidTimestamp(
+                    f"timestamp {timestamp} of the record at position {start} is out of range: "
+                    f"it should be within [{window[0]}, {window[1]}]"
+                )
         _, p = _read_varint(mv, p, record_end)  # offset delta
         if require_keys and _read_varint(mv, p, record_end)[0] == -1:
             raise InvalidRecord(f"compacted topic: every record needs a key (record at position {start})")
@@ -397,7 +427,7 @@ def _walk_section(mv, p: int, end: int, names: tuple, require_keys: bool, window
             klen, q = _read_varint(mv, p, record_end)
             if klen < 0 or klen > record_end - q:
                 raise Corrupt(f"bad header key length {klen}", p)
-            if not found and klen in lengths and bytes(mv[q:q + klen]) in names:
+            if not found and klen in lengths and bytes(mv[q : q + klen]) in names:
                 found = True
             p = _skip_bytes_or_none(mv, q + klen, record_end, "header value")
         if p != record_end:
@@ -415,7 +445,7 @@ def _read_bytes_or_none(mv, p: int, end: int, what: str):
         return None, p2
     if length < 0 or length > end - p2:
         raise Corrupt(f"bad {what} length {length}", p)
-    return bytes(mv[p2:p2 + length]), p2 + length
+    return bytes(mv[p2 : p2 + length]), p2 + length
 
 
 def decode_records(data, count) -> list[tuple]:
@@ -451,7 +481,7 @@ def decode_records(data, count) -> list[tuple]:
             if klen < 0 or klen > end - q:
                 raise Corrupt(f"bad header key length {klen}", p)
             try:
-                hkey = str(mv[q:q + klen], "utf-8")
+                hkey = str(mv[q : q + klen], "utf-8")
             except UnicodeDecodeError:
                 raise Corrupt("header key is not UTF-8", q) from None
             p = q + klen
@@ -501,9 +531,19 @@ def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
     return bytes(out)
 
 
-def build_batch(base_offset, base_timestamp, max_timestamp, records, record_count, last_offset_delta,
-                attributes=0, producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                partition_leader_epoch=-1) -> bytearray:
+def build_batch(
+    base_offset,
+    base_timestamp,
+    max_timestamp,
+    records,
+    record_count,
+    last_offset_delta,
+    attributes=0,
+    producer_id=-1,
+    producer_epoch=-1,
+    base_sequence=-1,
+    partition_leader_epoch=-1,
+) -> bytearray:
     """A complete batch around an already encoded (and possibly compressed) records section, CRC computed."""
     base_offset = _i64(base_offset)
     base_timestamp = _i64(base_timestamp)
@@ -519,9 +559,23 @@ def build_batch(base_offset, base_timestamp, max_timestamp, records, record_coun
     if records.nbytes > _INT32_MAX - MIN_BATCH_LENGTH:
         raise OverflowError("record batch larger than 2 GiB")
     out = bytearray(HEADER_SIZE + records.nbytes)
-    _HEADER.pack_into(out, 0, base_offset, MIN_BATCH_LENGTH + records.nbytes, partition_leader_epoch, MAGIC, 0,
-                      attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
-                      base_sequence, record_count)
+    _HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        MIN_BATCH_LENGTH + records.nbytes,
+        partition_leader_epoch,
+        MAGIC,
+        0,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    )
     out[HEADER_SIZE:] = records
     _U32.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
     return out
@@ -553,7 +607,7 @@ def set_log_append_time(buf, pos, ts) -> None:
     attributes = _I16.unpack_from(mv, pos + 21)[0] | ATTR_LOG_APPEND_TIME
     _I16.pack_into(mv, pos + 21, attributes)
     _I64.pack_into(mv, pos + 35, ts)
-    _U32.pack_into(mv, pos + 17, crc32c(mv[pos + CRC_START:pos + 12 + batch_length]))
+    _U32.pack_into(mv, pos + 17, crc32c(mv[pos + CRC_START : pos + 12 + batch_length]))
 
 
 def new_buffer(size) -> bytearray:

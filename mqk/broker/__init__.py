@@ -9,6 +9,7 @@
 Layering: imported by mqk.server (and the runtime); imports the store, the timer, the clock and mqk.config, never
 mqk.protocol or mqk.server.
 """
+
 from __future__ import annotations
 
 from mqk.broker.core import Broker

@@ -4,6 +4,7 @@ It holds the store, the topic registry (names, settings, auto-creation, ids), th
 the clock. The Kafka listener and the RocketMQ broker role each take the same Broker (the runtime builds it), so
 a record appended through one wakes the long polls of the other, and both apply one topic policy.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -13,6 +13,7 @@ registrations and removals; a notify for that topic tests the queues it names ag
 A notify may come from another thread (an engine that publishes from a writer thread): it is then handed to the
 event loop the hub was bound to (`bind`), since futures may only be completed on their own loop.
 """
+
 from __future__ import annotations
 
 import asyncio

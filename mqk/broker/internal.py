@@ -19,6 +19,7 @@ Three kinds of names are not ordinary user topics:
 The names are RocketMQ's and mqk's own and must stay as they are on disk: a renamed internal topic would orphan
 the messages already in it.
 """
+
 from __future__ import annotations
 
 import enum

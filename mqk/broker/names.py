@@ -9,6 +9,7 @@ may not, as Kafka itself refuses them. Reading an existing topic is never refuse
 
 The store does not check names; it only refuses what its files cannot hold.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,8 +28,13 @@ class NameRule:
 
     def error(self, name: object) -> str | None:
         """Why `name` cannot name a new topic, or None if it can."""
-        if (not isinstance(name, str) or not name or len(name) > MAX_LENGTH or name in (".", "..")
-                or self.pattern.fullmatch(name) is None):
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > MAX_LENGTH
+            or name in (".", "..")
+            or self.pattern.fullmatch(name) is None
+        ):
             return f"illegal topic name {name!r}"
         return None
 

@@ -11,6 +11,7 @@ The protocol views are drawn from `describe`: Kafka's DescribeConfigs (names, so
 mqk.server.kafka.handlers.configs) and RocketMQ's topic config table (perm, read/write queue numbers, filter
 type: in mqk.server.native.context).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -69,5 +70,8 @@ def describe(config: TopicConfig, keys: Iterable[str] | None = None) -> list[Set
     """Every schema key (or those of `keys` that are in the schema), in schema order."""
     wanted = None if keys is None else set(keys)
     overrides = config.overrides
-    return [Setting(schema, config.get(name), name in overrides)
-            for name, schema in TOPIC_SCHEMA.items() if wanted is None or name in wanted]
+    return [
+        Setting(schema, config.get(name), name in overrides)
+        for name, schema in TOPIC_SCHEMA.items()
+        if wanted is None or name in wanted
+    ]

@@ -15,6 +15,7 @@ It sits over the store's topic metadata (`StoreManager`, which persists it) and 
 Failures are raised as mqk.errors types (InvalidTopicError, InvalidConfigError, UnknownShard, ShardExists, ...);
 each front door turns them into its own codes.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -74,8 +75,9 @@ class TopicRegistry:
 
     # --- creation -----------------------------------------------------------------------------------------
 
-    async def create(self, name: str, partitions: int, changes: Mapping[str, str | None] | None = None, *,
-                     names: NameRule = KAFKA) -> ShardInfo:
+    async def create(
+        self, name: str, partitions: int, changes: Mapping[str, str | None] | None = None, *, names: NameRule = KAFKA
+    ) -> ShardInfo:
         """Create `name` with `partitions` partitions and the settings `changes` (None values ignored).
         InvalidTopicError for an illegal name, InvalidConfigError for a refused setting, ShardExists if it
         exists, the store's error if it cannot make it."""
@@ -99,8 +101,9 @@ class TopicRegistry:
         default = self._default_partitions
         return min(requested, default) if requested > 0 else default
 
-    async def auto_create(self, name: str, *, names: NameRule = KAFKA, client_allows: bool = True,
-                          requested: int = 0) -> ShardInfo:
+    async def auto_create(
+        self, name: str, *, names: NameRule = KAFKA, client_allows: bool = True, requested: int = 0
+    ) -> ShardInfo:
         """The topic `name`, created under the auto-creation policy if it does not exist. InvalidTopicError for an
         illegal name, UnknownShard when the policy does not create it."""
         info = self._store.topic(name)

@@ -1,4 +1,5 @@
 """mqk's native (RocketMQ remoting) Python client, asyncio: `Producer`, `PullConsumer`, `PushConsumer`, `Admin`."""
+
 from __future__ import annotations
 
 from mqk.client.admin import Admin
@@ -17,7 +18,19 @@ from mqk.client.remoting import ClientError
 from mqk.protocol.native.message import MessageExt
 
 __all__ = [
-    "COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOWN", "Admin", "ClientError", "Message", "MessageExt", "MessageQueue",
-    "Producer", "PullConsumer", "PullResult", "PushConsumer", "SendResult", "TransactionProducer",
+    "COMMIT_MESSAGE",
+    "ROLLBACK_MESSAGE",
+    "UNKNOWN",
+    "Admin",
+    "ClientError",
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PushConsumer",
+    "SendResult",
+    "TransactionProducer",
     "allocate_averagely",
 ]

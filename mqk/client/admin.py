@@ -1,5 +1,6 @@
 """Native admin calls (what `mqadmin` does for a single broker): topics (list, create, delete), cluster info,
 query by key and view by message id. Used by the CLI's `--protocol native` paths and by tests."""
+
 from __future__ import annotations
 
 import json
@@ -35,22 +36,37 @@ class Admin(ClientBase):
 
     async def create_topic(self, topic: str, queues: int) -> None:
         for broker in await self.brokers():
-            await self.invoke(broker, RequestCode.UPDATE_AND_CREATE_TOPIC, {
-                "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues, "writeQueueNums": queues,
-                "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False})
+            await self.invoke(
+                broker,
+                RequestCode.UPDATE_AND_CREATE_TOPIC,
+                {
+                    "topic": topic,
+                    "defaultTopic": "TBW102",
+                    "readQueueNums": queues,
+                    "writeQueueNums": queues,
+                    "perm": 6,
+                    "topicFilterType": "SINGLE_TAG",
+                    "topicSysFlag": 0,
+                    "order": False,
+                },
+            )
 
     async def delete_topic(self, topic: str) -> None:
         for broker in await self.brokers():
             await self.invoke(broker, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
 
-    async def query_by_key(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
-                           end_ms: int = 1 << 62) -> list[MessageExt]:
+    async def query_by_key(
+        self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 1 << 62
+    ) -> list[MessageExt]:
         """Messages of `topic` whose keys include `key` (RocketMQ KEYS, or a Kafka record key where indexed)."""
         found: list[MessageExt] = []
         for broker in await self.brokers():
-            resp = await self.invoke(broker, RequestCode.QUERY_MESSAGE, {
-                "topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_ms, "endTimestamp": end_ms},
-                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            resp = await self.invoke(
+                broker,
+                RequestCode.QUERY_MESSAGE,
+                {"topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_ms, "endTimestamp": end_ms},
+                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND),
+            )
             if resp.code == ResponseCode.SUCCESS and resp.body:
                 found += decode_messages(resp.body)
         return found[:max_num]

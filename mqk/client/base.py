@@ -1,5 +1,6 @@
 """What producers and consumers share: name-server lookups (topic routes), one connection per broker address,
 request helpers that turn error codes into `ClientError`, and the client id RocketMQ clients heart-beat with."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,10 +10,10 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mqk.client.remoting import ClientError, RemotingConnection
 from mqk.config import parse_hostport
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
-from mqk.client.remoting import ClientError, RemotingConnection
 
 
 @dataclass(frozen=True, order=True)
@@ -62,17 +63,26 @@ class ClientBase:
         if self.on_server_request is not None:
             self.on_server_request(cmd)
 
-    async def invoke(self, address: tuple[str, int], code: int, ext: dict[str, Any] | None = None,
-                     body: bytes | None = None, timeout: float | None = None,
-                     ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+    async def invoke(
+        self,
+        address: tuple[str, int],
+        code: int,
+        ext: dict[str, Any] | None = None,
+        body: bytes | None = None,
+        timeout: float | None = None,
+        ok: tuple[int, ...] = (ResponseCode.SUCCESS,),
+    ) -> RemotingCommand:
         from mqk.protocol.native.command import stringify_fields
 
         conn = await self._connection(address)
         cmd = RemotingCommand(code=int(code), ext_fields=stringify_fields(ext or {}), body=body, language="PYTHON")
         response = await conn.invoke(cmd, timeout or self.request_timeout)
         if response.code not in ok:
-            raise ClientError(f"request {RequestCode(code).name if code in RequestCode._value2member_map_ else code}"
-                              f" failed: code {response.code} {response.remark or ''}".rstrip(), response.code)
+            raise ClientError(
+                f"request {RequestCode(code).name if code in RequestCode._value2member_map_ else code}"
+                f" failed: code {response.code} {response.remark or ''}".rstrip(),
+                response.code,
+            )
         return response
 
     async def oneway(self, address: tuple[str, int], code: int, ext: dict[str, Any]) -> None:
@@ -86,10 +96,16 @@ class ClientBase:
             return self._routes[topic]
         resp = await self.invoke(self.namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         data = json.loads(resp.body or b"{}")
-        addrs = {b["brokerName"]: parse_hostport(b["brokerAddrs"]["0"]) for b in data.get("brokerDatas", [])
-                 if "0" in b.get("brokerAddrs", {})}
-        queues = [MessageQueue(topic, q["brokerName"], i) for q in data.get("queueDatas", [])
-                  for i in range(q.get("writeQueueNums", 0))]
+        addrs = {
+            b["brokerName"]: parse_hostport(b["brokerAddrs"]["0"])
+            for b in data.get("brokerDatas", [])
+            if "0" in b.get("brokerAddrs", {})
+        }
+        queues = [
+            MessageQueue(topic, q["brokerName"], i)
+            for q in data.get("queueDatas", [])
+            for i in range(q.get("writeQueueNums", 0))
+        ]
         route = TopicRoute(topic, sorted(queues), addrs)
         self._routes[topic] = route
         return route

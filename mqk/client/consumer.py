@@ -13,6 +13,7 @@ every `commit_interval` seconds, when a queue is given up, and at stop. Messages
 to the handler with their original topic. `concurrency` > 1 handles each pulled batch's messages concurrently
 (RocketMQ's concurrent consumption) at the cost of per-queue order.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,12 @@ from mqk.protocol.native.message import MessageExt, decode_messages, properties_
 log = logging.getLogger("mqk.client")
 
 FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"
-_STATUS = {ResponseCode.SUCCESS: FOUND, ResponseCode.PULL_NOT_FOUND: NO_NEW_MSG,
-           ResponseCode.PULL_RETRY_IMMEDIATELY: NO_MATCHED_MSG, ResponseCode.PULL_OFFSET_MOVED: OFFSET_ILLEGAL}
+_STATUS = {
+    ResponseCode.SUCCESS: FOUND,
+    ResponseCode.PULL_NOT_FOUND: NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: OFFSET_ILLEGAL,
+}
 
 
 @dataclass
@@ -93,35 +98,67 @@ class PullConsumer(ClientBase):
     async def queues(self, topic: str) -> list[MessageQueue]:
         return list((await self.route(topic, refresh=True)).queues)
 
-    async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
-                   suspend_ms: int = 0, commit_offset: int | None = None) -> PullResult:
+    async def pull(
+        self,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int = 32,
+        expression: str = "*",
+        suspend_ms: int = 0,
+        commit_offset: int | None = None,
+    ) -> PullResult:
         flag = PULL_FLAG_SUBSCRIPTION | (PULL_FLAG_SUSPEND if suspend_ms > 0 else 0)
         if commit_offset is not None:
             flag |= PULL_FLAG_COMMIT_OFFSET
-        header = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": offset,
-                  "maxMsgNums": max_nums, "sysFlag": flag, "commitOffset": commit_offset or 0,
-                  "suspendTimeoutMillis": suspend_ms, "subscription": expression, "subVersion": 0,
-                  "expressionType": "TAG"}
-        resp = await self.invoke(await self.broker_of(mq), RequestCode.PULL_MESSAGE, header,
-                                 timeout=self.request_timeout + suspend_ms / 1000, ok=tuple(_STATUS))
+        header = {
+            "consumerGroup": self.group,
+            "topic": mq.topic,
+            "queueId": mq.queue_id,
+            "queueOffset": offset,
+            "maxMsgNums": max_nums,
+            "sysFlag": flag,
+            "commitOffset": commit_offset or 0,
+            "suspendTimeoutMillis": suspend_ms,
+            "subscription": expression,
+            "subVersion": 0,
+            "expressionType": "TAG",
+        }
+        resp = await self.invoke(
+            await self.broker_of(mq),
+            RequestCode.PULL_MESSAGE,
+            header,
+            timeout=self.request_timeout + suspend_ms / 1000,
+            ok=tuple(_STATUS),
+        )
         ext = resp.ext_fields
         messages = decode_messages(resp.body) if resp.code == ResponseCode.SUCCESS and resp.body else []
-        return PullResult(_STATUS[ResponseCode(resp.code)], int(ext.get("nextBeginOffset", offset)),
-                          int(ext.get("minOffset", 0)), int(ext.get("maxOffset", 0)), messages)
+        return PullResult(
+            _STATUS[ResponseCode(resp.code)],
+            int(ext.get("nextBeginOffset", offset)),
+            int(ext.get("minOffset", 0)),
+            int(ext.get("maxOffset", 0)),
+            messages,
+        )
 
-    async def _queue_call(self, code: int, mq: MessageQueue, extra: dict | None = None,
-                          ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+    async def _queue_call(
+        self, code: int, mq: MessageQueue, extra: dict | None = None, ok: tuple[int, ...] = (ResponseCode.SUCCESS,)
+    ) -> RemotingCommand:
         header = {"topic": mq.topic, "queueId": mq.queue_id, **(extra or {})}
         return await self.invoke(await self.broker_of(mq), code, header, ok=ok)
 
     async def committed_offset(self, mq: MessageQueue) -> int | None:
-        resp = await self._queue_call(RequestCode.QUERY_CONSUMER_OFFSET, mq, {"consumerGroup": self.group},
-                                      ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        resp = await self._queue_call(
+            RequestCode.QUERY_CONSUMER_OFFSET,
+            mq,
+            {"consumerGroup": self.group},
+            ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND),
+        )
         return int(resp.ext_fields["offset"]) if resp.code == ResponseCode.SUCCESS else None
 
     async def commit_offset(self, mq: MessageQueue, offset: int) -> None:
-        await self._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq,
-                               {"consumerGroup": self.group, "commitOffset": offset})
+        await self._queue_call(
+            RequestCode.UPDATE_CONSUMER_OFFSET, mq, {"consumerGroup": self.group, "commitOffset": offset}
+        )
 
     async def max_offset(self, mq: MessageQueue) -> int:
         return int((await self._queue_call(RequestCode.GET_MAX_OFFSET, mq)).ext_fields["offset"])
@@ -133,17 +170,27 @@ class PullConsumer(ClientBase):
         resp = await self._queue_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, {"timestamp": timestamp_ms})
         return int(resp.ext_fields["offset"])
 
-    async def send_back(self, msg: MessageExt, delay_level: int = 0,
-                        max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> None:
+    async def send_back(
+        self, msg: MessageExt, delay_level: int = 0, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES
+    ) -> None:
         """CONSUMER_SEND_MSG_BACK, falling back to re-sending the message to the retry topic ourselves."""
         addr: tuple[str, int] | None = None
         try:
             route = await self.route(msg.topic)
             addr = next(iter(route.broker_addrs.values()))
-            await self.invoke(addr, RequestCode.CONSUMER_SEND_MSG_BACK, {
-                "offset": msg.commit_log_offset, "group": self.group, "delayLevel": delay_level,
-                "originMsgId": msg.msg_id, "originTopic": msg.properties.get(PROPERTY_RETRY_TOPIC, msg.topic),
-                "unitMode": False, "maxReconsumeTimes": max_reconsume_times})
+            await self.invoke(
+                addr,
+                RequestCode.CONSUMER_SEND_MSG_BACK,
+                {
+                    "offset": msg.commit_log_offset,
+                    "group": self.group,
+                    "delayLevel": delay_level,
+                    "originMsgId": msg.msg_id,
+                    "originTopic": msg.properties.get(PROPERTY_RETRY_TOPIC, msg.topic),
+                    "unitMode": False,
+                    "maxReconsumeTimes": max_reconsume_times,
+                },
+            )
             return
         except ClientError as exc:
             if addr is None:
@@ -153,9 +200,20 @@ class PullConsumer(ClientBase):
         props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
         props[PROPERTY_RECONSUME_TIME] = str(msg.reconsume_times + 1)
         props[PROPERTY_DELAY_TIME_LEVEL] = str(3 + msg.reconsume_times)
-        header = {"a": self.group, "b": RETRY_GROUP_TOPIC_PREFIX + self.group, "c": "TBW102", "d": 1, "e": 0,
-                  "f": 0, "g": msg.born_timestamp, "h": msg.flag, "i": properties_to_string(props),
-                  "j": msg.reconsume_times + 1, "k": False, "l": max_reconsume_times}
+        header = {
+            "a": self.group,
+            "b": RETRY_GROUP_TOPIC_PREFIX + self.group,
+            "c": "TBW102",
+            "d": 1,
+            "e": 0,
+            "f": 0,
+            "g": msg.born_timestamp,
+            "h": msg.flag,
+            "i": properties_to_string(props),
+            "j": msg.reconsume_times + 1,
+            "k": False,
+            "l": max_reconsume_times,
+        }
         await self.invoke(addr, RequestCode.SEND_MESSAGE_V2, header, msg.body)
 
 
@@ -163,11 +221,22 @@ Handler = Callable[[MessageExt], Awaitable[bool | None] | bool | None]
 
 
 class PushConsumer(PullConsumer):
-    def __init__(self, namesrv: str | tuple[str, int], group: str, topic: str, handler: Handler,
-                 expression: str = "*", *, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
-                 pull_batch_size: int = 32, suspend_ms: int = 5000, rebalance_interval: float = 5.0,
-                 commit_interval: float = 1.0, consume_from_last: bool = False,
-                 concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        namesrv: str | tuple[str, int],
+        group: str,
+        topic: str,
+        handler: Handler,
+        expression: str = "*",
+        *,
+        max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+        pull_batch_size: int = 32,
+        suspend_ms: int = 5000,
+        rebalance_interval: float = 5.0,
+        commit_interval: float = 1.0,
+        consume_from_last: bool = False,
+        concurrency: int = 1,
+    ) -> None:
         super().__init__(namesrv, group)
         self.topic = topic
         self.handler = handler
@@ -214,8 +283,12 @@ class PushConsumer(PullConsumer):
             await self._release(mq)
         try:
             broker = await self._broker()
-            await self.invoke(broker, RequestCode.UNREGISTER_CLIENT,
-                              {"clientID": self.client_id, "consumerGroup": self.group}, timeout=5)
+            await self.invoke(
+                broker,
+                RequestCode.UNREGISTER_CLIENT,
+                {"clientID": self.client_id, "consumerGroup": self.group},
+                timeout=5,
+            )
         except ClientError:
             pass
         await self.close()
@@ -234,15 +307,34 @@ class PushConsumer(PullConsumer):
         return next(iter(route.broker_addrs.values()))
 
     async def _heartbeat(self) -> None:
-        subs = [{"topic": t, "subString": e, "tagsSet": [], "codeSet": [], "subVersion": 0,
-                 "classFilterMode": False, "expressionType": "TAG"}
-                for t, e in ((self.topic, self.expression), (self.retry_topic, "*"))]
-        data = {"clientID": self.client_id, "producerDataSet": [],
-                "consumerDataSet": [{"groupName": self.group, "consumeType": "CONSUME_PASSIVELY",
-                                     "messageModel": "CLUSTERING",
-                                     "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET" if self.consume_from_last
-                                     else "CONSUME_FROM_FIRST_OFFSET",
-                                     "subscriptionDataSet": subs, "unitMode": False}]}
+        subs = [
+            {
+                "topic": t,
+                "subString": e,
+                "tagsSet": [],
+                "codeSet": [],
+                "subVersion": 0,
+                "classFilterMode": False,
+                "expressionType": "TAG",
+            }
+            for t, e in ((self.topic, self.expression), (self.retry_topic, "*"))
+        ]
+        data = {
+            "clientID": self.client_id,
+            "producerDataSet": [],
+            "consumerDataSet": [
+                {
+                    "groupName": self.group,
+                    "consumeType": "CONSUME_PASSIVELY",
+                    "messageModel": "CLUSTERING",
+                    "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET"
+                    if self.consume_from_last
+                    else "CONSUME_FROM_FIRST_OFFSET",
+                    "subscriptionDataSet": subs,
+                    "unitMode": False,
+                }
+            ],
+        }
         await self.invoke(await self._broker(), RequestCode.HEART_BEAT, body=json.dumps(data).encode())
 
     async def _background(self) -> None:
@@ -268,8 +360,12 @@ class PushConsumer(PullConsumer):
 
     async def rebalance(self) -> None:
         broker = await self._broker()
-        resp = await self.invoke(broker, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group},
-                                 ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+        resp = await self.invoke(
+            broker,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+            {"consumerGroup": self.group},
+            ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR),
+        )
         consumers = json.loads(resp.body or b"{}").get("consumerIdList", []) if resp.code == 0 else []
         wanted: set[MessageQueue] = set()
         for topic in (self.topic, self.retry_topic):

@@ -4,6 +4,7 @@ Routing as RocketMQ's DefaultMQProducer: the topic's route from the name server,
 exist yet, the auto-create key topic's route (the broker then creates the topic); queues are picked round robin
 unless the caller names one. Each message gets a client-side unique id (`UNIQ_KEY`), which is its `msg_id`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,8 +83,13 @@ class SendResult:
 
 
 class Producer(ClientBase):
-    def __init__(self, namesrv: str | tuple[str, int], group: str = "DEFAULT_PRODUCER",
-                 request_timeout: float = 30.0, default_topic_queue_nums: int = 4) -> None:
+    def __init__(
+        self,
+        namesrv: str | tuple[str, int],
+        group: str = "DEFAULT_PRODUCER",
+        request_timeout: float = 30.0,
+        default_topic_queue_nums: int = 4,
+    ) -> None:
         super().__init__(namesrv, group, request_timeout)
         self.default_topic_queue_nums = default_topic_queue_nums
         self._next_queue = itertools.count()
@@ -120,19 +126,35 @@ class Producer(ClientBase):
             mq = MessageQueue(topic, route.queues[0].broker_name, queue_id)
         return mq, route.broker_addrs[mq.broker_name], via_default
 
-    def _header(self, mq: MessageQueue, props: dict[str, str], flag: int, batch: bool,
-                via_default: bool) -> dict[str, object]:
+    def _header(
+        self, mq: MessageQueue, props: dict[str, str], flag: int, batch: bool, via_default: bool
+    ) -> dict[str, object]:
         header: dict[str, object] = {
-            "a": self.group, "b": mq.topic, "c": AUTO_CREATE_TOPIC_KEY, "d": self.default_topic_queue_nums,
-            "e": mq.queue_id, "f": 0, "g": int(time.time() * 1000), "h": flag, "i": properties_to_string(props),
-            "j": 0, "k": False,
+            "a": self.group,
+            "b": mq.topic,
+            "c": AUTO_CREATE_TOPIC_KEY,
+            "d": self.default_topic_queue_nums,
+            "e": mq.queue_id,
+            "f": 0,
+            "g": int(time.time() * 1000),
+            "h": flag,
+            "i": properties_to_string(props),
+            "j": 0,
+            "k": False,
         }
         if batch:
             header["m"] = True
         return header
 
-    async def send(self, message: Message | str, body: bytes | None = None, *, queue_id: int | None = None,
-                   oneway: bool = False, **fields: object) -> SendResult | None:
+    async def send(
+        self,
+        message: Message | str,
+        body: bytes | None = None,
+        *,
+        queue_id: int | None = None,
+        oneway: bool = False,
+        **fields: object,
+    ) -> SendResult | None:
         """`send(Message(...))`, or `send(topic, body, tags=..., keys=..., delay_level=..., ...)`."""
         msg = message if isinstance(message, Message) else Message(message, body or b"", **fields)  # type: ignore[arg-type]
         props = msg.wire_properties()
@@ -142,8 +164,14 @@ class Producer(ClientBase):
             conn = await self._connection(addr)
             from mqk.protocol.native.command import stringify_fields
 
-            await conn.oneway(RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, ext_fields=stringify_fields(header),
-                                              body=msg.body, language="PYTHON"))
+            await conn.oneway(
+                RemotingCommand(
+                    code=RequestCode.SEND_MESSAGE_V2,
+                    ext_fields=stringify_fields(header),
+                    body=msg.body,
+                    language="PYTHON",
+                )
+            )
             return None
         resp = await self.invoke(addr, RequestCode.SEND_MESSAGE_V2, header, msg.body)
         if via_default:
@@ -173,9 +201,12 @@ class Producer(ClientBase):
     @staticmethod
     def _result(resp, mq: MessageQueue, msg_id: str) -> SendResult:
         queue_id = int(resp.ext_fields.get("queueId", mq.queue_id))
-        return SendResult(msg_id=msg_id, offset_msg_id=resp.ext_fields.get("msgId", ""),
-                          queue=MessageQueue(mq.topic, mq.broker_name, queue_id),
-                          queue_offset=int(resp.ext_fields.get("queueOffset", -1)))
+        return SendResult(
+            msg_id=msg_id,
+            offset_msg_id=resp.ext_fields.get("msgId", ""),
+            queue=MessageQueue(mq.topic, mq.broker_name, queue_id),
+            queue_offset=int(resp.ext_fields.get("queueOffset", -1)),
+        )
 
 
 COMMIT_MESSAGE, ROLLBACK_MESSAGE, UNKNOWN = "COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"
@@ -191,8 +222,14 @@ class TransactionProducer(Producer):
     callables return COMMIT_MESSAGE, ROLLBACK_MESSAGE or UNKNOW (and may be coroutines). The producer heart-beats
     its group so the broker knows whom to ask."""
 
-    def __init__(self, namesrv: str | tuple[str, int], group: str, check: CheckListener,
-                 heartbeat_interval: float = 5.0, request_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        namesrv: str | tuple[str, int],
+        group: str,
+        check: CheckListener,
+        heartbeat_interval: float = 5.0,
+        request_timeout: float = 30.0,
+    ) -> None:
         super().__init__(namesrv, group, request_timeout)
         self.check = check
         self.heartbeat_interval = heartbeat_interval
@@ -218,8 +255,9 @@ class TransactionProducer(Producer):
         return [parse_hostport(b["brokerAddrs"]["0"]) for b in table.values() if "0" in b.get("brokerAddrs", {})]
 
     async def _heartbeat(self) -> None:
-        body = json.dumps({"clientID": self.client_id, "producerDataSet": [{"groupName": self.group}],
-                           "consumerDataSet": []}).encode()
+        body = json.dumps(
+            {"clientID": self.client_id, "producerDataSet": [{"groupName": self.group}], "consumerDataSet": []}
+        ).encode()
         for broker in await self._brokers():
             await self.invoke(broker, RequestCode.HEART_BEAT, body=body)
 
@@ -231,8 +269,9 @@ class TransactionProducer(Producer):
             except ClientError:
                 pass
 
-    async def send_in_transaction(self, message: Message, local: LocalTransaction,
-                                  queue_id: int | None = None) -> tuple[SendResult, str]:
+    async def send_in_transaction(
+        self, message: Message, local: LocalTransaction, queue_id: int | None = None
+    ) -> tuple[SendResult, str]:
         props = message.wire_properties()
         props[PROPERTY_TRANSACTION_PREPARED] = "true"
         props[PROPERTY_PRODUCER_GROUP] = self.group
@@ -250,14 +289,26 @@ class TransactionProducer(Producer):
         await self._end(addr, result.queue_offset, result.offset_msg_id, result.msg_id, str(state), False)
         return result, str(state)
 
-    async def _end(self, addr: tuple[str, int], half_offset: int, offset_msg_id: str, msg_id: str, state: str,
-                   from_check: bool) -> None:
+    async def _end(
+        self, addr: tuple[str, int], half_offset: int, offset_msg_id: str, msg_id: str, state: str, from_check: bool
+    ) -> None:
         commit_log_offset = decode_message_id(offset_msg_id)[2] if offset_msg_id else 0
         conn = await self._connection(addr)
-        await conn.oneway(RemotingCommand(code=RequestCode.END_TRANSACTION, language="PYTHON", ext_fields={
-            "producerGroup": self.group, "tranStateTableOffset": str(half_offset),
-            "commitLogOffset": str(commit_log_offset), "commitOrRollback": str(_TRANSACTION_CODES.get(state, 0)),
-            "fromTransactionCheck": "true" if from_check else "false", "msgId": msg_id, "transactionId": msg_id}))
+        await conn.oneway(
+            RemotingCommand(
+                code=RequestCode.END_TRANSACTION,
+                language="PYTHON",
+                ext_fields={
+                    "producerGroup": self.group,
+                    "tranStateTableOffset": str(half_offset),
+                    "commitLogOffset": str(commit_log_offset),
+                    "commitOrRollback": str(_TRANSACTION_CODES.get(state, 0)),
+                    "fromTransactionCheck": "true" if from_check else "false",
+                    "msgId": msg_id,
+                    "transactionId": msg_id,
+                },
+            )
+        )
 
     def _on_request(self, cmd: RemotingCommand) -> None:
         if cmd.code == RequestCode.CHECK_TRANSACTION_STATE and cmd.body:
@@ -272,7 +323,13 @@ class TransactionProducer(Producer):
             if inspect.isawaitable(state):
                 state = await state
             addr = msg.store_host
-            await self._end(addr, int(cmd.ext_fields.get("tranStateTableOffset", "-1")),
-                            cmd.ext_fields.get("offsetMsgId", ""), msg.msg_id, str(state), True)
+            await self._end(
+                addr,
+                int(cmd.ext_fields.get("tranStateTableOffset", "-1")),
+                cmd.ext_fields.get("offsetMsgId", ""),
+                msg.msg_id,
+                str(state),
+                True,
+            )
         except (MqkError, ValueError):
             log.warning("cannot answer a transaction check", exc_info=True)

@@ -1,5 +1,6 @@
 """The native client's transport: one asyncio connection to a broker or name server, request/response matched by
 opaque, oneway sends, and a callback for requests the server sends us (NOTIFY_CONSUMER_IDS_CHANGED)."""
+
 from __future__ import annotations
 
 import asyncio

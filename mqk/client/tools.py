@@ -1,6 +1,7 @@
 """Command-line shaped helpers over the native client, for `mqk produce/consume --protocol native` (the CLI
 parses flags and calls these): produce lines as messages, consume a topic (all queues) as a group, printing each
 message. They return counts so the CLI can report and exit."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +13,17 @@ from mqk.client.producer import Message, Producer
 from mqk.protocol.native.message import MessageExt
 
 
-async def produce_lines(namesrv: str, topic: str, lines: Iterable[bytes], *, tags: str | None = None,
-                        key_separator: bytes | None = None, delay_level: int = 0,
-                        deliver_at_ms: int | None = None, group: str = "mqk-cli-producer") -> int:
+async def produce_lines(
+    namesrv: str,
+    topic: str,
+    lines: Iterable[bytes],
+    *,
+    tags: str | None = None,
+    key_separator: bytes | None = None,
+    delay_level: int = 0,
+    deliver_at_ms: int | None = None,
+    group: str = "mqk-cli-producer",
+) -> int:
     """One message per line; with `key_separator`, `KEY<sep>BODY` lines carry a key."""
     sent = 0
     async with Producer(namesrv, group) as producer:
@@ -24,21 +33,40 @@ async def produce_lines(namesrv: str, topic: str, lines: Iterable[bytes], *, tag
             if key_separator is not None and key_separator in line:
                 raw_key, body = line.split(key_separator, 1)
                 key = raw_key.decode("utf-8", "replace")
-            await producer.send(Message(topic, body, tags=tags, keys=[key] if key else None,
-                                        delay_level=delay_level, deliver_at_ms=deliver_at_ms))
+            await producer.send(
+                Message(
+                    topic,
+                    body,
+                    tags=tags,
+                    keys=[key] if key else None,
+                    delay_level=delay_level,
+                    deliver_at_ms=deliver_at_ms,
+                )
+            )
             sent += 1
     return sent
 
 
 def format_message(msg: MessageExt) -> str:
     keys = " ".join(msg.keys)
-    return (f"{msg.topic}\t{msg.queue_id}\t{msg.queue_offset}\t{msg.tags or ''}\t{keys}\t"
-            f"{msg.body.decode('utf-8', 'replace')}")
+    return (
+        f"{msg.topic}\t{msg.queue_id}\t{msg.queue_offset}\t{msg.tags or ''}\t{keys}\t"
+        f"{msg.body.decode('utf-8', 'replace')}"
+    )
 
 
-async def consume(namesrv: str, topic: str, group: str, *, expression: str = "*", from_beginning: bool = True,
-                  max_messages: int | None = None, idle_timeout_s: float | None = 5.0, commit: bool = True,
-                  out: Callable[[MessageExt], None] = lambda m: print(format_message(m), flush=True)) -> int:
+async def consume(
+    namesrv: str,
+    topic: str,
+    group: str,
+    *,
+    expression: str = "*",
+    from_beginning: bool = True,
+    max_messages: int | None = None,
+    idle_timeout_s: float | None = 5.0,
+    commit: bool = True,
+    out: Callable[[MessageExt], None] = lambda m: print(format_message(m), flush=True),
+) -> int:
     """Pull every queue of `topic` from the group's committed offset (else the start, or the end without
     `from_beginning`) until `max_messages` arrived or nothing came for `idle_timeout_s`."""
     seen = 0
@@ -52,8 +80,9 @@ async def consume(namesrv: str, topic: str, group: str, *, expression: str = "*"
             offsets[mq] = committed
         last_data = time.monotonic()
         while max_messages is None or seen < max_messages:
-            results = await asyncio.gather(*(consumer.pull(mq, offsets[mq], 64, expression, suspend_ms=500)
-                                             for mq in queues))
+            results = await asyncio.gather(
+                *(consumer.pull(mq, offsets[mq], 64, expression, suspend_ms=500) for mq in queues)
+            )
             got_any = False
             for mq, result in zip(queues, results):
                 for msg in result.messages:

@@ -20,6 +20,7 @@ Semantics follow Kafka's GroupCoordinator where clients can observe them:
 - a static member rejoining with a known instance id replaces (fences) its old member id and, when the group is
   stable and its protocols are unchanged, gets the current assignment back without a rebalance (KIP-345).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -332,8 +333,10 @@ class GroupCoordinator:
         member.client_host = params["client_host"] or member.client_host
         if group.state == PREPARING_REBALANCE:
             return await self._await_join(group, member)
-        if group.state in (COMPLETING_REBALANCE, STABLE) and not changed and not (
-            group.state == STABLE and group.leader == member.member_id
+        if (
+            group.state in (COMPLETING_REBALANCE, STABLE)
+            and not changed
+            and not (group.state == STABLE and group.leader == member.member_id)
         ):
             # a member that already has this generation: answer with it (e.g. a lost JoinGroup response)
             self._heartbeat_ok(group, member)
@@ -430,9 +433,7 @@ class GroupCoordinator:
 
     @staticmethod
     def _member_list(group: Group) -> list[tuple[str, str | None, bytes]]:
-        return [
-            (m.member_id, m.instance_id, m.metadata_for(group.protocol_name)) for m in group.members.values()
-        ]
+        return [(m.member_id, m.instance_id, m.metadata_for(group.protocol_name)) for m in group.members.values()]
 
     # --- SyncGroup -------------------------------------------------------------------------------------
 
@@ -485,9 +486,7 @@ class GroupCoordinator:
 
     # --- Heartbeat / LeaveGroup ------------------------------------------------------------------------
 
-    def heartbeat(
-        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None = None
-    ) -> int:
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None = None) -> int:
         group = self.groups.get(group_id)
         if group is None or group.state in (DEAD, EMPTY):
             return E.UnknownMemberIdError.code
@@ -529,9 +528,7 @@ class GroupCoordinator:
             self._member_left(group, member)
         return NONE, codes
 
-    def _check_member(
-        self, group: Group, member_id: str, instance_id: str | None
-    ) -> tuple[int, Member | None]:
+    def _check_member(self, group: Group, member_id: str, instance_id: str | None) -> tuple[int, Member | None]:
         if instance_id is not None:
             known = group.static_members.get(instance_id)
             if known is not None and known != member_id:
@@ -629,9 +626,7 @@ class GroupCoordinator:
             self.groups[group_id] = Group(group_id)
         return result
 
-    def _commit_check(
-        self, group_id: str, generation_id: int, member_id: str, instance_id: str | None
-    ) -> int:
+    def _commit_check(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> int:
         if not group_id:
             return E.InvalidGroupIdError.code
         group = self.groups.get(group_id)

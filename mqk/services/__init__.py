@@ -2,6 +2,7 @@
 
 Each owns one background coroutine through `BackgroundTask`: started once, cancelled and awaited at stop.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -31,6 +31,7 @@ slices and, while other work is waiting, keeping to `duty` (25 %) of the loop, s
 of the broker while a log is cleaned (a worker thread would fight the loop for the GIL and stall every socket
 call). Engines that cannot rewrite (NotSupported) are skipped with one log line per topic.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,11 +41,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqk.clock import SYSTEM_CLOCK, Clock
-from mqk.services import BackgroundTask
 from mqk._fast import load
+from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.errors import NotSupported, StorageError, UnknownShard
+from mqk.services import BackgroundTask
 from mqk.store.adapter import BatchInfo, StoredBatch
 from mqk.store.batches import decompress as _decompress
 
@@ -121,7 +122,7 @@ class CompactionReport:
 
 def _records(data: Any) -> tuple[tuple, list[tuple]]:
     header = recbatch.parse_header(data, 0)
-    section = bytes(memoryview(data)[recbatch.HEADER_SIZE:])
+    section = bytes(memoryview(data)[recbatch.HEADER_SIZE :])
     codec = header[5] & _ATTR_COMPRESSION
     if codec:
         section = _decompress(codec, section)
@@ -145,15 +146,33 @@ def map_batches(batches: list[StoredBatch], offset_map: OffsetMap) -> int:
     return done
 
 
-def filter_batches(batches: list[StoredBatch], offset_map: OffsetMap, tombstone_horizon: int,
-                   last_of_producer: dict[int, int], stats: CleanStats) -> list[Any]:
+def filter_batches(
+    batches: list[StoredBatch],
+    offset_map: OffsetMap,
+    tombstone_horizon: int,
+    last_of_producer: dict[int, int],
+    stats: CleanStats,
+) -> list[Any]:
     """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out."""
     out: list[Any] = []
     for batch in batches:
         data = batch.data
         header, records = _records(data)
-        (base, _length, leader_epoch, _magic, _crc, attributes, last_delta, base_ts, max_ts, producer_id,
-         producer_epoch, base_sequence, _count) = header
+        (
+            base,
+            _length,
+            leader_epoch,
+            _magic,
+            _crc,
+            attributes,
+            last_delta,
+            base_ts,
+            max_ts,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            _count,
+        ) = header
         stats.batches_read += 1
         stats.bytes_read += len(data)
         if attributes & _ATTR_CONTROL:
@@ -183,9 +202,19 @@ def filter_batches(batches: list[StoredBatch], offset_map: OffsetMap, tombstone_
             new_max = max_ts
         else:
             new_max = max(base_ts + r[1] for r in kept)
-        rebuilt = recbatch.build_batch(base, base_ts, new_max, encoded, len(kept), last_delta,
-                                       attributes & ~_ATTR_COMPRESSION, producer_id, producer_epoch, base_sequence,
-                                       leader_epoch)
+        rebuilt = recbatch.build_batch(
+            base,
+            base_ts,
+            new_max,
+            encoded,
+            len(kept),
+            last_delta,
+            attributes & ~_ATTR_COMPRESSION,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            leader_epoch,
+        )
         out.append(bytes(rebuilt))
         stats.bytes_written += len(rebuilt)
     return out
@@ -284,12 +313,18 @@ class CompactionService:
                     checkpoints[key] = upto
                     changed = True
                     report.cleaned[(name, queue)] = stats
-                    log.info("compacted %s-%d up to %d: %d of %d records kept, %.1f MB/s", name, queue, upto,
-                             stats.records_kept, stats.records_kept + stats.records_removed, stats.mb_per_sec)
+                    log.info(
+                        "compacted %s-%d up to %d: %d of %d records kept, %.1f MB/s",
+                        name,
+                        queue,
+                        upto,
+                        stats.records_kept,
+                        stats.records_kept + stats.records_removed,
+                        stats.mb_per_sec,
+                    )
             if changed:
                 live = {f"{t}/{q}" for t, i in self.store.topics().items() for q in range(i.queue_count)}
-                await self.store.save_state(STATE_NAME, {"clean": {k: v for k, v in checkpoints.items()
-                                                                   if k in live}})
+                await self.store.save_state(STATE_NAME, {"clean": {k: v for k, v in checkpoints.items() if k in live}})
             self.passes += 1
             self.last_report = report
             return report
@@ -318,8 +353,9 @@ class CompactionService:
             offset = result.batches[-1].next_offset
         return out
 
-    async def clean_shard(self, topic: str, queue: int, settings: dict, checkpoint: int,
-                          now: int) -> tuple[int, CleanStats] | str:
+    async def clean_shard(
+        self, topic: str, queue: int, settings: dict, checkpoint: int, now: int
+    ) -> tuple[int, CleanStats] | str:
         """One cleaning of one shard: (new checkpoint, stats), or why it was skipped."""
         engine = self.store.engine_of(topic)
         start = engine.log_start_offset(topic, queue)
@@ -434,5 +470,12 @@ class CompactionService:
         return last
 
 
-__all__ = ["CleanStats", "CompactionReport", "CompactionService", "OffsetMap", "compaction_settings",
-           "filter_batches", "map_batches"]
+__all__ = [
+    "CleanStats",
+    "CompactionReport",
+    "CompactionService",
+    "OffsetMap",
+    "compaction_settings",
+    "filter_batches",
+    "map_batches",
+]

@@ -17,6 +17,7 @@ engine: its files are fully allocated at creation, so ENOSPC surfaces as Storage
 is written (the write position does not move; the tail stays clean for recovery). A memory default store touches no
 disk, so the guard then does nothing.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from mqk.clock import SYSTEM_CLOCK, Clock
-from mqk.services import BackgroundTask
 from mqk.config import BrokerConfig
 from mqk.errors import StorageFull
+from mqk.services import BackgroundTask
 from mqk.store.adapter import PutContext
 
 log = logging.getLogger("mqk.diskguard")
@@ -54,8 +55,7 @@ def used_ratio(path: Path) -> float:
 
 
 class DiskGuard:
-    def __init__(self, config: BrokerConfig, store: Any, retention: Any = None, *,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, config: BrokerConfig, store: Any, retention: Any = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.store = store
         self.clock = clock  #: paces the periodic measurement and the retention retries while the disk stays full
@@ -94,8 +94,10 @@ class DiskGuard:
     def hook(self, ctx: PutContext) -> None:
         if self.full:
             self.refused += 1
-            raise StorageFull(f"disk {self.ratio:.1%} used, above disk_max_used_ratio {self.max_ratio:.0%}: "
-                              f"appends to {ctx.topic} refused until space is freed")
+            raise StorageFull(
+                f"disk {self.ratio:.1%} used, above disk_max_used_ratio {self.max_ratio:.0%}: "
+                f"appends to {ctx.topic} refused until space is freed"
+            )
 
     async def _loop(self) -> None:
         while True:
@@ -112,8 +114,11 @@ class DiskGuard:
         self.ratio = await asyncio.to_thread(used_ratio, self.path)
         full = self.ratio > self.max_ratio
         if full and not self.full:
-            log.error("disk %.1f%% used (limit %.0f%%): refusing appends, running retention now",
-                      self.ratio * 100, self.max_ratio * 100)
+            log.error(
+                "disk %.1f%% used (limit %.0f%%): refusing appends, running retention now",
+                self.ratio * 100,
+                self.max_ratio * 100,
+            )
         elif self.full and not full:
             log.warning("disk %.1f%% used: accepting appends again", self.ratio * 100)
         was_full, self.full = self.full, full

@@ -17,6 +17,7 @@ Runs every `BrokerConfig.log_retention_check_interval_ms` (Kafka's log.retention
 pinned: the internal timer topic's log start never passes the timer's delivered floor (its saved state), whatever
 its retention says, and file reclaim's fileReservedTime never moves it past that either.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqk.clock import SYSTEM_CLOCK, Clock, wait_event
-from mqk.services import BackgroundTask
 from mqk.config import BrokerConfig
 from mqk.errors import StorageError, UnknownShard
+from mqk.services import BackgroundTask
 from mqk.store.adapter import ExpireResult
 
 log = logging.getLogger("mqk.retention")
@@ -122,8 +123,9 @@ class RetentionService:
                     continue
                 for queue in range(info.queue_count):
                     try:
-                        result = await engine.expire(name, queue, now, retention_ms, retention_bytes,
-                                                     pins.get((name, queue)))
+                        result = await engine.expire(
+                            name, queue, now, retention_ms, retention_bytes, pins.get((name, queue))
+                        )
                     except UnknownShard:
                         break  # deleted while we walked
                     except StorageError as exc:
@@ -132,8 +134,14 @@ class RetentionService:
                         continue
                     if result.moved:
                         report.moved[(name, queue)] = result
-                        log.info("retention (%s): %s-%d log start %d -> %d", result.reason, name, queue,
-                                 result.old_start, result.new_start)
+                        log.info(
+                            "retention (%s): %s-%d log start %d -> %d",
+                            result.reason,
+                            name,
+                            queue,
+                            result.old_start,
+                            result.new_start,
+                        )
             for engine_name, engine in self.store.engines.items():
                 try:
                     report.freed[engine_name] = await reclaim_engine(engine, now, pins)

@@ -13,6 +13,7 @@ Vocabulary:
 All data methods are coroutines, so an engine that blocks (rocksdb) can run its work off the event loop while the
 file and memory engines answer without suspending (a coroutine that never awaits costs well under a microsecond).
 """
+
 from __future__ import annotations
 
 import abc
@@ -254,8 +255,9 @@ class StorageAdapter(abc.ABC):
         data is readable and, under sync flush, on disk.
         """
 
-    async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
-                          log_append_time: bool = False) -> list[AppendResult | Exception]:
+    async def append_many(
+        self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *, log_append_time: bool = False
+    ) -> list[AppendResult | Exception]:
         """`append` to several queues of one topic at once (a Produce request's partitions): entries are
         (queue, batches), each appended as `append` would, in order; the answer holds, per entry, its
         AppendResult or the exception its append raised. Engines may override it to save the per-call cost."""
@@ -363,8 +365,15 @@ class StorageAdapter(abc.ABC):
             total += sum(i.size for i in infos)
             offset = infos[-1].next_offset
 
-    async def expire(self, topic: str, queue: int, now_ms: int, retention_ms: int, retention_bytes: int,
-                     limit_offset: int | None = None) -> ExpireResult:
+    async def expire(
+        self,
+        topic: str,
+        queue: int,
+        now_ms: int,
+        retention_ms: int,
+        retention_bytes: int,
+        limit_offset: int | None = None,
+    ) -> ExpireResult:
         """Kafka's retention on one shard, moving the log start offset forward in whole batches:
 
         - `retention_ms` >= 0: batches whose own max timestamp is older than now - retention_ms go, from the head
@@ -432,8 +441,9 @@ class StorageAdapter(abc.ABC):
 
         raise NotSupported(f"{self.name} engine cannot rewrite stored batches (compaction)")
 
-    async def reclaim(self, now_ms: int, reserved_ms: int | None = None,
-                      pins: dict[tuple[str, int], int] | None = None) -> int:
+    async def reclaim(
+        self, now_ms: int, reserved_ms: int | None = None, pins: dict[tuple[str, int], int] | None = None
+    ) -> int:
         """Give back the space of data below every shard's log start; returns the bytes freed. Engines whose
         `delete_before` already frees space (memory, rocksdb) have nothing to do here. The file engine frees
         whole CommitLog segments (mqk.store.file.reclaim), and also drops segments older than `reserved_ms`

@@ -5,6 +5,7 @@ Owns what an engine needs to know of a Kafka record batch v2 beyond its header, 
 section within a bound (`decompress`), and the record-level timestamp answers every engine gives alike
 (`record_times`, `first_record_at_or_after`, `max_retained_timestamp`). No engine state lives here.
 """
+
 from __future__ import annotations
 
 import io
@@ -86,8 +87,8 @@ def decompress(codec: int, data: bytes) -> bytes:
         if data.startswith(b"\x82SNAPPY\x00"):  # xerial framing (the Java client's SnappyOutputStream)
             chunks, pos, total = [], 16, 0
             while pos + 4 <= len(data):
-                size = int.from_bytes(data[pos:pos + 4], "big")
-                chunk = data[pos + 4:pos + 4 + size]
+                size = int.from_bytes(data[pos : pos + 4], "big")
+                chunk = data[pos + 4 : pos + 4 + size]
                 total += _snappy_raw_length(chunk)
                 if total > cap:
                     raise Corrupt("snappy data inflates beyond the limit")
@@ -120,7 +121,7 @@ def record_times(data: Buffer) -> list[tuple[int, int]] | None:
     header = recbatch.parse_header(data, 0)
     base, attributes, base_ts, max_ts, count = header[0], header[5], header[7], header[8], header[12]
     try:
-        section = bytes(memoryview(data)[recbatch.HEADER_SIZE:])
+        section = bytes(memoryview(data)[recbatch.HEADER_SIZE :])
         codec = attributes & _ATTR_COMPRESSION
         if codec:
             section = decompress(codec, section)
@@ -132,8 +133,9 @@ def record_times(data: Buffer) -> list[tuple[int, int]] | None:
     return [(base + r[2], base_ts + r[1]) for r in records]
 
 
-def max_retained_timestamp(batches: Iterable[StoredBatch], min_offset: int,
-                           best: tuple[int, int] | None = None) -> tuple[int, int] | None:
+def max_retained_timestamp(
+    batches: Iterable[StoredBatch], min_offset: int, best: tuple[int, int] | None = None
+) -> tuple[int, int] | None:
     """(offset, timestamp) of the first record holding the largest timestamp at or above `min_offset`; `best` is
     the answer over earlier batches, for a caller that walks a queue in steps."""
     for batch in batches:
@@ -165,5 +167,12 @@ def first_record_at_or_after(data: Buffer, timestamp: int, min_offset: int) -> t
     return None
 
 
-__all__ = ["MAX_DECOMPRESSED_BYTES", "PreparedBatch", "decompress", "first_record_at_or_after",
-           "max_retained_timestamp", "prepare_batches", "record_times"]
+__all__ = [
+    "MAX_DECOMPRESSED_BYTES",
+    "PreparedBatch",
+    "decompress",
+    "first_record_at_or_after",
+    "max_retained_timestamp",
+    "prepare_batches",
+    "record_times",
+]

@@ -6,6 +6,7 @@ state, checkpoints): write a temporary file in the same directory, fsync it, ren
 directory. A crash at any point leaves either the old file or the new one, never a mix, and once it returns the new
 content survives power loss. These functions block; callers on the event loop run them with `asyncio.to_thread`.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -25,6 +25,7 @@ Topic names and settings are the broker's policy (mqk.broker.topics checks them 
 refuses only what it cannot hold: a partition count outside [1, MAX_QUEUES], an unknown engine, a storage.type
 change, and whatever name an engine cannot store (a file engine's directory name).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -239,7 +240,8 @@ class StoreManager:
                 raise UnknownShard(f"unknown topic {topic!r}")
             if total <= info.queue_count:
                 raise InvalidPartitionsError(
-                    f"topic {topic!r} has {info.queue_count} partitions; cannot change to {total}")
+                    f"topic {topic!r} has {info.queue_count} partitions; cannot change to {total}"
+                )
             grown = ShardInfo(topic, total, info.config, info.engine, info.topic_id)
             await self._save_topics({**self._topics, topic: grown})
             try:
@@ -264,10 +266,18 @@ class StoreManager:
         """Write `topics` (default: the published ones) to topics.json."""
         if not self.persistent:
             return
-        doc = {"version": 1, "topics": {
-            info.topic: {"queues": info.queue_count, "config": info.config.to_dict(), "engine": info.engine,
-                         "topic_id": info.topic_id.hex()}
-            for info in (self._topics if topics is None else topics).values()}}
+        doc = {
+            "version": 1,
+            "topics": {
+                info.topic: {
+                    "queues": info.queue_count,
+                    "config": info.config.to_dict(),
+                    "engine": info.engine,
+                    "topic_id": info.topic_id.hex(),
+                }
+                for info in (self._topics if topics is None else topics).values()
+            },
+        }
         data = json.dumps(doc, sort_keys=True, indent=1).encode()
         await asyncio.to_thread(atomic_write_bytes, self.topics_path, data)
 
@@ -306,9 +316,18 @@ class StoreManager:
             raise UnknownShard(f"unknown shard {topic!r}/{queue}")
         return self._started_engine(info.engine), info
 
-    def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
-               keys: Sequence[bytes] = (), log_append_time: bool = False,
-               properties: dict[str, str] | None = None, delay_headers: bool | None = None) -> Awaitable[AppendResult]:
+    def append(
+        self,
+        topic: str,
+        queue: int,
+        batches: Sequence[Buffer],
+        *,
+        tags_code: int = 0,
+        keys: Sequence[bytes] = (),
+        log_append_time: bool = False,
+        properties: dict[str, str] | None = None,
+        delay_headers: bool | None = None,
+    ) -> Awaitable[AppendResult]:
         """Run the hooks, then append to the (possibly rerouted) shard. `properties` (native message properties)
         and `delay_headers` (PutContext) are only shown to the hooks. A topic configured with LogAppendTime always
         gets it.
@@ -326,17 +345,28 @@ class StoreManager:
             topic, queue, batches = context.topic, context.queue, context.batches
             tags_code, keys = context.tags_code, context.keys
         _info, engine, topic_log_append_time = self._append_route(topic, queue)
-        return engine.append(topic, queue, batches, tags_code=tags_code, keys=keys,
-                             log_append_time=log_append_time or topic_log_append_time)
+        return engine.append(
+            topic,
+            queue,
+            batches,
+            tags_code=tags_code,
+            keys=keys,
+            log_append_time=log_append_time or topic_log_append_time,
+        )
 
     def _undelayed_hooks(self) -> list[PutHook]:
         """The hooks an append without delay headers and without properties must pass: those not marked
         `delayed_only` (the others would leave it alone)."""
         return [hook for hook in self.hooks if not is_delayed_only(hook)]
 
-    async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
-                          log_append_time: bool = False,
-                          delay_headers: Sequence[bool | None] | None = None) -> list[AppendResult | Exception]:
+    async def append_many(
+        self,
+        topic: str,
+        entries: Sequence[tuple[int, Sequence[Buffer]]],
+        *,
+        log_append_time: bool = False,
+        delay_headers: Sequence[bool | None] | None = None,
+    ) -> list[AppendResult | Exception]:
         """StorageAdapter.append_many through the hooks: each entry is shown to them as its own append (with
         `delay_headers[i]` as its PutContext.delay_headers, when given); one they refuse gets their exception,
         one they change (the timer rerouting a delayed batch) is appended as changed, on its own; the rest reach
@@ -378,12 +408,22 @@ class StoreManager:
                         context.delay_headers = delay_headers[i]
                     for hook in entry_hooks:
                         hook(context)
-                    if (context.topic != topic or context.queue != queue or context.batches is not batch_list
-                            or context.tags_code or context.keys):
+                    if (
+                        context.topic != topic
+                        or context.queue != queue
+                        or context.batches is not batch_list
+                        or context.tags_code
+                        or context.keys
+                    ):
                         _info, other, other_log_append_time = self._append_route(context.topic, context.queue)
-                        out[i] = await other.append(context.topic, context.queue, context.batches,
-                                                    tags_code=context.tags_code, keys=context.keys,
-                                                    log_append_time=log_append_time or other_log_append_time)
+                        out[i] = await other.append(
+                            context.topic,
+                            context.queue,
+                            context.batches,
+                            tags_code=context.tags_code,
+                            keys=context.keys,
+                            log_append_time=log_append_time or other_log_append_time,
+                        )
                         continue
                 if not 0 <= queue < queue_count:
                     raise UnknownShard(f"unknown shard {topic!r}/{queue}")
@@ -412,12 +452,14 @@ class StoreManager:
     async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
         return await self._route(topic, queue)[0].read(topic, queue, offset, max_bytes)
 
-    async def read_by_tags(self, topic: str, queue: int, offset: int, tags_codes: Iterable[int],
-                           max_batches: int) -> ReadResult:
+    async def read_by_tags(
+        self, topic: str, queue: int, offset: int, tags_codes: Iterable[int], max_batches: int
+    ) -> ReadResult:
         return await self._route(topic, queue)[0].read_by_tags(topic, queue, offset, tags_codes, max_batches)
 
-    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
-                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+    async def read_by_key(
+        self, topic: str, key: bytes, max_count: int, begin_ms: int = 0, end_ms: int = 1 << 62
+    ) -> list[tuple[int, StoredBatch]]:
         return await self.engine_of(topic).read_by_key(topic, key, max_count, begin_ms, end_ms)
 
     async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:

@@ -8,6 +8,7 @@ The timestamp index is Kafka's: one entry per batch holding the *running* maximu
 is monotone and a binary search finds the first batch that can hold a record at or after a time; the lookup is then
 refined record by record inside that batch (`mqk.store.batches.first_record_at_or_after`, shared by every engine).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -20,13 +21,11 @@ from sortedcontainers import SortedList
 from mqk._fast import load
 from mqk.config import TopicConfig
 from mqk.errors import (
-    Corrupt,
     InvalidRecord,
     OffsetOutOfRange,
     StorageError,
     UnknownShard,
 )
-from mqk.store.batches import first_record_at_or_after, max_retained_timestamp, prepare_batches
 from mqk.store.adapter import (
     AppendResult,
     Buffer,
@@ -38,6 +37,7 @@ from mqk.store.adapter import (
     physical_base,
     store_time_ms,
 )
+from mqk.store.batches import first_record_at_or_after, max_retained_timestamp, prepare_batches
 
 recbatch = load("recbatch")
 
@@ -121,8 +121,16 @@ class MemoryEngine(StorageAdapter):
 
     # --- data --------------------------------------------------------------------------------------------
 
-    async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
-                     keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
+    async def append(
+        self,
+        topic: str,
+        queue: int,
+        batches: Sequence[Buffer],
+        *,
+        tags_code: int = 0,
+        keys: Sequence[bytes] = (),
+        log_append_time: bool = False,
+    ) -> AppendResult:
         shard = self._shard(topic, queue)
         store_ts = store_time_ms()
         prepared = prepare_batches(batches, shard.end, store_ts if log_append_time else None)
@@ -159,8 +167,9 @@ class MemoryEngine(StorageAdapter):
             size += len(batch.data)
         return ReadResult(picked, shard.log_start, shard.end)
 
-    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
-                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+    async def read_by_key(
+        self, topic: str, key: bytes, max_count: int, begin_ms: int = 0, end_ms: int = 1 << 62
+    ) -> list[tuple[int, StoredBatch]]:
         if topic not in self._topics:
             raise UnknownShard(f"unknown topic {topic!r}")
         found: list[tuple[int, StoredBatch]] = []
@@ -243,10 +252,21 @@ class MemoryEngine(StorageAdapter):
             header = recbatch.parse_header(data, 0)
             prev = old.get(header[0])
             if prev is None or prev.record_count != header[6] + 1:
-                raise InvalidRecord(f"replacement batch at {header[0]} does not match a stored batch in "
-                                    f"[{start}, {end}) of {topic}-{queue}")
-            new.append(StoredBatch(prev.base_offset, prev.record_count, bytes(data), prev.store_timestamp,
-                                   header[8], prev.tags_code, prev.physical_offset))
+                raise InvalidRecord(
+                    f"replacement batch at {header[0]} does not match a stored batch in "
+                    f"[{start}, {end}) of {topic}-{queue}"
+                )
+            new.append(
+                StoredBatch(
+                    prev.base_offset,
+                    prev.record_count,
+                    bytes(data),
+                    prev.store_timestamp,
+                    header[8],
+                    prev.tags_code,
+                    prev.physical_offset,
+                )
+            )
         kept = {b.physical_offset for b in new}
         for batch in old.values():
             if batch.physical_offset not in kept:  # compacted away: its id no longer names a message

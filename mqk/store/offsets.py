@@ -17,6 +17,7 @@ journal there so later appends never sit behind garbage.
 
 Not thread-safe: one event loop owns an instance.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,8 +71,16 @@ class FileOffsetStore:
             return
         entries = []
         for (topic, queue), value in offsets.items():
-            entries.append([str(topic), int(queue), int(value.offset), value.metadata or "",
-                            int(value.commit_timestamp), int(value.leader_epoch)])
+            entries.append(
+                [
+                    str(topic),
+                    int(queue),
+                    int(value.offset),
+                    value.metadata or "",
+                    int(value.commit_timestamp),
+                    int(value.leader_epoch),
+                ]
+            )
         await self._submit({"g": str(group), "c": entries})
 
     def fetch_offsets(self, group: str) -> dict[Partition, GroupOffset]:
@@ -153,7 +162,7 @@ class FileOffsetStore:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self._journal_fd, view):]
+                view = view[os.write(self._journal_fd, view) :]
             os.fdatasync(self._journal_fd)
         except BaseException:
             # Never leave a half record in front of the next one: cut back to the last acknowledged byte.
@@ -164,9 +173,14 @@ class FileOffsetStore:
             raise
 
     async def _compact(self) -> None:
-        snapshot = {"version": 1, "seq": self._seq, "groups": {
-            group: [[t, q, v.offset, v.metadata, v.commit_timestamp, v.leader_epoch] for (t, q), v in parts.items()]
-            for group, parts in self._groups.items()}}
+        snapshot = {
+            "version": 1,
+            "seq": self._seq,
+            "groups": {
+                group: [[t, q, v.offset, v.metadata, v.commit_timestamp, v.leader_epoch] for (t, q), v in parts.items()]
+                for group, parts in self._groups.items()
+            },
+        }
         self._snapshot_bytes = await asyncio.to_thread(self._write_snapshot_and_reset, snapshot)
         self._journal_bytes = 0
 
@@ -219,7 +233,7 @@ class FileOffsetStore:
             end = pos + _RECORD_HEADER.size + length
             if length > MAX_RECORD_BYTES or end > len(raw):
                 break
-            payload = raw[pos + _RECORD_HEADER.size:end]
+            payload = raw[pos + _RECORD_HEADER.size : end]
             if crc32c.crc32c(payload) != crc:
                 break
             try:

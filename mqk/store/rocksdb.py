@@ -30,6 +30,7 @@ task that folds every waiting append into one synced WriteBatch (group commit). 
 and a batch becomes visible (the shard's end offset moves) only after its write returned, in offset order.
 Group-offset commits are always written with sync=True.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -154,7 +155,7 @@ class RocksEngine(StorageAdapter):
             while it.valid() and it.key()[:1] == b"g":
                 group, topic, queue = self._parse_group_key(it.key())
                 offset, ts, epoch = _GROUP_VALUE.unpack_from(it.value())
-                metadata = it.value()[_GROUP_VALUE.size:].decode()
+                metadata = it.value()[_GROUP_VALUE.size :].decode()
                 self._groups.setdefault(group, {})[(topic, queue)] = GroupOffset(offset, metadata, ts, epoch)
                 it.next()
         finally:
@@ -178,10 +179,10 @@ class RocksEngine(StorageAdapter):
     @staticmethod
     def _parse_group_key(key: bytes) -> tuple[str, str, int]:
         glen = _U16.unpack_from(key, 1)[0]
-        group = key[3:3 + glen].decode()
+        group = key[3 : 3 + glen].decode()
         pos = 3 + glen
         tlen = _U16.unpack_from(key, pos)[0]
-        topic = key[pos + 2:pos + 2 + tlen].decode()
+        topic = key[pos + 2 : pos + 2 + tlen].decode()
         queue = _U32.unpack_from(key, pos + 2 + tlen)[0]
         return group, topic, queue
 
@@ -239,8 +240,16 @@ class RocksEngine(StorageAdapter):
 
     # --- data ----------------------------------------------------------------------------------------------
 
-    async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
-                     keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
+    async def append(
+        self,
+        topic: str,
+        queue: int,
+        batches: Sequence[Buffer],
+        *,
+        tags_code: int = 0,
+        keys: Sequence[bytes] = (),
+        log_append_time: bool = False,
+    ) -> AppendResult:
         shard = self._shard(topic, queue)
         db = self.db
         if self._write_error is not None:
@@ -337,8 +346,9 @@ class RocksEngine(StorageAdapter):
         batches = await asyncio.to_thread(self._read_batches, shard, offset, max_bytes, shard.end)
         return ReadResult(batches, shard.log_start, shard.end)
 
-    def _read_batches(self, shard: _Shard, offset: int, max_bytes: int, end: int,
-                      limit: int = 1 << 62) -> list[StoredBatch]:
+    def _read_batches(
+        self, shard: _Shard, offset: int, max_bytes: int, end: int, limit: int = 1 << 62
+    ) -> list[StoredBatch]:
         prefix = b"d" + shard.sp
         picked: list[StoredBatch] = []
         size = 0
@@ -362,7 +372,7 @@ class RocksEngine(StorageAdapter):
                 if picked and size + len(value) - DATA_HEADER.size > max_bytes:
                     break
                 store_ts, own_max, _running, tags, count = DATA_HEADER.unpack_from(value)
-                data = memoryview(value)[DATA_HEADER.size:]
+                data = memoryview(value)[DATA_HEADER.size :]
                 picked.append(StoredBatch(base, count, data, store_ts, own_max, tags))
                 size += len(data)
                 it.next()
@@ -390,8 +400,18 @@ class RocksEngine(StorageAdapter):
                 it.next()
         finally:
             del it
-        return [StoredBatch(b.base_offset, b.record_count, b.data, b.store_timestamp, b.max_timestamp, b.tags_code,
-                            physs.get(b.base_offset, -1)) for b in picked]
+        return [
+            StoredBatch(
+                b.base_offset,
+                b.record_count,
+                b.data,
+                b.store_timestamp,
+                b.max_timestamp,
+                b.tags_code,
+                physs.get(b.base_offset, -1),
+            )
+            for b in picked
+        ]
 
     def _forget_phys(self, batch: WriteBatch, start: bytes, end: bytes) -> None:
         """Add to `batch` the deletion of the reverse keys in [start, end) and of the forward keys they name, and
@@ -417,11 +437,11 @@ class RocksEngine(StorageAdapter):
         if value is None or len(value) < _PHYS_VALUE.size + 6:
             return None
         base, span = _PHYS_VALUE.unpack_from(value)
-        sp = value[_PHYS_VALUE.size:]
+        sp = value[_PHYS_VALUE.size :]
         tlen = _U16.unpack_from(sp)[0]
         if len(sp) != 2 + tlen + 4:
             return None
-        topic = sp[2:2 + tlen].decode("utf-8", "replace")
+        topic = sp[2 : 2 + tlen].decode("utf-8", "replace")
         queue = _U32.unpack_from(sp, 2 + tlen)[0]
         shards = self._topics.get(topic)
         if shards is None or queue >= len(shards):
@@ -436,8 +456,9 @@ class RocksEngine(StorageAdapter):
             return None
         return topic, queue, found[0]
 
-    async def read_by_tags(self, topic: str, queue: int, offset: int, tags_codes: Iterable[int],
-                           max_batches: int) -> ReadResult:
+    async def read_by_tags(
+        self, topic: str, queue: int, offset: int, tags_codes: Iterable[int], max_batches: int
+    ) -> ReadResult:
         shard = self._shard(topic, queue)
         if offset < shard.log_start or offset > shard.end:
             raise OffsetOutOfRange(offset, shard.log_start, shard.end)
@@ -451,16 +472,18 @@ class RocksEngine(StorageAdapter):
             offset = chunk[-1].next_offset
         return ReadResult(picked[:max_batches], shard.log_start, shard.end)
 
-    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
-                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+    async def read_by_key(
+        self, topic: str, key: bytes, max_count: int, begin_ms: int = 0, end_ms: int = 1 << 62
+    ) -> list[tuple[int, StoredBatch]]:
         if topic not in self._topics:
             raise UnknownShard(f"unknown topic {topic!r}")
         key = bytes(key)
         prefix = b"k" + _topic_key(topic) + _U32.pack(len(key)) + key
         return await asyncio.to_thread(self._read_by_key, topic, prefix, max_count, begin_ms, end_ms)
 
-    def _read_by_key(self, topic: str, prefix: bytes, max_count: int, begin_ms: int,
-                     end_ms: int) -> list[tuple[int, StoredBatch]]:
+    def _read_by_key(
+        self, topic: str, prefix: bytes, max_count: int, begin_ms: int, end_ms: int
+    ) -> list[tuple[int, StoredBatch]]:
         found: list[tuple[int, StoredBatch]] = []
         it = self.db.iter()
         try:
@@ -479,7 +502,7 @@ class RocksEngine(StorageAdapter):
                     value = self.db.get(b"d" + shards[queue].sp + _U64.pack(base))
                     if value is not None:
                         ts, own_max, _running, tags, count = DATA_HEADER.unpack_from(value)
-                        data = memoryview(value)[DATA_HEADER.size:]
+                        data = memoryview(value)[DATA_HEADER.size :]
                         found.append((queue, StoredBatch(base, count, data, ts, own_max, tags)))
                 it.prev()
         finally:
@@ -503,8 +526,9 @@ class RocksEngine(StorageAdapter):
         kept = self._read_batches(shard, offset, 0, 1 << 63, limit=1)
         batch = WriteBatch(raw_mode=True)
         rev_prefix = b"P" + shard.sp
-        self._forget_phys(batch, rev_prefix,
-                          rev_prefix + _U64.pack(kept[0].base_offset) if kept else _prefix_end(rev_prefix))
+        self._forget_phys(
+            batch, rev_prefix, rev_prefix + _U64.pack(kept[0].base_offset) if kept else _prefix_end(rev_prefix)
+        )
         if kept:
             first = kept[0]
             running = DATA_HEADER.unpack_from(self.db.get(data_prefix + _U64.pack(first.base_offset)))[2]
@@ -606,10 +630,13 @@ class RocksEngine(StorageAdapter):
             header = _recbatch.parse_header(data, 0)
             prev = old.get(header[0])
             if prev is None or prev[4] != header[6] + 1:
-                raise InvalidRecord(f"replacement batch at {header[0]} does not match a stored batch in "
-                                    f"[{start}, {end}) of {name}")
-            write.put(data_prefix + _U64.pack(header[0]), DATA_HEADER.pack(prev[0], header[8], prev[2], prev[3],
-                                                                         prev[4]) + data)
+                raise InvalidRecord(
+                    f"replacement batch at {header[0]} does not match a stored batch in [{start}, {end}) of {name}"
+                )
+            write.put(
+                data_prefix + _U64.pack(header[0]),
+                DATA_HEADER.pack(prev[0], header[8], prev[2], prev[3], prev[4]) + data,
+            )
             kept.add(header[0])
         for base, prev in old.items():
             if base not in kept:
@@ -639,9 +666,11 @@ class RocksEngine(StorageAdapter):
             return
         batch = WriteBatch(raw_mode=True)
         for (topic, queue), value in offsets.items():
-            batch.put(self._group_key(group, topic, queue),
-                      _GROUP_VALUE.pack(value.offset, value.commit_timestamp, value.leader_epoch)
-                      + (value.metadata or "").encode())
+            batch.put(
+                self._group_key(group, topic, queue),
+                _GROUP_VALUE.pack(value.offset, value.commit_timestamp, value.leader_epoch)
+                + (value.metadata or "").encode(),
+            )
         # RocksDB groups concurrent synced writers itself: concurrent commits share one WAL fsync.
         await asyncio.to_thread(self.db.write, batch, self._wo_sync)
         self._groups.setdefault(group, {}).update(offsets)

@@ -1,5 +1,6 @@
 """Delayed and scheduled delivery (RocketMQ delay levels and delivery times, Kafka `mqk-deliver-at` /
 `mqk-delay-ms` headers): `TimerService(config, store, clock=...)` with start/stop; see `mqk.timer.service`."""
+
 from __future__ import annotations
 
 from mqk.timer.delay import HEADER_DELAY_MS, HEADER_DELIVER_AT, due_time

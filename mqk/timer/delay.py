@@ -13,6 +13,7 @@ latest due time any of its records asks for.
 While it waits, a delayed batch is stored, unchanged, as the value of one record in the timer topic, with headers
 naming its real topic, queue, due time, tags code and keys (`wrap` / `unwrap`).
 """
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,9 @@ HEADER_DELAY_MS = "mqk-delay-ms"
 #: (and the names the Kafka produce check screens for, so the put hook is told instead of looking: PutContext)
 _AT_NAMES = (PROPERTY_START_DELIVER_TIME, PROPERTY_TIMER_DELIVER_MS, HEADER_DELIVER_AT)
 _DELAY_NAMES = ((PROPERTY_TIMER_DELAY_SEC, 1000), (PROPERTY_TIMER_DELAY_MS, 1), (HEADER_DELAY_MS, 1))
-DELAY_HEADER_KEYS = tuple(name.encode() for name in
-                          (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES)))
+DELAY_HEADER_KEYS = tuple(
+    name.encode() for name in (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES))
+)
 #: With the compiled kernels, `recbatch.has_header` answers "does any record carry a delay header?" by walking the
 #: record structure and skipping keys and values by length (~0.15 ms per 1 MB batch of 100 B records, vs ~2.5 ms
 #: for the regex pass below, which read every byte and was ~30% of the event loop under Kafka produce load).
@@ -139,8 +141,11 @@ def wrap(entries: Sequence[Waiting], now: int) -> bytearray:
     records = bytearray()
     for i, w in enumerate(entries):
         headers: list[tuple[str, bytes | None]] = [
-            (_W_TOPIC, w.topic.encode()), (_W_QUEUE, str(w.queue).encode()), (_W_AT, str(w.due).encode()),
-            (_W_TAGS, str(w.tags_code).encode())]
+            (_W_TOPIC, w.topic.encode()),
+            (_W_QUEUE, str(w.queue).encode()),
+            (_W_AT, str(w.due).encode()),
+            (_W_TAGS, str(w.tags_code).encode()),
+        ]
         headers += [(_W_KEY, bytes(k)) for k in w.keys]
         records += recbatch.encode_record(i, 0, None, bytes(w.batch), headers)
     return recbatch.build_batch(0, now, now, bytes(records), len(entries), len(entries) - 1)

@@ -19,6 +19,7 @@ burst's re-appends and `done` after them (the next burst's save, or a stop cutti
 start each open intent is settled by looking for its batch (same length and CRC) in its real queue after the
 recorded end offset, and the schedule is rebuilt by re-reading the timer topic from the floor.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -131,8 +132,10 @@ class TimerService:
             return
         if due - now > self.max_delay_ms:
             raise PutRejected(f"delivery time {due} is more than timer_max_delay_ms ({self.max_delay_ms} ms) away")
-        waiting = [Waiting(ctx.topic, ctx.queue, due, ctx.tags_code, tuple(bytes(k) for k in ctx.keys), bytes(b))
-                   for b in ctx.batches]
+        waiting = [
+            Waiting(ctx.topic, ctx.queue, due, ctx.tags_code, tuple(bytes(k) for k in ctx.keys), bytes(b))
+            for b in ctx.batches
+        ]
         ctx.batches = [wrap(waiting, now)]
         ctx.topic, ctx.queue, ctx.tags_code, ctx.keys = TIMER_TOPIC, 0, 0, ()
 
@@ -222,15 +225,20 @@ class TimerService:
             groups.setdefault(key, []).append((offset, w))
         for members in groups.values():
             for start in range(0, len(members), 256):
-                chunk = members[start:start + 256]
+                chunk = members[start : start + 256]
                 w = chunk[0][1]
                 batches = [bytearray(entry.batch) for _, entry in chunk]
                 try:
                     await self.store.append(w.topic, w.queue, batches, tags_code=w.tags_code, keys=list(w.keys))
                     self.delivered += len(chunk)
                 except UnknownShard:
-                    log.warning("timer: topic %s/%s is gone; dropping %d message(s) due at %s", w.topic, w.queue,
-                                len(chunk), w.due)
+                    log.warning(
+                        "timer: topic %s/%s is gone; dropping %d message(s) due at %s",
+                        w.topic,
+                        w.queue,
+                        len(chunk),
+                        w.due,
+                    )
                 for offset, _ in chunk:
                     self._mark_done(offset)
         for item in due:
@@ -258,8 +266,9 @@ class TimerService:
             self._floor += 1
 
     async def _save(self, intent: dict[str, list] | None = None) -> None:
-        await self.store.save_state(STATE_NAME, {"floor": self._floor, "done": _runs(self._done),
-                                                 "intent": intent or {}})
+        await self.store.save_state(
+            STATE_NAME, {"floor": self._floor, "done": _runs(self._done), "intent": intent or {}}
+        )
 
     async def _settle_intents(self, intent: dict[str, list]) -> None:
         """After a crash mid-burst: an intent whose batch reached its real queue counts as delivered. Each real

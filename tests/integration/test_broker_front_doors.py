@@ -2,12 +2,12 @@
 alphabet, settings checked whichever way a topic is made), Metadata's `is_internal` from the broker's list, and
 one wake-up hub (a RocketMQ send wakes a Kafka long poll). The broker runs on a FakeClock: a long poll can only
 end early by being woken."""
+
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-
 from helpers import wait_until_async
 
 from mqk import errors as E
@@ -41,8 +41,9 @@ class Doors:
 
 @pytest.fixture
 async def doors():
-    config = BrokerConfig(kafka_listen=("127.0.0.1", 0), native_listen=("127.0.0.1", 0),
-                          store=StoreConfig(storage="memory"))
+    config = BrokerConfig(
+        kafka_listen=("127.0.0.1", 0), native_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory")
+    )
     store = StoreManager(config.store)
     await store.start()
     broker = Broker(config, store, FakeClock())
@@ -64,9 +65,19 @@ async def client(doors: Doors):
 
 
 def create_body(name: str, configs: dict[str, str] | None = None) -> dict:
-    return {"timeout_ms": 1000, "validate_only": False, "topics": [
-        {"name": name, "num_partitions": 1, "replication_factor": 1, "assignments": [],
-         "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()]}]}
+    return {
+        "timeout_ms": 1000,
+        "validate_only": False,
+        "topics": [
+            {
+                "name": name,
+                "num_partitions": 1,
+                "replication_factor": 1,
+                "assignments": [],
+                "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()],
+            }
+        ],
+    }
 
 
 async def test_the_front_doors_share_the_broker(doors: Doors) -> None:
@@ -77,8 +88,11 @@ async def test_the_front_doors_share_the_broker(doors: Doors) -> None:
 async def test_metadata_marks_the_brokers_internal_topics(doors: Doors, client: RawKafkaClient) -> None:
     await doors.broker.topics.ensure(TRANSACTION_HALF_TOPIC, 1)
     await doors.store.create_topic("user", 1)
-    md = await client.call(ApiKey.METADATA, 9, {"topics": None, "allow_auto_topic_creation": False,
-                                                "include_topic_authorized_operations": False})
+    md = await client.call(
+        ApiKey.METADATA,
+        9,
+        {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False},
+    )
     internal = {t["name"]: t["is_internal"] for t in md["topics"]}
     assert internal == {TRANSACTION_HALF_TOPIC: True, "user": False}
 
@@ -91,9 +105,14 @@ async def test_each_door_creates_in_its_own_alphabet_under_one_rule(doors: Doors
     resp = await doors.remoting(RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "a b", "readQueueNums": "1"})
     assert resp.code == ResponseCode.SYSTEM_ERROR and doors.store.topic("a b") is None
     # the RocketMQ-made topic is a topic like any other: Kafka describes its settings from the same schema
-    resp = await client.call(ApiKey.DESCRIBE_CONFIGS, 1, {"resources": [
-        {"resource_type": 2, "resource_name": "ns%orders", "configuration_keys": ["retention.ms"]}],
-        "include_synonyms": False})
+    resp = await client.call(
+        ApiKey.DESCRIBE_CONFIGS,
+        1,
+        {
+            "resources": [{"resource_type": 2, "resource_name": "ns%orders", "configuration_keys": ["retention.ms"]}],
+            "include_synonyms": False,
+        },
+    )
     assert [(c["name"], c["value"]) for c in resp["results"][0]["configs"]] == [("retention.ms", "604800000")]
 
 
@@ -104,28 +123,71 @@ async def test_kafka_settings_are_checked_by_the_broker_schema(doors: Doors, cli
     assert doors.store.topic("t") is None
     resp = await client.call(ApiKey.CREATE_TOPICS, 5, create_body("t", {"retention.ms": "5000"}))
     assert resp["topics"][0]["error_code"] == 0
-    resp = await client.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, {"validate_only": False, "resources": [
-        {"resource_type": 2, "resource_name": "t", "configs": [
-            {"name": "cleanup.policy", "config_operation": 2, "value": "archive"}]}]})
+    resp = await client.call(
+        ApiKey.INCREMENTAL_ALTER_CONFIGS,
+        0,
+        {
+            "validate_only": False,
+            "resources": [
+                {
+                    "resource_type": 2,
+                    "resource_name": "t",
+                    "configs": [{"name": "cleanup.policy", "config_operation": 2, "value": "archive"}],
+                }
+            ],
+        },
+    )
     assert resp["responses"][0]["error_code"] == E.InvalidConfigError.code
     assert doors.store.topic("t").config.overrides == {"retention.ms": "5000"}
 
 
 async def test_a_rocketmq_send_wakes_a_kafka_long_poll(doors: Doors, client: RawKafkaClient) -> None:
     await doors.store.create_topic("x", 1)
-    fetch = {"replica_id": -1, "max_wait_ms": 10_000, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
-             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-             "topics": [{"topic": "x", "partitions": [{"partition": 0, "current_leader_epoch": -1,
-                                                        "fetch_offset": 0, "log_start_offset": -1,
-                                                        "partition_max_bytes": 1 << 20}]}]}
+    fetch = {
+        "replica_id": -1,
+        "max_wait_ms": 10_000,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "forgotten_topics_data": [],
+        "rack_id": "",
+        "topics": [
+            {
+                "topic": "x",
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": 0,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 1 << 20,
+                    }
+                ],
+            }
+        ],
+    }
     waiting = asyncio.ensure_future(client.call(ApiKey.FETCH, 12, fetch, timeout=20))
     # until the Fetch found nothing and waits on the hub
     await wait_until_async(lambda: doors.broker.hub.waiting_on("x", 0), what="the Fetch to wait on the hub")
     assert not waiting.done()
-    sent = await doors.remoting(RequestCode.SEND_MESSAGE, {
-        "producerGroup": "p", "topic": "x", "defaultTopic": "TBW102", "defaultTopicQueueNums": "1",
-        "queueId": "0", "sysFlag": "0", "bornTimestamp": "1", "flag": "0",
-        "properties": properties_to_string({"TAGS": "a"}), "reconsumeTimes": "0"}, b"hello")
+    sent = await doors.remoting(
+        RequestCode.SEND_MESSAGE,
+        {
+            "producerGroup": "p",
+            "topic": "x",
+            "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": "1",
+            "queueId": "0",
+            "sysFlag": "0",
+            "bornTimestamp": "1",
+            "flag": "0",
+            "properties": properties_to_string({"TAGS": "a"}),
+            "reconsumeTimes": "0",
+        },
+        b"hello",
+    )
     assert sent.code == ResponseCode.SUCCESS
     resp = await waiting  # the broker's clock never moved: only a wake-up ends the wait
     part = resp["responses"][0]["partitions"][0]

@@ -1,4 +1,5 @@
 """`mqk topics|groups|produce|consume` against a real broker, run as a person would: subprocesses, exit codes, text."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,7 @@ import sys
 
 
 def mqk(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mqk", *args], input=stdin, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "-m", "mqk", *args], input=stdin, capture_output=True, text=True, timeout=60)
 
 
 def test_topic_life_cycle_and_records_round_trip(mqk_broker):
@@ -19,13 +18,27 @@ def test_topic_life_cycle_and_records_round_trip(mqk_broker):
     listed = mqk("topics", "list", *b)
     assert "orders\tpartitions=3" in listed.stdout
 
-    produced = mqk("produce", "--topic", "orders", "--partition", "2", "--key", "k", "--header", "h=v", *b,
-                   stdin="one\ntwo\nthree\n")
+    produced = mqk(
+        "produce",
+        "--topic",
+        "orders",
+        "--partition",
+        "2",
+        "--key",
+        "k",
+        "--header",
+        "h=v",
+        *b,
+        stdin="one\ntwo\nthree\n",
+    )
     assert produced.returncode == 0, produced.stderr
     consumed = mqk("consume", "--topic", "orders", "--partition", "2", "--json", "--max-messages", "3", *b)
     records = [json.loads(line) for line in consumed.stdout.splitlines()]
     assert [(r["offset"], r["key"], r["value"], r["headers"]) for r in records] == [
-        (0, "k", "one", {"h": "v"}), (1, "k", "two", {"h": "v"}), (2, "k", "three", {"h": "v"})]
+        (0, "k", "one", {"h": "v"}),
+        (1, "k", "two", {"h": "v"}),
+        (2, "k", "three", {"h": "v"}),
+    ]
 
     described = mqk("topics", "describe", "orders", *b).stdout
     assert "partition 2\tleader=0\tend_offset=3" in described
@@ -76,4 +89,7 @@ def test_native_protocol_produce_and_consume_with_tags(mqk_broker):
     # the same messages through Kafka: the first key is the record key
     kafka = mqk("consume", "--topic", "nat", "--json", "--max-messages", "3", "--bootstrap", mqk_broker.bootstrap)
     assert [(r["key"], r["value"]) for r in map(json.loads, kafka.stdout.splitlines())] == [
-        ("k1", "a"), ("k1", "b"), (None, "c")]
+        ("k1", "a"),
+        ("k1", "b"),
+        (None, "c"),
+    ]

@@ -1,6 +1,7 @@
 """`mqk query --topic T --key K` against a real broker process on a file store: messages sent with KEYS over
 remoting (mqk.client) and Kafka records with keys on an `index.keys=true` topic (kafka-python) are found, still
 after a kill -9 and restart (the key index rebuilds its tail), and a key that matches nothing prints nothing."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,17 @@ def broker(tmp_path: Path):
 async def test_query_finds_both_protocols_messages_across_kill_9(broker: BrokerProcess) -> None:
     from kafka import KafkaProducer
 
-    created = mqk("topics", "create", "events", "--partitions", "2", "--config", "index.keys=true",
-                  "--bootstrap", broker.bootstrap)
+    created = mqk(
+        "topics",
+        "create",
+        "events",
+        "--partitions",
+        "2",
+        "--config",
+        "index.keys=true",
+        "--bootstrap",
+        broker.bootstrap,
+    )
     assert created.returncode == 0, created.stderr
     assert broker.native_address is not None
     async with Producer(namesrv(broker)) as producer:
@@ -60,12 +70,17 @@ async def test_query_finds_both_protocols_messages_across_kill_9(broker: BrokerP
             assert [h["body"] for h in query(broker, "events", "user-8")] == ["late event", "other user"]
             hits = hits[1:]
         assert [(h["body"], h["tags"], h["keys"]) for h in hits] == [
-            ("second order", "TagB", ["order-2", "customer-9"]), ("first order", "TagA", ["order-1", "customer-9"])]
+            ("second order", "TagB", ["order-2", "customer-9"]),
+            ("first order", "TagA", ["order-1", "customer-9"]),
+        ]
         assert [(h["queue"], h["offset"]) for h in query(broker, "orders", "order-1")] == [
-            (hits[1]["queue"], hits[1]["offset"])]
+            (hits[1]["queue"], hits[1]["offset"])
+        ]
         events = query(broker, "events", "user-7")
-        assert sorted((h["body"], h["keys"]) for h in events) == [("kafka event", ["user-7"]),
-                                                                  ("native event", ["user-7"])]
+        assert sorted((h["body"], h["keys"]) for h in events) == [
+            ("kafka event", ["user-7"]),
+            ("native event", ["user-7"]),
+        ]
         assert [h["queue"] for h in events if h["body"] == "kafka event"] == [1]
         if not late:
             assert [h["body"] for h in query(broker, "events", "user-8")] == ["other user"]

@@ -2,6 +2,7 @@
 keyless records refused with INVALID_RECORD, consumers reading from offset 0 during and after compaction end with
 every key's latest value (tombstones as None until delete.retention.ms), offsets only grow and skip removed ranges,
 and a consumer positioned inside a removed range moves on to the next existing offset."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,13 @@ ROUNDS = 8
 
 
 def _setup(engine_broker) -> dict[bytes, bytes | None]:
-    engine_broker.call(engine_broker.store.create_topic(TOPIC, 1, TopicConfig({
-        "cleanup.policy": "compact", "segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01"})))
+    engine_broker.call(
+        engine_broker.store.create_topic(
+            TOPIC,
+            1,
+            TopicConfig({"cleanup.policy": "compact", "segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01"}),
+        )
+    )
     refused = kafka.KafkaProducer(bootstrap_servers=engine_broker.bootstrap)
     try:  # kafka-python treats INVALID_RECORD as fatal for the producer: a producer of its own
         with pytest.raises(InvalidRecordError):
@@ -51,9 +57,14 @@ def _setup(engine_broker) -> dict[bytes, bytes | None]:
 
 
 def _kafka_python_read(bootstrap: str, end: int) -> list[tuple[int, bytes, bytes | None]]:
-    consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                   auto_offset_reset="earliest", max_poll_records=200, fetch_max_bytes=64 * 1024,
-                                   max_partition_fetch_bytes=16 * 1024)
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=200,
+        fetch_max_bytes=64 * 1024,
+        max_partition_fetch_bytes=16 * 1024,
+    )
     tp = kafka.TopicPartition(TOPIC, 0)
     consumer.assign([tp])
     consumer.seek(tp, 0)
@@ -69,8 +80,14 @@ def _kafka_python_read(bootstrap: str, end: int) -> list[tuple[int, bytes, bytes
 
 
 def _confluent_read(bootstrap: str, end: int, start: int = 0) -> list[tuple[int, bytes, bytes | None]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "compaction-reader",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "compaction-reader",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     out: list = []
     try:
         consumer.assign([TopicPartition(TOPIC, 0, start)])
@@ -102,8 +119,9 @@ def test_consumers_see_latest_values_during_and_after_compaction(engine_broker) 
     during: list = []
     reader = threading.Thread(target=lambda: during.extend(_kafka_python_read(engine_broker.bootstrap, end)))
     reader.start()
-    report = asyncio.run_coroutine_threadsafe(engine_broker.runtime.compaction.run_once(),
-                                              engine_broker.loop).result(60)
+    report = asyncio.run_coroutine_threadsafe(engine_broker.runtime.compaction.run_once(), engine_broker.loop).result(
+        60
+    )
     reader.join(90)
     assert not reader.is_alive()
     stats = report.cleaned[(TOPIC, 0)]
@@ -134,15 +152,21 @@ def test_idempotent_producer_goes_on_after_compaction(engine_broker) -> None:
     from confluent_kafka import Producer
 
     topic = "compacted-idempotent"
-    engine_broker.call(engine_broker.store.create_topic(topic, 1, TopicConfig({
-        "cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"})))
+    engine_broker.call(
+        engine_broker.store.create_topic(
+            topic,
+            1,
+            TopicConfig({"cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"}),
+        )
+    )
     producer = Producer({"bootstrap.servers": engine_broker.bootstrap, "enable.idempotence": True, "linger.ms": 0})
     errors: list = []
 
     def produce_round(r: int) -> None:
         for k in range(50):
-            producer.produce(topic, key=b"k%d" % k, value=b"%d" % r,
-                             on_delivery=lambda err, msg: errors.append(err) if err else None)
+            producer.produce(
+                topic, key=b"k%d" % k, value=b"%d" % r, on_delivery=lambda err, msg: errors.append(err) if err else None
+            )
         assert producer.flush(15) == 0
 
     for r in range(4):
@@ -157,8 +181,14 @@ def test_idempotent_producer_goes_on_after_compaction(engine_broker) -> None:
 
 
 def _confluent_read_topic(bootstrap: str, topic: str, end: int) -> list[tuple[int, bytes, bytes | None]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "idempotent-reader",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "idempotent-reader",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     out: list = []
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])

@@ -4,6 +4,7 @@ one), every key's latest acknowledged value is there, and the cleaner goes on fr
 
 Runs on rocksdb (each rewrite is one synced WriteBatch) and on the file engine (a new compaction-log generation,
 then an atomic MANIFEST switch)."""
+
 from __future__ import annotations
 
 import random
@@ -36,8 +37,14 @@ def _produce_round(bootstrap: str, r: int, written: dict[int, tuple[bytes, bytes
 
 
 def _read_all(bootstrap: str, end: int) -> list[tuple[int, bytes, bytes]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "crash-reader", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "crash-reader",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     out: list = []
     try:
         consumer.assign([TopicPartition(TOPIC, 0, 0)])
@@ -63,8 +70,16 @@ def test_kill_minus_nine_during_compaction_leaves_old_or_new(storage: str, tmp_p
     written: dict[int, tuple[bytes, bytes]] = {}
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        futures = admin.create_topics([NewTopic(TOPIC, 1, 1, config={
-            "cleanup.policy": "compact", "segment.bytes": "2048", "min.cleanable.dirty.ratio": "0.01"})])
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    TOPIC,
+                    1,
+                    1,
+                    config={"cleanup.policy": "compact", "segment.bytes": "2048", "min.cleanable.dirty.ratio": "0.01"},
+                )
+            ]
+        )
         next(iter(futures.values())).result(10)
         _produce_round(broker.bootstrap, 0, written)
         for r in range(1, 11):

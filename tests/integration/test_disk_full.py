@@ -7,6 +7,7 @@ fills it through the Kafka protocol with confluent-kafka.
   stored (the consumer sees exactly the acknowledged records), reads keep working, writes resume once DeleteRecords
   + reclaim give space back, and a restart finds a clean tail.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,9 @@ VALUE = 16 * 1024
 def _mount_small_fs(where: Path) -> str:
     """Mount an 8 MiB filesystem at `where`; returns how, or skips with the reason both ways failed."""
     where.mkdir(parents=True)
-    tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(where)],
-                           capture_output=True, text=True)
+    tmpfs = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if tmpfs.returncode == 0:
         return "tmpfs"
     image = where.parent / "disk.img"
@@ -45,8 +47,9 @@ def _mount_small_fs(where: Path) -> str:
         subprocess.run(["mount", "-o", "loop", str(image), str(where)], check=True, capture_output=True, text=True)
         return "loop"
     except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot make a small filesystem: tmpfs mount said {tmpfs.stderr.strip()!r}; "
-                    f"loop mount failed with {exc}")
+        pytest.skip(
+            f"cannot make a small filesystem: tmpfs mount said {tmpfs.stderr.strip()!r}; loop mount failed with {exc}"
+        )
 
 
 def _fill(where: Path) -> Path:
@@ -77,11 +80,19 @@ def small_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def _start(data_dir: Path, ratio: float, clock: Clock = SYSTEM_CLOCK, disk_check_interval_ms: int = 100,
-           **broker_fields) -> ThreadedBroker:
-    config = broker_config("file", data_dir, commitlog_segment_bytes=512 * 1024, cq_units_per_file=256,
-                           disk_max_used_ratio=ratio, disk_check_interval_ms=disk_check_interval_ms,
-                           flush_interval_ms=50, checkpoint_interval_ms=100)
+def _start(
+    data_dir: Path, ratio: float, clock: Clock = SYSTEM_CLOCK, disk_check_interval_ms: int = 100, **broker_fields
+) -> ThreadedBroker:
+    config = broker_config(
+        "file",
+        data_dir,
+        commitlog_segment_bytes=512 * 1024,
+        cq_units_per_file=256,
+        disk_max_used_ratio=ratio,
+        disk_check_interval_ms=disk_check_interval_ms,
+        flush_interval_ms=50,
+        checkpoint_interval_ms=100,
+    )
     config = dataclasses.replace(config, log_retention_check_interval_ms=3_600_000, **broker_fields)
     return ThreadedBroker(config, clock=clock).start()
 
@@ -90,15 +101,21 @@ class Sender:
     """One record per request, waited for: the outcome of every send is known (acked offset or error code)."""
 
     def __init__(self, bootstrap: str) -> None:
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0,
-                                  "enable.idempotence": False, "message.timeout.ms": 10000,
-                                  "request.timeout.ms": 10000})
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 0,
+                "retries": 0,
+                "enable.idempotence": False,
+                "message.timeout.ms": 10000,
+                "request.timeout.ms": 10000,
+            }
+        )
 
     def send(self, topic: str, value: bytes) -> tuple[int | None, int | None]:
         """(offset, None) or (None, error code). Never waits past the client's own timeout."""
         out: list = []
-        self.producer.produce(topic, value=value, key=value[:8],
-                              on_delivery=lambda err, msg: out.append((err, msg)))
+        self.producer.produce(topic, value=value, key=value[:8], on_delivery=lambda err, msg: out.append((err, msg)))
         started = time.monotonic()
         while not out:
             self.producer.poll(0.1)
@@ -108,8 +125,14 @@ class Sender:
 
 
 def _consume_all(bootstrap: str, topic: str, end: int) -> list[tuple[int, bytes]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "disk-full-reader",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "disk-full-reader",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     got: list[tuple[int, bytes]] = []
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
@@ -154,8 +177,11 @@ def test_above_the_ratio_appends_are_refused_and_resume_after_retention(small_fs
                 refused += 1
                 if refused == 1:
                     assert guard.refused > 0, "refused by ENOSPC, not by the guard"
-                    broker.call(broker.store.alter_topic_config(
-                        topic, TopicConfig({"retention.ms": "-1", "retention.bytes": str(512 * 1024)})))
+                    broker.call(
+                        broker.store.alter_topic_config(
+                            topic, TopicConfig({"retention.ms": "-1", "retention.bytes": str(512 * 1024)})
+                        )
+                    )
                 broker.advance(RETRY_SECONDS)  # the disk stays full: the next measurement runs retention again
             else:
                 if refused:
@@ -236,11 +262,14 @@ def test_kill_minus_nine_on_a_full_disk_restarts_with_a_clean_tail(small_fs: Pat
     from mqk.testing import BrokerProcess
 
     config = tmp_path / "broker.toml"
-    config.write_text("log_retention_check_interval_ms = 200\n[store]\ncommitlog_segment_bytes = 524288\n"
-                      "cq_units_per_file = 256\ndisk_max_used_ratio = 1.0\n")
+    config.write_text(
+        "log_retention_check_interval_ms = 200\n[store]\ncommitlog_segment_bytes = 524288\n"
+        "cq_units_per_file = 256\ndisk_max_used_ratio = 1.0\n"
+    )
     # the last --data-dir wins: data on the small filesystem, the broker's log beside tmp_path
-    broker = BrokerProcess(tmp_path / "proc", extra_args=["--config", str(config),
-                                                          "--data-dir", str(small_fs / "data")]).start()
+    broker = BrokerProcess(
+        tmp_path / "proc", extra_args=["--config", str(config), "--data-dir", str(small_fs / "data")]
+    ).start()
     topic = "crash-full"
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -272,8 +301,9 @@ def test_kill_minus_nine_on_a_full_disk_restarts_with_a_clean_tail(small_fs: Pat
         assert low.low_watermark == len(acked) - 2
         # the periodic retention pass reclaims the segments below the new log start; appends resume
         sender = Sender(broker.bootstrap)  # the restarted broker listens on a new port
-        offset, code = wait_until(lambda: _stored(sender.send(topic, b"after the restart")), 20,
-                                  "appends to resume after DeleteRecords")
+        offset, code = wait_until(
+            lambda: _stored(sender.send(topic, b"after the restart")), 20, "appends to resume after DeleteRecords"
+        )
         assert offset == len(acked)
     finally:
         broker.stop()

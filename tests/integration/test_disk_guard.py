@@ -2,6 +2,7 @@
 A Kafka producer gets KAFKA_STORAGE_ERROR, a RocketMQ producer SERVICE_NOT_AVAILABLE with the reason in its remark,
 fetches and pulls go on, and once the ratio allows it again appends resume by themselves. The broker runs on a
 FakeClock: the guard's periodic check is released by moving it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,15 @@ def mqk_clock(mqk_fake_clock: FakeClock) -> Clock:
 
 def _kafka_send(bootstrap: str, value: bytes) -> int | None:
     """The error code of one produce, or None when it was stored."""
-    producer = Producer({"bootstrap.servers": bootstrap, "retries": 0, "linger.ms": 0, "enable.idempotence": False,
-                         "message.timeout.ms": 10000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "retries": 0,
+            "linger.ms": 0,
+            "enable.idempotence": False,
+            "message.timeout.ms": 10000,
+        }
+    )
     out: list = []
     producer.produce(TOPIC, key=b"k", value=value, on_delivery=lambda err, msg: out.append(err))
     producer.flush(15)
@@ -73,8 +81,9 @@ def test_guard_refuses_both_protocols_keeps_reads_and_resumes(mqk_file_broker) -
     assert "disk" in remark
 
     # reads go on: Kafka fetch and remoting pull both return what was stored before
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "guard-reader",
-                         "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "guard-reader", "auto.offset.reset": "earliest"}
+    )
     try:
         consumer.assign([TopicPartition(TOPIC, 0, 0)])
         msg = None

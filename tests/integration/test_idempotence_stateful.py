@@ -11,16 +11,17 @@ new, once each, in order, after every restart. This found InitProducerId refusin
 INVALID_PRODUCER_EPOCH after a restart, and pipelined produces into a topic still being auto-created getting
 UNKNOWN_TOPIC_OR_PARTITION.
 """
+
 from __future__ import annotations
 
 import asyncio
 import tempfile
 from pathlib import Path
 
+from helpers import fetch_body, produce_body, values_of
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from helpers import fetch_body, produce_body, values_of
 
 from mqk import errors as E
 from mqk.config import BrokerConfig, StoreConfig
@@ -43,8 +44,9 @@ class IdempotenceMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.tmp = tempfile.TemporaryDirectory(prefix="mqk-idem-")
-        store = StoreConfig(storage="file", data_dir=Path(self.tmp.name), commitlog_segment_bytes=1 << 20,
-                            cq_units_per_file=1024)
+        store = StoreConfig(
+            storage="file", data_dir=Path(self.tmp.name), commitlog_segment_bytes=1 << 20, cq_units_per_file=1024
+        )
         self.config = BrokerConfig(kafka_listen=("127.0.0.1", 0), store=store)
         self.store = self.server = self.client = None
         self.pid = -1
@@ -88,15 +90,24 @@ class IdempotenceMachine(RuleBasedStateMachine):
         return out
 
     def _batch(self, epoch: int, seq: int, values: list[bytes], pid: int | None = None):
-        return make_batch(values, producer_id=self.pid if pid is None else pid, producer_epoch=epoch,
-                          base_sequence=seq)
+        return make_batch(values, producer_id=self.pid if pid is None else pid, producer_epoch=epoch, base_sequence=seq)
 
     def _send(self, batch) -> tuple[int, int]:
         return _answer(self._run(self.client.call(ApiKey.PRODUCE, 9, produce_body(TOPIC, batch))))
 
     def _init_producer_id(self, pid: int, epoch: int) -> dict:
-        return self._run(self.client.call(ApiKey.INIT_PRODUCER_ID, 4, {
-            "transactional_id": None, "transaction_timeout_ms": 60000, "producer_id": pid, "producer_epoch": epoch}))
+        return self._run(
+            self.client.call(
+                ApiKey.INIT_PRODUCER_ID,
+                4,
+                {
+                    "transactional_id": None,
+                    "transaction_timeout_ms": 60000,
+                    "producer_id": pid,
+                    "producer_epoch": epoch,
+                },
+            )
+        )
 
     def _accepted(self, seq: int, values: list[bytes], base_offset: int) -> None:
         assert base_offset == len(self.values), (base_offset, len(self.values))
@@ -136,8 +147,11 @@ class IdempotenceMachine(RuleBasedStateMachine):
         """Two new batches and a retry of the first, sent back to back (max.in.flight > 1)."""
         first, second = self._values(count), self._values(1)
         seq = self.next_seq
-        for batch in (self._batch(self.epoch, seq, first), self._batch(self.epoch, seq + count, second),
-                      self._batch(self.epoch, seq, first)):
+        for batch in (
+            self._batch(self.epoch, seq, first),
+            self._batch(self.epoch, seq + count, second),
+            self._batch(self.epoch, seq, first),
+        ):
             self.client.send(ApiKey.PRODUCE, 9, produce_body(TOPIC, batch))
         self._run(self.client.writer.drain())
         answers = [_answer(self._run(self.client.receive())[1]) for _ in range(3)]
@@ -204,5 +218,11 @@ class IdempotenceMachine(RuleBasedStateMachine):
 
 TestIdempotentProducerInterleavings = IdempotenceMachine.TestCase
 TestIdempotentProducerInterleavings.settings = settings(
-    max_examples=15, stateful_step_count=25, deadline=None, derandomize=True, database=None,
-    phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow])
+    max_examples=15,
+    stateful_step_count=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)

@@ -2,6 +2,7 @@
 
 kafka-python is synchronous, so its broker runs on an event loop in a background thread; aiokafka shares the
 test's own loop with the broker."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:(open|read)_text is deprecated:D
 
 
 def config(**overrides) -> BrokerConfig:
-    return BrokerConfig(kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory"),
-                        group_min_session_timeout_ms=100, **overrides)
+    return BrokerConfig(
+        kafka_listen=("127.0.0.1", 0),
+        store=StoreConfig(storage="memory"),
+        group_min_session_timeout_ms=100,
+        **overrides,
+    )
 
 
 class ThreadedKafka:
@@ -92,8 +97,9 @@ def test_kafka_python_produce_consume_keys_headers_compression(kafka, compressio
         sent.append((key, value, [("h", str(i).encode())]))
     producer.flush()
     producer.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
     got = []
     deadline = time.time() + 20
     while len(got) < len(sent) and time.time() < deadline:
@@ -129,9 +135,16 @@ def test_kafka_python_group_of_two_splits_partitions_and_resumes_from_commits(ka
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
 
     def consumer():
-        return KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, group_id="grp", auto_offset_reset="earliest",
-                             enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=200,
-                             consumer_timeout_ms=200)
+        return KafkaConsumer(
+            topic,
+            bootstrap_servers=kafka.bootstrap,
+            group_id="grp",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=200,
+            consumer_timeout_ms=200,
+        )
 
     # each member polls in its own thread: a kafka-python poll() blocks while its JoinGroup is parked, so one
     # thread polling both members would stall every rebalance until a session timeout
@@ -166,11 +179,13 @@ def test_kafka_python_group_of_two_splits_partitions_and_resumes_from_commits(ka
     a.commit()
     b.commit()
     assert {"group_id": "grp", "protocol_type": "consumer", "group_state": "Stable", "group_type": "classic"} in (
-        admin.list_groups())
+        admin.list_groups()
+    )
     described = admin.describe_groups(["grp"])["grp"]
     assert described["group_state"] == "Stable" and len(described["members"]) == 2
-    assigned = sorted(p for m in described["members"] for t in m["member_assignment"]["assigned_partitions"]
-                      for p in t["partitions"])
+    assigned = sorted(
+        p for m in described["members"] for t in m["member_assignment"]["assigned_partitions"] for p in t["partitions"]
+    )
     assert assigned == [0, 1, 2, 3]
     a.close()
     b.close()
@@ -256,8 +271,9 @@ async def test_aiokafka_idempotent_produce_and_group_consume(inloop_kafka):
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     topic = topic_name()
-    producer = AIOKafkaProducer(bootstrap_servers=inloop_kafka.bootstrap, enable_idempotence=True,
-                                compression_type="snappy")
+    producer = AIOKafkaProducer(
+        bootstrap_servers=inloop_kafka.bootstrap, enable_idempotence=True, compression_type="snappy"
+    )
     await producer.start()
     try:
         for i in range(100):
@@ -272,8 +288,13 @@ async def test_aiokafka_idempotent_produce_and_group_consume(inloop_kafka):
     header = load("recbatch").parse_header(bytes(stored.batches[0].data), 0)
     assert header[9] >= 0 and header[11] == 0  # producer id set, first sequence 0
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=inloop_kafka.bootstrap, group_id="ag",
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=inloop_kafka.bootstrap,
+        group_id="ag",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await consumer.start()
     try:
         got = []
@@ -305,11 +326,31 @@ async def test_aiokafka_slow_consumer_does_not_stall_producer(inloop_kafka):
         await producer.send(topic, value=value)
     await producer.flush()
     slow = await RawKafkaClient.connect(*inloop_kafka.bootstrap.split(":"))
-    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 50 << 20, "isolation_level": 0,
-             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-             "topics": [{"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1,
-                                                         "fetch_offset": 0, "log_start_offset": -1,
-                                                         "partition_max_bytes": 50 << 20}]}]}
+    fetch = {
+        "replica_id": -1,
+        "max_wait_ms": 0,
+        "min_bytes": 0,
+        "max_bytes": 50 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "forgotten_topics_data": [],
+        "rack_id": "",
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": 0,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 50 << 20,
+                    }
+                ],
+            }
+        ],
+    }
     for _ in range(100):  # ~200 MB of responses nobody reads
         slow.send(ApiKey.FETCH, 12, fetch)
     started = time.monotonic()
@@ -329,14 +370,20 @@ async def test_aiokafka_static_member_restart_keeps_assignment_without_rebalance
     await inloop_kafka.store.create_topic(topic, 2)
     seen = []
     for _ in range(2):
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=inloop_kafka.bootstrap, group_id="static",
-                                    group_instance_id="instance-1", session_timeout_ms=10000)
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=inloop_kafka.bootstrap,
+            group_id="static",
+            group_instance_id="instance-1",
+            session_timeout_ms=10000,
+        )
         await consumer.start()
         try:
             await wait_until_async(consumer.assignment, 15, "the static member's assignment")
             group = inloop_kafka.groups.groups["static"]
-            seen.append((sorted(tp.partition for tp in consumer.assignment()), group.generation_id,
-                         list(group.members)))
+            seen.append(
+                (sorted(tp.partition for tp in consumer.assignment()), group.generation_id, list(group.members))
+            )
         finally:
             await consumer.stop()  # a static member leaves no LeaveGroup: its place waits for it
     (parts1, gen1, members1), (parts2, gen2, members2) = seen

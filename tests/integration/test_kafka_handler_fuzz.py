@@ -9,6 +9,7 @@ past "unknown topic". This found Metadata v10-11 answering a topic named only by
 be encoded at those versions; FOUND replays such finds every run, since the generated examples change whenever
 the test does.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +39,8 @@ def _spec_strategies():
     name = "mqk_test_kafka_message_strategies"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / "unit" / "test_kafka_messages.py")
+            name, Path(__file__).resolve().parents[1] / "unit" / "test_kafka_messages.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -46,14 +48,36 @@ def _spec_strategies():
 
 
 strategies = _spec_strategies()
-CASES = [(key, version) for key, (lo, hi) in sorted(api.SUPPORTED.items()) if key in HANDLERS
-         for version in range(lo, hi + 1)]
+CASES = [
+    (key, version)
+    for key, (lo, hi) in sorted(api.SUPPORTED.items())
+    if key in HANDLERS
+    for version in range(lo, hi + 1)
+]
 TOPIC = "fz"
 NAMES = [TOPIC, TOPIC, "fz-other", "", "__consumer_offsets", "x" * 300]
-NAME_FIELDS = {"name", "topic", "topic_name", "group_id", "resource_name", "transactional_id", "member_id",
-               "group_instance_id", "protocol_type", "key"}
-NUMBER_FIELDS = {"partition", "index", "partition_index", "count", "num_partitions", "replication_factor",
-                 "generation_id", "partition_id"}
+NAME_FIELDS = {
+    "name",
+    "topic",
+    "topic_name",
+    "group_id",
+    "resource_name",
+    "transactional_id",
+    "member_id",
+    "group_instance_id",
+    "protocol_type",
+    "key",
+}
+NUMBER_FIELDS = {
+    "partition",
+    "index",
+    "partition_index",
+    "count",
+    "num_partitions",
+    "replication_factor",
+    "generation_id",
+    "partition_id",
+}
 #: fields that make a broker wait on purpose (long polls, rebalances): kept short so every answer comes quickly
 WAIT_FIELDS = ("max_wait_ms", "timeout_ms", "rebalance_timeout_ms", "session_timeout_ms")
 ANSWER_TIMEOUT_S = 10.0
@@ -85,13 +109,33 @@ def _raised(records: list[logging.LogRecord]) -> list[str]:
 async def _seed(host: str, port: int) -> None:
     """The topic the requests are aimed at: 3 partitions with two records each."""
     async with await RawKafkaClient.connect(host, port) as client:
-        await client.call(api.ApiKey.CREATE_TOPICS, 5, {"topics": [
-            {"name": TOPIC, "num_partitions": 3, "replication_factor": 1, "assignments": [], "configs": []}],
-            "timeout_ms": 5000, "validate_only": False})
+        await client.call(
+            api.ApiKey.CREATE_TOPICS,
+            5,
+            {
+                "topics": [
+                    {"name": TOPIC, "num_partitions": 3, "replication_factor": 1, "assignments": [], "configs": []}
+                ],
+                "timeout_ms": 5000,
+                "validate_only": False,
+            },
+        )
         for partition in range(3):
-            await client.call(api.ApiKey.PRODUCE, 9, {"transactional_id": None, "acks": -1, "timeout_ms": 5000,
-                              "topic_data": [{"name": TOPIC, "partition_data": [
-                                  {"index": partition, "records": bytes(make_batch([b"a", b"b"]))}]}]})
+            await client.call(
+                api.ApiKey.PRODUCE,
+                9,
+                {
+                    "transactional_id": None,
+                    "acks": -1,
+                    "timeout_ms": 5000,
+                    "topic_data": [
+                        {
+                            "name": TOPIC,
+                            "partition_data": [{"index": partition, "records": bytes(make_batch([b"a", b"b"]))}],
+                        }
+                    ],
+                },
+            )
 
 
 def _frame(api_key: int, version: int, correlation_id: int, body: dict) -> bytes:
@@ -122,8 +166,9 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
 def live(tmp_path_factory) -> Iterator[ThreadedBroker]:
     # a memory store, on its own loop thread so blocking sockets (and Hypothesis) drive it; session timeouts
     # down to 10 ms are valid, so generated JoinGroups get past that check
-    config = dataclasses.replace(broker_config("memory", tmp_path_factory.mktemp("fuzzed")),
-                                 group_min_session_timeout_ms=10)
+    config = dataclasses.replace(
+        broker_config("memory", tmp_path_factory.mktemp("fuzzed")), group_min_session_timeout_ms=10
+    )
     broker = ThreadedBroker(config).start()
     try:
         broker.call(_seed(*broker.kafka_address))
@@ -135,8 +180,15 @@ def live(tmp_path_factory) -> Iterator[ThreadedBroker]:
 #: requests that once closed their connection or logged an error, replayed every run (the generated ones vary)
 FOUND = [
     # Metadata v10-11 naming a topic only by id: the answer's null name could not be encoded
-    (api.ApiKey.METADATA, 11, {"topics": [{"topic_id": uuid.UUID(int=7), "name": None}],
-                               "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}),
+    (
+        api.ApiKey.METADATA,
+        11,
+        {
+            "topics": [{"topic_id": uuid.UUID(int=7), "name": None}],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    ),
 ]
 
 
@@ -149,11 +201,17 @@ def test_requests_that_once_failed_are_answered(live, caplog, api_key: int, vers
 
 
 @pytest.mark.parametrize(("api_key", "version"), CASES, ids=[f"{api.NAMES[k]}-v{v}" for k, v in CASES])
-@settings(max_examples=6, derandomize=True, database=None, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=6,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
-def test_every_request_is_answered_or_refused_and_nothing_raises(live, caplog, api_key: int, version: int,
-                                                                 data) -> None:
+def test_every_request_is_answered_or_refused_and_nothing_raises(
+    live, caplog, api_key: int, version: int, data
+) -> None:
     message = strategies.PAIRS[api_key]["request"]
     rnd = random.Random(data.draw(st.integers(0, 1 << 32), label="seed"))
     body = _aimed(data.draw(strategies.struct_strategy(message.fields, version), label="body"), rnd)

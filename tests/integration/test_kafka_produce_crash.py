@@ -5,6 +5,7 @@ shape), so the broker reads several at a time and answers them with one store wr
 under sync flush; the broker is killed with SIGKILL at a random point while answers are flowing. After a restart
 every batch whose answer arrived is present at the offset it was given, intact, and each partition holds a prefix
 of what was sent to it, in order. Repeated with different kill points."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,16 +25,42 @@ IN_FLIGHT = 48
 
 
 def produce_body(topic: str, partition: int, value: bytes) -> dict:
-    return {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [
-        {"name": topic, "partition_data": [{"index": partition, "records": bytes(make_batch([value]))}]}]}
+    return {
+        "transactional_id": None,
+        "acks": -1,
+        "timeout_ms": 5000,
+        "topic_data": [
+            {"name": topic, "partition_data": [{"index": partition, "records": bytes(make_batch([value]))}]}
+        ],
+    }
 
 
 def fetch_body(topic: str, partition: int, offset: int) -> dict:
-    return {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
-            "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-            "topics": [{"topic": topic, "partitions": [{"partition": partition, "current_leader_epoch": -1,
-                                                        "fetch_offset": offset, "log_start_offset": -1,
-                                                        "partition_max_bytes": 1 << 20}]}]}
+    return {
+        "replica_id": -1,
+        "max_wait_ms": 0,
+        "min_bytes": 0,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "forgotten_topics_data": [],
+        "rack_id": "",
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [
+                    {
+                        "partition": partition,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": offset,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 1 << 20,
+                    }
+                ],
+            }
+        ],
+    }
 
 
 def values_of(records) -> list[bytes]:
@@ -41,12 +68,13 @@ def values_of(records) -> list[bytes]:
     out = []
     for pos, size, *_ in recbatch.scan_batches(data):
         header = recbatch.parse_header(data, pos)
-        out += [r[4] for r in recbatch.decode_records(data[pos + 61:pos + size], header[12])]
+        out += [r[4] for r in recbatch.decode_records(data[pos + 61 : pos + size], header[12])]
     return out
 
 
-async def produce_until_killed(broker: BrokerProcess, topic: str, kill_after: int,
-                               round_: int) -> dict[tuple[int, int], bytes]:
+async def produce_until_killed(
+    broker: BrokerProcess, topic: str, kill_after: int, round_: int
+) -> dict[tuple[int, int], bytes]:
     """Send requests, IN_FLIGHT outstanding, until `kill_after` answers have arrived; then SIGKILL the broker.
     Returns what was acknowledged: (partition, base offset) -> value."""
     host, port = broker.kafka_address
@@ -89,9 +117,23 @@ def test_grouped_acks_all_produce_survives_kill_9(tmp_path: Path) -> None:
         async def setup() -> None:
             host, port = broker.kafka_address
             async with await RawKafkaClient.connect(host, port) as admin:
-                created = await admin.call(ApiKey.CREATE_TOPICS, 5, {"topics": [
-                    {"name": "crash", "num_partitions": PARTITIONS, "replication_factor": 1, "assignments": [],
-                     "configs": []}], "timeout_ms": 10000, "validate_only": False})
+                created = await admin.call(
+                    ApiKey.CREATE_TOPICS,
+                    5,
+                    {
+                        "topics": [
+                            {
+                                "name": "crash",
+                                "num_partitions": PARTITIONS,
+                                "replication_factor": 1,
+                                "assignments": [],
+                                "configs": [],
+                            }
+                        ],
+                        "timeout_ms": 10000,
+                        "validate_only": False,
+                    },
+                )
                 assert created["topics"][0]["error_code"] == 0
 
         asyncio.run(setup())

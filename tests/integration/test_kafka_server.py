@@ -1,6 +1,7 @@
 """The Kafka server over real sockets with mqk's raw client: bad input, ordering, long poll, produce/fetch
 semantics, idempotence, admin. Every bad-input test also proves that another connection and the stored data
 are unaffected."""
+
 from __future__ import annotations
 
 import asyncio
@@ -61,8 +62,9 @@ async def fetch(client, topic, offset, version=12, **kw) -> dict:
 async def assert_healthy(broker, topic="keep", expect=(b"a", b"b")) -> None:
     """A fresh connection still works and the stored records are intact."""
     async with await RawKafkaClient.connect(broker.host, broker.port) as other:
-        versions = await other.call(ApiKey.API_VERSIONS, 3, {"client_software_name": "t",
-                                                              "client_software_version": "1"})
+        versions = await other.call(
+            ApiKey.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}
+        )
         assert versions["error_code"] == 0
         part = await fetch(other, topic, 0)
         assert part["error_code"] == 0 and values_of(part["records"]) == list(expect)
@@ -114,17 +116,20 @@ async def test_big_trickled_and_abandoned_frames(broker, client):
     values = [bytes([i % 251]) * 1000 for i in range(900)]
     assert (await produce(client, "frames", make_batch(values)))["error_code"] == 0
     async with await RawKafkaClient.connect(broker.host, broker.port) as slow:
-        raw = b"".join(bytes(p) for p in encode_request(ApiKey.PRODUCE, 9, 1, "slow",
-                                                         produce_body("frames", make_batch([b"trickled"]))))
+        raw = b"".join(
+            bytes(p)
+            for p in encode_request(ApiKey.PRODUCE, 9, 1, "slow", produce_body("frames", make_batch([b"trickled"])))
+        )
         for at in range(0, len(raw), 7):
-            slow.write_raw(raw[at:at + 7])
+            slow.write_raw(raw[at : at + 7])
             await slow.writer.drain()
             # a real pause between the pieces, so they reach the broker as separate reads: no event on this side
             # can make the kernel deliver them apart
             await asyncio.sleep(0.001)
         head = await asyncio.wait_for(slow.reader.readexactly(4), 10)
-        cid, answer = decode_response_frame(ApiKey.PRODUCE, 9, await slow.reader.readexactly(
-            struct.unpack(">i", head)[0]))
+        cid, answer = decode_response_frame(
+            ApiKey.PRODUCE, 9, await slow.reader.readexactly(struct.unpack(">i", head)[0])
+        )
         assert cid == 1 and answer["responses"][0]["partition_responses"][0]["error_code"] == 0
     async with await RawKafkaClient.connect(broker.host, broker.port) as leaving:
         leaving.write_raw(struct.pack(">i", 90 * 1024 * 1024) + b"\x00" * 1000)
@@ -227,9 +232,11 @@ async def test_message_too_large_unknown_partition_and_bad_acks(client, broker):
     await broker.store.alter_topic_config("small", TopicConfig({"max.message.bytes": "200"}))
     assert (await produce(client, "small", make_batch([b"x" * 500])))["error_code"] == E.MessageTooLargeError.code
     assert (await produce(client, "small", make_batch([b"x"]), partition=7))["error_code"] == (
-        E.UnknownTopicOrPartitionError.code)
+        E.UnknownTopicOrPartitionError.code
+    )
     assert (await produce(client, "small", make_batch([b"x"]), acks=5))["error_code"] == (
-        E.InvalidRequiredAcksError.code)
+        E.InvalidRequiredAcksError.code
+    )
     assert broker.store.end_offset("small", 0) == 0
 
 
@@ -243,8 +250,15 @@ async def test_auto_create_off_gives_unknown_topic():
         async with await RawKafkaClient.connect(server.host, server.port) as c:
             part = await produce(c, "nope", make_batch([b"x"]))
             assert part["error_code"] == E.UnknownTopicOrPartitionError.code
-            md = await c.call(ApiKey.METADATA, 9, {"topics": [{"name": "nope"}], "allow_auto_topic_creation": True,
-                                                   "include_topic_authorized_operations": False})
+            md = await c.call(
+                ApiKey.METADATA,
+                9,
+                {
+                    "topics": [{"name": "nope"}],
+                    "allow_auto_topic_creation": True,
+                    "include_topic_authorized_operations": False,
+                },
+            )
             assert md["topics"][0]["error_code"] == E.UnknownTopicOrPartitionError.code
             assert store.topic("nope") is None
     finally:
@@ -254,8 +268,11 @@ async def test_auto_create_off_gives_unknown_topic():
 
 async def test_acks_zero_has_no_response_but_is_stored(client, broker):
     client.send(ApiKey.PRODUCE, 9, produce_body("z", make_batch([b"q"]), acks=0), expect_response=False)
-    md = await client.call(ApiKey.METADATA, 9, {"topics": None, "allow_auto_topic_creation": False,
-                                                "include_topic_authorized_operations": False})
+    md = await client.call(
+        ApiKey.METADATA,
+        9,
+        {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False},
+    )
     assert "z" in {t["name"] for t in md["topics"]}
     assert broker.store.end_offset("z", 0) == 1
 
@@ -284,10 +301,12 @@ async def test_create_times_outside_the_topic_window_are_invalid_timestamp(clien
     assert (await produce(client, "ts", make_batch([b"soon"], timestamp=now + 60_000)))["error_code"] == 0
     assert (await produce(client, "ts", make_batch([b"1970"], timestamp=1000)))["error_code"] == 0
     assert broker.store.end_offset("ts", 0) == 2
-    await broker.store.alter_topic_config("ts", TopicConfig({"message.timestamp.before.max.ms": "60000",
-                                                              "message.timestamp.after.max.ms": "86400000"}))
+    await broker.store.alter_topic_config(
+        "ts", TopicConfig({"message.timestamp.before.max.ms": "60000", "message.timestamp.after.max.ms": "86400000"})
+    )
     assert (await produce(client, "ts", make_batch([b"1970"], timestamp=1000)))["error_code"] == (
-        E.InvalidTimestampError.code)
+        E.InvalidTimestampError.code
+    )
     assert (await produce(client, "ts", make_batch([b"later"], timestamp=now + 2 * 3600_000)))["error_code"] == 0
     await broker.store.create_topic("ts-lat", 1, TopicConfig({"message.timestamp.type": "LogAppendTime"}))
     assert (await produce(client, "ts-lat", make_batch([b"x"], timestamp=now + 10 * 3600_000)))["error_code"] == 0
@@ -299,8 +318,11 @@ async def test_create_times_outside_the_topic_window_are_invalid_timestamp(clien
 async def test_pipelined_responses_keep_request_order_behind_a_long_poll(broker, client):
     await seed(client)
     client.send(ApiKey.FETCH, 12, fetch_body("keep", 2, max_wait_ms=300, min_bytes=1))
-    client.send(ApiKey.METADATA, 9, {"topics": None, "allow_auto_topic_creation": False,
-                                     "include_topic_authorized_operations": False})
+    client.send(
+        ApiKey.METADATA,
+        9,
+        {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False},
+    )
     client.send(ApiKey.API_VERSIONS, 0, {})
     started = time.monotonic()
     cid1, fetched = await client.receive()
@@ -325,8 +347,9 @@ async def test_long_poll_wakes_on_new_data(broker, client):
 
 
 @pytest.mark.parametrize("max_bytes", [1 << 20, 1])
-async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is_after_the_wake_up(broker, client,
-                                                                                                   max_bytes):
+async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is_after_the_wake_up(
+    broker, client, max_bytes
+):
     # a consumer of many partitions waits on all of them and is woken by one; the answer after the wake-up must
     # still give every partition its offsets as they are then, and the records of every partition that grew (with
     # max_bytes 1, only the first one's, as KIP-74 lets the first partition with data exceed the limit; the other
@@ -345,8 +368,17 @@ async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is
         await wait_until_async(lambda: broker.broker.hub.waiting_on("wide", 0), what="the fetch to be parked")
         assert await broker.store.delete_before("wide", 5, ends[5]) == ends[5]  # moves a log start, wakes nobody
         grown = {3: [b"three"], 7: [b"seven", b"seven-2"]}
-        both = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "wide",
-                "partition_data": [{"index": p, "records": bytes(make_batch(v))} for p, v in grown.items()]}]}
+        both = {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout_ms": 5000,
+            "topic_data": [
+                {
+                    "name": "wide",
+                    "partition_data": [{"index": p, "records": bytes(make_batch(v))} for p, v in grown.items()],
+                }
+            ],
+        }
         answer = await producer.call(ApiKey.PRODUCE, 9, both)  # one request: one append, one wake-up for both
         assert [x["error_code"] for x in answer["responses"][0]["partition_responses"]] == [0, 0]
         _, resp = await client.receive()
@@ -354,8 +386,11 @@ async def test_a_long_poll_over_many_partitions_answers_every_partition_as_it_is
     assert sorted(parts) == list(range(20))
     for p, part in parts.items():
         expected_end = ends[p] + len(grown.get(p, ()))
-        assert (part["error_code"], part["high_watermark"], part["last_stable_offset"]) == (0, expected_end,
-                                                                                           expected_end)
+        assert (part["error_code"], part["high_watermark"], part["last_stable_offset"]) == (
+            0,
+            expected_end,
+            expected_end,
+        )
         assert part["log_start_offset"] == (ends[5] if p == 5 else 0)
         assert values_of(part["records"]) == (grown.get(p, []) if p == 3 or max_bytes > 1 else [])
 
@@ -378,8 +413,11 @@ async def test_fetch_by_topic_id_v13(client, broker):
 async def test_metadata_by_topic_id_from_v12_only(client, broker):
     await seed(client)
     topic_id = uuid.UUID(bytes=bytes(broker.store.topic("keep").topic_id))
-    body = {"topics": [{"topic_id": topic_id, "name": None}], "allow_auto_topic_creation": False,
-            "include_topic_authorized_operations": False}
+    body = {
+        "topics": [{"topic_id": topic_id, "name": None}],
+        "allow_auto_topic_creation": False,
+        "include_topic_authorized_operations": False,
+    }
     found = (await client.call(ApiKey.METADATA, 12, body))["topics"]
     assert [(t["error_code"], t["name"], len(t["partitions"])) for t in found] == [(0, "keep", 1)]
     # v10-11 have the field but an answer there cannot carry a null name: refused, the connection stays up
@@ -403,8 +441,17 @@ async def test_list_offsets_special_and_by_time_and_delete_records(client):
     await produce(client, "lo", make_batch([b"c"], timestamp=5000))
 
     async def lookup(ts):
-        resp = await client.call(ApiKey.LIST_OFFSETS, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
-            {"name": "lo", "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": ts}]}]})
+        resp = await client.call(
+            ApiKey.LIST_OFFSETS,
+            7,
+            {
+                "replica_id": -1,
+                "isolation_level": 0,
+                "topics": [
+                    {"name": "lo", "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": ts}]}
+                ],
+            },
+        )
         p = resp["topics"][0]["partitions"][0]
         assert p["error_code"] == 0
         return p["offset"], p["timestamp"]
@@ -415,8 +462,16 @@ async def test_list_offsets_special_and_by_time_and_delete_records(client):
     assert await lookup(2000) == (2, 5000)
     assert await lookup(9999) == (-1, -1)
     assert await lookup(-3) == (2, 5000)
-    resp = await client.call(ApiKey.DELETE_RECORDS, 1, {"timeout_ms": 1000, "topics": [
-        {"name": "lo", "partitions": [{"partition_index": 0, "offset": 2}, {"partition_index": 4, "offset": 0}]}]})
+    resp = await client.call(
+        ApiKey.DELETE_RECORDS,
+        1,
+        {
+            "timeout_ms": 1000,
+            "topics": [
+                {"name": "lo", "partitions": [{"partition_index": 0, "offset": 2}, {"partition_index": 4, "offset": 0}]}
+            ],
+        },
+    )
     parts = resp["topics"][0]["partitions"]
     assert parts[0]["error_code"] == 0 and parts[0]["low_watermark"] == 2
     assert parts[1]["error_code"] == E.UnknownTopicOrPartitionError.code
@@ -428,8 +483,11 @@ async def test_list_offsets_special_and_by_time_and_delete_records(client):
 
 
 async def test_idempotent_producer_duplicates_and_gaps(client, broker):
-    init = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 60000,
-                                                          "producer_id": -1, "producer_epoch": -1})
+    init = await client.call(
+        ApiKey.INIT_PRODUCER_ID,
+        4,
+        {"transactional_id": None, "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1},
+    )
     assert init["error_code"] == 0 and init["producer_id"] >= 0
     pid, epoch = init["producer_id"], init["producer_epoch"]
 
@@ -445,19 +503,28 @@ async def test_idempotent_producer_duplicates_and_gaps(client, broker):
     assert (await produce(client, "idem", batch(3, b"d")))["base_offset"] == 3
     assert values_of((await fetch(client, "idem", 0))["records"]) == [b"a", b"b", b"c", b"d"]
     # a second producer id from the allocator is different
-    init2 = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
-                                                           "producer_id": -1, "producer_epoch": -1})
+    init2 = await client.call(
+        ApiKey.INIT_PRODUCER_ID,
+        4,
+        {"transactional_id": None, "transaction_timeout_ms": 1, "producer_id": -1, "producer_epoch": -1},
+    )
     assert init2["producer_id"] != pid
-    txn = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout_ms": 1,
-                                                         "producer_id": -1, "producer_epoch": -1})
+    txn = await client.call(
+        ApiKey.INIT_PRODUCER_ID,
+        4,
+        {"transactional_id": "tx", "transaction_timeout_ms": 1, "producer_id": -1, "producer_epoch": -1},
+    )
     assert txn["error_code"] != 0
 
 
 def file_broker_session(tmp_path):
     """`await run(fn)`: start a file-store broker on `tmp_path`, call fn(client) on one connection, stop the broker
     (store closed cleanly); each call is one broker lifetime over the same data."""
-    cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), commitlog_segment_bytes=1 << 20,
-                                   cq_units_per_file=1024))
+    cfg = config(
+        store=StoreConfig(
+            storage="file", data_dir=Path(tmp_path), commitlog_segment_bytes=1 << 20, cq_units_per_file=1024
+        )
+    )
 
     async def run(fn):
         store = StoreManager(cfg.store)
@@ -492,8 +559,11 @@ async def test_idempotence_and_producer_ids_survive_restart(tmp_path):
     run = file_broker_session(tmp_path)
 
     async def first(c):
-        init = await c.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
-                                                         "producer_id": -1, "producer_epoch": -1})
+        init = await c.call(
+            ApiKey.INIT_PRODUCER_ID,
+            4,
+            {"transactional_id": None, "transaction_timeout_ms": 1, "producer_id": -1, "producer_epoch": -1},
+        )
         pid = init["producer_id"]
         b = make_batch([b"a"], producer_id=pid, producer_epoch=0, base_sequence=0)
         assert (await produce(c, "idem", b))["base_offset"] == 0
@@ -509,8 +579,11 @@ async def test_idempotence_and_producer_ids_survive_restart(tmp_path):
         assert (await produce(c, "idem", gap))["error_code"] == E.OutOfOrderSequenceNumberError.code
         nxt = make_batch([b"b"], producer_id=pid, producer_epoch=0, base_sequence=1)
         assert (await produce(c, "idem", nxt))["base_offset"] == 1
-        init = await c.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
-                                                         "producer_id": -1, "producer_epoch": -1})
+        init = await c.call(
+            ApiKey.INIT_PRODUCER_ID,
+            4,
+            {"transactional_id": None, "transaction_timeout_ms": 1, "producer_id": -1, "producer_epoch": -1},
+        )
         assert init["producer_id"] > pid  # ids are never reused across restarts
         return values_of((await fetch(c, "idem", 0))["records"])
 
@@ -521,51 +594,128 @@ async def test_idempotence_and_producer_ids_survive_restart(tmp_path):
 
 
 async def test_create_describe_alter_delete_topic(client, broker):
-    resp = await client.call(ApiKey.CREATE_TOPICS, 5, {"timeout_ms": 1000, "validate_only": False, "topics": [
-        {"name": "adm", "num_partitions": 3, "replication_factor": 1, "assignments": [],
-         "configs": [{"name": "retention.ms", "value": "1000"}]},
-        {"name": "bad", "num_partitions": 1, "replication_factor": 3, "assignments": [], "configs": []},
-        {"name": "badcfg", "num_partitions": 1, "replication_factor": 1, "assignments": [],
-         "configs": [{"name": "no.such", "value": "1"}]},
-        {"name": "dry", "num_partitions": 2, "replication_factor": -1, "assignments": [], "configs": []}]})
+    resp = await client.call(
+        ApiKey.CREATE_TOPICS,
+        5,
+        {
+            "timeout_ms": 1000,
+            "validate_only": False,
+            "topics": [
+                {
+                    "name": "adm",
+                    "num_partitions": 3,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [{"name": "retention.ms", "value": "1000"}],
+                },
+                {"name": "bad", "num_partitions": 1, "replication_factor": 3, "assignments": [], "configs": []},
+                {
+                    "name": "badcfg",
+                    "num_partitions": 1,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [{"name": "no.such", "value": "1"}],
+                },
+                {"name": "dry", "num_partitions": 2, "replication_factor": -1, "assignments": [], "configs": []},
+            ],
+        },
+    )
     # (validate_only applies to the whole request, so "dry" is created here too)
     codes = [t["error_code"] for t in resp["topics"]]
     assert codes == [0, E.InvalidReplicationFactorError.code, E.InvalidConfigError.code, 0]
     assert resp["topics"][0]["num_partitions"] == 3
     assert broker.store.topic("adm").queue_count == 3
-    again = await client.call(ApiKey.CREATE_TOPICS, 5, {"timeout_ms": 1000, "validate_only": True, "topics": [
-        {"name": "adm", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
-        {"name": "only-validated", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}]})
+    again = await client.call(
+        ApiKey.CREATE_TOPICS,
+        5,
+        {
+            "timeout_ms": 1000,
+            "validate_only": True,
+            "topics": [
+                {"name": "adm", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
+                {
+                    "name": "only-validated",
+                    "num_partitions": 1,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [],
+                },
+            ],
+        },
+    )
     assert [t["error_code"] for t in again["topics"]] == [E.TopicAlreadyExistsError.code, 0]
     assert broker.store.topic("only-validated") is None
 
     def describe():
-        return client.call(ApiKey.DESCRIBE_CONFIGS, 4, {"include_synonyms": True, "include_documentation": False,
-                                                        "resources": [{"resource_type": 2, "resource_name": "adm",
-                                                                       "configuration_keys": None}]})
+        return client.call(
+            ApiKey.DESCRIBE_CONFIGS,
+            4,
+            {
+                "include_synonyms": True,
+                "include_documentation": False,
+                "resources": [{"resource_type": 2, "resource_name": "adm", "configuration_keys": None}],
+            },
+        )
 
     configs = {c["name"]: c for c in (await describe())["results"][0]["configs"]}
     assert configs["retention.ms"]["value"] == "1000" and configs["retention.ms"]["config_source"] == 1
     assert configs["cleanup.policy"]["value"] == "delete" and configs["cleanup.policy"]["config_source"] == 5
     assert configs["max.message.bytes"]["value"] == "1048588"
-    inc = await client.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
-        {"resource_type": 2, "resource_name": "adm", "configs": [
-            {"name": "cleanup.policy", "config_operation": 2, "value": "compact"},
-            {"name": "retention.ms", "config_operation": 1, "value": None}]}]})
+    inc = await client.call(
+        ApiKey.INCREMENTAL_ALTER_CONFIGS,
+        1,
+        {
+            "validate_only": False,
+            "resources": [
+                {
+                    "resource_type": 2,
+                    "resource_name": "adm",
+                    "configs": [
+                        {"name": "cleanup.policy", "config_operation": 2, "value": "compact"},
+                        {"name": "retention.ms", "config_operation": 1, "value": None},
+                    ],
+                }
+            ],
+        },
+    )
     assert inc["responses"][0]["error_code"] == 0
     configs = {c["name"]: c for c in (await describe())["results"][0]["configs"]}
     assert configs["cleanup.policy"]["value"] == "delete,compact"
     assert configs["retention.ms"]["config_source"] == 5
-    bad = await client.call(ApiKey.ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
-        {"resource_type": 2, "resource_name": "adm", "configs": [{"name": "segment.bytes", "value": "abc"}]}]})
+    bad = await client.call(
+        ApiKey.ALTER_CONFIGS,
+        1,
+        {
+            "validate_only": False,
+            "resources": [
+                {"resource_type": 2, "resource_name": "adm", "configs": [{"name": "segment.bytes", "value": "abc"}]}
+            ],
+        },
+    )
     assert bad["responses"][0]["error_code"] == E.InvalidConfigError.code
-    parts = await client.call(ApiKey.CREATE_PARTITIONS, 2, {"timeout_ms": 1000, "validate_only": False, "topics": [
-        {"name": "adm", "count": 5, "assignments": None}, {"name": "adm2", "count": 5, "assignments": None}]})
+    parts = await client.call(
+        ApiKey.CREATE_PARTITIONS,
+        2,
+        {
+            "timeout_ms": 1000,
+            "validate_only": False,
+            "topics": [
+                {"name": "adm", "count": 5, "assignments": None},
+                {"name": "adm2", "count": 5, "assignments": None},
+            ],
+        },
+    )
     assert [r["error_code"] for r in parts["results"]] == [0, E.UnknownTopicOrPartitionError.code]
     assert broker.store.topic("adm").queue_count == 5
-    broker_cfg = await client.call(ApiKey.DESCRIBE_CONFIGS, 4, {"include_synonyms": False,
-                                                                "include_documentation": False, "resources": [
-        {"resource_type": 4, "resource_name": "0", "configuration_keys": None}]})
+    broker_cfg = await client.call(
+        ApiKey.DESCRIBE_CONFIGS,
+        4,
+        {
+            "include_synonyms": False,
+            "include_documentation": False,
+            "resources": [{"resource_type": 4, "resource_name": "0", "configuration_keys": None}],
+        },
+    )
     names = {c["name"]: c for c in broker_cfg["results"][0]["configs"]}
     assert names["message.max.bytes"]["read_only"] is True
     deleted = await client.call(ApiKey.DELETE_TOPICS, 4, {"topic_names": ["adm", "ghost"], "timeout_ms": 1000})
@@ -574,9 +724,15 @@ async def test_create_describe_alter_delete_topic(client, broker):
 
 
 async def test_metadata_describe_cluster_find_coordinator_sasl(client, broker):
-    md = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": "mdt", "topic_id": uuid.UUID(int=0)}],
-                                                 "allow_auto_topic_creation": True,
-                                                 "include_topic_authorized_operations": False})
+    md = await client.call(
+        ApiKey.METADATA,
+        12,
+        {
+            "topics": [{"name": "mdt", "topic_id": uuid.UUID(int=0)}],
+            "allow_auto_topic_creation": True,
+            "include_topic_authorized_operations": False,
+        },
+    )
     assert md["brokers"] == [{"node_id": 0, "host": broker.host, "port": broker.port, "rack": None}]
     assert md["cluster_id"] == broker.config.cluster_id and md["controller_id"] == 0
     topic = md["topics"][0]
@@ -586,50 +742,101 @@ async def test_metadata_describe_cluster_find_coordinator_sasl(client, broker):
     assert dc["cluster_id"] == broker.config.cluster_id and dc["brokers"][0]["port"] == broker.port
     fc = await client.call(ApiKey.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["g1", "g2"]})
     assert [(c["key"], c["port"], c["error_code"]) for c in fc["coordinators"]] == [
-        ("g1", broker.port, 0), ("g2", broker.port, 0)]
+        ("g1", broker.port, 0),
+        ("g2", broker.port, 0),
+    ]
     sasl = await client.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
     assert sasl == {"error_code": E.UnsupportedSaslMechanismError.code, "mechanisms": []}
 
 
 async def test_group_over_the_wire_join_sync_commit_fetch(client, broker):
-    join = {"group_id": "wg", "session_timeout_ms": 10000, "rebalance_timeout_ms": 10000, "member_id": "",
-            "group_instance_id": None, "protocol_type": "consumer",
-            "protocols": [{"name": "range", "metadata": b"\x00\x00\x00\x00\x00\x00"}], "reason": None}
+    join = {
+        "group_id": "wg",
+        "session_timeout_ms": 10000,
+        "rebalance_timeout_ms": 10000,
+        "member_id": "",
+        "group_instance_id": None,
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"\x00\x00\x00\x00\x00\x00"}],
+        "reason": None,
+    }
     first = await client.call(ApiKey.JOIN_GROUP, 5, join)
     assert first["error_code"] == E.MemberIdRequiredError.code
     joined = await client.call(ApiKey.JOIN_GROUP, 5, dict(join, member_id=first["member_id"]))
     assert joined["error_code"] == 0 and joined["leader"] == first["member_id"]
     me, gen = joined["member_id"], joined["generation_id"]
-    sync = await client.call(ApiKey.SYNC_GROUP, 3, {"group_id": "wg", "generation_id": gen, "member_id": me,
-                                                    "group_instance_id": None,
-                                                    "assignments": [{"member_id": me, "assignment": b"A"}]})
+    sync = await client.call(
+        ApiKey.SYNC_GROUP,
+        3,
+        {
+            "group_id": "wg",
+            "generation_id": gen,
+            "member_id": me,
+            "group_instance_id": None,
+            "assignments": [{"member_id": me, "assignment": b"A"}],
+        },
+    )
     assert sync["error_code"] == 0 and sync["assignment"] == b"A"
-    hb = await client.call(ApiKey.HEARTBEAT, 3, {"group_id": "wg", "generation_id": gen, "member_id": me,
-                                                 "group_instance_id": None})
+    hb = await client.call(
+        ApiKey.HEARTBEAT, 3, {"group_id": "wg", "generation_id": gen, "member_id": me, "group_instance_id": None}
+    )
     assert hb["error_code"] == 0
     await broker.store.create_topic("ct", 2)
-    commit = await client.call(ApiKey.OFFSET_COMMIT, 7, {
-        "group_id": "wg", "generation_id_or_member_epoch": gen, "member_id": me, "group_instance_id": None,
-        "topics": [{"name": "ct", "partitions": [
-            {"partition_index": 0, "committed_offset": 42, "committed_leader_epoch": -1, "committed_metadata": "m"},
-            {"partition_index": 9, "committed_offset": 1, "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+    commit = await client.call(
+        ApiKey.OFFSET_COMMIT,
+        7,
+        {
+            "group_id": "wg",
+            "generation_id_or_member_epoch": gen,
+            "member_id": me,
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": "ct",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": 42,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "m",
+                        },
+                        {
+                            "partition_index": 9,
+                            "committed_offset": 1,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "",
+                        },
+                    ],
+                }
+            ],
+        },
+    )
     assert [p["error_code"] for p in commit["topics"][0]["partitions"]] == [0, E.UnknownTopicOrPartitionError.code]
-    fetched = await client.call(ApiKey.OFFSET_FETCH, 8, {"groups": [
-        {"group_id": "wg", "topics": [{"name": "ct", "partition_indexes": [0, 1]}]}], "require_stable": False})
+    fetched = await client.call(
+        ApiKey.OFFSET_FETCH,
+        8,
+        {
+            "groups": [{"group_id": "wg", "topics": [{"name": "ct", "partition_indexes": [0, 1]}]}],
+            "require_stable": False,
+        },
+    )
     parts = fetched["groups"][0]["topics"][0]["partitions"]
     assert [(p["committed_offset"], p["metadata"]) for p in parts] == [(42, "m"), (-1, "")]
-    described = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["wg", "nope"],
-                                                              "include_authorized_operations": False})
+    described = await client.call(
+        ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["wg", "nope"], "include_authorized_operations": False}
+    )
     assert described["groups"][0]["group_state"] == "Stable"
     assert described["groups"][0]["members"][0]["member_assignment"] == b"A"
     assert described["groups"][1]["group_state"] == "Dead"
     listed = await client.call(ApiKey.LIST_GROUPS, 4, {"states_filter": ["Stable"]})
     assert [g["group_id"] for g in listed["groups"]] == ["wg"]
-    leave = await client.call(ApiKey.LEAVE_GROUP, 3, {"group_id": "wg", "members": [
-        {"member_id": me, "group_instance_id": None}]})
+    leave = await client.call(
+        ApiKey.LEAVE_GROUP, 3, {"group_id": "wg", "members": [{"member_id": me, "group_instance_id": None}]}
+    )
     assert leave["error_code"] == 0 and leave["members"][0]["error_code"] == 0
-    od = await client.call(ApiKey.OFFSET_DELETE, 0, {"group_id": "wg", "topics": [
-        {"name": "ct", "partitions": [{"partition_index": 0}]}]})
+    od = await client.call(
+        ApiKey.OFFSET_DELETE, 0, {"group_id": "wg", "topics": [{"name": "ct", "partitions": [{"partition_index": 0}]}]}
+    )
     assert od["error_code"] == 0 and od["topics"][0]["partitions"][0]["error_code"] == 0
     dg = await client.call(ApiKey.DELETE_GROUPS, 1, {"groups_names": ["wg", "nope"]})
     assert [r["error_code"] for r in dg["results"]] == [0, E.GroupIdNotFoundError.code]
@@ -637,8 +844,11 @@ async def test_group_over_the_wire_join_sync_commit_fetch(client, broker):
 
 async def test_pipelined_idempotent_batches_and_in_flight_retry(client, broker):
     """max.in.flight > 1: several sequenced batches (and a retry of one still in flight) sent back to back."""
-    init = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
-                                                          "producer_id": -1, "producer_epoch": -1})
+    init = await client.call(
+        ApiKey.INIT_PRODUCER_ID,
+        4,
+        {"transactional_id": None, "transaction_timeout_ms": 1, "producer_id": -1, "producer_epoch": -1},
+    )
     pid = init["producer_id"]
 
     def body(seq, value):
@@ -659,8 +869,11 @@ async def test_pipelined_idempotent_batches_and_in_flight_retry(client, broker):
     assert (await produce(client, "pipe", stale))["error_code"] == E.InvalidProducerEpochError.code
     # InitProducerId with the current id and epoch (KIP-360, librdkafka's bump) gets a new id at epoch 0, as from
     # Kafka: no epoch is kept per producer id outside the partitions, so one a restart forgot cannot refuse it
-    again = await client.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1,
-                                                           "producer_id": pid, "producer_epoch": 1})
+    again = await client.call(
+        ApiKey.INIT_PRODUCER_ID,
+        4,
+        {"transactional_id": None, "transaction_timeout_ms": 1, "producer_id": pid, "producer_epoch": 1},
+    )
     assert again["error_code"] == 0 and again["producer_id"] > pid and again["producer_epoch"] == 0
 
 
@@ -694,8 +907,15 @@ async def test_fetch_max_bytes_spans_partitions_with_at_least_one_batch(client, 
             assert (await produce(client, "mp", make_batch([b"x" * 1000]), partition=p))["error_code"] == 0
     body = fetch_body("mp", 0, max_bytes=1500)
     body["topics"][0]["partitions"] = [
-        {"partition": p, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
-         "partition_max_bytes": 1 << 20} for p in range(3)]
+        {
+            "partition": p,
+            "current_leader_epoch": -1,
+            "fetch_offset": 0,
+            "log_start_offset": -1,
+            "partition_max_bytes": 1 << 20,
+        }
+        for p in range(3)
+    ]
     resp = await client.call(ApiKey.FETCH, 12, body)
     counts = [len(values_of(p["records"])) for p in resp["responses"][0]["partitions"]]
     # the first partition returns one whole batch although it exceeds max_bytes; then the response is full
@@ -743,10 +963,29 @@ async def test_committed_offsets_and_topics_survive_restart(tmp_path):
 
     async def first(c):
         await produce(c, "rt", make_batch([b"a", b"b", b"c"]))
-        commit = await c.call(ApiKey.OFFSET_COMMIT, 7, {
-            "group_id": "rg", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-            "topics": [{"name": "rt", "partitions": [{"partition_index": 0, "committed_offset": 2,
-                                                      "committed_leader_epoch": 0, "committed_metadata": "note"}]}]})
+        commit = await c.call(
+            ApiKey.OFFSET_COMMIT,
+            7,
+            {
+                "group_id": "rg",
+                "generation_id_or_member_epoch": -1,
+                "member_id": "",
+                "group_instance_id": None,
+                "topics": [
+                    {
+                        "name": "rt",
+                        "partitions": [
+                            {
+                                "partition_index": 0,
+                                "committed_offset": 2,
+                                "committed_leader_epoch": 0,
+                                "committed_metadata": "note",
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
         assert commit["topics"][0]["partitions"][0]["error_code"] == 0
         return await fetch_offsets(c)
 
@@ -776,8 +1015,15 @@ async def test_failed_acks_zero_produce_closes_the_connection(broker, client):
 
 
 async def test_multi_partition_produce_under_sync_flush(tmp_path):
-    cfg = config(store=StoreConfig(storage="file", data_dir=Path(tmp_path), flush_mode="sync",
-                                   commitlog_segment_bytes=1 << 20, cq_units_per_file=1024))
+    cfg = config(
+        store=StoreConfig(
+            storage="file",
+            data_dir=Path(tmp_path),
+            flush_mode="sync",
+            commitlog_segment_bytes=1 << 20,
+            cq_units_per_file=1024,
+        )
+    )
     store = StoreManager(cfg.store)
     await store.start()
     server = KafkaServer(cfg, store)
@@ -785,14 +1031,23 @@ async def test_multi_partition_produce_under_sync_flush(tmp_path):
     try:
         await store.create_topic("many", 8)
         async with await RawKafkaClient.connect(server.host, server.port) as c:
-            body = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [
-                {"name": "many", "partition_data": [
-                    {"index": p, "records": bytes(make_batch([str(p).encode()]))} for p in range(8)] + [
-                    {"index": 99, "records": bytes(make_batch([b"x"]))}]}]}
+            body = {
+                "transactional_id": None,
+                "acks": -1,
+                "timeout_ms": 5000,
+                "topic_data": [
+                    {
+                        "name": "many",
+                        "partition_data": [
+                            {"index": p, "records": bytes(make_batch([str(p).encode()]))} for p in range(8)
+                        ]
+                        + [{"index": 99, "records": bytes(make_batch([b"x"]))}],
+                    }
+                ],
+            }
             resp = await c.call(ApiKey.PRODUCE, 9, body)
             parts = resp["responses"][0]["partition_responses"]
-            assert [(p["index"], p["error_code"], p["base_offset"]) for p in parts[:8]] == [
-                (p, 0, 0) for p in range(8)]
+            assert [(p["index"], p["error_code"], p["base_offset"]) for p in parts[:8]] == [(p, 0, 0) for p in range(8)]
             assert parts[8]["error_code"] == E.UnknownTopicOrPartitionError.code
             for p in range(8):
                 assert values_of((await fetch(c, "many", 0, partition=p))["records"]) == [str(p).encode()]

@@ -1,6 +1,7 @@
 """The log start offset seen three ways agrees after DeleteRecords and after retention: Kafka ListOffsets(earliest)
 (confluent-kafka's watermarks), a Kafka fetch positioned below it (moves to it under auto.offset.reset=earliest),
 and the RocketMQ remoting GET_MIN_OFFSET (mqk's native client). Runs on the memory and the file store."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,14 @@ def _produce(bootstrap: str, topic: str, n: int, timestamp: int | None = None) -
 
 def _views(engine_broker, topic: str) -> tuple[int, int, int]:
     """(ListOffsets earliest, first offset a fetch from 0 returns, remoting min offset)."""
-    consumer = Consumer({"bootstrap.servers": engine_broker.bootstrap, "group.id": "lifecycle-view",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": engine_broker.bootstrap,
+            "group.id": "lifecycle-view",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         low, _high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         consumer.assign([TopicPartition(topic, 0, 0)])  # below the log start: the reset policy moves it

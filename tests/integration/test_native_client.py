@@ -3,6 +3,7 @@ push consumers sharing a group, retry via send-back, dead-letter, delayed delive
 
 The broker side runs on a FakeClock (`mqk_fake_clock`): a delayed or retried message is released by moving it, not
 by waiting for it. The clients run on real time (their rebalances and long polls are real-world events)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,8 @@ from collections.abc import AsyncIterator
 import pytest
 from helpers import wait_until_async
 
-from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
 from mqk.client import Message, MessageExt, MessageQueue, Producer, PullConsumer, PushConsumer, allocate_averagely
+from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
@@ -25,8 +26,9 @@ from mqk.timer import TIMER_TOPIC, TimerService
 @contextlib.asynccontextmanager
 async def remoting_broker(clock: Clock) -> AsyncIterator[tuple[str, StoreManager]]:
     """A RocketMQ broker role, its name server and a timer on a memory store, all on `clock`."""
-    config = BrokerConfig(native_listen=("127.0.0.1", 0), namesrv_listen=("127.0.0.1", 0),
-                          store=StoreConfig(storage="memory"))
+    config = BrokerConfig(
+        native_listen=("127.0.0.1", 0), namesrv_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory")
+    )
     store = StoreManager(config.store)
     await store.start()
     timer = await TimerService(config, store, clock=clock).start()
@@ -72,15 +74,16 @@ async def test_push_consumers_share_queues_without_loss_or_duplicates(ns) -> Non
         async def handle(msg: MessageExt) -> bool:
             seen.append((name, msg.body))
             return True
+
         return handle
 
-    c1 = await PushConsumer(namesrv, "grp", "shared", handler_for("c1"), rebalance_interval=0.5,
-                            suspend_ms=500).start()
-    c2 = await PushConsumer(namesrv, "grp", "shared", handler_for("c2"), rebalance_interval=0.5,
-                            suspend_ms=500).start()
+    c1 = await PushConsumer(namesrv, "grp", "shared", handler_for("c1"), rebalance_interval=0.5, suspend_ms=500).start()
+    c2 = await PushConsumer(namesrv, "grp", "shared", handler_for("c2"), rebalance_interval=0.5, suspend_ms=500).start()
     try:
-        await wait_until_async(lambda: len(c1.assigned) + len(c2.assigned) == 4 + 1 and c1.assigned and c2.assigned,
-                               what="rebalance to split the queues")
+        await wait_until_async(
+            lambda: len(c1.assigned) + len(c2.assigned) == 4 + 1 and c1.assigned and c2.assigned,
+            what="rebalance to split the queues",
+        )
         main = {mq for mq in c1.assigned + c2.assigned if mq.topic == "shared"}
         assert len(main) == 4 and not set(c1.assigned) & set(c2.assigned)
         async with Producer(namesrv) as producer:
@@ -90,8 +93,10 @@ async def test_push_consumers_share_queues_without_loss_or_duplicates(ns) -> Non
             # is in, anything delivered twice before it has been seen too
             for queue in range(4):
                 await producer.send("shared", b"last-%d" % queue, tags="t", queue_id=queue)
-        await wait_until_async(lambda: len({body for _, body in seen if body.startswith(b"last-")}) == 4,
-                               what="all 40 messages and the 4 last ones")
+        await wait_until_async(
+            lambda: len({body for _, body in seen if body.startswith(b"last-")}) == 4,
+            what="all 40 messages and the 4 last ones",
+        )
         bodies = sorted(body for _, body in seen if not body.startswith(b"last-"))
         assert bodies == sorted(b"m%d" % i for i in range(40))  # each exactly once
         assert {name for name, _ in seen} == {"c1", "c2"}
@@ -114,8 +119,13 @@ async def test_leaving_member_hands_its_queues_over(ns) -> None:
     c2 = await PushConsumer(namesrv, "hg", "handover", handle, rebalance_interval=30, suspend_ms=500).start()
     try:
         # the broker's NOTIFY_CONSUMER_IDS_CHANGED (not the 30 s periodic rebalance) splits the queues
-        await wait_until_async(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 1
-                               and len([q for q in c2.assigned if q.topic == "handover"]) == 1, what="split on notify")
+        await wait_until_async(
+            lambda: (
+                len([q for q in c1.assigned if q.topic == "handover"]) == 1
+                and len([q for q in c2.assigned if q.topic == "handover"]) == 1
+            ),
+            what="split on notify",
+        )
         await c2.stop()
         await wait_until_async(lambda: len([q for q in c1.assigned if q.topic == "handover"]) == 2, what="hand-over")
         async with Producer(namesrv) as producer:
@@ -138,22 +148,26 @@ async def test_tag_subscription_and_retry_after_handler_failure(ns, mqk_fake_clo
             raise RuntimeError("boom")
         return True
 
-    consumer = await PushConsumer(namesrv, "rg", "retry-me", handle, expression="A || B", suspend_ms=500,
-                                  rebalance_interval=0.5).start()
+    consumer = await PushConsumer(
+        namesrv, "rg", "retry-me", handle, expression="A || B", suspend_ms=500, rebalance_interval=0.5
+    ).start()
     try:
         async with Producer(namesrv) as producer:
             await producer.send("retry-me", b"fail-once", tags="A")
             await producer.send("retry-me", b"filtered-out", tags="C")
             await producer.send("retry-me", b"ok", tags="B")
         # sent back with delay level 0: the broker picks level 3 (10 s), so it waits in the timer
-        await wait_until_async(lambda: store.topic(TIMER_TOPIC) is not None and store.end_offset(TIMER_TOPIC, 0) == 1,
-                               what="the failed message sent back")
+        await wait_until_async(
+            lambda: store.topic(TIMER_TOPIC) is not None and store.end_offset(TIMER_TOPIC, 0) == 1,
+            what="the failed message sent back",
+        )
         await mqk_fake_clock.advance(9.999)
         assert store.topic("%RETRY%rg") is None or store.end_offset("%RETRY%rg", 0) == 0
         await mqk_fake_clock.advance(0.001)
         assert store.end_offset("%RETRY%rg", 0) == 1
-        await wait_until_async(lambda: [a for a in attempts if a[0] == b"fail-once" and a[1] == 1],
-                               what="the retried message")
+        await wait_until_async(
+            lambda: [a for a in attempts if a[0] == b"fail-once" and a[1] == 1], what="the retried message"
+        )
         retried = [a for a in attempts if a[0] == b"fail-once"]
         assert retried[0][1] == 0 and retried[1][1] == 1
         assert retried[1][2] == "retry-me"  # handed over with its original topic
@@ -172,8 +186,10 @@ async def test_dead_letter_after_max_reconsume_times(ns) -> None:
         mq = MessageQueue("dlq-src", "mqk-broker-a", 0)
         (msg,) = (await consumer.pull(mq, 0)).messages
         await consumer.send_back(msg, delay_level=0, max_reconsume_times=0)  # already at the maximum
-        await wait_until_async(lambda: store.topic("%DLQ%dg") is not None and store.end_offset("%DLQ%dg", 0) == 1,
-                               what="the dead-letter topic")
+        await wait_until_async(
+            lambda: store.topic("%DLQ%dg") is not None and store.end_offset("%DLQ%dg", 0) == 1,
+            what="the dead-letter topic",
+        )
         (dead,) = (await consumer.pull(MessageQueue("%DLQ%dg", "mqk-broker-a", 0), 0)).messages
         assert dead.body == b"poison" and dead.reconsume_times == 1
         assert dead.properties["RETRY_TOPIC"] == "dlq-src" and dead.properties["ORIGIN_MESSAGE_ID"] == msg.msg_id
@@ -225,8 +241,10 @@ async def test_oneway_and_auto_created_topic(ns) -> None:
     namesrv, store = ns
     async with Producer(namesrv) as producer:
         await producer.send_oneway("fresh-topic", b"fire-and-forget")
-        await wait_until_async(lambda: store.topic("fresh-topic") is not None
-                               and store.end_offset("fresh-topic", 0) == 1, what="oneway send")
+        await wait_until_async(
+            lambda: store.topic("fresh-topic") is not None and store.end_offset("fresh-topic", 0) == 1,
+            what="oneway send",
+        )
         result = await producer.send("fresh-topic", b"second")
         assert result.queue_offset == 1
 
@@ -234,8 +252,9 @@ async def test_oneway_and_auto_created_topic(ns) -> None:
 async def test_push_consumer_started_before_its_topic_exists(ns) -> None:
     namesrv, store = ns
     got: list[bytes] = []
-    consumer = await PushConsumer(namesrv, "early", "not-yet", lambda m: got.append(m.body),
-                                  rebalance_interval=0.3, suspend_ms=300).start()
+    consumer = await PushConsumer(
+        namesrv, "early", "not-yet", lambda m: got.append(m.body), rebalance_interval=0.3, suspend_ms=300
+    ).start()
     try:
         async with Producer(namesrv) as producer:
             await producer.send("not-yet", b"first")  # auto-creates the topic
@@ -307,8 +326,13 @@ async def test_concurrent_push_consumption(ns) -> None:
     try:
         await wait_until_async(lambda: len(got) == 20, what="concurrent consumption")
         assert sorted(got) == sorted(b"c%d" % i for i in range(20)) and peak > 1
-        await wait_until_async(lambda: store.fetch_offsets("cc").get(("conc", 0)) is not None
-                               and store.fetch_offsets("cc")[("conc", 0)].offset == 20, what="offset commit")
+        await wait_until_async(
+            lambda: (
+                store.fetch_offsets("cc").get(("conc", 0)) is not None
+                and store.fetch_offsets("cc")[("conc", 0)].offset == 20
+            ),
+            what="offset commit",
+        )
     finally:
         await consumer.stop()
 

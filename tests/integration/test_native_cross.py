@@ -1,10 +1,10 @@
 """Cross-protocol: RocketMQ remoting and Kafka clients on one full broker (mqk_broker: BrokerRuntime, memory
 store). Offsets agree; tags/keys/properties become key/headers and back; Kafka delay headers work. The broker runs
 on a FakeClock: a delayed record is released by moving it."""
+
 from __future__ import annotations
 
 import pytest
-
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from mqk.client import MessageQueue, Producer, PullConsumer
@@ -24,10 +24,10 @@ def _ns(broker) -> str:
 async def test_native_message_read_by_kafka(mqk_broker, mqk_bootstrap) -> None:
     mqk_broker.call(mqk_broker.store.create_topic("x-native", 1))
     async with Producer(_ns(mqk_broker)) as producer:
-        sent = await producer.send("x-native", b"hello", tags="TagA", keys=["order-1", "order-2"],
-                                   properties={"color": "blue"})
-    consumer = AIOKafkaConsumer(bootstrap_servers=mqk_bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False)
+        sent = await producer.send(
+            "x-native", b"hello", tags="TagA", keys=["order-1", "order-2"], properties={"color": "blue"}
+        )
+    consumer = AIOKafkaConsumer(bootstrap_servers=mqk_bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     try:
         tp = TopicPartition("x-native", 0)
@@ -48,8 +48,9 @@ async def test_kafka_record_pulled_over_remoting(mqk_broker, mqk_bootstrap) -> N
     producer = AIOKafkaProducer(bootstrap_servers=mqk_bootstrap)
     await producer.start()
     try:
-        meta = await producer.send_and_wait("x-kafka", b"from-kafka", key=b"k1", partition=0,
-                                            headers=[("TAGS", b"T1"), ("trace", b"abc")])
+        meta = await producer.send_and_wait(
+            "x-kafka", b"from-kafka", key=b"k1", partition=0, headers=[("TAGS", b"T1"), ("trace", b"abc")]
+        )
         await producer.send_and_wait("x-kafka", b"second", partition=0)
     finally:
         await producer.stop()

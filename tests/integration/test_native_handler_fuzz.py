@@ -6,6 +6,7 @@ The property: each request is answered or its connection closed; no processor ra
 level or with a traceback); the broker keeps serving. This found a bornTimestamp beyond a Java long reaching the
 batch builder and failing there as an unexpected error; an ext field outside the 64-bit range is now a bad field.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,13 +30,37 @@ FIELD_NAMES = (
     "readQueueNums reconsumeTimes subscription suspendTimeoutMillis sysFlag timestamp topic topicFilterType "
     "tranStateTableOffset unitMode writeQueueNums"
 ).split() + list("abcdefghijklmn")
-FIELD_VALUES = ["fz", "", "-1", "0", "1", "3", "7", "2147483648", "99999999999999999999", "-9223372036854775809",
-                "1.5", "true", "abc", "%RETRY%g", "%DLQ%g", "TBW102", "x" * 300, "*", "a || b", "\x00",
-                "TAGS\x01a\x02KEYS\x01k\x02", "0A0B0C0D00002A9F0000000000000000"]
+FIELD_VALUES = [
+    "fz",
+    "",
+    "-1",
+    "0",
+    "1",
+    "3",
+    "7",
+    "2147483648",
+    "99999999999999999999",
+    "-9223372036854775809",
+    "1.5",
+    "true",
+    "abc",
+    "%RETRY%g",
+    "%DLQ%g",
+    "TBW102",
+    "x" * 300,
+    "*",
+    "a || b",
+    "\x00",
+    "TAGS\x01a\x02KEYS\x01k\x02",
+    "0A0B0C0D00002A9F0000000000000000",
+]
 #: requests that once reached a processor's unexpected-error path, sent before the random ones
 FOUND = [
-    (RequestCode.SEND_MESSAGE_V2, {"topic": "1.5", "producerGroup": "g", "bornTimestamp": "-9223372036854775809",
-                                   "m": "2147483648"}, b'"s"'),
+    (
+        RequestCode.SEND_MESSAGE_V2,
+        {"topic": "1.5", "producerGroup": "g", "bornTimestamp": "-9223372036854775809", "m": "2147483648"},
+        b'"s"',
+    ),
 ]
 PER_CODE = 12
 ANSWER_TIMEOUT_S = 5.0
@@ -48,16 +73,38 @@ def _body(rnd: random.Random) -> bytes | None:
     if pick == 1:
         return bytes(rnd.getrandbits(8) for _ in range(rnd.randrange(64)))
     if pick == 2:
-        return json.dumps({"clientID": "c", "consumerDataSet": [{
-            "groupName": rnd.choice(FIELD_VALUES), "consumeType": rnd.choice(["CONSUME_PASSIVELY", "x", 1]),
-            "messageModel": rnd.choice(["CLUSTERING", "BROADCASTING", None]),
-            "subscriptionDataSet": [{"topic": rnd.choice(FIELD_VALUES), "subString": rnd.choice(FIELD_VALUES),
-                                     "tagsSet": [], "codeSet": [], "subVersion": rnd.choice([0, -1, "x"])}]}],
-            "producerDataSet": [{"groupName": rnd.choice(FIELD_VALUES)}]}).encode()
+        return json.dumps(
+            {
+                "clientID": "c",
+                "consumerDataSet": [
+                    {
+                        "groupName": rnd.choice(FIELD_VALUES),
+                        "consumeType": rnd.choice(["CONSUME_PASSIVELY", "x", 1]),
+                        "messageModel": rnd.choice(["CLUSTERING", "BROADCASTING", None]),
+                        "subscriptionDataSet": [
+                            {
+                                "topic": rnd.choice(FIELD_VALUES),
+                                "subString": rnd.choice(FIELD_VALUES),
+                                "tagsSet": [],
+                                "codeSet": [],
+                                "subVersion": rnd.choice([0, -1, "x"]),
+                            }
+                        ],
+                    }
+                ],
+                "producerDataSet": [{"groupName": rnd.choice(FIELD_VALUES)}],
+            }
+        ).encode()
     if pick == 3:
-        return json.dumps({"mqSet": [{"topic": rnd.choice(FIELD_VALUES), "brokerName": "b",
-                                      "queueId": rnd.choice([0, -1, 99, "x"])}],
-                           "consumerGroup": rnd.choice(FIELD_VALUES), "clientId": "c"}).encode()
+        return json.dumps(
+            {
+                "mqSet": [
+                    {"topic": rnd.choice(FIELD_VALUES), "brokerName": "b", "queueId": rnd.choice([0, -1, 99, "x"])}
+                ],
+                "consumerGroup": rnd.choice(FIELD_VALUES),
+                "clientId": "c",
+            }
+        ).encode()
     if pick == 4:
         return json.dumps(rnd.choice([[], {}, None, 1, "s", {"a": [1, {"b": None}]}])).encode()
     return b"hello " * rnd.randrange(50)
@@ -84,8 +131,7 @@ async def _exchange(address: tuple[str, int], frame: bytes) -> str:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-async def test_every_request_code_with_random_fields_is_answered_and_nothing_raises(tmp_path: Path, caplog,
-                                                                                   seed: int):
+async def test_every_request_code_with_random_fields_is_answered_and_nothing_raises(tmp_path: Path, caplog, seed: int):
     runtime = BrokerRuntime(broker_config("file", tmp_path))
     await runtime.start()
     try:
@@ -102,8 +148,13 @@ async def test_every_request_code_with_random_fields_is_answered_and_nothing_rai
         for code in codes:
             for i in range(PER_CODE):
                 fields = {rnd.choice(FIELD_NAMES): rnd.choice(FIELD_VALUES) for _ in range(rnd.randrange(12))}
-                command = RemotingCommand(code=code, opaque=i + 1, ext_fields=fields, body=_body(rnd),
-                                          serialize_type=rnd.choice([SerializeType.JSON, SerializeType.ROCKETMQ]))
+                command = RemotingCommand(
+                    code=code,
+                    opaque=i + 1,
+                    ext_fields=fields,
+                    body=_body(rnd),
+                    serialize_type=rnd.choice([SerializeType.JSON, SerializeType.ROCKETMQ]),
+                )
                 logged = len(caplog.records)
                 outcome = await _exchange(address, command.encode())
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1

@@ -4,6 +4,7 @@ tags, keys, queue offset) and CONSUMER_SEND_MSG_BACK (the message lands in the g
 
 The broker listens on a new port after each restart while the id keeps the old store address, so requests go to
 the new address with the commit-log offset the id carries, as a RocketMQ admin would after a broker moved."""
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,9 @@ async def test_view_and_send_back_by_id_after_restart(tmp_path: Path, kill: bool
         sent = []
         async with Producer(_ns(broker)) as producer:
             for i in range(30):
-                result = await producer.send(TOPIC, b"body-%d" % i, tags=f"tag{i % 3}",
-                                             keys=[f"key-{i}", f"order-{i // 2}"])
+                result = await producer.send(
+                    TOPIC, b"body-%d" % i, tags=f"tag{i % 3}", keys=[f"key-{i}", f"order-{i // 2}"]
+                )
                 assert result is not None
                 sent.append((i, result))
         async with Admin(_ns(broker)) as admin:  # the ids work before the restart, of course
@@ -66,16 +68,29 @@ async def test_view_and_send_back_by_id_after_restart(tmp_path: Path, kill: bool
             _h, _p, last = decode_message_id(sent[-1][1].offset_msg_id)
             assert broker.native_address is not None
             for bad in (last + 1, last + (1 << 40), 3 << 48):
-                resp = await admin.invoke(broker.native_address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": bad},
-                                          ok=(ResponseCode.SYSTEM_ERROR,))
+                resp = await admin.invoke(
+                    broker.native_address,
+                    RequestCode.VIEW_MESSAGE_BY_ID,
+                    {"offset": bad},
+                    ok=(ResponseCode.SYSTEM_ERROR,),
+                )
                 assert "can not find message" in (resp.remark or "")
 
             # send-back by the id's offset: the broker finds the message itself (no client re-send)
             i, result = sent[7]
             _h, _p, offset = decode_message_id(result.offset_msg_id)
-            await admin.invoke(broker.native_address, RequestCode.CONSUMER_SEND_MSG_BACK, {
-                "offset": offset, "group": "g-restart", "delayLevel": -1, "originMsgId": result.msg_id,
-                "originTopic": TOPIC, "maxReconsumeTimes": 16})
+            await admin.invoke(
+                broker.native_address,
+                RequestCode.CONSUMER_SEND_MSG_BACK,
+                {
+                    "offset": offset,
+                    "group": "g-restart",
+                    "delayLevel": -1,
+                    "originMsgId": result.msg_id,
+                    "originTopic": TOPIC,
+                    "maxReconsumeTimes": 16,
+                },
+            )
         async with PullConsumer(_ns(broker), "dlq-check") as consumer:
             mq = MessageQueue("%DLQ%g-restart", "mqk-broker-a", 0)
             deadline = time.monotonic() + 10

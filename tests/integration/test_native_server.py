@@ -1,5 +1,6 @@
 """The RocketMQ broker and name-server roles over real sockets, with mqk's native client and raw remoting
 commands, in-process, on the memory and the file store (real CommitLog offsets in message ids)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,14 @@ from mqk.store.manager import StoreManager
 
 
 class Native:
-    def __init__(self, store: StoreManager, broker: NativeServer, namesrv: NameServer,
-                 broker_addr: tuple[str, int], namesrv_addr: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        store: StoreManager,
+        broker: NativeServer,
+        namesrv: NameServer,
+        broker_addr: tuple[str, int],
+        namesrv_addr: tuple[str, int],
+    ) -> None:
         self.store, self.broker, self.namesrv = store, broker, namesrv
         self.broker_addr, self.namesrv_addr = broker_addr, namesrv_addr
 
@@ -35,9 +42,11 @@ class Native:
 
 @pytest.fixture(params=["memory", "file"])
 async def native(request, tmp_path):
-    config = BrokerConfig(native_listen=("127.0.0.1", 0), namesrv_listen=("127.0.0.1", 0),
-                          store=StoreConfig(storage=request.param, data_dir=tmp_path / "data",
-                                            commitlog_segment_bytes=1 << 20))
+    config = BrokerConfig(
+        native_listen=("127.0.0.1", 0),
+        namesrv_listen=("127.0.0.1", 0),
+        store=StoreConfig(storage=request.param, data_dir=tmp_path / "data", commitlog_segment_bytes=1 << 20),
+    )
     store = StoreManager(config.store)
     await store.start()
     broker = NativeServer(config, store)
@@ -50,13 +59,19 @@ async def native(request, tmp_path):
     await store.close()
 
 
-async def raw(addr: tuple[str, int], code: int, ext: dict | None = None, body: bytes | None = None,
-              serialize: int = SerializeType.JSON) -> RemotingCommand:
+async def raw(
+    addr: tuple[str, int],
+    code: int,
+    ext: dict | None = None,
+    body: bytes | None = None,
+    serialize: int = SerializeType.JSON,
+) -> RemotingCommand:
     conn = RemotingConnection(addr)
     await conn.connect()
     try:
-        return await conn.invoke(RemotingCommand(code=code, ext_fields=ext or {}, body=body,
-                                                 serialize_type=serialize), timeout=10)
+        return await conn.invoke(
+            RemotingCommand(code=code, ext_fields=ext or {}, body=body, serialize_type=serialize), timeout=10
+        )
     finally:
         await conn.close()
 
@@ -82,8 +97,7 @@ async def test_unknown_code_and_binary_header(native: Native) -> None:
     assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "9999" in (resp.remark or "")
     assert resp.serialize_type == SerializeType.ROCKETMQ
     # ACL fields are accepted and ignored
-    resp = await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG,
-                     {"AccessKey": "ak", "Signature": "sig"})
+    resp = await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG, {"AccessKey": "ak", "Signature": "sig"})
     assert resp.code == ResponseCode.SUCCESS and "topicConfigTable" in json.loads(resp.body)
 
 
@@ -100,8 +114,9 @@ async def test_oversized_frame_closes_connection(native: Native) -> None:
 
 async def test_send_and_pull_with_tags_keys_properties(native: Native) -> None:
     async with Producer(native.ns, "pg") as producer:
-        first = await producer.send("orders", b"one", tags="A", keys=["k1", "k2"], properties={"color": "red"},
-                                    queue_id=0)
+        first = await producer.send(
+            "orders", b"one", tags="A", keys=["k1", "k2"], properties={"color": "red"}, queue_id=0
+        )
         await producer.send("orders", b"two", tags="B", queue_id=0)
         await producer.send("orders", b"three", tags="A", queue_id=0)
     assert first.queue_offset == 0 and first.queue.queue_id == 0
@@ -160,9 +175,13 @@ async def test_long_poll_wakes_on_new_message(native: Native) -> None:
 
 async def test_batch_send(native: Native) -> None:
     async with Producer(native.ns) as producer:
-        result = await producer.send_batch([Message("batchy", b"m%d" % i, tags="T" if i % 2 else None,
-                                                    keys=[f"key{i}"] if i == 2 else None) for i in range(5)],
-                                           queue_id=0)
+        result = await producer.send_batch(
+            [
+                Message("batchy", b"m%d" % i, tags="T" if i % 2 else None, keys=[f"key{i}"] if i == 2 else None)
+                for i in range(5)
+            ],
+            queue_id=0,
+        )
     assert result.queue_offset == 0 and len(result.msg_id.split(",")) == 5
     assert len(result.offset_msg_id.split(",")) == 5
     async with PullConsumer(native.ns, "cg") as consumer:
@@ -190,9 +209,17 @@ async def test_query_by_key_and_view_by_id(native: Native) -> None:
     async with Producer(native.ns) as producer:
         sent = await producer.send("keyed", b"findme", keys=["order-42"])
         await producer.send("keyed", b"other", keys=["order-43"])
-    resp = await raw(native.broker_addr, RequestCode.QUERY_MESSAGE,
-                     {"topic": "keyed", "key": "order-42", "maxNum": 10, "beginTimestamp": 0,
-                      "endTimestamp": int(time.time() * 1000) + 1000})
+    resp = await raw(
+        native.broker_addr,
+        RequestCode.QUERY_MESSAGE,
+        {
+            "topic": "keyed",
+            "key": "order-42",
+            "maxNum": 10,
+            "beginTimestamp": 0,
+            "endTimestamp": int(time.time() * 1000) + 1000,
+        },
+    )
     try:
         await native.store.read_by_key("keyed", b"order-42", 1)
     except NotSupported:  # an engine without a key index yet: a clear error, not a crash
@@ -208,8 +235,11 @@ async def test_query_by_key_and_view_by_id(native: Native) -> None:
 
 
 async def test_admin_topics(native: Native) -> None:
-    resp = await raw(native.broker_addr, RequestCode.UPDATE_AND_CREATE_TOPIC,
-                     {"topic": "made", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6})
+    resp = await raw(
+        native.broker_addr,
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        {"topic": "made", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6},
+    )
     assert resp.code == ResponseCode.SUCCESS and native.store.topic("made").queue_count == 4
     table = json.loads((await raw(native.broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)["topicConfigTable"]
     assert table["made"]["writeQueueNums"] == 4
@@ -245,9 +275,12 @@ async def test_transactional_batches_refused(native: Native) -> None:
     from mqk.protocol.native.message import BatchItem, encode_batch_body
 
     body = encode_batch_body([BatchItem(b"half", {"TRAN_MSG": "true"})])
-    resp = await raw(native.broker_addr, RequestCode.SEND_BATCH_MESSAGE,
-                     {"a": "pg", "b": "tx", "d": 4, "e": 0, "f": 4, "g": 0, "h": 0, "i": "TRAN_MSG\x01true\x02",
-                      "m": "true"}, body=body)
+    resp = await raw(
+        native.broker_addr,
+        RequestCode.SEND_BATCH_MESSAGE,
+        {"a": "pg", "b": "tx", "d": 4, "e": 0, "f": 4, "g": 0, "h": 0, "i": "TRAN_MSG\x01true\x02", "m": "true"},
+        body=body,
+    )
     assert resp.code == ResponseCode.NO_PERMISSION and "transaction" in (resp.remark or "")
 
 
@@ -266,8 +299,9 @@ async def test_transactions_commit_rollback_and_check(native: Native) -> None:
     async with PullConsumer(native.ns, "tcg") as consumer:
         producer = await TransactionProducer(native.ns, "tpg", check).start()
         try:
-            _, state = await producer.send_in_transaction(Message("txn", b"committed", tags="T"),
-                                                          lambda r: COMMIT_MESSAGE)
+            _, state = await producer.send_in_transaction(
+                Message("txn", b"committed", tags="T"), lambda r: COMMIT_MESSAGE
+            )
             assert state == COMMIT_MESSAGE
             await producer.send_in_transaction(Message("txn", b"rolled-back"), lambda r: ROLLBACK_MESSAGE)
             await producer.send_in_transaction(Message("txn", b"undecided"), lambda r: UNKNOWN)
@@ -299,10 +333,22 @@ async def test_transactions_commit_rollback_and_check(native: Native) -> None:
 async def test_compressed_body_is_inflated_and_v1_header_names(native: Native) -> None:
     import zlib
 
-    resp = await raw(native.broker_addr, RequestCode.SEND_MESSAGE,
-                     {"producerGroup": "pg", "topic": "zipped", "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
-                      "queueId": 0, "sysFlag": 1, "bornTimestamp": 1700000000000, "flag": 3,
-                      "properties": "TAGS\x01z\x02"}, body=zlib.compress(b"plain text " * 50))
+    resp = await raw(
+        native.broker_addr,
+        RequestCode.SEND_MESSAGE,
+        {
+            "producerGroup": "pg",
+            "topic": "zipped",
+            "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": 4,
+            "queueId": 0,
+            "sysFlag": 1,
+            "bornTimestamp": 1700000000000,
+            "flag": 3,
+            "properties": "TAGS\x01z\x02",
+        },
+        body=zlib.compress(b"plain text " * 50),
+    )
     assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["queueOffset"] == "0"
     async with PullConsumer(native.ns, "zg") as consumer:
         (msg,) = (await consumer.pull(MessageQueue("zipped", "mqk-broker-a", 0), 0)).messages
@@ -315,15 +361,32 @@ async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> 
     notified: list[RemotingCommand] = []
 
     def heartbeat(client_id: str) -> bytes:
-        return json.dumps({"clientID": client_id, "producerDataSet": [{"groupName": "CLIENT_INNER_PRODUCER"}],
-                           "consumerDataSet": [{"groupName": "hbg", "consumeType": "CONSUME_PASSIVELY",
-                                                "messageModel": "CLUSTERING",
-                                                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
-                                                "subscriptionDataSet": [{"topic": "hb", "subString": "A || B",
-                                                                         "tagsSet": ["A", "B"], "codeSet": [65, 66],
-                                                                         "subVersion": 1, "classFilterMode": False,
-                                                                         "expressionType": "TAG"}],
-                                                "unitMode": False}]}).encode()
+        return json.dumps(
+            {
+                "clientID": client_id,
+                "producerDataSet": [{"groupName": "CLIENT_INNER_PRODUCER"}],
+                "consumerDataSet": [
+                    {
+                        "groupName": "hbg",
+                        "consumeType": "CONSUME_PASSIVELY",
+                        "messageModel": "CLUSTERING",
+                        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+                        "subscriptionDataSet": [
+                            {
+                                "topic": "hb",
+                                "subString": "A || B",
+                                "tagsSet": ["A", "B"],
+                                "codeSet": [65, 66],
+                                "subVersion": 1,
+                                "classFilterMode": False,
+                                "expressionType": "TAG",
+                            }
+                        ],
+                        "unitMode": False,
+                    }
+                ],
+            }
+        ).encode()
 
     first = RemotingConnection(native.broker_addr, notified.append)
     second = RemotingConnection(native.broker_addr)
@@ -333,8 +396,9 @@ async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> 
         assert (await first.invoke(RemotingCommand(code=RequestCode.HEART_BEAT, body=heartbeat("c-1")))).code == 0
         assert native.store.topic("%RETRY%hbg") is not None  # created on the group's first heartbeat
         assert (await second.invoke(RemotingCommand(code=RequestCode.HEART_BEAT, body=heartbeat("c-2")))).code == 0
-        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_CONSUMER_LIST_BY_GROUP,
-                                                   ext_fields={"consumerGroup": "hbg"}))
+        resp = await second.invoke(
+            RemotingCommand(code=RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": "hbg"})
+        )
         assert json.loads(resp.body)["consumerIdList"] == ["c-1", "c-2"]
         await wait_until_async(lambda: notified, what="NOTIFY_CONSUMER_IDS_CHANGED")
         assert notified[-1].code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED and notified[-1].is_oneway
@@ -343,31 +407,49 @@ async def test_heartbeat_consumer_list_notify_and_unregister(native: Native) -> 
         async with Producer(native.ns) as producer:
             for tag in ("A", "C", "B"):
                 await producer.send("hb", tag.encode(), tags=tag, queue_id=0)
-        resp = await second.invoke(RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields={
-            "consumerGroup": "hbg", "topic": "hb", "queueId": "0", "queueOffset": "0", "maxMsgNums": "32",
-            "sysFlag": "0", "commitOffset": "0", "suspendTimeoutMillis": "0"}))
+        resp = await second.invoke(
+            RemotingCommand(
+                code=RequestCode.PULL_MESSAGE,
+                ext_fields={
+                    "consumerGroup": "hbg",
+                    "topic": "hb",
+                    "queueId": "0",
+                    "queueOffset": "0",
+                    "maxMsgNums": "32",
+                    "sysFlag": "0",
+                    "commitOffset": "0",
+                    "suspendTimeoutMillis": "0",
+                },
+            )
+        )
         assert [m.body for m in decode_messages(resp.body)] == [b"A", b"B"]
-        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_CONSUMER_CONNECTION_LIST,
-                                                   ext_fields={"consumerGroup": "hbg"}))
+        resp = await second.invoke(
+            RemotingCommand(code=RequestCode.GET_CONSUMER_CONNECTION_LIST, ext_fields={"consumerGroup": "hbg"})
+        )
         connections = json.loads(resp.body)
         assert [c["clientId"] for c in connections["connectionSet"]] == ["c-1", "c-2"]
         assert connections["subscriptionTable"]["hb"]["subString"] == "A || B"
         assert connections["messageModel"] == "CLUSTERING"
-        resp = await second.invoke(RemotingCommand(code=RequestCode.UNREGISTER_CLIENT, ext_fields={
-            "clientID": "c-2", "consumerGroup": "hbg"}))
+        resp = await second.invoke(
+            RemotingCommand(code=RequestCode.UNREGISTER_CLIENT, ext_fields={"clientID": "c-2", "consumerGroup": "hbg"})
+        )
         assert resp.code == ResponseCode.SUCCESS
-        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_CONSUMER_LIST_BY_GROUP,
-                                                   ext_fields={"consumerGroup": "hbg"}))
+        resp = await second.invoke(
+            RemotingCommand(code=RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": "hbg"})
+        )
         assert json.loads(resp.body)["consumerIdList"] == ["c-1"]
-        resp = await second.invoke(RemotingCommand(code=RequestCode.GET_EARLIEST_MSG_STORETIME,
-                                                   ext_fields={"topic": "hb", "queueId": "0"}))
+        resp = await second.invoke(
+            RemotingCommand(code=RequestCode.GET_EARLIEST_MSG_STORETIME, ext_fields={"topic": "hb", "queueId": "0"})
+        )
         assert resp.code == ResponseCode.SUCCESS and 0 < int(resp.ext_fields["timestamp"]) <= time.time() * 1000
     finally:
         await first.close()
         await second.close()
     # a closed connection takes its consumer out of the group
-    await wait_until_async(lambda: "hbg" not in native.broker.clients.groups
-                           or not native.broker.clients.groups["hbg"].clients, what="the group to be empty")
+    await wait_until_async(
+        lambda: "hbg" not in native.broker.clients.groups or not native.broker.clients.groups["hbg"].clients,
+        what="the group to be empty",
+    )
 
 
 async def test_admin_client(native: Native) -> None:

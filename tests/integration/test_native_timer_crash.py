@@ -1,5 +1,6 @@
 """Delayed delivery across kill -9 of a real broker process (file store): every delayed message acknowledged
 before the kill is delivered once after the restart, not before its time, never twice."""
+
 from __future__ import annotations
 
 import asyncio

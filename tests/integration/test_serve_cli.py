@@ -1,4 +1,5 @@
 """The contracts outside tests rely on: the ready line, port 0, SIGTERM exits 0 and leaves a clean data dir."""
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,23 @@ def test_serve_moves_what_recovery_built_out_of_the_gcs_reach(tmp_path):
         broker = BrokerProcess(tmp_path / "data").start()
         try:
             if not (tmp_path / "made").exists():
-                made = subprocess.run([sys.executable, "-m", "mqk", "topics", "create", "many", "--partitions", "300",
-                                       "--bootstrap", broker.bootstrap], capture_output=True, text=True, timeout=60)
+                made = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "mqk",
+                        "topics",
+                        "create",
+                        "many",
+                        "--partitions",
+                        "300",
+                        "--bootstrap",
+                        broker.bootstrap,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 assert made.returncode == 0, made.stderr
                 (tmp_path / "made").touch()
         finally:
@@ -103,7 +119,8 @@ def test_serve_raises_its_open_files_limit_and_serves_more_partitions_than_it_al
         assert max_open and int(max_open.group(1)) == hard, limits
         answers = asyncio.run(produce_everywhere(300))
         assert sorted((a["index"], a["error_code"], a["base_offset"]) for a in answers) == [
-            (i, 0, 0) for i in range(300)]
+            (i, 0, 0) for i in range(300)
+        ]
         assert len(os.listdir(f"/proc/{broker.pid}/fd")) > 300
     finally:
         code = broker.stop()
@@ -128,12 +145,37 @@ def test_a_partition_costs_one_descriptor_so_a_limit_serves_twice_the_partitions
         client = await RawKafkaClient.connect(*broker.kafka_address)
         try:
             produced = await _fill_wide_topic(client, partitions)
-            fetched = await client.call(ApiKey.FETCH, 11, {
-                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 50 << 20, "isolation_level": 0,
-                "session_id": 0, "session_epoch": -1, "topics": [{"topic": "wide", "partitions": [
-                    {"partition": i, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
-                     "partition_max_bytes": 1 << 20} for i in range(partitions)]}],
-                "forgotten_topics_data": [], "rack_id": ""}, timeout=60)
+            fetched = await client.call(
+                ApiKey.FETCH,
+                11,
+                {
+                    "replica_id": -1,
+                    "max_wait_ms": 0,
+                    "min_bytes": 0,
+                    "max_bytes": 50 << 20,
+                    "isolation_level": 0,
+                    "session_id": 0,
+                    "session_epoch": -1,
+                    "topics": [
+                        {
+                            "topic": "wide",
+                            "partitions": [
+                                {
+                                    "partition": i,
+                                    "current_leader_epoch": -1,
+                                    "fetch_offset": 0,
+                                    "log_start_offset": -1,
+                                    "partition_max_bytes": 1 << 20,
+                                }
+                                for i in range(partitions)
+                            ],
+                        }
+                    ],
+                    "forgotten_topics_data": [],
+                    "rack_id": "",
+                },
+                timeout=60,
+            )
             return produced, fetched["responses"][0]["partitions"]
         finally:
             await client.close()
@@ -142,9 +184,11 @@ def test_a_partition_costs_one_descriptor_so_a_limit_serves_twice_the_partitions
         resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (800, 800))
         produced, fetched = asyncio.run(produce_and_fetch_everywhere())
         assert sorted((a["index"], a["error_code"], a["base_offset"]) for a in produced) == [
-            (i, 0, 0) for i in range(partitions)]
+            (i, 0, 0) for i in range(partitions)
+        ]
         assert sorted((f["partition_index"], f["error_code"], f["high_watermark"]) for f in fetched) == [
-            (i, 0, 1) for i in range(partitions)]
+            (i, 0, 1) for i in range(partitions)
+        ]
         assert all(b"r%d" % f["partition_index"] in bytes(f["records"]) for f in fetched)
         fd_dir = f"/proc/{broker.pid}/fd"
         queue_files = [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
@@ -162,11 +206,41 @@ async def _fill_wide_topic(client, partitions: int) -> list[dict]:
     from mqk.protocol.kafka.api import ApiKey
     from mqk.server.kafka.rawclient import make_batch
 
-    made = await client.call(ApiKey.CREATE_TOPICS, 5, {"topics": [
-        {"name": "wide", "num_partitions": partitions, "replication_factor": 1, "assignments": [], "configs": []}],
-        "timeout_ms": 30000, "validate_only": False}, timeout=60)
+    made = await client.call(
+        ApiKey.CREATE_TOPICS,
+        5,
+        {
+            "topics": [
+                {
+                    "name": "wide",
+                    "num_partitions": partitions,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [],
+                }
+            ],
+            "timeout_ms": 30000,
+            "validate_only": False,
+        },
+        timeout=60,
+    )
     assert made["topics"][0]["error_code"] == 0, made
-    answer = await client.call(ApiKey.PRODUCE, 9, {
-        "transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [{"name": "wide", "partition_data": [
-            {"index": i, "records": bytes(make_batch([b"r%d" % i]))} for i in range(partitions)]}]}, timeout=60)
+    answer = await client.call(
+        ApiKey.PRODUCE,
+        9,
+        {
+            "transactional_id": None,
+            "acks": 1,
+            "timeout_ms": 30000,
+            "topic_data": [
+                {
+                    "name": "wide",
+                    "partition_data": [
+                        {"index": i, "records": bytes(make_batch([b"r%d" % i]))} for i in range(partitions)
+                    ],
+                }
+            ],
+        },
+        timeout=60,
+    )
     return answer["responses"][0]["partition_responses"]

@@ -3,6 +3,7 @@ per key with offsets preserved, tombstones removed only after delete.retention.m
 min.cleanable.dirty.ratio and min.compaction.lag.ms respected, a small offset map cleaning in several passes,
 idempotent producers' last batch kept (emptied) so their sequence state survives, and the result surviving restart.
 On the file engine the cleaned prefix lives in the shard's own compaction log (mqk.store.file.compactlog)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import header_of, rb, store_config
 
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.services.compaction import CompactionService, OffsetMap
 from mqk.store.manager import StoreManager
-
-from helpers import header_of, rb, store_config
 
 HOUR = 3600 * 1000
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "1", "min.cleanable.dirty.ratio": "0.01"}
@@ -45,7 +45,7 @@ async def _records(m: StoreManager, topic: str) -> list[tuple[int, bytes | None,
             break
         for batch in result.batches:
             header = header_of(batch.data)
-            for r in rb.decode_records(bytes(batch.data)[rb.HEADER_SIZE:], header[12]):
+            for r in rb.decode_records(bytes(batch.data)[rb.HEADER_SIZE :], header[12]):
                 out.append((header[0] + r[2], r[3], r[4]))
         offset = result.batches[-1].next_offset
     return out
@@ -127,8 +127,9 @@ async def test_dirty_ratio_and_min_lag_hold_the_cleaner_back(manager: StoreManag
     report = await _service(m).run_once()
     assert "dirty ratio" in report.skipped[("r", 0)]
     # ... unless the dirt is older than max.compaction.lag.ms
-    await m.alter_topic_config("r", TopicConfig({**COMPACT, "min.cleanable.dirty.ratio": "0.9",
-                                                 "max.compaction.lag.ms": "0"}))
+    await m.alter_topic_config(
+        "r", TopicConfig({**COMPACT, "min.cleanable.dirty.ratio": "0.9", "max.compaction.lag.ms": "0"})
+    )
     await m.append("r", 0, [_batch([(b"head", b"h")], _now())])  # the dirty round leaves the active head
     assert ("r", 0) in (await _service(m).run_once(now=_now() + 1000)).cleaned
 
@@ -169,7 +170,10 @@ async def test_idempotent_producer_keeps_its_last_batch_emptied(manager: StoreMa
     headers = [header_of(b.data) for b in batches]
     # producer 42's batches are both emptied; the first is dropped, its last stays empty with its sequence
     assert [(h[0], h[6], h[9], h[11], h[12]) for h in headers] == [
-        (2, 0, 42, 2, 0), (3, 1, -1, -1, 2), (5, 0, -1, -1, 1)]
+        (2, 0, 42, 2, 0),
+        (3, 1, -1, -1, 2),
+        (5, 0, -1, -1, 1),
+    ]
     assert [(o, v) for o, _, v in await _records(m, "p")] == [(3, b"3"), (4, b"3"), (5, b"head")]
 
 

@@ -3,17 +3,17 @@
 The memory engine is the reference; rocksdb and file must return the same offsets, the same batch bytes, the same
 timestamp answers and the same errors, including across restarts (where the memory engine cannot follow, the
 durable engines are compared with each other and with what was acknowledged before)."""
+
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
 import pytest
+from helpers import ENGINE_NAMES, Harness, kafka_python_batch, twin_batch
 
 from mqk.config import TopicConfig
 from mqk.errors import OffsetOutOfRange
-
-from helpers import ENGINE_NAMES, Harness, kafka_python_batch, twin_batch
 
 T = "diff"
 
@@ -35,8 +35,11 @@ async def _answer(engine, op: tuple) -> object:
             return result.base_offset, result.last_offset, result.log_start_offset
         if kind == "read":
             result = await engine.read(T, op[1], op[2], op[3])
-            return ([(b.base_offset, b.record_count, bytes(b.data)) for b in result.batches],
-                    result.log_start_offset, result.end_offset)
+            return (
+                [(b.base_offset, b.record_count, bytes(b.data)) for b in result.batches],
+                result.log_start_offset,
+                result.end_offset,
+            )
         if kind == "ts":
             return await engine.offset_for_timestamp(T, op[1], op[2])
         if kind == "max":
@@ -88,8 +91,9 @@ async def test_engines_agree_on_random_operations(tmp_path: Path, seed: int) -> 
             for q in (0, 1):
                 assert await _answer(engine, ("bounds", q)) == await _answer(reference, ("bounds", q))
                 start = reference.log_start_offset(T, q)
-                assert await _answer(engine, ("read", q, start, 1 << 30)) == \
-                    await _answer(reference, ("read", q, start, 1 << 30))
+                assert await _answer(engine, ("read", q, start, 1 << 30)) == await _answer(
+                    reference, ("read", q, start, 1 << 30)
+                )
                 for ts in (-1, 500, 1_500):
                     assert await _answer(engine, ("ts", q, ts)) == await _answer(reference, ("ts", q, ts))
     finally:

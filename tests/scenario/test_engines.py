@@ -1,16 +1,16 @@
 """The StorageAdapter contract, written once and run against every engine (memory, rocksdb, file)."""
+
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
 import pytest
+from helpers import Harness, header_of, kafka_python_batch, rb, records_of, snappy_twin_batch, twin_batch
 
 from mqk.config import TopicConfig
 from mqk.errors import Corrupt, InvalidRecord, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import GroupOffset
-
-from helpers import Harness, header_of, kafka_python_batch, rb, records_of, snappy_twin_batch, twin_batch
 
 T = "orders"
 
@@ -20,8 +20,9 @@ async def _topic(h: Harness, queues: int = 1, topic: str = T) -> None:
     await h.engine.create_shards(topic, queues, TopicConfig())
 
 
-async def _read_all(h: Harness, queue: int = 0, offset: int | None = None, max_bytes: int = 1 << 30,
-                    topic: str = T) -> list[tuple[int, int, bytes | None]]:
+async def _read_all(
+    h: Harness, queue: int = 0, offset: int | None = None, max_bytes: int = 1 << 30, topic: str = T
+) -> list[tuple[int, int, bytes | None]]:
     """Every record from `offset` (default: log start) to the end, reading batch by batch."""
     engine = h.engine
     assert engine is not None
@@ -93,13 +94,16 @@ async def test_append_many_answers_each_entry_as_its_own_append(harness: Harness
     await _topic(harness, queues=3)
     engine = harness.engine
     good = twin_batch([b"ok"])
-    results = await engine.append_many(T, [
-        (0, [twin_batch([b"a", b"b"])]),
-        (2, [twin_batch([b"c"]), twin_batch([b"d"])]),
-        (7, [twin_batch([b"nowhere"])]),  # no such queue
-        (0, [bytes(good[:40])]),  # not a batch: refused, nothing of it appended
-        (0, [twin_batch([b"e"])]),  # the same queue again, after the first entry
-    ])
+    results = await engine.append_many(
+        T,
+        [
+            (0, [twin_batch([b"a", b"b"])]),
+            (2, [twin_batch([b"c"]), twin_batch([b"d"])]),
+            (7, [twin_batch([b"nowhere"])]),  # no such queue
+            (0, [bytes(good[:40])]),  # not a batch: refused, nothing of it appended
+            (0, [twin_batch([b"e"])]),  # the same queue again, after the first entry
+        ],
+    )
     assert [(r.base_offset, r.last_offset) for r in (results[0], results[1], results[4])] == [(0, 1), (0, 1), (2, 2)]
     assert isinstance(results[2], UnknownShard)
     assert isinstance(results[3], (Corrupt, InvalidRecord))
@@ -332,7 +336,8 @@ async def test_offset_bounds_many_answers_each_queue_as_the_single_calls_do(harn
     queues = [2, 0, 1, 1, 3, -1]  # any order, repeats, and queues the topic does not have
     assert engine.offset_bounds_many(T, queues) == [(0, 1), (0, 0), (2, 8), (2, 8), None, None]
     assert [engine.offset_bounds_many(T, [q])[0] for q in range(3)] == [
-        (engine.log_start_offset(T, q), engine.end_offset(T, q)) for q in range(3)]
+        (engine.log_start_offset(T, q), engine.end_offset(T, q)) for q in range(3)
+    ]
     assert engine.offset_bounds_many("nope", [0, 1]) == [None, None]
     await engine.delete_shards(T)
     assert engine.offset_bounds_many(T, [0]) == [None]
@@ -440,8 +445,7 @@ async def test_max_timestamp_only_counts_retained_records(harness: Harness) -> N
     assert await engine.max_timestamp(T, 0) == (4, 250)
 
 
-async def test_max_timestamp_counts_the_retained_records_of_a_batch_whose_maximum_was_deleted(
-        harness: Harness) -> None:
+async def test_max_timestamp_counts_the_retained_records_of_a_batch_whose_maximum_was_deleted(harness: Harness) -> None:
     await _topic(harness)
     engine = harness.engine
     await engine.append(T, 0, [twin_batch([b"a", b"b"], timestamps=[900, 500])])  # offsets 0-1

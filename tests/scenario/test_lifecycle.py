@@ -2,6 +2,7 @@
 unlimited, `cleanup.policy`), whole-batch log start moves that reads, timestamps and restarts agree with, the timer
 pin, and for the file engine: CommitLog segments and ConsumeQueue files deleted once nothing needs them, disk use
 falling measurably, fileReservedTime, and a clean restart afterwards."""
+
 from __future__ import annotations
 
 import os
@@ -9,13 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import records_of, store_config, twin_batch
 
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import OffsetOutOfRange
 from mqk.services.retention import RetentionService, retention_limits
 from mqk.store.manager import StoreManager
-
-from helpers import records_of, store_config, twin_batch
 
 HOUR = 3600 * 1000
 
@@ -70,7 +70,9 @@ def test_retention_limits_follow_cleanup_policy() -> None:
     assert retention_limits(TopicConfig()) == (7 * 24 * HOUR, -1)
     assert retention_limits(TopicConfig({"cleanup.policy": "compact"})) is None
     assert retention_limits(TopicConfig({"cleanup.policy": "compact,delete", "retention.bytes": "10"})) == (
-        7 * 24 * HOUR, 10)
+        7 * 24 * HOUR,
+        10,
+    )
 
 
 async def test_retention_by_time_moves_log_start_in_whole_batches(manager: StoreManager) -> None:
@@ -114,8 +116,9 @@ async def test_retention_by_size_keeps_at_least_the_limit(manager: StoreManager)
 async def test_unlimited_and_compact_only_topics_keep_everything(manager: StoreManager) -> None:
     m = manager
     await m.create_topic("forever", 1, TopicConfig({"retention.ms": "-1", "retention.bytes": "-1"}))
-    await m.create_topic("compacted", 1, TopicConfig({"cleanup.policy": "compact", "retention.ms": "1",
-                                                      "retention.bytes": "1"}))
+    await m.create_topic(
+        "compacted", 1, TopicConfig({"cleanup.policy": "compact", "retention.ms": "1", "retention.bytes": "1"})
+    )
     old = _now() - 1000 * HOUR
     await _fill(m, "forever", 10, old)
     await _fill(m, "compacted", 10, old)
@@ -128,8 +131,7 @@ async def test_unlimited_and_compact_only_topics_keep_everything(manager: StoreM
     assert m.log_start_offset("compacted", 0) == m.end_offset("compacted", 0) == 20
 
 
-async def test_everything_expired_empties_the_log_and_appends_continue(manager: StoreManager,
-                                                                      engine_name: str) -> None:
+async def test_everything_expired_empties_the_log_and_appends_continue(manager: StoreManager, engine_name: str) -> None:
     m = manager
     await m.create_topic("e", 1, TopicConfig({"retention.ms": "1000"}))
     await _fill(m, "e", 50, _now() - HOUR)
@@ -224,8 +226,7 @@ async def test_file_disk_use_falls_after_expiry_and_restart_is_clean(engine_name
 
 @pytest.mark.parametrize("engine_name", ["file"])
 async def test_file_reserved_time_bounds_how_long_segments_live(engine_name: str, tmp_path: Path) -> None:
-    config = store_config("file", tmp_path / "data", commitlog_segment_bytes=64 * 1024,
-                          file_reserved_time_ms=HOUR)
+    config = store_config("file", tmp_path / "data", commitlog_segment_bytes=64 * 1024, file_reserved_time_ms=HOUR)
     m = StoreManager(config)
     await m.start()
     try:

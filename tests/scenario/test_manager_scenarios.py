@@ -1,17 +1,17 @@
 """StoreManager scenarios on each default engine: mixed engines, routing, metadata persistence across restart,
 listeners, put hooks (reject, reroute), group offsets kept by the default engine."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from helpers import header_of, kafka_python_batch, records_of, store_config, twin_batch
 
 from mqk.config import TopicConfig
 from mqk.errors import PutRejected, ShardExists, UnknownShard
 from mqk.store.adapter import GroupOffset, PutContext
 from mqk.store.manager import StoreManager
-
-from helpers import header_of, kafka_python_batch, records_of, store_config, twin_batch
 
 ALL = ["memory", "rocksdb", "file"]
 
@@ -161,9 +161,16 @@ async def test_append_many_shows_each_entry_to_the_hooks(manager: StoreManager) 
             ctx.topic, ctx.queue = "delayed", 0
 
     manager.hooks.append(hook)
-    results = await manager.append_many("orders", [(0, [twin_batch([b"a"])]), (1, [twin_batch([b"no"])]),
-                                                   (2, [twin_batch([b"later"])]), (5, [twin_batch([b"x"])]),
-                                                   (0, [twin_batch([b"b", b"c"])])])
+    results = await manager.append_many(
+        "orders",
+        [
+            (0, [twin_batch([b"a"])]),
+            (1, [twin_batch([b"no"])]),
+            (2, [twin_batch([b"later"])]),
+            (5, [twin_batch([b"x"])]),
+            (0, [twin_batch([b"b", b"c"])]),
+        ],
+    )
     assert seen == [0, 1, 2, 5, 0]
     assert (results[0].base_offset, results[4].base_offset, results[4].last_offset) == (0, 1, 2)
     assert isinstance(results[1], PutRejected) and isinstance(results[3], UnknownShard)

@@ -2,16 +2,17 @@
 file), after a restart on the durable ones, and refused (None, never an error) for offsets that name nothing
 readable: never issued, between batches, beyond the end, below the log start, of a deleted or re-created topic.
 Also the StoreManager's routing of the one id space (adapter.PHYSICAL_KINDS) to the engine that issued a value."""
+
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+from helpers import Harness, records_of, store_config, twin_batch
+
 from mqk.config import TopicConfig
 from mqk.store.adapter import PHYSICAL_SPAN, physical_base, physical_engine
 from mqk.store.manager import StoreManager
-
-from helpers import Harness, records_of, store_config, twin_batch
 
 T = "orders"
 
@@ -74,8 +75,18 @@ async def test_read_at_refuses_offsets_that_name_nothing(harness: Harness) -> No
     physs = [(await _append(harness, [b"a" * 50, b"b" * 50, b"c" * 50]))[1] for _ in range(5)]
     own = physical_base(harness.name)
     other = physical_base("memory" if harness.name != "memory" else "file")
-    bad = [-1, -(1 << 62), other, other + physs[0] - own, physs[0] + 1, physs[0] + 2, physs[-1] + 100_000,
-           own + PHYSICAL_SPAN - 1, 1 << 63, (1 << 64) - 1]
+    bad = [
+        -1,
+        -(1 << 62),
+        other,
+        other + physs[0] - own,
+        physs[0] + 1,
+        physs[0] + 2,
+        physs[-1] + 100_000,
+        own + PHYSICAL_SPAN - 1,
+        1 << 63,
+        (1 << 64) - 1,
+    ]
     if harness.name == "file":
         bad.append(physs[1] - 1)  # the last bytes of the entry before: inside an entry, not at its start
     for value in bad:

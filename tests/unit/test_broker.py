@@ -1,6 +1,7 @@
 """The broker layer on its own (mqk.broker, over a memory StoreManager): topic names, the settings schema, the
 internal-topic policy, the topic registry (creation, auto-creation, ids, alteration) and the wake-up hub on an
 injected clock."""
+
 from __future__ import annotations
 
 import asyncio
@@ -65,35 +66,51 @@ async def test_the_registry_refuses_an_illegal_name_on_every_creation_path(store
 # --- settings -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("key", "value", "reason"), [
-    ("no.such.key", "1", "unknown topic config 'no.such.key'"),
-    ("retention.ms", "-2", "retention.ms=-2 is out of range"),
-    ("retention.ms", "1e3", "retention.ms='1e3' is not a number"),
-    ("max.message.bytes", str(1 << 31), f"max.message.bytes={1 << 31} is out of range"),
-    ("segment.bytes", "13", "segment.bytes=13 is out of range"),
-    ("min.insync.replicas", "0", "min.insync.replicas=0 is out of range"),
-    ("retention.bytes", str(1 << 63), f"retention.bytes={1 << 63} is out of range"),
-    ("min.cleanable.dirty.ratio", "1.5", "min.cleanable.dirty.ratio=1.5 is out of range"),
-    ("min.cleanable.dirty.ratio", "nan", "min.cleanable.dirty.ratio=nan is out of range"),
-    ("preallocate", "yes", "preallocate must be true or false"),
-    ("cleanup.policy", "delete,archive", "cleanup.policy must be a list of delete and compact"),
-    ("cleanup.policy", " , ", "cleanup.policy must be a list of delete and compact"),
-    ("compression.type", "gzip",
-     "compression.type must be one of ['producer'] (mqk stores batches as the producer compressed them)"),
-    ("message.timestamp.type", "Now", "message.timestamp.type must be one of ['CreateTime', 'LogAppendTime']"),
-    ("storage.type", "tape", "storage.type must be one of ['', 'file', 'memory', 'rocksdb']"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("no.such.key", "1", "unknown topic config 'no.such.key'"),
+        ("retention.ms", "-2", "retention.ms=-2 is out of range"),
+        ("retention.ms", "1e3", "retention.ms='1e3' is not a number"),
+        ("max.message.bytes", str(1 << 31), f"max.message.bytes={1 << 31} is out of range"),
+        ("segment.bytes", "13", "segment.bytes=13 is out of range"),
+        ("min.insync.replicas", "0", "min.insync.replicas=0 is out of range"),
+        ("retention.bytes", str(1 << 63), f"retention.bytes={1 << 63} is out of range"),
+        ("min.cleanable.dirty.ratio", "1.5", "min.cleanable.dirty.ratio=1.5 is out of range"),
+        ("min.cleanable.dirty.ratio", "nan", "min.cleanable.dirty.ratio=nan is out of range"),
+        ("preallocate", "yes", "preallocate must be true or false"),
+        ("cleanup.policy", "delete,archive", "cleanup.policy must be a list of delete and compact"),
+        ("cleanup.policy", " , ", "cleanup.policy must be a list of delete and compact"),
+        (
+            "compression.type",
+            "gzip",
+            "compression.type must be one of ['producer'] (mqk stores batches as the producer compressed them)",
+        ),
+        ("message.timestamp.type", "Now", "message.timestamp.type must be one of ['CreateTime', 'LogAppendTime']"),
+        ("storage.type", "tape", "storage.type must be one of ['', 'file', 'memory', 'rocksdb']"),
+    ],
+)
 def test_the_schema_refuses_with_a_reason(key: str, value: str, reason: str) -> None:
     assert topic_config.check(key, value) == reason
     assert topic_config.check_all({"retention.ms": "1", key: value}) == reason
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("retention.ms", "-1"), ("retention.bytes", "-1"), ("max.message.bytes", str((1 << 31) - 1)),
-    ("min.cleanable.dirty.ratio", "0"), ("preallocate", "TRUE"), ("cleanup.policy", "compact, delete"),
-    ("message.timestamp.type", "LogAppendTime"), ("storage.type", "memory"), ("index.keys", "true"),
-    ("flush.ms", str((1 << 63) - 1)), ("retention.ms", None),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("retention.ms", "-1"),
+        ("retention.bytes", "-1"),
+        ("max.message.bytes", str((1 << 31) - 1)),
+        ("min.cleanable.dirty.ratio", "0"),
+        ("preallocate", "TRUE"),
+        ("cleanup.policy", "compact, delete"),
+        ("message.timestamp.type", "LogAppendTime"),
+        ("storage.type", "memory"),
+        ("index.keys", "true"),
+        ("flush.ms", str((1 << 63) - 1)),
+        ("retention.ms", None),
+    ],
+)
 def test_the_schema_accepts(key: str, value: str | None) -> None:
     assert topic_config.check(key, value) is None
 

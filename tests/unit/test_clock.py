@@ -1,5 +1,6 @@
 """mqk.clock: FakeClock fires timers and sleeps in deadline order with exact arithmetic, settles what they wake,
 and `wait_event` returns on the event or on the clock's timeout; SystemClock is asyncio's loop time."""
+
 from __future__ import annotations
 
 import asyncio

@@ -2,6 +2,7 @@
 `log_retention_check_interval_ms` (or at once on `trigger`) and measure `retention.ms` from the clock's "now";
 compaction passes come every `log_cleaner_backoff_ms`; idle idempotent producers expire after
 `producer.id.expiration.ms`. Each deadline is checked just before and at its time."""
+
 from __future__ import annotations
 
 from helpers import twin_batch
@@ -16,7 +17,8 @@ from mqk.store.manager import StoreManager
 
 
 async def test_retention_runs_every_interval_and_on_trigger_measuring_age_on_the_clock(
-        memory_store: StoreManager, mqk_fake_clock: FakeClock) -> None:
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
     clock = mqk_fake_clock
     await memory_store.create_topic("aging", 1, TopicConfig({"retention.ms": "60000"}))
     await memory_store.append("aging", 0, [twin_batch([b"old"], timestamps=[clock.time_ms()])])
@@ -61,8 +63,9 @@ async def _begin(states: ProducerStates, producer_id: int, first_seq: int, count
     return decision
 
 
-async def test_idle_producers_expire_and_are_then_taken_at_any_sequence(memory_store: StoreManager,
-                                                                        mqk_fake_clock: FakeClock) -> None:
+async def test_idle_producers_expire_and_are_then_taken_at_any_sequence(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
     clock = mqk_fake_clock
     await memory_store.create_topic("t", 1)
     states = ProducerStates(memory_store, clock=clock)

@@ -8,6 +8,7 @@ with appends in flight), reopens the store (abnormal recovery), checks
 every acknowledgement seen so far, and starts the child again on the same data: 20 rounds under `sync` (6 more
 under `async`), bounded in time.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -93,12 +94,19 @@ def config(root: Path) -> StoreConfig:
     return StoreConfig(data_dir=root, flush_mode="sync", commitlog_segment_bytes=64 * 1024, cq_units_per_file=64)
 
 
-def run_child_until_killed(root: Path, seed: int, out_path: Path, rng: random.Random,
-                           mode: str) -> list[tuple[int, int, str]]:
+def run_child_until_killed(
+    root: Path, seed: int, out_path: Path, rng: random.Random, mode: str
+) -> list[tuple[int, int, str]]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with open(out_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(seed), mode], stdout=out,
-                                stderr=subprocess.PIPE, cwd=REPO, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(root), str(seed), mode],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            env=env,
+        )
+
         def printed(text: bytes, count: int = 1) -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"child exited early: {proc.stderr.read().decode(errors='replace')[-2000:]}")

@@ -2,6 +2,7 @@
 
 The store tells a listener once per append call, with a (queue, end offset) pair per queue that grew: a Produce
 spread over many partitions wakes the waiters of each of them."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,6 @@
 """DiskGuard's put hook is in the store's hooks (first) only while the disk counts as full, so appends on a healthy
 disk pay nothing for it; a stopped guard leaves no hook behind."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,7 @@ async def test_hook_present_only_while_full(tmp_path: Path) -> None:
         pass
 
     store = SimpleNamespace(persistent=True, hooks=[other])
-    guard = DiskGuard(BrokerConfig(store=StoreConfig(data_dir=tmp_path, disk_max_used_ratio=1.0)), store,
-                      _Retention())
+    guard = DiskGuard(BrokerConfig(store=StoreConfig(data_dir=tmp_path, disk_max_used_ratio=1.0)), store, _Retention())
     await guard.start()
     try:
         assert store.hooks == [other] and not guard.full

@@ -1,5 +1,6 @@
 """clentry kernels (CommitLog entry): round trips, the stamped base offset, CRC and magic checks, impossible sizes,
 blank and end-of-data handling, and bounds. Every test runs on the twin and, when built, the compiled module."""
+
 from __future__ import annotations
 
 import array
@@ -29,16 +30,34 @@ def a_batch(rb, n=3):
 
 
 def write(ce, rb, buf, pos=0, topic=b"orders", **kw):
-    args = dict(queue_id=2, queue_offset=500, physical_offset=4096 + pos, store_timestamp=1_700_000_000_123,
-                max_timestamp=1_700_000_000_456, tags_code=-12345, flags=0x11, record_count=3)
+    args = dict(
+        queue_id=2,
+        queue_offset=500,
+        physical_offset=4096 + pos,
+        store_timestamp=1_700_000_000_123,
+        max_timestamp=1_700_000_000_456,
+        tags_code=-12345,
+        flags=0x11,
+        record_count=3,
+    )
     args.update(kw)
     body = kw.pop("body", None) or a_batch(rb)
     args.pop("body", None)
     head = bytearray(ce.head_size(len(topic)))
-    size = ce.encode_head(head, topic, args["queue_id"], args["queue_offset"], args["physical_offset"],
-                          args["store_timestamp"], args["max_timestamp"], args["tags_code"], args["flags"],
-                          args["record_count"], body)
-    buf[pos:pos + size] = bytes(head) + body[8:]  # the entry: its head, then the batch after its base offset
+    size = ce.encode_head(
+        head,
+        topic,
+        args["queue_id"],
+        args["queue_offset"],
+        args["physical_offset"],
+        args["store_timestamp"],
+        args["max_timestamp"],
+        args["tags_code"],
+        args["flags"],
+        args["record_count"],
+        body,
+    )
+    buf[pos : pos + size] = bytes(head) + body[8:]  # the entry: its head, then the batch after its base offset
     return size, body, args
 
 
@@ -48,15 +67,27 @@ def test_round_trip_and_layout(impl):
     size, body, a = write(ce, rb, buf, pos=10)
     assert size == ce.entry_size(6, len(body)) == 66 + 6 + len(body)
     entry = ce.read_entry(buf, 10, len(buf))
-    assert entry == (1, size, 2, 0x11, 500, 4106, 3, 1_700_000_000_123, 1_700_000_000_456, -12345, "orders",
-                     10 + 66 + 6)
+    assert entry == (
+        1,
+        size,
+        2,
+        0x11,
+        500,
+        4106,
+        3,
+        1_700_000_000_123,
+        1_700_000_000_456,
+        -12345,
+        "orders",
+        10 + 66 + 6,
+    )
     # the layout, field by field, as documented
     fixed = struct.unpack_from(">iIIiiqqiqqqH", buf, 10)
     assert fixed[0] == size and fixed[1] == ce.MAGIC_MESSAGE == 0xDAA320A7
-    assert fixed[2] == crc32c(bytes(buf[10 + 12:10 + size]))
+    assert fixed[2] == crc32c(bytes(buf[10 + 12 : 10 + size]))
     assert fixed[3:] == (2, 0x11, 500, 4106, 3, 1_700_000_000_123, 1_700_000_000_456, -12345, 6)
     # the stored batch now carries base offset = queue offset and is still valid
-    stored = bytes(buf[entry[11]:10 + size])
+    stored = bytes(buf[entry[11] : 10 + size])
     assert rb.parse_header(stored)[0] == 500 and stored[8:] == body[8:]
     assert rb.scan_batches(stored)[0][4] == 3
 
@@ -113,7 +144,7 @@ def test_end_of_data_and_blank(impl):
     assert ce.read_entry(buf, 0, len(buf))[:2] == (0, 0)
     size, _, _ = write(ce, rb, buf)
     assert ce.read_entry(buf, size, len(buf))[0] == 0
-    buf[size:size + 8] = ce.blank_head(len(buf) - size)
+    buf[size : size + 8] = ce.blank_head(len(buf) - size)
     blank = ce.read_entry(buf, size, len(buf))
     assert blank[:2] == (2, len(buf) - size)
     assert struct.unpack_from(">iI", buf, size) == (len(buf) - size, ce.MAGIC_BLANK)
@@ -203,7 +234,7 @@ def test_write_entry_puts_head_and_batch_tail_into_the_file(impl, tmp_path):
     body = a_batch(rb, 5)
     head = bytearray(200)
     size = ce.encode_head(head, b"orders", 2, 500, 4096, 1_700_000_000_123, 77, -12345, 0, 5, body)
-    ref = bytes(head[:ce.head_size(6)]) + body[8:]
+    ref = bytes(head[: ce.head_size(6)]) + body[8:]
     path = tmp_path / "log"
     path.write_bytes(b"\xee" * 3000)
     fd = os.open(path, os.O_RDWR)
@@ -212,8 +243,8 @@ def test_write_entry_puts_head_and_batch_tail_into_the_file(impl, tmp_path):
     finally:
         os.close(fd)
     data = path.read_bytes()
-    assert data[:100] == b"\xee" * 100 and data[100:100 + size] == bytes(ref[:size])
-    assert data[100 + size:] == b"\xee" * (3000 - 100 - size)
+    assert data[:100] == b"\xee" * 100 and data[100 : 100 + size] == bytes(ref[:size])
+    assert data[100 + size :] == b"\xee" * (3000 - 100 - size)
 
 
 def test_twin_write_entry_finishes_a_short_write(tmp_path, monkeypatch):
@@ -273,7 +304,7 @@ def test_write_entries_writes_what_write_entry_writes_one_by_one(impl, tmp_path,
     fd_ref = os.open(ref, os.O_RDWR)
     at = pos
     for i, body in enumerate(bodies):
-        head = memoryview(heads)[i * hl:(i + 1) * hl]
+        head = memoryview(heads)[i * hl : (i + 1) * hl]
         size = ce.encode_head(head, b"orders", 1, i, at, 7, 7, 0, 0, 1, body)
         ce.write_entry(fd_ref, at, head, hl, body)
         at += size
@@ -311,7 +342,7 @@ def test_write_entries_writes_at_most_write_bytes_chunk_per_call_unless_an_entry
         assert _write_calls() - before == 5
     finally:
         os.close(fd)
-    assert path.read_bytes() == b"".join(heads[i * hl:(i + 1) * hl] + b[8:] for i, b in enumerate(bodies))
+    assert path.read_bytes() == b"".join(heads[i * hl : (i + 1) * hl] + b[8:] for i, b in enumerate(bodies))
 
 
 def test_write_entries_refuses_bad_arguments_before_writing(impl, tmp_path):
@@ -321,8 +352,12 @@ def test_write_entries_refuses_bad_arguments_before_writing(impl, tmp_path):
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDWR)
     try:
-        for pos, heads, head_len, bodies in ((-1, bytes(20), 10, [body]), (0, bytes(19), 10, [body, body]),
-                                             (0, bytes(20), 0, [body]), (0, bytes(20), 10, [body, b"1234567"])):
+        for pos, heads, head_len, bodies in (
+            (-1, bytes(20), 10, [body]),
+            (0, bytes(19), 10, [body, body]),
+            (0, bytes(20), 0, [body]),
+            (0, bytes(20), 10, [body, b"1234567"]),
+        ):
             with pytest.raises(OutOfBounds):
                 ce.write_entries(fd, pos, heads, head_len, bodies)
         assert ce.write_entries(fd, 0, b"", 10, []) is None
@@ -419,12 +454,12 @@ def test_a_run_writes_heads_units_and_moves_rows_only_at_publish(impl, tmp_path)
     assert bytes(t.rows) != before
     data = path.read_bytes()
     # each staged batch is an entry at its CommitLog offset: the head encode_head builds, then the batch's tail
-    for (entry, index, queue, base, span, phys, size), body in zip(staged, [b1, b2, b3, b3]):
+    for (_entry, _index, queue, base, span, phys, size), body in zip(staged, [b1, b2, b3, b3]):
         at = phys - (1 << 20)
         head = bytearray(ce.head_size(6))
         max_ts = rb.parse_header(body)[8]
         assert ce.encode_head(head, b"orders", queue, base, phys, 1234, max_ts, 9, 0, span, body) == size
-        assert data[at:at + size] == bytes(head) + body[8:]
+        assert data[at : at + size] == bytes(head) + body[8:]
     assert [s[:5] for s in staged] == [(0, 0, 0, 40, 3), (1, 0, 1, 0, 5), (1, 1, 1, 5, 1), (2, 0, 0, 43, 1)]
     assert staged[1][5] == staged[0][5] + staged[0][6]  # back to back
     # units: queue 0 (slot 3) got two, queue 1 (slot 1) two, each at the queue's write position in turn
@@ -446,8 +481,9 @@ def test_a_run_writes_heads_units_and_moves_rows_only_at_publish(impl, tmp_path)
     assert t.get(ce, 3, "DIRTY_PHYS") == staged[0][5] and dirtied == [3, 1]
 
 
-@pytest.mark.parametrize("case", ["segment", "unit_room", "no_unit_buf", "no_shard", "bad_batch", "shape",
-                                  "full", "empty"])
+@pytest.mark.parametrize(
+    "case", ["segment", "unit_room", "no_unit_buf", "no_shard", "bad_batch", "shape", "full", "empty"]
+)
 def test_plan_stops_before_an_entry_it_cannot_take_and_says_why(impl, case):
     ce, rb = impl
     t = Table(ce)
@@ -473,8 +509,9 @@ def test_plan_stops_before_an_entry_it_cannot_take_and_says_why(impl, case):
         entry, expect = (0, []), ce.STOP_BATCH
     run = ce.AppendRun(capacity)
     rows = bytes(t.rows)
-    n = run.plan(t.rows, t.slot_map, t.unit_bufs, [(1, [good]), entry, (1, [good])], 0, b"orders", 1, 0, 0, 100,
-                 seg_size)
+    n = run.plan(
+        t.rows, t.slot_map, t.unit_bufs, [(1, [good]), entry, (1, [good])], 0, b"orders", 1, 0, 0, 100, seg_size
+    )
     assert (n, run.stop, run.batches) == (1, expect, 1)  # the first entry is staged, the second stops the run
     assert t.get(ce, 3, "STAGED") == 0 and t.get(ce, 1, "STAGED") == 1
     run.abandon(t.rows)
@@ -547,7 +584,7 @@ def _random_entries(rb, rng, count):
         if roll < 0.7:
             entries.append((queue, [rng.choice(good) for _ in range(rng.randrange(1, 4))]))
         elif roll < 0.8:
-            entries.append((queue, [rng.choice(good)[:-rng.randrange(1, 20)]]))
+            entries.append((queue, [rng.choice(good)[: -rng.randrange(1, 20)]]))
         elif roll < 0.85:
             entries.append((queue, []))
         elif roll < 0.9:
@@ -579,8 +616,7 @@ def test_compiled_and_twin_runs_agree_byte_for_byte(tmp_path):
             log, pos, i = [], 0, 0
             try:
                 while i < len(entries) and pos < 30_000:
-                    n = run.plan(t.rows, t.slot_map, t.unit_bufs, entries, i, b"orders", seed, seed * 3, 0, pos,
-                                 30_000)
+                    n = run.plan(t.rows, t.slot_map, t.unit_bufs, entries, i, b"orders", seed, seed * 3, 0, pos, 30_000)
                     staged = [run.batch(k) for k in range(run.batches)]
                     run.write(fd)
                     out, grown, dirtied = [], [], []

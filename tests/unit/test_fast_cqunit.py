@@ -1,6 +1,7 @@
 """cqunit kernels (ConsumeQueue unit): pack/unpack round trips, bounds, the offset and timestamp binary searches
 (empty, gaps, before first, past last, duplicate max timestamps) checked against a linear scan, and hash_tag against
 values Java's String.hashCode gives. Every test runs on the twin and, when built, the compiled module."""
+
 from __future__ import annotations
 
 import random
@@ -68,8 +69,25 @@ def test_bounds(cq):
 def test_search_offset_edges(cq):
     spans = [(10, 5), (15, 1), (20, 3), (30, 2)]  # gaps [16, 20) and [23, 30)
     buf = units(cq, spans)
-    expect = {0: -1, 9: -1, 10: 0, 14: 0, 15: 1, 16: 2, 19: 2, 20: 2, 22: 2, 23: 3, 29: 3, 30: 3, 31: 3, 32: 4,
-              10**12: 4, -(2**63): -1, 2**63 - 1: 4}
+    expect = {
+        0: -1,
+        9: -1,
+        10: 0,
+        14: 0,
+        15: 1,
+        16: 2,
+        19: 2,
+        20: 2,
+        22: 2,
+        23: 3,
+        29: 3,
+        30: 3,
+        31: 3,
+        32: 4,
+        10**12: 4,
+        -(2**63): -1,
+        2**63 - 1: 4,
+    }
     for offset, index in expect.items():
         assert cq.search_offset(buf, len(spans), offset) == index, offset
     assert cq.search_offset(b"", 0, 5) == 0
@@ -125,7 +143,7 @@ JAVA_HASHES = {
     "hello": 99162322,
     "Hello, World!": 1498789909,
     "polygenelubricants": -2147483648,
-    "\U0001F600": 1772899,  # one code point, two UTF-16 units (D83D DE00)
+    "\U0001f600": 1772899,  # one code point, two UTF-16 units (D83D DE00)
     "é": 233,
 }
 
@@ -138,8 +156,10 @@ def test_hash_tag_matches_java(cq, tag):
 def test_hash_tag_is_signed_int32(cq):
     rng = random.Random(3)
     for _ in range(200):
-        tag = "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(0x80, 0xD800),
-                                      rng.randrange(0x10000, 0x110000)])) for _ in range(rng.randrange(0, 40)))
+        tag = "".join(
+            chr(rng.choice([rng.randrange(32, 127), rng.randrange(0x80, 0xD800), rng.randrange(0x10000, 0x110000)]))
+            for _ in range(rng.randrange(0, 40))
+        )
         h = cq.hash_tag(tag)
         assert -(2**31) <= h < 2**31
         units16 = struct.unpack(f"<{len(tag.encode('utf-16-le')) // 2}H", tag.encode("utf-16-le"))

@@ -2,6 +2,7 @@
 (mqk.protocol.kafka.messages): the same dict for every body the generated decoder accepts, a refusal for every body
 it refuses, for every Fetch version; a body with a tagged field declined to the generated decoder; and the codec's
 requests and MalformedMessage unchanged."""
+
 from __future__ import annotations
 
 import random
@@ -26,17 +27,33 @@ _I64 = st.integers(-(1 << 63), (1 << 63) - 1)
 
 
 def _request(version: int):
-    partition = st.fixed_dictionaries({
-        "partition": _I32, "current_leader_epoch": _I32, "fetch_offset": _I64, "last_fetched_epoch": _I32,
-        "log_start_offset": _I64, "partition_max_bytes": _I32})
+    partition = st.fixed_dictionaries(
+        {
+            "partition": _I32,
+            "current_leader_epoch": _I32,
+            "fetch_offset": _I64,
+            "last_fetched_epoch": _I32,
+            "log_start_offset": _I64,
+            "partition_max_bytes": _I32,
+        }
+    )
     named = {"topic_id": st.uuids()} if version >= 13 else {"topic": st.text(max_size=20)}
     topic = st.fixed_dictionaries({**named, "partitions": st.lists(partition, max_size=4)})
     forgotten = st.fixed_dictionaries({**named, "partitions": st.lists(_I32, max_size=3)})
-    return st.fixed_dictionaries({
-        "replica_id": _I32, "max_wait_ms": _I32, "min_bytes": _I32, "max_bytes": _I32,
-        "isolation_level": st.integers(-128, 127), "session_id": _I32, "session_epoch": _I32,
-        "topics": st.lists(topic, max_size=3), "forgotten_topics_data": st.lists(forgotten, max_size=2),
-        "rack_id": st.text(max_size=10)})
+    return st.fixed_dictionaries(
+        {
+            "replica_id": _I32,
+            "max_wait_ms": _I32,
+            "min_bytes": _I32,
+            "max_bytes": _I32,
+            "isolation_level": st.integers(-128, 127),
+            "session_id": _I32,
+            "session_epoch": _I32,
+            "topics": st.lists(topic, max_size=3),
+            "forgotten_topics_data": st.lists(forgotten, max_size=2),
+            "rack_id": st.text(max_size=10),
+        }
+    )
 
 
 def _encoded(version: int, obj: dict) -> memoryview:
@@ -78,20 +95,40 @@ def test_refuses_what_the_generated_decoder_refuses(impl, version: int) -> None:
     """Truncations, byte flips and random bodies: accepted by both with the same dict, refused by both, or (a
     tagged field) declined by the kernel, which leaves the body to the generated decoder."""
     rnd = random.Random(version)
-    valid = bytes(_encoded(version, {
-        "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 52428800, "isolation_level": 1,
-        "session_id": 0, "session_epoch": -1, "rack_id": "r1", "topics": [
-            {"topic": "orders", "topic_id": uuid.UUID(int=7), "partitions": [
-                {"partition": p, "fetch_offset": 100 * p, "partition_max_bytes": 1 << 20} for p in range(3)]}],
-        "forgotten_topics_data": [{"topic": "old", "topic_id": uuid.UUID(int=8), "partitions": [4, 5]}]}))
+    valid = bytes(
+        _encoded(
+            version,
+            {
+                "replica_id": -1,
+                "max_wait_ms": 500,
+                "min_bytes": 1,
+                "max_bytes": 52428800,
+                "isolation_level": 1,
+                "session_id": 0,
+                "session_epoch": -1,
+                "rack_id": "r1",
+                "topics": [
+                    {
+                        "topic": "orders",
+                        "topic_id": uuid.UUID(int=7),
+                        "partitions": [
+                            {"partition": p, "fetch_offset": 100 * p, "partition_max_bytes": 1 << 20} for p in range(3)
+                        ],
+                    }
+                ],
+                "forgotten_topics_data": [{"topic": "old", "topic_id": uuid.UUID(int=8), "partitions": [4, 5]}],
+            },
+        )
+    )
     bodies = [valid[:cut] for cut in range(len(valid))] + [valid + b"\x00trailing"]
     for _ in range(400):
         flipped = bytearray(valid)
         for _ in range(rnd.randint(1, 3)):
             flipped[rnd.randrange(len(flipped))] = rnd.choice([0, 1, 0x7F, 0x80, 0xFF, rnd.randrange(256)])
         bodies.append(bytes(flipped))
-        bodies.append(bytes(rnd.choice([0, 0, 1, 2, 0x7F, 0x80, 0xFF, rnd.randrange(256)])
-                            for _ in range(rnd.randint(0, 60))))
+        bodies.append(
+            bytes(rnd.choice([0, 0, 1, 2, 0x7F, 0x80, 0xFF, rnd.randrange(256)]) for _ in range(rnd.randint(0, 60)))
+        )
     declined = 0
     for data in bodies:
         body = memoryview(data)
@@ -110,14 +147,36 @@ def test_refuses_what_the_generated_decoder_refuses(impl, version: int) -> None:
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_tagged_field_is_left_to_the_generated_decoder(impl) -> None:
-    obj = {"max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1000, "cluster_id": "c1", "topics": [
-        {"topic_id": uuid.UUID(int=3), "partitions": [{"partition": 0, "fetch_offset": 5, "partition_max_bytes": 9,
-                                                        "replica_directory_id": uuid.UUID(int=4)}]}]}
+    obj = {
+        "max_wait_ms": 500,
+        "min_bytes": 1,
+        "max_bytes": 1000,
+        "cluster_id": "c1",
+        "topics": [
+            {
+                "topic_id": uuid.UUID(int=3),
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "fetch_offset": 5,
+                        "partition_max_bytes": 9,
+                        "replica_directory_id": uuid.UUID(int=4),
+                    }
+                ],
+            }
+        ],
+    }
     for version in range(12, 18):
         assert impl.decode_fetch_request(_encoded(version, obj), version) is None
         plain = {k: v for k, v in obj.items() if k != "cluster_id"}
-        plain["topics"] = [{**obj["topics"][0], "partitions": [
-            {k: v for k, v in obj["topics"][0]["partitions"][0].items() if k != "replica_directory_id"}]}]
+        plain["topics"] = [
+            {
+                **obj["topics"][0],
+                "partitions": [
+                    {k: v for k, v in obj["topics"][0]["partitions"][0].items() if k != "replica_directory_id"}
+                ],
+            }
+        ]
         body = _encoded(version, plain)
         assert impl.decode_fetch_request(body, version) == _generated(version, body)
         # an empty tag section spelt in two bytes (0x80 0x00) is read by the generated decoder, declined here
@@ -130,9 +189,19 @@ def test_a_tagged_field_is_left_to_the_generated_decoder(impl) -> None:
 def test_codec_decodes_fetch_with_the_kernel_and_falls_back_for_tagged_fields() -> None:
     codec = KafkaConnectionCodec()
     for version, cluster_id in ((12, None), (17, None), (17, "c1")):
-        body = {"max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1000, "cluster_id": cluster_id, "topics": [
-            {"topic": "t", "topic_id": uuid.UUID(int=3), "partitions": [
-                {"partition": 2, "fetch_offset": 5, "partition_max_bytes": 9}]}]}
+        body = {
+            "max_wait_ms": 500,
+            "min_bytes": 1,
+            "max_bytes": 1000,
+            "cluster_id": cluster_id,
+            "topics": [
+                {
+                    "topic": "t",
+                    "topic_id": uuid.UUID(int=3),
+                    "partitions": [{"partition": 2, "fetch_offset": 5, "partition_max_bytes": 9}],
+                }
+            ],
+        }
         codec.receive_data(b"".join(bytes(p) for p in encode_request(1, version, 42, "c", body)))
         req = codec.next_request()
         assert req.correlation_id == 42 and req.body["cluster_id"] == cluster_id

@@ -2,6 +2,7 @@
 (mqk.protocol.kafka.messages): for every Fetch version, the same bytes whenever it encodes, with record buffers
 passed on uncopied; for any body that is not the usual answer it declines and leaves the output alone; and the
 codec's frames are unchanged."""
+
 from __future__ import annotations
 
 import random
@@ -23,8 +24,14 @@ _SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_hea
 _I64 = st.integers(-(1 << 63), (1 << 63) - 1)
 _I32 = st.integers(-(1 << 31), (1 << 31) - 1)
 _BATCHY = st.binary(max_size=5000)
-_RECORDS = (st.none() | _BATCHY | _BATCHY.map(bytearray) | _BATCHY.map(memoryview)
-            | st.lists(_BATCHY.map(memoryview) | _BATCHY, max_size=3) | st.lists(_BATCHY, max_size=2).map(tuple))
+_RECORDS = (
+    st.none()
+    | _BATCHY
+    | _BATCHY.map(bytearray)
+    | _BATCHY.map(memoryview)
+    | st.lists(_BATCHY.map(memoryview) | _BATCHY, max_size=3)
+    | st.lists(_BATCHY, max_size=2).map(tuple)
+)
 
 
 def _generated(version: int, body) -> bytes | str:
@@ -36,16 +43,30 @@ def _generated(version: int, body) -> bytes | str:
 
 _answer = st.fixed_dictionaries(
     {"partition_index": _I32, "error_code": st.integers(-(1 << 15), (1 << 15) - 1), "high_watermark": _I64},
-    optional={"last_stable_offset": _I64, "log_start_offset": _I64, "preferred_read_replica": _I32,
-              "aborted_transactions": st.none() | st.lists(st.fixed_dictionaries(
-                  {"producer_id": _I64, "first_offset": _I64}), max_size=2),
-              "records": _RECORDS, "diverging_epoch": st.none(), "current_leader": st.none(),
-              "snapshot_id": st.none()})
-_topic = st.fixed_dictionaries({"partitions": st.lists(_answer, max_size=4)},
-                               optional={"topic": st.text(max_size=200), "topic_id": st.uuids()})
-_body = st.fixed_dictionaries({"responses": st.lists(_topic, max_size=3)},
-                              optional={"throttle_time_ms": _I32, "error_code": st.integers(-(1 << 15), (1 << 15) - 1),
-                                        "session_id": _I32, "node_endpoints": st.just([])})
+    optional={
+        "last_stable_offset": _I64,
+        "log_start_offset": _I64,
+        "preferred_read_replica": _I32,
+        "aborted_transactions": st.none()
+        | st.lists(st.fixed_dictionaries({"producer_id": _I64, "first_offset": _I64}), max_size=2),
+        "records": _RECORDS,
+        "diverging_epoch": st.none(),
+        "current_leader": st.none(),
+        "snapshot_id": st.none(),
+    },
+)
+_topic = st.fixed_dictionaries(
+    {"partitions": st.lists(_answer, max_size=4)}, optional={"topic": st.text(max_size=200), "topic_id": st.uuids()}
+)
+_body = st.fixed_dictionaries(
+    {"responses": st.lists(_topic, max_size=3)},
+    optional={
+        "throttle_time_ms": _I32,
+        "error_code": st.integers(-(1 << 15), (1 << 15) - 1),
+        "session_id": _I32,
+        "node_endpoints": st.just([]),
+    },
+)
 
 
 def _record_buffers(body) -> list:
@@ -88,18 +109,42 @@ def test_anything_else_is_declined_untouched_or_encoded_identically(impl) -> Non
         version = rnd.randint(2, 18)
         parts = []
         for _ in range(rnd.randint(0, 3)):
-            p = {k: rnd.choice(odd) if rnd.random() < 0.3 else rnd.randint(-1000, 1 << 40)
-                 for k in ("partition_index", "error_code", "high_watermark", "last_stable_offset",
-                           "log_start_offset", "preferred_read_replica") if rnd.random() < 0.8}
+            p = {
+                k: rnd.choice(odd) if rnd.random() < 0.3 else rnd.randint(-1000, 1 << 40)
+                for k in (
+                    "partition_index",
+                    "error_code",
+                    "high_watermark",
+                    "last_stable_offset",
+                    "log_start_offset",
+                    "preferred_read_replica",
+                )
+                if rnd.random() < 0.8
+            }
             if rnd.random() < 0.5:
-                p["aborted_transactions"] = rnd.choice([(), [], None, [{"producer_id": 1, "first_offset": 2}],
-                                                        [{"producer_id": 1 << 64}], ["x"], 5])
+                p["aborted_transactions"] = rnd.choice(
+                    [(), [], None, [{"producer_id": 1, "first_offset": 2}], [{"producer_id": 1 << 64}], ["x"], 5]
+                )
             if rnd.random() < 0.7:
-                p["records"] = rnd.choice([None, b"", b"abc", bytearray(b"xy"), memoryview(b"z" * 5000),
-                                           [b"a", memoryview(b"bc")], (b"q",), ["s"], 7, "text", [b"a", 1]])
+                p["records"] = rnd.choice(
+                    [
+                        None,
+                        b"",
+                        b"abc",
+                        bytearray(b"xy"),
+                        memoryview(b"z" * 5000),
+                        [b"a", memoryview(b"bc")],
+                        (b"q",),
+                        ["s"],
+                        7,
+                        "text",
+                        [b"a", 1],
+                    ]
+                )
             if rnd.random() < 0.1:
                 p[rnd.choice(["diverging_epoch", "current_leader", "snapshot_id"])] = rnd.choice(
-                    [None, {"epoch": -1, "end_offset": -1}, {"leader_id": 1}])
+                    [None, {"epoch": -1, "end_offset": -1}, {"leader_id": 1}]
+                )
             parts.append(p if rnd.random() < 0.97 else [p])
         topic = {"partitions": parts if rnd.random() < 0.9 else rnd.choice([tuple(parts), None])}
         if rnd.random() < 0.9:
@@ -115,8 +160,10 @@ def test_anything_else_is_declined_untouched_or_encoded_identically(impl) -> Non
         out = bytearray(b"head")
         result = impl.encode_fetch_response(body, version, out)
         if compiled("fetchresp") is not None:  # the two builds take and decline the same bodies
-            decisions = {m.encode_fetch_response(body, version, bytearray()) is None
-                         for m in (twin("fetchresp"), compiled("fetchresp"))}
+            decisions = {
+                m.encode_fetch_response(body, version, bytearray()) is None
+                for m in (twin("fetchresp"), compiled("fetchresp"))
+            }
             assert len(decisions) == 1, (version, body)
         if result is not None:
             encoded += 1
@@ -129,11 +176,30 @@ def test_anything_else_is_declined_untouched_or_encoded_identically(impl) -> Non
 
 def test_codec_frames_are_unchanged() -> None:
     records = [memoryview(b"r" * 300), memoryview(b"s" * 9000)]
-    body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [
-        {"topic": "orders", "topic_id": uuid.UUID(int=7), "partitions": [
-            {"partition_index": i, "error_code": 0, "high_watermark": 100 + i, "last_stable_offset": 100 + i,
-             "log_start_offset": 0, "aborted_transactions": None, "preferred_read_replica": -1,
-             "records": records if i == 1 else b""} for i in range(3)]}]}
+    body = {
+        "throttle_time_ms": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic": "orders",
+                "topic_id": uuid.UUID(int=7),
+                "partitions": [
+                    {
+                        "partition_index": i,
+                        "error_code": 0,
+                        "high_watermark": 100 + i,
+                        "last_stable_offset": 100 + i,
+                        "log_start_offset": 0,
+                        "aborted_transactions": None,
+                        "preferred_read_replica": -1,
+                        "records": records if i == 1 else b"",
+                    }
+                    for i in range(3)
+                ],
+            }
+        ],
+    }
     for version in VERSIONS:
         request = Request(1, version, 77, "c", {})
         parts = encode_response(request, body)

@@ -10,6 +10,7 @@ Two kinds of property tests, neither of which is ever skipped:
   arguments), never anything else. With only the twin available (MQK_NO_EXTENSIONS=1, no compiler) the second kind
   still runs and checks the twin never fails untyped.
 """
+
 from __future__ import annotations
 
 import struct
@@ -83,8 +84,20 @@ def ref_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
 
 def ref_batch(f: dict, records: bytes) -> bytes:
     head = struct.pack(">qiib", f["base_offset"], 49 + len(records), f["leader_epoch"], 2)
-    rest = struct.pack(">hiqqqhii", f["attributes"], f["last_offset_delta"], f["base_ts"], f["max_ts"], f["pid"],
-                       f["epoch"], f["seq"], f["count"]) + records
+    rest = (
+        struct.pack(
+            ">hiqqqhii",
+            f["attributes"],
+            f["last_offset_delta"],
+            f["base_ts"],
+            f["max_ts"],
+            f["pid"],
+            f["epoch"],
+            f["seq"],
+            f["count"],
+        )
+        + records
+    )
     return head + struct.pack(">I", crc32c(rest)) + rest
 
 
@@ -93,8 +106,11 @@ def outcome(fn, *args):
     try:
         return ("ok", fn(*args))
     except ALLOWED_ERRORS as exc:
-        return (type(exc).__name__, str(exc) if isinstance(exc, (Corrupt, InvalidRecord, OutOfBounds)) else "",
-                getattr(exc, "position", None))
+        return (
+            type(exc).__name__,
+            str(exc) if isinstance(exc, (Corrupt, InvalidRecord, OutOfBounds)) else "",
+            getattr(exc, "position", None),
+        )
 
 
 def same_outcome(impls, call):
@@ -107,14 +123,29 @@ def same_outcome(impls, call):
 # --- strategies ----------------------------------------------------------------------------------------
 
 records_st = st.lists(
-    st.tuples(I32, I64, st.none() | st.binary(max_size=40), st.none() | st.binary(max_size=40),
-              st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=3)),
-    max_size=6)
+    st.tuples(
+        I32,
+        I64,
+        st.none() | st.binary(max_size=40),
+        st.none() | st.binary(max_size=40),
+        st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=3),
+    ),
+    max_size=6,
+)
 
-batch_fields_st = st.fixed_dictionaries({
-    "base_offset": I64, "leader_epoch": I32, "attributes": I16.map(lambda a: a & ~0x07), "last_offset_delta": I32,
-    "base_ts": I64, "max_ts": I64, "pid": I64, "epoch": I16, "seq": I32,
-})
+batch_fields_st = st.fixed_dictionaries(
+    {
+        "base_offset": I64,
+        "leader_epoch": I32,
+        "attributes": I16.map(lambda a: a & ~0x07),
+        "last_offset_delta": I32,
+        "base_ts": I64,
+        "max_ts": I64,
+        "pid": I64,
+        "epoch": I16,
+        "seq": I32,
+    }
+)
 
 
 # --- recbatch: reference -------------------------------------------------------------------------------
@@ -128,15 +159,36 @@ def test_recbatch_matches_reference(rb, fields, records):
     assert [rb.encode_record(*r) for r in records] == encoded
     fields = dict(fields, count=len(records))
     expected = ref_batch(fields, b"".join(encoded))
-    built = rb.build_batch(fields["base_offset"], fields["base_ts"], fields["max_ts"], b"".join(encoded),
-                           len(records), fields["last_offset_delta"], fields["attributes"], fields["pid"],
-                           fields["epoch"], fields["seq"], fields["leader_epoch"])
+    built = rb.build_batch(
+        fields["base_offset"],
+        fields["base_ts"],
+        fields["max_ts"],
+        b"".join(encoded),
+        len(records),
+        fields["last_offset_delta"],
+        fields["attributes"],
+        fields["pid"],
+        fields["epoch"],
+        fields["seq"],
+        fields["leader_epoch"],
+    )
     assert isinstance(built, bytearray) and bytes(built) == expected
     f = fields
-    assert rb.parse_header(expected) == (f["base_offset"], len(expected) - 12, f["leader_epoch"], 2,
-                                         struct.unpack_from(">I", expected, 17)[0], f["attributes"],
-                                         f["last_offset_delta"], f["base_ts"], f["max_ts"], f["pid"], f["epoch"],
-                                         f["seq"], len(records))
+    assert rb.parse_header(expected) == (
+        f["base_offset"],
+        len(expected) - 12,
+        f["leader_epoch"],
+        2,
+        struct.unpack_from(">I", expected, 17)[0],
+        f["attributes"],
+        f["last_offset_delta"],
+        f["base_ts"],
+        f["max_ts"],
+        f["pid"],
+        f["epoch"],
+        f["seq"],
+        len(records),
+    )
     assert rb.count_records(expected, 0, len(expected)) == len(records)
     decoded = rb.decode_records(expected[61:], len(records))
     assert decoded == [(0, td, od, k, v, [(hk, hv) for hk, hv in h]) for od, td, k, v, h in records]
@@ -150,8 +202,21 @@ def test_scan_batches_matches_reference(rb, batches, pad):
     for fields, records in batches:
         fields = dict(fields, count=len(records))
         b = ref_batch(fields, b"".join(ref_record(*r) for r in records))
-        expected.append((pos, len(b), fields["last_offset_delta"], fields["max_ts"], len(records),
-                         fields["attributes"], fields["pid"], fields["epoch"], fields["seq"], fields["base_ts"], None))
+        expected.append(
+            (
+                pos,
+                len(b),
+                fields["last_offset_delta"],
+                fields["max_ts"],
+                len(records),
+                fields["attributes"],
+                fields["pid"],
+                fields["epoch"],
+                fields["seq"],
+                fields["base_ts"],
+                None,
+            )
+        )
         buf += b
         pos += len(b)
     assert rb.scan_batches(buf) == expected
@@ -174,8 +239,9 @@ def test_in_place_edits_match_reference(rb, fields, records, new_base, ts, lead)
     rb.set_base_offset(buf, lead, new_base)
     assert bytes(buf[lead:]) == struct.pack(">q", new_base) + batch[8:]
     rb.set_log_append_time(buf, lead, ts)
-    expected = ref_batch(dict(fields, base_offset=new_base, attributes=fields["attributes"] | 0x08, max_ts=ts),
-                         batch[61:])
+    expected = ref_batch(
+        dict(fields, base_offset=new_base, attributes=fields["attributes"] | 0x08, max_ts=ts), batch[61:]
+    )
     assert bytes(buf[lead:]) == expected
 
 
@@ -198,18 +264,23 @@ def damaged_batches(draw):
         i = draw(st.integers(0, len(buf) - 1))
         buf[i] ^= draw(st.integers(1, 255))
     elif kind == 1:
-        del buf[draw(st.integers(0, len(buf) - 1)):]
+        del buf[draw(st.integers(0, len(buf) - 1)) :]
     elif kind == 2:
         buf += draw(st.binary(min_size=1, max_size=70))
     else:
         at = draw(st.sampled_from([8, 16, 21, 57]))
-        buf[at:at + 4] = draw(st.binary(min_size=4, max_size=4))
+        buf[at : at + 4] = draw(st.binary(min_size=4, max_size=4))
     return buf
 
 
 @SETTINGS
-@given(buf=damaged_batches(), pos=st.integers(-3, 300), size=st.integers(-3, 400), count=st.integers(-2, 40),
-       verify=st.booleans())
+@given(
+    buf=damaged_batches(),
+    pos=st.integers(-3, 300),
+    size=st.integers(-3, 400),
+    count=st.integers(-2, 40),
+    verify=st.booleans(),
+)
 def test_recbatch_outcomes_agree_on_damaged_input(buf, pos, size, count, verify):
     data = bytes(buf)
     same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify))
@@ -229,9 +300,11 @@ def test_recbatch_outcomes_agree_on_damaged_input(buf, pos, size, count, verify)
     same_outcome(RB, lambda m: outcome(m.scan_batches, data, verify, True, (), False, window))
     same_outcome(RB, lambda m: outcome(m.check_records, data[61:], count, (), False, window, pos * 10**9))
     for edit in ("set_base_offset", "set_log_append_time"):
+
         def call(m, edit=edit):
             copy = bytearray(data)
             return outcome(getattr(m, edit), copy, pos, 12345), bytes(copy)
+
         same_outcome(RB, call)
 
 
@@ -279,14 +352,30 @@ def test_recbatch_bad_argument_types_agree(bad):
 
 # --- recbatch.has_header: records with random headers, names that are and are not among them ----------------
 
-DELAY_KEYS = (b"DELAY", b"__STARTDELIVERTIME", b"TIMER_DELIVER_MS", b"mqk-deliver-at", b"TIMER_DELAY_SEC",
-              b"TIMER_DELAY_MS", b"mqk-delay-ms")
-header_key_st = st.one_of(st.text(max_size=8), st.sampled_from([k.decode() for k in DELAY_KEYS]),
-                          st.sampled_from(["DELAYX", "DELA", "mqk-delay-m", "n" * 70]))
+DELAY_KEYS = (
+    b"DELAY",
+    b"__STARTDELIVERTIME",
+    b"TIMER_DELIVER_MS",
+    b"mqk-deliver-at",
+    b"TIMER_DELAY_SEC",
+    b"TIMER_DELAY_MS",
+    b"mqk-delay-ms",
+)
+header_key_st = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from([k.decode() for k in DELAY_KEYS]),
+    st.sampled_from(["DELAYX", "DELA", "mqk-delay-m", "n" * 70]),
+)
 headed_records_st = st.lists(
-    st.tuples(I32, I64, st.none() | st.binary(max_size=40), st.none() | st.binary(max_size=40),
-              st.lists(st.tuples(header_key_st, st.none() | st.binary(max_size=8)), max_size=4)),
-    max_size=8)
+    st.tuples(
+        I32,
+        I64,
+        st.none() | st.binary(max_size=40),
+        st.none() | st.binary(max_size=40),
+        st.lists(st.tuples(header_key_st, st.none() | st.binary(max_size=8)), max_size=4),
+    ),
+    max_size=8,
+)
 names_st = st.one_of(st.just(DELAY_KEYS), st.lists(header_key_st.map(str.encode), max_size=4).map(tuple))
 
 
@@ -335,8 +424,21 @@ def test_has_header_integer_arguments_agree(ints):
 
 @pytest.mark.parametrize("bad", [None, "text", 3, [b"DELAY"], ("DELAY",), (b"DELAY", 1), b"DELAY", 1.5])
 def test_has_header_bad_argument_types_agree(bad):
-    batch = ref_batch(dict(base_offset=0, leader_epoch=0, attributes=0, last_offset_delta=0, base_ts=0, max_ts=0,
-                           pid=-1, epoch=-1, seq=-1, count=0), b"")
+    batch = ref_batch(
+        dict(
+            base_offset=0,
+            leader_epoch=0,
+            attributes=0,
+            last_offset_delta=0,
+            base_ts=0,
+            max_ts=0,
+            pid=-1,
+            epoch=-1,
+            seq=-1,
+            count=0,
+        ),
+        b"",
+    )
     assert same_outcome(RB, lambda m: outcome(m.has_header, batch, 0, len(batch), bad))[0] == "TypeError"
     same_outcome(RB, lambda m: outcome(m.has_header, bad, 0, 61, DELAY_KEYS))
     same_outcome(RB, lambda m: outcome(m.has_header, batch, bad, 61, DELAY_KEYS))
@@ -344,11 +446,14 @@ def test_has_header_bad_argument_types_agree(bad):
 
 @pytest.mark.parametrize("walk", [True, False], ids=["has_header", "regex"])
 @SETTINGS
-@given(records=headed_records_st, values=st.lists(st.sampled_from([b"0", b"3", b"250", b"99", b"x", b""]),
-                                                  min_size=40, max_size=40))
+@given(
+    records=headed_records_st,
+    values=st.lists(st.sampled_from([b"0", b"3", b"250", b"99", b"x", b""]), min_size=40, max_size=40),
+)
 def test_batch_due_time_equals_decoding_every_record(walk, records, values):
     # batch_due_time skips decoding when no record names a delay header; that must never change its answer
     from mqk.timer import delay
+
     if walk and delay.recbatch.__name__.endswith("_py"):
         walk_module = twin("recbatch")  # without the extensions, exercise the walk through the twin
     else:
@@ -356,9 +461,21 @@ def test_batch_due_time_equals_decoding_every_record(walk, records, values):
     rb = twin("recbatch")
     vals = iter(values * 2)
     records = [(od, 0, k, v, [(hk, next(vals)) for hk, _ in hs]) for od, _, k, v, hs in records]
-    batch = ref_batch(dict(base_offset=0, leader_epoch=0, attributes=0, last_offset_delta=max(len(records) - 1, 0),
-                           base_ts=0, max_ts=0, pid=-1, epoch=-1, seq=-1, count=len(records)),
-                      b"".join(ref_record(*r) for r in records))
+    batch = ref_batch(
+        dict(
+            base_offset=0,
+            leader_epoch=0,
+            attributes=0,
+            last_offset_delta=max(len(records) - 1, 0),
+            base_ts=0,
+            max_ts=0,
+            pid=-1,
+            epoch=-1,
+            seq=-1,
+            count=len(records),
+        ),
+        b"".join(ref_record(*r) for r in records),
+    )
     now = 1_000_000
     expected = None
     for *_, headers in rb.decode_records(batch[61:], len(records)):
@@ -376,18 +493,43 @@ def test_batch_due_time_equals_decoding_every_record(walk, records, values):
 
 # --- clentry -------------------------------------------------------------------------------------------
 
-entry_st = st.fixed_dictionaries({
-    "topic": st.text(max_size=20).map(str.encode), "queue_id": I32, "queue_offset": I64, "physical_offset": I64,
-    "store_ts": I64, "max_ts": I64, "tags": I64, "flags": I32, "count": I32,
-    "body": st.binary(min_size=61, max_size=150), "pos": st.integers(0, 20), "slack": st.integers(0, 20),
-})
+entry_st = st.fixed_dictionaries(
+    {
+        "topic": st.text(max_size=20).map(str.encode),
+        "queue_id": I32,
+        "queue_offset": I64,
+        "physical_offset": I64,
+        "store_ts": I64,
+        "max_ts": I64,
+        "tags": I64,
+        "flags": I32,
+        "count": I32,
+        "body": st.binary(min_size=61, max_size=150),
+        "pos": st.integers(0, 20),
+        "slack": st.integers(0, 20),
+    }
+)
 
 
 def ref_entry(e: dict) -> bytes:
     body = struct.pack(">q", e["queue_offset"]) + e["body"][8:]
     size = 66 + len(e["topic"]) + len(body)
-    after_crc = struct.pack(">iiqqiqqqH", e["queue_id"], e["flags"], e["queue_offset"], e["physical_offset"],
-                            e["count"], e["store_ts"], e["max_ts"], e["tags"], len(e["topic"])) + e["topic"] + body
+    after_crc = (
+        struct.pack(
+            ">iiqqiqqqH",
+            e["queue_id"],
+            e["flags"],
+            e["queue_offset"],
+            e["physical_offset"],
+            e["count"],
+            e["store_ts"],
+            e["max_ts"],
+            e["tags"],
+            len(e["topic"]),
+        )
+        + e["topic"]
+        + body
+    )
     return struct.pack(">iII", size, 0xDAA320A7, crc32c(after_crc)) + after_crc
 
 
@@ -397,24 +539,54 @@ def ref_entry(e: dict) -> bytes:
 def test_clentry_matches_reference(ce, e):
     expected = ref_entry(e)
     head = bytearray(ce.head_size(len(e["topic"])) + e["slack"])
-    size = ce.encode_head(head, e["topic"], e["queue_id"], e["queue_offset"], e["physical_offset"], e["store_ts"],
-                          e["max_ts"], e["tags"], e["flags"], e["count"], e["body"])
+    size = ce.encode_head(
+        head,
+        e["topic"],
+        e["queue_id"],
+        e["queue_offset"],
+        e["physical_offset"],
+        e["store_ts"],
+        e["max_ts"],
+        e["tags"],
+        e["flags"],
+        e["count"],
+        e["body"],
+    )
     assert size == len(expected) == ce.entry_size(len(e["topic"]), len(e["body"]))
     n = ce.head_size(len(e["topic"]))
     assert bytes(head[:n]) + e["body"][8:] == expected and not any(head[n:])
     buf = bytearray(e["pos"]) + expected + bytearray(e["slack"])
     assert ce.read_entry(buf, e["pos"], e["pos"] + size) == (
-        1, size, e["queue_id"], e["flags"], e["queue_offset"], e["physical_offset"], e["count"], e["store_ts"],
-        e["max_ts"], e["tags"], e["topic"].decode(), e["pos"] + 66 + len(e["topic"]))
+        1,
+        size,
+        e["queue_id"],
+        e["flags"],
+        e["queue_offset"],
+        e["physical_offset"],
+        e["count"],
+        e["store_ts"],
+        e["max_ts"],
+        e["tags"],
+        e["topic"].decode(),
+        e["pos"] + 66 + len(e["topic"]),
+    )
     if e["slack"] >= 8:
         at = e["pos"] + size
-        buf[at:at + 8] = ce.blank_head(e["slack"])
+        buf[at : at + 8] = ce.blank_head(e["slack"])
         assert ce.read_entry(buf, at, len(buf))[:2] == (2, e["slack"])
 
 
 @SETTINGS
-@given(e=entry_st, flip=st.integers(0, 400), xor=st.integers(1, 255), cut=st.integers(0, 300),
-       pos=st.integers(-2, 300), limit=st.integers(-2, 400), verify=st.booleans(), noise=st.binary(max_size=120))
+@given(
+    e=entry_st,
+    flip=st.integers(0, 400),
+    xor=st.integers(1, 255),
+    cut=st.integers(0, 300),
+    pos=st.integers(-2, 300),
+    limit=st.integers(-2, 400),
+    verify=st.booleans(),
+    noise=st.binary(max_size=120),
+)
 def test_clentry_outcomes_agree_on_damaged_input(e, flip, xor, cut, pos, limit, verify, noise):
     entry = bytearray(ref_entry(e))
     entry[flip % len(entry)] ^= xor
@@ -424,8 +596,20 @@ def test_clentry_outcomes_agree_on_damaged_input(e, flip, xor, cut, pos, limit, 
 
     def head(m):
         out = bytearray(cut % 100)
-        return outcome(m.encode_head, out, e["topic"], e["queue_id"], e["queue_offset"], e["physical_offset"],
-                       e["store_ts"], e["max_ts"], e["tags"], e["flags"], e["count"], noise), bytes(out)
+        return outcome(
+            m.encode_head,
+            out,
+            e["topic"],
+            e["queue_id"],
+            e["queue_offset"],
+            e["physical_offset"],
+            e["store_ts"],
+            e["max_ts"],
+            e["tags"],
+            e["flags"],
+            e["count"],
+            noise,
+        ), bytes(out)
 
     same_outcome(CE, head)
     same_outcome(CE, lambda m: outcome(m.blank_head, limit))
@@ -442,6 +626,7 @@ def test_clentry_integer_arguments_agree(ints):
     def head(m):
         out = bytearray(100)
         return outcome(m.encode_head, out, b"t", *ints[1:], bytes(61)), bytes(out)
+
     same_outcome(CE, head)
 
 
@@ -490,7 +675,7 @@ def test_cqunit_matches_reference(cq, units, probes, near):
     buf = bytearray(len(expected) + 48)
     for i, u in enumerate(units):
         cq.pack_unit(buf, 48 * i, *u)
-    assert bytes(buf[:len(expected)]) == expected and not any(buf[len(expected):])
+    assert bytes(buf[: len(expected)]) == expected and not any(buf[len(expected) :])
     assert [cq.unpack_unit(buf, 48 * i) for i in range(len(units))] == units
     offsets = list(probes) + [u[6] + d for u in units for d in (near, u[2] - 1, u[2])]
     for o in offsets:
@@ -513,6 +698,7 @@ def test_cqunit_outcomes_agree_on_arbitrary_bytes(noise, n, probe, pos):
     def pack(m):
         out = bytearray(noise)
         return outcome(m.pack_unit, out, pos, probe, n, probe, 1, 2, 3, probe), bytes(out)
+
     same_outcome(CQ, pack)
 
 
@@ -539,8 +725,9 @@ def test_new_buffer_agrees(size):
     same_outcome(RB, lambda m: outcome(lambda n: (type(m.new_buffer(n)), len(m.new_buffer(n))), size))
 
 
-@pytest.mark.parametrize("buf", [memoryview(bytes(200))[::2], memoryview(bytearray(200)).cast("i"),
-                                 __import__("array").array("q", [0] * 25)])
+@pytest.mark.parametrize(
+    "buf", [memoryview(bytes(200))[::2], memoryview(bytearray(200)).cast("i"), __import__("array").array("q", [0] * 25)]
+)
 def test_buffers_of_other_shapes_agree(buf):
     # strided: refused (BufferError) by both; other item formats: read as their bytes by both
     same_outcome(RB, lambda m: outcome(m.parse_header, buf, 0))

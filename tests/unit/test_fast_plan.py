@@ -2,6 +2,7 @@
 always, the compiled module when built) must plan exactly the partitions the handler's own per-partition path would
 append as plain (validate_produce_records passes, nothing compressed or converted, not idempotent), in order, and
 stop at the first other one; Hypothesis draws mixed partition lists."""
+
 from __future__ import annotations
 
 import gzip
@@ -26,13 +27,24 @@ def batch(records=((b"k", b"v", []),), ts=1_700_000_000_000, producer_id=-1, bas
     attributes = 0
     if compress:
         encoded, attributes = gzip.compress(encoded), 1
-    return bytes(RB.build_batch(0, ts, ts + len(records) - 1, encoded, len(records), len(records) - 1,
-                                producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
-                                base_sequence=base_sequence, attributes=attributes))
+    return bytes(
+        RB.build_batch(
+            0,
+            ts,
+            ts + len(records) - 1,
+            encoded,
+            len(records),
+            len(records) - 1,
+            producer_id=producer_id,
+            producer_epoch=0 if producer_id >= 0 else -1,
+            base_sequence=base_sequence,
+            attributes=attributes,
+        )
+    )
 
 
 def flipped(data: bytes, at: int) -> bytes:
-    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:]
+    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
 
 
 #: the kinds of partition the strategy mixes, each as (index, records) before wrapping in the request's dict
@@ -41,7 +53,9 @@ KINDS = {
     "plain, two batches": lambda: (2, memoryview(batch() + batch(((None, b"x" * 40, []),)))),
     "plain, delay header": lambda: (0, memoryview(batch(((b"k", b"v", [("DELAY", b"3")]),)))),
     "plain, delay header in second batch": lambda: (
-        0, memoryview(batch() + batch(((b"k", b"v", [("__STARTDELIVERTIME", b"1")]),)))),
+        0,
+        memoryview(batch() + batch(((b"k", b"v", [("__STARTDELIVERTIME", b"1")]),))),
+    ),
     "plain, sequence without producer id": lambda: (3, memoryview(batch(base_sequence=7))),
     "plain, producer id without sequence": lambda: (3, memoryview(batch(producer_id=9))),
     "null key": lambda: (1, memoryview(batch(((None, b"v", []),)))),
@@ -87,8 +101,9 @@ def reference(partitions, start, max_batch_bytes, require_keys, timestamps):
         if records.ndim != 1 or records.itemsize != 1 or not records.c_contiguous:
             break
         try:
-            infos = validate_produce_records(records, max_batch_bytes, header_names=NAMES, require_keys=require_keys,
-                                             timestamps=timestamps)
+            infos = validate_produce_records(
+                records, max_batch_bytes, header_names=NAMES, require_keys=require_keys, timestamps=timestamps
+            )
         except Exception:  # noqa: BLE001 - refused: the handler answers it itself
             break
         if any(info.compression or info.converted for info in infos):
@@ -102,8 +117,9 @@ def reference(partitions, start, max_batch_bytes, require_keys, timestamps):
 
 def plan(rb, partitions, start, max_batch_bytes, require_keys, timestamps, answers_before=0):
     entries, delays, slots, answers = [], [], [], ["earlier"] * answers_before
-    stop = rb.plan_plain_appends(partitions, start, QUEUES, max_batch_bytes, NAMES, require_keys, timestamps,
-                                 entries, delays, slots, answers)
+    stop = rb.plan_plain_appends(
+        partitions, start, QUEUES, max_batch_bytes, NAMES, require_keys, timestamps, entries, delays, slots, answers
+    )
     assert len(entries) == len(delays) == len(slots) == stop - start
     assert slots == list(range(answers_before, answers_before + len(entries)))
     assert answers == ["earlier"] * answers_before + [None] * len(entries)
@@ -125,7 +141,8 @@ def test_each_kind_of_partition_is_planned_as_the_handler_would(rb, kind):
         stop = expected[0]
         if stop < len(partitions):
             assert plan(rb, partitions, stop + 1, 1000, require_keys, timestamps, answers_before=2) == reference(
-                partitions, stop + 1, 1000, require_keys, timestamps)
+                partitions, stop + 1, 1000, require_keys, timestamps
+            )
 
 
 @pytest.mark.parametrize("rb", IMPLS)
@@ -133,8 +150,11 @@ def test_plain_partitions_keep_their_batches_and_delay_flags(rb):
     partitions = [partition("plain"), partition("plain, two batches"), partition("plain, delay header")]
     stop, planned = plan(rb, partitions, 0, 1 << 20, False, None)
     assert stop == 3
-    assert planned == [(1, [batch()], False), (2, [batch(), batch(((None, b"x" * 40, []),))], False),
-                       (0, [bytes(partitions[2]["records"])], True)]
+    assert planned == [
+        (1, [batch()], False),
+        (2, [batch(), batch(((None, b"x" * 40, []),))], False),
+        (0, [bytes(partitions[2]["records"])], True),
+    ]
 
 
 @pytest.mark.parametrize("rb", IMPLS)
@@ -159,9 +179,13 @@ def test_bad_arguments_are_refused_alike(rb):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kinds=st.lists(st.sampled_from(sorted(KINDS)), max_size=8), start=st.integers(0, 3),
-       max_batch_bytes=st.sampled_from([100, 1000, 1 << 20]), require_keys=st.booleans(),
-       windowed=st.booleans())
+@given(
+    kinds=st.lists(st.sampled_from(sorted(KINDS)), max_size=8),
+    start=st.integers(0, 3),
+    max_batch_bytes=st.sampled_from([100, 1000, 1 << 20]),
+    require_keys=st.booleans(),
+    windowed=st.booleans(),
+)
 def test_mixed_partition_lists_agree_with_the_handlers_path(kinds, start, max_batch_bytes, require_keys, windowed):
     partitions = [partition(kind) for kind in kinds]
     timestamps = (1_600_000_000_000, 1_800_000_000_000) if windowed else None

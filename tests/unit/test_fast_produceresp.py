@@ -1,6 +1,7 @@
 """The hand-written Produce response encoder (mqk._fast.produceresp, compiled and twin) against the generated one
 (mqk.protocol.kafka.messages): for every Produce version, the same bytes whenever it encodes; for any body that is
 not the usual answer it declines and leaves the output alone; and the codec's frames are unchanged."""
+
 from __future__ import annotations
 
 import random
@@ -30,15 +31,27 @@ def _generated(version: int, body) -> bytes | str:
 
 
 _answer = st.fixed_dictionaries(
-    {"index": st.integers(-(1 << 31), (1 << 31) - 1), "error_code": st.integers(-(1 << 15), (1 << 15) - 1),
-     "base_offset": _I64},
-    optional={"log_append_time_ms": _I64, "log_start_offset": _I64, "record_errors": st.just(()) | st.just([]),
-              "error_message": st.none() | st.text(max_size=300), "current_leader": st.none()})
-_topic = st.fixed_dictionaries({"partition_responses": st.lists(_answer, max_size=4)},
-                               optional={"name": st.text(max_size=200), "topic_id": st.uuids()})
-_body = st.fixed_dictionaries({"responses": st.lists(_topic, max_size=3)},
-                              optional={"throttle_time_ms": st.integers(-(1 << 31), (1 << 31) - 1),
-                                        "node_endpoints": st.just([])})
+    {
+        "index": st.integers(-(1 << 31), (1 << 31) - 1),
+        "error_code": st.integers(-(1 << 15), (1 << 15) - 1),
+        "base_offset": _I64,
+    },
+    optional={
+        "log_append_time_ms": _I64,
+        "log_start_offset": _I64,
+        "record_errors": st.just(()) | st.just([]),
+        "error_message": st.none() | st.text(max_size=300),
+        "current_leader": st.none(),
+    },
+)
+_topic = st.fixed_dictionaries(
+    {"partition_responses": st.lists(_answer, max_size=4)},
+    optional={"name": st.text(max_size=200), "topic_id": st.uuids()},
+)
+_body = st.fixed_dictionaries(
+    {"responses": st.lists(_topic, max_size=3)},
+    optional={"throttle_time_ms": st.integers(-(1 << 31), (1 << 31) - 1), "node_endpoints": st.just([])},
+)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -65,9 +78,11 @@ def test_anything_else_is_declined_untouched_or_encoded_identically(impl) -> Non
         version = rnd.randint(1, 14)
         parts = []
         for _ in range(rnd.randint(0, 3)):
-            p = {k: rnd.choice(odd) if rnd.random() < 0.3 else rnd.randint(-1000, 1 << 40)
-                 for k in ("index", "error_code", "base_offset", "log_append_time_ms", "log_start_offset")
-                 if rnd.random() < 0.8}
+            p = {
+                k: rnd.choice(odd) if rnd.random() < 0.3 else rnd.randint(-1000, 1 << 40)
+                for k in ("index", "error_code", "base_offset", "log_append_time_ms", "log_start_offset")
+                if rnd.random() < 0.8
+            }
             if rnd.random() < 0.5:
                 p["record_errors"] = rnd.choice([(), [], None, [{"batch_index": 1}]])
             if rnd.random() < 0.5:
@@ -96,9 +111,26 @@ def test_anything_else_is_declined_untouched_or_encoded_identically(impl) -> Non
 
 
 def test_codec_frames_are_unchanged() -> None:
-    body = {"responses": [{"name": "orders", "partition_responses": [
-        {"index": i, "error_code": 0, "base_offset": 100 + i, "log_append_time_ms": -1, "log_start_offset": 0,
-         "record_errors": (), "error_message": None} for i in range(3)]}], "throttle_time_ms": 0}
+    body = {
+        "responses": [
+            {
+                "name": "orders",
+                "partition_responses": [
+                    {
+                        "index": i,
+                        "error_code": 0,
+                        "base_offset": 100 + i,
+                        "log_append_time_ms": -1,
+                        "log_start_offset": 0,
+                        "record_errors": (),
+                        "error_message": None,
+                    }
+                    for i in range(3)
+                ],
+            }
+        ],
+        "throttle_time_ms": 0,
+    }
     for version in VERSIONS:
         request = Request(0, version, 77, "c", {})
         frame = b"".join(bytes(p) for p in encode_response(request, body))

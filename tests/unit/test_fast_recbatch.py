@@ -1,5 +1,6 @@
 """recbatch kernels (Kafka record batch v2): round trips, CRC and truncation detection, bounds, and byte-for-byte
 agreement with kafka-python's own batch builder. Every test runs on the twin and, when built, the compiled module."""
+
 from __future__ import annotations
 
 import struct
@@ -26,12 +27,17 @@ def rb(request):
     return request.param
 
 
-def kafka_python_batch(records, base_offset=0, producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                       transactional=0):
+def kafka_python_batch(records, base_offset=0, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=0):
     """A batch built by kafka-python (a real client): records = [(offset_delta, timestamp, key, value, headers)]."""
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=transactional,
-                                        producer_id=producer_id, producer_epoch=producer_epoch,
-                                        base_sequence=base_sequence, batch_size=1 << 24)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=transactional,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        batch_size=1 << 24,
+    )
     for offset, timestamp, key, value, headers in records:
         builder.append(offset, timestamp=timestamp, key=key, value=value, headers=headers)
     data = bytes(builder.build())
@@ -48,8 +54,16 @@ SAMPLE = [
 def our_batch(rb, records=SAMPLE, base_offset=0, **kw):
     base_ts = records[0][1]
     encoded = b"".join(rb.encode_record(o, ts - base_ts, k, v, h) for o, ts, k, v, h in records)
-    return rb.build_batch(base_offset, base_ts, max(r[1] for r in records), encoded, len(records),
-                          records[-1][0], partition_leader_epoch=0, **kw)
+    return rb.build_batch(
+        base_offset,
+        base_ts,
+        max(r[1] for r in records),
+        encoded,
+        len(records),
+        records[-1][0],
+        partition_leader_epoch=0,
+        **kw,
+    )
 
 
 def test_build_matches_kafka_python_byte_for_byte(rb):
@@ -64,8 +78,15 @@ def test_build_matches_kafka_python_idempotent_producer(rb):
 
 @pytest.mark.parametrize("codec", [1, 3, 4])  # gzip, lz4, zstd (kafka-python needs python-snappy for 2)
 def test_build_around_kafka_python_compressed_records(rb, codec):
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=0, producer_id=-1,
-                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 24)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 24,
+    )
     for offset, timestamp, key, value, headers in SAMPLE:
         builder.append(offset, timestamp=timestamp, key=key, value=value, headers=headers)
     theirs = bytes(builder.build())
@@ -258,8 +279,9 @@ def test_produce_check_requires_keys_when_asked(rb):
     from mqk.errors import InvalidRecord
 
     keyed = rb.build_batch(0, 0, 0, rb.encode_record(0, 0, b"k", b"v", []), 1, 0)
-    keyless = rb.build_batch(0, 0, 0, rb.encode_record(0, 0, b"k", b"v", []) + rb.encode_record(1, 0, None, b"v", []),
-                             2, 1)
+    keyless = rb.build_batch(
+        0, 0, 0, rb.encode_record(0, 0, b"k", b"v", []) + rb.encode_record(1, 0, None, b"v", []), 2, 1
+    )
     assert len(rb.scan_batches(keyed + keyless, True, True)) == 2
     assert len(rb.scan_batches(keyed, True, True, (), True)) == 1
     with pytest.raises(InvalidRecord, match="needs a key"):
@@ -397,8 +419,9 @@ DELAY_KEYS = (b"DELAY", b"__STARTDELIVERTIME", b"mqk-delay-ms")
 
 
 def headers_batch(rb, per_record_headers, base_offset=0):
-    records = b"".join(rb.encode_record(i, i, b"k%d" % i, b"v" * 100, headers)
-                       for i, headers in enumerate(per_record_headers))
+    records = b"".join(
+        rb.encode_record(i, i, b"k%d" % i, b"v" * 100, headers) for i, headers in enumerate(per_record_headers)
+    )
     n = len(per_record_headers)
     return bytes(rb.build_batch(base_offset, 0, 0, records, n, max(n - 1, 0)))
 
@@ -418,8 +441,9 @@ def test_has_header_finds_a_named_header_in_any_record_or_position(rb):
 
 
 def test_has_header_ignores_the_name_in_keys_values_and_header_values(rb):
-    records = (rb.encode_record(0, 0, b"DELAY", b"mqk-delay-ms", [("h", b"DELAY")])
-               + rb.encode_record(1, 0, b"\x0aDELAY", b"\x18mqk-delay-ms\x02", [("x", b"\x0aDELAY\x02")]))
+    records = rb.encode_record(0, 0, b"DELAY", b"mqk-delay-ms", [("h", b"DELAY")]) + rb.encode_record(
+        1, 0, b"\x0aDELAY", b"\x18mqk-delay-ms\x02", [("x", b"\x0aDELAY\x02")]
+    )
     data = bytes(rb.build_batch(0, 0, 0, records, 2, 1))
     assert rb.has_header(data, 0, len(data), DELAY_KEYS) is False
     assert rb.has_header(data, 0, len(data), (b"h",)) is True
@@ -434,7 +458,7 @@ def test_has_header_long_names_empty_batch_and_offset(rb):
     data = headers_batch(rb, [[("DELAY", b"3")]])
     buf = b"\xff" * 9 + data + b"\xff" * 5
     assert rb.has_header(buf, 9, len(data), DELAY_KEYS) is True
-    assert rb.has_header(memoryview(buf)[9:9 + len(data)], 0, len(data), DELAY_KEYS) is True
+    assert rb.has_header(memoryview(buf)[9 : 9 + len(data)], 0, len(data), DELAY_KEYS) is True
     assert rb.has_header(bytearray(data), 0, len(data), (b"",)) is False
     assert rb.has_header(headers_batch(rb, [[("", None)]]), 0, len(headers_batch(rb, [[("", None)]])), (b"",))
 

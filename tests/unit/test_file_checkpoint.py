@@ -1,4 +1,5 @@
 """Checkpoint (CRC-checked, atomically replaced) and the abort marker."""
+
 from __future__ import annotations
 
 from pathlib import Path

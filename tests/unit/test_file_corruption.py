@@ -1,5 +1,6 @@
 """Damaged files at start: the store starts, reports what it found (log + recovery_report, with the position),
 serves everything before the damage, and keeps working (appends after the cut, a clean restart after that)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,13 @@ def batch(i: int) -> bytearray:
 
 
 def config(root: Path) -> StoreConfig:
-    return StoreConfig(data_dir=root, commitlog_segment_bytes=SEG, cq_units_per_file=32, flush_interval_ms=20,
-                       checkpoint_interval_ms=50)
+    return StoreConfig(
+        data_dir=root,
+        commitlog_segment_bytes=SEG,
+        cq_units_per_file=32,
+        flush_interval_ms=20,
+        checkpoint_interval_ms=50,
+    )
 
 
 async def build(root: Path, count: int = 500) -> list[int]:
@@ -157,7 +163,7 @@ async def test_zeroed_consumequeue_tail_is_rebuilt(tmp_path: Path, zeroed: int) 
         used = len(data.rstrip(b"\x00"))
         used = -(-used // UNIT) * UNIT
         cut = min(remaining, used // UNIT)
-        data[used - cut * UNIT: used] = bytes(cut * UNIT)
+        data[used - cut * UNIT : used] = bytes(cut * UNIT)
         path.write_bytes(bytes(data))
         remaining -= cut
         if not remaining:

@@ -1,5 +1,6 @@
 """FileEngine through the StorageAdapter API: appends and reads across CommitLog segments and ConsumeQueue files,
 restart, delete-before, timestamp lookups, tag filtering, LogAppendTime, group commit, stats, topic re-creation."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,13 @@ def batch(n: int = 3, ts: int = 1000, value: bytes = b"v" * 200, ts_step: int = 
 
 
 def config(root: Path, **changes) -> StoreConfig:
-    base = StoreConfig(data_dir=root, commitlog_segment_bytes=64 * 1024, cq_units_per_file=8,
-                       flush_interval_ms=20, checkpoint_interval_ms=50)
+    base = StoreConfig(
+        data_dir=root,
+        commitlog_segment_bytes=64 * 1024,
+        cq_units_per_file=8,
+        flush_interval_ms=20,
+        checkpoint_interval_ms=50,
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -53,7 +59,7 @@ async def engine(tmp_path: Path):
 
 def records_of(data) -> list[bytes]:
     header = rb.parse_header(data)
-    return [r[4] for r in rb.decode_records(bytes(data[rb.HEADER_SIZE:]), header[12])]
+    return [r[4] for r in rb.decode_records(bytes(data[rb.HEADER_SIZE :]), header[12])]
 
 
 async def test_append_and_read_across_segments_and_cq_files(engine: FileEngine) -> None:
@@ -256,8 +262,9 @@ async def test_checkpoint_defers_quiet_queues_and_recovery_replays_them(tmp_path
     # one unit in a quiet queue, many in a busy one: the checkpoint flushes only the busy queue and keeps its safe
     # offset at the quiet queue's unflushed unit, so a crash that loses that unit gets it back from the CommitLog
     # even though the entry is far behind the last three segments recovery re-verifies anyway
-    e = await open_engine(tmp_path, cq_units_per_file=4096, checkpoint_interval_ms=3_600_000,
-                          cq_flush_max_delay_ms=3_600_000)
+    e = await open_engine(
+        tmp_path, cq_units_per_file=4096, checkpoint_interval_ms=3_600_000, cq_flush_max_delay_ms=3_600_000
+    )
     await e.create_shards(T, 2, TopicConfig())
     quiet = await e.append(T, 0, [batch(2, value=b"q" * 100)])
     for _ in range(400):  # ~110 KB: several 64 KiB segments, 400 units (over two 4 KiB pages of units)
@@ -278,8 +285,7 @@ async def test_checkpoint_defers_quiet_queues_and_recovery_replays_them(tmp_path
     try:
         assert e.recovery_report["abnormal"] and e.recovery_report["scan_start"] == quiet.physical_offset
         assert e.end_offset(T, 0) == 2 and e.end_offset(T, 1) == 400
-        assert records_of((await e.read(T, 0, 0, 1 << 20)).batches[0].data) == [b"q" * 100 + b"\0",
-                                                                                b"q" * 100 + b"\1"]
+        assert records_of((await e.read(T, 0, 0, 1 << 20)).batches[0].data) == [b"q" * 100 + b"\0", b"q" * 100 + b"\1"]
     finally:
         await e.close()
 
@@ -320,8 +326,9 @@ async def test_checkpoint_flushes_a_quiet_queue_once_its_unit_is_old_enough(tmp_
 
 
 async def test_async_flush_happens_in_background(tmp_path: Path) -> None:
-    e = await open_engine(tmp_path, flush_mode="async", flush_interval_ms=10, flush_min_pages=1,
-                          cq_flush_max_delay_ms=0)
+    e = await open_engine(
+        tmp_path, flush_mode="async", flush_interval_ms=10, flush_min_pages=1, cq_flush_max_delay_ms=0
+    )
     try:
         await e.create_shards(T, 1, TopicConfig())
         await e.append(T, 0, [batch(40)])
@@ -522,8 +529,7 @@ async def test_failing_dispatch_hook_on_the_fast_path_is_logged_not_raised(engin
     assert result.base_offset == 0 and engine.end_offset(T, 0) == 2
     assert "hook bug" in caplog.text
     stored = (await engine.read(T, 0, 0, 10**6)).batches[0]
-    assert seen == [(0, 2, stored.physical_offset, engine.clog.max_offset - stored.physical_offset,
-                     bytes(stored.data))]
+    assert seen == [(0, 2, stored.physical_offset, engine.clog.max_offset - stored.physical_offset, bytes(stored.data))]
 
 
 @pytest.mark.parametrize("has_syncfs", [True, False])
@@ -646,16 +652,21 @@ async def test_append_many_write_failure_fails_its_run_and_publishes_nothing(eng
 
 async def test_append_many_shows_entries_to_dispatch_hooks_one_by_one(engine: FileEngine) -> None:
     seen = []
-    engine.dispatcher.hooks.append(lambda topic, queue, base, count, phys, size, ts, keys, body: seen.append(
-        (queue, base, phys)))
+    engine.dispatcher.hooks.append(
+        lambda topic, queue, base, count, phys, size, ts, keys, body: seen.append((queue, base, phys))
+    )
     results = await engine.append_many(T, [(0, [batch(2)]), (1, [batch(1)]), (0, [batch(1)])])
-    assert seen == [(0, 0, results[0].physical_offset), (1, 0, results[1].physical_offset),
-                    (0, 2, results[2].physical_offset)]
+    assert seen == [
+        (0, 0, results[0].physical_offset),
+        (1, 0, results[1].physical_offset),
+        (0, 2, results[2].physical_offset),
+    ]
 
 
 @pytest.mark.parametrize("log_append_time", [False, True])
-async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_path: Path, monkeypatch,
-                                                                            log_append_time) -> None:
+async def test_several_batches_in_one_write_store_what_single_appends_store(
+    tmp_path: Path, monkeypatch, log_append_time
+) -> None:
     """An append of several batches is one run (one pwritev); the files must be those of the batches appended one
     at a time, with keys shown to the index hook the same way, across segment rolls and ConsumeQueue files too
     small for the whole entry (where its batches go one by one) and LogAppendTime."""
@@ -665,8 +676,10 @@ async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_
     runs: list[int] = []
 
     def batches(i: int) -> list:
-        return [batch(1 + (i + j) % 3, ts=2000 + i * 10 + j, value=bytes([i % 251]) * (30 + (i * 7 + j) % 500))
-                for j in range(1 + i % 5)]
+        return [
+            batch(1 + (i + j) % 3, ts=2000 + i * 10 + j, value=bytes([i % 251]) * (30 + (i * 7 + j) % 500))
+            for j in range(1 + i % 5)
+        ]
 
     async def run(root: Path, together: bool) -> tuple[list, list, list, list]:
         e = await open_engine(root, cq_units_per_file=16)
@@ -683,8 +696,9 @@ async def test_several_batches_in_one_write_store_what_single_appends_store(tmp_
                     answers.append((r.base_offset, r.last_offset))
             clog = [bytes(mf.buf[: mf.wrote]) for mf in e.clog.mfq.files]
             cqs = [bytes(mf.buf[: mf.wrote]) for q in (0, 1) for mf in e.registry.shards[(T, q)].cq.mfq.files]
-            found = [sorted((q, b.base_offset) for q, b in await e.read_by_key(T, b"k%d" % i, 10))
-                     for i in range(0, 150, 4)]
+            found = [
+                sorted((q, b.base_offset) for q, b in await e.read_by_key(T, b"k%d" % i, 10)) for i in range(0, 150, 4)
+            ]
         finally:
             await e.close()
         return answers, clog, cqs, found
@@ -849,8 +863,9 @@ async def test_reads_of_dropped_bytes_fault_their_entries_in_off_the_event_loop(
         await e.close()
 
 
-async def test_lookups_by_id_key_and_time_read_dropped_entries_back_off_the_event_loop(tmp_path: Path,
-                                                                                       monkeypatch) -> None:
+async def test_lookups_by_id_key_and_time_read_dropped_entries_back_off_the_event_loop(
+    tmp_path: Path, monkeypatch
+) -> None:
     e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
     try:
         await e.create_shards(T, 1, TopicConfig())
@@ -882,7 +897,7 @@ async def test_lookups_by_id_key_and_time_read_dropped_entries_back_off_the_even
         assert await e.offset_for_timestamp(T, 0, 10_021) == (7, 10_021)
         thread, entries = calls.pop()
         assert thread.startswith("mqk-fault-in") and entries[0] == (old.physical_offset, size)
-        assert [phys for phys, _ in entries] == [r.physical_offset for r in appended[2:2 + len(entries)]]
+        assert [phys for phys, _ in entries] == [r.physical_offset for r in appended[2 : 2 + len(entries)]]
         # a search landing below the log start reads on from the log start, and so does what is read back
         await e.delete_before(T, 0, 9)
         assert await e.offset_for_timestamp(T, 0, 10_000) == (9, 10_030)
@@ -893,8 +908,9 @@ async def test_lookups_by_id_key_and_time_read_dropped_entries_back_off_the_even
         await e.close()
 
 
-async def test_fault_in_at_reads_no_further_than_written_bytes_whatever_an_offset_points_at(tmp_path: Path,
-                                                                                          monkeypatch) -> None:
+async def test_fault_in_at_reads_no_further_than_written_bytes_whatever_an_offset_points_at(
+    tmp_path: Path, monkeypatch
+) -> None:
     e = await open_engine(tmp_path)
     try:
         await e.create_shards(T, 1, TopicConfig())
@@ -978,7 +994,7 @@ async def test_max_timestamp_past_a_deleted_maximum_walks_in_steps_off_the_loop(
         # of the walk, in order, from the log start on
         read_back = [phys for _, entries in calls[1:] for phys, _size in entries]
         dropped = [r.physical_offset for r in appended[1:] if r.physical_offset < e.flusher.cache_from]
-        assert read_back[:len(dropped)] == dropped
+        assert read_back[: len(dropped)] == dropped
         # with every page cached nothing is read back, and the walk still lets the loop run between its steps
         calls.clear()
         monkeypatch.setattr(e.flusher, "cache_from", 0)

@@ -1,5 +1,6 @@
 """The file engine's key index (mqk.store.file.index): collisions, many keys, file roll-over, time bounds, Kafka
 record keys on `index.keys` topics, torn-tail recovery, and restarts that re-read only the CommitLog tail."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,8 +37,13 @@ def kafka_batch(pairs: list[tuple[bytes | None, bytes]], ts: int = 1000) -> byte
 
 def config(root: Path, **changes) -> StoreConfig:
     # no background checkpoint: the tests decide when the index checkpoint is written
-    base = StoreConfig(data_dir=root, commitlog_segment_bytes=64 * 1024, cq_units_per_file=64,
-                       flush_interval_ms=20, checkpoint_interval_ms=3_600_000)
+    base = StoreConfig(
+        data_dir=root,
+        commitlog_segment_bytes=64 * 1024,
+        cq_units_per_file=64,
+        flush_interval_ms=20,
+        checkpoint_interval_ms=3_600_000,
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -55,7 +61,7 @@ def values(hits) -> list[bytes]:
     out = []
     for _q, b in hits:
         h = rb.parse_header(b.data)
-        out.extend(r[4] for r in rb.decode_records(bytes(b.data[rb.HEADER_SIZE:]), h[12]))
+        out.extend(r[4] for r in rb.decode_records(bytes(b.data[rb.HEADER_SIZE :]), h[12]))
     return out
 
 
@@ -150,8 +156,11 @@ async def test_time_bounds_filter_entries_and_skip_files(tmp_path: Path, monkeyp
         clock["ms"] = 1_000_000 + i * 1000
         await send(e, b"m%d" % i, "k")
     assert len(e.index.files) == 3
-    assert [(f.begin_ts, f.end_ts) for f in e.index.files] == [(1_000_000, 1_003_000), (1_004_000, 1_007_000),
-                                                                (1_008_000, 1_011_000)]
+    assert [(f.begin_ts, f.end_ts) for f in e.index.files] == [
+        (1_000_000, 1_003_000),
+        (1_004_000, 1_007_000),
+        (1_008_000, 1_011_000),
+    ]
     looked = []
     real_lookup = IndexFile.lookup
 
@@ -403,8 +412,9 @@ async def test_damaged_index_file_is_rebuilt_from_the_one_before(tmp_path: Path,
     await e.close()
 
 
-async def test_a_checkpoint_that_cannot_be_written_at_start_up_does_not_stop_the_start(tmp_path: Path, monkeypatch,
-                                                                                       caplog) -> None:
+async def test_a_checkpoint_that_cannot_be_written_at_start_up_does_not_stop_the_start(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
     """On a full disk (ENOSPC from the checkpoint's write) recovery still finishes: the index answers, the old
     checkpoint stays on disk, and the next start, with room again, recovers from it to the same index."""
     import errno

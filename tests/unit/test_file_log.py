@@ -1,5 +1,6 @@
 """CommitLog placement (BLANK at segment ends, no entry spanning segments), its recovery scan, and ConsumeQueue
 units across files: offset and timestamp search, recovery cut, truncation to the CommitLog."""
+
 from __future__ import annotations
 
 import dataclasses

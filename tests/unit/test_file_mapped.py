@@ -1,5 +1,6 @@
 """MappedFile and MappedFileQueue: bounds checks, positions, segment naming, pre-allocation, truncation, reload,
 dropping flushed pages from the page cache."""
+
 from __future__ import annotations
 
 import ctypes
@@ -368,8 +369,7 @@ def test_a_file_without_its_own_descriptor_keeps_only_the_mappings(tmp_path: Pat
     mf.datasync()  # closed (a deleted segment): nothing left to sync, no error
 
 
-def test_a_file_without_its_own_descriptor_reports_a_full_disk_and_leaks_nothing(tmp_path: Path,
-                                                                                  monkeypatch) -> None:
+def test_a_file_without_its_own_descriptor_reports_a_full_disk_and_leaks_nothing(tmp_path: Path, monkeypatch) -> None:
     import errno
 
     import mqk.store.file.mapped_file as mapped_file
@@ -377,6 +377,7 @@ def test_a_file_without_its_own_descriptor_reports_a_full_disk_and_leaks_nothing
 
     mf = MappedFile(tmp_path / "mapped", 1 << 16, 0, reserve_step=PAGE, hold_fd=False)
     try:
+
         def no_space(*_args):
             raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -1,4 +1,5 @@
 """ConsumeQueue files reserve disk blocks in steps ahead of the writer, CommitLog segments all at once."""
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,8 @@ def test_whole_file_reserved_by_default(tmp_path):
 
 async def test_a_thousand_quiet_queues_pin_little_disk(tmp_path):
     from mqk.config import StoreConfig, TopicConfig
-    from mqk.store.manager import StoreManager
     from mqk.server.kafka.rawclient import make_batch
+    from mqk.store.manager import StoreManager
 
     store = StoreManager(StoreConfig(data_dir=tmp_path, storage="file", commitlog_segment_bytes=1 << 20))
     await store.start()

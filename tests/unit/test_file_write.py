@@ -1,5 +1,6 @@
 """MappedFile writes through the file descriptor (`write`, a pwritev) and flushes (fdatasync): where the bytes land,
 what counts as flushed, and how failures are typed. The allocator's background segment creation is here too."""
+
 from __future__ import annotations
 
 import errno
@@ -45,6 +46,7 @@ def test_write_errors_are_typed(mf: MappedFile, monkeypatch) -> None:
     def fail(code):
         def pwrite(fd, data, pos):
             raise OSError(code, os.strerror(code))
+
         return pwrite
 
     monkeypatch.setattr(mapped_file.os, "pwrite", fail(errno.ENOSPC))

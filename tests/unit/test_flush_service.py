@@ -2,6 +2,7 @@
 keep coming, wakes exactly the waiters a flush covered, takes a flush done elsewhere (a checkpoint) as its own,
 and fails only the waiters a failed flush left undurable; in both modes it drops the page cache of flushed bytes
 behind the kept tail (`commitlog_cache_bytes`), a flush's worth at a time."""
+
 from __future__ import annotations
 
 import asyncio

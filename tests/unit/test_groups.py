@@ -1,5 +1,6 @@
 """The classic group coordinator as pure logic: no sockets, timers on a FakeClock the tests move (a session or
 rebalance timeout is checked just before its deadline and just after it)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,6 @@ from mqk.groups.coordinator import (
     parse_consumer_subscription,
 )
 
-
 PROTOS = [("range", subscription("t")), ("roundrobin", subscription("t"))]
 
 
@@ -37,8 +37,16 @@ def clock(coord) -> FakeClock:
 
 async def join(coord, member_id="", *, protos=PROTOS, session=5000, rebalance=5000, instance=None, v4=True, **kw):
     return await coord.join(
-        "g", member_id, "consumer", protos, session_timeout_ms=session, rebalance_timeout_ms=rebalance,
-        group_instance_id=instance, require_known_member_id=v4 and instance is None, client_id="c", **kw,
+        "g",
+        member_id,
+        "consumer",
+        protos,
+        session_timeout_ms=session,
+        rebalance_timeout_ms=rebalance,
+        group_instance_id=instance,
+        require_known_member_id=v4 and instance is None,
+        client_id="c",
+        **kw,
     )
 
 
@@ -232,9 +240,7 @@ async def test_member_commit_requires_generation(coord):
     assert (await coord.commit_offsets("g", 0, a.member_id, {("t", 0): (6, -1, "")}))[("t", 0)] == (
         E.IllegalGenerationError.code
     )
-    assert (await coord.commit_offsets("g", 1, "x", {("t", 0): (6, -1, "")}))[("t", 0)] == (
-        E.UnknownMemberIdError.code
-    )
+    assert (await coord.commit_offsets("g", 1, "x", {("t", 0): (6, -1, "")}))[("t", 0)] == (E.UnknownMemberIdError.code)
     assert (await coord.commit_offsets("new", 3, "x", {("t", 0): (6, -1, "")}))[("t", 0)] == (
         E.IllegalGenerationError.code
     )

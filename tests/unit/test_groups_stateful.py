@@ -14,14 +14,15 @@ Invariants checked after every step:
 - at the end, with the clients gone quiet past every timeout, every parked JoinGroup / SyncGroup has an answer and
   the group is Empty (the coordinator never leaves a caller waiting forever or a dead member in the group).
 """
+
 from __future__ import annotations
 
 import asyncio
 
+from helpers import OffsetsOnly, subscription
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-from helpers import OffsetsOnly, subscription
 
 from mqk import errors as E
 from mqk.clock import FakeClock, settle
@@ -31,16 +32,38 @@ GROUP = "g"
 SUBSCRIPTION = subscription("t")
 PROTOCOL_LISTS = [("range", "roundrobin"), ("roundrobin",), ("range",), ("roundrobin", "range")]
 OK = 0
-JOIN_ERRORS = {OK, E.MemberIdRequiredError.code, E.UnknownMemberIdError.code, E.RebalanceInProgressError.code,
-               E.FencedInstanceIdError.code, E.InconsistentGroupProtocolError.code,
-               E.CoordinatorNotAvailableError.code}
-SYNC_ERRORS = {OK, E.UnknownMemberIdError.code, E.IllegalGenerationError.code, E.RebalanceInProgressError.code,
-               E.FencedInstanceIdError.code, E.InconsistentGroupProtocolError.code,
-               E.CoordinatorNotAvailableError.code}
-HEARTBEAT_ERRORS = {OK, E.UnknownMemberIdError.code, E.IllegalGenerationError.code,
-                    E.RebalanceInProgressError.code, E.FencedInstanceIdError.code}
-COMMIT_ERRORS = {OK, E.UnknownMemberIdError.code, E.IllegalGenerationError.code, E.RebalanceInProgressError.code,
-                 E.FencedInstanceIdError.code}
+JOIN_ERRORS = {
+    OK,
+    E.MemberIdRequiredError.code,
+    E.UnknownMemberIdError.code,
+    E.RebalanceInProgressError.code,
+    E.FencedInstanceIdError.code,
+    E.InconsistentGroupProtocolError.code,
+    E.CoordinatorNotAvailableError.code,
+}
+SYNC_ERRORS = {
+    OK,
+    E.UnknownMemberIdError.code,
+    E.IllegalGenerationError.code,
+    E.RebalanceInProgressError.code,
+    E.FencedInstanceIdError.code,
+    E.InconsistentGroupProtocolError.code,
+    E.CoordinatorNotAvailableError.code,
+}
+HEARTBEAT_ERRORS = {
+    OK,
+    E.UnknownMemberIdError.code,
+    E.IllegalGenerationError.code,
+    E.RebalanceInProgressError.code,
+    E.FencedInstanceIdError.code,
+}
+COMMIT_ERRORS = {
+    OK,
+    E.UnknownMemberIdError.code,
+    E.IllegalGenerationError.code,
+    E.RebalanceInProgressError.code,
+    E.FencedInstanceIdError.code,
+}
 SESSION_MS = 60
 REBALANCE_MS = 90
 QUIET_S = 0.35  # far past every session and rebalance timeout
@@ -69,8 +92,9 @@ class GroupMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
-        self.coordinator = GroupCoordinator(OffsetsOnly(), min_session_timeout_ms=10, max_session_timeout_ms=60_000,
-                                            clock=self.clock)
+        self.coordinator = GroupCoordinator(
+            OffsetsOnly(), min_session_timeout_ms=10, max_session_timeout_ms=60_000, clock=self.clock
+        )
         self.clients = [Client(i) for i in range(4)]
         self.other_tasks: list[tuple[str, asyncio.Task]] = []
         self.generations: dict[int, tuple[str, str | None]] = {}  # generation -> (leader, protocol)
@@ -87,8 +111,7 @@ class GroupMachine(RuleBasedStateMachine):
                 for task in (client.join_task, client.sync_task):
                     assert task is None or task.done(), f"{client.name} is still waiting for an answer"
             group = self.coordinator.groups.get(GROUP)
-            assert group is None or (group.state == EMPTY and not group.members), (
-                group.state, list(group.members))
+            assert group is None or (group.state == EMPTY and not group.members), (group.state, list(group.members))
         finally:
             self.coordinator.close()
             self._run(0)
@@ -181,10 +204,19 @@ class GroupMachine(RuleBasedStateMachine):
         if client.join_task is not None:
             return
         client.protocols = protocols
-        client.join_task = self._start(self.coordinator.join(
-            GROUP, client.member_id, "consumer", [(name, SUBSCRIPTION) for name in protocols],
-            session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS,
-            group_instance_id=client.instance_id, require_known_member_id=new_version, client_id=client.name))
+        client.join_task = self._start(
+            self.coordinator.join(
+                GROUP,
+                client.member_id,
+                "consumer",
+                [(name, SUBSCRIPTION) for name in protocols],
+                session_timeout_ms=SESSION_MS,
+                rebalance_timeout_ms=REBALANCE_MS,
+                group_instance_id=client.instance_id,
+                require_known_member_id=new_version,
+                client_id=client.name,
+            )
+        )
 
     @rule(index=st.integers(0, 3))
     def sync(self, index: int) -> None:
@@ -198,8 +230,9 @@ class GroupMachine(RuleBasedStateMachine):
         generation, member_id = client.generation, client.member_id
 
         async def sync():
-            result = await self.coordinator.sync(GROUP, generation, member_id, assignments,
-                                                 group_instance_id=client.instance_id)
+            result = await self.coordinator.sync(
+                GROUP, generation, member_id, assignments, group_instance_id=client.instance_id
+            )
             return generation, member_id, result
 
         client.sync_task = self._start(sync())
@@ -217,9 +250,20 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 3), offset=st.integers(0, 1000))
     def commit(self, index: int, offset: int) -> None:
         client = self.clients[index]
-        self.other_tasks.append(("commit", self._start(self.coordinator.commit_offsets(
-            GROUP, client.generation, client.member_id, {("t", 0): (offset, -1, None)},
-            group_instance_id=client.instance_id))))
+        self.other_tasks.append(
+            (
+                "commit",
+                self._start(
+                    self.coordinator.commit_offsets(
+                        GROUP,
+                        client.generation,
+                        client.member_id,
+                        {("t", 0): (offset, -1, None)},
+                        group_instance_id=client.instance_id,
+                    )
+                ),
+            )
+        )
 
     @rule(index=st.integers(0, 3))
     def leave(self, index: int) -> None:
@@ -285,7 +329,10 @@ class GroupMachine(RuleBasedStateMachine):
             assert group.members and group.leader in group.members
             # a generation holds only members that joined it: one that did not rejoin in time was dropped
             assert set(group.members) - self.abandoned <= self.joined_ok.get(group.generation_id, set()), (
-                group.generation_id, list(group.members), self.joined_ok.get(group.generation_id))
+                group.generation_id,
+                list(group.members),
+                self.joined_ok.get(group.generation_id),
+            )
             assert group.protocol_name is not None
             for member in group.members.values():
                 assert group.protocol_name in member.protocol_names(), (group.protocol_name, member.protocols)
@@ -294,7 +341,9 @@ class GroupMachine(RuleBasedStateMachine):
                     assert not member.assignment or member.assignment in self.handed_out
                     if member.instance_id is None:
                         assert member.assignment in (b"", f"{group.generation_id}|{member.member_id}".encode()), (
-                            member.member_id, member.assignment)
+                            member.member_id,
+                            member.assignment,
+                        )
         if group.state == EMPTY:
             assert not group.members
         for instance_id, member_id in group.static_members.items():
@@ -304,5 +353,11 @@ class GroupMachine(RuleBasedStateMachine):
 TestGroupCoordinatorInterleavings = GroupMachine.TestCase
 TestGroupCoordinatorInterleavings.settings = settings(
     # fake time makes a run cheap: many more interleavings than real sleeps allowed, and failures shrink
-    max_examples=300, stateful_step_count=30, deadline=None, derandomize=True, database=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=[HealthCheck.too_slow])
+    max_examples=300,
+    stateful_step_count=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    suppress_health_check=[HealthCheck.too_slow],
+)

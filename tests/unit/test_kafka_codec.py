@@ -1,5 +1,6 @@
 """Kafka frame + header codec: header version rules, ApiVersions' exceptions, frame-size refusal before allocation,
 chunking, zero-copy frames, typed errors on garbage, and header byte parity with kafka-python 3."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,7 +40,7 @@ META_V1 = {"topics": [{"name": "a"}]}
 
 def test_request_header_v1_layout():
     raw = frame(3, 1, META_V1, correlation_id=0x01020304, client_id="xy")
-    assert raw[4:] .startswith(struct.pack(">hhi", 3, 1, 0x01020304) + b"\x00\x02xy")
+    assert raw[4:].startswith(struct.pack(">hhi", 3, 1, 0x01020304) + b"\x00\x02xy")
     req = feed(raw).next_request()
     assert (req.api_key, req.api_version, req.correlation_id, req.client_id) == (3, 1, 0x01020304, "xy")
     assert req.body["topics"] == [{"name": "a", "topic_id": messages._ZU}]
@@ -139,7 +140,7 @@ def test_truncated_frames_wait_for_more_data():
     c = codec.KafkaConnectionCodec()
     got = []
     for i in range(len(raw)):  # one byte at a time: every prefix is "need more data", never an error
-        c.receive_data(raw[i:i + 1])
+        c.receive_data(raw[i : i + 1])
         while (r := c.next_request()) is not None:
             got.append(r)
     assert [(r.api_key, r.correlation_id) for r in got] == [(3, 1), (12, 2)]
@@ -159,15 +160,23 @@ def test_many_frames_in_one_chunk_and_split_sizes():
 
 
 def produce_frame(records: bytes, correlation_id: int = 1) -> bytes:
-    return frame(0, 9, {"acks": 1, "timeout_ms": 5, "topic_data": [
-        {"name": "t", "partition_data": [{"index": 0, "records": records}]}]}, correlation_id=correlation_id)
+    return frame(
+        0,
+        9,
+        {
+            "acks": 1,
+            "timeout_ms": 5,
+            "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": records}]}],
+        },
+        correlation_id=correlation_id,
+    )
 
 
 def read_into(c: codec.KafkaConnectionCodec, data: bytes) -> memoryview:
     """What a buffered transport does: one read of `data` into the room the codec offers; returns that room."""
     room = c.get_buffer(-1)
     assert len(room) >= len(data)
-    room[:len(data)] = data
+    room[: len(data)] = data
     c.buffer_updated(len(data))
     return room
 
@@ -196,7 +205,7 @@ def test_a_frame_split_across_reads_is_read_in_place_after_its_prefix():
     room = c.get_buffer(-1)
     assert len(room) == len(raw) - 100  # room for exactly the rest of the frame
     for at in range(100, len(raw), 65536):  # the rest in 64 KiB reads, all into that room
-        chunk = raw[at:at + 65536]
+        chunk = raw[at : at + 65536]
         assert read_into(c, chunk).obj is room.obj
     rec = records_of(c.next_request())
     assert rec == records and rec.obj is room.obj
@@ -216,7 +225,7 @@ def test_a_size_prefix_alone_does_not_size_a_buffer_beyond_ahead_max():
         room = c.get_buffer(-1)
         assert len(room) <= max(codec.AHEAD_MAX, 4 + sent)
         step = min(len(room), len(payload) - sent)
-        room[:step] = payload[sent:sent + step]
+        room[:step] = payload[sent : sent + step]
         c.buffer_updated(step)
         sent += step
     req = c.next_request()  # the decoder ignores the padding after the Metadata body
@@ -230,7 +239,7 @@ def test_handed_out_frames_are_never_overwritten():
         records = bytes([i % 256]) * (7000 + i)
         raw = produce_frame(records, correlation_id=i)
         for at in range(0, len(raw), 5000):
-            c.receive_data(raw[at:at + 5000])
+            c.receive_data(raw[at : at + 5000])
             while (req := c.next_request()) is not None:
                 kept.append((req.correlation_id, records_of(req)))
     assert len(kept) == 400
@@ -256,7 +265,7 @@ def test_a_peer_sending_large_frames_gets_buffers_that_hold_several():
             copied += held
             buffer = room.obj
         step = min(len(room), rnd.randint(16_384, 262_144), len(stream) - at)
-        room[:step] = stream[at:at + step]
+        room[:step] = stream[at : at + step]
         c.buffer_updated(step)
         at += step
         del room
@@ -326,8 +335,9 @@ def test_fetch_response_is_header_plus_uncopied_views():
     seg = bytearray(b"R" * 10000)
     views = [memoryview(seg)[0:3000], memoryview(seg)[3000:10000]]
     req = codec.Request(1, 12, 9, "c", {})
-    body = {"responses": [{"topic": "t", "partitions": [
-        {"partition_index": 0, "high_watermark": 10, "records": views}]}]}
+    body = {
+        "responses": [{"topic": "t", "partitions": [{"partition_index": 0, "high_watermark": 10, "records": views}]}]
+    }
     parts = codec.encode_response(req, body)
     assert parts[1] is views[0] and parts[2] is views[1]
     raw = join(parts)
@@ -363,9 +373,10 @@ def test_request_frame_parity_metadata(version):
 def test_api_versions_response_parity():
     *_, ApiVersionsResponse = _kp()
     # Produce is listed from v0 though v3 is the oldest accepted (KAFKA-18659, see api.ADVERTISED_MIN)
-    keys = [ApiVersionsResponse.ApiVersion(api_key=k, min_version=0 if k == api.ApiKey.PRODUCE else lo,
-                                           max_version=hi)
-            for k, (lo, hi) in sorted(api.SUPPORTED.items())]
+    keys = [
+        ApiVersionsResponse.ApiVersion(api_key=k, min_version=0 if k == api.ApiKey.PRODUCE else lo, max_version=hi)
+        for k, (lo, hi) in sorted(api.SUPPORTED.items())
+    ]
     for version in (0, 3):
         kp = ApiVersionsResponse[version](error_code=0, api_keys=keys, throttle_time_ms=0)
         kp.with_header(correlation_id=7)

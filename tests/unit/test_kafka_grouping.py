@@ -4,6 +4,7 @@ appends keep arrival order around other requests, and a group never strands requ
 
 The connection is fed bytes directly (`buffer_updated`, as the event loop does after one read), so what arrives
 together is exact; a fake transport keeps what the broker writes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -70,7 +71,7 @@ class Wire:
     def feed(self, *frames: bytes) -> None:
         data = b"".join(frames)
         room = self.conn.get_buffer(len(data))
-        room[:len(data)] = data
+        room[: len(data)] = data
         self.conn.buffer_updated(len(data))
 
     def answers(self) -> list[tuple[int, dict]]:
@@ -78,7 +79,7 @@ class Wire:
         data = self.transport.data
         while self.read + 4 <= len(data):
             (size,) = struct.unpack_from(">i", data, self.read)
-            frame = bytes(data[self.read + 4:self.read + 4 + size])
+            frame = bytes(data[self.read + 4 : self.read + 4 + size])
             cid, api_key, version = self.sent[self.answered + len(out)]
             got, body = decode_response_frame(api_key, version, frame)
             assert got == cid, "answers must leave in request order"
@@ -120,14 +121,23 @@ def connect(server: KafkaServer) -> Wire:
 
 
 def produce_body(topic: str, partitions: dict[int, bytes], acks: int = -1) -> dict:
-    return {"transactional_id": None, "acks": acks, "timeout_ms": 5000, "topic_data": [
-        {"name": topic, "partition_data": [{"index": i, "records": bytes(b)} for i, b in partitions.items()]}]}
+    return {
+        "transactional_id": None,
+        "acks": acks,
+        "timeout_ms": 5000,
+        "topic_data": [
+            {"name": topic, "partition_data": [{"index": i, "records": bytes(b)} for i, b in partitions.items()]}
+        ],
+    }
 
 
 def parts_of(body: dict) -> list[tuple]:
     """(topic, partition, error code, base offset) of a Produce answer."""
-    return [(t["name"], p["index"], p["error_code"], p["base_offset"])
-            for t in body["responses"] for p in t["partition_responses"]]
+    return [
+        (t["name"], p["index"], p["error_code"], p["base_offset"])
+        for t in body["responses"]
+        for p in t["partition_responses"]
+    ]
 
 
 def count_calls(obj, name: str) -> list:
@@ -162,8 +172,20 @@ async def test_produce_requests_arriving_together_take_one_append_per_topic(serv
     assert sorted(args[0] for args in calls) == ["a", "b"]  # one call per topic for all twelve requests
     got = [parts_of(body)[0] for _cid, body in wire.answers()]
     # partition offsets grow by each batch's three records, in arrival order
-    assert got == [("a", 0, 0, 0), ("b", 1, 0, 0), ("a", 2, 0, 0), ("b", 1, 0, 3), ("a", 0, 0, 3), ("b", 1, 0, 6),
-                   ("a", 2, 0, 3), ("b", 1, 0, 9), ("a", 0, 0, 6), ("b", 1, 0, 12), ("a", 2, 0, 6), ("b", 1, 0, 15)]
+    assert got == [
+        ("a", 0, 0, 0),
+        ("b", 1, 0, 0),
+        ("a", 2, 0, 0),
+        ("b", 1, 0, 3),
+        ("a", 0, 0, 3),
+        ("b", 1, 0, 6),
+        ("a", 2, 0, 3),
+        ("b", 1, 0, 9),
+        ("a", 0, 0, 6),
+        ("b", 1, 0, 12),
+        ("a", 2, 0, 6),
+        ("b", 1, 0, 15),
+    ]
     assert server.store.end_offset("a", 0) == 9 and server.store.end_offset("b", 1) == 18
 
 
@@ -187,15 +209,44 @@ async def test_a_group_appends_after_earlier_requests_and_before_later_ones(serv
     def produce(value: bytes) -> bytes:
         return wire.frame(ApiKey.PRODUCE, 9, produce_body("t", {0: make_batch([value])}))
 
-    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
-             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-             "topics": [{"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": -1,
-                                                       "fetch_offset": 0, "log_start_offset": -1,
-                                                       "partition_max_bytes": 1 << 20}]}]}
-    list_offsets = {"replica_id": -1, "isolation_level": 0, "topics": [
-        {"name": "t", "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}]}]}
-    wire.feed(produce(b"1"), produce(b"2"), wire.frame(ApiKey.LIST_OFFSETS, 7, list_offsets),
-              produce(b"3"), wire.frame(ApiKey.FETCH, 12, fetch), produce(b"4"))
+    fetch = {
+        "replica_id": -1,
+        "max_wait_ms": 0,
+        "min_bytes": 0,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "forgotten_topics_data": [],
+        "rack_id": "",
+        "topics": [
+            {
+                "topic": "t",
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": 0,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 1 << 20,
+                    }
+                ],
+            }
+        ],
+    }
+    list_offsets = {
+        "replica_id": -1,
+        "isolation_level": 0,
+        "topics": [{"name": "t", "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}]}],
+    }
+    wire.feed(
+        produce(b"1"),
+        produce(b"2"),
+        wire.frame(ApiKey.LIST_OFFSETS, 7, list_offsets),
+        produce(b"3"),
+        wire.frame(ApiKey.FETCH, 12, fetch),
+        produce(b"4"),
+    )
     answers = [body for _cid, body in wire.answers()]
     assert len(answers) == 6
     assert answers[2]["topics"][0]["partitions"][0]["offset"] == 2  # the two before it, not the two after
@@ -227,8 +278,11 @@ async def answer_alone_and_together(bodies: list[dict], setup, store_config) -> 
                     for part in topic["partition_responses"]:
                         part.pop("log_append_time_ms")
                 answers.append(body)
-            stored = {(t, q): server.store.end_offset(t, q) for t in sorted(server.store.topics())
-                      for q in range(server.store.topic(t).queue_count)}
+            stored = {
+                (t, q): server.store.end_offset(t, q)
+                for t in sorted(server.store.topics())
+                for q in range(server.store.topic(t).queue_count)
+            }
             results.append((answers, stored, wire.transport.closed))
         finally:
             await stop(server)
@@ -269,8 +323,9 @@ async def test_every_request_of_a_group_gets_the_answer_it_gets_alone(flush, tmp
     corrupt = make_batch([b"bad"])
     corrupt[-1] ^= 0xFF
     now = int(time.time() * 1000)
-    zipped = records.compress(records.GZIP, b"".join(recbatch.encode_record(i, i, None, v, [])
-                                                    for i, v in enumerate([b"z1", b"z2"])))
+    zipped = records.compress(
+        records.GZIP, b"".join(recbatch.encode_record(i, i, None, v, []) for i, v in enumerate([b"z1", b"z2"]))
+    )
     compressed = recbatch.build_batch(0, now, now + 1, zipped, 2, 1, records.GZIP)
 
     def seq(n: int, value: bytes) -> bytes:
@@ -292,6 +347,7 @@ async def test_every_request_of_a_group_gets_the_answer_it_gets_alone(flush, tmp
         {"transactional_id": "tx", "acks": -1, "timeout_ms": 5000, "topic_data": []},
         produce_body("t", {0: make_batch([b"e"])}, acks=5),
     ]
+
     def store_config(together: bool) -> StoreConfig:
         if flush == "memory":
             return StoreConfig(storage="memory")
@@ -323,8 +379,10 @@ async def test_a_failing_group_closes_the_connection_after_the_answers_before_it
     for suspend in (False, True):
         server.grouped = {ApiKey.PRODUCE: (prepare, lambda s, p, suspend=suspend: failing(s, p, suspend))}
         wire = connect(server)
-        wire.feed(wire.frame(ApiKey.API_VERSIONS, 0, {}),
-                  *(wire.frame(ApiKey.PRODUCE, 9, produce_body("t", {0: make_batch([b"x"])})) for _ in range(3)))
+        wire.feed(
+            wire.frame(ApiKey.API_VERSIONS, 0, {}),
+            *(wire.frame(ApiKey.PRODUCE, 9, produce_body("t", {0: make_batch([b"x"])})) for _ in range(3)),
+        )
         await settle()
         answers = wire.answers()
         assert [cid for cid, _body in answers] == [1]  # ApiVersions, then nothing
@@ -357,8 +415,9 @@ async def test_a_group_under_sync_flush_waits_for_one_flush(tmp_path):
         await server.store.create_topic("t", 8)
         calls = count_calls(server.store, "append_many")
         wire = connect(server)
-        wire.feed(*(wire.frame(ApiKey.PRODUCE, 9, produce_body("t", {i % 8: make_batch([b"x" * 100])}))
-                    for i in range(40)))
+        wire.feed(
+            *(wire.frame(ApiKey.PRODUCE, 9, produce_body("t", {i % 8: make_batch([b"x" * 100])})) for i in range(40))
+        )
         assert wire.answers() == []  # nothing is acknowledged before its flush
         assert len(calls) == 1 and len(wire.conn._group_tasks) == 1
         await drained(wire)

@@ -1,5 +1,6 @@
 """Hypothesis strategies for Kafka messages, built from the JSON specs (through the generator's own spec loader, so
 the field set is the one the generated codecs were made from) with an independent notion of defaults."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -146,8 +147,12 @@ from mqk.protocol.kafka import messages  # noqa: E402
 from mqk.protocol.kafka.errors import UnsupportedApiVersion  # noqa: E402
 
 CASES = list(all_cases())
-_SETTINGS = settings(max_examples=6, deadline=None, database=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_SETTINGS = settings(
+    max_examples=6,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def _join(parts) -> bytes:
@@ -199,7 +204,8 @@ def test_typed_entry_points_match_the_untyped_ones():
     assert metadata.decode_request(12, wire) == messages.decode_request(3, 12, wire)
     resp = {"brokers": [{"node_id": 1, "host": "h", "port": 9}], "topics": []}
     assert _join(metadata.encode_response(9, resp, bytearray(b"hd"))) == b"hd" + _join(
-        messages.encode_response(3, 9, resp))
+        messages.encode_response(3, 9, resp)
+    )
     with pytest.raises(UnsupportedApiVersion):
         metadata.decode_request(99, wire)
 
@@ -229,12 +235,16 @@ print(loaded())
 
 def test_api_modules_load_on_first_use():
     out = subprocess.run([sys.executable, "-c", _LAZY_PROBE], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split("\n")[:3] == ["['_runtime']", "['_runtime', 'metadata']",
-                                          "['_runtime', 'join_group', 'metadata']"], out.stdout
+    assert out.stdout.split("\n")[:3] == [
+        "['_runtime']",
+        "['_runtime', 'metadata']",
+        "['_runtime', 'join_group', 'metadata']",
+    ], out.stdout
 
 
-@pytest.mark.parametrize("kind,api_key,version", [(k, a, v) for k, a, v, _ in CASES],
-                         ids=[f"{m.name}-v{v}" for _k, _a, v, m in CASES])
+@pytest.mark.parametrize(
+    "kind,api_key,version", [(k, a, v) for k, a, v, _ in CASES], ids=[f"{m.name}-v{v}" for _k, _a, v, m in CASES]
+)
 def test_roundtrip_every_message_every_version(kind, api_key, version):
     m = PAIRS[api_key][kind]
     enc, dec = _codec_fns(kind)
@@ -305,8 +315,9 @@ def test_check_ignorable_reports_non_ignorable_fields():
     # Fetch response v12 has no topic_id (non-ignorable, v13+); throttle_time_ms is in every version
     assert messages.check_ignorable("response", 1, 12, {"topic_id": "x", "throttle_time_ms": 5}) == []
     assert messages.check_ignorable("response", 18, 0, {"throttle_time_ms": 5}) == []  # ignorable
-    assert messages.check_ignorable("request", 3, 3, {"include_topic_authorized_operations": True}) == \
-        ["include_topic_authorized_operations"]
+    assert messages.check_ignorable("request", 3, 3, {"include_topic_authorized_operations": True}) == [
+        "include_topic_authorized_operations"
+    ]
 
 
 # --- byte parity with kafka-python 3's own protocol classes (an independent implementation) --------------
@@ -377,8 +388,12 @@ def test_byte_parity_with_kafka_python(kind, api_key, version):
     enc, dec = _codec_fns(kind)
     klass = KP[(kind, api_key)]
 
-    @settings(max_examples=3, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=3,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(struct_strategy(m.fields, version))
     def parity(obj):
         if api_key == 18 and kind == "response":
@@ -397,8 +412,7 @@ def test_parity_kafka_python_built_requests():
     from kafka.protocol.metadata import MetadataRequest
 
     for v in (0, 4, 9, 12):
-        kp = MetadataRequest[v](topics=[MetadataRequest.MetadataRequestTopic(name="a")],
-                                allow_auto_topic_creation=True)
+        kp = MetadataRequest[v](topics=[MetadataRequest.MetadataRequestTopic(name="a")], allow_auto_topic_creation=True)
         ours = _join(messages.encode_request(3, v, {"topics": [{"name": "a"}], "allow_auto_topic_creation": True}))
         assert bytes(kp.encode()) == ours, v
 
@@ -407,8 +421,9 @@ PACKAGE_DIR = Path(messages.__file__).parent
 
 
 def _check(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GEN_PATH), "--check", "--output", str(out)], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(GEN_PATH), "--check", "--output", str(out)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_generator_check_passes_on_committed_package(tmp_path):
@@ -489,7 +504,7 @@ def test_every_decoder_turns_garbage_into_malformed_message():
                 data = bytearray(seed or b"\x00")
                 for _ in range(rng.randrange(1, 4)):
                     data[rng.randrange(len(data))] = rng.getrandbits(8)
-                data = bytes(data[:rng.randrange(0, len(data) + 1)] if i % 3 == 2 else data)
+                data = bytes(data[: rng.randrange(0, len(data) + 1)] if i % 3 == 2 else data)
             try:
                 assert isinstance(dec(api_key, v, data), dict)
                 decoded += 1

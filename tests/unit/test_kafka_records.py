@@ -1,5 +1,6 @@
 """Produce-side record handling: codecs (incl. raw and xerial snappy), bounded decompression, batch validation
 (CRC, size, record counts, compressed counts) and legacy message-set conversion."""
+
 from __future__ import annotations
 
 import gzip
@@ -68,8 +69,9 @@ def test_unknown_codec():
     with pytest.raises(UnsupportedCompressionTypeError):
         R.decompress(5, b"x")
     with pytest.raises(UnsupportedCompressionTypeError):
-        R.validate_produce_records(build(codec=R.NONE, n=1)[:21] + b"\x00\x05" + build(n=1)[23:], 1 << 20,
-                                   verify_crc=False)
+        R.validate_produce_records(
+            build(codec=R.NONE, n=1)[:21] + b"\x00\x05" + build(n=1)[23:], 1 << 20, verify_crc=False
+        )
 
 
 @pytest.mark.parametrize("codec", [R.NONE, R.GZIP, R.SNAPPY, R.LZ4, R.ZSTD])
@@ -78,7 +80,7 @@ def test_validate_valid_batches(codec):
     infos = R.validate_produce_records(data, 1 << 20)
     assert [i.record_count for i in infos] == [7, 3]
     assert all(i.compression == codec for i in infos)
-    assert infos[0].data.obj is data or bytes(infos[0].data) == data[:infos[0].size]  # a view, no copy
+    assert infos[0].data.obj is data or bytes(infos[0].data) == data[: infos[0].size]  # a view, no copy
     assert bytes(infos[0].data) + bytes(infos[1].data) == data
     assert infos[1].base_timestamp == 5000 and infos[1].max_timestamp == 5002
     assert [r[3] for r in R.batch_records(infos[0])] == [b"k%d" % i for i in range(7)]
@@ -138,7 +140,9 @@ def test_the_check_says_which_batches_carry_a_named_header(codec):
 
     data = batch([[("trace", b"1")], [("mqk-delay-ms", b"5")]]) + batch([[("trace", b"1")], []])
     assert [i.named_header for i in R.validate_produce_records(data, 1 << 20, header_names=DELAY_HEADER_KEYS)] == [
-        True, False]
+        True,
+        False,
+    ]
     assert [i.named_header for i in R.validate_produce_records(data, 1 << 20)] == [False, False]
 
 

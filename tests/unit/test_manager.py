@@ -1,6 +1,7 @@
 """StoreManager unit tests: validation, metadata life cycle, persistence details, reconciliation, service state.
 
 These use the memory and rocksdb engines only (no file engine), so they pin the manager's own behaviour."""
+
 from __future__ import annotations
 
 import asyncio
@@ -243,8 +244,9 @@ async def test_delayed_only_hooks_skip_appends_said_to_carry_no_delay_header(mem
 
 async def test_append_many_without_hooks_answers_unknown_queues_per_entry(mem: StoreManager) -> None:
     await mem.create_topic("t", 2)
-    results = await mem.append_many("t", [(0, [_batch(b"a")]), (5, [_batch(b"b")]), (1, [_batch(b"c")])],
-                                    delay_headers=[False, False, False])
+    results = await mem.append_many(
+        "t", [(0, [_batch(b"a")]), (5, [_batch(b"b")]), (1, [_batch(b"c")])], delay_headers=[False, False, False]
+    )
     assert results[0].base_offset == 0 and results[2].base_offset == 0
     assert isinstance(results[1], UnknownShard)
     assert mem.end_offset("t", 0) == 1 and mem.end_offset("t", 1) == 1

@@ -1,5 +1,6 @@
 """StoreManager.append keeps a per-topic route (ShardInfo, engine, LogAppendTime) between calls: every topic change
 (config, partitions, delete, re-create) and a close must be seen by the very next append."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Batch helpers of mqk.store.memory (shared by the memory, rocksdb and file engines): preparation, record times,
 bounded decompression."""
+
 from __future__ import annotations
 
 import gzip
@@ -14,8 +15,9 @@ rb = twin("recbatch")
 
 
 def _gzip_batch(records: bytes, count: int, timestamps: tuple[int, int]) -> bytes:
-    return bytes(rb.build_batch(0, timestamps[0], timestamps[1], gzip.compress(records), count, count - 1,
-                                attributes=1))
+    return bytes(
+        rb.build_batch(0, timestamps[0], timestamps[1], gzip.compress(records), count, count - 1, attributes=1)
+    )
 
 
 def test_prepare_batches_sets_offsets_without_touching_the_input() -> None:
@@ -52,7 +54,7 @@ def test_decompression_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(batches.record_times(batch)) == 20
     monkeypatch.setattr(batches, "MAX_DECOMPRESSED_BYTES", 10_000)
     with pytest.raises(Corrupt):
-        batches.decompress(1, batch[rb.HEADER_SIZE:])
+        batches.decompress(1, batch[rb.HEADER_SIZE :])
     # beyond the bound the lookup still answers, at batch granularity, instead of allocating
     assert batches.record_times(batch) is None
     assert batches.first_record_at_or_after(batch, 105, 3) == (3, 119)

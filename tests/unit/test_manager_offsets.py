@@ -1,4 +1,5 @@
 """FileOffsetStore: journal + snapshot durability of committed group offsets, torn tails, group commit, kill -9."""
+
 from __future__ import annotations
 
 import asyncio
@@ -114,7 +115,7 @@ async def test_torn_or_corrupt_tail_is_cut(tmp_path: Path, damage: str) -> None:
     elif damage == "flip":
         raw[-2] ^= 0xFF
     elif damage == "huge_length":
-        raw[first_len:first_len + 4] = (0xFFFFFFF0).to_bytes(4, "big")
+        raw[first_len : first_len + 4] = (0xFFFFFFF0).to_bytes(4, "big")
     else:
         raw += b"\x00\x00\x00\x05\x01\x02"
     path.write_bytes(raw)
@@ -183,8 +184,9 @@ def test_acknowledged_commits_survive_sigkill(tmp_path: Path) -> None:
     kills = 0
     env = dict(os.environ, PYTHONPATH=str(REPO))
     while kills < 8 and time.monotonic() - started < 15:
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, env=env,
-                                 cwd=REPO)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, env=env, cwd=REPO
+        )
         assert child.stdout is not None
         wanted = rng.randint(5, 400)
         seen = 0

@@ -1,4 +1,5 @@
 """RocksEngine specifics the scenario suite cannot reach: write failures, a second opener, many shards."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,9 @@ async def test_write_failure_is_typed_and_leaves_no_hole(tmp_path: Path, flush_m
     real = engine._db
     engine._db = _FailingWrites(real)
     try:
-        outcomes = await asyncio.gather(*(engine.append("t", 0, [_batch(b"x")]) for _ in range(3)),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(engine.append("t", 0, [_batch(b"x")]) for _ in range(3)), return_exceptions=True
+        )
         assert all(isinstance(o, StorageError) for o in outcomes), outcomes
         assert engine.end_offset("t", 0) == 1
         result = await engine.read("t", 0, 0, 1 << 20)  # reads go on
@@ -148,7 +150,8 @@ async def test_acknowledged_appends_and_commits_survive_sigkill(tmp_path: Path) 
     kills = 0
     while kills < 5 and time.monotonic() - started < 15:
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CHILD, str(tmp_path), stdout=asyncio.subprocess.PIPE, env=env, cwd=REPO)
+            sys.executable, "-c", CHILD, str(tmp_path), stdout=asyncio.subprocess.PIPE, env=env, cwd=REPO
+        )
         assert child.stdout is not None
         wanted, seen = rng.randint(5, 200), 0
 
@@ -193,4 +196,4 @@ async def test_acknowledged_appends_and_commits_survive_sigkill(tmp_path: Path) 
 
 def records_value(data) -> bytes:
     header = rb.parse_header(bytes(data), 0)
-    return rb.decode_records(bytes(data)[rb.HEADER_SIZE:], header[12])[0][4]
+    return rb.decode_records(bytes(data)[rb.HEADER_SIZE :], header[12])[0][4]

@@ -1,4 +1,5 @@
 """Remoting codec: frames, both header serialisations, message formats; round trips and hostile input."""
+
 from __future__ import annotations
 
 import json
@@ -44,14 +45,20 @@ def test_json_frame_layout_is_what_ali_ons_reads() -> None:
     total, word = struct.unpack_from(">ii", frame)
     assert total == len(frame) - 4
     assert word >> 24 == SerializeType.JSON
-    header = json.loads(frame[8:8 + (word & 0xFFFFFF)])
+    header = json.loads(frame[8 : 8 + (word & 0xFFFFFF)])
     assert header["code"] == 34 and header["opaque"] == 7 and header["extFields"] == {"a": "1"}
     assert frame.endswith(b"xyz")
 
 
 def test_json_header_accepts_js_typed_ext_fields() -> None:
-    header = json.dumps({"code": 11, "opaque": 3, "flag": 0, "extFields": {"queueId": 2, "commitOffset": 10,
-                                                                            "unitMode": False, "x": None}}).encode()
+    header = json.dumps(
+        {
+            "code": 11,
+            "opaque": 3,
+            "flag": 0,
+            "extFields": {"queueId": 2, "commitOffset": 10, "unitMode": False, "x": None},
+        }
+    ).encode()
     cmd = decode_frame(struct.pack(">i", len(header)) + header)
     assert cmd.ext_fields == {"queueId": "2", "commitOffset": "10", "unitMode": "false"}
     assert cmd.get_int("queueId") == 2 and cmd.get_bool("unitMode") is False and cmd.body is None
@@ -66,17 +73,32 @@ def test_response_keeps_opaque_and_serialisation() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(code=st.integers(-(1 << 15), (1 << 15) - 1), opaque=int32, flag=st.integers(0, 3),
-       version=st.integers(-(1 << 15), (1 << 15) - 1), remark=st.none() | texts.filter(bool),
-       ext=st.dictionaries(texts, texts, max_size=5), body=st.none() | st.binary(min_size=1, max_size=64),
-       serialize=st.sampled_from([SerializeType.JSON, SerializeType.ROCKETMQ]))
+@given(
+    code=st.integers(-(1 << 15), (1 << 15) - 1),
+    opaque=int32,
+    flag=st.integers(0, 3),
+    version=st.integers(-(1 << 15), (1 << 15) - 1),
+    remark=st.none() | texts.filter(bool),
+    ext=st.dictionaries(texts, texts, max_size=5),
+    body=st.none() | st.binary(min_size=1, max_size=64),
+    serialize=st.sampled_from([SerializeType.JSON, SerializeType.ROCKETMQ]),
+)
 def test_round_trip_both_serialisations(code, opaque, flag, version, remark, ext, body, serialize) -> None:
-    cmd = RemotingCommand(code=code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext, body=body,
-                          version=version, serialize_type=serialize, language="JAVA")
+    cmd = RemotingCommand(
+        code=code,
+        opaque=opaque,
+        flag=flag,
+        remark=remark,
+        ext_fields=ext,
+        body=body,
+        version=version,
+        serialize_type=serialize,
+        language="JAVA",
+    )
     frame = cmd.encode()
     decoder = FrameDecoder()
     for i in range(0, len(frame), 7):  # arrives in small chunks
-        decoder.receive_data(frame[i:i + 7])
+        decoder.receive_data(frame[i : i + 7])
     got = decoder.next_command()
     assert got == cmd
     assert decoder.next_command() is None and decoder.buffered == 0
@@ -108,8 +130,18 @@ def test_impossible_header_length_detected_from_first_8_bytes() -> None:
         bad_type.next_command()
 
 
-@pytest.mark.parametrize("header", [b"not json", b"[1,2]", b'{"code": "x"}', b'{"extFields": 3}',
-                                    b'{"code": 99999999999}', b"\xff\xfe", b'{"code": true}'])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"not json",
+        b"[1,2]",
+        b'{"code": "x"}',
+        b'{"extFields": 3}',
+        b'{"code": 99999999999}',
+        b"\xff\xfe",
+        b'{"code": true}',
+    ],
+)
 def test_bad_json_headers_raise_typed_errors(header: bytes) -> None:
     with pytest.raises(RemotingProtocolError):
         decode_frame(struct.pack(">i", len(header)) + header)
@@ -140,8 +172,10 @@ def test_header_field_accessors() -> None:
     with pytest.raises(ProtocolError):
         cmd.get_str("missing", required=True)
     # Java longs only (Long.parseLong): one past either end is refused as a bad field, not passed on
-    edges = RemotingCommand(code=1, ext_fields={"lo": str(-(1 << 63)), "hi": str((1 << 63) - 1),
-                                                "under": str(-(1 << 63) - 1), "over": "1e30"})
+    edges = RemotingCommand(
+        code=1,
+        ext_fields={"lo": str(-(1 << 63)), "hi": str((1 << 63) - 1), "under": str(-(1 << 63) - 1), "over": "1e30"},
+    )
     assert edges.get_int("lo") == -(1 << 63) and edges.get_int("hi") == (1 << 63) - 1
     for name in ("under", "over"):
         with pytest.raises(ProtocolError, match="64-bit"):
@@ -171,14 +205,30 @@ def test_message_id_round_trip() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(body=st.binary(max_size=100), props=st.dictionaries(texts.filter(bool), texts, max_size=4),
-       queue=st.integers(0, 1000), offset=st.integers(0, 1 << 40), phys=st.integers(0, 1 << 50),
-       v6=st.booleans(), reconsume=st.integers(0, 20))
+@given(
+    body=st.binary(max_size=100),
+    props=st.dictionaries(texts.filter(bool), texts, max_size=4),
+    queue=st.integers(0, 1000),
+    offset=st.integers(0, 1 << 40),
+    phys=st.integers(0, 1 << 50),
+    v6=st.booleans(),
+    reconsume=st.integers(0, 20),
+)
 def test_message_ext_round_trip(body, props, queue, offset, phys, v6, reconsume) -> None:
     host = ("::1", 10911) if v6 else ("127.0.0.1", 10911)
-    msg = MessageExt(topic="T-1", body=body, properties=props, queue_id=queue, queue_offset=offset,
-                     commit_log_offset=phys, born_timestamp=1700000000000, born_host=("127.0.0.1", 5555),
-                     store_timestamp=1700000000001, store_host=host, reconsume_times=reconsume)
+    msg = MessageExt(
+        topic="T-1",
+        body=body,
+        properties=props,
+        queue_id=queue,
+        queue_offset=offset,
+        commit_log_offset=phys,
+        born_timestamp=1700000000000,
+        born_host=("127.0.0.1", 5555),
+        store_timestamp=1700000000001,
+        store_host=host,
+        reconsume_times=reconsume,
+    )
     data = encode_message_ext(msg) * 2
     got = decode_messages(data)
     assert len(got) == 2
@@ -193,6 +243,7 @@ def test_message_ext_layout_offsets() -> None:
     total, magic, crc, queue_id, flag, qoff, phys = struct.unpack_from(">iIiiiqq", data)
     assert total == len(data) and magic == 0xDAA320A7 and queue_id == 3 and qoff == 9 and phys == 77
     import zlib
+
     assert crc == zlib.crc32(b"b") & 0x7FFFFFFF
 
 
@@ -206,8 +257,11 @@ def test_garbage_messages_raise_typed_errors(data: bytes) -> None:
             pass
 
 
-@given(st.lists(st.tuples(st.binary(max_size=50), st.dictionaries(texts.filter(bool), texts, max_size=3),
-                          int32), max_size=5))
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=50), st.dictionaries(texts.filter(bool), texts, max_size=3), int32), max_size=5
+    )
+)
 def test_batch_body_round_trip(items) -> None:
     batch = [BatchItem(body, props, flag) for body, props, flag in items]
     assert decode_batch_body(encode_batch_body(batch)) == batch
@@ -224,8 +278,7 @@ def test_batch_body_count_limit() -> None:
 
 def test_message_becomes_one_record_batch_and_back() -> None:
     props = {"TAGS": "TagA", "KEYS": "order-1 order-2", "UNIQ_KEY": "ABC"}
-    batch = message_to_batch(b"payload", props, 1700000000000, flag=4, reconsume_times=3,
-                             born_host=("10.0.0.9", 4242))
+    batch = message_to_batch(b"payload", props, 1700000000000, flag=4, reconsume_times=3, born_host=("10.0.0.9", 4242))
     from mqk._fast import load
 
     recbatch = load("recbatch")

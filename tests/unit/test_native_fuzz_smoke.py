@@ -1,5 +1,6 @@
 """The remoting codec's fuzz target (fuzz/fuzz_native_codec.py) run as a bounded smoke test: random and mutated
 frames give a command or a typed error, and decoded commands re-encode to the same command."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,5 +1,6 @@
 """PullProcessor.get_messages against a model: whatever the tags, subscription, offset and batch size, a consumer
 that follows nextBeginOffset sees exactly the matching messages, in order, once (memory StoreManager, no server)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,9 @@ async def _run(tags: list[str | None], expression: str, start: int, max_nums: in
         await store.create_topic("p", 1)
         for i, tag in enumerate(tags):
             props = {"TAGS": tag} if tag else {}
-            await store.append("p", 0, [message_to_batch(b"%d" % i, props, i)], tags_code=tags_code_for(props),
-                               keys=keys_of(props))
+            await store.append(
+                "p", 0, [message_to_batch(b"%d" % i, props, i)], tags_code=tags_code_for(props), keys=keys_of(props)
+            )
         if delete_to:
             await store.delete_before("p", 0, delete_to)
         pull = PullProcessor(BrokerContext(BrokerConfig(), store), ClientManager(BrokerContext(BrokerConfig(), store)))
@@ -65,9 +67,13 @@ async def _run(tags: list[str | None], expression: str, start: int, max_nums: in
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tags=st.lists(st.sampled_from(TAGS), min_size=1, max_size=40),
-       expression=st.sampled_from(["*", "A", "A || B", "D", "B||C"]),
-       start=st.integers(0, 45), max_nums=st.integers(1, 8), delete_frac=st.floats(0, 0.5))
+@given(
+    tags=st.lists(st.sampled_from(TAGS), min_size=1, max_size=40),
+    expression=st.sampled_from(["*", "A", "A || B", "D", "B||C"]),
+    start=st.integers(0, 45),
+    max_nums=st.integers(1, 8),
+    delete_frac=st.floats(0, 0.5),
+)
 def test_following_next_offset_yields_exactly_the_matches(tags, expression, start, max_nums, delete_frac) -> None:
     delete_to = int(len(tags) * delete_frac)
     asyncio.run(_run(tags, expression, start, max_nums, delete_to))

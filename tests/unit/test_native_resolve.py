@@ -1,17 +1,18 @@
 """BrokerContext.resolve: a commit-log offset (what a RocketMQ message id carries) found through store.read_at,
 with nothing remembered by this broker context (a fresh one stands for a restarted broker); the LRU only keeps what
 read_at cannot name (later records of a multi-record Kafka batch). Memory and file StoreManagers, no server."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
+from mqk._fast import load
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.native.records import keys_of, message_to_batch, tags_code_for
 from mqk.server.native.context import BrokerContext
 from mqk.store.manager import StoreManager
-from mqk._fast import load
 
 rb = load("recbatch")
 
@@ -27,8 +28,13 @@ async def test_resolve_by_read_at_without_any_cache(tmp_path: Path, storage: str
         for i in range(10):
             topic, queue = ("a", i % 2) if i % 3 else ("b", 0)
             props = {"TAGS": f"t{i}", "KEYS": f"k{i}"}
-            result = await store.append(topic, queue, [message_to_batch(b"m%d" % i, props, 1000 + i)],
-                                        tags_code=tags_code_for(props), keys=keys_of(props))
+            result = await store.append(
+                topic,
+                queue,
+                [message_to_batch(b"m%d" % i, props, 1000 + i)],
+                tags_code=tags_code_for(props),
+                keys=keys_of(props),
+            )
             ids.append((topic, queue, result.base_offset, result.physical_offset, i))
         ctx = BrokerContext(BrokerConfig(), store)
         for topic, queue, offset, phys, i in ids:

@@ -1,6 +1,7 @@
 """Delayed delivery: due-time rules, the put-hook reroute, on-time delivery, and restart without loss or duplicates
 (memory StoreManager, no server). The timer runs on a FakeClock: a test moves time to just before a due time and
 checks nothing was delivered, then to the due time and checks it was."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,9 @@ def test_due_time_rules() -> None:
 
 
 def test_batch_due_time_kafka_records() -> None:
-    records = (recbatch.encode_record(0, 0, None, b"a", [("mqk-delay-ms", b"500")])
-               + recbatch.encode_record(1, 0, None, b"b", [("mqk-delay-ms", b"900")]))
+    records = recbatch.encode_record(0, 0, None, b"a", [("mqk-delay-ms", b"500")]) + recbatch.encode_record(
+        1, 0, None, b"b", [("mqk-delay-ms", b"900")]
+    )
     batch = recbatch.build_batch(0, 0, 0, records, 2, 1)
     assert batch_due_time(batch, 1000) == 1900  # the whole batch waits for its latest record
     plain = recbatch.build_batch(0, 0, 0, recbatch.encode_record(0, 0, None, b"x", []), 1, 0)
@@ -76,8 +78,14 @@ async def test_delayed_message_waits_then_arrives_once(memory_store: StoreManage
         await memory_store.create_topic("t", 1)
         due = clock.time_ms() + 400
         props = {"TIMER_DELIVER_MS": str(due), "TAGS": "x"}
-        result = await memory_store.append("t", 0, [message_to_batch(b"later", props, clock.time_ms())],
-                                           properties=props, tags_code=tags_code_for(props), keys=[b"k9"])
+        result = await memory_store.append(
+            "t",
+            0,
+            [message_to_batch(b"later", props, clock.time_ms())],
+            properties=props,
+            tags_code=tags_code_for(props),
+            keys=[b"k9"],
+        )
         await memory_store.append("t", 0, [message_to_batch(b"now", {}, clock.time_ms())])
         assert await _bodies(memory_store, "t") == [b"now"]
         assert memory_store.end_offset(TIMER_TOPIC, 0) == 1 and result.base_offset == 0
@@ -137,8 +145,9 @@ async def test_a_screened_append_is_taken_at_its_word(memory_store: StoreManager
         await timer.stop()
 
 
-async def test_one_delayed_partition_among_many_is_still_rerouted(memory_store: StoreManager,
-                                                                  mqk_fake_clock: FakeClock) -> None:
+async def test_one_delayed_partition_among_many_is_still_rerouted(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
     """append_many with the check's answers: the entries said to carry no delay header skip the timer's hook (no
     context at all), the one said to carry one is still rerouted to the timer topic."""
     clock = mqk_fake_clock
@@ -146,11 +155,13 @@ async def test_one_delayed_partition_among_many_is_still_rerouted(memory_store: 
     try:
         await memory_store.create_topic("m", 3)
         now = clock.time_ms()
-        delayed = recbatch.build_batch(0, now, now,
-                                       recbatch.encode_record(0, 0, None, b"later", [("mqk-delay-ms", b"60000")]), 1, 0)
+        delayed = recbatch.build_batch(
+            0, now, now, recbatch.encode_record(0, 0, None, b"later", [("mqk-delay-ms", b"60000")]), 1, 0
+        )
         plain = recbatch.build_batch(0, now, now, recbatch.encode_record(0, 0, None, b"now", []), 1, 0)
-        results = await memory_store.append_many("m", [(0, [plain]), (1, [delayed]), (2, [plain])],
-                                          delay_headers=[False, True, False])
+        results = await memory_store.append_many(
+            "m", [(0, [plain]), (1, [delayed]), (2, [plain])], delay_headers=[False, True, False]
+        )
         assert [r.__class__.__name__ for r in results] == ["AppendResult"] * 3
         assert [memory_store.end_offset("m", q) for q in range(3)] == [1, 0, 1]
         assert memory_store.end_offset(TIMER_TOPIC, 0) == 1
@@ -177,8 +188,9 @@ async def test_many_due_at_once_all_delivered(memory_store: StoreManager, mqk_fa
         await timer.stop()
 
 
-async def test_restart_keeps_pending_and_does_not_redeliver(memory_store: StoreManager,
-                                                            mqk_fake_clock: FakeClock) -> None:
+async def test_restart_keeps_pending_and_does_not_redeliver(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
     clock = mqk_fake_clock
     await memory_store.create_topic("r", 1)
     timer = await _timer(memory_store, clock).start()
@@ -262,8 +274,9 @@ async def test_file_store_restart_delivers_once(tmp_path, mqk_fake_clock: FakeCl
         await store.close()
 
 
-async def test_payloads_beyond_the_memory_budget_are_reread(memory_store: StoreManager, monkeypatch,
-                                                           mqk_fake_clock: FakeClock) -> None:
+async def test_payloads_beyond_the_memory_budget_are_reread(
+    memory_store: StoreManager, monkeypatch, mqk_fake_clock: FakeClock
+) -> None:
     import mqk.timer.service as service
 
     clock = mqk_fake_clock
@@ -273,8 +286,9 @@ async def test_payloads_beyond_the_memory_budget_are_reread(memory_store: StoreM
         await memory_store.create_topic("budget", 1)
         for i in range(5):
             props = {"TIMER_DELAY_MS": "150", "KEYS": f"key{i}"}
-            await memory_store.append("budget", 0, [message_to_batch(b"%d" % i, props, 0)], properties=props,
-                               keys=[f"key{i}".encode()])
+            await memory_store.append(
+                "budget", 0, [message_to_batch(b"%d" % i, props, 0)], properties=props, keys=[f"key{i}".encode()]
+            )
         assert timer._payloads == {}
         await clock.advance(0.15)
         await queue_reaches(memory_store, "budget", 0, 5)
@@ -284,8 +298,9 @@ async def test_payloads_beyond_the_memory_budget_are_reread(memory_store: StoreM
         await timer.stop()
 
 
-async def test_stop_in_the_middle_of_a_burst_keeps_its_intent(memory_store: StoreManager, monkeypatch,
-                                                              mqk_fake_clock: FakeClock) -> None:
+async def test_stop_in_the_middle_of_a_burst_keeps_its_intent(
+    memory_store: StoreManager, monkeypatch, mqk_fake_clock: FakeClock
+) -> None:
     import mqk.timer.service as service
 
     clock = mqk_fake_clock
@@ -319,8 +334,9 @@ async def test_stop_in_the_middle_of_a_burst_keeps_its_intent(memory_store: Stor
         await timer.stop()
 
 
-async def test_a_hook_that_copies_batches_cannot_make_delivery_loop(memory_store: StoreManager,
-                                                                    mqk_fake_clock: FakeClock) -> None:
+async def test_a_hook_that_copies_batches_cannot_make_delivery_loop(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
     clock = mqk_fake_clock
 
     def copying_hook(ctx) -> None:

@@ -1,4 +1,5 @@
 """`mqk serve`'s SurvivorFreezer: a slow full collection freezes what it found alive, and only that."""
+
 from __future__ import annotations
 
 import asyncio
@@ -89,8 +90,11 @@ def test_a_deleted_topics_frozen_queues_are_freed_by_reference_counting(freezer,
     def alive() -> list:
         """The topic's queue objects still in memory (its ConsumeQueue directory is named after it)."""
         kinds = (ConsumeQueue, MappedFileQueue, MappedFile)
-        return [o for o in gc.get_objects() if isinstance(o, kinds)
-                and "doomed" in Path(getattr(o, "dir", None) or getattr(o, "path", "")).parts]
+        return [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, kinds) and "doomed" in Path(getattr(o, "dir", None) or getattr(o, "path", "")).parts
+        ]
 
     async def scenario() -> None:
         m = StoreManager(StoreConfig(data_dir=tmp_path / "data", storage="file"))
@@ -133,9 +137,16 @@ def test_connections_closed_under_uvloop_leave_no_cycles(freezer, tmp_path):
             host, port = re.search(r"kafka=([\d.]+):(\d+)", runtime.ready_line()).groups()
             clients = [await RawKafkaClient.connect(host, int(port)) for _ in range(3)]
             for client in clients:
-                await client.call(ApiKey.METADATA, 9, {"topics": None, "allow_auto_topic_creation": True,
-                                                       "include_cluster_authorized_operations": False,
-                                                       "include_topic_authorized_operations": False})
+                await client.call(
+                    ApiKey.METADATA,
+                    9,
+                    {
+                        "topics": None,
+                        "allow_auto_topic_creation": True,
+                        "include_cluster_authorized_operations": False,
+                        "include_topic_authorized_operations": False,
+                    },
+                )
             gc.collect()  # the freezer freezes the open connections
             for client in clients:
                 await client.close()

@@ -11,6 +11,7 @@ v13 and OffsetCommit/OffsetFetch v10, which are topic-id only; they stay capped 
 (Produce 12, OffsetCommit/OffsetFetch 9) until those handlers resolve ids: raise `_KAFKA_41_MAX` then.
 `supported(topic_ids=False)` also caps Fetch, for a server without any topic-id support.
 """
+
 from __future__ import annotations
 
 from mqk.protocol.kafka import messages
@@ -111,15 +112,18 @@ def is_flexible_request(api_key: int, api_version: int) -> bool:
     return flex >= 0 and api_version >= flex
 
 
-def api_versions_body(error_code: int = 0, ranges: dict[int, tuple[int, int]] | None = None,
-                      throttle_time_ms: int = 0) -> dict:
+def api_versions_body(
+    error_code: int = 0, ranges: dict[int, tuple[int, int]] | None = None, throttle_time_ms: int = 0
+) -> dict:
     """An ApiVersions response body listing every supported API (also the UNSUPPORTED_VERSION answer), with the
     ADVERTISED_MIN exceptions."""
     ranges = SUPPORTED if ranges is None else ranges
     return {
         "error_code": error_code,
-        "api_keys": [{"api_key": k, "min_version": min(lo, ADVERTISED_MIN.get(k, lo)), "max_version": hi}
-                     for k, (lo, hi) in sorted(ranges.items())],
+        "api_keys": [
+            {"api_key": k, "min_version": min(lo, ADVERTISED_MIN.get(k, lo)), "max_version": hi}
+            for k, (lo, hi) in sorted(ranges.items())
+        ],
         "throttle_time_ms": throttle_time_ms,
     }
 

@@ -25,6 +25,7 @@ arrive, so a size prefix alone never makes the broker set aside `max_request_byt
 that its next frames land whole and only a frame straddling a buffer's end is copied. `receive_data(bytes)`
 copies into the same buffer, for callers holding bytes.
 """
+
 from __future__ import annotations
 
 import struct
@@ -81,8 +82,10 @@ class Request(NamedTuple):
     size: int = 0  # frame size in bytes (for metrics / quotas)
 
     def __repr__(self) -> str:  # the body can be megabytes of records: leave it out
-        return (f"Request(api_key={self.api_key}, api_version={self.api_version}, "
-                f"correlation_id={self.correlation_id}, client_id={self.client_id!r}, size={self.size})")
+        return (
+            f"Request(api_key={self.api_key}, api_version={self.api_version}, "
+            f"correlation_id={self.correlation_id}, client_id={self.client_id!r}, size={self.size})"
+        )
 
 
 def _uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -126,7 +129,7 @@ def parse_request_header(frame: memoryview) -> tuple[int, int, int, str | None, 
         if pos + n > len(frame):
             raise MalformedMessage("client_id runs past the frame")
         try:
-            client_id = str(frame[pos:pos + n], "utf-8")
+            client_id = str(frame[pos : pos + n], "utf-8")
         except UnicodeDecodeError as e:
             raise MalformedMessage(f"client_id is not UTF-8: {e}") from None
         pos += n
@@ -149,8 +152,9 @@ class KafkaConnectionCodec:
     """One per connection (server side). Feed bytes with `get_buffer` / `buffer_updated` (or `receive_data`);
     drain with `next_request` until None."""
 
-    def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 supported: dict[int, tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, supported: dict[int, tuple[int, int]] | None = None
+    ) -> None:
         self.max_request_bytes = max_request_bytes
         self.supported = api.SUPPORTED if supported is None else supported
         self._buf = bytearray()
@@ -173,18 +177,18 @@ class KafkaConnectionCodec:
         if total > held:  # a frame is partly here: give it room for the rest
             lacking = total - held
             if lacking <= room:
-                return memoryview(self._buf)[self._end:]
+                return memoryview(self._buf)[self._end :]
             room = max(min(lacking, max(AHEAD_MAX, held)), READ_CHUNK)
             if self._large_frames:
                 room = max(room, AHEAD_MAX)  # the frames after it too
         elif room >= MIN_ROOM:
-            return memoryview(self._buf)[self._end:]
+            return memoryview(self._buf)[self._end :]
         else:
             # a peer sending large frames gets AHEAD_MAX: its frames land whole, and only the one left straddling
             # a buffer's end is copied to the next, where READ_CHUNK buffers copied the head of every frame
             room = AHEAD_MAX if self._large_frames else READ_CHUNK
         buf = _new_buffer(held + room)
-        buf[:held] = memoryview(self._buf)[self._start:self._end]
+        buf[:held] = memoryview(self._buf)[self._start : self._end]
         self._buf, self._start, self._end = buf, 0, held
         return memoryview(buf)[held:]
 
@@ -199,7 +203,7 @@ class KafkaConnectionCodec:
         while done < len(data):
             room = self.get_buffer()
             step = min(len(room), len(data) - done)
-            room[:step] = data[done:done + step]
+            room[:step] = data[done : done + step]
             self.buffer_updated(step)
             done += step
 
@@ -236,7 +240,7 @@ class KafkaConnectionCodec:
             # as they need it), so an idle connection holds none; the next read gets a fresh one
             self._buf = bytearray()
             self._start = self._end = 0
-        return memoryview(buf)[begin:begin + total - 4]
+        return memoryview(buf)[begin : begin + total - 4]
 
     def next_request(self) -> Request | None:
         frame = self.next_frame()
@@ -261,8 +265,7 @@ class KafkaConnectionCodec:
         except MalformedMessage as exc:
             # say which request it was, for the server's one log line
             exc.api_key, exc.api_version, exc.correlation_id = api_key, api_version, correlation_id
-            exc.args = (f"{api.NAMES.get(api_key, api_key)} v{api_version} (correlation id {correlation_id}): "
-                        f"{exc}",)
+            exc.args = (f"{api.NAMES.get(api_key, api_key)} v{api_version} (correlation id {correlation_id}): {exc}",)
             raise
         return Request(api_key, api_version, correlation_id, client_id, body, False, len(frame))
 

@@ -4,6 +4,7 @@ Remote errors (the peer sent bytes that break the protocol) are `mqk.errors.Prot
 connection and logs the reason. `EncodeError` is the local one (like h11's LocalProtocolError): our own handler asked
 to encode something the schema cannot carry; it is a bug on our side, not the peer's.
 """
+
 from __future__ import annotations
 
 from mqk.errors import MqkError, ProtocolError

@@ -26,6 +26,7 @@ same key, value and timestamp (magic 0 carries none: -1, Kafka's NO_TIMESTAMP) a
 uncompressed, with offset deltas 0..n-1 (the broker assigns offsets anyway). Legacy CRC32 checksums are verified.
 The converted batch is a fresh buffer, so `BatchInfo.converted` is True for it.
 """
+
 from __future__ import annotations
 
 import struct
@@ -125,7 +126,7 @@ def _unsnappy(data, max_size: int) -> bytes:
         pos += 4
         if n < 0 or pos + n > len(view):
             raise Corrupt("snappy: xerial block beyond the data")
-        out += _unsnappy_raw(view[pos:pos + n], max_size - len(out))
+        out += _unsnappy_raw(view[pos : pos + n], max_size - len(out))
         pos += n
     return bytes(out)
 
@@ -198,7 +199,7 @@ def compress(codec_id: int, data) -> bytes:
         # xerial framing in blocks of 32 KiB, as snappy-java's SnappyOutputStream writes it
         out = bytearray(_XERIAL_MAGIC + _I32.pack(1) + _I32.pack(1))
         for i in range(0, len(data), 32768):
-            block = bytes(cramjam.snappy.compress_raw(data[i:i + 32768]))
+            block = bytes(cramjam.snappy.compress_raw(data[i : i + 32768]))
             out += _I32.pack(len(block)) + block
         return bytes(out)
     if codec_id == LZ4:
@@ -211,9 +212,15 @@ def compress(codec_id: int, data) -> bytes:
 # --- validation ----------------------------------------------------------------------------------------
 
 
-def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-                             verify_crc: bool = True, header_names: tuple[bytes, ...] = (),
-                             require_keys: bool = False, timestamps: tuple[int, int] | None = None) -> list[BatchInfo]:
+def validate_produce_records(
+    buf,
+    max_batch_bytes: int,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+    verify_crc: bool = True,
+    header_names: tuple[bytes, ...] = (),
+    require_keys: bool = False,
+    timestamps: tuple[int, int] | None = None,
+) -> list[BatchInfo]:
     """Check the record bytes of one partition of a Produce request; see the module docstring.
     Raises Corrupt (CORRUPT_MESSAGE), MessageTooLarge (MESSAGE_TOO_LARGE), InvalidRecord (INVALID_RECORD),
     UnsupportedCompressionTypeError. The same parse answers, per batch, whether some record carries a header
@@ -231,24 +238,59 @@ def validate_produce_records(buf, max_batch_bytes: int, max_decompressed_bytes: 
     if whole > 16 and view[16] in (0, 1):
         converted = convert_legacy(view, max_batch_bytes, max_decompressed_bytes)
         if require_keys or timestamps is not None:
-            recbatch.check_records(converted.data[_RECORDS_POS:], converted.record_count, (), require_keys, timestamps,
-                                   converted.base_timestamp)
+            recbatch.check_records(
+                converted.data[_RECORDS_POS:],
+                converted.record_count,
+                (),
+                require_keys,
+                timestamps,
+                converted.base_timestamp,
+            )
         return [converted]
     out = []
     # one kernel call checks every batch's framing and CRC and walks the records of the uncompressed ones
-    for (pos, size, last_offset_delta, max_ts, count, attributes, producer_id, producer_epoch, base_sequence,
-         base_ts, named) in recbatch.scan_batches(view, verify_crc, True, header_names, require_keys, timestamps):
+    for (
+        pos,
+        size,
+        last_offset_delta,
+        max_ts,
+        count,
+        attributes,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        base_ts,
+        named,
+    ) in recbatch.scan_batches(view, verify_crc, True, header_names, require_keys, timestamps):
         if size > max_batch_bytes:
             raise MessageTooLarge(f"record batch of {size} bytes exceeds the limit of {max_batch_bytes}")
         codec = attributes & COMPRESSION_MASK
         if codec != NONE:
-            inner = decompress(codec, view[pos + _RECORDS_POS:pos + size], max_decompressed_bytes)
+            inner = decompress(codec, view[pos + _RECORDS_POS : pos + size], max_decompressed_bytes)
             named = recbatch.check_records(inner, count, header_names, require_keys, timestamps, base_ts)
         # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
-        data = view if size == whole else view[pos:pos + size]
+        data = view if size == whole else view[pos : pos + size]
         # tuple.__new__ straight away: the NamedTuple's generated __new__ is a Python call per batch
-        out.append(_new_tuple(BatchInfo, (data, size, last_offset_delta, max_ts, count, attributes, producer_id,
-                                          producer_epoch, base_sequence, base_ts, codec, False, named)))
+        out.append(
+            _new_tuple(
+                BatchInfo,
+                (
+                    data,
+                    size,
+                    last_offset_delta,
+                    max_ts,
+                    count,
+                    attributes,
+                    producer_id,
+                    producer_epoch,
+                    base_sequence,
+                    base_ts,
+                    codec,
+                    False,
+                    named,
+                ),
+            )
+        )
     return out
 
 
@@ -280,7 +322,7 @@ def _legacy_bytes(view: memoryview, pos: int, end: int) -> tuple[bytes | None, i
         return None, pos
     if pos + n > end:
         raise Corrupt("legacy message: field beyond the message", pos)
-    return bytes(view[pos:pos + n]), pos + n
+    return bytes(view[pos : pos + n]), pos + n
 
 
 def _legacy_messages(view: memoryview, max_decompressed: int, depth: int, out: list) -> None:
@@ -292,7 +334,7 @@ def _legacy_messages(view: memoryview, max_decompressed: int, depth: int, out: l
         _offset, size, crc, magic, attributes = _LEGACY_HEAD.unpack_from(view, pos)
         if size < 14 or pos + 12 + size > end:
             raise Corrupt("legacy message: bad size", pos)
-        body = view[pos + 16:pos + 12 + size]  # magic .. end, the CRC32 range
+        body = view[pos + 16 : pos + 12 + size]  # magic .. end, the CRC32 range
         if zlib.crc32(body) != crc:
             raise Corrupt("legacy message: CRC32 mismatch", pos)
         if magic not in (0, 1):
@@ -321,8 +363,9 @@ def _legacy_messages(view: memoryview, max_decompressed: int, depth: int, out: l
         pos = stop
 
 
-def convert_legacy(view: memoryview, max_batch_bytes: int,
-                   max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> BatchInfo:
+def convert_legacy(
+    view: memoryview, max_batch_bytes: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
+) -> BatchInfo:
     """A magic 0/1 message set -> one uncompressed v2 batch (see the module docstring)."""
     msgs: list[tuple[int, bytes | None, bytes | None]] = []
     _legacy_messages(view, max_decompressed_bytes, 0, msgs)
@@ -342,5 +385,6 @@ def convert_legacy(view: memoryview, max_batch_bytes: int,
     batch = recbatch.build_batch(0, base_ts, max_ts, bytes(records), len(msgs), len(msgs) - 1)
     if len(batch) > max_batch_bytes:
         raise MessageTooLarge(f"converted legacy message set exceeds {max_batch_bytes} bytes")
-    return BatchInfo(memoryview(batch), len(batch), len(msgs) - 1, max_ts, len(msgs), 0, -1, -1, -1, base_ts, NONE,
-                     True)
+    return BatchInfo(
+        memoryview(batch), len(batch), len(msgs) - 1, max_ts, len(msgs), 0, -1, -1, -1, base_ts, NONE, True
+    )

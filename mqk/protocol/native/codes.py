@@ -3,6 +3,7 @@ LanguageCode, MessageSysFlag, PullSysFlag, PermName, MessageConst property names
 
 Only values: no I/O, no logic beyond small helpers. Names follow RocketMQ's so a reader can grep both codebases.
 """
+
 from __future__ import annotations
 
 from enum import IntEnum
@@ -188,10 +189,24 @@ KEY_SEPARATOR = " "
 DELAY_LEVELS_MS: tuple[int, ...] = tuple(
     n * unit
     for n, unit in (
-        (1, 1000), (5, 1000), (10, 1000), (30, 1000),
-        (1, 60_000), (2, 60_000), (3, 60_000), (4, 60_000), (5, 60_000), (6, 60_000), (7, 60_000),
-        (8, 60_000), (9, 60_000), (10, 60_000), (20, 60_000), (30, 60_000),
-        (1, 3_600_000), (2, 3_600_000),
+        (1, 1000),
+        (5, 1000),
+        (10, 1000),
+        (30, 1000),
+        (1, 60_000),
+        (2, 60_000),
+        (3, 60_000),
+        (4, 60_000),
+        (5, 60_000),
+        (6, 60_000),
+        (7, 60_000),
+        (8, 60_000),
+        (9, 60_000),
+        (10, 60_000),
+        (20, 60_000),
+        (30, 60_000),
+        (1, 3_600_000),
+        (2, 3_600_000),
     )
 )
 

@@ -10,6 +10,7 @@ response is always written in the serialisation of the request it answers.
 `RemotingProtocolError`. Either way the caller closes the connection. Bytes are buffered in one bytearray with a
 read position, so a frame arriving in many small chunks costs no quadratic re-scanning.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,12 +61,19 @@ class RemotingCommand:
     def is_oneway(self) -> bool:
         return bool(self.flag & FLAG_ONEWAY)
 
-    def response(self, code: int, remark: str | None = None, ext: dict[str, Any] | None = None,
-                 body: bytes | None = None) -> "RemotingCommand":
+    def response(
+        self, code: int, remark: str | None = None, ext: dict[str, Any] | None = None, body: bytes | None = None
+    ) -> "RemotingCommand":
         """A response to this request: same opaque and serialisation, the response bit set."""
         return RemotingCommand(
-            code=int(code), opaque=self.opaque, flag=FLAG_RESPONSE, remark=remark,
-            ext_fields=stringify_fields(ext or {}), body=body, language="JAVA", version=self.version,
+            code=int(code),
+            opaque=self.opaque,
+            flag=FLAG_RESPONSE,
+            remark=remark,
+            ext_fields=stringify_fields(ext or {}),
+            body=body,
+            language="JAVA",
+            version=self.version,
             serialize_type=self.serialize_type,
         )
 
@@ -113,7 +121,10 @@ class RemotingCommand:
         if self.serialize_type == SerializeType.ROCKETMQ:
             return _encode_binary_header(self)
         doc: dict[str, Any] = {
-            "code": self.code, "language": self.language, "version": self.version, "opaque": self.opaque,
+            "code": self.code,
+            "language": self.language,
+            "version": self.version,
+            "opaque": self.opaque,
             "flag": self.flag,
         }
         if self.remark is not None:
@@ -128,9 +139,14 @@ class RemotingCommand:
             raise RemotingProtocolError(f"header of {len(header)} bytes does not fit the 24-bit length")
         body = self.body or b""
         total = 4 + len(header) + len(body)
-        return b"".join((
-            _I32.pack(total), _I32.pack((int(self.serialize_type) << 24) | len(header)), header, body,
-        ))
+        return b"".join(
+            (
+                _I32.pack(total),
+                _I32.pack((int(self.serialize_type) << 24) | len(header)),
+                header,
+                body,
+            )
+        )
 
 
 def stringify_fields(fields: dict[str, Any]) -> dict[str, str]:
@@ -232,7 +248,7 @@ def _decode_binary_header(view: memoryview) -> RemotingCommand:
     (remark_len,) = _I32.unpack_from(view, pos)
     pos += 4
     need(pos, remark_len, "remark")
-    remark = _utf8(view[pos:pos + remark_len], "remark") if remark_len > 0 else None
+    remark = _utf8(view[pos : pos + remark_len], "remark") if remark_len > 0 else None
     pos += remark_len
     need(pos, 4, "ext fields length")
     (ext_len,) = _I32.unpack_from(view, pos)
@@ -247,13 +263,13 @@ def _decode_binary_header(view: memoryview) -> RemotingCommand:
         pos += 2
         if klen < 0 or pos + klen + 4 > ext_end:
             raise RemotingProtocolError("ext field name truncated")
-        key = _utf8(view[pos:pos + klen], "ext field name")
+        key = _utf8(view[pos : pos + klen], "ext field name")
         pos += klen
         (vlen,) = _I32.unpack_from(view, pos)
         pos += 4
         if vlen < 0 or pos + vlen > ext_end:
             raise RemotingProtocolError("ext field value truncated")
-        ext[key] = _utf8(view[pos:pos + vlen], "ext field value")
+        ext[key] = _utf8(view[pos : pos + vlen], "ext field value")
         pos += vlen
     if pos != end:
         raise RemotingProtocolError(f"{end - pos} unexpected bytes after the binary header")
@@ -261,8 +277,16 @@ def _decode_binary_header(view: memoryview) -> RemotingCommand:
         language_name = LanguageCode(language).name
     except ValueError:
         language_name = "OTHER"
-    return RemotingCommand(code=code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext,
-                           language=language_name, version=version, serialize_type=SerializeType.ROCKETMQ)
+    return RemotingCommand(
+        code=code,
+        opaque=opaque,
+        flag=flag,
+        remark=remark,
+        ext_fields=ext,
+        language=language_name,
+        version=version,
+        serialize_type=SerializeType.ROCKETMQ,
+    )
 
 
 def _utf8(data: memoryview, what: str) -> str:
@@ -284,8 +308,8 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
     serialize_type, header_len = word >> 24, word & _MAX_HEADER
     if header_len > len(view) - 4:
         raise RemotingProtocolError(f"header length {header_len} exceeds the frame ({len(view) - 4} bytes)")
-    cmd = decode_header(view[4:4 + header_len], serialize_type)
-    body = view[4 + header_len:]
+    cmd = decode_header(view[4 : 4 + header_len], serialize_type)
+    body = view[4 + header_len :]
     cmd.body = bytes(body) if len(body) else None
     return cmd
 
@@ -300,7 +324,7 @@ class FrameDecoder:
 
     def receive_data(self, data: bytes) -> None:
         if self._pos and self._pos >= len(self._buf) // 2:
-            del self._buf[:self._pos]  # compact once the consumed prefix dominates: amortised O(n)
+            del self._buf[: self._pos]  # compact once the consumed prefix dominates: amortised O(n)
             self._pos = 0
         self._buf += data
 
@@ -327,4 +351,4 @@ class FrameDecoder:
         start = self._pos + 4
         self._pos = start + total
         # a copy, so no memoryview export pins the buffer (it must stay resizable, even after an error)
-        return decode_frame(bytes(self._buf[start:start + total]))
+        return decode_frame(bytes(self._buf[start : start + total]))

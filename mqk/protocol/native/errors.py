@@ -1,4 +1,5 @@
 """The one place store (and other) errors become RocketMQ response codes, as `kafka_code_for` does for Kafka."""
+
 from __future__ import annotations
 
 from mqk.errors import (

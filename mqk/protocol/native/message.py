@@ -11,6 +11,7 @@
 
 Every decoder checks each length against the bytes left before slicing and raises `MessageFormatError`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -147,13 +148,30 @@ def encode_message_ext(msg: MessageExt) -> bytes:
     if len(store) == 20:
         sys_flag |= SYSFLAG_STOREHOST_V6
     total = _EXT_HEAD.size + len(born) + 8 + len(store) + 4 + 8 + 4 + len(msg.body) + 1 + len(topic) + 2 + len(props)
-    return b"".join((
-        _EXT_HEAD.pack(total, MESSAGE_MAGIC_CODE, body_crc(msg.body), msg.queue_id, msg.flag, msg.queue_offset,
-                       msg.commit_log_offset, sys_flag, msg.born_timestamp),
-        born, struct.pack(">q", msg.store_timestamp), store,
-        struct.pack(">iqi", msg.reconsume_times, msg.prepared_transaction_offset, len(msg.body)), msg.body,
-        bytes((len(topic),)), topic, struct.pack(">h", len(props)), props,
-    ))
+    return b"".join(
+        (
+            _EXT_HEAD.pack(
+                total,
+                MESSAGE_MAGIC_CODE,
+                body_crc(msg.body),
+                msg.queue_id,
+                msg.flag,
+                msg.queue_offset,
+                msg.commit_log_offset,
+                sys_flag,
+                msg.born_timestamp,
+            ),
+            born,
+            struct.pack(">q", msg.store_timestamp),
+            store,
+            struct.pack(">iqi", msg.reconsume_times, msg.prepared_transaction_offset, len(msg.body)),
+            msg.body,
+            bytes((len(topic),)),
+            topic,
+            struct.pack(">h", len(props)),
+            props,
+        )
+    )
 
 
 def decode_messages(data: bytes) -> list[MessageExt]:
@@ -167,7 +185,7 @@ def decode_messages(data: bytes) -> list[MessageExt]:
         (size,) = struct.unpack_from(">i", view, pos)
         if size < _EXT_HEAD.size or pos + size > len(view):
             raise MessageFormatError(f"message size {size} at {pos} does not fit")
-        out.append(_decode_one(view[pos:pos + size]))
+        out.append(_decode_one(view[pos : pos + size]))
         pos += size
     return out
 
@@ -178,7 +196,7 @@ def _decode_one(view: memoryview) -> MessageExt:
     def take(pos: int, n: int) -> memoryview:
         if n < 0 or pos + n > end:
             raise MessageFormatError(f"message field of {n} bytes at {pos} overruns the message ({end} bytes)")
-        return view[pos:pos + n]
+        return view[pos : pos + n]
 
     (_size, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts) = _EXT_HEAD.unpack_from(view, 0)
     pos = _EXT_HEAD.size
@@ -201,10 +219,23 @@ def _decode_one(view: memoryview) -> MessageExt:
     (props_len,) = struct.unpack(">h", take(pos, 2))
     pos += 2
     props = string_to_properties(bytes(take(pos, props_len)).decode("utf-8", "replace"))
-    return MessageExt(topic=topic, body=body, properties=props, queue_id=queue_id, flag=flag,
-                      queue_offset=queue_offset, commit_log_offset=phys, sys_flag=sys_flag,
-                      born_timestamp=born_ts, born_host=born_host, store_timestamp=store_ts, store_host=store_host,
-                      reconsume_times=reconsume, prepared_transaction_offset=prepared, body_crc=crc)
+    return MessageExt(
+        topic=topic,
+        body=body,
+        properties=props,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        commit_log_offset=phys,
+        sys_flag=sys_flag,
+        born_timestamp=born_ts,
+        born_host=born_host,
+        store_timestamp=store_ts,
+        store_host=store_host,
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        body_crc=crc,
+    )
 
 
 # --- batch send bodies -------------------------------------------------------------------------------------
@@ -227,8 +258,12 @@ def encode_batch_body(items: list[BatchItem]) -> bytes:
         if len(props) > _MAX_PROPERTIES:
             raise MessageFormatError(f"properties of {len(props)} bytes exceed {_MAX_PROPERTIES}")
         total = _BATCH_HEAD.size + len(item.body) + 2 + len(props)
-        parts += [_BATCH_HEAD.pack(total, 0, 0, item.flag, len(item.body)), item.body,
-                  struct.pack(">h", len(props)), props]
+        parts += [
+            _BATCH_HEAD.pack(total, 0, 0, item.flag, len(item.body)),
+            item.body,
+            struct.pack(">h", len(props)),
+            props,
+        ]
     return b"".join(parts)
 
 
@@ -248,14 +283,14 @@ def decode_batch_body(data: bytes, max_count: int = 1 << 16) -> list[BatchItem]:
         p = pos + _BATCH_HEAD.size
         if body_len < 0 or p + body_len + 2 > end:
             raise MessageFormatError("batch message body overruns its message")
-        body = bytes(view[p:p + body_len])
+        body = bytes(view[p : p + body_len])
         p += body_len
         (props_len,) = struct.unpack_from(">h", view, p)
         p += 2
         if props_len < 0 or p + props_len != end:
             raise MessageFormatError("batch message properties do not fill its message")
         try:
-            props = string_to_properties(bytes(view[p:p + props_len]).decode("utf-8"))
+            props = string_to_properties(bytes(view[p : p + props_len]).decode("utf-8"))
         except UnicodeDecodeError:
             raise MessageFormatError("batch message properties are not UTF-8") from None
         out.append(BatchItem(body, props, flag))

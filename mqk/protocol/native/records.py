@@ -13,6 +13,7 @@ commit-log offset each message reports is the entry's physical offset plus the r
 inside the entry), or, for engines without a CommitLog, a synthetic value (`synthetic_offset`) that still names
 topic, queue and offset so message ids stay stable.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -42,8 +43,14 @@ def keys_of(properties: dict[str, str]) -> list[bytes]:
     return [k.encode() for k in properties.get(PROPERTY_KEYS, "").split(" ") if k]
 
 
-def message_to_batch(body: bytes, properties: dict[str, str], born_timestamp: int, flag: int = 0,
-                     reconsume_times: int = 0, born_host: tuple[str, int] | None = None) -> bytearray:
+def message_to_batch(
+    body: bytes,
+    properties: dict[str, str],
+    born_timestamp: int,
+    flag: int = 0,
+    reconsume_times: int = 0,
+    born_host: tuple[str, int] | None = None,
+) -> bytearray:
     keys = keys_of(properties)
     headers: list[tuple[str, bytes | None]] = [(k, v.encode()) for k, v in properties.items()]
     if born_host is not None:
@@ -66,8 +73,11 @@ def synthetic_offset(topic: str, queue: int, offset: int) -> int:
     (52 bits: JavaScript clients such as ali-ons turn it into a Number and must keep it exact). Stable across
     restarts; the broker checks the topic (and the full offset) before trusting a match."""
     topic_hash = zlib.crc32(topic.encode()) & ((1 << _SYN_HASH_BITS) - 1)
-    return ((topic_hash << (_SYN_QUEUE_BITS + _SYN_OFFSET_BITS)) | ((queue & 0xFF) << _SYN_OFFSET_BITS)
-            | (offset & ((1 << _SYN_OFFSET_BITS) - 1)))
+    return (
+        (topic_hash << (_SYN_QUEUE_BITS + _SYN_OFFSET_BITS))
+        | ((queue & 0xFF) << _SYN_OFFSET_BITS)
+        | (offset & ((1 << _SYN_OFFSET_BITS) - 1))
+    )
 
 
 def synthetic_matches(value: int, topic: str, queue: int) -> bool:
@@ -94,8 +104,8 @@ def decompress(codec: int, data: bytes) -> bytes:
             if data.startswith(b"\x82SNAPPY\x00"):
                 chunks, pos, total = [], 16, 0
                 while pos + 4 <= len(data):
-                    size = int.from_bytes(data[pos:pos + 4], "big")
-                    chunk = bytes(cramjam.snappy.decompress_raw(data[pos + 4:pos + 4 + size]))
+                    size = int.from_bytes(data[pos : pos + 4], "big")
+                    chunk = bytes(cramjam.snappy.decompress_raw(data[pos + 4 : pos + 4 + size]))
                     total += len(chunk)
                     if total > MAX_DECOMPRESSED:
                         raise Corrupt("snappy records section larger than the decompression ceiling")
@@ -126,16 +136,22 @@ def batch_records(data: bytes | bytearray | memoryview) -> tuple[tuple, list[tup
     """(parsed header, decoded records) of one stored batch."""
     header = recbatch.parse_header(data, 0)
     attributes, record_count = header[5], header[12]
-    records_section = bytes(memoryview(data)[recbatch.HEADER_SIZE:])
+    records_section = bytes(memoryview(data)[recbatch.HEADER_SIZE :])
     codec = attributes & 0x07
     if codec:
         records_section = decompress(codec, records_section)
     return header, recbatch.decode_records(records_section, record_count)
 
 
-def batch_to_messages(data: bytes | bytearray | memoryview, topic: str, queue: int, store_timestamp: int,
-                      physical_offset: int, store_host: tuple[str, int],
-                      min_offset: int = 0) -> list[MessageExt]:
+def batch_to_messages(
+    data: bytes | bytearray | memoryview,
+    topic: str,
+    queue: int,
+    store_timestamp: int,
+    physical_offset: int,
+    store_host: tuple[str, int],
+    min_offset: int = 0,
+) -> list[MessageExt]:
     """One MessageExt per record of a stored batch whose offset is >= `min_offset`."""
     header, records = batch_records(data)
     base_offset, base_timestamp = header[0], header[7]
@@ -161,14 +177,26 @@ def batch_to_messages(data: bytes | bytearray | memoryview, topic: str, queue: i
                 props[name] = text
         if key is not None and PROPERTY_KEYS not in props:  # a Kafka producer's key is the message's key
             props[PROPERTY_KEYS] = key.decode("utf-8", "replace")
-        commit_offset = (physical_offset + offset_delta if physical_offset >= 0
-                         else synthetic_offset(topic, queue, offset))
+        commit_offset = (
+            physical_offset + offset_delta if physical_offset >= 0 else synthetic_offset(topic, queue, offset)
+        )
         born = header[8] if log_append else base_timestamp + ts_delta
-        out.append(MessageExt(
-            topic=topic, body=value or b"", properties=props, queue_id=queue, flag=flag, queue_offset=offset,
-            commit_log_offset=commit_offset, born_timestamp=born, born_host=born_host,
-            store_timestamp=store_timestamp or born, store_host=store_host, reconsume_times=reconsume,
-        ))
+        out.append(
+            MessageExt(
+                topic=topic,
+                body=value or b"",
+                properties=props,
+                queue_id=queue,
+                flag=flag,
+                queue_offset=offset,
+                commit_log_offset=commit_offset,
+                born_timestamp=born,
+                born_host=born_host,
+                store_timestamp=store_timestamp or born,
+                store_host=store_host,
+                reconsume_times=reconsume,
+            )
+        )
     return out
 
 

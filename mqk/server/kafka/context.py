@@ -7,6 +7,7 @@ only `Peer`: whether it is closed (a long poll stops waiting) and the client's h
 
 Handlers are `async def handler(ctx, peer, request) -> body`; see mqk.server.kafka.handlers.
 """
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable

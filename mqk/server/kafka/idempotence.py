@@ -26,6 +26,7 @@ highest id it forgot, and gives that benefit to every unknown id up to it (an id
 writes to the partition after a higher one expired there is not held to sequence 0: the one case where the check
 is looser than without expiry, and as loose as Kafka's).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -85,8 +86,9 @@ class Decision:
 
 
 class ProducerStates:
-    def __init__(self, store: Any, *, clock: Clock = SYSTEM_CLOCK,
-                 expiration_ms: int = PRODUCER_ID_EXPIRATION_MS) -> None:
+    def __init__(
+        self, store: Any, *, clock: Clock = SYSTEM_CLOCK, expiration_ms: int = PRODUCER_ID_EXPIRATION_MS
+    ) -> None:
         self.store = store
         self.clock = clock
         self.expiration_ms = expiration_ms
@@ -139,8 +141,11 @@ class ProducerStates:
         last_seq = add_seq(first_seq, last_offset_delta)
         producer = producers.get(producer_id)
         if producer is None:
-            if (first_seq != 0 and producer_id >= self.first_id_this_run
-                    and producer_id > self.forgotten.get((topic, partition), -1)):
+            if (
+                first_seq != 0
+                and producer_id >= self.first_id_this_run
+                and producer_id > self.forgotten.get((topic, partition), -1)
+            ):
                 return Decision(E.OutOfOrderSequenceNumberError.code)
             producer = producers[producer_id] = ProducerEntry(epoch)
         elif epoch < producer.epoch:

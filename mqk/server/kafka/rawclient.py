@@ -4,6 +4,7 @@ metadata cache, one connection.
 
 Also `make_batch`, which builds a record batch v2 with the `_fast` kernel, for produce tests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,15 @@ def make_batch(
         records += recbatch.encode_record(i, i, key, value, headers[i] if headers else [])
     n = len(values)
     return recbatch.build_batch(
-        0, ts, ts + n - 1, bytes(records), n, n - 1,
-        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+        0,
+        ts,
+        ts + n - 1,
+        bytes(records),
+        n,
+        n - 1,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
     )
 
 

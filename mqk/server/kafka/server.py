@@ -19,6 +19,7 @@ What this module owns:
 
 It does not know any API's semantics: those live in `handlers/`, one module per API or small family.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,9 @@ __all__ = ["FLUSH_BYTES", "MAX_IN_FLIGHT", "CloseConnection", "KafkaConnection",
 
 
 class KafkaServer:
-    def __init__(self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None, clock: Clock | None = None
+    ) -> None:
         """`broker`: the broker services shared with the other front doors (one is made for this server alone
         when not given, on `clock` or the system clock)."""
         self.config = config
@@ -65,11 +67,20 @@ class KafkaServer:
         self.producers = ProducerStates(store, clock=self.broker.clock)
         host, port = config.kafka_listen
         self.ctx = KafkaContext(
-            config=config, store=store, topics=self.broker.topics, groups=self.groups, producers=self.producers,
-            hub=self.broker.hub, clock=self.broker.clock,
+            config=config,
+            store=store,
+            topics=self.broker.topics,
+            groups=self.groups,
+            producers=self.producers,
+            hub=self.broker.hub,
+            clock=self.broker.clock,
             # the versions ApiVersions advertises: what the codec can decode AND we have a handler for
             supported={k: v for k, v in api.SUPPORTED.items() if k in HANDLERS},
-            node_id=config.node_id, cluster_id=config.cluster_id, host=host, port=port)
+            node_id=config.node_id,
+            cluster_id=config.cluster_id,
+            host=host,
+            port=port,
+        )
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[KafkaConnection] = set()
 
@@ -231,8 +242,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         """Answer prepared requests of one grouped API with one call (its answer per request, in order),
         started eagerly as `_dispatch` starts a handler."""
         answer = self.server.grouped[group[0][0].api_key][1]
-        self._start([req for req, _plan in group], answer(self.ctx, [plan for _req, plan in group]),
-                    grouped=True)
+        self._start([req for req, _plan in group], answer(self.ctx, [plan for _req, plan in group]), grouped=True)
 
     def _start(self, reqs, coro, grouped: bool) -> None:
         """Run `coro` until it first suspends: if it finished, its answers (`grouped`: one per request, else the
@@ -337,7 +347,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 else:
                     log.error(
                         "kafka connection %s: %s v%d handler failed",
-                        self.peer, api.NAMES.get(req.api_key, req.api_key), req.api_version, exc_info=exc,
+                        self.peer,
+                        api.NAMES.get(req.api_key, req.api_key),
+                        req.api_version,
+                        exc_info=exc,
                     )
                     self.close("handler error")
                 return

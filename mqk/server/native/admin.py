@@ -2,6 +2,7 @@
 GET_ALL_TOPIC_CONFIG, QUERY_MESSAGE (by key, through the store's key index, bounded by time range and count) and
 VIEW_MESSAGE_BY_ID (the id's commit-log offset, resolved through the broker context). Topic names and
 creation follow the broker's topic registry (mqk.broker.topics), in RocketMQ's alphabet."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ class AdminProcessor:
         return cmd.response(ResponseCode.SUCCESS)
 
     async def all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        table = {name: self.ctx.topic_config(name, info.queue_count)
-                 for name, info in sorted(self.ctx.topics.all().items())}
+        table = {
+            name: self.ctx.topic_config(name, info.queue_count) for name, info in sorted(self.ctx.topics.all().items())
+        }
         body = {"topicConfigTable": table, "dataVersion": {"timestamp": self.ctx.now_ms(), "counter": len(table)}}
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
 

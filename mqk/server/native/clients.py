@@ -3,6 +3,7 @@ subscriptions (used by pulls that do not carry their own), NOTIFY_CONSUMER_IDS_C
 when one joins or leaves, expiry of clients that stop heart-beating, and the queue locks orderly consumers take
 (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -104,8 +105,9 @@ class ClientManager:
             group.message_model = str(consumer.get("messageModel") or "CLUSTERING")
             group.consume_type = str(consumer.get("consumeType") or group.consume_type)
             group.consume_from_where = str(consumer.get("consumeFromWhere") or group.consume_from_where)
-            group.raw_subscriptions = [sub for sub in _list(consumer.get("subscriptionDataSet"))
-                                       if isinstance(sub, dict) and sub.get("topic")]
+            group.raw_subscriptions = [
+                sub for sub in _list(consumer.get("subscriptionDataSet")) if isinstance(sub, dict) and sub.get("topic")
+            ]
             subs: dict[str, frozenset[str] | None] = {}
             for sub in _list(consumer.get("subscriptionDataSet")):
                 if isinstance(sub, dict) and sub.get("topic"):
@@ -150,11 +152,18 @@ class ClientManager:
         if group is None or not group.clients:
             return cmd.response(ResponseCode.CONSUMER_NOT_ONLINE, "the consumer group not online")
         body = {
-            "connectionSet": [{"clientId": c.client_id, "clientAddr": f"{c.conn.peer[0]}:{c.conn.peer[1]}",
-                               "language": c.language, "version": c.version}
-                              for c in sorted(group.clients.values(), key=lambda c: c.client_id)],
+            "connectionSet": [
+                {
+                    "clientId": c.client_id,
+                    "clientAddr": f"{c.conn.peer[0]}:{c.conn.peer[1]}",
+                    "language": c.language,
+                    "version": c.version,
+                }
+                for c in sorted(group.clients.values(), key=lambda c: c.client_id)
+            ],
             "subscriptionTable": {sub["topic"]: sub for sub in group.raw_subscriptions},
-            "consumeType": group.consume_type, "messageModel": group.message_model,
+            "consumeType": group.consume_type,
+            "messageModel": group.message_model,
             "consumeFromWhere": group.consume_from_where,
         }
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
@@ -211,8 +220,9 @@ class ClientManager:
 
     def _notify(self, group: ConsumerGroup) -> None:
         for client in list(group.clients.values()):
-            task = asyncio.create_task(client.conn.send_oneway(
-                RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group.name}))
+            task = asyncio.create_task(
+                client.conn.send_oneway(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group.name})
+            )
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

@@ -13,6 +13,7 @@ RocketMQ's view of a topic (`topic_config`): read and write queue numbers are bo
 (a RocketMQ queue is a Kafka partition); perm is read+write (mqk has no per-topic permissions); the filter type
 is SINGLE_TAG (the ConsumeQueue keeps one tags code per entry); no sys flag, not ordered.
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,8 +90,9 @@ class BrokerContext:
                     return msg
         return None
 
-    async def read_messages(self, topic: str, queue: int, offset: int, max_count: int,
-                            max_bytes: int = 1 << 20) -> list[MessageExt]:
+    async def read_messages(
+        self, topic: str, queue: int, offset: int, max_count: int, max_bytes: int = 1 << 20
+    ) -> list[MessageExt]:
         try:
             result = await self.store.read(topic, queue, offset, max_bytes)
         except StorageError:
@@ -122,5 +124,12 @@ class BrokerContext:
     @staticmethod
     def topic_config(topic: str, queues: int) -> dict[str, Any]:
         """RocketMQ's TopicConfig of a topic with `queues` queues (see the module docstring)."""
-        return {"topicName": topic, "readQueueNums": queues, "writeQueueNums": queues,
-                "perm": PERM_READ | PERM_WRITE, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}
+        return {
+            "topicName": topic,
+            "readQueueNums": queues,
+            "writeQueueNums": queues,
+            "perm": PERM_READ | PERM_WRITE,
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": 0,
+            "order": False,
+        }

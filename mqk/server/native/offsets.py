@@ -6,6 +6,7 @@ QUERY_CONSUMER_OFFSET for a queue the group never committed answers as a 4.x mas
 queue still starts at 0 (the group then reads from the beginning), else QUERY_NOT_FOUND so the client applies its
 consumeFromWhere.
 """
+
 from __future__ import annotations
 
 from mqk.errors import StorageError

@@ -14,6 +14,7 @@ ConsumeQueue), then each message's TAGS must equal one of the subscribed tags (h
 suspend flag, PULL_NOT_FOUND waits (at most the client's suspendTimeoutMillis) on the broker's wake-up hub.
 Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBrokerId.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,15 +76,17 @@ class PullProcessor:
 
         queues = self.ctx.queue_count(topic)
         if queues == 0:
-            return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
-                                f"topic[{topic}] not exist, apply first please!")
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
         if not 0 <= queue < queues:
-            return cmd.response(ResponseCode.SYSTEM_ERROR,
-                                f"queueId[{queue}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{queues}]")
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR,
+                f"queueId[{queue}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{queues}]",
+            )
         expression_type = (cmd.get_str("expressionType") or "TAG").upper()
         if expression_type != "TAG":
-            return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                                f"expression type {expression_type} is not supported; use TAG")
+            return cmd.response(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"expression type {expression_type} is not supported; use TAG"
+            )
         if sys_flag & PULL_FLAG_SUBSCRIPTION:
             tags = parse_subscription(cmd.get_str("subscription"))
         else:
@@ -114,15 +117,20 @@ class PullProcessor:
             looked_again = False
             await self.ctx.hub.wait(((topic, queue),), remaining)
 
-        ext = {"suggestWhichBrokerId": 0, "nextBeginOffset": result.next_offset,
-               "minOffset": result.min_offset, "maxOffset": result.max_offset}
+        ext = {
+            "suggestWhichBrokerId": 0,
+            "nextBeginOffset": result.next_offset,
+            "minOffset": result.min_offset,
+            "maxOffset": result.max_offset,
+        }
         body = None
         if result.messages:
             body = b"".join(encode_message_ext(m) for m in result.messages)
         return cmd.response(result.code, result.remark, ext, body)
 
-    async def get_messages(self, topic: str, queue: int, offset: int, max_nums: int,
-                           tags: frozenset[str] | None) -> PullResult:
+    async def get_messages(
+        self, topic: str, queue: int, offset: int, max_nums: int, tags: frozenset[str] | None
+    ) -> PullResult:
         store = self.ctx.store
         low, high = store.offset_bounds(topic, queue)
 
@@ -130,8 +138,9 @@ class PullProcessor:
             return PullResult(code, next_offset, low, high, [], remark)
 
         if high == 0:
-            return answer(ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED, 0,
-                          "no message in queue")
+            return answer(
+                ResponseCode.PULL_NOT_FOUND if offset == 0 else ResponseCode.PULL_OFFSET_MOVED, 0, "no message in queue"
+            )
         if offset < low:
             return answer(ResponseCode.PULL_OFFSET_MOVED, low, "offset too small")
         if offset == high:

@@ -7,6 +7,7 @@ on a protocol error (oversized frame, impossible header) after logging why. It n
 Back-pressure: at most `MAX_INFLIGHT` requests run per connection; reading pauses while they do, and writes wait
 for the transport to drain.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +67,9 @@ class Connection:
             self.closed = True
 
     async def send_oneway(self, code: int, ext: dict[str, str], body: bytes | None = None) -> None:
-        await self.send(RemotingCommand(code=code, opaque=next(self._opaque), flag=FLAG_ONEWAY, ext_fields=ext,
-                                        body=body))
+        await self.send(
+            RemotingCommand(code=code, opaque=next(self._opaque), flag=FLAG_ONEWAY, ext_fields=ext, body=body)
+        )
 
     def close(self) -> None:
         if not self.closed:

@@ -10,6 +10,7 @@ creates it under the broker's auto-creation policy (mqk.broker.topics: when `aut
 send to a retry topic whose reconsume count reached the maximum goes to the group's dead-letter topic; compressed
 bodies (sys flag bit 0, zlib) are inflated on arrival so Kafka consumers see the real body.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,9 +51,22 @@ from mqk.server.native.transaction import TransactionService
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_BATCH_MESSAGES = 10_000
 #: SEND_MESSAGE_V2 carries its header fields under one-letter names
-_V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums",
-             "e": "queueId", "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties",
-             "j": "reconsumeTimes", "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName"}
+_V2_NAMES = {
+    "a": "producerGroup",
+    "b": "topic",
+    "c": "defaultTopic",
+    "d": "defaultTopicQueueNums",
+    "e": "queueId",
+    "f": "sysFlag",
+    "g": "bornTimestamp",
+    "h": "flag",
+    "i": "properties",
+    "j": "reconsumeTimes",
+    "k": "unitMode",
+    "l": "maxReconsumeTimes",
+    "m": "batch",
+    "n": "brokerName",
+}
 
 
 def normalize_send_header(cmd: RemotingCommand) -> RemotingCommand:
@@ -78,8 +92,10 @@ class SendProcessor:
         reconsume = cmd.get_int("reconsumeTimes", 0) or 0
         batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or cmd.get_bool("batch")
 
-        prepared = (sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED
-                    or props.get(PROPERTY_TRANSACTION_PREPARED) == "true")
+        prepared = (
+            sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED
+            or props.get(PROPERTY_TRANSACTION_PREPARED) == "true"
+        )
         if prepared and (self.transactions is None or batch):
             # refuse as a RocketMQ broker with rejectTransactionMessage does, rather than make a half message
             # visible before its commit
@@ -94,13 +110,14 @@ class SendProcessor:
             except zlib.error:
                 return cmd.response(ResponseCode.MESSAGE_ILLEGAL, "compressed body does not inflate")
         if len(body) > MAX_MESSAGE_BYTES:
-            return cmd.response(ResponseCode.MESSAGE_ILLEGAL,
-                                f"the message body size over max value, MAX: {MAX_MESSAGE_BYTES}")
+            return cmd.response(
+                ResponseCode.MESSAGE_ILLEGAL, f"the message body size over max value, MAX: {MAX_MESSAGE_BYTES}"
+            )
 
         if topic.startswith(RETRY_PREFIX):
             max_times = cmd.get_int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
             if max_times is not None and reconsume >= max_times:
-                topic = DLQ_PREFIX + topic[len(RETRY_PREFIX):]
+                topic = DLQ_PREFIX + topic[len(RETRY_PREFIX) :]
                 cmd.ext_fields["queueId"] = "0"
 
         topics = self.ctx.topics
@@ -117,8 +134,9 @@ class SendProcessor:
         if queue is None or queue < 0:
             queue = next(self._round_robin) % queues
         elif queue >= queues:
-            return cmd.response(ResponseCode.SYSTEM_ERROR,
-                                f"request queueId[{queue}] is illegal, topic {topic} has {queues} queues")
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR, f"request queueId[{queue}] is illegal, topic {topic} has {queues} queues"
+            )
 
         if prepared:
             assert self.transactions is not None
@@ -138,12 +156,24 @@ class SendProcessor:
             ids, first_offset = await self._append(topic, queue, messages, born, reconsume, conn.peer)
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
-        ext: dict[str, Any] = {"msgId": ",".join(ids), "queueId": queue, "queueOffset": first_offset,
-                               PROPERTY_MSG_REGION: "DefaultRegion", PROPERTY_TRACE_SWITCH: "false"}
+        ext: dict[str, Any] = {
+            "msgId": ",".join(ids),
+            "queueId": queue,
+            "queueOffset": first_offset,
+            PROPERTY_MSG_REGION: "DefaultRegion",
+            PROPERTY_TRACE_SWITCH: "false",
+        }
         return cmd.response(ResponseCode.SUCCESS, ext=ext)
 
-    async def _append(self, topic: str, queue: int, messages: list[tuple[bytes, dict[str, str], int]],
-                      born: int, reconsume: int, born_host: tuple[str, int]) -> tuple[list[str], int]:
+    async def _append(
+        self,
+        topic: str,
+        queue: int,
+        messages: list[tuple[bytes, dict[str, str], int]],
+        born: int,
+        reconsume: int,
+        born_host: tuple[str, int],
+    ) -> tuple[list[str], int]:
         """Append messages in order; runs of equal tags code without keys share one append call (keys are
         indexed per append, so a keyed message gets its own)."""
         ids: list[str] = []
@@ -162,8 +192,9 @@ class SendProcessor:
                 run.append(message_to_batch(nbody, nprops, born, nflag, reconsume, born_host))
                 j += 1
             # the properties let the timer's put-hook see a delay without decoding the batch
-            result = await self.ctx.store.append(topic, queue, run, tags_code=code, keys=keys,
-                                                 properties=props if len(run) == 1 else None)
+            result = await self.ctx.store.append(
+                topic, queue, run, tags_code=code, keys=keys, properties=props if len(run) == 1 else None
+            )
             if first_offset < 0:
                 first_offset = result.base_offset
             positions = [synthetic_offset(topic, queue, result.base_offset + k) for k in range(len(run))]
@@ -221,9 +252,13 @@ class SendProcessor:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot create topic {target}: {exc}")
         try:
             await self.ctx.store.append(
-                target, 0,
+                target,
+                0,
                 [message_to_batch(msg.body, props, msg.born_timestamp, msg.flag, times + 1, msg.born_host)],
-                tags_code=tags_code_for(props), keys=keys_of(props), properties=props)
+                tags_code=tags_code_for(props),
+                keys=keys_of(props),
+                properties=props,
+            )
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         return cmd.response(ResponseCode.SUCCESS)

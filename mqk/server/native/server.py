@@ -5,6 +5,7 @@ code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. ACL ext fields (Ac
 accepted and ignored: mqk has no ACL yet. The processors share the broker services (mqk.broker) with the Kafka
 listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
 """
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
@@ -28,8 +29,9 @@ Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | No
 
 
 class NativeServer:
-    def __init__(self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None, clock: Clock | None = None
+    ) -> None:
         """`broker`: the broker services shared with the other front doors (one is made for this server alone
         when not given, on `clock` or the system clock)."""
         self.config = config
@@ -72,8 +74,9 @@ class NativeServer:
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
             RequestCode.END_TRANSACTION: self.transactions.end,
         }
-        self._remoting = RemotingServer(config.native_listen, self.dispatch, config.native_max_frame_bytes,
-                                        "rocketmq-broker")
+        self._remoting = RemotingServer(
+            config.native_listen, self.dispatch, config.native_max_frame_bytes, "rocketmq-broker"
+        )
         self.address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:

@@ -10,6 +10,7 @@ message before its op record: a crash between them may apply it again when the p
 END_TRANSACTION after a check (at-least-once, as in RocketMQ). A half message still open after
 `MAX_CHECKS` checks is rolled back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,15 +83,29 @@ class TransactionService:
 
     # --- prepare / end ---------------------------------------------------------------------------------------
 
-    async def prepare(self, cmd: RemotingCommand, topic: str, queue: int, body: bytes, props: dict[str, str],
-                      flag: int, born: int, born_host: tuple[str, int]) -> RemotingCommand:
-        half_props = {**props, PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: str(queue),
-                      PROPERTY_TRANSACTION_PREPARED: "true"}
+    async def prepare(
+        self,
+        cmd: RemotingCommand,
+        topic: str,
+        queue: int,
+        body: bytes,
+        props: dict[str, str],
+        flag: int,
+        born: int,
+        born_host: tuple[str, int],
+    ) -> RemotingCommand:
+        half_props = {
+            **props,
+            PROPERTY_REAL_TOPIC: topic,
+            PROPERTY_REAL_QUEUE_ID: str(queue),
+            PROPERTY_TRANSACTION_PREPARED: "true",
+        }
         try:
             for internal in (HALF_TOPIC, OP_TOPIC):
                 await self.ctx.ensure_topic(internal, ON_DEMAND_QUEUES)
-            result = await self.ctx.store.append(HALF_TOPIC, 0, [message_to_batch(body, half_props, born, flag, 0,
-                                                                                 born_host)])
+            result = await self.ctx.store.append(
+                HALF_TOPIC, 0, [message_to_batch(body, half_props, born, flag, 0, born_host)]
+            )
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         commit = result.physical_offset if result.physical_offset >= 0 else None
@@ -98,9 +113,15 @@ class TransactionService:
         if commit is None:
             commit = msgs[0].commit_log_offset if msgs else 0
         msg_id = encode_message_id(self.ctx.host[0], self.ctx.host[1], commit)
-        return cmd.response(ResponseCode.SUCCESS, ext={
-            "msgId": msg_id, "queueId": queue, "queueOffset": result.base_offset,
-            "transactionId": props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id)})
+        return cmd.response(
+            ResponseCode.SUCCESS,
+            ext={
+                "msgId": msg_id,
+                "queueId": queue,
+                "queueOffset": result.base_offset,
+                "transactionId": props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id),
+            },
+        )
 
     async def end(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """END_TRANSACTION: `tranStateTableOffset` names the half message (its offset in the half topic)."""
@@ -125,14 +146,22 @@ class TransactionService:
         return cmd.response(ResponseCode.SUCCESS)
 
     async def _commit(self, half: MessageExt) -> MqkError | None:
-        props = {k: v for k, v in half.properties.items()
-                 if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED)}
+        props = {
+            k: v
+            for k, v in half.properties.items()
+            if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED)
+        }
         topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
         try:
             queue = int(half.properties.get(PROPERTY_REAL_QUEUE_ID, "0"))
             await self.ctx.store.append(
-                topic, queue, [message_to_batch(half.body, props, half.born_timestamp, half.flag, 0, half.born_host)],
-                tags_code=tags_code_for(props), keys=keys_of(props), properties=props)
+                topic,
+                queue,
+                [message_to_batch(half.body, props, half.born_timestamp, half.flag, 0, half.born_host)],
+                tags_code=tags_code_for(props),
+                keys=keys_of(props),
+                properties=props,
+            )
         except (MqkError, ValueError) as exc:
             return exc if isinstance(exc, MqkError) else StorageError(str(exc))
         return None
@@ -199,7 +228,11 @@ class TransactionService:
         except ValueError:
             pass
         ext: dict[str, Any] = {
-            "tranStateTableOffset": str(half.queue_offset), "commitLogOffset": str(half.commit_log_offset),
-            "msgId": half.msg_id, "transactionId": half.msg_id, "offsetMsgId": half.offset_msg_id}
+            "tranStateTableOffset": str(half.queue_offset),
+            "commitLogOffset": str(half.commit_log_offset),
+            "msgId": half.msg_id,
+            "transactionId": half.msg_id,
+            "offsetMsgId": half.offset_msg_id,
+        }
         await conn.send_oneway(RequestCode.CHECK_TRANSACTION_STATE, ext, encode_message_ext(shown))
         return 1

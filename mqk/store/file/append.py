@@ -19,6 +19,7 @@ segment, or more units than the rest of a ConsumeQueue file; then its batches ar
 
 Appends run on the event loop thread and never suspend between plan and publish.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -28,9 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from mqk._fast import load
-from mqk.errors import Corrupt, InvalidRecord, MessageTooLarge, StorageError, UnknownShard
+from mqk.errors import Corrupt, InvalidRecord, StorageError, UnknownShard
 from mqk.store.adapter import AppendResult, Buffer
-from mqk.store.file.commitlog import BLANK_MIN, FIXED, CommitLog
+from mqk.store.file.commitlog import FIXED, CommitLog
 from mqk.store.file.dispatch import run_hooks
 from mqk.store.file.mapped_file import MappedFile, storage_error
 
@@ -124,8 +125,11 @@ class StoreStats:
     def as_dict(self) -> dict[str, object]:
         labels = [f"<={b}" for b in self.BOUNDS_US] + [f">{self.BOUNDS_US[-1]}"]
         return {
-            "puts": self.puts, "put_batches": self.put_batches, "put_bytes": self.put_bytes,
-            "put_failures": self.put_failures, "max_latency_us": self.max_latency_us,
+            "puts": self.puts,
+            "put_batches": self.put_batches,
+            "put_bytes": self.put_bytes,
+            "put_failures": self.put_failures,
+            "max_latency_us": self.max_latency_us,
             "latency_us": dict(zip(labels, self.latency_buckets)),
             "dispatch_lag": self.dispatch_lag,
         }
@@ -138,9 +142,18 @@ _FIRST_BOUND_NS = _BOUNDS_NS[0]
 class AppendPipeline:
     """The plan → write → publish loop over a list of entries of one topic (see the module docstring)."""
 
-    def __init__(self, clog: CommitLog, registry: ShardRegistry, table: QueueTable, dispatcher: ReputMessageService,
-                 index: IndexService, index_hook: object, dirty: set[ConsumeQueue],
-                 listeners: list[object], notify: Callable[[str, Sequence[tuple[int, int]]], None]) -> None:
+    def __init__(
+        self,
+        clog: CommitLog,
+        registry: ShardRegistry,
+        table: QueueTable,
+        dispatcher: ReputMessageService,
+        index: IndexService,
+        index_hook: object,
+        dirty: set[ConsumeQueue],
+        listeners: list[object],
+        notify: Callable[[str, Sequence[tuple[int, int]]], None],
+    ) -> None:
         self.clog = clog
         self.registry = registry
         self.table = table
@@ -164,15 +177,25 @@ class AppendPipeline:
 
     # --- the loop ----------------------------------------------------------------------------------------------
 
-    def append(self, topic: str, entries: Sequence[Entry], tags_code: int, keys: Sequence[bytes],
-               log_append_time: bool, now_ns: int) -> tuple[list[Answer], int]:
+    def append(
+        self,
+        topic: str,
+        entries: Sequence[Entry],
+        tags_code: int,
+        keys: Sequence[bytes],
+        log_append_time: bool,
+        now_ns: int,
+    ) -> tuple[list[Answer], int]:
         """Append `entries` of `topic` stamped with wall-clock time `now_ns`: an answer per entry (its result or
         its error) and the CommitLog offset past the last entry written (-1: none)."""
         # The hot path: a Produce is one call of this; kept flat on purpose (each lookup and call shows).
         route = self.registry.routes.get(topic)
         if route is None or not self.running:
-            error = (StorageError("the file store is not running") if not self.running
-                     else UnknownShard(f"unknown shard {topic}-{entries[0][0] if entries else 0}"))
+            error = (
+                StorageError("the file store is not running")
+                if not self.running
+                else UnknownShard(f"unknown shard {topic}-{entries[0][0] if entries else 0}")
+            )
             return [error] * len(entries), -1
         slot_map, topic_b = route
         store_ts = now_ns // 1_000_000
@@ -182,8 +205,9 @@ class AppendPipeline:
         if log_append_time:
             work, refused = _stamped(work, store_ts)
         hooks = self.dispatcher.hooks  # (hooks_for, inlined)
-        if hooks and not (keys or len(hooks) > 1 or hooks[0] is not self._index_hook
-                          or topic in self.index.keyed_topics):
+        if hooks and not (
+            keys or len(hooks) > 1 or hooks[0] is not self._index_hook or topic in self.index.keyed_topics
+        ):
             hooks = ()
         out: list[Answer] = []
         grown: list[tuple[int, int]] = []  # (queue, new end) per entry published, for the listeners
@@ -201,8 +225,20 @@ class AppendPipeline:
             try:
                 # step 1, plan; and step 2, the run's bytes into the segment, in the same call unless a fault hook
                 # must run in between
-                planned = run.plan(table.rows, slot_map, table.unit_bufs, work, i, topic_b, store_ts, tags_code,
-                                   mf.start_offset, mf.wrote, mf.file_size, -1 if fault is not None else mf.fd)
+                planned = run.plan(
+                    table.rows,
+                    slot_map,
+                    table.unit_bufs,
+                    work,
+                    i,
+                    topic_b,
+                    store_ts,
+                    tags_code,
+                    mf.start_offset,
+                    mf.wrote,
+                    mf.file_size,
+                    -1 if fault is not None else mf.fd,
+                )
                 if fault is not None and planned:
                     fault(STAGE_PLANNED)
                     run.write(mf.fd)
@@ -243,9 +279,18 @@ class AppendPipeline:
             self._notify(topic, grown)
         return out, last
 
-    def _unblock(self, topic: str, work: list[Entry], i: int, stop: int, retried: set[tuple[int, int]],
-                 refused: dict[int, Exception], tags_code: int, keys: Sequence[bytes],
-                 now_ns: int) -> Answer | tuple[Answer, int] | None:
+    def _unblock(
+        self,
+        topic: str,
+        work: list[Entry],
+        i: int,
+        stop: int,
+        retried: set[tuple[int, int]],
+        refused: dict[int, Exception],
+        tags_code: int,
+        keys: Sequence[bytes],
+        now_ns: int,
+    ) -> Answer | tuple[Answer, int] | None:
         """Do what the kernel's `stop` before entry `i` asks. None: plan again from `i` (`work[i]` may have been
         replaced); else entry i's answer (with the CommitLog end it reached, when it was appended in pieces)."""
         if i in refused:
@@ -281,8 +326,9 @@ class AppendPipeline:
             return self._in_pieces(topic, queue, batches, tags_code, keys, now_ns)
         raise AssertionError(f"AppendRun stopped with an unknown reason {stop}")
 
-    def _in_pieces(self, topic: str, queue: int, batches: Sequence[Buffer], tags_code: int, keys: Sequence[bytes],
-                   now_ns: int) -> tuple[Answer, int]:
+    def _in_pieces(
+        self, topic: str, queue: int, batches: Sequence[Buffer], tags_code: int, keys: Sequence[bytes], now_ns: int
+    ) -> tuple[Answer, int]:
         """An entry that cannot be one run, appended one batch at a time (every batch was checked first, so only a
         write can fail halfway: the batches before it stay appended, as a log's earlier entries do)."""
         for body in batches:
@@ -294,8 +340,16 @@ class AppendPipeline:
                 return answer, end
         first, final = answers[0], answers[-1]
         assert isinstance(first, AppendResult) and isinstance(final, AppendResult)
-        return _new_tuple(AppendResult, (first.base_offset, final.last_offset, final.log_append_time,
-                                         final.log_start_offset, first.physical_offset)), end
+        return _new_tuple(
+            AppendResult,
+            (
+                first.base_offset,
+                final.last_offset,
+                final.log_append_time,
+                final.log_start_offset,
+                first.physical_offset,
+            ),
+        ), end
 
     # --- write and publish -------------------------------------------------------------------------------------
 
@@ -308,8 +362,16 @@ class AppendPipeline:
         self.stats.put_failures += planned
         log.error("CommitLog write at %d failed: %s", mf.start_offset + run.pos, error)
 
-    def _publish(self, topic: str, mf: MappedFile, work: list[Entry], out: list[Answer],
-                 grown: list[tuple[int, int]], hooks: Sequence[object], keys: Sequence[bytes]) -> int:
+    def _publish(
+        self,
+        topic: str,
+        mf: MappedFile,
+        work: list[Entry],
+        out: list[Answer],
+        grown: list[tuple[int, int]],
+        hooks: Sequence[object],
+        keys: Sequence[bytes],
+    ) -> int:
         """Step 3, the one place positions move: the run is in the segment; make it visible. Returns the CommitLog
         offset past it."""
         run = self.run
@@ -334,8 +396,7 @@ class AppendPipeline:
         checkpoint counts everything dispatched as considered (IndexService.snapshot). Any other hook sees every
         entry."""
         hooks = self.dispatcher.hooks
-        if hooks and (keys or len(hooks) > 1 or hooks[0] is not self._index_hook
-                      or topic in self.index.keyed_topics):
+        if hooks and (keys or len(hooks) > 1 or hooks[0] is not self._index_hook or topic in self.index.keyed_topics):
             return hooks
         return ()
 
@@ -358,7 +419,7 @@ def split_batches(batches: Sequence[Buffer]) -> list[Buffer]:
                 raise InvalidRecord(f"record batch length {hdr[1]} does not match the {n - pos} bytes given")
             if hdr[6] < 0 or hdr[12] < 0:
                 raise InvalidRecord(f"record batch with last offset delta {hdr[6]}, count {hdr[12]}")
-            out.append(buf if pos == 0 and size == n else memoryview(buf)[pos: pos + size])
+            out.append(buf if pos == 0 and size == n else memoryview(buf)[pos : pos + size])
             pos += size
     if not out:
         raise InvalidRecord("no record batch to append")

@@ -9,6 +9,7 @@ or the new one. A missing or unreadable checkpoint means "replay from the start 
 `abort` exists while the engine runs; a clean stop removes it after everything is flushed. Finding it at start
 means the last run did not stop cleanly.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -108,9 +109,17 @@ class CheckpointService:
     thousand queues with a unit or two each must not cost a thousand msyncs, and journal commits, every second); the
     rest keep the safe offset at their oldest unflushed unit. Blocking work runs in one thread of its own."""
 
-    def __init__(self, config: StoreConfig, checkpoint: Checkpoint, clog: CommitLog, registry: ShardRegistry,
-                 dispatcher: ReputMessageService, index: IndexService, dirty: set[ConsumeQueue],
-                 now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        checkpoint: Checkpoint,
+        clog: CommitLog,
+        registry: ShardRegistry,
+        dispatcher: ReputMessageService,
+        index: IndexService,
+        dirty: set[ConsumeQueue],
+        now_ms: Callable[[], int],
+    ) -> None:
         self.config = config
         self.checkpoint = checkpoint
         self.clog = clog

@@ -10,6 +10,7 @@ the segment becomes a BLANK entry and the entry goes to the next (pre-allocated)
 Also owns the recovery scan: walk entries from a safe point, verify each CRC, stop at the first end-of-data or bad
 entry, and cut the log there. It does not know about queues: dispatch turns scanned entries into ConsumeQueue units.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -120,8 +121,7 @@ class CommitLog:
                     size = entry[1]
                     if entry[5] != mf.start_offset + pos:
                         # a valid CRC over a wrong self-address: bytes copied from elsewhere (never ours to serve)
-                        self.scan_error = Corrupt(
-                            f"entry claims physical offset {entry[5]}", mf.start_offset + pos)
+                        self.scan_error = Corrupt(f"entry claims physical offset {entry[5]}", mf.start_offset + pos)
                         self.scan_end = mf.start_offset + pos
                         return
                     yield mf.start_offset + pos, entry, mf

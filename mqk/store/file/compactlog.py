@@ -15,6 +15,7 @@ Crash safety: a rewrite writes generation N+1 completely and fsyncs it, then rep
 generation file, so a restart finds the old files or the new ones, never a mix. A MANIFEST naming a missing or
 damaged generation is an error for the operator (logged), and the shard is then served from its ConsumeQueue.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,8 @@ from typing import Any
 from mqk._fast import load
 from mqk.errors import Corrupt, InvalidRecord
 from mqk.store.adapter import ReadResult, StoredBatch
-from mqk.store.fsutil import atomic_write_json, fsync_dir, read_json
 from mqk.store.batches import first_record_at_or_after
+from mqk.store.fsutil import atomic_write_json, fsync_dir, read_json
 
 recbatch = load("recbatch")
 log = logging.getLogger(__name__)
@@ -79,8 +80,9 @@ class CompactLog:
         try:
             clog._map(int(doc["gen"]), int(doc["upto"]))
         except (KeyError, TypeError, ValueError, OSError, Corrupt) as exc:
-            log.error("%s: compaction generation unusable (%s); serving the shard from its ConsumeQueue",
-                      directory, exc)
+            log.error(
+                "%s: compaction generation unusable (%s); serving the shard from its ConsumeQueue", directory, exc
+            )
             clog.close()
             return None
         for p in directory.iterdir():  # leftovers of a rewrite that crashed before or after its MANIFEST switch
@@ -112,9 +114,16 @@ class CompactLog:
                 raise Corrupt(f"{path.name}: entry of {n} bytes does not fit", pos)
             header = recbatch.parse_header(buf, body)
             running = max(running, header[8])
-            for key, value in (("bases", header[0]), ("spans", header[6] + 1), ("positions", body), ("sizes", n),
-                               ("store_ts", store_ts), ("tags", tags), ("max_ts", header[8]),
-                               ("running", running)):
+            for key, value in (
+                ("bases", header[0]),
+                ("spans", header[6] + 1),
+                ("positions", body),
+                ("sizes", n),
+                ("store_ts", store_ts),
+                ("tags", tags),
+                ("max_ts", header[8]),
+                ("running", running),
+            ):
                 index[key].append(value)
             pos = body + n
         self._release()
@@ -127,8 +136,9 @@ class CompactLog:
     def _batch(self, i: int) -> StoredBatch:
         assert self._buf is not None
         pos, n = self.positions[i], self.sizes[i]
-        return StoredBatch(self.bases[i], self.spans[i], self._buf[pos: pos + n], self.store_ts[i], self.max_ts[i],
-                           self.tags[i], -1)
+        return StoredBatch(
+            self.bases[i], self.spans[i], self._buf[pos : pos + n], self.store_ts[i], self.max_ts[i], self.tags[i], -1
+        )
 
     def index_of(self, offset: int) -> int:
         """Index of the batch holding `offset`, or of the next one after a gap."""
@@ -137,8 +147,9 @@ class CompactLog:
             return 0
         return i if self.bases[i] + self.spans[i] > offset else i + 1
 
-    def read(self, offset: int, max_bytes: int, tags: set[int] | None = None, max_batches: int = 1 << 30
-             ) -> list[StoredBatch]:
+    def read(
+        self, offset: int, max_bytes: int, tags: set[int] | None = None, max_batches: int = 1 << 30
+    ) -> list[StoredBatch]:
         out: list[StoredBatch] = []
         total = 0
         for i in range(self.index_of(offset), len(self.bases)):
@@ -163,8 +174,9 @@ class CompactLog:
 
     # --- rewriting ------------------------------------------------------------------------------------
 
-    def plan(self, start: int, end: int, batches: Sequence[Any], old: dict[int, tuple[int, int, int]]
-             ) -> list[tuple[int, int, Any]]:
+    def plan(
+        self, start: int, end: int, batches: Sequence[Any], old: dict[int, tuple[int, int, int]]
+    ) -> list[tuple[int, int, Any]]:
         """The entries of the next generation: this one's below `start` and from `end` on, `batches` between.
         `old` maps each replaced batch's base offset to (span, store ts, tags code)."""
         entries: list[tuple[int, int, Any]] = []
@@ -175,8 +187,9 @@ class CompactLog:
             header = recbatch.parse_header(data, 0)
             prev = old.get(header[0])
             if prev is None or prev[0] != header[6] + 1:
-                raise InvalidRecord(f"replacement batch at {header[0]} does not match a stored batch in "
-                                    f"[{start}, {end}) of {self.dir}")
+                raise InvalidRecord(
+                    f"replacement batch at {header[0]} does not match a stored batch in [{start}, {end}) of {self.dir}"
+                )
             entries.append((prev[1], prev[2], data))
         for i in range(len(self.bases)):
             if self.bases[i] >= end:
@@ -242,9 +255,15 @@ def open_compacted(root: Path, shards: Iterable[tuple[str, int]]) -> dict[tuple[
     return out
 
 
-async def replace_range(compacted: dict[tuple[str, int], CompactLog], root: Path, shard: Any,
-                        read: Callable[[str, int, int, int], Awaitable[ReadResult]], start: int, end: int,
-                        batches: Sequence[Any]) -> None:
+async def replace_range(
+    compacted: dict[tuple[str, int], CompactLog],
+    root: Path,
+    shard: Any,
+    read: Callable[[str, int, int, int], Awaitable[ReadResult]],
+    start: int,
+    end: int,
+    batches: Sequence[Any],
+) -> None:
     """FileEngine.replace_range: write `shard`'s next compacted generation (this one's batches outside [start, end),
     `batches` inside it), then serve below max(end, old upto) from it (`compacted` is the engine's map of compacted
     prefixes, `read` its read)."""

@@ -12,6 +12,7 @@ back to what the CommitLog holds. The queue's positions (end offset, running max
 file's write position and reservation) live in its row of the engine's queue table (queue_table.py): this class is
 their Python face, and keeps its last file bound to the row whenever the files change.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,14 @@ class ConsumeQueue:
         self.units_per_file = units_per_file
         # blocks are reserved at most 64 KiB (1,365 units) at a time: a thousand quiet queues must not pin gigabytes;
         # units are stored through the mapping, so a file needs no descriptor of its own (one per partition, not two)
-        self.mfq = MappedFileQueue(self.dir, units_per_file * UNIT, preallocate=False, reserve_step=RESERVE_STEP,
-                                   hold_fd=False, file_type=UnitFile)
+        self.mfq = MappedFileQueue(
+            self.dir,
+            units_per_file * UNIT,
+            preallocate=False,
+            reserve_step=RESERVE_STEP,
+            hold_fd=False,
+            file_type=UnitFile,
+        )
         self.table = table if table is not None else QueueTable(1)
         self.slot = self.table.allocate()
         self._at = self.slot * ROW_FIELDS
@@ -133,8 +140,9 @@ class ConsumeQueue:
 
     # --- writing (dispatch only) -----------------------------------------------------------------------
 
-    def put(self, phys: int, size: int, count: int, tags_code: int, store_ts: int, batch_max_ts: int,
-            base_offset: int) -> bool:
+    def put(
+        self, phys: int, size: int, count: int, tags_code: int, store_ts: int, batch_max_ts: int, base_offset: int
+    ) -> bool:
         """Dispatch one entry already in the CommitLog (recovery): write its unit, then publish it. Returns whether
         the queue became dirty."""
         files = self.mfq.files
@@ -287,4 +295,3 @@ class ConsumeQueue:
         how()
         self.table.release(self.slot)
         self.slot = -1
-

@@ -8,6 +8,7 @@ services) register in `hooks`; a hook is called as
 is what the producer passed (None at recovery: the hook derives keys from `body`, a view of the record batch).
 A hook must not raise; if it does, the error is logged and dispatch goes on (the CommitLog is the truth).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,19 @@ class ReputMessageService:
         #: CommitLog offset up to which every entry has been dispatched
         self.dispatched = 0
 
-    def dispatch(self, shard: Shard, phys: int, size: int, count: int, tags_code: int, store_ts: int,
-                 max_ts: int, base_offset: int, keys, body) -> None:
+    def dispatch(
+        self,
+        shard: Shard,
+        phys: int,
+        size: int,
+        count: int,
+        tags_code: int,
+        store_ts: int,
+        max_ts: int,
+        base_offset: int,
+        keys,
+        body,
+    ) -> None:
         """Entry → ConsumeQueue unit (+ hooks), as recovery replays it. The engine's appends write the unit
         their own way (in the append kernel, or a run at a time) and call `run_hooks` with the hooks that apply."""
         shard.cq.put(phys, size, count, tags_code, store_ts, max_ts, base_offset)
@@ -41,8 +53,9 @@ class ReputMessageService:
             run_hooks(self.hooks, shard.topic, shard.queue, base_offset, count, phys, size, store_ts, keys, body)
 
 
-def run_hooks(hooks, topic: str, queue: int, base_offset: int, count: int, phys: int, size: int, store_ts: int,
-              keys, body) -> None:
+def run_hooks(
+    hooks, topic: str, queue: int, base_offset: int, count: int, phys: int, size: int, store_ts: int, keys, body
+) -> None:
     """Show one entry to `hooks`, in order; a hook that raises is logged and the next one still runs."""
     for hook in hooks:
         try:

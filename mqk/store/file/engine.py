@@ -24,6 +24,7 @@ Decisions: each batch of an append is its own CommitLog entry and ConsumeQueue u
 last_offset_delta + 1 (so compacted batches keep their offsets). A topic re-created under an old name starts at
 offset 0; entries of the old incarnation are told apart by the CommitLog offset at which the topic was created.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -87,14 +88,24 @@ class FileEngine(StorageAdapter):
         self.checkpoint = Checkpoint(self.root / "checkpoint")
         self.abort = AbortMarker(self.root / "abort")
         dirty: set[ConsumeQueue] = set()
-        self.appender = AppendPipeline(self.clog, self.registry, self.table, self.dispatcher, self.index, index_hook,
-                                       dirty, self.listeners, self._notify)
+        self.appender = AppendPipeline(
+            self.clog,
+            self.registry,
+            self.table,
+            self.dispatcher,
+            self.index,
+            index_hook,
+            dirty,
+            self.listeners,
+            self._notify,
+        )
         self.stats: StoreStats = self.appender.stats
         #: compacted shards' prefixes (compactlog.py), shared with the reader
         self._compacted: dict[tuple[str, int], CompactLog] = {}
         self.reader = LogReader(self.clog, self.registry, self.index, self._compacted)
-        self.checkpoints = CheckpointService(config, self.checkpoint, self.clog, self.registry, self.dispatcher,
-                                             self.index, dirty, _now_ms)
+        self.checkpoints = CheckpointService(
+            config, self.checkpoint, self.clog, self.registry, self.dispatcher, self.index, dirty, _now_ms
+        )
         self.recovery = Recovery(self.clog, self.registry, self.dispatcher, self.checkpoint, self.abort, _now_ms)
         self.flusher: FlushService | None = None
         self.offsets: FileOffsetStore | None = None
@@ -194,8 +205,16 @@ class FileEngine(StorageAdapter):
 
     # --- append ---------------------------------------------------------------------------------------------
 
-    async def append(self, topic: str, queue: int, batches: Sequence[Buffer], *, tags_code: int = 0,
-                     keys: Sequence[bytes] = (), log_append_time: bool = False) -> AppendResult:
+    async def append(
+        self,
+        topic: str,
+        queue: int,
+        batches: Sequence[Buffer],
+        *,
+        tags_code: int = 0,
+        keys: Sequence[bytes] = (),
+        log_append_time: bool = False,
+    ) -> AppendResult:
         now = time_ns()  # the store timestamp and the latency's start: one clock read
         answers, last = self.appender.append(topic, [(queue, batches)], tags_code, keys, log_append_time, now)
         result = answers[0]
@@ -210,8 +229,9 @@ class FileEngine(StorageAdapter):
         self.stats.record(time_ns() - now)
         return result  # type: ignore[return-value]
 
-    async def append_many(self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *,
-                          log_append_time: bool = False) -> list[AppendResult | Exception]:
+    async def append_many(
+        self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *, log_append_time: bool = False
+    ) -> list[AppendResult | Exception]:
         """See StorageAdapter.append_many: every entry goes through the one pipeline (runs of entries written with
         one pwritev each), then one sync-flush wait covers them all."""
         now = time_ns()  # one store timestamp for the whole call
@@ -242,12 +262,14 @@ class FileEngine(StorageAdapter):
     async def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> ReadResult:
         return await self.reader.read(topic, queue, offset, max_bytes)
 
-    async def read_by_tags(self, topic: str, queue: int, offset: int, tags_codes: Iterable[int],
-                           max_batches: int) -> ReadResult:
+    async def read_by_tags(
+        self, topic: str, queue: int, offset: int, tags_codes: Iterable[int], max_batches: int
+    ) -> ReadResult:
         return await self.reader.read_by_tags(topic, queue, offset, tags_codes, max_batches)
 
-    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
-                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+    async def read_by_key(
+        self, topic: str, key: bytes, max_count: int, begin_ms: int = 0, end_ms: int = 1 << 62
+    ) -> list[tuple[int, StoredBatch]]:
         return await self.reader.read_by_key(topic, key, max_count, begin_ms, end_ms)
 
     async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
@@ -289,18 +311,21 @@ class FileEngine(StorageAdapter):
 
     async def replace_range(self, topic: str, queue: int, start: int, end: int, batches: Sequence[Buffer]) -> None:
         """Compaction's rewrite: into the shard's own compaction log (compactlog.py), never the shared CommitLog."""
-        await compactlog.replace_range(self._compacted, self.root, self.registry.get(topic, queue), self.read,
-                                       start, end, batches)
+        await compactlog.replace_range(
+            self._compacted, self.root, self.registry.get(topic, queue), self.read, start, end, batches
+        )
 
-    async def reclaim(self, now_ms: int, reserved_ms: int | None = None,
-                      pins: dict[tuple[str, int], int] | None = None) -> int:
+    async def reclaim(
+        self, now_ms: int, reserved_ms: int | None = None, pins: dict[tuple[str, int], int] | None = None
+    ) -> int:
         """Delete the CommitLog segments and ConsumeQueue files no shard needs any more (reclaim.py)."""
         if not self.running:
             return 0
         if reserved_ms is None:
             reserved_ms = self.config.file_reserved_time_ms
-        return await reclaim.reclaim(self.clog, self.registry.shards.values(), self._compacted, self.delete_before,
-                                     now_ms, reserved_ms, pins)
+        return await reclaim.reclaim(
+            self.clog, self.registry.shards.values(), self._compacted, self.delete_before, now_ms, reserved_ms, pins
+        )
 
     # --- group offsets --------------------------------------------------------------------------------------
 

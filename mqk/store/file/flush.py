@@ -23,6 +23,7 @@ balloon reporting free pages, as on the test machine), a page that was never use
 host-side fault when written: a 2 GiB write measured 2.3 us of CPU per KiB into such pages and 0.3 us with the
 pages dropped 128 MiB behind it (bench/README.md). Readers of older bytes fault them back in from the file.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -38,6 +38,7 @@ from the oldest CommitLog segment. Files whose entries all point below the oldes
 Every read of a file is bounds-checked; damage raises `Corrupt` (the service logs it and skips that file: the
 CommitLog stays the truth). Writes happen on the event loop only; flushes run in the engine's checkpoint thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -99,7 +100,7 @@ def batch_keys(body, record_keys: bool, key_headers: bool = True) -> set[bytes]:
     out: set[bytes] = set()
     try:
         header = recbatch.parse_header(body, 0)
-        section = bytes(memoryview(body)[recbatch.HEADER_SIZE:])
+        section = bytes(memoryview(body)[recbatch.HEADER_SIZE :])
         codec = header[5] & 0x07
         if codec:
             section = _decompress(codec, section)
@@ -122,8 +123,17 @@ class IndexFile:
     """One mapped index file. Positions are published (entry count in the header) only after the entry and its
     slot are in place."""
 
-    def __init__(self, path: Path, seq: int, slots: int, max_entries: int, *, create: bool,
-                 begin_phys: int = 0, begin_ts: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        seq: int,
+        slots: int,
+        max_entries: int,
+        *,
+        create: bool,
+        begin_phys: int = 0,
+        begin_ts: int = 0,
+    ) -> None:
         self.path = Path(path)
         self.seq = seq
         if create:
@@ -132,8 +142,9 @@ class IndexFile:
             self.mf = MappedFile(self.path, HEADER_SIZE + slots * SLOT.size + max_entries * ENTRY_SIZE, seq)
             self.mf.set_positions(self.mf.file_size)
             try:
-                self.mf.write_at(0, HEADER.pack(MAGIC, VERSION, begin_ts, begin_ts, begin_phys, begin_phys,
-                                                slots, max_entries, 0, 0))
+                self.mf.write_at(
+                    0, HEADER.pack(MAGIC, VERSION, begin_ts, begin_ts, begin_phys, begin_phys, slots, max_entries, 0, 0)
+                )
             except BaseException:
                 self.mf.destroy()
                 raise
@@ -148,8 +159,9 @@ class IndexFile:
                 raise Corrupt(f"index file {self.path.name}: bad magic or version")
             expect = HEADER_SIZE + slots * SLOT.size + max_entries * ENTRY_SIZE
             if slots < 1 or max_entries < 1 or expect != size:
-                raise Corrupt(f"index file {self.path.name}: {slots} slots / {max_entries} entries do not make "
-                              f"its {size} bytes")
+                raise Corrupt(
+                    f"index file {self.path.name}: {slots} slots / {max_entries} entries do not make its {size} bytes"
+                )
             self.mf = MappedFile(self.path, size, seq)
             self.mf.set_positions(size)
         self.slots = slots
@@ -157,8 +169,9 @@ class IndexFile:
         #: changed since the last checkpoint snapshot (then it must be flushed before the checkpoint is written)
         self.dirty = create
         self._entries_at = HEADER_SIZE + slots * SLOT.size
-        (_, _, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, _, _, self.count,
-         self.used_slots) = HEADER.unpack_from(self.mf.buf, 0)
+        (_, _, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, _, _, self.count, self.used_slots) = (
+            HEADER.unpack_from(self.mf.buf, 0)
+        )
         if self.count > max_entries:
             raise Corrupt(f"index file {self.path.name} claims {self.count} entries of {max_entries}")
 
@@ -195,8 +208,20 @@ class IndexFile:
         self.dirty = True
 
     def _write_header(self) -> None:
-        HEADER.pack_into(self.mf.buf, 0, MAGIC, VERSION, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
-                         self.slots, self.max_entries, self.count, self.used_slots)
+        HEADER.pack_into(
+            self.mf.buf,
+            0,
+            MAGIC,
+            VERSION,
+            self.begin_ts,
+            self.end_ts,
+            self.begin_phys,
+            self.end_phys,
+            self.slots,
+            self.max_entries,
+            self.count,
+            self.used_slots,
+        )
 
     # --- reading -------------------------------------------------------------------------------------
 
@@ -230,11 +255,11 @@ class IndexFile:
         if not 0 <= count <= self.count:
             raise OutOfBounds(f"cut to {count} entries outside [0, {self.count}] of {self.path.name}")
         buf = self.mf.buf
-        buf[HEADER_SIZE: self._entries_at] = bytes(self._entries_at - HEADER_SIZE)
+        buf[HEADER_SIZE : self._entries_at] = bytes(self._entries_at - HEADER_SIZE)
         heads: dict[int, int] = {}
         end_ts = self.begin_ts
         base = self._entries_at
-        for i, (h, _c, _phys, diff, _prev) in enumerate(ENTRY.iter_unpack(buf[base: base + count * ENTRY_SIZE])):
+        for i, (h, _c, _phys, diff, _prev) in enumerate(ENTRY.iter_unpack(buf[base : base + count * ENTRY_SIZE])):
             heads[h % self.slots] = i + 1
             end_ts = max(end_ts, self.begin_ts + diff)
         for slot, n in heads.items():
@@ -242,7 +267,7 @@ class IndexFile:
         tail = base + count * ENTRY_SIZE
         used = self.count * ENTRY_SIZE - count * ENTRY_SIZE
         if used > 0:
-            buf[tail: tail + used] = bytes(used)
+            buf[tail : tail + used] = bytes(used)
         self.count = count
         self.used_slots = len(heads)
         self.end_ts = end_ts
@@ -313,8 +338,9 @@ class IndexService:
 
     # --- the dispatch hook ---------------------------------------------------------------------------
 
-    def dispatch(self, topic: str, queue: int, base_offset: int, count: int, phys: int, size: int,
-                 store_ts: int, keys, body) -> None:
+    def dispatch(
+        self, topic: str, queue: int, base_offset: int, count: int, phys: int, size: int, store_ts: int, keys, body
+    ) -> None:
         """ReputMessageService hook: index one CommitLog entry (`keys` None: take them from `body`)."""
         if not self.ready or phys < self.indexed_offset:
             return
@@ -345,8 +371,9 @@ class IndexService:
     def _new_file(self, phys: int, store_ts: int) -> IndexFile:
         seq = self.files[-1].seq + 1 if self.files else 1
         self.dir.mkdir(parents=True, exist_ok=True)
-        f = IndexFile(self.dir / f"{seq:020d}", seq, self.slots, self.max_entries, create=True,
-                      begin_phys=phys, begin_ts=store_ts)
+        f = IndexFile(
+            self.dir / f"{seq:020d}", seq, self.slots, self.max_entries, create=True, begin_phys=phys, begin_ts=store_ts
+        )
         self.files.append(f)
         return f
 
@@ -367,8 +394,17 @@ class IndexService:
             except StorageError as exc:
                 log.error("key index file %s is damaged (%s); skipping it", f.path.name, exc)
 
-    def find(self, clog: CommitLog, shards: dict, topic: str, key: bytes, max_count: int, begin_ms: int,
-             end_ms: int, candidates: Iterable[int] | None = None) -> list[tuple[int, StoredBatch]]:
+    def find(
+        self,
+        clog: CommitLog,
+        shards: dict,
+        topic: str,
+        key: bytes,
+        max_count: int,
+        begin_ms: int,
+        end_ms: int,
+        candidates: Iterable[int] | None = None,
+    ) -> list[tuple[int, StoredBatch]]:
         """(queue, batch) pairs whose entry holds `key`, newest first: each candidate is checked against the
         CommitLog entry (still there, same topic incarnation, not below the log start, in the time range, key
         really in it). `candidates`: the caller's own walk of `candidates`, if it took one."""
@@ -461,7 +497,7 @@ class IndexService:
                     f = IndexFile(p, seq, self.slots, self.max_entries, create=False)
                 except (StorageError, OSError) as exc:
                     log.error("key index file %s unreadable (%s); rebuilding from the file before it", p.name, exc)
-                    for later in names[names.index(p):]:
+                    for later in names[names.index(p) :]:
                         later.unlink(missing_ok=True)
                     offset = files[-1].end_phys if files else start_min
                     break
@@ -508,21 +544,32 @@ class IndexService:
             # loop writes a new one once there is room
             log.warning("key index checkpoint not written at start-up (%s): the previous one stands", exc)
         if report["scanned"] or report["cut_entries"]:
-            log.info("key index recovered: cut %d entries, re-read %d CommitLog entries from %d",
-                     report["cut_entries"], report["scanned"], offset)
+            log.info(
+                "key index recovered: cut %d entries, re-read %d CommitLog entries from %d",
+                report["cut_entries"],
+                report["scanned"],
+                offset,
+            )
 
     def _index_tail(self, clog: CommitLog, shards: dict, start: int, end: int, report: dict) -> None:
         for phys, entry, mf in clog.scan(start):
             if phys >= end:
                 break
             report["scanned"] += 1
-            size, queue, base, count, store_ts, topic, body_pos = (entry[1], entry[2], entry[4], entry[6],
-                                                                   entry[7], entry[10], entry[11])
+            size, queue, base, count, store_ts, topic, body_pos = (
+                entry[1],
+                entry[2],
+                entry[4],
+                entry[6],
+                entry[7],
+                entry[10],
+                entry[11],
+            )
             shard = shards.get((topic, queue))
             if shard is None or phys < shard.created_phys:
                 self.indexed_offset = phys + size
                 continue
-            body = mf.buf[body_pos: phys - mf.start_offset + size]
+            body = mf.buf[body_pos : phys - mf.start_offset + size]
             before = self.entries_written
             self.dispatch(topic, queue, base, count, phys, size, store_ts, None, body)
             report["indexed"] += self.entries_written - before
@@ -533,8 +580,7 @@ class IndexService:
         self.ready = False
 
 
-def live_entry(clog: CommitLog, shards: dict, phys: int, verify: bool = True
-               ) -> tuple[str, int, StoredBatch] | None:
+def live_entry(clog: CommitLog, shards: dict, phys: int, verify: bool = True) -> tuple[str, int, StoredBatch] | None:
     """(topic, queue, batch) of the message entry starting at CommitLog offset `phys` if it is still served, else
     None: inside the log (not reclaimed, not cut at recovery), a message entry that names itself (so `phys` is an
     entry boundary, not bytes inside another entry), of a shard that exists and was created before it (not an
@@ -555,7 +601,7 @@ def live_entry(clog: CommitLog, shards: dict, phys: int, verify: bool = True
         return None
     if base >= shard.cq.end_offset:
         return None  # not dispatched (cannot happen while dispatch is synchronous)
-    body = mf.buf[body_pos: phys - mf.start_offset + size]
+    body = mf.buf[body_pos : phys - mf.start_offset + size]
     max_ts = _I64.unpack_from(body, _BODY_MAX_TS)[0]
     return topic, queue, StoredBatch(base, count, body, store_ts, max_ts, tags, phys)
 

@@ -26,6 +26,7 @@ descriptors, not two thousand, against the process's limit.
 
 Nothing here knows entry formats; that belongs to `commitlog` / `consumequeue` and `mqk._fast`.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -91,11 +92,26 @@ class MappedFile:
     """One mapped segment. Not thread-safe for writes: the store writes from the event loop thread only; flush
     (`fdatasync`) may run in a worker thread concurrently with writes, which the kernel allows."""
 
-    __slots__ = ("_address", "_closed", "buf", "committed", "device", "fd", "file_size", "flushed", "mm", "path",
-                 "reserve_step", "reserved", "start_offset", "wrote")
+    __slots__ = (
+        "_address",
+        "_closed",
+        "buf",
+        "committed",
+        "device",
+        "fd",
+        "file_size",
+        "flushed",
+        "mm",
+        "path",
+        "reserve_step",
+        "reserved",
+        "start_offset",
+        "wrote",
+    )
 
-    def __init__(self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0, *,
-                 hold_fd: bool = True) -> None:
+    def __init__(
+        self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0, *, hold_fd: bool = True
+    ) -> None:
         """`reserve_step` 0 reserves the whole file's blocks at creation (CommitLog segments); a positive step
         reserves them ahead of the writer (`ensure_reserved`), as much again as is reserved already, from one
         page up to `reserve_step` bytes at a time, so a ConsumeQueue file of a quiet queue holds a page of disk
@@ -457,11 +473,30 @@ class _Allocator:
 class MappedFileQueue:
     """The ordered segments of one log, each `file_size` bytes, named by start offset."""
 
-    __slots__ = ("_allocator", "_lock", "_spare", "_starts", "_unsynced_dirs", "dir", "file_size", "file_type",
-                 "files", "hold_fd", "reserve_step")
+    __slots__ = (
+        "_allocator",
+        "_lock",
+        "_spare",
+        "_starts",
+        "_unsynced_dirs",
+        "dir",
+        "file_size",
+        "file_type",
+        "files",
+        "hold_fd",
+        "reserve_step",
+    )
 
-    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True,
-                 reserve_step: int = 0, hold_fd: bool = True, file_type: type[MappedFile] = MappedFile) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        file_size: int,
+        *,
+        preallocate: bool = True,
+        reserve_step: int = 0,
+        hold_fd: bool = True,
+        file_type: type[MappedFile] = MappedFile,
+    ) -> None:
         """`hold_fd` False: the segments keep no descriptor of their own (see the module docstring). `file_type`:
         the class of the segments (ConsumeQueues use a subclass whose last file's positions live in the store's
         queue table)."""
@@ -501,10 +536,13 @@ class MappedFileQueue:
                 if strict_size:
                     for mf in files:
                         mf.close()
-                    raise StorageError(f"segment {p} is {size} bytes but the configured segment size is "
-                                       f"{self.file_size}; start with the size the data was written with")
-                log.error("%s is %d bytes, more than %d; setting it and every later file aside", p, size,
-                          self.file_size)
+                    raise StorageError(
+                        f"segment {p} is {size} bytes but the configured segment size is "
+                        f"{self.file_size}; start with the size the data was written with"
+                    )
+                log.error(
+                    "%s is %d bytes, more than %d; setting it and every later file aside", p, size, self.file_size
+                )
                 aside = names[i:]
                 break
             if files and start != files[-1].end_offset:
@@ -622,8 +660,7 @@ class MappedFileQueue:
             self._spare.destroy()
             self._spare = None
         self._make_dir()
-        self._spare = self.file_type(self._path(start), self.file_size, start, self.reserve_step,
-                                     hold_fd=self.hold_fd)
+        self._spare = self.file_type(self._path(start), self.file_size, start, self.reserve_step, hold_fd=self.hold_fd)
 
     # --- durability ------------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ This module owns two invariants:
 A row is released when its queue is closed; `unit_bufs[slot]` is None while the slot has no writable file, so the
 kernel declines it (STOP_UNIT_ROOM) rather than writing into a mapping that is gone.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -88,8 +89,9 @@ class QueueTable:
     def set(self, slot: int, field: int, value: int) -> None:
         self.cols[slot * ROW_FIELDS + field] = value
 
-    def publish_unit(self, slot: int, unit_end: int, end_offset: int, running_max_ts: int, phys: int,
-                     store_ts: int) -> bool:
+    def publish_unit(
+        self, slot: int, unit_end: int, end_offset: int, running_max_ts: int, phys: int, store_ts: int
+    ) -> bool:
         """Publish one unit written (and its entry in the CommitLog) at the queue's write position: the write
         position moves to `unit_end`, the end offset and running max timestamp to theirs, and the dirty marks are
         set if none were. Returns whether the queue became dirty (the caller tells the checkpoint). The kernel's
@@ -113,8 +115,9 @@ class UnitFile(MappedFile):
 
     __slots__ = ("_at", "_table")
 
-    def __init__(self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0, *,
-                 hold_fd: bool = True) -> None:
+    def __init__(
+        self, path: Path, file_size: int, start_offset: int, reserve_step: int = 0, *, hold_fd: bool = True
+    ) -> None:
         self._table: QueueTable | None = None
         self._at = 0
         super().__init__(path, file_size, start_offset, reserve_step, hold_fd=hold_fd)

@@ -7,6 +7,7 @@ a compacted shard's `upto` the shard's compaction log answers (compactlog.py).
 Pages the flusher dropped (FlushService.cache_from) are read back in one reader thread before views of them are
 touched: a page fault per page on the event loop would stall every connection on disk reads.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -64,8 +65,13 @@ def units_from(cq: ConsumeQueue, index: int) -> Iterator[Unit]:
 
 
 class LogReader:
-    def __init__(self, clog: CommitLog, registry: ShardRegistry, index: IndexService,
-                 compacted: dict[tuple[str, int], CompactLog]) -> None:
+    def __init__(
+        self,
+        clog: CommitLog,
+        registry: ShardRegistry,
+        index: IndexService,
+        compacted: dict[tuple[str, int], CompactLog],
+    ) -> None:
         self.clog = clog
         self.registry = registry
         self.index = index
@@ -98,8 +104,9 @@ class LogReader:
         return out
 
     async def _read_back(self, units: list[Unit]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._reader, self.clog.fault_in,
-                                                         [(unit[0], unit[1]) for unit in units])
+        await asyncio.get_running_loop().run_in_executor(
+            self._reader, self.clog.fault_in, [(unit[0], unit[1]) for unit in units]
+        )
 
     async def _fault_in_at(self, offsets: Iterable[int]) -> None:
         """The same for entries known by where they start (a client's message id, the key index's hits). Any offset
@@ -150,8 +157,9 @@ class LogReader:
             batches.extend(await self.stored(shard, units))
         return ReadResult(batches, start, end)
 
-    async def read_by_tags(self, topic: str, queue: int, offset: int, tags_codes: Iterable[int],
-                           max_batches: int) -> ReadResult:
+    async def read_by_tags(
+        self, topic: str, queue: int, offset: int, tags_codes: Iterable[int], max_batches: int
+    ) -> ReadResult:
         """Filters on the ConsumeQueue's tags codes: non-matching batches are never read from the CommitLog."""
         shard = self.registry.get(topic, queue)
         cq = shard.cq
@@ -176,8 +184,9 @@ class LogReader:
             batches.extend(await self.stored(shard, units))
         return ReadResult(batches, start, end)
 
-    async def read_by_key(self, topic: str, key: bytes, max_count: int, begin_ms: int = 0,
-                          end_ms: int = 1 << 62) -> list[tuple[int, StoredBatch]]:
+    async def read_by_key(
+        self, topic: str, key: bytes, max_count: int, begin_ms: int = 0, end_ms: int = 1 << 62
+    ) -> list[tuple[int, StoredBatch]]:
         """Through the key index (index.py), each hit checked against its CommitLog entry; newest first. The
         first `max_count` hits are read back off the loop first if their pages were dropped (_fault_in_at)."""
         if topic not in self.registry.topics:
@@ -189,10 +198,10 @@ class LogReader:
             # past those, a new walk of the index (it may have grown meanwhile), taken only if some hit fails its
             # check; fewer than max_count hits were all the index had
             taken = set(first)
-            candidates = chain(first, (phys for phys in self.index.candidates(topic, key, begin_ms, end_ms)
-                                       if phys not in taken))
-        return self.index.find(self.clog, self.registry.shards, topic, key, max_count, begin_ms, end_ms,
-                               candidates)
+            candidates = chain(
+                first, (phys for phys in self.index.candidates(topic, key, begin_ms, end_ms) if phys not in taken)
+            )
+        return self.index.find(self.clog, self.registry.shards, topic, key, max_count, begin_ms, end_ms, candidates)
 
     async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
         """The CommitLog entry at `physical_offset`, CRC checked, if it is still served (index.live_entry: the

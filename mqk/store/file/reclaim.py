@@ -23,6 +23,7 @@ present, and units below a log start are never read.
 The key index (when the engine has one) answers lookups by CommitLog offset and must skip offsets below
 `clog.min_offset`; this module does not rewrite it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,9 +102,15 @@ def _destroy(files: list[MappedFile]) -> int:
     return freed
 
 
-async def reclaim(clog: CommitLog, shards: Iterable[Shard], compacted: dict[tuple[str, int], CompactLog],
-                  move_log_start: MoveLogStart, now_ms: int, reserved_ms: int,
-                  pins: dict[tuple[str, int], int] | None = None) -> int:
+async def reclaim(
+    clog: CommitLog,
+    shards: Iterable[Shard],
+    compacted: dict[tuple[str, int], CompactLog],
+    move_log_start: MoveLogStart,
+    now_ms: int,
+    reserved_ms: int,
+    pins: dict[tuple[str, int], int] | None = None,
+) -> int:
     """One reclaim pass over the CommitLog `clog` and `shards` (`compacted`: their compacted prefixes); returns the
     bytes of disk given back (as counted by the files' allocated blocks)."""
     pins = pins or {}
@@ -132,11 +139,21 @@ async def reclaim(clog: CommitLog, shards: Iterable[Shard], compacted: dict[tupl
             pin = pins.get((shard.topic, shard.queue))
             if pin is not None and new_start > pin:
                 new_start = max(pin, shard.log_start)
-                log.warning("reclaim: %s-%d pins offset %d; its CommitLog segments outlive file_reserved_time",
-                            shard.topic, shard.queue, pin)
+                log.warning(
+                    "reclaim: %s-%d pins offset %d; its CommitLog segments outlive file_reserved_time",
+                    shard.topic,
+                    shard.queue,
+                    pin,
+                )
             if new_start > shard.log_start:
-                log.warning("reclaim: segments before %d are older than file_reserved_time; %s-%d log start "
-                            "moves %d -> %d", forced, shard.topic, shard.queue, shard.log_start, new_start)
+                log.warning(
+                    "reclaim: segments before %d are older than file_reserved_time; %s-%d log start moves %d -> %d",
+                    forced,
+                    shard.topic,
+                    shard.queue,
+                    shard.log_start,
+                    new_start,
+                )
                 await move_log_start(shard.topic, shard.queue, new_start)
 
     # 2. the lowest CommitLog offset any shard can still read

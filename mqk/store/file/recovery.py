@@ -16,6 +16,7 @@ RECOVER_SEGMENTS segments:
 Owns the invariant that after a start every published unit points at a whole, CRC-checked CommitLog entry below the
 log's end, whatever state a crash (kill -9 between any two steps of an append) left the files in.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,15 @@ RECOVER_SEGMENTS = 3
 
 
 class Recovery:
-    def __init__(self, clog: CommitLog, registry: ShardRegistry, dispatcher: ReputMessageService,
-                 checkpoint: Checkpoint, abort: AbortMarker, now_ms: Any) -> None:
+    def __init__(
+        self,
+        clog: CommitLog,
+        registry: ShardRegistry,
+        dispatcher: ReputMessageService,
+        checkpoint: Checkpoint,
+        abort: AbortMarker,
+        now_ms: Any,
+    ) -> None:
         self.clog = clog
         self.registry = registry
         self.dispatcher = dispatcher
@@ -58,8 +66,15 @@ class Recovery:
             for queue in range(meta["queues"]):
                 registry.open_shard(topic, queue, meta).cq.load()
         files = clog.mfq.files
-        report: dict[str, Any] = {"abnormal": abnormal, "scan_start": 0, "end": 0, "entries": 0, "error": None,
-                                  "torn_tail": False, "repaired_queues": []}
+        report: dict[str, Any] = {
+            "abnormal": abnormal,
+            "scan_start": 0,
+            "end": 0,
+            "entries": 0,
+            "error": None,
+            "torn_tail": False,
+            "repaired_queues": [],
+        }
         self.report = report
         if not files:
             for shard in registry.shards.values():
@@ -117,14 +132,27 @@ class Recovery:
             log.warning("checkpoint not written at start-up (%s): the previous one stands", exc)
         clog.mfq.prepare_next()
         if abnormal or clog.scan_error is not None:
-            log.warning("file store recovered (abnormal=%s): replayed %d entries from %d, log ends at %d",
-                        abnormal, n, scan_start, end)
+            log.warning(
+                "file store recovered (abnormal=%s): replayed %d entries from %d, log ends at %d",
+                abnormal,
+                n,
+                scan_start,
+                end,
+            )
         return report
 
-    def _replay(self, phys: int, entry: tuple[Any, ...], mf: MappedFile, broken: dict[Shard, int], scan_start: int,
-                only: dict[Shard, int] | None = None) -> None:
-        (_, size, queue_id, _flags, queue_offset, _phys, record_count, store_ts, max_ts, tags_code, topic,
-         body_pos) = entry
+    def _replay(
+        self,
+        phys: int,
+        entry: tuple[Any, ...],
+        mf: MappedFile,
+        broken: dict[Shard, int],
+        scan_start: int,
+        only: dict[Shard, int] | None = None,
+    ) -> None:
+        (_, size, queue_id, _flags, queue_offset, _phys, record_count, store_ts, max_ts, tags_code, topic, body_pos) = (
+            entry
+        )
         shard = self.registry.shards.get((topic, queue_id))
         if shard is None or phys < shard.created_phys:
             return  # a deleted topic, or an earlier incarnation of this name
@@ -136,22 +164,38 @@ class Recovery:
         cq = shard.cq
         if queue_offset < cq.end_offset:
             if only is None:
-                log.error("recovery: %s-%d entry at %d has offset %d below the queue end %d; skipped",
-                          topic, queue_id, phys, queue_offset, cq.end_offset)
+                log.error(
+                    "recovery: %s-%d entry at %d has offset %d below the queue end %d; skipped",
+                    topic,
+                    queue_id,
+                    phys,
+                    queue_offset,
+                    cq.end_offset,
+                )
             return
         if queue_offset > cq.end_offset and only is None:
             resume = cq.last_unit_end_phys()
             if resume < scan_start:
                 # units for entries before the scan start are missing (damaged queue tail): rebuild later
                 broken[shard] = max(resume, shard.created_phys, self.clog.min_offset)
-                log.error("ConsumeQueue %s-%d is missing offsets %d..%d; rebuilding it from the CommitLog",
-                          topic, queue_id, cq.end_offset, queue_offset - 1)
+                log.error(
+                    "ConsumeQueue %s-%d is missing offsets %d..%d; rebuilding it from the CommitLog",
+                    topic,
+                    queue_id,
+                    cq.end_offset,
+                    queue_offset - 1,
+                )
                 return
-            log.error("recovery: %s-%d has a gap at offsets %d..%d (entry at %d)", topic, queue_id,
-                      cq.end_offset, queue_offset - 1, phys)
-        body = mf.buf[body_pos: phys - mf.start_offset + size]
-        self.dispatcher.dispatch(shard, phys, size, record_count, tags_code, store_ts, max_ts, queue_offset, None,
-                                 body)
+            log.error(
+                "recovery: %s-%d has a gap at offsets %d..%d (entry at %d)",
+                topic,
+                queue_id,
+                cq.end_offset,
+                queue_offset - 1,
+                phys,
+            )
+        body = mf.buf[body_pos : phys - mf.start_offset + size]
+        self.dispatcher.dispatch(shard, phys, size, record_count, tags_code, store_ts, max_ts, queue_offset, None, body)
 
     def _rebuild(self, broken: dict[Shard, int], end: int) -> None:
         for shard, start in broken.items():

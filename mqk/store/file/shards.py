@@ -9,6 +9,7 @@ Owns:
 A topic re-created under an old name starts at offset 0; entries of the old incarnation are told apart by the
 CommitLog offset at which the topic was created (`created_phys`), which recovery and the key index compare.
 """
+
 from __future__ import annotations
 
 import array
@@ -181,8 +182,11 @@ class ShardRegistry:
     def meta_doc(self) -> dict[str, Any]:
         out = {}
         for name, meta in self.topics.items():
-            out[name] = {"queues": meta["queues"], "created": meta["created"],
-                         "log_start": {str(q): s for q, s in meta["log_start"].items() if s}}
+            out[name] = {
+                "queues": meta["queues"],
+                "created": meta["created"],
+                "log_start": {str(q): s for q, s in meta["log_start"].items() if s},
+            }
         return {"version": 1, "topics": out}
 
     async def save_meta(self) -> None:

@@ -10,6 +10,7 @@ only the connection it ran on.
 `prepare(ctx, request)` -> a plan, or None to take that request through its handler alone, and
 `async answer(ctx, plans)` -> one response body (or None) per plan, in order.
 """
+
 from __future__ import annotations
 
 from mqk.protocol.kafka.api import ApiKey

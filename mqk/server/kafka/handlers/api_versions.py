@@ -2,6 +2,7 @@
 
 A version above our range is answered with the v0 schema, UNSUPPORTED_VERSION and the full list, so the client
 can retry with a version we speak (the codec marks such requests `unsupported` and encodes with v0)."""
+
 from __future__ import annotations
 
 from mqk.protocol.kafka import api

@@ -4,6 +4,7 @@ InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence).
 a transactional id is refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather
 than retrying forever. SASL is not offered yet: SaslHandshake answers UNSUPPORTED_SASL_MECHANISM with an empty
 mechanism list."""
+
 from __future__ import annotations
 
 from mqk import errors as E
@@ -14,11 +15,13 @@ from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
 
 async def describe_cluster(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     return {
-        "throttle_time_ms": 0, "error_code": NONE, "error_message": None,
+        "throttle_time_ms": 0,
+        "error_code": NONE,
+        "error_message": None,
         "endpoint_type": req.body.get("endpoint_type", 1),
-        "cluster_id": ctx.cluster_id, "controller_id": ctx.node_id,
-        "brokers": [{"broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None,
-                     "is_fenced": False}],
+        "cluster_id": ctx.cluster_id,
+        "controller_id": ctx.node_id,
+        "brokers": [{"broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None, "is_fenced": False}],
         "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
     }
 
@@ -30,8 +33,14 @@ async def init_producer_id(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     else:
         # the producer_id / producer_epoch an idempotent producer may send (v3+) ask for a fresh id, as in Kafka
         code, pid, epoch = await ctx.producers.init_producer_id()
-    return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch,
-            "ongoing_txn_producer_id": -1, "ongoing_txn_producer_epoch": -1}
+    return {
+        "throttle_time_ms": 0,
+        "error_code": code,
+        "producer_id": pid,
+        "producer_epoch": epoch,
+        "ongoing_txn_producer_id": -1,
+        "ongoing_txn_producer_epoch": -1,
+    }
 
 
 async def sasl_handshake(ctx: KafkaContext, peer: Peer, req: Request) -> dict:

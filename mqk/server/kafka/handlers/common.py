@@ -4,6 +4,7 @@ Handlers never raise for a per-topic or per-partition problem: they answer it wi
 has for it. Storage exceptions become codes only through `mqk.errors.kafka_code_for`. Topic policy (names,
 auto-creation, settings) is the broker's (mqk.broker.topics); this module only turns its answers into codes.
 """
+
 from __future__ import annotations
 
 import uuid

@@ -9,6 +9,7 @@ or a bad value is INVALID_CONFIG with the schema's reason.
 `compression.type` accepts only `producer`: mqk stores batches exactly as the producer sent them and never
 recompresses, so accepting another value would be a silent lie.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -30,8 +31,7 @@ BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
 CONFIG_TYPES = {C.BOOLEAN: BOOLEAN, C.STRING: STRING, C.INT: INT, C.LONG: LONG, C.DOUBLE: DOUBLE, C.LIST: LIST}
 
 
-def topic_config_entries(config: TopicConfig, keys: Iterable[str] | None = None,
-                         synonyms: bool = False) -> list[dict]:
+def topic_config_entries(config: TopicConfig, keys: Iterable[str] | None = None, synonyms: bool = False) -> list[dict]:
     out = []
     for setting in topic_config.describe(config, keys):
         key = setting.key
@@ -40,35 +40,55 @@ def topic_config_entries(config: TopicConfig, keys: Iterable[str] | None = None,
             if setting.overridden:
                 syn.append({"name": key.name, "value": setting.value, "source": DYNAMIC_TOPIC_CONFIG})
             syn.append({"name": key.name, "value": key.default, "source": DEFAULT_CONFIG})
-        out.append({
-            "name": key.name, "value": setting.value, "read_only": False,
-            "config_source": DYNAMIC_TOPIC_CONFIG if setting.overridden else DEFAULT_CONFIG,
-            "is_default": not setting.overridden, "is_sensitive": False, "synonyms": syn,
-            "config_type": CONFIG_TYPES[key.type], "documentation": None,
-        })
+        out.append(
+            {
+                "name": key.name,
+                "value": setting.value,
+                "read_only": False,
+                "config_source": DYNAMIC_TOPIC_CONFIG if setting.overridden else DEFAULT_CONFIG,
+                "is_default": not setting.overridden,
+                "is_sensitive": False,
+                "synonyms": syn,
+                "config_type": CONFIG_TYPES[key.type],
+                "documentation": None,
+            }
+        )
     return out
 
 
 def broker_entries(ctx: KafkaContext, keys: Iterable[str] | None = None, synonyms: bool = False) -> list[dict]:
     c = ctx.config
     values = [
-        ("node.id", str(c.node_id), INT), ("broker.id", str(c.node_id), INT),
+        ("node.id", str(c.node_id), INT),
+        ("broker.id", str(c.node_id), INT),
         ("message.max.bytes", str(c.message_max_bytes), INT),
         ("socket.request.max.bytes", str(c.socket_request_max_bytes), INT),
         ("auto.create.topics.enable", str(c.auto_create_topics).lower(), BOOLEAN),
         ("num.partitions", str(c.num_partitions), INT),
-        ("default.replication.factor", "1", INT), ("offsets.topic.replication.factor", "1", INT),
+        ("default.replication.factor", "1", INT),
+        ("offsets.topic.replication.factor", "1", INT),
         ("group.initial.rebalance.delay.ms", str(c.group_initial_rebalance_delay_ms), INT),
         ("group.min.session.timeout.ms", str(c.group_min_session_timeout_ms), INT),
         ("group.max.session.timeout.ms", str(c.group_max_session_timeout_ms), INT),
-        ("log.dirs", str(c.store.data_dir), STRING), ("mqk.storage", c.store.storage, STRING),
+        ("log.dirs", str(c.store.data_dir), STRING),
+        ("mqk.storage", c.store.storage, STRING),
         ("mqk.flush.mode", c.store.flush_mode, STRING),
     ]
-    return [{"name": k, "value": v, "read_only": True, "config_source": STATIC_BROKER_CONFIG, "is_default": False,
-             "is_sensitive": False,
-             "synonyms": [{"name": k, "value": v, "source": STATIC_BROKER_CONFIG}] if synonyms else [],
-             "config_type": t, "documentation": None}
-            for k, v, t in values if keys is None or k in keys]
+    return [
+        {
+            "name": k,
+            "value": v,
+            "read_only": True,
+            "config_source": STATIC_BROKER_CONFIG,
+            "is_default": False,
+            "is_sensitive": False,
+            "synonyms": [{"name": k, "value": v, "source": STATIC_BROKER_CONFIG}] if synonyms else [],
+            "config_type": t,
+            "documentation": None,
+        }
+        for k, v, t in values
+        if keys is None or k in keys
+    ]
 
 
 def _broker_name_ok(ctx: KafkaContext, name: str) -> bool:
@@ -82,8 +102,13 @@ async def describe_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     for r in b["resources"]:
         rtype, name, keys = r["resource_type"], r["resource_name"], r["configuration_keys"]
         keys = set(keys) if keys is not None else None
-        entry = {"error_code": NONE, "error_message": None, "resource_type": rtype, "resource_name": name,
-                 "configs": []}
+        entry = {
+            "error_code": NONE,
+            "error_message": None,
+            "resource_type": rtype,
+            "resource_name": name,
+            "configs": [],
+        }
         if rtype == TOPIC:
             info = ctx.topics.get(name)
             if info is None:
@@ -107,8 +132,7 @@ async def describe_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
 Build = Callable[[TopicConfig], "dict[str, str | None] | str"]
 
 
-async def _apply(ctx: KafkaContext, rtype: int, name: str, build: Build,
-                 validate_only: bool) -> tuple[int, str | None]:
+async def _apply(ctx: KafkaContext, rtype: int, name: str, build: Build, validate_only: bool) -> tuple[int, str | None]:
     """Common tail of both alter APIs."""
     if rtype == BROKER:
         if not _broker_name_ok(ctx, name):
@@ -144,8 +168,14 @@ async def alter_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
             return topic_config.check_all(changes) or {k: v for k, v in changes.items() if v is not None}
 
         code, message = await _apply(ctx, r["resource_type"], r["resource_name"], build, b["validate_only"])
-        responses.append({"error_code": code, "error_message": message, "resource_type": r["resource_type"],
-                          "resource_name": r["resource_name"]})
+        responses.append(
+            {
+                "error_code": code,
+                "error_message": message,
+                "resource_type": r["resource_type"],
+                "resource_name": r["resource_name"],
+            }
+        )
     return {"throttle_time_ms": 0, "responses": responses}
 
 
@@ -170,8 +200,11 @@ async def incremental_alter_configs(ctx: KafkaContext, peer: Peer, req: Request)
                 elif op in (APPEND, SUBTRACT):
                     if not topic_config.is_list(key):
                         return f"{key} is not a list; APPEND/SUBTRACT do not apply"
-                    current = [p for p in old.get(key).split(",") if p] if key not in merged else \
-                        [p for p in (merged[key] or "").split(",") if p]
+                    current = (
+                        [p for p in old.get(key).split(",") if p]
+                        if key not in merged
+                        else [p for p in (merged[key] or "").split(",") if p]
+                    )
                     items = topic_config.list_items(value)
                     if op == APPEND:
                         current += [i for i in items if i not in current]
@@ -183,6 +216,12 @@ async def incremental_alter_configs(ctx: KafkaContext, peer: Peer, req: Request)
             return topic_config.check_all(merged) or merged
 
         code, message = await _apply(ctx, r["resource_type"], r["resource_name"], build, b["validate_only"])
-        responses.append({"error_code": code, "error_message": message, "resource_type": r["resource_type"],
-                          "resource_name": r["resource_name"]})
+        responses.append(
+            {
+                "error_code": code,
+                "error_message": message,
+                "resource_type": r["resource_type"],
+                "resource_name": r["resource_name"],
+            }
+        )
     return {"throttle_time_ms": 0, "responses": responses}

@@ -15,6 +15,7 @@
   FETCH_SESSION_ID_NOT_FOUND, and the client falls back to a full fetch.
 - v13+ names topics by id: unknown ids get UNKNOWN_TOPIC_ID.
 """
+
 from __future__ import annotations
 
 from mqk import errors as E
@@ -26,16 +27,27 @@ _EMPTY = b""
 
 
 def _error_partition(index: int, code: int, hw: int = -1, log_start: int = -1) -> dict:
-    return {"partition_index": index, "error_code": code, "high_watermark": hw, "last_stable_offset": hw,
-            "log_start_offset": log_start, "aborted_transactions": None, "preferred_read_replica": -1,
-            "records": _EMPTY}
+    return {
+        "partition_index": index,
+        "error_code": code,
+        "high_watermark": hw,
+        "last_stable_offset": hw,
+        "log_start_offset": log_start,
+        "aborted_transactions": None,
+        "preferred_read_replica": -1,
+        "records": _EMPTY,
+    }
 
 
 async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     body = req.body
     if body.get("session_id", 0) != 0:
-        return {"throttle_time_ms": 0, "error_code": E.FetchSessionIdNotFoundError.code, "session_id": 0,
-                "responses": []}
+        return {
+            "throttle_time_ms": 0,
+            "error_code": E.FetchSessionIdNotFoundError.code,
+            "session_id": 0,
+            "responses": [],
+        }
     by_id = req.api_version >= 13
     # resolve topics once: (response topic dict, ShardInfo or None, [(partition, offset, max_bytes)])
     plan = []
@@ -70,8 +82,9 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
 
 
-async def _read_all(ctx: KafkaContext, plan: list, max_bytes: int, isolation_committed: bool,
-                    previous: list | None = None) -> tuple[list, int, bool]:
+async def _read_all(
+    ctx: KafkaContext, plan: list, max_bytes: int, isolation_committed: bool, previous: list | None = None
+) -> tuple[list, int, bool]:
     """One pass over the request's partitions: (responses, bytes of records found, whether a partition erred).
     `previous` is the last pass of the same request, which found too little and waited: a partition it answered
     with offsets only keeps that answer (the same dict) while its offsets have not moved, so the pass after a
@@ -108,8 +121,13 @@ async def _read_all(ctx: KafkaContext, plan: list, max_bytes: int, isolation_com
                 # nothing new (a consumer of many partitions waits on most of them), or the response is full:
                 # offsets only, as Kafka does, without a store read
                 answer = earlier[i] if earlier is not None else None
-                if (answer is None or answer["records"] is not _EMPTY or answer["error_code"]
-                        or answer["high_watermark"] != hw or answer["log_start_offset"] != log_start):
+                if (
+                    answer is None
+                    or answer["records"] is not _EMPTY
+                    or answer["error_code"]
+                    or answer["high_watermark"] != hw
+                    or answer["log_start_offset"] != log_start
+                ):
                     answer = _offsets_only(index, hw, log_start, isolation_committed)
                 out.append(answer)
                 continue
@@ -149,6 +167,13 @@ async def _read_all(ctx: KafkaContext, plan: list, max_bytes: int, isolation_com
 
 def _offsets_only(index: int, hw: int, log_start: int, isolation_committed: bool) -> dict:
     """A partition's answer without records (the records field is set by the caller when there are some)."""
-    return {"partition_index": index, "error_code": NONE, "high_watermark": hw, "last_stable_offset": hw,
-            "log_start_offset": log_start, "aborted_transactions": [] if isolation_committed else None,
-            "preferred_read_replica": -1, "records": _EMPTY}
+    return {
+        "partition_index": index,
+        "error_code": NONE,
+        "high_watermark": hw,
+        "last_stable_offset": hw,
+        "log_start_offset": log_start,
+        "aborted_transactions": [] if isolation_committed else None,
+        "preferred_read_replica": -1,
+        "records": _EMPTY,
+    }

@@ -1,6 +1,7 @@
 """Consumer-group APIs (classic protocol): FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
 DescribeGroups, ListGroups, DeleteGroups, OffsetDelete. Translation only: the state machine is
 `mqk.groups.coordinator.GroupCoordinator` (ctx.groups)."""
+
 from __future__ import annotations
 
 from mqk import errors as E
@@ -20,17 +21,29 @@ async def find_coordinator(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     message = None if code == NONE else "transactions are not supported"
     node, host, port = (ctx.node_id, ctx.host, ctx.port) if code == NONE else (-1, "", -1)
     if req.api_version >= 4:
-        return {"throttle_time_ms": 0, "coordinators": [
-            {"key": key, "node_id": node, "host": host, "port": port, "error_code": code, "error_message": message}
-            for key in body["coordinator_keys"]]}
-    return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "node_id": node, "host": host,
-            "port": port}
+        return {
+            "throttle_time_ms": 0,
+            "coordinators": [
+                {"key": key, "node_id": node, "host": host, "port": port, "error_code": code, "error_message": message}
+                for key in body["coordinator_keys"]
+            ],
+        }
+    return {
+        "throttle_time_ms": 0,
+        "error_code": code,
+        "error_message": message,
+        "node_id": node,
+        "host": host,
+        "port": port,
+    }
 
 
 async def join_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     result = await ctx.groups.join(
-        b["group_id"], b["member_id"], b["protocol_type"],
+        b["group_id"],
+        b["member_id"],
+        b["protocol_type"],
         [(p["name"], bytes(p["metadata"])) for p in b["protocols"]],
         session_timeout_ms=b["session_timeout_ms"],
         rebalance_timeout_ms=b.get("rebalance_timeout_ms", -1),
@@ -56,14 +69,21 @@ async def join_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
 async def sync_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     b = req.body
     result = await ctx.groups.sync(
-        b["group_id"], b["generation_id"], b["member_id"],
+        b["group_id"],
+        b["generation_id"],
+        b["member_id"],
         {a["member_id"]: bytes(a["assignment"]) for a in b["assignments"]},
         group_instance_id=b.get("group_instance_id"),
         protocol_type=b.get("protocol_type"),
         protocol_name=b.get("protocol_name"),
     )
-    return {"throttle_time_ms": 0, "error_code": result.error, "protocol_type": result.protocol_type,
-            "protocol_name": result.protocol_name, "assignment": result.assignment}
+    return {
+        "throttle_time_ms": 0,
+        "error_code": result.error,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name,
+        "assignment": result.assignment,
+    }
 
 
 async def heartbeat(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
@@ -81,8 +101,13 @@ async def leave_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     code, per_member = ctx.groups.leave(b["group_id"], members)
     if req.api_version < 3 and code == NONE:
         code = per_member[0]
-    return {"throttle_time_ms": 0, "error_code": code, "members": [
-        {"member_id": m, "group_instance_id": i, "error_code": c} for (m, i), c in zip(members, per_member)]}
+    return {
+        "throttle_time_ms": 0,
+        "error_code": code,
+        "members": [
+            {"member_id": m, "group_instance_id": i, "error_code": c} for (m, i), c in zip(members, per_member)
+        ],
+    }
 
 
 async def describe_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
@@ -92,8 +117,7 @@ async def describe_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         if desc is None:
             # v6+ says GROUP_ID_NOT_FOUND; older versions answer a Dead group without error, like Kafka
             code = E.GroupIdNotFoundError.code if req.api_version >= 6 else NONE
-            desc = {"group_id": group_id, "group_state": DEAD, "protocol_type": "", "protocol_data": "",
-                    "members": []}
+            desc = {"group_id": group_id, "group_state": DEAD, "protocol_type": "", "protocol_data": "", "members": []}
         else:
             code = NONE
         desc.update(error_code=code, error_message=None, authorized_operations=AUTHORIZED_OPS_OMITTED)
@@ -108,8 +132,13 @@ async def list_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         listed = []
     else:
         listed = ctx.groups.list_groups(b.get("states_filter") or None)
-    return {"throttle_time_ms": 0, "error_code": NONE, "groups": [
-        {"group_id": g, "protocol_type": p, "group_state": s, "group_type": "classic"} for g, p, s in listed]}
+    return {
+        "throttle_time_ms": 0,
+        "error_code": NONE,
+        "groups": [
+            {"group_id": g, "protocol_type": p, "group_state": s, "group_type": "classic"} for g, p, s in listed
+        ],
+    }
 
 
 async def delete_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
@@ -138,7 +167,16 @@ async def offset_delete(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         return {"error_code": code, "throttle_time_ms": 0, "topics": []}
     topics = []
     for t in b["topics"]:
-        topics.append({"name": t["name"], "partitions": [
-            {"partition_index": p["partition_index"], "error_code": per.get((t["name"], p["partition_index"]), NONE)}
-            for p in t["partitions"]]})
+        topics.append(
+            {
+                "name": t["name"],
+                "partitions": [
+                    {
+                        "partition_index": p["partition_index"],
+                        "error_code": per.get((t["name"], p["partition_index"]), NONE),
+                    }
+                    for p in t["partitions"]
+                ],
+            }
+        )
     return {"error_code": NONE, "throttle_time_ms": 0, "topics": topics}

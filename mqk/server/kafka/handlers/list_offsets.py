@@ -3,6 +3,7 @@ no tiered storage), and by timestamp (the ConsumeQueue's time index via `store.o
 
 No record at or after the timestamp → offset -1, timestamp -1, as Kafka answers. isolation_level does not matter:
 without transactions the last stable offset is the high watermark."""
+
 from __future__ import annotations
 
 from mqk import errors as E
@@ -40,15 +41,25 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         parts = []
         for p in t["partitions"]:
             index = p["partition_index"]
-            entry = {"partition_index": index, "error_code": NONE, "old_style_offsets": [], "timestamp": -1,
-                     "offset": -1, "leader_epoch": -1}
+            entry = {
+                "partition_index": index,
+                "error_code": NONE,
+                "old_style_offsets": [],
+                "timestamp": -1,
+                "offset": -1,
+                "leader_epoch": -1,
+            }
             if info is None or not 0 <= index < info.queue_count:
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
             else:
                 try:
                     offset, ts = await lookup(store, name, index, p["timestamp"])
-                    entry.update(offset=offset, timestamp=ts, old_style_offsets=[offset],
-                                 leader_epoch=LEADER_EPOCH if offset >= 0 else -1)
+                    entry.update(
+                        offset=offset,
+                        timestamp=ts,
+                        old_style_offsets=[offset],
+                        leader_epoch=LEADER_EPOCH if offset >= 0 else -1,
+                    )
                 except Exception as exc:  # noqa: BLE001
                     entry["error_code"] = E.kafka_code_for(exc)
             parts.append(entry)

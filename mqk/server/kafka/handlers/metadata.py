@@ -5,6 +5,7 @@ Topics are auto-created (broker config `auto_create_topics` and, from v4, the re
 topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). The leader epoch reported is 0 and
 never changes: there is one replica and no elections. `is_internal` is the broker's (mqk.broker.internal): the
 timer's and RocketMQ's transaction topics."""
+
 from __future__ import annotations
 
 import uuid
@@ -50,8 +51,14 @@ def topic_entry(ctx: KafkaContext, info: ShardInfo) -> dict:
 
 
 def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> dict:
-    return {"error_code": code, "name": name, "topic_id": topic_id or ZERO_UUID, "is_internal": False,
-            "partitions": [], "topic_authorized_operations": AUTHORIZED_OPS_OMITTED}
+    return {
+        "error_code": code,
+        "name": name,
+        "topic_id": topic_id or ZERO_UUID,
+        "is_internal": False,
+        "partitions": [],
+        "topic_authorized_operations": AUTHORIZED_OPS_OMITTED,
+    }
 
 
 async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
@@ -71,8 +78,9 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
                     topics.append(_error_entry("", topic_id, E.InvalidRequestError.code))
                     continue
                 info = topic_by_id(ctx, topic_id) if topic_id and topic_id != ZERO_UUID else None
-                topics.append(topic_entry(ctx, info) if info else
-                              _error_entry(None, topic_id, E.UnknownTopicIdError.code))
+                topics.append(
+                    topic_entry(ctx, info) if info else _error_entry(None, topic_id, E.UnknownTopicIdError.code)
+                )
                 continue
             code, info = await get_or_create_topic(ctx, name, allow_create)
             topics.append(topic_entry(ctx, info) if info else _error_entry(name, None, code))

@@ -1,6 +1,7 @@
 """OffsetCommit and OffsetFetch: committed offsets (with metadata and leader epoch) kept by the store's group
 offsets through the coordinator, so they survive a broker restart. Partitions of unknown topics are answered
 with UNKNOWN_TOPIC_OR_PARTITION on commit, and with offset -1 on fetch (as Kafka does)."""
+
 from __future__ import annotations
 
 from mqk import errors as E
@@ -23,14 +24,28 @@ async def offset_commit(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
             else:
                 wanted[tp] = (p["committed_offset"], p.get("committed_leader_epoch", -1), p["committed_metadata"])
     if wanted:
-        codes.update(await ctx.groups.commit_offsets(
-            b["group_id"], b.get("generation_id_or_member_epoch", -1), b.get("member_id", ""), wanted,
-            group_instance_id=b.get("group_instance_id")))
-    return {"throttle_time_ms": 0, "topics": [
-        {"name": t["name"], "partitions": [
-            {"partition_index": p["partition_index"], "error_code": codes[(t["name"], p["partition_index"])]}
-            for p in t["partitions"]]}
-        for t in b["topics"]]}
+        codes.update(
+            await ctx.groups.commit_offsets(
+                b["group_id"],
+                b.get("generation_id_or_member_epoch", -1),
+                b.get("member_id", ""),
+                wanted,
+                group_instance_id=b.get("group_instance_id"),
+            )
+        )
+    return {
+        "throttle_time_ms": 0,
+        "topics": [
+            {
+                "name": t["name"],
+                "partitions": [
+                    {"partition_index": p["partition_index"], "error_code": codes[(t["name"], p["partition_index"])]}
+                    for p in t["partitions"]
+                ],
+            }
+            for t in b["topics"]
+        ],
+    }
 
 
 def _fetch_group(ctx, group_id: str, topics) -> list[dict]:
@@ -44,16 +59,31 @@ def _fetch_group(ctx, group_id: str, topics) -> list[dict]:
         return [{"name": topic, "partitions": parts} for topic, parts in by_topic.items()]
     wanted = [(t["name"], p) for t in topics for p in t["partition_indexes"]]
     committed = ctx.groups.fetch_offsets(group_id, wanted)
-    return [{"name": t["name"], "partitions": [_partition(p, committed.get((t["name"], p))) for p in
-                                               t["partition_indexes"]]} for t in topics]
+    return [
+        {
+            "name": t["name"],
+            "partitions": [_partition(p, committed.get((t["name"], p))) for p in t["partition_indexes"]],
+        }
+        for t in topics
+    ]
 
 
 def _partition(index: int, off) -> dict:
     if off is None:
-        return {"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "",
-                "error_code": NONE}
-    return {"partition_index": index, "committed_offset": off.offset, "committed_leader_epoch": off.leader_epoch,
-            "metadata": off.metadata, "error_code": NONE}
+        return {
+            "partition_index": index,
+            "committed_offset": -1,
+            "committed_leader_epoch": -1,
+            "metadata": "",
+            "error_code": NONE,
+        }
+    return {
+        "partition_index": index,
+        "committed_offset": off.offset,
+        "committed_leader_epoch": off.leader_epoch,
+        "metadata": off.metadata,
+        "error_code": NONE,
+    }
 
 
 async def offset_fetch(ctx: KafkaContext, peer: Peer, req: Request) -> dict:

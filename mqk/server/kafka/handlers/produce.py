@@ -23,6 +23,7 @@ acks=0 gets no response (None), but a failure closes the connection, as Kafka do
 refreshes its metadata; acks=1 and acks=-1 are the same on a single replica (an append completes once the data
 is readable and, under sync flush, on disk).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,10 +47,23 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _NO_LIMIT = _INT64_MAX  # a timestamp window bound that Kafka's default (Long.MAX_VALUE) leaves open
 
 
-def _part(index: int, code: int, base_offset: int = -1, log_append_time: int = -1, log_start: int = -1,
-          message: str | None = None) -> dict:
-    return {"index": index, "error_code": code, "base_offset": base_offset, "log_append_time_ms": log_append_time,
-            "log_start_offset": log_start, "record_errors": (), "error_message": message}
+def _part(
+    index: int,
+    code: int,
+    base_offset: int = -1,
+    log_append_time: int = -1,
+    log_start: int = -1,
+    message: str | None = None,
+) -> dict:
+    return {
+        "index": index,
+        "error_code": code,
+        "base_offset": base_offset,
+        "log_append_time_ms": log_append_time,
+        "log_start_offset": log_start,
+        "record_errors": (),
+        "error_message": message,
+    }
 
 
 #: a stored partition's answer before its index, offsets and (LogAppendTime) timestamp are set (_append_plain)
@@ -90,8 +104,12 @@ def prepare(ctx: KafkaContext, body: dict, missing: dict[str, int] | None = None
     if acks not in (0, 1, -1):
         return Prepared(acks, _refuse_all(body, E.InvalidRequiredAcksError.code), [], [])
     if body.get("transactional_id") is not None:
-        return Prepared(acks, _refuse_all(body, E.TransactionalIdAuthorizationFailedError.code,
-                                          "transactions are not supported"), [], [])
+        return Prepared(
+            acks,
+            _refuse_all(body, E.TransactionalIdAuthorizationFailedError.code, "transactions are not supported"),
+            [],
+            [],
+        )
     responses: list = []
     appends: list = []
     idempotent: list = []
@@ -113,9 +131,13 @@ def prepare(ctx: KafkaContext, body: dict, missing: dict[str, int] | None = None
 
 def _refuse_all(body: dict, code: int, message: str | None = None) -> list:
     """The answer of a request refused as a whole: every partition gets `code`."""
-    return [{"name": t["name"], "partition_responses": [_part(p["index"], code, message=message)
-                                                        for p in t["partition_data"]]}
-            for t in body["topic_data"]]
+    return [
+        {
+            "name": t["name"],
+            "partition_responses": [_part(p["index"], code, message=message) for p in t["partition_data"]],
+        }
+        for t in body["topic_data"]
+    ]
 
 
 async def _prepare_creating_topics(ctx: KafkaContext, body: dict) -> Prepared:
@@ -133,8 +155,15 @@ async def _prepare_creating_topics(ctx: KafkaContext, body: dict) -> Prepared:
     return prepared
 
 
-def _prepare_topic(ctx: KafkaContext, name: str, info: ShardInfo, partitions: Sequence[dict], parts: list,
-                   appends: list, idempotent: list) -> None:
+def _prepare_topic(
+    ctx: KafkaContext,
+    name: str,
+    info: ShardInfo,
+    partitions: Sequence[dict],
+    parts: list,
+    appends: list,
+    idempotent: list,
+) -> None:
     """One topic's partitions: an answer (error) or a None placeholder onto `parts` for each, the plain ones onto
     `appends` as one entry list, the idempotent ones onto `idempotent`."""
     # what every partition of the topic shares, looked up once per topic rather than once per partition
@@ -154,8 +183,19 @@ def _prepare_topic(ctx: KafkaContext, name: str, info: ShardInfo, partitions: Se
     while i < count:
         # one kernel call takes the plain partitions (valid, uncompressed, not idempotent) from i on, as the
         # loop below would; the loop takes the one it stopped at
-        i = plan_plain_appends(partitions, i, queue_count, max_batch_bytes, DELAY_HEADER_KEYS, compacted,
-                               timestamps, plain, delays, slots, parts)
+        i = plan_plain_appends(
+            partitions,
+            i,
+            queue_count,
+            max_batch_bytes,
+            DELAY_HEADER_KEYS,
+            compacted,
+            timestamps,
+            plain,
+            delays,
+            slots,
+            parts,
+        )
         if i == count:
             break
         p = partitions[i]
@@ -167,8 +207,13 @@ def _prepare_topic(ctx: KafkaContext, name: str, info: ShardInfo, partitions: Se
         try:
             # the record check also says whether a record carries a delay header, so the timer's put hook need
             # not walk (or decompress and decode) the batches again
-            batches = validate(p["records"], max_batch_bytes, header_names=DELAY_HEADER_KEYS,
-                               require_keys=compacted, timestamps=timestamps)
+            batches = validate(
+                p["records"],
+                max_batch_bytes,
+                header_names=DELAY_HEADER_KEYS,
+                require_keys=compacted,
+                timestamps=timestamps,
+            )
         except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
             parts.append(_refused(index, exc))
             continue
@@ -204,8 +249,12 @@ async def answer_prepared(ctx: KafkaContext, prepared: list[Prepared]) -> list:
         if ctx.config.store.flush_mode == FLUSH_SYNC:
             # under sync flush each idempotent append waits for its fsync: run them concurrently so they share the
             # group commit (one partition's batches still go one by one inside _produce_idempotent)
-            results = await asyncio.gather(*(_produce_idempotent(ctx, topic, index, batches, lat)
-                                             for topic, index, batches, lat, _parts, _slot in idempotent))
+            results = await asyncio.gather(
+                *(
+                    _produce_idempotent(ctx, topic, index, batches, lat)
+                    for topic, index, batches, lat, _parts, _slot in idempotent
+                )
+            )
             for (_t, _i, _b, _l, parts, slot), answer in zip(idempotent, results):
                 parts[slot] = answer
         else:
@@ -233,8 +282,12 @@ def _merged(prepared: list[Prepared]) -> list:
 
 def _body(prepared: Prepared) -> dict | CloseConnection | None:
     if prepared.acks == 0:
-        failed = [(t["name"], p["index"], p["error_code"]) for t in prepared.responses
-                  for p in t["partition_responses"] if p["error_code"]]
+        failed = [
+            (t["name"], p["index"], p["error_code"])
+            for t in prepared.responses
+            for p in t["partition_responses"]
+            if p["error_code"]
+        ]
         if failed:
             return CloseConnection(f"acks=0 produce failed for {failed[:3]}")
         return None
@@ -249,9 +302,13 @@ def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, in
     entry = cache.get(id(config))
     if entry is not None and entry[0] is config:
         return entry[1]
-    limits = (min(config.get_int("max.message.bytes"), ctx.config.socket_request_max_bytes),
-              config.compacted, config.log_append_time, config.get_int("message.timestamp.before.max.ms"),
-              config.get_int("message.timestamp.after.max.ms"))
+    limits = (
+        min(config.get_int("max.message.bytes"), ctx.config.socket_request_max_bytes),
+        config.compacted,
+        config.log_append_time,
+        config.get_int("message.timestamp.before.max.ms"),
+        config.get_int("message.timestamp.after.max.ms"),
+    )
     if len(cache) > 10_000:
         cache.clear()
     cache[id(config)] = (config, limits)
@@ -266,8 +323,14 @@ def _refused(index: int, exc: Exception) -> dict:
     return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
 
 
-async def _append_plain(store: StoreManager, topic: str, entries: list[tuple[int, list]], delays: list[bool],
-                        answers: list[tuple[list, list[int]]], log_append_time: bool) -> None:
+async def _append_plain(
+    store: StoreManager,
+    topic: str,
+    entries: list[tuple[int, list]],
+    delays: list[bool],
+    answers: list[tuple[list, list[int]]],
+    log_append_time: bool,
+) -> None:
     """Append the entries (partition, batches) in one call and put each partition's answer in its place: entry i
     belongs to the i-th slot of the (answer list, slots) pairs taken in order."""
     try:
@@ -293,15 +356,15 @@ async def _append_plain(store: StoreManager, topic: str, entries: list[tuple[int
                 parts[slot] = _storage_failure(topic, index, result)  # type: ignore[arg-type]  # not an AppendResult
 
 
-async def _produce_idempotent(ctx: KafkaContext, topic: str, index: int, batches: list,
-                              log_append_time: bool) -> dict:
+async def _produce_idempotent(ctx: KafkaContext, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
     store = ctx.store
     # idempotent producer: one batch at a time through the sequence check
     first_offset = -1
     last = None
     for batch in batches:
         decision = await ctx.producers.begin(
-            topic, index, batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_offset_delta)
+            topic, index, batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_offset_delta
+        )
         if decision.error:
             return _part(index, decision.error, message="producer sequence check failed")
         if decision.duplicate is not None:

@@ -1,6 +1,7 @@
 """Topic admin: CreateTopics (partitions, configs, validate_only), DeleteTopics (by name or id),
 CreatePartitions, DeleteRecords. One broker: a replication factor above 1 is INVALID_REPLICATION_FACTOR and a
 manual assignment must name this broker only."""
+
 from __future__ import annotations
 
 import uuid
@@ -20,8 +21,16 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     results = []
     for t in b["topics"]:
         name = t["name"]
-        res = {"name": name, "topic_id": ZERO_UUID, "error_code": NONE, "error_message": None,
-               "topic_config_error_code": NONE, "num_partitions": -1, "replication_factor": -1, "configs": None}
+        res = {
+            "name": name,
+            "topic_id": ZERO_UUID,
+            "error_code": NONE,
+            "error_message": None,
+            "topic_config_error_code": NONE,
+            "num_partitions": -1,
+            "replication_factor": -1,
+            "configs": None,
+        }
         results.append(res)
 
         def fail(code: int, message: str, res=res) -> None:
@@ -43,8 +52,9 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
             if partitions != -1 or rf != -1:
                 fail(E.InvalidRequestError.code, "give either assignments or partitions/replication factor")
                 continue
-            if any(a["broker_ids"] != [ctx.node_id] for a in assignments) or \
-                    sorted(a["partition_index"] for a in assignments) != list(range(len(assignments))):
+            if any(a["broker_ids"] != [ctx.node_id] for a in assignments) or sorted(
+                a["partition_index"] for a in assignments
+            ) != list(range(len(assignments))):
                 fail(E.InvalidReplicaAssignmentError.code, f"only broker {ctx.node_id} exists")
                 continue
             partitions = len(assignments)
@@ -54,8 +64,10 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
             fail(E.InvalidPartitionsError.code, f"number of partitions must be positive, not {partitions}")
             continue
         if rf not in (-1, 1) and not assignments:
-            fail(E.InvalidReplicationFactorError.code,
-                 f"replication factor {rf} is larger than the number of brokers (1)")
+            fail(
+                E.InvalidReplicationFactorError.code,
+                f"replication factor {rf} is larger than the number of brokers (1)",
+            )
             continue
         overrides = {c["name"]: c["value"] for c in t["configs"]}
         reason = topic_config.check_all(overrides)
@@ -70,10 +82,20 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
                 fail(E.kafka_code_for(exc), str(exc))
                 continue
             res["topic_id"] = topic_uuid(info)
-        res.update(num_partitions=partitions, replication_factor=1,
-                   configs=[{"name": c["name"], "value": c["value"], "read_only": c["read_only"],
-                             "config_source": c["config_source"], "is_sensitive": c["is_sensitive"]}
-                            for c in topic_config_entries(config)])
+        res.update(
+            num_partitions=partitions,
+            replication_factor=1,
+            configs=[
+                {
+                    "name": c["name"],
+                    "value": c["value"],
+                    "read_only": c["read_only"],
+                    "config_source": c["config_source"],
+                    "is_sensitive": c["is_sensitive"],
+                }
+                for c in topic_config_entries(config)
+            ],
+        )
     return {"throttle_time_ms": 0, "topics": results}
 
 
@@ -120,14 +142,18 @@ async def create_partitions(ctx: KafkaContext, peer: Peer, req: Request) -> dict
             entry.update(error_code=E.UnknownTopicOrPartitionError.code, error_message=f"unknown topic {name!r}")
             continue
         if count <= info.queue_count:
-            entry.update(error_code=E.InvalidPartitionsError.code,
-                         error_message=f"topic has {info.queue_count} partitions; cannot change to {count}")
+            entry.update(
+                error_code=E.InvalidPartitionsError.code,
+                error_message=f"topic has {info.queue_count} partitions; cannot change to {count}",
+            )
             continue
         assignments = t["assignments"]
-        if assignments is not None and (len(assignments) != count - info.queue_count or
-                                        any(a["broker_ids"] != [ctx.node_id] for a in assignments)):
-            entry.update(error_code=E.InvalidReplicaAssignmentError.code,
-                         error_message=f"only broker {ctx.node_id} exists")
+        if assignments is not None and (
+            len(assignments) != count - info.queue_count or any(a["broker_ids"] != [ctx.node_id] for a in assignments)
+        ):
+            entry.update(
+                error_code=E.InvalidReplicaAssignmentError.code, error_message=f"only broker {ctx.node_id} exists"
+            )
             continue
         if b["validate_only"]:
             continue
