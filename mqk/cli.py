@@ -32,6 +32,23 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--namesrv-listen", metavar="HOST:PORT", help="name-server listener (default 127.0.0.1:9876)")
     p.add_argument("--storage", choices=("file", "memory", "rocksdb"), help="default storage engine (default file)")
     p.add_argument("--flush", dest="flush_mode", choices=("async", "sync"), help="CommitLog flush mode")
+    p.add_argument(
+        "--cluster",
+        metavar="etcd://HOST:PORT[,HOST:PORT...]",
+        help="join the cluster whose metadata lives in this etcd (default: a broker on its own)",
+    )
+    p.add_argument("--node-id", type=int, help="this broker's node id, unique in its cluster (default 0)")
+    p.add_argument(
+        "--cluster-id", help="the cluster's name: its keys live under /mqk/<cluster-id>/ (default mqk-cluster)"
+    )
+    p.add_argument("--broker-group", help="the broker group this broker serves (default group-<node-id>)")
+    p.add_argument(
+        "--advertise",
+        nargs="+",
+        metavar="HOST|NAME=HOST:PORT",
+        help="addresses clients are told to connect to: one host for every listener, or "
+        "kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT (default: the bound ones)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_serve)
 
@@ -45,6 +62,11 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         namesrv_listen=args.namesrv_listen,
         storage=args.storage,
         flush_mode=args.flush_mode,
+        cluster=args.cluster,
+        node_id=args.node_id,
+        cluster_id=args.cluster_id,
+        broker_group=args.broker_group,
+        advertise=tuple(args.advertise) if args.advertise else None,
     )
 
 
@@ -194,12 +216,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"mqk serve: {exc}", file=sys.stderr)
         return 2
+    from mqk.broker.cluster import ClusterStartError
+
     try:
-        import uvloop
-    except ImportError:
-        asyncio.run(_serve(config))
-    else:
-        uvloop.run(_serve(config))
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(_serve(config))
+        else:
+            uvloop.run(_serve(config))
+    except ClusterStartError as exc:
+        print(f"mqk serve: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

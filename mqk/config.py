@@ -252,7 +252,24 @@ class BrokerConfig:
     log_cleaner_backoff_ms: int = 15_000
     #: Kafka `log.cleaner.dedupe.buffer.size`: memory cap of the compactor's key -> offset map
     log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024
+    #: cluster mode: the meta service, `etcd://HOST:PORT[,HOST:PORT...]` (None: a single broker on its own)
+    cluster: str | None = None
+    #: cluster mode: this broker's group (the unit a partition is placed on); default `group-<node_id>`
+    broker_group: str | None = None
+    #: what clients and peers are told to connect to: a host for every listener (`HOST`), or per listener
+    #: (`kafka=HOST:PORT`, `native=...`, `namesrv=...`); default: the bound addresses
+    advertise: tuple[str, ...] = ()
+    #: cluster mode: how long a broker that stops answering keeps its registration, mastership and controller
+    #: role (its etcd lease TTL, Kafka's broker.session.timeout.ms)
+    cluster_session_timeout_ms: int = 6000
+    #: Kafka `offsets.topic.num.partitions`: partitions of __consumer_offsets, which place group coordinators
+    offsets_topic_num_partitions: int = 50
     store: StoreConfig = field(default_factory=StoreConfig)
+
+    @property
+    def group_name(self) -> str:
+        """This broker's group (in RocketMQ terms its broker name)."""
+        return self.broker_group or (f"group-{self.node_id}" if self.cluster else self.broker_name)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **flags: Any) -> "BrokerConfig":
@@ -274,6 +291,9 @@ class BrokerConfig:
         for key in ("kafka_listen", "native_listen", "namesrv_listen"):
             if isinstance(values.get(key), str):
                 values[key] = parse_hostport(values[key])
+        if isinstance(values.get("advertise"), (str, list)):
+            advertise = values["advertise"]
+            values["advertise"] = (advertise,) if isinstance(advertise, str) else tuple(advertise)
         if "data_dir" in store_values:
             store_values["data_dir"] = Path(store_values["data_dir"])
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}

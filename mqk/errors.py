@@ -81,6 +81,14 @@ class PutRejected(StorageError):
     """A put-message hook refused the append; `reason` is shown to the client."""
 
 
+# --- cluster metadata ----------------------------------------------------------------------------------
+
+
+class MetaUnavailable(MqkError):
+    """The cluster's meta service (etcd) cannot be reached or did not answer in time. Retriable: the metadata is
+    unchanged, or unknown for a change whose answer was lost."""
+
+
 # --- protocol-level ------------------------------------------------------------------------------------
 
 
@@ -123,6 +131,7 @@ InvalidFetchSizeError = _kafka("InvalidFetchSizeError", 4)
 LeaderNotAvailableError = _kafka("LeaderNotAvailableError", 5, True)
 NotLeaderOrFollowerError = _kafka("NotLeaderOrFollowerError", 6, True)
 RequestTimedOutError = _kafka("RequestTimedOutError", 7, True)
+BrokerNotAvailableError = _kafka("BrokerNotAvailableError", 8, True)
 MessageTooLargeError = _kafka("MessageTooLargeError", 10)
 CoordinatorLoadInProgressError = _kafka("CoordinatorLoadInProgressError", 14, True)
 CoordinatorNotAvailableError = _kafka("CoordinatorNotAvailableError", 15, True)
@@ -204,6 +213,8 @@ def kafka_code_for(exc: BaseException) -> int:
         return InvalidTimestampError.code
     if isinstance(exc, InvalidRecord):
         return InvalidRecordError.code
+    if isinstance(exc, MetaUnavailable):
+        return RequestTimedOutError.code
     if isinstance(exc, (StorageError, OSError)):
         return KafkaStorageError.code
     return UnknownServerError.code

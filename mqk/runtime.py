@@ -18,8 +18,10 @@ import logging
 from typing import Any
 
 from mqk.broker import Broker
+from mqk.broker.cluster import ClusterConfig, ClusterMember
 from mqk.clock import SYSTEM_CLOCK, Clock
-from mqk.config import BrokerConfig
+from mqk.config import BrokerConfig, parse_hostport
+from mqk.meta.etcd import parse_endpoints
 from mqk.server.kafka.server import KafkaServer
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
@@ -49,6 +51,7 @@ class BrokerRuntime:
         self.retention: RetentionService | None = None
         self.diskguard: DiskGuard | None = None
         self.compaction: CompactionService | None = None
+        self.cluster: ClusterMember | None = None
 
     async def start(self) -> "BrokerRuntime":
         cfg = self.config
@@ -80,10 +83,38 @@ class BrokerRuntime:
             namesrv = NameServer(cfg, self.store, self.native_address, topics=broker.topics)
             self.namesrv_address = await namesrv.start()
             self._parts.append(namesrv)
+
+            if cfg.cluster:
+                await self._join(broker)
         except BaseException:
             await self.stop()
             raise
         return self
+
+    async def _join(self, broker: Broker) -> None:
+        """Cluster mode: register with the advertised listeners (the bound addresses are known now), follow the
+        metadata, and let the topic registry answer from it. ClusterStartError when the cluster cannot be joined."""
+        cfg = self.config
+        assert cfg.cluster and self.store is not None
+        bound = {"kafka": self.kafka_address, "native": self.native_address, "namesrv": self.namesrv_address}
+        config = ClusterConfig(
+            parse_endpoints(cfg.cluster),
+            cfg.cluster_id,
+            cfg.node_id,
+            cfg.group_name,
+            advertised_listeners(cfg.advertise, bound),
+            session_timeout_s=max(1, cfg.cluster_session_timeout_ms // 1000),
+        )
+        self.cluster = ClusterMember(
+            config,
+            self.store,
+            cfg.store.data_dir if self.store.persistent else None,
+            offsets_partitions=cfg.offsets_topic_num_partitions,
+            clock=self.clock,
+        )
+        broker.attach_cluster(self.cluster)
+        await self.cluster.start()
+        self._parts.append(self.cluster)
 
     def ready_line(self) -> str:
         def fmt(addr: Address | None) -> str:
@@ -115,3 +146,24 @@ class BrokerRuntime:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def advertised_listeners(advertise: tuple[str, ...], bound: dict[str, Address | None]) -> dict[str, str]:
+    """Listener name -> "host:port" to advertise: `NAME=HOST:PORT` items as given, a bare `HOST` for every other
+    listener (with its bound port), else the bound address itself."""
+    named: dict[str, str] = {}
+    host: str | None = None
+    for item in advertise:
+        name, sep, value = item.partition("=")
+        if sep:
+            parse_hostport(value)  # (ValueError for a bad one, at start)
+            named[name.strip()] = value.strip()
+        else:
+            host = item.strip()
+    out = {}
+    for name, addr in bound.items():
+        if name in named:
+            out[name] = named[name]
+        elif addr is not None:
+            out[name] = f"{host or addr[0]}:{addr[1]}"
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import SYSTEM_CLOCK, Clock
@@ -23,7 +24,14 @@ class Broker:
         self.clock = clock
         self.topics = TopicRegistry(store, config)
         self.hub = WakeupHub(clock)
+        #: cluster mode: this broker's membership (None for a single broker on its own)
+        self.cluster: ClusterMember | None = None
         self._listening = False
+
+    def attach_cluster(self, cluster: ClusterMember) -> None:
+        """Cluster mode: topics and the questions of leadership are the cluster's from now on."""
+        self.cluster = cluster
+        self.topics.attach_cluster(cluster)
 
     def open(self) -> None:
         """Called by each front door as it starts (on the event loop): the hub hears the store's appends from

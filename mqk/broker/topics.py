@@ -10,7 +10,10 @@ It sits over the store's topic metadata (`StoreManager`, which persists it) and 
   RocketMQ producer may ask for fewer); RocketMQ's per-group topics are created on demand with one queue
   whatever the setting says (mqk.broker.internal). Concurrent creations of one topic create it once;
 - topic ids: Kafka names topics by a 16-byte id in newer API versions; the id -> name map is cached and rebuilt
-  only when a lookup misses (a topic created or re-created since).
+  only when a lookup misses (a topic created or re-created since);
+- cluster mode (`attach_cluster`): topics are the cluster's (mqk.broker.cluster): lookups answer from the cluster's
+  metadata view (a topic may have no partition in this broker's store), and every change is made by the
+  controller; topics that are local by nature (mqk.broker.internal) stay this broker's own.
 
 Failures are raised as mqk.errors types (InvalidTopicError, InvalidConfigError, UnknownShard, ShardExists, ...);
 each front door turns them into its own codes.
@@ -24,9 +27,10 @@ from collections.abc import Mapping
 
 from mqk.broker import internal
 from mqk.broker import topic_config as settings
+from mqk.broker.cluster import ClusterMember, RequestRecord, TopicRecord
 from mqk.broker.names import KAFKA, ROCKETMQ, NameRule
 from mqk.config import BrokerConfig
-from mqk.errors import InvalidConfigError, InvalidTopicError, ShardExists, UnknownShard
+from mqk.errors import InvalidConfigError, InvalidTopicError, ShardExists, TopicAlreadyExistsError, UnknownShard
 from mqk.store.adapter import ShardInfo
 from mqk.store.manager import StoreManager
 
@@ -43,16 +47,49 @@ class TopicRegistry:
         self.get = store.topic
         self._names_by_id: dict[bytes, str] = {}
         self._creating: dict[str, asyncio.Lock] = {}
+        #: cluster mode: the cluster whose metadata the topics are
+        self.cluster: ClusterMember | None = None
+        #: cluster mode: each topic record's ShardInfo (rebuilt when the record changes)
+        self._infos: dict[str, tuple[TopicRecord, ShardInfo]] = {}
+
+    def attach_cluster(self, cluster: ClusterMember) -> None:
+        """From now on topics are the cluster's (see the module docstring)."""
+        self.cluster = cluster
+        self.get = self._cluster_topic
+
+    def _cluster_topic(self, name: str) -> ShardInfo | None:
+        if internal.is_internal(name) or internal.created_on_demand(name):
+            return self._store.topic(name)
+        assert self.cluster is not None
+        record = self.cluster.topic(name)
+        if record is None:
+            return None
+        cached = self._infos.get(name)
+        if cached is not None and cached[0] is record:
+            return cached[1]
+        local = self._store.topic(name)
+        info = ShardInfo(
+            name,
+            len(record.partitions),
+            settings.config_of(record.configs),
+            local.engine if local is not None else self._store.config.storage,
+            record.topic_id_bytes,
+        )
+        self._infos[name] = (record, info)
+        return info
 
     # --- lookup -------------------------------------------------------------------------------------------
 
     def all(self) -> dict[str, ShardInfo]:
-        """Every topic, by name (a copy)."""
-        return self._store.topics()
+        """Every topic, by name (a copy). In cluster mode the cluster's topics."""
+        if self.cluster is None:
+            return self._store.topics()
+        infos = {name: self._cluster_topic(name) for name in list(self.cluster.topics())}
+        return {name: info for name, info in infos.items() if info is not None}
 
     def queue_count(self, name: str) -> int:
         """The topic's partition (queue) count; 0 when it does not exist."""
-        info = self._store.topic(name)
+        info = self.get(name)
         return 0 if info is None else info.queue_count
 
     def by_id(self, topic_id: bytes) -> ShardInfo | None:
@@ -60,14 +97,14 @@ class TopicRegistry:
         names = self._names_by_id
         name = names.get(topic_id)
         if name is not None:
-            info = self._store.topic(name)
+            info = self.get(name)
             if info is not None and info.topic_id == topic_id:
                 return info
         names.clear()
-        for info in self._store.topics().values():
+        for info in self.all().values():
             names[bytes(info.topic_id)] = info.topic
         name = names.get(topic_id)
-        return self._store.topic(name) if name is not None else None
+        return self.get(name) if name is not None else None
 
     @staticmethod
     def is_internal(name: str) -> bool:
@@ -87,6 +124,16 @@ class TopicRegistry:
         reason = settings.check_all(changes or {})
         if reason:
             raise InvalidConfigError(reason)
+        if self.cluster is not None and not internal.is_internal(name):
+            values = {k: v for k, v in (changes or {}).items() if v is not None}
+            try:
+                await self.cluster.change(RequestRecord("create", name, partitions, values))
+            except TopicAlreadyExistsError as exc:
+                raise ShardExists(str(exc)) from None
+            info = self.get(name)
+            if info is None:
+                raise UnknownShard(f"topic {name!r} was deleted right after it was created")
+            return info
         return await self._store.create_topic(name, partitions, settings.config_of(changes or {}))
 
     def may_auto_create(self, name: str, client_allows: bool = True) -> bool:
@@ -106,7 +153,7 @@ class TopicRegistry:
     ) -> ShardInfo:
         """The topic `name`, created under the auto-creation policy if it does not exist. InvalidTopicError for an
         illegal name, UnknownShard when the policy does not create it."""
-        info = self._store.topic(name)
+        info = self.get(name)
         if info is not None:
             return info
         reason = names.error(name)
@@ -124,7 +171,7 @@ class TopicRegistry:
     async def ensure(self, name: str, partitions: int, *, names: NameRule = ROCKETMQ) -> ShardInfo:
         """The topic `name`, created with `partitions` partitions (at least one) unless it exists. Concurrent calls
         for one name create it once."""
-        info = self._store.topic(name)
+        info = self.get(name)
         if info is not None:
             return info
         reason = names.error(name)
@@ -132,7 +179,18 @@ class TopicRegistry:
             raise InvalidTopicError(reason)
         lock = self._creating.setdefault(name, asyncio.Lock())
         async with lock:
-            info = self._store.topic(name)
+            info = self.get(name)
+            if (
+                info is None
+                and self.cluster is not None
+                and not (internal.is_internal(name) or internal.created_on_demand(name))
+            ):
+                try:
+                    await self.cluster.change(RequestRecord("create", name, max(1, partitions)))
+                    log.info("auto-created topic %s with %d partition(s) in the cluster", name, max(1, partitions))
+                except TopicAlreadyExistsError:
+                    pass  # created meanwhile by another broker
+                info = self.get(name)
             if info is None:
                 try:
                     info = await self._store.create_topic(name, max(1, partitions))
@@ -145,13 +203,29 @@ class TopicRegistry:
 
     # --- changes ------------------------------------------------------------------------------------------
 
+    def _clustered(self, name: str) -> ClusterMember | None:
+        """The cluster when `name` is one of its topics' names (not a local one)."""
+        if self.cluster is None or internal.is_internal(name) or internal.created_on_demand(name):
+            return None
+        return self.cluster
+
     async def delete(self, name: str) -> None:
         """UnknownShard if there is no such topic."""
-        await self._store.delete_topic(name)
+        cluster = self._clustered(name)
+        if cluster is not None:
+            if cluster.topic(name) is None:
+                raise UnknownShard(f"unknown topic {name!r}")
+            await cluster.change(RequestRecord("delete", name))
+        else:
+            await self._store.delete_topic(name)
         self._creating.pop(name, None)
 
     async def add_partitions(self, name: str, total: int) -> None:
         """Grow `name` to `total` partitions (InvalidPartitionsError unless more than it has)."""
+        cluster = self._clustered(name)
+        if cluster is not None:
+            await cluster.change(RequestRecord("partitions", name, total))
+            return
         await self._store.add_partitions(name, total)
 
     async def alter_config(self, name: str, changes: Mapping[str, str | None]) -> None:
@@ -159,4 +233,10 @@ class TopicRegistry:
         reason = settings.check_all(changes)
         if reason:
             raise InvalidConfigError(reason)
+        cluster = self._clustered(name)
+        if cluster is not None:
+            revision = cluster.view.state.topic_revisions.get(name, 0)
+            values = {k: v for k, v in changes.items() if v is not None}
+            await cluster.change(RequestRecord("configs", name, configs=values, base_revision=revision))
+            return
         await self._store.alter_topic_config(name, settings.config_of(changes))

@@ -200,7 +200,10 @@ class StoreManager:
             raise InvalidConfigError(f"storage.type must be one of {ENGINES}, not {name!r}")
         return name
 
-    async def create_topic(self, topic: str, partitions: int, config: TopicConfig | None = None) -> ShardInfo:
+    async def create_topic(
+        self, topic: str, partitions: int, config: TopicConfig | None = None, *, topic_id: bytes | None = None
+    ) -> ShardInfo:
+        """`topic_id`: the 16-byte id the topic is known by (a cluster's controller names it); a new one if None."""
         config = config or TopicConfig()
         _check_queue_count(partitions)
         async with self._admin:
@@ -208,7 +211,7 @@ class StoreManager:
                 raise ShardExists(f"topic {topic!r} already exists")
             name = self._engine_name_for(config)
             engine = await self._engine(name)
-            info = ShardInfo(topic, partitions, config, name, _new_topic_id())
+            info = ShardInfo(topic, partitions, config, name, topic_id or _new_topic_id())
             # published only once its shards exist: a request that finds the topic can append to it (one that
             # found it while the shards were being made got UNKNOWN_TOPIC_OR_PARTITION)
             await self._save_topics({**self._topics, topic: info})

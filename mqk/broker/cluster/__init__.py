@@ -1,0 +1,170 @@
+"""Cluster mode: many broker processes, one cluster, its metadata in etcd (mqk.meta).
+
+A broker started with `--cluster etcd://...` is a `ClusterMember`: it registers itself, follows the cluster's
+metadata (view.py), runs for its group's mastership and for controller (node.py), applies metadata changes while it
+is the controller (controller.py), keeps its local store in line with what is placed in its group (reconcile.py),
+and answers the front doors' questions: who leads a partition, which broker coordinates a consumer group, which
+brokers exist, and what a metadata change came to.
+
+Layout of the keys and what each holds: model.py. Placement of partitions: placement.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from mqk.broker.cluster.controller import OFFSETS_TOPIC, Controller
+from mqk.broker.cluster.model import BrokerRecord, RequestRecord, TopicRecord
+from mqk.broker.cluster.node import ClusterConfig, ClusterNode, ClusterStartError
+from mqk.broker.cluster.reconcile import TopicReconciler
+from mqk.broker.cluster.view import ClusterView
+from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.errors import UnknownTopicOrPartitionError
+from mqk.store.manager import StoreManager
+
+log = logging.getLogger("mqk.cluster")
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode (Kafka places a group's coordinator with it), as a signed 32-bit int."""
+    data = text.encode("utf-16-be")  # (Java hashes UTF-16 code units)
+    h = 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+class ClusterMember:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        store: StoreManager,
+        data_dir: Path | None,
+        *,
+        offsets_partitions: int = 50,
+        max_partitions: int = 10_000,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.node = ClusterNode(config, clock=clock)
+        self.view: ClusterView = self.node.view
+        self.offsets_partitions = offsets_partitions
+        self.controller = Controller(self.node, offsets_partitions=offsets_partitions, max_partitions=max_partitions)
+        self.reconciler = TopicReconciler(self.view, store, config.group, data_dir)
+        self._started = False
+
+    @property
+    def node_id(self) -> int:
+        return self.node.node_id
+
+    @property
+    def group(self) -> str:
+        return self.node.group
+
+    async def start(self) -> None:
+        """Join the cluster (ClusterStartError when it cannot)."""
+        await self.node.start()
+        self.controller.start()
+        await self.reconciler.start()
+        await self.reconciler.sync()
+        self._started = True
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+        await self.reconciler.stop()
+        await self.node.stop()
+
+    # --- questions the front doors ask ----------------------------------------------------------------------------
+
+    def brokers(self) -> list[BrokerRecord]:
+        """Every live broker, by node id."""
+        return [b for _n, b in sorted(self.view.state.brokers.items())]
+
+    def controller_id(self) -> int:
+        controller = self.view.state.controller
+        return controller.node_id if controller is not None else -1
+
+    def topic(self, name: str) -> TopicRecord | None:
+        return self.view.state.topics.get(name)
+
+    def topics(self) -> dict[str, TopicRecord]:
+        return self.view.state.topics
+
+    def leader(self, topic: str, partition: int) -> tuple[int, int]:
+        """(leader node id, leader epoch); (-1, -1) without a live leader."""
+        return self.view.leader_of(topic, partition)
+
+    def leads(self, topic: str, partition: int) -> bool:
+        """Whether this broker leads the partition now (its group's master, its lease alive)."""
+        record = self.view.state.topics.get(topic)
+        return (
+            record is not None
+            and 0 <= partition < len(record.partitions)
+            and record.partitions[partition][0] == self.group
+            and self.node.leading
+        )
+
+    def replicas(self, topic: str, partition: int) -> list[int]:
+        """The nodes of the partition's group (its replicas; the leader among them)."""
+        record = self.view.state.topics.get(topic)
+        if record is None or not 0 <= partition < len(record.partitions):
+            return []
+        return self.view.members_of(record.partitions[partition][0])
+
+    def coordinator_partition(self, key: str) -> int:
+        """The offsets-topic partition of group `key` (Kafka's Utils.abs(key.hashCode()) % partitions)."""
+        h = java_string_hash(key)
+        return (0 if h == -(1 << 31) else abs(h)) % self.offsets_partitions
+
+    def coordinator(self, key: str) -> int:
+        """The node coordinating group `key` (the leader of its offsets-topic partition), -1 if none is live."""
+        return self.leader(OFFSETS_TOPIC, self.coordinator_partition(key))[0]
+
+    def coordinates(self, key: str) -> bool:
+        return self.coordinator(key) == self.node_id and self.node.leading
+
+    # --- metadata changes (through the controller) -----------------------------------------------------------
+
+    async def change(self, request: RequestRecord, timeout: float | None = None) -> None:
+        """Ask the controller for `request` and wait until this broker's view (and, where the topic is placed in
+        this group, its store) shows the outcome. Raises what the controller answered, MetaUnavailable or
+        RequestTimedOutError."""
+        await self.node.ask(request, timeout)
+        if request.validate_only:
+            return
+        if request.op == "delete":
+            await self.view.wait_until(lambda s: request.topic not in s.topics, 5.0)
+            await self.reconciler.sync()
+            return
+        await self.view.wait_until(lambda s: request.topic in s.topics, 5.0)
+        await self.reconciler.ensure(request.topic)
+
+    async def ensure_offsets_topic(self) -> None:
+        """Create the offsets topic if the cluster has none yet (Kafka creates it on the first FindCoordinator, once
+        brokers are up, so coordinators spread over them)."""
+        if OFFSETS_TOPIC in self.view.state.topics:
+            return
+        try:
+            await self.change(
+                RequestRecord("create", OFFSETS_TOPIC, self.offsets_partitions, {"cleanup.policy": "compact"})
+            )
+        except Exception as exc:  # noqa: BLE001 - created concurrently, or not now: FindCoordinator answers retriably
+            if OFFSETS_TOPIC not in self.view.state.topics:
+                log.info("cluster: %s not created yet: %s", OFFSETS_TOPIC, exc)
+
+    def require_topic(self, name: str) -> TopicRecord:
+        record = self.topic(name)
+        if record is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        return record
+
+
+__all__ = [
+    "OFFSETS_TOPIC",
+    "ClusterConfig",
+    "ClusterMember",
+    "ClusterStartError",
+    "RequestRecord",
+    "TopicRecord",
+    "java_string_hash",
+]

@@ -1,0 +1,175 @@
+"""The controller's work: the one writer of topic metadata (one per cluster, elected in node.py).
+
+While this broker is the controller it answers the metadata changes brokers ask for (`requests/<id>` keys, in the
+order they were made): create a topic (name and settings checked, partitions placed over the live groups:
+placement.py), delete one, add partitions, replace its settings. Each change is one etcd transaction that also
+writes the asker's result and removes the request, and that carries the controller fence (the controller key is
+still the one this broker created): a controller that lost its election (its lease expired while it was paused)
+cannot write anything, even if it has not noticed yet.
+
+It must not: write a topic key any other way, or answer a request it did not apply (a failed fence means the request
+stays for the next controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from mqk import errors as E
+from mqk.broker import topic_config as settings
+from mqk.broker.cluster.model import RequestRecord, ResultRecord, TopicRecord, dump
+from mqk.broker.cluster.node import ClusterNode
+from mqk.broker.cluster.placement import group_loads, place
+from mqk.broker.names import KAFKA
+from mqk.meta import Compare, Delete, MetaUnavailable, Put
+from mqk.store.adapter import MAX_SHARD_COUNT
+
+log = logging.getLogger("mqk.cluster.controller")
+
+#: Kafka's internal topic whose partition (hash of a group id) places that group's coordinator
+OFFSETS_TOPIC = "__consumer_offsets"
+
+
+class Controller:
+    def __init__(self, node: ClusterNode, *, offsets_partitions: int = 50, max_partitions: int = 10_000) -> None:
+        self.node = node
+        self.offsets_partitions = offsets_partitions
+        self.max_partitions = max_partitions
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.node.view.add_listener(self._wake.set)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="mqk-controller")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.node.controlling is None:
+                continue
+            try:
+                pending = sorted(self.node.view.state.requests.items(), key=lambda item: item[1][0])
+                for request_id, (_revision, request) in pending:
+                    if self.node.controlling is None:
+                        break
+                    await self._apply(request_id, request)
+            except MetaUnavailable as exc:
+                log.warning("controller: etcd unreachable (%s); requests wait", exc)
+                self._wake.set()
+                await asyncio.sleep(0.5)  # (etcd is down: try again soon, not in a busy loop)
+            except E.NotControllerError:
+                continue
+
+    def _new_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicRecord:
+        state = self.node.view.state
+        live = self.node.view.live_groups()
+        loads = group_loads((t.partitions for t in state.topics.values()), live)
+        epoch = self.node.controlling[0] if self.node.controlling else 0
+        return TopicRecord(uuid.uuid4().hex, dict(configs), place(name, 0, partitions, live, loads), epoch)
+
+    async def _apply(self, request_id: str, request: RequestRecord) -> None:
+        """Apply one request and answer it, in one fenced transaction; then wait until this broker's view has seen
+        it (the next request is decided on that view)."""
+        keys = self.node.keys
+        try:
+            compares, writes = self._change(request)
+            result = ResultRecord()
+        except E.MqkError as exc:  # refused: answered, nothing written
+            compares, writes = [], []
+            result = ResultRecord(type(exc).__name__, str(exc))
+        answer: list[Put | Delete] = [Delete(keys.request(request_id))]
+        if request.lease:
+            answer.append(Put(keys.result(request_id), dump(result), request.lease))
+        fence = self.node.controller_fence()
+        done, revision = await self.node.meta.txn_at([fence, *compares], [*writes, *answer])
+        if not done:
+            # the fence, or the topic's revision: retriable for the asker, who decided on an older view
+            busy = ResultRecord("ConcurrentTransactionsError", f"{request.topic!r} changed meanwhile; try again")
+            done, revision = await self.node.meta.txn_at(
+                [fence],
+                answer[:1] + ([Put(keys.result(request_id), dump(busy), request.lease)] if request.lease else []),
+            )
+            if not done:
+                raise E.NotControllerError("the controller fence failed: another broker is the controller")
+        elif writes:
+            log.info("controller: %s %s done", request.op, request.topic)
+        await self.node.view.wait_until(lambda s: s.revision >= revision, self.node.config.request_timeout_s)
+
+    def _change(self, request: RequestRecord) -> tuple[list[Compare], list[Put | Delete]]:
+        """The compares and writes that make `request`'s change; an mqk error when it is refused."""
+        state = self.node.view.state
+        name = request.topic
+        key = self.node.keys.topic(name)
+        current = state.topics.get(name)
+        if request.op == "create":
+            reason = KAFKA.error(name)
+            if reason:
+                raise E.InvalidTopicError(reason)
+            if current is not None:
+                raise E.TopicAlreadyExistsError(f"topic {name!r} already exists")
+            if not 1 <= request.partitions <= min(self.max_partitions, MAX_SHARD_COUNT):
+                raise E.InvalidPartitionsError(
+                    f"partition count must be in [1, {self.max_partitions}], not {request.partitions}"
+                )
+            reason = settings.check_all(request.configs)
+            if reason:
+                raise E.InvalidConfigError(reason)
+            if not self.node.view.live_groups():
+                raise E.BrokerNotAvailableError("no broker group is live")
+            if request.validate_only:
+                return [], []
+            record = self._new_topic(name, request.partitions, request.configs)
+            return [Compare(key, "version", "==", 0)], [Put(key, dump(record))]
+        if current is None:
+            raise E.UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        revision = state.topic_revisions.get(name, 0)
+        if request.op == "delete":
+            if name == OFFSETS_TOPIC:
+                raise E.InvalidTopicError(f"{name} is internal")
+            return [Compare(key, "mod", "==", revision)], [Delete(key)]
+        if request.op == "partitions":
+            have = len(current.partitions)
+            if request.partitions <= have or request.partitions > min(self.max_partitions, MAX_SHARD_COUNT):
+                raise E.InvalidPartitionsError(
+                    f"topic {name!r} has {have} partitions; cannot change to {request.partitions}"
+                )
+            live = self.node.view.live_groups()
+            if not live:
+                raise E.BrokerNotAvailableError("no broker group is live")
+            if request.validate_only:
+                return [], []
+            loads = group_loads((t.partitions for t in state.topics.values()), live)
+            grown = TopicRecord(
+                current.topic_id,
+                dict(current.configs),
+                current.partitions + place(name, have, request.partitions - have, live, loads),
+                current.controller_epoch,
+            )
+            return [Compare(key, "mod", "==", revision)], [Put(key, dump(grown))]
+        # configs: a full replacement computed by the asker from the version it saw
+        reason = settings.check_all(request.configs)
+        if reason:
+            raise E.InvalidConfigError(reason)
+        if request.base_revision and request.base_revision != revision:
+            raise E.ConcurrentTransactionsError(f"{name!r} changed while its settings were being computed")
+        if request.validate_only:
+            return [], []
+        changed = TopicRecord(
+            current.topic_id, dict(request.configs), list(current.partitions), current.controller_epoch
+        )
+        return [Compare(key, "mod", "==", revision)], [Put(key, dump(changed))]
+
+
+__all__ = ["OFFSETS_TOPIC", "Controller"]

@@ -1,0 +1,253 @@
+"""Cluster metadata: the key layout under `/mqk/<cluster-id>/` and the values stored there (JSON).
+
+    brokers/<node-id>            BrokerRecord    a live broker: its group, rack, advertised listeners    (its lease)
+    controller                   ControllerRecord the elected controller and its epoch                    (its lease)
+    controller-epoch             int              the last controller epoch handed out
+    groups/<group>/master        MasterRecord     the group's master and its epoch                         (its lease)
+    groups/<group>/epoch         int              the last master epoch handed out in the group
+    topics/<name>                TopicRecord      id, configs, each partition's (group, queue)      (controller only)
+    pid-blocks                   int              the next free producer id
+    requests/<id>                RequestRecord    a metadata change asked of the controller    (the asker's lease)
+    results/<id>                 ResultRecord     its outcome, for the asker                    (the asker's lease)
+
+Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
+damaged or foreign key is logged and skipped, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mqk.errors import MqkError
+
+
+class Malformed(MqkError):
+    """A cluster key's value is not what mqk writes there."""
+
+
+class Keys:
+    """Key names of one cluster."""
+
+    def __init__(self, cluster_id: str) -> None:
+        if not cluster_id or "/" in cluster_id:
+            raise ValueError(f"cluster id {cluster_id!r} must be non-empty and contain no '/'")
+        self.root = f"/mqk/{cluster_id}/"
+        self.brokers = self.root + "brokers/"
+        self.controller = self.root + "controller"
+        self.controller_epoch = self.root + "controller-epoch"
+        self.groups = self.root + "groups/"
+        self.topics = self.root + "topics/"
+        self.pid_blocks = self.root + "pid-blocks"
+        self.requests = self.root + "requests/"
+        self.results = self.root + "results/"
+
+    def broker(self, node_id: int) -> str:
+        return f"{self.brokers}{node_id}"
+
+    def master(self, group: str) -> str:
+        return f"{self.groups}{group}/master"
+
+    def master_epoch(self, group: str) -> str:
+        return f"{self.groups}{group}/epoch"
+
+    def topic(self, name: str) -> str:
+        return self.topics + name
+
+    def request(self, request_id: str) -> str:
+        return self.requests + request_id
+
+    def result(self, request_id: str) -> str:
+        return self.results + request_id
+
+
+def _load(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Malformed(f"{what}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise Malformed(f"{what}: not a JSON object")
+    return doc
+
+
+def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = doc.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise Malformed(f"{what}: {name!r} missing or not {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def dump(record: Any) -> bytes:
+    return json.dumps(asdict(record), separators=(",", ":"), sort_keys=True).encode()
+
+
+def load_int(data: bytes, what: str) -> int:
+    try:
+        value = int(data)
+    except ValueError:
+        raise Malformed(f"{what}: not an integer") from None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRecord:
+    node_id: int
+    group: str
+    #: protocol name -> "host:port" clients (and peers) connect to
+    listeners: dict[str, str]
+    rack: str | None = None
+
+    @classmethod
+    def decode(cls, data: bytes) -> BrokerRecord:
+        doc = _load(data, "broker record")
+        listeners = _field(doc, "listeners", dict, "broker record")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in listeners.items()):
+            raise Malformed("broker record: listeners must map names to HOST:PORT strings")
+        rack = doc.get("rack")
+        if rack is not None and not isinstance(rack, str):
+            raise Malformed("broker record: rack must be a string")
+        return cls(
+            _field(doc, "node_id", int, "broker record"), _field(doc, "group", str, "broker record"), listeners, rack
+        )
+
+    def address(self, listener: str) -> tuple[str, int] | None:
+        """(host, port) of a listener, or None when the broker has none of that name."""
+        value = self.listeners.get(listener)
+        if not value:
+            return None
+        host, _, port = value.rpartition(":")
+        return (host, int(port)) if host and port.isdigit() else None
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerRecord:
+    node_id: int
+    epoch: int
+
+    @classmethod
+    def decode(cls, data: bytes) -> ControllerRecord:
+        doc = _load(data, "controller record")
+        return cls(_field(doc, "node_id", int, "controller record"), _field(doc, "epoch", int, "controller record"))
+
+
+@dataclass(frozen=True, slots=True)
+class MasterRecord:
+    node_id: int
+    epoch: int
+
+    @classmethod
+    def decode(cls, data: bytes) -> MasterRecord:
+        doc = _load(data, "master record")
+        return cls(_field(doc, "node_id", int, "master record"), _field(doc, "epoch", int, "master record"))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    #: the Kafka topic id, 32 hex digits
+    topic_id: str
+    #: topic-level settings that differ from the defaults (name -> value, as Kafka spells them)
+    configs: dict[str, str]
+    #: partition p lives in broker group partitions[p][0], as queue partitions[p][1] of that group's store
+    partitions: list[tuple[str, int]] = field(default_factory=list)
+    #: the epoch of the controller that wrote this version
+    controller_epoch: int = 0
+
+    @classmethod
+    def decode(cls, data: bytes) -> TopicRecord:
+        what = "topic record"
+        doc = _load(data, what)
+        topic_id = _field(doc, "topic_id", str, what)
+        if len(topic_id) != 32 or any(c not in "0123456789abcdef" for c in topic_id):
+            raise Malformed(f"{what}: topic_id must be 32 lower-case hex digits")
+        configs = _field(doc, "configs", dict, what)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
+            raise Malformed(f"{what}: configs must map names to strings")
+        raw = _field(doc, "partitions", list, what)
+        partitions = []
+        for item in raw:
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not isinstance(item[0], str)
+                or not isinstance(item[1], int)
+                or item[1] < 0
+            ):
+                raise Malformed(f"{what}: a partition is [group, queue]")
+            partitions.append((item[0], item[1]))
+        if not partitions:
+            raise Malformed(f"{what}: no partitions")
+        return cls(topic_id, configs, partitions, _field(doc, "controller_epoch", int, what))
+
+    @property
+    def topic_id_bytes(self) -> bytes:
+        return bytes.fromhex(self.topic_id)
+
+    def queues_of(self, group: str) -> list[int]:
+        """The partitions placed in `group`, in partition order (their queue ids there are the same numbers)."""
+        return [p for p, (g, _q) in enumerate(self.partitions) if g == group]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A metadata change a broker asks of the controller."""
+
+    op: str  #: "create", "delete", "partitions", "configs"
+    topic: str
+    partitions: int = 0
+    configs: dict[str, str] = field(default_factory=dict)
+    #: for "configs": the topic key's mod revision the new configs were computed from (0: any)
+    base_revision: int = 0
+    validate_only: bool = False
+    #: the asker's lease: the controller writes the result under it
+    lease: int = 0
+
+    @classmethod
+    def decode(cls, data: bytes) -> RequestRecord:
+        what = "request record"
+        doc = _load(data, what)
+        op = _field(doc, "op", str, what)
+        if op not in ("create", "delete", "partitions", "configs"):
+            raise Malformed(f"{what}: unknown op {op!r}")
+        configs = doc.get("configs", {})
+        if not isinstance(configs, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in configs.items()
+        ):
+            raise Malformed(f"{what}: configs must map names to strings")
+        return cls(
+            op,
+            _field(doc, "topic", str, what),
+            int(doc.get("partitions", 0)),
+            configs,
+            int(doc.get("base_revision", 0)),
+            bool(doc.get("validate_only", False)),
+            int(doc.get("lease", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRecord:
+    """The controller's answer: `error` is "" on success, else the mqk error class name, with `message`."""
+
+    error: str = ""
+    message: str = ""
+
+    @classmethod
+    def decode(cls, data: bytes) -> ResultRecord:
+        doc = _load(data, "result record")
+        return cls(str(doc.get("error", "")), str(doc.get("message", "")))
+
+
+__all__ = [
+    "BrokerRecord",
+    "ControllerRecord",
+    "Keys",
+    "Malformed",
+    "MasterRecord",
+    "RequestRecord",
+    "ResultRecord",
+    "TopicRecord",
+    "dump",
+    "load_int",
+]

@@ -1,0 +1,308 @@
+"""One broker's membership in a cluster: its lease, registration, the elections it takes part in, and its requests.
+
+Owns:
+- the broker's **lease** (TTL `session_timeout_s`): its registration `brokers/<node-id>`, its group's `master` key
+  (when it is the master) and the `controller` key (when it is the controller) live under it, so they vanish when
+  the broker dies or stops answering (SIGSTOP) for longer than the TTL. A keepalive runs every third of the TTL.
+  When etcd answers that the lease expired, the broker stops leading (`leading` turns False: request handlers then
+  answer NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR) and registers again under a new lease, which takes a new master
+  epoch. While etcd cannot be reached at all, it keeps serving what it leads with its last view (the lease cannot
+  be known lost) and refuses metadata changes (MetaUnavailable, retriable);
+- the two **elections** (etcd transactions, not a protocol of mqk's own): the group's master and the cluster's
+  controller. Each takes its key only if nobody holds it (`version == 0`) and bumps its epoch counter in the same
+  transaction, compared on its revision, so epochs are unique and increase;
+- **asking the controller** (`ask`): a request key (under this broker's lease), answered by a result key the
+  controller writes under the same lease; the asker waits for it in its view;
+- **producer id blocks** (`allocate_pids`): a compare-and-set on `pid-blocks`, unique across the cluster.
+
+The controller's work itself is in controller.py; the view in view.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mqk import errors as E
+from mqk.broker.cluster.model import (
+    BrokerRecord,
+    ControllerRecord,
+    Keys,
+    MasterRecord,
+    RequestRecord,
+    ResultRecord,
+    dump,
+    load_int,
+)
+from mqk.broker.cluster.view import ClusterView
+from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.meta import Compare, Delete, EtcdClient, MetaUnavailable, Put
+
+log = logging.getLogger("mqk.cluster")
+
+#: producer ids handed to one broker at a time
+PID_BLOCK = 1000
+
+
+class ClusterStartError(E.MqkError):
+    """The broker cannot join its cluster (etcd unreachable at start, its node id taken by a live broker)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    endpoints: list[tuple[str, int]]
+    cluster_id: str
+    node_id: int
+    group: str
+    #: listener name -> "host:port" advertised to clients and peers
+    listeners: dict[str, str]
+    rack: str | None = None
+    #: the lease TTL: how long a broker that stops answering keeps its keys (Kafka's broker session timeout)
+    session_timeout_s: int = 6
+    #: how long a metadata change waits for the controller's answer
+    request_timeout_s: float = 30.0
+
+
+class ClusterNode:
+    def __init__(self, config: ClusterConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        self.keys = Keys(config.cluster_id)
+        self.meta = EtcdClient(config.endpoints, timeout=max(1.0, config.session_timeout_s / 3))
+        self.view = ClusterView(self.keys)
+        self.lease = 0
+        #: the master epoch this broker leads its group with, 0 while it does not
+        self.master_epoch = 0
+        #: (controller epoch, the controller key's create revision) while this broker is the controller
+        self.controlling: tuple[int, int] | None = None
+        #: called with the new master epoch whenever this broker becomes its group's master
+        self.on_master: list[Callable[[int], None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._campaigning = False
+        self._stopped = False
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    @property
+    def group(self) -> str:
+        return self.config.group
+
+    @property
+    def leading(self) -> bool:
+        """This broker is its group's master now (as its view last saw etcd)."""
+        master = self.view.master_of(self.group)
+        return self.master_epoch > 0 and master is not None and master.node_id == self.node_id
+
+    # --- life cycle -------------------------------------------------------------------------------------------
+
+    async def start(self, ready_timeout: float = 30.0) -> None:
+        """Join: connect, take a lease, register, follow the metadata, run for master and controller. Raises
+        ClusterStartError when etcd cannot be reached or the node id stays taken by another live broker."""
+        try:
+            await self.meta.connect()
+        except MetaUnavailable as exc:
+            raise ClusterStartError(f"cannot join cluster {self.config.cluster_id!r}: {exc}") from None
+        await self._register(ready_timeout)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._follow(), name="mqk-cluster-watch"))
+        if not await self.view.wait_until(lambda s: self.view.synced, ready_timeout):
+            raise ClusterStartError("no metadata listing from etcd")
+        self.view.add_listener(self._on_change)
+        self._tasks.append(loop.create_task(self._keepalive(), name="mqk-cluster-lease"))
+        await self._campaign()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.lease:
+            try:  # its keys go now, not a session timeout later: the others take over at once
+                await self.meta.revoke(self.lease)
+            except MetaUnavailable as exc:
+                log.warning("cluster: lease not revoked at stop (%s); it expires by itself", exc)
+        await self.meta.close()
+
+    async def _register(self, timeout: float) -> None:
+        """A new lease and this broker's key under it; waits (up to `timeout`) for the key a previous incarnation
+        left to expire, and refuses a node id another live broker holds."""
+        cfg = self.config
+        record = BrokerRecord(cfg.node_id, cfg.group, dict(cfg.listeners), cfg.rack)
+        key = self.keys.broker(cfg.node_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                self.lease = await self.meta.grant(cfg.session_timeout_s)
+                if await self.meta.txn([Compare(key, "version", "==", 0)], [Put(key, dump(record), self.lease)]):
+                    log.info("cluster %s: registered node %d in group %s", cfg.cluster_id, cfg.node_id, cfg.group)
+                    return
+                await self.meta.revoke(self.lease)
+                self.lease = 0
+            except MetaUnavailable as exc:
+                raise ClusterStartError(f"cannot register in cluster {cfg.cluster_id!r}: {exc}") from None
+            if loop.time() > deadline:
+                raise ClusterStartError(
+                    f"node id {cfg.node_id} is registered by a live broker of cluster {cfg.cluster_id!r}"
+                )
+            await self.clock.sleep(0.5)  # a dead predecessor's key goes when its lease expires
+
+    async def _follow(self) -> None:
+        async for event in self.meta.watch_prefix(self.keys.root):
+            self.view.apply(event)
+
+    async def _keepalive(self) -> None:
+        period = max(0.5, self.config.session_timeout_s / 3)
+        while not self._stopped:
+            await self.clock.sleep(period)
+            try:
+                ttl = await self.meta.keepalive(self.lease)
+            except MetaUnavailable as exc:
+                log.warning("cluster: lease keepalive failed (%s); serving with the last view", exc)
+                continue
+            if ttl <= 0:
+                log.error(
+                    "cluster: this broker's lease expired (paused or cut off longer than %ds); it stops "
+                    "leading and registers again",
+                    self.config.session_timeout_s,
+                )
+                self._lost_lease()
+                try:
+                    await self._register(self.config.session_timeout_s * 2)
+                    await self._campaign()
+                except (ClusterStartError, MetaUnavailable) as exc:
+                    log.error("cluster: registering again failed: %s", exc)
+
+    def _lost_lease(self) -> None:
+        self.master_epoch = 0
+        self.controlling = None
+        self.lease = 0
+
+    # --- elections ----------------------------------------------------------------------------------------------
+
+    def _on_change(self) -> None:
+        state = self.view.state
+        mine = state.masters.get(self.group)
+        if self.master_epoch and (mine is None or mine.node_id != self.node_id or mine.epoch != self.master_epoch):
+            log.warning("cluster: no longer the master of group %s", self.group)
+            self.master_epoch = 0
+        if self.controlling and (state.controller is None or state.controller_revision != self.controlling[1]):
+            log.warning("cluster: no longer the controller")
+            self.controlling = None
+        if self.lease and not self._campaigning and (mine is None or state.controller is None):
+            asyncio.get_running_loop().create_task(self._campaign())
+
+    async def _campaign(self) -> None:
+        if self._campaigning or self._stopped or not self.lease:
+            return
+        self._campaigning = True
+        try:
+            if self.view.master_of(self.group) is None:
+                epoch = await self._elect(
+                    self.keys.master(self.group),
+                    self.keys.master_epoch(self.group),
+                    lambda e: MasterRecord(self.node_id, e),
+                )
+                if epoch:
+                    self.master_epoch = epoch
+                    log.info("cluster: master of group %s, epoch %d", self.group, epoch)
+                    for callback in self.on_master:
+                        callback(epoch)
+            if self.view.state.controller is None:
+                epoch = await self._elect(
+                    self.keys.controller, self.keys.controller_epoch, lambda e: ControllerRecord(self.node_id, e)
+                )
+                if epoch:
+                    record = await self.meta.get(self.keys.controller)
+                    if record is not None and record.lease == self.lease:
+                        self.controlling = (epoch, record.create_revision)
+                        log.info("cluster: controller, epoch %d", epoch)
+        except MetaUnavailable as exc:
+            log.warning("cluster: election postponed: %s", exc)
+        finally:
+            self._campaigning = False
+
+    async def _elect(self, key: str, epoch_key: str, record: Callable[[int], object]) -> int:
+        """Take `key` under this broker's lease if nobody holds it, with the next epoch of `epoch_key`; the epoch, or
+        0 when someone else holds it."""
+        current = await self.meta.get(epoch_key)
+        epoch = (load_int(current.value, epoch_key) if current is not None else 0) + 1
+        guard = (
+            Compare(epoch_key, "mod", "==", current.mod_revision)
+            if current is not None
+            else Compare(epoch_key, "version", "==", 0)
+        )
+        won = await self.meta.txn(
+            [Compare(key, "version", "==", 0), guard],
+            [Put(key, dump(record(epoch)), self.lease), Put(epoch_key, str(epoch).encode())],
+        )
+        return epoch if won else 0
+
+    def controller_fence(self) -> Compare:
+        """The compare every controller write carries: the controller key is still the one this broker created."""
+        if self.controlling is None:
+            raise E.NotControllerError("this broker is not the controller")
+        return Compare(self.keys.controller, "create", "==", self.controlling[1])
+
+    # --- metadata changes ----------------------------------------------------------------------------------------
+
+    async def ask(self, request: RequestRecord, timeout: float | None = None) -> None:
+        """Have the controller make a metadata change and wait for its answer; raises the error it answered with
+        (an mqk.errors class), MetaUnavailable when etcd cannot be reached, or RequestTimedOut."""
+        if not self.lease:
+            raise MetaUnavailable("this broker is not registered in its cluster (lease lost)")
+        request_id = uuid.uuid4().hex
+        body = RequestRecord(
+            request.op,
+            request.topic,
+            request.partitions,
+            dict(request.configs),
+            request.base_revision,
+            request.validate_only,
+            self.lease,
+        )
+        await self.meta.put(self.keys.request(request_id), dump(body), self.lease)
+        answered = await self.view.wait_until(
+            lambda s: request_id in s.results, timeout or self.config.request_timeout_s
+        )
+        result = self.view.state.results.get(request_id)
+        with contextlib.suppress(MetaUnavailable):
+            await self.meta.txn([], [Delete(self.keys.result(request_id)), Delete(self.keys.request(request_id))])
+        if not answered or result is None:
+            raise E.RequestTimedOutError(f"the controller did not answer {request.op} {request.topic!r} in time")
+        raise_result(result)
+
+    async def allocate_pids(self, size: int = PID_BLOCK) -> range:
+        """A block of producer ids no other broker of the cluster will hand out."""
+        key = self.keys.pid_blocks
+        while True:
+            current = await self.meta.get(key)
+            first = load_int(current.value, key) if current is not None else 0
+            guard = (
+                Compare(key, "mod", "==", current.mod_revision)
+                if current is not None
+                else Compare(key, "version", "==", 0)
+            )
+            if await self.meta.txn([guard], [Put(key, str(first + size).encode())]):
+                return range(first, first + size)
+
+
+def raise_result(result: ResultRecord) -> None:
+    """Raise the error a controller answered with (nothing for success)."""
+    if not result.error:
+        return
+    cls = getattr(E, result.error, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = E.StorageError
+    raise cls(result.message)
+
+
+__all__ = ["PID_BLOCK", "ClusterConfig", "ClusterNode", "ClusterStartError", "raise_result"]

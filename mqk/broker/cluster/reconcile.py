@@ -1,0 +1,141 @@
+"""The local store follows the cluster's topic metadata: what is placed in this broker's group exists here.
+
+After every change of the view, and at start once the view is synced, for each topic with a partition placed in
+this broker's group the local store has the topic (under the cluster's topic id), with the cluster's partition
+count (a partition's queue id in the group's store is its partition number, placement.py) and settings. A local
+topic the cluster deleted (its id is one this broker once took from the cluster, and the cluster has it no more) is
+deleted here. Topics that are local by nature (the timer's, RocketMQ's transaction and per-group topics:
+mqk.broker.internal) and topics this broker never took from the cluster are left alone: a data directory that
+joins a cluster loses nothing it held.
+
+The ids taken from the cluster are remembered in `<data-dir>/cluster/topic-ids.json` (written before the local
+topic is made), so a broker restarted after a deletion still knows the topic was the cluster's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from mqk.broker import internal
+from mqk.broker import topic_config as settings
+from mqk.broker.cluster.model import TopicRecord
+from mqk.broker.cluster.view import ClusterView
+from mqk.errors import ShardExists, UnknownShard
+from mqk.store.fsutil import atomic_write_json, read_json
+from mqk.store.manager import StoreManager
+
+log = logging.getLogger("mqk.cluster.reconcile")
+
+
+class TopicReconciler:
+    def __init__(self, view: ClusterView, store: StoreManager, group: str, data_dir: Path | None) -> None:
+        self.view = view
+        self.store = store
+        self.group = group
+        self._ids_path = data_dir / "cluster" / "topic-ids.json" if data_dir is not None else None
+        self._known: set[str] = set()
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._ids_path is not None:
+            doc = await asyncio.to_thread(read_json, self._ids_path)
+            self._known = {str(i) for i in (doc or {}).get("topic_ids", [])}
+        self.view.add_listener(self._wake.set)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="mqk-cluster-reconcile")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.sync()
+            except Exception:  # noqa: BLE001 - a failed pass is logged; the next change (or this one again) retries
+                log.exception("cluster: bringing the local store in line with the metadata failed")
+                await asyncio.sleep(1)  # (a store error: not in a busy loop)
+                self._wake.set()
+
+    def placed_here(self, record: TopicRecord) -> bool:
+        return any(group == self.group for group, _queue in record.partitions)
+
+    async def ensure(self, topic: str) -> bool:
+        """Make the local topic now if the view places `topic` here (a request that reached this broker before the
+        reconciler did); whether it exists locally afterwards."""
+        record = self.view.state.topics.get(topic)
+        if record is None or not self.placed_here(record):
+            return False
+        async with self._lock:
+            await self._apply(topic, record)
+        return self.store.topic(topic) is not None
+
+    async def sync(self) -> None:
+        if not self.view.synced:
+            return
+        async with self._lock:
+            topics = dict(self.view.state.topics)
+            for name, record in topics.items():
+                if self.placed_here(record):
+                    await self._apply(name, record)
+            cluster_ids = {r.topic_id for r in topics.values()}
+            for name, info in self.store.topics().items():
+                topic_id = bytes(info.topic_id).hex()
+                if internal.is_internal(name) or internal.created_on_demand(name) or topic_id not in self._known:
+                    continue
+                wanted = topics.get(name)
+                if topic_id not in cluster_ids or wanted is None or not self.placed_here(wanted):
+                    log.info("cluster: topic %s (id %s) is gone from this group; deleting it here", name, topic_id)
+                    try:
+                        await self.store.delete_topic(name)
+                    except UnknownShard:
+                        pass
+
+    async def _apply(self, name: str, record: TopicRecord) -> None:
+        info = self.store.topic(name)
+        config = settings.config_of(record.configs)
+        count = len(record.partitions)
+        if info is not None and bytes(info.topic_id) != record.topic_id_bytes:
+            if bytes(info.topic_id).hex() not in self._known:
+                log.error(
+                    "cluster: a local topic %s that the cluster never gave is in the way of the cluster's; "
+                    "it is left alone and the cluster's is not served here",
+                    name,
+                )
+                return
+            await self.store.delete_topic(name)  # re-created under the same name: a new topic
+            info = None
+        if info is None:
+            await self._remember(record.topic_id)
+            try:
+                await self.store.create_topic(name, count, config, topic_id=record.topic_id_bytes)
+            except ShardExists:
+                return
+            log.info("cluster: topic %s (%d partitions) created here", name, count)
+            return
+        if info.queue_count < count:
+            await self.store.add_partitions(name, count)
+        if info.config != config:
+            await self.store.alter_topic_config(name, config)
+
+    async def _remember(self, topic_id: str) -> None:
+        if topic_id in self._known:
+            return
+        self._known.add(topic_id)
+        if self._ids_path is not None:
+            self._ids_path.parent.mkdir(parents=True, exist_ok=True)
+            doc = {"version": 1, "topic_ids": sorted(self._known)}
+            await asyncio.to_thread(atomic_write_json, self._ids_path, doc)
+
+
+__all__ = ["TopicReconciler"]
