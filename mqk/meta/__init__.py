@@ -12,6 +12,7 @@ from mqk.meta.etcd import (
     Compare,
     Delete,
     EtcdClient,
+    LeaseExpired,
     MetaUnavailable,
     Put,
     Record,
@@ -19,4 +20,14 @@ from mqk.meta.etcd import (
     parse_endpoints,
 )
 
-__all__ = ["Compare", "Delete", "EtcdClient", "MetaUnavailable", "Put", "Record", "WatchEvent", "parse_endpoints"]
+__all__ = [
+    "Compare",
+    "Delete",
+    "EtcdClient",
+    "LeaseExpired",
+    "MetaUnavailable",
+    "Put",
+    "Record",
+    "WatchEvent",
+    "parse_endpoints",
+]

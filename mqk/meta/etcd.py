@@ -21,9 +21,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mqk.errors import MetaUnavailable
+from mqk.errors import MetaUnavailable, MqkError
 
 log = logging.getLogger("mqk.meta")
+
+
+class LeaseExpired(MqkError):
+    """etcd answered that the lease named in the call does not exist (it expired, or was revoked)."""
 
 
 def parse_endpoints(url: str) -> list[tuple[str, int]]:
@@ -159,9 +163,13 @@ class EtcdClient:
                 return await asyncio.wait_for(op(self._client), self.timeout)
             except (aex.ConnectionFailedError, aex.ConnectionTimeoutError, TimeoutError) as exc:
                 last = exc
-                log.debug("etcd at %s: %s", self.endpoint, exc)
-                await self._drop_channel()
-                self._current = (self._current + 1) % len(self.endpoints)
+            except aex.ClientError as exc:
+                if "lease not found" in str(exc):
+                    raise LeaseExpired(str(exc)) from None
+                raise
+            log.debug("etcd at %s: %s", self.endpoint, last)
+            await self._drop_channel()
+            self._current = (self._current + 1) % len(self.endpoints)
         where = ", ".join(f"{h}:{p}" for h, p in self.endpoints)
         raise MetaUnavailable(f"etcd unreachable at {where}: {last or 'no answer'}")
 
@@ -288,4 +296,14 @@ class EtcdClient:
                 await asyncio.sleep(retry_seconds)
 
 
-__all__ = ["Compare", "Delete", "EtcdClient", "MetaUnavailable", "Put", "Record", "WatchEvent", "parse_endpoints"]
+__all__ = [
+    "Compare",
+    "Delete",
+    "EtcdClient",
+    "LeaseExpired",
+    "MetaUnavailable",
+    "Put",
+    "Record",
+    "WatchEvent",
+    "parse_endpoints",
+]

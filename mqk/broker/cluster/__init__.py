@@ -14,7 +14,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import asyncio
+
+from mqk.broker import internal
 from mqk.broker.cluster.controller import OFFSETS_TOPIC, Controller
+from mqk.broker.cluster.epochs import EpochHistory
 from mqk.broker.cluster.model import BrokerRecord, RequestRecord, TopicRecord
 from mqk.broker.cluster.node import ClusterConfig, ClusterNode, ClusterStartError
 from mqk.broker.cluster.reconcile import TopicReconciler
@@ -51,6 +55,10 @@ class ClusterMember:
         self.offsets_partitions = offsets_partitions
         self.controller = Controller(self.node, offsets_partitions=offsets_partitions, max_partitions=max_partitions)
         self.reconciler = TopicReconciler(self.view, store, config.group, data_dir)
+        self.store = store
+        #: this group's leader epochs (OffsetForLeaderEpoch)
+        self.epochs = EpochHistory(data_dir / "cluster" / "leader-epochs.json" if data_dir is not None else None)
+        self.node.on_master.append(self._begin_epoch)
         self._started = False
 
     @property
@@ -63,6 +71,7 @@ class ClusterMember:
 
     async def start(self) -> None:
         """Join the cluster (ClusterStartError when it cannot)."""
+        await asyncio.to_thread(self.epochs.load)
         await self.node.start()
         self.controller.start()
         await self.reconciler.start()
@@ -73,6 +82,18 @@ class ClusterMember:
         await self.controller.stop()
         await self.reconciler.stop()
         await self.node.stop()
+
+    async def _begin_epoch(self, epoch: int) -> None:
+        """Record where every partition of this group stands as master epoch `epoch` begins."""
+        ends = {}
+        for name, info in self.store.topics().items():
+            if not (internal.is_internal(name) or internal.created_on_demand(name)):
+                ends[name] = [self.store.end_offset(name, q) for q in range(info.queue_count)]
+        await asyncio.to_thread(self.epochs.begin, epoch, ends)
+
+    def leader_epoch(self) -> int:
+        """The epoch this broker leads its group with (-1 while it does not)."""
+        return self.node.master_epoch if self.node.leading else -1
 
     # --- questions the front doors ask ----------------------------------------------------------------------------
 

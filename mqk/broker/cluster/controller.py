@@ -42,6 +42,7 @@ class Controller:
 
     def start(self) -> None:
         self.node.view.add_listener(self._wake.set)
+        self.node.on_controller.append(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="mqk-controller")
         self._wake.set()
 

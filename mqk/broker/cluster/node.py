@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from mqk import errors as E
@@ -40,7 +40,7 @@ from mqk.broker.cluster.model import (
 )
 from mqk.broker.cluster.view import ClusterView
 from mqk.clock import SYSTEM_CLOCK, Clock
-from mqk.meta import Compare, Delete, EtcdClient, MetaUnavailable, Put
+from mqk.meta import Compare, Delete, EtcdClient, LeaseExpired, MetaUnavailable, Put
 
 log = logging.getLogger("mqk.cluster")
 
@@ -79,8 +79,10 @@ class ClusterNode:
         self.master_epoch = 0
         #: (controller epoch, the controller key's create revision) while this broker is the controller
         self.controlling: tuple[int, int] | None = None
-        #: called with the new master epoch whenever this broker becomes its group's master
-        self.on_master: list[Callable[[int], None]] = []
+        #: awaited with the new master epoch whenever this broker becomes its group's master (before it serves)
+        self.on_master: list[Callable[[int], Awaitable[None]]] = []
+        #: called whenever this broker becomes the controller
+        self.on_controller: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._campaigning = False
         self._stopped = False
@@ -168,6 +170,8 @@ class ClusterNode:
             except MetaUnavailable as exc:
                 log.warning("cluster: lease keepalive failed (%s); serving with the last view", exc)
                 continue
+            except LeaseExpired:
+                ttl = 0
             if ttl <= 0:
                 log.error(
                     "cluster: this broker's lease expired (paused or cut off longer than %ds); it stops "
@@ -212,10 +216,10 @@ class ClusterNode:
                     lambda e: MasterRecord(self.node_id, e),
                 )
                 if epoch:
+                    for callback in self.on_master:
+                        await callback(epoch)
                     self.master_epoch = epoch
                     log.info("cluster: master of group %s, epoch %d", self.group, epoch)
-                    for callback in self.on_master:
-                        callback(epoch)
             if self.view.state.controller is None:
                 epoch = await self._elect(
                     self.keys.controller, self.keys.controller_epoch, lambda e: ControllerRecord(self.node_id, e)
@@ -225,8 +229,13 @@ class ClusterNode:
                     if record is not None and record.lease == self.lease:
                         self.controlling = (epoch, record.create_revision)
                         log.info("cluster: controller, epoch %d", epoch)
+                        for callback in self.on_controller:
+                            callback()
         except MetaUnavailable as exc:
             log.warning("cluster: election postponed: %s", exc)
+        except LeaseExpired:
+            if not self._stopped:  # (a stop revokes the lease under a running campaign)
+                log.warning("cluster: the lease expired during an election; the keepalive registers again")
         finally:
             self._campaigning = False
 
