@@ -10,8 +10,9 @@ This module owns two invariants:
 - the row is the truth for a queue's positions: `ConsumeQueue` reads and writes its end offset, running max
   timestamp and dirty marks here, and its last file (a `UnitFile`) keeps its write position and reservation here
   while it is the last one (`bind` / `unbind`); older files keep their own;
-- positions move only in `publish_unit` (dispatch of entries already in the CommitLog: recovery) and in the kernel's
-  `AppendRun.publish` (appends), each after the bytes they cover are in place.
+- positions move forward only in `publish_unit` (dispatch of entries already in the CommitLog: recovery) and in
+  the kernel's `AppendRun.publish` (appends, called from append.py's `_publish`), each after the bytes they cover
+  are in place; they move back only at recovery (`ConsumeQueue.recover` / `truncate_to_phys`).
 
 A row is released when its queue is closed; `unit_bufs[slot]` is None while the slot has no writable file, so the
 kernel declines it (STOP_UNIT_ROOM) rather than writing into a mapping that is gone.
