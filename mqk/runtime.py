@@ -113,8 +113,11 @@ class BrokerRuntime:
             clock=self.clock,
         )
         broker.attach_cluster(self.cluster)
+        assert self.kafka is not None and self.native is not None
+        self.kafka.ctx.cluster = self.cluster
         await self.cluster.start()
         self._parts.append(self.cluster)
+        await self.kafka.producers.use_cluster(self.cluster.node)
 
     def ready_line(self) -> str:
         def fmt(addr: Address | None) -> str:

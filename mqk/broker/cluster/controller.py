@@ -58,12 +58,12 @@ class Controller:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self.node.controlling is None:
+            if not self.node.is_controller:
                 continue
             try:
                 pending = sorted(self.node.view.state.requests.items(), key=lambda item: item[1][0])
                 for request_id, (_revision, request) in pending:
-                    if self.node.controlling is None:
+                    if not self.node.is_controller:
                         break
                     await self._apply(request_id, request)
             except MetaUnavailable as exc:

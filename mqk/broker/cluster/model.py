@@ -5,6 +5,7 @@
     controller-epoch             int              the last controller epoch handed out
     groups/<group>/master        MasterRecord     the group's master and its epoch                         (its lease)
     groups/<group>/epoch         int              the last master epoch handed out in the group
+    groups/<group>/members       [int, ...]       every node that ever served the group (its replicas, live or not)
     topics/<name>                TopicRecord      id, configs, each partition's (group, queue)      (controller only)
     pid-blocks                   int              the next free producer id
     requests/<id>                RequestRecord    a metadata change asked of the controller    (the asker's lease)
@@ -52,6 +53,9 @@ class Keys:
     def master_epoch(self, group: str) -> str:
         return f"{self.groups}{group}/epoch"
 
+    def members(self, group: str) -> str:
+        return f"{self.groups}{group}/members"
+
     def topic(self, name: str) -> str:
         return self.topics + name
 
@@ -81,6 +85,16 @@ def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...], what: 
 
 def dump(record: Any) -> bytes:
     return json.dumps(asdict(record), separators=(",", ":"), sort_keys=True).encode()
+
+
+def load_members(data: bytes, what: str) -> list[int]:
+    try:
+        members = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Malformed(f"{what}: not JSON ({exc})") from None
+    if not isinstance(members, list) or not all(isinstance(m, int) and not isinstance(m, bool) for m in members):
+        raise Malformed(f"{what}: not a list of node ids")
+    return sorted(set(members))
 
 
 def load_int(data: bytes, what: str) -> int:
@@ -250,4 +264,5 @@ __all__ = [
     "TopicRecord",
     "dump",
     "load_int",
+    "load_members",
 ]

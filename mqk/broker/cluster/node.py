@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ from mqk.broker.cluster.model import (
     ResultRecord,
     dump,
     load_int,
+    load_members,
 )
 from mqk.broker.cluster.view import ClusterView
 from mqk.clock import SYSTEM_CLOCK, Clock
@@ -99,7 +101,12 @@ class ClusterNode:
     def leading(self) -> bool:
         """This broker is its group's master now (as its view last saw etcd)."""
         master = self.view.master_of(self.group)
-        return self.master_epoch > 0 and master is not None and master.node_id == self.node_id
+        return (
+            self.master_epoch > 0
+            and master is not None
+            and master.node_id == self.node_id
+            and master.epoch == self.master_epoch
+        )
 
     # --- life cycle -------------------------------------------------------------------------------------------
 
@@ -146,6 +153,7 @@ class ClusterNode:
                 self.lease = await self.meta.grant(cfg.session_timeout_s)
                 if await self.meta.txn([Compare(key, "version", "==", 0)], [Put(key, dump(record), self.lease)]):
                     log.info("cluster %s: registered node %d in group %s", cfg.cluster_id, cfg.node_id, cfg.group)
+                    await self._join_group()
                     return
                 await self.meta.revoke(self.lease)
                 self.lease = 0
@@ -156,6 +164,23 @@ class ClusterNode:
                     f"node id {cfg.node_id} is registered by a live broker of cluster {cfg.cluster_id!r}"
                 )
             await self.clock.sleep(0.5)  # a dead predecessor's key goes when its lease expires
+
+    async def _join_group(self) -> None:
+        """Add this node to its group's members (kept when it dies: a dead replica is still the group's)."""
+        key = self.keys.members(self.group)
+        while True:
+            current = await self.meta.get(key)
+            members = load_members(current.value, key) if current is not None else []
+            if self.node_id in members:
+                return
+            guard = (
+                Compare(key, "mod", "==", current.mod_revision)
+                if current is not None
+                else Compare(key, "version", "==", 0)
+            )
+            value = json.dumps(sorted({*members, self.node_id})).encode()
+            if await self.meta.txn([guard], [Put(key, value)]):
+                return
 
     async def _follow(self) -> None:
         async for event in self.meta.watch_prefix(self.keys.root):
@@ -193,16 +218,20 @@ class ClusterNode:
     # --- elections ----------------------------------------------------------------------------------------------
 
     def _on_change(self) -> None:
+        """After every change of the view: run for what nobody holds (the group's mastership, the controller)."""
         state = self.view.state
-        mine = state.masters.get(self.group)
-        if self.master_epoch and (mine is None or mine.node_id != self.node_id or mine.epoch != self.master_epoch):
-            log.warning("cluster: no longer the master of group %s", self.group)
-            self.master_epoch = 0
-        if self.controlling and (state.controller is None or state.controller_revision != self.controlling[1]):
-            log.warning("cluster: no longer the controller")
-            self.controlling = None
-        if self.lease and not self._campaigning and (mine is None or state.controller is None):
+        if self.lease and not self._campaigning and (state.masters.get(self.group) is None or state.controller is None):
             asyncio.get_running_loop().create_task(self._campaign())
+
+    @property
+    def is_controller(self) -> bool:
+        """This broker is the controller now (as its view last saw etcd)."""
+        state = self.view.state
+        return (
+            self.controlling is not None
+            and state.controller is not None
+            and state.controller_revision == self.controlling[1]
+        )
 
     async def _campaign(self) -> None:
         if self._campaigning or self._stopped or not self.lease:
@@ -257,7 +286,7 @@ class ClusterNode:
 
     def controller_fence(self) -> Compare:
         """The compare every controller write carries: the controller key is still the one this broker created."""
-        if self.controlling is None:
+        if not self.is_controller or self.controlling is None:
             raise E.NotControllerError("this broker is not the controller")
         return Compare(self.keys.controller, "create", "==", self.controlling[1])
 
@@ -288,6 +317,11 @@ class ClusterNode:
         if not answered or result is None:
             raise E.RequestTimedOutError(f"the controller did not answer {request.op} {request.topic!r} in time")
         raise_result(result)
+
+    async def next_free_pid(self) -> int:
+        """The first producer id no broker has handed out yet."""
+        current = await self.meta.get(self.keys.pid_blocks)
+        return load_int(current.value, self.keys.pid_blocks) if current is not None else 0
 
     async def allocate_pids(self, size: int = PID_BLOCK) -> range:
         """A block of producer ids no other broker of the cluster will hand out."""

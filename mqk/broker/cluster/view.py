@@ -26,6 +26,7 @@ from mqk.broker.cluster.model import (
     ResultRecord,
     TopicRecord,
     load_int,
+    load_members,
 )
 from mqk.meta import Record, WatchEvent
 
@@ -47,6 +48,8 @@ class ClusterState:
     topic_revisions: dict[str, int] = field(default_factory=dict)
     #: every group a broker registered in, live or not (a group is live while it has a master)
     groups: set[str] = field(default_factory=set)
+    #: per group, every node that ever served it (its replicas, live or not)
+    members: dict[str, list[int]] = field(default_factory=dict)
     #: metadata changes waiting for the controller: id -> (the key's create revision: their order, the request)
     requests: dict[str, tuple[int, RequestRecord]] = field(default_factory=dict)
     #: the controller's answers not yet collected by their askers
@@ -88,8 +91,9 @@ class ClusterView:
         return master.node_id, master.epoch
 
     def members_of(self, group: str) -> list[int]:
-        """The nodes registered in `group`, sorted (its replicas)."""
-        return sorted(n for n, b in self.state.brokers.items() if b.group == group)
+        """The nodes of `group`, live or not, sorted (its replicas)."""
+        live = {n for n, b in self.state.brokers.items() if b.group == group}
+        return sorted(live.union(self.state.members.get(group, ())))
 
     # --- change notification ----------------------------------------------------------------------------------
 
@@ -129,6 +133,7 @@ class ClusterView:
             self.disconnected()
             return
         if event.kind == "reset":
+            log.debug("cluster view: listing of %d keys at revision %d", len(event.records), event.revision)
             state = ClusterState(revision=event.revision)
             for record in event.records:
                 self._put(state, record)
@@ -161,6 +166,10 @@ class ClusterView:
             elif key.startswith(keys.groups) and key.endswith("/master"):
                 group = key[len(keys.groups) : -len("/master")]
                 state.masters[group] = MasterRecord.decode(record.value)
+                state.groups.add(group)
+            elif key.startswith(keys.groups) and key.endswith("/members"):
+                group = key[len(keys.groups) : -len("/members")]
+                state.members[group] = load_members(record.value, key)
                 state.groups.add(group)
             elif key.startswith(keys.requests):
                 state.requests[key[len(keys.requests) :]] = (record.create_revision, RequestRecord.decode(record.value))

@@ -44,6 +44,7 @@ class ApiKey:
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
+    OFFSET_FOR_LEADER_EPOCH = 23
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -74,6 +75,7 @@ _KAFKA_41_MAX = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: 1,
     ApiKey.OFFSET_DELETE: 0,
     ApiKey.DESCRIBE_CLUSTER: 2,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: 4,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

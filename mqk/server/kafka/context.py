@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, TypeVar
 
+from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import Clock
@@ -76,6 +77,10 @@ class KafkaContext:
     port: int
     #: id(TopicConfig) -> (that config, its produce limits); see handlers.produce._limits
     produce_limits: dict[int, tuple[TopicConfig, tuple[int, bool, bool, int, int]]] = field(default_factory=dict)
+    #: cluster mode: the cluster this broker is a member of (None: this broker is the whole cluster). Handlers ask
+    #: it who leads a partition and who coordinates a group; what they cannot serve here they answer with
+    #: NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR, which sends the client to the right broker
+    cluster: ClusterMember | None = None
 
 
 class CloseConnection:

@@ -34,11 +34,21 @@ import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from mqk import errors as E
 from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.store.manager import StoreManager
+
+
+class ProducerIdSource(Protocol):
+    """A cluster's producer-id blocks (mqk.broker.cluster.node.ClusterNode)."""
+
+    async def allocate_pids(self, size: int) -> range: ...
+
+    async def next_free_pid(self) -> int: ...
+
 
 recbatch = load("recbatch")
 log = logging.getLogger("mqk.kafka.idempotence")
@@ -102,11 +112,20 @@ class ProducerStates:
         self._next_sweep_ms = 0
         self._loading: dict[tuple[str, int], asyncio.Future[dict[int, ProducerEntry]]] = {}
         self._alloc_lock = asyncio.Lock()
+        #: cluster mode: where id blocks come from (None: this broker's own persisted counter)
+        self._cluster: ProducerIdSource | None = None
 
     async def start(self) -> None:
         state = self.store.load_state(STATE_NAME) or {}
         self.next_id = self.block_end = int(state.get("block_end", 0))
         self.first_id_this_run = self.next_id
+
+    async def use_cluster(self, cluster: ProducerIdSource) -> None:
+        """Cluster mode: ids come in blocks from the cluster (unique across its brokers); an id allocated by any
+        broker since this one started must begin at sequence 0 here."""
+        self.first_id_this_run = await cluster.next_free_pid()
+        self._cluster = cluster
+        self.next_id = self.block_end = 0
 
     # --- InitProducerId --------------------------------------------------------------------------------
 
@@ -116,7 +135,14 @@ class ProducerStates:
         broker keeps no epoch per producer id outside the partitions' batches, so there is nothing to bump (a
         producer that bumps its epoch itself starts the new epoch at sequence 0, see `begin`)."""
         async with self._alloc_lock:
-            if self.next_id >= self.block_end:
+            if self._cluster is not None and self.next_id >= self.block_end:
+                try:
+                    block = await self._cluster.allocate_pids(ID_BLOCK)
+                except Exception as exc:  # noqa: BLE001 - the client retries InitProducerId
+                    log.warning("cannot get a producer id block from the cluster: %s", exc)
+                    return E.kafka_code_for(exc), -1, -1
+                self.next_id, self.block_end = block.start, block.stop
+            elif self.next_id >= self.block_end:
                 new_end = self.next_id + ID_BLOCK
                 try:
                     await self.store.save_state(STATE_NAME, {"block_end": new_end})

@@ -23,6 +23,7 @@ from mqk.server.kafka.handlers import (
     configs,
     fetch,
     groups,
+    leader_epochs,
     list_offsets,
     metadata,
     offsets,
@@ -57,6 +58,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
     ApiKey.OFFSET_DELETE: groups.offset_delete,
     ApiKey.DESCRIBE_CLUSTER: cluster.describe_cluster,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: leader_epochs.handle,
 }
 
 GROUPED: dict[int, Grouping] = {

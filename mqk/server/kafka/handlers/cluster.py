@@ -1,4 +1,5 @@
-"""DescribeCluster, InitProducerId, SaslHandshake: small answers about this broker.
+"""DescribeCluster, InitProducerId, SaslHandshake: small answers about this broker (and, in cluster mode, the
+brokers of its cluster: mqk.server.kafka.handlers.metadata).
 
 InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence). Transactions are not offered:
 a transactional id is refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather
@@ -13,19 +14,24 @@ from mqk.protocol.kafka.messages.init_producer_id import InitProducerIdRequest, 
 from mqk.protocol.kafka.messages.sasl_handshake import SaslHandshakeRequest, SaslHandshakeResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
+from mqk.server.kafka.handlers.metadata import brokers_and_controller
 
 
 async def describe_cluster(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeClusterRequest]
 ) -> DescribeClusterResponse:
+    brokers, controller = brokers_and_controller(ctx)
     return {
         "throttle_time_ms": 0,
         "error_code": NONE,
         "error_message": None,
         "endpoint_type": req.body.get("endpoint_type", 1),
         "cluster_id": ctx.cluster_id,
-        "controller_id": ctx.node_id,
-        "brokers": [{"broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None, "is_fenced": False}],
+        "controller_id": controller,
+        "brokers": [
+            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"], "is_fenced": False}
+            for b in brokers
+        ],
         "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
     }
 

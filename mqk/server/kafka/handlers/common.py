@@ -37,10 +37,57 @@ def topic_by_id(ctx: KafkaContext, topic_id: uuid.UUID) -> ShardInfo | None:
 async def get_or_create_topic(ctx: KafkaContext, name: str, allow_create: bool = True) -> tuple[int, ShardInfo | None]:
     """(error code, topic). Creates a missing topic when the broker's auto-creation policy and `allow_create`
     (Metadata's allow_auto_topic_creation) allow it."""
-    info = ctx.store.topic(name)
+    info = ctx.topics.get(name)
     if info is not None:
         return NONE, info
     try:
         return NONE, await ctx.topics.auto_create(name, names=KAFKA, client_allows=allow_create)
     except Exception as exc:  # noqa: BLE001 - the client sees the code (the registry logs a failed creation)
         return E.kafka_code_for(exc), None
+
+
+# --- cluster mode: who serves what ---------------------------------------------------------------------------
+
+
+def partition_code(ctx: KafkaContext, topic: str, partition: int) -> int:
+    """NONE if this broker serves the partition's data (always, on a broker that is the whole cluster), else the
+    code that sends the client elsewhere: NOT_LEADER_OR_FOLLOWER (the partition exists, another broker leads it or
+    none does now), UNKNOWN_TOPIC_OR_PARTITION (the cluster has no such partition). A topic local by nature (the
+    timer's) is this broker's own."""
+    cluster = ctx.cluster
+    if cluster is None or cluster.leads(topic, partition):
+        return NONE
+    record = cluster.topic(topic)
+    if record is None:
+        return NONE if ctx.topics.is_internal(topic) else E.UnknownTopicOrPartitionError.code
+    if not 0 <= partition < len(record.partitions):
+        return E.UnknownTopicOrPartitionError.code
+    return E.NotLeaderOrFollowerError.code
+
+
+def leader_epoch(ctx: KafkaContext, topic: str, partition: int) -> int:
+    """The partition's leader epoch as Metadata and the offset APIs report it (0 on a broker on its own: one
+    replica, no elections)."""
+    cluster = ctx.cluster
+    return 0 if cluster is None else cluster.leader(topic, partition)[1]
+
+
+def epoch_code(ctx: KafkaContext, topic: str, partition: int, current: int) -> int:
+    """A request's `current_leader_epoch` against ours (KIP-320): FENCED_LEADER_EPOCH when the client's is older,
+    UNKNOWN_LEADER_EPOCH when newer (this broker has not caught up), NONE when equal or not given (-1)."""
+    if current < 0:
+        return NONE
+    ours = leader_epoch(ctx, topic, partition)
+    if current < ours:
+        return E.FencedLeaderEpochError.code
+    if current > ours:
+        return E.UnknownLeaderEpochError.code
+    return NONE
+
+
+def coordinator_code(ctx: KafkaContext, group_id: str) -> int:
+    """NONE if this broker coordinates `group_id` (always, on a broker on its own), else NOT_COORDINATOR."""
+    cluster = ctx.cluster
+    if cluster is None or cluster.coordinates(group_id):
+        return NONE
+    return E.NotCoordinatorError.code

@@ -14,6 +14,8 @@
   so it keeps sending full fetch requests. A request naming a session we never gave out gets
   FETCH_SESSION_ID_NOT_FOUND, and the client falls back to a full fetch.
 - v13+ names topics by id: unknown ids get UNKNOWN_TOPIC_ID.
+- Cluster mode: a partition this broker does not lead answers NOT_LEADER_OR_FOLLOWER, and a `current_leader_epoch`
+  older or newer than the leader's FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (KIP-320), at once, without waiting.
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ from mqk.protocol.kafka.messages.fetch import (
     FetchTopic,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id
+from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, epoch_code, partition_code, topic_by_id
 from mqk.store.adapter import Buffer, ShardInfo
 
 _EMPTY = b""
 
 #: a requested topic, resolved once per request: (its request entry, the topic or None, the error code of a
-#: partition when it is None, [(partition, fetch offset, partition max bytes)])
-_Plan: TypeAlias = list[tuple[FetchTopic, ShardInfo | None, int, list[tuple[int, int, int]]]]
+#: partition when it is None, [(partition, fetch offset, partition max bytes)], the codes of partitions refused
+#: outright (cluster mode: not led here, or a leader epoch that does not match) or None)
+_Plan: TypeAlias = list[tuple[FetchTopic, ShardInfo | None, int, list[tuple[int, int, int]], dict[int, int] | None]]
 
 
 def _error_partition(index: int, code: int, hw: int = -1, log_start: int = -1) -> FetchResponsePartitionData:
@@ -64,15 +67,21 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
     by_id = req.api_version >= 13
     # resolve topics once: (response topic dict, ShardInfo or None, [(partition, offset, max_bytes)])
     plan: _Plan = []
+    cluster = ctx.cluster
     for t in body["topics"]:
         if by_id:
             info = topic_by_id(ctx, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
             missing = E.UnknownTopicIdError.code
         else:
-            info = ctx.store.topic(t["topic"])
+            info = ctx.store.topic(t["topic"]) if cluster is None else ctx.topics.get(t["topic"])
             missing = E.UnknownTopicOrPartitionError.code
         parts = [(p["partition"], p["fetch_offset"], p["partition_max_bytes"]) for p in t["partitions"]]
-        plan.append((t, info, missing, parts))
+        refused = None
+        if cluster is not None and info is not None:
+            refused = _refused(ctx, info.topic, t)
+            if refused:
+                parts = [part for part in parts if part[0] not in refused] + [(i, 0, 0) for i in refused]
+        plan.append((t, info, missing, parts, refused))
 
     max_bytes = body.get("max_bytes", 0x7FFFFFFF)
     if max_bytes <= 0:
@@ -81,7 +90,13 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
     clock = ctx.clock
     deadline = clock.monotonic() + max(0, body["max_wait_ms"]) / 1000
     isolation_committed = body.get("isolation_level", 0) == 1
-    watch = [(info.topic, p[0]) for _t, info, _m, parts in plan if info is not None for p in parts]
+    watch = [
+        (info.topic, p[0])
+        for _t, info, _m, parts, refused in plan
+        if info is not None
+        for p in parts
+        if not refused or p[0] not in refused
+    ]
 
     responses: list[FetchableTopicResponse] | None = None
     while True:
@@ -111,7 +126,7 @@ async def _read_all(
     total = 0
     errored = False
     left = max_bytes
-    for k, (t, info, missing, parts) in enumerate(plan):
+    for k, (t, info, missing, parts, refused) in enumerate(plan):
         out: list[FetchResponsePartitionData] = []
         bounds = None
         unknown = missing if info is None else E.UnknownTopicOrPartitionError.code
@@ -125,6 +140,10 @@ async def _read_all(
                 unknown = E.kafka_code_for(exc)
         earlier = previous[k]["partitions"] if previous is not None else None
         for i, (index, offset, partition_max) in enumerate(parts):
+            if refused and index in refused:
+                out.append(_error_partition(index, refused[index]))
+                errored = True
+                continue
             known = bounds[i] if bounds is not None else None
             if known is None:
                 out.append(_error_partition(index, unknown))
@@ -182,6 +201,17 @@ async def _read_all(
             out.append(answer)
         responses.append({"topic": t["topic"], "topic_id": t["topic_id"], "partitions": out})
     return responses, total, errored
+
+
+def _refused(ctx: KafkaContext, topic: str, t: FetchTopic) -> dict[int, int] | None:
+    """Cluster mode: the topic's partitions this broker cannot serve to this request, with their codes."""
+    refused = {}
+    for p in t["partitions"]:
+        index = p["partition"]
+        code = partition_code(ctx, topic, index) or epoch_code(ctx, topic, index, p.get("current_leader_epoch", -1))
+        if code:
+            refused[index] = code
+    return refused or None
 
 
 def _offsets_only(index: int, hw: int, log_start: int, isolation_committed: bool) -> FetchResponsePartitionData:

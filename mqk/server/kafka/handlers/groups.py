@@ -1,6 +1,11 @@
 """Consumer-group APIs (classic protocol): FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
 DescribeGroups, ListGroups, DeleteGroups, OffsetDelete. Translation only: the state machine is
-`mqk.groups.coordinator.GroupCoordinator` (ctx.groups)."""
+`mqk.groups.coordinator.GroupCoordinator` (ctx.groups).
+
+Cluster mode: a group's coordinator is the leader of its partition of the offsets topic (Kafka's rule: the group
+id's hash modulo that topic's partition count), which FindCoordinator names (creating the offsets topic on first use,
+as Kafka does); every other group API sent to another broker answers NOT_COORDINATOR, and ListGroups lists the
+groups this broker coordinates (admin clients ask every broker)."""
 
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from mqk.protocol.kafka.messages.offset_delete import (
 )
 from mqk.protocol.kafka.messages.sync_group import SyncGroupRequest, SyncGroupResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
+from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE, coordinator_code
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 
@@ -38,18 +43,17 @@ async def find_coordinator(
 ) -> FindCoordinatorResponse:
     body = req.body
     key_type = body.get("key_type", GROUP_KEY)
-    # this broker coordinates every group; transactions are not offered (InitProducerId refuses them)
-    code = NONE if key_type == GROUP_KEY else E.CoordinatorNotAvailableError.code
-    message = None if code == NONE else "transactions are not supported"
-    node, host, port = (ctx.node_id, ctx.host, ctx.port) if code == NONE else (-1, "", -1)
+    keys = body["coordinator_keys"] if req.api_version >= 4 else [body["key"]]
+    found = [await _coordinator(ctx, key, key_type) for key in keys]
     if req.api_version >= 4:
         return {
             "throttle_time_ms": 0,
             "coordinators": [
                 {"key": key, "node_id": node, "host": host, "port": port, "error_code": code, "error_message": message}
-                for key in body["coordinator_keys"]
+                for key, (code, message, node, host, port) in zip(keys, found, strict=True)
             ],
         }
+    code, message, node, host, port = found[0]
     return {
         "throttle_time_ms": 0,
         "error_code": code,
@@ -60,8 +64,41 @@ async def find_coordinator(
     }
 
 
+async def _coordinator(ctx: KafkaContext, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
+    """(error code, message, node id, host, port) of the coordinator of `key`."""
+    if key_type != GROUP_KEY:  # transactions are not offered (InitProducerId refuses them)
+        return E.CoordinatorNotAvailableError.code, "transactions are not supported", -1, "", -1
+    cluster = ctx.cluster
+    if cluster is None:  # this broker coordinates every group
+        return NONE, None, ctx.node_id, ctx.host, ctx.port
+    await cluster.ensure_offsets_topic()
+    node = cluster.coordinator(key)
+    record = cluster.view.broker(node) if node >= 0 else None
+    address = record.address("kafka") if record is not None else None
+    if address is None:
+        return E.CoordinatorNotAvailableError.code, "the group's coordinator is not available now", -1, "", -1
+    return NONE, None, node, address[0], address[1]
+
+
+def _not_coordinator(ctx: KafkaContext, group_id: str) -> int:
+    return coordinator_code(ctx, group_id)
+
+
 async def join_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[JoinGroupRequest]) -> JoinGroupResponse:
     b = req.body
+    code = _not_coordinator(ctx, b["group_id"])
+    if code:
+        return {
+            "throttle_time_ms": 0,
+            "error_code": code,
+            "generation_id": -1,
+            "protocol_type": None,
+            "protocol_name": None if req.api_version >= 7 else "",
+            "leader": "",
+            "skip_assignment": False,
+            "member_id": b["member_id"],
+            "members": [],
+        }
     result = await ctx.groups.join(
         b["group_id"],
         b["member_id"],
@@ -90,6 +127,15 @@ async def join_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[JoinGroupR
 
 async def sync_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[SyncGroupRequest]) -> SyncGroupResponse:
     b = req.body
+    code = _not_coordinator(ctx, b["group_id"])
+    if code:
+        return {
+            "throttle_time_ms": 0,
+            "error_code": code,
+            "protocol_type": None,
+            "protocol_name": None,
+            "assignment": b"",
+        }
     result = await ctx.groups.sync(
         b["group_id"],
         b["generation_id"],
@@ -110,7 +156,9 @@ async def sync_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[SyncGroupR
 
 async def heartbeat(ctx: KafkaContext, peer: Peer, req: KafkaRequest[HeartbeatRequest]) -> HeartbeatResponse:
     b = req.body
-    code = ctx.groups.heartbeat(b["group_id"], b["generation_id"], b["member_id"], b.get("group_instance_id"))
+    code = _not_coordinator(ctx, b["group_id"]) or ctx.groups.heartbeat(
+        b["group_id"], b["generation_id"], b["member_id"], b.get("group_instance_id")
+    )
     return {"throttle_time_ms": 0, "error_code": code}
 
 
@@ -120,6 +168,9 @@ async def leave_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[LeaveGrou
         members = [(m["member_id"], m.get("group_instance_id")) for m in b["members"]]
     else:
         members = [(b["member_id"], None)]
+    refused = _not_coordinator(ctx, b["group_id"])
+    if refused:
+        return {"throttle_time_ms": 0, "error_code": refused, "members": []}
     code, per_member = ctx.groups.leave(b["group_id"], members)
     if req.api_version < 3 and code == NONE:
         code = per_member[0]
@@ -138,6 +189,21 @@ async def describe_groups(
 ) -> DescribeGroupsResponse:
     out: list[DescribeGroupsResponseDescribedGroup] = []
     for group_id in req.body["groups"]:
+        refused = _not_coordinator(ctx, group_id)
+        if refused:
+            out.append(
+                {
+                    "error_code": refused,
+                    "error_message": None,
+                    "group_id": group_id,
+                    "group_state": "",
+                    "protocol_type": "",
+                    "protocol_data": "",
+                    "members": [],
+                    "authorized_operations": AUTHORIZED_OPS_OMITTED,
+                }
+            )
+            continue
         desc = ctx.groups.describe(group_id)
         if desc is None:
             # v6+ says GROUP_ID_NOT_FOUND; older versions answer a Dead group without error, like Kafka
@@ -177,17 +243,20 @@ async def list_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListGroup
 async def delete_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteGroupsRequest]) -> DeleteGroupsResponse:
     results: list[DeleteGroupsResponseDeletableGroupResult] = []
     for group_id in req.body["groups_names"]:
-        results.append({"group_id": group_id, "error_code": await ctx.groups.delete_group(group_id)})
+        code = _not_coordinator(ctx, group_id) or await ctx.groups.delete_group(group_id)
+        results.append({"group_id": group_id, "error_code": code})
     return {"throttle_time_ms": 0, "results": results}
 
 
 async def offset_delete(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetDeleteRequest]) -> OffsetDeleteResponse:
     b = req.body
-    store = ctx.store
+    refused = _not_coordinator(ctx, b["group_id"])
+    if refused:
+        return {"error_code": refused, "throttle_time_ms": 0, "topics": []}
     wanted: list[tuple[str, int]] = []
     unknown: dict[tuple[str, int], int] = {}
     for t in b["topics"]:
-        info = store.topic(t["name"])
+        info = ctx.topics.get(t["name"])
         for p in t["partitions"]:
             tp = (t["name"], p["partition_index"])
             if info is None or not 0 <= tp[1] < info.queue_count:

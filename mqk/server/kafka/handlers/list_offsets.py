@@ -2,7 +2,8 @@
 no tiered storage), and by timestamp (the ConsumeQueue's time index via `store.offset_for_timestamp`).
 
 No record at or after the timestamp → offset -1, timestamp -1, as Kafka answers. isolation_level does not matter:
-without transactions the last stable offset is the high watermark."""
+without transactions the last stable offset is the high watermark. In cluster mode only the partition's leader
+answers (else NOT_LEADER_OR_FOLLOWER), and a `current_leader_epoch` must match its epoch (KIP-320)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from mqk.protocol.kafka.messages.list_offsets import (
     ListOffsetsTopicResponse,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE
-from mqk.server.kafka.handlers.metadata import LEADER_EPOCH
+from mqk.server.kafka.handlers.common import NONE, epoch_code, leader_epoch, partition_code
 from mqk.store.manager import StoreManager
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, EARLIEST_PENDING_UPLOAD, LATEST_TIERED = -1, -2, -3, -4, -5, -6
@@ -44,6 +44,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsReq
     for t in req.body["topics"]:
         name = t["name"]
         info = store.topic(name)
+        cluster = ctx.cluster
         parts: list[ListOffsetsPartitionResponse] = []
         for p in t["partitions"]:
             index = p["partition_index"]
@@ -55,7 +56,14 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsReq
                 "offset": -1,
                 "leader_epoch": -1,
             }
-            if info is None or not 0 <= index < info.queue_count:
+            refused = NONE
+            if cluster is not None:
+                refused = partition_code(ctx, name, index) or epoch_code(
+                    ctx, name, index, p.get("current_leader_epoch", -1)
+                )
+            if refused:
+                entry["error_code"] = refused
+            elif info is None or not 0 <= index < info.queue_count:
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
             else:
                 try:
@@ -63,7 +71,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsReq
                     entry["offset"] = offset
                     entry["timestamp"] = ts
                     entry["old_style_offsets"] = [offset]
-                    entry["leader_epoch"] = LEADER_EPOCH if offset >= 0 else -1
+                    entry["leader_epoch"] = leader_epoch(ctx, name, index) if offset >= 0 else -1
                 except Exception as exc:  # noqa: BLE001 - the partition's answer carries the code
                     entry["error_code"] = E.kafka_code_for(exc)
             parts.append(entry)

@@ -1,18 +1,30 @@
-"""Metadata: this broker is the whole cluster (node id, bound address, controller), every partition's leader.
+"""Metadata: the brokers, the controller, and every partition's leader, replicas and in-sync replicas.
+
+On a broker on its own, it is the whole cluster (its node id and advertised address, the controller, every
+partition's only replica, leader epoch 0). In cluster mode the answer comes from the cluster's metadata view
+(mqk.broker.cluster): every live broker with its advertised Kafka listener, the elected controller, and per
+partition the master of the group it is placed in as leader (epoch: the group's master epoch), the group's members
+as replicas; a partition whose group has no master now answers LEADER_NOT_AVAILABLE (retriable).
 
 Topics are auto-created (broker config `auto_create_topics` and, from v4, the request's
 `allow_auto_topic_creation`). A null topic list (v1+) or an empty one in v0 means every topic; v12+ may name a
-topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). The leader epoch reported is 0 and
-never changes: there is one replica and no elections. `is_internal` is the broker's (mqk.broker.internal): the
-timer's and RocketMQ's transaction topics."""
+topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). `is_internal` is the broker's
+(mqk.broker.internal) or the cluster's offsets topic."""
 
 from __future__ import annotations
 
 import uuid
 
 from mqk import errors as E
+from mqk.broker.cluster import OFFSETS_TOPIC
 from mqk.broker.internal import is_internal
-from mqk.protocol.kafka.messages.metadata import MetadataRequest, MetadataResponse, MetadataResponseTopic
+from mqk.protocol.kafka.messages.metadata import (
+    MetadataRequest,
+    MetadataResponse,
+    MetadataResponseBroker,
+    MetadataResponsePartition,
+    MetadataResponseTopic,
+)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
     AUTHORIZED_OPS_OMITTED,
@@ -29,6 +41,8 @@ LEADER_EPOCH = 0
 
 def topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponseTopic:
     node = ctx.node_id
+    if ctx.cluster is not None:
+        return _cluster_topic_entry(ctx, info)
     return {
         "error_code": NONE,
         "name": info.topic,
@@ -48,6 +62,50 @@ def topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponseTopic:
         ],
         "topic_authorized_operations": AUTHORIZED_OPS_OMITTED,
     }
+
+
+def _cluster_topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponseTopic:
+    cluster = ctx.cluster
+    assert cluster is not None
+    local = cluster.topic(info.topic) is None  # a topic local by nature (the timer's): this broker's own
+    partitions: list[MetadataResponsePartition] = []
+    for p in range(info.queue_count):
+        if local:
+            leader, epoch, replicas = ctx.node_id, 0, [ctx.node_id]
+        else:
+            (leader, epoch), replicas = cluster.leader(info.topic, p), cluster.replicas(info.topic, p)
+        partitions.append(
+            {
+                "error_code": NONE if leader >= 0 else E.LeaderNotAvailableError.code,
+                "partition_index": p,
+                "leader_id": leader,
+                "leader_epoch": epoch,
+                "replica_nodes": replicas,
+                "isr_nodes": [leader] if leader >= 0 else [],
+                "offline_replicas": [n for n in replicas if n != leader and cluster.view.broker(n) is None],
+            }
+        )
+    return {
+        "error_code": NONE,
+        "name": info.topic,
+        "topic_id": topic_uuid(info),
+        "is_internal": is_internal(info.topic) or info.topic == OFFSETS_TOPIC,
+        "partitions": partitions,
+        "topic_authorized_operations": AUTHORIZED_OPS_OMITTED,
+    }
+
+
+def brokers_and_controller(ctx: KafkaContext) -> tuple[list[MetadataResponseBroker], int]:
+    """The live brokers with their advertised Kafka listener, and the controller's node id (-1: none now)."""
+    cluster = ctx.cluster
+    if cluster is None:
+        return [{"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None}], ctx.node_id
+    brokers: list[MetadataResponseBroker] = []
+    for record in cluster.brokers():
+        address = record.address("kafka")
+        if address is not None:
+            brokers.append({"node_id": record.node_id, "host": address[0], "port": address[1], "rack": record.rack})
+    return brokers, cluster.controller_id()
 
 
 def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> MetadataResponseTopic:
@@ -85,11 +143,12 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataReques
                 continue
             code, info = await get_or_create_topic(ctx, name, allow_create)
             topics.append(topic_entry(ctx, info) if info else _error_entry(name, None, code))
+    brokers, controller = brokers_and_controller(ctx)
     return {
         "throttle_time_ms": 0,
-        "brokers": [{"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None}],
+        "brokers": brokers,
         "cluster_id": ctx.cluster_id,
-        "controller_id": ctx.node_id,
+        "controller_id": controller,
         "topics": topics,
         "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
         "error_code": NONE,

@@ -20,20 +20,22 @@ from mqk.protocol.kafka.messages.offset_fetch import (
     OffsetFetchResponseTopics,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE
+from mqk.server.kafka.handlers.common import NONE, coordinator_code
 from mqk.store.adapter import GroupOffset
 
 
 async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetCommitRequest]) -> OffsetCommitResponse:
     b = req.body
-    store = ctx.store
+    refused = coordinator_code(ctx, b["group_id"])
     wanted: dict[tuple[str, int], tuple[int, int, str | None]] = {}
     codes: dict[tuple[str, int], int] = {}
     for t in b["topics"]:
-        info = store.topic(t["name"])
+        info = ctx.topics.get(t["name"])
         for p in t["partitions"]:
             tp = (t["name"], p["partition_index"])
-            if info is None or not 0 <= tp[1] < info.queue_count:
+            if refused:
+                codes[tp] = refused
+            elif info is None or not 0 <= tp[1] < info.queue_count:
                 codes[tp] = E.UnknownTopicOrPartitionError.code
             else:
                 wanted[tp] = (p["committed_offset"], p.get("committed_leader_epoch", -1), p["committed_metadata"])
@@ -110,12 +112,15 @@ async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFe
     if req.api_version >= 8:
         groups: list[OffsetFetchResponseGroup] = []
         for g in b["groups"]:
-            code = NONE if g["group_id"] else E.InvalidGroupIdError.code
+            code = coordinator_code(ctx, g["group_id"]) if g["group_id"] else E.InvalidGroupIdError.code
             found = _fetch_group(ctx, g["group_id"], g["topics"]) if code == NONE else []
             groups.append({"group_id": g["group_id"], "topics": found, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     if not b["group_id"]:
         return {"throttle_time_ms": 0, "topics": [], "error_code": E.InvalidGroupIdError.code}
+    refused = coordinator_code(ctx, b["group_id"])
+    if refused:
+        return {"throttle_time_ms": 0, "topics": [], "error_code": refused}
     # v1-v7 topics and partitions have a subset of the v8+ structs' keys, of the same types (a topic is named here)
     topics = cast("list[OffsetFetchResponseTopic]", _fetch_group(ctx, b["group_id"], b["topics"]))
     return {"throttle_time_ms": 0, "topics": topics, "error_code": NONE}

@@ -22,6 +22,9 @@ once, and the batches reach the store as memoryviews into the request frame.
 acks=0 gets no response (None), but a failure closes the connection, as Kafka does, so the producer notices and
 refreshes its metadata; acks=1 and acks=-1 are the same on a single replica (an append completes once the data
 is readable and, under sync flush, on disk).
+
+In cluster mode a partition this broker does not lead is answered NOT_LEADER_OR_FOLLOWER (the client refreshes its
+metadata and sends it to the leader); the others go on as above.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from mqk.protocol.kafka.messages.produce import (
 )
 from mqk.protocol.kafka.records import BatchInfo
 from mqk.server.kafka.context import CloseConnection, KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, get_or_create_topic
+from mqk.server.kafka.handlers.common import NONE, get_or_create_topic, partition_code
 from mqk.store.adapter import AppendResult, Buffer, ShardInfo
 from mqk.store.manager import StoreManager
 from mqk.timer.delay import DELAY_HEADER_KEYS
@@ -134,17 +137,27 @@ def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | N
     appends: list[_PlainAppend] = []
     idempotent: list[_IdempotentAppend] = []
     store = ctx.store
+    cluster = ctx.cluster
     for topic in body["topic_data"]:
         name = topic["name"]
         info = store.topic(name)
         parts: _Slots = []
-        if info is None:
+        partition_data = topic["partition_data"]
+        if cluster is not None:
+            # cluster mode: a partition another broker leads (or none does) is answered now; the rest are this
+            # broker's (whose store may not have the topic yet, placed here a moment ago: then as a missing one)
+            refused = [(p["index"], partition_code(ctx, name, p["index"])) for p in partition_data]
+            if any(code for _index, code in refused):
+                parts.extend(_part(index, code) for index, code in refused if code)
+                partition_data = [p for p, (_index, code) in zip(partition_data, refused, strict=True) if not code]
+        if info is None and partition_data:
             if missing is None:
                 return None
             code = missing.get(name, E.UnknownTopicOrPartitionError.code)
-            parts.extend(_part(p["index"], code) for p in topic["partition_data"])
-        else:
-            _prepare_topic(ctx, name, info, topic["partition_data"], parts, appends, idempotent)
+            parts.extend(_part(p["index"], code) for p in partition_data)
+        elif partition_data:
+            assert info is not None
+            _prepare_topic(ctx, name, info, partition_data, parts, appends, idempotent)
         answers: list[_Answer] = parts  # type: ignore[assignment]  # answer_prepared replaces its Nones
         responses.append({"name": name, "partition_responses": answers})
     return Prepared(acks, responses, appends, idempotent)
@@ -173,6 +186,8 @@ async def _prepare_creating_topics(ctx: KafkaContext, body: ProduceRequest) -> P
             code, info = await get_or_create_topic(ctx, name)
             if info is None:
                 missing[name] = code
+            elif ctx.cluster is not None and not await ctx.cluster.reconciler.ensure(name):
+                missing[name] = E.NotLeaderOrFollowerError.code  # (its store here is not made: not placed here)
     prepared = prepare(ctx, body, missing)
     assert prepared is not None
     return prepared

@@ -31,7 +31,7 @@ from mqk.protocol.kafka.messages.delete_topics import (
     DeleteTopicsResponseDeletableTopicResult,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id, topic_uuid
+from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, partition_code, topic_by_id, topic_uuid
 from mqk.server.kafka.handlers.configs import topic_config_entries
 
 
@@ -73,6 +73,9 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
             if partitions != -1 or rf != -1:
                 fail(E.InvalidRequestError.code, "give either assignments or partitions/replication factor")
                 continue
+            if ctx.cluster is not None:
+                fail(E.InvalidReplicaAssignmentError.code, "in cluster mode the controller places partitions")
+                continue
             if any(a["broker_ids"] != [ctx.node_id] for a in assignments) or sorted(
                 a["partition_index"] for a in assignments
             ) != list(range(len(assignments))):
@@ -87,7 +90,9 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
         if rf not in (-1, 1) and not assignments:
             fail(
                 E.InvalidReplicationFactorError.code,
-                f"replication factor {rf} is larger than the number of brokers (1)",
+                f"replication factor {rf}: partitions have one replica each (their broker group's master)"
+                if ctx.cluster is not None
+                else f"replication factor {rf} is larger than the number of brokers (1)",
             )
             continue
         overrides = {c["name"]: c["value"] for c in t["configs"]}
@@ -175,6 +180,10 @@ async def create_partitions(
             entry["error_message"] = f"topic has {info.queue_count} partitions; cannot change to {count}"
             continue
         assignments = t["assignments"]
+        if assignments is not None and ctx.cluster is not None:
+            entry["error_code"] = E.InvalidReplicaAssignmentError.code
+            entry["error_message"] = "in cluster mode the controller places partitions"
+            continue
         if assignments is not None and (
             len(assignments) != count - info.queue_count or any(a["broker_ids"] != [ctx.node_id] for a in assignments)
         ):
@@ -202,7 +211,10 @@ async def delete_records(
         for p in t["partitions"]:
             index = p["partition_index"]
             entry: DeleteRecordsPartitionResult = {"partition_index": index, "low_watermark": -1, "error_code": NONE}
-            if info is None or not 0 <= index < info.queue_count:
+            refused = partition_code(ctx, t["name"], index)
+            if refused:
+                entry["error_code"] = refused
+            elif info is None or not 0 <= index < info.queue_count:
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
             else:
                 offset = p["offset"]
