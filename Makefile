@@ -31,6 +31,10 @@ compat-deps: $(JSDIR)/node_modules/.stamp
 	  echo "installing kcat (Debian package)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat >/dev/null; }
+	@command -v etcd >/dev/null 2>&1 || { \
+	  echo "installing etcd (Debian package etcd-server, for the cluster-mode tests)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server >/dev/null; }
 
 # The whole suite (unit, scenario, integration, compat with real clients), then the unit tests once more
 # on the pure-Python twins.

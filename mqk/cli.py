@@ -5,6 +5,9 @@ RocketMQ remoting on 127.0.0.1:10911 and the name-server role on 127.0.0.1:9876.
 free port; once every listener is bound the broker prints one line to stdout:
 `mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`. SIGTERM / SIGINT flush, close files, remove the
 abort marker and exit 0.
+
+`mqk cluster local` runs a cluster on this machine (mqk.cluster_local): etcd and N `mqk serve --cluster` processes on
+loopback, until SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
@@ -232,11 +235,76 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="clusters on this machine")
+    csub = p.add_subparsers(dest="action", required=True)
+    p = csub.add_parser(
+        "local",
+        help="run etcd and N brokers on loopback until SIGINT / SIGTERM",
+        description="Start etcd (unless --etcd is given) and N `mqk serve --cluster` processes on 127.0.0.1, print "
+        "each broker's addresses and the bootstrap list, and run until SIGINT / SIGTERM, then stop them all. The same "
+        "--data-dir again is the same cluster (its cluster id, etcd data and, where free, ports are kept there).",
+    )
+    p.add_argument("--brokers", type=int, default=3, help="number of broker processes (default 3)")
+    p.add_argument("--data-dir", required=True, help="directory for etcd's and every broker's data and logs")
+    p.add_argument("--etcd", metavar="etcd://HOST:PORT[,HOST:PORT...]", help="use this etcd instead of starting one")
+    p.add_argument("--cluster-id", help="the cluster's name (default: the one --data-dir holds, else a new one)")
+    p.set_defaults(func=cmd_cluster_local)
+
+
+class _Interrupted(Exception):
+    """SIGINT / SIGTERM / SIGHUP reached `mqk cluster local`."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def cmd_cluster_local(args: argparse.Namespace) -> int:
+    # (imported here: the other verbs need none of it)
+    from mqk.cluster_local import EtcdNotFound, LocalCluster, LocalClusterError
+
+    def report(what: str, code: int) -> None:
+        print(f"mqk cluster local: {what} exited with code {code}", file=sys.stderr, flush=True)
+
+    try:
+        cluster = LocalCluster(args.data_dir, args.brokers, etcd=args.etcd, cluster_id=args.cluster_id, on_exit=report)
+    except (ValueError, LocalClusterError) as exc:
+        print(f"mqk cluster local: {exc}", file=sys.stderr)
+        return 2
+    # a signal ends the wait below, or a start still under way: either way what was started is stopped
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    try:
+        cluster.start()
+        print(f"etcd={cluster.etcd_url} cluster-id={cluster.cluster_id}")
+        for broker in cluster.brokers:
+            print(broker.describe())
+        print(f"bootstrap={cluster.bootstrap}", flush=True)
+        print(f"mqk cluster local: logs in {cluster.data_dir}/*.log; Ctrl-C stops the cluster", file=sys.stderr)
+        while True:
+            signal.pause()
+    except _Interrupted:
+        pass
+    except EtcdNotFound as exc:
+        print(f"mqk cluster local: {exc}", file=sys.stderr)
+        return 2
+    except LocalClusterError as exc:
+        print(f"mqk cluster local: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # the stop below is bounded: let it finish
+        cluster.stop()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mqk", description="Kafka- and RocketMQ-compatible message broker")
     parser.add_argument("--version", action="version", version=f"mqk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _cluster_parser(sub)
     from mqk import cli_admin
 
     cli_admin.register(sub)

@@ -11,6 +11,21 @@ Installed as a pytest plugin (entry point `mqk`), so after `pip install mqk` the
   mqk_fake_clock`; the test then moves the broker's time with `mqk_broker.advance(seconds)` (group session and
   rebalance timeouts, delayed delivery, retention / compaction / disk-guard passes, producer-id expiry).
 
+Cluster mode (etcd plus broker processes; needs the `etcd` binary, Debian's `etcd-server`, and `mqk[cluster]`):
+
+- `mqk_cluster`: a started `mqk.cluster_local.LocalCluster` of 3 `mqk serve --cluster` processes on loopback (node ids
+  0, 1, 2 in broker groups `group-0`..`group-2`, file stores in the test's tmp_path), stopped by pid after the test.
+  It gives `.bootstrap` ("H:P,H:P,H:P"), `.etcd_url`, `.cluster_id` (unique per cluster, so clusters share one
+  etcd without seeing each other: keys under `/mqk/<cluster-id>/`), `.node_ids`, `.pids`, `.brokers` (each with
+  `.node_id`, `.group`, `.pid`, `.kafka` / `.native` / `.namesrv` addresses, `.bootstrap`, `.data_dir`, `.stderr()`)
+  and the fault helpers `.kill(node_id)` (kill -9), `.restart(node_id)` (same node id, data directory and, when
+  free, ports; it returns once the broker is ready), `.pause(node_id)` (SIGSTOP) and `.resume(node_id)` (SIGCONT);
+- `mqk_cluster_factory`: `mqk_cluster_factory(brokers=3, *, cluster_id=None, etcd=None, own_etcd=False,
+  extra_args=())` starts another such cluster (stopped after the test); by default its brokers use the session's
+  etcd, `own_etcd=True` gives it an etcd of its own (for tests that stop or kill etcd), `etcd="etcd://H:P"` one
+  that runs elsewhere;
+- `mqk_etcd`: the session's `mqk.cluster_local.EtcdProcess` (`.url`, `.endpoints`, `.pid`), started on first use.
+
 The in-process broker runs its own event loop in a background thread, so both synchronous clients
 (confluent-kafka, kafka-python) and asyncio tests can use it. `BrokerProcess` runs `python -m mqk serve` as a
 child process instead, for tests that restart or kill -9 the broker (it runs on the system clock).
@@ -26,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -33,6 +49,7 @@ from typing import Any, Iterator, Sequence
 import pytest
 
 from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
+from mqk.cluster_local import EtcdProcess, LocalCluster
 from mqk.config import BrokerConfig, StoreConfig
 
 _READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
@@ -247,3 +264,48 @@ def mqk_file_broker(tmp_path: Path, mqk_clock: Clock) -> Iterator[ThreadedBroker
 @pytest.fixture
 def mqk_bootstrap(mqk_broker: ThreadedBroker) -> str:
     return mqk_broker.bootstrap
+
+
+# --- cluster mode -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mqk_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    """One etcd member for the session's clusters (each under its own cluster id), stopped by pid at the end."""
+    etcd = EtcdProcess(tmp_path_factory.mktemp("mqk-etcd") / "etcd").start()
+    try:
+        yield etcd
+    finally:
+        etcd.stop()
+
+
+@pytest.fixture
+def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    started: list[LocalCluster] = []
+
+    def start(
+        brokers: int = 3,
+        *,
+        cluster_id: str | None = None,
+        etcd: str | None = None,
+        own_etcd: bool = False,
+        extra_args: Sequence[str] = (),
+    ) -> LocalCluster:
+        if etcd is None and not own_etcd:
+            etcd = request.getfixturevalue("mqk_etcd").url
+        cluster = LocalCluster(
+            tmp_path / f"mqk-cluster-{len(started)}", brokers, etcd=etcd, cluster_id=cluster_id, extra_args=extra_args
+        )
+        started.append(cluster)
+        return cluster.start()
+
+    try:
+        yield start
+    finally:
+        for cluster in reversed(started):
+            cluster.stop()
+
+
+@pytest.fixture
+def mqk_cluster(mqk_cluster_factory: Callable[..., LocalCluster]) -> LocalCluster:
+    return mqk_cluster_factory()
