@@ -53,7 +53,8 @@ class AdminProcessor:
 
     async def all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         table = {
-            name: self.ctx.topic_config(name, info.queue_count) for name, info in sorted(self.ctx.topics.all().items())
+            name: self.ctx.topic_config(name, self.ctx.queue_count(name))
+            for name, _info in sorted(self.ctx.topics.all().items())
         }
         body = {"topicConfigTable": table, "dataVersion": {"timestamp": self.ctx.now_ms(), "counter": len(table)}}
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())

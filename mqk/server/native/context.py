@@ -12,6 +12,13 @@ decode on a miss. A miss answers "not found", which RocketMQ clients handle by r
 RocketMQ's view of a topic (`topic_config`): read and write queue numbers are both the topic's partition count
 (a RocketMQ queue is a Kafka partition); perm is read+write (mqk has no per-topic permissions); the filter type
 is SINGLE_TAG (the ConsumeQueue keeps one tags code per entry); no sys flag, not ordered.
+
+Queue ids in cluster mode: RocketMQ numbers a topic's queues per broker (0..n-1 on each broker group), Kafka numbers
+partitions across the cluster. A cluster topic's queues on this broker are the partitions placed in its group, in
+partition order: RocketMQ queue i here is `local_partitions(topic)[i]`. Processors turn a client's queue id into
+the partition (`to_partition`) as they read a request and back (`to_queue`) as they answer; everything between
+(the store, message ids, committed offsets: shared with Kafka consumers of the same group) speaks partitions. On a
+broker on its own, and for topics local by nature (retry, DLQ, the timer's), both numberings are the same.
 """
 
 from __future__ import annotations
@@ -114,12 +121,34 @@ class BrokerContext:
 
     # --- topics ---------------------------------------------------------------------------------------------
 
+    def local_partitions(self, topic: str) -> list[int] | None:
+        """Cluster mode: the partitions of a cluster topic placed in this broker's group, in order (its RocketMQ
+        queues here); None where queue ids are partitions (a broker on its own, a topic local by nature)."""
+        cluster = self.broker.cluster
+        if cluster is None:
+            return None
+        record = cluster.topic(topic)
+        return None if record is None else record.queues_of(cluster.group)
+
     def queue_count(self, topic: str) -> int:
-        return self.topics.queue_count(topic)
+        """How many RocketMQ queues the topic has on this broker (0: the topic does not exist)."""
+        local = self.local_partitions(topic)
+        return self.topics.queue_count(topic) if local is None else len(local)
+
+    def to_partition(self, topic: str, queue: int) -> int:
+        """The partition behind RocketMQ queue `queue` of `topic` here (the caller checked queue < queue_count)."""
+        local = self.local_partitions(topic)
+        return queue if local is None else local[queue]
+
+    def to_queue(self, topic: str, partition: int) -> int:
+        """The RocketMQ queue id partition `partition` has on this broker."""
+        local = self.local_partitions(topic)
+        return partition if local is None or partition not in local else local.index(partition)
 
     async def ensure_topic(self, topic: str, queues: int) -> int:
-        """Create `topic` with `queues` queues unless it exists; returns its queue count."""
-        return (await self.topics.ensure(topic, queues)).queue_count
+        """Create `topic` with `queues` queues unless it exists; returns its queue count here."""
+        await self.topics.ensure(topic, queues)
+        return self.queue_count(topic)
 
     @staticmethod
     def topic_config(topic: str, queues: int) -> dict[str, Any]:

@@ -1,7 +1,11 @@
-"""NameServer: the RocketMQ name-server role (default 127.0.0.1:9876) for the one broker mqk runs.
+"""NameServer: the RocketMQ name-server role (default 127.0.0.1:9876).
 
 Routes come straight from the broker's topic registry (a Kafka partition is a RocketMQ queue), so Kafka-created
-topics route too. GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic
+topics route too. On a broker on its own every topic lives on it. In cluster mode every broker answers for the
+whole cluster from its metadata view (mqk.broker.cluster): a topic's route lists each broker group holding some of
+its partitions (brokerName = the group, brokerId 0 = its master's RocketMQ listener) with as many queues as it holds
+(RocketMQ numbers queues per broker: mqk.server.native.context); a group without a master now is left out, so
+clients send to the others. GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic
 (TBW102) while `auto_create_topics` is on: RocketMQ producers fetch its route to send to new topics, which the
 broker then creates. JSON bodies use standard JSON (quoted map keys), which fastjson and ali-ons both read.
 """
@@ -63,14 +67,36 @@ class NameServer:
             "brokerAddrs": {"0": self.broker_address},
         }
 
+    def _group_data(self, group: str) -> dict[str, Any] | None:
+        """Cluster mode: the broker data of `group` (its master's RocketMQ listener), None without a master."""
+        cluster = self.topics.cluster
+        assert cluster is not None
+        master = cluster.view.master_of(group)
+        record = cluster.view.broker(master.node_id) if master is not None else None
+        address = record.listeners.get("native") if record is not None else None
+        if not address:
+            return None
+        return {"cluster": self.config.cluster_id, "brokerName": group, "brokerAddrs": {"0": address}}
+
+    def _cluster_groups(self) -> dict[str, dict[str, Any]]:
+        cluster = self.topics.cluster
+        assert cluster is not None
+        datas = {g: self._group_data(g) for g in cluster.view.live_groups()}
+        return {g: d for g, d in datas.items() if d is not None}
+
     async def dispatch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         code = cmd.code
         if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
             return self.route_info(cmd)
         if code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            table = (
+                self._cluster_groups()
+                if self.topics.cluster is not None
+                else {self.config.broker_name: self._broker_data()}
+            )
             body = {
-                "brokerAddrTable": {self.config.broker_name: self._broker_data()},
-                "clusterAddrTable": {self.config.cluster_id: [self.config.broker_name]},
+                "brokerAddrTable": table,
+                "clusterAddrTable": {self.config.cluster_id: sorted(table)},
             }
             return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
         if code in (RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, RequestCode.GET_TOPICS_BY_CLUSTER):
@@ -90,6 +116,10 @@ class NameServer:
 
     def route_info(self, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.get_str("topic", required=True) or ""
+        if self.topics.cluster is not None:
+            found = self._cluster_route(topic)
+            if found is not None:
+                return cmd.response(ResponseCode.SUCCESS, body=json.dumps(found).encode())
         info = self.topics.get(topic)
         if info is not None:
             queues, perm = info.queue_count, PERM_READ | PERM_WRITE
@@ -115,3 +145,38 @@ class NameServer:
             "filterServerTable": {},
         }
         return cmd.response(ResponseCode.SUCCESS, body=json.dumps(body).encode())
+
+    def _cluster_route(self, topic: str) -> dict[str, Any] | None:
+        """Cluster mode: the route of a cluster topic (or of the auto-create key: every live group), None for a
+        topic the cluster does not have."""
+        cluster = self.topics.cluster
+        assert cluster is not None
+        record = cluster.topic(topic)
+        counts: dict[str, int] = {}
+        perm = PERM_READ | PERM_WRITE
+        if record is not None:
+            for group, _queue in record.partitions:
+                counts[group] = counts.get(group, 0) + 1
+        elif topic == AUTO_CREATE_KEY and self.config.auto_create_topics:
+            counts = dict.fromkeys(cluster.view.live_groups(), self.config.num_partitions)
+            perm |= PERM_INHERIT
+        else:
+            return None
+        datas = {g: self._group_data(g) for g in sorted(counts)}
+        live = [g for g in sorted(counts) if datas[g] is not None]
+        return {
+            "orderTopicConf": None,
+            "queueDatas": [
+                {
+                    "brokerName": g,
+                    "readQueueNums": counts[g],
+                    "writeQueueNums": counts[g],
+                    "perm": perm,
+                    "topicSysFlag": 0,
+                    "topicSynFlag": 0,
+                }
+                for g in live
+            ],
+            "brokerDatas": [datas[g] for g in live],
+            "filterServerTable": {},
+        }

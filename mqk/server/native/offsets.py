@@ -31,7 +31,7 @@ class OffsetProcessor:
             return topic, queue, cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         if not 0 <= queue < count:
             return topic, queue, cmd.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue}] is illegal")
-        return topic, queue, None
+        return topic, self.ctx.to_partition(topic, queue), None
 
     async def query_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.get_str("consumerGroup", required=True) or ""

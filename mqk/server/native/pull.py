@@ -17,6 +17,8 @@ Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBroke
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 from mqk._fast import load
@@ -82,6 +84,7 @@ class PullProcessor:
                 ResponseCode.SYSTEM_ERROR,
                 f"queueId[{queue}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{queues}]",
             )
+        client_queue, queue = queue, self.ctx.to_partition(topic, queue)
         expression_type = (cmd.get_str("expressionType") or "TAG").upper()
         if expression_type != "TAG":
             return cmd.response(
@@ -125,7 +128,10 @@ class PullProcessor:
         }
         body = None
         if result.messages:
-            body = b"".join(encode_message_ext(m) for m in result.messages)
+            messages = result.messages
+            if client_queue != queue:  # (cluster mode: the client knows the partition by its queue id here)
+                messages = [dataclasses.replace(m, queue_id=client_queue) for m in messages]
+            body = b"".join(encode_message_ext(m) for m in messages)
         return cmd.response(result.code, result.remark, ext, body)
 
     async def get_messages(

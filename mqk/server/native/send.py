@@ -121,15 +121,17 @@ class SendProcessor:
                 cmd.ext_fields["queueId"] = "0"
 
         topics = self.ctx.topics
-        queues = topics.queue_count(topic)
-        if queues == 0:
+        queues = self.ctx.queue_count(topic)
+        if queues == 0 and topics.queue_count(topic) == 0:
             if not topics.may_auto_create(topic):
                 return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
             count = topics.auto_create_partitions(topic, cmd.get_int("defaultTopicQueueNums", 0) or 0)
             try:
-                queues = (await topics.ensure(topic, count)).queue_count
+                queues = await self.ctx.ensure_topic(topic, count)
             except MqkError as exc:  # the store refuses the name or the count
                 return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot create topic {topic}: {exc}")
+        if queues == 0:  # cluster mode: none of the topic's queues lives on this broker
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"topic[{topic}] has no queue on this broker")
         queue = cmd.get_int("queueId", -1)
         if queue is None or queue < 0:
             queue = next(self._round_robin) % queues
@@ -137,6 +139,7 @@ class SendProcessor:
             return cmd.response(
                 ResponseCode.SYSTEM_ERROR, f"request queueId[{queue}] is illegal, topic {topic} has {queues} queues"
             )
+        client_queue, queue = queue, self.ctx.to_partition(topic, queue)
 
         if prepared:
             assert self.transactions is not None
@@ -158,7 +161,7 @@ class SendProcessor:
             return cmd.response(response_code_for(exc), str(exc))
         ext: dict[str, Any] = {
             "msgId": ",".join(ids),
-            "queueId": queue,
+            "queueId": client_queue,
             "queueOffset": first_offset,
             PROPERTY_MSG_REGION: "DefaultRegion",
             PROPERTY_TRACE_SWITCH: "false",
