@@ -5,8 +5,9 @@ topics route too. On a broker on its own every topic lives on it. In cluster mod
 whole cluster from its metadata view (mqk.broker.cluster): a topic's route lists each broker group holding some of
 its partitions (brokerName = the group, brokerId 0 = its master's RocketMQ listener) with as many queues as it holds
 (RocketMQ numbers queues per broker: mqk.server.native.context); a group without a master now is left out, so
-clients send to the others. GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic
-(TBW102) while `auto_create_topics` is on: RocketMQ producers fetch its route to send to new topics, which the
+clients send to the others.
+
+GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic (TBW102) while `auto_create_topics` is on: RocketMQ producers fetch its route to send to new topics, which the
 broker then creates. JSON bodies use standard JSON (quoted map keys), which fastjson and ali-ons both read.
 """
 
