@@ -7,8 +7,9 @@ its partitions (brokerName = the group, brokerId 0 = its master's RocketMQ liste
 (RocketMQ numbers queues per broker: mqk.server.native.context); a group without a master now is left out, so
 clients send to the others.
 
-GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic (TBW102) while `auto_create_topics` is on: RocketMQ producers fetch its route to send to new topics, which the
-broker then creates. JSON bodies use standard JSON (quoted map keys), which fastjson and ali-ons both read.
+GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic (TBW102) while
+`auto_create_topics` is on: RocketMQ producers fetch its route to send to new topics, which the broker then creates.
+JSON bodies use standard JSON (quoted map keys), which fastjson and ali-ons both read.
 """
 
 from __future__ import annotations
