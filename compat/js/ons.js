@@ -44,7 +44,7 @@ async function produce ({ group, messages }) {
     if (m.delayLevel) msg.delayTimeLevel = m.delayLevel
     const sentAt = Date.now()
     const r = await producer.send(msg)
-    results.push({ sendStatus: r.sendStatus, msgId: r.msgId, queueId: Number(r.messageQueue.queueId), queueOffset: r.queueOffset, sentAt })
+    results.push({ sendStatus: r.sendStatus, msgId: r.msgId, brokerName: r.messageQueue.brokerName, queueId: Number(r.messageQueue.queueId), queueOffset: r.queueOffset, sentAt })
   }
   await producer.close()
   return results
