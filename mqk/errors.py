@@ -84,6 +84,10 @@ class PutRejected(StorageError):
 # --- cluster metadata ----------------------------------------------------------------------------------
 
 
+class NotMaster(StorageError):
+    """The store takes no local appends: this broker is a replica of its group (its master's bytes only)."""
+
+
 class MetaUnavailable(MqkError):
     """The cluster's meta service (etcd) cannot be reached or did not answer in time. Retriable: the metadata is
     unchanged, or unknown for a change whose answer was lost."""
@@ -215,6 +219,8 @@ def kafka_code_for(exc: BaseException) -> int:
         return InvalidRecordError.code
     if isinstance(exc, MetaUnavailable):
         return RequestTimedOutError.code
+    if isinstance(exc, NotMaster):
+        return NotLeaderOrFollowerError.code
     if isinstance(exc, (StorageError, OSError)):
         return KafkaStorageError.code
     return UnknownServerError.code

@@ -170,8 +170,10 @@ class AppendPipeline:
         self.run = clentry.AppendRun(RUN_CAPACITY)
         #: the slots a publish marked dirty (kept between calls: usually it stays empty)
         self._dirtied: list[int] = []
-        #: appends are accepted (the engine started and not closed)
+        #: appends are accepted (the engine started, is not closed, and takes local appends)
         self.running = False
+        #: why appends are refused while the engine runs (a replica's CommitLog takes only its master's bytes)
+        self.refusal: Exception | None = None
         #: test hook: called between the pipeline's steps (STAGE_*)
         self.fault: FaultHook | None = None
 
@@ -192,7 +194,7 @@ class AppendPipeline:
         route = self.registry.routes.get(topic)
         if route is None or not self.running:
             error = (
-                StorageError("the file store is not running")
+                (self.refusal or StorageError("the file store is not running"))
                 if not self.running
                 else UnknownShard(f"unknown shard {topic}-{entries[0][0] if entries else 0}")
             )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mqk.config import StoreConfig, TopicConfig
-from mqk.errors import InvalidShardName, OffsetOutOfRange
+from mqk.errors import InvalidShardName, NotMaster, OffsetOutOfRange
 from mqk.store.adapter import (
     AppendResult,
     Buffer,
@@ -46,7 +46,7 @@ from mqk.store.adapter import (
     StoredBatch,
     check_shard_count,
 )
-from mqk.store.file import compactlog, reclaim
+from mqk.store.file import compactlog, reclaim, replica
 from mqk.store.file.append import AppendPipeline, FaultHook, StoreStats
 from mqk.store.file.checkpoint import AbortMarker, Checkpoint, CheckpointService
 from mqk.store.file.commitlog import CommitLog
@@ -108,6 +108,8 @@ class FileEngine(StorageAdapter):
         )
         self.recovery = Recovery(self.clog, self.registry, self.dispatcher, self.checkpoint, self.abort, _now_ms)
         self.flusher: FlushService | None = None
+        #: the replica's writer: the master's CommitLog bytes in, at the same offsets
+        self.replica_log = replica.ReplicaLog(self)
         self.offsets: FileOffsetStore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -129,7 +131,7 @@ class FileEngine(StorageAdapter):
         self.flusher.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self.checkpoints.run()))
         self._started = True
-        self.appender.running = True
+        self.appender.running = self.appender.refusal is None
 
     async def close(self) -> None:
         self.appender.running = False
@@ -161,6 +163,35 @@ class FileEngine(StorageAdapter):
             self.index.close()
             self.clog.close()
         self.abort.remove()
+
+    # --- replication (replica.py) ----------------------------------------------------------------------------
+
+    def set_writable(self, writable: bool) -> None:
+        """Take local appends (a master, a broker on its own) or refuse them with NotMaster (a replica: its
+        CommitLog takes only its master's bytes, through `replica_log`)."""
+        self.appender.refusal = None if writable else NotMaster("this broker is a replica: it takes no appends")
+        self.appender.running = writable and self._started and not self._closed
+
+    @property
+    def writable(self) -> bool:
+        return self.appender.refusal is None
+
+    @property
+    def log_end(self) -> int:
+        """The CommitLog's end: where the next entry goes."""
+        return self.clog.max_offset
+
+    @property
+    def log_start(self) -> int:
+        return self.clog.min_offset
+
+    def read_log(self, offset: int, max_bytes: int) -> bytes:
+        """The CommitLog's bytes from `offset` (replica.read_log)."""
+        return replica.read_log(self, offset, max_bytes)
+
+    def truncate_log(self, end: int) -> int:
+        """Cut the CommitLog and what is built on it back to `end` (replica.truncate_log); blocking."""
+        return replica.truncate_log(self, end)
 
     @property
     def running(self) -> bool:

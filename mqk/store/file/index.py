@@ -513,21 +513,12 @@ class IndexService:
             if ck_seq and not any(f.seq == ck_seq for f in files):
                 # the file the checkpoint counted in is gone: index again after the last one we have
                 offset = min(offset, files[-1].end_phys if files else start_min)
+        self.files = files
         # a CommitLog cut below what was indexed (torn tail): drop entries pointing at or past its end
         if offset > end:
-            while files:
-                f = files[-1]
-                keep = f.last_below(end)
-                report["cut_entries"] += f.count - keep
-                if keep:
-                    f.cut(keep)
-                    f.set_end_phys(end)
-                    break
-                files.pop()
-                f.destroy()
+            report["cut_entries"] += self._cut_files(end)
             offset = end
         offset = max(offset, start_min)
-        self.files = files
         self.indexed_offset = offset
         report["from"] = offset
         self.ready = True
@@ -550,6 +541,30 @@ class IndexService:
                 report["scanned"],
                 offset,
             )
+
+    def cut_to(self, end: int) -> None:
+        """The CommitLog was cut back to `end` (a replica's diverged tail): forget the entries past it."""
+        if self.indexed_offset > end:
+            self._cut_files(end)
+            self.indexed_offset = end
+            for f in self.files:
+                f.dirty = True
+
+    def _cut_files(self, end: int) -> int:
+        """Drop index entries pointing at or past CommitLog offset `end`; how many went."""
+        cut = 0
+        files = self.files
+        while files:
+            f = files[-1]
+            keep = f.last_below(end)
+            cut += f.count - keep
+            if keep:
+                f.cut(keep)
+                f.set_end_phys(end)
+                break
+            files.pop()
+            f.destroy()
+        return cut
 
     def _index_tail(self, clog: CommitLog, shards: dict, start: int, end: int, report: dict) -> None:
         for phys, entry, mf in clog.scan(start):
