@@ -33,6 +33,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kafka-listen", metavar="HOST:PORT", help="Kafka listener (default 127.0.0.1:9092)")
     p.add_argument("--native-listen", metavar="HOST:PORT", help="RocketMQ remoting listener (default 127.0.0.1:10911)")
     p.add_argument("--namesrv-listen", metavar="HOST:PORT", help="name-server listener (default 127.0.0.1:9876)")
+    p.add_argument(
+        "--replication-listen",
+        metavar="HOST:PORT",
+        help="cluster mode: where this group's replicas pull its CommitLog (default 127.0.0.1:10912)",
+    )
     p.add_argument("--storage", choices=("file", "memory", "rocksdb"), help="default storage engine (default file)")
     p.add_argument("--flush", dest="flush_mode", choices=("async", "sync"), help="CommitLog flush mode")
     p.add_argument(
@@ -63,6 +68,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         kafka_listen=args.kafka_listen,
         native_listen=args.native_listen,
         namesrv_listen=args.namesrv_listen,
+        replication_listen=args.replication_listen,
         storage=args.storage,
         flush_mode=args.flush_mode,
         cluster=args.cluster,
@@ -246,6 +252,12 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
         "--data-dir again is the same cluster (its cluster id, etcd data and, where free, ports are kept there).",
     )
     p.add_argument("--brokers", type=int, default=3, help="number of broker processes (default 3)")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        help="brokers per broker group: each group's CommitLog is replicated to all of its brokers (default 1)",
+    )
     p.add_argument("--data-dir", required=True, help="directory for etcd's and every broker's data and logs")
     p.add_argument("--etcd", metavar="etcd://HOST:PORT[,HOST:PORT...]", help="use this etcd instead of starting one")
     p.add_argument("--cluster-id", help="the cluster's name (default: the one --data-dir holds, else a new one)")
@@ -268,7 +280,14 @@ def cmd_cluster_local(args: argparse.Namespace) -> int:
         print(f"mqk cluster local: {what} exited with code {code}", file=sys.stderr, flush=True)
 
     try:
-        cluster = LocalCluster(args.data_dir, args.brokers, etcd=args.etcd, cluster_id=args.cluster_id, on_exit=report)
+        cluster = LocalCluster(
+            args.data_dir,
+            args.brokers,
+            etcd=args.etcd,
+            cluster_id=args.cluster_id,
+            group_size=args.group_size,
+            on_exit=report,
+        )
     except (ValueError, LocalClusterError) as exc:
         print(f"mqk cluster local: {exc}", file=sys.stderr)
         return 2

@@ -43,7 +43,7 @@ from mqk.meta import EtcdClient, MetaUnavailable, parse_endpoints
 LOOPBACK = "127.0.0.1"
 
 #: the line `mqk serve` prints once it has joined its cluster and listens (mqk.cli)
-READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
+READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)(?: replication=(\S+):(\d+))?")
 
 ETCD_INSTALL_HINT = "Debian/Ubuntu: sudo apt-get install -y etcd-server"
 
@@ -338,6 +338,7 @@ class LocalBroker:
     kafka: Address | None = None
     native: Address | None = None
     namesrv: Address | None = None
+    replication: Address | None = None
     proc: subprocess.Popen[str] | None = None
     paused: bool = False
     #: an exit of the process now is not reported as a crash: it is starting (an exit is raised then) or being
@@ -391,6 +392,7 @@ class LocalCluster:
         cluster_id: str | None = None,
         etcd_binary: str = "etcd",
         extra_args: Sequence[str] = (),
+        group_size: int = 1,
         ready_timeout: float = 60.0,
         stop_timeout: float = 15.0,
         on_exit: ExitCallback | None = None,
@@ -422,8 +424,13 @@ class LocalCluster:
                 on_exit=on_exit,
             )
         self._etcd_url = etcd
+        if group_size < 1:
+            raise ValueError(f"a broker group has at least one broker, not {group_size}")
+        #: brokers per group: node i serves group-(i // group_size), so with 3 brokers and a group size of 3 one
+        #: group of three replicates every partition three times
+        self.group_size = group_size
         self.brokers = [
-            LocalBroker(i, f"group-{i}", self.data_dir / f"broker-{i}", self.data_dir / f"broker-{i}.log")
+            LocalBroker(i, f"group-{i // group_size}", self.data_dir / f"broker-{i}", self.data_dir / f"broker-{i}.log")
             for i in range(brokers)
         ]
         #: the ports each broker listened on last (tried again at its next start, when free)
@@ -578,9 +585,10 @@ class LocalCluster:
             "--kafka-listen", listen("kafka"),
             "--native-listen", listen("native"),
             "--namesrv-listen", listen("namesrv"),
+            "--replication-listen", listen("replication"),
             *self.extra_args,
         ]  # fmt: skip
-        b.kafka = b.native = b.namesrv = None
+        b.kafka = b.native = b.namesrv = b.replication = None
         b.expect_exit = True
         b.paused = False
         b.ready_lines = queue.Queue()
@@ -655,6 +663,9 @@ class LocalCluster:
         g = m.groups()
         b.kafka, b.native, b.namesrv = (g[0], int(g[1])), (g[2], int(g[3])), (g[4], int(g[5]))
         self._last_ports[b.node_id] = {"kafka": int(g[1]), "native": int(g[3]), "namesrv": int(g[5])}
+        if g[6] is not None:
+            b.replication = (g[6], int(g[7]))
+            self._last_ports[b.node_id]["replication"] = int(g[7])
 
     # --- cluster.json -------------------------------------------------------------------------------------------
 

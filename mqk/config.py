@@ -264,6 +264,14 @@ class BrokerConfig:
     cluster_session_timeout_ms: int = 6000
     #: Kafka `offsets.topic.num.partitions`: partitions of __consumer_offsets, which place group coordinators
     offsets_topic_num_partitions: int = 50
+    #: cluster mode: where replicas of this broker's group pull its CommitLog from while it is their master
+    #: (RocketMQ's HA port, the broker listener's port + 1 by default there)
+    replication_listen: tuple[str, int] = ("127.0.0.1", 10912)
+    #: Kafka `replica.lag.time.max.ms`: an in-sync replica not caught up for this long leaves the in-sync set
+    replica_lag_time_max_ms: int = 30_000
+    #: Kafka `unclean.leader.election.enable`, for the broker groups (the unit of election here): a group whose
+    #: in-sync replicas are all gone may elect another member, losing what only they held
+    unclean_leader_election_enable: bool = False
     store: StoreConfig = field(default_factory=StoreConfig)
 
     @property
@@ -288,7 +296,7 @@ class BrokerConfig:
                 store_values[key] = value
             else:
                 values[key] = value
-        for key in ("kafka_listen", "native_listen", "namesrv_listen"):
+        for key in ("kafka_listen", "native_listen", "namesrv_listen", "replication_listen"):
             if isinstance(values.get(key), str):
                 values[key] = parse_hostport(values[key])
         if isinstance(values.get("advertise"), (str, list)):

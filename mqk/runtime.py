@@ -19,6 +19,7 @@ from typing import Any
 
 from mqk.broker import Broker
 from mqk.broker.cluster import ClusterConfig, ClusterMember
+from mqk.broker.replication import Replication, ReplicationConfig
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig, parse_hostport
 from mqk.meta.etcd import parse_endpoints
@@ -52,11 +53,16 @@ class BrokerRuntime:
         self.diskguard: DiskGuard | None = None
         self.compaction: CompactionService | None = None
         self.cluster: ClusterMember | None = None
+        self.replication: Replication | None = None
+        self.replication_address: Address | None = None
 
     async def start(self) -> "BrokerRuntime":
         cfg = self.config
         try:
             self.store = StoreManager(cfg.store)
+            if cfg.cluster:
+                # a member of a group takes appends only once it is the group's master (replication)
+                self.store.set_writable(False)
             await self.store.start()
             self.timer = TimerService(cfg, self.store, clock=self.clock)
             await self.timer.start()
@@ -97,6 +103,19 @@ class BrokerRuntime:
         cfg = self.config
         assert cfg.cluster and self.store is not None
         bound = {"kafka": self.kafka_address, "native": self.native_address, "namesrv": self.namesrv_address}
+        engine = self.store.replicated_engine
+        if engine is not None:
+            self.replication = Replication(
+                self.store, engine, ReplicationConfig(cfg.replica_lag_time_max_ms), clock=self.clock
+            )
+            self._parts.append(self.replication)  # (stopped after the cluster member: links close last)
+            self.replication_address = await self.replication.listen(*cfg.replication_listen)
+            bound["replication"] = self.replication_address
+        else:
+            log.warning(
+                "cluster mode without the file engine: this broker's group is not replicated (only the file "
+                "engine's CommitLog is); a group of several brokers needs --storage file"
+            )
         config = ClusterConfig(
             parse_endpoints(cfg.cluster),
             cfg.cluster_id,
@@ -104,6 +123,7 @@ class BrokerRuntime:
             cfg.group_name,
             advertised_listeners(cfg.advertise, bound),
             session_timeout_s=max(1, cfg.cluster_session_timeout_ms // 1000),
+            unclean_election=cfg.unclean_leader_election_enable,
         )
         self.cluster = ClusterMember(
             config,
@@ -115,18 +135,26 @@ class BrokerRuntime:
         broker.attach_cluster(self.cluster)
         assert self.kafka is not None and self.native is not None
         self.kafka.ctx.cluster = self.cluster
+        if self.replication is not None:
+            self.replication.bind(self.cluster)
+            self.cluster.replication = self.replication
         await self.cluster.start()
         self._parts.append(self.cluster)
+        if self.replication is not None:
+            await self.replication.start()
         await self.kafka.producers.use_cluster(self.cluster.node)
 
     def ready_line(self) -> str:
         def fmt(addr: Address | None) -> str:
             return f"{addr[0]}:{addr[1]}" if addr else "-"
 
-        return (
+        line = (
             f"mqk ready kafka={fmt(self.kafka_address)} native={fmt(self.native_address)} "
             f"namesrv={fmt(self.namesrv_address)}"
         )
+        if self.replication_address is not None:
+            line += f" replication={fmt(self.replication_address)}"
+        return line
 
     @property
     def bootstrap(self) -> str:

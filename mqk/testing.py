@@ -290,11 +290,17 @@ def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
         etcd: str | None = None,
         own_etcd: bool = False,
         extra_args: Sequence[str] = (),
+        group_size: int = 1,
     ) -> LocalCluster:
         if etcd is None and not own_etcd:
             etcd = request.getfixturevalue("mqk_etcd").url
         cluster = LocalCluster(
-            tmp_path / f"mqk-cluster-{len(started)}", brokers, etcd=etcd, cluster_id=cluster_id, extra_args=extra_args
+            tmp_path / f"mqk-cluster-{len(started)}",
+            brokers,
+            etcd=etcd,
+            cluster_id=cluster_id,
+            extra_args=extra_args,
+            group_size=group_size,
         )
         started.append(cluster)
         return cluster.start()

@@ -113,7 +113,13 @@ class TopicRegistry:
     # --- creation -----------------------------------------------------------------------------------------
 
     async def create(
-        self, name: str, partitions: int, changes: Mapping[str, str | None] | None = None, *, names: NameRule = KAFKA
+        self,
+        name: str,
+        partitions: int,
+        changes: Mapping[str, str | None] | None = None,
+        *,
+        names: NameRule = KAFKA,
+        replication_factor: int = -1,
     ) -> ShardInfo:
         """Create `name` with `partitions` partitions and the settings `changes` (None values ignored).
         InvalidTopicError for an illegal name, InvalidConfigError for a refused setting, ShardExists if it
@@ -127,7 +133,9 @@ class TopicRegistry:
         if self.cluster is not None and not internal.is_internal(name):
             values = {k: v for k, v in (changes or {}).items() if v is not None}
             try:
-                await self.cluster.change(RequestRecord("create", name, partitions, values))
+                await self.cluster.change(
+                    RequestRecord("create", name, partitions, values, replication_factor=replication_factor)
+                )
             except TopicAlreadyExistsError as exc:
                 raise ShardExists(str(exc)) from None
             info = self.get(name)

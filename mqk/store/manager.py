@@ -35,7 +35,7 @@ import os
 import re
 from collections.abc import Awaitable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqk.config import ENGINES, StoreConfig, TopicConfig
 from mqk.errors import (
@@ -61,6 +61,9 @@ from mqk.store.adapter import (
     physical_engine,
 )
 from mqk.store.fsutil import atomic_write_bytes, read_json
+
+if TYPE_CHECKING:
+    from mqk.store.file.engine import FileEngine
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ class StoreManager:
         self._admin = asyncio.Lock()
         #: with a memory default nothing touches the disk (not even the data dir)
         self.persistent = config.storage != "memory"
+        #: the replicated engine (file) takes local appends; False on a replica of a cluster group
+        self._writable = True
         self._started = False
 
     @property
@@ -114,6 +119,19 @@ class StoreManager:
         if engine is None:
             raise StorageError("the store is not started (or already closed)")
         return engine
+
+    def set_writable(self, writable: bool) -> None:
+        """Let the replicated engine (file: its CommitLog is what a group replicates) take local appends, or
+        refuse them with NotMaster (a replica). Applies to the engine now and to one created later."""
+        self._writable = writable
+        engine = self._engines.get("file")
+        if engine is not None:
+            engine.set_writable(writable)  # type: ignore[attr-defined]  # (the file engine's own method)
+
+    @property
+    def replicated_engine(self) -> FileEngine | None:
+        """The engine whose CommitLog a cluster group replicates (the file engine), once it exists."""
+        return self._engines.get("file")  # type: ignore[return-value]  # (only ever a FileEngine under "file")
 
     # --- life cycle ----------------------------------------------------------------------------------------
 
@@ -176,6 +194,8 @@ class StoreManager:
         else:
             raise InvalidConfigError(f"unknown storage.type {name!r}; expected one of {ENGINES}")
         engine.listeners.extend(self._listeners)
+        if not self._writable and hasattr(engine, "set_writable"):
+            engine.set_writable(False)
         await engine.start()
         self._engines[name] = engine
         return engine

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncio
 
@@ -26,6 +27,9 @@ from mqk.broker.cluster.view import ClusterView
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.errors import UnknownTopicOrPartitionError
 from mqk.store.manager import StoreManager
+
+if TYPE_CHECKING:
+    from mqk.broker.replication import Replication
 
 log = logging.getLogger("mqk.cluster")
 
@@ -59,6 +63,8 @@ class ClusterMember:
         #: this group's leader epochs (OffsetForLeaderEpoch)
         self.epochs = EpochHistory(data_dir / "cluster" / "leader-epochs.json" if data_dir is not None else None)
         self.node.on_master.append(self._begin_epoch)
+        #: the group's CommitLog replication (mqk.broker.replication), when this broker has the file engine
+        self.replication: Replication | None = None
         self._started = False
 
     @property
@@ -84,12 +90,14 @@ class ClusterMember:
         await self.node.stop()
 
     async def _begin_epoch(self, epoch: int) -> None:
-        """Record where every partition of this group stands as master epoch `epoch` begins."""
+        """Record where the CommitLog and every partition of this group stand as master epoch `epoch` begins."""
         ends = {}
         for name, info in self.store.topics().items():
             if not (internal.is_internal(name) or internal.created_on_demand(name)):
                 ends[name] = [self.store.end_offset(name, q) for q in range(info.queue_count)]
-        await asyncio.to_thread(self.epochs.begin, epoch, ends)
+        engine = self.store.replicated_engine
+        log_start = engine.log_end if engine is not None else -1
+        await asyncio.to_thread(self.epochs.begin, epoch, log_start, ends)
 
     def leader_epoch(self) -> int:
         """The epoch this broker leads its group with (-1 while it does not)."""
@@ -131,6 +139,13 @@ class ClusterMember:
         if record is None or not 0 <= partition < len(record.partitions):
             return []
         return self.view.members_of(record.partitions[partition][0])
+
+    def isr(self, topic: str, partition: int) -> list[int]:
+        """The partition's in-sync replicas: its group's in-sync set as etcd holds it."""
+        record = self.view.state.topics.get(topic)
+        if record is None or not 0 <= partition < len(record.partitions):
+            return []
+        return self.view.isr_of(record.partitions[partition][0])
 
     def coordinator_partition(self, key: str) -> int:
         """The offsets-topic partition of group `key` (Kafka's Utils.abs(key.hashCode()) % partitions)."""

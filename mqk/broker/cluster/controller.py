@@ -73,12 +73,29 @@ class Controller:
             except E.NotControllerError:
                 continue
 
-    def _new_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicRecord:
+    def _groups_for(self, rf: int) -> list[str]:
+        """The live groups a partition of replication factor `rf` may go to (those with at least `rf` members);
+        InvalidReplicationFactorError when there is none."""
+        view = self.node.view
+        live = view.live_groups()
+        if not live:
+            raise E.BrokerNotAvailableError("no broker group is live")
+        if rf <= 1:
+            return live
+        fit = [g for g in live if len(view.members_of(g)) >= rf]
+        if not fit:
+            largest = max(len(view.members_of(g)) for g in live)
+            raise E.InvalidReplicationFactorError(
+                f"replication factor {rf}: no live broker group has {rf} brokers (the largest has {largest})"
+            )
+        return fit
+
+    def _new_topic(self, name: str, partitions: int, configs: dict[str, str], rf: int) -> TopicRecord:
         state = self.node.view.state
-        live = self.node.view.live_groups()
+        live = self._groups_for(rf)
         loads = group_loads((t.partitions for t in state.topics.values()), live)
         epoch = self.node.controlling[0] if self.node.controlling else 0
-        return TopicRecord(uuid.uuid4().hex, dict(configs), place(name, 0, partitions, live, loads), epoch)
+        return TopicRecord(uuid.uuid4().hex, dict(configs), place(name, 0, partitions, live, loads), epoch, rf)
 
     async def _apply(self, request_id: str, request: RequestRecord) -> None:
         """Apply one request and answer it, in one fenced transaction; then wait until this broker's view has seen
@@ -127,11 +144,10 @@ class Controller:
             reason = settings.check_all(request.configs)
             if reason:
                 raise E.InvalidConfigError(reason)
-            if not self.node.view.live_groups():
-                raise E.BrokerNotAvailableError("no broker group is live")
+            self._groups_for(request.replication_factor)
             if request.validate_only:
                 return [], []
-            record = self._new_topic(name, request.partitions, request.configs)
+            record = self._new_topic(name, request.partitions, request.configs, request.replication_factor)
             return [Compare(key, "version", "==", 0)], [Put(key, dump(record))]
         if current is None:
             raise E.UnknownTopicOrPartitionError(f"unknown topic {name!r}")
@@ -146,9 +162,7 @@ class Controller:
                 raise E.InvalidPartitionsError(
                     f"topic {name!r} has {have} partitions; cannot change to {request.partitions}"
                 )
-            live = self.node.view.live_groups()
-            if not live:
-                raise E.BrokerNotAvailableError("no broker group is live")
+            live = self._groups_for(current.replication_factor)
             if request.validate_only:
                 return [], []
             loads = group_loads((t.partitions for t in state.topics.values()), live)
@@ -157,6 +171,7 @@ class Controller:
                 dict(current.configs),
                 current.partitions + place(name, have, request.partitions - have, live, loads),
                 current.controller_epoch,
+                current.replication_factor,
             )
             return [Compare(key, "mod", "==", revision)], [Put(key, dump(grown))]
         # configs: a full replacement computed by the asker from the version it saw
@@ -168,7 +183,11 @@ class Controller:
         if request.validate_only:
             return [], []
         changed = TopicRecord(
-            current.topic_id, dict(request.configs), list(current.partitions), current.controller_epoch
+            current.topic_id,
+            dict(request.configs),
+            list(current.partitions),
+            current.controller_epoch,
+            current.replication_factor,
         )
         return [Compare(key, "mod", "==", revision)], [Put(key, dump(changed))]
 

@@ -6,6 +6,7 @@
     groups/<group>/master        MasterRecord     the group's master and its epoch                         (its lease)
     groups/<group>/epoch         int              the last master epoch handed out in the group
     groups/<group>/members       [int, ...]       every node that ever served the group (its replicas, live or not)
+    groups/<group>/isr           SyncStateRecord  the group's in-sync replicas (compare-and-set by its master)
     topics/<name>                TopicRecord      id, configs, each partition's (group, queue)      (controller only)
     pid-blocks                   int              the next free producer id
     requests/<id>                RequestRecord    a metadata change asked of the controller    (the asker's lease)
@@ -55,6 +56,9 @@ class Keys:
 
     def members(self, group: str) -> str:
         return f"{self.groups}{group}/members"
+
+    def isr(self, group: str) -> str:
+        return f"{self.groups}{group}/isr"
 
     def topic(self, name: str) -> str:
         return self.topics + name
@@ -158,6 +162,27 @@ class MasterRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncStateRecord:
+    """A group's in-sync replicas (Kafka's ISR, RocketMQ 5's SyncStateSet): the members holding every entry the
+    master has acknowledged to acks=all producers. Only they may become master (unless an unclean election is
+    asked for). Changed only by compare-and-set on the key's revision: by an election (the winner and the live
+    members of the old set) and by the master (`master_epoch` its own) as replicas fall behind or catch up."""
+
+    members: list[int]
+    #: the master epoch under which this set was written
+    master_epoch: int
+
+    @classmethod
+    def decode(cls, data: bytes) -> SyncStateRecord:
+        what = "sync state record"
+        doc = _load(data, what)
+        members = _field(doc, "members", list, what)
+        if not members or not all(isinstance(m, int) and not isinstance(m, bool) for m in members):
+            raise Malformed(f"{what}: members must be a non-empty list of node ids")
+        return cls(sorted(set(members)), _field(doc, "master_epoch", int, what))
+
+
+@dataclass(frozen=True, slots=True)
 class TopicRecord:
     #: the Kafka topic id, 32 hex digits
     topic_id: str
@@ -167,6 +192,8 @@ class TopicRecord:
     partitions: list[tuple[str, int]] = field(default_factory=list)
     #: the epoch of the controller that wrote this version
     controller_epoch: int = 0
+    #: the replication factor it was created with (-1: any group): added partitions go to groups that big
+    replication_factor: int = -1
 
     @classmethod
     def decode(cls, data: bytes) -> TopicRecord:
@@ -192,7 +219,10 @@ class TopicRecord:
             partitions.append((item[0], item[1]))
         if not partitions:
             raise Malformed(f"{what}: no partitions")
-        return cls(topic_id, configs, partitions, _field(doc, "controller_epoch", int, what))
+        rf = doc.get("replication_factor", -1)
+        if not isinstance(rf, int) or isinstance(rf, bool):
+            raise Malformed(f"{what}: replication_factor must be an integer")
+        return cls(topic_id, configs, partitions, _field(doc, "controller_epoch", int, what), rf)
 
     @property
     def topic_id_bytes(self) -> bytes:
@@ -216,6 +246,8 @@ class RequestRecord:
     validate_only: bool = False
     #: the asker's lease: the controller writes the result under it
     lease: int = 0
+    #: "create": how many brokers each partition's group must have (-1: any group)
+    replication_factor: int = -1
 
     @classmethod
     def decode(cls, data: bytes) -> RequestRecord:
@@ -237,6 +269,7 @@ class RequestRecord:
             int(doc.get("base_revision", 0)),
             bool(doc.get("validate_only", False)),
             int(doc.get("lease", 0)),
+            int(doc.get("replication_factor", -1)),
         )
 
 
@@ -261,6 +294,7 @@ __all__ = [
     "MasterRecord",
     "RequestRecord",
     "ResultRecord",
+    "SyncStateRecord",
     "TopicRecord",
     "dump",
     "load_int",

@@ -33,9 +33,11 @@ from mqk.broker.cluster.model import (
     BrokerRecord,
     ControllerRecord,
     Keys,
+    Malformed,
     MasterRecord,
     RequestRecord,
     ResultRecord,
+    SyncStateRecord,
     dump,
     load_int,
     load_members,
@@ -67,6 +69,9 @@ class ClusterConfig:
     session_timeout_s: int = 6
     #: how long a metadata change waits for the controller's answer
     request_timeout_s: float = 30.0
+    #: a group whose in-sync replicas are all gone may elect any other member (Kafka's
+    #: unclean.leader.election.enable)
+    unclean_election: bool = False
 
 
 class ClusterNode:
@@ -85,9 +90,17 @@ class ClusterNode:
         self.on_master: list[Callable[[int], Awaitable[None]]] = []
         #: called whenever this broker becomes the controller
         self.on_controller: list[Callable[[], None]] = []
+        #: called when this broker starts serving as master and when it loses its lease (its role changed)
+        self.on_role: list[Callable[[], None]] = []
+        #: the in-sync set this broker wrote when it last won its group's election
+        self.elected_isr: frozenset[int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._campaigning = False
         self._stopped = False
+        #: a member outside the in-sync set may run for master (Kafka's unclean leader election: records only the
+        #: lost in-sync replicas held are gone)
+        self.unclean = config.unclean_election
+        self._not_in_sync_logged: SyncStateRecord | None = None
 
     @property
     def node_id(self) -> int:
@@ -214,6 +227,14 @@ class ClusterNode:
         self.master_epoch = 0
         self.controlling = None
         self.lease = 0
+        self._role_changed()
+
+    def _role_changed(self) -> None:
+        for callback in self.on_role:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one listener's bug must not stop the node
+                log.exception("cluster: role listener %r failed", callback)
 
     # --- elections ----------------------------------------------------------------------------------------------
 
@@ -239,16 +260,13 @@ class ClusterNode:
         self._campaigning = True
         try:
             if self.view.master_of(self.group) is None:
-                epoch = await self._elect(
-                    self.keys.master(self.group),
-                    self.keys.master_epoch(self.group),
-                    lambda e: MasterRecord(self.node_id, e),
-                )
+                epoch = await self._elect_master()
                 if epoch:
                     for callback in self.on_master:
                         await callback(epoch)
                     self.master_epoch = epoch
                     log.info("cluster: master of group %s, epoch %d", self.group, epoch)
+                    self._role_changed()
             if self.view.state.controller is None:
                 epoch = await self._elect(
                     self.keys.controller, self.keys.controller_epoch, lambda e: ControllerRecord(self.node_id, e)
@@ -268,7 +286,56 @@ class ClusterNode:
         finally:
             self._campaigning = False
 
-    async def _elect(self, key: str, epoch_key: str, record: Callable[[int], object]) -> int:
+    async def _elect_master(self) -> int:
+        """Run for the group's mastership: only an in-sync replica may (unless `unclean` allows any member), and the
+        winner writes the new in-sync set with the master key, in the same transaction: itself and the members of
+        the old set that are still registered (a dead or paused old master is not). The epoch, or 0."""
+        isr_key = self.keys.isr(self.group)
+        current = await self.meta.get(isr_key)
+        old: SyncStateRecord | None = None
+        if current is not None:
+            try:
+                old = SyncStateRecord.decode(current.value)
+            except Malformed as exc:
+                log.error("cluster: %s unreadable (%s); electing as if the group had no in-sync set", isr_key, exc)
+        if old is not None and self.node_id not in old.members and not self.unclean:
+            if self._not_in_sync_logged != old:
+                self._not_in_sync_logged = old
+                log.warning(
+                    "cluster: group %s has no master; node %d is not in its in-sync set %s and waits for one of "
+                    "them (unclean election is off)",
+                    self.group,
+                    self.node_id,
+                    old.members,
+                )
+            return 0
+        registered, _revision = await self.meta.get_prefix(self.keys.brokers)
+        live = {r.key[len(self.keys.brokers) :] for r in registered}
+        members = {self.node_id} | {m for m in (old.members if old else ()) if str(m) in live}
+        isr_guard = (
+            Compare(isr_key, "mod", "==", current.mod_revision)
+            if current is not None
+            else Compare(isr_key, "version", "==", 0)
+        )
+        epoch = await self._elect(
+            self.keys.master(self.group),
+            self.keys.master_epoch(self.group),
+            lambda e: MasterRecord(self.node_id, e),
+            extra_guard=isr_guard,
+            extra_put=lambda e: Put(isr_key, dump(SyncStateRecord(sorted(members), e))),
+        )
+        if epoch:
+            self.elected_isr = frozenset(members)
+        return epoch
+
+    async def _elect(
+        self,
+        key: str,
+        epoch_key: str,
+        record: Callable[[int], object],
+        extra_guard: Compare | None = None,
+        extra_put: Callable[[int], Put] | None = None,
+    ) -> int:
         """Take `key` under this broker's lease if nobody holds it, with the next epoch of `epoch_key`; the epoch, or
         0 when someone else holds it."""
         current = await self.meta.get(epoch_key)
@@ -278,10 +345,13 @@ class ClusterNode:
             if current is not None
             else Compare(epoch_key, "version", "==", 0)
         )
-        won = await self.meta.txn(
-            [Compare(key, "version", "==", 0), guard],
-            [Put(key, dump(record(epoch)), self.lease), Put(epoch_key, str(epoch).encode())],
-        )
+        guards = [Compare(key, "version", "==", 0), guard]
+        puts = [Put(key, dump(record(epoch)), self.lease), Put(epoch_key, str(epoch).encode())]
+        if extra_guard is not None:
+            guards.append(extra_guard)
+        if extra_put is not None:
+            puts.append(extra_put(epoch))
+        won = await self.meta.txn(guards, puts)
         return epoch if won else 0
 
     def controller_fence(self) -> Compare:

@@ -24,6 +24,7 @@ from mqk.broker.cluster.model import (
     MasterRecord,
     RequestRecord,
     ResultRecord,
+    SyncStateRecord,
     TopicRecord,
     load_int,
     load_members,
@@ -50,6 +51,8 @@ class ClusterState:
     groups: set[str] = field(default_factory=set)
     #: per group, every node that ever served it (its replicas, live or not)
     members: dict[str, list[int]] = field(default_factory=dict)
+    #: per group, its in-sync replicas and the key's mod revision (their compare-and-set)
+    isr: dict[str, tuple[SyncStateRecord, int]] = field(default_factory=dict)
     #: metadata changes waiting for the controller: id -> (the key's create revision: their order, the request)
     requests: dict[str, tuple[int, RequestRecord]] = field(default_factory=dict)
     #: the controller's answers not yet collected by their askers
@@ -89,6 +92,14 @@ class ClusterView:
         if master is None or master.node_id not in self.state.brokers:
             return -1, -1
         return master.node_id, master.epoch
+
+    def isr_of(self, group: str) -> list[int]:
+        """The group's in-sync replicas as etcd last said; its master alone when no set was written yet."""
+        entry = self.state.isr.get(group)
+        if entry is not None:
+            return entry[0].members
+        master = self.state.masters.get(group)
+        return [master.node_id] if master is not None else []
 
     def members_of(self, group: str) -> list[int]:
         """The nodes of `group`, live or not, sorted (its replicas)."""
@@ -167,6 +178,9 @@ class ClusterView:
                 group = key[len(keys.groups) : -len("/master")]
                 state.masters[group] = MasterRecord.decode(record.value)
                 state.groups.add(group)
+            elif key.startswith(keys.groups) and key.endswith("/isr"):
+                group = key[len(keys.groups) : -len("/isr")]
+                state.isr[group] = (SyncStateRecord.decode(record.value), record.mod_revision)
             elif key.startswith(keys.groups) and key.endswith("/members"):
                 group = key[len(keys.groups) : -len("/members")]
                 state.members[group] = load_members(record.value, key)
@@ -197,6 +211,8 @@ class ClusterView:
             state.topic_revisions.pop(name, None)
         elif key.startswith(keys.groups) and key.endswith("/master"):
             state.masters.pop(key[len(keys.groups) : -len("/master")], None)
+        elif key.startswith(keys.groups) and key.endswith("/isr"):
+            state.isr.pop(key[len(keys.groups) : -len("/isr")], None)
         elif key.startswith(keys.requests):
             state.requests.pop(key[len(keys.requests) :], None)
         elif key.startswith(keys.results):

@@ -254,8 +254,8 @@ class ConsumeQueue:
             # (engine) restores end_offset from its own metadata when the queue has no unit at all
             self.max_ts = -1
 
-    def truncate_to_phys(self, phys_end: int) -> None:
-        """Cut units whose CommitLog entry does not end at or before `phys_end`."""
+    def first_unit_past(self, phys_end: int) -> int:
+        """Index of the first unit whose CommitLog entry does not end at or before `phys_end` (max_unit if none)."""
         lo, hi = self.min_unit, self.max_unit
         while lo < hi:
             mid = (lo + hi) >> 1
@@ -264,8 +264,19 @@ class ConsumeQueue:
                 lo = mid + 1
             else:
                 hi = mid
+        return lo
+
+    def truncate_to_phys(self, phys_end: int) -> None:
+        """Cut units whose CommitLog entry does not end at or before `phys_end`."""
+        lo = self.first_unit_past(phys_end)
         if lo < self.max_unit:
             self.truncate_units(lo)
+
+    def offset_at_phys(self, phys_end: int) -> int:
+        """The queue offset below which every entry ends at or before CommitLog offset `phys_end`."""
+        if self.last_unit_end_phys() <= phys_end:
+            return self.end_offset
+        return self._raw_unit(self.first_unit_past(phys_end))[6]
 
     def last_unit_end_phys(self) -> int:
         """CommitLog offset just past the last unit's entry, or -1 when there is none."""

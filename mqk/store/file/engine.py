@@ -189,6 +189,14 @@ class FileEngine(StorageAdapter):
         """The CommitLog's bytes from `offset` (replica.read_log)."""
         return replica.read_log(self, offset, max_bytes)
 
+    def committed_end(self, topic: str, queue: int, commit: int, end: int) -> int:
+        """The queue's offset below which every entry lies below CommitLog offset `commit` (`end`: its end offset,
+        the answer when everything does); a reader on a replicated group stops there (the high watermark)."""
+        shard = self.registry.shards.get((topic, queue))
+        if shard is None:
+            return end
+        return min(end, shard.cq.offset_at_phys(commit))
+
     def truncate_log(self, end: int) -> int:
         """Cut the CommitLog and what is built on it back to `end` (replica.truncate_log); blocking."""
         return replica.truncate_log(self, end)

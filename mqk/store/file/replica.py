@@ -89,11 +89,12 @@ class ReplicaLog:
         exist here, dispatched)."""
         return self.engine.clog.max_offset
 
-    def reset(self) -> None:
-        """Start a new stream at `end` (at every (re)connection: a partial entry of the last one is forgotten)."""
+    def reset(self, start: int | None = None) -> None:
+        """Start a new stream at `end` (at every (re)connection: a partial entry of the last one is forgotten), or
+        at `start` when this CommitLog is still empty (a new replica of a master whose oldest segments are gone)."""
         self._carry.clear()
         self._skip_to = -1
-        self._next = self.end
+        self._next = start if start is not None and self.end == 0 else self.end
 
     def receive(self, phys: int, data: bytes | memoryview) -> Received:
         """Take the master's bytes at `phys` (which must continue the stream: Corrupt otherwise), write and dispatch

@@ -126,11 +126,14 @@ async def _read_all(
     total = 0
     errored = False
     left = max_bytes
+    replication = ctx.cluster.replication if ctx.cluster is not None else None
     for k, (t, info, missing, parts, refused) in enumerate(plan):
         out: list[FetchResponsePartitionData] = []
         bounds = None
         unknown = missing if info is None else E.UnknownTopicOrPartitionError.code
         topic = ""  # read only when the bounds were found, so when info is not None
+        #: a replicated group's partitions are read below their high watermark (what every in-sync replica holds)
+        replicated = replication is not None and info is not None and info.engine == "file"
         if info is not None:
             topic = info.topic
             try:
@@ -154,6 +157,11 @@ async def _read_all(
                 out.append(_error_partition(index, E.OffsetOutOfRangeError.code, hw, log_start))
                 errored = True
                 continue
+            if replicated:
+                assert replication is not None
+                hw = replication.committed_end(topic, index, hw)
+                if offset > hw:
+                    offset = hw  # (between the high watermark and the log end: nothing to read yet)
             limit = min(partition_max, left)
             if offset == hw or (limit <= 0 and total > 0):
                 # nothing new (a consumer of many partitions waits on most of them), or the response is full:
@@ -172,6 +180,11 @@ async def _read_all(
             try:
                 result = await store.read(topic, index, offset, max(limit, 1))
                 hw, log_start, batches = result.end_offset, result.log_start_offset, result.batches
+                if replicated:
+                    assert replication is not None
+                    hw = replication.committed_end(topic, index, hw)
+                    if batches and batches[-1].base_offset >= hw:
+                        batches = [b for b in batches if b.base_offset < hw]
             except Exception as exc:  # noqa: BLE001 - per-partition error code, as the protocol wants
                 code = E.kafka_code_for(exc)
                 hw = log_start = -1

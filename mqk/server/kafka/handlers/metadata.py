@@ -81,7 +81,7 @@ def _cluster_topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponse
                 "leader_id": leader,
                 "leader_epoch": epoch,
                 "replica_nodes": replicas,
-                "isr_nodes": [leader] if leader >= 0 else [],
+                "isr_nodes": (cluster.isr(info.topic, p) if not local else [leader]) if leader >= 0 else [],
                 "offline_replicas": [n for n in replicas if n != leader and cluster.view.broker(n) is None],
             }
         )

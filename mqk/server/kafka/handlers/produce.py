@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, TypeAlias
 
 from mqk import errors as E
+from mqk.broker.replication import Replication
 from mqk.config import FLUSH_SYNC, TopicConfig
 from mqk.protocol.kafka import records as kafka_records
 from mqk.protocol.kafka.messages.produce import (
@@ -102,6 +103,9 @@ class Prepared(NamedTuple):
     appends: list[_PlainAppend]
     #: per idempotent partition, its append (_IdempotentAppend)
     idempotent: list[_IdempotentAppend]
+    #: acks=all on a replicated group: the min.insync.replicas the answer waits for (0: no wait), and how long
+    min_insync: int = 0
+    timeout_ms: int = 0
 
 
 async def handle(
@@ -138,6 +142,13 @@ def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | N
     idempotent: list[_IdempotentAppend] = []
     store = ctx.store
     cluster = ctx.cluster
+    min_insync = 0
+    if acks == -1 and cluster is not None and cluster.replication is not None:
+        min_insync = _min_insync(store, body)
+        try:
+            cluster.replication.check_insync(min_insync)
+        except E.NotEnoughReplicasError as exc:
+            return Prepared(acks, _refuse_all(body, exc.code, str(exc)), [], [])
     for topic in body["topic_data"]:
         name = topic["name"]
         info = store.topic(name)
@@ -160,7 +171,18 @@ def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | N
             _prepare_topic(ctx, name, info, partition_data, parts, appends, idempotent)
         answers: list[_Answer] = parts  # type: ignore[assignment]  # answer_prepared replaces its Nones
         responses.append({"name": name, "partition_responses": answers})
-    return Prepared(acks, responses, appends, idempotent)
+    return Prepared(acks, responses, appends, idempotent, min_insync, body["timeout_ms"])
+
+
+def _min_insync(store: StoreManager, body: ProduceRequest) -> int:
+    """The largest min.insync.replicas of the replicated topics a request writes to (0 when it writes to none:
+    topics of other engines are not replicated)."""
+    wanted = 0
+    for topic in body["topic_data"]:
+        info = store.topic(topic["name"])
+        if info is not None and info.engine == "file":
+            wanted = max(wanted, info.config.get_int("min.insync.replicas"))
+    return wanted
 
 
 def _refuse_all(
@@ -300,7 +322,30 @@ async def answer_prepared(
         else:
             for topic, index, batches, lat, parts, slot in idempotent:
                 parts[slot] = await _produce_idempotent(ctx, topic, index, batches, lat)
+    if ctx.cluster is not None and ctx.cluster.replication is not None:
+        replicated = [p for p in prepared if p.min_insync]
+        if replicated:
+            await _wait_replicated(ctx.cluster.replication, replicated)
     return [_body(p) for p in prepared]
+
+
+async def _wait_replicated(replication: Replication, prepared: list[Prepared]) -> None:
+    """acks=all: answer once every in-sync replica holds what was appended (the CommitLog end now covers it);
+    if they do not in time (or the set shrank, or this broker stopped being master) the partitions stored here
+    are answered with that error, and the producer retries (an idempotent one without duplicates)."""
+    target = replication.engine.log_end
+    try:
+        await replication.wait_replicated(
+            target, max(p.min_insync for p in prepared), max(1, min(p.timeout_ms for p in prepared)) / 1000
+        )
+    except E.KafkaError as exc:
+        for p in prepared:
+            for topic in p.responses:
+                for answer in topic["partition_responses"]:
+                    if answer["error_code"] == NONE:
+                        answer["error_code"] = exc.code
+                        answer["error_message"] = str(exc)
+                        answer["base_offset"] = -1
 
 
 def _merged(prepared: list[Prepared]) -> list[_PlainAppend]:

@@ -87,12 +87,12 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
         if partitions <= 0:
             fail(E.InvalidPartitionsError.code, f"number of partitions must be positive, not {partitions}")
             continue
-        if rf not in (-1, 1) and not assignments:
+        if rf == 0 or rf < -1 or (ctx.cluster is None and rf not in (-1, 1) and not assignments):
             fail(
                 E.InvalidReplicationFactorError.code,
-                f"replication factor {rf}: partitions have one replica each (their broker group's master)"
-                if ctx.cluster is not None
-                else f"replication factor {rf} is larger than the number of brokers (1)",
+                f"replication factor {rf} is larger than the number of brokers (1)"
+                if rf > 1
+                else f"replication factor must be positive (or -1 for the default), not {rf}",
             )
             continue
         overrides = {c["name"]: c["value"] for c in t["configs"]}
@@ -103,13 +103,18 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
         config = topic_config.config_of(overrides)
         if not b["validate_only"]:
             try:
-                info = await ctx.topics.create(name, partitions, overrides, names=KAFKA)
+                info = await ctx.topics.create(name, partitions, overrides, names=KAFKA, replication_factor=rf)
             except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
                 fail(E.kafka_code_for(exc), str(exc))
                 continue
             res["topic_id"] = topic_uuid(info)
         res["num_partitions"] = partitions
         res["replication_factor"] = 1
+        if ctx.cluster is not None and not b["validate_only"]:
+            # every broker of the group a partition lives in holds it: the smallest such group is the topic's
+            res["replication_factor"] = min((len(ctx.cluster.replicas(name, p)) for p in range(partitions)), default=1)
+        elif ctx.cluster is not None and rf > 0:
+            res["replication_factor"] = rf
         res["configs"] = [
             {
                 "name": c["name"],

@@ -1,0 +1,266 @@
+"""Both ends of one replication link over asyncio streams: `MasterLink` (the master streaming its CommitLog to one
+replica) and `follow` (a replica pulling from its master). The frames are protocol.py's; the decisions (who is
+master, what is in sync, what is committed) belong to the `Replication` that owns them (__init__.py).
+
+The master's side, per replica connection:
+  1. read HELLO, refuse what is not a member of this group of this cluster with the same segment size;
+  2. answer START: where the replica cuts its log (epochs.truncation_point), this master's history, its commit;
+  3. stream DATA from there, as fast as the socket drains, and HEARTBEAT while there is nothing new;
+  4. read ACKs: each tells the tracker how far the replica holds the log.
+The replica's side: connect to the master its view names, HELLO, cut its log as START says, adopt the history,
+then write each DATA through the engine's `ReplicaLog` (creating topics it does not hold yet through `resolve`)
+and ACK what it holds. Any error drops the link; the replica connects again (from its own end) after a pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from mqk.broker.cluster.epochs import truncation_point
+from mqk.broker.replication import protocol as P
+from mqk.errors import Corrupt, MqkError, ProtocolError, StorageError
+
+if TYPE_CHECKING:
+    from mqk.broker.replication import Replication
+
+log = logging.getLogger("mqk.replication")
+
+#: how often an idle link carries a heartbeat (and the replica's ack of it)
+HEARTBEAT_S = 0.25
+#: how long a replica waits before connecting again after a link failed
+RETRY_S = 0.2
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    kind, length = P.parse_head(await reader.readexactly(P.HEAD.size))
+    return kind, await reader.readexactly(length) if length else b""
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+
+
+class MasterLink:
+    """The master's end of one replica's link (see the module docstring)."""
+
+    def __init__(self, repl: Replication, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.repl = repl
+        self.reader = reader
+        self.writer = writer
+        self.node = -1
+        self.wake = asyncio.Event()
+        self.peer = writer.get_extra_info("peername")
+
+    async def run(self) -> None:
+        repl = self.repl
+        try:
+            kind, body = await asyncio.wait_for(read_frame(self.reader), 10.0)
+            if kind != P.HELLO:
+                raise ProtocolError(f"expected HELLO, got frame kind {kind}")
+            hello = P.decode_control(kind, body)
+            refusal = self._refusal(hello)
+            if refusal:
+                log.warning("replication: refused %s: %s", self.peer, refusal)
+                self.writer.write(P.control(P.REFUSE, {"error": refusal}))
+                await self.writer.drain()
+                return
+            start = self._start(hello)
+            self.writer.write(
+                P.control(
+                    P.START,
+                    {
+                        "truncate_to": start,
+                        "log_start": repl.engine.log_start,
+                        "epoch": repl.master_epoch,
+                        "history": repl.member.epochs.document(),
+                        "commit": repl.tracker.commit,
+                    },
+                )
+            )
+            log.info("replication: node %d follows from CommitLog offset %d", self.node, start)
+            repl.links[self.node] = self
+            repl.tracker.replica(self.node, repl.clock.monotonic()).connected = True
+            sender = asyncio.get_running_loop().create_task(self._send(start), name=f"mqk-repl-send-{self.node}")
+            try:
+                await self._receive(sender)
+            finally:
+                sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await sender
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            pass  # the replica went away: it connects again
+        except (MqkError, OSError) as exc:
+            log.warning("replication: link with node %d (%s) dropped: %s", self.node, self.peer, exc)
+        finally:
+            if repl.links.get(self.node) is self:
+                del repl.links[self.node]
+                state = repl.tracker.replicas.get(self.node)
+                if state is not None:
+                    state.connected = False
+            await close_writer(self.writer)
+
+    def _refusal(self, hello: dict[str, Any]) -> str:
+        repl = self.repl
+        if hello.get("version") != P.VERSION:
+            return f"replication protocol version {hello.get('version')!r}, this master speaks {P.VERSION}"
+        self.node = P.field(hello, "node", int, "HELLO")
+        if hello.get("cluster") != repl.member.node.config.cluster_id or hello.get("group") != repl.member.group:
+            return f"node {self.node} is of {hello.get('cluster')}/{hello.get('group')}, not this group"
+        if self.node == repl.member.node_id:
+            return "a link to itself"
+        if not repl.is_master:
+            return "this broker is not its group's master"
+        if hello.get("segment_bytes") != repl.engine.clog.segment_bytes:
+            return (
+                f"CommitLog segment size {hello.get('segment_bytes')} differs from the master's "
+                f"{repl.engine.clog.segment_bytes} (set the same commitlog_segment_bytes on every member)"
+            )
+        end = P.field(hello, "end", int, "HELLO")
+        if 0 < end < repl.engine.log_start:
+            return (
+                f"its CommitLog ends at {end}, before the master's oldest segment {repl.engine.log_start}: it "
+                "cannot catch up (empty its data directory to copy the group again)"
+            )
+        return ""
+
+    def _start(self, hello: dict[str, Any]) -> int:
+        epochs = hello.get("epochs", [])
+        if not isinstance(epochs, list) or not all(
+            isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e) for e in epochs
+        ):
+            raise ProtocolError("replication HELLO: epochs must be [[epoch, offset], ...]")
+        engine = self.repl.engine
+        end = P.field(hello, "end", int, "HELLO")
+        if end == 0:
+            return engine.log_start  # an empty replica starts where the master's log starts
+        return truncation_point(self.repl.member.epochs.log_starts(), engine.log_end, epochs, end)
+
+    async def _send(self, pos: int) -> None:
+        repl = self.repl
+        engine = repl.engine
+        writer = self.writer
+        tracker = repl.tracker
+        clock = repl.clock
+        while True:
+            end = engine.log_end
+            if pos < end:
+                chunk = engine.read_log(pos, P.DATA_CHUNK)
+                writer.write(P.data_head(pos, tracker.commit, len(chunk)))
+                writer.write(chunk)
+                pos += len(chunk)
+                if pos == engine.log_end:
+                    tracker.mark(self.node, pos, clock.monotonic())
+                await writer.drain()
+                continue
+            self.wake.clear()
+            tracker.mark(self.node, end, clock.monotonic())
+            writer.write(P.heartbeat(end, tracker.commit))
+            await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), HEARTBEAT_S)
+
+    async def _receive(self, sender: asyncio.Task[None]) -> None:
+        repl = self.repl
+        while not sender.done():
+            kind, body = await read_frame(self.reader)
+            if kind != P.ACK:
+                raise ProtocolError(f"expected ACK, got frame kind {kind}")
+            repl.acked(self.node, P.decode_ack(body))
+        sender.result()  # (its error, if it stopped with one)
+
+
+async def follow(
+    repl: Replication,
+    address: tuple[str, int],
+    master_epoch: int,
+    resolve: Callable[[str, int], Awaitable[bool]],
+) -> None:
+    """Pull the master's CommitLog until cancelled or the link fails (the caller connects again). `resolve(topic,
+    queue)` makes the shard exist here and says whether it does (False: its topic is gone; the entry is written
+    undispatched)."""
+    engine = repl.engine
+    rlog = engine.replica_log
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 5.0)
+    try:
+        writer.write(
+            P.control(
+                P.HELLO,
+                {
+                    "version": P.VERSION,
+                    "cluster": repl.member.node.config.cluster_id,
+                    "group": repl.member.group,
+                    "node": repl.member.node_id,
+                    "segment_bytes": engine.clog.segment_bytes,
+                    "end": engine.log_end,
+                    "epochs": repl.member.epochs.log_starts(),
+                },
+            )
+        )
+        await writer.drain()
+        kind, body = await asyncio.wait_for(read_frame(reader), 10.0)
+        doc = P.decode_control(kind, body) if kind in (P.START, P.REFUSE) else {}
+        if kind == P.REFUSE:
+            raise ProtocolError(f"the master refused the link: {doc.get('error')}")
+        if kind != P.START:
+            raise ProtocolError(f"expected START, got frame kind {kind}")
+        truncate_to = P.field(doc, "truncate_to", int, "START")
+        history = doc.get("history")
+        if not isinstance(history, dict):
+            raise ProtocolError("replication START: history must be an object")
+        if truncate_to < engine.log_end:
+            log.warning(
+                "replication: this log diverged from master epoch %d's: cutting it from %d to %d",
+                master_epoch,
+                engine.log_end,
+                truncate_to,
+            )
+            engine.truncate_log(truncate_to)
+        await asyncio.to_thread(repl.member.epochs.adopt, history)
+        repl.heard_commit(P.field(doc, "commit", int, "START"))
+        start = truncate_to if engine.log_end == 0 else engine.log_end
+        rlog.reset(start)
+        writer.write(P.ack(engine.log_end))
+        await writer.drain()
+        log.info("replication: following master epoch %d at %s from CommitLog offset %d", master_epoch, address, start)
+        repl.following = True
+        while True:
+            kind, body = await read_frame(reader)
+            if kind == P.DATA:
+                offset, commit, data = P.decode_data(body)
+                got = rlog.receive(offset, data)
+                while got.missing:
+                    topic, queue = got.missing[0]
+                    if await resolve(topic, queue):
+                        got = rlog.receive(offset + len(data), b"")
+                    else:
+                        rlog.skip_entry()
+                        got = rlog.receive(offset + len(data), b"")
+                repl.heard_commit(commit)
+                await repl.replica_durable(got.end)
+                writer.write(P.ack(got.end))
+            elif kind == P.HEARTBEAT:
+                _end, commit = P.decode_heartbeat(body)
+                repl.heard_commit(commit)
+                writer.write(P.ack(engine.log_end))
+            else:
+                raise ProtocolError(f"unexpected frame kind {kind} from the master")
+            await writer.drain()
+    except Corrupt as exc:
+        log.error("replication: the master's stream does not check (%s); connecting again", exc)
+        rlog.reset(engine.log_end)
+        raise
+    except StorageError:
+        rlog.reset(engine.log_end)
+        raise
+    finally:
+        repl.following = False
+        await close_writer(writer)
+
+
+__all__ = ["HEARTBEAT_S", "RETRY_S", "MasterLink", "follow", "read_frame"]
