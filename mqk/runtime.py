@@ -137,6 +137,7 @@ class BrokerRuntime:
         self.kafka.ctx.cluster = self.cluster
         if self.replication is not None:
             self.replication.bind(self.cluster)
+            self.replication.wake = broker.hub.notify
             self.cluster.replication = self.replication
         await self.cluster.start()
         self._parts.append(self.cluster)

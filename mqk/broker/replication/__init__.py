@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,11 +92,12 @@ class Replication:
         self._isr_task: asyncio.Task[None] | None = None
         self._role_changed = asyncio.Event()
         self._promoting = False
-        #: (CommitLog end, monotonic time) of appends not yet acked by every in-sync replica: the lag samples' starts
-        self._pending_lag: deque[tuple[int, float]] = deque()
+        #: appends not yet held by every in-sync replica: (CommitLog end after it, monotonic time, topic, the
+        #: queues that grew), for the lag samples and to wake the readers once the high watermark passes them
+        self._pending: deque[tuple[int, float, str, Sequence[tuple[int, int]]]] = deque()
         self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
-        #: readers waiting for the commit offset to move (consumers held below the high watermark)
-        self.commit_listeners: list = []
+        #: the readers' wake-up (the broker's WakeupHub.notify): consumers wait for the high watermark, not the end
+        self.wake: Callable[[str, Sequence[tuple[int, int]]], None] | None = None
 
     # --- life cycle -------------------------------------------------------------------------------------------
 
@@ -182,32 +184,31 @@ class Replication:
 
     # --- events ------------------------------------------------------------------------------------------------
 
-    def _on_data(self, _topic: str, _queue_ends: object) -> None:
+    def _on_data(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None:
         if not self.is_master:
             return
-        if self.links:
-            for link in self.links.values():
-                link.wake.set()
-            self._pending_lag.append((self.engine.log_end, self.clock.monotonic()))
+        for link in self.links.values():
+            link.wake.set()
+        if len(self.tracker.isr) > 1:
+            self._pending.append((self.engine.log_end, self.clock.monotonic(), topic, queue_ends))
         self.tracker.appended()
 
     def acked(self, node: int, end: int) -> None:
         self.tracker.ack(node, end, self.clock.monotonic())
 
     def _committed(self, commit: int) -> None:
-        pending = self._pending_lag
+        pending = self._pending
         if pending and pending[0][0] <= commit:
             now = self.clock.monotonic()
+            wake = self.wake
             while pending and pending[0][0] <= commit:
-                self.lags_ms.append((now - pending.popleft()[1]) * 1000)
-        for listener in self.commit_listeners:
-            listener()
+                _end, since, topic, queue_ends = pending.popleft()
+                self.lags_ms.append((now - since) * 1000)
+                if wake is not None:
+                    wake(topic, queue_ends)
 
     def heard_commit(self, commit: int) -> None:
-        if commit > self.heard:
-            self.heard = commit
-            for listener in self.commit_listeners:
-                listener()
+        self.heard = max(self.heard, commit)
 
     async def replica_durable(self, end: int) -> None:
         """A replica acks by its group's flush policy: after the flush in sync mode."""
@@ -236,7 +237,7 @@ class Replication:
         now = self.clock.monotonic()
         elected = self.member.node.elected_isr or frozenset({self.member.node_id})
         self.tracker.reset(frozenset(elected), max(self.heard, self.tracker.commit), now)
-        self._pending_lag.clear()
+        self._pending.clear()
         self.store.set_writable(True)
         if self._isr_task is None or self._isr_task.done():
             self._isr_task = asyncio.get_running_loop().create_task(self._keep_isr(), name="mqk-replication-isr")
