@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mqk.store.file.engine import Shard
+    from mqk.store.file.shards import Shard
 
 log = logging.getLogger(__name__)
 
