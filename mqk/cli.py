@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -152,7 +153,7 @@ class SurvivorFreezer:
         self.freezes = 0
         self._started = 0.0
 
-    def install(self) -> "SurvivorFreezer":
+    def install(self) -> SurvivorFreezer:
         gc.callbacks.append(self._on_collection)
         return self
 
@@ -177,10 +178,8 @@ class SurvivorFreezer:
         if self.loop is None:
             log.info(*args)
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads the log line any more
             self.loop.call_soon_threadsafe(log.info, *args)
-        except RuntimeError:  # the loop closed: nobody reads the log line any more
-            pass
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

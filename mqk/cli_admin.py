@@ -509,7 +509,7 @@ def run_command(args: argparse.Namespace) -> int:
     except CommandError as exc:
         print(f"mqk: {exc}", file=sys.stderr)
         return 1
-    except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, ConnectionError, OSError) as exc:
         print(f"mqk: cannot reach the broker: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
     return 0

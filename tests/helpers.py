@@ -18,6 +18,7 @@ What lives here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -96,17 +97,15 @@ async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: f
 
     def listener(grown: str, queue_ends: Sequence[tuple[int, int]]) -> None:
         if listening[0] and grown == topic and any(q == queue and e >= end for q, e in queue_ends):
-            try:
+            with contextlib.suppress(RuntimeError):  # the test's loop is gone: nobody waits any more
                 loop.call_soon_threadsafe(done)
-            except RuntimeError:  # the test's loop is gone: nobody waits any more
-                pass
 
     store.add_listener(listener)
     try:
         if store.end_offset(topic, queue) < end:
             try:
                 await asyncio.wait_for(reached, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise AssertionError(
                     f"{topic}/{queue} ends at {store.end_offset(topic, queue)}, not {end}, after {timeout} s"
                 ) from None

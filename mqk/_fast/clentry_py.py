@@ -562,7 +562,7 @@ class AppendRun:
         i = _ssize(i)
         if i < 0 or i >= len(self._staged):
             raise IndexError(f"batch {i} of a run of {len(self._staged)}")
-        slot, queue, entry, index, _qpos, phys, base, span, _running, size = self._staged[i]
+        _slot, queue, entry, index, _qpos, phys, base, span, _running, size = self._staged[i]
         return (entry, index, queue, base, span, phys, size)
 
     def _clear(self) -> None:

@@ -39,7 +39,7 @@ def pack_unit(buf, pos, physical_offset, size, record_count, tags_code, store_ts
         _i64(base_offset),
     )
     mv = _writable(buf)
-    if pos < 0 or UNIT_SIZE > mv.nbytes - pos:
+    if pos < 0 or mv.nbytes - pos < UNIT_SIZE:
         raise OutOfBounds(f"unit at {pos} outside buffer of {mv.nbytes} bytes")
     _UNIT.pack_into(mv, pos, *fields)
 
@@ -48,7 +48,7 @@ def unpack_unit(buf, pos) -> tuple:
     """(physical_offset, size, record_count, tags_code, store_ts, max_ts, base_offset) of the unit at `pos`."""
     pos = _ssize(pos)
     mv = _view(buf)
-    if pos < 0 or UNIT_SIZE > mv.nbytes - pos:
+    if pos < 0 or mv.nbytes - pos < UNIT_SIZE:
         raise OutOfBounds(f"unit at {pos} outside buffer of {mv.nbytes} bytes")
     return _UNIT.unpack_from(mv, pos)
 

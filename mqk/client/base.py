@@ -7,8 +7,9 @@ import asyncio
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from mqk.client.remoting import ClientError, RemotingConnection
 from mqk.config import parse_hostport

@@ -8,14 +8,15 @@ unless the caller names one. Each message gets a client-side unique id (`UNIQ_KE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterable
 
 from mqk.client.base import ClientBase, MessageQueue, TopicRoute
 from mqk.client.remoting import ClientError
@@ -94,13 +95,13 @@ class Producer(ClientBase):
         self.default_topic_queue_nums = default_topic_queue_nums
         self._next_queue = itertools.count()
 
-    async def start(self) -> "Producer":
+    async def start(self) -> Producer:
         return self
 
     async def stop(self) -> None:
         await self.close()
 
-    async def __aenter__(self) -> "Producer":
+    async def __aenter__(self) -> Producer:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -237,7 +238,7 @@ class TransactionProducer(Producer):
         self._checks: set[asyncio.Task] = set()
         self.on_server_request = self._on_request
 
-    async def start(self) -> "TransactionProducer":
+    async def start(self) -> TransactionProducer:
         await self._heartbeat()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         return self
@@ -264,10 +265,8 @@ class TransactionProducer(Producer):
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            try:
+            with contextlib.suppress(ClientError):
                 await self._heartbeat()
-            except ClientError:
-                pass
 
     async def send_in_transaction(
         self, message: Message, local: LocalTransaction, queue_id: int | None = None

@@ -4,9 +4,10 @@ opaque, oneway sends, and a callback for requests the server sends us (NOTIFY_CO
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from mqk.errors import MqkError, ProtocolError
 from mqk.protocol.native.codes import FLAG_ONEWAY
@@ -80,7 +81,7 @@ class RemotingConnection:
         try:
             await self._write(cmd.encode())
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ClientError(f"request code {cmd.code} timed out after {timeout}s") from None
         finally:
             self._pending.pop(cmd.opaque, None)
@@ -94,10 +95,8 @@ class RemotingConnection:
         self.closed = True
         if self._writer is not None:
             self._writer.close()
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 await self._writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
         if self._read_task is not None:
             self._read_task.cancel()
             await asyncio.gather(self._read_task, return_exceptions=True)

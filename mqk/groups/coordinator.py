@@ -27,8 +27,9 @@ import asyncio
 import logging
 import struct
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from mqk import errors
 from mqk.clock import SYSTEM_CLOCK, Clock, TimerHandle
@@ -199,7 +200,7 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
 
     @classmethod
-    def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> "GroupCoordinator":
+    def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> GroupCoordinator:
         return cls(
             store,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
@@ -254,14 +255,14 @@ class GroupCoordinator:
             return JoinResult(E.CoordinatorNotAvailableError.code, member_id=member_id)
         if not group.supports(protocol_type, protocols):
             return JoinResult(E.InconsistentGroupProtocolError.code, member_id=member_id)
-        params = dict(
-            client_id=client_id,
-            client_host=client_host,
-            session_timeout_ms=session_timeout_ms,
-            rebalance_timeout_ms=rebalance_timeout_ms,
-            protocol_type=protocol_type,
-            protocols=list(protocols),
-        )
+        params = {
+            "client_id": client_id,
+            "client_host": client_host,
+            "session_timeout_ms": session_timeout_ms,
+            "rebalance_timeout_ms": rebalance_timeout_ms,
+            "protocol_type": protocol_type,
+            "protocols": list(protocols),
+        }
 
         if not member_id:
             if group_instance_id is not None:
@@ -604,7 +605,7 @@ class GroupCoordinator:
         Partition validity (topic exists) is the handler's check; it passes only known partitions here."""
         error = self._commit_check(group_id, generation_id, member_id, group_instance_id)
         if error:
-            return {tp: error for tp in offsets}
+            return dict.fromkeys(offsets, error)
         result: dict[tuple[str, int], int] = {}
         now = self.clock.time_ms()
         to_store: dict[tuple[str, int], GroupOffset] = {}
@@ -713,7 +714,7 @@ class GroupCoordinator:
             return E.NonEmptyGroupError.code
         try:
             await self.store.delete_offsets(group_id, None)
-        except Exception as exc:  # noqa: BLE001
+        except (errors.MqkError, OSError) as exc:  # what the store raises for a fault it answers with a code
             return errors.kafka_code_for(exc)
         if group is not None:
             group.state = DEAD
@@ -756,7 +757,7 @@ class GroupCoordinator:
         if deletable:
             try:
                 await self.store.delete_offsets(group_id, deletable)
-            except Exception as exc:  # noqa: BLE001
+            except (errors.MqkError, OSError) as exc:  # what the store raises for a fault it answers with a code
                 return errors.kafka_code_for(exc), {}
         return NONE, result
 

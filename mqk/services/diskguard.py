@@ -71,7 +71,7 @@ class DiskGuard:
         self._last_pass = 0.0
         self._guarding = False  #: between start and stop: the hook is in store.hooks while the disk is full
 
-    async def start(self) -> "DiskGuard":
+    async def start(self) -> DiskGuard:
         if not getattr(self.store, "persistent", True) or self._loop_task.running:
             return self
         self._guarding = True
@@ -106,7 +106,7 @@ class DiskGuard:
                 await self.check()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep guarding; a failed measurement keeps the last state
+            except Exception:  # keep guarding; a failed measurement keeps the last state
                 log.exception("disk guard check failed")
 
     async def check(self) -> bool:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
+from typing import NamedTuple, TypeVar
 
 from mqk.config import TopicConfig
 from mqk.errors import InvalidShardCount, UnknownShard

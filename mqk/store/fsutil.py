@@ -9,6 +9,7 @@ content survives power loss. These functions block; callers on the event loop ru
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -99,7 +100,5 @@ def read_json(path: str | os.PathLike[str]) -> Any | None:
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

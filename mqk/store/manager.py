@@ -29,6 +29,7 @@ change, and whatever name an engine cannot store (a file engine's directory name
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -227,10 +228,8 @@ class StoreManager:
             if info is None:
                 raise UnknownShard(f"unknown topic {topic!r}")
             await self._save_topics()
-            try:
+            with contextlib.suppress(UnknownShard):
                 await self._started_engine(info.engine).delete_shards(topic)
-            except UnknownShard:
-                pass
 
     async def add_partitions(self, topic: str, total: int) -> None:
         _check_queue_count(total)

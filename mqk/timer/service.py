@@ -23,9 +23,11 @@ recorded end offset, and the schedule is rebuilt by re-reading the timer topic f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -73,13 +75,11 @@ class TimerService:
 
     # --- life cycle --------------------------------------------------------------------------------------------
 
-    async def start(self) -> "TimerService":
+    async def start(self) -> TimerService:
         if self.store.topic(TIMER_TOPIC) is None:
             retention = max(7 * 24 * 3600 * 1000, 2 * self.max_delay_ms)
-            try:
+            with contextlib.suppress(ShardExists):
                 await self.store.create_topic(TIMER_TOPIC, 1, TopicConfig({"retention.ms": str(retention)}))
-            except ShardExists:
-                pass
         state = self.store.load_state(STATE_NAME) or {}
         self._floor = max(int(state.get("floor", 0)), self.store.log_start_offset(TIMER_TOPIC, 0))
         self._done = {o for o in _unruns(state.get("done", [])) if o >= self._floor}

@@ -256,7 +256,7 @@ def test_produce_check_answers_whether_a_named_header_is_there(rb):
     """The produce check's walk tells, per uncompressed batch, whether some record carries a header of a given
     name (the timer's delay headers), so nothing walks the records a second time; compressed batches: None."""
     plain = [("trace", b"1")]
-    with_delay = headers_batch(rb, [plain, plain + [("DELAY", b"3")], []])
+    with_delay = headers_batch(rb, [plain, [*plain, ("DELAY", b"3")], []])
     without = headers_batch(rb, [plain, [], [("delay", b"3")]])
     data = with_delay + without
     scanned = rb.scan_batches(data, True, True, DELAY_KEYS)
@@ -302,7 +302,7 @@ def test_produce_check_holds_create_times_to_a_window(rb):
     recs = rb.encode_record(0, 0, b"k", b"a", []) + rb.encode_record(1, 500, b"k", b"b", [])
     batch = rb.build_batch(0, 10_000, 10_500, recs, 2, 1)
     assert len(rb.scan_batches(batch, True, True, (), False, (10_000, 10_500))) == 1
-    with pytest.raises(InvalidTimestamp, match="timestamp 10500 of the record at position 7[0-9] is out of range"):
+    with pytest.raises(InvalidTimestamp, match=r"timestamp 10500 of the record at position 7[0-9] is out of range"):
         rb.scan_batches(batch, True, True, (), False, (10_000, 10_499))
     with pytest.raises(InvalidTimestamp, match="timestamp 10000 "):
         rb.scan_batches(batch, True, True, (), False, (10_001, 20_000))

@@ -102,13 +102,13 @@ def _gunzip(data, max_size: int) -> bytes:
 def _unsnappy_raw(data, max_size: int) -> bytes:
     try:
         n = cramjam.snappy.decompress_raw_len(bytes(data))
-    except Exception as e:  # cramjam raises its own error type
+    except cramjam.DecompressionError as e:
         raise Corrupt(f"snappy: {e}") from None
     if n > max_size:
         raise _too_big(max_size)
     try:
         return bytes(cramjam.snappy.decompress_raw(bytes(data)))
-    except Exception as e:
+    except cramjam.DecompressionError as e:
         raise Corrupt(f"snappy: {e}") from None
 
 

@@ -17,7 +17,7 @@ topic, queue and offset so message ids stay stable.
 from __future__ import annotations
 
 import zlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from mqk._fast import load
 from mqk.errors import Corrupt

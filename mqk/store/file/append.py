@@ -458,4 +458,4 @@ def _stamped(entries: list[Entry], store_ts: int) -> tuple[list[Entry], dict[int
     return out, refused
 
 
-__all__ = ["AppendPipeline", "FaultHook", "RunStop", "STAGE_PLANNED", "STAGE_WRITTEN", "StoreStats", "split_batches"]
+__all__ = ["STAGE_PLANNED", "STAGE_WRITTEN", "AppendPipeline", "FaultHook", "RunStop", "StoreStats", "split_batches"]

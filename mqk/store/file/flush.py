@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -163,10 +164,8 @@ class FlushService:
         self._call_loop(self._flushed_to, flushed)
 
     def _call_loop(self, fn, arg) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed under a store that was not stopped: nobody waits
             self._loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the loop closed under a store that was not stopped: nobody is waiting any more
-            pass
 
     def _flushed_to(self, flushed: int) -> None:
         """On the loop: record the durable offset and wake every waiter it covers."""
@@ -203,10 +202,8 @@ class FlushService:
         kicked = self._kicked
         while not self._stopping:
             if not kicked.is_set():
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(kicked.wait(), self.interval)
-                except asyncio.TimeoutError:
-                    pass
             kicked.clear()
             dirty = self.clog.max_offset - self.flushed
             if dirty <= 0:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import ctypes
 import errno
 import logging
@@ -356,25 +357,19 @@ class MappedFile:
             return
         with _unmap_lock:  # (waits for a madvise of this mapping still running in the flush thread)
             self._closed = True
-        try:
+        with contextlib.suppress(BufferError):
             self.buf.release()
-        except BufferError:
-            pass
-        try:
+        # readers may still hold zero-copy views; the mapping then lives until they drop them (no madvise reaches it
+        # any more: `_closed` is set)
+        with contextlib.suppress(BufferError):
             self.mm.close()
-        except BufferError:
-            # readers still hold zero-copy views; the mapping lives until they drop them (no madvise reaches it
-            # any more: `_closed` is set)
-            pass
         if self.fd >= 0:
             os.close(self.fd)
 
     def destroy(self) -> None:
         self.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
@@ -432,10 +427,8 @@ def _zero_fill(fd: int, offset: int, size: int, path: Path) -> None:
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.unlink()
-    except OSError:
-        pass
 
 
 class _Allocator:
@@ -827,10 +820,8 @@ class MappedFileQueue:
     def destroy(self) -> None:
         self.close()
         for mf in self.files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 mf.path.unlink()
-            except FileNotFoundError:
-                pass
         with self._lock:
             self.files = []
             self._starts = []
