@@ -512,3 +512,20 @@ def test_crc32c_native_address_refuses_what_is_not_the_package():
     from mqk._fast import crc32c_native_address
 
     assert crc32c_native_address(lambda data: 0) == 0
+
+
+def test_crc32c_native_address_is_0_for_a_library_not_loaded_or_without_get_state(tmp_path):
+    # the two ways ctypes fails there (OSError, AttributeError) mean "call the package's Python function"; nothing
+    # else is caught, so a bug in the look-up raises at the first CRC instead of silently slowing every batch
+    import types
+
+    from mqk._fast import crc32c_native_address
+
+    def with_module(path):
+        fake = types.ModuleType("fake_crc32c")
+        fake.__file__ = str(path)
+        return types.MethodType(lambda self, data: 0, fake)
+
+    assert crc32c_native_address(with_module(tmp_path / "not-loaded.so")) == 0
+    assert crc32c_native_address(with_module("libc.so.6")) == 0  # loaded, but exports no get_state
+    assert crc32c_native_address(crc32c) != 0  # the package itself
