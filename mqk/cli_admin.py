@@ -222,6 +222,7 @@ async def produce_native(args: argparse.Namespace) -> None:
                 )
             )
         if values:
+            assert result is not None  # (a send that is not one-way always answers)
             print(
                 f"{len(values)} message(s) sent to {args.topic}, last to queue {result.queue.queue_id} "
                 f"at offset {result.queue_offset}",

@@ -8,7 +8,7 @@ place that maps them to Kafka codes is `kafka_code_for()` at the bottom of this 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class MqkError(Exception):
@@ -102,7 +102,7 @@ class KafkaError(MqkError):
     retriable: bool = False
     _by_code: ClassVar[dict[int, type[KafkaError]]] = {}
 
-    def __init_subclass__(cls, **kw):
+    def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if cls.code in KafkaError._by_code:
             raise TypeError(f"duplicate Kafka error code {cls.code}: {cls.__name__}")

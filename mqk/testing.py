@@ -97,15 +97,21 @@ class ThreadedBroker:
 
     @property
     def kafka_address(self) -> tuple[str, int]:
-        return self.runtime.kafka_address
+        address = self.runtime.kafka_address
+        assert address is not None, "the broker is not started"
+        return address
 
     @property
     def native_address(self) -> tuple[str, int]:
-        return self.runtime.native_address
+        address = self.runtime.native_address
+        assert address is not None, "the broker is not started"
+        return address
 
     @property
     def namesrv_address(self) -> tuple[str, int]:
-        return self.runtime.namesrv_address
+        address = self.runtime.namesrv_address
+        assert address is not None, "the broker is not started"
+        return address
 
 
 class BrokerProcess:

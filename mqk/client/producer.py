@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mqk.client.base import ClientBase, MessageQueue, TopicRoute
 from mqk.client.remoting import ClientError
@@ -36,7 +37,7 @@ from mqk.protocol.native.codes import (
     RequestCode,
     ResponseCode,
 )
-from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.command import RemotingCommand, stringify_fields
 from mqk.protocol.native.message import (
     BatchItem,
     MessageExt,
@@ -154,17 +155,15 @@ class Producer(ClientBase):
         *,
         queue_id: int | None = None,
         oneway: bool = False,
-        **fields: object,
+        **fields: Any,
     ) -> SendResult | None:
         """`send(Message(...))`, or `send(topic, body, tags=..., keys=..., delay_level=..., ...)`."""
-        msg = message if isinstance(message, Message) else Message(message, body or b"", **fields)  # type: ignore[arg-type]
+        msg = message if isinstance(message, Message) else Message(message, body or b"", **fields)
         props = msg.wire_properties()
         mq, addr, via_default = await self._pick(msg.topic, queue_id)
         header = self._header(mq, props, msg.flag, False, via_default)
         if oneway:
             conn = await self._connection(addr)
-            from mqk.protocol.native.command import stringify_fields
-
             await conn.oneway(
                 RemotingCommand(
                     code=RequestCode.SEND_MESSAGE_V2,
@@ -179,7 +178,7 @@ class Producer(ClientBase):
             self._routes.pop(msg.topic, None)
         return self._result(resp, mq, props[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX])
 
-    async def send_oneway(self, message: Message | str, body: bytes | None = None, **fields: object) -> None:
+    async def send_oneway(self, message: Message | str, body: bytes | None = None, **fields: Any) -> None:
         await self.send(message, body, oneway=True, **fields)
 
     async def send_batch(self, messages: list[Message], *, queue_id: int | None = None) -> SendResult:

@@ -29,7 +29,7 @@ import struct
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from mqk import errors
 from mqk.clock import SYSTEM_CLOCK, Clock, TimerHandle
@@ -97,6 +97,17 @@ class Member:
 
     def protocol_names(self) -> list[str]:
         return [name for name, _ in self.protocols]
+
+
+class JoinParams(TypedDict):
+    """What a JoinGroup request says about its member (the Member fields a join sets)."""
+
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
 
 
 class Group:
@@ -255,7 +266,7 @@ class GroupCoordinator:
             return JoinResult(E.CoordinatorNotAvailableError.code, member_id=member_id)
         if not group.supports(protocol_type, protocols):
             return JoinResult(E.InconsistentGroupProtocolError.code, member_id=member_id)
-        params = {
+        params: JoinParams = {
             "client_id": client_id,
             "client_host": client_host,
             "session_timeout_ms": session_timeout_ms,
@@ -285,12 +296,12 @@ class GroupCoordinator:
             group.pending.pop(member_id).cancel()
             member = Member(member_id, group_instance_id, **params)
             return await self._add_member_and_rebalance(group, member)
-        member = group.members.get(member_id)
-        if member is None:
+        known_member = group.members.get(member_id)
+        if known_member is None:
             return JoinResult(E.UnknownMemberIdError.code, member_id=member_id)
-        return await self._join_known(group, member, params)
+        return await self._join_known(group, known_member, params)
 
-    async def _join_static_unknown(self, group: Group, instance_id: str, params: dict) -> JoinResult:
+    async def _join_static_unknown(self, group: Group, instance_id: str, params: JoinParams) -> JoinResult:
         new_id = f"{instance_id}-{uuid.uuid4()}"
         old_id = group.static_members.get(instance_id)
         if old_id is None or old_id not in group.members:
@@ -325,7 +336,7 @@ class GroupCoordinator:
             return await self._await_join(group, member)
         return await self._rebalance_with(group, member)
 
-    async def _join_known(self, group: Group, member: Member, params: dict) -> JoinResult:
+    async def _join_known(self, group: Group, member: Member, params: JoinParams) -> JoinResult:
         changed = member.protocols != params["protocols"]
         member.protocols = params["protocols"]
         member.session_timeout_ms = params["session_timeout_ms"]

@@ -30,6 +30,7 @@ from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.errors import StorageFull
 from mqk.services import BackgroundTask
+from mqk.services.retention import RetentionService
 from mqk.store.adapter import PutContext
 
 log = logging.getLogger("mqk.diskguard")
@@ -134,8 +135,6 @@ class DiskGuard:
     async def _free_space(self) -> None:
         retention = self.retention
         if retention is None:
-            from mqk.services.retention import RetentionService
-
             retention = self.retention = RetentionService(self.config, self.store, clock=self.clock)
         report = await retention.run_once()
         if report.freed_bytes:

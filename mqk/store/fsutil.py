@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _libc_syncfs():
+def _libc_syncfs() -> Callable[..., int] | None:
     try:
         return ctypes.CDLL(None, use_errno=True).syncfs  # glibc and musl on Linux
     except (OSError, AttributeError):

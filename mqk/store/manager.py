@@ -435,7 +435,7 @@ class StoreManager:
             results = await engine.append_many(topic, direct, log_append_time=stamp)
             for i, result in zip(positions, results):
                 out[i] = result
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # (every slot was filled above: its error or its result)
 
     def _append_route(self, topic: str, queue: int) -> tuple[ShardInfo, StorageAdapter, bool]:
         """(topic info, its started engine, its LogAppendTime setting), cached per topic incarnation; UnknownShard

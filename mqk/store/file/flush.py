@@ -32,6 +32,8 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from mqk.config import FLUSH_SYNC, StoreConfig
 from mqk.errors import StorageError
@@ -39,6 +41,7 @@ from mqk.store.file.commitlog import CommitLog
 from mqk.store.file.mapped_file import CACHE_DROP_CHUNK
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 PAGE = 4096
 #: async mode, with page cache drops on: unflushed bytes that start a flush before `flush_interval_ms` is up. At
 #: 1 GB/s half a second is 500 MB written into new page cache before any of it may be dropped
@@ -122,6 +125,7 @@ class FlushService:
 
     def wait_flushed(self, target: int) -> asyncio.Future[None]:
         """A future done once CommitLog bytes below `target` are durable (sync mode: group commit)."""
+        assert self._loop is not None, "the flush service is not started"
         fut = self._loop.create_future()
         if self.flushed >= target:
             fut.set_result(None)
@@ -163,7 +167,8 @@ class FlushService:
         """From any thread: CommitLog bytes below `flushed` were made durable by someone else (a checkpoint)."""
         self._call_loop(self._flushed_to, flushed)
 
-    def _call_loop(self, fn, arg) -> None:
+    def _call_loop(self, fn: Callable[[_T], None], arg: _T) -> None:
+        assert self._loop is not None, "the flush service is not started"
         with contextlib.suppress(RuntimeError):  # the loop closed under a store that was not stopped: nobody waits
             self._loop.call_soon_threadsafe(fn, arg)
 

@@ -38,6 +38,7 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from mqk.errors import OutOfBounds, StorageError, StorageFull
@@ -58,7 +59,7 @@ CACHE_DROP_ALIGN = 2 << 20
 _scratch = threading.local()
 
 
-def _libc_madvise():
+def _libc_madvise() -> Callable[..., int] | None:
     """libc's madvise through ctypes, which releases the GIL for the call (mmap.madvise holds it: 0.2-0.5 ms per
     16 MiB of a mapping whose pages Fetch touched, during which the event loop could not run); None where there
     is no such symbol (the mmap module's is used then)."""
