@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 
-from mqk import __version__
+from mqk import __version__, cli_admin
 from mqk.config import BrokerConfig
 
 log = logging.getLogger("mqk")
@@ -50,7 +50,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
 
 
 async def _serve(config: BrokerConfig) -> None:
-    from mqk.runtime import BrokerRuntime
+    from mqk.runtime import BrokerRuntime  # (imported here: the admin commands never load the broker)
 
     runtime = BrokerRuntime(config)
     stop = asyncio.Event()
@@ -207,8 +207,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"mqk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    from mqk import cli_admin
-
     cli_admin.register(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -54,7 +54,7 @@ class ThreadedBroker:
     """A BrokerRuntime running on its own event loop in a daemon thread, on `clock` (the system clock by default)."""
 
     def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        from mqk.runtime import BrokerRuntime
+        from mqk.runtime import BrokerRuntime  # (here: a pytest session that only loads the plugin stays cheap)
 
         self.config = config
         self.clock = clock

@@ -162,6 +162,7 @@ class StoreManager:
         engine = self._engines.get(name)
         if engine is not None:
             return engine
+        # each engine is imported on first use: a broker without rocksdb topics never loads rocksdict
         if name == "memory":
             from mqk.store.memory import MemoryEngine
 
