@@ -1,4 +1,4 @@
-"""The benchmark list of the Kafka-wire issue, in one run against one freshly started file-store broker:
+"""The Kafka-wire benchmark list, in one run against one freshly started file-store broker:
 
     python bench/kafka_suite.py                # defaults: 1,000,000 x 100 B, 200,000 x 1 KiB, native too
     python bench/kafka_suite.py --quick        # a smoke run with small counts
@@ -19,8 +19,8 @@
    pipeline's maximum (three runs);
 5. ingest into 1,000 partitions (records sent round-robin) against 1 partition: a first pass (which pays for
    creating 1,000 queues' files), then three alternating pairs of 1 partition and the same, now existing 1,000,
-   with the client's CPU per record beside the broker's: librdkafka sends one partition per request (15-200
-   records each, measured, depending on how fast answers come back) against thousands into 1 partition, and its
+   with the client's CPU per record beside the broker's: librdkafka sends one partition per request (a few to a
+   few hundred records each, depending on how fast answers come back) against thousands into 1 partition, and its
    per-partition work is mostly the client's;
    three pairs more with keyless records placed by the client's partitioner, as kafka-producer-perf-test's are
    (librdkafka's sticky partitioner: one partition's batch at a time), with how many partitions each run wrote;
@@ -28,7 +28,7 @@
    then the broker's own capacity with the same batches spread over 1 or 1,000 partitions
    (bench/produce_capacity.py);
 6. the native (remoting) figures of bench/native_perf.py from the same run, for comparison.
-Each figure is printed as its tool prints it, then a summary with the issue's goals. The clients are Python
+Each figure is printed as its tool prints it, then a summary with the goals each is judged by. The clients are Python
 (confluent-kafka / librdkafka, mqk.client) sharing the machine with the broker, so where the client is the limit
 the broker's CPU per record is the figure that speaks for the broker.
 """
@@ -154,8 +154,7 @@ def _dd(directory: str, nbytes: int, fdatasync: bool = False, kept: list[str] | 
 
 
 #: pairs in the series judged by their median pair: the 1 KiB ingests against dd, the broker's capacity into 1 and
-#: 1,000 partitions. Three were too few: in one run a dd keeping its files wrote 3,987 and 4,156 MB/s in two of
-#: three pairs and 500 MB/s in the third, a minute apart, with the ingest beside it at 260-783 MB/s
+#: 1,000 partitions. Three are too few: one pair in three can land in another state of the host (bench/README.md)
 PAIRS = 5
 
 
@@ -165,10 +164,9 @@ def _dd_pairs(directory: str, nbytes: int, kept: list[str], ingest: Any) -> list
 
     The like-for-like baseline for an ingest: the broker keeps every byte it is sent, so each dd keeps its file
     too (its path goes to `kept`, which the caller removes after its last pair), and both grow the page cache
-    into memory nobody just freed. On this VM (a virtio balloon reporting free pages to the host) such memory
-    costs host-side faults, but how much changes from minute to minute: a `dd` keeping its files has written
-    270 MB/s and 3,200 MB/s in one run, minutes apart (bench/README.md). Each pair's two writes run back to back,
-    so each pair's ratio compares the two in one state of the host."""
+    into memory nobody just freed. On a VM whose balloon reports free pages to the host such memory costs
+    host-side faults, but how much changes from minute to minute (bench/README.md). Each pair's two writes run back
+    to back, so each pair's ratio compares the two in one state of the host."""
     pairs = []
     for i in range(PAIRS):
         if i % 2 == 0:
@@ -378,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             f"latency at half of it ({half:.0f} records/s)",
             flush=True,
         )
-        # three runs: one run's p99 is its worst 1% of records, which a few milliseconds of this VM not scheduling
-        # a process decide; the summary gives all three and judges the median run
+        # three runs: one run's p99 is its worst 1% of records, which a few milliseconds of a shared machine not
+        # scheduling a process decide; the summary gives all three and judges the median run
         results["e2e_half_max"] = _three(
             lambda: e2e_latency.run(
                 broker.bootstrap, e2e_topic, half, args.e2e_seconds, 100, producer_props={"linger.ms": "1"}
@@ -408,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
 
         results["p1000_first"] = _produce(broker, "partitions-1000", args.partition_records, 100, "1", partitions=1000)
         # three alternating pairs into 1 partition and into the now existing 1,000 (identical runs differ by
-        # tens of percent on this VM): the summary gives every pair's ratio and the median pair
+        # tens of percent on a shared machine): the summary gives every pair's ratio and the median pair
         many_topic = results["p1000_first"]["topic"]
         results["p_pairs"] = _pairs(broker, args.partition_records, many_topic, "again")
         # kafka-producer-perf-test's way: keyless records, placed by the client's partitioner (librdkafka's
@@ -418,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         results["p_pairs_pinned"] = _pairs(broker, args.partition_records, many_topic, "pinned", pin=True)
 
         print("\n== broker ingest capacity, 1 vs 1,000 partitions, same batches (produce_capacity.py)", flush=True)
-        # PAIRS alternating 1 / 1,000 pairs: identical runs differ by tens of percent on this VM, so the summary
-        # reports the median pair ratio (and the runs with the median rates)
+        # PAIRS alternating 1 / 1,000 pairs: identical runs differ by tens of percent on a shared machine, so the
+        # summary reports the median pair ratio (and the runs with the median rates)
         capacity = results["capacity"] = {}
         for batch_records in (100, 10):
             runs: dict[int, list] = {1: [], 1000: []}

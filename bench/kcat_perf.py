@@ -1,5 +1,5 @@
 """Ingest and consume with kcat: librdkafka's C client with no Python in the client's path, so a client that can
-push what the broker takes (confluent-kafka's Python layer costs ~1 us per record on each side):
+push what the broker takes (confluent-kafka's Python layer adds client CPU per record on each side):
 
     python bench/kcat_perf.py --topic perf --num-records 3000000 --record-size 100 --start-broker
 

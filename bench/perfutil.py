@@ -57,10 +57,10 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
 @contextlib.contextmanager
 def no_cyclic_gc() -> Iterator[None]:
     """A measuring client's loop without the cyclic garbage collector (reference counting still frees what it
-    drops). A consumer taking 400,000 records/s keeps each poll's messages alive across young collections, so
-    they reach the old generation and set off full collections of the whole interpreter: 8-13 ms pauses in
-    which it reads nothing, charged to every record waiting behind them as if the broker were late (measured:
-    e2e p99 3.4-4.3 ms and max 8-16 ms with it, 2.5-3.1 ms and 6.5-7.6 ms without, same broker)."""
+    drops). A consumer taking hundreds of thousands of records/s keeps each poll's messages alive across young
+    collections, so they reach the old generation and set off full collections of the whole interpreter: pauses in
+    which it reads nothing, charged to every record waiting behind them as if the broker were late (bench/README.md
+    has the figures)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -133,7 +133,7 @@ def run(
     r["cpu_s_per_million"] = (broker.cpu_seconds() - cpu0) / r["records"] * 1e6
     r["mb_per_s"] = r["records_per_s"] * record_size / 1048576
     # each partition holds a file descriptor: the suite's 1,000-partition runs on one broker (kafka_suite.py) would
-    # otherwise add up towards this machine's limit of 20,000
+    # otherwise add up towards the machine's open-files limit
     perfutil.delete_topic(broker.bootstrap, topic)
     return r
 

@@ -106,8 +106,8 @@ def _raise_open_files_limit() -> None:
 
 def _freeze_startup_objects() -> None:
     """Move what start-up built out of the cyclic GC's reach (gc.freeze). A broker process owns its interpreter,
-    and recovery builds 11-20 long-lived objects per partition: with 7,000 recovered partitions a full collection
-    walked 140,000 of them, stopping the broker for 80-97 ms each time; frozen, it walks what came since.
+    and recovery builds a dozen or more long-lived objects per partition, which every full collection would walk
+    again with the whole broker stopped, longer with every partition; frozen, it walks only what came since.
     Refcounting still frees a frozen object (a deleted topic's queues); only a reference cycle among them would
     stay. Not done for an embedded broker (mqk.testing), whose interpreter is the application's."""
     gc.collect()
@@ -124,13 +124,14 @@ def _raise_young_collection_threshold() -> None:
     naming 100 partitions allocates several hundred dicts and tuples (its decoded partitions, their answers and
     results), so at 700 nearly every such request paid a collection walking that request's live objects. What a
     collection walks does not grow with the threshold (objects freed by reference counting leave the generation),
-    so the walks become rarer, not longer. Measured: broker CPU per record into 1,000 partitions 5-18% lower (3
-    alternating pairs, bench/produce_capacity.py). Only `mqk serve`, whose interpreter is the broker's."""
+    so the walks become rarer, not longer (docs/decisions.md has the figures and their bench command). Only
+    `mqk serve`, whose interpreter is the broker's."""
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
     log.info("cyclic GC: the young generation is collected every %d allocations", YOUNG_COLLECTION_THRESHOLD)
 
 
-#: a full collection longer than this is a stall every connection feels (the Kafka issue's p99 budget is 5 ms)
+#: a full collection longer than this is a stall every connection feels (it adds to the latency of every request
+#: in flight)
 SLOW_FULL_COLLECTION_S = 0.002
 
 
@@ -138,8 +139,8 @@ class SurvivorFreezer:
     """Freezes what a slow full collection found alive, so the next ones do not walk it again.
 
     Topics created while the broker runs (CreateTopics, auto-create, the RocketMQ side) build the same long-lived
-    objects per partition that recovery builds, after the start-up freeze: 5,000 partitions made every later full
-    collection take ~28 ms, 15,000 took ~50 ms, with the event loop stopped. A full collection has just removed
+    objects per partition that recovery builds, after the start-up freeze, and every later full collection walks
+    them with the event loop stopped, longer with every partition created. A full collection has just removed
     every unreachable cycle, so freezing its survivors at its end (a list splice, no pause) puts nothing but live
     objects out of reach; the ones that die later are still freed by reference counting: a deleted topic's
     queues hold no cycles, nor does a connection closed under uvloop (asyncio's own transports do, which would
@@ -172,8 +173,8 @@ class SurvivorFreezer:
             return
         gc.freeze()
         self.freezes += 1
-        # no object count in the line: gc.get_freeze_count() walks every frozen object (3.7 ms for 300,000),
-        # and this runs while every thread waits for the collection to end
+        # no object count in the line: gc.get_freeze_count() walks every frozen object, and this runs while every
+        # thread waits for the collection to end
         args = ("a full collection took %.1f ms: what it found alive moved out of the cyclic GC's reach", took * 1000)
         if self.loop is None:
             log.info(*args)

@@ -72,7 +72,7 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = 
         time.sleep(POLL_SECONDS)  # the one synchronous poll of the suite: nothing to wait on but the condition
 
 
-async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:
+async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:  # noqa: ASYNC109 - the failure names what was awaited
     """`wait_until` for a coroutine: the event loop keeps running while it waits (the condition usually depends
     on it, and on a worker thread or a socket peer it serves)."""
     deadline = _Deadline(timeout, what)
@@ -84,7 +84,7 @@ async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, 
         await asyncio.sleep(POLL_SECONDS)  # the one asynchronous poll of the suite (see wait_until)
 
 
-async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: float = 10.0) -> None:
+async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - the failure names what was awaited
     """Return once `topic`/`queue` ends at `end` or later. Woken by the store's data listener (which engines may
     call from their writer thread), so no polling; fails after `timeout` seconds."""
     loop = asyncio.get_running_loop()

@@ -8,8 +8,8 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 
 
 # The kernels borrow their byte arguments with PyObject_GetBuffer and release them in a `finally`, instead of taking
-# typed memoryviews: a typed memoryview argument builds a memoryview object on every call (~0.2 us here, a fifth of
-# a small append's kernel call). They accept the same objects (any C-contiguous buffer: bytes, bytearray,
+# typed memoryviews: a typed memoryview argument builds a memoryview object on every call, a cost of the order of
+# a small append's whole kernel call. They accept the same objects (any C-contiguous buffer: bytes, bytearray,
 # memoryview, mmap) and fail the same way (TypeError for a non-buffer or None, BufferError for a read-only buffer
 # given to a writer), as the twins do.
 cdef inline int borrow(object obj, Py_buffer* view) except -1:

@@ -75,7 +75,7 @@ class RecbatchApi(Protocol):
         names: tuple[bytes, ...],
         require_keys: bool,
         timestamps: tuple[int, int] | None,
-        entries: list[tuple[int, list[memoryview]]],
+        entries: list[tuple[int, list[Any]]],  # (the kernel appends (queue id, [memoryview of each batch]))
         delays: list[bool],
         slots: list[int],
         answers: list[Any],

@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """CommitLog entry kernels, compiled: the hot-path twin of `clentry_py.py` (same API, identical results).
 
-Every append runs through `AppendRun` (plan, write, publish), every recovery and dispatch pass `read_entry`. Bounds are checked explicitly before each access (boundscheck is off). See
-clentry_py.py for the layout, the BLANK rule and the error contract.
+Every append runs through `AppendRun` (plan, write, publish), every recovery and dispatch pass `read_entry`.
+Bounds are checked explicitly before each access (boundscheck is off). See clentry_py.py for the layout, the BLANK
+rule and the error contract.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcpy

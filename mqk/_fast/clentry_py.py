@@ -188,12 +188,11 @@ def write_entry(fd: int, pos: int, head: Buffer, head_len: int, body: Buffer) ->
 
 #: entries `write_entries` hands to one pwritev (two buffers each; Linux's IOV_MAX is 1024)
 WRITE_ENTRIES_CHUNK = 512
-#: and bytes, at most (but a larger entry goes alone). Measured on the test VM: 5 pipelined Produce requests to 100
-#: partitions each were written 5.5 MB at a time, and the kernel's copy into the page cache
-#: (copy_folio_from_iter_atomic) took 5-15x the CPU it took for the same bytes written 1.1 MB at a time; broker
-#: CPU per record into 1,000 partitions with 100-record batches 0.16-0.20 us, 0.09-0.14 us in 1 MiB writes (1
-#: partition: 0.06-0.11 either way; bench/produce_capacity.py, three alternating runs of each). Likely cause: the
-#: page cache sizes its folios by the write, and large ones come from memory the VM's host has taken back.
+#: and bytes, at most (but a larger entry goes alone). Pipelined Produce requests into many partitions make runs of
+#: several MB; written in one call, the kernel's copy into the page cache (copy_folio_from_iter_atomic) costs
+#: several times the CPU per byte it costs in 1 MiB calls, where the page cache sizes its folios by the write and
+#: large folios come from memory the host may have taken back (docs/decisions.md has the figures and their bench
+#: command).
 WRITE_BYTES_CHUNK = 1 << 20
 
 

@@ -1,8 +1,8 @@
 """Fetch request bodies decoded by hand, pure Python: the twin of `fetchreq.pyx` (same API, identical results).
 
 A consumer sends every partition assigned to it in every Fetch; the generated decoder
-(mqk.protocol.kafka.messages.decode_request) spends about a microsecond and a half on each in Python, so a consumer
-of a 1,000-partition topic cost the broker ~1.5 ms per Fetch before anything was read. `decode_fetch_request`
+(mqk.protocol.kafka.messages.decode_request) does Python work for each, so a consumer of a 1,000-partition topic
+would cost the broker a thousand times that per Fetch before anything is read. `decode_fetch_request`
 answers exactly what the generated decoder answers for Fetch v4..v17, the same dict for the bytes it accepts, and
 refuses what it refuses (tests/unit/test_fast_fetchreq.py holds both twins to that), except that it declines
 (returns None) a body with a tagged field anywhere: the generated decoder then decodes it (cluster_id,

@@ -2,9 +2,9 @@
 """Produce request bodies decoded by hand, compiled: the hot-path twin of `producereq_py.py` (same API, identical
 results). See producereq_py.py for what it decodes and how it fails.
 
-The generated decoder spends about half a microsecond per partition of a Produce request in Python (a struct
-unpack, a varint, a slice, a dict); a producer spreading its records over many partitions pays that once per
-partition. Here the walk is C; what is left per partition is the records view and the partition's dict.
+The generated decoder does Python work per partition of a Produce request (a struct unpack, a varint, a slice, a
+dict); a producer spreading its records over many partitions pays that once per partition. Here the walk is C;
+what is left per partition is the records view and the partition's dict.
 """
 from libc.stdint cimport int16_t, int32_t, int64_t
 

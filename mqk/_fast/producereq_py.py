@@ -1,8 +1,8 @@
 """Produce request bodies decoded by hand, pure Python: the twin of `producereq.pyx` (same API, identical results).
 
-The broker's hottest request is decoded here rather than by the generated codec (DESIGN allows Produce decode by
-hand in `_fast`): the compiled twin walks the partitions in C, which matters when a request spreads its records
-over many partitions. Both twins answer exactly what the generated decoder
+The broker's hottest request is decoded here rather than by the generated codec (hot paths may be written by hand
+in `_fast`, docs/architecture.md): the compiled twin walks the partitions in C, which matters when a request
+spreads its records over many partitions. Both twins answer exactly what the generated decoder
 (mqk.protocol.kafka.messages.decode_request) answers for Produce v3..v13, the same dict for the bytes it accepts,
 and refuse what it refuses (tests/unit/test_fast_producereq.py holds them to that):
 

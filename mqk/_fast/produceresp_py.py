@@ -1,7 +1,7 @@
 """Produce response bodies encoded by hand, pure Python: the twin of `produceresp.pyx` (same API, identical bytes).
 
-A Produce answer carries one small struct per partition; the generated encoder (mqk.protocol.kafka.messages) spends
-about half a microsecond on each in Python, which counts when a request spreads its records over many partitions.
+A Produce answer carries one small struct per partition; the generated encoder (mqk.protocol.kafka.messages) does
+Python work for each, which counts when a request spreads its records over many partitions.
 `encode_produce_response` writes what the generated encoder writes for Produce v3..v13, but only for the answer
 the broker gives: every field an int (bool included) in its range or (error_message, name) an exact str or None, no
 record_errors, no current_leader, no node_endpoints, topics by name before v13 and by uuid.UUID from v13. For

@@ -104,7 +104,7 @@ def _read_zigzag(buf: memoryview, p: int, end: int, max_bytes: int, bits: int, n
     """Zigzag varint of at most `max_bytes` bytes at p, not reading at or past `end`; (value, next position)."""
     if p < end:
         b = buf[p]
-        if b < 0x80:  # one byte: most lengths, deltas and counts (the loop below is ~3x slower for them)
+        if b < 0x80:  # one byte: most lengths, deltas and counts (the general loop below costs more for them)
             return (b >> 1) ^ -(b & 1), p + 1
     raw = 0
     shift = 0
@@ -265,7 +265,7 @@ def plan_plain_appends(
     names: tuple[bytes, ...],
     require_keys: bool,
     timestamps: tuple[int, int] | None,
-    entries: list[tuple[int, list[memoryview]]],
+    entries: list[tuple[int, list[Any]]],
     delays: list[bool],
     slots: list[int],
     answers: list[Any],

@@ -70,7 +70,7 @@ class ClientBase:
         code: int,
         ext: dict[str, Any] | None = None,
         body: bytes | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a per-request deadline, as RocketMQ clients offer
         ok: tuple[int, ...] = (ResponseCode.SUCCESS,),
     ) -> RemotingCommand:
         conn = await self._connection(address)

@@ -74,7 +74,7 @@ class RemotingConnection:
         self._writer.write(data)
         await self._writer.drain()
 
-    async def invoke(self, cmd: RemotingCommand, timeout: float = 30.0) -> RemotingCommand:
+    async def invoke(self, cmd: RemotingCommand, timeout: float = 30.0) -> RemotingCommand:  # noqa: ASYNC109 - a per-request deadline, as RocketMQ clients offer
         cmd.opaque = next(self._opaques)
         fut = asyncio.get_running_loop().create_future()
         self._pending[cmd.opaque] = fut

@@ -57,7 +57,7 @@ _ATTR_COMPRESSION = 0x07
 _ATTR_LOG_APPEND_TIME = 0x08
 _ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
-#: bytes per map entry in CPython (dict slot + index + 16-byte bytes key + int value), measured in the bench
+#: bytes per map entry in CPython (dict slot + index + 16-byte bytes key + int value; bench/compaction_bench.py)
 MAP_ENTRY_BYTES = 120
 #: batches rewritten per replace_range call (each call is atomic)
 CHUNK_BYTES = 4 << 20
@@ -117,7 +117,7 @@ class CompactionReport:
     skipped: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
-# --- the record-level work (pure functions, run in a worker thread) --------------------------------------------
+# --- the record-level work (pure functions; the service runs them on the loop in slices, see _pace) -------------
 
 
 def _records(data: Any) -> tuple[tuple, list[tuple]]:

@@ -11,7 +11,7 @@ Vocabulary:
 - offsets are record offsets (Kafka's), the same ones RocketMQ clients see as queue offsets.
 
 All data methods are coroutines, so an engine that blocks (rocksdb) can run its work off the event loop while the
-file and memory engines answer without suspending (a coroutine that never awaits costs well under a microsecond).
+file and memory engines answer without suspending (a coroutine that never awaits costs no event-loop round trip).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def store_time_ms() -> int:
 class AppendResult(NamedTuple):
     """What an append answers. A NamedTuple (immutable, same attribute names as the other value types) rather
     than a frozen dataclass: one is built per append, and a frozen dataclass's __init__ sets every field through
-    object.__setattr__, a tenth of a small append on the file engine."""
+    object.__setattr__, a visible share of a small append on the file engine."""
 
     base_offset: int  #: offset of the first record appended
     last_offset: int  #: offset of the last record appended

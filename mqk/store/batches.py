@@ -36,17 +36,20 @@ class PreparedBatch:
 def prepare_batches(batches: Sequence[Buffer], first_offset: int, log_append_time: int | None) -> list[PreparedBatch]:
     """Check the framing of each batch, copy it, set its base offset (consecutive from `first_offset`) and, when
     `log_append_time` is given, the LogAppendTime bit and max timestamp (CRC recomputed). Nothing is changed if any
-    batch is bad: Corrupt for broken framing, InvalidRecord for an empty batch."""
+    batch is bad: InvalidRecord (what every engine raises for input that is not a record batch v2 it can store)."""
     if not batches:
         raise InvalidRecord("append of no batches")
     out = []
     offset = first_offset
     for buf in batches:
         view = memoryview(buf)
-        header = recbatch.parse_header(view, 0)
+        try:
+            header = recbatch.parse_header(view, 0)
+        except Corrupt as exc:
+            raise InvalidRecord(f"not a record batch v2: {exc}") from None
         batch_length, last_offset_delta, max_timestamp, record_count = header[1], header[6], header[8], header[12]
         if batch_length + 12 != view.nbytes:
-            raise Corrupt(f"record batch length {batch_length} does not match its {view.nbytes} bytes", 0)
+            raise InvalidRecord(f"record batch length {batch_length} does not match its {view.nbytes} bytes")
         if last_offset_delta < 0 or record_count <= 0:
             raise InvalidRecord("record batch holds no records")
         copy = bytearray(view)

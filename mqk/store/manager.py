@@ -212,7 +212,7 @@ class StoreManager:
             engine = await self._engine(name)
             info = ShardInfo(topic, partitions, config, name, _new_topic_id())
             # published only once its shards exist: a request that finds the topic can append to it (one that
-            # found it while the shards were being made got UNKNOWN_TOPIC_OR_PARTITION)
+            # found it while the shards were being made would get UNKNOWN_TOPIC_OR_PARTITION)
             await self._save_topics({**self._topics, topic: info})
             try:
                 await engine.create_shards(topic, partitions, config)
@@ -303,7 +303,8 @@ class StoreManager:
     # --- listeners and hooks -------------------------------------------------------------------------------
 
     def add_listener(self, listener: DataListener) -> None:
-        """Call `listener(topic, queue, end_offset)` whenever records become visible, on every engine."""
+        """Call `listener(topic, queue_ends)` whenever records become visible, on every engine (DataListener:
+        one (queue, new end offset) pair per queue of `topic` that grew)."""
         self._listeners.append(listener)
         for engine in self._engines.values():
             engine.listeners.append(listener)

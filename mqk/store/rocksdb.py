@@ -25,7 +25,7 @@ Timestamps are biased by 2**63 so negative ones (-1: none) sort first.
 
 Off the event loop: reads and synced writes run in worker threads (RocksDB is thread-safe). Fast paths stay on the
 loop: a read at the end offset (the long-poll case) is answered from memory; under `async` flush an append is a
-memtable + WAL write without fsync (microseconds), done inline. Under `sync` flush appends go through one writer
+memtable + WAL write without fsync (no disk wait), done inline. Under `sync` flush appends go through one writer
 task that folds every waiting append into one synced WriteBatch (group commit). Offsets are assigned on the loop
 and a batch becomes visible (the shard's end offset moves) only after its write returned, in offset order.
 Group-offset commits are always written with sync=True.
@@ -384,8 +384,8 @@ class RocksEngine(StorageAdapter):
 
     def _with_physical(self, shard: _Shard, picked: list[StoredBatch]) -> list[StoredBatch]:
         """The batches with their physical offsets, from one walk over the shard's reverse keys (they run in the
-        same base-offset order as the batches; cheaper than a point lookup each). Batches stored before physical
-        offsets existed have none (-1)."""
+        same base-offset order as the batches; cheaper than a point lookup each). Batches without a reverse key (a
+        database written without physical offsets) have none (-1)."""
         rev = b"P" + shard.sp
         last = rev + _U64.pack(picked[-1].base_offset)
         physs: dict[int, int] = {}

@@ -46,11 +46,11 @@ DELAY_HEADER_KEYS = tuple(
     name.encode() for name in (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES))
 )
 #: With the compiled kernels, `recbatch.has_header` answers "does any record carry a delay header?" by walking the
-#: record structure and skipping keys and values by length (~0.15 ms per 1 MB batch of 100 B records, vs ~2.5 ms
-#: for the regex pass below, which read every byte and was ~30% of the event loop under Kafka produce load).
-#: The pure-Python twin of that walk costs ~40 ms per such batch, so without the extensions the byte pre-filter
-#: stays: it searches for roots every name contains, one pure-literal regex each (re's literal search is ~6x
-#: faster than an alternation of the names; regexes, not `in`, because batches may be memoryviews).
+#: record structure and skipping keys and values by length, far cheaper than the regex pass below, which reads
+#: every byte. The pure-Python twin of that walk costs more than the regex pass, so without the extensions the byte
+#: pre-filter stays: it searches for roots every name contains, one pure-literal regex each (re's literal search
+#: beats an alternation of the names; regexes, not `in`, because batches may be memoryviews).
+#: bench/fast_bench.py's `has_header` lines compare the three.
 _WALK_HEADERS = not recbatch.__name__.endswith("_py")
 _MARKER_ROOTS = (b"DELAY", b"DELIVER", b"mqk-del")
 assert all(any(root in name for root in _MARKER_ROOTS) for name in DELAY_HEADER_KEYS)

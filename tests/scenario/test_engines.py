@@ -9,8 +9,18 @@ import pytest
 from helpers import Harness, header_of, kafka_python_batch, rb, records_of, snappy_twin_batch, twin_batch
 
 from mqk.config import TopicConfig
-from mqk.errors import Corrupt, InvalidRecord, OffsetOutOfRange, StorageError, UnknownShard
-from mqk.store.adapter import GroupOffset
+from mqk.errors import (
+    InvalidPartitionsError,
+    InvalidRecord,
+    InvalidShardCount,
+    InvalidShardName,
+    InvalidTopicError,
+    OffsetOutOfRange,
+    StorageError,
+    UnknownShard,
+    kafka_code_for,
+)
+from mqk.store.adapter import MAX_SHARD_COUNT, GroupOffset
 
 T = "orders"
 
@@ -106,7 +116,7 @@ async def test_append_many_answers_each_entry_as_its_own_append(harness: Harness
     )
     assert [(r.base_offset, r.last_offset) for r in (results[0], results[1], results[4])] == [(0, 1), (0, 1), (2, 2)]
     assert isinstance(results[2], UnknownShard)
-    assert isinstance(results[3], (Corrupt, InvalidRecord))
+    assert isinstance(results[3], InvalidRecord)
     assert [engine.end_offset(T, q) for q in range(3)] == [3, 0, 2]
     assert [r[2] for r in await _read_all(harness, 0)] == [b"a", b"b", b"e"]
     assert [r[2] for r in await _read_all(harness, 2)] == [b"c", b"d"]
@@ -194,13 +204,15 @@ async def test_bad_batches_are_refused_without_side_effects(harness: Harness) ->
     engine = harness.engine
     good = twin_batch([b"ok"])
     await engine.append(T, 0, [good])
-    # either typed error is fine: the protocols map both to an error code for the producer
-    with pytest.raises((Corrupt, InvalidRecord)):
+    # every engine answers input that is not a record batch it can store with the same typed error
+    with pytest.raises(InvalidRecord):
         await engine.append(T, 0, [bytes(good[:40])])  # shorter than a header
-    with pytest.raises((Corrupt, InvalidRecord)):
+    with pytest.raises(InvalidRecord):
         await engine.append(T, 0, [bytes(good) + b"\x00\x00"])  # length field disagrees with the buffer
-    with pytest.raises((Corrupt, InvalidRecord)):
+    with pytest.raises(InvalidRecord):
         await engine.append(T, 0, [good, bytes(good[:-1])])  # second batch truncated: nothing appended
+    with pytest.raises(InvalidRecord):
+        await engine.append(T, 0, [])  # no batch at all
     assert engine.end_offset(T, 0) == 1
     assert [r[2] for r in await _read_all(harness)] == [b"ok"]
 
@@ -218,6 +230,29 @@ async def test_unknown_shards_are_typed_errors(harness: Harness) -> None:
         engine.end_offset("nope", 0)
     with pytest.raises(UnknownShard):
         await engine.offset_for_timestamp(T, -1, 0)
+
+
+async def test_every_engine_raises_the_same_error_for_the_same_fault(harness: Harness) -> None:
+    """Storage errors are protocol-neutral and alike across engines: the front doors map each one to their own
+    code in one place (mqk.errors), whatever engine a topic lives on."""
+    engine = harness.engine
+    for count in (0, -1, MAX_SHARD_COUNT + 1):
+        with pytest.raises(InvalidShardCount):
+            await engine.create_shards(T, count, TopicConfig())
+    assert T not in engine.list_shards()
+    await _topic(harness, queues=2)
+    with pytest.raises(InvalidShardCount):
+        await engine.create_shards(T, MAX_SHARD_COUNT + 1, TopicConfig())
+    assert engine.list_shards() == {T: 2}
+    with pytest.raises(UnknownShard):
+        await engine.delete_shards("nope")
+    await engine.append(T, 0, [twin_batch([b"x"])])
+    with pytest.raises(OffsetOutOfRange):
+        await engine.read(T, 0, 2, 100)
+    with pytest.raises(OffsetOutOfRange):
+        await engine.delete_before(T, 0, 5)
+    assert kafka_code_for(InvalidShardCount("x")) == InvalidPartitionsError.code
+    assert kafka_code_for(InvalidShardName("x")) == InvalidTopicError.code
 
 
 async def test_create_more_queues_and_delete_topic(harness: Harness) -> None:

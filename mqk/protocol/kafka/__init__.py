@@ -1,6 +1,6 @@
 """Kafka wire protocol, sans-IO: bytes in, plain dicts out; plain dicts in, buffers out. Never imports asyncio.
 
-Handler-facing API (stable; engineer K builds on it):
+Handler-facing API (stable):
 
     from mqk.protocol.kafka.codec import KafkaConnectionCodec, Request
     from mqk.protocol.kafka import api          # ApiKey constants, SUPPORTED = {api_key: (min_v, max_v)}
@@ -23,10 +23,11 @@ Encoders take any subset of fields; missing ones get the schema default; fields 
 version are dropped (treated as ignorable; `messages.check_ignorable()` reports the non-ignorable ones a test may
 want to assert on).
 
-`next_request()` decodes Produce bodies with the hand-written `mqk._fast.producereq` kernel (the same dicts as
-the generated decoder, held to it by tests/unit/test_fast_producereq.py), every other body with `messages`;
-`encode_response` writes the usual Produce answer with `mqk._fast.produceresp` (the generated encoder's bytes,
-tests/unit/test_fast_produceresp.py), anything else with `messages`.
+`next_request()` decodes Produce and Fetch bodies with the hand-written `mqk._fast.producereq` and
+`mqk._fast.fetchreq` kernels (the same dicts as the generated decoder, held to it by tests/unit/test_fast_producereq.py
+and test_fast_fetchreq.py), every other body, and any body a kernel declines, with `messages`; `encode_response`
+writes the usual Produce and Fetch answers with `mqk._fast.produceresp` and `mqk._fast.fetchresp` (the generated
+encoder's bytes, tests/unit/test_fast_produceresp.py and test_fast_fetchresp.py), anything else with `messages`.
 
 Lower level (no framing/header): `messages.decode_request(api_key, v, buf) -> dict`,
 `messages.encode_response(api_key, v, obj) -> list`, and the symmetric `encode_request` / `decode_response`

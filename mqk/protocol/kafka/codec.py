@@ -67,11 +67,11 @@ _FETCH = int(api.ApiKey.FETCH)
 def _decode_by_kernel(
     kernel: Callable[[memoryview, int], dict[str, Any] | None], api_key: int, api_version: int, body: memoryview
 ) -> dict[str, Any] | None:
-    """Produce and Fetch bodies are decoded by hand-written `_fast` kernels (DESIGN: hot paths may be): the same
-    dict as the generated decoder, at a fraction of its cost per partition, which counts when a request names
-    many partitions (a producer spreading its records, a consumer assigned a large topic). None: the kernel left
-    the body to the generated decoder. Its ValueError becomes MalformedMessage, as the generated decoder's errors
-    do."""
+    """Produce and Fetch bodies are decoded by hand-written `_fast` kernels (hot paths may be written by hand,
+    docs/architecture.md): the same dict as the generated decoder, at a fraction of its cost per partition, which
+    counts when a request names many partitions (a producer spreading its records, a consumer assigned a large
+    topic). None: the kernel left the body to the generated decoder. Its ValueError becomes MalformedMessage, as
+    the generated decoder's errors do."""
     try:
         return kernel(body, api_version)
     except ValueError as exc:  # UnicodeDecodeError included
@@ -194,7 +194,7 @@ class KafkaConnectionCodec:
             return memoryview(self._buf)[self._end :]
         else:
             # a peer sending large frames gets AHEAD_MAX: its frames land whole, and only the one left straddling
-            # a buffer's end is copied to the next, where READ_CHUNK buffers copied the head of every frame
+            # a buffer's end is copied to the next (with READ_CHUNK buffers the head of every frame would be)
             room = AHEAD_MAX if self._large_frames else READ_CHUNK
         buf = _new_buffer(held + room)
         buf[:held] = memoryview(self._buf)[self._start : self._end]

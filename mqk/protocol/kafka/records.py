@@ -41,6 +41,7 @@ import zstandard
 from mqk._fast import load
 from mqk._fast.api import Record
 from mqk.errors import Corrupt, InvalidRecord, MessageTooLarge, UnsupportedCompressionTypeError
+from mqk.protocol.kafka.messages._runtime import Records
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -224,7 +225,7 @@ def compress(codec_id: int, buf: Buffer) -> bytes:
 
 
 def validate_produce_records(
-    buf: Buffer | None,
+    buf: Records | None,
     max_batch_bytes: int,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     verify_crc: bool = True,
@@ -242,6 +243,8 @@ def validate_produce_records(
     (INVALID_TIMESTAMP), both in the same walk."""
     if not buf:  # None or no bytes
         raise InvalidRecord("produce request without records")
+    if isinstance(buf, (list, tuple)):  # (the encoder's form of a records field; a decoder never gives it)
+        raise InvalidRecord("produce records as a list of buffers")
     view = buf if isinstance(buf, memoryview) else memoryview(buf)  # the decoder hands over views already
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")

@@ -103,8 +103,8 @@ class RemotingCommand:
             if as_float != as_float or as_float in (float("inf"), float("-inf")):
                 raise HeaderFieldError(f"the custom field <{name}> is not a finite number") from None
             number = int(as_float)
-        # a Java long at most (RocketMQ parses these with Long.parseLong): a larger number reached the kernels,
-        # which take 64-bit integers, and failed there as an unexpected error
+        # a Java long at most (RocketMQ parses these with Long.parseLong): a larger number would reach the kernels,
+        # which take 64-bit integers, and fail there with an untyped error
         if not _LONG_MIN <= number <= _LONG_MAX:
             raise HeaderFieldError(f"the custom field <{name}> is outside the 64-bit range: {value[:40]!r}")
         return number

@@ -5,21 +5,23 @@ state, the wake-up hub, the clock), this broker's identity and advertised listen
 it serves; not the server, its connections or its sockets. From the connection that sent the request it sees
 only `Peer`: whether it is closed (a long poll stops waiting) and the client's host (group membership shows it).
 
-Handlers are `async def handler(ctx, peer, request) -> body`; see mqk.server.kafka.handlers.
+Handlers are `async def handler(ctx, peer, request) -> body`; see mqk.server.kafka.handlers. A handler names its
+API's generated types (mqk.protocol.kafka.messages): it takes a `KafkaRequest[<Api>Request]` and returns the
+`<Api>Response` body, so the type checker holds each handler to its API's fields. The handler tables erase those
+types (the api key picks the handler at run time), which is why `Handler` and `Grouping` take `KafkaRequest[Any]`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from mqk.broker.hub import WakeupHub
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import Clock
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.groups.coordinator import GroupCoordinator
-from mqk.protocol.kafka.codec import Request
 from mqk.server.kafka.idempotence import ProducerStates
 from mqk.store.manager import StoreManager
 
@@ -32,6 +34,27 @@ class Peer(Protocol):
 
     @property
     def client_host(self) -> str: ...
+
+
+_Body_co = TypeVar("_Body_co", covariant=True)
+
+
+class KafkaRequest(Protocol[_Body_co]):
+    """A decoded request as a handler sees it (mqk.protocol.kafka.codec.Request is one): `body` is the API's
+    request TypedDict, with every field of the schema present (the decoder fills the ones a version lacks with
+    their defaults)."""
+
+    @property
+    def api_version(self) -> int: ...
+
+    @property
+    def client_id(self) -> str | None: ...
+
+    @property
+    def body(self) -> _Body_co: ...
+
+    @property
+    def unsupported(self) -> bool: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -63,5 +86,13 @@ class CloseConnection:
         self.reason = reason
 
 
-#: a handler: (context, requesting connection, request) -> response body, None (no response) or CloseConnection
-Handler = Callable[[KafkaContext, Peer, Request], Awaitable[Any]]
+#: what a handler answers: the response body (an API's response TypedDict), None (no response) or CloseConnection
+Answer: TypeAlias = Mapping[str, Any] | CloseConnection | None
+#: a handler: (context, requesting connection, request) -> its answer
+Handler: TypeAlias = Callable[[KafkaContext, Peer, KafkaRequest[Any]], Coroutine[Any, Any, Answer]]
+#: a grouped API's pair (handlers.GROUPED): prepare(context, request) -> a plan or None (answer it alone), and
+#: answer(context, plans) -> one answer per plan, in order
+Grouping: TypeAlias = tuple[
+    Callable[[KafkaContext, KafkaRequest[Any]], object],
+    Callable[[KafkaContext, list[Any]], Coroutine[Any, Any, Sequence[Answer]]],
+]

@@ -30,14 +30,15 @@ is looser than without expiry, and as loose as Kafka's).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from mqk import errors as E
 from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.store.manager import StoreManager
 
 recbatch = load("recbatch")
 log = logging.getLogger("mqk.kafka.idempotence")
@@ -64,7 +65,7 @@ class BatchEntry:
     base_offset: int = -1
     log_append_time: int = -1
     #: set while the append is in flight; a retry of this batch waits on it
-    done: asyncio.Future | None = None
+    done: asyncio.Future[bool] | None = None
 
 
 @dataclass
@@ -87,7 +88,7 @@ class Decision:
 
 class ProducerStates:
     def __init__(
-        self, store: Any, *, clock: Clock = SYSTEM_CLOCK, expiration_ms: int = PRODUCER_ID_EXPIRATION_MS
+        self, store: StoreManager, *, clock: Clock = SYSTEM_CLOCK, expiration_ms: int = PRODUCER_ID_EXPIRATION_MS
     ) -> None:
         self.store = store
         self.clock = clock
@@ -99,7 +100,7 @@ class ProducerStates:
         #: per partition, the highest producer id expired there (see the module docstring)
         self.forgotten: dict[tuple[str, int], int] = {}
         self._next_sweep_ms = 0
-        self._loading: dict[tuple[str, int], asyncio.Future] = {}
+        self._loading: dict[tuple[str, int], asyncio.Future[dict[int, ProducerEntry]]] = {}
         self._alloc_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -180,10 +181,8 @@ class ProducerStates:
         """The append failed: forget the batch so the client's retry is taken as new."""
         entry, producer = decision.entry, decision.producer
         assert entry is not None and producer is not None
-        try:
+        with contextlib.suppress(ValueError):  # pushed out of the window (CACHED_BATCHES) meanwhile
             producer.batches.remove(entry)
-        except ValueError:
-            pass
         if entry.done is not None and not entry.done.done():
             entry.done.set_result(False)
         entry.done = None

@@ -8,9 +8,11 @@ Also `make_batch`, which builds a record batch v2 with the `_fast` kernel, for p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mqk._fast import load
 from mqk.protocol.kafka.codec import decode_response_frame, encode_request
@@ -26,7 +28,7 @@ def make_batch(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
-    headers: Sequence[list] | None = None,
+    headers: Sequence[Sequence[tuple[str, bytes | None]]] | None = None,
 ) -> bytearray:
     """An uncompressed record batch v2 holding one record per value (timestamps 1 ms apart)."""
     ts = int(time.time() * 1000) if timestamp is None else timestamp
@@ -35,7 +37,7 @@ def make_batch(
         key = keys[i] if keys is not None else None
         records += recbatch.encode_record(i, i, key, value, headers[i] if headers else [])
     n = len(values)
-    return recbatch.build_batch(
+    batch: bytearray = recbatch.build_batch(
         0,
         ts,
         ts + n - 1,
@@ -46,6 +48,7 @@ def make_batch(
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
     )
+    return batch
 
 
 class RawKafkaClient:
@@ -56,11 +59,11 @@ class RawKafkaClient:
         self._sent: list[tuple[int, int, int]] = []  # (correlation id, api key, version) awaiting a response
 
     @classmethod
-    async def connect(cls, host: str, port: int, client_id: str = "raw") -> "RawKafkaClient":
+    async def connect(cls, host: str, port: int, client_id: str = "raw") -> RawKafkaClient:
         reader, writer = await asyncio.open_connection(host, port)
         return cls(reader, writer, client_id)
 
-    def send(self, api_key: int, version: int, body: dict, expect_response: bool = True) -> int:
+    def send(self, api_key: int, version: int, body: dict[str, Any], expect_response: bool = True) -> int:
         self._correlation += 1
         cid = self._correlation
         self.writer.writelines(encode_request(api_key, version, cid, self.client_id, body))
@@ -68,7 +71,9 @@ class RawKafkaClient:
             self._sent.append((cid, api_key, version))
         return cid
 
-    async def receive(self, timeout: float = 10.0) -> tuple[int, dict]:
+    # ASYNC109: the `timeout` of receive, call and closed_by_peer is a per-call deadline on purpose (a test's one
+    # line "answered within N s"), where asyncio.timeout would take a block around each call
+    async def receive(self, timeout: float = 10.0) -> tuple[int, dict[str, Any]]:  # noqa: ASYNC109 - see above
         cid, api_key, version = self._sent.pop(0)
         head = await asyncio.wait_for(self.reader.readexactly(4), timeout)
         (size,) = struct.unpack(">i", head)
@@ -78,7 +83,13 @@ class RawKafkaClient:
             raise AssertionError(f"response to correlation id {got_cid}, expected {cid}")
         return cid, body
 
-    async def call(self, api_key: int, version: int, body: dict, timeout: float = 10.0) -> dict:
+    async def call(
+        self,
+        api_key: int,
+        version: int,
+        body: dict[str, Any],
+        timeout: float = 10.0,  # noqa: ASYNC109 - see receive
+    ) -> dict[str, Any]:
         self.send(api_key, version, body)
         await self.writer.drain()
         return (await self.receive(timeout))[1]
@@ -86,24 +97,22 @@ class RawKafkaClient:
     def write_raw(self, data: bytes) -> None:
         self.writer.write(data)
 
-    async def closed_by_peer(self, timeout: float = 5.0) -> bool:
+    async def closed_by_peer(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109 - see receive
         """True if the broker closes the connection (EOF) within `timeout`."""
         try:
             data = await asyncio.wait_for(self.reader.read(65536), timeout)
         except (ConnectionResetError, BrokenPipeError):
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return data == b""
 
     async def close(self) -> None:
         self.writer.close()
-        try:
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # the broker closed it first: fine
             await self.writer.wait_closed()
-        except (ConnectionResetError, BrokenPipeError):
-            pass
 
-    async def __aenter__(self) -> "RawKafkaClient":
+    async def __aenter__(self) -> RawKafkaClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

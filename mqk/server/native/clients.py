@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from mqk.broker.internal import ON_DEMAND_QUEUES, retry_topic
 from mqk.errors import MqkError
@@ -54,7 +55,8 @@ class ConsumerGroup:
     message_model: str = "CLUSTERING"
     consume_type: str = "CONSUME_PASSIVELY"
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
-    raw_subscriptions: list[dict] = field(default_factory=list)  # as the clients sent them (for admin tools)
+    #: as the clients sent them (for admin tools)
+    raw_subscriptions: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ClientManager:
@@ -63,9 +65,9 @@ class ClientManager:
         self.groups: dict[str, ConsumerGroup] = {}
         self.producers: dict[str, dict[str, tuple[Connection, float]]] = {}
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, queue) -> (client, ts)
-        self._expiry_task: asyncio.Task | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
         self._tracked: set[int] = set()
-        self._background: set[asyncio.Task] = set()  # notifications in flight (held so they are not collected)
+        self._background: set[asyncio.Task[None]] = set()  # notifications in flight (held so they are not collected)
 
     def start(self) -> None:
         self._expiry_task = asyncio.create_task(self._expire_loop())
@@ -236,7 +238,7 @@ class ClientManager:
                     self._remove_consumer(group.name, cid)
 
 
-def _json_body(cmd: RemotingCommand) -> dict:
+def _json_body(cmd: RemotingCommand) -> dict[str, Any]:
     try:
         doc = json.loads(cmd.body or b"{}")
     except (ValueError, UnicodeDecodeError):
@@ -244,7 +246,7 @@ def _json_body(cmd: RemotingCommand) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def _list(value: object) -> list:
+def _list(value: object) -> list[Any]:
     """A JSON array from a client, or nothing (a malformed field is ignored, not a crash)."""
     return value if isinstance(value, list) else []
 

@@ -173,10 +173,8 @@ class PullProcessor:
                     break
             if full:
                 break
-        if full:
-            next_offset = messages[-1].queue_offset + 1
-        else:
-            next_offset = max(scanned_to, offset)
+        # a full answer goes on after its last message, else after what the read scanned
+        next_offset = messages[-1].queue_offset + 1 if full else max(scanned_to, offset)
         if messages:
             return PullResult(ResponseCode.SUCCESS, next_offset, low, high, messages, "FOUND")
         if next_offset <= offset:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from mqk.errors import ProtocolError
 from mqk.protocol.native.codes import FLAG_ONEWAY, ResponseCode
@@ -38,7 +38,7 @@ class Connection:
         peer = writer.get_extra_info("peername") or ("127.0.0.1", 0)
         self.peer: tuple[str, int] = (str(peer[0]), int(peer[1]))
         self.closed = False
-        self.on_close: list[Callable[["Connection"], None]] = []
+        self.on_close: list[Callable[[Connection], None]] = []
         self._opaque = itertools.count(1 << 30)
         self._pending: list[bytes] = []
 
@@ -88,7 +88,7 @@ class RemotingServer:
         self.name = name
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._serve, self.listen[0], self.listen[1])
@@ -141,7 +141,7 @@ class RemotingServer:
             for callback in conn.on_close:
                 try:
                     callback(conn)
-                except Exception:  # noqa: BLE001 - one bad callback must not keep the others from running
+                except Exception:  # one bad callback must not keep the others from running
                     log.exception("%s: connection close callback failed", self.name)
             if me is not None:
                 self._tasks.discard(me)
@@ -156,7 +156,7 @@ class RemotingServer:
                 response = cmd.response(ResponseCode.SYSTEM_ERROR, f"bad request: {exc}")
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - answer the client; the broker keeps serving
+            except Exception as exc:  # answer the client; the broker keeps serving
                 log.exception("%s: request code %s failed", self.name, cmd.code)
                 response = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
             if response is not None and not cmd.is_oneway:

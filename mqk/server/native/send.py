@@ -211,7 +211,9 @@ class SendProcessor:
             i = j
         return ids, first_offset
 
-    async def _positions(self, topic: str, queue: int, base: int, run: list, fallback: list[int]) -> list[int]:
+    async def _positions(
+        self, topic: str, queue: int, base: int, run: list[bytearray], fallback: list[int]
+    ) -> list[int]:
         try:
             read = await self.ctx.store.read(topic, queue, base, sum(len(b) for b in run))
         except StorageError:

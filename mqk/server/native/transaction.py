@@ -14,6 +14,7 @@ END_TRANSACTION after a check (at-least-once, as in RocketMQ). A half message st
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -55,7 +56,7 @@ class TransactionService:
         self._checks: dict[int, int] = {}
         self._scan_from = 0
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         store = self.ctx.store
@@ -221,12 +222,14 @@ class TransactionService:
         if not live:
             return 0
         conn = live[count % len(live)]
-        shown = MessageExt(**{**half.__dict__})
-        shown.topic = half.properties.get(PROPERTY_REAL_TOPIC, half.topic)
+        # the producer is asked about the message as it will be delivered: in its real topic and queue
         try:
-            shown.queue_id = int(half.properties.get(PROPERTY_REAL_QUEUE_ID, "0"))
+            real_queue = int(half.properties.get(PROPERTY_REAL_QUEUE_ID, "0"))
         except ValueError:
-            pass
+            real_queue = half.queue_id
+        shown = dataclasses.replace(
+            half, topic=half.properties.get(PROPERTY_REAL_TOPIC, half.topic), queue_id=real_queue
+        )
         ext: dict[str, Any] = {
             "tranStateTableOffset": str(half.queue_offset),
             "commitLogOffset": str(half.commit_log_offset),

@@ -1,12 +1,16 @@
 """Dispatch (RocketMQ's ReputMessageService): CommitLog entries become ConsumeQueue units and index entries.
 
-One code path serves both the live append (the engine dispatches each entry in the same call that wrote it, so there
-is no lag to manage and readers, who only look at ConsumeQueues, see an entry the moment its unit exists) and
-recovery (the engine replays scanned entries through `replay`). Extra consumers of entries (the key index, later
-services) register in `hooks`; a hook is called as
-`hook(topic, queue, base_offset, record_count, physical_offset, size, store_timestamp, keys, body)` where `keys`
-is what the producer passed (None at recovery: the hook derives keys from `body`, a view of the record batch).
-A hook must not raise; if it does, the error is logged and dispatch goes on (the CommitLog is the truth).
+Dispatch is synchronous with the append: the append pipeline (append.py) stages each entry's ConsumeQueue unit in
+the same run that writes the entry and publishes both in the same call, so there is no dispatch lag to manage and
+readers, who only look at ConsumeQueues, see an entry the moment its unit is published. `dispatch` is the
+one-entry form recovery (recovery.py) replays scanned entries through. `dispatched` is the CommitLog offset below
+which every entry has been dispatched (the checkpoint's safe offset is taken from it).
+
+Extra consumers of entries (the key index) register in `hooks`; both paths call them through `run_hooks` (an append
+skips the key index's hook for an entry it has nothing to index: AppendPipeline.hooks_for) as
+`hook(topic, queue, base_offset, record_count, physical_offset, size, store_timestamp, keys, body)`, where
+`keys` is what the producer passed (None at recovery: the hook derives keys from `body`, a view of the record
+batch). A hook must not raise; if it does, the error is logged and dispatch goes on (the CommitLog is the truth).
 """
 
 from __future__ import annotations

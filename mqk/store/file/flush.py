@@ -19,9 +19,9 @@ After each flush, in the same thread, the page cache of flushed CommitLog bytes 
 behind the end of the log is dropped (`_drop_behind`), a flush's worth at a time. The kernel would keep every
 page until memory runs short; dropping them keeps the broker's page cache at its most recent bytes, and the
 pages it frees are the ones the next writes get. On a VM whose free memory goes back to the host (a virtio
-balloon reporting free pages, as on the test machine), a page that was never used or was given back costs a
-host-side fault when written: a 2 GiB write measured 2.3 us of CPU per KiB into such pages and 0.3 us with the
-pages dropped 128 MiB behind it (bench/README.md). Readers of older bytes fault them back in from the file.
+balloon reporting free pages), a page that was never used or was given back costs a host-side fault when written,
+and a growing page cache always takes such pages; pages the drop just freed do not (bench/README.md and
+docs/decisions.md have the figures). Readers of older bytes fault them back in from the file.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from mqk.store.file.mapped_file import CACHE_DROP_CHUNK
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 PAGE = 4096
-#: async mode, with page cache drops on: unflushed bytes that start a flush before `flush_interval_ms` is up. At
-#: 1 GB/s half a second is 500 MB written into new page cache before any of it may be dropped
+#: async mode, with page cache drops on: unflushed bytes that start a flush before `flush_interval_ms` is up, so
+#: that behind a fast producer a whole interval's writes do not go into new page cache before any may be dropped
 ASYNC_KICK_BYTES = 64 << 20
 
 

@@ -7,12 +7,11 @@ durable). Every read and write is bounds-checked and raises `OutOfBounds`; a pos
 are in place, so a reader that trusts positions never sees half-written data.
 
 Two ways in, one way out. Small fixed-size structures (ConsumeQueue units, index slots) are stored straight into the
-mapping (`append`, `write_at`). CommitLog entries are written through the file descriptor (one pwritev of the entry's
-head and the producer's batch, in `commitlog`; `write` here for anything else), because storing into a shared
-mapping costs the writer a page fault per fresh page, and every flush a write-protect pass over the pages the writer
-dirtied through it; a pwritev does neither (16 KiB entries, one flush per MiB: 1.0 ms per flush against 1.5-1.7 ms
-through the mapping on the test machine). Reads of both are zero-copy views of the mapping, which shows the same
-page cache.
+mapping (`append`, `write_at`). CommitLog entries are written through the file descriptor (the append pipeline's
+pwritev of entry heads and producers' batches, append.py; `write` here for anything else), because storing into a
+shared mapping costs the writer a page fault per fresh page, and every flush a write-protect pass over the pages the
+writer dirtied through it; a pwritev does neither. Reads of both are zero-copy views of the mapping, which shows the
+same page cache.
 
 `MappedFileQueue` is the ordered list of segments of one log (the CommitLog, or one ConsumeQueue). It finds the segment
 holding a logical offset, pre-allocates the next segment in a background thread (so an append that crosses a segment
@@ -60,9 +59,9 @@ _scratch = threading.local()
 
 
 def _libc_madvise() -> Callable[..., int] | None:
-    """libc's madvise through ctypes, which releases the GIL for the call (mmap.madvise holds it: 0.2-0.5 ms per
-    16 MiB of a mapping whose pages Fetch touched, during which the event loop could not run); None where there
-    is no such symbol (the mmap module's is used then)."""
+    """libc's madvise through ctypes, which releases the GIL for the call (mmap.madvise holds it for the whole
+    call, which grows with the pages Fetch touched, and the event loop cannot run meanwhile); None where there is no
+    such symbol (the mmap module's is used then)."""
     try:
         fn = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
@@ -205,9 +204,9 @@ class MappedFile:
         new = min(self.file_size, -(-end // step) * step)
         if self.reserve_step > 0:
             # write zeros rather than fallocate: the first store into a fallocated (unwritten) extent through the
-            # mapping cost ~16 ms of CPU per file (1,000 new partitions: 17 s), a pwrite of zeros makes the pages
-            # ordinary cached pages and still fails with ENOSPC when the disk is full. Only bytes at or past the
-            # write position are zeroed: nothing there is published data.
+            # mapping is far more expensive than into written pages (a cost paid per file, so per new partition);
+            # a pwrite of zeros makes the pages ordinary cached pages and still fails with ENOSPC on a full disk.
+            # Only bytes at or past the write position are zeroed: nothing there is published data.
             start = max(self.reserved, self.wrote)
             if new > start:
                 with self.descriptor() as fd:
@@ -283,7 +282,7 @@ class MappedFile:
             zeros = _ZERO_CHUNK if n == len(_ZERO_CHUNK) else _ZERO_CHUNK[:n]
             # skip pages that are already zero (reading is cheaper than dirtying sparse pages). The slice of the
             # mmap is a bytes copy on purpose: bytes == bytes is a memcmp, while comparing a memoryview walks it
-            # element by element, 40x slower (6 s instead of 0.16 s for a 1 GiB segment at every start)
+            # element by element, far slower over a whole segment at every start
             if self.mm[p : p + n] != zeros:
                 self.buf[p : p + n] = zeros
                 changed = True

@@ -10,8 +10,12 @@ This module owns two invariants:
 - the row is the truth for a queue's positions: `ConsumeQueue` reads and writes its end offset, running max
   timestamp and dirty marks here, and its last file (a `UnitFile`) keeps its write position and reservation here
   while it is the last one (`bind` / `unbind`); older files keep their own;
-- positions move only in `publish_unit` (dispatch of entries already in the CommitLog: recovery) and in the kernel's
-  `AppendRun.publish` (appends), each after the bytes they cover are in place.
+- a queue's write positions (end offset, running max timestamp, ConsumeQueue write position) move forward only in
+  `publish_unit` (dispatch of entries already in the CommitLog: recovery) and in the kernel's `AppendRun.publish`
+  (appends, called from append.py's `_publish`), each after the bytes they cover are in place; only recovery sets
+  them otherwise (cutting a queue back: `ConsumeQueue.recover`, `truncate_to_phys`; an empty queue's numbering from
+  the metadata). The log start moves through `ShardRegistry.set_log_start` (the engine's delete_before, which then
+  saves queues.json).
 
 A row is released when its queue is closed; `unit_bufs[slot]` is None while the slot has no writable file, so the
 kernel declines it (STOP_UNIT_ROOM) rather than writing into a mapping that is gone.

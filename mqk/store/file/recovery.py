@@ -5,8 +5,8 @@ Runs at every start, off the event loop, from the older of the checkpoint's safe
 RECOVER_SEGMENTS segments:
 1. load queues.json, the CommitLog segments and every ConsumeQueue;
 2. cut each ConsumeQueue back to the units of entries below that point (those are durable and intact);
-3. scan the CommitLog forward with CRC checks, re-dispatching every entry (`ReputMessageService.dispatch`: the same
-   dispatch the key index and a replica's rebuild use); the log is cut at the first bad entry (logged with its
+3. scan the CommitLog forward with CRC checks, re-dispatching every entry (`ReputMessageService.dispatch`, which
+   also shows it to the dispatch hooks); the log is cut at the first bad entry (logged with its
    position; everything before it is served). A bad last entry with only zeros after it is a torn tail; anything
    after it is damage in the middle, and the entries after it cannot be trusted to line up either;
 4. a ConsumeQueue found missing units for entries before the scan start (a damaged tail) is rebuilt from the

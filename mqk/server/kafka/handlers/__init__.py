@@ -1,8 +1,10 @@
-"""One handler per Kafka API (or small family): `async def handler(ctx, peer, request) -> dict | None`.
+"""One handler per Kafka API (or small family): `async def handler(ctx, peer, req) -> body | None`.
 
 `ctx` is the KafkaContext (mqk.server.kafka.context: the broker's services, this broker's identity and address),
-`peer` the requesting connection as a handler may see it. A handler returns the response body as a dict
-(snake_case fields, mqk.protocol.kafka), None when no response is due (Produce with acks=0), or CloseConnection.
+`peer` the requesting connection as a handler may see it, `req` a `KafkaRequest[<Api>Request]` whose body is the
+API's generated request TypedDict (mqk.protocol.kafka.messages). A handler returns the response body as the
+API's response TypedDict (snake_case fields), None when no response is due (Produce with acks=0), or
+CloseConnection.
 Per-topic and per-partition problems are answered with error codes; a handler raising means a bug, and costs
 only the connection it ran on.
 
@@ -14,7 +16,7 @@ only the connection it ran on.
 from __future__ import annotations
 
 from mqk.protocol.kafka.api import ApiKey
-from mqk.server.kafka.context import Handler
+from mqk.server.kafka.context import Grouping, Handler
 from mqk.server.kafka.handlers import (
     api_versions,
     cluster,
@@ -57,6 +59,6 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_CLUSTER: cluster.describe_cluster,
 }
 
-GROUPED = {
+GROUPED: dict[int, Grouping] = {
     ApiKey.PRODUCE: (produce.prepare_request, produce.answer_prepared),
 }

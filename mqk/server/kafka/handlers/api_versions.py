@@ -5,12 +5,15 @@ can retry with a version we speak (the codec marks such requests `unsupported` a
 
 from __future__ import annotations
 
+from typing import cast
+
 from mqk.protocol.kafka import api
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.api_versions import ApiVersionsRequest, ApiVersionsResponse
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 
 
-async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ApiVersionsRequest]) -> ApiVersionsResponse:
+    # the body is built by mqk.protocol.kafka.api (the codec answers with it too), which types it as a plain dict
     if req.unsupported:
-        return api.api_versions_unsupported_body(ctx.supported)
-    return api.api_versions_body(0, ctx.supported)
+        return cast(ApiVersionsResponse, api.api_versions_unsupported_body(ctx.supported))
+    return cast(ApiVersionsResponse, api.api_versions_body(0, ctx.supported))

@@ -8,12 +8,16 @@ mechanism list."""
 from __future__ import annotations
 
 from mqk import errors as E
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.describe_cluster import DescribeClusterRequest, DescribeClusterResponse
+from mqk.protocol.kafka.messages.init_producer_id import InitProducerIdRequest, InitProducerIdResponse
+from mqk.protocol.kafka.messages.sasl_handshake import SaslHandshakeRequest, SaslHandshakeResponse
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
 
 
-async def describe_cluster(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def describe_cluster(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeClusterRequest]
+) -> DescribeClusterResponse:
     return {
         "throttle_time_ms": 0,
         "error_code": NONE,
@@ -26,7 +30,9 @@ async def describe_cluster(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     }
 
 
-async def init_producer_id(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def init_producer_id(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[InitProducerIdRequest]
+) -> InitProducerIdResponse:
     b = req.body
     if b["transactional_id"] is not None:
         code, pid, epoch = E.TransactionalIdAuthorizationFailedError.code, -1, -1
@@ -43,5 +49,7 @@ async def init_producer_id(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     }
 
 
-async def sasl_handshake(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def sasl_handshake(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[SaslHandshakeRequest]
+) -> SaslHandshakeResponse:
     return {"error_code": E.UnsupportedSaslMechanismError.code, "mechanisms": []}

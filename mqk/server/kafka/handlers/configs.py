@@ -18,8 +18,24 @@ from mqk import config as C
 from mqk import errors as E
 from mqk.broker import topic_config
 from mqk.config import TopicConfig
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.alter_configs import (
+    AlterConfigsRequest,
+    AlterConfigsResourceResponse,
+    AlterConfigsResponse,
+)
+from mqk.protocol.kafka.messages.describe_configs import (
+    DescribeConfigsRequest,
+    DescribeConfigsResourceResult,
+    DescribeConfigsResponse,
+    DescribeConfigsResult,
+    DescribeConfigsSynonym,
+)
+from mqk.protocol.kafka.messages.incremental_alter_configs import (
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+    IncrementalAlterConfigsResponseAlterConfigsResourceResponse,
+)
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
@@ -31,11 +47,13 @@ BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
 CONFIG_TYPES = {C.BOOLEAN: BOOLEAN, C.STRING: STRING, C.INT: INT, C.LONG: LONG, C.DOUBLE: DOUBLE, C.LIST: LIST}
 
 
-def topic_config_entries(config: TopicConfig, keys: Iterable[str] | None = None, synonyms: bool = False) -> list[dict]:
-    out = []
+def topic_config_entries(
+    config: TopicConfig, keys: Iterable[str] | None = None, synonyms: bool = False
+) -> list[DescribeConfigsResourceResult]:
+    out: list[DescribeConfigsResourceResult] = []
     for setting in topic_config.describe(config, keys):
         key = setting.key
-        syn = []
+        syn: list[DescribeConfigsSynonym] = []
         if synonyms:
             if setting.overridden:
                 syn.append({"name": key.name, "value": setting.value, "source": DYNAMIC_TOPIC_CONFIG})
@@ -56,7 +74,9 @@ def topic_config_entries(config: TopicConfig, keys: Iterable[str] | None = None,
     return out
 
 
-def broker_entries(ctx: KafkaContext, keys: Iterable[str] | None = None, synonyms: bool = False) -> list[dict]:
+def broker_entries(
+    ctx: KafkaContext, keys: Iterable[str] | None = None, synonyms: bool = False
+) -> list[DescribeConfigsResourceResult]:
     c = ctx.config
     values = [
         ("node.id", str(c.node_id), INT),
@@ -95,14 +115,16 @@ def _broker_name_ok(ctx: KafkaContext, name: str) -> bool:
     return name in ("", str(ctx.node_id))
 
 
-async def describe_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def describe_configs(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeConfigsRequest]
+) -> DescribeConfigsResponse:
     b = req.body
     synonyms = b.get("include_synonyms", False)
-    results = []
+    results: list[DescribeConfigsResult] = []
     for r in b["resources"]:
-        rtype, name, keys = r["resource_type"], r["resource_name"], r["configuration_keys"]
-        keys = set(keys) if keys is not None else None
-        entry = {
+        rtype, name, asked = r["resource_type"], r["resource_name"], r["configuration_keys"]
+        keys = set(asked) if asked is not None else None
+        entry: DescribeConfigsResult = {
             "error_code": NONE,
             "error_message": None,
             "resource_type": rtype,
@@ -112,18 +134,21 @@ async def describe_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         if rtype == TOPIC:
             info = ctx.topics.get(name)
             if info is None:
-                entry.update(error_code=E.UnknownTopicOrPartitionError.code, error_message=f"unknown topic {name!r}")
+                entry["error_code"] = E.UnknownTopicOrPartitionError.code
+                entry["error_message"] = f"unknown topic {name!r}"
             else:
                 entry["configs"] = topic_config_entries(info.config, keys, synonyms)
         elif rtype == BROKER:
             if _broker_name_ok(ctx, name):
                 entry["configs"] = broker_entries(ctx, keys, synonyms)
             else:
-                entry.update(error_code=E.InvalidRequestError.code, error_message=f"unknown broker {name!r}")
+                entry["error_code"] = E.InvalidRequestError.code
+                entry["error_message"] = f"unknown broker {name!r}"
         elif rtype == BROKER_LOGGER:
             pass  # no adjustable loggers: an empty list
         else:
-            entry.update(error_code=E.InvalidRequestError.code, error_message=f"unsupported resource type {rtype}")
+            entry["error_code"] = E.InvalidRequestError.code
+            entry["error_message"] = f"unsupported resource type {rtype}"
         results.append(entry)
     return {"throttle_time_ms": 0, "results": results}
 
@@ -152,15 +177,15 @@ async def _apply(ctx: KafkaContext, rtype: int, name: str, build: Build, validat
         return NONE, None
     try:
         await ctx.topics.alter_config(name, new_overrides)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - the resource's answer carries the code
         return E.kafka_code_for(exc), str(exc)
     return NONE, None
 
 
-async def alter_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def alter_configs(ctx: KafkaContext, peer: Peer, req: KafkaRequest[AlterConfigsRequest]) -> AlterConfigsResponse:
     """The legacy API: the given set REPLACES every override of the resource."""
     b = req.body
-    responses = []
+    responses: list[AlterConfigsResourceResponse] = []
     for r in b["resources"]:
         changes = {c["name"]: c["value"] for c in r["configs"]}
 
@@ -182,9 +207,11 @@ async def alter_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
-async def incremental_alter_configs(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def incremental_alter_configs(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[IncrementalAlterConfigsRequest]
+) -> IncrementalAlterConfigsResponse:
     b = req.body
-    responses = []
+    responses: list[IncrementalAlterConfigsResponseAlterConfigsResourceResponse] = []
     for r in b["resources"]:
         ops = [(c["name"], c["config_operation"], c["value"]) for c in r["configs"]]
 

@@ -18,15 +18,28 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from mqk import errors as E
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.fetch import (
+    FetchableTopicResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchResponsePartitionData,
+    FetchTopic,
+)
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id
+from mqk.store.adapter import Buffer, ShardInfo
 
 _EMPTY = b""
 
+#: a requested topic, resolved once per request: (its request entry, the topic or None, the error code of a
+#: partition when it is None, [(partition, fetch offset, partition max bytes)])
+_Plan: TypeAlias = list[tuple[FetchTopic, ShardInfo | None, int, list[tuple[int, int, int]]]]
 
-def _error_partition(index: int, code: int, hw: int = -1, log_start: int = -1) -> dict:
+
+def _error_partition(index: int, code: int, hw: int = -1, log_start: int = -1) -> FetchResponsePartitionData:
     return {
         "partition_index": index,
         "error_code": code,
@@ -39,7 +52,7 @@ def _error_partition(index: int, code: int, hw: int = -1, log_start: int = -1) -
     }
 
 
-async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest]) -> FetchResponse:
     body = req.body
     if body.get("session_id", 0) != 0:
         return {
@@ -50,7 +63,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         }
     by_id = req.api_version >= 13
     # resolve topics once: (response topic dict, ShardInfo or None, [(partition, offset, max_bytes)])
-    plan = []
+    plan: _Plan = []
     for t in body["topics"]:
         if by_id:
             info = topic_by_id(ctx, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
@@ -70,7 +83,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     isolation_committed = body.get("isolation_level", 0) == 1
     watch = [(info.topic, p[0]) for _t, info, _m, parts in plan if info is not None for p in parts]
 
-    responses = None
+    responses: list[FetchableTopicResponse] | None = None
     while True:
         responses, total, errored = await _read_all(ctx, plan, max_bytes, isolation_committed, responses)
         if total >= min_bytes or errored or not watch:
@@ -83,25 +96,31 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
 
 
 async def _read_all(
-    ctx: KafkaContext, plan: list, max_bytes: int, isolation_committed: bool, previous: list | None = None
-) -> tuple[list, int, bool]:
+    ctx: KafkaContext,
+    plan: _Plan,
+    max_bytes: int,
+    isolation_committed: bool,
+    previous: list[FetchableTopicResponse] | None = None,
+) -> tuple[list[FetchableTopicResponse], int, bool]:
     """One pass over the request's partitions: (responses, bytes of records found, whether a partition erred).
     `previous` is the last pass of the same request, which found too little and waited: a partition it answered
     with offsets only keeps that answer (the same dict) while its offsets have not moved, so the pass after a
     wake-up costs a consumer of many partitions little more than reading the one that woke it."""
     store = ctx.store
-    responses = []
+    responses: list[FetchableTopicResponse] = []
     total = 0
     errored = False
     left = max_bytes
     for k, (t, info, missing, parts) in enumerate(plan):
-        out = []
+        out: list[FetchResponsePartitionData] = []
         bounds = None
         unknown = missing if info is None else E.UnknownTopicOrPartitionError.code
+        topic = ""  # read only when the bounds were found, so when info is not None
         if info is not None:
+            topic = info.topic
             try:
                 # both offsets of every partition with one routing; None for a partition the topic does not have
-                bounds = store.offset_bounds_many(info.topic, [p[0] for p in parts])
+                bounds = store.offset_bounds_many(topic, [p[0] for p in parts])
             except Exception as exc:  # noqa: BLE001 - every partition of the topic answers with its code
                 unknown = E.kafka_code_for(exc)
         earlier = previous[k]["partitions"] if previous is not None else None
@@ -132,7 +151,7 @@ async def _read_all(
                 out.append(answer)
                 continue
             try:
-                result = await store.read(info.topic, index, offset, max(limit, 1))
+                result = await store.read(topic, index, offset, max(limit, 1))
                 hw, log_start, batches = result.end_offset, result.log_start_offset, result.batches
             except Exception as exc:  # noqa: BLE001 - per-partition error code, as the protocol wants
                 code = E.kafka_code_for(exc)
@@ -142,7 +161,7 @@ async def _read_all(
                 out.append(_error_partition(index, code, hw, log_start))
                 errored = True
                 continue
-            data: list | bytes
+            data: list[Buffer] | bytes
             if batches:
                 data = [b.data for b in batches]
                 size = 0
@@ -161,11 +180,11 @@ async def _read_all(
             answer = _offsets_only(index, hw, log_start, isolation_committed)
             answer["records"] = data
             out.append(answer)
-        responses.append({"topic": t.get("topic"), "topic_id": t.get("topic_id"), "partitions": out})
+        responses.append({"topic": t["topic"], "topic_id": t["topic_id"], "partitions": out})
     return responses, total, errored
 
 
-def _offsets_only(index: int, hw: int, log_start: int, isolation_committed: bool) -> dict:
+def _offsets_only(index: int, hw: int, log_start: int, isolation_committed: bool) -> FetchResponsePartitionData:
     """A partition's answer without records (the records field is set by the caller when there are some)."""
     return {
         "partition_index": index,

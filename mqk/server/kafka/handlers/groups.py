@@ -6,14 +6,36 @@ from __future__ import annotations
 
 from mqk import errors as E
 from mqk.groups.coordinator import DEAD
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.delete_groups import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DeleteGroupsResponseDeletableGroupResult,
+)
+from mqk.protocol.kafka.messages.describe_groups import (
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    DescribeGroupsResponseDescribedGroup,
+)
+from mqk.protocol.kafka.messages.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
+from mqk.protocol.kafka.messages.heartbeat import HeartbeatRequest, HeartbeatResponse
+from mqk.protocol.kafka.messages.join_group import JoinGroupRequest, JoinGroupResponse
+from mqk.protocol.kafka.messages.leave_group import LeaveGroupRequest, LeaveGroupResponse
+from mqk.protocol.kafka.messages.list_groups import ListGroupsRequest, ListGroupsResponse
+from mqk.protocol.kafka.messages.offset_delete import (
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetDeleteResponseTopic,
+)
+from mqk.protocol.kafka.messages.sync_group import SyncGroupRequest, SyncGroupResponse
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 
 
-async def find_coordinator(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def find_coordinator(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[FindCoordinatorRequest]
+) -> FindCoordinatorResponse:
     body = req.body
     key_type = body.get("key_type", GROUP_KEY)
     # this broker coordinates every group; transactions are not offered (InitProducerId refuses them)
@@ -38,7 +60,7 @@ async def find_coordinator(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     }
 
 
-async def join_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def join_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[JoinGroupRequest]) -> JoinGroupResponse:
     b = req.body
     result = await ctx.groups.join(
         b["group_id"],
@@ -66,7 +88,7 @@ async def join_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     }
 
 
-async def sync_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def sync_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[SyncGroupRequest]) -> SyncGroupResponse:
     b = req.body
     result = await ctx.groups.sync(
         b["group_id"],
@@ -86,13 +108,13 @@ async def sync_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     }
 
 
-async def heartbeat(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def heartbeat(ctx: KafkaContext, peer: Peer, req: KafkaRequest[HeartbeatRequest]) -> HeartbeatResponse:
     b = req.body
     code = ctx.groups.heartbeat(b["group_id"], b["generation_id"], b["member_id"], b.get("group_instance_id"))
     return {"throttle_time_ms": 0, "error_code": code}
 
 
-async def leave_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def leave_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[LeaveGroupRequest]) -> LeaveGroupResponse:
     b = req.body
     if req.api_version >= 3:
         members = [(m["member_id"], m.get("group_instance_id")) for m in b["members"]]
@@ -105,13 +127,16 @@ async def leave_group(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         "throttle_time_ms": 0,
         "error_code": code,
         "members": [
-            {"member_id": m, "group_instance_id": i, "error_code": c} for (m, i), c in zip(members, per_member)
+            {"member_id": m, "group_instance_id": i, "error_code": c}
+            for (m, i), c in zip(members, per_member, strict=True)
         ],
     }
 
 
-async def describe_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
-    out = []
+async def describe_groups(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeGroupsRequest]
+) -> DescribeGroupsResponse:
+    out: list[DescribeGroupsResponseDescribedGroup] = []
     for group_id in req.body["groups"]:
         desc = ctx.groups.describe(group_id)
         if desc is None:
@@ -120,18 +145,26 @@ async def describe_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
             desc = {"group_id": group_id, "group_state": DEAD, "protocol_type": "", "protocol_data": "", "members": []}
         else:
             code = NONE
-        desc.update(error_code=code, error_message=None, authorized_operations=AUTHORIZED_OPS_OMITTED)
-        out.append(desc)
+        out.append(
+            {
+                "error_code": code,
+                "error_message": None,
+                "group_id": desc["group_id"],
+                "group_state": desc["group_state"],
+                "protocol_type": desc["protocol_type"],
+                "protocol_data": desc["protocol_data"],
+                "members": desc["members"],
+                "authorized_operations": AUTHORIZED_OPS_OMITTED,
+            }
+        )
     return {"throttle_time_ms": 0, "groups": out}
 
 
-async def list_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def list_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListGroupsRequest]) -> ListGroupsResponse:
     b = req.body
     types = {t.lower() for t in b.get("types_filter") or ()}
-    if types and "classic" not in types:
-        listed = []
-    else:
-        listed = ctx.groups.list_groups(b.get("states_filter") or None)
+    # a types filter without "classic" names no group mqk has (it runs the classic protocol only)
+    listed = [] if types and "classic" not in types else ctx.groups.list_groups(b.get("states_filter") or None)
     return {
         "throttle_time_ms": 0,
         "error_code": NONE,
@@ -141,18 +174,18 @@ async def list_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     }
 
 
-async def delete_groups(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
-    results = []
+async def delete_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteGroupsRequest]) -> DeleteGroupsResponse:
+    results: list[DeleteGroupsResponseDeletableGroupResult] = []
     for group_id in req.body["groups_names"]:
         results.append({"group_id": group_id, "error_code": await ctx.groups.delete_group(group_id)})
     return {"throttle_time_ms": 0, "results": results}
 
 
-async def offset_delete(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def offset_delete(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetDeleteRequest]) -> OffsetDeleteResponse:
     b = req.body
     store = ctx.store
-    wanted = []
-    unknown = {}
+    wanted: list[tuple[str, int]] = []
+    unknown: dict[tuple[str, int], int] = {}
     for t in b["topics"]:
         info = store.topic(t["name"])
         for p in t["partitions"]:
@@ -165,7 +198,7 @@ async def offset_delete(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     per.update(unknown)
     if code != NONE:
         return {"error_code": code, "throttle_time_ms": 0, "topics": []}
-    topics = []
+    topics: list[OffsetDeleteResponseTopic] = []
     for t in b["topics"]:
         topics.append(
             {

@@ -7,15 +7,21 @@ without transactions the last stable offset is the high watermark."""
 from __future__ import annotations
 
 from mqk import errors as E
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.list_offsets import (
+    ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+)
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE
 from mqk.server.kafka.handlers.metadata import LEADER_EPOCH
+from mqk.store.manager import StoreManager
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, EARLIEST_PENDING_UPLOAD, LATEST_TIERED = -1, -2, -3, -4, -5, -6
 
 
-async def lookup(store, topic: str, index: int, timestamp: int) -> tuple[int, int]:
+async def lookup(store: StoreManager, topic: str, index: int, timestamp: int) -> tuple[int, int]:
     """(offset, timestamp) for one ListOffsets query."""
     if timestamp == LATEST:
         return store.end_offset(topic, index), -1
@@ -32,16 +38,16 @@ async def lookup(store, topic: str, index: int, timestamp: int) -> tuple[int, in
     return hit if hit is not None else (-1, -1)
 
 
-async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsRequest]) -> ListOffsetsResponse:
     store = ctx.store
-    topics = []
+    topics: list[ListOffsetsTopicResponse] = []
     for t in req.body["topics"]:
         name = t["name"]
         info = store.topic(name)
-        parts = []
+        parts: list[ListOffsetsPartitionResponse] = []
         for p in t["partitions"]:
             index = p["partition_index"]
-            entry = {
+            entry: ListOffsetsPartitionResponse = {
                 "partition_index": index,
                 "error_code": NONE,
                 "old_style_offsets": [],
@@ -54,13 +60,11 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
             else:
                 try:
                     offset, ts = await lookup(store, name, index, p["timestamp"])
-                    entry.update(
-                        offset=offset,
-                        timestamp=ts,
-                        old_style_offsets=[offset],
-                        leader_epoch=LEADER_EPOCH if offset >= 0 else -1,
-                    )
-                except Exception as exc:  # noqa: BLE001
+                    entry["offset"] = offset
+                    entry["timestamp"] = ts
+                    entry["old_style_offsets"] = [offset]
+                    entry["leader_epoch"] = LEADER_EPOCH if offset >= 0 else -1
+                except Exception as exc:  # noqa: BLE001 - the partition's answer carries the code
                     entry["error_code"] = E.kafka_code_for(exc)
             parts.append(entry)
         topics.append({"name": name, "partitions": parts})

@@ -12,8 +12,8 @@ import uuid
 
 from mqk import errors as E
 from mqk.broker.internal import is_internal
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.metadata import MetadataRequest, MetadataResponse, MetadataResponseTopic
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
     AUTHORIZED_OPS_OMITTED,
     NONE,
@@ -27,7 +27,7 @@ from mqk.store.adapter import ShardInfo
 LEADER_EPOCH = 0
 
 
-def topic_entry(ctx: KafkaContext, info: ShardInfo) -> dict:
+def topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponseTopic:
     node = ctx.node_id
     return {
         "error_code": NONE,
@@ -50,7 +50,7 @@ def topic_entry(ctx: KafkaContext, info: ShardInfo) -> dict:
     }
 
 
-def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> dict:
+def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> MetadataResponseTopic:
     return {
         "error_code": code,
         "name": name,
@@ -61,10 +61,11 @@ def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> dic
     }
 
 
-async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataRequest]) -> MetadataResponse:
     body = req.body
     requested = body.get("topics")
     allow_create = body.get("allow_auto_topic_creation", True)
+    topics: list[MetadataResponseTopic]
     if requested is None or (req.api_version == 0 and not requested):
         topics = [topic_entry(ctx, info) for info in ctx.topics.all().values()]
     else:

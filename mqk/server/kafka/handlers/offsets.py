@@ -4,13 +4,27 @@ with UNKNOWN_TOPIC_OR_PARTITION on commit, and with offset -1 on fetch (as Kafka
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 from mqk import errors as E
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.offset_commit import OffsetCommitRequest, OffsetCommitResponse
+from mqk.protocol.kafka.messages.offset_fetch import (
+    OffsetFetchRequest,
+    OffsetFetchRequestTopic,
+    OffsetFetchRequestTopics,
+    OffsetFetchResponse,
+    OffsetFetchResponseGroup,
+    OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic,
+    OffsetFetchResponseTopics,
+)
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE
+from mqk.store.adapter import GroupOffset
 
 
-async def offset_commit(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetCommitRequest]) -> OffsetCommitResponse:
     b = req.body
     store = ctx.store
     wanted: dict[tuple[str, int], tuple[int, int, str | None]] = {}
@@ -48,11 +62,16 @@ async def offset_commit(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
     }
 
 
-def _fetch_group(ctx, group_id: str, topics) -> list[dict]:
-    """Topics dicts for one group. `topics` None means every partition with a committed offset."""
+def _fetch_group(
+    ctx: KafkaContext,
+    group_id: str,
+    topics: Sequence[OffsetFetchRequestTopic] | Sequence[OffsetFetchRequestTopics] | None,
+) -> list[OffsetFetchResponseTopics]:
+    """The answer's topics for one group, in the v8+ structs (whose keys the v1-v7 ones share; see
+    offset_fetch). `topics` None means every partition with a committed offset."""
     if topics is None:
         committed = ctx.groups.fetch_offsets(group_id)
-        by_topic: dict[str, list] = {}
+        by_topic: dict[str, list[OffsetFetchResponsePartitions]] = {}
         for (topic, part), off in sorted(committed.items()):
             if off is not None:
                 by_topic.setdefault(topic, []).append(_partition(part, off))
@@ -68,7 +87,7 @@ def _fetch_group(ctx, group_id: str, topics) -> list[dict]:
     ]
 
 
-def _partition(index: int, off) -> dict:
+def _partition(index: int, off: GroupOffset | None) -> OffsetFetchResponsePartitions:
     if off is None:
         return {
             "partition_index": index,
@@ -86,15 +105,17 @@ def _partition(index: int, off) -> dict:
     }
 
 
-async def offset_fetch(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFetchRequest]) -> OffsetFetchResponse:
     b = req.body
     if req.api_version >= 8:
-        groups = []
+        groups: list[OffsetFetchResponseGroup] = []
         for g in b["groups"]:
             code = NONE if g["group_id"] else E.InvalidGroupIdError.code
-            topics = _fetch_group(ctx, g["group_id"], g["topics"]) if code == NONE else []
-            groups.append({"group_id": g["group_id"], "topics": topics, "error_code": code})
+            found = _fetch_group(ctx, g["group_id"], g["topics"]) if code == NONE else []
+            groups.append({"group_id": g["group_id"], "topics": found, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     if not b["group_id"]:
         return {"throttle_time_ms": 0, "topics": [], "error_code": E.InvalidGroupIdError.code}
-    return {"throttle_time_ms": 0, "topics": _fetch_group(ctx, b["group_id"], b["topics"]), "error_code": NONE}
+    # v1-v7 topics and partitions have a subset of the v8+ structs' keys, of the same types (a topic is named here)
+    topics = cast("list[OffsetFetchResponseTopic]", _fetch_group(ctx, b["group_id"], b["topics"]))
+    return {"throttle_time_ms": 0, "topics": topics, "error_code": NONE}

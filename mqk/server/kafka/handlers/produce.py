@@ -29,15 +29,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from mqk import errors as E
 from mqk.config import FLUSH_SYNC, TopicConfig
 from mqk.protocol.kafka import records as kafka_records
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import CloseConnection, KafkaContext, Peer
+from mqk.protocol.kafka.messages.produce import (
+    ProduceRequest,
+    ProduceRequestPartitionProduceData,
+    ProduceResponse,
+    ProduceResponsePartitionProduceResponse,
+    ProduceResponseTopicProduceResponse,
+)
+from mqk.protocol.kafka.records import BatchInfo
+from mqk.server.kafka.context import CloseConnection, KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, get_or_create_topic
-from mqk.store.adapter import AppendResult, ShardInfo
+from mqk.store.adapter import AppendResult, Buffer, ShardInfo
 from mqk.store.manager import StoreManager
 from mqk.timer.delay import DELAY_HEADER_KEYS
 
@@ -45,6 +52,16 @@ log = logging.getLogger("mqk.kafka.produce")
 plan_plain_appends = kafka_records.recbatch.plan_plain_appends
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _NO_LIMIT = _INT64_MAX  # a timestamp window bound that Kafka's default (Long.MAX_VALUE) leaves open
+
+_Answer: TypeAlias = ProduceResponsePartitionProduceResponse
+#: one topic's partition answers while its request is answered: None holds the place of a partition whose append
+#: is still to come (answer_prepared puts its answer there before the body is sent)
+_Slots: TypeAlias = list[_Answer | None]
+#: one topic's plain partitions, appended in one call: (topic, [(partition, [batch, ...])], [delay header?],
+#: [(answers, slots)], LogAppendTime?); entry i's answer goes to answers[slot] of the (answers, slots) pair it falls in
+_PlainAppend: TypeAlias = tuple[str, list[tuple[int, list[Buffer]]], list[bool], list[tuple[_Slots, list[int]]], bool]
+#: one idempotent partition: (topic, partition, batches, LogAppendTime?, answers, slot)
+_IdempotentAppend: TypeAlias = tuple[str, int, list[BatchInfo], bool, _Slots, int]
 
 
 def _part(
@@ -54,14 +71,15 @@ def _part(
     log_append_time: int = -1,
     log_start: int = -1,
     message: str | None = None,
-) -> dict:
+) -> _Answer:
+    # no record_errors: the encoders write an empty list for an absent one (v8+), and the answer stays one key
+    # smaller to build and to copy (_STORED)
     return {
         "index": index,
         "error_code": code,
         "base_offset": base_offset,
         "log_append_time_ms": log_append_time,
         "log_start_offset": log_start,
-        "record_errors": (),
         "error_message": message,
     }
 
@@ -75,15 +93,17 @@ class Prepared(NamedTuple):
     to be appended, and what to append."""
 
     acks: int
-    responses: list  # the response's `responses`, per topic {"name", "partition_responses"}
-    #: per topic with plain partitions: (topic, [(partition, [batch, ...])], [delay header?], [(answers,
-    #: slots)], LogAppendTime?); entry i's answer goes to answers[slot] of the (answers, slots) pair it falls in
-    appends: list
-    #: per idempotent partition: (topic, partition, batches, LogAppendTime?, answers, slot)
-    idempotent: list
+    #: the response's `responses`, whose partition lists hold the None placeholders until answer_prepared
+    responses: list[ProduceResponseTopicProduceResponse]
+    #: per topic with plain partitions, its appends (_PlainAppend)
+    appends: list[_PlainAppend]
+    #: per idempotent partition, its append (_IdempotentAppend)
+    idempotent: list[_IdempotentAppend]
 
 
-async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict | None:
+async def handle(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]
+) -> ProduceResponse | CloseConnection | None:
     """One Produce request on its own (a topic to auto-create first, or a request that arrived alone)."""
     prepared = prepare(ctx, req.body)
     if prepared is None:  # a topic it names does not exist (yet)
@@ -91,12 +111,12 @@ async def handle(ctx: KafkaContext, peer: Peer, req: Request) -> dict | None:
     return (await answer_prepared(ctx, [prepared]))[0]
 
 
-def prepare_request(ctx: KafkaContext, req: Request) -> Prepared | None:
+def prepare_request(ctx: KafkaContext, req: KafkaRequest[ProduceRequest]) -> Prepared | None:
     """`prepare` for the connection's grouping (KafkaServer.grouped)."""
     return prepare(ctx, req.body)
 
 
-def prepare(ctx: KafkaContext, body: dict, missing: dict[str, int] | None = None) -> Prepared | None:
+def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | None = None) -> Prepared | None:
     """Check a Produce request without waiting for anything: answers for what is refused, the rest planned for
     `answer_prepared`. None if a topic it names does not exist and `missing` does not say that topic's error
     code (`handle` creates the topic and prepares again)."""
@@ -110,14 +130,14 @@ def prepare(ctx: KafkaContext, body: dict, missing: dict[str, int] | None = None
             [],
             [],
         )
-    responses: list = []
-    appends: list = []
-    idempotent: list = []
+    responses: list[ProduceResponseTopicProduceResponse] = []
+    appends: list[_PlainAppend] = []
+    idempotent: list[_IdempotentAppend] = []
     store = ctx.store
     for topic in body["topic_data"]:
         name = topic["name"]
         info = store.topic(name)
-        parts: list = []
+        parts: _Slots = []
         if info is None:
             if missing is None:
                 return None
@@ -125,11 +145,14 @@ def prepare(ctx: KafkaContext, body: dict, missing: dict[str, int] | None = None
             parts.extend(_part(p["index"], code) for p in topic["partition_data"])
         else:
             _prepare_topic(ctx, name, info, topic["partition_data"], parts, appends, idempotent)
-        responses.append({"name": name, "partition_responses": parts})
+        answers: list[_Answer] = parts  # type: ignore[assignment]  # answer_prepared replaces its Nones
+        responses.append({"name": name, "partition_responses": answers})
     return Prepared(acks, responses, appends, idempotent)
 
 
-def _refuse_all(body: dict, code: int, message: str | None = None) -> list:
+def _refuse_all(
+    body: ProduceRequest, code: int, message: str | None = None
+) -> list[ProduceResponseTopicProduceResponse]:
     """The answer of a request refused as a whole: every partition gets `code`."""
     return [
         {
@@ -140,7 +163,7 @@ def _refuse_all(body: dict, code: int, message: str | None = None) -> list:
     ]
 
 
-async def _prepare_creating_topics(ctx: KafkaContext, body: dict) -> Prepared:
+async def _prepare_creating_topics(ctx: KafkaContext, body: ProduceRequest) -> Prepared:
     """Create (when auto-creation allows) the topics the request names that do not exist, then prepare it; the
     topics that could not be created are answered with the reason."""
     missing: dict[str, int] = {}
@@ -159,10 +182,10 @@ def _prepare_topic(
     ctx: KafkaContext,
     name: str,
     info: ShardInfo,
-    partitions: Sequence[dict],
-    parts: list,
-    appends: list,
-    idempotent: list,
+    partitions: Sequence[ProduceRequestPartitionProduceData],
+    parts: _Slots,
+    appends: list[_PlainAppend],
+    idempotent: list[_IdempotentAppend],
 ) -> None:
     """One topic's partitions: an answer (error) or a None placeholder onto `parts` for each, the plain ones onto
     `appends` as one entry list, the idempotent ones onto `idempotent`."""
@@ -174,7 +197,7 @@ def _prepare_topic(
         now = ctx.clock.time_ms()
         timestamps = (max(_INT64_MIN, now - before_ms), min(_INT64_MAX, now + after_ms))
     validate = kafka_records.validate_produce_records
-    plain: list[tuple[int, list]] = []
+    plain: list[tuple[int, list[Buffer]]] = []
     delays: list[bool] = []  # per plain entry: does a record carry a delay header (PutContext)
     slots: list[int] = []
     if partitions.__class__ is not list:
@@ -234,7 +257,9 @@ def _prepare_topic(
         appends.append((name, plain, delays, [(parts, slots)], log_append_time))
 
 
-async def answer_prepared(ctx: KafkaContext, prepared: list[Prepared]) -> list:
+async def answer_prepared(
+    ctx: KafkaContext, prepared: list[Prepared]
+) -> list[ProduceResponse | CloseConnection | None]:
     """Append what the prepared requests planned and answer each (a response body, None for acks=0, or
     CloseConnection for a failed acks=0): every topic's plain partitions of all of them in one append_many call
     (in request order), then the idempotent partitions."""
@@ -255,7 +280,7 @@ async def answer_prepared(ctx: KafkaContext, prepared: list[Prepared]) -> list:
                     for topic, index, batches, lat, _parts, _slot in idempotent
                 )
             )
-            for (_t, _i, _b, _l, parts, slot), answer in zip(idempotent, results):
+            for (_t, _i, _b, _l, parts, slot), answer in zip(idempotent, results, strict=True):
                 parts[slot] = answer
         else:
             for topic, index, batches, lat, parts, slot in idempotent:
@@ -263,9 +288,9 @@ async def answer_prepared(ctx: KafkaContext, prepared: list[Prepared]) -> list:
     return [_body(p) for p in prepared]
 
 
-def _merged(prepared: list[Prepared]) -> list:
+def _merged(prepared: list[Prepared]) -> list[_PlainAppend]:
     """The requests' appends with one entry list per topic (and LogAppendTime setting), in request order."""
-    by_topic: dict[tuple[str, bool], tuple] = {}
+    by_topic: dict[tuple[str, bool], _PlainAppend] = {}
     for p in prepared:
         for append in p.appends:
             topic, entries, delays, answers, log_append_time = append
@@ -280,7 +305,7 @@ def _merged(prepared: list[Prepared]) -> list:
     return list(by_topic.values())
 
 
-def _body(prepared: Prepared) -> dict | CloseConnection | None:
+def _body(prepared: Prepared) -> ProduceResponse | CloseConnection | None:
     if prepared.acks == 0:
         failed = [
             (t["name"], p["index"], p["error_code"])
@@ -315,7 +340,7 @@ def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, in
     return limits
 
 
-def _refused(index: int, exc: Exception) -> dict:
+def _refused(index: int, exc: Exception) -> _Answer:
     """The answer of a partition whose records the check refused."""
     if isinstance(exc, E.MqkError):
         return _part(index, E.kafka_code_for(exc), message=str(exc))
@@ -326,9 +351,9 @@ def _refused(index: int, exc: Exception) -> dict:
 async def _append_plain(
     store: StoreManager,
     topic: str,
-    entries: list[tuple[int, list]],
+    entries: list[tuple[int, list[Buffer]]],
     delays: list[bool],
-    answers: list[tuple[list, list[int]]],
+    answers: list[tuple[_Slots, list[int]]],
     log_append_time: bool,
 ) -> None:
     """Append the entries (partition, batches) in one call and put each partition's answer in its place: entry i
@@ -337,7 +362,7 @@ async def _append_plain(
         results = await store.append_many(topic, entries, log_append_time=log_append_time, delay_headers=delays)
     except Exception as exc:  # noqa: BLE001 - the store answers per entry; anything else fails them all
         results = [exc] * len(entries)
-    # each answer is a copy of a template with three fields set: a 7-key dict display costs more than the copy
+    # each answer is a copy of a template with three fields set: a dict display of its keys costs more than the copy
     copy = _STORED.copy
     i = 0
     for parts, slots in answers:
@@ -356,7 +381,9 @@ async def _append_plain(
                 parts[slot] = _storage_failure(topic, index, result)  # type: ignore[arg-type]  # not an AppendResult
 
 
-async def _produce_idempotent(ctx: KafkaContext, topic: str, index: int, batches: list, log_append_time: bool) -> dict:
+async def _produce_idempotent(
+    ctx: KafkaContext, topic: str, index: int, batches: list[BatchInfo], log_append_time: bool
+) -> _Answer:
     store = ctx.store
     # idempotent producer: one batch at a time through the sequence check
     first_offset = -1
@@ -377,7 +404,7 @@ async def _produce_idempotent(ctx: KafkaContext, topic: str, index: int, batches
             continue
         try:
             result = await store.append(topic, index, [batch.data], delay_headers=batch.named_header)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the partition's answer carries the code (_storage_failure)
             ctx.producers.abort(decision)
             return _storage_failure(topic, index, exc)
         ts = result.log_append_time if log_append_time else -1
@@ -389,7 +416,7 @@ async def _produce_idempotent(ctx: KafkaContext, topic: str, index: int, batches
     return _part(index, NONE, first_offset, last[0], last[1])
 
 
-def _storage_failure(topic: str, index: int, exc: BaseException) -> dict:
+def _storage_failure(topic: str, index: int, exc: BaseException) -> _Answer:
     code = E.kafka_code_for(exc)
     if code in (E.KafkaStorageError.code, E.UnknownServerError.code):
         log.warning("append to %s/%d failed: %r", topic, index, exc)

@@ -9,19 +9,39 @@ import uuid
 from mqk import errors as E
 from mqk.broker import topic_config
 from mqk.broker.names import KAFKA
-from mqk.protocol.kafka.codec import Request
-from mqk.server.kafka.context import KafkaContext, Peer
+from mqk.protocol.kafka.messages.create_partitions import (
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreatePartitionsTopicResult,
+)
+from mqk.protocol.kafka.messages.create_topics import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    CreateTopicsResponseCreatableTopicResult,
+)
+from mqk.protocol.kafka.messages.delete_records import (
+    DeleteRecordsPartitionResult,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
+    DeleteRecordsTopicResult,
+)
+from mqk.protocol.kafka.messages.delete_topics import (
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DeleteTopicsResponseDeletableTopicResult,
+)
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, topic_by_id, topic_uuid
 from mqk.server.kafka.handlers.configs import topic_config_entries
 
 
-async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateTopicsRequest]) -> CreateTopicsResponse:
     b = req.body
     names = [t["name"] for t in b["topics"]]
-    results = []
+    results: list[CreateTopicsResponseCreatableTopicResult] = []
     for t in b["topics"]:
         name = t["name"]
-        res = {
+        res: CreateTopicsResponseCreatableTopicResult = {
             "name": name,
             "topic_id": ZERO_UUID,
             "error_code": NONE,
@@ -33,8 +53,9 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         }
         results.append(res)
 
-        def fail(code: int, message: str, res=res) -> None:
-            res.update(error_code=code, error_message=message)
+        def fail(code: int, message: str, res: CreateTopicsResponseCreatableTopicResult = res) -> None:
+            res["error_code"] = code
+            res["error_message"] = message
 
         partitions, rf = t["num_partitions"], t["replication_factor"]
         assignments = t["assignments"]
@@ -78,42 +99,46 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
         if not b["validate_only"]:
             try:
                 info = await ctx.topics.create(name, partitions, overrides, names=KAFKA)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
                 fail(E.kafka_code_for(exc), str(exc))
                 continue
             res["topic_id"] = topic_uuid(info)
-        res.update(
-            num_partitions=partitions,
-            replication_factor=1,
-            configs=[
-                {
-                    "name": c["name"],
-                    "value": c["value"],
-                    "read_only": c["read_only"],
-                    "config_source": c["config_source"],
-                    "is_sensitive": c["is_sensitive"],
-                }
-                for c in topic_config_entries(config)
-            ],
-        )
+        res["num_partitions"] = partitions
+        res["replication_factor"] = 1
+        res["configs"] = [
+            {
+                "name": c["name"],
+                "value": c["value"],
+                "read_only": c["read_only"],
+                "config_source": c["config_source"],
+                "is_sensitive": c["is_sensitive"],
+            }
+            for c in topic_config_entries(config)
+        ]
     return {"throttle_time_ms": 0, "topics": results}
 
 
-async def delete_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def delete_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteTopicsRequest]) -> DeleteTopicsResponse:
     b = req.body
     targets: list[tuple[str | None, uuid.UUID]] = []
     if req.api_version >= 6:
         targets = [(t["name"], t["topic_id"]) for t in b["topics"]]
     else:
         targets = [(n, ZERO_UUID) for n in b["topic_names"]]
-    responses = []
+    responses: list[DeleteTopicsResponseDeletableTopicResult] = []
     for name, topic_id in targets:
-        entry = {"name": name, "topic_id": topic_id, "error_code": NONE, "error_message": None}
+        entry: DeleteTopicsResponseDeletableTopicResult = {
+            "name": name,
+            "topic_id": topic_id,
+            "error_code": NONE,
+            "error_message": None,
+        }
         responses.append(entry)
         if name is None:
             info = topic_by_id(ctx, topic_id) if topic_id != ZERO_UUID else None
             if info is None:
-                entry.update(error_code=E.UnknownTopicIdError.code, error_message="unknown topic id")
+                entry["error_code"] = E.UnknownTopicIdError.code
+                entry["error_message"] = "unknown topic id"
                 continue
             name = entry["name"] = info.topic
         else:
@@ -122,57 +147,61 @@ async def delete_topics(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
                 entry["topic_id"] = topic_uuid(info)
         try:
             await ctx.topics.delete(name)
-        except Exception as exc:  # noqa: BLE001
-            entry.update(error_code=E.kafka_code_for(exc), error_message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
+            entry["error_code"] = E.kafka_code_for(exc)
+            entry["error_message"] = str(exc)
             continue
         ctx.producers.forget_topic(name)
         await ctx.groups.forget_topic(name)
     return {"throttle_time_ms": 0, "responses": responses}
 
 
-async def create_partitions(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def create_partitions(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreatePartitionsRequest]
+) -> CreatePartitionsResponse:
     b = req.body
-    results = []
+    results: list[CreatePartitionsTopicResult] = []
     for t in b["topics"]:
         name, count = t["name"], t["count"]
-        entry = {"name": name, "error_code": NONE, "error_message": None}
+        entry: CreatePartitionsTopicResult = {"name": name, "error_code": NONE, "error_message": None}
         results.append(entry)
         info = ctx.topics.get(name)
         if info is None:
-            entry.update(error_code=E.UnknownTopicOrPartitionError.code, error_message=f"unknown topic {name!r}")
+            entry["error_code"] = E.UnknownTopicOrPartitionError.code
+            entry["error_message"] = f"unknown topic {name!r}"
             continue
         if count <= info.queue_count:
-            entry.update(
-                error_code=E.InvalidPartitionsError.code,
-                error_message=f"topic has {info.queue_count} partitions; cannot change to {count}",
-            )
+            entry["error_code"] = E.InvalidPartitionsError.code
+            entry["error_message"] = f"topic has {info.queue_count} partitions; cannot change to {count}"
             continue
         assignments = t["assignments"]
         if assignments is not None and (
             len(assignments) != count - info.queue_count or any(a["broker_ids"] != [ctx.node_id] for a in assignments)
         ):
-            entry.update(
-                error_code=E.InvalidReplicaAssignmentError.code, error_message=f"only broker {ctx.node_id} exists"
-            )
+            entry["error_code"] = E.InvalidReplicaAssignmentError.code
+            entry["error_message"] = f"only broker {ctx.node_id} exists"
             continue
         if b["validate_only"]:
             continue
         try:
             await ctx.topics.add_partitions(name, count)
-        except Exception as exc:  # noqa: BLE001
-            entry.update(error_code=E.kafka_code_for(exc), error_message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
+            entry["error_code"] = E.kafka_code_for(exc)
+            entry["error_message"] = str(exc)
     return {"throttle_time_ms": 0, "results": results}
 
 
-async def delete_records(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
+async def delete_records(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteRecordsRequest]
+) -> DeleteRecordsResponse:
     store = ctx.store
-    topics = []
+    topics: list[DeleteRecordsTopicResult] = []
     for t in req.body["topics"]:
         info = ctx.topics.get(t["name"])
-        parts = []
+        parts: list[DeleteRecordsPartitionResult] = []
         for p in t["partitions"]:
             index = p["partition_index"]
-            entry = {"partition_index": index, "low_watermark": -1, "error_code": NONE}
+            entry: DeleteRecordsPartitionResult = {"partition_index": index, "low_watermark": -1, "error_code": NONE}
             if info is None or not 0 <= index < info.queue_count:
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
             else:
@@ -181,7 +210,7 @@ async def delete_records(ctx: KafkaContext, peer: Peer, req: Request) -> dict:
                     if offset == -1:  # Kafka: -1 means up to the high watermark
                         offset = store.end_offset(info.topic, index)
                     entry["low_watermark"] = await store.delete_before(info.topic, index, offset)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - the partition's answer carries the code
                     entry["error_code"] = E.kafka_code_for(exc)
             parts.append(entry)
         topics.append({"name": t["name"], "partitions": parts})
