@@ -23,12 +23,15 @@ recorded end offset, and the schedule is rebuilt by re-reading the timer topic f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sortedcontainers import SortedList
 
+from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock, wait_event
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
@@ -36,6 +39,7 @@ from mqk.store.adapter import PutContext, delayed_only
 from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
 
 log = logging.getLogger("mqk.timer")
+recbatch = load("recbatch")
 
 TIMER_TOPIC = "__mqk_timer"
 #: true in the deliverer task's context: its re-appends (still carrying their delay headers) pass the hook. A
@@ -73,13 +77,11 @@ class TimerService:
 
     # --- life cycle --------------------------------------------------------------------------------------------
 
-    async def start(self) -> "TimerService":
+    async def start(self) -> TimerService:
         if self.store.topic(TIMER_TOPIC) is None:
             retention = max(7 * 24 * 3600 * 1000, 2 * self.max_delay_ms)
-            try:
+            with contextlib.suppress(ShardExists):
                 await self.store.create_topic(TIMER_TOPIC, 1, TopicConfig({"retention.ms": str(retention)}))
-            except ShardExists:
-                pass
         state = self.store.load_state(STATE_NAME) or {}
         self._floor = max(int(state.get("floor", 0)), self.store.log_start_offset(TIMER_TOPIC, 0))
         self._done = {o for o in _unruns(state.get("done", [])) if o >= self._floor}
@@ -273,9 +275,6 @@ class TimerService:
     async def _settle_intents(self, intent: dict[str, list]) -> None:
         """After a crash mid-burst: an intent whose batch reached its real queue counts as delivered. Each real
         queue is scanned once from the lowest end offset recorded for it, matching batches by (length, CRC)."""
-        from mqk._fast import load
-
-        recbatch = load("recbatch")
         by_queue: dict[tuple[str, int], list[tuple[int, int, Waiting]]] = {}
         for key, (topic, queue, end_before) in intent.items():
             if int(key) < self._floor or int(key) in self._done:

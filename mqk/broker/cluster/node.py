@@ -153,7 +153,7 @@ class ClusterNode:
                 log.warning("cluster: lease not revoked at stop (%s); it expires by itself", exc)
         await self.meta.close()
 
-    async def _register(self, timeout: float) -> None:
+    async def _register(self, timeout: float) -> None:  # noqa: ASYNC109 - how long a dead predecessor may hold the id
         """A new lease and this broker's key under it; waits (up to `timeout`) for the key a previous incarnation
         left to expire, and refuses a node id another live broker holds."""
         cfg = self.config
@@ -262,8 +262,8 @@ class ClusterNode:
             if self.view.master_of(self.group) is None:
                 epoch = await self._elect_master()
                 if epoch:
-                    for callback in self.on_master:
-                        await callback(epoch)
+                    for on_master in self.on_master:
+                        await on_master(epoch)
                     self.master_epoch = epoch
                     log.info("cluster: master of group %s, epoch %d", self.group, epoch)
                     self._role_changed()
@@ -276,8 +276,8 @@ class ClusterNode:
                     if record is not None and record.lease == self.lease:
                         self.controlling = (epoch, record.create_revision)
                         log.info("cluster: controller, epoch %d", epoch)
-                        for callback in self.on_controller:
-                            callback()
+                        for on_controller in self.on_controller:
+                            on_controller()
         except MetaUnavailable as exc:
             log.warning("cluster: election postponed: %s", exc)
         except LeaseExpired:
@@ -362,7 +362,11 @@ class ClusterNode:
 
     # --- metadata changes ----------------------------------------------------------------------------------------
 
-    async def ask(self, request: RequestRecord, timeout: float | None = None) -> None:
+    async def ask(
+        self,
+        request: RequestRecord,
+        timeout: float | None = None,  # noqa: ASYNC109 - the wait for the controller's answer, which the caller may shorten
+    ) -> None:
         """Have the controller make a metadata change and wait for its answer; raises the error it answered with
         (an mqk.errors class), MetaUnavailable when etcd cannot be reached, or RequestTimedOut."""
         if not self.lease:

@@ -18,7 +18,6 @@ Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBroke
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass
 
 from mqk._fast import load
