@@ -138,7 +138,7 @@ class BrokerRuntime:
         if self.replication is not None:
             self.replication.bind(self.cluster)
             self.replication.wake = broker.hub.notify
-            self.cluster.replication = self.replication
+            self.kafka.ctx.replication = self.replication
         await self.cluster.start()
         self._parts.append(self.cluster)
         if self.replication is not None:

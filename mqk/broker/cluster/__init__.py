@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mqk.broker import internal
 from mqk.broker.cluster.controller import OFFSETS_TOPIC, Controller
@@ -26,9 +25,6 @@ from mqk.broker.cluster.view import ClusterView
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.errors import UnknownTopicOrPartitionError
 from mqk.store.manager import StoreManager
-
-if TYPE_CHECKING:
-    from mqk.broker.replication import Replication
 
 log = logging.getLogger("mqk.cluster")
 
@@ -62,8 +58,6 @@ class ClusterMember:
         #: this group's leader epochs (OffsetForLeaderEpoch)
         self.epochs = EpochHistory(data_dir / "cluster" / "leader-epochs.json" if data_dir is not None else None)
         self.node.on_master.append(self._begin_epoch)
-        #: the group's CommitLog replication (mqk.broker.replication), when this broker has the file engine
-        self.replication: Replication | None = None
         self._started = False
 
     @property

@@ -233,7 +233,7 @@ class ClusterNode:
         for callback in self.on_role:
             try:
                 callback()
-            except Exception:  # noqa: BLE001 - one listener's bug must not stop the node
+            except Exception:  # one listener's bug must not stop the node (logged with its traceback)
                 log.exception("cluster: role listener %r failed", callback)
 
     # --- elections ----------------------------------------------------------------------------------------------

@@ -147,7 +147,12 @@ class Replication:
                 f"{len(self.tracker.isr)} in-sync replicas, min.insync.replicas is {min_insync}"
             )
 
-    async def wait_replicated(self, target: int, min_insync: int, timeout: float) -> None:
+    async def wait_replicated(
+        self,
+        target: int,
+        min_insync: int,
+        timeout: float,  # noqa: ASYNC109 - the produce request's own timeout, answered REQUEST_TIMED_OUT
+    ) -> None:
         """After an acks=all append ending at CommitLog offset `target`: wait until every in-sync replica holds
         it. RequestTimedOutError after `timeout` seconds; NotLeaderOrFollowerError if this broker stops being
         master first; NotEnoughReplicasAfterAppendError if the set shrank below `min_insync` meanwhile."""
@@ -255,7 +260,7 @@ class Replication:
             self._role_changed.clear()
             try:
                 await self._settle()
-            except Exception:  # noqa: BLE001 - a failed step is logged; the next change retries it
+            except Exception:  # a failed step is logged with its traceback; the next change retries it
                 log.exception("replication: changing role failed")
 
     async def _settle(self) -> None:

@@ -18,14 +18,37 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mqk.broker.cluster.epochs import truncation_point
 from mqk.broker.replication import protocol as P
 from mqk.errors import Corrupt, MqkError, ProtocolError, StorageError
 
 if TYPE_CHECKING:
-    from mqk.broker.replication import Replication
+    from mqk.broker.cluster import ClusterMember
+    from mqk.broker.replication.tracker import CommitTracker
+    from mqk.clock import Clock
+    from mqk.store.file.engine import FileEngine
+
+
+class Replication(Protocol):
+    """What a link needs of the `Replication` that owns it (mqk.broker.replication)."""
+
+    member: ClusterMember
+    engine: FileEngine
+    tracker: CommitTracker
+    clock: Clock
+    links: dict[int, MasterLink]
+    is_master: bool
+    master_epoch: int
+    following: bool
+
+    def acked(self, node: int, end: int) -> None: ...
+
+    def heard_commit(self, commit: int) -> None: ...
+
+    async def replica_durable(self, end: int) -> None: ...
+
 
 log = logging.getLogger("mqk.replication")
 

@@ -104,7 +104,8 @@ def ack(end: int) -> bytes:
 def decode_ack(body: bytes) -> int:
     if len(body) != _U64.size:
         raise ProtocolError("replication ACK frame of the wrong size")
-    return _U64.unpack(body)[0]
+    end: int = _U64.unpack(body)[0]
+    return end
 
 
 def field(doc: dict[str, Any], name: str, kind: type, what: str) -> Any:

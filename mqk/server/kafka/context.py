@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
+from mqk.broker.replication import Replication
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import Clock
 from mqk.config import BrokerConfig, TopicConfig
@@ -81,6 +82,8 @@ class KafkaContext:
     #: it who leads a partition and who coordinates a group; what they cannot serve here they answer with
     #: NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR, which sends the client to the right broker
     cluster: ClusterMember | None = None
+    #: cluster mode with the file engine: this broker's group's CommitLog replication (acks=all, high watermark)
+    replication: Replication | None = None
 
 
 class CloseConnection:

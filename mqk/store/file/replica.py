@@ -25,14 +25,20 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from mqk._fast import load
 from mqk.errors import Corrupt, OutOfBounds
 
 if TYPE_CHECKING:
-    from mqk.store.file.engine import FileEngine
+    from mqk.store.file.append import AppendPipeline
+    from mqk.store.file.checkpoint import Checkpoint
+    from mqk.store.file.commitlog import CommitLog
+    from mqk.store.file.dispatch import ReputMessageService
+    from mqk.store.file.flush import FlushService
+    from mqk.store.file.index import IndexService
+    from mqk.store.file.shards import Shard, ShardRegistry
 
 clentry = load("clentry")
 log = logging.getLogger(__name__)
@@ -42,6 +48,20 @@ MAGIC_MESSAGE = clentry.MAGIC_MESSAGE
 MAGIC_BLANK = clentry.MAGIC_BLANK
 BLANK_MIN = clentry.BLANK_MIN_SIZE
 KIND_MESSAGE = 1
+
+
+class FileEngine(Protocol):
+    """The parts of the file engine (engine.py) replication works on."""
+
+    clog: CommitLog
+    registry: ShardRegistry
+    dispatcher: ReputMessageService
+    index: IndexService
+    appender: AppendPipeline
+    checkpoint: Checkpoint
+    flusher: FlushService | None
+
+    def _notify(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None: ...
 
 
 class Received(NamedTuple):
@@ -198,7 +218,7 @@ class ReplicaLog:
         mf.write(mf.wrote, data)
         mf.advance(len(data) if fill_to < 0 else fill_to - at)
 
-    def _dispatch(self, shard, at: int, entry: tuple, body) -> int | None:
+    def _dispatch(self, shard: Shard, at: int, entry: tuple[Any, ...], body: memoryview) -> int | None:
         engine = self.engine
         size, queue_offset, count, store_ts, max_ts, tags_code = (
             entry[1],
@@ -236,7 +256,8 @@ class ReplicaLog:
                 )
         engine.dispatcher.dispatch(shard, at, size, count, tags_code, store_ts, max_ts, queue_offset, None, body)
         engine.appender.dirty.add(cq)
-        return queue_offset + count
+        grown: int = queue_offset + count
+        return grown
 
 
 def truncate_log(engine: FileEngine, end: int) -> int:

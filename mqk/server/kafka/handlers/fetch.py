@@ -126,7 +126,7 @@ async def _read_all(
     total = 0
     errored = False
     left = max_bytes
-    replication = ctx.cluster.replication if ctx.cluster is not None else None
+    replication = ctx.replication
     for k, (t, info, missing, parts, refused) in enumerate(plan):
         out: list[FetchResponsePartitionData] = []
         bounds = None

@@ -68,7 +68,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsReq
             else:
                 try:
                     offset, ts = await lookup(store, name, index, p["timestamp"])
-                    replication = cluster.replication if cluster is not None else None
+                    replication = ctx.replication
                     if replication is not None and info.engine == "file" and offset >= 0:
                         # a replicated partition's latest offset is its high watermark; nothing past it is told
                         offset = min(offset, replication.committed_end(name, index, store.end_offset(name, index)))

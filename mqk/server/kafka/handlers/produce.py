@@ -143,10 +143,10 @@ def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | N
     store = ctx.store
     cluster = ctx.cluster
     min_insync = 0
-    if acks == -1 and cluster is not None and cluster.replication is not None:
+    if acks == -1 and ctx.replication is not None:
         min_insync = _min_insync(store, body)
         try:
-            cluster.replication.check_insync(min_insync)
+            ctx.replication.check_insync(min_insync)
         except E.NotEnoughReplicasError as exc:
             return Prepared(acks, _refuse_all(body, exc.code, str(exc)), [], [])
     for topic in body["topic_data"]:
@@ -322,10 +322,10 @@ async def answer_prepared(
         else:
             for topic, index, batches, lat, parts, slot in idempotent:
                 parts[slot] = await _produce_idempotent(ctx, topic, index, batches, lat)
-    if ctx.cluster is not None and ctx.cluster.replication is not None:
+    if ctx.replication is not None:
         replicated = [p for p in prepared if p.min_insync]
         if replicated:
-            await _wait_replicated(ctx.cluster.replication, replicated)
+            await _wait_replicated(ctx.replication, replicated)
     return [_body(p) for p in prepared]
 
 
