@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -107,6 +107,29 @@ def _log_size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def to_toml(settings: Mapping[str, Any]) -> str:
+    """BrokerConfig settings as TOML: scalars (str, int, float, bool) and lists of them at the top, one level of
+    tables (`store`)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)  # (a JSON string is a TOML basic string)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(f"cannot write {v!r} as a TOML value")
+
+    lines = [f"{k} = {value(v)}" for k, v in settings.items() if not isinstance(v, Mapping)]
+    for table, items in settings.items():
+        if isinstance(items, Mapping):
+            lines.append(f"[{table}]")
+            lines.extend(f"{k} = {value(v)}" for k, v in items.items())
+    return "\n".join(lines) + "\n"
 
 
 def _tail(path: Path, limit: int = 4000, start: int = 0) -> str:
@@ -393,6 +416,8 @@ class LocalCluster:
         etcd_binary: str = "etcd",
         extra_args: Sequence[str] = (),
         group_size: int = 1,
+        config: Mapping[str, Any] | None = None,
+        broker_args: Mapping[int, Sequence[str]] | None = None,
         ready_timeout: float = 60.0,
         stop_timeout: float = 15.0,
         on_exit: ExitCallback | None = None,
@@ -408,6 +433,11 @@ class LocalCluster:
         if "/" in self.cluster_id or not self.cluster_id:
             raise ValueError(f"cluster id {self.cluster_id!r} must be non-empty and contain no '/'")
         self.extra_args = list(extra_args)
+        #: BrokerConfig settings every broker gets (a TOML file passed with --config), e.g.
+        #: {"cluster_session_timeout_ms": 3000, "store": {"commitlog_segment_bytes": 1 << 26}}
+        self.config = dict(config or {})
+        #: flags one broker gets after the others (node id -> flags): a later flag wins over an earlier one
+        self.broker_args = {int(n): list(a) for n, a in (broker_args or {}).items()}
         #: how long a broker may take to print its ready line; a restarted broker waits there for the lease of its
         #: previous incarnation to expire (the session timeout), so this is well above it
         self.ready_timeout = ready_timeout
@@ -586,7 +616,9 @@ class LocalCluster:
             "--native-listen", listen("native"),
             "--namesrv-listen", listen("namesrv"),
             "--replication-listen", listen("replication"),
+            *(["--config", str(self._config_file())] if self.config else []),
             *self.extra_args,
+            *self.broker_args.get(b.node_id, ()),
         ]  # fmt: skip
         b.kafka = b.native = b.namesrv = b.replication = None
         b.expect_exit = True
@@ -610,6 +642,11 @@ class LocalCluster:
         )
         reader.daemon = True
         reader.start()
+
+    def _config_file(self) -> Path:
+        path = self.data_dir / "brokers.toml"
+        path.write_text(to_toml(self.config))
+        return path
 
     def _read_stdout(
         self,

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -284,6 +284,11 @@ def mqk_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
         etcd.stop()
 
 
+#: CommitLog segments of the test clusters' brokers: each broker pre-allocates a segment ahead, and the default
+#: gigabyte per broker adds up over a suite that starts many clusters
+TEST_SEGMENT_BYTES = 64 << 20
+
+
 @pytest.fixture
 def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
@@ -296,6 +301,8 @@ def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
         own_etcd: bool = False,
         extra_args: Sequence[str] = (),
         group_size: int = 1,
+        config: Mapping[str, Any] | None = None,
+        broker_args: Mapping[int, Sequence[str]] | None = None,
     ) -> LocalCluster:
         if etcd is None and not own_etcd:
             etcd = request.getfixturevalue("mqk_etcd").url
@@ -306,6 +313,8 @@ def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
             cluster_id=cluster_id,
             extra_args=extra_args,
             group_size=group_size,
+            config={"store": {"commitlog_segment_bytes": TEST_SEGMENT_BYTES}, **(config or {})},
+            broker_args=broker_args,
         )
         started.append(cluster)
         return cluster.start()

@@ -1,0 +1,472 @@
+"""Replication and failover, for real: one broker group of three `mqk serve --cluster` processes on loopback, etcd,
+confluent-kafka clients, and faults injected with SIGKILL, SIGSTOP/SIGCONT and a TCP proxy on the replication link.
+
+- the kill loop: an idempotent acks=all producer writes unique values to a topic of RF 3 with min.insync.replicas=2
+  while its partitions' master is killed again and again; every acknowledged value is read back exactly once, at
+  the offset it was acknowledged at, and a consumer that read during the loop saw nothing another read contradicts
+  (no two values at one offset: nobody read past the high watermark);
+- a paused master: SIGSTOP past its lease, a new master takes over, SIGCONT: it steps down, and writes it took
+  with acks=1 after it lost its lease are cut from its log (its CommitLog is the new master's prefix again);
+- replicas killed under load: writes go on while the in-sync set keeps min.insync.replicas; with too few, acks=all
+  is refused NOT_ENOUGH_REPLICAS while acks=1 goes on; restarted, the replicas catch up and rejoin the set;
+- a slow, then cut replication link (a proxy in front of every broker's replication listener): the replica leaves
+  the in-sync set and rejoins it; nothing acknowledged is lost.
+
+Every wait is bounded; the fixtures stop every process (by pid) and etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from helpers import wait_until
+
+from mqk.cluster_local import LocalCluster, free_port
+from mqk.config import StoreConfig
+from mqk.store.file.engine import FileEngine
+from mqk.testing import TEST_SEGMENT_BYTES
+
+pytestmark = pytest.mark.timeout(300)
+
+#: the brokers' lease TTL: how long a dead or paused master keeps its group
+SESSION_MS = 3000
+#: replica.lag.time.max.ms: how long a replica that stopped catching up stays in sync
+LAG_MS = 3000
+CONFIG = {"cluster_session_timeout_ms": SESSION_MS, "replica_lag_time_max_ms": LAG_MS}
+#: how long a failover or a rejoin may take on a machine busy with other tests
+SETTLE_S = 60
+
+
+def three_replicas(factory: Callable[..., LocalCluster], **kwargs: Any) -> LocalCluster:
+    return factory(3, group_size=3, config=CONFIG, **kwargs)
+
+
+def create_topic(cluster: LocalCluster, name: str, partitions: int = 3, min_insync: int = 2) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, 3, config={"min.insync.replicas": str(min_insync)})], operation_timeout=30
+    )
+    for future in futures.values():
+        future.result(30)
+    wait_until(lambda: len(in_sync(cluster, name)) == 3, SETTLE_S, "all three replicas in sync")
+
+
+def describe(cluster: LocalCluster, topic: str) -> dict[int, Any]:
+    admin = AdminClient({"bootstrap.servers": ",".join(b.bootstrap for b in cluster.brokers if b.running)})
+    md = admin.list_topics(topic, timeout=10)
+    return dict(md.topics[topic].partitions)
+
+
+def leader(cluster: LocalCluster, topic: str) -> int:
+    return describe(cluster, topic)[0].leader
+
+
+def in_sync(cluster: LocalCluster, topic: str) -> list[int]:
+    try:
+        return sorted(describe(cluster, topic)[0].isrs)
+    except KafkaException:
+        return []
+
+
+def read_all(cluster: LocalCluster, topic: str, expect: int, group: str) -> dict[tuple[int, int], bytes]:
+    """(partition, offset) -> value of everything a consumer group reads, until `expect` records or a quiet spell."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    seen: dict[tuple[int, int], bytes] = {}
+    deadline = time.monotonic() + SETTLE_S
+    quiet_until = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline and (len(seen) < expect or time.monotonic() < quiet_until):
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            key = (msg.partition(), msg.offset())
+            assert seen.get(key, msg.value()) == msg.value(), f"two values at {key}"
+            seen[key] = msg.value()
+            if len(seen) >= expect:
+                quiet_until = min(quiet_until, time.monotonic() + 1)
+    finally:
+        consumer.close()
+    return seen
+
+
+class AckedProducer:
+    """An idempotent producer writing unique values in a thread, recording where each acknowledged value landed."""
+
+    def __init__(self, cluster: LocalCluster, topic: str, acks: str = "all", **conf: Any) -> None:
+        self.producer = Producer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "acks": acks,
+                "enable.idempotence": acks == "all",
+                "linger.ms": 2,
+                "message.timeout.ms": 120_000,
+                "topic.metadata.refresh.interval.ms": 1000,
+                **conf,
+            }
+        )
+        self.topic = topic
+        #: values are unique across producers: `<prefix>-<sequence>`
+        self.prefix = uuid.uuid4().hex[:8].encode()
+        self.acked: dict[bytes, tuple[int, int]] = {}
+        self.failed: list[KafkaError] = []
+        self.ack_times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = 0
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.failed.append(err)
+            return
+        self.acked[msg.value()] = (msg.partition(), msg.offset())
+        self.ack_times.append(time.monotonic())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                value = b"%s-%08d" % (self.prefix, self.sent)
+                self.producer.produce(self.topic, value=value, on_delivery=self._delivered)
+                self.sent += 1
+            except BufferError:
+                self.producer.poll(0.05)
+                continue
+            if self.sent % 20 == 0:
+                self.producer.poll(0.01)  # about 2,000 records a second: load, not a flood to read back
+
+    def __enter__(self) -> AckedProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(30)
+            self.producer.flush(SETTLE_S)
+
+    def acks_after(self, moment: float) -> int:
+        return sum(1 for t in self.ack_times if t > moment)
+
+
+def assert_every_ack_read_once(acked: dict[bytes, tuple[int, int]], seen: dict[tuple[int, int], bytes]) -> None:
+    values = list(seen.values())
+    distinct = set(values)
+    assert len(values) == len(distinct), "a value was stored twice"
+    lost = [v for v in acked if v not in distinct]
+    assert not lost, f"{len(lost)} acknowledged values lost, e.g. {lost[:3]}"
+    moved = [(v, at) for v, at in acked.items() if seen.get(at) != v]
+    assert not moved, f"acknowledged values not at their offsets: {moved[:3]}"
+
+
+# --- the kill loop ------------------------------------------------------------------------------------------------
+
+
+KILLS = 10
+
+
+def test_killing_the_master_again_and_again_loses_no_acknowledged_record(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = three_replicas(mqk_cluster_factory)
+    create_topic(cluster, "loop")
+    rng = random.Random(25)
+    failovers: list[float] = []
+    during: dict[tuple[int, int], bytes] = {}
+    reading = threading.Event()
+
+    def read_during() -> None:
+        consumer = Consumer(
+            {"bootstrap.servers": cluster.bootstrap, "group.id": "during", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe(["loop"])
+        try:
+            while not reading.is_set():
+                msg = consumer.poll(0.1)
+                if msg is not None and not msg.error():
+                    during[(msg.partition(), msg.offset())] = msg.value()
+        finally:
+            consumer.close()
+
+    reader = threading.Thread(target=read_during, daemon=True)
+    reader.start()
+    with AckedProducer(cluster, "loop") as producer:
+        wait_until(lambda: len(producer.acked) > 500, SETTLE_S, "the first acknowledgements")
+        for _ in range(KILLS):
+            time.sleep(rng.uniform(0.2, 1.5))  # a random moment of the load
+            master = leader(cluster, "loop")
+            killed_at = time.monotonic()
+            cluster.kill(master)
+            wait_until(
+                lambda t=killed_at, m=master: producer.acks_after(t) > 0 and leader(cluster, "loop") != m,
+                SETTLE_S,
+                "an acknowledged write on a new master",
+            )
+            failovers.append(min(t for t in producer.ack_times if t > killed_at) - killed_at)
+            cluster.restart(master)
+            wait_until(lambda: len(in_sync(cluster, "loop")) == 3, SETTLE_S, "the restarted broker back in sync")
+    reading.set()
+    reader.join(30)
+    assert not producer.failed, producer.failed[:3]
+    seen = read_all(cluster, "loop", len(producer.acked), "after")
+    assert_every_ack_read_once(producer.acked, seen)
+    contradicted = [(at, v) for at, v in during.items() if seen.get(at) != v]
+    assert not contradicted, f"read during the loop, then gone or changed: {contradicted[:3]}"
+    failovers.sort()
+    print(
+        f"kill loop: {len(producer.acked)} records acknowledged, {KILLS} failovers, kill to first acknowledged "
+        f"write p50 {failovers[len(failovers) // 2]:.2f} s, max {failovers[-1]:.2f} s"
+    )
+
+
+# --- a paused master ----------------------------------------------------------------------------------------------
+
+
+def test_a_paused_master_steps_down_and_its_writes_after_losing_the_lease_are_cut(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = three_replicas(mqk_cluster_factory)
+    create_topic(cluster, "paused", partitions=1)
+    with AckedProducer(cluster, "paused") as before:
+        wait_until(lambda: len(before.acked) > 200, SETTLE_S, "acknowledged writes")
+    old = leader(cluster, "paused")
+    # a client that knows only the old master and never retries, acks=1: what it is told was written after the
+    # lease was lost must not survive
+    stale = Producer(
+        {
+            "bootstrap.servers": cluster.broker(old).bootstrap,
+            "acks": 1,
+            "enable.idempotence": False,
+            "retries": 0,
+            "message.timeout.ms": 20_000,
+            "topic.metadata.refresh.interval.ms": 600_000,
+        }
+    )
+    stale.produce("paused", value=b"warm-up", partition=0)
+    stale.flush(10)
+    late: list[bytes] = []
+    cluster.pause(old)
+    try:
+        wait_until(lambda: leader_seen_by_others(cluster, old, "paused") not in (-1, old), SETTLE_S, "a new master")
+        for i in range(200):  # queued in its socket while it sleeps: served, or refused, as it wakes
+            stale.produce(
+                "paused",
+                value=b"late%d" % i,
+                partition=0,
+                on_delivery=lambda err, msg: late.append(msg.value()) if err is None else None,
+            )
+        stale.poll(0.5)
+    finally:
+        cluster.resume(old)
+    stale.flush(30)
+    new = leader_seen_by_others(cluster, old, "paused")
+    assert new not in (-1, old)
+    with AckedProducer(cluster, "paused") as after:
+        wait_until(lambda: len(after.acked) > 200, SETTLE_S, "writes on the new master")
+    wait_until(lambda: in_sync(cluster, "paused") == [0, 1, 2], SETTLE_S, "the old master back in sync")
+    seen = read_all(cluster, "paused", len(before.acked) + len(after.acked), "check")
+    assert_every_ack_read_once({**before.acked, **after.acked}, seen)
+    survived = [v for v in late if v in set(seen.values())]
+    assert not survived, f"writes the old master took after losing its lease survived: {survived[:3]}"
+    cut = "diverged from master epoch" in cluster.broker(old).stderr()
+    print(f"paused master: {len(late)} late writes acknowledged by it; its log was cut: {cut}")
+    assert cut or not late, "the old master acknowledged late writes but never cut its log"
+    cluster.stop()
+    # its CommitLog is the new master's, byte for byte
+    logs = {n: commitlog(cluster.broker(n).data_dir) for n in (old, new)}
+    assert logs[old] and logs[old] == logs[new]
+
+
+def commitlog(data_dir: Path) -> bytes:
+    """A stopped broker's whole CommitLog, as recovery finds it."""
+
+    async def read() -> bytes:
+        config = StoreConfig(data_dir=data_dir, commitlog_segment_bytes=TEST_SEGMENT_BYTES)
+        engine = FileEngine(config, data_dir)
+        await engine.start()
+        try:
+            out = bytearray()
+            offset = engine.log_start
+            while offset < engine.log_end:
+                chunk = engine.read_log(offset, 1 << 20)
+                out += chunk
+                offset += len(chunk)
+            return bytes(out)
+        finally:
+            await engine.close()
+
+    return asyncio.run(read())
+
+
+def leader_seen_by_others(cluster: LocalCluster, exclude: int, topic: str) -> int:
+    bootstrap = ",".join(b.bootstrap for b in cluster.brokers if b.node_id != exclude)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        return admin.list_topics(topic, timeout=5).topics[topic].partitions[0].leader
+    except KafkaException:
+        return -1
+
+
+# --- replicas killed under load -----------------------------------------------------------------------------------
+
+
+def test_writes_go_on_while_min_insync_replicas_hold_and_replicas_catch_up_after_restart(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = three_replicas(mqk_cluster_factory)
+    create_topic(cluster, "shrink", partitions=2)
+    master = leader(cluster, "shrink")
+    replicas = [n for n in cluster.node_ids if n != master]
+    with AckedProducer(cluster, "shrink") as producer:
+        wait_until(lambda: len(producer.acked) > 200, SETTLE_S, "acknowledged writes")
+        cluster.kill(replicas[0])
+        wait_until(lambda: in_sync(cluster, "shrink") == sorted([master, replicas[1]]), SETTLE_S, "the set shrunk")
+        shrunk_at = time.monotonic()
+        wait_until(lambda: producer.acks_after(shrunk_at) > 200, SETTLE_S, "acks=all writes with two in sync")
+    assert not producer.failed, producer.failed[:3]
+    cluster.kill(replicas[1])
+    wait_until(lambda: in_sync(cluster, "shrink") == [master], SETTLE_S, "the master alone in sync")
+    refused = produce_one(cluster, "shrink", acks="all")
+    assert refused is not None and refused.code() == KafkaError.NOT_ENOUGH_REPLICAS, refused
+    assert produce_one(cluster, "shrink", acks="1") is None
+    for node in replicas:
+        cluster.restart(node)
+    wait_until(lambda: len(in_sync(cluster, "shrink")) == 3, SETTLE_S, "both replicas caught up and back in sync")
+    assert produce_one(cluster, "shrink", acks="all") is None
+    seen = read_all(cluster, "shrink", len(producer.acked), "shrink")
+    assert_every_ack_read_once(producer.acked, seen)
+
+
+def produce_one(cluster: LocalCluster, topic: str, acks: str) -> KafkaError | None:
+    """One write's error (None: acknowledged)."""
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "acks": acks, "message.timeout.ms": 5000, "retries": 0}
+    )
+    errors: list[KafkaError | None] = []
+    value = b"one-%s-%f" % (acks.encode(), time.monotonic())
+    producer.produce(topic, value=value, partition=0, on_delivery=lambda err, _msg: errors.append(err))
+    producer.flush(15)
+    assert errors, "no delivery report"
+    return errors[0]
+
+
+# --- a slow and a cut replication link ----------------------------------------------------------------------------
+
+
+class Proxy:
+    """A TCP proxy in front of one listener, in a thread of its own: `delay` holds every chunk that long before
+    passing it on; `cut()` drops every connection and refuses new ones until `heal()`."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self.delay = 0.0
+        self.refusing = False
+        self._loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update((writer, up_writer))
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+            self._writers.discard(writer)
+
+    def cut(self) -> None:
+        self.refusing = True
+
+        def close_all() -> None:
+            for w in list(self._writers):
+                w.transport.abort()
+
+        self._loop.call_soon_threadsafe(close_all)
+
+    def heal(self) -> None:
+        self.refusing = False
+
+    def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_a_slow_then_cut_replication_link_takes_the_replicas_out_of_sync_and_back(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    # every broker listens for replicas on a port of its own and advertises a proxy in front of it, so whichever
+    # is master, its replicas come through a proxy the test holds
+    ports = {n: free_port() for n in range(3)}
+    proxies = {n: Proxy(("127.0.0.1", ports[n])) for n in range(3)}
+    try:
+        cluster = three_replicas(
+            mqk_cluster_factory,
+            broker_args={
+                n: ["--replication-listen", f"127.0.0.1:{ports[n]}",
+                    "--advertise", f"replication=127.0.0.1:{proxies[n].port}"]
+                for n in range(3)
+            },
+        )  # fmt: skip
+        create_topic(cluster, "slow", partitions=1, min_insync=1)
+        master = leader(cluster, "slow")
+        proxy = proxies[master]
+        with AckedProducer(cluster, "slow") as producer:
+            wait_until(lambda: len(producer.acked) > 200, SETTLE_S, "acknowledged writes")
+            proxy.delay = LAG_MS / 1000 * 2  # every replica falls behind past replica.lag.time.max.ms
+            wait_until(lambda: in_sync(cluster, "slow") == [master], SETTLE_S, "the slow replicas out of sync")
+            alone_at = time.monotonic()
+            wait_until(lambda: producer.acks_after(alone_at) > 100, SETTLE_S, "writes acknowledged by the master")
+            proxy.delay = 0.0
+            proxy.cut()  # and the links dropped: the replicas connect again once it heals
+            time.sleep(0.5)
+            proxy.heal()
+            wait_until(lambda: len(in_sync(cluster, "slow")) == 3, SETTLE_S, "the replicas back in sync")
+        assert not producer.failed, producer.failed[:3]
+        seen = read_all(cluster, "slow", len(producer.acked), "slow")
+        assert_every_ack_read_once(producer.acked, seen)
+    finally:
+        for p in proxies.values():
+            p.close()
