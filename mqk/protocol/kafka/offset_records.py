@@ -33,6 +33,9 @@ from mqk.protocol.kafka.records import batch_records
 
 recbatch = load("recbatch")
 
+#: Kafka's internal topic of committed offsets (its partition, by the hash of a group id, places the group's
+#: coordinator)
+OFFSETS_TOPIC = "__consumer_offsets"
 #: key versions of an offset commit (0 and 1 have one layout); mqk writes KEY_VERSION
 OFFSET_KEY_VERSIONS = (0, 1)
 KEY_VERSION = 1
@@ -227,6 +230,7 @@ def offset_records(batch: bytes | bytearray | memoryview) -> Iterator[OffsetReco
 
 __all__ = [
     "KEY_VERSION",
+    "OFFSETS_TOPIC",
     "VALUE_VERSION",
     "OffsetKey",
     "OffsetRecord",
