@@ -18,11 +18,12 @@ Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBroke
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from dataclasses import dataclass
 
 from mqk._fast import load
-from mqk.errors import OffsetOutOfRange, StorageError
+from mqk.errors import KafkaError, OffsetOutOfRange, StorageError
 from mqk.protocol.native.codes import (
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
@@ -36,6 +37,8 @@ from mqk.server.native.clients import ClientManager, parse_subscription
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 from mqk.store.adapter import GroupOffset
+
+log = logging.getLogger("mqk.native")
 
 cqunit = load("cqunit")
 
@@ -97,7 +100,10 @@ class PullProcessor:
 
         if sys_flag & PULL_FLAG_COMMIT_OFFSET and commit_offset is not None and commit_offset >= 0:
             committed = GroupOffset(commit_offset, "", self.ctx.now_ms())
-            await self.ctx.store.commit_offsets(group, {(topic, queue): committed})
+            try:
+                await self.ctx.store.commit_offsets(group, {(topic, queue): committed})
+            except (StorageError, KafkaError) as exc:  # the pull is served all the same; the client commits again
+                log.warning("group %s: offset commit with a pull of %s-%d failed: %s", group, topic, queue, exc)
 
         clock = self.ctx.clock
         deadline = clock.monotonic() + suspend_ms / 1000
