@@ -52,6 +52,9 @@ class OffsetProcessor:
         if error is not None:
             return error
         assert offset is not None
+        current = self.ctx.store.fetch_offsets(group).get((topic, queue))
+        if current is not None and current.offset == offset:
+            return cmd.response(ResponseCode.SUCCESS)  # (sent every few seconds, mostly unchanged: no record)
         try:
             await self.ctx.store.commit_offsets(group, {(topic, queue): GroupOffset(offset, "", self.ctx.now_ms())})
         except (StorageError, KafkaError) as exc:  # (cluster mode: NOT_COORDINATOR on a broker that is no master)

@@ -98,7 +98,12 @@ class PullProcessor:
         else:
             _, tags = self.clients.subscription(group, topic)
 
-        if sys_flag & PULL_FLAG_COMMIT_OFFSET and commit_offset is not None and commit_offset >= 0:
+        if (
+            sys_flag & PULL_FLAG_COMMIT_OFFSET
+            and commit_offset is not None
+            and commit_offset >= 0
+            and not _committed_already(self.ctx, group, topic, queue, commit_offset)
+        ):
             committed = GroupOffset(commit_offset, "", self.ctx.now_ms())
             try:
                 await self.ctx.store.commit_offsets(group, {(topic, queue): committed})
@@ -192,3 +197,10 @@ class PullProcessor:
         if next_offset <= offset:
             return answer(ResponseCode.PULL_NOT_FOUND, offset, "no new message")
         return answer(ResponseCode.PULL_RETRY_IMMEDIATELY, next_offset, "no matched message")
+
+
+def _committed_already(ctx: BrokerContext, group: str, topic: str, queue: int, offset: int) -> bool:
+    """Whether `offset` is what `group` has committed for the queue already: a push consumer sends its offset with
+    every pull, mostly unchanged, and each commit costs a record in the log (cluster mode) or a journal write."""
+    current = ctx.store.fetch_offsets(group).get((topic, queue))
+    return current is not None and current.offset == offset
