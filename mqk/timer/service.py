@@ -168,7 +168,7 @@ class TimerService:
             try:
                 await self._begin()
                 break
-            except StorageError:
+            except Exception:  # noqa: BLE001 - a master must deliver eventually: say why, and try again
                 log.exception("timer: cannot load its state from the log; retrying")
                 self._reset()
                 await self.clock.sleep(1)
