@@ -36,17 +36,18 @@ compat-deps: $(JSDIR)/node_modules/.stamp
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server >/dev/null; }
 
-# The whole suite (unit, scenario, integration, compat with real clients), then the unit tests once more
-# on the pure-Python twins.
-test: $(STAMP) compat-deps
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit
+# The gates (make lint), then the whole suite (unit, scenario, integration, compat with real clients) with its line
+# coverage per package, then the unit and scenario tests once more on the pure-Python twins.
+test: lint compat-deps
+	$(PY) -m coverage run -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) tools/coverage_summary.py
+	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit tests/scenario
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 test-twins: $(STAMP)
-	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q tests/unit
+	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q tests/unit tests/scenario
 
 # The Kafka codecs (mqk/protocol/kafka/messages/) from the spec files of the one kafka-python release that
 # pyproject.toml's `gen` extra pins (`.[dev]` includes it); the generator refuses any other version.
@@ -56,8 +57,17 @@ gen: $(STAMP)
 gen-check: $(STAMP)
 	$(PY) tools/gen_kafka_messages.py --check
 
+# What CI holds every change to, before any test: lint rules, formatting, the generated codecs being current, types,
+# and the import graph (the layers in pyproject.toml, data flowing down only, no cycles).
+LINT_PATHS = mqk tests compat bench tools fuzz setup.py
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check mqk tests compat bench tools
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(PY) tools/gen_kafka_messages.py --check
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo pyproject.toml
+	$(PY) tools/import_cycles.py
 
 bench: $(STAMP)
 	$(PY) bench/store_bench.py

@@ -3,6 +3,7 @@
 Every mqk/_fast/<name>.pyx has a twin mqk/_fast/<name>_py.py. A missing compiler is not fatal: the package
 still works (slower), and `import mqk` warns loudly that it runs on the twins.
 """
+
 import glob
 import os
 import sys
@@ -21,7 +22,7 @@ class OptionalBuildExt(build_ext):
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any build failure of one kernel falls back to its twin
             self._warn(exc, ext.name)
 
     @staticmethod

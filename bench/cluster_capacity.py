@@ -36,8 +36,8 @@ import produce_capacity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mqk.cluster_local import LocalCluster  # noqa: E402
-from mqk.server.kafka.rawclient import make_batch  # noqa: E402
+from mqk.cluster_local import LocalCluster
+from mqk.server.kafka.rawclient import make_batch
 
 
 def leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> dict[int, list[int]]:

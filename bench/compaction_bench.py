@@ -22,17 +22,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Producer
 
-from mqk.config import TopicConfig  # noqa: E402
-from mqk.services.compaction import MAP_ENTRY_BYTES, key_digest  # noqa: E402
-from mqk.testing import ThreadedBroker, broker_config  # noqa: E402
+from mqk.config import TopicConfig
+from mqk.services.compaction import MAP_ENTRY_BYTES, key_digest
+from mqk.testing import ThreadedBroker, broker_config
 
 
 def percentile(values: list[float], p: float) -> float:
     if not values:
         return 0.0
-    return values[min(len(values) - 1, max(0, int(round(p / 100 * len(values) + 0.5)) - 1))]
+    return values[min(len(values) - 1, max(0, round(p / 100 * len(values) + 0.5) - 1))]
 
 
 def perf_line(n: int, seconds: float, nbytes: int, latencies_ms: list[float]) -> str:
@@ -72,7 +72,6 @@ def produce(bootstrap: str, topic: str, n: int, keys: int, value_size: int, unti
         return cb
 
     start = time.perf_counter()
-    sent = 0
     for i in range(n):
         if until is not None and i % 1000 == 0 and until():
             break
@@ -84,7 +83,6 @@ def produce(bootstrap: str, topic: str, n: int, keys: int, value_size: int, unti
                 break
             except BufferError:
                 producer.poll(0.01)
-        sent += 1
         if i % 1000 == 0:
             producer.poll(0)
     producer.flush(120)

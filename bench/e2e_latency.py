@@ -71,7 +71,7 @@ def _consume(
             # timeout, adding up to that timeout to every latency); then take what else is already buffered.
             first = consumer.poll(0.05)
             now = time.time_ns()
-            batch = [first] + consumer.consume(num_messages=1000, timeout=0) if first is not None else []
+            batch = [first, *consumer.consume(num_messages=1000, timeout=0)] if first is not None else []
             if batch:
                 last = time.monotonic()
                 first_ns = first_ns or now
@@ -353,7 +353,7 @@ def run_raw(
 
 def _weighted(samples: list[tuple[float, int]], total: int, p: float) -> float:
     """Nearest-rank percentile of sorted (value, weight) pairs."""
-    rank = max(1, int(round(p / 100.0 * total + 0.5)))
+    rank = max(1, round(p / 100.0 * total + 0.5))
     seen = 0
     for value, weight in samples:
         seen += weight

@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from mqk._fast import compiled, twin  # noqa: E402
+from mqk._fast import compiled, twin
 
 
 def timed(fn, min_seconds: float, rounds: int = 5) -> tuple[int, float]:

@@ -22,7 +22,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import perfutil
 

@@ -13,8 +13,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -35,7 +36,7 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile of an already sorted sequence (0 for an empty one)."""
     if not sorted_values:
         return 0.0
-    rank = min(len(sorted_values) - 1, max(0, int(round(p / 100.0 * len(sorted_values) + 0.5)) - 1))
+    rank = min(len(sorted_values) - 1, max(0, round(p / 100.0 * len(sorted_values) + 0.5) - 1))
     return float(sorted_values[rank])
 
 
@@ -49,10 +50,8 @@ def proc_cpu_seconds(pid: int) -> float:
 def _set_affinity(pid: int, cpus: set[int]) -> None:
     """Every thread of process `pid` (a new thread inherits its creator's set) may run on `cpus` only."""
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            pass
 
 
 @contextlib.contextmanager
@@ -134,7 +133,7 @@ class Broker:
             if self._tmp is not None:
                 self._tmp.cleanup()
 
-    def __enter__(self) -> "Broker":
+    def __enter__(self) -> Broker:
         return self
 
     def __exit__(self, *exc: Any) -> None:

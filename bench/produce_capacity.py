@@ -30,9 +30,9 @@ import perfutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mqk.protocol.kafka.api import ApiKey  # noqa: E402
-from mqk.protocol.kafka.codec import decode_response_frame, encode_request  # noqa: E402
-from mqk.server.kafka.rawclient import make_batch  # noqa: E402
+from mqk.protocol.kafka.api import ApiKey
+from mqk.protocol.kafka.codec import decode_response_frame, encode_request
+from mqk.server.kafka.rawclient import make_batch
 
 PRODUCE_VERSION = 9
 _SIZE = struct.Struct(">i")

@@ -201,7 +201,7 @@ class NodeProcess:
         assert self.proc.stderr is not None
         try:
             for line in self.proc.stderr:
-                self.stderr_tail = (self.stderr_tail + [line])[-40:]
+                self.stderr_tail = ([*self.stderr_tail, line])[-40:]
         except ValueError:
             pass
 
@@ -281,7 +281,7 @@ class ThreadMember:
             if client is not None:
                 try:
                     self._shutdown(client)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:  # noqa: BLE001 - reported by close(), after the run's own error
                     self.error = self.error or exc
 
     def close(self, timeout: float = 20) -> None:

@@ -25,7 +25,7 @@ from compat_helpers import free_port, hostport, unique
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import kafka
-    import kafka.admin  # noqa: F401
+    import kafka.admin  # noqa: F401 - imported for the warning filter around it, used by the tests later
 
 
 def start_broker(data_dir: Path, storage: str, extra_args: tuple[str, ...] = ()) -> Any:
@@ -40,7 +40,7 @@ def stop_broker(broker: Any) -> None:
     except Exception:  # noqa: BLE001 - teardown must not mask the test's own failure
         try:
             broker.kill()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - teardown must not mask the test's own failure
             print(f"broker teardown failed: {exc!r}")
 
 

@@ -29,7 +29,12 @@ CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
 
 
 async def read_partition(
-    bootstrap: str, topic: str, partition: int, start: int, count: int, timeout: float = 20
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    start: int,
+    count: int,
+    timeout: float = 20,  # noqa: ASYNC109 - one deadline for the whole read, a test helper's
 ) -> list[Any]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import gc
 import time
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from compat_helpers import (

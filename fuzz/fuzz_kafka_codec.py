@@ -29,10 +29,7 @@ def test_one_input(data: bytes) -> None:
             req = conn.next_request()
             if req is None:
                 break
-            if req.unsupported:
-                body = api.api_versions_unsupported_body()
-            else:
-                body = {}
+            body = api.api_versions_unsupported_body() if req.unsupported else {}
             b"".join(bytes(p) for p in codec.encode_response(req, body))
     except MqkError:
         pass

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
 import sys
 import time
 
-from mqk import __version__
+from mqk import __version__, cli_admin
 from mqk.config import BrokerConfig
 
 log = logging.getLogger("mqk")
@@ -74,7 +75,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
 
 
 async def _serve(config: BrokerConfig) -> None:
-    from mqk.runtime import BrokerRuntime
+    from mqk.runtime import BrokerRuntime  # (imported here: the admin commands never load the broker)
 
     runtime = BrokerRuntime(config)
     stop = asyncio.Event()
@@ -178,7 +179,7 @@ class SurvivorFreezer:
         self.freezes = 0
         self._started = 0.0
 
-    def install(self) -> "SurvivorFreezer":
+    def install(self) -> SurvivorFreezer:
         gc.callbacks.append(self._on_collection)
         return self
 
@@ -203,10 +204,8 @@ class SurvivorFreezer:
         if self.loop is None:
             log.info(*args)
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads the log line any more
             self.loop.call_soon_threadsafe(log.info, *args)
-        except RuntimeError:  # the loop closed: nobody reads the log line any more
-            pass
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -305,8 +304,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _cluster_parser(sub)
-    from mqk import cli_admin
-
     cli_admin.register(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -14,9 +14,17 @@ import sys
 import time
 from typing import Any
 
+from mqk._fast import load
+from mqk.client import Message, Producer
+from mqk.client.base import ClientBase
+from mqk.client.remoting import ClientError
+from mqk.client.tools import consume
 from mqk.config import parse_hostport
 from mqk.errors import KafkaError
 from mqk.protocol.kafka.api import ApiKey
+from mqk.protocol.kafka.records import decompress
+from mqk.protocol.native.codes import RequestCode, ResponseCode
+from mqk.protocol.native.message import decode_messages
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -204,8 +212,6 @@ async def produce_kafka(args: argparse.Namespace) -> None:
 
 
 async def produce_native(args: argparse.Namespace) -> None:
-    from mqk.client import Message, Producer
-
     values = _input_values(args)
     properties = _parse_configs(args.header)
     async with Producer(args.namesrv, "mqk-cli-producer") as producer:
@@ -222,6 +228,7 @@ async def produce_native(args: argparse.Namespace) -> None:
                 )
             )
         if values:
+            assert result is not None  # (a send that is not one-way always answers)
             print(
                 f"{len(values)} message(s) sent to {args.topic}, last to queue {result.queue.queue_id} "
                 f"at offset {result.queue_offset}",
@@ -230,8 +237,6 @@ async def produce_native(args: argparse.Namespace) -> None:
 
 
 async def consume_native(args: argparse.Namespace) -> None:
-    from mqk.client.tools import consume
-
     def out(msg: Any) -> None:
         if args.json:
             print(
@@ -270,9 +275,6 @@ def _by_protocol(kafka: Any, native: Any) -> Any:
 
 
 async def consume_kafka(args: argparse.Namespace) -> None:
-    from mqk._fast import load
-    from mqk.protocol.kafka.records import decompress
-
     recbatch = load("recbatch")
     printed = 0
     deadline = time.monotonic() + args.timeout
@@ -359,10 +361,6 @@ async def query_by_key(args: argparse.Namespace) -> None:
     """QUERY_MESSAGE (RocketMQ's query by key) to every broker of the topic's name-server route. The broker's key
     index holds RocketMQ `KEYS` and, on topics with `index.keys=true`, Kafka record keys; a key that matches
     nothing prints nothing (exit 0)."""
-    from mqk.client.base import ClientBase
-    from mqk.client.remoting import ClientError
-    from mqk.protocol.native.codes import RequestCode, ResponseCode
-    from mqk.protocol.native.message import decode_messages
 
     if args.max < 1:
         raise CommandError(f"--max must be at least 1, not {args.max}")
@@ -509,7 +507,7 @@ def run_command(args: argparse.Namespace) -> int:
     except CommandError as exc:
         print(f"mqk: {exc}", file=sys.stderr)
         return 1
-    except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, ConnectionError, OSError) as exc:
         print(f"mqk: cannot reach the broker: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
     return 0

@@ -228,7 +228,7 @@ async def settle(limit: int = 10_000) -> None:
         await asyncio.sleep(0)
 
 
-async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool:
+async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109 - on the injected clock, which asyncio.timeout cannot follow
     """Wait until `event` is set or `timeout` seconds of `clock` time have passed, whichever comes first (what
     `asyncio.wait_for(event.wait(), timeout)` does on the loop's own clock); True when the event was set."""
     if event.is_set():

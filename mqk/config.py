@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 FLUSH_ASYNC = "async"
 FLUSH_SYNC = "sync"
@@ -106,7 +107,7 @@ class TopicConfigKey:
         """Why `value` is not acceptable for this key, or None if it is."""
         key, kind = self.name, self.type
         try:
-            if kind == INT or kind == LONG:
+            if kind in (INT, LONG):
                 number: int | float = int(value)
                 if not self._in_range(number):
                     return f"{key}={value} is out of range"
@@ -212,7 +213,7 @@ class TopicConfig:
     def compacted(self) -> bool:
         return "compact" in self.get("cleanup.policy")
 
-    def with_overrides(self, changes: Mapping[str, str | None]) -> "TopicConfig":
+    def with_overrides(self, changes: Mapping[str, str | None]) -> TopicConfig:
         merged = dict(self.overrides)
         for key, value in changes.items():
             if value is None:
@@ -272,7 +273,7 @@ class BrokerConfig:
         return self.broker_group or (f"group-{self.node_id}" if self.cluster else self.broker_name)
 
     @classmethod
-    def load(cls, path: str | Path | None = None, **flags: Any) -> "BrokerConfig":
+    def load(cls, path: str | Path | None = None, **flags: Any) -> BrokerConfig:
         """Build from an optional TOML file, then flags (non-None values win)."""
         values: dict[str, Any] = {}
         store_values: dict[str, Any] = {}

@@ -8,6 +8,8 @@ place that maps them to Kafka codes is `kafka_code_for()` at the bottom of this 
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 
 class MqkError(Exception):
     """Base of every error mqk raises on purpose."""
@@ -106,16 +108,16 @@ class FrameTooLarge(ProtocolError):
 class KafkaError(MqkError):
     code: int = -1
     retriable: bool = False
-    _by_code: dict[int, type["KafkaError"]] = {}
+    _by_code: ClassVar[dict[int, type[KafkaError]]] = {}
 
-    def __init_subclass__(cls, **kw):
+    def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if cls.code in KafkaError._by_code:
             raise TypeError(f"duplicate Kafka error code {cls.code}: {cls.__name__}")
         KafkaError._by_code[cls.code] = cls
 
     @classmethod
-    def for_code(cls, code: int) -> type["KafkaError"]:
+    def for_code(cls, code: int) -> type[KafkaError]:
         return KafkaError._by_code.get(code, UnknownServerError)
 
 

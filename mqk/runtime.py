@@ -57,7 +57,7 @@ class BrokerRuntime:
         self.compaction: CompactionService | None = None
         self.cluster: ClusterMember | None = None
 
-    async def start(self) -> "BrokerRuntime":
+    async def start(self) -> BrokerRuntime:
         cfg = self.config
         try:
             self.store = StoreManager(cfg.store)
@@ -162,13 +162,13 @@ class BrokerRuntime:
             part = self._parts.pop()
             try:
                 await part.stop()
-            except Exception:  # noqa: BLE001 - keep stopping the rest; the store must still close
+            except Exception:  # keep stopping the rest; the store must still close
                 log.exception("error stopping %s", type(part).__name__)
         if self.store is not None:
             store, self.store = self.store, None
             await store.close()
 
-    async def __aenter__(self) -> "BrokerRuntime":
+    async def __aenter__(self) -> BrokerRuntime:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

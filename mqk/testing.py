@@ -41,10 +41,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -70,7 +70,7 @@ class ThreadedBroker:
     """A BrokerRuntime running on its own event loop in a daemon thread, on `clock` (the system clock by default)."""
 
     def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        from mqk.runtime import BrokerRuntime
+        from mqk.runtime import BrokerRuntime  # (here: a pytest session that only loads the plugin stays cheap)
 
         self.config = config
         self.clock = clock
@@ -78,7 +78,7 @@ class ThreadedBroker:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="mqk-broker", daemon=True)
 
-    def start(self) -> "ThreadedBroker":
+    def start(self) -> ThreadedBroker:
         self._thread.start()
         self.call(self.runtime.start())
         return self
@@ -113,15 +113,21 @@ class ThreadedBroker:
 
     @property
     def kafka_address(self) -> tuple[str, int]:
-        return self.runtime.kafka_address
+        address = self.runtime.kafka_address
+        assert address is not None, "the broker is not started"
+        return address
 
     @property
     def native_address(self) -> tuple[str, int]:
-        return self.runtime.native_address
+        address = self.runtime.native_address
+        assert address is not None, "the broker is not started"
+        return address
 
     @property
     def namesrv_address(self) -> tuple[str, int]:
-        return self.runtime.namesrv_address
+        address = self.runtime.namesrv_address
+        assert address is not None, "the broker is not started"
+        return address
 
 
 class BrokerProcess:
@@ -150,7 +156,7 @@ class BrokerProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self) -> "BrokerProcess":
+    def start(self) -> BrokerProcess:
         cmd = [
             sys.executable, "-m", "mqk", "serve",
             "--data-dir", str(self.data_dir),
@@ -161,9 +167,8 @@ class BrokerProcess:
             *self.extra_args,
         ]  # fmt: skip
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
         deadline = time.monotonic() + self.timeout
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
@@ -208,7 +213,7 @@ class BrokerProcess:
         self._close_pipe()
         return code
 
-    def restart(self, kill: bool = False) -> "BrokerProcess":
+    def restart(self, kill: bool = False) -> BrokerProcess:
         self.kill() if kill else self.stop()
         return self.start()
 
@@ -223,7 +228,7 @@ class BrokerProcess:
         if self.proc and self.proc.stdout:
             self.proc.stdout.close()
 
-    def __enter__(self) -> "BrokerProcess":
+    def __enter__(self) -> BrokerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -18,6 +18,7 @@ What lives here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -71,7 +72,7 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = 
         time.sleep(POLL_SECONDS)  # the one synchronous poll of the suite: nothing to wait on but the condition
 
 
-async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:
+async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:  # noqa: ASYNC109 - the failure names what was awaited
     """`wait_until` for a coroutine: the event loop keeps running while it waits (the condition usually depends
     on it, and on a worker thread or a socket peer it serves)."""
     deadline = _Deadline(timeout, what)
@@ -83,7 +84,7 @@ async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, 
         await asyncio.sleep(POLL_SECONDS)  # the one asynchronous poll of the suite (see wait_until)
 
 
-async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: float = 10.0) -> None:
+async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - the failure names what was awaited
     """Return once `topic`/`queue` ends at `end` or later. Woken by the store's data listener (which engines may
     call from their writer thread), so no polling; fails after `timeout` seconds."""
     loop = asyncio.get_running_loop()
@@ -96,17 +97,15 @@ async def queue_reaches(store: Any, topic: str, queue: int, end: int, timeout: f
 
     def listener(grown: str, queue_ends: Sequence[tuple[int, int]]) -> None:
         if listening[0] and grown == topic and any(q == queue and e >= end for q, e in queue_ends):
-            try:
+            with contextlib.suppress(RuntimeError):  # the test's loop is gone: nobody waits any more
                 loop.call_soon_threadsafe(done)
-            except RuntimeError:  # the test's loop is gone: nobody waits any more
-                pass
 
     store.add_listener(listener)
     try:
         if store.end_offset(topic, queue) < end:
             try:
                 await asyncio.wait_for(reached, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise AssertionError(
                     f"{topic}/{queue} ends at {store.end_offset(topic, queue)}, not {end}, after {timeout} s"
                 ) from None

@@ -239,7 +239,7 @@ class Field:
     ignorable: bool
     children: list[Field] | None = None  # struct or struct-array element fields
     struct_name: str | None = None
-    flexible_override: tuple[int, int] | None | bool = False  # False = no override
+    flexible_override: tuple[int, int] | bool | None = False  # False = no override
 
     @property
     def is_array(self) -> bool:
@@ -285,7 +285,7 @@ def build_fields(raw: list[dict[str, Any]], common: dict[str, list[dict[str, Any
             if sub is None:
                 sub = common[elem]
             children = build_fields(sub, common)
-        fo: tuple[int, int] | None | bool = False
+        fo: tuple[int, int] | bool | None = False
         if "flexibleVersions" in f:
             fo = parse_versions(f["flexibleVersions"])
         fields.append(
@@ -441,7 +441,7 @@ class Types:
         return struct if struct.startswith(self.api) else m.name + struct
 
     def add_message(self, m: Message) -> None:
-        self._collect(m, m.name, m.fields, [v for v in range(m.valid[0], m.valid[1] + 1)])
+        self._collect(m, m.name, m.fields, list(range(m.valid[0], m.valid[1] + 1)))
 
     def base(self, f: Field) -> str:
         """The field's type without None."""
@@ -614,7 +614,7 @@ def uvarint_read(var: str, ind: str, two_bytes: bool = False) -> list[str]:
             f"{ind}    {var} = ({var} & 127) | (buf[pos + 1] << 7)",
             f"{ind}    pos += 2",
         ]
-    return lines + [f"{ind}else:", f"{ind}    {var}, pos = _uv(buf, pos)"]
+    return [*lines, f"{ind}else:", f"{ind}    {var}, pos = _uv(buf, pos)"]
 
 
 def uvarint_write(expr: str, ind: str) -> list[str]:
@@ -730,7 +730,7 @@ class DecoderGen:
 
     def read_len(self, var: str, compact: bool, width: int, ind: str, two_bytes: bool = False) -> list[str]:
         if compact:
-            return uvarint_read(var, ind, two_bytes) + [f"{ind}{var} -= 1"]
+            return [*uvarint_read(var, ind, two_bytes), f"{ind}{var} -= 1"]
         fmt = ">h" if width == 2 else ">i"
         return [f"{ind}{var}, = {self.gen.struct(fmt)}.unpack_from(buf, pos)", f"{ind}pos += {width}"]
 
@@ -1299,7 +1299,7 @@ def api_module(pair: dict[str, Message], structs: Structs, spec: SpecSet) -> tup
         body += ["", f"def {name}{text}"]
     body.append("")
     body += [f"{name} = {expr}" for name, expr in sorted(gen.constants.items())]
-    body += [""] + tables + infos
+    body += ["", *tables, *infos]
     for kind, m in (("request", req), ("response", resp)):
         up = kind.upper()
         body += [

@@ -168,11 +168,10 @@ cdef inline uint32_t _crc32c_native(mqk_crc32c_fn fn, const unsigned char* p, Py
 
 cdef inline int _crc32c_resolve(object crc_fn) except -1:
     mqk_crc32c_set(2, 0)
-    try:
-        from mqk._fast import crc32c_native_address
-        address = crc32c_native_address(crc_fn)
-    except Exception:
-        return 0
+    # (imported here, once per module: a .pxd's inline function has no module scope of its own; the function
+    # answers 0 itself when the package's C function cannot be found, so any other error is a bug and raises)
+    from mqk._fast import crc32c_native_address
+    address = crc32c_native_address(crc_fn)
     if not address:
         return 0
     cdef mqk_crc32c_fn fn = <mqk_crc32c_fn><uintptr_t>address

@@ -31,12 +31,18 @@ from __future__ import annotations
 import errno
 import os
 import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from crc32c import crc32c
 
-from mqk._fast.recbatch_py import HEADER_SIZE as BATCH_HEADER_SIZE
+from mqk._fast.api import LogEntry, StagedBatch
+from mqk._fast.recbatch_py import HEADER_SIZE as _BATCH_HEADER_SIZE
 from mqk._fast.recbatch_py import _i32, _i64, _ssize, _view, _writable  # shared argument coercion
 from mqk.errors import Corrupt, OutOfBounds
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 FIXED_HEADER_SIZE = 66
 MAGIC_MESSAGE = 0xDAA320A7
@@ -56,10 +62,12 @@ _I64 = struct.Struct(">q")
 _UNIT = struct.Struct(">qiiqqqq")
 _UNIT_SIZE = 48
 
-_END = (KIND_END, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
+_END: LogEntry = (KIND_END, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
+#: a batch staged in an AppendRun: slot, queue, entry, index, qpos, phys, base, span, running, size
+_Staged: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int]
 
 
-def entry_size(topic_len, body_len) -> int:
+def entry_size(topic_len: int, body_len: int) -> int:
     """Bytes an entry with this topic and body takes. ValueError if the topic is too long or the entry over 2 GiB."""
     topic_len = _ssize(topic_len)
     body_len = _ssize(body_len)
@@ -70,29 +78,29 @@ def entry_size(topic_len, body_len) -> int:
     return FIXED_HEADER_SIZE + topic_len + body_len
 
 
-def head_size(topic_len) -> int:
+def head_size(topic_len: int) -> int:
     """Bytes of an entry's head (fixed header, topic, the body's 8-byte base offset): see `encode_head`."""
     return FIXED_HEADER_SIZE + _ssize(topic_len) + 8
 
 
 def encode_head(
-    head,
-    topic,
-    queue_id,
-    queue_offset,
-    physical_offset,
-    store_timestamp,
-    max_timestamp,
-    tags_code,
-    flags,
-    record_count,
-    body,
+    head: Buffer,
+    topic: bytes,
+    queue_id: int,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp: int,
+    max_timestamp: int,
+    tags_code: int,
+    flags: int,
+    record_count: int,
+    body: Buffer,
 ) -> int:
     """Write the head of a message entry for the record batch `body` into `head[0:head_size(len(topic))]`: the
     fixed header with these fields, the topic, and the batch's base offset set to queue_offset, with the CRC
     covering `body[8:]` too, so that head + body[8:] is the entry. Returns the entry's size (not the head's).
     OutOfBounds if the head does not fit `head`; ValueError if body is no batch."""
-    fields, body = _entry_fields(
+    fields, view = _entry_fields(
         topic,
         queue_id,
         queue_offset,
@@ -109,13 +117,22 @@ def encode_head(
     if n > mv.nbytes:
         raise OutOfBounds(f"entry head of {n} bytes does not fit buffer of {mv.nbytes} bytes")
     _pack_head(mv, 0, fields, topic)
-    _U32.pack_into(mv, 8, crc32c(body[8:], crc32c(mv[CRC_START:n])))
+    _U32.pack_into(mv, 8, crc32c(view[8:], crc32c(mv[CRC_START:n])))
     return fields[0]
 
 
 def _entry_fields(
-    topic, queue_id, queue_offset, physical_offset, store_timestamp, max_timestamp, tags_code, flags, record_count, body
-) -> tuple[tuple, memoryview]:
+    topic: bytes,
+    queue_id: int,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp: int,
+    max_timestamp: int,
+    tags_code: int,
+    flags: int,
+    record_count: int,
+    body: Buffer,
+) -> tuple[tuple[int, ...], memoryview]:
     """The checked header fields (size first) of a message entry, and the body as a memoryview."""
     queue_id = _i32(queue_id)
     queue_offset = _i64(queue_offset)
@@ -127,10 +144,10 @@ def _entry_fields(
     record_count = _i32(record_count)
     if not isinstance(topic, bytes):
         raise TypeError("topic must be bytes")
-    body = _view(body)
-    if body.nbytes < BATCH_HEADER_SIZE:
-        raise ValueError(f"body of {body.nbytes} bytes is not a record batch")
-    size = entry_size(len(topic), body.nbytes)
+    view = _view(body)
+    if view.nbytes < _BATCH_HEADER_SIZE:
+        raise ValueError(f"body of {view.nbytes} bytes is not a record batch")
+    size = entry_size(len(topic), view.nbytes)
     return (
         size,
         queue_id,
@@ -141,10 +158,10 @@ def _entry_fields(
         store_timestamp,
         max_timestamp,
         tags_code,
-    ), body
+    ), view
 
 
-def _pack_head(mv: memoryview, pos: int, fields: tuple, topic: bytes) -> int:
+def _pack_head(mv: memoryview, pos: int, fields: tuple[int, ...], topic: bytes) -> int:
     """Fixed header (CRC left 0), topic and base offset (= queue offset) at `pos`; returns the body's position."""
     _FIXED.pack_into(mv, pos, fields[0], MAGIC_MESSAGE, 0, *fields[1:], len(topic))
     p = pos + FIXED_HEADER_SIZE
@@ -155,7 +172,7 @@ def _pack_head(mv: memoryview, pos: int, fields: tuple, topic: bytes) -> int:
     return p
 
 
-def write_entry(fd, pos, head, head_len, body) -> None:
+def write_entry(fd: int, pos: int, head: Buffer, head_len: int, body: Buffer) -> None:
     """Write the entry whose head is `head[:head_len]` (see `encode_head`) and whose batch is `body` at offset `pos`
     of file `fd`: one pwritev of the head and body[8:] (the batch's base offset is in the head), finishing a short
     write. OSError as os.pwritev raises it; OutOfBounds for a head length outside `head`, a body under 8 bytes or a
@@ -179,7 +196,7 @@ WRITE_ENTRIES_CHUNK = 512
 WRITE_BYTES_CHUNK = 1 << 20
 
 
-def write_entries(fd, pos, heads, head_len, bodies) -> None:
+def write_entries(fd: int, pos: int, heads: Buffer, head_len: int, bodies: Sequence[Buffer]) -> None:
     """Write len(bodies) consecutive entries at offset `pos` of file `fd`: entry i is heads[i * head_len:(i + 1) *
     head_len] (its head, see `encode_head`) followed by bodies[i][8:], as `write_entry` writes one, with one pwritev
     per WRITE_ENTRIES_CHUNK entries or WRITE_BYTES_CHUNK bytes, whichever comes first (an entry larger than that
@@ -194,7 +211,7 @@ def write_entries(fd, pos, heads, head_len, bodies) -> None:
         raise OutOfBounds(f"write of {len(views)} entries with heads of {head_len} bytes in {h.nbytes} at {pos}")
     i = 0
     while i < len(views):
-        parts = []
+        parts: list[memoryview] = []
         nbytes = 0
         for k in range(i, min(i + WRITE_ENTRIES_CHUNK, len(views))):
             nbytes += head_len + views[k].nbytes - 8
@@ -206,10 +223,10 @@ def write_entries(fd, pos, heads, head_len, bodies) -> None:
         pos = _write_all(fd, pos, parts)
 
 
-def _write_all(fd, pos, parts) -> int:
+def _write_all(fd: int, pos: int, parts: list[memoryview]) -> int:
     """pwritev `parts` at `pos` through short writes; returns the position after them."""
     while parts:
-        done = os.pwritev(fd, parts, pos)
+        done: int = os.pwritev(fd, parts, pos)
         if done == 0:
             raise OSError(0, f"pwritev wrote nothing at {pos}")
         pos += done
@@ -220,7 +237,7 @@ def _write_all(fd, pos, parts) -> int:
     return pos
 
 
-def blank_head(size) -> bytes:
+def blank_head(size: int) -> bytes:
     """The bytes a BLANK entry of `size` bytes starts with (its size and magic; what follows them is never read).
     ValueError if size < BLANK_MIN_SIZE."""
     size = _i32(size)
@@ -229,7 +246,7 @@ def blank_head(size) -> bytes:
     return _SIZE_MAGIC.pack(size, MAGIC_BLANK)
 
 
-def read_entry(buf, pos, limit, verify=True) -> tuple:
+def read_entry(buf: Buffer, pos: int, limit: int, verify: bool = True) -> LogEntry:
     """The entry at `pos`, not reading at or past `limit`: (kind, total_size, queue_id, flags, queue_offset,
     physical_offset, record_count, store_timestamp, max_timestamp, tags_code, topic, body_pos)."""
     pos = _ssize(pos)
@@ -249,7 +266,7 @@ def read_entry(buf, pos, limit, verify=True) -> tuple:
         return (KIND_BLANK, total_size, 0, 0, 0, 0, 0, 0, 0, 0, "", -1)
     if magic != MAGIC_MESSAGE:
         raise Corrupt(f"bad entry magic {magic:#x}", pos)
-    if total_size < FIXED_HEADER_SIZE + BATCH_HEADER_SIZE or total_size > remaining:
+    if total_size < FIXED_HEADER_SIZE + _BATCH_HEADER_SIZE or total_size > remaining:
         raise Corrupt(f"impossible entry size {total_size}", pos)
     (
         crc,
@@ -264,7 +281,7 @@ def read_entry(buf, pos, limit, verify=True) -> tuple:
         topic_len,
     ) = _FIXED.unpack_from(mv, pos)[2:]
     body_pos = pos + FIXED_HEADER_SIZE + topic_len
-    if total_size - FIXED_HEADER_SIZE - topic_len < BATCH_HEADER_SIZE:
+    if total_size - FIXED_HEADER_SIZE - topic_len < _BATCH_HEADER_SIZE:
         raise Corrupt(f"topic length {topic_len} leaves no record batch", pos)
     if verify and crc32c(mv[pos + CRC_START : pos + total_size]) != crc:
         raise Corrupt("entry CRC mismatch", pos)
@@ -310,15 +327,16 @@ STOP_BATCH = 5  #: a buffer of the entry is not exactly one acceptable record ba
 STOP_SHAPE = 6  #: the entry is not a (queue id, sequence of buffers) pair
 
 
-def acceptable_batch(body) -> bool:
+def acceptable_batch(body: Buffer) -> bool:
     """Whether `body` is exactly one record batch v2 the store takes as it is: at least its 61-byte header, magic 2,
     batch_length + 12 == len(body), 0 <= last_offset_delta < 2**31 - 1 and record_count >= 0."""
     b = _view(body)
     n = b.nbytes
-    if n < BATCH_HEADER_SIZE or b[16] != 2 or _I32.unpack_from(b, 8)[0] + 12 != n:
+    if n < _BATCH_HEADER_SIZE or b[16] != 2 or _I32.unpack_from(b, 8)[0] + 12 != n:
         return False
-    last_offset_delta = _I32.unpack_from(b, 23)[0]
-    return 0 <= last_offset_delta < _INT32_MAX and _I32.unpack_from(b, 57)[0] >= 0
+    last_offset_delta: int = _I32.unpack_from(b, 23)[0]
+    record_count: int = _I32.unpack_from(b, 57)[0]
+    return 0 <= last_offset_delta < _INT32_MAX and record_count >= 0
 
 
 class AppendRun:
@@ -361,12 +379,12 @@ class AppendRun:
     for a window outside the segment or a slot outside the table, RuntimeError for a plan over an unpublished run,
     TypeError as the compiled kernel's typed arguments refuse them."""
 
-    def __init__(self, capacity=4096) -> None:
+    def __init__(self, capacity: int = 4096) -> None:
         capacity = _ssize(capacity)
         if capacity < 1 or capacity > 1 << 20:
             raise ValueError(f"run capacity {capacity} outside [1, 1048576]")
         self.capacity = capacity
-        self._staged: list[tuple] = []  # (slot, queue, entry, index, qpos, phys, base, span, running, size)
+        self._staged: list[_Staged] = []
         self._bodies: list[memoryview] = []
         self._heads: list[bytes] = []
         self.entries = 0
@@ -382,18 +400,18 @@ class AppendRun:
 
     def plan(
         self,
-        rows,
-        slot_map,
-        unit_bufs,
-        entries,
-        start,
-        topic,
-        store_timestamp,
-        tags_code,
-        seg_start,
-        pos,
-        seg_size,
-        write_to=-1,
+        rows: Buffer,
+        slot_map: Buffer,
+        unit_bufs: list[memoryview | None],
+        entries: list[Any],
+        start: int,
+        topic: bytes,
+        store_timestamp: int,
+        tags_code: int,
+        seg_start: int,
+        pos: int,
+        seg_size: int,
+        write_to: int = -1,
     ) -> int:
         for name, value, kind in (("unit_bufs", unit_bufs, list), ("entries", entries, list), ("topic", topic, bytes)):
             if type(value) is not kind:  # as the compiled kernel's typed arguments refuse them
@@ -447,7 +465,7 @@ class AppendRun:
                 end, running, qpos = table[row + ROW_END], table[row + ROW_MAX_TS], table[row + ROW_CQ_WROTE]
             reserved = table[row + ROW_CQ_RESERVED]
             ubuf = unit_bufs[slot]
-            staged: list[tuple] = []
+            staged: list[_Staged] = []
             bodies: list[memoryview] = []
             heads: list[bytes] = []
             entry_cur = cur
@@ -498,7 +516,7 @@ class AppendRun:
             self.write(write_to)
         return self.entries
 
-    def write(self, fd) -> None:
+    def write(self, fd: int) -> None:
         if not self._staged:
             return None
         if fd < 0:
@@ -507,7 +525,9 @@ class AppendRun:
         write_entries(fd, self.pos, b"".join(self._heads), head_len, self._bodies)
         return None
 
-    def publish(self, rows, out, grown, dirtied, result_type) -> int:
+    def publish(
+        self, rows: Buffer, out: list[Any], grown: list[tuple[int, int]], dirtied: list[int], result_type: type[Any]
+    ) -> int:
         for name, value in (("out", out), ("grown", grown), ("dirtied", dirtied)):
             if type(value) is not list:
                 raise TypeError(f"Argument {name!r} has incorrect type (expected list, got {type(value).__name__})")
@@ -546,7 +566,7 @@ class AppendRun:
         self._clear()
         return n
 
-    def abandon(self, rows) -> None:
+    def abandon(self, rows: Buffer) -> None:
         if not self._staged:
             return None
         table = _writable(rows).cast("B").cast("q")
@@ -557,11 +577,11 @@ class AppendRun:
         self._clear()
         return None
 
-    def batch(self, i) -> tuple:
+    def batch(self, i: int) -> StagedBatch:
         i = _ssize(i)
         if i < 0 or i >= len(self._staged):
             raise IndexError(f"batch {i} of a run of {len(self._staged)}")
-        slot, queue, entry, index, _qpos, phys, base, span, _running, size = self._staged[i]
+        _slot, queue, entry, index, _qpos, phys, base, span, _running, size = self._staged[i]
         return (entry, index, queue, base, span, phys, size)
 
     def _clear(self) -> None:

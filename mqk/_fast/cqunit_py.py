@@ -15,9 +15,14 @@ Reads or writes outside the buffer raise `OutOfBounds`.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
+from mqk._fast.api import Unit
 from mqk._fast.recbatch_py import _i32, _i64, _ssize, _view, _writable
 from mqk.errors import OutOfBounds
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 UNIT_SIZE = 48
 _UNIT = struct.Struct(">qiiqqqq")
@@ -27,7 +32,17 @@ _COUNT_AT = 12
 _MAX_TS_AT = 32
 
 
-def pack_unit(buf, pos, physical_offset, size, record_count, tags_code, store_ts, max_ts, base_offset) -> None:
+def pack_unit(
+    buf: Buffer,
+    pos: int,
+    physical_offset: int,
+    size: int,
+    record_count: int,
+    tags_code: int,
+    store_ts: int,
+    max_ts: int,
+    base_offset: int,
+) -> None:
     pos = _ssize(pos)
     fields = (
         _i64(physical_offset),
@@ -39,27 +54,28 @@ def pack_unit(buf, pos, physical_offset, size, record_count, tags_code, store_ts
         _i64(base_offset),
     )
     mv = _writable(buf)
-    if pos < 0 or UNIT_SIZE > mv.nbytes - pos:
+    if pos < 0 or mv.nbytes - pos < UNIT_SIZE:
         raise OutOfBounds(f"unit at {pos} outside buffer of {mv.nbytes} bytes")
     _UNIT.pack_into(mv, pos, *fields)
 
 
-def unpack_unit(buf, pos) -> tuple:
+def unpack_unit(buf: Buffer, pos: int) -> Unit:
     """(physical_offset, size, record_count, tags_code, store_ts, max_ts, base_offset) of the unit at `pos`."""
     pos = _ssize(pos)
     mv = _view(buf)
-    if pos < 0 or UNIT_SIZE > mv.nbytes - pos:
+    if pos < 0 or mv.nbytes - pos < UNIT_SIZE:
         raise OutOfBounds(f"unit at {pos} outside buffer of {mv.nbytes} bytes")
-    return _UNIT.unpack_from(mv, pos)
+    unit: Unit = _UNIT.unpack_from(mv, pos)
+    return unit
 
 
-def _units(mv, n_units):
+def _units(mv: memoryview, n_units: int) -> tuple[memoryview, int]:
     if n_units < 0 or n_units > mv.nbytes // UNIT_SIZE:
         raise OutOfBounds(f"{n_units} units do not fit buffer of {mv.nbytes} bytes")
     return mv, n_units
 
 
-def search_offset(buf, n_units, offset) -> int:
+def search_offset(buf: Buffer, n_units: int, offset: int) -> int:
     """Index of the unit holding queue offset `offset`; the next unit if it falls in a gap; -1 if it is below the
     first unit's base; n_units if it is past the last unit (or there are no units)."""
     # every argument is coerced before any check, in order, as the compiled module's typed arguments are
@@ -78,15 +94,15 @@ def search_offset(buf, n_units, offset) -> int:
         return -1 if n else 0
     i = lo - 1
     at = i * UNIT_SIZE
-    base = unpack(mv, at + _BASE_AT)[0]
-    count = struct.unpack_from(">i", mv, at + _COUNT_AT)[0]
+    base: int = unpack(mv, at + _BASE_AT)[0]
+    count: int = struct.unpack_from(">i", mv, at + _COUNT_AT)[0]
     # Python ints do not overflow; the compiled twin compares the same way without forming base + count.
     if offset - base < count:
         return i
     return i + 1
 
 
-def search_timestamp(buf, n_units, ts) -> int:
+def search_timestamp(buf: Buffer, n_units: int, ts: int) -> int:
     """Index of the first unit whose max_timestamp >= ts, or n_units."""
     # every argument is coerced before any check, in order, as the compiled module's typed arguments are
     mv, n_units, ts = _view(buf), _ssize(n_units), _i64(ts)
@@ -102,7 +118,7 @@ def search_timestamp(buf, n_units, ts) -> int:
     return lo
 
 
-def hash_tag(tag) -> int:
+def hash_tag(tag: str) -> int:
     """Java's String.hashCode of `tag` (UTF-16 code units, int32 overflow), as a signed int."""
     if not isinstance(tag, str):
         raise TypeError("tag must be str")

@@ -21,6 +21,7 @@ defaults. Trailing bytes are ignored, as the generated decoder ignores them. Mal
 from __future__ import annotations
 
 import struct
+from typing import Any
 from uuid import UUID
 
 from mqk._fast.handwritten import Decline
@@ -52,7 +53,7 @@ def _name(c: Cursor, compact: bool, by_id: bool) -> tuple[str, UUID]:
     return c.string(size), ZERO_UUID
 
 
-def decode_fetch_request(buf: memoryview, version: int) -> dict | None:
+def decode_fetch_request(buf: memoryview, version: int) -> dict[str, Any] | None:
     """A Fetch request body (no frame size, no request header) of `version` (4..17) -> the generated decoder's
     dict, or None for a body with a tagged field (see the module docstring). Malformed bytes raise ValueError."""
     if not FIRST_VERSION <= version <= LAST_VERSION:
@@ -73,7 +74,7 @@ _PARTITION = {
 }
 
 
-def _decode(c: Cursor, version: int) -> dict:
+def _decode(c: Cursor, version: int) -> dict[str, Any]:
     compact = version >= 12
     fixed = _PARTITION[12 if version >= 12 else 9 if version >= 9 else 5 if version >= 5 else 4]
     size, unpack = fixed.size, fixed.unpack_from

@@ -24,6 +24,7 @@ encoder's bytes.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from mqk._fast.handwritten import I16_RANGE, I32_RANGE, I64_RANGE, Decline, dict_int, dict_seq, put_length, put_topic
 
@@ -40,7 +41,7 @@ _ABORTED = struct.Struct(">qq")
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
-def encode_fetch_response(body, version: int, out: bytearray) -> list | None:
+def encode_fetch_response(body: Any, version: int, out: bytearray) -> list[bytes | bytearray | memoryview] | None:
     """The Fetch response body of `version` for `body` as [out + its first bytes, further buffers...], or None
     (and `out` left alone) when `body` is not the usual answer; see the module docstring."""
     if not FIRST_VERSION <= version <= LAST_VERSION or body.__class__ is not dict:
@@ -54,11 +55,11 @@ def encode_fetch_response(body, version: int, out: bytearray) -> list | None:
     return parts
 
 
-def _write(body: dict, version: int) -> list:
+def _write(body: dict[str, Any], version: int) -> list[Any]:
     compact = version >= 12
     if version >= 16 and body.get("node_endpoints"):
         raise Decline
-    parts: list = []
+    parts: list[Any] = []
     b = bytearray()
     throttle = dict_int(body, "throttle_time_ms", 0, I32_RANGE)
     if version >= 7:

@@ -7,6 +7,7 @@ as a list or tuple; anything else is declined, and the generated encoder then en
 from __future__ import annotations
 
 import struct
+from typing import Any
 from uuid import UUID
 
 I16_RANGE = (-(1 << 15), (1 << 15) - 1)
@@ -21,18 +22,19 @@ class Decline(Exception):
     it."""
 
 
-def dict_int(d: dict, key: str, default: int, bounds: tuple[int, int]) -> int:
+def dict_int(d: dict[str, Any], key: str, default: int, bounds: tuple[int, int]) -> int:
     v = d.get(key, default)
     if not isinstance(v, int) or not bounds[0] <= v <= bounds[1]:
         raise Decline
     return v
 
 
-def dict_seq(d: dict, key: str) -> list | tuple:
+def dict_seq(d: dict[str, Any], key: str) -> list[Any] | tuple[Any, ...]:
     v = d.get(key, ())
     if v.__class__ is not list and v.__class__ is not tuple:
         raise Decline
-    return v
+    seq: list[Any] | tuple[Any, ...] = v
+    return seq
 
 
 def put_uvarint(b: bytearray, n: int) -> None:
@@ -55,7 +57,7 @@ def put_length(b: bytearray, n: int, compact: bool, i16: bool = False) -> None:
         b += _I32.pack(n)
 
 
-def put_topic(b: bytearray, topic: dict, name_key: str, by_id: bool, compact: bool) -> None:
+def put_topic(b: bytearray, topic: dict[str, Any], name_key: str, by_id: bool, compact: bool) -> None:
     """A topic's 16-byte id (`topic_id`, a uuid.UUID, default zero) from v13, else its name (`name_key`, a str,
     default "")."""
     if by_id:

@@ -20,6 +20,7 @@ UTF-8); the protocol layer turns that into MalformedMessage. This module knows n
 from __future__ import annotations
 
 import struct
+from typing import Any
 from uuid import UUID
 
 ZERO_UUID = UUID(int=0)
@@ -50,22 +51,26 @@ class Cursor:
     def i8(self) -> int:
         self.need(1)
         self.pos += 1
-        return _I8.unpack_from(self.buf, self.pos - 1)[0]
+        v: int = _I8.unpack_from(self.buf, self.pos - 1)[0]
+        return v
 
     def i16(self) -> int:
         self.need(2)
         self.pos += 2
-        return _I16.unpack_from(self.buf, self.pos - 2)[0]
+        v: int = _I16.unpack_from(self.buf, self.pos - 2)[0]
+        return v
 
     def i32(self) -> int:
         self.need(4)
         self.pos += 4
-        return _I32.unpack_from(self.buf, self.pos - 4)[0]
+        v: int = _I32.unpack_from(self.buf, self.pos - 4)[0]
+        return v
 
     def i64(self) -> int:
         self.need(8)
         self.pos += 8
-        return _I64.unpack_from(self.buf, self.pos - 8)[0]
+        v: int = _I64.unpack_from(self.buf, self.pos - 8)[0]
+        return v
 
     def raw16(self) -> bytes:
         """The 16 bytes of a uuid."""
@@ -119,7 +124,7 @@ class Cursor:
         return str(self.buf[self.pos - size : self.pos], "utf-8")
 
 
-def decode_produce_request(buf: memoryview, version: int) -> dict:
+def decode_produce_request(buf: memoryview, version: int) -> dict[str, Any]:
     """A Produce request body (no frame size, no request header) of `version` (3..13) -> the same dict as the
     generated decoder's: transactional_id, acks, timeout_ms, topic_data [name, topic_id, partition_data
     [index, records (a memoryview into `buf`, or None)]]. `buf` must be a one-dimensional byte memoryview (the

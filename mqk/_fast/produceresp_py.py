@@ -17,6 +17,7 @@ partition, topic and the body; v13 a topic's 16-byte id in place of its name.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from mqk._fast.handwritten import I16_RANGE, I32_RANGE, I64_RANGE, Decline, dict_int, dict_seq, put_length, put_topic
 
@@ -28,7 +29,7 @@ _PART_V3 = struct.Struct(">ihqq")
 _PART_V5 = struct.Struct(">ihqqq")
 
 
-def encode_produce_response(body, version: int, out: bytearray) -> bool:
+def encode_produce_response(body: Any, version: int, out: bytearray) -> bool:
     """Append the Produce response body of `version` for `body` to `out` and return True, or return False (and
     leave `out` alone) when `body` is not the usual answer; see the module docstring."""
     if not FIRST_VERSION <= version <= LAST_VERSION or body.__class__ is not dict:
@@ -42,7 +43,7 @@ def encode_produce_response(body, version: int, out: bytearray) -> bool:
     return True
 
 
-def _write(b: bytearray, body: dict, version: int) -> None:
+def _write(b: bytearray, body: dict[str, Any], version: int) -> None:
     compact = version >= 9
     if version >= 10 and body.get("node_endpoints"):
         raise Decline

@@ -243,7 +243,7 @@ def plan_plain_appends(list partitions not None, Py_ssize_t start, Py_ssize_t qu
                         first_size = size
                     pos += size
                     batches += 1
-            except Exception:  # noqa: the caller's own check says what is wrong
+            except (Corrupt, InvalidRecord):  # (InvalidTimestamp too) the caller's own check says what is wrong
                 plain = False
         finally:
             PyBuffer_Release(&view)
@@ -457,11 +457,11 @@ cdef inline object _read_bytes_or_none(const unsigned char* b, Py_ssize_t* pp, P
     return PyBytes_FromStringAndSize(<const char*>b + q, length)
 
 
-def decode_records(data, Py_ssize_t count_arg):
+def decode_records(data, Py_ssize_t count):
     cdef Py_buffer view
     borrow(data, &view)
     try:
-        return _decode_records(<const unsigned char*>view.buf, view.len, as_i32(count_arg))
+        return _decode_records(<const unsigned char*>view.buf, view.len, as_i32(count))
     finally:
         PyBuffer_Release(&view)
 
@@ -524,8 +524,8 @@ cdef inline Py_ssize_t _field_size(object field, const unsigned char** ptr) exce
     return PyBytes_GET_SIZE(field)
 
 
-def encode_record(Py_ssize_t offset_delta_arg, Py_ssize_t timestamp_delta, key, value, headers):
-    cdef int32_t offset_delta = as_i32(offset_delta_arg)
+def encode_record(Py_ssize_t offset_delta, Py_ssize_t timestamp_delta, key, value, headers):
+    cdef int32_t delta32 = as_i32(offset_delta)
     # Pass 1: sizes (and the header keys' UTF-8), with every input checked; pass 2: write into one bytes object.
     cdef Py_ssize_t n_headers = len(headers)
     cdef list parts = []
@@ -541,7 +541,7 @@ def encode_record(Py_ssize_t offset_delta_arg, Py_ssize_t timestamp_delta, key, 
         value = bytes(memoryview(value))
     klen_ = _field_size(key, &kp)
     vlen_ = _field_size(value, &vp)
-    body = 1 + uvarint_size(zigzag64(timestamp_delta)) + uvarint_size(zigzag32(offset_delta))
+    body = 1 + uvarint_size(zigzag64(timestamp_delta)) + uvarint_size(zigzag32(delta32))
     body += uvarint_size(zigzag32(<int32_t>klen_)) + (klen_ if klen_ > 0 else 0)
     body += uvarint_size(zigzag32(<int32_t>vlen_)) + (vlen_ if vlen_ > 0 else 0)
     body += uvarint_size(zigzag32(<int32_t>n_headers))
@@ -564,7 +564,7 @@ def encode_record(Py_ssize_t offset_delta_arg, Py_ssize_t timestamp_delta, key, 
     w[0] = 0
     w += 1
     w = put_uvarint(w, zigzag64(timestamp_delta))
-    w = put_uvarint(w, zigzag32(offset_delta))
+    w = put_uvarint(w, zigzag32(delta32))
     w = put_uvarint(w, zigzag32(<int32_t>klen_))
     if klen_ > 0:
         memcpy(w, kp, klen_)

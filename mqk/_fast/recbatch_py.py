@@ -24,10 +24,16 @@ from __future__ import annotations
 
 import operator
 import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 from crc32c import crc32c
 
+from mqk._fast.api import BatchHeader, Record, RecordHeader, ScannedBatch
 from mqk.errors import Corrupt, InvalidRecord, InvalidTimestamp, OutOfBounds
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 HEADER_SIZE = 61
 MAGIC = 2
@@ -51,31 +57,31 @@ _INT16_MIN, _INT16_MAX = -(1 << 15), (1 << 15) - 1
 _SSIZE_MIN, _SSIZE_MAX = _INT64_MIN, _INT64_MAX
 
 
-def _int(value, lo: int, hi: int) -> int:
+def _int(value: SupportsIndex, lo: int, hi: int) -> int:
     """Coerce like a typed Cython argument: TypeError for non-integers, OverflowError outside [lo, hi]."""
-    value = operator.index(value)
-    if value < lo or value > hi:
-        raise OverflowError(f"integer {value} out of range [{lo}, {hi}]")
-    return value
+    n = operator.index(value)
+    if n < lo or n > hi:
+        raise OverflowError(f"integer {n} out of range [{lo}, {hi}]")
+    return n
 
 
-def _i64(v):
+def _i64(v: SupportsIndex) -> int:
     return _int(v, _INT64_MIN, _INT64_MAX)
 
 
-def _i32(v):
+def _i32(v: SupportsIndex) -> int:
     return _int(v, _INT32_MIN, _INT32_MAX)
 
 
-def _i16(v):
+def _i16(v: SupportsIndex) -> int:
     return _int(v, _INT16_MIN, _INT16_MAX)
 
 
-def _ssize(v):
+def _ssize(v: SupportsIndex) -> int:
     return _int(v, _SSIZE_MIN, _SSIZE_MAX)
 
 
-def _view(buf) -> memoryview:
+def _view(buf: Buffer) -> memoryview:
     """A flat byte view of `buf`, accepting exactly what the compiled module borrows (PyObject_GetBuffer with
     PyBUF_SIMPLE): any C-contiguous buffer, seen as its bytes."""
     mv = memoryview(buf)
@@ -84,7 +90,7 @@ def _view(buf) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
-def _writable(buf) -> memoryview:
+def _writable(buf: Buffer) -> memoryview:
     mv = _view(buf)
     if mv.readonly:
         raise BufferError("Object is not writable.")
@@ -94,7 +100,7 @@ def _writable(buf) -> memoryview:
 # --- varints -------------------------------------------------------------------------------------------
 
 
-def _read_zigzag(buf, p: int, end: int, max_bytes: int, bits: int, name: str) -> tuple[int, int]:
+def _read_zigzag(buf: memoryview, p: int, end: int, max_bytes: int, bits: int, name: str) -> tuple[int, int]:
     """Zigzag varint of at most `max_bytes` bytes at p, not reading at or past `end`; (value, next position)."""
     if p < end:
         b = buf[p]
@@ -118,12 +124,12 @@ def _read_zigzag(buf, p: int, end: int, max_bytes: int, bits: int, name: str) ->
     return (raw >> 1) ^ -(raw & 1), p
 
 
-def _read_varint(buf, p: int, end: int) -> tuple[int, int]:
+def _read_varint(buf: memoryview, p: int, end: int) -> tuple[int, int]:
     """Zigzag varint (int32) at p, not reading at or past `end`. Returns (value, next position)."""
     return _read_zigzag(buf, p, end, 5, 32, "varint")
 
 
-def _read_varlong(buf, p: int, end: int) -> tuple[int, int]:
+def _read_varlong(buf: memoryview, p: int, end: int) -> tuple[int, int]:
     """Zigzag varlong (int64) at p, not reading at or past `end`. Returns (value, next position)."""
     return _read_zigzag(buf, p, end, 10, 64, "varlong")
 
@@ -151,19 +157,19 @@ def crc32c_direct() -> bool:
     return False
 
 
-def parse_header(buf, pos=0) -> tuple:
+def parse_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     """The 13 header fields of the batch at `pos`. Corrupt if fewer than 61 bytes remain or magic != 2."""
     pos = _ssize(pos)
     mv = _view(buf)
     if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
         raise Corrupt("truncated record batch header", pos)
-    fields = _HEADER.unpack_from(mv, pos)
+    fields: BatchHeader = _HEADER.unpack_from(mv, pos)
     if fields[3] != MAGIC:
         raise Corrupt(f"unsupported record batch magic {fields[3]}", pos)
     return fields
 
 
-def _timestamps(timestamps) -> tuple[int, int] | None:
+def _timestamps(timestamps: object) -> tuple[int, int] | None:
     """The (low, high) create-time window, checked as the compiled kernel checks it."""
     if timestamps is None:
         return None
@@ -173,8 +179,13 @@ def _timestamps(timestamps) -> tuple[int, int] | None:
 
 
 def scan_batches(
-    buf, verify_crc=True, walk_records=False, names=(), require_keys=False, timestamps=None
-) -> list[tuple]:
+    buf: Buffer,
+    verify_crc: bool = True,
+    walk_records: bool = False,
+    names: tuple[bytes, ...] = (),
+    require_keys: bool = False,
+    timestamps: tuple[int, int] | None = None,
+) -> list[ScannedBatch]:
     """Walk concatenated batches that fill `buf` exactly; one tuple per batch:
     (pos, size, last_offset_delta, max_timestamp, record_count, attributes, producer_id, producer_epoch,
     base_sequence, base_timestamp, named). Corrupt on truncation, batch_length < 49, magic != 2, record_count < 0,
@@ -190,7 +201,7 @@ def scan_batches(
     window = _timestamps(timestamps)
     mv = _view(buf)
     n = mv.nbytes
-    out = []
+    out: list[ScannedBatch] = []
     pos = 0
     unpack = _HEADER.unpack_from
     while pos < n:
@@ -222,7 +233,7 @@ def scan_batches(
             raise Corrupt(f"negative record count {record_count}", pos)
         if verify_crc and crc32c(mv[pos + CRC_START : pos + size]) != crc:
             raise Corrupt("record batch CRC mismatch", pos)
-        named = None
+        named: bool | None = None
         if walk_records and not attributes & ATTR_COMPRESSION_MASK:
             count, named = _walk_section(mv, pos + HEADER_SIZE, pos + size, names, require_keys, window, base_timestamp)
             if count != record_count:
@@ -247,7 +258,17 @@ def scan_batches(
 
 
 def plan_plain_appends(
-    partitions, start, queue_count, max_batch_bytes, names, require_keys, timestamps, entries, delays, slots, answers
+    partitions: list[Any],
+    start: int,
+    queue_count: int,
+    max_batch_bytes: int,
+    names: tuple[bytes, ...],
+    require_keys: bool,
+    timestamps: tuple[int, int] | None,
+    entries: list[tuple[int, list[Any]]],
+    delays: list[bool],
+    slots: list[int],
+    answers: list[Any],
 ) -> int:
     """The Produce handler's common case, one topic's `partition_data` dicts at a time from `start`: a partition
     whose `index` is a queue below `queue_count` and whose `records` (a 1-byte-item memoryview, as the request
@@ -283,7 +304,7 @@ def plan_plain_appends(
             break
         try:
             batches = scan_batches(records, True, True, names, require_keys, window)
-        except Exception:  # noqa: BLE001 - the caller's own check says what is wrong
+        except (Corrupt, InvalidRecord):  # (InvalidTimestamp too) the caller's own check says what is wrong
             break
         first = batches[0]
         if (first[6] >= 0 and first[8] >= 0) or any(b[10] is None or b[1] > max_batch_bytes for b in batches):
@@ -297,7 +318,7 @@ def plan_plain_appends(
     return i
 
 
-def _uncompressed_batch(mv, pos: int, size: int, what: str) -> int:
+def _uncompressed_batch(mv: memoryview, pos: int, size: int, what: str) -> int:
     """The record count the header of the uncompressed batch at [pos, pos+size) declares, after the checks every
     record walk starts with: OutOfBounds outside `mv`, Corrupt if shorter than a header or compressed."""
     if pos < 0 or size < 0 or size > mv.nbytes - pos:
@@ -306,10 +327,11 @@ def _uncompressed_batch(mv, pos: int, size: int, what: str) -> int:
         raise Corrupt("record batch smaller than its header", pos)
     if _I16.unpack_from(mv, pos + 21)[0] & ATTR_COMPRESSION_MASK:
         raise Corrupt(f"{what} on a compressed batch", pos)
-    return _I32.unpack_from(mv, pos + 57)[0]
+    count: int = _I32.unpack_from(mv, pos + 57)[0]
+    return count
 
 
-def count_records(buf, pos, size) -> int:
+def count_records(buf: Buffer, pos: int, size: int) -> int:
     """Number of records in the UNCOMPRESSED batch at [pos, pos+size), found by walking the record lengths.
     Corrupt if they do not fill the batch exactly, the count differs from the header's, or the batch is compressed;
     OutOfBounds if the range is outside `buf`."""
@@ -335,13 +357,13 @@ _WRAP64 = 1 << 63
 _MASK64 = (1 << 64) - 1
 
 
-def _names(names) -> tuple:
+def _names(names: object) -> tuple[bytes, ...]:
     if type(names) is not tuple or any(type(name) is not bytes for name in names):
         raise TypeError("names must be a tuple of bytes")
     return names
 
 
-def _skip_bytes_or_none(mv, p: int, end: int, what: str) -> int:
+def _skip_bytes_or_none(mv: memoryview, p: int, end: int, what: str) -> int:
     """Position after the length-prefixed bytes field (-1 = None) at p, its content not looked at."""
     length, p2 = _read_varint(mv, p, end)
     if length == -1:
@@ -351,7 +373,7 @@ def _skip_bytes_or_none(mv, p: int, end: int, what: str) -> int:
     return p2 + length
 
 
-def has_header(buf, pos, size, names) -> bool:
+def has_header(buf: Buffer, pos: int, size: int, names: tuple[bytes, ...]) -> bool:
     """True iff some record of the UNCOMPRESSED batch at [pos, pos+size) has a header whose key (raw UTF-8 bytes)
     equals one of `names` (a tuple of bytes). Keys, values and header values are skipped by their lengths, never
     read, so the cost is per record and per header, not per byte. The whole batch is walked and checked as
@@ -369,7 +391,14 @@ def has_header(buf, pos, size, names) -> bool:
     return found
 
 
-def check_records(data, expected, names=(), require_keys=False, timestamps=None, base_timestamp=0) -> bool:
+def check_records(
+    data: Buffer,
+    expected: int,
+    names: tuple[bytes, ...] = (),
+    require_keys: bool = False,
+    timestamps: tuple[int, int] | None = None,
+    base_timestamp: int = 0,
+) -> bool:
     """Parse the records section `data` (a batch's records after its 61-byte header, decompressed if it was
     compressed) field by field, as Kafka's DefaultRecord.readFrom does; return whether some record has a header
     whose key is one of `names` (a tuple of bytes). Corrupt (with the position in `data`) on any bad length or
@@ -389,7 +418,13 @@ def check_records(data, expected, names=(), require_keys=False, timestamps=None,
 
 
 def _walk_section(
-    mv, p: int, end: int, names: tuple, require_keys: bool, window: tuple[int, int] | None, base_timestamp: int
+    mv: memoryview,
+    p: int,
+    end: int,
+    names: tuple[bytes, ...],
+    require_keys: bool,
+    window: tuple[int, int] | None,
+    base_timestamp: int,
 ) -> tuple[int, bool]:
     """(record count, whether a header key equals one of `names`) of the records section [p, end) of `mv`,
     parsed field by field; Corrupt (positions absolute in `mv`) unless every length fits and each record's fields
@@ -439,7 +474,7 @@ def _walk_section(
 # --- records -------------------------------------------------------------------------------------------
 
 
-def _read_bytes_or_none(mv, p: int, end: int, what: str):
+def _read_bytes_or_none(mv: memoryview, p: int, end: int, what: str) -> tuple[bytes | None, int]:
     length, p2 = _read_varint(mv, p, end)
     if length == -1:
         return None, p2
@@ -448,7 +483,7 @@ def _read_bytes_or_none(mv, p: int, end: int, what: str):
     return bytes(mv[p2 : p2 + length]), p2 + length
 
 
-def decode_records(data, count) -> list[tuple]:
+def decode_records(data: Buffer, count: int) -> list[Record]:
     """Decode `count` records filling `data` (a decompressed records section) exactly. Per record:
     (attributes, timestamp_delta, offset_delta, key, value, headers: list[(str, bytes | None)])."""
     count = _i32(count)
@@ -457,7 +492,7 @@ def decode_records(data, count) -> list[tuple]:
     # Every record takes at least 7 bytes; refuse an impossible count before doing any work.
     if count < 0 or count > n // (MIN_RECORD_BODY + 1):
         raise Corrupt(f"record count {count} impossible for {n} bytes", 0)
-    out = []
+    out: list[Record] = []
     p = 0
     for _ in range(count):
         start = p
@@ -475,7 +510,7 @@ def decode_records(data, count) -> list[tuple]:
         if n_headers < 0:
             raise Corrupt(f"negative header count {n_headers}", p)
         p = q
-        headers = []
+        headers: list[RecordHeader] = []
         for _ in range(n_headers):
             klen, q = _read_varint(mv, p, end)
             if klen < 0 or klen > end - q:
@@ -495,7 +530,13 @@ def decode_records(data, count) -> list[tuple]:
     return out
 
 
-def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
+def encode_record(
+    offset_delta: int,
+    timestamp_delta: int,
+    key: Buffer | None,
+    value: Buffer | None,
+    headers: Sequence[tuple[str, Buffer | None]],
+) -> bytes:
     """One record (length prefix included), attributes 0.
     key/value: bytes-like or None; headers: [(str, bytes-like | None)]."""
     offset_delta = _i32(offset_delta)
@@ -507,9 +548,9 @@ def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
         if field is None:
             _put_varint(body, -1)
         else:
-            field = bytes(memoryview(field))
-            _put_varint(body, len(field))
-            body += field
+            raw = bytes(memoryview(field))
+            _put_varint(body, len(raw))
+            body += raw
     _put_varint(body, len(headers))
     for hkey, hvalue in headers:
         if not isinstance(hkey, str):
@@ -520,9 +561,9 @@ def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
         if hvalue is None:
             _put_varint(body, -1)
         else:
-            hvalue = bytes(memoryview(hvalue))
-            _put_varint(body, len(hvalue))
-            body += hvalue
+            value_raw = bytes(memoryview(hvalue))
+            _put_varint(body, len(value_raw))
+            body += value_raw
     if len(body) > _INT32_MAX:
         raise OverflowError("record larger than 2 GiB")
     out = bytearray()
@@ -532,17 +573,17 @@ def encode_record(offset_delta, timestamp_delta, key, value, headers) -> bytes:
 
 
 def build_batch(
-    base_offset,
-    base_timestamp,
-    max_timestamp,
-    records,
-    record_count,
-    last_offset_delta,
-    attributes=0,
-    producer_id=-1,
-    producer_epoch=-1,
-    base_sequence=-1,
-    partition_leader_epoch=-1,
+    base_offset: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    records: Buffer,
+    record_count: int,
+    last_offset_delta: int,
+    attributes: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = -1,
 ) -> bytearray:
     """A complete batch around an already encoded (and possibly compressed) records section, CRC computed."""
     base_offset = _i64(base_offset)
@@ -555,15 +596,15 @@ def build_batch(
     producer_epoch = _i16(producer_epoch)
     base_sequence = _i32(base_sequence)
     partition_leader_epoch = _i32(partition_leader_epoch)
-    records = _view(records)
-    if records.nbytes > _INT32_MAX - MIN_BATCH_LENGTH:
+    section = _view(records)
+    if section.nbytes > _INT32_MAX - MIN_BATCH_LENGTH:
         raise OverflowError("record batch larger than 2 GiB")
-    out = bytearray(HEADER_SIZE + records.nbytes)
+    out = bytearray(HEADER_SIZE + section.nbytes)
     _HEADER.pack_into(
         out,
         0,
         base_offset,
-        MIN_BATCH_LENGTH + records.nbytes,
+        MIN_BATCH_LENGTH + section.nbytes,
         partition_leader_epoch,
         MAGIC,
         0,
@@ -576,7 +617,7 @@ def build_batch(
         base_sequence,
         record_count,
     )
-    out[HEADER_SIZE:] = records
+    out[HEADER_SIZE:] = section
     _U32.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
     return out
 
@@ -584,7 +625,7 @@ def build_batch(
 # --- in-place edits ------------------------------------------------------------------------------------
 
 
-def set_base_offset(buf, pos, base_offset) -> None:
+def set_base_offset(buf: Buffer, pos: int, base_offset: int) -> None:
     """Write the base offset of the batch at `pos` (it lies outside the CRC, so nothing else changes)."""
     pos = _ssize(pos)
     base_offset = _i64(base_offset)
@@ -594,14 +635,14 @@ def set_base_offset(buf, pos, base_offset) -> None:
     _I64.pack_into(mv, pos, base_offset)
 
 
-def set_log_append_time(buf, pos, ts) -> None:
+def set_log_append_time(buf: Buffer, pos: int, ts: int) -> None:
     """Mark the batch at `pos` as LogAppendTime with max_timestamp `ts`, and recompute its CRC (as Kafka does)."""
     pos = _ssize(pos)
     ts = _i64(ts)
     mv = _writable(buf)
     if pos < 0 or mv.nbytes - pos < HEADER_SIZE:
         raise OutOfBounds(f"batch header at {pos} outside buffer of {mv.nbytes} bytes")
-    batch_length = _I32.unpack_from(mv, pos + 8)[0]
+    batch_length: int = _I32.unpack_from(mv, pos + 8)[0]
     if batch_length < MIN_BATCH_LENGTH or batch_length + 12 > mv.nbytes - pos:
         raise Corrupt(f"bad record batch length {batch_length}", pos)
     attributes = _I16.unpack_from(mv, pos + 21)[0] | ATTR_LOG_APPEND_TIME
@@ -610,7 +651,7 @@ def set_log_append_time(buf, pos, ts) -> None:
     _U32.pack_into(mv, pos + 17, crc32c(mv[pos + CRC_START : pos + 12 + batch_length]))
 
 
-def new_buffer(size) -> bytearray:
+def new_buffer(size: int) -> bytearray:
     """A bytearray of `size` bytes whose contents are unspecified (the compiled twin skips the zero fill): for
     receive buffers, whose bytes are all written before they are read."""
     return bytearray(_int(size, 0, _SSIZE_MAX))

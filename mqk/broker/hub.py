@@ -47,9 +47,10 @@ class WakeupHub:
         """The store's data listener: wake the waits on any queue of `topic` in `queue_ends`."""
         if not (self._waiting or self._wide):
             return
-        if self._thread and threading.get_ident() != self._thread:
+        loop = self._loop
+        if loop is not None and threading.get_ident() != self._thread:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-                self._loop.call_soon_threadsafe(self._wake, topic, tuple(queue_ends))  # type: ignore[union-attr]
+                loop.call_soon_threadsafe(self._wake, topic, tuple(queue_ends))
             return
         self._wake(topic, queue_ends)
 

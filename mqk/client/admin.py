@@ -16,7 +16,7 @@ class Admin(ClientBase):
     def __init__(self, namesrv: str | tuple[str, int], request_timeout: float = 30.0) -> None:
         super().__init__(namesrv, "mqk-admin", request_timeout)
 
-    async def __aenter__(self) -> "Admin":
+    async def __aenter__(self) -> Admin:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

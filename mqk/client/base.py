@@ -7,13 +7,14 @@ import asyncio
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from mqk.client.remoting import ClientError, RemotingConnection
 from mqk.config import parse_hostport
 from mqk.protocol.native.codes import RequestCode, ResponseCode
-from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.command import RemotingCommand, stringify_fields
 
 
 @dataclass(frozen=True, order=True)
@@ -69,11 +70,9 @@ class ClientBase:
         code: int,
         ext: dict[str, Any] | None = None,
         body: bytes | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a per-request deadline, as RocketMQ clients offer
         ok: tuple[int, ...] = (ResponseCode.SUCCESS,),
     ) -> RemotingCommand:
-        from mqk.protocol.native.command import stringify_fields
-
         conn = await self._connection(address)
         cmd = RemotingCommand(code=int(code), ext_fields=stringify_fields(ext or {}), body=body, language="PYTHON")
         response = await conn.invoke(cmd, timeout or self.request_timeout)
@@ -86,8 +85,6 @@ class ClientBase:
         return response
 
     async def oneway(self, address: tuple[str, int], code: int, ext: dict[str, Any]) -> None:
-        from mqk.protocol.native.command import stringify_fields
-
         conn = await self._connection(address)
         await conn.oneway(RemotingCommand(code=int(code), ext_fields=stringify_fields(ext), language="PYTHON"))
 

@@ -17,11 +17,12 @@ to the handler with their original topic. `concurrency` > 1 handles each pulled 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from mqk.client.base import ClientBase, MessageQueue
 from mqk.client.remoting import ClientError
@@ -83,13 +84,13 @@ class PullConsumer(ClientBase):
     def __init__(self, namesrv: str | tuple[str, int], group: str, request_timeout: float = 30.0) -> None:
         super().__init__(namesrv, group, request_timeout)
 
-    async def start(self) -> "PullConsumer":
+    async def start(self) -> PullConsumer:
         return self
 
     async def stop(self) -> None:
         await self.close()
 
-    async def __aenter__(self) -> "PullConsumer":
+    async def __aenter__(self) -> PullConsumer:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -267,7 +268,7 @@ class PushConsumer(PullConsumer):
         if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             self._rebalance_now.set()
 
-    async def start(self) -> "PushConsumer":
+    async def start(self) -> PushConsumer:
         self._running = True
         await self._heartbeat()
         await self.rebalance()
@@ -340,10 +341,8 @@ class PushConsumer(PullConsumer):
     async def _background(self) -> None:
         last_heartbeat = asyncio.get_running_loop().time()
         while self._running:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._rebalance_now.wait(), self.commit_interval)
-            except asyncio.TimeoutError:
-                pass
             try:
                 now = asyncio.get_running_loop().time()
                 if now - last_heartbeat >= self.rebalance_interval:
@@ -450,7 +449,7 @@ class PushConsumer(PullConsumer):
             ok = outcome is not False
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - a failing handler means "retry later", as in RocketMQ
+        except Exception:  # a failing handler means "retry later", as in RocketMQ
             log.info("handler failed on %s; sending it back for retry", msg.msg_id, exc_info=True)
             ok = False
         if not ok:

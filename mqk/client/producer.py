@@ -8,14 +8,16 @@ unless the caller names one. Each message gets a client-side unique id (`UNIQ_KE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterable
+from typing import Any
 
 from mqk.client.base import ClientBase, MessageQueue, TopicRoute
 from mqk.client.remoting import ClientError
@@ -35,7 +37,7 @@ from mqk.protocol.native.codes import (
     RequestCode,
     ResponseCode,
 )
-from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.command import RemotingCommand, stringify_fields
 from mqk.protocol.native.message import (
     BatchItem,
     MessageExt,
@@ -94,13 +96,13 @@ class Producer(ClientBase):
         self.default_topic_queue_nums = default_topic_queue_nums
         self._next_queue = itertools.count()
 
-    async def start(self) -> "Producer":
+    async def start(self) -> Producer:
         return self
 
     async def stop(self) -> None:
         await self.close()
 
-    async def __aenter__(self) -> "Producer":
+    async def __aenter__(self) -> Producer:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -153,17 +155,15 @@ class Producer(ClientBase):
         *,
         queue_id: int | None = None,
         oneway: bool = False,
-        **fields: object,
+        **fields: Any,
     ) -> SendResult | None:
         """`send(Message(...))`, or `send(topic, body, tags=..., keys=..., delay_level=..., ...)`."""
-        msg = message if isinstance(message, Message) else Message(message, body or b"", **fields)  # type: ignore[arg-type]
+        msg = message if isinstance(message, Message) else Message(message, body or b"", **fields)
         props = msg.wire_properties()
         mq, addr, via_default = await self._pick(msg.topic, queue_id)
         header = self._header(mq, props, msg.flag, False, via_default)
         if oneway:
             conn = await self._connection(addr)
-            from mqk.protocol.native.command import stringify_fields
-
             await conn.oneway(
                 RemotingCommand(
                     code=RequestCode.SEND_MESSAGE_V2,
@@ -178,7 +178,7 @@ class Producer(ClientBase):
             self._routes.pop(msg.topic, None)
         return self._result(resp, mq, props[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX])
 
-    async def send_oneway(self, message: Message | str, body: bytes | None = None, **fields: object) -> None:
+    async def send_oneway(self, message: Message | str, body: bytes | None = None, **fields: Any) -> None:
         await self.send(message, body, oneway=True, **fields)
 
     async def send_batch(self, messages: list[Message], *, queue_id: int | None = None) -> SendResult:
@@ -237,7 +237,7 @@ class TransactionProducer(Producer):
         self._checks: set[asyncio.Task] = set()
         self.on_server_request = self._on_request
 
-    async def start(self) -> "TransactionProducer":
+    async def start(self) -> TransactionProducer:
         await self._heartbeat()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         return self
@@ -264,10 +264,8 @@ class TransactionProducer(Producer):
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            try:
+            with contextlib.suppress(ClientError):
                 await self._heartbeat()
-            except ClientError:
-                pass
 
     async def send_in_transaction(
         self, message: Message, local: LocalTransaction, queue_id: int | None = None

@@ -4,9 +4,10 @@ opaque, oneway sends, and a callback for requests the server sends us (NOTIFY_CO
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from mqk.errors import MqkError, ProtocolError
 from mqk.protocol.native.codes import FLAG_ONEWAY
@@ -73,14 +74,14 @@ class RemotingConnection:
         self._writer.write(data)
         await self._writer.drain()
 
-    async def invoke(self, cmd: RemotingCommand, timeout: float = 30.0) -> RemotingCommand:
+    async def invoke(self, cmd: RemotingCommand, timeout: float = 30.0) -> RemotingCommand:  # noqa: ASYNC109 - a per-request deadline, as RocketMQ clients offer
         cmd.opaque = next(self._opaques)
         fut = asyncio.get_running_loop().create_future()
         self._pending[cmd.opaque] = fut
         try:
             await self._write(cmd.encode())
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ClientError(f"request code {cmd.code} timed out after {timeout}s") from None
         finally:
             self._pending.pop(cmd.opaque, None)
@@ -94,10 +95,8 @@ class RemotingConnection:
         self.closed = True
         if self._writer is not None:
             self._writer.close()
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 await self._writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
         if self._read_task is not None:
             self._read_task.cancel()
             await asyncio.gather(self._read_task, return_exceptions=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mqk.client.consumer import PullConsumer
 from mqk.client.producer import Message, Producer

@@ -27,8 +27,9 @@ import asyncio
 import logging
 import struct
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, TypedDict
 
 from mqk import errors
 from mqk.clock import SYSTEM_CLOCK, Clock, TimerHandle
@@ -96,6 +97,17 @@ class Member:
 
     def protocol_names(self) -> list[str]:
         return [name for name, _ in self.protocols]
+
+
+class JoinParams(TypedDict):
+    """What a JoinGroup request says about its member (the Member fields a join sets)."""
+
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
 
 
 class Group:
@@ -199,7 +211,7 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
 
     @classmethod
-    def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> "GroupCoordinator":
+    def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> GroupCoordinator:
         return cls(
             store,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
@@ -263,14 +275,14 @@ class GroupCoordinator:
             return JoinResult(E.CoordinatorNotAvailableError.code, member_id=member_id)
         if not group.supports(protocol_type, protocols):
             return JoinResult(E.InconsistentGroupProtocolError.code, member_id=member_id)
-        params = dict(
-            client_id=client_id,
-            client_host=client_host,
-            session_timeout_ms=session_timeout_ms,
-            rebalance_timeout_ms=rebalance_timeout_ms,
-            protocol_type=protocol_type,
-            protocols=list(protocols),
-        )
+        params: JoinParams = {
+            "client_id": client_id,
+            "client_host": client_host,
+            "session_timeout_ms": session_timeout_ms,
+            "rebalance_timeout_ms": rebalance_timeout_ms,
+            "protocol_type": protocol_type,
+            "protocols": list(protocols),
+        }
 
         if not member_id:
             if group_instance_id is not None:
@@ -293,12 +305,12 @@ class GroupCoordinator:
             group.pending.pop(member_id).cancel()
             member = Member(member_id, group_instance_id, **params)
             return await self._add_member_and_rebalance(group, member)
-        member = group.members.get(member_id)
-        if member is None:
+        known_member = group.members.get(member_id)
+        if known_member is None:
             return JoinResult(E.UnknownMemberIdError.code, member_id=member_id)
-        return await self._join_known(group, member, params)
+        return await self._join_known(group, known_member, params)
 
-    async def _join_static_unknown(self, group: Group, instance_id: str, params: dict) -> JoinResult:
+    async def _join_static_unknown(self, group: Group, instance_id: str, params: JoinParams) -> JoinResult:
         new_id = f"{instance_id}-{uuid.uuid4()}"
         old_id = group.static_members.get(instance_id)
         if old_id is None or old_id not in group.members:
@@ -333,7 +345,7 @@ class GroupCoordinator:
             return await self._await_join(group, member)
         return await self._rebalance_with(group, member)
 
-    async def _join_known(self, group: Group, member: Member, params: dict) -> JoinResult:
+    async def _join_known(self, group: Group, member: Member, params: JoinParams) -> JoinResult:
         changed = member.protocols != params["protocols"]
         member.protocols = params["protocols"]
         member.session_timeout_ms = params["session_timeout_ms"]
@@ -613,7 +625,7 @@ class GroupCoordinator:
         Partition validity (topic exists) is the handler's check; it passes only known partitions here."""
         error = self._commit_check(group_id, generation_id, member_id, group_instance_id)
         if error:
-            return {tp: error for tp in offsets}
+            return dict.fromkeys(offsets, error)
         result: dict[tuple[str, int], int] = {}
         now = self.clock.time_ms()
         to_store: dict[tuple[str, int], GroupOffset] = {}
@@ -722,7 +734,7 @@ class GroupCoordinator:
             return E.NonEmptyGroupError.code
         try:
             await self.store.delete_offsets(group_id, None)
-        except Exception as exc:  # noqa: BLE001
+        except (errors.MqkError, OSError) as exc:  # what the store raises for a fault it answers with a code
             return errors.kafka_code_for(exc)
         if group is not None:
             group.state = DEAD
@@ -765,7 +777,7 @@ class GroupCoordinator:
         if deletable:
             try:
                 await self.store.delete_offsets(group_id, deletable)
-            except Exception as exc:  # noqa: BLE001
+            except (errors.MqkError, OSError) as exc:  # what the store raises for a fault it answers with a code
                 return errors.kafka_code_for(exc), {}
         return NONE, result
 

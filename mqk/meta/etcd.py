@@ -286,7 +286,7 @@ class EtcdClient:
             try:
                 watch = await self._call(lambda c, r=revision: c.watch_prefix(prefix.encode(), start_revision=r + 1))
                 async for event in watch:
-                    kind = "put" if str(event.kind).endswith("PUT") else "delete"
+                    kind: Literal["put", "delete"] = "put" if str(event.kind).endswith("PUT") else "delete"
                     yield WatchEvent(kind, record=_record(event.kv), revision=event.kv.mod_revision)
             except (MetaUnavailable, aex.ClientError) as exc:
                 log.info("watch of %s broken (%s); listing it again", prefix, exc)

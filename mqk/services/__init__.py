@@ -6,7 +6,8 @@ Each owns one background coroutine through `BackgroundTask`: started once, cance
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 
 class BackgroundTask:

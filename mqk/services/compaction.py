@@ -198,10 +198,7 @@ def filter_batches(
         if not kept and not (producer_id >= 0 and last_of_producer.get(producer_id) == base):
             continue
         encoded = b"".join(recbatch.encode_record(r[2], r[1], r[3], r[4], r[5]) for r in kept)
-        if attributes & _ATTR_LOG_APPEND_TIME or not kept:
-            new_max = max_ts
-        else:
-            new_max = max(base_ts + r[1] for r in kept)
+        new_max = max_ts if attributes & _ATTR_LOG_APPEND_TIME or not kept else max(base_ts + r[1] for r in kept)
         rebuilt = recbatch.build_batch(
             base,
             base_ts,
@@ -262,7 +259,7 @@ class CompactionService:
         self.passes = 0
         self.last_report: CompactionReport | None = None
 
-    async def start(self) -> "CompactionService":
+    async def start(self) -> CompactionService:
         self._loop_task.start(self._loop)
         return self
 
@@ -276,7 +273,7 @@ class CompactionService:
                 await self.run_once()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - logged; the next pass tries again
+            except Exception:  # logged; the next pass tries again
                 log.exception("compaction pass failed")
 
     def _checkpoints(self) -> dict[str, int]:

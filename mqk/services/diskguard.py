@@ -30,6 +30,7 @@ from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.errors import StorageFull
 from mqk.services import BackgroundTask
+from mqk.services.retention import RetentionService
 from mqk.store.adapter import PutContext
 
 log = logging.getLogger("mqk.diskguard")
@@ -71,7 +72,7 @@ class DiskGuard:
         self._last_pass = 0.0
         self._guarding = False  #: between start and stop: the hook is in store.hooks while the disk is full
 
-    async def start(self) -> "DiskGuard":
+    async def start(self) -> DiskGuard:
         if not getattr(self.store, "persistent", True) or self._loop_task.running:
             return self
         self._guarding = True
@@ -106,7 +107,7 @@ class DiskGuard:
                 await self.check()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep guarding; a failed measurement keeps the last state
+            except Exception:  # keep guarding; a failed measurement keeps the last state
                 log.exception("disk guard check failed")
 
     async def check(self) -> bool:
@@ -134,8 +135,6 @@ class DiskGuard:
     async def _free_space(self) -> None:
         retention = self.retention
         if retention is None:
-            from mqk.services.retention import RetentionService
-
             retention = self.retention = RetentionService(self.config, self.store, clock=self.clock)
         report = await retention.run_once()
         if report.freed_bytes:

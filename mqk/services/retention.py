@@ -85,7 +85,7 @@ class RetentionService:
         self.passes = 0
         self.last_report: RetentionReport | None = None
 
-    async def start(self) -> "RetentionService":
+    async def start(self) -> RetentionService:
         self._loop_task.start(self._loop)
         return self
 
@@ -104,7 +104,7 @@ class RetentionService:
                 await self.run_once()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a failed pass is logged; the next one tries again
+            except Exception:  # a failed pass is logged; the next one tries again
                 log.exception("retention pass failed")
 
     def pins(self) -> dict[tuple[str, int], int]:

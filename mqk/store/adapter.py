@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
+from typing import NamedTuple, TypeVar
 
 from mqk.config import TopicConfig
-from mqk.errors import InvalidShardCount, UnknownShard
+from mqk.errors import InvalidShardCount, NotSupported, UnknownShard
 
 Buffer = bytes | bytearray | memoryview
 
@@ -151,7 +152,7 @@ class PutContext:
 
 
 PutHook = Callable[[PutContext], None]
-_H = TypeVar("_H", bound=PutHook)
+_H = TypeVar("_H", bound=Callable[..., None])  # a hook, or the method that becomes one when bound
 
 
 def delayed_only(hook: _H) -> _H:
@@ -159,7 +160,7 @@ def delayed_only(hook: _H) -> _H:
     (`PutContext.delay_headers is False`) and that has no native `properties` (the timer's hook is one). For
     such an append the store neither builds a PutContext nor calls the hook: a Produce spreading its records
     over many partitions would otherwise pay both once per partition."""
-    hook.delayed_only = True  # type: ignore[attr-defined]
+    hook.delayed_only = True  # type: ignore[attr-defined]  # (a marker on the function object itself)
     return hook
 
 
@@ -287,8 +288,6 @@ class StorageAdapter(abc.ABC):
         self, topic: str, key: bytes, max_count: int, begin_ms: int = 0, end_ms: int = 1 << 62
     ) -> list[tuple[int, StoredBatch]]:
         """(queue, batch) pairs whose keys include `key`, newest first."""
-        from mqk.errors import NotSupported
-
         raise NotSupported(f"{self.name} engine has no key index yet")
 
     async def read_at(self, physical_offset: int) -> tuple[str, int, StoredBatch] | None:
@@ -331,8 +330,6 @@ class StorageAdapter(abc.ABC):
 
     async def max_timestamp(self, topic: str, queue: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the record with the largest timestamp (ListOffsets MAX_TIMESTAMP)."""
-        from mqk.errors import NotSupported
-
         raise NotSupported(f"{self.name} engine has no max-timestamp lookup")
 
     # --- log life cycle (retention; mqk.services.retention drives these) --------------------------------
@@ -437,8 +434,6 @@ class StorageAdapter(abc.ABC):
         (rewritten copies of some of them: each keeps the base offset and offset span of the batch it replaces,
         in offset order). Batches not named go; log start and end offsets do not move; readers see the old or
         the new range, never a mix (atomic per call). Engines that cannot rewrite say NotSupported."""
-        from mqk.errors import NotSupported
-
         raise NotSupported(f"{self.name} engine cannot rewrite stored batches (compaction)")
 
     async def reclaim(

@@ -9,11 +9,13 @@ content survives power loss. These functions block; callers on the event loop ru
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _libc_syncfs():
+def _libc_syncfs() -> Callable[..., int] | None:
     try:
         return ctypes.CDLL(None, use_errno=True).syncfs  # glibc and musl on Linux
     except (OSError, AttributeError):
@@ -99,7 +101,5 @@ def read_json(path: str | os.PathLike[str]) -> Any | None:
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

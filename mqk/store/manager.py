@@ -30,6 +30,7 @@ change, and whatever name an engine cannot store (a file engine's directory name
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -176,6 +177,7 @@ class StoreManager:
         engine = self._engines.get(name)
         if engine is not None:
             return engine
+        # each engine is imported on first use: a broker without rocksdb topics never loads rocksdict
         if name == "memory":
             from mqk.store.memory import MemoryEngine
 
@@ -245,10 +247,8 @@ class StoreManager:
             if info is None:
                 raise UnknownShard(f"unknown topic {topic!r}")
             await self._save_topics()
-            try:
+            with contextlib.suppress(UnknownShard):
                 await self._started_engine(info.engine).delete_shards(topic)
-            except UnknownShard:
-                pass
 
     async def add_partitions(self, topic: str, total: int) -> None:
         _check_queue_count(total)
@@ -455,7 +455,7 @@ class StoreManager:
             results = await engine.append_many(topic, direct, log_append_time=stamp)
             for i, result in zip(positions, results):
                 out[i] = result
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # (every slot was filled above: its error or its result)
 
     def _append_route(self, topic: str, queue: int) -> tuple[ShardInfo, StorageAdapter, bool]:
         """(topic info, its started engine, its LogAppendTime setting), cached per topic incarnation; UnknownShard

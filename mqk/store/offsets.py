@@ -21,6 +21,7 @@ Not thread-safe: one event loop owns an instance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -166,10 +167,8 @@ class FileOffsetStore:
             os.fdatasync(self._journal_fd)
         except BaseException:
             # Never leave a half record in front of the next one: cut back to the last acknowledged byte.
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self._journal_fd, start)
-            except OSError:
-                pass
             raise
 
     async def _compact(self) -> None:

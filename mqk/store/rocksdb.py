@@ -43,7 +43,7 @@ from typing import Any
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from mqk.config import FLUSH_SYNC, StoreConfig, TopicConfig
-from mqk.errors import InvalidShardName, OffsetOutOfRange, StorageError, UnknownShard
+from mqk.errors import Corrupt, InvalidRecord, InvalidShardName, OffsetOutOfRange, StorageError, UnknownShard
 from mqk.store.adapter import (
     AppendResult,
     Buffer,
@@ -163,7 +163,7 @@ class RocksEngine(StorageAdapter):
 
     def _load_shard(self, it: Any, sp: bytes) -> _Shard:
         shard = _Shard(sp)
-        meta = self._db.get(b"m" + sp)  # type: ignore[union-attr]
+        meta = self.db.get(b"m" + sp)
         if meta is not None:
             shard.log_start, shard.end = _META.unpack(meta)
         it.seek_for_prev(_prefix_end(b"d" + sp))
@@ -531,7 +531,7 @@ class RocksEngine(StorageAdapter):
         )
         if kept:
             first = kept[0]
-            running = DATA_HEADER.unpack_from(self.db.get(data_prefix + _U64.pack(first.base_offset)))[2]
+            running = DATA_HEADER.unpack_from(self._stored(data_prefix + _U64.pack(first.base_offset)))[2]
             batch.delete_range(data_prefix, data_prefix + _U64.pack(first.base_offset))
             batch.delete_range(time_prefix, time_prefix + _bias(running) + _U64.pack(first.base_offset))
         else:
@@ -575,13 +575,20 @@ class RocksEngine(StorageAdapter):
             return None
         return await asyncio.to_thread(self._max_timestamp, shard)
 
+    def _stored(self, key: bytes) -> bytes:
+        """The value of a key an index entry or a batch read just named: missing is a damaged database."""
+        value: bytes | None = self.db.get(key)
+        if value is None:
+            raise Corrupt(f"rocksdb: key {key!r} is missing")
+        return value
+
     def _max_timestamp(self, shard: _Shard) -> tuple[int, int] | None:
         # After delete_before the running maxima may still count deleted batches, and the top record may lie
         # below the log start: then (rarely: ListOffsets MAX_TIMESTAMP) scan the retained batches.
         first = self._read_batches(shard, shard.log_start, 0, shard.end, limit=1)
         if not first:
             return None
-        value = self.db.get(b"d" + shard.sp + _U64.pack(first[0].base_offset))
+        value = self._stored(b"d" + shard.sp + _U64.pack(first[0].base_offset))
         if DATA_HEADER.unpack_from(value)[2] == first[0].max_timestamp:  # first retained running max unpolluted
             hit = self._offset_for_timestamp(shard, shard.running_max)
             if hit is not None:
@@ -606,10 +613,8 @@ class RocksEngine(StorageAdapter):
         await asyncio.to_thread(self._replace_range, shard, start, end, copies, f"{topic}-{queue}")
 
     def _replace_range(self, shard: _Shard, start: int, end: int, batches: list[bytes], name: str) -> None:
-        from mqk.errors import InvalidRecord
-
         data_prefix, time_prefix = b"d" + shard.sp, b"t" + shard.sp
-        old: dict[int, tuple] = {}
+        old: dict[int, tuple[int, ...]] = {}
         it = self.db.iter()
         try:
             it.seek(data_prefix + _U64.pack(start))

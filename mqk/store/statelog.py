@@ -18,6 +18,7 @@ the last good document and logging each malformed one it skips.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any, Protocol
@@ -71,10 +72,8 @@ class LogStateDocs:
     async def prepare(self) -> None:
         """Create the topic if this broker has none (every broker of a group, so replicated records find it)."""
         if self.store.topic(self.topic) is None:
-            try:
+            with contextlib.suppress(ShardExists):
                 await self.store.create_topic(self.topic, 1, TopicConfig({"cleanup.policy": "compact"}))
-            except ShardExists:
-                pass
 
     async def save(self, name: str, doc: dict[str, Any]) -> None:
         data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()  # (TypeError now, before the append)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from mqk._fast import load
 from mqk.errors import Corrupt

@@ -33,13 +33,15 @@ and a load reads one record (the last) instead of scanning the timer topic for t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
-from collections.abc import Callable
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sortedcontainers import SortedList
 
+from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock, wait_event
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
@@ -48,6 +50,7 @@ from mqk.store.statelog import LogStateDocs, SideStateDocs, StateDocs
 from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
 
 log = logging.getLogger("mqk.timer")
+recbatch = load("recbatch")
 
 TIMER_TOPIC = "__mqk_timer"
 #: cluster mode: the timer's state document, kept in the log (see the module docstring)
@@ -103,13 +106,11 @@ class TimerService:
 
     # --- life cycle --------------------------------------------------------------------------------------------
 
-    async def start(self) -> "TimerService":
+    async def start(self) -> TimerService:
         if self.store.topic(TIMER_TOPIC) is None:
             retention = max(7 * 24 * 3600 * 1000, 2 * self.max_delay_ms)
-            try:
+            with contextlib.suppress(ShardExists):
                 await self.store.create_topic(TIMER_TOPIC, 1, TopicConfig({"retention.ms": str(retention)}))
-            except ShardExists:
-                pass
         if isinstance(self.docs, LogStateDocs):
             await self.docs.prepare()
         if not self.standby:
@@ -168,7 +169,7 @@ class TimerService:
             try:
                 await self._begin()
                 break
-            except Exception:  # noqa: BLE001 - a master must deliver eventually: say why, and try again
+            except Exception:  # a master must deliver eventually: say why, and try again
                 log.exception("timer: cannot load its state from the log; retrying")
                 self._reset()
                 await self.clock.sleep(1)
@@ -379,9 +380,6 @@ class TimerService:
     async def _settle_intents(self, intent: dict[str, list]) -> None:
         """After a crash mid-burst: an intent whose batch reached its real queue counts as delivered. Each real
         queue is scanned once from the lowest end offset recorded for it, matching batches by (length, CRC)."""
-        from mqk._fast import load
-
-        recbatch = load("recbatch")
         by_queue: dict[tuple[str, int], list[tuple[int, int, Waiting]]] = {}
         for key, (topic, queue, end_before) in intent.items():
             if int(key) < self._floor or int(key) in self._done:

@@ -249,7 +249,7 @@ def test_enospc_refuses_cleanly_reads_go_on_and_restart_finds_a_clean_tail(small
         assert broker.store.log_start_offset(topic, 0) == end - 5
         assert broker.store.end_offset(topic, 0) == end + 1
         got = _consume_all(broker.bootstrap, topic, end + 1)
-        assert got == acked[-5:] + [(end, b"after the storm")]
+        assert got == [*acked[-5:], (end, b"after the storm")]
     finally:
         broker.stop()
     assert not os.path.exists(data / "abort")

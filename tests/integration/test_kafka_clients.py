@@ -23,8 +23,8 @@ from mqk.store.manager import StoreManager
 # raises is attributed to importlib, so the setup.cfg filter for kafka.* does not catch it. Import it quietly once.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    import kafka  # noqa: F401
-    import kafka.admin  # noqa: F401
+    import kafka
+    import kafka.admin
 
 pytestmark = pytest.mark.filterwarnings("ignore:(open|read)_text is deprecated:DeprecationWarning")
 

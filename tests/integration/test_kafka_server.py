@@ -140,7 +140,7 @@ async def test_big_trickled_and_abandoned_frames(broker, client):
             part = await fetch(other, "frames", len(got), max_bytes=8 << 20)
             assert part["error_code"] == 0 and part["records"]
             got += values_of(part["records"])
-    assert got == values + [b"trickled"]
+    assert got == [*values, b"trickled"]
 
 
 async def test_unknown_api_key_and_garbage_close_the_connection(broker, client):

@@ -250,7 +250,7 @@ async def test_oneway_and_auto_created_topic(ns) -> None:
 
 
 async def test_push_consumer_started_before_its_topic_exists(ns) -> None:
-    namesrv, store = ns
+    namesrv, _store = ns
     got: list[bytes] = []
     consumer = await PushConsumer(
         namesrv, "early", "not-yet", lambda m: got.append(m.body), rebalance_interval=0.3, suspend_ms=300

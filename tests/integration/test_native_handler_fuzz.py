@@ -23,13 +23,47 @@ from mqk.protocol.native.command import RemotingCommand
 from mqk.runtime import BrokerRuntime
 from mqk.testing import broker_config
 
-FIELD_NAMES = (
-    "batch beginTimestamp bornTimestamp clientID commitOffset commitOrRollback consumerGroup defaultTopic "
-    "defaultTopicQueueNums delayLevel endTimestamp expressionType flag group key maxMsgNums maxNum "
-    "maxReconsumeTimes msgId offset originMsgId originTopic perm producerGroup properties queueId queueOffset "
-    "readQueueNums reconsumeTimes subscription suspendTimeoutMillis sysFlag timestamp topic topicFilterType "
-    "tranStateTableOffset unitMode writeQueueNums"
-).split() + list("abcdefghijklmn")
+FIELD_NAMES = [
+    "batch",
+    "beginTimestamp",
+    "bornTimestamp",
+    "clientID",
+    "commitOffset",
+    "commitOrRollback",
+    "consumerGroup",
+    "defaultTopic",
+    "defaultTopicQueueNums",
+    "delayLevel",
+    "endTimestamp",
+    "expressionType",
+    "flag",
+    "group",
+    "key",
+    "maxMsgNums",
+    "maxNum",
+    "maxReconsumeTimes",
+    "msgId",
+    "offset",
+    "originMsgId",
+    "originTopic",
+    "perm",
+    "producerGroup",
+    "properties",
+    "queueId",
+    "queueOffset",
+    "readQueueNums",
+    "reconsumeTimes",
+    "subscription",
+    "suspendTimeoutMillis",
+    "sysFlag",
+    "timestamp",
+    "topic",
+    "topicFilterType",
+    "tranStateTableOffset",
+    "unitMode",
+    "writeQueueNums",
+    *list("abcdefghijklmn"),
+]
 FIELD_VALUES = [
     "fz",
     "",

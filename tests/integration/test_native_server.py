@@ -283,7 +283,7 @@ async def test_garbage_bytes_close_only_that_connection(native: Native) -> None:
 
     rng = random.Random(7)
     for _ in range(20):
-        reader, writer = await asyncio.open_connection(*native.broker_addr)
+        _reader, writer = await asyncio.open_connection(*native.broker_addr)
         size = rng.randrange(8, 200)
         # a plausible length prefix followed by random bytes: a bad header, or a frame that never completes
         writer.write(struct.pack(">i", size) + bytes(rng.randrange(256) for _ in range(size)))

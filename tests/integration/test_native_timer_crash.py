@@ -17,7 +17,7 @@ def _ns(broker: BrokerProcess) -> str:
     return f"{broker.namesrv_address[0]}:{broker.namesrv_address[1]}"
 
 
-async def _collect_until(ns: str, topic: str, last: bytes, timeout: float) -> list[bytes]:
+async def _collect_until(ns: str, topic: str, last: bytes, timeout: float) -> list[bytes]:  # noqa: ASYNC109 - one deadline for the whole collection
     """Every message of `topic`'s queue 0, in order, up to and including `last` (long polls: no sleeping)."""
     got: list[bytes] = []
     mq = MessageQueue(topic, "mqk-broker-a", 0)

@@ -5,6 +5,7 @@ falling measurably, fileReservedTime, and a clean restart afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -59,10 +60,8 @@ def _disk_bytes(root: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass
     return total
 
 

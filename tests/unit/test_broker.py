@@ -134,7 +134,7 @@ def test_describe_lists_every_key_in_schema_order_with_its_source() -> None:
 
 async def test_creation_and_alteration_check_settings_before_anything_changes(store: StoreManager) -> None:
     topics = registry(store)
-    with pytest.raises(InvalidConfigError, match="retention.ms=.x. is not a number"):
+    with pytest.raises(InvalidConfigError, match=r"retention.ms=.x. is not a number"):
         await topics.create("t", 1, {"retention.ms": "x"})
     assert topics.get("t") is None
     info = await topics.create("t", 2, {"retention.ms": "10", "segment.ms": None})

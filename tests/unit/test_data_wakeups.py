@@ -26,7 +26,7 @@ async def test_fetch_waiters_wake_on_any_listed_partition_and_only_those() -> No
 async def test_a_wait_on_many_partitions_of_a_topic_wakes_on_any_of_them_and_leaves_nothing_registered() -> None:
     waiters = WakeupHub()
     many = [("t", q) for q in range(0, 2 * WIDE, 2)]  # the even queues of t: registered once, for the topic
-    wide = asyncio.ensure_future(waiters.wait(many + [("u", 0)], 5))
+    wide = asyncio.ensure_future(waiters.wait([*many, ("u", 0)], 5))
     other = asyncio.ensure_future(waiters.wait([("t", q) for q in range(1, 2 * WIDE, 2)], 5))  # the odd ones
     narrow = asyncio.ensure_future(waiters.wait([("t", 5)], 5))
     await settle()

@@ -30,16 +30,16 @@ def a_batch(rb, n=3):
 
 
 def write(ce, rb, buf, pos=0, topic=b"orders", **kw):
-    args = dict(
-        queue_id=2,
-        queue_offset=500,
-        physical_offset=4096 + pos,
-        store_timestamp=1_700_000_000_123,
-        max_timestamp=1_700_000_000_456,
-        tags_code=-12345,
-        flags=0x11,
-        record_count=3,
-    )
+    args = {
+        "queue_id": 2,
+        "queue_offset": 500,
+        "physical_offset": 4096 + pos,
+        "store_timestamp": 1_700_000_000_123,
+        "max_timestamp": 1_700_000_000_456,
+        "tags_code": -12345,
+        "flags": 0x11,
+        "record_count": 3,
+    }
     args.update(kw)
     body = kw.pop("body", None) or a_batch(rb)
     args.pop("body", None)
@@ -64,7 +64,7 @@ def write(ce, rb, buf, pos=0, topic=b"orders", **kw):
 def test_round_trip_and_layout(impl):
     ce, rb = impl
     buf = bytearray(4096)
-    size, body, a = write(ce, rb, buf, pos=10)
+    size, body, _a = write(ce, rb, buf, pos=10)
     assert size == ce.entry_size(6, len(body)) == 66 + 6 + len(body)
     entry = ce.read_entry(buf, 10, len(buf))
     assert entry == (
@@ -529,7 +529,7 @@ def test_plan_refuses_arguments_that_cannot_be_right(impl):
         with pytest.raises(OutOfBounds):
             run.plan(t.rows, t.slot_map, t.unit_bufs, [], args[0], b"t", 1, 0, 0, args[1], args[2])
     for bad in ("topic", "entries", "unit_bufs"):
-        kw = dict(topic=b"t", entries=[], unit_bufs=t.unit_bufs)
+        kw = {"topic": b"t", "entries": [], "unit_bufs": t.unit_bufs}
         kw[bad] = "x" if bad == "topic" else (tuple(kw[bad]) if bad == "unit_bufs" else ())
         with pytest.raises(TypeError):
             run.plan(t.rows, t.slot_map, kw["unit_bufs"], kw["entries"], 0, kw["topic"], 1, 0, 0, 0, 1 << 16)

@@ -222,7 +222,7 @@ def test_scan_batches_matches_reference(rb, batches, pad):
     assert rb.scan_batches(buf) == expected
     assert rb.scan_batches(bytes(buf), False) == expected
     # and every uncompressed batch's records walk clean (no names asked for: none found)
-    walked = [e[:10] + (None if e[5] & 0x07 else False,) for e in expected]
+    walked = [(*e[:10], None if e[5] & 7 else False) for e in expected]
     assert rb.scan_batches(buf, True, True) == walked
     assert rb.scan_batches(memoryview(b"\x00" * pad + bytes(buf))[pad:]) == expected
     for p, size, *_ in expected:
@@ -425,18 +425,18 @@ def test_has_header_integer_arguments_agree(ints):
 @pytest.mark.parametrize("bad", [None, "text", 3, [b"DELAY"], ("DELAY",), (b"DELAY", 1), b"DELAY", 1.5])
 def test_has_header_bad_argument_types_agree(bad):
     batch = ref_batch(
-        dict(
-            base_offset=0,
-            leader_epoch=0,
-            attributes=0,
-            last_offset_delta=0,
-            base_ts=0,
-            max_ts=0,
-            pid=-1,
-            epoch=-1,
-            seq=-1,
-            count=0,
-        ),
+        {
+            "base_offset": 0,
+            "leader_epoch": 0,
+            "attributes": 0,
+            "last_offset_delta": 0,
+            "base_ts": 0,
+            "max_ts": 0,
+            "pid": -1,
+            "epoch": -1,
+            "seq": -1,
+            "count": 0,
+        },
         b"",
     )
     assert same_outcome(RB, lambda m: outcome(m.has_header, batch, 0, len(batch), bad))[0] == "TypeError"
@@ -454,26 +454,24 @@ def test_batch_due_time_equals_decoding_every_record(walk, records, values):
     # batch_due_time skips decoding when no record names a delay header; that must never change its answer
     from mqk.timer import delay
 
-    if walk and delay.recbatch.__name__.endswith("_py"):
-        walk_module = twin("recbatch")  # without the extensions, exercise the walk through the twin
-    else:
-        walk_module = delay.recbatch
+    # without the extensions, exercise the walk through the twin
+    walk_module = twin("recbatch") if walk and delay.recbatch.__name__.endswith("_py") else delay.recbatch
     rb = twin("recbatch")
     vals = iter(values * 2)
     records = [(od, 0, k, v, [(hk, next(vals)) for hk, _ in hs]) for od, _, k, v, hs in records]
     batch = ref_batch(
-        dict(
-            base_offset=0,
-            leader_epoch=0,
-            attributes=0,
-            last_offset_delta=max(len(records) - 1, 0),
-            base_ts=0,
-            max_ts=0,
-            pid=-1,
-            epoch=-1,
-            seq=-1,
-            count=len(records),
-        ),
+        {
+            "base_offset": 0,
+            "leader_epoch": 0,
+            "attributes": 0,
+            "last_offset_delta": max(len(records) - 1, 0),
+            "base_ts": 0,
+            "max_ts": 0,
+            "pid": -1,
+            "epoch": -1,
+            "seq": -1,
+            "count": len(records),
+        },
         b"".join(ref_record(*r) for r in records),
     )
     now = 1_000_000

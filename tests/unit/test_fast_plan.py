@@ -178,6 +178,20 @@ def test_bad_arguments_are_refused_alike(rb):
         rb.plan_plain_appends([partition("plain")], 0, QUEUES, 1000, NAMES, False, (1, 2, 3), [], [], [], [])
 
 
+def test_only_a_failed_batch_check_stops_the_plan(monkeypatch):
+    """A partition whose batches fail their check (Corrupt, InvalidRecord, InvalidTimestamp) stops the plan, and
+    nothing else does: any other error in the kernel is a bug that must surface, not a silent fall-back to the
+    handler's slower path. (Shown on the twin, whose inner call can be replaced; the compiled kernel catches the
+    same two error types.)"""
+
+    def renamed(*args, **kwargs):
+        raise AttributeError("a renamed attribute")
+
+    monkeypatch.setattr(RB, "scan_batches", renamed)
+    with pytest.raises(AttributeError, match="a renamed attribute"):
+        plan(RB, [partition("plain")], 0, 1000, False, None)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kinds=st.lists(st.sampled_from(sorted(KINDS)), max_size=8),

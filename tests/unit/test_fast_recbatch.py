@@ -256,7 +256,7 @@ def test_produce_check_answers_whether_a_named_header_is_there(rb):
     """The produce check's walk tells, per uncompressed batch, whether some record carries a header of a given
     name (the timer's delay headers), so nothing walks the records a second time; compressed batches: None."""
     plain = [("trace", b"1")]
-    with_delay = headers_batch(rb, [plain, plain + [("DELAY", b"3")], []])
+    with_delay = headers_batch(rb, [plain, [*plain, ("DELAY", b"3")], []])
     without = headers_batch(rb, [plain, [], [("delay", b"3")]])
     data = with_delay + without
     scanned = rb.scan_batches(data, True, True, DELAY_KEYS)
@@ -302,7 +302,7 @@ def test_produce_check_holds_create_times_to_a_window(rb):
     recs = rb.encode_record(0, 0, b"k", b"a", []) + rb.encode_record(1, 500, b"k", b"b", [])
     batch = rb.build_batch(0, 10_000, 10_500, recs, 2, 1)
     assert len(rb.scan_batches(batch, True, True, (), False, (10_000, 10_500))) == 1
-    with pytest.raises(InvalidTimestamp, match="timestamp 10500 of the record at position 7[0-9] is out of range"):
+    with pytest.raises(InvalidTimestamp, match=r"timestamp 10500 of the record at position 7[0-9] is out of range"):
         rb.scan_batches(batch, True, True, (), False, (10_000, 10_499))
     with pytest.raises(InvalidTimestamp, match="timestamp 10000 "):
         rb.scan_batches(batch, True, True, (), False, (10_001, 20_000))
@@ -512,3 +512,20 @@ def test_crc32c_native_address_refuses_what_is_not_the_package():
     from mqk._fast import crc32c_native_address
 
     assert crc32c_native_address(lambda data: 0) == 0
+
+
+def test_crc32c_native_address_is_0_for_a_library_not_loaded_or_without_get_state(tmp_path):
+    # the two ways ctypes fails there (OSError, AttributeError) mean "call the package's Python function"; nothing
+    # else is caught, so a bug in the look-up raises at the first CRC instead of silently slowing every batch
+    import types
+
+    from mqk._fast import crc32c_native_address
+
+    def with_module(path):
+        fake = types.ModuleType("fake_crc32c")
+        fake.__file__ = str(path)
+        return types.MethodType(lambda self, data: 0, fake)
+
+    assert crc32c_native_address(with_module(tmp_path / "not-loaded.so")) == 0
+    assert crc32c_native_address(with_module("libc.so.6")) == 0  # loaded, but exports no get_state
+    assert crc32c_native_address(crc32c) != 0  # the package itself

@@ -155,7 +155,7 @@ asyncio.run(main())
 @pytest.mark.parametrize("stage", [append_mod.STAGE_PLANNED, append_mod.STAGE_WRITTEN])
 async def test_kill_between_the_steps_serves_only_what_was_written(tmp_path: Path, stage: str) -> None:
     root = tmp_path / "store"
-    child = subprocess.run(
+    child = subprocess.run(  # noqa: ASYNC221 - the test waits for the child's whole run; nothing shares its loop
         [sys.executable, "-c", CHILD, str(root), stage, str(Path(__file__).parent)],
         capture_output=True,
         text=True,

@@ -337,7 +337,7 @@ async def test_torn_commitlog_tail_cuts_index_entries_past_the_end(tmp_path: Pat
     await e.close()
     # tear the last CommitLog entry: a byte in its body flipped, as a half-written page would leave it
     seg = crashed / "commitlog" / f"{0:020d}"
-    with open(seg, "r+b") as fh:
+    with open(seg, "r+b") as fh:  # noqa: ASYNC230 - the test's own file surgery; no broker shares its loop
         fh.seek(last_phys + 80)
         b = fh.read(1)
         fh.seek(last_phys + 80)

@@ -120,7 +120,7 @@ def test_consumequeue_search_across_files(tmp_path: Path) -> None:
         assert cq.mfq.files[1].path.name == f"{4 * UNIT:020d}"
         for offset in (0, 5, 39, 40, 41, 229):
             i = cq.search_offset(offset)
-            phys, size, count, tags, store_ts, max_ts, base = cq.unit(i)
+            _phys, _size, count, _tags, _store_ts, _max_ts, base = cq.unit(i)
             assert base <= offset < base + count
         assert cq.search_offset(230) == 23 and cq.search_offset(10_000) == 23
         for ts, expected in ((0, 0), (1005, 0), (1006, 1), (1100, 10), (1220, 22), (1221, 23)):

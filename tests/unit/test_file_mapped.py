@@ -3,6 +3,7 @@ dropping flushed pages from the page cache."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from pathlib import Path
@@ -330,10 +331,8 @@ def _descriptors_of(path: Path) -> int:
     """How many of this process's open descriptors are `path` (the mapping's own duplicate included)."""
     links = []
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # the descriptor listdir itself used, closed by now
             links.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:  # the descriptor listdir itself used, closed by now
-            pass
     return links.count(str(path))
 
 

@@ -192,9 +192,11 @@ class GroupMachine(RuleBasedStateMachine):
                 assert result.assignment in self.handed_out, result.assignment
                 if client.instance_id is None:
                     assert result.assignment.endswith(f"|{member_id}".encode()), (member_id, result.assignment)
-        elif result.error in (E.UnknownMemberIdError.code, E.FencedInstanceIdError.code):
-            if client.member_id == member_id:
-                client.reset()
+        elif (
+            result.error in (E.UnknownMemberIdError.code, E.FencedInstanceIdError.code)
+            and client.member_id == member_id
+        ):
+            client.reset()
 
     # --- what consumers do -----------------------------------------------------------------------------
 

@@ -103,7 +103,7 @@ async def stop(server: KafkaServer) -> None:
     await server.store.close()
 
 
-async def drained(wire: Wire, timeout: float = 10.0) -> None:
+async def drained(wire: Wire, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - one deadline for the whole drain
     """Return once the connection has answered everything fed to it: wait for the tasks (and futures) it holds for
     its requests, then let it write their answers; again while answering starts more."""
     conn = wire.conn

@@ -3,11 +3,20 @@ the field set is the one the generated codecs were made from) with an independen
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import pkgutil
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from mqk.protocol.kafka import messages
+from mqk.protocol.kafka.errors import UnsupportedApiVersion
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN_PATH = ROOT / "tools" / "gen_kafka_messages.py"
@@ -88,10 +97,7 @@ def _scalar(t):
 
 def field_strategy(f, v):
     if f.is_array:
-        if f.is_struct:
-            elem = struct_strategy(f.children, v)
-        else:
-            elem = _scalar(f.elem)
+        elem = struct_strategy(f.children, v) if f.is_struct else _scalar(f.elem)
         s = st.lists(elem, max_size=3)
     elif f.is_struct:
         s = struct_strategy(f.children, v)
@@ -135,16 +141,6 @@ def all_cases():
 
 # --- tests -------------------------------------------------------------------------------------------------
 
-import importlib  # noqa: E402
-import pkgutil  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-
-from mqk.protocol.kafka import messages  # noqa: E402
-from mqk.protocol.kafka.errors import UnsupportedApiVersion  # noqa: E402
 
 CASES = list(all_cases())
 _SETTINGS = settings(
@@ -217,7 +213,7 @@ def test_types_are_reexported_from_the_package():
     assert OffsetCommitRequest.__module__ == "mqk.protocol.kafka.messages.offset_commit"
     assert fetch.FetchRequest.__name__ == "FetchRequest"
     with pytest.raises(AttributeError):
-        messages.NoSuchRequest  # noqa: B018  # the attribute access is what is tested
+        messages.NoSuchRequest  # noqa: B018 - the attribute access is what is tested
 
 
 _LAZY_PROBE = """

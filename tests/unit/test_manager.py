@@ -53,7 +53,7 @@ async def test_legal_topic_names(mem: StoreManager, name: str) -> None:
 @pytest.mark.parametrize("count", [0, -1, 10_001, 1.5, "3"])
 async def test_bad_partition_counts(mem: StoreManager, count: object) -> None:
     with pytest.raises(InvalidPartitionsError):
-        await mem.create_topic("t", count)  # type: ignore[arg-type]
+        await mem.create_topic("t", count)  # type: ignore[arg-type]  # bad counts on purpose
 
 
 async def test_unknown_engine_is_a_config_error(mem: StoreManager) -> None:

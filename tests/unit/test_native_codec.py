@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 
@@ -158,10 +159,8 @@ def test_garbage_never_escapes_typed_errors(data: bytes) -> None:
     except ProtocolError:
         pass
     for serialize in (0, 1):
-        try:
+        with contextlib.suppress(ProtocolError):
             decode_frame(struct.pack(">I", (serialize << 24) | len(data)) + data)
-        except ProtocolError:
-            pass
 
 
 def test_header_field_accessors() -> None:
@@ -240,7 +239,7 @@ def test_message_ext_round_trip(body, props, queue, offset, phys, v6, reconsume)
 
 def test_message_ext_layout_offsets() -> None:
     data = encode_message_ext(MessageExt(topic="t", body=b"b", queue_id=3, queue_offset=9, commit_log_offset=77))
-    total, magic, crc, queue_id, flag, qoff, phys = struct.unpack_from(">iIiiiqq", data)
+    total, magic, crc, queue_id, _flag, qoff, phys = struct.unpack_from(">iIiiiqq", data)
     assert total == len(data) and magic == 0xDAA320A7 and queue_id == 3 and qoff == 9 and phys == 77
     import zlib
 
@@ -251,10 +250,8 @@ def test_message_ext_layout_offsets() -> None:
 @given(st.binary(max_size=300))
 def test_garbage_messages_raise_typed_errors(data: bytes) -> None:
     for decoder in (decode_messages, decode_batch_body):
-        try:
+        with contextlib.suppress(MessageFormatError):
             decoder(data)
-        except MessageFormatError:
-            pass
 
 
 @given(

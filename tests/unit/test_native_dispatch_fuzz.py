@@ -137,7 +137,7 @@ async def _exercise(code: int, ext: dict[str, str], body: bytes | None) -> None:
         for server in (broker, namesrv):
             cmd = RemotingCommand(code=code, opaque=1, ext_fields=dict(ext), body=body)
             try:
-                response = await asyncio.wait_for(server.dispatch(conn, cmd), 5)  # type: ignore[arg-type]
+                response = await asyncio.wait_for(server.dispatch(conn, cmd), 5)  # type: ignore[arg-type]  # a fake connection
             except ProtocolError:
                 continue  # a missing or malformed required field: answered SYSTEM_ERROR by the connection
             assert response is None or isinstance(response, RemotingCommand)

@@ -44,7 +44,7 @@ def test_target_lets_only_typed_errors_through(monkeypatch: pytest.MonkeyPatch) 
     """The target swallows MqkError only: a decoder bug of any other type would surface."""
     fuzz = _load()
 
-    def broken(self):  # noqa: ANN001
+    def broken(self):
         raise ValueError("not a typed error")
 
     monkeypatch.setattr(FrameDecoder, "next_command", broken)

@@ -13,6 +13,7 @@ import pytest
 from helpers import store_config
 
 from mqk._fast import load
+from mqk.clock import settle
 from mqk.config import StoreConfig, TopicConfig
 from mqk.errors import NotCoordinatorError
 from mqk.groups.coordinator import GroupCoordinator
@@ -153,17 +154,19 @@ async def test_a_commit_is_applied_and_answered_only_after_the_replication_wait(
     await offsets_topic(memory_store)
     offsets = await new_master(memory_store, Placement())
     waits: list[tuple[str, int, int, asyncio.Event]] = []
+    both_waiting = asyncio.Event()
 
     async def wait_replicated(topic: str, partition: int, result: AppendResult) -> None:
         event = asyncio.Event()
         waits.append((topic, partition, result.base_offset, event))
+        if len(waits) == 2:
+            both_waiting.set()
         await event.wait()
 
     offsets.wait_replicated = wait_replicated
     first = asyncio.create_task(offsets.commit_offsets("g", {("t", 0): GroupOffset(1)}))
     second = asyncio.create_task(offsets.commit_offsets("g", {("t", 0): GroupOffset(2)}))
-    while len(waits) < 2:
-        await asyncio.sleep(0)
+    await asyncio.wait_for(both_waiting.wait(), 10)
     assert [(t, p, o) for t, p, o, _e in waits] == [(TOPIC, 0, 0), (TOPIC, 0, 1)]
     assert offsets.fetch_offsets("g") == {} and not first.done() and not second.done()
     waits[1][3].set()  # the later commit's wait ends first
@@ -223,8 +226,8 @@ async def test_loading_answers_for_partitions_not_loaded(memory_store: StoreMana
     other = LogOffsetStore(memory_store, placement)
     other._active = True
     assert other.loading("g")
-    while other.loading("g"):
-        await asyncio.sleep(0)
+    await settle()  # (the load runs on a task of its own)
+    assert not other.loading("g")
     assert other.fetch_offsets("g") == {("t", 0): GroupOffset(1)}
 
 

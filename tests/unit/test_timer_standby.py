@@ -136,8 +136,7 @@ async def test_an_intent_cut_short_by_a_failover_is_settled_by_the_new_master(
     monkeypatch.setattr(memory_store, "append", append_then_hang)
     await delay(memory_store, "s", b"once", 50)
     await clock.advance(0.05)
-    while not stuck.is_set():
-        await asyncio.sleep(0)
+    await asyncio.wait_for(stuck.wait(), 10)
     await old.deactivate()
     await old.stop()
     monkeypatch.setattr(memory_store, "append", original)

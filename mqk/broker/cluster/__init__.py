@@ -188,7 +188,11 @@ class ClusterMember:
 
     # --- metadata changes (through the controller) -----------------------------------------------------------
 
-    async def change(self, request: RequestRecord, timeout: float | None = None) -> None:
+    async def change(
+        self,
+        request: RequestRecord,
+        timeout: float | None = None,  # noqa: ASYNC109 - the wait for the controller's answer, which the caller may shorten
+    ) -> None:
         """Ask the controller for `request` and wait until this broker's view (and, where the topic is placed in
         this group, its store) shows the outcome. Raises what the controller answered, MetaUnavailable or
         RequestTimedOutError."""

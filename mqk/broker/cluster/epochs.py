@@ -75,4 +75,4 @@ def _start(starts: dict[str, list[int]], topic: str, partition: int) -> int:
     return offsets[partition] if partition < len(offsets) else 0
 
 
-__all__ = ["EpochHistory", "UNDEFINED"]
+__all__ = ["UNDEFINED", "EpochHistory"]

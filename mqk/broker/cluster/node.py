@@ -152,7 +152,7 @@ class ClusterNode:
                 log.warning("cluster: lease not revoked at stop (%s); it expires by itself", exc)
         await self.meta.close()
 
-    async def _register(self, timeout: float) -> None:
+    async def _register(self, timeout: float) -> None:  # noqa: ASYNC109 - how long a dead predecessor may hold the id
         """A new lease and this broker's key under it; waits (up to `timeout`) for the key a previous incarnation
         left to expire, and refuses a node id another live broker holds."""
         cfg = self.config
@@ -242,7 +242,7 @@ class ClusterNode:
         for callback in self.on_resign:
             try:
                 await callback()
-            except Exception:  # noqa: BLE001 - one failing part must not keep the others leading
+            except Exception:  # one failing part must not keep the others leading
                 log.exception("cluster: a resign callback failed")
 
     async def _resigned(self) -> None:
@@ -292,10 +292,10 @@ class ClusterNode:
                 if epoch:
                     lease = self.lease
                     await self._resigned()
-                    for callback in self.on_master:
+                    for on_master in self.on_master:
                         try:
-                            await callback(epoch)
-                        except Exception:  # noqa: BLE001 - the mastership is taken: it is served, the part says why not
+                            await on_master(epoch)
+                        except Exception:  # the mastership is taken: it is served, the part says why not
                             log.exception("cluster: a master callback failed (epoch %d)", epoch)
                     self.master_epoch = epoch
                     if self.lease != lease or self._stopped:  # lost while the callbacks ran: undo them at once
@@ -311,8 +311,8 @@ class ClusterNode:
                     if record is not None and record.lease == self.lease:
                         self.controlling = (epoch, record.create_revision)
                         log.info("cluster: controller, epoch %d", epoch)
-                        for callback in self.on_controller:
-                            callback()
+                        for on_controller in self.on_controller:
+                            on_controller()
         except MetaUnavailable as exc:
             log.warning("cluster: election postponed: %s", exc)
         except LeaseExpired:
@@ -345,7 +345,11 @@ class ClusterNode:
 
     # --- metadata changes ----------------------------------------------------------------------------------------
 
-    async def ask(self, request: RequestRecord, timeout: float | None = None) -> None:
+    async def ask(
+        self,
+        request: RequestRecord,
+        timeout: float | None = None,  # noqa: ASYNC109 - the wait for the controller's answer, which the caller may shorten
+    ) -> None:
         """Have the controller make a metadata change and wait for its answer; raises the error it answered with
         (an mqk.errors class), MetaUnavailable when etcd cannot be reached, or RequestTimedOut."""
         if not self.lease:

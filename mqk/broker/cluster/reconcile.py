@@ -15,6 +15,7 @@ topic is made), so a broker restarted after a deletion still knows the topic was
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -51,10 +52,8 @@ class TopicReconciler:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         while True:
@@ -62,7 +61,7 @@ class TopicReconciler:
             self._wake.clear()
             try:
                 await self.sync()
-            except Exception:  # noqa: BLE001 - a failed pass is logged; the next change (or this one again) retries
+            except Exception:
                 log.exception("cluster: bringing the local store in line with the metadata failed")
                 await asyncio.sleep(1)  # (a store error: not in a busy loop)
                 self._wake.set()
@@ -96,10 +95,8 @@ class TopicReconciler:
                 wanted = topics.get(name)
                 if topic_id not in cluster_ids or wanted is None or not self.placed_here(wanted):
                     log.info("cluster: topic %s (id %s) is gone from this group; deleting it here", name, topic_id)
-                    try:
+                    with contextlib.suppress(UnknownShard):
                         await self.store.delete_topic(name)
-                    except UnknownShard:
-                        pass
 
     async def _apply(self, name: str, record: TopicRecord) -> None:
         info = self.store.topic(name)

@@ -101,7 +101,11 @@ class ClusterView:
         """`listener()` runs after every change the watch brings (on the event loop)."""
         self._listeners.append(listener)
 
-    async def wait_until(self, condition: Callable[[ClusterState], bool], timeout: float) -> bool:
+    async def wait_until(
+        self,
+        condition: Callable[[ClusterState], bool],
+        timeout: float,  # noqa: ASYNC109 - a bound that answers False, not a cancellation
+    ) -> bool:
         """Wait until `condition(state)` holds (checked after each change) or `timeout` seconds pass; whether it
         holds."""
         loop = asyncio.get_running_loop()
@@ -122,7 +126,7 @@ class ClusterView:
         for listener in list(self._listeners):
             try:
                 listener()
-            except Exception:  # noqa: BLE001 - one listener's bug must not stop the view
+            except Exception:
                 log.exception("cluster view listener %r failed", listener)
 
     # --- following the watch -----------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ v13 and OffsetCommit/OffsetFetch v10, which are topic-id only; they stay capped 
 
 from __future__ import annotations
 
+from typing import Any
+
 from mqk.protocol.kafka import messages
 
 
@@ -116,7 +118,7 @@ def is_flexible_request(api_key: int, api_version: int) -> bool:
 
 def api_versions_body(
     error_code: int = 0, ranges: dict[int, tuple[int, int]] | None = None, throttle_time_ms: int = 0
-) -> dict:
+) -> dict[str, Any]:
     """An ApiVersions response body listing every supported API (also the UNSUPPORTED_VERSION answer), with the
     ADVERTISED_MIN exceptions."""
     ranges = SUPPORTED if ranges is None else ranges
@@ -133,5 +135,5 @@ def api_versions_body(
 UNSUPPORTED_VERSION = 35
 
 
-def api_versions_unsupported_body(ranges: dict[int, tuple[int, int]] | None = None) -> dict:
+def api_versions_unsupported_body(ranges: dict[int, tuple[int, int]] | None = None) -> dict[str, Any]:
     return api_versions_body(UNSUPPORTED_VERSION, ranges)

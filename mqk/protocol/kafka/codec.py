@@ -29,12 +29,19 @@ copies into the same buffer, for callers holding bytes.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from mqk._fast import load
 from mqk.errors import FrameTooLarge
 from mqk.protocol.kafka import api, messages
 from mqk.protocol.kafka.errors import MalformedMessage, UnknownApiKey, UnsupportedApiVersion
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+#: an encoded message as buffers for `transport.writelines`
+Parts: TypeAlias = list[bytes | bytearray | memoryview]
 
 _SIZE = struct.Struct(">i")
 _REQ_HEAD = struct.Struct(">hhi")
@@ -57,7 +64,9 @@ _PRODUCE = int(api.ApiKey.PRODUCE)
 _FETCH = int(api.ApiKey.FETCH)
 
 
-def _decode_by_kernel(kernel, api_key: int, api_version: int, body: memoryview) -> dict | None:
+def _decode_by_kernel(
+    kernel: Callable[[memoryview, int], dict[str, Any] | None], api_key: int, api_version: int, body: memoryview
+) -> dict[str, Any] | None:
     """Produce and Fetch bodies are decoded by hand-written `_fast` kernels (hot paths may be written by hand,
     docs/architecture.md): the same dict as the generated decoder, at a fraction of its cost per partition, which
     counts when a request names many partitions (a producer spreading its records, a consumer assigned a large
@@ -77,7 +86,7 @@ class Request(NamedTuple):
     api_version: int
     correlation_id: int
     client_id: str | None
-    body: dict
+    body: dict[str, Any]
     unsupported: bool = False  # only ever True for ApiVersions; answer with api.api_versions_unsupported_body()
     size: int = 0  # frame size in bytes (for metrics / quotas)
 
@@ -196,9 +205,9 @@ class KafkaConnectionCodec:
         """`nbytes` were written at the start of the room the last `get_buffer` returned."""
         self._end += nbytes
 
-    def receive_data(self, data) -> None:
+    def receive_data(self, received: Buffer) -> None:
         """Take received bytes from a caller that has them as an object (one copy into the buffer)."""
-        data = memoryview(data).cast("B")
+        data = memoryview(received).cast("B")
         done = 0
         while done < len(data):
             room = self.get_buffer()
@@ -270,11 +279,11 @@ class KafkaConnectionCodec:
         return Request(api_key, api_version, correlation_id, client_id, body, False, len(frame))
 
     # -- output -----------------------------------------------------------------------------------------
-    def encode_response(self, request: Request, body: dict) -> list:
+    def encode_response(self, request: Request, body: dict[str, Any]) -> Parts:
         return encode_response(request, body)
 
 
-def encode_response(request: Request, body: dict) -> list:
+def encode_response(request: Request, body: dict[str, Any]) -> Parts:
     """Size prefix + response header + body as a list of bytes-likes for `transport.writelines`."""
     api_key = request.api_key
     version = 0 if request.unsupported else request.api_version
@@ -284,7 +293,7 @@ def encode_response(request: Request, body: dict) -> list:
         head[8] = 0  # empty tagged-field section
     # the usual Produce and Fetch answers are written by _fast kernels (the generated encoder's bytes); anything
     # else, or what a kernel declines, by the generated encoder
-    parts = None
+    parts: Parts | None = None
     if api_key == _PRODUCE:
         if _produce_answer_kernel(body, version, head):
             parts = [head]
@@ -302,7 +311,9 @@ def encode_response(request: Request, body: dict) -> list:
 # --- client side (tests, tools, fuzzing) ---------------------------------------------------------------
 
 
-def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict) -> list:
+def encode_request(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict[str, Any]
+) -> Parts:
     """A complete request frame (size prefix included) as a list of bytes-likes."""
     head = bytearray(4)  # size, patched below
     head += _REQ_HEAD.pack(api_key, api_version, correlation_id)
@@ -319,7 +330,7 @@ def encode_request(api_key: int, api_version: int, correlation_id: int, client_i
     return parts
 
 
-def decode_response_frame(api_key: int, api_version: int, frame: bytes | memoryview) -> tuple[int, dict]:
+def decode_response_frame(api_key: int, api_version: int, frame: bytes | memoryview) -> tuple[int, dict[str, Any]]:
     """A response frame WITHOUT its size prefix -> (correlation_id, body). ApiVersions error answers are read with
     the v0 schema, as a client must."""
     view = memoryview(frame)

@@ -31,14 +31,20 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 import cramjam
 import lz4.frame
 import zstandard
 
 from mqk._fast import load
+from mqk._fast.api import Record
 from mqk.errors import Corrupt, InvalidRecord, MessageTooLarge, UnsupportedCompressionTypeError
+from mqk.protocol.kafka.messages._runtime import Records
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 recbatch = load("recbatch")
 
@@ -77,7 +83,7 @@ def _too_big(max_size: int) -> MessageTooLarge:
     return MessageTooLarge(f"decompressed records exceed {max_size} bytes")
 
 
-def _gunzip(data, max_size: int) -> bytes:
+def _gunzip(data: Buffer, max_size: int) -> bytes:
     out = bytearray()
     rest = bytes(data)
     while rest:
@@ -99,20 +105,20 @@ def _gunzip(data, max_size: int) -> bytes:
     return bytes(out)
 
 
-def _unsnappy_raw(data, max_size: int) -> bytes:
+def _unsnappy_raw(data: Buffer, max_size: int) -> bytes:
     try:
         n = cramjam.snappy.decompress_raw_len(bytes(data))
-    except Exception as e:  # cramjam raises its own error type
+    except cramjam.DecompressionError as e:
         raise Corrupt(f"snappy: {e}") from None
     if n > max_size:
         raise _too_big(max_size)
     try:
         return bytes(cramjam.snappy.decompress_raw(bytes(data)))
-    except Exception as e:
+    except cramjam.DecompressionError as e:
         raise Corrupt(f"snappy: {e}") from None
 
 
-def _unsnappy(data, max_size: int) -> bytes:
+def _unsnappy(data: Buffer, max_size: int) -> bytes:
     view = memoryview(data)
     if bytes(view[:8]) != _XERIAL_MAGIC:
         return _unsnappy_raw(view, max_size)
@@ -131,10 +137,10 @@ def _unsnappy(data, max_size: int) -> bytes:
     return bytes(out)
 
 
-def _unlz4(data, max_size: int) -> bytes:
+def _unlz4(data: Buffer, max_size: int) -> bytes:
     d = lz4.frame.LZ4FrameDecompressor()
     try:
-        out = d.decompress(bytes(data), max_length=max_size + 1)
+        out: bytes = d.decompress(bytes(data), max_length=max_size + 1)
     except RuntimeError as e:
         raise Corrupt(f"lz4: {e}") from None
     if len(out) > max_size or (not d.eof and not d.needs_input):
@@ -144,8 +150,8 @@ def _unlz4(data, max_size: int) -> bytes:
     return out
 
 
-def _unzstd(data, max_size: int) -> bytes:
-    data = bytes(data)
+def _unzstd(buf: Buffer, max_size: int) -> bytes:
+    data = bytes(buf)
     dctx = zstandard.ZstdDecompressor()
     try:
         declared = zstandard.frame_content_size(data)
@@ -174,12 +180,17 @@ def _unzstd(data, max_size: int) -> bytes:
     raise Corrupt(f"zstd: {error}") from None
 
 
-_DECOMPRESSORS = {GZIP: _gunzip, SNAPPY: _unsnappy, LZ4: _unlz4, ZSTD: _unzstd}
+_DECOMPRESSORS: dict[int, Callable[[Buffer, int], bytes]] = {
+    GZIP: _gunzip,
+    SNAPPY: _unsnappy,
+    LZ4: _unlz4,
+    ZSTD: _unzstd,
+}
 
 
-def decompress(codec_id: int, data, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+def decompress(codec_id: int, data: Buffer, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
     if codec_id == NONE:
-        if len(data) > max_size:
+        if memoryview(data).nbytes > max_size:
             raise _too_big(max_size)
         return bytes(data)
     fn = _DECOMPRESSORS.get(codec_id)
@@ -188,8 +199,8 @@ def decompress(codec_id: int, data, max_size: int = DEFAULT_MAX_DECOMPRESSED) ->
     return fn(data, max_size)
 
 
-def compress(codec_id: int, data) -> bytes:
-    data = bytes(data)
+def compress(codec_id: int, buf: Buffer) -> bytes:
+    data = bytes(buf)
     if codec_id == NONE:
         return data
     if codec_id == GZIP:
@@ -203,7 +214,8 @@ def compress(codec_id: int, data) -> bytes:
             out += _I32.pack(len(block)) + block
         return bytes(out)
     if codec_id == LZ4:
-        return lz4.frame.compress(data)
+        framed: bytes = lz4.frame.compress(data)
+        return framed
     if codec_id == ZSTD:
         return zstandard.ZstdCompressor().compress(data)
     raise UnsupportedCompressionTypeError(f"unknown compression codec {codec_id}")
@@ -213,7 +225,7 @@ def compress(codec_id: int, data) -> bytes:
 
 
 def validate_produce_records(
-    buf,
+    buf: Records | None,
     max_batch_bytes: int,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     verify_crc: bool = True,
@@ -231,7 +243,9 @@ def validate_produce_records(
     (INVALID_TIMESTAMP), both in the same walk."""
     if not buf:  # None or no bytes
         raise InvalidRecord("produce request without records")
-    view = buf if buf.__class__ is memoryview else memoryview(buf)  # the decoder hands over views already
+    if isinstance(buf, (list, tuple)):  # (the encoder's form of a records field; a decoder never gives it)
+        raise InvalidRecord("produce records as a list of buffers")
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)  # the decoder hands over views already
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
     whole = len(view)
@@ -247,7 +261,7 @@ def validate_produce_records(
                 converted.base_timestamp,
             )
         return [converted]
-    out = []
+    out: list[BatchInfo] = []
     # one kernel call checks every batch's framing and CRC and walks the records of the uncompressed ones
     for (
         pos,
@@ -294,13 +308,13 @@ def validate_produce_records(
     return out
 
 
-def batch_records(info_or_batch) -> list[tuple]:
+def batch_records(info_or_batch: BatchInfo | Buffer) -> list[Record]:
     """Decoded records of one v2 batch (decompressing if needed): recbatch.decode_records tuples."""
     data = memoryview(info_or_batch.data if isinstance(info_or_batch, BatchInfo) else info_or_batch)
     header = recbatch.parse_header(data, 0)
     attributes, count = header[5], header[12]
     size = 12 + header[1]
-    records = data[_RECORDS_POS:size]
+    records: memoryview | bytes = data[_RECORDS_POS:size]
     codec = attributes & COMPRESSION_MASK
     if codec != NONE:
         records = decompress(codec, records)
@@ -325,7 +339,9 @@ def _legacy_bytes(view: memoryview, pos: int, end: int) -> tuple[bytes | None, i
     return bytes(view[pos : pos + n]), pos + n
 
 
-def _legacy_messages(view: memoryview, max_decompressed: int, depth: int, out: list) -> None:
+def _legacy_messages(
+    view: memoryview, max_decompressed: int, depth: int, out: list[tuple[int, bytes | None, bytes | None]]
+) -> None:
     """Append (timestamp, key, value) for each message of a legacy message set, unwrapping compressed ones."""
     pos, end = 0, len(view)
     while pos < end:

@@ -63,7 +63,7 @@ class RemotingCommand:
 
     def response(
         self, code: int, remark: str | None = None, ext: dict[str, Any] | None = None, body: bytes | None = None
-    ) -> "RemotingCommand":
+    ) -> RemotingCommand:
         """A response to this request: same opaque and serialisation, the response bit set."""
         return RemotingCommand(
             code=int(code),

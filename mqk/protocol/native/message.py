@@ -198,7 +198,7 @@ def _decode_one(view: memoryview) -> MessageExt:
             raise MessageFormatError(f"message field of {n} bytes at {pos} overruns the message ({end} bytes)")
         return view[pos : pos + n]
 
-    (_size, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts) = _EXT_HEAD.unpack_from(view, 0)
+    (_size, _magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts) = _EXT_HEAD.unpack_from(view, 0)
     pos = _EXT_HEAD.size
     born_len = 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
     born_host = unpack_host(bytes(take(pos, born_len)))

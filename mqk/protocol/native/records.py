@@ -17,9 +17,10 @@ topic, queue and offset so message ids stay stable.
 from __future__ import annotations
 
 import zlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from mqk._fast import load
+from mqk._fast.api import BatchHeader, Record
 from mqk.errors import Corrupt
 from mqk.protocol.native.codes import PROPERTY_KEYS, PROPERTY_TAGS
 from mqk.protocol.native.message import MessageExt
@@ -117,10 +118,10 @@ def decompress(codec: int, data: bytes) -> bytes:
             import lz4.frame
 
             d4 = lz4.frame.LZ4FrameDecompressor()
-            out = d4.decompress(data, max_length=MAX_DECOMPRESSED)
+            out4: bytes = d4.decompress(data, max_length=MAX_DECOMPRESSED)
             if not d4.eof and d4.needs_input is False:
                 raise Corrupt("lz4 records section larger than the decompression ceiling")
-            return out
+            return out4
         if codec == 4:
             import zstandard
 
@@ -132,7 +133,7 @@ def decompress(codec: int, data: bytes) -> bytes:
     raise Corrupt(f"unknown compression codec {codec}")
 
 
-def batch_records(data: bytes | bytearray | memoryview) -> tuple[tuple, list[tuple]]:
+def batch_records(data: bytes | bytearray | memoryview) -> tuple[BatchHeader, list[Record]]:
     """(parsed header, decoded records) of one stored batch."""
     header = recbatch.parse_header(data, 0)
     attributes, record_count = header[5], header[12]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-
 from dataclasses import dataclass
 
 from mqk._fast import load

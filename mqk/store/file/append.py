@@ -26,13 +26,13 @@ import bisect
 import enum
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mqk._fast import load
 from mqk.errors import Corrupt, InvalidRecord, StorageError, UnknownShard
 from mqk.store.adapter import AppendResult, Buffer
 from mqk.store.file.commitlog import FIXED, CommitLog
-from mqk.store.file.dispatch import run_hooks
+from mqk.store.file.dispatch import DispatchHook, run_hooks
 from mqk.store.file.mapped_file import MappedFile, storage_error
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ class AppendPipeline:
         index: IndexService,
         index_hook: object,
         dirty: set[ConsumeQueue],
-        listeners: list[object],
+        listeners: list[Callable[[str, Sequence[tuple[int, int]]], None]],
         notify: Callable[[str, Sequence[tuple[int, int]]], None],
     ) -> None:
         self.clog = clog
@@ -199,12 +199,12 @@ class AppendPipeline:
             return [error] * len(entries), -1
         slot_map, topic_b = route
         store_ts = now_ns // 1_000_000
-        work: list[Entry] = entries if entries.__class__ is list else list(entries)  # type: ignore[assignment]
+        work: list[Entry] = entries if entries.__class__ is list else list(entries)
         #: entries answered before planning (a LogAppendTime batch that does not validate): index -> its error
         refused: dict[int, Exception] = _NONE_REFUSED
         if log_append_time:
             work, refused = _stamped(work, store_ts)
-        hooks = self.dispatcher.hooks  # (hooks_for, inlined)
+        hooks: Sequence[DispatchHook] = self.dispatcher.hooks  # (hooks_for, inlined)
         if hooks and not (
             keys or len(hooks) > 1 or hooks[0] is not self._index_hook or topic in self.index.keyed_topics
         ):
@@ -270,10 +270,11 @@ class AppendPipeline:
             files = self.clog.mfq.files  # (a roll replaces the list)
             if answer is None:
                 continue  # unblocked: plan again from entry i
-            if isinstance(answer, tuple):  # appended in pieces
-                answer, end = answer
-                last = max(last, end)
-            out.append(answer)
+            if isinstance(answer, tuple):  # appended in pieces: (its answer, the CommitLog end it reached)
+                out.append(answer[0])
+                last = max(last, answer[1])
+            else:
+                out.append(answer)
             i += 1
         if grown and self._listeners:
             self._notify(topic, grown)
@@ -290,7 +291,7 @@ class AppendPipeline:
         tags_code: int,
         keys: Sequence[bytes],
         now_ns: int,
-    ) -> Answer | tuple[Answer, int] | None:
+    ) -> Exception | tuple[Answer, int] | None:
         """Do what the kernel's `stop` before entry `i` asks. None: plan again from `i` (`work[i]` may have been
         replaced); else entry i's answer (with the CommitLog end it reached, when it was appended in pieces)."""
         if i in refused:
@@ -302,6 +303,7 @@ class AppendPipeline:
             retried.add((i, stop))
             work[i] = (queue, batches)
             return None
+        assert queue is not None  # (the kernel got past the entry's shape: only a SHAPE stop has no queue id)
         if stop == clentry.STOP_NO_SHARD:
             return UnknownShard(f"unknown shard {topic}-{queue}")
         if stop == clentry.STOP_BATCH:
@@ -369,7 +371,7 @@ class AppendPipeline:
         work: list[Entry],
         out: list[Answer],
         grown: list[tuple[int, int]],
-        hooks: Sequence[object],
+        hooks: Sequence[DispatchHook],
         keys: Sequence[bytes],
     ) -> int:
         """Step 3, the one place positions move: the run is in the segment; make it visible. Returns the CommitLog
@@ -390,7 +392,7 @@ class AppendPipeline:
                 run_hooks(hooks, topic, queue, base, span, phys, size, store_ts, keys, work[entry][1][index])
         return last
 
-    def hooks_for(self, topic: str, keys: Sequence[bytes]) -> Sequence[object]:
+    def hooks_for(self, topic: str, keys: Sequence[bytes]) -> Sequence[DispatchHook]:
         """The dispatch hooks an append must call. When the key index's hook is the only one, it has nothing to
         do for an entry without keys of a topic that does not index Kafka record keys: it is skipped, and its
         checkpoint counts everything dispatched as considered (IndexService.snapshot). Any other hook sees every
@@ -426,10 +428,10 @@ def split_batches(batches: Sequence[Buffer]) -> list[Buffer]:
     return out
 
 
-def _shape(entry: object) -> tuple[int | None, list[Buffer]]:
+def _shape(entry: Any) -> tuple[int | None, list[Buffer]]:
     """(queue id, batches as a list) of an entry of any sequence shape, or (None, []) when it has none."""
     try:
-        queue, batches = entry  # type: ignore[misc]
+        queue, batches = entry
         return int(queue), list(batches)
     except (TypeError, ValueError):
         return None, []
@@ -458,4 +460,4 @@ def _stamped(entries: list[Entry], store_ts: int) -> tuple[list[Entry], dict[int
     return out, refused
 
 
-__all__ = ["AppendPipeline", "FaultHook", "RunStop", "STAGE_PLANNED", "STAGE_WRITTEN", "StoreStats", "split_batches"]
+__all__ = ["STAGE_PLANNED", "STAGE_WRITTEN", "AppendPipeline", "FaultHook", "RunStop", "StoreStats", "split_batches"]

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mqk._fast import load
+from mqk._fast.api import LogEntry
 from mqk.errors import Corrupt, MessageTooLarge, OutOfBounds
 from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
 
@@ -78,7 +79,7 @@ class CommitLog:
         pos = phys - mf.start_offset
         return mf.view(pos + FIXED + topic_len, size - FIXED - topic_len)
 
-    def read_entry(self, phys: int, verify: bool = True) -> tuple:
+    def read_entry(self, phys: int, verify: bool = True) -> LogEntry:
         mf = self.mfq.find(phys)
         return clentry.read_entry(mf.buf, phys - mf.start_offset, mf.wrote, verify)
 
@@ -87,7 +88,7 @@ class CommitLog:
     def load(self) -> None:
         self.mfq.load(strict_size=True)
 
-    def scan(self, start: int) -> Iterator[tuple[int, tuple, MappedFile]]:
+    def scan(self, start: int) -> Iterator[tuple[int, LogEntry, MappedFile]]:
         """Yield (physical offset, read_entry tuple, segment) for every valid message entry from `start`, which
         must be an entry boundary (or a segment start). Afterwards `self.scan_end` is where valid data ends,
         and `self.scan_error` the Corrupt that stopped it (None at a clean end of data)."""

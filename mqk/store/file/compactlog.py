@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import mmap
 import os
@@ -86,9 +87,9 @@ class CompactLog:
             clog.close()
             return None
         for p in directory.iterdir():  # leftovers of a rewrite that crashed before or after its MANIFEST switch
-            if p.name.endswith(".log") and p.name != _gen_name(clog.gen):
-                p.unlink(missing_ok=True)
-            elif p.name.startswith(".") and p.name.endswith(".tmp"):
+            if (p.name.endswith(".log") and p.name != _gen_name(clog.gen)) or (
+                p.name.startswith(".") and p.name.endswith(".tmp")
+            ):
                 p.unlink(missing_ok=True)
         return clog
 
@@ -222,15 +223,12 @@ class CompactLog:
 
     def _release(self) -> None:
         if self._buf is not None:
-            try:
+            with contextlib.suppress(BufferError):
                 self._buf.release()
-            except BufferError:
-                pass
         if self._mm is not None:
-            try:
+            # views handed to readers keep the old mapping alive until they are dropped
+            with contextlib.suppress(BufferError):
                 self._mm.close()
-            except BufferError:
-                pass  # views handed to readers keep the old mapping alive until they are dropped
         self._mm = self._buf = None
 
     def close(self) -> None:

@@ -16,9 +16,11 @@ their Python face, and keeps its last file bound to the row whenever the files c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from mqk._fast import load
+from mqk._fast.api import Unit
 from mqk.errors import OutOfBounds
 from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
 from mqk.store.file.queue_table import DIRTY_MS, DIRTY_PHYS, END, MAX_TS, ROW_FIELDS, QueueTable, UnitFile
@@ -100,11 +102,12 @@ class ConsumeQueue:
         last = files[-1] if files else None
         if last is self._bound:
             return
+        assert last is None or isinstance(last, UnitFile)  # (the queue's files are UnitFiles: its file_type)
         if self._bound is not None:
             self._bound.unbind()
-        self._bound = last  # type: ignore[assignment]  # the queue's files are UnitFiles (file_type)
+        self._bound = last
         if last is not None:
-            last.bind(self.table, self.slot)  # type: ignore[attr-defined]
+            last.bind(self.table, self.slot)
 
     def make_room(self, units: int) -> bool:
         """Give the next `units` units reserved room in one file (rolling to a new file when the last one is full;
@@ -159,7 +162,7 @@ class ConsumeQueue:
 
     # --- reading ---------------------------------------------------------------------------------------
 
-    def unit(self, index: int) -> tuple:
+    def unit(self, index: int) -> Unit:
         """(physical_offset, size, record_count, tags_code, store_ts, max_ts, base_offset) of unit `index`."""
         at = index * UNIT
         mf = self.mfq.find(at)
@@ -235,7 +238,7 @@ class ConsumeQueue:
                 hi = mid
         self.truncate_units(lo)
 
-    def _raw_unit(self, index: int) -> tuple:
+    def _raw_unit(self, index: int) -> Unit:
         at = index * UNIT
         mf = self.mfq.find(at)
         return self._unpack(mf.buf, at - mf.start_offset)
@@ -286,7 +289,7 @@ class ConsumeQueue:
     def destroy(self) -> None:
         self._close_files(self.mfq.destroy)
 
-    def _close_files(self, how) -> None:
+    def _close_files(self, how: Callable[[], None]) -> None:
         if self.slot < 0:
             return
         if self._bound is not None:

@@ -16,18 +16,19 @@ batch). A hook must not raise; if it does, the error is logged and dispatch goes
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mqk.store.file.engine import Shard
+    from mqk.store.adapter import Buffer
+    from mqk.store.file.shards import Shard
 
 log = logging.getLogger(__name__)
 
 #: hook(topic, queue, base_offset, count, phys, size, store_ts, keys, body): `body` is the entry's record batch, as
 #: stored or as the producer gave it (the same bytes but for the first eight, the base offset, which is the
 #: `base_offset` argument); appends hand over the producer's buffer, not a view that reads the log back
-DispatchHook = Callable[..., None]
+DispatchHook = Callable[[str, int, int, int, int, int, int, "Sequence[bytes] | None", "Buffer"], None]
 
 
 class ReputMessageService:
@@ -46,8 +47,8 @@ class ReputMessageService:
         store_ts: int,
         max_ts: int,
         base_offset: int,
-        keys,
-        body,
+        keys: Sequence[bytes] | None,
+        body: Buffer,
     ) -> None:
         """Entry → ConsumeQueue unit (+ hooks), as recovery replays it. The engine's appends write the unit
         their own way (in the append kernel, or a run at a time) and call `run_hooks` with the hooks that apply."""
@@ -58,7 +59,16 @@ class ReputMessageService:
 
 
 def run_hooks(
-    hooks, topic: str, queue: int, base_offset: int, count: int, phys: int, size: int, store_ts: int, keys, body
+    hooks: Sequence[DispatchHook],
+    topic: str,
+    queue: int,
+    base_offset: int,
+    count: int,
+    phys: int,
+    size: int,
+    store_ts: int,
+    keys: Sequence[bytes] | None,
+    body: Buffer,
 ) -> None:
     """Show one entry to `hooks`, in order; a hook that raises is logged and the next one still runs."""
     for hook in hooks:

@@ -227,7 +227,7 @@ class FileEngine(StorageAdapter):
         elif last - flusher.flushed >= flusher.kick_bytes:
             flusher.kick()
         self.stats.record(time_ns() - now)
-        return result  # type: ignore[return-value]
+        return result
 
     async def append_many(
         self, topic: str, entries: Sequence[tuple[int, Sequence[Buffer]]], *, log_append_time: bool = False

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from mqk.config import FLUSH_SYNC, StoreConfig
 from mqk.errors import StorageError
@@ -38,6 +41,7 @@ from mqk.store.file.commitlog import CommitLog
 from mqk.store.file.mapped_file import CACHE_DROP_CHUNK
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 PAGE = 4096
 #: async mode, with page cache drops on: unflushed bytes that start a flush before `flush_interval_ms` is up, so
 #: that behind a fast producer a whole interval's writes do not go into new page cache before any may be dropped
@@ -121,6 +125,7 @@ class FlushService:
 
     def wait_flushed(self, target: int) -> asyncio.Future[None]:
         """A future done once CommitLog bytes below `target` are durable (sync mode: group commit)."""
+        assert self._loop is not None, "the flush service is not started"
         fut = self._loop.create_future()
         if self.flushed >= target:
             fut.set_result(None)
@@ -162,11 +167,10 @@ class FlushService:
         """From any thread: CommitLog bytes below `flushed` were made durable by someone else (a checkpoint)."""
         self._call_loop(self._flushed_to, flushed)
 
-    def _call_loop(self, fn, arg) -> None:
-        try:
+    def _call_loop(self, fn: Callable[[_T], None], arg: _T) -> None:
+        assert self._loop is not None, "the flush service is not started"
+        with contextlib.suppress(RuntimeError):  # the loop closed under a store that was not stopped: nobody waits
             self._loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the loop closed under a store that was not stopped: nobody is waiting any more
-            pass
 
     def _flushed_to(self, flushed: int) -> None:
         """On the loop: record the durable offset and wake every waiter it covers."""
@@ -203,10 +207,8 @@ class FlushService:
         kicked = self._kicked
         while not self._stopping:
             if not kicked.is_set():
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(kicked.wait(), self.interval)
-                except asyncio.TimeoutError:
-                    pass
             kicked.clear()
             dirty = self.clog.max_offset - self.flushed
             if dirty <= 0:

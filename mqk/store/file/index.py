@@ -41,24 +41,30 @@ CommitLog stays the truth). Writes happen on the event loop only; flushes run in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from crc32c import crc32c
 
 from mqk._fast import load
 from mqk.errors import Corrupt, OutOfBounds, StorageError
 from mqk.store.adapter import StoredBatch
+from mqk.store.batches import decompress as _decompress
 from mqk.store.file.mapped_file import MappedFile
 from mqk.store.fsutil import atomic_write_bytes, atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from mqk.config import TopicConfig
+    from mqk.store.adapter import Buffer
     from mqk.store.file.commitlog import CommitLog
+    from mqk.store.file.shards import Shard
+
+    Shards = dict[tuple[str, int], Shard]
 
 log = logging.getLogger(__name__)
 recbatch = load("recbatch")
@@ -90,13 +96,10 @@ def key_hashes(ikey: bytes) -> tuple[int, int]:
     return crc32c(ikey), zlib.crc32(ikey)
 
 
-def batch_keys(body, record_keys: bool, key_headers: bool = True) -> set[bytes]:
+def batch_keys(body: Buffer, record_keys: bool, key_headers: bool = True) -> set[bytes]:
     """Keys carried by a stored record batch: values of `KEYS` headers (split on spaces) and, with
     `record_keys`, the records' keys. Empty when the batch cannot be decoded (it was validated when written;
     a batch too large to inflate within the store's bound gives no keys rather than an unbounded allocation)."""
-    # the bounded decompression shared by the engines (memory.py keeps it next to its other batch helpers)
-    from mqk.store.batches import decompress as _decompress
-
     out: set[bytes] = set()
     try:
         header = recbatch.parse_header(body, 0)
@@ -178,7 +181,8 @@ class IndexFile:
     # --- writing -------------------------------------------------------------------------------------
 
     def is_full(self, store_ts: int) -> bool:
-        return self.count >= self.max_entries or (self.count and store_ts - self.begin_ts > MAX_TIME_DIFF)
+        count: int = self.count
+        return count >= self.max_entries or (count > 0 and store_ts - self.begin_ts > MAX_TIME_DIFF)
 
     def put(self, key_hash: int, key_check: int, phys: int, store_ts: int) -> None:
         """Add one entry (the caller checked `is_full`)."""
@@ -311,7 +315,7 @@ class IndexService:
         #: False until recovery is done: the engine's own replay calls the hook too, and the index rebuilds its
         #: tail itself from its own checkpoint instead
         self.ready = False
-        self.recovery_report: dict = {}
+        self.recovery_report: dict[str, Any] = {}
         #: entries written since start (tests and operators)
         self.entries_written = 0
         self._stored: tuple[int, int, int] | None = None
@@ -320,8 +324,6 @@ class IndexService:
 
     async def configure(self, topic: str, config: TopicConfig | None) -> None:
         """Learn a topic's `index.keys` (None: the topic is gone); persisted when it changes."""
-        import asyncio
-
         keyed = config is not None and config.get("index.keys").strip().lower() == "true"
         if keyed == (topic in self.keyed_topics):
             return
@@ -332,14 +334,23 @@ class IndexService:
         doc = {"version": 1, "keyed_topics": sorted(self.keyed_topics)}
         await asyncio.to_thread(self._save_topics, doc)
 
-    def _save_topics(self, doc: dict) -> None:
+    def _save_topics(self, doc: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.dir / "topics.json", doc)
 
     # --- the dispatch hook ---------------------------------------------------------------------------
 
     def dispatch(
-        self, topic: str, queue: int, base_offset: int, count: int, phys: int, size: int, store_ts: int, keys, body
+        self,
+        topic: str,
+        queue: int,
+        base_offset: int,
+        count: int,
+        phys: int,
+        size: int,
+        store_ts: int,
+        keys: Sequence[bytes] | None,
+        body: Buffer,
     ) -> None:
         """ReputMessageService hook: index one CommitLog entry (`keys` None: take them from `body`)."""
         if not self.ready or phys < self.indexed_offset:
@@ -397,7 +408,7 @@ class IndexService:
     def find(
         self,
         clog: CommitLog,
-        shards: dict,
+        shards: Shards,
         topic: str,
         key: bytes,
         max_count: int,
@@ -461,7 +472,7 @@ class IndexService:
 
     # --- recovery ------------------------------------------------------------------------------------
 
-    def recover(self, clog: CommitLog, shards: dict) -> None:
+    def recover(self, clog: CommitLog, shards: Shards) -> None:
         """Blocking start-up work, after the CommitLog is recovered: load, cut back to the checkpoint and to the
         CommitLog end, then index the tail the checkpoint does not cover."""
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -551,7 +562,7 @@ class IndexService:
                 offset,
             )
 
-    def _index_tail(self, clog: CommitLog, shards: dict, start: int, end: int, report: dict) -> None:
+    def _index_tail(self, clog: CommitLog, shards: Shards, start: int, end: int, report: dict[str, Any]) -> None:
         for phys, entry, mf in clog.scan(start):
             if phys >= end:
                 break
@@ -580,7 +591,7 @@ class IndexService:
         self.ready = False
 
 
-def live_entry(clog: CommitLog, shards: dict, phys: int, verify: bool = True) -> tuple[str, int, StoredBatch] | None:
+def live_entry(clog: CommitLog, shards: Shards, phys: int, verify: bool = True) -> tuple[str, int, StoredBatch] | None:
     """(topic, queue, batch) of the message entry starting at CommitLog offset `phys` if it is still served, else
     None: inside the log (not reclaimed, not cut at recovery), a message entry that names itself (so `phys` is an
     entry boundary, not bytes inside another entry), of a shard that exists and was created before it (not an

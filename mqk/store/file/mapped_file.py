@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import ctypes
 import errno
 import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from mqk.errors import OutOfBounds, StorageError, StorageFull
@@ -56,7 +58,7 @@ CACHE_DROP_ALIGN = 2 << 20
 _scratch = threading.local()
 
 
-def _libc_madvise():
+def _libc_madvise() -> Callable[..., int] | None:
     """libc's madvise through ctypes, which releases the GIL for the call (mmap.madvise holds it for the whole
     call, which grows with the pages Fetch touched, and the event loop cannot run meanwhile); None where there is no
     such symbol (the mmap module's is used then)."""
@@ -355,25 +357,19 @@ class MappedFile:
             return
         with _unmap_lock:  # (waits for a madvise of this mapping still running in the flush thread)
             self._closed = True
-        try:
+        with contextlib.suppress(BufferError):
             self.buf.release()
-        except BufferError:
-            pass
-        try:
+        # readers may still hold zero-copy views; the mapping then lives until they drop them (no madvise reaches it
+        # any more: `_closed` is set)
+        with contextlib.suppress(BufferError):
             self.mm.close()
-        except BufferError:
-            # readers still hold zero-copy views; the mapping lives until they drop them (no madvise reaches it
-            # any more: `_closed` is set)
-            pass
         if self.fd >= 0:
             os.close(self.fd)
 
     def destroy(self) -> None:
         self.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote}, flushed={self.flushed})"
@@ -431,10 +427,8 @@ def _zero_fill(fd: int, offset: int, size: int, path: Path) -> None:
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.unlink()
-    except OSError:
-        pass
 
 
 class _Allocator:
@@ -826,10 +820,8 @@ class MappedFileQueue:
     def destroy(self) -> None:
         self.close()
         for mf in self.files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 mf.path.unlink()
-            except FileNotFoundError:
-                pass
         with self._lock:
             self.files = []
             self._starts = []

@@ -23,7 +23,7 @@ kernel declines it (STOP_UNIT_ROOM) rather than writing into a mapping that is g
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from mqk._fast import load
 from mqk.store.file.mapped_file import MappedFile
@@ -127,7 +127,7 @@ class UnitFile(MappedFile):
         super().__init__(path, file_size, start_offset, reserve_step, hold_fd=hold_fd)
 
     # (the base class's slots hold the values while unbound)
-    @property  # type: ignore[override]  # a slot in MappedFile, a view of the row here
+    @property
     def wrote(self) -> int:
         table = self._table
         return _own_wrote.__get__(self) if table is None else table.cols[self._at + CQ_WROTE]
@@ -140,7 +140,7 @@ class UnitFile(MappedFile):
         else:
             table.cols[self._at + CQ_WROTE] = value
 
-    @property  # type: ignore[override]  # see wrote
+    @property
     def committed(self) -> int:
         return self.wrote
 
@@ -148,7 +148,7 @@ class UnitFile(MappedFile):
     def committed(self, value: int) -> None:
         self.wrote = value
 
-    @property  # type: ignore[override]  # see wrote
+    @property
     def reserved(self) -> int:
         table = self._table
         return _own_reserved.__get__(self) if table is None else table.cols[self._at + CQ_RESERVED]
@@ -190,8 +190,16 @@ class UnitFile(MappedFile):
         super().close()
 
 
-_own_wrote = MappedFile.wrote  # type: ignore[attr-defined]  # the slot descriptors UnitFile's properties fall back to
-_own_reserved = MappedFile.reserved  # type: ignore[attr-defined]
+class _IntSlot(Protocol):
+    """A slot of MappedFile holding an int (its member descriptor)."""
+
+    def __get__(self, instance: MappedFile, owner: type | None = None, /) -> int: ...
+    def __set__(self, instance: MappedFile, value: int, /) -> None: ...
+
+
+# the slot descriptors UnitFile's properties fall back to
+_own_wrote: _IntSlot = MappedFile.__dict__["wrote"]
+_own_reserved: _IntSlot = MappedFile.__dict__["reserved"]
 
 
 __all__ = ["QueueTable", "UnitFile"]

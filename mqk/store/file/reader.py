@@ -144,7 +144,7 @@ class LogReader:
                 if total >= max_bytes or offset >= end:
                     return ReadResult(batches, start, end)
         fixed = shard.fixed
-        units = []
+        units: list[Unit] = []
         for unit in units_from(cq, cq.search_offset(offset)):
             n = unit[1] - fixed
             if (batches or units) and total + n > max_bytes:
@@ -174,7 +174,7 @@ class LogReader:
         if compacted is not None and offset < compacted.upto:
             batches = compacted.read(offset, 1 << 62, wanted, max_batches)
             offset = compacted.upto
-        units = []
+        units: list[Unit] = []
         for unit in units_from(cq, cq.search_offset(offset)):
             if len(batches) + len(units) >= max_batches:
                 break
