@@ -268,6 +268,8 @@ class BrokerConfig:
     #: cluster mode: where replicas of this broker's group pull its CommitLog from while it is their master
     #: (RocketMQ's HA port, the broker listener's port + 1 by default there)
     replication_listen: tuple[str, int] = ("127.0.0.1", 10912)
+    #: Kafka `offsets.commit.timeout.ms`: how long an offset commit waits for the in-sync replicas
+    offsets_commit_timeout_ms: int = 5000
     #: Kafka `replica.lag.time.max.ms`: an in-sync replica not caught up for this long leaves the in-sync set
     replica_lag_time_max_ms: int = 30_000
     #: Kafka `unclean.leader.election.enable`, for the broker groups (the unit of election here): a group whose

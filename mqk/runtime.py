@@ -5,6 +5,10 @@ listener → name server (which advertises the broker listener's bound address).
 listener outlives the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
 clock).
 
+Cluster mode: the timer starts on standby and, like the producer-id state, the group coordinator and RocketMQ's
+transactions, follows this broker's mastership of its group (`ClusterMember.on_leadership`): what a master needs is
+loaded from its log when it becomes master and dropped when it stops being one.
+
 The runtime owns the broker's `Clock` (the system clock unless one is passed in, as tests pass a `FakeClock`) and
 hands it to every part that reads time or waits for it: the timer, retention, the disk guard, compaction, and
 through the broker the servers, the group coordinator and the producer-id state.
@@ -64,10 +68,15 @@ class BrokerRuntime:
                 # a member of a group takes appends only once it is the group's master (replication)
                 self.store.set_writable(False)
             await self.store.start()
-            self.timer = TimerService(cfg, self.store, clock=self.clock)
+            # cluster mode: the timer keeps its state in the log and delivers only while this broker is master
+            self.timer = TimerService(
+                cfg, self.store, clock=self.clock, standby=bool(cfg.cluster), may_deliver=self._leading
+            )
             await self.timer.start()
             self._parts.append(self.timer)
-            self.retention = RetentionService(cfg, self.store, clock=self.clock)
+            self.retention = RetentionService(
+                cfg, self.store, clock=self.clock, pin_source=self.timer.retention_pins if cfg.cluster else None
+            )
             await self.retention.start()
             self._parts.append(self.retention)
             self.diskguard = DiskGuard(cfg, self.store, self.retention, clock=self.clock)
@@ -133,17 +142,39 @@ class BrokerRuntime:
             clock=self.clock,
         )
         broker.attach_cluster(self.cluster)
-        assert self.kafka is not None and self.native is not None
+        assert self.kafka is not None and self.native is not None and self.timer is not None
         self.kafka.ctx.cluster = self.cluster
         if self.replication is not None:
-            self.replication.bind(self.cluster)
-            self.replication.wake = broker.hub.notify
-            self.kafka.ctx.replication = self.replication
+            replication = self.replication
+            replication.bind(self.cluster)
+            replication.wake = broker.hub.notify
+            self.kafka.ctx.replication = replication
+
+            async def offsets_replicated(_topic: str, _partition: int, _result: object) -> None:
+                # Kafka writes commits with acks=all: answered once every in-sync replica holds them
+                await replication.wait_replicated(replication.engine.log_end, 1, cfg.offsets_commit_timeout_ms / 1000)
+
+            self.cluster.offsets.wait_replicated = offsets_replicated
+        # what a master needs comes from its log when it becomes master, and goes when it stops being master
+        # (the offsets store is the cluster member's own)
+        groups = self.kafka.groups
+
+        async def unload_groups() -> None:
+            groups.unload()
+
+        self.cluster.on_leadership(become=self.timer.activate, resign=self.timer.deactivate)
+        self.cluster.on_leadership(become=self.kafka.producers.become_master, resign=self.kafka.producers.resign)
+        self.cluster.on_leadership(become=self.native.transactions.become_master)
+        self.cluster.on_leadership(resign=unload_groups)
         await self.cluster.start()
         self._parts.append(self.cluster)
         if self.replication is not None:
             await self.replication.start()
         await self.kafka.producers.use_cluster(self.cluster.node)
+
+    def _leading(self) -> bool:
+        """Cluster mode: whether this broker is its group's master now (a broker on its own always is)."""
+        return self.cluster is None or self.cluster.node.leading
 
     def ready_line(self) -> str:
         def fmt(addr: Address | None) -> str:

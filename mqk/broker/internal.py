@@ -5,7 +5,8 @@ Three kinds of names are not ordinary user topics:
 
 - INTERNAL: the broker's own logs, written only by its services. Kafka's Metadata marks them `is_internal`, so
   Kafka clients leave them out of topic listings and pattern subscriptions. These are the timer's
-  `__mqk_timer` (delayed messages wait there, mqk.timer) and RocketMQ's transaction topics: half messages in
+  `__mqk_timer` (delayed messages wait there, mqk.timer) with, in cluster mode, its progress in
+  `__mqk_timer_state`, and RocketMQ's transaction topics: half messages in
   `RMQ_SYS_TRANS_HALF_TOPIC`, their commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC`
   (mqk.server.native.transaction). Refusing client writes and deletes to them is the authorizer's job; until then
   this module only says which they are.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import enum
 
-from mqk.timer import TIMER_TOPIC
+from mqk.timer import TIMER_STATE_TOPIC, TIMER_TOPIC
 
 #: RocketMQ's transaction topics (MQ 4.x TransactionalMessageUtil)
 TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -45,6 +46,7 @@ class TopicKind(enum.Enum):
 #: internal topic -> the part of the broker that owns it
 INTERNAL_TOPICS: dict[str, str] = {
     TIMER_TOPIC: "mqk.timer (delayed and scheduled messages)",
+    TIMER_STATE_TOPIC: "mqk.timer (its delivery progress, cluster mode)",
     TRANSACTION_HALF_TOPIC: "mqk.server.native.transaction (half messages)",
     TRANSACTION_OP_TOPIC: "mqk.server.native.transaction (commit and rollback records)",
 }

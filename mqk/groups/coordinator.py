@@ -222,6 +222,16 @@ class GroupCoordinator:
 
     def close(self) -> None:
         """Cancel every timer and fail pending joins/syncs (broker shutdown)."""
+        self._drop_all(E.CoordinatorNotAvailableError.code)
+
+    def unload(self) -> None:
+        """This broker coordinates no group any more (cluster mode: it stopped being its group's master): every
+        group's membership goes, as Kafka unloads a partition's groups when its leadership moves, and members
+        waiting in JoinGroup / SyncGroup are answered NOT_COORDINATOR, so they look for the new coordinator.
+        Committed offsets are not this class's: the store keeps them."""
+        self._drop_all(E.NotCoordinatorError.code)
+
+    def _drop_all(self, code: int) -> None:
         for group in self.groups.values():
             if group.rebalance_timer:
                 group.rebalance_timer.cancel()
@@ -230,9 +240,8 @@ class GroupCoordinator:
             for member in group.members.values():
                 if member.session_timer:
                     member.session_timer.cancel()
-                stopping = E.CoordinatorNotAvailableError.code
-                _resolve(member.join_future, JoinResult(stopping, member_id=member.member_id))
-                _resolve(member.sync_future, SyncResult(E.CoordinatorNotAvailableError.code))
+                _resolve(member.join_future, JoinResult(code, member_id=member.member_id))
+                _resolve(member.sync_future, SyncResult(code))
         self.groups.clear()
 
     # --- JoinGroup -------------------------------------------------------------------------------------

@@ -15,13 +15,15 @@ Per topic, with Kafka's names, semantics and defaults (TopicConfig):
 Runs every `BrokerConfig.log_retention_check_interval_ms` (Kafka's log.retention.check.interval.ms) and on demand:
 `await run_once()` (tests, admin) or `trigger()` (the disk guard, when the disk fills). Pending timer messages are
 pinned: the internal timer topic's log start never passes the timer's delivered floor (its saved state), whatever
-its retention says, and file reclaim's fileReservedTime never moves it past that either.
+its retention says, and file reclaim's fileReservedTime never moves it past that either. The floor is read from the
+timer's side file, or, in cluster mode where the timer keeps its state in the log, asked of `pin_source`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,9 +64,19 @@ def retention_limits(config: Any) -> tuple[int, int] | None:
 
 
 class RetentionService:
-    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: Any,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        pin_source: Callable[[], Awaitable[dict[tuple[str, int], int]]] | None = None,
+    ) -> None:
+        """`pin_source`: where the pins come from when not from the timer's side file (the cluster timer's
+        `retention_pins`)."""
         self.config = config
         self.store = store
+        self.pin_source = pin_source
         self.clock = clock  #: says when the periodic pass is due and what "now" a pass measures retention.ms from
         self.interval_ms = config.log_retention_check_interval_ms
         self._lock = asyncio.Lock()
@@ -111,7 +123,7 @@ class RetentionService:
         async with self._lock:
             now = self.clock.time_ms() if now is None else now
             report = RetentionReport()
-            pins = self.pins()
+            pins = self.pins() if self.pin_source is None else await self.pin_source()
             for name, info in self.store.topics().items():
                 limits = retention_limits(info.config)
                 if limits is None or limits == (-1, -1):

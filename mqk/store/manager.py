@@ -8,7 +8,8 @@ What it owns:
 - routing of every StorageAdapter data call to the topic's engine, with `UnknownShard` for unknown topics/queues;
 - the put-message hooks (`hooks`, run in order before each append; a hook may reject with `PutRejected` or reroute by
   rewriting the context's topic/queue) and the data listeners (registered with every engine, present and future);
-- group offsets, kept by the default engine (so they live wherever the broker's default storage lives);
+- group offsets, kept by the default engine (so they live wherever the broker's default storage lives), unless
+  another keeper is installed (`use_offsets`: cluster mode keeps them in the log, mqk.store.offsets_log);
 - small durable JSON documents for services (`load_state` / `save_state`) in `data_dir/state/`.
 
 With `memory` as the default engine nothing is written to disk at all: metadata and state live in this process.
@@ -36,7 +37,7 @@ import os
 import re
 from collections.abc import Awaitable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mqk.config import ENGINES, StoreConfig, TopicConfig
 from mqk.errors import (
@@ -74,6 +75,18 @@ _STATE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}$")
 TOPICS_FILE = "topics.json"
 
 
+class GroupOffsets(Protocol):
+    """What keeps committed group offsets: every engine (StorageAdapter), or mqk.store.offsets_log.LogOffsetStore."""
+
+    async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None: ...
+
+    def fetch_offsets(self, group: str) -> dict[tuple[str, int], GroupOffset]: ...
+
+    async def delete_offsets(self, group: str, partitions: Iterable[tuple[str, int]] | None = None) -> None: ...
+
+    def list_offset_groups(self) -> list[str]: ...
+
+
 def _new_topic_id() -> bytes:
     while True:
         topic_id = os.urandom(16)
@@ -93,6 +106,8 @@ class StoreManager:
         #: an entry counts only while its ShardInfo is still the one in `_topics` (every topic change stores a new
         #: ShardInfo), and the whole cache goes when the engines change
         self._append_routes: dict[str, tuple[ShardInfo, StorageAdapter, bool]] = {}
+        #: where group offsets are kept when not in the default engine (use_offsets)
+        self._offsets: GroupOffsets | None = None
         self._states: dict[str, dict[str, Any]] = {}
         self._state_locks: dict[str, asyncio.Lock] = {}
         self._admin = asyncio.Lock()
@@ -530,19 +545,27 @@ class StoreManager:
             return [None] * len(queues)
         return self._started_engine(info.engine).offset_bounds_many(topic, queues)
 
-    # --- group offsets (the default engine) ----------------------------------------------------------------
+    # --- group offsets (the default engine, or the keeper installed with use_offsets) ----------------------
+
+    def use_offsets(self, offsets: GroupOffsets | None) -> None:
+        """Keep group offsets in `offsets` from now on (None: the default engine again). Every caller of the four
+        group-offset methods (Kafka's coordinator, RocketMQ's offset and pull processors) follows."""
+        self._offsets = offsets
+
+    def _offset_keeper(self) -> GroupOffsets:
+        return self.default_engine if self._offsets is None else self._offsets
 
     async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
-        await self.default_engine.commit_offsets(group, offsets)
+        await self._offset_keeper().commit_offsets(group, offsets)
 
     def fetch_offsets(self, group: str) -> dict[tuple[str, int], GroupOffset]:
-        return self.default_engine.fetch_offsets(group)
+        return self._offset_keeper().fetch_offsets(group)
 
     async def delete_offsets(self, group: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
-        await self.default_engine.delete_offsets(group, partitions)
+        await self._offset_keeper().delete_offsets(group, partitions)
 
     def list_offset_groups(self) -> list[str]:
-        return self.default_engine.list_offset_groups()
+        return self._offset_keeper().list_offset_groups()
 
     # --- service state -------------------------------------------------------------------------------------
 

@@ -4,6 +4,6 @@
 from __future__ import annotations
 
 from mqk.timer.delay import HEADER_DELAY_MS, HEADER_DELIVER_AT, due_time
-from mqk.timer.service import TIMER_TOPIC, TimerService
+from mqk.timer.service import TIMER_STATE_TOPIC, TIMER_TOPIC, TimerService
 
-__all__ = ["HEADER_DELAY_MS", "HEADER_DELIVER_AT", "TIMER_TOPIC", "TimerService", "due_time"]
+__all__ = ["HEADER_DELAY_MS", "HEADER_DELIVER_AT", "TIMER_STATE_TOPIC", "TIMER_TOPIC", "TimerService", "due_time"]

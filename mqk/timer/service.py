@@ -12,12 +12,22 @@ for due times, so tests move time with a `FakeClock` instead of waiting for it),
 for byte, to their real topic and queue, with their tags code and keys. Its own re-appends are recognised by a
 context variable set in the deliverer task and pass the hook untouched.
 
-Restart without loss or duplicates: the state document `timer` (store.save_state: atomic + fsync) holds `floor`
-(every timer offset below it is delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the
-burst being delivered: offsets with their real queue's end offset before the appends). The intent is saved before a
-burst's re-appends and `done` after them (the next burst's save, or a stop cutting a burst short, carries it); at
-start each open intent is settled by looking for its batch (same length and CRC) in its real queue after the
-recorded end offset, and the schedule is rebuilt by re-reading the timer topic from the floor.
+Restart without loss or duplicates: the state document `timer` holds `floor` (every timer offset below it is
+delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the burst being delivered: offsets
+with their real queue's end offset before the appends). The intent is saved before a burst's re-appends and `done`
+after them (the next burst's save, or a stop cutting a burst short, carries it); at start each open intent is
+settled by looking for its batch (same length and CRC) in its real queue after the recorded end offset, and the
+schedule is rebuilt by re-reading the timer topic from the floor.
+
+Where the document lives (mqk.store.statelog): a broker on its own keeps it in a side file (store.save_state:
+atomic + fsync). A cluster broker keeps it in the log, as the records of the compacted internal topic
+`__mqk_timer_state` (the last record is the document), and runs as `standby`: it takes delayed messages (the hook)
+always, but reads the schedule and delivers only while it is its group's master (`activate` when it becomes
+master, `deactivate` when it stops; `may_deliver` is checked before every append, so a broker that just lost its
+mastership appends nothing more). A new master thus loads the document its predecessor saved, settles the
+predecessor's open intent against the real queues it replicated, and delivers what is left, once. A topic of its
+own rather than records in the timer topic: the timer topic's offsets are the messages `floor` and `done` count,
+and a load reads one record (the last) instead of scanning the timer topic for the last marker.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -36,12 +46,15 @@ from mqk.clock import SYSTEM_CLOCK, Clock, wait_event
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
 from mqk.store.adapter import PutContext, delayed_only
+from mqk.store.statelog import LogStateDocs, SideStateDocs, StateDocs
 from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
 
 log = logging.getLogger("mqk.timer")
 recbatch = load("recbatch")
 
 TIMER_TOPIC = "__mqk_timer"
+#: cluster mode: the timer's state document, kept in the log (see the module docstring)
+TIMER_STATE_TOPIC = "__mqk_timer_state"
 #: true in the deliverer task's context: its re-appends (still carrying their delay headers) pass the hook. A
 #: context variable rather than batch identity, so a hook that copies batches cannot make a message loop.
 DELIVERING: contextvars.ContextVar[bool] = contextvars.ContextVar("mqk_timer_delivering", default=False)
@@ -56,10 +69,26 @@ MAX_WAIT_SECONDS = 3600.0
 
 
 class TimerService:
-    def __init__(self, config: BrokerConfig, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: Any,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        standby: bool = False,
+        may_deliver: Callable[[], bool] | None = None,
+    ) -> None:
+        """`standby` (cluster mode): the state document lives in the log, and the schedule is read and delivered
+        only between `activate` and `deactivate`; `may_deliver` says whether this broker may append now (its
+        group's master), asked before every append while standby."""
         self.config = config
         self.store = store
         self.clock = clock
+        self.standby = standby
+        self.may_deliver = may_deliver or (lambda: True)
+        self.docs: StateDocs = LogStateDocs(store, TIMER_STATE_TOPIC) if standby else SideStateDocs(store)
+        #: the floor of the last document saved or loaded (what retention may not pass)
+        self.saved_floor = 0
         self.max_delay_ms = config.timer_max_delay_ms
         self._schedule: SortedList = SortedList()  # (due, timer offset)
         self._scheduled: set[int] = set()
@@ -82,26 +111,90 @@ class TimerService:
             retention = max(7 * 24 * 3600 * 1000, 2 * self.max_delay_ms)
             with contextlib.suppress(ShardExists):
                 await self.store.create_topic(TIMER_TOPIC, 1, TopicConfig({"retention.ms": str(retention)}))
-        state = self.store.load_state(STATE_NAME) or {}
+        if isinstance(self.docs, LogStateDocs):
+            await self.docs.prepare()
+        if not self.standby:
+            await self._begin()
+        self.store.add_listener(self._on_data)
+        self.store.hooks.append(self.hook)
+        if not self.standby:
+            self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._deliverer())]
+        return self
+
+    async def _begin(self) -> None:
+        """Load the state document, settle its open intent, and read the schedule from the floor."""
+        state = await self.docs.load(STATE_NAME) or {}
         self._floor = max(int(state.get("floor", 0)), self.store.log_start_offset(TIMER_TOPIC, 0))
+        self.saved_floor = self._floor
         self._done = {o for o in _unruns(state.get("done", [])) if o >= self._floor}
         await self._settle_intents(state.get("intent", {}))
         self._scan = self._floor
         await self._read_new()
-        self.store.add_listener(self._on_data)
-        self.store.hooks.append(self.hook)
-        self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._deliverer())]
-        return self
 
     async def stop(self) -> None:
         if self.hook in self.store.hooks:
             self.store.hooks.remove(self.hook)
-        for task in self._tasks:
+        await self._cancel_tasks()
+        if not self.standby:
+            # a burst cut short keeps its intent: whether its last append landed is settled at the next start
+            await self._save(self._intent)
+
+    async def _cancel_tasks(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
-        # a burst cut short keeps its intent: whether its last append landed is settled at the next start
-        await self._save(self._intent)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- mastership (standby) ------------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Whether the schedule is read and delivered now."""
+        return bool(self._tasks)
+
+    async def activate(self, epoch: int = 0) -> None:
+        """This broker became its group's master: load the state its predecessor left in the log, settle its open
+        intent, and deliver from there (on a task of its own, so the broker serves meanwhile)."""
+        await self.deactivate()
+        self._tasks = [asyncio.create_task(self._run_as_master(), name="mqk-timer")]
+
+    async def deactivate(self) -> None:
+        """This broker stopped being master: stop reading and delivering, at once and without saving (the log
+        holds the last intent; the next master settles it), and forget the schedule."""
+        await self._cancel_tasks()
+        self._reset()
+
+    async def _run_as_master(self) -> None:
+        while True:
+            try:
+                await self._begin()
+                break
+            except Exception:  # a master must deliver eventually: say why, and try again
+                log.exception("timer: cannot load its state from the log; retrying")
+                self._reset()
+                await self.clock.sleep(1)
+        await asyncio.gather(self._reader(), self._deliverer())
+
+    def _reset(self) -> None:
+        self._schedule.clear()
+        self._scheduled.clear()
+        self._floor = self._scan = 0
+        self._done = set()
+        self._payloads.clear()
+        self._payload_bytes = 0
+        self._intent = {}
+
+    async def retention_pins(self) -> dict[tuple[str, int], int]:
+        """The timer topic's offset retention must not pass: the floor of the document in the log (every
+        message below it is delivered, and the next master starts from it)."""
+        if self.active:
+            floor = self.saved_floor
+        else:
+            try:
+                floor = int((await self.docs.load(STATE_NAME) or {}).get("floor", 0))
+            except (StorageError, ValueError, TypeError):
+                floor = 0
+        return {(TIMER_TOPIC, 0): max(floor, 0)}
 
     @property
     def pending(self) -> int:
@@ -184,6 +277,8 @@ class TimerService:
             delay = MAX_WAIT_SECONDS
             if self._schedule:
                 delay = (self._schedule[0][0] - self.clock.time_ms()) / 1000
+            if delay <= 0 and not self._may_append():
+                delay = 1.0  # no longer master: `deactivate` stops this task; until then, nothing is appended
             if delay > 0:
                 self._wake.clear()
                 await wait_event(self.clock, self._wake, min(delay, MAX_WAIT_SECONDS))
@@ -219,6 +314,8 @@ class TimerService:
             except UnknownShard:
                 intent[str(offset)] = [w.topic, w.queue, -1]
         self._intent = intent
+        if not self._may_append():
+            return
         await self._save(intent)
         # batches for one queue with one tags code and no keys share an append call (order within a queue kept)
         groups: dict[tuple, list[tuple[int, Waiting]]] = {}
@@ -230,6 +327,8 @@ class TimerService:
                 chunk = members[start : start + 256]
                 w = chunk[0][1]
                 batches = [bytearray(entry.batch) for _, entry in chunk]
+                if not self._may_append():
+                    return  # the saved intent covers this burst: the next master settles it
                 try:
                     await self.store.append(w.topic, w.queue, batches, tags_code=w.tags_code, keys=list(w.keys))
                     self.delivered += len(chunk)
@@ -241,8 +340,9 @@ class TimerService:
                         len(chunk),
                         w.due,
                     )
-                for offset, _ in chunk:
+                for offset, entry in chunk:
                     self._mark_done(offset)
+                    self._schedule.discard((entry.due, offset))  # (a burst cut short must not repeat it)
         for item in due:
             self._schedule.discard(item)
         self._intent = {}
@@ -267,10 +367,15 @@ class TimerService:
             self._done.discard(self._floor)
             self._floor += 1
 
+    def _may_append(self) -> bool:
+        return not self.standby or self.may_deliver()
+
     async def _save(self, intent: dict[str, list] | None = None) -> None:
-        await self.store.save_state(
-            STATE_NAME, {"floor": self._floor, "done": _runs(self._done), "intent": intent or {}}
-        )
+        if not self._may_append():
+            return
+        floor = self._floor
+        await self.docs.save(STATE_NAME, {"floor": floor, "done": _runs(self._done), "intent": intent or {}})
+        self.saved_floor = floor
 
     async def _settle_intents(self, intent: dict[str, list]) -> None:
         """After a crash mid-burst: an intent whose batch reached its real queue counts as delivered. Each real

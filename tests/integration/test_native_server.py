@@ -205,6 +205,28 @@ async def test_consumer_offsets_shared_with_store_groups(native: Native) -> None
         assert await consumer.committed_offset(mq) == 9
 
 
+async def test_an_unchanged_consumer_offset_is_not_committed_again(native: Native, monkeypatch) -> None:
+    """Push consumers send their offset every few seconds and with every pull: only a change costs a commit (a
+    journal write here, a record in the log in cluster mode)."""
+    await native.store.create_topic("same", 1)
+    mq = MessageQueue("same", "mqk-broker-a", 0)
+    commits: list[int] = []
+    real = native.store.commit_offsets
+
+    async def counting(group, offsets):
+        commits.extend(o.offset for o in offsets.values())
+        await real(group, offsets)
+
+    monkeypatch.setattr(native.store, "commit_offsets", counting)
+    async with PullConsumer(native.ns, "g-same") as consumer:
+        for offset in (3, 3, 4):
+            await consumer.commit_offset(mq, offset)
+        for offset in (4, 5, 5):
+            await consumer.pull(mq, 0, commit_offset=offset)
+        assert await consumer.committed_offset(mq) == 5
+    assert commits == [3, 4, 5]
+
+
 async def test_query_by_key_and_view_by_id(native: Native) -> None:
     async with Producer(native.ns) as producer:
         sent = await producer.send("keyed", b"findme", keys=["order-42"])

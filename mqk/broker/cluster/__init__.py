@@ -7,12 +7,18 @@ and answers the front doors' questions: who leads a partition, which broker coor
 brokers exist, and what a metadata change came to.
 
 Layout of the keys and what each holds: model.py. Placement of partitions: placement.py.
+
+State a master needs lives in its log, so a replica that becomes master has it: committed group offsets are
+`__consumer_offsets` records (mqk.store.offsets_log, installed here as the store's offset keeper), loaded when this
+broker becomes master and dropped when it stops being master. Other parts hook the same moments with `on_leadership`
+(the runtime registers the timer, the producer state, the group coordinator and RocketMQ's transactions).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from mqk.broker import internal
@@ -25,6 +31,7 @@ from mqk.broker.cluster.view import ClusterView
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.errors import UnknownTopicOrPartitionError
 from mqk.store.manager import StoreManager
+from mqk.store.offsets_log import LogOffsetStore
 
 log = logging.getLogger("mqk.cluster")
 
@@ -58,6 +65,10 @@ class ClusterMember:
         #: this group's leader epochs (OffsetForLeaderEpoch)
         self.epochs = EpochHistory(data_dir / "cluster" / "leader-epochs.json" if data_dir is not None else None)
         self.node.on_master.append(self._begin_epoch)
+        #: committed group offsets, in the offsets-topic partitions placed in this group
+        self.offsets = LogOffsetStore(store, _OffsetsPlacement(self))
+        store.use_offsets(self.offsets)
+        self.on_leadership(become=self._activate_offsets, resign=self._deactivate_offsets)
         self._started = False
 
     @property
@@ -91,6 +102,27 @@ class ClusterMember:
         engine = self.store.replicated_engine
         log_start = engine.log_end if engine is not None else -1
         await asyncio.to_thread(self.epochs.begin, epoch, log_start, ends)
+
+    def on_leadership(
+        self,
+        *,
+        become: Callable[[int], Awaitable[None]] | None = None,
+        resign: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Await `become(master epoch)` whenever this broker becomes its group's master, before it serves as one
+        (register before `start`: the first election happens there), and `resign()` whenever it stops being
+        master (its lease expired, another broker took over, or it stops). Callbacks run in the order they were
+        registered."""
+        if become is not None:
+            self.node.on_master.append(become)
+        if resign is not None:
+            self.node.on_resign.append(resign)
+
+    async def _activate_offsets(self, epoch: int) -> None:
+        await self.offsets.activate()
+
+    async def _deactivate_offsets(self) -> None:
+        self.offsets.deactivate()
 
     def leader_epoch(self) -> int:
         """The epoch this broker leads its group with (-1 while it does not)."""
@@ -152,6 +184,17 @@ class ClusterMember:
     def coordinates(self, key: str) -> bool:
         return self.coordinator(key) == self.node_id and self.node.leading
 
+    def loading(self, key: str) -> bool:
+        """Whether the committed offsets of group `key` are not loaded here yet (COORDINATOR_LOAD_IN_PROGRESS)."""
+        return self.offsets.loading(key)
+
+    def offsets_partitions_here(self) -> list[int]:
+        """The offsets-topic partitions placed in this broker's group."""
+        record = self.view.state.topics.get(OFFSETS_TOPIC)
+        if record is None:
+            return []
+        return [p for p, (group, _queue) in enumerate(record.partitions) if group == self.group]
+
     # --- metadata changes (through the controller) -----------------------------------------------------------
 
     async def change(
@@ -190,6 +233,22 @@ class ClusterMember:
         if record is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         return record
+
+
+class _OffsetsPlacement:
+    """Where the offsets store finds a group's partition (mqk.store.offsets_log.Placement), from the view."""
+
+    def __init__(self, member: ClusterMember) -> None:
+        self.member = member
+
+    def partition_of(self, group: str) -> int:
+        return self.member.coordinator_partition(group)
+
+    def partitions_here(self) -> list[int]:
+        return self.member.offsets_partitions_here()
+
+    async def ensure_topic(self) -> None:
+        await self.member.ensure_offsets_topic()
 
 
 __all__ = [

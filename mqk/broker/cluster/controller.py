@@ -25,12 +25,10 @@ from mqk.broker.cluster.node import ClusterNode
 from mqk.broker.cluster.placement import group_loads, place
 from mqk.broker.names import KAFKA
 from mqk.meta import Compare, Delete, MetaUnavailable, Put
+from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC
 from mqk.store.adapter import MAX_SHARD_COUNT
 
 log = logging.getLogger("mqk.cluster.controller")
-
-#: Kafka's internal topic whose partition (hash of a group id) places that group's coordinator
-OFFSETS_TOPIC = "__consumer_offsets"
 
 
 class Controller:

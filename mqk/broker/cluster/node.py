@@ -11,6 +11,10 @@ Owns:
 - the two **elections** (etcd transactions, not a protocol of mqk's own): the group's master and the cluster's
   controller. Each takes its key only if nobody holds it (`version == 0`) and bumps its epoch counter in the same
   transaction, compared on its revision, so epochs are unique and increase;
+- the **mastership hooks**: `on_master` callbacks are awaited with the new master epoch before the broker serves
+  as master (what a master needs comes from its log then: offsets, timer, producer state); `on_resign` callbacks
+  run when it stops being master (its lease expired, etcd shows a later master of its group, or it stops), before
+  it could become master again, so a replica never runs a master's services;
 - **asking the controller** (`ask`): a request key (under this broker's lease), answered by a result key the
   controller writes under the same lease; the asker waits for it in its view;
 - **producer id blocks** (`allocate_pids`): a compare-and-set on `pid-blocks`, unique across the cluster.
@@ -88,6 +92,11 @@ class ClusterNode:
         self.controlling: tuple[int, int] | None = None
         #: awaited with the new master epoch whenever this broker becomes its group's master (before it serves)
         self.on_master: list[Callable[[int], Awaitable[None]]] = []
+        #: awaited, in order, whenever this broker stops being its group's master: its lease expired, etcd shows
+        #: another master of its group, or it stops. They run on a task of their own; the next `on_master`
+        #: callbacks wait for them, so a broker never runs both at once
+        self.on_resign: list[Callable[[], Awaitable[None]]] = []
+        self._resigning: asyncio.Task[None] | None = None
         #: called whenever this broker becomes the controller
         self.on_controller: list[Callable[[], None]] = []
         #: called when this broker starts serving as master and when it loses its lease (its role changed)
@@ -141,6 +150,9 @@ class ClusterNode:
 
     async def stop(self) -> None:
         self._stopped = True
+        self._resign("it stops")  # (before the lease goes: nothing of a master outlives its mastership)
+        if self._resigning is not None:
+            await asyncio.shield(self._resigning)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -224,7 +236,7 @@ class ClusterNode:
                     log.error("cluster: registering again failed: %s", exc)
 
     def _lost_lease(self) -> None:
-        self.master_epoch = 0
+        self._resign("its lease expired")
         self.controlling = None
         self.lease = 0
         self._role_changed()
@@ -236,11 +248,44 @@ class ClusterNode:
             except Exception:  # one listener's bug must not stop the node (logged with its traceback)
                 log.exception("cluster: role listener %r failed", callback)
 
+    def _resign(self, why: str) -> None:
+        """Stop leading the group (if it did): `leading` turns False now, the `on_resign` callbacks run next."""
+        if self.master_epoch == 0:
+            return
+        log.warning("cluster: no longer master of group %s (epoch %d): %s", self.group, self.master_epoch, why)
+        self.master_epoch = 0
+        previous = self._resigning
+        self._resigning = asyncio.get_running_loop().create_task(self._run_resign(previous), name="mqk-resign")
+
+    async def _run_resign(self, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        for callback in self.on_resign:
+            try:
+                await callback()
+            except Exception:  # one failing part must not keep the others leading
+                log.exception("cluster: a resign callback failed")
+
+    async def _resigned(self) -> None:
+        """Wait for the `on_resign` callbacks of a mastership that ended."""
+        if self._resigning is not None:
+            await asyncio.gather(asyncio.shield(self._resigning), return_exceptions=True)
+
     # --- elections ----------------------------------------------------------------------------------------------
 
     def _on_change(self) -> None:
-        """After every change of the view: run for what nobody holds (the group's mastership, the controller)."""
+        """After every change of the view: step down when another broker holds this group's mastership with a later
+        epoch (this one's lease went while it was cut off), and run for what nobody holds (the group's mastership,
+        the controller)."""
         state = self.view.state
+        master = state.masters.get(self.group)
+        if (
+            self.master_epoch
+            and master is not None
+            and master.epoch > self.master_epoch
+            and master.node_id != self.node_id
+        ):
+            self._resign(f"node {master.node_id} is master with epoch {master.epoch}")
         if self.lease and not self._campaigning and (state.masters.get(self.group) is None or state.controller is None):
             asyncio.get_running_loop().create_task(self._campaign())
 
@@ -262,10 +307,18 @@ class ClusterNode:
             if self.view.master_of(self.group) is None:
                 epoch = await self._elect_master()
                 if epoch:
+                    lease = self.lease
+                    await self._resigned()
                     for on_master in self.on_master:
-                        await on_master(epoch)
+                        try:
+                            await on_master(epoch)
+                        except Exception:  # the mastership is taken: it is served, the part says why not
+                            log.exception("cluster: a master callback failed (epoch %d)", epoch)
                     self.master_epoch = epoch
-                    log.info("cluster: master of group %s, epoch %d", self.group, epoch)
+                    if self.lease != lease or self._stopped:  # lost while the callbacks ran: undo them at once
+                        self._resign("its lease expired while it became master")
+                    else:
+                        log.info("cluster: master of group %s, epoch %d", self.group, epoch)
                     self._role_changed()
             if self.view.state.controller is None:
                 epoch = await self._elect(

@@ -16,6 +16,11 @@ and every batch with a producer id rebuilds that producer's sequence window — 
 A producer whose id predates this start but which has no batch in that tail is accepted at any sequence
 (its state cannot be known), while a producer id allocated since this start must begin at sequence 0.
 
+Cluster mode: becoming a group's master counts as a start (`become_master`): the windows cached while this broker
+was master before are forgotten, so each partition's first produce rebuilds them from its log tail, which now holds
+the previous master's batches (replicated): a producer retrying a batch the old master acknowledged is answered
+with its offsets, not appended again. Every id handed out in the cluster until then counts as predating the start.
+
 Expiry (Kafka's `producer.id.expiration.ms`, its default of one day): a producer that has written nothing to a
 partition for that long is forgotten there, so the state of producers that come and go does not grow without
 bound. Idleness is measured on the injected `Clock` (the broker's receive time of the producer's last batch; Kafka
@@ -126,6 +131,23 @@ class ProducerStates:
         self.first_id_this_run = await cluster.next_free_pid()
         self._cluster = cluster
         self.next_id = self.block_end = 0
+
+    async def become_master(self, epoch: int) -> None:
+        """Cluster mode: this broker became its group's master (epoch `epoch`): what it cached is forgotten and
+        rebuilt from the log on each partition's next produce, as after a start."""
+        await self.resign()
+        if self._cluster is not None:
+            try:
+                self.first_id_this_run = await self._cluster.next_free_pid()
+            except Exception as exc:  # noqa: BLE001 - unknown: every id counts as old (no sequence is refused)
+                log.warning("cannot read the cluster's next producer id (%s); unknown producers are not checked", exc)
+                self.first_id_this_run = 1 << 63
+
+    async def resign(self) -> None:
+        """Forget every partition's producer windows (this broker stops being master, or becomes it again)."""
+        self.partitions.clear()
+        self.forgotten.clear()
+        self._loading.clear()  # a load under way completes for its waiters but is not kept
 
     # --- InitProducerId --------------------------------------------------------------------------------
 
@@ -260,8 +282,9 @@ class ProducerStates:
         except Exception as exc:  # noqa: BLE001 - an unreadable tail only loses duplicate detection
             log.warning("producer state of %s/%d not rebuilt: %s", topic, partition, exc)
         finally:
-            self.partitions[key] = producers
-            del self._loading[key]
+            if self._loading.get(key) is future:  # (not forgotten meanwhile by `resign`)
+                self.partitions[key] = producers
+                del self._loading[key]
             future.set_result(producers)
         return producers
 

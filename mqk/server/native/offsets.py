@@ -9,7 +9,7 @@ consumeFromWhere.
 
 from __future__ import annotations
 
-from mqk.errors import StorageError
+from mqk.errors import KafkaError, StorageError
 from mqk.protocol.native.codes import ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.errors import response_code_for
@@ -52,9 +52,12 @@ class OffsetProcessor:
         if error is not None:
             return error
         assert offset is not None
+        current = self.ctx.store.fetch_offsets(group).get((topic, queue))
+        if current is not None and current.offset == offset:
+            return cmd.response(ResponseCode.SUCCESS)  # (sent every few seconds, mostly unchanged: no record)
         try:
             await self.ctx.store.commit_offsets(group, {(topic, queue): GroupOffset(offset, "", self.ctx.now_ms())})
-        except StorageError as exc:
+        except (StorageError, KafkaError) as exc:  # (cluster mode: NOT_COORDINATOR on a broker that is no master)
             return cmd.response(response_code_for(exc), str(exc))
         return cmd.response(ResponseCode.SUCCESS)
 

@@ -18,10 +18,11 @@ Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBroke
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from mqk._fast import load
-from mqk.errors import OffsetOutOfRange, StorageError
+from mqk.errors import KafkaError, OffsetOutOfRange, StorageError
 from mqk.protocol.native.codes import (
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
@@ -35,6 +36,8 @@ from mqk.server.native.clients import ClientManager, parse_subscription
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 from mqk.store.adapter import GroupOffset
+
+log = logging.getLogger("mqk.native")
 
 cqunit = load("cqunit")
 
@@ -94,9 +97,17 @@ class PullProcessor:
         else:
             _, tags = self.clients.subscription(group, topic)
 
-        if sys_flag & PULL_FLAG_COMMIT_OFFSET and commit_offset is not None and commit_offset >= 0:
+        if (
+            sys_flag & PULL_FLAG_COMMIT_OFFSET
+            and commit_offset is not None
+            and commit_offset >= 0
+            and not _committed_already(self.ctx, group, topic, queue, commit_offset)
+        ):
             committed = GroupOffset(commit_offset, "", self.ctx.now_ms())
-            await self.ctx.store.commit_offsets(group, {(topic, queue): committed})
+            try:
+                await self.ctx.store.commit_offsets(group, {(topic, queue): committed})
+            except (StorageError, KafkaError) as exc:  # the pull is served all the same; the client commits again
+                log.warning("group %s: offset commit with a pull of %s-%d failed: %s", group, topic, queue, exc)
 
         clock = self.ctx.clock
         deadline = clock.monotonic() + suspend_ms / 1000
@@ -185,3 +196,10 @@ class PullProcessor:
         if next_offset <= offset:
             return answer(ResponseCode.PULL_NOT_FOUND, offset, "no new message")
         return answer(ResponseCode.PULL_RETRY_IMMEDIATELY, next_offset, "no matched message")
+
+
+def _committed_already(ctx: BrokerContext, group: str, topic: str, queue: int, offset: int) -> bool:
+    """Whether `offset` is what `group` has committed for the queue already: a push consumer sends its offset with
+    every pull, mostly unchanged, and each commit costs a record in the log (cluster mode) or a journal write."""
+    current = ctx.store.fetch_offsets(group).get((topic, queue))
+    return current is not None and current.offset == offset

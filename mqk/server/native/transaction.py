@@ -9,6 +9,9 @@ the resolved set is rebuilt from the op topic at start and a commit is never app
 message before its op record: a crash between them may apply it again when the producer re-sends
 END_TRANSACTION after a check (at-least-once, as in RocketMQ). A half message still open after
 `MAX_CHECKS` checks is rolled back.
+
+Cluster mode: only the group's master checks; a broker that becomes master reads the resolved set again from the
+op topic (`become_master`), which replication filled with what the previous master resolved.
 """
 
 from __future__ import annotations
@@ -59,8 +62,19 @@ class TransactionService:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        store = self.ctx.store
         self._task = asyncio.create_task(self._check_loop())
+        await self._load_resolved()
+
+    async def become_master(self, epoch: int) -> None:
+        """Cluster mode: this broker became its group's master. The op topic now holds what the previous master
+        resolved (replicated): the resolved set is read again, so no half message is committed twice."""
+        async with self._lock:
+            self.resolved.clear()
+            self._checks.clear()
+            await self._load_resolved()
+
+    async def _load_resolved(self) -> None:
+        store = self.ctx.store
         if store.topic(OP_TOPIC) is None or store.topic(HALF_TOPIC) is None:
             return  # no transaction yet: the topics appear with the first half message
         offset = store.log_start_offset(OP_TOPIC, 0)
@@ -177,6 +191,9 @@ class TransactionService:
     async def _check_loop(self) -> None:
         while True:
             await self.ctx.clock.sleep(self.check_interval_s)
+            cluster = self.ctx.broker.cluster
+            if cluster is not None and not cluster.node.leading:
+                continue  # a replica neither asks producers nor rolls back: its master does
             try:
                 await self.check_once()
             except (MqkError, OSError):

@@ -86,8 +86,11 @@ def epoch_code(ctx: KafkaContext, topic: str, partition: int, current: int) -> i
 
 
 def coordinator_code(ctx: KafkaContext, group_id: str) -> int:
-    """NONE if this broker coordinates `group_id` (always, on a broker on its own), else NOT_COORDINATOR."""
+    """NONE if this broker coordinates `group_id` (always, on a broker on its own), else NOT_COORDINATOR;
+    COORDINATOR_LOAD_IN_PROGRESS while the group's committed offsets are not loaded from the log yet."""
     cluster = ctx.cluster
-    if cluster is None or cluster.coordinates(group_id):
+    if cluster is None:
         return NONE
-    return E.NotCoordinatorError.code
+    if not cluster.coordinates(group_id):
+        return E.NotCoordinatorError.code
+    return E.CoordinatorLoadInProgressError.code if cluster.loading(group_id) else NONE

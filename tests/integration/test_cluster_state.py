@@ -1,0 +1,224 @@
+"""State a master needs comes from its log, not from side files: a one-broker cluster (real etcd, a real
+`mqk serve --cluster` process) is killed with -9, its side files (the offsets journal, the `state/` documents) are
+deleted, and it starts again with only its log, as a replica that takes over would have only the log it
+replicated. Committed offsets (confluent-kafka, kafka-python, RocketMQ), delayed messages (delivered once: the one
+delivered before the kill not again, the pending one after it) and idempotent dedup (a retried batch is answered
+with its first offsets, not appended twice) all come back; the offsets are `__consumer_offsets` records in Kafka's
+layout, as Kafka's tools read them.
+
+Every wait is bounded; each process is stopped by the fixtures' teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from helpers import produce_body
+
+from mqk.broker.cluster import java_string_hash
+from mqk.client import MessageQueue, Producer, PullConsumer
+from mqk.cluster_local import LocalCluster
+from mqk.errors import OutOfOrderSequenceNumberError
+from mqk.protocol.kafka.api import ApiKey
+from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC, OffsetKey, OffsetValue, decode_key, decode_value
+from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # (kafka-python's schema loading, see tests/helpers.py)
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KpPartition
+    from kafka.structs import OffsetAndMetadata
+
+import confluent_kafka
+from confluent_kafka.admin import AdminClient, NewTopic
+
+OFFSETS_PARTITIONS = 4
+#: a short lease, so the restarted broker need not wait long for its killed predecessor's registration to go
+CONFIG = f"cluster_session_timeout_ms = 2000\noffsets_topic_num_partitions = {OFFSETS_PARTITIONS}\n"
+GROUP = "group-0"  # the broker group (RocketMQ broker name) of node 0
+WAIT_S = 60
+
+
+def offsets_partition(group: str) -> int:
+    h = java_string_hash(group)
+    return (0 if h == -(1 << 31) else abs(h)) % OFFSETS_PARTITIONS
+
+
+def namesrv(cluster: LocalCluster) -> str:
+    address = cluster.broker(0).namesrv
+    assert address is not None
+    return f"{address[0]}:{address[1]}"
+
+
+def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, n, 1) for name, n in topics.items()], request_timeout=WAIT_S)
+    for future in futures.values():
+        future.result(WAIT_S)
+
+
+def confluent_consumer(bootstrap: str, group: str) -> confluent_kafka.Consumer:
+    return confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "enable.partition.eof": True}
+    )
+
+
+def confluent_commit(bootstrap: str) -> None:
+    consumer = confluent_consumer(bootstrap, "g-confluent")
+    try:
+        consumer.commit(offsets=[confluent_kafka.TopicPartition("orders", 0, 7)], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def confluent_committed(bootstrap: str) -> int:
+    consumer = confluent_consumer(bootstrap, "g-confluent")
+    try:
+        (tp,) = consumer.committed([confluent_kafka.TopicPartition("orders", 0)], timeout=WAIT_S)
+        return int(tp.offset)
+    finally:
+        consumer.close()
+
+
+def kafka_python_consumer(bootstrap: str) -> KafkaConsumer:
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id="g-kafka-python", enable_auto_commit=False, request_timeout_ms=30_000
+    )
+
+
+def kafka_python_commit(bootstrap: str) -> None:
+    consumer = kafka_python_consumer(bootstrap)
+    try:
+        consumer.commit({KpPartition("orders", 1): OffsetAndMetadata(3, "kp-meta", -1)})
+    finally:
+        consumer.close()
+
+
+def kafka_python_committed(bootstrap: str) -> Any:
+    consumer = kafka_python_consumer(bootstrap)
+    try:
+        return consumer.committed(KpPartition("orders", 1), metadata=True)
+    finally:
+        consumer.close()
+
+
+def offsets_records(bootstrap: str, partition: int) -> list[tuple[OffsetKey | None, OffsetValue | None]]:
+    """What a Kafka client reading `__consumer_offsets` sees in `partition`, decoded by Kafka's layout."""
+    consumer = confluent_consumer(bootstrap, "g-reader")
+    out: list[tuple[OffsetKey | None, OffsetValue | None]] = []
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(OFFSETS_TOPIC, partition, 0)])
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                    return out
+                raise AssertionError(f"reading {OFFSETS_TOPIC}: {msg.error()}")
+            key, value = msg.key(), msg.value()
+            out.append((decode_key(key), None if value is None else decode_value(value)))
+        raise AssertionError(f"timed out reading {OFFSETS_TOPIC}-{partition}")
+    finally:
+        consumer.close()
+
+
+async def collect_until(ns: str, topic: str, last: bytes) -> list[bytes]:
+    """Every message of `topic`'s queue 0, in order, up to and including `last` (long polls: no sleeping)."""
+    got: list[bytes] = []
+    async with PullConsumer(ns, "delay-check") as consumer, asyncio.timeout(WAIT_S):
+        offset = 0
+        while last not in got:
+            result = await consumer.pull(MessageQueue(topic, GROUP, 0), offset, 256, suspend_ms=5000)
+            got += [m.body for m in result.messages]
+            offset = result.next_offset
+    return got
+
+
+async def produce(client: RawKafkaClient, batch: bytearray) -> dict[str, Any]:
+    resp = await client.call(ApiKey.PRODUCE, 9, produce_body("orders", batch, partition=1))
+    return dict(resp["responses"][0]["partition_responses"][0])
+
+
+async def test_a_master_with_only_its_log_has_offsets_timer_and_producer_state(
+    mqk_cluster_factory: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(CONFIG)
+    cluster = mqk_cluster_factory(1, extra_args=["--config", str(config)])
+    broker = cluster.broker(0)
+    bootstrap, ns = broker.bootstrap, namesrv(cluster)
+    await asyncio.to_thread(create_topics, bootstrap, {"orders": 2, "later": 1})
+
+    # committed offsets through both Kafka clients and RocketMQ's remoting
+    await asyncio.to_thread(confluent_commit, bootstrap)
+    await asyncio.to_thread(kafka_python_commit, bootstrap)
+    async with PullConsumer(ns, "g-rmq") as rmq:
+        await rmq.commit_offset(MessageQueue("orders", GROUP, 0), 4)
+
+    # delayed messages: one delivered before the kill, one still waiting
+    async with Producer(ns) as producer:
+        await producer.send("later", b"early", deliver_at_ms=int(time.time() * 1000) + 300)
+        assert await collect_until(ns, "later", b"early") == [b"early"]
+        pending_due = int(time.time() * 1000) + 8000
+        await producer.send("later", b"pending", deliver_at_ms=pending_due)
+
+    # an idempotent producer's batch
+    assert broker.kafka is not None
+    async with await RawKafkaClient.connect(*broker.kafka) as client:
+        init = await client.call(
+            ApiKey.INIT_PRODUCER_ID,
+            4,
+            {"transactional_id": None, "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1},
+        )
+        assert init["error_code"] == 0
+        pid, epoch = init["producer_id"], init["producer_epoch"]
+
+        def batch(seq: int, *values: bytes) -> bytearray:
+            return make_batch(list(values), producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+        first = await produce(client, batch(0, b"a", b"b", b"c"))
+        assert first["error_code"] == 0
+
+    # kill -9; the side files go; the log (CommitLog, ConsumeQueues) stays
+    cluster.kill(0)
+    for side in ("offsets", "state"):
+        shutil.rmtree(broker.data_dir / side, ignore_errors=True)
+    assert (broker.data_dir / "commitlog").is_dir()
+    cluster.restart(0)
+    bootstrap, ns = broker.bootstrap, namesrv(cluster)
+
+    assert await asyncio.to_thread(confluent_committed, bootstrap) == 7
+    committed = await asyncio.to_thread(kafka_python_committed, bootstrap)
+    assert (committed.offset, committed.metadata) == (3, "kp-meta")
+    async with PullConsumer(ns, "g-rmq") as rmq:
+        assert await rmq.committed_offset(MessageQueue("orders", GROUP, 0)) == 4
+
+    # what Kafka's tools see in the group's offsets partition
+    records = await asyncio.to_thread(offsets_records, bootstrap, offsets_partition("g-confluent"))
+    mine = [(k, v) for k, v in records if k is not None and k.group == "g-confluent"]
+    assert mine and mine[-1][0] == OffsetKey("g-confluent", "orders", 0)
+    assert mine[-1][1] is not None and mine[-1][1].offset == 7
+
+    # the retried batch is answered with its first offsets, not appended again; the sequence goes on from there
+    assert broker.kafka is not None
+    async with await RawKafkaClient.connect(*broker.kafka) as client:
+        retry = await produce(client, batch(0, b"a", b"b", b"c"))
+        assert (retry["error_code"], retry["base_offset"]) == (0, first["base_offset"])
+        gap = await produce(client, batch(5, b"z"))
+        assert gap["error_code"] == OutOfOrderSequenceNumberError.code
+        after = await produce(client, batch(3, b"d"))
+        assert (after["error_code"], after["base_offset"]) == (0, first["base_offset"] + 3)
+
+    # one more delayed message, due after the others: the timer delivers in due order, so once it is in, every
+    # delivery that will ever happen of the others (a duplicate too) has happened
+    async with Producer(ns) as producer:
+        await producer.send("later", b"last", deliver_at_ms=max(pending_due, int(time.time() * 1000)) + 200)
+    assert await collect_until(ns, "later", b"last") == [b"early", b"pending", b"last"]
