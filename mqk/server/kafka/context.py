@@ -19,6 +19,8 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
+from mqk.broker.logsizes import LogSizes
+from mqk.broker.stats import Traffic
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import Clock
 from mqk.config import BrokerConfig, TopicConfig
@@ -81,6 +83,10 @@ class KafkaContext:
     #: it who leads a partition and who coordinates a group; what they cannot serve here they answer with
     #: NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR, which sends the client to the right broker
     cluster: ClusterMember | None = None
+    #: per-partition traffic counters for /metrics (mqk.broker.stats), None when metrics are off
+    traffic: Traffic | None = None
+    #: per-partition log sizes (DescribeLogDirs); None only for a context built without a broker's
+    log_sizes: LogSizes | None = None
 
 
 class CloseConnection:

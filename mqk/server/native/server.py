@@ -74,8 +74,13 @@ class NativeServer:
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
             RequestCode.END_TRANSACTION: self.transactions.end,
         }
+        stats = self.ctx.broker.stats
         self._remoting = RemotingServer(
-            config.native_listen, self.dispatch, config.native_max_frame_bytes, "rocketmq-broker"
+            config.native_listen,
+            self.dispatch,
+            config.native_max_frame_bytes,
+            "rocketmq-broker",
+            None if stats is None else stats.meter("rocketmq", "rocketmq"),
         )
         self.address: tuple[str, int] | None = None
 
@@ -86,6 +91,11 @@ class NativeServer:
         self.clients.start()
         await self.transactions.start()
         return self.address
+
+    @property
+    def connections(self) -> set[Connection]:
+        """The open client connections."""
+        return self._remoting.connections
 
     async def stop(self) -> None:
         self.ctx.broker.release_waiters()
