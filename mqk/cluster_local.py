@@ -43,7 +43,7 @@ from mqk.meta import EtcdClient, MetaUnavailable, parse_endpoints
 LOOPBACK = "127.0.0.1"
 
 #: the line `mqk serve` prints once it has joined its cluster and listens (mqk.cli)
-READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
+READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)(?: admin=(\S+):(\d+))?")
 
 ETCD_INSTALL_HINT = "Debian/Ubuntu: sudo apt-get install -y etcd-server"
 
@@ -338,6 +338,8 @@ class LocalBroker:
     kafka: Address | None = None
     native: Address | None = None
     namesrv: Address | None = None
+    #: the admin HTTP listener (metrics, health)
+    admin: Address | None = None
     proc: subprocess.Popen[str] | None = None
     paused: bool = False
     #: an exit of the process now is not reported as a crash: it is starting (an exit is raised then) or being
@@ -365,12 +367,15 @@ class LocalBroker:
         return f"{self.kafka[0]}:{self.kafka[1]}"
 
     def describe(self) -> str:
-        """`broker NODE kafka=H:P native=H:P namesrv=H:P`."""
+        """`broker NODE kafka=H:P native=H:P namesrv=H:P admin=H:P`."""
 
         def fmt(addr: Address | None) -> str:
             return f"{addr[0]}:{addr[1]}" if addr else "-"
 
-        return f"broker {self.node_id} kafka={fmt(self.kafka)} native={fmt(self.native)} namesrv={fmt(self.namesrv)}"
+        return (
+            f"broker {self.node_id} kafka={fmt(self.kafka)} native={fmt(self.native)} namesrv={fmt(self.namesrv)} "
+            f"admin={fmt(self.admin)}"
+        )
 
     def stderr(self) -> str:
         """The tail of what the broker's current (or last) run wrote to stderr (its log file)."""
@@ -578,9 +583,10 @@ class LocalCluster:
             "--kafka-listen", listen("kafka"),
             "--native-listen", listen("native"),
             "--namesrv-listen", listen("namesrv"),
+            "--admin-listen", listen("admin"),
             *self.extra_args,
         ]  # fmt: skip
-        b.kafka = b.native = b.namesrv = None
+        b.kafka = b.native = b.namesrv = b.admin = None
         b.expect_exit = True
         b.paused = False
         b.ready_lines = queue.Queue()
@@ -654,7 +660,10 @@ class LocalCluster:
         b.expect_exit = False
         g = m.groups()
         b.kafka, b.native, b.namesrv = (g[0], int(g[1])), (g[2], int(g[3])), (g[4], int(g[5]))
+        b.admin = (g[6], int(g[7])) if g[6] else None
         self._last_ports[b.node_id] = {"kafka": int(g[1]), "native": int(g[3]), "namesrv": int(g[5])}
+        if b.admin is not None:
+            self._last_ports[b.node_id]["admin"] = b.admin[1]
 
     # --- cluster.json -------------------------------------------------------------------------------------------
 

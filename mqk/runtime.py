@@ -1,8 +1,9 @@
 """BrokerRuntime: builds the store, the services and the servers from one BrokerConfig; starts and stops them.
 
-Start order is store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker
-listener → name server (which advertises the broker listener's bound address). Stop runs in reverse, so no
-listener outlives the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
+Start order is the admin listener (HTTP: metrics, health; up first, so a long recovery shows as live and not
+ready) → store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker listener →
+name server (which advertises the broker listener's bound address). Stop runs in reverse, so no listener outlives
+the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
 clock).
 
 The runtime owns the broker's `Clock` (the system clock unless one is passed in, as tests pass a `FakeClock`) and
@@ -22,6 +23,7 @@ from mqk.broker.cluster import ClusterConfig, ClusterMember
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig, parse_hostport
 from mqk.meta.etcd import parse_endpoints
+from mqk.server.admin.server import AdminServer
 from mqk.server.kafka.server import KafkaServer
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
@@ -44,10 +46,17 @@ class BrokerRuntime:
         self.kafka_address: Address | None = None
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
+        self.admin_address: Address | None = None
+        #: True once every part started, False again from the start of a stop (readiness)
+        self.started = False
         self._parts: list[Any] = []  # started parts, stopped in reverse
         self.timer: TimerService | None = None
         self.kafka: KafkaServer | None = None  # (its group coordinator: .groups)
         self.native: NativeServer | None = None
+        self.namesrv: NameServer | None = None
+        self.broker: Broker | None = None
+        #: the admin HTTP listener (metrics, health), None when `admin_listen` is off
+        self.admin: AdminServer | None = None
         self.retention: RetentionService | None = None
         self.diskguard: DiskGuard | None = None
         self.compaction: CompactionService | None = None
@@ -56,6 +65,10 @@ class BrokerRuntime:
     async def start(self) -> "BrokerRuntime":
         cfg = self.config
         try:
+            if cfg.admin_listen is not None:
+                self.admin = AdminServer(cfg.admin_listen, self)
+                self.admin_address = await self.admin.start()
+                self._parts.append(self.admin)
             self.store = StoreManager(cfg.store)
             await self.store.start()
             self.timer = TimerService(cfg, self.store, clock=self.clock)
@@ -71,7 +84,7 @@ class BrokerRuntime:
             await self.compaction.start()
             self._parts.append(self.compaction)
 
-            broker = Broker(cfg, self.store, self.clock)
+            broker = self.broker = Broker(cfg, self.store, self.clock)
             self.kafka = KafkaServer(cfg, self.store, broker=broker)
             self.kafka_address = await self.kafka.start()
             self._parts.append(self.kafka)
@@ -80,7 +93,13 @@ class BrokerRuntime:
             self.native_address = await self.native.start()
             self._parts.append(self.native)
 
-            namesrv = NameServer(cfg, self.store, self.native_address, topics=broker.topics)
+            namesrv = self.namesrv = NameServer(
+                cfg,
+                self.store,
+                self.native_address,
+                topics=broker.topics,
+                meter=None if broker.stats is None else broker.stats.meter("namesrv", "rocketmq"),
+            )
             self.namesrv_address = await namesrv.start()
             self._parts.append(namesrv)
 
@@ -89,6 +108,7 @@ class BrokerRuntime:
         except BaseException:
             await self.stop()
             raise
+        self.started = True
         return self
 
     async def _join(self, broker: Broker) -> None:
@@ -123,10 +143,13 @@ class BrokerRuntime:
         def fmt(addr: Address | None) -> str:
             return f"{addr[0]}:{addr[1]}" if addr else "-"
 
-        return (
+        line = (
             f"mqk ready kafka={fmt(self.kafka_address)} native={fmt(self.native_address)} "
             f"namesrv={fmt(self.namesrv_address)}"
         )
+        if self.admin_address is not None:
+            line += f" admin={fmt(self.admin_address)}"
+        return line
 
     @property
     def bootstrap(self) -> str:
@@ -134,6 +157,7 @@ class BrokerRuntime:
         return f"{self.kafka_address[0]}:{self.kafka_address[1]}"
 
     async def stop(self) -> None:
+        self.started = False
         while self._parts:
             part = self._parts.pop()
             try:

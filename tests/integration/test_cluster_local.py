@@ -182,6 +182,7 @@ def test_broker_without_etcd_exits_with_code_3_and_says_why(tmp_path: Path) -> N
             "--kafka-listen", "127.0.0.1:0",
             "--native-listen", "127.0.0.1:0",
             "--namesrv-listen", "127.0.0.1:0",
+            "--admin-listen", "127.0.0.1:0",
         ],
         capture_output=True,
         text=True,
