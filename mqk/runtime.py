@@ -90,6 +90,7 @@ class BrokerRuntime:
             self._parts.append(self.kafka)
 
             self.native = NativeServer(cfg, self.store, broker=broker)
+            self.native.stats.timer = self.timer  # (its backlog is in RocketMQ's runtime info)
             self.native_address = await self.native.start()
             self._parts.append(self.native)
 

@@ -120,6 +120,9 @@ class BrokerStats:
     def __init__(self) -> None:
         self.traffic = Traffic()
         self.meters: dict[str, RequestMeter] = {}
+        #: (consumer group, topic) -> records served to the group by RocketMQ pulls (its consume rate); Kafka
+        #: fetches name no group
+        self.group_reads: dict[tuple[str, str], int] = {}
 
     def meter(self, listener: str, protocol: str) -> RequestMeter:
         """The listener's meter (made on first use)."""
