@@ -324,9 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _cluster_parser(sub)
-    from mqk import cli_admin
+    from mqk import cli_admin, cli_perf
 
     cli_admin.register(sub)
+    cli_perf.register(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
