@@ -61,7 +61,7 @@ def _value(text: str, pos: int) -> tuple[Any, int]:
     if ch == "{":
         return _object(text, pos + 1)
     if ch == "[":
-        items = []
+        items: list[Any] = []
         pos = _skip(text, pos + 1)
         if text.startswith("]", pos):
             return items, pos + 1

@@ -400,8 +400,9 @@ def families(snap: Snapshot) -> list[Any]:
         for k, (kind, doc) in enumerate(kinds):
             fam = CounterMetricFamily(f"mqk_partition_{kind}", doc, labels=tp)
             for row in snap.traffic:
-                for partition, value in enumerate(row[k + 1]):
-                    fam.add_metric([row[0], str(partition)], value)
+                counts: list[int] = row[k + 1]  # type: ignore[assignment]  # (items 1-4 of a row are the lists)
+                for partition, count in enumerate(counts):
+                    fam.add_metric([row[0], str(partition)], count)
             add(fam)
 
     start = GaugeMetricFamily("mqk_partition_log_start_offset", "First offset still readable", labels=tp)
@@ -459,19 +460,19 @@ def families(snap: Snapshot) -> list[Any]:
             accepted.add_metric([m.listener], m.accepted)
         fams += [requests, errors, latency, conns, accepted]
 
-    s = snap.store
-    if s:
+    store: dict[str, Any] = snap.store
+    if store:
         for name, doc, key in (
             ("mqk_store_puts", "Entries appended to the CommitLog", "puts"),
             ("mqk_store_put_bytes", "Bytes appended to the CommitLog", "put_bytes"),
             ("mqk_store_put_failures", "Entries whose append failed", "put_failures"),
         ):
             fam = CounterMetricFamily(name, doc)
-            fam.add_metric([], s[key])
+            fam.add_metric([], store[key])
             add(fam)
         append = HistogramMetricFamily("mqk_store_append_latency_seconds", "CommitLog append latency per entry")
-        bounds = tuple(b / 1e6 for b in s["latency_bounds_us"])
-        append.add_metric([], _histogram_buckets(bounds, s["latency_buckets"]), s["latency_sum_s"])
+        bounds = tuple(b / 1e6 for b in store["latency_bounds_us"])
+        append.add_metric([], _histogram_buckets(bounds, store["latency_buckets"]), store["latency_sum_s"])
         add(append)
         for name, doc, key in (
             ("mqk_store_commitlog_start_offset", "First CommitLog byte offset kept", "commitlog_start"),
@@ -488,13 +489,13 @@ def families(snap: Snapshot) -> list[Any]:
                 "cache_kept",
             ),
         ):
-            if key in s:
+            if key in store:
                 gauge = GaugeMetricFamily(name, doc)
-                gauge.add_metric([], s[key])
+                gauge.add_metric([], store[key])
                 add(gauge)
-        if "flushes" in s:
+        if "flushes" in store:
             flush = SummaryMetricFamily("mqk_store_flush_seconds", "CommitLog flushes (fsync) and the time they took")
-            flush.add_metric([], s["flushes"], s["flush_seconds"])
+            flush.add_metric([], store["flushes"], store["flush_seconds"])
             add(flush)
 
     d = snap.disk
@@ -517,9 +518,11 @@ def families(snap: Snapshot) -> list[Any]:
     v = snap.services
     for key, (name, kind, doc) in SERVICE_METRICS.items():
         if key in v:
-            fam = CounterMetricFamily(name, doc) if kind == "counter" else GaugeMetricFamily(name, doc)
-            fam.add_metric([], v[key])
-            add(fam)
+            figure: CounterMetricFamily | GaugeMetricFamily = (
+                CounterMetricFamily(name, doc) if kind == "counter" else GaugeMetricFamily(name, doc)
+            )
+            figure.add_metric([], v[key])
+            add(figure)
     if snap.cleaned:
         cleaned = GaugeMetricFamily(
             "mqk_compaction_cleaned_offset", "Offset the compactor has cleaned up to", labels=tp

@@ -126,12 +126,12 @@ def _count_out(traffic: Traffic, plan: _Plan, responses: list[FetchableTopicResp
         counts = None
         for p in topic["partitions"]:
             records = p["records"]
-            if records is _EMPTY or not records:
+            if records.__class__ is not list or not records:  # (_EMPTY: nothing served)
                 continue
             if counts is None:
                 counts = traffic.topic(info.topic, info.queue_count)
             index = p["partition_index"]
-            for data in records:  # type: ignore[union-attr]  # a list of the store's buffers when not _EMPTY
+            for data in records:  # type: ignore[union-attr]  # a list (checked above) of the store's buffers
                 counts.bytes_out[index] += len(data)
                 counts.records_out[index] += _RECORD_COUNT.unpack_from(data, RECORD_COUNT_AT)[0]
 
