@@ -590,9 +590,18 @@ async def consume_kafka(args: argparse.Namespace) -> None:
     from mqk._fast import load
     from mqk.protocol.kafka.records import decompress
 
+    from tqdm import tqdm
+
     recbatch = load("recbatch")
     printed = 0
     deadline = time.monotonic() + args.timeout
+    # a progress bar on the terminal while the records go to a file or a pipe (never between printed records)
+    bar = tqdm(
+        total=args.max_messages if args.max_messages < 1 << 62 else None,
+        unit="rec",
+        file=sys.stderr,
+        disable=None if not sys.stdout.isatty() else True,
+    )
     async with await _kafka(args) as client:
         offset = args.offset
         if offset < 0:
@@ -648,8 +657,10 @@ async def consume_kafka(args: argparse.Namespace) -> None:
                     if rec_offset < offset or printed >= args.max_messages:
                         continue
                     printed += 1
+                    bar.update(1)
                     _print_record(args, rec_offset, rec[3], rec[4], rec[5])
                 offset = max(offset, base + info[2] + 1)
+    bar.close()
 
 
 def _print_record(args: argparse.Namespace, offset: int, key: Any, value: Any, headers: list) -> None:
