@@ -1,16 +1,17 @@
 """The counters the front doors keep for /metrics: plain ints in lists and dicts, read only when scraped.
 
 What is counted, and where:
-- traffic per topic partition (`Traffic`): record-batch bytes and records that clients produced and that were
-  appended (Kafka Produce, RocketMQ send), and that were served to them (Kafka Fetch, RocketMQ pull). A fetch serves
-  whole batches, so records out counts every record of a batch sent, including those before the fetch offset;
+- traffic out per topic partition (`Traffic`): record-batch bytes and records served to consumers (Kafka Fetch,
+  RocketMQ pull). A fetch serves whole batches, so records out counts every record of a batch sent, including those
+  before the fetch offset. What went in is not counted here: the store tells it when asked (mqk.broker.logsizes), so
+  the produce path pays nothing for it;
 - requests per listener and API (`RequestMeter`): how many were answered, how long each took from its decoding to
   its answer (bucket counts and the sum, a histogram's parts), and the error codes the answers carried;
 - connections per listener: how many were accepted (the listener's own connection set is the live count).
 
 Nothing here names an API or formats a metric (the broker layer does not know the protocols): the admin listener
 (mqk.server.admin) turns these counters into Prometheus families when /metrics is scraped, with the protocols'
-names. A count costs its hot path a list index and an add; with `BrokerConfig.metrics` off the Broker keeps no
+names. A count costs its path a list index and an add; with `BrokerConfig.metrics` off the Broker keeps no
 `BrokerStats` and the front doors skip every count.
 """
 
@@ -40,25 +41,23 @@ _BOUNDS_NS = tuple(round(b * 1e9) for b in LATENCY_BOUNDS_S)
 
 
 class TopicTraffic:
-    """One topic's traffic, a list entry per partition (index = partition)."""
+    """One topic's traffic out, a list entry per partition (index = partition)."""
 
-    __slots__ = ("bytes_in", "bytes_out", "records_in", "records_out")
+    __slots__ = ("bytes_out", "records_out")
 
     def __init__(self, partitions: int) -> None:
-        self.bytes_in = [0] * partitions
-        self.records_in = [0] * partitions
         self.bytes_out = [0] * partitions
         self.records_out = [0] * partitions
 
     def grow(self, partitions: int) -> None:
-        more = partitions - len(self.bytes_in)
+        more = partitions - len(self.bytes_out)
         if more > 0:
-            for counts in (self.bytes_in, self.records_in, self.bytes_out, self.records_out):
+            for counts in (self.bytes_out, self.records_out):
                 counts.extend([0] * more)
 
 
 class Traffic:
-    """Every topic's traffic since this broker started (a topic deleted and created again starts from 0)."""
+    """Every topic's traffic out since this broker started (a topic deleted and created again starts from 0)."""
 
     def __init__(self) -> None:
         self.topics: dict[str, TopicTraffic] = {}
@@ -69,7 +68,7 @@ class Traffic:
         traffic = self.topics.get(name)
         if traffic is None:
             traffic = self.topics[name] = TopicTraffic(partitions)
-        elif len(traffic.bytes_in) < partitions:
+        elif len(traffic.bytes_out) < partitions:
             traffic.grow(partitions)
         return traffic
 

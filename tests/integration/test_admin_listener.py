@@ -193,12 +193,33 @@ def test_serve_prints_admin_on_the_ready_line_and_logs_json(tmp_path):
     assert any(e["logger"] == "mqk.admin" and "admin listener" in e["msg"] for e in events)
 
 
-def test_no_metrics_leaves_out_the_hot_path_counters(tmp_path):
+def test_no_metrics_leaves_out_the_fetch_and_request_counters(tmp_path):
     broker = BrokerProcess(tmp_path / "data", storage="memory", extra_args=("--no-metrics",)).start()
     try:
         asyncio.run(_produce(broker.bootstrap, [produce_body("quiet", bytes(make_batch([b"a"])))]))
         samples = scrape(broker.admin_address)
-        assert "mqk_partition_records_in_total" not in samples and "mqk_requests_total" not in samples
+        assert "mqk_partition_records_out_total" not in samples and "mqk_requests_total" not in samples
+        # what went in is the store's to tell, counters or not
+        assert value(samples, "mqk_partition_records_in_total", topic="quiet", partition="0") == 1
         assert value(samples, "mqk_partition_log_end_offset", topic="quiet", partition="0") == 1
     finally:
         broker.stop()
+
+
+def test_what_went_in_counts_from_the_start_of_this_broker(tmp_path):
+    """records/bytes in are the store's growth since this process started: a restart starts them again at 0 while the
+    log keeps its size."""
+    first, second = bytes(make_batch([b"a"] * 3)), bytes(make_batch([b"b"] * 2))
+    broker = BrokerProcess(tmp_path / "data", storage="file").start()
+    try:
+        asyncio.run(_produce(broker.bootstrap, [produce_body("grow", first)]))
+        broker.restart()
+        asyncio.run(_produce(broker.bootstrap, [produce_body("grow", second)]))
+        samples = scrape(broker.admin_address)
+    finally:
+        broker.stop()
+    labels = {"topic": "grow", "partition": "0"}
+    assert value(samples, "mqk_partition_records_in_total", **labels) == 2
+    assert value(samples, "mqk_partition_bytes_in_total", **labels) == len(second)
+    assert value(samples, "mqk_partition_log_size_bytes", **labels) == len(first) + len(second)
+    assert value(samples, "mqk_partition_log_end_offset", **labels) == 5

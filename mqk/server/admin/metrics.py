@@ -1,11 +1,11 @@
 """/metrics: the broker's counters and state as Prometheus metric families, built only when scraped.
 
-A scrape takes two steps. `snapshot` runs on the event loop: it copies the hot paths' plain counters
-(mqk.broker.stats), reads offsets, group commits, store, service and listener figures, and waits for what needs
-waiting (log sizes, counted incrementally: mqk.broker.logsizes; the data directory's disk use, measured in a
-thread). `render` then runs in a worker thread on that copy alone: it builds the families with prometheus-client
-and encodes them (text format, or OpenMetrics when the scraper asks for it), so formatting thousands of samples
-never holds up the loop and never reads state the loop is changing.
+A scrape takes two steps. `snapshot` runs on the event loop: it copies the plain counters of the fetch and request
+paths (mqk.broker.stats), reads offsets, group commits, store, service and listener figures, and waits for what needs
+waiting (log sizes and what each partition took in, counted from the store incrementally: mqk.broker.logsizes; the
+data directory's disk use, measured in a thread). `render` then runs in a worker thread on that copy alone: it
+builds the families with prometheus-client and encodes them (text format, or OpenMetrics when the scraper asks for
+it), so formatting thousands of samples never holds up the loop and never reads state the loop is changing.
 
 Names and labels follow Prometheus conventions: `mqk_` prefix, base units (bytes, seconds), counters ending in
 `_total`. Per partition: `topic`, `partition`; per consumer group: `group`; requests: `listener` (kafka, rocketmq,
@@ -95,10 +95,10 @@ class MeterSnapshot:
 class Snapshot:
     info: dict[str, str]
     ready: bool
-    #: (topic, bytes in, records in, bytes out, records out), one list entry per partition
-    traffic: list[tuple[str, list[int], list[int], list[int], list[int]]] = field(default_factory=list)
-    #: (topic, partition, log start offset, log end offset, log size in bytes)
-    partitions: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    #: (topic, bytes out, records out), one list entry per partition
+    traffic: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
+    #: (topic, partition, log start offset, log end offset, log size in bytes, records appended, bytes appended)
+    partitions: list[tuple[str, int, int, int, int, int, int]] = field(default_factory=list)
     #: (group, state, members, [(topic, partition, committed offset, log end offset)])
     groups: list[tuple[str, str, int, list[tuple[str, int, int, int]]]] = field(default_factory=list)
     meters: list[MeterSnapshot] = field(default_factory=list)
@@ -132,7 +132,7 @@ async def snapshot(parts: BrokerParts) -> Snapshot:
     if stats is not None:
         stats.traffic.forget(set(topics))
         for name, t in sorted(stats.traffic.topics.items()):
-            snap.traffic.append((name, list(t.bytes_in), list(t.records_in), list(t.bytes_out), list(t.records_out)))
+            snap.traffic.append((name, list(t.bytes_out), list(t.records_out)))
         live = _live_connections(parts)
         for listener, meter in sorted(stats.meters.items()):
             api_name, error_name = (
@@ -162,7 +162,9 @@ async def snapshot(parts: BrokerParts) -> Snapshot:
                 if bound is None:
                     continue
                 size = await sizes.size(name, partition)
-                snap.partitions.append((name, partition, bound[0], bound[1], size))
+                appended = await sizes.bytes_appended(name, partition)
+                records = sizes.records_appended(name, partition)
+                snap.partitions.append((name, partition, bound[0], bound[1], size, records, appended))
         snap.groups = _groups(parts)
         snap.store = _store_figures(store)
         snap.disk = await _disk(parts)
@@ -392,15 +394,13 @@ def families(snap: Snapshot) -> list[Any]:
     tp = ["topic", "partition"]
     if snap.traffic:
         kinds = (
-            ("bytes_in", "Record batch bytes clients produced to the partition (stored)"),
-            ("records_in", "Records clients produced to the partition (stored)"),
             ("bytes_out", "Record batch bytes served to consumers (Fetch, pull)"),
             ("records_out", "Records served to consumers (whole batches: a fetch inside a batch serves all of it)"),
         )
         for k, (kind, doc) in enumerate(kinds):
             fam = CounterMetricFamily(f"mqk_partition_{kind}", doc, labels=tp)
             for row in snap.traffic:
-                counts: list[int] = row[k + 1]  # type: ignore[assignment]  # (items 1-4 of a row are the lists)
+                counts: list[int] = row[k + 1]  # type: ignore[assignment]  # (items 1 and 2 of a row are the lists)
                 for partition, count in enumerate(counts):
                     fam.add_metric([row[0], str(partition)], count)
             add(fam)
@@ -410,12 +410,18 @@ def families(snap: Snapshot) -> list[Any]:
         "mqk_partition_log_end_offset", "Offset the next record will get (high watermark)", labels=tp
     )
     size = GaugeMetricFamily("mqk_partition_log_size_bytes", "Bytes of the record batches still readable", labels=tp)
-    for topic, partition, s, e, nbytes in snap.partitions:
+    records_in = CounterMetricFamily(
+        "mqk_partition_records_in", "Records appended to the partition (by any producer, the timer too)", labels=tp
+    )
+    bytes_in = CounterMetricFamily("mqk_partition_bytes_in", "Record batch bytes appended to the partition", labels=tp)
+    for topic, partition, first, last, nbytes, appended_records, appended_bytes in snap.partitions:
         labels = [topic, str(partition)]
-        start.add_metric(labels, s)
-        end.add_metric(labels, e)
+        start.add_metric(labels, first)
+        end.add_metric(labels, last)
         size.add_metric(labels, nbytes)
-    fams += [start, end, size]
+        records_in.add_metric(labels, appended_records)
+        bytes_in.add_metric(labels, appended_bytes)
+    fams += [start, end, size, records_in, bytes_in]
 
     gtp = ["group", "topic", "partition"]
     committed = GaugeMetricFamily("mqk_consumer_group_committed_offset", "Offset the group committed", labels=gtp)

@@ -83,7 +83,7 @@ class KafkaContext:
     #: it who leads a partition and who coordinates a group; what they cannot serve here they answer with
     #: NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR, which sends the client to the right broker
     cluster: ClusterMember | None = None
-    #: per-partition traffic counters for /metrics (mqk.broker.stats), None when metrics are off
+    #: per-partition traffic-out counters for /metrics (mqk.broker.stats), None when metrics are off
     traffic: Traffic | None = None
     #: per-partition log sizes (DescribeLogDirs); None only for a context built without a broker's
     log_sizes: LogSizes | None = None

@@ -10,30 +10,36 @@ answers are walked generically, through every list of objects.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 from mqk.broker.stats import RequestMeter
 from mqk.protocol.kafka.api import ApiKey
 
 
+_error_code = itemgetter("error_code")
+
+
 def count_errors(meter: RequestMeter, api_key: int, body: Mapping[str, Any]) -> None:
     """Add the answer's non-zero error codes to the meter."""
     if api_key == ApiKey.PRODUCE:
         for topic in body["responses"]:
-            for p in topic["partition_responses"]:
-                code = p["error_code"]
-                if code:
-                    meter.error(api_key, code)
+            parts = topic["partition_responses"]
+            if any(map(_error_code, parts)):  # (a C loop: the usual answer, without errors, costs no more)
+                for p in parts:
+                    if p["error_code"]:
+                        meter.error(api_key, p["error_code"])
         return
     if api_key == ApiKey.FETCH:
         code = body.get("error_code", 0)
         if code:
             meter.error(api_key, code)
         for topic in body["responses"]:
-            for p in topic["partitions"]:
-                code = p["error_code"]
-                if code:
-                    meter.error(api_key, code)
+            parts = topic["partitions"]
+            if any(map(_error_code, parts)):
+                for p in parts:
+                    if p["error_code"]:
+                        meter.error(api_key, p["error_code"])
         return
     _walk(meter, api_key, body, 0)
 

@@ -58,14 +58,6 @@ class BrokerContext:
 
     # --- traffic counters (/metrics) -------------------------------------------------------------------------
 
-    def count_in(self, topic: str, partition: int, records: int, nbytes: int) -> None:
-        """Messages a client sent that were stored (their stored batches' bytes), when metrics are on."""
-        stats = self.broker.stats
-        if stats is not None:
-            counts = stats.traffic.topic(topic, partition + 1)
-            counts.records_in[partition] += records
-            counts.bytes_in[partition] += nbytes
-
     def count_out(self, topic: str, partition: int, records: int, nbytes: int, group: str = "") -> None:
         """Messages a pull of `group` served (the bytes of their encoded form), when metrics are on."""
         stats = self.broker.stats

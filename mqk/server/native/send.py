@@ -200,7 +200,6 @@ class SendProcessor:
             )
             if first_offset < 0:
                 first_offset = result.base_offset
-            self.ctx.count_in(topic, queue, len(run), sum(map(len, run)))
             positions = [synthetic_offset(topic, queue, result.base_offset + k) for k in range(len(run))]
             if result.physical_offset >= 0:
                 positions[0] = result.physical_offset

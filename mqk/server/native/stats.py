@@ -13,8 +13,9 @@
   and GET_BROKER_CONFIG (`getBrokerConfig`: the settings as `key=value` lines, RocketMQ's names where they map).
 
 Bodies are written as RocketMQ's fastjson writes them (maps keyed by MessageQueue: mqk.protocol.native.fastjson),
-field names as its serializers name them. TPS figures come from samples of the counters taken every 10 s; with
-metrics off (`--no-metrics`) they are 0 and the put counts are the store's.
+field names as its serializers name them. Puts are the records appended since start (mqk.broker.logsizes), gets
+the records pulled and fetched (mqk.broker.stats); TPS figures come from samples of them taken every 10 s. With
+metrics off (`--no-metrics`) gets are not counted (0).
 """
 
 from __future__ import annotations
@@ -89,17 +90,17 @@ class StatsProcessor:
                 self._today_morning = (sample.puts, sample.gets)
 
     def _sample(self) -> Sample:
+        sizes = self.ctx.broker.log_sizes
+        topic_puts = {
+            name: sum(sizes.records_appended(name, p) for p in range(info.queue_count))
+            for name, info in self.ctx.store.topics().items()
+        }
+        puts = sum(topic_puts.values())
         stats = self.ctx.broker.stats
         if stats is None:
-            return Sample(time.monotonic(), self._store_puts(), 0)
-        topic_puts = {name: sum(t.records_in) for name, t in stats.traffic.topics.items()}
+            return Sample(time.monotonic(), puts, 0, topic_puts)
         gets = sum(sum(t.records_out) for t in stats.traffic.topics.values())
-        return Sample(time.monotonic(), sum(topic_puts.values()), gets, topic_puts, dict(stats.group_reads))
-
-    def _store_puts(self) -> int:
-        engine = self.ctx.store.engines.get("file")
-        stats = getattr(engine, "stats", None)
-        return int(stats.puts) if stats is not None else 0
+        return Sample(time.monotonic(), puts, gets, topic_puts, dict(stats.group_reads))
 
     def _rate(self, now: Sample, window_s: float, pick: Any) -> float:
         """Per-second rate of `pick(sample)` over about the last `window_s` seconds."""
@@ -131,7 +132,7 @@ class StatsProcessor:
         days, rest = divmod(uptime_s, 86400)
         hours, rest = divmod(rest, 3600)
         minutes, seconds = divmod(rest, 60)
-        puts = now.puts if ctx.broker.stats is not None else self._store_puts()
+        puts = now.puts
         table.update(
             bootTimestamp=str(self.boot_ms),
             runtime=f"[ {days} days, {hours} hours, {minutes} minutes, {seconds} seconds ]",

@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from typing import NamedTuple, TypeAlias
 
 from mqk import errors as E
-from mqk.broker.stats import TopicTraffic
 from mqk.config import FLUSH_SYNC, TopicConfig
 from mqk.protocol.kafka import records as kafka_records
 from mqk.protocol.kafka.messages.produce import (
@@ -284,13 +283,8 @@ async def answer_prepared(
         appends, idempotent = prepared[0].appends, prepared[0].idempotent
     else:
         appends, idempotent = _merged(prepared), [entry for p in prepared for entry in p.idempotent]
-    traffic = ctx.traffic
     for topic, entries, delays, answers, log_append_time in appends:
-        counts = None
-        if traffic is not None:
-            info = store.topic(topic)
-            counts = traffic.topic(topic, info.queue_count) if info is not None else None
-        await _append_plain(store, topic, entries, delays, answers, log_append_time, counts)
+        await _append_plain(store, topic, entries, delays, answers, log_append_time)
     if idempotent:
         if ctx.config.store.flush_mode == FLUSH_SYNC:
             # under sync flush each idempotent append waits for its fsync: run them concurrently so they share the
@@ -376,38 +370,28 @@ async def _append_plain(
     delays: list[bool],
     answers: list[tuple[_Slots, list[int]]],
     log_append_time: bool,
-    counts: TopicTraffic | None = None,
 ) -> None:
     """Append the entries (partition, batches) in one call and put each partition's answer in its place: entry i
-    belongs to the i-th slot of the (answer list, slots) pairs taken in order. `counts`: the topic's traffic
-    counters (None: not counted), given what each stored partition took in."""
+    belongs to the i-th slot of the (answer list, slots) pairs taken in order."""
     try:
         results = await store.append_many(topic, entries, log_append_time=log_append_time, delay_headers=delays)
     except Exception as exc:  # noqa: BLE001 - the store answers per entry; anything else fails them all
         results = [exc] * len(entries)
     # each answer is a copy of a template with three fields set: a dict display of its keys costs more than the copy
     copy = _STORED.copy
-    counting = counts is not None
-    bytes_in = counts.bytes_in if counts is not None else []
-    records_in = counts.records_in if counts is not None else []
     i = 0
     for parts, slots in answers:
         for slot in slots:
             result = results[i]
-            entry = entries[i]
-            index = entry[0]
+            index = entries[i][0]
             i += 1
             if result.__class__ is AppendResult:
                 answer = parts[slot] = copy()
                 answer["index"] = index
-                base = answer["base_offset"] = result.base_offset
+                answer["base_offset"] = result.base_offset
                 answer["log_start_offset"] = result.log_start_offset
                 if log_append_time:
                     answer["log_append_time_ms"] = result.log_append_time
-                if counting:
-                    records_in[index] += result.last_offset - base + 1
-                    batches = entry[1]
-                    bytes_in[index] += len(batches[0]) if len(batches) == 1 else sum(map(len, batches))
             else:
                 parts[slot] = _storage_failure(topic, index, result)  # type: ignore[arg-type]  # not an AppendResult
 
@@ -440,11 +424,6 @@ async def _produce_idempotent(
             return _storage_failure(topic, index, exc)
         ts = result.log_append_time if log_append_time else -1
         ctx.producers.complete(decision, result.base_offset, ts)
-        traffic = ctx.traffic
-        if traffic is not None:
-            counts = traffic.topic(topic, index + 1)
-            counts.records_in[index] += result.last_offset - result.base_offset + 1
-            counts.bytes_in[index] += len(batch.data)
         if first_offset < 0:
             first_offset = result.base_offset
         last = (ts, result.log_start_offset)
