@@ -11,6 +11,10 @@ they spread over. `--in-flight` requests are kept outstanding (librdkafka's max.
 decoded and checked for errors. Prints producer-perf-test style lines plus the broker's CPU per million records,
 and the ratio of each run to the 1-partition run.
 
+`--compare-metrics N` measures what the /metrics counters cost the produce path: N rounds, each starting one broker
+with the counters on and one with `--no-metrics`, in alternating order, and prints every run and the medians of
+the broker's CPU per million records with and without them.
+
 confluent-kafka spreading records round-robin over 1,000 partitions pays librdkafka's per-batch cost on ~1-record
 batches (bench/kafka_suite.py shows it); this tool shows what the broker itself does with many partitions.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import struct
 import sys
 import time
@@ -157,10 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-records", type=int, default=100, help="records per batch (what linger.ms gathers)")
     p.add_argument("--batches-per-request", type=int, default=100)
     p.add_argument("--in-flight", type=int, default=5)
+    p.add_argument(
+        "--compare-metrics",
+        type=int,
+        metavar="ROUNDS",
+        default=0,
+        help="alternate brokers with and without --no-metrics for this many rounds and compare their CPU",
+    )
     perfutil.add_broker_args(p)
     args = p.parse_args(argv)
     if not args.start_broker:
         p.error("this tool measures the broker's CPU: give --start-broker")
+    if args.compare_metrics:
+        return compare_metrics(args)
     results = {}
     with perfutil.Broker(args.storage, args.data_dir) as broker:
         for n in args.partitions:
@@ -169,6 +183,42 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(line(r, n, args.batch_records, results[args.partitions[0]], args.partitions[0]), flush=True)
     return 0 if all(r["errors"] == 0 for r in results.values()) else 1
+
+
+def compare_metrics(args: argparse.Namespace) -> int:
+    """Rounds of (counters on, counters off) brokers, the order alternating, every partition count in each."""
+    cpu: dict[tuple[bool, int], list[float]] = {}
+    errors = 0
+    for round_no in range(args.compare_metrics):
+        order = (True, False) if round_no % 2 == 0 else (False, True)
+        for metrics in order:
+            extra = () if metrics else ("--no-metrics",)
+            with perfutil.Broker(args.storage, args.data_dir, extra_args=extra) as broker:
+                base = None
+                for n in args.partitions:
+                    r = run(
+                        broker,
+                        n,
+                        args.records,
+                        args.record_size,
+                        args.batch_records,
+                        args.batches_per_request,
+                        args.in_flight,
+                    )
+                    base = base or r
+                    errors += r["errors"]
+                    cpu.setdefault((metrics, n), []).append(r["cpu_s_per_million"])
+                    label = "metrics on " if metrics else "metrics off"
+                    print(f"round {round_no + 1} {label}: " + line(r, n, args.batch_records, base), flush=True)
+    for n in args.partitions:
+        on = statistics.median(cpu[(True, n)])
+        off = statistics.median(cpu[(False, n)])
+        print(
+            f"{n} partition(s), {args.batch_records} records per batch: broker cpu per million records, median of "
+            f"{args.compare_metrics}: {on:.3f} s with metrics, {off:.3f} s without ({(on - off) / off:+.1%})",
+            flush=True,
+        )
+    return 0 if errors == 0 else 1
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 `mqk serve` runs a broker: the embedded default is a file store under ./mqk-data, Kafka on 127.0.0.1:9092,
 RocketMQ remoting on 127.0.0.1:10911 and the name-server role on 127.0.0.1:9876. Port 0 in any listen flag picks a
 free port; once every listener is bound the broker prints one line to stdout:
-`mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`. SIGTERM / SIGINT flush, close files, remove the
-abort marker and exit 0.
+`mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`, then `admin=HOST:PORT` when the admin listener
+(`--admin-listen`, default 127.0.0.1:9644) is on. SIGTERM / SIGINT flush, close files, remove the abort marker and
+exit 0. `--log-format json` writes one JSON object per log line (mqk.logfmt).
 
 `mqk cluster local` runs a cluster on this machine (mqk.cluster_local): etcd and N `mqk serve --cluster` processes on
 loopback, until SIGINT / SIGTERM.
@@ -21,7 +22,7 @@ import signal
 import sys
 import time
 
-from mqk import __version__, cli_admin
+from mqk import __version__, cli_admin, cli_perf
 from mqk.config import BrokerConfig
 
 log = logging.getLogger("mqk")
@@ -58,7 +59,25 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="addresses clients are told to connect to: one host for every listener, or "
         "kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT (default: the bound ones)",
     )
+    p.add_argument(
+        "--admin-listen",
+        metavar="HOST:PORT|off",
+        help="admin HTTP listener: /metrics, /health/live, /health/ready (default 127.0.0.1:9644)",
+    )
+    p.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        default=None,
+        help="count no traffic or requests on the hot paths (/metrics then serves offsets, lag, store figures only)",
+    )
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default): one line per event; json: one JSON object per line, for machines",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -77,6 +96,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         cluster_id=args.cluster_id,
         broker_group=args.broker_group,
         advertise=tuple(args.advertise) if args.advertise else None,
+        admin_listen=args.admin_listen,
+        metrics=args.metrics,
     )
 
 
@@ -215,11 +236,9 @@ class SurvivorFreezer:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from mqk.logfmt import configure_logging
+
+    configure_logging(args.log_level, args.log_format)
     try:
         config = build_config(args)
     except (ValueError, TypeError, OSError) as exc:
@@ -324,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _cluster_parser(sub)
     cli_admin.register(sub)
+    cli_perf.register(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

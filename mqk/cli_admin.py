@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
+import struct
 import sys
 import time
 from typing import Any
@@ -62,7 +64,11 @@ def _parse_configs(pairs: list[str] | None) -> dict[str, str]:
 async def topics_list(args: argparse.Namespace) -> None:
     async with await _kafka(args) as client:
         meta = await client.call(ApiKey.METADATA, 12, {"topics": None, "allow_auto_topic_creation": False})
-    for topic in sorted(meta["topics"], key=lambda t: t["name"]):
+    topics = sorted(meta["topics"], key=lambda t: t["name"])
+    if args.json:
+        _print_json([{"topic": t["name"], "partitions": len(t["partitions"])} for t in topics])
+        return
+    for topic in topics:
         print(f"{topic['name']}\tpartitions={len(topic['partitions'])}")
 
 
@@ -96,6 +102,7 @@ async def topics_delete(args: argparse.Namespace) -> None:
 
 
 async def topics_describe(args: argparse.Namespace) -> None:
+    """Partitions (leader, start and end offsets, size in bytes from DescribeLogDirs) and settings."""
     async with await _kafka(args) as client:
         meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}]})
         topic = meta["topics"][0]
@@ -105,28 +112,49 @@ async def topics_describe(args: argparse.Namespace) -> None:
             4,
             {"resources": [{"resource_type": 2, "resource_name": args.topic, "configuration_keys": None}]},
         )
-        offsets = await client.call(
-            ApiKey.LIST_OFFSETS,
-            7,
-            {
-                "replica_id": -1,
-                "isolation_level": 0,
-                "topics": [
-                    {
-                        "name": args.topic,
-                        "partitions": [
-                            {"partition_index": p["partition_index"], "timestamp": -1} for p in topic["partitions"]
-                        ],
-                    }
-                ],
-            },
+        indexes = [p["partition_index"] for p in topic["partitions"]]
+        ends = await list_offsets(client, args.topic, indexes, -1)
+        starts = await list_offsets(client, args.topic, indexes, -2)
+        dirs = await client.call(
+            ApiKey.DESCRIBE_LOG_DIRS, 4, {"topics": [{"topic": args.topic, "partitions": indexes}]}
         )
-    ends = {p["partition_index"]: p["offset"] for p in offsets["topics"][0]["partitions"]}
-    print(f"topic {args.topic}  partitions={len(topic['partitions'])}")
-    for p in sorted(topic["partitions"], key=lambda p: p["partition_index"]):
-        i = p["partition_index"]
-        print(f"  partition {i}\tleader={p['leader_id']}\tend_offset={ends.get(i, '?')}")
-    for entry in sorted(cfg["results"][0]["configs"], key=lambda c: c["name"]):
+    sizes = {
+        p["partition_index"]: p["partition_size"]
+        for result in dirs["results"]
+        for t in result["topics"]
+        if t["name"] == args.topic
+        for p in t["partitions"]
+    }
+    partitions = [
+        {
+            "partition": p["partition_index"],
+            "leader": p["leader_id"],
+            "start_offset": starts.get(p["partition_index"]),
+            "end_offset": ends.get(p["partition_index"]),
+            "size_bytes": sizes.get(p["partition_index"]),
+        }
+        for p in sorted(topic["partitions"], key=lambda p: p["partition_index"])
+    ]
+    configs = sorted(cfg["results"][0]["configs"], key=lambda c: c["name"])
+    if args.json:
+        _print_json(
+            {
+                "topic": args.topic,
+                "partitions": partitions,
+                "size_bytes": sum(p["size_bytes"] or 0 for p in partitions),
+                "configs": {c["name"]: c["value"] for c in configs},
+                "overrides": sorted(c["name"] for c in configs if c.get("config_source", 5) != 5),
+            }
+        )
+        return
+    total = sum(p["size_bytes"] or 0 for p in partitions)
+    print(f"topic {args.topic}  partitions={len(partitions)}  size={_human(total)}")
+    for p in partitions:
+        print(
+            f"  partition {p['partition']}\tleader={p['leader']}\tend_offset={_or(p['end_offset'])}"
+            f"\tstart_offset={_or(p['start_offset'])}\tsize_bytes={_or(p['size_bytes'])}"
+        )
+    for entry in configs:
         marker = "" if entry.get("config_source", 5) == 5 else "  (set)"
         print(f"  {entry['name']}={entry['value']}{marker}")
 
@@ -156,22 +184,311 @@ async def groups_list(args: argparse.Namespace) -> None:
     async with await _kafka(args) as client:
         resp = await client.call(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
     _check(resp["error_code"], "list groups")
-    for group in sorted(resp["groups"], key=lambda g: g["group_id"]):
+    groups = sorted(resp["groups"], key=lambda g: g["group_id"])
+    if args.json:
+        _print_json(
+            [
+                {"group": g["group_id"], "state": g.get("group_state", ""), "protocol_type": g["protocol_type"]}
+                for g in groups
+            ]
+        )
+        return
+    for group in groups:
         print(f"{group['group_id']}\t{group.get('group_state', '')}\t{group['protocol_type']}")
 
 
 async def groups_describe(args: argparse.Namespace) -> None:
+    """The group's state and members, and per partition its committed offset, log end offset and lag, with the
+    member it is assigned to (kafka-consumer-groups --describe)."""
     async with await _kafka(args) as client:
-        resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [args.group]})
-        fetched = await client.call(ApiKey.OFFSET_FETCH, 7, {"group_id": args.group, "topics": None})
-    group = resp["groups"][0]
-    _check(group["error_code"], f"describe {args.group}")
+        group, rows = await describe_group(client, args.group)
+    if args.json:
+        _print_json(
+            {
+                "group": args.group,
+                "state": group["group_state"],
+                "protocol": group["protocol_data"],
+                "members": [
+                    {"member_id": m["member_id"], "client_id": m["client_id"], "host": m["client_host"]}
+                    for m in group["members"]
+                ],
+                "partitions": rows,
+            }
+        )
+        return
     print(f"group {args.group}  state={group['group_state']}  protocol={group['protocol_data']}")
     for member in group["members"]:
         print(f"  member {member['member_id']}  client={member['client_id']}  host={member['client_host']}")
-    for topic in fetched.get("topics") or []:
+    _print_table(
+        ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "HOST", "CLIENT-ID"],
+        [
+            [
+                args.group,
+                r["topic"],
+                r["partition"],
+                _or(r["current_offset"], "-"),
+                _or(r["log_end_offset"], "-"),
+                _or(r["lag"], "-"),
+                r["consumer_id"] or "-",
+                r["host"] or "-",
+                r["client_id"] or "-",
+            ]
+            for r in rows
+        ],
+    )
+
+
+async def describe_group(client: RawKafkaClient, group_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(DescribeGroups' group, a row per partition the group has committed or been assigned: topic, partition,
+    current_offset, log_end_offset, lag, consumer_id, host, client_id)."""
+    resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [group_id]})
+    group = resp["groups"][0]
+    _check(group["error_code"], f"describe {group_id}")
+    fetched = await client.call(ApiKey.OFFSET_FETCH, 7, {"group_id": group_id, "topics": None})
+    _check(fetched.get("error_code", 0), f"offsets of {group_id}")
+    committed = {
+        (t["name"], p["partition_index"]): p["committed_offset"]
+        for t in fetched.get("topics") or []
+        for p in t["partitions"]
+        if p["committed_offset"] >= 0
+    }
+    owner: dict[tuple[str, int], dict[str, Any]] = {}
+    for member in group["members"]:
+        for topic, partitions in decode_assignment(member["member_assignment"]):
+            for partition in partitions:
+                owner[(topic, partition)] = member
+    keys = sorted(set(committed) | set(owner))
+    ends: dict[tuple[str, int], int] = {}
+    for topic in sorted({t for t, _p in keys}):
+        for partition, offset in (await list_offsets(client, topic, [p for t, p in keys if t == topic], -1)).items():
+            ends[(topic, partition)] = offset
+    rows = []
+    for key in keys:
+        current, end = committed.get(key), ends.get(key)
+        member = owner.get(key)
+        rows.append(
+            {
+                "topic": key[0],
+                "partition": key[1],
+                "current_offset": current,
+                "log_end_offset": end,
+                "lag": max(0, end - current) if current is not None and end is not None else None,
+                "consumer_id": member["member_id"] if member else None,
+                "host": member["client_host"] if member else None,
+                "client_id": member["client_id"] if member else None,
+            }
+        )
+    return group, rows
+
+
+def decode_assignment(data: bytes | None) -> list[tuple[str, list[int]]]:
+    """The (topic, partitions) of a consumer protocol assignment (version, [topic, [partition]], user data); []
+    for one that is empty or not the consumer protocol's."""
+    if not data or len(data) < 6:
+        return []
+    try:
+        pos = 2
+        (count,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out = []
+        for _ in range(max(count, 0)):
+            (size,) = struct.unpack_from(">h", data, pos)
+            pos += 2
+            topic = bytes(data[pos : pos + size]).decode()
+            pos += size
+            (n,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            partitions = list(struct.unpack_from(f">{max(n, 0)}i", data, pos))
+            pos += 4 * max(n, 0)
+            out.append((topic, partitions))
+        return out
+    except (struct.error, UnicodeDecodeError):
+        return []
+
+
+#: group states in which Kafka's tool resets offsets (no member owns a partition)
+INACTIVE_STATES = ("Empty", "Dead")
+
+
+async def groups_reset_offsets(args: argparse.Namespace) -> None:
+    """kafka-consumer-groups --reset-offsets: plan new offsets for the group's partitions (of --topic, or every
+    topic it has committed with --all-topics), print them, and commit them only with --execute. Refused while the
+    group has active members, as Kafka's tool refuses it."""
+    from tqdm import tqdm
+
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [args.group]})
+        group = resp["groups"][0]
+        _check(group["error_code"], f"describe {args.group}")
+        if group["group_state"] not in INACTIVE_STATES:
+            raise CommandError(
+                f"assignments can only be reset if the group '{args.group}' is inactive, but the current state is "
+                f"{group['group_state']}"
+            )
+        fetched = await client.call(ApiKey.OFFSET_FETCH, 7, {"group_id": args.group, "topics": None})
+        committed = {
+            (t["name"], p["partition_index"]): p["committed_offset"]
+            for t in fetched.get("topics") or []
+            for p in t["partitions"]
+            if p["committed_offset"] >= 0
+        }
+        targets = await _reset_targets(client, args, committed)
+        plan: list[tuple[str, int, int]] = []
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in targets:
+            by_topic.setdefault(topic, []).append(partition)
+        with tqdm(total=len(targets), desc="planning", unit="partition", file=sys.stderr, disable=None) as bar:
+            for topic, partitions in sorted(by_topic.items()):
+                starts = await list_offsets(client, topic, partitions, -2)
+                ends = await list_offsets(client, topic, partitions, -1)
+                at: dict[int, int] = {}
+                if args.to_datetime is not None:
+                    at = await list_offsets(client, topic, partitions, _epoch_ms(args.to_datetime))
+                for partition in sorted(partitions):
+                    start, end = starts[partition], ends[partition]
+                    if args.to_earliest:
+                        new = start
+                    elif args.to_latest:
+                        new = end
+                    elif args.to_datetime is not None:
+                        new = at.get(partition, -1)
+                        new = end if new < 0 else new  # no record at or after that time: the end, as Kafka
+                    elif args.to_offset is not None:
+                        new = args.to_offset
+                    else:
+                        new = committed.get((topic, partition), start) + args.shift_by
+                    plan.append((topic, partition, min(max(new, start), end)))  # clamped to the log, as Kafka
+                    bar.update(1)
+        if args.execute and plan:
+            await _commit(client, args.group, plan)
+    if args.json:
+        _print_json(
+            {
+                "group": args.group,
+                "executed": bool(args.execute),
+                "partitions": [
+                    {"topic": t, "partition": p, "previous_offset": committed.get((t, p)), "new_offset": o}
+                    for t, p, o in plan
+                ],
+            }
+        )
+        return
+    _print_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"], [[args.group, t, p, o] for t, p, o in plan])
+    if not args.execute:
+        print("(dry run: nothing was committed; add --execute to apply)", file=sys.stderr)
+
+
+async def _reset_targets(
+    client: RawKafkaClient, args: argparse.Namespace, committed: dict[tuple[str, int], int]
+) -> list[tuple[str, int]]:
+    """The (topic, partition) pairs --topic / --all-topics name."""
+    if args.all_topics:
+        return sorted(committed)
+    targets = []
+    for spec in args.topic or ():
+        name, _, parts = spec.partition(":")
+        if parts:
+            try:
+                targets += [(name, int(p)) for p in parts.split(",") if p]
+            except ValueError:
+                raise CommandError(f"--topic expects TOPIC or TOPIC:P,P,... not {spec!r}") from None
+            continue
+        meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": name}], "allow_auto_topic_creation": False})
+        topic = meta["topics"][0]
+        _check(topic["error_code"], f"topic {name}")
+        targets += [(name, p["partition_index"]) for p in topic["partitions"]]
+    if not targets:
+        raise CommandError("name the partitions to reset: --topic TOPIC[:P,...] (repeatable) or --all-topics")
+    return sorted(set(targets))
+
+
+async def _commit(client: RawKafkaClient, group: str, plan: list[tuple[str, int, int]]) -> None:
+    """Commit the plan as the group's offsets (no generation: the way an admin commits for an inactive group)."""
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for topic, partition, offset in plan:
+        by_topic.setdefault(topic, []).append(
+            {
+                "partition_index": partition,
+                "committed_offset": offset,
+                "committed_leader_epoch": -1,
+                "committed_metadata": "",
+            }
+        )
+    resp = await client.call(
+        ApiKey.OFFSET_COMMIT,
+        8,
+        {
+            "group_id": group,
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [{"name": t, "partitions": parts} for t, parts in sorted(by_topic.items())],
+        },
+    )
+    for topic in resp["topics"]:
         for p in topic["partitions"]:
-            print(f"  {topic['name']}[{p['partition_index']}] committed={p['committed_offset']}")
+            _check(p["error_code"], f"commit {group} {topic['name']}[{p['partition_index']}]")
+
+
+def _epoch_ms(text: str) -> int:
+    """An ISO 8601 date-time (local time when it names no zone) as epoch milliseconds."""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(f"--to-datetime expects an ISO 8601 date-time, not {text!r}") from None
+    return int(moment.timestamp() * 1000)
+
+
+# --- shared helpers ------------------------------------------------------------------------------------
+
+
+async def list_offsets(client: RawKafkaClient, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
+    """ListOffsets of `partitions` at `timestamp` (-1 latest, -2 earliest, else epoch ms): partition -> offset
+    (-1 where no record is at or after the timestamp)."""
+    if not partitions:
+        return {}
+    resp = await client.call(
+        ApiKey.LIST_OFFSETS,
+        7,
+        {
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [
+                {"name": topic, "partitions": [{"partition_index": p, "timestamp": timestamp} for p in partitions]}
+            ],
+        },
+    )
+    out = {}
+    for p in resp["topics"][0]["partitions"]:
+        _check(p["error_code"], f"offsets of {topic}[{p['partition_index']}]")
+        out[p["partition_index"]] = p["offset"]
+    return out
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=1), flush=True)
+
+
+def _print_table(header: list[str], rows: list[list[Any]]) -> None:
+    cells = [header, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _or(value: Any, missing: str = "?") -> Any:
+    return missing if value is None else value
+
+
+def _human(n: int) -> str:
+    """512 B, 1.5 KiB, 3.0 GiB."""
+    if n < 1024:
+        return f"{n} B"
+    value, exp = float(n), 0
+    while value >= 1024 and exp < 4:
+        value /= 1024
+        exp += 1
+    return f"{value:.1f} {('B', 'KiB', 'MiB', 'GiB', 'TiB')[exp]}"
 
 
 # --- produce / consume ---------------------------------------------------------------------------------
@@ -275,9 +592,18 @@ def _by_protocol(kafka: Any, native: Any) -> Any:
 
 
 async def consume_kafka(args: argparse.Namespace) -> None:
+    from tqdm import tqdm  # (imported here: only consuming to a file draws progress; serve never loads it)
+
     recbatch = load("recbatch")
     printed = 0
     deadline = time.monotonic() + args.timeout
+    # a progress bar on the terminal while the records go to a file or a pipe (never between printed records)
+    bar = tqdm(
+        total=args.max_messages if args.max_messages < 1 << 62 else None,
+        unit="rec",
+        file=sys.stderr,
+        disable=None if not sys.stdout.isatty() else True,
+    )
     async with await _kafka(args) as client:
         offset = args.offset
         if offset < 0:
@@ -333,8 +659,10 @@ async def consume_kafka(args: argparse.Namespace) -> None:
                     if rec_offset < offset or printed >= args.max_messages:
                         continue
                     printed += 1
+                    bar.update(1)
                     _print_record(args, rec_offset, rec[3], rec[4], rec[5])
                 offset = max(offset, base + info[2] + 1)
+    bar.close()
 
 
 def _print_record(args: argparse.Namespace, offset: int, key: Any, value: Any, headers: list) -> None:
@@ -434,15 +762,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
         return p
 
+    def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        return p
+
     topics = sub.add_parser("topics", help="list, create, describe, delete topics")
     tsub = topics.add_subparsers(dest="action", required=True)
-    with_bootstrap(tsub.add_parser("list")).set_defaults(run=topics_list)
+    with_json(with_bootstrap(tsub.add_parser("list"))).set_defaults(run=topics_list)
     p = with_bootstrap(tsub.add_parser("create"))
     p.add_argument("topic")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--config", action="append", metavar="KEY=VALUE")
     p.set_defaults(run=topics_create)
-    p = with_bootstrap(tsub.add_parser("describe"))
+    p = with_json(with_bootstrap(tsub.add_parser("describe", help="partitions with offsets and sizes, settings")))
     p.add_argument("topic")
     p.set_defaults(run=topics_describe)
     p = with_bootstrap(tsub.add_parser("delete"))
@@ -454,12 +786,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--before", type=int, required=True, help="new log start offset; -1 = the end offset")
     p.set_defaults(run=topics_delete_records)
 
-    groups = sub.add_parser("groups", help="list and describe consumer groups")
+    groups = sub.add_parser("groups", help="list, describe consumer groups (with lag), reset their offsets")
     gsub = groups.add_subparsers(dest="action", required=True)
-    with_bootstrap(gsub.add_parser("list")).set_defaults(run=groups_list)
-    p = with_bootstrap(gsub.add_parser("describe"))
+    with_json(with_bootstrap(gsub.add_parser("list"))).set_defaults(run=groups_list)
+    p = with_json(with_bootstrap(gsub.add_parser("describe", help="members, and per partition offsets and lag")))
     p.add_argument("group")
     p.set_defaults(run=groups_describe)
+    p = with_json(
+        with_bootstrap(
+            gsub.add_parser(
+                "reset-offsets",
+                help="move a group's committed offsets (dry run unless --execute)",
+                description="Plan new committed offsets for an inactive group and print them; --execute commits "
+                "them. Refused while the group has active members, as kafka-consumer-groups refuses it.",
+            )
+        )
+    )
+    p.add_argument("group")
+    p.add_argument("--topic", action="append", metavar="TOPIC[:P,P...]", help="partitions to reset (repeatable)")
+    p.add_argument("--all-topics", action="store_true", help="every partition the group has committed")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--to-earliest", action="store_true", help="each partition's log start offset")
+    how.add_argument("--to-latest", action="store_true", help="each partition's log end offset")
+    how.add_argument("--to-datetime", metavar="ISO-8601", help="the first offset at or after this time")
+    how.add_argument("--to-offset", type=int, metavar="N", help="this offset (clamped to each log)")
+    how.add_argument("--shift-by", type=int, metavar="N", help="the committed offset plus N (N may be negative)")
+    p.add_argument("--execute", action="store_true", help="commit the new offsets (default: only show them)")
+    p.set_defaults(run=groups_reset_offsets)
 
     p = with_bootstrap(sub.add_parser("produce", help="write records (one per stdin line, or --value)"))
     p.add_argument("--topic", required=True)

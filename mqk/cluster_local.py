@@ -43,7 +43,16 @@ from mqk.meta import EtcdClient, MetaUnavailable, parse_endpoints
 LOOPBACK = "127.0.0.1"
 
 #: the line `mqk serve` prints once it has joined its cluster and listens (mqk.cli)
-READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)(?: replication=(\S+):(\d+))?")
+READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
+#: the listeners a ready line names after the three above, when the broker has them
+OPTIONAL_LISTENERS = ("replication", "admin")
+
+
+def ready_listener(line: str, name: str) -> Address | None:
+    """The `name=HOST:PORT` address a ready line gives, if it gives one."""
+    m = re.search(rf" {name}=(\S+):(\d+)", line)
+    return (m.group(1), int(m.group(2))) if m else None
+
 
 ETCD_INSTALL_HINT = "Debian/Ubuntu: sudo apt-get install -y etcd-server"
 
@@ -361,7 +370,10 @@ class LocalBroker:
     kafka: Address | None = None
     native: Address | None = None
     namesrv: Address | None = None
+    #: where its group's replicas pull from while it is master
     replication: Address | None = None
+    #: the admin HTTP listener (metrics, health)
+    admin: Address | None = None
     proc: subprocess.Popen[str] | None = None
     paused: bool = False
     #: an exit of the process now is not reported as a crash: it is starting (an exit is raised then) or being
@@ -389,12 +401,15 @@ class LocalBroker:
         return f"{self.kafka[0]}:{self.kafka[1]}"
 
     def describe(self) -> str:
-        """`broker NODE kafka=H:P native=H:P namesrv=H:P`."""
+        """`broker NODE kafka=H:P native=H:P namesrv=H:P admin=H:P`."""
 
         def fmt(addr: Address | None) -> str:
             return f"{addr[0]}:{addr[1]}" if addr else "-"
 
-        return f"broker {self.node_id} kafka={fmt(self.kafka)} native={fmt(self.native)} namesrv={fmt(self.namesrv)}"
+        return (
+            f"broker {self.node_id} kafka={fmt(self.kafka)} native={fmt(self.native)} namesrv={fmt(self.namesrv)} "
+            f"admin={fmt(self.admin)}"
+        )
 
     def stderr(self) -> str:
         """The tail of what the broker's current (or last) run wrote to stderr (its log file)."""
@@ -616,11 +631,12 @@ class LocalCluster:
             "--native-listen", listen("native"),
             "--namesrv-listen", listen("namesrv"),
             "--replication-listen", listen("replication"),
+            "--admin-listen", listen("admin"),
             *(["--config", str(self._config_file())] if self.config else []),
             *self.extra_args,
             *self.broker_args.get(b.node_id, ()),
         ]  # fmt: skip
-        b.kafka = b.native = b.namesrv = b.replication = None
+        b.kafka = b.native = b.namesrv = b.replication = b.admin = None
         b.expect_exit = True
         b.paused = False
         b.ready_lines = queue.Queue()
@@ -700,9 +716,12 @@ class LocalCluster:
         g = m.groups()
         b.kafka, b.native, b.namesrv = (g[0], int(g[1])), (g[2], int(g[3])), (g[4], int(g[5]))
         self._last_ports[b.node_id] = {"kafka": int(g[1]), "native": int(g[3]), "namesrv": int(g[5])}
-        if g[6] is not None:
-            b.replication = (g[6], int(g[7]))
-            self._last_ports[b.node_id]["replication"] = int(g[7])
+        b.replication = ready_listener(m.string, "replication")
+        b.admin = ready_listener(m.string, "admin")
+        for name in OPTIONAL_LISTENERS:
+            address = getattr(b, name)
+            if address is not None:
+                self._last_ports[b.node_id][name] = address[1]
 
     # --- cluster.json -------------------------------------------------------------------------------------------
 

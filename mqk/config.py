@@ -26,6 +26,11 @@ def parse_hostport(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def parse_optional_hostport(value: str) -> tuple[str, int] | None:
+    """HOST:PORT, or None for `off` (a listener that may be turned off)."""
+    return None if value.strip().lower() in ("off", "none", "") else parse_hostport(value)
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     data_dir: Path = Path("mqk-data")
@@ -275,6 +280,11 @@ class BrokerConfig:
     #: Kafka `unclean.leader.election.enable`, for the broker groups (the unit of election here): a group whose
     #: in-sync replicas are all gone may elect another member, losing what only they held
     unclean_leader_election_enable: bool = False
+    #: the admin HTTP listener (mqk.server.admin: /metrics, /health/live, /health/ready); None: off
+    admin_listen: tuple[str, int] | None = ("127.0.0.1", 9644)
+    #: count traffic and requests on the hot paths for /metrics (plain ints, turned into metric families only
+    #: when scraped); False leaves out those counters (offsets, lag, store and service figures are still served)
+    metrics: bool = True
     store: StoreConfig = field(default_factory=StoreConfig)
 
     @property
@@ -302,6 +312,8 @@ class BrokerConfig:
         for key in ("kafka_listen", "native_listen", "namesrv_listen", "replication_listen"):
             if isinstance(values.get(key), str):
                 values[key] = parse_hostport(values[key])
+        if isinstance(values.get("admin_listen"), str):
+            values["admin_listen"] = parse_optional_hostport(values["admin_listen"])
         if isinstance(values.get("advertise"), (str, list)):
             advertise = values["advertise"]
             values["advertise"] = (advertise,) if isinstance(advertise, str) else tuple(advertise)

@@ -1,8 +1,9 @@
 """BrokerRuntime: builds the store, the services and the servers from one BrokerConfig; starts and stops them.
 
-Start order is store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker
-listener → name server (which advertises the broker listener's bound address). Stop runs in reverse, so no
-listener outlives the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
+Start order is the admin listener (HTTP: metrics, health; up first, so a long recovery shows as live and not
+ready) → store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker listener →
+name server (which advertises the broker listener's bound address). Stop runs in reverse, so no listener outlives
+the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
 clock).
 
 Cluster mode: the timer starts on standby and, like the producer-id state, the group coordinator and RocketMQ's
@@ -27,6 +28,7 @@ from mqk.broker.replication import Replication, ReplicationConfig
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig, parse_hostport
 from mqk.meta.etcd import parse_endpoints
+from mqk.server.admin.server import AdminServer
 from mqk.server.kafka.server import KafkaServer
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
@@ -49,10 +51,17 @@ class BrokerRuntime:
         self.kafka_address: Address | None = None
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
+        self.admin_address: Address | None = None
+        #: True once every part started, False again from the start of a stop (readiness)
+        self.started = False
         self._parts: list[Any] = []  # started parts, stopped in reverse
         self.timer: TimerService | None = None
         self.kafka: KafkaServer | None = None  # (its group coordinator: .groups)
         self.native: NativeServer | None = None
+        self.namesrv: NameServer | None = None
+        self.broker: Broker | None = None
+        #: the admin HTTP listener (metrics, health), None when `admin_listen` is off
+        self.admin: AdminServer | None = None
         self.retention: RetentionService | None = None
         self.diskguard: DiskGuard | None = None
         self.compaction: CompactionService | None = None
@@ -63,6 +72,10 @@ class BrokerRuntime:
     async def start(self) -> BrokerRuntime:
         cfg = self.config
         try:
+            if cfg.admin_listen is not None:
+                self.admin = AdminServer(cfg.admin_listen, self)
+                self.admin_address = await self.admin.start()
+                self._parts.append(self.admin)
             self.store = StoreManager(cfg.store)
             if cfg.cluster:
                 # a member of a group takes appends only once it is the group's master (replication)
@@ -86,16 +99,23 @@ class BrokerRuntime:
             await self.compaction.start()
             self._parts.append(self.compaction)
 
-            broker = Broker(cfg, self.store, self.clock)
+            broker = self.broker = Broker(cfg, self.store, self.clock)
             self.kafka = KafkaServer(cfg, self.store, broker=broker)
             self.kafka_address = await self.kafka.start()
             self._parts.append(self.kafka)
 
             self.native = NativeServer(cfg, self.store, broker=broker)
+            self.native.stats.timer = self.timer  # (its backlog is in RocketMQ's runtime info)
             self.native_address = await self.native.start()
             self._parts.append(self.native)
 
-            namesrv = NameServer(cfg, self.store, self.native_address, topics=broker.topics)
+            namesrv = self.namesrv = NameServer(
+                cfg,
+                self.store,
+                self.native_address,
+                topics=broker.topics,
+                meter=None if broker.stats is None else broker.stats.meter("namesrv", "rocketmq"),
+            )
             self.namesrv_address = await namesrv.start()
             self._parts.append(namesrv)
 
@@ -104,6 +124,7 @@ class BrokerRuntime:
         except BaseException:
             await self.stop()
             raise
+        self.started = True
         return self
 
     async def _join(self, broker: Broker) -> None:
@@ -186,6 +207,8 @@ class BrokerRuntime:
         )
         if self.replication_address is not None:
             line += f" replication={fmt(self.replication_address)}"
+        if self.admin_address is not None:
+            line += f" admin={fmt(self.admin_address)}"
         return line
 
     @property
@@ -194,6 +217,7 @@ class BrokerRuntime:
         return f"{self.kafka_address[0]}:{self.kafka_address[1]}"
 
     async def stop(self) -> None:
+        self.started = False
         while self._parts:
             part = self._parts.pop()
             try:

@@ -53,6 +53,7 @@ from mqk.cluster_local import EtcdProcess, LocalCluster
 from mqk.config import BrokerConfig, StoreConfig
 
 _READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
+_READY_ADMIN = re.compile(r" admin=(\S+):(\d+)")
 _ANY_PORT = ("127.0.0.1", 0)
 
 
@@ -62,6 +63,7 @@ def broker_config(storage: str = "memory", data_dir: Path | None = None, **store
         kafka_listen=_ANY_PORT,
         native_listen=_ANY_PORT,
         namesrv_listen=_ANY_PORT,
+        admin_listen=_ANY_PORT,
         store=StoreConfig(storage=storage, data_dir=data_dir or Path("mqk-data"), **store),
     )
 
@@ -129,6 +131,10 @@ class ThreadedBroker:
         assert address is not None, "the broker is not started"
         return address
 
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        return self.runtime.admin_address
+
 
 class BrokerProcess:
     """`python -m mqk serve` in a child process with port-0 listeners; for restart and kill -9 tests."""
@@ -144,6 +150,7 @@ class BrokerProcess:
         self.kafka_address: tuple[str, int] | None = None
         self.native_address: tuple[str, int] | None = None
         self.namesrv_address: tuple[str, int] | None = None
+        self.admin_address: tuple[str, int] | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.broker.log"
 
     @property
@@ -164,6 +171,7 @@ class BrokerProcess:
             "--kafka-listen", "127.0.0.1:0",
             "--native-listen", "127.0.0.1:0",
             "--namesrv-listen", "127.0.0.1:0",
+            "--admin-listen", "127.0.0.1:0",
             *self.extra_args,
         ]  # fmt: skip
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -181,6 +189,8 @@ class BrokerProcess:
                 self.kafka_address = (g[0], int(g[1]))
                 self.native_address = (g[2], int(g[3]))
                 self.namesrv_address = (g[4], int(g[5]))
+                admin = _READY_ADMIN.search(line)
+                self.admin_address = (admin.group(1), int(admin.group(2))) if admin else None
                 return self
         self.kill()
         raise RuntimeError(f"broker did not become ready; log: {self.log_path}\n{self.log_text()[-4000:]}")

@@ -1,8 +1,9 @@
 """Broker: the protocol-neutral services of one broker process, built once and shared by its front doors.
 
-It holds the store, the topic registry (names, settings, auto-creation, ids), the wake-up hub for long polls and
-the clock. The Kafka listener and the RocketMQ broker role each take the same Broker (the runtime builds it), so
-a record appended through one wakes the long polls of the other, and both apply one topic policy.
+It holds the store, the topic registry (names, settings, auto-creation, ids), the wake-up hub for long polls, the
+clock and the counters /metrics reports (stats.py). The Kafka listener and the RocketMQ broker role each take the
+same Broker (the runtime builds it), so a record appended through one wakes the long polls of the other, and both
+apply one topic policy.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
+from mqk.broker.logsizes import LogSizes
+from mqk.broker.stats import BrokerStats
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
@@ -24,6 +27,10 @@ class Broker:
         self.clock = clock
         self.topics = TopicRegistry(store, config)
         self.hub = WakeupHub(clock)
+        #: the hot paths' counters for /metrics (None with `metrics` off: the front doors then count nothing)
+        self.stats: BrokerStats | None = BrokerStats() if config.metrics else None
+        #: per-partition log sizes, kept up to date as logs grow (/metrics, DescribeLogDirs)
+        self.log_sizes = LogSizes(store)
         #: cluster mode: this broker's membership (None for a single broker on its own)
         self.cluster: ClusterMember | None = None
         self._listening = False

@@ -1,5 +1,7 @@
 """Native admin calls (what `mqadmin` does for a single broker): topics (list, create, delete), cluster info,
-query by key and view by message id. Used by the CLI's `--protocol native` paths and by tests."""
+query by key and view by message id, and the stats `mqadmin brokerStatus`, `topicStatus` and `consumerProgress`
+read (runtime info, topic stats, consume stats; their bodies as RocketMQ's fastjson writes them). Used by the CLI's
+`--protocol native` paths and by tests."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 
 from mqk.client.base import ClientBase
 from mqk.config import parse_hostport
+from mqk.protocol.native import fastjson
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.message import MessageExt, decode_message_id, decode_messages
 
@@ -77,3 +80,36 @@ class Admin(ClientBase):
         resp = await self.invoke((host, port), RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
         (msg,) = decode_messages(resp.body or b"")
         return msg
+
+    async def broker_runtime_info(self, broker: tuple[str, int] | None = None) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO of `broker` (default: the first master the name server lists)."""
+        address = broker or (await self.brokers())[0]
+        resp = await self.invoke(address, RequestCode.GET_BROKER_RUNTIME_INFO)
+        return dict(json.loads(resp.body or b"{}").get("table", {}))
+
+    async def topic_stats(self, topic: str) -> dict[tuple[str, int], dict[str, Any]]:
+        """GET_TOPIC_STATS_INFO from every broker of the topic's route: (broker name, queue id) -> minOffset,
+        maxOffset, lastUpdateTimestamp."""
+        route = await self.route(topic, refresh=True)
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for address in sorted(set(route.broker_addrs.values())):
+            resp = await self.invoke(address, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
+            for mq, offsets in fastjson.loads(resp.body or b"{}").get("offsetTable", []):
+                out[(mq["brokerName"], mq["queueId"])] = offsets
+        return out
+
+    async def consume_stats(
+        self, group: str, topic: str | None = None
+    ) -> tuple[dict[tuple[str, str, int], dict[str, Any]], float]:
+        """GET_CONSUME_STATS from every master: ((topic, broker name, queue id) -> brokerOffset, consumerOffset,
+        pullOffset, lastTimestamp; the group's consume TPS)."""
+        table: dict[tuple[str, str, int], dict[str, Any]] = {}
+        tps = 0.0
+        ext = {"consumerGroup": group} | ({"topic": topic} if topic else {})
+        for address in await self.brokers():
+            resp = await self.invoke(address, RequestCode.GET_CONSUME_STATS, ext)
+            doc = fastjson.loads(resp.body or b"{}")
+            for mq, offsets in doc.get("offsetTable", []):
+                table[(mq["topic"], mq["brokerName"], mq["queueId"])] = offsets
+            tps += float(doc.get("consumeTps", 0.0))
+        return table, tps

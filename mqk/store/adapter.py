@@ -362,6 +362,24 @@ class StorageAdapter(abc.ABC):
             total += sum(i.size for i in infos)
             offset = infos[-1].next_offset
 
+    async def range_bytes(self, topic: str, queue: int, start: int, end: int) -> int:
+        """Bytes of the stored batches from the one holding `start` up to those whose base offset reaches `end`:
+        with `start` the log start and `end` the end offset, `queue_bytes`. What the log-size figures (/metrics,
+        DescribeLogDirs) are counted with, range by range as a log grows. The default reads batches through
+        `batch_infos`; an engine with an index answers from it without touching record data."""
+        total = 0
+        offset = start
+        while offset < end:
+            infos = await self.batch_infos(topic, queue, offset, 4096)
+            if not infos:
+                break
+            for info in infos:
+                if info.base_offset >= end:
+                    return total
+                total += info.size
+            offset = infos[-1].next_offset
+        return total
+
     async def expire(
         self,
         topic: str,

@@ -526,6 +526,9 @@ class StoreManager:
     async def max_timestamp(self, topic: str, queue: int) -> tuple[int, int] | None:
         return await self._route(topic, queue)[0].max_timestamp(topic, queue)
 
+    async def range_bytes(self, topic: str, queue: int, start: int, end: int) -> int:
+        return await self._route(topic, queue)[0].range_bytes(topic, queue, start, end)
+
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self._route(topic, queue)[0].log_start_offset(topic, queue)
 

@@ -184,6 +184,7 @@ def test_broker_without_etcd_exits_with_code_3_and_says_why(tmp_path: Path) -> N
             "--kafka-listen", "127.0.0.1:0",
             "--native-listen", "127.0.0.1:0",
             "--namesrv-listen", "127.0.0.1:0",
+            "--admin-listen", "127.0.0.1:0",
         ],
         capture_output=True,
         text=True,
@@ -264,7 +265,10 @@ async def test_cluster_local_command_prints_its_brokers_and_stops_them_on_sigter
         brokers = [line.split() for line in out[1:-1]]
         assert [b[:2] for b in brokers] == [["broker", "0"], ["broker", "1"]]
         listeners = {int(b[1]): dict(item.split("=", 1) for item in b[2:]) for b in brokers}
-        assert all(sorted(ls) == ["kafka", "namesrv", "native"] for ls in listeners.values())
+        assert all(sorted(ls) == ["admin", "kafka", "namesrv", "native"] for ls in listeners.values())
+        # the admin listener (HTTP: metrics, health) is for operators, not registered for clients and peers
+        for ls in listeners.values():
+            assert ls.pop("admin").startswith("127.0.0.1:")
         assert out[-1] == "bootstrap=" + ",".join(listeners[n]["kafka"] for n in (0, 1))
 
         children = children_of(proc.pid)

@@ -19,7 +19,9 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
+from mqk.broker.logsizes import LogSizes
 from mqk.broker.replication import Replication
+from mqk.broker.stats import Traffic
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import Clock
 from mqk.config import BrokerConfig, TopicConfig
@@ -84,6 +86,10 @@ class KafkaContext:
     cluster: ClusterMember | None = None
     #: cluster mode with the file engine: this broker's group's CommitLog replication (acks=all, high watermark)
     replication: Replication | None = None
+    #: per-partition traffic-out counters for /metrics (mqk.broker.stats), None when metrics are off
+    traffic: Traffic | None = None
+    #: per-partition log sizes (DescribeLogDirs); None only for a context built without a broker's
+    log_sizes: LogSizes | None = None
 
 
 class CloseConnection:

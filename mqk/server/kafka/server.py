@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ from mqk.protocol.kafka.codec import KafkaConnectionCodec, Request, encode_respo
 from mqk.server.kafka.context import Answer, CloseConnection, Grouping, Handler, KafkaContext
 from mqk.server.kafka.handlers import GROUPED, HANDLERS
 from mqk.server.kafka.idempotence import ProducerStates
+from mqk.server.kafka.metering import count_errors
 from mqk.store.adapter import Buffer
 from mqk.store.manager import StoreManager
 
@@ -82,9 +84,13 @@ class KafkaServer:
             cluster_id=config.cluster_id,
             host=host,
             port=port,
+            traffic=None if self.broker.stats is None else self.broker.stats.traffic,
+            log_sizes=self.broker.log_sizes,
         )
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[KafkaConnection] = set()
+        #: requests and connections counted for /metrics (None with metrics off)
+        self.meter = None if self.broker.stats is None else self.broker.stats.meter("kafka", "kafka")
 
     @property
     def node_id(self) -> int:
@@ -153,6 +159,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._out: list[Buffer] = []
         self._out_bytes = 0
         self.loop = asyncio.get_running_loop()
+        self.meter = server.meter
+        #: id(request) -> when it was decoded (perf_counter_ns), for its latency; kept only with metrics on
+        self._arrived: dict[int, int] = {}
 
     # --- asyncio callbacks -----------------------------------------------------------------------------
 
@@ -163,6 +172,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.peer = f"{peer[0]}:{peer[1]}"
             self.client_host = f"/{peer[0]}"
         self.server.connections.add(self)
+        if self.meter is not None:
+            self.meter.connections_accepted += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -186,6 +197,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         grouped = self.server.grouped
         group: list[tuple[Request, object]] = []  # (request, plan) of consecutive requests of one grouped API
         refusal = None
+        arrived = self._arrived if self.meter is not None else None
+        now = time.perf_counter_ns() if arrived is not None else 0
         try:
             while not self.closed and len(pending) < MAX_IN_FLIGHT:
                 if len(pending) + len(group) >= MAX_IN_FLIGHT:
@@ -197,6 +210,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 req = codec.next_request()
                 if req is None:
                     break
+                if arrived is not None:
+                    arrived[id(req)] = now
                 grouping = grouped.get(req.api_key)
                 plan = None if grouping is None else grouping[0](self.ctx, req)
                 if group and (plan is None or req.api_key != group[0][0].api_key):
@@ -313,6 +328,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._on_done(None)
 
     def _respond(self, req: Request, body: Answer) -> None:
+        meter = self.meter
+        if meter is not None:
+            arrived = self._arrived.pop(id(req), None)
+            if arrived is not None:
+                meter.record(req.api_key, time.perf_counter_ns() - arrived)
+            if body is not None and body.__class__ is not CloseConnection:
+                count_errors(meter, req.api_key, body)  # type: ignore[arg-type]  # a body, not CloseConnection
         if body is None:  # acks=0 produce: no response at all
             return
         if isinstance(body, CloseConnection):
@@ -393,6 +415,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         for _req, task in self.pending:
             task.cancel()
         self.pending.clear()
+        self._arrived.clear()
         for task in list(self._group_tasks):
             task.cancel()
 

@@ -56,6 +56,18 @@ class BrokerContext:
         self.host: tuple[str, int] = config.native_listen
         self._locations: OrderedDict[int, tuple[str, int, int]] = OrderedDict()
 
+    # --- traffic counters (/metrics) -------------------------------------------------------------------------
+
+    def count_out(self, topic: str, partition: int, records: int, nbytes: int, group: str = "") -> None:
+        """Messages a pull of `group` served (the bytes of their encoded form), when metrics are on."""
+        stats = self.broker.stats
+        if stats is not None:
+            counts = stats.traffic.topic(topic, partition + 1)
+            counts.records_out[partition] += records
+            counts.bytes_out[partition] += nbytes
+            key = (group, topic)
+            stats.group_reads[key] = stats.group_reads.get(key, 0) + records
+
     def now_ms(self) -> int:
         """Wall-clock milliseconds on the broker's clock."""
         return self.clock.time_ms()

@@ -19,6 +19,7 @@ from typing import Any
 
 from mqk.broker import TopicRegistry
 from mqk.broker.internal import AUTO_CREATE_KEY
+from mqk.broker.stats import RequestMeter
 from mqk.config import BrokerConfig
 from mqk.protocol.native.codes import (
     PERM_INHERIT,
@@ -40,20 +41,27 @@ class NameServer:
         broker_addr: tuple[str, int],
         *,
         topics: TopicRegistry | None = None,
+        meter: RequestMeter | None = None,
     ) -> None:
-        """`topics`: the broker's topic registry (a registry over `store` when not given)."""
+        """`topics`: the broker's topic registry (a registry over `store` when not given); `meter`: where its
+        requests are counted for /metrics (None: not counted)."""
         self.config = config
         self.store = store
         self.topics = topics if topics is not None else TopicRegistry(store, config)
         self.broker_addr = broker_addr
         self._remoting = RemotingServer(
-            config.namesrv_listen, self.dispatch, config.native_max_frame_bytes, "rocketmq-namesrv"
+            config.namesrv_listen, self.dispatch, config.native_max_frame_bytes, "rocketmq-namesrv", meter
         )
         self.address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
         self.address = await self._remoting.start()
         return self.address
+
+    @property
+    def connections(self) -> set[Connection]:
+        """The open client connections."""
+        return self._remoting.connections
 
     async def stop(self) -> None:
         await self._remoting.stop()

@@ -142,6 +142,7 @@ class PullProcessor:
             if client_queue != queue:  # (cluster mode: the client knows the partition by its queue id here)
                 messages = [dataclasses.replace(m, queue_id=client_queue) for m in messages]
             body = b"".join(encode_message_ext(m) for m in messages)
+            self.ctx.count_out(topic, queue, len(messages), len(body), group)
         return cmd.response(result.code, result.remark, ext, body)
 
     async def get_messages(

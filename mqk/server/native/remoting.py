@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
+from mqk.broker.stats import RequestMeter
 from mqk.errors import ProtocolError
 from mqk.protocol.native.codes import FLAG_ONEWAY, ResponseCode
 from mqk.protocol.native.command import FrameDecoder, HeaderFieldError, RemotingCommand
@@ -81,8 +83,18 @@ Dispatcher = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand |
 
 
 class RemotingServer:
-    def __init__(self, listen: tuple[str, int], dispatch: Dispatcher, max_frame_bytes: int, name: str) -> None:
+    def __init__(
+        self,
+        listen: tuple[str, int],
+        dispatch: Dispatcher,
+        max_frame_bytes: int,
+        name: str,
+        meter: RequestMeter | None = None,
+    ) -> None:
+        """`meter`: where requests (by request code), their answers' codes and connections are counted for
+        /metrics; None counts nothing."""
         self.listen = listen
+        self.meter = meter
         self.dispatch = dispatch
         self.max_frame_bytes = max_frame_bytes
         self.name = name
@@ -111,6 +123,8 @@ class RemotingServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection(writer)
         self.connections.add(conn)
+        if self.meter is not None:
+            self.meter.connections_accepted += 1
         decoder = FrameDecoder(self.max_frame_bytes)
         inflight = asyncio.Semaphore(MAX_INFLIGHT)
         me = asyncio.current_task()
@@ -147,6 +161,7 @@ class RemotingServer:
                 self._tasks.discard(me)
 
     async def _handle(self, conn: Connection, cmd: RemotingCommand, inflight: asyncio.Semaphore) -> None:
+        started = time.perf_counter_ns()
         try:
             try:
                 response = await self.dispatch(conn, cmd)
@@ -159,6 +174,11 @@ class RemotingServer:
             except Exception as exc:  # answer the client; the broker keeps serving
                 log.exception("%s: request code %s failed", self.name, cmd.code)
                 response = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            meter = self.meter
+            if meter is not None:
+                meter.record(cmd.code, time.perf_counter_ns() - started)
+                if response is not None and response.code != ResponseCode.SUCCESS:
+                    meter.error(cmd.code, response.code)
             if response is not None and not cmd.is_oneway:
                 await conn.send(response)
         finally:

@@ -1,6 +1,6 @@
 """NativeServer: the RocketMQ broker role (default 127.0.0.1:10911) over the remoting protocol.
 
-Wires the processors (one per request family: send, pull, offsets, clients, admin) to request codes; an unknown
+Wires the processors (one per request family: send, pull, offsets, clients, admin, stats) to request codes; an unknown
 code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. ACL ext fields (AccessKey, Signature, ...) are
 accepted and ignored: mqk has no ACL yet. The processors share the broker services (mqk.broker) with the Kafka
 listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
@@ -22,6 +22,7 @@ from mqk.server.native.offsets import OffsetProcessor
 from mqk.server.native.pull import PullProcessor
 from mqk.server.native.remoting import Connection, RemotingServer
 from mqk.server.native.send import SendProcessor
+from mqk.server.native.stats import StatsProcessor
 from mqk.server.native.transaction import TransactionService
 from mqk.store.manager import StoreManager
 
@@ -46,6 +47,8 @@ class NativeServer:
         pull = PullProcessor(self.ctx, self.clients)
         offsets = OffsetProcessor(self.ctx)
         admin = AdminProcessor(self.ctx)
+        #: what mqadmin and the dashboard read (runtime info, topic and consume stats)
+        self.stats = StatsProcessor(self.ctx, self.clients)
         self.transactions = TransactionService(self.ctx, self.clients)
         send.transactions = self.transactions
         self.handlers: dict[int, Handler] = {
@@ -71,11 +74,23 @@ class NativeServer:
             RequestCode.GET_ALL_TOPIC_CONFIG: admin.all_topic_config,
             RequestCode.QUERY_MESSAGE: admin.query_message,
             RequestCode.VIEW_MESSAGE_BY_ID: admin.view_message,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.stats.runtime_info,
+            RequestCode.GET_TOPIC_STATS_INFO: self.stats.topic_stats,
+            RequestCode.GET_CONSUME_STATS: self.stats.consume_stats,
+            RequestCode.GET_TOPIC_CONFIG: self.stats.topic_config,
+            RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: self.stats.topic_consumed_by,
+            RequestCode.QUERY_TOPICS_BY_CONSUMER: self.stats.topics_of_consumer,
+            RequestCode.GET_BROKER_CONFIG: self.stats.broker_config,
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
             RequestCode.END_TRANSACTION: self.transactions.end,
         }
+        stats = self.ctx.broker.stats
         self._remoting = RemotingServer(
-            config.native_listen, self.dispatch, config.native_max_frame_bytes, "rocketmq-broker"
+            config.native_listen,
+            self.dispatch,
+            config.native_max_frame_bytes,
+            "rocketmq-broker",
+            None if stats is None else stats.meter("rocketmq", "rocketmq"),
         )
         self.address: tuple[str, int] | None = None
 
@@ -84,12 +99,19 @@ class NativeServer:
         self.address = await self._remoting.start()
         self.ctx.host = self.address
         self.clients.start()
+        self.stats.start()
         await self.transactions.start()
         return self.address
+
+    @property
+    def connections(self) -> set[Connection]:
+        """The open client connections."""
+        return self._remoting.connections
 
     async def stop(self) -> None:
         self.ctx.broker.release_waiters()
         await self.transactions.stop()
+        await self.stats.stop()
         await self.clients.stop()
         await self._remoting.stop()
 

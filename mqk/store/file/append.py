@@ -86,6 +86,8 @@ class StoreStats:
         self._pipeline = pipeline
         self.put_failures = 0
         self.latency_buckets = [0] * (len(self.BOUNDS_US) + 1)
+        #: the latencies' sum (ns, each append's latency times its puts): a histogram's sum for /metrics
+        self.latency_sum_ns = 0
         self.max_latency_ns = 0
 
     @property
@@ -105,6 +107,7 @@ class StoreStats:
     def record(self, latency_ns: int, count: int = 1) -> None:
         """Count `count` puts that each took `latency_ns` (wall-clock time, the clock the store timestamps come
         from: one clock read per append serves both; a clock stepped back during an append counts it as fast)."""
+        self.latency_sum_ns += latency_ns * count
         if latency_ns <= _FIRST_BOUND_NS and latency_ns <= self.max_latency_ns:  # the usual async append
             self.latency_buckets[0] += count
             return

@@ -320,6 +320,9 @@ class FileEngine(StorageAdapter):
     async def max_timestamp(self, topic: str, queue: int) -> tuple[int, int] | None:
         return await self.reader.max_timestamp(topic, queue)
 
+    async def range_bytes(self, topic: str, queue: int, start: int, end: int) -> int:
+        return self.reader.range_bytes(topic, queue, start, end)
+
     def log_start_offset(self, topic: str, queue: int) -> int:
         return self.registry.get(topic, queue).log_start
 

@@ -157,6 +157,29 @@ class LogReader:
             batches.extend(await self.stored(shard, units))
         return ReadResult(batches, start, end)
 
+    def range_bytes(self, topic: str, queue: int, start: int, end: int) -> int:
+        """StorageAdapter.range_bytes from the index alone: the compacted prefix's entry sizes, then the
+        ConsumeQueue units' (each unit's CommitLog entry less its header); no record byte is read."""
+        shard = self.registry.get(topic, queue)
+        total = 0
+        compacted = self.compacted.get((topic, queue)) if self.compacted else None
+        if compacted is not None and start < compacted.upto:
+            bases, sizes = compacted.bases, compacted.sizes
+            for i in range(compacted.index_of(start), len(bases)):
+                if bases[i] >= end or bases[i] >= compacted.upto:
+                    break
+                total += sizes[i]
+            start = compacted.upto
+        if start >= end:
+            return total
+        cq = shard.cq
+        fixed = shard.fixed
+        for unit in units_from(cq, cq.search_offset(start)):
+            if unit[6] >= end:
+                break
+            total += unit[1] - fixed
+        return total
+
     async def read_by_tags(
         self, topic: str, queue: int, offset: int, tags_codes: Iterable[int], max_batches: int
     ) -> ReadResult:

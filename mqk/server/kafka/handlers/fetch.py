@@ -20,9 +20,11 @@
 
 from __future__ import annotations
 
+import struct
 from typing import TypeAlias
 
 from mqk import errors as E
+from mqk.broker.stats import Traffic
 from mqk.protocol.kafka.messages.fetch import (
     FetchableTopicResponse,
     FetchRequest,
@@ -35,6 +37,9 @@ from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, epoch_code, partit
 from mqk.store.adapter import Buffer, ShardInfo
 
 _EMPTY = b""
+#: where a record batch v2 keeps its record count (after base offset .. base sequence), for the traffic counters
+RECORD_COUNT_AT = 57
+_RECORD_COUNT = struct.Struct(">i")
 
 #: a requested topic, resolved once per request: (its request entry, the topic or None, the error code of a
 #: partition when it is None, [(partition, fetch offset, partition max bytes)], the codes of partitions refused
@@ -107,7 +112,28 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
         if remaining <= 0 or peer.closed:
             break
         await ctx.hub.wait(watch, remaining)
+    if ctx.traffic is not None and total:
+        _count_out(ctx.traffic, plan, responses)
     return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
+
+
+def _count_out(traffic: Traffic, plan: _Plan, responses: list[FetchableTopicResponse]) -> None:
+    """Add what the answer serves to the topics' traffic counters (the last pass's records: an earlier pass that
+    found too little was read again)."""
+    for (_t, info, _m, _parts, _refused), topic in zip(plan, responses, strict=True):
+        if info is None:
+            continue
+        counts = None
+        for p in topic["partitions"]:
+            records = p["records"]
+            if records.__class__ is not list or not records:  # (_EMPTY: nothing served)
+                continue
+            if counts is None:
+                counts = traffic.topic(info.topic, info.queue_count)
+            index = p["partition_index"]
+            for data in records:  # a list (checked above) of the store's buffers
+                counts.bytes_out[index] += len(data)
+                counts.records_out[index] += _RECORD_COUNT.unpack_from(data, RECORD_COUNT_AT)[0]
 
 
 async def _read_all(

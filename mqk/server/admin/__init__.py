@@ -1,0 +1,8 @@
+"""The admin front door: one HTTP listener for operators (metrics, health; a web console adds its pages here).
+
+- `http`: the HTTP/1.1 server (h11 under asyncio) and its routing;
+- `server.AdminServer`: the listener with its routes;
+- `metrics`: /metrics, built from the broker's counters and state when scraped (prometheus-client);
+- `health`: /health/live and /health/ready;
+- `parts.BrokerParts`: what of the running broker these read (the runtime provides it).
+"""
