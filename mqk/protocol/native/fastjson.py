@@ -76,7 +76,8 @@ def _value(text: str, pos: int) -> tuple[Any, int]:
                 return items, pos + 1
             raise ValueError(f"expected , or ] at {pos}")
     if ch == '"':
-        scanned: tuple[Any, int] = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]  # json's own
+        # json's own string scanner (not in its stubs)
+        scanned: tuple[Any, int] = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
         return scanned
     for literal, value in (("true", True), ("false", False), ("null", None)):
         if text.startswith(literal, pos):
