@@ -401,14 +401,14 @@ class LocalBroker:
         return f"{self.kafka[0]}:{self.kafka[1]}"
 
     def describe(self) -> str:
-        """`broker NODE kafka=H:P native=H:P namesrv=H:P admin=H:P`."""
+        """`broker NODE kafka=H:P native=H:P namesrv=H:P replication=H:P admin=H:P`."""
 
         def fmt(addr: Address | None) -> str:
             return f"{addr[0]}:{addr[1]}" if addr else "-"
 
         return (
             f"broker {self.node_id} kafka={fmt(self.kafka)} native={fmt(self.native)} namesrv={fmt(self.namesrv)} "
-            f"admin={fmt(self.admin)}"
+            f"replication={fmt(self.replication)} admin={fmt(self.admin)}"
         )
 
     def stderr(self) -> str:

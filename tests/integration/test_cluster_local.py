@@ -91,8 +91,9 @@ class Registrations:
 def listeners_of(cluster: LocalCluster, node_id: int) -> dict[str, str]:
     """What broker `node_id` printed on its ready line, as the listeners it must have registered."""
     b = cluster.broker(node_id)
-    assert b.kafka and b.native and b.namesrv
-    return {name: f"{h}:{p}" for name, (h, p) in (("kafka", b.kafka), ("native", b.native), ("namesrv", b.namesrv))}
+    assert b.kafka and b.native and b.namesrv and b.replication
+    named = (("kafka", b.kafka), ("native", b.native), ("namesrv", b.namesrv), ("replication", b.replication))
+    return {name: f"{h}:{p}" for name, (h, p) in named}
 
 
 def pid_alive(pid: int) -> bool:
@@ -265,7 +266,7 @@ async def test_cluster_local_command_prints_its_brokers_and_stops_them_on_sigter
         brokers = [line.split() for line in out[1:-1]]
         assert [b[:2] for b in brokers] == [["broker", "0"], ["broker", "1"]]
         listeners = {int(b[1]): dict(item.split("=", 1) for item in b[2:]) for b in brokers}
-        assert all(sorted(ls) == ["admin", "kafka", "namesrv", "native"] for ls in listeners.values())
+        assert all(sorted(ls) == ["admin", "kafka", "namesrv", "native", "replication"] for ls in listeners.values())
         # the admin listener (HTTP: metrics, health) is for operators, not registered for clients and peers
         for ls in listeners.values():
             assert ls.pop("admin").startswith("127.0.0.1:")
