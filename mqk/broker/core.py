@@ -1,8 +1,9 @@
 """Broker: the protocol-neutral services of one broker process, built once and shared by its front doors.
 
-It holds the store, the topic registry (names, settings, auto-creation, ids), the wake-up hub for long polls and
-the clock. The Kafka listener and the RocketMQ broker role each take the same Broker (the runtime builds it), so
-a record appended through one wakes the long polls of the other, and both apply one topic policy.
+It holds the store, the topic registry (names, settings, auto-creation, ids), the wake-up hub for long polls, the
+security services (users, SASL mechanisms, the authorizer hook: mqk.broker.security) and the clock. The Kafka
+listener and the RocketMQ broker role each take the same Broker (the runtime builds it), so a record appended
+through one wakes the long polls of the other, and both apply one topic policy.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
+from mqk.broker.security import Security
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
@@ -24,6 +26,7 @@ class Broker:
         self.clock = clock
         self.topics = TopicRegistry(store, config)
         self.hub = WakeupHub(clock)
+        self.security = Security(config, store, clock)
         #: cluster mode: this broker's membership (None for a single broker on its own)
         self.cluster: ClusterMember | None = None
         self._listening = False
@@ -32,6 +35,7 @@ class Broker:
         """Cluster mode: topics and the questions of leadership are the cluster's from now on."""
         self.cluster = cluster
         self.topics.attach_cluster(cluster)
+        self.security.attach_cluster(cluster)
 
     def open(self) -> None:
         """Called by each front door as it starts (on the event loop): the hub hears the store's appends from
