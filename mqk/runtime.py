@@ -1,6 +1,6 @@
 """BrokerRuntime: builds the store, the services and the servers from one BrokerConfig; starts and stops them.
 
-Start order is store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker
+Start order is store → services (timer, retention, disk guard, compaction) → Kafka listeners → RocketMQ broker
 listener → name server (which advertises the broker listener's bound address). Stop runs in reverse, so no
 listener outlives the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
 clock).
@@ -18,11 +18,12 @@ import logging
 from typing import Any
 
 from mqk.broker import Broker
-from mqk.broker.cluster import ClusterConfig, ClusterMember
+from mqk.broker.cluster import ClusterConfig, ClusterMember, ClusterStartError
 from mqk.clock import SYSTEM_CLOCK, Clock
-from mqk.config import BrokerConfig, parse_hostport
+from mqk.config import BrokerConfig
 from mqk.meta.etcd import parse_endpoints
 from mqk.server.kafka.server import KafkaServer
+from mqk.server.listeners import advertised_address
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
 from mqk.services.compaction import CompactionService
@@ -42,6 +43,8 @@ class BrokerRuntime:
         self.clock = clock
         self.store: StoreManager | None = None
         self.kafka_address: Address | None = None
+        #: named Kafka listener -> its bound address (the ready line's `kafka.NAME=` pairs)
+        self.kafka_listeners: dict[str, Address] = {}
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
         self._parts: list[Any] = []  # started parts, stopped in reverse
@@ -75,6 +78,7 @@ class BrokerRuntime:
             self.kafka = KafkaServer(cfg, self.store, broker=broker)
             self.kafka_address = await self.kafka.start()
             self._parts.append(self.kafka)
+            self.kafka_listeners = {lst.name: lst.bound for lst in self.kafka.listeners if lst.name and lst.bound}
 
             self.native = NativeServer(cfg, self.store, broker=broker)
             self.native_address = await self.native.start()
@@ -96,13 +100,15 @@ class BrokerRuntime:
         metadata, and let the topic registry answer from it. ClusterStartError when the cluster cannot be joined."""
         cfg = self.config
         assert cfg.cluster and self.store is not None
-        bound = {"kafka": self.kafka_address, "native": self.native_address, "namesrv": self.namesrv_address}
+        assert self.kafka is not None
+        bound = {lst.key: lst.bound for lst in self.kafka.listeners}
+        bound.update(native=self.native_address, namesrv=self.namesrv_address)
         config = ClusterConfig(
             parse_endpoints(cfg.cluster),
             cfg.cluster_id,
             cfg.node_id,
             cfg.group_name,
-            advertised_listeners(cfg.advertise, bound),
+            advertised_listeners(cfg, bound),
             session_timeout_s=max(1, cfg.cluster_session_timeout_ms // 1000),
         )
         self.cluster = ClusterMember(
@@ -126,7 +132,7 @@ class BrokerRuntime:
         return (
             f"mqk ready kafka={fmt(self.kafka_address)} native={fmt(self.native_address)} "
             f"namesrv={fmt(self.namesrv_address)}"
-        )
+        ) + "".join(f" kafka.{name}={fmt(addr)}" for name, addr in self.kafka_listeners.items())
 
     @property
     def bootstrap(self) -> str:
@@ -151,22 +157,21 @@ class BrokerRuntime:
         await self.stop()
 
 
-def advertised_listeners(advertise: tuple[str, ...], bound: dict[str, Address | None]) -> dict[str, str]:
-    """Listener name -> "host:port" to advertise: `NAME=HOST:PORT` items as given, a bare `HOST` for every other
-    listener (with its bound port), else the bound address itself."""
-    named: dict[str, str] = {}
-    host: str | None = None
-    for item in advertise:
-        name, sep, value = item.partition("=")
-        if sep:
-            parse_hostport(value)  # (ValueError for a bad one, at start)
-            named[name.strip()] = value.strip()
-        else:
-            host = item.strip()
+def advertised_listeners(config: BrokerConfig, bound: dict[str, Address | None]) -> dict[str, str]:
+    """Listener key -> "host:port" a cluster broker registers (mqk.server.listeners.advertised_address). A Kafka
+    listener bound to every interface needs an address configured (ClusterStartError): its peers' clients cannot
+    be told the address they would reach it by."""
     out = {}
-    for name, addr in bound.items():
-        if name in named:
-            out[name] = named[name]
-        elif addr is not None:
-            out[name] = f"{host or addr[0]}:{addr[1]}"
+    for key, addr in bound.items():
+        if addr is None:
+            continue
+        advertised = advertised_address(config, key, addr)
+        if advertised is None:
+            if key.startswith("kafka"):
+                raise ClusterStartError(
+                    f"listener {key} is bound to every interface ({addr[0]}): give it an advertised address "
+                    f"(--advertise {key}=HOST:PORT, or advertised_listeners for a named listener)"
+                )
+            advertised = addr
+        out[key] = f"{advertised[0]}:{advertised[1]}"
     return out
