@@ -44,6 +44,8 @@ LOOPBACK = "127.0.0.1"
 
 #: the line `mqk serve` prints once it has joined its cluster and listens (mqk.cli)
 READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
+#: a named Kafka listener's pair in the ready line: `kafka.NAME=HOST:PORT`
+NAMED_LISTENER = re.compile(r" kafka\.([^=\s]+)=(\S+):(\d+)")
 
 ETCD_INSTALL_HINT = "Debian/Ubuntu: sudo apt-get install -y etcd-server"
 
@@ -347,6 +349,8 @@ class LocalBroker:
     log_start: int = 0
     #: the ready line's match, handed from the stdout reader to the waiter (None: stdout ended without one)
     ready_lines: queue.Queue[re.Match[str] | None] = field(default_factory=queue.Queue, repr=False)
+    #: named Kafka listener -> its address (the ready line's `kafka.NAME=` pairs)
+    listeners: dict[str, Address] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -654,6 +658,7 @@ class LocalCluster:
         b.expect_exit = False
         g = m.groups()
         b.kafka, b.native, b.namesrv = (g[0], int(g[1])), (g[2], int(g[3])), (g[4], int(g[5]))
+        b.listeners = {name: (host, int(port)) for name, host, port in NAMED_LISTENER.findall(m.string)}
         self._last_ports[b.node_id] = {"kafka": int(g[1]), "native": int(g[3]), "namesrv": int(g[5])}
 
     # --- cluster.json -------------------------------------------------------------------------------------------

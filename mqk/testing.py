@@ -49,7 +49,7 @@ from typing import Any, Iterator, Sequence
 import pytest
 
 from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
-from mqk.cluster_local import EtcdProcess, LocalCluster
+from mqk.cluster_local import NAMED_LISTENER, EtcdProcess, LocalCluster
 from mqk.config import BrokerConfig, StoreConfig
 
 _READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
@@ -123,6 +123,11 @@ class ThreadedBroker:
     def namesrv_address(self) -> tuple[str, int]:
         return self.runtime.namesrv_address
 
+    @property
+    def listeners(self) -> dict[str, tuple[str, int]]:
+        """Named Kafka listener -> its bound address."""
+        return self.runtime.kafka_listeners
+
 
 class BrokerProcess:
     """`python -m mqk serve` in a child process with port-0 listeners; for restart and kill -9 tests."""
@@ -138,6 +143,8 @@ class BrokerProcess:
         self.kafka_address: tuple[str, int] | None = None
         self.native_address: tuple[str, int] | None = None
         self.namesrv_address: tuple[str, int] | None = None
+        #: named Kafka listener -> its bound address (the ready line's `kafka.NAME=` pairs)
+        self.listeners: dict[str, tuple[str, int]] = {}
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.broker.log"
 
     @property
@@ -176,6 +183,7 @@ class BrokerProcess:
                 self.kafka_address = (g[0], int(g[1]))
                 self.native_address = (g[2], int(g[3]))
                 self.namesrv_address = (g[4], int(g[5]))
+                self.listeners = {name: (host, int(port)) for name, host, port in NAMED_LISTENER.findall(line)}
                 return self
         self.kill()
         raise RuntimeError(f"broker did not become ready; log: {self.log_path}\n{self.log_text()[-4000:]}")
