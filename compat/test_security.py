@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 from compat_helpers import hostport, run_node, unique
-from conftest import start_broker, stop_broker
 from pki import make_pki
 
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient
+from mqk.testing import BrokerProcess
 
 USER, PASSWORD = "alice", "alice-secret"
 N = 3
@@ -100,7 +100,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         f'[tls]\ncert_file = "{pki.server}"\nkey_file = "{pki.server_key}"\nca_file = "{pki.ca}"\n'
         'client_auth = "required"\n'
     )
-    broker = start_broker(directory / "data", "memory", ("--config", str(config)))
+    broker = BrokerProcess(directory / "data", storage="memory", extra_args=("--config", str(config))).start()
     try:
         added = subprocess.run(
             [sys.executable, "-m", "mqk", "users", "add", USER, "--password-stdin", "--bootstrap", broker.bootstrap],
@@ -112,7 +112,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         assert added.returncode == 0, added.stderr
         yield Secure(broker, pki)
     finally:
-        stop_broker(broker)
+        broker.stop()
 
 
 # --- one function per client: write N values and read them back; or be refused ------------------------------
