@@ -15,9 +15,10 @@ handshake is done, and a failure is dropped without a word. Here:
 
 The front door's protocol sees an ordinary transport. Data path: received ciphertext goes into the SSL object's
 memory BIO and is decrypted straight into a buffered protocol's own buffer (`SSLObject.read(n, buffer)`, no copy
-of its own); `writelines` joins the parts once and encrypts them in one call, so a Fetch answer of many store
-views leaves as full 16 KiB records rather than a record per view. Flow control passes through both ways:
-pausing the front door's reading pauses the socket, the socket's write buffer pauses the front door's writing.
+of its own); `writelines` gathers small parts before encrypting them and encrypts large ones (a Fetch answer's
+store views) where they lie, so an answer leaves as full 16 KiB records rather than a record per part. Flow control
+passes through both ways: pausing the front door's reading pauses the socket, the socket's write buffer pauses the
+front door's writing.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ log = logging.getLogger("mqk.tls")
 READ_SIZE = 256 * 1024
 #: plaintext handed to a non-buffered protocol at a time
 PLAIN_CHUNK = 64 * 1024
+#: the most plaintext one TLS record carries
+RECORD_SIZE = 16 * 1024
 
 _VERIFY = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
@@ -202,11 +205,25 @@ class TlsProtocol(asyncio.BufferedProtocol):
         if self._outgoing.pending and self._raw is not None and not self._lost:
             self._raw.write(self._outgoing.read())
 
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing or not data:
+    def _write(self, parts: list[Any]) -> None:
+        """Encrypt `parts` and send them. Small parts are gathered first (a record per 20-byte header would cost a
+        record's overhead and an encryption call each); a part of a full record or more (a Fetch answer's store
+        views) is encrypted where it lies, without joining it to the rest."""
+        if self._closing:
             return
+        write = self._ssl.write
+        small = bytearray()
         try:
-            self._ssl.write(data)
+            for part in parts:
+                if len(part) >= RECORD_SIZE:
+                    if small:
+                        write(small)
+                        small = bytearray()
+                    write(part)
+                elif part:
+                    small += part
+            if small:
+                write(small)
         except (ssl.SSLError, OSError) as exc:
             self._drop(logging.WARNING, f"TLS error: {_reason(exc)}")
             return
@@ -297,11 +314,10 @@ class TlsTransport(asyncio.Transport):
         return raw.get_extra_info(name, default) if raw is not None else default
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._tls._write(data)
+        self._tls._write([data])
 
     def writelines(self, list_of_data: Any) -> None:
-        parts = list(list_of_data)
-        self._tls._write(parts[0] if len(parts) == 1 else b"".join(parts))
+        self._tls._write(list(list_of_data))
 
     def can_write_eof(self) -> bool:
         return False  # TLS has no half-close
