@@ -28,7 +28,8 @@ Cluster mode (etcd plus broker processes; needs the `etcd` binary, Debian's `etc
 
 The in-process broker runs its own event loop in a background thread, so both synchronous clients
 (confluent-kafka, kafka-python) and asyncio tests can use it. `BrokerProcess` runs `python -m mqk serve` as a
-child process instead, for tests that restart or kill -9 the broker (it runs on the system clock).
+child process instead, for tests that restart or kill -9 the broker (it runs on the system clock). Both give the
+bound address of each named Kafka listener (`--listener NAME=PROTOCOL://HOST:PORT`) as `.listeners[NAME]`.
 """
 
 from __future__ import annotations
