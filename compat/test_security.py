@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from compat_helpers import hostport, run_node, unique
+from helpers import wait_until
 from pki import make_pki
 
 from mqk.protocol.kafka.api import ApiKey
@@ -376,9 +377,11 @@ def test_client_is_refused_and_nothing_is_written(
         assert "uthentication failed" in why + caplog.text, why
     else:
         # the broker refused the certificate in the handshake, and said why in its log
-        log = secure.broker.log_text()
-        assert log.count("TLS handshake failed") > handshakes_refused
-        refusals = [line for line in log.splitlines() if "TLS handshake failed" in line]
+        wait_until(
+            lambda: secure.broker.log_text().count("TLS handshake failed") > handshakes_refused,
+            what="the broker's log line",
+        )
+        refusals = [line for line in secure.broker.log_text().splitlines() if "TLS handshake failed" in line]
         expected = "certificate has expired" if case == "expired-certificate" else "unable to get local issuer"
         assert any(expected in line for line in refusals), refusals[-3:]
     assert secure.end_offset(topic) == -1  # nothing created, nothing written

@@ -161,8 +161,7 @@ class TlsProtocol(asyncio.BufferedProtocol):
             self._flush()
             return
         except (ssl.SSLError, OSError) as exc:
-            self._flush()  # the alert tells the peer why
-            self._drop(logging.WARNING, f"TLS handshake failed: {_reason(exc)}")
+            self._drop(logging.WARNING, f"TLS handshake failed: {_reason(exc)}", alert=True)
             return
         self._cancel_timer()
         self._flush()
@@ -243,13 +242,16 @@ class TlsProtocol(asyncio.BufferedProtocol):
         if self._raw is not None:
             self._raw.close()
 
-    def _drop(self, level: int, reason: str) -> None:
-        """Close without a TLS goodbye, with one log line."""
+    def _drop(self, level: int, reason: str, *, alert: bool = False) -> None:
+        """Close without a TLS goodbye, with one log line; `alert`: send the TLS alert the SSL object made (it tells
+        the peer why), after the log line, so the line is written by the time the peer learns of it."""
         if self._closing:
             return
         self._closing = True
         self._cancel_timer()
         log.log(level, "%s: connection from %s closed: %s", self._settings.name, self.peer, reason)
+        if alert:
+            self._flush()
         if self._raw is not None:
             self._raw.close()
 
