@@ -1,4 +1,4 @@
-// kafkajs over TLS and SASL, driven by compat/test_security.py.
+// kafkajs over TLS and SASL, driven by compat/test_secure_clients.py.
 //
 // Usage: node kafkajs_secure.js <bootstrap> <command> '<json options>'
 // options.security: { ssl: { ca, cert, key } (file paths) | undefined, sasl: { mechanism, username, password } | undefined }

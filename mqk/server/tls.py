@@ -178,11 +178,24 @@ class TlsProtocol(asyncio.BufferedProtocol):
             while self._app is not None and not self._app_paused and not self._closing:
                 # (a read of 0 bytes is the peer's close_notify: the ssl module answers it so, not with an error)
                 if self._app_buffered:
-                    buf = self._app.get_buffer(-1)
-                    n = ssl_object.read(len(buf), buf)
-                    if not n:
+                    # fill the front door's buffer with as many records as are here before telling it: one
+                    # buffer_updated per socket read rather than one per 16 KiB record
+                    buf = memoryview(self._app.get_buffer(-1))
+                    size = len(buf)
+                    filled = 0
+                    try:
+                        while filled < size:
+                            n = ssl_object.read(size - filled, buf[filled:])
+                            if not n:
+                                break
+                            filled += n
+                    except ssl.SSLWantReadError:
+                        if not filled:
+                            raise
+                    if filled:
+                        self._app.buffer_updated(filled)
+                    if filled < size and not n:
                         raise ssl.SSLZeroReturnError
-                    self._app.buffer_updated(n)
                 else:
                     data = ssl_object.read(PLAIN_CHUNK)
                     if not data:

@@ -3,7 +3,7 @@ SSL with client certificates required, SASL_PLAINTEXT and SASL_SSL, and TLS on t
 
 What each client may do before and after authenticating, what a failure costs, the SCRAM user APIs, the principal the
 authorizer hook is asked about, per-listener addresses in the answers, and the `mqk users` verb. Refusals are checked
-to leave nothing written. Real third-party clients are in compat/test_security.py."""
+to leave nothing written. Real third-party clients are in compat/test_secure_clients.py."""
 
 from __future__ import annotations
 
