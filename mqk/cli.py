@@ -3,8 +3,10 @@
 `mqk serve` runs a broker: the embedded default is a file store under ./mqk-data, Kafka on 127.0.0.1:9092,
 RocketMQ remoting on 127.0.0.1:10911 and the name-server role on 127.0.0.1:9876. Port 0 in any listen flag picks a
 free port; once every listener is bound the broker prints one line to stdout:
-`mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`, then `admin=HOST:PORT` when the admin listener
-(`--admin-listen`, default 127.0.0.1:9644) is on. SIGTERM / SIGINT flush, close files, remove the abort marker and
+`mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`, then, where the broker has them, `replication=HOST:PORT`
+(cluster mode: where its group's replicas pull), `kafka.NAME=HOST:PORT` for each named Kafka listener (`--listener`;
+`kafka=` is the unnamed listener, or the first named one when `--kafka-listen off`) and `admin=HOST:PORT` (the admin
+listener, `--admin-listen`, default 127.0.0.1:9644). SIGTERM / SIGINT flush, close files, remove the abort marker and
 exit 0. `--log-format json` writes one JSON object per log line (mqk.logfmt).
 
 `mqk cluster local` runs a cluster on this machine (mqk.cluster_local): etcd and N `mqk serve --cluster` processes on
@@ -32,7 +34,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run a broker")
     p.add_argument("--config", metavar="FILE.toml", help="TOML configuration file (flags override it)")
     p.add_argument("--data-dir", help="data directory (default ./mqk-data)")
-    p.add_argument("--kafka-listen", metavar="HOST:PORT", help="Kafka listener (default 127.0.0.1:9092)")
+    p.add_argument(
+        "--kafka-listen", metavar="HOST:PORT", help="the unnamed PLAINTEXT Kafka listener (default 127.0.0.1:9092; off)"
+    )
     p.add_argument("--native-listen", metavar="HOST:PORT", help="RocketMQ remoting listener (default 127.0.0.1:10911)")
     p.add_argument("--namesrv-listen", metavar="HOST:PORT", help="name-server listener (default 127.0.0.1:9876)")
     p.add_argument(
@@ -71,6 +75,25 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="count no traffic or requests on the hot paths (/metrics then serves offsets, lag, store figures only)",
     )
+    security = p.add_argument_group("security (Kafka's listener model; more in the TOML file's [tls] table)")
+    security.add_argument(
+        "--listener",
+        action="append",
+        metavar="NAME=PROTOCOL://HOST:PORT",
+        help="a named Kafka listener, PROTOCOL one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL (repeatable)",
+    )
+    security.add_argument(
+        "--advertised-listener",
+        action="append",
+        metavar="NAME=HOST:PORT",
+        help="the address clients are told for a named listener (repeatable; default: the bound one)",
+    )
+    security.add_argument("--tls-cert", metavar="PEM", help="the broker's certificate chain (TLS listeners)")
+    security.add_argument("--tls-key", metavar="PEM", help="its private key")
+    security.add_argument("--tls-ca", metavar="PEM", help="CA bundle client certificates are checked against")
+    security.add_argument("--tls-client-auth", choices=("none", "requested", "required"), help="SSL listeners")
+    security.add_argument("--native-tls", action="store_true", default=None, help="TLS on the RocketMQ listener")
+    security.add_argument("--namesrv-tls", action="store_true", default=None, help="TLS on the name server")
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--log-format",
@@ -98,6 +121,14 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         advertise=tuple(args.advertise) if args.advertise else None,
         admin_listen=args.admin_listen,
         metrics=args.metrics,
+        listeners=args.listener,
+        advertised_listeners=args.advertised_listener,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        tls_ca_file=args.tls_ca,
+        tls_client_auth=args.tls_client_auth,
+        native_tls=args.native_tls,
+        namesrv_tls=args.namesrv_tls,
     )
 
 

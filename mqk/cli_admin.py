@@ -1,8 +1,14 @@
-"""The `mqk` admin and data commands that talk to a running broker: topics, groups, produce, consume, query.
+"""The `mqk` admin and data commands that talk to a running broker: topics, groups, users, produce, consume, query.
 
 They speak the broker's own wire protocols through mqk's codecs (no third-party client needed): Kafka requests
 through `RawKafkaClient`, RocketMQ remoting through `mqk.client`. One connection, one request at a time: these are
 tools for people, not load generators (see bench/ for those).
+
+Every Kafka command takes the client security options of Kafka's tools: `--security-protocol` (PLAINTEXT, SSL,
+SASL_PLAINTEXT, SASL_SSL), `--sasl-mechanism` / `--sasl-username` / `--sasl-password` (or the MQK_SASL_PASSWORD
+environment variable, which keeps the password out of the process list) and `--ssl-cafile` / `--ssl-certfile` /
+`--ssl-keyfile`. `mqk users` lists, adds and deletes SCRAM users through DescribeUserScramCredentials and
+AlterUserScramCredentials; the salted password is derived here, so the password itself never reaches the broker.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import getpass
 import json
+import os
 import struct
 import sys
 import time
@@ -21,13 +29,13 @@ from mqk.client import Message, Producer
 from mqk.client.base import ClientBase
 from mqk.client.remoting import ClientError
 from mqk.client.tools import consume
-from mqk.config import parse_hostport
-from mqk.errors import KafkaError
+from mqk.config import SASL_MECHANISMS, SECURITY_PROTOCOLS, parse_hostport
+from mqk.errors import KafkaError, MqkError
 from mqk.protocol.kafka.api import ApiKey
 from mqk.protocol.kafka.records import decompress
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.message import decode_messages
-from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+from mqk.server.kafka.rawclient import RawKafkaClient, client_ssl_context, make_batch
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_NAMESRV = "127.0.0.1:9876"
@@ -45,7 +53,22 @@ def _check(code: int, what: str, message: str | None = None) -> None:
 
 async def _kafka(args: argparse.Namespace) -> RawKafkaClient:
     host, port = parse_hostport(args.bootstrap)
-    return await RawKafkaClient.connect(host, port, client_id="mqk-cli")
+    protocol = args.security_protocol
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = client_ssl_context(args.ssl_cafile, args.ssl_certfile, args.ssl_keyfile)
+    client = await RawKafkaClient.connect(host, port, client_id="mqk-cli", ssl=context)
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        password = args.sasl_password if args.sasl_password is not None else os.environ.get("MQK_SASL_PASSWORD")
+        if not args.sasl_username or password is None:
+            await client.close()
+            raise CommandError("SASL needs --sasl-username and --sasl-password (or MQK_SASL_PASSWORD)")
+        try:
+            await client.authenticate(args.sasl_mechanism, args.sasl_username, password)
+        except (KafkaError, MqkError) as exc:
+            await client.close()
+            raise CommandError(f"authentication failed: {type(exc).__name__}: {exc}") from None
+    return client
 
 
 def _parse_configs(pairs: list[str] | None) -> dict[str, str]:
@@ -491,6 +514,94 @@ def _human(n: int) -> str:
     return f"{value:.1f} {('B', 'KiB', 'MiB', 'GiB', 'TiB')[exp]}"
 
 
+# --- users (SCRAM credentials) ------------------------------------------------------------------------
+
+
+def _scram_mechanisms() -> dict[str, Any]:
+    from mqk.broker.security.scram import MECHANISMS
+
+    return MECHANISMS
+
+
+async def users_list(args: argparse.Namespace) -> None:
+    names = {v.kafka_type: k for k, v in _scram_mechanisms().items()}
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, {"users": None})
+    _check(resp["error_code"], "list users", resp.get("error_message"))
+    for result in sorted(resp["results"], key=lambda r: r["user"]):
+        creds = ", ".join(
+            f"{names.get(c['mechanism'], c['mechanism'])} iterations={c['iterations']}"
+            for c in result["credential_infos"]
+        )
+        print(f"{result['user']}\t{creds}")
+
+
+def _new_password(args: argparse.Namespace) -> str:
+    if args.password is not None:
+        return str(args.password)
+    if args.password_stdin:
+        line = sys.stdin.readline()
+        return line.rstrip("\n")
+    if not sys.stdin.isatty():
+        raise CommandError("give the password with --password, --password-stdin or at the prompt of a terminal")
+    first = getpass.getpass(f"password for {args.user}: ")
+    if getpass.getpass("again: ") != first:
+        raise CommandError("the passwords differ")
+    return first
+
+
+def _mechanism_names(args: argparse.Namespace) -> list[str]:
+    return list(dict.fromkeys(args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]))
+
+
+async def users_add(args: argparse.Namespace) -> None:
+    from mqk.broker.security.scram import salt_password
+
+    password = _new_password(args)
+    if not password:
+        raise CommandError("the password must not be empty")
+    mechanisms = _scram_mechanisms()
+    upsertions = []
+    for name in _mechanism_names(args):
+        mechanism = mechanisms[name]
+        salt, salted = salt_password(mechanism, password, args.iterations)
+        upsertions.append(
+            {
+                "name": args.user,
+                "mechanism": mechanism.kafka_type,
+                "iterations": args.iterations,
+                "salt": salt,
+                "salted_password": salted,
+            }
+        )
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, {"deletions": [], "upsertions": upsertions})
+    result = resp["results"][0]
+    _check(result["error_code"], f"add user {args.user}", result.get("error_message"))
+    print(f"user {args.user}: {', '.join(_mechanism_names(args))} set")
+
+
+async def users_delete(args: argparse.Namespace) -> None:
+    mechanisms = _scram_mechanisms()
+    async with await _kafka(args) as client:
+        if args.mechanism:
+            types = [mechanisms[name].kafka_type for name in dict.fromkeys(args.mechanism)]
+        else:  # every credential the user has
+            found = await client.call(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, {"users": [{"name": args.user}]})
+            _check(found["error_code"], "describe users", found.get("error_message"))
+            result = found["results"][0]
+            _check(result["error_code"], f"delete user {args.user}", result.get("error_message"))
+            types = [c["mechanism"] for c in result["credential_infos"]]
+        resp = await client.call(
+            ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+            0,
+            {"deletions": [{"name": args.user, "mechanism": t} for t in types], "upsertions": []},
+        )
+    result = resp["results"][0]
+    _check(result["error_code"], f"delete user {args.user}", result.get("error_message"))
+    print(f"user {args.user} deleted")
+
+
 # --- produce / consume ---------------------------------------------------------------------------------
 
 
@@ -760,6 +871,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
+        security = p.add_argument_group("client security (Kafka)")
+        security.add_argument("--security-protocol", choices=SECURITY_PROTOCOLS, default="PLAINTEXT")
+        security.add_argument("--sasl-mechanism", choices=SASL_MECHANISMS, default="SCRAM-SHA-512")
+        security.add_argument("--sasl-username")
+        security.add_argument("--sasl-password", help="(default: the MQK_SASL_PASSWORD environment variable)")
+        security.add_argument("--ssl-cafile", help="PEM CA bundle the broker's certificate is checked against")
+        security.add_argument("--ssl-certfile", help="PEM client certificate (SSL listeners with client auth)")
+        security.add_argument("--ssl-keyfile", help="PEM key of the client certificate")
         return p
 
     def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -814,6 +933,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--execute", action="store_true", help="commit the new offsets (default: only show them)")
     p.set_defaults(run=groups_reset_offsets)
 
+    users = sub.add_parser("users", help="list, add, delete SCRAM users")
+    usub = users.add_subparsers(dest="action", required=True)
+    with_bootstrap(usub.add_parser("list")).set_defaults(run=users_list)
+    p = with_bootstrap(usub.add_parser("add", help="add a user, or set a user's password"))
+    p.add_argument("user")
+    password = p.add_mutually_exclusive_group()
+    password.add_argument("--password", help="(visible in the process list: prefer --password-stdin)")
+    password.add_argument("--password-stdin", action="store_true", help="read the password from stdin's first line")
+    p.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+    p.add_argument("--iterations", type=int, default=4096, help="PBKDF2 iterations, 4096..16384 (default 4096)")
+    p.set_defaults(run=users_add)
+    p = with_bootstrap(usub.add_parser("delete", help="delete a user's credentials (all of them by default)"))
+    p.add_argument("user")
+    p.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+    p.set_defaults(run=users_delete)
+
     p = with_bootstrap(sub.add_parser("produce", help="write records (one per stdin line, or --value)"))
     p.add_argument("--topic", required=True)
     p.add_argument("--partition", type=int, default=0)
@@ -838,7 +973,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tags", help="native: tag expression, e.g. 'a || b'")
     p.set_defaults(run=_by_protocol(consume_kafka, consume_native))
 
-    for p in (topics, groups):
+    for p in (topics, groups, users):
         p.set_defaults(func=run_command)
     p = sub.add_parser("query", help="print the messages whose key (RocketMQ KEYS, or an indexed Kafka key) matches")
     p.add_argument("--topic", required=True)

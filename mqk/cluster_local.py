@@ -54,6 +54,9 @@ def ready_listener(line: str, name: str) -> Address | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
+#: a named Kafka listener's pair in the ready line: `kafka.NAME=HOST:PORT`
+NAMED_LISTENER = re.compile(r" kafka\.([^=\s]+)=(\S+):(\d+)")
+
 ETCD_INSTALL_HINT = "Debian/Ubuntu: sudo apt-get install -y etcd-server"
 
 #: called from a watcher thread when a process this module started exits without being told to:
@@ -383,6 +386,8 @@ class LocalBroker:
     log_start: int = 0
     #: the ready line's match, handed from the stdout reader to the waiter (None: stdout ended without one)
     ready_lines: queue.Queue[re.Match[str] | None] = field(default_factory=queue.Queue, repr=False)
+    #: named Kafka listener -> its address (the ready line's `kafka.NAME=` pairs)
+    listeners: dict[str, Address] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -715,6 +720,7 @@ class LocalCluster:
         b.expect_exit = False
         g = m.groups()
         b.kafka, b.native, b.namesrv = (g[0], int(g[1])), (g[2], int(g[3])), (g[4], int(g[5]))
+        b.listeners = {name: (host, int(port)) for name, host, port in NAMED_LISTENER.findall(m.string)}
         self._last_ports[b.node_id] = {"kafka": int(g[1]), "native": int(g[3]), "namesrv": int(g[5])}
         b.replication = ready_listener(m.string, "replication")
         b.admin = ready_listener(m.string, "admin")

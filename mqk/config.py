@@ -8,6 +8,7 @@ bounds, default, whether mqk acts on it): Kafka's keys plus mqk's `storage.type`
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,113 @@ def parse_hostport(value: str) -> tuple[str, int]:
 def parse_optional_hostport(value: str) -> tuple[str, int] | None:
     """HOST:PORT, or None for `off` (a listener that may be turned off)."""
     return None if value.strip().lower() in ("off", "none", "") else parse_hostport(value)
+
+
+# --- listeners and TLS (security) -------------------------------------------------------------------------
+#
+# Kafka's listener model: each listener has a name and a security protocol; `advertised_listeners` says, per name,
+# the address clients are told to connect to. The unnamed `kafka_listen` listener is PLAINTEXT.
+
+PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL = "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"
+SECURITY_PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
+#: Kafka's SASL mechanisms mqk serves (sasl.enabled.mechanisms takes a subset)
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+CLIENT_AUTH = ("none", "requested", "required")
+_LISTENER_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+#: what `--kafka-listen` / `kafka_listen` takes to turn the unnamed PLAINTEXT listener off
+OFF = "off"
+
+
+def _listener_name(name: str) -> str:
+    name = name.strip()
+    if not _LISTENER_NAME.match(name):
+        raise ValueError(f"listener name {name!r}: letters, digits, '_' and '-' only")
+    return name.upper()  # Kafka's listener names are case-insensitive (ListenerName.normalised)
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    """One named Kafka listener: `NAME=PROTOCOL://HOST:PORT`, or `PROTOCOL://HOST:PORT` (named after its
+    protocol, as Kafka's default security protocol map does). An empty host binds every interface, as in Kafka."""
+
+    name: str
+    protocol: str
+    host: str
+    port: int
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in (SSL, SASL_SSL)
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in (SASL_PLAINTEXT, SASL_SSL)
+
+    @classmethod
+    def parse(cls, spec: str) -> ListenerConfig:
+        name, sep, rest = spec.partition("=")
+        if not sep:
+            name, rest = "", spec
+        protocol, sep, address = rest.partition("://")
+        protocol = protocol.strip().upper()
+        if not sep or protocol not in SECURITY_PROTOCOLS:
+            choices = ", ".join(SECURITY_PROTOCOLS)
+            raise ValueError(f"listener {spec!r}: expected NAME=PROTOCOL://HOST:PORT with PROTOCOL one of {choices}")
+        host, _, port = address.strip().rpartition(":")
+        if not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"listener {spec!r}: {address!r} is not HOST:PORT")
+        return cls(_listener_name(name or protocol), protocol, host.strip("[]") or "0.0.0.0", int(port))
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.protocol}://{self.host}:{self.port}"
+
+
+def parse_advertised_listener(spec: str) -> tuple[str, str, int]:
+    """`NAME=HOST:PORT` (or Kafka's `NAME://HOST:PORT`) -> (NAME, host, port)."""
+    if "://" in spec:
+        name, _, address = spec.partition("://")
+    else:
+        name, sep, address = spec.partition("=")
+        if not sep:
+            raise ValueError(f"advertised listener {spec!r}: expected NAME=HOST:PORT")
+    host, port = parse_hostport(address.strip())
+    return _listener_name(name), host, port
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """The `[tls]` table: the broker's certificate for every TLS listener (SSL and SASL_SSL Kafka listeners, and
+    the RocketMQ listener and name server when `native_tls` / `namesrv_tls` are on). TLS 1.2 and later only."""
+
+    #: PEM certificate chain and private key (Kafka's ssl.keystore)
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    #: the private key's passphrase, if it is encrypted
+    key_password: str | None = None
+    #: PEM CA bundle that client certificates are checked against (Kafka's ssl.truststore)
+    ca_file: Path | None = None
+    #: Kafka's ssl.client.auth for SSL listeners: `none`, `requested` (a certificate is asked for and checked if
+    #: sent) or `required`. SASL_SSL listeners never ask (Kafka's rule since KIP-684)
+    client_auth: str = "none"
+    #: a TLS handshake not finished after this long is dropped (it holds a connection and its buffers)
+    handshake_timeout_ms: int = 10_000
+    #: Kafka's ssl.principal.mapping.rules, one rule per item (`RULE:pattern/replacement/[LU]` or `DEFAULT`), over
+    #: the client certificate's subject in RFC 2253 form; the first that matches names the principal `User:NAME`.
+    #: mqk's default takes the subject's CN, and the whole subject (Kafka's DEFAULT) when it has none
+    principal_mapping_rules: tuple[str, ...] = (r"RULE:^CN=((\\,|[^,])*)(,.*)?$/$1/", "DEFAULT")
+
+    def __post_init__(self) -> None:
+        if self.client_auth not in CLIENT_AUTH:
+            raise ValueError(f"tls client_auth must be one of {CLIENT_AUTH}, not {self.client_auth!r}")
+        if self.handshake_timeout_ms <= 0:
+            raise ValueError("tls handshake_timeout_ms must be positive")
+        for rule in self.principal_mapping_rules:
+            if rule.strip() != "DEFAULT" and not rule.strip().startswith("RULE:"):
+                raise ValueError(f"tls principal mapping rule {rule!r}: expected DEFAULT or RULE:pattern/replacement/")
+
+    @property
+    def configured(self) -> bool:
+        return self.cert_file is not None
 
 
 @dataclass(frozen=True)
@@ -233,7 +341,9 @@ class TopicConfig:
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    kafka_listen: tuple[str, int] = ("127.0.0.1", 9092)
+    #: the unnamed PLAINTEXT Kafka listener; None (`off` in the TOML file and on the command line) when only the
+    #: named `listeners` serve Kafka
+    kafka_listen: tuple[str, int] | None = ("127.0.0.1", 9092)
     native_listen: tuple[str, int] = ("127.0.0.1", 10911)
     namesrv_listen: tuple[str, int] = ("127.0.0.1", 9876)
     node_id: int = 0
@@ -285,7 +395,53 @@ class BrokerConfig:
     #: count traffic and requests on the hot paths for /metrics (plain ints, turned into metric families only
     #: when scraped); False leaves out those counters (offsets, lag, store and service figures are still served)
     metrics: bool = True
+    #: named Kafka listeners (Kafka's `listeners`), bound beside `kafka_listen`
+    listeners: tuple[ListenerConfig, ...] = ()
+    #: Kafka's `advertised.listeners`: (NAME, host, port) per named listener that is not to be advertised at its bound
+    #: address (a listener bound to every interface is advertised at the address each client reached)
+    advertised_listeners: tuple[tuple[str, str, int], ...] = ()
+    #: Kafka's sasl.enabled.mechanisms: what SASL listeners offer
+    sasl_enabled_mechanisms: tuple[str, ...] = SASL_MECHANISMS
+    #: Kafka's connection.failed.authentication.delay.ms: a failed authentication is answered (and its connection
+    #: closed) after this delay, doubled for each further failure from the same address up to the maximum below
+    auth_failure_delay_ms: int = 100
+    auth_failure_delay_max_ms: int = 5000
+    #: Kafka's sasl.server.max.receive.size: the largest request a connection may send before it authenticates
+    sasl_max_receive_bytes: int = 524288
+    #: TLS on the RocketMQ remoting listener and on the name server (with the `[tls]` certificate)
+    native_tls: bool = False
+    namesrv_tls: bool = False
+    tls: TlsConfig = field(default_factory=TlsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+
+    def __post_init__(self) -> None:
+        names = [listener.name for listener in self.listeners]
+        if len(set(names)) != len(names):
+            raise ValueError(f"listener names must be unique: {names}")
+        if self.kafka_listen is None and not self.listeners:
+            raise ValueError("no Kafka listener: kafka_listen is off and no listeners are configured")
+        bound = [(lc.host, lc.port) for lc in self.listeners if lc.port]
+        if self.kafka_listen is not None and self.kafka_listen[1] and self.kafka_listen in bound:
+            raise ValueError(f"a listener binds kafka_listen's address {self.kafka_listen}: set kafka_listen = 'off'")
+        unknown = {name for name, _h, _p in self.advertised_listeners} - set(names)
+        if unknown:
+            raise ValueError(f"advertised listeners name no configured listener: {sorted(unknown)}")
+        wants_tls = any(lc.tls for lc in self.listeners) or self.native_tls or self.namesrv_tls
+        if wants_tls and (self.tls.cert_file is None or self.tls.key_file is None):
+            raise ValueError("TLS listeners need the [tls] table's cert_file and key_file")
+        if self.tls.client_auth != "none" and self.tls.ca_file is None:
+            raise ValueError("tls client_auth needs ca_file (the CA that signs client certificates)")
+        bad = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)
+        if bad or not self.sasl_enabled_mechanisms:
+            raise ValueError(f"sasl_enabled_mechanisms must be a non-empty subset of {SASL_MECHANISMS}")
+        if self.auth_failure_delay_ms < 0 or self.auth_failure_delay_max_ms < self.auth_failure_delay_ms:
+            raise ValueError("auth_failure_delay_ms must be >= 0 and at most auth_failure_delay_max_ms")
+
+    @property
+    def kafka_listeners(self) -> tuple[ListenerConfig, ...]:
+        """Every Kafka listener: the unnamed PLAINTEXT one (name "") first when it is on, then the named ones."""
+        own = () if self.kafka_listen is None else (ListenerConfig("", PLAINTEXT, *self.kafka_listen),)
+        return own + self.listeners
 
     @property
     def group_name(self) -> str:
@@ -297,23 +453,49 @@ class BrokerConfig:
         """Build from an optional TOML file, then flags (non-None values win)."""
         values: dict[str, Any] = {}
         store_values: dict[str, Any] = {}
+        tls_values: dict[str, Any] = {}
         if path is not None:
             with open(path, "rb") as f:
                 doc = tomllib.load(f)
             store_values.update(doc.pop("store", {}))
+            tls_values.update(doc.pop("tls", {}))
             values.update(doc)
+        tls_fields = {f"tls_{f.name}": f.name for f in dataclasses.fields(TlsConfig)}
         for key, value in flags.items():
             if value is None:
                 continue
             if key in {f.name for f in dataclasses.fields(StoreConfig)}:
                 store_values[key] = value
+            elif key in tls_fields:
+                tls_values[tls_fields[key]] = value
             else:
                 values[key] = value
+        if isinstance(values.get("kafka_listen"), str) and values["kafka_listen"].strip().lower() == OFF:
+            values["kafka_listen"] = None
         for key in ("kafka_listen", "native_listen", "namesrv_listen", "replication_listen"):
             if isinstance(values.get(key), str):
                 values[key] = parse_hostport(values[key])
         if isinstance(values.get("admin_listen"), str):
             values["admin_listen"] = parse_optional_hostport(values["admin_listen"])
+        if "listeners" in values:
+            values["listeners"] = tuple(
+                item if isinstance(item, ListenerConfig) else ListenerConfig.parse(item)
+                for item in _items(values["listeners"])
+            )
+        if "advertised_listeners" in values:
+            values["advertised_listeners"] = tuple(
+                parse_advertised_listener(item) if isinstance(item, str) else tuple(item)
+                for item in _items(values["advertised_listeners"])
+            )
+        if "sasl_enabled_mechanisms" in values:
+            values["sasl_enabled_mechanisms"] = tuple(
+                m.strip().upper() for m in _items(values["sasl_enabled_mechanisms"]) if m.strip()
+            )
+        for key in ("cert_file", "key_file", "ca_file"):
+            if tls_values.get(key) is not None:
+                tls_values[key] = Path(tls_values[key])
+        if "principal_mapping_rules" in tls_values:
+            tls_values["principal_mapping_rules"] = tuple(_items(tls_values["principal_mapping_rules"]))
         if isinstance(values.get("advertise"), (str, list)):
             advertise = values["advertise"]
             values["advertise"] = (advertise,) if isinstance(advertise, str) else tuple(advertise)
@@ -322,4 +504,11 @@ class BrokerConfig:
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown configuration keys: {sorted(unknown)}")
-        return cls(store=StoreConfig(**store_values), **values)
+        return cls(store=StoreConfig(**store_values), tls=TlsConfig(**tls_values), **values)
+
+
+def _items(value: Any) -> list[Any]:
+    """A TOML list, or one comma-separated string (Kafka's property style), as a list."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return list(value)

@@ -1,10 +1,10 @@
 """BrokerRuntime: builds the store, the services and the servers from one BrokerConfig; starts and stops them.
 
 Start order is the admin listener (HTTP: metrics, health; up first, so a long recovery shows as live and not
-ready) → store → services (timer, retention, disk guard, compaction) → Kafka listener → RocketMQ broker listener →
-name server (which advertises the broker listener's bound address). Stop runs in reverse, so no listener outlives
-the store it uses. The front doors share one `mqk.broker.Broker` (topic registry, wake-up hub,
-clock).
+ready) → store → services (timer, retention, disk guard, compaction) → Kafka listeners → RocketMQ broker listener
+→ name server (which advertises the broker listener's bound address) → in cluster mode, the replication listener
+and the cluster membership. Stop runs in reverse, so no listener outlives the store it uses. The front doors share
+one `mqk.broker.Broker` (topic registry, wake-up hub, clock).
 
 Cluster mode: the timer starts on standby and, like the producer-id state, the group coordinator and RocketMQ's
 transactions, follows this broker's mastership of its group (`ClusterMember.on_leadership`): what a master needs is
@@ -23,13 +23,14 @@ import logging
 from typing import Any
 
 from mqk.broker import Broker
-from mqk.broker.cluster import ClusterConfig, ClusterMember
+from mqk.broker.cluster import ClusterConfig, ClusterMember, ClusterStartError
 from mqk.broker.replication import Replication, ReplicationConfig
 from mqk.clock import SYSTEM_CLOCK, Clock
-from mqk.config import BrokerConfig, parse_hostport
+from mqk.config import BrokerConfig
 from mqk.meta.etcd import parse_endpoints
 from mqk.server.admin.server import AdminServer
 from mqk.server.kafka.server import KafkaServer
+from mqk.server.listeners import advertised_address
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
 from mqk.services.compaction import CompactionService
@@ -49,6 +50,8 @@ class BrokerRuntime:
         self.clock = clock
         self.store: StoreManager | None = None
         self.kafka_address: Address | None = None
+        #: named Kafka listener -> its bound address (the ready line's `kafka.NAME=` pairs)
+        self.kafka_listeners: dict[str, Address] = {}
         self.native_address: Address | None = None
         self.namesrv_address: Address | None = None
         self.admin_address: Address | None = None
@@ -103,6 +106,7 @@ class BrokerRuntime:
             self.kafka = KafkaServer(cfg, self.store, broker=broker)
             self.kafka_address = await self.kafka.start()
             self._parts.append(self.kafka)
+            self.kafka_listeners = {lst.name: lst.bound for lst in self.kafka.listeners if lst.name and lst.bound}
 
             self.native = NativeServer(cfg, self.store, broker=broker)
             self.native.stats.timer = self.timer  # (its backlog is in RocketMQ's runtime info)
@@ -132,7 +136,9 @@ class BrokerRuntime:
         metadata, and let the topic registry answer from it. ClusterStartError when the cluster cannot be joined."""
         cfg = self.config
         assert cfg.cluster and self.store is not None
-        bound = {"kafka": self.kafka_address, "native": self.native_address, "namesrv": self.namesrv_address}
+        assert self.kafka is not None
+        bound = {lst.key: lst.bound for lst in self.kafka.listeners}
+        bound.update(native=self.native_address, namesrv=self.namesrv_address)
         engine = self.store.replicated_engine
         if engine is not None:
             self.replication = Replication(
@@ -151,7 +157,7 @@ class BrokerRuntime:
             cfg.cluster_id,
             cfg.node_id,
             cfg.group_name,
-            advertised_listeners(cfg.advertise, bound),
+            advertised_listeners(cfg, bound),
             session_timeout_s=max(1, cfg.cluster_session_timeout_ms // 1000),
             unclean_election=cfg.unclean_leader_election_enable,
         )
@@ -207,6 +213,7 @@ class BrokerRuntime:
         )
         if self.replication_address is not None:
             line += f" replication={fmt(self.replication_address)}"
+        line += "".join(f" kafka.{name}={fmt(addr)}" for name, addr in self.kafka_listeners.items())
         if self.admin_address is not None:
             line += f" admin={fmt(self.admin_address)}"
         return line
@@ -235,22 +242,21 @@ class BrokerRuntime:
         await self.stop()
 
 
-def advertised_listeners(advertise: tuple[str, ...], bound: dict[str, Address | None]) -> dict[str, str]:
-    """Listener name -> "host:port" to advertise: `NAME=HOST:PORT` items as given, a bare `HOST` for every other
-    listener (with its bound port), else the bound address itself."""
-    named: dict[str, str] = {}
-    host: str | None = None
-    for item in advertise:
-        name, sep, value = item.partition("=")
-        if sep:
-            parse_hostport(value)  # (ValueError for a bad one, at start)
-            named[name.strip()] = value.strip()
-        else:
-            host = item.strip()
+def advertised_listeners(config: BrokerConfig, bound: dict[str, Address | None]) -> dict[str, str]:
+    """Listener key -> "host:port" a cluster broker registers (mqk.server.listeners.advertised_address). A Kafka
+    listener bound to every interface needs an address configured (ClusterStartError): its peers' clients cannot
+    be told the address they would reach it by."""
     out = {}
-    for name, addr in bound.items():
-        if name in named:
-            out[name] = named[name]
-        elif addr is not None:
-            out[name] = f"{host or addr[0]}:{addr[1]}"
+    for key, addr in bound.items():
+        if addr is None:
+            continue
+        advertised = advertised_address(config, key, addr)
+        if advertised is None:
+            if key.startswith("kafka"):
+                raise ClusterStartError(
+                    f"listener {key} is bound to every interface ({addr[0]}): give it an advertised address "
+                    f"(--advertise {key}=HOST:PORT, or advertised_listeners for a named listener)"
+                )
+            advertised = addr
+        out[key] = f"{advertised[0]}:{advertised[1]}"
     return out

@@ -28,7 +28,8 @@ Cluster mode (etcd plus broker processes; needs the `etcd` binary, Debian's `etc
 
 The in-process broker runs its own event loop in a background thread, so both synchronous clients
 (confluent-kafka, kafka-python) and asyncio tests can use it. `BrokerProcess` runs `python -m mqk serve` as a
-child process instead, for tests that restart or kill -9 the broker (it runs on the system clock).
+child process instead, for tests that restart or kill -9 the broker (it runs on the system clock). Both give the
+bound address of each named Kafka listener (`--listener NAME=PROTOCOL://HOST:PORT`) as `.listeners[NAME]`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Any
 import pytest
 
 from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
-from mqk.cluster_local import EtcdProcess, LocalCluster
+from mqk.cluster_local import NAMED_LISTENER, EtcdProcess, LocalCluster
 from mqk.config import BrokerConfig, StoreConfig
 
 _READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
@@ -135,6 +136,11 @@ class ThreadedBroker:
     def admin_address(self) -> tuple[str, int] | None:
         return self.runtime.admin_address
 
+    @property
+    def listeners(self) -> dict[str, tuple[str, int]]:
+        """Named Kafka listener -> its bound address."""
+        return self.runtime.kafka_listeners
+
 
 class BrokerProcess:
     """`python -m mqk serve` in a child process with port-0 listeners; for restart and kill -9 tests."""
@@ -151,6 +157,8 @@ class BrokerProcess:
         self.native_address: tuple[str, int] | None = None
         self.namesrv_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
+        #: named Kafka listener -> its bound address (the ready line's `kafka.NAME=` pairs)
+        self.listeners: dict[str, tuple[str, int]] = {}
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.broker.log"
 
     @property
@@ -191,6 +199,7 @@ class BrokerProcess:
                 self.namesrv_address = (g[4], int(g[5]))
                 admin = _READY_ADMIN.search(line)
                 self.admin_address = (admin.group(1), int(admin.group(2))) if admin else None
+                self.listeners = {name: (host, int(port)) for name, host, port in NAMED_LISTENER.findall(line)}
                 return self
         self.kill()
         raise RuntimeError(f"broker did not become ready; log: {self.log_path}\n{self.log_text()[-4000:]}")

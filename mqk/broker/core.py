@@ -1,9 +1,9 @@
 """Broker: the protocol-neutral services of one broker process, built once and shared by its front doors.
 
 It holds the store, the topic registry (names, settings, auto-creation, ids), the wake-up hub for long polls, the
-clock and the counters /metrics reports (stats.py). The Kafka listener and the RocketMQ broker role each take the
-same Broker (the runtime builds it), so a record appended through one wakes the long polls of the other, and both
-apply one topic policy.
+clock, the counters /metrics reports (stats.py) and the security services (users, SASL mechanisms, the authorizer
+hook: mqk.broker.security). The Kafka listener and the RocketMQ broker role each take the same Broker (the runtime
+builds it), so a record appended through one wakes the long polls of the other, and both apply one topic policy.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.logsizes import LogSizes
+from mqk.broker.security import Security
 from mqk.broker.stats import BrokerStats
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import SYSTEM_CLOCK, Clock
@@ -31,6 +32,7 @@ class Broker:
         self.stats: BrokerStats | None = BrokerStats() if config.metrics else None
         #: per-partition log sizes, kept up to date as logs grow (/metrics, DescribeLogDirs)
         self.log_sizes = LogSizes(store)
+        self.security = Security(config, store, clock)
         #: cluster mode: this broker's membership (None for a single broker on its own)
         self.cluster: ClusterMember | None = None
         self._listening = False
@@ -39,6 +41,7 @@ class Broker:
         """Cluster mode: topics and the questions of leadership are the cluster's from now on."""
         self.cluster = cluster
         self.topics.attach_cluster(cluster)
+        self.security.attach_cluster(cluster)
 
     def open(self) -> None:
         """Called by each front door as it starts (on the event loop): the hub hears the store's appends from

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,9 @@ class ClientBase:
         self._routes: dict[str, TopicRoute] = {}
         self._connect_lock = asyncio.Lock()
         self.on_server_request: Callable[[RemotingCommand], None] | None = None
+        #: TLS for every connection (name server and brokers), as a RocketMQ client with tls.enable: set it before
+        #: the first call
+        self.ssl: ssl.SSLContext | None = None
 
     async def _connection(self, address: tuple[str, int]) -> RemotingConnection:
         conn = self._connections.get(address)
@@ -52,7 +56,7 @@ class ClientBase:
         async with self._connect_lock:
             conn = self._connections.get(address)
             if conn is None or conn.closed:
-                conn = RemotingConnection(address, self._server_request)
+                conn = RemotingConnection(address, self._server_request, ssl=self.ssl)
                 try:
                     await conn.connect()
                 except OSError as exc:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl as ssl_module
 from collections.abc import Callable
 
 from mqk.errors import MqkError, ProtocolError
@@ -27,9 +28,17 @@ class ClientError(MqkError):
 class RemotingConnection:
     _opaques = itertools.count(1)
 
-    def __init__(self, address: tuple[str, int], on_request: Callable[[RemotingCommand], None] | None = None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        on_request: Callable[[RemotingCommand], None] | None = None,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+    ) -> None:
         self.address = address
         self.on_request = on_request
+        #: TLS (a client context) for a broker or name server with TLS on
+        self.ssl = ssl
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future] = {}
@@ -38,7 +47,10 @@ class RemotingConnection:
         self.closed = False
 
     async def connect(self) -> None:
-        self._reader, self._writer = await asyncio.open_connection(*self.address)
+        host, port = self.address
+        self._reader, self._writer = await asyncio.open_connection(
+            host, port, ssl=self.ssl, server_hostname=host if self.ssl is not None else None
+        )
         self._read_task = asyncio.create_task(self._read_loop())
 
     async def _read_loop(self) -> None:

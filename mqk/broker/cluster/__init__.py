@@ -30,6 +30,7 @@ from mqk.broker.cluster.reconcile import TopicReconciler
 from mqk.broker.cluster.view import ClusterView
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.errors import UnknownTopicOrPartitionError
+from mqk.meta import Compare, Delete, Put
 from mqk.store.manager import StoreManager
 from mqk.store.offsets_log import LogOffsetStore
 
@@ -227,6 +228,30 @@ class ClusterMember:
         except Exception as exc:  # noqa: BLE001 - created concurrently, or not now: FindCoordinator answers retriably
             if OFFSETS_TOPIC not in self.view.state.topics:
                 log.info("cluster: %s not created yet: %s", OFFSETS_TOPIC, exc)
+
+    # --- users (SCRAM credentials: mqk.broker.security.users owns their format) ---------------------------------
+
+    def users(self) -> dict[str, tuple[int, bytes]]:
+        """User name -> (its key's mod revision, its stored value), as this broker's view last saw them."""
+        return self.view.state.users
+
+    async def write_user(
+        self,
+        name: str,
+        value: bytes | None,
+        revision: int,
+        timeout: float = 5.0,  # noqa: ASYNC109 - how long to wait for the view to show the write (False after)
+    ) -> bool:
+        """Store (None: delete) user `name`'s value if its key is still at mod revision `revision` (0: the user
+        does not exist). Whether it was written; when it was, this broker's view shows it on return (or after
+        `timeout`: the watch is late). MetaUnavailable when etcd cannot be reached."""
+        key = self.node.keys.user(name)
+        guard = Compare(key, "mod", "==", revision) if revision else Compare(key, "version", "==", 0)
+        change: Put | Delete = Put(key, value) if value is not None else Delete(key)
+        written, at = await self.node.meta.txn_at([guard], [change])
+        if written:
+            await self.view.wait_until(lambda s: s.revision >= at, timeout)
+        return written
 
     def require_topic(self, name: str) -> TopicRecord:
         record = self.topic(name)

@@ -11,6 +11,7 @@
     pid-blocks                   int              the next free producer id
     requests/<id>                RequestRecord    a metadata change asked of the controller    (the asker's lease)
     results/<id>                 ResultRecord     its outcome, for the asker                    (the asker's lease)
+    users/<quoted name>          (bytes)          a user's SCRAM credentials (mqk.broker.security.users reads them)
 
 Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
 damaged or foreign key is logged and skipped, never trusted.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import quote, unquote
 
 from mqk.errors import MqkError
 
@@ -44,6 +46,7 @@ class Keys:
         self.pid_blocks = self.root + "pid-blocks"
         self.requests = self.root + "requests/"
         self.results = self.root + "results/"
+        self.users = self.root + "users/"
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
@@ -68,6 +71,13 @@ class Keys:
 
     def result(self, request_id: str) -> str:
         return self.results + request_id
+
+    def user(self, name: str) -> str:
+        """A user's key: the name percent-encoded, so any name (one with '/' too) is one key."""
+        return self.users + quote(name, safe="")
+
+    def user_name(self, key: str) -> str:
+        return unquote(key[len(self.users) :])
 
 
 def _load(data: bytes, what: str) -> dict[str, Any]:

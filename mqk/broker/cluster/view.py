@@ -57,6 +57,8 @@ class ClusterState:
     requests: dict[str, tuple[int, RequestRecord]] = field(default_factory=dict)
     #: the controller's answers not yet collected by their askers
     results: dict[str, ResultRecord] = field(default_factory=dict)
+    #: user name -> (its key's mod revision, its value): SCRAM credentials, decoded by mqk.broker.security.users
+    users: dict[str, tuple[int, bytes]] = field(default_factory=dict)
 
 
 class ClusterView:
@@ -193,6 +195,8 @@ class ClusterView:
                 state.requests[key[len(keys.requests) :]] = (record.create_revision, RequestRecord.decode(record.value))
             elif key.startswith(keys.results):
                 state.results[key[len(keys.results) :]] = ResultRecord.decode(record.value)
+            elif key.startswith(keys.users):
+                state.users[keys.user_name(key)] = (record.mod_revision, record.value)
             elif key == keys.controller_epoch or key == keys.pid_blocks:
                 load_int(record.value, key)
         except Malformed as exc:
@@ -221,6 +225,8 @@ class ClusterView:
             state.requests.pop(key[len(keys.requests) :], None)
         elif key.startswith(keys.results):
             state.results.pop(key[len(keys.results) :], None)
+        elif key.startswith(keys.users):
+            state.users.pop(keys.user_name(key), None)
 
     def disconnected(self) -> None:
         """The watch broke: the view stays as it is until the next listing."""

@@ -49,6 +49,9 @@ class ApiKey:
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
     OFFSET_FOR_LEADER_EPOCH = 23
+    SASL_AUTHENTICATE = 36
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -83,6 +86,9 @@ _KAFKA_41_MAX = {
     ApiKey.OFFSET_DELETE: 0,
     ApiKey.DESCRIBE_CLUSTER: 2,
     ApiKey.OFFSET_FOR_LEADER_EPOCH: 4,
+    ApiKey.SASL_AUTHENTICATE: 2,
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: 0,
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: 0,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

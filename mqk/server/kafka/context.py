@@ -1,9 +1,11 @@
 """What a Kafka handler may use: `KafkaContext`, built once by the KafkaServer and handed to every handler.
 
 A handler sees the broker's services (the store, the topic registry, the group coordinator, the producer-id
-state, the wake-up hub, the clock), this broker's identity and advertised listener address, and the API versions
-it serves; not the server, its connections or its sockets. From the connection that sent the request it sees
-only `Peer`: whether it is closed (a long poll stops waiting) and the client's host (group membership shows it).
+state, the wake-up hub, the clock, the security services), this broker's identity and advertised listener address,
+and the API versions it serves; not the server, its connections or its sockets. From the connection that sent the
+request it sees only `Peer`: whether it is closed (a long poll stops waiting), the client's host (group membership
+shows it), the principal it acts as (what the authorizer is asked about), and the listener it came in through with
+the address this broker is reached at there (Metadata answers with the addresses of that listener).
 
 Handlers are `async def handler(ctx, peer, request) -> body`; see mqk.server.kafka.handlers. A handler names its
 API's generated types (mqk.protocol.kafka.messages): it takes a `KafkaRequest[<Api>Request]` and returns the
@@ -21,12 +23,14 @@ from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.logsizes import LogSizes
 from mqk.broker.replication import Replication
+from mqk.broker.security import Principal, Security
 from mqk.broker.stats import Traffic
 from mqk.broker.topics import TopicRegistry
 from mqk.clock import Clock
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.groups.coordinator import GroupCoordinator
 from mqk.server.kafka.idempotence import ProducerStates
+from mqk.server.listeners import KafkaListener
 from mqk.store.manager import StoreManager
 
 
@@ -38,6 +42,17 @@ class Peer(Protocol):
 
     @property
     def client_host(self) -> str: ...
+
+    @property
+    def principal(self) -> Principal: ...
+
+    @property
+    def listener(self) -> KafkaListener: ...
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """This broker's address on the peer's listener, as clients are to be told it."""
+        ...
 
 
 _Body_co = TypeVar("_Body_co", covariant=True)
@@ -75,7 +90,8 @@ class KafkaContext:
     supported: dict[int, tuple[int, int]]
     node_id: int
     cluster_id: str
-    #: the listener's advertised address: what was bound (port 0 resolved) once the server has started
+    #: the first listener's advertised address (what was bound, port 0 resolved, unless configured) once the server
+    #: has started; handlers answering with addresses use the requesting peer's listener (`Peer.advertised`)
     host: str
     port: int
     #: id(TopicConfig) -> (that config, its produce limits); see handlers.produce._limits
@@ -90,6 +106,8 @@ class KafkaContext:
     traffic: Traffic | None = None
     #: per-partition log sizes (DescribeLogDirs); None only for a context built without a broker's
     log_sizes: LogSizes | None = None
+    #: users, SASL mechanisms and the authorizer hook (the broker's; None only for a context built without one)
+    security: Security | None = None
 
 
 class CloseConnection:

@@ -1,6 +1,7 @@
 """A minimal asyncio Kafka client over mqk's own codec, for tests and tools: send any request at any version,
 read responses in order, and write raw bytes (for bad-input tests). Not a production client: no retries, no
-metadata cache, one connection.
+metadata cache, one connection. It speaks TLS (`ssl=`, a client context: `client_ssl_context`) and authenticates
+with SASL PLAIN or SCRAM (`authenticate`, SaslHandshake v1 + SaslAuthenticate), as the `mqk` admin commands need.
 
 Also `make_batch`, which builds a record batch v2 with the `_fast` kernel, for produce tests.
 """
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as ssl_module
 import struct
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from mqk._fast import load
+from mqk.broker.security.scram import MECHANISMS, ScramClient
+from mqk.errors import KafkaError
+from mqk.protocol.kafka.api import ApiKey
 from mqk.protocol.kafka.codec import decode_response_frame, encode_request
 
 recbatch = load("recbatch")
@@ -59,9 +64,29 @@ class RawKafkaClient:
         self._sent: list[tuple[int, int, int]] = []  # (correlation id, api key, version) awaiting a response
 
     @classmethod
-    async def connect(cls, host: str, port: int, client_id: str = "raw") -> RawKafkaClient:
-        reader, writer = await asyncio.open_connection(host, port)
+    async def connect(
+        cls, host: str, port: int, client_id: str = "raw", *, ssl: ssl_module.SSLContext | None = None
+    ) -> RawKafkaClient:
+        reader, writer = await asyncio.open_connection(host, port, ssl=ssl, server_hostname=host if ssl else None)
         return cls(reader, writer, client_id)
+
+    async def authenticate(self, mechanism: str, username: str, password: str) -> None:
+        """SASL on a SASL listener: SaslHandshake v1, then the mechanism's SaslAuthenticate (v2) exchange. Raises the
+        Kafka error the broker answered (mqk.errors), or AuthenticationFailed when the server's SCRAM signature
+        does not check out."""
+        shake = await self.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": mechanism})
+        _raise(shake["error_code"], f"SASL mechanism {mechanism} (the broker offers {shake['mechanisms']})")
+        if mechanism == "PLAIN":
+            await self._sasl_step(b"\x00" + username.encode() + b"\x00" + password.encode())
+            return
+        scram = ScramClient(MECHANISMS[mechanism], username, password)
+        server_first = await self._sasl_step(scram.first())
+        scram.verify(await self._sasl_step(scram.final(server_first)))
+
+    async def _sasl_step(self, token: bytes) -> bytes:
+        answer = await self.call(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": token})
+        _raise(answer["error_code"], answer.get("error_message") or "SASL authentication")
+        return bytes(answer["auth_bytes"])
 
     def send(self, api_key: int, version: int, body: dict[str, Any], expect_response: bool = True) -> int:
         self._correlation += 1
@@ -117,3 +142,20 @@ class RawKafkaClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
+
+
+def _raise(code: int, message: str) -> None:
+    if code:
+        raise KafkaError.for_code(code)(message)
+
+
+def client_ssl_context(
+    cafile: str | None = None, certfile: str | None = None, keyfile: str | None = None, password: str | None = None
+) -> ssl_module.SSLContext:
+    """A client context: the server checked against `cafile` (the system's CAs without one) and its host name; a
+    client certificate when `certfile` is given."""
+    context = ssl_module.create_default_context(cafile=cafile)
+    context.minimum_version = ssl_module.TLSVersion.TLSv1_2
+    if certfile:
+        context.load_cert_chain(certfile, keyfile, password)
+    return context

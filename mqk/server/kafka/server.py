@@ -1,8 +1,13 @@
-"""The Kafka listener: an asyncio Protocol per connection feeding the sans-IO codec, and the handlers' context.
+"""The Kafka listeners: an asyncio Protocol per connection feeding the sans-IO codec, and the handlers' context.
 
 What this module owns:
 - the handlers' context (`KafkaContext`): built once from the shared broker services (mqk.broker) and the
   Kafka-only state (group coordinator, producer-id state); handlers see it, never the server;
+- the listeners (mqk.server.listeners): the unnamed PLAINTEXT one and every named one, each with its security
+  protocol: TLS below the connection for SSL and SASL_SSL (mqk.server.tls), and on SASL listeners a connection
+  class (`SaslKafkaConnection`) that serves only ApiVersions, SaslHandshake and SaslAuthenticate until the client
+  has authenticated. Every connection carries its `principal` (`User:ANONYMOUS`, the client certificate's user on
+  SSL, the SASL user); a PLAINTEXT connection does no per-request work for any of it;
 - framing errors and protocol errors: a negative or oversized frame, an unknown api key, an unsupported version
   (other than ApiVersions) or bytes that do not decode close *that* connection with one log line; nothing else
   is disturbed;
@@ -25,14 +30,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
+import struct
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from mqk import errors as E
 from mqk.broker import Broker
+from mqk.broker.security import USER, AuthenticationFailed, Principal, SaslServer
+from mqk.broker.security.principal import ANONYMOUS, NoMatchingRule
 from mqk.clock import Clock
-from mqk.config import BrokerConfig
+from mqk.config import SSL, BrokerConfig
 from mqk.errors import FrameTooLarge, ProtocolError
 from mqk.groups.coordinator import GroupCoordinator
 from mqk.protocol.kafka import api
@@ -41,6 +51,8 @@ from mqk.server.kafka.context import Answer, CloseConnection, Grouping, Handler,
 from mqk.server.kafka.handlers import GROUPED, HANDLERS
 from mqk.server.kafka.idempotence import ProducerStates
 from mqk.server.kafka.metering import count_errors
+from mqk.server.listeners import KafkaListener, advertised_address, kafka_listeners
+from mqk.server.tls import TlsServer, create_server, server_context
 from mqk.store.adapter import Buffer
 from mqk.store.manager import StoreManager
 
@@ -51,7 +63,7 @@ MAX_IN_FLIGHT = 64
 #: answers are gathered into one writelines call until they reach this size (asyncio's default high-water mark)
 FLUSH_BYTES = 64 * 1024
 
-__all__ = ["FLUSH_BYTES", "MAX_IN_FLIGHT", "CloseConnection", "KafkaConnection", "KafkaServer"]
+__all__ = ["FLUSH_BYTES", "MAX_IN_FLIGHT", "CloseConnection", "KafkaConnection", "KafkaServer", "SaslKafkaConnection"]
 
 
 class KafkaServer:
@@ -69,7 +81,9 @@ class KafkaServer:
         self.grouped: dict[int, Grouping] = GROUPED
         self.groups = GroupCoordinator.from_config(config, store, clock=self.broker.clock)
         self.producers = ProducerStates(store, clock=self.broker.clock)
-        host, port = config.kafka_listen
+        #: every Kafka listener, the first one's address as ctx.host/port
+        self.listeners: list[KafkaListener] = kafka_listeners(config)
+        host, port = self.listeners[0].config.host, self.listeners[0].config.port
         self.ctx = KafkaContext(
             config=config,
             store=store,
@@ -86,8 +100,9 @@ class KafkaServer:
             port=port,
             traffic=None if self.broker.stats is None else self.broker.stats.traffic,
             log_sizes=self.broker.log_sizes,
+            security=self.broker.security,
         )
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[KafkaConnection] = set()
         #: requests and connections counted for /metrics (None with metrics off)
         self.meter = None if self.broker.stats is None else self.broker.stats.meter("kafka", "kafka")
@@ -102,37 +117,63 @@ class KafkaServer:
 
     @property
     def host(self) -> str:
-        return self.ctx.host
+        """The first listener's bound host (where this process's own clients connect)."""
+        bound = self.listeners[0].bound
+        return bound[0] if bound is not None else self.ctx.host
 
     @property
     def port(self) -> int:
-        return self.ctx.port
+        bound = self.listeners[0].bound
+        return bound[1] if bound is not None else self.ctx.port
+
+    def _tls(self, listener: KafkaListener, contexts: dict[str, ssl.SSLContext]) -> TlsServer | None:
+        if not listener.tls:
+            return None
+        tls = self.config.tls
+        # ssl.client.auth applies to SSL listeners; a SASL_SSL client authenticates with SASL (Kafka, KIP-684)
+        client_auth = tls.client_auth if listener.protocol == SSL else "none"
+        if client_auth not in contexts:
+            contexts[client_auth] = server_context(tls, client_auth)
+        name = f"kafka listener {listener.describe()}"
+        return TlsServer(contexts[client_auth], tls.handshake_timeout_ms / 1000, name)
 
     async def start(self) -> tuple[str, int]:
+        """Bind every listener; the first one's bound address."""
         await self.producers.start()
         self.broker.open()
-        loop = asyncio.get_running_loop()
-        host, port = self.config.kafka_listen
-        self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True)
-        sockname = self._server.sockets[0].getsockname()
-        # advertise exactly what we bound (port 0 resolved), as Metadata's broker address
-        self.ctx.host, self.ctx.port = sockname[0], sockname[1]
-        log.info("kafka listener on %s:%d", self.host, self.port)
-        return self.host, self.port
+        contexts: dict[str, ssl.SSLContext] = {}
+        for listener in self.listeners:
+            conn_class = SaslKafkaConnection if listener.sasl else KafkaConnection
+            server = await create_server(
+                functools.partial(conn_class, self, listener),
+                listener.config.host,
+                listener.config.port,
+                self._tls(listener, contexts),
+                reuse_address=True,
+            )
+            self._servers.append(server)
+            sockname = server.sockets[0].getsockname()
+            listener.bound = (sockname[0], sockname[1])
+            listener.advertised = advertised_address(self.config, listener.key, listener.bound)
+            log.info("kafka listener %s on %s:%d", listener.describe(), *listener.bound)
+        first = self.listeners[0]
+        assert first.bound is not None
+        self.ctx.host, self.ctx.port = first.advertised or first.bound
+        return first.bound
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for conn in list(self.connections):
             conn.close("broker stopping", level=logging.INFO)
         self.broker.release_waiters()
         self.groups.close()
-        if self._server is not None:
+        for server in self._servers:
             try:
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                await asyncio.wait_for(server.wait_closed(), 5)
             except TimeoutError:
                 log.warning("kafka listener: connections still open after 5 s at stop")
-            self._server = None
+        self._servers = []
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -140,13 +181,18 @@ class KafkaConnection(asyncio.BufferedProtocol):
     A buffered protocol: the transport reads straight into the codec's buffer (no bytes object per read, no
     copy to assemble a frame)."""
 
-    def __init__(self, server: KafkaServer) -> None:
+    def __init__(self, server: KafkaServer, listener: KafkaListener | None = None) -> None:
         self.server = server
         self.ctx = server.ctx
         self.codec = KafkaConnectionCodec(server.config.socket_request_max_bytes, server.ctx.supported)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.client_host = ""
+        #: the listener this connection came in through, and this broker's address there for this client
+        self.listener = listener if listener is not None else server.listeners[0]
+        self.advertised: tuple[str, int] = (self.ctx.host, self.ctx.port)
+        #: who this connection acts as (SSL: the client certificate's user; SASL: the authenticated user)
+        self.principal: Principal = ANONYMOUS
         #: (request, task) in arrival order; the head is written as soon as its task is done
         self.pending: deque[tuple[Request, asyncio.Future[Any]]] = deque()
         self.reading_paused = False
@@ -174,6 +220,20 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.server.connections.add(self)
         if self.meter is not None:
             self.meter.connections_accepted += 1
+        listener = self.listener
+        if listener.advertised is not None:
+            self.advertised = listener.advertised
+        else:  # bound to every interface: the address this client reached
+            local = transport.get_extra_info("sockname")
+            if local:
+                self.advertised = (local[0], local[1])
+        if listener.protocol == SSL:
+            security = self.ctx.security
+            assert security is not None
+            try:
+                self.principal = security.principals.principal(transport.get_extra_info("peercert"))
+            except NoMatchingRule as exc:
+                self.close(f"client certificate refused: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -418,6 +478,196 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._arrived.clear()
         for task in list(self._group_tasks):
             task.cancel()
+
+
+#: what the client is told when its authentication fails (the broker's log says why); Kafka's words
+_FAILED = "Authentication failed during authentication due to invalid credentials with SASL mechanism {}"
+_SIZE = struct.Struct(">i")
+
+
+class SaslKafkaConnection(KafkaConnection):
+    """A connection on a SASL listener (SASL_PLAINTEXT, SASL_SSL). Until it authenticates it is a small state machine
+    of its own, one request at a time, in Kafka's order: ApiVersions (any number), SaslHandshake (the mechanism),
+    then the mechanism's tokens, in SaslAuthenticate requests after a v1 handshake or as raw size-prefixed frames
+    after a v0 one. Any other request, or one out of that order, closes the connection with a log line. Requests
+    are limited to `sasl_max_receive_bytes` until then (an anonymous peer cannot make the broker hold 100 MB).
+
+    A failed authentication is answered SASL_AUTHENTICATION_FAILED (a raw-token exchange cannot be answered: it is
+    closed) after a delay that grows with the failures from that address (mqk.broker.security.failures), then the
+    connection is closed. Once authenticated, the connection serves every API through the ordinary pipeline; the
+    only cost left is one attribute test per read."""
+
+    def __init__(self, server: KafkaServer, listener: KafkaListener | None = None) -> None:
+        super().__init__(server, listener)
+        self.authenticated = False
+        self.codec.max_request_bytes = min(server.config.sasl_max_receive_bytes, server.config.socket_request_max_bytes)
+        self._sasl: SaslServer | None = None
+        self._mechanism = ""
+        #: after a v0 SaslHandshake the tokens come as raw size-prefixed frames, not requests
+        self._raw_tokens = False
+        #: an exchange step is running off the loop (PLAIN's key derivation) or a failure is being delayed
+        self._busy = False
+        self._peer_host = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self._peer_host = str(peer[0]) if peer else "?"
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.authenticated:
+            super().buffer_updated(nbytes)
+            return
+        if self.closed:
+            return
+        self.codec.buffer_updated(nbytes)
+        self._authenticate()
+
+    def _authenticate(self) -> None:
+        """Serve the buffered requests of the exchange, one at a time, until it waits, fails or succeeds."""
+        security = self.ctx.security
+        assert security is not None
+        while not self.closed and not self.authenticated and not self._busy:
+            try:
+                if self._raw_tokens:
+                    frame = self.codec.next_frame()
+                    if frame is None:
+                        break
+                    self._evaluate(bytes(frame), None)
+                    continue
+                req = self.codec.next_request()
+            except FrameTooLarge as exc:
+                self.close(f"refused frame before authentication: {exc}")
+                return
+            except ProtocolError as exc:
+                self.close(f"protocol error before authentication: {exc}")
+                return
+            if req is None:
+                break
+            key = req.api_key
+            if key == api.ApiKey.API_VERSIONS and self._sasl is None:
+                self._dispatch(req)  # answered at once (its handler never waits)
+            elif key == api.ApiKey.SASL_HANDSHAKE and self._sasl is None:
+                self._handshake(req, security.mechanisms)
+            elif key == api.ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
+                self._evaluate(bytes(req.body["auth_bytes"]), req)
+            else:
+                name = api.NAMES.get(key, key)
+                self.close(
+                    f"{name} request before authentication (only ApiVersions, SaslHandshake and SaslAuthenticate, "
+                    "in that order, are served until then)"
+                )
+                return
+        self._flush()
+        if self.authenticated and not self.closed and self.codec.buffered:
+            self._decode()  # requests the client sent right behind its last token
+
+    def _handshake(self, req: Request, mechanisms: tuple[str, ...]) -> None:
+        security = self.ctx.security
+        assert security is not None
+        mechanism = req.body["mechanism"]
+        if mechanism not in mechanisms:
+            self._respond(req, {"error_code": E.UnsupportedSaslMechanismError.code, "mechanisms": list(mechanisms)})
+            self.close(f"SASL mechanism {mechanism!r} is not enabled (enabled: {', '.join(mechanisms)})")
+            return
+        self._sasl = security.sasl_server(mechanism)
+        self._mechanism = mechanism
+        self._raw_tokens = req.api_version == 0
+        self._respond(req, {"error_code": 0, "mechanisms": list(mechanisms)})
+
+    def _evaluate(self, token: bytes, req: Request | None) -> None:
+        server = self._sasl
+        assert server is not None
+        if server.blocking:
+            self._run_step(self._evaluate_off_loop(server, token, req))
+            return
+        try:
+            challenge = server.evaluate(token)
+        except AuthenticationFailed as exc:
+            self._run_step(self._fail(req, exc))
+            return
+        self._answer(req, challenge, server)
+
+    def _run_step(self, step: Coroutine[Any, Any, None]) -> None:
+        """Run a step of the exchange that waits, reading nothing meanwhile."""
+        self._busy = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        task = self.loop.create_task(step)
+        self._group_tasks.add(task)  # (cancelled with the connection)
+        task.add_done_callback(self._step_done)
+
+    def _step_done(self, task: asyncio.Task[None]) -> None:
+        self._group_tasks.discard(task)
+        self._busy = False
+        if self.closed:
+            return
+        if not task.cancelled() and task.exception() is not None:
+            log.error("kafka connection %s: SASL step failed", self.peer, exc_info=task.exception())
+            self.close("SASL error")
+            return
+        if self.transport is not None:
+            self.transport.resume_reading()
+        if self.authenticated:
+            self._flush()
+            if self.codec.buffered:
+                self._decode()
+        else:
+            self._authenticate()
+
+    async def _evaluate_off_loop(self, server: SaslServer, token: bytes, req: Request | None) -> None:
+        try:
+            challenge = await asyncio.to_thread(server.evaluate, token)
+        except AuthenticationFailed as exc:
+            await self._fail(req, exc)
+            return
+        if not self.closed:
+            self._answer(req, challenge, server)
+
+    def _answer(self, req: Request | None, challenge: bytes, server: SaslServer) -> None:
+        if req is None:
+            self._out.append(_SIZE.pack(len(challenge)) + challenge)
+        else:
+            self._respond(
+                req, {"error_code": 0, "error_message": None, "auth_bytes": challenge, "session_lifetime_ms": 0}
+            )
+        if server.complete:
+            security = self.ctx.security
+            assert security is not None and server.username is not None
+            self.principal = Principal(USER, server.username)
+            self.authenticated = True
+            self._raw_tokens = False
+            self.codec.max_request_bytes = self.server.config.socket_request_max_bytes
+            security.failures.succeeded(self._peer_host)
+            log.debug("kafka connection %s: authenticated as %s (%s)", self.peer, self.principal, self._mechanism)
+        self._flush()
+
+    async def _fail(self, req: Request | None, exc: AuthenticationFailed) -> None:
+        security = self.ctx.security
+        assert security is not None
+        delay = security.failures.failed(self._peer_host)
+        log.info(
+            "kafka connection %s: failed authentication (%s, user %r): %s; answered in %.2f s",
+            self.peer,
+            self._mechanism,
+            self._sasl.username if self._sasl is not None else None,
+            exc,
+            delay,
+        )
+        await self.ctx.clock.sleep(delay)
+        if self.closed:
+            return
+        if req is not None:
+            self._respond(
+                req,
+                {
+                    "error_code": E.SaslAuthenticationFailedError.code,
+                    "error_message": _FAILED.format(self._mechanism),
+                    "auth_bytes": b"",
+                    "session_lifetime_ms": 0,
+                },
+            )
+        self.close("authentication failed", level=logging.DEBUG)
 
 
 async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:

@@ -9,7 +9,8 @@ clients send to the others.
 
 GET_ROUTEINFO_BY_TOPIC answers TOPIC_NOT_EXIST for unknown topics, except the auto-create key topic (TBW102) while
 `auto_create_topics` is on: RocketMQ producers fetch its route to send to new topics, which the broker then creates.
-JSON bodies use standard JSON (quoted map keys), which fastjson and ali-ons both read.
+JSON bodies use standard JSON (quoted map keys), which fastjson and ali-ons both read. With `namesrv_tls` the
+name server takes TLS only (the `[tls]` certificate).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mqk.protocol.native.codes import (
     ResponseCode,
 )
 from mqk.protocol.native.command import RemotingCommand
-from mqk.server.native.remoting import Connection, RemotingServer
+from mqk.server.native.remoting import Connection, RemotingServer, remoting_tls
 from mqk.store.manager import StoreManager
 
 
@@ -50,7 +51,12 @@ class NameServer:
         self.topics = topics if topics is not None else TopicRegistry(store, config)
         self.broker_addr = broker_addr
         self._remoting = RemotingServer(
-            config.namesrv_listen, self.dispatch, config.native_max_frame_bytes, "rocketmq-namesrv", meter
+            config.namesrv_listen,
+            self.dispatch,
+            config.native_max_frame_bytes,
+            "rocketmq-namesrv",
+            meter,
+            tls=remoting_tls(config, "rocketmq-namesrv") if config.namesrv_tls else None,
         )
         self.address: tuple[str, int] | None = None
 

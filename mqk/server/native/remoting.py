@@ -4,6 +4,8 @@ Owns sockets only: it frames bytes with `FrameDecoder`, hands each request to th
 (a long-polling pull must not hold up the heartbeat behind it on the same connection), writes responses in the
 order they complete (clients match them by opaque), drops responses to oneway requests, and closes the connection
 on a protocol error (oversized frame, impossible header) after logging why. It never interprets a request.
+With `tls`, every connection is behind the TLS layer (mqk.server.tls): the request loop starts only once the
+handshake is done.
 Back-pressure: at most `MAX_INFLIGHT` requests run per connection; reading pauses while they do, and writes wait
 for the transport to drain.
 """
@@ -17,9 +19,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 from mqk.broker.stats import RequestMeter
+from mqk.config import BrokerConfig
 from mqk.errors import ProtocolError
 from mqk.protocol.native.codes import FLAG_ONEWAY, ResponseCode
 from mqk.protocol.native.command import FrameDecoder, HeaderFieldError, RemotingCommand
+from mqk.server.tls import TlsServer, create_server, server_context
 
 log = logging.getLogger("mqk.native")
 
@@ -90,20 +94,31 @@ class RemotingServer:
         max_frame_bytes: int,
         name: str,
         meter: RequestMeter | None = None,
+        *,
+        tls: TlsServer | None = None,
     ) -> None:
         """`meter`: where requests (by request code), their answers' codes and connections are counted for
-        /metrics; None counts nothing."""
+        /metrics; None counts nothing. `tls`: the listener's TLS (None: plain TCP)."""
         self.listen = listen
         self.meter = meter
         self.dispatch = dispatch
         self.max_frame_bytes = max_frame_bytes
         self.name = name
+        self.tls = tls
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, self.listen[0], self.listen[1])
+        if self.tls is None:
+            self._server = await asyncio.start_server(self._serve, self.listen[0], self.listen[1])
+        else:
+            loop = asyncio.get_running_loop()
+
+            def streams() -> asyncio.StreamReaderProtocol:  # what asyncio.start_server makes per connection
+                return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), self._serve, loop=loop)
+
+            self._server = await create_server(streams, self.listen[0], self.listen[1], self.tls)
         host, port = self._server.sockets[0].getsockname()[:2]
         return str(host), int(port)
 
@@ -183,3 +198,10 @@ class RemotingServer:
                 await conn.send(response)
         finally:
             inflight.release()
+
+
+def remoting_tls(config: BrokerConfig, name: str) -> TlsServer:
+    """The TLS settings of a RocketMQ remoting listener (the broker's or the name server's): the `[tls]` certificate,
+    client certificates as its `client_auth` says."""
+    tls = config.tls
+    return TlsServer(server_context(tls, tls.client_auth), tls.handshake_timeout_ms / 1000, name)

@@ -2,7 +2,8 @@
 
 Wires the processors (one per request family: send, pull, offsets, clients, admin, stats) to request codes; an unknown
 code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. ACL ext fields (AccessKey, Signature, ...) are
-accepted and ignored: mqk has no ACL yet. The processors share the broker services (mqk.broker) with the Kafka
+accepted and ignored: mqk has no ACL yet. With `native_tls` the listener takes TLS only (the `[tls]`
+certificate). The processors share the broker services (mqk.broker) with the Kafka
 listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
 """
 
@@ -20,7 +21,7 @@ from mqk.server.native.clients import ClientManager
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.offsets import OffsetProcessor
 from mqk.server.native.pull import PullProcessor
-from mqk.server.native.remoting import Connection, RemotingServer
+from mqk.server.native.remoting import Connection, RemotingServer, remoting_tls
 from mqk.server.native.send import SendProcessor
 from mqk.server.native.stats import StatsProcessor
 from mqk.server.native.transaction import TransactionService
@@ -91,6 +92,7 @@ class NativeServer:
             config.native_max_frame_bytes,
             "rocketmq-broker",
             None if stats is None else stats.meter("rocketmq", "rocketmq"),
+            tls=remoting_tls(config, "rocketmq-broker") if config.native_tls else None,
         )
         self.address: tuple[str, int] | None = None
 

@@ -29,7 +29,9 @@ from mqk.server.kafka.handlers import (
     metadata,
     offsets,
     produce,
+    sasl,
     topics,
+    users,
 )
 
 HANDLERS: dict[int, Handler] = {
@@ -46,7 +48,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.SYNC_GROUP: groups.sync_group,
     ApiKey.DESCRIBE_GROUPS: groups.describe_groups,
     ApiKey.LIST_GROUPS: groups.list_groups,
-    ApiKey.SASL_HANDSHAKE: cluster.sasl_handshake,
+    ApiKey.SASL_HANDSHAKE: sasl.sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: sasl.sasl_authenticate,
     ApiKey.API_VERSIONS: api_versions.handle,
     ApiKey.CREATE_TOPICS: topics.create_topics,
     ApiKey.DELETE_TOPICS: topics.delete_topics,
@@ -62,6 +65,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_DELETE: groups.offset_delete,
     ApiKey.DESCRIBE_CLUSTER: cluster.describe_cluster,
     ApiKey.OFFSET_FOR_LEADER_EPOCH: leader_epochs.handle,
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: users.describe_user_scram_credentials,
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: users.alter_user_scram_credentials,
 }
 
 GROUPED: dict[int, Grouping] = {

@@ -1,17 +1,15 @@
-"""DescribeCluster, InitProducerId, SaslHandshake: small answers about this broker (and, in cluster mode, the
-brokers of its cluster: mqk.server.kafka.handlers.metadata).
+"""DescribeCluster, InitProducerId: small answers about this broker (and, in cluster mode, the brokers of its
+cluster, at the addresses of the requesting client's listener: mqk.server.kafka.handlers.metadata).
 
 InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence). Transactions are not offered:
 a transactional id is refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather
-than retrying forever. SASL is not offered yet: SaslHandshake answers UNSUPPORTED_SASL_MECHANISM with an empty
-mechanism list."""
+than retrying forever."""
 
 from __future__ import annotations
 
 from mqk import errors as E
 from mqk.protocol.kafka.messages.describe_cluster import DescribeClusterRequest, DescribeClusterResponse
 from mqk.protocol.kafka.messages.init_producer_id import InitProducerIdRequest, InitProducerIdResponse
-from mqk.protocol.kafka.messages.sasl_handshake import SaslHandshakeRequest, SaslHandshakeResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
 from mqk.server.kafka.handlers.metadata import brokers_and_controller
@@ -20,7 +18,7 @@ from mqk.server.kafka.handlers.metadata import brokers_and_controller
 async def describe_cluster(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeClusterRequest]
 ) -> DescribeClusterResponse:
-    brokers, controller = brokers_and_controller(ctx)
+    brokers, controller = brokers_and_controller(ctx, peer)
     return {
         "throttle_time_ms": 0,
         "error_code": NONE,
@@ -53,9 +51,3 @@ async def init_producer_id(
         "ongoing_txn_producer_id": -1,
         "ongoing_txn_producer_epoch": -1,
     }
-
-
-async def sasl_handshake(
-    ctx: KafkaContext, peer: Peer, req: KafkaRequest[SaslHandshakeRequest]
-) -> SaslHandshakeResponse:
-    return {"error_code": E.UnsupportedSaslMechanismError.code, "mechanisms": []}

@@ -44,7 +44,7 @@ async def find_coordinator(
     body = req.body
     key_type = body.get("key_type", GROUP_KEY)
     keys = body["coordinator_keys"] if req.api_version >= 4 else [body["key"]]
-    found = [await _coordinator(ctx, key, key_type) for key in keys]
+    found = [await _coordinator(ctx, peer, key, key_type) for key in keys]
     if req.api_version >= 4:
         return {
             "throttle_time_ms": 0,
@@ -64,17 +64,20 @@ async def find_coordinator(
     }
 
 
-async def _coordinator(ctx: KafkaContext, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
-    """(error code, message, node id, host, port) of the coordinator of `key`."""
+async def _coordinator(ctx: KafkaContext, peer: Peer, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
+    """(error code, message, node id, host, port) of the coordinator of `key`, on the requesting client's listener."""
     if key_type != GROUP_KEY:  # transactions are not offered (InitProducerId refuses them)
         return E.CoordinatorNotAvailableError.code, "transactions are not supported", -1, "", -1
     cluster = ctx.cluster
     if cluster is None:  # this broker coordinates every group
-        return NONE, None, ctx.node_id, ctx.host, ctx.port
+        return NONE, None, ctx.node_id, *peer.advertised
     await cluster.ensure_offsets_topic()
     node = cluster.coordinator(key)
     record = cluster.view.broker(node) if node >= 0 else None
-    address = record.address("kafka") if record is not None else None
+    if node == ctx.node_id:
+        address: tuple[str, int] | None = peer.advertised
+    else:
+        address = record.address(peer.listener.key) if record is not None else None
     if address is None:
         return E.CoordinatorNotAvailableError.code, "the group's coordinator is not available now", -1, "", -1
     return NONE, None, node, address[0], address[1]

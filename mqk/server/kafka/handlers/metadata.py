@@ -95,14 +95,17 @@ def _cluster_topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponse
     }
 
 
-def brokers_and_controller(ctx: KafkaContext) -> tuple[list[MetadataResponseBroker], int]:
-    """The live brokers with their advertised Kafka listener, and the controller's node id (-1: none now)."""
+def brokers_and_controller(ctx: KafkaContext, peer: Peer) -> tuple[list[MetadataResponseBroker], int]:
+    """The live brokers with their advertised address on the listener `peer` came in through (Kafka's rule: a
+    broker without a listener of that name is left out), and the controller's node id (-1: none now)."""
     cluster = ctx.cluster
     if cluster is None:
-        return [{"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None}], ctx.node_id
+        host, port = peer.advertised
+        return [{"node_id": ctx.node_id, "host": host, "port": port, "rack": None}], ctx.node_id
     brokers: list[MetadataResponseBroker] = []
+    key = peer.listener.key
     for record in cluster.brokers():
-        address = record.address("kafka")
+        address = peer.advertised if record.node_id == ctx.node_id else record.address(key)
         if address is not None:
             brokers.append({"node_id": record.node_id, "host": address[0], "port": address[1], "rack": record.rack})
     return brokers, cluster.controller_id()
@@ -143,7 +146,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataReques
                 continue
             code, info = await get_or_create_topic(ctx, name, allow_create)
             topics.append(topic_entry(ctx, info) if info else _error_entry(name, None, code))
-    brokers, controller = brokers_and_controller(ctx)
+    brokers, controller = brokers_and_controller(ctx, peer)
     return {
         "throttle_time_ms": 0,
         "brokers": brokers,

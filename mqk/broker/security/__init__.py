@@ -1,0 +1,61 @@
+"""Security of the broker layer, protocol-neutral: who a client is, and the services the front doors use to find out.
+
+- `Security` (one per Broker): the user store, the SASL mechanisms this broker offers, the growing delay for failed
+  authentications, the client-certificate principal mapping, and the authorizer hook;
+- principal.py: `Principal` (`User:NAME`, `User:ANONYMOUS`) and Kafka's certificate-subject mapping rules;
+- sasl.py, scram.py: the SASL mechanisms PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 (sans-IO);
+- users.py: the SCRAM credentials (data dir, or etcd in cluster mode); failures.py: the failure delays;
+- authorizer.py: the hook an ACL authorizer plugs into (`ALLOW_ALL` until then).
+
+TLS itself (sockets, handshakes) belongs to the front doors (mqk.server.tls); SASL framing to each protocol.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from mqk.broker.cluster import ClusterMember
+from mqk.broker.security.authorizer import ALLOW_ALL, Authorizer
+from mqk.broker.security.errors import AuthenticationFailed
+from mqk.broker.security.failures import AuthFailureDelays
+from mqk.broker.security.principal import ANONYMOUS, USER, Principal, PrincipalMapper
+from mqk.broker.security.sasl import SaslServer, new_server
+from mqk.broker.security.users import Users
+from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.config import BrokerConfig
+from mqk.store.manager import StoreManager
+
+
+class Security:
+    def __init__(self, config: BrokerConfig, store: StoreManager, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.users = Users(store)
+        self.users.load()
+        #: what SASL listeners offer (Kafka's sasl.enabled.mechanisms)
+        self.mechanisms: tuple[str, ...] = tuple(config.sasl_enabled_mechanisms)
+        self.failures = AuthFailureDelays(
+            clock, config.auth_failure_delay_ms / 1000, config.auth_failure_delay_max_ms / 1000
+        )
+        self.principals = PrincipalMapper(config.tls.principal_mapping_rules)
+        #: the hook ACLs plug into
+        self.authorizer: Authorizer = ALLOW_ALL
+        #: made-up salts of unknown users derive from this (mqk.broker.security.scram)
+        self._mock_key = secrets.token_bytes(32)
+
+    def attach_cluster(self, cluster: ClusterMember) -> None:
+        self.users.attach_cluster(cluster)
+
+    def sasl_server(self, mechanism: str) -> SaslServer:
+        """A server for one exchange of an enabled `mechanism` (KeyError for another)."""
+        if mechanism not in self.mechanisms:
+            raise KeyError(mechanism)
+        return new_server(mechanism, self.users.credential, self._mock_key)
+
+
+__all__ = [
+    "ANONYMOUS",
+    "USER",
+    "AuthenticationFailed",
+    "Principal",
+    "SaslServer",
+    "Security",
+]

@@ -1,0 +1,38 @@
+"""The authorizer hook: whether a principal may perform an operation on a resource (Kafka's Authorizer interface,
+reduced to the one question every front door asks).
+
+Operations and resource types are Kafka's names (`READ`, `WRITE`, `DESCRIBE`, `ALTER`, ... on `TOPIC`, `GROUP`,
+`CLUSTER`, ...; the cluster resource is named `kafka-cluster`). Handlers ask `Security.authorizer`; the broker
+starts with `ALLOW_ALL`, which lets every principal do everything (what mqk did before it had principals). An ACL
+authorizer replaces it by assignment; nothing else changes for the handlers.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from mqk.broker.security.principal import Principal
+
+#: Kafka's resource types and operations as the handlers name them
+CLUSTER = "CLUSTER"
+CLUSTER_NAME = "kafka-cluster"
+DESCRIBE = "DESCRIBE"
+ALTER = "ALTER"
+
+
+class Authorizer(Protocol):
+    def authorize(
+        self, principal: Principal, host: str, operation: str, resource_type: str, resource_name: str
+    ) -> bool: ...
+
+
+class AllowAll:
+    """Every principal may do everything."""
+
+    def authorize(
+        self, principal: Principal, host: str, operation: str, resource_type: str, resource_name: str
+    ) -> bool:
+        return True
+
+
+ALLOW_ALL = AllowAll()

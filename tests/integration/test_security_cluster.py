@@ -1,0 +1,70 @@
+"""Security in cluster mode, for real (etcd and two `mqk serve --cluster` processes): users added through one broker
+are users of every broker (etcd's `users/` keys, followed by each broker's watch), and Metadata answers each client
+with every broker's address on the listener that client came in through (Kafka's rule)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from helpers import wait_until
+
+from mqk import errors as E
+from mqk.cluster_local import LocalCluster
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient
+
+
+def mqk_users(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mqk", "users", *args], capture_output=True, text=True, timeout=60)
+
+
+async def _call(address, api_key, version, body, *, sasl: tuple[str, str, str] | None = None) -> dict:
+    async with await RawKafkaClient.connect(*address) as client:
+        if sasl is not None:
+            await client.authenticate(*sasl)
+        return await client.call(api_key, version, body)
+
+
+def call(address, api_key, version, body, **kw) -> dict:
+    return asyncio.run(_call(address, api_key, version, body, **kw))
+
+
+def test_users_are_the_clusters_and_metadata_follows_the_clients_listener(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = mqk_cluster_factory(2, extra_args=("--listener", "SASL=SASL_PLAINTEXT://127.0.0.1:0"))
+    b0, b1 = cluster.brokers
+    assert set(b0.listeners) == set(b1.listeners) == {"SASL"}
+
+    added = mqk_users("add", "zoe", "--password", "zoe-pass", "--bootstrap", b0.bootstrap)
+    assert added.returncode == 0, added.stderr
+
+    def known_to_b1() -> bool:
+        found = call(b1.kafka, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, {"users": [{"name": "zoe"}]})
+        return found["results"][0]["error_code"] == 0
+
+    wait_until(known_to_b1, timeout=30, what="the user reaching the other broker")
+    zoe = ("SCRAM-SHA-256", "zoe", "zoe-pass")
+    meta = call(b1.listeners["SASL"], ApiKey.METADATA, 12, {"topics": None}, sasl=zoe)
+    by_node = {b["node_id"]: (b["host"], b["port"]) for b in meta["brokers"]}
+    assert by_node == {b0.node_id: b0.listeners["SASL"], b1.node_id: b1.listeners["SASL"]}
+    plain = call(b1.kafka, ApiKey.METADATA, 12, {"topics": None})
+    assert {b["node_id"]: (b["host"], b["port"]) for b in plain["brokers"]} == {
+        b0.node_id: b0.kafka,
+        b1.node_id: b1.kafka,
+    }
+
+    deleted = mqk_users("delete", "zoe", "--bootstrap", b1.bootstrap)
+    assert deleted.returncode == 0, deleted.stderr
+
+    def gone_from_b0() -> bool:
+        found = call(b0.kafka, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, {"users": [{"name": "zoe"}]})
+        return found["results"][0]["error_code"] == E.ResourceNotFoundError.code
+
+    wait_until(gone_from_b0, timeout=30, what="the deletion reaching the first broker")
+    with pytest.raises(E.SaslAuthenticationFailedError):
+        call(b0.listeners["SASL"], ApiKey.METADATA, 12, {"topics": None}, sasl=zoe)
