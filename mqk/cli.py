@@ -3,11 +3,12 @@
 `mqk serve` runs a broker: the embedded default is a file store under ./mqk-data, Kafka on 127.0.0.1:9092,
 RocketMQ remoting on 127.0.0.1:10911 and the name-server role on 127.0.0.1:9876. Port 0 in any listen flag picks a
 free port; once every listener is bound the broker prints one line to stdout:
-`mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`, then, where the broker has them, `replication=HOST:PORT`
-(cluster mode: where its group's replicas pull), `kafka.NAME=HOST:PORT` for each named Kafka listener (`--listener`;
-`kafka=` is the unnamed listener, or the first named one when `--kafka-listen off`) and `admin=HOST:PORT` (the admin
-listener, `--admin-listen`, default 127.0.0.1:9644). SIGTERM / SIGINT flush, close files, remove the abort marker and
-exit 0. `--log-format json` writes one JSON object per log line (mqk.logfmt).
+`mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`, then, where the broker has them,
+`replication=HOST:PORT` (cluster mode: where its group's replicas pull), `admin=HOST:PORT` (the admin listener,
+`--admin-listen`, default 127.0.0.1:9644) and last `kafka.NAME=HOST:PORT` for each named Kafka listener
+(`--listener`; `kafka=` is the unnamed listener, or the first named one when `--kafka-listen off`). SIGTERM / SIGINT
+flush, close files, remove the abort marker and exit 0. `--log-format json` writes one JSON object per log line
+(mqk.logfmt).
 
 `mqk cluster local` runs a cluster on this machine (mqk.cluster_local): etcd and N `mqk serve --cluster` processes on
 loopback, until SIGINT / SIGTERM.

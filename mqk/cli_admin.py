@@ -51,6 +51,20 @@ def _check(code: int, what: str, message: str | None = None) -> None:
         raise CommandError(f"{what}: {name} ({code}){': ' + message if message else ''}")
 
 
+def with_kafka_connection(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--bootstrap and Kafka's client security options, as every Kafka command of the CLI takes them."""
+    p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
+    security = p.add_argument_group("client security (Kafka)")
+    security.add_argument("--security-protocol", choices=SECURITY_PROTOCOLS, default="PLAINTEXT")
+    security.add_argument("--sasl-mechanism", choices=SASL_MECHANISMS, default="SCRAM-SHA-512")
+    security.add_argument("--sasl-username")
+    security.add_argument("--sasl-password", help="(default: the MQK_SASL_PASSWORD environment variable)")
+    security.add_argument("--ssl-cafile", help="PEM CA bundle the broker's certificate is checked against")
+    security.add_argument("--ssl-certfile", help="PEM client certificate (SSL listeners with client auth)")
+    security.add_argument("--ssl-keyfile", help="PEM key of the client certificate")
+    return p
+
+
 async def _kafka(args: argparse.Namespace) -> RawKafkaClient:
     host, port = parse_hostport(args.bootstrap)
     protocol = args.security_protocol
@@ -869,17 +883,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
         p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="native: the name server")
 
-    def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
-        security = p.add_argument_group("client security (Kafka)")
-        security.add_argument("--security-protocol", choices=SECURITY_PROTOCOLS, default="PLAINTEXT")
-        security.add_argument("--sasl-mechanism", choices=SASL_MECHANISMS, default="SCRAM-SHA-512")
-        security.add_argument("--sasl-username")
-        security.add_argument("--sasl-password", help="(default: the MQK_SASL_PASSWORD environment variable)")
-        security.add_argument("--ssl-cafile", help="PEM CA bundle the broker's certificate is checked against")
-        security.add_argument("--ssl-certfile", help="PEM client certificate (SSL listeners with client auth)")
-        security.add_argument("--ssl-keyfile", help="PEM key of the client certificate")
-        return p
+    with_bootstrap = with_kafka_connection
 
     def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON instead of text")

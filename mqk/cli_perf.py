@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from mqk.cli_admin import CommandError, _check, _kafka, list_offsets
+from mqk.cli_admin import CommandError, _check, _kafka, list_offsets, run_command, with_kafka_connection
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import make_batch
 
@@ -247,12 +247,9 @@ def _kafka_time(epoch_s: float) -> str:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `mqk perf produce|consume` to the `mqk` parser."""
-    from mqk.cli_admin import DEFAULT_BOOTSTRAP, run_command
-
     perf = sub.add_parser("perf", help="measure a broker as Kafka's perf-test tools do")
     psub = perf.add_subparsers(dest="action", required=True)
-    p = psub.add_parser("produce", help="send records and print producer-perf-test lines")
-    p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
+    p = with_kafka_connection(psub.add_parser("produce", help="send records and print producer-perf-test lines"))
     p.add_argument("--topic", required=True)
     p.add_argument("--num-records", type=int, required=True)
     p.add_argument("--record-size", type=int, default=100, help="bytes per record value (default 100)")
@@ -261,8 +258,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--acks", type=int, choices=(-1, 0, 1), default=-1)
     p.add_argument("--in-flight", type=int, default=5, help="requests outstanding (default 5)")
     p.set_defaults(run=perf_produce)
-    p = psub.add_parser("consume", help="fetch records and print consumer-perf-test lines")
-    p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="Kafka listener")
+    p = with_kafka_connection(psub.add_parser("consume", help="fetch records and print consumer-perf-test lines"))
     p.add_argument("--topic", required=True)
     p.add_argument("--messages", type=int, required=True, help="stop after this many records")
     p.add_argument("--timeout", type=float, default=10.0, help="stop when nothing came for this many seconds")

@@ -213,10 +213,9 @@ class BrokerRuntime:
         )
         if self.replication_address is not None:
             line += f" replication={fmt(self.replication_address)}"
-        line += "".join(f" kafka.{name}={fmt(addr)}" for name, addr in self.kafka_listeners.items())
         if self.admin_address is not None:
             line += f" admin={fmt(self.admin_address)}"
-        return line
+        return line + "".join(f" kafka.{name}={fmt(addr)}" for name, addr in self.kafka_listeners.items())
 
     @property
     def bootstrap(self) -> str:

@@ -43,6 +43,7 @@ def security_config(pki, **kw) -> BrokerConfig:
         "kafka_listen": ANY,
         "native_listen": ANY,
         "namesrv_listen": ANY,
+        "admin_listen": ANY,
         "listeners": tuple(ListenerConfig.parse(spec) for spec in listeners),
         "tls": TlsConfig(cert_file=pki.server, key_file=pki.server_key, ca_file=pki.ca, client_auth="required"),
         "native_tls": True,

@@ -274,6 +274,14 @@ def _measure_dir(root: Path) -> tuple[int, int, int]:
 
 def _services(parts: BrokerParts) -> dict[str, float]:
     out: dict[str, float] = {}
+    replication = parts.replication
+    if replication is not None:
+        out["replication_master"] = 1 if replication.is_master else 0
+        out["replication_log_end"] = replication.engine.log_end
+        out["replication_commit"] = replication.commit
+        if replication.is_master:
+            out["replication_in_sync"] = len(replication.tracker.isr)
+            out["replication_lag_p99_ms"] = replication.lag_p99_ms()
     if parts.timer is not None:
         out["timer_pending"] = parts.timer.pending
         out["timer_delivered"] = parts.timer.delivered
@@ -318,6 +326,19 @@ def _cleaned(parts: BrokerParts) -> list[tuple[str, int, int]]:
 
 #: Snapshot.services key -> (metric name, type, help)
 SERVICE_METRICS: dict[str, tuple[str, str, str]] = {
+    "replication_master": ("mqk_replication_master", "gauge", "1 while this broker is its group's master"),
+    "replication_log_end": ("mqk_replication_log_end_bytes", "gauge", "Where the group's CommitLog ends here"),
+    "replication_commit": (
+        "mqk_replication_commit_bytes",
+        "gauge",
+        "CommitLog offset every in-sync replica holds (the high watermark, in bytes)",
+    ),
+    "replication_in_sync": ("mqk_replication_in_sync_replicas", "gauge", "Members of the group's in-sync set"),
+    "replication_lag_p99_ms": (
+        "mqk_replication_lag_p99_ms",
+        "gauge",
+        "99th percentile of recent replication lags: an append to the last in-sync replica's ack",
+    ),
     "timer_pending": ("mqk_timer_pending_messages", "gauge", "Delayed messages waiting for their time"),
     "timer_delivered": ("mqk_timer_delivered", "counter", "Delayed messages delivered"),
     "retention_passes": ("mqk_retention_passes", "counter", "Retention passes run"),

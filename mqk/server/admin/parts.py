@@ -11,6 +11,7 @@ from typing import Protocol
 
 from mqk.broker import Broker
 from mqk.broker.cluster import ClusterMember
+from mqk.broker.replication import Replication
 from mqk.clock import Clock
 from mqk.config import BrokerConfig
 from mqk.server.kafka.server import KafkaServer
@@ -40,6 +41,7 @@ class BrokerParts(Protocol):
     diskguard: DiskGuard | None
     compaction: CompactionService | None
     cluster: ClusterMember | None
+    replication: Replication | None
     kafka_address: Address | None
     native_address: Address | None
     namesrv_address: Address | None
