@@ -22,8 +22,8 @@ Cluster mode (etcd plus broker processes; needs the `etcd` binary, Debian's `etc
   free, ports; it returns once the broker is ready), `.pause(node_id)` (SIGSTOP) and `.resume(node_id)` (SIGCONT);
 - `mqk_cluster_factory`: `mqk_cluster_factory(brokers=3, *, cluster_id=None, etcd=None, own_etcd=False,
   extra_args=())` starts another such cluster (stopped after the test); by default its brokers use the session's
-  etcd, `own_etcd=True` gives it an etcd of its own (for tests that stop or kill etcd), `etcd="etcd://H:P"` one
-  that runs elsewhere;
+  etcd, `own_etcd=True` gives it an etcd of its own (for tests that stop it: `.stop_etcd()`, then `.restart_etcd()`
+  on the same ports and data), `etcd="etcd://H:P"` one that runs elsewhere;
 - `mqk_etcd`: the session's `mqk.cluster_local.EtcdProcess` (`.url`, `.endpoints`, `.pid`), started on first use.
 
 The in-process broker runs its own event loop in a background thread, so both synchronous clients
