@@ -73,12 +73,15 @@ class Controller:
             except E.NotControllerError:
                 continue
 
+    def _epoch(self) -> int:
+        """This controller's epoch: every topic version it writes carries it (who wrote what, and when, in etcd)."""
+        return self.node.controlling[0] if self.node.controlling else 0
+
     def _new_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicRecord:
         state = self.node.view.state
         live = self.node.view.live_groups()
         loads = group_loads((t.partitions for t in state.topics.values()), live)
-        epoch = self.node.controlling[0] if self.node.controlling else 0
-        return TopicRecord(uuid.uuid4().hex, dict(configs), place(name, 0, partitions, live, loads), epoch)
+        return TopicRecord(uuid.uuid4().hex, dict(configs), place(name, 0, partitions, live, loads), self._epoch())
 
     async def _apply(self, request_id: str, request: RequestRecord) -> None:
         """Apply one request and answer it, in one fenced transaction; then wait until this broker's view has seen
@@ -156,7 +159,7 @@ class Controller:
                 current.topic_id,
                 dict(current.configs),
                 current.partitions + place(name, have, request.partitions - have, live, loads),
-                current.controller_epoch,
+                self._epoch(),
             )
             return [Compare(key, "mod", "==", revision)], [Put(key, dump(grown))]
         # configs: a full replacement computed by the asker from the version it saw
@@ -167,9 +170,7 @@ class Controller:
             raise E.ConcurrentTransactionsError(f"{name!r} changed while its settings were being computed")
         if request.validate_only:
             return [], []
-        changed = TopicRecord(
-            current.topic_id, dict(request.configs), list(current.partitions), current.controller_epoch
-        )
+        changed = TopicRecord(current.topic_id, dict(request.configs), list(current.partitions), self._epoch())
         return [Compare(key, "mod", "==", revision)], [Put(key, dump(changed))]
 
 
