@@ -34,6 +34,7 @@ from mqk import errors as E
 from mqk.cluster_local import EtcdProcess, LocalCluster
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient
+from mqk.testing import cluster_store_args
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,7 +47,8 @@ REBALANCE_CODES = (KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATI
 @pytest.fixture(scope="module")
 def cluster(mqk_etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One 3-broker cluster for the module (on the session's etcd), stopped by pid at its end."""
-    started = LocalCluster(tmp_path_factory.mktemp("cluster-clients"), 3, etcd=mqk_etcd.url).start()
+    data_dir = tmp_path_factory.mktemp("cluster-clients")
+    started = LocalCluster(data_dir, 3, etcd=mqk_etcd.url, extra_args=cluster_store_args(data_dir)).start()
     try:
         yield started
     finally:

@@ -14,12 +14,13 @@ Installed as a pytest plugin (entry point `mqk`), so after `pip install mqk` the
 Cluster mode (etcd plus broker processes; needs the `etcd` binary, Debian's `etcd-server`, and `mqk[cluster]`):
 
 - `mqk_cluster`: a started `mqk.cluster_local.LocalCluster` of 3 `mqk serve --cluster` processes on loopback (node ids
-  0, 1, 2 in broker groups `group-0`..`group-2`, file stores in the test's tmp_path), stopped by pid after the test.
-  It gives `.bootstrap` ("H:P,H:P,H:P"), `.etcd_url`, `.cluster_id` (unique per cluster, so clusters share one
-  etcd without seeing each other: keys under `/mqk/<cluster-id>/`), `.node_ids`, `.pids`, `.brokers` (each with
-  `.node_id`, `.group`, `.pid`, `.kafka` / `.native` / `.namesrv` addresses, `.bootstrap`, `.data_dir`, `.stderr()`)
-  and the fault helpers `.kill(node_id)` (kill -9), `.restart(node_id)` (same node id, data directory and, when
-  free, ports; it returns once the broker is ready), `.pause(node_id)` (SIGSTOP) and `.resume(node_id)` (SIGCONT);
+  0, 1, 2 in broker groups `group-0`..`group-2`, small file stores in the test's tmp_path: `cluster_store_args`),
+  stopped by pid after the test. It gives `.bootstrap` ("H:P,H:P,H:P"), `.etcd_url`, `.cluster_id` (unique per
+  cluster, so clusters share one etcd without seeing each other: keys under `/mqk/<cluster-id>/`), `.node_ids`,
+  `.pids`, `.brokers` (each with `.node_id`, `.group`, `.pid`, `.kafka` / `.native` / `.namesrv` addresses,
+  `.bootstrap`, `.data_dir`, `.stderr()`) and the fault helpers `.kill(node_id)` (kill -9), `.restart(node_id)`
+  (same node id, data directory and, when free, ports; it returns once the broker is ready), `.pause(node_id)`
+  (SIGSTOP) and `.resume(node_id)` (SIGCONT);
 - `mqk_cluster_factory`: `mqk_cluster_factory(brokers=3, *, cluster_id=None, etcd=None, own_etcd=False,
   extra_args=())` starts another such cluster (stopped after the test); by default its brokers use the session's
   etcd, `own_etcd=True` gives it an etcd of its own (for tests that stop it: `.stop_etcd()`, then `.restart_etcd()`
@@ -279,6 +280,21 @@ def mqk_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
         etcd.stop()
 
 
+#: the file store of a test cluster's brokers: small CommitLog segments and ConsumeQueue files (as mqk_file_broker's).
+#: Tests write little, and the defaults (1 GiB segments, 300,000-unit queue files per partition) would have each
+#: broker claim over a gigabyte of disk
+TEST_CLUSTER_STORE = "[store]\ncommitlog_segment_bytes = 16777216\ncq_units_per_file = 10000\n"
+
+
+def cluster_store_args(directory: Path) -> list[str]:
+    """`mqk serve` arguments that give a test cluster's brokers small stores (a TOML file written in `directory`);
+    for a LocalCluster's `extra_args` (flags given after them win)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "test-cluster-store.toml"
+    config.write_text(TEST_CLUSTER_STORE)
+    return ["--config", str(config)]
+
+
 @pytest.fixture
 def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
@@ -293,8 +309,9 @@ def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     ) -> LocalCluster:
         if etcd is None and not own_etcd:
             etcd = request.getfixturevalue("mqk_etcd").url
+        data_dir = tmp_path / f"mqk-cluster-{len(started)}"
         cluster = LocalCluster(
-            tmp_path / f"mqk-cluster-{len(started)}", brokers, etcd=etcd, cluster_id=cluster_id, extra_args=extra_args
+            data_dir, brokers, etcd=etcd, cluster_id=cluster_id, extra_args=[*cluster_store_args(data_dir), *extra_args]
         )
         started.append(cluster)
         return cluster.start()
