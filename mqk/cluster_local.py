@@ -4,8 +4,9 @@ Owns the processes it starts and nothing else: `EtcdProcess` runs the `etcd` bin
 loopback ports with its own data directory; `LocalCluster` runs that etcd (or uses one given by URL) and one
 `python -m mqk serve --cluster ...` child per broker, each with its own node id, broker group (`group-<node id>`),
 data directory and port-0 listeners, and reads each broker's ready line for its addresses. It can kill -9, restart,
-pause (SIGSTOP) and resume (SIGCONT) one broker, and stops everything it started by pid, each wait bounded, SIGKILL
-as the last resort. `mqk cluster local` (mqk.cli) and the `mqk_cluster` pytest fixture (mqk.testing) are built on it.
+pause (SIGSTOP) and resume (SIGCONT) one broker, stop its etcd and start it again on the same ports and data, and
+stops everything it started by pid, each wait bounded, SIGKILL as the last resort. `mqk cluster local` (mqk.cli) and
+the `mqk_cluster` pytest fixture (mqk.testing) are built on it.
 
 It must not reach into a broker: what a broker does in the cluster is mqk.broker.cluster's; this module only starts
 processes and reads what they print. Every address it binds or hands out is on 127.0.0.1.
@@ -251,6 +252,15 @@ class EtcdProcess:
 
     def start(self) -> EtcdProcess:
         """Start etcd and return once it answers a read (it has a leader); EtcdNotFound, EtcdStartError."""
+        return self._start(keep_ports=False)
+
+    def restart(self) -> EtcdProcess:
+        """Stop etcd if it runs, then start it again on the same data directory and the same ports, so the URL its
+        clients hold stays good (they reconnect by themselves); EtcdStartError if a port was taken meanwhile."""
+        self.stop()
+        return self._start(keep_ports=True)
+
+    def _start(self, *, keep_ports: bool) -> EtcdProcess:
         if self.running:
             raise LocalClusterError(f"etcd runs already (pid {self.pid})")
         if importlib.util.find_spec("aetcd") is None:  # (its readiness is asked through the etcd client)
@@ -267,13 +277,14 @@ class EtcdProcess:
         self._expect_exit = True  # an exit while starting is raised here, not reported as a crash
         # a port picked free may be taken before etcd binds it: then etcd exits at once and is started again on
         # other ports
-        for attempt in range(3):
-            if attempt or not port_is_free(self.client_port):
-                self.client_port = free_port()
-            if attempt or not port_is_free(self.peer_port):
-                self.peer_port = free_port()
-            while self.peer_port == self.client_port:
-                self.peer_port = free_port()
+        for attempt in range(1 if keep_ports else 3):
+            if not keep_ports:
+                if attempt or not port_is_free(self.client_port):
+                    self.client_port = free_port()
+                if attempt or not port_is_free(self.peer_port):
+                    self.peer_port = free_port()
+                while self.peer_port == self.client_port:
+                    self.peer_port = free_port()
             self._spawn(path)
             if self._wait_ready(deadline):
                 self._expect_exit = False
@@ -281,7 +292,7 @@ class EtcdProcess:
             assert self.proc is not None
             code = self.proc.poll()
             log = _tail(self.log_path, start=self._log_start)
-            if code is None or "address already in use" not in log or time.monotonic() >= deadline:
+            if code is None or "address already in use" not in log or keep_ports or time.monotonic() >= deadline:
                 _kill(self.proc)
                 what = (
                     f"exited with code {code}"
@@ -562,6 +573,21 @@ class LocalCluster:
                 _kill(b.proc)
         if self.etcd_process is not None:
             self.etcd_process.stop()
+
+    def stop_etcd(self) -> int | None:
+        """Stop the etcd this cluster started (SIGTERM; its data stays): the brokers run on without their meta
+        service. Its exit code. LocalClusterError for a cluster on an etcd given by URL."""
+        return self._own_etcd().stop()
+
+    def restart_etcd(self) -> None:
+        """Start this cluster's etcd again on its data directory and ports (after `stop_etcd`, or to bounce it);
+        returns once it answers."""
+        self._own_etcd().restart()
+
+    def _own_etcd(self) -> EtcdProcess:
+        if self.etcd_process is None:
+            raise LocalClusterError(f"cluster {self.cluster_id} uses an etcd it did not start ({self.etcd_url})")
+        return self.etcd_process
 
     def kill(self, node_id: int) -> None:
         """kill -9 one broker: no flush, no lease revoked; its registration goes when its lease expires."""

@@ -14,16 +14,17 @@ Installed as a pytest plugin (entry point `mqk`), so after `pip install mqk` the
 Cluster mode (etcd plus broker processes; needs the `etcd` binary, Debian's `etcd-server`, and `mqk[cluster]`):
 
 - `mqk_cluster`: a started `mqk.cluster_local.LocalCluster` of 3 `mqk serve --cluster` processes on loopback (node ids
-  0, 1, 2 in broker groups `group-0`..`group-2`, file stores in the test's tmp_path), stopped by pid after the test.
-  It gives `.bootstrap` ("H:P,H:P,H:P"), `.etcd_url`, `.cluster_id` (unique per cluster, so clusters share one
-  etcd without seeing each other: keys under `/mqk/<cluster-id>/`), `.node_ids`, `.pids`, `.brokers` (each with
-  `.node_id`, `.group`, `.pid`, `.kafka` / `.native` / `.namesrv` addresses, `.bootstrap`, `.data_dir`, `.stderr()`)
-  and the fault helpers `.kill(node_id)` (kill -9), `.restart(node_id)` (same node id, data directory and, when
-  free, ports; it returns once the broker is ready), `.pause(node_id)` (SIGSTOP) and `.resume(node_id)` (SIGCONT);
+  0, 1, 2 in broker groups `group-0`..`group-2`, small file stores in the test's tmp_path: `cluster_store_args`),
+  stopped by pid after the test. It gives `.bootstrap` ("H:P,H:P,H:P"), `.etcd_url`, `.cluster_id` (unique per
+  cluster, so clusters share one etcd without seeing each other: keys under `/mqk/<cluster-id>/`), `.node_ids`,
+  `.pids`, `.brokers` (each with `.node_id`, `.group`, `.pid`, `.kafka` / `.native` / `.namesrv` addresses,
+  `.bootstrap`, `.data_dir`, `.stderr()`) and the fault helpers `.kill(node_id)` (kill -9), `.restart(node_id)`
+  (same node id, data directory and, when free, ports; it returns once the broker is ready), `.pause(node_id)`
+  (SIGSTOP) and `.resume(node_id)` (SIGCONT);
 - `mqk_cluster_factory`: `mqk_cluster_factory(brokers=3, *, cluster_id=None, etcd=None, own_etcd=False,
   extra_args=())` starts another such cluster (stopped after the test); by default its brokers use the session's
-  etcd, `own_etcd=True` gives it an etcd of its own (for tests that stop or kill etcd), `etcd="etcd://H:P"` one
-  that runs elsewhere;
+  etcd, `own_etcd=True` gives it an etcd of its own (for tests that stop it: `.stop_etcd()`, then `.restart_etcd()`
+  on the same ports and data), `etcd="etcd://H:P"` one that runs elsewhere;
 - `mqk_etcd`: the session's `mqk.cluster_local.EtcdProcess` (`.url`, `.endpoints`, `.pid`), started on first use.
 
 The in-process broker runs its own event loop in a background thread, so both synchronous clients
@@ -303,9 +304,11 @@ def mqk_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
         etcd.stop()
 
 
-#: CommitLog segments of the test clusters' brokers: each broker pre-allocates a segment ahead, and the default
-#: gigabyte per broker adds up over a suite that starts many clusters
-TEST_SEGMENT_BYTES = 64 << 20
+#: the file store of a test cluster's brokers: small CommitLog segments and ConsumeQueue files (as mqk_file_broker's).
+#: Tests write little, and the defaults (1 GiB segments, 300,000-unit queue files per partition) would have each
+#: broker claim over a gigabyte of disk
+TEST_SEGMENT_BYTES = 16 << 20
+TEST_CLUSTER_STORE = {"commitlog_segment_bytes": TEST_SEGMENT_BYTES, "cq_units_per_file": 10_000}
 
 
 @pytest.fixture
@@ -325,14 +328,15 @@ def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     ) -> LocalCluster:
         if etcd is None and not own_etcd:
             etcd = request.getfixturevalue("mqk_etcd").url
+        data_dir = tmp_path / f"mqk-cluster-{len(started)}"
         cluster = LocalCluster(
-            tmp_path / f"mqk-cluster-{len(started)}",
+            data_dir,
             brokers,
             etcd=etcd,
             cluster_id=cluster_id,
             extra_args=extra_args,
             group_size=group_size,
-            config={"store": {"commitlog_segment_bytes": TEST_SEGMENT_BYTES}, **(config or {})},
+            config={"store": TEST_CLUSTER_STORE, **(config or {})},
             broker_args=broker_args,
         )
         started.append(cluster)

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import inspect
 import os
 import time
 import warnings
@@ -74,10 +75,13 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = 
 
 async def wait_until_async(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:  # noqa: ASYNC109 - the failure names what was awaited
     """`wait_until` for a coroutine: the event loop keeps running while it waits (the condition usually depends
-    on it, and on a worker thread or a socket peer it serves)."""
+    on it, and on a worker thread or a socket peer it serves). `condition` may return an awaitable (a question
+    asked over the network again each time: another process's answer); its result is what is tested."""
     deadline = _Deadline(timeout, what)
     while True:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         deadline.check()

@@ -37,14 +37,16 @@ const opts = JSON.parse(rawOptions || '{}')
 const stderrLog = () => ({ namespace, level, label, log }) => {
   process.stderr.write(`${label} ${namespace} ${log.message} ${JSON.stringify(log)}\n`)
 }
-const kafka = new Kafka({
+// a client whose only bootstrap address is `address` (it learns the rest of the cluster from Metadata)
+const kafkaAt = address => new Kafka({
   clientId: 'mqk-compat',
-  brokers: [bootstrap],
+  brokers: [address],
   logLevel: logLevel.WARN,
   logCreator: stderrLog,
   connectionTimeout: 3000,
   retry: { initialRetryTime: 100, retries: 8 }
 })
+const kafka = kafkaAt(bootstrap)
 
 const headersOf = h => Object.fromEntries(Object.entries(h || {}).map(([k, v]) => [k, v === null ? null : v.toString()]))
 
@@ -248,6 +250,118 @@ const commands = {
     const got = await readAll(topic, 2 * n)
     return { offsets, values: got.map(m => Number(m.value)) }
   }
+}
+
+// A cluster of brokers (compat/test_cluster_clients.py): every client below is bootstrapped on one broker only.
+// The admin on the first creates a 12-partition topic; a producer on the second writes `n` values, value v to
+// partition v % 12; members a, b, c of one group, each bootstrapped on its own broker, consume them once the
+// group has settled (each holds a share of the partitions), committing each offset after processing it; then
+// `more` values are written and a new member (on the last broker) resumes from the committed offsets. Then the
+// admin calls, each from a client bootstrapped on a different broker.
+commands.cluster = async ({ bootstraps, topic, group, n, more, adminTopic }) => {
+  const clients = bootstraps.map(kafkaAt)
+  const at = i => clients[i % clients.length]
+  const r = {}
+  const admin = at(0).admin()
+  await admin.connect()
+  r.created = await admin.createTopics({ topics: [{ topic, numPartitions: 12 }], waitForLeaders: true })
+  r.leaders = (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0].partitions
+    .map(p => ({ partition: p.partitionId, leader: p.leader }))
+  await admin.disconnect()
+
+  const producer = at(1).producer()
+  await producer.connect()
+  const produce = async (start, count) => {
+    const messages = []
+    for (let v = start; v < start + count; v++) messages.push({ value: String(v), partition: v % 12 })
+    return (await producer.send({ topic, acks: -1, messages })).map(x => ({ partition: x.partition, errorCode: x.errorCode }))
+  }
+
+  const values = { a: [], b: [], c: [] }
+  const assigned = { a: 0, b: 0, c: 0 }
+  const changes = new EventEmitter()
+  const total = () => new Set([].concat(values.a, values.b, values.c)).size
+  const waitFor = (pred, ms, what) => new Promise((resolve, reject) => {
+    const check = () => { if (pred()) { stop(); resolve() } }
+    const timer = setTimeout(() => {
+      stop()
+      reject(new Error(`timeout waiting for ${what}: ${JSON.stringify({ total: total(), assigned })}`))
+    }, ms)
+    const stop = () => { clearTimeout(timer); changes.off('change', check) }
+    changes.on('change', check)
+    check()
+  })
+  const member = async (name, client, sink) => {
+    const c = client.consumer({ groupId: group, sessionTimeout: 6000, rebalanceTimeout: 10000, heartbeatInterval: 1000, maxWaitTimeInMs: 200 })
+    c.on(c.events.GROUP_JOIN, e => {
+      const a = e.payload.memberAssignment || {}
+      if (name in assigned) assigned[name] = Object.values(a).reduce((k, parts) => k + parts.length, 0)
+      changes.emit('change')
+    })
+    await c.connect()
+    await c.subscribe({ topic, fromBeginning: true })
+    await c.run({
+      autoCommit: false,
+      eachMessage: async ({ topic, partition, message }) => {
+        await c.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
+        sink.push(Number(message.value.toString()))
+        changes.emit('change')
+      }
+    })
+    return c
+  }
+  const members = []
+  for (const [i, name] of ['a', 'b', 'c'].entries()) members.push(await member(name, at(i), values[name]))
+  // c is in the group only from the last generation on: once it holds partitions and the three shares cover
+  // the topic, every member has the last assignment and no rebalance is left to redeliver anything
+  await waitFor(() => assigned.a > 0 && assigned.b > 0 && assigned.c > 0 && assigned.a + assigned.b + assigned.c === 12, 60000, 'the group to settle')
+  r.assigned = { ...assigned }
+  r.sent = await produce(0, n)
+  await waitFor(() => total() >= n, 60000, `${n} values consumed`)
+  for (const c of members) await c.disconnect()
+  r.values = values
+
+  r.sentMore = await produce(n, more)
+  await producer.disconnect()
+  const resumed = []
+  const next = await member('resumer', at(2), resumed)
+  await waitFor(() => resumed.length >= more, 60000, `the resumed member to read ${more} values`)
+  await next.disconnect()
+  r.resumed = resumed
+
+  // admin calls, each client bootstrapped on another broker
+  const admins = clients.map(k => k.admin())
+  for (const a of admins) await a.connect()
+  r.described = await Promise.all(admins.map(async a => {
+    const d = await a.describeCluster()
+    return { brokers: d.brokers.map(b => b.nodeId).sort(), controller: d.controller, clusterId: d.clusterId }
+  }))
+  r.createdAdminTopic = await admins[1].createTopics({ topics: [{ topic: adminTopic, numPartitions: 2, configEntries: [{ name: 'retention.ms', value: '7777777' }] }], waitForLeaders: true })
+  // a client may ask a broker whose view is a moment behind the one that made a change: asked again until the
+  // answer is the one expected (or the deadline passes, and the test sees the last answer)
+  const askUntil = async (ask, expected, ms = 15000) => {
+    const deadline = Date.now() + ms
+    for (;;) {
+      let answer
+      try { answer = await ask() } catch (e) { answer = `error: ${e.message}` }
+      if (answer === expected || Date.now() > deadline) return answer
+      await new Promise(resolve => setTimeout(resolve, 50)) // (the one poll here: nothing to wait on but the answer)
+    }
+  }
+  r.listed = await Promise.all(admins.map(a => askUntil(async () => (await a.listTopics()).includes(adminTopic), true)))
+  const retention = async a => {
+    const res = await a.describeConfigs({ includeSynonyms: false, resources: [{ type: 2, name: adminTopic }] })
+    return Object.fromEntries(res.resources[0].configEntries.map(e => [e.configName, e.configValue]))['retention.ms']
+  }
+  r.retention = await askUntil(() => retention(admins[2]), '7777777')
+  await admins[0].alterConfigs({ validateOnly: false, resources: [{ type: 2, name: adminTopic, configEntries: [{ name: 'retention.ms', value: '1000000' }] }] })
+  r.retentionAfterAlter = await askUntil(() => retention(admins[1]), '1000000')
+  await admins[2].createPartitions({ topicPartitions: [{ topic: adminTopic, count: 5 }] })
+  r.partitionsAfter = await askUntil(async () => (await admins[0].fetchTopicMetadata({ topics: [adminTopic] })).topics[0].partitions.length, 5)
+  await admins[1].deleteTopics({ topics: [adminTopic] })
+  r.listedAfterDelete = await askUntil(async () => (await admins[1].listTopics()).includes(adminTopic), false)
+  for (const a of admins) await a.disconnect()
+  return r
 }
 
 async function main () {

@@ -140,7 +140,11 @@ class EtcdClient:
         host, port = self.endpoints[self._current]
         return aetcd.Client(host=host, port=port, timeout=max(1, round(self.timeout)))
 
-    async def _drop_channel(self) -> None:
+    async def _drop_channel(self, client: Any = None) -> None:
+        """Close the current channel (a broken one); given `client`, only if that is still the current one (a call
+        that failed on a channel another call has replaced already leaves the new one alone)."""
+        if client is not None and client is not self._client:
+            return
         client, self._client = self._client, None
         if client is not None:
             try:
@@ -159,19 +163,29 @@ class EtcdClient:
         for _ in range(len(self.endpoints)):
             if self._client is None:
                 self._client = self._new_client()
+            client = self._client
             try:
-                return await asyncio.wait_for(op(self._client), self.timeout)
+                return await asyncio.wait_for(op(client), self.timeout)
             except (aex.ConnectionFailedError, aex.ConnectionTimeoutError, TimeoutError) as exc:
                 last = exc
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the caller is being cancelled (a stop): not etcd's doing
+                # another call dropped the channel under this one (closing a channel cancels the calls on it): the
+                # outcome is unknown, as after a timeout, and must not end the caller's task
+                last = ConnectionError("the channel was closed during the call")
             except aex.ClientError as exc:
                 if "lease not found" in str(exc):
                     raise LeaseExpired(str(exc)) from None
                 raise
             log.debug("etcd at %s: %s", self.endpoint, last)
-            await self._drop_channel()
-            self._current = (self._current + 1) % len(self.endpoints)
+            if client is self._client:
+                await self._drop_channel(client)
+                self._current = (self._current + 1) % len(self.endpoints)
         where = ", ".join(f"{h}:{p}" for h, p in self.endpoints)
-        raise MetaUnavailable(f"etcd unreachable at {where}: {last or 'no answer'}")
+        detail = str(last) if last is not None and str(last) else f"no answer in {self.timeout:g} s"
+        raise MetaUnavailable(f"etcd unreachable at {where}: {detail}")
 
     # --- keys ---------------------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from helpers import wait_until
 from mqk.cluster_local import LocalCluster, free_port
 from mqk.config import StoreConfig
 from mqk.store.file.engine import FileEngine
-from mqk.testing import TEST_SEGMENT_BYTES
+from mqk.testing import TEST_CLUSTER_STORE
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -300,7 +300,7 @@ def commitlog(data_dir: Path) -> bytes:
     """A stopped broker's whole CommitLog, as recovery finds it."""
 
     async def read() -> bytes:
-        config = StoreConfig(data_dir=data_dir, commitlog_segment_bytes=TEST_SEGMENT_BYTES)
+        config = StoreConfig(data_dir=data_dir, **TEST_CLUSTER_STORE)
         engine = FileEngine(config, data_dir)
         await engine.start()
         try:

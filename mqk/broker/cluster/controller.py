@@ -70,6 +70,10 @@ class Controller:
             except E.NotControllerError:
                 continue
 
+    def _epoch(self) -> int:
+        """This controller's epoch: every topic version it writes carries it (who wrote what, and when, in etcd)."""
+        return self.node.controlling[0] if self.node.controlling else 0
+
     def _groups_for(self, rf: int) -> list[str]:
         """The live groups a partition of replication factor `rf` may go to (those with at least `rf` members);
         InvalidReplicationFactorError when there is none."""
@@ -91,8 +95,7 @@ class Controller:
         state = self.node.view.state
         live = self._groups_for(rf)
         loads = group_loads((t.partitions for t in state.topics.values()), live)
-        epoch = self.node.controlling[0] if self.node.controlling else 0
-        return TopicRecord(uuid.uuid4().hex, dict(configs), place(name, 0, partitions, live, loads), epoch, rf)
+        return TopicRecord(uuid.uuid4().hex, dict(configs), place(name, 0, partitions, live, loads), self._epoch(), rf)
 
     async def _apply(self, request_id: str, request: RequestRecord) -> None:
         """Apply one request and answer it, in one fenced transaction; then wait until this broker's view has seen
@@ -167,7 +170,7 @@ class Controller:
                 current.topic_id,
                 dict(current.configs),
                 current.partitions + place(name, have, request.partitions - have, live, loads),
-                current.controller_epoch,
+                self._epoch(),
                 current.replication_factor,
             )
             return [Compare(key, "mod", "==", revision)], [Put(key, dump(grown))]
@@ -180,11 +183,7 @@ class Controller:
         if request.validate_only:
             return [], []
         changed = TopicRecord(
-            current.topic_id,
-            dict(request.configs),
-            list(current.partitions),
-            current.controller_epoch,
-            current.replication_factor,
+            current.topic_id, dict(request.configs), list(current.partitions), self._epoch(), current.replication_factor
         )
         return [Compare(key, "mod", "==", revision)], [Put(key, dump(changed))]
 

@@ -163,6 +163,8 @@ class ClusterNode:
                 await self.meta.revoke(self.lease)
             except MetaUnavailable as exc:
                 log.warning("cluster: lease not revoked at stop (%s); it expires by itself", exc)
+            except LeaseExpired:
+                pass  # gone already (it expired before this broker noticed): nothing left to revoke
         await self.meta.close()
 
     async def _register(self, timeout: float) -> None:  # noqa: ASYNC109 - how long a dead predecessor may hold the id

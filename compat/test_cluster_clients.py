@@ -1,0 +1,819 @@
+"""Real Kafka clients against a 3-broker cluster (etcd plus three `mqk serve --cluster` processes on loopback).
+
+For each client (confluent-kafka, kafka-python, aiokafka, kafkajs, kcat): a 12-partition topic created through an
+admin client bootstrapped on one broker, its leaders spread over all three brokers; records written to every
+partition; a consumer group of three members, each bootstrapped on a different broker, reads every record exactly
+once; the offsets it committed are where a new member resumes; and the admin calls (describe cluster, list topics,
+create / delete topic, describe / alter configs, create partitions) work from whichever broker a client starts on.
+`test_admin_requests_sent_to_each_broker` sends those admin requests to every broker itself, the controller and
+the others alike, without a client's routing in between.
+
+The records are written only once the group has settled (three members, 4 partitions each), so no join moves a
+partition while they are read; a member counts a record once its offset is committed (kcat: once printed, its
+offset stored and committed on revocation), so a later rebalance cannot make one count twice. A change made through
+one broker reaches the others through their etcd watch a moment later: a test waits until every broker's Metadata
+shows it before the next admin call. The module shares one cluster (topics and groups have unique names); every wait
+is bounded and waits for a condition, never for time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import signal
+import subprocess
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from compat_helpers import HEARTBEAT_MS, SESSION_TIMEOUT_MS, ThreadMember, run_node, unique
+from confluent_kafka import Consumer, ConsumerGroupState, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, NewTopic
+from helpers import wait_until, wait_until_async
+
+from mqk import errors as E
+from mqk.cluster_local import EtcdProcess, LocalCluster
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient
+from mqk.testing import TEST_CLUSTER_STORE
+
+pytestmark = pytest.mark.timeout(180)
+
+PARTITIONS = 12
+#: records the group reads, then records the resumed member reads
+FIRST, MORE = 600, 120
+REBALANCE_CODES = (KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID)
+
+
+@pytest.fixture(scope="module")
+def cluster(mqk_etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One 3-broker cluster for the module (on the session's etcd), stopped by pid at its end."""
+    data_dir = tmp_path_factory.mktemp("cluster-clients")
+    started = LocalCluster(data_dir, 3, etcd=mqk_etcd.url, config={"store": TEST_CLUSTER_STORE}).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def eventually(ask: Callable[[], Any], expected: Any, what: str) -> None:
+    """Ask until the answer is `expected`: a client may ask a broker whose view is a moment behind the one that
+    made a change (Kafka's metadata is eventually consistent across brokers too); errors count as not yet."""
+
+    last: list[Any] = [None]
+
+    def answered() -> bool:
+        try:
+            last[0] = ask()
+        except Exception as exc:  # noqa: BLE001 - the client's "unknown topic" while the broker catches up: asked again
+            last[0] = exc
+        return bool(last[0] == expected)
+
+    try:
+        wait_until(answered, 15, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answer: {last[0]!r}") from None
+
+
+async def seen_everywhere(cluster: LocalCluster, name: str, partitions: int) -> None:
+    """Until every broker's own Metadata has topic `name` with `partitions` partitions (0: has it no more). A change
+    reaches the other brokers through their etcd watch a moment after the one that made it answered: an admin call
+    that follows one, sent to whichever broker the client picks, is only sure to find it then."""
+    for b in cluster.brokers:
+        assert b.kafka is not None
+        client = await RawKafkaClient.connect(*b.kafka, "seen-everywhere")
+        try:
+            if partitions:
+                await metadata_until(
+                    client, name, lambda t: t["error_code"] == 0 and len(t["partitions"]) == partitions
+                )
+            else:
+                await metadata_until(client, name, lambda t: t["error_code"] == E.UnknownTopicOrPartitionError.code)
+        finally:
+            await client.close()
+
+
+def every_broker_sees(cluster: LocalCluster, name: str, partitions: int) -> None:
+    """`seen_everywhere` for a test without an event loop."""
+    asyncio.run(seen_everywhere(cluster, name, partitions))
+
+
+def bootstraps(cluster: LocalCluster) -> list[str]:
+    """Each broker's own Kafka address: a client given one of them knows only that broker at first."""
+    return [b.bootstrap for b in cluster.brokers]
+
+
+# --- checks every client's scenario shares ------------------------------------------------------------------
+
+
+def leaders_of(bootstrap: str, topic: str) -> dict[int, int]:
+    """partition -> leader node id, as the broker at `bootstrap` answers Metadata."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
+    return {p: meta.leader for p, meta in partitions.items()}
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    """A 12-partition topic, made through confluent-kafka's admin client bootstrapped on one broker."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(15)
+
+
+def assert_spread(cluster: LocalCluster, topic: str) -> None:
+    """Every broker answers Metadata alike, and the topic's 12 partitions are led by all three brokers."""
+    views = [
+        wait_until(lambda b=b: _full(leaders_of(b, topic)), 15, f"{topic} in {b}'s Metadata")
+        for b in bootstraps(cluster)
+    ]
+    assert views[0] == views[1] == views[2]
+    assert sorted(views[0]) == list(range(PARTITIONS))
+    # (placement balances every group's partitions over all topics, so one topic's shares may differ by a few)
+    assert set(views[0].values()) == set(cluster.node_ids)
+
+
+def _full(leaders: dict[int, int]) -> dict[int, int] | None:
+    return leaders if len(leaders) == PARTITIONS and all(n >= 0 for n in leaders.values()) else None
+
+
+def assert_written_to_every_partition(cluster: LocalCluster, topic: str, per_partition: int) -> None:
+    """Each partition's high watermark, asked of its leader: the records are on all three brokers."""
+    c = Consumer({"bootstrap.servers": cluster.brokers[0].bootstrap, "group.id": unique("watermarks")})
+    try:
+        for p in range(PARTITIONS):
+            assert c.get_watermark_offsets(TopicPartition(topic, p), timeout=10) == (0, per_partition), p
+    finally:
+        c.close()
+
+
+def group_settled(cluster: LocalCluster, group: str, topic: str) -> Any:
+    """The group's description once it is stable with three members of 4 partitions each (None before), asked of
+    its coordinator through a client bootstrapped on the last broker."""
+    admin = AdminClient({"bootstrap.servers": cluster.brokers[-1].bootstrap})
+
+    def settled() -> Any:
+        try:
+            desc = admin.describe_consumer_groups([group])[group].result(10)
+        except KafkaException:
+            return None  # (the coordinator is moving or loading: asked again)
+        shares = [len([tp for tp in m.assignment.topic_partitions if tp.topic == topic]) for m in desc.members]
+        return desc if desc.state == ConsumerGroupState.STABLE and shares == [4, 4, 4] else None
+
+    return wait_until(settled, 60, f"group {group} to settle with three members")
+
+
+class Member:
+    """What the scenario needs of a group member: the values it has read and a way to stop it (committing)."""
+
+    name: str
+    values: list[int]
+
+    def close(self) -> None: ...
+
+
+def reads_each_record_once(
+    cluster: LocalCluster,
+    topic: str,
+    group: str,
+    start_member: Callable[[str, str], Member],
+    produce: Callable[[int, int], None],
+    resume: Callable[[str, int], list[int]],
+) -> dict[str, list[int]]:
+    """Members a, b, c, each bootstrapped on its own broker, settle, then read FIRST values exactly once between
+    them; MORE values written after they left are what a new member (on the first broker) reads: the committed
+    offsets were kept. Returns each member's values."""
+    members: list[Member] = []
+    try:
+        for name, b in zip("abc", cluster.brokers, strict=True):
+            members.append(start_member(name, b.bootstrap))
+        group_settled(cluster, group, topic)
+        produce(0, FIRST)
+
+        def read() -> list[int]:
+            return [v for m in members for v in list(m.values)]
+
+        wait_until(lambda: len(set(read())) >= FIRST, 60, f"{FIRST} values read by the group")
+    finally:
+        errors = []
+        for m in members:
+            try:
+                m.close()
+            except AssertionError as exc:
+                errors.append(str(exc))
+        assert not errors, errors
+    seen = collections.Counter(read())
+    assert sorted(seen) == list(range(FIRST))
+    assert not [v for v, n in seen.items() if n > 1], "a value was read twice"
+    # (which member read what is the client's: one may rebalance again after settling, as kafka-python's leader
+    # does when its metadata changed since it assigned, and its partitions then go to the others)
+    by_member = {m.name: m.values for m in members}
+
+    produce(FIRST, MORE)
+    resumed = resume(cluster.brokers[0].bootstrap, MORE)
+    assert sorted(resumed) == list(range(FIRST, FIRST + MORE))
+    return by_member
+
+
+def confluent_produce(bootstrap: str, topic: str) -> Callable[[int, int], None]:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "enable.idempotence": True, "acks": "all"})
+
+    def produce(start: int, count: int) -> None:
+        for v in range(start, start + count):
+            producer.produce(topic, value=str(v).encode(), partition=v % PARTITIONS)
+        assert producer.flush(30) == 0
+
+    return produce
+
+
+# --- confluent-kafka ------------------------------------------------------------------------------------------
+
+
+def test_confluent_kafka(cluster: LocalCluster) -> None:
+    topic, group = unique("ck"), unique("ck-group")
+    b0, b1, b2 = bootstraps(cluster)
+    create_topic(b0, topic)
+    assert_spread(cluster, topic)
+
+    def start_member(name: str, bootstrap: str) -> ThreadMember:
+        def setup() -> Consumer:
+            c = Consumer(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "group.id": group,
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                    "session.timeout.ms": SESSION_TIMEOUT_MS,
+                    "heartbeat.interval.ms": HEARTBEAT_MS,
+                }
+            )
+            c.subscribe([topic])
+            return c
+
+        def poll_once(c: Consumer) -> list[int]:
+            values = []
+            for m in c.consume(num_messages=100, timeout=0.2):
+                if m.error():
+                    raise KafkaException(m.error())
+                values.append(int(m.value()))
+            if values:
+                try:
+                    c.commit(asynchronous=False)
+                except KafkaException as exc:
+                    if exc.args[0].code() not in REBALANCE_CODES:
+                        raise
+                    return []  # not processed: the partition's next owner resumes from the last commit
+            return values
+
+        return ThreadMember(name, setup, poll_once, lambda c: c.close(), lambda c: len(c.assignment()))
+
+    def resume(bootstrap: str, count: int) -> list[int]:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+        c.subscribe([topic])
+        got: list[int] = []
+        try:
+            wait_until(lambda: got.extend(int(m.value()) for m in c.consume(100, 0.2)) or len(got) >= count, 60)
+        finally:
+            c.close()
+        return got
+
+    produce = confluent_produce(b1, topic)
+    reads_each_record_once(cluster, topic, group, start_member, produce, resume)
+    assert_written_to_every_partition(cluster, topic, (FIRST + MORE) // PARTITIONS)
+
+    # admin calls, each from a client bootstrapped on another broker
+    admins = [AdminClient({"bootstrap.servers": b}) for b in (b0, b1, b2)]
+    for admin in admins:
+        described = admin.describe_cluster().result(10)
+        assert sorted(n.id for n in described.nodes) == cluster.node_ids
+        assert described.controller.id in cluster.node_ids and described.cluster_id == cluster.cluster_id
+    other = unique("ck-admin")
+    admins[1].create_topics([NewTopic(other, 2, 1, config={"retention.ms": "3600000"})])[other].result(15)
+    every_broker_sees(cluster, other, 2)
+    assert all(other in admin.list_topics(timeout=10).topics for admin in admins)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, other)
+
+    def retention(admin: AdminClient) -> str:
+        return str(admin.describe_configs([resource])[resource].result(15)["retention.ms"].value)
+
+    eventually(lambda: retention(admins[2]), "3600000", "the topic's retention.ms")
+    change = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        other,
+        incremental_configs=[ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)],
+    )
+    admins[0].incremental_alter_configs([change])[change].result(15)
+    eventually(lambda: retention(admins[1]), "7200000", "the altered retention.ms")
+    admins[2].create_partitions([NewPartitions(other, 5)])[other].result(15)
+    every_broker_sees(cluster, other, 5)
+    assert all(len(admin.list_topics(other, timeout=10).topics[other].partitions) == 5 for admin in admins)
+    admins[0].delete_topics([other])[other].result(15)
+    every_broker_sees(cluster, other, 0)
+    assert all(other not in admin.list_topics(timeout=10).topics for admin in admins)
+
+
+# --- kafka-python ---------------------------------------------------------------------------------------------
+
+
+def test_kafka_python(cluster: LocalCluster) -> None:
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+    from kafka.admin import ConfigResource as KpConfigResource
+    from kafka.admin import ConfigResourceType
+    from kafka.admin import NewPartitions as KpNewPartitions
+    from kafka.admin import NewTopic as KpNewTopic
+    from kafka.errors import CommitFailedError, IllegalGenerationError, RebalanceInProgressError
+
+    topic, group = unique("kp"), unique("kp-group")
+    b0, b1, b2 = bootstraps(cluster)
+    admin = KafkaAdminClient(bootstrap_servers=b1)
+    try:
+        admin.create_topics([KpNewTopic(topic, PARTITIONS, 1)])
+    finally:
+        admin.close()
+    assert_spread(cluster, topic)
+
+    producer = KafkaProducer(bootstrap_servers=b2, acks="all", linger_ms=2)
+
+    def produce(start: int, count: int) -> None:
+        for v in range(start, start + count):
+            producer.send(topic, value=str(v).encode(), partition=v % PARTITIONS)
+        producer.flush(30)
+
+    def start_member(name: str, bootstrap: str) -> ThreadMember:
+        def setup() -> KafkaConsumer:
+            return KafkaConsumer(
+                topic,
+                bootstrap_servers=bootstrap,
+                group_id=group,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                session_timeout_ms=SESSION_TIMEOUT_MS,
+                heartbeat_interval_ms=HEARTBEAT_MS,
+            )
+
+        def poll_once(c: KafkaConsumer) -> list[int]:
+            values = [int(r.value) for recs in c.poll(timeout_ms=200).values() for r in recs]
+            if values:
+                try:
+                    c.commit()
+                except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError):
+                    return []
+            return values
+
+        return ThreadMember(name, setup, poll_once, lambda c: c.close(), lambda c: len(c.assignment()))
+
+    def resume(bootstrap: str, count: int) -> list[int]:
+        c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest")
+        got: list[int] = []
+        try:
+
+            def poll() -> bool:
+                got.extend(int(r.value) for recs in c.poll(timeout_ms=200).values() for r in recs)
+                return len(got) >= count
+
+            wait_until(poll, 60, "the resumed member's values")
+        finally:
+            c.close()
+        return got
+
+    try:
+        reads_each_record_once(cluster, topic, group, start_member, produce, resume)
+    finally:
+        producer.close()
+    assert_written_to_every_partition(cluster, topic, (FIRST + MORE) // PARTITIONS)
+
+    other = unique("kp-admin")
+    admins = [KafkaAdminClient(bootstrap_servers=b) for b in (b0, b1, b2)]
+    try:
+        for a in admins:
+            described = a.describe_cluster()
+            assert sorted(b["broker_id"] for b in described["brokers"]) == cluster.node_ids
+            assert described["controller_id"] in cluster.node_ids
+            assert described["cluster_id"] == cluster.cluster_id
+        admins[0].create_topics([KpNewTopic(other, 2, 1, topic_configs={"retention.ms": "1234567"})])
+        every_broker_sees(cluster, other, 2)
+        assert all(other in a.list_topics() for a in admins)
+        resource = KpConfigResource(ConfigResourceType.TOPIC, other)
+
+        def retention(a: Any) -> str:
+            # kafka-python 3: {resource type: {topic: {config name: {"value": ...}}}}
+            for by_name in a.describe_configs([resource]).values():
+                if isinstance(by_name, dict) and other in by_name:
+                    return str(by_name[other]["retention.ms"]["value"])
+            raise AssertionError(f"no configs for {other}")
+
+        eventually(lambda: retention(admins[1]), "1234567", "the topic's retention.ms")
+        admins[2].alter_configs([KpConfigResource(ConfigResourceType.TOPIC, other, configs={"retention.ms": "999"})])
+        eventually(lambda: retention(admins[0]), "999", "the altered retention.ms")
+        admins[1].create_partitions({other: KpNewPartitions(total_count=4)})
+        every_broker_sees(cluster, other, 4)
+        assert all(len(a.describe_topics([other])[0]["partitions"]) == 4 for a in admins)
+        admins[2].delete_topics([other])
+        every_broker_sees(cluster, other, 0)
+        assert all(other not in a.list_topics() for a in admins)
+    finally:
+        for a in admins:
+            a.close()
+
+
+# --- aiokafka -------------------------------------------------------------------------------------------------
+
+
+def test_aiokafka(cluster: LocalCluster) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin import NewPartitions as AkNewPartitions
+    from aiokafka.admin import NewTopic as AkNewTopic
+    from aiokafka.admin.config_resource import ConfigResource as AkConfigResource
+    from aiokafka.admin.config_resource import ConfigResourceType as AkType
+    from aiokafka.errors import CommitFailedError, IllegalGenerationError, RebalanceInProgressError
+
+    topic, group = unique("ak"), unique("ak-group")
+    b0, b1, b2 = bootstraps(cluster)
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=b2)
+        await admin.start()
+        try:
+            await admin.create_topics([AkNewTopic(topic, PARTITIONS, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    assert_spread(cluster, topic)
+
+    def produce(start: int, count: int) -> None:
+        async def send() -> None:
+            producer = AIOKafkaProducer(bootstrap_servers=b0, acks="all", enable_idempotence=True, linger_ms=2)
+            await producer.start()
+            try:
+                sent = [
+                    await producer.send(topic, str(v).encode(), partition=v % PARTITIONS)
+                    for v in range(start, start + count)
+                ]
+                await asyncio.gather(*sent)
+            finally:
+                await producer.stop()
+
+        asyncio.run(send())
+
+    # each member owns an event loop in its thread; aiokafka's heartbeat task runs while getmany() waits
+    def start_member(name: str, bootstrap: str) -> ThreadMember:
+        def setup() -> tuple[asyncio.AbstractEventLoop, AIOKafkaConsumer]:
+            loop = asyncio.new_event_loop()
+
+            async def make() -> AIOKafkaConsumer:
+                c = AIOKafkaConsumer(
+                    topic,
+                    bootstrap_servers=bootstrap,
+                    group_id=group,
+                    auto_offset_reset="earliest",
+                    enable_auto_commit=False,
+                    session_timeout_ms=SESSION_TIMEOUT_MS,
+                    heartbeat_interval_ms=HEARTBEAT_MS,
+                )
+                await c.start()
+                return c
+
+            return loop, loop.run_until_complete(make())
+
+        def poll_once(state: tuple[asyncio.AbstractEventLoop, AIOKafkaConsumer]) -> list[int]:
+            loop, c = state
+
+            async def once() -> list[int]:
+                batches = await c.getmany(timeout_ms=200)
+                values = [int(r.value) for recs in batches.values() for r in recs]
+                if values:
+                    try:
+                        await c.commit()
+                    except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError):
+                        return []
+                return values
+
+            return loop.run_until_complete(once())
+
+        def shutdown(state: tuple[asyncio.AbstractEventLoop, AIOKafkaConsumer]) -> None:
+            loop, c = state
+            try:
+                loop.run_until_complete(c.stop())
+            finally:
+                loop.close()
+
+        return ThreadMember(name, setup, poll_once, shutdown, lambda s: len(s[1].assignment()))
+
+    def resume(bootstrap: str, count: int) -> list[int]:
+        async def read() -> list[int]:
+            c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest")
+            await c.start()
+            got: list[int] = []
+            try:
+                while len(got) < count:
+                    batches = await c.getmany(timeout_ms=200)
+                    got.extend(int(r.value) for recs in batches.values() for r in recs)
+            finally:
+                await c.stop()
+            return got
+
+        return asyncio.run(asyncio.wait_for(read(), 60))
+
+    reads_each_record_once(cluster, topic, group, start_member, produce, resume)
+    assert_written_to_every_partition(cluster, topic, (FIRST + MORE) // PARTITIONS)
+
+    other = unique("ak-admin")
+
+    async def admin_calls() -> None:
+        admins = [AIOKafkaAdminClient(bootstrap_servers=b) for b in (b0, b1, b2)]
+        for a in admins:
+            await a.start()
+        try:
+            for a in admins:
+                described = await a.describe_cluster()
+                assert sorted(b["node_id"] for b in described["brokers"]) == cluster.node_ids
+                assert described["controller_id"] in cluster.node_ids
+                assert described["cluster_id"] == cluster.cluster_id
+            await admins[1].create_topics([AkNewTopic(other, 2, 1, topic_configs={"retention.ms": "86400001"})])
+            await seen_everywhere(cluster, other, 2)
+            for a in admins:
+                assert other in await a.list_topics()
+            resource = AkConfigResource(AkType.TOPIC, other)
+
+            async def retention(a: AIOKafkaAdminClient) -> str:
+                for response in await a.describe_configs([resource]):
+                    for res in response.to_object()["resources"]:
+                        for entry in res["config_entries"]:
+                            if entry["config_names"] == "retention.ms":
+                                return str(entry["config_value"])
+                raise AssertionError("no retention.ms")
+
+            await eventually_async(lambda: retention(admins[2]), "86400001", "the topic's retention.ms")
+            (altered,) = await admins[0].alter_configs(
+                [AkConfigResource(AkType.TOPIC, other, {"retention.ms": "5000"})]
+            )
+            # (aiokafka hands back the response without raising for its error codes)
+            assert [(r["error_code"], r["error_message"]) for r in altered.to_object()["resources"]] == [(0, None)]
+            await eventually_async(lambda: retention(admins[1]), "5000", "the altered retention.ms")
+            await admins[2].create_partitions({other: AkNewPartitions(total_count=3)})
+            await seen_everywhere(cluster, other, 3)
+            for a in admins:
+                assert len((await a.describe_topics([other]))[0]["partitions"]) == 3
+            await admins[0].delete_topics([other])
+            await seen_everywhere(cluster, other, 0)
+            for a in admins:
+                assert other not in await a.list_topics()
+        finally:
+            for a in admins:
+                await a.close()
+
+    asyncio.run(asyncio.wait_for(admin_calls(), 60))
+
+
+async def eventually_async(ask: Callable[[], Awaitable[Any]], expected: Any, what: str) -> None:
+    """`eventually` for an asyncio client."""
+
+    last: list[Any] = [None]
+
+    async def answered() -> bool:
+        try:
+            last[0] = await ask()
+        except Exception as exc:  # noqa: BLE001 - the client's "unknown topic" while the broker catches up: asked again
+            last[0] = exc
+        return bool(last[0] == expected)
+
+    try:
+        await wait_until_async(answered, 15, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answer: {last[0]!r}") from None
+
+
+# --- kafkajs --------------------------------------------------------------------------------------------------
+
+
+def test_kafkajs(cluster: LocalCluster) -> None:
+    topic, group, other = unique("js"), unique("js-group"), unique("js-admin")
+    options = {"bootstraps": bootstraps(cluster), "topic": topic, "group": group, "n": FIRST, "more": MORE}
+    r = run_node(
+        "kafkajs_client.js",
+        cluster.brokers[0].bootstrap,
+        "cluster",
+        json.dumps({**options, "adminTopic": other}),
+        timeout=150,
+    )["result"]
+    assert r["created"] is True
+    leaders = {p["partition"]: p["leader"] for p in r["leaders"]}
+    assert sorted(leaders) == list(range(PARTITIONS)) and set(leaders.values()) == set(cluster.node_ids)
+    assert r["assigned"] == {"a": 4, "b": 4, "c": 4}
+    assert {s["errorCode"] for s in r["sent"] + r["sentMore"]} == {0}
+    assert {s["partition"] for s in r["sent"]} == set(range(PARTITIONS))
+    seen = collections.Counter(v for values in r["values"].values() for v in values)
+    assert sorted(seen) == list(range(FIRST)) and max(seen.values()) == 1
+    assert sorted(r["resumed"]) == list(range(FIRST, FIRST + MORE))
+    assert_written_to_every_partition(cluster, topic, (FIRST + MORE) // PARTITIONS)
+
+    for described in r["described"]:
+        assert described["brokers"] == cluster.node_ids
+        assert described["controller"] in cluster.node_ids and described["clusterId"] == cluster.cluster_id
+    assert r["createdAdminTopic"] is True
+    assert r["listed"] == [True, True, True]
+    assert r["retention"] == "7777777" and r["retentionAfterAlter"] == "1000000"
+    assert r["partitionsAfter"] == 5
+    assert r["listedAfterDelete"] is False
+
+
+# --- kcat -----------------------------------------------------------------------------------------------------
+
+
+class KcatMember:
+    """`kcat -G` (librdkafka's balanced consumer, auto-commit) in its own process, bootstrapped on one broker; its
+    JSON lines are read as they come. Closed with SIGTERM (by its pid): kcat then closes its consumer, which
+    commits what it has read."""
+
+    def __init__(self, kcat: str, name: str, bootstrap: str, group: str, topic: str) -> None:
+        self.name = name
+        self.values: list[int] = []
+        self.proc = subprocess.Popen(
+            [kcat, *group_args(bootstrap, group), "-u", topic],  # -u: each line written as it is read
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, name=f"kcat-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.values.append(int(json.loads(line)["payload"]))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            self._reader.join(10)
+            assert self.proc.stderr is not None
+            err = self.proc.stderr.read()
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+        assert code == 0, f"kcat member {self.name} exited {code}: {err[-2000:]}"
+
+
+def group_args(bootstrap: str, group: str) -> list[str]:
+    return [
+        "-b", bootstrap,
+        "-G", group,
+        "-J", "-q",
+        "-X", "auto.offset.reset=earliest",
+        "-X", f"session.timeout.ms={SESSION_TIMEOUT_MS}",
+        "-X", f"heartbeat.interval.ms={HEARTBEAT_MS}",
+    ]  # fmt: skip
+
+
+def run_kcat(kcat: str, *args: str, stdin: str | None = None, timeout: float = 60) -> str:
+    proc = subprocess.run([kcat, *args], check=False, input=stdin, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"kcat {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+def test_kcat(cluster: LocalCluster, kcat: str) -> None:
+    topic, group = unique("kc"), unique("kc-group")
+    b0, b1, b2 = bootstraps(cluster)
+    create_topic(b2, topic)
+    assert_spread(cluster, topic)
+
+    # the metadata listing, asked of each broker: all three brokers, every partition with its leader
+    for b in (b0, b1, b2):
+        md = json.loads(run_kcat(kcat, "-b", b, "-L", "-J", "-t", topic))
+        assert sorted(x["id"] for x in md["brokers"]) == cluster.node_ids
+        (listed,) = md["topics"]
+        assert {p["partition"]: p["leader"] for p in listed["partitions"]} == leaders_of(b0, topic)
+
+    def produce(start: int, count: int) -> None:
+        # one kcat per partition (-p), each bootstrapped on the next broker
+        for p in range(PARTITIONS):
+            lines = "".join(f"{v}\n" for v in range(start, start + count) if v % PARTITIONS == p)
+            run_kcat(
+                kcat, "-b", bootstraps(cluster)[p % 3], "-P", "-t", topic, "-p", str(p), "-X", "acks=all", stdin=lines
+            )
+
+    def resume(bootstrap: str, count: int) -> list[int]:
+        out = run_kcat(kcat, *group_args(bootstrap, group), "-c", str(count), topic)
+        return [int(json.loads(line)["payload"]) for line in out.splitlines() if line.startswith("{")]
+
+    reads_each_record_once(
+        cluster, topic, group, lambda name, b: KcatMember(kcat, name, b, group, topic), produce, resume
+    )
+    assert_written_to_every_partition(cluster, topic, (FIRST + MORE) // PARTITIONS)
+
+
+# --- admin requests sent to each broker, without a client's routing -----------------------------------------
+
+
+def create_body(name: str, partitions: int, configs: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "timeout_ms": 10_000,
+        "validate_only": False,
+        "topics": [
+            {
+                "name": name,
+                "num_partitions": partitions,
+                "replication_factor": -1,
+                "assignments": [],
+                "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()],
+            }
+        ],
+    }
+
+
+def configs_body(name: str, settings: dict[str, str] | None = None) -> dict[str, Any]:
+    resource: dict[str, Any] = {"resource_type": 2, "resource_name": name}
+    if settings is None:
+        resource["configuration_keys"] = ["retention.ms"]
+        return {"resources": [resource], "include_synonyms": False, "include_documentation": False}
+    resource["configs"] = [{"name": k, "value": v} for k, v in settings.items()]
+    return {"resources": [resource], "validate_only": False}
+
+
+async def test_admin_requests_sent_to_each_broker(cluster: LocalCluster) -> None:
+    clients = [await RawKafkaClient.connect(*b.kafka, f"admin-{b.node_id}") for b in cluster.brokers if b.kafka]
+    try:
+        described = [
+            await c.call(ApiKey.DESCRIBE_CLUSTER, 0, {"include_cluster_authorized_operations": False}) for c in clients
+        ]
+        controllers = {d["controller_id"] for d in described}
+        assert len(controllers) == 1 and controllers <= set(cluster.node_ids)
+        for d in described:
+            assert d["error_code"] == 0 and d["cluster_id"] == cluster.cluster_id
+            assert sorted(b["broker_id"] for b in d["brokers"]) == cluster.node_ids
+
+        for asked, client in zip(cluster.brokers, clients, strict=True):
+            name = unique(f"raw-{asked.node_id}")
+            created = await client.call(ApiKey.CREATE_TOPICS, 5, create_body(name, 3, {"retention.ms": "600000"}))
+            assert [(t["error_code"], t["num_partitions"]) for t in created["topics"]] == [(0, 3)], created
+            # the broker asked answers once its own view has the topic; the others follow through their watch
+            for other in clients:
+                md = await metadata_until(other, name, lambda t: len(t["partitions"]) == 3)
+                assert {p["leader_id"] for p in md["partitions"]} <= set(cluster.node_ids)
+
+            for reader in clients:
+                described_configs = await reader.call(ApiKey.DESCRIBE_CONFIGS, 1, configs_body(name))
+                (res,) = described_configs["results"]
+                assert res["error_code"] == 0
+                assert [(c["name"], c["value"]) for c in res["configs"]] == [("retention.ms", "600000")]
+            altered = await client.call(ApiKey.ALTER_CONFIGS, 0, configs_body(name, {"retention.ms": "700000"}))
+            assert [r["error_code"] for r in altered["responses"]] == [0], altered
+            for reader in clients:
+                await configs_until(reader, name, "700000")
+
+            grown = await client.call(
+                ApiKey.CREATE_PARTITIONS,
+                1,
+                {
+                    "topics": [{"name": name, "count": 6, "assignments": None}],
+                    "timeout_ms": 10_000,
+                    "validate_only": False,
+                },
+            )
+            assert [r["error_code"] for r in grown["results"]] == [0], grown
+            for other in clients:
+                await metadata_until(other, name, lambda t: len(t["partitions"]) == 6)
+
+            deleted = await client.call(ApiKey.DELETE_TOPICS, 4, {"topic_names": [name], "timeout_ms": 10_000})
+            assert [r["error_code"] for r in deleted["responses"]] == [0], deleted
+            for other in clients:
+                await metadata_until(other, name, lambda t: t["error_code"] == E.UnknownTopicOrPartitionError.code)
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def metadata_until(
+    client: RawKafkaClient, name: str, condition: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The topic's Metadata entry from this broker, once `condition` holds for it (a broker's view follows the
+    change through its etcd watch, a moment after the broker that made it)."""
+    body = {
+        "topics": [{"name": name}],
+        "allow_auto_topic_creation": False,
+        "include_topic_authorized_operations": False,
+    }
+
+    async def entry() -> dict[str, Any] | None:
+        (topic,) = (await client.call(ApiKey.METADATA, 9, body))["topics"]
+        return topic if condition(topic) else None
+
+    found: dict[str, Any] = await wait_until_async(entry, 10, f"{name} in Metadata")
+    return found
+
+
+async def configs_until(client: RawKafkaClient, name: str, retention: str) -> None:
+    async def changed() -> bool:
+        (res,) = (await client.call(ApiKey.DESCRIBE_CONFIGS, 1, configs_body(name)))["results"]
+        return res["error_code"] == 0 and [c["value"] for c in res["configs"]] == [retention]
+
+    await wait_until_async(changed, 10, f"retention.ms of {name} to be {retention}")
