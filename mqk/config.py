@@ -339,6 +339,10 @@ class TopicConfig:
         return dict(self.overrides)
 
 
+#: RocketMQ's brokerRole values a master takes (its replicas are SLAVE by nature)
+SYNC_MASTER, ASYNC_MASTER = "SYNC_MASTER", "ASYNC_MASTER"
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     #: the unnamed PLAINTEXT Kafka listener; None (`off` in the TOML file and on the command line) when only the
@@ -387,6 +391,11 @@ class BrokerConfig:
     offsets_commit_timeout_ms: int = 5000
     #: Kafka `replica.lag.time.max.ms`: an in-sync replica not caught up for this long leaves the in-sync set
     replica_lag_time_max_ms: int = 30_000
+    #: RocketMQ's brokerRole for a replicated group's master: SYNC_MASTER answers a send once the in-sync replicas
+    #: hold it (FLUSH_SLAVE_TIMEOUT after `native_sync_replica_timeout_ms`, SLAVE_NOT_AVAILABLE below
+    #: min.insync.replicas); ASYNC_MASTER answers once it is stored here
+    native_broker_role: str = SYNC_MASTER
+    native_sync_replica_timeout_ms: int = 5000
     #: Kafka `unclean.leader.election.enable`, for the broker groups (the unit of election here): a group whose
     #: in-sync replicas are all gone may elect another member, losing what only they held
     unclean_leader_election_enable: bool = False
@@ -420,6 +429,9 @@ class BrokerConfig:
             raise ValueError(f"listener names must be unique: {names}")
         if self.kafka_listen is None and not self.listeners:
             raise ValueError("no Kafka listener: kafka_listen is off and no listeners are configured")
+        if self.native_broker_role not in (SYNC_MASTER, ASYNC_MASTER):
+            role = self.native_broker_role
+            raise ValueError(f"native_broker_role must be {SYNC_MASTER} or {ASYNC_MASTER}, not {role!r}")
         bound = [(lc.host, lc.port) for lc in self.listeners if lc.port]
         if self.kafka_listen is not None and self.kafka_listen[1] and self.kafka_listen in bound:
             raise ValueError(f"a listener binds kafka_listen's address {self.kafka_listen}: set kafka_listen = 'off'")

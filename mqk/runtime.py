@@ -176,6 +176,7 @@ class BrokerRuntime:
             replication.bind(self.cluster)
             replication.wake = broker.hub.notify
             self.kafka.ctx.replication = replication
+            self.native.ctx.replication = replication
 
             async def offsets_replicated(_topic: str, _partition: int, _result: object) -> None:
                 # Kafka writes commits with acks=all: answered once every in-sync replica holds them

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mqk.errors import (
     InvalidRecord,
     MessageTooLarge,
+    NotMaster,
     NotSupported,
     OffsetOutOfRange,
     PutRejected,
@@ -19,8 +20,8 @@ def response_code_for(exc: BaseException) -> ResponseCode:
         return ResponseCode.TOPIC_NOT_EXIST
     if isinstance(exc, (MessageTooLarge, InvalidRecord, PutRejected)):
         return ResponseCode.MESSAGE_ILLEGAL
-    if isinstance(exc, StorageFull):
-        return ResponseCode.SERVICE_NOT_AVAILABLE
+    if isinstance(exc, (StorageFull, NotMaster)):
+        return ResponseCode.SERVICE_NOT_AVAILABLE  # (RocketMQ's answer to a put on a slave too)
     if isinstance(exc, OffsetOutOfRange):
         return ResponseCode.PULL_OFFSET_MOVED
     if isinstance(exc, NotSupported):

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mqk.broker import Broker
+from mqk.broker.replication import Replication
 from mqk.config import BrokerConfig
 from mqk.errors import StorageError
 from mqk.protocol.native.codes import PERM_READ, PERM_WRITE
@@ -54,6 +55,8 @@ class BrokerContext:
         self.hub = self.broker.hub
         self.clock = self.broker.clock
         self.host: tuple[str, int] = config.native_listen
+        #: cluster mode with the file engine: the group's CommitLog replication (a SYNC_MASTER's sends wait on it)
+        self.replication: Replication | None = None
         self._locations: OrderedDict[int, tuple[str, int, int]] = OrderedDict()
 
     # --- traffic counters (/metrics) -------------------------------------------------------------------------

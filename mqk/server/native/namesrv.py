@@ -84,15 +84,24 @@ class NameServer:
         }
 
     def _group_data(self, group: str) -> dict[str, Any] | None:
-        """Cluster mode: the broker data of `group` (its master's RocketMQ listener), None without a master."""
+        """Cluster mode: the broker data of `group`, None without a master: its master's RocketMQ listener as
+        brokerId 0 and each live replica's as 1, 2, ... (in node order), as a RocketMQ name server lists a master and
+        its slaves. Clients send to brokerId 0 only; this master never suggests reading from a slave."""
         cluster = self.topics.cluster
         assert cluster is not None
-        master = cluster.view.master_of(group)
-        record = cluster.view.broker(master.node_id) if master is not None else None
+        view = cluster.view
+        master = view.master_of(group)
+        record = view.broker(master.node_id) if master is not None else None
         address = record.listeners.get("native") if record is not None else None
-        if not address:
+        if not address or master is None:
             return None
-        return {"cluster": self.config.cluster_id, "brokerName": group, "brokerAddrs": {"0": address}}
+        addrs = {"0": address}
+        for node in view.members_of(group):
+            replica = view.broker(node) if node != master.node_id else None
+            replica_address = replica.listeners.get("native") if replica is not None else None
+            if replica_address:
+                addrs[str(len(addrs))] = replica_address
+        return {"cluster": self.config.cluster_id, "brokerName": group, "brokerAddrs": addrs}
 
     def _cluster_groups(self) -> dict[str, dict[str, Any]]:
         cluster = self.topics.cluster

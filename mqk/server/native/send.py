@@ -17,8 +17,10 @@ import itertools
 import zlib
 from typing import Any
 
+from mqk import errors as E
 from mqk.broker.internal import DLQ_PREFIX, RETRY_PREFIX, dlq_topic, retry_topic
 from mqk.broker.names import ROCKETMQ
+from mqk.config import SYNC_MASTER
 from mqk.errors import MqkError, StorageError
 from mqk.protocol.native.codes import (
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -166,7 +168,30 @@ class SendProcessor:
             PROPERTY_MSG_REGION: "DefaultRegion",
             PROPERTY_TRACE_SWITCH: "false",
         }
-        return cmd.response(ResponseCode.SUCCESS, ext=ext)
+        return cmd.response(await self._replicated(topic), ext=ext)
+
+    async def _replicated(self, topic: str) -> ResponseCode:
+        """A SYNC_MASTER answers once the group's in-sync replicas hold the message (RocketMQ's HA wait): stored
+        here but not there in time is FLUSH_SLAVE_TIMEOUT, fewer in-sync replicas than min.insync.replicas is
+        SLAVE_NOT_AVAILABLE (the message is stored on the master either way, as RocketMQ answers)."""
+        replication = self.ctx.replication
+        info = self.ctx.store.topic(topic)
+        if replication is None or info is None or info.engine != "file":
+            return ResponseCode.SUCCESS
+        if self.ctx.config.native_broker_role != SYNC_MASTER:
+            return ResponseCode.SUCCESS
+        min_insync = info.config.get_int("min.insync.replicas")
+        try:
+            await replication.wait_replicated(
+                replication.engine.log_end, min_insync, self.ctx.config.native_sync_replica_timeout_ms / 1000
+            )
+        except (E.NotEnoughReplicasAfterAppendError, E.NotEnoughReplicasError):
+            return ResponseCode.SLAVE_NOT_AVAILABLE
+        except E.RequestTimedOutError:
+            return ResponseCode.FLUSH_SLAVE_TIMEOUT
+        except E.NotLeaderOrFollowerError:
+            return ResponseCode.SERVICE_NOT_AVAILABLE  # (it stopped being master: the message may be cut)
+        return ResponseCode.SUCCESS
 
     async def _append(
         self,
