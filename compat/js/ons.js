@@ -5,6 +5,9 @@
 //   node ons.js <namesrv host:port> consume '<json>'   push consumer; prints one JSON event per line:
 //        {"event":"assign","queues":[...]} whenever its queue set changes, {"event":"msg",...} per delivery;
 //        SIGTERM closes the consumer (persists offsets, unregisters) and exits 0.
+//   node ons.js <namesrv host:port> produce-loop '<json>'   sends `<prefix>-<n>` bodies one after another until
+//        SIGTERM, printing {"event":"sent",...} or {"event":"error",...} per send (routes refreshed every second,
+//        so it follows a broker group's new master)
 // The client's own log goes to stderr so stdout carries only JSON.
 'use strict'
 
@@ -48,6 +51,34 @@ async function produce ({ group, messages }) {
   }
   await producer.close()
   return results
+}
+
+async function produceLoop ({ topic, prefix, group }) {
+  const producer = new Producer({
+    ...common,
+    producerGroup: group || 'mqk-compat-loop',
+    instanceName: `l${process.pid}`,
+    pollNameServerInterval: 1000,
+    sendMsgTimeout: 10000
+  })
+  await producer.ready()
+  let stopping = false
+  const stop = () => { stopping = true }
+  process.on('SIGTERM', stop)
+  process.on('SIGINT', stop)
+  for (let n = 0; !stopping; n++) {
+    const body = `${prefix}-${n}`
+    try {
+      const r = await producer.send(new Message(topic, 'L', Buffer.from(body)))
+      out({ event: 'sent', body, sendStatus: r.sendStatus, brokerName: r.messageQueue.brokerName, queueId: Number(r.messageQueue.queueId), queueOffset: r.queueOffset, at: Date.now() })
+    } catch (err) {
+      out({ event: 'error', body, message: String(err && err.message), at: Date.now() })
+      await new Promise(resolve => setTimeout(resolve, 100))
+    }
+  }
+  try { await producer.close() } catch (err) { process.stderr.write(`[close] ${err && err.message}\n`) }
+  out({ event: 'closed' })
+  process.exit(0)
 }
 
 async function consume ({ topic, group, subExpression = '*', failFirst = false, rebalanceMs = 1000 }) {
@@ -119,6 +150,8 @@ async function main () {
     process.exit(0)
   } else if (command === 'consume') {
     await consume(opts)
+  } else if (command === 'produce-loop') {
+    await produceLoop(opts)
   } else {
     throw new Error(`unknown command ${command}`)
   }
