@@ -270,7 +270,7 @@ class Replication:
                 self._promoting = False  # the promotion is complete (or was lost with the lease)
             else:
                 return
-        if self.is_master and not node.leading:
+        if self.is_master and self._mastership_lost():
             await self._step_down()
         if self.is_master:
             return
@@ -285,6 +285,16 @@ class Replication:
                 self._follow_task = asyncio.get_running_loop().create_task(
                     self._follow(*target), name="mqk-replication-follow"
                 )
+
+    def _mastership_lost(self) -> bool:
+        """Whether this broker's mastership is over: its node resigned (lease lost, stopped) or etcd shows another
+        master of the group. A view that does not show the group's master yet (its watch behind the election's own
+        answer) is no sign: stepping down on it would leave the group with a master that refuses appends."""
+        node = self.member.node
+        if node.master_epoch != self.master_epoch:
+            return True
+        master = self.member.view.master_of(self.member.group)
+        return master is not None and (master.node_id != node.node_id or master.epoch != self.master_epoch)
 
     async def _step_down(self) -> None:
         log.warning(
