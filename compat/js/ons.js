@@ -27,7 +27,7 @@ for (const level of ['debug', 'info', 'warn', 'error']) {
 // ali-ons insists on an HTTP client and access keys; with nameSrv given it never uses the former, and mqk
 // accepts and ignores the signature made with the latter.
 const common = {
-  nameSrv,
+  nameSrv: nameSrv.split(';'), // several name servers separated by ';', as RocketMQ's namesrvAddr
   httpclient: { request: async () => { throw new Error('no HTTP in tests') } },
   accessKeyId: 'mqk-test-key',
   accessKeySecret: 'mqk-test-secret',
