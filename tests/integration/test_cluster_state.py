@@ -1,10 +1,11 @@
-"""State a master needs comes from its log, not from side files: a one-broker cluster (real etcd, a real
+"""State a master needs comes from its log, not from side files. Twice: a one-broker cluster (real etcd, a real
 `mqk serve --cluster` process) is killed with -9, its side files (the offsets journal, the `state/` documents) are
-deleted, and it starts again with only its log, as a replica that takes over would have only the log it
-replicated. Committed offsets (confluent-kafka, kafka-python, RocketMQ), delayed messages (delivered once: the one
-delivered before the kill not again, the pending one after it) and idempotent dedup (a retried batch is answered
-with its first offsets, not appended twice) all come back; the offsets are `__consumer_offsets` records in Kafka's
-layout, as Kafka's tools read them.
+deleted, and it starts again with only its log; and a broker group of three loses its master to kill -9 and the
+replica elected in its place, which has only the log it replicated, takes over. Committed offsets
+(confluent-kafka, kafka-python, RocketMQ), delayed messages (delivered once: the one delivered before the kill not
+again, the pending one after it) and idempotent dedup (a retried batch is answered with its first offsets, not
+appended twice) all come back; the offsets are `__consumer_offsets` records in Kafka's layout, as Kafka's tools
+read them.
 
 Every wait is bounded; each process is stopped by the fixtures' teardown.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import produce_body
+from helpers import produce_body, wait_until_async
 
 from mqk.broker.cluster import java_string_hash
 from mqk.client import MessageQueue, Producer, PullConsumer
@@ -50,15 +51,17 @@ def offsets_partition(group: str) -> int:
     return (0 if h == -(1 << 31) else abs(h)) % OFFSETS_PARTITIONS
 
 
-def namesrv(cluster: LocalCluster) -> str:
-    address = cluster.broker(0).namesrv
+def namesrv(cluster: LocalCluster, node_id: int) -> str:
+    address = cluster.broker(node_id).namesrv
     assert address is not None
     return f"{address[0]}:{address[1]}"
 
 
-def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+def create_topics(bootstrap: str, topics: dict[str, int], replication_factor: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, n, 1) for name, n in topics.items()], request_timeout=WAIT_S)
+    futures = admin.create_topics(
+        [NewTopic(name, n, replication_factor) for name, n in topics.items()], request_timeout=WAIT_S
+    )
     for future in futures.values():
         future.result(WAIT_S)
 
@@ -147,32 +150,36 @@ async def produce(client: RawKafkaClient, batch: bytearray) -> dict[str, Any]:
     return dict(resp["responses"][0]["partition_responses"][0])
 
 
-async def test_a_master_with_only_its_log_has_offsets_timer_and_producer_state(
-    mqk_cluster_factory: Callable[..., LocalCluster], tmp_path: Path
-) -> None:
-    config = tmp_path / "broker.toml"
-    config.write_text(CONFIG)
-    cluster = mqk_cluster_factory(1, extra_args=["--config", str(config)])
-    broker = cluster.broker(0)
-    bootstrap, ns = broker.bootstrap, namesrv(cluster)
-    await asyncio.to_thread(create_topics, bootstrap, {"orders": 2, "later": 1})
+class State:
+    """The state written before the takeover, and what the checks after it need."""
 
-    # committed offsets through both Kafka clients and RocketMQ's remoting
+    def __init__(self, batch: Callable[..., bytearray], first_offset: int, pending_due: int) -> None:
+        self.batch = batch
+        self.first_offset = first_offset
+        self.pending_due = pending_due
+
+
+def kafka_address(cluster: LocalCluster, node_id: int) -> tuple[str, int]:
+    address = cluster.broker(node_id).kafka
+    assert address is not None
+    return address
+
+
+async def write_state(bootstrap: str, ns: str, kafka: tuple[str, int]) -> State:
+    """Committed offsets (three clients), two delayed messages (one delivered, one pending) and an idempotent
+    producer's batch, all acknowledged by the broker group's master."""
     await asyncio.to_thread(confluent_commit, bootstrap)
     await asyncio.to_thread(kafka_python_commit, bootstrap)
     async with PullConsumer(ns, "g-rmq") as rmq:
         await rmq.commit_offset(MessageQueue("orders", GROUP, 0), 4)
 
-    # delayed messages: one delivered before the kill, one still waiting
     async with Producer(ns) as producer:
         await producer.send("later", b"early", deliver_at_ms=int(time.time() * 1000) + 300)
         assert await collect_until(ns, "later", b"early") == [b"early"]
         pending_due = int(time.time() * 1000) + 8000
         await producer.send("later", b"pending", deliver_at_ms=pending_due)
 
-    # an idempotent producer's batch
-    assert broker.kafka is not None
-    async with await RawKafkaClient.connect(*broker.kafka) as client:
+    async with await RawKafkaClient.connect(*kafka) as client:
         init = await client.call(
             ApiKey.INIT_PRODUCER_ID,
             4,
@@ -184,17 +191,13 @@ async def test_a_master_with_only_its_log_has_offsets_timer_and_producer_state(
         def batch(seq: int, *values: bytes) -> bytearray:
             return make_batch(list(values), producer_id=pid, producer_epoch=epoch, base_sequence=seq)
 
-        first = await produce(client, batch(0, b"a", b"b", b"c"))
+        first = await produce(client, batch(0, b"a", b"b", b"c"))  # acks=all: every in-sync replica holds it
         assert first["error_code"] == 0
+    return State(batch, first["base_offset"], pending_due)
 
-    # kill -9; the side files go; the log (CommitLog, ConsumeQueues) stays
-    cluster.kill(0)
-    for side in ("offsets", "state"):
-        shutil.rmtree(broker.data_dir / side, ignore_errors=True)
-    assert (broker.data_dir / "commitlog").is_dir()
-    cluster.restart(0)
-    bootstrap, ns = broker.bootstrap, namesrv(cluster)
 
+async def check_state(state: State, bootstrap: str, ns: str, kafka: tuple[str, int]) -> None:
+    """What `write_state` wrote, as the clients see it from the master after the takeover."""
     assert await asyncio.to_thread(confluent_committed, bootstrap) == 7
     committed = await asyncio.to_thread(kafka_python_committed, bootstrap)
     assert (committed.offset, committed.metadata) == (3, "kp-meta")
@@ -208,17 +211,73 @@ async def test_a_master_with_only_its_log_has_offsets_timer_and_producer_state(
     assert mine[-1][1] is not None and mine[-1][1].offset == 7
 
     # the retried batch is answered with its first offsets, not appended again; the sequence goes on from there
-    assert broker.kafka is not None
-    async with await RawKafkaClient.connect(*broker.kafka) as client:
+    batch = state.batch
+    async with await RawKafkaClient.connect(*kafka) as client:
         retry = await produce(client, batch(0, b"a", b"b", b"c"))
-        assert (retry["error_code"], retry["base_offset"]) == (0, first["base_offset"])
+        assert (retry["error_code"], retry["base_offset"]) == (0, state.first_offset)
         gap = await produce(client, batch(5, b"z"))
         assert gap["error_code"] == OutOfOrderSequenceNumberError.code
         after = await produce(client, batch(3, b"d"))
-        assert (after["error_code"], after["base_offset"]) == (0, first["base_offset"] + 3)
+        assert (after["error_code"], after["base_offset"]) == (0, state.first_offset + 3)
 
     # one more delayed message, due after the others: the timer delivers in due order, so once it is in, every
     # delivery that will ever happen of the others (a duplicate too) has happened
     async with Producer(ns) as producer:
-        await producer.send("later", b"last", deliver_at_ms=max(pending_due, int(time.time() * 1000)) + 200)
+        await producer.send("later", b"last", deliver_at_ms=max(state.pending_due, int(time.time() * 1000)) + 200)
     assert await collect_until(ns, "later", b"last") == [b"early", b"pending", b"last"]
+
+
+async def test_a_master_with_only_its_log_has_offsets_timer_and_producer_state(
+    mqk_cluster_factory: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(CONFIG)
+    cluster = mqk_cluster_factory(1, extra_args=["--config", str(config)])
+    broker = cluster.broker(0)
+    await asyncio.to_thread(create_topics, broker.bootstrap, {"orders": 2, "later": 1})
+    state = await write_state(broker.bootstrap, namesrv(cluster, 0), kafka_address(cluster, 0))
+
+    # kill -9; the side files go; the log (CommitLog, ConsumeQueues) stays
+    cluster.kill(0)
+    for side in ("offsets", "state"):
+        shutil.rmtree(broker.data_dir / side, ignore_errors=True)
+    assert (broker.data_dir / "commitlog").is_dir()
+    cluster.restart(0)
+    await check_state(state, broker.bootstrap, namesrv(cluster, 0), kafka_address(cluster, 0))
+
+
+def master_of_orders(bootstrap: str) -> int:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics("orders", timeout=10)
+    return int(md.topics["orders"].partitions[1].leader)
+
+
+async def test_a_new_master_after_a_failover_has_offsets_timer_and_producer_state(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """The same state, written to a broker group of three (everything replicated, offsets and timer state in
+    internal topics), then its master killed with -9: the replica elected in its place has all of it."""
+    cluster = mqk_cluster_factory(
+        3,
+        group_size=3,
+        config={
+            "cluster_session_timeout_ms": 2000,
+            "replica_lag_time_max_ms": 3000,
+            "offsets_topic_num_partitions": OFFSETS_PARTITIONS,
+        },
+    )
+    await asyncio.to_thread(create_topics, cluster.bootstrap, {"orders": 2, "later": 1}, 3)
+    master = await asyncio.to_thread(master_of_orders, cluster.bootstrap)
+    state = await write_state(cluster.bootstrap, namesrv(cluster, master), kafka_address(cluster, master))
+
+    cluster.kill(master)
+    survivors = ",".join(cluster.broker(n).bootstrap for n in range(3) if n != master)
+
+    def new_master() -> int | None:
+        try:
+            leader = master_of_orders(survivors)
+        except confluent_kafka.KafkaException:
+            return None
+        return leader if leader not in (master, -1) else None
+
+    elected = await wait_until_async(lambda: asyncio.to_thread(new_master), WAIT_S, "a new master")
+    await check_state(state, survivors, namesrv(cluster, elected), kafka_address(cluster, elected))
