@@ -115,7 +115,7 @@ def test_kafka_python_idempotent_acks_all_loses_nothing_over_a_kill_loop(mqk_clu
             future.add_callback(lambda _md, v=value: acked.__setitem__(v, time.monotonic()))
             future.add_errback(failed.append)
             n += 1
-            time.sleep(0.001)
+            time.sleep(0.001)  # pacing the writer: load to fail over under, not a flood to read back
 
     writer = threading.Thread(target=write, daemon=True)
     writer.start()

@@ -407,7 +407,7 @@ class Proxy:
         try:
             while data := await reader.read(1 << 16):
                 if self.delay:
-                    await asyncio.sleep(self.delay)
+                    await asyncio.sleep(self.delay)  # the injected fault: a slow link
                 writer.write(data)
                 await writer.drain()
         finally:
@@ -461,7 +461,7 @@ def test_a_slow_then_cut_replication_link_takes_the_replicas_out_of_sync_and_bac
             wait_until(lambda: producer.acks_after(alone_at) > 100, SETTLE_S, "writes acknowledged by the master")
             proxy.delay = 0.0
             proxy.cut()  # and the links dropped: the replicas connect again once it heals
-            time.sleep(0.5)
+            time.sleep(0.5)  # the links stay down a while: the replicas' reconnects meet the cut (no event here)
             proxy.heal()
             wait_until(lambda: len(in_sync(cluster, "slow")) == 3, SETTLE_S, "the replicas back in sync")
         assert not producer.failed, producer.failed[:3]

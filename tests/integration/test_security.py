@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import fetch_body, produce_body, values_of
+from helpers import fetch_body, produce_body, values_of, wait_until_async
 from pki import make_pki
 
 from mqk import errors as E
@@ -122,12 +122,12 @@ async def connect(broker, pki, listener: str, cert: str | None = None, **kw) -> 
 
 
 async def logged(caplog, text: str) -> str:
-    for _ in range(200):
-        for record in caplog.records:
-            if text in record.getMessage():
-                return record.getMessage()
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no log line with {text!r}: {[r.getMessage() for r in caplog.records]}")
+    """The first log line holding `text`, once the broker (on this loop or its own thread) has written it."""
+
+    def line() -> str | None:
+        return next((r.getMessage() for r in caplog.records if text in r.getMessage()), None)
+
+    return await wait_until_async(line, 5, f"a log line with {text!r}")
 
 
 def test_ready_line_ends_with_each_named_listener(broker):
@@ -383,6 +383,7 @@ async def test_users_survive_a_restart_of_a_file_store_broker(pki, tmp_path):
     )
     b = ThreadedBroker(config).start()
     try:
+        # one turn of the broker's loop, so its listeners are serving before the client connects
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(asyncio.sleep(0), b.loop))
         await add_users(b.kafka_address)
     finally:

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from helpers import wait_until_async
 from pki import make_pki
 
 from mqk.config import TlsConfig
@@ -102,11 +103,9 @@ async def closed_with_log(port, caplog, send: bytes, match: str, timeout: float 
     while data:  # an alert may come first; then the end
         data = await asyncio.wait_for(reader.read(1 << 16), timeout)
     writer.close()
-    for _ in range(100):
-        lines = [r for r in caplog.records if r.name == "mqk.tls"]
-        if lines:
-            break
-        await asyncio.sleep(0.01)
+    lines = await wait_until_async(
+        lambda: [r for r in caplog.records if r.name == "mqk.tls"], timeout, "the TLS layer's log line"
+    )
     assert len(lines) == 1 and match in lines[0].getMessage(), [r.getMessage() for r in lines]
     assert lines[0].levelno == logging.WARNING
 
@@ -149,10 +148,11 @@ async def test_tls_1_1_is_refused_by_the_server(pki, caplog):
             old.minimum_version = ssl.TLSVersion.TLSv1_1
             old.maximum_version = ssl.TLSVersion.TLSv1_1
         await refused(port, old)
-        for _ in range(100):
-            if any("handshake failed" in r.getMessage() for r in caplog.records if r.name == "mqk.tls"):
-                break
-            await asyncio.sleep(0.01)
+        await wait_until_async(
+            lambda: any("handshake failed" in r.getMessage() for r in caplog.records if r.name == "mqk.tls"),
+            10,
+            "the refused handshake's log line",
+        )
         assert any("UNSUPPORTED_PROTOCOL" in r.getMessage() for r in caplog.records if r.name == "mqk.tls")
         assert seen == []
     finally:

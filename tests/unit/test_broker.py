@@ -195,7 +195,7 @@ async def test_concurrent_ensures_create_a_topic_once(store: StoreManager) -> No
 
     async def counted(*args, **kwargs):
         calls.append(args)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a yield: the other ensure runs here, where a race would show
         return await create(*args, **kwargs)
 
     store.create_topic = counted  # type: ignore[method-assign]  # counting the store's creations
@@ -238,7 +238,7 @@ async def test_one_hub_hears_the_store_once_however_many_front_doors_open_it(sto
     await store.create_topic("t", 2)
     poll = asyncio.ensure_future(broker.hub.wait([("t", 1)], 5))
     other = asyncio.ensure_future(broker.hub.wait([("t", 0)], 5))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # a yield: both waiters register before the append
     await store.append("t", 1, [make_batch([b"x"])])
     assert await asyncio.wait_for(poll, 1) is True
     assert not other.done()

@@ -157,7 +157,7 @@ class FakeCluster:
         return True
 
     async def _wait_until(self, condition, timeout):  # noqa: ASYNC109 - the view's wait_until signature
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a yield, as the real view's wait does before it answers
         return condition(self.state)
 
 
