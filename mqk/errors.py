@@ -95,6 +95,11 @@ class MetaUnavailable(MqkError):
     unchanged, or unknown for a change whose answer was lost."""
 
 
+class MetaOutcomeUnknown(MetaUnavailable):
+    """A transaction reached etcd (or may have) but its answer was lost: it may have been applied. The caller
+    re-reads what it wrote before deciding; sending it again would answer for the second try, not the first."""
+
+
 # --- protocol-level ------------------------------------------------------------------------------------
 
 

@@ -2,7 +2,9 @@
 
 Owns:
 - endpoint handling: `etcd://HOST:PORT[,HOST:PORT...]`; a call that finds its endpoint unreachable moves to the next
-  one and tries again, once around the list, then raises `MetaUnavailable` (retriable for the caller);
+  one and tries again, once around the list, then raises `MetaUnavailable` (retriable for the caller); a
+  transaction whose answer was lost (a timeout, a channel closed under it) is not sent again but raises
+  `MetaOutcomeUnknown`;
 - the value types the rest of mqk sees (`Record`, `Compare`, `Put`, `Delete`, `WatchEvent`), so nothing above this
   module depends on the client library's types;
 - watches that survive a lost connection: `watch_prefix` lists the prefix, then follows it from the listing's
@@ -21,7 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mqk.errors import MetaUnavailable, MqkError
+from mqk.errors import MetaOutcomeUnknown, MetaUnavailable, MqkError
 
 log = logging.getLogger("mqk.meta")
 
@@ -152,9 +154,11 @@ class EtcdClient:
             except Exception as exc:  # noqa: BLE001 - the channel is broken already
                 log.debug("closing a broken etcd channel: %s", exc)
 
-    async def _call(self, op: Any) -> Any:
+    async def _call(self, op: Any, *, resend: bool = True) -> Any:
         """Run `op(client)` against the current endpoint, moving to the next one when it is unreachable, once around
-        the list; MetaUnavailable after that."""
+        the list; MetaUnavailable after that. With `resend` False (a transaction: sending it twice is not sending
+        it once) an answer lost after sending raises MetaOutcomeUnknown at once; only a connection that could not be
+        made moves on to the next endpoint."""
         import aetcd.exceptions as aex
 
         if self._closed:
@@ -164,25 +168,31 @@ class EtcdClient:
             if self._client is None:
                 self._client = self._new_client()
             client = self._client
+            unknown = False
             try:
                 return await asyncio.wait_for(op(client), self.timeout)
-            except (aex.ConnectionFailedError, aex.ConnectionTimeoutError, TimeoutError) as exc:
+            except aex.ConnectionFailedError as exc:
                 last = exc
+            except (aex.ConnectionTimeoutError, TimeoutError) as exc:
+                last, unknown = exc, True
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # the caller is being cancelled (a stop): not etcd's doing
                 # another call dropped the channel under this one (closing a channel cancels the calls on it): the
                 # outcome is unknown, as after a timeout, and must not end the caller's task
-                last = ConnectionError("the channel was closed during the call")
+                last, unknown = ConnectionError("the channel was closed during the call"), True
             except aex.ClientError as exc:
                 if "lease not found" in str(exc):
                     raise LeaseExpired(str(exc)) from None
                 raise
-            log.debug("etcd at %s: %s", self.endpoint, last)
+            endpoint = self.endpoint
+            log.debug("etcd at %s: %s", endpoint, last)
             if client is self._client:
                 await self._drop_channel(client)
                 self._current = (self._current + 1) % len(self.endpoints)
+            if unknown and not resend:
+                raise MetaOutcomeUnknown(f"etcd at {endpoint}: no answer to a transaction ({last or 'timeout'})")
         where = ", ".join(f"{h}:{p}" for h, p in self.endpoints)
         detail = str(last) if last is not None and str(last) else f"no answer in {self.timeout:g} s"
         raise MetaUnavailable(f"etcd unreachable at {where}: {detail}")
@@ -259,7 +269,7 @@ class EtcdClient:
 
             return run()
 
-        result: tuple[bool, int] = await self._call(build)
+        result: tuple[bool, int] = await self._call(build, resend=False)
         return result
 
     # --- leases -------------------------------------------------------------------------------------------------

@@ -105,6 +105,8 @@ class ClusterNode:
         self.elected_isr: frozenset[int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._campaigning = False
+        #: orphaned keys (see `_release_orphans`) being deleted now
+        self._releasing: set[str] = set()
         self._stopped = False
         #: a member outside the in-sync set may run for master (Kafka's unclean leader election: records only the
         #: lost in-sync replicas held are gone)
@@ -290,6 +292,35 @@ class ClusterNode:
             self._resign(f"node {master.node_id} is master with epoch {master.epoch}")
         if self.lease and not self._campaigning and (state.masters.get(self.group) is None or state.controller is None):
             asyncio.get_running_loop().create_task(self._campaign())
+        if self.lease and not self._campaigning:
+            self._release_orphans()
+
+    def _release_orphans(self) -> None:
+        """Free a mastership or controllership etcd gives this broker but the broker does not hold (it won an
+        election whose answer was lost and whose re-read failed): kept, the key would stall its group or the
+        cluster's metadata for as long as this broker lives. Deleted only if etcd still holds that very record, so
+        a fresh election decides."""
+        state = self.view.state
+        master = state.masters.get(self.group)
+        orphans = []
+        if master is not None and master.node_id == self.node_id and master.epoch != self.master_epoch:
+            orphans.append((self.keys.master(self.group), dump(master)))
+        controller = state.controller
+        if controller is not None and controller.node_id == self.node_id and self.controlling is None:
+            orphans.append((self.keys.controller, dump(controller)))
+        for key, value in orphans:
+            if key not in self._releasing:
+                self._releasing.add(key)
+                asyncio.get_running_loop().create_task(self._release(key, value), name="mqk-release-orphan")
+
+    async def _release(self, key: str, value: bytes) -> None:
+        try:
+            if await self.meta.txn([Compare(key, "value", "==", value)], [Delete(key)]):
+                log.warning("cluster: released %s, which this broker held without knowing it", key)
+        except MetaUnavailable as exc:
+            log.warning("cluster: could not release %s yet: %s", key, exc)
+        finally:
+            self._releasing.discard(key)
 
     @property
     def is_controller(self) -> bool:
@@ -406,7 +437,16 @@ class ClusterNode:
             guards.append(extra_guard)
         if extra_put is not None:
             puts.append(extra_put(epoch))
-        won = await self.meta.txn(guards, puts)
+        try:
+            won = await self.meta.txn(guards, puts)
+        except E.MetaOutcomeUnknown:
+            # the answer was lost, not necessarily the write: the key says who won (this re-read may itself fail;
+            # then `_release_orphans` frees a key this broker won without knowing it)
+            held = await self.meta.get(key)
+            won = held is not None and held.lease == self.lease and held.value == dump(record(epoch))
+            log.warning(
+                "cluster: the answer to the election for %s was lost; re-read: %s", key, "won" if won else "lost"
+            )
         return epoch if won else 0
 
     def controller_fence(self) -> Compare:

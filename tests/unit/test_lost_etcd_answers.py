@@ -1,0 +1,116 @@
+"""A transaction whose answer etcd never gave (a timeout, a channel closed under it) may have been applied: the etcd
+client does not send it again, and the cluster node decides from what etcd holds. An election it won without
+knowing must not leave its group or the cluster with a key nobody acts on. No etcd: the client's channel and the
+node's meta service are stand-ins that record what they were asked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from mqk.broker.cluster.model import ControllerRecord, MasterRecord, dump
+from mqk.broker.cluster.node import ClusterConfig, ClusterNode
+from mqk.clock import settle
+from mqk.errors import MetaOutcomeUnknown, MetaUnavailable
+from mqk.meta import Compare, Delete, EtcdClient, Record
+
+
+class SilentChannel:
+    """An etcd channel that takes every call and never answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def close(self) -> None:
+        pass
+
+
+def client_over(channel: SilentChannel, endpoints: int) -> EtcdClient:
+    client = EtcdClient([("127.0.0.1", 1 + n) for n in range(endpoints)], timeout=0.05)
+    client._client = channel
+    client._new_client = lambda: channel  # type: ignore[method-assign]  # every endpoint's channel is the silent one
+    return client
+
+
+async def unanswered(channel: Any) -> None:
+    channel.calls += 1
+    await asyncio.Event().wait()
+
+
+async def test_a_transaction_without_an_answer_is_not_sent_again() -> None:
+    channel = SilentChannel()
+    client = client_over(channel, endpoints=3)
+    with pytest.raises(MetaOutcomeUnknown):
+        await client._call(unanswered, resend=False)
+    assert channel.calls == 1
+
+
+async def test_a_read_without_an_answer_goes_round_the_endpoints_once() -> None:
+    channel = SilentChannel()
+    client = client_over(channel, endpoints=3)
+    with pytest.raises(MetaUnavailable) as raised:
+        await client._call(unanswered)
+    assert channel.calls == 3 and not isinstance(raised.value, MetaOutcomeUnknown)
+
+
+class Meta:
+    """The node's meta service: transactions applied, then their answers lost; keys as `held` says."""
+
+    def __init__(self, held: dict[str, Record]) -> None:
+        self.held = held
+        self.txns: list[tuple[list[Compare], list[Any]]] = []
+
+    async def txn(self, compares: list[Compare], success: list[Any], failure: Any = ()) -> bool:
+        self.txns.append((list(compares), list(success)))
+        raise MetaOutcomeUnknown("the answer was lost")
+
+    async def get(self, key: str) -> Record | None:
+        return self.held.get(key)
+
+
+def node(meta: Meta) -> ClusterNode:
+    n = ClusterNode(ClusterConfig([("127.0.0.1", 1)], "c", 0, "g", {}))
+    n.meta = meta  # type: ignore[assignment]  # the stand-in above
+    n.lease = 77
+    return n
+
+
+def record(key: str, value: bytes, lease: int) -> Record:
+    return Record(key, value, 5, 5, 1, lease)
+
+
+@pytest.mark.parametrize(("holder_lease", "won"), [(77, True), (78, False)])
+async def test_an_election_whose_answer_was_lost_is_decided_by_the_key(holder_lease: int, won: bool) -> None:
+    meta = Meta({})
+    n = node(meta)
+    key = n.keys.master("g")
+    meta.held[key] = record(key, dump(MasterRecord(0, 1)), holder_lease)
+    epoch = await n._elect(key, n.keys.master_epoch("g"), lambda e: MasterRecord(0, e))
+    assert epoch == (1 if won else 0)
+
+
+async def test_a_mastership_and_a_controllership_held_without_knowing_are_released() -> None:
+    meta = Meta({})
+    n = node(meta)
+    n.view.state.masters["g"] = MasterRecord(0, 4)  # etcd says this node is master; the node does not know it
+    n.view.state.controller = ControllerRecord(0, 2)
+    n._on_change()
+    await settle()
+    released = {success[0].key: compares for compares, success in meta.txns if isinstance(success[0], Delete)}
+    assert released == {
+        n.keys.master("g"): [Compare(n.keys.master("g"), "value", "==", dump(MasterRecord(0, 4)))],
+        n.keys.controller: [Compare(n.keys.controller, "value", "==", dump(ControllerRecord(0, 2)))],
+    }
+
+
+async def test_a_mastership_the_node_holds_is_kept() -> None:
+    meta = Meta({})
+    n = node(meta)
+    n.master_epoch = 4
+    n.view.state.masters["g"] = MasterRecord(0, 4)
+    n.view.state.controller = ControllerRecord(1, 2)  # another node's
+    n._on_change()
+    await settle()
+    assert meta.txns == []
