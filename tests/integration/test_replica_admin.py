@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from helpers import wait_until
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KafkaTopicPartition
-from kafka.errors import InvalidReplicationAssignmentError
+from kafka.errors import InvalidReplicationAssignmentError, NotLeaderForPartitionError
 from test_replication import (
     SETTLE_S,
     AckedProducer,
@@ -137,6 +137,16 @@ def test_a_preferred_election_hands_the_group_back_to_its_first_member_under_ack
         again = elect(cluster, ElectionType.PREFERRED, "prefer", 1)
         assert again is not None and again.code() == KafkaError.ELECTION_NOT_NEEDED, again
     assert not producer.failed, producer.failed[:3]
+    # the new master rebuilt the producer's state from its log: the producer is there, on the leader only
+    admin = KafkaAdminClient(bootstrap_servers=[b.bootstrap for b in cluster.brokers])
+    try:
+        tp = KafkaTopicPartition("prefer", 0)
+        (state,) = admin.describe_producers([tp])[tp].active_producers
+        assert state.producer_id >= 0 and state.last_sequence >= 0
+        with pytest.raises(NotLeaderForPartitionError):
+            admin.describe_producers([tp], broker_id=max(cluster.node_ids))
+    finally:
+        admin.close()
     assert produce_one(cluster, "prefer", acks="all") is None
     out = mqk_cli(
         "partitions",
