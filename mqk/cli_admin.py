@@ -65,8 +65,9 @@ def with_kafka_connection(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     return p
 
 
-async def _kafka(args: argparse.Namespace) -> RawKafkaClient:
-    host, port = parse_hostport(args.bootstrap)
+async def _kafka(args: argparse.Namespace, address: tuple[str, int] | None = None) -> RawKafkaClient:
+    """A connection to `--bootstrap` (or to `address`, another broker of the cluster), secured as the options say."""
+    host, port = address if address is not None else parse_hostport(args.bootstrap)
     protocol = args.security_protocol
     context = None
     if protocol in ("SSL", "SASL_SSL"):
@@ -528,6 +529,162 @@ def _human(n: int) -> str:
     return f"{value:.1f} {('B', 'KiB', 'MiB', 'GiB', 'TiB')[exp]}"
 
 
+# --- partitions: leader elections and reassignments --------------------------------------------------
+
+#: ElectLeaders election types, as kafka-leader-election names them
+ELECTION_TYPES = {"preferred": 0, "unclean": 1}
+ELECTION_NOT_NEEDED = 84
+
+
+def _topic_partitions(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """--topic / --partition as ElectLeaders names them (None: every partition of every topic)."""
+    if args.topic is None:
+        if args.partition:
+            raise CommandError("--partition needs --topic")
+        return None
+    return [{"topic": args.topic, "partitions": args.partition}]
+
+
+async def partitions_elect_leaders(args: argparse.Namespace) -> None:
+    """ElectLeaders: a broker group's mastership moves as a whole, so partitions of one group share one outcome."""
+    async with await _kafka(args) as client:
+        partitions = _topic_partitions(args)
+        if partitions is not None and not args.partition:
+            meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}]})
+            topic = meta["topics"][0]
+            _check(topic["error_code"], f"elect leaders of {args.topic}")
+            partitions[0]["partitions"] = sorted(p["partition_index"] for p in topic["partitions"])
+        resp = await client.call(
+            ApiKey.ELECT_LEADERS,
+            2,
+            {"election_type": ELECTION_TYPES[args.type], "topic_partitions": partitions, "timeout_ms": 60_000},
+            timeout=90.0,
+        )
+    _check(resp.get("error_code", 0), "elect leaders")
+    rows = [
+        {
+            "topic": t["topic"],
+            "partition": p["partition_id"],
+            "error_code": p["error_code"],
+            "error": KafkaError.for_code(p["error_code"]).__name__ if p["error_code"] else None,
+            "message": p["error_message"],
+        }
+        for t in resp["replica_election_results"]
+        for p in t["partition_result"]
+    ]
+    if args.json:
+        _print_json(rows)
+    else:
+        if not rows:
+            print("no election was needed")
+        for row in rows:
+            if not row["error_code"]:
+                outcome = f"{args.type} leader elected"
+            elif row["error_code"] == ELECTION_NOT_NEEDED:
+                outcome = "election not needed"
+            else:
+                outcome = f"{row['error']} ({row['error_code']}): {row['message'] or ''}".rstrip(": ")
+            print(f"{row['topic']}[{row['partition']}]\t{outcome}")
+    failed = [r for r in rows if r["error_code"] not in (0, ELECTION_NOT_NEEDED)]
+    if failed:
+        raise CommandError(f"{len(failed)} partition(s) could not be elected")
+
+
+async def partitions_reassignments(args: argparse.Namespace) -> None:
+    """ListPartitionReassignments: the reassignments in progress."""
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, {"timeout_ms": 30_000, "topics": None})
+    _check(resp["error_code"], "list partition reassignments", resp.get("error_message"))
+    rows = [
+        {
+            "topic": t["name"],
+            "partition": p["partition_index"],
+            "replicas": p["replicas"],
+            "adding": p["adding_replicas"],
+            "removing": p["removing_replicas"],
+        }
+        for t in resp["topics"]
+        for p in t["partitions"]
+    ]
+    if args.json:
+        _print_json(rows)
+        return
+    if not rows:
+        print("no partition reassignment in progress")
+    for r in rows:
+        print(
+            f"{r['topic']}[{r['partition']}]\treplicas={r['replicas']}\tadding={r['adding']}\tremoving={r['removing']}"
+        )
+
+
+async def partitions_reassign(args: argparse.Namespace) -> None:
+    """AlterPartitionReassignments for one partition (`--cancel`: stop the one in progress)."""
+    replicas = None if args.cancel else [int(n) for n in args.replicas.split(",") if n.strip()]
+    body = {
+        "timeout_ms": 30_000,
+        "topics": [{"name": args.topic, "partitions": [{"partition_index": args.partition, "replicas": replicas}]}],
+    }
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0, body)
+    _check(resp["error_code"], "reassign partitions", resp.get("error_message"))
+    part = resp["responses"][0]["partitions"][0]
+    _check(part["error_code"], f"reassign {args.topic}[{args.partition}]", part.get("error_message"))
+    print(f"{args.topic}[{args.partition}]: {'cancelled' if args.cancel else f'replicas {replicas}'}")
+
+
+# --- producers ------------------------------------------------------------------------------------------
+
+
+async def producers_describe(args: argparse.Namespace) -> None:
+    """DescribeProducers, asked of each partition's leader (only a leader keeps its partitions' producer state)."""
+    rows: list[dict[str, Any]] = []
+    async with await _kafka(args) as client:
+        meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}]})
+    topic = meta["topics"][0]
+    _check(topic["error_code"], f"describe producers of {args.topic}")
+    brokers = {b["node_id"]: (b["host"], b["port"]) for b in meta["brokers"]}
+    wanted = args.partition or sorted(p["partition_index"] for p in topic["partitions"])
+    leaders = {p["partition_index"]: p["leader_id"] for p in topic["partitions"]}
+    by_leader: dict[int, list[int]] = {}
+    for index in wanted:
+        if index not in leaders:
+            raise CommandError(f"{args.topic} has no partition {index}")
+        by_leader.setdefault(leaders[index], []).append(index)
+    for leader, indexes in sorted(by_leader.items()):
+        if leader not in brokers:
+            raise CommandError(f"{args.topic}{indexes}: no live leader now")
+        async with await _kafka(args, brokers[leader]) as client:
+            resp = await client.call(
+                ApiKey.DESCRIBE_PRODUCERS, 0, {"topics": [{"name": args.topic, "partition_indexes": indexes}]}
+            )
+        for p in resp["topics"][0]["partitions"]:
+            _check(p["error_code"], f"describe producers of {args.topic}[{p['partition_index']}]", p["error_message"])
+            for producer in p["active_producers"]:
+                rows.append({"partition": p["partition_index"], **producer})
+    rows.sort(key=lambda r: (r["partition"], r["producer_id"]))
+    if args.json:
+        _print_json(rows)
+        return
+    if not rows:
+        print(f"no active producer on {args.topic}")
+        return
+    _print_table(
+        ["PARTITION", "PRODUCER-ID", "EPOCH", "LAST-SEQUENCE", "LAST-TIMESTAMP", "COORDINATOR-EPOCH", "TXN-START"],
+        [
+            [
+                r["partition"],
+                r["producer_id"],
+                r["producer_epoch"],
+                r["last_sequence"],
+                r["last_timestamp"],
+                r["coordinator_epoch"],
+                r["current_txn_start_offset"],
+            ]
+            for r in rows
+        ],
+    )
+
+
 # --- users (SCRAM credentials) ------------------------------------------------------------------------
 
 
@@ -937,6 +1094,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--execute", action="store_true", help="commit the new offsets (default: only show them)")
     p.set_defaults(run=groups_reset_offsets)
 
+    partitions = sub.add_parser("partitions", help="leader elections and reassignments of partitions")
+    psub = partitions.add_subparsers(dest="action", required=True)
+    p = with_json(
+        with_bootstrap(
+            psub.add_parser(
+                "elect-leaders",
+                help="hand leadership back to the preferred replica, or elect an out-of-sync one (unclean)",
+                description="A partition's leader is its broker group's master: an election moves the mastership "
+                "of the whole group, for every partition placed in it. preferred: the group's first member (lowest "
+                "node id) once it is in sync; unclean: a group without a master gets a live member, in sync or not.",
+            )
+        )
+    )
+    p.add_argument("--type", choices=tuple(ELECTION_TYPES), default="preferred")
+    p.add_argument("--topic", help="the topic (default: every topic)")
+    p.add_argument("--partition", type=int, action="append", help="a partition (repeatable; default: all)")
+    p.set_defaults(run=partitions_elect_leaders)
+    p = with_json(with_bootstrap(psub.add_parser("reassignments", help="the partition reassignments in progress")))
+    p.set_defaults(run=partitions_reassignments)
+    p = with_bootstrap(
+        psub.add_parser("reassign", help="move a partition to other replicas (AlterPartitionReassignments)")
+    )
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partition", type=int, required=True)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--replicas", metavar="N,N,...", help="the target replica node ids")
+    target.add_argument("--cancel", action="store_true", help="cancel the reassignment in progress")
+    p.set_defaults(run=partitions_reassign)
+
+    producers = sub.add_parser("producers", help="the active idempotent producers of a topic's partitions")
+    prsub = producers.add_subparsers(dest="action", required=True)
+    p = with_json(with_bootstrap(prsub.add_parser("describe", help="producer id, epoch, last sequence per partition")))
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partition", type=int, action="append", help="a partition (repeatable; default: all)")
+    p.set_defaults(run=producers_describe)
+
     users = sub.add_parser("users", help="list, add, delete SCRAM users")
     usub = users.add_subparsers(dest="action", required=True)
     with_bootstrap(usub.add_parser("list")).set_defaults(run=users_list)
@@ -977,7 +1170,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tags", help="native: tag expression, e.g. 'a || b'")
     p.set_defaults(run=_by_protocol(consume_kafka, consume_native))
 
-    for p in (topics, groups, users):
+    for p in (topics, groups, partitions, producers, users):
         p.set_defaults(func=run_command)
     p = sub.add_parser("query", help="print the messages whose key (RocketMQ KEYS, or an indexed Kafka key) matches")
     p.add_argument("--topic", required=True)

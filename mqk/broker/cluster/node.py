@@ -15,6 +15,11 @@ Owns:
   as master (what a master needs comes from its log then: offsets, timer, producer state); `on_resign` callbacks
   run when it stops being master (its lease expired, etcd shows a later master of its group, or it stops), before
   it could become master again, so a replica never runs a master's services;
+- **mastership handed over** (an ElectLeaders request: mqk.broker.cluster.elections): another broker may move the
+  group's master key to this broker, under this broker's own lease, in one compare-and-set transaction that also
+  bumps the master epoch. This broker then sees itself named master with an epoch it never held, checks in etcd that
+  the key is under its current lease, and becomes master through the same `on_master` callbacks as after winning
+  an election (the old master sees a later epoch and resigns, as after losing its lease);
 - **asking the controller** (`ask`): a request key (under this broker's lease), answered by a result key the
   controller writes under the same lease; the asker waits for it in its view;
 - **producer id blocks** (`allocate_pids`): a compare-and-set on `pid-blocks`, unique across the cluster.
@@ -54,6 +59,8 @@ log = logging.getLogger("mqk.cluster")
 
 #: producer ids handed to one broker at a time
 PID_BLOCK = 1000
+#: how soon a mastership handed to this broker is looked at again when it could not be taken yet
+HANDOVER_RETRY_S = 0.2
 
 
 class ClusterStartError(E.MqkError):
@@ -112,6 +119,9 @@ class ClusterNode:
         #: lost in-sync replicas held are gone)
         self.unclean = config.unclean_election
         self._not_in_sync_logged: SyncStateRecord | None = None
+        #: the highest master epoch this broker served or declined: a master record naming it with a later epoch
+        #: is a mastership handed over to it (`_handed_over`)
+        self._epoch_seen = 0
 
     @property
     def node_id(self) -> int:
@@ -290,7 +300,11 @@ class ClusterNode:
             and master.node_id != self.node_id
         ):
             self._resign(f"node {master.node_id} is master with epoch {master.epoch}")
-        if self.lease and not self._campaigning and (state.masters.get(self.group) is None or state.controller is None):
+        if (
+            self.lease
+            and not self._campaigning
+            and (state.masters.get(self.group) is None or state.controller is None or self._handed_over() is not None)
+        ):
             asyncio.get_running_loop().create_task(self._campaign())
         if self.lease and not self._campaigning:
             self._release_orphans()
@@ -322,6 +336,14 @@ class ClusterNode:
         finally:
             self._releasing.discard(key)
 
+    def _handed_over(self) -> MasterRecord | None:
+        """The group's master record when it names this broker with an epoch it has not served yet (another broker
+        moved the mastership here: an ElectLeaders request), else None."""
+        master = self.view.master_of(self.group)
+        if master is not None and master.node_id == self.node_id and master.epoch > self._epoch_seen:
+            return master
+        return None
+
     @property
     def is_controller(self) -> bool:
         """This broker is the controller now (as its view last saw etcd)."""
@@ -337,22 +359,27 @@ class ClusterNode:
             return
         self._campaigning = True
         try:
+            handed = self._handed_over()
+            epoch = 0
             if self.view.master_of(self.group) is None:
                 epoch = await self._elect_master()
-                if epoch:
-                    lease = self.lease
-                    await self._resigned()
-                    for on_master in self.on_master:
-                        try:
-                            await on_master(epoch)
-                        except Exception:  # the mastership is taken: it is served, the part says why not
-                            log.exception("cluster: a master callback failed (epoch %d)", epoch)
-                    self.master_epoch = epoch
-                    if self.lease != lease or self._stopped:  # lost while the callbacks ran: undo them at once
-                        self._resign("its lease expired while it became master")
-                    else:
-                        log.info("cluster: master of group %s, epoch %d", self.group, epoch)
-                    self._role_changed()
+            elif handed is not None:
+                epoch = await self._accept_handover(handed)
+            if epoch:
+                self._epoch_seen = max(self._epoch_seen, epoch)
+                lease = self.lease
+                await self._resigned()
+                for on_master in self.on_master:
+                    try:
+                        await on_master(epoch)
+                    except Exception:  # the mastership is taken: it is served, the part says why not
+                        log.exception("cluster: a master callback failed (epoch %d)", epoch)
+                self.master_epoch = epoch
+                if self.lease != lease or self._stopped:  # lost while the callbacks ran: undo them at once
+                    self._resign("its lease expired while it became master")
+                else:
+                    log.info("cluster: master of group %s, epoch %d", self.group, epoch)
+                self._role_changed()
             if self.view.state.controller is None:
                 epoch = await self._elect(
                     self.keys.controller, self.keys.controller_epoch, lambda e: ControllerRecord(self.node_id, e)
@@ -371,6 +398,34 @@ class ClusterNode:
                 log.warning("cluster: the lease expired during an election; the keepalive registers again")
         finally:
             self._campaigning = False
+            if self.lease and not self._stopped and self._handed_over() is not None:
+                # handed over while this campaign ran (its view change found `_campaigning` set), or etcd could
+                # not be asked whether the handover is real: look again shortly
+                loop = asyncio.get_running_loop()
+                loop.call_later(HANDOVER_RETRY_S, lambda: loop.create_task(self._campaign()))
+
+    async def _accept_handover(self, master: MasterRecord) -> int:
+        """Take a mastership another broker moved to this one: only if etcd holds that very record under this
+        broker's current lease (a record a lapsed lease left in the view is declined). The epoch, or 0."""
+        current = await self.meta.get(self.keys.master(self.group))  # (MetaUnavailable: asked again, see _campaign)
+        isr = await self.meta.get(self.keys.isr(self.group))
+        self._epoch_seen = max(self._epoch_seen, master.epoch)  # decided once etcd answered, whatever the answer
+        if current is None or current.lease != self.lease:
+            return 0
+        try:
+            if MasterRecord.decode(current.value) != master:
+                return 0
+        except Malformed:
+            return 0
+        members = {self.node_id}
+        if isr is not None:
+            try:
+                members.update(SyncStateRecord.decode(isr.value).members)
+            except Malformed as exc:
+                log.error("cluster: %s unreadable (%s); in sync: this broker alone", self.keys.isr(self.group), exc)
+        self.elected_isr = frozenset(members)
+        log.info("cluster: group %s's mastership handed to this broker, epoch %d", self.group, master.epoch)
+        return master.epoch
 
     async def _elect_master(self) -> int:
         """Run for the group's mastership: only an in-sync replica may (unless `unclean` allows any member), and the

@@ -16,6 +16,8 @@ from mqk.broker.security.principal import Principal
 #: Kafka's resource types and operations as the handlers name them
 CLUSTER = "CLUSTER"
 CLUSTER_NAME = "kafka-cluster"
+TOPIC = "TOPIC"
+READ = "READ"
 DESCRIBE = "DESCRIBE"
 ALTER = "ALTER"
 

@@ -52,6 +52,10 @@ class ApiKey:
     SASL_AUTHENTICATE = 36
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
+    ELECT_LEADERS = 43
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
+    DESCRIBE_PRODUCERS = 61
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -89,6 +93,11 @@ _KAFKA_41_MAX = {
     ApiKey.SASL_AUTHENTICATE: 2,
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: 0,
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: 0,
+    ApiKey.ELECT_LEADERS: 2,
+    # not v1 (allow_replication_factor_change, KIP-860): no reassignment changes a partition's replicas here
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: 0,
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: 0,
+    ApiKey.DESCRIBE_PRODUCERS: 0,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

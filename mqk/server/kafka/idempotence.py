@@ -242,6 +242,21 @@ class ProducerStates:
             return bool(await asyncio.shield(entry.done))
         return entry.base_offset >= 0
 
+    async def describe(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+        """The partition's active producers (Kafka's DescribeProducers): (producer id, epoch, last sequence, last
+        time in epoch ms), by producer id. The last sequence is that of the producer's last appended batch (a batch
+        still in flight is not counted yet; -1 when none is appended); the last time is when this broker received
+        its last batch (or, for a producer rebuilt from the log tail, when the tail was read). A partition not
+        produced to since this broker started (or became master) is rebuilt from its log tail first."""
+        producers = self.partitions.get((topic, partition))
+        if producers is None:
+            producers = await self._load(topic, partition)
+        out = []
+        for pid, producer in sorted(producers.items()):
+            appended = [b for b in producer.batches if b.base_offset >= 0]
+            out.append((pid, producer.epoch, appended[-1].last_seq if appended else -1, producer.last_ms))
+        return out
+
     def forget_topic(self, topic: str) -> None:
         for key in [k for k in self.partitions if k[0] == topic]:
             del self.partitions[key]

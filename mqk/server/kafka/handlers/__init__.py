@@ -29,6 +29,7 @@ from mqk.server.kafka.handlers import (
     metadata,
     offsets,
     produce,
+    replicas,
     sasl,
     topics,
     users,
@@ -67,6 +68,10 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: leader_epochs.handle,
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: users.describe_user_scram_credentials,
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: users.alter_user_scram_credentials,
+    ApiKey.ELECT_LEADERS: replicas.elect_leaders,
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: replicas.alter_partition_reassignments,
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: replicas.list_partition_reassignments,
+    ApiKey.DESCRIBE_PRODUCERS: replicas.describe_producers,
 }
 
 GROUPED: dict[int, Grouping] = {
