@@ -12,7 +12,9 @@ What lives here:
 - the storage engines under test: `store_config`, `new_engine`, `Harness` (an engine plus restart);
 - Kafka request bodies for the raw client (`produce_body`, `fetch_body`) and `values_of`;
 - `OffsetsOnly` (the group-offset part of a store) and `subscription` (consumer-protocol metadata);
-- `cached_pages` (mincore over a MappedFile).
+- `cached_pages` (mincore over a MappedFile);
+- replicated clusters: a group of three brokers, its topics, its in-sync set and leader as clients see them, a
+  producer recording where each acknowledgement landed, and reading everything back.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ import ctypes
 import dataclasses
 import inspect
 import os
+import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
 from mqk._fast import load, twin
+from mqk.cluster_local import LocalCluster
 from mqk.config import StoreConfig
 from mqk.store.adapter import GroupOffset, StorageAdapter
 
@@ -359,3 +367,159 @@ def cached_pages(mf: Any) -> list[bool]:
     finally:
         del window  # the buffer export would keep the mapping from closing
     return [bool(v & 1) for v in vec]
+
+
+# --- replicated clusters ------------------------------------------------------------------------------------------
+# one broker group of three `mqk serve --cluster` processes (mqk_cluster_factory), confluent-kafka as the client
+
+#: the brokers' lease TTL: how long a dead or paused master keeps its group
+SESSION_MS = 3000
+#: replica.lag.time.max.ms: how long a replica that stopped catching up stays in sync
+LAG_MS = 3000
+CONFIG = {"cluster_session_timeout_ms": SESSION_MS, "replica_lag_time_max_ms": LAG_MS}
+#: how long a failover or a rejoin may take on a machine busy with other tests
+SETTLE_S = 60
+
+
+def three_replicas(factory: Callable[..., LocalCluster], **kwargs: Any) -> LocalCluster:
+    return factory(3, group_size=3, config=CONFIG, **kwargs)
+
+
+def create_topic(cluster: LocalCluster, name: str, partitions: int = 3, min_insync: int = 2) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, 3, config={"min.insync.replicas": str(min_insync)})], operation_timeout=30
+    )
+    for future in futures.values():
+        future.result(30)
+    wait_until(lambda: len(in_sync(cluster, name)) == 3, SETTLE_S, "all three replicas in sync")
+
+
+def describe(cluster: LocalCluster, topic: str) -> dict[int, Any]:
+    admin = AdminClient({"bootstrap.servers": ",".join(b.bootstrap for b in cluster.brokers if b.running)})
+    md = admin.list_topics(topic, timeout=10)
+    return dict(md.topics[topic].partitions)
+
+
+def leader(cluster: LocalCluster, topic: str) -> int:
+    return describe(cluster, topic)[0].leader
+
+
+def in_sync(cluster: LocalCluster, topic: str) -> list[int]:
+    try:
+        return sorted(describe(cluster, topic)[0].isrs)
+    except KafkaException:
+        return []
+
+
+def read_all(cluster: LocalCluster, topic: str, expect: int, group: str) -> dict[tuple[int, int], bytes]:
+    """(partition, offset) -> value of everything a consumer group reads, until `expect` records or a quiet spell."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    seen: dict[tuple[int, int], bytes] = {}
+    deadline = time.monotonic() + SETTLE_S
+    quiet_until = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline and (len(seen) < expect or time.monotonic() < quiet_until):
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            key = (msg.partition(), msg.offset())
+            assert seen.get(key, msg.value()) == msg.value(), f"two values at {key}"
+            seen[key] = msg.value()
+            if len(seen) >= expect:
+                quiet_until = min(quiet_until, time.monotonic() + 1)
+    finally:
+        consumer.close()
+    return seen
+
+
+class AckedProducer:
+    """An idempotent producer writing unique values in a thread, recording where each acknowledged value landed."""
+
+    def __init__(self, cluster: LocalCluster, topic: str, acks: str = "all", **conf: Any) -> None:
+        self.producer = Producer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "acks": acks,
+                "enable.idempotence": acks == "all",
+                "linger.ms": 2,
+                "message.timeout.ms": 120_000,
+                "topic.metadata.refresh.interval.ms": 1000,
+                **conf,
+            }
+        )
+        self.topic = topic
+        #: values are unique across producers: `<prefix>-<sequence>`
+        self.prefix = uuid.uuid4().hex[:8].encode()
+        self.acked: dict[bytes, tuple[int, int]] = {}
+        self.failed: list[KafkaError] = []
+        self.ack_times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = 0
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.failed.append(err)
+            return
+        self.acked[msg.value()] = (msg.partition(), msg.offset())
+        self.ack_times.append(time.monotonic())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                value = b"%s-%08d" % (self.prefix, self.sent)
+                self.producer.produce(self.topic, value=value, on_delivery=self._delivered)
+                self.sent += 1
+            except BufferError:
+                self.producer.poll(0.05)
+                continue
+            if self.sent % 20 == 0:
+                self.producer.poll(0.01)  # about 2,000 records a second: load, not a flood to read back
+
+    def __enter__(self) -> AckedProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(30)
+            self.producer.flush(SETTLE_S)
+
+    def acks_after(self, moment: float) -> int:
+        return sum(1 for t in self.ack_times if t > moment)
+
+
+def assert_every_ack_read_once(acked: dict[bytes, tuple[int, int]], seen: dict[tuple[int, int], bytes]) -> None:
+    values = list(seen.values())
+    distinct = set(values)
+    assert len(values) == len(distinct), "a value was stored twice"
+    lost = [v for v in acked if v not in distinct]
+    assert not lost, f"{len(lost)} acknowledged values lost, e.g. {lost[:3]}"
+    moved = [(v, at) for v, at in acked.items() if seen.get(at) != v]
+    assert not moved, f"acknowledged values not at their offsets: {moved[:3]}"
+
+
+def produce_one(cluster: LocalCluster, topic: str, acks: str) -> KafkaError | None:
+    """One write's error (None: acknowledged)."""
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "acks": acks, "message.timeout.ms": 5000, "retries": 0}
+    )
+    errors: list[KafkaError | None] = []
+    value = b"one-%s-%f" % (acks.encode(), time.monotonic())
+    producer.produce(topic, value=value, partition=0, on_delivery=lambda err, _msg: errors.append(err))
+    producer.flush(15)
+    assert errors, "no delivery report"
+    return errors[0]

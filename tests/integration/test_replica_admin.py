@@ -25,11 +25,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import ElectionType, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from helpers import wait_until
-from kafka import KafkaAdminClient
-from kafka import TopicPartition as KafkaTopicPartition
-from kafka.errors import InvalidReplicationAssignmentError, NotLeaderForPartitionError
-from test_replication import (
+from helpers import (
     SETTLE_S,
     AckedProducer,
     assert_every_ack_read_once,
@@ -40,7 +36,11 @@ from test_replication import (
     produce_one,
     read_all,
     three_replicas,
+    wait_until,
 )
+from kafka import KafkaAdminClient
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.errors import InvalidReplicationAssignmentError, NotLeaderForPartitionError
 
 from mqk.cluster_local import LocalCluster
 from mqk.testing import ThreadedBroker

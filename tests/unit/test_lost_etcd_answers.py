@@ -91,26 +91,37 @@ async def test_an_election_whose_answer_was_lost_is_decided_by_the_key(holder_le
     assert epoch == (1 if won else 0)
 
 
-async def test_a_mastership_and_a_controllership_held_without_knowing_are_released() -> None:
-    meta = Meta({})
-    n = node(meta)
-    n.view.state.masters["g"] = MasterRecord(0, 4)  # etcd says this node is master; the node does not know it
-    n.view.state.controller = ControllerRecord(0, 2)
-    n._on_change()
-    await settle()
-    released = {success[0].key: compares for compares, success in meta.txns if isinstance(success[0], Delete)}
-    assert released == {
-        n.keys.master("g"): [Compare(n.keys.master("g"), "value", "==", dump(MasterRecord(0, 4)))],
-        n.keys.controller: [Compare(n.keys.controller, "value", "==", dump(ControllerRecord(0, 2)))],
-    }
-
-
-async def test_a_mastership_the_node_holds_is_kept() -> None:
+async def test_a_controllership_held_without_knowing_is_released() -> None:
     meta = Meta({})
     n = node(meta)
     n.master_epoch = 4
     n.view.state.masters["g"] = MasterRecord(0, 4)
+    n.view.state.controller = ControllerRecord(0, 2)  # etcd says this node is the controller; the node does not know
+    n._on_change()
+    await settle()
+    key = n.keys.controller
+    assert meta.txns == [([Compare(key, "value", "==", dump(ControllerRecord(0, 2)))], [Delete(key)])]
+
+
+async def test_a_mastership_won_without_knowing_is_taken_as_a_handed_over_one() -> None:
+    meta = Meta({})
+    n = node(meta)
+    key = n.keys.master("g")
+    meta.held[key] = record(key, dump(MasterRecord(0, 4)), 77)  # under this node's lease
+    n.view.state.masters["g"] = MasterRecord(0, 4)
     n.view.state.controller = ControllerRecord(1, 2)  # another node's
     n._on_change()
     await settle()
-    assert meta.txns == []
+    assert n.master_epoch == 4 and meta.txns == []
+
+
+async def test_a_mastership_and_a_controllership_the_node_holds_are_kept() -> None:
+    meta = Meta({})
+    n = node(meta)
+    n.master_epoch, n._epoch_seen = 4, 4
+    n.view.state.masters["g"] = MasterRecord(0, 4)
+    n.view.state.controller = ControllerRecord(0, 2)
+    n.controlling = (2, 5)
+    n._on_change()
+    await settle()
+    assert meta.txns == [] and n.master_epoch == 4

@@ -310,22 +310,17 @@ class ClusterNode:
             self._release_orphans()
 
     def _release_orphans(self) -> None:
-        """Free a mastership or controllership etcd gives this broker but the broker does not hold (it won an
-        election whose answer was lost and whose re-read failed): kept, the key would stall its group or the
-        cluster's metadata for as long as this broker lives. Deleted only if etcd still holds that very record, so
-        a fresh election decides."""
-        state = self.view.state
-        master = state.masters.get(self.group)
-        orphans = []
-        if master is not None and master.node_id == self.node_id and master.epoch != self.master_epoch:
-            orphans.append((self.keys.master(self.group), dump(master)))
-        controller = state.controller
-        if controller is not None and controller.node_id == self.node_id and self.controlling is None:
-            orphans.append((self.keys.controller, dump(controller)))
-        for key, value in orphans:
-            if key not in self._releasing:
-                self._releasing.add(key)
-                asyncio.get_running_loop().create_task(self._release(key, value), name="mqk-release-orphan")
+        """Free a controllership etcd gives this broker but the broker does not hold (it won an election whose
+        answer was lost and whose re-read failed): kept, the key would stall the cluster's metadata for as long as
+        this broker lives. Deleted only if etcd still holds that very record, so a fresh election decides. (A
+        mastership won that way is taken as a handed-over one is: `_handed_over`.)"""
+        controller = self.view.state.controller
+        key = self.keys.controller
+        orphan = controller is not None and controller.node_id == self.node_id and self.controlling is None
+        if orphan and controller is not None and key not in self._releasing:
+            self._releasing.add(key)
+            task = self._release(key, dump(controller))
+            asyncio.get_running_loop().create_task(task, name="mqk-release-orphan")
 
     async def _release(self, key: str, value: bytes) -> None:
         try:
@@ -496,7 +491,7 @@ class ClusterNode:
             won = await self.meta.txn(guards, puts)
         except E.MetaOutcomeUnknown:
             # the answer was lost, not necessarily the write: the key says who won (this re-read may itself fail;
-            # then `_release_orphans` frees a key this broker won without knowing it)
+            # then a mastership is taken as a handed-over one, a controllership released: `_on_change`)
             held = await self.meta.get(key)
             won = held is not None and held.lease == self.lease and held.value == dump(record(epoch))
             log.warning(
