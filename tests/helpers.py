@@ -13,6 +13,7 @@ What lives here:
 - Kafka request bodies for the raw client (`produce_body`, `fetch_body`) and `values_of`;
 - `OffsetsOnly` (the group-offset part of a store) and `subscription` (consumer-protocol metadata);
 - `cached_pages` (mincore over a MappedFile);
+- `WatchedKeys` (a prefix of etcd followed by a watch) and `commitlog_bytes` (a file engine's CommitLog);
 - replicated clusters: a group of three brokers, its topics, its in-sync set and leader as clients see them, a
   producer recording where each acknowledgement landed, and reading everything back.
 """
@@ -31,7 +32,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -39,6 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mqk._fast import load, twin
 from mqk.cluster_local import LocalCluster
 from mqk.config import StoreConfig
+from mqk.meta import EtcdClient, Record
 from mqk.store.adapter import GroupOffset, StorageAdapter
 
 with warnings.catch_warnings():
@@ -523,3 +525,68 @@ def produce_one(cluster: LocalCluster, topic: str, acks: str) -> KafkaError | No
     producer.flush(15)
     assert errors, "no delivery report"
     return errors[0]
+
+
+def commitlog_bytes(engine: Any) -> bytes:
+    """A started file engine's whole CommitLog, from its log start to its end."""
+    out = bytearray()
+    offset = engine.log_start
+    while offset < engine.log_end:
+        chunk = engine.read_log(offset, 1 << 20)
+        out += chunk
+        offset += len(chunk)
+    return bytes(out)
+
+
+# --- etcd keys, followed by a watch -------------------------------------------------------------------------------
+
+
+class WatchedKeys:
+    """Every key under `prefix` in etcd, by its name below the prefix, kept current by a watch (so a wait ends on
+    the change it waits for, not on a poll); `deleted` keeps the revision that deleted each name last."""
+
+    def __init__(self, endpoints: Sequence[tuple[str, int]], prefix: str) -> None:
+        self.prefix = prefix
+        self.meta = EtcdClient(endpoints)
+        self.records: dict[str, Record] = {}
+        self.deleted: dict[str, int] = {}
+        self._synced = False
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+        await self.until(lambda keys: keys._synced, f"the first listing of {self.prefix}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self.meta.close()
+
+    async def _follow(self) -> None:
+        async for event in self.meta.watch_prefix(self.prefix):
+            if event.kind == "reset":
+                self.records = {r.key[len(self.prefix) :]: r for r in event.records}
+                self._synced = True
+            elif event.kind in ("put", "delete"):
+                assert event.record is not None
+                name = event.record.key[len(self.prefix) :]
+                if event.kind == "put":
+                    self.records[name] = event.record
+                else:
+                    self.records.pop(name, None)
+                    self.deleted[name] = event.revision
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def until(self, predicate: Callable[[Self], object], what: str, timeout: float = 60) -> None:  # noqa: ASYNC109 - a bound the failure names
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self)), timeout)
+            except TimeoutError:
+                raise AssertionError(
+                    f"timed out after {timeout} s waiting for {what}; keys now: {sorted(self.records)}"
+                ) from None

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import signal
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,12 +32,12 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from helpers import produce_body, wait_until, wait_until_async
+from helpers import WatchedKeys, produce_body, wait_until, wait_until_async
 
 from mqk import errors as E
 from mqk.broker.cluster.model import ControllerRecord, MasterRecord, TopicRecord
 from mqk.cluster_local import EtcdProcess, LocalCluster
-from mqk.meta import EtcdClient, MetaUnavailable, Record
+from mqk.meta import EtcdClient, MetaUnavailable
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 
@@ -58,55 +57,11 @@ BURST = 20
 # --- the cluster's keys in etcd, followed by a watch ----------------------------------------------------------
 
 
-class ClusterKeys:
-    """Every key of one cluster, by its name under `/mqk/<cluster-id>/`, kept current by an etcd watch."""
+class ClusterKeys(WatchedKeys):
+    """Every key of one cluster, by its name under `/mqk/<cluster-id>/`."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.root = f"/mqk/{cluster.cluster_id}/"
-        self.meta = EtcdClient(cluster.etcd_endpoints)
-        self.records: dict[str, Record] = {}
-        #: name -> the revision that deleted it last
-        self.deleted: dict[str, int] = {}
-        self._synced = False
-        self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> ClusterKeys:
-        self._task = asyncio.get_running_loop().create_task(self._follow())
-        await self.until(lambda keys: self._synced, "the first listing of the cluster's keys")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        await self.meta.close()
-
-    async def _follow(self) -> None:
-        async for event in self.meta.watch_prefix(self.root):
-            if event.kind == "reset":
-                self.records = {r.key[len(self.root) :]: r for r in event.records}
-                self._synced = True
-            elif event.kind in ("put", "delete"):
-                assert event.record is not None
-                name = event.record.key[len(self.root) :]
-                if event.kind == "put":
-                    self.records[name] = event.record
-                else:
-                    self.records.pop(name, None)
-                    self.deleted[name] = event.revision
-            async with self._changed:
-                self._changed.notify_all()
-
-    async def until(self, predicate: Callable[[ClusterKeys], object], what: str, timeout: float = 60) -> None:  # noqa: ASYNC109 - a bound the failure names
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self)), timeout)
-            except TimeoutError:
-                raise AssertionError(
-                    f"timed out after {timeout} s waiting for {what}; keys now: {sorted(self.records)}"
-                ) from None
+        super().__init__(cluster.etcd_endpoints, f"/mqk/{cluster.cluster_id}/")
 
     def controller(self) -> ControllerRecord | None:
         record = self.records.get("controller")

@@ -8,7 +8,6 @@ each is bounded. Every process is stopped by pid (the fixtures' teardown, or the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import queue
 import signal
@@ -21,10 +20,11 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from helpers import WatchedKeys
 
 from mqk.broker.cluster.model import BrokerRecord
 from mqk.cluster_local import BrokerStartError, LocalCluster, free_port
-from mqk.meta import EtcdClient, Record, parse_endpoints
+from mqk.meta import Record, parse_endpoints
 
 #: the brokers' lease TTL (BrokerConfig.cluster_session_timeout_ms): a dead or paused broker's key goes after it
 SESSION_TIMEOUT_S = 6
@@ -34,58 +34,25 @@ EXPIRY_WAIT_S = SESSION_TIMEOUT_S + 24
 PROCESS_WAIT_S = 60
 
 
-class Registrations:
-    """The `brokers/` keys of one cluster, node id -> record, kept current by an etcd watch."""
+class Registrations(WatchedKeys):
+    """The `brokers/` keys of one cluster."""
 
     def __init__(self, etcd_url: str, cluster_id: str) -> None:
-        self.prefix = f"/mqk/{cluster_id}/brokers/"
-        self.meta = EtcdClient(parse_endpoints(etcd_url))
-        self.records: dict[int, Record] = {}
-        self._synced = False
-        self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
+        super().__init__(parse_endpoints(etcd_url), f"/mqk/{cluster_id}/brokers/")
 
-    async def __aenter__(self) -> Registrations:
-        self._task = asyncio.get_running_loop().create_task(self._follow())
-        await self.until(lambda records: self._synced, "the first listing of the brokers")
-        return self
+    @property
+    def nodes(self) -> dict[int, Record]:
+        return {int(name): record for name, record in self.records.items()}
 
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        await self.meta.close()
-
-    async def _follow(self) -> None:
-        async for event in self.meta.watch_prefix(self.prefix):
-            if event.kind == "reset":
-                self.records = {int(r.key[len(self.prefix) :]): r for r in event.records}
-                self._synced = True
-            elif event.kind in ("put", "delete"):
-                assert event.record is not None
-                node = int(event.record.key[len(self.prefix) :])
-                if event.kind == "put":
-                    self.records[node] = event.record
-                else:
-                    self.records.pop(node, None)
-            async with self._changed:
-                self._changed.notify_all()
-
-    async def until(
+    async def registered(
         self,
         predicate: Callable[[dict[int, Record]], object],
         what: str,
         timeout: float = PROCESS_WAIT_S,  # noqa: ASYNC109 - a bound that fails the test with `what`, not a cancel
     ) -> dict[int, Record]:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self.records)), timeout)
-            except TimeoutError:
-                raise AssertionError(
-                    f"timed out after {timeout} s waiting for {what}; registered now: {sorted(self.records)}"
-                ) from None
-        return dict(self.records)
+        """Wait until `predicate` holds for the registrations (node id -> record); those registrations."""
+        await self.until(lambda keys: predicate(self.nodes), what, timeout)
+        return self.nodes
 
 
 def listeners_of(cluster: LocalCluster, node_id: int) -> dict[str, str]:
@@ -110,7 +77,7 @@ async def test_three_brokers_register_with_their_addresses(mqk_cluster: LocalClu
     assert mqk_cluster.bootstrap == ",".join(b.bootstrap for b in mqk_cluster.brokers)
     assert len(set(mqk_cluster.pids.values())) == 3 and all(map(pid_alive, mqk_cluster.pids.values()))
     async with Registrations(mqk_cluster.etcd_url, mqk_cluster.cluster_id) as regs:
-        records = await regs.until(lambda r: len(r) == 3, "three registrations")
+        records = await regs.registered(lambda r: len(r) == 3, "three registrations")
     assert sorted(records) == [0, 1, 2]
     for node, record in records.items():
         broker = BrokerRecord.decode(record.value)
@@ -128,13 +95,13 @@ async def test_three_brokers_register_with_their_addresses(mqk_cluster: LocalClu
 
 async def test_killed_broker_loses_its_registration_and_gets_it_back_on_restart(mqk_cluster: LocalCluster) -> None:
     async with Registrations(mqk_cluster.etcd_url, mqk_cluster.cluster_id) as regs:
-        before = await regs.until(lambda r: len(r) == 3, "three registrations")
+        before = await regs.registered(lambda r: len(r) == 3, "three registrations")
         old_pid = mqk_cluster.broker(1).pid
         old_ports = listeners_of(mqk_cluster, 1)
 
         mqk_cluster.kill(1)
         assert not pid_alive(old_pid)
-        after = await regs.until(lambda r: 1 not in r, "the killed broker's key to expire", EXPIRY_WAIT_S)
+        after = await regs.registered(lambda r: 1 not in r, "the killed broker's key to expire", EXPIRY_WAIT_S)
         # the others were left alone: the same keys, under the same leases, never rewritten
         assert sorted(after) == [0, 2]
         for node in (0, 2):
@@ -144,7 +111,7 @@ async def test_killed_broker_loses_its_registration_and_gets_it_back_on_restart(
         restarted = mqk_cluster.restart(1)
         assert restarted.pid != old_pid and pid_alive(restarted.pid)
         assert listeners_of(mqk_cluster, 1) == old_ports  # its old ports were free again
-        again = await regs.until(lambda r: 1 in r, "the restarted broker's registration")
+        again = await regs.registered(lambda r: 1 in r, "the restarted broker's registration")
         assert again[1].lease != before[1].lease
         assert BrokerRecord.decode(again[1].value).listeners == old_ports
         assert sorted(again) == [0, 1, 2]
@@ -155,18 +122,18 @@ async def test_paused_broker_loses_its_registration_and_registers_again_after_re
 ) -> None:
     cluster = mqk_cluster_factory(2)
     async with Registrations(cluster.etcd_url, cluster.cluster_id) as regs:
-        before = await regs.until(lambda r: len(r) == 2, "two registrations")
+        before = await regs.registered(lambda r: len(r) == 2, "two registrations")
         pid = cluster.broker(1).pid
 
         cluster.pause(1)
         try:
-            await regs.until(lambda r: 1 not in r, "the paused broker's lease to expire", EXPIRY_WAIT_S)
-            assert 0 in regs.records
+            await regs.registered(lambda r: 1 not in r, "the paused broker's lease to expire", EXPIRY_WAIT_S)
+            assert 0 in regs.nodes
         finally:
             cluster.resume(1)
 
         # the same process (never restarted) finds its lease gone and registers under a new one
-        again = await regs.until(
+        again = await regs.registered(
             lambda r: 1 in r and r[1].lease != before[1].lease, "the resumed broker to register again", EXPIRY_WAIT_S
         )
         assert cluster.broker(1).pid == pid and pid_alive(pid)
@@ -275,7 +242,7 @@ async def test_cluster_local_command_prints_its_brokers_and_stops_them_on_sigter
         children = children_of(proc.pid)
         assert len(children) == 3  # etcd and two brokers
         async with Registrations(etcd_url, cluster_id) as regs:
-            records = await regs.until(lambda r: len(r) == 2, "both brokers' registrations")
+            records = await regs.registered(lambda r: len(r) == 2, "both brokers' registrations")
         assert {n: BrokerRecord.decode(r.value).listeners for n, r in records.items()} == listeners
 
         proc.send_signal(signal.SIGTERM)

@@ -32,6 +32,7 @@ from helpers import (
     SETTLE_S,
     AckedProducer,
     assert_every_ack_read_once,
+    commitlog_bytes,
     create_topic,
     in_sync,
     leader,
@@ -174,13 +175,7 @@ def commitlog(data_dir: Path) -> bytes:
         engine = FileEngine(config, data_dir)
         await engine.start()
         try:
-            out = bytearray()
-            offset = engine.log_start
-            while offset < engine.log_end:
-                chunk = engine.read_log(offset, 1 << 20)
-                out += chunk
-                offset += len(chunk)
-            return bytes(out)
+            return commitlog_bytes(engine)
         finally:
             await engine.close()
 

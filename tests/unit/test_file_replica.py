@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from helpers import commitlog_bytes
 
 from mqk._fast import load
 from mqk.config import StoreConfig, TopicConfig
@@ -35,16 +36,6 @@ async def engine_at(root: Path, writable: bool = True) -> FileEngine:
     engine.set_writable(writable)
     await engine.start()
     return engine
-
-
-def commitlog_bytes(engine: FileEngine) -> bytes:
-    out = bytearray()
-    offset = engine.log_start
-    while offset < engine.log_end:
-        chunk = engine.read_log(offset, 1 << 20)
-        out += chunk
-        offset += len(chunk)
-    return bytes(out)
 
 
 async def stream(master: FileEngine, replica: FileEngine, rng: random.Random, topics: dict[str, int]) -> None:

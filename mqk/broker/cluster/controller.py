@@ -13,8 +13,6 @@ stays for the next controller).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import uuid
 
@@ -23,6 +21,7 @@ from mqk.broker import topic_config as settings
 from mqk.broker.cluster.model import RequestRecord, ResultRecord, TopicRecord, dump
 from mqk.broker.cluster.node import ClusterNode
 from mqk.broker.cluster.placement import group_loads, place
+from mqk.broker.cluster.woken import WokenTask
 from mqk.broker.names import KAFKA
 from mqk.meta import Compare, Delete, MetaUnavailable, Put
 from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC
@@ -36,39 +35,33 @@ class Controller:
         self.node = node
         self.offsets_partitions = offsets_partitions
         self.max_partitions = max_partitions
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task = WokenTask("mqk-controller", self._answer_requests)
 
     def start(self) -> None:
-        self.node.view.add_listener(self._wake.set)
-        self.node.on_controller.append(self._wake.set)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="mqk-controller")
-        self._wake.set()
+        self.node.view.add_listener(self._task.wake)
+        self.node.on_controller.append(self._task.wake)
+        self._task.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._task.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self.node.is_controller:
-                continue
-            try:
-                pending = sorted(self.node.view.state.requests.items(), key=lambda item: item[1][0])
-                for request_id, (_revision, request) in pending:
-                    if not self.node.is_controller:
-                        break
-                    await self._apply(request_id, request)
-            except MetaUnavailable as exc:
-                log.warning("controller: etcd unreachable (%s); requests wait", exc)
-                self._wake.set()
-                await asyncio.sleep(0.5)  # (etcd is down: try again soon, not in a busy loop)
-            except E.NotControllerError:
-                continue
+    async def _answer_requests(self) -> float | None:
+        """Apply the pending metadata requests in the order they were asked, while this broker is the controller;
+        with etcd unreachable, again half a second later."""
+        if not self.node.is_controller:
+            return None
+        try:
+            pending = sorted(self.node.view.state.requests.items(), key=lambda item: item[1][0])
+            for request_id, (_revision, request) in pending:
+                if not self.node.is_controller:
+                    break
+                await self._apply(request_id, request)
+        except MetaUnavailable as exc:
+            log.warning("controller: etcd unreachable (%s); requests wait", exc)
+            return 0.5
+        except E.NotControllerError:
+            pass
+        return None
 
     def _epoch(self) -> int:
         """This controller's epoch: every topic version it writes carries it (who wrote what, and when, in etcd)."""

@@ -23,6 +23,7 @@ from mqk.broker import internal
 from mqk.broker import topic_config as settings
 from mqk.broker.cluster.model import TopicRecord
 from mqk.broker.cluster.view import ClusterView
+from mqk.broker.cluster.woken import WokenTask
 from mqk.errors import ShardExists, UnknownShard
 from mqk.store.fsutil import atomic_write_json, read_json
 from mqk.store.manager import StoreManager
@@ -37,34 +38,26 @@ class TopicReconciler:
         self.group = group
         self._ids_path = data_dir / "cluster" / "topic-ids.json" if data_dir is not None else None
         self._known: set[str] = set()
-        self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._task = WokenTask("mqk-cluster-reconcile", self._sync_or_retry)
 
     async def start(self) -> None:
         if self._ids_path is not None:
             doc = await asyncio.to_thread(read_json, self._ids_path)
             self._known = {str(i) for i in (doc or {}).get("topic_ids", [])}
-        self.view.add_listener(self._wake.set)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="mqk-cluster-reconcile")
-        self._wake.set()
+        self.view.add_listener(self._task.wake)
+        self._task.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._task.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.sync()
-            except Exception:
-                log.exception("cluster: bringing the local store in line with the metadata failed")
-                await asyncio.sleep(1)  # (a store error: not in a busy loop)
-                self._wake.set()
+    async def _sync_or_retry(self) -> float | None:
+        try:
+            await self.sync()
+        except Exception:  # a store error: logged with its traceback, tried again a second later
+            log.exception("cluster: bringing the local store in line with the metadata failed")
+            return 1.0
+        return None
 
     def placed_here(self, record: TopicRecord) -> bool:
         return any(group == self.group for group, _queue in record.partitions)
