@@ -39,7 +39,7 @@ compat-deps: $(JSDIR)/node_modules/.stamp
 # The gates (make lint), then the whole suite (unit, scenario, integration, compat with real clients) with its line
 # coverage per package, then the unit and scenario tests once more on the pure-Python twins.
 test: lint compat-deps
-	$(PY) -m coverage run -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m coverage run -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 	$(PY) tools/coverage_summary.py
 	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit tests/scenario
 
