@@ -120,10 +120,12 @@ class TopicRegistry:
         *,
         names: NameRule = KAFKA,
         replication_factor: int = -1,
+        timeout: float | None = None,  # noqa: ASYNC109 - the request's own bound on the controller's answer
     ) -> ShardInfo:
         """Create `name` with `partitions` partitions and the settings `changes` (None values ignored).
         InvalidTopicError for an illegal name, InvalidConfigError for a refused setting, ShardExists if it
-        exists, the store's error if it cannot make it."""
+        exists, the store's error if it cannot make it. In a cluster, `timeout` (seconds) bounds the wait for the
+        controller (RequestTimedOutError: the topic may still be created, as with Kafka)."""
         reason = names.error(name)
         if reason:
             raise InvalidTopicError(reason)
@@ -134,7 +136,7 @@ class TopicRegistry:
             values = {k: v for k, v in (changes or {}).items() if v is not None}
             try:
                 await self.cluster.change(
-                    RequestRecord("create", name, partitions, values, replication_factor=replication_factor)
+                    RequestRecord("create", name, partitions, values, replication_factor=replication_factor), timeout
                 )
             except TopicAlreadyExistsError as exc:
                 raise ShardExists(str(exc)) from None
@@ -217,22 +219,23 @@ class TopicRegistry:
             return None
         return self.cluster
 
-    async def delete(self, name: str) -> None:
-        """UnknownShard if there is no such topic."""
+    async def delete(self, name: str, timeout: float | None = None) -> None:  # noqa: ASYNC109 - see `create`
+        """UnknownShard if there is no such topic; `timeout` as `create`'s."""
         cluster = self._clustered(name)
         if cluster is not None:
             if cluster.topic(name) is None:
                 raise UnknownShard(f"unknown topic {name!r}")
-            await cluster.change(RequestRecord("delete", name))
+            await cluster.change(RequestRecord("delete", name), timeout)
         else:
             await self._store.delete_topic(name)
         self._creating.pop(name, None)
 
-    async def add_partitions(self, name: str, total: int) -> None:
-        """Grow `name` to `total` partitions (InvalidPartitionsError unless more than it has)."""
+    async def add_partitions(self, name: str, total: int, timeout: float | None = None) -> None:  # noqa: ASYNC109 - see `create`
+        """Grow `name` to `total` partitions (InvalidPartitionsError unless more than it has); `timeout` as
+        `create`'s."""
         cluster = self._clustered(name)
         if cluster is not None:
-            await cluster.change(RequestRecord("partitions", name, total))
+            await cluster.change(RequestRecord("partitions", name, total), timeout)
             return
         await self._store.add_partitions(name, total)
 

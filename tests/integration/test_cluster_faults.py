@@ -354,6 +354,11 @@ async def test_paused_controller_loses_its_election_and_cannot_write_after_it_re
             try:
                 grow = asyncio.create_task(create_partitions(clients[others[0]], "grown", 16))
                 made = asyncio.create_task(create_topic(clients[others[1]], "made-while-paused", 3))
+                # a request whose own timeout ends before any controller answers is told so, not held for longer
+                short = await connect(cluster, others[1])
+                clients[-100] = short  # (closed with the others)
+                answer = await short.call(ApiKey.CREATE_TOPICS, 5, create_body("short-timeout", 1, 0.5), 30)
+                assert answer["topics"][0]["error_code"] == E.RequestTimedOutError.code, answer
                 await keys.until(
                     lambda k: k.controller() != old, "the paused controller's lease to expire", EXPIRY_WAIT_S
                 )

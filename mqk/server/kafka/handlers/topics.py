@@ -5,6 +5,8 @@ manual assignment must name this broker only."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from mqk import errors as E
 from mqk.broker import topic_config
@@ -33,6 +35,13 @@ from mqk.protocol.kafka.messages.delete_topics import (
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, partition_code, topic_by_id, topic_uuid
 from mqk.server.kafka.handlers.configs import topic_config_entries
+
+
+def request_timeout(body: Mapping[str, Any]) -> float | None:
+    """A topic request's `timeout_ms` as seconds: how long the broker waits for the controller before answering
+    REQUEST_TIMED_OUT (the change may still happen, as with Kafka); none given (0 or less), the broker's own."""
+    timeout_ms = body.get("timeout_ms", 0)
+    return timeout_ms / 1000 if timeout_ms > 0 else None
 
 
 async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateTopicsRequest]) -> CreateTopicsResponse:
@@ -103,7 +112,9 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
         config = topic_config.config_of(overrides)
         if not b["validate_only"]:
             try:
-                info = await ctx.topics.create(name, partitions, overrides, names=KAFKA, replication_factor=rf)
+                info = await ctx.topics.create(
+                    name, partitions, overrides, names=KAFKA, replication_factor=rf, timeout=request_timeout(b)
+                )
             except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
                 fail(E.kafka_code_for(exc), str(exc))
                 continue
@@ -156,7 +167,7 @@ async def delete_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteT
             if info is not None:
                 entry["topic_id"] = topic_uuid(info)
         try:
-            await ctx.topics.delete(name)
+            await ctx.topics.delete(name, request_timeout(b))
         except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
             entry["error_code"] = E.kafka_code_for(exc)
             entry["error_message"] = str(exc)
@@ -198,7 +209,7 @@ async def create_partitions(
         if b["validate_only"]:
             continue
         try:
-            await ctx.topics.add_partitions(name, count)
+            await ctx.topics.add_partitions(name, count, request_timeout(b))
         except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
             entry["error_code"] = E.kafka_code_for(exc)
             entry["error_message"] = str(exc)
