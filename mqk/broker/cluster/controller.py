@@ -162,7 +162,7 @@ class Controller:
             grown = TopicRecord(
                 current.topic_id,
                 dict(current.configs),
-                current.partitions + place(name, have, request.partitions - have, live, loads),
+                current.partitions + place(name, have, request.partitions - have, live, loads, current.partitions),
                 self._epoch(),
                 current.replication_factor,
             )
