@@ -170,6 +170,9 @@ async def _apply(ctx: KafkaContext, rtype: int, name: str, build: Build, validat
     info = ctx.topics.get(name)
     if info is None:
         return E.UnknownTopicOrPartitionError.code, f"unknown topic {name!r}"
+    refusal = ctx.topics.client_change_refusal(name)  # an internal topic's settings are its owner's
+    if refusal:
+        return E.TopicAuthorizationFailedError.code, refusal
     new_overrides = build(info.config)
     if isinstance(new_overrides, str):
         return E.InvalidConfigError.code, new_overrides
