@@ -16,6 +16,8 @@ What this module owns:
 - grouping: consecutive requests of an API in `handlers.GROUPED` that arrive together (one read holding several
   Produce requests: a client with requests in flight, librdkafka sending one partition per request) are prepared
   one by one and answered by one call, before any later request starts, so their appends are one store write;
+- connection limits (mqk.server.limits): max_connections and max_connections_per_ip refuse a connection as it
+  is accepted; connections silent for connections_max_idle_ms are closed;
 - back-pressure: reading pauses while too many requests are in flight on a connection or while the transport's
   write buffer is above its high-water mark (a slow consumer), and resumes when both drain. Connections are
   independent, so a slow consumer never stalls a producer on another connection;
@@ -51,6 +53,7 @@ from mqk.server.kafka.context import Answer, CloseConnection, Grouping, Handler,
 from mqk.server.kafka.handlers import GROUPED, HANDLERS
 from mqk.server.kafka.idempotence import ProducerStates
 from mqk.server.kafka.metering import count_errors
+from mqk.server.limits import ConnectionLimits
 from mqk.server.listeners import KafkaListener, advertised_address, kafka_listeners
 from mqk.server.tls import TlsServer, create_server, server_context
 from mqk.store.adapter import Buffer
@@ -104,6 +107,11 @@ class KafkaServer:
         )
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[KafkaConnection] = set()
+        #: max_connections, max_connections_per_ip and connections_max_idle_ms over every Kafka listener
+        self.limits = ConnectionLimits(
+            config.max_connections, config.max_connections_per_ip, config.connections_max_idle_ms, self.broker.clock
+        )
+        self._sweeps: asyncio.Task[None] | None = None
         #: requests and connections counted for /metrics (None with metrics off)
         self.meter = None if self.broker.stats is None else self.broker.stats.meter("kafka", "kafka")
 
@@ -159,9 +167,14 @@ class KafkaServer:
         first = self.listeners[0]
         assert first.bound is not None
         self.ctx.host, self.ctx.port = first.advertised or first.bound
+        self._sweeps = asyncio.create_task(self.limits.run_sweeps(lambda: self.connections), name="mqk-kafka-idle")
         return first.bound
 
     async def stop(self) -> None:
+        if self._sweeps is not None:
+            self._sweeps.cancel()
+            await asyncio.gather(self._sweeps, return_exceptions=True)
+            self._sweeps = None
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
@@ -208,6 +221,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.meter = server.meter
         #: id(request) -> when it was decoded (perf_counter_ns), for its latency; kept only with metrics on
         self._arrived: dict[int, int] = {}
+        #: reads and writes so far: the idleness sweep (mqk.server.limits) looks for counts that stand still
+        self.activity = 0
+        #: counted by the connection limits (released when it ends), under this address
+        self._admitted = False
+        self._limit_host = "?"
 
     # --- asyncio callbacks -----------------------------------------------------------------------------
 
@@ -217,6 +235,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
             self.client_host = f"/{peer[0]}"
+        self._limit_host = str(peer[0]) if peer else "?"
+        refusal = self.server.limits.admit(self._limit_host)
+        if refusal is not None:
+            log.warning("kafka connection %s refused: %s", self.peer, refusal)
+            self.closed = True
+            transport.close()
+            return
+        self._admitted = True
         self.server.connections.add(self)
         if self.meter is not None:
             self.meter.connections_accepted += 1
@@ -238,7 +264,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        if self._admitted:
+            self._admitted = False
+            self.server.limits.release(self._limit_host, self)
         self._cancel_pending()
+
+    @property
+    def busy(self) -> bool:
+        """A request of its own waits for its answer (a long poll): not idle, however long it is silent."""
+        return bool(self.pending) or bool(self._group_tasks)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.codec.get_buffer(sizehint)
@@ -246,6 +280,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
+        self.activity += 1
         self.codec.buffer_updated(nbytes)
         self._decode()
 
@@ -415,6 +450,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def _flush(self) -> None:
         if self._out and not self.closed:
+            self.activity += 1
             out, self._out = self._out, []
             self._out_bytes = 0
             self.transport.writelines(out)  # type: ignore[union-attr]  # set by connection_made, before any read
@@ -520,6 +556,7 @@ class SaslKafkaConnection(KafkaConnection):
             return
         if self.closed:
             return
+        self.activity += 1
         self.codec.buffer_updated(nbytes)
         self._authenticate()
 
