@@ -92,6 +92,21 @@ async def test_message_max_bytes_on_produce(small: Broker2) -> None:
         assert (await client.call(ApiKey.CREATE_TOPICS, 5, create))["topics"][0]["error_code"] == 0
         resp = await client.call(ApiKey.PRODUCE, 9, produce_body("roomy", big))
         assert resp["responses"][0]["partition_responses"][0]["error_code"] == 0
+        # DescribeConfigs shows what applies: the broker's value where the topic sets none
+        described = await client.call(
+            ApiKey.DESCRIBE_CONFIGS,
+            4,
+            {
+                "include_synonyms": False,
+                "include_documentation": False,
+                "resources": [
+                    {"resource_type": 2, "resource_name": name, "configuration_keys": ["max.message.bytes"]}
+                    for name in ("sized", "roomy")
+                ],
+            },
+        )
+        values = [r["configs"][0]["value"] for r in described["results"]]
+        assert values == [str(LIMIT), str(LIMIT * 4)]
     finally:
         await client.close()
 

@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+from pathlib import Path
 
+import pytest
+
+from mqk.cli import _serve_parser, build_config
 from mqk.clock import FakeClock
+from mqk.config import BrokerConfig
 from mqk.server.limits import MAX_SWEEP_S, ConnectionLimits
 
 
@@ -55,3 +61,20 @@ async def test_idle_connections_are_closed_and_busy_or_active_ones_are_not() -> 
 
 def test_the_sweep_interval_is_bounded() -> None:
     assert ConnectionLimits(1, 1, 600_000, FakeClock()).sweep_interval_s == MAX_SWEEP_S
+
+
+def test_the_limits_come_from_the_toml_file_and_the_flags(tmp_path: Path) -> None:
+    toml = tmp_path / "broker.toml"
+    toml.write_text("message_max_bytes = 4194304\nmax_connections = 100\nmax_connections_per_ip = 10\n")
+    config = BrokerConfig.load(toml)
+    assert (config.message_max_bytes, config.max_connections, config.max_connections_per_ip) == (4194304, 100, 10)
+    assert config.connections_max_idle_ms == 600_000  # Kafka's default
+    parser = argparse.ArgumentParser()
+    _serve_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["serve", "--config", str(toml), "--max-connections-per-ip", "3", "--connections-max-idle-ms", "5000"]
+    )
+    config = build_config(args)
+    assert (config.max_connections, config.max_connections_per_ip, config.connections_max_idle_ms) == (100, 3, 5000)
+    with pytest.raises(ValueError, match="max_connections"):
+        BrokerConfig(max_connections_per_ip=0)

@@ -124,7 +124,7 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
                 "config_source": c["config_source"],
                 "is_sensitive": c["is_sensitive"],
             }
-            for c in topic_config_entries(config)
+            for c in topic_config_entries(config, message_max_bytes=ctx.config.message_max_bytes)
         ]
     return {"throttle_time_ms": 0, "topics": results}
 
