@@ -18,6 +18,8 @@ What this module owns:
   one by one and answered by one call, before any later request starts, so their appends are one store write;
 - connection limits (mqk.server.limits): max_connections and max_connections_per_ip refuse a connection as it
   is accepted; connections silent for connections_max_idle_ms are closed;
+- client quotas (mqk.broker.quotas): over its produce or fetch byte rate, a client's answer carries
+  throttle_time_ms and its connection reads nothing for that long;
 - back-pressure: reading pauses while too many requests are in flight on a connection or while the transport's
   write buffer is above its high-water mark (a slow consumer), and resumes when both drain. Connections are
   independent, so a slow consumer never stalls a producer on another connection;
@@ -41,6 +43,7 @@ from typing import Any
 
 from mqk import errors as E
 from mqk.broker import Broker
+from mqk.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotas
 from mqk.broker.security import USER, AuthenticationFailed, Principal, SaslServer
 from mqk.broker.security.principal import ANONYMOUS, NoMatchingRule
 from mqk.clock import Clock
@@ -65,6 +68,8 @@ log = logging.getLogger("mqk.kafka")
 MAX_IN_FLIGHT = 64
 #: answers are gathered into one writelines call until they reach this size (asyncio's default high-water mark)
 FLUSH_BYTES = 64 * 1024
+#: the APIs client quotas measure (mqk.broker.quotas)
+_QUOTA_KEYS = frozenset({api.ApiKey.PRODUCE, api.ApiKey.FETCH})
 
 __all__ = ["FLUSH_BYTES", "MAX_IN_FLIGHT", "CloseConnection", "KafkaConnection", "KafkaServer", "SaslKafkaConnection"]
 
@@ -104,6 +109,7 @@ class KafkaServer:
             traffic=None if self.broker.stats is None else self.broker.stats.traffic,
             log_sizes=self.broker.log_sizes,
             security=self.broker.security,
+            quotas=self.broker.quotas,
         )
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[KafkaConnection] = set()
@@ -226,6 +232,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         #: counted by the connection limits (released when it ends), under this address
         self._admitted = False
         self._limit_host = "?"
+        #: the client quotas (mqk.broker.quotas); while `_throttled` the connection reads and decodes nothing
+        self._quotas = server.ctx.quotas
+        self._throttled = False
 
     # --- asyncio callbacks -----------------------------------------------------------------------------
 
@@ -295,7 +304,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         arrived = self._arrived if self.meter is not None else None
         now = time.perf_counter_ns() if arrived is not None else 0
         try:
-            while not self.closed and len(pending) < MAX_IN_FLIGHT:
+            while not self.closed and len(pending) < MAX_IN_FLIGHT and not self._throttled:
                 if len(pending) + len(group) >= MAX_IN_FLIGHT:
                     # a full group is answered before decoding on (its answers may leave room at once); the loop
                     # must not end with requests left in the codec that no later read would ever decode
@@ -430,23 +439,82 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 meter.record(req.api_key, time.perf_counter_ns() - arrived)
             if body is not None and body.__class__ is not CloseConnection:
                 count_errors(meter, req.api_key, body)  # type: ignore[arg-type]  # a body, not CloseConnection
-        if body is None:  # acks=0 produce: no response at all
-            return
-        if isinstance(body, CloseConnection):
-            self.close(body.reason)
-            return
-        try:
-            # the codec picks the body's type by the api key, so it takes a plain dict (a handler's TypedDict is one)
-            parts = encode_response(req, body)  # type: ignore[arg-type]  # see above
-        except Exception as exc:  # our bug; keep the broker up, drop the connection
-            log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
-            self.close(f"encode error: {exc!r}")
-            return
+        quotas = self._quotas
+        if (
+            quotas is not None
+            and quotas.active
+            and req.api_key in _QUOTA_KEYS
+            and body.__class__ is not CloseConnection
+        ):
+            parts = self._within_quota(quotas, req, body)  # type: ignore[arg-type]  # a body or None (acks=0)
+            if parts is None:
+                return
+        else:
+            if body is None:  # acks=0 produce: no response at all
+                return
+            if isinstance(body, CloseConnection):
+                self.close(body.reason)
+                return
+            parts = self._encode(req, body)
+            if parts is None:
+                return
         self._out += parts
         # the first part starts with the frame's size prefix
         self._out_bytes += 4 + int.from_bytes(parts[0][:4], "big")
         if self._out_bytes >= FLUSH_BYTES:
             self._flush()  # big answers go out at once, so pause_writing can stop the next ones
+
+    def _encode(self, req: Request, body: Answer) -> list[Buffer] | None:
+        try:
+            # the codec picks the body's type by the api key, so it takes a plain dict (a handler's TypedDict is one)
+            return encode_response(req, body)  # type: ignore[arg-type]  # see above
+        except Exception as exc:  # our bug; keep the broker up, drop the connection
+            log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
+            self.close(f"encode error: {exc!r}")
+            return None
+
+    def _within_quota(self, quotas: ClientQuotas, req: Request, body: dict[str, Any] | None) -> list[Buffer] | None:
+        """A Produce or Fetch answer under the client quotas (mqk.broker.quotas): its bytes counted (Produce: the
+        request's, Fetch: the response's) and, over the quota, its throttle_time_ms set and the connection muted for
+        that long (KIP-219); a throttled Fetch is answered empty and its bytes are not counted, as in Kafka. The
+        encoded answer, or None when there is none to send (acks=0)."""
+        user, client_id = self.principal.name, req.client_id or ""
+        if req.api_key == api.ApiKey.PRODUCE:
+            throttle = quotas.record(PRODUCER_BYTE_RATE, user, client_id, req.size)
+            if body is not None and throttle.ms:
+                body["throttle_time_ms"] = throttle.ms
+            parts = None if body is None else self._encode(req, body)
+        else:
+            assert body is not None
+            parts = self._encode(req, body)
+            if parts is None:
+                return None
+            size = sum(len(p) for p in parts)
+            throttle = quotas.record(CONSUMER_BYTE_RATE, user, client_id, size)
+            if throttle.ms:
+                quotas.unrecord(throttle, size)
+                empty = {**body, "throttle_time_ms": throttle.ms, "responses": []}
+                parts = self._encode(req, empty)
+        if throttle.ms:
+            self._mute(throttle.ms)
+        return parts
+
+    def _mute(self, ms: int) -> None:
+        """Read and decode nothing from this client for `ms` (its throttle time)."""
+        if self._throttled or self.closed:
+            return
+        self._throttled = True
+        self._update_reading()
+        self.loop.call_later(ms / 1000, self._unmute)
+
+    def _unmute(self) -> None:
+        self._throttled = False
+        if self.closed:
+            return
+        if self.codec.buffered and len(self.pending) < MAX_IN_FLIGHT and not self.writing_paused:
+            self._decode()
+        else:
+            self._update_reading()
 
     def _flush(self) -> None:
         if self._out and not self.closed:
@@ -481,7 +549,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.closed:
             return
         self._flush()
-        if self.codec.buffered and len(pending) < MAX_IN_FLIGHT and not self.writing_paused:
+        if self.codec.buffered and len(pending) < MAX_IN_FLIGHT and not self.writing_paused and not self._throttled:
             self._decode()  # requests that arrived while MAX_IN_FLIGHT were unanswered
         elif self.reading_paused:
             self._update_reading()
@@ -489,7 +557,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def _update_reading(self) -> None:
         if self.closed or self.transport is None:
             return
-        should_pause = self.writing_paused or len(self.pending) >= MAX_IN_FLIGHT
+        should_pause = self.writing_paused or len(self.pending) >= MAX_IN_FLIGHT or self._throttled
         if should_pause and not self.reading_paused:
             self.reading_paused = True
             self.transport.pause_reading()

@@ -29,6 +29,7 @@ from mqk.server.kafka.handlers import (
     metadata,
     offsets,
     produce,
+    quotas,
     sasl,
     topics,
     users,
@@ -67,6 +68,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: leader_epochs.handle,
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: users.describe_user_scram_credentials,
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: users.alter_user_scram_credentials,
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: quotas.describe_client_quotas,
+    ApiKey.ALTER_CLIENT_QUOTAS: quotas.alter_client_quotas,
 }
 
 GROUPED: dict[int, Grouping] = {
