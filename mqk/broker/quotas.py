@@ -12,12 +12,12 @@ matched entity with the default names replaced by the request's (a default user 
 own, as in Kafka), so every client id of U shares a quota set on /users/U.
 
 Measuring (Kafka's windowed rate): bytes are recorded into 1-second samples; the rate is the bytes of the last
-`SAMPLES` samples over the time they span, counted as at least ten seconds (Kafka's rule). A request that takes the
-rate over the quota is answered with throttle_time_ms = (rate - quota) / quota * span, at most the whole window
-(mqk's bound, so one huge request cannot mute a client for longer than the window remembers it); the connection
-then reads nothing for that long (KIP-219: the client is told, and the broker mutes it, so old clients are slowed
-too). Produce is measured by request size, Fetch by response size (a throttled Fetch is answered empty and its bytes
-are not counted, as Kafka does).
+`SAMPLES` samples over the time they span, counted as at least one second (Kafka counts at least ten: see
+`Rate.span`). A request that takes the rate over the quota is answered with throttle_time_ms = (rate - quota) /
+quota * span, at most the whole window (mqk's bound, so one huge request cannot mute a client for longer than the
+window remembers it); the connection then reads nothing for that long (KIP-219: the client is told, and the broker
+mutes it, so old clients are slowed too). Produce is measured by request size, Fetch by response size (a throttled
+Fetch is answered empty and its bytes are not counted, as Kafka does).
 
 Where quotas live: a broker on its own, `<data-dir>/security/client-quotas.json` (atomically replaced); a
 memory-store broker, in memory. In cluster mode each broker keeps its own (not shared through etcd).
@@ -104,13 +104,11 @@ class Rate:
             self._samples[-1][1] -= value
 
     def span(self, now: float) -> float:
-        """The time the samples cover, counted as at least SAMPLES - 1 whole samples (Kafka's Rate.windowSize): a
-        client's first second is measured over ten, so a burst at start is not a rate of infinity."""
-        elapsed = now - (self._samples[0][0] if self._samples else now)
-        whole = int(elapsed // SAMPLE_S)
-        if whole < SAMPLES - 1:
-            elapsed += (SAMPLES - 1 - whole) * SAMPLE_S
-        return elapsed
+        """The time the samples cover, at least one sample's length: a client starting with a burst is allowed one
+        second's worth of it (Kafka counts at least ten seconds, which lets a tenfold burst through at start and
+        again, in a sawtooth, each time it leaves the window; mqk keeps a client at its rate instead)."""
+        start = self._samples[0][0] if self._samples else now
+        return max(now - start, SAMPLE_S)
 
     def value(self, now: float) -> float:
         samples = self._samples

@@ -92,12 +92,12 @@ async def test_clients_over_their_byte_rates_are_throttled(server: KafkaServer) 
         }
         assert [e["error_code"] for e in (await admin.call(ApiKey.ALTER_CLIENT_QUOTAS, 1, body))["entries"]] == [0, 0]
         # a client without a quota is never throttled, whatever it sends
-        answer = await admin.call(ApiKey.PRODUCE, 9, produce_body("fed", make_batch([b"f" * 60_000])))
+        answer = await admin.call(ApiKey.PRODUCE, 9, produce_body("fed", make_batch([b"f" * 8_000])))
         assert answer["throttle_time_ms"] == 0 and answer["responses"][0]["partition_responses"][0]["error_code"] == 0
 
     async with await RawKafkaClient.connect(server.host, server.port, "slow-producer") as producer:
-        # a first burst is measured over ten seconds (Kafka's window): just over ten seconds' worth is throttled
-        answer = await producer.call(ApiKey.PRODUCE, 9, produce_body("q", make_batch([b"p" * (RATE * 10 + 5000)])))
+        # a first burst is measured over one second: just over one second's worth is throttled
+        answer = await producer.call(ApiKey.PRODUCE, 9, produce_body("q", make_batch([b"p" * (RATE + 2000)])))
         assert answer["responses"][0]["partition_responses"][0]["error_code"] == 0  # stored, then throttled
         assert answer["throttle_time_ms"] > 0
         # muted for the throttle time, then served as before
@@ -109,6 +109,6 @@ async def test_clients_over_their_byte_rates_are_throttled(server: KafkaServer) 
     async with await RawKafkaClient.connect(server.host, server.port, "slow-consumer") as consumer:
         first = await consumer.call(ApiKey.FETCH, 12, fetch_body("fed", 0))
         assert first["throttle_time_ms"] == 0 and first["responses"][0]["partitions"][0]["records"]
-        again = await consumer.call(ApiKey.FETCH, 12, fetch_body("fed", 0))  # the same 60 KB: over the rate now
+        again = await consumer.call(ApiKey.FETCH, 12, fetch_body("fed", 0))  # the same 8 KB again: over the rate now
         assert again["throttle_time_ms"] > 0 and again["responses"] == []  # answered empty, as Kafka does
     assert server.ctx.quotas is not None and server.ctx.quotas.throttled == 2

@@ -38,10 +38,10 @@ async def test_over_the_rate_a_client_is_throttled_in_proportion() -> None:
     clock = FakeClock()
     quotas = ClientQuotas(clock, None)
     quotas.alter(entity_of([(CLIENT_ID, "c")]), [(PRODUCER_BYTE_RATE, 1000, False)])
-    # a first burst is measured over ten seconds (Kafka's window): ten seconds' worth is exactly the quota
-    assert quotas.record(PRODUCER_BYTE_RATE, "ANONYMOUS", "c", 10_000).ms == 0
+    # a first burst is measured over one second: one second's worth is exactly the quota
+    assert quotas.record(PRODUCER_BYTE_RATE, "ANONYMOUS", "c", 1000).ms == 0
     throttle = quotas.record(PRODUCER_BYTE_RATE, "ANONYMOUS", "c", 1000)
-    assert throttle.ms == 1000  # 10% over the quota across 10 s: wait 10% of 10 s
+    assert throttle.ms == 1000  # twice the quota over one second: wait one more second
     assert quotas.record(PRODUCER_BYTE_RATE, "ANONYMOUS", "other", 10**9).ms == 0  # no quota for this client
     await clock.advance(11)  # the window has passed: the rate starts afresh
     assert quotas.record(PRODUCER_BYTE_RATE, "ANONYMOUS", "c", 500).ms == 0

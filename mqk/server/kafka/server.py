@@ -235,6 +235,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         #: the client quotas (mqk.broker.quotas); while `_throttled` the connection reads and decodes nothing
         self._quotas = server.ctx.quotas
         self._throttled = False
+        self._unmuting: asyncio.TimerHandle | None = None
 
     # --- asyncio callbacks -----------------------------------------------------------------------------
 
@@ -500,15 +501,24 @@ class KafkaConnection(asyncio.BufferedProtocol):
         return parts
 
     def _mute(self, ms: int) -> None:
-        """Read and decode nothing from this client for `ms` (its throttle time)."""
-        if self._throttled or self.closed:
+        """Read and decode nothing from this client for `ms` (its throttle time) from now, or until an earlier mute
+        ends if that is later: the answers of requests taken together (a group of Produce requests) each carry the
+        throttle time of all the bytes recorded so far, so the last one's is the one that holds."""
+        if self.closed:
             return
-        self._throttled = True
-        self._update_reading()
-        self.loop.call_later(ms / 1000, self._unmute)
+        until = self.loop.time() + ms / 1000
+        if self._unmuting is not None:
+            if self._unmuting.when() >= until:
+                return
+            self._unmuting.cancel()
+        self._unmuting = self.loop.call_at(until, self._unmute)
+        if not self._throttled:
+            self._throttled = True
+            self._update_reading()
 
     def _unmute(self) -> None:
         self._throttled = False
+        self._unmuting = None
         if self.closed:
             return
         if self.codec.buffered and len(self.pending) < MAX_IN_FLIGHT and not self.writing_paused:
@@ -576,6 +586,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def _cancel_pending(self) -> None:
+        if self._unmuting is not None:
+            self._unmuting.cancel()
+            self._unmuting = None
         for _req, task in self.pending:
             task.cancel()
         self.pending.clear()
