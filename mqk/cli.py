@@ -95,6 +95,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     security.add_argument("--tls-client-auth", choices=("none", "requested", "required"), help="SSL listeners")
     security.add_argument("--native-tls", action="store_true", default=None, help="TLS on the RocketMQ listener")
     security.add_argument("--namesrv-tls", action="store_true", default=None, help="TLS on the name server")
+    limits = p.add_argument_group("limits (Kafka's broker settings of the same names)")
+    limits.add_argument("--message-max-bytes", type=int, help="largest record batch / RocketMQ body (1048588)")
+    limits.add_argument("--max-connections", type=int, help="open Kafka connections, all listeners (no limit)")
+    limits.add_argument("--max-connections-per-ip", type=int, help="open Kafka connections from one address (no limit)")
+    limits.add_argument(
+        "--connections-max-idle-ms", type=int, help="close a Kafka connection silent this long (600000)"
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--log-format",
@@ -130,6 +137,10 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         tls_client_auth=args.tls_client_auth,
         native_tls=args.native_tls,
         namesrv_tls=args.namesrv_tls,
+        message_max_bytes=args.message_max_bytes,
+        max_connections=args.max_connections,
+        max_connections_per_ip=args.max_connections_per_ip,
+        connections_max_idle_ms=args.connections_max_idle_ms,
     )
 
 

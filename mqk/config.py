@@ -357,8 +357,18 @@ class BrokerConfig:
     num_partitions: int = 1
     #: Kafka `socket.request.max.bytes`: larger frames close the connection before allocation
     socket_request_max_bytes: int = 100 * 1024 * 1024
-    #: Kafka `message.max.bytes`: the broker-wide ceiling for one record batch
+    #: Kafka `message.max.bytes`: the broker-wide ceiling for one record batch (a topic's `max.message.bytes`
+    #: overrides it for that topic; Produce answers MESSAGE_TOO_LARGE above it)
     message_max_bytes: int = 1048588
+    #: RocketMQ's `maxMessageSize` (its default, 4 MiB): the ceiling for one RocketMQ message body as stored
+    #: (MESSAGE_ILLEGAL above it)
+    native_max_message_size: int = 4 * 1024 * 1024
+    #: Kafka `max.connections`: open connections on all Kafka listeners together; more are closed at accept
+    max_connections: int = (1 << 31) - 1
+    #: Kafka `max.connections.per.ip`: open Kafka connections from one address; more are closed at accept
+    max_connections_per_ip: int = (1 << 31) - 1
+    #: Kafka `connections.max.idle.ms`: a Kafka connection silent this long (no request in progress) is closed
+    connections_max_idle_ms: int = 600_000
     #: RocketMQ remoting frame ceiling
     native_max_frame_bytes: int = 16 * 1024 * 1024
     group_initial_rebalance_delay_ms: int = 0
@@ -446,6 +456,14 @@ class BrokerConfig:
         bad = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)
         if bad or not self.sasl_enabled_mechanisms:
             raise ValueError(f"sasl_enabled_mechanisms must be a non-empty subset of {SASL_MECHANISMS}")
+        if self.message_max_bytes < 0:
+            raise ValueError("message_max_bytes must not be negative")
+        if self.native_max_message_size < 0:
+            raise ValueError("native_max_message_size must not be negative")
+        if self.max_connections < 1 or self.max_connections_per_ip < 1:
+            raise ValueError("max_connections and max_connections_per_ip must be at least 1")
+        if self.connections_max_idle_ms <= 0:
+            raise ValueError("connections_max_idle_ms must be positive")
         if self.auth_failure_delay_ms < 0 or self.auth_failure_delay_max_ms < self.auth_failure_delay_ms:
             raise ValueError("auth_failure_delay_ms must be >= 0 and at most auth_failure_delay_max_ms")
 

@@ -2,8 +2,9 @@
 
 It holds the store, the topic registry (names, settings, auto-creation, ids), the wake-up hub for long polls, the
 clock, the counters /metrics reports (stats.py) and the security services (users, SASL mechanisms, the authorizer
-hook: mqk.broker.security). The Kafka listener and the RocketMQ broker role each take the same Broker (the runtime
-builds it), so a record appended through one wakes the long polls of the other, and both apply one topic policy.
+hook: mqk.broker.security), the client quotas (mqk.broker.quotas). The Kafka listener and the RocketMQ broker role
+each take the same Broker (the runtime builds it), so a record appended through one wakes the long polls of the
+other, and both apply one topic policy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import asyncio
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.logsizes import LogSizes
+from mqk.broker.quotas import FILE as QUOTAS_FILE
+from mqk.broker.quotas import ClientQuotas
 from mqk.broker.security import Security
 from mqk.broker.stats import BrokerStats
 from mqk.broker.topics import TopicRegistry
@@ -33,6 +36,11 @@ class Broker:
         #: per-partition log sizes, kept up to date as logs grow (/metrics, DescribeLogDirs)
         self.log_sizes = LogSizes(store)
         self.security = Security(config, store, clock)
+        #: produce and fetch byte-rate quotas per user and client id (mqk.broker.quotas)
+        self.quotas = ClientQuotas(
+            clock, store.config.data_dir / "security" / QUOTAS_FILE if store.persistent else None
+        )
+        self.quotas.load()
         #: cluster mode: this broker's membership (None for a single broker on its own)
         self.cluster: ClusterMember | None = None
         self._listening = False

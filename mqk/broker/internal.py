@@ -4,12 +4,21 @@ them.
 Three kinds of names are not ordinary user topics:
 
 - INTERNAL: the broker's own logs, written only by its services. Kafka's Metadata marks them `is_internal`, so
-  Kafka clients leave them out of topic listings and pattern subscriptions. These are the timer's
-  `__mqk_timer` (delayed messages wait there, mqk.timer) with, in cluster mode, its progress in
-  `__mqk_timer_state`, and RocketMQ's transaction topics: half messages in
-  `RMQ_SYS_TRANS_HALF_TOPIC`, their commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC`
-  (mqk.server.native.transaction). Refusing client writes and deletes to them is the authorizer's job; until then
-  this module only says which they are.
+  Kafka clients leave them out of topic listings and pattern subscriptions. Two families:
+  - local by nature (`is_local`: each broker keeps its own, never placed by a cluster's controller): the timer's
+    `__mqk_timer` (delayed messages wait there, mqk.timer) with, in cluster mode, its progress in
+    `__mqk_timer_state`, and RocketMQ's transaction topics: half messages in `RMQ_SYS_TRANS_HALF_TOPIC`, their
+    commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC` (mqk.server.native.transaction);
+  - Kafka's own, placed across a cluster like user topics: `__consumer_offsets` (committed offsets, cluster mode)
+    and `__transaction_state` (reserved for Kafka transactions).
+  Clients may read them, but never write, delete, grow or reconfigure them, whoever they are: the policy below
+  (`client_change_refusal`) is applied by every front door before any authorization, as Kafka refuses appends to
+  its internal topics to every client. Kafka answers a Produce with INVALID_TOPIC_EXCEPTION ("cannot append to
+  internal topic"); mqk answers the admin APIs (DeleteTopics, CreatePartitions, AlterConfigs,
+  IncrementalAlterConfigs, DeleteRecords) with TOPIC_AUTHORIZATION_FAILED, as a broker that protects a topic from
+  deletion does; RocketMQ's send answers NO_PERMISSION ("Sending message to topic[...] is forbidden"), as RocketMQ
+  does for its system topics (`ROCKETMQ_NO_SEND` adds the ones RocketMQ refuses that mqk does not use). A client
+  cannot create one under an internal name either (auto-creation skips them; CreateTopics refuses them).
 - GROUP: a RocketMQ consumer group's retry topic (`%RETRY%<group>`) and dead-letter topic (`%DLQ%<group>`).
   Clients read them (a consumer subscribes to its retry topic; operators read the dead letters), so they are not
   internal, but the broker creates them on demand, with one queue, whatever `auto_create_topics` says, as a
@@ -25,6 +34,8 @@ from __future__ import annotations
 
 import enum
 
+from mqk.broker.names import KAFKA
+from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC
 from mqk.timer import TIMER_STATE_TOPIC, TIMER_TOPIC
 
 #: RocketMQ's transaction topics (MQ 4.x TransactionalMessageUtil)
@@ -43,13 +54,28 @@ class TopicKind(enum.Enum):
     GROUP = "group"
 
 
-#: internal topic -> the part of the broker that owns it
-INTERNAL_TOPICS: dict[str, str] = {
+#: Kafka's transaction coordinator's topic (reserved: no Kafka client may make or write it)
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+
+#: internal topic local by nature -> the part of the broker that owns it
+LOCAL_INTERNAL_TOPICS: dict[str, str] = {
     TIMER_TOPIC: "mqk.timer (delayed and scheduled messages)",
     TIMER_STATE_TOPIC: "mqk.timer (its delivery progress, cluster mode)",
     TRANSACTION_HALF_TOPIC: "mqk.server.native.transaction (half messages)",
     TRANSACTION_OP_TOPIC: "mqk.server.native.transaction (commit and rollback records)",
 }
+#: Kafka's internal topics (placed in a cluster like user topics) -> their owner
+KAFKA_INTERNAL_TOPICS: dict[str, str] = {
+    OFFSETS_TOPIC: "mqk.store.offsets_log (committed group offsets, cluster mode)",
+    TRANSACTION_STATE_TOPIC: "Kafka transactions (reserved)",
+}
+#: every internal topic -> its owner
+INTERNAL_TOPICS: dict[str, str] = {**LOCAL_INTERNAL_TOPICS, **KAFKA_INTERNAL_TOPICS}
+#: RocketMQ's system topics its broker refuses sends to (TopicValidator's not-allowed-send set), beyond mqk's own
+#: internal topics: mqk uses none of them, and refuses a send to them as RocketMQ does
+ROCKETMQ_NO_SEND = frozenset(
+    {"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"}
+)
 GROUP_TOPIC_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX)
 #: the queue count of a topic created on demand (GROUP topics, the transaction topics)
 ON_DEMAND_QUEUES = 1
@@ -66,6 +92,31 @@ def kind_of(topic: str) -> TopicKind:
 def is_internal(topic: str) -> bool:
     """Written only by the broker's own services (Kafka Metadata's `is_internal`)."""
     return topic in INTERNAL_TOPICS
+
+
+def is_local(topic: str) -> bool:
+    """An internal topic each broker keeps for itself (never the cluster's: see the module docstring)."""
+    return topic in LOCAL_INTERNAL_TOPICS
+
+
+def client_change_refusal(topic: str) -> str | None:
+    """Why no client may write, delete, grow or reconfigure `topic`, or None if one may (subject to its rights)."""
+    if topic in INTERNAL_TOPICS:
+        return f"{topic} is an internal topic, written only by the broker ({INTERNAL_TOPICS[topic]})"
+    return None
+
+
+def rocketmq_send_refusal(topic: str) -> str | None:
+    """Why a RocketMQ producer may not send to `topic` (RocketMQ's words), or None."""
+    if topic in INTERNAL_TOPICS or topic in ROCKETMQ_NO_SEND:
+        return f"Sending message to topic[{topic}] is forbidden."
+    return None
+
+
+def listed_to_kafka(topic: str) -> bool:
+    """Whether a Kafka Metadata request for every topic lists `topic`: not a name Kafka's alphabet cannot spell
+    (RocketMQ's `%RETRY%group`, `%DLQ%group`, `ns%topic`); those are answered when asked for by name."""
+    return KAFKA.allows(topic)
 
 
 def created_on_demand(topic: str) -> bool:

@@ -30,7 +30,14 @@ from mqk.broker import topic_config as settings
 from mqk.broker.cluster import ClusterMember, RequestRecord, TopicRecord
 from mqk.broker.names import KAFKA, ROCKETMQ, NameRule
 from mqk.config import BrokerConfig
-from mqk.errors import InvalidConfigError, InvalidTopicError, ShardExists, TopicAlreadyExistsError, UnknownShard
+from mqk.errors import (
+    InvalidConfigError,
+    InvalidTopicError,
+    ShardExists,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    UnknownShard,
+)
 from mqk.store.adapter import ShardInfo
 from mqk.store.manager import StoreManager
 
@@ -58,7 +65,7 @@ class TopicRegistry:
         self.get = self._cluster_topic
 
     def _cluster_topic(self, name: str) -> ShardInfo | None:
-        if internal.is_internal(name) or internal.created_on_demand(name):
+        if internal.is_local(name) or internal.created_on_demand(name):
             return self._store.topic(name)
         assert self.cluster is not None
         record = self.cluster.topic(name)
@@ -108,7 +115,18 @@ class TopicRegistry:
 
     @staticmethod
     def is_internal(name: str) -> bool:
+        """Written only by the broker's own services (mqk.broker.internal)."""
         return internal.is_internal(name)
+
+    @staticmethod
+    def is_local(name: str) -> bool:
+        """An internal topic this broker keeps for itself, whatever the cluster holds (mqk.broker.internal)."""
+        return internal.is_local(name)
+
+    @staticmethod
+    def client_change_refusal(name: str) -> str | None:
+        """Why no client may write, delete, grow or reconfigure `name` (an internal topic), or None."""
+        return internal.client_change_refusal(name)
 
     # --- creation -----------------------------------------------------------------------------------------
 
@@ -126,13 +144,13 @@ class TopicRegistry:
         InvalidTopicError for an illegal name, InvalidConfigError for a refused setting, ShardExists if it
         exists, the store's error if it cannot make it. In a cluster, `timeout` (seconds) bounds the wait for the
         controller (RequestTimedOutError: the topic may still be created, as with Kafka)."""
-        reason = names.error(name)
+        reason = names.error(name) or _reserved(name)
         if reason:
             raise InvalidTopicError(reason)
         reason = settings.check_all(changes or {})
         if reason:
             raise InvalidConfigError(reason)
-        if self.cluster is not None and not internal.is_internal(name):
+        if self.cluster is not None and not internal.is_local(name):
             values = {k: v for k, v in (changes or {}).items() if v is not None}
             try:
                 await self.cluster.change(
@@ -166,7 +184,7 @@ class TopicRegistry:
         info = self.get(name)
         if info is not None:
             return info
-        reason = names.error(name)
+        reason = names.error(name) or _reserved(name)
         if reason:
             raise InvalidTopicError(reason)
         if not self.may_auto_create(name, client_allows):
@@ -193,7 +211,7 @@ class TopicRegistry:
             if (
                 info is None
                 and self.cluster is not None
-                and not (internal.is_internal(name) or internal.created_on_demand(name))
+                and not (internal.is_local(name) or internal.created_on_demand(name))
             ):
                 try:
                     await self.cluster.change(RequestRecord("create", name, max(1, partitions)))
@@ -215,12 +233,14 @@ class TopicRegistry:
 
     def _clustered(self, name: str) -> ClusterMember | None:
         """The cluster when `name` is one of its topics' names (not a local one)."""
-        if self.cluster is None or internal.is_internal(name) or internal.created_on_demand(name):
+        if self.cluster is None or internal.is_local(name) or internal.created_on_demand(name):
             return None
         return self.cluster
 
     async def delete(self, name: str, timeout: float | None = None) -> None:  # noqa: ASYNC109 - see `create`
-        """UnknownShard if there is no such topic; `timeout` as `create`'s."""
+        """UnknownShard if there is no such topic; TopicAuthorizationFailedError for an internal one; `timeout` as
+        `create`'s."""
+        _refuse_internal(name)
         cluster = self._clustered(name)
         if cluster is not None:
             if cluster.topic(name) is None:
@@ -233,6 +253,7 @@ class TopicRegistry:
     async def add_partitions(self, name: str, total: int, timeout: float | None = None) -> None:  # noqa: ASYNC109 - see `create`
         """Grow `name` to `total` partitions (InvalidPartitionsError unless more than it has); `timeout` as
         `create`'s."""
+        _refuse_internal(name)
         cluster = self._clustered(name)
         if cluster is not None:
             await cluster.change(RequestRecord("partitions", name, total), timeout)
@@ -241,6 +262,7 @@ class TopicRegistry:
 
     async def alter_config(self, name: str, changes: Mapping[str, str | None]) -> None:
         """Replace the topic's settings with `changes` (None values ignored), after checking them."""
+        _refuse_internal(name)
         reason = settings.check_all(changes)
         if reason:
             raise InvalidConfigError(reason)
@@ -251,3 +273,17 @@ class TopicRegistry:
             await cluster.change(RequestRecord("configs", name, configs=values, base_revision=revision))
             return
         await self._store.alter_topic_config(name, settings.config_of(changes))
+
+
+def _reserved(name: str) -> str | None:
+    """Why a client may not create a topic of this name: an internal topic's (the broker makes those itself)."""
+    if internal.is_internal(name):
+        return f"topic name {name!r} is reserved for the broker's internal use"
+    return None
+
+
+def _refuse_internal(name: str) -> None:
+    """Deleting, growing and reconfiguring are client requests: never granted on an internal topic."""
+    reason = internal.client_change_refusal(name)
+    if reason:
+        raise TopicAuthorizationFailedError(reason)

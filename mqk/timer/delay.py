@@ -151,8 +151,13 @@ def wrap(entries: Sequence[Waiting], now: int) -> bytearray:
     return recbatch.build_batch(0, now, now, bytes(records), len(entries), len(entries) - 1)
 
 
-def unwrap(stored: bytes | bytearray | memoryview, min_offset: int = 0) -> Iterable[tuple[int, Waiting]]:
-    """(timer offset, waiting batch) per record of a timer-topic batch."""
+def unwrap(
+    stored: bytes | bytearray | memoryview, min_offset: int = 0, unreadable: list[tuple[int, str]] | None = None
+) -> Iterable[tuple[int, Waiting]]:
+    """(timer offset, waiting batch) per record of a timer-topic batch. A record that is not one `wrap` made (its
+    routing headers missing or wrong, its value not one whole, intact record batch) raises Corrupt, or, when
+    `unreadable` is given, is added to it as (offset, reason) and left out (the timer skips it: see
+    mqk.timer.service). A batch that cannot be decoded at all raises Corrupt either way."""
     header, records = batch_records(stored)
     base = header[0]
     for _attrs, _ts, delta, _key, value, headers in records:
@@ -168,6 +173,30 @@ def unwrap(stored: bytes | bytearray | memoryview, min_offset: int = 0) -> Itera
         try:
             topic = (fields[_W_TOPIC] or b"").decode()
             queue, due, tags = (int(fields[n] or b"") for n in (_W_QUEUE, _W_AT, _W_TAGS))
+            reason = None
         except (KeyError, ValueError, UnicodeDecodeError):
-            raise Corrupt(f"timer record at offset {base + delta} lacks its routing headers") from None
+            reason = f"timer record at offset {base + delta} lacks its routing headers"
+        if reason is None:
+            reason = _batch_error(value)
+            if reason is not None:
+                reason = f"timer record at offset {base + delta}: {reason}"
+        if reason is not None:
+            if unreadable is None:
+                raise Corrupt(reason)
+            unreadable.append((base + delta, reason))
+            continue
         yield base + delta, Waiting(topic, queue, due, tags, tuple(keys), value or b"")
+
+
+def _batch_error(value: bytes | None) -> str | None:
+    """Why a waiting record's value is not one whole record batch v2 with a good CRC (what its delivery re-appends
+    byte for byte), or None."""
+    if not value:
+        return "no waiting batch"
+    try:
+        scanned = recbatch.scan_batches(value, True)
+    except Exception as exc:  # noqa: BLE001 - any failure to parse is the reason itself
+        return f"its waiting batch is unreadable ({exc})"
+    if len(scanned) != 1:
+        return f"its value holds {len(scanned)} batches, not one"
+    return None

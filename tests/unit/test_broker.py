@@ -12,7 +12,14 @@ from mqk.broker import Broker, TopicRegistry, WakeupHub, internal, topic_config
 from mqk.broker.names import KAFKA, MAX_LENGTH, ROCKETMQ
 from mqk.clock import FakeClock
 from mqk.config import TOPIC_DEFAULTS, TOPIC_SCHEMA, BrokerConfig, StoreConfig, TopicConfig
-from mqk.errors import InvalidConfigError, InvalidPartitionsError, InvalidTopicError, ShardExists, UnknownShard
+from mqk.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    ShardExists,
+    TopicAuthorizationFailedError,
+    UnknownShard,
+)
 from mqk.protocol.native import codes
 from mqk.server.kafka.rawclient import make_batch
 from mqk.store.manager import StoreManager
@@ -159,6 +166,41 @@ def test_the_internal_topics_and_their_kinds() -> None:
         assert internal.created_on_demand(name)
     assert internal.kind_of("orders") is internal.TopicKind.USER and not internal.created_on_demand("orders")
     assert not internal.is_internal(internal.AUTO_CREATE_KEY)  # a route key, never a topic
+    # Kafka's own internal topics are internal, but placed in a cluster like user topics (not local by nature)
+    for name in ("__consumer_offsets", "__transaction_state"):
+        assert internal.is_internal(name) and not internal.is_local(name)
+    assert internal.is_local(TIMER_TOPIC) and not internal.is_local("%RETRY%g")
+
+
+def test_no_client_may_change_an_internal_topic() -> None:
+    for name in (TIMER_TOPIC, "__mqk_timer_state", "__consumer_offsets", "RMQ_SYS_TRANS_HALF_TOPIC"):
+        assert internal.client_change_refusal(name) and internal.rocketmq_send_refusal(name)
+    assert (
+        internal.rocketmq_send_refusal("SCHEDULE_TOPIC_XXXX")
+        == "Sending message to topic[SCHEDULE_TOPIC_XXXX] is forbidden."
+    )
+    for name in ("orders", "%RETRY%g", "%DLQ%g"):
+        assert internal.client_change_refusal(name) is None and internal.rocketmq_send_refusal(name) is None
+    # RocketMQ's names are not listed to Kafka clients (asked for by name, they are answered)
+    assert internal.listed_to_kafka("orders") and internal.listed_to_kafka(TIMER_TOPIC)
+    assert not internal.listed_to_kafka("%RETRY%g") and not internal.listed_to_kafka("ns%orders")
+
+
+async def test_the_registry_refuses_client_changes_to_internal_topics(memory_store: StoreManager) -> None:
+    topics = TopicRegistry(memory_store, BrokerConfig())
+    await memory_store.create_topic(TIMER_TOPIC, 1)
+    with pytest.raises(TopicAuthorizationFailedError):
+        await topics.delete(TIMER_TOPIC)
+    with pytest.raises(TopicAuthorizationFailedError):
+        await topics.add_partitions(TIMER_TOPIC, 2)
+    with pytest.raises(TopicAuthorizationFailedError):
+        await topics.alter_config(TIMER_TOPIC, {"retention.ms": "1"})
+    with pytest.raises(InvalidTopicError, match="reserved"):
+        await topics.create("__consumer_offsets", 1)
+    with pytest.raises(InvalidTopicError, match="reserved"):
+        await topics.auto_create("__transaction_state")
+    assert memory_store.topic(TIMER_TOPIC).queue_count == 1
+    assert await topics.ensure("RMQ_SYS_TRANS_HALF_TOPIC", 1)  # the broker's own services still make them
 
 
 def test_the_broker_spells_rocketmq_names_as_the_protocol_does() -> None:

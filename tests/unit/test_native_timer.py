@@ -12,8 +12,8 @@ from helpers import queue_reaches
 from mqk._fast import load
 from mqk.clock import FakeClock, settle
 from mqk.config import BrokerConfig, StoreConfig
-from mqk.errors import PutRejected
-from mqk.protocol.native.records import batch_to_messages, message_to_batch, tags_code_for
+from mqk.errors import Corrupt, PutRejected
+from mqk.protocol.native.records import batch_records, batch_to_messages, message_to_batch, tags_code_for
 from mqk.store.manager import StoreManager
 from mqk.timer import TIMER_TOPIC, TimerService, due_time
 from mqk.timer.delay import Waiting, batch_due_time, unwrap, wrap
@@ -55,6 +55,82 @@ def test_wrap_round_trip() -> None:
     recbatch.set_base_offset(wrapped, 0, 40)
     assert list(unwrap(wrapped)) == [(40, waiting[0]), (41, waiting[1])]
     assert list(unwrap(wrapped, 41)) == [(41, waiting[1])]
+
+
+def test_unwrap_reports_what_it_cannot_read() -> None:
+    inner = bytes(message_to_batch(b"body", {}, 5))
+    good = Waiting("real", 0, 100, 0, (), inner)
+    records = (
+        recbatch.encode_record(0, 0, None, b"plain", [])  # no routing headers (a client's record)
+        + recbatch.encode_record(1, 0, None, b"not a batch", [(k, v) for k, v in _routing("real")])
+        + recbatch.encode_record(2, 0, None, inner, [(k, v) for k, v in _routing("real")])
+    )
+    stored = recbatch.build_batch(0, 0, 0, records, 3, 2)
+    recbatch.set_base_offset(stored, 0, 7)
+    with pytest.raises(Corrupt, match="offset 7 lacks its routing headers"):
+        list(unwrap(stored))
+    unreadable: list[tuple[int, str]] = []
+    assert list(unwrap(stored, 0, unreadable)) == [(9, good)]
+    assert [offset for offset, _ in unreadable] == [7, 8] and "unreadable" in unreadable[1][1]
+
+
+def _routing(topic: str, due: int = 100) -> list[tuple[str, bytes]]:
+    """The headers `wrap` gives a waiting record (read back from a wrapped batch, so the names stay wrap's)."""
+    wrapped = wrap([Waiting(topic, 0, due, 0, (), bytes(message_to_batch(b"x", {}, 0)))], 0)
+    _header, records = batch_records(wrapped)
+    headers = records[0][5]
+    return [(name, value or b"") for name, value in headers]
+
+
+async def _poison(store: StoreManager) -> None:
+    """What `kcat -P -t __mqk_timer` left in the timer topic before clients were kept out of it."""
+    plain = recbatch.build_batch(0, 0, 0, recbatch.encode_record(0, 0, None, b"poison", []), 1, 0)
+    await store.append(TIMER_TOPIC, 0, [plain])
+
+
+async def test_an_unreadable_timer_record_is_skipped_at_start(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
+    clock = mqk_fake_clock
+    await memory_store.create_topic("d", 1)
+    await memory_store.create_topic(TIMER_TOPIC, 1)
+    await _poison(memory_store)  # offset 0: the record that used to stop the broker from starting
+    good = Waiting("d", 0, clock.time_ms() + 500, 0, (), bytes(message_to_batch(b"good", {}, 0)))
+    await memory_store.append(TIMER_TOPIC, 0, [wrap([good], clock.time_ms())])
+    timer = await _timer(memory_store, clock).start()
+    try:
+        assert timer.unreadable == 1 and timer.pending == 1
+        await clock.advance(0.5)
+        assert await _bodies(memory_store, "d") == [b"good"]
+        assert memory_store.load_state("timer")["floor"] == 2  # the skipped record counts as done
+    finally:
+        await timer.stop()
+    timer = await _timer(memory_store, clock).start()  # a restart neither counts it again nor redelivers
+    try:
+        assert timer.unreadable == 0 and timer.pending == 0
+    finally:
+        await timer.stop()
+
+
+async def test_an_unreadable_timer_record_does_not_stall_later_ones(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
+    clock = mqk_fake_clock
+    await memory_store.create_topic("d", 1)
+    timer = await _timer(memory_store, clock).start()
+    try:
+        await _poison(memory_store)
+        props = {"TIMER_DELAY_MS": "300"}
+        await memory_store.append("d", 0, [message_to_batch(b"later", props, 0)], properties=props)
+        # routed, but what it holds is no record batch: delivering it would put garbage in "d"
+        garbage = recbatch.encode_record(0, 0, None, b"garbage", _routing("d"))
+        await memory_store.append(TIMER_TOPIC, 0, [recbatch.build_batch(0, 0, 0, garbage, 1, 0)])
+        await memory_store.append("d", 0, [message_to_batch(b"last", props, 0)], properties=props)
+        await clock.advance(0.3)
+        assert await _bodies(memory_store, "d") == [b"later", b"last"]
+        assert timer.unreadable == 2
+    finally:
+        await timer.stop()
 
 
 async def _bodies(memory_store: StoreManager, topic: str, queue: int = 0) -> list[bytes]:

@@ -98,7 +98,7 @@ class ClusterMember:
         """Record where the CommitLog and every partition of this group stand as master epoch `epoch` begins."""
         ends = {}
         for name, info in self.store.topics().items():
-            if not (internal.is_internal(name) or internal.created_on_demand(name)):
+            if not (internal.is_local(name) or internal.created_on_demand(name)):
                 ends[name] = [self.store.end_offset(name, q) for q in range(info.queue_count)]
         engine = self.store.replicated_engine
         log_start = engine.log_end if engine is not None else -1

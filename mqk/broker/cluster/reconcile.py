@@ -83,7 +83,7 @@ class TopicReconciler:
             cluster_ids = {r.topic_id for r in topics.values()}
             for name, info in self.store.topics().items():
                 topic_id = bytes(info.topic_id).hex()
-                if internal.is_internal(name) or internal.created_on_demand(name) or topic_id not in self._known:
+                if internal.is_local(name) or internal.created_on_demand(name) or topic_id not in self._known:
                     continue
                 wanted = topics.get(name)
                 if topic_id not in cluster_ids or wanted is None or not self.placed_here(wanted):

@@ -336,7 +336,7 @@ class Replication:
     async def _resolve(self, topic: str, queue: int) -> bool:
         """Make the shard a replicated entry needs (see store/file/replica.py); whether it exists now."""
         engine = self.engine
-        if internal.is_internal(topic) or internal.created_on_demand(topic):
+        if internal.is_local(topic) or internal.created_on_demand(topic):
             info = self.store.topic(topic)
             if info is None:
                 await self.store.create_topic(topic, max(queue + 1, internal.ON_DEMAND_QUEUES), TopicConfig())

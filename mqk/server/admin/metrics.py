@@ -285,6 +285,7 @@ def _services(parts: BrokerParts) -> dict[str, float]:
     if parts.timer is not None:
         out["timer_pending"] = parts.timer.pending
         out["timer_delivered"] = parts.timer.delivered
+        out["timer_unreadable"] = parts.timer.unreadable
     if parts.retention is not None:
         out["retention_passes"] = parts.retention.passes
         report = parts.retention.last_report
@@ -341,6 +342,7 @@ SERVICE_METRICS: dict[str, tuple[str, str, str]] = {
     ),
     "timer_pending": ("mqk_timer_pending_messages", "gauge", "Delayed messages waiting for their time"),
     "timer_delivered": ("mqk_timer_delivered", "counter", "Delayed messages delivered"),
+    "timer_unreadable": ("mqk_timer_unreadable_records", "counter", "Timer records skipped as unreadable"),
     "retention_passes": ("mqk_retention_passes", "counter", "Retention passes run"),
     "retention_last_freed": (
         "mqk_retention_last_pass_freed_bytes",

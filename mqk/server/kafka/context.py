@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.logsizes import LogSizes
+from mqk.broker.quotas import ClientQuotas
 from mqk.broker.replication import Replication
 from mqk.broker.security import Principal, Security
 from mqk.broker.stats import Traffic
@@ -108,6 +109,8 @@ class KafkaContext:
     log_sizes: LogSizes | None = None
     #: users, SASL mechanisms and the authorizer hook (the broker's; None only for a context built without one)
     security: Security | None = None
+    #: produce and fetch byte-rate quotas (the broker's; None only for a context built without one)
+    quotas: ClientQuotas | None = None
 
 
 class CloseConnection:

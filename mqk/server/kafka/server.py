@@ -16,6 +16,10 @@ What this module owns:
 - grouping: consecutive requests of an API in `handlers.GROUPED` that arrive together (one read holding several
   Produce requests: a client with requests in flight, librdkafka sending one partition per request) are prepared
   one by one and answered by one call, before any later request starts, so their appends are one store write;
+- connection limits (mqk.server.limits): max_connections and max_connections_per_ip refuse a connection as it
+  is accepted; connections silent for connections_max_idle_ms are closed;
+- client quotas (mqk.broker.quotas): over its produce or fetch byte rate, a client's answer carries
+  throttle_time_ms and its connection reads nothing for that long;
 - back-pressure: reading pauses while too many requests are in flight on a connection or while the transport's
   write buffer is above its high-water mark (a slow consumer), and resumes when both drain. Connections are
   independent, so a slow consumer never stalls a producer on another connection;
@@ -39,6 +43,7 @@ from typing import Any
 
 from mqk import errors as E
 from mqk.broker import Broker
+from mqk.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotas
 from mqk.broker.security import USER, AuthenticationFailed, Principal, SaslServer
 from mqk.broker.security.principal import ANONYMOUS, NoMatchingRule
 from mqk.clock import Clock
@@ -51,6 +56,7 @@ from mqk.server.kafka.context import Answer, CloseConnection, Grouping, Handler,
 from mqk.server.kafka.handlers import GROUPED, HANDLERS
 from mqk.server.kafka.idempotence import ProducerStates
 from mqk.server.kafka.metering import count_errors
+from mqk.server.limits import ConnectionLimits
 from mqk.server.listeners import KafkaListener, advertised_address, kafka_listeners
 from mqk.server.tls import TlsServer, create_server, server_context
 from mqk.store.adapter import Buffer
@@ -62,6 +68,8 @@ log = logging.getLogger("mqk.kafka")
 MAX_IN_FLIGHT = 64
 #: answers are gathered into one writelines call until they reach this size (asyncio's default high-water mark)
 FLUSH_BYTES = 64 * 1024
+#: the APIs client quotas measure (mqk.broker.quotas)
+_QUOTA_KEYS = frozenset({api.ApiKey.PRODUCE, api.ApiKey.FETCH})
 
 __all__ = ["FLUSH_BYTES", "MAX_IN_FLIGHT", "CloseConnection", "KafkaConnection", "KafkaServer", "SaslKafkaConnection"]
 
@@ -101,9 +109,15 @@ class KafkaServer:
             traffic=None if self.broker.stats is None else self.broker.stats.traffic,
             log_sizes=self.broker.log_sizes,
             security=self.broker.security,
+            quotas=self.broker.quotas,
         )
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[KafkaConnection] = set()
+        #: max_connections, max_connections_per_ip and connections_max_idle_ms over every Kafka listener
+        self.limits = ConnectionLimits(
+            config.max_connections, config.max_connections_per_ip, config.connections_max_idle_ms, self.broker.clock
+        )
+        self._sweeps: asyncio.Task[None] | None = None
         #: requests and connections counted for /metrics (None with metrics off)
         self.meter = None if self.broker.stats is None else self.broker.stats.meter("kafka", "kafka")
 
@@ -159,9 +173,14 @@ class KafkaServer:
         first = self.listeners[0]
         assert first.bound is not None
         self.ctx.host, self.ctx.port = first.advertised or first.bound
+        self._sweeps = asyncio.create_task(self.limits.run_sweeps(lambda: self.connections), name="mqk-kafka-idle")
         return first.bound
 
     async def stop(self) -> None:
+        if self._sweeps is not None:
+            self._sweeps.cancel()
+            await asyncio.gather(self._sweeps, return_exceptions=True)
+            self._sweeps = None
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
@@ -208,6 +227,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.meter = server.meter
         #: id(request) -> when it was decoded (perf_counter_ns), for its latency; kept only with metrics on
         self._arrived: dict[int, int] = {}
+        #: reads and writes so far: the idleness sweep (mqk.server.limits) looks for counts that stand still
+        self.activity = 0
+        #: counted by the connection limits (released when it ends), under this address
+        self._admitted = False
+        self._limit_host = "?"
+        #: the client quotas (mqk.broker.quotas); while `_throttled` the connection reads and decodes nothing
+        self._quotas = server.ctx.quotas
+        self._throttled = False
+        self._unmuting: asyncio.TimerHandle | None = None
 
     # --- asyncio callbacks -----------------------------------------------------------------------------
 
@@ -217,6 +245,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
             self.client_host = f"/{peer[0]}"
+        self._limit_host = str(peer[0]) if peer else "?"
+        refusal = self.server.limits.admit(self._limit_host)
+        if refusal is not None:
+            log.warning("kafka connection %s refused: %s", self.peer, refusal)
+            self.closed = True
+            transport.close()
+            return
+        self._admitted = True
         self.server.connections.add(self)
         if self.meter is not None:
             self.meter.connections_accepted += 1
@@ -238,7 +274,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        if self._admitted:
+            self._admitted = False
+            self.server.limits.release(self._limit_host, self)
         self._cancel_pending()
+
+    @property
+    def busy(self) -> bool:
+        """A request of its own waits for its answer (a long poll): not idle, however long it is silent."""
+        return bool(self.pending) or bool(self._group_tasks)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.codec.get_buffer(sizehint)
@@ -246,6 +290,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
+        self.activity += 1
         self.codec.buffer_updated(nbytes)
         self._decode()
 
@@ -260,7 +305,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         arrived = self._arrived if self.meter is not None else None
         now = time.perf_counter_ns() if arrived is not None else 0
         try:
-            while not self.closed and len(pending) < MAX_IN_FLIGHT:
+            while not self.closed and len(pending) < MAX_IN_FLIGHT and not self._throttled:
                 if len(pending) + len(group) >= MAX_IN_FLIGHT:
                     # a full group is answered before decoding on (its answers may leave room at once); the loop
                     # must not end with requests left in the codec that no later read would ever decode
@@ -395,26 +440,95 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 meter.record(req.api_key, time.perf_counter_ns() - arrived)
             if body is not None and body.__class__ is not CloseConnection:
                 count_errors(meter, req.api_key, body)  # type: ignore[arg-type]  # a body, not CloseConnection
-        if body is None:  # acks=0 produce: no response at all
-            return
-        if isinstance(body, CloseConnection):
-            self.close(body.reason)
-            return
-        try:
-            # the codec picks the body's type by the api key, so it takes a plain dict (a handler's TypedDict is one)
-            parts = encode_response(req, body)  # type: ignore[arg-type]  # see above
-        except Exception as exc:  # our bug; keep the broker up, drop the connection
-            log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
-            self.close(f"encode error: {exc!r}")
-            return
+        quotas = self._quotas
+        if (
+            quotas is not None
+            and quotas.active
+            and req.api_key in _QUOTA_KEYS
+            and body.__class__ is not CloseConnection
+        ):
+            parts = self._within_quota(quotas, req, body)  # type: ignore[arg-type]  # a body or None (acks=0)
+            if parts is None:
+                return
+        else:
+            if body is None:  # acks=0 produce: no response at all
+                return
+            if isinstance(body, CloseConnection):
+                self.close(body.reason)
+                return
+            parts = self._encode(req, body)
+            if parts is None:
+                return
         self._out += parts
         # the first part starts with the frame's size prefix
         self._out_bytes += 4 + int.from_bytes(parts[0][:4], "big")
         if self._out_bytes >= FLUSH_BYTES:
             self._flush()  # big answers go out at once, so pause_writing can stop the next ones
 
+    def _encode(self, req: Request, body: Answer) -> list[Buffer] | None:
+        try:
+            # the codec picks the body's type by the api key, so it takes a plain dict (a handler's TypedDict is one)
+            return encode_response(req, body)  # type: ignore[arg-type]  # see above
+        except Exception as exc:  # our bug; keep the broker up, drop the connection
+            log.exception("kafka connection %s: cannot encode %s response", self.peer, req.api_key)
+            self.close(f"encode error: {exc!r}")
+            return None
+
+    def _within_quota(self, quotas: ClientQuotas, req: Request, body: dict[str, Any] | None) -> list[Buffer] | None:
+        """A Produce or Fetch answer under the client quotas (mqk.broker.quotas): its bytes counted (Produce: the
+        request's, Fetch: the response's) and, over the quota, its throttle_time_ms set and the connection muted for
+        that long (KIP-219); a throttled Fetch is answered empty and its bytes are not counted, as in Kafka. The
+        encoded answer, or None when there is none to send (acks=0)."""
+        user, client_id = self.principal.name, req.client_id or ""
+        if req.api_key == api.ApiKey.PRODUCE:
+            throttle = quotas.record(PRODUCER_BYTE_RATE, user, client_id, req.size)
+            if body is not None and throttle.ms:
+                body["throttle_time_ms"] = throttle.ms
+            parts = None if body is None else self._encode(req, body)
+        else:
+            assert body is not None
+            parts = self._encode(req, body)
+            if parts is None:
+                return None
+            size = sum(len(p) for p in parts)
+            throttle = quotas.record(CONSUMER_BYTE_RATE, user, client_id, size)
+            if throttle.ms:
+                quotas.unrecord(throttle, size)
+                empty = {**body, "throttle_time_ms": throttle.ms, "responses": []}
+                parts = self._encode(req, empty)
+        if throttle.ms:
+            self._mute(throttle.ms)
+        return parts
+
+    def _mute(self, ms: int) -> None:
+        """Read and decode nothing from this client for `ms` (its throttle time) from now, or until an earlier mute
+        ends if that is later: the answers of requests taken together (a group of Produce requests) each carry the
+        throttle time of all the bytes recorded so far, so the last one's is the one that holds."""
+        if self.closed:
+            return
+        until = self.loop.time() + ms / 1000
+        if self._unmuting is not None:
+            if self._unmuting.when() >= until:
+                return
+            self._unmuting.cancel()
+        self._unmuting = self.loop.call_at(until, self._unmute)
+        if not self._throttled:
+            self._throttled = True
+            self._update_reading()
+
+    def _unmute(self) -> None:
+        self._throttled = False
+        self._unmuting = None
+        if self.closed:
+            return
+        if self.codec.buffered and len(self.pending) < MAX_IN_FLIGHT and not self.writing_paused:
+            self._decode()
+        else:
+            self._update_reading()
+
     def _flush(self) -> None:
         if self._out and not self.closed:
+            self.activity += 1
             out, self._out = self._out, []
             self._out_bytes = 0
             self.transport.writelines(out)  # type: ignore[union-attr]  # set by connection_made, before any read
@@ -445,7 +559,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.closed:
             return
         self._flush()
-        if self.codec.buffered and len(pending) < MAX_IN_FLIGHT and not self.writing_paused:
+        if self.codec.buffered and len(pending) < MAX_IN_FLIGHT and not self.writing_paused and not self._throttled:
             self._decode()  # requests that arrived while MAX_IN_FLIGHT were unanswered
         elif self.reading_paused:
             self._update_reading()
@@ -453,7 +567,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def _update_reading(self) -> None:
         if self.closed or self.transport is None:
             return
-        should_pause = self.writing_paused or len(self.pending) >= MAX_IN_FLIGHT
+        should_pause = self.writing_paused or len(self.pending) >= MAX_IN_FLIGHT or self._throttled
         if should_pause and not self.reading_paused:
             self.reading_paused = True
             self.transport.pause_reading()
@@ -472,6 +586,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def _cancel_pending(self) -> None:
+        if self._unmuting is not None:
+            self._unmuting.cancel()
+            self._unmuting = None
         for _req, task in self.pending:
             task.cancel()
         self.pending.clear()
@@ -520,6 +637,7 @@ class SaslKafkaConnection(KafkaConnection):
             return
         if self.closed:
             return
+        self.activity += 1
         self.codec.buffer_updated(nbytes)
         self._authenticate()
 

@@ -1,12 +1,15 @@
 """Topic administration and message queries over remoting: UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER,
 GET_ALL_TOPIC_CONFIG, QUERY_MESSAGE (by key, through the store's key index, bounded by time range and count) and
 VIEW_MESSAGE_BY_ID (the id's commit-log offset, resolved through the broker context). Topic names and
-creation follow the broker's topic registry (mqk.broker.topics), in RocketMQ's alphabet."""
+creation follow the broker's topic registry (mqk.broker.topics), in RocketMQ's alphabet; the broker's internal
+topics (mqk.broker.internal) are neither created nor deleted through it (SYSTEM_ERROR, RocketMQ's answer for its
+system topics)."""
 
 from __future__ import annotations
 
 import json
 
+from mqk.broker.internal import is_internal
 from mqk.broker.names import ROCKETMQ
 from mqk.errors import MqkError, NotSupported, StorageError, UnknownShard
 from mqk.protocol.native.codes import ResponseCode
@@ -27,6 +30,8 @@ class AdminProcessor:
         topic = cmd.get_str("topic", required=True) or ""
         if not ROCKETMQ.allows(topic):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
+        if is_internal(topic):
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
         queues = max(cmd.get_int("readQueueNums", 0) or 0, cmd.get_int("writeQueueNums", 0) or 0, 1)
         topics = self.ctx.topics
         try:
@@ -43,6 +48,8 @@ class AdminProcessor:
 
     async def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.get_str("topic", required=True) or ""
+        if is_internal(topic):  # RocketMQ's answer for its system topics
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
         try:
             await self.ctx.topics.delete(topic)
         except UnknownShard:

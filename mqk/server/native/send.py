@@ -8,7 +8,9 @@ RocketMQ behaviours kept: a negative queue id picks a queue (round robin here); 
 creates it under the broker's auto-creation policy (mqk.broker.topics: when `auto_create_topics`, with
 `min(defaultTopicQueueNums, num_partitions)` queues; a group's retry and dead-letter topics always, with one); a
 send to a retry topic whose reconsume count reached the maximum goes to the group's dead-letter topic; compressed
-bodies (sys flag bit 0, zlib) are inflated on arrival so Kafka consumers see the real body.
+bodies (sys flag bit 0, zlib) are inflated on arrival so Kafka consumers see the real body; a body (inflated) over
+the broker's `native_max_message_size` is MESSAGE_ILLEGAL; a send to an internal topic (mqk.broker.internal) or one of
+RocketMQ's system topics is NO_PERMISSION ("Sending message to topic[...] is forbidden."), as in RocketMQ.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import zlib
 from typing import Any
 
 from mqk import errors as E
-from mqk.broker.internal import DLQ_PREFIX, RETRY_PREFIX, dlq_topic, retry_topic
+from mqk.broker.internal import DLQ_PREFIX, RETRY_PREFIX, dlq_topic, retry_topic, rocketmq_send_refusal
 from mqk.broker.names import ROCKETMQ
 from mqk.config import SYNC_MASTER
 from mqk.errors import MqkError, StorageError
@@ -49,8 +51,6 @@ from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 from mqk.server.native.transaction import TransactionService
 
-#: RocketMQ's maxMessageSize default
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_BATCH_MESSAGES = 10_000
 #: SEND_MESSAGE_V2 carries its header fields under one-letter names
 _V2_NAMES = {
@@ -104,17 +104,20 @@ class SendProcessor:
             return cmd.response(ResponseCode.NO_PERMISSION, "sending transaction message is forbidden")
         if not ROCKETMQ.allows(topic):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"the topic[{topic[:300]}] is not a valid topic name")
+        refusal = rocketmq_send_refusal(topic)  # the broker's internal topics and RocketMQ's system ones
+        if refusal:
+            return cmd.response(ResponseCode.NO_PERMISSION, refusal)
         body = cmd.body or b""
+        # RocketMQ's maxMessageSize, for the body as stored
+        limit = self.ctx.config.native_max_message_size
         if sys_flag & SYSFLAG_COMPRESSED and not batch:
             try:
                 inflater = zlib.decompressobj()
-                body = inflater.decompress(body, MAX_MESSAGE_BYTES + 1)
+                body = inflater.decompress(body, limit + 1)
             except zlib.error:
                 return cmd.response(ResponseCode.MESSAGE_ILLEGAL, "compressed body does not inflate")
-        if len(body) > MAX_MESSAGE_BYTES:
-            return cmd.response(
-                ResponseCode.MESSAGE_ILLEGAL, f"the message body size over max value, MAX: {MAX_MESSAGE_BYTES}"
-            )
+        if len(body) > limit:
+            return cmd.response(ResponseCode.MESSAGE_ILLEGAL, f"the message body size over max value, MAX: {limit}")
 
         if topic.startswith(RETRY_PREFIX):
             max_times = cmd.get_int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)

@@ -327,7 +327,7 @@ class StatsProcessor:
             "mappedFileSizeCommitLog": str(config.store.commitlog_segment_bytes),
             "autoCreateTopicEnable": "true" if config.auto_create_topics else "false",
             "defaultTopicQueueNums": str(config.num_partitions),
-            "maxMessageSize": str(config.message_max_bytes),
+            "maxMessageSize": str(config.native_max_message_size),
             "timerMaxDelaySec": str(config.timer_max_delay_ms // 1000),
             "diskMaxUsedSpaceRatio": str(round(config.store.disk_max_used_ratio * 100)),
             "fileReservedTime": str(max(config.store.file_reserved_time_ms // 3_600_000, -1)),

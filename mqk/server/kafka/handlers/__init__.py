@@ -29,6 +29,7 @@ from mqk.server.kafka.handlers import (
     metadata,
     offsets,
     produce,
+    quotas,
     replicas,
     sasl,
     topics,
@@ -72,6 +73,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: replicas.alter_partition_reassignments,
     ApiKey.LIST_PARTITION_REASSIGNMENTS: replicas.list_partition_reassignments,
     ApiKey.DESCRIBE_PRODUCERS: replicas.describe_producers,
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: quotas.describe_client_quotas,
+    ApiKey.ALTER_CLIENT_QUOTAS: quotas.alter_client_quotas,
 }
 
 GROUPED: dict[int, Grouping] = {

@@ -59,7 +59,7 @@ def partition_code(ctx: KafkaContext, topic: str, partition: int) -> int:
         return NONE
     record = cluster.topic(topic)
     if record is None:
-        return NONE if ctx.topics.is_internal(topic) else E.UnknownTopicOrPartitionError.code
+        return NONE if ctx.topics.is_local(topic) else E.UnknownTopicOrPartitionError.code
     if not 0 <= partition < len(record.partitions):
         return E.UnknownTopicOrPartitionError.code
     return E.NotLeaderOrFollowerError.code

@@ -48,20 +48,29 @@ CONFIG_TYPES = {C.BOOLEAN: BOOLEAN, C.STRING: STRING, C.INT: INT, C.LONG: LONG, 
 
 
 def topic_config_entries(
-    config: TopicConfig, keys: Iterable[str] | None = None, synonyms: bool = False
+    config: TopicConfig,
+    keys: Iterable[str] | None = None,
+    synonyms: bool = False,
+    message_max_bytes: int | None = None,
 ) -> list[DescribeConfigsResourceResult]:
+    """`message_max_bytes`: the broker's, which a topic without its own max.message.bytes takes (Kafka's rule)."""
     out: list[DescribeConfigsResourceResult] = []
     for setting in topic_config.describe(config, keys):
         key = setting.key
+        default = key.default
+        value = setting.value
+        if key.name == "max.message.bytes" and message_max_bytes is not None:
+            default = str(message_max_bytes)
+            value = value if setting.overridden else default
         syn: list[DescribeConfigsSynonym] = []
         if synonyms:
             if setting.overridden:
                 syn.append({"name": key.name, "value": setting.value, "source": DYNAMIC_TOPIC_CONFIG})
-            syn.append({"name": key.name, "value": key.default, "source": DEFAULT_CONFIG})
+            syn.append({"name": key.name, "value": default, "source": DEFAULT_CONFIG})
         out.append(
             {
                 "name": key.name,
-                "value": setting.value,
+                "value": value,
                 "read_only": False,
                 "config_source": DYNAMIC_TOPIC_CONFIG if setting.overridden else DEFAULT_CONFIG,
                 "is_default": not setting.overridden,
@@ -83,6 +92,9 @@ def broker_entries(
         ("broker.id", str(c.node_id), INT),
         ("message.max.bytes", str(c.message_max_bytes), INT),
         ("socket.request.max.bytes", str(c.socket_request_max_bytes), INT),
+        ("max.connections", str(c.max_connections), INT),
+        ("max.connections.per.ip", str(c.max_connections_per_ip), INT),
+        ("connections.max.idle.ms", str(c.connections_max_idle_ms), LONG),
         ("auto.create.topics.enable", str(c.auto_create_topics).lower(), BOOLEAN),
         ("num.partitions", str(c.num_partitions), INT),
         ("default.replication.factor", "1", INT),
@@ -137,7 +149,7 @@ async def describe_configs(
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
                 entry["error_message"] = f"unknown topic {name!r}"
             else:
-                entry["configs"] = topic_config_entries(info.config, keys, synonyms)
+                entry["configs"] = topic_config_entries(info.config, keys, synonyms, ctx.config.message_max_bytes)
         elif rtype == BROKER:
             if _broker_name_ok(ctx, name):
                 entry["configs"] = broker_entries(ctx, keys, synonyms)
@@ -170,6 +182,9 @@ async def _apply(ctx: KafkaContext, rtype: int, name: str, build: Build, validat
     info = ctx.topics.get(name)
     if info is None:
         return E.UnknownTopicOrPartitionError.code, f"unknown topic {name!r}"
+    refusal = ctx.topics.client_change_refusal(name)  # an internal topic's settings are its owner's
+    if refusal:
+        return E.TopicAuthorizationFailedError.code, refusal
     new_overrides = build(info.config)
     if isinstance(new_overrides, str):
         return E.InvalidConfigError.code, new_overrides

@@ -8,16 +8,17 @@ as replicas; a partition whose group has no master now answers LEADER_NOT_AVAILA
 
 Topics are auto-created (broker config `auto_create_topics` and, from v4, the request's
 `allow_auto_topic_creation`). A null topic list (v1+) or an empty one in v0 means every topic; v12+ may name a
-topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). `is_internal` is the broker's
-(mqk.broker.internal) or the cluster's offsets topic."""
+topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). `is_internal` is the broker's list
+(mqk.broker.internal). A request for every topic leaves out the names Kafka's alphabet cannot spell (RocketMQ's
+`%RETRY%group`, `%DLQ%group`, `ns%topic`): a Kafka client could not have made them, and tools that list topics
+would trip over them; asked for by name (or id) they are answered like any other."""
 
 from __future__ import annotations
 
 import uuid
 
 from mqk import errors as E
-from mqk.broker.cluster import OFFSETS_TOPIC
-from mqk.broker.internal import is_internal
+from mqk.broker.internal import is_internal, listed_to_kafka
 from mqk.protocol.kafka.messages.metadata import (
     MetadataRequest,
     MetadataResponse,
@@ -89,7 +90,7 @@ def _cluster_topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponse
         "error_code": NONE,
         "name": info.topic,
         "topic_id": topic_uuid(info),
-        "is_internal": is_internal(info.topic) or info.topic == OFFSETS_TOPIC,
+        "is_internal": is_internal(info.topic),
         "partitions": partitions,
         "topic_authorized_operations": AUTHORIZED_OPS_OMITTED,
     }
@@ -128,7 +129,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataReques
     allow_create = body.get("allow_auto_topic_creation", True)
     topics: list[MetadataResponseTopic]
     if requested is None or (req.api_version == 0 and not requested):
-        topics = [topic_entry(ctx, info) for info in ctx.topics.all().values()]
+        topics = [topic_entry(ctx, info) for name, info in ctx.topics.all().items() if listed_to_kafka(name)]
     else:
         topics = []
         for t in requested:

@@ -1,7 +1,10 @@
 """Produce: validate each partition's record batches (mqk.protocol.kafka.records), enforce idempotence, append.
 
-Per partition, in order: topic (auto-created like Metadata) and partition exist → batches valid (CRC, framing,
-every record's fields, size against the topic's max.message.bytes; legacy message sets converted; on a compacted
+A topic internal to the broker (mqk.broker.internal: the timer's, the transaction topics, `__consumer_offsets`) is
+refused as a whole with INVALID_TOPIC_EXCEPTION, as Kafka refuses appends to its internal topics; only the broker's
+own services write them. Per partition, in order: topic (auto-created like Metadata) and partition exist → batches
+valid (CRC, framing, every record's fields, size against the topic's max.message.bytes, whose default is the
+broker's message.max.bytes as in Kafka: MESSAGE_TOO_LARGE above it; legacy message sets converted; on a compacted
 topic a key on every record; on a CreateTime topic every record's timestamp within message.timestamp.before.max.ms
 and message.timestamp.after.max.ms of the broker's clock, else INVALID_TIMESTAMP) → idempotent batches pass the
 sequence check (a retry of a stored batch is answered with its original offset and not appended again) → append
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, TypeAlias
 
 from mqk import errors as E
+from mqk.broker.internal import INTERNAL_TOPICS, client_change_refusal
 from mqk.broker.replication import Replication
 from mqk.config import FLUSH_SYNC, TopicConfig
 from mqk.protocol.kafka import records as kafka_records
@@ -154,6 +158,12 @@ def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | N
         info = store.topic(name)
         parts: _Slots = []
         partition_data = topic["partition_data"]
+        if name in INTERNAL_TOPICS:
+            # only the broker's own services write its internal topics (Kafka: "cannot append to internal topic")
+            reason = client_change_refusal(name)
+            parts.extend(_part(p["index"], E.InvalidTopicError.code, message=reason) for p in partition_data)
+            responses.append({"name": name, "partition_responses": parts})  # type: ignore[typeddict-item]  # no Nones
+            continue
         if cluster is not None:
             # cluster mode: a partition another broker leads (or none does) is answered now; the rest are this
             # broker's (whose store may not have the topic yet, placed here a moment ago: then as a missing one)
@@ -387,8 +397,10 @@ def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, in
     entry = cache.get(id(config))
     if entry is not None and entry[0] is config:
         return entry[1]
+    # a topic without its own max.message.bytes takes the broker's message.max.bytes (Kafka's default rule)
+    own = config.overrides.get("max.message.bytes")
     limits = (
-        min(config.get_int("max.message.bytes"), ctx.config.socket_request_max_bytes),
+        min(int(own) if own is not None else ctx.config.message_max_bytes, ctx.config.socket_request_max_bytes),
         config.compacted,
         config.log_append_time,
         config.get_int("message.timestamp.before.max.ms"),

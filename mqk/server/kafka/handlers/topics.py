@@ -1,6 +1,7 @@
 """Topic admin: CreateTopics (partitions, configs, validate_only), DeleteTopics (by name or id),
 CreatePartitions, DeleteRecords. One broker: a replication factor above 1 is INVALID_REPLICATION_FACTOR and a
-manual assignment must name this broker only."""
+manual assignment must name this broker only. The broker's internal topics (mqk.broker.internal) cannot be
+deleted, grown or trimmed by a client: TOPIC_AUTHORIZATION_FAILED, whoever asks."""
 
 from __future__ import annotations
 
@@ -134,7 +135,7 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
                 "config_source": c["config_source"],
                 "is_sensitive": c["is_sensitive"],
             }
-            for c in topic_config_entries(config)
+            for c in topic_config_entries(config, message_max_bytes=ctx.config.message_max_bytes)
         ]
     return {"throttle_time_ms": 0, "topics": results}
 
@@ -191,6 +192,10 @@ async def create_partitions(
             entry["error_code"] = E.UnknownTopicOrPartitionError.code
             entry["error_message"] = f"unknown topic {name!r}"
             continue
+        refusal = ctx.topics.client_change_refusal(name)  # (validate_only too: it would not be done)
+        if refusal:
+            entry["error_code"], entry["error_message"] = E.TopicAuthorizationFailedError.code, refusal
+            continue
         if count <= info.queue_count:
             entry["error_code"] = E.InvalidPartitionsError.code
             entry["error_message"] = f"topic has {info.queue_count} partitions; cannot change to {count}"
@@ -228,7 +233,9 @@ async def delete_records(
             index = p["partition_index"]
             entry: DeleteRecordsPartitionResult = {"partition_index": index, "low_watermark": -1, "error_code": NONE}
             refused = partition_code(ctx, t["name"], index)
-            if refused:
+            if ctx.topics.client_change_refusal(t["name"]):  # records of internal topics go by their owner's rules
+                entry["error_code"] = E.TopicAuthorizationFailedError.code
+            elif refused:
                 entry["error_code"] = refused
             elif info is None or not 0 <= index < info.queue_count:
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
