@@ -278,12 +278,23 @@ class Proxy:
     def heal(self) -> None:
         self.refusing = False
 
-    def close(self) -> None:
-        self.cut()
+    async def _shutdown(self) -> None:
+        """Stop listening, drop every link and end every task of the proxy's loop, so nothing is left pending."""
         if self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
+            self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        self.refusing = True
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
 
 def test_a_slow_then_cut_replication_link_takes_the_replicas_out_of_sync_and_back(
