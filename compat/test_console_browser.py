@@ -198,3 +198,97 @@ def test_the_console_finds_a_message_by_key(broker, browser, tmp_path):
     assert values == sorted(f"order {i}" for i in range(3, 40, 8))
     assert {r.find_element(By.CSS_SELECTOR, "td.key").text for r in rows} == {"customer-3"}
     screenshot(browser, tmp_path, "by-key")
+
+
+def test_the_overview_shows_health_and_live_charts(broker, browser, tmp_path):
+    browser.get(console_url(broker, "overview"))
+    wait_for(browser, lambda d: d.find_element(By.ID, "health").text == "ready", "the broker as ready")
+    charts = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "figure.chart"), "the charts")
+    assert len(charts) == 8
+    # the charts draw the polled figures: after a few polls the lines have several points
+    wait_for(
+        browser,
+        lambda d: (
+            len((d.find_element(By.CSS_SELECTOR, "#chart-log polyline").get_attribute("points") or "").split()) >= 3
+        ),
+        "a chart line of three points",
+    )
+    checks = {
+        tr.find_elements(By.TAG_NAME, "td")[0].text: tr.find_elements(By.TAG_NAME, "td")[1].text
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#health-checks tbody tr")
+    }
+    assert checks == {"listeners": "true", "recovery": "true", "store_writable": "true"}
+    screenshot(browser, tmp_path, "overview")
+
+
+def test_the_console_lists_delayed_messages_pending(broker, browser, tmp_path):
+    topic = unique("console-delayed")
+    create_topic(broker.bootstrap, topic, 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.produce(topic, value=b"later", key=b"d-1", partition=1, headers=[("mqk-delay-ms", b"3600000")])
+    assert producer.flush(20) == 0
+    browser.get(console_url(broker, "delayed"))
+    row = wait_for(
+        browser,
+        lambda d: [r for r in d.find_elements(By.CSS_SELECTOR, "tr.delayed") if topic in r.text],
+        "the delayed message",
+    )[0]
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[1:4] == [topic, "1", "d-1"] and "in 3" in cells[0]  # due in about 3600 s
+    assert int(browser.find_element(By.ID, "delayed-pending").text) >= 1
+    screenshot(browser, tmp_path, "delayed")
+
+
+@pytest.fixture(scope="module")
+def writable_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    data = tmp_path_factory.mktemp("console-writes") / "data"
+    proc = BrokerProcess(data, storage="file", extra_args=["--admin-console-writes"]).start()
+    yield proc
+    proc.stop()
+
+
+def test_with_writes_on_the_console_creates_a_topic_and_resets_only_an_idle_group(writable_broker, browser, tmp_path):
+    broker = writable_broker
+    topic, group = unique("console-made"), unique("console-reset")
+    browser.get(console_url(broker, "topics"))
+    form = wait_for(browser, lambda d: d.find_elements(By.ID, "create-topic"), "the create form")[0]
+    form.find_element(By.NAME, "name").send_keys(topic)
+    partitions = form.find_element(By.NAME, "partitions")
+    partitions.clear()
+    partitions.send_keys("2")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_for(browser, lambda d: d.find_element(By.ID, "create-status").text == f"created {topic}", "the creation")
+    row = wait_for(
+        browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]'), "the new topic"
+    )[0]
+    assert row.find_elements(By.TAG_NAME, "td")[1].text == "2"
+    screenshot(browser, tmp_path, "created")
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(6):
+        producer.produce(topic, value=b"r%d" % i, partition=0)
+    assert producer.flush(20) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": SESSION_TIMEOUT_MS,
+        }
+    )
+    consumer.subscribe([topic])
+    consume_and_commit(consumer, 6)
+    browser.get(console_url(broker, f"group?id={group}"))
+    wait_for(browser, lambda d: lag_shown(d) == "0", "the caught-up group")
+    reset = wait_for(browser, lambda d: d.find_elements(By.ID, "reset-offsets"), "the reset form")[0]
+    reset.find_element(By.CSS_SELECTOR, "button[type=submit]").click()  # to earliest, the first choice
+    status = wait_for(browser, lambda d: d.find_element(By.ID, "reset-status").text, "the reset's answer")
+    assert "stop its consumers" in status  # refused while the consumer is a member, as Kafka does
+    assert lag_shown(browser) == "0"
+    consumer.close()  # leaves the group: it is empty now
+    wait_for(browser, lambda d: d.find_element(By.ID, "group-state").text == "Empty", "the group empty")
+    reset.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_for(browser, lambda d: d.find_element(By.ID, "reset-status").text == "reset", "the reset done")
+    wait_for(browser, lambda d: lag_shown(d) == "6", "the lag back to 6")
+    screenshot(browser, tmp_path, "reset")

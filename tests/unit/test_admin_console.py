@@ -213,6 +213,7 @@ def test_delayed_messages_pending_with_their_target(mqk_broker):
     assert delayed["enabled"] and delayed["pending"] == 1
     (item,) = delayed["items"]
     assert item["topic"] == "later" and item["queue"] == 1 and item["size_bytes"] == len(batch)
+    assert item["records"] == 1 and [k["text"] for k in item["keys"]] == ["k"]
     assert item["due_ms"] > 0
     stats = get_json(mqk_broker, "/api/stats")
     assert stats["timer_pending"] == 1 and stats["ready"]

@@ -545,10 +545,14 @@ class Console:
                 for batch in result.batches[:1]:
                     for offset, waiting in unwrap(batch.data, timer_offset):
                         if offset == timer_offset:
+                            _header, records = batch_records(waiting.batch)
+                            # (RocketMQ KEYS travel beside the batch; a Kafka record's key is in it)
+                            keys = list(dict.fromkeys([*waiting.keys, *(r[3] for r in records if r[3] is not None)]))
                             item.update(
                                 topic=waiting.topic,
                                 queue=waiting.queue,
-                                keys=[shown_bytes(k) for k in waiting.keys],
+                                keys=[shown_bytes(k) for k in keys[:10]],
+                                records=len(records),
                                 size_bytes=len(waiting.batch),
                             )
                             break

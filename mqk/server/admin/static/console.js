@@ -193,9 +193,7 @@
         el("td", { text: Object.entries(x.overrides).map(([k, v]) => k + "=" + v).join(", ") }),
       ),
     );
-    const section = el("section", { id: "topics" }, el("h2", { text: "Topics" }), table("topics-table", ["topic", "partitions", "records", "size", "engine", "overrides"], rows));
-    if (writes) section.append(createTopicForm());
-    return section;
+    return el("section", { id: "topics" }, el("h2", { text: "Topics" }), table("topics-table", ["topic", "partitions", "records", "size", "engine", "overrides"], rows));
   }
 
   function createTopicForm() {
@@ -220,6 +218,7 @@
       try {
         const answer = await post("/api/topics", { name: data.get("name"), partitions: Number(data.get("partitions")), configs });
         status.textContent = "created " + answer.created;
+        status.className = "";
       } catch (e) {
         status.textContent = e.message;
         status.className = "error";
@@ -272,7 +271,7 @@
     const offsets = g.offsets.map((o) =>
       el("tr", { class: "offset", "data-topic": o.topic, "data-partition": o.partition }, el("td", { text: o.topic }), num(o.partition), num(o.committed_offset), num(o.log_end_offset), num(o.lag, { class: "num lag" })),
     );
-    const section = el(
+    return el(
       "section",
       { id: "group" },
       el("h2", { id: "group-name", text: "Group " + g.group }),
@@ -282,8 +281,6 @@
       el("h2", { text: "Committed offsets" }),
       table("offsets-table", ["topic", "partition", "committed", "log end", "lag"], offsets),
     );
-    if (writes) section.append(resetForm(g));
-    return section;
   }
 
   function resetForm(g) {
@@ -306,6 +303,7 @@
       try {
         await post("/api/group/reset-offsets", body);
         status.textContent = "reset";
+        status.className = "";
       } catch (e) {
         status.textContent = e.message;
         status.className = "error";
@@ -391,16 +389,22 @@
   // --- routing ----------------------------------------------------------------------------------------------
 
   const VIEWS = { overview, topics, topic, groups, group, messages, delayed };
+  // views refreshed every REFRESH_MS; their forms (when writes are on) are built once, beside the refreshed part,
+  // so a refresh never wipes what the user is typing
   const LIVE = new Set(["overview", "topics", "topic", "groups", "group", "delayed"]);
+  const FORMS = {
+    topics: async () => (writes ? createTopicForm() : null),
+    group: async (params) => (writes ? resetForm(await api("/api/group", { id: params.get("id") })) : null),
+  };
 
-  async function render(name, params, mine) {
+  async function render(name, params, mine, target) {
     let node;
     try {
       node = await VIEWS[name](params);
     } catch (e) {
       node = el("p", { class: "error", id: "error", text: e.message });
     }
-    if (mine === generation) view.replaceChildren(node);
+    if (mine === generation) target.replaceChildren(node);
   }
 
   function route() {
@@ -412,8 +416,16 @@
     const mine = ++generation;
     if (refresh !== null) clearInterval(refresh);
     refresh = null;
-    render(name, params, mine);
-    if (LIVE.has(name)) refresh = setInterval(() => render(name, params, mine), REFRESH_MS);
+    const live = el("div", { id: "live" });
+    const forms = el("div", { id: "forms" });
+    view.replaceChildren(live, forms);
+    render(name, params, mine, live);
+    if (Object.prototype.hasOwnProperty.call(FORMS, name)) {
+      FORMS[name](params)
+        .then((node) => { if (node && mine === generation) forms.replaceChildren(node); })
+        .catch(() => {}); // (the refreshed part shows why the view cannot be read)
+    }
+    if (LIVE.has(name)) refresh = setInterval(() => render(name, params, mine, live), REFRESH_MS);
   }
 
   async function start() {
