@@ -329,7 +329,7 @@ class Console:
             size = records = 0
             local = 0
             for partition, bound in enumerate(bounds):
-                if bound is None:
+                if bound is None or not self._held(name, partition)[0]:
                     continue
                 local += 1
                 records += bound[1] - bound[0]
@@ -348,6 +348,24 @@ class Console:
             )
         return {"topics": out}
 
+    def _held(self, topic: str, partition: int) -> tuple[bool, dict[str, Any]]:
+        """Whether this broker holds the partition's log, and (in cluster mode) where the cluster places it: its
+        broker group, its leader's node id, whether this broker leads it. A single broker holds every partition.
+        (In a cluster every broker's store has a queue for each partition; only its group's have records.)"""
+        cluster = self.parts.cluster
+        if cluster is None or self._broker().topics.is_internal(topic):
+            return True, {}
+        record = cluster.topic(topic)
+        if record is None or not 0 <= partition < len(record.partitions):
+            return False, {}
+        group = record.partitions[partition][0]
+        placement = {
+            "broker_group": group,
+            "leader": cluster.leader(topic, partition)[0],
+            "leads": cluster.leads(topic, partition),
+        }
+        return group == cluster.group, placement
+
     def _topic_info(self, name: str | None) -> Any:
         broker = self._broker()
         if not name:
@@ -364,13 +382,15 @@ class Console:
         store = broker.store
         partitions = []
         for partition, bound in enumerate(store.offset_bounds_many(name, list(range(info.queue_count)))):
-            if bound is None:
-                partitions.append({"partition": partition, "local": False})
+            held, placement = self._held(name, partition)
+            if bound is None or not held:
+                partitions.append({"partition": partition, "local": False, **placement})
                 continue
             partitions.append(
                 {
                     "partition": partition,
                     "local": True,
+                    **placement,
                     "log_start_offset": bound[0],
                     "log_end_offset": bound[1],
                     "records": bound[1] - bound[0],
@@ -499,8 +519,10 @@ class Console:
         if partition >= info.queue_count:
             raise ApiError(404, f"topic {topic!r} has no partition {partition}")
         bound = store.offset_bounds_many(topic, [partition])[0]
-        if bound is None:
-            raise ApiError(404, f"partition {partition} of {topic!r} is not held by this broker")
+        held, placement = self._held(topic, partition)
+        if bound is None or not held:
+            where = f" (its leader is node {placement['leader']})" if "leader" in placement else ""
+            raise ApiError(404, f"partition {partition} of {topic!r} is not held by this broker{where}")
         start, end = bound
         by = "offset"
         if request.arg("timestamp"):
@@ -594,6 +616,11 @@ class Console:
         coordinator = self._coordinator()
         if coordinator is None:
             raise ApiError(503, "the Kafka front door is not running")
+        if self.parts.cluster is not None:
+            # (a group's offsets live with its coordinator, perhaps another broker: the Kafka tools find it)
+            raise ApiError(
+                409, "in cluster mode reset offsets with `mqk groups reset-offsets` (the coordinator answers)"
+            )
         info = self._topic_info(topic)
         described = coordinator.describe(group_id)
         if described is not None and (described["members"] or described["group_state"] not in ("Empty", "Dead")):

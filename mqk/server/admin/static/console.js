@@ -241,7 +241,7 @@
             num(bytes(p.size_bytes)),
             el("td", {}, link(hashFor("messages", { topic: t.name, partition: p.partition }), "browse")),
           )
-        : el("tr", { class: "partition" }, num(p.partition), el("td", { colspan: "5", class: "muted", text: "not held by this broker" })),
+        : el("tr", { class: "partition" }, num(p.partition), el("td", { colspan: "5", class: "muted", text: "not held by this broker" + (p.broker_group ? " (broker group " + p.broker_group + ", leader node " + p.leader + ")" : "") })),
     );
     const configs = t.configs.map((c) =>
       el("tr", { class: c.default ? "muted" : "" }, el("td", { text: c.name }), el("td", { text: c.value }), el("td", { text: c.default ? "default" : "topic" })),
