@@ -4,12 +4,16 @@ compat-deps` installs both), against a file-store `mqk serve` (the key index is 
 What a user would check by eye is asserted on the DOM: a topic created by confluent-kafka is listed with its
 partitions; a message produced by kafka-python shows its value and headers, its markup inert (no element made from
 it); a consumer group's lag falls, on the page as it refreshes itself, while a confluent-kafka consumer catches up;
-and the message browser's key search finds a message through the key index. Each step saves a screenshot in the
+the message browser's key search finds a message through the key index, and a RocketMQ message (mqk's own
+remoting client) found by its KEYS shows its properties. Also the overview's health and live charts, the timer's
+pending messages, and, on a broker started with --admin-console-writes, the forms that create a topic and reset a
+group's offsets (refused while a consumer is a member). Each step saves a screenshot in the
 test's tmp dir, checks it is a non-empty PNG and prints its path (run with -s to see them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +30,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from mqk.client import Message
+from mqk.client import Producer as NativeProducer
 from mqk.testing import BrokerProcess
 
 EVIL = "<img src=x onerror=document.title='pwned'> & <b>bold</b>"
@@ -292,3 +298,28 @@ def test_with_writes_on_the_console_creates_a_topic_and_resets_only_an_idle_grou
     wait_for(browser, lambda d: d.find_element(By.ID, "reset-status").text == "reset", "the reset done")
     wait_for(browser, lambda d: lag_shown(d) == "6", "the lag back to 6")
     screenshot(browser, tmp_path, "reset")
+
+
+def test_a_rocketmq_message_found_by_its_keys_shows_its_properties(broker, browser, tmp_path):
+    topic = unique("console-rocketmq")
+    create_topic(broker.bootstrap, topic, 1)
+    assert broker.namesrv_address is not None
+    namesrv = "{}:{}".format(*broker.namesrv_address)
+
+    async def send() -> None:
+        async with NativeProducer(namesrv, group=unique("console-prod")) as producer:
+            await producer.send(
+                Message(topic, b"from rocketmq", tags="TagA", keys=["rk-1", "rk-2"], properties={"a<": "b>"})
+            )
+
+    asyncio.run(send())
+    browser.get(console_url(broker, f"messages?topic={topic}&key=rk-2"))
+    row = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.message"), "the RocketMQ message")[0]
+    assert row.find_element(By.CSS_SELECTOR, "td.value").text == "from rocketmq"
+    props = {}
+    for li in row.find_elements(By.CSS_SELECTOR, "td.rocketmq li"):
+        name, _, value = li.text.partition(": ")
+        props[name] = value
+    assert props["TAGS"] == "TagA" and props["KEYS"] == "rk-1 rk-2" and props["a<"] == "b>"
+    assert props.get("UNIQ_KEY"), "the producer's message id is a property"
+    screenshot(browser, tmp_path, "rocketmq")
