@@ -6,6 +6,7 @@ while the group has members)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -18,6 +19,8 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
+from mqk.cli import _serve_parser, build_config
+from mqk.config import BrokerConfig
 from mqk.protocol.native.records import message_to_batch
 from mqk.server.admin.console import MAX_SHOWN, safe_json, shown_bytes
 from mqk.server.kafka.rawclient import make_batch
@@ -267,3 +270,15 @@ def test_reset_offsets_of_an_empty_group_and_refused_while_it_has_members(writab
     code, _h, raw = request(address, "/api/group/reset-offsets", {"group": "busy", "topic": "r", "to": "earliest"})
     assert code == 409 and b"stop its consumers" in raw
     assert broker.store.fetch_offsets("busy") == {}
+
+
+def test_the_write_switch_comes_from_toml_or_the_command_line(tmp_path):
+    toml = tmp_path / "broker.toml"
+    toml.write_text("admin_console_writes = true\n")
+    assert BrokerConfig.load(toml).admin_console_writes
+    assert not BrokerConfig.load().admin_console_writes
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    _serve_parser(sub)
+    assert build_config(parser.parse_args(["serve", "--admin-console-writes"])).admin_console_writes
+    assert not build_config(parser.parse_args(["serve"])).admin_console_writes

@@ -21,6 +21,7 @@ with replacement characters and cut at `MAX_SHOWN` bytes (the full size is repor
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -50,6 +51,8 @@ MAX_RECORDS = 200
 READ_BYTES = 1 << 20
 #: pending delayed messages one query lists at most
 MAX_DELAYED = 500
+#: how long one /api/stats answer serves every console polling it
+STATS_TTL_S = 1.0
 
 STATIC_FILES = {
     "/console/": ("index.html", "text/html; charset=utf-8"),
@@ -183,6 +186,8 @@ class Console:
     def __init__(self, parts: BrokerParts) -> None:
         self.parts = parts
         self._static: dict[str, bytes] = {}
+        self._stats: tuple[float, dict[str, Any]] | None = None
+        self._stats_lock = asyncio.Lock()
 
     def install(self, http: HttpServer) -> None:
         http.route("GET", "/", self.root)
@@ -290,10 +295,21 @@ class Console:
         }
 
     async def stats(self, request: HttpRequest) -> dict[str, Any]:
+        """The figures the console charts: /metrics' snapshot summed over partitions, listeners and groups (the
+        counters as totals: the page makes rates of them). Every open console polls it: one answer serves all of
+        them for STATS_TTL_S, and the data directory is not walked for it."""
+        async with self._stats_lock:
+            cached = self._stats
+            now = time.monotonic()
+            if cached is None or now - cached[0] >= STATS_TTL_S:
+                cached = self._stats = (now, await self._stats_now())
+        return cached[1]
+
+    async def _stats_now(self) -> dict[str, Any]:
         # (prometheus-client comes with the metrics module: loaded when the console first polls, not at start)
         from mqk.server.admin import metrics
 
-        snap = await metrics.snapshot(self.parts)
+        snap = await metrics.snapshot(self.parts, disk=False)
         requests = errors = connections = 0
         for meter in snap.meters:
             requests += sum(count for _api, count, _s, _b in meter.apis)
@@ -317,7 +333,6 @@ class Console:
             "timer_pending": int(snap.services.get("timer_pending", 0)),
             "dispatch_lag_bytes": snap.store.get("dispatch_lag", 0),
             "flush_lag_bytes": snap.store.get("flush_lag", 0),
-            "disk_used_bytes": snap.disk.get("used"),
         }
 
     async def topics(self, request: HttpRequest) -> dict[str, Any]:
