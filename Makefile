@@ -1,6 +1,6 @@
 # mqk — the two commands a newcomer needs: `make run` (a broker on 127.0.0.1:9092) and `make test`.
 # Every target does its own set-up on a fresh machine: virtualenv, pip install (builds the Cython kernels),
-# npm packages for the JS compat clients, and kcat from Debian's packages.
+# npm packages for the JS compat clients, and kcat, etcd, chromium and chromium-driver from Debian's packages.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -31,6 +31,10 @@ compat-deps: $(JSDIR)/node_modules/.stamp
 	  echo "installing kcat (Debian package)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat >/dev/null; }
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  echo "installing chromium and chromium-driver (Debian packages, for the web console's browser tests)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
 	@command -v etcd >/dev/null 2>&1 || { \
 	  echo "installing etcd (Debian package etcd-server, for the cluster-mode tests)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

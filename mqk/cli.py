@@ -76,6 +76,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="count no traffic or requests on the hot paths (/metrics then serves offsets, lag, store figures only)",
     )
+    p.add_argument(
+        "--admin-console-writes",
+        action="store_true",
+        default=None,
+        help="let the admin listener's web console create topics and reset idle groups' offsets (default: read-only)",
+    )
     security = p.add_argument_group("security (Kafka's listener model; more in the TOML file's [tls] table)")
     security.add_argument(
         "--listener",
@@ -129,6 +135,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         advertise=tuple(args.advertise) if args.advertise else None,
         admin_listen=args.admin_listen,
         metrics=args.metrics,
+        admin_console_writes=args.admin_console_writes,
         listeners=args.listener,
         advertised_listeners=args.advertised_listener,
         tls_cert_file=args.tls_cert,

@@ -414,6 +414,9 @@ class BrokerConfig:
     #: count traffic and requests on the hot paths for /metrics (plain ints, turned into metric families only
     #: when scraped); False leaves out those counters (offsets, lag, store and service figures are still served)
     metrics: bool = True
+    #: the admin listener's web console may change things (create a topic, reset an empty group's offsets); off,
+    #: it only reads
+    admin_console_writes: bool = False
     #: named Kafka listeners (Kafka's `listeners`), bound beside `kafka_listen`
     listeners: tuple[ListenerConfig, ...] = ()
     #: Kafka's `advertised.listeners`: (NAME, host, port) per named listener that is not to be advertised at its bound

@@ -210,6 +210,11 @@ class TimerService:
     def pending(self) -> int:
         return len(self._schedule)
 
+    def upcoming(self, limit: int) -> list[tuple[int, int]]:
+        """(due time in ms, timer-topic offset) of the `limit` pending messages due first, soonest first (the
+        admin console lists them; the payloads stay in the timer topic, read from there by offset)."""
+        return [(int(due), int(offset)) for due, offset in self._schedule.islice(0, max(0, limit))]
+
     # --- arrival -------------------------------------------------------------------------------------------------
 
     @delayed_only  # an append said to carry no delay header (and no properties) returns below untouched

@@ -111,8 +111,9 @@ class Snapshot:
     cleaned: list[tuple[str, int, int]] = field(default_factory=list)
 
 
-async def snapshot(parts: BrokerParts) -> Snapshot:
-    """Copy what /metrics reports, on the event loop (see the module docstring)."""
+async def snapshot(parts: BrokerParts, *, disk: bool = True) -> Snapshot:
+    """Copy what /metrics reports, on the event loop (see the module docstring). `disk=False` leaves out the data
+    directory's disk use (a walk of the directory), for a caller that polls often and does not show it."""
     config = parts.config
     ready, _checks = readiness(parts)
     info = {
@@ -167,7 +168,8 @@ async def snapshot(parts: BrokerParts) -> Snapshot:
                 snap.partitions.append((name, partition, bound[0], bound[1], size, records, appended))
         snap.groups = _groups(parts)
         snap.store = _store_figures(store)
-        snap.disk = await _disk(parts)
+        if disk:
+            snap.disk = await _disk(parts)
     snap.services = _services(parts)
     if parts.compaction is not None and store is not None:
         snap.cleaned = _cleaned(parts)

@@ -3,7 +3,8 @@
 - `GET /metrics`: the Prometheus text format (OpenMetrics when the scraper's Accept asks for it):
   mqk.server.admin.metrics;
 - `GET /health/live`: 200 while the process answers;
-- `GET /health/ready`: 200 when ready, else 503, with the checks in JSON (mqk.server.admin.health).
+- `GET /health/ready`: 200 when ready, else 503, with the checks in JSON (mqk.server.admin.health);
+- `GET /console/` and `/api/...`: the web console and the JSON API it reads (mqk.server.admin.console).
 
 The runtime starts it before the store, so a long recovery shows as live and not ready, and stops it last. Other
 pages (a web console) add their routes to `http` (mqk.server.admin.http.HttpServer.route / route_prefix).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from mqk.server.admin.console import Console
 from mqk.server.admin.health import readiness
 from mqk.server.admin.http import HttpRequest, HttpResponse, HttpServer
 from mqk.server.admin.parts import BrokerParts
@@ -28,6 +30,7 @@ class AdminServer:
         self.http.route("GET", "/metrics", self.metrics)
         self.http.route("GET", "/health/live", self.live)
         self.http.route("GET", "/health/ready", self.ready)
+        Console(parts).install(self.http)
         #: one scrape at a time: a second scraper waits for the first rather than doubling the work
         self._scraping = asyncio.Lock()
 
@@ -37,7 +40,7 @@ class AdminServer:
 
     async def start(self) -> tuple[str, int]:
         address = await self.http.start()
-        log.info("admin listener on http://%s:%d (/metrics, /health/live, /health/ready)", *address)
+        log.info("admin listener on http://%s:%d (/console/, /metrics, /health/live, /health/ready)", *address)
         return address
 
     async def stop(self) -> None:
