@@ -168,7 +168,7 @@ def prepare(
     cluster = ctx.cluster
     min_insync = 0
     if acks == -1 and ctx.replication is not None:
-        min_insync = _min_insync(store, body)
+        min_insync = _min_insync(store, body, denied)
         try:
             ctx.replication.check_insync(min_insync)
         except E.NotEnoughReplicasError as exc:
@@ -204,11 +204,13 @@ def prepare(
     return Prepared(acks, responses, appends, idempotent, min_insync, body["timeout_ms"])
 
 
-def _min_insync(store: StoreManager, body: ProduceRequest) -> int:
+def _min_insync(store: StoreManager, body: ProduceRequest, denied: frozenset[str] | None) -> int:
     """The largest min.insync.replicas of the replicated topics a request writes to (0 when it writes to none:
-    topics of other engines are not replicated)."""
+    topics of other engines are not replicated, and `denied` ones are not written)."""
     wanted = 0
     for topic in body["topic_data"]:
+        if denied is not None and topic["name"] in denied:
+            continue
         info = store.topic(topic["name"])
         if info is not None and info.engine == "file":
             wanted = max(wanted, info.config.get_int("min.insync.replicas"))
