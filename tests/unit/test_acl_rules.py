@@ -176,6 +176,8 @@ class FakeCluster:
     def __init__(self) -> None:
         self.keys: dict[str, bytes] = {}
         self.changes = 0
+        self.listeners: list = []
+        self.view = SimpleNamespace(add_listener=self.listeners.append)
 
     def acls(self):
         return self.keys
@@ -183,11 +185,17 @@ class FakeCluster:
     def acls_generation(self):
         return self.keys, self.changes
 
+    def changed(self) -> None:
+        """What the view does after a watch event touching the ACL keys."""
+        self.changes += 1
+        for listener in self.listeners:
+            listener()
+
     async def write_acls(self, puts, deletes):
         self.keys.update(puts)
         for key in deletes:
             self.keys.pop(key, None)
-        self.changes += 1
+        self.changed()
 
 
 async def test_cluster_acls_are_the_clusters_keys(tmp_path):
@@ -200,7 +208,7 @@ async def test_cluster_acls_are_the_clusters_keys(tmp_path):
     # another broker's write shows up through the view
     cluster.keys["bad"] = b"{"
     cluster.keys[BINDINGS[3].key()] = json.dumps(BINDINGS[3].to_json()).encode()
-    cluster.changes += 1
+    cluster.changed()
     assert acls.bindings() == frozenset([*BINDINGS[:2], BINDINGS[3]])  # the bad one logged and left out
     await acls.change(remove=[BINDINGS[0]])
     assert not authorizer.authorize(ALICE, "h", "READ", "TOPIC", "orders")

@@ -295,10 +295,12 @@ class Acls:
         self._path: Path | None = store.config.data_dir / "security" / FILE if store.persistent else None
         self._local: frozenset[AclBinding] = frozenset()
         self._cluster: ClusterMember | None = None
-        #: bumped on every local change (cluster mode: the view's ACL dict and change count are the generation)
-        self._generation = 0
+        #: moves whenever the bindings may have changed (what decision caches are keyed on): each local change, and
+        #: in cluster mode each change of the view's ACL keys (its listener, `_follow`)
+        self.generation = 0
+        self._seen: tuple[object, int] = (None, -1)
         self._index = AclIndex(())
-        self._indexed: tuple[object, int] = (None, -1)
+        self._indexed = -1
         self._write_lock = asyncio.Lock()
 
     def load(self) -> None:
@@ -312,27 +314,30 @@ class Acls:
         if not isinstance(items, list):
             raise E.Corrupt(f"{self._path}: no acls list")
         self._local = frozenset(AclBinding.from_json(item, f"{self._path}: ACL {i}") for i, item in enumerate(items))
-        self._generation += 1
+        self.generation += 1
         log.info("acls: %d loaded from %s", len(self._local), self._path)
 
     def attach_cluster(self, cluster: ClusterMember) -> None:
-        """Cluster mode: the ACLs are the cluster's (in etcd) from now on."""
+        """Cluster mode: the ACLs are the cluster's (in etcd) from now on, followed through the view's changes."""
         self._cluster = cluster
+        self._seen = cluster.acls_generation()
+        self.generation += 1
+        cluster.view.add_listener(self._follow)
+
+    def _follow(self) -> None:
+        """A view change: a new generation if it touched the ACL keys (the view's ACL dict, or its change count)."""
+        assert self._cluster is not None
+        seen = self._cluster.acls_generation()
+        if seen[0] is not self._seen[0] or seen[1] != self._seen[1]:
+            self._seen = seen
+            self.generation += 1
 
     # --- reading ----------------------------------------------------------------------------------------
 
-    def generation(self) -> tuple[object, int]:
-        """Changes whenever the bindings may have (what a decision cache is keyed on)."""
-        cluster = self._cluster
-        if cluster is None:
-            return self, self._generation
-        return cluster.acls_generation()
-
     def index(self) -> AclIndex:
-        generation = self.generation()
-        if self._indexed[0] is not generation[0] or self._indexed[1] != generation[1]:
+        if self._indexed != self.generation:
             self._index = AclIndex(self._read())
-            self._indexed = generation
+            self._indexed = self.generation
         return self._index
 
     def _read(self) -> list[AclBinding]:
@@ -372,7 +377,7 @@ class Acls:
                 doc = {"acls": [b.to_json() for b in sorted(updated, key=_order)]}
                 await asyncio.to_thread(write_private, self._path, doc)
             self._local = frozenset(updated)
-            self._generation += 1
+            self.generation += 1
 
 
 def _order(b: AclBinding) -> tuple[str, ...]:
@@ -380,7 +385,11 @@ def _order(b: AclBinding) -> tuple[str, ...]:
 
 
 class AclAuthorizer:
-    """Kafka's ACL authorizer on the broker's bindings: super users, allow-if-no-ACL, decisions cached."""
+    """Kafka's ACL authorizer on the broker's bindings: super users, allow-if-no-ACL, decisions cached.
+
+    The cache is keyed on the principal object's identity (a connection keeps its principal for its life), which
+    costs less than hashing it; each entry holds that object, so its identity cannot be reused while the entry
+    lives."""
 
     def __init__(
         self, acls: Acls, super_users: Iterable[str] = (), allow_everyone_if_no_acl_found: bool = False
@@ -388,33 +397,28 @@ class AclAuthorizer:
         self.acls = acls
         self.super_users = frozenset(super_users)
         self.allow_if_none = allow_everyone_if_no_acl_found
-        self._cache: dict[tuple[Principal, str, str, str, str], bool] = {}
-        self._cached_at: tuple[object, int] = (None, -1)
-
-    def _fresh_cache(self) -> dict[tuple[Principal, str, str, str, str], bool]:
-        generation = self.acls.generation()
-        if self._cached_at[0] is not generation[0] or self._cached_at[1] != generation[1]:
-            self._cache = {}
-            self._cached_at = generation
-        elif len(self._cache) > 100_000:
-            self._cache.clear()  # a bound on memory; the decisions come back on demand
-        return self._cache
+        self._cache: dict[tuple[int, str, str, str, str], tuple[Principal, bool]] = {}
+        self._cached_at = -1
 
     def authorize(
         self, principal: Principal, host: str, operation: str, resource_type: str, resource_name: str
     ) -> bool:
-        cache = self._fresh_cache()
-        key = (principal, host, operation, resource_type, resource_name)
-        decision = cache.get(key)
-        if decision is None:
-            who = str(principal)
-            if who in self.super_users:
-                decision = True
-            else:
-                decision = self.acls.index().authorize(
-                    who, host, operation, resource_type, resource_name, self.allow_if_none
-                )
-            cache[key] = decision
+        if self._cached_at != self.acls.generation or len(self._cache) > 100_000:
+            # the ACLs changed (or the cache grew past its bound): decide again on demand
+            self._cache = {}
+            self._cached_at = self.acls.generation
+        key = (id(principal), host, operation, resource_type, resource_name)
+        entry = self._cache.get(key)
+        if entry is not None and entry[0] is principal:
+            return entry[1]
+        who = str(principal)
+        if who in self.super_users:
+            decision = True
+        else:
+            decision = self.acls.index().authorize(
+                who, host, operation, resource_type, resource_name, self.allow_if_none
+            )
+        self._cache[key] = (principal, decision)
         return decision
 
     def authorize_any(self, principal: Principal, host: str, operation: str, resource_type: str) -> bool:

@@ -135,10 +135,11 @@ def _denied(ctx: KafkaContext, peer: Peer, body: ProduceRequest) -> frozenset[st
     if auth is ALLOW_ALL:
         return None
     principal, host = peer.principal, peer.client_host.lstrip("/")
-    denied = frozenset(
-        t["name"] for t in body["topic_data"] if not auth.authorize(principal, host, "WRITE", TOPIC, t["name"])
-    )
-    return denied or None
+    denied = None
+    for t in body["topic_data"]:
+        if not auth.authorize(principal, host, "WRITE", TOPIC, t["name"]):
+            denied = (denied or frozenset()) | {t["name"]}
+    return denied
 
 
 def prepare(
