@@ -14,7 +14,7 @@ import pytest
 from helpers import fetch_body, produce_body, values_of
 
 from mqk import errors as E
-from mqk.broker.security.acls import OPERATION_CODES
+from mqk.broker.security.acls import OPERATION_CODES, SUPPORTED_OPERATIONS
 from mqk.broker.security.principal import Principal
 from mqk.broker.security.scram import SCRAM_SHA_256, SCRAM_SHA_512, new_credential
 from mqk.config import BrokerConfig, ListenerConfig, StoreConfig
@@ -204,8 +204,12 @@ async def test_a_user_may_write_topic_a_and_read_group_g_and_nothing_else(broker
         assert codes(committed, "topics", "partitions") == {"a": [GAF]}
         fetched_offsets = await alice.call(ApiKey.OFFSET_FETCH, 7, {"group_id": "h", "topics": None})
         assert fetched_offsets["error_code"] == GAF
-        described = await alice.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["g", "h"]})
+        described = await alice.call(
+            ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["g", "h"], "include_authorized_operations": True}
+        )
         assert [g["error_code"] for g in described["groups"]] == [0, GAF]
+        read_describe = (1 << OPERATION_CODES["READ"]) | (1 << OPERATION_CODES["DESCRIBE"])
+        assert described["groups"][0]["authorized_operations"] == read_describe
         deleted = await alice.call(ApiKey.DELETE_GROUPS, 2, {"groups_names": ["g"]})
         assert deleted["results"][0]["error_code"] == GAF  # READ is not DELETE
 
@@ -460,6 +464,21 @@ async def test_a_broker_without_an_authorizer_answers_security_disabled(mqk_brok
         assert described["error_code"] == E.SecurityDisabledError.code
         created = await client.call(ApiKey.CREATE_ACLS, 3, {"creations": [acl(TOPIC, "t", "User:x", "READ")]})
         assert created["results"][0]["error_code"] == E.SecurityDisabledError.code
+        # everyone may do everything: the authorized operations are every operation a resource type has
+        meta = await client.call(
+            ApiKey.METADATA,
+            12,
+            {
+                "topics": [{"name": "ops"}],
+                "allow_auto_topic_creation": True,
+                "include_topic_authorized_operations": True,
+            },
+        )
+        topic_ops = sum(1 << OPERATION_CODES[op] for op in SUPPORTED_OPERATIONS["TOPIC"])
+        assert meta["topics"][0]["topic_authorized_operations"] == topic_ops
+        cluster = await client.call(ApiKey.DESCRIBE_CLUSTER, 0, {"include_cluster_authorized_operations": True})
+        cluster_ops = sum(1 << OPERATION_CODES[op] for op in SUPPORTED_OPERATIONS["CLUSTER"])
+        assert cluster["cluster_authorized_operations"] == cluster_ops
         versions = await client.call(
             ApiKey.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}
         )
