@@ -99,6 +99,24 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     security.add_argument("--tls-key", metavar="PEM", help="its private key")
     security.add_argument("--tls-ca", metavar="PEM", help="CA bundle client certificates are checked against")
     security.add_argument("--tls-client-auth", choices=("none", "requested", "required"), help="SSL listeners")
+    security.add_argument(
+        "--authorizer",
+        action="store_true",
+        default=None,
+        help="authorize every Kafka API against the ACLs (`mqk acls`); default: everyone may do everything",
+    )
+    security.add_argument(
+        "--super-user",
+        action="append",
+        metavar="User:NAME",
+        help="a principal the ACLs do not apply to: it may do anything (repeatable)",
+    )
+    security.add_argument(
+        "--allow-everyone-if-no-acl-found",
+        action="store_true",
+        default=None,
+        help="with --authorizer: a resource no ACL names is open to everyone (default: to nobody)",
+    )
     security.add_argument("--native-tls", action="store_true", default=None, help="TLS on the RocketMQ listener")
     security.add_argument("--namesrv-tls", action="store_true", default=None, help="TLS on the name server")
     limits = p.add_argument_group("limits (Kafka's broker settings of the same names)")
@@ -148,6 +166,9 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         max_connections=args.max_connections,
         max_connections_per_ip=args.max_connections_per_ip,
         connections_max_idle_ms=args.connections_max_idle_ms,
+        authorizer=args.authorizer,
+        super_users=tuple(args.super_user) if args.super_user else None,
+        allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found,
     )
 
 

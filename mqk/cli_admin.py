@@ -1,4 +1,5 @@
-"""The `mqk` admin and data commands that talk to a running broker: topics, groups, users, produce, consume, query.
+"""The `mqk` admin and data commands that talk to a running broker: topics, groups, users, ACLs, produce, consume,
+query.
 
 They speak the broker's own wire protocols through mqk's codecs (no third-party client needed): Kafka requests
 through `RawKafkaClient`, RocketMQ remoting through `mqk.client`. One connection, one request at a time: these are
@@ -9,6 +10,9 @@ SASL_PLAINTEXT, SASL_SSL), `--sasl-mechanism` / `--sasl-username` / `--sasl-pass
 environment variable, which keeps the password out of the process list) and `--ssl-cafile` / `--ssl-certfile` /
 `--ssl-keyfile`. `mqk users` lists, adds and deletes SCRAM users through DescribeUserScramCredentials and
 AlterUserScramCredentials; the salted password is derived here, so the password itself never reaches the broker.
+`mqk acls` lists, adds and removes ACL bindings through DescribeAcls, CreateAcls and DeleteAcls, with the options of
+Kafka's kafka-acls tool (`--allow-principal`, `--deny-principal`, `--operation`, `--topic`, `--group`, `--cluster`,
+`--transactional-id`, `--resource-pattern-type`, `--allow-host`, `--deny-host`).
 """
 
 from __future__ import annotations
@@ -773,6 +777,149 @@ async def users_delete(args: argparse.Namespace) -> None:
     print(f"user {args.user} deleted")
 
 
+# --- ACLs ---------------------------------------------------------------------------------------------
+
+
+def _acl_codes() -> Any:
+    # (imported here: the other admin commands never load the broker's security modules)
+    from mqk.broker.security import acls
+
+    return acls
+
+
+def _acl_resources(args: argparse.Namespace, for_filter: bool) -> list[tuple[str, str | None]]:
+    """(resource type, name) of each resource the options name; a filter without one matches every resource."""
+    resources: list[tuple[str, str | None]] = [("TOPIC", t) for t in args.topic or ()]
+    resources += [("GROUP", g) for g in args.group or ()]
+    resources += [("TRANSACTIONAL_ID", t) for t in args.transactional_id or ()]
+    resources += [("DELEGATION_TOKEN", t) for t in args.delegation_token or ()]
+    if args.cluster:
+        resources.append(("CLUSTER", "kafka-cluster"))
+    if not resources:
+        if not for_filter:
+            raise CommandError("name a resource: --topic, --group, --cluster, --transactional-id or --delegation-token")
+        resources.append(("ANY", None))
+    return resources
+
+
+def _acl_entries(args: argparse.Namespace, for_filter: bool) -> list[tuple[str | None, str | None, str, str]]:
+    """(principal, host, operation, permission) of each entry the options describe (a filter: None is any)."""
+    operations = [o.upper() for o in args.operation or ()] or (["ANY"] if for_filter else [])
+    if not operations:
+        raise CommandError("name at least one --operation (READ, WRITE, DESCRIBE, ..., ALL)")
+    default_host = None if for_filter else "*"
+    entries: list[tuple[str | None, str | None, str, str]] = []
+    for permission, principals, hosts in (
+        ("ALLOW", args.allow_principal, args.allow_host),
+        ("DENY", args.deny_principal, args.deny_host),
+    ):
+        for principal in principals or ():
+            for host in hosts or [default_host]:
+                entries += [(principal, host, op, permission) for op in operations]
+    if not entries:
+        if not for_filter:
+            raise CommandError("name a principal: --allow-principal or --deny-principal User:NAME")
+        entries = [(None, None, op, "ANY") for op in operations]
+    return entries
+
+
+async def acls_list(args: argparse.Namespace) -> None:
+    acls = _acl_codes()
+    pattern = args.resource_pattern_type.upper()
+    found: list[dict[str, Any]] = []
+    async with await _kafka(args) as client:
+        for resource_type, name in _acl_resources(args, for_filter=True):
+            principals: list[str | None] = list(args.principal or [None])
+            for principal in principals:
+                resp = await client.call(
+                    ApiKey.DESCRIBE_ACLS,
+                    3,
+                    {
+                        "resource_type_filter": acls.RESOURCE_CODES[resource_type],
+                        "resource_name_filter": name,
+                        "pattern_type_filter": acls.PATTERN_CODES[pattern],
+                        "principal_filter": principal,
+                        "host_filter": None,
+                        "operation": acls.OPERATION_CODES["ANY"],
+                        "permission_type": acls.PERMISSION_CODES["ANY"],
+                    },
+                )
+                _check(resp["error_code"], "list ACLs", resp.get("error_message"))
+                for r in resp["resources"]:
+                    for a in r["acls"]:
+                        found.append(
+                            {
+                                "resource_type": acls.RESOURCE_TYPES[r["resource_type"]],
+                                "resource_name": r["resource_name"],
+                                "pattern_type": acls.PATTERN_TYPES[r["pattern_type"]],
+                                "principal": a["principal"],
+                                "host": a["host"],
+                                "operation": acls.OPERATIONS[a["operation"]],
+                                "permission": acls.PERMISSIONS[a["permission_type"]],
+                            }
+                        )
+    unique = list({json.dumps(b, sort_keys=True): b for b in found}.values())
+    if args.json:
+        _print_json(unique)
+        return
+    for b in unique:
+        print(
+            f"{b['resource_type']}:{b['pattern_type']}:{b['resource_name']}\t{b['principal']}\thost={b['host']}"
+            f"\t{b['operation']}\t{b['permission']}"
+        )
+
+
+async def acls_add(args: argparse.Namespace) -> None:
+    acls = _acl_codes()
+    pattern = args.resource_pattern_type.upper()
+    if pattern not in ("LITERAL", "PREFIXED"):
+        raise CommandError("--resource-pattern-type of a new ACL is LITERAL or PREFIXED")
+    creations = [
+        {
+            "resource_type": acls.RESOURCE_CODES[resource_type],
+            "resource_name": name,
+            "resource_pattern_type": acls.PATTERN_CODES[pattern],
+            "principal": principal,
+            "host": host,
+            "operation": acls.OPERATION_CODES.get(operation, 0),
+            "permission_type": acls.PERMISSION_CODES[permission],
+        }
+        for resource_type, name in _acl_resources(args, for_filter=False)
+        for principal, host, operation, permission in _acl_entries(args, for_filter=False)
+    ]
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.CREATE_ACLS, 3, {"creations": creations})
+    for creation, result in zip(creations, resp["results"], strict=True):
+        what = f"add ACL {creation['principal']} {acls.OPERATIONS.get(creation['operation'], '?')}"
+        _check(result["error_code"], what, result.get("error_message"))
+    print(f"{len(creations)} ACL(s) added")
+
+
+async def acls_remove(args: argparse.Namespace) -> None:
+    acls = _acl_codes()
+    pattern = args.resource_pattern_type.upper()
+    filters = [
+        {
+            "resource_type_filter": acls.RESOURCE_CODES[resource_type],
+            "resource_name_filter": name,
+            "pattern_type_filter": acls.PATTERN_CODES[pattern],
+            "principal_filter": principal,
+            "host_filter": host,
+            "operation": acls.OPERATION_CODES.get(operation, 0),
+            "permission_type": acls.PERMISSION_CODES[permission],
+        }
+        for resource_type, name in _acl_resources(args, for_filter=True)
+        for principal, host, operation, permission in _acl_entries(args, for_filter=True)
+    ]
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.DELETE_ACLS, 3, {"filters": filters})
+    removed: set[str] = set()
+    for result in resp["filter_results"]:
+        _check(result["error_code"], "remove ACLs", result.get("error_message"))
+        removed.update(json.dumps(m, sort_keys=True) for m in result["matching_acls"])
+    print(f"{len(removed)} ACL(s) removed")
+
+
 # --- produce / consume ---------------------------------------------------------------------------------
 
 
@@ -1146,6 +1293,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
     p.set_defaults(run=users_delete)
 
+    acls = sub.add_parser("acls", help="list, add, remove ACLs (Kafka's kafka-acls options)")
+    asub = acls.add_subparsers(dest="action", required=True)
+
+    def with_acl_resource(p: argparse.ArgumentParser, pattern_default: str) -> argparse.ArgumentParser:
+        p.add_argument("--topic", action="append", metavar="NAME", help="a topic resource (repeatable; `*`: all)")
+        p.add_argument("--group", action="append", metavar="NAME", help="a consumer group resource (repeatable)")
+        p.add_argument("--transactional-id", action="append", metavar="ID")
+        p.add_argument("--delegation-token", action="append", metavar="ID")
+        p.add_argument("--cluster", action="store_true", help="the cluster resource (kafka-cluster)")
+        p.add_argument(
+            "--resource-pattern-type",
+            default=pattern_default,
+            type=str.upper,
+            choices=("LITERAL", "PREFIXED", "ANY", "MATCH"),
+            help=f"how the resource names match (default {pattern_default})",
+        )
+        return p
+
+    def with_acl_entry(p: argparse.ArgumentParser, host_help: str) -> argparse.ArgumentParser:
+        p.add_argument("--allow-principal", action="append", metavar="User:NAME", help="User:* for every user")
+        p.add_argument("--deny-principal", action="append", metavar="User:NAME")
+        p.add_argument("--allow-host", action="append", metavar="HOST", help=host_help)
+        p.add_argument("--deny-host", action="append", metavar="HOST", help=host_help)
+        p.add_argument(
+            "--operation",
+            action="append",
+            type=str.upper,
+            help="READ, WRITE, CREATE, DELETE, ALTER, "
+            "DESCRIBE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALL (repeatable)",
+        )
+        return p
+
+    p = with_json(with_bootstrap(with_acl_resource(asub.add_parser("list"), "ANY")))
+    p.add_argument("--principal", action="append", metavar="User:NAME", help="only this principal's ACLs")
+    p.set_defaults(run=acls_list)
+    p = with_bootstrap(with_acl_entry(with_acl_resource(asub.add_parser("add"), "LITERAL"), "(default: *)"))
+    p.set_defaults(run=acls_add)
+    p = with_bootstrap(
+        with_acl_entry(
+            with_acl_resource(asub.add_parser("remove", help="remove every ACL matching the options"), "LITERAL"),
+            "(default: any)",
+        )
+    )
+    p.set_defaults(run=acls_remove)
+
     p = with_bootstrap(sub.add_parser("produce", help="write records (one per stdin line, or --value)"))
     p.add_argument("--topic", required=True)
     p.add_argument("--partition", type=int, default=0)
@@ -1170,7 +1362,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tags", help="native: tag expression, e.g. 'a || b'")
     p.set_defaults(run=_by_protocol(consume_kafka, consume_native))
 
-    for p in (topics, groups, partitions, producers, users):
+    for p in (topics, groups, partitions, producers, users, acls):
         p.set_defaults(func=run_command)
     p = sub.add_parser("query", help="print the messages whose key (RocketMQ KEYS, or an indexed Kafka key) matches")
     p.add_argument("--topic", required=True)

@@ -430,6 +430,13 @@ class BrokerConfig:
     auth_failure_delay_max_ms: int = 5000
     #: Kafka's sasl.server.max.receive.size: the largest request a connection may send before it authenticates
     sasl_max_receive_bytes: int = 524288
+    #: Kafka's authorizer.class.name: on, every API is authorized against the ACLs (mqk.broker.security.acls); off,
+    #: every client may do everything
+    authorizer: bool = False
+    #: Kafka's super.users: principals (`User:NAME`) every operation is allowed to, whatever the ACLs say
+    super_users: tuple[str, ...] = ()
+    #: Kafka's allow.everyone.if.no.acl.found: a resource no ACL names is open to everyone (off: to nobody)
+    allow_everyone_if_no_acl_found: bool = False
     #: TLS on the RocketMQ remoting listener and on the name server (with the `[tls]` certificate)
     native_tls: bool = False
     namesrv_tls: bool = False
@@ -469,6 +476,9 @@ class BrokerConfig:
             raise ValueError("connections_max_idle_ms must be positive")
         if self.auth_failure_delay_ms < 0 or self.auth_failure_delay_max_ms < self.auth_failure_delay_ms:
             raise ValueError("auth_failure_delay_ms must be >= 0 and at most auth_failure_delay_max_ms")
+        bad_users = [u for u in self.super_users if ":" not in u or u.startswith(":") or u.endswith(":")]
+        if bad_users:
+            raise ValueError(f"super_users are principals TYPE:NAME (User:admin), not {bad_users}")
 
     @property
     def kafka_listeners(self) -> tuple[ListenerConfig, ...]:
@@ -524,6 +534,11 @@ class BrokerConfig:
             values["sasl_enabled_mechanisms"] = tuple(
                 m.strip().upper() for m in _items(values["sasl_enabled_mechanisms"]) if m.strip()
             )
+        if "super_users" in values:
+            # Kafka separates super.users with ';' (a principal may contain ','); a TOML list is taken as it is
+            raw = values["super_users"]
+            items = raw.split(";") if isinstance(raw, str) else _items(raw)
+            values["super_users"] = tuple(u.strip() for u in items if u.strip())
         for key in ("cert_file", "key_file", "ca_file"):
             if tls_values.get(key) is not None:
                 tls_values[key] = Path(tls_values[key])

@@ -68,3 +68,63 @@ def test_users_are_the_clusters_and_metadata_follows_the_clients_listener(
     wait_until(gone_from_b0, timeout=30, what="the deletion reaching the first broker")
     with pytest.raises(E.SaslAuthenticationFailedError):
         call(b0.listeners["SASL"], ApiKey.METADATA, 12, {"topics": None}, sasl=zoe)
+
+
+def mqk_acls(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mqk", "acls", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_an_acl_created_through_one_broker_is_enforced_by_the_other(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """ACLs are the cluster's (etcd's `acls/` keys, followed by each broker's watch): an ACL added through one broker
+    lets a user in on the other, and its removal through that one shuts the user out on the first."""
+    cluster = mqk_cluster_factory(
+        2,
+        extra_args=("--listener", "SASL=SASL_PLAINTEXT://127.0.0.1:0"),
+        # the PLAINTEXT listeners' ANONYMOUS is the super user that sets the cluster up
+        config={"authorizer": True, "super_users": "User:ANONYMOUS"},
+    )
+    b0, b1 = cluster.brokers
+    added = mqk_users("add", "yan", "--password", "yan-pass", "--bootstrap", b0.bootstrap)
+    assert added.returncode == 0, added.stderr
+    created = call(
+        b0.kafka,
+        ApiKey.CREATE_TOPICS,
+        7,
+        {
+            "topics": [
+                {"name": "guarded", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}
+            ],
+            "timeout_ms": 10000,
+            "validate_only": False,
+        },
+    )
+    assert created["topics"][0]["error_code"] == 0
+    yan = ("SCRAM-SHA-256", "yan", "yan-pass")
+
+    def listed_by(broker) -> list[str]:
+        meta = call(broker.listeners["SASL"], ApiKey.METADATA, 12, {"topics": None}, sasl=yan)
+        return [t["name"] for t in meta["topics"]]
+
+    wait_until(lambda: _authenticates(b1, yan), timeout=30, what="the user reaching the other broker")
+    assert listed_by(b1) == []
+    allowed = mqk_acls("add", "--allow-principal", "User:yan", "--operation", "DESCRIBE", "--topic", "guarded",
+                       "--bootstrap", b0.bootstrap)  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    wait_until(lambda: listed_by(b1) == ["guarded"], timeout=30, what="the ACL reaching the other broker")
+    listed = mqk_acls("list", "--bootstrap", b1.bootstrap)
+    assert "TOPIC:LITERAL:guarded\tUser:yan\thost=*\tDESCRIBE\tALLOW" in listed.stdout, listed.stderr
+    removed = mqk_acls("remove", "--allow-principal", "User:yan", "--topic", "guarded", "--bootstrap", b1.bootstrap)
+    assert removed.returncode == 0 and "1 ACL(s) removed" in removed.stdout, removed.stderr
+    wait_until(lambda: listed_by(b0) == [], timeout=30, what="the removal reaching the first broker")
+    refused = call(b0.listeners["SASL"], ApiKey.METADATA, 12, {"topics": [{"name": "guarded"}]}, sasl=yan)
+    assert refused["topics"][0]["error_code"] == E.TopicAuthorizationFailedError.code
+
+
+def _authenticates(broker, sasl: tuple[str, str, str]) -> bool:
+    try:
+        call(broker.listeners["SASL"], ApiKey.API_VERSIONS, 0, {}, sasl=sasl)
+    except E.SaslAuthenticationFailedError:
+        return False
+    return True

@@ -253,6 +253,35 @@ class ClusterMember:
             await self.view.wait_until(lambda s: s.revision >= at, timeout)
         return written
 
+    # --- ACLs (mqk.broker.security.acls owns their format) ---------------------------------------------------
+
+    def acls(self) -> dict[str, bytes]:
+        """ACL binding key tail -> its stored value, as this broker's view last saw them."""
+        return self.view.state.acls
+
+    def acls_generation(self) -> tuple[object, int]:
+        """Changes whenever the view's ACLs may have: the dict (a new listing makes a new one) and its change count."""
+        state = self.view.state
+        return state.acls, state.acls_changes
+
+    async def write_acls(
+        self,
+        puts: dict[str, bytes],
+        deletes: list[str],
+        timeout: float = 5.0,  # noqa: ASYNC109 - how long to wait for the view to show the write
+    ) -> None:
+        """Store and delete ACL bindings (by key tail), a hundred per transaction; on return this broker's view shows it
+        (or `timeout` passed: the watch is late). MetaUnavailable when etcd cannot be reached."""
+        keys = self.node.keys
+        changes: list[Put | Delete] = [Put(keys.acl(k), v) for k, v in puts.items()]
+        changes += [Delete(keys.acl(k)) for k in deletes]
+        at = 0
+        for start in range(0, len(changes), 100):  # etcd takes at most 128 operations in one transaction
+            _written, revision = await self.node.meta.txn_at([], changes[start : start + 100])
+            at = max(at, revision)
+        if at:
+            await self.view.wait_until(lambda s: s.revision >= at, timeout)
+
     def require_topic(self, name: str) -> TopicRecord:
         record = self.topic(name)
         if record is None:

@@ -12,6 +12,7 @@
     requests/<id>                RequestRecord    a metadata change asked of the controller    (the asker's lease)
     results/<id>                 ResultRecord     its outcome, for the asker                    (the asker's lease)
     users/<quoted name>          (bytes)          a user's SCRAM credentials (mqk.broker.security.users reads them)
+    acls/<quoted binding>        (bytes)          one ACL binding (mqk.broker.security.acls reads them)
 
 Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
 damaged or foreign key is logged and skipped, never trusted.
@@ -47,6 +48,7 @@ class Keys:
         self.requests = self.root + "requests/"
         self.results = self.root + "results/"
         self.users = self.root + "users/"
+        self.acls = self.root + "acls/"
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
@@ -78,6 +80,10 @@ class Keys:
 
     def user_name(self, key: str) -> str:
         return unquote(key[len(self.users) :])
+
+    def acl(self, tail: str) -> str:
+        """An ACL binding's key (`tail`: the binding's own quoted key, mqk.broker.security.acls)."""
+        return self.acls + tail
 
 
 def _load(data: bytes, what: str) -> dict[str, Any]:

@@ -59,6 +59,10 @@ class ClusterState:
     results: dict[str, ResultRecord] = field(default_factory=dict)
     #: user name -> (its key's mod revision, its value): SCRAM credentials, decoded by mqk.broker.security.users
     users: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    #: ACL binding key tail -> its value, decoded by mqk.broker.security.acls; `acls_changes` counts the watch's
+    #: changes to them since this state's listing (with the dict's identity: the ACLs' generation)
+    acls: dict[str, bytes] = field(default_factory=dict)
+    acls_changes: int = 0
 
 
 class ClusterView:
@@ -197,6 +201,9 @@ class ClusterView:
                 state.results[key[len(keys.results) :]] = ResultRecord.decode(record.value)
             elif key.startswith(keys.users):
                 state.users[keys.user_name(key)] = (record.mod_revision, record.value)
+            elif key.startswith(keys.acls):
+                state.acls[key[len(keys.acls) :]] = record.value
+                state.acls_changes += 1
             elif key == keys.controller_epoch or key == keys.pid_blocks:
                 load_int(record.value, key)
         except Malformed as exc:
@@ -227,6 +234,9 @@ class ClusterView:
             state.results.pop(key[len(keys.results) :], None)
         elif key.startswith(keys.users):
             state.users.pop(keys.user_name(key), None)
+        elif key.startswith(keys.acls):
+            state.acls.pop(key[len(keys.acls) :], None)
+            state.acls_changes += 1
 
     def disconnected(self) -> None:
         """The watch broke: the view stays as it is until the next listing."""

@@ -5,7 +5,8 @@
 - principal.py: `Principal` (`User:NAME`, `User:ANONYMOUS`) and Kafka's certificate-subject mapping rules;
 - sasl.py, scram.py: the SASL mechanisms PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 (sans-IO);
 - users.py: the SCRAM credentials (data dir, or etcd in cluster mode); failures.py: the failure delays;
-- authorizer.py: the hook an ACL authorizer plugs into (`ALLOW_ALL` until then).
+- authorizer.py: the hook the front doors ask (`ALLOW_ALL` unless `authorizer` is on);
+- acls.py: the ACL bindings (data dir, or etcd in cluster mode) and Kafka's ACL authorizer over them.
 
 TLS itself (sockets, handshakes) belongs to the front doors (mqk.server.tls); SASL framing to each protocol.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import secrets
 
 from mqk.broker.cluster import ClusterMember
+from mqk.broker.security.acls import AclAuthorizer, Acls
 from mqk.broker.security.authorizer import ALLOW_ALL, Authorizer
 from mqk.broker.security.errors import AuthenticationFailed
 from mqk.broker.security.failures import AuthFailureDelays
@@ -36,13 +38,18 @@ class Security:
             clock, config.auth_failure_delay_ms / 1000, config.auth_failure_delay_max_ms / 1000
         )
         self.principals = PrincipalMapper(config.tls.principal_mapping_rules)
-        #: the hook ACLs plug into
+        self.acls = Acls(store)
+        self.acls.load()
+        #: what every front door asks: the ACL authorizer when configured, else everyone may do everything
         self.authorizer: Authorizer = ALLOW_ALL
+        if config.authorizer:
+            self.authorizer = AclAuthorizer(self.acls, config.super_users, config.allow_everyone_if_no_acl_found)
         #: made-up salts of unknown users derive from this (mqk.broker.security.scram)
         self._mock_key = secrets.token_bytes(32)
 
     def attach_cluster(self, cluster: ClusterMember) -> None:
         self.users.attach_cluster(cluster)
+        self.acls.attach_cluster(cluster)
 
     def sasl_server(self, mechanism: str) -> SaslServer:
         """A server for one exchange of an enabled `mechanism` (KeyError for another)."""

@@ -162,7 +162,7 @@ class Users:
                 users.pop(user, None)
             if self._path is not None:
                 doc = {"users": {name: encode_user(creds) for name, creds in sorted(users.items())}}
-                await asyncio.to_thread(_write_private, self._path, doc)
+                await asyncio.to_thread(write_private, self._path, doc)
             self._local = users
 
     async def _alter_cluster(self, cluster: ClusterMember, user: str, changes: list[Change]) -> None:
@@ -185,7 +185,7 @@ def _user_moved(user: str, revision: int) -> Callable[[Any], bool]:
     return lambda state: state.users.get(user, (0, b""))[0] != revision
 
 
-def _write_private(path: Path, doc: Any) -> None:
+def write_private(path: Path, doc: Any) -> None:
     """Write the credentials file in a directory only this OS user may enter (they are password equivalents for an
     offline guess), then the file itself private too."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

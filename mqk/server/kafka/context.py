@@ -125,9 +125,9 @@ class CloseConnection:
 Answer: TypeAlias = Mapping[str, Any] | CloseConnection | None
 #: a handler: (context, requesting connection, request) -> its answer
 Handler: TypeAlias = Callable[[KafkaContext, Peer, KafkaRequest[Any]], Coroutine[Any, Any, Answer]]
-#: a grouped API's pair (handlers.GROUPED): prepare(context, request) -> a plan or None (answer it alone), and
+#: a grouped API's pair (handlers.GROUPED): prepare(context, peer, request) -> a plan or None (answer it alone), and
 #: answer(context, plans) -> one answer per plan, in order
 Grouping: TypeAlias = tuple[
-    Callable[[KafkaContext, KafkaRequest[Any]], object],
+    Callable[[KafkaContext, Peer, KafkaRequest[Any]], object],
     Callable[[KafkaContext, list[Any]], Coroutine[Any, Any, Sequence[Answer]]],
 ]

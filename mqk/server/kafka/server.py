@@ -318,7 +318,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if arrived is not None:
                     arrived[id(req)] = now
                 grouping = grouped.get(req.api_key)
-                plan = None if grouping is None else grouping[0](self.ctx, req)
+                plan = None if grouping is None else grouping[0](self.ctx, self, req)
                 if group and (plan is None or req.api_key != group[0][0].api_key):
                     self._dispatch_group(group)  # the group ends where a request cannot join it
                     group = []

@@ -9,7 +9,7 @@ Per-topic and per-partition problems are answered with error codes; a handler ra
 only the connection it ran on.
 
 `GROUPED` names the APIs whose requests arriving together on a connection are answered by one call:
-`prepare(ctx, request)` -> a plan, or None to take that request through its handler alone, and
+`prepare(ctx, peer, request)` -> a plan, or None to take that request through its handler alone, and
 `async answer(ctx, plans)` -> one response body (or None) per plan, in order.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.context import Grouping, Handler
 from mqk.server.kafka.handlers import (
+    acls,
     api_versions,
     cluster,
     configs,
@@ -75,6 +76,9 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_PRODUCERS: replicas.describe_producers,
     ApiKey.DESCRIBE_CLIENT_QUOTAS: quotas.describe_client_quotas,
     ApiKey.ALTER_CLIENT_QUOTAS: quotas.alter_client_quotas,
+    ApiKey.DESCRIBE_ACLS: acls.describe_acls,
+    ApiKey.CREATE_ACLS: acls.create_acls,
+    ApiKey.DELETE_ACLS: acls.delete_acls,
 }
 
 GROUPED: dict[int, Grouping] = {

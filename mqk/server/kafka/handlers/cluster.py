@@ -3,7 +3,11 @@ cluster, at the addresses of the requesting client's listener: mqk.server.kafka.
 
 InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence). Transactions are not offered:
 a transactional id is refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather
-than retrying forever."""
+than retrying forever.
+
+Authorization as Kafka's: DescribeCluster asks DESCRIBE on the cluster (CLUSTER_AUTHORIZATION_FAILED) and fills the
+cluster's authorized operations when asked; an idempotent producer's InitProducerId asks IDEMPOTENT_WRITE on the
+cluster or WRITE on some topic (CLUSTER_AUTHORIZATION_FAILED)."""
 
 from __future__ import annotations
 
@@ -11,14 +15,37 @@ from mqk import errors as E
 from mqk.protocol.kafka.messages.describe_cluster import DescribeClusterRequest, DescribeClusterResponse
 from mqk.protocol.kafka.messages.init_producer_id import InitProducerIdRequest, InitProducerIdResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE
+from mqk.server.kafka.handlers.common import (
+    AUTHORIZED_OPS_OMITTED,
+    CLUSTER,
+    CLUSTER_NAME,
+    NONE,
+    TOPIC,
+    allowed_cluster,
+    authorized_operations,
+    authorizer,
+)
 from mqk.server.kafka.handlers.metadata import brokers_and_controller
 
 
 async def describe_cluster(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeClusterRequest]
 ) -> DescribeClusterResponse:
+    if not allowed_cluster(ctx, peer, "DESCRIBE"):
+        return {
+            "throttle_time_ms": 0,
+            "error_code": E.ClusterAuthorizationFailedError.code,
+            "error_message": "not authorized to describe the cluster",
+            "endpoint_type": req.body.get("endpoint_type", 1),
+            "cluster_id": ctx.cluster_id,
+            "controller_id": -1,
+            "brokers": [],
+            "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
+        }
     brokers, controller = brokers_and_controller(ctx, peer)
+    operations = AUTHORIZED_OPS_OMITTED
+    if req.body.get("include_cluster_authorized_operations"):
+        operations = authorized_operations(ctx, peer, CLUSTER, CLUSTER_NAME)
     return {
         "throttle_time_ms": 0,
         "error_code": NONE,
@@ -30,7 +57,7 @@ async def describe_cluster(
             {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"], "is_fenced": False}
             for b in brokers
         ],
-        "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
+        "cluster_authorized_operations": operations,
     }
 
 
@@ -40,6 +67,10 @@ async def init_producer_id(
     b = req.body
     if b["transactional_id"] is not None:
         code, pid, epoch = E.TransactionalIdAuthorizationFailedError.code, -1, -1
+    elif not allowed_cluster(ctx, peer, "IDEMPOTENT_WRITE") and not authorizer(ctx).authorize_any(
+        peer.principal, peer.client_host.lstrip("/"), "WRITE", TOPIC
+    ):
+        code, pid, epoch = E.ClusterAuthorizationFailedError.code, -1, -1
     else:
         # the producer_id / producer_epoch an idempotent producer may send (v3+) ask for a fresh id, as in Kafka
         code, pid, epoch = await ctx.producers.init_producer_id()

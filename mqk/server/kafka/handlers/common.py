@@ -1,4 +1,4 @@
-"""Helpers the Kafka handlers share: topic lookup with auto-creation, topic ids, error codes.
+"""Helpers the Kafka handlers share: topic lookup with auto-creation, topic ids, error codes, authorization.
 
 Handlers never raise for a per-topic or per-partition problem: they answer it with the error code the API
 has for it. Storage exceptions become codes only through `mqk.errors.kafka_code_for`. Topic policy (names,
@@ -11,13 +11,57 @@ import uuid
 
 from mqk import errors as E
 from mqk.broker.names import KAFKA
-from mqk.server.kafka.context import KafkaContext
+from mqk.broker.security.acls import OPERATION_CODES, SUPPORTED_OPERATIONS
+from mqk.broker.security.authorizer import ALLOW_ALL, Authorizer
+from mqk.server.kafka.context import KafkaContext, Peer
 from mqk.store.adapter import ShardInfo
 
 NONE = 0
 ZERO_UUID = uuid.UUID(int=0)
 #: Kafka's "authorized operations were not requested" sentinel
 AUTHORIZED_OPS_OMITTED = -(1 << 31)
+
+
+# --- authorization (mqk.broker.security.authorizer: Kafka's resource types and operations by name) ------------
+
+TOPIC = "TOPIC"
+GROUP = "GROUP"
+CLUSTER = "CLUSTER"
+TRANSACTIONAL_ID = "TRANSACTIONAL_ID"
+CLUSTER_NAME = "kafka-cluster"
+
+
+def authorizer(ctx: KafkaContext) -> Authorizer:
+    """The broker's authorizer (`ALLOW_ALL` unless ACLs are on: a hot path may skip asking when it is that)."""
+    security = ctx.security
+    return ALLOW_ALL if security is None else security.authorizer
+
+
+def allowed(ctx: KafkaContext, peer: Peer, operation: str, resource_type: str, name: str) -> bool:
+    """May the peer's principal, from its host, `operation` the resource?"""
+    auth = authorizer(ctx)
+    if auth is ALLOW_ALL:
+        return True
+    return auth.authorize(peer.principal, peer.client_host.lstrip("/"), operation, resource_type, name)
+
+
+def allowed_cluster(ctx: KafkaContext, peer: Peer, operation: str) -> bool:
+    return allowed(ctx, peer, operation, CLUSTER, CLUSTER_NAME)
+
+
+def may_create_topic(ctx: KafkaContext, peer: Peer, name: str) -> bool:
+    """CREATE on the cluster or on the topic (Kafka asks either)."""
+    return allowed_cluster(ctx, peer, "CREATE") or allowed(ctx, peer, "CREATE", TOPIC, name)
+
+
+def authorized_operations(ctx: KafkaContext, peer: Peer, resource_type: str, name: str) -> int:
+    """Kafka's AuthorizedOperations bit field: bit n set for each operation (code n) the resource type has that the
+    peer may perform on it."""
+    bits = 0
+    for operation in SUPPORTED_OPERATIONS[resource_type]:
+        if allowed(ctx, peer, operation, resource_type, name):
+            bits |= 1 << OPERATION_CODES[operation]
+    return bits
 
 
 def valid_topic_name(name: str | None) -> bool:
@@ -34,12 +78,17 @@ def topic_by_id(ctx: KafkaContext, topic_id: uuid.UUID) -> ShardInfo | None:
     return ctx.topics.by_id(topic_id.bytes)
 
 
-async def get_or_create_topic(ctx: KafkaContext, name: str, allow_create: bool = True) -> tuple[int, ShardInfo | None]:
+async def get_or_create_topic(
+    ctx: KafkaContext, name: str, allow_create: bool = True, peer: Peer | None = None
+) -> tuple[int, ShardInfo | None]:
     """(error code, topic). Creates a missing topic when the broker's auto-creation policy and `allow_create`
-    (Metadata's allow_auto_topic_creation) allow it."""
+    (Metadata's allow_auto_topic_creation) allow it, and (when `peer` is given) the peer may CREATE it, on the
+    cluster or on the topic (TOPIC_AUTHORIZATION_FAILED otherwise, as Kafka answers)."""
     info = ctx.topics.get(name)
     if info is not None:
         return NONE, info
+    if peer is not None and not may_create_topic(ctx, peer, name):
+        return E.TopicAuthorizationFailedError.code, None
     try:
         return NONE, await ctx.topics.auto_create(name, names=KAFKA, client_allows=allow_create)
     except Exception as exc:  # noqa: BLE001 - the client sees the code (the registry logs a failed creation)

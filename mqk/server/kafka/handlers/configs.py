@@ -8,6 +8,10 @@ or a bad value is INVALID_CONFIG with the schema's reason.
 
 `compression.type` accepts only `producer`: mqk stores batches exactly as the producer sent them and never
 recompresses, so accepting another value would be a silent lie.
+
+Authorization as Kafka's: describing a topic's configs asks DESCRIBE_CONFIGS on it, altering ALTER_CONFIGS
+(TOPIC_AUTHORIZATION_FAILED); the broker's and its loggers' ask the same of the cluster
+(CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from mqk.protocol.kafka.messages.incremental_alter_configs import (
     IncrementalAlterConfigsResponseAlterConfigsResourceResponse,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE
+from mqk.server.kafka.handlers.common import NONE, allowed, allowed_cluster
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 # ConfigSource
@@ -127,6 +131,16 @@ def _broker_name_ok(ctx: KafkaContext, name: str) -> bool:
     return name in ("", str(ctx.node_id))
 
 
+def _unauthorized(ctx: KafkaContext, peer: Peer, rtype: int, name: str, operation: str) -> tuple[int, str] | None:
+    """The refusal of `operation` (DESCRIBE_CONFIGS, ALTER_CONFIGS) on a config resource, None if allowed."""
+    if rtype == TOPIC:
+        if not allowed(ctx, peer, operation, "TOPIC", name):
+            return E.TopicAuthorizationFailedError.code, f"not authorized to {operation} of topic {name!r}"
+    elif rtype in (BROKER, BROKER_LOGGER) and not allowed_cluster(ctx, peer, operation):
+        return E.ClusterAuthorizationFailedError.code, f"not authorized to {operation} of the broker"
+    return None
+
+
 async def describe_configs(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeConfigsRequest]
 ) -> DescribeConfigsResponse:
@@ -143,7 +157,10 @@ async def describe_configs(
             "resource_name": name,
             "configs": [],
         }
-        if rtype == TOPIC:
+        refusal = _unauthorized(ctx, peer, rtype, name, "DESCRIBE_CONFIGS")
+        if refusal is not None:
+            entry["error_code"], entry["error_message"] = refusal
+        elif rtype == TOPIC:
             info = ctx.topics.get(name)
             if info is None:
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
@@ -169,8 +186,13 @@ async def describe_configs(
 Build = Callable[[TopicConfig], "dict[str, str | None] | str"]
 
 
-async def _apply(ctx: KafkaContext, rtype: int, name: str, build: Build, validate_only: bool) -> tuple[int, str | None]:
+async def _apply(
+    ctx: KafkaContext, peer: Peer, rtype: int, name: str, build: Build, validate_only: bool
+) -> tuple[int, str | None]:
     """Common tail of both alter APIs."""
+    refusal = _unauthorized(ctx, peer, rtype, name, "ALTER_CONFIGS")
+    if refusal is not None:
+        return refusal
     if rtype == BROKER:
         if not _broker_name_ok(ctx, name):
             return E.InvalidRequestError.code, f"unknown broker {name!r}"
@@ -182,9 +204,9 @@ async def _apply(ctx: KafkaContext, rtype: int, name: str, build: Build, validat
     info = ctx.topics.get(name)
     if info is None:
         return E.UnknownTopicOrPartitionError.code, f"unknown topic {name!r}"
-    refusal = ctx.topics.client_change_refusal(name)  # an internal topic's settings are its owner's
-    if refusal:
-        return E.TopicAuthorizationFailedError.code, refusal
+    internal = ctx.topics.client_change_refusal(name)  # an internal topic's settings are its owner's
+    if internal:
+        return E.TopicAuthorizationFailedError.code, internal
     new_overrides = build(info.config)
     if isinstance(new_overrides, str):
         return E.InvalidConfigError.code, new_overrides
@@ -207,7 +229,7 @@ async def alter_configs(ctx: KafkaContext, peer: Peer, req: KafkaRequest[AlterCo
         def build(_old: TopicConfig, changes: dict[str, str | None] = changes) -> dict[str, str | None] | str:
             return topic_config.check_all(changes) or {k: v for k, v in changes.items() if v is not None}
 
-        code, message = await _apply(ctx, r["resource_type"], r["resource_name"], build, b["validate_only"])
+        code, message = await _apply(ctx, peer, r["resource_type"], r["resource_name"], build, b["validate_only"])
         responses.append(
             {
                 "error_code": code,
@@ -257,7 +279,7 @@ async def incremental_alter_configs(
                     return f"unknown config operation {op}"
             return topic_config.check_all(merged) or merged
 
-        code, message = await _apply(ctx, r["resource_type"], r["resource_name"], build, b["validate_only"])
+        code, message = await _apply(ctx, peer, r["resource_type"], r["resource_name"], build, b["validate_only"])
         responses.append(
             {
                 "error_code": code,

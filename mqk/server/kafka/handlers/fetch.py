@@ -14,6 +14,7 @@
   so it keeps sending full fetch requests. A request naming a session we never gave out gets
   FETCH_SESSION_ID_NOT_FOUND, and the client falls back to a full fetch.
 - v13+ names topics by id: unknown ids get UNKNOWN_TOPIC_ID.
+- ACLs: a topic the principal may not READ answers TOPIC_AUTHORIZATION_FAILED for each of its partitions.
 - Cluster mode: a partition this broker does not lead answers NOT_LEADER_OR_FOLLOWER, and a `current_leader_epoch`
   older or newer than the leader's FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (KIP-320), at once, without waiting.
 """
@@ -24,6 +25,7 @@ import struct
 from typing import TypeAlias
 
 from mqk import errors as E
+from mqk.broker.security.authorizer import ALLOW_ALL
 from mqk.broker.stats import Traffic
 from mqk.protocol.kafka.messages.fetch import (
     FetchableTopicResponse,
@@ -33,7 +35,15 @@ from mqk.protocol.kafka.messages.fetch import (
     FetchTopic,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, epoch_code, partition_code, topic_by_id
+from mqk.server.kafka.handlers.common import (
+    NONE,
+    TOPIC,
+    ZERO_UUID,
+    authorizer,
+    epoch_code,
+    partition_code,
+    topic_by_id,
+)
 from mqk.store.adapter import Buffer, ShardInfo
 
 _EMPTY = b""
@@ -73,6 +83,8 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
     # resolve topics once: (response topic dict, ShardInfo or None, [(partition, offset, max_bytes)])
     plan: _Plan = []
     cluster = ctx.cluster
+    auth = authorizer(ctx)
+    host = peer.client_host.lstrip("/") if auth is not ALLOW_ALL else ""
     for t in body["topics"]:
         if by_id:
             info = topic_by_id(ctx, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
@@ -80,6 +92,10 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
         else:
             info = ctx.store.topic(t["topic"]) if cluster is None else ctx.topics.get(t["topic"])
             missing = E.UnknownTopicOrPartitionError.code
+        if auth is not ALLOW_ALL:
+            name = info.topic if info is not None else t["topic"]
+            if (name or not by_id) and not auth.authorize(peer.principal, host, "READ", TOPIC, name):
+                info, missing = None, E.TopicAuthorizationFailedError.code
         parts = [(p["partition"], p["fetch_offset"], p["partition_max_bytes"]) for p in t["partitions"]]
         refused = None
         if cluster is not None and info is not None:

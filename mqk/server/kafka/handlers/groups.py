@@ -5,7 +5,12 @@ DescribeGroups, ListGroups, DeleteGroups, OffsetDelete. Translation only: the st
 Cluster mode: a group's coordinator is the leader of its partition of the offsets topic (Kafka's rule: the group
 id's hash modulo that topic's partition count), which FindCoordinator names (creating the offsets topic on first use,
 as Kafka does); every other group API sent to another broker answers NOT_COORDINATOR, and ListGroups lists the
-groups this broker coordinates (admin clients ask every broker)."""
+groups this broker coordinates (admin clients ask every broker).
+
+Authorization as Kafka's (GROUP_AUTHORIZATION_FAILED): FindCoordinator asks DESCRIBE on the group; JoinGroup,
+SyncGroup, Heartbeat and LeaveGroup READ; DescribeGroups DESCRIBE (and fills the authorized operations when asked);
+DeleteGroups and OffsetDelete DELETE (OffsetDelete also READ on each topic: TOPIC_AUTHORIZATION_FAILED); ListGroups
+lists every group with DESCRIBE on the cluster, else the groups the principal may DESCRIBE."""
 
 from __future__ import annotations
 
@@ -33,7 +38,17 @@ from mqk.protocol.kafka.messages.offset_delete import (
 )
 from mqk.protocol.kafka.messages.sync_group import SyncGroupRequest, SyncGroupResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, NONE, coordinator_code
+from mqk.server.kafka.handlers.common import (
+    AUTHORIZED_OPS_OMITTED,
+    GROUP,
+    NONE,
+    TOPIC,
+    TRANSACTIONAL_ID,
+    allowed,
+    allowed_cluster,
+    authorized_operations,
+    coordinator_code,
+)
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 
@@ -67,7 +82,11 @@ async def find_coordinator(
 async def _coordinator(ctx: KafkaContext, peer: Peer, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
     """(error code, message, node id, host, port) of the coordinator of `key`, on the requesting client's listener."""
     if key_type != GROUP_KEY:  # transactions are not offered (InitProducerId refuses them)
+        if not allowed(ctx, peer, "DESCRIBE", TRANSACTIONAL_ID, key):
+            return E.TransactionalIdAuthorizationFailedError.code, None, -1, "", -1
         return E.CoordinatorNotAvailableError.code, "transactions are not supported", -1, "", -1
+    if not allowed(ctx, peer, "DESCRIBE", GROUP, key):
+        return E.GroupAuthorizationFailedError.code, None, -1, "", -1
     cluster = ctx.cluster
     if cluster is None:  # this broker coordinates every group
         return NONE, None, ctx.node_id, *peer.advertised
@@ -83,13 +102,16 @@ async def _coordinator(ctx: KafkaContext, peer: Peer, key: str, key_type: int) -
     return NONE, None, node, address[0], address[1]
 
 
-def _not_coordinator(ctx: KafkaContext, group_id: str) -> int:
+def _not_coordinator(ctx: KafkaContext, peer: Peer, group_id: str, operation: str) -> int:
+    """GROUP_AUTHORIZATION_FAILED when the peer may not `operation` the group, else the coordinator's code."""
+    if not allowed(ctx, peer, operation, GROUP, group_id):
+        return E.GroupAuthorizationFailedError.code
     return coordinator_code(ctx, group_id)
 
 
 async def join_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[JoinGroupRequest]) -> JoinGroupResponse:
     b = req.body
-    code = _not_coordinator(ctx, b["group_id"])
+    code = _not_coordinator(ctx, peer, b["group_id"], "READ")
     if code:
         return {
             "throttle_time_ms": 0,
@@ -130,7 +152,7 @@ async def join_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[JoinGroupR
 
 async def sync_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[SyncGroupRequest]) -> SyncGroupResponse:
     b = req.body
-    code = _not_coordinator(ctx, b["group_id"])
+    code = _not_coordinator(ctx, peer, b["group_id"], "READ")
     if code:
         return {
             "throttle_time_ms": 0,
@@ -159,7 +181,7 @@ async def sync_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[SyncGroupR
 
 async def heartbeat(ctx: KafkaContext, peer: Peer, req: KafkaRequest[HeartbeatRequest]) -> HeartbeatResponse:
     b = req.body
-    code = _not_coordinator(ctx, b["group_id"]) or ctx.groups.heartbeat(
+    code = _not_coordinator(ctx, peer, b["group_id"], "READ") or ctx.groups.heartbeat(
         b["group_id"], b["generation_id"], b["member_id"], b.get("group_instance_id")
     )
     return {"throttle_time_ms": 0, "error_code": code}
@@ -171,7 +193,7 @@ async def leave_group(ctx: KafkaContext, peer: Peer, req: KafkaRequest[LeaveGrou
         members = [(m["member_id"], m.get("group_instance_id")) for m in b["members"]]
     else:
         members = [(b["member_id"], None)]
-    refused = _not_coordinator(ctx, b["group_id"])
+    refused = _not_coordinator(ctx, peer, b["group_id"], "READ")
     if refused:
         return {"throttle_time_ms": 0, "error_code": refused, "members": []}
     code, per_member = ctx.groups.leave(b["group_id"], members)
@@ -191,8 +213,9 @@ async def describe_groups(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeGroupsRequest]
 ) -> DescribeGroupsResponse:
     out: list[DescribeGroupsResponseDescribedGroup] = []
+    with_operations = req.body.get("include_authorized_operations", False)
     for group_id in req.body["groups"]:
-        refused = _not_coordinator(ctx, group_id)
+        refused = _not_coordinator(ctx, peer, group_id, "DESCRIBE")
         if refused:
             out.append(
                 {
@@ -223,7 +246,9 @@ async def describe_groups(
                 "protocol_type": desc["protocol_type"],
                 "protocol_data": desc["protocol_data"],
                 "members": desc["members"],
-                "authorized_operations": AUTHORIZED_OPS_OMITTED,
+                "authorized_operations": authorized_operations(ctx, peer, GROUP, group_id)
+                if with_operations
+                else AUTHORIZED_OPS_OMITTED,
             }
         )
     return {"throttle_time_ms": 0, "groups": out}
@@ -234,6 +259,8 @@ async def list_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListGroup
     types = {t.lower() for t in b.get("types_filter") or ()}
     # a types filter without "classic" names no group mqk has (it runs the classic protocol only)
     listed = [] if types and "classic" not in types else ctx.groups.list_groups(b.get("states_filter") or None)
+    if not allowed_cluster(ctx, peer, "DESCRIBE"):
+        listed = [entry for entry in listed if allowed(ctx, peer, "DESCRIBE", GROUP, entry[0])]
     return {
         "throttle_time_ms": 0,
         "error_code": NONE,
@@ -246,23 +273,26 @@ async def list_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListGroup
 async def delete_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteGroupsRequest]) -> DeleteGroupsResponse:
     results: list[DeleteGroupsResponseDeletableGroupResult] = []
     for group_id in req.body["groups_names"]:
-        code = _not_coordinator(ctx, group_id) or await ctx.groups.delete_group(group_id)
+        code = _not_coordinator(ctx, peer, group_id, "DELETE") or await ctx.groups.delete_group(group_id)
         results.append({"group_id": group_id, "error_code": code})
     return {"throttle_time_ms": 0, "results": results}
 
 
 async def offset_delete(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetDeleteRequest]) -> OffsetDeleteResponse:
     b = req.body
-    refused = _not_coordinator(ctx, b["group_id"])
+    refused = _not_coordinator(ctx, peer, b["group_id"], "DELETE")
     if refused:
         return {"error_code": refused, "throttle_time_ms": 0, "topics": []}
     wanted: list[tuple[str, int]] = []
     unknown: dict[tuple[str, int], int] = {}
     for t in b["topics"]:
         info = ctx.topics.get(t["name"])
+        denied = not allowed(ctx, peer, "READ", TOPIC, t["name"])
         for p in t["partitions"]:
             tp = (t["name"], p["partition_index"])
-            if info is None or not 0 <= tp[1] < info.queue_count:
+            if denied:
+                unknown[tp] = E.TopicAuthorizationFailedError.code
+            elif info is None or not 0 <= tp[1] < info.queue_count:
                 unknown[tp] = E.UnknownTopicOrPartitionError.code
             else:
                 wanted.append(tp)

@@ -18,7 +18,7 @@ from mqk.protocol.kafka.messages.offset_for_leader_epoch import (
     OffsetForLeaderEpochResponseOffsetForLeaderTopicResult,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import epoch_code, partition_code
+from mqk.server.kafka.handlers.common import TOPIC, allowed, epoch_code, partition_code
 
 UNDEFINED = (-1, -1)
 
@@ -33,9 +33,11 @@ async def handle(
         name = t["topic"]
         info = store.topic(name)
         parts: list[OffsetForLeaderEpochResponseEpochEndOffset] = []
+        denied = not allowed(ctx, peer, "DESCRIBE", TOPIC, name)
         for p in t["partitions"]:
             index = p["partition"]
-            code = partition_code(ctx, name, index) or epoch_code(ctx, name, index, p["current_leader_epoch"])
+            code = E.TopicAuthorizationFailedError.code if denied else 0
+            code = code or partition_code(ctx, name, index) or epoch_code(ctx, name, index, p["current_leader_epoch"])
             epoch, end = UNDEFINED
             if not code and (info is None or not 0 <= index < info.queue_count):
                 code = E.UnknownTopicOrPartitionError.code

@@ -3,7 +3,8 @@ no tiered storage), and by timestamp (the ConsumeQueue's time index via `store.o
 
 No record at or after the timestamp → offset -1, timestamp -1, as Kafka answers. isolation_level does not matter:
 without transactions the last stable offset is the high watermark. In cluster mode only the partition's leader
-answers (else NOT_LEADER_OR_FOLLOWER), and a `current_leader_epoch` must match its epoch (KIP-320)."""
+answers (else NOT_LEADER_OR_FOLLOWER), and a `current_leader_epoch` must match its epoch (KIP-320). A topic the
+principal may not DESCRIBE answers TOPIC_AUTHORIZATION_FAILED for each of its partitions."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mqk.protocol.kafka.messages.list_offsets import (
     ListOffsetsTopicResponse,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, epoch_code, leader_epoch, partition_code
+from mqk.server.kafka.handlers.common import NONE, TOPIC, allowed, epoch_code, leader_epoch, partition_code
 from mqk.store.manager import StoreManager
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, EARLIEST_PENDING_UPLOAD, LATEST_TIERED = -1, -2, -3, -4, -5, -6
@@ -46,6 +47,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsReq
         info = store.topic(name)
         cluster = ctx.cluster
         parts: list[ListOffsetsPartitionResponse] = []
+        denied = not allowed(ctx, peer, "DESCRIBE", TOPIC, name)
         for p in t["partitions"]:
             index = p["partition_index"]
             entry: ListOffsetsPartitionResponse = {
@@ -56,8 +58,8 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsReq
                 "offset": -1,
                 "leader_epoch": -1,
             }
-            refused = NONE
-            if cluster is not None:
+            refused = E.TopicAuthorizationFailedError.code if denied else NONE
+            if cluster is not None and not refused:
                 refused = partition_code(ctx, name, index) or epoch_code(
                     ctx, name, index, p.get("current_leader_epoch", -1)
                 )

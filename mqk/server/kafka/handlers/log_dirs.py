@@ -10,6 +10,9 @@ this broker's only log directory, named by its absolute path as Kafka names its 
 - AlterReplicaLogDirs: a partition asked to move into the directory it is in is answered NONE (nothing to move); a
   directory that is not this broker's log directory LOG_DIR_NOT_FOUND; a partition this broker does not hold
   REPLICA_NOT_AVAILABLE (what Kafka answers for a replica it does not have).
+
+Both ask of the cluster (Kafka's rule): DESCRIBE to describe (CLUSTER_AUTHORIZATION_FAILED, no directories), ALTER
+to move (CLUSTER_AUTHORIZATION_FAILED for every partition).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from mqk.protocol.kafka.messages.describe_log_dirs import (
     DescribeLogDirsTopic,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE
+from mqk.server.kafka.handlers.common import NONE, allowed_cluster
 
 
 def log_dir(ctx: KafkaContext) -> str:
@@ -49,6 +52,8 @@ def volume_bytes(path: str) -> tuple[int, int]:
 async def describe_log_dirs(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeLogDirsRequest]
 ) -> DescribeLogDirsResponse:
+    if not allowed_cluster(ctx, peer, "DESCRIBE"):
+        return {"throttle_time_ms": 0, "error_code": E.ClusterAuthorizationFailedError.code, "results": []}
     held = ctx.store.topics()
     asked = req.body["topics"]
     wanted: list[tuple[str, list[int]]]
@@ -102,6 +107,7 @@ async def alter_replica_log_dirs(
 ) -> AlterReplicaLogDirsResponse:
     ours = log_dir(ctx)
     held = ctx.store.topics()
+    permitted = allowed_cluster(ctx, peer, "ALTER")
     by_topic: dict[str, AlterReplicaLogDirsResponseAlterReplicaLogDirTopicResult] = {}
     for d in req.body["dirs"]:
         known = os.path.normpath(d["path"]) == ours  # noqa: ASYNC240 - a string rewrite; no file is touched
@@ -110,7 +116,9 @@ async def alter_replica_log_dirs(
             result = by_topic.setdefault(name, {"topic_name": name, "partitions": []})
             info = held.get(name)
             for p in t["partitions"]:
-                if not known:
+                if not permitted:
+                    code = E.ClusterAuthorizationFailedError.code
+                elif not known:
                     code = E.LogDirNotFoundError.code
                 elif info is None or not 0 <= p < info.queue_count:
                     code = E.ReplicaNotAvailableError.code

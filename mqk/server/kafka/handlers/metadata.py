@@ -11,7 +11,12 @@ Topics are auto-created (broker config `auto_create_topics` and, from v4, the re
 topic by id (a v10-11 topic without a name gets INVALID_REQUEST, as in Kafka). `is_internal` is the broker's list
 (mqk.broker.internal). A request for every topic leaves out the names Kafka's alphabet cannot spell (RocketMQ's
 `%RETRY%group`, `%DLQ%group`, `ns%topic`): a Kafka client could not have made them, and tools that list topics
-would trip over them; asked for by name (or id) they are answered like any other."""
+would trip over them; asked for by name (or id) they are answered like any other.
+
+Authorization as Kafka's: a listing of every topic leaves out the topics the principal may not DESCRIBE; a topic
+asked for by name that it may not DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED (by id: UNKNOWN_TOPIC_ID, saying
+nothing of its existence); a missing topic is auto-created only with CREATE on the cluster or the topic. The
+authorized operations are filled in when the request asks for them (v8+)."""
 
 from __future__ import annotations
 
@@ -29,8 +34,13 @@ from mqk.protocol.kafka.messages.metadata import (
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
     AUTHORIZED_OPS_OMITTED,
+    CLUSTER,
+    CLUSTER_NAME,
     NONE,
+    TOPIC,
     ZERO_UUID,
+    allowed,
+    authorized_operations,
     get_or_create_topic,
     topic_by_id,
     topic_uuid,
@@ -129,7 +139,11 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataReques
     allow_create = body.get("allow_auto_topic_creation", True)
     topics: list[MetadataResponseTopic]
     if requested is None or (req.api_version == 0 and not requested):
-        topics = [topic_entry(ctx, info) for name, info in ctx.topics.all().items() if listed_to_kafka(name)]
+        topics = [
+            topic_entry(ctx, info)
+            for name, info in ctx.topics.all().items()
+            if listed_to_kafka(name) and allowed(ctx, peer, "DESCRIBE", TOPIC, info.topic)
+        ]
     else:
         topics = []
         for t in requested:
@@ -141,12 +155,24 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataReques
                     topics.append(_error_entry("", topic_id, E.InvalidRequestError.code))
                     continue
                 info = topic_by_id(ctx, topic_id) if topic_id and topic_id != ZERO_UUID else None
+                if info is not None and not allowed(ctx, peer, "DESCRIBE", TOPIC, info.topic):
+                    info = None
                 topics.append(
                     topic_entry(ctx, info) if info else _error_entry(None, topic_id, E.UnknownTopicIdError.code)
                 )
                 continue
-            code, info = await get_or_create_topic(ctx, name, allow_create)
+            if not allowed(ctx, peer, "DESCRIBE", TOPIC, name):
+                topics.append(_error_entry(name, None, E.TopicAuthorizationFailedError.code))
+                continue
+            code, info = await get_or_create_topic(ctx, name, allow_create, peer)
             topics.append(topic_entry(ctx, info) if info else _error_entry(name, None, code))
+    if body.get("include_topic_authorized_operations"):
+        for topic in topics:
+            if topic["error_code"] == NONE and topic["name"]:
+                topic["topic_authorized_operations"] = authorized_operations(ctx, peer, TOPIC, topic["name"])
+    cluster_ops = AUTHORIZED_OPS_OMITTED
+    if body.get("include_cluster_authorized_operations"):
+        cluster_ops = authorized_operations(ctx, peer, CLUSTER, CLUSTER_NAME)
     brokers, controller = brokers_and_controller(ctx, peer)
     return {
         "throttle_time_ms": 0,
@@ -154,6 +180,6 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataReques
         "cluster_id": ctx.cluster_id,
         "controller_id": controller,
         "topics": topics,
-        "cluster_authorized_operations": AUTHORIZED_OPS_OMITTED,
+        "cluster_authorized_operations": cluster_ops,
         "error_code": NONE,
     }

@@ -1,6 +1,11 @@
 """OffsetCommit and OffsetFetch: committed offsets (with metadata and leader epoch) kept by the store's group
 offsets through the coordinator, so they survive a broker restart. Partitions of unknown topics are answered
-with UNKNOWN_TOPIC_OR_PARTITION on commit, and with offset -1 on fetch (as Kafka does)."""
+with UNKNOWN_TOPIC_OR_PARTITION on commit, and with offset -1 on fetch (as Kafka does).
+
+Authorization as Kafka's: committing asks READ on the group (GROUP_AUTHORIZATION_FAILED for every partition) and
+READ on each topic (TOPIC_AUTHORIZATION_FAILED for its partitions); fetching asks DESCRIBE on the group
+(GROUP_AUTHORIZATION_FAILED) and DESCRIBE on each topic named (TOPIC_AUTHORIZATION_FAILED for its partitions; when
+every committed offset is asked for, the topics it may not describe are left out)."""
 
 from __future__ import annotations
 
@@ -20,21 +25,27 @@ from mqk.protocol.kafka.messages.offset_fetch import (
     OffsetFetchResponseTopics,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, coordinator_code
+from mqk.server.kafka.handlers.common import GROUP, NONE, TOPIC, allowed, coordinator_code
 from mqk.store.adapter import GroupOffset
 
 
 async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetCommitRequest]) -> OffsetCommitResponse:
     b = req.body
-    refused = coordinator_code(ctx, b["group_id"])
+    refused = NONE
+    if not allowed(ctx, peer, "READ", GROUP, b["group_id"]):
+        refused = E.GroupAuthorizationFailedError.code
+    refused = refused or coordinator_code(ctx, b["group_id"])
     wanted: dict[tuple[str, int], tuple[int, int, str | None]] = {}
     codes: dict[tuple[str, int], int] = {}
     for t in b["topics"]:
         info = ctx.topics.get(t["name"])
+        denied = not refused and not allowed(ctx, peer, "READ", TOPIC, t["name"])
         for p in t["partitions"]:
             tp = (t["name"], p["partition_index"])
             if refused:
                 codes[tp] = refused
+            elif denied:
+                codes[tp] = E.TopicAuthorizationFailedError.code
             elif info is None or not 0 <= tp[1] < info.queue_count:
                 codes[tp] = E.UnknownTopicOrPartitionError.code
             else:
@@ -66,6 +77,7 @@ async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetC
 
 def _fetch_group(
     ctx: KafkaContext,
+    peer: Peer,
     group_id: str,
     topics: Sequence[OffsetFetchRequestTopic] | Sequence[OffsetFetchRequestTopics] | None,
 ) -> list[OffsetFetchResponseTopics]:
@@ -77,13 +89,23 @@ def _fetch_group(
         for (topic, part), off in sorted(committed.items()):
             if off is not None:
                 by_topic.setdefault(topic, []).append(_partition(part, off))
-        return [{"name": topic, "partitions": parts} for topic, parts in by_topic.items()]
-    wanted = [(t["name"], p) for t in topics for p in t["partition_indexes"]]
+        return [
+            {"name": topic, "partitions": parts}
+            for topic, parts in by_topic.items()
+            if allowed(ctx, peer, "DESCRIBE", TOPIC, topic)
+        ]
+    denied = {t["name"] for t in topics if not allowed(ctx, peer, "DESCRIBE", TOPIC, t["name"])}
+    wanted = [(t["name"], p) for t in topics if t["name"] not in denied for p in t["partition_indexes"]]
     committed = ctx.groups.fetch_offsets(group_id, wanted)
     return [
         {
             "name": t["name"],
-            "partitions": [_partition(p, committed.get((t["name"], p))) for p in t["partition_indexes"]],
+            "partitions": [
+                _partition(p, committed.get((t["name"], p)))
+                if t["name"] not in denied
+                else {**_partition(p, None), "error_code": E.TopicAuthorizationFailedError.code}
+                for p in t["partition_indexes"]
+            ],
         }
         for t in topics
     ]
@@ -113,14 +135,18 @@ async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFe
         groups: list[OffsetFetchResponseGroup] = []
         for g in b["groups"]:
             code = coordinator_code(ctx, g["group_id"]) if g["group_id"] else E.InvalidGroupIdError.code
-            found = _fetch_group(ctx, g["group_id"], g["topics"]) if code == NONE else []
+            if not allowed(ctx, peer, "DESCRIBE", GROUP, g["group_id"]):
+                code = E.GroupAuthorizationFailedError.code
+            found = _fetch_group(ctx, peer, g["group_id"], g["topics"]) if code == NONE else []
             groups.append({"group_id": g["group_id"], "topics": found, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     if not b["group_id"]:
         return {"throttle_time_ms": 0, "topics": [], "error_code": E.InvalidGroupIdError.code}
     refused = coordinator_code(ctx, b["group_id"])
+    if not allowed(ctx, peer, "DESCRIBE", GROUP, b["group_id"]):
+        refused = E.GroupAuthorizationFailedError.code
     if refused:
         return {"throttle_time_ms": 0, "topics": [], "error_code": refused}
     # v1-v7 topics and partitions have a subset of the v8+ structs' keys, of the same types (a topic is named here)
-    topics = cast("list[OffsetFetchResponseTopic]", _fetch_group(ctx, b["group_id"], b["topics"]))
+    topics = cast("list[OffsetFetchResponseTopic]", _fetch_group(ctx, peer, b["group_id"], b["topics"]))
     return {"throttle_time_ms": 0, "topics": topics, "error_code": NONE}

@@ -26,6 +26,10 @@ acks=0 gets no response (None), but a failure closes the connection, as Kafka do
 refreshes its metadata; acks=1 and acks=-1 are the same on a single replica (an append completes once the data
 is readable and, under sync flush, on disk).
 
+With ACLs on (mqk.broker.security.acls), a topic the principal may not WRITE is answered TOPIC_AUTHORIZATION_FAILED
+for each of its partitions (and not auto-created; creating one asks CREATE, on the cluster or the topic); with the
+default ALLOW_ALL nothing is asked.
+
 In cluster mode a partition this broker does not lead is answered NOT_LEADER_OR_FOLLOWER (the client refreshes its
 metadata and sends it to the leader); the others go on as above.
 """
@@ -40,6 +44,7 @@ from typing import NamedTuple, TypeAlias
 from mqk import errors as E
 from mqk.broker.internal import INTERNAL_TOPICS, client_change_refusal
 from mqk.broker.replication import Replication
+from mqk.broker.security.authorizer import ALLOW_ALL
 from mqk.config import FLUSH_SYNC, TopicConfig
 from mqk.protocol.kafka import records as kafka_records
 from mqk.protocol.kafka.messages.produce import (
@@ -51,7 +56,7 @@ from mqk.protocol.kafka.messages.produce import (
 )
 from mqk.protocol.kafka.records import BatchInfo
 from mqk.server.kafka.context import CloseConnection, KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, get_or_create_topic, partition_code
+from mqk.server.kafka.handlers.common import NONE, TOPIC, authorizer, get_or_create_topic, partition_code
 from mqk.store.adapter import AppendResult, Buffer, ShardInfo
 from mqk.store.manager import StoreManager
 from mqk.timer.delay import DELAY_HEADER_KEYS
@@ -116,21 +121,41 @@ async def handle(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]
 ) -> ProduceResponse | CloseConnection | None:
     """One Produce request on its own (a topic to auto-create first, or a request that arrived alone)."""
-    prepared = prepare(ctx, req.body)
+    denied = _denied(ctx, peer, req.body)
+    prepared = prepare(ctx, req.body, denied=denied)
     if prepared is None:  # a topic it names does not exist (yet)
-        prepared = await _prepare_creating_topics(ctx, req.body)
+        prepared = await _prepare_creating_topics(ctx, peer, req.body, denied)
     return (await answer_prepared(ctx, [prepared]))[0]
 
 
-def prepare_request(ctx: KafkaContext, req: KafkaRequest[ProduceRequest]) -> Prepared | None:
+def prepare_request(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]) -> Prepared | None:
     """`prepare` for the connection's grouping (KafkaServer.grouped)."""
-    return prepare(ctx, req.body)
+    return prepare(ctx, req.body, denied=_denied(ctx, peer, req.body))
 
 
-def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | None = None) -> Prepared | None:
+def _denied(ctx: KafkaContext, peer: Peer, body: ProduceRequest) -> frozenset[str] | None:
+    """The topics of the request the peer may not WRITE (None: every one may be written, or nobody asks)."""
+    auth = authorizer(ctx)
+    if auth is ALLOW_ALL:
+        return None
+    principal, host = peer.principal, peer.client_host.lstrip("/")
+    denied = None
+    for t in body["topic_data"]:
+        if not auth.authorize(principal, host, "WRITE", TOPIC, t["name"]):
+            denied = (denied or frozenset()) | {t["name"]}
+    return denied
+
+
+def prepare(
+    ctx: KafkaContext,
+    body: ProduceRequest,
+    missing: dict[str, int] | None = None,
+    denied: frozenset[str] | None = None,
+) -> Prepared | None:
     """Check a Produce request without waiting for anything: answers for what is refused, the rest planned for
     `answer_prepared`. None if a topic it names does not exist and `missing` does not say that topic's error
-    code (`handle` creates the topic and prepares again)."""
+    code (`handle` creates the topic and prepares again). The `denied` topics are answered
+    TOPIC_AUTHORIZATION_FAILED."""
     acks = body["acks"]
     if acks not in (0, 1, -1):
         return Prepared(acks, _refuse_all(body, E.InvalidRequiredAcksError.code), [], [])
@@ -148,16 +173,22 @@ def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | N
     cluster = ctx.cluster
     min_insync = 0
     if acks == -1 and ctx.replication is not None:
-        min_insync = _min_insync(store, body)
+        min_insync = _min_insync(store, body, denied)
         try:
             ctx.replication.check_insync(min_insync)
         except E.NotEnoughReplicasError as exc:
             return Prepared(acks, _refuse_all(body, exc.code, str(exc)), [], [])
     for topic in body["topic_data"]:
         name = topic["name"]
+        partition_data = topic["partition_data"]
+        if denied is not None and name in denied:
+            refusal = E.TopicAuthorizationFailedError.code
+            responses.append(
+                {"name": name, "partition_responses": [_part(p["index"], refusal) for p in partition_data]}
+            )
+            continue
         info = store.topic(name)
         parts: _Slots = []
-        partition_data = topic["partition_data"]
         if name in INTERNAL_TOPICS:
             # only the broker's own services write its internal topics (Kafka: "cannot append to internal topic")
             reason = client_change_refusal(name)
@@ -184,11 +215,13 @@ def prepare(ctx: KafkaContext, body: ProduceRequest, missing: dict[str, int] | N
     return Prepared(acks, responses, appends, idempotent, min_insync, body["timeout_ms"])
 
 
-def _min_insync(store: StoreManager, body: ProduceRequest) -> int:
+def _min_insync(store: StoreManager, body: ProduceRequest, denied: frozenset[str] | None) -> int:
     """The largest min.insync.replicas of the replicated topics a request writes to (0 when it writes to none:
-    topics of other engines are not replicated)."""
+    topics of other engines are not replicated, and `denied` ones are not written)."""
     wanted = 0
     for topic in body["topic_data"]:
+        if denied is not None and topic["name"] in denied:
+            continue
         info = store.topic(topic["name"])
         if info is not None and info.engine == "file":
             wanted = max(wanted, info.config.get_int("min.insync.replicas"))
@@ -208,19 +241,23 @@ def _refuse_all(
     ]
 
 
-async def _prepare_creating_topics(ctx: KafkaContext, body: ProduceRequest) -> Prepared:
+async def _prepare_creating_topics(
+    ctx: KafkaContext, peer: Peer, body: ProduceRequest, denied: frozenset[str] | None
+) -> Prepared:
     """Create (when auto-creation allows) the topics the request names that do not exist, then prepare it; the
     topics that could not be created are answered with the reason."""
     missing: dict[str, int] = {}
     for topic in body["topic_data"]:
         name = topic["name"]
+        if denied is not None and name in denied:
+            continue
         if ctx.store.topic(name) is None:
-            code, info = await get_or_create_topic(ctx, name)
+            code, info = await get_or_create_topic(ctx, name, peer=peer)
             if info is None:
                 missing[name] = code
             elif ctx.cluster is not None and not await ctx.cluster.reconciler.ensure(name):
                 missing[name] = E.NotLeaderOrFollowerError.code  # (its store here is not made: not placed here)
-    prepared = prepare(ctx, body, missing)
+    prepared = prepare(ctx, body, missing, denied)
     assert prepared is not None
     return prepared
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from mqk import errors as E
 from mqk.broker.quotas import CLIENT_ID, USER, ClientQuotas, Entity, QuotaError, entity_of
-from mqk.broker.security.authorizer import CLUSTER, CLUSTER_NAME
 from mqk.protocol.kafka.messages.alter_client_quotas import (
     AlterClientQuotasRequest,
     AlterClientQuotasResponse,
@@ -25,7 +24,7 @@ from mqk.protocol.kafka.messages.describe_client_quotas import (
     DescribeClientQuotasResponseEntryData,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE
+from mqk.server.kafka.handlers.common import NONE, allowed_cluster
 
 #: Kafka's ACL operations for quota configs (AclOperation names)
 DESCRIBE_CONFIGS, ALTER_CONFIGS = "DESCRIBE_CONFIGS", "ALTER_CONFIGS"
@@ -37,13 +36,6 @@ _KNOWN_TYPES = (USER, CLIENT_ID, "ip")
 def _quotas(ctx: KafkaContext) -> ClientQuotas:
     assert ctx.quotas is not None, "the Kafka context is built with the broker's quotas"
     return ctx.quotas
-
-
-def _allowed(ctx: KafkaContext, peer: Peer, operation: str) -> bool:
-    security = ctx.security
-    if security is None:
-        return True
-    return security.authorizer.authorize(peer.principal, peer.client_host.lstrip("/"), operation, CLUSTER, CLUSTER_NAME)
 
 
 def _matches(entity: Entity, components: list[DescribeClientQuotasRequestComponentData], strict: bool) -> bool:
@@ -69,7 +61,7 @@ async def describe_client_quotas(
     def refuse(code: int, message: str) -> DescribeClientQuotasResponse:
         return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "entries": None}
 
-    if not _allowed(ctx, peer, DESCRIBE_CONFIGS):
+    if not allowed_cluster(ctx, peer, DESCRIBE_CONFIGS):
         return refuse(E.ClusterAuthorizationFailedError.code, "not authorized to describe client quotas")
     components = req.body["components"]
     kinds = [c["entity_type"] for c in components]
@@ -96,7 +88,7 @@ async def describe_client_quotas(
 async def alter_client_quotas(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[AlterClientQuotasRequest]
 ) -> AlterClientQuotasResponse:
-    allowed = _allowed(ctx, peer, ALTER_CONFIGS)
+    allowed = allowed_cluster(ctx, peer, ALTER_CONFIGS)
     quotas = _quotas(ctx)
     results: list[AlterClientQuotasResponseEntryData] = []
     for entry in req.body["entries"]:

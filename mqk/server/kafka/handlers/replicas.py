@@ -49,16 +49,9 @@ from mqk.protocol.kafka.messages.list_partition_reassignments import (
     ListPartitionReassignmentsResponse,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, partition_code
+from mqk.server.kafka.handlers.common import NONE, allowed, partition_code
 
 log = logging.getLogger("mqk.kafka")
-
-
-def _allowed(ctx: KafkaContext, peer: Peer, operation: str, resource_type: str, name: str) -> bool:
-    security = ctx.security
-    if security is None:
-        return True
-    return security.authorizer.authorize(peer.principal, peer.client_host.lstrip("/"), operation, resource_type, name)
 
 
 def _partitions(ctx: KafkaContext, topic: str) -> int:
@@ -74,7 +67,7 @@ def _partitions(ctx: KafkaContext, topic: str) -> int:
 
 
 async def elect_leaders(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ElectLeadersRequest]) -> ElectLeadersResponse:
-    if not _allowed(ctx, peer, ALTER, CLUSTER, CLUSTER_NAME):
+    if not allowed(ctx, peer, ALTER, CLUSTER, CLUSTER_NAME):
         return {
             "throttle_time_ms": 0,
             "error_code": E.ClusterAuthorizationFailedError.code,
@@ -148,7 +141,7 @@ async def describe_producers(
     topics: list[DescribeProducersResponseTopicResponse] = []
     for t in req.body["topics"]:
         name = t["name"]
-        allowed = _allowed(ctx, peer, READ, TOPIC, name)
+        permitted = allowed(ctx, peer, READ, TOPIC, name)
         count = _partitions(ctx, name)
         partitions: list[DescribeProducersResponsePartitionResponse] = []
         for p in t["partition_indexes"]:
@@ -158,7 +151,7 @@ async def describe_producers(
                 "error_message": None,
                 "active_producers": [],
             }
-            if not allowed:
+            if not permitted:
                 entry["error_code"] = E.TopicAuthorizationFailedError.code
             elif not 0 <= p < count:
                 entry["error_code"] = E.UnknownTopicOrPartitionError.code
@@ -193,7 +186,7 @@ async def describe_producers(
 async def list_partition_reassignments(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListPartitionReassignmentsRequest]
 ) -> ListPartitionReassignmentsResponse:
-    if not _allowed(ctx, peer, DESCRIBE, CLUSTER, CLUSTER_NAME):
+    if not allowed(ctx, peer, DESCRIBE, CLUSTER, CLUSTER_NAME):
         return {
             "throttle_time_ms": 0,
             "error_code": E.ClusterAuthorizationFailedError.code,
@@ -207,7 +200,7 @@ async def alter_partition_reassignments(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[AlterPartitionReassignmentsRequest]
 ) -> AlterPartitionReassignmentsResponse:
     body = req.body
-    if not _allowed(ctx, peer, ALTER, CLUSTER, CLUSTER_NAME):
+    if not allowed(ctx, peer, ALTER, CLUSTER, CLUSTER_NAME):
         return {
             "throttle_time_ms": 0,
             "allow_replication_factor_change": body.get("allow_replication_factor_change", True),

@@ -1,7 +1,12 @@
 """Topic admin: CreateTopics (partitions, configs, validate_only), DeleteTopics (by name or id),
 CreatePartitions, DeleteRecords. One broker: a replication factor above 1 is INVALID_REPLICATION_FACTOR and a
 manual assignment must name this broker only. The broker's internal topics (mqk.broker.internal) cannot be
-deleted, grown or trimmed by a client: TOPIC_AUTHORIZATION_FAILED, whoever asks."""
+deleted, grown or trimmed by a client: TOPIC_AUTHORIZATION_FAILED, whoever asks.
+
+Authorization as Kafka's: creating a topic asks CREATE on the cluster or the topic, deleting it DELETE, adding
+partitions ALTER, deleting records DELETE on the topic (TOPIC_AUTHORIZATION_FAILED; a topic named by an id the
+principal may not DESCRIBE is UNKNOWN_TOPIC_ID). CreateTopics returns a topic's configs only to a principal that may
+DESCRIBE_CONFIGS it."""
 
 from __future__ import annotations
 
@@ -34,7 +39,16 @@ from mqk.protocol.kafka.messages.delete_topics import (
     DeleteTopicsResponseDeletableTopicResult,
 )
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import NONE, ZERO_UUID, partition_code, topic_by_id, topic_uuid
+from mqk.server.kafka.handlers.common import (
+    NONE,
+    TOPIC,
+    ZERO_UUID,
+    allowed,
+    may_create_topic,
+    partition_code,
+    topic_by_id,
+    topic_uuid,
+)
 from mqk.server.kafka.handlers.configs import topic_config_entries
 
 
@@ -71,6 +85,9 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
         assignments = t["assignments"]
         if names.count(name) > 1:
             fail(E.InvalidRequestError.code, f"topic {name!r} is named more than once in the request")
+            continue
+        if not may_create_topic(ctx, peer, name):
+            fail(E.TopicAuthorizationFailedError.code, f"not authorized to create topic {name!r}")
             continue
         reason = KAFKA.error(name)
         if reason:
@@ -127,6 +144,9 @@ async def create_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[CreateT
             res["replication_factor"] = min((len(ctx.cluster.replicas(name, p)) for p in range(partitions)), default=1)
         elif ctx.cluster is not None and rf > 0:
             res["replication_factor"] = rf
+        if not allowed(ctx, peer, "DESCRIBE_CONFIGS", TOPIC, name):
+            res["topic_config_error_code"] = E.TopicAuthorizationFailedError.code
+            continue
         res["configs"] = [
             {
                 "name": c["name"],
@@ -158,6 +178,8 @@ async def delete_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteT
         responses.append(entry)
         if name is None:
             info = topic_by_id(ctx, topic_id) if topic_id != ZERO_UUID else None
+            if info is not None and not allowed(ctx, peer, "DESCRIBE", TOPIC, info.topic):
+                info = None
             if info is None:
                 entry["error_code"] = E.UnknownTopicIdError.code
                 entry["error_message"] = "unknown topic id"
@@ -167,6 +189,10 @@ async def delete_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteT
             info = ctx.topics.get(name)
             if info is not None:
                 entry["topic_id"] = topic_uuid(info)
+        if not allowed(ctx, peer, "DELETE", TOPIC, name):
+            entry["error_code"] = E.TopicAuthorizationFailedError.code
+            entry["error_message"] = f"not authorized to delete topic {name!r}"
+            continue
         try:
             await ctx.topics.delete(name, request_timeout(b))
         except Exception as exc:  # noqa: BLE001 - the topic's answer carries the code
@@ -187,6 +213,10 @@ async def create_partitions(
         name, count = t["name"], t["count"]
         entry: CreatePartitionsTopicResult = {"name": name, "error_code": NONE, "error_message": None}
         results.append(entry)
+        if not allowed(ctx, peer, "ALTER", TOPIC, name):
+            entry["error_code"] = E.TopicAuthorizationFailedError.code
+            entry["error_message"] = f"not authorized to alter topic {name!r}"
+            continue
         info = ctx.topics.get(name)
         if info is None:
             entry["error_code"] = E.UnknownTopicOrPartitionError.code
@@ -229,10 +259,11 @@ async def delete_records(
     for t in req.body["topics"]:
         info = ctx.topics.get(t["name"])
         parts: list[DeleteRecordsPartitionResult] = []
+        denied = not allowed(ctx, peer, "DELETE", TOPIC, t["name"])
         for p in t["partitions"]:
             index = p["partition_index"]
             entry: DeleteRecordsPartitionResult = {"partition_index": index, "low_watermark": -1, "error_code": NONE}
-            refused = partition_code(ctx, t["name"], index)
+            refused = E.TopicAuthorizationFailedError.code if denied else partition_code(ctx, t["name"], index)
             if ctx.topics.client_change_refusal(t["name"]):  # records of internal topics go by their owner's rules
                 entry["error_code"] = E.TopicAuthorizationFailedError.code
             elif refused:
