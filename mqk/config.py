@@ -389,6 +389,12 @@ class BrokerConfig:
     replication_listen: tuple[str, int] = ("127.0.0.1", 10912)
     #: Kafka `offsets.commit.timeout.ms`: how long an offset commit waits for the in-sync replicas
     offsets_commit_timeout_ms: int = 5000
+    #: Kafka `offsets.retention.minutes` (default 7 days): the committed offsets of a group with no members expire
+    #: this long after it became empty (a group that never had members: after each offset's commit); offsets of an
+    #: active group never do (mqk.groups.coordinator, `expire_offsets`)
+    offsets_retention_minutes: int = 7 * 24 * 60
+    #: Kafka `offsets.retention.check.interval.ms`: how often expired offsets are looked for
+    offsets_retention_check_interval_ms: int = 600_000
     #: Kafka `replica.lag.time.max.ms`: an in-sync replica not caught up for this long leaves the in-sync set
     replica_lag_time_max_ms: int = 30_000
     #: RocketMQ's brokerRole for a replicated group's master: SYNC_MASTER answers a send once the in-sync replicas
@@ -448,6 +454,8 @@ class BrokerConfig:
             raise ValueError(f"sasl_enabled_mechanisms must be a non-empty subset of {SASL_MECHANISMS}")
         if self.auth_failure_delay_ms < 0 or self.auth_failure_delay_max_ms < self.auth_failure_delay_ms:
             raise ValueError("auth_failure_delay_ms must be >= 0 and at most auth_failure_delay_max_ms")
+        if self.offsets_retention_minutes < 1 or self.offsets_retention_check_interval_ms < 1:
+            raise ValueError("offsets_retention_minutes and offsets_retention_check_interval_ms must be positive")
 
     @property
     def kafka_listeners(self) -> tuple[ListenerConfig, ...]:
