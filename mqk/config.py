@@ -290,7 +290,7 @@ TOPIC_SCHEMA: dict[str, TopicConfigKey] = {
         _key("retention.bytes", LONG, "-1", minimum=-1),
         _key("retention.ms", LONG, "604800000", minimum=-1),
         _key("segment.bytes", INT, "1073741824", minimum=14),
-        _key("segment.ms", LONG, "604800000", acted_on=False),
+        _key("segment.ms", LONG, "604800000", minimum=1),
         _key("unclean.leader.election.enable", BOOLEAN, "false", acted_on=False),
         # mqk's own
         _key("storage.type", STRING, "", choices=(*ENGINES, "")),
