@@ -26,7 +26,8 @@ One pass over a shard, as Kafka's cleaner does it:
 5. Batches are rewritten whole, with Kafka's header rules: the base offset, last offset delta (so the offset span),
    producer id / epoch, base sequence, partition leader epoch and base timestamp stay; the max timestamp becomes
    the retained records' maximum (a LogAppendTime batch keeps its own); records keep their offset and timestamp
-   deltas. Retained records of a compressed batch are written uncompressed (a documented simplification). A batch
+   deltas. Retained records of a compressed batch are compressed again with the batch's codec (Kafka's cleaner
+   keeps it too, so a topic whose compression.type names a codec stays in it). A batch
    with nothing left is dropped, except the last batch of each producer id, which stays as an empty batch so the
    producer's sequence state (idempotence) survives, as in Kafka. Control batches are kept as they are.
 6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
@@ -51,6 +52,7 @@ from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.errors import NotSupported, StorageError, UnknownShard
+from mqk.protocol.kafka.records import compress
 from mqk.services import BackgroundTask
 from mqk.store.adapter import BatchInfo, StoredBatch
 from mqk.store.batches import decompress as _decompress
@@ -204,6 +206,9 @@ def filter_batches(
         if not kept and not (producer_id >= 0 and last_of_producer.get(producer_id) == base):
             continue
         encoded = b"".join(recbatch.encode_record(r[2], r[1], r[3], r[4], r[5]) for r in kept)
+        codec = attributes & _ATTR_COMPRESSION
+        if codec:
+            encoded = compress(codec, encoded)
         new_max = max_ts if attributes & _ATTR_LOG_APPEND_TIME or not kept else max(base_ts + r[1] for r in kept)
         rebuilt = recbatch.build_batch(
             base,
@@ -212,7 +217,7 @@ def filter_batches(
             encoded,
             len(kept),
             last_delta,
-            attributes & ~_ATTR_COMPRESSION,
+            attributes,
             producer_id,
             producer_epoch,
             base_sequence,
