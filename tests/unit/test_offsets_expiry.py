@@ -131,13 +131,17 @@ async def test_the_periodic_pass_runs_on_the_check_interval(coord):
     assert coord.fetch_offsets("simple") == {}
 
 
-def test_the_broker_config_carries_kafkas_defaults():
+def test_the_broker_config_carries_kafkas_defaults(tmp_path):
     config = BrokerConfig()
     assert config.offsets_retention_minutes == 7 * 24 * 60 and config.offsets_retention_check_interval_ms == 600_000
     coordinator = GroupCoordinator.from_config(BrokerConfig(offsets_retention_minutes=3), OffsetsOnly())
     assert coordinator.offsets_retention_ms == 180_000
     with pytest.raises(ValueError, match="offsets_retention_minutes"):
         BrokerConfig(offsets_retention_minutes=0)
+    toml = tmp_path / "broker.toml"
+    toml.write_text("offsets_retention_minutes = 1440\noffsets_retention_check_interval_ms = 30000\n")
+    loaded = BrokerConfig.load(toml)
+    assert (loaded.offsets_retention_minutes, loaded.offsets_retention_check_interval_ms) == (1440, 30000)
 
 
 class Placement:
