@@ -270,8 +270,7 @@ TOPIC_SCHEMA: dict[str, TopicConfigKey] = {
             "compression.type",
             STRING,
             "producer",
-            choices=("producer",),
-            refusal_note=" (mqk stores batches as the producer compressed them)",
+            choices=("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
         ),
         _key("delete.retention.ms", LONG, "86400000"),
         _key("file.delete.delay.ms", LONG, "60000", acted_on=False),
@@ -290,7 +289,7 @@ TOPIC_SCHEMA: dict[str, TopicConfigKey] = {
         _key("retention.bytes", LONG, "-1", minimum=-1),
         _key("retention.ms", LONG, "604800000", minimum=-1),
         _key("segment.bytes", INT, "1073741824", minimum=14),
-        _key("segment.ms", LONG, "604800000", acted_on=False),
+        _key("segment.ms", LONG, "604800000", minimum=1),
         _key("unclean.leader.election.enable", BOOLEAN, "false", acted_on=False),
         # mqk's own
         _key("storage.type", STRING, "", choices=(*ENGINES, "")),
@@ -399,6 +398,12 @@ class BrokerConfig:
     replication_listen: tuple[str, int] = ("127.0.0.1", 10912)
     #: Kafka `offsets.commit.timeout.ms`: how long an offset commit waits for the in-sync replicas
     offsets_commit_timeout_ms: int = 5000
+    #: Kafka `offsets.retention.minutes` (default 7 days): the committed offsets of a group with no members expire
+    #: this long after it became empty (a group that never had members: after each offset's commit); offsets of an
+    #: active group never do (mqk.groups.coordinator, `expire_offsets`)
+    offsets_retention_minutes: int = 7 * 24 * 60
+    #: Kafka `offsets.retention.check.interval.ms`: how often expired offsets are looked for
+    offsets_retention_check_interval_ms: int = 600_000
     #: Kafka `replica.lag.time.max.ms`: an in-sync replica not caught up for this long leaves the in-sync set
     replica_lag_time_max_ms: int = 30_000
     #: RocketMQ's brokerRole for a replicated group's master: SYNC_MASTER answers a send once the in-sync replicas
@@ -479,6 +484,8 @@ class BrokerConfig:
         bad_users = [u for u in self.super_users if ":" not in u or u.startswith(":") or u.endswith(":")]
         if bad_users:
             raise ValueError(f"super_users are principals TYPE:NAME (User:admin), not {bad_users}")
+        if self.offsets_retention_minutes < 1 or self.offsets_retention_check_interval_ms < 1:
+            raise ValueError("offsets_retention_minutes and offsets_retention_check_interval_ms must be positive")
 
     @property
     def kafka_listeners(self) -> tuple[ListenerConfig, ...]:

@@ -110,6 +110,8 @@ class BrokerRuntime:
 
             self.native = NativeServer(cfg, self.store, broker=broker)
             self.native.stats.timer = self.timer  # (its backlog is in RocketMQ's runtime info)
+            # a group with RocketMQ consumers heart-beating is active: its committed offsets do not expire
+            self.kafka.groups.active_elsewhere = self.native.clients.has_consumers
             self.native_address = await self.native.start()
             self._parts.append(self.native)
 
@@ -187,13 +189,16 @@ class BrokerRuntime:
         # (the offsets store is the cluster member's own)
         groups = self.kafka.groups
 
+        async def load_groups(_epoch: int) -> None:
+            groups.load()
+
         async def unload_groups() -> None:
             groups.unload()
 
         self.cluster.on_leadership(become=self.timer.activate, resign=self.timer.deactivate)
         self.cluster.on_leadership(become=self.kafka.producers.become_master, resign=self.kafka.producers.resign)
         self.cluster.on_leadership(become=self.native.transactions.become_master)
-        self.cluster.on_leadership(resign=unload_groups)
+        self.cluster.on_leadership(become=load_groups, resign=unload_groups)
         await self.cluster.start()
         self._parts.append(self.cluster)
         if self.replication is not None:

@@ -12,6 +12,17 @@ Committed offsets live in the store (`commit_offsets` / `fetch_offsets` on the S
 broker restart; membership does not (members rejoin after a restart, as they would after a coordinator move).
 A group that exists only through its committed offsets is reported as Empty.
 
+Committed offsets expire as Kafka's `offsets.retention.minutes` has them (`expire_offsets`, run every
+`offsets.retention.check.interval.ms`): a group with no members loses its offsets once it has been empty for the
+retention (then it is gone, Dead, as in Kafka); a group that never had members (a standalone consumer's commits)
+loses each offset once it is that old; a stable consumer group keeps the offsets of the topics it subscribes to and
+loses the others by their age (KIP-496); other active groups keep them all. A group this coordinator has seen only
+through its offsets (after a restart or a failover, since membership is not kept in the log) is measured from the
+later of each commit and the moment this coordinator took over, never from before: an offset may live longer than
+in Kafka, never shorter. Groups with RocketMQ consumers heart-beating (`active_elsewhere`) keep theirs. Expiry is a
+delete through the store, so in cluster mode it writes tombstones into `__consumer_offsets` and a new master
+rebuilding from the log agrees.
+
 Semantics follow Kafka's GroupCoordinator where clients can observe them:
 - a dynamic member joining with an empty member id on JoinGroup v4+ gets MEMBER_ID_REQUIRED plus its new id and
   must join again with it (KIP-394); older versions are admitted directly;
@@ -27,7 +38,7 @@ import asyncio
 import logging
 import struct
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -47,6 +58,9 @@ NONE = 0
 OFFSET_METADATA_TOO_LARGE = 12
 #: Kafka's offset.metadata.max.bytes default
 MAX_OFFSET_METADATA = 4096
+#: Kafka's offsets.retention.minutes (7 days) and offsets.retention.check.interval.ms (10 minutes) defaults
+OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000
+OFFSETS_RETENTION_CHECK_INTERVAL_MS = 600_000
 
 E = errors  # short alias for the error-code table
 
@@ -111,9 +125,11 @@ class JoinParams(TypedDict):
 
 
 class Group:
-    def __init__(self, group_id: str) -> None:
+    def __init__(self, group_id: str, now_ms: int = 0) -> None:
         self.group_id = group_id
         self.state = EMPTY
+        #: when the group last became Empty (Kafka's currentStateTimestamp, as its offset expiry reads it)
+        self.empty_since_ms = now_ms
         self.generation_id = 0
         self.protocol_type: str | None = None
         self.protocol_name: str | None = None
@@ -200,6 +216,8 @@ class GroupCoordinator:
         min_session_timeout_ms: int = 6000,
         max_session_timeout_ms: int = 1800000,
         initial_rebalance_delay_ms: int = 0,
+        offsets_retention_ms: int = OFFSETS_RETENTION_MS,
+        offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         #: anything with commit_offsets / fetch_offsets / delete_offsets / list_offset_groups (the StoreManager)
@@ -208,7 +226,19 @@ class GroupCoordinator:
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self.offsets_retention_ms = offsets_retention_ms
+        self.offsets_retention_check_interval_ms = offsets_retention_check_interval_ms
         self.groups: dict[str, Group] = {}
+        #: whether a group has members over another protocol (the runtime sets it to the RocketMQ listener's
+        #: heart-beating consumers): such a group is active and its offsets do not expire
+        self.active_elsewhere: Callable[[str], bool] | None = None
+        #: offset commits in flight per group: expiry leaves such a group for the next pass, so a tombstone is
+        #: never written behind a commit that was already on its way (Kafka's pending offset commits)
+        self._committing: dict[str, int] = {}
+        #: when this coordinator took its groups over (start, or becoming master): what a group it has seen only
+        #: through its offsets is measured from at the earliest
+        self._since_ms = clock.time_ms()
+        self._expiry: asyncio.Task[None] | None = None
 
     @classmethod
     def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> GroupCoordinator:
@@ -217,12 +247,27 @@ class GroupCoordinator:
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+            offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
             clock=clock,
         )
 
+    def start(self) -> None:
+        """Start the periodic offset expiry (on the running loop)."""
+        if self._expiry is None:
+            self._expiry = asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqk-offsets-expiry")
+
     def close(self) -> None:
         """Cancel every timer and fail pending joins/syncs (broker shutdown)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         self._drop_all(E.CoordinatorNotAvailableError.code)
+
+    def load(self) -> None:
+        """This broker coordinates its groups from now on (cluster mode: it became its group's master): the
+        offsets it finds were committed under another coordinator, whose membership it never saw."""
+        self._since_ms = self.clock.time_ms()
 
     def unload(self) -> None:
         """This broker coordinates no group any more (cluster mode: it stopped being its group's master): every
@@ -270,7 +315,7 @@ class GroupCoordinator:
         if group is None:
             if member_id and group_instance_id is None:
                 return JoinResult(E.UnknownMemberIdError.code, member_id=member_id)
-            group = self.groups[group_id] = Group(group_id)
+            group = self.groups[group_id] = Group(group_id, self.clock.time_ms())
         if group.state == DEAD:
             return JoinResult(E.CoordinatorNotAvailableError.code, member_id=member_id)
         if not group.supports(protocol_type, protocols):
@@ -425,6 +470,7 @@ class GroupCoordinator:
         group.generation_id += 1
         if not group.members:
             group.state = EMPTY
+            group.empty_since_ms = self.clock.time_ms()
             group.protocol_name = None
             group.leader = None
             return
@@ -592,6 +638,7 @@ class GroupCoordinator:
                 # the members still here must rejoin; their sync/heartbeat tells them so
             else:
                 group.state = EMPTY
+                group.empty_since_ms = self.clock.time_ms()
                 group.generation_id += 1
                 group.leader = None
                 group.protocol_name = None
@@ -637,14 +684,19 @@ class GroupCoordinator:
             to_store[tp] = GroupOffset(offset, metadata, now, leader_epoch)
             result[tp] = NONE
         if to_store:
+            self._committing[group_id] = self._committing.get(group_id, 0) + 1
             try:
                 await self.store.commit_offsets(group_id, to_store)
             except Exception as exc:  # noqa: BLE001 - every partition learns the storage failure
                 log.warning("group %s: offset commit failed: %s", group_id, exc)
                 code = errors.kafka_code_for(exc)
                 return {tp: (code if tp in to_store else c) for tp, c in result.items()}
+            finally:
+                left = self._committing.pop(group_id) - 1
+                if left:
+                    self._committing[group_id] = left
         if group_id not in self.groups:
-            self.groups[group_id] = Group(group_id)
+            self.groups[group_id] = Group(group_id, now)
         return result
 
     def _commit_check(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> int:
@@ -676,6 +728,72 @@ class GroupCoordinator:
         if partitions is None:
             return dict(committed)
         return {tp: committed.get(tp) for tp in partitions}
+
+    # --- expiry (offsets.retention.minutes) ------------------------------------------------------------
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.offsets_retention_check_interval_ms / 1000)
+            try:
+                await self.expire_offsets()
+            except Exception:  # a failed pass is retried at the next interval; it must not end the loop
+                log.exception("offset expiry pass failed")
+
+    async def expire_offsets(self) -> int:
+        """Delete the committed offsets that have outlived `offsets_retention_ms` (the module docstring says
+        which); a group left with neither members nor offsets is gone. Returns how many offsets were deleted."""
+        started = self.clock.monotonic()
+        horizon = self.clock.time_ms() - self.offsets_retention_ms
+        removed = 0
+        for group_id in self.store.list_offset_groups():
+            if group_id in self._committing:
+                continue
+            if self.active_elsewhere is not None and self.active_elsewhere(group_id):
+                continue
+            group = self.groups.get(group_id)
+            expired = self._expired(group, self.store.fetch_offsets(group_id), horizon)
+            if not expired:
+                continue
+            try:
+                await self.store.delete_offsets(group_id, expired)
+            except (errors.MqkError, OSError) as exc:  # e.g. no longer master: the next pass (or master) retries
+                log.warning("group %s: expired offsets not deleted: %s", group_id, exc)
+                continue
+            removed += len(expired)
+            if (
+                group is not None
+                and self.groups.get(group_id) is group
+                and group.state == EMPTY
+                and not group.members
+                and not self.store.fetch_offsets(group_id)
+            ):
+                group.state = DEAD
+                del self.groups[group_id]
+                log.info("group %s: no members and no offsets left; Dead", group_id)
+        if removed:
+            took_ms = (self.clock.monotonic() - started) * 1000
+            log.info("removed %d expired offset(s) in %.0f ms", removed, took_ms)
+        return removed
+
+    def _expired(
+        self, group: Group | None, committed: dict[tuple[str, int], GroupOffset], horizon: int
+    ) -> list[tuple[str, int]]:
+        """The partitions of `committed` whose offsets are due to expire (base timestamp at or before
+        `horizon`), by Kafka's rules for the group's state."""
+        if group is None or (group.protocol_type is None and not group.members):
+            # a standalone consumer's commits, or a group this coordinator knows only from its offsets
+            return [tp for tp, value in committed.items() if max(value.commit_timestamp, self._since_ms) <= horizon]
+        if group.state == EMPTY:
+            return list(committed) if max(group.empty_since_ms, self._since_ms) <= horizon else []
+        if group.state == STABLE:
+            topics = group.subscribed_topics()
+            if topics is not None:  # KIP-496: what the members no longer subscribe to ages out
+                return [
+                    tp
+                    for tp, value in committed.items()
+                    if tp[0] not in topics and max(value.commit_timestamp, self._since_ms) <= horizon
+                ]
+        return []
 
     # --- admin -----------------------------------------------------------------------------------------
 

@@ -4,9 +4,15 @@ Owns the cleaning rules and the cleaner checkpoints (the offset up to which each
 document `compaction`); the engines own the atomic rewrite (`StorageAdapter.replace_range`).
 
 One pass over a shard, as Kafka's cleaner does it:
-1. The *cleanable range* ends before the active head: the trailing batches that together hold less than
-   `segment.bytes` (Kafka never cleans the active segment; the last batch is always head), and anything younger
-   than `min.compaction.lag.ms`. The head is never touched.
+1. The *cleanable range* ends before the active segment, which Kafka never cleans, and before anything younger
+   than `min.compaction.lag.ms`. No engine keeps a log per shard in segments (the file engine's CommitLog segments
+   are shared by every shard), so the shard's segments are those Kafka's roll rules would have cut, recomputed
+   from the log start at each pass (`active_segment_start`): a batch starts a new segment when the current one
+   plus the batch would exceed `segment.bytes`, or when the batch comes more than `segment.ms` after the current
+   segment's first batch. A batch's time is its own max timestamp (what Kafka's rolling is based on; for
+   CreateTime topics the producer's clock stands in for the append time Kafka compares it with). So a quiet
+   compacted topic becomes cleanable at the first append after `segment.ms`, as in Kafka. The last batch is
+   always in the active segment.
 2. Dirty = batches between the cleaner checkpoint and the end of the cleanable range. The shard is cleaned only if
    dirty bytes / cleanable bytes >= `min.cleanable.dirty.ratio`, or a dirty batch is older than
    `max.compaction.lag.ms`.
@@ -20,7 +26,8 @@ One pass over a shard, as Kafka's cleaner does it:
 5. Batches are rewritten whole, with Kafka's header rules: the base offset, last offset delta (so the offset span),
    producer id / epoch, base sequence, partition leader epoch and base timestamp stay; the max timestamp becomes
    the retained records' maximum (a LogAppendTime batch keeps its own); records keep their offset and timestamp
-   deltas. Retained records of a compressed batch are written uncompressed (a documented simplification). A batch
+   deltas. Retained records of a compressed batch are compressed again with the batch's codec (Kafka's cleaner
+   keeps it too, so a topic whose compression.type names a codec stays in it). A batch
    with nothing left is dropped, except the last batch of each producer id, which stays as an empty batch so the
    producer's sequence state (idempotence) survives, as in Kafka. Control batches are kept as they are.
 6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
@@ -45,6 +52,7 @@ from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.errors import NotSupported, StorageError, UnknownShard
+from mqk.protocol.kafka.records import compress
 from mqk.services import BackgroundTask
 from mqk.store.adapter import BatchInfo, StoredBatch
 from mqk.store.batches import decompress as _decompress
@@ -198,6 +206,9 @@ def filter_batches(
         if not kept and not (producer_id >= 0 and last_of_producer.get(producer_id) == base):
             continue
         encoded = b"".join(recbatch.encode_record(r[2], r[1], r[3], r[4], r[5]) for r in kept)
+        codec = attributes & _ATTR_COMPRESSION
+        if codec:
+            encoded = compress(codec, encoded)
         new_max = max_ts if attributes & _ATTR_LOG_APPEND_TIME or not kept else max(base_ts + r[1] for r in kept)
         rebuilt = recbatch.build_batch(
             base,
@@ -206,7 +217,7 @@ def filter_batches(
             encoded,
             len(kept),
             last_delta,
-            attributes & ~_ATTR_COMPRESSION,
+            attributes,
             producer_id,
             producer_epoch,
             base_sequence,
@@ -225,6 +236,22 @@ def _next_offset(data: Any) -> int:
 # --- the service ------------------------------------------------------------------------------------------------
 
 
+def active_segment_start(infos: list[BatchInfo], segment_bytes: int, segment_ms: int) -> int:
+    """The index of the first batch of the active segment of a shard whose batches are `infos` (from its log
+    start), had its log been cut into segments by Kafka's roll rules (size: the segment plus the batch would exceed
+    `segment_bytes`; time: the batch is more than `segment_ms` after the segment's first batch)."""
+    start = 0
+    size = infos[0].size
+    base = infos[0].max_timestamp
+    for i in range(1, len(infos)):
+        info = infos[i]
+        if size + info.size > segment_bytes or info.max_timestamp - base > segment_ms:
+            start, size, base = i, info.size, info.max_timestamp
+        else:
+            size += info.size
+    return start
+
+
 def compaction_settings(config: Any) -> dict[str, float] | None:
     """The cleaner settings of a TopicConfig whose cleanup.policy includes `compact`, else None."""
     policies = {p.strip() for p in config.get("cleanup.policy").split(",")}
@@ -233,6 +260,7 @@ def compaction_settings(config: Any) -> dict[str, float] | None:
     try:
         return {
             "segment_bytes": config.get_int("segment.bytes"),
+            "segment_ms": config.get_int("segment.ms"),
             "min_lag_ms": config.get_int("min.compaction.lag.ms"),
             "max_lag_ms": config.get_int("max.compaction.lag.ms"),
             "dirty_ratio": float(config.get("min.cleanable.dirty.ratio")),
@@ -359,12 +387,8 @@ class CompactionService:
         infos = await self._infos(engine, topic, queue, start)
         if len(infos) < 2:
             return "nothing to clean"
-        # 1. the active head: the last batch, the trailing batches under segment.bytes, the too young
-        head = len(infos) - 1
-        tail_bytes = infos[-1].size
-        while head > 0 and tail_bytes + infos[head - 1].size < settings["segment_bytes"]:
-            head -= 1
-            tail_bytes += infos[head].size
+        # 1. the active segment (as Kafka's roll rules cut it) and the too young are not cleanable
+        head = active_segment_start(infos, int(settings["segment_bytes"]), int(settings["segment_ms"]))
         lag_deadline = now - settings["min_lag_ms"]
         for i in range(head):
             if infos[i].max_timestamp > lag_deadline:

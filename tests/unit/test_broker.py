@@ -90,9 +90,10 @@ async def test_the_registry_refuses_an_illegal_name_on_every_creation_path(store
         ("cleanup.policy", " , ", "cleanup.policy must be a list of delete and compact"),
         (
             "compression.type",
-            "gzip",
-            "compression.type must be one of ['producer'] (mqk stores batches as the producer compressed them)",
+            "brotli",
+            "compression.type must be one of ['gzip', 'lz4', 'producer', 'snappy', 'uncompressed', 'zstd']",
         ),
+        ("segment.ms", "0", "segment.ms=0 is out of range"),
         ("message.timestamp.type", "Now", "message.timestamp.type must be one of ['CreateTime', 'LogAppendTime']"),
         ("storage.type", "tape", "storage.type must be one of ['', 'file', 'memory', 'rocksdb']"),
     ],

@@ -263,3 +263,22 @@ def test_legacy_truncated():
         R.validate_produce_records(data[:-3], 1 << 20)
     with pytest.raises(Corrupt):
         R.validate_produce_records(data + struct.pack(">q", 1), 1 << 20)
+
+
+@pytest.mark.parametrize("source", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("target", [0, 1, 2, 3, 4])
+def test_recompress_keeps_every_header_field_but_the_codec_and_the_records_read_the_same(source, target):
+    records = b"".join(recbatch.encode_record(i, i * 3, b"k%d" % i, b"v%d" % i * 20, [("h", b"x")]) for i in range(5))
+    section = records if source == 0 else R.compress(source, records)
+    batch = recbatch.build_batch(7, 1000, 1012, section, 5, 4, source, 42, 3, 17, 9)
+    (info,) = R.validate_produce_records(memoryview(batch), 1 << 20)
+    again = R.recompress(info, target)
+    if source == target:
+        assert again is info
+    header, before = recbatch.parse_header(again.data, 0), recbatch.parse_header(batch, 0)
+    assert header[5] & 0x07 == target and again.compression == target and again.size == len(again.data)
+    # base offset, leader epoch, last offset delta, timestamps, producer id / epoch / sequence, count: unchanged
+    for field in (0, 2, 6, 7, 8, 9, 10, 11, 12):
+        assert header[field] == before[field]
+    assert R.batch_records(again) == R.batch_records(info)
+    assert R.validate_produce_records(again.data, 1 << 20)[0].compression == target  # a valid batch (CRC)

@@ -51,6 +51,7 @@ recbatch = load("recbatch")
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 CODEC_NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
 COMPRESSION_MASK = 0x07
+_ATTR_CONTROL = 0x20
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = 16  # magic (8) + version (4) + compatible version (4)
@@ -306,6 +307,40 @@ def validate_produce_records(
             )
         )
     return out
+
+
+#: Kafka's topic `compression.type` values that name a codec (`producer`, the default, keeps the producer's)
+TOPIC_CODECS = {"uncompressed": NONE, "gzip": GZIP, "snappy": SNAPPY, "lz4": LZ4, "zstd": ZSTD}
+
+
+def recompress(info: BatchInfo, codec: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> BatchInfo:
+    """`info`'s batch with its records section compressed with `codec` (Kafka's LogValidator when a topic's
+    compression.type is not the producer's): every header field but the attributes' codec bits, the length and
+    the CRC stays (producer id, epoch and sequence too, so idempotence sees the same batch); the records are not
+    decoded, since a v2 batch's compressed section is its records' bytes compressed. A batch already in `codec`
+    and a control batch are returned as they are."""
+    if info.compression == codec or info.attributes & _ATTR_CONTROL:
+        return info
+    data = info.data
+    section: Buffer = data[_RECORDS_POS : info.size]
+    if info.compression != NONE:
+        section = decompress(info.compression, section, max_decompressed_bytes)
+    header = recbatch.parse_header(data, 0)
+    attributes = (info.attributes & ~COMPRESSION_MASK) | codec
+    rebuilt = recbatch.build_batch(
+        header[0],
+        info.base_timestamp,
+        info.max_timestamp,
+        compress(codec, section),
+        info.record_count,
+        info.last_offset_delta,
+        attributes,
+        info.producer_id,
+        info.producer_epoch,
+        info.base_sequence,
+        header[2],
+    )
+    return info._replace(data=memoryview(rebuilt), size=len(rebuilt), attributes=attributes, compression=codec)
 
 
 def batch_records(info_or_batch: BatchInfo | Buffer) -> list[Record]:

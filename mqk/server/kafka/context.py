@@ -96,7 +96,9 @@ class KafkaContext:
     host: str
     port: int
     #: id(TopicConfig) -> (that config, its produce limits); see handlers.produce._limits
-    produce_limits: dict[int, tuple[TopicConfig, tuple[int, bool, bool, int, int]]] = field(default_factory=dict)
+    produce_limits: dict[int, tuple[TopicConfig, tuple[int, bool, bool, int, int, int | None]]] = field(
+        default_factory=dict
+    )
     #: cluster mode: the cluster this broker is a member of (None: this broker is the whole cluster). Handlers ask
     #: it who leads a partition and who coordinates a group; what they cannot serve here they answer with
     #: NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR, which sends the client to the right broker

@@ -154,6 +154,7 @@ class KafkaServer:
     async def start(self) -> tuple[str, int]:
         """Bind every listener; the first one's bound address."""
         await self.producers.start()
+        self.groups.start()
         self.broker.open()
         contexts: dict[str, ssl.SSLContext] = {}
         for listener in self.listeners:

@@ -84,6 +84,12 @@ class ClientManager:
             return False, None
         return True, info.subscriptions[topic]
 
+    def has_consumers(self, group: str) -> bool:
+        """Whether a consumer of `group` is heart-beating here: the group is active, so its committed offsets
+        do not expire (mqk.groups.coordinator)."""
+        info = self.groups.get(group)
+        return info is not None and bool(info.clients)
+
     # --- processors ----------------------------------------------------------------------------------------
 
     async def heart_beat(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

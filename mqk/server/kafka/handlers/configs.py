@@ -6,8 +6,8 @@ when set on the topic, DEFAULT_CONFIG otherwise, and its Kafka ConfigType. Broke
 static settings, read-only. Values are checked by the broker's schema before anything changes; an unknown key
 or a bad value is INVALID_CONFIG with the schema's reason.
 
-`compression.type` accepts only `producer`: mqk stores batches exactly as the producer sent them and never
-recompresses, so accepting another value would be a silent lie.
+`compression.type` takes Kafka's values: `producer` keeps batches as the producer compressed them; `uncompressed`,
+`gzip`, `snappy`, `lz4` and `zstd` make the Produce handler recompress every batch that differs on append.
 
 Authorization as Kafka's: describing a topic's configs asks DESCRIBE_CONFIGS on it, altering ALTER_CONFIGS
 (TOPIC_AUTHORIZATION_FAILED); the broker's and its loggers' ask the same of the cluster

@@ -10,6 +10,11 @@ and message.timestamp.after.max.ms of the broker's clock, else INVALID_TIMESTAMP
 sequence check (a retry of a stored batch is answered with its original offset and not appended again) → append
 (LogAppendTime applied by the store per topic config).
 
+A topic whose `compression.type` names a codec (not `producer`, the default) has every batch in another codec
+recompressed before the sequence check and the append, as Kafka's LogValidator does (`_prepare_recompressing`;
+producer id, epoch and sequence stay, so idempotence sees the same batch). The default costs the hot path one
+look at the cached topic limits per topic and request, nothing per partition or record.
+
 A request is answered in two steps: `prepare` checks everything that needs no waiting (the batches, the topics'
 limits, which partitions are idempotent) and `answer_prepared` appends and answers. The Kafka connection prepares
 the Produce requests that arrive together (a client with several requests in flight, librdkafka sending one
@@ -275,11 +280,23 @@ def _prepare_topic(
     `appends` as one entry list, the idempotent ones onto `idempotent`."""
     # what every partition of the topic shares, looked up once per topic rather than once per partition
     queue_count = info.queue_count
-    max_batch_bytes, compacted, log_append_time, before_ms, after_ms = _limits(ctx, info.config)
+    max_batch_bytes, compacted, log_append_time, before_ms, after_ms, codec = _limits(ctx, info.config)
     timestamps = None  # CreateTime: the window a record's timestamp must lie in (Kafka's LogValidator)
     if not log_append_time and (before_ms < _NO_LIMIT or after_ms < _NO_LIMIT):
         now = ctx.clock.time_ms()
         timestamps = (max(_INT64_MIN, now - before_ms), min(_INT64_MAX, now + after_ms))
+    if codec is not None:
+        _prepare_recompressing(
+            name,
+            info,
+            partitions,
+            codec,
+            (max_batch_bytes, compacted, log_append_time, timestamps),
+            parts,
+            appends,
+            idempotent,
+        )
+        return
     validate = kafka_records.validate_produce_records
     plain: list[tuple[int, list[Buffer]]] = []
     delays: list[bool] = []  # per plain entry: does a record carry a delay header (PutContext)
@@ -334,6 +351,55 @@ def _prepare_topic(
             else:
                 plain.append((index, [b.data for b in batches]))
                 delays.append(any(b.named_header for b in batches))
+        else:
+            idempotent.append((name, index, batches, log_append_time, parts, len(parts)))
+            parts.append(None)
+    if plain:
+        appends.append((name, plain, delays, [(parts, slots)], log_append_time))
+
+
+def _prepare_recompressing(
+    name: str,
+    info: ShardInfo,
+    partitions: Sequence[ProduceRequestPartitionProduceData],
+    codec: int,
+    limits: tuple[int, bool, bool, tuple[int, int] | None],
+    parts: _Slots,
+    appends: list[_PlainAppend],
+    idempotent: list[_IdempotentAppend],
+) -> None:
+    """`_prepare_topic` for a topic whose compression.type is `codec`: every partition through the record check,
+    then each batch in another codec recompressed (the kernel's plain plan takes only uncompressed batches, so it
+    would keep them as they came)."""
+    max_batch_bytes, compacted, log_append_time, timestamps = limits
+    plain: list[tuple[int, list[Buffer]]] = []
+    delays: list[bool] = []
+    slots: list[int] = []
+    for p in partitions:
+        index = p["index"]
+        if not 0 <= index < info.queue_count:
+            parts.append(_part(index, E.UnknownTopicOrPartitionError.code))
+            continue
+        try:
+            batches = [
+                kafka_records.recompress(batch, codec)
+                for batch in kafka_records.validate_produce_records(
+                    p["records"],
+                    max_batch_bytes,
+                    header_names=DELAY_HEADER_KEYS,
+                    require_keys=compacted,
+                    timestamps=timestamps,
+                )
+            ]
+        except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
+            parts.append(_refused(index, exc))
+            continue
+        first = batches[0]
+        if first.producer_id < 0 or first.base_sequence < 0:
+            slots.append(len(parts))
+            parts.append(None)
+            plain.append((index, [b.data for b in batches]))
+            delays.append(any(b.named_header for b in batches))
         else:
             idempotent.append((name, index, batches, log_append_time, parts, len(parts)))
             parts.append(None)
@@ -426,10 +492,10 @@ def _body(prepared: Prepared) -> ProduceResponse | CloseConnection | None:
     return {"responses": prepared.responses, "throttle_time_ms": 0}
 
 
-def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, int, int]:
+def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, int, int, int | None]:
     """(max batch bytes, compacted, log append time, message.timestamp.before.max.ms,
-    message.timestamp.after.max.ms) of a topic config, computed once per config object (configs are frozen; a
-    changed topic gets a new one) and kept in the context."""
+    message.timestamp.after.max.ms, the codec compression.type asks for or None for `producer`) of a topic config,
+    computed once per config object (configs are frozen; a changed topic gets a new one) and kept in the context."""
     cache = ctx.produce_limits
     entry = cache.get(id(config))
     if entry is not None and entry[0] is config:
@@ -442,6 +508,7 @@ def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, in
         config.log_append_time,
         config.get_int("message.timestamp.before.max.ms"),
         config.get_int("message.timestamp.after.max.ms"),
+        kafka_records.TOPIC_CODECS.get(config.get("compression.type")),
     )
     if len(cache) > 10_000:
         cache.clear()
