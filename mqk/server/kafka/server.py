@@ -74,6 +74,11 @@ _QUOTA_KEYS = frozenset({api.ApiKey.PRODUCE, api.ApiKey.FETCH})
 __all__ = ["FLUSH_BYTES", "MAX_IN_FLIGHT", "CloseConnection", "KafkaConnection", "KafkaServer", "SaslKafkaConnection"]
 
 
+#: how long a connection whose authentication failed stays open after its answer, so the client reads the answer
+#: before the close
+AUTH_FAILURE_CLOSE_GRACE_S = 0.1
+
+
 class KafkaServer:
     def __init__(
         self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None, clock: Clock | None = None
@@ -776,17 +781,27 @@ class SaslKafkaConnection(KafkaConnection):
         await self.ctx.clock.sleep(delay)
         if self.closed:
             return
-        if req is not None:
-            self._respond(
-                req,
-                {
-                    "error_code": E.SaslAuthenticationFailedError.code,
-                    "error_message": _FAILED.format(self._mechanism),
-                    "auth_bytes": b"",
-                    "session_lifetime_ms": 0,
-                },
-            )
-        self.close("authentication failed", level=logging.DEBUG)
+        if req is None:  # a raw token exchange has no answer to give: closed at once
+            self.close("authentication failed", level=logging.DEBUG)
+            return
+        self._respond(
+            req,
+            {
+                "error_code": E.SaslAuthenticationFailedError.code,
+                "error_message": _FAILED.format(self._mechanism),
+                "auth_bytes": b"",
+                "session_lifetime_ms": 0,
+            },
+        )
+        self._flush()
+        # the answer goes out now and the connection closes a moment later (Kafka closes a failed authentication's
+        # connection after its answer, not with it): a client that reads the close before the answer reports a
+        # lost connection instead of the failed authentication
+        if self.transport is not None:
+            self.transport.pause_reading()
+        asyncio.get_running_loop().call_later(
+            AUTH_FAILURE_CLOSE_GRACE_S, self.close, "authentication failed", logging.DEBUG
+        )
 
 
 async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
