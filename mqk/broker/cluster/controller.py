@@ -23,7 +23,7 @@ from mqk.broker.cluster.node import ClusterNode
 from mqk.broker.cluster.placement import group_loads, place
 from mqk.broker.cluster.woken import WokenTask
 from mqk.broker.names import KAFKA
-from mqk.meta import Compare, Delete, MetaUnavailable, Put
+from mqk.meta import Compare, Delete, LeaseExpired, MetaUnavailable, Put
 from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC
 from mqk.store.adapter import MAX_SHARD_COUNT
 
@@ -36,6 +36,8 @@ class Controller:
         self.offsets_partitions = offsets_partitions
         self.max_partitions = max_partitions
         self._task = WokenTask("mqk-controller", self._answer_requests)
+        #: requests whose askers' leases are gone, skipped until their keys leave the view
+        self._abandoned: set[str] = set()
 
     def start(self) -> None:
         self.node.view.add_listener(self._task.wake)
@@ -55,7 +57,16 @@ class Controller:
             for request_id, (_revision, request) in pending:
                 if not self.node.is_controller:
                     break
-                await self._apply(request_id, request)
+                if request_id in self._abandoned:
+                    continue
+                try:
+                    await self._apply(request_id, request)
+                except LeaseExpired:
+                    # the asker's lease is gone (it died after asking): its request key goes with it and nobody
+                    # waits for the answer, which etcd refused to write under that lease; nothing was changed
+                    log.info("controller: %s %r dropped: its asker is gone", request.op, request.topic)
+                    self._abandoned.add(request_id)
+            self._abandoned &= set(self.node.view.state.requests)
         except MetaUnavailable as exc:
             log.warning("controller: etcd unreachable (%s); requests wait", exc)
             return 0.5
