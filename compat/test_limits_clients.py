@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from compat_helpers import hostport, unique
+from helpers import wait_until
 
 from mqk.testing import BrokerProcess
 
@@ -58,10 +58,9 @@ def test_confluent_kafka_message_size_and_idle_connections(small_and_impatient: 
     assert error is not None and error.code() == KafkaError.MSG_SIZE_TOO_LARGE
     assert _deliver(producer, topic, b"x" * 5000) is None
     # the broker closes the producer's idle connections; the producer reconnects and delivers again
-    deadline = time.monotonic() + 30
-    while "idle for more than connections_max_idle_ms" not in limited.log_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert "idle for more than connections_max_idle_ms" in limited.log_text()
+    wait_until(
+        lambda: "idle for more than connections_max_idle_ms" in limited.log_text(), 30, "the idle connections closed"
+    )
     assert _deliver(producer, topic, b"after the idle close") is None
 
 

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from helpers import OffsetsOnly, subscription
 
-from mqk.clock import FakeClock
+from mqk.clock import FakeClock, settle
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.groups.coordinator import EMPTY, GroupCoordinator
 from mqk.protocol.kafka import offset_records as R
@@ -114,7 +114,7 @@ async def test_groups_active_over_rocketmq_and_groups_committing_keep_their_offs
 
     store.commit_offsets = slow_commit
     committing = asyncio.create_task(coord.commit_offsets("busy", -1, "", {("t", 0): (9, -1, "")}))
-    await asyncio.sleep(0)
+    await settle()  # the commit runs up to its gate
     assert await coord.expire_offsets() == 0  # "busy" has a commit on its way: the next pass decides
     gate.set()
     await committing
