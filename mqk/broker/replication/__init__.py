@@ -53,6 +53,10 @@ ISR_CHECK_S = 0.2
 LAG_SAMPLES = 4096
 
 
+#: how long a replicated entry waits for its topic to be made here before the link starts again
+RESOLVE_TIMEOUT_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicationConfig:
     #: Kafka replica.lag.time.max.ms: an in-sync replica that has not caught up for this long leaves the set
@@ -345,7 +349,9 @@ class Replication:
             return (topic, queue) in engine.registry.shards
         view = self.member.view
         await view.wait_until(lambda s: topic in s.topics, 5.0)
-        await self.member.reconciler.ensure(topic)
+        # bounded: a link must never wait on the reconciler for good (the caller drops the link on the timeout and
+        # connects again, so a stuck local change cannot keep this replica off a new master)
+        await asyncio.wait_for(self.member.reconciler.ensure(topic), RESOLVE_TIMEOUT_S)
         if (topic, queue) in engine.registry.shards:
             return True
         log.warning(
