@@ -7,7 +7,8 @@ free port; once every listener is bound the broker prints one line to stdout:
 `replication=HOST:PORT` (cluster mode: where its group's replicas pull), `admin=HOST:PORT` (the admin listener,
 `--admin-listen`, default 127.0.0.1:9644) and last `kafka.NAME=HOST:PORT` for each named Kafka listener
 (`--listener`; `kafka=` is the unnamed listener, or the first named one when `--kafka-listen off`). SIGTERM / SIGINT
-flush, close files, remove the abort marker and exit 0. `--log-format json` writes one JSON object per log line
+flush, close files, remove the abort marker and exit 0; SIGUSR1 logs where every task of the broker's event loop
+waits, and the broker serves on. `--log-format json` writes one JSON object per log line
 (mqk.logfmt).
 
 `mqk cluster local` runs a cluster on this machine (mqk.cluster_local): etcd and N `mqk serve --cluster` processes on
@@ -24,6 +25,7 @@ import logging
 import signal
 import sys
 import time
+from typing import Any
 
 from mqk import __version__, cli_admin, cli_perf
 from mqk.config import BrokerConfig
@@ -180,6 +182,7 @@ async def _serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _log_task_stacks)
     _raise_open_files_limit()
     await runtime.start()
     _freeze_startup_objects()
@@ -192,6 +195,25 @@ async def _serve(config: BrokerConfig) -> None:
         freezer.uninstall()
         log.info("stopping: flushing and closing the store")
         await runtime.stop()
+
+
+def _log_task_stacks() -> None:
+    """SIGUSR1: log where every task of the event loop waits (the asyncio view of a JVM thread dump), to find
+    what a broker that went quiet is stuck on without stopping it."""
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    lines = [f"SIGUSR1: {len(tasks)} tasks"]
+    for task in tasks:
+        lines.append(f"--- {task.get_name()}")
+        step: Any = task.get_coro()
+        for _ in range(32):  # the chain of awaits, outermost first (a task's own stack shows only its first frame)
+            frame = getattr(step, "cr_frame", None) or getattr(step, "gi_frame", None)
+            if frame is None:
+                if step is not None:
+                    lines.append(f"    awaiting {step!r}"[:300])
+                break
+            lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            step = getattr(step, "cr_await", None) or getattr(step, "gi_yieldfrom", None)
+    log.warning("\n".join(lines))
 
 
 def _raise_open_files_limit() -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 from mqk.testing import BrokerProcess
 
@@ -30,6 +32,20 @@ def test_serve_prints_ready_line_and_stops_cleanly(tmp_path, storage):
         code = broker.stop()
     assert code == 0, broker.log_text()
     assert not (tmp_path / "data" / "abort").exists()
+
+
+def test_sigusr1_logs_where_every_task_waits_and_the_broker_serves_on(tmp_path):
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        os.kill(broker.pid, signal.SIGUSR1)
+        wait_until(lambda: "SIGUSR1:" in broker.log_text(), 10, "the task dump in the log")
+        dump = broker.log_text().split("SIGUSR1:", 1)[1]
+        assert "--- mqk-retention" in dump  # a task by its name, then where it waits
+        assert "mqk/services/retention.py" in dump
+        assert _connectable(broker.kafka_address)
+    finally:
+        code = broker.stop()
+    assert code == 0, broker.log_text()
 
 
 def test_python_dash_m_is_the_same_program():
