@@ -53,6 +53,8 @@ ISR_CHECK_S = 0.2
 LAG_SAMPLES = 4096
 
 
+#: how often stopping a link cancels it again while it has not ended
+STOP_FOLLOW_RECHECK_S = 0.5
 #: how long a replicated entry waits for its topic to be made here before the link starts again
 RESOLVE_TIMEOUT_S = 5.0
 
@@ -127,10 +129,11 @@ class Replication:
         self._role_changed.set()
 
     async def stop(self) -> None:
-        for task in [*self._tasks, self._follow_task, self._isr_task]:
+        for task in [*self._tasks, self._isr_task]:
             if task is not None:
                 task.cancel()
-        for task in [*self._tasks, self._follow_task, self._isr_task]:
+        await self._stop_following()
+        for task in [*self._tasks, self._isr_task]:
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -319,13 +322,20 @@ class Replication:
     async def _stop_following(self) -> None:
         task, self._follow_task = self._follow_task, None
         self._following_target = None
-        if task is not None:
+        if task is None:
+            return
+        # cancelled again until it ends: a cancellation that meets the end of what the link awaits can be lost (the
+        # link then sees it is no longer the one to run at its next turn, `_follow`), and a role change must never
+        # wait for good on an old link
+        while not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await asyncio.wait({task}, timeout=STOP_FOLLOW_RECHECK_S)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            task.result()
 
     async def _follow(self, master: int, epoch: int) -> None:
-        while True:
+        me = asyncio.current_task()
+        while self._follow_task is me:
             broker = self.member.view.broker(master)
             address = broker.address("replication") if broker is not None else None
             if address is not None:
@@ -351,7 +361,8 @@ class Replication:
         await view.wait_until(lambda s: topic in s.topics, 5.0)
         # bounded: a link must never wait on the reconciler for good (the caller drops the link on the timeout and
         # connects again, so a stuck local change cannot keep this replica off a new master)
-        await asyncio.wait_for(self.member.reconciler.ensure(topic), RESOLVE_TIMEOUT_S)
+        async with asyncio.timeout(RESOLVE_TIMEOUT_S):  # (not wait_for: in Python 3.11 it can lose a cancellation)
+            await self.member.reconciler.ensure(topic)
         if (topic, queue) in engine.registry.shards:
             return True
         log.warning(

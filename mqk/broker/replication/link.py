@@ -52,6 +52,8 @@ class Replication(Protocol):
 
 log = logging.getLogger("mqk.replication")
 
+#: a master's refusal while its epoch is not in its history yet (the moment between its election and the record)
+NOT_RECORDED = "this master's epoch is not recorded yet"
 #: how often an idle link carries a heartbeat (and the replica's ack of it)
 HEARTBEAT_S = 0.25
 #: how long a replica waits before connecting again after a link failed
@@ -63,10 +65,15 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return kind, await reader.readexactly(length) if length else b""
 
 
+#: how long closing a link waits for its transport to finish (wait_closed can wait for good on a dead peer)
+CLOSE_WAIT_S = 1.0
+
+
 async def close_writer(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(Exception):
-        await writer.wait_closed()
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await writer.wait_closed()
 
 
 class MasterLink:
@@ -83,13 +90,19 @@ class MasterLink:
     async def run(self) -> None:
         repl = self.repl
         try:
-            kind, body = await asyncio.wait_for(read_frame(self.reader), 10.0)
+            async with asyncio.timeout(10.0):
+                kind, body = await read_frame(self.reader)
             if kind != P.HELLO:
                 raise ProtocolError(f"expected HELLO, got frame kind {kind}")
             hello = P.decode_control(kind, body)
             refusal = self._refusal(hello)
-            if refusal:
+            if refusal == NOT_RECORDED:
+                log.info(
+                    "replication: node %d asked to follow before epoch %d was recorded", self.node, repl.master_epoch
+                )
+            elif refusal:
                 log.warning("replication: refused %s: %s", self.peer, refusal)
+            if refusal:
                 self.writer.write(P.control(P.REFUSE, {"error": refusal}))
                 await self.writer.drain()
                 return
@@ -139,6 +152,8 @@ class MasterLink:
             return "a link to itself"
         if not repl.is_master:
             return "this broker is not its group's master"
+        if repl.member.epochs.current != repl.master_epoch:
+            return NOT_RECORDED
         if hello.get("segment_bytes") != repl.engine.clog.segment_bytes:
             return (
                 f"CommitLog segment size {hello.get('segment_bytes')} differs from the master's "
@@ -186,7 +201,8 @@ class MasterLink:
             writer.write(P.heartbeat(end, tracker.commit))
             await writer.drain()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), HEARTBEAT_S)
+                async with asyncio.timeout(HEARTBEAT_S):
+                    await self.wake.wait()
 
     async def _receive(self, sender: asyncio.Task[None]) -> None:
         repl = self.repl
@@ -209,7 +225,10 @@ async def follow(
     undispatched)."""
     engine = repl.engine
     rlog = engine.replica_log
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 5.0)
+    # (asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that meets the end of what
+    # it waits for, and a link that outlives its cancellation keeps its replica off the next master)
+    async with asyncio.timeout(5.0):
+        reader, writer = await asyncio.open_connection(*address)
     try:
         writer.write(
             P.control(
@@ -226,7 +245,8 @@ async def follow(
             )
         )
         await writer.drain()
-        kind, body = await asyncio.wait_for(read_frame(reader), 10.0)
+        async with asyncio.timeout(10.0):
+            kind, body = await read_frame(reader)
         doc = P.decode_control(kind, body) if kind in (P.START, P.REFUSE) else {}
         if kind == P.REFUSE:
             raise ProtocolError(f"the master refused the link: {doc.get('error')}")
@@ -236,6 +256,11 @@ async def follow(
         history = doc.get("history")
         if not isinstance(history, dict):
             raise ProtocolError("replication START: history must be an object")
+        epoch = P.field(doc, "epoch", int, "START")
+        if _last_epoch(history) != epoch:
+            # a history without the master's own epoch, adopted, would make this replica cut a later master's log
+            # back to where the missing epoch began (the master refuses links until its epoch is recorded)
+            raise ProtocolError(f"the master's epoch history does not end with its epoch {epoch}")
         if truncate_to < engine.log_end:
             log.warning(
                 "replication: this log diverged from master epoch %d's: cutting it from %d to %d",
@@ -284,6 +309,14 @@ async def follow(
     finally:
         repl.following = False
         await close_writer(writer)
+
+
+def _last_epoch(history: dict[str, Any]) -> int | None:
+    """The newest epoch of a history document (EpochHistory.document()), None if it holds none."""
+    epochs = history.get("epochs")
+    if not isinstance(epochs, list):
+        return None
+    return max((e[0] for e in epochs if isinstance(e, list) and e and isinstance(e[0], int)), default=None)
 
 
 __all__ = ["HEARTBEAT_S", "RETRY_S", "MasterLink", "follow", "read_frame"]
