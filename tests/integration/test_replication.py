@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from helpers import (
     LAG_MS,
@@ -107,6 +107,63 @@ def test_killing_the_master_again_and_again_loses_no_acknowledged_record(
         f"kill loop: {len(producer.acked)} records acknowledged, {KILLS} failovers, kill to first acknowledged "
         f"write p50 {failovers[len(failovers) // 2]:.2f} s, max {failovers[-1]:.2f} s"
     )
+
+
+# --- a consumer across a failover ---------------------------------------------------------------------------------
+
+
+def test_a_consumer_goes_on_across_a_failover_without_resetting_its_position(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """What a master appends carries its epoch (partitionLeaderEpoch, as Kafka's leader stamps it); after the master
+    is killed the consumer asks the new one where that epoch ended (OffsetForLeaderEpoch, KIP-320), is told no
+    truncation happened, and reads on from its position: every offset once, none read again from the beginning."""
+    cluster = three_replicas(mqk_cluster_factory)
+    create_topic(cluster, "across", partitions=1)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True})
+
+    def produce(values: range) -> None:
+        for v in values:
+            producer.produce("across", value=str(v).encode(), partition=0)
+        assert producer.flush(30) == 0
+
+    produce(range(200))
+    # assigned, not subscribed: its position lives only in the client, so only the log's epochs decide it
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": "across",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    offsets: list[int] = []
+    epochs: set[int | None] = set()
+
+    def consume_until(count: int) -> None:
+        def step() -> bool:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                offsets.append(msg.offset())
+                epochs.add(msg.leader_epoch())
+            return len(offsets) >= count
+
+        wait_until(step, SETTLE_S, f"{count} records read")
+
+    try:
+        consumer.assign([TopicPartition("across", 0, 0)])
+        consume_until(200)
+        (first_epoch,) = epochs
+        assert first_epoch is not None and first_epoch >= 1, "what the master appended carries its epoch"
+        cluster.kill(leader(cluster, "across"))
+        wait_until(lambda: produce_one(cluster, "across", "all") is None, SETTLE_S, "a write on the new master")
+        produce(range(200, 400))
+        consume_until(401)  # (a reset to the beginning would re-read offset 0 on before offset 400)
+    finally:
+        consumer.close()
+    assert offsets == list(range(401)), "each offset read once, in order, across the failover"
+    assert max(e for e in epochs if e is not None) > first_epoch
 
 
 # --- a paused master ----------------------------------------------------------------------------------------------

@@ -8,8 +8,10 @@ history when they connect (`adopt`), so every member of a group holds the same o
 Two questions are answered from it:
 - OffsetForLeaderEpoch (`end_offset_for`), as Kafka does: for a requested epoch, the largest epoch this log knows
   that is not above it, and the offset where that epoch ended (the start of the next one) or the log end for the
-  current epoch; (-1, -1) for an epoch older than the first one known or newer than the current. A partition
-  created after an epoch began started that epoch at offset 0;
+  current epoch; (-1, -1) for an epoch newer than the current. An epoch older than the first one known is that of
+  batches no master stamped (producers write 0) or of one dropped from the history: the answer is the log end,
+  so a consumer's position is not taken for a truncation. A partition created after an epoch began started that
+  epoch at offset 0;
 - where a replica's CommitLog stops agreeing with its master's (`truncation_point`): the end, in both logs, of the
   last epoch they share. Bytes past it on the replica were written by a master that lost its mastership before
   they reached the in-sync replicas; the replica cuts them before it pulls.
@@ -84,8 +86,13 @@ class EpochHistory:
 
     def end_offset_for(self, topic: str, partition: int, requested: int, log_end: int) -> tuple[int, int]:
         """(epoch, end offset) for OffsetForLeaderEpoch (see the module docstring)."""
-        if not self.epochs or requested < self.epochs[0].epoch or requested > self.epochs[-1].epoch:
+        if not self.epochs or requested > self.epochs[-1].epoch:
             return UNDEFINED
+        if requested < self.epochs[0].epoch:
+            # no master stamped what a consumer read with such an epoch (producers write 0; masters stamp their
+            # own, from 1) or its epoch left the history: the log holds it as far as this broker can tell, and a
+            # consumer reads below the high watermark, which every in-sync replica holds
+            return requested, log_end
         if requested == self.epochs[-1].epoch:
             return requested, log_end
         found = UNDEFINED

@@ -310,6 +310,27 @@ def validate_produce_records(
 
 
 #: Kafka's topic `compression.type` values that name a codec (`producer`, the default, keeps the producer's)
+#: where a v2 batch keeps its partitionLeaderEpoch (after baseOffset and batchLength; outside the batch's CRC)
+_LEADER_EPOCH_POS = 12
+
+
+def stamp_leader_epoch(buf: Buffer, epoch: int) -> Buffer:
+    """`buf` (one or more checked v2 record batches) with every batch's partitionLeaderEpoch set to `epoch`, as a
+    Kafka leader stamps what it appends: consumers keep the epoch of what they read and, after a failover, ask the
+    new leader where that epoch ended (OffsetForLeaderEpoch) to tell a truncated log from a sound one. The CRC does
+    not cover the field, so it stays valid. In place when `buf` is writable (the receive buffer), else in a copy,
+    which is returned."""
+    view = memoryview(buf)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+        buf = view
+    pos, end = 0, len(view)
+    while pos + _RECORDS_POS <= end:
+        _I32.pack_into(view, pos + _LEADER_EPOCH_POS, epoch)
+        pos += 12 + _I32.unpack_from(view, pos + 8)[0]
+    return buf
+
+
 TOPIC_CODECS = {"uncompressed": NONE, "gzip": GZIP, "snappy": SNAPPY, "lz4": LZ4, "zstd": ZSTD}
 
 

@@ -418,6 +418,9 @@ async def answer_prepared(
         appends, idempotent = prepared[0].appends, prepared[0].idempotent
     else:
         appends, idempotent = _merged(prepared), [entry for p in prepared for entry in p.idempotent]
+    epoch = ctx.cluster.leader_epoch() if ctx.cluster is not None else -1
+    if epoch > 0:
+        _stamp(epoch, appends, idempotent)
     for topic, entries, delays, answers, log_append_time in appends:
         await _append_plain(store, topic, entries, delays, answers, log_append_time)
     if idempotent:
@@ -440,6 +443,21 @@ async def answer_prepared(
         if replicated:
             await _wait_replicated(ctx.replication, replicated)
     return [_body(p) for p in prepared]
+
+
+def _stamp(epoch: int, appends: list[_PlainAppend], idempotent: list[_IdempotentAppend]) -> None:
+    """Every batch to append carries this master's epoch (a broker on its own leaves what producers wrote: it has
+    one epoch, 0, and answers OffsetForLeaderEpoch with its log end for it)."""
+    stamp = kafka_records.stamp_leader_epoch
+    for _topic, entries, _delays, _answers, _lat in appends:
+        for _index, buffers in entries:
+            for i, buf in enumerate(buffers):
+                buffers[i] = stamp(buf, epoch)
+    for _topic, _index, batches, _lat, _parts, _slot in idempotent:
+        for i, batch in enumerate(batches):
+            stamped = stamp(batch.data, epoch)
+            if stamped is not batch.data:
+                batches[i] = batch._replace(data=stamped)
 
 
 async def _wait_replicated(replication: Replication, prepared: list[Prepared]) -> None:
