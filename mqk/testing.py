@@ -2,19 +2,44 @@
 
 Installed as a pytest plugin (entry point `mqk`), so after `pip install mqk` these fixtures exist in every test run:
 
-- `mqk_broker`: a started in-process `BrokerRuntime` on free loopback ports with a memory store (function scope);
+- `mqk_broker`: a started in-process broker (`ThreadedBroker`) on free loopback ports with a memory store
+  (function scope: a fresh one per test);
 - `mqk_file_broker`: the same with a file store in the test's tmp_path;
 - `mqk_bootstrap`: the Kafka bootstrap address of `mqk_broker`, "127.0.0.1:PORT";
+- `mqk_session_broker` / `mqk_session_bootstrap`: one broker for the whole session (session scope, on the system
+  clock), started when a test first asks for it and stopped at the end; tests that share it see each other's
+  topics and groups unless marked `@pytest.mark.mqk_reset`;
 - `mqk_fake_clock`: a `FakeClock` (time moves only when the test says so);
-- `mqk_clock`: the clock the two broker fixtures run on, the system clock by default. A module (or conftest) that
-  wants its brokers on fake time overrides it: `@pytest.fixture` `def mqk_clock(mqk_fake_clock): return
-  mqk_fake_clock`; the test then moves the broker's time with `mqk_broker.advance(seconds)` (group session and
-  rebalance timeouts, delayed delivery, retention / compaction / disk-guard passes, producer-id expiry).
+- `mqk_clock`: the clock the two function-scoped broker fixtures run on, the system clock by default. A module (or
+  conftest) that wants its brokers on fake time overrides it: `@pytest.fixture` `def mqk_clock(mqk_fake_clock):
+  return mqk_fake_clock`; the test then moves the broker's time with `mqk_broker.advance(seconds)` (group session
+  and rebalance timeouts, delayed delivery, retention / compaction / disk-guard passes, producer-id expiry);
+- `mqk_options`: the plugin's options below (a `PluginOptions`, session scope; a conftest may override it).
+
+Options, each an ini key (`[pytest]` / `[tool.pytest.ini_options]`) and a command-line flag, the flag winning;
+they set fields of the brokers' BrokerConfig, so the broker acts on each:
+
+- `mqk_partitions` / `--mqk-partitions N` (1): partitions of an auto-created topic (`num_partitions`);
+- `mqk_auto_create_topics` / `--mqk-auto-create-topics BOOL` (true): `auto_create_topics`;
+- `mqk_storage` / `--mqk-storage memory|file|rocksdb` (memory): the store of `mqk_broker` and `mqk_session_broker`,
+  the file and rocksdb ones in the tmp dir of the test or of the session (`mqk_file_broker` keeps a file store);
+- `mqk_flush` / `--mqk-flush async|sync` (async): the file store's flush mode (sync: a write is answered once it
+  is fsynced); the memory engine has nothing to flush.
+
+Partitions, auto-creation and the flush mode apply to every broker the plugin starts, a cluster's too (whose
+brokers keep a file store). A value that is not one stops the run with a usage error; options that are not their
+defaults are shown in the run's header.
+
+Marker `@pytest.mark.mqk_reset` (on a test, a class, or a module's `pytestmark`): before the test, and before its
+function-scoped fixtures, `mqk_session_broker` is emptied (`ThreadedBroker.reset`, also callable directly): every
+topic but the internal ones and every consumer group with its committed offsets are deleted, Kafka's and
+RocketMQ's alike, through the broker's own topic registry and group coordinator. Fixtures of a wider scope that
+create topics on the session broker see them deleted by the next marked test.
 
 Cluster mode (etcd plus broker processes; needs the `etcd` binary, Debian's `etcd-server`, and `mqk[cluster]`):
 
 - `mqk_cluster`: a started `mqk.cluster_local.LocalCluster` of 3 `mqk serve --cluster` processes on loopback (node ids
-  0, 1, 2 in broker groups `group-0`..`group-2`, small file stores in the test's tmp_path: `cluster_store_args`),
+  0, 1, 2 in broker groups `group-0`..`group-2`, small file stores in the test's tmp_path: `TEST_CLUSTER_STORE`),
   stopped by pid after the test. It gives `.bootstrap` ("H:P,H:P,H:P"), `.etcd_url`, `.cluster_id` (unique per
   cluster, so clusters share one etcd without seeing each other: keys under `/mqk/<cluster-id>/`), `.node_ids`,
   `.pids`, `.brokers` (each with `.node_id`, `.group`, `.pid`, `.kafka` / `.native` / `.namesrv` addresses,
@@ -36,6 +61,7 @@ bound address of each named Kafka listener (`--listener NAME=PROTOCOL://HOST:POR
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -46,17 +72,31 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from mqk.clock import SYSTEM_CLOCK, Clock, FakeClock
 from mqk.cluster_local import NAMED_LISTENER, EtcdProcess, LocalCluster
-from mqk.config import BrokerConfig, StoreConfig
+from mqk.config import ENGINES, FLUSH_ASYNC, FLUSH_SYNC, BrokerConfig, StoreConfig
+
+if TYPE_CHECKING:
+    from mqk.runtime import BrokerRuntime
 
 _READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
 _READY_ADMIN = re.compile(r" admin=(\S+):(\d+)")
 _ANY_PORT = ("127.0.0.1", 0)
+
+#: the file store of the test brokers the plugin puts in a tmp dir (a cluster's, and the session broker's and
+#: `mqk_broker`'s when the options ask for a file store): small CommitLog segments and ConsumeQueue files. Tests
+#: write little, and the defaults (1 GiB segments, 300,000-unit queue files per partition) would have each broker
+#: claim over a gigabyte of disk
+TEST_SEGMENT_BYTES = 16 << 20
+TEST_CLUSTER_STORE: dict[str, Any] = {"commitlog_segment_bytes": TEST_SEGMENT_BYTES, "cq_units_per_file": 10_000}
+
+#: the marker that empties the session broker before a test
+RESET_MARKER = "mqk_reset"
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def broker_config(storage: str = "memory", data_dir: Path | None = None, **store: Any) -> BrokerConfig:
@@ -68,6 +108,116 @@ def broker_config(storage: str = "memory", data_dir: Path | None = None, **store
         admin_listen=_ANY_PORT,
         store=StoreConfig(storage=storage, data_dir=data_dir or Path("mqk-data"), **store),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginOptions:
+    """The plugin's options (ini keys `mqk_*`, command-line flags `--mqk-*`), each a BrokerConfig field the
+    broker acts on. The defaults are the fixtures' behaviour without options."""
+
+    #: `num_partitions`: the partitions of a topic created by auto-creation
+    partitions: int = 1
+    #: `auto_create_topics`: whether Metadata / Produce / a RocketMQ send create a missing topic
+    auto_create_topics: bool = True
+    #: `StoreConfig.storage` of `mqk_broker` and `mqk_session_broker`: memory, file or rocksdb (the last two in a
+    #: tmp dir of the test or of the session)
+    storage: str = "memory"
+    #: `StoreConfig.flush_mode`: async, or sync (a write is answered once fsynced); the memory engine has nothing
+    #: to flush
+    flush: str = FLUSH_ASYNC
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"mqk_partitions must be at least 1, not {self.partitions}")
+        if self.storage not in ENGINES:
+            raise ValueError(f"mqk_storage must be one of {', '.join(ENGINES)}, not {self.storage!r}")
+        if self.flush not in (FLUSH_ASYNC, FLUSH_SYNC):
+            raise ValueError(f"mqk_flush must be {FLUSH_ASYNC} or {FLUSH_SYNC}, not {self.flush!r}")
+
+    @classmethod
+    def from_pytest(cls, config: pytest.Config) -> PluginOptions:
+        """The command line's value of each option, else the ini file's, else the default. ValueError for a
+        value that is not one."""
+
+        def value(name: str) -> str:
+            given = config.getoption(name)
+            return str(given if given is not None else config.getini(name)).strip()
+
+        partitions = value("mqk_partitions")
+        if not partitions.isdigit():
+            raise ValueError(f"mqk_partitions must be a positive integer, not {partitions!r}")
+        auto_create = value("mqk_auto_create_topics").lower()
+        if auto_create not in _TRUE + _FALSE:
+            raise ValueError(f"mqk_auto_create_topics must be true or false, not {auto_create!r}")
+        return cls(int(partitions), auto_create in _TRUE, value("mqk_storage"), value("mqk_flush"))
+
+    def broker_config(self, storage: str | None = None, data_dir: Path | None = None, **store: Any) -> BrokerConfig:
+        """`broker_config(...)` with these options applied; `storage` None takes the option's, a `flush_mode` in
+        `store` wins over the option's."""
+        config = broker_config(storage or self.storage, data_dir, **{"flush_mode": self.flush, **store})
+        return dataclasses.replace(config, num_partitions=self.partitions, auto_create_topics=self.auto_create_topics)
+
+    def cluster_config(self) -> dict[str, Any]:
+        """The settings a test cluster's brokers get (`LocalCluster(config=...)`): the small file store, and each
+        option that is not its default (a cluster's brokers always keep a file store)."""
+        store: dict[str, Any] = dict(TEST_CLUSTER_STORE)
+        settings: dict[str, Any] = {"store": store}
+        default = PluginOptions()
+        if self.flush != default.flush:
+            store["flush_mode"] = self.flush
+        if self.partitions != default.partitions:
+            settings["num_partitions"] = self.partitions
+        if self.auto_create_topics != default.auto_create_topics:
+            settings["auto_create_topics"] = self.auto_create_topics
+        return settings
+
+    def __str__(self) -> str:
+        auto_create = str(self.auto_create_topics).lower()
+        return (
+            f"partitions={self.partitions} auto_create_topics={auto_create} storage={self.storage} flush={self.flush}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Reset:
+    """What `ThreadedBroker.reset` deleted."""
+
+    topics: tuple[str, ...]
+    groups: tuple[str, ...]
+
+
+async def reset_state(runtime: BrokerRuntime) -> Reset:
+    """Delete every topic but the internal ones (mqk.broker.internal: the timer's, the transactions', the offsets
+    topic) and every consumer group with its committed offsets, Kafka's and RocketMQ's alike, through the broker's
+    own parts, as DeleteGroups and DeleteTopics do. Run on the broker's loop.
+
+    A group that still has members loses them first (the group coordinator's `unload`: a member waiting in
+    JoinGroup or SyncGroup is answered NOT_COORDINATOR, one heart-beating later learns it is unknown, and a client
+    still running joins again from scratch). Delayed messages already waiting in the timer stay there; one whose
+    topic is gone when it falls due is dropped (mqk.timer). ACLs, quotas and SCRAM users are not topics or groups
+    and stay."""
+    # (here: a pytest run that only loads the plugin does not import the broker)
+    from mqk.broker.internal import is_internal
+    from mqk.errors import GroupIdNotFoundError
+
+    broker, kafka, store = runtime.broker, runtime.kafka, runtime.store
+    if broker is None or kafka is None or store is None:
+        raise RuntimeError("the broker is not started")
+    if runtime.cluster is not None:
+        raise RuntimeError("reset empties a broker on its own; a cluster's topics are its controller's")
+    coordinator = kafka.groups
+    groups = coordinator.group_ids()
+    coordinator.unload()
+    for group_id in groups:
+        code = await coordinator.delete_group(group_id)
+        if code not in (0, GroupIdNotFoundError.code):  # (not found: a group that had members and no offsets)
+            raise RuntimeError(f"deleting group {group_id!r} failed with Kafka error code {code}")
+    topics = sorted(name for name in store.topics() if not is_internal(name))
+    for name in topics:
+        await broker.topics.delete(name)
+        kafka.producers.forget_topic(name)
+        await coordinator.forget_topic(name)
+    return Reset(tuple(topics), tuple(groups))
 
 
 class ThreadedBroker:
@@ -91,6 +241,12 @@ class ThreadedBroker:
         """Run a coroutine on the broker's loop and wait for its result."""
         fut: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(timeout)
+
+    def reset(self) -> Reset:
+        """Delete every topic but the internal ones and every consumer group with its committed offsets (see
+        `reset_state`); returns what went. What `@pytest.mark.mqk_reset` does to `mqk_session_broker`."""
+        result: Reset = self.call(reset_state(self.runtime))
+        return result
 
     def advance(self, seconds: float) -> None:
         """Move the broker's FakeClock forward (on the broker's loop) and return once what fell due has run (see
@@ -255,6 +411,70 @@ class BrokerProcess:
         self.stop()
 
 
+# --- the plugin's options and marker -------------------------------------------------------------------------
+
+_OPTIONS = pytest.StashKey[PluginOptions]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mqk", "mqk broker fixtures (mqk.testing)")
+    default = PluginOptions()
+    flags: list[tuple[str, dict[str, Any], str, str]] = [
+        ("partitions", {"metavar": "N"}, str(default.partitions), "partitions of an auto-created topic"),
+        (
+            "auto_create_topics",
+            {"metavar": "BOOL"},
+            str(default.auto_create_topics).lower(),
+            "whether the broker creates a missing topic when a client uses it (true or false)",
+        ),
+        ("storage", {"choices": ENGINES}, default.storage, "store of mqk_broker and mqk_session_broker"),
+        ("flush", {"choices": (FLUSH_ASYNC, FLUSH_SYNC)}, default.flush, "flush mode of a file store"),
+    ]
+    for name, kwargs, value, help_text in flags:
+        dest = f"mqk_{name}"
+        group.addoption(
+            f"--mqk-{name.replace('_', '-')}", dest=dest, default=None, help=f"{help_text} (ini {dest})", **kwargs
+        )
+        parser.addini(dest, f"mqk: {help_text} (default {value})", type="string", default=value)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{RESET_MARKER}: delete every topic (but the internal ones) and every consumer group of the session's "
+        "mqk broker (mqk_session_broker) before the test",
+    )
+    try:
+        config.stash[_OPTIONS] = PluginOptions.from_pytest(config)
+    except ValueError as exc:
+        raise pytest.UsageError(f"mqk plugin: {exc}") from None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    options = config.stash.get(_OPTIONS, None)
+    if options is None or options == PluginOptions():
+        return None  # (nothing to say in the header of every project that has mqk installed)
+    return f"mqk: {options}"
+
+
+@pytest.fixture(scope="session")
+def mqk_options(pytestconfig: pytest.Config) -> PluginOptions:
+    """The plugin's options, from the command line and the ini file; a conftest may override this fixture (session
+    scope) to set them in code."""
+    return pytestconfig.stash[_OPTIONS]
+
+
+@pytest.fixture(autouse=True)
+def _mqk_reset_marker(request: pytest.FixtureRequest) -> None:
+    """`@pytest.mark.mqk_reset`: the session broker is emptied before the test (and before the test's own
+    function-scoped fixtures, which are set up after the autouse ones, so they may create what it needs)."""
+    if request.node.get_closest_marker(RESET_MARKER) is not None:
+        request.getfixturevalue("mqk_session_broker").reset()
+
+
+# --- in-process brokers -------------------------------------------------------------------------------------
+
+
 @pytest.fixture
 def mqk_fake_clock() -> FakeClock:
     return FakeClock()
@@ -267,8 +487,16 @@ def mqk_clock() -> Clock:
 
 
 @pytest.fixture
-def mqk_broker(mqk_clock: Clock) -> Iterator[ThreadedBroker]:
-    broker = ThreadedBroker(broker_config("memory"), clock=mqk_clock).start()
+def mqk_broker(
+    request: pytest.FixtureRequest, mqk_clock: Clock, mqk_options: PluginOptions
+) -> Iterator[ThreadedBroker]:
+    if mqk_options.storage == "memory":
+        config = mqk_options.broker_config()
+    else:  # (tmp_path only then: a memory broker writes nothing; not its "data", mqk_file_broker's in one test)
+        config = mqk_options.broker_config(
+            data_dir=request.getfixturevalue("tmp_path") / "mqk-broker", **TEST_CLUSTER_STORE
+        )
+    broker = ThreadedBroker(config, clock=mqk_clock).start()
     try:
         yield broker
     finally:
@@ -276,10 +504,9 @@ def mqk_broker(mqk_clock: Clock) -> Iterator[ThreadedBroker]:
 
 
 @pytest.fixture
-def mqk_file_broker(tmp_path: Path, mqk_clock: Clock) -> Iterator[ThreadedBroker]:
-    broker = ThreadedBroker(
-        broker_config("file", tmp_path / "data", commitlog_segment_bytes=16 << 20), clock=mqk_clock
-    ).start()
+def mqk_file_broker(tmp_path: Path, mqk_clock: Clock, mqk_options: PluginOptions) -> Iterator[ThreadedBroker]:
+    config = mqk_options.broker_config("file", tmp_path / "data", commitlog_segment_bytes=TEST_SEGMENT_BYTES)
+    broker = ThreadedBroker(config, clock=mqk_clock).start()
     try:
         yield broker
     finally:
@@ -289,6 +516,29 @@ def mqk_file_broker(tmp_path: Path, mqk_clock: Clock) -> Iterator[ThreadedBroker
 @pytest.fixture
 def mqk_bootstrap(mqk_broker: ThreadedBroker) -> str:
     return mqk_broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def mqk_session_broker(
+    tmp_path_factory: pytest.TempPathFactory, mqk_options: PluginOptions
+) -> Iterator[ThreadedBroker]:
+    """One broker for the whole test session (each xdist worker has its own), on the system clock."""
+    if mqk_options.storage == "memory":
+        config = mqk_options.broker_config()
+    else:
+        config = mqk_options.broker_config(
+            data_dir=tmp_path_factory.mktemp("mqk-session") / "data", **TEST_CLUSTER_STORE
+        )
+    broker = ThreadedBroker(config).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def mqk_session_bootstrap(mqk_session_broker: ThreadedBroker) -> str:
+    return mqk_session_broker.bootstrap
 
 
 # --- cluster mode -------------------------------------------------------------------------------------------------
@@ -304,15 +554,10 @@ def mqk_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
         etcd.stop()
 
 
-#: the file store of a test cluster's brokers: small CommitLog segments and ConsumeQueue files (as mqk_file_broker's).
-#: Tests write little, and the defaults (1 GiB segments, 300,000-unit queue files per partition) would have each
-#: broker claim over a gigabyte of disk
-TEST_SEGMENT_BYTES = 16 << 20
-TEST_CLUSTER_STORE = {"commitlog_segment_bytes": TEST_SEGMENT_BYTES, "cq_units_per_file": 10_000}
-
-
 @pytest.fixture
-def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+def mqk_cluster_factory(
+    request: pytest.FixtureRequest, tmp_path: Path, mqk_options: PluginOptions
+) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
 
     def start(
@@ -336,7 +581,7 @@ def mqk_cluster_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
             cluster_id=cluster_id,
             extra_args=extra_args,
             group_size=group_size,
-            config={"store": TEST_CLUSTER_STORE, **(config or {})},
+            config={**mqk_options.cluster_config(), **(config or {})},
             broker_args=broker_args,
         )
         started.append(cluster)
