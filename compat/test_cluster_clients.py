@@ -1,4 +1,5 @@
-"""Real Kafka clients against a 3-broker cluster (etcd plus three `mqk serve --cluster` processes on loopback).
+"""Real Kafka clients against a 3-broker cluster (etcd plus three `mqk serve --cluster` processes on loopback), and
+the same scenarios against a cluster of one `mqk serve --cluster` broker (a single etcd member either way).
 
 For each client (confluent-kafka, kafka-python, aiokafka, kafkajs, kcat): a 12-partition topic created through an
 admin client bootstrapped on one broker, its leaders spread over all three brokers; records written to every
@@ -6,7 +7,7 @@ partition; a consumer group of three members, each bootstrapped on a different b
 once; the offsets it committed are where a new member resumes; and the admin calls (describe cluster, list topics,
 create / delete topic, describe / alter configs, create partitions) work from whichever broker a client starts on.
 `test_admin_requests_sent_to_each_broker` sends those admin requests to every broker itself, the controller and
-the others alike, without a client's routing in between.
+the others alike, without a client's routing in between. On one broker, "each broker" is that broker three times.
 
 The records are written only once the group has settled (three members, 4 partitions each), so no join moves a
 partition while they are read; a member counts a record once its offset is committed (kcat: once printed, its
@@ -47,11 +48,13 @@ FIRST, MORE = 600, 120
 REBALANCE_CODES = (KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID)
 
 
-@pytest.fixture(scope="module")
-def cluster(mqk_etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """One 3-broker cluster for the module (on the session's etcd), stopped by pid at its end."""
+@pytest.fixture(scope="module", params=[3, 1], ids=["3-brokers", "1-broker"])
+def cluster(
+    request: pytest.FixtureRequest, mqk_etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    """A cluster of 3 brokers, then one of 1, for the module (on the session's etcd), stopped by pid at its end."""
     data_dir = tmp_path_factory.mktemp("cluster-clients")
-    started = LocalCluster(data_dir, 3, etcd=mqk_etcd.url, config={"store": TEST_CLUSTER_STORE}).start()
+    started = LocalCluster(data_dir, request.param, etcd=mqk_etcd.url, config={"store": TEST_CLUSTER_STORE}).start()
     try:
         yield started
     finally:
@@ -101,8 +104,9 @@ def every_broker_sees(cluster: LocalCluster, name: str, partitions: int) -> None
 
 
 def bootstraps(cluster: LocalCluster) -> list[str]:
-    """Each broker's own Kafka address: a client given one of them knows only that broker at first."""
-    return [b.bootstrap for b in cluster.brokers]
+    """Three brokers' own Kafka addresses, a different one each where the cluster has three (a client given one of
+    them knows only that broker at first)."""
+    return [cluster.brokers[i % len(cluster.brokers)].bootstrap for i in range(3)]
 
 
 # --- checks every client's scenario shares ------------------------------------------------------------------
@@ -122,12 +126,12 @@ def create_topic(bootstrap: str, topic: str) -> None:
 
 
 def assert_spread(cluster: LocalCluster, topic: str) -> None:
-    """Every broker answers Metadata alike, and the topic's 12 partitions are led by all three brokers."""
+    """Every broker answers Metadata alike, and the topic's 12 partitions are led by all the brokers."""
     views = [
         wait_until(lambda b=b: _full(leaders_of(b, topic)), 15, f"{topic} in {b}'s Metadata")
         for b in bootstraps(cluster)
     ]
-    assert views[0] == views[1] == views[2]
+    assert all(view == views[0] for view in views)
     assert sorted(views[0]) == list(range(PARTITIONS))
     # (placement balances every group's partitions over all topics, so one topic's shares may differ by a few)
     assert set(views[0].values()) == set(cluster.node_ids)
@@ -185,8 +189,8 @@ def reads_each_record_once(
     offsets were kept. Returns each member's values."""
     members: list[Member] = []
     try:
-        for name, b in zip("abc", cluster.brokers, strict=True):
-            members.append(start_member(name, b.bootstrap))
+        for name, bootstrap in zip("abc", bootstraps(cluster), strict=True):
+            members.append(start_member(name, bootstrap))
         group_settled(cluster, group, topic)
         produce(0, FIRST)
 
