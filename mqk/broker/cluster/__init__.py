@@ -71,6 +71,9 @@ class ClusterMember:
         store.use_offsets(self.offsets)
         self.on_leadership(become=self._activate_offsets, resign=self._deactivate_offsets)
         self._started = False
+        #: led_partitions' answers, for the view state, revision and master epoch they were computed at
+        self._led: dict[str, frozenset[int]] = {}
+        self._led_at: tuple[int, int, int] = (0, -1, -1)
 
     @property
     def node_id(self) -> int:
@@ -158,6 +161,24 @@ class ClusterMember:
             and record.partitions[partition][0] == self.group
             and self.node.leading
         )
+
+    def led_partitions(self, topic: str) -> frozenset[int]:
+        """The partitions of `topic` this broker leads now (`leads` for each), computed once per view revision
+        and master epoch: the produce path asks it for every topic of every request."""
+        state = self.view.state
+        at = (id(state), state.revision, self.node.master_epoch)
+        if at != self._led_at:
+            self._led.clear()
+            self._led_at = at
+        led = self._led.get(topic)
+        if led is None:
+            record = state.topics.get(topic)
+            led = self._led[topic] = (
+                frozenset(i for i, (group, _queue) in enumerate(record.partitions) if group == self.group)
+                if record is not None and self.node.leading
+                else frozenset()
+            )
+        return led
 
     def replicas(self, topic: str, partition: int) -> list[int]:
         """The nodes of the partition's group (its replicas; the leader among them)."""

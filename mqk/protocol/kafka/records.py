@@ -314,21 +314,21 @@ def validate_produce_records(
 _LEADER_EPOCH_POS = 12
 
 
-def stamp_leader_epoch(buf: Buffer, epoch: int) -> Buffer:
+def stamp_leader_epoch(buf: bytes | bytearray | memoryview, epoch: int) -> memoryview:
     """`buf` (one or more checked v2 record batches) with every batch's partitionLeaderEpoch set to `epoch`, as a
     Kafka leader stamps what it appends: consumers keep the epoch of what they read and, after a failover, ask the
     new leader where that epoch ended (OffsetForLeaderEpoch) to tell a truncated log from a sound one. The CRC does
-    not cover the field, so it stays valid. In place when `buf` is writable (the receive buffer), else in a copy,
-    which is returned."""
-    view = memoryview(buf)
+    not cover the field, so it stays valid. In place when `buf` is writable (the receive buffer), else in a copy;
+    a view of what was stamped is returned (`buf` itself when it is a writable memoryview)."""
+    view = buf if buf.__class__ is memoryview else memoryview(buf)
     if view.readonly:
         view = memoryview(bytearray(view))
-        buf = view
+    pack, size = _I32.pack_into, _I32.unpack_from
     pos, end = 0, len(view)
     while pos + _RECORDS_POS <= end:
-        _I32.pack_into(view, pos + _LEADER_EPOCH_POS, epoch)
-        pos += 12 + _I32.unpack_from(view, pos + 8)[0]
-    return buf
+        pack(view, pos + _LEADER_EPOCH_POS, epoch)
+        pos += 12 + size(view, pos + 8)[0]
+    return view
 
 
 TOPIC_CODECS = {"uncompressed": NONE, "gzip": GZIP, "snappy": SNAPPY, "lz4": LZ4, "zstd": ZSTD}

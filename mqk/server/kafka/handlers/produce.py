@@ -203,7 +203,12 @@ def prepare(
         if cluster is not None:
             # cluster mode: a partition another broker leads (or none does) is answered now; the rest are this
             # broker's (whose store may not have the topic yet, placed here a moment ago: then as a missing one)
-            refused = [(p["index"], partition_code(ctx, name, p["index"])) for p in partition_data]
+            led = cluster.led_partitions(name)
+            refused = (
+                []
+                if all(p["index"] in led for p in partition_data)
+                else [(p["index"], partition_code(ctx, name, p["index"])) for p in partition_data]
+            )
             if any(code for _index, code in refused):
                 parts.extend(_part(index, code) for index, code in refused if code)
                 partition_data = [p for p, (_index, code) in zip(partition_data, refused, strict=True) if not code]
