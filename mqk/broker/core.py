@@ -50,6 +50,7 @@ class Broker:
         self.cluster = cluster
         self.topics.attach_cluster(cluster)
         self.security.attach_cluster(cluster)
+        self.quotas.attach_cluster(cluster)
 
     def open(self) -> None:
         """Called by each front door as it starts (on the event loop): the hub hears the store's appends from

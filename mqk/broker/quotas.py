@@ -20,20 +20,27 @@ mutes it, so old clients are slowed too). Produce is measured by request size, F
 Fetch is answered empty and its bytes are not counted, as Kafka does).
 
 Where quotas live: a broker on its own, `<data-dir>/security/client-quotas.json` (atomically replaced); a
-memory-store broker, in memory. In cluster mode each broker keeps its own (not shared through etcd).
+memory-store broker, in memory. In cluster mode they are the cluster's, as in Kafka: one etcd key per entity
+(`quotas/<quoted entity>`), changed through any broker and followed by every broker through its view; each broker
+measures and throttles what it serves itself (Kafka's quotas are per broker too).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from mqk.clock import Clock
 from mqk.store.fsutil import atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
 
 log = logging.getLogger("mqk.quotas")
 
@@ -138,6 +145,9 @@ class ClientQuotas:
         self._rates: dict[tuple[str, Entity], Rate] = {}
         #: throttled responses so far (for /metrics and tests)
         self.throttled = 0
+        #: cluster mode: the membership whose etcd keys hold the quotas (`attach_cluster`)
+        self._cluster: ClusterMember | None = None
+        self._seen: tuple[object, int] = (None, -1)
 
     # --- the quotas ---------------------------------------------------------------------------------------
 
@@ -156,8 +166,39 @@ class ClientQuotas:
             entity = entity_of((kind, name) for kind, name in item["entity"])
             self._quotas[entity] = {k: float(v) for k, v in item["values"].items() if k in KEYS}
 
+    def attach_cluster(self, cluster: ClusterMember) -> None:
+        """Cluster mode: the quotas are the cluster's (in etcd) from now on, followed through the view's changes."""
+        self._cluster = cluster
+        if self._quotas:
+            log.warning(
+                "client quotas: the %d kept in %s are not the cluster's and are not applied",
+                len(self._quotas),
+                self.path,
+            )
+        self._quotas = {}
+        self._follow()
+        cluster.view.add_listener(self._follow)
+
+    def _follow(self) -> None:
+        """A view change: the quotas read again if it touched their keys."""
+        assert self._cluster is not None
+        seen = self._cluster.quotas_generation()
+        if seen[0] is self._seen[0] and seen[1] == self._seen[1]:
+            return
+        self._seen = seen
+        quotas: dict[Entity, dict[str, float]] = {}
+        for tail, value in self._cluster.quotas().items():
+            try:
+                doc = json.loads(value)
+                entity = entity_of((kind, name) for kind, name in doc["entity"])
+                quotas[entity] = {k: float(v) for k, v in doc["values"].items() if k in KEYS}
+            except (ValueError, KeyError, TypeError, QuotaError) as exc:
+                log.error("client quotas: cluster key %s skipped: %s", tail, exc)
+        self._quotas = quotas
+        self._rates.clear()
+
     def _save(self) -> None:
-        if self.path is None:
+        if self.path is None or self._cluster is not None:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         items = [{"entity": [list(c) for c in e], "values": v} for e, v in sorted(self._quotas.items(), key=_sort_key)]
@@ -178,7 +219,9 @@ class ClientQuotas:
             if not remove and not (value > 0 and math.isfinite(value)):
                 raise QuotaError(f"{key} must be a positive number of bytes per second, not {value}")
 
-    def alter(self, entity: Entity, ops: Iterable[tuple[str, float, bool]]) -> None:
+    async def alter(self, entity: Entity, ops: Iterable[tuple[str, float, bool]]) -> None:
+        """Apply the ops (key, value, remove) to `entity`'s quotas: QuotaError if they cannot be; OSError if the
+        local file cannot be written; MetaUnavailable in cluster mode when etcd cannot take the change."""
         ops = list(ops)
         self.check(entity, ops)
         values = dict(self._quotas.get(entity, {}))
@@ -187,6 +230,15 @@ class ClientQuotas:
                 values.pop(key, None)
             else:
                 values[key] = float(value)
+        if self._cluster is not None:
+            tail = quote(json.dumps([list(c) for c in entity]), safe="")
+            if values:
+                doc = {"entity": [list(c) for c in entity], "values": values}
+                await self._cluster.write_quotas({tail: json.dumps(doc).encode()}, [])
+            else:
+                await self._cluster.write_quotas({}, [tail])
+            log.info("client quotas of %s: %s (the cluster's)", describe(entity), values or "none")
+            return
         if values:
             self._quotas[entity] = values
         else:

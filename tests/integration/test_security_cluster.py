@@ -10,12 +10,12 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from helpers import wait_until
+from helpers import produce_body, wait_until
 
 from mqk import errors as E
 from mqk.cluster_local import LocalCluster
 from mqk.protocol.kafka.api import ApiKey
-from mqk.server.kafka.rawclient import RawKafkaClient
+from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 
 
 def mqk_users(*args: str) -> subprocess.CompletedProcess:
@@ -128,3 +128,61 @@ def _authenticates(broker, sasl: tuple[str, str, str]) -> bool:
     except E.SaslAuthenticationFailedError:
         return False
     return True
+
+
+def test_a_client_quota_set_through_one_broker_is_described_and_enforced_by_every_broker(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """Client quotas are the cluster's (etcd's `quotas/` keys), as Kafka keeps them in its metadata: set through one
+    broker, another describes it and throttles a client over it (each broker measures what it serves), a restarted
+    broker has it again, and its removal through the other broker lifts it everywhere."""
+    cluster = mqk_cluster_factory(2)
+    b0, b1 = cluster.brokers
+    rate = 20_000
+    quota = {
+        "entity": [{"entity_type": "client-id", "entity_name": "capped"}],
+        "ops": [{"key": "producer_byte_rate", "value": rate, "remove": False}],
+    }
+    set_ = call(b0.kafka, ApiKey.ALTER_CLIENT_QUOTAS, 1, {"validate_only": False, "entries": [quota]})
+    assert [e["error_code"] for e in set_["entries"]] == [0]
+
+    def described_by(broker) -> list:
+        answer = call(broker.kafka, ApiKey.DESCRIBE_CLIENT_QUOTAS, 1, {"components": [], "strict": False})
+        return [(e["entity"][0]["entity_name"], e["values"]) for e in answer["entries"]]
+
+    expected = [("capped", [{"key": "producer_byte_rate", "value": rate}])]
+    wait_until(lambda: described_by(b1) == expected, timeout=30, what="the quota reaching the other broker")
+    cluster.restart(b1.node_id)
+    wait_until(lambda: described_by(b1) == expected, timeout=30, what="the quota after a restart")
+
+    created = call(
+        b1.kafka,
+        ApiKey.CREATE_TOPICS,
+        7,
+        {
+            "topics": [
+                {"name": "capped", "num_partitions": 2, "replication_factor": 1, "assignments": [], "configs": []}
+            ],
+            "timeout_ms": 10000,
+            "validate_only": False,
+        },
+    )
+    assert created["topics"][0]["error_code"] == 0
+    # each broker throttles the client on what it leads: one partition each (placement spreads the topic)
+    for broker in (b0, b1):
+        meta = call(broker.kafka, ApiKey.METADATA, 12, {"topics": [{"name": "capped"}]})
+        led = [p["partition_index"] for p in meta["topics"][0]["partitions"] if p["leader_id"] == broker.node_id]
+        assert led, meta
+        answer = asyncio.run(_produce_as(broker.kafka, "capped", "capped", led[0], rate + 4_000))
+        assert answer["responses"][0]["partition_responses"][0]["error_code"] == 0
+        assert answer["throttle_time_ms"] > 0, f"node {broker.node_id} did not throttle"
+
+    lifted = dict(quota, ops=[{"key": "producer_byte_rate", "value": 0, "remove": True}])
+    removed = call(b1.kafka, ApiKey.ALTER_CLIENT_QUOTAS, 1, {"validate_only": False, "entries": [lifted]})
+    assert [e["error_code"] for e in removed["entries"]] == [0]
+    wait_until(lambda: described_by(b0) == [], timeout=30, what="the removal reaching the first broker")
+
+
+async def _produce_as(address, client_id: str, topic: str, partition: int, size: int) -> dict:
+    async with await RawKafkaClient.connect(*address, client_id) as client:
+        return await client.call(ApiKey.PRODUCE, 9, produce_body(topic, make_batch([b"q" * size]), partition))

@@ -19,25 +19,25 @@ from mqk.broker.quotas import (
 from mqk.clock import FakeClock
 
 
-def test_the_most_specific_entity_that_sets_a_key_applies() -> None:
+async def test_the_most_specific_entity_that_sets_a_key_applies() -> None:
     quotas = ClientQuotas(FakeClock(), None)
-    quotas.alter(entity_of([(CLIENT_ID, None)]), [(PRODUCER_BYTE_RATE, 100, False)])
-    quotas.alter(entity_of([(USER, None)]), [(PRODUCER_BYTE_RATE, 200, False)])
-    quotas.alter(entity_of([(USER, "alice")]), [(CONSUMER_BYTE_RATE, 300, False)])
-    quotas.alter(entity_of([(USER, "alice"), (CLIENT_ID, "app")]), [(PRODUCER_BYTE_RATE, 400, False)])
+    await quotas.alter(entity_of([(CLIENT_ID, None)]), [(PRODUCER_BYTE_RATE, 100, False)])
+    await quotas.alter(entity_of([(USER, None)]), [(PRODUCER_BYTE_RATE, 200, False)])
+    await quotas.alter(entity_of([(USER, "alice")]), [(CONSUMER_BYTE_RATE, 300, False)])
+    await quotas.alter(entity_of([(USER, "alice"), (CLIENT_ID, "app")]), [(PRODUCER_BYTE_RATE, 400, False)])
     assert quotas.quota_for(PRODUCER_BYTE_RATE, "alice", "app") == (400, ((USER, "alice"), (CLIENT_ID, "app")))
     # alice's other clients: /users/alice sets no producer rate, so the default user's applies, to alice alone
     assert quotas.quota_for(PRODUCER_BYTE_RATE, "alice", "other") == (200, ((USER, "alice"),))
     assert quotas.quota_for(CONSUMER_BYTE_RATE, "alice", "other") == (300, ((USER, "alice"),))
     assert quotas.quota_for(CONSUMER_BYTE_RATE, "bob", "x") is None
-    quotas.alter(entity_of([(USER, None)]), [(PRODUCER_BYTE_RATE, 0, True)])
+    await quotas.alter(entity_of([(USER, None)]), [(PRODUCER_BYTE_RATE, 0, True)])
     assert quotas.quota_for(PRODUCER_BYTE_RATE, "bob", "x") == (100, ((CLIENT_ID, "x"),))
 
 
 async def test_over_the_rate_a_client_is_throttled_in_proportion() -> None:
     clock = FakeClock()
     quotas = ClientQuotas(clock, None)
-    quotas.alter(entity_of([(CLIENT_ID, "c")]), [(PRODUCER_BYTE_RATE, 1000, False)])
+    await quotas.alter(entity_of([(CLIENT_ID, "c")]), [(PRODUCER_BYTE_RATE, 1000, False)])
     # a first burst is measured over one second: one second's worth is exactly the quota
     assert quotas.record(PRODUCER_BYTE_RATE, "ANONYMOUS", "c", 1000).ms == 0
     throttle = quotas.record(PRODUCER_BYTE_RATE, "ANONYMOUS", "c", 1000)
@@ -69,10 +69,10 @@ def test_changes_are_checked() -> None:
     assert not quotas.active
 
 
-def test_quotas_survive_a_restart(tmp_path: Path) -> None:
+async def test_quotas_survive_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "security" / "client-quotas.json"
     quotas = ClientQuotas(FakeClock(), path)
-    quotas.alter(entity_of([(USER, None), (CLIENT_ID, "app")]), [(CONSUMER_BYTE_RATE, 5e6, False)])
+    await quotas.alter(entity_of([(USER, None), (CLIENT_ID, "app")]), [(CONSUMER_BYTE_RATE, 5e6, False)])
     again = ClientQuotas(FakeClock(), path)
     again.load()
     assert again.entries() == {((USER, None), (CLIENT_ID, "app")): {CONSUMER_BYTE_RATE: 5e6}}

@@ -285,17 +285,44 @@ class ClusterMember:
         state = self.view.state
         return state.acls, state.acls_changes
 
+    def quotas(self) -> dict[str, bytes]:
+        """Quota entity key tail -> its stored value, as this broker's view last saw them."""
+        return self.view.state.quotas
+
+    def quotas_generation(self) -> tuple[object, int]:
+        """Changes whenever the view's quotas may have: the dict (a new listing makes one) and its change count."""
+        state = self.view.state
+        return state.quotas, state.quotas_changes
+
     async def write_acls(
         self,
         puts: dict[str, bytes],
         deletes: list[str],
         timeout: float = 5.0,  # noqa: ASYNC109 - how long to wait for the view to show the write
     ) -> None:
-        """Store and delete ACL bindings (by key tail), a hundred per transaction; on return this broker's view shows it
-        (or `timeout` passed: the watch is late). MetaUnavailable when etcd cannot be reached."""
-        keys = self.node.keys
-        changes: list[Put | Delete] = [Put(keys.acl(k), v) for k, v in puts.items()]
-        changes += [Delete(keys.acl(k)) for k in deletes]
+        """Store and delete ACL bindings (by key tail); see `_write_keys`."""
+        await self._write_keys(self.node.keys.acl, puts, deletes, timeout)
+
+    async def write_quotas(
+        self,
+        puts: dict[str, bytes],
+        deletes: list[str],
+        timeout: float = 5.0,  # noqa: ASYNC109 - how long to wait for the view to show the write
+    ) -> None:
+        """Store and delete client quota entities (by key tail); see `_write_keys`."""
+        await self._write_keys(self.node.keys.quota, puts, deletes, timeout)
+
+    async def _write_keys(
+        self,
+        key_of: Callable[[str], str],
+        puts: dict[str, bytes],
+        deletes: list[str],
+        timeout: float,  # noqa: ASYNC109 - how long to wait for the view to show the write
+    ) -> None:
+        """Put and delete keys (by tail), a hundred per transaction; on return this broker's view shows them (or
+        `timeout` passed: the watch is late). MetaUnavailable when etcd cannot be reached."""
+        changes: list[Put | Delete] = [Put(key_of(k), v) for k, v in puts.items()]
+        changes += [Delete(key_of(k)) for k in deletes]
         at = 0
         for start in range(0, len(changes), 100):  # etcd takes at most 128 operations in one transaction
             _written, revision = await self.node.meta.txn_at([], changes[start : start + 100])

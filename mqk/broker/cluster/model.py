@@ -13,6 +13,7 @@
     results/<id>                 ResultRecord     its outcome, for the asker                    (the asker's lease)
     users/<quoted name>          (bytes)          a user's SCRAM credentials (mqk.broker.security.users reads them)
     acls/<quoted binding>        (bytes)          one ACL binding (mqk.broker.security.acls reads them)
+    quotas/<quoted entity>       (bytes)          one entity's client quotas (mqk.broker.quotas reads them)
 
 Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
 damaged or foreign key is logged and skipped, never trusted.
@@ -49,6 +50,7 @@ class Keys:
         self.results = self.root + "results/"
         self.users = self.root + "users/"
         self.acls = self.root + "acls/"
+        self.quotas = self.root + "quotas/"
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
@@ -84,6 +86,10 @@ class Keys:
     def acl(self, tail: str) -> str:
         """An ACL binding's key (`tail`: the binding's own quoted key, mqk.broker.security.acls)."""
         return self.acls + tail
+
+    def quota(self, tail: str) -> str:
+        """A quota entity's key (`tail`: the entity's own quoted key, mqk.broker.quotas)."""
+        return self.quotas + tail
 
 
 def _load(data: bytes, what: str) -> dict[str, Any]:

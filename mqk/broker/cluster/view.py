@@ -63,6 +63,9 @@ class ClusterState:
     #: changes to them since this state's listing (with the dict's identity: the ACLs' generation)
     acls: dict[str, bytes] = field(default_factory=dict)
     acls_changes: int = 0
+    #: quota entity key tail -> its value, decoded by mqk.broker.quotas; `quotas_changes` counts the watch's changes
+    quotas: dict[str, bytes] = field(default_factory=dict)
+    quotas_changes: int = 0
 
 
 class ClusterView:
@@ -204,6 +207,9 @@ class ClusterView:
             elif key.startswith(keys.acls):
                 state.acls[key[len(keys.acls) :]] = record.value
                 state.acls_changes += 1
+            elif key.startswith(keys.quotas):
+                state.quotas[key[len(keys.quotas) :]] = record.value
+                state.quotas_changes += 1
             elif key == keys.controller_epoch or key == keys.pid_blocks:
                 load_int(record.value, key)
         except Malformed as exc:
@@ -237,6 +243,9 @@ class ClusterView:
         elif key.startswith(keys.acls):
             state.acls.pop(key[len(keys.acls) :], None)
             state.acls_changes += 1
+        elif key.startswith(keys.quotas):
+            state.quotas.pop(key[len(keys.quotas) :], None)
+            state.quotas_changes += 1
 
     def disconnected(self) -> None:
         """The watch broke: the view stays as it is until the next listing."""

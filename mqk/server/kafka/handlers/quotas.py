@@ -107,11 +107,14 @@ async def alter_client_quotas(
             entity = entity_of((e["entity_type"], e["entity_name"]) for e in entry["entity"])
             quotas.check(entity, ops)
             if not req.body["validate_only"]:
-                quotas.alter(entity, ops)
+                await quotas.alter(entity, ops)
         except QuotaError as exc:
             result["error_code"] = E.InvalidRequestError.code
             result["error_message"] = str(exc)
         except OSError as exc:  # the quota file could not be written: the change is not kept
             result["error_code"] = E.KafkaStorageError.code
+            result["error_message"] = f"cannot save the client quotas: {exc}"
+        except E.MqkError as exc:  # cluster mode: etcd could not take it now
+            result["error_code"] = E.kafka_code_for(exc)
             result["error_message"] = f"cannot save the client quotas: {exc}"
     return {"throttle_time_ms": 0, "entries": results}
