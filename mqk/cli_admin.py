@@ -780,6 +780,74 @@ async def users_delete(args: argparse.Namespace) -> None:
 # --- ACLs ---------------------------------------------------------------------------------------------
 
 
+QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate")
+
+
+def _quota_entity(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The entity the options name (Kafka's kafka-configs --entity-type users / clients, or their defaults)."""
+    entity = []
+    if args.user is not None or args.user_default:
+        entity.append({"entity_type": "user", "entity_name": None if args.user_default else args.user})
+    if args.client_id is not None or args.client_id_default:
+        entity.append({"entity_type": "client-id", "entity_name": None if args.client_id_default else args.client_id})
+    if not entity:
+        raise CommandError(
+            "name a user (--user, --user-default), a client id (--client-id, --client-id-default) or both"
+        )
+    return entity
+
+
+def _entity_text(entity: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"{e['entity_type']}={e['entity_name'] if e['entity_name'] is not None else '<default>'}" for e in entity
+    )
+
+
+async def quotas_list(args: argparse.Namespace) -> None:
+    async with await _kafka(args) as client:
+        resp = await client.call(ApiKey.DESCRIBE_CLIENT_QUOTAS, 1, {"components": [], "strict": False})
+    _check(resp["error_code"], "list client quotas", resp.get("error_message"))
+    entries = [
+        {"entity": e["entity"], "values": {v["key"]: v["value"] for v in e["values"]}} for e in resp["entries"] or []
+    ]
+    if args.json:
+        _print_json(entries)
+        return
+    for e in sorted(entries, key=lambda e: _entity_text(e["entity"])):
+        values = ", ".join(f"{k}={v:.15g}" for k, v in sorted(e["values"].items()))
+        print(f"{_entity_text(e['entity'])}\t{values}")
+
+
+async def _alter_quotas(args: argparse.Namespace, ops: list[dict[str, Any]], done: str) -> None:
+    entity = _quota_entity(args)
+    async with await _kafka(args) as client:
+        resp = await client.call(
+            ApiKey.ALTER_CLIENT_QUOTAS, 1, {"validate_only": False, "entries": [{"entity": entity, "ops": ops}]}
+        )
+    result = resp["entries"][0]
+    _check(result["error_code"], f"change the quotas of {_entity_text(entity)}", result.get("error_message"))
+    print(f"{_entity_text(entity)}: {done}")
+
+
+async def quotas_set(args: argparse.Namespace) -> None:
+    ops = [
+        {"key": key, "value": float(value), "remove": False}
+        for key, value in (
+            ("producer_byte_rate", args.producer_byte_rate),
+            ("consumer_byte_rate", args.consumer_byte_rate),
+        )
+        if value is not None
+    ]
+    if not ops:
+        raise CommandError("give --producer-byte-rate, --consumer-byte-rate or both")
+    await _alter_quotas(args, ops, ", ".join(f"{op['key']}={op['value']:.15g}" for op in ops))
+
+
+async def quotas_remove(args: argparse.Namespace) -> None:
+    keys = args.key or list(QUOTA_KEYS)
+    await _alter_quotas(args, [{"key": k, "value": 0.0, "remove": True} for k in keys], f"{', '.join(keys)} removed")
+
+
 def _acl_codes() -> Any:
     # (imported here: the other admin commands never load the broker's security modules)
     from mqk.broker.security import acls
@@ -1293,6 +1361,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
     p.set_defaults(run=users_delete)
 
+    quotas = sub.add_parser("quotas", help="list, set, remove client quotas (byte rates per user and client id)")
+    qsub = quotas.add_subparsers(dest="action", required=True)
+
+    def with_quota_entity(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        user = p.add_mutually_exclusive_group()
+        user.add_argument("--user", help="the user the quota is for")
+        user.add_argument("--user-default", action="store_true", help="every user without a quota of its own")
+        client = p.add_mutually_exclusive_group()
+        client.add_argument("--client-id", help="the client id the quota is for (with --user: that user's client)")
+        client.add_argument("--client-id-default", action="store_true", help="every client id without its own")
+        return p
+
+    with_json(with_bootstrap(qsub.add_parser("list"))).set_defaults(run=quotas_list)
+    p = with_bootstrap(with_quota_entity(qsub.add_parser("set", help="set byte-rate quotas of a user / client id")))
+    p.add_argument("--producer-byte-rate", type=float, help="bytes per second a producer may send")
+    p.add_argument("--consumer-byte-rate", type=float, help="bytes per second a consumer may fetch")
+    p.set_defaults(run=quotas_set)
+    p = with_bootstrap(with_quota_entity(qsub.add_parser("remove", help="remove quotas of a user / client id")))
+    p.add_argument("--key", action="append", choices=QUOTA_KEYS, help="the quota to remove (default: both)")
+    p.set_defaults(run=quotas_remove)
+
     acls = sub.add_parser("acls", help="list, add, remove ACLs (Kafka's kafka-acls options)")
     asub = acls.add_subparsers(dest="action", required=True)
 
@@ -1362,7 +1451,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tags", help="native: tag expression, e.g. 'a || b'")
     p.set_defaults(run=_by_protocol(consume_kafka, consume_native))
 
-    for p in (topics, groups, partitions, producers, users, acls):
+    for p in (topics, groups, partitions, producers, users, quotas, acls):
         p.set_defaults(func=run_command)
     p = sub.add_parser("query", help="print the messages whose key (RocketMQ KEYS, or an indexed Kafka key) matches")
     p.add_argument("--topic", required=True)

@@ -93,3 +93,32 @@ def test_native_protocol_produce_and_consume_with_tags(mqk_broker):
         ("k1", "b"),
         (None, "c"),
     ]
+
+
+def test_quotas_set_list_and_remove_and_what_the_broker_then_holds(mqk_broker):
+    b = ("--bootstrap", mqk_broker.bootstrap)
+    set_ = mqk("quotas", "set", "--user", "alice", "--client-id", "etl", "--producer-byte-rate", "1048576", *b)
+    assert set_.returncode == 0, set_.stderr
+    assert "user=alice, client-id=etl: producer_byte_rate=1048576" in set_.stdout
+    assert mqk("quotas", "set", "--client-id-default", "--consumer-byte-rate", "5e6", *b).returncode == 0
+    listed = mqk("quotas", "list", *b)
+    assert listed.stdout.splitlines() == [
+        "client-id=<default>\tconsumer_byte_rate=5000000",
+        "user=alice, client-id=etl\tproducer_byte_rate=1048576",
+    ]
+    # what the broker's own quotas say applies to that client (the CLI changed the broker, not just printed)
+    assert mqk_broker.call(_quota_for(mqk_broker, "producer_byte_rate", "alice", "etl")) == 1048576
+    refused = mqk("quotas", "set", "--user", "bob", "--producer-byte-rate", "-1", *b)
+    assert refused.returncode == 1 and "positive number" in refused.stderr
+    nothing = mqk("quotas", "set", "--producer-byte-rate", "10", *b)
+    assert nothing.returncode != 0 and "name a user" in nothing.stderr
+    assert mqk("quotas", "remove", "--user", "alice", "--client-id", "etl", *b).returncode == 0
+    as_json = json.loads(mqk("quotas", "list", "--json", *b).stdout)
+    assert as_json == [
+        {"entity": [{"entity_type": "client-id", "entity_name": None}], "values": {"consumer_byte_rate": 5e6}}
+    ]
+
+
+async def _quota_for(broker, key: str, user: str, client_id: str) -> float | None:
+    found = broker.runtime.broker.quotas.quota_for(key, user, client_id)
+    return None if found is None else found[0]
