@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from mqk.broker.security import Principal, Security
 from mqk.broker.security.authorizer import ALLOW_ALL
@@ -63,7 +64,7 @@ def _cluster(operation: str) -> Iterator[Need]:
     yield (operation, CLUSTER, CLUSTER_NAME)
 
 
-def _body(cmd: RemotingCommand) -> dict:
+def _body(cmd: RemotingCommand) -> dict[str, Any]:
     try:
         doc = json.loads(cmd.body or b"{}")
     except (ValueError, UnicodeDecodeError):
@@ -93,7 +94,9 @@ def _body_group(cmd: RemotingCommand) -> Iterator[Need]:
     return _group("READ", str(group) if group else None)
 
 
-def _ext(kind: Callable[[str, str | None], Iterator[Need]], operation: str, field: str) -> Callable:
+def _ext(
+    kind: Callable[[str, str | None], Iterator[Need]], operation: str, field: str
+) -> Callable[[RemotingCommand], Iterator[Need]]:
     return lambda cmd: kind(operation, cmd.ext_fields.get(field))
 
 
