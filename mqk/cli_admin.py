@@ -12,7 +12,9 @@ environment variable, which keeps the password out of the process list) and `--s
 AlterUserScramCredentials; the salted password is derived here, so the password itself never reaches the broker.
 `mqk acls` lists, adds and removes ACL bindings through DescribeAcls, CreateAcls and DeleteAcls, with the options of
 Kafka's kafka-acls tool (`--allow-principal`, `--deny-principal`, `--operation`, `--topic`, `--group`, `--cluster`,
-`--transactional-id`, `--resource-pattern-type`, `--allow-host`, `--deny-host`).
+`--transactional-id`, `--resource-pattern-type`, `--allow-host`, `--deny-host`). `mqk users add-rocketmq` /
+`delete-rocketmq` / `list-rocketmq` edit the RocketMQ access keys in the broker's data directory directly
+(mqk.broker.security.access_keys: plain secrets, which RocketMQ's signatures need; a running broker rereads them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from mqk._fast import load
@@ -777,6 +780,51 @@ async def users_delete(args: argparse.Namespace) -> None:
     print(f"user {args.user} deleted")
 
 
+# --- RocketMQ access keys (plain secrets in the broker's data directory) -----------------------------------
+
+
+def _access_keys_file(args: argparse.Namespace) -> Any:
+    # (imported here: the other admin commands never load the broker's security modules)
+    from mqk.broker.security import access_keys
+
+    return access_keys, access_keys.access_keys_path(Path(args.data_dir))
+
+
+def _read_keys(module: Any, path: Path) -> dict[str, str]:
+    try:
+        return dict(module.read_access_keys(path))
+    except MqkError as exc:  # Corrupt: a file mqk did not write
+        raise CommandError(str(exc)) from None
+
+
+async def rocketmq_keys_list(args: argparse.Namespace) -> None:
+    module, path = _access_keys_file(args)
+    for name in sorted(_read_keys(module, path)):
+        print(name)
+
+
+async def rocketmq_keys_add(args: argparse.Namespace) -> None:
+    module, path = _access_keys_file(args)
+    args.password = args.secret
+    args.password_stdin = args.secret_stdin
+    secret = _new_password(args)
+    if not secret:
+        raise CommandError("the secret key must not be empty")
+    keys = _read_keys(module, path)
+    keys[args.user] = secret
+    module.write_access_keys(path, keys)
+    print(f"rocketmq access key {args.user} set in {path} (a running broker picks it up)")
+
+
+async def rocketmq_keys_delete(args: argparse.Namespace) -> None:
+    module, path = _access_keys_file(args)
+    keys = _read_keys(module, path)
+    if keys.pop(args.user, None) is None:
+        raise CommandError(f"no rocketmq access key {args.user} in {path}")
+    module.write_access_keys(path, keys)
+    print(f"rocketmq access key {args.user} deleted")
+
+
 # --- ACLs ---------------------------------------------------------------------------------------------
 
 
@@ -1292,6 +1340,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("user")
     p.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
     p.set_defaults(run=users_delete)
+    # RocketMQ access keys: the broker needs their plain secrets (signatures are HMACs), so they are not SCRAM
+    # credentials and live in their own file under the broker's data directory, edited here directly
+    p = usub.add_parser("list-rocketmq", help="list the RocketMQ access keys")
+    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+    p.set_defaults(run=rocketmq_keys_list)
+    p = usub.add_parser("add-rocketmq", help="add a RocketMQ access key (user NAME, principal User:NAME)")
+    p.add_argument("user")
+    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument("--secret", help="(visible in the process list: prefer --secret-stdin)")
+    secret.add_argument("--secret-stdin", action="store_true", help="read the secret key from stdin's first line")
+    p.set_defaults(run=rocketmq_keys_add)
+    p = usub.add_parser("delete-rocketmq", help="delete a RocketMQ access key")
+    p.add_argument("user")
+    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+    p.set_defaults(run=rocketmq_keys_delete)
 
     acls = sub.add_parser("acls", help="list, add, remove ACLs (Kafka's kafka-acls options)")
     asub = acls.add_subparsers(dest="action", required=True)

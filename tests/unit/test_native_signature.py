@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import io
 import json
 import os
 import stat
@@ -14,6 +15,7 @@ import pytest
 
 from mqk import errors as E
 from mqk.broker.security.access_keys import AccessKeys, access_keys_path, read_access_keys
+from mqk.cli import main
 from mqk.protocol.native.codes import RequestCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.signature import sign, signature, signed_content, verify
@@ -112,3 +114,16 @@ def test_needs_map_requests_to_kafka_operations() -> None:
     assert needs(cmd(RequestCode.GET_BROKER_CONFIG)) == [("DESCRIBE_CONFIGS", "CLUSTER", "kafka-cluster")]
     assert needs(cmd(RequestCode.GET_MAX_OFFSET, topic="o")) == [("DESCRIBE", "TOPIC", "o")]
     assert needs(cmd(RequestCode.CHECK_CLIENT_CONFIG)) == []
+
+
+def test_cli_adds_lists_and_deletes_rocketmq_access_keys(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret\n"))
+    assert main(["users", "add-rocketmq", "alice", "--secret-stdin", "--data-dir", str(tmp_path)]) == 0
+    path = access_keys_path(tmp_path)
+    assert read_access_keys(path) == {"alice": "s3cret"}
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert main(["users", "list-rocketmq", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "alice"
+    assert main(["users", "delete-rocketmq", "alice", "--data-dir", str(tmp_path)]) == 0
+    assert read_access_keys(path) == {}
+    assert main(["users", "delete-rocketmq", "alice", "--data-dir", str(tmp_path)]) == 1
