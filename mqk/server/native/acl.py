@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mqk.broker.security import Principal, Security
-from mqk.broker.security.authorizer import ALLOW_ALL
 from mqk.broker.security.principal import USER
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
@@ -154,19 +153,17 @@ def needs(cmd: RemotingCommand) -> list[Need]:
 class NativeAcl:
     """The broker listener's check, asked before a request reaches its processor."""
 
-    def __init__(self, security: Security, topic_exists: Callable[[str], bool]) -> None:
+    def __init__(self, enabled: bool, security: Security, topic_exists: Callable[[str], bool]) -> None:
+        """`enabled`: the broker's `authorizer` switch (what turns Kafka's ACL authorizer on)."""
+        self.enabled = enabled
         self.security = security
         self.topic_exists = topic_exists
 
-    @property
-    def enabled(self) -> bool:
-        return self.security.authorizer is not ALLOW_ALL
-
     def check(self, peer: tuple[str, int], cmd: RemotingCommand) -> RemotingCommand | None:
         """None when the request may go on; else the NO_PERMISSION answer to send instead."""
-        authorizer = self.security.authorizer
-        if authorizer is ALLOW_ALL:
+        if not self.enabled:
             return None
+        authorizer = self.security.authorizer
         ext = cmd.ext_fields
         access_key = ext.get(ACCESS_KEY)
         if not access_key or SIGNATURE not in ext:

@@ -47,7 +47,7 @@ class NativeServer:
         self.ctx = BrokerContext(config, store, broker=broker)
         self.clients = ClientManager(self.ctx)
         #: RocketMQ's plain ACL (checks nothing unless the authorizer is on)
-        self.acl = NativeAcl(broker.security, lambda topic: self.ctx.queue_count(topic) > 0)
+        self.acl = NativeAcl(config.authorizer, broker.security, lambda topic: self.ctx.queue_count(topic) > 0)
         send = SendProcessor(self.ctx)
         pull = PullProcessor(self.ctx, self.clients)
         offsets = OffsetProcessor(self.ctx)
