@@ -2,9 +2,10 @@
 `mqk serve` with the ACL authorizer on: RocketMQ's plain ACL (mqk.server.native.acl) over Kafka's ACLs.
 
 A user whose access key was added with `mqk users add-rocketmq` (while the broker runs) and who is allowed WRITE and
-READ on its topic and READ on its group produces and consumes through a push consumer. The same user with a wrong
-secret, an unknown access key, and a user allowed only READ on the topic cannot send: the producer fails and
-nothing is written. Setup goes through the PLAINTEXT Kafka listener, whose ANONYMOUS principal is a super user here.
+READ on its topic and READ on its group produces and consumes through a push consumer; without READ on the group
+its consumer gets nothing. The same user with a wrong secret, an unknown access key, and a user allowed only READ
+on the topic cannot send: the producer fails and nothing is written. Setup goes through the PLAINTEXT Kafka
+listener, whose ANONYMOUS principal is a super user here.
 """
 
 from __future__ import annotations
@@ -118,6 +119,31 @@ def test_a_signed_producer_and_consumer_with_acls_work(rocket_acl: RocketAclBrok
             40,
             f"the signed consumer to get every message ({consumer.diagnostics()})",
         )
+    finally:
+        consumer.close()
+
+
+def test_a_consumer_without_read_on_its_group_gets_nothing(rocket_acl: RocketAclBroker) -> None:
+    topic, group, name = unique("racl-c"), unique("racl-cg"), unique("rcarol")
+    rocket_acl.create_topic(topic)
+    rocket_acl.access_key(name, "carol-secret")
+    rocket_acl.allow(f"User:{name}", "--operation", "WRITE", "--operation", "READ", "--topic", topic)
+    keys = {"accessKey": name, "secretKey": "carol-secret"}
+    sent = run_node(
+        "ons.js", rocket_acl.namesrv, "produce", json.dumps({"messages": [{"topic": topic, "body": "kept"}], **keys})
+    )["result"]
+    assert [r["sendStatus"] for r in sent] == ["SEND_OK"]
+    consumer = NodeProcess(
+        "ons.js", rocket_acl.namesrv, "consume", json.dumps({"topic": topic, "group": group, **keys})
+    )
+    try:
+        refused = f"User:{name} is not allowed READ on GROUP {group}"
+        wait_until(
+            lambda: refused in rocket_acl.broker.log_path.read_text(errors="replace"),
+            30,
+            f"the broker to refuse the consumer's group ({consumer.diagnostics()})",
+        )
+        assert consumer.of("msg") == []
     finally:
         consumer.close()
 
