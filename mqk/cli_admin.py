@@ -1005,10 +1005,29 @@ async def produce_kafka(args: argparse.Namespace) -> None:
     )
 
 
+#: where the native commands read the secret of `--access-key` from (kept out of the process list)
+SECRET_KEY_ENV = "MQK_ROCKETMQ_SECRET_KEY"
+
+
+def _rocketmq_credentials(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(access key, secret key) when `--access-key` is given: the secret from $MQK_ROCKETMQ_SECRET_KEY, else asked
+    at the terminal."""
+    if not getattr(args, "access_key", None):
+        return None
+    secret = os.environ.get(SECRET_KEY_ENV)
+    if secret is None:
+        if not sys.stdin.isatty():
+            raise CommandError(f"--access-key: give its secret in ${SECRET_KEY_ENV} or at the prompt of a terminal")
+        secret = getpass.getpass(f"secret key of {args.access_key}: ")
+    return (str(args.access_key), secret)
+
+
 async def produce_native(args: argparse.Namespace) -> None:
     values = _input_values(args)
     properties = _parse_configs(args.header)
+    credentials = _rocketmq_credentials(args)
     async with Producer(args.namesrv, "mqk-cli-producer") as producer:
+        producer.credentials = credentials
         for value in values:
             result = await producer.send(
                 Message(
@@ -1058,12 +1077,19 @@ async def consume_native(args: argparse.Namespace) -> None:
         max_messages=None if args.max_messages >= 1 << 62 else args.max_messages,
         idle_timeout_s=args.timeout,
         out=out,
+        credentials=_rocketmq_credentials(args),
     )
 
 
 def _by_protocol(kafka: Any, native: Any) -> Any:
     async def run(args: argparse.Namespace) -> None:
-        await (native if args.protocol == "native" else kafka)(args)
+        if args.protocol != "native":
+            await kafka(args)
+            return
+        try:
+            await native(args)
+        except ClientError as exc:  # the broker's answer (e.g. NO_PERMISSION), said as a command error
+            raise CommandError(str(exc)) from None
 
     return run
 
@@ -1174,6 +1200,7 @@ async def query_by_key(args: argparse.Namespace) -> None:
         client = ClientBase(args.namesrv, "mqk-cli-query")
     except ValueError as exc:
         raise CommandError(f"--namesrv: {exc}") from None
+    client.credentials = _rocketmq_credentials(args)
     try:
         route = await client.route(args.topic)
         found = []
@@ -1234,6 +1261,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="kafka (default) or native: RocketMQ remoting through the name server",
         )
         p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="native: the name server")
+        p.add_argument(
+            "--access-key",
+            help=f"native: sign requests with this RocketMQ access key (its secret from ${SECRET_KEY_ENV} or a prompt)",
+        )
 
     with_bootstrap = with_kafka_connection
 
@@ -1432,6 +1463,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topic", required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="name server (RocketMQ route)")
+    p.add_argument(
+        "--access-key",
+        help=f"sign requests with this RocketMQ access key (its secret from ${SECRET_KEY_ENV} or a prompt)",
+    )
     p.add_argument("--max", type=int, default=64, help="at most this many messages (the broker caps it at 64)")
     p.add_argument("--begin-ms", type=int, default=0, help="store time lower bound, epoch ms")
     p.add_argument("--end-ms", type=int, default=None, help="store time upper bound, epoch ms (default: now)")

@@ -5,7 +5,9 @@ grant get NO_PERMISSION; name-server routes keep working; with the authorizer of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mqk.broker.security.acls import AclBinding
+from mqk.cli import main
 from mqk.client import MessageQueue, Producer, PullConsumer
 from mqk.client.remoting import ClientError
 from mqk.config import BrokerConfig, StoreConfig
@@ -160,3 +163,20 @@ async def test_without_the_authorizer_signatures_are_ignored(tmp_path: Path) -> 
             assert await producer.send("orders", b"x", queue_id=0) is not None
         async with Producer(namesrv, "pg") as producer:
             assert await producer.send("orders", b"y", queue_id=0) is not None
+
+
+async def test_the_cli_signs_native_produce_and_consume_with_an_access_key(acl, monkeypatch, capsys) -> None:
+    namesrv, broker = acl
+    monkeypatch.setenv("MQK_ROCKETMQ_SECRET_KEY", "alice-secret")
+    monkeypatch.setattr("sys.stdin", io.StringIO("from the cli\n"))
+    base = ["--protocol", "native", "--namesrv", namesrv, "--topic", "orders"]
+    assert await asyncio.to_thread(main, ["produce", *base, "--access-key", "alice"]) == 0
+    consume = ["consume", *base, "--group", "g", "--timeout", "1", "--max-messages", "1"]
+    assert await asyncio.to_thread(main, [*consume, "--access-key", "alice"]) == 0
+    assert "from the cli" in capsys.readouterr().out
+    # unsigned: refused (exit 1), nothing more written
+    monkeypatch.setattr("sys.stdin", io.StringIO("unsigned\n"))
+    assert await asyncio.to_thread(main, ["produce", *base]) == 1
+    assert "code 16" in capsys.readouterr().err
+    total = sum(broker.ctx.store.end_offset("orders", q) for q in (0, 1))
+    assert total == 1
