@@ -12,7 +12,9 @@ environment variable, which keeps the password out of the process list) and `--s
 AlterUserScramCredentials; the salted password is derived here, so the password itself never reaches the broker.
 `mqk acls` lists, adds and removes ACL bindings through DescribeAcls, CreateAcls and DeleteAcls, with the options of
 Kafka's kafka-acls tool (`--allow-principal`, `--deny-principal`, `--operation`, `--topic`, `--group`, `--cluster`,
-`--transactional-id`, `--resource-pattern-type`, `--allow-host`, `--deny-host`).
+`--transactional-id`, `--resource-pattern-type`, `--allow-host`, `--deny-host`). `mqk users add-rocketmq` /
+`delete-rocketmq` / `list-rocketmq` edit the RocketMQ access keys in the broker's data directory directly
+(mqk.broker.security.access_keys: plain secrets, which RocketMQ's signatures need; a running broker rereads them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from mqk._fast import load
@@ -777,6 +780,51 @@ async def users_delete(args: argparse.Namespace) -> None:
     print(f"user {args.user} deleted")
 
 
+# --- RocketMQ access keys (plain secrets in the broker's data directory) -----------------------------------
+
+
+def _access_keys_file(args: argparse.Namespace) -> Any:
+    # (imported here: the other admin commands never load the broker's security modules)
+    from mqk.broker.security import access_keys
+
+    return access_keys, access_keys.access_keys_path(Path(args.data_dir))
+
+
+def _read_keys(module: Any, path: Path) -> dict[str, str]:
+    try:
+        return dict(module.read_access_keys(path))
+    except MqkError as exc:  # Corrupt: a file mqk did not write
+        raise CommandError(str(exc)) from None
+
+
+async def rocketmq_keys_list(args: argparse.Namespace) -> None:
+    module, path = _access_keys_file(args)
+    for name in sorted(_read_keys(module, path)):
+        print(name)
+
+
+async def rocketmq_keys_add(args: argparse.Namespace) -> None:
+    module, path = _access_keys_file(args)
+    args.password = args.secret
+    args.password_stdin = args.secret_stdin
+    secret = _new_password(args)
+    if not secret:
+        raise CommandError("the secret key must not be empty")
+    keys = _read_keys(module, path)
+    keys[args.user] = secret
+    module.write_access_keys(path, keys)
+    print(f"rocketmq access key {args.user} set in {path} (a running broker picks it up)")
+
+
+async def rocketmq_keys_delete(args: argparse.Namespace) -> None:
+    module, path = _access_keys_file(args)
+    keys = _read_keys(module, path)
+    if keys.pop(args.user, None) is None:
+        raise CommandError(f"no rocketmq access key {args.user} in {path}")
+    module.write_access_keys(path, keys)
+    print(f"rocketmq access key {args.user} deleted")
+
+
 # --- ACLs ---------------------------------------------------------------------------------------------
 
 
@@ -1025,10 +1073,29 @@ async def produce_kafka(args: argparse.Namespace) -> None:
     )
 
 
+#: where the native commands read the secret of `--access-key` from (kept out of the process list)
+SECRET_KEY_ENV = "MQK_ROCKETMQ_SECRET_KEY"
+
+
+def _rocketmq_credentials(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(access key, secret key) when `--access-key` is given: the secret from $MQK_ROCKETMQ_SECRET_KEY, else asked
+    at the terminal."""
+    if not getattr(args, "access_key", None):
+        return None
+    secret = os.environ.get(SECRET_KEY_ENV)
+    if secret is None:
+        if not sys.stdin.isatty():
+            raise CommandError(f"--access-key: give its secret in ${SECRET_KEY_ENV} or at the prompt of a terminal")
+        secret = getpass.getpass(f"secret key of {args.access_key}: ")
+    return (str(args.access_key), secret)
+
+
 async def produce_native(args: argparse.Namespace) -> None:
     values = _input_values(args)
     properties = _parse_configs(args.header)
+    credentials = _rocketmq_credentials(args)
     async with Producer(args.namesrv, "mqk-cli-producer") as producer:
+        producer.credentials = credentials
         for value in values:
             result = await producer.send(
                 Message(
@@ -1078,12 +1145,19 @@ async def consume_native(args: argparse.Namespace) -> None:
         max_messages=None if args.max_messages >= 1 << 62 else args.max_messages,
         idle_timeout_s=args.timeout,
         out=out,
+        credentials=_rocketmq_credentials(args),
     )
 
 
 def _by_protocol(kafka: Any, native: Any) -> Any:
     async def run(args: argparse.Namespace) -> None:
-        await (native if args.protocol == "native" else kafka)(args)
+        if args.protocol != "native":
+            await kafka(args)
+            return
+        try:
+            await native(args)
+        except ClientError as exc:  # the broker's answer (e.g. NO_PERMISSION), said as a command error
+            raise CommandError(str(exc)) from None
 
     return run
 
@@ -1194,6 +1268,7 @@ async def query_by_key(args: argparse.Namespace) -> None:
         client = ClientBase(args.namesrv, "mqk-cli-query")
     except ValueError as exc:
         raise CommandError(f"--namesrv: {exc}") from None
+    client.credentials = _rocketmq_credentials(args)
     try:
         route = await client.route(args.topic)
         found = []
@@ -1254,6 +1329,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="kafka (default) or native: RocketMQ remoting through the name server",
         )
         p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="native: the name server")
+        p.add_argument(
+            "--access-key",
+            help=f"native: sign requests with this RocketMQ access key (its secret from ${SECRET_KEY_ENV} or a prompt)",
+        )
 
     with_bootstrap = with_kafka_connection
 
@@ -1360,6 +1439,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("user")
     p.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
     p.set_defaults(run=users_delete)
+    # RocketMQ access keys: the broker needs their plain secrets (signatures are HMACs), so they are not SCRAM
+    # credentials and live in their own file under the broker's data directory, edited here directly
+    p = usub.add_parser("list-rocketmq", help="list the RocketMQ access keys")
+    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+    p.set_defaults(run=rocketmq_keys_list)
+    p = usub.add_parser("add-rocketmq", help="add a RocketMQ access key (user NAME, principal User:NAME)")
+    p.add_argument("user")
+    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument("--secret", help="(visible in the process list: prefer --secret-stdin)")
+    secret.add_argument("--secret-stdin", action="store_true", help="read the secret key from stdin's first line")
+    p.set_defaults(run=rocketmq_keys_add)
+    p = usub.add_parser("delete-rocketmq", help="delete a RocketMQ access key")
+    p.add_argument("user")
+    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+    p.set_defaults(run=rocketmq_keys_delete)
 
     quotas = sub.add_parser("quotas", help="list, set, remove client quotas (byte rates per user and client id)")
     qsub = quotas.add_subparsers(dest="action", required=True)
@@ -1457,6 +1552,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topic", required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--namesrv", default=DEFAULT_NAMESRV, metavar="HOST:PORT", help="name server (RocketMQ route)")
+    p.add_argument(
+        "--access-key",
+        help=f"sign requests with this RocketMQ access key (its secret from ${SECRET_KEY_ENV} or a prompt)",
+    )
     p.add_argument("--max", type=int, default=64, help="at most this many messages (the broker caps it at 64)")
     p.add_argument("--begin-ms", type=int, default=0, help="store time lower bound, epoch ms")
     p.add_argument("--end-ms", type=int, default=None, help="store time upper bound, epoch ms (default: now)")

@@ -24,13 +24,14 @@ for (const level of ['debug', 'info', 'warn', 'error']) {
   }
 }
 
-// ali-ons insists on an HTTP client and access keys; with nameSrv given it never uses the former, and mqk
-// accepts and ignores the signature made with the latter.
+// ali-ons insists on an HTTP client and access keys; with nameSrv given it never uses the former. It signs every
+// request with the latter: mqk ignores the signature unless its authorizer is on, and then checks it
+// (compat/test_rocketmq_acl_clients.py passes `accessKey` / `secretKey` in the options).
 const common = {
   nameSrv: nameSrv.split(';'), // several name servers separated by ';', as RocketMQ's namesrvAddr
   httpclient: { request: async () => { throw new Error('no HTTP in tests') } },
-  accessKeyId: 'mqk-test-key',
-  accessKeySecret: 'mqk-test-secret',
+  accessKeyId: opts.accessKey || 'mqk-test-key',
+  accessKeySecret: opts.secretKey || 'mqk-test-secret',
   logger: stderrLogger
 }
 const out = obj => process.stdout.write(JSON.stringify(obj) + '\n')

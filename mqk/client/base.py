@@ -48,6 +48,9 @@ class ClientBase:
         #: TLS for every connection (name server and brokers), as a RocketMQ client with tls.enable: set it before
         #: the first call
         self.ssl: ssl.SSLContext | None = None
+        #: (access key, secret key): sign every request as RocketMQ's ACL client hook does; set it before the first
+        #: call
+        self.credentials: tuple[str, str] | None = None
 
     async def _connection(self, address: tuple[str, int]) -> RemotingConnection:
         conn = self._connections.get(address)
@@ -56,7 +59,7 @@ class ClientBase:
         async with self._connect_lock:
             conn = self._connections.get(address)
             if conn is None or conn.closed:
-                conn = RemotingConnection(address, self._server_request, ssl=self.ssl)
+                conn = RemotingConnection(address, self._server_request, ssl=self.ssl, credentials=self.credentials)
                 try:
                     await conn.connect()
                 except OSError as exc:

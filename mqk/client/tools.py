@@ -66,11 +66,14 @@ async def consume(
     idle_timeout_s: float | None = 5.0,
     commit: bool = True,
     out: Callable[[MessageExt], None] = lambda m: print(format_message(m), flush=True),
+    credentials: tuple[str, str] | None = None,
 ) -> int:
     """Pull every queue of `topic` from the group's committed offset (else the start, or the end without
-    `from_beginning`) until `max_messages` arrived or nothing came for `idle_timeout_s`."""
+    `from_beginning`) until `max_messages` arrived or nothing came for `idle_timeout_s`. `credentials`: (access
+    key, secret key) to sign the requests with (a broker with RocketMQ ACLs on)."""
     seen = 0
     async with PullConsumer(namesrv, group) as consumer:
+        consumer.credentials = credentials
         queues = await consumer.queues(topic)
         offsets = {}
         for mq in queues:

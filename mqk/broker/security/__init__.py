@@ -6,6 +6,7 @@
 - sasl.py, scram.py: the SASL mechanisms PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 (sans-IO);
 - users.py: the SCRAM credentials (data dir, or etcd in cluster mode); failures.py: the failure delays;
 - authorizer.py: the hook the front doors ask (`ALLOW_ALL` unless `authorizer` is on);
+- access_keys.py: RocketMQ access keys and their plain secrets (what RocketMQ's request signatures need);
 - acls.py: the ACL bindings (data dir, or etcd in cluster mode) and Kafka's ACL authorizer over them.
 
 TLS itself (sockets, handshakes) belongs to the front doors (mqk.server.tls); SASL framing to each protocol.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import secrets
 
 from mqk.broker.cluster import ClusterMember
+from mqk.broker.security.access_keys import AccessKeys
 from mqk.broker.security.acls import AclAuthorizer, Acls
 from mqk.broker.security.authorizer import ALLOW_ALL, Authorizer
 from mqk.broker.security.errors import AuthenticationFailed
@@ -38,6 +40,9 @@ class Security:
             clock, config.auth_failure_delay_ms / 1000, config.auth_failure_delay_max_ms / 1000
         )
         self.principals = PrincipalMapper(config.tls.principal_mapping_rules)
+        #: RocketMQ access keys (their own store: a signature needs the plain secret, SCRAM keeps none)
+        self.access_keys = AccessKeys(store.config.data_dir)
+        self.access_keys.load()
         self.acls = Acls(store)
         self.acls.load()
         #: what every front door asks: the ACL authorizer when configured, else everyone may do everything

@@ -1,8 +1,9 @@
 """NativeServer: the RocketMQ broker role (default 127.0.0.1:10911) over the remoting protocol.
 
 Wires the processors (one per request family: send, pull, offsets, clients, admin, stats) to request codes; an unknown
-code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. ACL ext fields (AccessKey, Signature, ...) are
-accepted and ignored: mqk has no ACL yet. With `native_tls` the listener takes TLS only (the `[tls]`
+code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. With the authorizer on, every request first passes
+RocketMQ's plain-ACL check (mqk.server.native.acl: signature, then the ACLs); with it off the ACL ext fields
+(AccessKey, Signature, ...) are accepted and ignored. With `native_tls` the listener takes TLS only (the `[tls]`
 certificate). The processors share the broker services (mqk.broker) with the Kafka
 listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
 """
@@ -16,6 +17,7 @@ from mqk.clock import Clock
 from mqk.config import BrokerConfig
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
+from mqk.server.native.acl import NativeAcl
 from mqk.server.native.admin import AdminProcessor
 from mqk.server.native.clients import ClientManager
 from mqk.server.native.context import BrokerContext
@@ -44,6 +46,8 @@ class NativeServer:
             raise ValueError("a NativeServer runs on its broker's clock")
         self.ctx = BrokerContext(config, store, broker=broker)
         self.clients = ClientManager(self.ctx)
+        #: RocketMQ's plain ACL (checks nothing unless the authorizer is on)
+        self.acl = NativeAcl(config.authorizer, broker.security, lambda topic: self.ctx.queue_count(topic) > 0)
         send = SendProcessor(self.ctx)
         pull = PullProcessor(self.ctx, self.clients)
         offsets = OffsetProcessor(self.ctx)
@@ -121,6 +125,10 @@ class NativeServer:
         handler = self.handlers.get(cmd.code)
         if handler is None:
             return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
+        if self.acl.enabled:
+            refused = self.acl.check(conn.peer, cmd)
+            if refused is not None:
+                return refused
         return await handler(conn, cmd)
 
     async def _ok(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

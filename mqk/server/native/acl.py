@@ -1,0 +1,201 @@
+"""RocketMQ plain ACL on the broker's remoting listener: who signed a request, and whether that principal may do it.
+
+With the authorizer on (the same `authorizer` switch as Kafka's), every request must carry RocketMQ's `AccessKey`
+and `Signature` ext fields (mqk.protocol.native.signature) made with the secret of a known access key
+(mqk.broker.security.access_keys). The access key NAME acts as `User:NAME` and is asked about Kafka's ACLs, so one
+set of ACLs governs both protocols. What each request needs, in Kafka's terms:
+
+- sends (SEND_MESSAGE, _V2, batch): WRITE on the topic, and CREATE (on the cluster or the topic) too when the topic
+  does not exist yet (the send would create it);
+- pulls, consumer offset queries and commits: READ on the topic and READ on the consumer group;
+- a consumer's heartbeat, unregistering, queue locks, CONSUMER_SEND_MSG_BACK: READ on its group;
+- queue offsets by position or time (GET_MAX_OFFSET ...): DESCRIBE on the topic (Kafka's ListOffsets);
+- QUERY_MESSAGE: READ on the topic; VIEW_MESSAGE_BY_ID names no topic: DESCRIBE on the cluster;
+- admin: UPDATE_AND_CREATE_TOPIC CREATE on the cluster or the topic, DELETE_TOPIC_IN_BROKER DELETE on the topic;
+  topic and consume statistics DESCRIBE (DESCRIBE_CONFIGS for configs) on the topic or group; broker-wide
+  information (runtime info, broker config, every topic's config) DESCRIBE_CONFIGS / DESCRIBE on the cluster.
+
+RocketMQ's internal topics of a group (`%RETRY%G`, `%DLQ%G`) stand for the group: reading or writing one needs READ
+on group G. Everything else (CHECK_CLIENT_CONFIG, END_TRANSACTION: RocketMQ checks no resource for them either)
+needs a valid signature only. An unsigned request, an unknown access key, a wrong signature and a denied operation
+are answered NO_PERMISSION with a remark saying which, and logged. With the authorizer off nothing is checked: the
+fields are accepted and ignored. The name server checks nothing, as RocketMQ's does (its ACL is the broker's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from mqk.broker.security import Principal, Security
+from mqk.broker.security.principal import USER
+from mqk.protocol.native.codes import RequestCode, ResponseCode
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.signature import ACCESS_KEY, SIGNATURE, verify
+
+log = logging.getLogger("mqk.native")
+
+TOPIC, GROUP, CLUSTER, CLUSTER_NAME = "TOPIC", "GROUP", "CLUSTER", "kafka-cluster"
+RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
+
+#: (operation, resource type, resource name)
+Need = tuple[str, str, str]
+
+
+def _topic(operation: str, name: str | None) -> Iterator[Need]:
+    if not name:
+        return  # the handler refuses a request without its topic
+    for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+        if name.startswith(prefix):
+            yield ("READ", GROUP, name[len(prefix) :])
+            return
+    yield (operation, TOPIC, name)
+
+
+def _group(operation: str, name: str | None) -> Iterator[Need]:
+    if name:
+        yield (operation, GROUP, name)
+
+
+def _cluster(operation: str) -> Iterator[Need]:
+    yield (operation, CLUSTER, CLUSTER_NAME)
+
+
+def _body(cmd: RemotingCommand) -> dict[str, Any]:
+    try:
+        doc = json.loads(cmd.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _send(cmd: RemotingCommand) -> Iterator[Need]:
+    ext = cmd.ext_fields
+    return _topic("WRITE", ext.get("topic") or ext.get("b"))  # SEND_MESSAGE_V2 names its fields by letter
+
+
+def _read_topic_and_group(cmd: RemotingCommand) -> Iterator[Need]:
+    yield from _topic("READ", cmd.ext_fields.get("topic"))
+    yield from _group("READ", cmd.ext_fields.get("consumerGroup"))
+
+
+def _heartbeat(cmd: RemotingCommand) -> Iterator[Need]:
+    consumers = _body(cmd).get("consumerDataSet")
+    for consumer in consumers if isinstance(consumers, list) else ():
+        if isinstance(consumer, dict) and consumer.get("groupName"):
+            yield ("READ", GROUP, str(consumer["groupName"]))
+
+
+def _body_group(cmd: RemotingCommand) -> Iterator[Need]:
+    group = _body(cmd).get("consumerGroup")
+    return _group("READ", str(group) if group else None)
+
+
+def _ext(
+    kind: Callable[[str, str | None], Iterator[Need]], operation: str, field: str
+) -> Callable[[RemotingCommand], Iterator[Need]]:
+    return lambda cmd: kind(operation, cmd.ext_fields.get(field))
+
+
+def _create_topic(cmd: RemotingCommand) -> Iterator[Need]:
+    yield ("CREATE", TOPIC, cmd.ext_fields.get("topic") or "")
+
+
+def _consume_stats(cmd: RemotingCommand) -> Iterator[Need]:
+    yield from _group("DESCRIBE", cmd.ext_fields.get("consumerGroup"))
+    yield from _topic("DESCRIBE", cmd.ext_fields.get("topic"))
+
+
+_NEEDS: dict[int, Callable[[RemotingCommand], Iterator[Need]]] = {
+    RequestCode.SEND_MESSAGE: _send,
+    RequestCode.SEND_MESSAGE_V2: _send,
+    RequestCode.SEND_BATCH_MESSAGE: _send,
+    RequestCode.CONSUMER_SEND_MSG_BACK: _ext(_group, "READ", "group"),
+    RequestCode.PULL_MESSAGE: _read_topic_and_group,
+    RequestCode.QUERY_CONSUMER_OFFSET: _read_topic_and_group,
+    RequestCode.UPDATE_CONSUMER_OFFSET: _read_topic_and_group,
+    RequestCode.GET_MAX_OFFSET: _ext(_topic, "DESCRIBE", "topic"),
+    RequestCode.GET_MIN_OFFSET: _ext(_topic, "DESCRIBE", "topic"),
+    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _ext(_topic, "DESCRIBE", "topic"),
+    RequestCode.GET_EARLIEST_MSG_STORETIME: _ext(_topic, "DESCRIBE", "topic"),
+    RequestCode.HEART_BEAT: _heartbeat,
+    RequestCode.UNREGISTER_CLIENT: _ext(_group, "READ", "consumerGroup"),
+    RequestCode.GET_CONSUMER_LIST_BY_GROUP: _ext(_group, "DESCRIBE", "consumerGroup"),
+    RequestCode.GET_CONSUMER_CONNECTION_LIST: _ext(_group, "DESCRIBE", "consumerGroup"),
+    RequestCode.LOCK_BATCH_MQ: _body_group,
+    RequestCode.UNLOCK_BATCH_MQ: _body_group,
+    RequestCode.UPDATE_AND_CREATE_TOPIC: _create_topic,
+    RequestCode.DELETE_TOPIC_IN_BROKER: _ext(_topic, "DELETE", "topic"),
+    RequestCode.GET_ALL_TOPIC_CONFIG: lambda cmd: _cluster("DESCRIBE"),
+    RequestCode.QUERY_MESSAGE: _ext(_topic, "READ", "topic"),
+    RequestCode.VIEW_MESSAGE_BY_ID: lambda cmd: _cluster("DESCRIBE"),
+    RequestCode.GET_BROKER_RUNTIME_INFO: lambda cmd: _cluster("DESCRIBE_CONFIGS"),
+    RequestCode.GET_BROKER_CONFIG: lambda cmd: _cluster("DESCRIBE_CONFIGS"),
+    RequestCode.GET_TOPIC_STATS_INFO: _ext(_topic, "DESCRIBE", "topic"),
+    RequestCode.GET_CONSUME_STATS: _consume_stats,
+    RequestCode.GET_TOPIC_CONFIG: _ext(_topic, "DESCRIBE_CONFIGS", "topic"),
+    RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: _ext(_topic, "DESCRIBE", "topic"),
+    RequestCode.QUERY_TOPICS_BY_CONSUMER: _ext(_group, "DESCRIBE", "group"),
+}
+
+
+_SENDS = frozenset((RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE))
+
+
+def needs(cmd: RemotingCommand) -> list[Need]:
+    """What the request's principal must be allowed (see the module docstring)."""
+    what = _NEEDS.get(cmd.code)
+    return [] if what is None else list(what(cmd))
+
+
+class NativeAcl:
+    """The broker listener's check, asked before a request reaches its processor."""
+
+    def __init__(self, enabled: bool, security: Security, topic_exists: Callable[[str], bool]) -> None:
+        """`enabled`: the broker's `authorizer` switch (what turns Kafka's ACL authorizer on)."""
+        self.enabled = enabled
+        self.security = security
+        self.topic_exists = topic_exists
+
+    def check(self, peer: tuple[str, int], cmd: RemotingCommand) -> RemotingCommand | None:
+        """None when the request may go on; else the NO_PERMISSION answer to send instead."""
+        if not self.enabled:
+            return None
+        authorizer = self.security.authorizer
+        ext = cmd.ext_fields
+        access_key = ext.get(ACCESS_KEY)
+        if not access_key or SIGNATURE not in ext:
+            return self._refuse(peer, cmd, "", "request is not signed (no AccessKey/Signature)")
+        secret = self.security.access_keys.secret(access_key)
+        if secret is None:
+            return self._refuse(peer, cmd, access_key, f"unknown AccessKey {access_key}")
+        if not verify(ext, cmd.body, secret):
+            return self._refuse(peer, cmd, access_key, f"Check signature failed for accessKey={access_key}")
+        principal = Principal(USER, access_key)
+        wanted = needs(cmd)
+        if cmd.code in _SENDS:
+            topic = cmd.ext_fields.get("topic") or cmd.ext_fields.get("b")
+            if topic and (TOPIC, topic) in {(t, n) for _, t, n in wanted} and not self.topic_exists(topic):
+                wanted.append(("CREATE", TOPIC, topic))
+        for operation, resource_type, name in wanted:
+            if operation == "CREATE" and authorizer.authorize(principal, peer[0], "CREATE", CLUSTER, CLUSTER_NAME):
+                continue  # CREATE on the cluster covers every topic, as Kafka's CreateTopics
+            if not authorizer.authorize(principal, peer[0], operation, resource_type, name):
+                return self._refuse(
+                    peer, cmd, access_key, f"{principal} is not allowed {operation} on {resource_type} {name}"
+                )
+        return None
+
+    @staticmethod
+    def _refuse(peer: tuple[str, int], cmd: RemotingCommand, access_key: str, why: str) -> RemotingCommand:
+        log.warning(
+            "rocketmq-broker: NO_PERMISSION for request code %s from %s:%s%s: %s",
+            cmd.code,
+            peer[0],
+            peer[1],
+            f" (AccessKey {access_key})" if access_key else "",
+            why,
+        )
+        return cmd.response(ResponseCode.NO_PERMISSION, f"No permission: {why}")
