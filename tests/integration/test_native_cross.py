@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from mqk.client import MessageQueue, Producer, PullConsumer
+from mqk.client import Message, MessageQueue, Producer, PullConsumer
 from mqk.clock import Clock, FakeClock
+from mqk.config import TopicConfig
 
 
 @pytest.fixture
@@ -93,3 +94,30 @@ async def test_kafka_delay_header(mqk_broker, mqk_bootstrap, compression) -> Non
     async with PullConsumer(_ns(mqk_broker), f"dg-{topic}") as consumer:
         got = await consumer.pull(MessageQueue(topic, "mqk-broker-a", 0), 1)
         assert [m.body for m in got.messages] == [b"later"]
+
+
+async def test_a_topics_compression_type_recompresses_rocketmq_sends_too(mqk_broker, mqk_bootstrap) -> None:
+    """compression.type other than `producer` holds for every append, as in Kafka: RocketMQ sends (one and a batch)
+    are stored in the topic's codec, and both protocols read them back whole."""
+    config = TopicConfig({"compression.type": "zstd"})
+    mqk_broker.call(mqk_broker.store.create_topic("x-zstd", 1, config))
+    async with Producer(_ns(mqk_broker)) as producer:
+        await producer.send("x-zstd", b"one " * 50, tags="T")
+        await producer.send_batch([Message("x-zstd", b"two " * 50), Message("x-zstd", b"three " * 50)], queue_id=0)
+    read = mqk_broker.call(mqk_broker.store.read("x-zstd", 0, 0, 1 << 20))
+    codecs = [int.from_bytes(bytes(b.data[21:23]), "big") & 0x07 for b in read.batches]
+    assert codecs == [4, 4, 4], "every stored batch is zstd (codec 4)"
+    consumer = AIOKafkaConsumer(bootstrap_servers=mqk_bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition("x-zstd", 0)
+        consumer.assign([tp])
+        got = (await consumer.getmany(tp, timeout_ms=5000))[tp]
+        assert [r.value for r in got] == [b"one " * 50, b"two " * 50, b"three " * 50]
+        assert dict(got[0].headers)["TAGS"] == b"T"
+    finally:
+        await consumer.stop()
+    async with PullConsumer(_ns(mqk_broker), "zg") as pull:
+        result = await pull.pull(MessageQueue("x-zstd", "mqk-broker-a", 0), 0)
+        assert [m.body for m in result.messages] == [b"one " * 50, b"two " * 50, b"three " * 50]
+        assert result.messages[0].tags == "T"

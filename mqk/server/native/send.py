@@ -11,6 +11,8 @@ send to a retry topic whose reconsume count reached the maximum goes to the grou
 bodies (sys flag bit 0, zlib) are inflated on arrival so Kafka consumers see the real body; a body (inflated) over
 the broker's `native_max_message_size` is MESSAGE_ILLEGAL; a send to an internal topic (mqk.broker.internal) or one of
 RocketMQ's system topics is NO_PERMISSION ("Sending message to topic[...] is forbidden."), as in RocketMQ.
+A topic whose compression.type is not `producer` gets every message's batch in its codec, as Kafka recompresses
+every append (mqk.protocol.kafka.records.recompress).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mqk.broker.internal import DLQ_PREFIX, RETRY_PREFIX, dlq_topic, retry_topic
 from mqk.broker.names import ROCKETMQ
 from mqk.config import SYNC_MASTER
 from mqk.errors import MqkError, StorageError
+from mqk.protocol.kafka import records as kafka_records
 from mqk.protocol.native.codes import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -209,6 +212,8 @@ class SendProcessor:
         indexed per append, so a keyed message gets its own)."""
         ids: list[str] = []
         first_offset = -1
+        info = self.ctx.store.topic(topic)
+        codec = kafka_records.TOPIC_CODECS.get(info.config.get("compression.type")) if info is not None else None
         i = 0
         while i < len(messages):
             body, props, flag = messages[i]
@@ -222,6 +227,8 @@ class SendProcessor:
                     break
                 run.append(message_to_batch(nbody, nprops, born, nflag, reconsume, born_host))
                 j += 1
+            if codec is not None:
+                run = [_compressed(batch, codec) for batch in run]
             # the properties let the timer's put-hook see a delay without decoding the batch
             result = await self.ctx.store.append(
                 topic, queue, run, tags_code=code, keys=keys, properties=props if len(run) == 1 else None
@@ -295,3 +302,10 @@ class SendProcessor:
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         return cmd.response(ResponseCode.SUCCESS)
+
+
+def _compressed(batch: bytearray, codec: int) -> bytearray:
+    """A message's batch in the topic's compression.type codec (what Kafka's LogValidator does to every append
+    when the topic's compression.type is not `producer`: Kafka consumers then read the topic in one codec)."""
+    (info,) = kafka_records.validate_produce_records(batch, len(batch))
+    return bytearray(kafka_records.recompress(info, codec).data)
