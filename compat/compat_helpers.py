@@ -50,6 +50,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def end_offsets(kafka_address: tuple[str, int], topic: str, partitions: tuple[int, ...] = (0,)) -> list[int]:
+    """The partitions' end offsets, asked over a plain connection to `kafka_address` (-1 for a partition the broker
+    answers with an error: no such topic). Blocks; callable from async tests too (its own loop)."""
+    import asyncio
+
+    from mqk.protocol.kafka.api import ApiKey
+    from mqk.server.kafka.rawclient import RawKafkaClient
+
+    async def ask() -> list[int]:
+        async with await RawKafkaClient.connect(*kafka_address) as client:
+            answer = await client.call(
+                ApiKey.LIST_OFFSETS,
+                7,
+                {
+                    "replica_id": -1,
+                    "isolation_level": 0,
+                    "topics": [
+                        {"name": topic, "partitions": [{"partition_index": p, "timestamp": -1} for p in partitions]}
+                    ],
+                },
+            )
+        return [p["offset"] if p["error_code"] == 0 else -1 for p in answer["topics"][0]["partitions"]]
+
+    return asyncio.run(ask())
+
+
 def unique(prefix: str = "t") -> str:
     """Topic / group names unique across the session and across runs (the shared broker outlives tests)."""
     return f"{prefix}-{os.getpid()}-{next(_counter)}-{uuid.uuid4().hex[:6]}"

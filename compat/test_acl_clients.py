@@ -21,10 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from compat_helpers import hostport, run_node, unique
+from compat_helpers import end_offsets, hostport, run_node, unique
 
-from mqk.protocol.kafka.api import ApiKey
-from mqk.server.kafka.rawclient import RawKafkaClient
 from mqk.testing import BrokerProcess
 
 PASSWORD = "acl-secret"
@@ -57,21 +55,7 @@ class AclBroker:
         mqk("topics", "create", name, "--bootstrap", self.broker.bootstrap)
 
     def end_offset(self, topic: str) -> int:
-        async def ask() -> int:
-            async with await RawKafkaClient.connect(*self.broker.kafka_address) as client:
-                answer = await client.call(
-                    ApiKey.LIST_OFFSETS,
-                    7,
-                    {
-                        "replica_id": -1,
-                        "isolation_level": 0,
-                        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
-                    },
-                )
-            part = answer["topics"][0]["partitions"][0]
-            return part["offset"] if part["error_code"] == 0 else -1
-
-        return asyncio.run(ask())
+        return end_offsets(self.broker.kafka_address, topic)[0]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ listener, whose ANONYMOUS principal is a super user here.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
@@ -18,11 +17,9 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from compat_helpers import JS_DIR, NodeProcess, hostport, run_node, unique
+from compat_helpers import JS_DIR, NodeProcess, end_offsets, hostport, run_node, unique
 from helpers import wait_until
 
-from mqk.protocol.kafka.api import ApiKey
-from mqk.server.kafka.rawclient import RawKafkaClient
 from mqk.testing import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,25 +46,9 @@ class RocketAclBroker:
 
     def end_offsets(self, topic: str) -> int:
         """Records in all of the topic's partitions."""
-
-        async def ask() -> int:
-            async with await RawKafkaClient.connect(*self.broker.kafka_address) as client:
-                answer = await client.call(
-                    ApiKey.LIST_OFFSETS,
-                    7,
-                    {
-                        "replica_id": -1,
-                        "isolation_level": 0,
-                        "topics": [
-                            {"name": topic, "partitions": [{"partition_index": p, "timestamp": -1} for p in (0, 1)]}
-                        ],
-                    },
-                )
-            parts = answer["topics"][0]["partitions"]
-            assert all(p["error_code"] == 0 for p in parts), parts
-            return sum(p["offset"] for p in parts)
-
-        return asyncio.run(ask())
+        offsets = end_offsets(self.broker.kafka_address, topic, (0, 1))
+        assert min(offsets) >= 0, offsets
+        return sum(offsets)
 
 
 @pytest.fixture(scope="module")

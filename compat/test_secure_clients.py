@@ -19,12 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compat_helpers import hostport, run_node, unique
+from compat_helpers import end_offsets, hostport, run_node, unique
 from helpers import wait_until
 from pki import make_pki
 
-from mqk.protocol.kafka.api import ApiKey
-from mqk.server.kafka.rawclient import RawKafkaClient
 from mqk.testing import BrokerProcess
 
 USER, PASSWORD = "alice", "alice-secret"
@@ -71,22 +69,7 @@ class Secure:
 
     def end_offset(self, topic: str) -> int:
         """The topic's partition 0 end offset through the PLAINTEXT listener (-1: no such topic)."""
-
-        async def ask() -> int:
-            async with await RawKafkaClient.connect(*self.broker.kafka_address) as client:
-                answer = await client.call(
-                    ApiKey.LIST_OFFSETS,
-                    7,
-                    {
-                        "replica_id": -1,
-                        "isolation_level": 0,
-                        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
-                    },
-                )
-            part = answer["topics"][0]["partitions"][0]
-            return part["offset"] if part["error_code"] == 0 else -1
-
-        return asyncio.run(ask())
+        return end_offsets(self.broker.kafka_address, topic)[0]
 
 
 @pytest.fixture(scope="module")
