@@ -33,6 +33,16 @@ def call(address, api_key, version, body, **kw) -> dict:
     return asyncio.run(_call(address, api_key, version, body, **kw))
 
 
+def create_topics_body(name: str, partitions: int) -> dict:
+    return {
+        "topics": [
+            {"name": name, "num_partitions": partitions, "replication_factor": 1, "assignments": [], "configs": []}
+        ],
+        "timeout_ms": 10000,
+        "validate_only": False,
+    }
+
+
 def test_users_are_the_clusters_and_metadata_follows_the_clients_listener(
     mqk_cluster_factory: Callable[..., LocalCluster],
 ) -> None:
@@ -88,18 +98,7 @@ def test_an_acl_created_through_one_broker_is_enforced_by_the_other(
     b0, b1 = cluster.brokers
     added = mqk_users("add", "yan", "--password", "yan-pass", "--bootstrap", b0.bootstrap)
     assert added.returncode == 0, added.stderr
-    created = call(
-        b0.kafka,
-        ApiKey.CREATE_TOPICS,
-        7,
-        {
-            "topics": [
-                {"name": "guarded", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}
-            ],
-            "timeout_ms": 10000,
-            "validate_only": False,
-        },
-    )
+    created = call(b0.kafka, ApiKey.CREATE_TOPICS, 7, create_topics_body("guarded", 1))
     assert created["topics"][0]["error_code"] == 0
     yan = ("SCRAM-SHA-256", "yan", "yan-pass")
 
@@ -155,18 +154,7 @@ def test_a_client_quota_set_through_one_broker_is_described_and_enforced_by_ever
     cluster.restart(b1.node_id)
     wait_until(lambda: described_by(b1) == expected, timeout=30, what="the quota after a restart")
 
-    created = call(
-        b1.kafka,
-        ApiKey.CREATE_TOPICS,
-        7,
-        {
-            "topics": [
-                {"name": "capped", "num_partitions": 2, "replication_factor": 1, "assignments": [], "configs": []}
-            ],
-            "timeout_ms": 10000,
-            "validate_only": False,
-        },
-    )
+    created = call(b1.kafka, ApiKey.CREATE_TOPICS, 7, create_topics_body("capped", 2))
     assert created["topics"][0]["error_code"] == 0
     # each broker throttles the client on what it leads: one partition each (placement spreads the topic)
     for broker in (b0, b1):
