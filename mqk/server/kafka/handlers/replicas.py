@@ -23,33 +23,37 @@ is placed in, its leader is the group's master (docs/architecture.md, "Replicati
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from mqk import errors as E
 from mqk.broker.cluster.elections import ELECTION_TYPES, ElectionType, elect
 from mqk.broker.security.authorizer import ALTER, CLUSTER, CLUSTER_NAME, DESCRIBE, READ, TOPIC
-from mqk.protocol.kafka.messages.alter_partition_reassignments import (
-    AlterPartitionReassignmentsRequest,
-    AlterPartitionReassignmentsResponse,
-    AlterPartitionReassignmentsResponseReassignableTopicResponse,
-)
-from mqk.protocol.kafka.messages.describe_producers import (
-    DescribeProducersRequest,
-    DescribeProducersResponse,
-    DescribeProducersResponsePartitionResponse,
-    DescribeProducersResponseTopicResponse,
-)
-from mqk.protocol.kafka.messages.elect_leaders import (
-    ElectLeadersRequest,
-    ElectLeadersResponse,
-    ElectLeadersResponsePartitionResult,
-    ElectLeadersResponseReplicaElectionResult,
-)
-from mqk.protocol.kafka.messages.list_partition_reassignments import (
-    ListPartitionReassignmentsRequest,
-    ListPartitionReassignmentsResponse,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed, partition_code
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.alter_partition_reassignments import (
+        AlterPartitionReassignmentsRequest,
+        AlterPartitionReassignmentsResponse,
+        AlterPartitionReassignmentsResponseReassignableTopicResponse,
+    )
+    from mqk.protocol.kafka.messages.describe_producers import (
+        DescribeProducersRequest,
+        DescribeProducersResponse,
+        DescribeProducersResponsePartitionResponse,
+        DescribeProducersResponseTopicResponse,
+    )
+    from mqk.protocol.kafka.messages.elect_leaders import (
+        ElectLeadersRequest,
+        ElectLeadersResponse,
+        ElectLeadersResponsePartitionResult,
+        ElectLeadersResponseReplicaElectionResult,
+    )
+    from mqk.protocol.kafka.messages.list_partition_reassignments import (
+        ListPartitionReassignmentsRequest,
+        ListPartitionReassignmentsResponse,
+    )
 
 log = logging.getLogger("mqk.kafka")
 
