@@ -337,7 +337,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"mqk serve: {exc}", file=sys.stderr)
         return 2
-    from mqk.broker.cluster import ClusterStartError
+    from mqk.errors import ClusterStartError
 
     try:
         try:

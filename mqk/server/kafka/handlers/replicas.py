@@ -26,13 +26,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from mqk import errors as E
-from mqk.broker.cluster.elections import ELECTION_TYPES, ElectionType, elect
 from mqk.broker.security.authorizer import ALTER, CLUSTER, CLUSTER_NAME, DESCRIBE, READ, TOPIC
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed, partition_code
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
 if TYPE_CHECKING:
+    from mqk.broker.cluster.elections import ElectionType
     from mqk.protocol.kafka.messages.alter_partition_reassignments import (
         AlterPartitionReassignmentsRequest,
         AlterPartitionReassignmentsResponse,
@@ -86,6 +86,10 @@ async def elect_leaders(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ElectLe
         wanted = [(name, list(range(_partitions(ctx, name)))) for name in sorted(names)]
     else:
         wanted = [(t["topic"], list(t["partitions"])) for t in asked]
+    # imported with the first ElectLeaders: the elections belong to cluster mode, whose modules a broker on its own
+    # does not load (start-up)
+    from mqk.broker.cluster.elections import ELECTION_TYPES
+
     kind = ELECTION_TYPES.get(body.get("election_type", 0))
     results: list[ElectLeadersResponseReplicaElectionResult] = []
     #: one election per broker group: its outcome answers every partition of the group
@@ -121,6 +125,8 @@ async def _elect_partition(
     group = record.partitions[partition][0]
     done = by_group.get(group)
     if done is None:
+        from mqk.broker.cluster.elections import elect  # (cluster mode: see elect_leaders)
+
         try:
             epoch = await elect(cluster.node, group, kind)
             done = (NONE, None)
