@@ -89,16 +89,24 @@ def baseline_ms(env: dict[str, str]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def rss_mb(pid: int) -> float:
+RSS_FIELDS = ("VmRSS", "RssAnon", "RssFile")
+
+
+def rss_mb(pid: int) -> dict[str, float]:
+    """VmRSS and its parts from /proc/PID/status, in MB: RssAnon (the heap: what the process itself holds) and
+    RssFile (pages of mapped files, the store's CommitLog and ConsumeQueues among them, which the kernel may reclaim
+    and which grow with what the broker has read or written through its maps)."""
+    out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS line")
+            key = line.split(":", 1)[0]
+            if key in RSS_FIELDS:
+                out[key] = int(line.split()[1]) / 1024
+    return out
 
 
-def start_broker(data_dir: Path, env: dict[str, str], idle_s: float, storage: str) -> tuple[float, float]:
-    """One start: (ms from spawn to the ready line, MB resident after idling `idle_s`)."""
+def start_broker(data_dir: Path, env: dict[str, str], idle_s: float, storage: str) -> tuple[float, dict[str, float]]:
+    """One start: (ms from spawn to the ready line, rss_mb after idling `idle_s`)."""
     cmd = [
         sys.executable, "-m", "mqk", "serve",
         "--data-dir", str(data_dir),
@@ -169,14 +177,15 @@ def main() -> None:
             prepared = root / "prepared"
             prepare(prepared, args.partitions, parse_size(args.log_bytes), parse_size(args.batch_bytes))
         ready: list[float] = []
-        rss: list[float] = []
+        rss: dict[str, list[float]] = {field: [] for field in RSS_FIELDS}
         base: list[float] = []
         for run in range(args.runs):
             base.append(baseline_ms(env))
             data_dir = prepared or root / f"data-{run}"
             ms, mb = start_broker(data_dir, env, args.idle, args.storage)
             ready.append(ms)
-            rss.append(mb)
+            for field in RSS_FIELDS:
+                rss[field].append(mb.get(field, 0.0))
             base.append(baseline_ms(env))
             if prepared is None:
                 shutil.rmtree(data_dir)
@@ -186,13 +195,14 @@ def main() -> None:
     print(f"mqk serve --storage {args.storage} on {what} ({env_text}), {sys.executable}:")
     print(summary("python -c pass (baseline)", base, "ms"))
     print(summary("spawn to ready line", ready, "ms"))
-    print(summary(f"RSS after {args.idle:g} s idle", rss, "MB"))
+    for field in RSS_FIELDS:
+        print(summary(f"{field} after {args.idle:g} s idle", rss[field], "MB"))
     median_ready = statistics.median(ready)
-    median_rss = statistics.median(rss)
+    median_rss = statistics.median(rss["VmRSS"])
     print(
         f"goal: ready <= {START_GOAL_MS:.0f} ms (median) {'met' if median_ready <= START_GOAL_MS else 'NOT met'} "
         f"({median_ready - statistics.median(base):.1f} ms above the baseline); "
-        f"RSS <= {RSS_GOAL_MB:.0f} MB {'met' if median_rss <= RSS_GOAL_MB else 'NOT met'}"
+        f"VmRSS <= {RSS_GOAL_MB:.0f} MB {'met' if median_rss <= RSS_GOAL_MB else 'NOT met'}"
     )
 
 
