@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-stamp
 JSDIR   = compat/js
 PYTEST_ARGS ?=
 
-.PHONY: run test unit test-twins compat-deps setup gen gen-check lint bench clean
+.PHONY: run test unit test-twins compat-deps setup bytecode gen gen-check lint bench clean
 
 $(STAMP): pyproject.toml setup.py setup.cfg $(wildcard mqk/_fast/*.pyx mqk/_fast/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,9 +17,16 @@ $(STAMP): pyproject.toml setup.py setup.cfg $(wildcard mqk/_fast/*.pyx mqk/_fast
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-setup: $(STAMP)
+setup: bytecode
 
-run: $(STAMP)
+# The package's bytecode, compiled ahead: where PYTHONDONTWRITEBYTECODE is set (container images often set it) Python
+# would otherwise compile every module again at every start, the generated Kafka codecs too: each broker process
+# (`mqk serve`, and the ones the test suite starts) would pay several hundred ms for it. compileall skips what is
+# current, so this is cheap to repeat after an edit.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 mqk >/dev/null
+
+run: bytecode
 	$(VENV)/bin/mqk serve
 
 $(JSDIR)/node_modules/.stamp: $(JSDIR)/package.json
@@ -42,15 +49,15 @@ compat-deps: $(JSDIR)/node_modules/.stamp
 
 # The gates (make lint), then the whole suite (unit, scenario, integration, compat with real clients) with its line
 # coverage per package, then the unit and scenario tests once more on the pure-Python twins.
-test: lint compat-deps
+test: lint compat-deps bytecode
 	$(PY) -m coverage run -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 	$(PY) tools/coverage_summary.py
 	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit tests/scenario
 
-unit: $(STAMP)
+unit: bytecode
 	$(PY) -m pytest -q tests/unit
 
-test-twins: $(STAMP)
+test-twins: bytecode
 	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q tests/unit tests/scenario
 
 # The Kafka codecs (mqk/protocol/kafka/messages/) from the spec files of the one kafka-python release that
@@ -73,7 +80,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-logo pyproject.toml
 	$(PY) tools/import_cycles.py
 
-bench: $(STAMP)
+bench: bytecode
 	$(PY) bench/store_bench.py
 
 clean:

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from mqk import __version__, cli_admin, cli_perf
+from mqk import __version__
 from mqk.config import BrokerConfig
 
 log = logging.getLogger("mqk")
@@ -337,7 +337,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"mqk serve: {exc}", file=sys.stderr)
         return 2
-    from mqk.broker.cluster import ClusterStartError
+    from mqk.errors import ClusterStartError
 
     try:
         try:
@@ -435,8 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _cluster_parser(sub)
-    cli_admin.register(sub)
-    cli_perf.register(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["serve"]:
+        # imported only for the other verbs, to keep start-up cheap: the admin and perf commands load the clients
+        # and their codecs, which a broker (`mqk serve`, whose parser is all it reads) never uses
+        from mqk import cli_admin, cli_perf
+
+        cli_admin.register(sub)
+        cli_perf.register(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -505,6 +504,8 @@ class BrokerConfig:
         store_values: dict[str, Any] = {}
         tls_values: dict[str, Any] = {}
         if path is not None:
+            import tomllib  # imported only with a --config file, to keep start-up cheap
+
             with open(path, "rb") as f:
                 doc = tomllib.load(f)
             store_values.update(doc.pop("store", {}))

@@ -18,6 +18,10 @@ class MqkError(Exception):
 # --- storage -------------------------------------------------------------------------------------------
 
 
+class ClusterStartError(MqkError):
+    """The broker cannot join its cluster (etcd unreachable at start, its node id taken by a live broker)."""
+
+
 class StorageError(MqkError):
     """The store could not do what was asked; the data it already holds is intact."""
 

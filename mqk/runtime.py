@@ -20,14 +20,12 @@ This module imports the whole broker; `mqk.cli` and `mqk.testing` import it only
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqk.broker import Broker
-from mqk.broker.cluster import ClusterConfig, ClusterMember, ClusterStartError
-from mqk.broker.replication import Replication, ReplicationConfig
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
-from mqk.meta.etcd import parse_endpoints
+from mqk.errors import ClusterStartError
 from mqk.server.admin.server import AdminServer
 from mqk.server.kafka.server import KafkaServer
 from mqk.server.listeners import advertised_address
@@ -38,6 +36,10 @@ from mqk.services.diskguard import DiskGuard
 from mqk.services.retention import RetentionService
 from mqk.store.manager import StoreManager
 from mqk.timer import TimerService
+
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
+    from mqk.broker.replication import Replication
 
 log = logging.getLogger("mqk.runtime")
 
@@ -136,6 +138,12 @@ class BrokerRuntime:
     async def _join(self, broker: Broker) -> None:
         """Cluster mode: register with the advertised listeners (the bound addresses are known now), follow the
         metadata, and let the topic registry answer from it. ClusterStartError when the cluster cannot be joined."""
+        # cluster mode's modules (etcd client, controller, replication) are imported here, so that a broker on its
+        # own never loads them: it keeps start-up cheap
+        from mqk.broker.cluster import ClusterConfig, ClusterMember
+        from mqk.broker.replication import Replication, ReplicationConfig
+        from mqk.meta.etcd import parse_endpoints
+
         cfg = self.config
         assert cfg.cluster and self.store is not None
         assert self.kafka is not None

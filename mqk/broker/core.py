@@ -10,8 +10,8 @@ other, and both apply one topic policy.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.logsizes import LogSizes
 from mqk.broker.quotas import FILE as QUOTAS_FILE
@@ -22,6 +22,10 @@ from mqk.broker.topics import TopicRegistry
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.store.manager import StoreManager
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
 
 
 class Broker:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from mqk.broker import internal
 from mqk.broker import topic_config as settings
-from mqk.broker.cluster import ClusterMember, RequestRecord, TopicRecord
 from mqk.broker.names import KAFKA, ROCKETMQ, NameRule
 from mqk.config import BrokerConfig
 from mqk.errors import (
@@ -40,6 +40,11 @@ from mqk.errors import (
 )
 from mqk.store.adapter import ShardInfo
 from mqk.store.manager import StoreManager
+
+# cluster mode's modules (etcd client, controller, replication) are imported where cluster mode uses them, so that a
+# broker on its own never loads them: it keeps start-up cheap
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember, TopicRecord
 
 log = logging.getLogger("mqk.broker.topics")
 
@@ -151,6 +156,8 @@ class TopicRegistry:
         if reason:
             raise InvalidConfigError(reason)
         if self.cluster is not None and not internal.is_local(name):
+            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
+
             values = {k: v for k, v in (changes or {}).items() if v is not None}
             try:
                 await self.cluster.change(
@@ -213,6 +220,8 @@ class TopicRegistry:
                 and self.cluster is not None
                 and not (internal.is_local(name) or internal.created_on_demand(name))
             ):
+                from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
+
                 try:
                     await self.cluster.change(RequestRecord("create", name, max(1, partitions)))
                     log.info("auto-created topic %s with %d partition(s) in the cluster", name, max(1, partitions))
@@ -243,6 +252,8 @@ class TopicRegistry:
         _refuse_internal(name)
         cluster = self._clustered(name)
         if cluster is not None:
+            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
+
             if cluster.topic(name) is None:
                 raise UnknownShard(f"unknown topic {name!r}")
             await cluster.change(RequestRecord("delete", name), timeout)
@@ -256,6 +267,8 @@ class TopicRegistry:
         _refuse_internal(name)
         cluster = self._clustered(name)
         if cluster is not None:
+            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
+
             await cluster.change(RequestRecord("partitions", name, total), timeout)
             return
         await self._store.add_partitions(name, total)
@@ -268,6 +281,8 @@ class TopicRegistry:
             raise InvalidConfigError(reason)
         cluster = self._clustered(name)
         if cluster is not None:
+            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
+
             revision = cluster.view.state.topic_revisions.get(name, 0)
             values = {k: v for k, v in changes.items() if v is not None}
             await cluster.change(RequestRecord("configs", name, configs=values, base_revision=revision))

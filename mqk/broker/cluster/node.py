@@ -53,6 +53,7 @@ from mqk.broker.cluster.model import (
 )
 from mqk.broker.cluster.view import ClusterView
 from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.errors import ClusterStartError
 from mqk.meta import Compare, Delete, EtcdClient, LeaseExpired, MetaUnavailable, Put
 
 log = logging.getLogger("mqk.cluster")
@@ -61,10 +62,6 @@ log = logging.getLogger("mqk.cluster")
 PID_BLOCK = 1000
 #: how soon a mastership handed to this broker is looked at again when it could not be taken yet
 HANDOVER_RETRY_S = 0.2
-
-
-class ClusterStartError(E.MqkError):
-    """The broker cannot join its cluster (etcd unreachable at start, its node id taken by a live broker)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ TLS itself (sockets, handshakes) belongs to the front doors (mqk.server.tls); SA
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
-from mqk.broker.cluster import ClusterMember
 from mqk.broker.security.access_keys import AccessKeys
 from mqk.broker.security.acls import AclAuthorizer, Acls
 from mqk.broker.security.authorizer import ALLOW_ALL, Authorizer
@@ -28,6 +28,10 @@ from mqk.broker.security.users import Users
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.store.manager import StoreManager
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
 
 
 class Security:

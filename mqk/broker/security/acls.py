@@ -36,15 +36,18 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from mqk import errors as E
-from mqk.broker.cluster import ClusterMember
 from mqk.broker.security.principal import Principal
 from mqk.broker.security.users import write_private
 from mqk.store.fsutil import read_json
 from mqk.store.manager import StoreManager
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
 
 log = logging.getLogger("mqk.security")
 

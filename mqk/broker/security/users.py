@@ -28,13 +28,16 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqk import errors as E
-from mqk.broker.cluster import ClusterMember
 from mqk.broker.security.scram import MECHANISMS, ScramCredential, ScramMechanism
 from mqk.store.fsutil import atomic_write_json, read_json
 from mqk.store.manager import StoreManager
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
 
 log = logging.getLogger("mqk.security")
 

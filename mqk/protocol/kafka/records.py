@@ -34,10 +34,6 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-import cramjam
-import lz4.frame
-import zstandard
-
 from mqk._fast import load
 from mqk._fast.api import Record
 from mqk.errors import Corrupt, InvalidRecord, MessageTooLarge, UnsupportedCompressionTypeError
@@ -106,7 +102,13 @@ def _gunzip(data: Buffer, max_size: int) -> bytes:
     return bytes(out)
 
 
+# The codec packages (cramjam, lz4, zstandard) are imported by the functions that use them, to keep start-up cheap:
+# a broker whose clients never compress loads none of them; after the first call an import is a sys.modules lookup.
+
+
 def _unsnappy_raw(data: Buffer, max_size: int) -> bytes:
+    import cramjam
+
     try:
         n = cramjam.snappy.decompress_raw_len(bytes(data))
     except cramjam.DecompressionError as e:
@@ -139,6 +141,8 @@ def _unsnappy(data: Buffer, max_size: int) -> bytes:
 
 
 def _unlz4(data: Buffer, max_size: int) -> bytes:
+    import lz4.frame
+
     d = lz4.frame.LZ4FrameDecompressor()
     try:
         out: bytes = d.decompress(bytes(data), max_length=max_size + 1)
@@ -152,6 +156,8 @@ def _unlz4(data: Buffer, max_size: int) -> bytes:
 
 
 def _unzstd(buf: Buffer, max_size: int) -> bytes:
+    import zstandard
+
     data = bytes(buf)
     dctx = zstandard.ZstdDecompressor()
     try:
@@ -208,6 +214,8 @@ def compress(codec_id: int, buf: Buffer) -> bytes:
         c = zlib.compressobj(6, zlib.DEFLATED, 31)  # 16 + 15: gzip wrapper
         return c.compress(data) + c.flush()
     if codec_id == SNAPPY:
+        import cramjam
+
         # xerial framing in blocks of 32 KiB, as snappy-java's SnappyOutputStream writes it
         out = bytearray(_XERIAL_MAGIC + _I32.pack(1) + _I32.pack(1))
         for i in range(0, len(data), 32768):
@@ -215,9 +223,13 @@ def compress(codec_id: int, buf: Buffer) -> bytes:
             out += _I32.pack(len(block)) + block
         return bytes(out)
     if codec_id == LZ4:
+        import lz4.frame
+
         framed: bytes = lz4.frame.compress(data)
         return framed
     if codec_id == ZSTD:
+        import zstandard
+
         return zstandard.ZstdCompressor().compress(data)
     raise UnsupportedCompressionTypeError(f"unknown compression codec {codec_id}")
 

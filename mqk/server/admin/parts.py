@@ -7,11 +7,8 @@ package sees the parts through this protocol only, never the runtime module abov
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from mqk.broker import Broker
-from mqk.broker.cluster import ClusterMember
-from mqk.broker.replication import Replication
 from mqk.clock import Clock
 from mqk.config import BrokerConfig
 from mqk.server.kafka.server import KafkaServer
@@ -22,6 +19,12 @@ from mqk.services.diskguard import DiskGuard
 from mqk.services.retention import RetentionService
 from mqk.store.manager import StoreManager
 from mqk.timer import TimerService
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker import Broker
+    from mqk.broker.cluster import ClusterMember
+    from mqk.broker.replication import Replication
 
 Address = tuple[str, int]
 

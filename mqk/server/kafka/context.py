@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
-from mqk.broker.cluster import ClusterMember
 from mqk.broker.hub import WakeupHub
 from mqk.broker.logsizes import LogSizes
 from mqk.broker.quotas import ClientQuotas
-from mqk.broker.replication import Replication
 from mqk.broker.security import Principal, Security
 from mqk.broker.stats import Traffic
 from mqk.broker.topics import TopicRegistry
@@ -33,6 +31,11 @@ from mqk.groups.coordinator import GroupCoordinator
 from mqk.server.kafka.idempotence import ProducerStates
 from mqk.server.listeners import KafkaListener
 from mqk.store.manager import StoreManager
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
+    from mqk.broker.replication import Replication
 
 
 class Peer(Protocol):

@@ -26,10 +26,9 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqk.broker import Broker
-from mqk.broker.replication import Replication
 from mqk.config import BrokerConfig
 from mqk.errors import StorageError
 from mqk.protocol.native.codes import PERM_READ, PERM_WRITE
@@ -37,6 +36,10 @@ from mqk.protocol.native.message import MessageExt
 from mqk.protocol.native.records import batch_to_messages, synthetic_matches, synthetic_queue_offset
 from mqk.store.adapter import StoredBatch
 from mqk.store.manager import StoreManager
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker.replication import Replication
 
 log = logging.getLogger("mqk.native")
 

@@ -13,6 +13,8 @@ As in Kafka:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
 from mqk.broker.security import Security
 from mqk.broker.security.acls import (
@@ -25,24 +27,27 @@ from mqk.broker.security.acls import (
     binding_from_codes,
     filter_from_codes,
 )
-from mqk.protocol.kafka.messages.create_acls import (
-    CreateAclsRequest,
-    CreateAclsResponse,
-    CreateAclsResponseAclCreationResult,
-)
-from mqk.protocol.kafka.messages.delete_acls import (
-    DeleteAclsFilterResult,
-    DeleteAclsMatchingAcl,
-    DeleteAclsRequest,
-    DeleteAclsResponse,
-)
-from mqk.protocol.kafka.messages.describe_acls import (
-    DescribeAclsRequest,
-    DescribeAclsResource,
-    DescribeAclsResponse,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed_cluster
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.create_acls import (
+        CreateAclsRequest,
+        CreateAclsResponse,
+        CreateAclsResponseAclCreationResult,
+    )
+    from mqk.protocol.kafka.messages.delete_acls import (
+        DeleteAclsFilterResult,
+        DeleteAclsMatchingAcl,
+        DeleteAclsRequest,
+        DeleteAclsResponse,
+    )
+    from mqk.protocol.kafka.messages.describe_acls import (
+        DescribeAclsRequest,
+        DescribeAclsResource,
+        DescribeAclsResponse,
+    )
 
 _DISABLED = "no authorizer is configured on the broker (authorizer = true)"
 

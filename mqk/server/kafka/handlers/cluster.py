@@ -11,9 +11,9 @@ cluster or WRITE on some topic (CLUSTER_AUTHORIZATION_FAILED)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
-from mqk.protocol.kafka.messages.describe_cluster import DescribeClusterRequest, DescribeClusterResponse
-from mqk.protocol.kafka.messages.init_producer_id import InitProducerIdRequest, InitProducerIdResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
     AUTHORIZED_OPS_OMITTED,
@@ -26,6 +26,11 @@ from mqk.server.kafka.handlers.common import (
     authorizer,
 )
 from mqk.server.kafka.handlers.metadata import brokers_and_controller
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.describe_cluster import DescribeClusterRequest, DescribeClusterResponse
+    from mqk.protocol.kafka.messages.init_producer_id import InitProducerIdRequest, InitProducerIdResponse
 
 
 async def describe_cluster(

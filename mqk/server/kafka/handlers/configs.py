@@ -17,30 +17,34 @@ Authorization as Kafka's: describing a topic's configs asks DESCRIBE_CONFIGS on 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from mqk import config as C
 from mqk import errors as E
 from mqk.broker import topic_config
 from mqk.config import TopicConfig
-from mqk.protocol.kafka.messages.alter_configs import (
-    AlterConfigsRequest,
-    AlterConfigsResourceResponse,
-    AlterConfigsResponse,
-)
-from mqk.protocol.kafka.messages.describe_configs import (
-    DescribeConfigsRequest,
-    DescribeConfigsResourceResult,
-    DescribeConfigsResponse,
-    DescribeConfigsResult,
-    DescribeConfigsSynonym,
-)
-from mqk.protocol.kafka.messages.incremental_alter_configs import (
-    IncrementalAlterConfigsRequest,
-    IncrementalAlterConfigsResponse,
-    IncrementalAlterConfigsResponseAlterConfigsResourceResponse,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed, allowed_cluster
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.alter_configs import (
+        AlterConfigsRequest,
+        AlterConfigsResourceResponse,
+        AlterConfigsResponse,
+    )
+    from mqk.protocol.kafka.messages.describe_configs import (
+        DescribeConfigsRequest,
+        DescribeConfigsResourceResult,
+        DescribeConfigsResponse,
+        DescribeConfigsResult,
+        DescribeConfigsSynonym,
+    )
+    from mqk.protocol.kafka.messages.incremental_alter_configs import (
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+        IncrementalAlterConfigsResponseAlterConfigsResourceResponse,
+    )
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 # ConfigSource

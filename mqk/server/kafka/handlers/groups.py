@@ -14,29 +14,10 @@ lists every group with DESCRIBE on the cluster, else the groups the principal ma
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
 from mqk.groups.coordinator import DEAD
-from mqk.protocol.kafka.messages.delete_groups import (
-    DeleteGroupsRequest,
-    DeleteGroupsResponse,
-    DeleteGroupsResponseDeletableGroupResult,
-)
-from mqk.protocol.kafka.messages.describe_groups import (
-    DescribeGroupsRequest,
-    DescribeGroupsResponse,
-    DescribeGroupsResponseDescribedGroup,
-)
-from mqk.protocol.kafka.messages.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
-from mqk.protocol.kafka.messages.heartbeat import HeartbeatRequest, HeartbeatResponse
-from mqk.protocol.kafka.messages.join_group import JoinGroupRequest, JoinGroupResponse
-from mqk.protocol.kafka.messages.leave_group import LeaveGroupRequest, LeaveGroupResponse
-from mqk.protocol.kafka.messages.list_groups import ListGroupsRequest, ListGroupsResponse
-from mqk.protocol.kafka.messages.offset_delete import (
-    OffsetDeleteRequest,
-    OffsetDeleteResponse,
-    OffsetDeleteResponseTopic,
-)
-from mqk.protocol.kafka.messages.sync_group import SyncGroupRequest, SyncGroupResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
     AUTHORIZED_OPS_OMITTED,
@@ -49,6 +30,30 @@ from mqk.server.kafka.handlers.common import (
     authorized_operations,
     coordinator_code,
 )
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.delete_groups import (
+        DeleteGroupsRequest,
+        DeleteGroupsResponse,
+        DeleteGroupsResponseDeletableGroupResult,
+    )
+    from mqk.protocol.kafka.messages.describe_groups import (
+        DescribeGroupsRequest,
+        DescribeGroupsResponse,
+        DescribeGroupsResponseDescribedGroup,
+    )
+    from mqk.protocol.kafka.messages.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
+    from mqk.protocol.kafka.messages.heartbeat import HeartbeatRequest, HeartbeatResponse
+    from mqk.protocol.kafka.messages.join_group import JoinGroupRequest, JoinGroupResponse
+    from mqk.protocol.kafka.messages.leave_group import LeaveGroupRequest, LeaveGroupResponse
+    from mqk.protocol.kafka.messages.list_groups import ListGroupsRequest, ListGroupsResponse
+    from mqk.protocol.kafka.messages.offset_delete import (
+        OffsetDeleteRequest,
+        OffsetDeleteResponse,
+        OffsetDeleteResponseTopic,
+    )
+    from mqk.protocol.kafka.messages.sync_group import SyncGroupRequest, SyncGroupResponse
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 

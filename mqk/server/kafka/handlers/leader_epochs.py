@@ -10,15 +10,20 @@ one epoch, 0, for all time. In cluster mode only the partition's leader answers 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
-from mqk.protocol.kafka.messages.offset_for_leader_epoch import (
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderEpochResponseEpochEndOffset,
-    OffsetForLeaderEpochResponseOffsetForLeaderTopicResult,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import TOPIC, allowed, epoch_code, partition_code
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.offset_for_leader_epoch import (
+        OffsetForLeaderEpochRequest,
+        OffsetForLeaderEpochResponse,
+        OffsetForLeaderEpochResponseEpochEndOffset,
+        OffsetForLeaderEpochResponseOffsetForLeaderTopicResult,
+    )
 
 UNDEFINED = (-1, -1)
 

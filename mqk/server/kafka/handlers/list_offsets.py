@@ -8,16 +8,21 @@ principal may not DESCRIBE answers TOPIC_AUTHORIZATION_FAILED for each of its pa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
-from mqk.protocol.kafka.messages.list_offsets import (
-    ListOffsetsPartitionResponse,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopicResponse,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, TOPIC, allowed, epoch_code, leader_epoch, partition_code
 from mqk.store.manager import StoreManager
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.list_offsets import (
+        ListOffsetsPartitionResponse,
+        ListOffsetsRequest,
+        ListOffsetsResponse,
+        ListOffsetsTopicResponse,
+    )
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, EARLIEST_PENDING_UPLOAD, LATEST_TIERED = -1, -2, -3, -4, -5, -6
 

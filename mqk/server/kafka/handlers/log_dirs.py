@@ -19,20 +19,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mqk import errors as E
-from mqk.protocol.kafka.messages.alter_replica_log_dirs import (
-    AlterReplicaLogDirsRequest,
-    AlterReplicaLogDirsResponse,
-    AlterReplicaLogDirsResponseAlterReplicaLogDirTopicResult,
-)
-from mqk.protocol.kafka.messages.describe_log_dirs import (
-    DescribeLogDirsRequest,
-    DescribeLogDirsResponse,
-    DescribeLogDirsTopic,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed_cluster
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.alter_replica_log_dirs import (
+        AlterReplicaLogDirsRequest,
+        AlterReplicaLogDirsResponse,
+        AlterReplicaLogDirsResponseAlterReplicaLogDirTopicResult,
+    )
+    from mqk.protocol.kafka.messages.describe_log_dirs import (
+        DescribeLogDirsRequest,
+        DescribeLogDirsResponse,
+        DescribeLogDirsTopic,
+    )
 
 
 def log_dir(ctx: KafkaContext) -> str:

@@ -21,16 +21,10 @@ authorized operations are filled in when the request asks for them (v8+)."""
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 from mqk import errors as E
 from mqk.broker.internal import is_internal, listed_to_kafka
-from mqk.protocol.kafka.messages.metadata import (
-    MetadataRequest,
-    MetadataResponse,
-    MetadataResponseBroker,
-    MetadataResponsePartition,
-    MetadataResponseTopic,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
     AUTHORIZED_OPS_OMITTED,
@@ -46,6 +40,16 @@ from mqk.server.kafka.handlers.common import (
     topic_uuid,
 )
 from mqk.store.adapter import ShardInfo
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.metadata import (
+        MetadataRequest,
+        MetadataResponse,
+        MetadataResponseBroker,
+        MetadataResponsePartition,
+        MetadataResponseTopic,
+    )
 
 LEADER_EPOCH = 0
 

@@ -10,23 +10,26 @@ every committed offset is asked for, the topics it may not describe are left out
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from mqk import errors as E
-from mqk.protocol.kafka.messages.offset_commit import OffsetCommitRequest, OffsetCommitResponse
-from mqk.protocol.kafka.messages.offset_fetch import (
-    OffsetFetchRequest,
-    OffsetFetchRequestTopic,
-    OffsetFetchRequestTopics,
-    OffsetFetchResponse,
-    OffsetFetchResponseGroup,
-    OffsetFetchResponsePartitions,
-    OffsetFetchResponseTopic,
-    OffsetFetchResponseTopics,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import GROUP, NONE, TOPIC, allowed, coordinator_code
 from mqk.store.adapter import GroupOffset
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.offset_commit import OffsetCommitRequest, OffsetCommitResponse
+    from mqk.protocol.kafka.messages.offset_fetch import (
+        OffsetFetchRequest,
+        OffsetFetchRequestTopic,
+        OffsetFetchRequestTopics,
+        OffsetFetchResponse,
+        OffsetFetchResponseGroup,
+        OffsetFetchResponsePartitions,
+        OffsetFetchResponseTopic,
+        OffsetFetchResponseTopics,
+    )
 
 
 async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetCommitRequest]) -> OffsetCommitResponse:

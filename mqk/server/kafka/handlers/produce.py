@@ -44,11 +44,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from mqk import errors as E
 from mqk.broker.internal import INTERNAL_TOPICS, client_change_refusal
-from mqk.broker.replication import Replication
 from mqk.broker.security.authorizer import ALLOW_ALL
 from mqk.config import FLUSH_SYNC, TopicConfig
 from mqk.protocol.kafka import records as kafka_records
@@ -65,6 +64,10 @@ from mqk.server.kafka.handlers.common import NONE, TOPIC, authorizer, get_or_cre
 from mqk.store.adapter import AppendResult, Buffer, ShardInfo
 from mqk.store.manager import StoreManager
 from mqk.timer.delay import DELAY_HEADER_KEYS
+
+# typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
+if TYPE_CHECKING:
+    from mqk.broker.replication import Replication
 
 log = logging.getLogger("mqk.kafka.produce")
 plan_plain_appends = kafka_records.recbatch.plan_plain_appends

@@ -10,21 +10,26 @@ consumer_byte_rate, positive, each once): a refused entry gets INVALID_REQUEST a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
 from mqk.broker.quotas import CLIENT_ID, USER, ClientQuotas, Entity, QuotaError, entity_of
-from mqk.protocol.kafka.messages.alter_client_quotas import (
-    AlterClientQuotasRequest,
-    AlterClientQuotasResponse,
-    AlterClientQuotasResponseEntryData,
-)
-from mqk.protocol.kafka.messages.describe_client_quotas import (
-    DescribeClientQuotasRequest,
-    DescribeClientQuotasRequestComponentData,
-    DescribeClientQuotasResponse,
-    DescribeClientQuotasResponseEntryData,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed_cluster
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.alter_client_quotas import (
+        AlterClientQuotasRequest,
+        AlterClientQuotasResponse,
+        AlterClientQuotasResponseEntryData,
+    )
+    from mqk.protocol.kafka.messages.describe_client_quotas import (
+        DescribeClientQuotasRequest,
+        DescribeClientQuotasRequestComponentData,
+        DescribeClientQuotasResponse,
+        DescribeClientQuotasResponseEntryData,
+    )
 
 #: Kafka's ACL operations for quota configs (AclOperation names)
 DESCRIBE_CONFIGS, ALTER_CONFIGS = "DESCRIBE_CONFIGS", "ALTER_CONFIGS"

@@ -23,33 +23,37 @@ is placed in, its leader is the group's master (docs/architecture.md, "Replicati
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from mqk import errors as E
-from mqk.broker.cluster.elections import ELECTION_TYPES, ElectionType, elect
 from mqk.broker.security.authorizer import ALTER, CLUSTER, CLUSTER_NAME, DESCRIBE, READ, TOPIC
-from mqk.protocol.kafka.messages.alter_partition_reassignments import (
-    AlterPartitionReassignmentsRequest,
-    AlterPartitionReassignmentsResponse,
-    AlterPartitionReassignmentsResponseReassignableTopicResponse,
-)
-from mqk.protocol.kafka.messages.describe_producers import (
-    DescribeProducersRequest,
-    DescribeProducersResponse,
-    DescribeProducersResponsePartitionResponse,
-    DescribeProducersResponseTopicResponse,
-)
-from mqk.protocol.kafka.messages.elect_leaders import (
-    ElectLeadersRequest,
-    ElectLeadersResponse,
-    ElectLeadersResponsePartitionResult,
-    ElectLeadersResponseReplicaElectionResult,
-)
-from mqk.protocol.kafka.messages.list_partition_reassignments import (
-    ListPartitionReassignmentsRequest,
-    ListPartitionReassignmentsResponse,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed, partition_code
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.broker.cluster.elections import ElectionType
+    from mqk.protocol.kafka.messages.alter_partition_reassignments import (
+        AlterPartitionReassignmentsRequest,
+        AlterPartitionReassignmentsResponse,
+        AlterPartitionReassignmentsResponseReassignableTopicResponse,
+    )
+    from mqk.protocol.kafka.messages.describe_producers import (
+        DescribeProducersRequest,
+        DescribeProducersResponse,
+        DescribeProducersResponsePartitionResponse,
+        DescribeProducersResponseTopicResponse,
+    )
+    from mqk.protocol.kafka.messages.elect_leaders import (
+        ElectLeadersRequest,
+        ElectLeadersResponse,
+        ElectLeadersResponsePartitionResult,
+        ElectLeadersResponseReplicaElectionResult,
+    )
+    from mqk.protocol.kafka.messages.list_partition_reassignments import (
+        ListPartitionReassignmentsRequest,
+        ListPartitionReassignmentsResponse,
+    )
 
 log = logging.getLogger("mqk.kafka")
 
@@ -82,6 +86,10 @@ async def elect_leaders(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ElectLe
         wanted = [(name, list(range(_partitions(ctx, name)))) for name in sorted(names)]
     else:
         wanted = [(t["topic"], list(t["partitions"])) for t in asked]
+    # imported with the first ElectLeaders: the elections belong to cluster mode, whose modules a broker on its own
+    # does not load (start-up)
+    from mqk.broker.cluster.elections import ELECTION_TYPES
+
     kind = ELECTION_TYPES.get(body.get("election_type", 0))
     results: list[ElectLeadersResponseReplicaElectionResult] = []
     #: one election per broker group: its outcome answers every partition of the group
@@ -117,6 +125,8 @@ async def _elect_partition(
     group = record.partitions[partition][0]
     done = by_group.get(group)
     if done is None:
+        from mqk.broker.cluster.elections import elect  # (cluster mode: see elect_leaders)
+
         try:
             epoch = await elect(cluster.node, group, kind)
             done = (NONE, None)

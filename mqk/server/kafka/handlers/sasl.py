@@ -7,10 +7,15 @@ SaslKafkaConnection), not a handler's: it decides what the connection may send n
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
-from mqk.protocol.kafka.messages.sasl_authenticate import SaslAuthenticateRequest, SaslAuthenticateResponse
-from mqk.protocol.kafka.messages.sasl_handshake import SaslHandshakeRequest, SaslHandshakeResponse
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.sasl_authenticate import SaslAuthenticateRequest, SaslAuthenticateResponse
+    from mqk.protocol.kafka.messages.sasl_handshake import SaslHandshakeRequest, SaslHandshakeResponse
 
 
 async def sasl_handshake(

@@ -12,32 +12,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqk import errors as E
 from mqk.broker import topic_config
 from mqk.broker.names import KAFKA
-from mqk.protocol.kafka.messages.create_partitions import (
-    CreatePartitionsRequest,
-    CreatePartitionsResponse,
-    CreatePartitionsTopicResult,
-)
-from mqk.protocol.kafka.messages.create_topics import (
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    CreateTopicsResponseCreatableTopicResult,
-)
-from mqk.protocol.kafka.messages.delete_records import (
-    DeleteRecordsPartitionResult,
-    DeleteRecordsRequest,
-    DeleteRecordsResponse,
-    DeleteRecordsTopicResult,
-)
-from mqk.protocol.kafka.messages.delete_topics import (
-    DeleteTopicsRequest,
-    DeleteTopicsResponse,
-    DeleteTopicsResponseDeletableTopicResult,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
     NONE,
@@ -50,6 +29,30 @@ from mqk.server.kafka.handlers.common import (
     topic_uuid,
 )
 from mqk.server.kafka.handlers.configs import topic_config_entries
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.create_partitions import (
+        CreatePartitionsRequest,
+        CreatePartitionsResponse,
+        CreatePartitionsTopicResult,
+    )
+    from mqk.protocol.kafka.messages.create_topics import (
+        CreateTopicsRequest,
+        CreateTopicsResponse,
+        CreateTopicsResponseCreatableTopicResult,
+    )
+    from mqk.protocol.kafka.messages.delete_records import (
+        DeleteRecordsPartitionResult,
+        DeleteRecordsRequest,
+        DeleteRecordsResponse,
+        DeleteRecordsTopicResult,
+    )
+    from mqk.protocol.kafka.messages.delete_topics import (
+        DeleteTopicsRequest,
+        DeleteTopicsResponse,
+        DeleteTopicsResponseDeletableTopicResult,
+    )
 
 
 def request_timeout(body: Mapping[str, Any]) -> float | None:

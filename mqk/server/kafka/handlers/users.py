@@ -12,23 +12,28 @@ from it. Each user's changes are applied together, and each user gets its own an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqk import errors as E
 from mqk.broker.security import Security
 from mqk.broker.security.authorizer import ALTER, CLUSTER, CLUSTER_NAME, DESCRIBE
 from mqk.broker.security.scram import BY_KAFKA_TYPE, MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, ScramMechanism
 from mqk.broker.security.users import Change
-from mqk.protocol.kafka.messages.alter_user_scram_credentials import (
-    AlterUserScramCredentialsRequest,
-    AlterUserScramCredentialsResponse,
-    AlterUserScramCredentialsResult,
-)
-from mqk.protocol.kafka.messages.describe_user_scram_credentials import (
-    DescribeUserScramCredentialsRequest,
-    DescribeUserScramCredentialsResponse,
-    DescribeUserScramCredentialsResult,
-)
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE
+
+# typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
+if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.alter_user_scram_credentials import (
+        AlterUserScramCredentialsRequest,
+        AlterUserScramCredentialsResponse,
+        AlterUserScramCredentialsResult,
+    )
+    from mqk.protocol.kafka.messages.describe_user_scram_credentials import (
+        DescribeUserScramCredentialsRequest,
+        DescribeUserScramCredentialsResponse,
+        DescribeUserScramCredentialsResult,
+    )
 
 
 def _security(ctx: KafkaContext) -> Security:
