@@ -127,6 +127,7 @@ def run_raw(
     from mqk.server.kafka.rawclient import RawKafkaClient
 
     recbatch = load("recbatch")
+    perfutil.load_codecs(ApiKey.FETCH)  # the Metadata call below loads its own before the clock starts
     host, port = bootstrap.rsplit(":", 1)
 
     async def consume() -> tuple[int, int, float, float]:

@@ -70,6 +70,18 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def load_codecs(*api_keys: int) -> None:
+    """Load the generated Kafka codec of each API in `api_keys` now. The codec imports an API's module the first
+    time one of its messages passes (compiling a large generated module); a wire-level client calls this before
+    its clock starts (or before it tells the producer it is ready), so that cost is the client's start-up,
+    not fetch time or latency charged to the broker."""
+    # imported here, as BrokerProcess is below: the confluent-kafka-only tools never load mqk's codec
+    from mqk.protocol.kafka.messages import module_for
+
+    for api_key in api_keys:
+        module_for(api_key)
+
+
 @contextlib.contextmanager
 def pinned(broker_pid: int) -> Iterator[bool]:
     """Run this process (the client, with its library's threads) on the first CPU and the broker on the last,
