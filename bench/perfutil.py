@@ -202,14 +202,20 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
     return [fut.result(30).offset for _tp, fut in sorted(futures.items(), key=lambda item: item[0].partition)]
 
 
-def fetch_v12(topic: str, offsets: dict[int, int], max_wait_ms: int, partition_max_bytes: int = 52_428_800) -> dict:
+#: the max_bytes of fetch_v12's requests (Kafka's fetch.max.bytes default)
+FETCH_MAX_BYTES = 52_428_800
+
+
+def fetch_v12(
+    topic: str, offsets: dict[int, int], max_wait_ms: int, partition_max_bytes: int = FETCH_MAX_BYTES
+) -> dict:
     """The body of a wire-level consumer's Fetch v12 (no session, read-uncommitted) for `offsets` {partition:
     offset} of one topic."""
     return {
         "replica_id": -1,
         "max_wait_ms": max_wait_ms,
         "min_bytes": 1,
-        "max_bytes": 52_428_800,
+        "max_bytes": FETCH_MAX_BYTES,
         "isolation_level": 0,
         "session_id": 0,
         "session_epoch": -1,
