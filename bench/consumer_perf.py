@@ -118,20 +118,46 @@ def run_raw(
     """The broker's own fetch capacity, without a client library's per-record cost: one connection sends Fetch v12
     for every partition of `topic`, one request in flight as a consumer keeps it, and counts records from each
     batch's header after checking its CRC (recbatch.scan_batches, compiled), never decoding a record. This is
-    what the broker can serve; `run` is what confluent-kafka's Python consumer can take."""
-    import asyncio
+    what the broker can serve; `run` is what confluent-kafka's Python consumer can take.
+
+    Each answer is read into one receive buffer, sized for the largest answer and written before the clock starts,
+    and decoded in place, so no answer allocates. (Answers are megabytes. Through asyncio's stream reader each would
+    pass through fresh buffers of its size, and whether those come from heap the process already touched or from
+    new pages faulted in one by one depends on what the process allocated before, not on the broker.)"""
+    import socket
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
     from mqk._fast import load
     from mqk.protocol.kafka.api import ApiKey
-    from mqk.server.kafka.rawclient import RawKafkaClient
+    from mqk.protocol.kafka.codec import decode_response_frame, encode_request
 
     recbatch = load("recbatch")
+    perfutil.load_codecs(ApiKey.FETCH)  # the Metadata call below loads its own before the clock starts
     host, port = bootstrap.rsplit(":", 1)
+    buf = bytearray(1 << 16)
+    correlation_id = 0
 
-    async def consume() -> tuple[int, int, float, float]:
-        client = await RawKafkaClient.connect(host, int(port), "mqk-raw-consumer")
-        meta = await client.call(
+    def call(sock: socket.socket, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and read its answer into `buf`; the answer's bytes fields are views of `buf`, valid
+        until the next call."""
+        nonlocal buf, correlation_id
+        correlation_id += 1
+        sock.sendall(b"".join(encode_request(api_key, version, correlation_id, "mqk-raw-consumer", body)))
+        _recv_exactly(sock, memoryview(buf)[:4])
+        size = int.from_bytes(buf[:4], "big")
+        if size > len(buf):
+            buf = bytearray(size)
+        frame = memoryview(buf)[:size]
+        _recv_exactly(sock, frame)
+        got, answer = decode_response_frame(api_key, version, frame)
+        if got != correlation_id:
+            raise AssertionError(f"response to correlation id {got}, expected {correlation_id}")
+        return answer
+
+    with socket.create_connection((host, int(port)), timeout=timeout_s + 1) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        meta = call(
+            sock,
             ApiKey.METADATA,
             12,
             {
@@ -141,12 +167,14 @@ def run_raw(
             },
         )
         offsets = {p["partition_index"]: 0 for p in meta["topics"][0]["partitions"]}
+        # room for the largest answer the Fetch allows (its max_bytes, or every partition's limit) and its headers,
+        # written once so that its pages are in memory before the clock starts
+        buf = bytearray(b"\0") * (min(perfutil.FETCH_MAX_BYTES, partition_max_bytes * len(offsets)) + (1 << 16))
         count = nbytes = 0
         start = time.time()  # from the first Fetch sent (metadata excluded) to the last answered
         last_data = time.monotonic()
         while count < messages and time.monotonic() - last_data < timeout_s:
-            body = perfutil.fetch_v12(topic, offsets, 500, partition_max_bytes)
-            resp = await client.call(ApiKey.FETCH, 12, body, timeout=timeout_s + 1)
+            resp = call(sock, ApiKey.FETCH, 12, perfutil.fetch_v12(topic, offsets, 500, partition_max_bytes))
             for part in resp["responses"][0]["partitions"]:
                 records = part["records"]
                 if part["error_code"] or not records:
@@ -158,10 +186,6 @@ def run_raw(
                 offsets[part["partition_index"]] = int.from_bytes(records[pos : pos + 8], "big") + last_delta + 1
                 last_data = time.monotonic()
         end = time.time()
-        await client.close()
-        return count, nbytes, start, end
-
-    count, nbytes, start, end = asyncio.run(consume())
     elapsed = max(end - start, 1e-9)
     return {
         "messages": count,
@@ -171,6 +195,16 @@ def run_raw(
         "start": start,
         "end": end,
     }
+
+
+def _recv_exactly(sock: Any, view: memoryview) -> None:
+    """Fill `view` from `sock`."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise ConnectionError("the broker closed the connection")
+        got += n
 
 
 def raw_line(raw: dict[str, Any], broker_cpu_s: float | None = None) -> str:

@@ -163,6 +163,7 @@ def _raw_consume(
     from mqk.server.kafka.rawclient import RawKafkaClient
 
     scan = load("recbatch").scan_batches
+    perfutil.load_codecs(ApiKey.FETCH)  # before `ready`: the producer's clock starts then
     host, port = bootstrap.rsplit(":", 1)
 
     async def consume() -> tuple[list[tuple[float, int]], float]:
@@ -235,6 +236,7 @@ def run_raw(
     from mqk.protocol.kafka.api import ApiKey
     from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 
+    perfutil.load_codecs(ApiKey.PRODUCE)  # now, not at the first send: the first batch already carries its send time
     unpaced = rate == float("inf")
     total = int(rate * duration_s) if not unpaced else None
     ctx = mp.get_context("spawn")

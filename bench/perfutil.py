@@ -70,6 +70,18 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def load_codecs(*api_keys: int) -> None:
+    """Load the generated Kafka codec of each API in `api_keys` now. The codec imports an API's module the first
+    time one of its messages passes (compiling a large generated module); a wire-level client calls this before
+    its clock starts (or before it tells the producer it is ready), so that cost is the client's start-up,
+    not fetch time or latency charged to the broker."""
+    # imported here, as BrokerProcess is below: the confluent-kafka-only tools never load mqk's codec
+    from mqk.protocol.kafka.messages import module_for
+
+    for api_key in api_keys:
+        module_for(api_key)
+
+
 @contextlib.contextmanager
 def pinned(broker_pid: int) -> Iterator[bool]:
     """Run this process (the client, with its library's threads) on the first CPU and the broker on the last,
@@ -190,14 +202,20 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
     return [fut.result(30).offset for _tp, fut in sorted(futures.items(), key=lambda item: item[0].partition)]
 
 
-def fetch_v12(topic: str, offsets: dict[int, int], max_wait_ms: int, partition_max_bytes: int = 52_428_800) -> dict:
+#: the max_bytes of fetch_v12's requests (Kafka's fetch.max.bytes default)
+FETCH_MAX_BYTES = 52_428_800
+
+
+def fetch_v12(
+    topic: str, offsets: dict[int, int], max_wait_ms: int, partition_max_bytes: int = FETCH_MAX_BYTES
+) -> dict:
     """The body of a wire-level consumer's Fetch v12 (no session, read-uncommitted) for `offsets` {partition:
     offset} of one topic."""
     return {
         "replica_id": -1,
         "max_wait_ms": max_wait_ms,
         "min_bytes": 1,
-        "max_bytes": 52_428_800,
+        "max_bytes": FETCH_MAX_BYTES,
         "isolation_level": 0,
         "session_id": 0,
         "session_epoch": -1,
