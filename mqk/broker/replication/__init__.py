@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from mqk import errors as E
 from mqk.broker import internal
 from mqk.broker.cluster.model import MasterRecord, SyncStateRecord, dump
-from mqk.broker.replication.link import RETRY_S, MasterLink, follow
+from mqk.broker.replication.link import NOT_READY_RETRY_S, RETRY_S, MasterLink, MasterNotReady, follow
 from mqk.broker.replication.tracker import CommitTracker
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import TopicConfig
@@ -341,6 +341,9 @@ class Replication:
             if address is not None:
                 try:
                     await follow(self, address, epoch, self._resolve)
+                except MasterNotReady:
+                    await self.clock.sleep(NOT_READY_RETRY_S)
+                    continue
                 except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
                     log.debug("replication: link to node %d: %s", master, exc)
                 except E.MqkError as exc:

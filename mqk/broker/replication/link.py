@@ -54,6 +54,14 @@ log = logging.getLogger("mqk.replication")
 
 #: a master's refusal while its epoch is not in its history yet (the moment between its election and the record)
 NOT_RECORDED = "this master's epoch is not recorded yet"
+#: how soon a replica asks again a master that was not ready (its epoch being recorded: a matter of milliseconds)
+NOT_READY_RETRY_S = 0.02
+
+
+class MasterNotReady(ProtocolError):
+    """The master refused the link only because its epoch is not recorded yet: ask again shortly."""
+
+
 #: how often an idle link carries a heartbeat (and the replica's ack of it)
 HEARTBEAT_S = 0.25
 #: how long a replica waits before connecting again after a link failed
@@ -249,6 +257,8 @@ async def follow(
             kind, body = await read_frame(reader)
         doc = P.decode_control(kind, body) if kind in (P.START, P.REFUSE) else {}
         if kind == P.REFUSE:
+            if doc.get("error") == NOT_RECORDED:
+                raise MasterNotReady(NOT_RECORDED)
             raise ProtocolError(f"the master refused the link: {doc.get('error')}")
         if kind != P.START:
             raise ProtocolError(f"expected START, got frame kind {kind}")
@@ -319,4 +329,4 @@ def _last_epoch(history: dict[str, Any]) -> int | None:
     return max((e[0] for e in epochs if isinstance(e, list) and e and isinstance(e[0], int)), default=None)
 
 
-__all__ = ["HEARTBEAT_S", "RETRY_S", "MasterLink", "follow", "read_frame"]
+__all__ = ["HEARTBEAT_S", "NOT_READY_RETRY_S", "RETRY_S", "MasterLink", "MasterNotReady", "follow", "read_frame"]
