@@ -72,6 +72,8 @@ STATE_NAME = "timer"
 #: re-appends per delivery burst (one state save per burst, plus one when the due backlog is cleared)
 BURST = 4096
 _READ_BYTES = 4 << 20
+#: payload reads from the timer topic in flight at once while a burst is prepared
+LOAD_CONCURRENCY = 64
 #: memory the timer may hold for waiting payloads; beyond it payloads are re-read from the timer topic when due
 PAYLOAD_BUDGET = 64 << 20
 #: what a cached payload costs beyond its batch's bytes (its `Waiting`, topic string, keys tuple and dict slot),
@@ -397,13 +399,20 @@ class TimerService:
             due.append(item)
             if len(due) >= BURST:
                 break
+        # payloads not cached (spilled, or beyond the budget) are read in log order, LOAD_CONCURRENCY reads in
+        # flight: one after another, a burst of them would wait on each disk read's round trip in turn
+        missing = sorted(offset for _, offset in due if offset not in self._payloads)
+        fetched: dict[int, Waiting | None] = {}
+        for start in range(0, len(missing), LOAD_CONCURRENCY):
+            chunk = missing[start : start + LOAD_CONCURRENCY]
+            fetched.update(zip(chunk, await asyncio.gather(*(self._load(offset) for offset in chunk))))
         loaded: list[tuple[int, Waiting]] = []
         for _, offset in due:
             waiting = self._payloads.pop(offset, None)
             if waiting is not None:
                 self._payload_bytes -= len(waiting.batch) + PAYLOAD_OVERHEAD
             else:
-                waiting = await self._load(offset)
+                waiting = fetched.get(offset)
             if waiting is not None:
                 loaded.append((offset, waiting))
             else:
