@@ -101,8 +101,10 @@ class SpillIndex:
         self.count -= count
         if self.count == 0:
             self._truncate()
-        elif self._flushed > _COMPACT_BYTES and self.count * RECORD_SIZE * 4 < self._flushed:
-            self._compact()
+        else:
+            held = self._flushed + len(self._buf)
+            if held > _COMPACT_BYTES and self.count * RECORD_SIZE * 4 < held:
+                self._compact()
         return pairs
 
     def peek(self, limit: int) -> list[tuple[int, int]]:
@@ -137,12 +139,23 @@ class SpillIndex:
             os.ftruncate(self._fd, 0)
 
     def _compact(self) -> None:
-        """Rewrite the file with only the chains still held, each bucket's records next to each other, so a scratch
-        file under steady traffic stays a small multiple of what it holds."""
-        assert self.path is not None and self._fd is not None
+        """Rewrite the records with only the chains still held, each bucket's records next to each other, so that
+        under steady traffic the file (or buffer) stays a small multiple of what it holds."""
+        heads: dict[int, tuple[int, int]] = {}
+        if self._fd is None:  # in memory: a new buffer
+            out = bytearray()
+            for bucket, (position, count) in self._heads.items():
+                previous = -1
+                for due, offset in self._chain(position):
+                    here = len(out)
+                    out += _RECORD.pack(due, offset, previous)
+                    previous = here
+                heads[bucket] = (previous, count)
+            self._heads, self._buf = heads, out
+            return
+        assert self.path is not None
         tmp = self.path.with_name(self.path.name + ".new")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        heads: dict[int, tuple[int, int]] = {}
         out = bytearray()
         written = 0
         try:
