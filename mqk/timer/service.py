@@ -10,7 +10,8 @@ Scheduling: a reader follows the timer topic (woken by the store's data listener
 `HORIZON_MS` goes into an in-memory `SortedList` of (due, timer offset); one due later goes into the spill index
 (`mqk.timer.wheel.SpillIndex`: 24 bytes in a scratch file `timer/spill.idx` under the data directory, chained per
 second of due time, as RocketMQ's TimerLog and TimerWheel keep them), so the memory the schedule holds grows with the
-messages due soon, not with all that are pending. A deliverer sleeps until the head is due or the next spilled
+messages due soon, not with all that are pending (a spilled message's payload is read back from the timer topic
+when it is due). A deliverer sleeps until the head is due or the next spilled
 bucket comes within the horizon (on the injected `Clock`, which also says what "now" is for due times, so tests move
 time with a `FakeClock` instead of waiting for it), moves such buckets into the `SortedList`, and re-appends due
 batches, byte for byte, to their real topic and queue, with their tags code and keys. Its own re-appends are
