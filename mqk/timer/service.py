@@ -6,11 +6,16 @@ durable, before the producer is acknowledged. The producer's answer then names t
 answers with its schedule topic's offset the same way). A delay beyond `BrokerConfig.timer_max_delay_ms` is refused
 (`PutRejected`, MESSAGE_ILLEGAL over remoting).
 
-Scheduling: a reader follows the timer topic (woken by the store's data listener) and keeps (due, timer offset)
-in a `SortedList`; a deliverer sleeps until the head is due (on the injected `Clock`, which also says what "now" is
-for due times, so tests move time with a `FakeClock` instead of waiting for it), then re-appends due batches, byte
-for byte, to their real topic and queue, with their tags code and keys. Its own re-appends are recognised by a
-context variable set in the deliverer task and pass the hook untouched.
+Scheduling: a reader follows the timer topic (woken by the store's data listener). A message due within
+`HORIZON_MS` goes into an in-memory `SortedList` of (due, timer offset); one due later goes into the spill index
+(`mqk.timer.wheel.SpillIndex`: 24 bytes in a scratch file `timer/spill.idx` under the data directory, chained per
+second of due time, as RocketMQ's TimerLog and TimerWheel keep them), so the memory the schedule holds grows with the
+messages due soon, not with all that are pending (a spilled message's payload is read back from the timer topic
+when it is due). A deliverer sleeps until the head is due or the next spilled
+bucket comes within the horizon (on the injected `Clock`, which also says what "now" is for due times, so tests move
+time with a `FakeClock` instead of waiting for it), moves such buckets into the `SortedList`, and re-appends due
+batches, byte for byte, to their real topic and queue, with their tags code and keys. Its own re-appends are
+recognised by a context variable set in the deliverer task and pass the hook untouched.
 
 A record the timer cannot read (not one `wrap` made: written by hand before Kafka clients were kept out of the
 timer topic, or by another build) never stops it: it is logged, counted (`unreadable`) and skipped as if delivered
@@ -18,10 +23,11 @@ timer topic, or by another build) never stops it: it is logged, counted (`unread
 
 Restart without loss or duplicates: the state document `timer` holds `floor` (every timer offset below it is
 delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the burst being delivered: offsets
-with their real queue's end offset before the appends). The intent is saved before a burst's re-appends and `done`
+with their real queue's end offset before the appends); in memory, `done` is a bitmap based at the floor
+(`mqk.timer.wheel.DoneSet`). The intent is saved before a burst's re-appends and `done`
 after them (the next burst's save, or a stop cutting a burst short, carries it); at start each open intent is
 settled by looking for its batch (same length and CRC) in its real queue after the recorded end offset, and the
-schedule is rebuilt by re-reading the timer topic from the floor.
+schedule (spill index included: it is recreated empty) is rebuilt by re-reading the timer topic from the floor.
 
 Where the document lives (mqk.store.statelog): a broker on its own keeps it in a side file (store.save_state:
 atomic + fsync). A cluster broker keeps it in the log, as the records of the compacted internal topic
@@ -40,7 +46,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -52,6 +58,7 @@ from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
 from mqk.store.adapter import PutContext, delayed_only
 from mqk.store.statelog import LogStateDocs, SideStateDocs, StateDocs
 from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
+from mqk.timer.wheel import DoneSet, SpillIndex
 
 log = logging.getLogger("mqk.timer")
 recbatch = load("recbatch")
@@ -66,8 +73,21 @@ STATE_NAME = "timer"
 #: re-appends per delivery burst (one state save per burst, plus one when the due backlog is cleared)
 BURST = 4096
 _READ_BYTES = 4 << 20
+#: payload reads from the timer topic in flight at once while a burst is prepared
+LOAD_CONCURRENCY = 64
 #: memory the timer may hold for waiting payloads; beyond it payloads are re-read from the timer topic when due
 PAYLOAD_BUDGET = 64 << 20
+#: what a cached payload costs beyond its batch's bytes (its `Waiting`, topic string, keys tuple and dict slot),
+#: counted against PAYLOAD_BUDGET so that many small messages cannot hold far more than the budget
+PAYLOAD_OVERHEAD = 256
+#: messages due within this much of now are kept in memory; later ones wait in the spill index. A minute keeps the
+#: in-memory schedule to what a minute of due traffic holds while promotions (one chain walk per bucket) stay rare
+HORIZON_MS = 60_000
+#: the spill index's bucket width: a bucket is moved into memory whole, once its start is within the horizon
+BUCKET_MS = 1000
+#: in-memory schedule entries beyond which buckets not yet due stay spilled (the horizon shrinks for them), so a
+#: burst of messages all due within one minute does not pull them all into memory ahead of time
+SCHEDULE_CAP = 250_000
 #: the longest the deliverer sleeps at once (it re-reads the schedule's head when it wakes)
 MAX_WAIT_SECONDS = 3600.0
 
@@ -94,10 +114,13 @@ class TimerService:
         #: the floor of the last document saved or loaded (what retention may not pass)
         self.saved_floor = 0
         self.max_delay_ms = config.timer_max_delay_ms
-        self._schedule: SortedList = SortedList()  # (due, timer offset)
-        self._scheduled: set[int] = set()
+        self._schedule: SortedList = SortedList()  # (due, timer offset), every one due in a bucket <= _horizon
+        data_dir = getattr(getattr(store, "config", None), "data_dir", None)
+        spill_path = data_dir / "timer" / "spill.idx" if getattr(store, "persistent", False) and data_dir else None
+        self._spill = SpillIndex(spill_path, BUCKET_MS)  # the rest, every one due in a bucket > _horizon
+        self._horizon = 0  # the last bucket of due time kept in memory (only grows until a reset)
         self._floor = 0
-        self._done: set[int] = set()
+        self._done = DoneSet()  # delivered offsets above the floor
         self._scan = 0
         # payloads read by the reader, kept (within a memory budget) so delivery need not read them again
         self._payloads: dict[int, Waiting] = {}
@@ -132,9 +155,11 @@ class TimerService:
         state = await self.docs.load(STATE_NAME) or {}
         self._floor = max(int(state.get("floor", 0)), self.store.log_start_offset(TIMER_TOPIC, 0))
         self.saved_floor = self._floor
-        self._done = {o for o in _unruns(state.get("done", [])) if o >= self._floor}
+        self._done.load(self._floor, _unruns(state.get("done", [])))
+        self._floor = self._done.advance(self._floor)
         await self._settle_intents(state.get("intent", {}))
         self._scan = self._floor
+        self._horizon = (self.clock.time_ms() + HORIZON_MS) // BUCKET_MS
         try:
             await self._read_new()
         except StorageError:  # the store cannot serve the timer topic now: the reader tries again, the broker starts
@@ -148,6 +173,7 @@ class TimerService:
         if not self.standby:
             # a burst cut short keeps its intent: whether its last append landed is settled at the next start
             await self._save(self._intent)
+        self._spill.close()
 
     async def _cancel_tasks(self) -> None:
         tasks, self._tasks = self._tasks, []
@@ -187,9 +213,10 @@ class TimerService:
 
     def _reset(self) -> None:
         self._schedule.clear()
-        self._scheduled.clear()
+        self._spill.close()
+        self._horizon = 0
         self._floor = self._scan = 0
-        self._done = set()
+        self._done.clear()
         self._payloads.clear()
         self._payload_bytes = 0
         self._intent = {}
@@ -208,12 +235,15 @@ class TimerService:
 
     @property
     def pending(self) -> int:
-        return len(self._schedule)
+        return len(self._schedule) + self._spill.count
 
     def upcoming(self, limit: int) -> list[tuple[int, int]]:
         """(due time in ms, timer-topic offset) of the `limit` pending messages due first, soonest first (the
         admin console lists them; the payloads stay in the timer topic, read from there by offset)."""
-        return [(int(due), int(offset)) for due, offset in self._schedule.islice(0, max(0, limit))]
+        out = [(int(due), int(offset)) for due, offset in self._schedule.islice(0, max(0, limit))]
+        if len(out) < limit:  # every spilled message is due after every one in memory
+            out += self._spill.peek(limit - len(out))
+        return out
 
     # --- arrival -------------------------------------------------------------------------------------------------
 
@@ -272,6 +302,7 @@ class TimerService:
             if not result.batches:
                 break
             head = self._schedule[0][0] if self._schedule else None
+            first_spilled = self._spill.first_bucket()
             skipped = False
             for batch in result.batches:
                 unreadable: list[tuple[int, str]] = []
@@ -285,16 +316,23 @@ class TimerService:
                 for offset, reason in unreadable:
                     self._skip((offset,), reason)
                     skipped = True
+                # (`_scan` only grows until a reset, so no offset is read twice: the done bits are the only check)
                 for offset, waiting in entries:
-                    if offset >= self._floor and offset not in self._done and offset not in self._scheduled:
+                    if offset >= self._floor and offset not in self._done:
+                        if waiting.due // BUCKET_MS > self._horizon:
+                            self._spill.add(waiting.due, offset)  # its payload is read again when it is due
+                            continue
                         self._schedule.add((waiting.due, offset))
-                        self._scheduled.add(offset)
-                        if self._payload_bytes + len(waiting.batch) <= PAYLOAD_BUDGET:
+                        cost = len(waiting.batch) + PAYLOAD_OVERHEAD
+                        if self._payload_bytes + cost <= PAYLOAD_BUDGET:
                             self._payloads[offset] = waiting
-                            self._payload_bytes += len(waiting.batch)
+                            self._payload_bytes += cost
             self._scan = result.next_offset
             if self._schedule and (head is None or self._schedule[0][0] < head):
                 self._wake.set()
+            spilled = self._spill.first_bucket()
+            if spilled is not None and (first_spilled is None or spilled < first_spilled):
+                self._wake.set()  # the deliverer may sleep past this bucket's promotion
             if skipped:
                 # the floor may have moved past them: saved with the burst in progress (if any), so a restart
                 # neither counts them again nor loses that burst's intent
@@ -307,7 +345,7 @@ class TimerService:
         retention removes them."""
         count = 0
         for offset in offsets:
-            if offset >= self._floor and offset not in self._done and offset not in self._scheduled:
+            if offset >= self._floor and offset not in self._done:  # (never scheduled: see `_read_new`)
                 self._mark_done(offset)
                 count += 1
         if count:
@@ -319,12 +357,16 @@ class TimerService:
     async def _deliverer(self) -> None:
         DELIVERING.set(True)  # this task's context only: its appends pass the hook
         while True:
+            promote_at = self._promote()
+            now = self.clock.time_ms()
             delay = MAX_WAIT_SECONDS
             if self._schedule:
-                delay = (self._schedule[0][0] - self.clock.time_ms()) / 1000
+                delay = (self._schedule[0][0] - now) / 1000
             if delay <= 0 and not self._may_append():
                 delay = 1.0  # no longer master: `deactivate` stops this task; until then, nothing is appended
             if delay > 0:
+                if promote_at is not None:
+                    delay = min(delay, max((promote_at - now) / 1000, 0.001))
                 self._wake.clear()
                 await wait_event(self.clock, self._wake, min(delay, MAX_WAIT_SECONDS))
                 continue
@@ -334,6 +376,23 @@ class TimerService:
                 log.exception("timer: delivery failed; retrying")
                 await self.clock.sleep(0.5)
 
+    def _promote(self) -> int | None:
+        """Move the spilled buckets now within the horizon into the in-memory schedule; the time (ms) at which one
+        is next due to move, or None when nothing is spilled."""
+        now = self.clock.time_ms()
+        target = (now + HORIZON_MS) // BUCKET_MS
+        while (first := self._spill.first_bucket()) is not None and first <= target:
+            start = first * BUCKET_MS
+            if start > now and len(self._schedule) >= SCHEDULE_CAP:
+                # full: this bucket and later ones wait (and so do new arrivals due in them) until it is due or
+                # deliveries make room; every spilled message stays due after every one in memory
+                self._horizon = max(self._horizon, first - 1)
+                return start
+            self._schedule.update(self._spill.take_first())
+        self._horizon = max(self._horizon, target)
+        first = self._spill.first_bucket()
+        return None if first is None else first * BUCKET_MS - HORIZON_MS
+
     async def _deliver_due(self) -> None:
         now = self.clock.time_ms()
         due = []
@@ -341,13 +400,20 @@ class TimerService:
             due.append(item)
             if len(due) >= BURST:
                 break
+        # payloads not cached (spilled, or beyond the budget) are read in log order, LOAD_CONCURRENCY reads in
+        # flight: one after another, a burst of them would wait on each disk read's round trip in turn
+        missing = sorted(offset for _, offset in due if offset not in self._payloads)
+        fetched: dict[int, Waiting | None] = {}
+        for start in range(0, len(missing), LOAD_CONCURRENCY):
+            chunk = missing[start : start + LOAD_CONCURRENCY]
+            fetched.update(zip(chunk, await asyncio.gather(*(self._load(offset) for offset in chunk))))
         loaded: list[tuple[int, Waiting]] = []
         for _, offset in due:
             waiting = self._payloads.pop(offset, None)
             if waiting is not None:
-                self._payload_bytes -= len(waiting.batch)
+                self._payload_bytes -= len(waiting.batch) + PAYLOAD_OVERHEAD
             else:
-                waiting = await self._load(offset)
+                waiting = fetched.get(offset)
             if waiting is not None:
                 loaded.append((offset, waiting))
             else:
@@ -409,11 +475,9 @@ class TimerService:
         return None
 
     def _mark_done(self, offset: int) -> None:
-        self._scheduled.discard(offset)
         self._done.add(offset)
-        while self._floor in self._done:
-            self._done.discard(self._floor)
-            self._floor += 1
+        if offset == self._floor:
+            self._floor = self._done.advance(self._floor)
 
     def _may_append(self) -> bool:
         return not self.standby or self.may_deliver()
@@ -422,7 +486,7 @@ class TimerService:
         if not self._may_append():
             return
         floor = self._floor
-        await self.docs.save(STATE_NAME, {"floor": floor, "done": _runs(self._done), "intent": intent or {}})
+        await self.docs.save(STATE_NAME, {"floor": floor, "done": self._done.runs(), "intent": intent or {}})
         self.saved_floor = floor
 
     async def _settle_intents(self, intent: dict[str, list]) -> None:
@@ -456,20 +520,7 @@ class TimerService:
                     self._mark_done(timer_offset)
 
 
-def _runs(offsets: set[int]) -> list[list[int]]:
-    """Delivered offsets as [first, last] runs: deliveries come mostly in order, so this stays small even when
-    one far-future message holds the floor back."""
-    runs: list[list[int]] = []
-    for offset in sorted(offsets):
-        if runs and runs[-1][1] == offset - 1:
-            runs[-1][1] = offset
-        else:
-            runs.append([offset, offset])
-    return runs
-
-
-def _unruns(runs: list) -> set[int]:
-    out: set[int] = set()
+def _unruns(runs: list) -> Iterator[tuple[int, int]]:
+    """The state document's [first, last] runs of delivered offsets, checked to be pairs of ints."""
     for first, last in runs:
-        out.update(range(int(first), int(last) + 1))
-    return out
+        yield int(first), int(last)

@@ -827,14 +827,19 @@ async def test_the_flusher_drops_cached_pages_behind_the_kept_tail_and_reads_sti
         await e.close()
 
 
-def record_fault_ins(e: FileEngine, monkeypatch) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Every CommitLog.fault_in call from now on: (thread name, entries), the reads still done."""
+def record_fault_ins(
+    e: FileEngine, monkeypatch, aheads: list[bool] | None = None
+) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Every CommitLog.fault_in call from now on: (thread name, entries), the reads still done; whether each asked
+    for read-ahead goes to `aheads`."""
     calls = []
     fault_in = e.clog.fault_in
 
-    def recording(entries):
+    def recording(entries, ahead=True):
         calls.append((threading.current_thread().name, list(entries)))
-        fault_in(entries)
+        if aheads is not None:
+            aheads.append(ahead)
+        fault_in(entries, ahead)
 
     monkeypatch.setattr(e.clog, "fault_in", recording)
     return calls
@@ -859,6 +864,27 @@ async def test_reads_of_dropped_bytes_fault_their_entries_in_off_the_event_loop(
         assert thread.startswith("mqk-fault-in")
         # exactly the entries read, not the other queue's between them
         assert entries == [(b.physical_offset, len(b.data) + e.registry.get(T, 0).fixed) for b in old.batches]
+    finally:
+        await e.close()
+
+
+async def test_a_read_of_less_than_a_page_reads_no_further_ahead(tmp_path: Path, monkeypatch) -> None:
+    """The timer loads each due payload alone (max_bytes 1): read-ahead past each would queue far more disk reads
+    than the lookups themselves; a consumer's read of dropped bytes still reads ahead."""
+    e = await open_engine(tmp_path, commitlog_cache_bytes=128 * 1024)
+    try:
+        await e.create_shards(T, 1, TopicConfig())
+        for i in range(300):
+            await e.append(T, 0, [batch(3, ts=1000 + i, value=bytes([i % 256]) * 250)])
+        await e.flusher.flush()
+        assert e.flusher.cache_from > 64 * 1024
+        aheads: list[bool] = []
+        calls = record_fault_ins(e, monkeypatch, aheads)
+        point = await e.read(T, 0, 30, 1)
+        assert [b.base_offset for b in point.batches] == [30] and records_of(point.batches[0].data)[0][-1] == 0
+        scan = await e.read(T, 0, 60, 10 * 1000)
+        assert scan.batches[0].base_offset == 60
+        assert len(calls) == 2 and aheads == [False, True]
     finally:
         await e.close()
 

@@ -179,10 +179,11 @@ class CommitLog:
         """See MappedFileQueue.drop_cache_below: the flusher lets the page cache of old flushed bytes go."""
         return self.mfq.drop_cache_below(start, upto, budget)
 
-    def fault_in(self, entries: list[tuple[int, int]]) -> None:
+    def fault_in(self, entries: list[tuple[int, int]], ahead: bool = True) -> None:
         """Read the entries at (physical offset, size), in log order, into the page cache (blocking: call from a
-        worker thread); entries side by side are read as one range. The kernel is asked to read FAULT_IN_AHEAD
-        bytes past the last one in the background, where a reader going on through the log reads next."""
+        worker thread); entries side by side are read as one range. Unless `ahead` is false the kernel is asked to
+        read FAULT_IN_AHEAD bytes past the last one in the background, where a reader going on through the log
+        reads next."""
         ranges: list[list[int]] = []
         for phys, size in entries:
             if ranges and ranges[-1][1] == phys:
@@ -190,7 +191,7 @@ class CommitLog:
             else:
                 ranges.append([phys, phys + size])
         for i, (start, end) in enumerate(ranges):
-            self.mfq.fault_in(start, end, FAULT_IN_AHEAD if i == len(ranges) - 1 else 0)
+            self.mfq.fault_in(start, end, FAULT_IN_AHEAD if ahead and i == len(ranges) - 1 else 0)
 
     def fault_in_at(self, offsets: list[int]) -> None:
         """`fault_in` for entries known only by where they start (sorted CommitLog offsets), each entry's size read

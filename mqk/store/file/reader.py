@@ -35,6 +35,8 @@ _I64 = struct.Struct(">q")
 #: batches from the one the timestamp search lands on that it reads back off the loop if their pages were dropped
 #: (the search reads on past a batch whose own max timestamp is below the target, rarely far)
 TIMESTAMP_FAULT_IN_UNITS = 8
+#: `read` with a `max_bytes` below this is a lookup of one batch: its dropped pages are read back without read-ahead
+POINT_READ_BYTES = 4096
 #: units per step of max_timestamp's walk over a whole queue (when the record holding the maximum was deleted):
 #: between steps the loop serves others, and each step's dropped entries are read back in the reader thread
 MAX_TIMESTAMP_WALK_UNITS = 1024
@@ -87,14 +89,15 @@ class LogReader:
 
     # --- the page cache --------------------------------------------------------------------------------------
 
-    async def stored(self, shard: Shard, units: list[Unit]) -> list[StoredBatch]:
+    async def stored(self, shard: Shard, units: list[Unit], ahead: bool = True) -> list[StoredBatch]:
         """The stored batches of ConsumeQueue `units` (in CommitLog order), as views of the CommitLog; read back
-        first when the first of them lies where the flusher dropped the page cache. A segment deleted meanwhile
-        (retention) ends the list where its first entry would have been."""
+        first when the first of them lies where the flusher dropped the page cache (with the kernel asked to read
+        on past them unless `ahead` is false). A segment deleted meanwhile (retention) ends the list where its first
+        entry would have been."""
         flusher = self.flusher
         if flusher is None or units[0][0] >= flusher.cache_from:  # (no await on the hot path: cached)
             return [self._batch(shard, unit) for unit in units]
-        await self._read_back(units)
+        await self._read_back(units, ahead)
         out = []
         for unit in units:
             try:
@@ -103,9 +106,9 @@ class LogReader:
                 break
         return out
 
-    async def _read_back(self, units: list[Unit]) -> None:
+    async def _read_back(self, units: list[Unit], ahead: bool = True) -> None:
         await asyncio.get_running_loop().run_in_executor(
-            self._reader, self.clog.fault_in, [(unit[0], unit[1]) for unit in units]
+            self._reader, self.clog.fault_in, [(unit[0], unit[1]) for unit in units], ahead
         )
 
     async def _fault_in_at(self, offsets: Iterable[int]) -> None:
@@ -154,7 +157,9 @@ class LogReader:
             if total >= max_bytes:
                 break
         if units:
-            batches.extend(await self.stored(shard, units))
+            # a read asking for less than a page wants one batch (the timer's payload loads, a message looked up
+            # by offset): reading ahead past it would fill the disk queue with pages nobody reads
+            batches.extend(await self.stored(shard, units, ahead=max_bytes >= POINT_READ_BYTES))
         return ReadResult(batches, start, end)
 
     def range_bytes(self, topic: str, queue: int, start: int, end: int) -> int:
