@@ -41,8 +41,8 @@ from mqk.errors import (
 from mqk.store.adapter import ShardInfo
 from mqk.store.manager import StoreManager
 
-# cluster mode's modules (etcd client, controller, replication) are imported where cluster mode uses them, so that a
-# broker on its own never loads them: it keeps start-up cheap
+# the cluster member is only typed here (its requests are built by its own `change_topic`), so a broker on its own
+# never loads cluster mode's modules (etcd client, controller, replication): it keeps start-up cheap
 if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember, TopicRecord
 
@@ -156,12 +156,15 @@ class TopicRegistry:
         if reason:
             raise InvalidConfigError(reason)
         if self.cluster is not None and not internal.is_local(name):
-            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
-
             values = {k: v for k, v in (changes or {}).items() if v is not None}
             try:
-                await self.cluster.change(
-                    RequestRecord("create", name, partitions, values, replication_factor=replication_factor), timeout
+                await self.cluster.change_topic(
+                    "create",
+                    name,
+                    timeout,
+                    partitions=partitions,
+                    configs=values,
+                    replication_factor=replication_factor,
                 )
             except TopicAlreadyExistsError as exc:
                 raise ShardExists(str(exc)) from None
@@ -220,10 +223,8 @@ class TopicRegistry:
                 and self.cluster is not None
                 and not (internal.is_local(name) or internal.created_on_demand(name))
             ):
-                from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
-
                 try:
-                    await self.cluster.change(RequestRecord("create", name, max(1, partitions)))
+                    await self.cluster.change_topic("create", name, partitions=max(1, partitions))
                     log.info("auto-created topic %s with %d partition(s) in the cluster", name, max(1, partitions))
                 except TopicAlreadyExistsError:
                     pass  # created meanwhile by another broker
@@ -252,11 +253,9 @@ class TopicRegistry:
         _refuse_internal(name)
         cluster = self._clustered(name)
         if cluster is not None:
-            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
-
             if cluster.topic(name) is None:
                 raise UnknownShard(f"unknown topic {name!r}")
-            await cluster.change(RequestRecord("delete", name), timeout)
+            await cluster.change_topic("delete", name, timeout)
         else:
             await self._store.delete_topic(name)
         self._creating.pop(name, None)
@@ -267,9 +266,7 @@ class TopicRegistry:
         _refuse_internal(name)
         cluster = self._clustered(name)
         if cluster is not None:
-            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
-
-            await cluster.change(RequestRecord("partitions", name, total), timeout)
+            await cluster.change_topic("partitions", name, timeout, partitions=total)
             return
         await self._store.add_partitions(name, total)
 
@@ -281,11 +278,9 @@ class TopicRegistry:
             raise InvalidConfigError(reason)
         cluster = self._clustered(name)
         if cluster is not None:
-            from mqk.broker.cluster.model import RequestRecord  # (cluster mode only: see the imports at the top)
-
             revision = cluster.view.state.topic_revisions.get(name, 0)
             values = {k: v for k, v in changes.items() if v is not None}
-            await cluster.change(RequestRecord("configs", name, configs=values, base_revision=revision))
+            await cluster.change_topic("configs", name, configs=values, base_revision=revision)
             return
         await self._store.alter_topic_config(name, settings.config_of(changes))
 

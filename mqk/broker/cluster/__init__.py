@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from mqk.broker import internal
 from mqk.broker.cluster.controller import OFFSETS_TOPIC, Controller
@@ -218,6 +219,17 @@ class ClusterMember:
         return [p for p, (group, _queue) in enumerate(record.partitions) if group == self.group]
 
     # --- metadata changes (through the controller) -----------------------------------------------------------
+
+    async def change_topic(
+        self,
+        op: str,
+        topic: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - as `change`'s
+        **fields: Any,
+    ) -> None:
+        """`change` with the request built here (RequestRecord's `op`, `topic` and other fields): the callers in the
+        broker layer need not load the cluster's modules for it."""
+        await self.change(RequestRecord(op, topic, **fields), timeout)
 
     async def change(
         self,
