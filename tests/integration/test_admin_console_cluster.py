@@ -42,9 +42,14 @@ def test_each_broker_shows_the_clusters_topics_and_the_partitions_it_holds(mqk_c
         return out
 
     # one replica per partition: every partition is held by exactly one of the two brokers, and each broker names
-    # the leader the cluster's metadata gives (what a Kafka client is told too)
-    holders = held()
-    assert sorted(holders[0] + holders[1]) == [0, 1, 2, 3] and all(holders), holders
+    # the leader the cluster's metadata gives (what a Kafka client is told too). A broker opens the queues of its
+    # partitions after its view shows the topic, so the listing may lag the topic by a moment.
+    def held_everywhere() -> list[list[int]] | None:
+        holders = held()
+        return holders if sorted(holders[0] + holders[1]) == [0, 1, 2, 3] else None
+
+    holders = wait_until(held_everywhere, what="every partition held by one broker")
+    assert all(holders), holders
     leaders = {p: m.leader for p, m in admin.list_topics("spread", timeout=10).topics["spread"].partitions.items()}
     for broker, mine in zip(cluster.brokers, holders):
         for p in api(broker.admin, "/api/topic?name=spread")["partitions"]:
