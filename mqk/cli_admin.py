@@ -14,7 +14,8 @@ AlterUserScramCredentials; the salted password is derived here, so the password 
 Kafka's kafka-acls tool (`--allow-principal`, `--deny-principal`, `--operation`, `--topic`, `--group`, `--cluster`,
 `--transactional-id`, `--resource-pattern-type`, `--allow-host`, `--deny-host`). `mqk users add-rocketmq` /
 `delete-rocketmq` / `list-rocketmq` edit the RocketMQ access keys in the broker's data directory directly
-(mqk.broker.security.access_keys: plain secrets, which RocketMQ's signatures need; a running broker rereads them).
+(mqk.broker.security.access_keys: plain secrets, which RocketMQ's signatures need; a running broker rereads them),
+or with `--cluster etcd://...` the cluster's, in etcd (every broker of the cluster follows them).
 """
 
 from __future__ import annotations
@@ -780,48 +781,118 @@ async def users_delete(args: argparse.Namespace) -> None:
     print(f"user {args.user} deleted")
 
 
-# --- RocketMQ access keys (plain secrets in the broker's data directory) -----------------------------------
+# --- RocketMQ access keys (plain secrets: in the broker's data directory, or a cluster's in etcd) ----------
 
 
-def _access_keys_file(args: argparse.Namespace) -> Any:
-    # (imported here: the other admin commands never load the broker's security modules)
-    from mqk.broker.security import access_keys
+class _FileAccessKeys:
+    """The access keys of one broker's data directory (`--data-dir`)."""
 
-    return access_keys, access_keys.access_keys_path(Path(args.data_dir))
+    def __init__(self, data_dir: str) -> None:
+        # (imported here: the other admin commands never load the broker's security modules)
+        from mqk.broker.security import access_keys
+
+        self._module = access_keys
+        self.where = access_keys.access_keys_path(Path(data_dir))
+
+    async def read(self) -> dict[str, str]:
+        try:
+            return dict(self._module.read_access_keys(self.where))
+        except MqkError as exc:  # Corrupt: a file mqk did not write
+            raise CommandError(str(exc)) from None
+
+    async def put(self, name: str, secret: str) -> None:
+        keys = await self.read()
+        keys[name] = secret
+        self._module.write_access_keys(self.where, keys)
+
+    async def delete(self, name: str) -> bool:
+        keys = await self.read()
+        if keys.pop(name, None) is None:
+            return False
+        self._module.write_access_keys(self.where, keys)
+        return True
+
+    async def close(self) -> None:
+        pass
 
 
-def _read_keys(module: Any, path: Path) -> dict[str, str]:
-    try:
-        return dict(module.read_access_keys(path))
-    except MqkError as exc:  # Corrupt: a file mqk did not write
-        raise CommandError(str(exc)) from None
+class _ClusterAccessKeys:
+    """A cluster's access keys, one etcd key each (`--cluster`, `--cluster-id`): every broker follows them."""
+
+    def __init__(self, url: str, cluster_id: str) -> None:
+        from mqk.broker.cluster.model import Keys
+        from mqk.broker.security import access_keys
+        from mqk.meta.etcd import EtcdClient, parse_endpoints
+
+        self._module = access_keys
+        try:
+            self._prefix = Keys(cluster_id).rocketmq_keys
+            self._etcd = EtcdClient(parse_endpoints(url))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.where = f"cluster {cluster_id}"
+
+    async def _call(self, op: Any) -> Any:
+        try:
+            return await op()
+        except MqkError as exc:  # MetaUnavailable: no etcd endpoint answers
+            raise CommandError(f"cannot reach etcd: {exc}") from None
+
+    async def read(self) -> dict[str, str]:
+        records, _revision = await self._call(lambda: self._etcd.get_prefix(self._prefix))
+        values = {r.key[len(self._prefix) :]: r.value for r in records}
+        return dict(self._module.decode_cluster_keys(values))
+
+    async def put(self, name: str, secret: str) -> None:
+        key = self._prefix + self._module.cluster_key_tail(name)
+        await self._call(lambda: self._etcd.put(key, self._module.encode_cluster_value(secret)))
+
+    async def delete(self, name: str) -> bool:
+        if name not in await self.read():
+            return False
+        await self._call(lambda: self._etcd.delete(self._prefix + self._module.cluster_key_tail(name)))
+        return True
+
+    async def close(self) -> None:
+        await self._etcd.close()
+
+
+def _access_keys(args: argparse.Namespace) -> _FileAccessKeys | _ClusterAccessKeys:
+    if args.cluster:
+        return _ClusterAccessKeys(args.cluster, args.cluster_id)
+    return _FileAccessKeys(args.data_dir)
 
 
 async def rocketmq_keys_list(args: argparse.Namespace) -> None:
-    module, path = _access_keys_file(args)
-    for name in sorted(_read_keys(module, path)):
-        print(name)
+    store = _access_keys(args)
+    try:
+        for name in sorted(await store.read()):
+            print(name)
+    finally:
+        await store.close()
 
 
 async def rocketmq_keys_add(args: argparse.Namespace) -> None:
-    module, path = _access_keys_file(args)
     args.password = args.secret
     args.password_stdin = args.secret_stdin
     secret = _new_password(args)
     if not secret:
         raise CommandError("the secret key must not be empty")
-    keys = _read_keys(module, path)
-    keys[args.user] = secret
-    module.write_access_keys(path, keys)
-    print(f"rocketmq access key {args.user} set in {path} (a running broker picks it up)")
+    store = _access_keys(args)
+    try:
+        await store.put(args.user, secret)
+    finally:
+        await store.close()
+    print(f"rocketmq access key {args.user} set in {store.where} (running brokers pick it up)")
 
 
 async def rocketmq_keys_delete(args: argparse.Namespace) -> None:
-    module, path = _access_keys_file(args)
-    keys = _read_keys(module, path)
-    if keys.pop(args.user, None) is None:
-        raise CommandError(f"no rocketmq access key {args.user} in {path}")
-    module.write_access_keys(path, keys)
+    store = _access_keys(args)
+    try:
+        if not await store.delete(args.user):
+            raise CommandError(f"no rocketmq access key {args.user} in {store.where}")
+    finally:
+        await store.close()
     print(f"rocketmq access key {args.user} deleted")
 
 
@@ -1439,21 +1510,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("user")
     p.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
     p.set_defaults(run=users_delete)
+
     # RocketMQ access keys: the broker needs their plain secrets (signatures are HMACs), so they are not SCRAM
-    # credentials and live in their own file under the broker's data directory, edited here directly
-    p = usub.add_parser("list-rocketmq", help="list the RocketMQ access keys")
-    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+    # credentials and live in their own file under the broker's data directory, edited here directly; a cluster's
+    # live in its etcd
+    def access_key_store(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
+        where.add_argument(
+            "--cluster", metavar="etcd://HOST:PORT[,HOST:PORT...]", help="the cluster's keys, in its etcd"
+        )
+        p.add_argument("--cluster-id", default="mqk-cluster", help="with --cluster: the cluster (default mqk-cluster)")
+        return p
+
+    p = access_key_store(usub.add_parser("list-rocketmq", help="list the RocketMQ access keys"))
     p.set_defaults(run=rocketmq_keys_list)
-    p = usub.add_parser("add-rocketmq", help="add a RocketMQ access key (user NAME, principal User:NAME)")
+    p = access_key_store(usub.add_parser("add-rocketmq", help="add a RocketMQ access key (user NAME, User:NAME)"))
     p.add_argument("user")
-    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
     secret = p.add_mutually_exclusive_group()
     secret.add_argument("--secret", help="(visible in the process list: prefer --secret-stdin)")
     secret.add_argument("--secret-stdin", action="store_true", help="read the secret key from stdin's first line")
     p.set_defaults(run=rocketmq_keys_add)
-    p = usub.add_parser("delete-rocketmq", help="delete a RocketMQ access key")
+    p = access_key_store(usub.add_parser("delete-rocketmq", help="delete a RocketMQ access key"))
     p.add_argument("user")
-    p.add_argument("--data-dir", default="mqk-data", help="the broker's data directory (default ./mqk-data)")
     p.set_defaults(run=rocketmq_keys_delete)
 
     quotas = sub.add_parser("quotas", help="list, set, remove client quotas (byte rates per user and client id)")

@@ -182,12 +182,13 @@ class ClientQuotas:
     def _follow(self) -> None:
         """A view change: the quotas read again if it touched their keys."""
         assert self._cluster is not None
-        seen = self._cluster.quotas_generation()
+        table = self._cluster.table(self._cluster.keys.quotas)
+        seen = table.generation()
         if seen[0] is self._seen[0] and seen[1] == self._seen[1]:
             return
         self._seen = seen
         quotas: dict[Entity, dict[str, float]] = {}
-        for tail, value in self._cluster.quotas().items():
+        for tail, value in table.values.items():
             try:
                 doc = json.loads(value)
                 entity = entity_of((kind, name) for kind, name in doc["entity"])
@@ -234,9 +235,9 @@ class ClientQuotas:
             tail = quote(json.dumps([list(c) for c in entity]), safe="")
             if values:
                 doc = {"entity": [list(c) for c in entity], "values": values}
-                await self._cluster.write_quotas({tail: json.dumps(doc).encode()}, [])
+                await self._cluster.write_table(self._cluster.keys.quotas, {tail: json.dumps(doc).encode()}, [])
             else:
-                await self._cluster.write_quotas({}, [tail])
+                await self._cluster.write_table(self._cluster.keys.quotas, {}, [tail])
             log.info("client quotas of %s: %s (the cluster's)", describe(entity), values or "none")
             return
         if values:

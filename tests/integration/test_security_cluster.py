@@ -13,9 +13,14 @@ import pytest
 from helpers import produce_body, wait_until
 
 from mqk import errors as E
+from mqk.client import Producer
+from mqk.client.remoting import ClientError
 from mqk.cluster_local import LocalCluster
 from mqk.protocol.kafka.api import ApiKey
+from mqk.protocol.native.codes import ResponseCode
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+
+NO_PERMISSION = ResponseCode.NO_PERMISSION
 
 
 def mqk_users(*args: str) -> subprocess.CompletedProcess:
@@ -174,3 +179,63 @@ def test_a_client_quota_set_through_one_broker_is_described_and_enforced_by_ever
 async def _produce_as(address, client_id: str, topic: str, partition: int, size: int) -> dict:
     async with await RawKafkaClient.connect(*address, client_id) as client:
         return await client.call(ApiKey.PRODUCE, 9, produce_body(topic, make_batch([b"q" * size]), partition))
+
+
+def test_a_rocketmq_access_key_added_to_the_cluster_signs_requests_to_every_broker(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """RocketMQ access keys are the cluster's (etcd's `rocketmq-keys/` keys, written by `mqk users add-rocketmq
+    --cluster`): a RocketMQ client signing with one is let in by every broker under the cluster's ACLs, a wrong
+    secret is refused, and the key's deletion shuts the client out everywhere."""
+    cluster = mqk_cluster_factory(2, config={"authorizer": True, "super_users": "User:ANONYMOUS"})
+    b0, b1 = cluster.brokers
+    where = ("--cluster", cluster.etcd_url, "--cluster-id", cluster.cluster_id)
+    added = subprocess.run(
+        [sys.executable, "-m", "mqk", "users", "add-rocketmq", "rk", "--secret-stdin", *where],
+        input="rk-secret\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert added.returncode == 0, added.stderr
+    listed = mqk_users("list-rocketmq", *where)
+    assert listed.returncode == 0 and listed.stdout.split() == ["rk"], listed
+    created = call(b0.kafka, ApiKey.CREATE_TOPICS, 7, create_topics_body("signed", 2))
+    assert created["topics"][0]["error_code"] == 0
+    granted = mqk_acls("add", "--allow-principal", "User:rk", "--operation", "WRITE", "--topic", "signed",
+                       "--bootstrap", b0.bootstrap)  # fmt: skip
+    assert granted.returncode == 0, granted.stderr
+    meta = call(b0.kafka, ApiKey.METADATA, 12, {"topics": [{"name": "signed"}]})
+    leaders = {p["leader_id"] for p in meta["topics"][0]["partitions"]}
+    assert leaders == {b0.node_id, b1.node_id}, meta  # one partition on each broker: both check the signature
+
+    namesrv = "{}:{}".format(*b1.namesrv)
+
+    async def send_everywhere(secret: str) -> list[int]:
+        """Send one message to every queue of the topic signed with `secret`; the response codes."""
+        producer = Producer(namesrv, "signed-pg")
+        producer.credentials = ("rk", secret)
+        codes = []
+        async with producer:
+            route = await producer.route("signed")
+            assert len({q.broker_name for q in route.queues}) == 2, route
+            for _queue in route.queues:  # the producer goes round the queues: each one once
+                try:
+                    await producer.send("signed", b"signed body")
+                    codes.append(0)
+                except ClientError as exc:
+                    codes.append(exc.code)
+        return codes
+
+    # the key reaches each broker through its watch: retried until both take it
+    wait_until(lambda: asyncio.run(send_everywhere("rk-secret")) == [0, 0], timeout=30, what="the key signing")
+    assert asyncio.run(send_everywhere("not-the-secret")) == [NO_PERMISSION] * 2
+
+    deleted = mqk_users("delete-rocketmq", "rk", *where)
+    assert deleted.returncode == 0, deleted.stderr
+    wait_until(
+        lambda: asyncio.run(send_everywhere("rk-secret")) == [NO_PERMISSION] * 2,
+        timeout=30,
+        what="the deletion reaching both brokers",
+    )
+    assert mqk_users("delete-rocketmq", "rk", *where).returncode == 1

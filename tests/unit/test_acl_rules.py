@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from mqk import errors as E
+from mqk.broker.cluster.model import Keys
+from mqk.broker.cluster.view import KeyTable
 from mqk.broker.security.acls import AclAuthorizer, AclBinding, AclFilter, AclIndex, Acls
 from mqk.broker.security.principal import ANONYMOUS, Principal
 
@@ -171,30 +173,29 @@ def test_a_damaged_acl_file_is_refused_at_start(tmp_path, doc):
 
 
 class FakeCluster:
-    """The ACL part of a ClusterMember: one key per binding and a generation that moves with each write."""
+    """The ACL part of a ClusterMember: its table of ACL keys, whose generation moves with each write."""
 
     def __init__(self) -> None:
-        self.keys: dict[str, bytes] = {}
-        self.changes = 0
+        self.keys = Keys("test")
+        self.acls = KeyTable()
         self.listeners: list = []
         self.view = SimpleNamespace(add_listener=self.listeners.append)
 
-    def acls(self):
-        return self.keys
-
-    def acls_generation(self):
-        return self.keys, self.changes
+    def table(self, prefix: str) -> KeyTable:
+        assert prefix == self.keys.acls
+        return self.acls
 
     def changed(self) -> None:
         """What the view does after a watch event touching the ACL keys."""
-        self.changes += 1
+        self.acls.changes += 1
         for listener in self.listeners:
             listener()
 
-    async def write_acls(self, puts, deletes):
-        self.keys.update(puts)
+    async def write_table(self, prefix, puts, deletes):
+        table = self.table(prefix)
+        table.values.update(puts)
         for key in deletes:
-            self.keys.pop(key, None)
+            table.values.pop(key, None)
         self.changed()
 
 
@@ -204,10 +205,10 @@ async def test_cluster_acls_are_the_clusters_keys(tmp_path):
     acls.attach_cluster(cluster)  # type: ignore[arg-type]  # the ACL part of a ClusterMember is enough here
     authorizer = AclAuthorizer(acls)
     await acls.change(add=BINDINGS[:2])
-    assert len(cluster.keys) == 2 and authorizer.authorize(ALICE, "h", "READ", "TOPIC", "orders")
+    assert len(cluster.acls.values) == 2 and authorizer.authorize(ALICE, "h", "READ", "TOPIC", "orders")
     # another broker's write shows up through the view
-    cluster.keys["bad"] = b"{"
-    cluster.keys[BINDINGS[3].key()] = json.dumps(BINDINGS[3].to_json()).encode()
+    cluster.acls.values["bad"] = b"{"
+    cluster.acls.values[BINDINGS[3].key()] = json.dumps(BINDINGS[3].to_json()).encode()
     cluster.changed()
     assert acls.bindings() == frozenset([*BINDINGS[:2], BINDINGS[3]])  # the bad one logged and left out
     await acls.change(remove=[BINDINGS[0]])

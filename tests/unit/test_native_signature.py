@@ -8,14 +8,25 @@ import hashlib
 import hmac
 import io
 import json
+import logging
 import os
 import stat
+from types import SimpleNamespace
 
 import pytest
 
 from mqk import errors as E
-from mqk.broker.security.access_keys import AccessKeys, access_keys_path, read_access_keys
+from mqk.broker.cluster.model import Keys
+from mqk.broker.cluster.view import KeyTable
+from mqk.broker.security.access_keys import (
+    AccessKeys,
+    access_keys_path,
+    cluster_key_tail,
+    encode_cluster_value,
+    read_access_keys,
+)
 from mqk.cli import main
+from mqk.cluster_local import free_port
 from mqk.protocol.native.codes import RequestCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.signature import sign, signature, signed_content, verify
@@ -127,3 +138,31 @@ def test_cli_adds_lists_and_deletes_rocketmq_access_keys(tmp_path, capsys, monke
     assert main(["users", "delete-rocketmq", "alice", "--data-dir", str(tmp_path)]) == 0
     assert read_access_keys(path) == {}
     assert main(["users", "delete-rocketmq", "alice", "--data-dir", str(tmp_path)]) == 1
+
+
+def test_in_cluster_mode_the_access_keys_are_the_clusters_table(tmp_path, caplog) -> None:
+    keys = AccessKeys(tmp_path)
+    keys.set("local", "local-secret")
+    table = KeyTable()
+    cluster = SimpleNamespace(keys=Keys("c1"), table=lambda prefix: table)
+    with caplog.at_level(logging.WARNING, "mqk.security"):
+        keys.attach_cluster(cluster)  # type: ignore[arg-type]  # the table part of a ClusterMember is enough
+    assert "the 1 kept in" in caplog.text and "not the cluster's" in caplog.text
+    assert keys.secret("local") is None and keys.names() == []
+    # another broker's write (or the CLI's) arrives through the view: a new generation of the table
+    table.values[cluster_key_tail("team/a")] = encode_cluster_value("a-secret")
+    table.values["bad"] = b"{not json"
+    table.changes += 1
+    assert keys.secret("team/a") == "a-secret" and keys.names() == ["team/a"]  # the bad one logged and skipped
+    del table.values[cluster_key_tail("team/a")]
+    table.changes += 1
+    assert keys.secret("team/a") is None
+    with pytest.raises(RuntimeError, match="cluster"):
+        keys.set("x", "y")
+    assert read_access_keys(access_keys_path(tmp_path)) == {"local": "local-secret"}  # the file is left as it was
+
+
+def test_cli_refuses_an_unreachable_cluster_for_access_keys(capsys) -> None:
+    port = free_port()  # nothing listens there
+    assert main(["users", "list-rocketmq", "--cluster", f"etcd://127.0.0.1:{port}"]) == 1
+    assert "cannot reach etcd" in capsys.readouterr().err

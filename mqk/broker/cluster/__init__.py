@@ -25,10 +25,10 @@ from typing import Any
 from mqk.broker import internal
 from mqk.broker.cluster.controller import OFFSETS_TOPIC, Controller
 from mqk.broker.cluster.epochs import EpochHistory
-from mqk.broker.cluster.model import BrokerRecord, RequestRecord, TopicRecord
+from mqk.broker.cluster.model import BrokerRecord, Keys, RequestRecord, TopicRecord
 from mqk.broker.cluster.node import ClusterConfig, ClusterNode, ClusterStartError
 from mqk.broker.cluster.reconcile import TopicReconciler
-from mqk.broker.cluster.view import ClusterView
+from mqk.broker.cluster.view import ClusterView, KeyTable
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.errors import UnknownTopicOrPartitionError
 from mqk.meta import Compare, Delete, Put
@@ -262,6 +262,11 @@ class ClusterMember:
             if OFFSETS_TOPIC not in self.view.state.topics:
                 log.info("cluster: %s not created yet: %s", OFFSETS_TOPIC, exc)
 
+    @property
+    def keys(self) -> Keys:
+        """The cluster's key names."""
+        return self.node.keys
+
     # --- users (SCRAM credentials: mqk.broker.security.users owns their format) ---------------------------------
 
     def users(self) -> dict[str, tuple[int, bytes]]:
@@ -286,55 +291,24 @@ class ClusterMember:
             await self.view.wait_until(lambda s: s.revision >= at, timeout)
         return written
 
-    # --- ACLs (mqk.broker.security.acls owns their format) ---------------------------------------------------
+    # --- tables: ACLs, client quotas, RocketMQ access keys (the modules that read them own their formats) ------
 
-    def acls(self) -> dict[str, bytes]:
-        """ACL binding key tail -> its stored value, as this broker's view last saw them."""
-        return self.view.state.acls
+    def table(self, prefix: str) -> KeyTable:
+        """The keys under `prefix` (one of `keys.tables`: `keys.acls`, `keys.quotas`, `keys.rocketmq_keys`) as this
+        broker's view last saw them, by tail; their generation changes whenever they may have."""
+        return self.view.state.table(prefix)
 
-    def acls_generation(self) -> tuple[object, int]:
-        """Changes whenever the view's ACLs may have: the dict (a new listing makes a new one) and its change count."""
-        state = self.view.state
-        return state.acls, state.acls_changes
-
-    def quotas(self) -> dict[str, bytes]:
-        """Quota entity key tail -> its stored value, as this broker's view last saw them."""
-        return self.view.state.quotas
-
-    def quotas_generation(self) -> tuple[object, int]:
-        """Changes whenever the view's quotas may have: the dict (a new listing makes one) and its change count."""
-        state = self.view.state
-        return state.quotas, state.quotas_changes
-
-    async def write_acls(
+    async def write_table(
         self,
+        prefix: str,
         puts: dict[str, bytes],
         deletes: list[str],
         timeout: float = 5.0,  # noqa: ASYNC109 - how long to wait for the view to show the write
     ) -> None:
-        """Store and delete ACL bindings (by key tail); see `_write_keys`."""
-        await self._write_keys(self.node.keys.acl, puts, deletes, timeout)
-
-    async def write_quotas(
-        self,
-        puts: dict[str, bytes],
-        deletes: list[str],
-        timeout: float = 5.0,  # noqa: ASYNC109 - how long to wait for the view to show the write
-    ) -> None:
-        """Store and delete client quota entities (by key tail); see `_write_keys`."""
-        await self._write_keys(self.node.keys.quota, puts, deletes, timeout)
-
-    async def _write_keys(
-        self,
-        key_of: Callable[[str], str],
-        puts: dict[str, bytes],
-        deletes: list[str],
-        timeout: float,  # noqa: ASYNC109 - how long to wait for the view to show the write
-    ) -> None:
-        """Put and delete keys (by tail), a hundred per transaction; on return this broker's view shows them (or
-        `timeout` passed: the watch is late). MetaUnavailable when etcd cannot be reached."""
-        changes: list[Put | Delete] = [Put(key_of(k), v) for k, v in puts.items()]
-        changes += [Delete(key_of(k)) for k in deletes]
+        """Put and delete keys under `prefix` (by tail), a hundred per transaction; on return this broker's view
+        shows them (or `timeout` passed: the watch is late). MetaUnavailable when etcd cannot be reached."""
+        changes: list[Put | Delete] = [Put(prefix + k, v) for k, v in puts.items()]
+        changes += [Delete(prefix + k) for k in deletes]
         at = 0
         for start in range(0, len(changes), 100):  # etcd takes at most 128 operations in one transaction
             _written, revision = await self.node.meta.txn_at([], changes[start : start + 100])

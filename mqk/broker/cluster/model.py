@@ -14,6 +14,7 @@
     users/<quoted name>          (bytes)          a user's SCRAM credentials (mqk.broker.security.users reads them)
     acls/<quoted binding>        (bytes)          one ACL binding (mqk.broker.security.acls reads them)
     quotas/<quoted entity>       (bytes)          one entity's client quotas (mqk.broker.quotas reads them)
+    rocketmq-keys/<quoted name>  (bytes)          a RocketMQ access key and its secret (mqk.broker.security.access_keys)
 
 Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
 damaged or foreign key is logged and skipped, never trusted.
@@ -51,6 +52,9 @@ class Keys:
         self.users = self.root + "users/"
         self.acls = self.root + "acls/"
         self.quotas = self.root + "quotas/"
+        self.rocketmq_keys = self.root + "rocketmq-keys/"
+        #: the prefixes whose values other modules decode: a ClusterState keeps each as a KeyTable
+        self.tables = (self.acls, self.quotas, self.rocketmq_keys)
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
@@ -82,14 +86,6 @@ class Keys:
 
     def user_name(self, key: str) -> str:
         return unquote(key[len(self.users) :])
-
-    def acl(self, tail: str) -> str:
-        """An ACL binding's key (`tail`: the binding's own quoted key, mqk.broker.security.acls)."""
-        return self.acls + tail
-
-    def quota(self, tail: str) -> str:
-        """A quota entity's key (`tail`: the entity's own quoted key, mqk.broker.quotas)."""
-        return self.quotas + tail
 
 
 def _load(data: bytes, what: str) -> dict[str, Any]:

@@ -59,13 +59,30 @@ class ClusterState:
     results: dict[str, ResultRecord] = field(default_factory=dict)
     #: user name -> (its key's mod revision, its value): SCRAM credentials, decoded by mqk.broker.security.users
     users: dict[str, tuple[int, bytes]] = field(default_factory=dict)
-    #: ACL binding key tail -> its value, decoded by mqk.broker.security.acls; `acls_changes` counts the watch's
-    #: changes to them since this state's listing (with the dict's identity: the ACLs' generation)
-    acls: dict[str, bytes] = field(default_factory=dict)
-    acls_changes: int = 0
-    #: quota entity key tail -> its value, decoded by mqk.broker.quotas; `quotas_changes` counts the watch's changes
-    quotas: dict[str, bytes] = field(default_factory=dict)
-    quotas_changes: int = 0
+    #: the values other modules decode, one table per prefix of `Keys.tables`: ACL bindings
+    #: (mqk.broker.security.acls), client quotas (mqk.broker.quotas), RocketMQ access keys
+    #: (mqk.broker.security.access_keys)
+    tables: dict[str, KeyTable] = field(default_factory=dict)
+
+    def table(self, prefix: str) -> KeyTable:
+        """The table of one of `Keys.tables`' prefixes (empty until a key under it is seen)."""
+        table = self.tables.get(prefix)
+        if table is None:
+            table = self.tables[prefix] = KeyTable()
+        return table
+
+
+@dataclass(slots=True)
+class KeyTable:
+    """The keys under one prefix, by tail, with their stored values, and how many changes the watch made to them
+    since the listing that made this table. The table's identity and that count are its generation: a follower
+    reads the values again only when it changed."""
+
+    values: dict[str, bytes] = field(default_factory=dict)
+    changes: int = 0
+
+    def generation(self) -> tuple[object, int]:
+        return self, self.changes
 
 
 class ClusterView:
@@ -204,12 +221,10 @@ class ClusterView:
                 state.results[key[len(keys.results) :]] = ResultRecord.decode(record.value)
             elif key.startswith(keys.users):
                 state.users[keys.user_name(key)] = (record.mod_revision, record.value)
-            elif key.startswith(keys.acls):
-                state.acls[key[len(keys.acls) :]] = record.value
-                state.acls_changes += 1
-            elif key.startswith(keys.quotas):
-                state.quotas[key[len(keys.quotas) :]] = record.value
-                state.quotas_changes += 1
+            elif prefix := _table_prefix(keys, key):
+                table = state.table(prefix)
+                table.values[key[len(prefix) :]] = record.value
+                table.changes += 1
             elif key == keys.controller_epoch or key == keys.pid_blocks:
                 load_int(record.value, key)
         except Malformed as exc:
@@ -240,12 +255,10 @@ class ClusterView:
             state.results.pop(key[len(keys.results) :], None)
         elif key.startswith(keys.users):
             state.users.pop(keys.user_name(key), None)
-        elif key.startswith(keys.acls):
-            state.acls.pop(key[len(keys.acls) :], None)
-            state.acls_changes += 1
-        elif key.startswith(keys.quotas):
-            state.quotas.pop(key[len(keys.quotas) :], None)
-            state.quotas_changes += 1
+        elif prefix := _table_prefix(keys, key):
+            table = state.table(prefix)
+            table.values.pop(key[len(prefix) :], None)
+            table.changes += 1
 
     def disconnected(self) -> None:
         """The watch broke: the view stays as it is until the next listing."""
@@ -256,4 +269,12 @@ class ClusterView:
             )
 
 
-__all__ = ["ClusterState", "ClusterView"]
+def _table_prefix(keys: Keys, key: str) -> str:
+    """The prefix of `Keys.tables` that `key` is under, or ''."""
+    for prefix in keys.tables:
+        if key.startswith(prefix):
+            return prefix
+    return ""
+
+
+__all__ = ["ClusterState", "ClusterView", "KeyTable"]

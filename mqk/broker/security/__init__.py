@@ -59,6 +59,7 @@ class Security:
     def attach_cluster(self, cluster: ClusterMember) -> None:
         self.users.attach_cluster(cluster)
         self.acls.attach_cluster(cluster)
+        self.access_keys.attach_cluster(cluster)
 
     def sasl_server(self, mechanism: str) -> SaslServer:
         """A server for one exchange of an enabled `mechanism` (KeyError for another)."""

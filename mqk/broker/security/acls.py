@@ -323,14 +323,14 @@ class Acls:
     def attach_cluster(self, cluster: ClusterMember) -> None:
         """Cluster mode: the ACLs are the cluster's (in etcd) from now on, followed through the view's changes."""
         self._cluster = cluster
-        self._seen = cluster.acls_generation()
+        self._seen = cluster.table(cluster.keys.acls).generation()
         self.generation += 1
         cluster.view.add_listener(self._follow)
 
     def _follow(self) -> None:
         """A view change: a new generation if it touched the ACL keys (the view's ACL dict, or its change count)."""
         assert self._cluster is not None
-        seen = self._cluster.acls_generation()
+        seen = self._cluster.table(self._cluster.keys.acls).generation()
         if seen[0] is not self._seen[0] or seen[1] != self._seen[1]:
             self._seen = seen
             self.generation += 1
@@ -348,7 +348,7 @@ class Acls:
         if cluster is None:
             return list(self._local)
         out = []
-        for key, value in cluster.acls().items():
+        for key, value in cluster.table(cluster.keys.acls).values.items():
             try:
                 out.append(AclBinding.from_json(json.loads(value), f"cluster ACL {key}"))
             except (E.Corrupt, ValueError) as exc:
@@ -368,8 +368,10 @@ class Acls:
         MetaUnavailable / RequestTimedOutError in cluster mode when etcd cannot take it now."""
         add, remove = set(add), set(remove) - set(add)
         if self._cluster is not None:
-            await self._cluster.write_acls(
-                {b.key(): json.dumps(b.to_json()).encode() for b in add}, [b.key() for b in remove]
+            await self._cluster.write_table(
+                self._cluster.keys.acls,
+                {b.key(): json.dumps(b.to_json()).encode() for b in add},
+                [b.key() for b in remove],
             )
             return
         async with self._write_lock:
