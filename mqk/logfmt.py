@@ -6,7 +6,8 @@
   (never overriding those keys). A traceback stays inside its event's line (as a JSON string), so a log shipper
   sees one event per line.
 
-Stdlib logging only: a Formatter, installed by `configure_logging`.
+Stdlib logging only: a Formatter, installed by `configure_logging`. `LogThrottle` keeps a flood of one peer's
+refused requests from flooding the log: one line per peer per interval, and the next line says how many it held back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -51,4 +54,33 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
 
 
-__all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging"]
+class LogThrottle:
+    """At most one log line per key (a peer's address) per `interval_s`. The lines held back are counted, and the
+    key's next line says how many. Bounded: past `max_keys` keys the oldest half is forgotten, so a flood from many
+    addresses costs at most that much memory (a forgotten key's next line simply goes out)."""
+
+    def __init__(
+        self, interval_s: float = 10.0, max_keys: int = 4096, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval_s = interval_s
+        self.max_keys = max_keys
+        self._now = now
+        #: key -> (when its last line went out, lines held back since)
+        self._keys: dict[Hashable, tuple[float, int]] = {}
+
+    def allow(self, key: Hashable) -> int | None:
+        """None: hold this line back. Else write it, with the number of `key`'s lines held back since its last."""
+        now = self._now()
+        last = self._keys.get(key)
+        if last is not None and now - last[0] < self.interval_s:
+            self._keys[key] = (last[0], last[1] + 1)
+            return None
+        if last is None and len(self._keys) >= self.max_keys:
+            for old in list(self._keys)[: self.max_keys // 2]:  # the oldest first: a dict keeps insertion order
+                del self._keys[old]
+        self._keys.pop(key, None)  # (re)inserted: the order stays oldest line first
+        self._keys[key] = (now, 0)
+        return 0 if last is None else last[1]
+
+
+__all__ = ["TEXT_FORMAT", "JsonFormatter", "LogThrottle", "configure_logging"]

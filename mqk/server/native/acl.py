@@ -31,6 +31,7 @@ from typing import Any
 
 from mqk.broker.security import Principal, Security
 from mqk.broker.security.principal import USER
+from mqk.logfmt import LogThrottle
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.signature import ACCESS_KEY, SIGNATURE, verify
@@ -158,6 +159,7 @@ class NativeAcl:
         self.enabled = enabled
         self.security = security
         self.topic_exists = topic_exists
+        self._log_throttle = LogThrottle()
 
     def check(self, peer: tuple[str, int], cmd: RemotingCommand) -> RemotingCommand | None:
         """None when the request may go on; else the NO_PERMISSION answer to send instead."""
@@ -188,14 +190,18 @@ class NativeAcl:
                 )
         return None
 
-    @staticmethod
-    def _refuse(peer: tuple[str, int], cmd: RemotingCommand, access_key: str, why: str) -> RemotingCommand:
-        log.warning(
-            "rocketmq-broker: NO_PERMISSION for request code %s from %s:%s%s: %s",
-            cmd.code,
-            peer[0],
-            peer[1],
-            f" (AccessKey {access_key})" if access_key else "",
-            why,
-        )
+    def _refuse(self, peer: tuple[str, int], cmd: RemotingCommand, access_key: str, why: str) -> RemotingCommand:
+        # one line per address, access key and request code per interval: a client retrying a refused request is
+        # not a log flood
+        held = self._log_throttle.allow((peer[0], access_key, cmd.code))
+        if held is not None:
+            log.warning(
+                "rocketmq-broker: NO_PERMISSION for request code %s from %s:%s%s: %s%s",
+                cmd.code,
+                peer[0],
+                peer[1],
+                f" (AccessKey {access_key})" if access_key else "",
+                why,
+                f" ({held} more like it refused since its last line)" if held else "",
+            )
         return cmd.response(ResponseCode.NO_PERMISSION, f"No permission: {why}")
