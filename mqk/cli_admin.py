@@ -94,6 +94,122 @@ async def _kafka(args: argparse.Namespace, address: tuple[str, int] | None = Non
     return client
 
 
+#: FindCoordinator's answer while the offsets topic is being created (the first ask creates it in cluster mode)
+_COORDINATOR_NOT_AVAILABLE = 15
+_COORDINATOR_TRIES = 20
+
+
+class Brokers:
+    """The connections of one admin command, routed as Kafka's admin client routes its requests: `call` goes to
+    `--bootstrap` (metadata, topic and config admin, ACLs, users, quotas: any broker answers those), and the broker
+    that must answer the rest is connected on demand, secured as the options say: a partition's leader
+    (`leader`, `list_offsets`), a group's coordinator (`coordinator`), every broker (`each`). On a single broker
+    they are all the one connection."""
+
+    def __init__(self, args: argparse.Namespace, bootstrap: RawKafkaClient) -> None:
+        self.args = args
+        self.bootstrap = bootstrap
+        self._clients: dict[tuple[str, int], RawKafkaClient] = {parse_hostport(args.bootstrap): bootstrap}
+        self._addresses: dict[int, tuple[str, int]] = {}
+        self._leaders: dict[str, dict[int, int]] = {}
+
+    @classmethod
+    async def open(cls, args: argparse.Namespace) -> Brokers:
+        return cls(args, await _kafka(args))
+
+    async def call(self, api_key: int, version: int, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return await self.bootstrap.call(api_key, version, body, **kw)
+
+    async def to(self, node: int) -> RawKafkaClient:
+        """The connection to broker `node` (CommandError when the cluster names no such live broker)."""
+        if node not in self._addresses:
+            await self._learn([])
+        address = self._addresses.get(node)
+        if address is None:
+            raise CommandError(f"broker {node} is not live now")
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = await _kafka(self.args, address)
+        return client
+
+    async def _learn(self, topics: list[str]) -> dict[str, Any]:
+        meta = await self.call(ApiKey.METADATA, 12, {"topics": [{"name": t} for t in topics]})
+        self._addresses = {b["node_id"]: (b["host"], b["port"]) for b in meta["brokers"]}
+        for topic in meta["topics"]:
+            if topic["error_code"] == 0:
+                self._leaders[topic["name"]] = {p["partition_index"]: p["leader_id"] for p in topic["partitions"]}
+        return meta
+
+    async def leaders(self, topic: str) -> dict[int, int]:
+        """Partition -> its leader's node id (-1: none live now)."""
+        if topic not in self._leaders:
+            meta = await self._learn([topic])
+            _check(meta["topics"][0]["error_code"], f"topic {topic}")
+        return self._leaders[topic]
+
+    async def leader(self, topic: str, partition: int) -> RawKafkaClient:
+        """The connection to the leader of `topic`[`partition`] (asked again for a few seconds while it has none: a
+        topic just created, a failover)."""
+        for _ in range(_COORDINATOR_TRIES):
+            node = (await self.leaders(topic)).get(partition)
+            if node is None:
+                raise CommandError(f"{topic} has no partition {partition}")
+            if node >= 0:
+                return await self.to(node)
+            del self._leaders[topic]
+            await asyncio.sleep(0.25)
+        raise CommandError(f"{topic}[{partition}]: no live leader now")
+
+    async def by_leader(self, topic: str, partitions: list[int]) -> list[tuple[RawKafkaClient, list[int]]]:
+        """`partitions` grouped by their leader, with its connection."""
+        grouped: dict[int, list[int]] = {}
+        leaders = await self.leaders(topic)
+        for partition in partitions:
+            node = leaders.get(partition)
+            if node is None:
+                raise CommandError(f"{topic} has no partition {partition}")
+            if node < 0:
+                raise CommandError(f"{topic}[{partition}]: no live leader now")
+            grouped.setdefault(node, []).append(partition)
+        return [(await self.to(node), parts) for node, parts in sorted(grouped.items())]
+
+    async def list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
+        """`list_offsets`, each partition asked of its leader."""
+        out: dict[int, int] = {}
+        for client, parts in await self.by_leader(topic, partitions):
+            out.update(await list_offsets(client, topic, parts, timestamp))
+        return out
+
+    async def coordinator(self, group: str) -> RawKafkaClient:
+        """The connection to `group`'s coordinator (FindCoordinator, asked again while the offsets topic that
+        places it is being created)."""
+        for _ in range(_COORDINATOR_TRIES):
+            resp = await self.call(ApiKey.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
+            found = resp["coordinators"][0]
+            if found["error_code"] != _COORDINATOR_NOT_AVAILABLE:
+                break
+            await asyncio.sleep(0.25)
+        _check(found["error_code"], f"coordinator of {group}", found.get("error_message"))
+        address = (found["host"], found["port"])
+        self._addresses[found["node_id"]] = address
+        return await self.to(found["node_id"])
+
+    async def each(self) -> list[RawKafkaClient]:
+        """A connection to every live broker."""
+        await self._learn([])
+        return [await self.to(node) for node in sorted(self._addresses)]
+
+    async def close(self) -> None:
+        for client in {id(c): c for c in [self.bootstrap, *self._clients.values()]}.values():
+            await client.close()
+
+    async def __aenter__(self) -> Brokers:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
 def _parse_configs(pairs: list[str] | None) -> dict[str, str]:
     configs = {}
     for pair in pairs or ():
@@ -149,28 +265,34 @@ async def topics_delete(args: argparse.Namespace) -> None:
 
 async def topics_describe(args: argparse.Namespace) -> None:
     """Partitions (leader, start and end offsets, size in bytes from DescribeLogDirs) and settings."""
-    async with await _kafka(args) as client:
-        meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}]})
+    async with await Brokers.open(args) as brokers:
+        meta = await brokers.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}]})
         topic = meta["topics"][0]
         _check(topic["error_code"], f"describe {args.topic}")
-        cfg = await client.call(
+        cfg = await brokers.call(
             ApiKey.DESCRIBE_CONFIGS,
             4,
             {"resources": [{"resource_type": 2, "resource_name": args.topic, "configuration_keys": None}]},
         )
         indexes = [p["partition_index"] for p in topic["partitions"]]
-        ends = await list_offsets(client, args.topic, indexes, -1)
-        starts = await list_offsets(client, args.topic, indexes, -2)
-        dirs = await client.call(
-            ApiKey.DESCRIBE_LOG_DIRS, 4, {"topics": [{"topic": args.topic, "partitions": indexes}]}
-        )
-    sizes = {
-        p["partition_index"]: p["partition_size"]
-        for result in dirs["results"]
-        for t in result["topics"]
-        if t["name"] == args.topic
-        for p in t["partitions"]
-    }
+        live = [p["partition_index"] for p in topic["partitions"] if p["leader_id"] >= 0]
+        ends = await brokers.list_offsets(args.topic, live, -1)
+        starts = await brokers.list_offsets(args.topic, live, -2)
+        # (each broker describes the partitions it holds: the sizes are the leaders')
+        leaders = {p["partition_index"]: p["leader_id"] for p in topic["partitions"]}
+        sizes: dict[int, int] = {}
+        for node, client in [(n, await brokers.to(n)) for n in sorted({n for n in leaders.values() if n >= 0})]:
+            dirs = await client.call(
+                ApiKey.DESCRIBE_LOG_DIRS, 4, {"topics": [{"topic": args.topic, "partitions": indexes}]}
+            )
+            sizes.update(
+                (p["partition_index"], p["partition_size"])
+                for result in dirs["results"]
+                for t in result["topics"]
+                if t["name"] == args.topic
+                for p in t["partitions"]
+                if leaders.get(p["partition_index"]) == node
+            )
     partitions = [
         {
             "partition": p["partition_index"],
@@ -207,8 +329,8 @@ async def topics_describe(args: argparse.Namespace) -> None:
 
 async def topics_delete_records(args: argparse.Namespace) -> None:
     """Move a partition's log start offset to `--before` (-1: the end offset), as kafka-delete-records does."""
-    async with await _kafka(args) as client:
-        resp = await client.call(
+    async with await Brokers.open(args) as brokers:
+        resp = await (await brokers.leader(args.topic, args.partition)).call(
             ApiKey.DELETE_RECORDS,
             2,
             {
@@ -227,10 +349,13 @@ async def topics_delete_records(args: argparse.Namespace) -> None:
 
 
 async def groups_list(args: argparse.Namespace) -> None:
-    async with await _kafka(args) as client:
-        resp = await client.call(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
-    _check(resp["error_code"], "list groups")
-    groups = sorted(resp["groups"], key=lambda g: g["group_id"])
+    found: dict[str, dict[str, Any]] = {}
+    async with await Brokers.open(args) as brokers:
+        for client in await brokers.each():  # each broker lists the groups it coordinates, as Kafka's
+            resp = await client.call(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
+            _check(resp["error_code"], "list groups")
+            found.update((g["group_id"], g) for g in resp["groups"])
+    groups = sorted(found.values(), key=lambda g: g["group_id"])
     if args.json:
         _print_json(
             [
@@ -246,8 +371,8 @@ async def groups_list(args: argparse.Namespace) -> None:
 async def groups_describe(args: argparse.Namespace) -> None:
     """The group's state and members, and per partition its committed offset, log end offset and lag, with the
     member it is assigned to (kafka-consumer-groups --describe)."""
-    async with await _kafka(args) as client:
-        group, rows = await describe_group(client, args.group)
+    async with await Brokers.open(args) as brokers:
+        group, rows = await describe_group(brokers, args.group)
     if args.json:
         _print_json(
             {
@@ -284,9 +409,10 @@ async def groups_describe(args: argparse.Namespace) -> None:
     )
 
 
-async def describe_group(client: RawKafkaClient, group_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def describe_group(brokers: Brokers, group_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(DescribeGroups' group, a row per partition the group has committed or been assigned: topic, partition,
     current_offset, log_end_offset, lag, consumer_id, host, client_id)."""
+    client = await brokers.coordinator(group_id)
     resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [group_id]})
     group = resp["groups"][0]
     _check(group["error_code"], f"describe {group_id}")
@@ -306,7 +432,7 @@ async def describe_group(client: RawKafkaClient, group_id: str) -> tuple[dict[st
     keys = sorted(set(committed) | set(owner))
     ends: dict[tuple[str, int], int] = {}
     for topic in sorted({t for t, _p in keys}):
-        for partition, offset in (await list_offsets(client, topic, [p for t, p in keys if t == topic], -1)).items():
+        for partition, offset in (await brokers.list_offsets(topic, [p for t, p in keys if t == topic], -1)).items():
             ends[(topic, partition)] = offset
     rows = []
     for key in keys:
@@ -362,7 +488,8 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
     group has active members, as Kafka's tool refuses it."""
     from tqdm import tqdm
 
-    async with await _kafka(args) as client:
+    async with await Brokers.open(args) as brokers:
+        client = await brokers.coordinator(args.group)
         resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [args.group]})
         group = resp["groups"][0]
         _check(group["error_code"], f"describe {args.group}")
@@ -378,18 +505,18 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
             for p in t["partitions"]
             if p["committed_offset"] >= 0
         }
-        targets = await _reset_targets(client, args, committed)
+        targets = await _reset_targets(brokers, args, committed)
         plan: list[tuple[str, int, int]] = []
         by_topic: dict[str, list[int]] = {}
         for topic, partition in targets:
             by_topic.setdefault(topic, []).append(partition)
         with tqdm(total=len(targets), desc="planning", unit="partition", file=sys.stderr, disable=None) as bar:
             for topic, partitions in sorted(by_topic.items()):
-                starts = await list_offsets(client, topic, partitions, -2)
-                ends = await list_offsets(client, topic, partitions, -1)
+                starts = await brokers.list_offsets(topic, partitions, -2)
+                ends = await brokers.list_offsets(topic, partitions, -1)
                 at: dict[int, int] = {}
                 if args.to_datetime is not None:
-                    at = await list_offsets(client, topic, partitions, _epoch_ms(args.to_datetime))
+                    at = await brokers.list_offsets(topic, partitions, _epoch_ms(args.to_datetime))
                 for partition in sorted(partitions):
                     start, end = starts[partition], ends[partition]
                     if args.to_earliest:
@@ -425,7 +552,7 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
 
 
 async def _reset_targets(
-    client: RawKafkaClient, args: argparse.Namespace, committed: dict[tuple[str, int], int]
+    client: Brokers, args: argparse.Namespace, committed: dict[tuple[str, int], int]
 ) -> list[tuple[str, int]]:
     """The (topic, partition) pairs --topic / --all-topics name."""
     if args.all_topics:
@@ -646,29 +773,16 @@ async def partitions_reassign(args: argparse.Namespace) -> None:
 async def producers_describe(args: argparse.Namespace) -> None:
     """DescribeProducers, asked of each partition's leader (only a leader keeps its partitions' producer state)."""
     rows: list[dict[str, Any]] = []
-    async with await _kafka(args) as client:
-        meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}]})
-    topic = meta["topics"][0]
-    _check(topic["error_code"], f"describe producers of {args.topic}")
-    brokers = {b["node_id"]: (b["host"], b["port"]) for b in meta["brokers"]}
-    wanted = args.partition or sorted(p["partition_index"] for p in topic["partitions"])
-    leaders = {p["partition_index"]: p["leader_id"] for p in topic["partitions"]}
-    by_leader: dict[int, list[int]] = {}
-    for index in wanted:
-        if index not in leaders:
-            raise CommandError(f"{args.topic} has no partition {index}")
-        by_leader.setdefault(leaders[index], []).append(index)
-    for leader, indexes in sorted(by_leader.items()):
-        if leader not in brokers:
-            raise CommandError(f"{args.topic}{indexes}: no live leader now")
-        async with await _kafka(args, brokers[leader]) as client:
+    async with await Brokers.open(args) as brokers:
+        wanted = args.partition or sorted(await brokers.leaders(args.topic))
+        for client, indexes in await brokers.by_leader(args.topic, wanted):
             resp = await client.call(
                 ApiKey.DESCRIBE_PRODUCERS, 0, {"topics": [{"name": args.topic, "partition_indexes": indexes}]}
             )
-        for p in resp["topics"][0]["partitions"]:
-            _check(p["error_code"], f"describe producers of {args.topic}[{p['partition_index']}]", p["error_message"])
-            for producer in p["active_producers"]:
-                rows.append({"partition": p["partition_index"], **producer})
+            for p in resp["topics"][0]["partitions"]:
+                what = f"describe producers of {args.topic}[{p['partition_index']}]"
+                _check(p["error_code"], what, p["error_message"])
+                rows.extend({"partition": p["partition_index"], **producer} for producer in p["active_producers"])
     rows.sort(key=lambda r: (r["partition"], r["producer_id"]))
     if args.json:
         _print_json(rows)
@@ -1123,9 +1237,9 @@ async def produce_kafka(args: argparse.Namespace) -> None:
     key = args.key.encode() if args.key is not None else None
     headers = [[(k, v.encode()) for k, v in _parse_configs(args.header).items()]] * len(values)
     batch = make_batch(values, keys=[key] * len(values), headers=headers)
-    async with await _kafka(args) as client:
-        await client.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}], "allow_auto_topic_creation": True})
-        resp = await client.call(
+    async with await Brokers.open(args) as brokers:
+        await brokers.call(ApiKey.METADATA, 12, {"topics": [{"name": args.topic}], "allow_auto_topic_creation": True})
+        resp = await (await brokers.leader(args.topic, args.partition)).call(
             ApiKey.PRODUCE,
             9,
             {
@@ -1246,7 +1360,8 @@ async def consume_kafka(args: argparse.Namespace) -> None:
         file=sys.stderr,
         disable=None if not sys.stdout.isatty() else True,
     )
-    async with await _kafka(args) as client:
+    async with await Brokers.open(args) as brokers:
+        client = await brokers.leader(args.topic, args.partition)
         offset = args.offset
         if offset < 0:
             resp = await client.call(

@@ -632,9 +632,12 @@ class Console:
         if coordinator is None:
             raise ApiError(503, "the Kafka front door is not running")
         if self.parts.cluster is not None:
-            # (a group's offsets live with its coordinator, perhaps another broker: the Kafka tools find it)
+            # (a group's offsets live with its coordinator and its partitions with their leaders, perhaps other
+            # brokers: the CLI asks each of them, as Kafka's tools do)
             raise ApiError(
-                409, "in cluster mode reset offsets with `mqk groups reset-offsets` (the coordinator answers)"
+                409,
+                "in cluster mode reset offsets with `mqk groups reset-offsets GROUP --topic TOPIC --to-... --execute` "
+                "(it asks the group's coordinator and each partition's leader, from any broker)",
             )
         info = self._topic_info(topic)
         described = coordinator.describe(group_id)
