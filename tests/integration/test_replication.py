@@ -23,11 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from helpers import (
+    CONFIG,
     LAG_MS,
     SETTLE_S,
     AckedProducer,
@@ -224,11 +226,11 @@ def test_a_paused_master_steps_down_and_its_writes_after_losing_the_lease_are_cu
     assert logs[old] and logs[old] == logs[new]
 
 
-def commitlog(data_dir: Path) -> bytes:
-    """A stopped broker's whole CommitLog, as recovery finds it."""
+def commitlog(data_dir: Path, store: dict[str, Any] = TEST_CLUSTER_STORE) -> bytes:
+    """A stopped broker's whole CommitLog, as recovery finds it (`store`: the settings it ran with)."""
 
     async def read() -> bytes:
-        config = StoreConfig(data_dir=data_dir, **TEST_CLUSTER_STORE)
+        config = StoreConfig(data_dir=data_dir, **store)
         engine = FileEngine(config, data_dir)
         await engine.start()
         try:
@@ -390,3 +392,60 @@ def test_a_slow_then_cut_replication_link_takes_the_replicas_out_of_sync_and_bac
     finally:
         for p in proxies.values():
             p.close()
+
+
+# --- a replica left behind the master's oldest segment ------------------------------------------------------------
+
+
+def segments(data_dir: Path) -> list[int]:
+    """The start offsets of a broker's CommitLog segments, as their file names give them."""
+    return sorted(int(p.name) for p in (data_dir / "commitlog").iterdir() if p.name.isdigit())
+
+
+def test_a_replica_whose_log_ends_before_the_masters_oldest_segment_starts_over_from_there(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """A replica down while the master's reclaim deleted every segment it still had (file_reserved_time_ms, short
+    here) cannot catch up from its end. Kafka's follower then truncates fully and starts at the leader's log start;
+    so does an mqk replica: the master tells it to start over at its oldest segment, the replica empties its log and
+    copies the master's from there, rejoins the in-sync set, and ends with the master's bytes and offsets."""
+    segment = 1 << 20
+    store = {**TEST_CLUSTER_STORE, "commitlog_segment_bytes": segment, "file_reserved_time_ms": 1000}
+    cluster = mqk_cluster_factory(
+        3, group_size=3, config={**CONFIG, "store": store, "log_retention_check_interval_ms": 200}
+    )
+    create_topic(cluster, "behind", partitions=1)
+    master = leader(cluster, "behind")
+    left = next(n for n in cluster.node_ids if n != master)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
+
+    def write(count: int) -> None:
+        failed: list[Any] = []
+        for i in range(count):
+            producer.produce("behind", value=b"%06d" % i + b"x" * 1000, partition=0,
+                             on_delivery=lambda err, _m: err is not None and failed.append(err))  # fmt: skip
+            producer.poll(0)
+        assert producer.flush(60) == 0 and not failed, failed[:3]
+
+    write(500)
+    cluster.kill(left)
+    left_dir = cluster.broker(left).data_dir
+    left_end = segments(left_dir)[-1] + segment  # its log ends within its last segment
+    master_dir = cluster.broker(master).data_dir
+    while segments(master_dir)[0] < left_end:  # the master writes on and reclaims what the replica still holds
+        write(1000)
+        time.sleep(0.3)
+        assert len(segments(master_dir)) < 200, "the master does not reclaim its head segments"
+    cluster.restart(left)
+    wait_until(lambda: len(in_sync(cluster, "behind")) == 3, SETTLE_S, "the replica back in sync")
+    write(200)
+    wait_until(lambda: len(in_sync(cluster, "behind")) == 3, SETTLE_S, "all three in sync after more writes")
+    producer.flush(10)
+    cluster.stop()
+    left_log, master_log = commitlog(left_dir, store), commitlog(master_dir, store)
+    left_start, master_start = segments(left_dir)[0], segments(master_dir)[0]
+    assert left_start > left_end - segment, (left_start, left_end)  # it did start over, past its old log
+    # the bytes both still hold are the same, at the same offsets, and both end at the same place
+    common = max(left_start, master_start)
+    assert left_log[common - left_start :] == master_log[common - master_start :]
+    assert left_start + len(left_log) == master_start + len(master_log)

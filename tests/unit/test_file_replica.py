@@ -158,3 +158,56 @@ async def test_a_diverged_tail_is_cut_with_its_units_and_index_entries_and_stays
         assert bytes(got.batches[0].data)[8:] == a_batch(99)[8:]
     finally:
         await reopened.close()
+
+
+async def test_a_replica_left_behind_starts_over_at_the_masters_oldest_segment(tmp_path: Path) -> None:
+    """restart_log: the replica's whole log goes (segments, units, index entries), each queue the master names starts
+    at the master's first offset there, and the master's log copied from its oldest segment serves the same batches
+    at the same offsets, also after a restart (recovery agrees)."""
+    rng = random.Random(11)
+    topics = {"t": 2}
+    master = await engine_at(tmp_path / "m")
+    replica = await engine_at(tmp_path / "r", writable=False)
+    try:
+        await master.create_shards("t", 2, KEYED)
+        for i in range(6):
+            await master.append("t", i % 2, [a_batch(i, 2000)])
+        await stream(master, replica, rng, topics)  # the replica holds the first six batches
+        for i in range(6, 200):  # the master goes on over several segments, then drops its head ones
+            await master.append("t", i % 2, [a_batch(i, 2000, key=b"late%d" % i)])
+        await master.checkpoint_now(flush_all=True)
+        start = master.clog.mfq.files[3].start_offset
+        master.clog.mfq.delete_before(start)
+        assert master.log_start == start > replica.log_end
+        starts = {(t, q): o for t, q, o in master.queue_starts_at(start)}
+        assert sorted(starts) == [("t", 0), ("t", 1)] and all(o > 3 for o in starts.values())
+
+        assert replica.restart_log(start, starts) > 0
+        assert replica.log_end == 0 and replica.clog.mfq.files == []
+        assert await replica.read_by_key("t", b"k1", 10) == []  # the old entries' index entries went too
+        for q in (0, 1):
+            assert replica.end_offset("t", q) == starts[("t", q)] == replica.log_start_offset("t", q)
+        replica.replica_log.reset(start)
+        offset = start
+        while offset < master.log_end:
+            chunk = master.read_log(offset, rng.randint(1, 9000))
+            got = replica.replica_log.receive(offset, chunk)
+            assert not got.missing
+            offset += len(chunk)
+        assert (replica.log_start, replica.log_end) == (master.log_start, master.log_end)
+        assert commitlog_bytes(replica) == commitlog_bytes(master)
+        for q in (0, 1):
+            assert replica.end_offset("t", q) == master.end_offset("t", q)
+        first = starts[("t", 1)]
+        got = await replica.read("t", 1, first, 1 << 20)
+        assert got.batches[0].base_offset == first
+        assert len(await replica.read_by_key("t", b"late199", 10)) == 1
+    finally:
+        await replica.close()
+        await master.close()
+    reopened = await engine_at(tmp_path / "r", writable=False)
+    try:
+        assert reopened.log_start == start and reopened.end_offset("t", 1) == 100
+        assert reopened.log_start_offset("t", 1) == first
+    finally:
+        await reopened.close()

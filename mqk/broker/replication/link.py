@@ -5,10 +5,12 @@ master, what is in sync, what is committed) belong to the `Replication` that own
 The master's side, per replica connection:
   1. read HELLO, refuse what is not a member of this group of this cluster with the same segment size;
   2. answer START: where the replica cuts its log (epochs.truncation_point), this master's history, its commit;
+     a replica whose log ends (or diverged) before this master's oldest segment is told to start over there
+     (`restart`, with each queue's first offset at that point), as Kafka's follower truncates fully;
   3. stream DATA from there, as fast as the socket drains, and HEARTBEAT while there is nothing new;
   4. read ACKs: each tells the tracker how far the replica holds the log.
-The replica's side: connect to the master its view names, HELLO, cut its log as START says, adopt the history,
-then write each DATA through the engine's `ReplicaLog` (creating topics it does not hold yet through `resolve`)
+The replica's side: connect to the master its view names, HELLO, cut (or empty) its log as START says, adopt the
+history, then write each DATA through the engine's `ReplicaLog` (creating topics it does not hold yet through `resolve`)
 and ACK what it holds. Any error drops the link; the replica connects again (from its own end) after a pause.
 """
 
@@ -115,18 +117,29 @@ class MasterLink:
                 await self.writer.drain()
                 return
             start = self._start(hello)
-            self.writer.write(
-                P.control(
-                    P.START,
-                    {
-                        "truncate_to": start,
-                        "log_start": repl.engine.log_start,
-                        "epoch": repl.master_epoch,
-                        "history": repl.member.epochs.document(),
-                        "commit": repl.tracker.commit,
-                    },
+            engine = repl.engine
+            restart = start < engine.log_start
+            if restart:
+                # the replica's log ends, or parts from this one, before this log's oldest segment: it cannot catch
+                # up from there, so it empties its log and copies this one from its start
+                start = engine.log_start
+            start_doc: dict[str, Any] = {
+                "truncate_to": start,
+                "log_start": engine.log_start,
+                "epoch": repl.master_epoch,
+                "history": repl.member.epochs.document(),
+                "commit": repl.tracker.commit,
+                "restart": restart,
+            }
+            if restart:
+                start_doc["queue_starts"] = [list(q) for q in engine.queue_starts_at(start)]
+                log.warning(
+                    "replication: node %d's log (end %d) is behind this master's oldest segment: it starts over at %d",
+                    self.node,
+                    P.field(hello, "end", int, "HELLO"),
+                    start,
                 )
-            )
+            self.writer.write(P.control(P.START, start_doc))
             log.info("replication: node %d follows from CommitLog offset %d", self.node, start)
             repl.links[self.node] = self
             repl.tracker.replica(self.node, repl.clock.monotonic()).connected = True
@@ -166,12 +179,6 @@ class MasterLink:
             return (
                 f"CommitLog segment size {hello.get('segment_bytes')} differs from the master's "
                 f"{repl.engine.clog.segment_bytes} (set the same commitlog_segment_bytes on every member)"
-            )
-        end = P.field(hello, "end", int, "HELLO")
-        if 0 < end < repl.engine.log_start:
-            return (
-                f"its CommitLog ends at {end}, before the master's oldest segment {repl.engine.log_start}: it "
-                "cannot catch up (empty its data directory to copy the group again)"
             )
         return ""
 
@@ -271,7 +278,9 @@ async def follow(
             # a history without the master's own epoch, adopted, would make this replica cut a later master's log
             # back to where the missing epoch began (the master refuses links until its epoch is recorded)
             raise ProtocolError(f"the master's epoch history does not end with its epoch {epoch}")
-        if truncate_to < engine.log_end:
+        if doc.get("restart") is True:
+            engine.restart_log(truncate_to, _queue_starts(doc))  # (on the loop, as truncate_log: nothing else runs)
+        elif truncate_to < engine.log_end:
             log.warning(
                 "replication: this log diverged from master epoch %d's: cutting it from %d to %d",
                 master_epoch,
@@ -319,6 +328,21 @@ async def follow(
     finally:
         repl.following = False
         await close_writer(writer)
+
+
+def _queue_starts(doc: dict[str, Any]) -> dict[tuple[str, int], int]:
+    """A restarting START's `queue_starts` ([[topic, queue, offset], ...]) as a dict."""
+    items = doc.get("queue_starts")
+    if not isinstance(items, list) or not all(
+        isinstance(i, list)
+        and len(i) == 3
+        and isinstance(i[0], str)
+        and isinstance(i[1], int)
+        and isinstance(i[2], int)
+        for i in items
+    ):
+        raise ProtocolError("replication START: queue_starts must be [[topic, queue, offset], ...]")
+    return {(topic, queue): offset for topic, queue, offset in items}
 
 
 def _last_epoch(history: dict[str, Any]) -> int | None:

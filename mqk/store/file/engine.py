@@ -201,6 +201,15 @@ class FileEngine(StorageAdapter):
         """Cut the CommitLog and what is built on it back to `end` (replica.truncate_log); blocking."""
         return replica.truncate_log(self, end)
 
+    def restart_log(self, start: int, queue_starts: dict[tuple[str, int], int]) -> int:
+        """Empty the CommitLog to copy the master's from `start` (replica.restart_log); blocking."""
+        return replica.restart_log(self, start, queue_starts)
+
+    def queue_starts_at(self, phys: int) -> list[tuple[str, int, int]]:
+        """(topic, queue, the first offset whose entry does not end at or before CommitLog offset `phys`) of every
+        queue: where each queue of a replica that copies this log from `phys` starts."""
+        return [(s.topic, s.queue, s.cq.offset_at_phys(phys)) for s in self.registry.shards.values()]
+
     @property
     def running(self) -> bool:
         """Started and not closed: appends are accepted."""

@@ -452,6 +452,10 @@ class _Allocator:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.discard()
+
+    def discard(self) -> None:
+        """Remove the segments made ahead and not taken (the log will not roll where they start)."""
         for fut in self._pending.values():
             try:
                 mf = fut.result()
@@ -793,6 +797,22 @@ class MappedFileQueue:
             self._starts = [f.start_offset for f in keep]
         for mf in drop:
             log.info("removing segment %s past the recovered end %d", mf.path, offset)
+            mf.destroy()
+        if drop:
+            fsync_dir(self.dir)
+
+    def remove_all(self) -> None:
+        """Delete every segment, and those made ahead: the log is empty, and its next roll starts where the writer
+        says (a replica taking its master's log from a later start)."""
+        with self._lock:
+            drop, self.files, self._starts = self.files, [], []
+        if self._allocator is not None:
+            self._allocator.discard()
+        if self._spare is not None:
+            self._spare.destroy()
+            self._spare = None
+        for mf in drop:
+            log.info("removing segment %s: the log starts over", mf.path)
             mf.destroy()
         if drop:
             fsync_dir(self.dir)

@@ -1,5 +1,6 @@
 """The file engine's side of CommitLog replication: the master's bytes read out (`read_log`), a replica's copy
-written at the same physical offsets and dispatched (`ReplicaLog`), and a diverged log cut back (`truncate_log`).
+written at the same physical offsets and dispatched (`ReplicaLog`), a diverged log cut back (`truncate_log`), and a
+log its master has left behind started over at the master's log start (`restart_log`).
 
 A replica's CommitLog is a byte-for-byte prefix of its master's: entries keep the physical offsets, queue offsets
 and CRCs the master gave them, so a replica that becomes master serves the same offsets, and a client's position
@@ -169,7 +170,9 @@ class ReplicaLog:
                 if at >= shard.created_phys:
                     mf = clog.mfq.find(at)
                     rel = at - mf.start_offset
-                    end = self._dispatch(shard, at, entry, mf.buf[rel + entry[11] : rel + size])
+                    # (read_entry's body position counts from the start of `carry`, not of this entry)
+                    body_at = rel + entry[11] - pos
+                    end = self._dispatch(shard, at, entry, mf.buf[body_at : rel + size])
                     if end is not None:
                         grown.setdefault(topic, {})[queue] = end
                 else:
@@ -244,6 +247,7 @@ class ReplicaLog:
             if len(cq) == 0:
                 # the master deleted what came before (retention) before this replica held it
                 engine.registry.set_log_start(shard, queue_offset)
+                engine.registry.save_meta_now()  # (recovery would take the old log start from the metadata)
                 cq.end_offset = queue_offset
             else:
                 log.error(
@@ -288,4 +292,44 @@ def truncate_log(engine: FileEngine, end: int) -> int:
     return old - end
 
 
-__all__ = ["Received", "ReplicaLog", "read_log", "truncate_log"]
+def restart_log(engine: FileEngine, start: int, queue_starts: dict[tuple[str, int], int]) -> int:
+    """Empty the CommitLog and everything built on it, so that the master's log is copied from `start` (its oldest
+    segment) on: what a replica does when its log ends before the master's oldest segment, or diverged from it
+    below there (Kafka's follower truncates fully and starts at the leader's log start). Each queue of
+    `queue_starts` ((topic, queue) -> the master's first offset at or after `start`) starts over there, so a queue
+    with no entry left past `start` keeps the master's numbering; other queues keep their end offsets. Returns how
+    many bytes went. Blocking; the engine must not be appending (a replica).
+
+    A crash halfway leaves a log with fewer segments or none, and ConsumeQueue units past its end, which recovery
+    cuts; the link then starts the copy again."""
+    clog = engine.clog
+    old_start, old_end = clog.min_offset, clog.max_offset
+    clog.mfq.remove_all()
+    registry = engine.registry
+    for shard in registry.shards.values():
+        cq = shard.cq
+        cq.truncate_units(cq.min_unit)
+        first = queue_starts.get((shard.topic, shard.queue))
+        if first is not None:
+            registry.set_log_start(shard, first)
+            cq.end_offset = first
+        cq.flush()
+    registry.save_meta_now()
+    engine.index.cut_to(0)
+    engine.dispatcher.dispatched = start
+    if engine.flusher is not None:
+        engine.flusher.flushed = start
+        engine.flusher.cache_from = start
+    engine.checkpoint.store(start, start, time.time_ns() // 1_000_000)
+    log.warning(
+        "CommitLog [%d, %d) removed (%d bytes): it ended before the master's oldest segment; copying the master's "
+        "from %d",
+        old_start,
+        old_end,
+        old_end - old_start,
+        start,
+    )
+    return old_end - old_start
+
+
+__all__ = ["Received", "ReplicaLog", "read_log", "restart_log", "truncate_log"]

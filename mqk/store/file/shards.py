@@ -190,7 +190,11 @@ class ShardRegistry:
         return {"version": 1, "topics": out}
 
     async def save_meta(self) -> None:
-        await asyncio.to_thread(atomic_write_json, self.meta_path, self.meta_doc())
+        await asyncio.to_thread(self.save_meta_now)
+
+    def save_meta_now(self) -> None:
+        """`save_meta`, blocking (a replica that moves log starts while it copies its master's log)."""
+        atomic_write_json(self.meta_path, self.meta_doc())
 
 
 __all__ = ["Shard", "ShardRegistry", "TopicMeta"]
