@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from compat_helpers import free_port, hostport, unique
+from helpers import serialize_ast_parse
 
 # kafka-python 3 reads its bundled message specs with importlib.resources' legacy API, whose DeprecationWarning is
 # attributed to importlib (not kafka.*), so setup.cfg's filter misses it; import it once here with it silenced.
@@ -26,6 +27,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import kafka
     import kafka.admin  # noqa: F401 - imported for the warning filter around it, used by the tests later
+
+serialize_ast_parse()
 
 
 def start_broker(data_dir: Path, storage: str, extra_args: tuple[str, ...] = ()) -> Any:

@@ -15,11 +15,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import ENGINE_NAMES, Harness, store_config
+from helpers import ENGINE_NAMES, Harness, serialize_ast_parse, store_config
 
 from mqk.config import StoreConfig
 from mqk.store.manager import StoreManager
 from mqk.testing import ThreadedBroker
+
+serialize_ast_parse()
 
 
 @pytest.fixture(params=ENGINE_NAMES)

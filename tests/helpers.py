@@ -26,6 +26,7 @@ import ctypes
 import dataclasses
 import inspect
 import os
+import sys
 import threading
 import time
 import uuid
@@ -67,6 +68,38 @@ class _Deadline:
     def check(self) -> None:
         if time.monotonic() >= self.end:
             raise AssertionError(f"timed out after {self.timeout} s waiting for {self.what}")
+
+
+def serialize_ast_parse() -> None:
+    """Keep `ast.parse` calls from interleaving (both conftests call this; calling it again does nothing).
+
+    CPython 3.11 keeps the AST converter's recursion depth in state that every conversion shares (gh-106905, fixed
+    in later releases). A second conversion that starts before the first ends, in another thread or in a finalizer
+    the collector runs in the middle of it (3.11's traceback module parses the failing line for its carets, so any
+    traceback formatted then is one), leaves the first with `SystemError: AST constructor recursion depth
+    mismatch`. CI met it in pytest's reporting of a failed test: an INTERNALERROR, which ended the session before the
+    summary of what failed. Here a parse holds a lock and runs with the collector off, so nothing else converts
+    until it is done. (I could not make the clash happen on demand: this guards the one seen.)"""
+    import ast
+    import gc
+
+    if sys.version_info[:2] != (3, 11) or getattr(ast.parse, "_mqk_serialized", False):
+        return
+    parse = ast.parse
+    lock = threading.RLock()
+
+    def serialized(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                return parse(*args, **kwargs)
+            finally:
+                if collecting:
+                    gc.enable()
+
+    serialized._mqk_serialized = True  # type: ignore[attr-defined]
+    ast.parse = serialized  # type: ignore[assignment]
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:
