@@ -26,7 +26,7 @@ from posix.uio cimport iovec, pwritev
 from mqk._fast._bytes cimport (as_i32, borrow, borrow_writable, crc32c_of, crc32c_of_two, ld_i32, ld_i64, ld_u16, ld_u32,
                                st_cq_unit, st_i64, st_u16, st_u32)
 
-from crc32c import crc32c as _crc32c
+from mqk._fast.crc import crc32c as _crc32c
 
 from mqk.errors import Corrupt, OutOfBounds
 

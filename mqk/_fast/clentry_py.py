@@ -34,9 +34,8 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from crc32c import crc32c
-
 from mqk._fast.api import LogEntry, StagedBatch
+from mqk._fast.crc import crc32c
 from mqk._fast.recbatch_py import HEADER_SIZE as _BATCH_HEADER_SIZE
 from mqk._fast.recbatch_py import _i32, _i64, _ssize, _view, _writable  # shared argument coercion
 from mqk.errors import Corrupt, OutOfBounds

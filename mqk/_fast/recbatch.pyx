@@ -17,7 +17,7 @@ from mqk._fast._bytes cimport (VARINT_TRUNCATED, mqk_crc32c_mode, as_i16, as_i32
                                ld_i16, ld_i32, ld_i64, ld_u32, put_uvarint, rd_varint, rd_varlong, st_i64, st_u16,
                                st_u32, uvarint_size, zigzag32, zigzag64)
 
-from crc32c import crc32c as _crc32c
+from mqk._fast.crc import crc32c as _crc32c
 
 from mqk.errors import Corrupt, InvalidRecord, InvalidTimestamp, OutOfBounds
 

@@ -27,9 +27,8 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
-from crc32c import crc32c
-
 from mqk._fast.api import BatchHeader, Record, RecordHeader, ScannedBatch
+from mqk._fast.crc import crc32c
 from mqk.errors import Corrupt, InvalidRecord, InvalidTimestamp, OutOfBounds
 
 if TYPE_CHECKING:

@@ -30,8 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import crc32c
-
+from mqk._fast.crc import crc32c
 from mqk.errors import Corrupt, StorageError
 from mqk.store.adapter import GroupOffset
 from mqk.store.fsutil import atomic_write_json, fsync_dir, read_json
@@ -135,7 +134,7 @@ class FileOffsetStore:
                 seq += 1
                 op["s"] = seq
                 payload = json.dumps(op, separators=(",", ":")).encode()
-                records.append(_RECORD_HEADER.pack(len(payload), crc32c.crc32c(payload)) + payload)
+                records.append(_RECORD_HEADER.pack(len(payload), crc32c(payload)) + payload)
             data = b"".join(records)
             try:
                 await asyncio.to_thread(self._append_and_sync, data)
@@ -233,7 +232,7 @@ class FileOffsetStore:
             if length > MAX_RECORD_BYTES or end > len(raw):
                 break
             payload = raw[pos + _RECORD_HEADER.size : end]
-            if crc32c.crc32c(payload) != crc:
+            if crc32c(payload) != crc:
                 break
             try:
                 op = json.loads(payload)

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crc32c import crc32c
-
+from mqk._fast.crc import crc32c
 from mqk.errors import StorageError
 from mqk.store.fsutil import atomic_write_bytes, fsync_dir, syncfs
 

@@ -49,9 +49,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crc32c import crc32c
-
 from mqk._fast import load
+from mqk._fast.crc import crc32c
 from mqk.errors import Corrupt, OutOfBounds, StorageError
 from mqk.store.adapter import StoredBatch
 from mqk.store.batches import decompress as _decompress
