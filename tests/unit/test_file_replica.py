@@ -170,9 +170,12 @@ async def test_a_replica_left_behind_starts_over_at_the_masters_oldest_segment(t
     replica = await engine_at(tmp_path / "r", writable=False)
     try:
         await master.create_shards("t", 2, KEYED)
+        await master.create_shards("idle", 1, KEYED)  # written only before the master's oldest segment
         for i in range(6):
             await master.append("t", i % 2, [a_batch(i, 2000)])
-        await stream(master, replica, rng, topics)  # the replica holds the first six batches
+        await stream(master, replica, rng, topics)  # the replica holds the first six batches, and no "idle" yet
+        for i in range(3):
+            await master.append("idle", 0, [a_batch(i)])
         for i in range(6, 200):  # the master goes on over several segments, then drops its head ones
             await master.append("t", i % 2, [a_batch(i, 2000, key=b"late%d" % i)])
         await master.checkpoint_now(flush_all=True)
@@ -180,7 +183,8 @@ async def test_a_replica_left_behind_starts_over_at_the_masters_oldest_segment(t
         master.clog.mfq.delete_before(start)
         assert master.log_start == start > replica.log_end
         starts = {(t, q): o for t, q, o in master.queue_starts_at(start)}
-        assert sorted(starts) == [("t", 0), ("t", 1)] and all(o > 3 for o in starts.values())
+        assert sorted(starts) == [("idle", 0), ("t", 0), ("t", 1)] and all(o > 2 for o in starts.values())
+        assert starts[("idle", 0)] == 3  # its end: nothing of it is left past the start
 
         assert replica.restart_log(start, starts) > 0
         assert replica.log_end == 0 and replica.clog.mfq.files == []
@@ -202,6 +206,10 @@ async def test_a_replica_left_behind_starts_over_at_the_masters_oldest_segment(t
         got = await replica.read("t", 1, first, 1 << 20)
         assert got.batches[0].base_offset == first
         assert len(await replica.read_by_key("t", b"late199", 10)) == 1
+        # a topic the replica did not hold starts at the master's offset when it is created (the metadata that
+        # creates it may come after the copy), not at 0
+        await replica.create_shards("idle", 1, KEYED)
+        assert replica.end_offset("idle", 0) == replica.log_start_offset("idle", 0) == 3
     finally:
         await replica.close()
         await master.close()
@@ -209,5 +217,26 @@ async def test_a_replica_left_behind_starts_over_at_the_masters_oldest_segment(t
     try:
         assert reopened.log_start == start and reopened.end_offset("t", 1) == 100
         assert reopened.log_start_offset("t", 1) == first
+        assert reopened.end_offset("idle", 0) == reopened.log_start_offset("idle", 0) == 3
+    finally:
+        await reopened.close()
+
+
+async def test_an_empty_replica_takes_the_masters_queue_starts_for_queues_with_nothing_left_to_copy(
+    tmp_path: Path,
+) -> None:
+    replica = await engine_at(tmp_path, writable=False)
+    try:
+        await replica.create_shards("t", 2, KEYED)
+        replica.adopt_queue_starts({("t", 0): 5, ("t", 1): 0, ("later", 0): 2})
+        assert [replica.end_offset("t", q) for q in (0, 1)] == [5, 0]
+        assert replica.log_start_offset("t", 0) == 5
+        await replica.create_shards("later", 1, KEYED)  # its metadata comes after the copy started
+        assert replica.end_offset("later", 0) == replica.log_start_offset("later", 0) == 2
+    finally:
+        await replica.close()
+    reopened = await engine_at(tmp_path, writable=False)
+    try:
+        assert reopened.end_offset("t", 0) == 5 and reopened.end_offset("later", 0) == 2
     finally:
         await reopened.close()

@@ -131,8 +131,11 @@ class MasterLink:
                 "commit": repl.tracker.commit,
                 "restart": restart,
             }
-            if restart:
+            if restart or (start > 0 and P.field(hello, "end", int, "HELLO") == 0):
+                # (where each queue starts there: an empty replica copying from a later start learns the
+                # numbering of queues with no entry left past it only from this)
                 start_doc["queue_starts"] = [list(q) for q in engine.queue_starts_at(start)]
+            if restart:
                 log.warning(
                     "replication: node %d's log (end %d) is behind this master's oldest segment: it starts over at %d",
                     self.node,
@@ -280,6 +283,8 @@ async def follow(
             raise ProtocolError(f"the master's epoch history does not end with its epoch {epoch}")
         if doc.get("restart") is True:
             engine.restart_log(truncate_to, _queue_starts(doc))  # (on the loop, as truncate_log: nothing else runs)
+        elif "queue_starts" in doc and engine.log_end == 0:
+            engine.adopt_queue_starts(_queue_starts(doc))
         elif truncate_to < engine.log_end:
             log.warning(
                 "replication: this log diverged from master epoch %d's: cutting it from %d to %d",

@@ -110,6 +110,9 @@ class FileEngine(StorageAdapter):
         self.flusher: FlushService | None = None
         #: the replica's writer: the master's CommitLog bytes in, at the same offsets
         self.replica_log = replica.ReplicaLog(self)
+        #: a replica copying its master's log from a later start: where queues it does not hold yet start
+        #: (replica.adopt_queue_starts)
+        self.pending_queue_starts: dict[tuple[str, int], int] = {}
         self.offsets: FileOffsetStore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -205,6 +208,11 @@ class FileEngine(StorageAdapter):
         """Empty the CommitLog to copy the master's from `start` (replica.restart_log); blocking."""
         return replica.restart_log(self, start, queue_starts)
 
+    def adopt_queue_starts(self, queue_starts: dict[tuple[str, int], int]) -> None:
+        """An empty replica copying its master's log from a later start: where its queues start
+        (replica.adopt_queue_starts); blocking."""
+        replica.adopt_queue_starts(self, queue_starts)
+
     def queue_starts_at(self, phys: int) -> list[tuple[str, int, int]]:
         """(topic, queue, the first offset whose entry does not end at or before CommitLog offset `phys`) of every
         queue: where each queue of a replica that copies this log from `phys` starts."""
@@ -230,6 +238,7 @@ class FileEngine(StorageAdapter):
         if not topic or len(topic.encode()) > 0xFFFF or "/" in topic or topic in (".", ".."):
             raise InvalidShardName(f"topic name {topic!r} cannot name a directory")
         _meta, changed = self.registry.add_topic(topic, queue_count, self.clog.max_offset)
+        changed = replica.start_pending_queues(self, topic) or changed
         # the store's start names every topic it recovered again: that writes nothing (it may be a full disk)
         if changed or not self.registry.meta_path.exists():
             await self.registry.save_meta()

@@ -61,6 +61,7 @@ class FileEngine(Protocol):
     appender: AppendPipeline
     checkpoint: Checkpoint
     flusher: FlushService | None
+    pending_queue_starts: dict[tuple[str, int], int]
 
     def _notify(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None: ...
 
@@ -305,16 +306,13 @@ def restart_log(engine: FileEngine, start: int, queue_starts: dict[tuple[str, in
     clog = engine.clog
     old_start, old_end = clog.min_offset, clog.max_offset
     clog.mfq.remove_all()
-    registry = engine.registry
-    for shard in registry.shards.values():
-        cq = shard.cq
-        cq.truncate_units(cq.min_unit)
+    for shard in engine.registry.shards.values():
+        shard.cq.truncate_units(shard.cq.min_unit)
         first = queue_starts.get((shard.topic, shard.queue))
-        if first is not None:
-            registry.set_log_start(shard, first)
-            cq.end_offset = first
-        cq.flush()
-    registry.save_meta_now()
+        if first is not None:  # (exactly there, even below its old end: the master's numbering wins)
+            _start_queue(engine, shard, first)
+        shard.cq.flush()
+    adopt_queue_starts(engine, queue_starts)
     engine.index.cut_to(0)
     engine.dispatcher.dispatched = start
     if engine.flusher is not None:
@@ -332,4 +330,46 @@ def restart_log(engine: FileEngine, start: int, queue_starts: dict[tuple[str, in
     return old_end - old_start
 
 
-__all__ = ["Received", "ReplicaLog", "read_log", "restart_log", "truncate_log"]
+def adopt_queue_starts(engine: FileEngine, queue_starts: dict[tuple[str, int], int]) -> None:
+    """Start each empty queue of `queue_starts` ((topic, queue) -> the master's first offset at the CommitLog
+    offset this replica copies from) at that offset; a queue this replica does not hold yet starts there when it is
+    created (`start_pending_queues`). A queue with no entry past that point gets none through the copy, so this is
+    the only way it learns the master's numbering."""
+    registry = engine.registry
+    for (topic, queue), first in queue_starts.items():
+        shard = registry.shards.get((topic, queue))
+        if shard is None:
+            engine.pending_queue_starts[(topic, queue)] = first
+        elif len(shard.cq) == 0 and shard.cq.end_offset < first:
+            _start_queue(engine, shard, first)
+    registry.save_meta_now()
+
+
+def start_pending_queues(engine: FileEngine, topic: str) -> bool:
+    """Start the just-created queues of `topic` where `adopt_queue_starts` said; whether any moved."""
+    pending = engine.pending_queue_starts
+    moved = False
+    for shard in engine.registry.by_topic.get(topic, ()):
+        if shard is None:
+            continue
+        first = pending.pop((topic, shard.queue), None)
+        if first is not None and len(shard.cq) == 0 and shard.cq.end_offset < first:
+            _start_queue(engine, shard, first)
+            moved = True
+    return moved
+
+
+def _start_queue(engine: FileEngine, shard: Shard, first: int) -> None:
+    engine.registry.set_log_start(shard, first)
+    shard.cq.end_offset = first
+
+
+__all__ = [
+    "Received",
+    "ReplicaLog",
+    "adopt_queue_starts",
+    "read_log",
+    "restart_log",
+    "start_pending_queues",
+    "truncate_log",
+]
