@@ -70,8 +70,10 @@ def file_broker(tmp_path: Path) -> Iterator[Any]:
     """A file-store broker of this test's own, for stop / restart / kill -9.
 
     Its listeners are on fixed free ports (the flags after BrokerProcess's port-0 ones win), so `restart()` comes
-    back on the same addresses and a client that lived through the restart (idempotent producer) reconnects."""
-    ports = [free_port() for _ in range(3)]
+    back on the same addresses and a client that lived through the restart (idempotent producer) reconnects. The
+    admin listener's too: on port 0 it could be given, at a restart, a port another listener is about to take
+    back (the native one's, free since the kill), and that listener would then fail to bind."""
+    ports = [free_port() for _ in range(4)]
     # Small segments and ConsumeQueue files (like mqk_file_broker's): tests write little, and a start scans and
     # maps whole segments.
     config = tmp_path / "broker.toml"
@@ -85,6 +87,8 @@ def file_broker(tmp_path: Path) -> Iterator[Any]:
         f"127.0.0.1:{ports[1]}",
         "--namesrv-listen",
         f"127.0.0.1:{ports[2]}",
+        "--admin-listen",
+        f"127.0.0.1:{ports[3]}",
     )
     broker = start_broker(tmp_path / "data", "file", fixed)
     yield broker
