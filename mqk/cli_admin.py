@@ -96,7 +96,8 @@ async def _kafka(args: argparse.Namespace, address: tuple[str, int] | None = Non
 
 #: FindCoordinator's answer while the offsets topic is being created (the first ask creates it in cluster mode)
 _COORDINATOR_NOT_AVAILABLE = 15
-_COORDINATOR_TRIES = 20
+#: how often a coordinator or a leader is asked for again while there is none (a topic just created, a failover)
+_ASK_AGAIN = 20
 
 
 class Brokers:
@@ -147,30 +148,28 @@ class Brokers:
             _check(meta["topics"][0]["error_code"], f"topic {topic}")
         return self._leaders[topic]
 
-    async def leader(self, topic: str, partition: int) -> RawKafkaClient:
-        """The connection to the leader of `topic`[`partition`] (asked again for a few seconds while it has none: a
-        topic just created, a failover)."""
-        for _ in range(_COORDINATOR_TRIES):
+    async def _leader_node(self, topic: str, partition: int) -> int:
+        """The node id of `topic`[`partition`]'s leader (asked again for a few seconds while it has none: a topic
+        just created, a failover)."""
+        for _ in range(_ASK_AGAIN):
             node = (await self.leaders(topic)).get(partition)
             if node is None:
                 raise CommandError(f"{topic} has no partition {partition}")
             if node >= 0:
-                return await self.to(node)
+                return node
             del self._leaders[topic]
             await asyncio.sleep(0.25)
         raise CommandError(f"{topic}[{partition}]: no live leader now")
 
+    async def leader(self, topic: str, partition: int) -> RawKafkaClient:
+        """The connection to the leader of `topic`[`partition`]."""
+        return await self.to(await self._leader_node(topic, partition))
+
     async def by_leader(self, topic: str, partitions: list[int]) -> list[tuple[RawKafkaClient, list[int]]]:
         """`partitions` grouped by their leader, with its connection."""
         grouped: dict[int, list[int]] = {}
-        leaders = await self.leaders(topic)
         for partition in partitions:
-            node = leaders.get(partition)
-            if node is None:
-                raise CommandError(f"{topic} has no partition {partition}")
-            if node < 0:
-                raise CommandError(f"{topic}[{partition}]: no live leader now")
-            grouped.setdefault(node, []).append(partition)
+            grouped.setdefault(await self._leader_node(topic, partition), []).append(partition)
         return [(await self.to(node), parts) for node, parts in sorted(grouped.items())]
 
     async def list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
@@ -183,7 +182,7 @@ class Brokers:
     async def coordinator(self, group: str) -> RawKafkaClient:
         """The connection to `group`'s coordinator (FindCoordinator, asked again while the offsets topic that
         places it is being created)."""
-        for _ in range(_COORDINATOR_TRIES):
+        for _ in range(_ASK_AGAIN):
             resp = await self.call(ApiKey.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
             found = resp["coordinators"][0]
             if found["error_code"] != _COORDINATOR_NOT_AVAILABLE:

@@ -432,10 +432,9 @@ def test_a_replica_whose_log_ends_before_the_masters_oldest_segment_starts_over_
     left_dir = cluster.broker(left).data_dir
     left_end = segments(left_dir)[-1] + segment  # its log ends within its last segment
     master_dir = cluster.broker(master).data_dir
-    while segments(master_dir)[0] < left_end:  # the master writes on and reclaims what the replica still holds
-        write(1000)
-        time.sleep(0.3)
-        assert len(segments(master_dir)) < 200, "the master does not reclaim its head segments"
+    # the master writes on past the replica's segments (1,000 records of 1 KiB fill one), then reclaims them
+    write(1000 * (len(segments(master_dir)) + 2))
+    wait_until(lambda: segments(master_dir)[0] >= left_end, SETTLE_S, "the master reclaiming the replica's segments")
     cluster.restart(left)
     wait_until(lambda: len(in_sync(cluster, "behind")) == 3, SETTLE_S, "the replica back in sync")
     write(200)

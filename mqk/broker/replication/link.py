@@ -116,7 +116,8 @@ class MasterLink:
                 self.writer.write(P.control(P.REFUSE, {"error": refusal}))
                 await self.writer.drain()
                 return
-            start = self._start(hello)
+            replica_end = P.field(hello, "end", int, "HELLO")
+            start = self._start(hello, replica_end)
             engine = repl.engine
             restart = start < engine.log_start
             if restart:
@@ -131,7 +132,7 @@ class MasterLink:
                 "commit": repl.tracker.commit,
                 "restart": restart,
             }
-            if restart or (start > 0 and P.field(hello, "end", int, "HELLO") == 0):
+            if restart or (start > 0 and replica_end == 0):
                 # (where each queue starts there: an empty replica copying from a later start learns the
                 # numbering of queues with no entry left past it only from this)
                 start_doc["queue_starts"] = [list(q) for q in engine.queue_starts_at(start)]
@@ -139,7 +140,7 @@ class MasterLink:
                 log.warning(
                     "replication: node %d's log (end %d) is behind this master's oldest segment: it starts over at %d",
                     self.node,
-                    P.field(hello, "end", int, "HELLO"),
+                    replica_end,
                     start,
                 )
             self.writer.write(P.control(P.START, start_doc))
@@ -185,14 +186,13 @@ class MasterLink:
             )
         return ""
 
-    def _start(self, hello: dict[str, Any]) -> int:
+    def _start(self, hello: dict[str, Any], end: int) -> int:
         epochs = hello.get("epochs", [])
         if not isinstance(epochs, list) or not all(
             isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e) for e in epochs
         ):
             raise ProtocolError("replication HELLO: epochs must be [[epoch, offset], ...]")
         engine = self.repl.engine
-        end = P.field(hello, "end", int, "HELLO")
         if end == 0:
             return engine.log_start  # an empty replica starts where the master's log starts
         return truncation_point(self.repl.member.epochs.log_starts(), engine.log_end, epochs, end)
