@@ -184,7 +184,7 @@ class ClientQuotas:
         assert self._cluster is not None
         table = self._cluster.table(self._cluster.keys.quotas)
         seen = table.generation()
-        if seen[0] is self._seen[0] and seen[1] == self._seen[1]:
+        if seen == self._seen:
             return
         self._seen = seen
         quotas: dict[Entity, dict[str, float]] = {}

@@ -72,11 +72,11 @@ class ClusterState:
         return table
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class KeyTable:
     """The keys under one prefix, by tail, with their stored values, and how many changes the watch made to them
-    since the listing that made this table. The table's identity and that count are its generation: a follower
-    reads the values again only when it changed."""
+    since the listing that made this table. The table's identity (equality is identity) and that count are its
+    generation: a follower reads the values again only when it compares unequal to the one it last read."""
 
     values: dict[str, bytes] = field(default_factory=dict)
     changes: int = 0

@@ -122,7 +122,7 @@ class AccessKeys:
         assert self._cluster is not None
         table = self._cluster.table(self._cluster.keys.rocketmq_keys)
         seen = table.generation()
-        if self._seen is None or seen[0] is not self._seen[0] or seen[1] != self._seen[1]:
+        if seen != self._seen:
             self._seen = seen
             self._keys = decode_cluster_keys(table.values)
 

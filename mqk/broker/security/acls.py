@@ -331,7 +331,7 @@ class Acls:
         """A view change: a new generation if it touched the ACL keys (the view's ACL dict, or its change count)."""
         assert self._cluster is not None
         seen = self._cluster.table(self._cluster.keys.acls).generation()
-        if seen[0] is not self._seen[0] or seen[1] != self._seen[1]:
+        if seen != self._seen:
             self._seen = seen
             self.generation += 1
 
