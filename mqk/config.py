@@ -403,6 +403,12 @@ class BrokerConfig:
     offsets_retention_minutes: int = 7 * 24 * 60
     #: Kafka `offsets.retention.check.interval.ms`: how often expired offsets are looked for
     offsets_retention_check_interval_ms: int = 600_000
+    #: Kafka `transaction.max.timeout.ms`: the longest `transaction.timeout.ms` a transactional producer may ask for
+    #: (above it InitProducerId answers INVALID_TRANSACTION_TIMEOUT)
+    transaction_max_timeout_ms: int = 900_000
+    #: Kafka `transaction.abort.timed.out.transaction.cleanup.interval.ms`: how often transactions open past their
+    #: timeout are looked for (and aborted)
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     #: Kafka `replica.lag.time.max.ms`: an in-sync replica not caught up for this long leaves the in-sync set
     replica_lag_time_max_ms: int = 30_000
     #: RocketMQ's brokerRole for a replicated group's master: SYNC_MASTER answers a send once the in-sync replicas
@@ -485,6 +491,11 @@ class BrokerConfig:
             raise ValueError(f"super_users are principals TYPE:NAME (User:admin), not {bad_users}")
         if self.offsets_retention_minutes < 1 or self.offsets_retention_check_interval_ms < 1:
             raise ValueError("offsets_retention_minutes and offsets_retention_check_interval_ms must be positive")
+        if self.transaction_max_timeout_ms < 1 or self.transaction_abort_timed_out_transaction_cleanup_interval_ms < 1:
+            raise ValueError(
+                "transaction_max_timeout_ms and transaction_abort_timed_out_transaction_cleanup_interval_ms"
+                " must be positive"
+            )
 
     @property
     def kafka_listeners(self) -> tuple[ListenerConfig, ...]:

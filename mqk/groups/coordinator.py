@@ -699,6 +699,20 @@ class GroupCoordinator:
             self.groups[group_id] = Group(group_id, now)
         return result
 
+    async def commit_transactional_offsets(self, group_id: str, offsets: dict[tuple[str, int], GroupOffset]) -> None:
+        """A committed transaction's offsets (mqk.server.kafka.transactions): stored as they are, whatever the
+        group's membership now (TxnOffsetCommit checked the member when the transaction sent them)."""
+        await self.store.commit_offsets(group_id, offsets)
+        if group_id not in self.groups:
+            self.groups[group_id] = Group(group_id, self.clock.time_ms())
+
+    def txn_commit_check(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> int:
+        """TxnOffsetCommit v3+ names the consumer's member and generation: checked as an OffsetCommit's would be
+        (an older request, or generation -1, is not checked, as in Kafka)."""
+        if generation_id < 0 and not member_id:
+            return NONE if group_id else E.InvalidGroupIdError.code
+        return self._commit_check(group_id, generation_id, member_id, instance_id)
+
     def _commit_check(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> int:
         if not group_id:
             return E.InvalidGroupIdError.code

@@ -61,6 +61,12 @@ class ApiKey:
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     DESCRIBE_PRODUCERS = 61
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -108,6 +114,15 @@ _KAFKA_41_MAX = {
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: 0,
     ApiKey.LIST_PARTITION_REASSIGNMENTS: 0,
     ApiKey.DESCRIBE_PRODUCERS: 0,
+    # AddPartitionsToTxn v5 and EndTxn v5 are transaction version 2 (KIP-890 part 2): a broker that does not
+    # finalize the transaction.version feature at 2 keeps clients on the versions below, as Kafka 4.1 does when
+    # the feature is off
+    ApiKey.ADD_PARTITIONS_TO_TXN: 4,
+    ApiKey.ADD_OFFSETS_TO_TXN: 4,
+    ApiKey.END_TXN: 4,
+    ApiKey.TXN_OFFSET_COMMIT: 4,
+    ApiKey.DESCRIBE_TRANSACTIONS: 0,
+    ApiKey.LIST_TRANSACTIONS: 1,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

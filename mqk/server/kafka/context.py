@@ -29,6 +29,7 @@ from mqk.clock import Clock
 from mqk.config import BrokerConfig, TopicConfig
 from mqk.groups.coordinator import GroupCoordinator
 from mqk.server.kafka.idempotence import ProducerStates
+from mqk.server.kafka.transactions import TransactionCoordinator
 from mqk.server.listeners import KafkaListener
 from mqk.store.manager import StoreManager
 
@@ -116,6 +117,8 @@ class KafkaContext:
     security: Security | None = None
     #: produce and fetch byte-rate quotas (the broker's; None only for a context built without one)
     quotas: ClientQuotas | None = None
+    #: Kafka transactions (mqk.server.kafka.transactions); None in cluster mode, which does not offer them yet
+    transactions: TransactionCoordinator | None = None
 
 
 class CloseConnection:

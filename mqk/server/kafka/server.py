@@ -56,6 +56,7 @@ from mqk.server.kafka.context import Answer, CloseConnection, Grouping, Handler,
 from mqk.server.kafka.handlers import GROUPED, HANDLERS
 from mqk.server.kafka.idempotence import ProducerStates
 from mqk.server.kafka.metering import count_errors
+from mqk.server.kafka.transactions import TransactionCoordinator
 from mqk.server.limits import ConnectionLimits
 from mqk.server.listeners import KafkaListener, advertised_address, kafka_listeners
 from mqk.server.tls import TlsServer, create_server, server_context
@@ -115,6 +116,17 @@ class KafkaServer:
             log_sizes=self.broker.log_sizes,
             security=self.broker.security,
             quotas=self.broker.quotas,
+            # cluster mode does not offer transactions yet (markers across broker groups: mqk.server.kafka.transactions)
+            transactions=None
+            if config.cluster
+            else TransactionCoordinator(
+                store,
+                self.producers,
+                self.groups,
+                clock=self.broker.clock,
+                max_timeout_ms=config.transaction_max_timeout_ms,
+                check_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            ),
         )
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[KafkaConnection] = set()
@@ -160,6 +172,8 @@ class KafkaServer:
         """Bind every listener; the first one's bound address."""
         await self.producers.start()
         self.groups.start()
+        if self.ctx.transactions is not None:
+            await self.ctx.transactions.start()
         self.broker.open()
         contexts: dict[str, ssl.SSLContext] = {}
         for listener in self.listeners:
@@ -193,6 +207,8 @@ class KafkaServer:
             conn.close("broker stopping", level=logging.INFO)
         self.broker.release_waiters()
         self.groups.close()
+        if self.ctx.transactions is not None:
+            await self.ctx.transactions.stop()
         for server in self._servers:
             try:
                 await asyncio.wait_for(server.wait_closed(), 5)

@@ -34,6 +34,7 @@ from mqk.server.kafka.handlers import (
     replicas,
     sasl,
     topics,
+    transactions,
     users,
 )
 
@@ -79,6 +80,12 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_ACLS: acls.describe_acls,
     ApiKey.CREATE_ACLS: acls.create_acls,
     ApiKey.DELETE_ACLS: acls.delete_acls,
+    ApiKey.ADD_PARTITIONS_TO_TXN: transactions.add_partitions_to_txn,
+    ApiKey.ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
+    ApiKey.END_TXN: transactions.end_txn,
+    ApiKey.TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
+    ApiKey.DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
+    ApiKey.LIST_TRANSACTIONS: transactions.list_transactions,
 }
 
 GROUPED: dict[int, Grouping] = {

@@ -1,9 +1,10 @@
 """DescribeCluster, InitProducerId: small answers about this broker (and, in cluster mode, the brokers of its
 cluster, at the addresses of the requesting client's listener: mqk.server.kafka.handlers.metadata).
 
-InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence). Transactions are not offered:
-a transactional id is refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather
-than retrying forever.
+InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence); with a transactional id the
+transaction coordinator answers (mqk.server.kafka.transactions: the id's producer id, its epoch bumped), asking
+WRITE on the transactional id. In cluster mode transactions are not offered yet: a transactional id is refused
+with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather than retrying forever.
 
 Authorization as Kafka's: DescribeCluster asks DESCRIBE on the cluster (CLUSTER_AUTHORIZATION_FAILED) and fills the
 cluster's authorized operations when asked; an idempotent producer's InitProducerId asks IDEMPOTENT_WRITE on the
@@ -26,6 +27,7 @@ from mqk.server.kafka.handlers.common import (
     authorizer,
 )
 from mqk.server.kafka.handlers.metadata import brokers_and_controller
+from mqk.server.kafka.handlers.transactions import refusal
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
 if TYPE_CHECKING:
@@ -71,7 +73,17 @@ async def init_producer_id(
 ) -> InitProducerIdResponse:
     b = req.body
     if b["transactional_id"] is not None:
-        code, pid, epoch = E.TransactionalIdAuthorizationFailedError.code, -1, -1
+        code, pid, epoch = refusal(ctx, peer, b["transactional_id"]), -1, -1
+        if not code:
+            assert ctx.transactions is not None
+            code, pid, epoch = await ctx.transactions.init_producer_id(
+                b["transactional_id"],
+                b["transaction_timeout_ms"],
+                b.get("producer_id", -1),
+                b.get("producer_epoch", -1),
+            )
+            if code == E.ProducerFencedError.code and req.api_version < 4:
+                code = E.InvalidProducerEpochError.code
     elif not allowed_cluster(ctx, peer, "IDEMPOTENT_WRITE") and not authorizer(ctx).authorize_any(
         peer.principal, peer.client_host.lstrip("/"), "WRITE", TOPIC
     ):

@@ -8,7 +8,14 @@
   broker's clock.
 - `records` is a list of the store's buffers (memoryviews into mapped segments for the file engine); the codec
   emits them as separate buffers for `transport.writelines`, so record bytes are never copied in Python.
-- Offsets: high watermark = end offset; last stable offset = high watermark (no transactions); log start offset.
+- Offsets: high watermark = end offset (in a replicated group: what every in-sync replica holds); last stable
+  offset = the first offset of the earliest transaction under way on the partition, else the high watermark
+  (mqk.server.kafka.transactions); log start offset.
+- read_committed (isolation level 1) reads below the last stable offset only and names the aborted transactions
+  whose records the answer may hold (`aborted_transactions`: producer id and first offset; the client drops that
+  producer's batches from there to its ABORT marker). read_uncommitted reads up to the high watermark; both see
+  the markers (control batches), which clients skip. A partition no transaction has touched costs a read one
+  dictionary lookup (none while no transaction has written anything).
   OFFSET_OUT_OF_RANGE below the log start or above the end.
 - Fetch sessions (KIP-227): every answer has session id 0, which tells the client that no session was created,
   so it keeps sending full fetch requests. A request naming a session we never gave out gets
@@ -169,6 +176,8 @@ async def _read_all(
     errored = False
     left = max_bytes
     replication = ctx.replication
+    #: the partitions transactions have touched (empty while none has written anything)
+    txn_partitions = ctx.transactions.partitions if ctx.transactions is not None else None
     for k, (t, info, missing, parts, refused) in enumerate(plan):
         out: list[FetchResponsePartitionData] = []
         bounds = None
@@ -204,8 +213,11 @@ async def _read_all(
                 hw = replication.committed_end(topic, index, hw)
                 if offset > hw:
                     offset = hw  # (between the high watermark and the log end: nothing to read yet)
+            txns = txn_partitions.get((topic, index)) if txn_partitions else None
+            stable = hw if txns is None else txns.last_stable(hw)
+            readable = stable if isolation_committed else hw
             limit = min(partition_max, left)
-            if offset == hw or (limit <= 0 and total > 0):
+            if offset >= readable or (limit <= 0 and total > 0):
                 # nothing new (a consumer of many partitions waits on most of them), or the response is full:
                 # offsets only, as Kafka does, without a store read
                 answer = earlier[i] if earlier is not None else None
@@ -215,8 +227,9 @@ async def _read_all(
                     or answer["error_code"]
                     or answer["high_watermark"] != hw
                     or answer["log_start_offset"] != log_start
+                    or answer["last_stable_offset"] != stable
                 ):
-                    answer = _offsets_only(index, hw, log_start, isolation_committed)
+                    answer = _offsets_only(index, hw, log_start, isolation_committed, stable)
                 out.append(answer)
                 continue
             try:
@@ -227,6 +240,11 @@ async def _read_all(
                     hw = replication.committed_end(topic, index, hw)
                     if batches and batches[-1].base_offset >= hw:
                         batches = [b for b in batches if b.base_offset < hw]
+                stable = hw
+                if txns is not None:
+                    stable = txns.last_stable(hw)
+                    if isolation_committed and batches and batches[-1].base_offset >= stable:
+                        batches = [b for b in batches if b.base_offset < stable]
             except Exception as exc:  # noqa: BLE001 - per-partition error code, as the protocol wants
                 code = E.kafka_code_for(exc)
                 hw = log_start = -1
@@ -251,8 +269,13 @@ async def _read_all(
                     data = _EMPTY
             else:
                 data = _EMPTY
-            answer = _offsets_only(index, hw, log_start, isolation_committed)
+            answer = _offsets_only(index, hw, log_start, isolation_committed, stable)
             answer["records"] = data
+            if isolation_committed and txns is not None and data is not _EMPTY and txns.aborted:
+                answer["aborted_transactions"] = [
+                    {"producer_id": pid, "first_offset": first}
+                    for pid, first in txns.aborted_overlapping(offset, stable)
+                ]
             out.append(answer)
         responses.append({"topic": t["topic"], "topic_id": t["topic_id"], "partitions": out})
     return responses, total, errored
@@ -269,13 +292,15 @@ def _refused(ctx: KafkaContext, topic: str, t: FetchTopic) -> dict[int, int] | N
     return refused or None
 
 
-def _offsets_only(index: int, hw: int, log_start: int, isolation_committed: bool) -> FetchResponsePartitionData:
+def _offsets_only(
+    index: int, hw: int, log_start: int, isolation_committed: bool, stable: int
+) -> FetchResponsePartitionData:
     """A partition's answer without records (the records field is set by the caller when there are some)."""
     return {
         "partition_index": index,
         "error_code": NONE,
         "high_watermark": hw,
-        "last_stable_offset": hw,
+        "last_stable_offset": stable,
         "log_start_offset": log_start,
         "aborted_transactions": [] if isolation_committed else None,
         "preferred_read_replica": -1,

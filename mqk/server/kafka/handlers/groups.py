@@ -86,10 +86,12 @@ async def find_coordinator(
 
 async def _coordinator(ctx: KafkaContext, peer: Peer, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
     """(error code, message, node id, host, port) of the coordinator of `key`, on the requesting client's listener."""
-    if key_type != GROUP_KEY:  # transactions are not offered (InitProducerId refuses them)
+    if key_type != GROUP_KEY:
         if not allowed(ctx, peer, "DESCRIBE", TRANSACTIONAL_ID, key):
             return E.TransactionalIdAuthorizationFailedError.code, None, -1, "", -1
-        return E.CoordinatorNotAvailableError.code, "transactions are not supported", -1, "", -1
+        if ctx.transactions is None:  # cluster mode: not offered yet (InitProducerId refuses them)
+            return E.CoordinatorNotAvailableError.code, "transactions are not offered in cluster mode", -1, "", -1
+        return NONE, None, ctx.node_id, *peer.advertised
     if not allowed(ctx, peer, "DESCRIBE", GROUP, key):
         return E.GroupAuthorizationFailedError.code, None, -1, "", -1
     cluster = ctx.cluster

@@ -1,8 +1,9 @@
 """ListOffsets: earliest (-2), latest (-1), max timestamp (-3), earliest-local (-4, same as earliest here: there is
 no tiered storage), and by timestamp (the ConsumeQueue's time index via `store.offset_for_timestamp`).
 
-No record at or after the timestamp → offset -1, timestamp -1, as Kafka answers. isolation_level does not matter:
-without transactions the last stable offset is the high watermark. In cluster mode only the partition's leader
+No record at or after the timestamp → offset -1, timestamp -1, as Kafka answers. With isolation_level
+READ_COMMITTED (1) the latest offset is the partition's last stable offset (mqk.server.kafka.transactions), as a
+read_committed consumer's end. In cluster mode only the partition's leader
 answers (else NOT_LEADER_OR_FOLLOWER), and a `current_leader_epoch` must match its epoch (KIP-320). A topic the
 principal may not DESCRIBE answers TOPIC_AUTHORIZATION_FAILED for each of its partitions."""
 
@@ -47,6 +48,7 @@ async def lookup(store: StoreManager, topic: str, index: int, timestamp: int) ->
 async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsRequest]) -> ListOffsetsResponse:
     store = ctx.store
     topics: list[ListOffsetsTopicResponse] = []
+    committed_only = req.body.get("isolation_level", 0) == 1
     for t in req.body["topics"]:
         name = t["name"]
         info = store.topic(name)
@@ -79,6 +81,8 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListOffsetsReq
                     if replication is not None and info.engine == "file" and offset >= 0:
                         # a replicated partition's latest offset is its high watermark; nothing past it is told
                         offset = min(offset, replication.committed_end(name, index, store.end_offset(name, index)))
+                    if committed_only and p["timestamp"] == LATEST and ctx.transactions is not None:
+                        offset = ctx.transactions.last_stable(name, index, offset)
                     entry["offset"] = offset
                     entry["timestamp"] = ts
                     entry["old_style_offsets"] = [offset]

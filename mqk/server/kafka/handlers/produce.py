@@ -60,7 +60,9 @@ from mqk.protocol.kafka.messages.produce import (
 )
 from mqk.protocol.kafka.records import BatchInfo
 from mqk.server.kafka.context import CloseConnection, KafkaContext, KafkaRequest, Peer
+from mqk.server.kafka.handlers import transactions
 from mqk.server.kafka.handlers.common import NONE, TOPIC, authorizer, get_or_create_topic, partition_code
+from mqk.server.kafka.transactions import TRANSACTIONAL_ATTR
 from mqk.store.adapter import AppendResult, Buffer, ShardInfo
 from mqk.store.manager import StoreManager
 from mqk.timer.delay import DELAY_HEADER_KEYS
@@ -130,15 +132,23 @@ async def handle(
 ) -> ProduceResponse | CloseConnection | None:
     """One Produce request on its own (a topic to auto-create first, or a request that arrived alone)."""
     denied = _denied(ctx, peer, req.body)
-    prepared = prepare(ctx, req.body, denied=denied)
+    txn_refused = _txn_refusal(ctx, peer, req.body)
+    prepared = prepare(ctx, req.body, denied=denied, txn_refused=txn_refused)
     if prepared is None:  # a topic it names does not exist (yet)
-        prepared = await _prepare_creating_topics(ctx, peer, req.body, denied)
+        prepared = await _prepare_creating_topics(ctx, peer, req.body, denied, txn_refused)
     return (await answer_prepared(ctx, [prepared]))[0]
 
 
 def prepare_request(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]) -> Prepared | None:
     """`prepare` for the connection's grouping (KafkaServer.grouped)."""
-    return prepare(ctx, req.body, denied=_denied(ctx, peer, req.body))
+    return prepare(ctx, req.body, denied=_denied(ctx, peer, req.body), txn_refused=_txn_refusal(ctx, peer, req.body))
+
+
+def _txn_refusal(ctx: KafkaContext, peer: Peer, body: ProduceRequest) -> int:
+    """The code every partition of a transactional request gets when its transactional id may not be used (no
+    coordinator, or no WRITE on it), else 0."""
+    transactional_id = body.get("transactional_id")
+    return 0 if transactional_id is None else transactions.refusal(ctx, peer, transactional_id)
 
 
 def _denied(ctx: KafkaContext, peer: Peer, body: ProduceRequest) -> frozenset[str] | None:
@@ -159,6 +169,7 @@ def prepare(
     body: ProduceRequest,
     missing: dict[str, int] | None = None,
     denied: frozenset[str] | None = None,
+    txn_refused: int = 0,
 ) -> Prepared | None:
     """Check a Produce request without waiting for anything: answers for what is refused, the rest planned for
     `answer_prepared`. None if a topic it names does not exist and `missing` does not say that topic's error
@@ -167,13 +178,8 @@ def prepare(
     acks = body["acks"]
     if acks not in (0, 1, -1):
         return Prepared(acks, _refuse_all(body, E.InvalidRequiredAcksError.code), [], [])
-    if body.get("transactional_id") is not None:
-        return Prepared(
-            acks,
-            _refuse_all(body, E.TransactionalIdAuthorizationFailedError.code, "transactions are not supported"),
-            [],
-            [],
-        )
+    if txn_refused:
+        return Prepared(acks, _refuse_all(body, txn_refused, "the transactional id may not be used here"), [], [])
     responses: list[ProduceResponseTopicProduceResponse] = []
     appends: list[_PlainAppend] = []
     idempotent: list[_IdempotentAppend] = []
@@ -255,7 +261,7 @@ def _refuse_all(
 
 
 async def _prepare_creating_topics(
-    ctx: KafkaContext, peer: Peer, body: ProduceRequest, denied: frozenset[str] | None
+    ctx: KafkaContext, peer: Peer, body: ProduceRequest, denied: frozenset[str] | None, txn_refused: int
 ) -> Prepared:
     """Create (when auto-creation allows) the topics the request names that do not exist, then prepare it; the
     topics that could not be created are answered with the reason."""
@@ -270,7 +276,7 @@ async def _prepare_creating_topics(
                 missing[name] = code
             elif ctx.cluster is not None and not await ctx.cluster.reconciler.ensure(name):
                 missing[name] = E.NotLeaderOrFollowerError.code  # (its store here is not made: not placed here)
-    prepared = prepare(ctx, body, missing, denied)
+    prepared = prepare(ctx, body, missing, denied, txn_refused)
     assert prepared is not None
     return prepared
 
@@ -590,7 +596,22 @@ async def _produce_idempotent(
     # idempotent producer: one batch at a time through the sequence check
     first_offset = -1
     last = None
+    txns = ctx.transactions
     for batch in batches:
+        if batch.attributes & TRANSACTIONAL_ATTR:
+            code = (
+                txns.check_write(topic, index, batch.producer_id, batch.producer_epoch)
+                if txns is not None
+                else E.TransactionalIdAuthorizationFailedError.code
+            )
+            if code:
+                return _part(index, code, message="the batch's transaction may not write to this partition now")
+            if batch.named_header:
+                return _part(
+                    index,
+                    E.InvalidRecordError.code,
+                    message="delayed delivery headers cannot be used inside a Kafka transaction",
+                )
         decision = await ctx.producers.begin(
             topic, index, batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_offset_delta
         )
@@ -604,6 +625,10 @@ async def _produce_idempotent(
                 first_offset = entry.base_offset
             last = (entry.log_append_time, store.log_start_offset(topic, index))
             continue
+        if batch.attributes & TRANSACTIONAL_ATTR:
+            assert txns is not None
+            # before the append: a read_committed fetch must never find the batch ahead of the partition's LSO
+            txns.will_write(topic, index, batch.producer_id, store.end_offset(topic, index))
         try:
             result = await store.append(topic, index, [batch.data], delay_headers=batch.named_header)
         except Exception as exc:  # noqa: BLE001 - the partition's answer carries the code (_storage_failure)

@@ -29,6 +29,7 @@ from mqk import errors as E
 from mqk.broker.security.authorizer import ALTER, CLUSTER, CLUSTER_NAME, DESCRIBE, READ, TOPIC
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed, partition_code
+from mqk.server.kafka.transactions import COORDINATOR_EPOCH
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
 if TYPE_CHECKING:
@@ -174,14 +175,16 @@ async def describe_producers(
                     entry["error_code"] = E.kafka_code_for(exc)
                     entry["error_message"] = str(exc) or None
                 else:
+                    txns = ctx.transactions
                     entry["active_producers"] = [
                         {
                             "producer_id": pid,
                             "producer_epoch": epoch,
                             "last_sequence": last_seq,
                             "last_timestamp": last_ms,
-                            "coordinator_epoch": -1,
-                            "current_txn_start_offset": -1,
+                            "coordinator_epoch": -1 if txns is None else COORDINATOR_EPOCH,
+                            # the first offset of its transaction under way here (-1: none)
+                            "current_txn_start_offset": -1 if txns is None else txns.open_first_offset(name, p, pid),
                         }
                         for pid, epoch, last_seq, last_ms in producers
                     ]

@@ -1,0 +1,577 @@
+"""Kafka transactions: the transaction coordinator, the markers, and what each partition knows of transactions
+(its last stable offset and its aborted transactions).
+
+What this module owns:
+- **transactional ids** (`Txn`): producer id and epoch, state (Kafka's names: Empty, Ongoing, PrepareCommit,
+  PrepareAbort, CompleteCommit, CompleteAbort), timeout, the partitions and consumer groups of the transaction
+  under way and the offsets it will commit for them. InitProducerId gives a transactional id its producer id and
+  bumps its epoch at every call (fencing the producer that had it: its requests then get PRODUCER_FENCED or
+  INVALID_PRODUCER_EPOCH); a transaction still under way at that moment is aborted first. Epoch exhaustion moves
+  the id to a new producer id at epoch 0. A KIP-360 call (the producer names its id and epoch) is accepted for the
+  current epoch and for the one before a timeout's fence, else PRODUCER_FENCED.
+- **durability**: every change of a transactional id is one record in `__transaction_state` (key `t` + id, a
+  JSON value; the topic is compacted, so its latest record is what the id is), written and awaited before the
+  request is answered, in the log so that replication will carry it; so are the offsets a transaction will
+  commit (TxnOffsetCommit) and each aborted transaction a partition must remember (key `a` + [topic, partition,
+  marker offset]; a tombstone once retention has removed the marker). `start()` reads the topic back: a
+  transaction caught between its Prepare record and its Complete one gets its markers again; one under way stays
+  under way (its producer may go on, or its timeout ends it).
+- **markers**: EndTxn writes Prepare, then one control batch (Kafka's COMMIT or ABORT control record, the
+  producer's id and epoch, the transactional and control attributes) to every partition of the transaction,
+  applies the transaction's group offsets on commit, and writes Complete, all before it answers. A marker is an
+  ordinary append for the store: it wakes long polls, and replication will carry it.
+- **per partition** (`PartitionTxns`): the first offset of each producer's transaction under way (registered
+  before its first batch is appended, as the log's end at that moment, so a read_committed fetch can never see a
+  batch ahead of it) and the aborted transactions (producer id, first offset, marker offset), in marker order, so
+  Fetch finds the ones a read overlaps by bisection. Last stable offset = the smallest first offset under way, else
+  the high watermark. After a restart, a transaction under way counts from where each partition ended when it was
+  added (its "floor"): never after its first batch, so the LSO is at most lower than Kafka's, never higher.
+- **timeouts**: a sweep every `transaction_abort_timed_out_transaction_cleanup_interval_ms` aborts each
+  transaction under way past its `transaction.timeout.ms`, bumping the epoch (the producer is fenced, as in Kafka).
+
+Cluster mode does not offer transactions yet (the markers of a transaction spanning broker groups need the
+inter-broker WriteTxnMarkers): the handlers refuse them there as before.
+
+Not thread-safe: one event loop owns it. Requests for one transactional id are serialised by its lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import json
+import logging
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mqk import errors as E
+from mqk._fast import load
+from mqk.broker.internal import TRANSACTION_STATE_TOPIC
+from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.config import TopicConfig
+from mqk.protocol.kafka.records import batch_records
+from mqk.store.adapter import GroupOffset
+from mqk.store.manager import StoreManager
+
+recbatch = load("recbatch")
+log = logging.getLogger("mqk.kafka.transactions")
+
+EMPTY, ONGOING = "Empty", "Ongoing"
+PREPARE_COMMIT, PREPARE_ABORT = "PrepareCommit", "PrepareAbort"
+COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
+STATES = (EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT, COMPLETE_ABORT)
+
+#: record batch attributes: a transactional batch, a control batch
+TRANSACTIONAL_ATTR = 0x10
+CONTROL_ATTR = 0x20
+#: control record types (the key's second int16)
+ABORT_MARKER, COMMIT_MARKER = 0, 1
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+_CONTROL_VALUE = struct.Struct(">hi")  # version, coordinator epoch
+#: the last epoch a producer id may have: past it, a transactional id moves to a new producer id (Kafka's rule)
+MAX_EPOCH = 32767 - 1
+#: a single broker is the only coordinator there has been
+COORDINATOR_EPOCH = 0
+_READ_BYTES = 4 << 20
+_TXN_KEY, _ABORT_KEY = b"t", b"a"
+
+Partition = tuple[str, int]
+#: a transaction's offsets for one group: (topic, partition) -> (offset, leader epoch, metadata)
+GroupOffsets = dict[Partition, tuple[int, int, str]]
+
+
+class OffsetCommitter(Protocol):
+    """Where a committed transaction's group offsets go (mqk.groups.coordinator.GroupCoordinator)."""
+
+    async def commit_transactional_offsets(self, group_id: str, offsets: dict[Partition, GroupOffset]) -> None: ...
+
+
+class ProducerIds(Protocol):
+    """Where producer ids come from (mqk.server.kafka.idempotence.ProducerStates)."""
+
+    async def init_producer_id(self) -> tuple[int, int, int]: ...
+
+
+@dataclass
+class Txn:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: str = EMPTY
+    #: the partitions of the transaction under way -> the partition's end offset when it was added (its floor)
+    partitions: dict[Partition, int] = field(default_factory=dict)
+    #: group -> the offsets the transaction commits for it
+    groups: dict[str, GroupOffsets] = field(default_factory=dict)
+    start_ms: int = -1
+    update_ms: int = -1
+    #: the epoch before a timeout's fence (a KIP-360 InitProducerId may name it), else -1
+    last_epoch: int = -1
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "pid": self.producer_id,
+            "epoch": self.producer_epoch,
+            "last_epoch": self.last_epoch,
+            "timeout_ms": self.timeout_ms,
+            "state": self.state,
+            "partitions": [[t, p, floor] for (t, p), floor in self.partitions.items()],
+            "groups": {
+                g: [[t, p, o, e, m] for (t, p), (o, e, m) in offsets.items()] for g, offsets in self.groups.items()
+            },
+            "start_ms": self.start_ms,
+            "update_ms": self.update_ms,
+        }
+
+    @classmethod
+    def from_document(cls, transactional_id: str, doc: dict[str, Any]) -> Txn:
+        if doc.get("v") != 1 or doc.get("state") not in STATES:
+            raise E.Corrupt(f"transaction state of {transactional_id!r}: unknown version or state")
+        return cls(
+            transactional_id,
+            int(doc["pid"]),
+            int(doc["epoch"]),
+            int(doc["timeout_ms"]),
+            doc["state"],
+            {(str(t), int(p)): int(floor) for t, p, floor in doc["partitions"]},
+            {
+                str(g): {(str(t), int(p)): (int(o), int(e), str(m)) for t, p, o, e, m in offsets}
+                for g, offsets in doc["groups"].items()
+            },
+            int(doc["start_ms"]),
+            int(doc["update_ms"]),
+            int(doc.get("last_epoch", -1)),
+        )
+
+
+class PartitionTxns:
+    """One partition's transactions: those under way (producer id -> first offset) and the aborted ones."""
+
+    __slots__ = ("aborted", "open")
+
+    def __init__(self) -> None:
+        self.open: dict[int, int] = {}
+        #: (marker offset, producer id, first offset), in marker order
+        self.aborted: list[tuple[int, int, int]] = []
+
+    def last_stable(self, high_watermark: int) -> int:
+        if not self.open:
+            return high_watermark
+        return min(high_watermark, min(self.open.values()))
+
+    def aborted_overlapping(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions with records in [start, end)."""
+        i = bisect.bisect_left(self.aborted, (start, -1, -1))
+        return [(pid, first) for _marker, pid, first in self.aborted[i:] if first < end]
+
+
+def control_batch(producer_id: int, epoch: int, commit: bool, timestamp: int) -> bytearray:
+    """A marker: one control record (version 0, COMMIT or ABORT; the coordinator's epoch) in a control batch."""
+    key = _CONTROL_KEY.pack(0, COMMIT_MARKER if commit else ABORT_MARKER)
+    value = _CONTROL_VALUE.pack(0, COORDINATOR_EPOCH)
+    record = recbatch.encode_record(0, 0, key, value, [])
+    return recbatch.build_batch(
+        0,
+        timestamp,
+        timestamp,
+        bytes(record),
+        1,
+        0,
+        attributes=TRANSACTIONAL_ATTR | CONTROL_ATTR,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+    )
+
+
+def _state_batch(entries: list[tuple[bytes, bytes | None]], timestamp: int) -> bytearray:
+    records = bytearray()
+    for i, (key, value) in enumerate(entries):
+        records += recbatch.encode_record(i, 0, key, value, [])
+    return recbatch.build_batch(0, timestamp, timestamp, bytes(records), len(entries), len(entries) - 1)
+
+
+def _abort_key(topic: str, partition: int, marker: int) -> bytes:
+    return _ABORT_KEY + json.dumps([topic, partition, marker], separators=(",", ":")).encode()
+
+
+class TransactionCoordinator:
+    def __init__(
+        self,
+        store: StoreManager,
+        producer_ids: ProducerIds,
+        offsets: OffsetCommitter,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        max_timeout_ms: int = 900_000,
+        check_interval_ms: int = 10_000,
+    ) -> None:
+        self.store = store
+        self.producer_ids = producer_ids
+        self.offsets = offsets
+        self.clock = clock
+        self.max_timeout_ms = max_timeout_ms
+        self.check_interval_ms = check_interval_ms
+        self.txns: dict[str, Txn] = {}
+        #: producer id -> its transactional id's state (the ids of the transactions that may write now)
+        self.by_pid: dict[int, Txn] = {}
+        #: (topic, partition) -> its transactions; empty while no transaction has written anything
+        self.partitions: dict[Partition, PartitionTxns] = {}
+        self._state_lock = asyncio.Lock()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # --- start and stop ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read `__transaction_state` back (if there is one) and finish what a stop left between Prepare and
+        Complete; then sweep for timeouts."""
+        if self.store.topic(TRANSACTION_STATE_TOPIC) is not None:
+            await self._load()
+            for txn in list(self.txns.values()):
+                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                    async with txn.lock:
+                        await self._complete(txn, txn.state == PREPARE_COMMIT)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="mqk-txn-timeouts")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+    async def _load(self) -> None:
+        docs: dict[str, dict[str, Any]] = {}
+        aborted: dict[bytes, list[int] | None] = {}
+        offset = self.store.log_start_offset(TRANSACTION_STATE_TOPIC, 0)
+        end = self.store.end_offset(TRANSACTION_STATE_TOPIC, 0)
+        while offset < end:
+            result = await self.store.read(TRANSACTION_STATE_TOPIC, 0, offset, _READ_BYTES)
+            if not result.batches:
+                break
+            for batch in result.batches:
+                for _attrs, _ts, _delta, key, value, _headers in batch_records(batch.data):
+                    if key is None:
+                        continue
+                    key = bytes(key)
+                    try:
+                        if key[:1] == _TXN_KEY:
+                            name = key[1:].decode()
+                            if value is None:
+                                docs.pop(name, None)
+                            else:
+                                docs[name] = json.loads(bytes(value))
+                        elif key[:1] == _ABORT_KEY:
+                            aborted[key] = None if value is None else json.loads(bytes(value))
+                    except (ValueError, UnicodeDecodeError) as exc:
+                        log.warning("skipping an unreadable %s record: %s", TRANSACTION_STATE_TOPIC, exc)
+            offset = result.next_offset
+        for key, entry in aborted.items():
+            if entry is None:
+                continue
+            topic, partition, marker = json.loads(key[1:])
+            pid, first = entry
+            bisect.insort(self._partition(topic, partition).aborted, (int(marker), int(pid), int(first)))
+        for name, doc in docs.items():
+            try:
+                txn = Txn.from_document(name, doc)
+            except (E.Corrupt, KeyError, TypeError, ValueError) as exc:
+                log.warning("skipping transactional id %r: %s", name, exc)
+                continue
+            self.txns[name] = txn
+            self.by_pid[txn.producer_id] = txn
+            if txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT):
+                for tp, floor in txn.partitions.items():
+                    self._partition(*tp).open[txn.producer_id] = floor
+        log.info("loaded %d transactional ids from %s", len(self.txns), TRANSACTION_STATE_TOPIC)
+
+    # --- InitProducerId ----------------------------------------------------------------------------------
+
+    async def init_producer_id(
+        self, transactional_id: str, timeout_ms: int, producer_id: int = -1, epoch: int = -1
+    ) -> tuple[int, int, int]:
+        """-> (error code, producer id, epoch)."""
+        if not 0 < timeout_ms <= self.max_timeout_ms:
+            return E.InvalidTransactionTimeoutError.code, -1, -1
+        txn = self.txns.get(transactional_id)
+        if txn is None:
+            code, pid, _epoch = await self.producer_ids.init_producer_id()
+            if code:
+                return code, -1, -1
+            txn = self.txns.setdefault(transactional_id, Txn(transactional_id, pid, -1, timeout_ms))
+        async with txn.lock:
+            if producer_id >= 0 and not (
+                producer_id == txn.producer_id and epoch in (txn.producer_epoch, txn.last_epoch)
+            ):
+                return E.ProducerFencedError.code, -1, -1
+            if txn.state == ONGOING:
+                # a new producer (or a restarted one) takes the id over: what the old one left is aborted, at
+                # a bumped epoch that fences it
+                await self._bump(txn)
+                await self._end(txn, commit=False)
+            if producer_id >= 0 and epoch == txn.last_epoch and epoch != txn.producer_epoch:
+                pass  # a timeout already bumped the epoch past the producer's: it takes that one
+            else:
+                await self._bump(txn)
+            txn.last_epoch = -1
+            txn.timeout_ms = timeout_ms
+            txn.partitions.clear()
+            txn.groups.clear()
+            txn.update_ms = self.clock.time_ms()
+            await self._save(txn)
+            return 0, txn.producer_id, txn.producer_epoch
+
+    async def _bump(self, txn: Txn) -> None:
+        if txn.producer_epoch >= MAX_EPOCH:
+            code, pid, _epoch = await self.producer_ids.init_producer_id()
+            if code:
+                raise E.KafkaError.for_code(code)("no producer id for the transactional id")
+            self.by_pid.pop(txn.producer_id, None)
+            txn.producer_id, txn.producer_epoch = pid, 0
+        else:
+            txn.producer_epoch += 1
+        self.by_pid[txn.producer_id] = txn
+
+    # --- the transaction's requests ----------------------------------------------------------------------
+
+    def _check(self, transactional_id: str, producer_id: int, epoch: int) -> tuple[int, Txn | None]:
+        txn = self.txns.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            return E.InvalidProducerIdMappingError.code, None
+        if epoch != txn.producer_epoch:
+            return E.ProducerFencedError.code, None
+        return 0, txn
+
+    async def add_partitions(
+        self, transactional_id: str, producer_id: int, epoch: int, partitions: Iterable[Partition], verify_only: bool
+    ) -> tuple[int, set[Partition]]:
+        """-> (error code for every partition, or 0; with `verify_only` the partitions not in the transaction)."""
+        code, txn = self._check(transactional_id, producer_id, epoch)
+        if txn is None:
+            return code, set()
+        async with txn.lock:
+            if txn.producer_epoch != epoch:
+                return E.ProducerFencedError.code, set()
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                return E.ConcurrentTransactionsError.code, set()
+            if verify_only:
+                missing = {tp for tp in partitions if tp not in txn.partitions or txn.state != ONGOING}
+                return 0, missing
+            new = [tp for tp in partitions if tp not in txn.partitions]
+            if not new and txn.state == ONGOING:
+                return 0, set()
+            self._begin(txn)
+            for tp in new:
+                txn.partitions[tp] = self.store.end_offset(*tp)
+            txn.update_ms = self.clock.time_ms()
+            await self._save(txn)
+            return 0, set()
+
+    async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int, group_id: str) -> int:
+        code, txn = self._check(transactional_id, producer_id, epoch)
+        if txn is None:
+            return code
+        async with txn.lock:
+            if txn.producer_epoch != epoch:
+                return E.ProducerFencedError.code
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                return E.ConcurrentTransactionsError.code
+            if group_id in txn.groups and txn.state == ONGOING:
+                return 0
+            self._begin(txn)
+            txn.groups.setdefault(group_id, {})
+            txn.update_ms = self.clock.time_ms()
+            await self._save(txn)
+            return 0
+
+    async def txn_offset_commit(
+        self, transactional_id: str, producer_id: int, epoch: int, group_id: str, offsets: GroupOffsets
+    ) -> int:
+        code, txn = self._check(transactional_id, producer_id, epoch)
+        if txn is None:
+            return E.InvalidProducerEpochError.code if code == E.ProducerFencedError.code else code
+        async with txn.lock:
+            if txn.producer_epoch != epoch:
+                return E.InvalidProducerEpochError.code
+            if txn.state != ONGOING:
+                return E.InvalidTxnStateError.code
+            txn.groups.setdefault(group_id, {}).update(offsets)
+            txn.update_ms = self.clock.time_ms()
+            await self._save(txn)
+            return 0
+
+    async def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> int:
+        txn = self.txns.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            return E.InvalidProducerIdMappingError.code
+        async with txn.lock:
+            if epoch != txn.producer_epoch:
+                return E.ProducerFencedError.code
+            if txn.state == ONGOING:
+                await self._end(txn, commit)
+                return 0
+            if txn.state == (COMPLETE_COMMIT if commit else COMPLETE_ABORT):
+                return 0  # a retry of the EndTxn that completed it
+            if txn.state == EMPTY and not commit:
+                return 0  # nothing to abort (a producer aborting before it wrote anything)
+            return E.InvalidTxnStateError.code
+
+    def _begin(self, txn: Txn) -> None:
+        if txn.state != ONGOING:
+            txn.state = ONGOING
+            txn.partitions.clear()
+            txn.groups.clear()
+            txn.start_ms = self.clock.time_ms()
+
+    async def _end(self, txn: Txn, commit: bool) -> None:
+        txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
+        txn.update_ms = self.clock.time_ms()
+        await self._save(txn)
+        await self._complete(txn, commit)
+
+    async def _complete(self, txn: Txn, commit: bool) -> None:
+        """Markers to every partition, the group offsets on commit, then the Complete record."""
+        now = self.clock.time_ms()
+        pid, epoch = txn.producer_id, txn.producer_epoch
+        aborted: list[tuple[bytes, bytes | None]] = []
+        for topic, partition in txn.partitions:
+            state = self._partition(topic, partition)
+            first = state.open.get(pid)
+            try:
+                result = await self.store.append(topic, partition, [control_batch(pid, epoch, commit, now)])
+            except (E.UnknownShard, E.UnknownTopicOrPartitionError):
+                state.open.pop(pid, None)
+                continue  # the topic is gone, and its records with it
+            state.open.pop(pid, None)
+            if not commit and first is not None:
+                marker = result.base_offset
+                bisect.insort(state.aborted, (marker, pid, min(first, marker)))
+                aborted.append((_abort_key(topic, partition, marker), json.dumps([pid, first]).encode()))
+        if commit:
+            for group, offsets in txn.groups.items():
+                if offsets:
+                    await self.offsets.commit_transactional_offsets(
+                        group, {tp: GroupOffset(o, m, now, e) for tp, (o, e, m) in offsets.items()}
+                    )
+        txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
+        txn.partitions.clear()
+        txn.groups.clear()
+        txn.update_ms = now
+        await self._save(txn, aborted)
+
+    # --- the produce path --------------------------------------------------------------------------------
+
+    def check_write(self, topic: str, partition: int, producer_id: int, epoch: int) -> int:
+        """0 if a transactional batch of this producer may be appended to the partition now, else the code."""
+        txn = self.by_pid.get(producer_id)
+        if txn is None:
+            return E.InvalidProducerIdMappingError.code
+        if epoch < txn.producer_epoch:
+            return E.InvalidProducerEpochError.code
+        if epoch > txn.producer_epoch or txn.state != ONGOING or (topic, partition) not in txn.partitions:
+            return E.InvalidTxnStateError.code
+        return 0
+
+    def will_write(self, topic: str, partition: int, producer_id: int, floor: int) -> None:
+        """A transactional batch is about to be appended at or after `floor` (the log's end now)."""
+        self._partition(topic, partition).open.setdefault(producer_id, floor)
+
+    def _partition(self, topic: str, partition: int) -> PartitionTxns:
+        state = self.partitions.get((topic, partition))
+        if state is None:
+            state = self.partitions[(topic, partition)] = PartitionTxns()
+        return state
+
+    # --- what reads and admin tools see ------------------------------------------------------------------
+
+    def last_stable(self, topic: str, partition: int, high_watermark: int) -> int:
+        state = self.partitions.get((topic, partition))
+        return high_watermark if state is None else state.last_stable(high_watermark)
+
+    def pending_offsets(self, group_id: str) -> set[Partition]:
+        """The partitions of `group_id` whose offsets a transaction under way will commit (OffsetFetch's
+        require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
+        pending: set[Partition] = set()
+        for txn in self.txns.values():
+            if txn.state in (ONGOING, PREPARE_COMMIT) and group_id in txn.groups:
+                pending.update(txn.groups[group_id])
+        return pending
+
+    def open_first_offset(self, topic: str, partition: int, producer_id: int) -> int:
+        state = self.partitions.get((topic, partition))
+        return -1 if state is None else state.open.get(producer_id, -1)
+
+    def forget_topic(self, topic: str) -> None:
+        for tp in [tp for tp in self.partitions if tp[0] == topic]:
+            del self.partitions[tp]
+
+    # --- timeouts and pruning ----------------------------------------------------------------------------
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.check_interval_ms / 1000)
+            try:
+                await self.abort_timed_out()
+                await self.prune_aborted()
+            except Exception:
+                log.exception("transaction sweep failed")
+
+    async def abort_timed_out(self) -> int:
+        """Abort every transaction under way past its timeout (the producer is fenced: its epoch is bumped).
+        -> how many were aborted."""
+        now = self.clock.time_ms()
+        count = 0
+        for txn in list(self.txns.values()):
+            if txn.state != ONGOING or now - txn.start_ms <= txn.timeout_ms:
+                continue
+            async with txn.lock:
+                if txn.state != ONGOING or now - txn.start_ms <= txn.timeout_ms:
+                    continue
+                log.info(
+                    "aborting transaction %r (producer id %d): open for more than its %d ms timeout",
+                    txn.transactional_id,
+                    txn.producer_id,
+                    txn.timeout_ms,
+                )
+                fenced = txn.producer_epoch
+                await self._bump(txn)
+                txn.last_epoch = fenced
+                await self._end(txn, commit=False)
+                count += 1
+        return count
+
+    async def prune_aborted(self) -> None:
+        """Forget (with a tombstone) the aborted transactions whose marker retention has removed."""
+        gone: list[tuple[bytes, bytes | None]] = []
+        for (topic, partition), state in list(self.partitions.items()):
+            if not state.aborted:
+                continue
+            try:
+                start = self.store.log_start_offset(topic, partition)
+            except E.MqkError:
+                start = 1 << 62  # the topic is gone
+            cut = bisect.bisect_left(state.aborted, (start, -1, -1))
+            for marker, _pid, _first in state.aborted[:cut]:
+                gone.append((_abort_key(topic, partition, marker), None))
+            del state.aborted[:cut]
+        if gone:
+            await self._append_state(gone)
+
+    # --- the state log -----------------------------------------------------------------------------------
+
+    async def _save(self, txn: Txn, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
+        value = json.dumps(txn.document(), separators=(",", ":")).encode()
+        await self._append_state([(_TXN_KEY + txn.transactional_id.encode(), value), *extra])
+
+    async def _append_state(self, entries: list[tuple[bytes, bytes | None]]) -> None:
+        async with self._state_lock:
+            if self.store.topic(TRANSACTION_STATE_TOPIC) is None:
+                with contextlib.suppress(E.ShardExists):
+                    await self.store.create_topic(
+                        TRANSACTION_STATE_TOPIC, 1, TopicConfig({"cleanup.policy": "compact"})
+                    )
+        await self.store.append(TRANSACTION_STATE_TOPIC, 0, [_state_batch(entries, self.clock.time_ms())])
