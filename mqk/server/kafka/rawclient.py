@@ -34,8 +34,10 @@ def make_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     headers: Sequence[Sequence[tuple[str, bytes | None]]] | None = None,
+    transactional: bool = False,
 ) -> bytearray:
-    """An uncompressed record batch v2 holding one record per value (timestamps 1 ms apart)."""
+    """An uncompressed record batch v2 holding one record per value (timestamps 1 ms apart); `transactional`
+    sets the batch's transactional attribute (a transactional producer's batch)."""
     ts = int(time.time() * 1000) if timestamp is None else timestamp
     records = bytearray()
     for i, value in enumerate(values):
@@ -52,6 +54,7 @@ def make_batch(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
+        attributes=0x10 if transactional else 0,
     )
     return batch
 

@@ -83,9 +83,30 @@ def _fetch_group(
     peer: Peer,
     group_id: str,
     topics: Sequence[OffsetFetchRequestTopic] | Sequence[OffsetFetchRequestTopics] | None,
+    require_stable: bool = False,
 ) -> list[OffsetFetchResponseTopics]:
     """The answer's topics for one group, in the v8+ structs (whose keys the v1-v7 ones share; see
-    offset_fetch). `topics` None means every partition with a committed offset."""
+    offset_fetch). `topics` None means every partition with a committed offset. With `require_stable` (v7+, a
+    read_committed consumer's question) a partition a transaction under way will commit an offset for answers
+    UNSTABLE_OFFSET_COMMIT (the client asks again)."""
+    found = _fetch_committed(ctx, peer, group_id, topics)
+    if require_stable and ctx.transactions is not None:
+        pending = ctx.transactions.pending_offsets(group_id)
+        if pending:
+            for topic in found:
+                for part in topic["partitions"]:
+                    if (topic["name"], part["partition_index"]) in pending:
+                        part.update(_partition(part["partition_index"], None))
+                        part["error_code"] = E.UnstableOffsetCommitError.code
+    return found
+
+
+def _fetch_committed(
+    ctx: KafkaContext,
+    peer: Peer,
+    group_id: str,
+    topics: Sequence[OffsetFetchRequestTopic] | Sequence[OffsetFetchRequestTopics] | None,
+) -> list[OffsetFetchResponseTopics]:
     if topics is None:
         committed = ctx.groups.fetch_offsets(group_id)
         by_topic: dict[str, list[OffsetFetchResponsePartitions]] = {}
@@ -140,7 +161,11 @@ async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFe
             code = coordinator_code(ctx, g["group_id"]) if g["group_id"] else E.InvalidGroupIdError.code
             if not allowed(ctx, peer, "DESCRIBE", GROUP, g["group_id"]):
                 code = E.GroupAuthorizationFailedError.code
-            found = _fetch_group(ctx, peer, g["group_id"], g["topics"]) if code == NONE else []
+            found = (
+                _fetch_group(ctx, peer, g["group_id"], g["topics"], b.get("require_stable", False))
+                if code == NONE
+                else []
+            )
             groups.append({"group_id": g["group_id"], "topics": found, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     if not b["group_id"]:
@@ -151,5 +176,8 @@ async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFe
     if refused:
         return {"throttle_time_ms": 0, "topics": [], "error_code": refused}
     # v1-v7 topics and partitions have a subset of the v8+ structs' keys, of the same types (a topic is named here)
-    topics = cast("list[OffsetFetchResponseTopic]", _fetch_group(ctx, peer, b["group_id"], b["topics"]))
+    topics = cast(
+        "list[OffsetFetchResponseTopic]",
+        _fetch_group(ctx, peer, b["group_id"], b["topics"], b.get("require_stable", False)),
+    )
     return {"throttle_time_ms": 0, "topics": topics, "error_code": NONE}

@@ -1,0 +1,369 @@
+"""Kafka transactions over the wire (mqk.server.kafka.transactions and its handlers), request by request, with a
+raw client: the answers Kafka gives for fencing, bad states and bad input; the last stable offset and the aborted
+list a read_committed fetch gets; the state surviving a restart, including a transaction caught between its
+Prepare and Complete records; timeouts on an injected clock. The real clients' side is
+compat/test_transactions_clients.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import fetch_body, values_of
+
+from mqk import errors as E
+from mqk.clock import FakeClock
+from mqk.config import BrokerConfig, StoreConfig
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+from mqk.server.kafka.server import KafkaServer
+from mqk.server.kafka.transactions import COMPLETE_ABORT, COMPLETE_COMMIT, ONGOING, TransactionCoordinator
+from mqk.store.manager import StoreManager
+
+TOPIC = "txn-topic"
+
+
+class Broker:
+    """A file-store KafkaServer with a raw client, restartable on the same data directory."""
+
+    def __init__(self, data_dir: Path, clock: FakeClock | None = None, **config: Any) -> None:
+        self.config = BrokerConfig(
+            kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="file", data_dir=data_dir), **config
+        )
+        self.clock = clock
+        self.store: StoreManager
+        self.server: KafkaServer
+        self.client: RawKafkaClient
+
+    async def start(self) -> Broker:
+        self.store = StoreManager(self.config.store)
+        await self.store.start()
+        self.server = KafkaServer(self.config, self.store, clock=self.clock)
+        await self.server.start()
+        self.client = await RawKafkaClient.connect(self.server.host, self.server.port)
+        return self
+
+    async def stop(self) -> None:
+        await self.client.close()
+        await self.server.stop()
+        await self.store.close()
+
+    @property
+    def txns(self) -> TransactionCoordinator:
+        assert self.server.ctx.transactions is not None
+        return self.server.ctx.transactions
+
+    async def call(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.client.call(api_key, version, body)
+
+    async def init(self, txn_id: str, timeout_ms: int = 60_000, pid: int = -1, epoch: int = -1) -> dict[str, Any]:
+        return await self.call(
+            ApiKey.INIT_PRODUCER_ID,
+            4,
+            {
+                "transactional_id": txn_id,
+                "transaction_timeout_ms": timeout_ms,
+                "producer_id": pid,
+                "producer_epoch": epoch,
+            },
+        )
+
+    async def add(self, txn_id: str, pid: int, epoch: int, *partitions: int, version: int = 3) -> dict[int, int]:
+        answer = await self.call(
+            ApiKey.ADD_PARTITIONS_TO_TXN,
+            version,
+            {
+                "v3_and_below_transactional_id": txn_id,
+                "v3_and_below_producer_id": pid,
+                "v3_and_below_producer_epoch": epoch,
+                "v3_and_below_topics": [{"name": TOPIC, "partitions": list(partitions)}],
+            },
+        )
+        return {
+            r["partition_index"]: r["partition_error_code"]
+            for t in answer["results_by_topic_v3_and_below"]
+            for r in t["results_by_partition"]
+        }
+
+    async def produce(
+        self, txn_id: str | None, pid: int, epoch: int, seq: int, values: list[bytes], partition: int = 0, **kw: Any
+    ) -> tuple[int, int]:
+        batch = make_batch(values, producer_id=pid, producer_epoch=epoch, base_sequence=seq, transactional=True, **kw)
+        answer = await self.call(
+            ApiKey.PRODUCE,
+            9,
+            {
+                "transactional_id": txn_id,
+                "acks": -1,
+                "timeout_ms": 5000,
+                "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": bytes(batch)}]}],
+            },
+        )
+        part = answer["responses"][0]["partition_responses"][0]
+        return part["error_code"], part["base_offset"]
+
+    async def end(self, txn_id: str, pid: int, epoch: int, commit: bool, version: int = 3) -> int:
+        answer = await self.call(
+            ApiKey.END_TXN,
+            version,
+            {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch, "committed": commit},
+        )
+        return answer["error_code"]
+
+    async def fetch(self, offset: int, committed: bool, partition: int = 0) -> dict[str, Any]:
+        body = fetch_body(TOPIC, offset, partition)
+        body["isolation_level"] = 1 if committed else 0
+        answer = await self.call(ApiKey.FETCH, 11, body)
+        return answer["responses"][0]["partitions"][0]
+
+    async def latest(self, committed: bool, partition: int = 0) -> int:
+        answer = await self.call(
+            ApiKey.LIST_OFFSETS,
+            5,
+            {
+                "replica_id": -1,
+                "isolation_level": 1 if committed else 0,
+                "topics": [
+                    {
+                        "name": TOPIC,
+                        "partitions": [{"partition_index": partition, "current_leader_epoch": -1, "timestamp": -1}],
+                    }
+                ],
+            },
+        )
+        return answer["topics"][0]["partitions"][0]["offset"]
+
+
+@pytest.fixture
+async def broker(tmp_path: Path):
+    b = await Broker(tmp_path / "data").start()
+    await b.store.create_topic(TOPIC, 2)
+    yield b
+    await b.stop()
+
+
+async def _begin(b: Broker, txn_id: str, *partitions: int) -> tuple[int, int]:
+    init = await b.init(txn_id)
+    assert init["error_code"] == 0
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+    assert await b.add(txn_id, pid, epoch, *partitions) == dict.fromkeys(partitions, 0)
+    return pid, epoch
+
+
+async def test_read_committed_stops_at_the_open_transaction_and_skips_the_aborted_one(broker: Broker) -> None:
+    pid, epoch = await _begin(broker, "t-abort", 0)
+    assert (await broker.produce("t-abort", pid, epoch, 0, [b"a1", b"a2"]))[0] == 0
+    assert await broker.end("t-abort", pid, epoch, commit=False) == 0
+    other_pid, other_epoch = await _begin(broker, "t-open", 0)
+    code, open_offset = await broker.produce("t-open", other_pid, other_epoch, 0, [b"o1"])
+    assert code == 0 and open_offset == 3  # after the two aborted records and their marker
+
+    committed = await broker.fetch(0, committed=True)
+    assert committed["last_stable_offset"] == open_offset
+    assert committed["high_watermark"] == open_offset + 1
+    assert committed["aborted_transactions"] == [{"producer_id": pid, "first_offset": 0}]
+    assert values_of(committed["records"])[:2] == [b"a1", b"a2"]  # (then the ABORT marker's control record)
+    assert b"o1" not in values_of(committed["records"])
+    assert await broker.latest(committed=True) == open_offset
+    assert await broker.latest(committed=False) == open_offset + 1
+    uncommitted = await broker.fetch(0, committed=False)
+    assert uncommitted["aborted_transactions"] is None
+    assert b"o1" in values_of(uncommitted["records"])
+    assert uncommitted["last_stable_offset"] == open_offset  # the LSO is the partition's, whatever the isolation
+
+    # the open one commits: read_committed reaches the end, past its COMMIT marker
+    assert await broker.end("t-open", other_pid, other_epoch, commit=True) == 0
+    after = await broker.fetch(open_offset, committed=True)
+    assert after["last_stable_offset"] == after["high_watermark"] == open_offset + 2
+    assert values_of(after["records"])[0] == b"o1"
+
+
+async def test_a_second_init_fences_the_first_producer(broker: Broker) -> None:
+    pid, epoch = await _begin(broker, "t-fence", 0, 1)
+    assert (await broker.produce("t-fence", pid, epoch, 0, [b"old"]))[0] == 0
+    again = await broker.init("t-fence")
+    assert again["error_code"] == 0 and again["producer_id"] == pid and again["producer_epoch"] > epoch
+    # what the fenced producer had open was aborted: nothing of it is readable as committed
+    part = await broker.fetch(0, committed=True)
+    assert part["last_stable_offset"] == part["high_watermark"]
+    assert part["aborted_transactions"] == [{"producer_id": pid, "first_offset": 0}]
+    # every request of the old epoch is refused
+    assert (await broker.produce("t-fence", pid, epoch, 1, [b"late"]))[0] == E.InvalidProducerEpochError.code
+    assert await broker.add("t-fence", pid, epoch, 0) == {0: E.ProducerFencedError.code}
+    assert await broker.add("t-fence", pid, epoch, 0, version=1) == {0: E.InvalidProducerEpochError.code}
+    assert await broker.end("t-fence", pid, epoch, commit=True) == E.ProducerFencedError.code
+    assert await broker.end("t-fence", pid, epoch, commit=True, version=1) == E.InvalidProducerEpochError.code
+    # KIP-360: naming an epoch that is not the current one is fenced too
+    assert (await broker.init("t-fence", pid=pid, epoch=epoch))["error_code"] == E.ProducerFencedError.code
+
+
+async def test_bad_requests_get_kafkas_codes_and_write_nothing(broker: Broker) -> None:
+    assert (await broker.init("t-bad", timeout_ms=900_001))["error_code"] == E.InvalidTransactionTimeoutError.code
+    assert (await broker.init("t-bad", timeout_ms=0))["error_code"] == E.InvalidTransactionTimeoutError.code
+    assert await broker.end("nobody", 12345, 0, commit=True) == E.InvalidProducerIdMappingError.code
+    init = await broker.init("t-bad")
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+    assert await broker.end("t-bad", pid, epoch, commit=True) == E.InvalidTxnStateError.code  # nothing begun
+    # a partition never added: refused, nothing appended
+    assert (await broker.produce("t-bad", pid, epoch, 0, [b"x"]))[0] == E.InvalidTxnStateError.code
+    assert (await broker.add("t-bad", pid, epoch, 0, 7)) == {0: E.OperationNotAttemptedError.code, 7: 3}
+    assert (await broker.produce("t-bad", pid, epoch, 0, [b"x"]))[0] == E.InvalidTxnStateError.code
+    assert broker.store.end_offset(TOPIC, 0) == 0
+    # delayed delivery inside a transaction is refused with a clear error
+    assert await broker.add("t-bad", pid, epoch, 0) == {0: 0}
+    code, _ = await broker.produce("t-bad", pid, epoch, 0, [b"later"], headers=[[("mqk-delay-ms", b"1000")]])
+    assert code == E.InvalidRecordError.code
+    assert broker.store.end_offset(TOPIC, 0) == 0
+    # a retried EndTxn is answered as the first; the opposite decision is refused
+    assert (await broker.produce("t-bad", pid, epoch, 0, [b"y"]))[0] == 0
+    assert await broker.end("t-bad", pid, epoch, commit=True) == 0
+    assert await broker.end("t-bad", pid, epoch, commit=True) == 0
+    assert await broker.end("t-bad", pid, epoch, commit=False) == E.InvalidTxnStateError.code
+    # a client may not pose as a transaction without its id on the request: its partitions were not added
+    assert (await broker.produce(None, pid, epoch, 1, [b"z"], partition=1))[0] == E.InvalidTxnStateError.code
+
+
+async def test_transaction_state_survives_a_restart(tmp_path: Path) -> None:
+    b = await Broker(tmp_path / "data").start()
+    await b.store.create_topic(TOPIC, 2)
+    pid, epoch = await _begin(b, "t-open", 0)
+    assert (await b.produce("t-open", pid, epoch, 0, [b"open"]))[0] == 0
+    done_pid, done_epoch = await _begin(b, "t-aborted", 1)
+    assert (await b.produce("t-aborted", done_pid, done_epoch, 0, [b"gone"], partition=1))[0] == 0
+    assert await b.end("t-aborted", done_pid, done_epoch, commit=False) == 0
+    await b.stop()
+
+    b = await Broker(tmp_path / "data").start()
+    try:
+        assert b.txns.txns["t-open"].state == ONGOING
+        assert b.txns.txns["t-aborted"].state == COMPLETE_ABORT
+        part = await b.fetch(0, committed=True)
+        assert part["last_stable_offset"] == 0 and part["high_watermark"] == 1
+        aborted = await b.fetch(0, committed=True, partition=1)
+        assert aborted["aborted_transactions"] == [{"producer_id": done_pid, "first_offset": 0}]
+        # the producer goes on with its transaction after the restart
+        assert (await b.produce("t-open", pid, epoch, 1, [b"more"]))[0] == 0
+        assert await b.end("t-open", pid, epoch, commit=True) == 0
+        part = await b.fetch(0, committed=True)
+        assert part["last_stable_offset"] == part["high_watermark"] == 3
+        assert values_of(part["records"])[:2] == [b"open", b"more"]
+    finally:
+        await b.stop()
+
+
+async def test_a_transaction_stopped_between_prepare_and_complete_is_completed_at_start(tmp_path: Path) -> None:
+    b = await Broker(tmp_path / "data").start()
+    await b.store.create_topic(TOPIC, 2)
+    pid, epoch = await _begin(b, "t-prepared", 0, 1)
+    assert (await b.produce("t-prepared", pid, epoch, 0, [b"p0"]))[0] == 0
+
+    async def stop_before_markers(txn: Any, commit: bool) -> None:
+        raise RuntimeError("the broker stops here")
+
+    b.txns._complete = stop_before_markers  # type: ignore[method-assign]  # the crash point
+    with pytest.raises(Exception):  # noqa: B017 - the answer is lost with the "crash"
+        await b.end("t-prepared", pid, epoch, commit=True)
+    await b.client.close()
+    b.client = await RawKafkaClient.connect(b.server.host, b.server.port)
+    assert (await b.fetch(0, committed=True))["last_stable_offset"] == 0  # PrepareCommit: not visible yet
+    await b.stop()
+
+    b = await Broker(tmp_path / "data").start()
+    try:
+        assert b.txns.txns["t-prepared"].state == COMPLETE_COMMIT
+        part = await b.fetch(0, committed=True)
+        assert part["last_stable_offset"] == part["high_watermark"] == 2  # the record and its COMMIT marker
+        assert values_of(part["records"])[0] == b"p0"
+        assert b.store.end_offset(TOPIC, 1) == 1  # the marker went to the partition with no record too
+        # the producer's retried EndTxn is answered as done
+        assert await b.end("t-prepared", pid, epoch, commit=True) == 0
+    finally:
+        await b.stop()
+
+
+async def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(tmp_path: Path) -> None:
+    clock = FakeClock()
+    b = await Broker(tmp_path / "data", clock, transaction_abort_timed_out_transaction_cleanup_interval_ms=1000).start()
+    try:
+        await b.store.create_topic(TOPIC, 2)
+        init = await b.init("t-slow", timeout_ms=5000)
+        pid, epoch = init["producer_id"], init["producer_epoch"]
+        assert await b.add("t-slow", pid, epoch, 0) == {0: 0}
+        assert (await b.produce("t-slow", pid, epoch, 0, [b"slow"]))[0] == 0
+        await clock.advance(4)
+        assert b.txns.txns["t-slow"].state == ONGOING
+        await clock.advance(2)
+        assert b.txns.txns["t-slow"].state == COMPLETE_ABORT
+        part = await b.fetch(0, committed=True)
+        assert part["last_stable_offset"] == part["high_watermark"] == 2
+        assert part["aborted_transactions"] == [{"producer_id": pid, "first_offset": 0}]
+        assert await b.end("t-slow", pid, epoch, commit=True) == E.ProducerFencedError.code
+        # KIP-360: the timed-out producer re-initialises with its old epoch and goes on with a newer one
+        again = await b.init("t-slow", timeout_ms=5000, pid=pid, epoch=epoch)
+        assert again["error_code"] == 0 and again["producer_id"] == pid and again["producer_epoch"] > epoch
+    finally:
+        await b.stop()
+
+
+async def test_transactional_offsets_are_committed_with_the_transaction_only(broker: Broker) -> None:
+    async def commit_offset(txn_id: str, pid: int, epoch: int, offset: int) -> int:
+        assert (
+            await broker.call(
+                ApiKey.ADD_OFFSETS_TO_TXN,
+                3,
+                {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch, "group_id": "eos"},
+            )
+        )["error_code"] == 0
+        answer = await broker.call(
+            ApiKey.TXN_OFFSET_COMMIT,
+            3,
+            {
+                "transactional_id": txn_id,
+                "group_id": "eos",
+                "producer_id": pid,
+                "producer_epoch": epoch,
+                "generation_id": -1,
+                "member_id": "",
+                "group_instance_id": None,
+                "topics": [
+                    {
+                        "name": TOPIC,
+                        "partitions": [
+                            {
+                                "partition_index": 1,
+                                "committed_offset": offset,
+                                "committed_leader_epoch": -1,
+                                "committed_metadata": "",
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
+        return answer["topics"][0]["partitions"][0]["error_code"]
+
+    async def committed(require_stable: bool = False) -> tuple[int, int]:
+        answer = await broker.call(
+            ApiKey.OFFSET_FETCH,
+            7,
+            {
+                "group_id": "eos",
+                "topics": [{"name": TOPIC, "partition_indexes": [1]}],
+                "require_stable": require_stable,
+            },
+        )
+        part = answer["topics"][0]["partitions"][0]
+        return part["error_code"], part["committed_offset"]
+
+    pid, epoch = await _begin(broker, "t-eos", 0)
+    assert await commit_offset("t-eos", pid, epoch, 10) == 0
+    assert await committed() == (0, -1)
+    assert (await committed(require_stable=True))[0] == E.UnstableOffsetCommitError.code
+    assert await broker.end("t-eos", pid, epoch, commit=False) == 0
+    assert await committed(require_stable=True) == (0, -1)
+    assert await broker.add("t-eos", pid, epoch, 0) == {0: 0}
+    assert await commit_offset("t-eos", pid, epoch, 20) == 0
+    assert await broker.end("t-eos", pid, epoch, commit=True) == 0
+    assert await committed(require_stable=True) == (0, 20)
