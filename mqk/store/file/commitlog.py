@@ -138,8 +138,8 @@ class CommitLog:
             idx += 1
             pos = 0
 
-    def truncate(self, offset: int) -> None:
-        self.mfq.truncate(offset)
+    def truncate(self, offset: int, zero_tail: bool = True) -> None:
+        self.mfq.truncate(offset, zero_tail)
 
     def claimed_size(self, offset: int) -> int:
         """The size field of the (possibly damaged) entry at `offset`, if it is plausible; else 8."""

@@ -108,7 +108,9 @@ class Recovery:
                 log.warning("CommitLog: torn tail at %d (%s); cutting it", end, err)
             else:
                 log.error("CommitLog damaged: %s; serving everything before %d and cutting the log there", err, end)
-        clog.truncate(end)
+        # after a clean stop the log ends where its writer stopped and nothing lies past it: only an abnormal stop
+        # or a damaged log has a tail to zero (a torn write must not be read back later)
+        clog.truncate(end, zero_tail=abnormal or clog.scan_error is not None)
         # data read back after a crash may sit only in the page cache: make it durable before building on it
         last = clog.mfq.last
         if last is not None:
