@@ -806,6 +806,88 @@ async def producers_describe(args: argparse.Namespace) -> None:
     )
 
 
+# --- transactions ---------------------------------------------------------------------------------------
+
+
+async def transactions_list(args: argparse.Namespace) -> None:
+    """ListTransactions (every transactional id the coordinator knows, or those in `--state`)."""
+    async with await Brokers.open(args) as brokers:
+        resp = await brokers.call(
+            ApiKey.LIST_TRANSACTIONS,
+            1,
+            {"state_filters": args.state or [], "producer_id_filters": [], "duration_filter": -1},
+        )
+    _check(resp["error_code"], "list transactions")
+    if resp["unknown_state_filters"]:
+        raise CommandError(f"unknown transaction states: {', '.join(resp['unknown_state_filters'])}")
+    rows = sorted(resp["transaction_states"], key=lambda r: r["transactional_id"])
+    if args.json:
+        _print_json(rows)
+        return
+    _print_table(
+        ["TRANSACTIONAL-ID", "PRODUCER-ID", "STATE"],
+        [[r["transactional_id"], r["producer_id"], r["transaction_state"]] for r in rows],
+    )
+
+
+def _utc(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
+
+
+async def _describe_transaction(brokers: Brokers, transactional_id: str) -> dict[str, Any]:
+    resp = await brokers.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]})
+    state: dict[str, Any] = resp["transaction_states"][0]
+    _check(state["error_code"], f"describe transaction {transactional_id!r}")
+    return state
+
+
+async def transactions_describe(args: argparse.Namespace) -> None:
+    """DescribeTransactions: state, producer id and epoch, timeout, start time and partitions of one id."""
+    async with await Brokers.open(args) as brokers:
+        state = await _describe_transaction(brokers, args.transactional_id)
+    if args.json:
+        _print_json(state)
+        return
+    started = state["transaction_start_time_ms"]
+    _print_table(
+        ["TRANSACTIONAL-ID", "PRODUCER-ID", "EPOCH", "STATE", "TIMEOUT-MS", "STARTED", "PARTITIONS"],
+        [
+            [
+                state["transactional_id"],
+                state["producer_id"],
+                state["producer_epoch"],
+                state["transaction_state"],
+                state["transaction_timeout_ms"],
+                _utc(started) if started >= 0 else "-",
+                ",".join(f"{t['topic']}-{p}" for t in state["topics"] for p in t["partitions"]) or "-",
+            ]
+        ],
+    )
+
+
+async def transactions_abort(args: argparse.Namespace) -> None:
+    """Abort the transaction under way of a transactional id and fence its producer, as Kafka's
+    `kafka-transactions.sh force-terminate` does: an InitProducerId for the id, which bumps its epoch (its producer's
+    next request is refused as fenced) and aborts what it left open."""
+    async with await Brokers.open(args) as brokers:
+        state = await _describe_transaction(brokers, args.transactional_id)
+        resp = await brokers.call(
+            ApiKey.INIT_PRODUCER_ID,
+            4,
+            {
+                "transactional_id": args.transactional_id,
+                "transaction_timeout_ms": state["transaction_timeout_ms"],
+                "producer_id": -1,
+                "producer_epoch": -1,
+            },
+        )
+    _check(resp["error_code"], f"abort transaction {args.transactional_id!r}")
+    was = state["transaction_state"]
+    done = "aborted the transaction under way" if was == "Ongoing" else f"nothing under way ({was})"
+    fenced = f"producer {resp['producer_id']} fenced (epoch now {resp['producer_epoch']})"
+    print(f"{args.transactional_id}: {done}; {fenced}")
+
+
 # --- users (SCRAM credentials) ------------------------------------------------------------------------
 
 
@@ -1609,6 +1691,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", type=int, action="append", help="a partition (repeatable; default: all)")
     p.set_defaults(run=producers_describe)
 
+    transactions = sub.add_parser("transactions", help="list, describe, abort Kafka transactions")
+    txsub = transactions.add_subparsers(dest="action", required=True)
+    p = with_json(with_bootstrap(txsub.add_parser("list", help="the transactional ids, their producer and state")))
+    p.add_argument("--state", action="append", help="only ids in this state, e.g. Ongoing (repeatable)")
+    p.set_defaults(run=transactions_list)
+    p = with_json(with_bootstrap(txsub.add_parser("describe", help="one transactional id's transaction")))
+    p.add_argument("--transactional-id", required=True)
+    p.set_defaults(run=transactions_describe)
+    p = with_bootstrap(
+        txsub.add_parser("abort", help="abort a transactional id's open transaction and fence its producer")
+    )
+    p.add_argument("--transactional-id", required=True)
+    p.set_defaults(run=transactions_abort)
+
     users = sub.add_parser("users", help="list, add, delete SCRAM users")
     usub = users.add_subparsers(dest="action", required=True)
     with_bootstrap(usub.add_parser("list")).set_defaults(run=users_list)
@@ -1739,7 +1835,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tags", help="native: tag expression, e.g. 'a || b'")
     p.set_defaults(run=_by_protocol(consume_kafka, consume_native))
 
-    for p in (topics, groups, partitions, producers, users, quotas, acls):
+    for p in (topics, groups, partitions, producers, transactions, users, quotas, acls):
         p.set_defaults(func=run_command)
     p = sub.add_parser("query", help="print the messages whose key (RocketMQ KEYS, or an indexed Kafka key) matches")
     p.add_argument("--topic", required=True)

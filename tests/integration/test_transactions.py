@@ -7,6 +7,9 @@ compat/test_transactions_clients.py.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -367,3 +370,37 @@ async def test_transactional_offsets_are_committed_with_the_transaction_only(bro
     assert await commit_offset("t-eos", pid, epoch, 20) == 0
     assert await broker.end("t-eos", pid, epoch, commit=True) == 0
     assert await committed(require_stable=True) == (0, 20)
+
+
+async def _mqk(*args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mqk", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_the_cli_lists_describes_and_aborts_a_transaction(broker: Broker) -> None:
+    bootstrap = f"{broker.server.host}:{broker.server.port}"
+    pid, epoch = await _begin(broker, "t-cli", 0, 1)
+    assert (await broker.produce("t-cli", pid, epoch, 0, [b"stuck"]))[0] == 0
+    listed = json.loads(await _mqk("transactions", "list", "--json", "--bootstrap", bootstrap))
+    assert listed == [{"transactional_id": "t-cli", "producer_id": pid, "transaction_state": ONGOING}]
+    assert (
+        json.loads(await _mqk("transactions", "list", "--state", "CompleteCommit", "--json", "--bootstrap", bootstrap))
+        == []
+    )
+    described = json.loads(
+        await _mqk("transactions", "describe", "--transactional-id", "t-cli", "--json", "--bootstrap", bootstrap)
+    )
+    assert described["transaction_state"] == ONGOING and described["producer_epoch"] == epoch
+    assert described["topics"] == [{"topic": TOPIC, "partitions": [0, 1]}]
+    assert (await broker.fetch(0, committed=True))["last_stable_offset"] == 0
+
+    out = await _mqk("transactions", "abort", "--transactional-id", "t-cli", "--bootstrap", bootstrap)
+    assert "aborted the transaction under way" in out
+    assert broker.txns.txns["t-cli"].state == COMPLETE_ABORT
+    part = await broker.fetch(0, committed=True)
+    assert part["last_stable_offset"] == part["high_watermark"] == 2
+    assert await broker.end("t-cli", pid, epoch, commit=True) == E.ProducerFencedError.code
