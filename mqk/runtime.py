@@ -108,6 +108,7 @@ class BrokerRuntime:
             self.kafka = KafkaServer(cfg, self.store, broker=broker)
             self.kafka_address = await self.kafka.start()
             self._parts.append(self.kafka)
+            self.compaction.transactions = self.kafka.ctx.transactions
             self.kafka_listeners = {lst.name: lst.bound for lst in self.kafka.listeners if lst.name and lst.bound}
 
             self.native = NativeServer(cfg, self.store, broker=broker)

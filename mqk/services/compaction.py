@@ -30,6 +30,11 @@ One pass over a shard, as Kafka's cleaner does it:
    keeps it too, so a topic whose compression.type names a codec stays in it). A batch
    with nothing left is dropped, except the last batch of each producer id, which stays as an empty batch so the
    producer's sequence state (idempotence) survives, as in Kafka. Control batches are kept as they are.
+   Transactions (Kafka's cleaner rules, with `transactions` set: mqk.server.kafka.transactions): nothing at or past
+   the partition's last stable offset is cleanable (an undecided transaction's records stay as they are); a
+   batch of an aborted transaction neither enters the offset map (an aborted value never hides a committed one)
+   nor survives the filter (its records go; the producer's last batch stays empty, as above); COMMIT and ABORT
+   markers stay.
 6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
    batch old or new and cleaning is idempotent), then the checkpoint moves.
 
@@ -46,7 +51,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock
@@ -137,12 +142,47 @@ def _records(data: Any) -> tuple[tuple, list[tuple]]:
     return header, recbatch.decode_records(section, header[12])
 
 
-def map_batches(batches: list[StoredBatch], offset_map: OffsetMap) -> int:
-    """Record each key's latest offset; returns how many batches were mapped whole (the map may fill up)."""
+class TransactionView(Protocol):
+    """What the cleaner must know of a partition's transactions (mqk.server.kafka.transactions)."""
+
+    def last_stable(self, topic: str, partition: int, high_watermark: int) -> int: ...
+
+    def aborted_ranges(self, topic: str, partition: int) -> list[tuple[int, int, int]]:
+        """(marker offset, producer id, first offset) of each aborted transaction, in marker order."""
+        ...
+
+
+class AbortedBatches:
+    """Tells whether a transactional batch belongs to an aborted transaction: producer `pid`'s batch at `offset`
+    did if an aborted transaction of `pid` spans it (first offset <= offset < marker offset)."""
+
+    __slots__ = ("_by_pid",)
+
+    def __init__(self, ranges: list[tuple[int, int, int]]) -> None:
+        self._by_pid: dict[int, list[tuple[int, int]]] = {}
+        for marker, pid, first in ranges:
+            self._by_pid.setdefault(pid, []).append((first, marker))
+
+    def __contains__(self, batch: tuple[int, int]) -> bool:
+        pid, offset = batch
+        spans = self._by_pid.get(pid)
+        return spans is not None and any(first <= offset < marker for first, marker in spans)
+
+
+_NO_ABORTS = AbortedBatches([])
+
+
+def _aborted(header: tuple, aborted: AbortedBatches) -> bool:
+    return bool(header[5] & _ATTR_TRANSACTIONAL) and (header[9], header[0]) in aborted
+
+
+def map_batches(batches: list[StoredBatch], offset_map: OffsetMap, aborted: AbortedBatches = _NO_ABORTS) -> int:
+    """Record each key's latest offset; returns how many batches were mapped whole (the map may fill up). Control
+    batches and those of `aborted` transactions are passed over."""
     done = 0
     for batch in batches:
         header, records = _records(batch.data)
-        if header[5] & _ATTR_CONTROL:
+        if header[5] & _ATTR_CONTROL or _aborted(header, aborted):
             done += 1
             continue
         keyed = [(key_digest(r[3]), header[0] + r[2]) for r in records if r[3] is not None]
@@ -160,8 +200,10 @@ def filter_batches(
     tombstone_horizon: int,
     last_of_producer: dict[int, int],
     stats: CleanStats,
+    aborted: AbortedBatches = _NO_ABORTS,
 ) -> list[Any]:
-    """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out."""
+    """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out. The
+    records of `aborted` transactions' batches all go."""
     out: list[Any] = []
     for batch in batches:
         data = batch.data
@@ -187,7 +229,7 @@ def filter_batches(
             out.append(data)
             continue
         kept = []
-        for record in records:
+        for record in records if not _aborted(header, aborted) else ():
             key, value = record[3], record[4]
             offset = base + record[2]
             if key is None:
@@ -286,6 +328,8 @@ class CompactionService:
         self._debt = 0.0
         self.passes = 0
         self.last_report: CompactionReport | None = None
+        #: the Kafka transactions of the broker's partitions (None: no transaction ever writes here)
+        self.transactions: TransactionView | None = None
 
     async def start(self) -> CompactionService:
         self._loop_task.start(self._loop)
@@ -394,6 +438,14 @@ class CompactionService:
             if infos[i].max_timestamp > lag_deadline:
                 head = i
                 break
+        aborted = _NO_ABORTS
+        if self.transactions is not None:
+            # an undecided transaction's records, and all after them, wait for its decision (Kafka's rule)
+            stable = self.transactions.last_stable(topic, queue, infos[-1].next_offset)
+            head = min(head, next((i for i, info in enumerate(infos) if info.next_offset > stable), head))
+            ranges = self.transactions.aborted_ranges(topic, queue)
+            if ranges:
+                aborted = AbortedBatches(ranges)
         cleanable = infos[:head]
         if not cleanable:
             return "only the active head"
@@ -423,7 +475,7 @@ class CompactionService:
                 break
             for batch in batches:
                 t = time.perf_counter()
-                if map_batches([batch], offset_map) == 0:
+                if map_batches([batch], offset_map, aborted) == 0:
                     full = True
                     break
                 upto = batch.next_offset
@@ -447,7 +499,7 @@ class CompactionService:
             limit = 1 << 62 if engine.rewrite_copies_prefix else CHUNK_BYTES
             for batch in chunk:
                 t = time.perf_counter()
-                rewritten.extend(filter_batches([batch], offset_map, horizon, last_of_producer, stats))
+                rewritten.extend(filter_batches([batch], offset_map, horizon, last_of_producer, stats, aborted))
                 taken += 1
                 size += len(batch.data)
                 await self._pace(time.perf_counter() - t)

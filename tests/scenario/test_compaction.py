@@ -240,3 +240,52 @@ async def test_file_compaction_lets_reclaim_free_the_commitlog(tmp_path: Path) -
         assert result.base_offset == 800
     finally:
         await m.close()
+
+
+class _Transactions:
+    """The transaction view the cleaner asks (mqk.services.compaction.TransactionView), set by the test."""
+
+    def __init__(self) -> None:
+        self.stable: int | None = None
+        self.aborted: list[tuple[int, int, int]] = []
+
+    def last_stable(self, topic: str, partition: int, high_watermark: int) -> int:
+        return high_watermark if self.stable is None else self.stable
+
+    def aborted_ranges(self, topic: str, partition: int) -> list[tuple[int, int, int]]:
+        return list(self.aborted)
+
+
+def _txn_batch(records: list[tuple[bytes, bytes]], ts: int, pid: int, seq: int) -> bytearray:
+    body = b"".join(rb.encode_record(i, 0, k, v, []) for i, (k, v) in enumerate(records))
+    return rb.build_batch(0, ts, ts, body, len(records), len(records) - 1, 0x10, pid, 0, seq)
+
+
+async def test_aborted_transactions_never_hide_committed_values_and_undecided_ones_wait(manager: StoreManager) -> None:
+    from mqk.server.kafka.transactions import control_batch
+
+    m = manager
+    await m.create_topic("tx", 1, TopicConfig(COMPACT))
+    ts = _now() - HOUR
+    await m.append("tx", 0, [_batch([(b"a", b"a-committed"), (b"b", b"b0")], ts)])  # 0, 1
+    await m.append("tx", 0, [_txn_batch([(b"a", b"a-aborted")], ts, pid=7, seq=0)])  # 2
+    marker = (await m.append("tx", 0, [control_batch(7, 0, commit=False, timestamp=ts)])).base_offset  # 3
+    await m.append("tx", 0, [_batch([(b"b", b"b1")], ts)])  # 4: b0 goes
+    await m.append("tx", 0, [_txn_batch([(b"b", b"b-undecided")], ts, pid=8, seq=0)])  # 5: open
+    await m.append("tx", 0, [_batch([(b"c", b"c0")], ts)])  # 6
+    await m.append("tx", 0, [_batch([(b"z", b"head")], ts)])  # 7: the active head
+    service = _service(m)
+    txns = service.transactions = _Transactions()
+    txns.aborted = [(marker, 7, 2)]
+    txns.stable = 5
+    await service.run_once()
+    got = [(o, v) for o, _k, v in await _records(m, "tx")]
+    # a's committed value stays (the aborted one is neither mapped nor kept), b0 went, the ABORT marker stays
+    # (its control record), and nothing from the undecided transaction on was touched
+    assert (0, b"a-committed") in got
+    assert all(v != b"a-aborted" for _o, v in got)
+    assert (1, b"b0") not in got
+    assert any(o == marker for o, _v in got)
+    # b's undecided value (past the LSO) is not mapped, so the committed b1 before it stays
+    assert (4, b"b1") in got
+    assert [o for o, _v in got if o >= 5] == [5, 6, 7]

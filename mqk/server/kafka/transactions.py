@@ -492,6 +492,12 @@ class TransactionCoordinator:
         state = self.partitions.get((topic, partition))
         return high_watermark if state is None else state.last_stable(high_watermark)
 
+    def aborted_ranges(self, topic: str, partition: int) -> list[tuple[int, int, int]]:
+        """(marker offset, producer id, first offset) of the partition's aborted transactions (the cleaner's
+        question: mqk.services.compaction)."""
+        state = self.partitions.get((topic, partition))
+        return [] if state is None else list(state.aborted)
+
     def pending_offsets(self, group_id: str) -> set[Partition]:
         """The partitions of `group_id` whose offsets a transaction under way will commit (OffsetFetch's
         require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
