@@ -236,7 +236,8 @@ def plan_plain_appends(list partitions not None, Py_ssize_t start, Py_ssize_t qu
             try:
                 while plain and pos < n_bytes:
                     size = _check_batch(b, n_bytes, pos, True, True, wanted, &rules, &named)
-                    if named < 0 or size > max_batch_bytes:  # compressed, or too large
+                    # compressed, too large, or a control batch (which no client may write: the caller refuses it)
+                    if named < 0 or size > max_batch_bytes or ld_i16(b + pos + 21) & 0x20:
                         plain = False
                     any_named |= named
                     if first_size < 0:

@@ -56,6 +56,10 @@ _INT16_MIN, _INT16_MAX = -(1 << 15), (1 << 15) - 1
 _SSIZE_MIN, _SSIZE_MAX = _INT64_MIN, _INT64_MAX
 
 
+#: a control batch's attribute bit (transaction markers: written by the broker only)
+_ATTR_CONTROL = 0x20
+
+
 def _int(value: SupportsIndex, lo: int, hi: int) -> int:
     """Coerce like a typed Cython argument: TypeError for non-integers, OverflowError outside [lo, hi]."""
     n = operator.index(value)
@@ -306,8 +310,10 @@ def plan_plain_appends(
         except (Corrupt, InvalidRecord):  # (InvalidTimestamp too) the caller's own check says what is wrong
             break
         first = batches[0]
-        if (first[6] >= 0 and first[8] >= 0) or any(b[10] is None or b[1] > max_batch_bytes for b in batches):
-            break
+        if (first[6] >= 0 and first[8] >= 0) or any(
+            b[10] is None or b[1] > max_batch_bytes or b[5] & _ATTR_CONTROL for b in batches
+        ):
+            break  # compressed, too large, or a control batch (which no client may write: the caller refuses it)
         views = [records] if first[1] == n else [records[b[0] : b[0] + b[1]] for b in batches]
         entries.append((index, views))
         delays.append(any(b[10] for b in batches))

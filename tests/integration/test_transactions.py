@@ -404,3 +404,26 @@ async def test_the_cli_lists_describes_and_aborts_a_transaction(broker: Broker) 
     part = await broker.fetch(0, committed=True)
     assert part["last_stable_offset"] == part["high_watermark"] == 2
     assert await broker.end("t-cli", pid, epoch, commit=True) == E.ProducerFencedError.code
+
+
+async def test_no_client_may_write_a_control_batch(broker: Broker) -> None:
+    from mqk.server.kafka.transactions import control_batch
+
+    pid, epoch = await _begin(broker, "t-forger", 0)
+    for forged in (
+        control_batch(-1, -1, commit=True, timestamp=0),
+        control_batch(pid, epoch, commit=False, timestamp=0),
+    ):
+        answer = await broker.call(
+            ApiKey.PRODUCE,
+            9,
+            {
+                "transactional_id": None,
+                "acks": -1,
+                "timeout_ms": 5000,
+                "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": bytes(forged)}]}],
+            },
+        )
+        part = answer["responses"][0]["partition_responses"][0]
+        assert part["error_code"] == E.InvalidRecordError.code, part
+    assert broker.store.end_offset(TOPIC, 0) == 0

@@ -22,9 +22,11 @@ NAMES = (b"DELAY", b"__STARTDELIVERTIME")
 QUEUES = 4
 
 
-def batch(records=((b"k", b"v", []),), ts=1_700_000_000_000, producer_id=-1, base_sequence=-1, compress=False):
+def batch(
+    records=((b"k", b"v", []),), ts=1_700_000_000_000, producer_id=-1, base_sequence=-1, compress=False, control=False
+):
     encoded = b"".join(RB.encode_record(i, i, k, v, h) for i, (k, v, h) in enumerate(records))
-    attributes = 0
+    attributes = 0x20 if control else 0  # (a control batch: only the broker writes those)
     if compress:
         encoded, attributes = gzip.compress(encoded), 1
     return bytes(
@@ -62,6 +64,8 @@ KINDS = {
     "old timestamp": lambda: (1, memoryview(batch(ts=1_000))),
     "idempotent": lambda: (1, memoryview(batch(producer_id=9, base_sequence=0))),
     "plain, idempotent second batch": lambda: (1, memoryview(batch() + batch(producer_id=9, base_sequence=0))),
+    "control batch": lambda: (1, memoryview(batch(control=True))),
+    "control batch second": lambda: (1, memoryview(batch() + batch(control=True))),
     "compressed": lambda: (1, memoryview(batch(compress=True))),
     "compressed second batch": lambda: (1, memoryview(batch() + batch(compress=True))),
     "bad crc": lambda: (1, memoryview(flipped(batch(), 65))),

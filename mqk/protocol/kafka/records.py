@@ -291,6 +291,8 @@ def validate_produce_records(
     ) in recbatch.scan_batches(view, verify_crc, True, header_names, require_keys, timestamps):
         if size > max_batch_bytes:
             raise MessageTooLarge(f"record batch of {size} bytes exceeds the limit of {max_batch_bytes}")
+        if attributes & _ATTR_CONTROL:
+            raise InvalidRecord("clients may not write control batches (transaction markers are the broker's)")
         codec = attributes & COMPRESSION_MASK
         if codec != NONE:
             inner = decompress(codec, view[pos + _RECORDS_POS : pos + size], max_decompressed_bytes)
