@@ -111,9 +111,9 @@ def test_unknown_api_key_is_typed():
     with pytest.raises(UnknownApiKey) as e:
         feed(raw).next_request()
     assert e.value.api_key == 9999 and e.value.correlation_id == 5
-    # known to the specs but not offered by this broker (EndTxn)
+    # known to the specs but not offered by this broker (WriteTxnMarkers: broker to broker)
     with pytest.raises(UnknownApiKey):
-        feed(frame(26, 3, {"transactional_id": "t"})).next_request()
+        feed(frame(27, 1, {"markers": []})).next_request()
 
 
 # --- framing -------------------------------------------------------------------------------------------
