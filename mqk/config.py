@@ -409,6 +409,8 @@ class BrokerConfig:
     #: Kafka `transaction.abort.timed.out.transaction.cleanup.interval.ms`: how often transactions open past their
     #: timeout are looked for (and aborted)
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    #: Kafka `transactional.id.expiration.ms`: a transactional id idle this long (nothing under way) is forgotten
+    transactional_id_expiration_ms: int = 604_800_000
     #: Kafka `replica.lag.time.max.ms`: an in-sync replica not caught up for this long leaves the in-sync set
     replica_lag_time_max_ms: int = 30_000
     #: RocketMQ's brokerRole for a replicated group's master: SYNC_MASTER answers a send once the in-sync replicas
@@ -491,10 +493,17 @@ class BrokerConfig:
             raise ValueError(f"super_users are principals TYPE:NAME (User:admin), not {bad_users}")
         if self.offsets_retention_minutes < 1 or self.offsets_retention_check_interval_ms < 1:
             raise ValueError("offsets_retention_minutes and offsets_retention_check_interval_ms must be positive")
-        if self.transaction_max_timeout_ms < 1 or self.transaction_abort_timed_out_transaction_cleanup_interval_ms < 1:
+        if (
+            min(
+                self.transaction_max_timeout_ms,
+                self.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+                self.transactional_id_expiration_ms,
+            )
+            < 1
+        ):
             raise ValueError(
-                "transaction_max_timeout_ms and transaction_abort_timed_out_transaction_cleanup_interval_ms"
-                " must be positive"
+                "transaction_max_timeout_ms, transaction_abort_timed_out_transaction_cleanup_interval_ms and"
+                " transactional_id_expiration_ms must be positive"
             )
 
     @property

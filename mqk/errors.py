@@ -218,6 +218,7 @@ DuplicateResourceError = _kafka("DuplicateResourceError", 92)
 UnacceptableCredentialError = _kafka("UnacceptableCredentialError", 93)
 UnknownTopicIdError = _kafka("UnknownTopicIdError", 100, True)
 TransactionalIdNotFoundError = _kafka("TransactionalIdNotFoundError", 105)
+TransactionAbortableError = _kafka("TransactionAbortableError", 120)
 
 
 def kafka_code_for(exc: BaseException) -> int:

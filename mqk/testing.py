@@ -216,6 +216,8 @@ async def reset_state(runtime: BrokerRuntime) -> Reset:
     for name in topics:
         await broker.topics.delete(name)
         kafka.producers.forget_topic(name)
+        if kafka.ctx.transactions is not None:
+            kafka.ctx.transactions.forget_topic(name)
         await coordinator.forget_topic(name)
     return Reset(tuple(topics), tuple(groups))
 

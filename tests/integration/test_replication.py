@@ -33,6 +33,7 @@ from helpers import (
     LAG_MS,
     SETTLE_S,
     AckedProducer,
+    Proxy,
     assert_every_ack_read_once,
     commitlog_bytes,
     create_topic,
@@ -281,79 +282,6 @@ def test_writes_go_on_while_min_insync_replicas_hold_and_replicas_catch_up_after
 
 
 # --- a slow and a cut replication link ----------------------------------------------------------------------------
-
-
-class Proxy:
-    """A TCP proxy in front of one listener, in a thread of its own: `delay` holds every chunk that long before
-    passing it on; `cut()` drops every connection and refuses new ones until `heal()`."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = free_port()
-        self.delay = 0.0
-        self.refusing = False
-        self._loop = asyncio.new_event_loop()
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._server: asyncio.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.refusing:
-            writer.close()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        self._writers.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(1 << 16):
-                if self.delay:
-                    await asyncio.sleep(self.delay)  # the injected fault: a slow link
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.close()
-            self._writers.discard(writer)
-
-    def cut(self) -> None:
-        self.refusing = True
-
-        def close_all() -> None:
-            for w in list(self._writers):
-                w.transport.abort()
-
-        self._loop.call_soon_threadsafe(close_all)
-
-    def heal(self) -> None:
-        self.refusing = False
-
-    async def _shutdown(self) -> None:
-        """Stop listening, drop every link and end every task of the proxy's loop, so nothing is left pending."""
-        if self._server is not None:
-            self._server.close()
-        for w in list(self._writers):
-            w.transport.abort()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def close(self) -> None:
-        self.refusing = True
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 def test_a_slow_then_cut_replication_link_takes_the_replicas_out_of_sync_and_back(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import fetch_body, values_of
+from helpers import Proxy, fetch_body, values_of
 
 from mqk import errors as E
 from mqk.clock import FakeClock
@@ -22,7 +22,13 @@ from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 from mqk.server.kafka.server import KafkaServer
-from mqk.server.kafka.transactions import COMPLETE_ABORT, COMPLETE_COMMIT, ONGOING, TransactionCoordinator
+from mqk.server.kafka.transactions import (
+    COMPLETE_ABORT,
+    COMPLETE_COMMIT,
+    ONGOING,
+    PREPARE_COMMIT,
+    TransactionCoordinator,
+)
 from mqk.store.manager import StoreManager
 
 TOPIC = "txn-topic"
@@ -427,3 +433,185 @@ async def test_no_client_may_write_a_control_batch(broker: Broker) -> None:
         part = answer["responses"][0]["partition_responses"][0]
         assert part["error_code"] == E.InvalidRecordError.code, part
     assert broker.store.end_offset(TOPIC, 0) == 0
+
+
+async def test_an_end_whose_markers_fail_is_finished_by_the_retry(broker: Broker) -> None:
+    pid, epoch = await _begin(broker, "t-full", 0, 1)
+    assert (await broker.produce("t-full", pid, epoch, 0, [b"r"]))[0] == 0
+    append = broker.store.append
+
+    async def full_on_partition_1(topic: str, partition: int, *args: Any, **kw: Any) -> Any:
+        if topic == TOPIC and partition == 1:
+            raise E.StorageFull("no space left on the device")
+        return await append(topic, partition, *args, **kw)
+
+    broker.store.append = full_on_partition_1  # type: ignore[method-assign]  # a full disk for one partition
+    assert await broker.end("t-full", pid, epoch, commit=True) == E.CoordinatorNotAvailableError.code
+    assert broker.txns.txns["t-full"].state == PREPARE_COMMIT
+    assert (await broker.fetch(0, committed=True))["last_stable_offset"] == 2  # its marker is written
+    broker.store.append = append  # type: ignore[method-assign]  # room again
+    assert await broker.end("t-full", pid, epoch, commit=True) == 0  # the client's retry finishes it
+    assert broker.txns.txns["t-full"].state == COMPLETE_COMMIT
+    assert broker.store.end_offset(TOPIC, 1) >= 1  # partition 1 got its marker
+
+
+async def test_an_idle_transactional_id_is_forgotten_after_its_expiration(tmp_path: Path) -> None:
+    clock = FakeClock()
+    b = await Broker(
+        tmp_path / "data",
+        clock,
+        transaction_abort_timed_out_transaction_cleanup_interval_ms=1000,
+        transactional_id_expiration_ms=60_000,
+    ).start()
+    try:
+        await b.store.create_topic(TOPIC, 2)
+        pid, epoch = await _begin(b, "t-idle", 0)
+        assert await b.end("t-idle", pid, epoch, commit=False) == 0
+        busy_pid, busy_epoch = await _begin(b, "t-busy", 0)
+        await clock.advance(30)
+        assert await b.end("t-busy", busy_pid, busy_epoch, commit=True) == 0  # (busy again: its idle time restarts)
+        await clock.advance(31)
+        assert "t-idle" not in b.txns.txns and pid not in b.txns.by_pid
+        assert "t-busy" in b.txns.txns
+    finally:
+        await b.stop()
+    b = await Broker(tmp_path / "data").start()
+    try:
+        assert "t-idle" not in b.txns.txns and "t-busy" in b.txns.txns  # (the tombstone is in the state log)
+    finally:
+        await b.stop()
+
+
+# --- transaction version 2 (KIP-890 part 2) ------------------------------------------------------------------------
+
+
+async def _produce_v12(
+    client: RawKafkaClient, txn_id: str, pid: int, epoch: int, seq: int, values: list[bytes], partition: int = 0
+) -> tuple[int, int]:
+    batch = make_batch(values, producer_id=pid, producer_epoch=epoch, base_sequence=seq, transactional=True)
+    answer = await client.call(
+        ApiKey.PRODUCE,
+        12,
+        {
+            "transactional_id": txn_id,
+            "acks": -1,
+            "timeout_ms": 5000,
+            "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": bytes(batch)}]}],
+        },
+    )
+    part = answer["responses"][0]["partition_responses"][0]
+    return part["error_code"], part["base_offset"]
+
+
+def _end_v5_body(txn_id: str, pid: int, epoch: int, commit: bool) -> dict[str, Any]:
+    return {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch, "committed": commit}
+
+
+async def test_api_versions_finalizes_transaction_version_2(broker: Broker) -> None:
+    answer = await broker.call(ApiKey.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
+    assert {"name": "transaction.version", "max_version_level": 2, "min_version_level": 2} in answer[
+        "finalized_features"
+    ]
+    versions = {k["api_key"]: k["max_version"] for k in answer["api_keys"]}
+    assert versions[ApiKey.END_TXN] == 5 and versions[ApiKey.TXN_OFFSET_COMMIT] == 5
+
+
+async def test_transaction_version_2_adds_implicitly_and_bumps_the_epoch_at_every_end(broker: Broker) -> None:
+    init = await broker.init("t-v2")
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+    # no AddPartitionsToTxn: the Produce v12 batch adds its partition
+    assert (await _produce_v12(broker.client, "t-v2", pid, epoch, 0, [b"one"]))[0] == 0
+    assert (await broker.fetch(0, committed=True))["last_stable_offset"] == 0
+    # no AddOffsetsToTxn either: TxnOffsetCommit v5 adds its group
+    answer = await broker.call(
+        ApiKey.TXN_OFFSET_COMMIT,
+        5,
+        {
+            "transactional_id": "t-v2",
+            "group_id": "g-v2",
+            "producer_id": pid,
+            "producer_epoch": epoch,
+            "generation_id": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": TOPIC,
+                    "partitions": [
+                        {
+                            "partition_index": 1,
+                            "committed_offset": 7,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "",
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    assert answer["topics"][0]["partitions"][0]["error_code"] == 0
+    ended = await broker.call(ApiKey.END_TXN, 5, _end_v5_body("t-v2", pid, epoch, commit=True))
+    assert ended["error_code"] == 0 and ended["producer_id"] == pid and ended["producer_epoch"] == epoch + 1
+    part = await broker.fetch(0, committed=True)
+    assert part["last_stable_offset"] == part["high_watermark"] == 2
+    assert broker.server.groups.fetch_offsets("g-v2")[(TOPIC, 1)].offset == 7
+    # the same EndTxn again (its answer lost) is answered as the first; the other decision is fenced
+    again = await broker.call(ApiKey.END_TXN, 5, _end_v5_body("t-v2", pid, epoch, commit=True))
+    assert (again["error_code"], again["producer_epoch"]) == (0, epoch + 1)
+    other = await broker.call(ApiKey.END_TXN, 5, _end_v5_body("t-v2", pid, epoch, commit=False))
+    assert other["error_code"] == E.ProducerFencedError.code
+    # the next transaction goes on at the new epoch, from sequence 0
+    assert (await _produce_v12(broker.client, "t-v2", pid, epoch + 1, 0, [b"two"]))[0] == 0
+    assert (await broker.call(ApiKey.END_TXN, 5, _end_v5_body("t-v2", pid, epoch + 1, commit=False)))[
+        "producer_epoch"
+    ] == epoch + 2
+
+
+async def test_a_late_end_txn_cannot_end_the_next_transaction(broker: Broker) -> None:
+    """KIP-890's scenario: the EndTxn of transaction N is held up on one connection (an in-test TCP proxy), the
+    producer retries it on another and goes on with transaction N+1; when the held EndTxn (and a held produce of
+    N) finally arrive, N+1 is untouched: still open, its records still invisible to read_committed."""
+    proxy = Proxy((broker.server.host, broker.server.port))
+    slow = await RawKafkaClient.connect("127.0.0.1", proxy.port)
+    try:
+        init = await broker.init("t-late")
+        pid, epoch = init["producer_id"], init["producer_epoch"]
+        assert (await _produce_v12(broker.client, "t-late", pid, epoch, 0, [b"n"]))[0] == 0
+        proxy.hold()
+        held_end = slow.send(ApiKey.END_TXN, 5, _end_v5_body("t-late", pid, epoch, commit=True))
+        batch = make_batch([b"late"], producer_id=pid, producer_epoch=epoch, base_sequence=1, transactional=True)
+        held_produce = slow.send(
+            ApiKey.PRODUCE,
+            12,
+            {
+                "transactional_id": "t-late",
+                "acks": -1,
+                "timeout_ms": 5000,
+                "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": bytes(batch)}]}],
+            },
+        )
+        await slow.writer.drain()
+        # the producer gives up waiting and retries on its other connection: N commits, N+1 begins
+        ended = await broker.call(ApiKey.END_TXN, 5, _end_v5_body("t-late", pid, epoch, commit=True))
+        assert ended["error_code"] == 0
+        next_epoch = ended["producer_epoch"]
+        code, open_offset = await _produce_v12(broker.client, "t-late", pid, next_epoch, 0, [b"n+1"])
+        assert code == 0
+        proxy.release()
+        late_end_cid, late_end = await slow.receive()
+        late_produce_cid, late_produce = await slow.receive()
+        assert (late_end_cid, late_produce_cid) == (held_end, held_produce)
+        # the held EndTxn names N's epoch, behind N+1's: it is fenced, and N+1 is not ended by it (under
+        # transaction version 1 the epoch would not have moved, and it would have committed N+1)
+        assert late_end["error_code"] == E.ProducerFencedError.code
+        assert broker.txns.txns["t-late"].state == ONGOING
+        assert broker.txns.txns["t-late"].producer_epoch == next_epoch
+        part = await broker.fetch(0, committed=True)
+        assert part["last_stable_offset"] == open_offset  # N+1's record is still undecided
+        # and the held produce of N is refused: its epoch is behind
+        produce_code = late_produce["responses"][0]["partition_responses"][0]["error_code"]
+        assert produce_code == E.InvalidProducerEpochError.code
+        assert b"late" not in values_of((await broker.fetch(0, committed=False))["records"])
+    finally:
+        await slow.close()
+        proxy.close()

@@ -114,15 +114,14 @@ _KAFKA_41_MAX = {
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: 0,
     ApiKey.LIST_PARTITION_REASSIGNMENTS: 0,
     ApiKey.DESCRIBE_PRODUCERS: 0,
-    # AddPartitionsToTxn v5 and EndTxn v5 are transaction version 2 (KIP-890 part 2): a broker that does not
-    # finalize the transaction.version feature at 2 keeps clients on the versions below, as Kafka 4.1 does when
-    # the feature is off
-    ApiKey.ADD_PARTITIONS_TO_TXN: 4,
+    # EndTxn v5, TxnOffsetCommit v5 and AddPartitionsToTxn v5 are transaction version 2 (KIP-890 part 2), which
+    # clients use only when ApiVersions finalizes the transaction.version feature at 2 (TRANSACTION_FEATURES)
+    ApiKey.ADD_PARTITIONS_TO_TXN: 5,
     ApiKey.ADD_OFFSETS_TO_TXN: 4,
-    ApiKey.END_TXN: 4,
-    ApiKey.TXN_OFFSET_COMMIT: 4,
+    ApiKey.END_TXN: 5,
+    ApiKey.TXN_OFFSET_COMMIT: 5,
     ApiKey.DESCRIBE_TRANSACTIONS: 0,
-    ApiKey.LIST_TRANSACTIONS: 1,
+    ApiKey.LIST_TRANSACTIONS: 2,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

@@ -126,6 +126,7 @@ class KafkaServer:
                 clock=self.broker.clock,
                 max_timeout_ms=config.transaction_max_timeout_ms,
                 check_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+                id_expiration_ms=config.transactional_id_expiration_ms,
             ),
         )
         self._servers: list[asyncio.AbstractServer] = []

@@ -26,8 +26,21 @@ What this module owns:
   Fetch finds the ones a read overlaps by bisection. Last stable offset = the smallest first offset under way, else
   the high watermark. After a restart, a transaction under way counts from where each partition ended when it was
   added (its "floor"): never after its first batch, so the LSO is at most lower than Kafka's, never higher.
+- **transaction version 2** (KIP-890 part 2; ApiVersions finalizes the `transaction.version` feature at 2, and
+  clients that speak it use EndTxn v5, Produce v12 and TxnOffsetCommit v5): every EndTxn bumps the epoch before
+  its markers are written and answers the new one, so a late EndTxn or produce of an earlier transaction (its
+  epoch now behind) can touch no later one; a retried EndTxn (the epoch just before, the same decision) is
+  answered as the first; a produce names no AddPartitionsToTxn first (the partition is added as its first batch
+  arrives), nor a TxnOffsetCommit its AddOffsetsToTxn. Clients of version 1 (every librdkafka, kafka-python,
+  aiokafka, kafkajs) keep their request versions and their rules: an epoch per producer session, partitions added
+  explicitly (a Produce v11 batch for a partition not added: TRANSACTION_ABORTABLE, older ones
+  INVALID_TXN_STATE).
 - **timeouts**: a sweep every `transaction_abort_timed_out_transaction_cleanup_interval_ms` aborts each
-  transaction under way past its `transaction.timeout.ms`, bumping the epoch (the producer is fenced, as in Kafka).
+  transaction under way past its `transaction.timeout.ms`, bumping the epoch (the producer is fenced, as in Kafka),
+  finishes a transaction whose markers could not all be written when it ended (a full disk: EndTxn answered
+  COORDINATOR_NOT_AVAILABLE, and the producer's retry finishes it too), and forgets (with a tombstone) a
+  transactional id idle for `transactional_id_expiration_ms` (Kafka's `transactional.id.expiration.ms`, 7 days),
+  so ids that come and go do not grow the state without bound.
 
 Cluster mode does not offer transactions yet (the markers of a transaction spanning broker groups need the
 inter-broker WriteTxnMarkers): the handlers refuse them there as before.
@@ -209,6 +222,7 @@ class TransactionCoordinator:
         clock: Clock = SYSTEM_CLOCK,
         max_timeout_ms: int = 900_000,
         check_interval_ms: int = 10_000,
+        id_expiration_ms: int = 604_800_000,
     ) -> None:
         self.store = store
         self.producer_ids = producer_ids
@@ -216,6 +230,7 @@ class TransactionCoordinator:
         self.clock = clock
         self.max_timeout_ms = max_timeout_ms
         self.check_interval_ms = check_interval_ms
+        self.id_expiration_ms = id_expiration_ms
         self.txns: dict[str, Txn] = {}
         #: producer id -> its transactional id's state (the ids of the transactions that may write now)
         self.by_pid: dict[int, Txn] = {}
@@ -234,7 +249,7 @@ class TransactionCoordinator:
             for txn in list(self.txns.values()):
                 if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
                     async with txn.lock:
-                        await self._complete(txn, txn.state == PREPARE_COMMIT)
+                        await self._finish(txn)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="mqk-txn-timeouts")
 
     async def stop(self) -> None:
@@ -273,9 +288,14 @@ class TransactionCoordinator:
         for key, entry in aborted.items():
             if entry is None:
                 continue
-            topic, partition, marker = json.loads(key[1:])
-            pid, first = entry
-            bisect.insort(self._partition(topic, partition).aborted, (int(marker), int(pid), int(first)))
+            try:
+                topic, partition, marker = json.loads(key[1:])
+                pid, first = entry
+                record = (int(marker), int(pid), int(first))
+            except (TypeError, ValueError) as exc:
+                log.warning("skipping an unreadable aborted-transaction record %r: %s", key, exc)
+                continue
+            bisect.insort(self._partition(str(topic), int(partition)).aborted, record)
         for name, doc in docs.items():
             try:
                 txn = Txn.from_document(name, doc)
@@ -308,11 +328,14 @@ class TransactionCoordinator:
                 producer_id == txn.producer_id and epoch in (txn.producer_epoch, txn.last_epoch)
             ):
                 return E.ProducerFencedError.code, -1, -1
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) and not await self._finish(txn):
+                return E.ConcurrentTransactionsError.code, -1, -1
             if txn.state == ONGOING:
                 # a new producer (or a restarted one) takes the id over: what the old one left is aborted, at
                 # a bumped epoch that fences it
                 await self._bump(txn)
-                await self._end(txn, commit=False)
+                if not await self._end(txn, commit=False):
+                    return E.ConcurrentTransactionsError.code, -1, -1
             if producer_id >= 0 and epoch == txn.last_epoch and epoch != txn.producer_epoch:
                 pass  # a timeout already bumped the epoch past the producer's: it takes that one
             else:
@@ -322,8 +345,8 @@ class TransactionCoordinator:
             txn.partitions.clear()
             txn.groups.clear()
             txn.update_ms = self.clock.time_ms()
-            await self._save(txn)
-            return 0, txn.producer_id, txn.producer_epoch
+            code = await self._saved(txn)
+            return (code, -1, -1) if code else (0, txn.producer_id, txn.producer_epoch)
 
     async def _bump(self, txn: Txn) -> None:
         if txn.producer_epoch >= MAX_EPOCH:
@@ -368,8 +391,7 @@ class TransactionCoordinator:
             for tp in new:
                 txn.partitions[tp] = self.store.end_offset(*tp)
             txn.update_ms = self.clock.time_ms()
-            await self._save(txn)
-            return 0, set()
+            return await self._saved(txn), set()
 
     async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int, group_id: str) -> int:
         code, txn = self._check(transactional_id, producer_id, epoch)
@@ -385,24 +407,90 @@ class TransactionCoordinator:
             self._begin(txn)
             txn.groups.setdefault(group_id, {})
             txn.update_ms = self.clock.time_ms()
-            await self._save(txn)
-            return 0
+            return await self._saved(txn)
 
     async def txn_offset_commit(
-        self, transactional_id: str, producer_id: int, epoch: int, group_id: str, offsets: GroupOffsets
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        group_id: str,
+        offsets: GroupOffsets,
+        implicit: bool = False,
     ) -> int:
+        """`implicit` (transaction version 2): no AddOffsetsToTxn came first; the offsets begin the transaction
+        if nothing else has."""
         code, txn = self._check(transactional_id, producer_id, epoch)
         if txn is None:
             return E.InvalidProducerEpochError.code if code == E.ProducerFencedError.code else code
         async with txn.lock:
             if txn.producer_epoch != epoch:
                 return E.InvalidProducerEpochError.code
+            if implicit and txn.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT):
+                self._begin(txn)
             if txn.state != ONGOING:
                 return E.InvalidTxnStateError.code
             txn.groups.setdefault(group_id, {}).update(offsets)
             txn.update_ms = self.clock.time_ms()
-            await self._save(txn)
+            return await self._saved(txn)
+
+    async def end_txn_v2(
+        self, transactional_id: str, producer_id: int, epoch: int, commit: bool
+    ) -> tuple[int, int, int]:
+        """EndTxn of transaction version 2 -> (error code, the producer id and epoch to go on with)."""
+        txn = self.txns.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            return E.InvalidProducerIdMappingError.code, -1, -1
+        async with txn.lock:
+            done, prepared = (COMPLETE_COMMIT, PREPARE_COMMIT) if commit else (COMPLETE_ABORT, PREPARE_ABORT)
+            if epoch == txn.last_epoch and epoch != txn.producer_epoch:
+                # the epoch this transaction ended with was bumped: a retry of that EndTxn, or a late one
+                if txn.state == done:
+                    return 0, txn.producer_id, txn.producer_epoch
+                if txn.state == prepared:
+                    ok = await self._finish(txn)
+                    return (
+                        (0, txn.producer_id, txn.producer_epoch)
+                        if ok
+                        else (E.CoordinatorNotAvailableError.code, -1, -1)
+                    )
+                return E.ProducerFencedError.code, -1, -1
+            if epoch != txn.producer_epoch:
+                return E.ProducerFencedError.code, -1, -1
+            if txn.state == ONGOING or (txn.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT) and not commit):
+                # (an abort with nothing under way still moves the epoch on, as Kafka's does)
+                await self._bump(txn)
+                txn.last_epoch = epoch
+                if txn.state != ONGOING:
+                    txn.update_ms = self.clock.time_ms()
+                    code = await self._saved(txn)
+                    return (code, -1, -1) if code else (0, txn.producer_id, txn.producer_epoch)
+                if not await self._end(txn, commit):
+                    return E.CoordinatorNotAvailableError.code, -1, -1
+                return 0, txn.producer_id, txn.producer_epoch
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                return E.ConcurrentTransactionsError.code, -1, -1
+            return E.InvalidTxnStateError.code, -1, -1
+
+    async def add_implicitly(self, topic: str, partition: int, producer_id: int, epoch: int) -> int:
+        """Transaction version 2: a transactional batch for a partition its transaction has not added yet adds
+        it (and begins the transaction); 0, or the code refusing the batch."""
+        txn = self.by_pid.get(producer_id)
+        if txn is None:
+            return E.InvalidProducerIdMappingError.code
+        if (topic, partition) in txn.partitions and txn.state == ONGOING:
             return 0
+        async with txn.lock:
+            if epoch != txn.producer_epoch:
+                return E.InvalidProducerEpochError.code
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                return E.ConcurrentTransactionsError.code
+            if (topic, partition) in txn.partitions and txn.state == ONGOING:
+                return 0
+            self._begin(txn)
+            txn.partitions[(topic, partition)] = self.store.end_offset(topic, partition)
+            txn.update_ms = self.clock.time_ms()
+            return await self._saved(txn)
 
     async def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> int:
         txn = self.txns.get(transactional_id)
@@ -412,8 +500,10 @@ class TransactionCoordinator:
             if epoch != txn.producer_epoch:
                 return E.ProducerFencedError.code
             if txn.state == ONGOING:
-                await self._end(txn, commit)
-                return 0
+                return 0 if await self._end(txn, commit) else E.CoordinatorNotAvailableError.code
+            if txn.state == (PREPARE_COMMIT if commit else PREPARE_ABORT):
+                # a retry of an EndTxn whose markers could not all be written: finish them now
+                return 0 if await self._finish(txn) else E.CoordinatorNotAvailableError.code
             if txn.state == (COMPLETE_COMMIT if commit else COMPLETE_ABORT):
                 return 0  # a retry of the EndTxn that completed it
             if txn.state == EMPTY and not commit:
@@ -427,11 +517,26 @@ class TransactionCoordinator:
             txn.groups.clear()
             txn.start_ms = self.clock.time_ms()
 
-    async def _end(self, txn: Txn, commit: bool) -> None:
+    async def _end(self, txn: Txn, commit: bool) -> bool:
+        """Prepare, then complete the transaction; False if the store failed on the way (logged): the
+        transaction stays prepared, and the producer's retry or the next sweep finishes it (`_finish`)."""
         txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
         txn.update_ms = self.clock.time_ms()
-        await self._save(txn)
-        await self._complete(txn, commit)
+        try:
+            await self._save(txn)
+        except E.MqkError as exc:
+            log.warning("transaction %r: its Prepare record was not written (%s)", txn.transactional_id, exc)
+            return False
+        return await self._finish(txn)
+
+    async def _finish(self, txn: Txn) -> bool:
+        """Complete a prepared transaction (markers, offsets, Complete record); False if the store failed."""
+        try:
+            await self._complete(txn, txn.state == PREPARE_COMMIT)
+        except E.MqkError as exc:
+            log.warning("transaction %r: not completed yet (%s); it will be retried", txn.transactional_id, exc)
+            return False
+        return True
 
     async def _complete(self, txn: Txn, commit: bool) -> None:
         """Markers to every partition, the group offsets on commit, then the Complete record."""
@@ -522,6 +627,8 @@ class TransactionCoordinator:
             await self.clock.sleep(self.check_interval_ms / 1000)
             try:
                 await self.abort_timed_out()
+                await self.finish_prepared()
+                await self.expire_ids()
                 await self.prune_aborted()
             except Exception:
                 log.exception("transaction sweep failed")
@@ -546,9 +653,37 @@ class TransactionCoordinator:
                 fenced = txn.producer_epoch
                 await self._bump(txn)
                 txn.last_epoch = fenced
-                await self._end(txn, commit=False)
-                count += 1
+                if await self._end(txn, commit=False):
+                    count += 1
         return count
+
+    async def finish_prepared(self) -> None:
+        """Finish the transactions an earlier failure left prepared."""
+        for txn in list(self.txns.values()):
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                async with txn.lock:
+                    if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                        await self._finish(txn)
+
+    async def expire_ids(self) -> int:
+        """Forget every transactional id with nothing under way and idle for `id_expiration_ms` (a tombstone in
+        the state log); -> how many."""
+        horizon = self.clock.time_ms() - self.id_expiration_ms
+        gone = [
+            txn
+            for txn in self.txns.values()
+            if txn.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT) and txn.update_ms < horizon
+        ]
+        if not gone:
+            return 0
+        await self._append_state([(_TXN_KEY + txn.transactional_id.encode(), None) for txn in gone])
+        for txn in gone:
+            if self.txns.get(txn.transactional_id) is txn and txn.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT):
+                del self.txns[txn.transactional_id]
+                if self.by_pid.get(txn.producer_id) is txn:
+                    del self.by_pid[txn.producer_id]
+        log.info("forgot %d transactional ids idle for %d ms", len(gone), self.id_expiration_ms)
+        return len(gone)
 
     async def prune_aborted(self) -> None:
         """Forget (with a tombstone) the aborted transactions whose marker retention has removed."""
@@ -568,6 +703,16 @@ class TransactionCoordinator:
             await self._append_state(gone)
 
     # --- the state log -----------------------------------------------------------------------------------
+
+    async def _saved(self, txn: Txn) -> int:
+        """`_save`, answering 0 or, when the store fails (logged), COORDINATOR_NOT_AVAILABLE: the client retries
+        the request, whose change is then written again (the state in memory already holds it)."""
+        try:
+            await self._save(txn)
+        except E.MqkError as exc:
+            log.warning("transaction state of %r not written: %s", txn.transactional_id, exc)
+            return E.CoordinatorNotAvailableError.code
+        return 0
 
     async def _save(self, txn: Txn, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
         value = json.dumps(txn.document(), separators=(",", ":")).encode()

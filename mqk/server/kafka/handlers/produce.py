@@ -83,8 +83,13 @@ _Slots: TypeAlias = list[_Answer | None]
 #: one topic's plain partitions, appended in one call: (topic, [(partition, [batch, ...])], [delay header?],
 #: [(answers, slots)], LogAppendTime?); entry i's answer goes to answers[slot] of the (answers, slots) pair it falls in
 _PlainAppend: TypeAlias = tuple[str, list[tuple[int, list[Buffer]]], list[bool], list[tuple[_Slots, list[int]]], bool]
-#: one idempotent partition: (topic, partition, batches, LogAppendTime?, answers, slot)
-_IdempotentAppend: TypeAlias = tuple[str, int, list[BatchInfo], bool, _Slots, int]
+#: one idempotent partition: (topic, partition, batches, LogAppendTime?, answers, slot, transaction mode: what a
+#: transactional batch for a partition its transaction has not added gets, by request version: TXN_EXPLICIT,
+#: TXN_ABORTABLE or TXN_IMPLICIT)
+_IdempotentAppend: TypeAlias = tuple[str, int, list[BatchInfo], bool, _Slots, int, int]
+#: Produce v0-v10: INVALID_TXN_STATE; v11: TRANSACTION_ABORTABLE (KIP-890 part 1); v12+: the partition is added to
+#: the transaction (part 2: a client of transaction version 2 sends no AddPartitionsToTxn)
+TXN_EXPLICIT, TXN_ABORTABLE, TXN_IMPLICIT = 0, 1, 2
 
 
 def _part(
@@ -133,15 +138,21 @@ async def handle(
     """One Produce request on its own (a topic to auto-create first, or a request that arrived alone)."""
     denied = _denied(ctx, peer, req.body)
     txn_refused = _txn_refusal(ctx, peer, req.body)
-    prepared = prepare(ctx, req.body, denied=denied, txn_refused=txn_refused)
+    prepared = prepare(ctx, req.body, denied=denied, txn_refused=txn_refused, version=req.api_version)
     if prepared is None:  # a topic it names does not exist (yet)
-        prepared = await _prepare_creating_topics(ctx, peer, req.body, denied, txn_refused)
+        prepared = await _prepare_creating_topics(ctx, peer, req.body, denied, txn_refused, req.api_version)
     return (await answer_prepared(ctx, [prepared]))[0]
 
 
 def prepare_request(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]) -> Prepared | None:
     """`prepare` for the connection's grouping (KafkaServer.grouped)."""
-    return prepare(ctx, req.body, denied=_denied(ctx, peer, req.body), txn_refused=_txn_refusal(ctx, peer, req.body))
+    return prepare(
+        ctx,
+        req.body,
+        denied=_denied(ctx, peer, req.body),
+        txn_refused=_txn_refusal(ctx, peer, req.body),
+        version=req.api_version,
+    )
 
 
 def _txn_refusal(ctx: KafkaContext, peer: Peer, body: ProduceRequest) -> int:
@@ -170,6 +181,7 @@ def prepare(
     missing: dict[str, int] | None = None,
     denied: frozenset[str] | None = None,
     txn_refused: int = 0,
+    version: int = 9,
 ) -> Prepared | None:
     """Check a Produce request without waiting for anything: answers for what is refused, the rest planned for
     `answer_prepared`. None if a topic it names does not exist and `missing` does not say that topic's error
@@ -231,6 +243,9 @@ def prepare(
             _prepare_topic(ctx, name, info, partition_data, parts, appends, idempotent)
         answers: list[_Answer] = parts  # type: ignore[assignment]  # answer_prepared replaces its Nones
         responses.append({"name": name, "partition_responses": answers})
+    if version >= 11 and body.get("transactional_id") is not None:
+        mode = TXN_IMPLICIT if version >= 12 else TXN_ABORTABLE
+        idempotent = [(*entry[:6], mode) for entry in idempotent]
     return Prepared(acks, responses, appends, idempotent, min_insync, body["timeout_ms"])
 
 
@@ -261,7 +276,7 @@ def _refuse_all(
 
 
 async def _prepare_creating_topics(
-    ctx: KafkaContext, peer: Peer, body: ProduceRequest, denied: frozenset[str] | None, txn_refused: int
+    ctx: KafkaContext, peer: Peer, body: ProduceRequest, denied: frozenset[str] | None, txn_refused: int, version: int
 ) -> Prepared:
     """Create (when auto-creation allows) the topics the request names that do not exist, then prepare it; the
     topics that could not be created are answered with the reason."""
@@ -276,7 +291,7 @@ async def _prepare_creating_topics(
                 missing[name] = code
             elif ctx.cluster is not None and not await ctx.cluster.reconciler.ensure(name):
                 missing[name] = E.NotLeaderOrFollowerError.code  # (its store here is not made: not placed here)
-    prepared = prepare(ctx, body, missing, denied, txn_refused)
+    prepared = prepare(ctx, body, missing, denied, txn_refused, version)
     assert prepared is not None
     return prepared
 
@@ -366,7 +381,7 @@ def _prepare_topic(
                 plain.append((index, [b.data for b in batches]))
                 delays.append(any(b.named_header for b in batches))
         else:
-            idempotent.append((name, index, batches, log_append_time, parts, len(parts)))
+            idempotent.append((name, index, batches, log_append_time, parts, len(parts), TXN_EXPLICIT))
             parts.append(None)
     if plain:
         appends.append((name, plain, delays, [(parts, slots)], log_append_time))
@@ -415,7 +430,7 @@ def _prepare_recompressing(
             plain.append((index, [b.data for b in batches]))
             delays.append(any(b.named_header for b in batches))
         else:
-            idempotent.append((name, index, batches, log_append_time, parts, len(parts)))
+            idempotent.append((name, index, batches, log_append_time, parts, len(parts), TXN_EXPLICIT))
             parts.append(None)
     if plain:
         appends.append((name, plain, delays, [(parts, slots)], log_append_time))
@@ -443,15 +458,15 @@ async def answer_prepared(
             # group commit (one partition's batches still go one by one inside _produce_idempotent)
             results = await asyncio.gather(
                 *(
-                    _produce_idempotent(ctx, topic, index, batches, lat)
-                    for topic, index, batches, lat, _parts, _slot in idempotent
+                    _produce_idempotent(ctx, topic, index, batches, lat, mode)
+                    for topic, index, batches, lat, _parts, _slot, mode in idempotent
                 )
             )
-            for (_t, _i, _b, _l, parts, slot), answer in zip(idempotent, results, strict=True):
+            for (_t, _i, _b, _l, parts, slot, _m), answer in zip(idempotent, results, strict=True):
                 parts[slot] = answer
         else:
-            for topic, index, batches, lat, parts, slot in idempotent:
-                parts[slot] = await _produce_idempotent(ctx, topic, index, batches, lat)
+            for topic, index, batches, lat, parts, slot, mode in idempotent:
+                parts[slot] = await _produce_idempotent(ctx, topic, index, batches, lat, mode)
     if ctx.replication is not None:
         replicated = [p for p in prepared if p.min_insync]
         if replicated:
@@ -467,7 +482,7 @@ def _stamp(epoch: int, appends: list[_PlainAppend], idempotent: list[_Idempotent
         for _index, buffers in entries:
             for i, buf in enumerate(buffers):
                 buffers[i] = stamp(buf, epoch)
-    for _topic, _index, batches, _lat, _parts, _slot in idempotent:
+    for _topic, _index, batches, _lat, _parts, _slot, _mode in idempotent:
         for i, batch in enumerate(batches):
             stamped = stamp(batch.data, epoch)
             if stamped is not batch.data:
@@ -590,7 +605,7 @@ async def _append_plain(
 
 
 async def _produce_idempotent(
-    ctx: KafkaContext, topic: str, index: int, batches: list[BatchInfo], log_append_time: bool
+    ctx: KafkaContext, topic: str, index: int, batches: list[BatchInfo], log_append_time: bool, txn_mode: int
 ) -> _Answer:
     store = ctx.store
     # idempotent producer: one batch at a time through the sequence check
@@ -599,11 +614,15 @@ async def _produce_idempotent(
     txns = ctx.transactions
     for batch in batches:
         if batch.attributes & TRANSACTIONAL_ATTR:
-            code = (
-                txns.check_write(topic, index, batch.producer_id, batch.producer_epoch)
-                if txns is not None
-                else E.TransactionalIdAuthorizationFailedError.code
-            )
+            if txns is None:
+                code = E.TransactionalIdAuthorizationFailedError.code
+            else:
+                code = 0
+                if txn_mode == TXN_IMPLICIT:
+                    code = await txns.add_implicitly(topic, index, batch.producer_id, batch.producer_epoch)
+                code = code or txns.check_write(topic, index, batch.producer_id, batch.producer_epoch)
+                if code == E.InvalidTxnStateError.code and txn_mode == TXN_ABORTABLE:
+                    code = E.TransactionAbortableError.code
             if code:
                 return _part(index, code, message="the batch's transaction may not write to this partition now")
             if batch.named_header:

@@ -203,6 +203,8 @@ async def delete_topics(ctx: KafkaContext, peer: Peer, req: KafkaRequest[DeleteT
             entry["error_message"] = str(exc)
             continue
         ctx.producers.forget_topic(name)
+        if ctx.transactions is not None:
+            ctx.transactions.forget_topic(name)
         await ctx.groups.forget_topic(name)
     return {"throttle_time_ms": 0, "responses": responses}
 

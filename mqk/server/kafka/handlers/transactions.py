@@ -165,14 +165,20 @@ async def add_offsets_to_txn(
 async def end_txn(ctx: KafkaContext, peer: Peer, req: KafkaRequest[EndTxnRequest]) -> EndTxnResponse:
     b = req.body
     code = refusal(ctx, peer, b["transactional_id"])
-    if not code:
+    pid = epoch = -1
+    if not code and req.api_version >= 5:  # transaction version 2: the epoch moves on at every end
+        assert ctx.transactions is not None
+        code, pid, epoch = await ctx.transactions.end_txn_v2(
+            b["transactional_id"], b["producer_id"], b["producer_epoch"], b["committed"]
+        )
+    elif not code:
         assert ctx.transactions is not None
         code = await ctx.transactions.end_txn(
             b["transactional_id"], b["producer_id"], b["producer_epoch"], b["committed"]
         )
         if code == E.ProducerFencedError.code and req.api_version < 2:
             code = E.InvalidProducerEpochError.code
-    return {"throttle_time_ms": 0, "error_code": code, "producer_id": -1, "producer_epoch": -1}
+    return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch}
 
 
 async def txn_offset_commit(
@@ -211,7 +217,7 @@ async def txn_offset_commit(
     if offsets:
         assert ctx.transactions is not None
         result = await ctx.transactions.txn_offset_commit(
-            b["transactional_id"], b["producer_id"], b["producer_epoch"], group, offsets
+            b["transactional_id"], b["producer_id"], b["producer_epoch"], group, offsets, implicit=req.api_version >= 5
         )
         codes.update(dict.fromkeys(offsets, result))
     return {
