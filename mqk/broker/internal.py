@@ -10,7 +10,7 @@ Three kinds of names are not ordinary user topics:
     `__mqk_timer_state`, and RocketMQ's transaction topics: half messages in `RMQ_SYS_TRANS_HALF_TOPIC`, their
     commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC` (mqk.server.native.transaction);
   - Kafka's own, placed across a cluster like user topics: `__consumer_offsets` (committed offsets, cluster mode)
-    and `__transaction_state` (reserved for Kafka transactions).
+    and `__transaction_state` (the transaction coordinator's state, mqk.server.kafka.transactions).
   Clients may read them, but never write, delete, grow or reconfigure them, whoever they are: the policy below
   (`client_change_refusal`) is applied by every front door before any authorization, as Kafka refuses appends to
   its internal topics to every client. Kafka answers a Produce with INVALID_TOPIC_EXCEPTION ("cannot append to
@@ -54,7 +54,7 @@ class TopicKind(enum.Enum):
     GROUP = "group"
 
 
-#: Kafka's transaction coordinator's topic (reserved: no Kafka client may make or write it)
+#: Kafka's transaction coordinator's topic (mqk.server.kafka.transactions; no client may make or write it)
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 
 #: internal topic local by nature -> the part of the broker that owns it
@@ -67,7 +67,7 @@ LOCAL_INTERNAL_TOPICS: dict[str, str] = {
 #: Kafka's internal topics (placed in a cluster like user topics) -> their owner
 KAFKA_INTERNAL_TOPICS: dict[str, str] = {
     OFFSETS_TOPIC: "mqk.store.offsets_log (committed group offsets, cluster mode)",
-    TRANSACTION_STATE_TOPIC: "Kafka transactions (reserved)",
+    TRANSACTION_STATE_TOPIC: "mqk.server.kafka.transactions (transaction coordinator state)",
 }
 #: every internal topic -> its owner
 INTERNAL_TOPICS: dict[str, str] = {**LOCAL_INTERNAL_TOPICS, **KAFKA_INTERNAL_TOPICS}
