@@ -30,6 +30,16 @@ import producer_perf
 RECORD_SIZE = 100
 
 
+def _send(producer: Any, topic: str, payload: bytes) -> None:
+    """One record to partition 0; a full local queue is served (delivery reports) until it takes it."""
+    while True:
+        try:
+            producer.produce(topic, payload, partition=0)
+            return
+        except BufferError:
+            producer.poll(0.005)
+
+
 def produce(bootstrap: str, topic: str, n: int, per_txn: int | None) -> dict[str, Any]:
     """`n` records, idempotent (per_txn None) or in transactions of `per_txn` records."""
     from confluent_kafka import Producer
@@ -52,12 +62,7 @@ def produce(bootstrap: str, topic: str, n: int, per_txn: int | None) -> dict[str
     for i in range(n):
         if per_txn is not None and i % per_txn == 0:
             producer.begin_transaction()
-        while True:
-            try:
-                producer.produce(topic, payload, partition=0)
-                break
-            except BufferError:
-                producer.poll(0.005)
+        _send(producer, topic, payload)
         if per_txn is not None and (i + 1) % per_txn == 0:
             producer.commit_transaction(60)
     if per_txn is not None and n % per_txn:
@@ -87,12 +92,7 @@ def write_aborted_log(bootstrap: str, topic: str, n: int, per_txn: int = 1000, a
     for t in range(n // per_txn):
         producer.begin_transaction()
         for _ in range(per_txn):
-            while True:
-                try:
-                    producer.produce(topic, payload, partition=0)
-                    break
-                except BufferError:
-                    producer.poll(0.005)
+            _send(producer, topic, payload)
         if t % abort_every == abort_every - 1:
             producer.flush(60)  # (abort_transaction drops what is not sent yet: these are written, then aborted)
             producer.abort_transaction(60)
@@ -157,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, list[float]] = {name: [] for name, _ in modes}
     consumed: dict[str, list[float]] = {"read_uncommitted": [], "read_committed": []}
     with perfutil.Broker(storage=args.storage) as broker:
+        # warm-up (not counted): the broker's first connections and codecs, the client library's start
+        warm = f"txn-warm-{uuid.uuid4().hex[:8]}"
+        perfutil.create_topic(broker.bootstrap, warm, 1)
+        produce(broker.bootstrap, warm, 20_000, None)
+        produce(broker.bootstrap, warm, 20_000, 1000)
         for rnd in range(args.rounds):
             order = modes if rnd % 2 == 0 else list(reversed(modes))
             for name, per_txn in order:

@@ -103,12 +103,7 @@ class Broker:
         answer = await self.call(
             ApiKey.PRODUCE,
             9,
-            {
-                "transactional_id": txn_id,
-                "acks": -1,
-                "timeout_ms": 5000,
-                "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": bytes(batch)}]}],
-            },
+            _produce_body(txn_id, batch, partition),
         )
         part = answer["responses"][0]["partition_responses"][0]
         return part["error_code"], part["base_offset"]
@@ -151,6 +146,41 @@ async def broker(tmp_path: Path):
     await b.store.create_topic(TOPIC, 2)
     yield b
     await b.stop()
+
+
+def _produce_body(txn_id: str | None, batch: bytes | bytearray, partition: int = 0) -> dict[str, Any]:
+    return {
+        "transactional_id": txn_id,
+        "acks": -1,
+        "timeout_ms": 5000,
+        "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": bytes(batch)}]}],
+    }
+
+
+def _txn_offsets_body(txn_id: str, group: str, pid: int, epoch: int, offset: int) -> dict[str, Any]:
+    """A TxnOffsetCommit of `offset` for partition 1 of the topic."""
+    return {
+        "transactional_id": txn_id,
+        "group_id": group,
+        "producer_id": pid,
+        "producer_epoch": epoch,
+        "generation_id": -1,
+        "member_id": "",
+        "group_instance_id": None,
+        "topics": [
+            {
+                "name": TOPIC,
+                "partitions": [
+                    {
+                        "partition_index": 1,
+                        "committed_offset": offset,
+                        "committed_leader_epoch": -1,
+                        "committed_metadata": "",
+                    }
+                ],
+            }
+        ],
+    }
 
 
 async def _begin(b: Broker, txn_id: str, *partitions: int) -> tuple[int, int]:
@@ -325,32 +355,7 @@ async def test_transactional_offsets_are_committed_with_the_transaction_only(bro
                 {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch, "group_id": "eos"},
             )
         )["error_code"] == 0
-        answer = await broker.call(
-            ApiKey.TXN_OFFSET_COMMIT,
-            3,
-            {
-                "transactional_id": txn_id,
-                "group_id": "eos",
-                "producer_id": pid,
-                "producer_epoch": epoch,
-                "generation_id": -1,
-                "member_id": "",
-                "group_instance_id": None,
-                "topics": [
-                    {
-                        "name": TOPIC,
-                        "partitions": [
-                            {
-                                "partition_index": 1,
-                                "committed_offset": offset,
-                                "committed_leader_epoch": -1,
-                                "committed_metadata": "",
-                            }
-                        ],
-                    }
-                ],
-            },
-        )
+        answer = await broker.call(ApiKey.TXN_OFFSET_COMMIT, 3, _txn_offsets_body(txn_id, "eos", pid, epoch, offset))
         return answer["topics"][0]["partitions"][0]["error_code"]
 
     async def committed(require_stable: bool = False) -> tuple[int, int]:
@@ -423,12 +428,7 @@ async def test_no_client_may_write_a_control_batch(broker: Broker) -> None:
         answer = await broker.call(
             ApiKey.PRODUCE,
             9,
-            {
-                "transactional_id": None,
-                "acks": -1,
-                "timeout_ms": 5000,
-                "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": bytes(forged)}]}],
-            },
+            _produce_body(None, forged, 0),
         )
         part = answer["responses"][0]["partition_responses"][0]
         assert part["error_code"] == E.InvalidRecordError.code, part
@@ -492,12 +492,7 @@ async def _produce_v12(
     answer = await client.call(
         ApiKey.PRODUCE,
         12,
-        {
-            "transactional_id": txn_id,
-            "acks": -1,
-            "timeout_ms": 5000,
-            "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": bytes(batch)}]}],
-        },
+        _produce_body(txn_id, batch, partition),
     )
     part = answer["responses"][0]["partition_responses"][0]
     return part["error_code"], part["base_offset"]
@@ -523,32 +518,7 @@ async def test_transaction_version_2_adds_implicitly_and_bumps_the_epoch_at_ever
     assert (await _produce_v12(broker.client, "t-v2", pid, epoch, 0, [b"one"]))[0] == 0
     assert (await broker.fetch(0, committed=True))["last_stable_offset"] == 0
     # no AddOffsetsToTxn either: TxnOffsetCommit v5 adds its group
-    answer = await broker.call(
-        ApiKey.TXN_OFFSET_COMMIT,
-        5,
-        {
-            "transactional_id": "t-v2",
-            "group_id": "g-v2",
-            "producer_id": pid,
-            "producer_epoch": epoch,
-            "generation_id": -1,
-            "member_id": "",
-            "group_instance_id": None,
-            "topics": [
-                {
-                    "name": TOPIC,
-                    "partitions": [
-                        {
-                            "partition_index": 1,
-                            "committed_offset": 7,
-                            "committed_leader_epoch": -1,
-                            "committed_metadata": "",
-                        }
-                    ],
-                }
-            ],
-        },
-    )
+    answer = await broker.call(ApiKey.TXN_OFFSET_COMMIT, 5, _txn_offsets_body("t-v2", "g-v2", pid, epoch, 7))
     assert answer["topics"][0]["partitions"][0]["error_code"] == 0
     ended = await broker.call(ApiKey.END_TXN, 5, _end_v5_body("t-v2", pid, epoch, commit=True))
     assert ended["error_code"] == 0 and ended["producer_id"] == pid and ended["producer_epoch"] == epoch + 1
@@ -583,12 +553,7 @@ async def test_a_late_end_txn_cannot_end_the_next_transaction(broker: Broker) ->
         held_produce = slow.send(
             ApiKey.PRODUCE,
             12,
-            {
-                "transactional_id": "t-late",
-                "acks": -1,
-                "timeout_ms": 5000,
-                "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": bytes(batch)}]}],
-            },
+            _produce_body("t-late", batch, 0),
         )
         await slow.writer.drain()
         # the producer gives up waiting and retries on its other connection: N commits, N+1 begins

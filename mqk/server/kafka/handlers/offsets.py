@@ -10,7 +10,7 @@ every committed offset is asked for, the topics it may not describe are left out
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from mqk import errors as E
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
@@ -38,9 +38,29 @@ async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetC
     if not allowed(ctx, peer, "READ", GROUP, b["group_id"]):
         refused = E.GroupAuthorizationFailedError.code
     refused = refused or coordinator_code(ctx, b["group_id"])
+    codes, wanted = sort_commit(ctx, peer, b["topics"], refused)
+    if wanted:
+        codes.update(
+            await ctx.groups.commit_offsets(
+                b["group_id"],
+                b.get("generation_id_or_member_epoch", -1),
+                b.get("member_id", ""),
+                wanted,
+                group_instance_id=b.get("group_instance_id"),
+            )
+        )
+    return {"throttle_time_ms": 0, "topics": commit_answer(b["topics"], codes)}
+
+
+def sort_commit(
+    ctx: KafkaContext, peer: Peer, topics: Sequence[Any], refused: int
+) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], tuple[int, int, str | None]]]:
+    """An OffsetCommit's or TxnOffsetCommit's partitions: (the codes of those refused, the (offset, leader epoch,
+    metadata) of the others). `refused` refuses them all; a topic the peer may not READ is
+    TOPIC_AUTHORIZATION_FAILED, an unknown partition UNKNOWN_TOPIC_OR_PARTITION."""
     wanted: dict[tuple[str, int], tuple[int, int, str | None]] = {}
     codes: dict[tuple[str, int], int] = {}
-    for t in b["topics"]:
+    for t in topics:
         info = ctx.topics.get(t["name"])
         denied = not refused and not allowed(ctx, peer, "READ", TOPIC, t["name"])
         for p in t["partitions"]:
@@ -53,29 +73,21 @@ async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetC
                 codes[tp] = E.UnknownTopicOrPartitionError.code
             else:
                 wanted[tp] = (p["committed_offset"], p.get("committed_leader_epoch", -1), p["committed_metadata"])
-    if wanted:
-        codes.update(
-            await ctx.groups.commit_offsets(
-                b["group_id"],
-                b.get("generation_id_or_member_epoch", -1),
-                b.get("member_id", ""),
-                wanted,
-                group_instance_id=b.get("group_instance_id"),
-            )
-        )
-    return {
-        "throttle_time_ms": 0,
-        "topics": [
-            {
-                "name": t["name"],
-                "partitions": [
-                    {"partition_index": p["partition_index"], "error_code": codes[(t["name"], p["partition_index"])]}
-                    for p in t["partitions"]
-                ],
-            }
-            for t in b["topics"]
-        ],
-    }
+    return codes, wanted
+
+
+def commit_answer(topics: Sequence[Any], codes: dict[tuple[str, int], int]) -> list[Any]:
+    """The answer's topics of an OffsetCommit or TxnOffsetCommit: each partition with its code."""
+    return [
+        {
+            "name": t["name"],
+            "partitions": [
+                {"partition_index": p["partition_index"], "error_code": codes[(t["name"], p["partition_index"])]}
+                for p in t["partitions"]
+            ],
+        }
+        for t in topics
+    ]
 
 
 def _fetch_group(

@@ -26,6 +26,7 @@ from mqk.server.kafka.handlers.common import (
     allowed,
     allowed_cluster,
 )
+from mqk.server.kafka.handlers.offsets import commit_answer, sort_commit
 from mqk.server.kafka.transactions import STATES, GroupOffsets
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
@@ -195,44 +196,15 @@ async def txn_offset_commit(
         code = ctx.groups.txn_commit_check(
             group, b.get("generation_id", -1), b.get("member_id", ""), b.get("group_instance_id")
         )
-    codes: dict[tuple[str, int], int] = {}
-    offsets: GroupOffsets = {}
-    for t in b["topics"]:
-        info = ctx.topics.get(t["name"])
-        denied = not code and not allowed(ctx, peer, "READ", TOPIC, t["name"])
-        for p in t["partitions"]:
-            tp = (t["name"], p["partition_index"])
-            if code:
-                codes[tp] = code
-            elif denied:
-                codes[tp] = E.TopicAuthorizationFailedError.code
-            elif info is None or not 0 <= tp[1] < info.queue_count:
-                codes[tp] = E.UnknownTopicOrPartitionError.code
-            else:
-                offsets[tp] = (
-                    p["committed_offset"],
-                    p.get("committed_leader_epoch", -1),
-                    p["committed_metadata"] or "",
-                )
+    codes, wanted = sort_commit(ctx, peer, b["topics"], code)
+    offsets: GroupOffsets = {tp: (o, e, m or "") for tp, (o, e, m) in wanted.items()}
     if offsets:
         assert ctx.transactions is not None
         result = await ctx.transactions.txn_offset_commit(
             b["transactional_id"], b["producer_id"], b["producer_epoch"], group, offsets, implicit=req.api_version >= 5
         )
         codes.update(dict.fromkeys(offsets, result))
-    return {
-        "throttle_time_ms": 0,
-        "topics": [
-            {
-                "name": t["name"],
-                "partitions": [
-                    {"partition_index": p["partition_index"], "error_code": codes[(t["name"], p["partition_index"])]}
-                    for p in t["partitions"]
-                ],
-            }
-            for t in b["topics"]
-        ],
-    }
+    return {"throttle_time_ms": 0, "topics": commit_answer(b["topics"], codes)}
 
 
 async def describe_transactions(
