@@ -44,7 +44,11 @@ if TYPE_CHECKING:
         DescribeTransactionsResponseTransactionState,
     )
     from mqk.protocol.kafka.messages.end_txn import EndTxnRequest, EndTxnResponse
-    from mqk.protocol.kafka.messages.list_transactions import ListTransactionsRequest, ListTransactionsResponse
+    from mqk.protocol.kafka.messages.list_transactions import (
+        ListTransactionsRequest,
+        ListTransactionsResponse,
+        ListTransactionsResponseTransactionState,
+    )
     from mqk.protocol.kafka.messages.txn_offset_commit import TxnOffsetCommitRequest, TxnOffsetCommitResponse
 
 _NOT_OFFERED = E.TransactionalIdAuthorizationFailedError.code
@@ -232,14 +236,12 @@ async def describe_transactions(
             by_topic: dict[str, list[int]] = {}
             for topic, index in sorted(txn.partitions):
                 by_topic.setdefault(topic, []).append(index)
-            entry.update(
-                transaction_state=txn.state,
-                transaction_timeout_ms=txn.timeout_ms,
-                transaction_start_time_ms=txn.start_ms,
-                producer_id=txn.producer_id,
-                producer_epoch=txn.producer_epoch,
-                topics=[{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
-            )
+            entry["transaction_state"] = txn.state
+            entry["transaction_timeout_ms"] = txn.timeout_ms
+            entry["transaction_start_time_ms"] = txn.start_ms
+            entry["producer_id"] = txn.producer_id
+            entry["producer_epoch"] = txn.producer_epoch
+            entry["topics"] = [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]
         states.append(entry)
     return {"throttle_time_ms": 0, "transaction_states": states}
 
@@ -267,7 +269,7 @@ async def list_transactions(
                 "transaction_states": [],
             }
     now = ctx.clock.time_ms()
-    found = []
+    found: list[ListTransactionsResponseTransactionState] = []
     for txn in ctx.transactions.txns.values() if ctx.transactions is not None else ():
         if wanted_states and txn.state not in wanted_states:
             continue
