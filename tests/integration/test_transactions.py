@@ -212,6 +212,12 @@ async def test_read_committed_stops_at_the_open_transaction_and_skips_the_aborte
     assert b"o1" in values_of(uncommitted["records"])
     assert uncommitted["last_stable_offset"] == open_offset  # the LSO is the partition's, whatever the isolation
 
+    # DescribeProducers names the open transaction's first offset and its coordinator's epoch
+    described = await broker.call(ApiKey.DESCRIBE_PRODUCERS, 0, {"topics": [{"name": TOPIC, "partition_indexes": [0]}]})
+    producers = {p["producer_id"]: p for p in described["topics"][0]["partitions"][0]["active_producers"]}
+    assert producers[other_pid]["current_txn_start_offset"] == open_offset
+    assert producers[other_pid]["coordinator_epoch"] == 0
+    assert producers[pid]["current_txn_start_offset"] == -1  # (its transaction was aborted)
     # the open one commits: read_committed reaches the end, past its COMMIT marker
     assert await broker.end("t-open", other_pid, other_epoch, commit=True) == 0
     after = await broker.fetch(open_offset, committed=True)

@@ -182,7 +182,8 @@ async def describe_producers(
                             "producer_epoch": epoch,
                             "last_sequence": last_seq,
                             "last_timestamp": last_ms,
-                            "coordinator_epoch": -1 if txns is None else COORDINATOR_EPOCH,
+                            # (a transactional producer's: the coordinator that writes its markers; else -1)
+                            "coordinator_epoch": COORDINATOR_EPOCH if txns is not None and pid in txns.by_pid else -1,
                             # the first offset of its transaction under way here (-1: none)
                             "current_txn_start_offset": -1 if txns is None else txns.open_first_offset(name, p, pid),
                         }
