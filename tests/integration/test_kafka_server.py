@@ -896,8 +896,13 @@ async def test_storage_failure_is_kafka_storage_error_and_compacted_topic_needs_
     from mqk.config import TopicConfig
 
     await broker.store.create_topic("compacted", 1, TopicConfig({"cleanup.policy": "compact"}))
-    keyless = await produce(client, "compacted", make_batch([b"v1", b"v2"], keys=[b"k", None]))
+    keyless = await produce(
+        client, "compacted", make_batch([b"v1", b"v2", b"v3", b"v4"], keys=[b"k", None, b"k3", None])
+    )
     assert keyless["error_code"] == E.InvalidRecordError.code
+    # KIP-467: every keyless record of the batch is named, by its index in the batch
+    assert [e["batch_index"] for e in keyless["record_errors"]] == [1, 3]
+    assert "needs a key" in keyless["record_errors"][0]["batch_index_error_message"]
     keyed = await produce(client, "compacted", make_batch([b"v1", b"v2"], keys=[b"k", b"k2"]))
     assert keyed["error_code"] == 0 and broker.store.end_offset("compacted", 0) == 2
 

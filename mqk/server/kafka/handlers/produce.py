@@ -368,7 +368,7 @@ def _prepare_topic(
                 timestamps=timestamps,
             )
         except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
-            parts.append(_refused(index, exc))
+            parts.append(_refused(index, exc, p["records"], compacted, timestamps))
             continue
         first = batches[0]
         if first.producer_id < 0 or first.base_sequence < 0:
@@ -421,7 +421,7 @@ def _prepare_recompressing(
                 )
             ]
         except Exception as exc:  # noqa: BLE001 - that partition's answer (_refused says which)
-            parts.append(_refused(index, exc))
+            parts.append(_refused(index, exc, p["records"], compacted, timestamps))
             continue
         first = batches[0]
         if first.producer_id < 0 or first.base_sequence < 0:
@@ -563,12 +563,51 @@ def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, in
     return limits
 
 
-def _refused(index: int, exc: Exception) -> _Answer:
-    """The answer of a partition whose records the check refused."""
+def _refused(
+    index: int,
+    exc: Exception,
+    records: Buffer | None = None,
+    compacted: bool = False,
+    timestamps: tuple[int, int] | None = None,
+) -> _Answer:
+    """The answer of a partition whose records the check refused. A record the topic's rules refuse (a null key
+    on a compacted topic, a timestamp outside the window) is named in `record_errors` with every other such record
+    of its batch (KIP-467), so a client can tell which of its records failed."""
+    if isinstance(exc, E.InvalidRecord) and records is not None and (compacted or timestamps is not None):
+        answer = _part(index, E.kafka_code_for(exc), message=str(exc))
+        errors = _record_errors(records, compacted, timestamps)
+        if errors:
+            answer["record_errors"] = [
+                {"batch_index": i, "batch_index_error_message": message} for i, message in errors
+            ]
+        return answer
     if isinstance(exc, E.MqkError):
         return _part(index, E.kafka_code_for(exc), message=str(exc))
     # bytes we cannot judge are corrupt, never a crash
     return _part(index, E.CorruptMessageError.code, message=f"undecodable records: {exc}")
+
+
+def _record_errors(records: Buffer, compacted: bool, timestamps: tuple[int, int] | None) -> list[tuple[int, str]]:
+    """(index in its batch, why) of every record the topic's rules refuse, in the first batch that has one. Only
+    on the error path: the records are decoded in Python, one by one (undecodable bytes: none named)."""
+    try:
+        view = memoryview(records)
+        for pos, size, *_ in kafka_records.recbatch.scan_batches(view, False):
+            batch = view[pos : pos + size]
+            base_ts = kafka_records.recbatch.parse_header(batch, 0)[7]
+            errors = []
+            for i, (_attrs, ts_delta, _delta, key, _value, _headers) in enumerate(kafka_records.batch_records(batch)):
+                if compacted and key is None:
+                    errors.append((i, "compacted topic: every record needs a key"))
+                elif timestamps is not None:
+                    ts = base_ts + ts_delta
+                    if ts != -1 and not timestamps[0] <= ts <= timestamps[1]:
+                        errors.append((i, f"timestamp {ts} is out of range [{timestamps[0]}, {timestamps[1]}]"))
+            if errors:
+                return errors
+    except Exception:  # noqa: BLE001 - bytes the named-record pass cannot read: the code and message say enough
+        return []
+    return []
 
 
 async def _append_plain(
