@@ -566,14 +566,18 @@ def _limits(ctx: KafkaContext, config: TopicConfig) -> tuple[int, bool, bool, in
 def _refused(
     index: int,
     exc: Exception,
-    records: Buffer | None = None,
+    records: object = None,
     compacted: bool = False,
     timestamps: tuple[int, int] | None = None,
 ) -> _Answer:
     """The answer of a partition whose records the check refused. A record the topic's rules refuse (a null key
     on a compacted topic, a timestamp outside the window) is named in `record_errors` with every other such record
     of its batch (KIP-467), so a client can tell which of its records failed."""
-    if isinstance(exc, E.InvalidRecord) and records is not None and (compacted or timestamps is not None):
+    if (
+        isinstance(exc, E.InvalidRecord)
+        and isinstance(records, (bytes, bytearray, memoryview))
+        and (compacted or timestamps is not None)
+    ):
         answer = _part(index, E.kafka_code_for(exc), message=str(exc))
         errors = _record_errors(records, compacted, timestamps)
         if errors:
