@@ -719,6 +719,23 @@ async def test_create_describe_alter_delete_topic(client, broker):
     )
     names = {c["name"]: c for c in broker_cfg["results"][0]["configs"]}
     assert names["message.max.bytes"]["read_only"] is True
+    assert names["message.max.bytes"]["documentation"] is None and names["message.max.bytes"]["synonyms"] == []
+    # the listener settings clients read, at the address the broker was reached on; documentation when asked
+    assert names["advertised.listeners"]["value"] == f"PLAINTEXT://{broker.host}:{broker.port}"
+    assert names["listeners"]["value"].startswith("PLAINTEXT://127.0.0.1:")
+    assert names["transaction.max.timeout.ms"]["value"] == "900000"
+    documented = await client.call(
+        ApiKey.DESCRIBE_CONFIGS,
+        4,
+        {
+            "include_synonyms": True,
+            "include_documentation": True,
+            "resources": [{"resource_type": 4, "resource_name": "0", "configuration_keys": ["num.partitions"]}],
+        },
+    )
+    [num_partitions] = documented["results"][0]["configs"]
+    assert "partition count" in num_partitions["documentation"]
+    assert num_partitions["synonyms"] == [{"name": "num.partitions", "value": num_partitions["value"], "source": 4}]
     deleted = await client.call(ApiKey.DELETE_TOPICS, 4, {"topic_names": ["adm", "ghost"], "timeout_ms": 1000})
     assert [r["error_code"] for r in deleted["responses"]] == [0, E.UnknownTopicOrPartitionError.code]
     assert broker.store.topic("adm") is None

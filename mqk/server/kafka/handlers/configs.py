@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mqk import config as C
 from mqk import errors as E
 from mqk.broker import topic_config
-from mqk.config import TopicConfig
+from mqk.config import PLAINTEXT, TopicConfig
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed, allowed_cluster
 
@@ -50,7 +50,7 @@ TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 # ConfigSource
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 # ConfigType
-BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
+BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
 #: the schema's value types as Kafka's ConfigType codes
 CONFIG_TYPES = {C.BOOLEAN: BOOLEAN, C.STRING: STRING, C.INT: INT, C.LONG: LONG, C.DOUBLE: DOUBLE, C.LIST: LIST}
 
@@ -91,13 +91,57 @@ def topic_config_entries(
     return out
 
 
+#: what DescribeConfigs tells of each broker setting when asked for documentation (include_documentation)
+BROKER_DOCS = {
+    "node.id": "This broker's node id, unique in its cluster (mqk serve --node-id).",
+    "broker.id": "The node id, under its older name.",
+    "listeners": "The Kafka listeners: NAME://HOST:PORT each, the unnamed one named PLAINTEXT.",
+    "advertised.listeners": "The addresses clients are told to connect to, per listener name.",
+    "message.max.bytes": "The largest record batch a topic without its own max.message.bytes takes.",
+    "socket.request.max.bytes": "The largest request a connection may send.",
+    "max.connections": "Open Kafka connections over every listener.",
+    "max.connections.per.ip": "Open Kafka connections from one address.",
+    "connections.max.idle.ms": "A connection silent this long is closed.",
+    "auto.create.topics.enable": "Whether a topic a client names is created on first use.",
+    "num.partitions": "The partition count of a topic created on first use.",
+    "default.replication.factor": "The replication factor of a topic created without one.",
+    "offsets.topic.replication.factor": "The replication factor of __consumer_offsets.",
+    "offsets.retention.minutes": "Committed offsets of a group without members expire this long after it emptied.",
+    "group.initial.rebalance.delay.ms": "How long a new group waits for more members before its first assignment.",
+    "group.min.session.timeout.ms": "The shortest session timeout a member may ask for.",
+    "group.max.session.timeout.ms": "The longest session timeout a member may ask for.",
+    "transaction.max.timeout.ms": "The longest transaction.timeout.ms a transactional producer may ask for.",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "How often transactions open past their "
+    "timeout are looked for and aborted.",
+    "transactional.id.expiration.ms": "A transactional id idle this long is forgotten.",
+    "transaction.state.log.replication.factor": "The replication factor of __transaction_state.",
+    "transaction.state.log.min.isr": "The in-sync replicas a __transaction_state write needs.",
+    "replica.lag.time.max.ms": "A replica not caught up for this long leaves the in-sync set.",
+    "unclean.leader.election.enable": "Whether a group with no in-sync member left may elect another.",
+    "log.dirs": "Where the broker keeps its data.",
+    "mqk.storage": "The default storage engine of new topics (file, memory or rocksdb).",
+    "mqk.flush.mode": "When the CommitLog is flushed: async, or sync (before every acknowledgement).",
+}
+
+
 def broker_entries(
-    ctx: KafkaContext, keys: Iterable[str] | None = None, synonyms: bool = False
+    ctx: KafkaContext, keys: Iterable[str] | None = None, synonyms: bool = False, documentation: bool = False
 ) -> list[DescribeConfigsResourceResult]:
     c = ctx.config
+    listeners = c.kafka_listeners
+    advertised = {name: (host, port) for name, host, port in c.advertised_listeners}
+    if listeners and not listeners[0].name:
+        # the unnamed listener is advertised where the broker bound it (port 0 resolved)
+        advertised.setdefault("", (ctx.host, ctx.port))
     values = [
         ("node.id", str(c.node_id), INT),
         ("broker.id", str(c.node_id), INT),
+        ("listeners", ",".join(f"{lst.name or PLAINTEXT}://{lst.host}:{lst.port}" for lst in listeners), STRING),
+        (
+            "advertised.listeners",
+            ",".join(f"{name or PLAINTEXT}://{host}:{port}" for name, (host, port) in advertised.items()),
+            STRING,
+        ),
         ("message.max.bytes", str(c.message_max_bytes), INT),
         ("socket.request.max.bytes", str(c.socket_request_max_bytes), INT),
         ("max.connections", str(c.max_connections), INT),
@@ -107,9 +151,21 @@ def broker_entries(
         ("num.partitions", str(c.num_partitions), INT),
         ("default.replication.factor", "1", INT),
         ("offsets.topic.replication.factor", "1", INT),
+        ("offsets.retention.minutes", str(c.offsets_retention_minutes), INT),
         ("group.initial.rebalance.delay.ms", str(c.group_initial_rebalance_delay_ms), INT),
         ("group.min.session.timeout.ms", str(c.group_min_session_timeout_ms), INT),
         ("group.max.session.timeout.ms", str(c.group_max_session_timeout_ms), INT),
+        ("transaction.max.timeout.ms", str(c.transaction_max_timeout_ms), INT),
+        (
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            str(c.transaction_abort_timed_out_transaction_cleanup_interval_ms),
+            INT,
+        ),
+        ("transactional.id.expiration.ms", str(c.transactional_id_expiration_ms), INT),
+        ("transaction.state.log.replication.factor", "1", SHORT),
+        ("transaction.state.log.min.isr", "1", INT),
+        ("replica.lag.time.max.ms", str(c.replica_lag_time_max_ms), LONG),
+        ("unclean.leader.election.enable", str(c.unclean_leader_election_enable).lower(), BOOLEAN),
         ("log.dirs", str(c.store.data_dir), STRING),
         ("mqk.storage", c.store.storage, STRING),
         ("mqk.flush.mode", c.store.flush_mode, STRING),
@@ -124,7 +180,7 @@ def broker_entries(
             "is_sensitive": False,
             "synonyms": [{"name": k, "value": v, "source": STATIC_BROKER_CONFIG}] if synonyms else [],
             "config_type": t,
-            "documentation": None,
+            "documentation": BROKER_DOCS.get(k) if documentation else None,
         }
         for k, v, t in values
         if keys is None or k in keys
@@ -173,7 +229,7 @@ async def describe_configs(
                 entry["configs"] = topic_config_entries(info.config, keys, synonyms, ctx.config.message_max_bytes)
         elif rtype == BROKER:
             if _broker_name_ok(ctx, name):
-                entry["configs"] = broker_entries(ctx, keys, synonyms)
+                entry["configs"] = broker_entries(ctx, keys, synonyms, b.get("include_documentation", False))
             else:
                 entry["error_code"] = E.InvalidRequestError.code
                 entry["error_message"] = f"unknown broker {name!r}"
