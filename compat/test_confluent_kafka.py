@@ -280,6 +280,31 @@ def test_admin_create_describe_alter_delete(bootstrap: str, topic: str) -> None:
     assert exc.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
+def test_every_kafka_4_topic_config_is_accepted_and_legacy_keys_are_ignored(bootstrap: str, topic: str) -> None:
+    """Topic settings mqk does not act on are still Kafka's: accepted (checked by type), stored and reported; keys
+    Kafka 4 removed that 3.x tools still send are accepted and dropped; a value of the wrong type is refused."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {
+        "compression.zstd.level": "7",
+        "segment.jitter.ms": "1000",
+        "leader.replication.throttled.replicas": "*",
+        "remote.storage.enable": "false",
+        "message.format.version": "2.8-IV1",
+    }
+    admin.create_topics([NewTopic(topic, 1, 1, config=config)], operation_timeout=10)[topic].result(15)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(15)
+    assert entries["compression.zstd.level"].value == "7" and not entries["compression.zstd.level"].is_default
+    assert entries["segment.jitter.ms"].value == "1000"
+    assert entries["leader.replication.throttled.replicas"].value == "*"
+    assert entries["segment.index.bytes"].value == "10485760" and entries["segment.index.bytes"].is_default
+    assert "message.format.version" not in entries
+    bad = unique("bad-config")
+    with pytest.raises(KafkaException) as exc:
+        admin.create_topics([NewTopic(bad, 1, 1, config={"compression.lz4.level": "99"})])[bad].result(15)
+    assert exc.value.args[0].code() == KafkaError.INVALID_CONFIG
+
+
 def test_offsets_for_times(bootstrap: str, topic: str) -> None:
     base = int(time.time() * 1000) - 100_000
     # One produce call per timestamp, all in one batch: the broker must find the record inside the batch.

@@ -232,7 +232,9 @@ class TopicConfigKey:
                     return f"{key} must be true or false"
             elif kind == LIST:
                 items = [p.strip() for p in value.split(",") if p.strip()]
-                if not items or (self.choices is not None and any(p not in self.choices for p in items)):
+                # a list of choices (cleanup.policy) names at least one; a free list (the throttled replicas)
+                # may be empty
+                if self.choices is not None and (not items or any(p not in self.choices for p in items)):
                     return f"{key} must be a list of {' and '.join(self.choices or ())}"
                 return None
         except ValueError:
@@ -290,6 +292,21 @@ TOPIC_SCHEMA: dict[str, TopicConfigKey] = {
         _key("segment.bytes", INT, "1073741824", minimum=14),
         _key("segment.ms", LONG, "604800000", minimum=1),
         _key("unclean.leader.election.enable", BOOLEAN, "false", acted_on=False),
+        # Kafka 4.x keys mqk accepts, stores and reports without acting on them: codec levels (batches keep the
+        # level their producer chose), replication throttles, tiered storage (none here), index geometry
+        _key("compression.gzip.level", INT, "-1", minimum=-1, maximum=9, acted_on=False),
+        _key("compression.lz4.level", INT, "9", minimum=1, maximum=17, acted_on=False),
+        _key("compression.zstd.level", INT, "3", minimum=-131072, maximum=22, acted_on=False),
+        _key("follower.replication.throttled.replicas", LIST, "", acted_on=False),
+        _key("leader.replication.throttled.replicas", LIST, "", acted_on=False),
+        _key("local.retention.bytes", LONG, "-2", minimum=-2, acted_on=False),
+        _key("local.retention.ms", LONG, "-2", minimum=-2, acted_on=False),
+        _key("message.downconversion.enable", BOOLEAN, "true", acted_on=False),
+        _key("remote.storage.enable", BOOLEAN, "false", acted_on=False),
+        _key("remote.log.copy.disable", BOOLEAN, "false", acted_on=False),
+        _key("remote.log.delete.on.disable", BOOLEAN, "false", acted_on=False),
+        _key("segment.index.bytes", INT, "10485760", minimum=4, acted_on=False),
+        _key("segment.jitter.ms", LONG, "0", acted_on=False),
         # mqk's own
         _key("storage.type", STRING, "", choices=(*ENGINES, "")),
         _key("index.keys", BOOLEAN, "false"),

@@ -19,15 +19,37 @@ from dataclasses import dataclass
 
 from mqk.config import LIST, TOPIC_SCHEMA, TopicConfig, TopicConfigKey
 
-__all__ = ["TOPIC_SCHEMA", "Setting", "check", "check_all", "config_of", "describe", "is_list", "list_items"]
+__all__ = [
+    "LEGACY_KEYS",
+    "TOPIC_SCHEMA",
+    "Setting",
+    "check",
+    "check_all",
+    "config_of",
+    "describe",
+    "is_list",
+    "list_items",
+    "without_legacy",
+]
+
+#: topic keys Kafka 4 removed that clients and tools of Kafka 3.x still send (KIP-724's message.format.version, the
+#: timestamp difference KIP-937 replaced): accepted and ignored, as Kafka 4 does, never stored or reported
+LEGACY_KEYS = frozenset({"message.format.version", "message.timestamp.difference.max.ms"})
+
+
+def without_legacy(changes: Mapping[str, str | None]) -> Mapping[str, str | None]:
+    """`changes` without the LEGACY_KEYS (the same mapping when it has none)."""
+    if LEGACY_KEYS.isdisjoint(changes):
+        return changes
+    return {k: v for k, v in changes.items() if k not in LEGACY_KEYS}
 
 
 def check(key: str, value: str | None) -> str | None:
     """Why setting `key` to `value` is refused, or None if it is fine. None as value means "remove the
-    override", which any known key allows."""
+    override", which any known key allows; a legacy key is fine whatever its value (it is ignored)."""
     schema = TOPIC_SCHEMA.get(key)
     if schema is None:
-        return f"unknown topic config {key!r}"
+        return None if key in LEGACY_KEYS else f"unknown topic config {key!r}"
     if value is None:
         return None
     return schema.check(value)
@@ -43,8 +65,8 @@ def check_all(changes: Mapping[str, str | None]) -> str | None:
 
 
 def config_of(changes: Mapping[str, str | None]) -> TopicConfig:
-    """The TopicConfig with `changes` as its overrides (None values dropped); check them first."""
-    return TopicConfig({k: v for k, v in changes.items() if v is not None})
+    """The TopicConfig with `changes` as its overrides (None values and legacy keys dropped); check them first."""
+    return TopicConfig({k: v for k, v in changes.items() if v is not None and k not in LEGACY_KEYS})
 
 
 def is_list(key: str) -> bool:

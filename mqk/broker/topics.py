@@ -155,6 +155,7 @@ class TopicRegistry:
         reason = settings.check_all(changes or {})
         if reason:
             raise InvalidConfigError(reason)
+        changes = settings.without_legacy(changes or {})
         if self.cluster is not None and not internal.is_local(name):
             values = {k: v for k, v in (changes or {}).items() if v is not None}
             try:
@@ -276,6 +277,7 @@ class TopicRegistry:
         reason = settings.check_all(changes)
         if reason:
             raise InvalidConfigError(reason)
+        changes = settings.without_legacy(changes)
         cluster = self._clustered(name)
         if cluster is not None:
             revision = cluster.view.state.topic_revisions.get(name, 0)

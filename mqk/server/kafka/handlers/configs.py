@@ -315,6 +315,8 @@ async def incremental_alter_configs(
         def build(old: TopicConfig, ops: list[tuple[str, int, str | None]] = ops) -> dict[str, str | None] | str:
             merged: dict[str, str | None] = dict(old.overrides)
             for key, op, value in ops:
+                if key in topic_config.LEGACY_KEYS:
+                    continue  # (accepted and ignored, as Kafka 4 does)
                 if key not in topic_config.TOPIC_SCHEMA:
                     return f"unknown topic config {key!r}"
                 if op == SET:
