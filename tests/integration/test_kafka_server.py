@@ -1078,3 +1078,27 @@ async def test_multi_partition_produce_under_sync_flush(tmp_path):
     finally:
         await server.stop()
         await store.close()
+
+
+async def test_produce_v13_names_topics_by_id(client, broker):
+    await broker.store.create_topic("by-id", 2)
+    topic_id = uuid.UUID(bytes=broker.store.topic("by-id").topic_id)
+    ghost = uuid.uuid4()
+    resp = await client.call(
+        ApiKey.PRODUCE,
+        13,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout_ms": 5000,
+            "topic_data": [
+                {"topic_id": topic_id, "partition_data": [{"index": 1, "records": bytes(make_batch([b"v13"]))}]},
+                {"topic_id": ghost, "partition_data": [{"index": 0, "records": bytes(make_batch([b"lost"]))}]},
+            ],
+        },
+    )
+    known, unknown = resp["responses"]
+    assert known["topic_id"] == topic_id and known["partition_responses"][0]["error_code"] == 0
+    assert unknown["topic_id"] == ghost
+    assert unknown["partition_responses"][0]["error_code"] == E.UnknownTopicIdError.code
+    assert values_of((await fetch(client, "by-id", 0, partition=1))["records"]) == [b"v13"]

@@ -61,7 +61,15 @@ from mqk.protocol.kafka.messages.produce import (
 from mqk.protocol.kafka.records import BatchInfo
 from mqk.server.kafka.context import CloseConnection, KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers import transactions
-from mqk.server.kafka.handlers.common import NONE, TOPIC, authorizer, get_or_create_topic, partition_code
+from mqk.server.kafka.handlers.common import (
+    NONE,
+    TOPIC,
+    ZERO_UUID,
+    authorizer,
+    get_or_create_topic,
+    partition_code,
+    topic_by_id,
+)
 from mqk.server.kafka.transactions import TRANSACTIONAL_ATTR
 from mqk.store.adapter import AppendResult, Buffer, ShardInfo
 from mqk.store.manager import StoreManager
@@ -136,6 +144,8 @@ async def handle(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]
 ) -> ProduceResponse | CloseConnection | None:
     """One Produce request on its own (a topic to auto-create first, or a request that arrived alone)."""
+    if req.api_version >= 13:
+        return (await answer_prepared(ctx, [_prepare_by_id(ctx, peer, req)]))[0]
     denied = _denied(ctx, peer, req.body)
     txn_refused = _txn_refusal(ctx, peer, req.body)
     prepared = prepare(ctx, req.body, denied=denied, txn_refused=txn_refused, version=req.api_version)
@@ -146,6 +156,8 @@ async def handle(
 
 def prepare_request(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]) -> Prepared | None:
     """`prepare` for the connection's grouping (KafkaServer.grouped)."""
+    if req.api_version >= 13:
+        return _prepare_by_id(ctx, peer, req)
     return prepare(
         ctx,
         req.body,
@@ -153,6 +165,32 @@ def prepare_request(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequ
         txn_refused=_txn_refusal(ctx, peer, req.body),
         version=req.api_version,
     )
+
+
+def _prepare_by_id(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceRequest]) -> Prepared:
+    """Produce v13+ names each topic by its id: the ids are resolved to names (an unknown one answers
+    UNKNOWN_TOPIC_ID, never auto-creates), the request is prepared as one naming them, and each topic's answer
+    carries its id back."""
+    body = req.body
+    unknown: dict[str, int] = {}
+    for t in body["topic_data"]:
+        info = topic_by_id(ctx, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
+        # (a name no topic can have stands for an unknown id, so the prepare answers it with that code)
+        t["name"] = info.topic if info is not None else f"<unknown topic id {t['topic_id']}>"
+        if info is None:
+            unknown[t["name"]] = E.UnknownTopicIdError.code
+    prepared = prepare(
+        ctx,
+        body,
+        unknown,
+        denied=_denied(ctx, peer, body),
+        txn_refused=_txn_refusal(ctx, peer, body),
+        version=req.api_version,
+    )
+    assert prepared is not None  # (`missing` given: nothing is created)
+    for t, answer in zip(body["topic_data"], prepared.responses, strict=True):
+        answer["topic_id"] = t["topic_id"]
+    return prepared
 
 
 def _txn_refusal(ctx: KafkaContext, peer: Peer, body: ProduceRequest) -> int:
