@@ -1102,3 +1102,51 @@ async def test_produce_v13_names_topics_by_id(client, broker):
     assert unknown["topic_id"] == ghost
     assert unknown["partition_responses"][0]["error_code"] == E.UnknownTopicIdError.code
     assert values_of((await fetch(client, "by-id", 0, partition=1))["records"]) == [b"v13"]
+
+
+async def test_offset_commit_and_fetch_v10_name_topics_by_id(client, broker):
+    await broker.store.create_topic("ids", 2)
+    topic_id = uuid.UUID(bytes=broker.store.topic("ids").topic_id)
+    ghost = uuid.uuid4()
+    committed = await client.call(
+        ApiKey.OFFSET_COMMIT,
+        10,
+        {
+            "group_id": "g10",
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "topic_id": topic_id,
+                    "partitions": [{"partition_index": 1, "committed_offset": 42, "committed_metadata": "m"}],
+                },
+                {
+                    "topic_id": ghost,
+                    "partitions": [{"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}],
+                },
+            ],
+        },
+    )
+    known, unknown = committed["topics"]
+    assert known["topic_id"] == topic_id and known["partitions"][0]["error_code"] == 0
+    assert unknown["topic_id"] == ghost and unknown["partitions"][0]["error_code"] == E.UnknownTopicIdError.code
+
+    def fetch_body10(topics):
+        return {
+            "groups": [{"group_id": "g10", "member_id": None, "member_epoch": -1, "topics": topics}],
+            "require_stable": False,
+        }
+
+    asked = await client.call(
+        ApiKey.OFFSET_FETCH,
+        10,
+        fetch_body10([{"topic_id": topic_id, "partition_indexes": [1]}, {"topic_id": ghost, "partition_indexes": [0]}]),
+    )
+    found, missing = asked["groups"][0]["topics"]
+    assert found["topic_id"] == topic_id and found["partitions"][0]["committed_offset"] == 42
+    assert missing["topic_id"] == ghost and missing["partitions"][0]["error_code"] == E.UnknownTopicIdError.code
+    every = await client.call(ApiKey.OFFSET_FETCH, 10, fetch_body10(None))
+    assert [(t["topic_id"], t["partitions"][0]["committed_offset"]) for t in every["groups"][0]["topics"]] == [
+        (topic_id, 42)
+    ]

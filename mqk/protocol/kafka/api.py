@@ -6,10 +6,9 @@ advertises, never beyond the spec files and never an unstable version (InitProdu
 `latestVersionUnstable`; Fetch v18 and ListOffsets v11 came after 4.1). Clients negotiate down to the highest
 version both sides support, so a narrower upper bound only costs newer features, never compatibility.
 
-Topic ids: Fetch v13+ and Produce v13 carry topic ids instead of names (the handlers resolve them). Kafka 4.1 also
-has OffsetCommit/OffsetFetch v10, which are topic-id only; they stay capped at the last name-based version (9) until
-those handlers resolve ids: raise `_KAFKA_41_MAX` then. `supported(topic_ids=False)` also caps Fetch and Produce,
-for a server without any topic-id support.
+Topic ids: Fetch v13+, Produce v13 and OffsetCommit / OffsetFetch v10 carry topic ids instead of names (the
+handlers resolve them). `supported(topic_ids=False)` caps them at their last name-based versions, for a server
+without any topic-id support.
 """
 
 from __future__ import annotations
@@ -75,8 +74,8 @@ _KAFKA_41_MAX = {
     ApiKey.FETCH: 17,
     ApiKey.LIST_OFFSETS: 10,
     ApiKey.METADATA: 13,
-    ApiKey.OFFSET_COMMIT: 9,
-    ApiKey.OFFSET_FETCH: 9,
+    ApiKey.OFFSET_COMMIT: 10,
+    ApiKey.OFFSET_FETCH: 10,
     ApiKey.FIND_COORDINATOR: 6,
     ApiKey.JOIN_GROUP: 9,
     ApiKey.HEARTBEAT: 4,
@@ -132,7 +131,7 @@ _KAFKA_41_MAX = {
 ADVERTISED_MIN = {ApiKey.PRODUCE: 0}
 
 # Last version that still names topics (the next one is topic-id only).
-_LAST_NAME_VERSION = {ApiKey.FETCH: 12, ApiKey.PRODUCE: 12}
+_LAST_NAME_VERSION = {ApiKey.FETCH: 12, ApiKey.PRODUCE: 12, ApiKey.OFFSET_COMMIT: 9, ApiKey.OFFSET_FETCH: 9}
 
 
 def _ranges(caps: dict[int, int]) -> dict[int, tuple[int, int]]:

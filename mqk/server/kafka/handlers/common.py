@@ -8,6 +8,8 @@ auto-creation, settings) is the broker's (mqk.broker.topics); this module only t
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 from mqk import errors as E
 from mqk.broker.names import KAFKA
@@ -76,6 +78,27 @@ def topic_uuid(info: ShardInfo) -> uuid.UUID:
 def topic_by_id(ctx: KafkaContext, topic_id: uuid.UUID) -> ShardInfo | None:
     """The topic with this id (Fetch v13+, Metadata v12+ and DeleteTopics v6+ may name topics by id)."""
     return ctx.topics.by_id(topic_id.bytes)
+
+
+def name_topics_by_id(ctx: KafkaContext, topics: Sequence[Any]) -> dict[str, uuid.UUID]:
+    """Requests of topic-id versions (Produce v13, OffsetCommit and OffsetFetch v10) name topics by `topic_id`:
+    each topic entry gets the `name` of its id's topic, or a name no topic can have, which the returned dict maps
+    to the id asked for (the handler answers those UNKNOWN_TOPIC_ID)."""
+    unknown = {}
+    for t in topics:
+        info = topic_by_id(ctx, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
+        if info is None:
+            t["name"] = f"<unknown topic id {t['topic_id']}>"
+            unknown[t["name"]] = t["topic_id"]
+        else:
+            t["name"] = info.topic
+    return unknown
+
+
+def topic_id_of(ctx: KafkaContext, name: str) -> uuid.UUID:
+    """The id of topic `name` (the zero UUID for an unknown one)."""
+    info = ctx.topics.get(name)
+    return uuid.UUID(bytes=info.topic_id) if info is not None else ZERO_UUID
 
 
 async def get_or_create_topic(

@@ -9,12 +9,21 @@ every committed offset is asked for, the topics it may not describe are left out
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from mqk import errors as E
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import GROUP, NONE, TOPIC, allowed, coordinator_code
+from mqk.server.kafka.handlers.common import (
+    GROUP,
+    NONE,
+    TOPIC,
+    allowed,
+    coordinator_code,
+    name_topics_by_id,
+    topic_id_of,
+)
 from mqk.store.adapter import GroupOffset
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
@@ -34,11 +43,16 @@ if TYPE_CHECKING:
 
 async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetCommitRequest]) -> OffsetCommitResponse:
     b = req.body
+    by_id = req.api_version >= 10
+    unknown = name_topics_by_id(ctx, b["topics"]) if by_id else {}
     refused = NONE
     if not allowed(ctx, peer, "READ", GROUP, b["group_id"]):
         refused = E.GroupAuthorizationFailedError.code
     refused = refused or coordinator_code(ctx, b["group_id"])
     codes, wanted = sort_commit(ctx, peer, b["topics"], refused)
+    for tp in codes:
+        if tp[0] in unknown and codes[tp] == E.UnknownTopicOrPartitionError.code:
+            codes[tp] = E.UnknownTopicIdError.code
     if wanted:
         codes.update(
             await ctx.groups.commit_offsets(
@@ -49,7 +63,7 @@ async def offset_commit(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetC
                 group_instance_id=b.get("group_instance_id"),
             )
         )
-    return {"throttle_time_ms": 0, "topics": commit_answer(b["topics"], codes)}
+    return {"throttle_time_ms": 0, "topics": commit_answer(b["topics"], codes, by_id)}
 
 
 def sort_commit(
@@ -76,11 +90,13 @@ def sort_commit(
     return codes, wanted
 
 
-def commit_answer(topics: Sequence[Any], codes: dict[tuple[str, int], int]) -> list[Any]:
-    """The answer's topics of an OffsetCommit or TxnOffsetCommit: each partition with its code."""
+def commit_answer(topics: Sequence[Any], codes: dict[tuple[str, int], int], by_id: bool = False) -> list[Any]:
+    """The answer's topics of an OffsetCommit or TxnOffsetCommit: each partition with its code (`by_id`: each
+    topic named by its id, OffsetCommit v10)."""
     return [
         {
             "name": t["name"],
+            **({"topic_id": t["topic_id"]} if by_id else {}),
             "partitions": [
                 {"partition_index": p["partition_index"], "error_code": codes[(t["name"], p["partition_index"])]}
                 for p in t["partitions"]
@@ -165,6 +181,16 @@ def _partition(index: int, off: GroupOffset | None) -> OffsetFetchResponsePartit
     }
 
 
+def _name_by_id(ctx: KafkaContext, topics: list[OffsetFetchResponseTopics], unknown: dict[str, uuid.UUID]) -> None:
+    """OffsetFetch v10 names each topic of its answer by id; a requested id no topic has answers
+    UNKNOWN_TOPIC_ID for each of its partitions."""
+    for topic in topics:
+        topic["topic_id"] = unknown.get(topic["name"]) or topic_id_of(ctx, topic["name"])
+        if topic["name"] in unknown:
+            for part in topic["partitions"]:
+                part["error_code"] = E.UnknownTopicIdError.code
+
+
 async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFetchRequest]) -> OffsetFetchResponse:
     b = req.body
     if req.api_version >= 8:
@@ -173,11 +199,14 @@ async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFe
             code = coordinator_code(ctx, g["group_id"]) if g["group_id"] else E.InvalidGroupIdError.code
             if not allowed(ctx, peer, "DESCRIBE", GROUP, g["group_id"]):
                 code = E.GroupAuthorizationFailedError.code
+            unknown = name_topics_by_id(ctx, g["topics"]) if req.api_version >= 10 and g["topics"] else {}
             found = (
                 _fetch_group(ctx, peer, g["group_id"], g["topics"], b.get("require_stable", False))
                 if code == NONE
                 else []
             )
+            if req.api_version >= 10:
+                _name_by_id(ctx, found, unknown)
             groups.append({"group_id": g["group_id"], "topics": found, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     if not b["group_id"]:

@@ -64,11 +64,10 @@ from mqk.server.kafka.handlers import transactions
 from mqk.server.kafka.handlers.common import (
     NONE,
     TOPIC,
-    ZERO_UUID,
     authorizer,
     get_or_create_topic,
+    name_topics_by_id,
     partition_code,
-    topic_by_id,
 )
 from mqk.server.kafka.transactions import TRANSACTIONAL_ATTR
 from mqk.store.adapter import AppendResult, Buffer, ShardInfo
@@ -172,17 +171,11 @@ def _prepare_by_id(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ProduceReque
     UNKNOWN_TOPIC_ID, never auto-creates), the request is prepared as one naming them, and each topic's answer
     carries its id back."""
     body = req.body
-    unknown: dict[str, int] = {}
-    for t in body["topic_data"]:
-        info = topic_by_id(ctx, t["topic_id"]) if t["topic_id"] != ZERO_UUID else None
-        # (a name no topic can have stands for an unknown id, so the prepare answers it with that code)
-        t["name"] = info.topic if info is not None else f"<unknown topic id {t['topic_id']}>"
-        if info is None:
-            unknown[t["name"]] = E.UnknownTopicIdError.code
+    unknown = name_topics_by_id(ctx, body["topic_data"])
     prepared = prepare(
         ctx,
         body,
-        unknown,
+        dict.fromkeys(unknown, E.UnknownTopicIdError.code),
         denied=_denied(ctx, peer, body),
         txn_refused=_txn_refusal(ctx, peer, body),
         version=req.api_version,
