@@ -27,7 +27,7 @@ from mqk.server.kafka.handlers.common import (
     authorizer,
 )
 from mqk.server.kafka.handlers.metadata import brokers_and_controller
-from mqk.server.kafka.handlers.transactions import refusal
+from mqk.server.kafka.handlers.transactions import fenced_code, refusal
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
 if TYPE_CHECKING:
@@ -82,8 +82,7 @@ async def init_producer_id(
                 b.get("producer_id", -1),
                 b.get("producer_epoch", -1),
             )
-            if code == E.ProducerFencedError.code and req.api_version < 4:
-                code = E.InvalidProducerEpochError.code
+            code = fenced_code(code, req.api_version, since=4)
     elif not allowed_cluster(ctx, peer, "IDEMPOTENT_WRITE") and not authorizer(ctx).authorize_any(
         peer.principal, peer.client_host.lstrip("/"), "WRITE", TOPIC
     ):

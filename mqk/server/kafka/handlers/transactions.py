@@ -54,6 +54,14 @@ if TYPE_CHECKING:
 _NOT_OFFERED = E.TransactionalIdAuthorizationFailedError.code
 
 
+def fenced_code(code: int, version: int, since: int = 2) -> int:
+    """PRODUCER_FENCED as a request of `version` knows it: INVALID_PRODUCER_EPOCH before the version that
+    introduced it (`since`: v2 of AddPartitionsToTxn, AddOffsetsToTxn and EndTxn, v4 of InitProducerId)."""
+    if code == E.ProducerFencedError.code and version < since:
+        return E.InvalidProducerEpochError.code
+    return code
+
+
 def refusal(ctx: KafkaContext, peer: Peer, transactional_id: str) -> int:
     """Why the peer may not use `transactional_id` (0 if it may)."""
     if ctx.transactions is None or not allowed(ctx, peer, "WRITE", TRANSACTIONAL_ID, transactional_id):
@@ -74,7 +82,7 @@ async def add_partitions_to_txn(
             b["v3_and_below_producer_epoch"],
             b["v3_and_below_topics"],
             verify_only=False,
-            fenced=E.ProducerFencedError.code if req.api_version >= 2 else E.InvalidProducerEpochError.code,
+            version=req.api_version,
         )
         return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": results}
     if not allowed_cluster(ctx, peer, "CLUSTER_ACTION"):
@@ -97,7 +105,7 @@ async def add_partitions_to_txn(
                     t["producer_epoch"],
                     t["topics"],
                     verify_only=t["verify_only"],
-                    fenced=E.ProducerFencedError.code,
+                    version=req.api_version,
                 ),
             }
             for t in b["transactions"]
@@ -114,7 +122,7 @@ async def _add_partitions(
     topics: list[AddPartitionsToTxnTopic],
     *,
     verify_only: bool,
-    fenced: int,
+    version: int,
 ) -> list[AddPartitionsToTxnTopicResult]:
     codes: dict[tuple[str, int], int] = {}
     code = refusal(ctx, peer, transactional_id)
@@ -136,8 +144,7 @@ async def _add_partitions(
             code, missing = await ctx.transactions.add_partitions(
                 transactional_id, producer_id, epoch, wanted, verify_only
             )
-            if code == E.ProducerFencedError.code:
-                code = fenced
+            code = fenced_code(code, version)
             codes = {tp: code or (E.InvalidTxnStateError.code if tp in missing else NONE) for tp in wanted}
     return [
         {
@@ -159,11 +166,12 @@ async def add_offsets_to_txn(
         code = E.GroupAuthorizationFailedError.code
     if not code:
         assert ctx.transactions is not None
-        code = await ctx.transactions.add_offsets(
-            b["transactional_id"], b["producer_id"], b["producer_epoch"], b["group_id"]
+        code = fenced_code(
+            await ctx.transactions.add_offsets(
+                b["transactional_id"], b["producer_id"], b["producer_epoch"], b["group_id"]
+            ),
+            req.api_version,
         )
-        if code == E.ProducerFencedError.code and req.api_version < 2:
-            code = E.InvalidProducerEpochError.code
     return {"throttle_time_ms": 0, "error_code": code}
 
 
@@ -178,11 +186,12 @@ async def end_txn(ctx: KafkaContext, peer: Peer, req: KafkaRequest[EndTxnRequest
         )
     elif not code:
         assert ctx.transactions is not None
-        code = await ctx.transactions.end_txn(
-            b["transactional_id"], b["producer_id"], b["producer_epoch"], b["committed"]
+        code = fenced_code(
+            await ctx.transactions.end_txn(
+                b["transactional_id"], b["producer_id"], b["producer_epoch"], b["committed"]
+            ),
+            req.api_version,
         )
-        if code == E.ProducerFencedError.code and req.api_version < 2:
-            code = E.InvalidProducerEpochError.code
     return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch}
 
 
