@@ -1150,3 +1150,33 @@ async def test_offset_commit_and_fetch_v10_name_topics_by_id(client, broker):
     assert [(t["topic_id"], t["partitions"][0]["committed_offset"]) for t in every["groups"][0]["topics"]] == [
         (topic_id, 42)
     ]
+
+
+async def test_describe_topic_partitions_pages_with_its_cursor(client, broker):
+    await broker.store.create_topic("dtp-a", 3)
+    await broker.store.create_topic("dtp-b", 2)
+
+    async def describe(names, limit, cursor=None):
+        return await client.call(
+            ApiKey.DESCRIBE_TOPIC_PARTITIONS,
+            0,
+            {"topics": [{"name": n} for n in names], "response_partition_limit": limit, "cursor": cursor},
+        )
+
+    first = await describe(["dtp-b", "dtp-a", "dtp-none"], 4)
+    assert [(t["name"], [p["partition_index"] for p in t["partitions"]]) for t in first["topics"]] == [
+        ("dtp-a", [0, 1, 2]),
+        ("dtp-b", [0]),
+    ]
+    assert first["topics"][0]["topic_id"] == uuid.UUID(bytes=broker.store.topic("dtp-a").topic_id)
+    assert first["topics"][0]["partitions"][0]["leader_id"] == 0
+    assert first["next_cursor"] == {"topic_name": "dtp-b", "partition_index": 1}
+    rest = await describe(["dtp-b", "dtp-a", "dtp-none"], 4, first["next_cursor"])
+    assert [(t["name"], t["error_code"], [p["partition_index"] for p in t["partitions"]]) for t in rest["topics"]] == [
+        ("dtp-b", 0, [1]),
+        ("dtp-none", E.UnknownTopicOrPartitionError.code, []),
+    ]
+    assert rest["next_cursor"] is None
+    assert broker.store.topic("dtp-none") is None  # never auto-created
+    every = await describe([], 100)
+    assert {"dtp-a", "dtp-b"} <= {t["name"] for t in every["topics"]}

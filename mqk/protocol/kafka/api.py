@@ -66,6 +66,7 @@ class ApiKey:
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    DESCRIBE_TOPIC_PARTITIONS = 75
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -121,6 +122,7 @@ _KAFKA_41_MAX = {
     ApiKey.TXN_OFFSET_COMMIT: 5,
     ApiKey.DESCRIBE_TRANSACTIONS: 0,
     ApiKey.LIST_TRANSACTIONS: 2,
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: 0,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

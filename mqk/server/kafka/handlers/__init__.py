@@ -86,6 +86,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
     ApiKey.DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
     ApiKey.LIST_TRANSACTIONS: transactions.list_transactions,
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: metadata.describe_topic_partitions,
 }
 
 GROUPED: dict[int, Grouping] = {

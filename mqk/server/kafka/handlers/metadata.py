@@ -16,7 +16,9 @@ would trip over them; asked for by name (or id) they are answered like any other
 Authorization as Kafka's: a listing of every topic leaves out the topics the principal may not DESCRIBE; a topic
 asked for by name that it may not DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED (by id: UNKNOWN_TOPIC_ID, saying
 nothing of its existence); a missing topic is auto-created only with CREATE on the cluster or the topic. The
-authorized operations are filled in when the request asks for them (v8+)."""
+authorized operations are filled in when the request asks for them (v8+).
+
+DescribeTopicPartitions (Kafka 4's admin tools) answers from the same partition entries, in pages."""
 
 from __future__ import annotations
 
@@ -43,6 +45,12 @@ from mqk.store.adapter import ShardInfo
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
 if TYPE_CHECKING:
+    from mqk.protocol.kafka.messages.describe_topic_partitions import (
+        DescribeTopicPartitionsRequest,
+        DescribeTopicPartitionsResponse,
+        DescribeTopicPartitionsResponseCursor,
+        DescribeTopicPartitionsResponseTopic,
+    )
     from mqk.protocol.kafka.messages.metadata import (
         MetadataRequest,
         MetadataResponse,
@@ -187,3 +195,74 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[MetadataReques
         "cluster_authorized_operations": cluster_ops,
         "error_code": NONE,
     }
+
+
+#: Kafka's `max.request.partition.size.limit`: the most partitions one DescribeTopicPartitions answer holds
+MAX_PARTITIONS_PER_ANSWER = 2000
+
+
+async def describe_topic_partitions(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[DescribeTopicPartitionsRequest]
+) -> DescribeTopicPartitionsResponse:
+    """DescribeTopicPartitions (KIP-966; what Kafka 4's admin tools describe topics with): the topics asked for, or
+    every topic the principal may DESCRIBE, in name order, from the request's cursor on, with at most
+    `response_partition_limit` partitions (capped at MAX_PARTITIONS_PER_ANSWER); `next_cursor` names the partition
+    the next request starts at when more are left. Never auto-creates; a topic asked for that does not exist is
+    UNKNOWN_TOPIC_OR_PARTITION, one the principal may not DESCRIBE TOPIC_AUTHORIZATION_FAILED. No partition has an
+    eligible-leader set here (empty lists)."""
+    body = req.body
+    limit = min(max(body["response_partition_limit"], 1), MAX_PARTITIONS_PER_ANSWER)
+    cursor = body.get("cursor")
+    start_name, start_partition = (cursor["topic_name"], cursor["partition_index"]) if cursor else ("", 0)
+    if body["topics"]:
+        names = sorted({t["name"] for t in body["topics"]})
+    else:
+        names = sorted(
+            name
+            for name, info in ctx.topics.all().items()
+            if listed_to_kafka(name) and allowed(ctx, peer, "DESCRIBE", TOPIC, info.topic)
+        )
+    topics: list[DescribeTopicPartitionsResponseTopic] = []
+    next_cursor: DescribeTopicPartitionsResponseCursor | None = None
+    left = limit
+    for name in names:
+        if name < start_name:
+            continue
+        first = start_partition if name == start_name else 0
+        info = ctx.topics.get(name)
+        if not allowed(ctx, peer, "DESCRIBE", TOPIC, name) or info is None:
+            code = E.UnknownTopicOrPartitionError.code if info is None else E.TopicAuthorizationFailedError.code
+            topics.append(
+                {
+                    "error_code": code,
+                    "name": name,
+                    "topic_id": ZERO_UUID,
+                    "is_internal": False,
+                    "partitions": [],
+                    "topic_authorized_operations": AUTHORIZED_OPS_OMITTED,
+                }
+            )
+            continue
+        if left == 0:
+            next_cursor = {"topic_name": name, "partition_index": first}
+            break
+        entry = topic_entry(ctx, info)
+        partitions = entry["partitions"][first : first + left]
+        left -= len(partitions)
+        topics.append(
+            {
+                "error_code": NONE,
+                "name": name,
+                "topic_id": entry["topic_id"],
+                "is_internal": entry["is_internal"],
+                "partitions": [
+                    {**p, "eligible_leader_replicas": [], "last_known_elr": []}  # type: ignore[typeddict-item]
+                    for p in partitions
+                ],
+                "topic_authorized_operations": authorized_operations(ctx, peer, TOPIC, name),
+            }
+        )
+        if first + len(partitions) < info.queue_count:
+            next_cursor = {"topic_name": name, "partition_index": first + len(partitions)}
+            break
+    return {"throttle_time_ms": 0, "topics": topics, "next_cursor": next_cursor}
