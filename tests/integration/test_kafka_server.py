@@ -1180,3 +1180,27 @@ async def test_describe_topic_partitions_pages_with_its_cursor(client, broker):
     assert broker.store.topic("dtp-none") is None  # never auto-created
     every = await describe([], 100)
     assert {"dtp-a", "dtp-b"} <= {t["name"] for t in every["topics"]}
+
+
+async def test_list_config_resources_lists_topics_brokers_and_groups(client, broker):
+    await broker.store.create_topic("lcr", 1)
+    await client.call(
+        ApiKey.OFFSET_COMMIT,
+        8,
+        {
+            "group_id": "lcr-group",
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {"name": "lcr", "partitions": [{"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}]}
+            ],
+        },
+    )
+    every = await client.call(ApiKey.LIST_CONFIG_RESOURCES, 1, {"resource_types": []})
+    listed = {(r["resource_type"], r["resource_name"]) for r in every["config_resources"]}
+    assert {(2, "lcr"), (4, "0"), (32, "lcr-group")} <= listed
+    topics = await client.call(ApiKey.LIST_CONFIG_RESOURCES, 1, {"resource_types": [2]})
+    assert {r["resource_type"] for r in topics["config_resources"]} == {2}
+    bad = await client.call(ApiKey.LIST_CONFIG_RESOURCES, 1, {"resource_types": [99]})
+    assert bad["error_code"] == E.InvalidRequestError.code

@@ -67,6 +67,7 @@ class ApiKey:
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
     DESCRIBE_TOPIC_PARTITIONS = 75
+    LIST_CONFIG_RESOURCES = 74
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -123,6 +124,7 @@ _KAFKA_41_MAX = {
     ApiKey.DESCRIBE_TRANSACTIONS: 0,
     ApiKey.LIST_TRANSACTIONS: 2,
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: 0,
+    ApiKey.LIST_CONFIG_RESOURCES: 1,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

@@ -87,6 +87,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
     ApiKey.LIST_TRANSACTIONS: transactions.list_transactions,
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: metadata.describe_topic_partitions,
+    ApiKey.LIST_CONFIG_RESOURCES: configs.list_config_resources,
 }
 
 GROUPED: dict[int, Grouping] = {

@@ -45,6 +45,11 @@ if TYPE_CHECKING:
         IncrementalAlterConfigsResponse,
         IncrementalAlterConfigsResponseAlterConfigsResourceResponse,
     )
+    from mqk.protocol.kafka.messages.list_config_resources import (
+        ListConfigResourcesRequest,
+        ListConfigResourcesResponse,
+        ListConfigResourcesResponseConfigResource,
+    )
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 # ConfigSource
@@ -351,3 +356,36 @@ async def incremental_alter_configs(
             }
         )
     return {"throttle_time_ms": 0, "responses": responses}
+
+
+#: ListConfigResources resource types (KIP-1142), beside TOPIC, BROKER and BROKER_LOGGER above
+CLIENT_METRICS, GROUP_RESOURCE = 16, 32
+_LISTED_TYPES = (TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP_RESOURCE)
+
+
+async def list_config_resources(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListConfigResourcesRequest]
+) -> ListConfigResourcesResponse:
+    """ListConfigResources (v1, Kafka 4.1; v0 was ListClientMetricsResources): the resources that have configs, of
+    the types asked for (every type when none is named): every topic, every broker, every consumer group; no
+    client-metrics subscriptions or broker loggers exist here. Asks DESCRIBE_CONFIGS on the cluster
+    (CLUSTER_AUTHORIZATION_FAILED); an unknown type is INVALID_REQUEST."""
+    if not allowed_cluster(ctx, peer, "DESCRIBE_CONFIGS"):
+        return {"throttle_time_ms": 0, "error_code": E.ClusterAuthorizationFailedError.code, "config_resources": []}
+    if req.api_version == 0:  # ListClientMetricsResources: none
+        return {"throttle_time_ms": 0, "error_code": NONE, "config_resources": []}
+    wanted = set(req.body.get("resource_types") or _LISTED_TYPES)
+    if not wanted <= set(_LISTED_TYPES):
+        return {"throttle_time_ms": 0, "error_code": E.InvalidRequestError.code, "config_resources": []}
+    found: list[ListConfigResourcesResponseConfigResource] = []
+    if TOPIC in wanted:
+        found += [{"resource_name": name, "resource_type": TOPIC} for name in sorted(ctx.topics.all())]
+    if BROKER in wanted:
+        nodes = [b.node_id for b in ctx.cluster.brokers()] if ctx.cluster is not None else [ctx.node_id]
+        found += [{"resource_name": str(node), "resource_type": BROKER} for node in sorted(nodes)]
+    if GROUP_RESOURCE in wanted:
+        found += [
+            {"resource_name": group, "resource_type": GROUP_RESOURCE}
+            for group, _protocol, _state in sorted(ctx.groups.list_groups())
+        ]
+    return {"throttle_time_ms": 0, "error_code": NONE, "config_resources": found}
