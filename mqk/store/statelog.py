@@ -6,6 +6,9 @@
   one record (key = the document's name, value = its JSON) and a load answers the last record of that name. What a
   cluster broker uses, so a replica that becomes master finds the document its master last saved in the log it
   replicated (side files are the replica's own, stale or empty). Compaction keeps the last record per name.
+  A service with many documents (the Kafka transaction coordinator: one per transactional id) saves several in one
+  batch (`save_many`: they land together or not at all; None forgets a name with a tombstone) and reads every
+  document back at start (`load_all`).
 
 Why no fsync or replication wait per save in the log: the log orders a save with the appends around it, and every
 copy of the log (after a crash, on a replica) is a prefix of it. A service that saves its intent before acting on
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from mqk._fast import load
@@ -76,11 +80,38 @@ class LogStateDocs:
                 await self.store.create_topic(self.topic, 1, TopicConfig({"cleanup.policy": "compact"}))
 
     async def save(self, name: str, doc: dict[str, Any]) -> None:
-        data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()  # (TypeError now, before the append)
+        await self.save_many({name: doc})
+
+    async def save_many(self, docs: Mapping[str, dict[str, Any] | None]) -> None:
+        """Save several documents in one batch (one append: all of them or none); None forgets a name (a
+        tombstone, which compaction removes in time)."""
+        records = bytearray()
+        for i, (name, doc) in enumerate(docs.items()):
+            # (json's TypeError comes now, before anything is appended)
+            data = None if doc is None else json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+            records += recbatch.encode_record(i, 0, name.encode(), data, [])
         now = store_time_ms()
-        record = recbatch.encode_record(0, 0, name.encode(), data, [])
-        batch = recbatch.build_batch(0, now, now, record, 1, 0)
+        batch = recbatch.build_batch(0, now, now, bytes(records), len(docs), len(docs) - 1)
         await self.store.append(self.topic, 0, [batch], delay_headers=False)
+
+    async def load_all(self) -> dict[str, dict[str, Any]]:
+        """Every document the topic holds now, by name (a name whose last record is a tombstone is absent)."""
+        docs: dict[str, dict[str, Any]] = {}
+        if self.store.topic(self.topic) is None:
+            return docs
+        offset, end = self.store.offset_bounds(self.topic, 0)
+        while offset < end:
+            result = await self.store.read(self.topic, 0, offset, _READ_BYTES)
+            if not result.batches:
+                break
+            for _offset, key, doc in self._documents(result.batches, quiet=False, tombstones=True):
+                name = key.decode(errors="replace")
+                if doc is None:
+                    docs.pop(name, None)
+                else:
+                    docs[name] = doc
+            offset = result.next_offset
+        return docs
 
     async def load(self, name: str) -> dict[str, Any] | None:
         if self.store.topic(self.topic) is None:
@@ -109,6 +140,17 @@ class LogStateDocs:
         counted unless `quiet` (the first look at the last record: the scan that follows reports them)."""
         key = name.encode()
         found = None
+        for offset, _key, doc in self._documents(batches, quiet=quiet, key=key):
+            if doc is not None:
+                found = (offset, doc)
+        return found
+
+    def _documents(
+        self, batches: list[Any], *, quiet: bool, key: bytes | None = None, tombstones: bool = False
+    ) -> Iterator[tuple[int, bytes, dict[str, Any] | None]]:
+        """(offset, key, document) of the good records of `batches` (those of `key` only, when given), a
+        tombstone as None when `tombstones` (else it is malformed, as any record that is not a JSON object:
+        logged and counted unless `quiet`)."""
         for batch in batches:
             base = batch.base_offset
             try:
@@ -117,7 +159,10 @@ class LogStateDocs:
                 self._skip(quiet, f"batch at offset {base}: {exc}")
                 continue
             for _attributes, _ts, delta, record_key, value, _headers in records:
-                if record_key != key:
+                if record_key is None or (key is not None and record_key != key):
+                    continue
+                if value is None and tombstones:
+                    yield base + delta, bytes(record_key), None
                     continue
                 try:
                     doc = json.loads(value) if value is not None else None
@@ -127,8 +172,7 @@ class LogStateDocs:
                 if not isinstance(doc, dict):
                     self._skip(quiet, f"record at offset {base + delta}: not a JSON object")
                     continue
-                found = (base + delta, doc)
-        return found
+                yield base + delta, bytes(record_key), doc
 
     def _skip(self, quiet: bool, why: str) -> None:
         if not quiet:

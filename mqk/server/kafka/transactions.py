@@ -9,11 +9,12 @@ What this module owns:
   INVALID_PRODUCER_EPOCH); a transaction still under way at that moment is aborted first. Epoch exhaustion moves
   the id to a new producer id at epoch 0. A KIP-360 call (the producer names its id and epoch) is accepted for the
   current epoch and for the one before a timeout's fence, else PRODUCER_FENCED.
-- **durability**: every change of a transactional id is one record in `__transaction_state` (key `t` + id, a
-  JSON value; the topic is compacted, so its latest record is what the id is), written and awaited before the
-  request is answered, in the log so that replication will carry it; so are the offsets a transaction will
-  commit (TxnOffsetCommit) and each aborted transaction a partition must remember (key `a` + [topic, partition,
-  marker offset]; a tombstone once retention has removed the marker). `start()` reads the topic back: a
+- **durability**: every change of a transactional id is one document in `__transaction_state` (a
+  `mqk.store.statelog.LogStateDocs`: name `t` + id, a JSON value; the topic is compacted, so its latest record is
+  what the id is), written and awaited before the request is answered, in the log so that replication will carry
+  it; so are the offsets a transaction will commit (TxnOffsetCommit) and each aborted transaction a partition must
+  remember (name `a` + [topic, partition, marker offset], in the same batch as the Complete document; a tombstone
+  once retention has removed the marker). `start()` reads the topic back: a
   transaction caught between its Prepare record and its Complete one gets its markers again; one under way stays
   under way (its producer may go on, or its timeout ends it).
 - **markers**: EndTxn writes Prepare, then one control batch (Kafka's COMMIT or ABORT control record, the
@@ -56,7 +57,7 @@ import contextlib
 import json
 import logging
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,10 +65,9 @@ from mqk import errors as E
 from mqk._fast import load
 from mqk.broker.internal import TRANSACTION_STATE_TOPIC
 from mqk.clock import SYSTEM_CLOCK, Clock
-from mqk.config import TopicConfig
-from mqk.protocol.kafka.records import batch_records
 from mqk.store.adapter import GroupOffset
 from mqk.store.manager import StoreManager
+from mqk.store.statelog import LogStateDocs
 
 recbatch = load("recbatch")
 log = logging.getLogger("mqk.kafka.transactions")
@@ -88,8 +88,9 @@ _CONTROL_VALUE = struct.Struct(">hi")  # version, coordinator epoch
 MAX_EPOCH = 32767 - 1
 #: a single broker is the only coordinator there has been
 COORDINATOR_EPOCH = 0
-_READ_BYTES = 4 << 20
-_TXN_KEY, _ABORT_KEY = b"t", b"a"
+#: the state documents' names: a transactional id's (`t` + the id) and an aborted transaction's (`a` + JSON of its
+#: topic, partition and marker offset)
+_TXN_KEY, _ABORT_KEY = "t", "a"
 
 Partition = tuple[str, int]
 #: a transaction's offsets for one group: (topic, partition) -> (offset, leader epoch, metadata)
@@ -201,15 +202,8 @@ def control_batch(producer_id: int, epoch: int, commit: bool, timestamp: int) ->
     )
 
 
-def _state_batch(entries: list[tuple[bytes, bytes | None]], timestamp: int) -> bytearray:
-    records = bytearray()
-    for i, (key, value) in enumerate(entries):
-        records += recbatch.encode_record(i, 0, key, value, [])
-    return recbatch.build_batch(0, timestamp, timestamp, bytes(records), len(entries), len(entries) - 1)
-
-
-def _abort_key(topic: str, partition: int, marker: int) -> bytes:
-    return _ABORT_KEY + json.dumps([topic, partition, marker], separators=(",", ":")).encode()
+def _abort_key(topic: str, partition: int, marker: int) -> str:
+    return _ABORT_KEY + json.dumps([topic, partition, marker], separators=(",", ":"))
 
 
 class TransactionCoordinator:
@@ -236,7 +230,8 @@ class TransactionCoordinator:
         self.by_pid: dict[int, Txn] = {}
         #: (topic, partition) -> its transactions; empty while no transaction has written anything
         self.partitions: dict[Partition, PartitionTxns] = {}
-        self._state_lock = asyncio.Lock()
+        #: the documents of `__transaction_state` (mqk.store.statelog)
+        self.docs = LogStateDocs(store, TRANSACTION_STATE_TOPIC)
         self._sweeper: asyncio.Task[None] | None = None
 
     # --- start and stop ----------------------------------------------------------------------------------
@@ -260,42 +255,18 @@ class TransactionCoordinator:
             self._sweeper = None
 
     async def _load(self) -> None:
-        docs: dict[str, dict[str, Any]] = {}
-        aborted: dict[bytes, list[int] | None] = {}
-        offset = self.store.log_start_offset(TRANSACTION_STATE_TOPIC, 0)
-        end = self.store.end_offset(TRANSACTION_STATE_TOPIC, 0)
-        while offset < end:
-            result = await self.store.read(TRANSACTION_STATE_TOPIC, 0, offset, _READ_BYTES)
-            if not result.batches:
-                break
-            for batch in result.batches:
-                for _attrs, _ts, _delta, key, value, _headers in batch_records(batch.data):
-                    if key is None:
-                        continue
-                    key = bytes(key)
-                    try:
-                        if key[:1] == _TXN_KEY:
-                            name = key[1:].decode()
-                            if value is None:
-                                docs.pop(name, None)
-                            else:
-                                docs[name] = json.loads(bytes(value))
-                        elif key[:1] == _ABORT_KEY:
-                            aborted[key] = None if value is None else json.loads(bytes(value))
-                    except (ValueError, UnicodeDecodeError) as exc:
-                        log.warning("skipping an unreadable %s record: %s", TRANSACTION_STATE_TOPIC, exc)
-            offset = result.next_offset
-        for key, entry in aborted.items():
-            if entry is None:
+        docs = await self.docs.load_all()
+        for name, doc in docs.items():
+            if not name.startswith(_ABORT_KEY):
                 continue
             try:
-                topic, partition, marker = json.loads(key[1:])
-                pid, first = entry
-                record = (int(marker), int(pid), int(first))
-            except (TypeError, ValueError) as exc:
-                log.warning("skipping an unreadable aborted-transaction record %r: %s", key, exc)
+                topic, partition, marker = json.loads(name[len(_ABORT_KEY) :])
+                record = (int(marker), int(doc["pid"]), int(doc["first"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("skipping an unreadable aborted-transaction record %r: %s", name, exc)
                 continue
             bisect.insort(self._partition(str(topic), int(partition)).aborted, record)
+        docs = {name[len(_TXN_KEY) :]: doc for name, doc in docs.items() if name.startswith(_TXN_KEY)}
         for name, doc in docs.items():
             try:
                 txn = Txn.from_document(name, doc)
@@ -542,7 +513,7 @@ class TransactionCoordinator:
         """Markers to every partition, the group offsets on commit, then the Complete record."""
         now = self.clock.time_ms()
         pid, epoch = txn.producer_id, txn.producer_epoch
-        aborted: list[tuple[bytes, bytes | None]] = []
+        aborted: dict[str, dict[str, Any] | None] = {}
         for topic, partition in txn.partitions:
             state = self._partition(topic, partition)
             first = state.open.get(pid)
@@ -555,7 +526,7 @@ class TransactionCoordinator:
             if not commit and first is not None:
                 marker = result.base_offset
                 bisect.insort(state.aborted, (marker, pid, min(first, marker)))
-                aborted.append((_abort_key(topic, partition, marker), json.dumps([pid, first]).encode()))
+                aborted[_abort_key(topic, partition, marker)] = {"pid": pid, "first": first}
         if commit:
             for group, offsets in txn.groups.items():
                 if offsets:
@@ -676,7 +647,7 @@ class TransactionCoordinator:
         ]
         if not gone:
             return 0
-        await self._append_state([(_TXN_KEY + txn.transactional_id.encode(), None) for txn in gone])
+        await self.docs.save_many({_TXN_KEY + txn.transactional_id: None for txn in gone})
         for txn in gone:
             if self.txns.get(txn.transactional_id) is txn and txn.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT):
                 del self.txns[txn.transactional_id]
@@ -687,7 +658,7 @@ class TransactionCoordinator:
 
     async def prune_aborted(self) -> None:
         """Forget (with a tombstone) the aborted transactions whose marker retention has removed."""
-        gone: list[tuple[bytes, bytes | None]] = []
+        gone: dict[str, dict[str, Any] | None] = {}
         for (topic, partition), state in list(self.partitions.items()):
             if not state.aborted:
                 continue
@@ -697,10 +668,11 @@ class TransactionCoordinator:
                 start = 1 << 62  # the topic is gone
             cut = bisect.bisect_left(state.aborted, (start, -1, -1))
             for marker, _pid, _first in state.aborted[:cut]:
-                gone.append((_abort_key(topic, partition, marker), None))
+                gone[_abort_key(topic, partition, marker)] = None
             del state.aborted[:cut]
         if gone:
-            await self._append_state(gone)
+            await self._prepared_docs()
+            await self.docs.save_many(gone)
 
     # --- the state log -----------------------------------------------------------------------------------
 
@@ -714,15 +686,12 @@ class TransactionCoordinator:
             return E.CoordinatorNotAvailableError.code
         return 0
 
-    async def _save(self, txn: Txn, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
-        value = json.dumps(txn.document(), separators=(",", ":")).encode()
-        await self._append_state([(_TXN_KEY + txn.transactional_id.encode(), value), *extra])
+    async def _save(self, txn: Txn, extra: Mapping[str, dict[str, Any] | None] | None = None) -> None:
+        """The transactional id's document, with `extra` documents (aborted transactions) in the same batch."""
+        await self._prepared_docs()
+        await self.docs.save_many({_TXN_KEY + txn.transactional_id: txn.document(), **(extra or {})})
 
-    async def _append_state(self, entries: list[tuple[bytes, bytes | None]]) -> None:
-        async with self._state_lock:
-            if self.store.topic(TRANSACTION_STATE_TOPIC) is None:
-                with contextlib.suppress(E.ShardExists):
-                    await self.store.create_topic(
-                        TRANSACTION_STATE_TOPIC, 1, TopicConfig({"cleanup.policy": "compact"})
-                    )
-        await self.store.append(TRANSACTION_STATE_TOPIC, 0, [_state_batch(entries, self.clock.time_ms())])
+    async def _prepared_docs(self) -> None:
+        """The state topic made on first use (a broker that never saw a transaction has none)."""
+        if self.store.topic(TRANSACTION_STATE_TOPIC) is None:
+            await self.docs.prepare()
