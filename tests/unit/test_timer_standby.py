@@ -215,6 +215,23 @@ async def test_log_state_docs_last_record_of_a_name_wins(memory_store: StoreMana
     assert memory_store.end_offset("__docs", 0) == 3
 
 
+async def test_log_state_docs_save_many_lands_in_one_batch_and_load_all_honours_tombstones(
+    memory_store: StoreManager,
+) -> None:
+    docs = LogStateDocs(memory_store, "__docs")
+    assert await docs.load_all() == {}  # no topic yet
+    await docs.prepare()
+    await docs.save_many({"a": {"v": 1}, "b": {"v": 1}, "c": {"v": 1}})
+    assert memory_store.end_offset("__docs", 0) == 3
+    assert len((await memory_store.read("__docs", 0, 0, 1 << 20)).batches) == 1  # (all or nothing)
+    await docs.save_many({"b": None, "c": {"v": 2}})
+    assert await docs.load_all() == {"a": {"v": 1}, "c": {"v": 2}}
+    assert await docs.load("c") == {"v": 2}
+    with pytest.raises(TypeError):
+        await docs.save_many({"d": {"v": 1}, "e": {"bad": object()}})
+    assert memory_store.end_offset("__docs", 0) == 5  # the bad batch appended nothing
+
+
 async def test_log_state_docs_skip_malformed_records_with_a_log_line(
     memory_store: StoreManager, caplog: pytest.LogCaptureFixture
 ) -> None:
