@@ -293,9 +293,11 @@ class Harness:
 # --- Kafka request bodies for the raw client ----------------------------------------------------------------------
 
 
-def produce_body(topic: str, batch: Any, partition: int = 0, acks: int = -1) -> dict:
+def produce_body(
+    topic: str, batch: Any, partition: int = 0, acks: int = -1, transactional_id: str | None = None
+) -> dict:
     return {
-        "transactional_id": None,
+        "transactional_id": transactional_id,
         "acks": acks,
         "timeout_ms": 5000,
         "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": bytes(batch)}]}],

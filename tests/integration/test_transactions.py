@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Proxy, fetch_body, values_of
+from helpers import Proxy, fetch_body, produce_body, values_of
 
 from mqk import errors as E
 from mqk.clock import FakeClock
@@ -103,7 +103,7 @@ class Broker:
         answer = await self.call(
             ApiKey.PRODUCE,
             9,
-            _produce_body(txn_id, batch, partition),
+            produce_body(TOPIC, batch, partition, transactional_id=txn_id),
         )
         part = answer["responses"][0]["partition_responses"][0]
         return part["error_code"], part["base_offset"]
@@ -146,15 +146,6 @@ async def broker(tmp_path: Path):
     await b.store.create_topic(TOPIC, 2)
     yield b
     await b.stop()
-
-
-def _produce_body(txn_id: str | None, batch: bytes | bytearray, partition: int = 0) -> dict[str, Any]:
-    return {
-        "transactional_id": txn_id,
-        "acks": -1,
-        "timeout_ms": 5000,
-        "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": bytes(batch)}]}],
-    }
 
 
 def _txn_offsets_body(txn_id: str, group: str, pid: int, epoch: int, offset: int) -> dict[str, Any]:
@@ -434,7 +425,7 @@ async def test_no_client_may_write_a_control_batch(broker: Broker) -> None:
         answer = await broker.call(
             ApiKey.PRODUCE,
             9,
-            _produce_body(None, forged, 0),
+            produce_body(TOPIC, forged, 0, transactional_id=None),
         )
         part = answer["responses"][0]["partition_responses"][0]
         assert part["error_code"] == E.InvalidRecordError.code, part
@@ -498,7 +489,7 @@ async def _produce_v12(
     answer = await client.call(
         ApiKey.PRODUCE,
         12,
-        _produce_body(txn_id, batch, partition),
+        produce_body(TOPIC, batch, partition, transactional_id=txn_id),
     )
     part = answer["responses"][0]["partition_responses"][0]
     return part["error_code"], part["base_offset"]
@@ -559,7 +550,7 @@ async def test_a_late_end_txn_cannot_end_the_next_transaction(broker: Broker) ->
         held_produce = slow.send(
             ApiKey.PRODUCE,
             12,
-            _produce_body("t-late", batch, 0),
+            produce_body(TOPIC, batch, 0, transactional_id="t-late"),
         )
         await slow.writer.drain()
         # the producer gives up waiting and retries on its other connection: N commits, N+1 begins

@@ -109,7 +109,7 @@ class ProducerIds(Protocol):
     async def init_producer_id(self) -> tuple[int, int, int]: ...
 
 
-@dataclass
+@dataclass(eq=False)  # (one per transactional id, found by identity; no equality is ever asked)
 class Txn:
     transactional_id: str
     producer_id: int

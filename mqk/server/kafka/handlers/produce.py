@@ -640,7 +640,7 @@ def _record_errors(records: Buffer, compacted: bool, timestamps: tuple[int, int]
                         errors.append((i, f"timestamp {ts} is out of range [{timestamps[0]}, {timestamps[1]}]"))
             if errors:
                 return errors
-    except Exception:  # noqa: BLE001 - bytes the named-record pass cannot read: the code and message say enough
+    except (E.MqkError, ValueError):  # bytes this pass cannot read: the code and message say enough
         return []
     return []
 
