@@ -229,7 +229,9 @@ def filter_batches(
             out.append(data)
             continue
         kept = []
-        for record in records if not _aborted(header, aborted) else ():
+        # an aborted transaction's records all go: none is walked, so none is kept
+        walked = () if _aborted(header, aborted) else records
+        for record in walked:
             key, value = record[3], record[4]
             offset = base + record[2]
             if key is None:

@@ -10,13 +10,12 @@
   emits them as separate buffers for `transport.writelines`, so record bytes are never copied in Python.
 - Offsets: high watermark = end offset (in a replicated group: what every in-sync replica holds); last stable
   offset = the first offset of the earliest transaction under way on the partition, else the high watermark
-  (mqk.server.kafka.transactions); log start offset.
+  (mqk.server.kafka.transactions); log start offset. OFFSET_OUT_OF_RANGE below the log start or above the end.
 - read_committed (isolation level 1) reads below the last stable offset only and names the aborted transactions
   whose records the answer may hold (`aborted_transactions`: producer id and first offset; the client drops that
   producer's batches from there to its ABORT marker). read_uncommitted reads up to the high watermark; both see
   the markers (control batches), which clients skip. A partition no transaction has touched costs a read one
   dictionary lookup (none while no transaction has written anything).
-  OFFSET_OUT_OF_RANGE below the log start or above the end.
 - Fetch sessions (KIP-227): every answer has session id 0, which tells the client that no session was created,
   so it keeps sending full fetch requests. A request naming a session we never gave out gets
   FETCH_SESSION_ID_NOT_FOUND, and the client falls back to a full fetch.
@@ -240,11 +239,9 @@ async def _read_all(
                     hw = replication.committed_end(topic, index, hw)
                     if batches and batches[-1].base_offset >= hw:
                         batches = [b for b in batches if b.base_offset < hw]
-                stable = hw
-                if txns is not None:
-                    stable = txns.last_stable(hw)
-                    if isolation_committed and batches and batches[-1].base_offset >= stable:
-                        batches = [b for b in batches if b.base_offset < stable]
+                stable = hw if txns is None else txns.last_stable(hw)
+                if isolation_committed and batches and batches[-1].base_offset >= stable:
+                    batches = [b for b in batches if b.base_offset < stable]
             except Exception as exc:  # noqa: BLE001 - per-partition error code, as the protocol wants
                 code = E.kafka_code_for(exc)
                 hw = log_start = -1
