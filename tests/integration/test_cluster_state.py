@@ -80,11 +80,21 @@ def confluent_commit(bootstrap: str) -> None:
         consumer.close()
 
 
-def confluent_committed(bootstrap: str) -> int:
+def confluent_committed(bootstrap: str) -> int | None:
+    """The group's committed offset, or None while no broker coordinates the group yet: right after a failover
+    the new master may answer NOT_COORDINATOR until it holds the offsets partition, and librdkafka's committed()
+    hands that retriable error to the application instead of asking again."""
     consumer = confluent_consumer(bootstrap, "g-confluent")
     try:
         (tp,) = consumer.committed([confluent_kafka.TopicPartition("orders", 0)], timeout=WAIT_S)
         return int(tp.offset)
+    except confluent_kafka.KafkaException as exc:
+        if exc.args[0].code() in (
+            confluent_kafka.KafkaError.NOT_COORDINATOR,
+            confluent_kafka.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        ):
+            return None
+        raise
     finally:
         consumer.close()
 
@@ -198,7 +208,10 @@ async def write_state(bootstrap: str, ns: str, kafka: tuple[str, int]) -> State:
 
 async def check_state(state: State, bootstrap: str, ns: str, kafka: tuple[str, int]) -> None:
     """What `write_state` wrote, as the clients see it from the master after the takeover."""
-    assert await asyncio.to_thread(confluent_committed, bootstrap) == 7
+    committed_now = await wait_until_async(
+        lambda: asyncio.to_thread(confluent_committed, bootstrap), WAIT_S, "the group's coordinator to answer"
+    )
+    assert committed_now == 7
     committed = await asyncio.to_thread(kafka_python_committed, bootstrap)
     assert (committed.offset, committed.metadata) == (3, "kp-meta")
     async with PullConsumer(ns, "g-rmq") as rmq:
