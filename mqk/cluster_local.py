@@ -236,6 +236,10 @@ class EtcdProcess:
     def url(self) -> str:
         return f"etcd://{LOOPBACK}:{self.client_port}"
 
+    def log_tail(self, limit: int = 6000) -> str:
+        """The tail of etcd's log since its last start."""
+        return _tail(self.log_path, limit, self._log_start)
+
     @property
     def endpoints(self) -> list[Address]:
         return [(LOOPBACK, self.client_port)]
@@ -525,6 +529,16 @@ class LocalCluster:
     def pids(self) -> dict[int, int]:
         """node id -> pid of each broker process started (running or not)."""
         return {b.node_id: b.pid for b in self.brokers if b.proc is not None}
+
+    def logs_tail(self, limit: int = 12_000) -> str:
+        """The tail of each broker's log of its current (or last) run, and of etcd's when this cluster started it:
+        what a failed test shows."""
+        parts = [
+            f"--- broker {b.node_id} ({b.log_path}) ---\n{_tail(b.log_path, limit, b.log_start)}" for b in self.brokers
+        ]
+        if self.etcd_process is not None:
+            parts.append(f"--- etcd ({self.etcd_process.log_path}) ---\n{self.etcd_process.log_tail(limit)}")
+        return "\n".join(parts)
 
     def broker(self, node_id: int) -> LocalBroker:
         for b in self.brokers:

@@ -452,6 +452,18 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"mqk plugin: {exc}") from None
 
 
+#: set on a test item whose call phase failed: the cluster fixture then shows its processes' logs
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]  # (pluggy's result object)
+    if report.when == "call" and report.failed:
+        item.stash[_CALL_FAILED] = True
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     options = config.stash.get(_OPTIONS, None)
     if options is None or options == PluginOptions():
@@ -561,6 +573,8 @@ def mqk_cluster_factory(
     request: pytest.FixtureRequest, tmp_path: Path, mqk_options: PluginOptions
 ) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
+    #: the session's etcd, once a cluster of this test uses it
+    session_etcd: list[EtcdProcess] = []
 
     def start(
         brokers: int = 3,
@@ -574,7 +588,8 @@ def mqk_cluster_factory(
         broker_args: Mapping[int, Sequence[str]] | None = None,
     ) -> LocalCluster:
         if etcd is None and not own_etcd:
-            etcd = request.getfixturevalue("mqk_etcd").url
+            session_etcd.append(request.getfixturevalue("mqk_etcd"))
+            etcd = session_etcd[-1].url
         data_dir = tmp_path / f"mqk-cluster-{len(started)}"
         cluster = LocalCluster(
             data_dir,
@@ -592,6 +607,12 @@ def mqk_cluster_factory(
     try:
         yield start
     finally:
+        if request.node.stash.get(_CALL_FAILED, False):
+            # a failed cluster test says what its brokers and etcd logged (the report shows it as teardown stderr)
+            for cluster in started:
+                print(cluster.logs_tail(), file=sys.stderr)
+            for etcd_process in session_etcd[:1]:
+                print(f"--- the session's etcd ---\n{etcd_process.log_tail()}", file=sys.stderr)
         for cluster in reversed(started):
             cluster.stop()
 

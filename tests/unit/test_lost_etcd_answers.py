@@ -125,3 +125,50 @@ async def test_a_mastership_and_a_controllership_the_node_holds_are_kept() -> No
     n._on_change()
     await settle()
     assert meta.txns == [] and n.master_epoch == 4
+
+
+class StallingMeta:
+    """A meta service that applies transactions (no compare is checked: the node runs alone) except the first
+    `stalls`, which fail as an etcd that did not answer in time fails them (nothing written)."""
+
+    def __init__(self, stalls: int) -> None:
+        self.stalls = stalls
+        self.held: dict[str, Record] = {}
+        self.revision = 10
+
+    async def txn(self, compares: list[Compare], success: list[Any], failure: Any = ()) -> bool:
+        if self.stalls:
+            self.stalls -= 1
+            raise MetaUnavailable("etcd unreachable: no answer in 5 s")
+        for put in success:
+            self.revision += 1
+            self.held[put.key] = Record(put.key, put.value, self.revision, self.revision, 1, put.lease)
+        return True
+
+    async def get(self, key: str) -> Record | None:
+        return self.held.get(key)
+
+    async def get_prefix(self, prefix: str) -> tuple[list[Record], int]:
+        return [r for k, r in self.held.items() if k.startswith(prefix)], self.revision
+
+
+@pytest.mark.parametrize("stalls", [1, 2])
+async def test_an_election_etcd_did_not_answer_is_run_again_without_any_key_changing(
+    stalls: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every broker of a cluster may meet the same etcd stall at start; the failed write changes no key, so no watch
+    # event would start the next election, and the cluster stayed without a controller until something else changed
+    # (a CreateTopics waited for one in vain). One stall fails the mastership's election, two also the controller's.
+    monkeypatch.setattr("mqk.broker.cluster.node.ELECTION_RETRY_S", 0.01)
+    meta = StallingMeta(stalls)
+    n = ClusterNode(ClusterConfig([("127.0.0.1", 1)], "c", 0, "g", {}))
+    n.meta = meta  # type: ignore[assignment]  # the stand-in above
+    n.lease = 77
+    n._on_change()
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if n.controlling is not None:
+            break
+    assert n.master_epoch == 1 and n.controlling is not None and meta.stalls == 0
+    assert meta.held[n.keys.controller].lease == 77
+    n._stopped = True

@@ -62,6 +62,9 @@ log = logging.getLogger("mqk.cluster")
 PID_BLOCK = 1000
 #: how soon a mastership handed to this broker is looked at again when it could not be taken yet
 HANDOVER_RETRY_S = 0.2
+#: how soon an election etcd did not answer (slow or unreachable) is run again: nothing else may wake it, since a
+#: write that never happened changes no key the watch could report
+ELECTION_RETRY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +353,7 @@ class ClusterNode:
         if self._campaigning or self._stopped or not self.lease:
             return
         self._campaigning = True
+        postponed = False
         try:
             handed = self._handed_over()
             epoch = 0
@@ -385,16 +389,24 @@ class ClusterNode:
                             on_controller()
         except MetaUnavailable as exc:
             log.warning("cluster: election postponed: %s", exc)
+            postponed = True
         except LeaseExpired:
             if not self._stopped:  # (a stop revokes the lease under a running campaign)
                 log.warning("cluster: the lease expired during an election; the keepalive registers again")
         finally:
             self._campaigning = False
-            if self.lease and not self._stopped and self._handed_over() is not None:
+            retry_after = None
+            if postponed:
+                # every broker may have met the same etcd stall: unless one runs again, the cluster may be left
+                # without a controller (or the group without a master) until some unrelated key changes
+                retry_after = ELECTION_RETRY_S
+            elif self._handed_over() is not None:
                 # handed over while this campaign ran (its view change found `_campaigning` set), or etcd could
                 # not be asked whether the handover is real: look again shortly
+                retry_after = HANDOVER_RETRY_S
+            if retry_after is not None and self.lease and not self._stopped:
                 loop = asyncio.get_running_loop()
-                loop.call_later(HANDOVER_RETRY_S, lambda: loop.create_task(self._campaign()))
+                loop.call_later(retry_after, lambda: loop.create_task(self._campaign()))
 
     async def _accept_handover(self, master: MasterRecord) -> int:
         """Take a mastership another broker moved to this one: only if etcd holds that very record under this
