@@ -7,13 +7,15 @@
    timer's put-hook writes them (one wrapped message per record, each with its own due time, spread uniformly and
    in random order over `--spread-s` seconds starting `--lead-s` seconds after the fill began), bound for the topic
    `pending`. No client sits in the measurement: the bytes on disk are what N delayed produces would leave.
-3. A broker is started on it. Its timer re-reads the timer topic from the floor (the restart path), so once it is
-   ready every message is pending (checked on /metrics: mqk_timer_pending_messages). Its RSS (VmRSS) and peak
-   (VmHWM) are printed beside the baseline, with the bytes per pending message above the baseline.
+3. A broker is started on it. It prints its ready line at once; its timer re-reads the timer topic from the floor
+   (the restart path) in the background, and once that read is done every message is pending (polled on /metrics:
+   mqk_timer_pending_messages; both times are printed). Its RSS (VmRSS) and peak (VmHWM) are printed beside the
+   baseline, with the bytes per pending message above the baseline.
 4. For `--watch-s` seconds from the first due time, /metrics is polled: the delivered count at each poll is checked
    against the due times (none delivered early; lateness of each delivered message at most the poll time minus its
    due time, printed as p50/p99/max), and every message due `--late-s` before the watch ends must have come out.
-   With a spread no longer than the watch every message is checked.
+   With a spread no longer than the watch every message is checked. The timer's state document (`state/timer.json`)
+   is measured at each poll: its largest size is printed (it names delivered messages by rule, not one by one).
 
 RSS is printed whole and as its anonymous part (RssAnon): the rest is CommitLog pages the file store maps (the
 timer's start-up read touches every timer record once), clean pages the kernel reclaims under pressure.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import random
 import re
 import sys
@@ -84,12 +87,18 @@ async def _fill(data_dir: Path, dues: list[int], now_ms: int) -> float:
     return time.perf_counter() - start
 
 
-def _watch(admin: tuple[str, int], dues_sorted: list[int], until_ms: int, tolerance_ms: int) -> dict[str, float]:
-    """Poll the delivered count until `until_ms`; early deliveries and per-message lateness bounds."""
+def _watch(
+    admin: tuple[str, int], dues_sorted: list[int], until_ms: int, tolerance_ms: int, state_doc: Path
+) -> dict[str, float]:
+    """Poll the delivered count until `until_ms`; early deliveries, per-message lateness bounds, and the largest
+    size the timer's state document reached."""
     lateness: list[float] = []
     seen = 0
     early = 0
+    doc_bytes = 0
     while True:
+        with contextlib.suppress(OSError):  # (replaced atomically: briefly absent is not an error)
+            doc_bytes = max(doc_bytes, state_doc.stat().st_size)
         delivered = int(_metric(admin, "mqk_timer_delivered"))
         after = time.time() * 1000
         due_by_now = bisect.bisect_right(dues_sorted, after)
@@ -110,6 +119,7 @@ def _watch(admin: tuple[str, int], dues_sorted: list[int], until_ms: int, tolera
         "p50": perfutil.percentile(lateness, 50) if lateness else 0.0,
         "p99": perfutil.percentile(lateness, 99) if lateness else 0.0,
         "max": lateness[-1] if lateness else 0.0,
+        "doc_bytes": doc_bytes,
     }
 
 
@@ -171,11 +181,16 @@ def main() -> int:
             ready_s = time.perf_counter() - t0
             assert broker.admin_address is not None
             pending = int(_metric(broker.admin_address, "mqk_timer_pending_messages"))
+            while pending < args.count and time.perf_counter() - t0 < 3600:  # the schedule is read after ready
+                time.sleep(0.05)
+                pending = int(_metric(broker.admin_address, "mqk_timer_pending_messages"))
+            read_s = time.perf_counter() - t0
             rss, hwm, anon = _rss_kb(broker.pid)
             above = (anon - base_anon) * 1024 / max(pending, 1)
             print(
-                f"pending: {pending} of {args.count} delayed messages after a {ready_s:.1f} s start "
-                f"({args.count / ready_s:.0f} records/sec read); broker RSS {rss / 1024:.1f} MB "
+                f"pending: {pending} of {args.count} delayed messages; ready line after {ready_s:.2f} s, schedule "
+                f"read after {read_s:.1f} s ({args.count / read_s:.0f} records/sec read); "
+                f"broker RSS {rss / 1024:.1f} MB "
                 f"(peak {hwm / 1024:.1f} MB, anonymous {anon / 1024:.1f} MB; idle: {base_rss / 1024:.1f} MB, "
                 f"anonymous {base_anon / 1024:.1f} MB); {above:.1f} anonymous bytes/message above idle",
                 flush=True,
@@ -189,14 +204,16 @@ def main() -> int:
             if wait > 0:
                 time.sleep(wait)
             tolerance_ms = int(args.late_s * 1000)
-            watched = _watch(broker.admin_address, dues, first_due + int(args.watch_s * 1000), tolerance_ms)
+            state_doc = root / "full" / "state" / "timer.json"
+            watched = _watch(broker.admin_address, dues, first_due + int(args.watch_s * 1000), tolerance_ms, state_doc)
             rss2, hwm2, anon2 = _rss_kb(broker.pid)
             print(
                 f"delivery: {watched['checked']} delivered in the first {args.watch_s:.0f} s of due times "
                 f"({watched['expected']} due {args.late_s:g} s before its end, {watched['missing']} of them missing), "
                 f"{watched['early']} early; lateness p50 {watched['p50']:.0f} ms, p99 {watched['p99']:.0f} ms, "
                 f"max {watched['max']:.0f} ms (at most: poll time minus due time); RSS then {rss2 / 1024:.1f} MB, "
-                f"peak {hwm2 / 1024:.1f} MB, anonymous {anon2 / 1024:.1f} MB",
+                f"peak {hwm2 / 1024:.1f} MB, anonymous {anon2 / 1024:.1f} MB; timer state document at most "
+                f"{watched['doc_bytes']:.0f} bytes",
                 flush=True,
             )
             ok = pending == args.count and watched["missing"] == 0 and watched["early"] == 0

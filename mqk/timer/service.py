@@ -22,12 +22,16 @@ timer topic, or by another build) never stops it: it is logged, counted (`unread
 (`_skip`), at start and while running alike, so a broker always starts and every readable message is delivered.
 
 Restart without loss or duplicates: the state document `timer` holds `floor` (every timer offset below it is
-delivered), `done` (delivered offsets above the floor, as runs) and `intent` (the burst being delivered: offsets
-with their real queue's end offset before the appends); in memory, `done` is a bitmap based at the floor
-(`mqk.timer.wheel.DoneSet`). The intent is saved before a burst's re-appends and `done`
-after them (the next burst's save, or a stop cutting a burst short, carries it); at start each open intent is
-settled by looking for its batch (same length and CRC) in its real queue after the recorded end offset, and the
-schedule (spill index included: it is recreated empty) is rebuilt by re-reading the timer topic from the floor.
+delivered), `covered` (rectangles [scanned, below]: every offset below `scanned` due before `below` is delivered,
+`mqk.timer.wheel.Coverage`), `done` (the other delivered offsets above the floor, as runs) and `intent` (the burst
+being delivered: offsets with their real queue's end offset before the appends); in memory, the delivered offsets
+above the floor are a bitmap based at the floor (`mqk.timer.wheel.DoneSet`). Messages go out in due order, so the
+floor stays at the oldest one waiting; the rectangles keep the document a few lines long however the due times of
+what lies above it are spread. The intent is saved before a burst's re-appends and the rest after them (the next
+burst's save, or a stop cutting a burst short, carries it). At start each open intent is settled by looking for its
+batch (same length and CRC) in its real queue after the recorded end offset; then the reader rebuilds the schedule
+(spill index included: it is recreated empty) by re-reading the timer topic from the floor, in the background: the
+broker serves meanwhile, and delivery (and saving) begins once that read has reached the topic's end.
 
 Where the document lives (mqk.store.statelog): a broker on its own keeps it in a side file (store.save_state:
 atomic + fsync). A cluster broker keeps it in the log, as the records of the compacted internal topic
@@ -58,7 +62,7 @@ from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
 from mqk.store.adapter import PutContext, delayed_only
 from mqk.store.statelog import LogStateDocs, SideStateDocs, StateDocs
 from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
-from mqk.timer.wheel import DoneSet, SpillIndex
+from mqk.timer.wheel import NO_DUE, Coverage, DoneSet, SpillIndex
 
 log = logging.getLogger("mqk.timer")
 recbatch = load("recbatch")
@@ -121,7 +125,11 @@ class TimerService:
         self._horizon = 0  # the last bucket of due time kept in memory (only grows until a reset)
         self._floor = 0
         self._done = DoneSet()  # delivered offsets above the floor
+        self._coverage = Coverage()  # what the document says of them (see the module docstring)
         self._scan = 0
+        #: the reader has read the timer topic to its end since the state was loaded (until then nothing is
+        #: delivered or saved: the loaded document is what holds)
+        self._scanned = asyncio.Event()
         # payloads read by the reader, kept (within a memory budget) so delivery need not read them again
         self._payloads: dict[int, Waiting] = {}
         self._payload_bytes = 0
@@ -150,21 +158,23 @@ class TimerService:
             self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._deliverer())]
         return self
 
+    async def wait_loaded(self) -> None:
+        """Until the schedule has been read from the floor to the timer topic's end (after `start`, or `activate`
+        in cluster mode): from then on `pending` counts every message waiting, and delivery runs."""
+        await self._scanned.wait()
+
     async def _begin(self) -> None:
-        """Load the state document, settle its open intent, and read the schedule from the floor."""
+        """Load the state document and settle its open intent; the reader then reads the schedule from the floor."""
         state = await self.docs.load(STATE_NAME) or {}
         self._floor = max(int(state.get("floor", 0)), self.store.log_start_offset(TIMER_TOPIC, 0))
         self.saved_floor = self._floor
         self._done.load(self._floor, _unruns(state.get("done", [])))
+        self._coverage.load(_unruns(state.get("covered", [])))
         self._floor = self._done.advance(self._floor)
         await self._settle_intents(state.get("intent", {}))
         self._scan = self._floor
         self._horizon = (self.clock.time_ms() + HORIZON_MS) // BUCKET_MS
-        try:
-            await self._read_new()
-        except StorageError:  # the store cannot serve the timer topic now: the reader tries again, the broker starts
-            log.exception("timer: cannot read the timer topic at start; the reader retries")
-            self._data.set()
+        self._data.set()  # the reader reads the schedule from the floor (the broker serves meanwhile)
 
     async def stop(self) -> None:
         if self.hook in self.store.hooks:
@@ -217,6 +227,8 @@ class TimerService:
         self._horizon = 0
         self._floor = self._scan = 0
         self._done.clear()
+        self._coverage.clear()
+        self._scanned.clear()
         self._payloads.clear()
         self._payload_bytes = 0
         self._intent = {}
@@ -318,7 +330,13 @@ class TimerService:
                     skipped = True
                 # (`_scan` only grows until a reset, so no offset is read twice: the done bits are the only check)
                 for offset, waiting in entries:
-                    if offset >= self._floor and offset not in self._done:
+                    if offset < self._floor:
+                        continue
+                    if offset in self._done:  # named delivered by the loaded document: now its due time is known
+                        self._coverage.delivered(offset, waiting.due)
+                    elif self._coverage.covers(offset, waiting.due):
+                        self._mark_done(offset)  # delivered before the restart (a rectangle names it already)
+                    else:
                         if waiting.due // BUCKET_MS > self._horizon:
                             self._spill.add(waiting.due, offset)  # its payload is read again when it is due
                             continue
@@ -328,6 +346,7 @@ class TimerService:
                             self._payloads[offset] = waiting
                             self._payload_bytes += cost
             self._scan = result.next_offset
+            await asyncio.sleep(0)  # (a store that answers without waiting must not hold the loop for the topic)
             if self._schedule and (head is None or self._schedule[0][0] < head):
                 self._wake.set()
             spilled = self._spill.first_bucket()
@@ -337,6 +356,9 @@ class TimerService:
                 # the floor may have moved past them: saved with the burst in progress (if any), so a restart
                 # neither counts them again nor loses that burst's intent
                 await self._save(self._intent)
+        if not self._scanned.is_set():
+            self._scanned.set()  # the schedule holds everything up to the topic's end: delivery may begin
+            self._wake.set()
 
     def _skip(self, offsets: Iterable[int], reason: str) -> None:
         """Quarantine timer records that cannot be read (written by hand, or by a build that wrapped otherwise): one
@@ -345,8 +367,12 @@ class TimerService:
         retention removes them."""
         count = 0
         for offset in offsets:
-            if offset >= self._floor and offset not in self._done:  # (never scheduled: see `_read_new`)
-                self._mark_done(offset)
+            if offset < self._floor:
+                continue
+            if offset in self._done:  # skipped before the restart: named again, not counted again
+                self._coverage.delivered(offset, NO_DUE)
+            else:  # (never scheduled: see `_read_new`)
+                self._mark_done(offset, NO_DUE)
                 count += 1
         if count:
             self.unreadable += count
@@ -356,6 +382,7 @@ class TimerService:
 
     async def _deliverer(self) -> None:
         DELIVERING.set(True)  # this task's context only: its appends pass the hook
+        await self._scanned.wait()  # (a message due first may lie anywhere from the floor on)
         while True:
             promote_at = self._promote()
             now = self.clock.time_ms()
@@ -408,7 +435,7 @@ class TimerService:
             chunk = missing[start : start + LOAD_CONCURRENCY]
             fetched.update(zip(chunk, await asyncio.gather(*(self._load(offset) for offset in chunk))))
         loaded: list[tuple[int, Waiting]] = []
-        for _, offset in due:
+        for at, offset in due:
             waiting = self._payloads.pop(offset, None)
             if waiting is not None:
                 self._payload_bytes -= len(waiting.batch) + PAYLOAD_OVERHEAD
@@ -417,7 +444,7 @@ class TimerService:
             if waiting is not None:
                 loaded.append((offset, waiting))
             else:
-                self._mark_done(offset)
+                self._mark_done(offset, at)
         intent: dict[str, list] = {}
         for offset, w in loaded:
             try:
@@ -452,7 +479,7 @@ class TimerService:
                         w.due,
                     )
                 for offset, entry in chunk:
-                    self._mark_done(offset)
+                    self._mark_done(offset, entry.due)
                     self._schedule.discard((entry.due, offset))  # (a burst cut short must not repeat it)
         for item in due:
             self._schedule.discard(item)
@@ -474,8 +501,12 @@ class TimerService:
                 return None
         return None
 
-    def _mark_done(self, offset: int) -> None:
+    def _mark_done(self, offset: int, due: int | None = None) -> None:
+        """Delivered (or skipped): `due` given, the document names it until a rectangle covers it; None when one
+        does already."""
         self._done.add(offset)
+        if due is not None:
+            self._coverage.delivered(offset, due)
         if offset == self._floor:
             self._floor = self._done.advance(self._floor)
 
@@ -483,10 +514,25 @@ class TimerService:
         return not self.standby or self.may_deliver()
 
     async def _save(self, intent: dict[str, list] | None = None) -> None:
-        if not self._may_append():
-            return
+        if not self._may_append() or not self._scanned.is_set():
+            return  # (before the first read from the floor has ended, the loaded document still holds)
         floor = self._floor
-        await self.docs.save(STATE_NAME, {"floor": floor, "done": self._done.runs(), "intent": intent or {}})
+        # every message read and not delivered is in the schedule or spilled (a spilled one due no earlier than
+        # its bucket's start): nothing read is waiting with a due time below `below`
+        below = NO_DUE
+        if self._schedule:
+            below = int(self._schedule[0][0])
+        first_spilled = self._spill.first_bucket()
+        if first_spilled is not None:
+            below = min(below, first_spilled * BUCKET_MS)
+        self._coverage.add(self._scan, below, floor)
+        state = {
+            "floor": floor,
+            "covered": [list(r) for r in self._coverage.rectangles],
+            "done": self._coverage.uncovered_runs(),
+            "intent": intent or {},
+        }
+        await self.docs.save(STATE_NAME, state)
         self.saved_floor = floor
 
     async def _settle_intents(self, intent: dict[str, list]) -> None:
@@ -517,7 +563,7 @@ class TimerService:
                 header = recbatch.parse_header(waiting.batch, 0)
                 if landed.get((header[1], header[4]), 0) > 0:
                     landed[(header[1], header[4])] -= 1
-                    self._mark_done(timer_offset)
+                    self._mark_done(timer_offset, waiting.due)
 
 
 def _unruns(runs: list) -> Iterator[tuple[int, int]]:

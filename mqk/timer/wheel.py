@@ -11,6 +11,10 @@ crash loses nothing. A store without a data directory (the memory engine) keeps 
 
 `DoneSet` keeps "delivered, above the floor" as a bitmap based just below the floor (shifted as the floor advances),
 so messages delivered out of offset order cost one bit each instead of a Python int in a set.
+
+`Coverage` keeps what the state document says about them small: messages go out in due order, not offset order, so
+listing the delivered offsets above the floor (the floor stays at the oldest message still waiting) would list about
+half of everything delivered while a random-order spread of due times drains; it says "due before T" instead.
 """
 
 from __future__ import annotations
@@ -283,3 +287,70 @@ class DoneSet:
                 if value >> bit & 1:
                     extend(base + start * 8 + bit, base + start * 8 + bit)
         return runs
+
+
+#: the due time a skipped (unreadable) record is kept under: no rectangle covers it, so the document names it
+NO_DUE = 1 << 62
+
+
+class Coverage:
+    """Which delivered timer messages above the floor the state document names by rule rather than one by one.
+
+    A *rectangle* (scanned, below) says: every timer message at an offset below `scanned` and due before `below` is
+    delivered. Once true it stays true (a delivered message stays delivered), and it is true whenever `below` is at
+    most the due time of every message read (offsets below `scanned`) and not delivered yet: the head of the timer's
+    schedule, so each save adds one. The rectangles kept form a staircase (offsets up, due times down): a new one drops
+    those it contains, and while a message read late holds `below` back the older, higher ones stay (at most
+    MAX_RECTANGLES; past that a new one is left out, which only leaves more messages named one by one).
+
+    Delivered messages no rectangle covers are kept as (due, offset) pairs and saved as the document's `done` runs:
+    with delivery in due order these are ties at the head's due time and messages read after later-due ones went out,
+    a few, where listing every delivered offset above the floor grew with the spread.
+    """
+
+    MAX_RECTANGLES = 64
+
+    def __init__(self) -> None:
+        self.rectangles: list[tuple[int, int]] = []  # (scanned, below), scanned ascending, below descending
+        self._uncovered: list[tuple[int, int]] = []  # (due, offset) delivered, in no rectangle (yet)
+
+    def clear(self) -> None:
+        self.rectangles = []
+        self._uncovered = []
+
+    def load(self, rectangles: Iterable[tuple[int, int]]) -> None:
+        """Start again from the document's rectangles (its delivered offsets are loaded into the DoneSet)."""
+        self.clear()
+        for scanned, below in rectangles:
+            self.add(scanned, below, 0)
+
+    def covers(self, offset: int, due: int) -> bool:
+        return any(offset < scanned and due < below for scanned, below in self.rectangles)
+
+    def delivered(self, offset: int, due: int) -> None:
+        """Delivered (or skipped, with NO_DUE): kept until a rectangle covers it or the floor passes it."""
+        self._uncovered.append((due, offset))
+
+    def add(self, scanned: int, below: int, floor: int) -> None:
+        """Record rectangle (scanned, below), true now; forget what the floor has passed or a rectangle covers."""
+        rectangles = [(s, b) for s, b in self.rectangles if s > floor]
+        if scanned > floor and not any(scanned <= s and below <= b for s, b in rectangles):  # (else adds nothing)
+            kept = [(s, b) for s, b in rectangles if not (s <= scanned and b <= below)]
+            if len(kept) < self.MAX_RECTANGLES:
+                rectangles = sorted([*kept, (scanned, below)])
+        self.rectangles = rectangles
+        self._uncovered = [(d, o) for d, o in self._uncovered if o >= floor and not self.covers(o, d)]
+
+    def uncovered_runs(self) -> list[list[int]]:
+        """The offsets delivered that no rectangle covers, as [first, last] runs (ascending)."""
+        runs: list[list[int]] = []
+        for offset in sorted({o for _, o in self._uncovered}):
+            if runs and runs[-1][1] == offset - 1:
+                runs[-1][1] = offset
+            else:
+                runs.append([offset, offset])
+        return runs
+
+    @property
+    def uncovered(self) -> int:
+        return len(self._uncovered)

@@ -98,6 +98,7 @@ async def test_an_unreadable_timer_record_is_skipped_at_start(
     good = Waiting("d", 0, clock.time_ms() + 500, 0, (), bytes(message_to_batch(b"good", {}, 0)))
     await memory_store.append(TIMER_TOPIC, 0, [wrap([good], clock.time_ms())])
     timer = await _timer(memory_store, clock).start()
+    await timer.wait_loaded()  # (the schedule is read from the floor after the start)
     try:
         assert timer.unreadable == 1 and timer.pending == 1
         await clock.advance(0.5)
@@ -106,6 +107,7 @@ async def test_an_unreadable_timer_record_is_skipped_at_start(
     finally:
         await timer.stop()
     timer = await _timer(memory_store, clock).start()  # a restart neither counts it again nor redelivers
+    await timer.wait_loaded()  # (the schedule is read from the floor after the start)
     try:
         assert timer.unreadable == 0 and timer.pending == 0
     finally:
@@ -279,6 +281,7 @@ async def test_restart_keeps_pending_and_does_not_redeliver(
     assert await _bodies(memory_store, "r") == [b"soon"]
 
     timer = await _timer(memory_store, clock).start()
+    await timer.wait_loaded()  # (the schedule is read from the floor after the start)
     try:
         assert timer.pending == 1
         await clock.advance(1.099)
@@ -306,6 +309,7 @@ async def test_crash_mid_delivery_settles_intents(memory_store: StoreManager, mq
     await memory_store.append("c", 0, [bytearray(landed)])  # the crash came after this append...
     await memory_store.save_state("timer", {"floor": 0, "done": [], "intent": {"0": ["c", 0, 0], "1": ["c", 0, 1]}})
     await hook_timer.start()  # ...and before the "done" save
+    await hook_timer.wait_loaded()  # (the schedule is read from the floor after the start)
     try:
         assert hook_timer.pending == 1  # the landed one was settled as delivered at start
         await queue_reaches(memory_store, "c", 0, 2)
@@ -335,6 +339,7 @@ async def test_file_store_restart_delivers_once(tmp_path, mqk_fake_clock: FakeCl
     store = StoreManager(config)
     await store.start()
     timer = await TimerService(BrokerConfig(store=config), store, clock=clock).start()
+    await timer.wait_loaded()  # (the schedule is read from the floor after the start)
     try:
         assert await _bodies(store, "f") == [b"first"] and timer.pending == 1
         await clock.advance(1.399)

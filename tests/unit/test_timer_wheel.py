@@ -4,7 +4,9 @@ state document always held), alone and inside a TimerService on a FakeClock."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from typing import Any
 
 import pytest
 from helpers import queue_reaches
@@ -17,8 +19,8 @@ from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.native.records import batch_to_messages, message_to_batch
 from mqk.store.manager import StoreManager
 from mqk.timer import TimerService
-from mqk.timer.service import BUCKET_MS, HORIZON_MS
-from mqk.timer.wheel import DoneSet, SpillIndex
+from mqk.timer.service import BUCKET_MS, HORIZON_MS, TIMER_TOPIC
+from mqk.timer.wheel import Coverage, DoneSet, SpillIndex
 
 
 def _old_mark(done: set[int], floor: int, offset: int) -> int:
@@ -271,3 +273,101 @@ async def test_restart_with_spilled_messages_delivers_each_once(tmp_path, mqk_fa
     finally:
         await timer.stop()
         await store.close()
+
+
+# --- the state document while a random-order spread drains (Coverage) -----------------------------------------
+
+
+def test_coverage_keeps_a_staircase_and_names_only_what_no_rectangle_covers() -> None:
+    cov = Coverage()
+    for offset, due in ((0, 100), (1, 300), (2, 200)):
+        cov.delivered(offset, due)
+    cov.add(scanned=5, below=250, floor=0)  # offsets 3, 4 wait (due 250 and later)
+    assert cov.rectangles == [(5, 250)] and cov.uncovered_runs() == [[1, 1]]  # 300 is above the head
+    cov.add(scanned=6, below=120, floor=0)  # a message due at 120 read late holds the head back
+    assert cov.rectangles == [(5, 250), (6, 120)] and cov.covers(4, 200) and not cov.covers(5, 200)
+    cov.add(scanned=8, below=400, floor=0)  # it went out: one rectangle holds everything again
+    assert cov.rectangles == [(8, 400)] and cov.uncovered_runs() == []
+    cov.delivered(9, wheel.NO_DUE)  # a skipped record stays named until the floor passes it
+    cov.add(scanned=10, below=wheel.NO_DUE, floor=9)
+    assert cov.uncovered_runs() == [[9, 9]]
+    cov.add(scanned=11, below=wheel.NO_DUE, floor=10)
+    assert cov.uncovered_runs() == [] and cov.rectangles == [(11, wheel.NO_DUE)]
+
+
+async def test_a_random_order_spread_keeps_the_state_document_small_and_survives_a_crash(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock
+) -> None:
+    """4,000 messages due in random order over 40 s drain second by second. The floor stays near the oldest offset
+    still waiting, so naming every delivered offset above it would take about a thousand runs half-way through;
+    the document names a few and says the rest by rule. Then the timer dies without a save (kill -9) and a new one
+    delivers exactly what had not gone out, each message once, in due order."""
+    clock = mqk_fake_clock
+    store = memory_store
+    timer = await TimerService(BrokerConfig(), store, clock=clock).start()
+    await store.create_topic("spread", 1)
+    start = clock.time_ms()
+    rng = random.Random(7)
+    count = 4000
+    dues = [start + 1_000 + rng.randrange(40_000) for _ in range(count)]
+    for i, due in enumerate(dues):
+        await _delay(store, "spread", b"%d" % i, due)
+    await settle()
+    delivered = 0
+    crashed = False
+    widest = 0
+    for second in range(1, 43):
+        await clock.advance((start + second * 1000 - clock.time_ms()) / 1000)
+        delivered = sum(1 for d in dues if d <= clock.time_ms())
+        await queue_reaches(store, "spread", 0, delivered)
+        await settle()
+        doc = store.load_state("timer") or {"done": [], "covered": []}  # (none before the first delivery)
+        assert len(doc["done"]) <= 3 and len(doc["covered"]) <= 2, doc
+        widest = max(widest, len(timer._done.runs()))  # (what the document named before Coverage)
+        if second == 20 and not crashed:
+            crashed = True
+            await timer._cancel_tasks()  # the process dies: no stop, no final save
+            store.hooks.remove(timer.hook)
+            timer = await TimerService(BrokerConfig(), store, clock=clock).start()
+            await timer.wait_loaded()
+            assert timer.pending == count - delivered
+    assert widest > 900
+    order = [int(b) for b in await _bodies(store, "spread")]
+    assert sorted(order) == list(range(count))  # each once
+    assert [dues[i] for i in order] == sorted(dues)
+    await timer.stop()
+    assert store.load_state("timer") == {"floor": count, "covered": [], "done": [], "intent": {}}
+
+
+async def test_the_start_does_not_wait_for_the_timer_topic(
+    memory_store: StoreManager, mqk_fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schedule is read from the floor after `start` returns: with the timer topic's reads held, the start
+    still returns, nothing is delivered, and once the reads go on the waiting message goes out on time."""
+    clock = mqk_fake_clock
+    store = memory_store
+    await store.create_topic("later", 1)
+    timer = await TimerService(BrokerConfig(), store, clock=clock).start()
+    await _delay(store, "later", b"x", clock.time_ms() + 2_000)
+    await timer.stop()
+    held = asyncio.Event()
+    read = store.read
+
+    async def gated_read(topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic == TIMER_TOPIC:
+            await held.wait()
+        return await read(topic, *args, **kwargs)
+
+    monkeypatch.setattr(store, "read", gated_read)
+    timer = await asyncio.wait_for(TimerService(BrokerConfig(), store, clock=clock).start(), 5)
+    try:
+        await clock.advance(3)
+        assert timer.pending == 0 and store.end_offset("later", 0) == 0
+        held.set()
+        await timer.wait_loaded()
+        await clock.advance(0)
+        await queue_reaches(store, "later", 0, 1)
+        assert await _bodies(store, "later") == [b"x"]
+    finally:
+        held.set()
+        await timer.stop()
