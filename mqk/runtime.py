@@ -149,7 +149,8 @@ class BrokerRuntime:
         assert cfg.cluster and self.store is not None
         assert self.kafka is not None
         bound = {lst.key: lst.bound for lst in self.kafka.listeners}
-        bound.update(native=self.native_address, namesrv=self.namesrv_address)
+        # (the admin listener too: a console hands a group's offset reset to the console of its coordinator)
+        bound.update(native=self.native_address, namesrv=self.namesrv_address, admin=self.admin_address)
         engine = self.store.replicated_engine
         if engine is not None:
             self.replication = Replication(

@@ -12,7 +12,9 @@ What it owns:
 - the write guard: `POST` routes (create a topic, reset a group's offsets) answer 403 unless the broker's
   `admin_console_writes` is on, and take only `application/json` bodies from this origin (a cross-site form cannot
   send one without the browser asking first). A reset is refused (409) while the group has members, as Kafka's
-  tool refuses it.
+  tool refuses it. In cluster mode any broker's console resets: the group's coordinator commits, asking each
+  partition's leader for its offsets (the consoles reach each other through the admin listeners the brokers
+  register in the cluster).
 
 Message bytes are untrusted: every string the API returns is JSON with `<`, `>` and `&` written as `\\u003c`..., so
 no answer can be read as markup even by a client that sniffs it; keys, values and headers are decoded as UTF-8
@@ -26,6 +28,9 @@ import base64
 import json
 import logging
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -209,6 +214,8 @@ class Console:
             http.route("GET", path, self._json(endpoint))
         http.route("POST", "/api/topics", self._json(self._write(self.create_topic)))
         http.route("POST", "/api/group/reset-offsets", self._json(self._write(self.reset_offsets)))
+        # (cluster mode: the group's coordinator asks each partition's leader here for its reset target)
+        http.route("GET", "/api/reset-target", self._json(self.reset_target))
 
     # --- plumbing --------------------------------------------------------------------------------------------
 
@@ -620,25 +627,31 @@ class Console:
 
     async def reset_offsets(self, request: HttpRequest) -> dict[str, Any]:
         """Set a group's committed offsets of one topic (every partition, or those listed) to the earliest or
-        latest offset, a given offset, or the first offset at a timestamp. Refused while the group has members."""
+        latest offset, a given offset, or the first offset at a timestamp. Refused while the group has members.
+
+        In cluster mode the group's coordinator commits and each partition's leader knows its offsets, perhaps
+        other brokers: a broker that does not coordinate the group hands the request to the console of the one
+        that does (its admin listener, registered in the cluster), and that one asks each leader's console for the
+        partition's target (`/api/reset-target`), as Kafka's tool asks the coordinator and the leaders."""
         body = self._body(request)
         group_id, topic, to = body.get("group"), body.get("topic"), body.get("to")
         if not isinstance(group_id, str) or not group_id or not isinstance(topic, str):
             raise ApiError(400, "a reset names a group and a topic")
-        if to not in ("earliest", "latest", "offset", "timestamp"):
+        if to not in RESET_TO:
             raise ApiError(400, "to must be one of earliest, latest, offset, timestamp")
-        broker = self._broker()
+        value = body.get("value")
+        if to in ("offset", "timestamp") and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ApiError(400, f"to={to} needs an integer value")
         coordinator = self._coordinator()
         if coordinator is None:
             raise ApiError(503, "the Kafka front door is not running")
-        if self.parts.cluster is not None:
-            # (a group's offsets live with its coordinator and its partitions with their leaders, perhaps other
-            # brokers: the CLI asks each of them, as Kafka's tools do)
-            raise ApiError(
-                409,
-                "in cluster mode reset offsets with `mqk groups reset-offsets GROUP --topic TOPIC --to-... --execute` "
-                "(it asks the group's coordinator and each partition's leader, from any broker)",
-            )
+        cluster = self.parts.cluster
+        if cluster is not None and cluster.coordinator(group_id) < 0:
+            # no offsets topic yet (Kafka makes it on the first FindCoordinator): made now, as a client would
+            await cluster.ensure_offsets_topic()
+            await cluster.view.wait_until(lambda _state: cluster.coordinator(group_id) >= 0, PEER_TIMEOUT_S / 3)
+        if cluster is not None and not cluster.coordinates(group_id):
+            return await self._at_coordinator(request, group_id, body)
         info = self._topic_info(topic)
         described = coordinator.describe(group_id)
         if described is not None and (described["members"] or described["group_state"] not in ("Empty", "Dead")):
@@ -650,30 +663,15 @@ class Console:
         wanted = body.get("partitions")
         partitions = list(range(info.queue_count)) if wanted in (None, []) else wanted
         if not isinstance(partitions, list) or not all(
-            isinstance(p, int) and 0 <= p < info.queue_count for p in partitions
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < info.queue_count for p in partitions
         ):
             raise ApiError(400, f"partitions must be a list of partitions of {topic!r}")
-        value = body.get("value")
-        if to in ("offset", "timestamp") and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ApiError(400, f"to={to} needs an integer value")
-        store = broker.store
         targets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
         for partition in partitions:
-            bound = store.offset_bounds_many(topic, [partition])[0]
-            if bound is None:
-                raise ApiError(404, f"partition {partition} of {topic!r} is not held by this broker")
-            start, end = bound
-            if to == "earliest":
-                offset = start
-            elif to == "latest":
-                offset = end
-            elif to == "offset":
-                assert isinstance(value, int)
-                offset = min(max(value, start), end)
+            if cluster is not None and not cluster.leads(topic, partition):
+                offset = await self._target_at_leader(topic, partition, to, value)
             else:
-                assert isinstance(value, int)
-                found = await store.offset_for_timestamp(topic, partition, value)
-                offset = end if found is None else found[0]
+                offset = await self._target(topic, partition, to, value)
             targets[(topic, partition)] = (offset, -1, "")
         codes = await coordinator.commit_offsets(group_id, -1, "", targets)
         failed = {f"{t}/{p}": code for (t, p), code in codes.items() if code}
@@ -684,6 +682,111 @@ class Console:
             "group": group_id,
             "offsets": [{"topic": t, "partition": p, "offset": o[0]} for (t, p), o in sorted(targets.items())],
         }
+
+    async def reset_target(self, request: HttpRequest) -> dict[str, Any]:
+        """The offset a reset `to` (and `value`) sets for a partition this broker holds."""
+        topic, to, given = request.arg("topic"), request.arg("to"), request.arg("value")
+        try:
+            partition = int(request.arg("partition") or "")
+            value = int(given) if given is not None else None
+        except ValueError:
+            raise ApiError(400, "partition and value must be integers") from None
+        if to not in RESET_TO or (to in ("offset", "timestamp") and value is None):
+            raise ApiError(400, "to must be one of earliest, latest, offset, timestamp (the last two with a value)")
+        name = self._topic_info(topic).topic
+        return {"topic": name, "partition": partition, "offset": await self._target(name, partition, to, value)}
+
+    async def _target(self, topic: str, partition: int, to: str, value: int | None) -> int:
+        """The offset of this broker's log of `topic`[`partition`] that a reset `to` sets (clamped to the log)."""
+        store = self._broker().store
+        in_range = 0 <= partition < self._topic_info(topic).queue_count
+        bound = store.offset_bounds_many(topic, [partition])[0] if in_range else None
+        if bound is None or (self.parts.cluster is not None and not self._held(topic, partition)[0]):
+            raise ApiError(404, f"partition {partition} of {topic!r} is not held by this broker")
+        start, end = bound
+        if to == "earliest":
+            return int(start)
+        if to == "latest":
+            return int(end)
+        assert value is not None
+        if to == "offset":
+            return int(min(max(value, start), end))
+        found = await store.offset_for_timestamp(topic, partition, value)
+        return int(end if found is None else found[0])
+
+    def _admin_of(self, node: int, what: str) -> tuple[str, int]:
+        """The admin listener of broker `node` as the cluster's metadata registers it (503 when there is none)."""
+        cluster = self.parts.cluster
+        assert cluster is not None
+        record = cluster.view.broker(node) if node >= 0 else None
+        address = record.address("admin") if record is not None else None
+        if address is None:
+            raise ApiError(
+                503,
+                f"{what} (node {node}) is not live or has no admin listener now: reset with `mqk groups "
+                "reset-offsets GROUP --topic TOPIC --to-... --execute`, or try again",
+            )
+        return address
+
+    async def _at_coordinator(self, request: HttpRequest, group_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Hand a reset to the console of the group's coordinator (once: a broker that was handed it and does not
+        coordinate the group either, the two views of the cluster disagreeing for a moment, answers 503)."""
+        cluster = self.parts.cluster
+        assert cluster is not None
+        node = cluster.coordinator(group_id)
+        if request.headers.get(FORWARDED_HEADER.lower()) is not None:
+            raise ApiError(503, f"group {group_id!r} is coordinated by node {node} now, not here: try again")
+        host, port = self._admin_of(node, f"the coordinator of group {group_id!r}")
+        status, answer = await _admin_call(
+            "POST", host, port, "/api/group/reset-offsets", json.dumps(body).encode(), {FORWARDED_HEADER: "1"}
+        )
+        if status != 200:
+            raise ApiError(status, str(answer.get("error", answer)))
+        return answer
+
+    async def _target_at_leader(self, topic: str, partition: int, to: str, value: int | None) -> int:
+        cluster = self.parts.cluster
+        assert cluster is not None
+        node = cluster.leader(topic, partition)[0]
+        host, port = self._admin_of(node, f"the leader of {topic}[{partition}]")
+        query = urllib.parse.urlencode(
+            {"topic": topic, "partition": partition, "to": to, **({"value": value} if value is not None else {})}
+        )
+        status, answer = await _admin_call("GET", host, port, f"/api/reset-target?{query}")
+        if status != 200:
+            raise ApiError(status, f"the leader of {topic}[{partition}] (node {node}): {answer.get('error', answer)}")
+        return int(answer["offset"])
+
+
+#: what a reset may set a group's offsets to
+RESET_TO = ("earliest", "latest", "offset", "timestamp")
+#: marks a reset one console handed to another (which does not hand it on)
+FORWARDED_HEADER = "X-Mqk-Forwarded"
+#: how long a console waits for another broker's console
+PEER_TIMEOUT_S = 30.0
+
+
+async def _admin_call(
+    method: str, host: str, port: int, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """(status, JSON answer) of a request to another broker's console; 502 when it cannot be reached or answers
+    what is not JSON."""
+
+    def call() -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(f"http://{host}:{port}{path}", data=body, method=method)
+        request.add_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(request, timeout=PEER_TIMEOUT_S) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    try:
+        return await asyncio.to_thread(call)
+    except (OSError, ValueError) as exc:
+        raise ApiError(502, f"the console at {host}:{port} did not answer: {exc}") from None
 
 
 __all__ = ["Console", "decode_batch", "safe_json", "shown_bytes"]
