@@ -77,6 +77,8 @@ STATE_NAME = "timer"
 #: re-appends per delivery burst (one state save per burst, plus one when the due backlog is cleared)
 BURST = 4096
 _READ_BYTES = 4 << 20
+#: timer records the reader handles between two yields to the event loop
+READ_SLICE = 512
 #: payload reads from the timer topic in flight at once while a burst is prepared
 LOAD_CONCURRENCY = 64
 #: memory the timer may hold for waiting payloads; beyond it payloads are re-read from the timer topic when due
@@ -316,7 +318,11 @@ class TimerService:
             head = self._schedule[0][0] if self._schedule else None
             first_spilled = self._spill.first_bucket()
             skipped = False
-            for batch in result.batches:
+            for handled, batch in enumerate(result.batches, 1):
+                if handled % READ_SLICE == 0:
+                    # a chunk holds tens of thousands of messages: the broker serves (and, at start, goes on
+                    # starting) between slices of it rather than after the whole chunk
+                    await asyncio.sleep(0)
                 unreadable: list[tuple[int, str]] = []
                 try:
                     entries = list(unwrap(batch.data, self._scan, unreadable))
@@ -346,7 +352,6 @@ class TimerService:
                             self._payloads[offset] = waiting
                             self._payload_bytes += cost
             self._scan = result.next_offset
-            await asyncio.sleep(0)  # (a store that answers without waiting must not hold the loop for the topic)
             if self._schedule and (head is None or self._schedule[0][0] < head):
                 self._wake.set()
             spilled = self._spill.first_bucket()
