@@ -389,6 +389,11 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 0
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1800000
+    #: KIP-848 consumer groups (Kafka's group.consumer.*): a member's session without a heartbeat, the interval
+    #: members are told to heartbeat at, and the assignors offered (the first is the default)
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
     #: longest delay a timer message may ask for (RocketMQ timerMaxDelaySec), default 3 days
     timer_max_delay_ms: int = 3 * 24 * 3600 * 1000
     #: Kafka `log.retention.check.interval.ms`: how often retention (and file reclaim) runs
@@ -492,6 +497,8 @@ class BrokerConfig:
             raise ValueError("TLS listeners need the [tls] table's cert_file and key_file")
         if self.tls.client_auth != "none" and self.tls.ca_file is None:
             raise ValueError("tls client_auth needs ca_file (the CA that signs client certificates)")
+        if not self.group_consumer_assignors or set(self.group_consumer_assignors) - {"uniform", "range"}:
+            raise ValueError("group_consumer_assignors must be a non-empty list of uniform and range")
         bad = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)
         if bad or not self.sasl_enabled_mechanisms:
             raise ValueError(f"sasl_enabled_mechanisms must be a non-empty subset of {SASL_MECHANISMS}")

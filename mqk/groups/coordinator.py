@@ -44,6 +44,7 @@ from typing import Any, TypedDict
 
 from mqk import errors
 from mqk.clock import SYSTEM_CLOCK, Clock, TimerHandle
+from mqk.groups.consumer import ASSIGNORS, ConsumerGroups
 from mqk.store.adapter import GroupOffset
 
 log = logging.getLogger("mqk.groups")
@@ -186,6 +187,24 @@ class Group:
         return topics
 
 
+def _string(value: str) -> bytes:
+    data = value.encode()
+    return struct.pack(">h", len(data)) + data
+
+
+def consumer_subscription(topics: list[str]) -> bytes:
+    """A ConsumerProtocolSubscription v0 (version, topics, no user data)."""
+    return struct.pack(">hi", 0, len(topics)) + b"".join(_string(t) for t in topics) + struct.pack(">i", -1)
+
+
+def consumer_assignment(assigned: list[tuple[str, list[int]]]) -> bytes:
+    """A ConsumerProtocolAssignment v0 (version, [topic, [partition]], no user data)."""
+    out = bytearray(struct.pack(">hi", 0, len(assigned)))
+    for topic, partitions in assigned:
+        out += _string(topic) + struct.pack(f">i{len(partitions)}i", len(partitions), *partitions)
+    return bytes(out + struct.pack(">i", -1))
+
+
 def parse_consumer_subscription(metadata: bytes) -> list[str] | None:
     """Topic names from ConsumerProtocolSubscription bytes (version i16, topics [string]); None if malformed."""
     try:
@@ -218,6 +237,9 @@ class GroupCoordinator:
         initial_rebalance_delay_ms: int = 0,
         offsets_retention_ms: int = OFFSETS_RETENTION_MS,
         offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS,
+        consumer_session_timeout_ms: int = 45_000,
+        consumer_heartbeat_interval_ms: int = 5_000,
+        consumer_assignors: tuple[str, ...] = ASSIGNORS,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         #: anything with commit_offsets / fetch_offsets / delete_offsets / list_offset_groups (the StoreManager)
@@ -239,6 +261,24 @@ class GroupCoordinator:
         #: through its offsets is measured from at the earliest
         self._since_ms = clock.time_ms()
         self._expiry: asyncio.Task[None] | None = None
+        #: the groups of the KIP-848 consumer protocol (a group id is one or the other: mqk.groups.consumer)
+        self.consumer = ConsumerGroups(
+            self._topic_of,
+            lambda: list(store.topics()),
+            session_timeout_ms=consumer_session_timeout_ms,
+            heartbeat_interval_ms=consumer_heartbeat_interval_ms,
+            assignors=consumer_assignors,
+            clock=clock,
+        )
+
+    def _topic_of(self, name: str) -> tuple[uuid.UUID, int] | None:
+        info = self.store.topic(name)
+        return None if info is None else (uuid.UUID(bytes=bytes(info.topic_id)), info.queue_count)
+
+    def classic_members(self, group_id: str) -> bool:
+        """Whether `group_id` is a classic group with members now (a consumer-protocol member cannot join it)."""
+        group = self.groups.get(group_id)
+        return group is not None and bool(group.members)
 
     @classmethod
     def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> GroupCoordinator:
@@ -249,6 +289,9 @@ class GroupCoordinator:
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             offsets_retention_ms=config.offsets_retention_minutes * 60_000,
             offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
+            consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+            consumer_assignors=tuple(config.group_consumer_assignors),
             clock=clock,
         )
 
@@ -275,6 +318,7 @@ class GroupCoordinator:
         waiting in JoinGroup / SyncGroup are answered NOT_COORDINATOR, so they look for the new coordinator.
         Committed offsets are not this class's: the store keeps them."""
         self._drop_all(E.NotCoordinatorError.code)
+        self.consumer.unload()
 
     def _drop_all(self, code: int) -> None:
         for group in self.groups.values():
@@ -311,6 +355,9 @@ class GroupCoordinator:
             return JoinResult(E.InvalidSessionTimeoutError.code, member_id=member_id)
         if rebalance_timeout_ms < 0:
             rebalance_timeout_ms = session_timeout_ms
+        if self.consumer.has_members(group_id):  # a consumer-protocol group (no online migration)
+            return JoinResult(E.InconsistentGroupProtocolError.code, member_id=member_id)
+        self.consumer.groups.pop(group_id, None)  # an empty one becomes a classic group again
         group = self.groups.get(group_id)
         if group is None:
             if member_id and group_instance_id is None:
@@ -716,6 +763,9 @@ class GroupCoordinator:
     def _commit_check(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> int:
         if not group_id:
             return E.InvalidGroupIdError.code
+        consumer_code = self.consumer.commit_check(group_id, member_id, generation_id)
+        if consumer_code is not None:  # a consumer-protocol group: the member epoch is the generation
+            return consumer_code
         group = self.groups.get(group_id)
         if group is None:
             # a "simple" commit (no membership, offsets only) creates the group as Empty
@@ -814,22 +864,58 @@ class GroupCoordinator:
     def group_ids(self) -> list[str]:
         ids = {gid for gid, g in self.groups.items() if g.state != DEAD}
         ids.update(self.store.list_offset_groups())
+        ids.update(self.consumer.groups)
         return sorted(ids)
 
     def list_groups(self, states: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
         """(group_id, protocol_type, state), optionally only in the given states (case-insensitive)."""
         wanted = {s.lower() for s in states} if states else None
         out = []
+        consumer = dict(self.consumer.list_groups())
         for gid in self.group_ids():
             group = self.groups.get(gid)
-            state = group.state if group else EMPTY
-            ptype = (group.protocol_type if group else None) or ""
+            if gid in consumer:
+                state, ptype = consumer[gid], "consumer"
+            else:
+                state = group.state if group else EMPTY
+                ptype = (group.protocol_type if group else None) or ""
             if wanted is None or state.lower() in wanted:
                 out.append((gid, ptype, state))
         return out
 
+    def group_type(self, group_id: str) -> str:
+        """ListGroups v5's group type: "consumer" for a group of the KIP-848 protocol, else "classic"."""
+        return "consumer" if group_id in self.consumer.groups else "classic"
+
     def describe(self, group_id: str) -> dict[str, Any] | None:
-        """The group as DescribeGroups shows it, or None if the coordinator knows nothing of it."""
+        """The group as DescribeGroups shows it, or None if the coordinator knows nothing of it. A consumer-protocol
+        group is shown as Kafka shows one to DescribeGroups: protocol type "consumer", its assignor as the protocol,
+        and each member's subscription and assignment in the classic consumer protocol's encoding."""
+        described = self.consumer.describe(group_id, lambda t: None)
+        if described is not None:
+            names = {uuid.UUID(bytes=bytes(i.topic_id)): n for n, i in self.store.topics().items()}
+            return {
+                "group_id": group_id,
+                "group_state": described["group_state"],
+                "protocol_type": "consumer",
+                "protocol_data": described["assignor_name"],
+                "members": [
+                    {
+                        "member_id": m["member_id"],
+                        "group_instance_id": m["instance_id"],
+                        "client_id": m["client_id"],
+                        "client_host": m["client_host"],
+                        "member_metadata": consumer_subscription(m["subscribed_topic_names"]),
+                        "member_assignment": consumer_assignment(
+                            [
+                                (names.get(tp["topic_id"], ""), tp["partitions"])
+                                for tp in m["assignment"]["topic_partitions"]
+                            ]
+                        ),
+                    }
+                    for m in described["members"]
+                ],
+            }
         group = self.groups.get(group_id)
         if group is None:
             if group_id in self.store.list_offset_groups():
@@ -858,6 +944,9 @@ class GroupCoordinator:
         }
 
     async def delete_group(self, group_id: str) -> int:
+        if self.consumer.has_members(group_id):
+            return E.NonEmptyGroupError.code
+        self.consumer.groups.pop(group_id, None)
         group = self.groups.get(group_id)
         known = group is not None and group.state != DEAD
         if not known and group_id not in self.store.list_offset_groups():

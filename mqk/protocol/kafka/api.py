@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from mqk.protocol.kafka import messages
+from mqk.protocol.kafka.newer import NEWER
 
 
 class ApiKey:
@@ -68,6 +69,8 @@ class ApiKey:
     LIST_TRANSACTIONS = 66
     DESCRIBE_TOPIC_PARTITIONS = 75
     LIST_CONFIG_RESOURCES = 74
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -125,6 +128,9 @@ _KAFKA_41_MAX = {
     ApiKey.LIST_TRANSACTIONS: 2,
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: 0,
     ApiKey.LIST_CONFIG_RESOURCES: 1,
+    # the KIP-848 consumer group protocol (codecs: mqk.protocol.kafka.newer)
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: 1,
+    ApiKey.CONSUMER_GROUP_DESCRIBE: 1,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since
@@ -138,16 +144,23 @@ ADVERTISED_MIN = {ApiKey.PRODUCE: 0}
 _LAST_NAME_VERSION = {ApiKey.FETCH: 12, ApiKey.PRODUCE: 12, ApiKey.OFFSET_COMMIT: 9, ApiKey.OFFSET_FETCH: 9}
 
 
+def message_meta(api_key: int) -> tuple[str, int, int, int] | None:
+    """(name, lowest version, highest version, first flexible version) of an API whose codec mqk has."""
+    return messages.MESSAGES.get(api_key) or NEWER.get(api_key)
+
+
 def _ranges(caps: dict[int, int]) -> dict[int, tuple[int, int]]:
     out = {}
     for key, cap in sorted(caps.items()):
-        _name, lo, hi, _flex = messages.MESSAGES[key]
+        meta = message_meta(key)
+        assert meta is not None
+        _name, lo, hi, _flex = meta
         out[key] = (lo, min(hi, cap))
     return out
 
 
 SUPPORTED: dict[int, tuple[int, int]] = _ranges(_KAFKA_41_MAX)
-NAMES: dict[int, str] = {key: messages.MESSAGES[key][0] for key in SUPPORTED}
+NAMES: dict[int, str] = {key: meta[0] for key in SUPPORTED if (meta := message_meta(key)) is not None}
 
 
 def supported(topic_ids: bool = True) -> dict[int, tuple[int, int]]:
@@ -159,8 +172,8 @@ def supported(topic_ids: bool = True) -> dict[int, tuple[int, int]]:
 
 def is_flexible_request(api_key: int, api_version: int) -> bool:
     """Flexible versions use request header v2 and (except ApiVersions) response header v1."""
-    flex = messages.MESSAGES[api_key][3]
-    return flex >= 0 and api_version >= flex
+    meta = message_meta(api_key)
+    return meta is not None and meta[3] >= 0 and api_version >= meta[3]
 
 
 def api_versions_body(

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from mqk._fast import load
 from mqk.errors import FrameTooLarge
-from mqk.protocol.kafka import api, messages
+from mqk.protocol.kafka import api, messages, newer
 from mqk.protocol.kafka.errors import MalformedMessage, UnknownApiKey, UnsupportedApiVersion
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def parse_request_header(frame: memoryview) -> tuple[int, int, int, str | None, 
     if len(frame) < 10:
         raise MalformedMessage(f"request frame of {len(frame)} bytes is shorter than a request header")
     api_key, api_version, correlation_id = _REQ_HEAD.unpack_from(frame, 0)
-    meta = messages.MESSAGES.get(api_key)
+    meta = api.message_meta(api_key)
     if meta is None:
         raise UnknownApiKey(api_key, correlation_id)
     (n,) = _STR_LEN.unpack_from(frame, 8)
@@ -270,7 +270,10 @@ class KafkaConnectionCodec:
             elif api_key == _FETCH:
                 body = _decode_by_kernel(_fetch_kernel, api_key, api_version, frame[pos:])
             if body is None:
-                body = messages.decode_request(api_key, api_version, frame[pos:])
+                if api_key in newer.NEWER:
+                    body = newer.decode_request(api_key, api_version, frame[pos:])
+                else:
+                    body = messages.decode_request(api_key, api_version, frame[pos:])
         except MalformedMessage as exc:
             # say which request it was, for the server's one log line
             exc.api_key, exc.api_version, exc.correlation_id = api_key, api_version, correlation_id
@@ -300,7 +303,10 @@ def encode_response(request: Request, body: dict[str, Any]) -> Parts:
     elif api_key == _FETCH:
         parts = _fetch_answer_kernel(body, version, head)
     if parts is None:
-        parts = messages.encode_response(api_key, version, body, head)
+        if api_key in newer.NEWER:
+            parts = newer.encode_response(api_key, version, body, head)
+        else:
+            parts = messages.encode_response(api_key, version, body, head)
     total = 0
     for p in parts:
         total += len(p)
@@ -324,7 +330,10 @@ def encode_request(
         head += _STR_LEN.pack(len(cid)) + cid
     if api.is_flexible_request(api_key, api_version):
         head.append(0)
-    parts = messages.encode_request(api_key, api_version, body, head)
+    if api_key in newer.NEWER:
+        parts = newer.encode_request(api_key, api_version, body, head)
+    else:
+        parts = messages.encode_request(api_key, api_version, body, head)
     total = sum(len(p) for p in parts)
     _SIZE.pack_into(head, 0, total - 4)
     return parts
@@ -346,4 +355,6 @@ def decode_response_frame(api_key: int, api_version: int, frame: bytes | memoryv
             pos = _skip_tagged(view, pos)
         except IndexError:
             raise MalformedMessage("truncated response header") from None
+    if api_key in newer.NEWER:
+        return correlation_id, newer.decode_response(api_key, api_version, view[pos:])
     return correlation_id, messages.decode_response(api_key, api_version, view[pos:])

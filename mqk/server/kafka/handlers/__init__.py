@@ -22,6 +22,7 @@ from mqk.server.kafka.handlers import (
     api_versions,
     cluster,
     configs,
+    consumer_groups,
     fetch,
     groups,
     leader_epochs,
@@ -88,6 +89,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.LIST_TRANSACTIONS: transactions.list_transactions,
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: metadata.describe_topic_partitions,
     ApiKey.LIST_CONFIG_RESOURCES: configs.list_config_resources,
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: consumer_groups.consumer_group_heartbeat,
+    ApiKey.CONSUMER_GROUP_DESCRIBE: consumer_groups.consumer_group_describe,
 }
 
 GROUPED: dict[int, Grouping] = {

@@ -1,4 +1,5 @@
-"""Consumer-group APIs (classic protocol): FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+"""Consumer-group APIs (classic protocol; ListGroups, DescribeGroups and DeleteGroups also show the KIP-848 groups of
+handlers/consumer_groups.py): FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
 DescribeGroups, ListGroups, DeleteGroups, OffsetDelete. Translation only: the state machine is
 `mqk.groups.coordinator.GroupCoordinator` (ctx.groups).
 
@@ -264,16 +265,18 @@ async def describe_groups(
 async def list_groups(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ListGroupsRequest]) -> ListGroupsResponse:
     b = req.body
     types = {t.lower() for t in b.get("types_filter") or ()}
-    # a types filter without "classic" names no group mqk has (it runs the classic protocol only)
-    listed = [] if types and "classic" not in types else ctx.groups.list_groups(b.get("states_filter") or None)
+    groups = ctx.groups
+    listed = [
+        (g, p, s, groups.group_type(g))
+        for g, p, s in groups.list_groups(b.get("states_filter") or None)
+        if not types or groups.group_type(g) in types
+    ]
     if not allowed_cluster(ctx, peer, "DESCRIBE"):
         listed = [entry for entry in listed if allowed(ctx, peer, "DESCRIBE", GROUP, entry[0])]
     return {
         "throttle_time_ms": 0,
         "error_code": NONE,
-        "groups": [
-            {"group_id": g, "protocol_type": p, "group_state": s, "group_type": "classic"} for g, p, s in listed
-        ],
+        "groups": [{"group_id": g, "protocol_type": p, "group_state": s, "group_type": t} for g, p, s, t in listed],
     }
 
 

@@ -199,6 +199,8 @@ async def offset_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[OffsetFe
             code = coordinator_code(ctx, g["group_id"]) if g["group_id"] else E.InvalidGroupIdError.code
             if not allowed(ctx, peer, "DESCRIBE", GROUP, g["group_id"]):
                 code = E.GroupAuthorizationFailedError.code
+            if code == NONE and req.api_version >= 9:  # a consumer-protocol member asks with its member epoch
+                code = ctx.groups.consumer.fetch_check(g["group_id"], g.get("member_id"), g.get("member_epoch", -1))
             unknown = name_topics_by_id(ctx, g["topics"]) if req.api_version >= 10 and g["topics"] else {}
             found = (
                 _fetch_group(ctx, peer, g["group_id"], g["topics"], b.get("require_stable", False))

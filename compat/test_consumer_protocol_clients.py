@@ -1,0 +1,232 @@
+"""The KIP-848 consumer group protocol with a real client: confluent-kafka (librdkafka 2.12+) with
+`group.protocol=consumer`, whose members heartbeat with ConsumerGroupHeartbeat and are assigned by the broker.
+
+- Members of one group share the topic's partitions (uniform and range assignors), never own one partition at the
+  same time (each partition goes to its new owner only after the old one revoked it: checked from the clients'
+  own assign and revoke callbacks), and every record is consumed once while the group grows and shrinks.
+- Committed offsets carry the member epoch; a new member resumes where the group committed.
+- A member killed -9 (a consumer in a process of its own) leaves with its session: the survivor takes its
+  partitions and reads what it had not.
+- Admin: ListGroups shows the group as a consumer group, DescribeConsumerGroups its members and assignments.
+
+The broker runs with a half-second heartbeat interval and a three-second session (Kafka's defaults, 5 s and 45 s,
+would only make the test wait longer).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compat_helpers import create_topic, hostport, unique
+from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from mqk.testing import BrokerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+SESSION_MS = 3000
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Any]:
+    config = tmp_path / "broker.toml"
+    config.write_text(f"group_consumer_heartbeat_interval_ms = 500\ngroup_consumer_session_timeout_ms = {SESSION_MS}\n")
+    process = BrokerProcess(tmp_path / "data", storage="memory", extra_args=("--config", str(config))).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+class Owners:
+    """Who owns each partition, as the members' own assign and revoke callbacks say: a partition assigned to a
+    member while another still owns it is recorded as an overlap."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner: dict[int, str] = {}
+        self.overlaps: list[tuple[int, str, str]] = []
+
+    def callbacks(self, name: str) -> dict[str, Any]:
+        def on_assign(_consumer: Any, partitions: list[TopicPartition]) -> None:
+            with self.lock:
+                for tp in partitions:
+                    holder = self.owner.get(tp.partition)
+                    if holder is not None and holder != name:
+                        self.overlaps.append((tp.partition, holder, name))
+                    self.owner[tp.partition] = name
+
+        def on_revoke(_consumer: Any, partitions: list[TopicPartition]) -> None:
+            with self.lock:
+                for tp in partitions:
+                    if self.owner.get(tp.partition) == name:
+                        del self.owner[tp.partition]
+
+        return {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_revoke}
+
+    def of(self, name: str) -> list[int]:
+        with self.lock:
+            return sorted(p for p, n in self.owner.items() if n == name)
+
+
+def member(bootstrap: str, group: str, name: str, **extra: Any) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "client.id": name,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **extra,
+        }
+    )
+
+
+def produce(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(start, start + count):
+        producer.produce(topic, b"%d" % i, partition=i % partitions)
+    assert producer.flush(30) == 0
+
+
+def poll_all(consumers: dict[str, Consumer], seen: dict[bytes, str], until: Any, seconds: float = 30) -> None:
+    """Poll every consumer (committing what it read) until `until()` holds; each value is recorded with its reader,
+    and a value read twice fails the test at once."""
+    deadline = time.monotonic() + seconds
+    while not until():
+        assert time.monotonic() < deadline, f"timed out; read {len(seen)}"
+        for name, consumer in consumers.items():
+            msg = consumer.poll(0.05)
+            if msg is None or msg.error():
+                continue
+            assert msg.value() not in seen, f"{msg.value()!r} read by {seen.get(msg.value())} and {name}"
+            seen[msg.value()] = name
+            consumer.commit(message=msg, asynchronous=False)
+
+
+@pytest.mark.parametrize("assignor", ["uniform", "range"])
+def test_members_share_the_partitions_never_own_one_together_and_read_each_record_once(broker, assignor: str):
+    bootstrap = hostport(broker.bootstrap)
+    topic, group = unique("k848"), unique("g848")
+    create_topic(bootstrap, topic, 6)
+    produce(bootstrap, topic, 6, 60)
+    owners = Owners()
+    seen: dict[bytes, str] = {}
+    consumers: dict[str, Consumer] = {}
+    try:
+        for name in ("a", "b", "c"):
+            consumers[name] = member(bootstrap, group, name, **{"group.remote.assignor": assignor})
+            consumers[name].subscribe([topic], **owners.callbacks(name))
+            # each member arrives while the others read: the group moves partitions over to it
+            share = 6 // len(consumers)
+            poll_all(consumers, seen, lambda s=share: all(len(owners.of(n)) == s for n in consumers))
+        assert {n: len(owners.of(n)) for n in consumers} == {"a": 2, "b": 2, "c": 2}
+        if assignor == "range":  # each member a consecutive range, in member id order
+            assert sorted(owners.of(n) for n in consumers) == [[0, 1], [2, 3], [4, 5]]
+        produce(bootstrap, topic, 6, 60, start=60)
+        poll_all(consumers, seen, lambda: len(seen) == 120)
+        consumers.pop("b").close()  # leaves: its partitions go to the others
+        poll_all(consumers, seen, lambda: len(owners.owner) == 6 and not owners.of("b"))
+        assert sorted(len(owners.of(n)) for n in consumers) == [3, 3]
+        produce(bootstrap, topic, 6, 60, start=120)
+        poll_all(consumers, seen, lambda: len(seen) == 180)
+    finally:
+        for consumer in consumers.values():
+            consumer.close()
+    assert sorted(int(v) for v in seen) == list(range(180))
+    assert owners.overlaps == []
+
+
+def test_a_new_member_resumes_at_the_groups_committed_offsets_and_admin_sees_a_consumer_group(broker):
+    bootstrap = hostport(broker.bootstrap)
+    topic, group = unique("k848"), unique("g848")
+    create_topic(bootstrap, topic, 3)
+    produce(bootstrap, topic, 3, 30)
+    seen: dict[bytes, str] = {}
+    first = member(bootstrap, group, "first")
+    first.subscribe([topic])
+    try:
+        poll_all({"first": first}, seen, lambda: len(seen) == 15)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        listed = admin.list_consumer_groups().result(10)
+        mine = [g for g in listed.valid if g.group_id == group]
+        assert len(mine) == 1 and mine[0].type == ConsumerGroupType.CONSUMER
+        described = admin.describe_consumer_groups([group])[group].result(10)
+        assert [m.client_id for m in described.members] == ["first"]
+        assert sorted(tp.partition for tp in described.members[0].assignment.topic_partitions) == [0, 1, 2]
+    finally:
+        first.close()
+    second = member(bootstrap, group, "second")
+    second.subscribe([topic])
+    try:
+        poll_all({"second": second}, seen, lambda: len(seen) == 30)
+    finally:
+        second.close()
+    by_first = {int(v) for v, n in seen.items() if n == "first"}
+    assert len(by_first) == 15 and {int(v) for v, n in seen.items() if n == "second"} == set(range(30)) - by_first
+
+
+CHILD = """
+import sys
+from confluent_kafka import Consumer
+bootstrap, group, topic = sys.argv[1:4]
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+              "client.id": "doomed", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+c.subscribe([topic])
+while True:
+    m = c.poll(0.1)
+    if m is not None and not m.error():
+        print(m.value().decode(), flush=True)  # (before the commit: whatever it committed, it printed)
+        c.commit(message=m, asynchronous=False)
+"""
+
+
+def test_a_member_killed_9_leaves_with_its_session_and_the_survivor_reads_the_rest(broker):
+    bootstrap = hostport(broker.bootstrap)
+    topic, group = unique("k848"), unique("g848")
+    create_topic(bootstrap, topic, 4)
+    produce(bootstrap, topic, 4, 40)
+    owners = Owners()
+    seen: dict[bytes, str] = {}
+    survivor = member(bootstrap, group, "survivor")
+    survivor.subscribe([topic], **owners.callbacks("survivor"))
+    poll_all({"survivor": survivor}, seen, lambda: len(owners.of("survivor")) == 4 and len(seen) == 40)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, bootstrap, group, topic], stdout=subprocess.PIPE, text=True)
+    try:
+        # the child joins: the survivor gives up half of its partitions, and the child reads what comes to them
+        poll_all({"survivor": survivor}, seen, lambda: len(owners.of("survivor")) == 2)
+        produce(bootstrap, topic, 4, 40, start=40)
+        assert child.stdout is not None
+        by_child = {child.stdout.readline().strip()}  # (it has read a record; the test's timeout bounds this)
+        child.kill()
+        child.wait(10)
+        by_child |= {line.strip() for line in child.stdout if line.strip()}
+        by_child.discard("")
+        assert by_child and all(40 <= int(v) < 80 for v in by_child)
+        # no heartbeat from it any more: after its session the survivor owns every partition again and reads the
+        # rest (a record the child printed but had not committed yet is read again: at least once, none lost)
+        read_after: set[int] = set()
+        deadline = time.monotonic() + SESSION_MS / 1000 + 30
+        while len(owners.of("survivor")) < 4 or read_after | {int(v) for v in by_child} != set(range(40, 80)):
+            assert time.monotonic() < deadline, (owners.of("survivor"), sorted(read_after))
+            msg = survivor.poll(0.1)
+            if msg is not None and not msg.error():
+                read_after.add(int(msg.value()))
+                survivor.commit(message=msg, asynchronous=False)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        if child.stdout is not None:
+            child.stdout.close()
+        survivor.close()
+    assert owners.overlaps == []
