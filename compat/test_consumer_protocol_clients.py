@@ -230,3 +230,29 @@ def test_a_member_killed_9_leaves_with_its_session_and_the_survivor_reads_the_re
             child.stdout.close()
         survivor.close()
     assert owners.overlaps == []
+
+
+def test_a_regex_subscription_takes_matching_topics_and_one_created_later(broker):
+    bootstrap = hostport(broker.bootstrap)
+    prefix, group = unique("rx"), unique("g848")
+    first, second, other = f"{prefix}-a", f"{prefix}-b", unique("other")
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for topic in (first, second, other):
+        create_topic(bootstrap, topic, 2)
+        for i in range(4):
+            producer.produce(topic, f"{topic}-{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    consumer = member(bootstrap, group, "rx")
+    consumer.subscribe([f"^{prefix}-.*"])
+    seen: dict[bytes, str] = {}
+    try:
+        poll_all({"rx": consumer}, seen, lambda: len(seen) == 8)
+        assert {tp.topic for tp in consumer.assignment()} == {first, second}
+        later = f"{prefix}-c"
+        create_topic(bootstrap, later, 1)
+        producer.produce(later, b"later")
+        assert producer.flush(30) == 0
+        poll_all({"rx": consumer}, seen, lambda: b"later" in seen)
+    finally:
+        consumer.close()
+    assert len(seen) == 9 and not any(v.startswith(other.encode()) for v in seen)  # none of the other topic's
