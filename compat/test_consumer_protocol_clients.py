@@ -15,6 +15,7 @@ would only make the test wait longer).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -25,8 +26,9 @@ from typing import Any
 
 import pytest
 from compat_helpers import create_topic, hostport, unique
-from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupType, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from helpers import wait_until
 
 from mqk.testing import BrokerProcess
 
@@ -256,3 +258,44 @@ def test_a_regex_subscription_takes_matching_topics_and_one_created_later(broker
     finally:
         consumer.close()
     assert len(seen) == 9 and not any(v.startswith(other.encode()) for v in seen)  # none of the other topic's
+
+
+def test_a_consumer_protocol_group_goes_on_after_its_coordinator_fails_over(mqk_cluster_factory):
+    """Three replicas of one broker group: its master coordinates the group. Killed -9, another member becomes master
+    and coordinator; the consumer finds it, joins again (its membership was the dead broker's memory) and resumes at
+    the offsets it committed (they were replicated), so every record is read and none committed is read again."""
+    from helpers import CONFIG, SETTLE_S, leader
+    from helpers import create_topic as create_replicated_topic
+
+    settings = {**CONFIG, "group_consumer_heartbeat_interval_ms": 500, "group_consumer_session_timeout_ms": 6000}
+    cluster = mqk_cluster_factory(3, group_size=3, config=settings)
+    topic, group = unique("k848"), unique("g848")
+    create_replicated_topic(cluster, topic, 3)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(30):
+        producer.produce(topic, b"%d" % i, partition=i % 3)
+    assert producer.flush(30) == 0
+    consumer = member(cluster.bootstrap, group, "survivor")
+    consumer.subscribe([topic])
+    seen: dict[bytes, str] = {}
+    committed_before: set[int] = set()
+    try:
+        poll_all({"survivor": consumer}, seen, lambda: len(seen) == 15)
+        committed_before = {int(v) for v in seen}
+        master = leader(cluster, topic)
+        cluster.kill(master)
+        wait_until(lambda: leader(cluster, topic) not in (-1, master), SETTLE_S, "a new master")
+        again: list[int] = []
+        deadline = time.monotonic() + SETTLE_S
+        while {int(v) for v in seen} | set(again) != set(range(30)):
+            assert time.monotonic() < deadline, sorted(set(range(30)) - {int(v) for v in seen} - set(again))
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            again.append(int(msg.value()))
+            # (a commit while the group moves may fail: then the record may be read again, which is allowed)
+            with contextlib.suppress(KafkaException):
+                consumer.commit(message=msg, asynchronous=False)
+    finally:
+        consumer.close()
+    assert not committed_before & set(again)  # nothing it had committed was read again
