@@ -394,6 +394,15 @@ class BrokerConfig:
     group_consumer_session_timeout_ms: int = 45_000
     group_consumer_heartbeat_interval_ms: int = 5_000
     group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    #: share groups (KIP-932, Kafka's group.share.*): sessions and heartbeats as above; how long a delivered record
+    #: stays acquired, how often one is delivered before it is archived, how many records of a partition may be in
+    #: flight, and where a group starts on a partition it has not read yet (Kafka's share.auto.offset.reset)
+    group_share_session_timeout_ms: int = 45_000
+    group_share_heartbeat_interval_ms: int = 5_000
+    group_share_record_lock_duration_ms: int = 30_000
+    group_share_delivery_count_limit: int = 5
+    group_share_partition_max_record_locks: int = 2000
+    group_share_auto_offset_reset: str = "latest"
     #: longest delay a timer message may ask for (RocketMQ timerMaxDelaySec), default 3 days
     timer_max_delay_ms: int = 3 * 24 * 3600 * 1000
     #: Kafka `log.retention.check.interval.ms`: how often retention (and file reclaim) runs
@@ -497,6 +506,8 @@ class BrokerConfig:
             raise ValueError("TLS listeners need the [tls] table's cert_file and key_file")
         if self.tls.client_auth != "none" and self.tls.ca_file is None:
             raise ValueError("tls client_auth needs ca_file (the CA that signs client certificates)")
+        if self.group_share_auto_offset_reset not in ("latest", "earliest"):
+            raise ValueError("group_share_auto_offset_reset must be latest or earliest")
         if not self.group_consumer_assignors or set(self.group_consumer_assignors) - {"uniform", "range"}:
             raise ValueError("group_consumer_assignors must be a non-empty list of uniform and range")
         bad = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)

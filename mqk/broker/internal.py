@@ -10,7 +10,8 @@ Three kinds of names are not ordinary user topics:
     `__mqk_timer_state`, and RocketMQ's transaction topics: half messages in `RMQ_SYS_TRANS_HALF_TOPIC`, their
     commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC` (mqk.server.native.transaction);
   - Kafka's own, placed across a cluster like user topics: `__consumer_offsets` (committed offsets, cluster mode)
-    and `__transaction_state` (the transaction coordinator's state, mqk.server.kafka.transactions).
+    `__transaction_state` (the transaction coordinator's state, mqk.server.kafka.transactions) and
+    `__share_group_state` (the share groups' record states, mqk.groups.share).
   Clients may read them, but never write, delete, grow or reconfigure them, whoever they are: the policy below
   (`client_change_refusal`) is applied by every front door before any authorization, as Kafka refuses appends to
   its internal topics to every client. Kafka answers a Produce with INVALID_TOPIC_EXCEPTION ("cannot append to
@@ -35,6 +36,7 @@ from __future__ import annotations
 import enum
 
 from mqk.broker.names import KAFKA
+from mqk.groups.share import SHARE_GROUP_STATE_TOPIC
 from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC
 from mqk.timer import TIMER_STATE_TOPIC, TIMER_TOPIC
 
@@ -68,6 +70,7 @@ LOCAL_INTERNAL_TOPICS: dict[str, str] = {
 KAFKA_INTERNAL_TOPICS: dict[str, str] = {
     OFFSETS_TOPIC: "mqk.store.offsets_log (committed group offsets, cluster mode)",
     TRANSACTION_STATE_TOPIC: "mqk.server.kafka.transactions (transaction coordinator state)",
+    SHARE_GROUP_STATE_TOPIC: "mqk.groups.share (share groups' record states)",
 }
 #: every internal topic -> its owner
 INTERNAL_TOPICS: dict[str, str] = {**LOCAL_INTERNAL_TOPICS, **KAFKA_INTERNAL_TOPICS}

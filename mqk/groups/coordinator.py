@@ -45,6 +45,7 @@ from typing import Any, TypedDict
 from mqk import errors
 from mqk.clock import SYSTEM_CLOCK, Clock, TimerHandle
 from mqk.groups.consumer import ASSIGNORS, ConsumerGroups
+from mqk.groups.share import ShareGroups
 from mqk.store.adapter import GroupOffset
 
 log = logging.getLogger("mqk.groups")
@@ -240,6 +241,7 @@ class GroupCoordinator:
         consumer_session_timeout_ms: int = 45_000,
         consumer_heartbeat_interval_ms: int = 5_000,
         consumer_assignors: tuple[str, ...] = ASSIGNORS,
+        share: dict[str, Any] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         #: anything with commit_offsets / fetch_offsets / delete_offsets / list_offset_groups (the StoreManager)
@@ -270,6 +272,8 @@ class GroupCoordinator:
             assignors=consumer_assignors,
             clock=clock,
         )
+        #: share groups (KIP-932; mqk.groups.share), with `share`'s settings
+        self.share = ShareGroups(self._topic_of, clock=clock, **(share or {}))
 
     def _topic_of(self, name: str) -> tuple[uuid.UUID, int] | None:
         info = self.store.topic(name)
@@ -292,6 +296,14 @@ class GroupCoordinator:
             consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
             consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
             consumer_assignors=tuple(config.group_consumer_assignors),
+            share={
+                "session_timeout_ms": config.group_share_session_timeout_ms,
+                "heartbeat_interval_ms": config.group_share_heartbeat_interval_ms,
+                "record_lock_duration_ms": config.group_share_record_lock_duration_ms,
+                "delivery_count_limit": config.group_share_delivery_count_limit,
+                "max_record_locks": config.group_share_partition_max_record_locks,
+                "auto_offset_reset": config.group_share_auto_offset_reset,
+            },
             clock=clock,
         )
 
@@ -865,6 +877,7 @@ class GroupCoordinator:
         ids = {gid for gid, g in self.groups.items() if g.state != DEAD}
         ids.update(self.store.list_offset_groups())
         ids.update(self.consumer.groups)
+        ids.update(g for g, _state in self.share.list_groups())
         return sorted(ids)
 
     def list_groups(self, states: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
@@ -872,9 +885,12 @@ class GroupCoordinator:
         wanted = {s.lower() for s in states} if states else None
         out = []
         consumer = dict(self.consumer.list_groups())
+        share = dict(self.share.list_groups())
         for gid in self.group_ids():
             group = self.groups.get(gid)
-            if gid in consumer:
+            if gid in share:
+                state, ptype = share[gid], "share"
+            elif gid in consumer:
                 state, ptype = consumer[gid], "consumer"
             else:
                 state = group.state if group else EMPTY
@@ -885,7 +901,9 @@ class GroupCoordinator:
 
     def group_type(self, group_id: str) -> str:
         """ListGroups v5's group type: "consumer" for a group of the KIP-848 protocol, else "classic"."""
-        return "consumer" if group_id in self.consumer.groups else "classic"
+        if group_id in self.consumer.groups:
+            return "consumer"
+        return "share" if any(g == group_id for g, _state in self.share.list_groups()) else "classic"
 
     def describe(self, group_id: str) -> dict[str, Any] | None:
         """The group as DescribeGroups shows it, or None if the coordinator knows nothing of it. A consumer-protocol

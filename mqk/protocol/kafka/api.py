@@ -71,6 +71,10 @@ class ApiKey:
     LIST_CONFIG_RESOURCES = 74
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
+    SHARE_GROUP_HEARTBEAT = 76
+    SHARE_GROUP_DESCRIBE = 77
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -131,6 +135,11 @@ _KAFKA_41_MAX = {
     # the KIP-848 consumer group protocol (codecs: mqk.protocol.kafka.newer)
     ApiKey.CONSUMER_GROUP_HEARTBEAT: 1,
     ApiKey.CONSUMER_GROUP_DESCRIBE: 1,
+    # KIP-932 share groups (mqk.groups.share; codecs: mqk.protocol.kafka.newer)
+    ApiKey.SHARE_GROUP_HEARTBEAT: 1,
+    ApiKey.SHARE_GROUP_DESCRIBE: 1,
+    ApiKey.SHARE_FETCH: 2,
+    ApiKey.SHARE_ACKNOWLEDGE: 2,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

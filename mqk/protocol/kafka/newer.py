@@ -1,5 +1,6 @@
 """Codecs of the Kafka APIs newer than the spec set the generated package is made from (kafka-python's, which stops
-before them): the KIP-848 consumer group protocol, ConsumerGroupHeartbeat and ConsumerGroupDescribe.
+before them): the KIP-848 consumer group protocol (ConsumerGroupHeartbeat, ConsumerGroupDescribe) and KIP-932's
+share groups (ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge).
 
 They are read and written with kio, whose message classes are generated from Kafka's own JSON message specs (one
 frozen dataclass per message and version, the fields in wire order with their Kafka types, tags and defaults). Its
@@ -26,8 +27,19 @@ from mqk.protocol.kafka.errors import MalformedMessage
 NEWER: dict[int, tuple[str, int, int, int]] = {
     68: ("ConsumerGroupHeartbeat", 0, 1, 0),
     69: ("ConsumerGroupDescribe", 0, 1, 0),
+    76: ("ShareGroupHeartbeat", 1, 1, 0),
+    77: ("ShareGroupDescribe", 1, 1, 0),
+    78: ("ShareFetch", 1, 2, 0),
+    79: ("ShareAcknowledge", 1, 2, 0),
 }
-_MODULES = {68: "consumer_group_heartbeat", 69: "consumer_group_describe"}
+_MODULES = {
+    68: "consumer_group_heartbeat",
+    69: "consumer_group_describe",
+    76: "share_group_heartbeat",
+    77: "share_group_describe",
+    78: "share_fetch",
+    79: "share_acknowledge",
+}
 _DURATIONS = ("timedelta_i32", "timedelta_i64")
 
 

@@ -34,6 +34,7 @@ from mqk.server.kafka.handlers import (
     quotas,
     replicas,
     sasl,
+    share_groups,
     topics,
     transactions,
     users,
@@ -91,6 +92,10 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.LIST_CONFIG_RESOURCES: configs.list_config_resources,
     ApiKey.CONSUMER_GROUP_HEARTBEAT: consumer_groups.consumer_group_heartbeat,
     ApiKey.CONSUMER_GROUP_DESCRIBE: consumer_groups.consumer_group_describe,
+    ApiKey.SHARE_GROUP_HEARTBEAT: share_groups.share_group_heartbeat,
+    ApiKey.SHARE_GROUP_DESCRIBE: share_groups.share_group_describe,
+    ApiKey.SHARE_FETCH: share_groups.share_fetch,
+    ApiKey.SHARE_ACKNOWLEDGE: share_groups.share_acknowledge,
 }
 
 GROUPED: dict[int, Grouping] = {

@@ -1,0 +1,214 @@
+"""Kafka share groups (KIP-932, "queues for Kafka") with a real client: confluent-kafka's ShareConsumer (librdkafka's
+share consumer, in preview) against an `mqk serve` process.
+
+- Two share consumers of one group split the records of three partitions between them; every record is delivered
+  once (each poll's records accepted by the next poll or commit).
+- Explicit acknowledgement: a released record comes back (with a higher delivery count), at most
+  `group_share_delivery_count_limit` times; a rejected one never does; accepted ones never do.
+- A consumer killed -9 while holding records: they come back to the other consumer once their acquisition lock
+  (`group_share_record_lock_duration_ms`) ends.
+- The broker killed -9 after the acknowledgements were answered: restarted, it delivers only what was not accepted
+  (the record states live in `__share_group_state`).
+
+The broker runs with a half-second heartbeat interval, a two-second record lock and `share.auto.offset.reset`
+earliest, set in its TOML file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compat_helpers import create_topic, hostport, unique
+from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+
+from mqk.testing import BrokerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+LOCK_MS = 2000
+DELIVERY_LIMIT = 3
+SETTINGS = (
+    "group_share_heartbeat_interval_ms = 500\n"
+    f"group_share_record_lock_duration_ms = {LOCK_MS}\n"
+    f"group_share_delivery_count_limit = {DELIVERY_LIMIT}\n"
+    'group_share_auto_offset_reset = "earliest"\n'
+)
+
+
+def start(tmp_path: Path) -> Any:
+    config = tmp_path / "broker.toml"
+    config.write_text(SETTINGS)
+    return BrokerProcess(tmp_path / "data", storage="file", extra_args=("--config", str(config))).start()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Any]:
+    process = start(tmp_path)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def produce(bootstrap: str, topic: str, partitions: int, count: int, start_at: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(start_at, start_at + count):
+        producer.produce(topic, b"%d" % i, partition=i % partitions)
+    assert producer.flush(30) == 0
+
+
+def share_consumer(bootstrap: str, group: str, topic: str, **extra: Any) -> ShareConsumer:
+    consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, **extra})
+    consumer.subscribe([topic])
+    return consumer
+
+
+def drain(
+    consumers: list[ShareConsumer],
+    until: Callable[[list[tuple[int, int]]], bool],
+    seconds: float = 30,
+    on_message: Callable[[ShareConsumer, Any], None] | None = None,
+) -> list[tuple[int, int]]:
+    """Poll the consumers in turn until `until(log)` holds; the log is (consumer index, value) per delivery. After
+    each poll the consumer commits (implicit mode: that poll's records are accepted)."""
+    log: list[tuple[int, int]] = []
+    deadline = time.monotonic() + seconds
+    while not until(log):
+        assert time.monotonic() < deadline, f"timed out; delivered {sorted(v for _c, v in log)}"
+        for index, consumer in enumerate(consumers):
+            messages = consumer.poll(0.2) or []
+            for msg in messages:
+                if msg.error():
+                    continue
+                log.append((index, int(msg.value())))
+                if on_message is not None:
+                    on_message(consumer, msg)
+            if messages:
+                consumer.commit_sync()
+    return log
+
+
+def test_two_share_consumers_split_the_records_and_each_is_delivered_once(broker):
+    bootstrap = hostport(broker.bootstrap)
+    topic, group = unique("q"), unique("sg")
+    create_topic(bootstrap, topic, 3)
+    produce(bootstrap, topic, 3, 300)
+    consumers = [share_consumer(bootstrap, group, topic), share_consumer(bootstrap, group, topic)]
+    try:
+        log = drain(consumers, lambda log: len({v for _c, v in log}) == 300)
+        produce(bootstrap, topic, 3, 60, start_at=300)
+        log += drain(consumers, lambda more: len({v for _c, v in log + more}) == 360)
+    finally:
+        for consumer in consumers:
+            consumer.close()
+    values = [v for _c, v in log]
+    assert sorted(values) == list(range(360))  # each once
+    assert {c for c, _v in log} == {0, 1}  # both had a share
+
+
+def test_released_records_come_back_up_to_the_delivery_limit_and_rejected_ones_never(broker):
+    bootstrap = hostport(broker.bootstrap)
+    topic, group = unique("q"), unique("sg")
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, 1, 10)
+
+    def decide(consumer: ShareConsumer, msg: Any) -> None:
+        value = int(msg.value())
+        if value == 3:
+            consumer.acknowledge(msg, AcknowledgeType.RELEASE)
+        elif value == 7:
+            consumer.acknowledge(msg, AcknowledgeType.REJECT)
+        else:
+            consumer.acknowledge(msg)
+
+    consumer = share_consumer(bootstrap, group, topic, **{"share.acknowledgement.mode": "explicit"})
+    try:
+        log = drain([consumer], lambda log: [v for _c, v in log].count(3) == DELIVERY_LIMIT, on_message=decide)
+        # nothing more comes: 3 has reached the limit, 7 was rejected, the rest were accepted
+        time.sleep(LOCK_MS / 1000 + 1)
+        extra = drain([consumer], lambda _log: True)
+        for _ in range(10):
+            extra += [(0, int(m.value())) for m in (consumer.poll(0.2) or []) if not m.error()]
+    finally:
+        consumer.close()
+    values = [v for _c, v in log]
+    assert sorted(set(values)) == list(range(10))
+    assert values.count(3) == DELIVERY_LIMIT and values.count(7) == 1
+    assert all(values.count(v) == 1 for v in range(10) if v != 3)
+    assert extra == []
+
+
+CHILD = """
+import sys, time
+from confluent_kafka import ShareConsumer
+bootstrap, group, topic = sys.argv[1:4]
+c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group})
+c.subscribe([topic])
+while True:
+    got = [m for m in c.poll(0.2) or [] if not m.error()]
+    for m in got:
+        print(m.value().decode(), flush=True)
+    if got:
+        time.sleep(60)  # holds them (a next poll would accept them): killed meanwhile
+"""
+
+
+def test_records_a_killed_consumer_held_come_back_after_their_lock(broker):
+    bootstrap = hostport(broker.bootstrap)
+    topic, group = unique("q"), unique("sg")
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, 1, 20)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, bootstrap, group, topic], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        held = {int(child.stdout.readline())}  # it holds at least one (the test's timeout bounds this read)
+        child.kill()
+        child.wait(10)
+        held |= {int(line) for line in child.stdout if line.strip()}
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        if child.stdout is not None:
+            child.stdout.close()
+    survivor = share_consumer(bootstrap, group, topic)
+    try:
+        log = drain([survivor], lambda log: {v for _c, v in log} >= set(range(20)))
+    finally:
+        survivor.close()
+    assert sorted(v for _c, v in log) == list(range(20))  # the killed one's records too, each once
+    assert held <= {v for _c, v in log}
+
+
+def test_after_a_kill_9_of_the_broker_only_unaccepted_records_are_delivered_again(tmp_path: Path):
+    broker = start(tmp_path)
+    try:
+        bootstrap = hostport(broker.bootstrap)
+        topic, group = unique("q"), unique("sg")
+        create_topic(bootstrap, topic, 2)
+        produce(bootstrap, topic, 2, 40)
+        consumer = share_consumer(bootstrap, group, topic)
+        try:
+            first = drain([consumer], lambda log: len(log) >= 10)
+            consumer.commit_sync()  # accepted, and answered: durable from here
+        finally:
+            consumer.close()
+        accepted = {v for _c, v in first}
+        broker.kill()
+        broker = BrokerProcess(tmp_path / "data", storage="file", extra_args=broker.extra_args).start()
+        bootstrap = hostport(broker.bootstrap)
+        consumer = share_consumer(bootstrap, group, topic)
+        try:
+            rest = drain([consumer], lambda log: {v for _c, v in log} | accepted >= set(range(40)))
+        finally:
+            consumer.close()
+        assert not accepted & {v for _c, v in rest}  # nothing accepted came back
+        assert sorted(accepted | {v for _c, v in rest}) == list(range(40))
+    finally:
+        broker.stop()

@@ -1,0 +1,448 @@
+"""Kafka share groups (KIP-932, "queues for Kafka"): membership, and the per-record state of each share partition.
+
+Membership (ShareGroupHeartbeat): members join with epoch 0, leave with -1, and are removed when their session ends
+without a heartbeat. The group's partitions are spread over its members (`assign_share`): with fewer members than
+partitions each partition has one member; with more, partitions are shared so every member has one. Nothing is
+revoked first: records, not partitions, are what a member owns, one acquisition at a time.
+
+Share partition state (`SharePartition`, one per group and partition): the share-partition start offset (SPSO; every
+record below it is done) and, from there up to the next offset never handed out, each record's state:
+AVAILABLE -> ACQUIRED (by one member, with a lock deadline and a delivery count) -> ACKNOWLEDGED (accepted) or
+ARCHIVED (rejected, a gap, or delivered `delivery_count_limit` times); a release or an expired lock makes it
+AVAILABLE again. The SPSO moves past the records that are done. At most `max_record_locks` records past the SPSO are
+in flight, so a partition's state stays bounded whatever its consumers do. A group's first look at a partition
+starts it at the log's end or start (`share.auto.offset.reset`: latest, as Kafka, or earliest).
+
+The state is durable: after every change a request makes, the group's document (SPSO, and each in-flight record's
+state and delivery count) is written to the compacted internal topic `__share_group_state` (one record per group,
+the latest wins), and read back at start. An acquisition does not survive a restart (locks are in memory): what was
+acquired comes back AVAILABLE, with its delivery count, so an accepted record is never delivered again and an
+unacknowledged one is delivered again after the restart, as after its lock expiring.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mqk import errors as E
+from mqk.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger("mqk.groups")
+
+AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED = 0, 1, 2, 4
+#: AcknowledgeType values of ShareFetch / ShareAcknowledge
+GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
+NONE = 0
+FENCED_MEMBER_EPOCH = 110
+INVALID_RECORD_STATE = 121
+
+Assignment = dict[uuid.UUID, frozenset[int]]
+
+
+def assign_share(
+    members: list[str], topics: dict[uuid.UUID, int], subscriptions: dict[str, set[uuid.UUID]]
+) -> dict[str, Assignment]:
+    """Each subscribed partition to one of its topic's subscribers, evenly; when a topic has more subscribers than
+    partitions its partitions go round again, so every subscriber has one (records are shared, not partitions)."""
+    out: dict[str, dict[uuid.UUID, set[int]]] = {m: {} for m in members}
+    for topic_id, count in sorted(topics.items(), key=lambda kv: str(kv[0])):
+        subscribers = sorted(m for m in members if topic_id in subscriptions.get(m, ()))
+        if not subscribers or count <= 0:
+            continue
+        for i, m in enumerate(subscribers):
+            mine = {p for p in range(count) if p % len(subscribers) == i}
+            if not mine:
+                mine = {i % count}
+            out[m].setdefault(topic_id, set()).update(mine)
+    return {m: {t: frozenset(ps) for t, ps in a.items()} for m, a in out.items()}
+
+
+@dataclass(eq=False)
+class ShareMember:
+    member_id: str
+    client_id: str
+    client_host: str
+    rack_id: str | None = None
+    member_epoch: int = 0
+    topics: tuple[str, ...] = ()
+    assignment: Assignment = field(default_factory=dict)
+    sent: Assignment | None = None
+    session_deadline: float = 0.0
+
+
+@dataclass
+class Record:
+    state: int
+    delivery_count: int = 0
+    owner: str = ""
+    deadline: float = 0.0
+
+
+class SharePartition:
+    """One share group's state of one partition (see the module docstring)."""
+
+    def __init__(self, spso: int) -> None:
+        self.spso = spso
+        #: the first offset never handed out
+        self.next_offset = spso
+        self.records: dict[int, Record] = {}
+
+    def expire(self, now: float, limit: int) -> bool:
+        """Locks past their deadline end: the record is AVAILABLE again (ARCHIVED at the delivery limit)."""
+        changed = False
+        for rec in self.records.values():
+            if rec.state == ACQUIRED and rec.deadline < now:
+                rec.state = ARCHIVED if rec.delivery_count >= limit else AVAILABLE
+                rec.owner = ""
+                changed = True
+        if changed:
+            self.advance()
+        return changed
+
+    def release_member(self, member_id: str, limit: int) -> bool:
+        changed = False
+        for rec in self.records.values():
+            if rec.state == ACQUIRED and rec.owner == member_id:
+                rec.state = ARCHIVED if rec.delivery_count >= limit else AVAILABLE
+                rec.owner = ""
+                changed = True
+        if changed:
+            self.advance()
+        return changed
+
+    def advance(self) -> None:
+        """Move the SPSO past every record that is done."""
+        while self.spso < self.next_offset:
+            rec = self.records.get(self.spso)
+            if rec is None or rec.state not in (ACKNOWLEDGED, ARCHIVED):
+                break
+            del self.records[self.spso]
+            self.spso += 1
+
+    def reacquirable(self) -> list[int]:
+        return sorted(o for o, r in self.records.items() if r.state == AVAILABLE)
+
+    def acquire(self, offsets: Iterable[int], member_id: str, deadline: float) -> list[tuple[int, int]]:
+        """Acquire these offsets (AVAILABLE ones, or new ones at `next_offset` on); (offset, delivery count) of each."""
+        out = []
+        for offset in offsets:
+            rec = self.records.get(offset)
+            if rec is None:
+                if offset < self.next_offset:
+                    continue  # done already (below the SPSO)
+                rec = self.records[offset] = Record(AVAILABLE)
+                self.next_offset = max(self.next_offset, offset + 1)
+            if rec.state != AVAILABLE:
+                continue
+            rec.state, rec.owner, rec.deadline = ACQUIRED, member_id, deadline
+            rec.delivery_count += 1
+            out.append((offset, rec.delivery_count))
+        return out
+
+    def archive(self, offsets: Iterable[int]) -> None:
+        """Records nobody is to receive (control records): done at once."""
+        for offset in offsets:
+            if offset >= self.next_offset:
+                self.records[offset] = Record(ARCHIVED)
+                self.next_offset = offset + 1
+        self.advance()
+
+    def acknowledge(self, member_id: str, first: int, last: int, types: list[int], deadline: float, limit: int) -> int:
+        """Apply one acknowledgement batch; INVALID_RECORD_STATE when a record in it is not acquired by the member
+        (nothing of the batch is applied then). A released record delivered `limit` times is archived."""
+        if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
+            return E.InvalidRequestError.code
+        chosen = []
+        for i, offset in enumerate(range(first, last + 1)):
+            kind = types[0] if len(types) == 1 else types[i]
+            rec = self.records.get(offset)
+            if kind == GAP and (rec is None or rec.owner == member_id):
+                chosen.append((offset, rec, kind))
+                continue
+            if rec is None or rec.state != ACQUIRED or rec.owner != member_id:
+                return INVALID_RECORD_STATE
+            chosen.append((offset, rec, kind))
+        for _offset, rec, kind in chosen:
+            if rec is None:
+                continue
+            if kind == RENEW:
+                rec.deadline = deadline
+            elif kind == ACCEPT:
+                rec.state, rec.owner = ACKNOWLEDGED, ""
+            elif kind == RELEASE:
+                rec.state, rec.owner = (ARCHIVED if rec.delivery_count >= limit else AVAILABLE), ""
+            else:  # REJECT, GAP
+                rec.state, rec.owner = ARCHIVED, ""
+        self.advance()
+        return NONE
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "spso": self.spso,
+            "next": self.next_offset,
+            "records": [
+                [o, r.state if r.state != ACQUIRED else AVAILABLE, r.delivery_count]
+                for o, r in sorted(self.records.items())
+            ],
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> SharePartition:
+        part = cls(int(doc["spso"]))
+        part.next_offset = max(part.spso, int(doc.get("next", part.spso)))
+        for offset, state, count in doc.get("records", []):
+            part.records[int(offset)] = Record(int(state), int(count))
+        part.advance()
+        return part
+
+
+@dataclass(eq=False)
+class ShareGroup:
+    group_id: str
+    group_epoch: int = 0
+    members: dict[str, ShareMember] = field(default_factory=dict)
+    #: (topic id, partition) -> its state
+    partitions: dict[tuple[uuid.UUID, int], SharePartition] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        return "Stable" if self.members else "Empty"
+
+
+@dataclass
+class ShareSession:
+    """A member's share session with this broker (ShareFetch / ShareAcknowledge): the epoch its next request must
+    carry and the partitions it fetches."""
+
+    epoch: int
+    partitions: set[tuple[uuid.UUID, int]] = field(default_factory=set)
+
+
+#: where the share groups' record states are kept (Kafka's name for its share coordinator's topic; an internal
+#: topic: mqk.broker.internal)
+SHARE_GROUP_STATE_TOPIC = "__share_group_state"
+
+
+class ShareGroups:
+    """Every share group this broker coordinates, and their partitions' record states."""
+
+    def __init__(
+        self,
+        topics: Callable[[str], tuple[uuid.UUID, int] | None],
+        *,
+        session_timeout_ms: int = 45_000,
+        heartbeat_interval_ms: int = 5_000,
+        record_lock_duration_ms: int = 30_000,
+        delivery_count_limit: int = 5,
+        max_record_locks: int = 2000,
+        auto_offset_reset: str = "latest",
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.topics = topics
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.record_lock_duration_ms = record_lock_duration_ms
+        self.delivery_count_limit = delivery_count_limit
+        self.max_record_locks = max_record_locks
+        self.auto_offset_reset = auto_offset_reset
+        self.clock = clock
+        self.groups: dict[str, ShareGroup] = {}
+        #: (group id, member id) -> its share session
+        self.sessions: dict[tuple[str, str], ShareSession] = {}
+        self._docs: Any = None
+
+    async def ensure_loaded(self, store: Any) -> None:
+        """Read the groups' saved record states the first time share groups are used (mqk.store.statelog)."""
+        if self._docs is not None:
+            return
+        from mqk.store.statelog import LogStateDocs
+
+        docs = LogStateDocs(store, SHARE_GROUP_STATE_TOPIC)
+        await docs.prepare()
+        for group_id, doc in (await docs.load_all()).items():
+            self.load(group_id, doc)
+        self._docs = docs
+
+    async def save(self, group_ids: Iterable[str]) -> None:
+        """Write these groups' record states (one record each, in one append)."""
+        wanted = sorted(set(group_ids))
+        if wanted and self._docs is not None:
+            await self._docs.save_many({g: self.doc(g) for g in wanted})
+
+    def now(self) -> float:
+        return self.clock.monotonic() * 1000
+
+    def lock_deadline(self) -> float:
+        return self.now() + self.record_lock_duration_ms
+
+    # --- membership ------------------------------------------------------------------------------------------
+
+    def heartbeat(self, body: dict[str, Any], client_id: str, client_host: str) -> tuple[dict[str, Any], set[str]]:
+        """One ShareGroupHeartbeat: its answer, and the groups whose record states changed (members that left)."""
+        changed = self.expire()
+        group_id, member_id, epoch = body["group_id"], body["member_id"] or "", body["member_epoch"]
+        answer: dict[str, Any] = {
+            "throttle_time_ms": 0,
+            "error_code": NONE,
+            "error_message": None,
+            "member_id": member_id or None,
+            "member_epoch": epoch,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "assignment": None,
+        }
+
+        def refuse(code: int, message: str) -> tuple[dict[str, Any], set[str]]:
+            answer.update(error_code=code, error_message=message)
+            return answer, changed
+
+        if not group_id or not member_id:
+            return refuse(E.InvalidRequestError.code, "a share group member names its group and its member id")
+        group = self.groups.setdefault(group_id, ShareGroup(group_id))
+        member = group.members.get(member_id)
+        if epoch == -1:
+            if member is None:
+                return refuse(E.UnknownMemberIdError.code, f"member {member_id!r} is unknown")
+            self._remove(group, member)
+            changed.add(group_id)
+            return answer, changed
+        if epoch == 0:
+            if not body.get("subscribed_topic_names"):
+                return refuse(E.InvalidRequestError.code, "a member joining subscribes to topics")
+            if member is None:
+                member = group.members[member_id] = ShareMember(member_id, client_id, client_host)
+                log.info("share group %s: member %s joined", group_id, member_id)
+        elif member is None:
+            return refuse(E.UnknownMemberIdError.code, f"member {member_id!r} is not in share group {group_id!r}")
+        elif epoch != member.member_epoch:
+            return refuse(FENCED_MEMBER_EPOCH, f"member {member_id!r} is at epoch {member.member_epoch}, not {epoch}")
+        names = body.get("subscribed_topic_names")
+        if names is not None:
+            member.topics = tuple(sorted(set(names)))
+        if body.get("rack_id") is not None:
+            member.rack_id = body["rack_id"]
+        member.session_deadline = self.now() + self.session_timeout_ms
+        self._assign(group)
+        answer["member_id"] = member.member_id
+        answer["member_epoch"] = member.member_epoch
+        if member.sent != member.assignment:
+            member.sent = dict(member.assignment)
+            answer["assignment"] = {
+                "topic_partitions": [
+                    {"topic_id": t, "partitions": sorted(ps)} for t, ps in sorted(member.assignment.items(), key=str)
+                ]
+            }
+        return answer, changed
+
+    def _assign(self, group: ShareGroup) -> None:
+        topics: dict[uuid.UUID, int] = {}
+        subscriptions: dict[str, set[uuid.UUID]] = {}
+        for m in group.members.values():
+            for name in m.topics:
+                found = self.topics(name)
+                if found is not None:
+                    topics[found[0]] = found[1]
+                    subscriptions.setdefault(m.member_id, set()).add(found[0])
+        target = assign_share(sorted(group.members), topics, subscriptions)
+        if any(group.members[member_id].assignment != a for member_id, a in target.items()):
+            group.group_epoch += 1
+            for member_id, a in target.items():
+                group.members[member_id].assignment = a
+        for member in group.members.values():
+            member.member_epoch = group.group_epoch
+
+    def _remove(self, group: ShareGroup, member: ShareMember) -> None:
+        del group.members[member.member_id]
+        self.sessions.pop((group.group_id, member.member_id), None)
+        for part in group.partitions.values():
+            part.release_member(member.member_id, self.delivery_count_limit)
+        self._assign(group)
+        log.info("share group %s: member %s left", group.group_id, member.member_id)
+
+    def expire(self) -> set[str]:
+        """End silent members' sessions and expired locks; the groups whose record states changed."""
+        now = self.now()
+        changed = set()
+        for group in self.groups.values():
+            for member in [m for m in group.members.values() if m.session_deadline < now]:
+                log.info("share group %s: member %s's session timed out", group.group_id, member.member_id)
+                self._remove(group, member)
+                changed.add(group.group_id)
+            for part in group.partitions.values():
+                if part.expire(now, self.delivery_count_limit):
+                    changed.add(group.group_id)
+        return changed
+
+    def is_member(self, group_id: str, member_id: str) -> bool:
+        group = self.groups.get(group_id)
+        return group is not None and member_id in group.members
+
+    # --- partitions ------------------------------------------------------------------------------------------
+
+    def partition(self, group_id: str, topic_id: uuid.UUID, partition: int, start: int, end: int) -> SharePartition:
+        """The group's state of a partition, started per `auto_offset_reset` the first time it is asked for."""
+        group = self.groups.setdefault(group_id, ShareGroup(group_id))
+        key = (topic_id, partition)
+        part = group.partitions.get(key)
+        if part is None:
+            part = group.partitions[key] = SharePartition(start if self.auto_offset_reset == "earliest" else end)
+        if part.spso < start:  # retention removed records below it: they can no longer be delivered
+            part.records = {o: r for o, r in part.records.items() if o >= start}
+            part.spso = start
+            part.next_offset = max(part.next_offset, start)
+        return part
+
+    def doc(self, group_id: str) -> dict[str, Any]:
+        group = self.groups.get(group_id)
+        if group is None:
+            return {"partitions": {}}
+        return {"partitions": {f"{t.hex}:{p}": part.doc() for (t, p), part in group.partitions.items()}}
+
+    def load(self, group_id: str, doc: dict[str, Any]) -> None:
+        group = self.groups.setdefault(group_id, ShareGroup(group_id))
+        for key, part in (doc.get("partitions") or {}).items():
+            topic_hex, _, p = key.partition(":")
+            group.partitions[(uuid.UUID(hex=topic_hex), int(p))] = SharePartition.from_doc(part)
+
+    def describe(self, group_id: str, topic_name: Callable[[uuid.UUID], str | None]) -> dict[str, Any] | None:
+        self.expire()
+        group = self.groups.get(group_id)
+        if group is None or (not group.members and not group.partitions):
+            return None
+        return {
+            "error_code": NONE,
+            "error_message": None,
+            "group_id": group_id,
+            "group_state": group.state,
+            "group_epoch": group.group_epoch,
+            "assignment_epoch": group.group_epoch,
+            "assignor_name": "simple",
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "rack_id": m.rack_id,
+                    "member_epoch": m.member_epoch,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "subscribed_topic_names": list(m.topics),
+                    "assignment": {
+                        "topic_partitions": [
+                            {"topic_id": t, "topic_name": topic_name(t) or "", "partitions": sorted(ps)}
+                            for t, ps in sorted(m.assignment.items(), key=str)
+                        ]
+                    },
+                }
+                for m in group.members.values()
+            ],
+            "authorized_operations": -2147483648,
+        }
+
+    def list_groups(self) -> list[tuple[str, str]]:
+        self.expire()
+        return [(g.group_id, g.state) for g in self.groups.values() if g.members or g.partitions]
+
+
+__all__ = ["ShareGroups", "SharePartition", "assign_share"]

@@ -1,0 +1,344 @@
+"""Share groups (KIP-932): ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch and ShareAcknowledge. The membership
+and the record states are `mqk.groups.share.ShareGroups` (ctx.groups.share); this module runs the share sessions,
+reads the records it hands out, and saves the states a request changed before it answers.
+
+ShareFetch: the session's epoch checked (0 opens one with the partitions named, -1 closes it, any other must be the
+one the previous request was told), the request's acknowledgements applied first, then records acquired for the
+member from the session's partitions (released and expired ones before new ones), at most `max_records`; with none
+to give it waits up to `max_wait_ms` for new records. The records go out as the stored batches that hold them, with
+the acquired offset ranges and their delivery counts (a client delivers only those). Control batches are never
+handed out: their offsets are archived.
+
+Authorization: READ on the group for all four (DESCRIBE for ShareGroupDescribe), READ on each topic fetched
+(TOPIC_AUTHORIZATION_FAILED for that partition). A broker in cluster mode does not offer share groups yet.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from mqk import errors as E
+from mqk.groups.share import ShareGroups, ShareSession
+from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
+from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, GROUP, NONE, TOPIC, allowed, authorized_operations
+
+SHARE_SESSION_NOT_FOUND = 122
+INVALID_SHARE_SESSION_EPOCH = 123
+UNKNOWN_TOPIC_ID = 100
+#: bytes read from a partition for one acquisition
+READ_BYTES = 1 << 20
+
+
+def _refusal(ctx: KafkaContext, peer: Peer, group_id: str, operation: str) -> tuple[int, str | None]:
+    if not allowed(ctx, peer, operation, GROUP, group_id):
+        return E.GroupAuthorizationFailedError.code, None
+    if ctx.cluster is not None:
+        return E.InvalidRequestError.code, "share groups are not offered in cluster mode yet"
+    return NONE, None
+
+
+def _topics_by_id(ctx: KafkaContext) -> dict[uuid.UUID, tuple[str, int]]:
+    return {uuid.UUID(bytes=bytes(i.topic_id)): (name, i.queue_count) for name, i in ctx.topics.all().items()}
+
+
+async def share_group_heartbeat(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
+    b = req.body
+    code, message = _refusal(ctx, peer, b["group_id"], "READ")
+    if not code and (ctx.groups.classic_members(b["group_id"]) or ctx.groups.consumer.has_members(b["group_id"])):
+        code, message = E.GroupIdNotFoundError.code, f"group {b['group_id']!r} is not a share group"
+    if code:
+        return {
+            "throttle_time_ms": 0,
+            "error_code": code,
+            "error_message": message,
+            "member_id": b["member_id"] or None,
+            "member_epoch": b["member_epoch"],
+            "heartbeat_interval_ms": 0,
+            "assignment": None,
+        }
+    share = ctx.groups.share
+    await share.ensure_loaded(ctx.store)
+    answer, changed = share.heartbeat(b, req.client_id or "", peer.client_host)
+    await share.save(changed)
+    return answer
+
+
+async def share_group_describe(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
+    names = {t: n for t, (n, _c) in _topics_by_id(ctx).items()}
+    out = []
+    for group_id in req.body["group_ids"]:
+        code, message = _refusal(ctx, peer, group_id, "DESCRIBE")
+        described = None if code else ctx.groups.share.describe(group_id, names.get)
+        if described is None:
+            out.append(
+                {
+                    "error_code": code or E.GroupIdNotFoundError.code,
+                    "error_message": message or (None if code else f"group {group_id!r} is not a share group"),
+                    "group_id": group_id,
+                    "group_state": "Dead",
+                    "group_epoch": -1,
+                    "assignment_epoch": -1,
+                    "assignor_name": "",
+                    "members": [],
+                    "authorized_operations": AUTHORIZED_OPS_OMITTED,
+                }
+            )
+            continue
+        if req.body.get("include_authorized_operations"):
+            described["authorized_operations"] = authorized_operations(ctx, peer, GROUP, group_id)
+        out.append(described)
+    return {"throttle_time_ms": 0, "groups": out}
+
+
+def _top(share: ShareGroups, code: int, message: str | None = None) -> dict[str, Any]:
+    return {
+        "throttle_time_ms": 0,
+        "error_code": code,
+        "error_message": message,
+        "acquisition_lock_timeout_ms": share.record_lock_duration_ms,
+        "responses": [],
+        "node_endpoints": [],
+    }
+
+
+def _session(
+    share: ShareGroups, group_id: str, member_id: str, epoch: int, opening_allowed: bool
+) -> tuple[ShareSession | None, int]:
+    """The member's session for a request at `epoch` (moved on to the next epoch), or an error code."""
+    key = (group_id, member_id)
+    if epoch == 0:
+        if not opening_allowed:
+            return None, INVALID_SHARE_SESSION_EPOCH
+        opened = share.sessions[key] = ShareSession(1)
+        return opened, NONE
+    session = share.sessions.get(key)
+    if session is None:
+        return None, SHARE_SESSION_NOT_FOUND
+    if epoch == -1:
+        del share.sessions[key]
+        return session, NONE
+    if epoch != session.epoch:
+        return None, INVALID_SHARE_SESSION_EPOCH
+    session.epoch = epoch + 1 if epoch < 2**31 - 1 else 1
+    return session, NONE
+
+
+def _acknowledge(
+    ctx: KafkaContext,
+    group_id: str,
+    member_id: str,
+    topics: list[dict[str, Any]],
+    known: dict[uuid.UUID, tuple[str, int]],
+) -> dict[tuple[uuid.UUID, int], int]:
+    """Apply the acknowledgement batches of a request: an error code per partition that carried any."""
+    share = ctx.groups.share
+    out: dict[tuple[uuid.UUID, int], int] = {}
+    for t in topics:
+        for p in t["partitions"]:
+            batches = p.get("acknowledgement_batches") or []
+            if not batches:
+                continue
+            key = (t["topic_id"], p["partition_index"])
+            if t["topic_id"] not in known:
+                out[key] = UNKNOWN_TOPIC_ID
+                continue
+            name, _count = known[t["topic_id"]]
+            start, end = ctx.store.offset_bounds(name, p["partition_index"])
+            part = share.partition(group_id, t["topic_id"], p["partition_index"], start, end)
+            code = NONE
+            for batch in batches:
+                code = code or part.acknowledge(
+                    member_id,
+                    batch["first_offset"],
+                    batch["last_offset"],
+                    list(batch["acknowledge_types"]),
+                    share.lock_deadline(),
+                    share.delivery_count_limit,
+                )
+            out[key] = code
+    return out
+
+
+def _is_control(data: Any) -> bool:
+    """A control batch (transaction marker): attributes bit 5, at bytes 21-22 of a record batch v2."""
+    return len(data) > 22 and bool(data[22] & 0x20)
+
+
+async def _acquire(
+    ctx: KafkaContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int, name: str, budget: int
+) -> tuple[bytes, list[dict[str, int]], int]:
+    """Acquire up to `budget` records of one partition for the member: (the batches holding them, the acquired
+    ranges with their delivery counts, how many were acquired)."""
+    share = ctx.groups.share
+    start, end = ctx.store.offset_bounds(name, partition)
+    part = share.partition(group_id, topic_id, partition, start, end)
+    part.expire(share.now(), share.delivery_count_limit)
+    deadline = share.lock_deadline()
+    acquired: list[tuple[int, int]] = []
+    again = part.reacquirable()[:budget]
+    wanted = set(again)
+    read_from = again[0] if again else part.next_offset
+    chosen: list[Any] = []
+    offset = read_from
+    while offset < end and len(acquired) < budget:
+        result = await ctx.store.read(name, partition, offset, READ_BYTES)
+        if not result.batches:
+            break
+        for batch in result.batches:
+            if len(acquired) >= budget:
+                break
+            offsets = range(max(batch.base_offset, read_from), batch.next_offset)
+            if _is_control(batch.data):
+                part.archive(o for o in offsets if o >= part.next_offset)
+                continue
+            new: list[int] = []
+            for o in offsets:
+                if o < part.next_offset:
+                    if o in part.records and o in wanted:
+                        new.append(o)
+                elif o - part.spso < share.max_record_locks:
+                    new.append(o)
+            got = part.acquire(new[: budget - len(acquired)], member_id, deadline)
+            if got:
+                acquired += got
+                chosen.append(batch)
+        offset = result.next_offset
+        if offset >= part.next_offset and part.next_offset - part.spso >= share.max_record_locks:
+            break
+    ranges: list[dict[str, int]] = []
+    for o, count in sorted(acquired):
+        if ranges and ranges[-1]["last_offset"] == o - 1 and ranges[-1]["delivery_count"] == count:
+            ranges[-1]["last_offset"] = o
+        else:
+            ranges.append({"first_offset": o, "last_offset": o, "delivery_count": count})
+    return b"".join(bytes(b.data) for b in chosen), ranges, len(acquired)
+
+
+async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
+    b = req.body
+    share = ctx.groups.share
+    group_id, member_id, epoch = b["group_id"] or "", b["member_id"] or "", b["share_session_epoch"]
+    code, message = _refusal(ctx, peer, group_id, "READ")
+    if code:
+        return _top(share, code, message)
+    await share.ensure_loaded(ctx.store)
+    changed = share.expire()
+    if not share.is_member(group_id, member_id):
+        await share.save(changed)
+        return _top(share, E.UnknownMemberIdError.code, f"member {member_id!r} is not in share group {group_id!r}")
+    session, code = _session(share, group_id, member_id, epoch, opening_allowed=True)
+    if session is None:
+        return _top(share, code)
+    known = _topics_by_id(ctx)
+    for t in b["topics"]:
+        session.partitions.update((t["topic_id"], p["partition_index"]) for p in t["partitions"])
+    for t in b["forgotten_topics_data"]:
+        session.partitions.difference_update((t["topic_id"], p) for p in t["partitions"])
+    acks = _acknowledge(ctx, group_id, member_id, b["topics"], known)
+    if acks:
+        changed.add(group_id)
+    results: dict[tuple[uuid.UUID, int], dict[str, Any]] = {}
+    if epoch == -1:  # the session closes: what the member still holds goes back to the others
+        for part in share.groups[group_id].partitions.values():
+            if part.release_member(member_id, share.delivery_count_limit):
+                changed.add(group_id)
+    else:
+        budget = max(1, b["max_records"]) if b["max_records"] > 0 else 500
+        for attempt in range(2):
+            for key in sorted(session.partitions, key=str):
+                topic_id, partition = key
+                if topic_id not in known:
+                    results[key] = {"error_code": UNKNOWN_TOPIC_ID}
+                    continue
+                name, count = known[topic_id]
+                if not 0 <= partition < count:
+                    results[key] = {"error_code": E.UnknownTopicOrPartitionError.code}
+                    continue
+                if not allowed(ctx, peer, "READ", TOPIC, name):
+                    results[key] = {"error_code": E.TopicAuthorizationFailedError.code}
+                    continue
+                if budget <= 0:
+                    continue
+                records, ranges, n = await _acquire(ctx, group_id, member_id, topic_id, partition, name, budget)
+                if n:
+                    budget -= n
+                    changed.add(group_id)
+                    results[key] = {"records": records, "acquired_records": ranges}
+            got = any(r.get("acquired_records") for r in results.values())
+            if got or acks or attempt or b["max_wait_ms"] <= 0 or not session.partitions:
+                break
+            wait_on = [(known[t][0], p) for t, p in session.partitions if t in known]
+            await ctx.hub.wait(wait_on, b["max_wait_ms"] / 1000)
+    await share.save(changed)
+    keys = (
+        set(results)
+        | set(acks)
+        | (
+            {(t["topic_id"], p["partition_index"]) for t in b["topics"] for p in t["partitions"]}
+            if epoch == 0
+            else set()
+        )
+    )
+    by_topic: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for topic_id, partition in sorted(keys, key=str):
+        entry = results.get((topic_id, partition), {})
+        by_topic.setdefault(topic_id, []).append(
+            {
+                "partition_index": partition,
+                "error_code": entry.get("error_code", NONE),
+                "error_message": None,
+                "acknowledge_error_code": acks.get((topic_id, partition), NONE),
+                "acknowledge_error_message": None,
+                "current_leader": {"leader_id": ctx.node_id, "leader_epoch": 0},
+                "records": entry.get("records", b""),
+                "acquired_records": entry.get("acquired_records", []),
+            }
+        )
+    answer = _top(share, NONE)
+    answer["responses"] = [{"topic_id": t, "partitions": parts} for t, parts in by_topic.items()]
+    answer["node_endpoints"] = [
+        {"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}
+    ]
+    return answer
+
+
+async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
+    b = req.body
+    share = ctx.groups.share
+    group_id, member_id, epoch = b["group_id"] or "", b["member_id"] or "", b["share_session_epoch"]
+    code, message = _refusal(ctx, peer, group_id, "READ")
+    if code:
+        return _top(share, code, message)
+    await share.ensure_loaded(ctx.store)
+    changed = share.expire()
+    if not share.is_member(group_id, member_id):
+        await share.save(changed)
+        return _top(share, E.UnknownMemberIdError.code, f"member {member_id!r} is not in share group {group_id!r}")
+    session, code = _session(share, group_id, member_id, epoch, opening_allowed=False)
+    if session is None:
+        return _top(share, code)
+    acks = _acknowledge(ctx, group_id, member_id, b["topics"], _topics_by_id(ctx))
+    if acks:
+        changed.add(group_id)
+    if epoch == -1:
+        for part in share.groups[group_id].partitions.values():
+            if part.release_member(member_id, share.delivery_count_limit):
+                changed.add(group_id)
+    await share.save(changed)
+    by_topic: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for (topic_id, partition), ack in sorted(acks.items(), key=str):
+        by_topic.setdefault(topic_id, []).append(
+            {
+                "partition_index": partition,
+                "error_code": ack,
+                "error_message": None,
+                "current_leader": {"leader_id": ctx.node_id, "leader_epoch": 0},
+            }
+        )
+    answer = _top(share, NONE)
+    answer["responses"] = [{"topic_id": t, "partitions": parts} for t, parts in by_topic.items()]
+    answer["node_endpoints"] = [
+        {"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}
+    ]
+    return answer

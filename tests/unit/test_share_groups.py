@@ -1,0 +1,96 @@
+"""Share groups (mqk.groups.share) without a broker: a share partition's record states step by step (acquire,
+accept, release, reject, lock expiry, the delivery limit, control records, the start offset moving past what is
+done, a document round trip), the spread of partitions over members, and the membership's epochs. On the wire:
+tests/integration/test_share_groups_wire.py."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from mqk.clock import FakeClock
+from mqk.groups.share import (
+    ACKNOWLEDGED,
+    ACQUIRED,
+    ARCHIVED,
+    AVAILABLE,
+    INVALID_RECORD_STATE,
+    ShareGroups,
+    SharePartition,
+    assign_share,
+)
+
+ACCEPT, RELEASE, REJECT, GAP = 1, 2, 3, 0
+T = uuid.uuid4()
+
+
+def states(part: SharePartition) -> dict[int, int]:
+    return {o: r.state for o, r in part.records.items()}
+
+
+def test_a_share_partition_steps_through_its_record_states() -> None:
+    part = SharePartition(10)
+    assert part.acquire(range(10, 15), "a", deadline=100) == [(o, 1) for o in range(10, 15)]
+    assert part.acquire(range(10, 15), "b", deadline=100) == []  # all held by a
+    assert part.acknowledge("b", 10, 10, [ACCEPT], 100, limit=3) == INVALID_RECORD_STATE
+    assert part.acknowledge("a", 10, 12, [ACCEPT, RELEASE, REJECT], 100, limit=3) == 0
+    assert part.spso == 11 and states(part) == {11: AVAILABLE, 12: ARCHIVED, 13: ACQUIRED, 14: ACQUIRED}
+    assert part.acquire(part.reacquirable(), "b", deadline=100) == [(11, 2)]  # delivered a second time
+    assert part.expire(now=101, limit=3)  # the locks of 11, 13 and 14 end
+    assert states(part) == {11: AVAILABLE, 12: ARCHIVED, 13: AVAILABLE, 14: AVAILABLE}
+    part.acquire([11], "b", deadline=200)
+    assert part.acknowledge("b", 11, 11, [RELEASE], 200, limit=3) == 0  # third delivery released: archived
+    assert part.spso == 13
+    part.acquire([13, 14], "c", deadline=300)
+    assert part.release_member("c", limit=3) and states(part) == {13: AVAILABLE, 14: AVAILABLE}
+    part.acquire([13, 14], "c", deadline=300)
+    assert part.acknowledge("c", 13, 14, [ACCEPT], 300, limit=3) == 0
+    assert part.spso == part.next_offset == 15 and part.records == {}
+    part.archive(range(15, 17))  # a control batch: never handed out
+    assert part.spso == 17
+
+
+def test_a_share_partition_document_keeps_states_and_counts_but_not_locks() -> None:
+    part = SharePartition(0)
+    part.acquire(range(4), "a", deadline=100)
+    part.acknowledge("a", 1, 1, [ACCEPT], 100, limit=5)
+    back = SharePartition.from_doc(part.doc())
+    assert back.spso == 0 and back.next_offset == 4
+    assert {o: (r.state, r.delivery_count) for o, r in back.records.items()} == {
+        0: (AVAILABLE, 1),
+        1: (ACKNOWLEDGED, 1),
+        2: (AVAILABLE, 1),
+        3: (AVAILABLE, 1),
+    }
+
+
+def test_members_share_partitions_when_there_are_more_members_than_partitions() -> None:
+    few = assign_share(["a", "b"], {T: 4}, {"a": {T}, "b": {T}})
+    assert few == {"a": {T: frozenset({0, 2})}, "b": {T: frozenset({1, 3})}}
+    many = assign_share(["a", "b", "c"], {T: 2}, {m: {T} for m in "abc"})
+    assert all(many[m][T] for m in "abc") and set().union(*(many[m][T] for m in "abc")) == {0, 1}
+
+
+def test_membership_epochs() -> None:
+    groups = ShareGroups(lambda name: (T, 2) if name == "t" else None, session_timeout_ms=1000, clock=FakeClock())
+
+    def beat(member: str, epoch: int) -> dict[str, Any]:
+        body = {
+            "group_id": "g",
+            "member_id": member,
+            "member_epoch": epoch,
+            "subscribed_topic_names": ["t"] if epoch == 0 else None,
+        }
+        return groups.heartbeat(body, "c", "h")[0]
+
+    a = beat("a", 0)
+    assert (
+        a["error_code"] == 0
+        and a["member_epoch"] == 1
+        and a["assignment"]["topic_partitions"][0]["partitions"] == [0, 1]
+    )
+    b = beat("b", 0)
+    assert b["member_epoch"] == 2 and b["assignment"]["topic_partitions"][0]["partitions"] == [1]
+    assert beat("a", 1)["error_code"] == 110  # a's epoch moved on with b's arrival
+    assert beat("zz", 3)["error_code"] == 25
+    assert beat("a", -1)["member_epoch"] == -1 and not groups.is_member("g", "a")
