@@ -142,6 +142,10 @@ class EtcdClient:
         host, port = self.endpoints[self._current]
         return aetcd.Client(host=host, port=port, timeout=max(1, round(self.timeout)))
 
+    async def reset_channel(self) -> None:
+        """Close the current channel (its watches end) so the next call opens a fresh one."""
+        await self._drop_channel()
+
     async def _drop_channel(self, client: Any = None) -> None:
         """Close the current channel (a broken one); given `client`, only if that is still the current one (a call
         that failed on a channel another call has replaced already leaves the new one alone)."""
@@ -285,6 +289,26 @@ class EtcdClient:
 
     async def revoke(self, lease_id: int) -> None:
         await self._call(lambda c: c.revoke_lease(lease_id))
+
+    async def changed_since(self, prefix: str, revision: int) -> int:
+        """How many keys under `prefix` were written after `revision` (a count, not the keys: cheap whatever the
+        prefix holds). aetcd's range helpers drop the count and revision filters, so the request is built here."""
+        from aetcd import rpc, utils
+
+        request = rpc.RangeRequest(
+            key=prefix.encode(),
+            range_end=utils.prefix_range_end(prefix.encode()),
+            count_only=True,
+            min_mod_revision=revision + 1,
+        )
+
+        async def op(client: Any) -> int:
+            await client.connect()
+            answer = await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
+            return int(answer.count)
+
+        result: int = await self._call(op)
+        return result
 
     # --- watches ------------------------------------------------------------------------------------------------
 

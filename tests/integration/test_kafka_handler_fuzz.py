@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqk.protocol.kafka import api
+from mqk.protocol.kafka import api, newer
 from mqk.protocol.kafka.codec import decode_response_frame, encode_request
 from mqk.server.kafka.handlers import HANDLERS
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
@@ -48,6 +48,39 @@ def _spec_strategies():
 
 
 strategies = _spec_strategies()
+
+_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint16": 16, "error_code": 16, "timedelta_i32": 32}
+
+
+def _kio_value(tp: object, kafka_type: str | None) -> st.SearchStrategy:
+    """A strategy for one field of a kio message class, in mqk.protocol.kafka.newer's dict form."""
+    import types
+    import typing
+
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = next(a for a in args if a is not type(None))
+        return st.none() | _kio_value(inner, kafka_type)
+    if typing.get_origin(tp) is tuple:
+        return st.lists(_kio_value(args[0], kafka_type), max_size=4)
+    if dataclasses.is_dataclass(tp):
+        return _kio_strategy(tp)
+    if kafka_type == "string":
+        return st.text(max_size=12)
+    if kafka_type in ("bytes", "records"):
+        return st.binary(max_size=32)
+    if kafka_type == "bool":
+        return st.booleans()
+    if kafka_type == "uuid":
+        return st.uuids()
+    bits = _INT_BITS.get(kafka_type or "", 32)
+    unsigned = kafka_type == "uint16"
+    return st.integers(0 if unsigned else -(1 << (bits - 1)), (1 << bits) - 1 if unsigned else (1 << (bits - 1)) - 1)
+
+
+def _kio_strategy(cls: object) -> st.SearchStrategy:
+    fields = newer._fields(cls)  # type: ignore[arg-type]
+    return st.fixed_dictionaries({key: _kio_value(tp, kt) for _name, key, tp, kt in fields})
 CASES = [
     (key, version)
     for key, (lo, hi) in sorted(api.SUPPORTED.items())
@@ -212,9 +245,12 @@ def test_requests_that_once_failed_are_answered(live, caplog, api_key: int, vers
 def test_every_request_is_answered_or_refused_and_nothing_raises(
     live, caplog, api_key: int, version: int, data
 ) -> None:
-    message = strategies.PAIRS[api_key]["request"]
     rnd = random.Random(data.draw(st.integers(0, 1 << 32), label="seed"))
-    body = _aimed(data.draw(strategies.struct_strategy(message.fields, version), label="body"), rnd)
+    if api_key in newer.NEWER:  # (no spec in the generated set: the strategy comes from kio's message class)
+        body = _aimed(data.draw(_kio_strategy(newer._classes(api_key, version)[0]), label="body"), rnd)
+    else:
+        message = strategies.PAIRS[api_key]["request"]
+        body = _aimed(data.draw(strategies.struct_strategy(message.fields, version), label="body"), rnd)
     for field in WAIT_FIELDS:
         if type(body.get(field)) is int:
             body[field] = body[field] % 200

@@ -172,3 +172,45 @@ async def test_an_election_etcd_did_not_answer_is_run_again_without_any_key_chan
     assert n.master_epoch == 1 and n.controlling is not None and meta.stalls == 0
     assert meta.held[n.keys.controller].lease == 77
     n._stopped = True
+
+
+class SilentWatchMeta:
+    """A meta service whose watch delivers nothing while etcd moves on (`changed` keys written after the view's
+    revision); it counts the channel resets and the watches opened."""
+
+    def __init__(self, changed: int) -> None:
+        self.changed = changed
+        self.resets = 0
+        self.watches = 0
+
+    async def changed_since(self, prefix: str, revision: int) -> int:
+        return self.changed
+
+    async def reset_channel(self) -> None:
+        self.resets += 1
+
+    async def watch_prefix(self, prefix: str) -> Any:
+        self.watches += 1
+        await asyncio.Event().wait()
+        yield  # pragma: no cover - (never reached: an async generator that waits)
+
+
+@pytest.mark.parametrize("changed", [0, 2])
+async def test_a_watch_that_stopped_delivering_is_started_again(changed: int) -> None:
+    meta = SilentWatchMeta(changed)
+    n = ClusterNode(ClusterConfig([("127.0.0.1", 1)], "c", 0, "g", {}))
+    n.meta = meta  # type: ignore[assignment]  # the stand-in above
+    n.view.connected = True
+    n.view.state.revision = 10
+    await n._check_watch()  # behind once: an event may be on its way
+    assert meta.resets == 0
+    await n._check_watch()  # behind at the same revision a period later: the watch is stuck
+    await settle()
+    try:
+        if changed:
+            assert meta.resets == 1 and meta.watches == 1 and n._watch_task is not None
+        else:
+            assert meta.resets == 0 and n._watch_task is None
+    finally:
+        if n._watch_task is not None:
+            n._watch_task.cancel()

@@ -122,6 +122,9 @@ class ClusterNode:
         #: the highest master epoch this broker served or declined: a master record naming it with a later epoch
         #: is a mastership handed over to it (`_handed_over`)
         self._epoch_seen = 0
+        #: the view revision the watchdog found etcd ahead of at its last check (`_check_watch`)
+        self._behind_at: int | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     @property
     def node_id(self) -> int:
@@ -153,7 +156,7 @@ class ClusterNode:
             raise ClusterStartError(f"cannot join cluster {self.config.cluster_id!r}: {exc}") from None
         await self._register(ready_timeout)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._follow(), name="mqk-cluster-watch"))
+        self._watch_task = loop.create_task(self._follow(), name="mqk-cluster-watch")
         if not await self.view.wait_until(lambda s: self.view.synced, ready_timeout):
             raise ClusterStartError("no metadata listing from etcd")
         self.view.add_listener(self._on_change)
@@ -165,9 +168,10 @@ class ClusterNode:
         self._resign("it stops")  # (before the lease goes: nothing of a master outlives its mastership)
         if self._resigning is not None:
             await asyncio.shield(self._resigning)
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._watch_task] if self._watch_task is not None else [])]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self.lease:
@@ -231,6 +235,7 @@ class ClusterNode:
             await self.clock.sleep(period)
             try:
                 ttl = await self.meta.keepalive(self.lease)
+                await self._check_watch()
             except MetaUnavailable as exc:
                 log.warning("cluster: lease keepalive failed (%s); serving with the last view", exc)
                 continue
@@ -248,6 +253,33 @@ class ClusterNode:
                     await self._campaign()
                 except (ClusterStartError, MetaUnavailable) as exc:
                     log.error("cluster: registering again failed: %s", exc)
+
+    async def _check_watch(self) -> None:
+        """The watch's watchdog, run with each keepalive: when etcd holds keys of the cluster written after the
+        view's revision at two checks in a row (a period apart, far longer than a watch event takes), the watch
+        has stopped delivering without failing (seen once in CI: a controller whose view never saw a request, and
+        a CreateTopics that waited for its answer in vain). It is then started again on a fresh channel, and its
+        listing brings the view up to date. Deletions alone are not seen this way; the next write shows the gap."""
+        if not self.view.connected:
+            self._behind_at = None
+            return
+        at = self.view.state.revision
+        if not await self.meta.changed_since(self.keys.root, at):
+            self._behind_at = None
+            return
+        if self._behind_at is None or self._behind_at < at:
+            self._behind_at = at  # (an event may be on its way: look again next time)
+            return
+        log.warning(
+            "cluster: the metadata watch delivered nothing since revision %d while etcd changed; restarting it", at
+        )
+        self._behind_at = None
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+        await self.meta.reset_channel()
+        self._watch_task = asyncio.get_running_loop().create_task(self._follow(), name="mqk-cluster-watch")
 
     def _lost_lease(self) -> None:
         self._resign("its lease expired")

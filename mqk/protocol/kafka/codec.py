@@ -127,9 +127,11 @@ def parse_request_header(frame: memoryview) -> tuple[int, int, int, str | None, 
     if len(frame) < 10:
         raise MalformedMessage(f"request frame of {len(frame)} bytes is shorter than a request header")
     api_key, api_version, correlation_id = _REQ_HEAD.unpack_from(frame, 0)
-    meta = api.message_meta(api_key)
+    meta = messages.MESSAGES.get(api_key)
     if meta is None:
-        raise UnknownApiKey(api_key, correlation_id)
+        meta = newer.NEWER.get(api_key)  # (a second lookup only for the few APIs newer than the spec set)
+        if meta is None:
+            raise UnknownApiKey(api_key, correlation_id)
     (n,) = _STR_LEN.unpack_from(frame, 8)
     pos = 10
     if n < 0:

@@ -243,7 +243,7 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
         for part in share.groups[group_id].partitions.values():
             if part.release_member(member_id, share.delivery_count_limit):
                 changed.add(group_id)
-    else:
+    elif not b.get("is_renew_ack"):  # (v2: a request that only renews acquisitions fetches nothing)
         budget = max(1, b["max_records"]) if b["max_records"] > 0 else 500
         for attempt in range(2):
             for key in sorted(session.partitions, key=str):
