@@ -81,6 +81,8 @@ def _kio_value(tp: object, kafka_type: str | None) -> st.SearchStrategy:
 def _kio_strategy(cls: object) -> st.SearchStrategy:
     fields = newer._fields(cls)  # type: ignore[arg-type]
     return st.fixed_dictionaries({key: _kio_value(tp, kt) for _name, key, tp, kt in fields})
+
+
 CASES = [
     (key, version)
     for key, (lo, hi) in sorted(api.SUPPORTED.items())
