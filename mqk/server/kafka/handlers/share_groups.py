@@ -215,21 +215,32 @@ async def _acquire(
     return b"".join(bytes(b.data) for b in chosen), ranges, len(acquired)
 
 
-async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
-    b = req.body
+async def _enter(
+    ctx: KafkaContext, peer: Peer, group_id: str, member_id: str, epoch: int, opening_allowed: bool
+) -> tuple[ShareSession | None, set[str], dict[str, Any]]:
+    """What ShareFetch and ShareAcknowledge check first: the group's READ, the membership, the session's epoch.
+    (the member's session, the groups whose states expiry changed, the refusal to answer when there is no session)"""
     share = ctx.groups.share
-    group_id, member_id, epoch = b["group_id"] or "", b["member_id"] or "", b["share_session_epoch"]
     code, message = _refusal(ctx, peer, group_id, "READ")
     if code:
-        return _top(share, code, message)
+        return None, set(), _top(share, code, message)
     await share.ensure_loaded(ctx.store)
     changed = share.expire()
     if not share.is_member(group_id, member_id):
         await share.save(changed)
-        return _top(share, E.UnknownMemberIdError.code, f"member {member_id!r} is not in share group {group_id!r}")
-    session, code = _session(share, group_id, member_id, epoch, opening_allowed=True)
+        message = f"member {member_id!r} is not in share group {group_id!r}"
+        return None, changed, _top(share, E.UnknownMemberIdError.code, message)
+    session, code = _session(share, group_id, member_id, epoch, opening_allowed)
+    return session, changed, _top(share, code)
+
+
+async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
+    b = req.body
+    share = ctx.groups.share
+    group_id, member_id, epoch = b["group_id"] or "", b["member_id"] or "", b["share_session_epoch"]
+    session, changed, refused = await _enter(ctx, peer, group_id, member_id, epoch, opening_allowed=True)
     if session is None:
-        return _top(share, code)
+        return refused
     known = _topics_by_id(ctx)
     for t in b["topics"]:
         session.partitions.update((t["topic_id"], p["partition_index"]) for p in t["partitions"])
@@ -307,17 +318,9 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
     b = req.body
     share = ctx.groups.share
     group_id, member_id, epoch = b["group_id"] or "", b["member_id"] or "", b["share_session_epoch"]
-    code, message = _refusal(ctx, peer, group_id, "READ")
-    if code:
-        return _top(share, code, message)
-    await share.ensure_loaded(ctx.store)
-    changed = share.expire()
-    if not share.is_member(group_id, member_id):
-        await share.save(changed)
-        return _top(share, E.UnknownMemberIdError.code, f"member {member_id!r} is not in share group {group_id!r}")
-    session, code = _session(share, group_id, member_id, epoch, opening_allowed=False)
+    session, changed, refused = await _enter(ctx, peer, group_id, member_id, epoch, opening_allowed=False)
     if session is None:
-        return _top(share, code)
+        return refused
     acks = _acknowledge(ctx, group_id, member_id, b["topics"], _topics_by_id(ctx))
     if acks:
         changed.add(group_id)
