@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -91,6 +92,80 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[st
         operation_timeout=10,
     )
     futures[name].result(timeout=15)
+
+
+def produce_numbered(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:
+    """Produce the values start .. start+count-1 (as decimal text), value i to partition i % partitions."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(start, start + count):
+        producer.produce(topic, b"%d" % i, partition=i % partitions)
+    assert producer.flush(30) == 0
+
+
+class PartitionOwners:
+    """Who owns each partition of a group's topic, as its confluent-kafka members' own rebalance callbacks say
+    (incremental assign and revoke: the cooperative classic protocol and KIP-848's). A partition assigned to one
+    member while another still owns it is recorded as an overlap; each member's revocations are kept in order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner: dict[int, str] = {}
+        self.overlaps: list[tuple[int, str, str]] = []
+        self.revoked: dict[str, list[list[int]]] = {}
+
+    def callbacks(self, name: str) -> dict[str, Callable[..., None]]:
+        """The subscribe() callbacks of the member called `name`."""
+
+        def on_assign(consumer: Any, partitions: list[Any]) -> None:
+            with self.lock:
+                for tp in partitions:
+                    holder = self.owner.get(tp.partition)
+                    if holder is not None and holder != name:
+                        self.overlaps.append((tp.partition, holder, name))
+                    self.owner[tp.partition] = name
+            consumer.incremental_assign(partitions)
+
+        def on_revoke(consumer: Any, partitions: list[Any]) -> None:
+            with self.lock:
+                self.revoked.setdefault(name, []).append(sorted(tp.partition for tp in partitions))
+                for tp in partitions:
+                    if self.owner.get(tp.partition) == name:
+                        del self.owner[tp.partition]
+            consumer.incremental_unassign(partitions)
+
+        return {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_revoke}
+
+    def of(self, name: str) -> list[int]:
+        with self.lock:
+            return sorted(p for p, n in self.owner.items() if n == name)
+
+
+class ChildClient:
+    """A client script run in a child process (`python -c script args...`) that prints each value it reads on a
+    line of its own; `kill9()` waits for its first line, kills it with SIGKILL and gives every line it printed.
+    As a context manager it never leaves the child running."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+
+    def kill9(self) -> list[str]:
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()  # it has read something (the calling test's timeout bounds this read)
+        self.proc.kill()
+        self.proc.wait(10)
+        return [line.strip() for line in [first, *self.proc.stdout] if line.strip()]
+
+    def __enter__(self) -> ChildClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 #: the compression codec ids of a record batch's attributes (bits 0-2)

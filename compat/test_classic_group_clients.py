@@ -11,57 +11,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from compat_helpers import create_topic, unique
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from compat_helpers import PartitionOwners, create_topic, produce_numbered, unique
+from confluent_kafka import Consumer, KafkaError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Owners:
-    """Partition owners as the members' own callbacks report them (incremental assign and revoke)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.owner: dict[int, str] = {}
-        self.overlaps: list[tuple[int, str, str]] = []
-        self.revoked: dict[str, list[list[int]]] = {}
-
-    def callbacks(self, name: str) -> dict[str, Callable[..., None]]:
-        def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            with self.lock:
-                for tp in partitions:
-                    holder = self.owner.get(tp.partition)
-                    if holder is not None and holder != name:
-                        self.overlaps.append((tp.partition, holder, name))
-                    self.owner[tp.partition] = name
-            consumer.incremental_assign(partitions)
-
-        def on_revoke(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            with self.lock:
-                self.revoked.setdefault(name, []).append(sorted(tp.partition for tp in partitions))
-                for tp in partitions:
-                    if self.owner.get(tp.partition) == name:
-                        del self.owner[tp.partition]
-            consumer.incremental_unassign(partitions)
-
-        return {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_revoke}
-
-    def of(self, name: str) -> list[int]:
-        with self.lock:
-            return sorted(p for p, n in self.owner.items() if n == name)
-
-
-def produce(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(start, start + count):
-        producer.produce(topic, b"%d" % i, partition=i % partitions)
-    assert producer.flush(30) == 0
 
 
 def member(bootstrap: str, group: str, **extra: Any) -> Consumer:
@@ -81,8 +39,8 @@ def member(bootstrap: str, group: str, **extra: Any) -> Consumer:
 def test_cooperative_sticky_moves_only_what_it_must_in_incremental_rounds(bootstrap):
     topic, group = unique("coop"), unique("gcoop")
     create_topic(bootstrap, topic, 6)
-    produce(bootstrap, topic, 6, 60)
-    owners = Owners()
+    produce_numbered(bootstrap, topic, 6, 60)
+    owners = PartitionOwners()
     seen: dict[bytes, list[str]] = {}
     consumers: dict[str, Consumer] = {}
 
@@ -110,7 +68,7 @@ def test_cooperative_sticky_moves_only_what_it_must_in_incremental_rounds(bootst
             consumers[name].subscribe([topic], **owners.callbacks(name))
             share = 6 // len(consumers)
             poll_until(lambda s=share: all(len(owners.of(n)) == s for n in consumers))
-        produce(bootstrap, topic, 6, 60, start=60)
+        produce_numbered(bootstrap, topic, 6, 60, start=60)
         poll_until(lambda: len(seen) == 120)
     finally:
         for consumer in consumers.values():
@@ -125,7 +83,7 @@ def test_cooperative_sticky_moves_only_what_it_must_in_incremental_rounds(bootst
 def test_a_member_that_stops_polling_leaves_and_the_other_takes_its_partitions(bootstrap):
     topic, group = unique("poll"), unique("gpoll")
     create_topic(bootstrap, topic, 4)
-    produce(bootstrap, topic, 4, 40)
+    produce_numbered(bootstrap, topic, 4, 40)
     slow = member(bootstrap, group, **{"max.poll.interval.ms": 7000})
     busy = member(bootstrap, group)
     slow.subscribe([topic])

@@ -16,17 +16,14 @@ would only make the test wait longer).
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from compat_helpers import create_topic, hostport, unique
-from confluent_kafka import Consumer, ConsumerGroupType, KafkaException, Producer, TopicPartition
+from compat_helpers import ChildClient, PartitionOwners, create_topic, hostport, produce_numbered, unique
+from confluent_kafka import Consumer, ConsumerGroupType, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from helpers import wait_until
 
@@ -48,37 +45,6 @@ def broker(tmp_path: Path) -> Iterator[Any]:
         process.stop()
 
 
-class Owners:
-    """Who owns each partition, as the members' own assign and revoke callbacks say: a partition assigned to a
-    member while another still owns it is recorded as an overlap."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.owner: dict[int, str] = {}
-        self.overlaps: list[tuple[int, str, str]] = []
-
-    def callbacks(self, name: str) -> dict[str, Any]:
-        def on_assign(_consumer: Any, partitions: list[TopicPartition]) -> None:
-            with self.lock:
-                for tp in partitions:
-                    holder = self.owner.get(tp.partition)
-                    if holder is not None and holder != name:
-                        self.overlaps.append((tp.partition, holder, name))
-                    self.owner[tp.partition] = name
-
-        def on_revoke(_consumer: Any, partitions: list[TopicPartition]) -> None:
-            with self.lock:
-                for tp in partitions:
-                    if self.owner.get(tp.partition) == name:
-                        del self.owner[tp.partition]
-
-        return {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_revoke}
-
-    def of(self, name: str) -> list[int]:
-        with self.lock:
-            return sorted(p for p, n in self.owner.items() if n == name)
-
-
 def member(bootstrap: str, group: str, name: str, **extra: Any) -> Consumer:
     return Consumer(
         {
@@ -91,13 +57,6 @@ def member(bootstrap: str, group: str, name: str, **extra: Any) -> Consumer:
             **extra,
         }
     )
-
-
-def produce(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(start, start + count):
-        producer.produce(topic, b"%d" % i, partition=i % partitions)
-    assert producer.flush(30) == 0
 
 
 def poll_all(consumers: dict[str, Consumer], seen: dict[bytes, str], until: Any, seconds: float = 30) -> None:
@@ -120,8 +79,8 @@ def test_members_share_the_partitions_never_own_one_together_and_read_each_recor
     bootstrap = hostport(broker.bootstrap)
     topic, group = unique("k848"), unique("g848")
     create_topic(bootstrap, topic, 6)
-    produce(bootstrap, topic, 6, 60)
-    owners = Owners()
+    produce_numbered(bootstrap, topic, 6, 60)
+    owners = PartitionOwners()
     seen: dict[bytes, str] = {}
     consumers: dict[str, Consumer] = {}
     try:
@@ -134,12 +93,12 @@ def test_members_share_the_partitions_never_own_one_together_and_read_each_recor
         assert {n: len(owners.of(n)) for n in consumers} == {"a": 2, "b": 2, "c": 2}
         if assignor == "range":  # each member a consecutive range, in member id order
             assert sorted(owners.of(n) for n in consumers) == [[0, 1], [2, 3], [4, 5]]
-        produce(bootstrap, topic, 6, 60, start=60)
+        produce_numbered(bootstrap, topic, 6, 60, start=60)
         poll_all(consumers, seen, lambda: len(seen) == 120)
         consumers.pop("b").close()  # leaves: its partitions go to the others
         poll_all(consumers, seen, lambda: len(owners.owner) == 6 and not owners.of("b"))
         assert sorted(len(owners.of(n)) for n in consumers) == [3, 3]
-        produce(bootstrap, topic, 6, 60, start=120)
+        produce_numbered(bootstrap, topic, 6, 60, start=120)
         poll_all(consumers, seen, lambda: len(seen) == 180)
     finally:
         for consumer in consumers.values():
@@ -152,7 +111,7 @@ def test_a_new_member_resumes_at_the_groups_committed_offsets_and_admin_sees_a_c
     bootstrap = hostport(broker.bootstrap)
     topic, group = unique("k848"), unique("g848")
     create_topic(bootstrap, topic, 3)
-    produce(bootstrap, topic, 3, 30)
+    produce_numbered(bootstrap, topic, 3, 30)
     seen: dict[bytes, str] = {}
     first = member(bootstrap, group, "first")
     first.subscribe([topic])
@@ -196,23 +155,18 @@ def test_a_member_killed_9_leaves_with_its_session_and_the_survivor_reads_the_re
     bootstrap = hostport(broker.bootstrap)
     topic, group = unique("k848"), unique("g848")
     create_topic(bootstrap, topic, 4)
-    produce(bootstrap, topic, 4, 40)
-    owners = Owners()
+    produce_numbered(bootstrap, topic, 4, 40)
+    owners = PartitionOwners()
     seen: dict[bytes, str] = {}
     survivor = member(bootstrap, group, "survivor")
     survivor.subscribe([topic], **owners.callbacks("survivor"))
     poll_all({"survivor": survivor}, seen, lambda: len(owners.of("survivor")) == 4 and len(seen) == 40)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, bootstrap, group, topic], stdout=subprocess.PIPE, text=True)
     try:
-        # the child joins: the survivor gives up half of its partitions, and the child reads what comes to them
-        poll_all({"survivor": survivor}, seen, lambda: len(owners.of("survivor")) == 2)
-        produce(bootstrap, topic, 4, 40, start=40)
-        assert child.stdout is not None
-        by_child = {child.stdout.readline().strip()}  # (it has read a record; the test's timeout bounds this)
-        child.kill()
-        child.wait(10)
-        by_child |= {line.strip() for line in child.stdout if line.strip()}
-        by_child.discard("")
+        with ChildClient(CHILD, bootstrap, group, topic) as child:
+            # the child joins: the survivor gives up half of its partitions, and the child reads what comes to them
+            poll_all({"survivor": survivor}, seen, lambda: len(owners.of("survivor")) == 2)
+            produce_numbered(bootstrap, topic, 4, 40, start=40)
+            by_child = set(child.kill9())
         assert by_child and all(40 <= int(v) < 80 for v in by_child)
         # no heartbeat from it any more: after its session the survivor owns every partition again and reads the
         # rest (a record the child printed but had not committed yet is read again: at least once, none lost)
@@ -225,11 +179,6 @@ def test_a_member_killed_9_leaves_with_its_session_and_the_survivor_reads_the_re
                 read_after.add(int(msg.value()))
                 survivor.commit(message=msg, asynchronous=False)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
-        if child.stdout is not None:
-            child.stdout.close()
         survivor.close()
     assert owners.overlaps == []
 

@@ -16,16 +16,14 @@ earliest, set in its TOML file.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from compat_helpers import create_topic, hostport, unique
-from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+from compat_helpers import ChildClient, create_topic, hostport, produce_numbered, unique
+from confluent_kafka import AcknowledgeType, ShareConsumer
 
 from mqk.testing import BrokerProcess
 
@@ -54,13 +52,6 @@ def broker(tmp_path: Path) -> Iterator[Any]:
         yield process
     finally:
         process.stop()
-
-
-def produce(bootstrap: str, topic: str, partitions: int, count: int, start_at: int = 0) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(start_at, start_at + count):
-        producer.produce(topic, b"%d" % i, partition=i % partitions)
-    assert producer.flush(30) == 0
 
 
 def share_consumer(bootstrap: str, group: str, topic: str, **extra: Any) -> ShareConsumer:
@@ -98,11 +89,11 @@ def test_two_share_consumers_split_the_records_and_each_is_delivered_once(broker
     bootstrap = hostport(broker.bootstrap)
     topic, group = unique("q"), unique("sg")
     create_topic(bootstrap, topic, 3)
-    produce(bootstrap, topic, 3, 300)
+    produce_numbered(bootstrap, topic, 3, 300)
     consumers = [share_consumer(bootstrap, group, topic), share_consumer(bootstrap, group, topic)]
     try:
         log = drain(consumers, lambda log: len({v for _c, v in log}) == 300)
-        produce(bootstrap, topic, 3, 60, start_at=300)
+        produce_numbered(bootstrap, topic, 3, 60, start=300)
         log += drain(consumers, lambda more: len({v for _c, v in log + more}) == 360)
     finally:
         for consumer in consumers:
@@ -116,7 +107,7 @@ def test_released_records_come_back_up_to_the_delivery_limit_and_rejected_ones_n
     bootstrap = hostport(broker.bootstrap)
     topic, group = unique("q"), unique("sg")
     create_topic(bootstrap, topic, 1)
-    produce(bootstrap, topic, 1, 10)
+    produce_numbered(bootstrap, topic, 1, 10)
 
     def decide(consumer: ShareConsumer, msg: Any) -> None:
         value = int(msg.value())
@@ -163,20 +154,10 @@ def test_records_a_killed_consumer_held_come_back_after_their_lock(broker):
     bootstrap = hostport(broker.bootstrap)
     topic, group = unique("q"), unique("sg")
     create_topic(bootstrap, topic, 1)
-    produce(bootstrap, topic, 1, 20)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, bootstrap, group, topic], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        held = {int(child.stdout.readline())}  # it holds at least one (the test's timeout bounds this read)
-        child.kill()
-        child.wait(10)
-        held |= {int(line) for line in child.stdout if line.strip()}
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
-        if child.stdout is not None:
-            child.stdout.close()
+    produce_numbered(bootstrap, topic, 1, 20)
+    with ChildClient(CHILD, bootstrap, group, topic) as child:
+        held = {int(v) for v in child.kill9()}
+    assert held  # it held at least one when it was killed
     survivor = share_consumer(bootstrap, group, topic)
     try:
         log = drain([survivor], lambda log: {v for _c, v in log} >= set(range(20)))
@@ -192,7 +173,7 @@ def test_after_a_kill_9_of_the_broker_only_unaccepted_records_are_delivered_agai
         bootstrap = hostport(broker.bootstrap)
         topic, group = unique("q"), unique("sg")
         create_topic(bootstrap, topic, 2)
-        produce(bootstrap, topic, 2, 40)
+        produce_numbered(bootstrap, topic, 2, 40)
         consumer = share_consumer(bootstrap, group, topic)
         try:
             first = drain([consumer], lambda log: len(log) >= 10)

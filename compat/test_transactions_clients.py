@@ -46,6 +46,17 @@ from mqk.testing import BrokerProcess
 pytestmark = pytest.mark.timeout(120)
 
 END = b"END"
+
+
+def take_until_end(got: dict[int, list[bytes]], ended: set[int], partition: int, value: bytes) -> None:
+    """Record a value read from a partition; END marks the partition's last record (nothing may follow it)."""
+    assert partition not in ended, f"{value!r} after the last record"
+    if value == END:
+        ended.add(partition)
+    else:
+        got[partition].append(value)
+
+
 #: the broker's abort check runs this often in the brokers of the timeout tests (Kafka's default is 10 s)
 CHECK_INTERVAL_MS = 200
 #: the broker-side maximum of transaction.timeout.ms in test_a_transaction_timeout_above_the_maximum_is_refused
@@ -835,11 +846,7 @@ async def test_aiokafka_read_committed_reads_confluent_transactions(bootstrap: s
         while len(ended) < 2 and time.monotonic() < deadline:
             for tp, recs in (await consumer.getmany(timeout_ms=200)).items():
                 for rec in recs:
-                    assert tp.partition not in ended, f"{rec.value!r} after the last record"
-                    if rec.value == END:
-                        ended.add(tp.partition)
-                    else:
-                        got[tp.partition].append(rec.value)
+                    take_until_end(got, ended, tp.partition, rec.value)
     finally:
         await consumer.stop()
     assert ended == {0, 1}, f"the last committed transaction never came (read: {got})"
@@ -946,11 +953,7 @@ def test_kafka_python_transactions_read_committed(bootstrap: str, topic: str) ->
         while len(ended) < 2 and time.monotonic() < deadline:
             for tp, recs in consumer.poll(timeout_ms=200).items():
                 for rec in recs:
-                    assert tp.partition not in ended, f"{rec.value!r} after the last record"
-                    if rec.value == END:
-                        ended.add(tp.partition)
-                    else:
-                        got[tp.partition].append(rec.value)
+                    take_until_end(got, ended, tp.partition, rec.value)
     finally:
         consumer.close()
     assert ended == {0, 1}, f"the last committed transaction never came (read: {got})"

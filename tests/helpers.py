@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -260,6 +260,25 @@ def new_engine(engine: str, config: StoreConfig) -> StorageAdapter:
     from mqk.store.file.engine import FileEngine
 
     return FileEngine(config, config.data_dir)
+
+
+@contextlib.asynccontextmanager
+async def memory_kafka(**config: Any) -> AsyncIterator[Any]:
+    """A KafkaServer on a memory store, on a free loopback port (BrokerConfig fields as keywords), stopped after."""
+    from mqk.config import BrokerConfig
+    from mqk.server.kafka.server import KafkaServer
+    from mqk.store.manager import StoreManager
+
+    broker_config = BrokerConfig(kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory"), **config)
+    store = StoreManager(broker_config.store)
+    await store.start()
+    kafka = KafkaServer(broker_config, store)
+    try:
+        await kafka.start()
+        yield kafka
+    finally:
+        await kafka.stop()
+        await store.close()
 
 
 class Harness:

@@ -37,6 +37,7 @@ from typing import Any
 
 from mqk import errors as E
 from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.groups.answers import FENCED_MEMBER_EPOCH, NONE, described_group, described_partitions, heartbeat_answer
 
 log = logging.getLogger("mqk.groups")
 
@@ -47,8 +48,6 @@ JOIN, LEAVE, STATIC_LEAVE = 0, -1, -2
 #: a topic's partitions a member owns or is given: topic id -> partition numbers
 Partitions = dict[uuid.UUID, frozenset[int]]
 
-NONE = 0
-FENCED_MEMBER_EPOCH = 110
 UNRELEASED_INSTANCE_ID = 111
 UNSUPPORTED_ASSIGNOR = 112
 STALE_MEMBER_EPOCH = 113
@@ -230,15 +229,7 @@ class ConsumerGroups:
         """One ConsumerGroupHeartbeat: its answer body (error_code set on a refusal)."""
         self.expire()
         group_id, member_id, epoch = body["group_id"], body["member_id"] or "", body["member_epoch"]
-        answer: dict[str, Any] = {
-            "throttle_time_ms": 0,
-            "error_code": NONE,
-            "error_message": None,
-            "member_id": member_id or None,
-            "member_epoch": epoch,
-            "heartbeat_interval_ms": self.heartbeat_interval_ms,
-            "assignment": None,
-        }
+        answer = heartbeat_answer(member_id, epoch, self.heartbeat_interval_ms)
 
         def refuse(code: int, message: str) -> dict[str, Any]:
             answer.update(error_code=code, error_message=message, member_epoch=epoch)
@@ -495,40 +486,30 @@ class ConsumerGroups:
         if group is None:
             return None
 
-        def partitions(parts: Partitions) -> dict[str, Any]:
-            return {
-                "topic_partitions": [
-                    {"topic_id": t, "topic_name": topic_name(t) or "", "partitions": sorted(ps)}
-                    for t, ps in sorted(parts.items(), key=str)
-                ]
+        members = [
+            {
+                "member_id": m.member_id,
+                "instance_id": m.instance_id,
+                "rack_id": m.rack_id,
+                "member_epoch": m.member_epoch,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "subscribed_topic_names": list(m.topics),
+                "subscribed_topic_regex": m.regex,
+                "assignment": described_partitions(m.owned, topic_name),
+                "target_assignment": described_partitions(group.target.get(m.member_id, {}), topic_name),
+                "member_type": 1,  # (v1) the consumer protocol's member, not a classic one
             }
-
-        return {
-            "error_code": NONE,
-            "error_message": None,
-            "group_id": group_id,
-            "group_state": group.state,
-            "group_epoch": group.group_epoch,
-            "assignment_epoch": group.assignment_epoch,
-            "assignor_name": self._assignor_of(group),
-            "members": [
-                {
-                    "member_id": m.member_id,
-                    "instance_id": m.instance_id,
-                    "rack_id": m.rack_id,
-                    "member_epoch": m.member_epoch,
-                    "client_id": m.client_id,
-                    "client_host": m.client_host,
-                    "subscribed_topic_names": list(m.topics),
-                    "subscribed_topic_regex": m.regex,
-                    "assignment": partitions(m.owned),
-                    "target_assignment": partitions(group.target.get(m.member_id, {})),
-                    "member_type": 1,  # (v1) the consumer protocol's member, not a classic one
-                }
-                for m in group.members.values()
-            ],
-            "authorized_operations": -2147483648,
-        }
+            for m in group.members.values()
+        ]
+        return described_group(
+            group_id,
+            state=group.state,
+            group_epoch=group.group_epoch,
+            assignment_epoch=group.assignment_epoch,
+            assignor=self._assignor_of(group),
+            members=members,
+        )
 
     def delete(self, group_id: str) -> int | None:
         """DeleteGroups of a consumer group: NONE, NON_EMPTY_GROUP, or None when it is no consumer group."""

@@ -30,14 +30,13 @@ from typing import Any
 
 from mqk import errors as E
 from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.groups.answers import FENCED_MEMBER_EPOCH, NONE, described_group, described_partitions, heartbeat_answer
 
 log = logging.getLogger("mqk.groups")
 
 AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED = 0, 1, 2, 4
 #: AcknowledgeType values of ShareFetch / ShareAcknowledge
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
-NONE = 0
-FENCED_MEMBER_EPOCH = 110
 INVALID_RECORD_STATE = 121
 
 Assignment = dict[uuid.UUID, frozenset[int]]
@@ -93,20 +92,16 @@ class SharePartition:
 
     def expire(self, now: float, limit: int) -> bool:
         """Locks past their deadline end: the record is AVAILABLE again (ARCHIVED at the delivery limit)."""
-        changed = False
-        for rec in self.records.values():
-            if rec.state == ACQUIRED and rec.deadline < now:
-                rec.state = ARCHIVED if rec.delivery_count >= limit else AVAILABLE
-                rec.owner = ""
-                changed = True
-        if changed:
-            self.advance()
-        return changed
+        return self._unlock(lambda rec: rec.deadline < now, limit)
 
     def release_member(self, member_id: str, limit: int) -> bool:
+        """Every record the member holds is AVAILABLE again (ARCHIVED at the delivery limit): it left."""
+        return self._unlock(lambda rec: rec.owner == member_id, limit)
+
+    def _unlock(self, which: Callable[[Record], bool], limit: int) -> bool:
         changed = False
         for rec in self.records.values():
-            if rec.state == ACQUIRED and rec.owner == member_id:
+            if rec.state == ACQUIRED and which(rec):
                 rec.state = ARCHIVED if rec.delivery_count >= limit else AVAILABLE
                 rec.owner = ""
                 changed = True
@@ -285,15 +280,7 @@ class ShareGroups:
         """One ShareGroupHeartbeat: its answer, and the groups whose record states changed (members that left)."""
         changed = self.expire()
         group_id, member_id, epoch = body["group_id"], body["member_id"] or "", body["member_epoch"]
-        answer: dict[str, Any] = {
-            "throttle_time_ms": 0,
-            "error_code": NONE,
-            "error_message": None,
-            "member_id": member_id or None,
-            "member_epoch": epoch,
-            "heartbeat_interval_ms": self.heartbeat_interval_ms,
-            "assignment": None,
-        }
+        answer = heartbeat_answer(member_id, epoch, self.heartbeat_interval_ms)
 
         def refuse(code: int, message: str) -> tuple[dict[str, Any], set[str]]:
             answer.update(error_code=code, error_message=message)
@@ -354,11 +341,18 @@ class ShareGroups:
         for member in group.members.values():
             member.member_epoch = group.group_epoch
 
+    def release(self, group_id: str, member_id: str) -> bool:
+        """Make every record the member holds in the group AVAILABLE again (its session ended); True if any was."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return False
+        released = [part.release_member(member_id, self.delivery_count_limit) for part in group.partitions.values()]
+        return any(released)
+
     def _remove(self, group: ShareGroup, member: ShareMember) -> None:
         del group.members[member.member_id]
         self.sessions.pop((group.group_id, member.member_id), None)
-        for part in group.partitions.values():
-            part.release_member(member.member_id, self.delivery_count_limit)
+        self.release(group.group_id, member.member_id)
         self._assign(group)
         log.info("share group %s: member %s left", group.group_id, member.member_id)
 
@@ -412,33 +406,26 @@ class ShareGroups:
         group = self.groups.get(group_id)
         if group is None or (not group.members and not group.partitions):
             return None
-        return {
-            "error_code": NONE,
-            "error_message": None,
-            "group_id": group_id,
-            "group_state": group.state,
-            "group_epoch": group.group_epoch,
-            "assignment_epoch": group.group_epoch,
-            "assignor_name": "simple",
-            "members": [
-                {
-                    "member_id": m.member_id,
-                    "rack_id": m.rack_id,
-                    "member_epoch": m.member_epoch,
-                    "client_id": m.client_id,
-                    "client_host": m.client_host,
-                    "subscribed_topic_names": list(m.topics),
-                    "assignment": {
-                        "topic_partitions": [
-                            {"topic_id": t, "topic_name": topic_name(t) or "", "partitions": sorted(ps)}
-                            for t, ps in sorted(m.assignment.items(), key=str)
-                        ]
-                    },
-                }
-                for m in group.members.values()
-            ],
-            "authorized_operations": -2147483648,
-        }
+        members = [
+            {
+                "member_id": m.member_id,
+                "rack_id": m.rack_id,
+                "member_epoch": m.member_epoch,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "subscribed_topic_names": list(m.topics),
+                "assignment": described_partitions(m.assignment, topic_name),
+            }
+            for m in group.members.values()
+        ]
+        return described_group(
+            group_id,
+            state=group.state,
+            group_epoch=group.group_epoch,
+            assignment_epoch=group.group_epoch,
+            assignor="simple",
+            members=members,
+        )
 
     def list_groups(self) -> list[tuple[str, str]]:
         self.expire()

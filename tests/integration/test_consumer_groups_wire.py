@@ -13,29 +13,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from helpers import memory_kafka
 
-from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient
 from mqk.server.kafka.server import KafkaServer
-from mqk.store.manager import StoreManager
 
 INCONSISTENT_GROUP_PROTOCOL, NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, STALE_MEMBER_EPOCH = 23, 68, 69, 113
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[KafkaServer]:
-    config = BrokerConfig(kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory"))
-    store = StoreManager(config.store)
-    await store.start()
-    kafka = KafkaServer(config, store)
-    await kafka.start()
-    await store.create_topic("orders", 3)
-    try:
+    async with memory_kafka() as kafka:
+        await kafka.store.create_topic("orders", 3)
         yield kafka
-    finally:
-        await kafka.stop()
-        await store.close()
 
 
 async def heartbeat(client: RawKafkaClient, member: str, epoch: int, **fields: Any) -> dict[str, Any]:
@@ -50,6 +41,24 @@ async def heartbeat(client: RawKafkaClient, member: str, epoch: int, **fields: A
             "subscribed_topic_names": ["orders"] if epoch == 0 else None,
             "topic_partitions": [] if epoch == 0 else None,
             **fields,
+        },
+    )
+
+
+async def classic_join(client: RawKafkaClient, member_id: str) -> dict[str, Any]:
+    """A classic JoinGroup v7 for group "g" (the "range" protocol, no metadata)."""
+    return await client.call(
+        ApiKey.JOIN_GROUP,
+        7,
+        {
+            "group_id": "g",
+            "session_timeout_ms": 10_000,
+            "rebalance_timeout_ms": 10_000,
+            "member_id": member_id,
+            "group_instance_id": None,
+            "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}],
+            "reason": None,
         },
     )
 
@@ -90,20 +99,7 @@ async def test_a_consumer_group_on_the_wire(server: KafkaServer) -> None:
         assert assignment[:6] == struct.pack(">hi", 0, 1) and b"orders" in assignment
 
         # a classic member cannot join it while it has members
-        join = await client.call(
-            ApiKey.JOIN_GROUP,
-            7,
-            {
-                "group_id": "g",
-                "session_timeout_ms": 10_000,
-                "rebalance_timeout_ms": 10_000,
-                "member_id": "",
-                "group_instance_id": None,
-                "protocol_type": "consumer",
-                "protocols": [{"name": "range", "metadata": b""}],
-                "reason": None,
-            },
-        )
+        join = await classic_join(client, "")
         assert join["error_code"] == INCONSISTENT_GROUP_PROTOCOL
 
         def commit_body(member_epoch: int) -> dict[str, Any]:
@@ -164,35 +160,9 @@ async def test_a_consumer_group_on_the_wire(server: KafkaServer) -> None:
 async def test_a_classic_group_with_members_refuses_consumer_members(server: KafkaServer) -> None:
     client = await RawKafkaClient.connect(server.host, server.port)
     try:
-        join = await client.call(
-            ApiKey.JOIN_GROUP,
-            7,
-            {
-                "group_id": "g",
-                "session_timeout_ms": 10_000,
-                "rebalance_timeout_ms": 10_000,
-                "member_id": "",
-                "group_instance_id": None,
-                "protocol_type": "consumer",
-                "protocols": [{"name": "range", "metadata": b""}],
-                "reason": None,
-            },
-        )
+        join = await classic_join(client, "")
         member_id = join["member_id"]
-        join = await client.call(
-            ApiKey.JOIN_GROUP,
-            7,
-            {
-                "group_id": "g",
-                "session_timeout_ms": 10_000,
-                "rebalance_timeout_ms": 10_000,
-                "member_id": member_id,
-                "group_instance_id": None,
-                "protocol_type": "consumer",
-                "protocols": [{"name": "range", "metadata": b""}],
-                "reason": None,
-            },
-        )
+        join = await classic_join(client, member_id)
         assert join["error_code"] == 0
         refused = await heartbeat(client, "m1", 0)
         assert refused["error_code"] == GROUP_ID_NOT_FOUND

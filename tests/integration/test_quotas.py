@@ -8,28 +8,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from helpers import fetch_body, produce_body
+from helpers import fetch_body, memory_kafka, produce_body
 
 from mqk import errors as E
-from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 from mqk.server.kafka.server import KafkaServer
-from mqk.store.manager import StoreManager
 
 RATE = 10_000
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[KafkaServer]:
-    config = BrokerConfig(kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory"))
-    store = StoreManager(config.store)
-    await store.start()
-    kafka = KafkaServer(config, store)
-    await kafka.start()
-    yield kafka
-    await kafka.stop()
-    await store.close()
+    async with memory_kafka() as kafka:
+        yield kafka
 
 
 def _entry(entity: list[tuple[str, str | None]], *ops: tuple[str, float, bool]) -> dict[str, Any]:

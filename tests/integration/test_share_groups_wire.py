@@ -10,33 +10,22 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from helpers import memory_kafka
 
-from mqk.config import BrokerConfig, StoreConfig
 from mqk.groups.share import INVALID_RECORD_STATE
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 from mqk.server.kafka.server import KafkaServer
-from mqk.store.manager import StoreManager
 
 ACCEPT, RELEASE = 1, 2
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[KafkaServer]:
-    config = BrokerConfig(
-        kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="memory"), group_share_auto_offset_reset="earliest"
-    )
-    store = StoreManager(config.store)
-    await store.start()
-    kafka = KafkaServer(config, store)
-    await kafka.start()
-    await store.create_topic("jobs", 1)
-    await store.append("jobs", 0, [make_batch([b"a", b"b", b"c"])])
-    try:
+    async with memory_kafka(group_share_auto_offset_reset="earliest") as kafka:
+        await kafka.store.create_topic("jobs", 1)
+        await kafka.store.append("jobs", 0, [make_batch([b"a", b"b", b"c"])])
         yield kafka
-    finally:
-        await kafka.stop()
-        await store.close()
 
 
 async def test_share_sessions_on_the_wire(server: KafkaServer) -> None:

@@ -15,13 +15,12 @@ from mqk import errors as E
 from mqk.broker.names import KAFKA
 from mqk.broker.security.acls import OPERATION_CODES, SUPPORTED_OPERATIONS
 from mqk.broker.security.authorizer import ALLOW_ALL, Authorizer
+from mqk.groups.answers import AUTHORIZED_OPS_OMITTED as AUTHORIZED_OPS_OMITTED  # (the handlers import it from here)
 from mqk.server.kafka.context import KafkaContext, Peer
 from mqk.store.adapter import ShardInfo
 
 NONE = 0
 ZERO_UUID = uuid.UUID(int=0)
-#: Kafka's "authorized operations were not requested" sentinel
-AUTHORIZED_OPS_OMITTED = -(1 << 31)
 
 
 # --- authorization (mqk.broker.security.authorizer: Kafka's resource types and operations by name) ------------

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from mqk import errors as E
+from mqk.groups.answers import heartbeat_answer, undescribed_group
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import (
-    AUTHORIZED_OPS_OMITTED,
     GROUP,
     NONE,
     TOPIC,
@@ -29,15 +29,7 @@ async def consumer_group_heartbeat(ctx: KafkaContext, peer: Peer, req: KafkaRequ
     group_id = b["group_id"]
 
     def refused(code: int, message: str | None = None) -> dict[str, Any]:
-        return {
-            "throttle_time_ms": 0,
-            "error_code": code,
-            "error_message": message,
-            "member_id": b["member_id"] or None,
-            "member_epoch": b["member_epoch"],
-            "heartbeat_interval_ms": 0,
-            "assignment": None,
-        }
+        return heartbeat_answer(b["member_id"], b["member_epoch"], 0, code, message)
 
     if not allowed(ctx, peer, "READ", GROUP, group_id):
         return refused(E.GroupAuthorizationFailedError.code)
@@ -63,21 +55,8 @@ async def consumer_group_describe(ctx: KafkaContext, peer: Peer, req: KafkaReque
         described = None if code else ctx.groups.consumer.describe(group_id, lambda t: names.get(t.bytes))
         if described is None:
             code = code or E.GroupIdNotFoundError.code
-            out.append(
-                {
-                    "error_code": code,
-                    "error_message": None
-                    if code != E.GroupIdNotFoundError.code
-                    else f"group {group_id!r} is not a consumer group",
-                    "group_id": group_id,
-                    "group_state": "",
-                    "group_epoch": -1,
-                    "assignment_epoch": -1,
-                    "assignor_name": "",
-                    "members": [],
-                    "authorized_operations": AUTHORIZED_OPS_OMITTED,
-                }
-            )
+            message = f"group {group_id!r} is not a consumer group" if code == E.GroupIdNotFoundError.code else None
+            out.append(undescribed_group(group_id, code, message))
             continue
         if b.get("include_authorized_operations"):
             described["authorized_operations"] = authorized_operations(ctx, peer, GROUP, group_id)

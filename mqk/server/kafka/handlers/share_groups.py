@@ -19,9 +19,10 @@ import uuid
 from typing import Any
 
 from mqk import errors as E
+from mqk.groups.answers import heartbeat_answer, undescribed_group
 from mqk.groups.share import ShareGroups, ShareSession
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import AUTHORIZED_OPS_OMITTED, GROUP, NONE, TOPIC, allowed, authorized_operations
+from mqk.server.kafka.handlers.common import GROUP, NONE, TOPIC, allowed, authorized_operations
 
 SHARE_SESSION_NOT_FOUND = 122
 INVALID_SHARE_SESSION_EPOCH = 123
@@ -48,15 +49,7 @@ async def share_group_heartbeat(ctx: KafkaContext, peer: Peer, req: KafkaRequest
     if not code and (ctx.groups.classic_members(b["group_id"]) or ctx.groups.consumer.has_members(b["group_id"])):
         code, message = E.GroupIdNotFoundError.code, f"group {b['group_id']!r} is not a share group"
     if code:
-        return {
-            "throttle_time_ms": 0,
-            "error_code": code,
-            "error_message": message,
-            "member_id": b["member_id"] or None,
-            "member_epoch": b["member_epoch"],
-            "heartbeat_interval_ms": 0,
-            "assignment": None,
-        }
+        return heartbeat_answer(b["member_id"], b["member_epoch"], 0, code, message)
     share = ctx.groups.share
     await share.ensure_loaded(ctx.store)
     answer, changed = share.heartbeat(b, req.client_id or "", peer.client_host)
@@ -71,19 +64,9 @@ async def share_group_describe(ctx: KafkaContext, peer: Peer, req: KafkaRequest[
         code, message = _refusal(ctx, peer, group_id, "DESCRIBE")
         described = None if code else ctx.groups.share.describe(group_id, names.get)
         if described is None:
-            out.append(
-                {
-                    "error_code": code or E.GroupIdNotFoundError.code,
-                    "error_message": message or (None if code else f"group {group_id!r} is not a share group"),
-                    "group_id": group_id,
-                    "group_state": "Dead",
-                    "group_epoch": -1,
-                    "assignment_epoch": -1,
-                    "assignor_name": "",
-                    "members": [],
-                    "authorized_operations": AUTHORIZED_OPS_OMITTED,
-                }
-            )
+            if not code:
+                code, message = E.GroupIdNotFoundError.code, f"group {group_id!r} is not a share group"
+            out.append(undescribed_group(group_id, code, message, state="Dead"))
             continue
         if req.body.get("include_authorized_operations"):
             described["authorized_operations"] = authorized_operations(ctx, peer, GROUP, group_id)
@@ -251,9 +234,8 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
         changed.add(group_id)
     results: dict[tuple[uuid.UUID, int], dict[str, Any]] = {}
     if epoch == -1:  # the session closes: what the member still holds goes back to the others
-        for part in share.groups[group_id].partitions.values():
-            if part.release_member(member_id, share.delivery_count_limit):
-                changed.add(group_id)
+        if share.release(group_id, member_id):
+            changed.add(group_id)
     elif not b.get("is_renew_ack"):  # (v2: a request that only renews acquisitions fetches nothing)
         budget = max(1, b["max_records"]) if b["max_records"] > 0 else 500
         for attempt in range(2):
@@ -324,10 +306,8 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
     acks = _acknowledge(ctx, group_id, member_id, b["topics"], _topics_by_id(ctx))
     if acks:
         changed.add(group_id)
-    if epoch == -1:
-        for part in share.groups[group_id].partitions.values():
-            if part.release_member(member_id, share.delivery_count_limit):
-                changed.add(group_id)
+    if epoch == -1 and share.release(group_id, member_id):  # the session closes, as in ShareFetch
+        changed.add(group_id)
     await share.save(changed)
     by_topic: dict[uuid.UUID, list[dict[str, Any]]] = {}
     for (topic_id, partition), ack in sorted(acks.items(), key=str):
