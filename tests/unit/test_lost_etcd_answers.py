@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from helpers import wait_until_async
 
 from mqk.broker.cluster.model import ControllerRecord, MasterRecord, dump
 from mqk.broker.cluster.node import ClusterConfig, ClusterNode
@@ -165,10 +166,7 @@ async def test_an_election_etcd_did_not_answer_is_run_again_without_any_key_chan
     n.meta = meta  # type: ignore[assignment]  # the stand-in above
     n.lease = 77
     n._on_change()
-    for _ in range(200):
-        await asyncio.sleep(0.01)
-        if n.controlling is not None:
-            break
+    await wait_until_async(lambda: n.controlling is not None, 5, "the controller's election after the stalls")
     assert n.master_epoch == 1 and n.controlling is not None and meta.stalls == 0
     assert meta.held[n.keys.controller].lease == 77
     n._stopped = True
