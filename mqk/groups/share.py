@@ -40,6 +40,13 @@ GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 INVALID_RECORD_STATE = 121
 
 Assignment = dict[uuid.UUID, frozenset[int]]
+#: bytes read from a partition at a time while acquiring
+READ_BYTES = 1 << 20
+
+
+def is_control_batch(data: Any) -> bool:
+    """A control batch (transaction marker): attributes bit 5, at bytes 21-22 of a record batch v2."""
+    return len(data) > 22 and bool(data[22] & 0x20)
 
 
 def assign_share(
@@ -139,11 +146,14 @@ class SharePartition:
         return out
 
     def archive(self, offsets: Iterable[int]) -> None:
-        """Records nobody is to receive (control records): done at once."""
+        """Records nobody is to receive (control records, or ones the group's filter refuses): done at once,
+        new ones and AVAILABLE ones alike."""
         for offset in offsets:
             if offset >= self.next_offset:
                 self.records[offset] = Record(ARCHIVED)
                 self.next_offset = offset + 1
+            elif (rec := self.records.get(offset)) is not None and rec.state == AVAILABLE:
+                rec.state = ARCHIVED
         self.advance()
 
     def acknowledge(self, member_id: str, first: int, last: int, types: list[int], deadline: float, limit: int) -> int:
@@ -388,6 +398,60 @@ class ShareGroups:
             part.spso = start
             part.next_offset = max(part.next_offset, start)
         return part
+
+    async def acquire_from_log(
+        self,
+        store: Any,
+        group_id: str,
+        member_id: str,
+        topic_id: uuid.UUID,
+        partition: int,
+        name: str,
+        budget: int,
+        *,
+        lock_ms: float | None = None,
+        wanted: Callable[[Any], bool] | None = None,
+    ) -> list[tuple[Any, list[tuple[int, int]]]]:
+        """Acquire up to `budget` records of one partition of the log for the member, released and expired ones
+        first: each stored batch holding some, with its acquired (offset, delivery count) pairs. The lock lasts
+        `lock_ms` (the group's record lock duration by default). Control batches are archived; so are the batches
+        `wanted` refuses (a RocketMQ consumer's tag filter: for this group they are done)."""
+        start, end = store.offset_bounds(name, partition)
+        part = self.partition(group_id, topic_id, partition, start, end)
+        part.expire(self.now(), self.delivery_count_limit)
+        deadline = self.now() + (self.record_lock_duration_ms if lock_ms is None else lock_ms)
+        taken = 0
+        again = part.reacquirable()[:budget]
+        reacquired = set(again)
+        read_from = again[0] if again else part.next_offset
+        chosen: list[tuple[Any, list[tuple[int, int]]]] = []
+        offset = read_from
+        while offset < end and taken < budget:
+            result = await store.read(name, partition, offset, READ_BYTES)
+            if not result.batches:
+                break
+            for batch in result.batches:
+                if taken >= budget:
+                    break
+                offsets = range(max(batch.base_offset, read_from), batch.next_offset)
+                if is_control_batch(batch.data) or (wanted is not None and not wanted(batch)):
+                    part.archive(o for o in offsets if o >= part.next_offset or o in reacquired)
+                    continue
+                new: list[int] = []
+                for o in offsets:
+                    if o < part.next_offset:
+                        if o in part.records and o in reacquired:
+                            new.append(o)
+                    elif o - part.spso < self.max_record_locks:
+                        new.append(o)
+                got = part.acquire(new[: budget - taken], member_id, deadline)
+                if got:
+                    taken += len(got)
+                    chosen.append((batch, got))
+            offset = result.next_offset
+            if offset >= part.next_offset and part.next_offset - part.spso >= self.max_record_locks:
+                break
+        return chosen
 
     def doc(self, group_id: str) -> dict[str, Any]:
         group = self.groups.get(group_id)

@@ -27,8 +27,6 @@ from mqk.server.kafka.handlers.common import GROUP, NONE, TOPIC, allowed, author
 SHARE_SESSION_NOT_FOUND = 122
 INVALID_SHARE_SESSION_EPOCH = 123
 UNKNOWN_TOPIC_ID = 100
-#: bytes read from a partition for one acquisition
-READ_BYTES = 1 << 20
 
 
 def _refusal(ctx: KafkaContext, peer: Peer, group_id: str, operation: str) -> tuple[int, str | None]:
@@ -143,59 +141,20 @@ def _acknowledge(
     return out
 
 
-def _is_control(data: Any) -> bool:
-    """A control batch (transaction marker): attributes bit 5, at bytes 21-22 of a record batch v2."""
-    return len(data) > 22 and bool(data[22] & 0x20)
-
-
 async def _acquire(
     ctx: KafkaContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int, name: str, budget: int
 ) -> tuple[bytes, list[dict[str, int]], int]:
     """Acquire up to `budget` records of one partition for the member: (the batches holding them, the acquired
     ranges with their delivery counts, how many were acquired)."""
-    share = ctx.groups.share
-    start, end = ctx.store.offset_bounds(name, partition)
-    part = share.partition(group_id, topic_id, partition, start, end)
-    part.expire(share.now(), share.delivery_count_limit)
-    deadline = share.lock_deadline()
-    acquired: list[tuple[int, int]] = []
-    again = part.reacquirable()[:budget]
-    wanted = set(again)
-    read_from = again[0] if again else part.next_offset
-    chosen: list[Any] = []
-    offset = read_from
-    while offset < end and len(acquired) < budget:
-        result = await ctx.store.read(name, partition, offset, READ_BYTES)
-        if not result.batches:
-            break
-        for batch in result.batches:
-            if len(acquired) >= budget:
-                break
-            offsets = range(max(batch.base_offset, read_from), batch.next_offset)
-            if _is_control(batch.data):
-                part.archive(o for o in offsets if o >= part.next_offset)
-                continue
-            new: list[int] = []
-            for o in offsets:
-                if o < part.next_offset:
-                    if o in part.records and o in wanted:
-                        new.append(o)
-                elif o - part.spso < share.max_record_locks:
-                    new.append(o)
-            got = part.acquire(new[: budget - len(acquired)], member_id, deadline)
-            if got:
-                acquired += got
-                chosen.append(batch)
-        offset = result.next_offset
-        if offset >= part.next_offset and part.next_offset - part.spso >= share.max_record_locks:
-            break
+    chosen = await ctx.groups.share.acquire_from_log(ctx.store, group_id, member_id, topic_id, partition, name, budget)
+    acquired = sorted(pair for _batch, got in chosen for pair in got)
     ranges: list[dict[str, int]] = []
-    for o, count in sorted(acquired):
+    for o, count in acquired:
         if ranges and ranges[-1]["last_offset"] == o - 1 and ranges[-1]["delivery_count"] == count:
             ranges[-1]["last_offset"] = o
         else:
             ranges.append({"first_offset": o, "last_offset": o, "delivery_count": count})
-    return b"".join(bytes(b.data) for b in chosen), ranges, len(acquired)
+    return b"".join(bytes(batch.data) for batch, _got in chosen), ranges, len(acquired)
 
 
 async def _enter(
