@@ -4,7 +4,8 @@
 RocketMQ remoting on 127.0.0.1:10911 and the name-server role on 127.0.0.1:9876. Port 0 in any listen flag picks a
 free port; once every listener is bound the broker prints one line to stdout:
 `mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`, then, where the broker has them,
-`replication=HOST:PORT` (cluster mode: where its group's replicas pull), `admin=HOST:PORT` (the admin listener,
+`replication=HOST:PORT` (cluster mode: where its group's replicas pull), `grpc=HOST:PORT` (the RocketMQ 5 gRPC
+listener, `--grpc-listen`, off by default), `admin=HOST:PORT` (the admin listener,
 `--admin-listen`, default 127.0.0.1:9644) and last `kafka.NAME=HOST:PORT` for each named Kafka listener
 (`--listener`; `kafka=` is the unnamed listener, or the first named one when `--kafka-listen off`). SIGTERM / SIGINT
 flush, close files, remove the abort marker and exit 0; SIGUSR1 logs where every task of the broker's event loop
@@ -72,6 +73,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="admin HTTP listener: /metrics, /health/live, /health/ready (default 127.0.0.1:9644)",
     )
     p.add_argument(
+        "--grpc-listen",
+        metavar="HOST:PORT|off",
+        help="RocketMQ 5 gRPC listener for the official RocketMQ 5 SDKs (RocketMQ's proxy port is 8081; default off)",
+    )
+    p.add_argument(
         "--no-metrics",
         dest="metrics",
         action="store_false",
@@ -121,6 +127,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     security.add_argument("--native-tls", action="store_true", default=None, help="TLS on the RocketMQ listener")
     security.add_argument("--namesrv-tls", action="store_true", default=None, help="TLS on the name server")
+    security.add_argument("--grpc-tls", action="store_true", default=None, help="TLS on the RocketMQ 5 gRPC listener")
     limits = p.add_argument_group("limits (Kafka's broker settings of the same names)")
     limits.add_argument("--message-max-bytes", type=int, help="largest record batch / RocketMQ body (1048588)")
     limits.add_argument("--max-connections", type=int, help="open Kafka connections, all listeners (no limit)")
@@ -154,6 +161,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         broker_group=args.broker_group,
         advertise=tuple(args.advertise) if args.advertise else None,
         admin_listen=args.admin_listen,
+        grpc_listen=args.grpc_listen,
+        grpc_tls=args.grpc_tls,
         metrics=args.metrics,
         admin_console_writes=args.admin_console_writes,
         listeners=args.listener,

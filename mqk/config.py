@@ -454,6 +454,11 @@ class BrokerConfig:
     unclean_leader_election_enable: bool = False
     #: the admin HTTP listener (mqk.server.admin: /metrics, /health/live, /health/ready); None: off
     admin_listen: tuple[str, int] | None = ("127.0.0.1", 9644)
+    #: the RocketMQ 5 gRPC listener (MessagingService, mqk.server.rocketmq5: the official RocketMQ 5 SDKs); None:
+    #: off, the default (it needs the `rocketmq5` extra, and loading gRPC would slow every start down)
+    grpc_listen: tuple[str, int] | None = None
+    #: TLS on the gRPC listener (with the `[tls]` certificate; the RocketMQ 5 SDKs' `tls_enable`)
+    grpc_tls: bool = False
     #: count traffic and requests on the hot paths for /metrics (plain ints, turned into metric families only
     #: when scraped); False leaves out those counters (offsets, lag, store and service figures are still served)
     metrics: bool = True
@@ -501,7 +506,9 @@ class BrokerConfig:
         unknown = {name for name, _h, _p in self.advertised_listeners} - set(names)
         if unknown:
             raise ValueError(f"advertised listeners name no configured listener: {sorted(unknown)}")
-        wants_tls = any(lc.tls for lc in self.listeners) or self.native_tls or self.namesrv_tls
+        wants_tls = any(lc.tls for lc in self.listeners) or self.native_tls or self.namesrv_tls or self.grpc_tls
+        if self.grpc_listen is not None and self.cluster:
+            raise ValueError("the RocketMQ 5 gRPC listener is not offered in cluster mode yet: leave grpc_listen off")
         if wants_tls and (self.tls.cert_file is None or self.tls.key_file is None):
             raise ValueError("TLS listeners need the [tls] table's cert_file and key_file")
         if self.tls.client_auth != "none" and self.tls.ca_file is None:
@@ -581,8 +588,9 @@ class BrokerConfig:
         for key in ("kafka_listen", "native_listen", "namesrv_listen", "replication_listen"):
             if isinstance(values.get(key), str):
                 values[key] = parse_hostport(values[key])
-        if isinstance(values.get("admin_listen"), str):
-            values["admin_listen"] = parse_optional_hostport(values["admin_listen"])
+        for key in ("admin_listen", "grpc_listen"):
+            if isinstance(values.get(key), str):
+                values[key] = parse_optional_hostport(values[key])
         if "listeners" in values:
             values["listeners"] = tuple(
                 item if isinstance(item, ListenerConfig) else ListenerConfig.parse(item)

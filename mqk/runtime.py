@@ -2,7 +2,8 @@
 
 Start order is the admin listener (HTTP: metrics, health; up first, so a long recovery shows as live and not
 ready) → store → services (timer, retention, disk guard, compaction) → Kafka listeners → RocketMQ broker listener
-→ name server (which advertises the broker listener's bound address) → in cluster mode, the replication listener
+→ name server (which advertises the broker listener's bound address) → the RocketMQ 5 gRPC listener when
+configured → in cluster mode, the replication listener
 and the cluster membership. Stop runs in reverse, so no listener outlives the store it uses. The front doors share
 one `mqk.broker.Broker` (topic registry, wake-up hub, clock).
 
@@ -40,6 +41,7 @@ from mqk.timer import TimerService
 if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember
     from mqk.broker.replication import Replication
+    from mqk.server.rocketmq5 import GrpcServer
 
 log = logging.getLogger("mqk.runtime")
 
@@ -73,6 +75,9 @@ class BrokerRuntime:
         self.cluster: ClusterMember | None = None
         self.replication: Replication | None = None
         self.replication_address: Address | None = None
+        #: the RocketMQ 5 gRPC front door (None unless `grpc_listen` is set)
+        self.grpc: GrpcServer | None = None
+        self.grpc_address: Address | None = None
 
     async def start(self) -> BrokerRuntime:
         cfg = self.config
@@ -127,6 +132,14 @@ class BrokerRuntime:
             )
             self.namesrv_address = await namesrv.start()
             self._parts.append(namesrv)
+
+            if cfg.grpc_listen is not None:
+                # (imported only when on: gRPC and the RocketMQ 5 protocol's modules take a while to load)
+                from mqk.server.rocketmq5 import GrpcServer
+
+                self.grpc = GrpcServer(cfg, self.native, self.kafka.groups.share)
+                self.grpc_address = await self.grpc.start()
+                self._parts.append(self.grpc)
 
             if cfg.cluster:
                 await self._join(broker)
@@ -229,6 +242,8 @@ class BrokerRuntime:
         )
         if self.replication_address is not None:
             line += f" replication={fmt(self.replication_address)}"
+        if self.grpc_address is not None:
+            line += f" grpc={fmt(self.grpc_address)}"
         if self.admin_address is not None:
             line += f" admin={fmt(self.admin_address)}"
         return line + "".join(f" kafka.{name}={fmt(addr)}" for name, addr in self.kafka_listeners.items())

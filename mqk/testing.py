@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 _READY = re.compile(r"mqk ready kafka=(\S+):(\d+) native=(\S+):(\d+) namesrv=(\S+):(\d+)")
 _READY_ADMIN = re.compile(r" admin=(\S+):(\d+)")
+_READY_GRPC = re.compile(r" grpc=(\S+):(\d+)")
 _ANY_PORT = ("127.0.0.1", 0)
 
 #: the file store of the test brokers the plugin puts in a tmp dir (a cluster's, and the session broker's and
@@ -296,6 +297,11 @@ class ThreadedBroker:
         return self.runtime.admin_address
 
     @property
+    def grpc_address(self) -> tuple[str, int] | None:
+        """The RocketMQ 5 gRPC listener's address (a config with `grpc_listen`), else None."""
+        return self.runtime.grpc_address
+
+    @property
     def listeners(self) -> dict[str, tuple[str, int]]:
         """Named Kafka listener -> its bound address."""
         return self.runtime.kafka_listeners
@@ -316,6 +322,8 @@ class BrokerProcess:
         self.native_address: tuple[str, int] | None = None
         self.namesrv_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
+        #: the RocketMQ 5 gRPC listener's address (`--grpc-listen` among extra_args), else None
+        self.grpc_address: tuple[str, int] | None = None
         #: named Kafka listener -> its bound address (the ready line's `kafka.NAME=` pairs)
         self.listeners: dict[str, tuple[str, int]] = {}
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.broker.log"
@@ -358,6 +366,8 @@ class BrokerProcess:
                 self.namesrv_address = (g[4], int(g[5]))
                 admin = _READY_ADMIN.search(line)
                 self.admin_address = (admin.group(1), int(admin.group(2))) if admin else None
+                grpc = _READY_GRPC.search(line)
+                self.grpc_address = (grpc.group(1), int(grpc.group(2))) if grpc else None
                 self.listeners = {name: (host, int(port)) for name, host, port in NAMED_LISTENER.findall(line)}
                 return self
         self.kill()

@@ -145,6 +145,17 @@ class SharePartition:
             out.append((offset, rec.delivery_count))
         return out
 
+    def holds(self, offset: int, member_id: str, delivery_count: int) -> bool:
+        """Whether the member holds the record at `offset` from its `delivery_count`-th delivery (not since
+        settled, nor released, nor delivered again after its lock ran out)."""
+        rec = self.records.get(offset)
+        return (
+            rec is not None
+            and rec.state == ACQUIRED
+            and rec.owner == member_id
+            and rec.delivery_count == delivery_count
+        )
+
     def archive(self, offsets: Iterable[int]) -> None:
         """Records nobody is to receive (control records, or ones the group's filter refuses): done at once,
         new ones and AVAILABLE ones alike."""
@@ -386,13 +397,17 @@ class ShareGroups:
 
     # --- partitions ------------------------------------------------------------------------------------------
 
-    def partition(self, group_id: str, topic_id: uuid.UUID, partition: int, start: int, end: int) -> SharePartition:
-        """The group's state of a partition, started per `auto_offset_reset` the first time it is asked for."""
+    def partition(
+        self, group_id: str, topic_id: uuid.UUID, partition: int, start: int, end: int, reset: str | None = None
+    ) -> SharePartition:
+        """The group's state of a partition, started per `reset` (`auto_offset_reset` by default) the first time it
+        is asked for."""
         group = self.groups.setdefault(group_id, ShareGroup(group_id))
         key = (topic_id, partition)
         part = group.partitions.get(key)
         if part is None:
-            part = group.partitions[key] = SharePartition(start if self.auto_offset_reset == "earliest" else end)
+            earliest = (reset or self.auto_offset_reset) == "earliest"
+            part = group.partitions[key] = SharePartition(start if earliest else end)
         if part.spso < start:  # retention removed records below it: they can no longer be delivered
             part.records = {o: r for o, r in part.records.items() if o >= start}
             part.spso = start
@@ -411,13 +426,15 @@ class ShareGroups:
         *,
         lock_ms: float | None = None,
         wanted: Callable[[Any], bool] | None = None,
+        reset: str | None = None,
     ) -> list[tuple[Any, list[tuple[int, int]]]]:
         """Acquire up to `budget` records of one partition of the log for the member, released and expired ones
         first: each stored batch holding some, with its acquired (offset, delivery count) pairs. The lock lasts
         `lock_ms` (the group's record lock duration by default). Control batches are archived; so are the batches
-        `wanted` refuses (a RocketMQ consumer's tag filter: for this group they are done)."""
+        `wanted` refuses (a RocketMQ consumer's tag filter: for this group they are done). `reset`: where the group
+        starts on a partition it has not read yet (`partition`)."""
         start, end = store.offset_bounds(name, partition)
-        part = self.partition(group_id, topic_id, partition, start, end)
+        part = self.partition(group_id, topic_id, partition, start, end, reset)
         part.expire(self.now(), self.delivery_count_limit)
         deadline = self.now() + (self.record_lock_duration_ms if lock_ms is None else lock_ms)
         taken = 0
@@ -452,6 +469,21 @@ class ShareGroups:
             if offset >= part.next_offset and part.next_offset - part.spso >= self.max_record_locks:
                 break
         return chosen
+
+    def next_lock_end(self, group_id: str, keys: Iterable[tuple[uuid.UUID, int]]) -> float | None:
+        """When the first lock of the group's records in these partitions ends (ms on the clock; None: no record
+        is held): a consumer waiting for records also waits for that one to come back."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return None
+        ends = [
+            rec.deadline
+            for key in keys
+            if (part := group.partitions.get(key)) is not None
+            for rec in part.records.values()
+            if rec.state == ACQUIRED
+        ]
+        return min(ends, default=None)
 
     def doc(self, group_id: str) -> dict[str, Any]:
         group = self.groups.get(group_id)

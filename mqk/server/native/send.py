@@ -164,7 +164,7 @@ class SendProcessor:
             messages = [(body, props, flag)]
 
         try:
-            ids, first_offset = await self._append(topic, queue, messages, born, reconsume, conn.peer)
+            ids, first_offset = await self.append(topic, queue, messages, born, reconsume, conn.peer)
         except StorageError as exc:
             return cmd.response(response_code_for(exc), str(exc))
         ext: dict[str, Any] = {
@@ -199,7 +199,7 @@ class SendProcessor:
             return ResponseCode.SERVICE_NOT_AVAILABLE  # (it stopped being master: the message may be cut)
         return ResponseCode.SUCCESS
 
-    async def _append(
+    async def append(
         self,
         topic: str,
         queue: int,

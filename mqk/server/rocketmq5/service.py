@@ -1,0 +1,655 @@
+"""RocketMQ 5's MessagingService over gRPC, on the broker's store and its share-state engine.
+
+What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clients) call, and what each does here:
+
+- QueryRoute: the topic's queues, all on this broker (id 0, the master), readable and writable, taking NORMAL, FIFO
+  and DELAY messages; a missing topic is created under the broker's auto-creation policy, as a remoting send
+  creates it. Heartbeat and NotifyClientTermination keep track of which clients are alive (a terminating
+  consumer's held messages become visible again at once).
+- Telemetry: the settings handshake. The broker answers a client's settings with its own: the largest body
+  (`native_max_message_size`), the retry back-off, a consumer's maximum delivery attempts (the share groups'
+  `group_share_delivery_count_limit`: past it a message is no longer delivered, and a push consumer forwards it to
+  `%DLQ%group`).
+- SendMessage: each message stored as a remoting send stores it (mqk.server.native.send), on a queue picked round
+  robin or, for a FIFO message, by its message group's hash (so one group's messages keep their order in one
+  queue). A delivery time goes to the timer. Transactional messages are refused (UNSUPPORTED): use the remoting
+  protocol's half messages for now.
+- ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, QueryAssignment: POP
+  consumption. A RocketMQ consumer group is a share group (mqk.groups.share): a receive acquires records from the
+  topic's queues for the group with a lock of the request's invisible duration, an ack accepts them, a change of
+  the invisible duration moves the lock's end (the message comes back after it, with its delivery attempt counted),
+  a forward copies the message into `%DLQ%group` and archives it. A Kafka share group of the same name shares the
+  same records. A receive with nothing to give waits up to its long-polling timeout for new messages. With
+  `auto_renew` (push consumers) the broker renews the locks itself while the client stays alive (heart-beating)
+  and for at most RENEW_MAX_MS. Tag filters (`*`, `a||b`) are applied to the records: a record the group's filter
+  refuses is done for the group. SQL92 filters are refused. A new group starts at a queue's first message while the
+  queue still holds every message it ever had, else at its end (RocketMQ 5's POP defaults).
+
+Authentication and authorization with the authorizer on: each call carries RocketMQ 5's `authorization` header
+(MQv2-HMAC-SHA1 over `x-mq-date-time` with an access key's secret, mqk.broker.security.access_keys); the access
+key NAME is `User:NAME` for Kafka's ACLs, which decide as for the remoting front door (mqk.server.native.acl):
+WRITE on a topic to send, READ on the topic and the group to receive, READ on the group to settle. A call that
+fails is answered UNAUTHORIZED or FORBIDDEN in its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import re
+import uuid
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from hashlib import sha1
+from typing import Any
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as pbs
+from rocketmq.grpc_protocol import service_pb2_grpc as pbs_grpc
+
+from mqk.broker.internal import dlq_topic, rocketmq_send_refusal
+from mqk.broker.names import ROCKETMQ
+from mqk.broker.security import Principal
+from mqk.broker.security.principal import USER
+from mqk.errors import MqkError
+from mqk.groups.share import ACCEPT, REJECT, RENEW, ShareGroups
+from mqk.protocol.native.codes import PROPERTY_TAGS
+from mqk.server.native.server import NativeServer
+from mqk.server.rocketmq5.messages import (
+    ReceiptHandle,
+    duration_ms,
+    stored_properties,
+    tag_filter,
+    to_protocol,
+)
+
+log = logging.getLogger("mqk.rocketmq5")
+
+Code = pb.Code
+#: a receive without an invisible duration (a push consumer's, renewed by the broker) locks for this long
+DEFAULT_INVISIBLE_MS = 30_000
+#: the invisible durations a receive may ask for (RocketMQ's upper bound; its 10 s lower bound is a proxy setting,
+#: and a second keeps tests of redelivery short)
+MIN_INVISIBLE_MS, MAX_INVISIBLE_MS = 1_000, 12 * 3600 * 1000
+#: most messages one receive returns
+MAX_BATCH = 1024
+#: auto-renewed locks: how often they are renewed, how long a client may stay silent and still count as alive (its
+#: heartbeat comes every 10 s), and how long one message's lock is renewed at most
+RENEW_PERIOD_S = 5.0
+CLIENT_ALIVE_MS = 30_000
+RENEW_MAX_MS = 3600 * 1000
+#: the retry back-off a push consumer is told (RocketMQ's delay levels from the third on)
+CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+_AUTHORIZATION = re.compile(r"Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),\s*Signature=([0-9a-fA-F]+)")
+
+
+def status(code: int, message: str = "") -> Any:
+    return pb.Status(code=code, message=message or pb.Code.Name(code))
+
+
+OK = Code.OK
+
+
+@dataclass
+class Renewal:
+    """A message a push consumer holds whose lock the broker renews (auto_renew)."""
+
+    group: str
+    topic: str
+    handle: ReceiptHandle
+    lock_ms: int
+    since_ms: int
+
+
+class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]  # (generated, untyped)
+    def __init__(self, native: NativeServer, share: ShareGroups) -> None:
+        self.native = native
+        self.ctx = native.ctx
+        self.config = native.ctx.config
+        self.share = share
+        #: what QueryRoute names as every queue's broker address (set once the listener is bound)
+        self.endpoints = pb.Endpoints(scheme=pb.AddressScheme.IPv4)
+        #: client id -> when it was last heard of (ms on the broker's clock)
+        self.seen: dict[str, int] = {}
+        self.renewing: dict[tuple[str, str, int, int], Renewal] = {}
+        self._round_robin = itertools.count()
+        self._renewer: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name="rocketmq5-renew")
+
+    async def stop(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+
+    # --- who is calling ------------------------------------------------------------------------------------------
+
+    def _client(self, context: Any) -> str:
+        """The calling client's id (its x-mq-client-id header, else its address), marked alive."""
+        client_id = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-mq-client-id":
+                client_id = value
+        if not client_id:
+            client_id = context.peer()
+        self.seen[client_id] = self.ctx.now_ms()
+        return client_id
+
+    @staticmethod
+    def _peer_host(context: Any) -> str:
+        peer = context.peer() or ""
+        kind, _, rest = peer.partition(":")
+        if kind == "ipv6":
+            return rest.rpartition(":")[0].strip("[]")
+        return rest.rpartition(":")[0] or rest
+
+    def _refusal(self, context: Any, needs: list[tuple[str, str, str]]) -> Any:
+        """None when the caller may do what `needs` names ((operation, resource type, name)), else the status
+        refusing it."""
+        if not self.config.authorizer:
+            return None
+        headers = dict(context.invocation_metadata() or ())
+        match = _AUTHORIZATION.search(headers.get("authorization", ""))
+        signed_at = headers.get("x-mq-date-time", "")
+        if match is None or not signed_at:
+            return self._refuse(context, Code.UNAUTHORIZED, "", "the request is not signed")
+        access_key, _signed_headers, signature = match.groups()
+        security = self.native.ctx.broker.security
+        secret = security.access_keys.secret(access_key)
+        if secret is None:
+            return self._refuse(context, Code.UNAUTHORIZED, access_key, f"unknown access key {access_key}")
+        expected = hmac.new(secret.encode(), signed_at.encode(), sha1).hexdigest()
+        if not hmac.compare_digest(expected, signature.lower()):
+            return self._refuse(context, Code.UNAUTHORIZED, access_key, "the signature does not match")
+        principal = Principal(USER, access_key)
+        host = self._peer_host(context)
+        for operation, resource_type, name in needs:
+            if not security.authorizer.authorize(principal, host, operation, resource_type, name):
+                return self._refuse(
+                    context,
+                    Code.FORBIDDEN,
+                    access_key,
+                    f"{principal} is not allowed {operation} on {resource_type} {name}",
+                )
+        return None
+
+    def _refuse(self, context: Any, code: int, access_key: str, why: str) -> Any:
+        log.warning(
+            "rocketmq5: %s from %s%s: %s",
+            Code.Name(code),
+            context.peer(),
+            f" ({access_key})" if access_key else "",
+            why,
+        )
+        return status(code, why)
+
+    # --- routes, clients, settings -------------------------------------------------------------------------------
+
+    async def _queues(self, topic: str, *, create: bool) -> tuple[int, Any]:
+        """The topic's queue count here, or 0 and the status saying why there is none."""
+        if not topic or not ROCKETMQ.allows(topic):
+            return 0, status(Code.ILLEGAL_TOPIC, f"the topic[{topic[:300]}] is not a valid topic name")
+        count = self.ctx.queue_count(topic)
+        topics = self.ctx.topics
+        if count == 0 and create and topics.may_auto_create(topic):
+            try:
+                count = await self.ctx.ensure_topic(topic, topics.auto_create_partitions(topic, 0))
+            except MqkError as exc:
+                return 0, status(Code.INTERNAL_ERROR, f"cannot create topic {topic}: {exc}")
+        if count == 0:
+            return 0, status(Code.TOPIC_NOT_FOUND, f"topic[{topic}] does not exist")
+        return count, None
+
+    async def QueryRoute(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        topic = request.topic.name
+        refused = self._refusal(context, [("DESCRIBE", "TOPIC", topic)])
+        if refused is not None:
+            return pbs.QueryRouteResponse(status=refused)
+        count, failed = await self._queues(topic, create=True)
+        if failed is not None:
+            return pbs.QueryRouteResponse(status=failed)
+        answer = pbs.QueryRouteResponse(status=status(OK))
+        for queue in range(count):
+            answer.message_queues.append(self._message_queue(request.topic, queue))
+        return answer
+
+    def _message_queue(self, topic: Any, queue: int) -> Any:
+        mq = pb.MessageQueue(id=queue, permission=pb.Permission.READ_WRITE)
+        mq.topic.CopyFrom(topic)
+        mq.broker.name = self.config.broker_name
+        mq.broker.id = 0
+        mq.broker.endpoints.CopyFrom(self.endpoints)
+        mq.accept_message_types.extend([pb.MessageType.NORMAL, pb.MessageType.FIFO, pb.MessageType.DELAY])
+        return mq
+
+    async def Heartbeat(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        return pbs.HeartbeatResponse(status=status(OK))
+
+    async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        client_id = self._client(context)
+        self.seen.pop(client_id, None)
+        group = request.group.name
+        if group and self.share.release(group, client_id):
+            await self.share.save([group])
+        for key in [k for k, r in self.renewing.items() if r.handle.member_id == client_id]:
+            del self.renewing[key]
+        return pbs.NotifyClientTerminationResponse(status=status(OK))
+
+    async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        self._client(context)
+        async for command in request_iterator:
+            if command.HasField("settings"):
+                yield pbs.TelemetryCommand(status=status(OK), settings=self._settings(command.settings))
+
+    def _settings(self, asked: Any) -> Any:
+        """The broker's answer to a client's settings: the client's, with the broker's limits and policies."""
+        settings = pb.Settings()
+        settings.CopyFrom(asked)
+        if asked.client_type == pb.ClientType.PRODUCER:
+            settings.publishing.max_body_size = self.config.native_max_message_size
+            settings.publishing.validate_message_type = True
+            settings.backoff_policy.max_attempts = 3
+            backoff = settings.backoff_policy.exponential_backoff
+            backoff.initial.nanos = 10_000_000
+            backoff.max.seconds = 1
+            backoff.multiplier = 2.0
+        else:
+            attempts = self.share.delivery_count_limit
+            settings.subscription.fifo = False
+            settings.subscription.receive_batch_size = 32
+            if not asked.subscription.HasField("long_polling_timeout"):
+                settings.subscription.long_polling_timeout.seconds = 20
+            settings.backoff_policy.max_attempts = attempts
+            for seconds in CONSUMER_BACKOFF_S[: max(1, attempts - 1)]:
+                settings.backoff_policy.customized_backoff.next.add(seconds=seconds)
+        return settings
+
+    # --- sending -------------------------------------------------------------------------------------------------
+
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        answer = pbs.SendMessageResponse()
+        if not request.messages:
+            answer.status.CopyFrom(status(Code.BAD_REQUEST, "no message to send"))
+            return answer
+        for message in request.messages:
+            entry = answer.entries.add()
+            outcome, message_id, offset = await self._send_one(message, context)
+            entry.status.CopyFrom(outcome)
+            entry.message_id = message_id
+            entry.offset = offset
+        codes = {e.status.code for e in answer.entries}
+        if len(codes) == 1:
+            answer.status.CopyFrom(answer.entries[0].status)
+        else:
+            answer.status.CopyFrom(status(Code.MULTIPLE_RESULTS, "the messages had different outcomes"))
+        return answer
+
+    async def _send_one(self, message: Any, context: Any) -> tuple[Any, str, int]:
+        topic = message.topic.name
+        message_id = message.system_properties.message_id
+        refused = self._refusal(context, [("WRITE", "TOPIC", topic)])
+        if refused is not None:
+            return refused, message_id, -1
+        refusal = rocketmq_send_refusal(topic)
+        if refusal:
+            return status(Code.FORBIDDEN, refusal), message_id, -1
+        sp = message.system_properties
+        if sp.message_type == pb.MessageType.TRANSACTION:
+            why = "transactional messages over gRPC are not offered by this broker yet (the remoting protocol has them)"
+            return status(Code.UNSUPPORTED, why), message_id, -1
+        if "|" in sp.tag:
+            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'"), message_id, -1
+        limit = self.config.native_max_message_size
+        body = message.body
+        if sp.body_encoding == pb.Encoding.GZIP:
+            try:
+                inflater = zlib.decompressobj(wbits=31)
+                body = inflater.decompress(body, limit + 1)
+            except zlib.error:
+                return status(Code.MESSAGE_CORRUPTED, "the GZIP body does not inflate"), message_id, -1
+        if not body:
+            return status(Code.MESSAGE_BODY_EMPTY, "the message body is empty"), message_id, -1
+        if len(body) > limit:
+            why = f"the message body is larger than {limit} bytes"
+            return status(Code.MESSAGE_BODY_TOO_LARGE, why), message_id, -1
+        count, failed = await self._queues(topic, create=True)
+        if failed is not None:
+            return failed, message_id, -1
+        # one message group's messages go to one queue, in order
+        by_group = zlib.crc32(sp.message_group.encode()) if sp.message_group else next(self._round_robin)
+        queue = by_group % count
+        partition = self.ctx.to_partition(topic, queue)
+        born = self.ctx.now_ms()
+        if sp.HasField("born_timestamp"):
+            born = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000 or born
+        born_host = (self._peer_host(context) or "127.0.0.1", 0)
+        try:
+            ids, offset = await self.native.send.append(
+                topic, partition, [(body, stored_properties(message), 0)], born, 0, born_host
+            )
+        except MqkError as exc:
+            return status(Code.INTERNAL_ERROR, str(exc)), message_id, -1
+        return status(OK), message_id or ids[0], offset
+
+    # --- receiving -----------------------------------------------------------------------------------------------
+
+    async def QueryAssignment(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        topic, group = request.topic.name, request.group.name
+        refused = self._refusal(context, [("READ", "TOPIC", topic), ("READ", "GROUP", group)])
+        if refused is not None:
+            return pbs.QueryAssignmentResponse(status=refused)
+        _count, failed = await self._queues(topic, create=False)
+        if failed is not None:
+            return pbs.QueryAssignmentResponse(status=failed)
+        # POP: every consumer of the group receives from every queue (-1), the records are shared out one
+        # acquisition at a time
+        answer = pbs.QueryAssignmentResponse(status=status(OK))
+        answer.assignments.add().message_queue.CopyFrom(self._message_queue(request.topic, -1))
+        return answer
+
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        member = self._client(context)
+        group, topic = request.group.name, request.message_queue.topic.name
+        failed = self._receive_refusal(request, context)
+        count = 0
+        if failed is None:
+            count, failed = await self._queues(topic, create=False)
+        if failed is not None:
+            yield pbs.ReceiveMessageResponse(status=failed)
+            return
+        tags = tag_filter(request.filter_expression.type, request.filter_expression.expression, pb.FilterType.SQL)
+        lock_ms = DEFAULT_INVISIBLE_MS
+        if request.HasField("invisible_duration"):
+            lock_ms = duration_ms(request.invisible_duration)
+        budget = request.batch_size or 32
+        poll_s = duration_ms(request.long_polling_timeout) / 1000 if request.HasField("long_polling_timeout") else 0.0
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer before the client's deadline
+            poll_s = min(poll_s, max(0.0, remaining - 0.5))
+        await self.share.ensure_loaded(self.ctx.store)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + poll_s
+        while True:
+            messages, changed = await self._pop(group, topic, count, member, budget, lock_ms, tags)
+            if changed:
+                await self.share.save([group])
+            if messages or loop.time() >= until:
+                break
+            partitions = [self.ctx.to_partition(topic, q) for q in range(count)]
+            wait_s = until - loop.time()
+            topic_id = self._topic_id(topic)
+            lock_end = (
+                None if topic_id is None else self.share.next_lock_end(group, [(topic_id, p) for p in partitions])
+            )
+            if lock_end is not None:  # a held message comes back when its lock ends
+                wait_s = min(wait_s, max(0.0, lock_end - self.share.now()) / 1000 + 0.005)
+            await self.ctx.hub.wait([(topic, p) for p in partitions], wait_s)
+        if not messages:
+            yield pbs.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        now = self.ctx.now_ms()
+        if request.auto_renew:
+            for message in messages:
+                handle = ReceiptHandle.decode(message.system_properties.receipt_handle)
+                assert handle is not None
+                key = (group, topic, handle.queue, handle.offset)
+                self.renewing[key] = Renewal(group, topic, handle, lock_ms, now)
+        yield pbs.ReceiveMessageResponse(status=status(OK))
+        delivered = pbs.ReceiveMessageResponse()
+        delivered.delivery_timestamp.seconds, millis = divmod(now, 1000)
+        delivered.delivery_timestamp.nanos = millis * 1_000_000
+        yield delivered
+        for message in messages:
+            yield pbs.ReceiveMessageResponse(message=message)
+
+    def _receive_refusal(self, request: Any, context: Any) -> Any:
+        """The status refusing a receive's arguments or its caller, or None."""
+        group, topic = request.group.name, request.message_queue.topic.name
+        if not group or not ROCKETMQ.allows(group):
+            return status(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group {group[:300]!r} is not valid")
+        refused = self._refusal(context, [("READ", "TOPIC", topic), ("READ", "GROUP", group)])
+        if refused is not None:
+            return refused
+        try:
+            tag_filter(request.filter_expression.type, request.filter_expression.expression, pb.FilterType.SQL)
+        except ValueError as exc:
+            return status(Code.ILLEGAL_FILTER_EXPRESSION, str(exc))
+        if request.HasField("invisible_duration"):
+            lock_ms = duration_ms(request.invisible_duration)
+            if not MIN_INVISIBLE_MS <= lock_ms <= MAX_INVISIBLE_MS:
+                why = f"invisible duration {lock_ms} ms is outside [{MIN_INVISIBLE_MS}, {MAX_INVISIBLE_MS}]"
+                return status(Code.ILLEGAL_INVISIBLE_TIME, why)
+        if not 0 <= request.batch_size <= MAX_BATCH:
+            return status(Code.BAD_REQUEST, f"batch size {request.batch_size} is outside [1, {MAX_BATCH}]")
+        return None
+
+    def _topic_id(self, topic: str) -> uuid.UUID | None:
+        info = self.ctx.store.topic(topic)
+        return None if info is None else uuid.UUID(bytes=bytes(info.topic_id))
+
+    async def _pop(
+        self, group: str, topic: str, count: int, member: str, budget: int, lock_ms: int, tags: frozenset[str] | None
+    ) -> tuple[list[Any], bool]:
+        """Acquire up to `budget` messages of the topic's queues for the group (starting at a queue that moves
+        round robin, so no queue starves): the protocol messages, and whether any record state changed."""
+        topic_id = self._topic_id(topic)
+        if topic_id is None:
+            return [], False
+        out: list[Any] = []
+        changed = False
+        first = next(self._round_robin)
+        for i in range(count):
+            queue = (first + i) % count
+            partition = self.ctx.to_partition(topic, queue)
+            decoded: dict[int, list[Any]] = {}
+
+            def wanted(batch: Any, queue: int = queue, decoded: dict[int, list[Any]] = decoded) -> bool:
+                messages = decoded[batch.base_offset] = self.ctx.to_messages(topic, queue, batch)
+                return any(m.properties.get(PROPERTY_TAGS) in tags for m in messages) if tags is not None else True
+
+            before = self._progress(group)
+            chosen = await self.share.acquire_from_log(
+                self.ctx.store,
+                group,
+                member,
+                topic_id,
+                partition,
+                topic,
+                budget - len(out),
+                lock_ms=lock_ms,
+                wanted=wanted,
+                reset=self._reset(topic, partition),
+            )
+            changed = changed or bool(chosen) or self._progress(group) != before
+            nbytes = 0
+            for batch, got in chosen:
+                counts = dict(got)
+                messages = decoded.get(batch.base_offset) or self.ctx.to_messages(topic, queue, batch)
+                for msg in messages:
+                    delivery_count = counts.get(msg.queue_offset)
+                    if delivery_count is None:
+                        continue
+                    handle = ReceiptHandle(queue, msg.queue_offset, delivery_count, member)
+                    out.append(to_protocol(pb, msg, queue, handle, lock_ms))
+                    nbytes += len(msg.body)
+            if chosen:
+                self.ctx.count_out(topic, partition, sum(len(g) for _b, g in chosen), nbytes, group)
+            if len(out) >= budget:
+                break
+        return out, changed
+
+    def _reset(self, topic: str, partition: int) -> str:
+        """Where a new consumer group starts on a queue: at its first message while the queue still holds every
+        message it ever had (RocketMQ's initPopOffsetByCheckMsgInMem: a group made after its topic's first sends
+        still gets them), else at its end (RocketMQ's ConsumeInitMode.MAX)."""
+        start, _end = self.ctx.store.offset_bounds(topic, partition)
+        return "earliest" if start == 0 else "latest"
+
+    def _progress(self, group: str) -> tuple[int, ...]:
+        """Where the group's partitions stand (to tell whether an acquisition archived anything to save)."""
+        found = self.share.groups.get(group)
+        if found is None:
+            return ()
+        return tuple(p.spso for p in found.partitions.values()) + tuple(
+            p.next_offset for p in found.partitions.values()
+        )
+
+    # --- settling ------------------------------------------------------------------------------------------------
+
+    def _settle(
+        self, group: str, topic: str, text: str, kind: int, lock_ms: int = 0
+    ) -> tuple[Any, ReceiptHandle | None]:
+        """Apply ACCEPT, REJECT or RENEW (for `lock_ms` from now) to the message a receipt handle names."""
+        handle = ReceiptHandle.decode(text)
+        if handle is None:
+            return status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of this broker"), None
+        topic_id = self._topic_id(topic)
+        found = self.share.groups.get(group)
+        if topic_id is None or found is None or handle.queue >= self.ctx.queue_count(topic):
+            return status(Code.INVALID_RECEIPT_HANDLE, f"no message of group {group} on topic {topic} is held"), None
+        part = found.partitions.get((topic_id, self.ctx.to_partition(topic, handle.queue)))
+        if part is None or not part.holds(handle.offset, handle.member_id, handle.delivery_count):
+            why = "the receipt handle has expired: the message was settled, or delivered again after its lock ran out"
+            return status(Code.INVALID_RECEIPT_HANDLE, why), None
+        deadline = self.share.now() + lock_ms
+        code = part.acknowledge(
+            handle.member_id, handle.offset, handle.offset, [kind], deadline, self.share.delivery_count_limit
+        )
+        if code:
+            return status(Code.INVALID_RECEIPT_HANDLE, "the message is not held"), None
+        if kind != RENEW:
+            self.renewing.pop((group, topic, handle.queue, handle.offset), None)
+        return status(OK), handle
+
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        group, topic = request.group.name, request.topic.name
+        answer = pbs.AckMessageResponse()
+        refused = self._refusal(context, [("READ", "GROUP", group)])
+        await self.share.ensure_loaded(self.ctx.store)
+        for entry in request.entries:
+            outcome = refused if refused is not None else self._settle(group, topic, entry.receipt_handle, ACCEPT)[0]
+            answer.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=outcome)
+        await self.share.save([group])
+        codes = {e.status.code for e in answer.entries}
+        if len(codes) == 1:
+            answer.status.CopyFrom(answer.entries[0].status)
+        elif not answer.entries:
+            answer.status.CopyFrom(status(Code.BAD_REQUEST, "no entry to acknowledge"))
+        else:
+            answer.status.CopyFrom(status(Code.MULTIPLE_RESULTS, "some acknowledgements were refused"))
+        return answer
+
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        group, topic = request.group.name, request.topic.name
+        refused = self._refusal(context, [("READ", "GROUP", group)])
+        if refused is not None:
+            return pbs.ChangeInvisibleDurationResponse(status=refused)
+        lock_ms = duration_ms(request.invisible_duration)
+        if not 0 <= lock_ms <= MAX_INVISIBLE_MS:
+            why = f"invisible duration {lock_ms} ms is outside [0, {MAX_INVISIBLE_MS}]"
+            return pbs.ChangeInvisibleDurationResponse(status=status(Code.ILLEGAL_INVISIBLE_TIME, why))
+        await self.share.ensure_loaded(self.ctx.store)
+        outcome, handle = self._settle(group, topic, request.receipt_handle, RENEW, lock_ms)
+        if handle is not None:
+            # the client decides from now on (a push consumer's retry back-off): the broker stops renewing
+            self.renewing.pop((group, topic, handle.queue, handle.offset), None)
+            await self.share.save([group])
+        return pbs.ChangeInvisibleDurationResponse(
+            status=outcome, receipt_handle=handle.encode() if handle is not None else request.receipt_handle
+        )
+
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        group, topic = request.group.name, request.topic.name
+        refused = self._refusal(context, [("READ", "GROUP", group)])
+        if refused is not None:
+            return pbs.ForwardMessageToDeadLetterQueueResponse(status=refused)
+        await self.share.ensure_loaded(self.ctx.store)
+        handle = ReceiptHandle.decode(request.receipt_handle)
+        if handle is None or handle.queue >= self.ctx.queue_count(topic):
+            failed = status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of this broker")
+            return pbs.ForwardMessageToDeadLetterQueueResponse(status=failed)
+        partition = self.ctx.to_partition(topic, handle.queue)
+        found = await self.ctx.read_messages(topic, partition, handle.offset, 1)
+        message = next((m for m in found if m.queue_offset == handle.offset), None)
+        if message is None:
+            failed = status(Code.MESSAGE_NOT_FOUND, f"no message at offset {handle.offset} of queue {handle.queue}")
+            return pbs.ForwardMessageToDeadLetterQueueResponse(status=failed)
+        outcome, settled = self._settle(group, topic, request.receipt_handle, REJECT)
+        if settled is None:
+            return pbs.ForwardMessageToDeadLetterQueueResponse(status=outcome)
+        dead = dlq_topic(group)
+        try:
+            await self.ctx.ensure_topic(dead, 1)
+            props = {**message.properties, "ORIGIN_MESSAGE_ID": message.msg_id, "RETRY_TOPIC": topic}
+            await self.native.send.append(
+                dead,
+                0,
+                [(message.body, props, message.flag)],
+                message.born_timestamp,
+                handle.delivery_count,
+                message.born_host,
+            )
+        except MqkError as exc:
+            return pbs.ForwardMessageToDeadLetterQueueResponse(status=status(Code.INTERNAL_ERROR, str(exc)))
+        await self.share.save([group])
+        return pbs.ForwardMessageToDeadLetterQueueResponse(status=status(OK))
+
+    async def _renew_loop(self) -> None:
+        """Renew the auto_renew locks of live clients (see the module docstring)."""
+        while True:
+            await self.ctx.clock.sleep(RENEW_PERIOD_S)
+            now = self.ctx.now_ms()
+            for key, renewal in list(self.renewing.items()):
+                alive = now - self.seen.get(renewal.handle.member_id, -CLIENT_ALIVE_MS) < CLIENT_ALIVE_MS
+                if not alive or now - renewal.since_ms > RENEW_MAX_MS:
+                    del self.renewing[key]
+                    continue
+                outcome, _handle = self._settle(
+                    renewal.group, renewal.topic, renewal.handle.encode(), RENEW, renewal.lock_ms
+                )
+                if outcome.code != OK:  # settled or lost meanwhile
+                    self.renewing.pop(key, None)
+
+    # --- what this broker does not offer ---------------------------------------------------------------------
+
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        self._client(context)
+        why = "no transaction was begun over gRPC: transactional messages are refused at SendMessage"
+        return pbs.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID, why))
+
+    async def _unsupported(self, response: Any, what: str, context: Any) -> Any:
+        self._client(context)
+        return response(status=status(Code.UNSUPPORTED, f"{what} is not offered by this broker"))
+
+    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        self._client(context)
+        yield pbs.PullMessageResponse(status=status(Code.UNSUPPORTED, "PullMessage (lite pull) is not offered"))
+
+    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        return await self._unsupported(pbs.UpdateOffsetResponse, "UpdateOffset (lite pull)", context)
+
+    async def GetOffset(self, request: Any, context: Any) -> Any:
+        return await self._unsupported(pbs.GetOffsetResponse, "GetOffset (lite pull)", context)
+
+    async def QueryOffset(self, request: Any, context: Any) -> Any:
+        return await self._unsupported(pbs.QueryOffsetResponse, "QueryOffset (lite pull)", context)
+
+    async def RecallMessage(self, request: Any, context: Any) -> Any:
+        return await self._unsupported(pbs.RecallMessageResponse, "RecallMessage", context)
+
+    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
+        return await self._unsupported(pbs.SyncLiteSubscriptionResponse, "SyncLiteSubscription (lite topics)", context)
+
+
+__all__ = ["MessagingService"]
