@@ -96,6 +96,19 @@ class SharePartition:
         #: the first offset never handed out
         self.next_offset = spso
         self.records: dict[int, Record] = {}
+        #: the offsets archived for reaching the delivery limit since last taken (`ShareGroups.take_dead_letters`),
+        #: kept only for the groups whose dead letters go somewhere (RocketMQ's %DLQ%group); None: not kept
+        self.dead: list[int] | None = None
+
+    def _release(self, offset: int, rec: Record, limit: int) -> None:
+        """The record is no longer held: AVAILABLE again, or ARCHIVED (a dead letter) at the delivery limit."""
+        rec.owner = ""
+        if rec.delivery_count < limit:
+            rec.state = AVAILABLE
+            return
+        rec.state = ARCHIVED
+        if self.dead is not None:
+            self.dead.append(offset)
 
     def expire(self, now: float, limit: int) -> bool:
         """Locks past their deadline end: the record is AVAILABLE again (ARCHIVED at the delivery limit)."""
@@ -107,10 +120,9 @@ class SharePartition:
 
     def _unlock(self, which: Callable[[Record], bool], limit: int) -> bool:
         changed = False
-        for rec in self.records.values():
+        for offset, rec in self.records.items():
             if rec.state == ACQUIRED and which(rec):
-                rec.state = ARCHIVED if rec.delivery_count >= limit else AVAILABLE
-                rec.owner = ""
+                self._release(offset, rec, limit)
                 changed = True
         if changed:
             self.advance()
@@ -182,7 +194,7 @@ class SharePartition:
             if rec is None or rec.state != ACQUIRED or rec.owner != member_id:
                 return INVALID_RECORD_STATE
             chosen.append((offset, rec, kind))
-        for _offset, rec, kind in chosen:
+        for offset, rec, kind in chosen:
             if rec is None:
                 continue
             if kind == RENEW:
@@ -190,7 +202,7 @@ class SharePartition:
             elif kind == ACCEPT:
                 rec.state, rec.owner = ACKNOWLEDGED, ""
             elif kind == RELEASE:
-                rec.state, rec.owner = (ARCHIVED if rec.delivery_count >= limit else AVAILABLE), ""
+                self._release(offset, rec, limit)
             else:  # REJECT, GAP
                 rec.state, rec.owner = ARCHIVED, ""
         self.advance()
@@ -267,6 +279,8 @@ class ShareGroups:
         self.auto_offset_reset = auto_offset_reset
         self.clock = clock
         self.groups: dict[str, ShareGroup] = {}
+        #: the groups whose dead letters are kept (keep_dead_letters)
+        self.dead_letter_groups: set[str] = set()
         #: (group id, member id) -> its share session
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self._docs: Any = None
@@ -408,6 +422,8 @@ class ShareGroups:
         if part is None:
             earliest = (reset or self.auto_offset_reset) == "earliest"
             part = group.partitions[key] = SharePartition(start if earliest else end)
+        if part.dead is None and group_id in self.dead_letter_groups:
+            part.dead = []
         if part.spso < start:  # retention removed records below it: they can no longer be delivered
             part.records = {o: r for o, r in part.records.items() if o >= start}
             part.spso = start
@@ -469,6 +485,24 @@ class ShareGroups:
             if offset >= part.next_offset and part.next_offset - part.spso >= self.max_record_locks:
                 break
         return chosen
+
+    def keep_dead_letters(self, group_id: str) -> None:
+        """From now on keep the offsets the group archives at its delivery limit (a RocketMQ group: its dead
+        letters go to %DLQ%group)."""
+        self.dead_letter_groups.add(group_id)
+        group = self.groups.get(group_id)
+        for part in group.partitions.values() if group is not None else ():
+            if part.dead is None:
+                part.dead = []
+
+    def take_dead_letters(self, group_id: str) -> dict[tuple[uuid.UUID, int], list[int]]:
+        """The offsets archived at the delivery limit since last taken, by (topic id, partition)."""
+        group = self.groups.get(group_id)
+        out: dict[tuple[uuid.UUID, int], list[int]] = {}
+        for key, part in group.partitions.items() if group is not None else ():
+            if part.dead:
+                out[key], part.dead = part.dead, []
+        return out
 
     def next_lock_end(self, group_id: str, keys: Iterable[tuple[uuid.UUID, int]]) -> float | None:
         """When the first lock of the group's records in these partitions ends (ms on the clock; None: no record

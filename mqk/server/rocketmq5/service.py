@@ -375,10 +375,12 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if remaining is not None:  # answer before the client's deadline
             poll_s = min(poll_s, max(0.0, remaining - 0.5))
         await self.share.ensure_loaded(self.ctx.store)
+        self.share.keep_dead_letters(group)
         loop = asyncio.get_running_loop()
         until = loop.time() + poll_s
         while True:
             messages, changed = await self._pop(group, topic, count, member, budget, lock_ms, tags)
+            changed = await self._forward_dead_letters(group) or changed
             if changed:
                 await self.share.save([group])
             if messages or loop.time() >= until:
@@ -579,36 +581,74 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if handle is None or handle.queue >= self.ctx.queue_count(topic):
             failed = status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of this broker")
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=failed)
-        partition = self.ctx.to_partition(topic, handle.queue)
-        found = await self.ctx.read_messages(topic, partition, handle.offset, 1)
-        message = next((m for m in found if m.queue_offset == handle.offset), None)
+        message = await self._message_at(topic, self.ctx.to_partition(topic, handle.queue), handle.offset)
         if message is None:
             failed = status(Code.MESSAGE_NOT_FOUND, f"no message at offset {handle.offset} of queue {handle.queue}")
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=failed)
         outcome, settled = self._settle(group, topic, request.receipt_handle, REJECT)
         if settled is None:
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=outcome)
-        dead = dlq_topic(group)
         try:
-            await self.ctx.ensure_topic(dead, 1)
-            props = {**message.properties, "ORIGIN_MESSAGE_ID": message.msg_id, "RETRY_TOPIC": topic}
-            await self.native.send.append(
-                dead,
-                0,
-                [(message.body, props, message.flag)],
-                message.born_timestamp,
-                handle.delivery_count,
-                message.born_host,
-            )
+            await self._write_dead_letter(group, topic, message, handle.delivery_count)
         except MqkError as exc:
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=status(Code.INTERNAL_ERROR, str(exc)))
         await self.share.save([group])
         return pbs.ForwardMessageToDeadLetterQueueResponse(status=status(OK))
 
+    async def _message_at(self, topic: str, partition: int, offset: int) -> Any:
+        found = await self.ctx.read_messages(topic, partition, offset, 1)
+        return next((m for m in found if m.queue_offset == offset), None)
+
+    async def _write_dead_letter(self, group: str, topic: str, message: Any, attempts: int) -> None:
+        """Copy a message into the group's dead-letter topic `%DLQ%group` (made on first use, one queue), with
+        where it came from in RocketMQ's properties."""
+        dead = dlq_topic(group)
+        await self.ctx.ensure_topic(dead, 1)
+        props = {**message.properties, "ORIGIN_MESSAGE_ID": message.msg_id, "RETRY_TOPIC": topic}
+        stored = [(message.body, props, message.flag)]
+        await self.native.send.append(dead, 0, stored, message.born_timestamp, attempts, message.born_host)
+
+    async def _forward_dead_letters(self, group: str) -> bool:
+        """Move the messages the group archived at its delivery limit to its dead-letter topic (before their
+        archived state is saved, so a crash in between delivers them once more rather than losing them); whether
+        there were any."""
+        dead = self.share.take_dead_letters(group)
+        if not dead:
+            return False
+        names = {uuid.UUID(bytes=bytes(info.topic_id)): name for name, info in self.ctx.topics.all().items()}
+        for (topic_id, partition), offsets in dead.items():
+            topic = names.get(topic_id)
+            if topic is None:  # (deleted meanwhile)
+                continue
+            for offset in offsets:
+                message = await self._message_at(topic, partition, offset)
+                if message is None:  # (retention removed it meanwhile)
+                    continue
+                try:
+                    await self._write_dead_letter(group, topic, message, self.share.delivery_count_limit)
+                except MqkError as exc:
+                    log.warning(
+                        "rocketmq5: dead letter of group %s at %s-%d:%d not written: %s",
+                        group,
+                        topic,
+                        partition,
+                        offset,
+                        exc,
+                    )
+        return True
+
     async def _renew_loop(self) -> None:
-        """Renew the auto_renew locks of live clients (see the module docstring)."""
+        """Every RENEW_PERIOD_S: forward dead letters, and renew the auto_renew locks of live clients (see the
+        module docstring)."""
         while True:
             await self.ctx.clock.sleep(RENEW_PERIOD_S)
+            # locks that ran out with nobody receiving: their dead letters are due now, not at the next receive
+            changed = self.share.expire()
+            for group in list(self.share.dead_letter_groups):
+                if await self._forward_dead_letters(group):
+                    changed.add(group)
+            if changed:
+                await self.share.save(changed)
             now = self.ctx.now_ms()
             for key, renewal in list(self.renewing.items()):
                 alive = now - self.seen.get(renewal.handle.member_id, -CLIENT_ALIVE_MS) < CLIENT_ALIVE_MS
