@@ -8,6 +8,7 @@
   and moved to `%DLQ%group` by the broker at the group's delivery limit;
 - a Kafka share consumer and a RocketMQ 5 consumer of one group share its records (none delivered to both);
 - after kill -9 of the broker acknowledged messages stay acknowledged and held ones come back;
+- transactions commit and roll back, and one left open is committed when the broker asks its producer;
 - with the authorizer on, a request signed with a wrong secret is UNAUTHORIZED and one the ACLs do not grant
   FORBIDDEN; over TLS the SDK sends and receives.
 
@@ -37,6 +38,8 @@ from rocketmq import (
     MessageListener,
     PushConsumer,
     SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
 )
 from rocketmq import Producer as RmqProducer
 
@@ -484,3 +487,38 @@ def test_signed_requests_pass_a_wrong_secret_is_unauthorized_and_an_ungranted_on
             except Exception as exc:  # noqa: BLE001 - a client that never started cannot shut down: the rest must
                 print("shutdown:", exc)
         broker.stop()
+
+
+class CommitEveryOrphan(TransactionChecker):
+    """The producer's answer when the broker asks about a transaction left open: commit (and remember the ask)."""
+
+    def __init__(self) -> None:
+        self.asked: list[bytes] = []
+
+    def check(self, msg: Any) -> Any:
+        self.asked.append(msg.body)
+        return TransactionResolution.COMMIT
+
+
+def test_transactions_commit_roll_back_and_an_orphan_is_committed_when_the_broker_asks(broker):
+    checker = CommitEveryOrphan()
+    topic, group = unique("r5"), unique("G")
+    producer = RmqProducer(configuration(broker), (topic,), checker)
+    producer.startup()
+    consumer = simple_consumer(broker, group, topic)
+    try:
+        committed = producer.begin_transaction()
+        producer.send(message(topic, b"committed"), committed)
+        committed.commit()
+        rolled_back = producer.begin_transaction()
+        producer.send(message(topic, b"rolled-back"), rolled_back)
+        rolled_back.rollback()
+        # a transaction its producer never ends (as if it had crashed after the send): the broker asks about it
+        producer.send(message(topic, b"orphan"), producer.begin_transaction())
+        got = receive_until(consumer, lambda got: {m.body for m in got} >= {b"committed", b"orphan"})
+        extra = nothing_more(consumer, AWAIT_S + 1)
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    assert sorted(m.body for m in got) == [b"committed", b"orphan"] and extra == []
+    assert checker.asked == [b"orphan"]

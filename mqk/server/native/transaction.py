@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mqk.broker.internal import ON_DEMAND_QUEUES, TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC
@@ -60,6 +61,9 @@ class TransactionService:
         self._scan_from = 0
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        #: how the other front doors ask their producers about a half message no remoting producer can be asked
+        #: about (True: asked); the RocketMQ 5 gRPC front door registers one
+        self.other_checks: list[Callable[[MessageExt], Awaitable[bool]]] = []
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._check_loop())
@@ -109,34 +113,48 @@ class TransactionService:
         born: int,
         born_host: tuple[str, int],
     ) -> RemotingCommand:
+        try:
+            half_offset, msg_id = await self.store_half(topic, queue, body, props, flag, born, born_host)
+        except StorageError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        return cmd.response(
+            ResponseCode.SUCCESS,
+            ext={
+                "msgId": msg_id,
+                "queueId": queue,
+                "queueOffset": half_offset,
+                "transactionId": props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id),
+            },
+        )
+
+    async def store_half(
+        self,
+        topic: str,
+        queue: int,
+        body: bytes,
+        props: dict[str, str],
+        flag: int,
+        born: int,
+        born_host: tuple[str, int],
+    ) -> tuple[int, str]:
+        """Store a half message bound for `topic` / partition `queue`: (its offset in the half topic, its offset
+        message id). StorageError when the store refuses it."""
         half_props = {
             **props,
             PROPERTY_REAL_TOPIC: topic,
             PROPERTY_REAL_QUEUE_ID: str(queue),
             PROPERTY_TRANSACTION_PREPARED: "true",
         }
-        try:
-            for internal in (HALF_TOPIC, OP_TOPIC):
-                await self.ctx.ensure_topic(internal, ON_DEMAND_QUEUES)
-            result = await self.ctx.store.append(
-                HALF_TOPIC, 0, [message_to_batch(body, half_props, born, flag, 0, born_host)]
-            )
-        except StorageError as exc:
-            return cmd.response(response_code_for(exc), str(exc))
-        commit = result.physical_offset if result.physical_offset >= 0 else None
-        msgs = await self.ctx.read_messages(HALF_TOPIC, 0, result.base_offset, 1)
-        if commit is None:
-            commit = msgs[0].commit_log_offset if msgs else 0
-        msg_id = encode_message_id(self.ctx.host[0], self.ctx.host[1], commit)
-        return cmd.response(
-            ResponseCode.SUCCESS,
-            ext={
-                "msgId": msg_id,
-                "queueId": queue,
-                "queueOffset": result.base_offset,
-                "transactionId": props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id),
-            },
+        for internal in (HALF_TOPIC, OP_TOPIC):
+            await self.ctx.ensure_topic(internal, ON_DEMAND_QUEUES)
+        result = await self.ctx.store.append(
+            HALF_TOPIC, 0, [message_to_batch(body, half_props, born, flag, 0, born_host)]
         )
+        commit = result.physical_offset if result.physical_offset >= 0 else None
+        if commit is None:
+            msgs = await self.ctx.read_messages(HALF_TOPIC, 0, result.base_offset, 1)
+            commit = msgs[0].commit_log_offset if msgs else 0
+        return result.base_offset, encode_message_id(self.ctx.host[0], self.ctx.host[1], commit)
 
     async def end(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         """END_TRANSACTION: `tranStateTableOffset` names the half message (its offset in the half topic)."""
@@ -147,18 +165,34 @@ class TransactionService:
             return cmd.response(ResponseCode.SUCCESS)
         if decision not in (COMMIT, ROLLBACK):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"commitOrRollback {decision} is not 0, 8 or 12")
+        try:
+            remark = await self.resolve(half_offset, decision == COMMIT)
+        except MqkError as exc:
+            return cmd.response(response_code_for(exc), str(exc))
+        return cmd.response(ResponseCode.SUCCESS, remark)
+
+    async def half_message(self, half_offset: int) -> MessageExt | None:
+        """The half message at `half_offset` of the half topic, or None."""
+        if self.ctx.store.topic(HALF_TOPIC) is None:
+            return None
+        msgs = await self.ctx.read_messages(HALF_TOPIC, 0, half_offset, 1)
+        return msgs[0] if msgs and msgs[0].queue_offset == half_offset else None
+
+    async def resolve(self, half_offset: int, commit: bool) -> str | None:
+        """Commit or roll back the half message at `half_offset`: None, or a remark when it was resolved already.
+        StorageError when there is no such half message or the commit cannot be written."""
         async with self._lock:
             if half_offset in self.resolved:
-                return cmd.response(ResponseCode.SUCCESS, "already resolved")
-            msgs = await self.ctx.read_messages(HALF_TOPIC, 0, half_offset, 1)
-            if not msgs or msgs[0].queue_offset != half_offset:
-                return cmd.response(ResponseCode.SYSTEM_ERROR, f"no half message at {half_offset}")
-            if decision == COMMIT:
-                error = await self._commit(msgs[0])
+                return "already resolved"
+            half = await self.half_message(half_offset)
+            if half is None:
+                raise StorageError(f"no half message at {half_offset}")
+            if commit:
+                error = await self._commit(half)
                 if error is not None:
-                    return cmd.response(response_code_for(error), str(error))
+                    raise error
             await self._resolve(half_offset)
-        return cmd.response(ResponseCode.SUCCESS)
+        return None
 
     async def _commit(self, half: MessageExt) -> MqkError | None:
         props = {
@@ -237,7 +271,9 @@ class TransactionService:
         members = self.clients.producers.get(group) or {}
         live = [c for c, _ in members.values() if not c.closed]
         if not live:
-            return 0
+            # a half message of another front door (RocketMQ 5's producers have no group): asked its way
+            asked = [await ask(half) for ask in self.other_checks]
+            return 1 if any(asked) else 0
         conn = live[count % len(live)]
         # the producer is asked about the message as it will be delivered: in its real topic and queue
         try:

@@ -126,8 +126,9 @@ class ReceiptHandle:
         return cls(queue, offset, count, fields[3])
 
 
-def to_protocol(pb: Any, msg: MessageExt, queue: int, handle: ReceiptHandle, lock_ms: int) -> Any:
-    """The protocol Message (pb: the generated definition_pb2 module) of a stored message, delivered with `handle`."""
+def to_protocol(pb: Any, msg: MessageExt, queue: int, handle: ReceiptHandle | None = None, lock_ms: int = 0) -> Any:
+    """The protocol Message (pb: the generated definition_pb2 module) of a stored message, delivered with `handle`
+    (None: shown, not delivered, as to a producer asked about a transaction)."""
     props = msg.properties
     out = pb.Message()
     out.topic.name = msg.topic
@@ -157,12 +158,13 @@ def to_protocol(pb: Any, msg: MessageExt, queue: int, handle: ReceiptHandle, loc
     sp.born_host = msg.born_host[0]
     set_timestamp(sp.store_timestamp, msg.store_timestamp)
     sp.store_host = f"{msg.store_host[0]}:{msg.store_host[1]}"
-    sp.receipt_handle = handle.encode()
     sp.queue_id = queue
     sp.queue_offset = msg.queue_offset
-    sp.delivery_attempt = handle.delivery_count
-    sp.invisible_duration.seconds, millis = divmod(lock_ms, 1000)
-    sp.invisible_duration.nanos = millis * 1_000_000
+    if handle is not None:
+        sp.receipt_handle = handle.encode()
+        sp.delivery_attempt = handle.delivery_count
+        sp.invisible_duration.seconds, millis = divmod(lock_ms, 1000)
+        sp.invisible_duration.nanos = millis * 1_000_000
     return out
 
 

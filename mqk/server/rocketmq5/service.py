@@ -2,8 +2,8 @@
 
 What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clients) call, and what each does here:
 
-- QueryRoute: the topic's queues, all on this broker (id 0, the master), readable and writable, taking NORMAL, FIFO
-  and DELAY messages; a missing topic is created under the broker's auto-creation policy, as a remoting send
+- QueryRoute: the topic's queues, all on this broker (id 0, the master), readable and writable, taking NORMAL, FIFO,
+  DELAY and TRANSACTION messages; a missing topic is created under the broker's auto-creation policy, as a remoting send
   creates it. Heartbeat and NotifyClientTermination keep track of which clients are alive (a terminating
   consumer's held messages become visible again at once).
 - Telemetry: the settings handshake. The broker answers a client's settings with its own: the largest body
@@ -12,8 +12,10 @@ What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clien
   `%DLQ%group`).
 - SendMessage: each message stored as a remoting send stores it (mqk.server.native.send), on a queue picked round
   robin or, for a FIFO message, by its message group's hash (so one group's messages keep their order in one
-  queue). A delivery time goes to the timer. Transactional messages are refused (UNSUPPORTED): use the remoting
-  protocol's half messages for now.
+  queue). A delivery time goes to the timer. A transactional message is a half message
+  (mqk.server.native.transaction, shared with the remoting front door) until EndTransaction commits or rolls it
+  back; one left open is checked with the producers of its topic connected here: a RecoverOrphanedTransactionCommand
+  on their Telemetry stream, which they answer with EndTransaction.
 - ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, QueryAssignment: POP
   consumption. A RocketMQ consumer group is a share group (mqk.groups.share): a receive acquires records from the
   topic's queues for the group with a lock of the request's invisible duration, an ack accepts them, a change of
@@ -35,6 +37,7 @@ fails is answered UNAUTHORIZED or FORBIDDEN in its status.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import itertools
 import logging
@@ -42,7 +45,7 @@ import re
 import uuid
 import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from hashlib import sha1
 from typing import Any
 
@@ -56,7 +59,12 @@ from mqk.broker.security import Principal
 from mqk.broker.security.principal import USER
 from mqk.errors import MqkError
 from mqk.groups.share import ACCEPT, REJECT, RENEW, ShareGroups
-from mqk.protocol.native.codes import PROPERTY_TAGS
+from mqk.protocol.native.codes import (
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+)
 from mqk.server.native.server import NativeServer
 from mqk.server.rocketmq5.messages import (
     ReceiptHandle,
@@ -83,7 +91,15 @@ CLIENT_ALIVE_MS = 30_000
 RENEW_MAX_MS = 3600 * 1000
 #: the retry back-off a push consumer is told (RocketMQ's delay levels from the third on)
 CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+#: a transaction id is this and the half message's offset in the half topic
+TRANSACTION_PREFIX = "mqk-half-"
 _AUTHORIZATION = re.compile(r"Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),\s*Signature=([0-9a-fA-F]+)")
+
+
+def _half_offset(transaction_id: str) -> int | None:
+    """The half message's offset a transaction id names (TRANSACTION_PREFIX + offset), or None."""
+    digits = transaction_id.removeprefix(TRANSACTION_PREFIX)
+    return int(digits) if transaction_id.startswith(TRANSACTION_PREFIX) and digits.isdigit() else None
 
 
 def status(code: int, message: str = "") -> Any:
@@ -91,6 +107,16 @@ def status(code: int, message: str = "") -> Any:
 
 
 OK = Code.OK
+
+
+@dataclass
+class Stream:
+    """A client's open Telemetry stream: what the broker sends it, and what its settings said it is."""
+
+    outbox: asyncio.Queue[Any]
+    producer: bool = False
+    #: the topics a producer said it publishes to
+    topics: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -115,6 +141,10 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         #: client id -> when it was last heard of (ms on the broker's clock)
         self.seen: dict[str, int] = {}
         self.renewing: dict[tuple[str, str, int, int], Renewal] = {}
+        #: client id -> its Telemetry stream
+        self.streams: dict[str, Stream] = {}
+        self._asked = itertools.count()
+        native.transactions.other_checks.append(self._ask_about_transaction)
         self._round_robin = itertools.count()
         self._renewer: asyncio.Task[None] | None = None
 
@@ -224,7 +254,8 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         mq.broker.name = self.config.broker_name
         mq.broker.id = 0
         mq.broker.endpoints.CopyFrom(self.endpoints)
-        mq.accept_message_types.extend([pb.MessageType.NORMAL, pb.MessageType.FIFO, pb.MessageType.DELAY])
+        kinds = [pb.MessageType.NORMAL, pb.MessageType.FIFO, pb.MessageType.DELAY, pb.MessageType.TRANSACTION]
+        mq.accept_message_types.extend(kinds)
         return mq
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
@@ -242,10 +273,31 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return pbs.NotifyClientTerminationResponse(status=status(OK))
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        self._client(context)
-        async for command in request_iterator:
-            if command.HasField("settings"):
-                yield pbs.TelemetryCommand(status=status(OK), settings=self._settings(command.settings))
+        """The client's settings stream: each settings command answered with the broker's settings; and the
+        broker's own commands to the client (a producer asked about an open transaction) on the same stream."""
+        client_id = self._client(context)
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        stream = self.streams[client_id] = Stream(outbox)
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.HasField("settings"):
+                        asked = command.settings
+                        stream.producer = asked.client_type == pb.ClientType.PRODUCER
+                        stream.topics = {t.name for t in asked.publishing.topics}
+                        outbox.put_nowait(pbs.TelemetryCommand(status=status(OK), settings=self._settings(asked)))
+            finally:
+                outbox.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (command := await outbox.get()) is not None:
+                yield command
+        finally:
+            reader.cancel()
+            if self.streams.get(client_id) is stream:
+                del self.streams[client_id]
 
     def _settings(self, asked: Any) -> Any:
         """The broker's answer to a client's settings: the client's, with the broker's limits and policies."""
@@ -280,10 +332,11 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return answer
         for message in request.messages:
             entry = answer.entries.add()
-            outcome, message_id, offset = await self._send_one(message, context)
+            outcome, message_id, offset, transaction_id = await self._send_one(message, context)
             entry.status.CopyFrom(outcome)
             entry.message_id = message_id
             entry.offset = offset
+            entry.transaction_id = transaction_id
         codes = {e.status.code for e in answer.entries}
         if len(codes) == 1:
             answer.status.CopyFrom(answer.entries[0].status)
@@ -291,21 +344,19 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             answer.status.CopyFrom(status(Code.MULTIPLE_RESULTS, "the messages had different outcomes"))
         return answer
 
-    async def _send_one(self, message: Any, context: Any) -> tuple[Any, str, int]:
+    async def _send_one(self, message: Any, context: Any) -> tuple[Any, str, int, str]:
+        """(status, message id, offset, transaction id) of one message sent."""
         topic = message.topic.name
         message_id = message.system_properties.message_id
         refused = self._refusal(context, [("WRITE", "TOPIC", topic)])
         if refused is not None:
-            return refused, message_id, -1
+            return refused, message_id, -1, ""
         refusal = rocketmq_send_refusal(topic)
         if refusal:
-            return status(Code.FORBIDDEN, refusal), message_id, -1
+            return status(Code.FORBIDDEN, refusal), message_id, -1, ""
         sp = message.system_properties
-        if sp.message_type == pb.MessageType.TRANSACTION:
-            why = "transactional messages over gRPC are not offered by this broker yet (the remoting protocol has them)"
-            return status(Code.UNSUPPORTED, why), message_id, -1
         if "|" in sp.tag:
-            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'"), message_id, -1
+            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'"), message_id, -1, ""
         limit = self.config.native_max_message_size
         body = message.body
         if sp.body_encoding == pb.Encoding.GZIP:
@@ -313,15 +364,15 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 inflater = zlib.decompressobj(wbits=31)
                 body = inflater.decompress(body, limit + 1)
             except zlib.error:
-                return status(Code.MESSAGE_CORRUPTED, "the GZIP body does not inflate"), message_id, -1
+                return status(Code.MESSAGE_CORRUPTED, "the GZIP body does not inflate"), message_id, -1, ""
         if not body:
-            return status(Code.MESSAGE_BODY_EMPTY, "the message body is empty"), message_id, -1
+            return status(Code.MESSAGE_BODY_EMPTY, "the message body is empty"), message_id, -1, ""
         if len(body) > limit:
             why = f"the message body is larger than {limit} bytes"
-            return status(Code.MESSAGE_BODY_TOO_LARGE, why), message_id, -1
+            return status(Code.MESSAGE_BODY_TOO_LARGE, why), message_id, -1, ""
         count, failed = await self._queues(topic, create=True)
         if failed is not None:
-            return failed, message_id, -1
+            return failed, message_id, -1, ""
         # one message group's messages go to one queue, in order
         by_group = zlib.crc32(sp.message_group.encode()) if sp.message_group else next(self._round_robin)
         queue = by_group % count
@@ -330,13 +381,17 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if sp.HasField("born_timestamp"):
             born = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000 or born
         born_host = (self._peer_host(context) or "127.0.0.1", 0)
+        props = stored_properties(message)
         try:
-            ids, offset = await self.native.send.append(
-                topic, partition, [(body, stored_properties(message), 0)], born, 0, born_host
-            )
+            if sp.message_type == pb.MessageType.TRANSACTION:  # a half message, visible once committed
+                half, offset_id = await self.native.transactions.store_half(
+                    topic, partition, body, props, 0, born, born_host
+                )
+                return status(OK), message_id or offset_id, -1, f"{TRANSACTION_PREFIX}{half}"
+            ids, offset = await self.native.send.append(topic, partition, [(body, props, 0)], born, 0, born_host)
         except MqkError as exc:
-            return status(Code.INTERNAL_ERROR, str(exc)), message_id, -1
-        return status(OK), message_id or ids[0], offset
+            return status(Code.INTERNAL_ERROR, str(exc)), message_id, -1, ""
+        return status(OK), message_id or ids[0], offset, ""
 
     # --- receiving -----------------------------------------------------------------------------------------------
 
@@ -661,12 +716,54 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 if outcome.code != OK:  # settled or lost meanwhile
                     self.renewing.pop(key, None)
 
-    # --- what this broker does not offer ---------------------------------------------------------------------
+    # --- transactions -------------------------------------------------------------------------------------------
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
+        """Commit or roll back a transactional message (the producer's decision, or its answer to a check)."""
         self._client(context)
-        why = "no transaction was begun over gRPC: transactional messages are refused at SendMessage"
-        return pbs.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID, why))
+        topic = request.topic.name
+        refused = self._refusal(context, [("WRITE", "TOPIC", topic)])
+        if refused is not None:
+            return pbs.EndTransactionResponse(status=refused)
+        half_offset = _half_offset(request.transaction_id)
+        half = None if half_offset is None else await self.native.transactions.half_message(half_offset)
+        props = {} if half is None else half.properties
+        if (
+            half_offset is None
+            or props.get(PROPERTY_REAL_TOPIC) != topic
+            or props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, request.message_id) != request.message_id
+        ):
+            why = f"transaction {request.transaction_id!r} of message {request.message_id!r} is not open on {topic!r}"
+            return pbs.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID, why))
+        if request.resolution not in (pb.TransactionResolution.COMMIT, pb.TransactionResolution.ROLLBACK):
+            why = "the resolution is neither COMMIT nor ROLLBACK"
+            return pbs.EndTransactionResponse(status=status(Code.BAD_REQUEST, why))
+        try:
+            await self.native.transactions.resolve(half_offset, request.resolution == pb.TransactionResolution.COMMIT)
+        except MqkError as exc:
+            return pbs.EndTransactionResponse(status=status(Code.INTERNAL_ERROR, str(exc)))
+        return pbs.EndTransactionResponse(status=status(OK))
+
+    async def _ask_about_transaction(self, half: Any) -> bool:
+        """The transaction check of a half message no remoting producer can be asked about: a producer of its topic
+        connected here is sent a RecoverOrphanedTransactionCommand (it answers with EndTransaction). Whether one
+        was asked."""
+        topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+        producers = [s for s in self.streams.values() if s.producer and (not s.topics or topic in s.topics)]
+        if not producers:
+            return False
+        try:
+            queue = int(half.properties.get(PROPERTY_REAL_QUEUE_ID, "0"))
+        except ValueError:
+            queue = 0
+        shown = dataclasses.replace(half, topic=topic, queue_id=queue)
+        command = pbs.TelemetryCommand(status=status(OK))
+        command.recover_orphaned_transaction_command.message.CopyFrom(to_protocol(pb, shown, queue))
+        command.recover_orphaned_transaction_command.transaction_id = f"{TRANSACTION_PREFIX}{half.queue_offset}"
+        producers[next(self._asked) % len(producers)].outbox.put_nowait(command)
+        return True
+
+    # --- what this broker does not offer ---------------------------------------------------------------------
 
     async def _unsupported(self, response: Any, what: str, context: Any) -> Any:
         self._client(context)
