@@ -128,6 +128,11 @@ class SharePartition:
             self.advance()
         return changed
 
+    def lag(self, end: int) -> int:
+        """Records from the SPSO to `end` not yet done (Kafka's share-partition lag)."""
+        done = sum(1 for o, r in self.records.items() if o < end and r.state in (ACKNOWLEDGED, ARCHIVED))
+        return max(0, end - self.spso - done)
+
     def advance(self) -> None:
         """Move the SPSO past every record that is done."""
         while self.spso < self.next_offset:
@@ -519,6 +524,33 @@ class ShareGroups:
         ]
         return min(ends, default=None)
 
+    def has_members(self, group_id: str) -> bool:
+        self.expire()
+        group = self.groups.get(group_id)
+        return group is not None and bool(group.members)
+
+    def exists(self, group_id: str) -> bool:
+        """Whether the group was ever used here (what ListGroups shows; an empty one too, as Kafka's)."""
+        return group_id in self.groups
+
+    def reset(self, group_id: str, topic_id: uuid.UUID, partition: int, start: int) -> None:
+        """AlterShareGroupOffsets: the group starts the partition over at `start` (nothing in flight)."""
+        group = self.groups.setdefault(group_id, ShareGroup(group_id))
+        part = group.partitions[(topic_id, partition)] = SharePartition(start)
+        if group_id in self.dead_letter_groups:
+            part.dead = []
+
+    def forget(self, group_id: str, topic_id: uuid.UUID) -> bool:
+        """DeleteShareGroupOffsets: drop the group's states of the topic's partitions (the next fetch starts them
+        per share.auto.offset.reset); whether it had any."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return False
+        keys = [k for k in group.partitions if k[0] == topic_id]
+        for key in keys:
+            del group.partitions[key]
+        return bool(keys)
+
     def doc(self, group_id: str) -> dict[str, Any]:
         group = self.groups.get(group_id)
         if group is None:
@@ -534,7 +566,7 @@ class ShareGroups:
     def describe(self, group_id: str, topic_name: Callable[[uuid.UUID], str | None]) -> dict[str, Any] | None:
         self.expire()
         group = self.groups.get(group_id)
-        if group is None or (not group.members and not group.partitions):
+        if group is None:
             return None
         members = [
             {
@@ -559,7 +591,7 @@ class ShareGroups:
 
     def list_groups(self) -> list[tuple[str, str]]:
         self.expire()
-        return [(g.group_id, g.state) for g in self.groups.values() if g.members or g.partitions]
+        return [(g.group_id, g.state) for g in self.groups.values()]
 
 
 __all__ = ["ShareGroups", "SharePartition", "assign_share"]

@@ -18,6 +18,7 @@ from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 from mqk.server.kafka.server import KafkaServer
 
 ACCEPT, RELEASE = 1, 2
+GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_OUT_OF_RANGE = 69, 68, 3, 1
 
 
 @pytest.fixture
@@ -103,5 +104,77 @@ async def test_share_sessions_on_the_wire(server: KafkaServer) -> None:
         )
         member = described["groups"][0]["members"][0]
         assert member["member_id"] == "m1" and member["assignment"]["topic_partitions"][0]["topic_name"] == "jobs"
+    finally:
+        await client.close()
+
+
+async def test_the_admin_describes_resets_and_deletes_a_share_groups_offsets(server: KafkaServer) -> None:
+    client = await RawKafkaClient.connect(server.host, server.port)
+    info = server.store.topic("jobs")
+    assert info is not None
+    topic_id = uuid.UUID(bytes=bytes(info.topic_id))
+
+    async def heartbeat(epoch: int) -> dict:
+        body = {"group_id": "sg", "member_id": "m1", "member_epoch": epoch, "subscribed_topic_names": ["jobs"]}
+        return await client.call(ApiKey.SHARE_GROUP_HEARTBEAT, 1, body)
+
+    async def describe(topics: list | None) -> dict:
+        answer = await client.call(
+            ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, {"groups": [{"group_id": "sg", "topics": topics}]}
+        )
+        return answer["groups"][0]
+
+    def alter(start: int) -> dict:
+        partitions = [{"partition_index": 0, "start_offset": start}]
+        return {"group_id": "sg", "topics": [{"topic_name": "jobs", "partitions": partitions}]}
+
+    try:
+        unknown = await describe(None)
+        assert unknown["error_code"] == GROUP_ID_NOT_FOUND
+        # a member takes the three records and accepts the first: the SPSO moves to 1, two records lag
+        assert (await heartbeat(0))["error_code"] == 0
+        fetch = {
+            "group_id": "sg",
+            "member_id": "m1",
+            "share_session_epoch": 0,
+            "max_wait_ms": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "max_records": 100,
+            "batch_size": 100,
+            "topics": [{"topic_id": topic_id, "partitions": [{"partition_index": 0, "acknowledgement_batches": []}]}],
+            "forgotten_topics_data": [],
+        }
+        await client.call(ApiKey.SHARE_FETCH, 1, fetch)
+        acks = [{"first_offset": 0, "last_offset": 0, "acknowledge_types": [ACCEPT]}]
+        fetch["share_session_epoch"] = 1
+        fetch["topics"][0]["partitions"][0]["acknowledgement_batches"] = acks
+        fetch["max_records"] = 0
+        await client.call(ApiKey.SHARE_FETCH, 1, fetch)
+        described = await describe(None)
+        row = described["topics"][0]["partitions"][0]
+        assert described["topics"][0]["topic_name"] == "jobs"
+        assert (row["start_offset"], row["lag"], row["error_code"]) == (1, 2, 0)
+        named = await describe(
+            [{"topic_name": "jobs", "partitions": [0, 7]}, {"topic_name": "nope", "partitions": [0]}]
+        )
+        rows = {(t["topic_name"], p["partition_index"]): p for t in named["topics"] for p in t["partitions"]}
+        assert rows[("jobs", 7)]["error_code"] == rows[("nope", 0)]["error_code"] == UNKNOWN_TOPIC_OR_PARTITION
+        # a group with a member is not reset, nor are its offsets deleted
+        assert (await client.call(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, alter(0)))["error_code"] == NON_EMPTY_GROUP
+        delete = {"group_id": "sg", "topics": [{"topic_name": "jobs"}]}
+        assert (await client.call(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, delete))["error_code"] == NON_EMPTY_GROUP
+        assert (await heartbeat(-1))["error_code"] == 0
+        # empty: reset to 0 (every record again), an offset past the log's end is out of range
+        out = await client.call(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, alter(99))
+        assert out["error_code"] == 0 and out["responses"][0]["partitions"][0]["error_code"] == OFFSET_OUT_OF_RANGE
+        reset = await client.call(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, alter(0))
+        assert reset["responses"][0]["partitions"][0]["error_code"] == 0
+        row = (await describe(None))["topics"][0]["partitions"][0]
+        assert (row["start_offset"], row["lag"]) == (0, 3)
+        deleted = await client.call(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, delete)
+        assert deleted["error_code"] == 0 and deleted["responses"][0]["error_code"] == 0
+        row = (await describe([{"topic_name": "jobs", "partitions": [0]}]))["topics"][0]["partitions"][0]
+        assert (row["start_offset"], row["error_code"]) == (-1, 0)  # no state: the next fetch starts it afresh
     finally:
         await client.close()

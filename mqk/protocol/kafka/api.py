@@ -75,6 +75,9 @@ class ApiKey:
     SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78
     SHARE_ACKNOWLEDGE = 79
+    DESCRIBE_SHARE_GROUP_OFFSETS = 90
+    ALTER_SHARE_GROUP_OFFSETS = 91
+    DELETE_SHARE_GROUP_OFFSETS = 92
 
 
 # Upper bounds an Apache Kafka 4.1 broker advertises (stable versions only).
@@ -140,6 +143,9 @@ _KAFKA_41_MAX = {
     ApiKey.SHARE_GROUP_DESCRIBE: 1,
     ApiKey.SHARE_FETCH: 2,
     ApiKey.SHARE_ACKNOWLEDGE: 2,
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: 1,
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: 0,
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: 0,
 }
 
 #: Advertised minimums below what the broker accepts. Produce v0-v2 (magic 0 and 1 message sets) are gone since

@@ -1,6 +1,7 @@
 """Codecs of the Kafka APIs newer than the spec set the generated package is made from (kafka-python's, which stops
 before them): the KIP-848 consumer group protocol (ConsumerGroupHeartbeat, ConsumerGroupDescribe) and KIP-932's
-share groups (ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge).
+share groups (ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge, and the admin's
+Describe-, Alter- and DeleteShareGroupOffsets).
 
 They are read and written with kio, whose message classes are generated from Kafka's own JSON message specs (one
 frozen dataclass per message and version, the fields in wire order with their Kafka types, tags and defaults). Its
@@ -31,6 +32,9 @@ NEWER: dict[int, tuple[str, int, int, int]] = {
     77: ("ShareGroupDescribe", 1, 1, 0),
     78: ("ShareFetch", 1, 2, 0),
     79: ("ShareAcknowledge", 1, 2, 0),
+    90: ("DescribeShareGroupOffsets", 0, 1, 0),
+    91: ("AlterShareGroupOffsets", 0, 0, 0),
+    92: ("DeleteShareGroupOffsets", 0, 0, 0),
 }
 _MODULES = {
     68: "consumer_group_heartbeat",
@@ -39,6 +43,9 @@ _MODULES = {
     77: "share_group_describe",
     78: "share_fetch",
     79: "share_acknowledge",
+    90: "describe_share_group_offsets",
+    91: "alter_share_group_offsets",
+    92: "delete_share_group_offsets",
 }
 _DURATIONS = ("timedelta_i32", "timedelta_i64")
 

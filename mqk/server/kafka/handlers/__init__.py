@@ -95,6 +95,9 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.SHARE_GROUP_HEARTBEAT: share_groups.share_group_heartbeat,
     ApiKey.SHARE_GROUP_DESCRIBE: share_groups.share_group_describe,
     ApiKey.SHARE_FETCH: share_groups.share_fetch,
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: share_groups.describe_share_group_offsets,
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: share_groups.alter_share_group_offsets,
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: share_groups.delete_share_group_offsets,
     ApiKey.SHARE_ACKNOWLEDGE: share_groups.share_acknowledge,
 }
 

@@ -10,7 +10,10 @@ the acquired offset ranges and their delivery counts (a client delivers only tho
 handed out: their offsets are archived.
 
 Authorization: READ on the group for all four (DESCRIBE for ShareGroupDescribe), READ on each topic fetched
-(TOPIC_AUTHORIZATION_FAILED for that partition). A broker in cluster mode does not offer share groups yet.
+(TOPIC_AUTHORIZATION_FAILED for that partition). The admin's offset APIs, as Kafka's: DescribeShareGroupOffsets needs
+DESCRIBE on the group and the topics, AlterShareGroupOffsets READ on both, DeleteShareGroupOffsets DELETE on the group
+and READ on the topics; the last two change only a group without members (NON_EMPTY_GROUP). A broker in cluster
+mode does not offer share groups yet.
 """
 
 from __future__ import annotations
@@ -284,3 +287,134 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
         {"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}
     ]
     return answer
+
+
+# --- the admin's offsets: Describe-, Alter- and DeleteShareGroupOffsets ---------------------------------------
+
+
+def _group_refusal(ctx: KafkaContext, peer: Peer, group_id: str, operation: str) -> tuple[int, str | None]:
+    """What the offset APIs check of a group: the operation on it, cluster mode, and that it is no classic or
+    consumer group."""
+    code, message = _refusal(ctx, peer, group_id, operation)
+    if not code and (ctx.groups.classic_members(group_id) or ctx.groups.consumer.has_members(group_id)):
+        code, message = E.GroupIdNotFoundError.code, f"group {group_id!r} is not a share group"
+    return code, message
+
+
+async def describe_share_group_offsets(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]
+) -> dict[str, Any]:
+    """Each group's share-partition start offsets (SPSO; -1 where the group has not started the partition) and,
+    v1, its lag; topics null: every partition the group has a state for."""
+    share = ctx.groups.share
+    await share.ensure_loaded(ctx.store)
+    by_id = _topics_by_id(ctx)
+    ids = {name: topic_id for topic_id, (name, _count) in by_id.items()}
+    out = []
+    for g in req.body["groups"]:
+        group_id = g["group_id"]
+        code, message = _group_refusal(ctx, peer, group_id, "DESCRIBE")
+        if not code and not share.exists(group_id):
+            code, message = E.GroupIdNotFoundError.code, f"share group {group_id!r} does not exist"
+        if code:
+            out.append({"group_id": group_id, "topics": [], "error_code": code, "error_message": message})
+            continue
+        states = share.groups[group_id].partitions
+        asked = g["topics"]
+        if asked is None:
+            wanted: dict[str, list[int]] = {}
+            for held_id, p in sorted(states, key=str):
+                if held_id in by_id:
+                    wanted.setdefault(by_id[held_id][0], []).append(p)
+        else:
+            wanted = {t["topic_name"]: list(t["partitions"]) for t in asked}
+        topics = []
+        for name, partitions in wanted.items():
+            topic_id = ids.get(name)
+            rows = []
+            for p in sorted(partitions):
+                row: dict[str, Any] = {"partition_index": p, "start_offset": -1, "leader_epoch": -1, "lag": -1}
+                if not allowed(ctx, peer, "DESCRIBE", TOPIC, name):
+                    row.update(error_code=E.TopicAuthorizationFailedError.code, error_message=None)
+                elif topic_id is None or not 0 <= p < by_id[topic_id][1]:
+                    row.update(error_code=E.UnknownTopicOrPartitionError.code, error_message=None)
+                else:
+                    row.update(error_code=NONE, error_message=None, leader_epoch=0)
+                    part = states.get((topic_id, p))
+                    if part is not None:
+                        row.update(start_offset=part.spso, lag=part.lag(ctx.store.end_offset(name, p)))
+                rows.append(row)
+            topics.append({"topic_name": name, "topic_id": topic_id, "partitions": rows})
+        out.append({"group_id": group_id, "topics": topics, "error_code": NONE, "error_message": None})
+    return {"throttle_time_ms": 0, "groups": out}
+
+
+async def _empty_group_change(
+    ctx: KafkaContext, peer: Peer, group_id: str, operation: str
+) -> tuple[ShareGroups, int, str | None]:
+    """What Alter- and DeleteShareGroupOffsets check first: the group's operation, and that it has no members."""
+    share = ctx.groups.share
+    await share.ensure_loaded(ctx.store)
+    code, message = _group_refusal(ctx, peer, group_id, operation)
+    if not code and share.has_members(group_id):
+        code, message = E.NonEmptyGroupError.code, f"share group {group_id!r} has members: stop them first"
+    return share, code, message
+
+
+async def alter_share_group_offsets(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
+    """Start an empty share group's partitions over at the given offsets (what `kafka-share-groups
+    --reset-offsets` sends); an offset outside the partition's log is OFFSET_OUT_OF_RANGE."""
+    b = req.body
+    group_id = b["group_id"]
+    share, code, message = await _empty_group_change(ctx, peer, group_id, "READ")
+    by_id = _topics_by_id(ctx)
+    ids = {name: topic_id for topic_id, (name, _count) in by_id.items()}
+    counts = {topic_id: count for topic_id, (_name, count) in by_id.items()}
+    responses = []
+    for t in b["topics"] if not code else ():
+        name = t["topic_name"]
+        topic_id = ids.get(name)
+        rows = []
+        for p in t["partitions"]:
+            index, start = p["partition_index"], p["start_offset"]
+            if not allowed(ctx, peer, "READ", TOPIC, name):
+                error = E.TopicAuthorizationFailedError.code
+            elif topic_id is None or not 0 <= index < counts[topic_id]:
+                error = E.UnknownTopicOrPartitionError.code
+            else:
+                low, high = ctx.store.offset_bounds(name, index)
+                error = NONE if low <= start <= high else E.OffsetOutOfRangeError.code
+                if not error:
+                    share.reset(group_id, topic_id, index, start)
+            rows.append({"partition_index": index, "error_code": error, "error_message": None})
+        responses.append({"topic_name": name, "topic_id": topic_id, "partitions": rows})
+    if not code:
+        await share.save([group_id])
+    return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "responses": responses}
+
+
+async def delete_share_group_offsets(
+    ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]
+) -> dict[str, Any]:
+    """Drop an empty share group's states of the named topics: its next fetch starts them afresh."""
+    b = req.body
+    group_id = b["group_id"]
+    share, code, message = await _empty_group_change(ctx, peer, group_id, "DELETE")
+    if not code and not share.exists(group_id):
+        code, message = E.GroupIdNotFoundError.code, f"share group {group_id!r} does not exist"
+    ids = {name: topic_id for topic_id, (name, _count) in _topics_by_id(ctx).items()}
+    responses = []
+    for t in b["topics"] if not code else ():
+        name = t["topic_name"]
+        topic_id = ids.get(name)
+        if not allowed(ctx, peer, "READ", TOPIC, name):
+            error = E.TopicAuthorizationFailedError.code
+        elif topic_id is None:
+            error = E.UnknownTopicOrPartitionError.code
+        else:
+            share.forget(group_id, topic_id)
+            error = NONE
+        responses.append({"topic_name": name, "topic_id": topic_id, "error_code": error, "error_message": None})
+    if not code:
+        await share.save([group_id])
+    return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "responses": responses}
