@@ -23,7 +23,15 @@ from typing import Any
 
 import pytest
 from compat_helpers import ChildClient, create_topic, hostport, produce_numbered, unique
-from confluent_kafka import AcknowledgeType, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    ResourceType,
+)
 
 from mqk.testing import BrokerProcess
 
@@ -194,3 +202,59 @@ def test_after_a_kill_9_of_the_broker_only_unaccepted_records_are_delivered_agai
         assert sorted(accepted | {v for _c, v in rest}) == list(range(40))
     finally:
         broker.stop()
+
+
+def group_configs(admin: Any, group: str) -> dict[str, tuple[str, Any]]:
+    """The group's configs as confluent-kafka's admin describes them: name -> (value, source)."""
+    resource = ConfigResource(ResourceType.GROUP, group)
+    entries = admin.describe_configs([resource])[resource].result(timeout=15)
+    return {name: (entry.value, ConfigSource(entry.source)) for name, entry in entries.items()}
+
+
+def test_a_group_config_set_by_the_admin_overrides_the_broker_and_survives_a_restart(tmp_path: Path):
+    process = start(tmp_path)
+    try:
+        bootstrap = hostport(process.bootstrap)
+        topic, group = unique("q"), unique("sg")
+        create_topic(bootstrap, topic, 1)
+        produce_numbered(bootstrap, topic, 1, 3)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        change = ConfigResource(
+            ResourceType.GROUP,
+            group,
+            incremental_configs=[
+                ConfigEntry("share.delivery.count.limit", "2", incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
+        admin.incremental_alter_configs([change])[change].result(timeout=15)
+        bad = ConfigResource(
+            ResourceType.GROUP,
+            group,
+            incremental_configs=[
+                ConfigEntry("share.delivery.count.limit", "99", incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
+        with pytest.raises(KafkaException, match="outside"):
+            admin.incremental_alter_configs([bad])[bad].result(timeout=15)
+        configs = group_configs(admin, group)
+        assert configs["share.delivery.count.limit"] == ("2", ConfigSource.GROUP_CONFIG)
+        assert configs["share.record.lock.duration.ms"] == (str(LOCK_MS), ConfigSource.DEFAULT_CONFIG)
+
+        def release_one(consumer: ShareConsumer, msg: Any) -> None:
+            consumer.acknowledge(msg, AcknowledgeType.RELEASE if int(msg.value()) == 1 else AcknowledgeType.ACCEPT)
+
+        consumer = share_consumer(bootstrap, group, topic, **{"share.acknowledgement.mode": "explicit"})
+        try:
+            log = drain([consumer], lambda log: [v for _c, v in log].count(1) == 2, on_message=release_one)
+            quiet_until = time.monotonic() + LOCK_MS / 1000 + 1
+            while time.monotonic() < quiet_until:  # the group's limit (2), not the broker's (3)
+                log += [(0, int(m.value())) for m in (consumer.poll(0.2) or []) if not m.error()]
+        finally:
+            consumer.close()
+        assert sorted(v for _c, v in log) == [0, 1, 1, 2]
+        process.kill()
+        process.start()
+        admin = AdminClient({"bootstrap.servers": hostport(process.bootstrap)})
+        assert group_configs(admin, group)["share.delivery.count.limit"] == ("2", ConfigSource.GROUP_CONFIG)
+    finally:
+        process.kill()

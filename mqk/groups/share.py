@@ -255,6 +255,27 @@ class ShareSession:
     partitions: set[tuple[uuid.UUID, int]] = field(default_factory=set)
 
 
+def _int_within(low: int, high: int) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        try:
+            number = int(value)
+        except ValueError:
+            return f"{value!r} is not an integer"
+        return None if low <= number <= high else f"{number} is outside [{low}, {high}]"
+
+    return check
+
+
+#: Kafka's group configs (GroupConfig) of share groups that a group may override (IncrementalAlterConfigs on a
+#: GROUP resource), each with the check of a value; the broker's `group_share_*` settings are the defaults
+GROUP_CONFIGS: dict[str, Callable[[str], str | None]] = {
+    "share.session.timeout.ms": _int_within(1_000, 3_600_000),
+    "share.heartbeat.interval.ms": _int_within(100, 3_600_000),
+    "share.record.lock.duration.ms": _int_within(1_000, 3_600_000),
+    "share.delivery.count.limit": _int_within(2, 10),
+    "share.auto.offset.reset": lambda v: None if v in ("latest", "earliest") else f"{v!r} is not latest or earliest",
+}
+
 #: where the share groups' record states are kept (Kafka's name for its share coordinator's topic; an internal
 #: topic: mqk.broker.internal)
 SHARE_GROUP_STATE_TOPIC = "__share_group_state"
@@ -284,6 +305,8 @@ class ShareGroups:
         self.auto_offset_reset = auto_offset_reset
         self.clock = clock
         self.groups: dict[str, ShareGroup] = {}
+        #: group id -> its overrides of GROUP_CONFIGS (kept in its state document, so they survive restarts)
+        self.configs: dict[str, dict[str, str]] = {}
         #: the groups whose dead letters are kept (keep_dead_letters)
         self.dead_letter_groups: set[str] = set()
         #: (group id, member id) -> its share session
@@ -311,8 +334,37 @@ class ShareGroups:
     def now(self) -> float:
         return self.clock.monotonic() * 1000
 
-    def lock_deadline(self) -> float:
-        return self.now() + self.record_lock_duration_ms
+    # --- per-group settings (GROUP_CONFIGS over the broker's defaults) ----------------------------------------
+
+    def defaults(self) -> dict[str, str]:
+        return {
+            "share.session.timeout.ms": str(self.session_timeout_ms),
+            "share.heartbeat.interval.ms": str(self.heartbeat_interval_ms),
+            "share.record.lock.duration.ms": str(self.record_lock_duration_ms),
+            "share.delivery.count.limit": str(self.delivery_count_limit),
+            "share.auto.offset.reset": self.auto_offset_reset,
+        }
+
+    def setting(self, group_id: str, key: str) -> str:
+        overrides = self.configs.get(group_id)
+        return overrides[key] if overrides and key in overrides else self.defaults()[key]
+
+    def lock_ms(self, group_id: str) -> int:
+        return int(self.setting(group_id, "share.record.lock.duration.ms"))
+
+    def limit(self, group_id: str) -> int:
+        """How many deliveries a record of the group gets before it is archived."""
+        return int(self.setting(group_id, "share.delivery.count.limit"))
+
+    def lock_deadline(self, group_id: str) -> float:
+        return self.now() + self.lock_ms(group_id)
+
+    def configure(self, group_id: str, overrides: dict[str, str]) -> None:
+        """Replace the group's overrides (checked by the caller against GROUP_CONFIGS); save() keeps them."""
+        if overrides:
+            self.configs[group_id] = dict(overrides)
+        else:
+            self.configs.pop(group_id, None)
 
     # --- membership ------------------------------------------------------------------------------------------
 
@@ -320,7 +372,7 @@ class ShareGroups:
         """One ShareGroupHeartbeat: its answer, and the groups whose record states changed (members that left)."""
         changed = self.expire()
         group_id, member_id, epoch = body["group_id"], body["member_id"] or "", body["member_epoch"]
-        answer = heartbeat_answer(member_id, epoch, self.heartbeat_interval_ms)
+        answer = heartbeat_answer(member_id, epoch, int(self.setting(group_id, "share.heartbeat.interval.ms")))
 
         def refuse(code: int, message: str) -> tuple[dict[str, Any], set[str]]:
             answer.update(error_code=code, error_message=message)
@@ -351,7 +403,7 @@ class ShareGroups:
             member.topics = tuple(sorted(set(names)))
         if body.get("rack_id") is not None:
             member.rack_id = body["rack_id"]
-        member.session_deadline = self.now() + self.session_timeout_ms
+        member.session_deadline = self.now() + int(self.setting(group_id, "share.session.timeout.ms"))
         self._assign(group)
         answer["member_id"] = member.member_id
         answer["member_epoch"] = member.member_epoch
@@ -386,7 +438,8 @@ class ShareGroups:
         group = self.groups.get(group_id)
         if group is None:
             return False
-        released = [part.release_member(member_id, self.delivery_count_limit) for part in group.partitions.values()]
+        limit = self.limit(group_id)
+        released = [part.release_member(member_id, limit) for part in group.partitions.values()]
         return any(released)
 
     def _remove(self, group: ShareGroup, member: ShareMember) -> None:
@@ -405,8 +458,9 @@ class ShareGroups:
                 log.info("share group %s: member %s's session timed out", group.group_id, member.member_id)
                 self._remove(group, member)
                 changed.add(group.group_id)
+            limit = self.limit(group.group_id)
             for part in group.partitions.values():
-                if part.expire(now, self.delivery_count_limit):
+                if part.expire(now, limit):
                     changed.add(group.group_id)
         return changed
 
@@ -419,13 +473,13 @@ class ShareGroups:
     def partition(
         self, group_id: str, topic_id: uuid.UUID, partition: int, start: int, end: int, reset: str | None = None
     ) -> SharePartition:
-        """The group's state of a partition, started per `reset` (`auto_offset_reset` by default) the first time it
-        is asked for."""
+        """The group's state of a partition, started per `reset` (the group's share.auto.offset.reset by default)
+        the first time it is asked for."""
         group = self.groups.setdefault(group_id, ShareGroup(group_id))
         key = (topic_id, partition)
         part = group.partitions.get(key)
         if part is None:
-            earliest = (reset or self.auto_offset_reset) == "earliest"
+            earliest = (reset or self.setting(group_id, "share.auto.offset.reset")) == "earliest"
             part = group.partitions[key] = SharePartition(start if earliest else end)
         if part.dead is None and group_id in self.dead_letter_groups:
             part.dead = []
@@ -456,8 +510,8 @@ class ShareGroups:
         starts on a partition it has not read yet (`partition`)."""
         start, end = store.offset_bounds(name, partition)
         part = self.partition(group_id, topic_id, partition, start, end, reset)
-        part.expire(self.now(), self.delivery_count_limit)
-        deadline = self.now() + (self.record_lock_duration_ms if lock_ms is None else lock_ms)
+        part.expire(self.now(), self.limit(group_id))
+        deadline = self.now() + (self.lock_ms(group_id) if lock_ms is None else lock_ms)
         taken = 0
         again = part.reacquirable()[:budget]
         reacquired = set(again)
@@ -553,11 +607,21 @@ class ShareGroups:
 
     def doc(self, group_id: str) -> dict[str, Any]:
         group = self.groups.get(group_id)
-        if group is None:
-            return {"partitions": {}}
-        return {"partitions": {f"{t.hex}:{p}": part.doc() for (t, p), part in group.partitions.items()}}
+        doc: dict[str, Any] = {"partitions": {}}
+        if group is not None:
+            doc["partitions"] = {f"{t.hex}:{p}": part.doc() for (t, p), part in group.partitions.items()}
+        else:
+            doc["configured_only"] = True  # (a group with settings but never used: not a group yet)
+        if group_id in self.configs:
+            doc["configs"] = self.configs[group_id]
+        return doc
 
     def load(self, group_id: str, doc: dict[str, Any]) -> None:
+        configs = doc.get("configs")
+        if configs:
+            self.configure(group_id, {k: str(v) for k, v in configs.items() if k in GROUP_CONFIGS})
+        if doc.get("configured_only"):
+            return
         group = self.groups.setdefault(group_id, ShareGroup(group_id))
         for key, part in (doc.get("partitions") or {}).items():
             topic_hex, _, p = key.partition(":")
@@ -594,4 +658,4 @@ class ShareGroups:
         return [(g.group_id, g.state) for g in self.groups.values()]
 
 
-__all__ = ["ShareGroups", "SharePartition", "assign_share"]
+__all__ = ["GROUP_CONFIGS", "ShareGroups", "SharePartition", "assign_share"]

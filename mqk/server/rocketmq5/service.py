@@ -8,7 +8,8 @@ What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clien
   consumer's held messages become visible again at once).
 - Telemetry: the settings handshake. The broker answers a client's settings with its own: the largest body
   (`native_max_message_size`), the retry back-off, a consumer's maximum delivery attempts (the share groups'
-  `group_share_delivery_count_limit`: past it a message is no longer delivered, and a push consumer forwards it to
+  `group_share_delivery_count_limit`, or the group's `share.delivery.count.limit`: past it a message is no longer
+  delivered, and goes to
   `%DLQ%group`).
 - SendMessage: each message stored as a remoting send stores it (mqk.server.native.send), on a queue picked round
   robin or, for a FIFO message, by its message group's hash (so one group's messages keep their order in one
@@ -312,7 +313,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             backoff.max.seconds = 1
             backoff.multiplier = 2.0
         else:
-            attempts = self.share.delivery_count_limit
+            attempts = self.share.limit(asked.subscription.group.name)
             settings.subscription.fifo = False
             settings.subscription.receive_batch_size = 32
             if not asked.subscription.HasField("long_polling_timeout"):
@@ -578,7 +579,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return status(Code.INVALID_RECEIPT_HANDLE, why), None
         deadline = self.share.now() + lock_ms
         code = part.acknowledge(
-            handle.member_id, handle.offset, handle.offset, [kind], deadline, self.share.delivery_count_limit
+            handle.member_id, handle.offset, handle.offset, [kind], deadline, self.share.limit(group)
         )
         if code:
             return status(Code.INVALID_RECEIPT_HANDLE, "the message is not held"), None
@@ -680,7 +681,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 if message is None:  # (retention removed it meanwhile)
                     continue
                 try:
-                    await self._write_dead_letter(group, topic, message, self.share.delivery_count_limit)
+                    await self._write_dead_letter(group, topic, message, self.share.limit(group))
                 except MqkError as exc:
                     log.warning(
                         "rocketmq5: dead letter of group %s at %s-%d:%d not written: %s",

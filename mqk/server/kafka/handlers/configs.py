@@ -1,4 +1,10 @@
-"""DescribeConfigs, AlterConfigs, IncrementalAlterConfigs for topics (and a read-only view of the broker).
+"""DescribeConfigs, AlterConfigs, IncrementalAlterConfigs for topics and groups (and a read-only view of the broker).
+
+Groups (resource type GROUP, 32): Kafka's GroupConfig keys of share groups (mqk.groups.share.GROUP_CONFIGS:
+share.auto.offset.reset, share.record.lock.duration.ms, share.delivery.count.limit, share.session.timeout.ms,
+share.heartbeat.interval.ms), each GROUP_CONFIG when the group sets it and DEFAULT_CONFIG (the broker's
+`group_share_*`) otherwise; kept with the group's share state, so they survive restarts. DESCRIBE_CONFIGS and
+ALTER_CONFIGS on the group (GROUP_AUTHORIZATION_FAILED).
 
 Kafka's view of the broker's per-topic settings schema (mqk.config.TOPIC_SCHEMA, applied by mqk.broker): topic
 entries list every key (Kafka's plus mqk's `storage.type` and `index.keys`) with its source, DYNAMIC_TOPIC_CONFIG
@@ -23,6 +29,7 @@ from mqk import config as C
 from mqk import errors as E
 from mqk.broker import topic_config
 from mqk.config import PLAINTEXT, TopicConfig
+from mqk.groups.share import GROUP_CONFIGS
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
 from mqk.server.kafka.handlers.common import NONE, allowed, allowed_cluster
 
@@ -51,9 +58,9 @@ if TYPE_CHECKING:
         ListConfigResourcesResponseConfigResource,
     )
 
-TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+TOPIC, BROKER, BROKER_LOGGER, GROUP_RESOURCE = 2, 4, 8, 32
 # ConfigSource
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
+DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG, GROUP_CONFIG = 1, 4, 5, 8
 # ConfigType
 BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
 #: the schema's value types as Kafka's ConfigType codes
@@ -192,6 +199,60 @@ def broker_entries(
     ]
 
 
+# --- groups' configs (Kafka's GroupConfig: the share.* keys of mqk.groups.share.GROUP_CONFIGS) -----------------
+
+
+def group_config_entries(
+    ctx: KafkaContext, group_id: str, keys: set[str] | None
+) -> list[DescribeConfigsResourceResult]:
+    share = ctx.groups.share
+    overrides = share.configs.get(group_id, {})
+    return [
+        {
+            "name": key,
+            "value": share.setting(group_id, key),
+            "read_only": False,
+            "config_source": GROUP_CONFIG if key in overrides else DEFAULT_CONFIG,
+            "is_default": key not in overrides,
+            "is_sensitive": False,
+            "synonyms": [],
+            "config_type": STRING if key == "share.auto.offset.reset" else INT,
+            "documentation": None,
+        }
+        for key in GROUP_CONFIGS
+        if keys is None or key in keys
+    ]
+
+
+async def _apply_group(
+    ctx: KafkaContext,
+    group_id: str,
+    change: Callable[[dict[str, str]], dict[str, str | None] | str],
+    validate_only: bool,
+) -> tuple[int, str | None]:
+    """Both alter APIs on a GROUP resource: `change` turns the group's overrides into the new ones (None values
+    dropped) or says why not."""
+    if ctx.cluster is not None:
+        return E.InvalidRequestError.code, "group configs are not offered in cluster mode yet"
+    share = ctx.groups.share
+    await share.ensure_loaded(ctx.store)
+    changed = change(dict(share.configs.get(group_id, {})))
+    if isinstance(changed, str):
+        return E.InvalidConfigError.code, changed
+    overrides = {k: v for k, v in changed.items() if v is not None}
+    for key, value in overrides.items():
+        check = GROUP_CONFIGS.get(key)
+        if check is None:
+            return E.InvalidConfigError.code, f"unknown group config {key!r} (known: {sorted(GROUP_CONFIGS)})"
+        problem = check(value)
+        if problem:
+            return E.InvalidConfigError.code, f"{key}: {problem}"
+    if not validate_only:
+        share.configure(group_id, overrides)
+        await share.save([group_id])
+    return NONE, None
+
+
 def _broker_name_ok(ctx: KafkaContext, name: str) -> bool:
     return name in ("", str(ctx.node_id))
 
@@ -201,6 +262,9 @@ def _unauthorized(ctx: KafkaContext, peer: Peer, rtype: int, name: str, operatio
     if rtype == TOPIC:
         if not allowed(ctx, peer, operation, "TOPIC", name):
             return E.TopicAuthorizationFailedError.code, f"not authorized to {operation} of topic {name!r}"
+    elif rtype == GROUP_RESOURCE:
+        if not allowed(ctx, peer, operation, "GROUP", name):
+            return E.GroupAuthorizationFailedError.code, f"not authorized to {operation} of group {name!r}"
     elif rtype in (BROKER, BROKER_LOGGER) and not allowed_cluster(ctx, peer, operation):
         return E.ClusterAuthorizationFailedError.code, f"not authorized to {operation} of the broker"
     return None
@@ -240,6 +304,9 @@ async def describe_configs(
                 entry["error_message"] = f"unknown broker {name!r}"
         elif rtype == BROKER_LOGGER:
             pass  # no adjustable loggers: an empty list
+        elif rtype == GROUP_RESOURCE:
+            await ctx.groups.share.ensure_loaded(ctx.store)
+            entry["configs"] = group_config_entries(ctx, name, keys)
         else:
             entry["error_code"] = E.InvalidRequestError.code
             entry["error_message"] = f"unsupported resource type {rtype}"
@@ -294,19 +361,38 @@ async def alter_configs(ctx: KafkaContext, peer: Peer, req: KafkaRequest[AlterCo
         def build(_old: TopicConfig, changes: dict[str, str | None] = changes) -> dict[str, str | None] | str:
             return topic_config.check_all(changes) or {k: v for k, v in changes.items() if v is not None}
 
-        code, message = await _apply(ctx, peer, r["resource_type"], r["resource_name"], build, b["validate_only"])
-        responses.append(
-            {
-                "error_code": code,
-                "error_message": message,
-                "resource_type": r["resource_type"],
-                "resource_name": r["resource_name"],
-            }
-        )
+        def replace(_old: dict[str, str], changes: dict[str, str | None] = changes) -> dict[str, str | None] | str:
+            return dict(changes)
+
+        rtype, name = r["resource_type"], r["resource_name"]
+        if rtype == GROUP_RESOURCE:
+            code, message = _unauthorized(ctx, peer, rtype, name, "ALTER_CONFIGS") or await _apply_group(
+                ctx, name, replace, b["validate_only"]
+            )
+        else:
+            code, message = await _apply(ctx, peer, rtype, name, build, b["validate_only"])
+        responses.append({"error_code": code, "error_message": message, "resource_type": rtype, "resource_name": name})
     return {"throttle_time_ms": 0, "responses": responses}
 
 
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+
+def _group_ops(ops: list[tuple[str, int, str | None]]) -> Callable[[dict[str, str]], dict[str, str | None] | str]:
+    """IncrementalAlterConfigs' operations on a group's overrides: SET and DELETE (no group config is a list)."""
+
+    def change(old: dict[str, str]) -> dict[str, str | None] | str:
+        merged: dict[str, str | None] = dict(old)
+        for key, op, value in ops:
+            if op == SET:
+                merged[key] = value
+            elif op == DELETE:
+                merged.pop(key, None)
+            else:
+                return f"{key} is not a list; only SET and DELETE apply to group configs"
+        return merged
+
+    return change
 
 
 async def incremental_alter_configs(
@@ -346,20 +432,19 @@ async def incremental_alter_configs(
                     return f"unknown config operation {op}"
             return topic_config.check_all(merged) or merged
 
-        code, message = await _apply(ctx, peer, r["resource_type"], r["resource_name"], build, b["validate_only"])
-        responses.append(
-            {
-                "error_code": code,
-                "error_message": message,
-                "resource_type": r["resource_type"],
-                "resource_name": r["resource_name"],
-            }
-        )
+        rtype, name = r["resource_type"], r["resource_name"]
+        if rtype == GROUP_RESOURCE:
+            code, message = _unauthorized(ctx, peer, rtype, name, "ALTER_CONFIGS") or await _apply_group(
+                ctx, name, _group_ops(ops), b["validate_only"]
+            )
+        else:
+            code, message = await _apply(ctx, peer, rtype, name, build, b["validate_only"])
+        responses.append({"error_code": code, "error_message": message, "resource_type": rtype, "resource_name": name})
     return {"throttle_time_ms": 0, "responses": responses}
 
 
-#: ListConfigResources resource types (KIP-1142), beside TOPIC, BROKER and BROKER_LOGGER above
-CLIENT_METRICS, GROUP_RESOURCE = 16, 32
+#: ListConfigResources resource types (KIP-1142), beside TOPIC, BROKER, BROKER_LOGGER and GROUP_RESOURCE above
+CLIENT_METRICS = 16
 _LISTED_TYPES = (TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP_RESOURCE)
 
 

@@ -75,12 +75,12 @@ async def share_group_describe(ctx: KafkaContext, peer: Peer, req: KafkaRequest[
     return {"throttle_time_ms": 0, "groups": out}
 
 
-def _top(share: ShareGroups, code: int, message: str | None = None) -> dict[str, Any]:
+def _top(share: ShareGroups, group_id: str, code: int, message: str | None = None) -> dict[str, Any]:
     return {
         "throttle_time_ms": 0,
         "error_code": code,
         "error_message": message,
-        "acquisition_lock_timeout_ms": share.record_lock_duration_ms,
+        "acquisition_lock_timeout_ms": share.lock_ms(group_id),
         "responses": [],
         "node_endpoints": [],
     }
@@ -137,8 +137,8 @@ def _acknowledge(
                     batch["first_offset"],
                     batch["last_offset"],
                     list(batch["acknowledge_types"]),
-                    share.lock_deadline(),
-                    share.delivery_count_limit,
+                    share.lock_deadline(group_id),
+                    share.limit(group_id),
                 )
             out[key] = code
     return out
@@ -168,15 +168,15 @@ async def _enter(
     share = ctx.groups.share
     code, message = _refusal(ctx, peer, group_id, "READ")
     if code:
-        return None, set(), _top(share, code, message)
+        return None, set(), _top(share, group_id, code, message)
     await share.ensure_loaded(ctx.store)
     changed = share.expire()
     if not share.is_member(group_id, member_id):
         await share.save(changed)
         message = f"member {member_id!r} is not in share group {group_id!r}"
-        return None, changed, _top(share, E.UnknownMemberIdError.code, message)
+        return None, changed, _top(share, group_id, E.UnknownMemberIdError.code, message)
     session, code = _session(share, group_id, member_id, epoch, opening_allowed)
-    return session, changed, _top(share, code)
+    return session, changed, _top(share, group_id, code)
 
 
 async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str, Any]]) -> dict[str, Any]:
@@ -250,7 +250,7 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
                 "acquired_records": entry.get("acquired_records", []),
             }
         )
-    answer = _top(share, NONE)
+    answer = _top(share, group_id, NONE)
     answer["responses"] = [{"topic_id": t, "partitions": parts} for t, parts in by_topic.items()]
     answer["node_endpoints"] = [
         {"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}
@@ -281,7 +281,7 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
                 "current_leader": {"leader_id": ctx.node_id, "leader_epoch": 0},
             }
         )
-    answer = _top(share, NONE)
+    answer = _top(share, group_id, NONE)
     answer["responses"] = [{"topic_id": t, "partitions": parts} for t, parts in by_topic.items()]
     answer["node_endpoints"] = [
         {"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}
