@@ -116,7 +116,8 @@ class BrokerRuntime:
             self.compaction.transactions = self.kafka.ctx.transactions
             self.kafka_listeners = {lst.name: lst.bound for lst in self.kafka.listeners if lst.name and lst.bound}
 
-            self.native = NativeServer(cfg, self.store, broker=broker)
+            # (one set of connection limits for every listener, as Kafka's max.connections)
+            self.native = NativeServer(cfg, self.store, broker=broker, limits=self.kafka.limits)
             self.native.stats.timer = self.timer  # (its backlog is in RocketMQ's runtime info)
             # a group with RocketMQ consumers heart-beating is active: its committed offsets do not expire
             self.kafka.groups.active_elsewhere = self.native.clients.has_consumers
@@ -129,6 +130,7 @@ class BrokerRuntime:
                 self.native_address,
                 topics=broker.topics,
                 meter=None if broker.stats is None else broker.stats.meter("namesrv", "rocketmq"),
+                limits=self.kafka.limits,
             )
             self.namesrv_address = await namesrv.start()
             self._parts.append(namesrv)

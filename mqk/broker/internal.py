@@ -116,6 +116,14 @@ def rocketmq_send_refusal(topic: str) -> str | None:
     return None
 
 
+def rocketmq_system_refusal(topic: str) -> str | None:
+    """Why a RocketMQ 5 client may not name `topic` at all (route, send, receive), as RocketMQ's proxy refuses its
+    system topics: mqk's internal topics, RocketMQ's own and the auto-creation key. None if it may."""
+    if topic in INTERNAL_TOPICS or topic in ROCKETMQ_NO_SEND or topic == AUTO_CREATE_KEY:
+        return f"cannot access system topic [{topic}]"
+    return None
+
+
 def listed_to_kafka(topic: str) -> bool:
     """Whether a Kafka Metadata request for every topic lists `topic`: not a name Kafka's alphabet cannot spell
     (RocketMQ's `%RETRY%group`, `%DLQ%group`, `ns%topic`); those are answered when asked for by name."""

@@ -1,5 +1,6 @@
-"""Connection limits of the Kafka listeners (Kafka's `max.connections`, `max.connections.per.ip` and
-`connections.max.idle.ms`), shared by every Kafka listener of a broker.
+"""Connection limits of a broker's listeners (Kafka's `max.connections`, `max.connections.per.ip` and
+`connections.max.idle.ms`), shared by every listener: the Kafka ones, the RocketMQ broker listener and the name
+server (mqk.server.native.remoting), so the totals count every protocol's connections together.
 
 - Admission: a connection past `max_connections` (all Kafka listeners together) or past `max_connections_per_ip`
   (from its address) is closed as soon as it is accepted, with one log line; the connections already open go on
@@ -11,7 +12,7 @@
   notes which counts have not moved since the last; one whose count stood still for the limit is idle. A
   connection is thus closed between the limit and the limit plus one sweep after its last byte.
 
-Nothing here knows the Kafka protocol: a connection is anything with `activity`, `busy` and `close`.
+Nothing here knows a protocol: a connection is anything with `activity`, `busy` and `close`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """Broker limits over real sockets: message.max.bytes on Produce (MESSAGE_TOO_LARGE; a topic's max.message.bytes
 overrides it), native_max_message_size on RocketMQ sends (MESSAGE_ILLEGAL), max_connections /
-max_connections_per_ip (the connection past the limit is closed at once, the others keep working) and
-connections_max_idle_ms (a silent connection is closed, one waiting on a long poll is not). Waits are bounded;
+max_connections_per_ip (the connection past the limit is closed at once, the others keep working; Kafka's and
+RocketMQ's connections count together) and connections_max_idle_ms (a silent connection is closed, one waiting on a
+long poll is not, on either protocol). Waits are bounded;
 nothing is timed."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from helpers import produce_body
+from helpers import produce_body, wait_until_async
 
 from mqk import errors as E
 from mqk.broker import Broker
@@ -44,7 +46,8 @@ async def _start(**config: object) -> AsyncIterator[Broker2]:
     store = StoreManager(cfg.store)
     await store.start()
     broker = Broker(cfg, store)
-    kafka, native = KafkaServer(cfg, store, broker=broker), NativeServer(cfg, store, broker=broker)
+    kafka = KafkaServer(cfg, store, broker=broker)
+    native = NativeServer(cfg, store, broker=broker, limits=kafka.limits)  # (one set of limits, as the runtime's)
     await kafka.start()
     await native.start()
     try:
@@ -209,3 +212,52 @@ async def test_idle_connections_are_closed_and_a_long_poll_is_not_idleness(impat
     finally:
         await silent.close()
         await polling.close()
+
+
+async def _remoting(broker: Broker2) -> RemotingConnection:
+    conn = RemotingConnection(broker.native.address)
+    await conn.connect()
+    return conn
+
+
+async def _answers(conn: RemotingConnection) -> bool:
+    answer = await conn.invoke(RemotingCommand(code=RequestCode.GET_BROKER_RUNTIME_INFO), 10)
+    return answer.code == ResponseCode.SUCCESS
+
+
+async def test_rocketmq_connections_count_against_the_same_limits_as_kafkas(small: Broker2) -> None:
+    kafka = await small.client()
+    rocketmq = await _remoting(small)
+    try:
+        assert await _works(kafka) and await _answers(rocketmq)
+        late = await _remoting(small)  # a third from 127.0.0.1, Kafka's and RocketMQ's together
+        await wait_until_async(lambda: late.closed, 10, "the connection past max_connections_per_ip to be closed")
+        await late.close()
+        assert await _works(kafka) and await _answers(rocketmq)
+        assert small.kafka.limits.refused == 1
+        await kafka.close()  # a slot freed is a slot for a RocketMQ client too
+        replacement = await _remoting(small)
+        try:
+            assert await _answers(replacement)
+        finally:
+            await replacement.close()
+    finally:
+        await kafka.close()
+        await rocketmq.close()
+
+
+async def test_an_idle_rocketmq_connection_is_closed_and_a_long_pull_is_not_idleness(impatient: Broker2) -> None:
+    await impatient.native.ctx.ensure_topic("quiet", 1)
+    silent, pulling = await _remoting(impatient), await _remoting(impatient)
+    try:
+        ext = {"consumerGroup": "g", "topic": "quiet", "queueId": "0", "queueOffset": "0", "maxMsgNums": "32"}
+        ext |= {"sysFlag": "2", "commitOffset": "0", "suspendTimeoutMillis": "1500", "subVersion": "0"}
+        # a long-polling pull longer than connections_max_idle_ms keeps its connection
+        pull = asyncio.create_task(pulling.invoke(RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields=ext), 10))
+        await wait_until_async(lambda: silent.closed, 10, "the silent connection to be closed")
+        answer = await pull
+        assert answer.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.SUCCESS) and not pulling.closed
+        assert impatient.kafka.limits.idle_closed >= 1
+    finally:
+        await silent.close()
+        await pulling.close()

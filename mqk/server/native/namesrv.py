@@ -30,6 +30,7 @@ from mqk.protocol.native.codes import (
     ResponseCode,
 )
 from mqk.protocol.native.command import RemotingCommand
+from mqk.server.limits import ConnectionLimits
 from mqk.server.native.remoting import Connection, RemotingServer, remoting_tls
 from mqk.store.manager import StoreManager
 
@@ -43,9 +44,11 @@ class NameServer:
         *,
         topics: TopicRegistry | None = None,
         meter: RequestMeter | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         """`topics`: the broker's topic registry (a registry over `store` when not given); `meter`: where its
-        requests are counted for /metrics (None: not counted)."""
+        requests are counted for /metrics (None: not counted); `limits`: the broker's connection limits (None:
+        none)."""
         self.config = config
         self.store = store
         self.topics = topics if topics is not None else TopicRegistry(store, config)
@@ -57,6 +60,7 @@ class NameServer:
             "rocketmq-namesrv",
             meter,
             tls=remoting_tls(config, "rocketmq-namesrv") if config.namesrv_tls else None,
+            limits=limits,
         )
         self.address: tuple[str, int] | None = None
 

@@ -8,6 +8,9 @@ With `tls`, every connection is behind the TLS layer (mqk.server.tls): the reque
 handshake is done.
 Back-pressure: at most `MAX_INFLIGHT` requests run per connection; reading pauses while they do, and writes wait
 for the transport to drain.
+Connection limits (`limits`, mqk.server.limits, shared with the Kafka listeners: Kafka's max.connections counts
+every listener of a broker): a connection past max_connections or max_connections_per_ip is closed as soon as it
+is accepted, with a log line; one silent for connections_max_idle_ms with no request of its own running is closed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from mqk.config import BrokerConfig
 from mqk.errors import ProtocolError
 from mqk.protocol.native.codes import FLAG_ONEWAY, ResponseCode
 from mqk.protocol.native.command import FrameDecoder, HeaderFieldError, RemotingCommand
+from mqk.server.limits import ConnectionLimits
 from mqk.server.tls import TlsServer, create_server, server_context
 
 log = logging.getLogger("mqk.native")
@@ -44,6 +48,10 @@ class Connection:
         peer = writer.get_extra_info("peername") or ("127.0.0.1", 0)
         self.peer: tuple[str, int] = (str(peer[0]), int(peer[1]))
         self.closed = False
+        #: grows with every frame read and written (the idleness sweep's view of it)
+        self.activity = 0
+        #: its requests running now
+        self.running = 0
         self.on_close: list[Callable[[Connection], None]] = []
         self._opaque = itertools.count(1 << 30)
         self._pending: list[bytes] = []
@@ -53,6 +61,7 @@ class Connection:
         of the client) instead of one each. Waits for the socket to drain only above the high-water mark."""
         if self.closed:
             return
+        self.activity += 1
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(cmd.encode())
@@ -77,8 +86,15 @@ class Connection:
             RemotingCommand(code=code, opaque=next(self._opaque), flag=FLAG_ONEWAY, ext_fields=ext, body=body)
         )
 
-    def close(self) -> None:
+    @property
+    def busy(self) -> bool:
+        """A request of its own is running (a long-polling pull is not idleness)."""
+        return self.running > 0
+
+    def close(self, reason: str = "", level: int = logging.INFO) -> None:
         if not self.closed:
+            if reason:
+                log.log(level, "closing connection from %s:%s: %s", *self.peer, reason)
             self.closed = True
             self.writer.close()
 
@@ -96,15 +112,19 @@ class RemotingServer:
         meter: RequestMeter | None = None,
         *,
         tls: TlsServer | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         """`meter`: where requests (by request code), their answers' codes and connections are counted for
-        /metrics; None counts nothing. `tls`: the listener's TLS (None: plain TCP)."""
+        /metrics; None counts nothing. `tls`: the listener's TLS (None: plain TCP). `limits`: the broker's
+        connection limits (None: none)."""
         self.listen = listen
         self.meter = meter
         self.dispatch = dispatch
         self.max_frame_bytes = max_frame_bytes
         self.name = name
         self.tls = tls
+        self.limits = limits
+        self._sweeps: asyncio.Task[None] | None = None
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -120,9 +140,17 @@ class RemotingServer:
 
             self._server = await create_server(streams, self.listen[0], self.listen[1], self.tls)
         host, port = self._server.sockets[0].getsockname()[:2]
+        if self.limits is not None:
+            self._sweeps = asyncio.create_task(
+                self.limits.run_sweeps(lambda: self.connections), name=f"{self.name}-idle"
+            )
         return str(host), int(port)
 
     async def stop(self) -> None:
+        if self._sweeps is not None:
+            self._sweeps.cancel()
+            await asyncio.gather(self._sweeps, return_exceptions=True)
+            self._sweeps = None
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -137,6 +165,13 @@ class RemotingServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection(writer)
+        limits = self.limits
+        if limits is not None:
+            refusal = limits.admit(conn.peer[0])
+            if refusal is not None:
+                log.warning("%s: connection from %s:%s refused: %s", self.name, *conn.peer, refusal)
+                conn.close()
+                return
         self.connections.add(conn)
         if self.meter is not None:
             self.meter.connections_accepted += 1
@@ -150,6 +185,7 @@ class RemotingServer:
                 data = await reader.read(_READ_CHUNK)
                 if not data:
                     break
+                conn.activity += 1
                 decoder.receive_data(data)
                 while (cmd := decoder.next_command()) is not None:
                     if cmd.is_response:
@@ -166,6 +202,8 @@ class RemotingServer:
             pass
         finally:
             self.connections.discard(conn)
+            if limits is not None:
+                limits.release(conn.peer[0], conn)
             conn.close()
             for callback in conn.on_close:
                 try:
@@ -177,6 +215,7 @@ class RemotingServer:
 
     async def _handle(self, conn: Connection, cmd: RemotingCommand, inflight: asyncio.Semaphore) -> None:
         started = time.perf_counter_ns()
+        conn.running += 1
         try:
             try:
                 response = await self.dispatch(conn, cmd)
@@ -197,6 +236,7 @@ class RemotingServer:
             if response is not None and not cmd.is_oneway:
                 await conn.send(response)
         finally:
+            conn.running -= 1
             inflight.release()
 
 

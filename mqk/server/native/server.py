@@ -17,6 +17,7 @@ from mqk.clock import Clock
 from mqk.config import BrokerConfig
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
+from mqk.server.limits import ConnectionLimits
 from mqk.server.native.acl import NativeAcl
 from mqk.server.native.admin import AdminProcessor
 from mqk.server.native.clients import ClientManager
@@ -34,10 +35,17 @@ Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | No
 
 class NativeServer:
     def __init__(
-        self, config: BrokerConfig, store: StoreManager, *, broker: Broker | None = None, clock: Clock | None = None
+        self,
+        config: BrokerConfig,
+        store: StoreManager,
+        *,
+        broker: Broker | None = None,
+        clock: Clock | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         """`broker`: the broker services shared with the other front doors (one is made for this server alone
-        when not given, on `clock` or the system clock)."""
+        when not given, on `clock` or the system clock). `limits`: the connection limits it shares with the Kafka
+        listeners (the broker's max_connections count every listener, as Kafka's); its own when not given."""
         self.config = config
         self.store = store
         if broker is None:
@@ -98,6 +106,11 @@ class NativeServer:
             "rocketmq-broker",
             None if stats is None else stats.meter("rocketmq", "rocketmq"),
             tls=remoting_tls(config, "rocketmq-broker") if config.native_tls else None,
+            limits=limits
+            if limits is not None
+            else ConnectionLimits(
+                config.max_connections, config.max_connections_per_ip, config.connections_max_idle_ms, broker.clock
+            ),
         )
         self.address: tuple[str, int] | None = None
 

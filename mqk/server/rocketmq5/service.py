@@ -54,7 +54,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as pbs
 from rocketmq.grpc_protocol import service_pb2_grpc as pbs_grpc
 
-from mqk.broker.internal import dlq_topic, rocketmq_send_refusal
+from mqk.broker.internal import dlq_topic, rocketmq_send_refusal, rocketmq_system_refusal
 from mqk.broker.names import ROCKETMQ
 from mqk.broker.security import Principal
 from mqk.broker.security.principal import USER
@@ -224,6 +224,9 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         """The topic's queue count here, or 0 and the status saying why there is none."""
         if not topic or not ROCKETMQ.allows(topic):
             return 0, status(Code.ILLEGAL_TOPIC, f"the topic[{topic[:300]}] is not a valid topic name")
+        system = rocketmq_system_refusal(topic)  # (never routed, created, sent to nor read from)
+        if system:
+            return 0, status(Code.ILLEGAL_TOPIC, system)
         count = self.ctx.queue_count(topic)
         topics = self.ctx.topics
         if count == 0 and create and topics.may_auto_create(topic):
