@@ -208,6 +208,13 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 )
         return None
 
+    def _entry(self, context: Any, response: Any, needs: list[tuple[str, str, str]]) -> Any:
+        """What a call does first: mark its client alive and check its rights; the refusing answer (a `response`)
+        or None."""
+        self._client(context)
+        refused = self._refusal(context, needs)
+        return None if refused is None else response(status=refused)
+
     def _refuse(self, context: Any, code: int, access_key: str, why: str) -> Any:
         log.warning(
             "rocketmq5: %s from %s%s: %s",
@@ -239,11 +246,10 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return count, None
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:
-        self._client(context)
         topic = request.topic.name
-        refused = self._refusal(context, [("DESCRIBE", "TOPIC", topic)])
+        refused = self._entry(context, pbs.QueryRouteResponse, [("DESCRIBE", "TOPIC", topic)])
         if refused is not None:
-            return pbs.QueryRouteResponse(status=refused)
+            return refused
         count, failed = await self._queues(topic, create=True)
         if failed is not None:
             return pbs.QueryRouteResponse(status=failed)
@@ -400,11 +406,12 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # --- receiving -----------------------------------------------------------------------------------------------
 
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
-        self._client(context)
         topic, group = request.topic.name, request.group.name
-        refused = self._refusal(context, [("READ", "TOPIC", topic), ("READ", "GROUP", group)])
+        refused = self._entry(
+            context, pbs.QueryAssignmentResponse, [("READ", "TOPIC", topic), ("READ", "GROUP", group)]
+        )
         if refused is not None:
-            return pbs.QueryAssignmentResponse(status=refused)
+            return refused
         _count, failed = await self._queues(topic, create=False)
         if failed is not None:
             return pbs.QueryAssignmentResponse(status=failed)
@@ -610,11 +617,10 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return answer
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
-        self._client(context)
         group, topic = request.group.name, request.topic.name
-        refused = self._refusal(context, [("READ", "GROUP", group)])
+        refused = self._entry(context, pbs.ChangeInvisibleDurationResponse, [("READ", "GROUP", group)])
         if refused is not None:
-            return pbs.ChangeInvisibleDurationResponse(status=refused)
+            return refused
         lock_ms = duration_ms(request.invisible_duration)
         if not 0 <= lock_ms <= MAX_INVISIBLE_MS:
             why = f"invisible duration {lock_ms} ms is outside [0, {MAX_INVISIBLE_MS}]"
@@ -630,11 +636,10 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         )
 
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
-        self._client(context)
         group, topic = request.group.name, request.topic.name
-        refused = self._refusal(context, [("READ", "GROUP", group)])
+        refused = self._entry(context, pbs.ForwardMessageToDeadLetterQueueResponse, [("READ", "GROUP", group)])
         if refused is not None:
-            return pbs.ForwardMessageToDeadLetterQueueResponse(status=refused)
+            return refused
         await self.share.ensure_loaded(self.ctx.store)
         handle = ReceiptHandle.decode(request.receipt_handle)
         if handle is None or handle.queue >= self.ctx.queue_count(topic):
@@ -724,11 +729,10 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
         """Commit or roll back a transactional message (the producer's decision, or its answer to a check)."""
-        self._client(context)
         topic = request.topic.name
-        refused = self._refusal(context, [("WRITE", "TOPIC", topic)])
+        refused = self._entry(context, pbs.EndTransactionResponse, [("WRITE", "TOPIC", topic)])
         if refused is not None:
-            return pbs.EndTransactionResponse(status=refused)
+            return refused
         half_offset = _half_offset(request.transaction_id)
         half = None if half_offset is None else await self.native.transactions.half_message(half_offset)
         props = {} if half is None else half.properties
