@@ -503,20 +503,42 @@ def test_garbage_on_the_grpc_port_closes_the_connection(broker: ThreadedBroker, 
     assert address is not None
     with socket.create_connection(address, timeout=5) as sock:
         sock.sendall(b"\x00\xffthis is not HTTP/2 at all\r\n\r\n" + bytes(range(256)) * 4)
-        sock.settimeout(1.0)
-        deadline = time.monotonic() + 10
-        received = b""
-        while True:  # the server may say why first (an HTTP/2 GOAWAY); then it closes
-            assert time.monotonic() < deadline, f"the connection is still open after {received!r}"
-            try:
-                chunk = sock.recv(4096)
-            except TimeoutError:
-                continue
-            if not chunk:
-                break
-            received += chunk
+        wait_closed_by_server(sock)
     answer = client.query_route("still-serving")
     assert code_name(answer.status.code) == "OK" and len(answer.message_queues) == 1
+
+
+def wait_closed_by_server(sock: socket.socket, seconds: float = 10) -> None:
+    """Read until the server closes the connection (it may say why first: an HTTP/2 GOAWAY); bounded."""
+    sock.settimeout(1.0)
+    deadline = time.monotonic() + seconds
+    received = b""
+    while True:
+        assert time.monotonic() < deadline, f"the connection is still open after {received!r}"
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            continue
+        if not chunk:
+            return
+        received += chunk
+
+
+def test_an_idle_grpc_connection_is_closed_after_the_brokers_idle_limit(
+    start_broker: Callable[..., ThreadedBroker],
+) -> None:
+    broker = start_broker(connections_max_idle_ms=300)
+    address = broker.grpc_address
+    assert address is not None
+    with socket.create_connection(address, timeout=5) as sock:
+        # a well-formed HTTP/2 start (the client preface and an empty SETTINGS frame), then silence
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        wait_closed_by_server(sock)
+    client = Client(broker)
+    try:
+        assert code_name(client.query_route("after-idle").status.code) == "OK"  # (a new connection is served)
+    finally:
+        client.close()
 
 
 # --- more of the service ----------------------------------------------------------------------------------------

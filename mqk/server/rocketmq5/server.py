@@ -3,7 +3,9 @@
 
 Bound to `grpc_listen` only (never every interface by default); SO_REUSEPORT off, so a second broker on the same
 port fails to start instead of sharing it. gRPC checks each message's size against the limit before it reads it:
-the largest body a client may send plus room for its properties."""
+the largest body a client may send plus room for its properties. A connection idle for the broker's
+`connections_max_idle_ms` is closed by gRPC (max_connection_idle); the connection counts of the other listeners'
+limits do not include gRPC's (grpc.aio offers no hook at accept)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", max(limit, 64 << 20)),
+                # the broker's idle limit (connections_max_idle_ms), enforced by gRPC on its own connections
+                ("grpc.max_connection_idle_ms", self.config.connections_max_idle_ms),
             ]
         )
         pbs_grpc.add_MessagingServiceServicer_to_server(self.service, server)
