@@ -27,7 +27,7 @@ bytecode: $(STAMP)
 	$(PY) -m compileall -q -j 0 mqk >/dev/null
 
 run: bytecode
-	$(VENV)/bin/mqk serve --grpc-listen 127.0.0.1:8081
+	$(VENV)/bin/mqk serve
 
 $(JSDIR)/node_modules/.stamp: $(JSDIR)/package.json
 	cd $(JSDIR) && npm install --no-audit --no-fund --loglevel=error

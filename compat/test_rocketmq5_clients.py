@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from compat_helpers import create_topic, hostport, unique
 from confluent_kafka import Consumer, Producer, ShareConsumer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from rocketmq import (
     ClientConfiguration,
     ConsumeResult,
@@ -49,13 +50,19 @@ pytestmark = pytest.mark.timeout(120)
 
 #: the share groups' delivery limit of these brokers: past it a RocketMQ group's message goes to %DLQ%group
 DELIVERY_LIMIT = 3
+#: the push consumer test's group sets its own, lower
+GROUP_LIMIT = 2
 #: how long a simple consumer's receive waits for messages (its long polling)
 AWAIT_S = 2
 
 
 def start(data_dir: Path, *extra: str) -> BrokerProcess:
     config = data_dir.parent / f"{data_dir.name}.toml"
-    config.write_text(f"group_share_delivery_count_limit = {DELIVERY_LIMIT}\n")
+    # (an open transaction is checked after a second, not RocketMQ's six: the check-back test waits for it)
+    config.write_text(
+        f"group_share_delivery_count_limit = {DELIVERY_LIMIT}\n"
+        "native_transaction_timeout_ms = 1000\nnative_transaction_check_interval_ms = 500\n"
+    )
     args = ["--grpc-listen", "127.0.0.1:0", "--config", str(config), *extra]
     return BrokerProcess(data_dir, extra_args=args).start()
 
@@ -203,6 +210,11 @@ class Listener(MessageListener):
 
 def test_a_push_consumer_retries_a_failed_message_and_the_broker_dead_letters_it_at_the_limit(broker):
     topic, group = unique("r5"), unique("G")
+    # the group's own delivery limit (a Kafka group config: it is a share group), below the broker's
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    entry = ConfigEntry("share.delivery.count.limit", str(GROUP_LIMIT), incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=15)
     listener = Listener()
     consumer = PushConsumer(configuration(broker), group, listener, {topic: FilterExpression()})
     consumer.startup()
@@ -222,7 +234,7 @@ def test_a_push_consumer_retries_a_failed_message_and_the_broker_dead_letters_it
             dead.shutdown()
     calls = listener.seen()
     assert forwarded.body == b"poison"
-    assert [a for b, a in calls if b == b"poison"] == list(range(1, DELIVERY_LIMIT + 1))
+    assert [a for b, a in calls if b == b"poison"] == list(range(1, GROUP_LIMIT + 1))
     assert [b for b, a in calls if b != b"poison"] == [b"fine-1", b"fine-2"]
 
 

@@ -5,7 +5,8 @@ RocketMQ remoting on 127.0.0.1:10911 and the name-server role on 127.0.0.1:9876.
 free port; once every listener is bound the broker prints one line to stdout:
 `mqk ready kafka=HOST:PORT native=HOST:PORT namesrv=HOST:PORT`, then, where the broker has them,
 `replication=HOST:PORT` (cluster mode: where its group's replicas pull), `grpc=HOST:PORT` (the RocketMQ 5 gRPC
-listener, `--grpc-listen`, off by default), `admin=HOST:PORT` (the admin listener,
+listener, `--grpc-listen`: 127.0.0.1:8081 by default where the `grpc` extra is installed, else off),
+`admin=HOST:PORT` (the admin listener,
 `--admin-listen`, default 127.0.0.1:9644) and last `kafka.NAME=HOST:PORT` for each named Kafka listener
 (`--listener`; `kafka=` is the unnamed listener, or the first named one when `--kafka-listen off`). SIGTERM / SIGINT
 flush, close files, remove the abort marker and exit 0; SIGUSR1 logs where every task of the broker's event loop
@@ -75,7 +76,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--grpc-listen",
         metavar="HOST:PORT|off",
-        help="RocketMQ 5 gRPC listener for the official RocketMQ 5 SDKs (RocketMQ's proxy port is 8081; default off)",
+        help="RocketMQ 5 gRPC listener for the official RocketMQ 5 SDKs (default 127.0.0.1:8081 where the grpc "
+        "extra is installed, else off; never in cluster mode yet)",
     )
     p.add_argument(
         "--no-metrics",
@@ -145,9 +147,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+#: where `mqk serve` listens for RocketMQ 5 gRPC clients unless told otherwise (RocketMQ's proxy port)
+GRPC_DEFAULT = ("127.0.0.1", 8081)
+
+
+def grpc_installed() -> bool:
+    """Whether the `grpc` extra is installed (found, not imported: importing gRPC is what a start should not pay
+    for when the listener is off)."""
+    from importlib.util import find_spec
+
+    return find_spec("grpc") is not None and find_spec("rocketmq") is not None
+
+
 def build_config(args: argparse.Namespace) -> BrokerConfig:
     return BrokerConfig.load(
         args.config,
+        grpc_default=GRPC_DEFAULT if grpc_installed() else None,
         data_dir=args.data_dir,
         kafka_listen=args.kafka_listen,
         native_listen=args.native_listen,

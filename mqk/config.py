@@ -449,13 +449,18 @@ class BrokerConfig:
     #: min.insync.replicas); ASYNC_MASTER answers once it is stored here
     native_broker_role: str = SYNC_MASTER
     native_sync_replica_timeout_ms: int = 5000
+    #: RocketMQ's transactionTimeOut and transactionCheckInterval: a half message open this long is checked with
+    #: its producer, by a scan this often
+    native_transaction_timeout_ms: int = 6_000
+    native_transaction_check_interval_ms: int = 5_000
     #: Kafka `unclean.leader.election.enable`, for the broker groups (the unit of election here): a group whose
     #: in-sync replicas are all gone may elect another member, losing what only they held
     unclean_leader_election_enable: bool = False
     #: the admin HTTP listener (mqk.server.admin: /metrics, /health/live, /health/ready); None: off
     admin_listen: tuple[str, int] | None = ("127.0.0.1", 9644)
     #: the RocketMQ 5 gRPC listener (MessagingService, mqk.server.rocketmq5: the official RocketMQ 5 SDKs); None:
-    #: off, the default (it needs the `rocketmq5` extra, and loading gRPC would slow every start down)
+    #: off. `mqk serve` turns it on at 127.0.0.1:8081 (RocketMQ's proxy port) where the `grpc` extra is installed
+    #: and nothing says otherwise (`BrokerConfig.load`'s grpc_default); a config built in code has it off
     grpc_listen: tuple[str, int] | None = None
     #: TLS on the gRPC listener (with the `[tls]` certificate; the RocketMQ 5 SDKs' `tls_enable`)
     grpc_tls: bool = False
@@ -522,6 +527,8 @@ class BrokerConfig:
             raise ValueError(f"sasl_enabled_mechanisms must be a non-empty subset of {SASL_MECHANISMS}")
         if self.message_max_bytes < 0:
             raise ValueError("message_max_bytes must not be negative")
+        if self.native_transaction_timeout_ms < 0 or self.native_transaction_check_interval_ms <= 0:
+            raise ValueError("native_transaction_timeout_ms must not be negative, the check interval positive")
         if self.native_max_message_size < 0:
             raise ValueError("native_max_message_size must not be negative")
         if self.max_connections < 1 or self.max_connections_per_ip < 1:
@@ -560,8 +567,12 @@ class BrokerConfig:
         return self.broker_group or (f"group-{self.node_id}" if self.cluster else self.broker_name)
 
     @classmethod
-    def load(cls, path: str | Path | None = None, **flags: Any) -> BrokerConfig:
-        """Build from an optional TOML file, then flags (non-None values win)."""
+    def load(
+        cls, path: str | Path | None = None, *, grpc_default: tuple[str, int] | None = None, **flags: Any
+    ) -> BrokerConfig:
+        """Build from an optional TOML file, then flags (non-None values win). `grpc_default`: the RocketMQ 5 gRPC
+        listener when neither the file nor a flag names one (`mqk serve`'s, when the grpc extra is installed); never
+        in cluster mode, which does not offer it yet."""
         values: dict[str, Any] = {}
         store_values: dict[str, Any] = {}
         tls_values: dict[str, Any] = {}
@@ -583,6 +594,8 @@ class BrokerConfig:
                 tls_values[tls_fields[key]] = value
             else:
                 values[key] = value
+        if grpc_default is not None and "grpc_listen" not in values and not values.get("cluster"):
+            values["grpc_listen"] = grpc_default
         if isinstance(values.get("kafka_listen"), str) and values["kafka_listen"].strip().lower() == OFF:
             values["kafka_listen"] = None
         for key in ("kafka_listen", "native_listen", "namesrv_listen", "replication_listen"):

@@ -347,6 +347,8 @@ class BrokerProcess:
             "--native-listen", "127.0.0.1:0",
             "--namesrv-listen", "127.0.0.1:0",
             "--admin-listen", "127.0.0.1:0",
+            # (the RocketMQ 5 listener only when asked for: its default port would clash between brokers)
+            *(() if "--grpc-listen" in self.extra_args else ("--grpc-listen", "off")),
             *self.extra_args,
         ]  # fmt: skip
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,12 @@ class NativeServer:
         admin = AdminProcessor(self.ctx)
         #: what mqadmin and the dashboard read (runtime info, topic and consume stats)
         self.stats = StatsProcessor(self.ctx, self.clients)
-        self.transactions = TransactionService(self.ctx, self.clients)
+        self.transactions = TransactionService(
+            self.ctx,
+            self.clients,
+            check_interval_s=config.native_transaction_check_interval_ms / 1000,
+            check_after_ms=config.native_transaction_timeout_ms,
+        )
         send.transactions = self.transactions
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.send,

@@ -46,16 +46,23 @@ log = logging.getLogger("mqk.native")
 HALF_TOPIC = TRANSACTION_HALF_TOPIC
 OP_TOPIC = TRANSACTION_OP_TOPIC
 COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0  # MessageSysFlag transaction types, as END_TRANSACTION sends them
-#: RocketMQ's transactionTimeOut and transactionCheckMax
+#: RocketMQ's transactionTimeOut (the default of `native_transaction_timeout_ms`) and transactionCheckMax
 CHECK_AFTER_MS = 6_000
 MAX_CHECKS = 15
 
 
 class TransactionService:
-    def __init__(self, ctx: BrokerContext, clients: ClientManager, check_interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        clients: ClientManager,
+        check_interval_s: float = 5.0,
+        check_after_ms: int = CHECK_AFTER_MS,
+    ) -> None:
         self.ctx = ctx
         self.clients = clients
         self.check_interval_s = check_interval_s
+        self.check_after_ms = check_after_ms
         self.resolved: set[int] = set()
         self._checks: dict[int, int] = {}
         self._scan_from = 0
@@ -233,8 +240,11 @@ class TransactionService:
             except (MqkError, OSError):
                 log.exception("transaction check failed")
 
-    async def check_once(self, older_than_ms: int = CHECK_AFTER_MS) -> int:
-        """Ask producers about half messages open longer than `older_than_ms`; returns how many were asked."""
+    async def check_once(self, older_than_ms: int | None = None) -> int:
+        """Ask producers about half messages open longer than `older_than_ms` (the broker's transaction timeout by
+        default); returns how many were asked."""
+        if older_than_ms is None:
+            older_than_ms = self.check_after_ms
         store = self.ctx.store
         if store.topic(HALF_TOPIC) is None:
             return 0
