@@ -5,8 +5,8 @@
 
 Three lines, Kafka perf-test style, each with the broker's CPU seconds for the phase:
 - `send`: `send_async` with at most `--concurrency` sends in flight; records/s, MB/s, p50/p99 ms per send.
-- `receive+ack`: a SimpleConsumer receiving batches of 32 and acknowledging each message (asynchronously, at most
-  `--concurrency` in flight) until every message sent was received once.
+- `receive+ack`: a SimpleConsumer receiving batches of 32 and acknowledging each message (from `--concurrency`
+  threads) until every message sent was received once.
 - `send-sync`: `--sync-messages` sends one after another (the latency of one send, end to end).
 
 The SDK runs its gRPC calls on one event-loop thread of its own and converts every message in Python, so on a
@@ -20,7 +20,7 @@ import argparse
 import threading
 import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import perfutil
 
@@ -103,20 +103,22 @@ def _receive(endpoint: str, topic: str, count: int, concurrency: int) -> tuple[f
     )
     consumer.startup()
     seen: set[str] = set()
-    slots = threading.Semaphore(concurrency)
+    # (acknowledged from a pool of threads: the SDK's ack_async returns no future to wait on)
+    pool = ThreadPoolExecutor(concurrency)
     try:
         started = time.perf_counter()
         deadline = time.monotonic() + 300
+        acks = []
         while len(seen) < count:
             assert time.monotonic() < deadline, f"received {len(seen)} of {count}"
             for msg in consumer.receive(32, 60):
                 seen.add(msg.message_id)
-                slots.acquire()
-                consumer.ack_async(msg).add_done_callback(lambda _f: slots.release())
-        for _ in range(concurrency):  # every acknowledgement answered
-            slots.acquire()
+                acks.append(pool.submit(consumer.ack, msg))
+        for ack in acks:  # every acknowledgement answered
+            ack.result(60)
         elapsed = time.perf_counter() - started
     finally:
+        pool.shutdown()
         consumer.shutdown()
     return elapsed, len(seen)
 

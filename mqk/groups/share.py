@@ -545,6 +545,14 @@ class ShareGroups:
                 break
         return chosen
 
+    def wait_for(self, group_id: str, keys: Iterable[tuple[uuid.UUID, int]], wait_s: float) -> float:
+        """How long a consumer of these partitions with nothing to take may wait for new records: up to `wait_s`,
+        and no longer than until the first held record's lock ends (it is then there to take again)."""
+        lock_end = self.next_lock_end(group_id, keys)
+        if lock_end is None:
+            return wait_s
+        return min(wait_s, max(0.0, lock_end - self.now()) / 1000 + 0.005)
+
     def keep_dead_letters(self, group_id: str) -> None:
         """From now on keep the offsets the group archives at its delivery limit (a RocketMQ group: its dead
         letters go to %DLQ%group)."""

@@ -452,13 +452,10 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             if messages or loop.time() >= until:
                 break
             partitions = [self.ctx.to_partition(topic, q) for q in range(count)]
-            wait_s = until - loop.time()
             topic_id = self._topic_id(topic)
-            lock_end = (
-                None if topic_id is None else self.share.next_lock_end(group, [(topic_id, p) for p in partitions])
-            )
-            if lock_end is not None:  # a held message comes back when its lock ends
-                wait_s = min(wait_s, max(0.0, lock_end - self.share.now()) / 1000 + 0.005)
+            keys = [] if topic_id is None else [(topic_id, p) for p in partitions]
+            # (a held message whose lock ends meanwhile comes back: the wait ends with the lock)
+            wait_s = self.share.wait_for(group, keys, until - loop.time())
             await self.ctx.hub.wait([(topic, p) for p in partitions], wait_s)
         if not messages:
             yield pbs.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))

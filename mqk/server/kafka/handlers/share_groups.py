@@ -224,7 +224,8 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
             if got or acks or attempt or b["max_wait_ms"] <= 0 or not session.partitions:
                 break
             wait_on = [(known[t][0], p) for t, p in session.partitions if t in known]
-            await ctx.hub.wait(wait_on, b["max_wait_ms"] / 1000)
+            # (a held record whose lock ends meanwhile is one to take: the wait ends with the lock)
+            await ctx.hub.wait(wait_on, share.wait_for(group_id, session.partitions, b["max_wait_ms"] / 1000))
     await share.save(changed)
     keys = (
         set(results)
