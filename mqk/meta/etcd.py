@@ -290,24 +290,26 @@ class EtcdClient:
     async def revoke(self, lease_id: int) -> None:
         await self._call(lambda c: c.revoke_lease(lease_id))
 
-    async def changed_since(self, prefix: str, revision: int) -> int:
-        """How many keys under `prefix` were written after `revision` (a count, not the keys: cheap whatever the
-        prefix holds). aetcd's range helpers drop the count and revision filters, so the request is built here."""
+    async def changed_since(self, prefix: str, revision: int) -> bool:
+        """Whether a key under `prefix` was written after `revision`. etcd applies the revision filters to the
+        keys it returns but not to its `count` (a count-only range counts every key), so this asks for at most
+        one key, without its value; aetcd's range helpers drop the filters, so the request is built here."""
         from aetcd import rpc, utils
 
         request = rpc.RangeRequest(
             key=prefix.encode(),
             range_end=utils.prefix_range_end(prefix.encode()),
-            count_only=True,
+            keys_only=True,
+            limit=1,
             min_mod_revision=revision + 1,
         )
 
-        async def op(client: Any) -> int:
+        async def op(client: Any) -> bool:
             await client.connect()
             answer = await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
-            return int(answer.count)
+            return len(answer.kvs) > 0
 
-        result: int = await self._call(op)
+        result: bool = await self._call(op)
         return result
 
     # --- watches ------------------------------------------------------------------------------------------------

@@ -557,3 +557,23 @@ async def test_a_call_on_a_channel_another_call_dropped_ends_retriable_not_cance
     finally:
         await client.close()
         etcd.stop()
+
+
+async def test_the_watch_watchdog_sees_only_writes_after_the_views_revision(mqk_etcd: EtcdProcess) -> None:
+    """The watchdog asks etcd whether anything under the cluster's prefix was written after the view's revision.
+    etcd's count ignores that filter (a count-only range counts every key), which made an idle cluster restart
+    its watch every few seconds; keys written before the revision, or outside the prefix, must not count."""
+    prefix = f"/mqk-test/{uuid.uuid4().hex}/"
+    client = EtcdClient(mqk_etcd.endpoints)
+    try:
+        await client.put(prefix + "a", b"1")
+        await client.put(prefix + "b", b"2")
+        _records, revision = await client.get_prefix(prefix)
+        assert await client.changed_since(prefix, revision - 1)  # (b was written at `revision`)
+        assert not await client.changed_since(prefix, revision)
+        await client.put(prefix.rstrip("/") + "-other/c", b"3")  # a neighbour's key is not this prefix's
+        assert not await client.changed_since(prefix, revision)
+        await client.put(prefix + "a", b"4")
+        assert await client.changed_since(prefix, revision)
+    finally:
+        await client.close()

@@ -181,8 +181,8 @@ class SilentWatchMeta:
         self.resets = 0
         self.watches = 0
 
-    async def changed_since(self, prefix: str, revision: int) -> int:
-        return self.changed
+    async def changed_since(self, prefix: str, revision: int) -> bool:
+        return self.changed > 0
 
     async def reset_channel(self) -> None:
         self.resets += 1
@@ -212,3 +212,32 @@ async def test_a_watch_that_stopped_delivering_is_started_again(changed: int) ->
     finally:
         if n._watch_task is not None:
             n._watch_task.cancel()
+
+
+class FailingWatchMeta:
+    """A meta service whose first watch fails with an error no handler foresaw; the next one lists the cluster."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+
+    async def watch_prefix(self, prefix: str) -> Any:
+        from mqk.meta import WatchEvent
+
+        self.watches += 1
+        if self.watches == 1:
+            raise RuntimeError("a client library's surprise")
+        yield WatchEvent("reset", records=(), revision=42)
+        await asyncio.Event().wait()
+
+
+async def test_a_watch_that_fails_unforeseen_is_logged_and_started_again(caplog: pytest.LogCaptureFixture) -> None:
+    meta = FailingWatchMeta()
+    n = ClusterNode(ClusterConfig([("127.0.0.1", 1)], "c", 0, "g", {}))
+    n.meta = meta  # type: ignore[assignment]  # the stand-in above
+    task = asyncio.create_task(n._follow())
+    try:
+        await wait_until_async(lambda: n.view.state.revision == 42, 5, "the second watch's listing")
+        assert meta.watches == 2
+        assert "the metadata watch failed" in caplog.text
+    finally:
+        task.cancel()

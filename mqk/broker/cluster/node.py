@@ -226,8 +226,17 @@ class ClusterNode:
                 return
 
     async def _follow(self) -> None:
-        async for event in self.meta.watch_prefix(self.keys.root):
-            self.view.apply(event)
+        """Fold the metadata watch into the view for as long as the broker runs. A failure nobody foresaw (a
+        client library's error, a bug in applying an event) is logged and the watch started again: a view that
+        silently stops following is a broker that serves stale metadata for ever."""
+        while not self._stopped:
+            try:
+                async for event in self.meta.watch_prefix(self.keys.root):
+                    self.view.apply(event)
+                return  # (the meta client was closed: the broker stops)
+            except Exception:
+                log.exception("cluster: the metadata watch failed; starting it again")
+                await self.clock.sleep(0.5)
 
     async def _keepalive(self) -> None:
         period = max(0.5, self.config.session_timeout_s / 3)

@@ -120,7 +120,8 @@ def _cluster_topic_entry(ctx: KafkaContext, info: ShardInfo) -> MetadataResponse
 
 def brokers_and_controller(ctx: KafkaContext, peer: Peer) -> tuple[list[MetadataResponseBroker], int]:
     """The live brokers with their advertised address on the listener `peer` came in through (Kafka's rule: a
-    broker without a listener of that name is left out), and the controller's node id (-1: none now)."""
+    broker without a listener of that name is left out), and the node id admin clients send controller requests
+    to."""
     cluster = ctx.cluster
     if cluster is None:
         host, port = peer.advertised
@@ -131,7 +132,15 @@ def brokers_and_controller(ctx: KafkaContext, peer: Peer) -> tuple[list[Metadata
         address = peer.advertised if record.node_id == ctx.node_id else record.address(key)
         if address is not None:
             brokers.append({"node_id": record.node_id, "host": address[0], "port": address[1], "rack": record.rack})
-    return brokers, cluster.controller_id()
+    # Any broker takes admin writes (it forwards them to the etcd controller), so the controller a client is
+    # told of is the elected one when listed, else this broker: never -1 while one serves, for librdkafka's
+    # admin client waits for a controller until its request times out rather than asking again (seen when the
+    # view had not yet caught up with an election at start-up). KRaft brokers likewise name any live broker.
+    listed = [b["node_id"] for b in brokers]
+    controller = cluster.controller_id()
+    if controller not in listed:
+        controller = ctx.node_id if ctx.node_id in listed else (listed[0] if listed else -1)
+    return brokers, controller
 
 
 def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> MetadataResponseTopic:
