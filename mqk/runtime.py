@@ -117,7 +117,9 @@ class BrokerRuntime:
             self.kafka_listeners = {lst.name: lst.bound for lst in self.kafka.listeners if lst.name and lst.bound}
 
             # (one set of connection limits for every listener, as Kafka's max.connections)
-            self.native = NativeServer(cfg, self.store, broker=broker, limits=self.kafka.limits)
+            self.native = NativeServer(
+                cfg, self.store, broker=broker, limits=self.kafka.limits, share=self.kafka.groups.share
+            )
             self.native.stats.timer = self.timer  # (its backlog is in RocketMQ's runtime info)
             # a group with RocketMQ consumers heart-beating is active: its committed offsets do not expire
             self.kafka.groups.active_elsewhere = self.native.clients.has_consumers

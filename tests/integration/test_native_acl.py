@@ -188,3 +188,25 @@ async def test_the_cli_signs_native_produce_and_consume_with_an_access_key(acl, 
     assert "code 16" in capsys.readouterr().err
     total = sum(broker.ctx.store.end_offset("orders", q) for q in (0, 1))
     assert total == 1
+
+
+async def test_pop_acks_and_batch_acks_need_read_on_the_topic_and_the_group(acl) -> None:
+    namesrv, broker = acl
+    assert broker.address is not None
+    pop = {"consumerGroup": "g", "topic": "orders", "queueId": -1, "maxMsgNums": 1, "invisibleTime": 1000}
+    pop.update(pollTime=0, bornTime=0, initMode=0)
+    ack = {"consumerGroup": "g", "topic": "orders", "queueId": 0, "extraInfo": "0 1 1000 0 0 b 0 0", "offset": 0}
+    batch = json.dumps({"acks": [{"c": "g", "t": "orders", "r": "0", "so": 0, "q": 0, "pt": 1, "b": "AQ=="}]})
+    for key, secret, allowed in (("bob", "bob-secret", False), ("alice", "alice-secret", True)):
+        async with signed(PullConsumer(namesrv, "g"), key, secret) as client:
+            for code, ext, body in (
+                (RequestCode.POP_MESSAGE, pop, None),
+                (RequestCode.ACK_MESSAGE, ack, None),
+                (RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {**ack, "invisibleTime": 1000}, None),
+                (RequestCode.BATCH_ACK_MESSAGE, {}, batch.encode()),
+                (RequestCode.NOTIFICATION, {**pop, "pollTime": 0}, None),
+            ):
+                answer = await client.invoke(broker.address, code, ext, body, ok=tuple(ResponseCode))
+                assert (answer.code != NO_PERMISSION) == allowed, (key, code, answer.remark)
+                if not allowed:
+                    assert "READ on GROUP g" in (answer.remark or ""), answer.remark

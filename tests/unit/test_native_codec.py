@@ -40,6 +40,19 @@ def test_constants_match_rocketmq() -> None:
     assert ResponseCode.REQUEST_CODE_NOT_SUPPORTED == 3
 
 
+def test_pop_codes_travel_whole_as_json_and_cast_to_a_short_in_the_binary_header() -> None:
+    """RocketMQ's binary header keeps a request code in a short (Java casts it), so the POP family's codes
+    (200050 and up) arrive whole only as JSON, which is how RocketMQ's clients send them."""
+    assert RequestCode.POP_MESSAGE == 200050 and RequestCode.BATCH_ACK_MESSAGE == 200151
+    assert ResponseCode.POLLING_TIMEOUT == 210 and ResponseCode.INVALID_PARAMETER == 29
+    for serialize, arrives in ((SerializeType.JSON, 200050), (SerializeType.ROCKETMQ, 200050 - 3 * 65536)):
+        cmd = RemotingCommand(code=RequestCode.POP_MESSAGE, opaque=1, serialize_type=serialize)
+        decoder = FrameDecoder()
+        decoder.receive_data(cmd.encode())
+        got = decoder.next_command()
+        assert got is not None and got.code == arrives
+
+
 def test_json_frame_layout_is_what_ali_ons_reads() -> None:
     cmd = RemotingCommand(code=34, opaque=7, ext_fields={"a": "1"}, body=b"xyz")
     frame = cmd.encode()

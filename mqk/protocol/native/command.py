@@ -221,7 +221,10 @@ def _encode_binary_header(cmd: RemotingCommand) -> bytes:
         language = LanguageCode[cmd.language].value
     except KeyError:
         language = LanguageCode.OTHER.value
-    parts = [_BIN_FIXED.pack(cmd.code, language, cmd.version, cmd.opaque, cmd.flag)]
+    # the code is a short here, cast as RocketMQSerializable casts it: the POP family's codes (200050 and up) do
+    # not survive this serialisation, which is why RocketMQ's clients send those requests as JSON
+    code = (cmd.code + 0x8000) % 0x10000 - 0x8000
+    parts = [_BIN_FIXED.pack(code, language, cmd.version, cmd.opaque, cmd.flag)]
     remark = cmd.remark.encode() if cmd.remark else b""
     parts += [_I32.pack(len(remark)), remark]
     ext = bytearray()

@@ -82,6 +82,14 @@ def _read_topic_and_group(cmd: RemotingCommand) -> Iterator[Need]:
     yield from _group("READ", cmd.ext_fields.get("consumerGroup"))
 
 
+def _batch_ack(cmd: RemotingCommand) -> Iterator[Need]:
+    acks = _body(cmd).get("acks")
+    for ack in acks if isinstance(acks, list) else ():
+        if isinstance(ack, dict):
+            yield from _group("READ", str(ack.get("c") or ack.get("consumerGroup") or "") or None)
+            yield from _topic("READ", str(ack.get("t") or ack.get("topic") or "") or None)
+
+
 def _heartbeat(cmd: RemotingCommand) -> Iterator[Need]:
     consumers = _body(cmd).get("consumerDataSet")
     for consumer in consumers if isinstance(consumers, list) else ():
@@ -115,6 +123,12 @@ _NEEDS: dict[int, Callable[[RemotingCommand], Iterator[Need]]] = {
     RequestCode.SEND_BATCH_MESSAGE: _send,
     RequestCode.CONSUMER_SEND_MSG_BACK: _ext(_group, "READ", "group"),
     RequestCode.PULL_MESSAGE: _read_topic_and_group,
+    RequestCode.POP_MESSAGE: _read_topic_and_group,
+    RequestCode.ACK_MESSAGE: _read_topic_and_group,
+    RequestCode.BATCH_ACK_MESSAGE: _batch_ack,
+    RequestCode.CHANGE_MESSAGE_INVISIBLETIME: _read_topic_and_group,
+    RequestCode.NOTIFICATION: _read_topic_and_group,
+    RequestCode.POLLING_INFO: _read_topic_and_group,
     RequestCode.QUERY_CONSUMER_OFFSET: _read_topic_and_group,
     RequestCode.UPDATE_CONSUMER_OFFSET: _read_topic_and_group,
     RequestCode.GET_MAX_OFFSET: _ext(_topic, "DESCRIBE", "topic"),

@@ -24,6 +24,7 @@ broker on its own, and for topics local by nature (retry, DLQ, the timer's), bot
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -147,6 +148,11 @@ class BrokerContext:
             return None
         record = cluster.topic(topic)
         return None if record is None else record.queues_of(cluster.group)
+
+    def topic_identity(self, topic: str) -> tuple[uuid.UUID, int] | None:
+        """(topic id, partition count) of a stored topic, or None (what the share groups' engine asks)."""
+        info = self.store.topic(topic)
+        return None if info is None else (uuid.UUID(bytes=bytes(info.topic_id)), info.queue_count)
 
     def queue_count(self, topic: str) -> int:
         """How many RocketMQ queues the topic has on this broker (0: the topic does not exist)."""

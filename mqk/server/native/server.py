@@ -1,8 +1,8 @@
 """NativeServer: the RocketMQ broker role (default 127.0.0.1:10911) over the remoting protocol.
 
-Wires the processors (one per request family: send, pull, offsets, clients, admin, stats) to request codes; an unknown
-code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. With the authorizer on, every request first passes
-RocketMQ's plain-ACL check (mqk.server.native.acl: signature, then the ACLs); with it off the ACL ext fields
+Wires the processors (one per request family: send, pull, POP, offsets, clients, admin, stats) to request codes;
+an unknown code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. With the authorizer on, every request first
+passes RocketMQ's plain-ACL check (mqk.server.native.acl: signature, then the ACLs); with it off the ACL ext fields
 (AccessKey, Signature, ...) are accepted and ignored. With `native_tls` the listener takes TLS only (the `[tls]`
 certificate). The processors share the broker services (mqk.broker) with the Kafka
 listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from mqk.broker import Broker
 from mqk.clock import Clock
 from mqk.config import BrokerConfig
+from mqk.groups.share import ShareGroups
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.server.limits import ConnectionLimits
@@ -23,6 +24,7 @@ from mqk.server.native.admin import AdminProcessor
 from mqk.server.native.clients import ClientManager
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.offsets import OffsetProcessor
+from mqk.server.native.pop import PopConsumption, PopProcessor
 from mqk.server.native.pull import PullProcessor
 from mqk.server.native.remoting import Connection, RemotingServer, remoting_tls
 from mqk.server.native.send import SendProcessor
@@ -42,10 +44,13 @@ class NativeServer:
         broker: Broker | None = None,
         clock: Clock | None = None,
         limits: ConnectionLimits | None = None,
+        share: ShareGroups | None = None,
     ) -> None:
         """`broker`: the broker services shared with the other front doors (one is made for this server alone
         when not given, on `clock` or the system clock). `limits`: the connection limits it shares with the Kafka
-        listeners (the broker's max_connections count every listener, as Kafka's); its own when not given."""
+        listeners (the broker's max_connections count every listener, as Kafka's); its own when not given.
+        `share`: the share groups' record states POP consumption works on (the Kafka coordinator's, so a Kafka
+        share group of the same name shares the records); its own when not given."""
         self.config = config
         self.store = store
         if broker is None:
@@ -70,6 +75,10 @@ class NativeServer:
             check_after_ms=config.native_transaction_timeout_ms,
         )
         send.transactions = self.transactions
+        if share is None:
+            share = ShareGroups(self.ctx.topic_identity, clock=broker.clock)
+        #: POP consumption (the RocketMQ 5 gRPC front door consumes through it too)
+        self.pop = PopConsumption(self.ctx, send, share)
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.send,
             RequestCode.SEND_MESSAGE_V2: send.send,
@@ -102,6 +111,7 @@ class NativeServer:
             RequestCode.GET_BROKER_CONFIG: self.stats.broker_config,
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
             RequestCode.END_TRANSACTION: self.transactions.end,
+            **PopProcessor(self.pop).handlers(),
         }
         stats = self.ctx.broker.stats
         self._remoting = RemotingServer(
@@ -126,6 +136,7 @@ class NativeServer:
         self.clients.start()
         self.stats.start()
         await self.transactions.start()
+        self.pop.start()
         return self.address
 
     @property
@@ -135,6 +146,7 @@ class NativeServer:
 
     async def stop(self) -> None:
         self.ctx.broker.release_waiters()
+        await self.pop.stop()
         await self.transactions.stop()
         await self.stats.stop()
         await self.clients.stop()

@@ -43,7 +43,6 @@ import hmac
 import itertools
 import logging
 import re
-import uuid
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as pbs
 from rocketmq.grpc_protocol import service_pb2_grpc as pbs_grpc
 
-from mqk.broker.internal import dlq_topic, rocketmq_send_refusal, rocketmq_system_refusal
+from mqk.broker.internal import rocketmq_send_refusal, rocketmq_system_refusal
 from mqk.broker.names import ROCKETMQ
 from mqk.broker.security import Principal
 from mqk.broker.security.principal import USER
@@ -63,7 +62,6 @@ from mqk.groups.share import ACCEPT, REJECT, RENEW, ShareGroups
 from mqk.protocol.native.codes import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
-    PROPERTY_TAGS,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
 )
 from mqk.server.native.server import NativeServer
@@ -137,6 +135,8 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self.ctx = native.ctx
         self.config = native.ctx.config
         self.share = share
+        #: POP consumption on the share groups' records (shared with the remoting front door)
+        self.pop = native.pop
         #: what QueryRoute names as every queue's broker address (set once the listener is bound)
         self.endpoints = pb.Endpoints(scheme=pb.AddressScheme.IPv4)
         #: client id -> when it was last heard of (ms on the broker's clock)
@@ -440,23 +440,17 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         remaining = context.time_remaining()
         if remaining is not None:  # answer before the client's deadline
             poll_s = min(poll_s, max(0.0, remaining - 0.5))
-        await self.share.ensure_loaded(self.ctx.store)
-        self.share.keep_dead_letters(group)
+        await self.pop.prepare(group)
         loop = asyncio.get_running_loop()
         until = loop.time() + poll_s
         while True:
             messages, changed = await self._pop(group, topic, count, member, budget, lock_ms, tags)
-            changed = await self._forward_dead_letters(group) or changed
+            changed = await self.pop.forward_dead_letters(group) or changed
             if changed:
                 await self.share.save([group])
             if messages or loop.time() >= until:
                 break
-            partitions = [self.ctx.to_partition(topic, q) for q in range(count)]
-            topic_id = self._topic_id(topic)
-            keys = [] if topic_id is None else [(topic_id, p) for p in partitions]
-            # (a held message whose lock ends meanwhile comes back: the wait ends with the lock)
-            wait_s = self.share.wait_for(group, keys, until - loop.time())
-            await self.ctx.hub.wait([(topic, p) for p in partitions], wait_s)
+            await self.pop.wait(group, topic, range(count), until - loop.time())
         if not messages:
             yield pbs.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
@@ -496,76 +490,23 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return status(Code.BAD_REQUEST, f"batch size {request.batch_size} is outside [1, {MAX_BATCH}]")
         return None
 
-    def _topic_id(self, topic: str) -> uuid.UUID | None:
-        info = self.ctx.store.topic(topic)
-        return None if info is None else uuid.UUID(bytes=bytes(info.topic_id))
-
     async def _pop(
         self, group: str, topic: str, count: int, member: str, budget: int, lock_ms: int, tags: frozenset[str] | None
     ) -> tuple[list[Any], bool]:
-        """Acquire up to `budget` messages of the topic's queues for the group (starting at a queue that moves
-        round robin, so no queue starves): the protocol messages, and whether any record state changed."""
-        topic_id = self._topic_id(topic)
-        if topic_id is None:
-            return [], False
-        out: list[Any] = []
-        changed = False
-        first = next(self._round_robin)
-        for i in range(count):
-            queue = (first + i) % count
-            partition = self.ctx.to_partition(topic, queue)
-            decoded: dict[int, list[Any]] = {}
-
-            def wanted(batch: Any, queue: int = queue, decoded: dict[int, list[Any]] = decoded) -> bool:
-                messages = decoded[batch.base_offset] = self.ctx.to_messages(topic, queue, batch)
-                return any(m.properties.get(PROPERTY_TAGS) in tags for m in messages) if tags is not None else True
-
-            before = self._progress(group)
-            chosen = await self.share.acquire_from_log(
-                self.ctx.store,
-                group,
-                member,
-                topic_id,
-                partition,
-                topic,
-                budget - len(out),
-                lock_ms=lock_ms,
-                wanted=wanted,
-                reset=self._reset(topic, partition),
+        """Acquire up to `budget` messages of the topic's queues for the group (mqk.server.native.pop): the protocol
+        messages, and whether any record state changed."""
+        popped, changed = await self.pop.pop(group, topic, range(count), member, budget, lock_ms, tags)
+        out = [
+            to_protocol(
+                pb,
+                p.message,
+                p.queue,
+                ReceiptHandle(p.queue, p.message.queue_offset, p.delivery_count, member),
+                lock_ms,
             )
-            changed = changed or bool(chosen) or self._progress(group) != before
-            nbytes = 0
-            for batch, got in chosen:
-                counts = dict(got)
-                messages = decoded.get(batch.base_offset) or self.ctx.to_messages(topic, queue, batch)
-                for msg in messages:
-                    delivery_count = counts.get(msg.queue_offset)
-                    if delivery_count is None:
-                        continue
-                    handle = ReceiptHandle(queue, msg.queue_offset, delivery_count, member)
-                    out.append(to_protocol(pb, msg, queue, handle, lock_ms))
-                    nbytes += len(msg.body)
-            if chosen:
-                self.ctx.count_out(topic, partition, sum(len(g) for _b, g in chosen), nbytes, group)
-            if len(out) >= budget:
-                break
+            for p in popped
+        ]
         return out, changed
-
-    def _reset(self, topic: str, partition: int) -> str:
-        """Where a new consumer group starts on a queue: at its first message while the queue still holds every
-        message it ever had (RocketMQ's initPopOffsetByCheckMsgInMem: a group made after its topic's first sends
-        still gets them), else at its end (RocketMQ's ConsumeInitMode.MAX)."""
-        start, _end = self.ctx.store.offset_bounds(topic, partition)
-        return "earliest" if start == 0 else "latest"
-
-    def _progress(self, group: str) -> tuple[int, ...]:
-        """Where the group's partitions stand (to tell whether an acquisition archived anything to save)."""
-        found = self.share.groups.get(group)
-        if found is None:
-            return ()
-        return tuple(p.spso for p in found.partitions.values()) + tuple(
-            p.next_offset for p in found.partitions.values()
-        )
 
     # --- settling ------------------------------------------------------------------------------------------------
 
@@ -576,20 +517,11 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         handle = ReceiptHandle.decode(text)
         if handle is None:
             return status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of this broker"), None
-        topic_id = self._topic_id(topic)
-        found = self.share.groups.get(group)
-        if topic_id is None or found is None or handle.queue >= self.ctx.queue_count(topic):
-            return status(Code.INVALID_RECEIPT_HANDLE, f"no message of group {group} on topic {topic} is held"), None
-        part = found.partitions.get((topic_id, self.ctx.to_partition(topic, handle.queue)))
-        if part is None or not part.holds(handle.offset, handle.member_id, handle.delivery_count):
-            why = "the receipt handle has expired: the message was settled, or delivered again after its lock ran out"
-            return status(Code.INVALID_RECEIPT_HANDLE, why), None
-        deadline = self.share.now() + lock_ms
-        code = part.acknowledge(
-            handle.member_id, handle.offset, handle.offset, [kind], deadline, self.share.limit(group)
+        why = self.pop.settle(
+            group, topic, handle.queue, handle.offset, handle.member_id, handle.delivery_count, kind, lock_ms
         )
-        if code:
-            return status(Code.INVALID_RECEIPT_HANDLE, "the message is not held"), None
+        if why is not None:
+            return status(Code.INVALID_RECEIPT_HANDLE, why), None
         if kind != RENEW:
             self.renewing.pop((group, topic, handle.queue, handle.offset), None)
         return status(OK), handle
@@ -642,7 +574,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if handle is None or handle.queue >= self.ctx.queue_count(topic):
             failed = status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of this broker")
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=failed)
-        message = await self._message_at(topic, self.ctx.to_partition(topic, handle.queue), handle.offset)
+        message = await self.pop.message_at(topic, self.ctx.to_partition(topic, handle.queue), handle.offset)
         if message is None:
             failed = status(Code.MESSAGE_NOT_FOUND, f"no message at offset {handle.offset} of queue {handle.queue}")
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=failed)
@@ -650,66 +582,17 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if settled is None:
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=outcome)
         try:
-            await self._write_dead_letter(group, topic, message, handle.delivery_count)
+            await self.pop.write_dead_letter(group, topic, message, handle.delivery_count)
         except MqkError as exc:
             return pbs.ForwardMessageToDeadLetterQueueResponse(status=status(Code.INTERNAL_ERROR, str(exc)))
         await self.share.save([group])
         return pbs.ForwardMessageToDeadLetterQueueResponse(status=status(OK))
 
-    async def _message_at(self, topic: str, partition: int, offset: int) -> Any:
-        found = await self.ctx.read_messages(topic, partition, offset, 1)
-        return next((m for m in found if m.queue_offset == offset), None)
-
-    async def _write_dead_letter(self, group: str, topic: str, message: Any, attempts: int) -> None:
-        """Copy a message into the group's dead-letter topic `%DLQ%group` (made on first use, one queue), with
-        where it came from in RocketMQ's properties."""
-        dead = dlq_topic(group)
-        await self.ctx.ensure_topic(dead, 1)
-        props = {**message.properties, "ORIGIN_MESSAGE_ID": message.msg_id, "RETRY_TOPIC": topic}
-        stored = [(message.body, props, message.flag)]
-        await self.native.send.append(dead, 0, stored, message.born_timestamp, attempts, message.born_host)
-
-    async def _forward_dead_letters(self, group: str) -> bool:
-        """Move the messages the group archived at its delivery limit to its dead-letter topic (before their
-        archived state is saved, so a crash in between delivers them once more rather than losing them); whether
-        there were any."""
-        dead = self.share.take_dead_letters(group)
-        if not dead:
-            return False
-        names = {uuid.UUID(bytes=bytes(info.topic_id)): name for name, info in self.ctx.topics.all().items()}
-        for (topic_id, partition), offsets in dead.items():
-            topic = names.get(topic_id)
-            if topic is None:  # (deleted meanwhile)
-                continue
-            for offset in offsets:
-                message = await self._message_at(topic, partition, offset)
-                if message is None:  # (retention removed it meanwhile)
-                    continue
-                try:
-                    await self._write_dead_letter(group, topic, message, self.share.limit(group))
-                except MqkError as exc:
-                    log.warning(
-                        "rocketmq5: dead letter of group %s at %s-%d:%d not written: %s",
-                        group,
-                        topic,
-                        partition,
-                        offset,
-                        exc,
-                    )
-        return True
-
     async def _renew_loop(self) -> None:
-        """Every RENEW_PERIOD_S: forward dead letters, and renew the auto_renew locks of live clients (see the
-        module docstring)."""
+        """Every RENEW_PERIOD_S: renew the auto_renew locks of live clients (see the module docstring; the locks
+        nobody renews run out in mqk.server.native.pop)."""
         while True:
             await self.ctx.clock.sleep(RENEW_PERIOD_S)
-            # locks that ran out with nobody receiving: their dead letters are due now, not at the next receive
-            changed = self.share.expire()
-            for group in list(self.share.dead_letter_groups):
-                if await self._forward_dead_letters(group):
-                    changed.add(group)
-            if changed:
-                await self.share.save(changed)
             now = self.ctx.now_ms()
             for key, renewal in list(self.renewing.items()):
                 alive = now - self.seen.get(renewal.handle.member_id, -CLIENT_ALIVE_MS) < CLIENT_ALIVE_MS
