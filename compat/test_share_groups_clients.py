@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from compat_helpers import ChildClient, create_topic, hostport, produce_numbered, unique
-from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -258,3 +258,68 @@ def test_a_group_config_set_by_the_admin_overrides_the_broker_and_survives_a_res
         assert group_configs(admin, group)["share.delivery.count.limit"] == ("2", ConfigSource.GROUP_CONFIG)
     finally:
         process.kill()
+
+
+def set_group_config(admin: Any, group: str, key: str, value: str) -> None:
+    change = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)],
+    )
+    admin.incremental_alter_configs([change])[change].result(timeout=15)
+
+
+def test_a_read_committed_share_group_skips_aborted_transactions_and_waits_for_open_ones(broker):
+    """share.isolation.level=read_committed (a group config, as Kafka's): records of aborted transactions are never
+    delivered, and nothing at or past an open transaction's first record is (the last stable offset) until it
+    commits; a read_uncommitted group of the same topic gets every data record at once."""
+    bootstrap = hostport(broker.bootstrap)
+    topic, committed_group, uncommitted_group = unique("q"), unique("sg-rc"), unique("sg-ru")
+    create_topic(bootstrap, topic, 1)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    set_group_config(admin, committed_group, "share.isolation.level", "read_committed")
+    assert group_configs(admin, committed_group)["share.isolation.level"] == (
+        "read_committed",
+        ConfigSource.GROUP_CONFIG,
+    )
+    with pytest.raises(KafkaException, match="read_committed"):
+        set_group_config(admin, committed_group, "share.isolation.level", "serializable")
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("txn")})
+    producer.init_transactions(15)
+
+    def transaction(values: range, commit: bool | None) -> None:
+        producer.begin_transaction()
+        for v in values:
+            producer.produce(topic, str(v).encode(), partition=0)
+        producer.flush(15)
+        if commit is True:
+            producer.commit_transaction(15)
+        elif commit is False:
+            producer.abort_transaction(15)
+
+    plain = Producer({"bootstrap.servers": bootstrap})
+    try:
+        transaction(range(5), commit=True)
+        transaction(range(100, 105), commit=False)
+        transaction(range(200, 205), commit=None)  # left open for now
+        for v in range(300, 303):  # after the open transaction's records: past the last stable offset
+            plain.produce(topic, str(v).encode(), partition=0)
+        assert plain.flush(15) == 0
+        reader = share_consumer(bootstrap, committed_group, topic)
+        everything = share_consumer(bootstrap, uncommitted_group, topic)
+        try:
+            before = drain([reader], lambda log: len(log) >= 5)
+            quiet_until = time.monotonic() + 2  # nothing else while the transaction is open
+            while time.monotonic() < quiet_until:
+                before += [(0, int(m.value())) for m in (reader.poll(0.2) or []) if not m.error()]
+            producer.commit_transaction(15)
+            after = drain([reader], lambda log: len(log) >= 8)
+            uncommitted = drain([everything], lambda log: len(log) >= 18)
+        finally:
+            reader.close()
+            everything.close()
+    finally:
+        plain.flush(5)
+    assert sorted(v for _c, v in before) == list(range(5))
+    assert sorted(v for _c, v in after) == [200, 201, 202, 203, 204, 300, 301, 302]
+    assert sorted(v for _c, v in uncommitted) == [*range(5), *range(100, 105), *range(200, 205), 300, 301, 302]

@@ -31,6 +31,7 @@ from typing import Any
 from mqk import errors as E
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.groups.answers import FENCED_MEMBER_EPOCH, NONE, described_group, described_partitions, heartbeat_answer
+from mqk.protocol.kafka.aborted import NO_ABORTS, AbortedBatches
 
 log = logging.getLogger("mqk.groups")
 
@@ -274,6 +275,9 @@ GROUP_CONFIGS: dict[str, Callable[[str], str | None]] = {
     "share.record.lock.duration.ms": _int_within(1_000, 3_600_000),
     "share.delivery.count.limit": _int_within(2, 10),
     "share.auto.offset.reset": lambda v: None if v in ("latest", "earliest") else f"{v!r} is not latest or earliest",
+    "share.isolation.level": lambda v: (
+        None if v in ("read_uncommitted", "read_committed") else f"{v!r} is not read_uncommitted or read_committed"
+    ),
 }
 
 #: where the share groups' record states are kept (Kafka's name for its share coordinator's topic; an internal
@@ -311,6 +315,9 @@ class ShareGroups:
         self.dead_letter_groups: set[str] = set()
         #: (group id, member id) -> its share session
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+        #: the Kafka transaction coordinator (its `last_stable` and `aborted_ranges`), when transactions are on: a
+        #: read_committed group acquires below a partition's last stable offset and skips aborted transactions
+        self.transactions: Any = None
         self._docs: Any = None
 
     async def ensure_loaded(self, store: Any) -> None:
@@ -343,6 +350,7 @@ class ShareGroups:
             "share.record.lock.duration.ms": str(self.record_lock_duration_ms),
             "share.delivery.count.limit": str(self.delivery_count_limit),
             "share.auto.offset.reset": self.auto_offset_reset,
+            "share.isolation.level": "read_uncommitted",
         }
 
     def setting(self, group_id: str, key: str) -> str:
@@ -505,11 +513,19 @@ class ShareGroups:
     ) -> list[tuple[Any, list[tuple[int, int]]]]:
         """Acquire up to `budget` records of one partition of the log for the member, released and expired ones
         first: each stored batch holding some, with its acquired (offset, delivery count) pairs. The lock lasts
-        `lock_ms` (the group's record lock duration by default). Control batches are archived; so are the batches
+        `lock_ms` (the group's record lock duration by default). With `share.isolation.level=read_committed` only
+        records below the last stable offset are acquired, and those of aborted transactions are archived.
+        Control batches are archived; so are the batches
         `wanted` refuses (a RocketMQ consumer's tag filter: for this group they are done). `reset`: where the group
         starts on a partition it has not read yet (`partition`)."""
         start, end = store.offset_bounds(name, partition)
         part = self.partition(group_id, topic_id, partition, start, end, reset)
+        aborted = NO_ABORTS
+        if self.transactions is not None and self.setting(group_id, "share.isolation.level") == "read_committed":
+            end = self.transactions.last_stable(name, partition, end)
+            ranges = self.transactions.aborted_ranges(name, partition)
+            if ranges:
+                aborted = AbortedBatches(ranges)
         part.expire(self.now(), self.limit(group_id))
         deadline = self.now() + (self.lock_ms(group_id) if lock_ms is None else lock_ms)
         taken = 0
@@ -523,10 +539,14 @@ class ShareGroups:
             if not result.batches:
                 break
             for batch in result.batches:
-                if taken >= budget:
+                if taken >= budget or batch.base_offset >= end:
                     break
                 offsets = range(max(batch.base_offset, read_from), batch.next_offset)
-                if is_control_batch(batch.data) or (wanted is not None and not wanted(batch)):
+                if (
+                    is_control_batch(batch.data)
+                    or (aborted and aborted.holds_batch(batch.base_offset, batch.data))
+                    or (wanted is not None and not wanted(batch))
+                ):
                     part.archive(o for o in offsets if o >= part.next_offset or o in reacquired)
                     continue
                 new: list[int] = []

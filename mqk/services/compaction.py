@@ -57,6 +57,7 @@ from mqk._fast import load
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import BrokerConfig
 from mqk.errors import NotSupported, StorageError, UnknownShard
+from mqk.protocol.kafka.aborted import NO_ABORTS, AbortedBatches
 from mqk.protocol.kafka.records import compress
 from mqk.services import BackgroundTask
 from mqk.store.adapter import BatchInfo, StoredBatch
@@ -152,31 +153,11 @@ class TransactionView(Protocol):
         ...
 
 
-class AbortedBatches:
-    """Tells whether a transactional batch belongs to an aborted transaction: producer `pid`'s batch at `offset`
-    did if an aborted transaction of `pid` spans it (first offset <= offset < marker offset)."""
-
-    __slots__ = ("_by_pid",)
-
-    def __init__(self, ranges: list[tuple[int, int, int]]) -> None:
-        self._by_pid: dict[int, list[tuple[int, int]]] = {}
-        for marker, pid, first in ranges:
-            self._by_pid.setdefault(pid, []).append((first, marker))
-
-    def __contains__(self, batch: tuple[int, int]) -> bool:
-        pid, offset = batch
-        spans = self._by_pid.get(pid)
-        return spans is not None and any(first <= offset < marker for first, marker in spans)
-
-
-_NO_ABORTS = AbortedBatches([])
-
-
 def _aborted(header: tuple, aborted: AbortedBatches) -> bool:
     return bool(header[5] & _ATTR_TRANSACTIONAL) and (header[9], header[0]) in aborted
 
 
-def map_batches(batches: list[StoredBatch], offset_map: OffsetMap, aborted: AbortedBatches = _NO_ABORTS) -> int:
+def map_batches(batches: list[StoredBatch], offset_map: OffsetMap, aborted: AbortedBatches = NO_ABORTS) -> int:
     """Record each key's latest offset; returns how many batches were mapped whole (the map may fill up). Control
     batches and those of `aborted` transactions are passed over."""
     done = 0
@@ -200,7 +181,7 @@ def filter_batches(
     tombstone_horizon: int,
     last_of_producer: dict[int, int],
     stats: CleanStats,
-    aborted: AbortedBatches = _NO_ABORTS,
+    aborted: AbortedBatches = NO_ABORTS,
 ) -> list[Any]:
     """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out. The
     records of `aborted` transactions' batches all go."""
@@ -440,7 +421,7 @@ class CompactionService:
             if infos[i].max_timestamp > lag_deadline:
                 head = i
                 break
-        aborted = _NO_ABORTS
+        aborted = NO_ABORTS
         if self.transactions is not None:
             # an undecided transaction's records, and all after them, wait for its decision (Kafka's rule)
             stable = self.transactions.last_stable(topic, queue, infos[-1].next_offset)

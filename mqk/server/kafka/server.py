@@ -129,6 +129,8 @@ class KafkaServer:
                 id_expiration_ms=config.transactional_id_expiration_ms,
             ),
         )
+        # a read_committed share group reads below the last stable offset, as a read_committed fetch does
+        self.groups.share.transactions = self.ctx.transactions
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[KafkaConnection] = set()
         #: max_connections, max_connections_per_ip and connections_max_idle_ms over every Kafka listener

@@ -1,10 +1,10 @@
 """DescribeConfigs, AlterConfigs, IncrementalAlterConfigs for topics and groups (and a read-only view of the broker).
 
 Groups (resource type GROUP, 32): Kafka's GroupConfig keys of share groups (mqk.groups.share.GROUP_CONFIGS:
-share.auto.offset.reset, share.record.lock.duration.ms, share.delivery.count.limit, share.session.timeout.ms,
-share.heartbeat.interval.ms), each GROUP_CONFIG when the group sets it and DEFAULT_CONFIG (the broker's
-`group_share_*`) otherwise; kept with the group's share state, so they survive restarts. DESCRIBE_CONFIGS and
-ALTER_CONFIGS on the group (GROUP_AUTHORIZATION_FAILED).
+share.auto.offset.reset, share.isolation.level, share.record.lock.duration.ms, share.delivery.count.limit,
+share.session.timeout.ms, share.heartbeat.interval.ms), each GROUP_CONFIG when the group sets it and
+DEFAULT_CONFIG (the broker's `group_share_*`) otherwise; kept with the group's share state, so they survive
+restarts. DESCRIBE_CONFIGS and ALTER_CONFIGS on the group (GROUP_AUTHORIZATION_FAILED).
 
 Kafka's view of the broker's per-topic settings schema (mqk.config.TOPIC_SCHEMA, applied by mqk.broker): topic
 entries list every key (Kafka's plus mqk's `storage.type` and `index.keys`) with its source, DYNAMIC_TOPIC_CONFIG
@@ -216,7 +216,7 @@ def group_config_entries(
             "is_default": key not in overrides,
             "is_sensitive": False,
             "synonyms": [],
-            "config_type": STRING if key == "share.auto.offset.reset" else INT,
+            "config_type": STRING if key in ("share.auto.offset.reset", "share.isolation.level") else INT,
             "documentation": None,
         }
         for key in GROUP_CONFIGS
