@@ -17,6 +17,8 @@ Each client starts its own gRPC channel and threads; every test shuts its client
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -534,3 +536,79 @@ def test_transactions_commit_roll_back_and_an_orphan_is_committed_when_the_broke
         producer.shutdown()
     assert sorted(m.body for m in got) == [b"committed", b"orphan"] and extra == []
     assert checker.asked == [b"orphan"]
+
+
+def make_fifo_group(broker: Any, group: str) -> None:
+    """What `mqadmin updateSubGroup -g GROUP -o true` sends: the group's subscription config, consumeMessageOrderly."""
+    from mqk.client.remoting import RemotingConnection
+    from mqk.protocol.native.codes import RequestCode, ResponseCode
+    from mqk.protocol.native.command import RemotingCommand
+
+    async def send() -> int:
+        conn = RemotingConnection(broker.native_address)
+        await conn.connect()
+        try:
+            body = json.dumps({"groupName": group, "consumeMessageOrderly": True}).encode()
+            command = RemotingCommand(code=RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
+            return (await conn.invoke(command, timeout=10)).code
+        finally:
+            await conn.close()
+
+    assert asyncio.run(send()) == ResponseCode.SUCCESS
+
+
+class FailsOnce:
+    """Fails the first delivery of one body; records the bodies in the order the listener saw them."""
+
+    def __init__(self, failing: bytes) -> None:
+        self.failing = failing
+        self.lock = threading.Lock()
+        self.calls: list[bytes] = []
+
+    def consume(self, msg: Any) -> Any:
+        with self.lock:
+            self.calls.append(msg.body)
+            first = self.calls.count(msg.body) == 1
+        return ConsumeResult.FAILURE if first and msg.body == self.failing else ConsumeResult.SUCCESS
+
+
+def test_a_fifo_groups_messages_go_out_in_order_one_batch_of_a_queue_at_a_time(broker):
+    """A consumer group made FIFO (consumeMessageOrderly) is told so in its settings: the SDK's push consumer then
+    retries a failed message before it consumes the next one of its message group. The broker hands out a queue's
+    messages one batch at a time: while a batch is held, no consumer of the group gets more from that queue."""
+    topic, group = unique("r5"), unique("G")
+    create_topic(broker.bootstrap, topic, 1)
+    make_fifo_group(broker, group)
+    producer = rocketmq_producer(broker, topic)
+    try:
+        for i in range(5):
+            producer.send(message(topic, b"o-%d" % i, message_group="orders"))
+    finally:
+        producer.shutdown()
+    first, second = simple_consumer(broker, group, topic), simple_consumer(broker, group, topic)
+    try:
+        batch = first.receive(2, 5)
+        assert [m.body for m in batch] == [b"o-0", b"o-1"]
+        assert nothing_more(second, AWAIT_S + 0.5) == []  # the queue's batch is held
+        first.ack(batch[1])  # o-0 is left to its lock's end
+        rest = receive_until(second, lambda got: len(got) == 4)
+    finally:
+        first.shutdown()
+        second.shutdown()
+    assert [(m.body, m.delivery_attempt) for m in rest] == [(b"o-0", 2), (b"o-2", 1), (b"o-3", 1), (b"o-4", 1)]
+    listener = FailsOnce(b"p-1")
+    push_group = unique("G")
+    make_fifo_group(broker, push_group)
+    push = PushConsumer(configuration(broker), push_group, listener, {topic: FilterExpression()})
+    push.startup()
+    producer = rocketmq_producer(broker, topic)
+    try:
+        for i in range(4):
+            producer.send(message(topic, b"p-%d" % i, message_group="orders"))
+        deadline = time.monotonic() + 30
+        while [c for c in listener.calls if c.startswith(b"p-")] != [b"p-0", b"p-1", b"p-1", b"p-2", b"p-3"]:
+            assert time.monotonic() < deadline, listener.calls
+            time.sleep(0.1)
+    finally:
+        producer.shutdown()
+        push.shutdown()

@@ -315,6 +315,9 @@ class ShareGroups:
         self.dead_letter_groups: set[str] = set()
         #: (group id, member id) -> its share session
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+        #: group id -> its RocketMQ subscription group config (SubscriptionGroupConfig as mqadmin sent it, kept in
+        #: the group's state document): `consumeMessageOrderly` makes the group's acquisitions ordered
+        self.subscriptions: dict[str, dict[str, Any]] = {}
         #: the Kafka transaction coordinator (its `last_stable` and `aborted_ranges`), when transactions are on: a
         #: read_committed group acquires below a partition's last stable offset and skips aborted transactions
         self.transactions: Any = None
@@ -366,6 +369,11 @@ class ShareGroups:
 
     def lock_deadline(self, group_id: str) -> float:
         return self.now() + self.lock_ms(group_id)
+
+    def orderly(self, group_id: str) -> bool:
+        """Whether the group consumes in order (RocketMQ's consumeMessageOrderly): see `acquire_from_log`."""
+        found = self.subscriptions.get(group_id)
+        return found is not None and found.get("consumeMessageOrderly") is True
 
     def configure(self, group_id: str, overrides: dict[str, str]) -> None:
         """Replace the group's overrides (checked by the caller against GROUP_CONFIGS); save() keeps them."""
@@ -510,6 +518,7 @@ class ShareGroups:
         lock_ms: float | None = None,
         wanted: Callable[[Any], bool] | None = None,
         reset: str | None = None,
+        ordered: bool = False,
     ) -> list[tuple[Any, list[tuple[int, int]]]]:
         """Acquire up to `budget` records of one partition of the log for the member, released and expired ones
         first: each stored batch holding some, with its acquired (offset, delivery count) pairs. The lock lasts
@@ -517,7 +526,10 @@ class ShareGroups:
         records below the last stable offset are acquired, and those of aborted transactions are archived.
         Control batches are archived; so are the batches
         `wanted` refuses (a RocketMQ consumer's tag filter: for this group they are done). `reset`: where the group
-        starts on a partition it has not read yet (`partition`)."""
+        starts on a partition it has not read yet (`partition`). Ordered (asked for, or the group is `orderly`):
+        nothing is acquired from a partition while one of its records is held, so its records go out one
+        acquisition at a time, in offset order, a released or expired one before any later one (RocketMQ's ordered
+        POP and FIFO consumer groups; a queue is a partition, and one message group's messages share a queue)."""
         start, end = store.offset_bounds(name, partition)
         part = self.partition(group_id, topic_id, partition, start, end, reset)
         aborted = NO_ABORTS
@@ -527,6 +539,8 @@ class ShareGroups:
             if ranges:
                 aborted = AbortedBatches(ranges)
         part.expire(self.now(), self.limit(group_id))
+        if (ordered or self.orderly(group_id)) and any(r.state == ACQUIRED for r in part.records.values()):
+            return []
         deadline = self.now() + (self.lock_ms(group_id) if lock_ms is None else lock_ms)
         taken = 0
         again = part.reacquirable()[:budget]
@@ -642,12 +656,17 @@ class ShareGroups:
             doc["configured_only"] = True  # (a group with settings but never used: not a group yet)
         if group_id in self.configs:
             doc["configs"] = self.configs[group_id]
+        if group_id in self.subscriptions:
+            doc["subscription"] = self.subscriptions[group_id]
         return doc
 
     def load(self, group_id: str, doc: dict[str, Any]) -> None:
         configs = doc.get("configs")
         if configs:
             self.configure(group_id, {k: str(v) for k, v in configs.items() if k in GROUP_CONFIGS})
+        subscription = doc.get("subscription")
+        if isinstance(subscription, dict):
+            self.subscriptions[group_id] = subscription
         if doc.get("configured_only"):
             return
         group = self.groups.setdefault(group_id, ShareGroup(group_id))

@@ -210,3 +210,17 @@ async def test_pop_acks_and_batch_acks_need_read_on_the_topic_and_the_group(acl)
                 assert (answer.code != NO_PERMISSION) == allowed, (key, code, answer.remark)
                 if not allowed:
                     assert "READ on GROUP g" in (answer.remark or ""), answer.remark
+
+
+async def test_a_subscription_group_config_needs_alter_configs_on_the_group(acl) -> None:
+    namesrv, broker = acl
+    assert broker.address is not None
+    body = json.dumps({"groupName": "g", "consumeMessageOrderly": True}).encode()
+    for key, secret, code in (("alice", "alice-secret", NO_PERMISSION), ("root", "root-secret", ResponseCode.SUCCESS)):
+        broker.ctx.broker.security.access_keys.set("root", "root-secret")
+        async with signed(PullConsumer(namesrv, "g"), key, secret) as client:
+            answer = await client.invoke(
+                broker.address, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, body, ok=tuple(ResponseCode)
+            )
+        assert answer.code == code, (key, answer.remark)
+    assert broker.pop.share.orderly("g")

@@ -278,7 +278,6 @@ async def test_past_the_delivery_limit_a_message_goes_to_the_groups_dead_letter_
         ({"queueId": 7}, ResponseCode.INVALID_PARAMETER),
         ({"topic": "missing"}, ResponseCode.TOPIC_NOT_EXIST),
         ({"expType": "SQL92", "exp": "a > 1"}, ResponseCode.SUBSCRIPTION_PARSE_FAILED),
-        ({"order": "true"}, ResponseCode.SYSTEM_ERROR),
         ({"consumerGroup": "bad group!"}, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST),
     ],
 )
@@ -341,3 +340,46 @@ async def test_after_a_kill_9_acknowledged_messages_stay_done_and_held_ones_come
     assert sorted(m.body for m in back.messages) == [b"3", b"4", b"5"]
     assert {m.reconsume_times for m in back.messages} == {1}
     assert nothing_more.code == ResponseCode.POLLING_TIMEOUT
+
+
+async def test_subscription_group_configs_are_kept_shown_and_deleted(broker: Broker) -> None:
+    config = {"groupName": "fifo", "consumeMessageOrderly": True, "retryMaxTimes": 3, "unknownField": 1}
+    answer = await broker.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=json.dumps(config).encode())
+    assert answer.code == ResponseCode.SUCCESS
+    shown = json.loads((await broker.call(RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG, {"group": "fifo"})).body)
+    assert shown["consumeMessageOrderly"] is True and shown["retryMaxTimes"] == 3 and shown["consumeEnable"] is True
+    assert "unknownField" not in shown
+    table = json.loads((await broker.call(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)).body)
+    assert list(table["subscriptionGroupTable"]) == ["fifo"]
+    for body in (
+        b"{not json",
+        json.dumps({"groupName": "bad name!"}).encode(),
+        json.dumps({"groupName": "g", "consumeMessageOrderly": "yes"}).encode(),
+    ):
+        refused = await broker.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
+        assert refused.code == ResponseCode.INVALID_PARAMETER and refused.remark
+    assert (await broker.call(RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "fifo"})).code == ResponseCode.SUCCESS
+    gone = await broker.call(RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG, {"group": "fifo"})
+    assert gone.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+
+
+@pytest.mark.parametrize("how", ["order flag", "fifo group"])
+async def test_an_ordered_pop_takes_nothing_more_from_a_queue_while_its_batch_is_held(broker: Broker, how: str) -> None:
+    await broker.store.create_topic("ordered", 1)
+    await send(broker, "ordered", [b"o%d" % i for i in range(4)])
+    more: dict = {"order": "true"} if how == "order flag" else {}
+    if how == "fifo group":
+        body = json.dumps({"groupName": "g", "consumeMessageOrderly": True}).encode()
+        assert (await broker.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)).code == 0
+    first = await pop(broker, "g", "ordered", most=2, lock_ms=300, **more)
+    assert [m.body for m in first.messages] == [b"o0", b"o1"] and first.header["reviveQid"] == "999"
+    assert (await pop(broker, "g", "ordered", **more)).code == ResponseCode.POLLING_TIMEOUT  # o2 waits
+    assert (await ack(broker, "g", "ordered", first, first.messages[1])).code == ResponseCode.SUCCESS
+    # o0 was not acknowledged: once its lock ends it comes first, counted, and o2 after it
+    again = await pop(broker, "g", "ordered", most=2, poll_ms=10_000, lock_ms=60_000, **more)
+    assert [(m.body, m.reconsume_times) for m in again.messages] == [(b"o0", 1), (b"o2", 0)]
+    assert again.header["orderCountInfo"] == "0 qo0%0 1;0 qo0%2 0"
+    for message in again.messages:
+        assert (await ack(broker, "g", "ordered", again, message)).code == ResponseCode.SUCCESS
+    last = await pop(broker, "g", "ordered", **more)
+    assert [m.body for m in last.messages] == [b"o3"]

@@ -94,3 +94,17 @@ def test_membership_epochs() -> None:
     assert beat("a", 1)["error_code"] == 110  # a's epoch moved on with b's arrival
     assert beat("zz", 3)["error_code"] == 25
     assert beat("a", -1)["member_epoch"] == -1 and not groups.is_member("g", "a")
+
+
+def test_a_groups_subscription_config_is_kept_in_its_state_document_and_makes_it_orderly() -> None:
+    """A RocketMQ subscription group config (mqadmin updateSubGroup) rides in the group's state document, so a
+    restarted broker (which loads the documents back) still knows the group is FIFO; a group never used is kept as
+    configured only."""
+    groups = ShareGroups(lambda name: None, clock=FakeClock())
+    groups.subscriptions["fifo"] = {"groupName": "fifo", "consumeMessageOrderly": True}
+    groups.subscriptions["plain"] = {"groupName": "plain", "consumeMessageOrderly": False}
+    restarted = ShareGroups(lambda name: None, clock=FakeClock())
+    for group in ("fifo", "plain"):
+        restarted.load(group, groups.doc(group))
+    assert restarted.orderly("fifo") and not restarted.orderly("plain") and not restarted.orderly("other")
+    assert not restarted.exists("fifo")  # configured, never used: not listed as a group

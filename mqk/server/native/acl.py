@@ -90,6 +90,11 @@ def _batch_ack(cmd: RemotingCommand) -> Iterator[Need]:
             yield from _topic("READ", str(ack.get("t") or ack.get("topic") or "") or None)
 
 
+def _subscription_group(cmd: RemotingCommand) -> Iterator[Need]:
+    group = _body(cmd).get("groupName")
+    yield ("ALTER_CONFIGS", GROUP, str(group) if group else "")
+
+
 def _heartbeat(cmd: RemotingCommand) -> Iterator[Need]:
     consumers = _body(cmd).get("consumerDataSet")
     for consumer in consumers if isinstance(consumers, list) else ():
@@ -129,6 +134,10 @@ _NEEDS: dict[int, Callable[[RemotingCommand], Iterator[Need]]] = {
     RequestCode.CHANGE_MESSAGE_INVISIBLETIME: _read_topic_and_group,
     RequestCode.NOTIFICATION: _read_topic_and_group,
     RequestCode.POLLING_INFO: _read_topic_and_group,
+    RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: _subscription_group,
+    RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: _ext(_group, "DESCRIBE_CONFIGS", "group"),
+    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: lambda cmd: _cluster("DESCRIBE_CONFIGS"),
+    RequestCode.DELETE_SUBSCRIPTIONGROUP: _ext(_group, "DELETE", "groupName"),
     RequestCode.QUERY_CONSUMER_OFFSET: _read_topic_and_group,
     RequestCode.UPDATE_CONSUMER_OFFSET: _read_topic_and_group,
     RequestCode.GET_MAX_OFFSET: _ext(_topic, "DESCRIBE", "topic"),

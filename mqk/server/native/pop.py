@@ -28,7 +28,10 @@ ChangeInvisibleTimeProcessor, NotificationProcessor, PollingInfoProcessor), as R
 - NOTIFICATION: whether the group has a message to pop now, waiting up to pollTime for one. POLLING_INFO: how
   many pops of the group wait on the queue.
 
-Ordered pops (`order=true`) are refused with a clear remark: one-message-group-in-flight is not built. Where
+Ordered pops (`order=true`, as RocketMQ's orderly POP consumers send, or any pop of a group whose subscription
+config says `consumeMessageOrderly`: mqk.server.native.subscriptions) take nothing from a queue while a message of
+it is held, so a queue's messages (one message group's among them) go out one batch at a time, in order; their
+answers carry reviveQid 999 and orderCountInfo (each message's earlier deliveries), as RocketMQ's do. Where
 RocketMQ keeps a retry topic per group (`%RETRY%group_topic`), mqk delivers the same record again: a
 redelivered message keeps its topic, queue and offset.
 """
@@ -66,8 +69,9 @@ MAX_INVISIBLE_MS = 12 * 3600 * 1000
 MAX_POLL_MS = 30_000
 #: how often locks nobody renews are expired and dead letters forwarded with no consumer asking
 EXPIRY_PERIOD_S = 5.0
-#: `reviveQid` in answers: RocketMQ's revive queue of the checkpoint (mqk has none; 0 is a normal pop's)
-REVIVE_QID = 0
+#: `reviveQid` in answers: RocketMQ's revive queue of the checkpoint (mqk has none; 0 is a normal pop's, 999 an
+#: ordered one's: KeyBuilder.POP_ORDER_REVIVE_QUEUE)
+REVIVE_QID, ORDERED_REVIVE_QID = 0, 999
 #: the topic mark of a receipt (`0`: the message's own topic; RocketMQ's 1 and 2 name its retry topics)
 NORMAL_TOPIC = "0"
 #: a pop's owner token in the share-state engine: each pop's records are held under its own popTime
@@ -121,9 +125,11 @@ class PopConsumption:
         budget: int,
         lock_ms: int,
         tags: frozenset[str] | None,
+        ordered: bool = False,
     ) -> tuple[list[Popped], bool]:
         """Acquire up to `budget` messages of these queues (client queue ids) for the group, starting at a queue
-        that moves round robin: the messages, and whether any record state changed (to save)."""
+        that moves round robin: the messages, and whether any record state changed (to save). `ordered`: see
+        ShareGroups.acquire_from_log (a group whose config says so is ordered anyway)."""
         topic_id = self.topic_id(topic)
         if topic_id is None or not queues:
             return [], False
@@ -151,6 +157,7 @@ class PopConsumption:
                 lock_ms=lock_ms,
                 wanted=wanted,
                 reset=self._reset(topic, partition),
+                ordered=ordered,
             )
             changed = changed or bool(chosen) or self._progress(group) != before
             nbytes = 0
@@ -357,8 +364,6 @@ class PopProcessor:
             return cmd.response(
                 ResponseCode.INVALID_PARAMETER, f"invisibleTime {lock_ms} is outside (0, {MAX_INVISIBLE_MS}]"
             )
-        if cmd.get_bool("order"):
-            return cmd.response(ResponseCode.SYSTEM_ERROR, "ordered pops are not supported by this broker")
         expression_type = (cmd.get_str("expType") or "TAG").upper()
         if expression_type != "TAG":
             return cmd.response(
@@ -366,12 +371,14 @@ class PopProcessor:
             )
         tags = parse_subscription(cmd.get_str("exp"))
         await self.pop.prepare(group)
+        ordered = cmd.get_bool("order") or self.pop.share.orderly(group)
         loop = asyncio.get_running_loop()
         until = loop.time() + poll_ms / 1000
         key = (group, topic, queues[0] if len(queues) == 1 else -1)
         while True:
             pop_time = self._pop_time()
-            popped, changed = await self.pop.pop(group, topic, queues, POP_OWNER + str(pop_time), budget, lock_ms, tags)
+            owner = POP_OWNER + str(pop_time)
+            popped, changed = await self.pop.pop(group, topic, queues, owner, budget, lock_ms, tags, ordered)
             changed = await self.pop.forward_dead_letters(group) or changed
             if changed:
                 await self.pop.share.save([group])
@@ -381,7 +388,7 @@ class PopProcessor:
         ext: dict[str, Any] = {
             "popTime": pop_time,
             "invisibleTime": lock_ms,
-            "reviveQid": REVIVE_QID,
+            "reviveQid": ORDERED_REVIVE_QID if ordered else REVIVE_QID,
             "restNum": self._rest(group, topic, queues),
         }
         if not popped:
@@ -399,6 +406,10 @@ class PopProcessor:
             messages.extend(replace(p.message, queue_id=queue, reconsume_times=p.delivery_count - 1) for p in items)
         ext["startOffsetInfo"] = ";".join(starts)
         ext["msgOffsetInfo"] = ";".join(offsets)
+        if ordered:  # each message's earlier deliveries, keyed by queue and offset (ExtraInfoUtil's `qo` keys)
+            ext["orderCountInfo"] = ";".join(
+                f"{NORMAL_TOPIC} qo{m.queue_id}%{m.queue_offset} {m.reconsume_times}" for m in messages
+            )
         return cmd.response(ResponseCode.SUCCESS, "FOUND", ext, b"".join(encode_message_ext(m) for m in messages))
 
     def _held(self, cmd: RemotingCommand) -> tuple[str, str, int, int, str] | RemotingCommand:
@@ -465,7 +476,7 @@ class PopProcessor:
         if why is not None:
             return cmd.response(ResponseCode.NO_MESSAGE, why)
         await self.pop.share.save([group])
-        ext = {"popTime": pop_time, "invisibleTime": lock_ms, "reviveQid": REVIVE_QID}
+        ext = {"popTime": pop_time, "invisibleTime": lock_ms, "reviveQid": _revive_qid(cmd)}
         return cmd.response(ResponseCode.SUCCESS, None, ext)
 
     async def notification(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -521,6 +532,12 @@ class PopProcessor:
             return target
         group, topic, (queue,) = target
         return cmd.response(ResponseCode.SUCCESS, None, {"pollingNum": self.pop.waiting.get((group, topic, queue), 0)})
+
+
+def _revive_qid(cmd: RemotingCommand) -> int:
+    """The reviveQid of the receipt a request carries (a new receipt keeps it)."""
+    fields = (cmd.get_str("extraInfo") or "").split(" ")
+    return ORDERED_REVIVE_QID if len(fields) > 3 and fields[3] == str(ORDERED_REVIVE_QID) else REVIVE_QID
 
 
 def _receipt(extra_info: str) -> tuple[int, int] | None:

@@ -1,11 +1,11 @@
 """NativeServer: the RocketMQ broker role (default 127.0.0.1:10911) over the remoting protocol.
 
-Wires the processors (one per request family: send, pull, POP, offsets, clients, admin, stats) to request codes;
-an unknown code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. With the authorizer on, every request first
-passes RocketMQ's plain-ACL check (mqk.server.native.acl: signature, then the ACLs); with it off the ACL ext fields
-(AccessKey, Signature, ...) are accepted and ignored. With `native_tls` the listener takes TLS only (the `[tls]`
-certificate). The processors share the broker services (mqk.broker) with the Kafka
-listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
+Wires the processors (one per request family: send, pull, POP, offsets, clients, admin, stats, subscription
+groups) to request codes; an unknown code gets REQUEST_CODE_NOT_SUPPORTED with a remark naming it. With the
+authorizer on, every request first passes RocketMQ's plain-ACL check (mqk.server.native.acl: signature, then the
+ACLs); with it off the ACL ext fields (AccessKey, Signature, ...) are accepted and ignored. With `native_tls` the
+listener takes TLS only (the `[tls]` certificate). The processors share the broker services (mqk.broker) with the
+Kafka listener: the topic registry, the clock, and the wake-up hub that wakes long-polling pulls.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from mqk.server.native.pull import PullProcessor
 from mqk.server.native.remoting import Connection, RemotingServer, remoting_tls
 from mqk.server.native.send import SendProcessor
 from mqk.server.native.stats import StatsProcessor
+from mqk.server.native.subscriptions import SubscriptionGroupProcessor
 from mqk.server.native.transaction import TransactionService
 from mqk.store.manager import StoreManager
 
@@ -79,6 +80,7 @@ class NativeServer:
             share = ShareGroups(self.ctx.topic_identity, clock=broker.clock)
         #: POP consumption (the RocketMQ 5 gRPC front door consumes through it too)
         self.pop = PopConsumption(self.ctx, send, share)
+        subscriptions = SubscriptionGroupProcessor(share, store)
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.send,
             RequestCode.SEND_MESSAGE_V2: send.send,
@@ -112,6 +114,10 @@ class NativeServer:
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
             RequestCode.END_TRANSACTION: self.transactions.end,
             **PopProcessor(self.pop).handlers(),
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: subscriptions.update,
+            RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: subscriptions.get,
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: subscriptions.get_all,
+            RequestCode.DELETE_SUBSCRIPTIONGROUP: subscriptions.delete,
         }
         stats = self.ctx.broker.stats
         self._remoting = RemotingServer(

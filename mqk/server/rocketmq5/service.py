@@ -26,7 +26,10 @@ What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clien
   `auto_renew` (push consumers) the broker renews the locks itself while the client stays alive (heart-beating)
   and for at most RENEW_MAX_MS. Tag filters (`*`, `a||b`) are applied to the records: a record the group's filter
   refuses is done for the group. SQL92 filters are refused. A new group starts at a queue's first message while the
-  queue still holds every message it ever had, else at its end (RocketMQ 5's POP defaults).
+  queue still holds every message it ever had, else at its end (RocketMQ 5's POP defaults). The POP part common to
+  both RocketMQ 5 front doors is mqk.server.native.pop. A FIFO group (its subscription config's
+  consumeMessageOrderly: mqk.server.native.subscriptions) is told `fifo` in its settings, and its receives take a
+  queue's messages one batch at a time, in order.
 
 Authentication and authorization with the authorizer on: each call carries RocketMQ 5's `authorization` header
 (MQv2-HMAC-SHA1 over `x-mq-date-time` with an access key's secret, mqk.broker.security.access_keys); the access
@@ -323,7 +326,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             backoff.multiplier = 2.0
         else:
             attempts = self.share.limit(asked.subscription.group.name)
-            settings.subscription.fifo = False
+            settings.subscription.fifo = self.share.orderly(asked.subscription.group.name)
             settings.subscription.receive_batch_size = 32
             if not asked.subscription.HasField("long_polling_timeout"):
                 settings.subscription.long_polling_timeout.seconds = 20
@@ -495,6 +498,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     ) -> tuple[list[Any], bool]:
         """Acquire up to `budget` messages of the topic's queues for the group (mqk.server.native.pop): the protocol
         messages, and whether any record state changed."""
+        # (a FIFO group's acquisitions are ordered: ShareGroups.orderly, set by its subscription config)
         popped, changed = await self.pop.pop(group, topic, range(count), member, budget, lock_ms, tags)
         out = [
             to_protocol(
