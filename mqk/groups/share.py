@@ -41,8 +41,10 @@ GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 INVALID_RECORD_STATE = 121
 
 Assignment = dict[uuid.UUID, frozenset[int]]
-#: bytes read from a partition at a time while acquiring
-READ_BYTES = 1 << 20
+#: bytes read from a partition at a time while acquiring: about READ_BYTES_PER_RECORD for each record still wanted,
+#: within [READ_BYTES_MIN, READ_BYTES_MAX] (a pop of 32 small records must not decode a megabyte of batches)
+READ_BYTES_PER_RECORD = 512
+READ_BYTES_MIN, READ_BYTES_MAX = 16 << 10, 1 << 20
 
 
 def is_control_batch(data: Any) -> bool:
@@ -549,7 +551,8 @@ class ShareGroups:
         chosen: list[tuple[Any, list[tuple[int, int]]]] = []
         offset = read_from
         while offset < end and taken < budget:
-            result = await store.read(name, partition, offset, READ_BYTES)
+            wanted_bytes = (budget - taken) * READ_BYTES_PER_RECORD
+            result = await store.read(name, partition, offset, min(READ_BYTES_MAX, max(READ_BYTES_MIN, wanted_bytes)))
             if not result.batches:
                 break
             for batch in result.batches:
