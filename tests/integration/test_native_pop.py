@@ -2,7 +2,8 @@
 CHANGE_MESSAGE_INVISIBLETIME, NOTIFICATION, POLLING_INFO), driven the way RocketMQ's Java client drives it: each
 message's receipt (`extraInfo`) is built from the pop answer's header as MQClientAPIImpl.processPopResponse builds
 it. No client available here speaks POP over remoting (the Java client does), so the commands are raw; mqk's own
-producer sends. On the memory and the file store."""
+producer sends. On the memory store, and the first test on the file store too (POP reads the store as a pull
+does; the engines' reads have their own tests)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Broker:
         return await self.conn.invoke(RemotingCommand(code=code, ext_fields=ext or {}, body=body), timeout=20)
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["memory"])
 async def broker(request, tmp_path) -> AsyncIterator[Broker]:
     config = BrokerConfig(
         native_listen=("127.0.0.1", 0),
@@ -134,6 +135,7 @@ def offsets_of(info: str) -> dict[int, list[int]]:
     return out
 
 
+@pytest.mark.parametrize("broker", ["memory", "file"], indirect=True)
 async def test_a_pop_hands_out_each_message_once_and_an_unacknowledged_one_comes_back_with_its_attempt(
     broker: Broker,
 ) -> None:

@@ -12,7 +12,14 @@ import pytest
 from helpers import cached_pages
 
 from mqk.errors import OutOfBounds, StorageError
-from mqk.store.file.mapped_file import CACHE_DROP_ALIGN, PAGE, MappedFile, MappedFileQueue, segment_name
+from mqk.store.file.mapped_file import (
+    CACHE_DROP_ALIGN,
+    PAGE,
+    MappedFile,
+    MappedFileQueue,
+    data_regions,
+    segment_name,
+)
 
 SIZE = 8192
 
@@ -98,6 +105,34 @@ def test_zero_from_cuts_the_tail(tmp_path: Path) -> None:
         assert mf.wrote == 40
         assert bytes(mf.raw_view(40, 60)) == bytes(60)
         assert bytes(mf.raw_view(0, 40)) == b"a" * 40
+    finally:
+        mf.close()
+
+
+@pytest.mark.parametrize("reserve_step", [0, PAGE], ids=["preallocated", "sparse"])
+def test_zero_from_finds_bytes_left_anywhere_past_the_cut_and_looks_only_at_data(
+    tmp_path: Path, reserve_step: int
+) -> None:
+    """After a crash, bytes past the log's end may be anywhere in the segment: written through the descriptor
+    (flushed), or still dirty in the page cache through the mapping. zero_from finds every one, though it looks
+    only at the data regions the kernel reports (a preallocated or sparse segment's holes read as zeros)."""
+    size = 8 << 20
+    mf = MappedFile(tmp_path / "f", size, 0, reserve_step)
+    try:
+        mf.append(b"a" * 100)
+        with mf.descriptor() as fd:
+            os.pwrite(fd, b"old", 3 << 20)  # on disk
+            os.pwrite(fd, b"z", size - 1)
+        mf.buf[5 << 20 : (5 << 20) + 4] = b"torn"  # dirty in the page cache only
+        with mf.descriptor() as fd:
+            regions = list(data_regions(fd, 50, size))
+        for position in (50, 3 << 20, 5 << 20, size - 1):
+            assert any(start <= position < end for start, end in regions), (position, regions)
+        assert mf.zero_from(50) is True
+        assert bytes(mf.raw_view(0, 50)) == b"a" * 50
+        for position in (50, 3 << 20, 5 << 20, size - 8):
+            assert bytes(mf.raw_view(position, 8)) == bytes(8)
+        assert mf.zero_from(50) is False  # nothing left to change
     finally:
         mf.close()
 
