@@ -8,12 +8,18 @@ of records between them, written once through the store's own API and then start
 recovers it, as after a clean stop, at every start). The baseline, `python -c pass` from the same interpreter, is
 timed in the same run, interleaved with the broker's starts, because the machine may be busy with other work.
 
+`--after-kill` stops every broker with SIGKILL instead of SIGTERM, and all starts share one data directory (or the
+prepared one): each start after the first recovers from a crash, as after a power cut or a kill -9. The first,
+fresh start is not counted.
+
 `--env NAME=VALUE` sets a variable for the broker and the baseline (e.g. `PYTHONDONTWRITEBYTECODE=1`, which makes
 Python compile every module whose bytecode is not cached ahead: `make setup` caches the package's).
 
     python bench/start_rss.py
     python bench/start_rss.py --env PYTHONDONTWRITEBYTECODE=1
     python bench/start_rss.py --partitions 1000 --log-bytes 1GiB
+    python bench/start_rss.py --after-kill
+    python bench/start_rss.py --serve-arg=--grpc-listen --serve-arg=off
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from perfutil import REPO, parse_props, percentile
@@ -105,8 +112,10 @@ def rss_mb(pid: int) -> dict[str, float]:
     return out
 
 
-def start_broker(data_dir: Path, env: dict[str, str], idle_s: float, storage: str) -> tuple[float, dict[str, float]]:
-    """One start: (ms from spawn to the ready line, rss_mb after idling `idle_s`)."""
+def start_broker(
+    data_dir: Path, env: dict[str, str], idle_s: float, storage: str, kill: bool = False, more: Sequence[str] = ()
+) -> tuple[float, dict[str, float]]:
+    """One start: (ms from spawn to the ready line, rss_mb after idling `idle_s`); stopped with SIGKILL if `kill`."""
     cmd = [
         sys.executable, "-m", "mqk", "serve",
         "--data-dir", str(data_dir),
@@ -115,6 +124,7 @@ def start_broker(data_dir: Path, env: dict[str, str], idle_s: float, storage: st
         "--native-listen", "127.0.0.1:0",
         "--namesrv-listen", "127.0.0.1:0",
         "--admin-listen", "127.0.0.1:0",
+        *more,
     ]  # fmt: skip
     log_path = data_dir.parent / f"{data_dir.name}.log"
     with open(log_path, "ab") as log:
@@ -132,7 +142,10 @@ def start_broker(data_dir: Path, env: dict[str, str], idle_s: float, storage: st
         time.sleep(idle_s)
         rss = rss_mb(proc.pid)
     finally:
-        proc.terminate()
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -140,7 +153,7 @@ def start_broker(data_dir: Path, env: dict[str, str], idle_s: float, storage: st
             proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not kill:
         raise RuntimeError(f"the broker exited with {proc.returncode}; log: {log_path.read_text()[-2000:]}")
     return ready_ms, rss
 
@@ -163,6 +176,10 @@ def main() -> None:
     parser.add_argument("--log-bytes", default="1GiB", help="log in the prepared data dir (default 1GiB)")
     parser.add_argument("--batch-bytes", default="64KiB", help="batch size in the prepared data dir (default 64KiB)")
     parser.add_argument("--dir", help="where data directories go (default: a temporary directory)")
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], metavar="ARG", help="one more argument for mqk serve"
+    )
+    parser.add_argument("--after-kill", action="store_true", help="kill -9 each broker; time the recovering starts")
     args = parser.parse_args()
     if args.runs < 1:
         raise SystemExit("--runs must be at least 1")
@@ -179,20 +196,25 @@ def main() -> None:
         ready: list[float] = []
         rss: dict[str, list[float]] = {field: [] for field in RSS_FIELDS}
         base: list[float] = []
+        if args.after_kill:  # the first start makes the data directory the others recover
+            start_broker(prepared or root / "data", env, 0.0, args.storage, kill=True, more=args.serve_arg)
         for run in range(args.runs):
             base.append(baseline_ms(env))
-            data_dir = prepared or root / f"data-{run}"
-            ms, mb = start_broker(data_dir, env, args.idle, args.storage)
+            data_dir = prepared or root / ("data" if args.after_kill else f"data-{run}")
+            ms, mb = start_broker(data_dir, env, args.idle, args.storage, kill=args.after_kill, more=args.serve_arg)
             ready.append(ms)
             for field in RSS_FIELDS:
                 rss[field].append(mb.get(field, 0.0))
             base.append(baseline_ms(env))
-            if prepared is None:
+            if prepared is None and not args.after_kill:
                 shutil.rmtree(data_dir)
 
     what = f"{args.partitions} partitions, {args.log_bytes} of log" if prepared else "an empty data dir"
+    if args.after_kill:
+        what += ", each start recovering from a kill -9"
     env_text = f"PYTHONDONTWRITEBYTECODE={env.get('PYTHONDONTWRITEBYTECODE', '')!r}"
-    print(f"mqk serve --storage {args.storage} on {what} ({env_text}), {sys.executable}:")
+    serve = " ".join(["mqk serve --storage", args.storage, *args.serve_arg])
+    print(f"{serve} on {what} ({env_text}), {sys.executable}:")
     print(summary("python -c pass (baseline)", base, "ms"))
     print(summary("spawn to ready line", ready, "ms"))
     for field in RSS_FIELDS:
