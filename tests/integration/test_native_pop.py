@@ -202,6 +202,9 @@ async def test_batch_ack_settles_the_offsets_its_bit_set_names(broker: Broker) -
     assert sorted(m.body for m in back.messages) == [b"m1", b"m3"]
     refused = await broker.call(RequestCode.BATCH_ACK_MESSAGE, body=b"{not json")
     assert refused.code == ResponseCode.MESSAGE_ILLEGAL
+    huge = {**entry, "b": base64.b64encode(b"\xff" * 1_000_000).decode()}  # 8 M offsets: refused, not walked
+    refused = await broker.call(RequestCode.BATCH_ACK_MESSAGE, body=json.dumps({"acks": [huge]}).encode())
+    assert refused.code == ResponseCode.MESSAGE_ILLEGAL
     empty = await broker.call(RequestCode.BATCH_ACK_MESSAGE, body=json.dumps({"acks": []}).encode())
     assert empty.code == ResponseCode.NO_MESSAGE
 

@@ -44,7 +44,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -74,6 +74,8 @@ EXPIRY_PERIOD_S = 5.0
 REVIVE_QID, ORDERED_REVIVE_QID = 0, 999
 #: the topic mark of a receipt (`0`: the message's own topic; RocketMQ's 1 and 2 name its retry topics)
 NORMAL_TOPIC = "0"
+#: the largest bit set a batch ack may carry (65,536 offsets past its start; a pop hands out at most 32 a queue)
+MAX_BIT_SET_BYTES = 8192
 #: a pop's owner token in the share-state engine: each pop's records are held under its own popTime
 POP_OWNER = "rmq-pop:"
 
@@ -564,9 +566,18 @@ class BatchAck:
     offsets: tuple[int, ...]
 
 
+def _set_bits(bits: int) -> Iterator[int]:
+    """The positions of the set bits of `bits`, lowest first (as many steps as bits set, not as bits)."""
+    while bits:
+        low = bits & -bits
+        yield low.bit_length() - 1
+        bits ^= low
+
+
 def _batch_acks(body: bytes | None) -> list[BatchAck] | None:
     """The acks of a BatchAckMessageRequestBody (fastjson: short or long field names, the bit set as base64 of
-    Java's BitSet.toByteArray, little-endian), or None when the body is not one."""
+    Java's BitSet.toByteArray, little-endian), or None when the body is not one (or a bit set is larger than
+    MAX_BIT_SET_BYTES)."""
     try:
         doc = json.loads(body or b"")
     except (ValueError, UnicodeDecodeError):
@@ -585,6 +596,8 @@ def _batch_acks(body: bytes | None) -> list[BatchAck] | None:
         bits = field("b", "bitSet")
         try:
             raw = base64.b64decode(bits, validate=True) if isinstance(bits, str) else bytes(bits or b"")
+            if len(raw) > MAX_BIT_SET_BYTES:
+                return None
             start = int(field("so", "startOffset"))
             out.append(
                 BatchAck(
@@ -593,7 +606,7 @@ def _batch_acks(body: bytes | None) -> list[BatchAck] | None:
                     str(field("r", "retry") or NORMAL_TOPIC),
                     int(field("q", "queueId")),
                     int(field("pt", "popTime")),
-                    tuple(start + i for i in range(len(raw) * 8) if raw[i // 8] >> (i % 8) & 1),
+                    tuple(start + i for i in _set_bits(int.from_bytes(raw, "little"))),
                 )
             )
         except (TypeError, ValueError):
