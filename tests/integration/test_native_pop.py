@@ -388,3 +388,21 @@ async def test_an_ordered_pop_takes_nothing_more_from_a_queue_while_its_batch_is
         assert (await ack(broker, "g", "ordered", again, message)).code == ResponseCode.SUCCESS
     last = await pop(broker, "g", "ordered", **more)
     assert [m.body for m in last.messages] == [b"o3"]
+
+
+async def test_a_broker_in_cluster_mode_refuses_pop_and_subscription_configs_with_a_reason(mqk_cluster_factory) -> None:
+    cluster = mqk_cluster_factory(1)
+    [member] = cluster.brokers
+    assert member.native is not None
+    conn = RemotingConnection(member.native)
+    await conn.connect()
+    try:
+        b = Broker(None, None, conn, "")  # type: ignore[arg-type]
+        popped = await pop(b, "g", "t")
+        assert popped.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        body = json.dumps({"groupName": "g"}).encode()
+        configured = await b.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
+        assert configured.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        assert "cluster mode" in (configured.remark or "")
+    finally:
+        await conn.close()

@@ -35,6 +35,23 @@ from mqk.store.manager import StoreManager
 
 Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
+#: what a broker in cluster mode refuses: the share states behind them are this broker's alone (as Kafka share groups
+#: and the gRPC door, which are refused there too)
+NOT_IN_CLUSTER_MODE = frozenset(
+    {
+        RequestCode.POP_MESSAGE,
+        RequestCode.ACK_MESSAGE,
+        RequestCode.BATCH_ACK_MESSAGE,
+        RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+        RequestCode.NOTIFICATION,
+        RequestCode.POLLING_INFO,
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG,
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+        RequestCode.DELETE_SUBSCRIPTIONGROUP,
+    }
+)
+
 
 class NativeServer:
     def __init__(
@@ -162,6 +179,9 @@ class NativeServer:
         handler = self.handlers.get(cmd.code)
         if handler is None:
             return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
+        if cmd.code in NOT_IN_CLUSTER_MODE and self.ctx.broker.cluster is not None:
+            why = "POP consumption and subscription group configs are not offered in cluster mode yet"
+            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, why)
         if self.acl.enabled:
             refused = self.acl.check(conn.peer, cmd)
             if refused is not None:
