@@ -29,12 +29,15 @@ One pass over a shard, as Kafka's cleaner does it:
    deltas. Retained records of a compressed batch are compressed again with the batch's codec (Kafka's cleaner
    keeps it too, so a topic whose compression.type names a codec stays in it). A batch
    with nothing left is dropped, except the last batch of each producer id, which stays as an empty batch so the
-   producer's sequence state (idempotence) survives, as in Kafka. Control batches are kept as they are.
+   producer's sequence state (idempotence) survives, as in Kafka. Control batches are kept as they are, or go
+   whole (below).
    Transactions (Kafka's cleaner rules, with `transactions` set: mqk.server.kafka.transactions): nothing at or past
    the partition's last stable offset is cleanable (an undecided transaction's records stay as they are); a
    batch of an aborted transaction neither enters the offset map (an aborted value never hides a committed one)
-   nor survives the filter (its records go; the producer's last batch stays empty, as above); COMMIT and ABORT
-   markers stay.
+   nor survives the filter (its records go; the producer's last batch stays empty, as above). A COMMIT or ABORT
+   marker stays while a record of its transaction is left before it; once none is, it goes when it is older than
+   delete.retention.ms (counted from its timestamp, as a tombstone's is here; Kafka counts from the cleaning that
+   found it empty), unless it is its producer's last batch.
 6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
    batch old or new and cleaning is idempotent), then the checkpoint moves.
 
@@ -182,9 +185,16 @@ def filter_batches(
     last_of_producer: dict[int, int],
     stats: CleanStats,
     aborted: AbortedBatches = NO_ABORTS,
+    transactions_kept: dict[int, bool] | None = None,
 ) -> list[Any]:
     """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out. The
-    records of `aborted` transactions' batches all go."""
+    records of `aborted` transactions' batches all go.
+
+    A transaction marker (a control batch) goes as Kafka's cleaner lets it go: once no record of its transaction
+    is left before it and it is older than the tombstone horizon (delete.retention.ms), unless it is its
+    producer's last batch (kept for the producer's state). `transactions_kept` (producer id -> whether its
+    transaction under way kept a record so far) carries that across calls over one log, in offset order."""
+    kept_by_producer = transactions_kept if transactions_kept is not None else {}
     out: list[Any] = []
     for batch in batches:
         data = batch.data
@@ -207,6 +217,14 @@ def filter_batches(
         stats.batches_read += 1
         stats.bytes_read += len(data)
         if attributes & _ATTR_CONTROL:
+            transaction_left_records = kept_by_producer.pop(producer_id, False)
+            if (
+                not transaction_left_records
+                and max_ts < tombstone_horizon
+                and last_of_producer.get(producer_id) != base
+            ):
+                stats.records_removed += len(records)
+                continue
             out.append(data)
             continue
         kept = []
@@ -224,6 +242,8 @@ def filter_batches(
             kept.append(record)
         stats.records_kept += len(kept)
         stats.records_removed += len(records) - len(kept)
+        if kept and attributes & _ATTR_TRANSACTIONAL:
+            kept_by_producer[producer_id] = True
         if len(kept) == len(records):
             out.append(data)
             stats.bytes_written += len(data)
@@ -469,6 +489,7 @@ class CompactionService:
         # 4.-6. filter from the log start to the end of the mapped range, chunk by chunk
         horizon = now - settings["delete_retention_ms"]
         last_of_producer = self._last_batches(await self._read(engine, topic, queue, start, upto))
+        transactions_kept: dict[int, bool] = {}
         offset = start
         while offset < upto:
             chunk = await self._read(engine, topic, queue, offset, upto)
@@ -482,7 +503,9 @@ class CompactionService:
             limit = 1 << 62 if engine.rewrite_copies_prefix else CHUNK_BYTES
             for batch in chunk:
                 t = time.perf_counter()
-                rewritten.extend(filter_batches([batch], offset_map, horizon, last_of_producer, stats, aborted))
+                rewritten.extend(
+                    filter_batches([batch], offset_map, horizon, last_of_producer, stats, aborted, transactions_kept)
+                )
                 taken += 1
                 size += len(batch.data)
                 await self._pace(time.perf_counter() - t)

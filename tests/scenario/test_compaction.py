@@ -289,3 +289,40 @@ async def test_aborted_transactions_never_hide_committed_values_and_undecided_on
     # b's undecided value (past the LSO) is not mapped, so the committed b1 before it stays
     assert (4, b"b1") in got
     assert [o for o, _v in got if o >= 5] == [5, 6, 7]
+
+
+async def test_a_transaction_marker_goes_once_its_records_are_gone_and_it_is_past_delete_retention(
+    manager: StoreManager,
+) -> None:
+    from mqk.server.kafka.transactions import control_batch
+
+    m = manager
+    await m.create_topic("mk", 1, TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+    old, now = _now() - 3 * HOUR, _now()
+
+    async def put(batch: bytearray) -> int:
+        return (await m.append("mk", 0, [batch])).base_offset
+
+    await put(_txn_batch([(b"a", b"a-txn")], old, pid=7, seq=0))  # superseded below: its marker may go
+    commit_7 = await put(control_batch(7, 0, commit=True, timestamp=old))
+    await put(_txn_batch([(b"b", b"b-txn")], old, pid=8, seq=0))  # still b's latest value
+    commit_8 = await put(control_batch(8, 0, commit=True, timestamp=old))
+    await put(_txn_batch([(b"c", b"c-aborted")], old, pid=7, seq=1))
+    abort_7 = await put(control_batch(7, 0, commit=False, timestamp=old))  # producer 7's last batch
+    await put(_txn_batch([(b"d", b"d-txn")], now, pid=9, seq=0))  # superseded below, but its marker is young
+    commit_9 = await put(control_batch(9, 0, commit=True, timestamp=now))
+    await put(_txn_batch([(b"e", b"e-txn")], now, pid=9, seq=1))
+    await put(control_batch(9, 0, commit=True, timestamp=now))
+    await put(_batch([(b"a", b"a1"), (b"d", b"d1")], old))
+    await put(_batch([(b"z", b"head")], now))  # the active head
+    service = _service(m)
+    txns = service.transactions = _Transactions()
+    txns.aborted = [(abort_7, 7, abort_7 - 1)]
+    await service.run_once()
+    offsets = {o for o, _k, _v in await _records(m, "mk")}
+    assert commit_7 not in offsets  # nothing of its transaction left, and older than delete.retention.ms
+    assert commit_8 in offsets  # b-txn is still there
+    assert abort_7 in offsets  # its producer's last batch
+    assert commit_9 in offsets  # younger than delete.retention.ms
+    values = [v for _o, _k, v in await _records(m, "mk")]
+    assert b"b-txn" in values and b"a-txn" not in values and b"c-aborted" not in values
