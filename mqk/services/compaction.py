@@ -34,10 +34,11 @@ One pass over a shard, as Kafka's cleaner does it:
    Transactions (Kafka's cleaner rules, with `transactions` set: mqk.server.kafka.transactions): nothing at or past
    the partition's last stable offset is cleanable (an undecided transaction's records stay as they are); a
    batch of an aborted transaction neither enters the offset map (an aborted value never hides a committed one)
-   nor survives the filter (its records go; the producer's last batch stays empty, as above). A COMMIT or ABORT
-   marker stays while a record of its transaction is left before it; once none is, it goes when it is older than
+   nor survives the filter (its records go; the producer's last batch stays empty, as above). A COMMIT marker
+   stays while a record of its transaction is left before it; once none is, it goes when it is older than
    delete.retention.ms (counted from its timestamp, as a tombstone's is here; Kafka counts from the cleaning that
-   found it empty), unless it is its producer's last batch.
+   found it empty), unless it is its producer's last batch. ABORT markers stay: the aborted-transaction index
+   still names their transactions (Kafka drops an index entry with its marker; mqk's index is not rewritten).
 6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
    batch old or new and cleaning is idempotent), then the checkpoint moves.
 
@@ -190,9 +191,11 @@ def filter_batches(
     """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out. The
     records of `aborted` transactions' batches all go.
 
-    A transaction marker (a control batch) goes as Kafka's cleaner lets it go: once no record of its transaction
-    is left before it and it is older than the tombstone horizon (delete.retention.ms), unless it is its
-    producer's last batch (kept for the producer's state). `transactions_kept` (producer id -> whether its
+    A COMMIT marker (a control batch) goes as Kafka's cleaner lets it go: once no record of its transaction is
+    left before it and it is older than the tombstone horizon (delete.retention.ms), unless it is its producer's
+    last batch (kept for the producer's state). ABORT markers stay: the aborted-transaction index that
+    read_committed fetches answer from still names their transactions, and a reader told of one skips the
+    producer's batches until it meets the marker. `transactions_kept` (producer id -> whether its
     transaction under way kept a record so far) carries that across calls over one log, in offset order."""
     kept_by_producer = transactions_kept if transactions_kept is not None else {}
     out: list[Any] = []
@@ -219,7 +222,8 @@ def filter_batches(
         if attributes & _ATTR_CONTROL:
             transaction_left_records = kept_by_producer.pop(producer_id, False)
             if (
-                not transaction_left_records
+                _is_commit_marker(records)
+                and not transaction_left_records
                 and max_ts < tombstone_horizon
                 and last_of_producer.get(producer_id) != base
             ):
@@ -271,6 +275,12 @@ def filter_batches(
         out.append(bytes(rebuilt))
         stats.bytes_written += len(rebuilt)
     return out
+
+
+def _is_commit_marker(records: list[tuple]) -> bool:
+    """Whether a control batch's record is a COMMIT marker (its key: version int16, type int16, 1 = COMMIT)."""
+    key = records[0][3] if len(records) == 1 else None
+    return key is not None and len(key) == 4 and key[2:4] == b"\x00\x01"
 
 
 def _next_offset(data: Any) -> int:
