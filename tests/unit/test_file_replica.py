@@ -240,3 +240,26 @@ async def test_an_empty_replica_takes_the_masters_queue_starts_for_queues_with_n
         assert reopened.end_offset("t", 0) == 5 and reopened.end_offset("later", 0) == 2
     finally:
         await reopened.close()
+
+
+async def test_a_queue_start_learned_before_its_topic_exists_survives_a_restart_of_the_replica(
+    tmp_path: Path,
+) -> None:
+    """The replica learns where a queue starts (its master's START) before the topic's metadata reaches it, and
+    is restarted in between: the start is in queues.json, so the queue starts there when it is created."""
+    replica = await engine_at(tmp_path, writable=False)
+    try:
+        replica.adopt_queue_starts({("later", 0): 7})
+    finally:
+        await replica.close()
+    reopened = await engine_at(tmp_path, writable=False)
+    try:
+        await reopened.create_shards("later", 1, KEYED)
+        assert reopened.end_offset("later", 0) == reopened.log_start_offset("later", 0) == 7
+    finally:
+        await reopened.close()
+    again = await engine_at(tmp_path, writable=False)
+    try:  # taken, so no longer pending: the queue keeps its own positions
+        assert again.registry.pending_starts == {} and again.end_offset("later", 0) == 7
+    finally:
+        await again.close()

@@ -110,9 +110,6 @@ class FileEngine(StorageAdapter):
         self.flusher: FlushService | None = None
         #: the replica's writer: the master's CommitLog bytes in, at the same offsets
         self.replica_log = replica.ReplicaLog(self)
-        #: a replica copying its master's log from a later start: where queues it does not hold yet start
-        #: (replica.adopt_queue_starts)
-        self.pending_queue_starts: dict[tuple[str, int], int] = {}
         self.offsets: FileOffsetStore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False

@@ -61,7 +61,6 @@ class FileEngine(Protocol):
     appender: AppendPipeline
     checkpoint: Checkpoint
     flusher: FlushService | None
-    pending_queue_starts: dict[tuple[str, int], int]
 
     def _notify(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None: ...
 
@@ -333,13 +332,14 @@ def restart_log(engine: FileEngine, start: int, queue_starts: dict[tuple[str, in
 def adopt_queue_starts(engine: FileEngine, queue_starts: dict[tuple[str, int], int]) -> None:
     """Start each empty queue of `queue_starts` ((topic, queue) -> the master's first offset at the CommitLog
     offset this replica copies from) at that offset; a queue this replica does not hold yet starts there when it is
-    created (`start_pending_queues`). A queue with no entry past that point gets none through the copy, so this is
+    created (`start_pending_queues`; kept in queues.json meanwhile, so a replica restarted before the topic's
+    metadata arrives still knows). A queue with no entry past that point gets none through the copy, so this is
     the only way it learns the master's numbering."""
     registry = engine.registry
     for (topic, queue), first in queue_starts.items():
         shard = registry.shards.get((topic, queue))
         if shard is None:
-            engine.pending_queue_starts[(topic, queue)] = first
+            registry.pending_starts[(topic, queue)] = first
         elif len(shard.cq) == 0 and shard.cq.end_offset < first:
             _start_queue(engine, shard, first)
     registry.save_meta_now()
@@ -347,7 +347,7 @@ def adopt_queue_starts(engine: FileEngine, queue_starts: dict[tuple[str, int], i
 
 def start_pending_queues(engine: FileEngine, topic: str) -> bool:
     """Start the just-created queues of `topic` where `adopt_queue_starts` said; whether any moved."""
-    pending = engine.pending_queue_starts
+    pending = engine.registry.pending_starts
     moved = False
     for shard in engine.registry.by_topic.get(topic, ()):
         if shard is None:

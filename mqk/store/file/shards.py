@@ -73,6 +73,9 @@ class ShardRegistry:
         #: per slot, its ConsumeQueue (the kernel names the queues it dirtied by slot)
         self.queue_at: dict[int, ConsumeQueue] = {}
         self.topics: dict[str, TopicMeta] = {}
+        #: a replica copying its master's log from a later start: where queues it does not hold yet start when
+        #: they are created ((topic, queue) -> first offset; mqk.store.file.replica.adopt_queue_starts)
+        self.pending_starts: dict[tuple[str, int], int] = {}
 
     # --- lookup ---------------------------------------------------------------------------------------------
 
@@ -168,6 +171,13 @@ class ShardRegistry:
                 }
             except (KeyError, TypeError, ValueError):
                 log.error("file store metadata for topic %r is malformed; ignoring it", name)
+        self.pending_starts = {}
+        for entry in (doc or {}).get("pending_starts") or ():
+            try:
+                topic, queue, first = entry
+                self.pending_starts[(str(topic), int(queue))] = int(first)
+            except (TypeError, ValueError):
+                log.error("file store metadata: pending queue start %r is malformed; ignoring it", entry)
 
     def _scan_cq_dirs(self) -> dict[str, TopicMeta]:
         topics = {}
@@ -187,7 +197,10 @@ class ShardRegistry:
                 "created": meta["created"],
                 "log_start": {str(q): s for q, s in meta["log_start"].items() if s},
             }
-        return {"version": 1, "topics": out}
+        doc: dict[str, Any] = {"version": 1, "topics": out}
+        if self.pending_starts:
+            doc["pending_starts"] = [[t, q, first] for (t, q), first in sorted(self.pending_starts.items())]
+        return doc
 
     async def save_meta(self) -> None:
         await asyncio.to_thread(self.save_meta_now)
