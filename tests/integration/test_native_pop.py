@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from helpers import wait_until_async
 
 from mqk.client import Producer
 from mqk.client.remoting import RemotingConnection
@@ -243,12 +244,11 @@ async def test_a_waiting_pop_is_answered_by_a_send_and_counted_while_it_waits(br
     assert notified.code == ResponseCode.SUCCESS and notified.ext_fields["hasMsg"] == "false"
     waiting = asyncio.create_task(pop(broker, "g", "later", queue=0, poll_ms=20_000))
     info = {"consumerGroup": "g", "topic": "later", "queueId": 0}
-    for _ in range(200):
-        polled = await broker.call(RequestCode.POLLING_INFO, info)
-        if polled.ext_fields["pollingNum"] == "1":
-            break
-        await asyncio.sleep(0.01)  # (the pop reaches its wait on the broker's loop)
-    assert polled.ext_fields["pollingNum"] == "1"
+
+    async def one_pop_waits() -> bool:
+        return (await broker.call(RequestCode.POLLING_INFO, info)).ext_fields["pollingNum"] == "1"
+
+    await wait_until_async(one_pop_waits, 10, "POLLING_INFO to count the waiting pop")
     await send(broker, "later", [b"news"])
     got = await asyncio.wait_for(waiting, 10)
     assert [m.body for m in got.messages] == [b"news"]
