@@ -165,16 +165,34 @@ class SharePartition:
             out.append((offset, rec.delivery_count))
         return out
 
-    def holds(self, offset: int, member_id: str, delivery_count: int) -> bool:
-        """Whether the member holds the record at `offset` from its `delivery_count`-th delivery (not since
-        settled, nor released, nor delivered again after its lock ran out)."""
+    def holds(self, offset: int, member_id: str, delivery_count: int | None = None) -> bool:
+        """Whether the member holds the record at `offset` (from its `delivery_count`-th delivery, when given): not
+        since settled, nor released, nor delivered again after its lock ran out."""
         rec = self.records.get(offset)
         return (
             rec is not None
             and rec.state == ACQUIRED
             and rec.owner == member_id
-            and rec.delivery_count == delivery_count
+            and (delivery_count is None or rec.delivery_count == delivery_count)
         )
+
+    def hand_over(self, offset: int, member_id: str, new_member_id: str) -> bool:
+        """The record the member holds at `offset` is held by `new_member_id` from now on (a RocketMQ receipt
+        renewed: the old receipt no longer settles it); whether it was the member's."""
+        if not self.holds(offset, member_id):
+            return False
+        self.records[offset].owner = new_member_id
+        return True
+
+    def takeable(self, end: int, now: float) -> int:
+        """How many records below `end` an acquisition could take now: those never handed out, AVAILABLE ones,
+        and held ones whose lock has ended."""
+        again = sum(
+            1
+            for rec in self.records.values()
+            if rec.state == AVAILABLE or (rec.state == ACQUIRED and rec.deadline < now)
+        )
+        return max(0, end - self.next_offset) + again
 
     def archive(self, offsets: Iterable[int]) -> None:
         """Records nobody is to receive (control records, or ones the group's filter refuses): done at once,

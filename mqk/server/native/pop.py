@@ -176,12 +176,48 @@ class PopConsumption:
                 break
         return out, changed
 
+    async def pop_waiting(
+        self,
+        group: str,
+        topic: str,
+        queues: Sequence[int],
+        member: str,
+        budget: int,
+        lock_ms: int,
+        tags: frozenset[str] | None,
+        wait_s: float,
+        ordered: bool = False,
+    ) -> list[Popped]:
+        """`pop`, and while it finds nothing, wait (up to `wait_s` in all) for new messages on these queues or for a
+        held one whose lock ends, then pop again; the group's dead letters forwarded and its state saved on the
+        way."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while True:
+            popped, changed = await self.pop(group, topic, queues, member, budget, lock_ms, tags, ordered)
+            changed = await self.forward_dead_letters(group) or changed
+            if changed:
+                await self.share.save([group])
+            if popped or loop.time() >= until:
+                return popped
+            await self.wait(group, topic, queues, until - loop.time())
+
     async def wait(self, group: str, topic: str, queues: Sequence[int], seconds: float) -> None:
-        """Wait up to `seconds` for new messages on these queues, or for a held one whose lock ends."""
+        """Wait up to `seconds` for new messages on these queues, or for a held one whose lock ends; counted in
+        `waiting` meanwhile (POLLING_INFO)."""
         partitions = [self.ctx.to_partition(topic, q) for q in queues]
         topic_id = self.topic_id(topic)
         keys = [] if topic_id is None else [(topic_id, p) for p in partitions]
-        await self.ctx.hub.wait([(topic, p) for p in partitions], self.share.wait_for(group, keys, seconds))
+        key = (group, topic, queues[0] if len(queues) == 1 else -1)
+        self.waiting[key] = self.waiting.get(key, 0) + 1
+        try:
+            await self.ctx.hub.wait([(topic, p) for p in partitions], self.share.wait_for(group, keys, seconds))
+        finally:
+            left = self.waiting[key] - 1
+            if left:
+                self.waiting[key] = left
+            else:
+                del self.waiting[key]
 
     def _reset(self, topic: str, partition: int) -> str:
         """Where a new consumer group starts on a queue: at its first message while the queue still holds every
@@ -219,20 +255,26 @@ class PopConsumption:
         if topic_id is None or found is None or not 0 <= queue < self.ctx.queue_count(topic):
             return f"no message of group {group} on topic {topic} is held"
         part = found.partitions.get((topic_id, self.ctx.to_partition(topic, queue)))
-        record = None if part is None else part.records.get(offset)
-        held = (
-            record is not None
-            and part is not None
-            and part.holds(offset, member, record.delivery_count if delivery_count is None else delivery_count)
-        )
-        if not held or part is None or record is None:
+        if part is None or not part.holds(offset, member, delivery_count):
             return "the message was settled, or delivered again after its lock ran out"
         code = part.acknowledge(member, offset, offset, [kind], self.share.now() + lock_ms, self.share.limit(group))
         if code:
             return "the message is not held"
         if kind == RENEW and new_member is not None:
-            record.owner = new_member
+            part.hand_over(offset, member, new_member)
         return None
+
+    def takeable(self, group: str, topic: str, queue: int) -> int:
+        """How many messages of the client's queue `queue` a pop of the group could take now (ignoring its tag
+        filter, as RocketMQ's counts do): for a group that has not read the queue yet, by where it would start."""
+        partition = self.ctx.to_partition(topic, queue)
+        start, end = self.ctx.store.offset_bounds(topic, partition)
+        topic_id = self.topic_id(topic)
+        found = self.share.groups.get(group)
+        part = None if found is None or topic_id is None else found.partitions.get((topic_id, partition))
+        if part is None:
+            return end - start if self._reset(topic, partition) == "earliest" else 0
+        return part.takeable(end, self.share.now())
 
     # --- dead letters and expiry ---------------------------------------------------------------------------------
 
@@ -339,17 +381,6 @@ class PopProcessor:
             return cmd.response(ResponseCode.INVALID_PARAMETER if all_queues else ResponseCode.MESSAGE_ILLEGAL, why)
         return group, topic, [queue]
 
-    async def _waiting(self, key: tuple[str, str, int], wait: Any) -> Any:
-        self.pop.waiting[key] = self.pop.waiting.get(key, 0) + 1
-        try:
-            return await wait
-        finally:
-            left = self.pop.waiting[key] - 1
-            if left:
-                self.pop.waiting[key] = left
-            else:
-                del self.pop.waiting[key]
-
     async def pop_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         target = self._target(cmd, all_queues=True)
         if isinstance(target, RemotingCommand):
@@ -374,19 +405,11 @@ class PopProcessor:
         tags = parse_subscription(cmd.get_str("exp"))
         await self.pop.prepare(group)
         ordered = cmd.get_bool("order") or self.pop.share.orderly(group)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + poll_ms / 1000
-        key = (group, topic, queues[0] if len(queues) == 1 else -1)
-        while True:
-            pop_time = self._pop_time()
-            owner = POP_OWNER + str(pop_time)
-            popped, changed = await self.pop.pop(group, topic, queues, owner, budget, lock_ms, tags, ordered)
-            changed = await self.pop.forward_dead_letters(group) or changed
-            if changed:
-                await self.pop.share.save([group])
-            if popped or loop.time() >= until:
-                break
-            await self._waiting(key, self.pop.wait(group, topic, queues, until - loop.time()))
+        # (one popTime for the whole long poll: it names this pop's deliveries, as the owner of what it takes)
+        pop_time = self._pop_time()
+        popped = await self.pop.pop_waiting(
+            group, topic, queues, POP_OWNER + str(pop_time), budget, lock_ms, tags, poll_ms / 1000, ordered
+        )
         ext: dict[str, Any] = {
             "popTime": pop_time,
             "invisibleTime": lock_ms,
@@ -490,43 +513,17 @@ class PopProcessor:
         await self.pop.prepare(group)
         loop = asyncio.get_running_loop()
         until = loop.time() + poll_ms / 1000
-        key = (group, topic, queues[0] if len(queues) == 1 else -1)
         while not (has := self._has_message(group, topic, queues)) and loop.time() < until:
-            await self._waiting(key, self.pop.wait(group, topic, queues, until - loop.time()))
+            await self.pop.wait(group, topic, queues, until - loop.time())
         return cmd.response(ResponseCode.SUCCESS, None, {"hasMsg": has, "pollingFull": False})
 
     def _rest(self, group: str, topic: str, queues: Sequence[int]) -> int:
-        """How many messages of these queues the group has not taken yet (RocketMQ's restNum)."""
-        topic_id = self.pop.topic_id(topic)
-        found = self.pop.share.groups.get(group)
-        rest = 0
-        for queue in queues:
-            partition = self.ctx.to_partition(topic, queue)
-            _start, end = self.ctx.store.offset_bounds(topic, partition)
-            part = None if found is None or topic_id is None else found.partitions.get((topic_id, partition))
-            if part is not None:
-                rest += max(0, end - part.next_offset) + len(part.reacquirable())
-        return rest
+        """How many messages of these queues the group could still take (RocketMQ's restNum)."""
+        return sum(self.pop.takeable(group, topic, q) for q in queues)
 
     def _has_message(self, group: str, topic: str, queues: Sequence[int]) -> bool:
-        """Whether a pop of the group would find something on these queues now: a message past what the group
-        took, or one whose lock ended (an approximation that ignores the tag filter, as RocketMQ's does)."""
-        topic_id = self.pop.topic_id(topic)
-        found = self.pop.share.groups.get(group)
-        now = self.pop.share.now()
-        for queue in queues:
-            partition = self.ctx.to_partition(topic, queue)
-            start, end = self.ctx.store.offset_bounds(topic, partition)
-            part = None if found is None or topic_id is None else found.partitions.get((topic_id, partition))
-            if part is None:
-                if end > start and self.pop._reset(topic, partition) == "earliest":
-                    return True
-                continue
-            if part.next_offset < end or part.reacquirable():
-                return True
-            if any(rec.owner and rec.deadline < now for rec in part.records.values()):
-                return True
-        return False
+        """Whether a pop of the group would find something on these queues now."""
+        return any(self.pop.takeable(group, topic, q) for q in queues)
 
     async def polling_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         target = self._target(cmd, all_queues=False)

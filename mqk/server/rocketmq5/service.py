@@ -444,24 +444,16 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if remaining is not None:  # answer before the client's deadline
             poll_s = min(poll_s, max(0.0, remaining - 0.5))
         await self.pop.prepare(group)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + poll_s
-        while True:
-            messages, changed = await self._pop(group, topic, count, member, budget, lock_ms, tags)
-            changed = await self.pop.forward_dead_letters(group) or changed
-            if changed:
-                await self.share.save([group])
-            if messages or loop.time() >= until:
-                break
-            await self.pop.wait(group, topic, range(count), until - loop.time())
-        if not messages:
+        # (a FIFO group's acquisitions are ordered: ShareGroups.orderly, set by its subscription config)
+        popped = await self.pop.pop_waiting(group, topic, range(count), member, budget, lock_ms, tags, poll_s)
+        if not popped:
             yield pbs.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
+        handles = [ReceiptHandle(p.queue, p.message.queue_offset, p.delivery_count, member) for p in popped]
+        messages = [to_protocol(pb, p.message, p.queue, h, lock_ms) for p, h in zip(popped, handles, strict=True)]
         now = self.ctx.now_ms()
         if request.auto_renew:
-            for message in messages:
-                handle = ReceiptHandle.decode(message.system_properties.receipt_handle)
-                assert handle is not None
+            for handle in handles:
                 key = (group, topic, handle.queue, handle.offset)
                 self.renewing[key] = Renewal(group, topic, handle, lock_ms, now)
         yield pbs.ReceiveMessageResponse(status=status(OK))
@@ -492,25 +484,6 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if not 0 <= request.batch_size <= MAX_BATCH:
             return status(Code.BAD_REQUEST, f"batch size {request.batch_size} is outside [1, {MAX_BATCH}]")
         return None
-
-    async def _pop(
-        self, group: str, topic: str, count: int, member: str, budget: int, lock_ms: int, tags: frozenset[str] | None
-    ) -> tuple[list[Any], bool]:
-        """Acquire up to `budget` messages of the topic's queues for the group (mqk.server.native.pop): the protocol
-        messages, and whether any record state changed."""
-        # (a FIFO group's acquisitions are ordered: ShareGroups.orderly, set by its subscription config)
-        popped, changed = await self.pop.pop(group, topic, range(count), member, budget, lock_ms, tags)
-        out = [
-            to_protocol(
-                pb,
-                p.message,
-                p.queue,
-                ReceiptHandle(p.queue, p.message.queue_offset, p.delivery_count, member),
-                lock_ms,
-            )
-            for p in popped
-        ]
-        return out, changed
 
     # --- settling ------------------------------------------------------------------------------------------------
 
