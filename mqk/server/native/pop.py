@@ -81,6 +81,22 @@ POP_OWNER = "rmq-pop:"
 
 
 @dataclass(frozen=True, slots=True)
+class PopRequest:
+    """What a pop asks for: up to `budget` messages of the client's `queues` of `topic` for `group`, held by
+    `member` for `lock_ms`, those of the tag filter `tags` (None: all); `ordered`: see
+    ShareGroups.acquire_from_log (a group whose config says so is ordered anyway)."""
+
+    group: str
+    topic: str
+    queues: Sequence[int]
+    member: str
+    budget: int
+    lock_ms: int
+    tags: frozenset[str] | None
+    ordered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Popped:
     """One message a pop acquired: the client's queue id, the message, its delivery attempt (1 = first)."""
 
@@ -118,20 +134,11 @@ class PopConsumption:
         await self.share.ensure_loaded(self.ctx.store)
         self.share.keep_dead_letters(group)
 
-    async def pop(
-        self,
-        group: str,
-        topic: str,
-        queues: Sequence[int],
-        member: str,
-        budget: int,
-        lock_ms: int,
-        tags: frozenset[str] | None,
-        ordered: bool = False,
-    ) -> tuple[list[Popped], bool]:
-        """Acquire up to `budget` messages of these queues (client queue ids) for the group, starting at a queue
-        that moves round robin: the messages, and whether any record state changed (to save). `ordered`: see
-        ShareGroups.acquire_from_log (a group whose config says so is ordered anyway)."""
+    async def _acquire(self, request: PopRequest) -> tuple[list[Popped], bool]:
+        """Acquire up to the request's budget of messages of its queues for its group, starting at a queue that
+        moves round robin: the messages, and whether any record state changed (to save)."""
+        group, topic, queues, member = request.group, request.topic, request.queues, request.member
+        budget, lock_ms, tags = request.budget, request.lock_ms, request.tags
         topic_id = self.topic_id(topic)
         if topic_id is None or not queues:
             return [], False
@@ -159,7 +166,7 @@ class PopConsumption:
                 lock_ms=lock_ms,
                 wanted=wanted,
                 reset=self._reset(topic, partition),
-                ordered=ordered,
+                ordered=request.ordered,
             )
             changed = changed or bool(chosen) or self._progress(group) != before
             nbytes = 0
@@ -176,31 +183,20 @@ class PopConsumption:
                 break
         return out, changed
 
-    async def pop_waiting(
-        self,
-        group: str,
-        topic: str,
-        queues: Sequence[int],
-        member: str,
-        budget: int,
-        lock_ms: int,
-        tags: frozenset[str] | None,
-        wait_s: float,
-        ordered: bool = False,
-    ) -> list[Popped]:
-        """`pop`, and while it finds nothing, wait (up to `wait_s` in all) for new messages on these queues or for a
-        held one whose lock ends, then pop again; the group's dead letters forwarded and its state saved on the
-        way."""
+    async def pop(self, request: PopRequest, wait_s: float = 0.0) -> list[Popped]:
+        """Acquire what the request asks for, and while there is nothing, wait (up to `wait_s` in all) for new
+        messages on its queues or for a held one whose lock ends, then try again; the group's dead letters are
+        forwarded and its state saved on the way."""
         loop = asyncio.get_running_loop()
         until = loop.time() + wait_s
         while True:
-            popped, changed = await self.pop(group, topic, queues, member, budget, lock_ms, tags, ordered)
-            changed = await self.forward_dead_letters(group) or changed
+            popped, changed = await self._acquire(request)
+            changed = await self.forward_dead_letters(request.group) or changed
             if changed:
-                await self.share.save([group])
+                await self.share.save([request.group])
             if popped or loop.time() >= until:
                 return popped
-            await self.wait(group, topic, queues, until - loop.time())
+            await self.wait(request.group, request.topic, request.queues, until - loop.time())
 
     async def wait(self, group: str, topic: str, queues: Sequence[int], seconds: float) -> None:
         """Wait up to `seconds` for new messages on these queues, or for a held one whose lock ends; counted in
@@ -407,9 +403,8 @@ class PopProcessor:
         ordered = cmd.get_bool("order") or self.pop.share.orderly(group)
         # (one popTime for the whole long poll: it names this pop's deliveries, as the owner of what it takes)
         pop_time = self._pop_time()
-        popped = await self.pop.pop_waiting(
-            group, topic, queues, POP_OWNER + str(pop_time), budget, lock_ms, tags, poll_ms / 1000, ordered
-        )
+        request = PopRequest(group, topic, queues, POP_OWNER + str(pop_time), budget, lock_ms, tags, ordered)
+        popped = await self.pop.pop(request, poll_ms / 1000)
         ext: dict[str, Any] = {
             "popTime": pop_time,
             "invisibleTime": lock_ms,

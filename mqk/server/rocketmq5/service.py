@@ -67,6 +67,7 @@ from mqk.protocol.native.codes import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
 )
+from mqk.server.native.pop import PopRequest
 from mqk.server.native.server import NativeServer
 from mqk.server.rocketmq5.messages import (
     ReceiptHandle,
@@ -445,7 +446,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             poll_s = min(poll_s, max(0.0, remaining - 0.5))
         await self.pop.prepare(group)
         # (a FIFO group's acquisitions are ordered: ShareGroups.orderly, set by its subscription config)
-        popped = await self.pop.pop_waiting(group, topic, range(count), member, budget, lock_ms, tags, poll_s)
+        popped = await self.pop.pop(PopRequest(group, topic, range(count), member, budget, lock_ms, tags), poll_s)
         if not popped:
             yield pbs.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
