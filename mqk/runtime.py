@@ -159,6 +159,7 @@ class BrokerRuntime:
         # cluster mode's modules (etcd client, controller, replication) are imported here, so that a broker on its
         # own never loads them: it keeps start-up cheap
         from mqk.broker.cluster import ClusterConfig, ClusterMember
+        from mqk.broker.cluster.txn_partitions import TxnPartitions
         from mqk.broker.replication import Replication, ReplicationConfig
         from mqk.meta.etcd import parse_endpoints
 
@@ -226,6 +227,11 @@ class BrokerRuntime:
         self.cluster.on_leadership(become=self.kafka.producers.become_master, resign=self.kafka.producers.resign)
         self.cluster.on_leadership(become=self.native.transactions.become_master)
         self.cluster.on_leadership(become=load_groups, resign=unload_groups)
+        # (after the groups: a commit's offsets go to the group coordinator)
+        transactions = self.kafka.ctx.transactions
+        assert transactions is not None
+        transactions.use_cluster(TxnPartitions(self.cluster))
+        self.cluster.on_leadership(become=transactions.become_master, resign=transactions.resign)
         await self.cluster.start()
         self._parts.append(self.cluster)
         if self.replication is not None:

@@ -7,11 +7,12 @@ Three kinds of names are not ordinary user topics:
   Kafka clients leave them out of topic listings and pattern subscriptions. Two families:
   - local by nature (`is_local`: each broker keeps its own, never placed by a cluster's controller): the timer's
     `__mqk_timer` (delayed messages wait there, mqk.timer) with, in cluster mode, its progress in
-    `__mqk_timer_state`, and RocketMQ's transaction topics: half messages in `RMQ_SYS_TRANS_HALF_TOPIC`, their
-    commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC` (mqk.server.native.transaction);
+    `__mqk_timer_state`, RocketMQ's transaction topics: half messages in `RMQ_SYS_TRANS_HALF_TOPIC`, their
+    commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC` (mqk.server.native.transaction), and Kafka's
+    `__transaction_state` (the transaction coordinator's state, mqk.server.kafka.transactions: in a cluster,
+    each group's master coordinates the transactional ids placed on it, and keeps them in its own log);
   - Kafka's own, placed across a cluster like user topics: `__consumer_offsets` (committed offsets, cluster mode)
-    `__transaction_state` (the transaction coordinator's state, mqk.server.kafka.transactions) and
-    `__share_group_state` (the share groups' record states, mqk.groups.share).
+    and `__share_group_state` (the share groups' record states, mqk.groups.share).
   Clients may read them, but never write, delete, grow or reconfigure them, whoever they are: the policy below
   (`client_change_refusal`) is applied by every front door before any authorization, as Kafka refuses appends to
   its internal topics to every client. Kafka answers a Produce with INVALID_TOPIC_EXCEPTION ("cannot append to
@@ -65,11 +66,11 @@ LOCAL_INTERNAL_TOPICS: dict[str, str] = {
     TIMER_STATE_TOPIC: "mqk.timer (its delivery progress, cluster mode)",
     TRANSACTION_HALF_TOPIC: "mqk.server.native.transaction (half messages)",
     TRANSACTION_OP_TOPIC: "mqk.server.native.transaction (commit and rollback records)",
+    TRANSACTION_STATE_TOPIC: "mqk.server.kafka.transactions (transaction coordinator state)",
 }
 #: Kafka's internal topics (placed in a cluster like user topics) -> their owner
 KAFKA_INTERNAL_TOPICS: dict[str, str] = {
     OFFSETS_TOPIC: "mqk.store.offsets_log (committed group offsets, cluster mode)",
-    TRANSACTION_STATE_TOPIC: "mqk.server.kafka.transactions (transaction coordinator state)",
     SHARE_GROUP_STATE_TOPIC: "mqk.groups.share (share groups' record states)",
 }
 #: every internal topic -> its owner

@@ -167,9 +167,10 @@ def test_the_internal_topics_and_their_kinds() -> None:
         assert internal.created_on_demand(name)
     assert internal.kind_of("orders") is internal.TopicKind.USER and not internal.created_on_demand("orders")
     assert not internal.is_internal(internal.AUTO_CREATE_KEY)  # a route key, never a topic
-    # Kafka's own internal topics are internal, but placed in a cluster like user topics (not local by nature)
-    for name in ("__consumer_offsets", "__transaction_state"):
-        assert internal.is_internal(name) and not internal.is_local(name)
+    # Kafka's offsets are internal, but placed in a cluster like user topics (not local by nature); its transaction
+    # state is each group's own (the transactional ids its master coordinates)
+    assert internal.is_internal("__consumer_offsets") and not internal.is_local("__consumer_offsets")
+    assert internal.is_internal("__transaction_state") and internal.is_local("__transaction_state")
     assert internal.is_local(TIMER_TOPIC) and not internal.is_local("%RETRY%g")
 
 

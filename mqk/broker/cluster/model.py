@@ -15,6 +15,8 @@
     acls/<quoted binding>        (bytes)          one ACL binding (mqk.broker.security.acls reads them)
     quotas/<quoted entity>       (bytes)          one entity's client quotas (mqk.broker.quotas reads them)
     rocketmq-keys/<quoted name>  (bytes)          a RocketMQ access key and its secret (mqk.broker.security.access_keys)
+    txn-partitions/<group>/<pid> TxnPartitionsRecord a Kafka transaction's partitions placed in <group>, when its
+                                                  coordinator is in another group (mqk.broker.cluster.txn_partitions)
 
 Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
 damaged or foreign key is logged and skipped, never trusted.
@@ -53,8 +55,9 @@ class Keys:
         self.acls = self.root + "acls/"
         self.quotas = self.root + "quotas/"
         self.rocketmq_keys = self.root + "rocketmq-keys/"
+        self.txn_partitions = self.root + "txn-partitions/"
         #: the prefixes whose values other modules decode: a ClusterState keeps each as a KeyTable
-        self.tables = (self.acls, self.quotas, self.rocketmq_keys)
+        self.tables = (self.acls, self.quotas, self.rocketmq_keys, self.txn_partitions)
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
@@ -79,6 +82,10 @@ class Keys:
 
     def result(self, request_id: str) -> str:
         return self.results + request_id
+
+    def txn_partitions_of(self, group: str, producer_id: int) -> str:
+        """The key of producer id `producer_id`'s transaction in `group` (the group's name percent-encoded)."""
+        return f"{self.txn_partitions}{quote(group, safe='')}/{producer_id}"
 
     def user(self, name: str) -> str:
         """A user's key: the name percent-encoded, so any name (one with '/' too) is one key."""
@@ -318,3 +325,52 @@ __all__ = [
     "load_int",
     "load_members",
 ]
+
+
+#: a TxnPartitionsRecord's states: the transaction is under way, or its coordinator decided it
+TXN_ONGOING, TXN_COMMIT, TXN_ABORT = "ongoing", "commit", "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class TxnPartitionsRecord:
+    """The partitions a Kafka transaction writes in one broker group that does not coordinate it, and what its
+    coordinator decided (mqk.broker.cluster.txn_partitions says who writes and deletes it)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    #: TXN_ONGOING, TXN_COMMIT or TXN_ABORT
+    state: str
+    #: [[topic, partition], ...] placed in the key's group
+    partitions: list[list[Any]]
+    #: the node that wrote it (the coordinator)
+    coordinator: int
+
+    @classmethod
+    def decode(cls, data: bytes) -> TxnPartitionsRecord:
+        what = "transaction partitions record"
+        doc = _load(data, what)
+        state = _field(doc, "state", str, what)
+        if state not in (TXN_ONGOING, TXN_COMMIT, TXN_ABORT):
+            raise Malformed(f"{what}: unknown state {state!r}")
+        partitions = _field(doc, "partitions", list, what)
+        for tp in partitions:
+            if not (
+                isinstance(tp, list)
+                and len(tp) == 2
+                and isinstance(tp[0], str)
+                and isinstance(tp[1], int)
+                and not isinstance(tp[1], bool)
+            ):
+                raise Malformed(f"{what}: partitions must be [topic, partition] pairs")
+        return cls(
+            _field(doc, "transactional_id", str, what),
+            _field(doc, "producer_id", int, what),
+            _field(doc, "producer_epoch", int, what),
+            state,
+            partitions,
+            _field(doc, "coordinator", int, what),
+        )
+
+    def holds(self, topic: str, partition: int) -> bool:
+        return [topic, partition] in self.partitions

@@ -116,10 +116,8 @@ class KafkaServer:
             log_sizes=self.broker.log_sizes,
             security=self.broker.security,
             quotas=self.broker.quotas,
-            # cluster mode does not offer transactions yet (markers across broker groups: mqk.server.kafka.transactions)
-            transactions=None
-            if config.cluster
-            else TransactionCoordinator(
+            # (in cluster mode it serves while this broker is its group's master: the runtime links it)
+            transactions=TransactionCoordinator(
                 store,
                 self.producers,
                 self.groups,
@@ -127,6 +125,7 @@ class KafkaServer:
                 max_timeout_ms=config.transaction_max_timeout_ms,
                 check_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
                 id_expiration_ms=config.transactional_id_expiration_ms,
+                standby=bool(config.cluster),
             ),
         )
         # a read_committed share group reads below the last stable offset, as a read_committed fetch does

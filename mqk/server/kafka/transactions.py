@@ -43,8 +43,19 @@ What this module owns:
   transactional id idle for `transactional_id_expiration_ms` (Kafka's `transactional.id.expiration.ms`, 7 days),
   so ids that come and go do not grow the state without bound.
 
-Cluster mode does not offer transactions yet (the markers of a transaction spanning broker groups need the
-inter-broker WriteTxnMarkers): the handlers refuse them there as before.
+**Cluster mode** (`links`: mqk.broker.cluster.txn_partitions). A transactional id is coordinated by the master of
+the group holding its `__consumer_offsets` partition; its documents are in that group's own `__transaction_state`
+(local to each group, replicated with its log), loaded when the broker becomes master (`become_master`) and
+dropped when it stops (`resign`). A transaction's partitions in the coordinator's own group are handled as on a
+broker on its own. For each other group it writes to, the coordinator publishes the group's partitions in etcd
+before answering the request that added them, and its decision at EndTxn; that group's master checks transactional
+batches against the record, keeps each one's first offset in its own `__transaction_state` (`o` + [topic,
+partition, producer id], written before the batch), writes the markers when the decision comes, and the
+coordinator waits for them before its Complete record. A consumer group coordinated in another group takes the
+transaction's offsets (TxnOffsetCommit goes to the group's coordinator) as pending documents (`g` + [producer id,
+group]) and applies them when the decision reaches its offsets partition. Clients speak transaction version 1
+there (ApiVersions finalizes no version 2: its implicit partition adds would need the partition's leader to ask
+the coordinator).
 
 Not thread-safe: one event loop owns it. Requests for one transactional id are serialised by its lock.
 """
@@ -57,7 +68,7 @@ import contextlib
 import json
 import logging
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,6 +76,7 @@ from mqk import errors as E
 from mqk._fast import load
 from mqk.broker.internal import TRANSACTION_STATE_TOPIC
 from mqk.clock import SYSTEM_CLOCK, Clock
+from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC
 from mqk.store.adapter import GroupOffset
 from mqk.store.manager import StoreManager
 from mqk.store.statelog import LogStateDocs
@@ -89,8 +101,16 @@ MAX_EPOCH = 32767 - 1
 #: a single broker is the only coordinator there has been
 COORDINATOR_EPOCH = 0
 #: the state documents' names: a transactional id's (`t` + the id) and an aborted transaction's (`a` + JSON of its
-#: topic, partition and marker offset)
-_TXN_KEY, _ABORT_KEY = "t", "a"
+#: topic, partition and marker offset); in cluster mode also a transaction's first offset in a partition of this
+#: group coordinated elsewhere (`o` + JSON of topic, partition, producer id) and its offsets of a group coordinated
+#: here (`g` + JSON of producer id, group)
+_TXN_KEY, _ABORT_KEY, _OPEN_KEY, _OFFSETS_KEY = "t", "a", "o", "g"
+#: TxnPartitionsRecord's states (mqk.broker.cluster.model)
+_REMOTE_ONGOING, _REMOTE_COMMIT, _REMOTE_ABORT = "ongoing", "commit", "abort"
+#: how long an EndTxn waits for other groups' markers before it answers COORDINATOR_NOT_AVAILABLE (the producer
+#: retries; the transaction stays prepared, and its markers are asked for again)
+REMOTE_MARKERS_WAIT_S = 10.0
+_MARKED_EPOCHS_KEPT = 100_000
 
 Partition = tuple[str, int]
 #: a transaction's offsets for one group: (topic, partition) -> (offset, leader epoch, metadata)
@@ -101,6 +121,55 @@ class OffsetCommitter(Protocol):
     """Where a committed transaction's group offsets go (mqk.groups.coordinator.GroupCoordinator)."""
 
     async def commit_transactional_offsets(self, group_id: str, offsets: dict[Partition, GroupOffset]) -> None: ...
+
+
+class RemoteTxn(Protocol):
+    """A transaction's partitions in this broker's group, as its coordinator in another group published them
+    (mqk.broker.cluster.model.TxnPartitionsRecord)."""
+
+    @property
+    def transactional_id(self) -> str: ...
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def partitions(self) -> list[list[Any]]: ...
+
+    def holds(self, topic: str, partition: int) -> bool: ...
+
+
+class ClusterLinks(Protocol):
+    """What the coordinator needs of the cluster (mqk.broker.cluster.txn_partitions.TxnPartitions)."""
+
+    @property
+    def group(self) -> str: ...
+
+    def coordinates(self, transactional_id: str) -> bool: ...
+
+    def group_of(self, topic: str, partition: int) -> str | None: ...
+
+    def offsets_partition(self, group_id: str) -> tuple[str, int]: ...
+
+    def remote_record(
+        self, transactional_id: str, producer_id: int, epoch: int, state: str, partitions: list[list[Any]]
+    ) -> Any: ...
+
+    async def publish(self, records: dict[str, Any]) -> None: ...
+
+    async def wait_gone(self, producer_id: int, groups: list[str], timeout: float) -> bool: ...  # noqa: ASYNC109
+
+    def record(self, producer_id: int) -> RemoteTxn | None: ...
+
+    async def fetch(self, producer_id: int) -> RemoteTxn | None: ...
+
+    def decided(self) -> list[tuple[bytes, Any]]: ...
+
+    async def done(self, record: Any, value: bytes) -> bool: ...
+
+    def on_change(self, callback: Callable[[], None]) -> None: ...
 
 
 class ProducerIds(Protocol):
@@ -135,9 +204,7 @@ class Txn:
             "timeout_ms": self.timeout_ms,
             "state": self.state,
             "partitions": [[t, p, floor] for (t, p), floor in self.partitions.items()],
-            "groups": {
-                g: [[t, p, o, e, m] for (t, p), (o, e, m) in offsets.items()] for g, offsets in self.groups.items()
-            },
+            "groups": {g: _offsets_list(offsets) for g, offsets in self.groups.items()},
             "start_ms": self.start_ms,
             "update_ms": self.update_ms,
         }
@@ -153,14 +220,19 @@ class Txn:
             int(doc["timeout_ms"]),
             doc["state"],
             {(str(t), int(p)): int(floor) for t, p, floor in doc["partitions"]},
-            {
-                str(g): {(str(t), int(p)): (int(o), int(e), str(m)) for t, p, o, e, m in offsets}
-                for g, offsets in doc["groups"].items()
-            },
+            {str(g): _offsets_from(offsets) for g, offsets in doc["groups"].items()},
             int(doc["start_ms"]),
             int(doc["update_ms"]),
             int(doc.get("last_epoch", -1)),
         )
+
+
+def _offsets_list(offsets: GroupOffsets) -> list[list[Any]]:
+    return [[t, p, o, e, m] for (t, p), (o, e, m) in offsets.items()]
+
+
+def _offsets_from(rows: list[list[Any]]) -> GroupOffsets:
+    return {(str(t), int(p)): (int(o), int(e), str(m)) for t, p, o, e, m in rows}
 
 
 class PartitionTxns:
@@ -206,6 +278,14 @@ def _abort_key(topic: str, partition: int, marker: int) -> str:
     return _ABORT_KEY + json.dumps([topic, partition, marker], separators=(",", ":"))
 
 
+def _open_key(topic: str, partition: int, producer_id: int) -> str:
+    return _OPEN_KEY + json.dumps([topic, partition, producer_id], separators=(",", ":"))
+
+
+def _offsets_key(producer_id: int, group_id: str) -> str:
+    return _OFFSETS_KEY + json.dumps([producer_id, group_id], separators=(",", ":"))
+
+
 class TransactionCoordinator:
     def __init__(
         self,
@@ -217,6 +297,7 @@ class TransactionCoordinator:
         max_timeout_ms: int = 900_000,
         check_interval_ms: int = 10_000,
         id_expiration_ms: int = 604_800_000,
+        standby: bool = False,
     ) -> None:
         self.store = store
         self.producer_ids = producer_ids
@@ -233,39 +314,94 @@ class TransactionCoordinator:
         #: the documents of `__transaction_state` (mqk.store.statelog)
         self.docs = LogStateDocs(store, TRANSACTION_STATE_TOPIC)
         self._sweeper: asyncio.Task[None] | None = None
+        #: cluster mode: the other groups' side of this broker's transactions, and theirs of this group's partitions
+        #: (set before the first `become_master`)
+        self.links: ClusterLinks | None = None
+        #: whether this broker serves transactions now: from `start` on its own; in cluster mode (`standby`) from
+        #: `become_master` to `resign`
+        self.active = False
+        self.standby = standby
+        #: cluster mode: offsets of transactions coordinated elsewhere, for groups coordinated here:
+        #: producer id -> group -> offsets (applied when the transaction's decision reaches the group's partition)
+        self.pending: dict[int, dict[str, GroupOffsets]] = {}
+        self._decisions = asyncio.Event()
+        #: producer id -> the epoch of the last marker written for it on a coordinator's decision from another
+        #: group (a batch of an older epoch is fenced, as the partition's producer state fences it in Kafka), the
+        #: most recent _MARKED_EPOCHS_KEPT
+        self._marked_epochs: dict[int, int] = {}
+        #: the decided records (their stored values) this master has acted on -> whether etcd deleted them
+        self._acted: dict[bytes, bool] = {}
+        self._marker_task: asyncio.Task[None] | None = None
 
     # --- start and stop ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Read `__transaction_state` back (if there is one) and finish what a stop left between Prepare and
-        Complete; then sweep for timeouts."""
-        if self.store.topic(TRANSACTION_STATE_TOPIC) is not None:
+        Complete; then sweep for timeouts. In cluster mode (`standby`) the reading waits for `become_master`."""
+        loop = asyncio.get_running_loop()
+        if not self.standby:
             await self._load()
-            for txn in list(self.txns.values()):
-                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    async with txn.lock:
-                        await self._finish(txn)
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="mqk-txn-timeouts")
+            self.active = True
+            await self.finish_prepared()
+        else:
+            self._marker_task = loop.create_task(self._serve_decisions(), name="mqk-txn-markers")
+        self._sweeper = loop.create_task(self._sweep_forever(), name="mqk-txn-timeouts")
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        for task in (self._sweeper, self._marker_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._sweeper = self._marker_task = None
+
+    def use_cluster(self, links: ClusterLinks) -> None:
+        """Cluster mode: coordinate with the other groups through `links` (before the first `become_master`)."""
+        self.links = links
+        links.on_change(self._decisions.set)
+
+    async def become_master(self, _epoch: int) -> None:
+        """This broker became its group's master: read the group's `__transaction_state`, then serve; what was
+        prepared and other groups' decisions are finished in the background."""
+        self._forget_all()
+        await self._load()
+        self.active = True
+        self._decisions.set()
+        asyncio.get_running_loop().create_task(self.finish_prepared(), name="mqk-txn-finish")
+
+    async def resign(self) -> None:
+        """This broker stopped being master: it serves no transaction (NOT_COORDINATOR) and forgets their state."""
+        self.active = False
+        self._forget_all()
+
+    def _forget_all(self) -> None:
+        self.txns.clear()
+        self.by_pid.clear()
+        self.partitions.clear()
+        self.pending.clear()
+        self._acted.clear()
+        self._marked_epochs.clear()
 
     async def _load(self) -> None:
+        if self.store.topic(TRANSACTION_STATE_TOPIC) is None:
+            return
         docs = await self.docs.load_all()
         for name, doc in docs.items():
-            if not name.startswith(_ABORT_KEY):
+            kind = name[:1]
+            if kind not in (_ABORT_KEY, _OPEN_KEY, _OFFSETS_KEY):
                 continue
             try:
-                topic, partition, marker = json.loads(name[len(_ABORT_KEY) :])
-                record = (int(marker), int(doc["pid"]), int(doc["first"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("skipping an unreadable aborted-transaction record %r: %s", name, exc)
+                a, b, *c = json.loads(name[1:])
+                if kind == _ABORT_KEY:
+                    record = (int(c[0]), int(doc["pid"]), int(doc["first"]))
+                    bisect.insort(self._partition(str(a), int(b)).aborted, record)
+                elif kind == _OPEN_KEY:
+                    self._partition(str(a), int(b)).open[int(c[0])] = int(doc["first"])
+                else:
+                    self.pending.setdefault(int(a), {})[str(b)] = _offsets_from(doc["offsets"])
+            except (IndexError, KeyError, TypeError, ValueError) as exc:
+                log.warning("skipping an unreadable transaction record %r: %s", name, exc)
                 continue
-            bisect.insort(self._partition(str(topic), int(partition)).aborted, record)
         docs = {name[len(_TXN_KEY) :]: doc for name, doc in docs.items() if name.startswith(_TXN_KEY)}
         for name, doc in docs.items():
             try:
@@ -277,7 +413,8 @@ class TransactionCoordinator:
             self.by_pid[txn.producer_id] = txn
             if txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT):
                 for tp, floor in txn.partitions.items():
-                    self._partition(*tp).open[txn.producer_id] = floor
+                    if floor >= 0:  # (-1: a partition of another group, which keeps its own)
+                        self._partition(*tp).open[txn.producer_id] = floor
         log.info("loaded %d transactional ids from %s", len(self.txns), TRANSACTION_STATE_TOPIC)
 
     # --- InitProducerId ----------------------------------------------------------------------------------
@@ -360,9 +497,9 @@ class TransactionCoordinator:
                 return 0, set()
             self._begin(txn)
             for tp in new:
-                txn.partitions[tp] = self.store.end_offset(*tp)
+                txn.partitions[tp] = self._floor(*tp)
             txn.update_ms = self.clock.time_ms()
-            return await self._saved(txn), set()
+            return await self._saved(txn, published=any(txn.partitions[tp] < 0 for tp in new)), set()
 
     async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int, group_id: str) -> int:
         code, txn = self._check(transactional_id, producer_id, epoch)
@@ -377,8 +514,16 @@ class TransactionCoordinator:
                 return 0
             self._begin(txn)
             txn.groups.setdefault(group_id, {})
+            published = False
+            if self.links is not None:
+                # a group coordinated in another group takes the offsets there: its offsets partition joins the
+                # transaction as that group's partitions do
+                tp = self.links.offsets_partition(group_id)
+                if self._floor(*tp) < 0 and tp not in txn.partitions:
+                    txn.partitions[tp] = -1
+                    published = True
             txn.update_ms = self.clock.time_ms()
-            return await self._saved(txn)
+            return await self._saved(txn, published=published)
 
     async def txn_offset_commit(
         self,
@@ -391,6 +536,8 @@ class TransactionCoordinator:
     ) -> int:
         """`implicit` (transaction version 2): no AddOffsetsToTxn came first; the offsets begin the transaction
         if nothing else has."""
+        if self.links is not None and transactional_id not in self.txns:
+            return await self._remote_offsets(transactional_id, producer_id, epoch, group_id, offsets)
         code, txn = self._check(transactional_id, producer_id, epoch)
         if txn is None:
             return E.InvalidProducerEpochError.code if code == E.ProducerFencedError.code else code
@@ -510,23 +657,19 @@ class TransactionCoordinator:
         return True
 
     async def _complete(self, txn: Txn, commit: bool) -> None:
-        """Markers to every partition, the group offsets on commit, then the Complete record."""
+        """Markers to every partition (other groups' first: their masters write them), the group offsets on
+        commit, then the Complete record."""
         now = self.clock.time_ms()
         pid, epoch = txn.producer_id, txn.producer_epoch
+        remote = await self._publish(txn, _REMOTE_COMMIT if commit else _REMOTE_ABORT)
+        if remote:
+            assert self.links is not None
+            if not await self.links.wait_gone(pid, remote, REMOTE_MARKERS_WAIT_S):
+                raise E.CoordinatorNotAvailableError(f"the markers of groups {remote} are not written yet")
         aborted: dict[str, dict[str, Any] | None] = {}
-        for topic, partition in txn.partitions:
-            state = self._partition(topic, partition)
-            first = state.open.get(pid)
-            try:
-                result = await self.store.append(topic, partition, [control_batch(pid, epoch, commit, now)])
-            except (E.UnknownShard, E.UnknownTopicOrPartitionError):
-                state.open.pop(pid, None)
-                continue  # the topic is gone, and its records with it
-            state.open.pop(pid, None)
-            if not commit and first is not None:
-                marker = result.base_offset
-                bisect.insort(state.aborted, (marker, pid, min(first, marker)))
-                aborted[_abort_key(topic, partition, marker)] = {"pid": pid, "first": first}
+        for (topic, partition), floor in txn.partitions.items():
+            if floor >= 0 or not self._remote(topic, partition):
+                await self._mark(topic, partition, pid, epoch, commit, now, aborted)
         if commit:
             for group, offsets in txn.groups.items():
                 if offsets:
@@ -539,12 +682,71 @@ class TransactionCoordinator:
         txn.update_ms = now
         await self._save(txn, aborted)
 
+    async def _mark(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        now: int,
+        docs: dict[str, dict[str, Any] | None],
+    ) -> None:
+        """Write the transaction's marker to one partition and forget it there; an abort's entry in the
+        partition's aborted transactions goes into `docs` (to be saved once every marker is written)."""
+        state = self._partition(topic, partition)
+        first = state.open.pop(producer_id, None)
+        try:
+            result = await self.store.append(topic, partition, [control_batch(producer_id, epoch, commit, now)])
+        except (E.UnknownShard, E.UnknownTopicOrPartitionError):
+            return  # the topic is gone, and its records with it
+        except BaseException:
+            if first is not None:
+                state.open.setdefault(producer_id, first)  # still under way there, until a marker lands
+            raise
+        if not commit and first is not None:
+            marker = result.base_offset
+            bisect.insort(state.aborted, (marker, producer_id, min(first, marker)))
+            docs[_abort_key(topic, partition, marker)] = {"pid": producer_id, "first": first}
+
+    def _remote(self, topic: str, partition: int) -> bool:
+        """Cluster mode: the partition is placed in another group, whose master keeps its transactions."""
+        if self.links is None:
+            return False
+        group = self.links.group_of(topic, partition)
+        return group is not None and group != self.links.group
+
+    def _floor(self, topic: str, partition: int) -> int:
+        """Where a transaction added now begins in the partition: its end now; -1 in another group's."""
+        return -1 if self._remote(topic, partition) else self.store.end_offset(topic, partition)
+
+    async def _publish(self, txn: Txn, state: str) -> list[str]:
+        """Tell each other group whose partitions the transaction writes what they are and `state`; the groups."""
+        links = self.links
+        if links is None:
+            return []
+        by_group: dict[str, list[list[Any]]] = {}
+        for (topic, partition), floor in txn.partitions.items():
+            group = links.group_of(topic, partition) if floor < 0 else None
+            if group is not None and group != links.group:
+                by_group.setdefault(group, []).append([topic, partition])
+        if by_group:
+            await links.publish(
+                {
+                    group: links.remote_record(txn.transactional_id, txn.producer_id, txn.producer_epoch, state, tps)
+                    for group, tps in by_group.items()
+                }
+            )
+        return list(by_group)
+
     # --- the produce path --------------------------------------------------------------------------------
 
-    def check_write(self, topic: str, partition: int, producer_id: int, epoch: int) -> int:
+    async def check_write(self, topic: str, partition: int, producer_id: int, epoch: int) -> int:
         """0 if a transactional batch of this producer may be appended to the partition now, else the code."""
         txn = self.by_pid.get(producer_id)
         if txn is None:
+            if self.links is not None:
+                return (await self._remote_check(topic, partition, producer_id, epoch))[0]
             return E.InvalidProducerIdMappingError.code
         if epoch < txn.producer_epoch:
             return E.InvalidProducerEpochError.code
@@ -552,9 +754,132 @@ class TransactionCoordinator:
             return E.InvalidTxnStateError.code
         return 0
 
-    def will_write(self, topic: str, partition: int, producer_id: int, floor: int) -> None:
-        """A transactional batch is about to be appended at or after `floor` (the log's end now)."""
-        self._partition(topic, partition).open.setdefault(producer_id, floor)
+    async def will_write(self, topic: str, partition: int, producer_id: int, floor: int) -> None:
+        """A transactional batch is about to be appended at or after `floor` (the log's end now). In cluster mode,
+        for a transaction coordinated in another group, the first batch's floor is saved first (an `o` document,
+        ahead of the batch in this group's log), so a replica that becomes master knows where it begins."""
+        state = self._partition(topic, partition)
+        if producer_id in state.open:
+            return
+        state.open[producer_id] = floor
+        if self.links is not None and producer_id not in self.by_pid:
+            try:
+                await self._save_docs({_open_key(topic, partition, producer_id): {"first": floor}})
+            except BaseException:
+                if state.open.get(producer_id) == floor:
+                    del state.open[producer_id]
+                raise
+
+    # --- cluster mode: transactions coordinated in another group -----------------------------------------
+
+    async def _remote_record(self, producer_id: int, wanted: Callable[[RemoteTxn], bool]) -> RemoteTxn | None:
+        """The producer's transaction in this group as its coordinator published it: as this broker's view shows
+        it when that is what `wanted` asks; else as etcd holds it now (the view may lag the coordinator's write,
+        which came before its answer to the client)."""
+        assert self.links is not None
+        record = self.links.record(producer_id)
+        if record is not None and wanted(record):
+            return record
+        return await self.links.fetch(producer_id)
+
+    async def _remote_check(
+        self, topic: str, partition: int, producer_id: int, epoch: int
+    ) -> tuple[int, RemoteTxn | None]:
+        """(0 or the code refusing it, the record) for a write of the producer's transaction to the partition."""
+
+        def ongoing_here(r: RemoteTxn) -> bool:
+            return r.state == _REMOTE_ONGOING and r.producer_epoch == epoch and r.holds(topic, partition)
+
+        try:
+            record = await self._remote_record(producer_id, ongoing_here)
+        except E.MetaUnavailable:
+            return E.CoordinatorNotAvailableError.code, None
+        if epoch < (record.producer_epoch if record is not None else self._marked_epochs.get(producer_id, -1)):
+            return E.InvalidProducerEpochError.code, record
+        return (0 if record is not None and ongoing_here(record) else E.InvalidTxnStateError.code), record
+
+    async def _remote_offsets(
+        self, transactional_id: str, producer_id: int, epoch: int, group_id: str, offsets: GroupOffsets
+    ) -> int:
+        """TxnOffsetCommit for a group coordinated here by a transaction coordinated in another group: kept (an
+        `g` document) until the transaction's decision reaches the group's offsets partition."""
+        assert self.links is not None
+        topic, partition = self.links.offsets_partition(group_id)
+        code, record = await self._remote_check(topic, partition, producer_id, epoch)
+        if not code and (record is None or record.transactional_id != transactional_id):
+            code = E.InvalidProducerIdMappingError.code
+        if code:
+            return code
+        held = self.pending.setdefault(producer_id, {}).setdefault(group_id, {})
+        held.update(offsets)
+        try:
+            await self._save_docs({_offsets_key(producer_id, group_id): {"offsets": _offsets_list(held)}})
+        except E.MqkError as exc:
+            log.warning("offsets of transaction %r not written: %s", transactional_id, exc)
+            return E.CoordinatorNotAvailableError.code
+        return 0
+
+    async def _serve_decisions(self) -> None:
+        """Cluster mode, while master: write the markers other groups' coordinators decided for this group's
+        partitions (woken by every change the cluster's watch brings; a failure is retried a second later)."""
+        while True:
+            await self._decisions.wait()
+            self._decisions.clear()
+            if not self.active or self.links is None:
+                continue
+            decided = self.links.decided()
+            # a record acted on stays in the view until the watch brings its deletion: it is not acted on twice,
+            # and its deletion is asked for again only if etcd did not take it
+            live = {value for value, _record in decided}
+            self._acted = {value: deleted for value, deleted in self._acted.items() if value in live}
+            for value, record in decided:
+                if self._acted.get(value):
+                    continue
+                try:
+                    if value not in self._acted:
+                        await self._act_on(record)
+                        self._acted[value] = False
+                    self._acted[value] = await self.links.done(record, value)
+                except Exception as exc:  # (logged, and the record is acted on again a second later)
+                    log.warning(
+                        "markers of transaction %r (producer id %d) not written yet: %s",
+                        record.transactional_id,
+                        record.producer_id,
+                        exc,
+                        exc_info=not isinstance(exc, E.MqkError),
+                    )
+                    asyncio.get_running_loop().call_later(1.0, self._decisions.set)
+
+    async def _act_on(self, record: RemoteTxn) -> None:
+        """The markers of one decided transaction on this group's partitions (the offsets it holds for groups
+        coordinated here applied on commit, dropped on abort), then its documents here forgotten."""
+        commit = record.state == _REMOTE_COMMIT
+        pid, epoch = record.producer_id, record.producer_epoch
+        self._marked_epochs.pop(pid, None)
+        self._marked_epochs[pid] = epoch
+        if len(self._marked_epochs) > _MARKED_EPOCHS_KEPT:
+            del self._marked_epochs[next(iter(self._marked_epochs))]
+        now = self.clock.time_ms()
+        docs: dict[str, dict[str, Any] | None] = {}
+        held = self.pending.get(pid, {})
+        for topic, partition in record.partitions:
+            if topic == OFFSETS_TOPIC:
+                assert self.links is not None
+                for group in [g for g in held if self.links.offsets_partition(g) == (topic, partition)]:
+                    offsets = held[group]
+                    if commit and offsets:
+                        await self.offsets.commit_transactional_offsets(
+                            group, {tp: GroupOffset(o, m, now, e) for tp, (o, e, m) in offsets.items()}
+                        )
+                    docs[_offsets_key(pid, group)] = None
+                    del held[group]
+                continue
+            await self._mark(topic, partition, pid, epoch, commit, now, docs)
+            docs[_open_key(topic, partition, pid)] = None
+        if not held:
+            self.pending.pop(pid, None)
+        if docs:
+            await self._save_docs(docs)
 
     def _partition(self, topic: str, partition: int) -> PartitionTxns:
         state = self.partitions.get((topic, partition))
@@ -581,6 +906,8 @@ class TransactionCoordinator:
         for txn in self.txns.values():
             if txn.state in (ONGOING, PREPARE_COMMIT) and group_id in txn.groups:
                 pending.update(txn.groups[group_id])
+        for held in self.pending.values():
+            pending.update(held.get(group_id, ()))
         return pending
 
     def open_first_offset(self, topic: str, partition: int, producer_id: int) -> int:
@@ -596,6 +923,8 @@ class TransactionCoordinator:
     async def _sweep_forever(self) -> None:
         while True:
             await self.clock.sleep(self.check_interval_ms / 1000)
+            if not self.active:
+                continue
             try:
                 await self.abort_timed_out()
                 await self.finish_prepared()
@@ -647,7 +976,7 @@ class TransactionCoordinator:
         ]
         if not gone:
             return 0
-        await self.docs.save_many({_TXN_KEY + txn.transactional_id: None for txn in gone})
+        await self._save_docs({_TXN_KEY + txn.transactional_id: None for txn in gone})
         for txn in gone:
             if self.txns.get(txn.transactional_id) is txn and txn.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT):
                 del self.txns[txn.transactional_id]
@@ -671,16 +1000,18 @@ class TransactionCoordinator:
                 gone[_abort_key(topic, partition, marker)] = None
             del state.aborted[:cut]
         if gone:
-            await self._prepared_docs()
-            await self.docs.save_many(gone)
+            await self._save_docs(gone)
 
     # --- the state log -----------------------------------------------------------------------------------
 
-    async def _saved(self, txn: Txn) -> int:
-        """`_save`, answering 0 or, when the store fails (logged), COORDINATOR_NOT_AVAILABLE: the client retries
-        the request, whose change is then written again (the state in memory already holds it)."""
+    async def _saved(self, txn: Txn, published: bool = False) -> int:
+        """`_save` (and, when `published`, the transaction's partitions in other groups told them), answering 0
+        or, when the store or etcd fails (logged), COORDINATOR_NOT_AVAILABLE: the client retries the request,
+        whose change is then written again (the state in memory already holds it)."""
         try:
             await self._save(txn)
+            if published:
+                await self._publish(txn, _REMOTE_ONGOING)
         except E.MqkError as exc:
             log.warning("transaction state of %r not written: %s", txn.transactional_id, exc)
             return E.CoordinatorNotAvailableError.code
@@ -688,8 +1019,11 @@ class TransactionCoordinator:
 
     async def _save(self, txn: Txn, extra: Mapping[str, dict[str, Any] | None] | None = None) -> None:
         """The transactional id's document, with `extra` documents (aborted transactions) in the same batch."""
+        await self._save_docs({_TXN_KEY + txn.transactional_id: txn.document(), **(extra or {})})
+
+    async def _save_docs(self, docs: Mapping[str, dict[str, Any] | None]) -> None:
         await self._prepared_docs()
-        await self.docs.save_many({_TXN_KEY + txn.transactional_id: txn.document(), **(extra or {})})
+        await self.docs.save_many(docs)
 
     async def _prepared_docs(self) -> None:
         """The state topic made on first use (a broker that never saw a transaction has none)."""

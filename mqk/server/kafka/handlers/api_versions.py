@@ -21,10 +21,11 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[ApiVersionsReq
     if req.unsupported:
         return cast(ApiVersionsResponse, api.api_versions_unsupported_body(ctx.supported))
     body = cast(ApiVersionsResponse, api.api_versions_body(0, ctx.supported))
-    if req.api_version >= 3 and ctx.transactions is not None:
+    if req.api_version >= 3 and ctx.transactions is not None and ctx.cluster is None:
         # transaction version 2 is what this broker's coordinator speaks (mqk.server.kafka.transactions); it
         # finalizes it as a Kafka 4 cluster does by default. No other feature is finalized: clients then use
-        # each API at the versions listed, as on a broker without them
+        # each API at the versions listed, as on a broker without them. A cluster finalizes none: there a
+        # transaction's partitions must be added by the producer (version 1), not by the partitions' leaders
         body["supported_features"] = [{"name": TRANSACTION_VERSION, "min_version": 0, "max_version": 2}]
         body["finalized_features_epoch"] = 1
         body["finalized_features"] = [{"name": TRANSACTION_VERSION, "max_version_level": 2, "min_version_level": 2}]

@@ -3,8 +3,7 @@ cluster, at the addresses of the requesting client's listener: mqk.server.kafka.
 
 InitProducerId hands out idempotent producer ids (mqk.server.kafka.idempotence); with a transactional id the
 transaction coordinator answers (mqk.server.kafka.transactions: the id's producer id, its epoch bumped), asking
-WRITE on the transactional id. In cluster mode transactions are not offered yet: a transactional id is refused
-with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather than retrying forever.
+WRITE on the transactional id; in cluster mode only the id's coordinator answers (NOT_COORDINATOR elsewhere).
 
 Authorization as Kafka's: DescribeCluster asks DESCRIBE on the cluster (CLUSTER_AUTHORIZATION_FAILED) and fills the
 cluster's authorized operations when asked; an idempotent producer's InitProducerId asks IDEMPOTENT_WRITE on the
@@ -27,7 +26,7 @@ from mqk.server.kafka.handlers.common import (
     authorizer,
 )
 from mqk.server.kafka.handlers.metadata import brokers_and_controller
-from mqk.server.kafka.handlers.transactions import fenced_code, refusal
+from mqk.server.kafka.handlers.transactions import coordinator_refusal, fenced_code
 
 # typing only: an API's codec module is imported with its first request (messages.module_for), not at start-up
 if TYPE_CHECKING:
@@ -73,7 +72,7 @@ async def init_producer_id(
 ) -> InitProducerIdResponse:
     b = req.body
     if b["transactional_id"] is not None:
-        code, pid, epoch = refusal(ctx, peer, b["transactional_id"]), -1, -1
+        code, pid, epoch = coordinator_refusal(ctx, peer, b["transactional_id"]), -1, -1
         if not code:
             assert ctx.transactions is not None
             code, pid, epoch = await ctx.transactions.init_producer_id(

@@ -90,14 +90,12 @@ async def _coordinator(ctx: KafkaContext, peer: Peer, key: str, key_type: int) -
     if key_type != GROUP_KEY:
         if not allowed(ctx, peer, "DESCRIBE", TRANSACTIONAL_ID, key):
             return E.TransactionalIdAuthorizationFailedError.code, None, -1, "", -1
-        if ctx.transactions is None:  # cluster mode: not offered yet (InitProducerId refuses them)
-            return E.CoordinatorNotAvailableError.code, "transactions are not offered in cluster mode", -1, "", -1
-        return NONE, None, ctx.node_id, *peer.advertised
-    if not allowed(ctx, peer, "DESCRIBE", GROUP, key):
+    elif not allowed(ctx, peer, "DESCRIBE", GROUP, key):
         return E.GroupAuthorizationFailedError.code, None, -1, "", -1
     cluster = ctx.cluster
-    if cluster is None:  # this broker coordinates every group
+    if cluster is None:  # this broker coordinates every group and transactional id
         return NONE, None, ctx.node_id, *peer.advertised
+    # (a transactional id is placed as a group id is: by the leader of its offsets partition)
     await cluster.ensure_offsets_topic()
     node = cluster.coordinator(key)
     record = cluster.view.broker(node) if node >= 0 else None
@@ -106,7 +104,7 @@ async def _coordinator(ctx: KafkaContext, peer: Peer, key: str, key_type: int) -
     else:
         address = record.address(peer.listener.key) if record is not None else None
     if address is None:
-        return E.CoordinatorNotAvailableError.code, "the group's coordinator is not available now", -1, "", -1
+        return E.CoordinatorNotAvailableError.code, "the coordinator is not available now", -1, "", -1
     return NONE, None, node, address[0], address[1]
 
 

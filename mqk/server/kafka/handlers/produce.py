@@ -694,7 +694,7 @@ async def _produce_idempotent(
                 code = 0
                 if txn_mode == TXN_IMPLICIT:
                     code = await txns.add_implicitly(topic, index, batch.producer_id, batch.producer_epoch)
-                code = code or txns.check_write(topic, index, batch.producer_id, batch.producer_epoch)
+                code = code or await txns.check_write(topic, index, batch.producer_id, batch.producer_epoch)
                 if code == E.InvalidTxnStateError.code and txn_mode == TXN_ABORTABLE:
                     code = E.TransactionAbortableError.code
             if code:
@@ -718,11 +718,11 @@ async def _produce_idempotent(
                 first_offset = entry.base_offset
             last = (entry.log_append_time, store.log_start_offset(topic, index))
             continue
-        if batch.attributes & TRANSACTIONAL_ATTR:
-            assert txns is not None
-            # before the append: a read_committed fetch must never find the batch ahead of the partition's LSO
-            txns.will_write(topic, index, batch.producer_id, store.end_offset(topic, index))
         try:
+            if batch.attributes & TRANSACTIONAL_ATTR:
+                assert txns is not None
+                # before the append: a read_committed fetch must never find the batch ahead of the partition's LSO
+                await txns.will_write(topic, index, batch.producer_id, store.end_offset(topic, index))
             result = await store.append(topic, index, [batch.data], delay_headers=batch.named_header)
         except Exception as exc:  # noqa: BLE001 - the partition's answer carries the code (_storage_failure)
             ctx.producers.abort(decision)

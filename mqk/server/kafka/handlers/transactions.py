@@ -8,8 +8,10 @@ partitions OPERATION_NOT_ATTEMPTED); READ on the group for AddOffsetsToTxn and T
 (GROUP_AUTHORIZATION_FAILED) and READ on each topic committed; DESCRIBE on the transactional id to describe or list
 it. A verify-only AddPartitionsToTxn (broker to broker) asks CLUSTER_ACTION on the cluster.
 
-In cluster mode (no coordinator: ctx.transactions is None) every transactional request is refused as before
-transactions existed: TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report as fatal rather than retrying.
+In cluster mode a transactional id's requests go to its coordinator (FindCoordinator TRANSACTION: the leader of
+the id's `__consumer_offsets` partition); another broker answers NOT_COORDINATOR, and the coordinator
+COORDINATOR_LOAD_IN_PROGRESS until it has read its state. TxnOffsetCommit goes to the consumer group's
+coordinator, as an OffsetCommit does.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mqk.server.kafka.handlers.common import (
     TRANSACTIONAL_ID,
     allowed,
     allowed_cluster,
+    coordinator_code,
 )
 from mqk.server.kafka.handlers.offsets import commit_answer, sort_commit
 from mqk.server.kafka.transactions import STATES, GroupOffsets
@@ -66,6 +69,22 @@ def refusal(ctx: KafkaContext, peer: Peer, transactional_id: str) -> int:
     """Why the peer may not use `transactional_id` (0 if it may)."""
     if ctx.transactions is None or not allowed(ctx, peer, "WRITE", TRANSACTIONAL_ID, transactional_id):
         return _NOT_OFFERED
+    return NONE
+
+
+def coordinator_refusal(ctx: KafkaContext, peer: Peer, transactional_id: str) -> int:
+    """`refusal`, or why this broker does not coordinate `transactional_id` now: NOT_COORDINATOR (another broker
+    does, cluster mode), COORDINATOR_LOAD_IN_PROGRESS (its state is not read yet)."""
+    return refusal(ctx, peer, transactional_id) or serving_code(ctx, transactional_id)
+
+
+def serving_code(ctx: KafkaContext, transactional_id: str) -> int:
+    """NONE if this broker coordinates `transactional_id` and has its state, else the code saying why not."""
+    cluster = ctx.cluster
+    if cluster is not None and not cluster.coordinates(transactional_id):
+        return E.NotCoordinatorError.code
+    if ctx.transactions is None or not ctx.transactions.active:
+        return E.CoordinatorLoadInProgressError.code
     return NONE
 
 
@@ -125,7 +144,7 @@ async def _add_partitions(
     version: int,
 ) -> list[AddPartitionsToTxnTopicResult]:
     codes: dict[tuple[str, int], int] = {}
-    code = refusal(ctx, peer, transactional_id)
+    code = coordinator_refusal(ctx, peer, transactional_id)
     wanted = [(t["name"], p) for t in topics for p in t["partitions"]]
     if code:
         codes = dict.fromkeys(wanted, code)
@@ -161,7 +180,7 @@ async def add_offsets_to_txn(
     ctx: KafkaContext, peer: Peer, req: KafkaRequest[AddOffsetsToTxnRequest]
 ) -> AddOffsetsToTxnResponse:
     b = req.body
-    code = refusal(ctx, peer, b["transactional_id"])
+    code = coordinator_refusal(ctx, peer, b["transactional_id"])
     if not code and not allowed(ctx, peer, "READ", GROUP, b["group_id"]):
         code = E.GroupAuthorizationFailedError.code
     if not code:
@@ -177,7 +196,7 @@ async def add_offsets_to_txn(
 
 async def end_txn(ctx: KafkaContext, peer: Peer, req: KafkaRequest[EndTxnRequest]) -> EndTxnResponse:
     b = req.body
-    code = refusal(ctx, peer, b["transactional_id"])
+    code = coordinator_refusal(ctx, peer, b["transactional_id"])
     pid = epoch = -1
     if not code and req.api_version >= 5:  # transaction version 2: the epoch moves on at every end
         assert ctx.transactions is not None
@@ -205,8 +224,10 @@ async def txn_offset_commit(
         code = _NOT_OFFERED
     elif not allowed(ctx, peer, "READ", GROUP, group):
         code = E.GroupAuthorizationFailedError.code
+    elif not ctx.transactions.active:
+        code = E.CoordinatorLoadInProgressError.code
     else:
-        code = ctx.groups.txn_commit_check(
+        code = coordinator_code(ctx, group) or ctx.groups.txn_commit_check(
             group, b.get("generation_id", -1), b.get("member_id", ""), b.get("group_instance_id")
         )
     codes, wanted = sort_commit(ctx, peer, b["topics"], code)
@@ -239,6 +260,8 @@ async def describe_transactions(
         }
         if not allowed(ctx, peer, "DESCRIBE", TRANSACTIONAL_ID, name):
             entry["error_code"] = E.TransactionalIdAuthorizationFailedError.code
+        elif serving_code(ctx, name):
+            entry["error_code"] = serving_code(ctx, name)
         elif txn is None:
             entry["error_code"] = E.TransactionalIdNotFoundError.code
         else:

@@ -1,0 +1,276 @@
+"""Kafka transactions in a cluster of three brokers (three broker groups, etcd on loopback), with confluent-kafka.
+
+A transaction's partitions are spread over the three groups, and its coordinator (the leader of its id's
+`__consumer_offsets` partition) is one of them: the markers of the other groups' partitions are written by their
+masters when the coordinator's decision reaches them (mqk.broker.cluster.txn_partitions).
+
+- commits and aborts interleaved over 2 topics x 6 partitions: a read_committed consumer reads exactly the
+  committed records, in order, and a read_uncommitted one the aborted ones too;
+- a consume-transform-produce loop whose consumer group is coordinated by another broker than its transactional
+  id: `send_offsets_to_transaction` moves the group's offsets on commit only, and the output holds each input once;
+- kill -9 of a broker whose partitions a transaction writes, after the coordinator decided: its restarted master
+  writes the markers, the coordinator's EndTxn completes, and read_committed consumers see the whole transaction;
+- fencing: a second producer of the same transactional id fences the first, whose open transaction is aborted in
+  every group.
+
+Every read ends at a known last record (a committed END in each partition), and every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from compat_helpers import unique
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from helpers import wait_until
+
+from mqk.cluster_local import EtcdProcess, LocalCluster
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient
+from mqk.testing import TEST_CLUSTER_STORE
+
+pytestmark = pytest.mark.timeout(240)
+
+END = b"END"
+PARTITIONS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(mqk_etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three brokers, each its own group, for the module (on the session's etcd), stopped by pid at its end."""
+    data_dir = tmp_path_factory.mktemp("cluster-txn")
+    started = LocalCluster(data_dir, 3, etcd=mqk_etcd.url, config={"store": TEST_CLUSTER_STORE}).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def create_topics(bootstrap: str, *names: str, partitions: int = PARTITIONS) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(n, partitions, 1) for n in names], operation_timeout=15)
+    for future in futures.values():
+        future.result(30)
+
+
+def leaders(bootstrap: str, topic: str) -> set[int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def listed() -> dict[int, Any] | None:
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        return parts if len(parts) == PARTITIONS and all(p.leader >= 0 for p in parts.values()) else None
+
+    found = wait_until(listed, 30, "every partition has a leader")
+    return {p.leader for p in found.values()}
+
+
+def coordinator(cluster: LocalCluster, key: str, key_type: int) -> int:
+    """The node FindCoordinator names for a group (key type 0) or transactional id (1)."""
+    host, port = cluster.brokers[0].kafka
+
+    async def ask() -> int:
+        client = await RawKafkaClient.connect(host, port)
+        try:
+            for _ in range(100):
+                body = await client.call(ApiKey.FIND_COORDINATOR, 3, {"key": key, "key_type": key_type})
+                if body["error_code"] == 0:
+                    return int(body["node_id"])
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"no coordinator for {key!r}: {body}")
+        finally:
+            await client.close()
+
+    return asyncio.run(ask())
+
+
+def transactional_producer(bootstrap: str, transactional_id: str, **extra: Any) -> Producer:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id,
+            "transaction.timeout.ms": 60000,
+            "linger.ms": 5,
+            **extra,
+        }
+    )
+    producer.init_transactions(30)
+    return producer
+
+
+def read_to_end(
+    bootstrap: str, topics: list[str], isolation: str, ends: int, timeout: float = 60
+) -> dict[tuple[str, int], list[bytes]]:
+    """Every value per partition up to its END record, read with `isolation`; `ends` partitions end with END."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("reader"),
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+        }
+    )
+    got: dict[tuple[str, int], list[bytes]] = collections.defaultdict(list)
+    ended: set[tuple[str, int]] = set()
+    consumer.subscribe(topics)
+
+    def step() -> bool:
+        for m in consumer.consume(500, 0.2):
+            if m.error():
+                raise KafkaException(m.error())
+            tp = (m.topic(), m.partition())
+            assert tp not in ended, f"{m.value()!r} read after END in {tp}"
+            if m.value() == END:
+                ended.add(tp)
+            else:
+                got[tp].append(m.value())
+        return len(ended) == ends
+
+    try:
+        wait_until(step, timeout, f"END read in {ends} partitions")
+    finally:
+        consumer.close()
+    return got
+
+
+def end_everywhere(producer: Producer, topics: list[str], partitions: int = PARTITIONS) -> None:
+    """One committed transaction writing END to every partition: what readers stop at."""
+    producer.begin_transaction()
+    for topic in topics:
+        for p in range(partitions):
+            producer.produce(topic, END, partition=p)
+    producer.commit_transaction(30)
+
+
+def test_commits_and_aborts_across_groups(cluster: LocalCluster) -> None:
+    b0, b1, _b2 = (b.bootstrap for b in cluster.brokers)
+    topics = [unique("txa"), unique("txb")]
+    create_topics(b1, *topics)
+    assert leaders(b0, topics[0]) | leaders(b0, topics[1]) == set(cluster.node_ids)
+    producer = transactional_producer(b0, unique("tx-id"))
+    expected: dict[tuple[str, int], list[bytes]] = collections.defaultdict(list)
+    written: dict[tuple[str, int], list[bytes]] = collections.defaultdict(list)
+    for n in range(8):
+        commit = n % 2 == 0
+        producer.begin_transaction()
+        for topic in topics:
+            for p in range(PARTITIONS):
+                for k in range(3):
+                    value = f"{n}-{topic[-6:]}-{p}-{k}".encode()
+                    producer.produce(topic, value, partition=p)
+                    written[(topic, p)].append(value)
+                    if commit:
+                        expected[(topic, p)].append(value)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)  # (librdkafka's abort drops what it has not sent yet)
+            producer.abort_transaction(30)
+    end_everywhere(producer, topics)
+    producer.flush(10)
+    for bootstrap in (b0, b1):
+        assert read_to_end(bootstrap, topics, "read_committed", 2 * PARTITIONS) == expected
+    assert read_to_end(b0, topics, "read_uncommitted", 2 * PARTITIONS) == written
+
+
+def ids_coordinated_apart(cluster: LocalCluster) -> tuple[str, str]:
+    """A transactional id and a group id whose coordinators are different brokers."""
+    for _ in range(50):
+        transactional_id, group = unique("eos-id"), unique("eos-group")
+        if coordinator(cluster, transactional_id, 1) != coordinator(cluster, group, 0):
+            return transactional_id, group
+    raise AssertionError("no pair of ids coordinated apart in 50 tries")
+
+
+def test_offsets_of_a_group_coordinated_elsewhere_move_on_commit_only(cluster: LocalCluster) -> None:
+    b0, b1, b2 = (b.bootstrap for b in cluster.brokers)
+    source, sink = unique("eos-in"), unique("eos-out")
+    create_topics(b0, source, sink)
+    plain = Producer({"bootstrap.servers": b1})
+    total = 300
+    for i in range(total):
+        plain.produce(source, str(i).encode(), partition=i % PARTITIONS)
+    plain.flush(30)
+    transactional_id, group = ids_coordinated_apart(cluster)
+    producer = transactional_producer(b2, transactional_id)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": b1,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([source])
+    copied = 0
+    aborted_once = False
+    try:
+
+        def step() -> bool:
+            nonlocal copied, aborted_once
+            batch = [m for m in consumer.consume(50, 0.3) if not m.error()]
+            if not batch:
+                return copied >= total
+            producer.begin_transaction()
+            for m in batch:
+                producer.produce(sink, m.value(), partition=m.partition())
+            producer.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
+            )
+            if not aborted_once:
+                # the first batch is aborted: its offsets must not move, and the consumer reads it again
+                aborted_once = True
+                producer.abort_transaction(30)
+                committed = consumer.committed([TopicPartition(source, p) for p in range(PARTITIONS)], 10)
+                assert all(tp.offset < 0 for tp in committed), committed
+                for tp in consumer.assignment():
+                    consumer.seek(TopicPartition(tp.topic, tp.partition, max(0, _first_offset(batch, tp))))
+                return False
+            producer.commit_transaction(30)
+            copied += len(batch)
+            return copied >= total
+
+        wait_until(step, 120, f"{total} records copied")
+        committed = consumer.committed([TopicPartition(source, p) for p in range(PARTITIONS)], 10)
+        assert sum(tp.offset for tp in committed) == total
+    finally:
+        consumer.close()
+    end_everywhere(producer, [sink])
+    out = read_to_end(b0, [sink], "read_committed", PARTITIONS)
+    values = sorted(int(v) for vs in out.values() for v in vs)
+    assert values == list(range(total))
+
+
+def _first_offset(batch: list[Any], tp: TopicPartition) -> int:
+    offsets = [m.offset() for m in batch if m.topic() == tp.topic and m.partition() == tp.partition]
+    return min(offsets) if offsets else tp.offset
+
+
+def test_a_second_producer_fences_the_first_in_every_group(cluster: LocalCluster) -> None:
+    b0, b1, b2 = (b.bootstrap for b in cluster.brokers)
+    topic = unique("fence")
+    create_topics(b0, topic)
+    transactional_id = unique("fence-id")
+    first = transactional_producer(b1, transactional_id)
+    first.begin_transaction()
+    for p in range(PARTITIONS):
+        first.produce(topic, b"zombie", partition=p)
+    first.flush(30)
+    second = transactional_producer(b2, transactional_id)
+    first.produce(topic, b"late", partition=0)
+    with pytest.raises(KafkaException) as raised:
+        first.commit_transaction(30)
+    assert raised.value.args[0].fatal() or raised.value.args[0].code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    )
+    end_everywhere(second, [topic])
+    got = read_to_end(b0, [topic], "read_committed", PARTITIONS)
+    assert all(not values for values in got.values()), got
