@@ -11,7 +11,8 @@ masters when the coordinator's decision reaches them (mqk.broker.cluster.txn_par
 - kill -9 of a broker whose partitions a transaction writes, after the coordinator decided: its restarted master
   writes the markers, the coordinator's EndTxn completes, and read_committed consumers see the whole transaction;
 - fencing: a second producer of the same transactional id fences the first, whose open transaction is aborted in
-  every group.
+  every group; so does `mqk transactions abort`, which (like `list` and `describe`) finds the id's coordinator
+  from any broker.
 
 Every read ends at a known last record (a committed END in each partition), and every wait has a deadline.
 """
@@ -20,6 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -274,3 +279,98 @@ def test_a_second_producer_fences_the_first_in_every_group(cluster: LocalCluster
     end_everywhere(second, [topic])
     got = read_to_end(b0, [topic], "read_committed", PARTITIONS)
     assert all(not values for values in got.values()), got
+
+
+def commit_retrying(producer: Producer, timeout: float) -> None:
+    """commit_transaction, again while librdkafka says the error is retriable (a broker was down), up to `timeout`."""
+
+    def attempt() -> bool:
+        try:
+            producer.commit_transaction(10)
+        except KafkaException as exc:
+            if exc.args[0].retriable():
+                return False
+            raise
+        return True
+
+    wait_until(attempt, timeout, "the transaction committed")
+
+
+def committed_transaction_survives(cluster: LocalCluster, victim_is_coordinator: bool) -> None:
+    b0 = cluster.brokers[0].bootstrap
+    topic = unique("txkill")
+    create_topics(b0, topic)
+    transactional_id = unique("txkill-id")
+    coordinator_node = coordinator(cluster, transactional_id, 1)
+    victim = coordinator_node if victim_is_coordinator else next(n for n in cluster.node_ids if n != coordinator_node)
+    survivor = next(b.bootstrap for b in cluster.brokers if b.node_id not in (victim, coordinator_node))
+    producer = transactional_producer(survivor, transactional_id)
+    producer.begin_transaction()
+    for p in range(PARTITIONS):
+        for k in range(5):
+            producer.produce(topic, f"{p}-{k}".encode(), partition=p)
+    producer.flush(30)
+    cluster.kill(victim)
+    failure: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            commit_retrying(producer, 150)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failure.append(exc)
+
+    done = threading.Thread(target=commit, daemon=True)
+    done.start()
+    cluster.restart(victim)
+    done.join(160)
+    assert not done.is_alive() and not failure, failure
+    end_everywhere(producer, [topic])
+    got = read_to_end(b0, [topic], "read_committed", PARTITIONS)
+    assert got == {(topic, p): [f"{p}-{k}".encode() for k in range(5)] for p in range(PARTITIONS)}
+
+
+def test_a_partition_leader_killed_before_the_commit_writes_its_markers_after_its_restart(
+    cluster: LocalCluster,
+) -> None:
+    committed_transaction_survives(cluster, victim_is_coordinator=False)
+
+
+def test_a_coordinator_killed_mid_transaction_commits_it_after_its_restart(cluster: LocalCluster) -> None:
+    committed_transaction_survives(cluster, victim_is_coordinator=True)
+
+
+def mqk_cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "mqk", *args], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_cli_finds_lists_and_aborts_a_transaction_on_its_coordinator(cluster: LocalCluster) -> None:
+    topic = unique("txcli")
+    transactional_id = unique("txcli-id")
+    coordinator_node = coordinator(cluster, transactional_id, 1)
+    # the command starts from a broker that does not coordinate the id
+    bootstrap = next(b.bootstrap for b in cluster.brokers if b.node_id != coordinator_node).split(",")[0]
+    create_topics(bootstrap, topic)
+    stuck = transactional_producer(bootstrap, transactional_id)
+    stuck.begin_transaction()
+    for p in range(PARTITIONS):
+        stuck.produce(topic, b"stuck", partition=p)
+    stuck.flush(30)
+    listed = json.loads(mqk_cli("transactions", "list", "--json", "--bootstrap", bootstrap))
+    # (asked of every broker: only the coordinator lists it)
+    assert [r["transaction_state"] for r in listed if r["transactional_id"] == transactional_id] == ["Ongoing"]
+    described = json.loads(
+        mqk_cli("transactions", "describe", "--transactional-id", transactional_id, "--json", "--bootstrap", bootstrap)
+    )
+    assert described["transaction_state"] == "Ongoing"
+    assert described["topics"] == [{"topic": topic, "partitions": list(range(PARTITIONS))}]
+    out = mqk_cli("transactions", "abort", "--transactional-id", transactional_id, "--bootstrap", bootstrap)
+    assert "aborted the transaction under way" in out
+    # every group wrote its ABORT marker: read_committed readers pass the stuck records, up to the END after them
+    ender = transactional_producer(bootstrap, unique("txcli-end"))
+    end_everywhere(ender, [topic])
+    got = read_to_end(bootstrap, [topic], "read_committed", PARTITIONS)
+    assert all(not values for values in got.values()), got
+    with pytest.raises(KafkaException):
+        stuck.commit_transaction(10)

@@ -179,11 +179,11 @@ class Brokers:
             out.update(await list_offsets(client, topic, parts, timestamp))
         return out
 
-    async def coordinator(self, group: str) -> RawKafkaClient:
-        """The connection to `group`'s coordinator (FindCoordinator, asked again while the offsets topic that
-        places it is being created)."""
+    async def coordinator(self, group: str, key_type: int = 0) -> RawKafkaClient:
+        """The connection to `group`'s coordinator (key type 1: a transactional id's), by FindCoordinator, asked
+        again while the offsets topic that places it is being created."""
         for _ in range(_ASK_AGAIN):
-            resp = await self.call(ApiKey.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
+            resp = await self.call(ApiKey.FIND_COORDINATOR, 4, {"key_type": key_type, "coordinator_keys": [group]})
             found = resp["coordinators"][0]
             if found["error_code"] != _COORDINATOR_NOT_AVAILABLE:
                 break
@@ -810,17 +810,21 @@ async def producers_describe(args: argparse.Namespace) -> None:
 
 
 async def transactions_list(args: argparse.Namespace) -> None:
-    """ListTransactions (every transactional id the coordinator knows, or those in `--state`)."""
+    """ListTransactions (every transactional id the coordinators know, or those in `--state`): asked of every
+    broker, as Kafka's admin client does, since each coordinates its own share of the ids."""
+    rows = []
     async with await Brokers.open(args) as brokers:
-        resp = await brokers.call(
-            ApiKey.LIST_TRANSACTIONS,
-            1,
-            {"state_filters": args.state or [], "producer_id_filters": [], "duration_filter": -1},
-        )
-    _check(resp["error_code"], "list transactions")
-    if resp["unknown_state_filters"]:
-        raise CommandError(f"unknown transaction states: {', '.join(resp['unknown_state_filters'])}")
-    rows = sorted(resp["transaction_states"], key=lambda r: r["transactional_id"])
+        for client in await brokers.each():
+            resp = await client.call(
+                ApiKey.LIST_TRANSACTIONS,
+                1,
+                {"state_filters": args.state or [], "producer_id_filters": [], "duration_filter": -1},
+            )
+            _check(resp["error_code"], "list transactions")
+            if resp["unknown_state_filters"]:
+                raise CommandError(f"unknown transaction states: {', '.join(resp['unknown_state_filters'])}")
+            rows += resp["transaction_states"]
+    rows.sort(key=lambda r: r["transactional_id"])
     if args.json:
         _print_json(rows)
         return
@@ -835,7 +839,8 @@ def _utc(ms: int) -> str:
 
 
 async def _describe_transaction(brokers: Brokers, transactional_id: str) -> dict[str, Any]:
-    resp = await brokers.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]})
+    client = await brokers.coordinator(transactional_id, key_type=1)
+    resp = await client.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]})
     state: dict[str, Any] = resp["transaction_states"][0]
     _check(state["error_code"], f"describe transaction {transactional_id!r}")
     return state
@@ -871,7 +876,8 @@ async def transactions_abort(args: argparse.Namespace) -> None:
     next request is refused as fenced) and aborts what it left open."""
     async with await Brokers.open(args) as brokers:
         state = await _describe_transaction(brokers, args.transactional_id)
-        resp = await brokers.call(
+        client = await brokers.coordinator(args.transactional_id, key_type=1)
+        resp = await client.call(
             ApiKey.INIT_PRODUCER_ID,
             4,
             {

@@ -694,6 +694,7 @@ class TransactionCoordinator:
     ) -> None:
         """Write the transaction's marker to one partition and forget it there; an abort's entry in the
         partition's aborted transactions goes into `docs` (to be saved once every marker is written)."""
+        self._check_serving()
         state = self._partition(topic, partition)
         first = state.open.pop(producer_id, None)
         try:
@@ -708,6 +709,12 @@ class TransactionCoordinator:
             marker = result.base_offset
             bisect.insort(state.aborted, (marker, producer_id, min(first, marker)))
             docs[_abort_key(topic, partition, marker)] = {"pid": producer_id, "first": first}
+
+    def _check_serving(self) -> None:
+        """Nothing is written once this broker stopped being master (cluster mode): a replica never appends, and
+        what was under way is finished by the new master from the log."""
+        if self.standby and not self.active:
+            raise E.NotCoordinatorError("this broker stopped coordinating transactions (no longer its group's master)")
 
     def _remote(self, topic: str, partition: int) -> bool:
         """Cluster mode: the partition is placed in another group, whose master keeps its transactions."""
@@ -1022,6 +1029,7 @@ class TransactionCoordinator:
         await self._save_docs({_TXN_KEY + txn.transactional_id: txn.document(), **(extra or {})})
 
     async def _save_docs(self, docs: Mapping[str, dict[str, Any] | None]) -> None:
+        self._check_serving()
         await self._prepared_docs()
         await self.docs.save_many(docs)
 

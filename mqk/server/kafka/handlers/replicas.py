@@ -10,8 +10,8 @@ is placed in, its leader is the group's master (docs/architecture.md, "Replicati
   that is the whole cluster leads every partition with its only replica: ELECTION_NOT_NEEDED.
 - DescribeProducers (READ on the topic): a partition's active idempotent producers, from this broker's producer
   state (mqk.server.kafka.idempotence; a partition's state is rebuilt from its log tail when first asked). Only the
-  partition's leader answers (NOT_LEADER_OR_FOLLOWER elsewhere). There are no transactions: coordinator epoch and
-  transaction start offset are -1.
+  partition's leader answers (NOT_LEADER_OR_FOLLOWER elsewhere). A transactional producer's transaction under way
+  in the partition gives its start offset (mqk.server.kafka.transactions), else -1.
 - ListPartitionReassignments (DESCRIBE on the cluster): no reassignment is ever in progress (see Alter), so the
   answer lists none.
 - AlterPartitionReassignments (ALTER on the cluster): moving a partition to another broker group is not built. A
