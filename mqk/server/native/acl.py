@@ -188,7 +188,6 @@ class NativeAcl:
         """None when the request may go on; else the NO_PERMISSION answer to send instead."""
         if not self.enabled:
             return None
-        authorizer = self.security.authorizer
         ext = cmd.ext_fields
         access_key = ext.get(ACCESS_KEY)
         if not access_key or SIGNATURE not in ext:
@@ -198,19 +197,23 @@ class NativeAcl:
             return self._refuse(peer, cmd, access_key, f"unknown AccessKey {access_key}")
         if not verify(ext, cmd.body, secret):
             return self._refuse(peer, cmd, access_key, f"Check signature failed for accessKey={access_key}")
-        principal = Principal(USER, access_key)
         wanted = needs(cmd)
         if cmd.code in _SENDS:
             topic = cmd.ext_fields.get("topic") or cmd.ext_fields.get("b")
             if topic and (TOPIC, topic) in {(t, n) for _, t, n in wanted} and not self.topic_exists(topic):
                 wanted.append(("CREATE", TOPIC, topic))
+        why = self._denied(peer, access_key, wanted)
+        return None if why is None else self._refuse(peer, cmd, access_key, why)
+
+    def _denied(self, peer: tuple[str, int], access_key: str, wanted: list[Need]) -> str | None:
+        """Why the access key's principal may not have all of `wanted`, or None if it may."""
+        authorizer = self.security.authorizer
+        principal = Principal(USER, access_key)
         for operation, resource_type, name in wanted:
             if operation == "CREATE" and authorizer.authorize(principal, peer[0], "CREATE", CLUSTER, CLUSTER_NAME):
                 continue  # CREATE on the cluster covers every topic, as Kafka's CreateTopics
             if not authorizer.authorize(principal, peer[0], operation, resource_type, name):
-                return self._refuse(
-                    peer, cmd, access_key, f"{principal} is not allowed {operation} on {resource_type} {name}"
-                )
+                return f"{principal} is not allowed {operation} on {resource_type} {name}"
         return None
 
     def _refuse(self, peer: tuple[str, int], cmd: RemotingCommand, access_key: str, why: str) -> RemotingCommand:
