@@ -1,7 +1,9 @@
 """RocketMQ's plain ACL over real sockets: an in-process broker role and name server with the ACL authorizer on,
 driven by mqk's own RocketMQ client signing with an access key (mqk.server.native.acl). Allowed sends, pulls and
 offset commits go through; a wrong secret, an unknown key, an unsigned request and an operation the ACLs do not
-grant get NO_PERMISSION; name-server routes keep working; with the authorizer off nothing is checked."""
+grant get NO_PERMISSION; name-server routes keep working; with the authorizer off nothing is checked. A message
+viewed by id (VIEW_MESSAGE_BY_ID) needs READ on the topic it is stored in or DESCRIBE on the cluster, checked after
+the signature and the lookup, and a refused viewer cannot tell a forbidden message from a missing one."""
 
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from mqk.broker.internal import TRANSACTION_HALF_TOPIC
 from mqk.broker.security.acls import AclBinding
 from mqk.cli import main
-from mqk.client import MessageQueue, Producer, PullConsumer
+from mqk.client import Admin, MessageQueue, Producer, PullConsumer
 from mqk.client.remoting import ClientError
 from mqk.config import BrokerConfig, StoreConfig
 from mqk.protocol.native.codes import RequestCode, ResponseCode
+from mqk.protocol.native.command import RemotingCommand
+from mqk.protocol.native.message import decode_message_id, decode_messages, encode_message_id
 from mqk.server.native.namesrv import NameServer
 from mqk.server.native.server import NativeServer
 from mqk.store.manager import StoreManager
@@ -224,3 +229,119 @@ async def test_a_subscription_group_config_needs_alter_configs_on_the_group(acl)
             )
         assert answer.code == code, (key, answer.remark)
     assert broker.pop.share.orderly("g")
+
+
+async def _view(
+    namesrv: str, broker: NativeServer, key: str | None, offset: int, secret: str | None = None
+) -> RemotingCommand:
+    """VIEW_MESSAGE_BY_ID of `offset`, signed by access key `key` with `secret` (default: the fixtures' `<key>-secret`;
+    `key` None: unsigned)."""
+    assert broker.address is not None
+    async with Admin(namesrv) as admin:
+        if key is not None:
+            signed(admin, key, secret or f"{key}-secret")
+        return await admin.invoke(
+            broker.address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset}, ok=tuple(ResponseCode)
+        )
+
+
+@pytest.fixture
+async def viewed(acl) -> AsyncIterator[tuple[str, NativeServer, dict[str, int]]]:
+    """The ACL broker with one message in `orders` (sent by alice), one in `payments` (sent by root), carol allowed
+    DESCRIBE on the cluster, dave allowed nothing; and the commit-log offsets of the messages by topic."""
+    namesrv, broker = acl
+    security = broker.ctx.broker.security
+    for key in ("root", "carol", "dave"):
+        security.access_keys.set(key, f"{key}-secret")
+    await security.acls.change(add=[allow("User:carol", "CLUSTER", "kafka-cluster", "DESCRIBE")])
+    offsets = {}
+    for key, topic in (("alice", "orders"), ("root", "payments")):
+        async with signed(Producer(namesrv, "pg"), key, f"{key}-secret") as producer:
+            sent = await producer.send(topic, f"in {topic}".encode(), queue_id=0)
+        assert sent is not None
+        offsets[topic] = decode_message_id(sent.offset_msg_id)[2]
+    yield namesrv, broker, offsets
+
+
+async def test_read_on_a_topic_views_its_messages_by_id_and_no_others(viewed) -> None:
+    namesrv, broker, offsets = viewed
+    for key in ("alice", "bob"):  # bob may READ orders and nothing else (no group, no WRITE): enough
+        answer = await _view(namesrv, broker, key, offsets["orders"])
+        assert answer.code == ResponseCode.SUCCESS, (key, answer.remark)
+        (msg,) = decode_messages(answer.body or b"")
+        assert (msg.topic, msg.body) == ("orders", b"in orders")
+    async with signed(Admin(namesrv), "alice", "alice-secret") as admin:  # the client call users make
+        assert broker.address is not None
+        found = await admin.view_message(encode_message_id(*broker.address, offsets["orders"]))
+        assert found.body == b"in orders"
+    for key, topic in (("alice", "payments"), ("bob", "payments"), ("dave", "orders"), ("dave", "payments")):
+        answer = await _view(namesrv, broker, key, offsets[topic])
+        assert answer.code == NO_PERMISSION, (key, topic, answer.remark)
+        assert b"in " not in (answer.body or b"") and topic not in (answer.remark or ""), answer.remark
+
+
+async def test_a_refused_viewer_cannot_tell_a_forbidden_message_from_a_missing_one(viewed, caplog) -> None:
+    namesrv, broker, offsets = viewed
+    missing = offsets["payments"] + 1_000_000
+    for key in ("alice", "dave"):
+        forbidden = await _view(namesrv, broker, key, offsets["payments"])
+        absent = await _view(namesrv, broker, key, missing)
+        assert forbidden.code == absent.code == NO_PERMISSION
+        assert (forbidden.remark or "").replace(str(offsets["payments"]), "N") == (absent.remark or "").replace(
+            str(missing), "N"
+        )
+    # the operator's log says which it was (one line per address, key and request code per interval: alice's and
+    # dave's first refusals)
+    lines = [r.getMessage() for r in caplog.records if "NO_PERMISSION for request code 33" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "User:alice is not allowed READ on TOPIC payments" in lines[0]
+    assert "AccessKey dave" in lines[1] and "READ on TOPIC payments" in lines[1]
+
+
+async def test_the_signature_is_checked_before_the_message_is_looked_up(viewed, monkeypatch) -> None:
+    namesrv, broker, offsets = viewed
+    looked_up: list[int] = []
+    resolve = broker.ctx.resolve
+
+    async def counting(offset: int, topics=None):
+        looked_up.append(offset)
+        return await resolve(offset, topics)
+
+    monkeypatch.setattr(broker.ctx, "resolve", counting)
+    for key, secret in ((None, None), ("alice", "wrong"), ("mallory", "mallory-secret")):
+        answer = await _view(namesrv, broker, key, offsets["orders"], secret)
+        assert answer.code == NO_PERMISSION, (key, answer.remark)
+        assert "offset" not in (answer.remark or ""), answer.remark  # refused for the signature alone
+    assert looked_up == []
+    assert (await _view(namesrv, broker, "alice", offsets["orders"])).code == ResponseCode.SUCCESS
+    assert looked_up == [offsets["orders"]]
+
+
+async def test_a_super_user_and_describe_on_the_cluster_view_any_message(viewed) -> None:
+    namesrv, broker, offsets = viewed
+    for key in ("root", "carol"):
+        for topic in ("orders", "payments"):
+            answer = await _view(namesrv, broker, key, offsets[topic])
+            assert answer.code == ResponseCode.SUCCESS, (key, topic, answer.remark)
+            assert decode_messages(answer.body or b"")[0].topic == topic
+        # they may see any message, so they are told when an offset names none (RocketMQ's answer)
+        answer = await _view(namesrv, broker, key, offsets["payments"] + 1_000_000)
+        assert answer.code == ResponseCode.SYSTEM_ERROR and "can not find message" in (answer.remark or "")
+
+
+async def test_a_message_is_authorized_on_the_topic_it_is_stored_in(viewed) -> None:
+    namesrv, broker, _offsets = viewed
+    # a group's retry topic stands for the group: READ on group g (alice), not on a topic (bob may READ orders)
+    await broker.ctx.ensure_topic("%RETRY%g", 1)
+    ids, _ = await broker.send.append("%RETRY%g", 0, [(b"again", {}, 0)], 0, 1, ("127.0.0.1", 1))
+    retry = decode_message_id(ids[0])[2]
+    assert (await _view(namesrv, broker, "alice", retry)).code == ResponseCode.SUCCESS
+    assert (await _view(namesrv, broker, "bob", retry)).code == NO_PERMISSION
+    # a transaction's half message sits in an internal topic until it is committed: READ on the topic it is bound
+    # for does not show it (a pull of that topic does not either); the super user sees it where it is
+    _, half_id = await broker.transactions.store_half("orders", 0, b"half", {}, 0, 0, ("127.0.0.1", 1))
+    half = decode_message_id(half_id)[2]
+    assert (await _view(namesrv, broker, "alice", half)).code == NO_PERMISSION
+    answer = await _view(namesrv, broker, "root", half)
+    assert answer.code == ResponseCode.SUCCESS
+    assert decode_messages(answer.body or b"")[0].topic == TRANSACTION_HALF_TOPIC

@@ -125,6 +125,8 @@ def test_needs_map_requests_to_kafka_operations() -> None:
     assert needs(cmd(RequestCode.GET_BROKER_CONFIG)) == [("DESCRIBE_CONFIGS", "CLUSTER", "kafka-cluster")]
     assert needs(cmd(RequestCode.GET_MAX_OFFSET, topic="o")) == [("DESCRIBE", "TOPIC", "o")]
     assert needs(cmd(RequestCode.CHECK_CLIENT_CONFIG)) == []
+    # its topic is known only once the message is found: the processor asks for it (NativeAcl.check_viewed)
+    assert needs(cmd(RequestCode.VIEW_MESSAGE_BY_ID, offset="0")) == []
 
 
 def test_cli_adds_lists_and_deletes_rocketmq_access_keys(tmp_path, capsys, monkeypatch) -> None:

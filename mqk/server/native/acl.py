@@ -10,7 +10,8 @@ set of ACLs governs both protocols. What each request needs, in Kafka's terms:
 - pulls, consumer offset queries and commits: READ on the topic and READ on the consumer group;
 - a consumer's heartbeat, unregistering, queue locks, CONSUMER_SEND_MSG_BACK: READ on its group;
 - queue offsets by position or time (GET_MAX_OFFSET ...): DESCRIBE on the topic (Kafka's ListOffsets);
-- QUERY_MESSAGE: READ on the topic; VIEW_MESSAGE_BY_ID names no topic: DESCRIBE on the cluster;
+- QUERY_MESSAGE: READ on the topic; VIEW_MESSAGE_BY_ID names no topic, only a commit-log offset: its processor
+  looks the message up and then asks `check_viewed` for READ on the message's topic, or DESCRIBE on the cluster;
 - admin: UPDATE_AND_CREATE_TOPIC CREATE on the cluster or the topic, DELETE_TOPIC_IN_BROKER DELETE on the topic;
   topic and consume statistics DESCRIBE (DESCRIBE_CONFIGS for configs) on the topic or group; broker-wide
   information (runtime info, broker config, every topic's config) DESCRIBE_CONFIGS / DESCRIBE on the cluster.
@@ -20,6 +21,18 @@ on group G. Everything else (CHECK_CLIENT_CONFIG, END_TRANSACTION: RocketMQ chec
 needs a valid signature only. An unsigned request, an unknown access key, a wrong signature and a denied operation
 are answered NO_PERMISSION with a remark saying which, and logged. With the authorizer off nothing is checked: the
 fields are accepted and ignored. The name server checks nothing, as RocketMQ's does (its ACL is the broker's).
+
+VIEW_MESSAGE_BY_ID is the one request whose resource only its answer knows. Its signature is checked here, with
+every request's, before anything is looked up; once the processor has found the message, `check_viewed` asks the
+same decision for READ on the topic the message is stored in (a group's retry or dead-letter topic: READ on the
+group). That is an internal topic for a delayed message still waiting in the timer's topic or a transaction's half
+message: a reader of the topic it is bound for cannot pull it yet either. DESCRIBE on the cluster, what the
+request needed before, views any message still (operators' tools hold it); only such a principal is told that an
+offset names no message: anyone else gets NO_PERMISSION (RocketMQ 5's answer for a topic one may not GET) with
+one remark both for a message it may not see and for none, so it never learns whether such a message exists, as
+Kafka answers TOPIC_AUTHORIZATION_FAILED for a topic one may not describe whether it exists or not.
+(RocketMQ 5 authorizes, before its lookup, the topic named by the request's optional `topic` field, then serves the
+message at the offset whatever its topic is; mqk ignores that field.)
 """
 
 from __future__ import annotations
@@ -154,7 +167,7 @@ _NEEDS: dict[int, Callable[[RemotingCommand], Iterator[Need]]] = {
     RequestCode.DELETE_TOPIC_IN_BROKER: _ext(_topic, "DELETE", "topic"),
     RequestCode.GET_ALL_TOPIC_CONFIG: lambda cmd: _cluster("DESCRIBE"),
     RequestCode.QUERY_MESSAGE: _ext(_topic, "READ", "topic"),
-    RequestCode.VIEW_MESSAGE_BY_ID: lambda cmd: _cluster("DESCRIBE"),
+    # VIEW_MESSAGE_BY_ID: a valid signature here; its processor asks check_viewed once it knows the message's topic
     RequestCode.GET_BROKER_RUNTIME_INFO: lambda cmd: _cluster("DESCRIBE_CONFIGS"),
     RequestCode.GET_BROKER_CONFIG: lambda cmd: _cluster("DESCRIBE_CONFIGS"),
     RequestCode.GET_TOPIC_STATS_INFO: _ext(_topic, "DESCRIBE", "topic"),
@@ -188,7 +201,6 @@ class NativeAcl:
         """None when the request may go on; else the NO_PERMISSION answer to send instead."""
         if not self.enabled:
             return None
-        authorizer = self.security.authorizer
         ext = cmd.ext_fields
         access_key = ext.get(ACCESS_KEY)
         if not access_key or SIGNATURE not in ext:
@@ -198,22 +210,53 @@ class NativeAcl:
             return self._refuse(peer, cmd, access_key, f"unknown AccessKey {access_key}")
         if not verify(ext, cmd.body, secret):
             return self._refuse(peer, cmd, access_key, f"Check signature failed for accessKey={access_key}")
-        principal = Principal(USER, access_key)
         wanted = needs(cmd)
         if cmd.code in _SENDS:
             topic = cmd.ext_fields.get("topic") or cmd.ext_fields.get("b")
             if topic and (TOPIC, topic) in {(t, n) for _, t, n in wanted} and not self.topic_exists(topic):
                 wanted.append(("CREATE", TOPIC, topic))
+        why = self._denied(peer, access_key, wanted)
+        return None if why is None else self._refuse(peer, cmd, access_key, why)
+
+    def check_viewed(self, peer: tuple[str, int], cmd: RemotingCommand, topic: str | None) -> RemotingCommand | None:
+        """VIEW_MESSAGE_BY_ID once its processor has looked the offset up (`topic`: the message's, None if the
+        offset names no message), after `check` let the request in (its signature is good). None when the peer
+        may have the answer; else the NO_PERMISSION answer to send instead, the same for a message the peer may
+        not see and for one that does not exist (see the module docstring)."""
+        if not self.enabled:
+            return None
+        access_key = cmd.ext_fields[ACCESS_KEY]
+        # READ on the topic, as QUERY_MESSAGE and a pull need. DESCRIBE on the cluster is the alternative, as CREATE
+        # on the cluster is for a topic's CREATE: it kept what it allowed before this check moved to the message's
+        # topic, and it may see any message, so telling it that an offset names none leaks nothing
+        why = (
+            "the offset names no message"
+            if topic is None
+            else self._denied(peer, access_key, list(_topic("READ", topic)))
+        )
+        if why is None or self._denied(peer, access_key, list(_cluster("DESCRIBE"))) is None:
+            return None
+        told = (
+            f"{Principal(USER, access_key)} may not view the message at offset {cmd.ext_fields.get('offset')}, if "
+            "there is one there (it needs READ on the message's topic or DESCRIBE on the cluster)"
+        )
+        return self._refuse(peer, cmd, access_key, why, told)
+
+    def _denied(self, peer: tuple[str, int], access_key: str, wanted: list[Need]) -> str | None:
+        """Why the access key's principal may not have all of `wanted`, or None if it may."""
+        authorizer = self.security.authorizer
+        principal = Principal(USER, access_key)
         for operation, resource_type, name in wanted:
             if operation == "CREATE" and authorizer.authorize(principal, peer[0], "CREATE", CLUSTER, CLUSTER_NAME):
                 continue  # CREATE on the cluster covers every topic, as Kafka's CreateTopics
             if not authorizer.authorize(principal, peer[0], operation, resource_type, name):
-                return self._refuse(
-                    peer, cmd, access_key, f"{principal} is not allowed {operation} on {resource_type} {name}"
-                )
+                return f"{principal} is not allowed {operation} on {resource_type} {name}"
         return None
 
-    def _refuse(self, peer: tuple[str, int], cmd: RemotingCommand, access_key: str, why: str) -> RemotingCommand:
+    def _refuse(
+        self, peer: tuple[str, int], cmd: RemotingCommand, access_key: str, why: str, told: str | None = None
+    ) -> RemotingCommand:
+        """The NO_PERMISSION answer, telling the peer `told` (default: `why`); the log line says `why`."""
         # one line per address, access key and request code per interval: a client retrying a refused request is
         # not a log flood
         held = self._log_throttle.allow((peer[0], access_key, cmd.code))
@@ -227,4 +270,4 @@ class NativeAcl:
                 why,
                 f" ({held} more like it refused since its last line)" if held else "",
             )
-        return cmd.response(ResponseCode.NO_PERMISSION, f"No permission: {why}")
+        return cmd.response(ResponseCode.NO_PERMISSION, f"No permission: {why if told is None else told}")

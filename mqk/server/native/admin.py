@@ -1,6 +1,7 @@
 """Topic administration and message queries over remoting: UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER,
 GET_ALL_TOPIC_CONFIG, QUERY_MESSAGE (by key, through the store's key index, bounded by time range and count) and
-VIEW_MESSAGE_BY_ID (the id's commit-log offset, resolved through the broker context). Topic names and
+VIEW_MESSAGE_BY_ID (the id's commit-log offset, resolved through the broker context, then authorized on the
+message's own topic: mqk.server.native.acl, `check_viewed`). Topic names and
 creation follow the broker's topic registry (mqk.broker.topics), in RocketMQ's alphabet; the broker's internal
 topics (mqk.broker.internal) are neither created nor deleted through it (SYSTEM_ERROR, RocketMQ's answer for its
 system topics)."""
@@ -16,6 +17,7 @@ from mqk.protocol.native.codes import ResponseCode
 from mqk.protocol.native.command import RemotingCommand
 from mqk.protocol.native.errors import response_code_for
 from mqk.protocol.native.message import encode_message_ext
+from mqk.server.native.acl import NativeAcl
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 
@@ -23,8 +25,10 @@ MAX_QUERY_MESSAGES = 64  # RocketMQ's defaultQueryMaxNum
 
 
 class AdminProcessor:
-    def __init__(self, ctx: BrokerContext) -> None:
+    def __init__(self, ctx: BrokerContext, acl: NativeAcl) -> None:
+        """`acl`: the listener's ACL check (VIEW_MESSAGE_BY_ID is authorized here, once its message is found)."""
         self.ctx = ctx
+        self.acl = acl
 
     async def create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.get_str("topic", required=True) or ""
@@ -92,6 +96,11 @@ class AdminProcessor:
         offset = cmd.get_int("offset", required=True)
         assert offset is not None
         msg = await self.ctx.resolve(offset)
+        # the request names no topic: the message's own is authorized, so the lookup comes first (the signature
+        # was checked before it, with every request's)
+        refused = self.acl.check_viewed(conn.peer, cmd, None if msg is None else msg.topic)
+        if refused is not None:
+            return refused
         if msg is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
         return cmd.response(ResponseCode.SUCCESS, body=encode_message_ext(msg))

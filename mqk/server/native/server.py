@@ -83,7 +83,7 @@ class NativeServer:
         self.send = send = SendProcessor(self.ctx)
         pull = PullProcessor(self.ctx, self.clients)
         offsets = OffsetProcessor(self.ctx)
-        admin = AdminProcessor(self.ctx)
+        admin = AdminProcessor(self.ctx, self.acl)
         #: what mqadmin and the dashboard read (runtime info, topic and consume stats)
         self.stats = StatsProcessor(self.ctx, self.clients)
         self.transactions = TransactionService(
