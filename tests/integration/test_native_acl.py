@@ -96,6 +96,18 @@ async def test_an_allowed_user_sends_pulls_and_commits(acl) -> None:
         assert await consumer.committed_offset(mq) == 1
 
 
+async def test_signed_requests_of_one_key_share_one_principal_and_its_cached_decisions(acl) -> None:
+    namesrv, broker = acl
+    authorizer = broker.ctx.broker.security.authorizer
+    async with signed(Producer(namesrv, "pg"), "alice", "alice-secret") as producer:
+        for i in range(50):
+            await producer.send("orders", b"m%d" % i, queue_id=0)
+    # 50 signed sends, one WRITE decision for alice: the authorizer caches decisions by the principal's identity,
+    # so a principal made afresh for each request would add an entry per request
+    alice_writes = [key for key in authorizer._cache if key[2:] == ("WRITE", "TOPIC", "orders")]
+    assert len(alice_writes) == 1, alice_writes
+
+
 async def test_a_wrong_secret_an_unknown_key_and_no_signature_get_no_permission(acl, caplog) -> None:
     namesrv, _broker = acl
     reasons = []

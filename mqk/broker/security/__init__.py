@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember
 
 
+#: distinct RocketMQ access keys whose principals are kept (past it they are made again)
+_KEY_PRINCIPALS_KEPT = 10_000
+
+
 class Security:
     def __init__(self, config: BrokerConfig, store: StoreManager, clock: Clock = SYSTEM_CLOCK) -> None:
         self.users = Users(store)
@@ -55,6 +59,18 @@ class Security:
             self.authorizer = AclAuthorizer(self.acls, config.super_users, config.allow_everyone_if_no_acl_found)
         #: made-up salts of unknown users derive from this (mqk.broker.security.scram)
         self._mock_key = secrets.token_bytes(32)
+        #: access key -> its principal: one object per key, because the authorizer caches its decisions by the
+        #: principal's identity (a Kafka connection keeps one for its life; RocketMQ signs every request)
+        self._key_principals: dict[str, Principal] = {}
+
+    def access_key_principal(self, access_key: str) -> Principal:
+        """The principal (`User:<access key>`) of requests signed with a RocketMQ access key."""
+        principal = self._key_principals.get(access_key)
+        if principal is None:
+            if len(self._key_principals) >= _KEY_PRINCIPALS_KEPT:
+                self._key_principals.clear()
+            principal = self._key_principals[access_key] = Principal(USER, access_key)
+        return principal
 
     def attach_cluster(self, cluster: ClusterMember) -> None:
         self.users.attach_cluster(cluster)

@@ -245,7 +245,7 @@ class NativeAcl:
     def _denied(self, peer: tuple[str, int], access_key: str, wanted: list[Need]) -> str | None:
         """Why the access key's principal may not have all of `wanted`, or None if it may."""
         authorizer = self.security.authorizer
-        principal = Principal(USER, access_key)
+        principal = self.security.access_key_principal(access_key)
         for operation, resource_type, name in wanted:
             if operation == "CREATE" and authorizer.authorize(principal, peer[0], "CREATE", CLUSTER, CLUSTER_NAME):
                 continue  # CREATE on the cluster covers every topic, as Kafka's CreateTopics

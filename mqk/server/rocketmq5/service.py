@@ -58,8 +58,6 @@ from rocketmq.grpc_protocol import service_pb2_grpc as pbs_grpc
 
 from mqk.broker.internal import rocketmq_send_refusal, rocketmq_system_refusal
 from mqk.broker.names import ROCKETMQ
-from mqk.broker.security import Principal
-from mqk.broker.security.principal import USER
 from mqk.errors import MqkError
 from mqk.groups.share import ACCEPT, REJECT, RENEW, ShareGroups
 from mqk.protocol.native.codes import (
@@ -200,7 +198,7 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         expected = hmac.new(secret.encode(), signed_at.encode(), sha1).hexdigest()
         if not hmac.compare_digest(expected, signature.lower()):
             return self._refuse(context, Code.UNAUTHORIZED, access_key, "the signature does not match")
-        principal = Principal(USER, access_key)
+        principal = security.access_key_principal(access_key)
         host = self._peer_host(context)
         for operation, resource_type, name in needs:
             if not security.authorizer.authorize(principal, host, operation, resource_type, name):
