@@ -25,7 +25,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -374,3 +374,112 @@ def test_the_cli_finds_lists_and_aborts_a_transaction_on_its_coordinator(cluster
     assert all(not values for values in got.values()), got
     with pytest.raises(KafkaException):
         stuck.commit_transaction(10)
+
+
+def test_a_failover_keeps_an_open_transaction_and_its_new_master_writes_the_markers(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """Two groups of two brokers. A transaction is open on partitions of both when the master of the group that
+    does not coordinate it is killed: its replica takes over knowing where the transaction begins in each partition
+    (the last stable offset stays there, records written after it wait behind it), and writes the markers when the
+    transaction commits."""
+    cluster = mqk_cluster_factory(4, group_size=2, config=REPLICATED)
+    bootstrap = cluster.bootstrap
+    topic = unique("txfail")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 4, 2, config={"min.insync.replicas": "2"})])[topic].result(30)
+    transactional_id = unique("txfail-id")
+    coordinator_node = coordinator(cluster, transactional_id, 1)
+    coordinating_group = cluster.broker(coordinator_node).group
+    partitions = wait_until(lambda: _led_partitions(bootstrap, topic, 4), 60, "every partition has a leader")
+    victim = next(n for n in set(partitions.values()) if cluster.broker(n).group != coordinating_group)
+    victims_partitions = sorted(p for p, n in partitions.items() if n == victim)
+    assert victims_partitions and len(victims_partitions) < 4
+
+    plain = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+
+    def write_plain(value: bytes) -> None:
+        for p in range(4):
+            plain.produce(topic, value, partition=p)
+        assert plain.flush(30) == 0
+
+    write_plain(b"before")
+    producer = transactional_producer(bootstrap, transactional_id, acks="all")
+    producer.begin_transaction()
+    for p in range(4):
+        producer.produce(topic, b"txn", partition=p)
+    producer.flush(30)
+    write_plain(b"after")
+
+    def stable_ends() -> list[int] | None:
+        """Each partition's last stable offset (a read_committed consumer's high watermark), asked by a new client
+        of the live brokers (one made before a kill would keep asking the dead leader it knew)."""
+        live = ",".join(b.bootstrap for b in cluster.brokers if b.running)
+        reader = Consumer({"bootstrap.servers": live, "group.id": unique("lso"), "isolation.level": "read_committed"})
+        try:
+            return [reader.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in range(4)]
+        except KafkaException:
+            return None  # (a partition without a leader yet)
+        finally:
+            reader.close()
+
+    # the transaction's first record is at offset 1 of each partition: read_committed readers stop there
+    assert stable_ends() == [1, 1, 1, 1]
+    cluster.kill(victim)
+
+    def led_by_survivors() -> bool:
+        leaders = _led_partitions(bootstrap, topic, 4, live_only=cluster)
+        return leaders is not None and victim not in leaders.values()
+
+    wait_until(led_by_survivors, 60, "the killed master's partitions led by its replica")
+    # the new master knows where the transaction begins in its partitions: the stable offsets stay there
+    assert wait_until(stable_ends, 60, "the last stable offsets") == [1, 1, 1, 1]
+    commit_retrying(producer, 90)
+    wait_until(lambda: stable_ends() == [4, 4, 4, 4], 60, "the markers in every partition")
+    got = read_to_end_of(bootstrap, topic, 4, count=3)
+    assert got == {p: [b"before", b"txn", b"after"] for p in range(4)}
+
+
+#: replicated groups: a dead master's lease ends after 3 s
+REPLICATED = {"cluster_session_timeout_ms": 3000, "replica_lag_time_max_ms": 3000, "store": TEST_CLUSTER_STORE}
+
+
+def _led_partitions(
+    bootstrap: str, topic: str, count: int, live_only: LocalCluster | None = None
+) -> dict[int, int] | None:
+    """partition -> leader, once every partition has one (None before)."""
+    if live_only is not None:
+        bootstrap = ",".join(b.bootstrap for b in live_only.brokers if b.running)
+    try:
+        parts = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10).topics[topic].partitions
+    except KafkaException:
+        return None
+    if len(parts) != count or any(meta.leader < 0 for meta in parts.values()):
+        return None
+    return {p: meta.leader for p, meta in parts.items()}
+
+
+def read_to_end_of(bootstrap: str, topic: str, partitions: int, count: int) -> dict[int, list[bytes]]:
+    """`count` records of each partition, read_committed from the start."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("reader"),
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    got: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+
+    def step() -> bool:
+        for m in consumer.consume(100, 0.2):
+            if not m.error():
+                got[m.partition()].append(m.value())
+        return all(len(v) >= count for v in got.values())
+
+    try:
+        wait_until(step, 60, f"{count} records in each partition")
+    finally:
+        consumer.close()
+    return got
