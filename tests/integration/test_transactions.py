@@ -641,6 +641,13 @@ class _Aborts:
         return {marker for marker, _pid, _first in b.txns.aborted_ranges(TOPIC, 0)}
 
 
+def _cleaner(b: Broker, clock: FakeClock) -> CompactionService:
+    """The log cleaner as the runtime wires it: on the broker's store and clock, asking its coordinator."""
+    cleaner = CompactionService(b.config, b.store, clock=clock)
+    cleaner.transactions = b.txns
+    return cleaner
+
+
 async def _logged(b: Broker) -> list[bytes]:
     """Every value the partition holds, read_uncommitted."""
     return values_of((await b.fetch(0, committed=False))["records"])
@@ -667,8 +674,7 @@ async def test_the_cleaner_drops_an_old_abort_marker_after_its_index_entry_and_r
     aborts = _Aborts()
     try:
         await aborts.write(b, clock)
-        cleaner = CompactionService(b.config, b.store, clock=clock)
-        cleaner.transactions = b.txns
+        cleaner = _cleaner(b, clock)
 
         await cleaner.run_once()
         assert not {b"A-aborted", b"B-aborted", b"C-aborted"} & set(await _logged(b))
@@ -709,8 +715,7 @@ async def test_a_crash_between_forgetting_an_aborted_transaction_and_dropping_it
     aborts = _Aborts()
     try:
         await aborts.write(b, clock)
-        cleaner = CompactionService(b.config, b.store, clock=clock)
-        cleaner.transactions = b.txns
+        cleaner = _cleaner(b, clock)
         await cleaner.run_once()  # the aborted records go
         await aborts.head(b, clock)
         engine = b.store.engine_of(TOPIC)
@@ -732,8 +737,7 @@ async def test_a_crash_between_forgetting_an_aborted_transaction_and_dropping_it
         part = await b.fetch(0, committed=True)
         assert not part["aborted_transactions"]
         assert committed_values(part)[:2] == list(aborts.COMMITTED)
-        cleaner = CompactionService(b.config, b.store, clock=clock)
-        cleaner.transactions = b.txns
+        cleaner = _cleaner(b, clock)
         await aborts.head(b, clock)
         await cleaner.run_once()
         assert not await _marker_there(b, aborts.markers["A"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -269,6 +269,16 @@ class _Transactions:
         self.aborted = [entry for entry in self.aborted if entry[0] not in gone]
 
 
+async def _marker_topic(m: StoreManager, topic: str) -> Callable[[bytearray], Awaitable[int]]:
+    """A compacted topic whose delete.retention.ms is an hour, and an append to it that answers the base offset."""
+    await m.create_topic(topic, 1, TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+
+    async def put(batch: bytearray) -> int:
+        return (await m.append(topic, 0, [batch])).base_offset
+
+    return put
+
+
 def _txn_batch(records: list[tuple[bytes, bytes]], ts: int, pid: int, seq: int) -> bytearray:
     body = b"".join(rb.encode_record(i, 0, k, v, []) for i, (k, v) in enumerate(records))
     return rb.build_batch(0, ts, ts, body, len(records), len(records) - 1, 0x10, pid, 0, seq)
@@ -310,12 +320,8 @@ async def test_a_transaction_marker_goes_once_its_records_are_gone_and_it_is_pas
     from mqk.server.kafka.transactions import control_batch
 
     m = manager
-    await m.create_topic("mk", 1, TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+    put = await _marker_topic(m, "mk")
     old, now = _now() - 3 * HOUR, _now()
-
-    async def put(batch: bytearray) -> int:
-        return (await m.append("mk", 0, [batch])).base_offset
-
     await put(_txn_batch([(b"a", b"a-txn")], old, pid=7, seq=0))  # superseded below: its marker may go
     commit_7 = await put(control_batch(7, 0, commit=True, timestamp=old))
     await put(_txn_batch([(b"b", b"b-txn")], old, pid=8, seq=0))  # still b's latest value
@@ -352,12 +358,8 @@ async def test_an_abort_marker_goes_a_pass_after_its_transaction_and_its_index_e
     from mqk.server.kafka.transactions import control_batch
 
     m = manager
-    await m.create_topic("ab", 1, TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+    put = await _marker_topic(m, "ab")
     old, now = _now() - 3 * HOUR, _now()
-
-    async def put(batch: bytearray) -> int:
-        return (await m.append("ab", 0, [batch])).base_offset
-
     first_7 = await put(_txn_batch([(b"a", b"a-aborted")], old, pid=7, seq=0))
     abort_7 = await put(control_batch(7, 0, commit=False, timestamp=old))  # old, not 7's last batch: it goes
     await put(_txn_batch([(b"b", b"b-txn")], old, pid=7, seq=1))  # producer 7's later, committed transaction
@@ -414,12 +416,8 @@ async def test_a_rewrite_that_fails_after_the_index_entry_is_forgotten_leaves_th
     from mqk.server.kafka.transactions import control_batch
 
     m = manager
-    await m.create_topic("cr", 1, TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+    put = await _marker_topic(m, "cr")
     old, now = _now() - 3 * HOUR, _now()
-
-    async def put(batch: bytearray) -> int:
-        return (await m.append("cr", 0, [batch])).base_offset
-
     first = await put(_txn_batch([(b"a", b"a-aborted")], old, pid=7, seq=0))
     marker = await put(control_batch(7, 0, commit=False, timestamp=old))
     await put(_txn_batch([(b"b", b"b-txn")], old, pid=7, seq=1))
