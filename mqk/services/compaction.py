@@ -163,7 +163,8 @@ class TransactionView(Protocol):
         ...
 
     async def forget_aborted(self, topic: str, partition: int, markers: Iterable[int]) -> None:
-        """Forget the aborted transactions whose markers are at `markers`, durably (in the log) before returning."""
+        """Forget the aborted transactions whose markers are at `markers`: their tombstones are appended to the
+        state log when this returns (see CompactionService._forget_settled for why that comes first)."""
         ...
 
 
