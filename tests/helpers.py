@@ -370,6 +370,30 @@ def values_of(records: Any) -> list[bytes]:
     return out
 
 
+def committed_values(partition: dict[str, Any]) -> list[bytes]:
+    """The values a read_committed client takes from a Fetch answer's partition, by the rule Kafka's consumers
+    follow: a producer named in `aborted_transactions` is aborting from its first offset on, and its transactional
+    batches are dropped until its ABORT marker (control batches are never returned)."""
+    recbatch = load("recbatch")
+    data = raw_records(partition["records"])
+    pending = sorted((a["first_offset"], a["producer_id"]) for a in partition["aborted_transactions"] or ())
+    aborting: set[int] = set()
+    out = []
+    for pos, size, *_ in recbatch.scan_batches(data):
+        h = recbatch.parse_header(data, pos)
+        records = recbatch.decode_records(data[pos + 61 : pos + size], h[12])
+        while pending and pending[0][0] <= h[0] + h[6]:
+            aborting.add(pending.pop(0)[1])
+        if h[5] & 0x20:  # a control batch: an ABORT marker (key type 0) ends its producer's aborted transaction
+            if records and records[0][3] is not None and records[0][3][2:4] == b"\x00\x00":
+                aborting.discard(h[9])
+            continue
+        if h[5] & 0x10 and h[9] in aborting:
+            continue
+        out += [r[4] for r in records]
+    return out
+
+
 # --- groups -------------------------------------------------------------------------------------------------------
 
 

@@ -34,11 +34,15 @@ One pass over a shard, as Kafka's cleaner does it:
    Transactions (Kafka's cleaner rules, with `transactions` set: mqk.server.kafka.transactions): nothing at or past
    the partition's last stable offset is cleanable (an undecided transaction's records stay as they are); a
    batch of an aborted transaction neither enters the offset map (an aborted value never hides a committed one)
-   nor survives the filter (its records go; the producer's last batch stays empty, as above). A COMMIT marker
-   stays while a record of its transaction is left before it; once none is, it goes when it is older than
-   delete.retention.ms (counted from its timestamp, as a tombstone's is here; Kafka counts from the cleaning that
-   found it empty), unless it is its producer's last batch. ABORT markers stay: the aborted-transaction index
-   still names their transactions (Kafka drops an index entry with its marker; mqk's index is not rewritten).
+   nor survives the filter (its records go; the producer's last batch stays empty, as above). A marker stays
+   while its transaction has something left before it: a kept record of a committed transaction; any batch of an
+   aborted one, so an ABORT marker outlives its transaction's batches by at least one pass (they go in the pass
+   that covers them, the marker in a later one), as in Kafka's cleaner. Once nothing is left, a marker goes when
+   it is older than delete.retention.ms (counted from its timestamp, as a tombstone's is here; Kafka counts from
+   the cleaning that found it empty), unless it is its producer's last batch. The aborted-transaction index
+   (what read_committed fetches are told) keeps, as Kafka's rewritten `.txnindex` does, only the aborted
+   transactions whose batches the pass met: the others (`TransactionView.forget_aborted`) are forgotten, their
+   markers gone or not, before the rewrite of the range holding their markers (why in that order: `_forget_settled`).
 6. The new batches replace the old ones chunk by chunk (`replace_range`: atomic per call, so a crash leaves every
    batch old or new and cleaning is idempotent), then the checkpoint moves.
 
@@ -51,9 +55,11 @@ call). Engines that cannot rewrite (NotSupported) are skipped with one log line 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -156,6 +162,11 @@ class TransactionView(Protocol):
         """(marker offset, producer id, first offset) of each aborted transaction, in marker order."""
         ...
 
+    async def forget_aborted(self, topic: str, partition: int, markers: Iterable[int]) -> None:
+        """Forget the aborted transactions whose markers are at `markers`: their tombstones are appended to the
+        state log when this returns (see CompactionService._forget_settled for why that comes first)."""
+        ...
+
 
 def _aborted(header: tuple, aborted: AbortedBatches) -> bool:
     return bool(header[5] & _ATTR_TRANSACTIONAL) and (header[9], header[0]) in aborted
@@ -187,16 +198,21 @@ def filter_batches(
     stats: CleanStats,
     aborted: AbortedBatches = NO_ABORTS,
     transactions_kept: dict[int, bool] | None = None,
+    markers_waiting: set[int] | None = None,
 ) -> list[Any]:
     """The rewritten copies of `batches` (originals where nothing changes); dropped batches are left out. The
     records of `aborted` transactions' batches all go.
 
-    A COMMIT marker (a control batch) goes as Kafka's cleaner lets it go: once no record of its transaction is
-    left before it and it is older than the tombstone horizon (delete.retention.ms), unless it is its producer's
-    last batch (kept for the producer's state). ABORT markers stay: the aborted-transaction index that
-    read_committed fetches answer from still names their transactions, and a reader told of one skips the
-    producer's batches until it meets the marker. `transactions_kept` (producer id -> whether its
-    transaction under way kept a record so far) carries that across calls over one log, in offset order."""
+    A transaction marker (a control batch, COMMIT or ABORT) goes as Kafka's cleaner lets it go: once its
+    transaction has nothing left before it and it is older than the tombstone horizon (delete.retention.ms),
+    unless it is its producer's last batch (kept for the producer's state). What a committed transaction leaves is
+    a kept record; what an aborted one leaves is any batch met here, although it goes now: its marker must
+    outlive it by a pass, because a reader told of the transaction by the aborted-transaction index skips the
+    producer's batches until it meets the marker, and that index entry may be forgotten only once the batches are
+    gone from the log (the caller forgets it before the rewrite that drops the marker: CompactionService).
+    `transactions_kept` (producer id -> whether its transaction under way has left something so far) carries that
+    across calls over one log, in offset order; `markers_waiting` gets the offsets of the markers met while their
+    transaction had something left (the aborted-transaction index keeps those of aborted transactions)."""
     kept_by_producer = transactions_kept if transactions_kept is not None else {}
     out: list[Any] = []
     for batch in batches:
@@ -220,10 +236,12 @@ def filter_batches(
         stats.batches_read += 1
         stats.bytes_read += len(data)
         if attributes & _ATTR_CONTROL:
-            transaction_left_records = kept_by_producer.pop(producer_id, False)
+            transaction_left = kept_by_producer.pop(producer_id, False)
+            if transaction_left and markers_waiting is not None:
+                markers_waiting.add(base)
             if (
-                _is_commit_marker(records)
-                and not transaction_left_records
+                _is_marker(records)
+                and not transaction_left
                 and max_ts < tombstone_horizon
                 and last_of_producer.get(producer_id) != base
             ):
@@ -233,7 +251,8 @@ def filter_batches(
             continue
         kept = []
         # an aborted transaction's records all go: none is walked, so none is kept
-        walked = () if _aborted(header, aborted) else records
+        in_aborted = _aborted(header, aborted)
+        walked = () if in_aborted else records
         for record in walked:
             key, value = record[3], record[4]
             offset = base + record[2]
@@ -246,7 +265,7 @@ def filter_batches(
             kept.append(record)
         stats.records_kept += len(kept)
         stats.records_removed += len(records) - len(kept)
-        if kept and attributes & _ATTR_TRANSACTIONAL:
+        if in_aborted or (kept and attributes & _ATTR_TRANSACTIONAL):
             kept_by_producer[producer_id] = True
         if len(kept) == len(records):
             out.append(data)
@@ -277,10 +296,11 @@ def filter_batches(
     return out
 
 
-def _is_commit_marker(records: list[tuple]) -> bool:
-    """Whether a control batch's record is a COMMIT marker (its key: version int16, type int16, 1 = COMMIT)."""
+def _is_marker(records: list[tuple]) -> bool:
+    """Whether a control batch's record is a transaction marker (its key: version int16, type int16, 0 = ABORT,
+    1 = COMMIT); a control batch of another kind is kept, as Kafka's cleaner keeps it."""
     key = records[0][3] if len(records) == 1 else None
-    return key is not None and len(key) == 4 and key[2:4] == b"\x00\x01"
+    return key is not None and len(key) == 4 and key[2:4] in (b"\x00\x00", b"\x00\x01")
 
 
 def _next_offset(data: Any) -> int:
@@ -452,6 +472,7 @@ class CompactionService:
                 head = i
                 break
         aborted = NO_ABORTS
+        ranges: list[tuple[int, int, int]] = []
         if self.transactions is not None:
             # an undecided transaction's records, and all after them, wait for its decision (Kafka's rule)
             stable = self.transactions.last_stable(topic, queue, infos[-1].next_offset)
@@ -500,6 +521,7 @@ class CompactionService:
         horizon = now - settings["delete_retention_ms"]
         last_of_producer = self._last_batches(await self._read(engine, topic, queue, start, upto))
         transactions_kept: dict[int, bool] = {}
+        markers_waiting: set[int] = set()
         offset = start
         while offset < upto:
             chunk = await self._read(engine, topic, queue, offset, upto)
@@ -514,7 +536,16 @@ class CompactionService:
             for batch in chunk:
                 t = time.perf_counter()
                 rewritten.extend(
-                    filter_batches([batch], offset_map, horizon, last_of_producer, stats, aborted, transactions_kept)
+                    filter_batches(
+                        [batch],
+                        offset_map,
+                        horizon,
+                        last_of_producer,
+                        stats,
+                        aborted,
+                        transactions_kept,
+                        markers_waiting,
+                    )
                 )
                 taken += 1
                 size += len(batch.data)
@@ -522,6 +553,7 @@ class CompactionService:
                 if size >= limit:
                     break
             chunk_end = chunk[taken - 1].next_offset
+            await self._forget_settled(topic, queue, ranges, offset, chunk_end, markers_waiting)
             # retention (DeleteRecords, compact,delete) may have moved the log start while we worked: batches
             # wholly below it are gone and must not come back
             log_start = engine.log_start_offset(topic, queue)
@@ -531,6 +563,38 @@ class CompactionService:
             offset = max(chunk_end, engine.log_start_offset(topic, queue))
         stats.seconds = time.perf_counter() - t0
         return upto, stats
+
+    async def _forget_settled(
+        self,
+        topic: str,
+        queue: int,
+        ranges: list[tuple[int, int, int]],
+        start: int,
+        end: int,
+        markers_waiting: set[int],
+    ) -> None:
+        """Forget the aborted transactions (`ranges`, in marker order) whose markers lie in [start, end), the range
+        about to be rewritten, unless the pass met a batch of theirs (`markers_waiting`): like Kafka's rewritten
+        `.txnindex`, the index keeps only the aborted transactions with batches left, whether their markers go now
+        or stay (young, or their producer's last batch). One whose marker the pass did not meet at all is
+        forgotten too (see below: a crash that kept a rewrite but lost the tombstone before it).
+
+        Why first: a reader told of an aborted transaction skips the producer's batches until it meets the
+        marker, so the index must never name a transaction whose marker is gone (the reader would skip the
+        producer's later committed batches). With the tombstone appended (and awaited) before the rewrite, a crash
+        between the two leaves a marker the index no longer names, which readers pass over. Nor may an entry go
+        while its transaction's batches are in the log (a reader not told of them would take them as committed):
+        hence the pass that drops them keeps the entry and the marker (`filter_batches`), and only a later pass,
+        which finds none, forgets the entry, then may drop the marker. The order holds on disk for a process crash,
+        and for any crash under sync flush; under async flush a machine crash may lose the tombstone's append and
+        keep the rewrite (the file engine fsyncs its compaction log itself): readers may then be told of that
+        transaction until the next pass forgets it, as one whose marker it no longer meets."""
+        if self.transactions is None or not ranges:
+            return
+        first, last = bisect.bisect_left(ranges, (start,)), bisect.bisect_left(ranges, (end,))
+        settled = [marker for marker, _pid, _first in ranges[first:last] if marker not in markers_waiting]
+        if settled:
+            await self.transactions.forget_aborted(topic, queue, settled)
 
     async def _pace(self, spent: float) -> None:
         """Share the event loop: the cleaner works in slices of one batch on the loop (a worker thread would

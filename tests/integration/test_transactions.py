@@ -1,8 +1,9 @@
 """Kafka transactions over the wire (mqk.server.kafka.transactions and its handlers), request by request, with a
 raw client: the answers Kafka gives for fencing, bad states and bad input; the last stable offset and the aborted
 list a read_committed fetch gets; the state surviving a restart, including a transaction caught between its
-Prepare and Complete records; timeouts on an injected clock. The real clients' side is
-compat/test_transactions_clients.py.
+Prepare and Complete records; timeouts on an injected clock; the log cleaner forgetting an aborted transaction
+before it drops its ABORT marker, read_committed readers still getting what its producer committed after it. The
+real clients' side is compat/test_transactions_clients.py.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Proxy, fetch_body, produce_body, values_of
+from helpers import Proxy, committed_values, fetch_body, produce_body, raw_records, values_of
 
 from mqk import errors as E
+from mqk._fast import load
 from mqk.clock import FakeClock
-from mqk.config import BrokerConfig, StoreConfig
+from mqk.config import BrokerConfig, StoreConfig, TopicConfig
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 from mqk.server.kafka.server import KafkaServer
@@ -29,17 +32,19 @@ from mqk.server.kafka.transactions import (
     PREPARE_COMMIT,
     TransactionCoordinator,
 )
+from mqk.services.compaction import CompactionService
 from mqk.store.manager import StoreManager
 
 TOPIC = "txn-topic"
+HOUR = 3600 * 1000
 
 
 class Broker:
-    """A file-store KafkaServer with a raw client, restartable on the same data directory."""
+    """A KafkaServer (on the file store unless told) with a raw client, restartable on the same data directory."""
 
-    def __init__(self, data_dir: Path, clock: FakeClock | None = None, **config: Any) -> None:
+    def __init__(self, data_dir: Path, clock: FakeClock | None = None, storage: str = "file", **config: Any) -> None:
         self.config = BrokerConfig(
-            kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage="file", data_dir=data_dir), **config
+            kafka_listen=("127.0.0.1", 0), store=StoreConfig(storage=storage, data_dir=data_dir), **config
         )
         self.clock = clock
         self.store: StoreManager
@@ -577,3 +582,165 @@ async def test_a_late_end_txn_cannot_end_the_next_transaction(broker: Broker) ->
     finally:
         await slow.close()
         proxy.close()
+
+
+class _Aborts:
+    """Three producers' transactions on a compacted partition, written on `clock` (which starts 3 hours back):
+    A aborts one and commits the next; B aborts one, its marker its last batch; then, 3 hours on (now), C aborts
+    one and commits the next. Only A's ABORT marker is both older than delete.retention.ms (an hour) and not its
+    producer's last batch."""
+
+    #: what a read_committed reader gets before the heads
+    COMMITTED = (b"A-committed", b"C-committed")
+
+    def __init__(self) -> None:
+        #: producer name -> the offset of its ABORT marker
+        self.markers: dict[str, int] = {}
+
+    async def write(self, b: Broker, clock: FakeClock) -> None:
+        await b.store.create_topic(
+            TOPIC,
+            1,
+            TopicConfig(
+                {
+                    "cleanup.policy": "compact",
+                    "segment.bytes": "1",
+                    "min.cleanable.dirty.ratio": "0.01",
+                    "delete.retention.ms": str(HOUR),
+                }
+            ),
+        )
+        await self._transaction(b, clock, "A", commit_next=True)
+        await self._transaction(b, clock, "B", commit_next=False)
+        clock.set_time_ms(clock.time_ms() + 3 * HOUR)
+        await self._transaction(b, clock, "C", commit_next=True)
+        await self.head(b, clock)
+
+    async def _transaction(self, b: Broker, clock: FakeClock, name: str, commit_next: bool) -> None:
+        txn_id = "t-" + name
+        pid, epoch = await _begin(b, txn_id, 0)
+
+        async def produce(seq: int, value: bytes) -> None:
+            key = b"%s-%d" % (value, clock.time_ms())
+            assert (await b.produce(txn_id, pid, epoch, seq, [value], keys=[key], timestamp=clock.time_ms()))[0] == 0
+
+        await produce(0, name.encode() + b"-aborted")
+        assert await b.end(txn_id, pid, epoch, commit=False) == 0
+        self.markers[name] = b.txns.aborted_ranges(TOPIC, 0)[-1][0]
+        if commit_next:
+            assert await b.add(txn_id, pid, epoch, 0) == {0: 0}
+            await produce(1, name.encode() + b"-committed")
+            assert await b.end(txn_id, pid, epoch, commit=True) == 0
+
+    @staticmethod
+    async def head(b: Broker, clock: FakeClock) -> None:
+        """A new last batch: the one before it becomes cleanable, and dirty."""
+        await b.store.append(TOPIC, 0, [make_batch([b"head"], keys=[b"head"], timestamp=clock.time_ms())])
+
+    def offsets(self, b: Broker) -> set[int]:
+        return {marker for marker, _pid, _first in b.txns.aborted_ranges(TOPIC, 0)}
+
+
+def _cleaner(b: Broker, clock: FakeClock) -> CompactionService:
+    """The log cleaner as the runtime wires it: on the broker's store and clock, asking its coordinator."""
+    cleaner = CompactionService(b.config, b.store, clock=clock)
+    cleaner.transactions = b.txns
+    return cleaner
+
+
+async def _logged(b: Broker) -> list[bytes]:
+    """Every value the partition holds, read_uncommitted."""
+    return values_of((await b.fetch(0, committed=False))["records"])
+
+
+async def _marker_there(b: Broker, offset: int) -> bool:
+    """Whether the partition still holds the control batch at `offset` (a read there starts at the next batch
+    left)."""
+    data = raw_records((await b.fetch(offset, committed=False))["records"])
+    header = load("recbatch").parse_header(data, 0)
+    return bool(header[0] == offset and header[5] & 0x20)
+
+
+@pytest.mark.parametrize("storage", ["file", "rocksdb"])  # (the memory engine keeps nothing over a restart)
+async def test_the_cleaner_drops_an_old_abort_marker_after_its_index_entry_and_readers_see_what_followed(
+    storage: str, tmp_path: Path
+) -> None:
+    """Kafka's cleaner with the real coordinator and Fetch: the aborted records go first; a pass later every
+    aborted transaction of the partition is forgotten (nothing of theirs is left), for good (a restart reads the
+    tombstones back), and only the old ABORT marker that is not its producer's last batch goes. A read_committed
+    reader still gets every committed record, the aborting producers' later ones included."""
+    clock = FakeClock(start_ms=int(time.time() * 1000) - 3 * HOUR)
+    b = await Broker(tmp_path / "data", clock, storage=storage).start()
+    aborts = _Aborts()
+    try:
+        await aborts.write(b, clock)
+        cleaner = _cleaner(b, clock)
+
+        await cleaner.run_once()
+        assert not {b"A-aborted", b"B-aborted", b"C-aborted"} & set(await _logged(b))
+        assert aborts.offsets(b) == set(aborts.markers.values())  # the markers and their entries stay a pass
+        assert committed_values(await b.fetch(0, committed=True))[:2] == list(aborts.COMMITTED)
+
+        await aborts.head(b, clock)
+        await cleaner.run_once()
+        assert aborts.offsets(b) == set()
+        part = await b.fetch(0, committed=True)
+        assert not part["aborted_transactions"]
+        assert committed_values(part)[:2] == list(aborts.COMMITTED)
+        assert not await _marker_there(b, aborts.markers["A"])
+        assert await _marker_there(b, aborts.markers["B"])  # its producer's last batch
+        assert await _marker_there(b, aborts.markers["C"])  # younger than delete.retention.ms
+    finally:
+        await b.stop()
+
+    b = await Broker(tmp_path / "data", clock, storage=storage).start()
+    try:
+        assert b.txns.aborted_ranges(TOPIC, 0) == []
+        part = await b.fetch(0, committed=True)
+        assert not part["aborted_transactions"]
+        assert committed_values(part)[:2] == list(aborts.COMMITTED)
+    finally:
+        await b.stop()
+
+
+async def test_a_crash_between_forgetting_an_aborted_transaction_and_dropping_its_marker_leaves_the_marker(
+    tmp_path: Path,
+) -> None:
+    """The order the cleaner keeps: the index entries are forgotten (their tombstones in `__transaction_state`)
+    before the rewrite that drops a marker. A broker stopping in between (here the rewrite fails, then the broker
+    stops) comes back with the entries forgotten and the old marker still in the log, which read_committed
+    readers pass over; the next pass drops it."""
+    clock = FakeClock(start_ms=int(time.time() * 1000) - 3 * HOUR)
+    b = await Broker(tmp_path / "data", clock).start()
+    aborts = _Aborts()
+    try:
+        await aborts.write(b, clock)
+        cleaner = _cleaner(b, clock)
+        await cleaner.run_once()  # the aborted records go
+        await aborts.head(b, clock)
+        engine = b.store.engine_of(TOPIC)
+
+        async def crash(*_args: object) -> None:
+            raise RuntimeError("the broker stops here")
+
+        engine.replace_range = crash  # type: ignore[method-assign]  # the crash point
+        with pytest.raises(RuntimeError):
+            await cleaner.run_once()
+        assert aborts.offsets(b) == set()
+    finally:
+        await b.stop()
+
+    b = await Broker(tmp_path / "data", clock).start()
+    try:
+        assert b.txns.aborted_ranges(TOPIC, 0) == []  # the tombstones were written before the rewrite
+        assert await _marker_there(b, aborts.markers["A"])  # which never happened
+        part = await b.fetch(0, committed=True)
+        assert not part["aborted_transactions"]
+        assert committed_values(part)[:2] == list(aborts.COMMITTED)
+        cleaner = _cleaner(b, clock)
+        await aborts.head(b, clock)
+        await cleaner.run_once()
+        assert not await _marker_there(b, aborts.markers["A"])
+        assert committed_values(await b.fetch(0, committed=True))[:2] == list(aborts.COMMITTED)
+    finally:
+        await b.stop()

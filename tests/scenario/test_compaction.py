@@ -2,12 +2,15 @@
 per key with offsets preserved, tombstones removed only after delete.retention.ms, the active head untouched,
 min.cleanable.dirty.ratio and min.compaction.lag.ms respected, a small offset map cleaning in several passes,
 idempotent producers' last batch kept (emptied) so their sequence state survives, and the result surviving restart.
+Transactions: aborted records never kept nor mapped, markers going as Kafka's cleaner lets them go (an ABORT marker a
+pass after its transaction's batches, its aborted-index entry forgotten before the rewrite that drops it).
 On the file engine the cleaned prefix lives in the shard's own compaction log (mqk.store.file.compactlog)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -243,17 +246,37 @@ async def test_file_compaction_lets_reclaim_free_the_commitlog(tmp_path: Path) -
 
 
 class _Transactions:
-    """The transaction view the cleaner asks (mqk.services.compaction.TransactionView), set by the test."""
+    """The transaction view the cleaner asks (mqk.services.compaction.TransactionView), set by the test; with a
+    StoreManager, each `forget_aborted` also notes the offsets of the records the log held when it was called."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: StoreManager | None = None) -> None:
+        self.store = store
         self.stable: int | None = None
         self.aborted: list[tuple[int, int, int]] = []
+        #: (markers, offsets of the partition's records at that moment) of each forget_aborted call
+        self.forgotten: list[tuple[list[int], set[int]]] = []
 
     def last_stable(self, topic: str, partition: int, high_watermark: int) -> int:
         return high_watermark if self.stable is None else self.stable
 
     def aborted_ranges(self, topic: str, partition: int) -> list[tuple[int, int, int]]:
         return list(self.aborted)
+
+    async def forget_aborted(self, topic: str, partition: int, markers: Iterable[int]) -> None:
+        gone = sorted(markers)
+        logged = {o for o, _k, _v in await _records(self.store, topic)} if self.store is not None else set()
+        self.forgotten.append((gone, logged))
+        self.aborted = [entry for entry in self.aborted if entry[0] not in gone]
+
+
+async def _marker_topic(m: StoreManager, topic: str) -> Callable[[bytearray], Awaitable[int]]:
+    """A compacted topic whose delete.retention.ms is an hour, and an append to it that answers the base offset."""
+    await m.create_topic(topic, 1, TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+
+    async def put(batch: bytearray) -> int:
+        return (await m.append(topic, 0, [batch])).base_offset
+
+    return put
 
 
 def _txn_batch(records: list[tuple[bytes, bytes]], ts: int, pid: int, seq: int) -> bytearray:
@@ -297,18 +320,14 @@ async def test_a_transaction_marker_goes_once_its_records_are_gone_and_it_is_pas
     from mqk.server.kafka.transactions import control_batch
 
     m = manager
-    await m.create_topic("mk", 1, TopicConfig({**COMPACT, "delete.retention.ms": str(HOUR)}))
+    put = await _marker_topic(m, "mk")
     old, now = _now() - 3 * HOUR, _now()
-
-    async def put(batch: bytearray) -> int:
-        return (await m.append("mk", 0, [batch])).base_offset
-
     await put(_txn_batch([(b"a", b"a-txn")], old, pid=7, seq=0))  # superseded below: its marker may go
     commit_7 = await put(control_batch(7, 0, commit=True, timestamp=old))
     await put(_txn_batch([(b"b", b"b-txn")], old, pid=8, seq=0))  # still b's latest value
     commit_8 = await put(control_batch(8, 0, commit=True, timestamp=old))
     await put(_txn_batch([(b"c", b"c-aborted")], old, pid=7, seq=1))
-    abort_7 = await put(control_batch(7, 0, commit=False, timestamp=old))  # an ABORT marker: it stays
+    abort_7 = await put(control_batch(7, 0, commit=False, timestamp=old))  # its transaction goes first
     await put(_txn_batch([(b"c", b"c-txn")], old, pid=7, seq=2))
     await put(control_batch(7, 0, commit=True, timestamp=old))  # producer 7's last batch
     await put(_txn_batch([(b"d", b"d-txn")], now, pid=9, seq=0))  # superseded below, but its marker is young
@@ -324,7 +343,106 @@ async def test_a_transaction_marker_goes_once_its_records_are_gone_and_it_is_pas
     offsets = {o for o, _k, _v in await _records(m, "mk")}
     assert commit_7 not in offsets  # nothing of its transaction left, and older than delete.retention.ms
     assert commit_8 in offsets  # b-txn is still there
-    assert abort_7 in offsets  # the aborted-transaction index still names its transaction
+    assert abort_7 in offsets  # c-aborted was there when the pass began: the marker waits for a later pass
     assert commit_9 in offsets  # younger than delete.retention.ms
     values = [v for _o, _k, v in await _records(m, "mk")]
     assert b"b-txn" in values and b"a-txn" not in values and b"c-aborted" not in values
+
+
+async def test_an_abort_marker_goes_a_pass_after_its_transaction_and_its_index_entry_before_it(
+    manager: StoreManager,
+) -> None:
+    """The ABORT counterpart of the test above. The pass that removes an aborted transaction's records keeps its
+    marker and its index entry; the next one, finding none of its batches, forgets the entry (before its rewrite,
+    while the marker is still in the log), then drops the marker if it is old and not its producer's last batch."""
+    from mqk.server.kafka.transactions import control_batch
+
+    m = manager
+    put = await _marker_topic(m, "ab")
+    old, now = _now() - 3 * HOUR, _now()
+    first_7 = await put(_txn_batch([(b"a", b"a-aborted")], old, pid=7, seq=0))
+    abort_7 = await put(control_batch(7, 0, commit=False, timestamp=old))  # old, not 7's last batch: it goes
+    await put(_txn_batch([(b"b", b"b-txn")], old, pid=7, seq=1))  # producer 7's later, committed transaction
+    await put(control_batch(7, 0, commit=True, timestamp=old))
+    await put(_txn_batch([(b"c", b"c-txn")], old, pid=7, seq=2))
+    last_7 = await put(control_batch(7, 0, commit=True, timestamp=old))  # producer 7's last batch
+    first_8 = await put(_txn_batch([(b"d", b"d-aborted")], old, pid=8, seq=0))
+    abort_8 = await put(control_batch(8, 0, commit=False, timestamp=old))  # producer 8's last batch: it stays
+    first_9 = await put(_txn_batch([(b"e", b"e-aborted")], now, pid=9, seq=0))
+    abort_9 = await put(control_batch(9, 0, commit=False, timestamp=now))  # younger than delete.retention.ms
+    await put(_txn_batch([(b"f", b"f-txn")], now, pid=9, seq=1))
+    await put(control_batch(9, 0, commit=True, timestamp=now))
+    await put(_batch([(b"z", b"head")], now))  # the active head
+    service = _service(m)
+    txns = service.transactions = _Transactions(m)
+    txns.aborted = [(abort_7, 7, first_7), (abort_8, 8, first_8), (abort_9, 9, first_9)]
+
+    # 1. the aborted records go; the markers and the index entries stay (a reader told of a transaction whose
+    # records were still there when it read meets the marker after them)
+    await service.run_once()
+    offsets = {o for o, _k, _v in await _records(m, "ab")}
+    assert not offsets & {first_7, first_8, first_9}
+    assert {abort_7, abort_8, abort_9} <= offsets
+    assert txns.forgotten == [] and len(txns.aborted) == 3
+
+    # 2. nothing of the three transactions is left: their index entries are forgotten, in one call made while
+    # every marker was still in the log; then the old marker goes, the young one and producer 8's last batch stay
+    await put(_batch([(b"y", b"head")], now))  # (the old head is now cleanable, and dirty)
+    await service.run_once()
+    assert [markers for markers, _logged in txns.forgotten] == [[abort_7, abort_8, abort_9]]
+    assert {abort_7, abort_8, abort_9} <= txns.forgotten[0][1]
+    assert txns.aborted == []
+    got = await _records(m, "ab")
+    offsets = {o for o, _k, _v in got}
+    assert abort_7 not in offsets
+    assert abort_8 in offsets and abort_9 in offsets
+    assert last_7 in offsets
+    values = {v for _o, _k, v in got}
+    assert {b"b-txn", b"c-txn", b"f-txn"} <= values
+    assert not values & {b"a-aborted", b"d-aborted", b"e-aborted"}
+
+    # 3. a later pass has no index entry left to forget
+    await put(_batch([(b"x", b"head")], now))
+    await service.run_once()
+    assert len(txns.forgotten) == 1
+
+
+async def test_a_rewrite_that_fails_after_the_index_entry_is_forgotten_leaves_the_marker(
+    manager: StoreManager,
+) -> None:
+    """The crash order: the index entry is forgotten before the rewrite that drops the marker, so a rewrite that
+    never happens (a crash, here a failing engine) leaves a marker the index no longer names, never an index
+    entry whose marker is gone; the next pass drops the marker."""
+    from mqk.server.kafka.transactions import control_batch
+
+    m = manager
+    put = await _marker_topic(m, "cr")
+    old, now = _now() - 3 * HOUR, _now()
+    first = await put(_txn_batch([(b"a", b"a-aborted")], old, pid=7, seq=0))
+    marker = await put(control_batch(7, 0, commit=False, timestamp=old))
+    await put(_txn_batch([(b"b", b"b-txn")], old, pid=7, seq=1))
+    await put(control_batch(7, 0, commit=True, timestamp=old))
+    await put(_batch([(b"z", b"head")], now))
+    service = _service(m)
+    txns = service.transactions = _Transactions(m)
+    txns.aborted = [(marker, 7, first)]
+    await service.run_once()  # the aborted record goes
+    assert txns.aborted == [(marker, 7, first)]
+
+    engine = m.engine_of("cr")
+
+    async def crash(*_args: object) -> None:
+        raise RuntimeError("the broker stops here")
+
+    engine.replace_range = crash  # type: ignore[method-assign]  # the crash point
+    await put(_batch([(b"y", b"head")], now))
+    with pytest.raises(RuntimeError):
+        await service.run_once()
+    assert txns.aborted == []  # forgotten first
+    assert marker in {o for o, _k, _v in await _records(m, "cr")}  # and the marker still there
+
+    del engine.replace_range  # (the engine's own again)
+    await service.run_once()
+    got = await _records(m, "cr")
+    assert marker not in {o for o, _k, _v in got}
+    assert b"b-txn" in {v for _o, _k, v in got}

@@ -14,7 +14,8 @@ What this module owns:
   what the id is), written and awaited before the request is answered, in the log so that replication will carry
   it; so are the offsets a transaction will commit (TxnOffsetCommit) and each aborted transaction a partition must
   remember (name `a` + [topic, partition, marker offset], in the same batch as the Complete document; a tombstone
-  once retention has removed the marker). `start()` reads the topic back: a
+  once retention has removed the marker, or once the log cleaner has removed the transaction's batches, before it
+  may remove the marker: `forget_aborted`). `start()` reads the topic back: a
   transaction caught between its Prepare record and its Complete one gets its markers again; one under way stays
   under way (its producer may go on, or its timeout ends it).
 - **markers**: EndTxn writes Prepare, then one control batch (Kafka's COMMIT or ABORT control record, the
@@ -1008,6 +1009,19 @@ class TransactionCoordinator:
             del state.aborted[:cut]
         if gone:
             await self._save_docs(gone)
+
+    async def forget_aborted(self, topic: str, partition: int, markers: Iterable[int]) -> None:
+        """Forget (with a tombstone) the partition's aborted transactions whose markers are at `markers`: the log
+        cleaner's call (mqk.services.compaction), once it found none of their batches left and before its rewrite
+        may drop the markers. The tombstones are in the state log when this returns; an entry stays known until
+        then, so a failed save leaves it named, and the cleaner, which fails with it, drops no marker."""
+        state = self.partitions.get((topic, partition))
+        wanted = set(markers)
+        named = {entry[0] for entry in state.aborted if entry[0] in wanted} if state is not None else set()
+        if state is None or not named:
+            return
+        await self.docs.save_many({_abort_key(topic, partition, marker): None for marker in sorted(named)})
+        state.aborted[:] = [entry for entry in state.aborted if entry[0] not in named]
 
     # --- the state log -----------------------------------------------------------------------------------
 
