@@ -14,6 +14,9 @@ masters when the coordinator's decision reaches them (mqk.broker.cluster.txn_par
   every group; so does `mqk transactions abort`, which (like `list` and `describe`) finds the id's coordinator
   from any broker.
 
+aiokafka and kafkajs transactional producers (commit and abort) across the three groups, read by confluent-kafka
+read_committed.
+
 Every read ends at a known last record (a committed END in each partition), and every wait has a deadline.
 """
 
@@ -29,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from compat_helpers import unique
+from compat_helpers import run_node, unique
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from helpers import wait_until
@@ -483,3 +486,58 @@ def read_to_end_of(bootstrap: str, topic: str, partitions: int, count: int) -> d
     finally:
         consumer.close()
     return got
+
+
+async def test_aiokafka_transactions_across_groups(cluster: LocalCluster) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    bootstrap = cluster.brokers[1].bootstrap
+    topic = unique("aiotx")
+    await asyncio.to_thread(create_topics, bootstrap, topic)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("aio-id"), linger_ms=5)
+    await asyncio.wait_for(producer.start(), 30)
+    expected: dict[tuple[str, int], list[bytes]] = {(topic, p): [] for p in range(PARTITIONS)}
+    try:
+        for i, commit in enumerate([True, False, True, False, True]):
+            await producer.begin_transaction()
+            batch = [(p, b"aio%d-%d" % (i, p)) for p in range(PARTITIONS)]
+            # each send awaited: the aborted records are on the log before the EndTxn
+            await asyncio.gather(*[await producer.send(topic, v, partition=p) for p, v in batch])
+            if commit:
+                await asyncio.wait_for(producer.commit_transaction(), 30)
+                for p, v in batch:
+                    expected[(topic, p)].append(v)
+            else:
+                await asyncio.wait_for(producer.abort_transaction(), 30)
+        async with producer.transaction():
+            await asyncio.gather(*[await producer.send(topic, END, partition=p) for p in range(PARTITIONS)])
+    finally:
+        await producer.stop()
+    got = await asyncio.to_thread(read_to_end, cluster.brokers[2].bootstrap, [topic], "read_committed", PARTITIONS)
+    assert got == expected
+
+
+def test_kafkajs_transactions_across_groups(cluster: LocalCluster) -> None:
+    bootstrap = cluster.brokers[2].bootstrap
+    topic = unique("jstx")
+    create_topics(bootstrap, topic)
+    plan = [
+        {"commit": commit, "messages": [{"partition": p, "value": f"js{i}-{p}"} for p in range(PARTITIONS)]}
+        for i, commit in enumerate([False, True, True, False, True])
+    ]
+    plan.append({"commit": True, "messages": [{"partition": p, "value": END.decode()} for p in range(PARTITIONS)]})
+    result = run_node(
+        "kafkajs_transactions.js",
+        bootstrap,
+        "produce",
+        json.dumps({"topic": topic, "transactionalId": unique("js-id"), "transactions": plan}),
+        timeout=120,
+    )["result"]
+    assert all(r["errorCode"] == 0 for t in result["sent"] for r in t), result
+    expected = {
+        (topic, p): [
+            m["value"].encode() for t in plan[:-1] if t["commit"] for m in t["messages"] if m["partition"] == p
+        ]
+        for p in range(PARTITIONS)
+    }
+    assert read_to_end(cluster.brokers[0].bootstrap, [topic], "read_committed", PARTITIONS) == expected

@@ -23,6 +23,7 @@ import sys
 from types import SimpleNamespace
 
 from mqk.broker.security.access_keys import AccessKeys
+from mqk.broker.security.principal import USER, Principal
 from mqk.errors import MqkError
 from mqk.protocol.native.codes import RequestCode, ResponseCode, SerializeType
 from mqk.protocol.native.command import RemotingCommand, decode_frame
@@ -45,7 +46,9 @@ def check(cmd: RemotingCommand) -> RemotingCommand | None:
     """The broker's check of `cmd` (authorizer on, one access key)."""
     keys = AccessKeys(None)
     keys.set(KEY, SECRET)
-    security = SimpleNamespace(authorizer=_Authorizer(), access_keys=keys)
+    security = SimpleNamespace(
+        authorizer=_Authorizer(), access_keys=keys, access_key_principal=lambda key: Principal(USER, key)
+    )
     acl = NativeAcl(True, security, lambda topic: topic.startswith("ok"))  # type: ignore[arg-type]
     return acl.check(PEER, cmd)
 

@@ -1020,7 +1020,7 @@ class TransactionCoordinator:
         named = {entry[0] for entry in state.aborted if entry[0] in wanted} if state is not None else set()
         if state is None or not named:
             return
-        await self.docs.save_many({_abort_key(topic, partition, marker): None for marker in sorted(named)})
+        await self._save_docs({_abort_key(topic, partition, marker): None for marker in sorted(named)})
         state.aborted[:] = [entry for entry in state.aborted if entry[0] not in named]
 
     # --- the state log -----------------------------------------------------------------------------------
