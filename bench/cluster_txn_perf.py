@@ -19,78 +19,31 @@ binary (Debian's etcd-server).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import perfutil
-import producer_perf
+import txn_perf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mqk.cluster_local import LocalCluster
 
-RECORD_SIZE = 100
+RECORD_SIZE = txn_perf.RECORD_SIZE
 PARTITIONS = 3
-
-
-def _producer(bootstrap: str, transactional: bool, transactional_id: str | None = None) -> Any:
-    from confluent_kafka import Producer
-
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "linger.ms": 5,
-        "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 2_000_000,
-        "enable.idempotence": True,
-        "acks": "all",
-    }
-    if transactional:
-        conf["transactional.id"] = transactional_id or f"perf-{uuid.uuid4().hex[:8]}"
-    producer = Producer(conf)
-    if transactional:
-        producer.init_transactions(30)
-    return producer
-
-
-def _send(producer: Any, topic: str, payload: bytes, partition: int) -> None:
-    while True:
-        try:
-            producer.produce(topic, payload, partition=partition)
-            return
-        except BufferError:
-            producer.poll(0.005)
-
-
-def produce(bootstrap: str, topic: str, n: int, per_txn: int | None) -> float:
-    """`n` records round-robin over the partitions; records per second."""
-    producer = _producer(bootstrap, per_txn is not None)
-    payload = producer_perf.make_payload(RECORD_SIZE)
-    start = time.perf_counter()
-    for i in range(n):
-        if per_txn is not None and i % per_txn == 0:
-            if i:
-                producer.commit_transaction(60)
-            producer.begin_transaction()
-        _send(producer, topic, payload, i % PARTITIONS)
-    if per_txn is not None:
-        producer.commit_transaction(60)
-    producer.flush(60)
-    return n / (time.perf_counter() - start)
 
 
 def commit_latencies(bootstrap: str, topic: str, partitions: int, transactional_id: str, commits: int) -> list[float]:
     """Seconds of each commit_transaction of `commits` one-record-per-partition transactions."""
-    producer = _producer(bootstrap, True, transactional_id)
+    producer = txn_perf.make_producer(bootstrap, transactional_id)
     took = []
     for _ in range(commits):
         producer.begin_transaction()
         for p in range(partitions):
-            _send(producer, topic, b"x" * RECORD_SIZE, p)
+            txn_perf.send(producer, topic, b"x" * RECORD_SIZE, p)
         producer.flush(30)
         t0 = time.perf_counter()
         producer.commit_transaction(30)
@@ -134,11 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--commits", type=int, default=200)
     args = parser.parse_args(argv)
-    modes = [
-        ("idempotent", None),
-        ("transactional, 1,000 per commit", 1000),
-        ("transactional, 10,000 per commit", 10000),
-    ]
+    modes = txn_perf.MODES
     rates: dict[str, list[float]] = {name: [] for name, _ in modes}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", 3).start()
@@ -146,14 +95,16 @@ def main(argv: list[str] | None = None) -> int:
             warm = f"warm-{uuid.uuid4().hex[:6]}"
             perfutil.create_topic(cluster.bootstrap, warm, PARTITIONS)
             assert len(leaders_of(cluster.bootstrap, warm)) == 3, "the partitions are not spread over the groups"
-            produce(cluster.bootstrap, warm, 20_000, 1000)
+            txn_perf.produce(cluster.bootstrap, warm, 20_000, 1000, PARTITIONS)
             for rnd in range(args.rounds):
                 for name, per_txn in modes if rnd % 2 == 0 else list(reversed(modes)):
                     topic = f"ctxn-{uuid.uuid4().hex[:8]}"
                     perfutil.create_topic(cluster.bootstrap, topic, PARTITIONS)
-                    cpu0 = sum(perfutil.proc_cpu_seconds(pid) for pid in cluster.pids)
-                    rate = produce(cluster.bootstrap, topic, args.num_records, per_txn)
-                    cpu = sum(perfutil.proc_cpu_seconds(pid) for pid in cluster.pids) - cpu0
+                    cpu0 = sum(perfutil.proc_cpu_seconds(pid) for pid in cluster.pids.values())
+                    rate = txn_perf.produce(cluster.bootstrap, topic, args.num_records, per_txn, PARTITIONS)[
+                        "records_per_s"
+                    ]
+                    cpu = sum(perfutil.proc_cpu_seconds(pid) for pid in cluster.pids.values()) - cpu0
                     print(
                         f"{name}: {args.num_records} records sent, {rate:.1f} records/sec "
                         f"({rate * RECORD_SIZE / 1048576:.2f} MB/sec); brokers' cpu "
@@ -175,11 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         finally:
             cluster.stop()
-    base = statistics.median(rates["idempotent"])
-    print("medians:")
-    for name, _ in modes:
-        m = statistics.median(rates[name])
-        print(f"  {name}: {m:.1f} records/sec ({m / base * 100:.0f} % of idempotent)")
+    txn_perf.print_produce_medians(rates)
     return 0
 
 

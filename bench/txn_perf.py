@@ -28,20 +28,26 @@ import perfutil
 import producer_perf
 
 RECORD_SIZE = 100
+#: the produce phases: name, records per transaction (None: idempotent, not transactional)
+MODES: list[tuple[str, int | None]] = [
+    ("idempotent", None),
+    ("transactional, 1,000 per commit", 1000),
+    ("transactional, 10,000 per commit", 10000),
+]
 
 
-def _send(producer: Any, topic: str, payload: bytes) -> None:
-    """One record to partition 0; a full local queue is served (delivery reports) until it takes it."""
+def send(producer: Any, topic: str, payload: bytes, partition: int = 0) -> None:
+    """One record to `partition`; a full local queue is served (delivery reports) until it takes it."""
     while True:
         try:
-            producer.produce(topic, payload, partition=0)
+            producer.produce(topic, payload, partition=partition)
             return
         except BufferError:
             producer.poll(0.005)
 
 
-def produce(bootstrap: str, topic: str, n: int, per_txn: int | None) -> dict[str, Any]:
-    """`n` records, idempotent (per_txn None) or in transactions of `per_txn` records."""
+def make_producer(bootstrap: str, transactional_id: str | None) -> Any:
+    """An idempotent producer (acks=all), transactional with `transactional_id` (initialised) unless None."""
     from confluent_kafka import Producer
 
     conf: dict[str, Any] = {
@@ -52,17 +58,24 @@ def produce(bootstrap: str, topic: str, n: int, per_txn: int | None) -> dict[str
         "enable.idempotence": True,
         "acks": "all",
     }
-    if per_txn is not None:
-        conf["transactional.id"] = f"perf-{uuid.uuid4().hex[:8]}"
+    if transactional_id is not None:
+        conf["transactional.id"] = transactional_id
     producer = Producer(conf)
-    payload = producer_perf.make_payload(RECORD_SIZE)
-    if per_txn is not None:
+    if transactional_id is not None:
         producer.init_transactions(30)
+    return producer
+
+
+def produce(bootstrap: str, topic: str, n: int, per_txn: int | None, partitions: int = 1) -> dict[str, Any]:
+    """`n` records (round-robin over `partitions`), idempotent (per_txn None) or in transactions of `per_txn`
+    records."""
+    producer = make_producer(bootstrap, None if per_txn is None else f"perf-{uuid.uuid4().hex[:8]}")
+    payload = producer_perf.make_payload(RECORD_SIZE)
     start = time.monotonic()
     for i in range(n):
         if per_txn is not None and i % per_txn == 0:
             producer.begin_transaction()
-        _send(producer, topic, payload)
+        send(producer, topic, payload, i % partitions)
         if per_txn is not None and (i + 1) % per_txn == 0:
             producer.commit_transaction(60)
     if per_txn is not None and n % per_txn:
@@ -92,7 +105,7 @@ def write_aborted_log(bootstrap: str, topic: str, n: int, per_txn: int = 1000, a
     for t in range(n // per_txn):
         producer.begin_transaction()
         for _ in range(per_txn):
-            _send(producer, topic, payload)
+            send(producer, topic, payload)
         if t % abort_every == abort_every - 1:
             producer.flush(60)  # (abort_transaction drops what is not sent yet: these are written, then aborted)
             producer.abort_transaction(60)
@@ -141,6 +154,14 @@ def produce_line(name: str, r: dict[str, Any], cpu_s: float) -> str:
     )
 
 
+def print_produce_medians(rates: dict[str, list[float]]) -> None:
+    base = statistics.median(rates["idempotent"])
+    print("medians:")
+    for name, _ in MODES:
+        m = statistics.median(rates[name])
+        print(f"  {name}: {m:.1f} records/sec ({m / base * 100:.0f} % of idempotent)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-records", type=int, default=300_000)
@@ -149,11 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", default="file", choices=("file", "memory", "rocksdb"))
     args = parser.parse_args(argv)
 
-    modes = [
-        ("idempotent", None),
-        ("transactional, 1,000 per commit", 1000),
-        ("transactional, 10,000 per commit", 10000),
-    ]
+    modes = MODES
     rates: dict[str, list[float]] = {name: [] for name, _ in modes}
     consumed: dict[str, list[float]] = {"read_uncommitted": [], "read_committed": []}
     with perfutil.Broker(storage=args.storage) as broker:
@@ -192,11 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 consumed[isolation].append(r["offsets_per_s"])
-    base = statistics.median(rates["idempotent"])
-    print("medians:")
-    for name, _ in modes:
-        m = statistics.median(rates[name])
-        print(f"  {name}: {m:.1f} records/sec ({m / base * 100:.0f} % of idempotent)")
+    print_produce_medians(rates)
     uncommitted = statistics.median(consumed["read_uncommitted"])
     committed_rate = statistics.median(consumed["read_committed"])
     print(f"  read_uncommitted: {uncommitted:.1f} offsets/sec")
