@@ -107,6 +107,23 @@ class TxnPartitions:
         value = self.member.view.state.table(self.keys.txn_partitions).values.get(key[len(self.keys.txn_partitions) :])
         return None if value is None else self._decode(value, key)
 
+    async def await_record(
+        self,
+        producer_id: int,
+        wanted: Callable[[TxnPartitionsRecord], bool],
+        timeout: float,  # noqa: ASYNC109 - a bound on the wait for the view, then etcd is read
+    ) -> TxnPartitionsRecord | None:
+        """The record as this broker's view shows it once `wanted` holds of it (waiting up to `timeout` for the
+        watch), else as etcd holds it now."""
+
+        def shown(_state: object) -> bool:
+            record = self.record(producer_id)
+            return record is not None and wanted(record)
+
+        if await self.member.view.wait_until(shown, timeout):
+            return self.record(producer_id)
+        return await self.fetch(producer_id)
+
     async def fetch(self, producer_id: int) -> TxnPartitionsRecord | None:
         """The same record as etcd holds it now (a linearizable read: for a view that may lag the coordinator)."""
         key = self.keys.txn_partitions_of(self.group, producer_id)

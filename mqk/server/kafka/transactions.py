@@ -112,6 +112,8 @@ _REMOTE_ONGOING, _REMOTE_COMMIT, _REMOTE_ABORT = "ongoing", "commit", "abort"
 #: retries; the transaction stays prepared, and its markers are asked for again)
 REMOTE_MARKERS_WAIT_S = 10.0
 _MARKED_EPOCHS_KEPT = 100_000
+#: how long a partition's master waits for its view to show a transaction's record before it reads etcd
+REMOTE_VIEW_WAIT_S = 0.2
 
 Partition = tuple[str, int]
 #: a transaction's offsets for one group: (topic, partition) -> (offset, leader epoch, metadata)
@@ -162,9 +164,12 @@ class ClusterLinks(Protocol):
 
     async def wait_gone(self, producer_id: int, groups: list[str], timeout: float) -> bool: ...  # noqa: ASYNC109
 
-    def record(self, producer_id: int) -> RemoteTxn | None: ...
-
-    async def fetch(self, producer_id: int) -> RemoteTxn | None: ...
+    async def await_record(
+        self,
+        producer_id: int,
+        wanted: Callable[[Any], bool],
+        timeout: float,  # noqa: ASYNC109 - a bound on the wait for the view, then etcd is read
+    ) -> RemoteTxn | None: ...
 
     def decided(self) -> list[tuple[bytes, Any]]: ...
 
@@ -333,6 +338,7 @@ class TransactionCoordinator:
         #: the decided records (their stored values) this master has acted on -> whether etcd deleted them
         self._acted: dict[bytes, bool] = {}
         self._marker_task: asyncio.Task[None] | None = None
+        self._finishing: asyncio.Task[None] | None = None
 
     # --- start and stop ----------------------------------------------------------------------------------
 
@@ -349,12 +355,12 @@ class TransactionCoordinator:
         self._sweeper = loop.create_task(self._sweep_forever(), name="mqk-txn-timeouts")
 
     async def stop(self) -> None:
-        for task in (self._sweeper, self._marker_task):
+        for task in (self._sweeper, self._marker_task, self._finishing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._sweeper = self._marker_task = None
+        self._sweeper = self._marker_task = self._finishing = None
 
     def use_cluster(self, links: ClusterLinks) -> None:
         """Cluster mode: coordinate with the other groups through `links` (before the first `become_master`)."""
@@ -368,7 +374,8 @@ class TransactionCoordinator:
         await self._load()
         self.active = True
         self._decisions.set()
-        asyncio.get_running_loop().create_task(self.finish_prepared(), name="mqk-txn-finish")
+        # (held: the loop keeps only a weak reference to a task)
+        self._finishing = asyncio.get_running_loop().create_task(self.finish_prepared(), name="mqk-txn-finish")
 
     async def resign(self) -> None:
         """This broker stopped being master: it serves no transaction (NOT_COORDINATOR) and forgets their state."""
@@ -782,13 +789,11 @@ class TransactionCoordinator:
 
     async def _remote_record(self, producer_id: int, wanted: Callable[[RemoteTxn], bool]) -> RemoteTxn | None:
         """The producer's transaction in this group as its coordinator published it: as this broker's view shows
-        it when that is what `wanted` asks; else as etcd holds it now (the view may lag the coordinator's write,
-        which came before its answer to the client)."""
+        it once that is what `wanted` asks, else as etcd holds it now. The view may lag the coordinator's write,
+        which came before its answer to the client: the watch usually brings it within a moment, sparing the
+        read of etcd; what never comes (a batch the transaction does not allow) is read after REMOTE_VIEW_WAIT_S."""
         assert self.links is not None
-        record = self.links.record(producer_id)
-        if record is not None and wanted(record):
-            return record
-        return await self.links.fetch(producer_id)
+        return await self.links.await_record(producer_id, wanted, REMOTE_VIEW_WAIT_S)
 
     async def _remote_check(
         self, topic: str, partition: int, producer_id: int, epoch: int
