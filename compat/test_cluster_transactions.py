@@ -14,8 +14,8 @@ masters when the coordinator's decision reaches them (mqk.broker.cluster.txn_par
   every group; so does `mqk transactions abort`, which (like `list` and `describe`) finds the id's coordinator
   from any broker.
 
-aiokafka and kafkajs transactional producers (commit and abort) across the three groups, read by confluent-kafka
-read_committed.
+aiokafka, kafkajs and kafka-python transactional producers (commit and abort) across the three groups, read by
+confluent-kafka read_committed.
 
 Every read ends at a known last record (a committed END in each partition), and every wait has a deadline.
 """
@@ -541,3 +541,33 @@ def test_kafkajs_transactions_across_groups(cluster: LocalCluster) -> None:
         for p in range(PARTITIONS)
     }
     assert read_to_end(cluster.brokers[0].bootstrap, [topic], "read_committed", PARTITIONS) == expected
+
+
+def test_kafka_python_transactions_across_groups(cluster: LocalCluster) -> None:
+    from kafka import KafkaProducer
+
+    bootstrap = cluster.brokers[0].bootstrap
+    topic = unique("kptx")
+    create_topics(bootstrap, topic)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("kp-id"), linger_ms=5)
+    expected: dict[tuple[str, int], list[bytes]] = {(topic, p): [] for p in range(PARTITIONS)}
+    try:
+        producer.init_transactions()
+        for i, commit in enumerate([True, False, True, False]):
+            producer.begin_transaction()
+            batch = [(p, b"kp%d-%d" % (i, p)) for p in range(PARTITIONS)]
+            for future in [producer.send(topic, v, partition=p) for p, v in batch]:
+                future.get(timeout=30)  # (an aborted transaction's records are on the log before its EndTxn)
+            if commit:
+                producer.commit_transaction()
+                for p, v in batch:
+                    expected[(topic, p)].append(v)
+            else:
+                producer.abort_transaction()
+        producer.begin_transaction()
+        for p in range(PARTITIONS):
+            producer.send(topic, END, partition=p)
+        producer.commit_transaction()
+    finally:
+        producer.close(timeout=10)
+    assert read_to_end(cluster.brokers[1].bootstrap, [topic], "read_committed", PARTITIONS) == expected

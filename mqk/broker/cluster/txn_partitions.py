@@ -47,6 +47,9 @@ class TxnPartitions:
         self.member = member
         self.keys = member.keys
         self._decoded: dict[bytes, TxnPartitionsRecord | None] = {}
+        #: `decided`'s last answer and the table generation it was found at
+        self._decided: list[tuple[bytes, TxnPartitionsRecord]] = []
+        self._decided_at: tuple[object, int] | None = None
 
     @property
     def group(self) -> str:
@@ -131,14 +134,19 @@ class TxnPartitions:
         return None if held is None else self._decode(held.value, key)
 
     def decided(self) -> list[tuple[bytes, TxnPartitionsRecord]]:
-        """(stored value, record) of every transaction of this group its coordinator has decided."""
+        """(stored value, record) of every transaction of this group its coordinator has decided (looked for
+        again only when the keys changed: the caller asks at every change of the cluster's view)."""
+        table = self.member.view.state.table(self.keys.txn_partitions)
+        if self._decided_at == table.generation():
+            return self._decided
         prefix = quote(self.group, safe="") + "/"
         found = []
-        for tail, value in self.member.view.state.table(self.keys.txn_partitions).values.items():
+        for tail, value in table.values.items():
             if tail.startswith(prefix):
                 record = self._decode(value, self.keys.txn_partitions + tail)
                 if record is not None and record.state != TXN_ONGOING:
                     found.append((value, record))
+        self._decided, self._decided_at = found, table.generation()
         return found
 
     async def done(self, record: TxnPartitionsRecord, value: bytes) -> bool:
