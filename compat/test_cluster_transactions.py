@@ -571,3 +571,42 @@ def test_kafka_python_transactions_across_groups(cluster: LocalCluster) -> None:
     finally:
         producer.close(timeout=10)
     assert read_to_end(cluster.brokers[1].bootstrap, [topic], "read_committed", PARTITIONS) == expected
+
+
+def txn_partitions_keys(cluster: LocalCluster) -> list[str]:
+    """The `txn-partitions/` keys etcd holds for the cluster now."""
+    from mqk.meta import EtcdClient, parse_endpoints
+
+    async def listed() -> list[str]:
+        client = EtcdClient(parse_endpoints(cluster.etcd_url))
+        await client.connect()
+        try:
+            records, _revision = await client.get_prefix(f"/mqk/{cluster.cluster_id}/txn-partitions/")
+            return [r.key for r in records]
+        finally:
+            await client.close()
+
+    return asyncio.run(listed())
+
+
+def test_a_topic_deleted_under_an_open_transaction_leaves_no_key_behind(cluster: LocalCluster) -> None:
+    bootstrap = cluster.brokers[0].bootstrap
+    # the deleted topic has partitions in every group, the kept one in one group: some group the transaction told
+    # has only deleted partitions when it ends
+    doomed, kept = unique("txdel"), unique("txkeep")
+    create_topics(bootstrap, doomed)
+    create_topics(bootstrap, kept, partitions=1)
+    producer = transactional_producer(bootstrap, unique("txdel-id"))
+    producer.begin_transaction()
+    for p in range(PARTITIONS):
+        producer.produce(doomed, b"v", partition=p)
+    producer.produce(kept, b"v", partition=0)
+    producer.flush(30)
+    assert txn_partitions_keys(cluster), "the other groups were told of the transaction"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([doomed])[doomed].result(30)
+    producer.commit_transaction(30)
+    # every group told of the transaction was told its end, and acted on it, its deleted partitions or not
+    assert txn_partitions_keys(cluster) == []
+    end_everywhere(producer, [kept], partitions=1)
+    assert read_to_end(bootstrap, [kept], "read_committed", 1) == {(kept, 0): [b"v"]}

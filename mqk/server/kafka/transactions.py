@@ -199,6 +199,9 @@ class Txn:
     update_ms: int = -1
     #: the epoch before a timeout's fence (a KIP-360 InitProducerId may name it), else -1
     last_epoch: int = -1
+    #: cluster mode: the other groups told of the transaction under way (each holds its record in etcd until its
+    #: master acts on the decision, which they are all told, even one whose partitions were deleted since)
+    told: set[str] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
 
     def document(self) -> dict[str, Any]:
@@ -213,6 +216,7 @@ class Txn:
             "groups": {g: _offsets_list(offsets) for g, offsets in self.groups.items()},
             "start_ms": self.start_ms,
             "update_ms": self.update_ms,
+            "told": sorted(self.told),
         }
 
     @classmethod
@@ -230,6 +234,7 @@ class Txn:
             int(doc["start_ms"]),
             int(doc["update_ms"]),
             int(doc.get("last_epoch", -1)),
+            {str(g) for g in doc.get("told", ())},
         )
 
 
@@ -460,6 +465,7 @@ class TransactionCoordinator:
             txn.timeout_ms = timeout_ms
             txn.partitions.clear()
             txn.groups.clear()
+            txn.told.clear()
             txn.update_ms = self.clock.time_ms()
             code = await self._saved(txn)
             return (code, -1, -1) if code else (0, txn.producer_id, txn.producer_epoch)
@@ -641,6 +647,7 @@ class TransactionCoordinator:
             txn.state = ONGOING
             txn.partitions.clear()
             txn.groups.clear()
+            txn.told.clear()
             txn.start_ms = self.clock.time_ms()
 
     async def _end(self, txn: Txn, commit: bool) -> bool:
@@ -687,6 +694,7 @@ class TransactionCoordinator:
         txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         txn.partitions.clear()
         txn.groups.clear()
+        txn.told.clear()
         txn.update_ms = now
         await self._save(txn, aborted)
 
@@ -745,6 +753,9 @@ class TransactionCoordinator:
             group = links.group_of(topic, partition) if floor < 0 else None
             if group is not None and group != links.group:
                 by_group.setdefault(group, []).append([topic, partition])
+        for group in txn.told:
+            by_group.setdefault(group, [])  # (its partitions deleted since: its record goes all the same)
+        txn.told.update(by_group)
         if by_group:
             await links.publish(
                 {
