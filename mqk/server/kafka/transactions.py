@@ -99,7 +99,8 @@ _CONTROL_KEY = struct.Struct(">hh")  # version, type
 _CONTROL_VALUE = struct.Struct(">hi")  # version, coordinator epoch
 #: the last epoch a producer id may have: past it, a transactional id moves to a new producer id (Kafka's rule)
 MAX_EPOCH = 32767 - 1
-#: a single broker is the only coordinator there has been
+#: the coordinator epoch markers carry: always 0 (no client reads it; in a cluster a coordinator is fenced by its
+#: group's master key instead: mqk.broker.cluster.txn_partitions)
 COORDINATOR_EPOCH = 0
 #: the state documents' names: a transactional id's (`t` + the id) and an aborted transaction's (`a` + JSON of its
 #: topic, partition and marker offset); in cluster mode also a transaction's first offset in a partition of this
