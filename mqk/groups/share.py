@@ -384,8 +384,28 @@ class ShareGroups:
         return int(self.setting(group_id, "share.record.lock.duration.ms"))
 
     def limit(self, group_id: str) -> int:
-        """How many deliveries a record of the group gets before it is archived."""
+        """How many deliveries a record of the group gets before it is archived: the group's own
+        `share.delivery.count.limit` when it sets one; else, for a group with a RocketMQ subscription group config,
+        the first delivery and its `retryMaxTimes` retries (as a RocketMQ 5 broker counts a POP group's); else the
+        broker's default."""
+        overrides = self.configs.get(group_id)
+        if not (overrides and "share.delivery.count.limit" in overrides):
+            found = self.subscriptions.get(group_id)
+            retries = found.get("retryMaxTimes") if found is not None else None
+            if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0:
+                return retries + 1
         return int(self.setting(group_id, "share.delivery.count.limit"))
+
+    def consumable(self, group_id: str) -> bool:
+        """Whether the group may consume now (RocketMQ's `consumeEnable`: an operator pauses a group with false)."""
+        found = self.subscriptions.get(group_id)
+        return found is None or found.get("consumeEnable") is not False
+
+    async def load_if_saved(self, store: Any) -> None:
+        """`ensure_loaded` where the state topic exists (a broker that never used share groups has nothing to
+        read, and creates nothing here)."""
+        if self._docs is None and store.topic(SHARE_GROUP_STATE_TOPIC) is not None:
+            await self.ensure_loaded(store)
 
     def lock_deadline(self, group_id: str) -> float:
         return self.now() + self.lock_ms(group_id)

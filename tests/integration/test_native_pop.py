@@ -368,6 +368,46 @@ async def test_subscription_group_configs_are_kept_shown_and_deleted(broker: Bro
     assert gone.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
 
 
+async def configure(broker: Broker, **config: object) -> None:
+    body = json.dumps(config).encode()
+    assert (await broker.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)).code == ResponseCode.SUCCESS
+
+
+async def pull(broker: Broker, group: str, topic: str) -> RemotingCommand:
+    ext = {"consumerGroup": group, "topic": topic, "queueId": 0, "queueOffset": 0, "maxMsgNums": 32, "sysFlag": 0}
+    return await broker.call(RequestCode.PULL_MESSAGE, ext)
+
+
+async def test_a_group_whose_config_disables_consumption_pulls_and_pops_nothing_until_enabled(broker: Broker) -> None:
+    await broker.store.create_topic("paused", 1)
+    await send(broker, "paused", [b"m"])
+    await configure(broker, groupName="g", consumeEnable=False)
+    popped = await pop(broker, "g", "paused")
+    assert popped.code == ResponseCode.NO_PERMISSION and not popped.messages
+    pulled = await pull(broker, "g", "paused")
+    assert pulled.code == ResponseCode.NO_PERMISSION and pulled.remark == "subscription group no permission, g"
+    # another group is not paused
+    assert (await pull(broker, "other", "paused")).code == ResponseCode.SUCCESS
+    await configure(broker, groupName="g", consumeEnable=True)
+    assert [m.body for m in (await pop(broker, "g", "paused")).messages] == [b"m"]
+    assert (await pull(broker, "g", "paused")).code == ResponseCode.SUCCESS
+
+
+async def test_retry_max_times_is_how_often_a_pop_group_gets_a_message_again(broker: Broker) -> None:
+    await broker.store.create_topic("retried", 1)
+    await send(broker, "retried", [b"bad"])
+    await configure(broker, groupName="r", retryMaxTimes=1)
+    assert broker.server.pop.share.limit("r") == 2  # the first delivery and one retry
+    for attempt in range(2):
+        got = await pop(broker, "r", "retried", lock_ms=100, poll_ms=10_000)
+        assert [(m.body, m.reconsume_times) for m in got.messages] == [(b"bad", attempt)]
+    assert (await pop(broker, "r", "retried", poll_ms=400)).code == ResponseCode.POLLING_TIMEOUT
+    assert [m.body for m in (await pop(broker, "dlq-reader", "%DLQ%r")).messages] == [b"bad"]
+    # the group's own share.delivery.count.limit, when it sets one, wins over retryMaxTimes
+    broker.server.pop.share.configure("r", {"share.delivery.count.limit": "4"})
+    assert broker.server.pop.share.limit("r") == 4
+
+
 @pytest.mark.parametrize("how", ["order flag", "fifo group"])
 async def test_an_ordered_pop_takes_nothing_more_from_a_queue_while_its_batch_is_held(broker: Broker, how: str) -> None:
     await broker.store.create_topic("ordered", 1)

@@ -13,6 +13,7 @@ tests/unit/test_rocketmq5_messages.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import threading
 import time
@@ -493,6 +494,33 @@ def test_telemetry_answers_a_simple_consumers_settings_with_the_groups_delivery_
         assert [s.topic.name for s in got.subscription.subscriptions] == ["orders"]
     finally:
         client.close()
+
+
+def test_a_group_whose_subscription_config_disables_consumption_receives_nothing(
+    broker: ThreadedBroker, client: Client
+) -> None:
+    """`mqadmin updateSubGroup` with consumeEnable false (over remoting) pauses the group's gRPC receives too."""
+    from mqk.client.remoting import RemotingConnection
+    from mqk.protocol.native.codes import RequestCode
+    from mqk.protocol.native.command import RemotingCommand
+
+    async def configure(enabled: bool) -> int:
+        conn = RemotingConnection(broker.native_address)
+        await conn.connect()
+        try:
+            body = json.dumps({"groupName": "PAUSED", "consumeEnable": enabled}).encode()
+            answer = await conn.invoke(
+                RemotingCommand(code=RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body), timeout=10
+            )
+            return int(answer.code)
+        finally:
+            await conn.close()
+
+    sent_ok(client.send("orders", b"held back"))
+    assert broker.call(configure(False)) == 0
+    assert refusal_of(client.receive("orders", group="PAUSED")) == "FORBIDDEN"
+    assert broker.call(configure(True)) == 0
+    assert [m.body for m in messages_of(client.receive("orders", group="PAUSED"))] == [b"held back"]
 
 
 # --- garbage --------------------------------------------------------------------------------------------------

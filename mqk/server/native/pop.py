@@ -59,6 +59,7 @@ from mqk.server.native.clients import parse_subscription
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 from mqk.server.native.send import SendProcessor
+from mqk.server.native.subscriptions import paused
 
 log = logging.getLogger("mqk.native")
 
@@ -400,6 +401,9 @@ class PopProcessor:
             )
         tags = parse_subscription(cmd.get_str("exp"))
         await self.pop.prepare(group)
+        why = paused(self.pop.share, group)
+        if why is not None:
+            return cmd.response(ResponseCode.NO_PERMISSION, why)
         ordered = cmd.get_bool("order") or self.pop.share.orderly(group)
         # (one popTime for the whole long poll: it names this pop's deliveries, as the owner of what it takes)
         pop_time = self._pop_time()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from mqk._fast import load
 from mqk.errors import KafkaError, OffsetOutOfRange, StorageError
+from mqk.groups.share import ShareGroups
 from mqk.protocol.native.codes import (
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
@@ -35,6 +36,7 @@ from mqk.protocol.native.message import MessageExt, encode_message_ext
 from mqk.server.native.clients import ClientManager, parse_subscription
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
+from mqk.server.native.subscriptions import paused
 from mqk.store.adapter import GroupOffset
 
 log = logging.getLogger("mqk.native")
@@ -66,6 +68,8 @@ class PullProcessor:
     def __init__(self, ctx: BrokerContext, clients: ClientManager) -> None:
         self.ctx = ctx
         self.clients = clients
+        #: the share groups, where subscription group configs live (a paused group pulls nothing); set by the server
+        self.share: ShareGroups | None = None
 
     async def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.get_str("consumerGroup", required=True) or ""
@@ -77,6 +81,11 @@ class PullProcessor:
         commit_offset = cmd.get_int("commitOffset", -1)
         suspend_ms = min(cmd.get_int("suspendTimeoutMillis", 0) or 0, MAX_SUSPEND_MS)
         assert queue is not None and offset is not None
+        if self.share is not None and self.ctx.broker.cluster is None:  # (no configs in cluster mode)
+            await self.share.load_if_saved(self.ctx.store)
+            why = paused(self.share, group)
+            if why is not None:
+                return cmd.response(ResponseCode.NO_PERMISSION, why)
 
         queues = self.ctx.queue_count(topic)
         if queues == 0:

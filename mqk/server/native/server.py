@@ -98,6 +98,7 @@ class NativeServer:
         #: POP consumption (the RocketMQ 5 gRPC front door consumes through it too)
         self.pop = PopConsumption(self.ctx, send, share)
         subscriptions = SubscriptionGroupProcessor(share, store)
+        pull.share = share
         self.handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: send.send,
             RequestCode.SEND_MESSAGE_V2: send.send,

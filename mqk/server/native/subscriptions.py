@@ -5,8 +5,11 @@ DELETE_SUBSCRIPTIONGROUP, answered as RocketMQ's AdminBrokerProcessor answers th
 A config is kept as sent (RocketMQ's defaults filled in) with the group's share state (mqk.groups.share, so it
 survives restarts and a Kafka share group of the same name sees it). What mqk acts on: `consumeMessageOrderly`,
 which makes the group a FIFO group: POP (remoting and gRPC) hands out a queue's messages one batch at a time, in
-order, and the RocketMQ 5 SDKs are told `fifo` in their settings. The other fields are kept and shown, not applied
-(mqk's retry and dead-letter policy is the group's `share.delivery.count.limit`).
+order, and the RocketMQ 5 SDKs are told `fifo` in their settings; `consumeEnable` false, which pauses the group:
+its pulls, pops and RocketMQ 5 receives get NO_PERMISSION (FORBIDDEN over gRPC) until it is true again; and
+`retryMaxTimes`, the retries a POP group's message gets before it goes to `%DLQ%group` (the first delivery and
+that many more), unless the group sets its own `share.delivery.count.limit`. The other fields are kept and shown,
+not applied.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ DEFAULTS: dict[str, Any] = {
     "consumeTimeoutMinute": 15,
     "attributes": {},
 }
+
+
+def paused(share: ShareGroups, group: str) -> str | None:
+    """Why `group` may take no message now, in RocketMQ's words (its config says `consumeEnable` false: what an
+    operator pauses a group with), or None. Pulls, pops and RocketMQ 5 receives ask it."""
+    return None if share.consumable(group) else f"subscription group no permission, {group}"
 
 
 class SubscriptionGroupProcessor:

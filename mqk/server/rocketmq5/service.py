@@ -7,10 +7,10 @@ What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clien
   creates it. Heartbeat and NotifyClientTermination keep track of which clients are alive (a terminating
   consumer's held messages become visible again at once).
 - Telemetry: the settings handshake. The broker answers a client's settings with its own: the largest body
-  (`native_max_message_size`), the retry back-off, a consumer's maximum delivery attempts (the share groups'
-  `group_share_delivery_count_limit`, or the group's `share.delivery.count.limit`: past it a message is no longer
-  delivered, and goes to
-  `%DLQ%group`).
+  (`native_max_message_size`), the retry back-off, a consumer's maximum delivery attempts (the group's
+  `share.delivery.count.limit`; else its subscription group config's `retryMaxTimes` retries after the first
+  delivery; else the share groups' `group_share_delivery_count_limit`: past it a message is no longer delivered,
+  and goes to `%DLQ%group`). A group whose config says `consumeEnable` false receives nothing (FORBIDDEN).
 - SendMessage: each message stored as a remoting send stores it (mqk.server.native.send), on a queue picked round
   robin or, for a FIFO message, by its message group's hash (so one group's messages keep their order in one
   queue). A delivery time goes to the timer. A transactional message is a half message
@@ -67,6 +67,7 @@ from mqk.protocol.native.codes import (
 )
 from mqk.server.native.pop import PopRequest
 from mqk.server.native.server import NativeServer
+from mqk.server.native.subscriptions import paused
 from mqk.server.rocketmq5.messages import (
     ReceiptHandle,
     duration_ms,
@@ -443,6 +444,10 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if remaining is not None:  # answer before the client's deadline
             poll_s = min(poll_s, max(0.0, remaining - 0.5))
         await self.pop.prepare(group)
+        why = paused(self.share, group)
+        if why is not None:
+            yield pbs.ReceiveMessageResponse(status=status(Code.FORBIDDEN, why))
+            return
         # (a FIFO group's acquisitions are ordered: ShareGroups.orderly, set by its subscription config)
         popped = await self.pop.pop(PopRequest(group, topic, range(count), member, budget, lock_ms, tags), poll_s)
         if not popped:
