@@ -401,11 +401,10 @@ class ShareGroups:
         found = self.subscriptions.get(group_id)
         return found is None or found.get("consumeEnable") is not False
 
-    async def load_if_saved(self, store: Any) -> None:
-        """`ensure_loaded` where the state topic exists (a broker that never used share groups has nothing to
-        read, and creates nothing here)."""
-        if self._docs is None and store.topic(SHARE_GROUP_STATE_TOPIC) is not None:
-            await self.ensure_loaded(store)
+    def saved_unread(self, store: Any) -> bool:
+        """Whether `store` holds saved group states not read yet (then `ensure_loaded`); a broker that never used
+        share groups has none, and a reader asking this creates nothing."""
+        return self._docs is None and store.topic(SHARE_GROUP_STATE_TOPIC) is not None
 
     def lock_deadline(self, group_id: str) -> float:
         return self.now() + self.lock_ms(group_id)

@@ -81,9 +81,11 @@ class PullProcessor:
         commit_offset = cmd.get_int("commitOffset", -1)
         suspend_ms = min(cmd.get_int("suspendTimeoutMillis", 0) or 0, MAX_SUSPEND_MS)
         assert queue is not None and offset is not None
-        if self.share is not None and self.ctx.broker.cluster is None:  # (no configs in cluster mode)
-            await self.share.load_if_saved(self.ctx.store)
-            why = paused(self.share, group)
+        share = self.share
+        if share is not None and self.ctx.broker.cluster is None:  # (no configs in cluster mode)
+            if share.saved_unread(self.ctx.store):
+                await share.ensure_loaded(self.ctx.store)
+            why = paused(share, group)
             if why is not None:
                 return cmd.response(ResponseCode.NO_PERMISSION, why)
 
