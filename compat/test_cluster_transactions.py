@@ -35,7 +35,7 @@ import pytest
 from compat_helpers import run_node, unique
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from helpers import wait_until
+from helpers import wait_until, wait_until_async
 
 from mqk.cluster_local import EtcdProcess, LocalCluster
 from mqk.protocol.kafka.api import ApiKey
@@ -83,13 +83,14 @@ def coordinator(cluster: LocalCluster, key: str, key_type: int) -> int:
 
     async def ask() -> int:
         client = await RawKafkaClient.connect(host, port)
+
+        async def found() -> dict[str, Any] | None:
+            body = await client.call(ApiKey.FIND_COORDINATOR, 3, {"key": key, "key_type": key_type})
+            return body if body["error_code"] == 0 else None
+
         try:
-            for _ in range(100):
-                body = await client.call(ApiKey.FIND_COORDINATOR, 3, {"key": key, "key_type": key_type})
-                if body["error_code"] == 0:
-                    return int(body["node_id"])
-                await asyncio.sleep(0.1)
-            raise AssertionError(f"no coordinator for {key!r}: {body}")
+            # (asked again while the offsets topic that places coordinators is being created)
+            return int((await wait_until_async(found, 10, f"a coordinator for {key!r}"))["node_id"])
         finally:
             await client.close()
 
