@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import json
 import logging
 import struct
@@ -78,6 +77,7 @@ from mqk._fast import load
 from mqk.broker.internal import TRANSACTION_STATE_TOPIC
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC
+from mqk.services import BackgroundTask
 from mqk.store.adapter import GroupOffset
 from mqk.store.manager import StoreManager
 from mqk.store.statelog import LogStateDocs
@@ -325,7 +325,7 @@ class TransactionCoordinator:
         self.partitions: dict[Partition, PartitionTxns] = {}
         #: the documents of `__transaction_state` (mqk.store.statelog)
         self.docs = LogStateDocs(store, TRANSACTION_STATE_TOPIC)
-        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeper = BackgroundTask("mqk-txn-timeouts")
         #: cluster mode: the other groups' side of this broker's transactions, and theirs of this group's partitions
         #: (set before the first `become_master`)
         self.links: ClusterLinks | None = None
@@ -343,7 +343,9 @@ class TransactionCoordinator:
         self._marked_epochs: dict[int, int] = {}
         #: the decided records (their stored values) this master has acted on -> whether etcd deleted them
         self._acted: dict[bytes, bool] = {}
-        self._marker_task: asyncio.Task[None] | None = None
+        self._marker_task = BackgroundTask("mqk-txn-markers")
+        #: what `become_master` found prepared, finished in the background (held: the loop keeps only a weak
+        #: reference to a task)
         self._finishing: asyncio.Task[None] | None = None
 
     # --- start and stop ----------------------------------------------------------------------------------
@@ -351,22 +353,21 @@ class TransactionCoordinator:
     async def start(self) -> None:
         """Read `__transaction_state` back (if there is one) and finish what a stop left between Prepare and
         Complete; then sweep for timeouts. In cluster mode (`standby`) the reading waits for `become_master`."""
-        loop = asyncio.get_running_loop()
         if not self.standby:
             await self._load()
             self.active = True
             await self.finish_prepared()
         else:
-            self._marker_task = loop.create_task(self._serve_decisions(), name="mqk-txn-markers")
-        self._sweeper = loop.create_task(self._sweep_forever(), name="mqk-txn-timeouts")
+            self._marker_task.start(self._serve_decisions)
+        self._sweeper.start(self._sweep_forever)
 
     async def stop(self) -> None:
-        for task in (self._sweeper, self._marker_task, self._finishing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._sweeper = self._marker_task = self._finishing = None
+        await self._sweeper.stop()
+        await self._marker_task.stop()
+        finishing, self._finishing = self._finishing, None
+        if finishing is not None:
+            finishing.cancel()
+            await asyncio.gather(finishing, return_exceptions=True)
 
     def use_cluster(self, links: ClusterLinks) -> None:
         """Cluster mode: coordinate with the other groups through `links` (before the first `become_master`)."""
@@ -380,7 +381,6 @@ class TransactionCoordinator:
         await self._load()
         self.active = True
         self._decisions.set()
-        # (held: the loop keeps only a weak reference to a task)
         self._finishing = asyncio.get_running_loop().create_task(self.finish_prepared(), name="mqk-txn-finish")
 
     async def resign(self) -> None:

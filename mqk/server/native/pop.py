@@ -60,6 +60,7 @@ from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
 from mqk.server.native.send import SendProcessor
 from mqk.server.native.subscriptions import paused
+from mqk.services import BackgroundTask
 
 log = logging.getLogger("mqk.native")
 
@@ -114,17 +115,15 @@ class PopConsumption:
         self.send = send
         self.share = share
         self._round_robin = itertools.count()
-        self._expirer: asyncio.Task[None] | None = None
+        self._expirer = BackgroundTask("mqk-pop-expiry")
         #: (group, topic, client queue or -1) -> pops and notifications waiting there now (POLLING_INFO)
         self.waiting: dict[tuple[str, str, int], int] = {}
 
     def start(self) -> None:
-        self._expirer = asyncio.get_running_loop().create_task(self._expire_loop(), name="mqk-pop-expiry")
+        self._expirer.start(self._expire_loop)
 
     async def stop(self) -> None:
-        if self._expirer is not None:
-            self._expirer.cancel()
-            await asyncio.gather(self._expirer, return_exceptions=True)
+        await self._expirer.stop()
 
     def topic_id(self, topic: str) -> uuid.UUID | None:
         info = self.ctx.store.topic(topic)

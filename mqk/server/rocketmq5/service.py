@@ -75,6 +75,7 @@ from mqk.server.rocketmq5.messages import (
     tag_filter,
     to_protocol,
 )
+from mqk.services import BackgroundTask
 
 log = logging.getLogger("mqk.rocketmq5")
 
@@ -150,15 +151,13 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self._asked = itertools.count()
         native.transactions.other_checks.append(self._ask_about_transaction)
         self._round_robin = itertools.count()
-        self._renewer: asyncio.Task[None] | None = None
+        self._renewer = BackgroundTask("rocketmq5-renew")
 
     def start(self) -> None:
-        self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name="rocketmq5-renew")
+        self._renewer.start(self._renew_loop)
 
     async def stop(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
+        await self._renewer.stop()
 
     # --- who is calling ------------------------------------------------------------------------------------------
 
