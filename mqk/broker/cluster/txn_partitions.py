@@ -57,10 +57,6 @@ class TxnPartitions:
 
     # --- placement ---------------------------------------------------------------------------------------------
 
-    def coordinates(self, transactional_id: str) -> bool:
-        """This broker coordinates `transactional_id` now (it leads the id's offsets partition)."""
-        return self.member.coordinates(transactional_id)
-
     def group_of(self, topic: str, partition: int) -> str | None:
         """The group `topic`'s `partition` is placed in, or None when the cluster has no such partition."""
         record = self.member.topic(topic)
