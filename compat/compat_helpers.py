@@ -42,15 +42,6 @@ def hostport(address: Any) -> str:
     return f"{host}:{port}"
 
 
-def free_port() -> int:
-    """A loopback port free right now (for brokers that must come back on the same address after a restart)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def end_offsets(kafka_address: tuple[str, int], topic: str, partitions: tuple[int, ...] = (0,)) -> list[int]:
     """The partitions' end offsets, asked over a plain connection to `kafka_address` (-1 for a partition the broker
     answers with an error: no such topic). Blocks; callable from async tests too (its own loop)."""

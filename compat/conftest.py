@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compat_helpers import free_port, hostport, unique
+from compat_helpers import hostport, unique
 from helpers import serialize_ast_parse
+
+from mqk.cluster_local import free_port
 
 # kafka-python 3 reads its bundled message specs with importlib.resources' legacy API, whose DeprecationWarning is
 # attributed to importlib (not kafka.*), so setup.cfg's filter misses it; import it once here with it silenced.

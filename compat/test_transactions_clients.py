@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compat_helpers import create_topic, end_offsets, free_port, hostport, run_node, unique
+from compat_helpers import create_topic, end_offsets, hostport, run_node, unique
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from helpers import wait_until
 
+from mqk.cluster_local import free_port
 from mqk.testing import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)

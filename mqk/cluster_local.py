@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import queue
+import random
 import re
 import shutil
 import signal
@@ -93,10 +94,27 @@ class BrokerStartError(LocalClusterError):
 # --- small process helpers ------------------------------------------------------------------------------------
 
 
+def _ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for port-0 binds and outgoing connections' local ports (Linux's default when unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A loopback TCP port nobody listens on now (another process may take it before it is used: callers that bind
-    it later retry or fall back to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A loopback TCP port nobody listens on now, chosen below the kernel's ephemeral range: a port handed out by a
+    port-0 bind (a broker's other listeners, a test's proxy, an outgoing connection's local end) can then never take
+    it between this call and its use. Another caller of this function still may: callers that bind it later retry or
+    fall back to port 0."""
+    low, _ = _ephemeral_port_range()
+    first = max(1024, low - 12000)
+    for _ in range(200):
+        port = random.randrange(first, low)
+        if port_is_free(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # that band is full: take the kernel's pick
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
 
