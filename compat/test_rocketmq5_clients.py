@@ -2,7 +2,8 @@
 (`--grpc-listen`, mqk.server.rocketmq5):
 
 - a producer's messages (tags, keys, user properties, FIFO message groups, delivery times) reach a simple consumer
-  by tag filter, each once, and a Kafka consumer reads the same records (and the other way round);
+  by tag filter, each once, and a Kafka consumer reads the same records (and the other way round); a delayed
+  message recalled with its send receipt's handle is never delivered;
 - POP consumption: an unacknowledged message comes back after its invisible duration with its delivery attempt
   counted, an expired receipt handle is refused, a push consumer's failed message is retried after its back-off
   and moved to `%DLQ%group` by the broker at the group's delivery limit;
@@ -296,6 +297,38 @@ def test_a_delayed_message_is_delivered_at_its_time(broker):
         producer.shutdown()
         consumer.shutdown()
     assert later.body == b"later" and received_ms >= due_ms - 50  # not before its time (50 ms: clock reads)
+
+
+def test_a_recalled_delayed_message_is_never_delivered_and_bad_recalls_are_refused(broker):
+    topic, group = unique("r5"), unique("G")
+    producer = rocketmq_producer(broker, topic)
+    consumer = simple_consumer(broker, group, topic)
+    try:
+        now = producer.send(message(topic, b"now"))
+        assert not now.recall_handle  # nothing to recall
+        due_ms = int(time.time() * 1000) + 3000
+        kept = producer.send(message(topic, b"kept", delivery_timestamp=due_ms))
+        recalled = producer.send(message(topic, b"recalled", delivery_timestamp=due_ms))
+        assert kept.recall_handle and recalled.recall_handle
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.message_id
+        with pytest.raises(Exception, match="not exist"):
+            producer.recall_message(unique("missing"), recalled.recall_handle)
+        elsewhere = unique("elsewhere")
+        create_topic(broker.bootstrap, elsewhere)
+        with pytest.raises(Exception, match="topic not match"):
+            producer.recall_message(elsewhere, recalled.recall_handle)
+        with pytest.raises(Exception, match="recall handle is invalid"):
+            producer.recall_message(topic, "garbage")
+        first = receive_until(consumer, lambda got: len(got) >= 1)
+        assert [m.body for m in first] == [b"now"]
+        [later] = receive_until(consumer, lambda got: len(got) == 1)
+        assert later.body == b"kept" and time.time() * 1000 >= due_ms - 50
+        assert nothing_more(consumer, 2 * AWAIT_S) == []  # the recalled one never comes
+        with pytest.raises(Exception, match="timestamp invalid"):  # delivered: too late to recall
+            producer.recall_message(topic, kept.recall_handle)
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
 
 
 def test_kafka_and_rocketmq5_clients_read_each_others_messages(broker):

@@ -121,6 +121,7 @@ class BrokerRuntime:
                 cfg, self.store, broker=broker, limits=self.kafka.limits, share=self.kafka.groups.share
             )
             self.native.stats.timer = self.timer  # (its backlog is in RocketMQ's runtime info)
+            self.native.recalls.timer = self.timer
             # a group with RocketMQ consumers heart-beating is active: its committed offsets do not expire
             self.kafka.groups.active_elsewhere = self.native.clients.has_consumers
             self.native_address = await self.native.start()

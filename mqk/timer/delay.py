@@ -12,6 +12,10 @@ latest due time any of its records asks for.
 
 While it waits, a delayed batch is stored, unchanged, as the value of one record in the timer topic, with headers
 naming its real topic, queue, due time, tags code and keys (`wrap` / `unwrap`).
+
+A recall (RocketMQ 5's RecallMessage) is a record of the timer topic too, with no value: its headers name the
+recalled message's topic, its due time and its unique key (`UNIQ_KEY`, the id RocketMQ clients give a message), as
+RocketMQ's timer keeps a delete marker in the same time slot as the message it deletes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from mqk.protocol.native.codes import (
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
 )
 from mqk.protocol.native.records import batch_records
 
@@ -56,7 +61,7 @@ _MARKER_ROOTS = (b"DELAY", b"DELIVER", b"mqk-del")
 assert all(any(root in name for root in _MARKER_ROOTS) for name in DELAY_HEADER_KEYS)
 _MARKERS = tuple(re.compile(re.escape(root)) for root in _MARKER_ROOTS)
 
-_W_TOPIC, _W_QUEUE, _W_AT, _W_TAGS, _W_KEY = "t", "q", "at", "tags", "k"
+_W_TOPIC, _W_QUEUE, _W_AT, _W_TAGS, _W_KEY, _W_RECALLS = "t", "q", "at", "tags", "k", "recalls"
 
 
 def _number(raw: str | bytes | None) -> int | None:
@@ -134,6 +139,25 @@ class Waiting:
     tags_code: int
     keys: tuple[bytes, ...]
     batch: bytes
+    #: a recall's record: the unique key of the message of `topic` due at `due` it recalls (then `batch` is empty)
+    recalls: str = ""
+
+
+def recall_record(topic: str, due: int, unique_key: str) -> Waiting:
+    """The timer record that recalls `topic`'s message `unique_key`, waiting until `due` (its due time)."""
+    return Waiting(topic, -1, due, 0, (), b"", unique_key)
+
+
+def unique_key(batch: bytes | bytearray | memoryview) -> str | None:
+    """The unique key (`UNIQ_KEY`) of a stored batch's first record, None without one: a RocketMQ message is stored
+    as a batch of its own (mqk.protocol.native.records), so that is the message's."""
+    _, records = batch_records(batch)
+    if not records:
+        return None
+    for name, raw in records[0][5]:
+        if name == PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX and raw:
+            return raw.decode("utf-8", "replace")
+    return None
 
 
 def wrap(entries: Sequence[Waiting], now: int) -> bytearray:
@@ -147,7 +171,9 @@ def wrap(entries: Sequence[Waiting], now: int) -> bytearray:
             (_W_TAGS, str(w.tags_code).encode()),
         ]
         headers += [(_W_KEY, bytes(k)) for k in w.keys]
-        records += recbatch.encode_record(i, 0, None, bytes(w.batch), headers)
+        if w.recalls:
+            headers.append((_W_RECALLS, w.recalls.encode()))
+        records += recbatch.encode_record(i, 0, None, bytes(w.batch) if not w.recalls else None, headers)
     return recbatch.build_batch(0, now, now, bytes(records), len(entries), len(entries) - 1)
 
 
@@ -170,6 +196,7 @@ def unwrap(
                 keys.append(raw or b"")
             else:
                 fields[name] = raw
+        recalls = fields.get(_W_RECALLS)
         try:
             topic = (fields[_W_TOPIC] or b"").decode()
             queue, due, tags = (int(fields[n] or b"") for n in (_W_QUEUE, _W_AT, _W_TAGS))
@@ -177,13 +204,16 @@ def unwrap(
         except (KeyError, ValueError, UnicodeDecodeError):
             reason = f"timer record at offset {base + delta} lacks its routing headers"
         if reason is None:
-            reason = _batch_error(value)
+            reason = _batch_error(value) if recalls is None else None if recalls else "a recall naming no message"
             if reason is not None:
                 reason = f"timer record at offset {base + delta}: {reason}"
         if reason is not None:
             if unreadable is None:
                 raise Corrupt(reason)
             unreadable.append((base + delta, reason))
+            continue
+        if recalls is not None:
+            yield base + delta, recall_record(topic, due, recalls.decode("utf-8", "replace"))
             continue
         yield base + delta, Waiting(topic, queue, due, tags, tuple(keys), value or b"")
 

@@ -47,6 +47,7 @@ and a load reads one record (the last) instead of scanning the timer topic for t
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import logging
@@ -61,7 +62,16 @@ from mqk.config import BrokerConfig, TopicConfig
 from mqk.errors import PutRejected, ShardExists, StorageError, UnknownShard
 from mqk.store.adapter import PutContext, delayed_only
 from mqk.store.statelog import LogStateDocs, SideStateDocs, StateDocs
-from mqk.timer.delay import Waiting, batch_may_be_delayed, decoded_batch_due_time, due_time, unwrap, wrap
+from mqk.timer.delay import (
+    Waiting,
+    batch_may_be_delayed,
+    decoded_batch_due_time,
+    due_time,
+    recall_record,
+    unique_key,
+    unwrap,
+    wrap,
+)
 from mqk.timer.wheel import NO_DUE, Coverage, DoneSet, SpillIndex
 
 log = logging.getLogger("mqk.timer")
@@ -141,6 +151,10 @@ class TimerService:
         self.delivered = 0
         #: timer records skipped because they cannot be read (`_skip`)
         self.unreadable = 0
+        #: (topic, unique key) -> recall records read and not yet due: a message they name is not delivered
+        self._recalled: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: messages not delivered because they were recalled
+        self.recalled = 0
         self._intent: dict[str, list] = {}  # the delivery burst in progress (saved before its appends)
 
     # --- life cycle --------------------------------------------------------------------------------------------
@@ -234,6 +248,7 @@ class TimerService:
         self._payloads.clear()
         self._payload_bytes = 0
         self._intent = {}
+        self._recalled.clear()
 
     async def retention_pins(self) -> dict[tuple[str, int], int]:
         """The timer topic's offset retention must not pass: the floor of the document in the log (every
@@ -343,6 +358,8 @@ class TimerService:
                     elif self._coverage.covers(offset, waiting.due):
                         self._mark_done(offset)  # delivered before the restart (a rectangle names it already)
                     else:
+                        if waiting.recalls:  # known from now on, kept until the recalled message's due time
+                            self._recalled[(waiting.topic, waiting.recalls)] += 1
                         if waiting.due // BUCKET_MS > self._horizon:
                             self._spill.add(waiting.due, offset)  # its payload is read again when it is due
                             continue
@@ -446,10 +463,11 @@ class TimerService:
                 self._payload_bytes -= len(waiting.batch) + PAYLOAD_OVERHEAD
             else:
                 waiting = fetched.get(offset)
-            if waiting is not None:
-                loaded.append((offset, waiting))
-            else:
+            # (a record gone from the timer topic, a recall, or a recalled message: nothing to append)
+            if waiting is None or ((waiting.recalls or self._recalled) and self._settles_recall(waiting)):
                 self._mark_done(offset, at)
+            else:
+                loaded.append((offset, waiting))
         intent: dict[str, list] = {}
         for offset, w in loaded:
             try:
@@ -491,6 +509,37 @@ class TimerService:
         self._intent = {}
         if not self._schedule or self._schedule[0][0] > self.clock.time_ms():
             await self._save()  # else the next burst's intent save records this burst as done, one fsync less
+
+    def _settles_recall(self, waiting: Waiting) -> bool:
+        """Whether a due record goes without an append: a recall (its time has come, so it is forgotten) or a
+        message a recall names. Due records come in (due, offset) order, and a recall is written after the message
+        it names with the same due time, so the message is met first."""
+        if waiting.recalls:
+            key = (waiting.topic, waiting.recalls)
+            self._recalled[key] -= 1
+            if self._recalled[key] <= 0:
+                del self._recalled[key]
+            return True
+        try:
+            key = (waiting.topic, unique_key(waiting.batch) or "")
+        except StorageError:  # (a batch the hook took whole: it is delivered as it is)
+            return False
+        if key in self._recalled:
+            self.recalled += 1
+            log.info("timer: message %s of %s was recalled; not delivered", key[1], key[0])
+            return True
+        return False
+
+    # --- recall --------------------------------------------------------------------------------------------------
+
+    async def recall(self, topic: str, unique_key: str, due: int) -> None:
+        """Recall `topic`'s message `unique_key`, waiting until `due`: a record in the timer topic (durable, and
+        replicated with it) that keeps the message from being delivered. A message already delivered, or never
+        sent, is not affected (RocketMQ's recall is the same blind delete marker)."""
+        if not unique_key:
+            raise PutRejected("a recall must name the message's unique key")
+        record = wrap([recall_record(topic, due, unique_key)], self.clock.time_ms())
+        await self.store.append(TIMER_TOPIC, 0, [record])
 
     async def _load(self, offset: int) -> Waiting | None:
         try:

@@ -104,6 +104,7 @@ def cmd(code: int, body: bytes | None = None, **ext: str) -> RemotingCommand:
 def test_needs_map_requests_to_kafka_operations() -> None:
     assert needs(cmd(RequestCode.SEND_MESSAGE_V2, a="pg", b="orders")) == [("WRITE", "TOPIC", "orders")]
     assert needs(cmd(RequestCode.SEND_MESSAGE, topic="orders")) == [("WRITE", "TOPIC", "orders")]
+    assert needs(cmd(RequestCode.RECALL_MESSAGE, topic="orders", recallHandle="h")) == [("WRITE", "TOPIC", "orders")]
     assert needs(cmd(RequestCode.PULL_MESSAGE, topic="orders", consumerGroup="g")) == [
         ("READ", "TOPIC", "orders"),
         ("READ", "GROUP", "g"),

@@ -140,6 +140,7 @@ _NEEDS: dict[int, Callable[[RemotingCommand], Iterator[Need]]] = {
     RequestCode.SEND_MESSAGE_V2: _send,
     RequestCode.SEND_BATCH_MESSAGE: _send,
     RequestCode.CONSUMER_SEND_MSG_BACK: _ext(_group, "READ", "group"),
+    RequestCode.RECALL_MESSAGE: _ext(_topic, "WRITE", "topic"),
     RequestCode.PULL_MESSAGE: _read_topic_and_group,
     RequestCode.POP_MESSAGE: _read_topic_and_group,
     RequestCode.ACK_MESSAGE: _read_topic_and_group,

@@ -51,6 +51,7 @@ from mqk.protocol.native.message import (
 )
 from mqk.protocol.native.records import keys_of, message_to_batch, synthetic_offset, tags_code_for
 from mqk.server.native.context import BrokerContext
+from mqk.server.native.recall import Recalls
 from mqk.server.native.remoting import Connection
 from mqk.server.native.transaction import TransactionService
 
@@ -86,6 +87,8 @@ class SendProcessor:
         self._round_robin = itertools.count()
         #: the half-message service; None refuses transactional sends
         self.transactions: TransactionService | None = None
+        #: recall handles for delayed messages (NativeServer sets it)
+        self.recalls: Recalls | None = None
 
     async def send(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         cmd = normalize_send_header(cmd)
@@ -174,6 +177,10 @@ class SendProcessor:
             PROPERTY_MSG_REGION: "DefaultRegion",
             PROPERTY_TRACE_SWITCH: "false",
         }
+        if not batch and self.recalls is not None and cmd.code != RequestCode.CONSUMER_SEND_MSG_BACK:
+            handle = self.recalls.handle_for(topic, props)
+            if handle:
+                ext["recallHandle"] = handle
         return cmd.response(await self._replicated(topic), ext=ext)
 
     async def _replicated(self, topic: str) -> ResponseCode:

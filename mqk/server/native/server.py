@@ -26,6 +26,7 @@ from mqk.server.native.context import BrokerContext
 from mqk.server.native.offsets import OffsetProcessor
 from mqk.server.native.pop import PopConsumption, PopProcessor
 from mqk.server.native.pull import PullProcessor
+from mqk.server.native.recall import Recalls
 from mqk.server.native.remoting import Connection, RemotingServer, remoting_tls
 from mqk.server.native.send import SendProcessor
 from mqk.server.native.stats import StatsProcessor
@@ -81,6 +82,8 @@ class NativeServer:
         self.acl = NativeAcl(config.authorizer, broker.security, lambda topic: self.ctx.queue_count(topic) > 0)
         #: the send path (the RocketMQ 5 gRPC front door appends through it too)
         self.send = send = SendProcessor(self.ctx)
+        #: recall handles for delayed sends and RECALL_MESSAGE (the runtime gives it the timer)
+        self.recalls = send.recalls = Recalls(self.ctx)
         pull = PullProcessor(self.ctx, self.clients)
         offsets = OffsetProcessor(self.ctx)
         admin = AdminProcessor(self.ctx, self.acl)
@@ -131,6 +134,7 @@ class NativeServer:
             RequestCode.GET_BROKER_CONFIG: self.stats.broker_config,
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
             RequestCode.END_TRANSACTION: self.transactions.end,
+            RequestCode.RECALL_MESSAGE: self.recalls.process,
             **PopProcessor(self.pop).handlers(),
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: subscriptions.update,
             RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: subscriptions.get,

@@ -13,10 +13,11 @@ What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clien
   and goes to `%DLQ%group`). A group whose config says `consumeEnable` false receives nothing (FORBIDDEN).
 - SendMessage: each message stored as a remoting send stores it (mqk.server.native.send), on a queue picked round
   robin or, for a FIFO message, by its message group's hash (so one group's messages keep their order in one
-  queue). A delivery time goes to the timer. A transactional message is a half message
-  (mqk.server.native.transaction, shared with the remoting front door) until EndTransaction commits or rolls it
-  back; one left open is checked with the producers of its topic connected here: a RecoverOrphanedTransactionCommand
-  on their Telemetry stream, which they answer with EndTransaction.
+  queue). A delivery time goes to the timer, and the answer carries a recall handle: RecallMessage with it keeps
+  the message from being delivered (mqk.server.native.recall, shared with the remoting door). A transactional
+  message is a half message (mqk.server.native.transaction, shared with the remoting front door) until
+  EndTransaction commits or rolls it back; one left open is checked with the producers of its topic connected
+  here: a RecoverOrphanedTransactionCommand on their Telemetry stream, which they answer with EndTransaction.
 - ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, QueryAssignment: POP
   consumption. A RocketMQ consumer group is a share group (mqk.groups.share): a receive acquires records from the
   topic's queues for the group with a lock of the request's invisible duration, an ack accepts them, a change of
@@ -64,8 +65,10 @@ from mqk.protocol.native.codes import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    ResponseCode,
 )
 from mqk.server.native.pop import PopRequest
+from mqk.server.native.recall import RecallRefused
 from mqk.server.native.server import NativeServer
 from mqk.server.native.subscriptions import paused
 from mqk.server.rocketmq5.messages import (
@@ -110,6 +113,12 @@ def status(code: int, message: str = "") -> Any:
 
 
 OK = Code.OK
+#: a refused recall's RocketMQ response code -> its gRPC status code
+_RECALL_CODES: dict[int, Any] = {
+    ResponseCode.TOPIC_NOT_EXIST: Code.TOPIC_NOT_FOUND,
+    ResponseCode.ILLEGAL_OPERATION: Code.BAD_REQUEST,
+    ResponseCode.SERVICE_NOT_AVAILABLE: Code.INTERNAL_SERVER_ERROR,
+}
 
 
 @dataclass
@@ -344,11 +353,12 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return answer
         for message in request.messages:
             entry = answer.entries.add()
-            outcome, message_id, offset, transaction_id = await self._send_one(message, context)
+            outcome, message_id, offset, transaction_id, recall_handle = await self._send_one(message, context)
             entry.status.CopyFrom(outcome)
             entry.message_id = message_id
             entry.offset = offset
             entry.transaction_id = transaction_id
+            entry.recall_handle = recall_handle
         codes = {e.status.code for e in answer.entries}
         if len(codes) == 1:
             answer.status.CopyFrom(answer.entries[0].status)
@@ -356,19 +366,19 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             answer.status.CopyFrom(status(Code.MULTIPLE_RESULTS, "the messages had different outcomes"))
         return answer
 
-    async def _send_one(self, message: Any, context: Any) -> tuple[Any, str, int, str]:
-        """(status, message id, offset, transaction id) of one message sent."""
+    async def _send_one(self, message: Any, context: Any) -> tuple[Any, str, int, str, str]:
+        """(status, message id, offset, transaction id, recall handle) of one message sent."""
         topic = message.topic.name
         message_id = message.system_properties.message_id
         refused = self._refusal(context, [("WRITE", "TOPIC", topic)])
         if refused is not None:
-            return refused, message_id, -1, ""
+            return refused, message_id, -1, "", ""
         refusal = rocketmq_send_refusal(topic)
         if refusal:
-            return status(Code.FORBIDDEN, refusal), message_id, -1, ""
+            return status(Code.FORBIDDEN, refusal), message_id, -1, "", ""
         sp = message.system_properties
         if "|" in sp.tag:
-            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'"), message_id, -1, ""
+            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} contains '|'"), message_id, -1, "", ""
         limit = self.config.native_max_message_size
         body = message.body
         if sp.body_encoding == pb.Encoding.GZIP:
@@ -376,15 +386,15 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 inflater = zlib.decompressobj(wbits=31)
                 body = inflater.decompress(body, limit + 1)
             except zlib.error:
-                return status(Code.MESSAGE_CORRUPTED, "the GZIP body does not inflate"), message_id, -1, ""
+                return status(Code.MESSAGE_CORRUPTED, "the GZIP body does not inflate"), message_id, -1, "", ""
         if not body:
-            return status(Code.MESSAGE_BODY_EMPTY, "the message body is empty"), message_id, -1, ""
+            return status(Code.MESSAGE_BODY_EMPTY, "the message body is empty"), message_id, -1, "", ""
         if len(body) > limit:
             why = f"the message body is larger than {limit} bytes"
-            return status(Code.MESSAGE_BODY_TOO_LARGE, why), message_id, -1, ""
+            return status(Code.MESSAGE_BODY_TOO_LARGE, why), message_id, -1, "", ""
         count, failed = await self._queues(topic, create=True)
         if failed is not None:
-            return failed, message_id, -1, ""
+            return failed, message_id, -1, "", ""
         # one message group's messages go to one queue, in order
         by_group = zlib.crc32(sp.message_group.encode()) if sp.message_group else next(self._round_robin)
         queue = by_group % count
@@ -399,11 +409,11 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 half, offset_id = await self.native.transactions.store_half(
                     topic, partition, body, props, 0, born, born_host
                 )
-                return status(OK), message_id or offset_id, -1, f"{TRANSACTION_PREFIX}{half}"
+                return status(OK), message_id or offset_id, -1, f"{TRANSACTION_PREFIX}{half}", ""
             ids, offset = await self.native.send.append(topic, partition, [(body, props, 0)], born, 0, born_host)
         except MqkError as exc:
-            return status(Code.INTERNAL_ERROR, str(exc)), message_id, -1, ""
-        return status(OK), message_id or ids[0], offset, ""
+            return status(Code.INTERNAL_ERROR, str(exc)), message_id, -1, "", ""
+        return status(OK), message_id or ids[0], offset, "", self.native.recalls.handle_for(topic, props)
 
     # --- receiving -----------------------------------------------------------------------------------------------
 
@@ -651,7 +661,16 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return await self._unsupported(pbs.QueryOffsetResponse, "QueryOffset (lite pull)", context)
 
     async def RecallMessage(self, request: Any, context: Any) -> Any:
-        return await self._unsupported(pbs.RecallMessageResponse, "RecallMessage", context)
+        topic = request.topic.name
+        refused = self._entry(context, pbs.RecallMessageResponse, [("WRITE", "TOPIC", topic)])
+        if refused is not None:
+            return refused
+        try:
+            message_id = await self.native.recalls.recall(topic, request.recall_handle)
+        except RecallRefused as exc:
+            code = _RECALL_CODES.get(exc.code, Code.INTERNAL_ERROR)
+            return pbs.RecallMessageResponse(status=status(code, str(exc)))
+        return pbs.RecallMessageResponse(status=status(OK), message_id=message_id)
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
         return await self._unsupported(pbs.SyncLiteSubscriptionResponse, "SyncLiteSubscription (lite topics)", context)
