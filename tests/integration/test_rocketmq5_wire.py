@@ -64,10 +64,12 @@ def broker(start_broker: Callable[..., ThreadedBroker]) -> ThreadedBroker:
 class Client:
     """Raw MessagingService calls over one gRPC channel, each with a deadline."""
 
-    def __init__(self, broker: ThreadedBroker, client_id: str = CLIENT_ID) -> None:
+    def __init__(self, broker: ThreadedBroker, client_id: str = CLIENT_ID, own_connection: bool = False) -> None:
+        """`own_connection`: a TCP connection of its own (channels to one address otherwise share one)."""
         address = broker.grpc_address
         assert address is not None
-        self.channel = grpc.insecure_channel(f"{address[0]}:{address[1]}")
+        options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
+        self.channel = grpc.insecure_channel(f"{address[0]}:{address[1]}", options=options)
         self.stub = pbs_grpc.MessagingServiceStub(self.channel)
         self.metadata = (("x-mq-client-id", client_id),)
 
@@ -567,6 +569,27 @@ def test_an_idle_grpc_connection_is_closed_after_the_brokers_idle_limit(
         assert code_name(client.query_route("after-idle").status.code) == "OK"  # (a new connection is served)
     finally:
         client.close()
+
+
+def test_grpc_connections_past_the_brokers_max_connections_are_closed(
+    start_broker: Callable[..., ThreadedBroker],
+) -> None:
+    broker = start_broker(max_connections=2)
+    clients = [Client(broker, f"capped-{i}", own_connection=True) for i in range(3)]
+    try:
+        for client in clients[:2]:
+            assert code_name(client.query_route("capped").status.code) == "OK"
+        with pytest.raises(grpc.RpcError) as refused:  # the third connection is closed before it is served
+            clients[2].stub.QueryRoute(pbs.QueryRouteRequest(), timeout=3, metadata=clients[2].metadata)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        clients[0].close()
+        # once one closes, a new connection is served (gRPC's own reconnect backoff may hold it back a moment)
+        late = Client(broker, "capped-late", own_connection=True)
+        clients.append(late)
+        assert code_name(late.query_route("capped").status.code) == "OK"
+    finally:
+        for client in clients:
+            client.close()
 
 
 # --- more of the service ----------------------------------------------------------------------------------------

@@ -4,8 +4,10 @@
 Bound to `grpc_listen` only (never every interface by default); SO_REUSEPORT off, so a second broker on the same
 port fails to start instead of sharing it. gRPC checks each message's size against the limit before it reads it:
 the largest body a client may send plus room for its properties. A connection idle for the broker's
-`connections_max_idle_ms` is closed by gRPC (max_connection_idle); the connection counts of the other listeners'
-limits do not include gRPC's (grpc.aio offers no hook at accept)."""
+`connections_max_idle_ms` is closed by gRPC (max_connection_idle). gRPC also holds its connections to the broker's
+`max_connections` (grpc.max_allowed_incoming_connections: a connection past it is closed at once, and one is taken
+again once another closes). It counts its own: grpc.aio offers no hook at accept, so the Kafka and remoting
+listeners' shared count does not include them, and `max_connections_per_ip` does not apply to them."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ log = logging.getLogger("mqk.rocketmq5")
 
 #: room for a message's topic, properties and framing beside its body
 ENVELOPE_BYTES = 1 << 20
+#: max_connections' default (no cap): gRPC aborts the process if given it as its connection cap, so it is not
+UNCAPPED = (1 << 31) - 1
 
 
 class GrpcServer:
@@ -50,8 +54,13 @@ class GrpcServer:
     async def start(self) -> tuple[str, int]:
         host, port = self.config.grpc_listen or ("127.0.0.1", 0)
         limit = self.config.native_max_message_size + ENVELOPE_BYTES
+        cap = []
+        if self.config.max_connections < UNCAPPED:
+            # the broker's connection cap, counted by gRPC over its own connections (see the module docstring)
+            cap = [("grpc.max_allowed_incoming_connections", self.config.max_connections)]
         server = self._server = grpc.aio.server(
             options=[
+                *cap,
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", max(limit, 64 << 20)),
