@@ -48,11 +48,18 @@ compat-deps: $(JSDIR)/node_modules/.stamp
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server >/dev/null; }
 
 # The gates (make lint), then the whole suite (unit, scenario, integration, compat with real clients) with its line
-# coverage per package, then the unit and scenario tests once more on the pure-Python twins.
+# coverage per package, then the unit and scenario tests once more on the pure-Python twins. Both runs use two
+# pytest-xdist workers: most of the suite's time is tests waiting on brokers, clients and etcd. The tests that run
+# clusters go to one worker, one at a time (tests/helpers.py: CLUSTER_TESTS). Coverage measures pytest and its
+# workers from their start (COVERAGE_PROCESS_START; each worker's data file is combined afterwards), not the brokers
+# the tests start.
+XDIST = -n 2 --dist loadgroup
 test: lint compat-deps bytecode
-	$(PY) -m coverage run -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	rm -f .coverage .coverage.*
+	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=15 $(PYTEST_ARGS)
+	$(PY) -m coverage combine -q
 	$(PY) tools/coverage_summary.py
-	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit tests/scenario
+	MQK_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider $(XDIST) tests/unit tests/scenario
 
 unit: bytecode
 	$(PY) -m pytest -q tests/unit

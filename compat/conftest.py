@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from compat_helpers import hostport, unique
-from helpers import serialize_ast_parse
+from helpers import measure_only_this_process, save_coverage, serialize_ast_parse
 
 from mqk.cluster_local import free_port
 
@@ -31,6 +31,11 @@ with warnings.catch_warnings():
     import kafka.admin  # noqa: F401 - imported for the warning filter around it, used by the tests later
 
 serialize_ast_parse()
+measure_only_this_process()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    save_coverage()
 
 
 def start_broker(data_dir: Path, storage: str, extra_args: tuple[str, ...] = ()) -> Any:

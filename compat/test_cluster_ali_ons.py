@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from compat_helpers import NodeProcess, create_topic, run_node, unique
-from helpers import wait_until
+from helpers import CLUSTER_TESTS, wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), CLUSTER_TESTS]
 
 
 def namesrv_of(cluster: Any, node: int) -> str:

@@ -32,7 +32,7 @@ import pytest
 from compat_helpers import HEARTBEAT_MS, SESSION_TIMEOUT_MS, ThreadMember, run_node, unique
 from confluent_kafka import Consumer, ConsumerGroupState, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, NewTopic
-from helpers import wait_until, wait_until_async
+from helpers import CLUSTER_TESTS, wait_until, wait_until_async
 
 from mqk import errors as E
 from mqk.cluster_local import EtcdProcess, LocalCluster
@@ -40,7 +40,7 @@ from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient
 from mqk.testing import TEST_CLUSTER_STORE
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), CLUSTER_TESTS]
 
 PARTITIONS = 12
 #: records the group reads, then records the resumed member reads

@@ -35,14 +35,14 @@ import pytest
 from compat_helpers import run_node, unique
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from helpers import wait_until, wait_until_async
+from helpers import CLUSTER_TESTS, wait_until, wait_until_async
 
 from mqk.cluster_local import EtcdProcess, LocalCluster
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient
 from mqk.testing import TEST_CLUSTER_STORE
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), CLUSTER_TESTS]
 
 END = b"END"
 PARTITIONS = 6

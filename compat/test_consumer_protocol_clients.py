@@ -25,7 +25,7 @@ import pytest
 from compat_helpers import ChildClient, PartitionOwners, create_topic, hostport, produce_numbered, unique
 from confluent_kafka import Consumer, ConsumerGroupType, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from helpers import wait_until
+from helpers import CLUSTER_TESTS, wait_until
 
 from mqk.testing import BrokerProcess
 
@@ -209,6 +209,7 @@ def test_a_regex_subscription_takes_matching_topics_and_one_created_later(broker
     assert len(seen) == 9 and not any(v.startswith(other.encode()) for v in seen)  # none of the other topic's
 
 
+@CLUSTER_TESTS
 def test_a_consumer_protocol_group_goes_on_after_its_coordinator_fails_over(mqk_cluster_factory):
     """Three replicas of one broker group: its master coordinates the group. Killed -9, another member becomes master
     and coordinator; the consumer finds it, joins again (its membership was the dead broker's memory) and resumes at

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from compat_helpers import NodeProcess
-from helpers import wait_until
+from helpers import CLUSTER_TESTS, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), CLUSTER_TESTS]
 
 #: kills per loop: kafka-python fails over in seconds; ali-ons waits for its next route refresh (up to ~30 s a kill),
 #: so its loop kills fewer times to keep the suite's time bounded

@@ -15,13 +15,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import ENGINE_NAMES, Harness, serialize_ast_parse, store_config
+from helpers import ENGINE_NAMES, Harness, measure_only_this_process, save_coverage, serialize_ast_parse, store_config
 
 from mqk.config import StoreConfig
 from mqk.store.manager import StoreManager
 from mqk.testing import ThreadedBroker
 
 serialize_ast_parse()
+measure_only_this_process()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    save_coverage()
 
 
 @pytest.fixture(params=ENGINE_NAMES)

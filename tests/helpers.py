@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -68,6 +69,34 @@ class _Deadline:
     def check(self) -> None:
         if time.monotonic() >= self.end:
             raise AssertionError(f"timed out after {self.timeout} s waiting for {self.what}")
+
+
+#: `make test` runs the suite on two pytest-xdist workers (--dist loadgroup). Tests that start a cluster of several
+#: brokers with etcd, and kill, pause or fail them over, carry this mark: they all go to one worker, one at a time,
+#: so two such tests never share the machine's two cores (their leases and replication would then run on less than
+#: one core each); the other worker runs everything else meanwhile.
+CLUSTER_TESTS = pytest.mark.xdist_group("clusters")
+
+
+def measure_only_this_process() -> None:
+    """Under `make test` pytest and each of its pytest-xdist workers are measured from their start
+    (COVERAGE_PROCESS_START starts coverage through the .pth file coverage installs, so mqk's own pytest plugin is
+    measured from its import). A worker drops the variable here, so the brokers and clients its tests start are not
+    measured (tracing would slow the brokers down); pytest itself keeps it for the workers it starts. Both
+    conftests call this."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COVERAGE_PROCESS_START", None)
+
+
+def save_coverage() -> None:
+    """Write this process's coverage data now, if it is measured: an xdist worker ends without running its exit
+    handlers, where coverage would save it. Both conftests call this when the session ends."""
+    import coverage
+
+    measured = coverage.Coverage.current()
+    if measured is not None:
+        measured.stop()
+        measured.save()
 
 
 def serialize_ast_parse() -> None:

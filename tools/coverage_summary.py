@@ -1,4 +1,5 @@
-"""Line coverage of the last test run (.coverage, written by `coverage run -m pytest`) per package, and the total.
+"""Line coverage of the last test run (.coverage, combined by `make test` from its processes' data files) per package,
+and the total.
 
 `make test` prints this after the suite instead of coverage's per-file table: one line per package of mqk (its
 modules directly inside it, not its subpackages) with statements, missed and percent, then TOTAL, and the total

@@ -11,7 +11,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from helpers import wait_until
+from helpers import CLUSTER_TESTS, wait_until
+
+pytestmark = CLUSTER_TESTS
 
 
 def api(address: tuple[str, int] | None, path: str) -> Any:

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from helpers import CLUSTER_TESTS
+
 from mqk.cluster_local import LocalCluster
+
+pytestmark = CLUSTER_TESTS
 
 
 def mqk(*args: str) -> subprocess.CompletedProcess:

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from helpers import WatchedKeys, produce_body, wait_until, wait_until_async
+from helpers import CLUSTER_TESTS, WatchedKeys, produce_body, wait_until, wait_until_async
 
 from mqk import errors as E
 from mqk.broker.cluster.model import ControllerRecord, MasterRecord, TopicRecord
@@ -41,7 +41,7 @@ from mqk.meta import EtcdClient, MetaUnavailable
 from mqk.protocol.kafka.api import ApiKey
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), CLUSTER_TESTS]
 
 #: the brokers' lease TTL (BrokerConfig.cluster_session_timeout_ms): a dead or paused broker's keys go after it
 SESSION_TIMEOUT_S = 6

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from helpers import WatchedKeys
+from helpers import CLUSTER_TESTS, WatchedKeys
 
 from mqk.broker.cluster.model import BrokerRecord
 from mqk.cluster_local import BrokerStartError, LocalCluster, free_port
 from mqk.meta import Record, parse_endpoints
+
+pytestmark = CLUSTER_TESTS
 
 #: the brokers' lease TTL (BrokerConfig.cluster_session_timeout_ms): a dead or paused broker's key goes after it
 SESSION_TIMEOUT_S = 6

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import in_sync, produce_body, wait_until, wait_until_async
+from helpers import CLUSTER_TESTS, in_sync, produce_body, wait_until, wait_until_async
 
 from mqk.broker.cluster import java_string_hash
 from mqk.client import MessageQueue, Producer, PullConsumer
@@ -38,6 +38,8 @@ with warnings.catch_warnings():
 
 import confluent_kafka
 from confluent_kafka.admin import AdminClient, NewTopic
+
+pytestmark = CLUSTER_TESTS
 
 OFFSETS_PARTITIONS = 4
 #: a short lease, so the restarted broker need not wait long for its killed predecessor's registration to go

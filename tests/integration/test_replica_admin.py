@@ -26,6 +26,7 @@ import pytest
 from confluent_kafka import ElectionType, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from helpers import (
+    CLUSTER_TESTS,
     SETTLE_S,
     AckedProducer,
     assert_every_ack_read_once,
@@ -45,7 +46,7 @@ from kafka.errors import InvalidReplicationAssignmentError, NotLeaderForPartitio
 from mqk.cluster_local import LocalCluster
 from mqk.testing import ThreadedBroker
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), CLUSTER_TESTS]
 
 ELECTION_NOT_NEEDED = 84
 

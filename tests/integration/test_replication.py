@@ -29,6 +29,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from helpers import (
+    CLUSTER_TESTS,
     CONFIG,
     LAG_MS,
     SETTLE_S,
@@ -50,7 +51,7 @@ from mqk.config import StoreConfig
 from mqk.store.file.engine import FileEngine
 from mqk.testing import TEST_CLUSTER_STORE
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), CLUSTER_TESTS]
 
 # --- the kill loop ------------------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from helpers import produce_body, wait_until
+from helpers import CLUSTER_TESTS, produce_body, wait_until
 
 from mqk import errors as E
 from mqk.client import Producer
@@ -19,6 +19,8 @@ from mqk.cluster_local import LocalCluster
 from mqk.protocol.kafka.api import ApiKey
 from mqk.protocol.native.codes import ResponseCode
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
+
+pytestmark = CLUSTER_TESTS
 
 NO_PERMISSION = ResponseCode.NO_PERMISSION
 
