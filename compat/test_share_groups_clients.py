@@ -9,6 +9,8 @@ share consumer, in preview) against an `mqk serve` process.
   (`group_share_record_lock_duration_ms`) ends.
 - The broker killed -9 after the acknowledgements were answered: restarted, it delivers only what was not accepted
   (the record states live in `__share_group_state`).
+- RocketMQ POP over remoting (mqk's own PopConsumer) and a ShareConsumer in one group: a record has one holder at a
+  time; what the POP consumer hands back early goes to the ShareConsumer, what it acknowledges never does.
 
 The broker runs with a half-second heartbeat interval, a two-second record lock and `share.auto.offset.reset`
 earliest, set in its TOML file.
@@ -16,6 +18,7 @@ earliest, set in its TOML file.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +36,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from mqk.client import ClientError, PopConsumer, PoppedMessage
 from mqk.testing import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,6 +113,48 @@ def test_two_share_consumers_split_the_records_and_each_is_delivered_once(broker
     values = [v for _c, v in log]
     assert sorted(values) == list(range(360))  # each once
     assert {c for c, _v in log} == {0, 1}  # both had a share
+
+
+def test_a_pop_consumer_and_a_share_consumer_of_one_group_never_hold_a_record_together(broker):
+    bootstrap = hostport(broker.bootstrap)
+    topic, group = unique("q"), unique("sg")
+    create_topic(bootstrap, topic, 2)
+    produce_numbered(bootstrap, topic, 2, 40)
+    loop = asyncio.new_event_loop()
+    pop = PopConsumer(hostport(broker.namesrv_address), group)
+
+    async def take(count: int) -> list[PoppedMessage]:
+        held: list[PoppedMessage] = []
+        deadline = time.monotonic() + 30
+        while len(held) < count:
+            assert time.monotonic() < deadline, f"popped {len(held)} of {count}"
+            held += await pop.pop(topic, max_messages=count - len(held), invisible_ms=60_000, poll_ms=500)
+        return held
+
+    share = share_consumer(bootstrap, group, topic)
+    try:
+        held = loop.run_until_complete(take(10))
+        popped = {int(p.message.body) for p in held}
+        assert len(popped) == 10 and all(p.attempt == 1 for p in held)
+        first = drain([share], lambda log: len({v for _c, v in log}) >= 30)
+        assert {v for _c, v in first}.isdisjoint(popped)  # held by the POP consumer: not handed to the other
+        assert sorted({v for _c, v in first} | popped) == list(range(40))
+
+        acked, handed_back = held[:5], held[5:]
+        for p in acked:
+            loop.run_until_complete(pop.ack(p))
+        with pytest.raises(ClientError, match="code 208"):  # NO_MESSAGE: an acknowledged message is held no more
+            loop.run_until_complete(pop.change_invisible_time(acked[0], 0))
+        for p in handed_back:
+            loop.run_until_complete(pop.change_invisible_time(p, 0))
+        back = {int(p.message.body) for p in handed_back}
+        second = drain([share], lambda log: {v for _c, v in log} >= back)
+        assert {v for _c, v in second} == back  # only those: the acknowledged five never come back
+        assert loop.run_until_complete(pop.pop(topic, invisible_ms=60_000, poll_ms=1000)) == []  # all settled
+    finally:
+        share.close()
+        loop.run_until_complete(pop.close())
+        loop.close()
 
 
 def test_released_records_come_back_up_to_the_delivery_limit_and_rejected_ones_never(broker):

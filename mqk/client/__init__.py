@@ -1,10 +1,18 @@
-"""mqk's native (RocketMQ remoting) Python client, asyncio: `Producer`, `PullConsumer`, `PushConsumer`, `Admin`."""
+"""mqk's native (RocketMQ remoting) Python client, asyncio: `Producer`, `PullConsumer`, `PushConsumer`, `PopConsumer`,
+`Admin`."""
 
 from __future__ import annotations
 
 from mqk.client.admin import Admin
 from mqk.client.base import MessageQueue
-from mqk.client.consumer import PullConsumer, PullResult, PushConsumer, allocate_averagely
+from mqk.client.consumer import (
+    PopConsumer,
+    PoppedMessage,
+    PullConsumer,
+    PullResult,
+    PushConsumer,
+    allocate_averagely,
+)
 from mqk.client.producer import (
     COMMIT_MESSAGE,
     ROLLBACK_MESSAGE,
@@ -26,6 +34,8 @@ __all__ = [
     "Message",
     "MessageExt",
     "MessageQueue",
+    "PopConsumer",
+    "PoppedMessage",
     "Producer",
     "PullConsumer",
     "PullResult",

@@ -3,6 +3,11 @@
 `PullConsumer`: the caller drives: queues of a topic, pull at an offset (optionally long-polling), committed
 offsets, queue bounds, search by time.
 
+`PopConsumer`: RocketMQ 5's POP consumption: the broker shares a topic's messages out among the group's consumers
+(no rebalance on the client), each popped message is held for its invisible time and acknowledged one by one (or
+handed back early by changing its invisible time), and one not acknowledged in time comes back, its attempt counted.
+A POP group is a share group on mqk: a Kafka ShareConsumer of the same group id takes from the same records.
+
 `PushConsumer`: RocketMQ's clustering push consumer: heart-beats its subscription, balances the topic's queues
 (and its group's retry topic) across the group's members with average allocation, re-balancing on the broker's
 NOTIFY_CONSUMER_IDS_CHANGED and periodically; one long-polling pull loop per owned queue calls the handler for
@@ -21,6 +26,7 @@ import contextlib
 import inspect
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -219,6 +225,128 @@ class PullConsumer(ClientBase):
 
 
 Handler = Callable[[MessageExt], Awaitable[bool | None] | bool | None]
+
+
+@dataclass(frozen=True)
+class PoppedMessage:
+    """A message a pop handed out, with the receipt (RocketMQ's `POP_CK` extraInfo) that acknowledges it."""
+
+    message: MessageExt
+    receipt: str
+    broker: tuple[str, int]
+
+    @property
+    def attempt(self) -> int:
+        """Its delivery attempt: 1 the first time it is handed out."""
+        return self.message.reconsume_times + 1
+
+
+class PopConsumer(ClientBase):
+    """RocketMQ 5's POP consumer over remoting (POP_MESSAGE, ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME)."""
+
+    def __init__(self, namesrv: str | tuple[str, int], group: str, request_timeout: float = 30.0) -> None:
+        super().__init__(namesrv, group, request_timeout)
+        self._next_broker = 0
+
+    async def __aenter__(self) -> PopConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def pop(
+        self,
+        topic: str,
+        max_messages: int = 32,
+        invisible_ms: int = 60_000,
+        poll_ms: int = 0,
+        expression: str = "*",
+        order: bool = False,
+    ) -> list[PoppedMessage]:
+        """Up to `max_messages` (at most 32) messages of the topic's queues on one of its brokers (the brokers taken
+        in turn), each held for `invisible_ms`; with nothing to give, the broker waits up to `poll_ms` for some.
+        `order`: RocketMQ's orderly pop (a queue's next messages only once its held ones are settled)."""
+        route = await self.route(topic)
+        if not route.broker_addrs:
+            route = await self.route(topic, refresh=True)
+        names = sorted(route.broker_addrs)
+        if not names:
+            raise ClientError(f"topic {topic} has no broker")
+        name = names[self._next_broker % len(names)]
+        self._next_broker += 1
+        broker = route.broker_addrs[name]
+        header = {
+            "consumerGroup": self.group,
+            "topic": topic,
+            "queueId": -1,
+            "maxMsgNums": max_messages,
+            "invisibleTime": invisible_ms,
+            "pollTime": poll_ms,
+            "bornTime": _now_ms(),
+            "initMode": 0,
+            "expType": "TAG",
+            "exp": expression,
+            "order": order,
+        }
+        resp = await self.invoke(
+            broker,
+            RequestCode.POP_MESSAGE,
+            header,
+            timeout=self.request_timeout + poll_ms / 1000,
+            ok=(ResponseCode.SUCCESS, ResponseCode.POLLING_TIMEOUT, ResponseCode.NO_MESSAGE),
+        )
+        if resp.code != ResponseCode.SUCCESS or not resp.body:
+            return []
+        ext = resp.ext_fields
+        starts = _offset_info(ext.get("startOffsetInfo", ""))
+        head = f"{ext.get('popTime')} {ext.get('invisibleTime')} {ext.get('reviveQid')}"
+        out = []
+        for message in decode_messages(resp.body):
+            start = starts.get(message.queue_id, message.queue_offset)
+            # ExtraInfoUtil's receipt: ck start offset, popTime, invisibleTime, reviveQid, retry flag, broker name,
+            # queue, offset
+            receipt = f"{start} {head} 0 {name} {message.queue_id} {message.queue_offset}"
+            out.append(PoppedMessage(message, receipt, broker))
+        return out
+
+    def _settle_header(self, popped: PoppedMessage) -> dict[str, object]:
+        m = popped.message
+        return {
+            "consumerGroup": self.group,
+            "topic": m.topic,
+            "queueId": m.queue_id,
+            "extraInfo": popped.receipt,
+            "offset": m.queue_offset,
+        }
+
+    async def ack(self, popped: PoppedMessage) -> None:
+        """Acknowledge a popped message: it is done for the group (a receipt whose hold ran out settles nothing:
+        the message comes back regardless, as with RocketMQ)."""
+        await self.invoke(popped.broker, RequestCode.ACK_MESSAGE, self._settle_header(popped))
+
+    async def change_invisible_time(self, popped: PoppedMessage, invisible_ms: int) -> PoppedMessage:
+        """Hold the message `invisible_ms` from now instead (0: hand it back now); the new receipt, since the old
+        one no longer settles it. ClientError (NO_MESSAGE) when the receipt no longer holds it."""
+        header = {**self._settle_header(popped), "invisibleTime": invisible_ms}
+        resp = await self.invoke(popped.broker, RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
+        ext = resp.ext_fields
+        fields = popped.receipt.split(" ")
+        fields[1:4] = [str(ext.get("popTime")), str(ext.get("invisibleTime")), str(ext.get("reviveQid"))]
+        return PoppedMessage(popped.message, " ".join(fields), popped.broker)
+
+
+def _offset_info(info: str) -> dict[int, int]:
+    """startOffsetInfo (`RETRY QUEUE OFFSET;...`) -> {queue: first offset} (normal-topic entries only)."""
+    out: dict[int, int] = {}
+    for part in info.split(";"):
+        fields = part.split(" ")
+        if len(fields) == 3 and fields[0] == "0" and fields[1].isdigit() and fields[2].lstrip("-").isdigit():
+            out[int(fields[1])] = int(fields[2])
+    return out
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class PushConsumer(PullConsumer):
