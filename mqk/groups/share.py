@@ -18,10 +18,16 @@ state and delivery count) is written to the compacted internal topic `__share_gr
 the latest wins), and read back at start. An acquisition does not survive a restart (locks are in memory): what was
 acquired comes back AVAILABLE, with its delivery count, so an accepted record is never delivered again and an
 unacknowledged one is delivered again after the restart, as after its lock expiring.
+
+Cluster mode (RocketMQ POP; Kafka share groups are not offered there yet): the topic is local to each broker group
+(mqk.broker.internal) and replicated with its log, so a group's master keeps the states of the queues it holds, as
+a RocketMQ broker keeps its own. A broker that becomes or stops being its group's master forgets what it held
+(`unload`): the next use reads the states its predecessor saved, which it replicated.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Iterable
@@ -342,18 +348,42 @@ class ShareGroups:
         #: read_committed group acquires below a partition's last stable offset and skips aborted transactions
         self.transactions: Any = None
         self._docs: Any = None
+        #: one load at a time: a second request that arrives while the first reads the log waits for that read
+        #: instead of reading again (a second read would put back, over what the first request then acquired,
+        #: the saved states, where nothing is acquired)
+        self._loading = asyncio.Lock()
+        #: bumped by `unload`: a load that was under way then does not install what it read
+        self._generation = 0
 
     async def ensure_loaded(self, store: Any) -> None:
         """Read the groups' saved record states the first time share groups are used (mqk.store.statelog)."""
         if self._docs is not None:
             return
-        from mqk.store.statelog import LogStateDocs
+        async with self._loading:
+            if self._docs is not None:
+                return
+            from mqk.store.statelog import LogStateDocs
 
-        docs = LogStateDocs(store, SHARE_GROUP_STATE_TOPIC)
-        await docs.prepare()
-        for group_id, doc in (await docs.load_all()).items():
-            self.load(group_id, doc)
-        self._docs = docs
+            generation = self._generation
+            docs = LogStateDocs(store, SHARE_GROUP_STATE_TOPIC)
+            await docs.prepare()
+            saved = await docs.load_all()
+            if generation != self._generation:
+                return  # unloaded meanwhile (cluster mode: mastership changed): the next use reads again
+            for group_id, doc in saved.items():
+                self.load(group_id, doc)
+            self._docs = docs
+
+    def unload(self) -> None:
+        """Forget every group's state and sessions (cluster mode: this broker became, or stopped being, its group's
+        master); the next use reads the saved states from the log again."""
+        self.groups.clear()
+        self.configs.clear()
+        self.sessions.clear()
+        self.subscriptions.clear()
+        self.dead_letter_groups.clear()
+        self._docs = None
+        self._generation += 1
 
     async def save(self, group_ids: Iterable[str]) -> None:
         """Write these groups' record states (one record each, in one append)."""

@@ -5,6 +5,7 @@ tests/integration/test_share_groups_wire.py."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -19,6 +20,8 @@ from mqk.groups.share import (
     SharePartition,
     assign_share,
 )
+from mqk.store.manager import StoreManager
+from mqk.store.statelog import LogStateDocs
 
 ACCEPT, RELEASE, REJECT, GAP = 1, 2, 3, 0
 T = uuid.uuid4()
@@ -108,3 +111,45 @@ def test_a_groups_subscription_config_is_kept_in_its_state_document_and_makes_it
         restarted.load(group, groups.doc(group))
     assert restarted.orderly("fifo") and not restarted.orderly("plain") and not restarted.orderly("other")
     assert not restarted.exists("fifo")  # configured, never used: not listed as a group
+
+
+async def test_requests_that_arrive_while_the_states_load_wait_for_that_one_load(memory_store: StoreManager) -> None:
+    """The saved states are read once: a request that came in while the first read the log, and that runs after
+    the first one acquired records, must not read them again (the saved document holds no acquisitions, so a
+    second read would hand the acquired records out twice)."""
+    await memory_store.create_topic("t", 1)
+    topic_id = uuid.UUID(bytes=bytes(memory_store.topic("t").topic_id))  # type: ignore[union-attr]
+    saved = ShareGroups(lambda _name: (topic_id, 1), clock=FakeClock())
+    await saved.ensure_loaded(memory_store)
+    saved.partition("g", topic_id, 0, 0, 0)
+    await saved.save(["g"])  # a group with a state in the log, nothing held
+
+    share = ShareGroups(lambda _name: (topic_id, 1), clock=FakeClock())
+    reads = 0
+    release = asyncio.Event()
+    real = LogStateDocs.load_all
+
+    async def slow_load_all(self: LogStateDocs) -> dict[str, dict[str, Any]]:
+        nonlocal reads
+        reads += 1
+        await release.wait()
+        return await real(self)
+
+    LogStateDocs.load_all = slow_load_all  # type: ignore[method-assign]
+    try:
+        first = asyncio.create_task(share.ensure_loaded(memory_store))
+        second = asyncio.create_task(share.ensure_loaded(memory_store))
+        await asyncio.sleep(0)
+        release.set()
+        await first
+        part = share.partition("g", topic_id, 0, 0, 3)
+        assert part.acquire(range(3), "pop-owner", deadline=share.now() + 60_000) == [(0, 1), (1, 1), (2, 1)]
+        await second
+    finally:
+        LogStateDocs.load_all = real  # type: ignore[method-assign]
+    assert reads == 1
+    assert share.partition("g", topic_id, 0, 0, 3) is part and {r.state for r in part.records.values()} == {ACQUIRED}
+
+    share.unload()  # (cluster mode: a new master reads again)
+    await share.ensure_loaded(memory_store)
+    assert share.partition("g", topic_id, 0, 0, 3) is not part
