@@ -10,9 +10,11 @@ Three kinds of names are not ordinary user topics:
     `__mqk_timer_state`, RocketMQ's transaction topics: half messages in `RMQ_SYS_TRANS_HALF_TOPIC`, their
     commit/rollback records in `RMQ_SYS_TRANS_OP_HALF_TOPIC` (mqk.server.native.transaction), and Kafka's
     `__transaction_state` (the transaction coordinator's state, mqk.server.kafka.transactions: in a cluster,
-    each group's master coordinates the transactional ids placed on it, and keeps them in its own log);
-  - Kafka's own, placed across a cluster like user topics: `__consumer_offsets` (committed offsets, cluster mode)
-    and `__share_group_state` (the share groups' record states, mqk.groups.share).
+    each group's master coordinates the transactional ids placed on it, and keeps them in its own log), and
+    `__share_group_state` (the share groups' record states and RocketMQ's subscription group configs,
+    mqk.groups.share: in a cluster, each group's master keeps the POP states of the queues it holds, as a RocketMQ
+    broker keeps its own subscription groups);
+  - Kafka's own, placed across a cluster like user topics: `__consumer_offsets` (committed offsets, cluster mode).
   Clients may read them, but never write, delete, grow or reconfigure them, whoever they are: the policy below
   (`client_change_refusal`) is applied by every front door before any authorization, as Kafka refuses appends to
   its internal topics to every client. Kafka answers a Produce with INVALID_TOPIC_EXCEPTION ("cannot append to
@@ -67,11 +69,11 @@ LOCAL_INTERNAL_TOPICS: dict[str, str] = {
     TRANSACTION_HALF_TOPIC: "mqk.server.native.transaction (half messages)",
     TRANSACTION_OP_TOPIC: "mqk.server.native.transaction (commit and rollback records)",
     TRANSACTION_STATE_TOPIC: "mqk.server.kafka.transactions (transaction coordinator state)",
+    SHARE_GROUP_STATE_TOPIC: "mqk.groups.share (share groups' record states, subscription group configs)",
 }
 #: Kafka's internal topics (placed in a cluster like user topics) -> their owner
 KAFKA_INTERNAL_TOPICS: dict[str, str] = {
     OFFSETS_TOPIC: "mqk.store.offsets_log (committed group offsets, cluster mode)",
-    SHARE_GROUP_STATE_TOPIC: "mqk.groups.share (share groups' record states)",
 }
 #: every internal topic -> its owner
 INTERNAL_TOPICS: dict[str, str] = {**LOCAL_INTERNAL_TOPICS, **KAFKA_INTERNAL_TOPICS}

@@ -3,8 +3,10 @@
 deleted, and it starts again with only its log; and a broker group of three loses its master to kill -9 and the
 replica elected in its place, which has only the log it replicated, takes over. Committed offsets
 (confluent-kafka, kafka-python, RocketMQ), delayed messages (delivered once: the one delivered before the kill not
-again, the pending one after it) and idempotent dedup (a retried batch is answered with its first offsets, not
-appended twice) all come back; the offsets are `__consumer_offsets` records in Kafka's layout, as Kafka's tools
+again, the pending one after it), idempotent dedup (a retried batch is answered with its first offsets, not
+appended twice), and a RocketMQ POP group's record states (acknowledged messages never again, held ones back with
+their attempt counted) with a subscription group config (consumption disabled) all come back; a replica refuses
+POP (its master serves it); the offsets are `__consumer_offsets` records in Kafka's layout, as Kafka's tools
 read them.
 
 Every wait is bounded; each process is stopped by the fixtures' teardown.
@@ -13,6 +15,7 @@ Every wait is bounded; each process is stopped by the fixtures' teardown.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 import warnings
@@ -20,14 +23,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import CLUSTER_TESTS, in_sync, produce_body, wait_until, wait_until_async
 
 from mqk.broker.cluster import java_string_hash
-from mqk.client import MessageQueue, Producer, PullConsumer
+from mqk.client import ClientError, MessageQueue, PopConsumer, PoppedMessage, Producer, PullConsumer
+from mqk.client.remoting import RemotingConnection
 from mqk.cluster_local import LocalCluster
 from mqk.errors import OutOfOrderSequenceNumberError
 from mqk.protocol.kafka.api import ApiKey
 from mqk.protocol.kafka.offset_records import OFFSETS_TOPIC, OffsetKey, OffsetValue, decode_key, decode_value
+from mqk.protocol.native.codes import RequestCode, ResponseCode
+from mqk.protocol.native.command import RemotingCommand
 from mqk.server.kafka.rawclient import RawKafkaClient, make_batch
 
 with warnings.catch_warnings():
@@ -157,6 +164,55 @@ async def collect_until(ns: str, topic: str, last: bytes) -> list[bytes]:
     return got
 
 
+#: the topic a RocketMQ POP group reads, the group, and one whose subscription config disables its consumption
+POPPED, POP_GROUP, PAUSED_GROUP = "popped", "g-pop", "g-paused"
+TOPICS = {"orders": 2, "later": 1, POPPED: 1}
+
+
+async def pop_until_none(ns: str, group: str) -> list[PoppedMessage]:
+    """Everything the POP group is handed out of POPPED now, each held ten minutes (long polls: no sleeping)."""
+    out: list[PoppedMessage] = []
+    async with PopConsumer(ns, group) as consumer, asyncio.timeout(WAIT_S):
+        while got := await consumer.pop(POPPED, invisible_ms=600_000, poll_ms=1000):
+            out += got
+    return out
+
+
+async def remoting_call(address: tuple[str, int], code: int, body: bytes | None = None) -> RemotingCommand:
+    conn = RemotingConnection(address)
+    await conn.connect()
+    try:
+        return await conn.invoke(RemotingCommand(code=code, body=body), timeout=WAIT_S)
+    finally:
+        await conn.close()
+
+
+async def write_pop_state(ns: str, native: tuple[str, int]) -> None:
+    """Six messages for the POP group: three acknowledged, three held; and a group paused by its config."""
+    async with Producer(ns) as producer:
+        for i in range(6):
+            await producer.send(POPPED, b"p%d" % i)
+    held = await pop_until_none(ns, POP_GROUP)
+    assert sorted(p.message.body for p in held) == [b"p%d" % i for i in range(6)]
+    async with PopConsumer(ns, POP_GROUP) as consumer:
+        for popped in sorted(held, key=lambda p: p.message.body)[:3]:
+            await consumer.ack(popped)
+    body = json.dumps({"groupName": PAUSED_GROUP, "consumeEnable": False}).encode()
+    configured = await remoting_call(native, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body)
+    assert configured.code == ResponseCode.SUCCESS, configured.remark
+
+
+async def check_pop_state(ns: str) -> None:
+    """What `write_pop_state` wrote, from the master after the takeover: the held three come back (attempt 2),
+    the acknowledged three never; the paused group still is."""
+    again = await pop_until_none(ns, POP_GROUP)
+    assert sorted((p.message.body, p.attempt) for p in again) == [(b"p3", 2), (b"p4", 2), (b"p5", 2)]
+    async with PopConsumer(ns, PAUSED_GROUP) as paused:
+        with pytest.raises(ClientError) as refused:
+            await paused.pop(POPPED)
+    assert refused.value.code == ResponseCode.NO_PERMISSION
+
+
 async def produce(client: RawKafkaClient, batch: bytearray) -> dict[str, Any]:
     resp = await client.call(ApiKey.PRODUCE, 9, produce_body("orders", batch, partition=1))
     return dict(resp["responses"][0]["partition_responses"][0])
@@ -173,6 +229,12 @@ class State:
 
 def kafka_address(cluster: LocalCluster, node_id: int) -> tuple[str, int]:
     address = cluster.broker(node_id).kafka
+    assert address is not None
+    return address
+
+
+def native_address(cluster: LocalCluster, node_id: int) -> tuple[str, int]:
+    address = cluster.broker(node_id).native
     assert address is not None
     return address
 
@@ -249,8 +311,9 @@ async def test_a_master_with_only_its_log_has_offsets_timer_and_producer_state(
     config.write_text(CONFIG)
     cluster = mqk_cluster_factory(1, extra_args=["--config", str(config)])
     broker = cluster.broker(0)
-    await asyncio.to_thread(create_topics, broker.bootstrap, {"orders": 2, "later": 1})
+    await asyncio.to_thread(create_topics, broker.bootstrap, TOPICS)
     state = await write_state(broker.bootstrap, namesrv(cluster, 0), kafka_address(cluster, 0))
+    await write_pop_state(namesrv(cluster, 0), native_address(cluster, 0))
 
     # kill -9; the side files go; the log (CommitLog, ConsumeQueues) stays
     cluster.kill(0)
@@ -259,6 +322,7 @@ async def test_a_master_with_only_its_log_has_offsets_timer_and_producer_state(
     assert (broker.data_dir / "commitlog").is_dir()
     cluster.restart(0)
     await check_state(state, broker.bootstrap, namesrv(cluster, 0), kafka_address(cluster, 0))
+    await check_pop_state(namesrv(cluster, 0))
 
 
 def master_of_orders(bootstrap: str) -> int:
@@ -280,9 +344,13 @@ async def test_a_new_master_after_a_failover_has_offsets_timer_and_producer_stat
             "offsets_topic_num_partitions": OFFSETS_PARTITIONS,
         },
     )
-    await asyncio.to_thread(create_topics, cluster.bootstrap, {"orders": 2, "later": 1}, 3)
+    await asyncio.to_thread(create_topics, cluster.bootstrap, TOPICS, 3)
     master = await asyncio.to_thread(master_of_orders, cluster.bootstrap)
     state = await write_state(cluster.bootstrap, namesrv(cluster, master), kafka_address(cluster, master))
+    await write_pop_state(namesrv(cluster, master), native_address(cluster, master))
+    replica = next(n for n in range(3) if n != master)
+    refused = await remoting_call(native_address(cluster, replica), RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+    assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE and "served by its master" in (refused.remark or "")
     # every replica in sync at the kill (a replica that fell behind on a busy machine would leave no member to elect:
     # with unclean election off the group would rightly stay without a master)
     await asyncio.to_thread(wait_until, lambda: len(in_sync(cluster, "orders")) == 3, WAIT_S, "three in sync")
@@ -300,3 +368,4 @@ async def test_a_new_master_after_a_failover_has_offsets_timer_and_producer_stat
 
     (elected,) = await wait_until_async(lambda: asyncio.to_thread(new_master), WAIT_S, "a new master")
     await check_state(state, survivors, namesrv(cluster, elected), kafka_address(cluster, elected))
+    await check_pop_state(namesrv(cluster, elected))

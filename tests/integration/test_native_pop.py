@@ -1,9 +1,10 @@
 """RocketMQ 5 POP consumption over the remoting protocol (POP_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE,
 CHANGE_MESSAGE_INVISIBLETIME, NOTIFICATION, POLLING_INFO), driven the way RocketMQ's Java client drives it: each
 message's receipt (`extraInfo`) is built from the pop answer's header as MQClientAPIImpl.processPopResponse builds
-it. No client available here speaks POP over remoting (the Java client does), so the commands are raw; mqk's own
-producer sends. On the memory store, and the first test on the file store too (POP reads the store as a pull
-does; the engines' reads have their own tests)."""
+it. The commands are raw here, to reach every field and refusal; mqk's own PopConsumer is tested against a Kafka
+ShareConsumer of the same group in compat/test_share_groups_clients.py, and in cluster mode (a new master has the
+group's states) in tests/integration/test_cluster_state.py. mqk's own producer sends. On the memory store, and the
+first test on the file store too (POP reads the store as a pull does; the engines' reads have their own tests)."""
 
 from __future__ import annotations
 
@@ -428,21 +429,3 @@ async def test_an_ordered_pop_takes_nothing_more_from_a_queue_while_its_batch_is
         assert (await ack(broker, "g", "ordered", again, message)).code == ResponseCode.SUCCESS
     last = await pop(broker, "g", "ordered", **more)
     assert [m.body for m in last.messages] == [b"o3"]
-
-
-async def test_a_broker_in_cluster_mode_refuses_pop_and_subscription_configs_with_a_reason(mqk_cluster_factory) -> None:
-    cluster = mqk_cluster_factory(1)
-    [member] = cluster.brokers
-    assert member.native is not None
-    conn = RemotingConnection(member.native)
-    await conn.connect()
-    try:
-        b = Broker(None, None, conn, "")  # type: ignore[arg-type]
-        popped = await pop(b, "g", "t")
-        assert popped.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
-        body = json.dumps({"groupName": "g"}).encode()
-        configured = await b.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
-        assert configured.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
-        assert "cluster mode" in (configured.remark or "")
-    finally:
-        await conn.close()

@@ -82,7 +82,9 @@ class PullProcessor:
         suspend_ms = min(cmd.get_int("suspendTimeoutMillis", 0) or 0, MAX_SUSPEND_MS)
         assert queue is not None and offset is not None
         share = self.share
-        if share is not None and self.ctx.broker.cluster is None:  # (no configs in cluster mode)
+        cluster = self.ctx.broker.cluster
+        # (in cluster mode the configs are the master's: a replica's copy of them is not kept current in memory)
+        if share is not None and (cluster is None or cluster.node.leading):
             if share.saved_unread(self.ctx.store):
                 await share.ensure_loaded(self.ctx.store)
             why = paused(share, group)

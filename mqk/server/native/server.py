@@ -36,9 +36,9 @@ from mqk.store.manager import StoreManager
 
 Handler = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
 
-#: what a broker in cluster mode refuses: the share states behind them are this broker's alone (as Kafka share groups
-#: and the gRPC door, which are refused there too)
-NOT_IN_CLUSTER_MODE = frozenset(
+#: what only a group's master serves in cluster mode: the POP record states and subscription group configs behind
+#: them are the master's (mqk.groups.share), as a RocketMQ master keeps its own; a replica refuses them
+MASTER_ONLY = frozenset(
     {
         RequestCode.POP_MESSAGE,
         RequestCode.ACK_MESSAGE,
@@ -184,9 +184,9 @@ class NativeServer:
         handler = self.handlers.get(cmd.code)
         if handler is None:
             return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
-        if cmd.code in NOT_IN_CLUSTER_MODE and self.ctx.broker.cluster is not None:
-            why = "POP consumption and subscription group configs are not offered in cluster mode yet"
-            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, why)
+        if cmd.code in MASTER_ONLY and (cluster := self.ctx.broker.cluster) is not None and not cluster.node.leading:
+            why = f"broker {cluster.group} is a replica: POP and subscription group configs are served by its master"
+            return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, why)
         if self.acl.enabled:
             refused = self.acl.check(conn.peer, cmd)
             if refused is not None:
