@@ -8,6 +8,9 @@ once; the offsets it committed are where a new member resumes; and the admin cal
 create / delete topic, describe / alter configs, create partitions) work from whichever broker a client starts on.
 `test_admin_requests_sent_to_each_broker` sends those admin requests to every broker itself, the controller and
 the others alike, without a client's routing in between. On one broker, "each broker" is that broker three times.
+The KIP-848 consumer protocol (confluent-kafka's `group.protocol=consumer`) runs the same scenario, and share
+consumers (KIP-932) share a topic whose partitions are led by every broker; a group coordinated by a broker that
+holds none of its topic's partitions is served as well, under both protocols.
 
 The records are written only once the group has settled (three members, 4 partitions each), so no join moves a
 partition while they are read; a member counts a record once its offset is committed (kcat: once printed, its
@@ -30,7 +33,15 @@ from typing import Any
 
 import pytest
 from compat_helpers import HEARTBEAT_MS, SESSION_TIMEOUT_MS, ThreadMember, run_node, unique
-from confluent_kafka import Consumer, ConsumerGroupState, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    KafkaError,
+    KafkaException,
+    Producer,
+    ShareConsumer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, NewTopic
 from helpers import CLUSTER_TESTS, wait_until, wait_until_async
 
@@ -54,7 +65,10 @@ def cluster(
 ) -> Iterator[LocalCluster]:
     """A cluster of 3 brokers, then one of 1, for the module (on the session's etcd), stopped by pid at its end."""
     data_dir = tmp_path_factory.mktemp("cluster-clients")
-    started = LocalCluster(data_dir, request.param, etcd=mqk_etcd.url, config={"store": TEST_CLUSTER_STORE}).start()
+    # (share groups start at a partition's first record here, so records written before a member's first fetch from
+    # a partition's leader are shared too)
+    config = {"store": TEST_CLUSTER_STORE, "group_share_auto_offset_reset": "earliest"}
+    started = LocalCluster(data_dir, request.param, etcd=mqk_etcd.url, config=config).start()
     try:
         yield started
     finally:
@@ -254,22 +268,7 @@ def test_confluent_kafka(cluster: LocalCluster) -> None:
             c.subscribe([topic])
             return c
 
-        def poll_once(c: Consumer) -> list[int]:
-            values = []
-            for m in c.consume(num_messages=100, timeout=0.2):
-                if m.error():
-                    raise KafkaException(m.error())
-                values.append(int(m.value()))
-            if values:
-                try:
-                    c.commit(asynchronous=False)
-                except KafkaException as exc:
-                    if exc.args[0].code() not in REBALANCE_CODES:
-                        raise
-                    return []  # not processed: the partition's next owner resumes from the last commit
-            return values
-
-        return ThreadMember(name, setup, poll_once, lambda c: c.close(), lambda c: len(c.assignment()))
+        return ThreadMember(name, setup, commit_consumed, lambda c: c.close(), lambda c: len(c.assignment()))
 
     def resume(bootstrap: str, count: int) -> list[int]:
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
@@ -314,6 +313,156 @@ def test_confluent_kafka(cluster: LocalCluster) -> None:
     admins[0].delete_topics([other])[other].result(15)
     every_broker_sees(cluster, other, 0)
     assert all(other not in admin.list_topics(timeout=10).topics for admin in admins)
+
+
+def test_confluent_kafka_consumer_protocol(cluster: LocalCluster) -> None:
+    """The KIP-848 consumer protocol: the group's coordinator assigns, each member on its own broker."""
+    topic, group = unique("ck848"), unique("ck848-group")
+    b0, b1, _b2 = bootstraps(cluster)
+    create_topic(b0, topic)
+    assert_spread(cluster, topic)
+
+    def start_member(name: str, bootstrap: str) -> ThreadMember:
+        def setup() -> Consumer:
+            c = Consumer(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "group.id": group,
+                    "group.protocol": "consumer",
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                }
+            )
+            c.subscribe([topic])
+            return c
+
+        return ThreadMember(name, setup, commit_consumed, lambda c: c.close(), lambda c: len(c.assignment()))
+
+    def resume(bootstrap: str, count: int) -> list[int]:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer"})
+        c.subscribe([topic])
+        got: list[int] = []
+        try:
+            wait_until(lambda: got.extend(int(m.value()) for m in c.consume(100, 0.2)) or len(got) >= count, 60)
+        finally:
+            c.close()
+        return got
+
+    reads_each_record_once(cluster, topic, group, start_member, confluent_produce(b1, topic), resume)
+
+
+def commit_consumed(c: Consumer) -> list[int]:
+    """One consume of up to 100 records, committed; none when a rebalance refuses the commit (not processed: the
+    partition's next owner resumes from the last commit)."""
+    values = []
+    for m in c.consume(num_messages=100, timeout=0.2):
+        if m.error():
+            raise KafkaException(m.error())
+        values.append(int(m.value()))
+    if values:
+        try:
+            c.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in (*REBALANCE_CODES, KafkaError.STALE_MEMBER_EPOCH):
+                raise
+            return []
+    return values
+
+
+def share_read(consumers: list[ShareConsumer], count: int) -> collections.Counter[int]:
+    """Poll the share consumers in turn until `count` distinct values are in; each value's deliveries."""
+    seen: collections.Counter[int] = collections.Counter()
+
+    def more() -> bool:
+        for consumer in consumers:
+            for m in consumer.poll(0.2) or []:
+                if not m.error():
+                    seen[int(m.value())] += 1
+        return len(seen) >= count
+
+    wait_until(more, 90, f"{count} values shared out")
+    return seen
+
+
+def test_share_consumers_share_the_partitions_every_broker_leads(cluster: LocalCluster) -> None:
+    topic, group = unique("sq"), unique("share")
+    b0, b1, b2 = bootstraps(cluster)
+    create_topic(b0, topic)
+    assert_spread(cluster, topic)
+    confluent_produce(b1, topic)(0, FIRST)
+    consumers = [ShareConsumer({"bootstrap.servers": b, "group.id": group}) for b in (b1, b2)]
+    try:
+        for consumer in consumers:
+            consumer.subscribe([topic])
+        seen = share_read(consumers, FIRST)
+    finally:
+        for consumer in consumers:
+            consumer.close()
+    assert sorted(seen) == list(range(FIRST))
+    assert not [v for v, n in seen.items() if n > 1], "a value was delivered twice"
+
+
+def coordinator_of(cluster: LocalCluster, group: str) -> int:
+    """The node FindCoordinator names for consumer group `group`."""
+
+    async def ask() -> int:
+        b = cluster.brokers[0]
+        assert b.kafka is not None
+        client = await RawKafkaClient.connect(*b.kafka, "find-coordinator")
+        try:
+            answer = await client.call(ApiKey.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
+        finally:
+            await client.close()
+        (found,) = answer["coordinators"]
+        return int(found["node_id"]) if found["error_code"] == 0 else -1
+
+    return wait_until(lambda: (n := asyncio.run(ask())) >= 0 and (n,), 15, "the group's coordinator")[0]
+
+
+def test_a_group_coordinated_by_a_broker_without_its_topic(cluster: LocalCluster) -> None:
+    """A one-partition topic, and groups coordinated by another broker than its leader (with three brokers): the
+    coordinator assigns a partition it does not hold, to a KIP-848 member and to share consumers."""
+    topic = unique("lone")
+    admin = AdminClient({"bootstrap.servers": cluster.brokers[0].bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+    every_broker_sees(cluster, topic, 1)
+    leader = wait_until(lambda: (n := leaders_of(cluster.brokers[0].bootstrap, topic).get(0, -1)) >= 0 and (n,), 15)[0]
+
+    def elsewhere(prefix: str) -> str:
+        for _ in range(200):
+            group = unique(prefix)
+            if len(cluster.brokers) == 1 or coordinator_of(cluster, group) != leader:
+                return group
+        raise AssertionError("no group id coordinated away from the topic's leader")
+
+    confluent_produce_one = Producer({"bootstrap.servers": cluster.brokers[0].bootstrap})
+    for v in range(50):
+        confluent_produce_one.produce(topic, value=str(v).encode())
+    assert confluent_produce_one.flush(30) == 0
+
+    member = Consumer(
+        {
+            "bootstrap.servers": cluster.brokers[-1].bootstrap,
+            "group.id": elsewhere("lone848"),
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    member.subscribe([topic])
+    got: list[int] = []
+    try:
+        wait_until(lambda: got.extend(commit_consumed(member)) or len(got) >= 50, 60, "the member's 50 records")
+    finally:
+        member.close()
+    assert sorted(got) == list(range(50))
+
+    share = ShareConsumer({"bootstrap.servers": cluster.brokers[-1].bootstrap, "group.id": elsewhere("loneshare")})
+    try:
+        share.subscribe([topic])
+        seen = share_read([share], 50)
+    finally:
+        share.close()
+    assert sorted(seen) == list(range(50)) and set(seen.values()) == {1}
 
 
 # --- kafka-python ---------------------------------------------------------------------------------------------

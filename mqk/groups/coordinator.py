@@ -243,9 +243,14 @@ class GroupCoordinator:
         consumer_assignors: tuple[str, ...] = ASSIGNORS,
         share: dict[str, Any] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        topics: Any = None,
     ) -> None:
+        """`topics`: where the groups' assignors look topics up (`get(name)`, `all()`: the broker's TopicRegistry,
+        which in cluster mode knows every topic of the cluster, those with no partition on this broker too);
+        the store's own topics when not given."""
         #: anything with commit_offsets / fetch_offsets / delete_offsets / list_offset_groups (the StoreManager)
         self.store = store
+        self.topics = topics
         self.clock = clock
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
@@ -266,7 +271,7 @@ class GroupCoordinator:
         #: the groups of the KIP-848 consumer protocol (a group id is one or the other: mqk.groups.consumer)
         self.consumer = ConsumerGroups(
             self._topic_of,
-            lambda: list(store.topics()),
+            self._topic_names,
             session_timeout_ms=consumer_session_timeout_ms,
             heartbeat_interval_ms=consumer_heartbeat_interval_ms,
             assignors=consumer_assignors,
@@ -276,8 +281,11 @@ class GroupCoordinator:
         self.share = ShareGroups(self._topic_of, clock=clock, **(share or {}))
 
     def _topic_of(self, name: str) -> tuple[uuid.UUID, int] | None:
-        info = self.store.topic(name)
+        info = self.store.topic(name) if self.topics is None else self.topics.get(name)
         return None if info is None else (uuid.UUID(bytes=bytes(info.topic_id)), info.queue_count)
+
+    def _topic_names(self) -> list[str]:
+        return list(self.store.topics() if self.topics is None else self.topics.all())
 
     def classic_members(self, group_id: str) -> bool:
         """Whether `group_id` is a classic group with members now (a consumer-protocol member cannot join it)."""
@@ -285,9 +293,12 @@ class GroupCoordinator:
         return group is not None and bool(group.members)
 
     @classmethod
-    def from_config(cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK) -> GroupCoordinator:
+    def from_config(
+        cls, config: Any, store: Any, *, clock: Clock = SYSTEM_CLOCK, topics: Any = None
+    ) -> GroupCoordinator:
         return cls(
             store,
+            topics=topics,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,

@@ -93,7 +93,7 @@ class KafkaServer:
             raise ValueError("a KafkaServer runs on its broker's clock")
         self.handlers: dict[int, Handler] = HANDLERS
         self.grouped: dict[int, Grouping] = GROUPED
-        self.groups = GroupCoordinator.from_config(config, store, clock=self.broker.clock)
+        self.groups = GroupCoordinator.from_config(config, store, clock=self.broker.clock, topics=self.broker.topics)
         self.producers = ProducerStates(store, clock=self.broker.clock)
         #: every Kafka listener, the first one's address as ctx.host/port
         self.listeners: list[KafkaListener] = kafka_listeners(config)

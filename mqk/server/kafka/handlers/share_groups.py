@@ -12,8 +12,16 @@ handed out: their offsets are archived.
 Authorization: READ on the group for all four (DESCRIBE for ShareGroupDescribe), READ on each topic fetched
 (TOPIC_AUTHORIZATION_FAILED for that partition). The admin's offset APIs, as Kafka's: DescribeShareGroupOffsets needs
 DESCRIBE on the group and the topics, AlterShareGroupOffsets READ on both, DeleteShareGroupOffsets DELETE on the group
-and READ on the topics; the last two change only a group without members (NON_EMPTY_GROUP). A broker in cluster
-mode does not offer share groups yet.
+and READ on the topics; the last two change only a group without members (NON_EMPTY_GROUP).
+
+Cluster mode, as Kafka splits the work: ShareGroupHeartbeat and ShareGroupDescribe go to the group's coordinator
+(placed as a consumer group's: NOT_COORDINATOR elsewhere), which keeps the membership and the assignment; ShareFetch
+and ShareAcknowledge go to each partition's leader, which keeps that partition's record states in its broker
+group's log (mqk.groups.share) and answers NOT_LEADER_OR_FOLLOWER for a partition it does not lead. A leader that
+does not coordinate the group takes the member id it is given (its share session is what it checks), as Kafka's
+share-partition leaders do; a departed member's records come back there when their locks end. Not yet in cluster
+mode: the groups' own configs and the share group offset APIs (each answered with a message); the broker's
+`group_share_*` settings apply.
 """
 
 from __future__ import annotations
@@ -25,19 +33,50 @@ from mqk import errors as E
 from mqk.groups.answers import heartbeat_answer, undescribed_group
 from mqk.groups.share import ShareGroups, ShareSession
 from mqk.server.kafka.context import KafkaContext, KafkaRequest, Peer
-from mqk.server.kafka.handlers.common import GROUP, NONE, TOPIC, allowed, authorized_operations
+from mqk.server.kafka.handlers.common import (
+    GROUP,
+    NONE,
+    TOPIC,
+    allowed,
+    authorized_operations,
+    coordinator_code,
+    partition_code,
+)
+from mqk.server.kafka.handlers.metadata import brokers_and_controller
 
 SHARE_SESSION_NOT_FOUND = 122
 INVALID_SHARE_SESSION_EPOCH = 123
 UNKNOWN_TOPIC_ID = 100
+NO_LEADER = {"leader_id": -1, "leader_epoch": -1}
 
 
-def _refusal(ctx: KafkaContext, peer: Peer, group_id: str, operation: str) -> tuple[int, str | None]:
+def _refusal(
+    ctx: KafkaContext, peer: Peer, group_id: str, operation: str, *, at_coordinator: bool = True
+) -> tuple[int, str | None]:
+    """The operation on the group, and (`at_coordinator`: a request for the group's coordinator) NOT_COORDINATOR
+    on a broker that does not coordinate it."""
     if not allowed(ctx, peer, operation, GROUP, group_id):
         return E.GroupAuthorizationFailedError.code, None
-    if ctx.cluster is not None:
-        return E.InvalidRequestError.code, "share groups are not offered in cluster mode yet"
+    if at_coordinator and (code := coordinator_code(ctx, group_id)):
+        return code, None
     return NONE, None
+
+
+def _leader(ctx: KafkaContext, topic: str, partition: int) -> dict[str, int]:
+    """A partition's current leader as ShareFetch and ShareAcknowledge name it."""
+    if ctx.cluster is None:
+        return {"leader_id": ctx.node_id, "leader_epoch": 0}
+    node_id, epoch = ctx.cluster.leader(topic, partition)
+    return {"leader_id": node_id, "leader_epoch": epoch}
+
+
+def _node_endpoints(ctx: KafkaContext, peer: Peer) -> list[dict[str, Any]]:
+    """The brokers a ShareFetch or ShareAcknowledge answer names (every live one in cluster mode, so a client told
+    NOT_LEADER_OR_FOLLOWER finds the leader)."""
+    if ctx.cluster is None:
+        return [{"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}]
+    brokers, _controller = brokers_and_controller(ctx, peer)
+    return [dict(b) for b in brokers]
 
 
 def _topics_by_id(ctx: KafkaContext) -> dict[uuid.UUID, tuple[str, int]]:
@@ -128,6 +167,9 @@ def _acknowledge(
                 out[key] = UNKNOWN_TOPIC_ID
                 continue
             name, _count = known[t["topic_id"]]
+            if elsewhere := partition_code(ctx, name, p["partition_index"]):
+                out[key] = elsewhere
+                continue
             start, end = ctx.store.offset_bounds(name, p["partition_index"])
             part = share.partition(group_id, t["topic_id"], p["partition_index"], start, end)
             code = NONE
@@ -166,12 +208,13 @@ async def _enter(
     """What ShareFetch and ShareAcknowledge check first: the group's READ, the membership, the session's epoch.
     (the member's session, the groups whose states expiry changed, the refusal to answer when there is no session)"""
     share = ctx.groups.share
-    code, message = _refusal(ctx, peer, group_id, "READ")
+    code, message = _refusal(ctx, peer, group_id, "READ", at_coordinator=False)
     if code:
         return None, set(), _top(share, group_id, code, message)
     await share.ensure_loaded(ctx.store)
     changed = share.expire()
-    if not share.is_member(group_id, member_id):
+    # (only the coordinator knows the members: a partition leader elsewhere goes by the share session)
+    if not coordinator_code(ctx, group_id) and not share.is_member(group_id, member_id):
         await share.save(changed)
         message = f"member {member_id!r} is not in share group {group_id!r}"
         return None, changed, _top(share, group_id, E.UnknownMemberIdError.code, message)
@@ -213,6 +256,9 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
                 if not allowed(ctx, peer, "READ", TOPIC, name):
                     results[key] = {"error_code": E.TopicAuthorizationFailedError.code}
                     continue
+                if elsewhere := partition_code(ctx, name, partition):
+                    results[key] = {"error_code": elsewhere}
+                    continue
                 if budget <= 0:
                     continue
                 records, ranges, n = await _acquire(ctx, group_id, member_id, topic_id, partition, name, budget)
@@ -246,16 +292,14 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
                 "error_message": None,
                 "acknowledge_error_code": acks.get((topic_id, partition), NONE),
                 "acknowledge_error_message": None,
-                "current_leader": {"leader_id": ctx.node_id, "leader_epoch": 0},
+                "current_leader": _leader(ctx, known[topic_id][0], partition) if topic_id in known else NO_LEADER,
                 "records": entry.get("records", b""),
                 "acquired_records": entry.get("acquired_records", []),
             }
         )
     answer = _top(share, group_id, NONE)
     answer["responses"] = [{"topic_id": t, "partitions": parts} for t, parts in by_topic.items()]
-    answer["node_endpoints"] = [
-        {"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}
-    ]
+    answer["node_endpoints"] = _node_endpoints(ctx, peer)
     return answer
 
 
@@ -266,7 +310,8 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
     session, changed, refused = await _enter(ctx, peer, group_id, member_id, epoch, opening_allowed=False)
     if session is None:
         return refused
-    acks = _acknowledge(ctx, group_id, member_id, b["topics"], _topics_by_id(ctx))
+    known = _topics_by_id(ctx)
+    acks = _acknowledge(ctx, group_id, member_id, b["topics"], known)
     if acks:
         changed.add(group_id)
     if epoch == -1 and share.release(group_id, member_id):  # the session closes, as in ShareFetch
@@ -279,14 +324,12 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
                 "partition_index": partition,
                 "error_code": ack,
                 "error_message": None,
-                "current_leader": {"leader_id": ctx.node_id, "leader_epoch": 0},
+                "current_leader": _leader(ctx, known[topic_id][0], partition) if topic_id in known else NO_LEADER,
             }
         )
     answer = _top(share, group_id, NONE)
     answer["responses"] = [{"topic_id": t, "partitions": parts} for t, parts in by_topic.items()]
-    answer["node_endpoints"] = [
-        {"node_id": ctx.node_id, "host": peer.advertised[0], "port": peer.advertised[1], "rack": None}
-    ]
+    answer["node_endpoints"] = _node_endpoints(ctx, peer)
     return answer
 
 
@@ -296,7 +339,9 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
 def _group_refusal(ctx: KafkaContext, peer: Peer, group_id: str, operation: str) -> tuple[int, str | None]:
     """What the offset APIs check of a group: the operation on it, cluster mode, and that it is no classic or
     consumer group."""
-    code, message = _refusal(ctx, peer, group_id, operation)
+    code, message = _refusal(ctx, peer, group_id, operation, at_coordinator=False)
+    if not code and ctx.cluster is not None:
+        return E.InvalidRequestError.code, "the share group offset APIs are not offered in cluster mode yet"
     if not code and (ctx.groups.classic_members(group_id) or ctx.groups.consumer.has_members(group_id)):
         code, message = E.GroupIdNotFoundError.code, f"group {group_id!r} is not a share group"
     return code, message
