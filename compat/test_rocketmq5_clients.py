@@ -11,7 +11,9 @@
 - after kill -9 of the broker acknowledged messages stay acknowledged and held ones come back;
 - transactions commit and roll back, and one left open is committed when the broker asks its producer;
 - with the authorizer on, a request signed with a wrong secret is UNAUTHORIZED and one the ACLs do not grant
-  FORBIDDEN; over TLS the SDK sends and receives.
+  FORBIDDEN; over TLS the SDK sends and receives;
+- in a cluster of two broker groups, each with its gRPC listener, the SDK sends to and receives from the queues of
+  both masters (the route and the assignment name each master's endpoint), each message once.
 
 Each client starts its own gRPC channel and threads; every test shuts its clients down in `finally`.
 """
@@ -31,9 +33,9 @@ from typing import Any
 
 import pytest
 from compat_helpers import create_topic, hostport, unique
-from confluent_kafka import Consumer, Producer, ShareConsumer
+from confluent_kafka import Consumer, Producer, ShareConsumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-from helpers import wait_until
+from helpers import CLUSTER_TESTS, wait_until
 from rocketmq import (
     ClientConfiguration,
     ConsumeResult,
@@ -644,3 +646,38 @@ def test_a_fifo_groups_messages_go_out_in_order_one_batch_of_a_queue_at_a_time(b
     finally:
         producer.shutdown()
         push.shutdown()
+
+
+@CLUSTER_TESTS
+def test_in_a_cluster_the_sdk_sends_to_and_receives_from_every_masters_queues(mqk_cluster_factory: Any) -> None:
+    cluster = mqk_cluster_factory(2, extra_args=["--grpc-listen", "127.0.0.1:0"])
+    first, second = cluster.brokers
+    assert first.grpc is not None and second.grpc is not None
+    topic, group = unique("r5c"), unique("G")
+    create_topic(cluster.bootstrap, topic, 4)
+    producer = RmqProducer(ClientConfiguration(hostport(first.grpc), Credentials("", "")), (topic,))
+    producer.startup()
+    consumer = SimpleConsumer(
+        ClientConfiguration(hostport(second.grpc), Credentials("", "")),
+        group,
+        {topic: FilterExpression("*")},
+        await_duration=AWAIT_S,
+    )
+    consumer.startup()
+    try:
+        for i in range(40):
+            producer.send(message(topic, b"%d" % i))
+        received = receive_until(consumer, lambda got: len({m.body for m in got}) >= 40)
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+    assert sorted(m.body for m in received) == sorted(b"%d" % i for i in range(40))  # each once
+    kafka = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": unique("watermarks")})
+    try:
+        metadata = kafka.list_topics(topic, timeout=10).topics[topic].partitions
+        stored = {p: kafka.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata}
+    finally:
+        kafka.close()
+    assert sum(stored.values()) == 40
+    # both masters took messages: the SDK spread its sends over the queues of each
+    assert {metadata[p].leader for p, n in stored.items() if n} == {first.node_id, second.node_id}

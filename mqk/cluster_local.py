@@ -410,6 +410,8 @@ class LocalBroker:
     replication: Address | None = None
     #: the admin HTTP listener (metrics, health)
     admin: Address | None = None
+    #: the RocketMQ 5 gRPC listener, when the broker was started with one (`--grpc-listen`)
+    grpc: Address | None = None
     proc: subprocess.Popen[str] | None = None
     paused: bool = False
     #: an exit of the process now is not reported as a crash: it is starting (an exit is raised then) or being
@@ -699,7 +701,7 @@ class LocalCluster:
             *self.extra_args,
             *self.broker_args.get(b.node_id, ()),
         ]  # fmt: skip
-        b.kafka = b.native = b.namesrv = b.replication = b.admin = None
+        b.kafka = b.native = b.namesrv = b.replication = b.admin = b.grpc = None
         b.expect_exit = True
         b.paused = False
         b.ready_lines = queue.Queue()
@@ -782,6 +784,7 @@ class LocalCluster:
         self._last_ports[b.node_id] = {"kafka": int(g[1]), "native": int(g[3]), "namesrv": int(g[5])}
         b.replication = ready_listener(m.string, "replication")
         b.admin = ready_listener(m.string, "admin")
+        b.grpc = ready_listener(m.string, "grpc")
         for name in OPTIONAL_LISTENERS:
             address = getattr(b, name)
             if address is not None:

@@ -512,8 +512,6 @@ class BrokerConfig:
         if unknown:
             raise ValueError(f"advertised listeners name no configured listener: {sorted(unknown)}")
         wants_tls = any(lc.tls for lc in self.listeners) or self.native_tls or self.namesrv_tls or self.grpc_tls
-        if self.grpc_listen is not None and self.cluster:
-            raise ValueError("the RocketMQ 5 gRPC listener is not offered in cluster mode yet: leave grpc_listen off")
         if wants_tls and (self.tls.cert_file is None or self.tls.key_file is None):
             raise ValueError("TLS listeners need the [tls] table's cert_file and key_file")
         if self.tls.client_auth != "none" and self.tls.ca_file is None:

@@ -170,6 +170,8 @@ class BrokerRuntime:
         bound = {lst.key: lst.bound for lst in self.kafka.listeners}
         # (the admin listener too: a console hands a group's offset reset to the console of its coordinator)
         bound.update(native=self.native_address, namesrv=self.namesrv_address, admin=self.admin_address)
+        if self.grpc_address is not None:  # (RocketMQ 5 clients reach each queue's master through it)
+            bound["grpc"] = self.grpc_address
         engine = self.store.replicated_engine
         if engine is not None:
             self.replication = Replication(

@@ -2,9 +2,11 @@
 
 What the official RocketMQ 5 SDKs (rocketmq-python-client, the Java and Go clients) call, and what each does here:
 
-- QueryRoute: the topic's queues, all on this broker (id 0, the master), readable and writable, taking NORMAL, FIFO,
-  DELAY and TRANSACTION messages; a missing topic is created under the broker's auto-creation policy, as a remoting send
-  creates it. Heartbeat and NotifyClientTermination keep track of which clients are alive (a terminating
+- QueryRoute: the topic's queues, readable and writable, taking NORMAL, FIFO, DELAY and TRANSACTION messages: all
+  on this broker (id 0, the master); in cluster mode each group's queues on its master, at the gRPC address the
+  master registered (a client sends, receives and acknowledges at a queue's own broker; QueryAssignment names
+  every master holding some of the topic); a missing topic is created under the broker's auto-creation policy, as
+  a remoting send creates it. Heartbeat and NotifyClientTermination keep track of which clients are alive (a terminating
   consumer's held messages become visible again at once).
 - Telemetry: the settings handshake. The broker answers a client's settings with its own: the largest body
   (`native_max_message_size`), the retry back-off, a consumer's maximum delivery attempts (the group's
@@ -238,20 +240,22 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     # --- routes, clients, settings -------------------------------------------------------------------------------
 
-    async def _queues(self, topic: str, *, create: bool) -> tuple[int, Any]:
-        """The topic's queue count here, or 0 and the status saying why there is none."""
+    async def _queues(self, topic: str, *, create: bool, anywhere: bool = False) -> tuple[int, Any]:
+        """The topic's queue count here (`anywhere`: in the whole cluster), or 0 and the status saying why there is
+        none."""
         if not topic or not ROCKETMQ.allows(topic):
             return 0, status(Code.ILLEGAL_TOPIC, f"the topic[{topic[:300]}] is not a valid topic name")
         system = rocketmq_system_refusal(topic)  # (never routed, created, sent to nor read from)
         if system:
             return 0, status(Code.ILLEGAL_TOPIC, system)
-        count = self.ctx.queue_count(topic)
         topics = self.ctx.topics
+        count = topics.queue_count(topic) if anywhere else self.ctx.queue_count(topic)
         if count == 0 and create and topics.may_auto_create(topic):
             try:
-                count = await self.ctx.ensure_topic(topic, topics.auto_create_partitions(topic, 0))
+                await self.ctx.ensure_topic(topic, topics.auto_create_partitions(topic, 0))
             except MqkError as exc:
                 return 0, status(Code.INTERNAL_ERROR, f"cannot create topic {topic}: {exc}")
+            count = topics.queue_count(topic) if anywhere else self.ctx.queue_count(topic)
         if count == 0:
             return 0, status(Code.TOPIC_NOT_FOUND, f"topic[{topic}] does not exist")
         return count, None
@@ -261,20 +265,41 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         refused = self._entry(context, pbs.QueryRouteResponse, [("DESCRIBE", "TOPIC", topic)])
         if refused is not None:
             return refused
-        count, failed = await self._queues(topic, create=True)
+        count, failed = await self._queues(topic, create=True, anywhere=True)
         if failed is not None:
             return pbs.QueryRouteResponse(status=failed)
         answer = pbs.QueryRouteResponse(status=status(OK))
-        for queue in range(count):
-            answer.message_queues.append(self._message_queue(request.topic, queue))
+        for broker, endpoints, queues in self._brokers_of(topic, count):
+            for queue in range(queues):
+                answer.message_queues.append(self._message_queue(request.topic, queue, broker, endpoints))
         return answer
 
-    def _message_queue(self, topic: Any, queue: int) -> Any:
+    def _brokers_of(self, topic: str, count: int) -> list[tuple[str, Any, int]]:
+        """(broker name, its gRPC endpoints, how many of the topic's queues it has) of each broker a RocketMQ 5 client
+        reaches the topic through: this one on its own; in cluster mode each group's master holding some of the
+        topic, at the gRPC address it registered (a group whose master has none is left out, as unreachable)."""
+        cluster = self.ctx.broker.cluster
+        record = cluster.topic(topic) if cluster is not None else None
+        if cluster is None or record is None:
+            return [(self.config.group_name, self.endpoints, count)]
+        view = cluster.view
+        out = []
+        for group in sorted({g for g, _queue in record.partitions}):
+            master = view.master_of(group)
+            broker = view.broker(master.node_id) if master is not None else None
+            address = broker.address("grpc") if broker is not None else None
+            if address is not None:
+                endpoints = pb.Endpoints(scheme=pb.AddressScheme.IPv4)
+                endpoints.addresses.add(host=address[0], port=address[1])
+                out.append((group, endpoints, len(record.queues_of(group))))
+        return out
+
+    def _message_queue(self, topic: Any, queue: int, broker: str, endpoints: Any) -> Any:
         mq = pb.MessageQueue(id=queue, permission=pb.Permission.READ_WRITE)
         mq.topic.CopyFrom(topic)
-        mq.broker.name = self.config.broker_name
+        mq.broker.name = broker
         mq.broker.id = 0
-        mq.broker.endpoints.CopyFrom(self.endpoints)
+        mq.broker.endpoints.CopyFrom(endpoints)
         kinds = [pb.MessageType.NORMAL, pb.MessageType.FIFO, pb.MessageType.DELAY, pb.MessageType.TRANSACTION]
         mq.accept_message_types.extend(kinds)
         return mq
@@ -424,13 +449,14 @@ class MessagingService(pbs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         )
         if refused is not None:
             return refused
-        _count, failed = await self._queues(topic, create=False)
+        count, failed = await self._queues(topic, create=False, anywhere=True)
         if failed is not None:
             return pbs.QueryAssignmentResponse(status=failed)
-        # POP: every consumer of the group receives from every queue (-1), the records are shared out one
-        # acquisition at a time
+        # POP: every consumer of the group receives from every queue (-1) of every broker holding some (in cluster
+        # mode each master shares out its own queues' records), one acquisition at a time
         answer = pbs.QueryAssignmentResponse(status=status(OK))
-        answer.assignments.add().message_queue.CopyFrom(self._message_queue(request.topic, -1))
+        for broker, endpoints, _queues in self._brokers_of(topic, count):
+            answer.assignments.add().message_queue.CopyFrom(self._message_queue(request.topic, -1, broker, endpoints))
         return answer
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
