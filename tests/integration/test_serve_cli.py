@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -206,14 +207,22 @@ def test_a_partition_costs_one_descriptor_so_a_limit_serves_twice_the_partitions
             (i, 0, 1) for i in range(partitions)
         ]
         assert all(b"r%d" % f["partition_index"] in bytes(f["records"]) for f in fetched)
-        fd_dir = f"/proc/{broker.pid}/fd"
-        queue_files = [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
-        queue_files = [link for link in queue_files if "/consumequeue/wide/" in link]
+        queue_files = [link for link in open_files(broker.pid) if "/consumequeue/wide/" in link]
         assert len(queue_files) == partitions and len(set(queue_files)) == partitions
     finally:
         code = broker.stop()
     assert code == 0, broker.log_text()
     assert "KAFKA_STORAGE_ERROR" not in broker.log_text() and "Too many open files" not in broker.log_text()
+
+
+def open_files(pid: int) -> list[str]:
+    """What the process's descriptors point at now (one closed between the listing and its reading is left out)."""
+    fd_dir = f"/proc/{pid}/fd"
+    links = []
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(FileNotFoundError):
+            links.append(os.readlink(f"{fd_dir}/{fd}"))
+    return links
 
 
 async def _fill_wide_topic(client, partitions: int) -> list[dict]:

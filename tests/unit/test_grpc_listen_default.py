@@ -1,6 +1,6 @@
 """Where `mqk serve` puts its RocketMQ 5 gRPC listener: 127.0.0.1:8081 (RocketMQ's proxy port) where the `grpc`
-extra is installed and nothing says otherwise; off when the flag or the TOML file says `off`, in cluster mode
-(not offered there yet), and where the extra is missing."""
+extra is installed and nothing says otherwise; off when the flag or the TOML file says `off`, in cluster mode unless
+asked for (several brokers on one host would all want the same port), and where the extra is missing."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def test_off_when_told_so_by_flag_or_file_and_in_cluster_mode(tmp_path: Path) ->
     toml.write_text('grpc_listen = "127.0.0.1:18081"\n')
     assert serve_config("--config", str(toml)).grpc_listen == ("127.0.0.1", 18081)
     assert serve_config("--cluster", "etcd://127.0.0.1:2379", "--node-id", "1").grpc_listen is None
+    asked = serve_config("--cluster", "etcd://127.0.0.1:2379", "--node-id", "1", "--grpc-listen", "127.0.0.1:0")
+    assert asked.grpc_listen == ("127.0.0.1", 0)  # (asked for in cluster mode: on, each master routed to)
 
 
 def test_off_where_the_extra_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "grpc_installed", lambda: False)
     assert serve_config().grpc_listen is None
-    with pytest.raises(ValueError, match="cluster mode"):  # asked for in cluster mode: refused, not ignored
-        BrokerConfig(grpc_listen=("127.0.0.1", 0), cluster="etcd://127.0.0.1:2379")
