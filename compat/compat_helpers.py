@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from confluent_kafka import KafkaError, KafkaException
 from helpers import wait_until
 
 COMPAT_DIR = Path(__file__).resolve().parent
@@ -93,6 +94,34 @@ def produce_numbered(bootstrap: str, topic: str, partitions: int, count: int, st
     for i in range(start, start + count):
         producer.produce(topic, b"%d" % i, partition=i % partitions)
     assert producer.flush(30) == 0
+
+
+#: the codes of a commit a rebalance refused (classic and KIP-848 groups)
+REBALANCE_CODES = (
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.STALE_MEMBER_EPOCH,
+)
+
+
+def consume_and_commit(consumer: Any, count: int = 100) -> list[int]:
+    """One consume of up to `count` numbered records (confluent-kafka), committed; none when a rebalance refuses
+    the commit: they were not processed, and the partition's next owner (maybe this member) resumes from the last
+    commit and counts them then."""
+    values = []
+    for m in consumer.consume(num_messages=count, timeout=0.2):
+        if m.error():
+            raise KafkaException(m.error())
+        values.append(int(m.value()))
+    if values:
+        try:
+            consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in REBALANCE_CODES:
+                raise
+            return []
+    return values
 
 
 class PartitionOwners:

@@ -11,6 +11,7 @@ from compat_helpers import (
     SESSION_TIMEOUT_MS,
     ThreadMember,
     assert_stored_with,
+    consume_and_commit,
     create_topic,
     hostport,
     run_group_scenario,
@@ -39,7 +40,6 @@ from helpers import wait_until
 pytestmark = pytest.mark.timeout(90)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
-REBALANCE_CODES = (KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID)
 
 
 def produce_all(bootstrap: str, topic: str, records: list[dict[str, Any]], **conf: Any) -> list[Any]:
@@ -143,26 +143,11 @@ def test_consumer_group_join_and_leave_no_loss_no_duplicates(
         c.subscribe([topic])
         return c
 
-    def poll_once(c: Consumer) -> list[int]:
-        msgs = c.consume(num_messages=50, timeout=0.2)
-        values = []
-        for m in msgs:
-            if m.error():
-                raise KafkaException(m.error())
-            values.append(int(m.value()))
-        if values:
-            try:
-                c.commit(asynchronous=False)
-            except KafkaException as exc:
-                # A commit refused in a rebalance leaves these records unprocessed: the partition's next owner
-                # (maybe this member) starts from the last committed offset and counts them then.
-                if exc.args[0].code() not in REBALANCE_CODES:
-                    raise
-                return []
-        return values
-
     by_member = run_group_scenario(
-        produce, lambda name: ThreadMember(name, setup, poll_once, lambda c: c.close(), lambda c: len(c.assignment()))
+        produce,
+        lambda name: ThreadMember(
+            name, setup, lambda c: consume_and_commit(c, 50), lambda c: c.close(), lambda c: len(c.assignment())
+        ),
     )
     assert sum(map(len, by_member.values())) == 360
     assert chosen == [assignor.split(",")[0]] * 3  # the first protocol every member supports

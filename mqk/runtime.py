@@ -246,6 +246,11 @@ class BrokerRuntime:
         self.cluster.on_leadership(become=transactions.become_master, resign=transactions.resign)
         await self.cluster.start()
         self._parts.append(self.cluster)
+        from mqk.broker.cluster.group_configs import GroupConfigs
+
+        group_configs = GroupConfigs(self.cluster, share)
+        group_configs.start()
+        share.config_writer = group_configs.write
         if self.replication is not None:
             await self.replication.start()
         await self.kafka.producers.use_cluster(self.cluster.node)

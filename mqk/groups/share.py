@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -354,6 +354,10 @@ class ShareGroups:
         self._loading = asyncio.Lock()
         #: bumped by `unload`: a load that was under way then does not install what it read
         self._generation = 0
+        #: cluster mode: the groups' configs are the cluster's (`use_cluster_configs`), not the documents'
+        self.configs_from_cluster = False
+        #: cluster mode: writes a group's new overrides where the cluster keeps them (None: `configure` and save)
+        self.config_writer: Callable[[str, dict[str, str]], Awaitable[None]] | None = None
 
     async def ensure_loaded(self, store: Any) -> None:
         """Read the groups' saved record states the first time share groups are used (mqk.store.statelog)."""
@@ -378,7 +382,8 @@ class ShareGroups:
         """Forget every group's state and sessions (cluster mode: this broker became, or stopped being, its group's
         master); the next use reads the saved states from the log again."""
         self.groups.clear()
-        self.configs.clear()
+        if not self.configs_from_cluster:  # (the cluster's stay: they are not this broker's to forget)
+            self.configs.clear()
         self.sessions.clear()
         self.subscriptions.clear()
         self.dead_letter_groups.clear()
@@ -443,6 +448,16 @@ class ShareGroups:
         """Whether the group consumes in order (RocketMQ's consumeMessageOrderly): see `acquire_from_log`."""
         found = self.subscriptions.get(group_id)
         return found is not None and found.get("consumeMessageOrderly") is True
+
+    def use_cluster_configs(self, configs: dict[str, dict[str, str]]) -> None:
+        """Cluster mode: every group's overrides are these from now on (what the cluster keeps; unknown keys are
+        left out), whatever the state documents say."""
+        self.configs_from_cluster = True
+        self.configs = {
+            group_id: {k: v for k, v in overrides.items() if k in GROUP_CONFIGS}
+            for group_id, overrides in configs.items()
+            if any(k in GROUP_CONFIGS for k in overrides)
+        }
 
     def configure(self, group_id: str, overrides: dict[str, str]) -> None:
         """Replace the group's overrides (checked by the caller against GROUP_CONFIGS); save() keeps them."""
@@ -724,7 +739,7 @@ class ShareGroups:
             doc["partitions"] = {f"{t.hex}:{p}": part.doc() for (t, p), part in group.partitions.items()}
         else:
             doc["configured_only"] = True  # (a group with settings but never used: not a group yet)
-        if group_id in self.configs:
+        if group_id in self.configs and not self.configs_from_cluster:
             doc["configs"] = self.configs[group_id]
         if group_id in self.subscriptions:
             doc["subscription"] = self.subscriptions[group_id]
@@ -732,7 +747,7 @@ class ShareGroups:
 
     def load(self, group_id: str, doc: dict[str, Any]) -> None:
         configs = doc.get("configs")
-        if configs:
+        if configs and not self.configs_from_cluster:
             self.configure(group_id, {k: str(v) for k, v in configs.items() if k in GROUP_CONFIGS})
         subscription = doc.get("subscription")
         if isinstance(subscription, dict):

@@ -17,6 +17,7 @@
     rocketmq-keys/<quoted name>  (bytes)          a RocketMQ access key and its secret (mqk.broker.security.access_keys)
     txn-partitions/<group>/<pid> TxnPartitionsRecord a Kafka transaction's partitions placed in <group>, when its
                                                   coordinator is in another group (mqk.broker.cluster.txn_partitions)
+    group-configs/<quoted id>    (JSON object)    a share group's config overrides (mqk.broker.cluster.group_configs)
 
 Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
 damaged or foreign key is logged and skipped, never trusted.
@@ -56,8 +57,9 @@ class Keys:
         self.quotas = self.root + "quotas/"
         self.rocketmq_keys = self.root + "rocketmq-keys/"
         self.txn_partitions = self.root + "txn-partitions/"
+        self.group_configs = self.root + "group-configs/"
         #: the prefixes whose values other modules decode: a ClusterState keeps each as a KeyTable
-        self.tables = (self.acls, self.quotas, self.rocketmq_keys, self.txn_partitions)
+        self.tables = (self.acls, self.quotas, self.rocketmq_keys, self.txn_partitions, self.group_configs)
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"

@@ -4,7 +4,9 @@ Groups (resource type GROUP, 32): Kafka's GroupConfig keys of share groups (mqk.
 share.auto.offset.reset, share.isolation.level, share.record.lock.duration.ms, share.delivery.count.limit,
 share.session.timeout.ms, share.heartbeat.interval.ms), each GROUP_CONFIG when the group sets it and
 DEFAULT_CONFIG (the broker's `group_share_*`) otherwise; kept with the group's share state, so they survive
-restarts. DESCRIBE_CONFIGS and ALTER_CONFIGS on the group (GROUP_AUTHORIZATION_FAILED).
+restarts, and in cluster mode in etcd, where every broker follows them (mqk.broker.cluster.group_configs): any
+broker takes an alter, and its answer comes once its own view shows the change. DESCRIBE_CONFIGS and ALTER_CONFIGS
+on the group (GROUP_AUTHORIZATION_FAILED).
 
 Kafka's view of the broker's per-topic settings schema (mqk.config.TOPIC_SCHEMA, applied by mqk.broker): topic
 entries list every key (Kafka's plus mqk's `storage.type` and `index.keys`) with its source, DYNAMIC_TOPIC_CONFIG
@@ -232,8 +234,6 @@ async def _apply_group(
 ) -> tuple[int, str | None]:
     """Both alter APIs on a GROUP resource: `change` turns the group's overrides into the new ones (None values
     dropped) or says why not."""
-    if ctx.cluster is not None:
-        return E.InvalidRequestError.code, "group configs are not offered in cluster mode yet"
     share = ctx.groups.share
     await share.ensure_loaded(ctx.store)
     changed = change(dict(share.configs.get(group_id, {})))
@@ -247,9 +247,16 @@ async def _apply_group(
         problem = check(value)
         if problem:
             return E.InvalidConfigError.code, f"{key}: {problem}"
-    if not validate_only:
-        share.configure(group_id, overrides)
-        await share.save([group_id])
+    if validate_only:
+        return NONE, None
+    if share.config_writer is not None:  # cluster mode: the cluster's, followed by every broker
+        try:
+            await share.config_writer(group_id, overrides)
+        except E.MetaUnavailable as exc:
+            return E.RequestTimedOutError.code, f"the cluster cannot take the change now: {exc}"
+        return NONE, None
+    share.configure(group_id, overrides)
+    await share.save([group_id])
     return NONE, None
 
 

@@ -19,9 +19,9 @@ Cluster mode, as Kafka splits the work: ShareGroupHeartbeat and ShareGroupDescri
 and ShareAcknowledge go to each partition's leader, which keeps that partition's record states in its broker
 group's log (mqk.groups.share) and answers NOT_LEADER_OR_FOLLOWER for a partition it does not lead. A leader that
 does not coordinate the group takes the member id it is given (its share session is what it checks), as Kafka's
-share-partition leaders do; a departed member's records come back there when their locks end. Not yet in cluster
-mode: the groups' own configs and the share group offset APIs (each answered with a message); the broker's
-`group_share_*` settings apply.
+share-partition leaders do; a departed member's records come back there when their locks end. The groups' configs
+are the cluster's (mqk.broker.cluster.group_configs). Not yet in cluster mode: the share group offset APIs
+(answered with a message).
 """
 
 from __future__ import annotations
