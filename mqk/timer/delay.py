@@ -47,9 +47,10 @@ HEADER_DELAY_MS = "mqk-delay-ms"
 #: (and the names the Kafka produce check screens for, so the put hook is told instead of looking: PutContext)
 _AT_NAMES = (PROPERTY_START_DELIVER_TIME, PROPERTY_TIMER_DELIVER_MS, HEADER_DELIVER_AT)
 _DELAY_NAMES = ((PROPERTY_TIMER_DELAY_SEC, 1000), (PROPERTY_TIMER_DELAY_MS, 1), (HEADER_DELAY_MS, 1))
-DELAY_HEADER_KEYS = tuple(
-    name.encode() for name in (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES))
-)
+_DUE_NAMES = (PROPERTY_DELAY_TIME_LEVEL, *_AT_NAMES, *(name for name, _ in _DELAY_NAMES))
+DELAY_HEADER_KEYS = tuple(name.encode() for name in _DUE_NAMES)
+#: the same names as properties (a message with none of them is not delayed: a cheap first question)
+DELAY_PROPERTY_NAMES = frozenset(_DUE_NAMES)
 #: With the compiled kernels, `recbatch.has_header` answers "does any record carry a delay header?" by walking the
 #: record structure and skipping keys and values by length, far cheaper than the regex pass below, which reads
 #: every byte. The pure-Python twin of that walk costs more than the regex pass, so without the extensions the byte

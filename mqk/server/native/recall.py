@@ -27,7 +27,7 @@ from mqk.protocol.native.codes import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, Re
 from mqk.protocol.native.command import RemotingCommand
 from mqk.server.native.context import BrokerContext
 from mqk.server.native.remoting import Connection
-from mqk.timer.delay import due_time
+from mqk.timer.delay import DELAY_PROPERTY_NAMES, due_time
 
 if TYPE_CHECKING:
     from mqk.timer import TimerService
@@ -84,7 +84,8 @@ class Recalls:
         """The recall handle of a message of `topic` with `props` just stored, "" when it is not a delayed message
         that can be recalled. Asked after the append, so a relative delay gives a due time no earlier than the one
         the timer took."""
-        if self.timer is None or topic.startswith(RETRY_PREFIX):
+        # (every send asks: most carry no delay property, which one set operation tells)
+        if self.timer is None or props.keys().isdisjoint(DELAY_PROPERTY_NAMES) or topic.startswith(RETRY_PREFIX):
             return ""
         key = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
         if not key or " " in key:
