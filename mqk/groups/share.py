@@ -241,20 +241,29 @@ class SharePartition:
         return NONE
 
     def doc(self) -> dict[str, Any]:
-        return {
-            "spso": self.spso,
-            "next": self.next_offset,
-            "records": [
-                [o, r.state if r.state != ACQUIRED else AVAILABLE, r.delivery_count]
-                for o, r in sorted(self.records.items())
-            ],
-        }
+        """The saved form: the in-flight records as runs `[first offset, length, state, delivery count]` of
+        consecutive offsets alike (an acquisition is saved as AVAILABLE: locks do not survive a restart). A
+        document is written after every request that changes the group, so its size is what a request costs:
+        records are acquired and settled in ranges, and a range is one run."""
+        runs: list[list[int]] = []
+        last: list[int] = [-2, 0, -1, -1]
+        for offset, rec in sorted(self.records.items()):
+            state = rec.state if rec.state != ACQUIRED else AVAILABLE
+            if offset == last[0] + last[1] and state == last[2] and rec.delivery_count == last[3]:
+                last[1] += 1
+            else:
+                last = [offset, 1, state, rec.delivery_count]
+                runs.append(last)
+        return {"spso": self.spso, "next": self.next_offset, "runs": runs}
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> SharePartition:
         part = cls(int(doc["spso"]))
         part.next_offset = max(part.spso, int(doc.get("next", part.spso)))
-        for offset, state, count in doc.get("records", []):
+        for first, length, state, count in doc.get("runs", []):
+            for offset in range(int(first), int(first) + int(length)):
+                part.records[offset] = Record(int(state), int(count))
+        for offset, state, count in doc.get("records", []):  # (the form written before runs: one per record)
             part.records[int(offset)] = Record(int(state), int(count))
         part.advance()
         return part
