@@ -232,13 +232,10 @@ class BrokerRuntime:
         self.cluster.on_leadership(become=load_groups, resign=unload_groups)
         share = self.kafka.groups.share
 
-        async def reload_share_states(_epoch: int) -> None:
+        async def drop_share_states(_epoch: int = -1) -> None:
             share.unload()  # (read from the log on first use: what this broker's predecessor saved)
 
-        async def unload_share_states() -> None:
-            share.unload()
-
-        self.cluster.on_leadership(become=reload_share_states, resign=unload_share_states)
+        self.cluster.on_leadership(become=drop_share_states, resign=drop_share_states)
         # (after the groups: a commit's offsets go to the group coordinator)
         transactions = self.kafka.ctx.transactions
         assert transactions is not None
