@@ -23,7 +23,7 @@ from mqk.groups.share import (
 from mqk.store.manager import StoreManager
 from mqk.store.statelog import LogStateDocs
 
-ACCEPT, RELEASE, REJECT, GAP = 1, 2, 3, 0
+ACCEPT, RELEASE, REJECT, GAP, RENEW = 1, 2, 3, 0, 4
 T = uuid.uuid4()
 
 
@@ -51,6 +51,22 @@ def test_a_share_partition_steps_through_its_record_states() -> None:
     assert part.spso == part.next_offset == 15 and part.records == {}
     part.archive(range(15, 17))  # a control batch: never handed out
     assert part.spso == 17
+
+
+def test_locks_end_at_their_deadlines_whatever_order_they_were_given_or_renewed_in() -> None:
+    part = SharePartition(0)
+    part.acquire([0], "a", deadline=100)
+    part.acquire([1], "b", deadline=200)
+    part.acquire([2], "c", deadline=150)
+    assert part.acknowledge("a", 0, 0, [RENEW], 300, limit=5) == 0  # 0's lock now ends at 300
+    assert not part.expire(now=100, limit=5)
+    assert part.expire(now=151, limit=5) and states(part) == {0: ACQUIRED, 1: ACQUIRED, 2: AVAILABLE}
+    assert not part.expire(now=200, limit=5)
+    assert part.expire(now=201, limit=5) and states(part) == {0: ACQUIRED, 1: AVAILABLE, 2: AVAILABLE}
+    part.acquire([2], "d", deadline=250)  # a lock given after the others ended before it
+    assert part.expire(now=251, limit=5) and states(part) == {0: ACQUIRED, 1: AVAILABLE, 2: AVAILABLE}
+    assert not part.expire(now=300, limit=5)
+    assert part.expire(now=301, limit=5) and states(part) == {0: AVAILABLE, 1: AVAILABLE, 2: AVAILABLE}
 
 
 def test_a_share_partition_document_keeps_states_and_counts_but_not_locks() -> None:
