@@ -3,7 +3,10 @@
 Membership (ShareGroupHeartbeat): members join with epoch 0, leave with -1, and are removed when their session ends
 without a heartbeat. The group's partitions are spread over its members (`assign_share`): with fewer members than
 partitions each partition has one member; with more, partitions are shared so every member has one. Nothing is
-revoked first: records, not partitions, are what a member owns, one acquisition at a time.
+revoked first: records, not partitions, are what a member owns, one acquisition at a time. The group epoch moves on
+when a member joins or the assignment changes; a member takes it with its own next heartbeat, as Kafka's
+coordinator moves a member's epoch: a heartbeat with the member's epoch, or with the one before it (its last answer
+was lost: the assignment is sent again), is accepted, any other is FENCED_MEMBER_EPOCH.
 
 Share partition state (`SharePartition`, one per group and partition): the share-partition start offset (SPSO; every
 record below it is done) and, from there up to the next offset never handed out, each record's state:
@@ -83,6 +86,8 @@ class ShareMember:
     client_host: str
     rack_id: str | None = None
     member_epoch: int = 0
+    #: the epoch it held before its last heartbeat's answer (a member whose answer was lost comes with it)
+    previous_epoch: int = -1
     topics: tuple[str, ...] = ()
     assignment: Assignment = field(default_factory=dict)
     sent: Assignment | None = None
@@ -502,9 +507,12 @@ class ShareGroups:
                 return refuse(E.InvalidRequestError.code, "a member joining subscribes to topics")
             if member is None:
                 member = group.members[member_id] = ShareMember(member_id, client_id, client_host)
+                group.group_epoch += 1
                 log.info("share group %s: member %s joined", group_id, member_id)
         elif member is None:
             return refuse(E.UnknownMemberIdError.code, f"member {member_id!r} is not in share group {group_id!r}")
+        elif epoch == member.previous_epoch and epoch != member.member_epoch:
+            member.sent = None  # (the answer that moved it on was lost: its assignment is sent again)
         elif epoch != member.member_epoch:
             return refuse(FENCED_MEMBER_EPOCH, f"member {member_id!r} is at epoch {member.member_epoch}, not {epoch}")
         names = body.get("subscribed_topic_names")
@@ -514,6 +522,8 @@ class ShareGroups:
             member.rack_id = body["rack_id"]
         member.session_deadline = self.now() + int(self.setting(group_id, "share.session.timeout.ms"))
         self._assign(group)
+        if member.member_epoch != group.group_epoch:  # (a member moves to the group's epoch with its own heartbeat)
+            member.previous_epoch, member.member_epoch = member.member_epoch, group.group_epoch
         answer["member_id"] = member.member_id
         answer["member_epoch"] = member.member_epoch
         if member.sent != member.assignment:
@@ -539,8 +549,6 @@ class ShareGroups:
             group.group_epoch += 1
             for member_id, a in target.items():
                 group.members[member_id].assignment = a
-        for member in group.members.values():
-            member.member_epoch = group.group_epoch
 
     def release(self, group_id: str, member_id: str) -> bool:
         """Make every record the member holds in the group AVAILABLE again (its session ended); True if any was."""
