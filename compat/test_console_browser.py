@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -73,7 +74,18 @@ def console_url(broker: BrokerProcess, hash_: str) -> str:
 
 
 def wait_for(driver: WebDriver, condition: Any, what: str) -> Any:
-    return WebDriverWait(driver, WAIT_S).until(condition, f"the console did not show {what}")
+    """Until `condition(driver)` is truthy (asked again when it met an element the page had just redrawn)."""
+    wait = WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
+    return wait.until(condition, f"the console did not show {what}")
+
+
+def cells_of(driver: WebDriver, rows_css: str) -> list[list[str]]:
+    """The cell texts of each table row `rows_css` matches, read in one script: the page redraws its tables as it
+    refreshes itself, and elements found one lookup at a time may be gone by the next (stale element)."""
+    script = (
+        "return Array.from(document.querySelectorAll(arguments[0])).map(r => Array.from(r.cells).map(c => c.innerText))"
+    )
+    return list(driver.execute_script(script, rows_css))
 
 
 def screenshot(driver: WebDriver, tmp_path: Path, name: str) -> Path:
@@ -95,18 +107,12 @@ def test_the_console_lists_a_topic_created_by_confluent_kafka(broker, browser, t
     topic = unique("console-topic")
     create_topic(broker.bootstrap, topic, 3, {"retention.ms": "3600000"})
     browser.get(console_url(broker, "topics"))
-    row = wait_for(
-        browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]'), f"topic {topic}"
-    )[0]
-    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    (cells,) = wait_for(browser, lambda d: cells_of(d, f'tr.topic[data-topic="{topic}"]'), f"topic {topic}")
     assert cells[0] == topic and cells[1] == "3" and "retention.ms=3600000" in cells[5]
-    row.find_element(By.TAG_NAME, "a").click()
+    browser.find_element(By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"] a').click()
     wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.partition")) == 3, "three partitions")
     assert browser.find_element(By.ID, "topic-name").text == f"Topic {topic}"
-    configs = {
-        tr.find_elements(By.TAG_NAME, "td")[0].text: tr.find_elements(By.TAG_NAME, "td")[1].text
-        for tr in browser.find_elements(By.CSS_SELECTOR, "#configs-table tbody tr")
-    }
+    configs = {row[0]: row[1] for row in cells_of(browser, "#configs-table tbody tr")}
     assert configs["retention.ms"] == "3600000"
     screenshot(browser, tmp_path, "topic")
 
@@ -160,8 +166,7 @@ def test_a_groups_lag_falls_on_the_page_as_its_consumer_catches_up(broker, brows
         wait_for(browser, lambda d: lag_shown(d) == "10", "the lag falling to 10")
         consume_and_commit(consumer, 10)
         wait_for(browser, lambda d: lag_shown(d) == "0", "the lag falling to 0")
-        offsets = browser.find_elements(By.CSS_SELECTOR, "tr.offset td")
-        assert [td.text for td in offsets] == [topic, "0", "30", "30", "0"]
+        assert cells_of(browser, "tr.offset") == [[topic, "0", "30", "30", "0"]]
         screenshot(browser, tmp_path, "lag-0")
     finally:
         consumer.close()
@@ -219,10 +224,7 @@ def test_the_overview_shows_health_and_live_charts(broker, browser, tmp_path):
         ),
         "a chart line of three points",
     )
-    checks = {
-        tr.find_elements(By.TAG_NAME, "td")[0].text: tr.find_elements(By.TAG_NAME, "td")[1].text
-        for tr in browser.find_elements(By.CSS_SELECTOR, "#health-checks tbody tr")
-    }
+    checks = {row[0]: row[1] for row in cells_of(browser, "#health-checks tbody tr")}
     assert checks == {"listeners": "true", "recovery": "true", "store_writable": "true"}
     screenshot(browser, tmp_path, "overview")
 
@@ -234,12 +236,9 @@ def test_the_console_lists_delayed_messages_pending(broker, browser, tmp_path):
     producer.produce(topic, value=b"later", key=b"d-1", partition=1, headers=[("mqk-delay-ms", b"3600000")])
     assert producer.flush(20) == 0
     browser.get(console_url(broker, "delayed"))
-    row = wait_for(
-        browser,
-        lambda d: [r for r in d.find_elements(By.CSS_SELECTOR, "tr.delayed") if topic in r.text],
-        "the delayed message",
+    cells = wait_for(
+        browser, lambda d: [row for row in cells_of(d, "tr.delayed") if topic in row], "the delayed message"
     )[0]
-    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
     assert cells[1:4] == [topic, "1", "d-1"] and "in 3" in cells[0]  # due in about 3600 s
     assert int(browser.find_element(By.ID, "delayed-pending").text) >= 1
     screenshot(browser, tmp_path, "delayed")
@@ -264,10 +263,8 @@ def test_with_writes_on_the_console_creates_a_topic_and_resets_only_an_idle_grou
     partitions.send_keys("2")
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     wait_for(browser, lambda d: d.find_element(By.ID, "create-status").text == f"created {topic}", "the creation")
-    row = wait_for(
-        browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]'), "the new topic"
-    )[0]
-    assert row.find_elements(By.TAG_NAME, "td")[1].text == "2"
+    (cells,) = wait_for(browser, lambda d: cells_of(d, f'tr.topic[data-topic="{topic}"]'), "the new topic")
+    assert cells[1] == "2"
     screenshot(browser, tmp_path, "created")
 
     producer = Producer({"bootstrap.servers": broker.bootstrap})
