@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mqk.native.recall")
 
-ILLEGAL_OPERATION = ResponseCode.ILLEGAL_OPERATION
 _VERSION = "v1"
 
 
@@ -105,14 +104,14 @@ class Recalls:
         try:
             handle = RecallHandle.decode(handle_text)
         except ValueError as exc:
-            raise RecallRefused(ILLEGAL_OPERATION, str(exc)) from None
+            raise RecallRefused(ResponseCode.ILLEGAL_OPERATION, str(exc)) from None
         if handle.topic != topic:
-            raise RecallRefused(ILLEGAL_OPERATION, "recall failed, topic not match")
+            raise RecallRefused(ResponseCode.ILLEGAL_OPERATION, "recall failed, topic not match")
         if handle.broker_name != self.ctx.config.group_name:
-            raise RecallRefused(ILLEGAL_OPERATION, "recall failed, broker service not available")
+            raise RecallRefused(ResponseCode.ILLEGAL_OPERATION, "recall failed, broker service not available")
         left = handle.due_ms - self.ctx.now_ms()
         if left <= 0 or left >= self.timer.max_delay_ms:
-            raise RecallRefused(ILLEGAL_OPERATION, "recall failed, timestamp invalid")
+            raise RecallRefused(ResponseCode.ILLEGAL_OPERATION, "recall failed, timestamp invalid")
         try:
             await self.timer.recall(topic, handle.unique_key, handle.due_ms)
         except StorageError as exc:
@@ -130,4 +129,4 @@ class Recalls:
         return cmd.response(ResponseCode.SUCCESS, ext={"msgId": message_id})
 
 
-__all__ = ["ILLEGAL_OPERATION", "RecallHandle", "RecallRefused", "Recalls"]
+__all__ = ["RecallHandle", "RecallRefused", "Recalls"]
