@@ -93,6 +93,8 @@ class LogOffsetStore:
         offsets partition placed here, then take commits."""
         self._drop()
         for partition in self.placement.partitions_here():
+            if not self._is_local(partition):  # not made here yet: nothing to load; `loading` until it is
+                continue
             try:
                 await self._ensure_loaded(partition)
             except StorageError as exc:  # its groups answer COORDINATOR_LOAD_IN_PROGRESS; loaded again on demand
@@ -127,16 +129,18 @@ class LogOffsetStore:
         partition = self._home(group)
         if partition is None or partition in self._parts:
             return False
-        if self._is_empty(partition):
+        if not self._is_local(partition):  # placed here, not made here yet (the reconciler is a moment behind)
+            return True
+        if self.store.end_offset(self.topic, partition) == 0:
             self._parts[partition] = {}
             return False
         if partition not in self._loading:
             asyncio.get_running_loop().create_task(self._load_quietly(partition))
         return True
 
-    def _is_empty(self, partition: int) -> bool:
+    def _is_local(self, partition: int) -> bool:
         info = self.store.topic(self.topic)
-        return info is None or partition >= info.queue_count or self.store.end_offset(self.topic, partition) == 0
+        return info is not None and partition < info.queue_count
 
     async def _load_quietly(self, partition: int) -> None:
         try:
@@ -305,6 +309,8 @@ class LogOffsetStore:
                     self.topic,
                 )
             return None
+        if not self._is_local(partition):
+            await self.placement.ensure_topic()
         await self._ensure_loaded(partition)
         return partition
 

@@ -231,6 +231,35 @@ async def test_loading_answers_for_partitions_not_loaded(memory_store: StoreMana
     assert other.fetch_offsets("g") == {("t", 0): GroupOffset(1)}
 
 
+class MakingPlacement(Placement):
+    """A placement whose ensure_topic makes the offsets topic in the store, as the cluster's reconciler does."""
+
+    def __init__(self, store: StoreManager) -> None:
+        super().__init__()
+        self.store = store
+
+    async def ensure_topic(self) -> None:
+        await super().ensure_topic()
+        if self.store.topic(TOPIC) is None:
+            await offsets_topic(self.store)
+
+
+async def test_a_partition_placed_here_but_not_made_yet_is_loading_and_a_commit_has_it_made(
+    memory_store: StoreManager,
+) -> None:
+    """The view already places the new offsets topic here; the reconciler has not made it in the store yet (a
+    commit that reached the coordinator in that gap once failed with an unknown shard)."""
+    placement = MakingPlacement(memory_store)
+    offsets = await new_master(memory_store, placement)
+    assert offsets.loading("g")  # retriable for the client, not an empty answer
+    assert memory_store.topic(TOPIC) is None
+    await offsets.commit_offsets("g", {("t", 0): GroupOffset(3)})
+    assert placement.ensured == 1
+    assert [r.key.group for r in await log_records(memory_store, 0)] == ["g"]
+    assert not offsets.loading("g")
+    assert offsets.fetch_offsets("g") == {("t", 0): GroupOffset(3)}
+
+
 async def test_coordinator_through_the_store_manager_on_the_file_engine(tmp_path: Path) -> None:
     """The group coordinator's commits land in the log; a restarted store, its side files gone, has them back."""
     config: StoreConfig = store_config("file", tmp_path / "data")

@@ -251,8 +251,9 @@ class ClusterMember:
 
     async def ensure_offsets_topic(self) -> None:
         """Create the offsets topic if the cluster has none yet (Kafka creates it on the first FindCoordinator, once
-        brokers are up, so coordinators spread over them)."""
+        brokers are up, so coordinators spread over them), and have this broker's part of it made here."""
         if OFFSETS_TOPIC in self.view.state.topics:
+            await self.reconciler.ensure(OFFSETS_TOPIC)
             return
         try:
             await self.change(
