@@ -13,7 +13,9 @@ record below it is done) and, from there up to the next offset never handed out,
 AVAILABLE -> ACQUIRED (by one member, with a lock deadline and a delivery count) -> ACKNOWLEDGED (accepted) or
 ARCHIVED (rejected, a gap, or delivered `delivery_count_limit` times); a release or an expired lock makes it
 AVAILABLE again. The SPSO moves past the records that are done. At most `max_record_locks` records past the SPSO are
-in flight, so a partition's state stays bounded whatever its consumers do. A group's first look at a partition
+in flight, so a partition's state stays bounded whatever its consumers do. The states are kept as spans of
+consecutive records alike (`Span`), as Kafka's share partition keeps in-flight batches: records are acquired and
+settled a batch at a time, so a request's work follows its ranges, not its records. A group's first look at a partition
 starts it at the log's end or start (`share.auto.offset.reset`: latest, as Kafka, or earliest).
 
 The state is durable: after every change a request makes, the group's document (SPSO, and each in-flight record's
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,97 +97,217 @@ class ShareMember:
     session_deadline: float = 0.0
 
 
-@dataclass
-class Record:
-    state: int
-    delivery_count: int = 0
-    owner: str = ""
-    deadline: float = 0.0
+#: the states a record is done in: the SPSO moves past them
+DONE = (ACKNOWLEDGED, ARCHIVED)
+
+
+class Span:
+    """Consecutive offsets [first, end) of a share partition in one state: one delivery count, one owner and one
+    lock deadline (ACQUIRED; "" and 0 otherwise). Records are acquired and settled in ranges, so a partition holds
+    a few spans where it would hold thousands of records."""
+
+    __slots__ = ("count", "deadline", "end", "first", "owner", "state")
+
+    def __init__(self, first: int, end: int, state: int, count: int = 0, owner: str = "", deadline: float = 0.0):
+        self.first = first
+        self.end = end
+        self.state = state
+        self.count = count
+        self.owner = owner
+        self.deadline = deadline
+
+    def alike(self, other: Span) -> bool:
+        return (
+            self.state == other.state
+            and self.count == other.count
+            and self.owner == other.owner
+            and self.deadline == other.deadline
+        )
+
+    def __repr__(self) -> str:
+        return f"Span({self.first}, {self.end}, state={self.state}, count={self.count}, owner={self.owner!r})"
+
+
+def _span_end(span: Span) -> int:
+    return span.end
 
 
 class SharePartition:
-    """One share group's state of one partition (see the module docstring)."""
+    """One share group's state of one partition (see the module docstring): the SPSO, the first offset never handed
+    out (`next_offset`), and between them the in-flight records as ordered, non-overlapping spans. An offset of
+    [spso, next_offset) that no span covers is done (a gap in the log, or a control record archived on sight)."""
 
     def __init__(self, spso: int) -> None:
         self.spso = spso
         #: the first offset never handed out
         self.next_offset = spso
-        self.records: dict[int, Record] = {}
+        self.spans: list[Span] = []
         #: the offsets archived for reaching the delivery limit since last taken (`ShareGroups.take_dead_letters`),
         #: kept only for the groups whose dead letters go somewhere (RocketMQ's %DLQ%group); None: not kept
         self.dead: list[int] | None = None
 
-    def _release(self, offset: int, rec: Record, limit: int) -> None:
-        """The record is no longer held: AVAILABLE again, or ARCHIVED (a dead letter) at the delivery limit."""
-        rec.owner = ""
-        if rec.delivery_count < limit:
-            rec.state = AVAILABLE
+    # --- spans ---------------------------------------------------------------------------------------------------
+
+    def _index(self, offset: int) -> int:
+        """The index of the first span that ends past `offset` (the one holding it, if any does)."""
+        return bisect_right(self.spans, offset, key=_span_end)
+
+    def _span_at(self, offset: int) -> Span | None:
+        i = self._index(offset)
+        return self.spans[i] if i < len(self.spans) and self.spans[i].first <= offset else None
+
+    def _cut(self, offset: int) -> int:
+        """Split the span holding `offset` so that one starts there; the index of the first span at or past it."""
+        i = self._index(offset)
+        if i < len(self.spans) and (span := self.spans[i]).first < offset:
+            self.spans.insert(i + 1, Span(offset, span.end, span.state, span.count, span.owner, span.deadline))
+            span.end = offset
+            return i + 1
+        return i
+
+    def _between(self, first: int, end: int) -> tuple[int, int]:
+        """Cut at both ends: spans[i:j] are those within [first, end)."""
+        i = self._cut(first)
+        return i, self._cut(end)
+
+    def _join(self, lo: int = 0, hi: int | None = None) -> None:
+        """Join alike neighbours among spans[lo - 1 : hi + 1] (all of them by default)."""
+        spans = self.spans
+        k = max(lo - 1, 0)
+        stop = len(spans) if hi is None else min(hi + 1, len(spans))
+        while k < stop - 1:
+            a, b = spans[k], spans[k + 1]
+            if a.end == b.first and a.alike(b):
+                a.end = b.end
+                del spans[k + 1]
+                stop -= 1
+            else:
+                k += 1
+
+    def _release(self, span: Span, limit: int) -> None:
+        """The span's records are no longer held: AVAILABLE again, or ARCHIVED (dead letters) at the delivery
+        limit."""
+        span.owner, span.deadline = "", 0.0
+        if span.count < limit:
+            span.state = AVAILABLE
             return
-        rec.state = ARCHIVED
+        span.state = ARCHIVED
         if self.dead is not None:
-            self.dead.append(offset)
+            self.dead.extend(range(span.first, span.end))
+
+    def states(self) -> dict[int, tuple[int, int]]:
+        """Offset -> (state, delivery count) of every in-flight record (for inspection: it is one entry a record)."""
+        return {o: (s.state, s.count) for s in self.spans for o in range(s.first, s.end)}
+
+    # --- locks ---------------------------------------------------------------------------------------------------
 
     def expire(self, now: float, limit: int) -> bool:
-        """Locks past their deadline end: the record is AVAILABLE again (ARCHIVED at the delivery limit)."""
-        return self._unlock(lambda rec: rec.deadline < now, limit)
+        """Locks past their deadline end: the records are AVAILABLE again (ARCHIVED at the delivery limit)."""
+        return self._unlock(lambda span: span.deadline < now, limit)
 
     def release_member(self, member_id: str, limit: int) -> bool:
         """Every record the member holds is AVAILABLE again (ARCHIVED at the delivery limit): it left."""
-        return self._unlock(lambda rec: rec.owner == member_id, limit)
+        return self._unlock(lambda span: span.owner == member_id, limit)
 
-    def _unlock(self, which: Callable[[Record], bool], limit: int) -> bool:
+    def _unlock(self, which: Callable[[Span], bool], limit: int) -> bool:
         changed = False
-        for offset, rec in self.records.items():
-            if rec.state == ACQUIRED and which(rec):
-                self._release(offset, rec, limit)
+        for span in self.spans:
+            if span.state == ACQUIRED and which(span):
+                self._release(span, limit)
                 changed = True
         if changed:
+            self._join()
             self.advance()
         return changed
 
+    def held(self) -> bool:
+        """Whether any record is held (ACQUIRED)."""
+        return any(span.state == ACQUIRED for span in self.spans)
+
+    def next_lock_end(self) -> float | None:
+        """When the first lock ends (None: nothing is held)."""
+        return min((span.deadline for span in self.spans if span.state == ACQUIRED), default=None)
+
+    # --- counts ----------------------------------------------------------------------------------------------------
+
     def lag(self, end: int) -> int:
         """Records from the SPSO to `end` not yet done (Kafka's share-partition lag)."""
-        done = sum(1 for o, r in self.records.items() if o < end and r.state in (ACKNOWLEDGED, ARCHIVED))
-        return max(0, end - self.spso - done)
+        pending = sum(min(s.end, end) - s.first for s in self.spans if s.first < end and s.state not in DONE)
+        return pending + max(0, end - self.next_offset)
+
+    def takeable(self, end: int, now: float) -> int:
+        """How many records below `end` an acquisition could take now: those never handed out, AVAILABLE ones,
+        and held ones whose lock has ended."""
+        again = sum(
+            s.end - s.first for s in self.spans if s.state == AVAILABLE or (s.state == ACQUIRED and s.deadline < now)
+        )
+        return max(0, end - self.next_offset) + again
+
+    def first_available(self) -> int | None:
+        """The first AVAILABLE offset (a released or expired record, handed out again before new ones)."""
+        return next((s.first for s in self.spans if s.state == AVAILABLE), None)
+
+    # --- changes ---------------------------------------------------------------------------------------------------
 
     def advance(self) -> None:
         """Move the SPSO past every record that is done."""
-        while self.spso < self.next_offset:
-            rec = self.records.get(self.spso)
-            if rec is None or rec.state not in (ACKNOWLEDGED, ARCHIVED):
-                break
-            del self.records[self.spso]
-            self.spso += 1
+        spans = self.spans
+        i = 0
+        while i < len(spans) and spans[i].state in DONE:
+            i += 1
+        if i:
+            del spans[:i]
+        self.spso = spans[0].first if spans else self.next_offset
 
-    def reacquirable(self) -> list[int]:
-        return sorted(o for o, r in self.records.items() if r.state == AVAILABLE)
+    def drop_below(self, start: int) -> None:
+        """The log no longer holds the records below `start` (retention): they can no longer be delivered."""
+        del self.spans[: self._cut(start)]
+        self.next_offset = max(self.next_offset, start)
+        self.advance()
+        self.spso = max(self.spso, start)
 
-    def acquire(self, offsets: Iterable[int], member_id: str, deadline: float) -> list[tuple[int, int]]:
-        """Acquire these offsets (AVAILABLE ones, or new ones at `next_offset` on); (offset, delivery count) of each."""
-        out = []
-        for offset in offsets:
-            rec = self.records.get(offset)
-            if rec is None:
-                if offset < self.next_offset:
-                    continue  # done already (below the SPSO)
-                rec = self.records[offset] = Record(AVAILABLE)
-                self.next_offset = max(self.next_offset, offset + 1)
-            if rec.state != AVAILABLE:
-                continue
-            rec.state, rec.owner, rec.deadline = ACQUIRED, member_id, deadline
-            rec.delivery_count += 1
-            out.append((offset, rec.delivery_count))
+    def acquire(
+        self, first: int, end: int, member_id: str, deadline: float, budget: int, new_below: int | None = None
+    ) -> list[tuple[int, int, int]]:
+        """Acquire for the member up to `budget` records of [first, end): AVAILABLE ones, then new ones from
+        `next_offset` on (below `new_below`, when given: the bound on records in flight). The acquired ranges,
+        (first offset, last offset, delivery count) each."""
+        out: list[tuple[int, int, int]] = []
+        touched = i = self._index(first)
+        while budget > 0 and i < len(self.spans) and (span := self.spans[i]).first < end:
+            if span.state == AVAILABLE:
+                if span.first < first:
+                    i = self._cut(first)
+                    span = self.spans[i]
+                if span.end > min(end, span.first + budget):
+                    self._cut(min(end, span.first + budget))
+                span.state, span.owner, span.deadline = ACQUIRED, member_id, deadline
+                span.count += 1
+                out.append((span.first, span.end - 1, span.count))
+                budget -= span.end - span.first
+            i += 1
+        lo = max(first, self.next_offset)
+        hi = min(end, lo + budget, end if new_below is None else new_below)
+        gap = lo > self.next_offset  # (offsets the log does not have: done)
+        if hi > lo:
+            self.spans.append(Span(lo, hi, ACQUIRED, 1, member_id, deadline))
+            self.next_offset = hi
+            out.append((lo, hi - 1, 1))
+        if out:
+            self._join(touched)
+        if hi > lo and gap:
+            self.advance()
         return out
 
     def holds(self, offset: int, member_id: str, delivery_count: int | None = None) -> bool:
         """Whether the member holds the record at `offset` (from its `delivery_count`-th delivery, when given): not
         since settled, nor released, nor delivered again after its lock ran out."""
-        rec = self.records.get(offset)
+        span = self._span_at(offset)
         return (
-            rec is not None
-            and rec.state == ACQUIRED
-            and rec.owner == member_id
-            and (delivery_count is None or rec.delivery_count == delivery_count)
+            span is not None
+            and span.state == ACQUIRED
+            and span.owner == member_id
+            and (delivery_count is None or span.count == delivery_count)
         )
 
     def hand_over(self, offset: int, member_id: str, new_member_id: str) -> bool:
@@ -192,28 +315,21 @@ class SharePartition:
         renewed: the old receipt no longer settles it); whether it was the member's."""
         if not self.holds(offset, member_id):
             return False
-        self.records[offset].owner = new_member_id
+        i, _j = self._between(offset, offset + 1)
+        self.spans[i].owner = new_member_id
         return True
 
-    def takeable(self, end: int, now: float) -> int:
-        """How many records below `end` an acquisition could take now: those never handed out, AVAILABLE ones,
-        and held ones whose lock has ended."""
-        again = sum(
-            1
-            for rec in self.records.values()
-            if rec.state == AVAILABLE or (rec.state == ACQUIRED and rec.deadline < now)
-        )
-        return max(0, end - self.next_offset) + again
-
-    def archive(self, offsets: Iterable[int]) -> None:
-        """Records nobody is to receive (control records, or ones the group's filter refuses): done at once,
-        new ones and AVAILABLE ones alike."""
-        for offset in offsets:
-            if offset >= self.next_offset:
-                self.records[offset] = Record(ARCHIVED)
-                self.next_offset = offset + 1
-            elif (rec := self.records.get(offset)) is not None and rec.state == AVAILABLE:
-                rec.state = ARCHIVED
+    def archive(self, first: int, end: int) -> None:
+        """The records of [first, end) nobody is to receive (control records, or ones the group's filter refuses):
+        done at once, new ones (never in flight: the SPSO passes them) and AVAILABLE ones alike."""
+        below = min(end, self.next_offset)
+        if first < below:
+            i, j = self._between(first, below)
+            for span in self.spans[i:j]:
+                if span.state == AVAILABLE:
+                    span.state = ARCHIVED
+            self._join(i, j)
+        self.next_offset = max(self.next_offset, end)
         self.advance()
 
     def acknowledge(self, member_id: str, first: int, last: int, types: list[int], deadline: float, limit: int) -> int:
@@ -221,55 +337,80 @@ class SharePartition:
         (nothing of the batch is applied then). A released record delivered `limit` times is archived."""
         if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
             return E.InvalidRequestError.code
-        chosen = []
-        for i, offset in enumerate(range(first, last + 1)):
-            kind = types[0] if len(types) == 1 else types[i]
-            rec = self.records.get(offset)
-            if kind == GAP and (rec is None or rec.owner == member_id):
-                chosen.append((offset, rec, kind))
-                continue
-            if rec is None or rec.state != ACQUIRED or rec.owner != member_id:
-                return INVALID_RECORD_STATE
-            chosen.append((offset, rec, kind))
-        for offset, rec, kind in chosen:
-            if rec is None:
-                continue
-            if kind == RENEW:
-                rec.deadline = deadline
-            elif kind == ACCEPT:
-                rec.state, rec.owner = ACKNOWLEDGED, ""
-            elif kind == RELEASE:
-                self._release(offset, rec, limit)
-            else:  # REJECT, GAP
-                rec.state, rec.owner = ARCHIVED, ""
+        runs: list[tuple[int, int, int]] = [(first, last + 1, types[0])]
+        if len(types) > 1:
+            runs = []
+            for offset, kind in enumerate(types, first):
+                if runs and runs[-1][2] == kind:
+                    runs[-1] = (runs[-1][0], offset + 1, kind)
+                else:
+                    runs.append((offset, offset + 1, kind))
+        if not all(self._settleable(member_id, f, e, kind) for f, e, kind in runs):
+            return INVALID_RECORD_STATE
+        for f, e, kind in runs:
+            below = min(e, self.next_offset)
+            if f >= below:
+                continue  # (a gap past what was handed out)
+            i, j = self._between(f, below)
+            for span in self.spans[i:j]:
+                if kind == RENEW:
+                    span.deadline = deadline
+                elif kind == ACCEPT:
+                    span.state, span.owner, span.deadline = ACKNOWLEDGED, "", 0.0
+                elif kind == RELEASE:
+                    self._release(span, limit)
+                else:  # REJECT, GAP
+                    span.state, span.owner, span.deadline = ARCHIVED, "", 0.0
+            self._join(i, j)
         self.advance()
         return NONE
 
+    def _settleable(self, member_id: str, first: int, end: int, kind: int) -> bool:
+        """Whether the member may settle [first, end) with `kind`: it holds every record there (GAP: every one
+        there is its own or none's)."""
+        at, i = first, self._index(first)
+        while at < end:
+            span = self.spans[i] if i < len(self.spans) else None
+            if span is None or span.first > at:  # offsets no span holds
+                if kind != GAP:
+                    return False
+                at = end if span is None else span.first
+                continue
+            if span.owner != member_id or (kind != GAP and span.state != ACQUIRED):
+                return False
+            at, i = span.end, i + 1
+        return True
+
+    # --- saved form -------------------------------------------------------------------------------------------------
+
     def doc(self) -> dict[str, Any]:
-        """The saved form: the in-flight records as runs `[first offset, length, state, delivery count]` of
-        consecutive offsets alike (an acquisition is saved as AVAILABLE: locks do not survive a restart). A
-        document is written after every request that changes the group, so its size is what a request costs:
-        records are acquired and settled in ranges, and a range is one run."""
+        """The saved form: the in-flight records as runs `[first offset, length, state, delivery count]` (an
+        acquisition is saved as AVAILABLE: locks do not survive a restart). A document is written after every
+        request that changes the group, so its size is what a request costs: a span is at most one run."""
         runs: list[list[int]] = []
-        last: list[int] = [-2, 0, -1, -1]
-        for offset, rec in sorted(self.records.items()):
-            state = rec.state if rec.state != ACQUIRED else AVAILABLE
-            if offset == last[0] + last[1] and state == last[2] and rec.delivery_count == last[3]:
-                last[1] += 1
+        for span in self.spans:
+            state = span.state if span.state != ACQUIRED else AVAILABLE
+            last = runs[-1] if runs else None
+            if last is not None and last[0] + last[1] == span.first and last[2] == state and last[3] == span.count:
+                last[1] += span.end - span.first
             else:
-                last = [offset, 1, state, rec.delivery_count]
-                runs.append(last)
+                runs.append([span.first, span.end - span.first, state, span.count])
         return {"spso": self.spso, "next": self.next_offset, "runs": runs}
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> SharePartition:
         part = cls(int(doc["spso"]))
         part.next_offset = max(part.spso, int(doc.get("next", part.spso)))
-        for first, length, state, count in doc.get("runs", []):
-            for offset in range(int(first), int(first) + int(length)):
-                part.records[offset] = Record(int(state), int(count))
-        for offset, state, count in doc.get("records", []):  # (the form written before runs: one per record)
-            part.records[int(offset)] = Record(int(state), int(count))
+        found = [(int(f), int(f) + int(n), int(s), int(c)) for f, n, s, c in doc.get("runs", [])]
+        # (the form written before runs: one per record)
+        found += [(int(o), int(o) + 1, int(s), int(c)) for o, s, c in doc.get("records", [])]
+        at = part.spso
+        for first, end, state, count in sorted(found):
+            first, end = max(first, at), min(end, part.next_offset)
+            if first < end:
+                part.spans.append(Span(first, end, state, count))
+                at = end
+        part._join()
         part.advance()
         return part
 
@@ -600,10 +741,8 @@ class ShareGroups:
             part = group.partitions[key] = SharePartition(start if earliest else end)
         if part.dead is None and group_id in self.dead_letter_groups:
             part.dead = []
-        if part.spso < start:  # retention removed records below it: they can no longer be delivered
-            part.records = {o: r for o, r in part.records.items() if o >= start}
-            part.spso = start
-            part.next_offset = max(part.next_offset, start)
+        if part.spso < start:  # retention removed records below it
+            part.drop_below(start)
         return part
 
     async def acquire_from_log(
@@ -620,17 +759,17 @@ class ShareGroups:
         wanted: Callable[[Any], bool] | None = None,
         reset: str | None = None,
         ordered: bool = False,
-    ) -> list[tuple[Any, list[tuple[int, int]]]]:
+    ) -> list[tuple[Any, list[tuple[int, int, int]]]]:
         """Acquire up to `budget` records of one partition of the log for the member, released and expired ones
-        first: each stored batch holding some, with its acquired (offset, delivery count) pairs. The lock lasts
-        `lock_ms` (the group's record lock duration by default). With `share.isolation.level=read_committed` only
-        records below the last stable offset are acquired, and those of aborted transactions are archived.
-        Control batches are archived; so are the batches
-        `wanted` refuses (a RocketMQ consumer's tag filter: for this group they are done). `reset`: where the group
-        starts on a partition it has not read yet (`partition`). Ordered (asked for, or the group is `orderly`):
-        nothing is acquired from a partition while one of its records is held, so its records go out one
-        acquisition at a time, in offset order, a released or expired one before any later one (RocketMQ's ordered
-        POP and FIFO consumer groups; a queue is a partition, and one message group's messages share a queue)."""
+        first: each stored batch holding some, with its acquired ranges (first offset, last offset, delivery
+        count). The lock lasts `lock_ms` (the group's record lock duration by default). With
+        `share.isolation.level=read_committed` only records below the last stable offset are acquired, and those
+        of aborted transactions are archived. Control batches are archived; so are the batches `wanted` refuses
+        (a RocketMQ consumer's tag filter: for this group they are done). `reset`: where the group starts on a
+        partition it has not read yet (`partition`). Ordered (asked for, or the group is `orderly`): nothing is
+        acquired from a partition while one of its records is held, so its records go out one acquisition at a
+        time, in offset order, a released or expired one before any later one (RocketMQ's ordered POP and FIFO
+        consumer groups; a queue is a partition, and one message group's messages share a queue)."""
         start, end = store.offset_bounds(name, partition)
         part = self.partition(group_id, topic_id, partition, start, end, reset)
         aborted = NO_ABORTS
@@ -640,14 +779,13 @@ class ShareGroups:
             if ranges:
                 aborted = AbortedBatches(ranges)
         part.expire(self.now(), self.limit(group_id))
-        if (ordered or self.orderly(group_id)) and any(r.state == ACQUIRED for r in part.records.values()):
+        if (ordered or self.orderly(group_id)) and part.held():
             return []
         deadline = self.now() + (self.lock_ms(group_id) if lock_ms is None else lock_ms)
         taken = 0
-        again = part.reacquirable()[:budget]
-        reacquired = set(again)
-        read_from = again[0] if again else part.next_offset
-        chosen: list[tuple[Any, list[tuple[int, int]]]] = []
+        again = part.first_available()
+        read_from = part.next_offset if again is None else again
+        chosen: list[tuple[Any, list[tuple[int, int, int]]]] = []
         offset = read_from
         while offset < end and taken < budget:
             wanted_bytes = (budget - taken) * READ_BYTES_PER_RECORD
@@ -657,24 +795,18 @@ class ShareGroups:
             for batch in result.batches:
                 if taken >= budget or batch.base_offset >= end:
                     break
-                offsets = range(max(batch.base_offset, read_from), batch.next_offset)
+                first = max(batch.base_offset, read_from)
                 if (
                     is_control_batch(batch.data)
                     or (aborted and aborted.holds_batch(batch.base_offset, batch.data))
                     or (wanted is not None and not wanted(batch))
                 ):
-                    part.archive(o for o in offsets if o >= part.next_offset or o in reacquired)
+                    part.archive(first, batch.next_offset)
                     continue
-                new: list[int] = []
-                for o in offsets:
-                    if o < part.next_offset:
-                        if o in part.records and o in reacquired:
-                            new.append(o)
-                    elif o - part.spso < self.max_record_locks:
-                        new.append(o)
-                got = part.acquire(new[: budget - taken], member_id, deadline)
+                new_below = part.spso + self.max_record_locks
+                got = part.acquire(first, batch.next_offset, member_id, deadline, budget - taken, new_below)
                 if got:
-                    taken += len(got)
+                    taken += sum(hi - lo + 1 for lo, hi, _count in got)
                     chosen.append((batch, got))
             offset = result.next_offset
             if offset >= part.next_offset and part.next_offset - part.spso >= self.max_record_locks:
@@ -714,11 +846,9 @@ class ShareGroups:
         if group is None:
             return None
         ends = [
-            rec.deadline
+            end
             for key in keys
-            if (part := group.partitions.get(key)) is not None
-            for rec in part.records.values()
-            if rec.state == ACQUIRED
+            if (part := group.partitions.get(key)) is not None and (end := part.next_lock_end()) is not None
         ]
         return min(ends, default=None)
 

@@ -234,7 +234,7 @@ async def test_changing_the_invisible_time_moves_the_lock_and_renews_the_receipt
     assert stale.code == ResponseCode.NO_MESSAGE
     renewed = Popped(changed.code, {**popped.header, "popTime": changed.ext_fields["popTime"]}, [])
     assert (await ack(broker, "g", "slow", renewed, message)).code == ResponseCode.SUCCESS
-    assert broker.server.pop.share.groups["g"].partitions.popitem()[1].records == {}  # acknowledged and done
+    assert broker.server.pop.share.groups["g"].partitions.popitem()[1].spans == []  # acknowledged and done
 
 
 async def test_a_waiting_pop_is_answered_by_a_send_and_counted_while_it_waits(broker: Broker) -> None:

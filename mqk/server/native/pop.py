@@ -170,15 +170,16 @@ class PopConsumption:
             )
             changed = changed or bool(chosen) or self._progress(group) != before
             nbytes = 0
+            taken = 0
             for batch, got in chosen:
-                counts = dict(got)
                 for msg in decoded.get(batch.base_offset) or self.ctx.to_messages(topic, queue, batch):
-                    delivery_count = counts.get(msg.queue_offset)
+                    delivery_count = next((c for lo, hi, c in got if lo <= msg.queue_offset <= hi), None)
                     if delivery_count is not None:
                         out.append(Popped(queue, msg, delivery_count))
                         nbytes += len(msg.body)
+                        taken += 1
             if chosen:
-                self.ctx.count_out(topic, partition, sum(len(g) for _b, g in chosen), nbytes, group)
+                self.ctx.count_out(topic, partition, taken, nbytes, group)
             if len(out) >= budget:
                 break
         return out, changed

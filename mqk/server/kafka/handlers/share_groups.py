@@ -192,14 +192,15 @@ async def _acquire(
     """Acquire up to `budget` records of one partition for the member: (the batches holding them, the acquired
     ranges with their delivery counts, how many were acquired)."""
     chosen = await ctx.groups.share.acquire_from_log(ctx.store, group_id, member_id, topic_id, partition, name, budget)
-    acquired = sorted(pair for _batch, got in chosen for pair in got)
     ranges: list[dict[str, int]] = []
-    for o, count in acquired:
-        if ranges and ranges[-1]["last_offset"] == o - 1 and ranges[-1]["delivery_count"] == count:
-            ranges[-1]["last_offset"] = o
+    taken = 0
+    for first, last, count in sorted(got for _batch, gots in chosen for got in gots):
+        taken += last - first + 1
+        if ranges and ranges[-1]["last_offset"] == first - 1 and ranges[-1]["delivery_count"] == count:
+            ranges[-1]["last_offset"] = last
         else:
-            ranges.append({"first_offset": o, "last_offset": o, "delivery_count": count})
-    return b"".join(bytes(batch.data) for batch, _got in chosen), ranges, len(acquired)
+            ranges.append({"first_offset": first, "last_offset": last, "delivery_count": count})
+    return b"".join(bytes(batch.data) for batch, _got in chosen), ranges, taken
 
 
 async def _enter(
