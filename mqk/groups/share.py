@@ -759,6 +759,7 @@ class ShareGroups:
         wanted: Callable[[Any], bool] | None = None,
         reset: str | None = None,
         ordered: bool = False,
+        whole_batches: bool = False,
     ) -> list[tuple[Any, list[tuple[int, int, int]]]]:
         """Acquire up to `budget` records of one partition of the log for the member, released and expired ones
         first: each stored batch holding some, with its acquired ranges (first offset, last offset, delivery
@@ -769,7 +770,9 @@ class ShareGroups:
         partition it has not read yet (`partition`). Ordered (asked for, or the group is `orderly`): nothing is
         acquired from a partition while one of its records is held, so its records go out one acquisition at a
         time, in offset order, a released or expired one before any later one (RocketMQ's ordered POP and FIFO
-        consumer groups; a queue is a partition, and one message group's messages share a queue)."""
+        consumer groups; a queue is a partition, and one message group's messages share a queue). `whole_batches`
+        (Kafka's batch-optimised acquire mode): `budget` and the in-flight bound are soft, a stored batch begun is
+        acquired to its end, so a member is sent no batch it holds only part of."""
         start, end = store.offset_bounds(name, partition)
         part = self.partition(group_id, topic_id, partition, start, end, reset)
         aborted = NO_ABORTS
@@ -803,8 +806,10 @@ class ShareGroups:
                 ):
                     part.archive(first, batch.next_offset)
                     continue
-                new_below = part.spso + self.max_record_locks
-                got = part.acquire(first, batch.next_offset, member_id, deadline, budget - taken, new_below)
+                new_below, wants = part.spso + self.max_record_locks, budget - taken
+                if whole_batches and first < new_below:
+                    new_below, wants = max(new_below, batch.next_offset), max(wants, batch.next_offset - first)
+                got = part.acquire(first, batch.next_offset, member_id, deadline, wants, new_below)
                 if got:
                     taken += sum(hi - lo + 1 for lo, hi, _count in got)
                     chosen.append((batch, got))

@@ -178,3 +178,54 @@ async def test_the_admin_describes_resets_and_deletes_a_share_groups_offsets(ser
         assert (row["start_offset"], row["error_code"]) == (-1, 0)  # no state: the next fetch starts it afresh
     finally:
         await client.close()
+
+
+async def test_batch_optimised_fetches_acquire_whole_batches_and_record_limit_ones_max_records() -> None:
+    """KIP-1206: in the batch-optimised mode (v1's only one, v2's default) `max_records` is soft, a stored batch
+    begun is acquired to its end; in v2's record-limit mode it is a hard limit and the batch's rest stays for the
+    next fetch. An unknown mode is an invalid request, and nothing of it is applied."""
+    async with memory_kafka(group_share_auto_offset_reset="earliest") as kafka:
+        await kafka.store.create_topic("jobs", 1)
+        await kafka.store.append("jobs", 0, [make_batch([b"%d" % i for i in range(10)])])
+        await kafka.store.append("jobs", 0, [make_batch([b"%d" % i for i in range(10, 20)])])
+        client = await RawKafkaClient.connect(kafka.host, kafka.port)
+        topic_id = uuid.UUID(bytes=bytes(kafka.ctx.topics.get("jobs").topic_id))  # type: ignore[union-attr]
+
+        async def fetch(version: int, member: str, epoch: int, **fields: Any) -> dict[str, Any]:
+            body = {
+                "group_id": "sg",
+                "member_id": member,
+                "share_session_epoch": epoch,
+                "max_wait_ms": 0,
+                "min_bytes": 1,
+                "max_bytes": 1 << 20,
+                "max_records": 3,
+                "batch_size": 3,
+                "topics": [
+                    {"topic_id": topic_id, "partitions": [{"partition_index": 0, "acknowledgement_batches": []}]}
+                ],
+                "forgotten_topics_data": [],
+                **fields,
+            }
+            return await client.call(ApiKey.SHARE_FETCH, version, body)
+
+        def acquired(answer: dict[str, Any]) -> list[tuple[int, int]]:
+            ranges = answer["responses"][0]["partitions"][0]["acquired_records"] if answer["responses"] else []
+            return [(r["first_offset"], r["last_offset"]) for r in ranges]
+
+        try:
+            for member in ("whole", "limited", "odd"):
+                hb = await client.call(
+                    ApiKey.SHARE_GROUP_HEARTBEAT,
+                    1,
+                    {"group_id": "sg", "member_id": member, "member_epoch": 0, "subscribed_topic_names": ["jobs"]},
+                )
+                assert hb["error_code"] == 0
+            odd = await fetch(2, "odd", 0, share_acquire_mode=7)
+            assert odd["error_code"] == 42 and kafka.ctx.groups.share.sessions.get(("sg", "odd")) is None
+            assert acquired(await fetch(2, "limited", 0, share_acquire_mode=1)) == [(0, 2)]
+            assert acquired(await fetch(1, "whole", 0)) == [(3, 9)]  # the first batch's rest, not 3 of it
+            assert acquired(await fetch(2, "limited", 1, share_acquire_mode=1)) == [(10, 12)]
+            assert acquired(await fetch(2, "limited", 2, share_acquire_mode=0)) == [(13, 19)]  # to the batch's end
+        finally:
+            await client.close()

@@ -4,8 +4,10 @@ reads the records it hands out, and saves the states a request changed before it
 
 ShareFetch: the session's epoch checked (0 opens one with the partitions named, -1 closes it, any other must be the
 one the previous request was told), the request's acknowledgements applied first, then records acquired for the
-member from the session's partitions (released and expired ones before new ones), at most `max_records`; with none
-to give it waits up to `max_wait_ms` for new records. The records go out as the stored batches that hold them, with
+member from the session's partitions (released and expired ones before new ones), `max_records` of them, a soft
+limit in the batch-optimised acquire mode (v1's, and v2's default: a stored batch begun is acquired whole, as Kafka
+does, so no batch is sent for a part of it) and a hard one in v2's record-limit mode; with none to give it waits up
+to `max_wait_ms` for new records. The records go out as the stored batches that hold them, with
 the acquired offset ranges and their delivery counts (a client delivers only those). Control batches are never
 handed out: their offsets are archived.
 
@@ -48,6 +50,9 @@ SHARE_SESSION_NOT_FOUND = 122
 INVALID_SHARE_SESSION_EPOCH = 123
 UNKNOWN_TOPIC_ID = 100
 NO_LEADER = {"leader_id": -1, "leader_epoch": -1}
+#: ShareFetch's acquire modes (v2, KIP-1206; v1 has only the first): whole stored batches, `max_records` a soft
+#: limit; or `max_records` at most
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1
 
 
 def _refusal(
@@ -187,11 +192,21 @@ def _acknowledge(
 
 
 async def _acquire(
-    ctx: KafkaContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int, name: str, budget: int
+    ctx: KafkaContext,
+    group_id: str,
+    member_id: str,
+    topic_id: uuid.UUID,
+    partition: int,
+    name: str,
+    budget: int,
+    whole_batches: bool,
 ) -> tuple[bytes, list[dict[str, int]], int]:
-    """Acquire up to `budget` records of one partition for the member: (the batches holding them, the acquired
-    ranges with their delivery counts, how many were acquired)."""
-    chosen = await ctx.groups.share.acquire_from_log(ctx.store, group_id, member_id, topic_id, partition, name, budget)
+    """Acquire up to `budget` records of one partition for the member (`whole_batches`: to the end of the last
+    stored batch begun): (the batches holding them, the acquired ranges with their delivery counts, how many were
+    acquired)."""
+    chosen = await ctx.groups.share.acquire_from_log(
+        ctx.store, group_id, member_id, topic_id, partition, name, budget, whole_batches=whole_batches
+    )
     ranges: list[dict[str, int]] = []
     taken = 0
     for first, last, count in sorted(got for _batch, gots in chosen for got in gots):
@@ -227,6 +242,9 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
     b = req.body
     share = ctx.groups.share
     group_id, member_id, epoch = b["group_id"] or "", b["member_id"] or "", b["share_session_epoch"]
+    mode = b.get("share_acquire_mode", BATCH_OPTIMIZED)
+    if mode not in (BATCH_OPTIMIZED, RECORD_LIMIT):
+        return _top(share, group_id, E.InvalidRequestError.code, f"share acquire mode {mode} is unknown")
     session, changed, refused = await _enter(ctx, peer, group_id, member_id, epoch, opening_allowed=True)
     if session is None:
         return refused
@@ -244,6 +262,7 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
             changed.add(group_id)
     elif not b.get("is_renew_ack"):  # (v2: a request that only renews acquisitions fetches nothing)
         budget = max(1, b["max_records"]) if b["max_records"] > 0 else 500
+        whole_batches = mode == BATCH_OPTIMIZED
         for attempt in range(2):
             for key in sorted(session.partitions, key=str):
                 topic_id, partition = key
@@ -262,7 +281,9 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
                     continue
                 if budget <= 0:
                     continue
-                records, ranges, n = await _acquire(ctx, group_id, member_id, topic_id, partition, name, budget)
+                records, ranges, n = await _acquire(
+                    ctx, group_id, member_id, topic_id, partition, name, budget, whole_batches
+                )
                 if n:
                     budget -= n
                     changed.add(group_id)
