@@ -150,7 +150,13 @@ class SharePartition:
 
     def _index(self, offset: int) -> int:
         """The index of the first span that ends past `offset` (the one holding it, if any does)."""
-        return bisect_right(self.spans, offset, key=_span_end)
+        spans = self.spans
+        # (the front and the back first: records are mostly settled at the front and taken at the back)
+        if not spans or offset < spans[0].end:
+            return 0
+        if offset >= spans[-1].end:
+            return len(spans)
+        return bisect_right(spans, offset, key=_span_end)
 
     def _span_at(self, offset: int) -> Span | None:
         i = self._index(offset)
@@ -273,12 +279,13 @@ class SharePartition:
         `next_offset` on (below `new_below`, when given: the bound on records in flight). The acquired ranges,
         (first offset, last offset, delivery count) each."""
         out: list[tuple[int, int, int]] = []
+        spans = self.spans
         touched = i = self._index(first)
-        while budget > 0 and i < len(self.spans) and (span := self.spans[i]).first < end:
+        while budget > 0 and i < len(spans) and (span := spans[i]).first < end:
             if span.state == AVAILABLE:
                 if span.first < first:
                     i = self._cut(first)
-                    span = self.spans[i]
+                    span = spans[i]
                 if span.end > min(end, span.first + budget):
                     self._cut(min(end, span.first + budget))
                 span.state, span.owner, span.deadline = ACQUIRED, member_id, deadline
@@ -288,15 +295,26 @@ class SharePartition:
             i += 1
         lo = max(first, self.next_offset)
         hi = min(end, lo + budget, end if new_below is None else new_below)
-        gap = lo > self.next_offset  # (offsets the log does not have: done)
-        if hi > lo:
-            self.spans.append(Span(lo, hi, ACQUIRED, 1, member_id, deadline))
-            self.next_offset = hi
-            out.append((lo, hi - 1, 1))
         if out:
             self._join(touched)
-        if hi > lo and gap:
-            self.advance()
+        if hi > lo:
+            gap = lo > self.next_offset  # (offsets the log does not have: done)
+            back = spans[-1] if spans else None
+            if (
+                back is not None
+                and back.end == lo
+                and back.state == ACQUIRED
+                and back.count == 1
+                and back.owner == member_id
+                and back.deadline == deadline
+            ):
+                back.end = hi  # (the run this member was given just before, one lock for both)
+            else:
+                spans.append(Span(lo, hi, ACQUIRED, 1, member_id, deadline))
+            self.next_offset = hi
+            out.append((lo, hi - 1, 1))
+            if gap:
+                self.advance()
         return out
 
     def holds(self, offset: int, member_id: str, delivery_count: int | None = None) -> bool:
@@ -337,20 +355,27 @@ class SharePartition:
         (nothing of the batch is applied then). A released record delivered `limit` times is archived."""
         if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
             return E.InvalidRequestError.code
-        runs: list[tuple[int, int, int]] = [(first, last + 1, types[0])]
-        if len(types) > 1:
+        if len(types) == 1:
+            runs = [(first, last + 1, types[0])]
+            if not self._settleable(member_id, first, last + 1, types[0]):
+                return INVALID_RECORD_STATE
+        else:
             runs = []
             for offset, kind in enumerate(types, first):
                 if runs and runs[-1][2] == kind:
                     runs[-1] = (runs[-1][0], offset + 1, kind)
                 else:
                     runs.append((offset, offset + 1, kind))
-        if not all(self._settleable(member_id, f, e, kind) for f, e, kind in runs):
-            return INVALID_RECORD_STATE
+            if not all(self._settleable(member_id, f, e, kind) for f, e, kind in runs):
+                return INVALID_RECORD_STATE
+        spans = self.spans
         for f, e, kind in runs:
             below = min(e, self.next_offset)
             if f >= below:
                 continue  # (a gap past what was handed out)
+            if kind in (ACCEPT, REJECT, GAP) and spans and spans[0].first == f and below < spans[0].end:
+                spans[0].first = below  # done at the front: the SPSO passes them now (no span of their own)
+                continue
             i, j = self._between(f, below)
             for span in self.spans[i:j]:
                 if kind == RENEW:
