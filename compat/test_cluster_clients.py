@@ -500,6 +500,98 @@ def test_a_share_groups_config_set_through_one_broker_holds_on_every_broker(clus
     assert [deliveries[v] for v in range(PARTITIONS, 2 * PARTITIONS)] == [1] * PARTITIONS
 
 
+def test_a_share_groups_offsets_are_described_reset_and_deleted_through_its_coordinator(cluster: LocalCluster) -> None:
+    """Describe-, Alter- and DeleteShareGroupOffsets sent to the group's coordinator, while every broker leads some
+    of the topic's partitions and holds their states: the coordinator answers for all of them; a reset to 0 is
+    seen by the leaders (a new share consumer gets every record again); a deleted state is gone everywhere. Any
+    other broker answers NOT_COORDINATOR."""
+    topic, group = unique("so"), unique("so-share")
+    b0, b1, b2 = bootstraps(cluster)
+    create_topic(b0, topic)
+    assert_spread(cluster, topic)
+    confluent_produce(b1, topic)(0, FIRST)  # FIRST / PARTITIONS records on each partition
+    per_partition = FIRST // PARTITIONS
+
+    def read_all(count: int) -> collections.Counter[int]:
+        consumer = ShareConsumer({"bootstrap.servers": b2, "group.id": group})
+        try:
+            consumer.subscribe([topic])
+            seen = share_read([consumer], count)
+            consumer.commit_sync()  # (the last poll's records, accepted)
+        finally:
+            consumer.close()
+        return seen
+
+    assert sorted(read_all(FIRST)) == list(range(FIRST))
+    node = coordinator_of(cluster, group)
+    at = next(b for b in cluster.brokers if b.node_id == node)
+    assert at.kafka is not None
+
+    async def call(api: ApiKey, version: int, body: dict[str, Any], broker: LocalBroker = at) -> dict[str, Any]:
+        assert broker.kafka is not None
+        client = await RawKafkaClient.connect(*broker.kafka, "share-offsets")
+        try:
+            return await client.call(api, version, body)
+        finally:
+            await client.close()
+
+    def describe(topics: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        body = {"groups": [{"group_id": group, "topics": topics}]}
+        return asyncio.run(call(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, body))["groups"][0]
+
+    def rows(described: dict[str, Any]) -> dict[int, tuple[int, int, int]]:
+        assert described["error_code"] == 0, described
+        return {
+            p["partition_index"]: (p["start_offset"], p["lag"], p["error_code"])
+            for t in described["topics"]
+            for p in t["partitions"]
+        }
+
+    every = dict.fromkeys(range(PARTITIONS), (per_partition, 0, 0))
+    eventually(lambda: rows(describe()), every, "every partition's start offset past its records")
+    others = [b for b in cluster.brokers if b.node_id != node]
+    for other in others:
+        body = {"groups": [{"group_id": group, "topics": None}]}
+        answer = asyncio.run(call(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, body, other))
+        assert answer["groups"][0]["error_code"] == E.NotCoordinatorError.code
+
+    reset = {
+        "group_id": group,
+        "topics": [
+            {
+                "topic_name": topic,
+                "partitions": [{"partition_index": p, "start_offset": 0 if p else 10_000} for p in range(PARTITIONS)],
+            }
+        ],
+    }
+
+    def altered() -> dict[int, int] | None:
+        answer = asyncio.run(call(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, reset))
+        if answer["error_code"] == E.NonEmptyGroupError.code:  # (the member's leave is a moment behind its close)
+            return None
+        assert answer["error_code"] == 0, answer
+        return {p["partition_index"]: p["error_code"] for p in answer["responses"][0]["partitions"]}
+
+    codes = wait_until(altered, 30, "the group empty, and reset")
+    assert codes == {0: E.OffsetOutOfRangeError.code, **dict.fromkeys(range(1, PARTITIONS), 0)}
+    assert rows(describe()) == {0: (per_partition, 0, 0), **dict.fromkeys(range(1, PARTITIONS), (0, per_partition, 0))}
+    again = read_all(FIRST - per_partition)  # every record of the reset partitions once more, none of partition 0's
+    assert sorted(again) == [v for v in range(FIRST) if v % PARTITIONS] and set(again.values()) == {1}
+
+    delete = {"group_id": group, "topics": [{"topic_name": topic}]}
+    deleted = wait_until(
+        lambda: (a := asyncio.run(call(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, delete)))["error_code"] == 0 and a,
+        30,
+        "the states deleted",
+    )
+    assert deleted["responses"][0]["error_code"] == 0
+    named = describe([{"topic_name": topic, "partitions": list(range(PARTITIONS))}])
+    assert rows(named) == dict.fromkeys(
+        range(PARTITIONS), (-1, -1, 0)
+    )  # no state anywhere: the next fetch starts afresh
+    assert rows(describe()) == {}
+
+
 # --- kafka-python ---------------------------------------------------------------------------------------------
 
 

@@ -248,6 +248,12 @@ class BrokerRuntime:
         group_configs = GroupConfigs(self.cluster, share)
         group_configs.start()
         share.config_writer = group_configs.write
+        from mqk.broker.cluster.share_ops import ShareOps
+        from mqk.server.kafka.handlers.share_groups import perform_share_op
+
+        kafka_ctx = self.kafka.ctx
+        kafka_ctx.share_ops = ShareOps(self.cluster, lambda op: perform_share_op(kafka_ctx, op))
+        kafka_ctx.share_ops.start()
         if self.replication is not None:
             await self.replication.start()
         await self.kafka.producers.use_cluster(self.cluster.node)

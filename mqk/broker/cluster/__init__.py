@@ -25,7 +25,7 @@ from typing import Any
 from mqk.broker import internal
 from mqk.broker.cluster.controller import OFFSETS_TOPIC, Controller
 from mqk.broker.cluster.epochs import EpochHistory
-from mqk.broker.cluster.model import BrokerRecord, Keys, RequestRecord, TopicRecord
+from mqk.broker.cluster.model import BrokerRecord, Keys, MasterRecord, RequestRecord, TopicRecord, dump
 from mqk.broker.cluster.node import ClusterConfig, ClusterNode, ClusterStartError
 from mqk.broker.cluster.reconcile import TopicReconciler
 from mqk.broker.cluster.view import ClusterView, KeyTable
@@ -83,6 +83,12 @@ class ClusterMember:
     @property
     def group(self) -> str:
         return self.node.group
+
+    def master_fence(self) -> Compare:
+        """The condition a write of this group's master carries: its master key still holds its record (it has not
+        been replaced since it was elected)."""
+        node = self.node
+        return Compare(self.keys.master(self.group), "value", "==", dump(MasterRecord(node.node_id, node.master_epoch)))
 
     async def start(self) -> None:
         """Join the cluster (ClusterStartError when it cannot)."""

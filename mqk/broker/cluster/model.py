@@ -18,6 +18,10 @@
     txn-partitions/<group>/<pid> TxnPartitionsRecord a Kafka transaction's partitions placed in <group>, when its
                                                   coordinator is in another group (mqk.broker.cluster.txn_partitions)
     group-configs/<quoted id>    (JSON object)    a share group's config overrides (mqk.broker.cluster.group_configs)
+    share-ops/<group>/<id>       (JSON object)    a share group offset operation asked of <group>'s master by the
+                                                  share group's coordinator (mqk.broker.cluster.share_ops)
+                                                                                          (the asker's lease)
+    share-answers/<id>/<group>   (JSON object)    that master's answer                    (the answerer's lease)
 
 Every value is a small JSON object; decoding checks types and refuses what it does not understand (`Malformed`), so a
 damaged or foreign key is logged and skipped, never trusted.
@@ -58,8 +62,18 @@ class Keys:
         self.rocketmq_keys = self.root + "rocketmq-keys/"
         self.txn_partitions = self.root + "txn-partitions/"
         self.group_configs = self.root + "group-configs/"
+        self.share_ops = self.root + "share-ops/"
+        self.share_answers = self.root + "share-answers/"
         #: the prefixes whose values other modules decode: a ClusterState keeps each as a KeyTable
-        self.tables = (self.acls, self.quotas, self.rocketmq_keys, self.txn_partitions, self.group_configs)
+        self.tables = (
+            self.acls,
+            self.quotas,
+            self.rocketmq_keys,
+            self.txn_partitions,
+            self.group_configs,
+            self.share_ops,
+            self.share_answers,
+        )
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
@@ -88,6 +102,12 @@ class Keys:
     def txn_partitions_of(self, group: str, producer_id: int) -> str:
         """The key of producer id `producer_id`'s transaction in `group` (the group's name percent-encoded)."""
         return f"{self.txn_partitions}{quote(group, safe='')}/{producer_id}"
+
+    def share_op(self, group: str, op_id: str) -> str:
+        return f"{self.share_ops}{quote(group, safe='')}/{op_id}"
+
+    def share_answer(self, op_id: str, group: str) -> str:
+        return f"{self.share_answers}{op_id}/{quote(group, safe='')}"
 
     def user(self, name: str) -> str:
         """A user's key: the name percent-encoded, so any name (one with '/' too) is one key."""

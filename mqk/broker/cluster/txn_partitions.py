@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from mqk.broker.cluster import ClusterMember
 from mqk.broker.cluster.controller import OFFSETS_TOPIC
-from mqk.broker.cluster.model import TXN_ONGOING, Malformed, MasterRecord, TxnPartitionsRecord, dump
+from mqk.broker.cluster.model import TXN_ONGOING, Malformed, TxnPartitionsRecord, dump
 from mqk.errors import MetaUnavailable
 from mqk.meta import Compare, Delete, Put
 
@@ -75,16 +75,11 @@ class TxnPartitions:
     ) -> TxnPartitionsRecord:
         return TxnPartitionsRecord(transactional_id, producer_id, epoch, state, partitions, self.member.node_id)
 
-    def _fence(self) -> Compare:
-        """This broker is still the master it was elected as (its master key holds its record)."""
-        node = self.member.node
-        return Compare(self.keys.master(self.group), "value", "==", dump(MasterRecord(node.node_id, node.master_epoch)))
-
     async def publish(self, records: dict[str, TxnPartitionsRecord]) -> None:
         """Write each group's record (group -> record) in one transaction, fenced on this broker's mastership.
         MetaUnavailable when etcd cannot be reached or this broker is no longer master."""
         changes = [Put(self.keys.txn_partitions_of(g, r.producer_id), dump(r)) for g, r in records.items()]
-        if not await self.member.node.meta.txn([self._fence()], changes):
+        if not await self.member.node.meta.txn([self.member.master_fence()], changes):
             raise MetaUnavailable(f"not the master of group {self.group} any more")
 
     async def wait_gone(
@@ -149,7 +144,9 @@ class TxnPartitions:
         """Delete the record acted on (unless it changed since, or this broker is no longer master); whether it
         was deleted."""
         key = self.keys.txn_partitions_of(self.group, record.producer_id)
-        return await self.member.node.meta.txn([Compare(key, "value", "==", value), self._fence()], [Delete(key)])
+        return await self.member.node.meta.txn(
+            [Compare(key, "value", "==", value), self.member.master_fence()], [Delete(key)]
+        )
 
     def on_change(self, callback: Callable[[], None]) -> None:
         """`callback()` after every change the cluster's watch brings."""

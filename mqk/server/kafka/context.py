@@ -36,6 +36,7 @@ from mqk.store.manager import StoreManager
 # typing only: cluster mode's modules (etcd client, controller, replication) load with --cluster alone (start-up)
 if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember
+    from mqk.broker.cluster.share_ops import ShareOps
     from mqk.broker.replication import Replication
 
 
@@ -119,6 +120,8 @@ class KafkaContext:
     quotas: ClientQuotas | None = None
     #: Kafka transactions (mqk.server.kafka.transactions); None in cluster mode, which does not offer them yet
     transactions: TransactionCoordinator | None = None
+    #: cluster mode: share group offset operations asked of the masters holding a group's partitions
+    share_ops: ShareOps | None = None
 
 
 class CloseConnection:

@@ -22,8 +22,8 @@ and ShareAcknowledge go to each partition's leader, which keeps that partition's
 group's log (mqk.groups.share) and answers NOT_LEADER_OR_FOLLOWER for a partition it does not lead. A leader that
 does not coordinate the group takes the member id it is given (its share session is what it checks), as Kafka's
 share-partition leaders do; a departed member's records come back there when their locks end. The groups' configs
-are the cluster's (mqk.broker.cluster.group_configs). Not yet in cluster mode: the share group offset APIs
-(answered with a message).
+are the cluster's (mqk.broker.cluster.group_configs). The admin's offset APIs go to the coordinator, which asks
+the masters holding the group's partitions (mqk.broker.cluster.share_ops).
 """
 
 from __future__ import annotations
@@ -356,17 +356,120 @@ async def share_acknowledge(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dic
 
 
 # --- the admin's offsets: Describe-, Alter- and DeleteShareGroupOffsets ---------------------------------------
+#
+# Each is answered by the group's coordinator. On a broker on its own it holds every partition's state; in
+# cluster mode the masters of the broker groups holding the partitions do, and the coordinator asks them through
+# etcd (mqk.broker.cluster.share_ops): `perform_share_op` is their side, `_at_holders` the coordinator's.
+
+#: how long a coordinator waits for the masters holding a group's partitions to answer
+HOLDERS_TIMEOUT_S = 5.0
 
 
 def _group_refusal(ctx: KafkaContext, peer: Peer, group_id: str, operation: str) -> tuple[int, str | None]:
-    """What the offset APIs check of a group: the operation on it, cluster mode, and that it is no classic or
-    consumer group."""
-    code, message = _refusal(ctx, peer, group_id, operation, at_coordinator=False)
-    if not code and ctx.cluster is not None:
-        return E.InvalidRequestError.code, "the share group offset APIs are not offered in cluster mode yet"
+    """What the offset APIs check of a group: the operation on it, that this broker coordinates it, and that it
+    is no classic or consumer group."""
+    code, message = _refusal(ctx, peer, group_id, operation)
     if not code and (ctx.groups.classic_members(group_id) or ctx.groups.consumer.has_members(group_id)):
         code, message = E.GroupIdNotFoundError.code, f"group {group_id!r} is not a share group"
     return code, message
+
+
+def _holder(ctx: KafkaContext, name: str, partition: int) -> str | None:
+    """Cluster mode: the broker group holding a partition's states (None: the cluster has no such partition)."""
+    assert ctx.cluster is not None
+    record = ctx.cluster.topic(name)
+    if record is None or not 0 <= partition < len(record.partitions):
+        return None
+    return record.partitions[partition][0]
+
+
+async def _at_holders(
+    ctx: KafkaContext, groups: set[str], op: dict[str, Any]
+) -> tuple[list[dict[str, Any]], int, str | None]:
+    """Cluster mode: `op` asked of each of these broker groups' masters; (their answers, and the error of the
+    whole request when one did not answer)."""
+    assert ctx.share_ops is not None
+    try:
+        answers = await ctx.share_ops.ask(groups, op, HOLDERS_TIMEOUT_S)
+    except E.MetaUnavailable as exc:
+        return [], E.CoordinatorNotAvailableError.code, f"the cluster's metadata store: {exc}"
+    missing = sorted(groups - set(answers))
+    failed = sorted(g for g, a in answers.items() if "error" in a)
+    if missing or failed:
+        message = f"the masters of {', '.join(missing + failed)} did not answer for group {op['group']!r}; try again"
+        return [], E.CoordinatorNotAvailableError.code, message
+    return list(answers.values()), NONE, None
+
+
+async def perform_share_op(ctx: KafkaContext, op: dict[str, Any]) -> dict[str, Any]:
+    """One share offset operation on this broker's states of the partitions it holds (in cluster mode: those of
+    its group, asked by a share group's coordinator); what came of it."""
+    share = ctx.groups.share
+    await share.ensure_loaded(ctx.store)
+    group_id, kind = str(op["group"]), op["op"]
+    if kind == "describe":
+        return {"exists": share.exists(group_id), "states": _held_states(ctx, group_id)}
+    if kind == "alter":
+        errors = [[name, p, _reset_here(ctx, group_id, name, p, start)] for name, p, start in op["partitions"]]
+        if any(error == NONE for _name, _p, error in errors):
+            await share.save([group_id])
+        return {"errors": errors}
+    if kind == "delete":
+        forgot = [name for name in op["topics"] if _forget_here(ctx, group_id, name)]
+        if forgot:
+            await share.save([group_id])
+        return {"forgot": forgot}
+    raise ValueError(f"share operation {kind!r} is unknown")
+
+
+def _held_states(ctx: KafkaContext, group_id: str) -> list[list[Any]]:
+    """[topic, partition, start offset, lag] of every partition of the group whose state this broker holds."""
+    group = ctx.groups.share.groups.get(group_id)
+    by_id = _topics_by_id(ctx)
+    out = []
+    for (topic_id, p), part in group.partitions.items() if group is not None else ():
+        name = by_id.get(topic_id, (None, 0))[0]
+        if name is not None and (ctx.cluster is None or ctx.cluster.leads(name, p)):
+            out.append([name, p, part.spso, part.lag(ctx.store.end_offset(name, p))])
+    return out
+
+
+def _reset_here(ctx: KafkaContext, group_id: str, name: str, partition: int, start: int) -> int:
+    """Start the group over at `start` on a partition this broker holds; the partition's error code."""
+    if ctx.cluster is not None and not ctx.cluster.leads(name, partition):
+        return E.NotLeaderOrFollowerError.code
+    info = ctx.topics.get(name)
+    if info is None or not 0 <= partition < info.queue_count:
+        return E.UnknownTopicOrPartitionError.code
+    low, high = ctx.store.offset_bounds(name, partition)
+    if not low <= start <= high:
+        return E.OffsetOutOfRangeError.code
+    ctx.groups.share.reset(group_id, uuid.UUID(bytes=bytes(info.topic_id)), partition, start)
+    return NONE
+
+
+def _forget_here(ctx: KafkaContext, group_id: str, name: str) -> bool:
+    info = ctx.topics.get(name)
+    return info is not None and ctx.groups.share.forget(group_id, uuid.UUID(bytes=bytes(info.topic_id)))
+
+
+async def _states(
+    ctx: KafkaContext, group_id: str, wanted: dict[str, list[int]] | None
+) -> tuple[bool, dict[tuple[str, int], tuple[int, int]], int, str | None]:
+    """Whether the group has states anywhere, and (topic, partition) -> (start offset, lag) of those of `wanted`
+    (None: all of them); then the error of the whole request."""
+    if ctx.cluster is None:
+        answers = [await perform_share_op(ctx, {"op": "describe", "group": group_id})]
+    else:
+        if wanted is None:
+            holders = set(ctx.cluster.view.live_groups())
+        else:
+            holders = {g for name, ps in wanted.items() for p in ps if (g := _holder(ctx, name, p)) is not None}
+        answers, code, message = await _at_holders(ctx, holders, {"op": "describe", "group": group_id})
+        if code:
+            return False, {}, code, message
+    states = {(str(n), int(p)): (int(spso), int(lag)) for a in answers for n, p, spso, lag in a["states"]}
+    return any(a["exists"] for a in answers) or ctx.groups.share.exists(group_id), states, NONE, None
 
 
 async def describe_share_group_offsets(
@@ -381,21 +484,20 @@ async def describe_share_group_offsets(
     out = []
     for g in req.body["groups"]:
         group_id = g["group_id"]
+        asked = g["topics"]
+        wanted = None if asked is None else {t["topic_name"]: list(t["partitions"]) for t in asked}
         code, message = _group_refusal(ctx, peer, group_id, "DESCRIBE")
-        if not code and not share.exists(group_id):
-            code, message = E.GroupIdNotFoundError.code, f"share group {group_id!r} does not exist"
+        if not code:
+            exists, states, code, message = await _states(ctx, group_id, wanted)
+            if not code and not exists:
+                code, message = E.GroupIdNotFoundError.code, f"share group {group_id!r} does not exist"
         if code:
             out.append({"group_id": group_id, "topics": [], "error_code": code, "error_message": message})
             continue
-        states = share.groups[group_id].partitions
-        asked = g["topics"]
-        if asked is None:
-            wanted: dict[str, list[int]] = {}
-            for held_id, p in sorted(states, key=str):
-                if held_id in by_id:
-                    wanted.setdefault(by_id[held_id][0], []).append(p)
-        else:
-            wanted = {t["topic_name"]: list(t["partitions"]) for t in asked}
+        if wanted is None:
+            wanted = {}
+            for name, p in sorted(states):
+                wanted.setdefault(name, []).append(p)
         topics = []
         for name, partitions in wanted.items():
             topic_id = ids.get(name)
@@ -408,9 +510,9 @@ async def describe_share_group_offsets(
                     row.update(error_code=E.UnknownTopicOrPartitionError.code, error_message=None)
                 else:
                     row.update(error_code=NONE, error_message=None, leader_epoch=0)
-                    part = states.get((topic_id, p))
-                    if part is not None:
-                        row.update(start_offset=part.spso, lag=part.lag(ctx.store.end_offset(name, p)))
+                    if (name, p) in states:
+                        spso, lag = states[(name, p)]
+                        row.update(start_offset=spso, lag=lag)
                 rows.append(row)
             topics.append({"topic_name": name, "topic_id": topic_id, "partitions": rows})
         out.append({"group_id": group_id, "topics": topics, "error_code": NONE, "error_message": None})
@@ -434,31 +536,50 @@ async def alter_share_group_offsets(ctx: KafkaContext, peer: Peer, req: KafkaReq
     --reset-offsets` sends); an offset outside the partition's log is OFFSET_OUT_OF_RANGE."""
     b = req.body
     group_id = b["group_id"]
-    share, code, message = await _empty_group_change(ctx, peer, group_id, "READ")
-    by_id = _topics_by_id(ctx)
-    ids = {name: topic_id for topic_id, (name, _count) in by_id.items()}
-    counts = {topic_id: count for topic_id, (_name, count) in by_id.items()}
-    responses = []
-    for t in b["topics"] if not code else ():
+    _share, code, message = await _empty_group_change(ctx, peer, group_id, "READ")
+    if code:
+        return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "responses": []}
+    errors: dict[tuple[str, int], int] = {}
+    todo: list[list[Any]] = []
+    for t in b["topics"]:
         name = t["topic_name"]
-        topic_id = ids.get(name)
-        rows = []
+        info = ctx.topics.get(name)
         for p in t["partitions"]:
-            index, start = p["partition_index"], p["start_offset"]
+            index = p["partition_index"]
             if not allowed(ctx, peer, "READ", TOPIC, name):
-                error = E.TopicAuthorizationFailedError.code
-            elif topic_id is None or not 0 <= index < counts[topic_id]:
-                error = E.UnknownTopicOrPartitionError.code
+                errors[(name, index)] = E.TopicAuthorizationFailedError.code
+            elif info is None or not 0 <= index < info.queue_count:
+                errors[(name, index)] = E.UnknownTopicOrPartitionError.code
             else:
-                low, high = ctx.store.offset_bounds(name, index)
-                error = NONE if low <= start <= high else E.OffsetOutOfRangeError.code
-                if not error:
-                    share.reset(group_id, topic_id, index, start)
-            rows.append({"partition_index": index, "error_code": error, "error_message": None})
-        responses.append({"topic_name": name, "topic_id": topic_id, "partitions": rows})
-    if not code:
-        await share.save([group_id])
-    return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "responses": responses}
+                todo.append([name, index, p["start_offset"]])
+    answers = []
+    if todo and ctx.cluster is None:
+        answers.append(await perform_share_op(ctx, {"op": "alter", "group": group_id, "partitions": todo}))
+    elif todo:
+        by_holder: dict[str, list[list[Any]]] = {}
+        for item in todo:
+            by_holder.setdefault(_holder(ctx, item[0], item[1]) or "", []).append(item)
+        for holder, items in by_holder.items():  # (one at a time: a holder that fails fails its partitions only)
+            got, failed, _why = await _at_holders(
+                ctx, {holder}, {"op": "alter", "group": group_id, "partitions": items}
+            )
+            answers += got
+            errors.update({(name, index): failed for name, index, _start in items} if failed else {})
+    errors.update({(name, int(index)): int(error) for a in answers for name, index, error in a["errors"]})
+    responses = []
+    for t in b["topics"]:
+        name = t["topic_name"]
+        rows = [
+            {"partition_index": index, "error_code": errors[(name, index)], "error_message": None}
+            for index in (p["partition_index"] for p in t["partitions"])
+        ]
+        responses.append({"topic_name": name, "topic_id": _topic_id(ctx, name), "partitions": rows})
+    return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None, "responses": responses}
+
+
+def _topic_id(ctx: KafkaContext, name: str) -> uuid.UUID | None:
+    info = ctx.topics.get(name)
+    return None if info is None else uuid.UUID(bytes=bytes(info.topic_id))
 
 
 async def delete_share_group_offsets(
@@ -468,21 +589,35 @@ async def delete_share_group_offsets(
     b = req.body
     group_id = b["group_id"]
     share, code, message = await _empty_group_change(ctx, peer, group_id, "DELETE")
-    if not code and not share.exists(group_id):
-        code, message = E.GroupIdNotFoundError.code, f"share group {group_id!r} does not exist"
-    ids = {name: topic_id for topic_id, (name, _count) in _topics_by_id(ctx).items()}
+    errors: dict[str, int] = {}
+    names: list[str] = []
+    for t in b["topics"] if not code else ():
+        name = t["topic_name"]
+        if not allowed(ctx, peer, "READ", TOPIC, name):
+            errors[name] = E.TopicAuthorizationFailedError.code
+        elif ctx.topics.get(name) is None:
+            errors[name] = E.UnknownTopicOrPartitionError.code
+        else:
+            names.append(name)
+    if not code:
+        op = {"op": "delete", "group": group_id, "topics": names}
+        if ctx.cluster is None:
+            answers = [await perform_share_op(ctx, op)]
+        else:
+            holders: set[str] = set()
+            for name in names:
+                record = ctx.cluster.topic(name)
+                if record is not None:
+                    holders.update(g for g, _queue in record.partitions)
+            answers, code, message = await _at_holders(ctx, holders, op)
+        forgot = {name for a in answers for name in a["forgot"]}
+        if not code and not forgot and not share.exists(group_id):
+            code, message = E.GroupIdNotFoundError.code, f"share group {group_id!r} does not exist"
     responses = []
     for t in b["topics"] if not code else ():
         name = t["topic_name"]
-        topic_id = ids.get(name)
-        if not allowed(ctx, peer, "READ", TOPIC, name):
-            error = E.TopicAuthorizationFailedError.code
-        elif topic_id is None:
-            error = E.UnknownTopicOrPartitionError.code
-        else:
-            share.forget(group_id, topic_id)
-            error = NONE
-        responses.append({"topic_name": name, "topic_id": topic_id, "error_code": error, "error_message": None})
-    if not code:
-        await share.save([group_id])
+        error = errors.get(name, NONE)
+        responses.append(
+            {"topic_name": name, "topic_id": _topic_id(ctx, name), "error_code": error, "error_message": None}
+        )
     return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "responses": responses}
