@@ -21,6 +21,27 @@ ACCEPT, RELEASE = 1, 2
 GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_OUT_OF_RANGE = 69, 68, 3, 1
 
 
+def fetch_body(
+    topic_id: uuid.UUID, member: str, epoch: int, acks: list[dict[str, Any]] | None = None, **fields: Any
+) -> dict[str, Any]:
+    """A ShareFetch of partition 0 of the topic for member `member` of share group "sg" (100 records, no wait)."""
+    return {
+        "group_id": "sg",
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "max_wait_ms": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": 100,
+        "batch_size": 100,
+        "topics": [
+            {"topic_id": topic_id, "partitions": [{"partition_index": 0, "acknowledgement_batches": acks or []}]}
+        ],
+        "forgotten_topics_data": [],
+        **fields,
+    }
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[KafkaServer]:
     async with memory_kafka(group_share_auto_offset_reset="earliest") as kafka:
@@ -34,20 +55,7 @@ async def test_share_sessions_on_the_wire(server: KafkaServer) -> None:
     topic_id = uuid.UUID(bytes=bytes(server.ctx.topics.get("jobs").topic_id))  # type: ignore[union-attr]
 
     def fetch(epoch: int, acks: list[dict[str, Any]] | None = None, member: str = "m1") -> dict[str, Any]:
-        return {
-            "group_id": "sg",
-            "member_id": member,
-            "share_session_epoch": epoch,
-            "max_wait_ms": 0,
-            "min_bytes": 1,
-            "max_bytes": 1 << 20,
-            "max_records": 100,
-            "batch_size": 100,
-            "topics": [
-                {"topic_id": topic_id, "partitions": [{"partition_index": 0, "acknowledgement_batches": acks or []}]}
-            ],
-            "forgotten_topics_data": [],
-        }
+        return fetch_body(topic_id, member, epoch, acks)
 
     try:
         versions = await client.call(
@@ -133,18 +141,7 @@ async def test_the_admin_describes_resets_and_deletes_a_share_groups_offsets(ser
         assert unknown["error_code"] == GROUP_ID_NOT_FOUND
         # a member takes the three records and accepts the first: the SPSO moves to 1, two records lag
         assert (await heartbeat(0))["error_code"] == 0
-        fetch = {
-            "group_id": "sg",
-            "member_id": "m1",
-            "share_session_epoch": 0,
-            "max_wait_ms": 0,
-            "min_bytes": 1,
-            "max_bytes": 1 << 20,
-            "max_records": 100,
-            "batch_size": 100,
-            "topics": [{"topic_id": topic_id, "partitions": [{"partition_index": 0, "acknowledgement_batches": []}]}],
-            "forgotten_topics_data": [],
-        }
+        fetch = fetch_body(topic_id, "m1", 0)
         await client.call(ApiKey.SHARE_FETCH, 1, fetch)
         acks = [{"first_offset": 0, "last_offset": 0, "acknowledge_types": [ACCEPT]}]
         fetch["share_session_epoch"] = 1
@@ -192,21 +189,7 @@ async def test_batch_optimised_fetches_acquire_whole_batches_and_record_limit_on
         topic_id = uuid.UUID(bytes=bytes(kafka.ctx.topics.get("jobs").topic_id))  # type: ignore[union-attr]
 
         async def fetch(version: int, member: str, epoch: int, **fields: Any) -> dict[str, Any]:
-            body = {
-                "group_id": "sg",
-                "member_id": member,
-                "share_session_epoch": epoch,
-                "max_wait_ms": 0,
-                "min_bytes": 1,
-                "max_bytes": 1 << 20,
-                "max_records": 3,
-                "batch_size": 3,
-                "topics": [
-                    {"topic_id": topic_id, "partitions": [{"partition_index": 0, "acknowledgement_batches": []}]}
-                ],
-                "forgotten_topics_data": [],
-                **fields,
-            }
+            body = fetch_body(topic_id, member, epoch, max_records=3, batch_size=3, **fields)
             return await client.call(ApiKey.SHARE_FETCH, version, body)
 
         def acquired(answer: dict[str, Any]) -> list[tuple[int, int]]:
