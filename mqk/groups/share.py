@@ -692,14 +692,31 @@ class ShareGroups:
             member.previous_epoch, member.member_epoch = member.member_epoch, group.group_epoch
         answer["member_id"] = member.member_id
         answer["member_epoch"] = member.member_epoch
-        if member.sent != member.assignment:
-            member.sent = dict(member.assignment)
+        offered = self._offer(group, member)
+        if member.sent != offered:
+            member.sent = offered
             answer["assignment"] = {
                 "topic_partitions": [
-                    {"topic_id": t, "partitions": sorted(ps)} for t, ps in sorted(member.assignment.items(), key=str)
+                    {"topic_id": t, "partitions": sorted(ps)} for t, ps in sorted(offered.items(), key=str)
                 ]
             }
         return answer, changed
+
+    @staticmethod
+    def _offer(group: ShareGroup, member: ShareMember) -> Assignment:
+        """What a heartbeat tells the member: its assignment, and the partitions it was told before that went to
+        other members none of which has been told yet. A member hears of a change only with its own heartbeat, up
+        to a heartbeat interval later; until a partition's new member has, the old one keeps fetching it (records
+        are shared: two fetching it do no harm), so no partition waits that long with nobody fetching it."""
+        offered = {t: set(ps) for t, ps in member.assignment.items()}
+        for t, ps in (member.sent or {}).items():
+            for p in ps:
+                if p in member.assignment.get(t, ()):
+                    continue
+                owners = [o for o in group.members.values() if o is not member and p in o.assignment.get(t, ())]
+                if owners and not any(p in (o.sent or {}).get(t, ()) for o in owners):
+                    offered.setdefault(t, set()).add(p)
+        return {t: frozenset(ps) for t, ps in offered.items()}
 
     def _assign(self, group: ShareGroup) -> None:
         topics: dict[uuid.UUID, int] = {}

@@ -151,6 +151,35 @@ def test_membership_epochs() -> None:
     assert beat("a", -1)["member_epoch"] == -1 and not groups.is_member("g", "a")
 
 
+def test_a_partition_moving_to_a_member_not_told_yet_stays_with_the_member_that_had_it() -> None:
+    """Members hear of a new assignment only with their own heartbeats. A partition that goes from a member that
+    heartbeats now to one that will only in a heartbeat interval stays with the first until the second is told,
+    so nobody stops fetching it meanwhile (once seen as a 5 s stall of one partition when three members joined)."""
+    groups = ShareGroups(lambda name: (T, 3) if name == "t" else None, clock=FakeClock())
+    epochs: dict[str, int] = {}
+
+    def told(member: str) -> list[int] | None:
+        body = {
+            "group_id": "g",
+            "member_id": member,
+            "member_epoch": epochs.get(member, 0),
+            "subscribed_topic_names": ["t"] if member not in epochs else None,
+        }
+        answer = groups.heartbeat(body, "c", "h")[0]
+        assert answer["error_code"] == 0, answer
+        epochs[member] = answer["member_epoch"]
+        return None if answer["assignment"] is None else answer["assignment"]["topic_partitions"][0]["partitions"]
+
+    assert told("c") == [0, 1, 2]
+    assert told("b") == [0, 2]  # (b and c: b takes 0 and 2)
+    assert told("c") == [1]  # 0 and 2 went to b, which has been told them
+    assert told("a") == [0]  # (a, b and c: one each; 1 goes to b, which has not heard yet)
+    assert told("c") == [1, 2]  # so c keeps 1 beside its new 2
+    assert told("b") == [1]
+    assert told("c") == [2]  # b has been told 1: c lets it go
+    assert told("a") is None and told("b") is None and told("c") is None
+
+
 def test_a_groups_subscription_config_is_kept_in_its_state_document_and_makes_it_orderly() -> None:
     """A RocketMQ subscription group config (mqadmin updateSubGroup) rides in the group's state document, so a
     restarted broker (which loads the documents back) still knows the group is FIFO; a group never used is kept as
