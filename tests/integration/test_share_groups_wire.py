@@ -212,3 +212,30 @@ async def test_batch_optimised_fetches_acquire_whole_batches_and_record_limit_on
             assert acquired(await fetch(2, "limited", 2, share_acquire_mode=0)) == [(13, 19)]  # to the batch's end
         finally:
             await client.close()
+
+
+async def test_a_batch_optimised_fetch_starts_a_new_acquired_range_at_a_batch_once_batch_size_is_reached() -> None:
+    """Kafka's acquired ranges in the batch-optimised mode: one range grows over stored batches until it holds
+    `batch_size` records; the next starts at the next stored batch. The record-limit mode has no such split."""
+    async with memory_kafka(group_share_auto_offset_reset="earliest") as kafka:
+        await kafka.store.create_topic("jobs", 1)
+        for first in range(0, 50, 10):
+            await kafka.store.append("jobs", 0, [make_batch([b"%d" % i for i in range(first, first + 10)])])
+        client = await RawKafkaClient.connect(kafka.host, kafka.port)
+        topic_id = uuid.UUID(bytes=bytes(kafka.ctx.topics.get("jobs").topic_id))  # type: ignore[union-attr]
+        try:
+            for member in ("split", "whole"):
+                hb = await client.call(
+                    ApiKey.SHARE_GROUP_HEARTBEAT,
+                    1,
+                    {"group_id": "sg", "member_id": member, "member_epoch": 0, "subscribed_topic_names": ["jobs"]},
+                )
+                assert hb["error_code"] == 0
+            body = fetch_body(topic_id, "split", 0, max_records=25, batch_size=15)
+            split = (await client.call(ApiKey.SHARE_FETCH, 1, body))["responses"][0]["partitions"][0]
+            assert [(r["first_offset"], r["last_offset"]) for r in split["acquired_records"]] == [(0, 19), (20, 29)]
+            body = fetch_body(topic_id, "whole", 0, max_records=20, batch_size=5, share_acquire_mode=1)
+            limited = (await client.call(ApiKey.SHARE_FETCH, 2, body))["responses"][0]["partitions"][0]
+            assert [(r["first_offset"], r["last_offset"]) for r in limited["acquired_records"]] == [(30, 49)]
+        finally:
+            await client.close()

@@ -199,20 +199,29 @@ async def _acquire(
     partition: int,
     name: str,
     budget: int,
-    whole_batches: bool,
+    batch_size: int | None,
 ) -> tuple[bytes, list[dict[str, int]], int]:
-    """Acquire up to `budget` records of one partition for the member (`whole_batches`: to the end of the last
-    stored batch begun): (the batches holding them, the acquired ranges with their delivery counts, how many were
-    acquired)."""
+    """Acquire up to `budget` records of one partition for the member: (the batches holding them, the acquired
+    ranges with their delivery counts, how many were acquired). `batch_size` None: the record-limit mode; else the
+    batch-optimised one, which acquires to the end of the last stored batch begun and, as Kafka does, starts a new
+    acquired range at a stored batch's start once the current one holds `batch_size` records (the ranges a client
+    acknowledges in)."""
     chosen = await ctx.groups.share.acquire_from_log(
-        ctx.store, group_id, member_id, topic_id, partition, name, budget, whole_batches=whole_batches
+        ctx.store, group_id, member_id, topic_id, partition, name, budget, whole_batches=batch_size is not None
     )
+    split_at = batch_size if batch_size is not None and batch_size > 0 else None
     ranges: list[dict[str, int]] = []
     taken = 0
     for first, last, count in sorted(got for _batch, gots in chosen for got in gots):
         taken += last - first + 1
-        if ranges and ranges[-1]["last_offset"] == first - 1 and ranges[-1]["delivery_count"] == count:
-            ranges[-1]["last_offset"] = last
+        current = ranges[-1] if ranges else None
+        if (
+            current is not None
+            and current["last_offset"] == first - 1
+            and current["delivery_count"] == count
+            and (split_at is None or current["last_offset"] - current["first_offset"] + 1 < split_at)
+        ):
+            current["last_offset"] = last
         else:
             ranges.append({"first_offset": first, "last_offset": last, "delivery_count": count})
     return b"".join(bytes(batch.data) for batch, _got in chosen), ranges, taken
@@ -262,7 +271,7 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
             changed.add(group_id)
     elif not b.get("is_renew_ack"):  # (v2: a request that only renews acquisitions fetches nothing)
         budget = max(1, b["max_records"]) if b["max_records"] > 0 else 500
-        whole_batches = mode == BATCH_OPTIMIZED
+        batch_size = b["batch_size"] if mode == BATCH_OPTIMIZED else None
         for attempt in range(2):
             for key in sorted(session.partitions, key=str):
                 topic_id, partition = key
@@ -282,7 +291,7 @@ async def share_fetch(ctx: KafkaContext, peer: Peer, req: KafkaRequest[dict[str,
                 if budget <= 0:
                     continue
                 records, ranges, n = await _acquire(
-                    ctx, group_id, member_id, topic_id, partition, name, budget, whole_batches
+                    ctx, group_id, member_id, topic_id, partition, name, budget, batch_size
                 )
                 if n:
                     budget -= n
