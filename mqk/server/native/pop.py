@@ -45,7 +45,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from mqk.broker.internal import dlq_topic
@@ -118,6 +118,8 @@ class PopConsumption:
         self._expirer = BackgroundTask("mqk-pop-expiry")
         #: (group, topic, client queue or -1) -> pops and notifications waiting there now (POLLING_INFO)
         self.waiting: dict[tuple[str, str, int], int] = {}
+        #: topic ids as UUIDs by their stored bytes (asked per pop and per ack)
+        self._topic_ids: dict[bytes, uuid.UUID] = {}
 
     def start(self) -> None:
         self._expirer.start(self._expire_loop)
@@ -127,7 +129,15 @@ class PopConsumption:
 
     def topic_id(self, topic: str) -> uuid.UUID | None:
         info = self.ctx.store.topic(topic)
-        return None if info is None else uuid.UUID(bytes=bytes(info.topic_id))
+        if info is None:
+            return None
+        raw = bytes(info.topic_id)
+        found = self._topic_ids.get(raw)
+        if found is None:
+            if len(self._topic_ids) > 10_000:  # (topics come and go: a bound, not an eviction policy)
+                self._topic_ids.clear()
+            found = self._topic_ids[raw] = uuid.UUID(bytes=raw)
+        return found
 
     async def prepare(self, group: str) -> None:
         """Before a group's first POP call: its saved record states are read, its dead letters kept."""
@@ -151,8 +161,9 @@ class PopConsumption:
             decoded: dict[int, list[MessageExt]] = {}
 
             def wanted(batch: Any, queue: int = queue, decoded: dict[int, list[MessageExt]] = decoded) -> bool:
+                assert tags is not None
                 messages = decoded[batch.base_offset] = self.ctx.to_messages(topic, queue, batch)
-                return any(m.properties.get(PROPERTY_TAGS) in tags for m in messages) if tags is not None else True
+                return any(m.properties.get(PROPERTY_TAGS) in tags for m in messages)
 
             before = self._progress(group)
             chosen = await self.share.acquire_from_log(
@@ -164,7 +175,7 @@ class PopConsumption:
                 topic,
                 budget - len(out),
                 lock_ms=lock_ms,
-                wanted=wanted,
+                wanted=wanted if tags is not None else None,  # (no filter: only what is taken is decoded)
                 reset=self._reset(topic, partition),
                 ordered=request.ordered,
             )
@@ -427,7 +438,9 @@ class PopProcessor:
             items.sort(key=lambda p: p.message.queue_offset)
             starts.append(f"{NORMAL_TOPIC} {queue} {items[0].message.queue_offset}")
             offsets.append(f"{NORMAL_TOPIC} {queue} " + ",".join(str(p.message.queue_offset) for p in items))
-            messages.extend(replace(p.message, queue_id=queue, reconsume_times=p.delivery_count - 1) for p in items)
+            for p in items:  # (each pop decodes its own messages: they are this answer's to change)
+                p.message.queue_id, p.message.reconsume_times = queue, p.delivery_count - 1
+                messages.append(p.message)
         ext["startOffsetInfo"] = ";".join(starts)
         ext["msgOffsetInfo"] = ";".join(offsets)
         if ordered:  # each message's earlier deliveries, keyed by queue and offset (ExtraInfoUtil's `qo` keys)
