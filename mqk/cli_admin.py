@@ -485,8 +485,6 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
     """kafka-consumer-groups --reset-offsets: plan new offsets for the group's partitions (of --topic, or every
     topic it has committed with --all-topics), print them, and commit them only with --execute. Refused while the
     group has active members, as Kafka's tool refuses it."""
-    from tqdm import tqdm
-
     async with await Brokers.open(args) as brokers:
         client = await brokers.coordinator(args.group)
         resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [args.group]})
@@ -504,33 +502,7 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
             for p in t["partitions"]
             if p["committed_offset"] >= 0
         }
-        targets = await _reset_targets(brokers, args, committed)
-        plan: list[tuple[str, int, int]] = []
-        by_topic: dict[str, list[int]] = {}
-        for topic, partition in targets:
-            by_topic.setdefault(topic, []).append(partition)
-        with tqdm(total=len(targets), desc="planning", unit="partition", file=sys.stderr, disable=None) as bar:
-            for topic, partitions in sorted(by_topic.items()):
-                starts = await brokers.list_offsets(topic, partitions, -2)
-                ends = await brokers.list_offsets(topic, partitions, -1)
-                at: dict[int, int] = {}
-                if args.to_datetime is not None:
-                    at = await brokers.list_offsets(topic, partitions, _epoch_ms(args.to_datetime))
-                for partition in sorted(partitions):
-                    start, end = starts[partition], ends[partition]
-                    if args.to_earliest:
-                        new = start
-                    elif args.to_latest:
-                        new = end
-                    elif args.to_datetime is not None:
-                        new = at.get(partition, -1)
-                        new = end if new < 0 else new  # no record at or after that time: the end, as Kafka
-                    elif args.to_offset is not None:
-                        new = args.to_offset
-                    else:
-                        new = committed.get((topic, partition), start) + args.shift_by
-                    plan.append((topic, partition, min(max(new, start), end)))  # clamped to the log, as Kafka
-                    bar.update(1)
+        plan = await _plan_offsets(brokers, args, await _reset_targets(brokers, args, committed), committed)
         if args.execute and plan:
             await _commit(client, args.group, plan)
     if args.json:
@@ -548,6 +520,171 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
     _print_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"], [[args.group, t, p, o] for t, p, o in plan])
     if not args.execute:
         print("(dry run: nothing was committed; add --execute to apply)", file=sys.stderr)
+
+
+# --- share groups (kafka-share-groups) -----------------------------------------------------------------------
+
+
+async def share_groups_list(args: argparse.Namespace) -> None:
+    found: dict[str, dict[str, Any]] = {}
+    async with await Brokers.open(args) as brokers:
+        for client in await brokers.each():  # each broker lists the groups it coordinates, as Kafka's
+            resp = await client.call(ApiKey.LIST_GROUPS, 5, {"states_filter": [], "types_filter": ["share"]})
+            _check(resp["error_code"], "list share groups")
+            found.update((g["group_id"], g) for g in resp["groups"])
+    groups = sorted(found.values(), key=lambda g: g["group_id"])
+    if args.json:
+        _print_json([{"group": g["group_id"], "state": g["group_state"]} for g in groups])
+        return
+    for group in groups:
+        print(f"{group['group_id']}\t{group['group_state']}")
+
+
+async def describe_share_group(brokers: Brokers, group_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(ShareGroupDescribe's group, a row per partition the group has a state for: topic, partition, start_offset,
+    lag), both from the group's coordinator."""
+    client = await brokers.coordinator(group_id)
+    body = {"group_ids": [group_id], "include_authorized_operations": False}
+    group = (await client.call(ApiKey.SHARE_GROUP_DESCRIBE, 1, body))["groups"][0]
+    _check(group["error_code"], f"describe share group {group_id}")
+    body = {"groups": [{"group_id": group_id, "topics": None}]}
+    offsets = (await client.call(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, body))["groups"][0]
+    _check(offsets["error_code"], f"start offsets of {group_id}")
+    rows = []
+    for topic in offsets["topics"]:
+        for p in topic["partitions"]:
+            _check(p["error_code"], f"start offset of {group_id} {topic['topic_name']}[{p['partition_index']}]")
+            start, lag = p["start_offset"], p["lag"]
+            rows.append(
+                {
+                    "topic": topic["topic_name"],
+                    "partition": p["partition_index"],
+                    "start_offset": None if start < 0 else start,
+                    "lag": None if lag < 0 else lag,
+                }
+            )
+    return group, sorted(rows, key=lambda r: (r["topic"], r["partition"]))
+
+
+async def share_groups_describe(args: argparse.Namespace) -> None:
+    """kafka-share-groups --describe: the group's state and members (with their assignments), and per partition
+    its share-partition start offset and lag."""
+    async with await Brokers.open(args) as brokers:
+        group, rows = await describe_share_group(brokers, args.group)
+    members = [
+        {
+            "member_id": m["member_id"],
+            "client_id": m["client_id"],
+            "host": m["client_host"],
+            "assignment": [
+                f"{t['topic_name']}:{','.join(str(p) for p in sorted(t['partitions']))}"
+                for t in m["assignment"]["topic_partitions"]
+            ],
+        }
+        for m in group["members"]
+    ]
+    if args.json:
+        _print_json({"group": args.group, "state": group["group_state"], "members": members, "partitions": rows})
+        return
+    print(f"share group {args.group}  state={group['group_state']}  epoch={group['group_epoch']}")
+    for m in members:
+        print(f"  member {m['member_id']}  client={m['client_id']}  host={m['host']}  {' '.join(m['assignment'])}")
+    _print_table(
+        ["GROUP", "TOPIC", "PARTITION", "START-OFFSET", "LAG"],
+        [[args.group, r["topic"], r["partition"], _or(r["start_offset"], "-"), _or(r["lag"], "-")] for r in rows],
+    )
+
+
+async def share_groups_reset_offsets(args: argparse.Namespace) -> None:
+    """kafka-share-groups --reset-offsets: plan new start offsets for the group's partitions (of --topic, or every
+    one it has a state for with --all-topics), print them, and apply them only with --execute. Refused while the
+    group has members, as Kafka refuses it (NON_EMPTY_GROUP)."""
+    async with await Brokers.open(args) as brokers:
+        group, rows = await describe_share_group(brokers, args.group)
+        if group["members"]:
+            raise CommandError(
+                f"share group '{args.group}' has {len(group['members'])} member(s): stop them before resetting"
+            )
+        current = {(r["topic"], r["partition"]): r["start_offset"] for r in rows if r["start_offset"] is not None}
+        plan = await _plan_offsets(brokers, args, await _reset_targets(brokers, args, current), current)
+        if args.execute and plan:
+            by_topic: dict[str, list[dict[str, int]]] = {}
+            for topic, partition, offset in plan:
+                by_topic.setdefault(topic, []).append({"partition_index": partition, "start_offset": offset})
+            body = {
+                "group_id": args.group,
+                "topics": [{"topic_name": t, "partitions": ps} for t, ps in by_topic.items()],
+            }
+            resp = await (await brokers.coordinator(args.group)).call(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, body)
+            _check(resp["error_code"], f"reset share group {args.group}")
+            for topic in resp["responses"]:
+                for p in topic["partitions"]:
+                    _check(p["error_code"], f"reset {args.group} {topic['topic_name']}[{p['partition_index']}]")
+    if args.json:
+        _print_json(
+            {
+                "group": args.group,
+                "executed": bool(args.execute),
+                "partitions": [
+                    {"topic": t, "partition": p, "previous_offset": current.get((t, p)), "new_offset": o}
+                    for t, p, o in plan
+                ],
+            }
+        )
+        return
+    _print_table(["GROUP", "TOPIC", "PARTITION", "NEW-START-OFFSET"], [[args.group, t, p, o] for t, p, o in plan])
+    if not args.execute:
+        print("(dry run: nothing was changed; add --execute to apply)", file=sys.stderr)
+
+
+async def share_groups_delete_offsets(args: argparse.Namespace) -> None:
+    """kafka-share-groups --delete-offsets: drop the group's states of these topics (its members start them
+    afresh, per share.auto.offset.reset). Refused while the group has members."""
+    async with await Brokers.open(args) as brokers:
+        client = await brokers.coordinator(args.group)
+        body = {"group_id": args.group, "topics": [{"topic_name": t} for t in args.topic]}
+        resp = await client.call(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, body)
+        _check(resp["error_code"], f"delete offsets of share group {args.group}")
+        for topic in resp["responses"]:
+            _check(topic["error_code"], f"delete offsets of {args.group} on {topic['topic_name']}")
+    print(f"share group {args.group}: offsets of {', '.join(args.topic)} deleted")
+
+
+async def _plan_offsets(
+    brokers: Brokers, args: argparse.Namespace, targets: list[tuple[str, int]], current: dict[tuple[str, int], int]
+) -> list[tuple[str, int, int]]:
+    """(topic, partition, new offset) of each target as the --to-... / --shift-by option says, clamped to the
+    partition's log as Kafka's tools clamp it; `current` is what --shift-by shifts (a partition without one
+    shifts from its log start)."""
+    from tqdm import tqdm
+
+    plan: list[tuple[str, int, int]] = []
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in targets:
+        by_topic.setdefault(topic, []).append(partition)
+    with tqdm(total=len(targets), desc="planning", unit="partition", file=sys.stderr, disable=None) as bar:
+        for topic, partitions in sorted(by_topic.items()):
+            starts = await brokers.list_offsets(topic, partitions, -2)
+            ends = await brokers.list_offsets(topic, partitions, -1)
+            at: dict[int, int] = {}
+            if args.to_datetime is not None:
+                at = await brokers.list_offsets(topic, partitions, _epoch_ms(args.to_datetime))
+            for partition in sorted(partitions):
+                start, end = starts[partition], ends[partition]
+                if args.to_earliest:
+                    new = start
+                elif args.to_latest:
+                    new = end
+                elif args.to_datetime is not None:
+                    new = at.get(partition, -1)
+                    new = end if new < 0 else new  # no record at or after that time: the end, as Kafka
+                elif args.to_offset is not None:
+                    new = args.to_offset
+                else:
+                    new = current.get((topic, partition), start) + args.shift_by
+                plan.append((topic, partition, min(max(new, start), end)))
+                bar.update(1)
+    return plan
 
 
 async def _reset_targets(
@@ -1591,6 +1728,20 @@ async def query_by_key(args: argparse.Namespace) -> None:
             )
 
 
+def _reset_options(p: argparse.ArgumentParser, all_topics: str, shift_by: str) -> None:
+    """The options of a reset-offsets command (kafka-consumer-groups' and kafka-share-groups'): which partitions,
+    where to, and --execute."""
+    p.add_argument("--topic", action="append", metavar="TOPIC[:P,P...]", help="partitions to reset (repeatable)")
+    p.add_argument("--all-topics", action="store_true", help=all_topics)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--to-earliest", action="store_true", help="each partition's log start offset")
+    how.add_argument("--to-latest", action="store_true", help="each partition's log end offset")
+    how.add_argument("--to-datetime", metavar="ISO-8601", help="the first offset at or after this time")
+    how.add_argument("--to-offset", type=int, metavar="N", help="this offset (clamped to each log)")
+    how.add_argument("--shift-by", type=int, metavar="N", help=shift_by)
+    p.add_argument("--execute", action="store_true", help="apply the new offsets (default: only show them)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the admin and data commands to the `mqk` parser."""
 
@@ -1650,16 +1801,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
     )
     p.add_argument("group")
-    p.add_argument("--topic", action="append", metavar="TOPIC[:P,P...]", help="partitions to reset (repeatable)")
-    p.add_argument("--all-topics", action="store_true", help="every partition the group has committed")
-    how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--to-earliest", action="store_true", help="each partition's log start offset")
-    how.add_argument("--to-latest", action="store_true", help="each partition's log end offset")
-    how.add_argument("--to-datetime", metavar="ISO-8601", help="the first offset at or after this time")
-    how.add_argument("--to-offset", type=int, metavar="N", help="this offset (clamped to each log)")
-    how.add_argument("--shift-by", type=int, metavar="N", help="the committed offset plus N (N may be negative)")
-    p.add_argument("--execute", action="store_true", help="commit the new offsets (default: only show them)")
+    _reset_options(p, "every partition the group has committed", "the committed offset plus N (N may be negative)")
     p.set_defaults(run=groups_reset_offsets)
+
+    shares = sub.add_parser("share-groups", help="list, describe share groups (KIP-932), reset or delete offsets")
+    ssub = shares.add_subparsers(dest="action", required=True)
+    with_json(with_bootstrap(ssub.add_parser("list"))).set_defaults(run=share_groups_list)
+    p = with_json(with_bootstrap(ssub.add_parser("describe", help="members, and per partition start offset and lag")))
+    p.add_argument("group")
+    p.set_defaults(run=share_groups_describe)
+    p = with_json(
+        with_bootstrap(
+            ssub.add_parser(
+                "reset-offsets",
+                help="move a share group's start offsets (dry run unless --execute)",
+                description="Plan new share-partition start offsets for a share group without members and print "
+                "them; --execute applies them.",
+            )
+        )
+    )
+    p.add_argument("group")
+    _reset_options(p, "every partition the group has a state for", "the start offset plus N (N may be negative)")
+    p.set_defaults(run=share_groups_reset_offsets)
+    p = with_bootstrap(ssub.add_parser("delete-offsets", help="drop a share group's states of topics"))
+    p.add_argument("group")
+    p.add_argument("--topic", action="append", required=True, help="a topic whose states go (repeatable)")
+    p.set_defaults(run=share_groups_delete_offsets)
 
     partitions = sub.add_parser("partitions", help="leader elections and reassignments of partitions")
     psub = partitions.add_subparsers(dest="action", required=True)
@@ -1841,7 +2008,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tags", help="native: tag expression, e.g. 'a || b'")
     p.set_defaults(run=_by_protocol(consume_kafka, consume_native))
 
-    for p in (topics, groups, partitions, producers, transactions, users, quotas, acls):
+    for p in (topics, groups, shares, partitions, producers, transactions, users, quotas, acls):
         p.set_defaults(func=run_command)
     p = sub.add_parser("query", help="print the messages whose key (RocketMQ KEYS, or an indexed Kafka key) matches")
     p.add_argument("--topic", required=True)

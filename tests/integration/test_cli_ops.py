@@ -186,3 +186,76 @@ def test_rocketmq_admin_codes_answer_from_the_same_stats(mqk_broker):
             assert json.loads(who.body)["groupList"] == ["stats-group"]
 
     asyncio.run(scenario())
+
+
+def test_share_groups_are_listed_described_reset_and_their_offsets_deleted(mqk_broker):
+    """`mqk share-groups` as kafka-share-groups: a group whose ShareConsumer read every record of two partitions
+    is listed and described (start offset past the records, lag 0, its member while it is there); a reset is
+    refused while the member is there, planned without --execute, applied with it (the next consumer gets those
+    records again); delete-offsets drops the states."""
+    from confluent_kafka import ShareConsumer
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    b = ("--bootstrap", mqk_broker.bootstrap)
+    assert mqk("topics", "create", "jobs", "--partitions", "2", *b).returncode == 0
+    producer = Producer({"bootstrap.servers": mqk_broker.bootstrap})
+    for i in range(20):
+        producer.produce("jobs", b"%d" % i, partition=i % 2)
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": mqk_broker.bootstrap})
+    earliest = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.GROUP, "sq", incremental_configs=[earliest])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=15)
+
+    def read(count: int) -> tuple[ShareConsumer, list[int]]:
+        share = ShareConsumer({"bootstrap.servers": mqk_broker.bootstrap, "group.id": "sq"})
+        share.subscribe(["jobs"])
+        got: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(got) < count:
+            assert time.monotonic() < deadline, got
+            got += [int(m.value()) for m in share.poll(0.2) or [] if not m.error()]
+        share.commit_sync()
+        return share, got
+
+    share, got = read(20)
+    try:
+        assert sorted(got) == list(range(20))
+        done = mqk("share-groups", "list", "--json", *b)
+        assert done.returncode == 0, done.stderr
+        listed = json.loads(done.stdout)
+        assert listed == [{"group": "sq", "state": "Stable"}]
+        described = json.loads(mqk("share-groups", "describe", "sq", "--json", *b).stdout)
+        assert [m["assignment"] for m in described["members"]] == [["jobs:0,1"]]
+        assert [(r["partition"], r["start_offset"], r["lag"]) for r in described["partitions"]] == [
+            (0, 10, 0),
+            (1, 10, 0),
+        ]
+        refused = mqk("share-groups", "reset-offsets", "sq", "--topic", "jobs", "--to-earliest", "--execute", *b)
+        assert refused.returncode == 1 and "member" in refused.stderr
+    finally:
+        share.close()
+
+    dry = json.loads(
+        mqk("share-groups", "reset-offsets", "sq", "--all-topics", "--shift-by", "-4", "--json", *b).stdout
+    )
+    assert not dry["executed"]
+    assert [(p["partition"], p["previous_offset"], p["new_offset"]) for p in dry["partitions"]] == [
+        (0, 10, 6),
+        (1, 10, 6),
+    ]
+    text = mqk("share-groups", "describe", "sq", *b).stdout  # the dry run changed nothing
+    assert re.search(r"sq\s+jobs\s+0\s+10\s+0", text), text
+    applied = mqk("share-groups", "reset-offsets", "sq", "--topic", "jobs:1", "--to-earliest", "--execute", *b)
+    assert applied.returncode == 0, applied.stderr
+    assert re.search(r"sq\s+jobs\s+1\s+0", applied.stdout), applied.stdout
+    described = json.loads(mqk("share-groups", "describe", "sq", "--json", *b).stdout)
+    assert [(r["partition"], r["start_offset"], r["lag"]) for r in described["partitions"]] == [(0, 10, 0), (1, 0, 10)]
+    share, again = read(10)
+    share.close()
+    assert sorted(again) == list(range(1, 20, 2))  # partition 1's records once more
+
+    deleted = mqk("share-groups", "delete-offsets", "sq", "--topic", "jobs", *b)
+    assert deleted.returncode == 0, deleted.stderr
+    described = json.loads(mqk("share-groups", "describe", "sq", "--json", *b).stdout)
+    assert described["partitions"] == []
