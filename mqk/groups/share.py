@@ -132,6 +132,17 @@ def _span_end(span: Span) -> int:
     return span.end
 
 
+def _throttled(span: Span, limit: int) -> int | None:
+    """How many of an AVAILABLE span's records its next delivery may take (None: as many as asked): one for
+    their last delivery; from half the delivery limit on (at least 2), half as many at each further delivery."""
+    if limit > 2 and span.count >= limit - 1:
+        return 1
+    threshold = max(2, -(-limit // 2))
+    if span.count >= threshold:
+        return max(1, (span.end - span.first) >> (span.count - threshold + 1))
+    return None
+
+
 class SharePartition:
     """One share group's state of one partition (see the module docstring): the SPSO, the first offset never handed
     out (`next_offset`), and between them the in-flight records as ordered, non-overlapping spans. An offset of
@@ -145,6 +156,8 @@ class SharePartition:
         #: the offsets archived for reaching the delivery limit since last taken (`ShareGroups.take_dead_letters`),
         #: kept only for the groups whose dead letters go somewhere (RocketMQ's %DLQ%group); None: not kept
         self.dead: list[int] | None = None
+        #: the last `acquire` met records it throttles: the request that asked takes nothing more
+        self.held_back = False
 
     # --- spans ---------------------------------------------------------------------------------------------------
 
@@ -273,26 +286,52 @@ class SharePartition:
         self.spso = max(self.spso, start)
 
     def acquire(
-        self, first: int, end: int, member_id: str, deadline: float, budget: int, new_below: int | None = None
+        self,
+        first: int,
+        end: int,
+        member_id: str,
+        deadline: float,
+        budget: int,
+        new_below: int | None = None,
+        *,
+        limit: int | None = None,
+        fresh: bool = True,
     ) -> list[tuple[int, int, int]]:
         """Acquire for the member up to `budget` records of [first, end): AVAILABLE ones, then new ones from
         `next_offset` on (below `new_below`, when given: the bound on records in flight). The acquired ranges,
-        (first offset, last offset, delivery count) each."""
+        (first offset, last offset, delivery count) each.
+
+        With the group's delivery `limit`, records delivered often are throttled as Kafka throttles them, so that
+        one record a consumer cannot get past does not take a whole batch to the limit with it: from half the
+        limit on, a run of such records is handed out halved at each further delivery, and a record's last
+        delivery is made alone. Such a run is acquired only as the request's first (`fresh`: the request has
+        taken nothing yet), and the request takes nothing after it; `held_back` says so to the caller."""
         out: list[tuple[int, int, int]] = []
         spans = self.spans
+        self.held_back = False
         touched = i = self._index(first)
         while budget > 0 and i < len(spans) and (span := spans[i]).first < end:
             if span.state == AVAILABLE:
                 if span.first < first:
                     i = self._cut(first)
                     span = spans[i]
+                cap = None if limit is None else _throttled(span, limit)
+                if cap is not None:
+                    self.held_back = True
+                    if out or not fresh:
+                        break  # (delivered by itself, to the next request)
+                    budget = min(budget, cap)
                 if span.end > min(end, span.first + budget):
                     self._cut(min(end, span.first + budget))
                 span.state, span.owner, span.deadline = ACQUIRED, member_id, deadline
                 span.count += 1
                 out.append((span.first, span.end - 1, span.count))
                 budget -= span.end - span.first
+                if self.held_back:
+                    break
             i += 1
+        if self.held_back:
+            budget = 0
         lo = max(first, self.next_offset)
         hi = min(end, lo + budget, end if new_below is None else new_below)
         if out:
@@ -823,7 +862,8 @@ class ShareGroups:
             ranges = self.transactions.aborted_ranges(name, partition)
             if ranges:
                 aborted = AbortedBatches(ranges)
-        part.expire(self.now(), self.limit(group_id))
+        limit = self.limit(group_id)
+        part.expire(self.now(), limit)
         if (ordered or self.orderly(group_id)) and part.held():
             return []
         deadline = self.now() + (self.lock_ms(group_id) if lock_ms is None else lock_ms)
@@ -851,10 +891,14 @@ class ShareGroups:
                 new_below, wants = part.spso + self.max_record_locks, budget - taken
                 if whole_batches and first < new_below:
                     new_below, wants = max(new_below, batch.next_offset), max(wants, batch.next_offset - first)
-                got = part.acquire(first, batch.next_offset, member_id, deadline, wants, new_below)
+                got = part.acquire(
+                    first, batch.next_offset, member_id, deadline, wants, new_below, limit=limit, fresh=not taken
+                )
                 if got:
                     taken += sum(hi - lo + 1 for lo, hi, _count in got)
                     chosen.append((batch, got))
+                if part.held_back:
+                    return chosen
             offset = result.next_offset
             if offset >= part.next_offset and part.next_offset - part.spso >= self.max_record_locks:
                 break

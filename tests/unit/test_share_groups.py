@@ -59,6 +59,32 @@ def test_a_share_partition_steps_through_its_record_states() -> None:
     assert part.spso == 17
 
 
+def test_records_delivered_often_are_handed_out_in_halves_and_alone_at_their_last_delivery() -> None:
+    """Kafka's throttling of redeliveries (delivery limit 5: from three deliveries on): a batch a consumer keeps
+    releasing (it cannot get past one record) goes out in halves, each such run as a request's only acquisition,
+    and a record's last delivery is made alone, so one bad record does not take the others to the limit."""
+    part = SharePartition(0)
+    part.dead = []  # (records archived at the limit are kept, as a RocketMQ group's dead letters are)
+
+    def take(member: str) -> list[tuple[int, int, int]]:
+        return part.acquire(0, 200, member, 1e12, 100, limit=5)  # (100..199 are new records, never taken here)
+
+    def release(member: str, lo: int, hi: int) -> None:
+        assert part.acknowledge(member, lo, hi, [RELEASE], 1e12, limit=5) == 0
+
+    for delivery in (1, 2, 3):
+        assert take("m") == [(0, 99, delivery)] and not part.held_back
+        release("m", 0, 99)
+    assert take("m") == [(0, 49, 4)] and part.held_back  # the fourth: half, and nothing new with it
+    assert take("n") == [(50, 74, 4)] and part.held_back  # the other half's fourth: half of it
+    release("m", 0, 49)
+    assert take("m") == [(0, 0, 5)]  # the last delivery of each: alone
+    assert take("m") == [(1, 1, 5)]
+    assert part.acknowledge("m", 1, 1, [ACCEPT], 1e12, limit=5) == 0
+    release("m", 0, 0)  # the bad record, released at its last delivery: archived, the others still to come
+    assert part.dead == [0] and part.spso == 2 and states(part)[2] == AVAILABLE and part.next_offset == 100
+
+
 def test_locks_end_at_their_deadlines_whatever_order_they_were_given_or_renewed_in() -> None:
     part = SharePartition(0)
     take(part, 0, 1, "a", deadline=100)
