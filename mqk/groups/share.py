@@ -15,8 +15,8 @@ ARCHIVED (rejected, a gap, or delivered `delivery_count_limit` times); a release
 AVAILABLE again. The SPSO moves past the records that are done. At most `max_record_locks` records past the SPSO are
 in flight, so a partition's state stays bounded whatever its consumers do. The states are kept as spans of
 consecutive records alike (`Span`), as Kafka's share partition keeps in-flight batches: records are acquired and
-settled a batch at a time, so a request's work follows its ranges, not its records. A group's first look at a partition
-starts it at the log's end or start (`share.auto.offset.reset`: latest, as Kafka, or earliest).
+settled a batch at a time, so a request's work follows its ranges, not its records. A group's first look at a
+partition starts it at the log's end or start (`share.auto.offset.reset`: latest, as Kafka, or earliest).
 
 The state is durable: after every change a request makes, the group's document (SPSO, and each in-flight record's
 state and delivery count) is written to the compacted internal topic `__share_group_state` (one record per group,
@@ -24,10 +24,10 @@ the latest wins), and read back at start. An acquisition does not survive a rest
 acquired comes back AVAILABLE, with its delivery count, so an accepted record is never delivered again and an
 unacknowledged one is delivered again after the restart, as after its lock expiring.
 
-Cluster mode (RocketMQ POP; Kafka share groups are not offered there yet): the topic is local to each broker group
-(mqk.broker.internal) and replicated with its log, so a group's master keeps the states of the queues it holds, as
-a RocketMQ broker keeps its own. A broker that becomes or stops being its group's master forgets what it held
-(`unload`): the next use reads the states its predecessor saved, which it replicated.
+Cluster mode: the topic is local to each broker group (mqk.broker.internal) and replicated with its log, so a
+group's master keeps the states of the partitions (RocketMQ: queues) it holds, as a RocketMQ broker keeps its own;
+a share group's coordinator keeps its members. A broker that becomes or stops being its group's master forgets what
+it held (`unload`): the next use reads the states its predecessor saved, which it replicated.
 """
 
 from __future__ import annotations
