@@ -29,6 +29,7 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,9 @@ async def _kafka(args: argparse.Namespace, address: tuple[str, int] | None = Non
 
 #: FindCoordinator's answer while the offsets topic is being created (the first ask creates it in cluster mode)
 _COORDINATOR_NOT_AVAILABLE = 15
+#: a coordinator's answers that Kafka's admin client retries: loading the group's offsets (a partition of a new
+#: offsets topic not made on its broker yet, a new master), none now, another broker coordinates it now
+_ASK_COORDINATOR_AGAIN = (14, 15, 16)
 #: how often a coordinator or a leader is asked for again while there is none (a topic just created, a failover)
 _ASK_AGAIN = 20
 
@@ -106,6 +110,9 @@ class Brokers:
     that must answer the rest is connected on demand, secured as the options say: a partition's leader
     (`leader`, `list_offsets`), a group's coordinator (`coordinator`), every broker (`each`). On a single broker
     they are all the one connection."""
+
+    #: the pause before a coordinator that answered a retriable error is asked again
+    pause_s = 0.25
 
     def __init__(self, args: argparse.Namespace, bootstrap: RawKafkaClient) -> None:
         self.args = args
@@ -192,6 +199,19 @@ class Brokers:
         address = (found["host"], found["port"])
         self._addresses[found["node_id"]] = address
         return await self.to(found["node_id"])
+
+    async def at_coordinator(
+        self, group: str, api: int, version: int, body: dict[str, Any], code_of: Callable[[dict[str, Any]], int]
+    ) -> tuple[RawKafkaClient, dict[str, Any]]:
+        """One request to `group`'s coordinator, and its answer (with the connection, for the next one); asked
+        again, of the coordinator found again, while `code_of(answer)` is one Kafka's admin client retries."""
+        for _ in range(_ASK_AGAIN):
+            client = await self.coordinator(group)
+            resp = await client.call(api, version, body)
+            if code_of(resp) not in _ASK_COORDINATOR_AGAIN:
+                break
+            await asyncio.sleep(self.pause_s)
+        return client, resp
 
     async def each(self) -> list[RawKafkaClient]:
         """A connection to every live broker."""
@@ -411,8 +431,9 @@ async def groups_describe(args: argparse.Namespace) -> None:
 async def describe_group(brokers: Brokers, group_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(DescribeGroups' group, a row per partition the group has committed or been assigned: topic, partition,
     current_offset, log_end_offset, lag, consumer_id, host, client_id)."""
-    client = await brokers.coordinator(group_id)
-    resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [group_id]})
+    client, resp = await brokers.at_coordinator(
+        group_id, ApiKey.DESCRIBE_GROUPS, 5, {"groups": [group_id]}, lambda r: r["groups"][0]["error_code"]
+    )
     group = resp["groups"][0]
     _check(group["error_code"], f"describe {group_id}")
     fetched = await client.call(ApiKey.OFFSET_FETCH, 7, {"group_id": group_id, "topics": None})
@@ -486,8 +507,9 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
     topic it has committed with --all-topics), print them, and commit them only with --execute. Refused while the
     group has active members, as Kafka's tool refuses it."""
     async with await Brokers.open(args) as brokers:
-        client = await brokers.coordinator(args.group)
-        resp = await client.call(ApiKey.DESCRIBE_GROUPS, 5, {"groups": [args.group]})
+        client, resp = await brokers.at_coordinator(
+            args.group, ApiKey.DESCRIBE_GROUPS, 5, {"groups": [args.group]}, lambda r: r["groups"][0]["error_code"]
+        )
         group = resp["groups"][0]
         _check(group["error_code"], f"describe {args.group}")
         if group["group_state"] not in INACTIVE_STATES:
@@ -543,9 +565,11 @@ async def share_groups_list(args: argparse.Namespace) -> None:
 async def describe_share_group(brokers: Brokers, group_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(ShareGroupDescribe's group, a row per partition the group has a state for: topic, partition, start_offset,
     lag), both from the group's coordinator."""
-    client = await brokers.coordinator(group_id)
     body = {"group_ids": [group_id], "include_authorized_operations": False}
-    group = (await client.call(ApiKey.SHARE_GROUP_DESCRIBE, 1, body))["groups"][0]
+    client, resp = await brokers.at_coordinator(
+        group_id, ApiKey.SHARE_GROUP_DESCRIBE, 1, body, lambda r: r["groups"][0]["error_code"]
+    )
+    group = resp["groups"][0]
     _check(group["error_code"], f"describe share group {group_id}")
     body = {"groups": [{"group_id": group_id, "topics": None}]}
     offsets = (await client.call(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, body))["groups"][0]
