@@ -259,7 +259,8 @@ class ClusterMember:
         """Create the offsets topic if the cluster has none yet (Kafka creates it on the first FindCoordinator, once
         brokers are up, so coordinators spread over them), and have this broker's part of it made here."""
         if OFFSETS_TOPIC in self.view.state.topics:
-            await self.reconciler.ensure(OFFSETS_TOPIC)
+            if self.store.topic(OFFSETS_TOPIC) is None:  # (the reconciler is a moment behind the view)
+                await self.reconciler.ensure(OFFSETS_TOPIC)
             return
         try:
             await self.change(
