@@ -421,6 +421,8 @@ class LocalBroker:
     log_start: int = 0
     #: the ready line's match, handed from the stdout reader to the waiter (None: stdout ended without one)
     ready_lines: queue.Queue[re.Match[str] | None] = field(default_factory=queue.Queue, repr=False)
+    #: the listeners whose previous port someone else held when this run started (they listen on a new one)
+    moved: set[str] = field(default_factory=set)
     #: named Kafka listener -> its address (the ready line's `kafka.NAME=` pairs)
     listeners: dict[str, Address] = field(default_factory=dict)
 
@@ -680,10 +682,14 @@ class LocalCluster:
 
     def _spawn(self, b: LocalBroker) -> None:
         last = self._last_ports.get(b.node_id, {})
+        b.moved = set()
 
         def listen(name: str) -> str:
             port = last.get(name, 0)
-            return f"{LOOPBACK}:{port if port and port_is_free(port) else 0}"
+            if port and not port_is_free(port):
+                b.moved.add(name)
+                port = 0
+            return f"{LOOPBACK}:{port}"
 
         cmd = [
             sys.executable, "-m", "mqk", "serve",

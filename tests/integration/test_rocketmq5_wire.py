@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 import pytest
+from helpers import wait_until
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as pbs
 from rocketmq.grpc_protocol import service_pb2_grpc as pbs_grpc
@@ -583,10 +584,21 @@ def test_grpc_connections_past_the_brokers_max_connections_are_closed(
             clients[2].stub.QueryRoute(pbs.QueryRouteRequest(), timeout=3, metadata=clients[2].metadata)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         clients[0].close()
-        # once one closes, a new connection is served (gRPC's own reconnect backoff may hold it back a moment)
-        late = Client(broker, "capped-late", own_connection=True)
-        clients.append(late)
-        assert code_name(late.query_route("capped").status.code) == "OK"
+
+        # once one closes, a new connection is served: once the server has seen the close (asked again, on a new
+        # connection each time, until it has)
+        def served() -> bool:
+            late = Client(broker, "capped-late", own_connection=True)
+            clients.append(late)
+            try:
+                return code_name(late.query_route("capped").status.code) == "OK"
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                late.close()
+                return False
+
+        wait_until(served, 15, "a new connection served once one of the two closed")
     finally:
         for client in clients:
             client.close()
