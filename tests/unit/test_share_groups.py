@@ -233,12 +233,13 @@ async def test_requests_that_arrive_while_the_states_load_wait_for_that_one_load
 
     share = ShareGroups(lambda _name: (topic_id, 1), clock=FakeClock())
     reads = 0
-    release = asyncio.Event()
+    reading, release = asyncio.Event(), asyncio.Event()
     real = LogStateDocs.load_all
 
     async def slow_load_all(self: LogStateDocs) -> dict[str, dict[str, Any]]:
         nonlocal reads
         reads += 1
+        reading.set()
         await release.wait()
         return await real(self)
 
@@ -246,7 +247,7 @@ async def test_requests_that_arrive_while_the_states_load_wait_for_that_one_load
     try:
         first = asyncio.create_task(share.ensure_loaded(memory_store))
         second = asyncio.create_task(share.ensure_loaded(memory_store))
-        await asyncio.sleep(0)
+        await reading.wait()  # (the first request is reading the log)
         release.set()
         await first
         part = share.partition("g", topic_id, 0, 0, 3)
