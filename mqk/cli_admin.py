@@ -213,6 +213,16 @@ class Brokers:
             await asyncio.sleep(self.pause_s)
         return client, resp
 
+    async def list_groups(self, version: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """ListGroups asked of every broker (each lists the groups it coordinates, as Kafka's admin client asks
+        them all), the groups by id."""
+        found: dict[str, dict[str, Any]] = {}
+        for client in await self.each():
+            resp = await client.call(ApiKey.LIST_GROUPS, version, body)
+            _check(resp["error_code"], "list groups")
+            found.update((g["group_id"], g) for g in resp["groups"])
+        return sorted(found.values(), key=lambda g: g["group_id"])
+
     async def each(self) -> list[RawKafkaClient]:
         """A connection to every live broker."""
         await self._learn([])
@@ -368,13 +378,8 @@ async def topics_delete_records(args: argparse.Namespace) -> None:
 
 
 async def groups_list(args: argparse.Namespace) -> None:
-    found: dict[str, dict[str, Any]] = {}
     async with await Brokers.open(args) as brokers:
-        for client in await brokers.each():  # each broker lists the groups it coordinates, as Kafka's
-            resp = await client.call(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
-            _check(resp["error_code"], "list groups")
-            found.update((g["group_id"], g) for g in resp["groups"])
-    groups = sorted(found.values(), key=lambda g: g["group_id"])
+        groups = await brokers.list_groups(4, {"states_filter": []})
     if args.json:
         _print_json(
             [
@@ -548,13 +553,8 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
 
 
 async def share_groups_list(args: argparse.Namespace) -> None:
-    found: dict[str, dict[str, Any]] = {}
     async with await Brokers.open(args) as brokers:
-        for client in await brokers.each():  # each broker lists the groups it coordinates, as Kafka's
-            resp = await client.call(ApiKey.LIST_GROUPS, 5, {"states_filter": [], "types_filter": ["share"]})
-            _check(resp["error_code"], "list share groups")
-            found.update((g["group_id"], g) for g in resp["groups"])
-    groups = sorted(found.values(), key=lambda g: g["group_id"])
+        groups = await brokers.list_groups(5, {"states_filter": [], "types_filter": ["share"]})
     if args.json:
         _print_json([{"group": g["group_id"], "state": g["group_state"]} for g in groups])
         return
