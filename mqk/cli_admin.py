@@ -886,30 +886,47 @@ async def partitions_elect_leaders(args: argparse.Namespace) -> None:
 
 
 async def partitions_reassignments(args: argparse.Namespace) -> None:
-    """ListPartitionReassignments: the reassignments in progress."""
-    async with await _kafka(args) as client:
-        resp = await client.call(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, {"timeout_ms": 30_000, "topics": None})
-    _check(resp["error_code"], "list partition reassignments", resp.get("error_message"))
-    rows = [
-        {
-            "topic": t["name"],
-            "partition": p["partition_index"],
-            "replicas": p["replicas"],
-            "adding": p["adding_replicas"],
-            "removing": p["removing_replicas"],
-        }
-        for t in resp["topics"]
-        for p in t["partitions"]
-    ]
+    """ListPartitionReassignments: the reassignments in progress, each with its progress: the offsets its adding
+    replicas still lack (DescribeLogDirs' offset lag, asked of each of them, as Kafka's tools show it)."""
+    async with await Brokers.open(args) as brokers:
+        resp = await brokers.call(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, {"timeout_ms": 30_000, "topics": None})
+        _check(resp["error_code"], "list partition reassignments", resp.get("error_message"))
+        rows = [
+            {
+                "topic": t["name"],
+                "partition": p["partition_index"],
+                "replicas": p["replicas"],
+                "adding": p["adding_replicas"],
+                "removing": p["removing_replicas"],
+                "lag": await _adding_lag(brokers, t["name"], p["partition_index"], p["adding_replicas"]),
+            }
+            for t in resp["topics"]
+            for p in t["partitions"]
+        ]
     if args.json:
         _print_json(rows)
         return
     if not rows:
         print("no partition reassignment in progress")
     for r in rows:
+        lag = "?" if r["lag"] is None else r["lag"]
         print(
-            f"{r['topic']}[{r['partition']}]\treplicas={r['replicas']}\tadding={r['adding']}\tremoving={r['removing']}"
+            f"{r['topic']}[{r['partition']}]\treplicas={r['replicas']}\tadding={r['adding']}\t"
+            f"removing={r['removing']}\tlag={lag}"
         )
+
+
+async def _adding_lag(brokers: Brokers, topic: str, partition: int, adding: list[int]) -> int | None:
+    """The largest offset lag the adding replicas report for the partition (None: none of them could say)."""
+    lags = []
+    for node in adding:
+        try:
+            client = await brokers.to(node)
+        except CommandError:
+            continue
+        resp = await client.call(ApiKey.DESCRIBE_LOG_DIRS, 4, {"topics": [{"topic": topic, "partitions": [partition]}]})
+        lags += [p["offset_lag"] for d in resp["results"] for t in d["topics"] for p in t["partitions"]]
+    return max(lags) if lags else None
 
 
 async def partitions_reassign(args: argparse.Namespace) -> None:

@@ -94,6 +94,11 @@ class NotMaster(StorageError):
     """The store takes no local appends: this broker is a replica of its group (its master's bytes only)."""
 
 
+class PartitionFenced(NotMaster):
+    """The store takes no appends for that queue here: its partition is placed in another broker group, or is
+    sealed while it moves to one (StoreManager.fence)."""
+
+
 class MetaUnavailable(MqkError):
     """The cluster's meta service (etcd) cannot be reached or did not answer in time. Retriable: the metadata is
     unchanged, or unknown for a change whose answer was lost."""

@@ -256,6 +256,12 @@ class BrokerRuntime:
         kafka_ctx.share_ops.start()
         if self.replication is not None:
             await self.replication.start()
+            from mqk.broker.moves import PartitionMoves
+
+            moves = PartitionMoves(self.cluster, self.store, self.replication)
+            moves.start()
+            self._parts.append(moves)  # (stopped before the cluster member: its copiers ask the controller)
+            kafka_ctx.moves = moves
         await self.kafka.producers.use_cluster(self.cluster.node)
 
     def _leading(self) -> bool:

@@ -44,6 +44,7 @@ from mqk.errors import (
     Corrupt,
     InvalidConfigError,
     InvalidPartitionsError,
+    PartitionFenced,
     ShardExists,
     StorageError,
     UnknownShard,
@@ -115,6 +116,8 @@ class StoreManager:
         self.persistent = config.storage != "memory"
         #: the replicated engine (file) takes local appends; False on a replica of a cluster group
         self._writable = True
+        #: topic -> queues that take no appends through `append` / `append_many` (`fence`)
+        self._fenced: dict[str, frozenset[int]] = {}
         self._started = False
 
     @property
@@ -143,6 +146,18 @@ class StoreManager:
         engine = self._engines.get("file")
         if engine is not None:
             engine.set_writable(writable)  # type: ignore[attr-defined]  # (the file engine's own method)
+
+    def fence(self, fenced: dict[str, frozenset[int]]) -> None:
+        """Refuse appends to these queues (topic -> queue ids) with PartitionFenced from now on, in place of the
+        set given before. Cluster mode: the partitions placed in another group, and those sealed for a move.
+        The check is made in the same step as the engine takes the append, so once this returns no append to a
+        fenced queue can land, however long its request waited before it got here. (Engines' own `append` is
+        not fenced: a partition's copy arriving from another group is written through it.)"""
+        self._fenced = {topic: queues for topic, queues in fenced.items() if queues}
+
+    def fenced(self, topic: str, queue: int) -> bool:
+        queues = self._fenced.get(topic)
+        return queues is not None and queue in queues
 
     @property
     def replicated_engine(self) -> FileEngine | None:
@@ -383,6 +398,8 @@ class StoreManager:
                 hook(context)
             topic, queue, batches = context.topic, context.queue, context.batches
             tags_code, keys = context.tags_code, context.keys
+        if self._fenced and self.fenced(topic, queue):
+            raise _fenced_error(topic, queue)
         _info, engine, topic_log_append_time = self._append_route(topic, queue)
         return engine.append(
             topic,
@@ -412,6 +429,10 @@ class StoreManager:
         the topic's engine in one call. An entry whose `delay_headers[i]` is False skips the `delayed_only` hooks
         (no context at all when that is every hook): the usual Produce, many partitions and no delay header,
         then costs the hooks nothing per partition."""
+        if self._fenced:
+            fenced = self._fenced.get(topic)
+            if fenced is not None and any(queue in fenced for queue, _batches in entries):
+                return await self._append_many_unfenced(topic, entries, fenced, log_append_time, delay_headers)
         try:
             info, engine, topic_log_append_time = self._append_route(topic, 0)
         except UnknownShard as exc:
@@ -476,6 +497,28 @@ class StoreManager:
             for i, result in zip(positions, results):
                 out[i] = result
         return out  # type: ignore[return-value]  # (every slot was filled above: its error or its result)
+
+    async def _append_many_unfenced(
+        self,
+        topic: str,
+        entries: Sequence[tuple[int, Sequence[Buffer]]],
+        fenced: frozenset[int],
+        log_append_time: bool,
+        delay_headers: Sequence[bool | None] | None,
+    ) -> list[AppendResult | Exception]:
+        """`append_many` for the entries whose queues are not fenced; the others get PartitionFenced."""
+        kept = [i for i, (queue, _batches) in enumerate(entries) if queue not in fenced]
+        results = iter(
+            await self.append_many(
+                topic,
+                [entries[i] for i in kept],
+                log_append_time=log_append_time,
+                delay_headers=None if delay_headers is None else [delay_headers[i] for i in kept],
+            )
+            if kept
+            else []
+        )
+        return [_fenced_error(topic, queue) if queue in fenced else next(results) for queue, _batches in entries]
 
     def _append_route(self, topic: str, queue: int) -> tuple[ShardInfo, StorageAdapter, bool]:
         """(topic info, its started engine, its LogAppendTime setting), cached per topic incarnation; UnknownShard
@@ -598,6 +641,10 @@ class StoreManager:
             if self.persistent:
                 await asyncio.to_thread(atomic_write_bytes, path, data)
             self._states[name] = json.loads(data)
+
+
+def _fenced_error(topic: str, queue: int) -> PartitionFenced:
+    return PartitionFenced(f"{topic}-{queue} takes no appends in this broker group now")
 
 
 def _check_queue_count(count: int) -> None:

@@ -491,7 +491,8 @@ class TimerService:
                 if not self._may_append():
                     return  # the saved intent covers this burst: the next master settles it
                 try:
-                    await self.store.append(w.topic, w.queue, batches, tags_code=w.tags_code, keys=list(w.keys))
+                    queue = self._deliverable_queue(w.topic, w.queue)
+                    await self.store.append(w.topic, queue, batches, tags_code=w.tags_code, keys=list(w.keys))
                     self.delivered += len(chunk)
                 except UnknownShard:
                     log.warning(
@@ -554,6 +555,28 @@ class TimerService:
             except StorageError:  # (never scheduled, so never asked for; a neighbour's fault is no reason to fail)
                 return None
         return None
+
+    def _deliverable_queue(self, topic: str, queue: int) -> int:
+        """The queue a due message goes to: its own, unless that queue takes no appends here (cluster mode: its
+        partition moved to another broker group, StoreManager.fence); then the first one of the topic that does,
+        so the message is delivered, to another partition of its topic. None left: its own (the append raises
+        PartitionFenced, a StorageError, and the burst is tried again: a partition sealed while it moves is
+        fenced for a moment only, and a topic with no partition left here is deleted, and dropped as such)."""
+        store = self.store
+        if not store.fenced(topic, queue):
+            return queue
+        info = store.topic(topic)
+        for other in range(info.queue_count if info is not None else 0):
+            if not store.fenced(topic, other):
+                log.info(
+                    "timer: %s-%d moved to another broker group; its due messages go to %s-%d",
+                    topic,
+                    queue,
+                    topic,
+                    other,
+                )
+                return other
+        return queue
 
     def _mark_done(self, offset: int, due: int | None = None) -> None:
         """Delivered (or skipped): `due` given, the document names it until a rectangle covers it; None when one

@@ -136,8 +136,20 @@ class ClusterMember:
         self.offsets.deactivate()
 
     def leader_epoch(self) -> int:
-        """The epoch this broker leads its group with (-1 while it does not)."""
+        """The epoch this broker leads its group with (-1 while it does not). A partition's leader epoch adds its
+        `epoch_bases` entry to it."""
         return self.node.master_epoch if self.node.leading else -1
+
+    def epoch_bases(self, topic: str) -> list[int]:
+        """Per partition of `topic`, what its leader epoch adds to its group's master epoch (empty: 0 for all; see
+        TopicRecord.epoch_bases)."""
+        record = self.view.state.topics.get(topic)
+        return record.epoch_bases if record is not None else []
+
+    def arrival(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(leader epoch, end offset) with which the partition moved into its group, if it did (TopicRecord)."""
+        record = self.view.state.topics.get(topic)
+        return record.arrival(partition) if record is not None and 0 <= partition < len(record.partitions) else None
 
     # --- questions the front doors ask ----------------------------------------------------------------------------
 

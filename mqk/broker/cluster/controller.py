@@ -2,7 +2,8 @@
 
 While this broker is the controller it answers the metadata changes brokers ask for (`requests/<id>` keys, in the
 order they were made): create a topic (name and settings checked, partitions placed over the live groups:
-placement.py), delete one, add partitions, replace its settings. Each change is one etcd transaction that also
+placement.py), delete one, add partitions, replace its settings, and the steps of moving a partition to another
+group (start or cancel, seal, switch: mqk.broker.moves). Each change is one etcd transaction that also
 writes the asker's result and removes the request, and that carries the controller fence (the controller key is
 still the one this broker created): a controller that lost its election (its lease expired while it was paused)
 cannot write anything, even if it has not noticed yet.
@@ -13,12 +14,20 @@ stays for the next controller).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 
 from mqk import errors as E
 from mqk.broker import topic_config as settings
-from mqk.broker.cluster.model import RequestRecord, ResultRecord, TopicRecord, dump
+from mqk.broker.cluster.model import (
+    MOVE_SEALED,
+    PartitionMove,
+    RequestRecord,
+    ResultRecord,
+    TopicRecord,
+    dump,
+)
 from mqk.broker.cluster.node import ClusterNode
 from mqk.broker.cluster.placement import group_loads, place
 from mqk.broker.cluster.woken import WokenTask
@@ -170,14 +179,18 @@ class Controller:
             if request.validate_only:
                 return [], []
             loads = group_loads((t.partitions for t in state.topics.values()), live)
-            grown = TopicRecord(
-                current.topic_id,
-                dict(current.configs),
-                current.partitions + place(name, have, request.partitions - have, live, loads, current.partitions),
-                self._epoch(),
-                current.replication_factor,
+            grown = dataclasses.replace(
+                current,
+                partitions=current.partitions
+                + place(name, have, request.partitions - have, live, loads, current.partitions),
+                controller_epoch=self._epoch(),
             )
             return [Compare(key, "mod", "==", revision)], [Put(key, dump(grown))]
+        if request.op.startswith("move"):
+            moved = self._move(current, request)
+            if moved is None or request.validate_only:
+                return [], []
+            return [Compare(key, "mod", "==", revision)], [Put(key, dump(moved))]
         # configs: a full replacement computed by the asker from the version it saw
         reason = settings.check_all(request.configs)
         if reason:
@@ -186,10 +199,70 @@ class Controller:
             raise E.ConcurrentTransactionsError(f"{name!r} changed while its settings were being computed")
         if request.validate_only:
             return [], []
-        changed = TopicRecord(
-            current.topic_id, dict(request.configs), list(current.partitions), self._epoch(), current.replication_factor
-        )
+        changed = dataclasses.replace(current, configs=dict(request.configs), controller_epoch=self._epoch())
         return [Compare(key, "mod", "==", revision)], [Put(key, dump(changed))]
+
+    def _move(self, current: TopicRecord, request: RequestRecord) -> TopicRecord | None:
+        """The topic after one step of moving a partition to another broker group (mqk.broker.moves), or None
+        when the step changes nothing; an mqk error when it is refused."""
+        name, p, target = request.topic, request.partitions, request.group
+        if not 0 <= p < len(current.partitions):
+            raise E.UnknownTopicOrPartitionError(f"no partition {name}-{p}")
+        source = current.partitions[p][0]
+        move = current.move_of(p)
+        others = [m for m in current.moves if m.partition != p]
+        if request.op == "move":
+            if not target or target == source:  # back where it is: a cancel (Kafka's null replicas)
+                if move is None:
+                    if not target:
+                        raise E.NoReassignmentInProgressError(f"no reassignment of {name}-{p} to cancel")
+                    return None
+                return dataclasses.replace(current, moves=others, controller_epoch=self._epoch())
+            if move is not None and move.target == target:
+                return None
+            if move is not None and move.state == MOVE_SEALED:
+                raise E.ReassignmentInProgressError(f"{name}-{p} is switching to group {move.target!r} now")
+            if target not in self.node.view.live_groups():
+                raise E.InvalidReplicaAssignmentError(f"broker group {target!r} has no live master")
+            rf = current.replication_factor
+            if rf > 1 and len(self.node.view.members_of(target)) < rf:
+                raise E.InvalidReplicaAssignmentError(
+                    f"{name} has replication factor {rf}; broker group {target!r} has fewer members"
+                )
+            return dataclasses.replace(
+                current, moves=[*others, PartitionMove(p, target)], controller_epoch=self._epoch()
+            )
+        if move is None or move.target != target:  # cancelled or redirected meanwhile: the copier's step is stale
+            raise E.NoReassignmentInProgressError(f"{name}-{p} is not moving to group {target!r}")
+        if request.op == "move-seal":
+            if move.state == MOVE_SEALED:
+                return None
+            sealed = dataclasses.replace(move, state=MOVE_SEALED)
+            return dataclasses.replace(current, moves=[*others, sealed], controller_epoch=self._epoch())
+        # "move-switch": the target holds every record (up to `offset`): the partition is the target's now, with
+        # a leader epoch above every one it had
+        if move.state != MOVE_SEALED:
+            raise E.ReassignmentInProgressError(f"{name}-{p} is not sealed yet")
+        masters = self.node.view.state.masters
+        old_master, new_master = masters.get(source), masters.get(target)
+        if new_master is None:
+            raise E.LeaderNotAvailableError(f"broker group {target!r} has no master")
+        old_epoch = current.epoch_base(p) + (old_master.epoch if old_master is not None else 0)
+        bases = [current.epoch_base(i) for i in range(len(current.partitions))]
+        bases[p] = old_epoch + 1 - new_master.epoch
+        partitions = list(current.partitions)
+        partitions[p] = (target, p)
+        arrivals = [a for a in current.arrivals if a[0] != p] + [[p, old_epoch + 1, request.offset]]
+        departures = [d for d in current.departures if d[0] != p or d[1] not in (source, target)]
+        return dataclasses.replace(
+            current,
+            partitions=partitions,
+            moves=others,
+            epoch_bases=bases,
+            arrivals=arrivals,
+            departures=[*departures, [p, source, request.offset]],
+            controller_epoch=self._epoch(),
+        )
 
 
 __all__ = ["OFFSETS_TOPIC", "Controller"]

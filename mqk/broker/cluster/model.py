@@ -7,7 +7,8 @@
     groups/<group>/epoch         int              the last master epoch handed out in the group
     groups/<group>/members       [int, ...]       every node that ever served the group (its replicas, live or not)
     groups/<group>/isr           SyncStateRecord  the group's in-sync replicas (compare-and-set by its master)
-    topics/<name>                TopicRecord      id, configs, each partition's (group, queue)      (controller only)
+    topics/<name>                TopicRecord      id, configs, each partition's (group, queue), the moves of
+                                                  partitions to other groups under way            (controller only)
     pid-blocks                   int              the next free producer id
     requests/<id>                RequestRecord    a metadata change asked of the controller    (the asker's lease)
     results/<id>                 ResultRecord     its outcome, for the asker                    (the asker's lease)
@@ -241,6 +242,19 @@ class TopicRecord:
     controller_epoch: int = 0
     #: the replication factor it was created with (-1: any group): added partitions go to groups that big
     replication_factor: int = -1
+    #: partitions being moved to another broker group (AlterPartitionReassignments), by partition
+    moves: list[PartitionMove] = field(default_factory=list)
+    #: per partition, what its group's master epoch is raised by to give its leader epoch (empty: 0 for all). A
+    #: partition that moved to another group keeps leader epochs that only go up (clients ignore a leader whose
+    #: epoch went back), whatever the epoch of the group it moved to
+    epoch_bases: list[int] = field(default_factory=list)
+    #: [partition, leader epoch, offset] for each partition that moved: it arrived in its group at that leader
+    #: epoch, with that end offset (OffsetForLeaderEpoch answers older epochs with it)
+    arrivals: list[list[int]] = field(default_factory=list)
+    #: [partition, group, end offset] for each group a partition moved away from (and has not come back to): the
+    #: group deletes its records below that end (mqk.broker.cluster.reconcile), and a copy back into it must not
+    #: need them (mqk.broker.moves)
+    departures: list[list[Any]] = field(default_factory=list)
 
     @classmethod
     def decode(cls, data: bytes) -> TopicRecord:
@@ -269,7 +283,38 @@ class TopicRecord:
         rf = doc.get("replication_factor", -1)
         if not isinstance(rf, int) or isinstance(rf, bool):
             raise Malformed(f"{what}: replication_factor must be an integer")
-        return cls(topic_id, configs, partitions, _field(doc, "controller_epoch", int, what), rf)
+        moves = [PartitionMove.decode(m, len(partitions)) for m in doc.get("moves", [])]
+        bases = doc.get("epoch_bases", [])
+        if not isinstance(bases, list) or not all(_is_int(b) for b in bases) or len(bases) > len(partitions):
+            raise Malformed(f"{what}: epoch_bases must be a list of integers, at most one per partition")
+        arrivals = doc.get("arrivals", [])
+        if not isinstance(arrivals, list) or not all(
+            isinstance(a, list) and len(a) == 3 and all(_is_int(v) for v in a) and 0 <= a[0] < len(partitions)
+            for a in arrivals
+        ):
+            raise Malformed(f"{what}: arrivals must be [partition, leader epoch, offset] triples")
+        departures = doc.get("departures", [])
+        if not isinstance(departures, list) or not all(
+            isinstance(d, list)
+            and len(d) == 3
+            and _is_int(d[0])
+            and 0 <= d[0] < len(partitions)
+            and isinstance(d[1], str)
+            and _is_int(d[2])
+            for d in departures
+        ):
+            raise Malformed(f"{what}: departures must be [partition, group, end offset] triples")
+        return cls(
+            topic_id,
+            configs,
+            partitions,
+            _field(doc, "controller_epoch", int, what),
+            rf,
+            moves,
+            bases,
+            arrivals,
+            departures,
+        )
 
     @property
     def topic_id_bytes(self) -> bytes:
@@ -279,13 +324,80 @@ class TopicRecord:
         """The partitions placed in `group`, in partition order (their queue ids there are the same numbers)."""
         return [p for p, (g, _q) in enumerate(self.partitions) if g == group]
 
+    def epoch_base(self, partition: int) -> int:
+        """What partition `partition`'s leader epoch adds to its group's master epoch (see `epoch_bases`)."""
+        return self.epoch_bases[partition] if partition < len(self.epoch_bases) else 0
+
+    def arrival(self, partition: int) -> tuple[int, int] | None:
+        """(leader epoch, end offset) with which the partition arrived in its group, if it moved there."""
+        for p, epoch, offset in self.arrivals:
+            if p == partition:
+                return epoch, offset
+        return None
+
+    def departure(self, partition: int, group: str) -> int | None:
+        """The end offset at which the partition left `group`, if it did and has not come back."""
+        for p, g, end in self.departures:
+            if p == partition and g == group:
+                return int(end)
+        return None
+
+    def move_of(self, partition: int) -> PartitionMove | None:
+        for move in self.moves:
+            if move.partition == partition:
+                return move
+        return None
+
+    def moving_into(self, group: str) -> list[PartitionMove]:
+        return [m for m in self.moves if m.target == group]
+
+    def involves(self, group: str) -> bool:
+        """Whether `group` holds one of the topic's partitions or is receiving one."""
+        return any(g == group for g, _q in self.partitions) or any(m.target == group for m in self.moves)
+
+
+#: a PartitionMove's states: its records are being copied to the target group; the source takes no more writes
+#: for it (the copy catches up to its final end, then the partition switches groups)
+MOVE_COPYING, MOVE_SEALED = "copying", "sealed"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMove:
+    """A partition on its way to another broker group (mqk.broker.moves says who does what at each step)."""
+
+    partition: int
+    #: the broker group it goes to (its queue id there is its partition number, as everywhere)
+    target: str
+    #: MOVE_COPYING or MOVE_SEALED
+    state: str = MOVE_COPYING
+
+    @classmethod
+    def decode(cls, doc: Any, partition_count: int) -> PartitionMove:
+        what = "partition move"
+        if not isinstance(doc, dict):
+            raise Malformed(f"{what}: not a JSON object")
+        partition = _field(doc, "partition", int, what)
+        if not 0 <= partition < partition_count:
+            raise Malformed(f"{what}: no partition {partition}")
+        state = _field(doc, "state", str, what)
+        if state not in (MOVE_COPYING, MOVE_SEALED):
+            raise Malformed(f"{what}: unknown state {state!r}")
+        return cls(partition, _field(doc, "target", str, what), state)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """A metadata change a broker asks of the controller."""
 
-    op: str  #: "create", "delete", "partitions", "configs"
+    #: "create", "delete", "partitions", "configs"; moving a partition to another group: "move" (start, or
+    #: cancel when `group` is ""), "move-seal", "move-switch" (mqk.broker.moves)
+    op: str
     topic: str
+    #: "create", "partitions": a partition count; the move ops: the partition
     partitions: int = 0
     configs: dict[str, str] = field(default_factory=dict)
     #: for "configs": the topic key's mod revision the new configs were computed from (0: any)
@@ -295,13 +407,17 @@ class RequestRecord:
     lease: int = 0
     #: "create": how many brokers each partition's group must have (-1: any group)
     replication_factor: int = -1
+    #: the move ops: the group the partition goes to
+    group: str = ""
+    #: "move-switch": the partition's end offset, which the target group's copy holds
+    offset: int = -1
 
     @classmethod
     def decode(cls, data: bytes) -> RequestRecord:
         what = "request record"
         doc = _load(data, what)
         op = _field(doc, "op", str, what)
-        if op not in ("create", "delete", "partitions", "configs"):
+        if op not in REQUEST_OPS:
             raise Malformed(f"{what}: unknown op {op!r}")
         configs = doc.get("configs", {})
         if not isinstance(configs, dict) or not all(
@@ -317,7 +433,12 @@ class RequestRecord:
             bool(doc.get("validate_only", False)),
             int(doc.get("lease", 0)),
             int(doc.get("replication_factor", -1)),
+            str(doc.get("group", "")),
+            int(doc.get("offset", -1)),
         )
+
+
+REQUEST_OPS = ("create", "delete", "partitions", "configs", "move", "move-seal", "move-switch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +460,7 @@ __all__ = [
     "Keys",
     "Malformed",
     "MasterRecord",
+    "PartitionMove",
     "RequestRecord",
     "ResultRecord",
     "SyncStateRecord",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import uuid
@@ -567,15 +568,7 @@ class ClusterNode:
         if not self.lease:
             raise MetaUnavailable("this broker is not registered in its cluster (lease lost)")
         request_id = uuid.uuid4().hex
-        body = RequestRecord(
-            request.op,
-            request.topic,
-            request.partitions,
-            dict(request.configs),
-            request.base_revision,
-            request.validate_only,
-            self.lease,
-        )
+        body = dataclasses.replace(request, configs=dict(request.configs), lease=self.lease)
         await self.meta.put(self.keys.request(request_id), dump(body), self.lease)
         answered = await self.view.wait_until(
             lambda s: request_id in s.results, timeout or self.config.request_timeout_s

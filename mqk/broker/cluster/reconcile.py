@@ -8,6 +8,9 @@ deleted here. Topics that are local by nature (the timer's, RocketMQ's transacti
 mqk.broker.internal) and topics this broker never took from the cluster are left alone: a data directory that
 joins a cluster loses nothing it held.
 
+It also fences, in the store, the queues that take no appends here (partitions placed in another group, and those
+sealed while they move away: `_fence`), and deletes the records of a partition that moved to another group.
+
 The ids taken from the cluster are remembered in `<data-dir>/cluster/topic-ids.json` (written before the local
 topic is made), so a broker restarted after a deletion still knows the topic was the cluster's.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from mqk.broker import internal
 from mqk.broker import topic_config as settings
-from mqk.broker.cluster.model import TopicRecord
+from mqk.broker.cluster.model import MOVE_SEALED, TopicRecord
 from mqk.broker.cluster.view import ClusterView
 from mqk.broker.cluster.woken import WokenTask
 from mqk.errors import ShardExists, UnknownShard
@@ -38,6 +41,8 @@ class TopicReconciler:
         self.group = group
         self._ids_path = data_dir / "cluster" / "topic-ids.json" if data_dir is not None else None
         self._known: set[str] = set()
+        #: topic -> the partitions placed in this group as of the last sync (to see one leave)
+        self._placed: dict[str, frozenset[int]] = {}
         self._lock = asyncio.Lock()
         self._task = WokenTask("mqk-cluster-reconcile", self._sync_or_retry)
 
@@ -45,6 +50,8 @@ class TopicReconciler:
         if self._ids_path is not None:
             doc = await asyncio.to_thread(read_json, self._ids_path)
             self._known = {str(i) for i in (doc or {}).get("topic_ids", [])}
+        self.view.add_listener(self._fence)
+        self._fence()
         self.view.add_listener(self._task.wake)
         self._task.start()
 
@@ -60,7 +67,23 @@ class TopicReconciler:
         return None
 
     def placed_here(self, record: TopicRecord) -> bool:
-        return any(group == self.group for group, _queue in record.partitions)
+        """Whether the topic has a partition in this group, or one moving into it."""
+        return record.involves(self.group)
+
+    def _fence(self) -> None:
+        """Fence, in the store, the queues of the cluster's topics that take no appends here: partitions placed
+        in another group, and those sealed while they move to one (StoreManager.fence). Run synchronously on
+        every change of the view, before anything else hears of it, so that a source group stops growing a
+        sealed partition before it can answer "sealed" (mqk.broker.moves)."""
+        fenced: dict[str, frozenset[int]] = {}
+        for name, record in self.view.state.topics.items():
+            if not record.involves(self.group):
+                continue
+            queues = [p for p, (group, _queue) in enumerate(record.partitions) if group != self.group]
+            queues += [m.partition for m in record.moves if m.state == MOVE_SEALED]
+            if queues:
+                fenced[name] = frozenset(queues)
+        self.store.fence(fenced)
 
     async def ensure(self, topic: str) -> bool:
         """Make the local topic now if the view places `topic` here (a request that reached this broker before the
@@ -77,9 +100,13 @@ class TopicReconciler:
             return
         async with self._lock:
             topics = dict(self.view.state.topics)
+            placed: dict[str, frozenset[int]] = {}
             for name, record in topics.items():
                 if self.placed_here(record):
                     await self._apply(name, record)
+                    placed[name] = frozenset(record.queues_of(self.group))
+                    await self._delete_departed(name, record, self._placed.get(name, frozenset()) - placed[name])
+            self._placed = placed
             cluster_ids = {r.topic_id for r in topics.values()}
             for name, info in self.store.topics().items():
                 topic_id = bytes(info.topic_id).hex()
@@ -117,6 +144,24 @@ class TopicReconciler:
             await self.store.add_partitions(name, count)
         if info.config != config:
             await self.store.alter_topic_config(name, config)
+
+    async def _delete_departed(self, name: str, record: TopicRecord, departed: frozenset[int]) -> None:
+        """Delete the records of partitions that moved from this group to another (mqk.broker.moves): their
+        log start moves to their end here. (A broker that was down when a partition left keeps its records
+        until retention deletes them.)"""
+        for p in sorted(departed):
+            if p >= len(record.partitions) or record.partitions[p][0] == self.group or record.move_of(p) is not None:
+                continue
+            with contextlib.suppress(UnknownShard):
+                end = self.store.end_offset(name, p)
+                if self.store.log_start_offset(name, p) < end:
+                    await self.store.delete_before(name, p, end)
+                    log.info(
+                        "cluster: %s-%d moved to group %s; its records here are deleted",
+                        name,
+                        p,
+                        record.partitions[p][0],
+                    )
 
     async def _remember(self, topic_id: str) -> None:
         if topic_id in self._known:

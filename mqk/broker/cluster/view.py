@@ -117,7 +117,7 @@ class ClusterView:
         master = self.state.masters.get(record.partitions[partition][0])
         if master is None or master.node_id not in self.state.brokers:
             return -1, -1
-        return master.node_id, master.epoch
+        return master.node_id, master.epoch + record.epoch_base(partition)
 
     def isr_of(self, group: str) -> list[int]:
         """The group's in-sync replicas as etcd last said; its master alone when no set was written yet."""
@@ -126,6 +126,16 @@ class ClusterView:
             return entry[0].members
         master = self.state.masters.get(group)
         return [master.node_id] if master is not None else []
+
+    def group_of(self, node_id: int) -> str | None:
+        """The group of node `node_id` (a live broker's, or one that served a group before), None if unknown."""
+        broker = self.state.brokers.get(node_id)
+        if broker is not None:
+            return broker.group
+        for group, members in sorted(self.state.members.items()):
+            if node_id in members:
+                return group
+        return None
 
     def members_of(self, group: str) -> list[int]:
         """The nodes of `group`, live or not, sorted (its replicas)."""

@@ -27,17 +27,27 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mqk import errors as E
 from mqk.broker import internal
 from mqk.broker.cluster.model import MasterRecord, SyncStateRecord, dump
-from mqk.broker.replication.link import NOT_READY_RETRY_S, RETRY_S, MasterLink, MasterNotReady, follow
+from mqk.broker.replication import protocol as P
+from mqk.broker.replication.link import (
+    NOT_READY_RETRY_S,
+    RETRY_S,
+    MasterLink,
+    MasterNotReady,
+    close_writer,
+    follow,
+    read_frame,
+)
 from mqk.broker.replication.tracker import CommitTracker
 from mqk.clock import SYSTEM_CLOCK, Clock
 from mqk.config import TopicConfig
+from mqk.errors import MqkError
 from mqk.meta import Compare, MetaUnavailable, Put
 
 if TYPE_CHECKING:
@@ -104,6 +114,11 @@ class Replication:
         self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         #: the readers' wake-up (the broker's WakeupHub.notify): consumers wait for the high watermark, not the end
         self.wake: Callable[[str, Sequence[tuple[int, int]]], None] | None = None
+        #: who answers a peer whose first frame is FETCH (a partition copied to another group: mqk.broker.moves),
+        #: given that frame's body and the connection
+        self.partition_reads: Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]] | None = (
+            None
+        )
 
     # --- life cycle -------------------------------------------------------------------------------------------
 
@@ -236,7 +251,17 @@ class Replication:
         if self.member is None:  # (bound, not yet joined: the replica tries again)
             writer.close()
             return
-        await MasterLink(self, reader, writer).run()
+        try:
+            async with asyncio.timeout(10.0):
+                first = await read_frame(reader)
+        except (MqkError, OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            log.info("replication: a peer (%s) sent no first frame: %s", writer.get_extra_info("peername"), exc)
+            await close_writer(writer)
+            return
+        if first[0] == P.FETCH and self.partition_reads is not None:
+            await self.partition_reads(first[1], reader, writer)
+            return
+        await MasterLink(self, reader, writer).run(first)
 
     # --- roles --------------------------------------------------------------------------------------------------
 

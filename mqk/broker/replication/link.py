@@ -97,11 +97,11 @@ class MasterLink:
         self.wake = asyncio.Event()
         self.peer = writer.get_extra_info("peername")
 
-    async def run(self) -> None:
+    async def run(self, first: tuple[int, bytes]) -> None:
+        """Serve the replica whose first frame (kind, body) was `first` until the link ends."""
         repl = self.repl
+        kind, body = first
         try:
-            async with asyncio.timeout(10.0):
-                kind, body = await read_frame(self.reader)
             if kind != P.HELLO:
                 raise ProtocolError(f"expected HELLO, got frame kind {kind}")
             hello = P.decode_control(kind, body)

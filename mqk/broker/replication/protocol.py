@@ -14,6 +14,14 @@ object; the hot frames are fixed binary:
     ACK        replica -> master  end u64: the replica holds every byte below it (written, and flushed when the
                                   group flushes synchronously)
 
+The same listener serves one more conversation, between broker groups: a partition moving to another group
+(mqk.broker.moves) is copied by the target group's master, which asks the source group's master:
+
+    FETCH      copier -> master   JSON: cluster id, topic, topic id, partition, offset, max bytes
+    FETCHED    master -> copier   log start u64, end u64, high watermark u64, flags u8 (1: sealed, the source
+                                  takes no more writes for the partition), then whole record batches as stored,
+                                  from the one holding `offset`, below the high watermark
+
 `commit` is the master's commit offset: every in-sync replica holds the bytes below it (Kafka's high watermark, in
 CommitLog bytes). A frame whose declared length is over its kind's limit, of an unknown kind, or whose body does
 not decode is a `ProtocolError`: the link is closed and logged, never trusted further.
@@ -29,12 +37,25 @@ from mqk.errors import FrameTooLarge, ProtocolError
 
 VERSION = 1
 HEAD = struct.Struct(">IB")
-HELLO, START, REFUSE, DATA, HEARTBEAT, ACK = 1, 2, 3, 4, 5, 6
-KIND_NAMES = {HELLO: "HELLO", START: "START", REFUSE: "REFUSE", DATA: "DATA", HEARTBEAT: "HEARTBEAT", ACK: "ACK"}
+HELLO, START, REFUSE, DATA, HEARTBEAT, ACK, FETCH, FETCHED = 1, 2, 3, 4, 5, 6, 7, 8
+KIND_NAMES = {
+    HELLO: "HELLO",
+    START: "START",
+    REFUSE: "REFUSE",
+    DATA: "DATA",
+    HEARTBEAT: "HEARTBEAT",
+    ACK: "ACK",
+    FETCH: "FETCH",
+    FETCHED: "FETCHED",
+}
 _U64X2 = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
+_FETCHED = struct.Struct(">QQQB")
+FETCHED_SEALED = 1
 #: CommitLog bytes one DATA frame carries at most
 DATA_CHUNK = 1 << 20
+#: the record batches one FETCHED frame carries at most (one batch alone may be bigger than a FETCH asks for)
+FETCHED_MAX = 128 << 20
 #: the largest body each kind may declare (checked before anything is allocated for it)
 MAX_BODY = {
     HELLO: 1 << 20,
@@ -43,6 +64,8 @@ MAX_BODY = {
     DATA: _U64X2.size + DATA_CHUNK,
     HEARTBEAT: _U64X2.size,
     ACK: _U64.size,
+    FETCH: 1 << 16,
+    FETCHED: _FETCHED.size + FETCHED_MAX,
 }
 
 
@@ -108,6 +131,21 @@ def decode_ack(body: bytes) -> int:
     return end
 
 
+def fetched_head(log_start: int, end: int, high_watermark: int, flags: int, size: int) -> bytes:
+    """The head and fixed fields of a FETCHED frame; `size` bytes of record batches follow."""
+    if size > FETCHED_MAX:
+        raise FrameTooLarge(f"replication FETCHED of {size} bytes of batches (limit {FETCHED_MAX})")
+    return HEAD.pack(_FETCHED.size + size, FETCHED) + _FETCHED.pack(log_start, end, high_watermark, flags)
+
+
+def decode_fetched(body: bytes) -> tuple[int, int, int, int, memoryview]:
+    """(log start, end, high watermark, flags, record batches) of a FETCHED body."""
+    if len(body) < _FETCHED.size:
+        raise ProtocolError("replication FETCHED frame shorter than its fixed fields")
+    log_start, end, high_watermark, flags = _FETCHED.unpack_from(body)
+    return log_start, end, high_watermark, flags, memoryview(body)[_FETCHED.size :]
+
+
 def field(doc: dict[str, Any], name: str, kind: type, what: str) -> Any:
     """A required field of a control frame, of the given type (ProtocolError otherwise)."""
     value = doc.get(name)
@@ -120,6 +158,10 @@ __all__ = [
     "ACK",
     "DATA",
     "DATA_CHUNK",
+    "FETCH",
+    "FETCHED",
+    "FETCHED_MAX",
+    "FETCHED_SEALED",
     "HEAD",
     "HEARTBEAT",
     "HELLO",
@@ -132,7 +174,9 @@ __all__ = [
     "decode_ack",
     "decode_control",
     "decode_data",
+    "decode_fetched",
     "decode_heartbeat",
+    "fetched_head",
     "field",
     "heartbeat",
     "parse_head",

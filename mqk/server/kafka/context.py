@@ -37,6 +37,7 @@ from mqk.store.manager import StoreManager
 if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember
     from mqk.broker.cluster.share_ops import ShareOps
+    from mqk.broker.moves import PartitionMoves
     from mqk.broker.replication import Replication
 
 
@@ -122,6 +123,8 @@ class KafkaContext:
     transactions: TransactionCoordinator | None = None
     #: cluster mode: share group offset operations asked of the masters holding a group's partitions
     share_ops: ShareOps | None = None
+    #: cluster mode with replication: partitions moving between broker groups (AlterPartitionReassignments)
+    moves: PartitionMoves | None = None
 
 
 class CloseConnection:

@@ -3,7 +3,9 @@
 A consumer that saw a new leader (or a follower) asks, for the last epoch it fetched in, the offset at which that
 epoch ended, to find out whether the log it read was cut back. The answer is the largest epoch the log knows that
 is not above the one asked, and the offset where it ended (the start of the next one), the log end for the current
-epoch, or (-1, -1) for an epoch the log does not know (mqk.broker.cluster.epochs). On a broker on its own there is
+epoch, or (-1, -1) for an epoch the log does not know (mqk.broker.cluster.epochs). A partition that moved from
+another broker group keeps epochs that only go up (TopicRecord.epoch_bases); an epoch from before its move ended,
+as far as this log can tell, where the partition arrived. On a broker on its own there is
 one epoch, 0, for all time. In cluster mode only the partition's leader answers (else NOT_LEADER_OR_FOLLOWER), and a
 `current_leader_epoch` must match its epoch (FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH).
 """
@@ -53,8 +55,18 @@ async def handle(
                     code = E.kafka_code_for(exc)
                 else:
                     requested = p["leader_epoch"]
-                    if cluster is not None and cluster.topic(name) is not None:
-                        epoch, end = cluster.epochs.end_offset_for(name, index, requested, log_end)
+                    record = cluster.topic(name) if cluster is not None else None
+                    if cluster is not None and record is not None:
+                        arrival = record.arrival(index)
+                        if arrival is not None and requested < arrival[0]:
+                            # an epoch of the group the partition moved from: the copy here holds that group's
+                            # log as it was up to where the partition arrived
+                            epoch, end = requested, min(arrival[1], log_end)
+                        else:
+                            base = record.epoch_base(index)
+                            epoch, end = cluster.epochs.end_offset_for(name, index, requested - base, log_end)
+                            if epoch >= 0:
+                                epoch += base
                     elif requested == 0:
                         epoch, end = 0, log_end
             parts.append({"error_code": code, "partition": index, "leader_epoch": epoch, "end_offset": end})

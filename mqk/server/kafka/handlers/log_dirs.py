@@ -4,9 +4,11 @@ mqk keeps every partition in one data directory (`StoreConfig.data_dir`, one Com
 this broker's only log directory, named by its absolute path as Kafka names its `log.dirs`.
 
 - DescribeLogDirs: the directory with the partitions asked for (every partition held here when the request names
-  no topics), each with its size (the bytes of its record batches still readable: mqk.broker.logsizes), offset lag
-  0 and no future replica; from v4 the total and usable bytes of the directory's file system (-1 when the directory
-  does not exist, as with a memory store that never created it). Admin UIs and `kafka-log-dirs` read disk use here.
+  no topics), each with its size (the bytes of its record batches still readable: mqk.broker.logsizes), its offset
+  lag (below) and no future replica; from v4 the total and usable bytes of the directory's file system (-1 when the
+  directory does not exist, as with a memory store that never created it). Admin UIs and `kafka-log-dirs` read
+  disk use here. A partition moving into this broker's group (mqk.broker.moves) has as offset lag, on the group's
+  master, the offsets its copy still lacks: a reassignment's progress, as Kafka shows it for a replica being added.
 - AlterReplicaLogDirs: a partition asked to move into the directory it is in is answered NONE (nothing to move); a
   directory that is not this broker's log directory LOG_DIR_NOT_FOUND; a partition this broker does not hold
   REPLICA_NOT_AVAILABLE (what Kafka answers for a replica it does not have).
@@ -81,7 +83,7 @@ async def describe_log_dirs(
                     {
                         "partition_index": p,
                         "partition_size": 0 if sizes is None else await sizes.size(name, p),
-                        "offset_lag": 0,
+                        "offset_lag": 0 if ctx.moves is None else ctx.moves.lag(name, p),
                         "is_future_key": False,
                     }
                     for p in partitions

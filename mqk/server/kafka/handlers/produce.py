@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from mqk import errors as E
@@ -478,9 +478,11 @@ async def answer_prepared(
         appends, idempotent = prepared[0].appends, prepared[0].idempotent
     else:
         appends, idempotent = _merged(prepared), [entry for p in prepared for entry in p.idempotent]
-    epoch = ctx.cluster.leader_epoch() if ctx.cluster is not None else -1
-    if epoch > 0:
-        _stamp(epoch, appends, idempotent)
+    cluster = ctx.cluster
+    if cluster is not None:
+        epoch = cluster.leader_epoch()
+        if epoch > 0:
+            _stamp(cluster.epoch_bases, epoch, appends, idempotent)
     for topic, entries, delays, answers, log_append_time in appends:
         await _append_plain(store, topic, entries, delays, answers, log_append_time)
     if idempotent:
@@ -505,17 +507,27 @@ async def answer_prepared(
     return [_body(p) for p in prepared]
 
 
-def _stamp(epoch: int, appends: list[_PlainAppend], idempotent: list[_IdempotentAppend]) -> None:
-    """Every batch to append carries this master's epoch (a broker on its own leaves what producers wrote: it has
-    one epoch, 0, and answers OffsetForLeaderEpoch with its log end for it)."""
+def _stamp(
+    epoch_bases: Callable[[str], Sequence[int]],
+    epoch: int,
+    appends: list[_PlainAppend],
+    idempotent: list[_IdempotentAppend],
+) -> None:
+    """Every batch to append carries its partition's leader epoch: this master's epoch plus the partition's base
+    (`epoch_bases(topic)`, non-zero for a partition that moved here from another group). A broker on its own
+    leaves what producers wrote: it has one epoch, 0, and answers OffsetForLeaderEpoch with its log end for it."""
     stamp = kafka_records.stamp_leader_epoch
-    for _topic, entries, _delays, _answers, _lat in appends:
-        for _index, buffers in entries:
+    for topic, entries, _delays, _answers, _lat in appends:
+        bases = epoch_bases(topic)
+        for index, buffers in entries:
+            leader_epoch = epoch + bases[index] if index < len(bases) else epoch
             for i, buf in enumerate(buffers):
-                buffers[i] = stamp(buf, epoch)
-    for _topic, _index, batches, _lat, _parts, _slot, _mode in idempotent:
+                buffers[i] = stamp(buf, leader_epoch)
+    for topic, index, batches, _lat, _parts, _slot, _mode in idempotent:
+        bases = epoch_bases(topic)
+        leader_epoch = epoch + bases[index] if index < len(bases) else epoch
         for i, batch in enumerate(batches):
-            stamped = stamp(batch.data, epoch)
+            stamped = stamp(batch.data, leader_epoch)
             if stamped is not batch.data:
                 batches[i] = batch._replace(data=stamped)
 

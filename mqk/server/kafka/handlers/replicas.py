@@ -12,12 +12,16 @@ is placed in, its leader is the group's master (docs/architecture.md, "Replicati
   state (mqk.server.kafka.idempotence; a partition's state is rebuilt from its log tail when first asked). Only the
   partition's leader answers (NOT_LEADER_OR_FOLLOWER elsewhere). A transactional producer's transaction under way
   in the partition gives its start offset (mqk.server.kafka.transactions), else -1.
-- ListPartitionReassignments (DESCRIBE on the cluster): no reassignment is ever in progress (see Alter), so the
-  answer lists none.
-- AlterPartitionReassignments (ALTER on the cluster): moving a partition to another broker group is not built. A
-  target replica set equal to the partition's current replicas (its group's members) is answered NONE (nothing to
-  move, as Kafka completes such a reassignment at once); cancelling (null replicas) NO_REASSIGNMENT_IN_PROGRESS;
-  any other target INVALID_REPLICA_ASSIGNMENT, with a message saying why.
+- AlterPartitionReassignments (ALTER on the cluster): a partition's replicas are the members of one broker group, so
+  a target replica set names a group: every member of it, no one else. The partition then moves there (copy, catch
+  up, seal, switch, delete: mqk.broker.moves); the answer comes once the controller recorded the move, as Kafka
+  answers once the reassignment is under way. A target equal to the partition's current replicas is answered NONE
+  at once (nothing to move); null replicas cancel a move (NO_REASSIGNMENT_IN_PROGRESS without one); a move
+  whose source is sealed cannot be sent to a third group (REASSIGNMENT_IN_PROGRESS); a target that is not one group's members
+  INVALID_REPLICA_ASSIGNMENT, with a message saying why. A broker on its own has one replica per partition.
+- ListPartitionReassignments (DESCRIBE on the cluster): the moves under way, as Kafka lists reassignments: the
+  target group's members then the source's as replicas, the target's as adding and the source's as removing. Their
+  progress (the offsets the copy still lacks) is DescribeLogDirs' offset lag on the target group's master.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ if TYPE_CHECKING:
     from mqk.protocol.kafka.messages.list_partition_reassignments import (
         ListPartitionReassignmentsRequest,
         ListPartitionReassignmentsResponse,
+        ListPartitionReassignmentsResponseOngoingPartitionReassignment,
+        ListPartitionReassignmentsResponseOngoingTopicReassignment,
     )
 
 log = logging.getLogger("mqk.kafka")
@@ -207,7 +213,37 @@ async def list_partition_reassignments(
             "error_message": "not authorized to describe partition reassignments",
             "topics": [],
         }
-    return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None, "topics": []}
+    topics: list[ListPartitionReassignmentsResponseOngoingTopicReassignment] = []
+    cluster = ctx.cluster
+    if cluster is not None:
+        asked = req.body["topics"]
+        wanted = (
+            dict.fromkeys(cluster.topics())
+            if asked is None
+            else {t["name"]: set(t["partition_indexes"]) for t in asked}
+        )
+        for name, partitions in sorted(wanted.items()):
+            record = cluster.topic(name)
+            if record is None or not record.moves:
+                continue
+            ongoing: list[ListPartitionReassignmentsResponseOngoingPartitionReassignment] = []
+            for move in sorted(record.moves, key=lambda m: m.partition):
+                if partitions is not None and move.partition not in partitions:
+                    continue
+                source = cluster.view.members_of(record.partitions[move.partition][0])
+                target = cluster.view.members_of(move.target)
+                ongoing.append(
+                    {
+                        "partition_index": move.partition,
+                        # Kafka's way: the target replicas first, then those leaving
+                        "replicas": target + [n for n in source if n not in target],
+                        "adding_replicas": [n for n in target if n not in source],
+                        "removing_replicas": [n for n in source if n not in target],
+                    }
+                )
+            if ongoing:
+                topics.append({"name": name, "partitions": ongoing})
+    return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None, "topics": topics}
 
 
 async def alter_partition_reassignments(
@@ -222,6 +258,7 @@ async def alter_partition_reassignments(
             "error_message": "not authorized to reassign partitions",
             "responses": [],
         }
+    timeout = body["timeout_ms"] / 1000 if body["timeout_ms"] > 0 else None
     responses: list[AlterPartitionReassignmentsResponseReassignableTopicResponse] = []
     for t in body["topics"]:
         name = t["name"]
@@ -232,16 +269,11 @@ async def alter_partition_reassignments(
             code, message = NONE, None
             if not 0 <= index < count:
                 code, message = E.UnknownTopicOrPartitionError.code, f"no partition {name}-{index}"
-            elif target is None:
-                code, message = E.NoReassignmentInProgressError.code, f"no reassignment of {name}-{index} to cancel"
             else:
-                current = _replicas(ctx, name, index)
-                if sorted(set(target)) != current or len(target) != len(current):
-                    code = E.InvalidReplicaAssignmentError.code
-                    message = (
-                        f"{name}-{index}'s replicas are the members of its broker group, {current}; moving a "
-                        "partition to another broker group is not supported by this broker"
-                    )
+                try:
+                    await _reassign(ctx, name, index, target, timeout)
+                except E.MqkError as exc:
+                    code, message = E.kafka_code_for(exc), str(exc)
             result["partitions"].append({"partition_index": index, "error_code": code, "error_message": message})
         responses.append(result)
     return {
@@ -251,6 +283,59 @@ async def alter_partition_reassignments(
         "error_message": None,
         "responses": responses,
     }
+
+
+async def _reassign(
+    ctx: KafkaContext,
+    topic: str,
+    partition: int,
+    target: list[int] | None,
+    timeout: float | None,  # noqa: ASYNC109 - the request's timeout_ms: the wait for the controller's answer
+) -> None:
+    """Start moving the partition to the broker group whose members are `target` (None: cancel its move), through
+    the controller (mqk.broker.moves); nothing when it is there already. An mqk error says why not."""
+    cluster = ctx.cluster
+    if cluster is None:
+        if target is None:
+            raise E.NoReassignmentInProgressError(f"no reassignment of {topic}-{partition} to cancel")
+        if target != [ctx.node_id]:
+            raise E.InvalidReplicaAssignmentError(f"only broker {ctx.node_id} exists")
+        return
+    if target is None:
+        await cluster.change_topic("move", topic, timeout, partitions=partition, group="")
+        return
+    if not target or len(set(target)) != len(target):
+        raise E.InvalidReplicaAssignmentError(f"replicas {target}: a non-empty list without duplicates is needed")
+    view = cluster.view
+    groups = {view.group_of(node) for node in target}
+    if None in groups:
+        unknown = [node for node in target if view.group_of(node) is None]
+        raise E.InvalidReplicaAssignmentError(f"brokers {unknown} are not in the cluster")
+    if len(groups) > 1:
+        raise E.InvalidReplicaAssignmentError(
+            f"replicas {target} are in broker groups {sorted(g for g in groups if g)}: a partition's replicas are the "
+            "members of one broker group"
+        )
+    group = groups.pop()
+    assert group is not None
+    members = view.members_of(group)
+    if sorted(target) != members:
+        raise E.InvalidReplicaAssignmentError(
+            f"a partition's replicas are all the members of its broker group: {group!r} has {members}, not {target}"
+        )
+    record = cluster.topic(topic)
+    if record is not None and record.partitions[partition][0] == group and record.move_of(partition) is None:
+        return  # (there already: done at once, as Kafka completes a reassignment to the current replicas)
+    if ctx.moves is None:
+        raise E.InvalidReplicaAssignmentError(
+            "moving a partition to another broker group needs the file engine's replication (--storage file)"
+        )
+    for g in {group, record.partitions[partition][0]} if record is not None else {group}:
+        master = view.master_of(g)
+        broker = view.broker(master.node_id) if master is not None else None
+        if broker is None or broker.address("replication") is None:
+            raise E.InvalidReplicaAssignmentError(f"broker group {g!r} has no master with a replication listener")
+    await cluster.change_topic("move", topic, timeout, partitions=partition, group=group)
 
 
 def _replicas(ctx: KafkaContext, topic: str, partition: int) -> list[int]:

@@ -1,0 +1,356 @@
+"""Moving a partition to another broker group (Kafka's AlterPartitionReassignments): copy, catch up, seal, switch,
+and the copy left behind deleted.
+
+In mqk a partition's replicas are the members of the broker group it is placed in, so a reassignment moves it from
+one group to another. The controller records each step in the topic's metadata (TopicRecord.moves, written by
+mqk.broker.cluster.controller alone); this module does the work between the steps:
+
+1. **start** ("move"): the partition gets a PartitionMove to its target group, state copying. The target's
+   reconciler makes the topic there (its queue id there is its partition number, as in every group).
+2. **copy**: the target group's master pulls the partition's record batches from the source group's master over
+   the replication listener (FETCH / FETCHED frames, replication/protocol.py), from its own end on, below the
+   source's high watermark, and appends them as they are, at the same offsets, through its engine (not through
+   StoreManager.append: the partition is fenced there, and the timer's hooks must not see a copy). Its own
+   replicas get them as any append. A gap in the source's offsets (a batch compaction removed, a log start past
+   the copy's end) is kept as an empty batch spanning it, what Kafka's own compaction leaves for a producer's
+   last batch, which every client skips.
+3. **seal** ("move-seal"): once a pull reaches the source's high watermark, the copier asks the controller to seal
+   the move. Every broker of the source group fences the partition (StoreManager.fence, from the view:
+   mqk.broker.cluster.reconcile): its producers get NOT_LEADER_OR_FOLLOWER and retry, and its end is final. The
+   source says "sealed" in its FETCHED answers only once its own fence is up.
+4. **switch** ("move-switch"): once the copy holds the sealed source's end and every in-sync replica of the target
+   group holds the copy, the copier asks the controller to switch: the partition is placed in the target group,
+   with a leader epoch above every one it had (TopicRecord.epoch_bases) and its arrival recorded for
+   OffsetForLeaderEpoch. Clients learn the new leader from Metadata; consumers keep their offsets.
+5. **delete**: the source group's reconciler deletes the records of a partition placed elsewhere (or the whole
+   topic when no partition of it is left in the group).
+
+A move is cancelled (AlterPartitionReassignments with null replicas, or the partition's current replicas) until
+it switches (the switch is one compare-and-set of the topic record: a cancelled move's switch is refused); the copier itself cancels one
+it cannot finish without losing records, with a log line saying why: a partition moved back to a group it left
+(TopicRecord.departures), whose records there were deleted, while the source still holds records from before it
+left (a group's copy can only grow at its end). The copier runs on the target group's master only and starts
+again from its own end after a failover on either side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from mqk._fast import load
+from mqk.broker.cluster.model import MOVE_SEALED, PartitionMove, TopicRecord
+from mqk.broker.replication import protocol as P
+from mqk.broker.replication.link import close_writer, read_frame
+from mqk.errors import MqkError, ProtocolError, StorageError
+
+if TYPE_CHECKING:
+    from mqk.broker.cluster import ClusterMember
+    from mqk.broker.replication import Replication
+    from mqk.store.adapter import Buffer
+    from mqk.store.manager import StoreManager
+
+log = logging.getLogger("mqk.moves")
+recbatch = load("recbatch")
+#: a batch's base offset and length fields, which its length does not count
+BATCH_LOG_OVERHEAD = 12
+
+#: how much one pull asks for
+FETCH_BYTES = 1 << 20
+#: how long the copier waits before it pulls again when the source had nothing new
+IDLE_S = 0.05
+#: how long the copier waits after a failed pull, or for a source group without a master
+RETRY_S = 0.5
+#: the most offsets one empty batch spans (its last offset delta is an int32)
+GAP_SPAN = (1 << 31) - 1
+#: how long a pull waits for the source's answer (a paused source: its group elects another master meanwhile)
+PULL_TIMEOUT_S = 5.0
+#: how long the copier waits for the target's in-sync replicas to hold the copy before it asks again
+REPLICATED_WAIT_S = 10.0
+
+
+class Unmovable(MqkError):
+    """The copy cannot be finished without losing records: the move is cancelled."""
+
+
+class PartitionMoves:
+    """This broker's part in moving partitions between groups: the source's answers to FETCH, and the copiers
+    of the partitions moving into its group while it is that group's master."""
+
+    def __init__(self, member: ClusterMember, store: StoreManager, replication: Replication) -> None:
+        self.member = member
+        self.store = store
+        self.replication = replication
+        self._copiers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        #: (topic, partition) -> offsets the copy still lacks, as of its last pull (DescribeLogDirs' offset lag)
+        self.lags: dict[tuple[str, int], int] = {}
+        self._stopped = False
+
+    def start(self) -> None:
+        self.replication.partition_reads = self.serve_fetch
+        self.member.view.add_listener(self._copy_what_moves_here)
+        self.member.node.on_role.append(self._copy_what_moves_here)
+        self._copy_what_moves_here()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for task in list(self._copiers.values()):
+            task.cancel()
+        for task in list(self._copiers.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._copiers.clear()
+
+    def lag(self, topic: str, partition: int) -> int:
+        return self.lags.get((topic, partition), 0)
+
+    # --- the target: one copier per partition moving into this group ------------------------------------------
+
+    def _copy_what_moves_here(self) -> None:
+        if self._stopped:
+            return
+        member = self.member
+        wanted: set[tuple[str, int]] = set()
+        if member.node.leading:
+            for name, record in member.topics().items():
+                for move in record.moving_into(member.group):
+                    wanted.add((name, move.partition))
+        for key, task in list(self._copiers.items()):
+            if task.done():
+                del self._copiers[key]
+                self.lags.pop(key, None)
+            elif key not in wanted:
+                task.cancel()  # (cancelled, switched, or this broker is no longer master: it ends at its next await)
+        for key in wanted - set(self._copiers):
+            self._copiers[key] = asyncio.get_running_loop().create_task(
+                self._copy(*key), name=f"mqk-move-{key[0]}-{key[1]}"
+            )
+
+    def _move(self, topic: str, partition: int) -> tuple[TopicRecord, PartitionMove] | None:
+        """The topic and the move of `partition` into this group, while there is one and this broker leads."""
+        record = self.member.topic(topic)
+        move = record.move_of(partition) if record is not None else None
+        if move is None or move.target != self.member.group or not self.member.node.leading:
+            return None
+        return record, move  # type: ignore[return-value]  # (a move implies its record)
+
+    async def _copy(self, topic: str, partition: int) -> None:
+        asked_seal = False
+        #: (source node, reader, writer) of the connection to the source group's master
+        link: tuple[int, asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while (found := self._move(topic, partition)) is not None:
+                record, move = found
+                master = self.member.view.master_of(record.partitions[partition][0])
+                broker = self.member.view.broker(master.node_id) if master is not None else None
+                address = broker.address("replication") if broker is not None else None
+                if broker is None or address is None:
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                try:
+                    if link is None or link[0] != broker.node_id:
+                        if link is not None:
+                            await close_writer(link[2])
+                            link = None
+                        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 5.0)
+                        link = (broker.node_id, reader, writer)
+                    done = await self._pull(topic, partition, record, link[1], link[2], move, asked_seal)
+                except Unmovable:
+                    raise
+                except (OSError, asyncio.IncompleteReadError, TimeoutError, MqkError) as exc:
+                    # (the link, the source's answer, the store, etcd or the controller: the step is tried again)
+                    log.info(
+                        "moves: copying %s-%d from node %d: %s; again shortly", topic, partition, broker.node_id, exc
+                    )
+                    if link is not None:
+                        await close_writer(link[2])
+                        link = None
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                if done == "switched":
+                    return
+                if done == "sealing":
+                    asked_seal = True
+                elif done == "idle":
+                    await asyncio.sleep(IDLE_S)
+        except Unmovable as exc:
+            log.error(
+                "moves: %s-%d cannot move to group %s: %s; the move is cancelled",
+                topic,
+                partition,
+                self.member.group,
+                exc,
+            )
+            with contextlib.suppress(MqkError):
+                await self.member.change_topic("move", topic, partitions=partition, group="")
+        finally:
+            if link is not None:
+                await close_writer(link[2])
+
+    async def _pull(
+        self,
+        topic: str,
+        partition: int,
+        record: TopicRecord,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        move: PartitionMove,
+        asked_seal: bool,
+    ) -> str:
+        """One pull and what it leads to: "switched" (the move is done), "sealing" (the seal was asked for),
+        "more" (pull again now), "idle" (pull again shortly)."""
+        store = self.store
+        engine = store.engine_of(topic)
+        end = store.end_offset(topic, partition)
+        request = {
+            "cluster": self.member.keys.root,
+            "topic": topic,
+            "topic_id": record.topic_id,
+            "partition": partition,
+            "offset": end,
+            "max_bytes": FETCH_BYTES,
+        }
+        source_start, source_end, high_watermark, sealed, batches = await _ask(reader, writer, request)
+        start = store.log_start_offset(topic, partition)
+        if end > source_end:
+            raise Unmovable(f"this group's copy ends at {end}, past the source's end {source_end}")
+        left_at = record.departure(partition, self.member.group)
+        if left_at is not None and source_start < start:
+            raise Unmovable(
+                f"it left this group at offset {left_at} and its records here were deleted up to {start}; the "
+                f"source still holds them from {source_start}"
+            )
+        if end < source_start and not batches:
+            # the source's log starts past the copy's end: ask from its start (which may lie inside a batch: the
+            # batch comes whole, and the log start here moves to the source's below)
+            request["offset"] = source_start
+            source_start, source_end, high_watermark, sealed, batches = await _ask(reader, writer, request)
+            if not batches:
+                end = await self._skip(topic, partition, end, min(source_start, high_watermark), engine)
+        pos, size = 0, len(batches)
+        while pos < size:
+            if size - pos < recbatch.HEADER_SIZE:
+                raise ProtocolError("a FETCHED frame ends inside a batch header")
+            header = recbatch.parse_header(batches, pos)
+            base, length, last_delta = header[0], header[1], header[6]
+            whole = length + BATCH_LOG_OVERHEAD
+            if whole > size - pos:
+                raise ProtocolError("a FETCHED frame ends inside a batch")
+            following = base + last_delta + 1
+            if following > end:
+                if base < end:
+                    raise Unmovable(f"the source's batch [{base}, {following}) straddles the copy's end {end}")
+                if base > end:
+                    end = await self._skip(topic, partition, end, base, engine)
+                result = await engine.append(topic, partition, [batches[pos : pos + whole]])
+                if result.base_offset != base:
+                    raise StorageError(
+                        f"the copy of {topic}-{partition} took the batch at {base} at offset {result.base_offset}"
+                    )
+                end = following
+            pos += whole
+        if start < source_start <= end:  # (the source's log start moved: here too)
+            await store.delete_before(topic, partition, source_start)
+        self.lags[(topic, partition)] = max(0, source_end - end)
+        if end < high_watermark:
+            return "more"
+        if end < source_end:
+            return "idle"  # (the source's replicas hold less than it: its high watermark will move)
+        if not sealed:
+            if move.state != MOVE_SEALED and not asked_seal:
+                await self.member.change_topic("move-seal", topic, partitions=partition, group=self.member.group)
+                return "sealing"
+            return "idle"
+        # the source is sealed and the copy holds its every record: once this group's in-sync replicas hold them
+        # too, the partition is this group's
+        await self.replication.wait_replicated(self.replication.engine.log_end, 1, REPLICATED_WAIT_S)
+        await self.member.change_topic("move-switch", topic, partitions=partition, group=self.member.group, offset=end)
+        log.info("moves: %s-%d moved to group %s at offset %d", topic, partition, self.member.group, end)
+        return "switched"
+
+    async def _skip(self, topic: str, partition: int, end: int, to: int, engine: object) -> int:
+        """Keep the source's gap [end, to) a gap here: empty batches spanning it (see the module docstring)."""
+        while end < to:
+            span = min(to - end, GAP_SPAN)
+            empty = recbatch.build_batch(end, -1, -1, b"", 0, span - 1)
+            await engine.append(topic, partition, [empty])  # type: ignore[attr-defined]
+            end += span
+        return end
+
+    # --- the source: FETCH answered ----------------------------------------------------------------------------
+
+    async def serve_fetch(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer a copier's FETCH frames (the first one's body is `first`) until it goes away."""
+        peer = writer.get_extra_info("peername")
+        body = first
+        try:
+            while True:
+                frame = await self._fetched(P.decode_control(P.FETCH, body))
+                for part in frame:
+                    writer.write(part)
+                await writer.drain()
+                kind, body = await read_frame(reader)
+                if kind != P.FETCH:
+                    raise ProtocolError(f"expected FETCH, got frame kind {kind}")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except (MqkError, OSError) as exc:
+            log.warning("moves: a copier (%s) dropped: %s", peer, exc)
+        finally:
+            await close_writer(writer)
+
+    async def _fetched(self, request: dict[str, object]) -> list[Buffer]:
+        """The FETCHED frame (its parts) for one FETCH, or a REFUSE one."""
+        member = self.member
+        topic = P.field(request, "topic", str, "FETCH")
+        partition = P.field(request, "partition", int, "FETCH")
+        offset = P.field(request, "offset", int, "FETCH")
+        max_bytes = min(max(P.field(request, "max_bytes", int, "FETCH"), 1), P.FETCHED_MAX)
+        record = member.topic(topic)
+        info = self.store.topic(topic)
+        refusal = ""
+        if request.get("cluster") != member.keys.root:
+            refusal = "another cluster"
+        elif record is None or record.topic_id != request.get("topic_id") or info is None:
+            refusal = f"no topic {topic} with that id here"
+        elif not 0 <= partition < min(len(record.partitions), info.queue_count):
+            refusal = f"no partition {topic}-{partition}"
+        elif record.partitions[partition][0] != member.group or not member.node.leading:
+            refusal = f"{topic}-{partition} is not led here"
+        if refusal:
+            return [P.control(P.REFUSE, {"error": refusal})]
+        store = self.store
+        start, end = store.offset_bounds(topic, partition)
+        high_watermark = self.replication.committed_end(topic, partition, end)
+        # (read after the bounds: the fence is up before those bounds were taken, or they may still grow)
+        sealed = store.fenced(topic, partition)
+        parts: list[Buffer] = []
+        size = 0
+        if start <= offset < high_watermark:
+            result = await store.read(topic, partition, offset, max_bytes)
+            for batch in result.batches:
+                if batch.base_offset >= high_watermark or size + len(batch.data) > P.FETCHED_MAX:
+                    break
+                parts.append(batch.data)
+                size += len(batch.data)
+        return [P.fetched_head(start, end, high_watermark, P.FETCHED_SEALED if sealed else 0, size), *parts]
+
+
+async def _ask(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: dict[str, object]
+) -> tuple[int, int, int, bool, memoryview]:
+    """One FETCH and its answer: the source's (log start, end, high watermark, sealed, record batches)."""
+    writer.write(P.control(P.FETCH, request))
+    await writer.drain()
+    kind, body = await asyncio.wait_for(read_frame(reader), PULL_TIMEOUT_S)
+    if kind == P.REFUSE:
+        raise ProtocolError(f"the source refused: {P.decode_control(kind, body).get('error')}")
+    if kind != P.FETCHED:
+        raise ProtocolError(f"expected FETCHED, got frame kind {kind}")
+    source_start, source_end, high_watermark, flags, batches = P.decode_fetched(body)
+    return source_start, source_end, high_watermark, bool(flags & P.FETCHED_SEALED), batches
+
+
+__all__ = ["PartitionMoves", "Unmovable"]

@@ -1,0 +1,296 @@
+"""Moving a partition to another broker group (AlterPartitionReassignments), for real: `mqk serve --cluster`
+processes on loopback, etcd, kafka-python's admin client and `mqk partitions`, confluent-kafka producers and
+consumers, and a fault injected with SIGSTOP/SIGCONT.
+
+- under acks=all load, with a consumer reading all along: the partition's log start was moved by DeleteRecords and
+  its source group's master is paused while the move copies (the source group fails over mid-move); the
+  reassignment is listed while it is under way, then completes; every acknowledged record is read back once, at the
+  offset it was acknowledged at, from the new group; the reading consumer never went back (its position was not
+  taken for a truncation when the leader changed); the leader epoch went up; the old group's copy is deleted while
+  its other partition stays;
+- what is refused: replicas from two groups, part of a group, unknown brokers, a cancel with nothing to cancel; a
+  cancelled move leaves the partition where it was.
+
+Every wait is bounded; the fixtures stop every process (by pid) and etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from helpers import (
+    CLUSTER_TESTS,
+    CONFIG,
+    SETTLE_S,
+    AckedProducer,
+    assert_every_ack_read_once,
+    describe,
+    read_all,
+    wait_until,
+)
+from kafka import KafkaAdminClient
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.errors import InvalidReplicationAssignmentError, NoReassignmentInProgressError
+
+from mqk.cluster_local import LocalCluster
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient
+
+pytestmark = [pytest.mark.timeout(300), CLUSTER_TESTS]
+
+
+def mqk_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mqk", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def two_groups_of_two(factory: Callable[..., LocalCluster]) -> LocalCluster:
+    """Four brokers: group-0 (nodes 0, 1) and group-1 (nodes 2, 3)."""
+    return factory(4, group_size=2, config=CONFIG)
+
+
+def create(cluster: LocalCluster, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, 2, config={"min.insync.replicas": "2"})], operation_timeout=30
+    )
+    for future in futures.values():
+        future.result(30)
+    wait_until(
+        lambda: all(len(p.isrs) == 2 for p in describe(cluster, name).values()), SETTLE_S, "both replicas in sync"
+    )
+
+
+def leader_epoch(cluster: LocalCluster, topic: str, partition: int) -> int:
+    """The partition's leader epoch in Metadata."""
+
+    async def ask() -> int:
+        host, port = cluster.bootstrap.split(",")[0].rsplit(":", 1)
+        async with await RawKafkaClient.connect(host, int(port)) as client:
+            meta = await client.call(ApiKey.METADATA, 12, {"topics": [{"name": topic}]})
+        parts = {p["partition_index"]: p for p in meta["topics"][0]["partitions"]}
+        return int(parts[partition]["leader_epoch"])
+
+    return asyncio.run(ask())
+
+
+class Reader:
+    """A consumer group member reading in a thread all along; each partition's offsets must only go up."""
+
+    def __init__(self, cluster: LocalCluster, topic: str) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "group.id": "all-along",
+                "auto.offset.reset": "earliest",
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
+        self.consumer.subscribe([topic])
+        self.last: dict[int, int] = {}
+        self.backwards: list[tuple[int, int, int]] = []
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msg = self.consumer.poll(0.1)
+            if msg is None or msg.error():
+                continue
+            previous = self.last.get(msg.partition(), -1)
+            if msg.offset() <= previous:
+                self.backwards.append((msg.partition(), previous, msg.offset()))
+            self.last[msg.partition()] = msg.offset()
+            self.count += 1
+        self.consumer.close()
+
+    def __enter__(self) -> Reader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_a_partition_moves_to_another_group_under_load_through_a_failover_and_loses_nothing(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = two_groups_of_two(mqk_cluster_factory)
+    create(cluster, "moving", 4)
+    placed = describe(cluster, "moving")
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+    controller = admin.describe_cluster()["controller_id"]
+    # the partition to move: one led by the master of the group that is not the controller's (so that pausing
+    # that master leaves the controller answering)
+    source_master = next(
+        b.node_id
+        for b in cluster.brokers
+        if b.node_id // 2 != controller // 2 and b.node_id in {p.leader for p in placed.values()}
+    )
+    moving = min(p for p, meta in placed.items() if meta.leader == source_master)
+    staying = [p for p, meta in placed.items() if meta.leader == source_master and p != moving]
+    target = sorted({0, 1, 2, 3} - set(placed[moving].replicas))
+    epoch_before = leader_epoch(cluster, "moving", moving)
+    with Reader(cluster, "moving") as reader, AckedProducer(cluster, "moving") as producer:
+        wait_until(lambda: len(producer.acked) >= 500, SETTLE_S, "writes acknowledged")
+        # (while a broker is paused, the admin commands go to the controller alone: `mqk` asks its --bootstrap)
+        at_controller = next(b.bootstrap for b in cluster.brokers if b.node_id == controller)
+        cluster.pause(source_master)
+        try:
+            replicas = ",".join(map(str, target))
+            out = mqk_cli(
+                "partitions",
+                "reassign",
+                "--topic",
+                "moving",
+                "--partition",
+                str(moving),
+                "--replicas",
+                replicas,
+                "--bootstrap",
+                at_controller,
+            )
+            assert out.returncode == 0, out
+            listed = mqk_cli("partitions", "reassignments", "--json", "--bootstrap", at_controller)
+            assert listed.returncode == 0, listed
+            rows = json.loads(listed.stdout)
+            assert [(r["topic"], r["partition"], r["adding"], sorted(r["removing"])) for r in rows] == [
+                ("moving", moving, target, sorted(placed[moving].replicas))
+            ]
+            wait_until(
+                lambda: (
+                    describe(cluster, "moving")[moving].leader not in placed[moving].replicas
+                    or source_master not in describe(cluster, "moving")[moving].isrs
+                ),
+                SETTLE_S,
+                "the source group's failover (or the move) while its master is paused",
+            )
+        finally:
+            cluster.resume(source_master)
+        wait_until(lambda: admin.list_partition_reassignments() == {}, SETTLE_S, "the move to finish")
+        assert describe(cluster, "moving")[moving].leader in target
+        acked_at_move = len(producer.acked)
+        wait_until(lambda: len(producer.acked) >= acked_at_move + 500, SETTLE_S, "writes acknowledged after the move")
+        producer.stop()
+        wait_until(lambda: reader.count >= len(producer.acked) - 50, SETTLE_S, "the reader to catch up")
+    assert not producer.failed, producer.failed[:3]
+    assert not reader.backwards, f"the reader went back: {reader.backwards[:3]}"
+    assert leader_epoch(cluster, "moving", moving) > epoch_before
+    seen = read_all(cluster, "moving", len(producer.acked), "after")
+    assert_every_ack_read_once(producer.acked, seen)
+    # the source group deleted its copy; its other partition is still there
+    sizes = log_sizes(cluster, source_master, "moving")
+    assert sizes[moving] == 0
+    assert all(sizes[p] > 0 for p in staying)
+
+
+def log_sizes(cluster: LocalCluster, node: int, topic: str) -> dict[int, int]:
+    """Partition -> its size in broker `node`'s log directory (DescribeLogDirs)."""
+    broker = next(b for b in cluster.brokers if b.node_id == node)
+
+    async def ask() -> dict[int, int]:
+        host, port = broker.bootstrap.rsplit(":", 1)
+        async with await RawKafkaClient.connect(host, int(port)) as client:
+            resp = await client.call(
+                ApiKey.DESCRIBE_LOG_DIRS, 4, {"topics": [{"topic": topic, "partitions": [0, 1, 2, 3]}]}
+            )
+        return {
+            p["partition_index"]: p["partition_size"]
+            for d in resp["results"]
+            for t in d["topics"]
+            for p in t["partitions"]
+        }
+
+    return asyncio.run(ask())
+
+
+def write(cluster: LocalCluster, topic: str, partition: int, values: range) -> None:
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True})
+    for i in values:
+        producer.produce(topic, value=b"v%d" % i, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def read(cluster: LocalCluster, topic: str, partition: int, expect: int) -> dict[int, bytes]:
+    """Offset -> value of the partition, read from its start by an assigned consumer."""
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "reader", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+    got: dict[int, bytes] = {}
+    deadline = time.monotonic() + SETTLE_S
+    try:
+        while len(got) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                got[msg.offset()] = msg.value()
+    finally:
+        consumer.close()
+    return got
+
+
+def move(admin: KafkaAdminClient, cluster: LocalCluster, topic: str, partition: int, target: list[int]) -> None:
+    tp = KafkaTopicPartition(topic, partition)
+    assert admin.alter_partition_reassignments({tp: target}) == {tp: None}
+    wait_until(lambda: admin.list_partition_reassignments() == {}, SETTLE_S, "the move to end")
+
+
+def test_refused_reassignments_a_log_start_that_moves_along_and_a_move_back(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = two_groups_of_two(mqk_cluster_factory)
+    create(cluster, "stay", 4)  # (two partitions in each group: a group a partition leaves keeps the topic)
+    placed = describe(cluster, "stay")
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+    tp = KafkaTopicPartition("stay", 0)
+    here = sorted(placed[0].replicas)
+    other = sorted({0, 1, 2, 3} - set(here))
+    # what is refused: replicas of two groups, part of a group, unknown brokers, duplicates; a cancel of nothing
+    for replicas in ([here[0], other[0]], [other[0]], [7, 8], [other[0], other[0]]):
+        assert admin.alter_partition_reassignments({tp: replicas}) == {tp: InvalidReplicationAssignmentError}
+    assert admin.alter_partition_reassignments({tp: here}) == {tp: None}  # where it is: nothing to do
+    assert admin.alter_partition_reassignments({tp: None}) == {tp: NoReassignmentInProgressError}
+    out = mqk_cli(
+        "partitions",
+        "reassign",
+        "--topic",
+        "stay",
+        "--partition",
+        "0",
+        "--replicas",
+        f"{here[0]},{other[0]}",
+        "--bootstrap",
+        cluster.brokers[0].bootstrap,
+    )
+    assert out.returncode != 0 and "one broker group" in out.stderr, out
+    assert admin.list_partition_reassignments() == {}
+    assert describe(cluster, "stay")[0].leader in here
+    # a partition whose log start DeleteRecords moved: the copy starts there too, every offset in its place
+    write(cluster, "stay", 0, range(100))
+    admin.delete_records({tp: 40})
+    move(admin, cluster, "stay", 0, other)
+    assert describe(cluster, "stay")[0].leader in other
+    assert read(cluster, "stay", 0, 60) == {i: b"v%d" % i for i in range(40, 100)}
+    # back to the group it left: that group deleted its records there, and the source still holds 40..99, so the
+    # copy would lack them: cancelled, and the partition stays (nothing lost)
+    tp_back = {tp: here}
+    assert admin.alter_partition_reassignments(tp_back) == {tp: None}
+    wait_until(lambda: admin.list_partition_reassignments() == {}, SETTLE_S, "the move back to be cancelled")
+    assert describe(cluster, "stay")[0].leader in other
+    assert read(cluster, "stay", 0, 60) == {i: b"v%d" % i for i in range(40, 100)}
+    # once those records are deleted where the partition is, it can go back
+    admin.delete_records({tp: 100})
+    move(admin, cluster, "stay", 0, here)
+    assert describe(cluster, "stay")[0].leader in here
+    write(cluster, "stay", 0, range(100, 110))
+    assert read(cluster, "stay", 0, 10) == {i: b"v%d" % i for i in range(100, 110)}
