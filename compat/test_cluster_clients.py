@@ -10,7 +10,8 @@ create / delete topic, describe / alter configs, create partitions) work from wh
 the others alike, without a client's routing in between. On one broker, "each broker" is that broker three times.
 The KIP-848 consumer protocol (confluent-kafka's `group.protocol=consumer`) runs the same scenario, and share
 consumers (KIP-932) share a topic whose partitions are led by every broker; a group coordinated by a broker that
-holds none of its topic's partitions is served as well, under both protocols.
+holds none of its topic's partitions is served as well, under both protocols. kafkajs moves a partition to another
+broker group (AlterPartitionReassignments) and reads every value back at its offset.
 
 The records are written only once the group has settled (three members, 4 partitions each), so no join moves a
 partition while they are read; a member counts a record once its offset is committed (kcat: once printed, its
@@ -897,6 +898,26 @@ def test_kafkajs(cluster: LocalCluster) -> None:
     assert r["retention"] == "7777777" and r["retentionAfterAlter"] == "1000000"
     assert r["partitionsAfter"] == 5
     assert r["listedAfterDelete"] is False
+
+
+def test_kafkajs_moves_a_partition_to_another_broker_group(cluster: LocalCluster) -> None:
+    """AlterPartitionReassignments and ListPartitionReassignments from kafkajs: with three groups the partition moves
+    to another one and every value is read back at its offset; a broker on its own refuses a move to a node it does
+    not know (INVALID_REPLICA_ASSIGNMENT) and the partition stays."""
+    topic = unique("js-move")
+    nodes = cluster.node_ids if len(cluster.brokers) > 1 else [cluster.node_ids[0] + 7]
+    r = run_node(
+        "kafkajs_client.js",
+        cluster.brokers[0].bootstrap,
+        "reassign",
+        json.dumps({"topic": topic, "nodes": nodes, "n": 50, "more": 20}),
+        timeout=120,
+    )["result"]
+    if len(cluster.brokers) > 1:
+        assert "refused" not in r and r["after"] == r["to"] != r["before"]
+    else:
+        assert r["refused"] == "INVALID_REPLICA_ASSIGNMENT" and r["after"] == r["before"]
+    assert sorted(r["read"]) == [[i, str(i)] for i in range(70)]
 
 
 # --- kcat -----------------------------------------------------------------------------------------------------

@@ -364,6 +364,46 @@ commands.cluster = async ({ bootstraps, topic, group, n, more, adminTopic }) => 
   return r
 }
 
+// A partition moved to another broker group (AlterPartitionReassignments): `n` values written, the move asked for
+// (to the first of `nodes` that is not the partition's leader) and listed until it is no longer in progress, `more`
+// values written, all read back. A move to a node the cluster does not have is refused: its error type.
+commands.reassign = async ({ topic, nodes, n, more }) => {
+  const admin = kafka.admin()
+  await admin.connect()
+  const r = {}
+  await admin.createTopics({ topics: [{ topic, numPartitions: 1 }], waitForLeaders: true })
+  const leaderOf = async () => (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0].partitions[0].leader
+  r.before = await leaderOf()
+  const producer = kafka.producer()
+  await producer.connect()
+  const send = async (start, count) => {
+    const messages = []
+    for (let i = start; i < start + count; i++) messages.push({ value: String(i), partition: 0 })
+    return producer.send({ topic, acks: -1, messages })
+  }
+  await send(0, n)
+  const to = nodes.find(node => node !== r.before)
+  r.to = to
+  try {
+    await admin.alterPartitionReassignments({ topics: [{ topic, partitionAssignment: [{ partition: 0, replicas: [to] }] }] })
+  } catch (e) {
+    r.refused = e.errors ? e.errors.map(x => x.type).join(",") : (e.type || e.message) // (a per-partition error comes aggregated)
+  }
+  const deadline = Date.now() + 30000
+  for (;;) {
+    const listed = await admin.listPartitionReassignments({ topics: [{ topic, partitions: [0] }] })
+    r.listed = (r.listed || 0) + 1
+    if (listed.topics.every(t => t.partitions.length === 0) || Date.now() > deadline) break
+    await new Promise(resolve => setTimeout(resolve, 50)) // (nothing to wait on but the answer)
+  }
+  r.after = await leaderOf()
+  await send(n, more)
+  await producer.disconnect()
+  await admin.disconnect()
+  r.read = (await readAll(topic, n + more, 30000)).map(m => [m.offset, m.value])
+  return r
+}
+
 async function main () {
   if (!commands[command]) throw new Error(`unknown command ${command}`)
   const result = await commands[command](opts)
