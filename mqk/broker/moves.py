@@ -22,15 +22,20 @@ mqk.broker.cluster.controller alone); this module does the work between the step
    group holds the copy, the copier asks the controller to switch: the partition is placed in the target group,
    with a leader epoch above every one it had (TopicRecord.epoch_bases) and its arrival recorded for
    OffsetForLeaderEpoch. Clients learn the new leader from Metadata; consumers keep their offsets.
-5. **delete**: the source group's reconciler deletes the records of a partition placed elsewhere (or the whole
-   topic when no partition of it is left in the group).
+5. **delete**: the source group's reconciler deletes the records of a partition that left it (TopicRecord.departures,
+   written by the switch), or the whole topic when no partition of it is left in the group.
 
-A move is cancelled (AlterPartitionReassignments with null replicas, or the partition's current replicas) until
-it switches (the switch is one compare-and-set of the topic record: a cancelled move's switch is refused); the copier itself cancels one
-it cannot finish without losing records, with a log line saying why: a partition moved back to a group it left
-(TopicRecord.departures), whose records there were deleted, while the source still holds records from before it
-left (a group's copy can only grow at its end). The copier runs on the target group's master only and starts
-again from its own end after a failover on either side.
+A move can be cancelled (AlterPartitionReassignments with null replicas, or with the partition's current replicas)
+until it switches: the switch is one compare-and-set of the topic record, refused for a cancelled move. The copier
+itself cancels a move it cannot finish without losing records, with a log line saying why: a partition moving back
+to a group it left, whose records there were deleted, while the source still holds records from before it left (a
+group's copy only grows at its end; deleting those records at the source, or waiting for retention, lets it go).
+The copier runs on the target group's master only, and starts again from its own end after a failover on either
+side.
+
+RocketMQ clients see a partition's queue in the group it is in: a group numbers its queues in partition order
+(mqk.server.native), so a move renumbers the queues of both groups after it; RocketMQ clients re-read their routes
+and rebalance.
 """
 
 from __future__ import annotations

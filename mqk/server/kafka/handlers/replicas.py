@@ -17,8 +17,9 @@ is placed in, its leader is the group's master (docs/architecture.md, "Replicati
   up, seal, switch, delete: mqk.broker.moves); the answer comes once the controller recorded the move, as Kafka
   answers once the reassignment is under way. A target equal to the partition's current replicas is answered NONE
   at once (nothing to move); null replicas cancel a move (NO_REASSIGNMENT_IN_PROGRESS without one); a move
-  whose source is sealed cannot be sent to a third group (REASSIGNMENT_IN_PROGRESS); a target that is not one group's members
-  INVALID_REPLICA_ASSIGNMENT, with a message saying why. A broker on its own has one replica per partition.
+  whose source is sealed cannot be sent to a third group (REASSIGNMENT_IN_PROGRESS); a target that is not one
+  group's members INVALID_REPLICA_ASSIGNMENT, with a message saying why. A broker on its own has one replica per
+  partition.
 - ListPartitionReassignments (DESCRIBE on the cluster): the moves under way, as Kafka lists reassignments: the
   target group's members then the source's as replicas, the target's as adding and the source's as removing. Their
   progress (the offsets the copy still lacks) is DescribeLogDirs' offset lag on the target group's master.
