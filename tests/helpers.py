@@ -43,6 +43,8 @@ from mqk._fast import load, twin
 from mqk.cluster_local import LocalCluster, free_port
 from mqk.config import StoreConfig
 from mqk.meta import EtcdClient, Record
+from mqk.protocol.kafka.api import ApiKey
+from mqk.server.kafka.rawclient import RawKafkaClient
 from mqk.store.adapter import GroupOffset, StorageAdapter
 
 with warnings.catch_warnings():
@@ -632,6 +634,23 @@ def produce_one(cluster: LocalCluster, topic: str, acks: str) -> KafkaError | No
     producer.flush(15)
     assert errors, "no delivery report"
     return errors[0]
+
+
+def partition_sizes(cluster: LocalCluster, node: int, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+    """Partition -> its size in broker `node`'s log directory (DescribeLogDirs: the bytes from its log start on),
+    asked of that broker alone."""
+    broker = next(b for b in cluster.brokers if b.node_id == node)
+    host, port = broker.bootstrap.rsplit(":", 1)
+
+    async def ask() -> dict[str, Any]:
+        async with await RawKafkaClient.connect(host, int(port)) as client:
+            body = {"topics": [{"topic": topic, "partitions": list(partitions)}]}
+            return await client.call(ApiKey.DESCRIBE_LOG_DIRS, 4, body)
+
+    resp = asyncio.run(ask())
+    return {
+        p["partition_index"]: p["partition_size"] for d in resp["results"] for t in d["topics"] for p in t["partitions"]
+    }
 
 
 def commitlog_bytes(engine: Any) -> bytes:

@@ -34,6 +34,7 @@ from helpers import (
     AckedProducer,
     assert_every_ack_read_once,
     describe,
+    partition_sizes,
     read_all,
     wait_until,
 )
@@ -191,29 +192,9 @@ def test_a_partition_moves_to_another_group_under_load_through_a_failover_and_lo
     seen = read_all(cluster, "moving", len(producer.acked), "after")
     assert_every_ack_read_once(producer.acked, seen)
     # the source group deleted its copy; its other partition is still there
-    sizes = log_sizes(cluster, source_master, "moving")
+    sizes = partition_sizes(cluster, source_master, "moving", [0, 1, 2, 3])
     assert sizes[moving] == 0
     assert all(sizes[p] > 0 for p in staying)
-
-
-def log_sizes(cluster: LocalCluster, node: int, topic: str) -> dict[int, int]:
-    """Partition -> its size in broker `node`'s log directory (DescribeLogDirs)."""
-    broker = next(b for b in cluster.brokers if b.node_id == node)
-
-    async def ask() -> dict[int, int]:
-        host, port = broker.bootstrap.rsplit(":", 1)
-        async with await RawKafkaClient.connect(host, int(port)) as client:
-            resp = await client.call(
-                ApiKey.DESCRIBE_LOG_DIRS, 4, {"topics": [{"topic": topic, "partitions": [0, 1, 2, 3]}]}
-            )
-        return {
-            p["partition_index"]: p["partition_size"]
-            for d in resp["results"]
-            for t in d["topics"]
-            for p in t["partitions"]
-        }
-
-    return asyncio.run(ask())
 
 
 def write(cluster: LocalCluster, topic: str, partition: int, values: range) -> None:

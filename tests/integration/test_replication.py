@@ -40,6 +40,7 @@ from helpers import (
     create_topic,
     in_sync,
     leader,
+    partition_sizes,
     produce_one,
     read_all,
     three_replicas,
@@ -168,6 +169,36 @@ def test_a_consumer_goes_on_across_a_failover_without_resetting_its_position(
         consumer.close()
     assert offsets == list(range(401)), "each offset read once, in order, across the failover"
     assert max(e for e in epochs if e is not None) > first_epoch
+
+
+def test_records_deleted_on_the_master_stay_deleted_after_a_failover(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """DeleteRecords moves the partition's log start on its master, which tells its replicas (LOG_STARTS): once the
+    master is killed, the new one's log starts there too (the deleted records do not come back)."""
+    cluster = three_replicas(mqk_cluster_factory)
+    create_topic(cluster, "deleted", partitions=1)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 0})
+    for v in range(100):
+        producer.produce("deleted", value=str(v).encode(), partition=0)
+        producer.flush(10)  # one batch per record: a log start at 40 leaves 40 batches behind it
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    (future,) = admin.delete_records([TopicPartition("deleted", 0, 40)]).values()
+    assert future.result(30).low_watermark == 40
+    master = leader(cluster, "deleted")
+    wait_until(
+        lambda: len({partition_sizes(cluster, b.node_id, "deleted", [0])[0] for b in cluster.brokers}) == 1,
+        SETTLE_S,
+        "every replica's log to start where the master's does",
+    )
+    cluster.kill(master)
+    wait_until(lambda: produce_one(cluster, "deleted", "all") is None, SETTLE_S, "a write on the new master")
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "deleted", "enable.auto.commit": False})
+    try:
+        low, _high = consumer.get_watermark_offsets(TopicPartition("deleted", 0), timeout=10)
+    finally:
+        consumer.close()
+    assert low == 40
 
 
 # --- a paused master ----------------------------------------------------------------------------------------------

@@ -203,8 +203,15 @@ class MasterLink:
         writer = self.writer
         tracker = repl.tracker
         clock = repl.clock
+        # the log starts go first, whenever one moves, and once more when the replica has caught up (a replica
+        # moves a start no further than what it holds)
+        starts_sent, caught_up = -1, False
         while True:
             end = engine.log_end
+            if engine.registry.log_start_version != starts_sent or (not caught_up and pos >= end):
+                caught_up = caught_up or pos >= end
+                starts_sent = engine.registry.log_start_version
+                writer.write(P.control(P.LOG_STARTS, {"starts": [list(s) for s in engine.log_starts()]}))
             if pos < end:
                 chunk = engine.read_log(pos, P.DATA_CHUNK)
                 writer.write(P.data_head(pos, tracker.commit, len(chunk)))
@@ -320,6 +327,9 @@ async def follow(
                 _end, commit = P.decode_heartbeat(body)
                 repl.heard_commit(commit)
                 writer.write(P.ack(engine.log_end))
+            elif kind == P.LOG_STARTS:
+                await engine.adopt_log_starts(_log_starts(P.decode_control(kind, body)))
+                continue
             else:
                 raise ProtocolError(f"unexpected frame kind {kind} from the master")
             await writer.drain()
@@ -333,6 +343,24 @@ async def follow(
     finally:
         repl.following = False
         await close_writer(writer)
+
+
+def _log_starts(doc: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """A LOG_STARTS frame's [[topic, queue, log start], ...]; ProtocolError when it is not that."""
+    items = doc.get("starts")
+    if not isinstance(items, list):
+        raise ProtocolError("replication LOG_STARTS: starts must be a list")
+    out = []
+    for item in items:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not isinstance(item[0], str)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in item[1:])
+        ):
+            raise ProtocolError("replication LOG_STARTS: an entry is [topic, queue, log start]")
+        out.append((item[0], item[1], item[2]))
+    return out
 
 
 def _queue_starts(doc: dict[str, Any]) -> dict[tuple[str, int], int]:

@@ -13,6 +13,10 @@ object; the hot frames are fixed binary:
     HEARTBEAT  master -> replica  master end u64, commit u64 (the link is idle)
     ACK        replica -> master  end u64: the replica holds every byte below it (written, and flushed when the
                                   group flushes synchronously)
+    LOG_STARTS master -> replica  JSON: [[topic, queue, log start], ...] of every queue that does not start at 0,
+                                  sent first and whenever one moved (DeleteRecords, retention): a replica's
+                                  queues start where the master's do, so a failover does not bring deleted
+                                  records back
 
 The same listener serves one more conversation, between broker groups: a partition moving to another group
 (mqk.broker.moves) is copied by the target group's master, which asks the source group's master:
@@ -37,7 +41,7 @@ from mqk.errors import FrameTooLarge, ProtocolError
 
 VERSION = 1
 HEAD = struct.Struct(">IB")
-HELLO, START, REFUSE, DATA, HEARTBEAT, ACK, FETCH, FETCHED = 1, 2, 3, 4, 5, 6, 7, 8
+HELLO, START, REFUSE, DATA, HEARTBEAT, ACK, FETCH, FETCHED, LOG_STARTS = 1, 2, 3, 4, 5, 6, 7, 8, 9
 KIND_NAMES = {
     HELLO: "HELLO",
     START: "START",
@@ -47,6 +51,7 @@ KIND_NAMES = {
     ACK: "ACK",
     FETCH: "FETCH",
     FETCHED: "FETCHED",
+    LOG_STARTS: "LOG_STARTS",
 }
 _U64X2 = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
@@ -66,6 +71,7 @@ MAX_BODY = {
     ACK: _U64.size,
     FETCH: 1 << 16,
     FETCHED: _FETCHED.size + FETCHED_MAX,
+    LOG_STARTS: 64 << 20,
 }
 
 
@@ -165,6 +171,7 @@ __all__ = [
     "HEAD",
     "HEARTBEAT",
     "HELLO",
+    "LOG_STARTS",
     "REFUSE",
     "START",
     "VERSION",

@@ -210,6 +210,27 @@ class FileEngine(StorageAdapter):
         (replica.adopt_queue_starts); blocking."""
         replica.adopt_queue_starts(self, queue_starts)
 
+    def log_starts(self) -> list[tuple[str, int, int]]:
+        """(topic, queue, log start) of every queue whose log start is above 0: what a master tells its replicas,
+        whose queues must start where its own do (DeleteRecords and retention move them here alone)."""
+        return [(s.topic, s.queue, s.log_start) for s in self.registry.shards.values() if s.log_start > 0]
+
+    async def adopt_log_starts(self, starts: Sequence[tuple[str, int, int]]) -> None:
+        """A replica: move each queue's log start up to its master's (no further than the queue's end here: what
+        it has not received yet, it will receive from its master with the next starts)."""
+        registry = self.registry
+        moved = False
+        for topic, queue, start in starts:
+            shard = registry.shards.get((topic, queue))
+            if shard is None:
+                continue
+            target = min(start, shard.cq.end_offset)
+            if target > shard.log_start:
+                registry.set_log_start(shard, target)
+                moved = True
+        if moved:
+            await registry.save_meta()
+
     def queue_starts_at(self, phys: int) -> list[tuple[str, int, int]]:
         """(topic, queue, the first offset whose entry does not end at or before CommitLog offset `phys`) of every
         queue: where each queue of a replica that copies this log from `phys` starts."""

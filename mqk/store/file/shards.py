@@ -76,6 +76,9 @@ class ShardRegistry:
         #: a replica copying its master's log from a later start: where queues it does not hold yet start when
         #: they are created ((topic, queue) -> first offset; mqk.store.file.replica.adopt_queue_starts)
         self.pending_starts: dict[tuple[str, int], int] = {}
+        #: counts log start moves (DeleteRecords, retention, a replica told by its master): a master's replication
+        #: links send the log starts again when it changed (link.py)
+        self.log_start_version = 0
 
     # --- lookup ---------------------------------------------------------------------------------------------
 
@@ -144,6 +147,7 @@ class ShardRegistry:
     def set_log_start(self, shard: Shard, offset: int) -> None:
         shard.log_start = offset
         self.topics[shard.topic]["log_start"][shard.queue] = offset
+        self.log_start_version += 1
 
     # --- queues.json ------------------------------------------------------------------------------------------
 
