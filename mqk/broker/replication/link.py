@@ -346,36 +346,28 @@ async def follow(
 
 
 def _log_starts(doc: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """A LOG_STARTS frame's [[topic, queue, log start], ...]; ProtocolError when it is not that."""
-    items = doc.get("starts")
-    if not isinstance(items, list):
-        raise ProtocolError("replication LOG_STARTS: starts must be a list")
-    out = []
-    for item in items:
-        if (
-            not isinstance(item, list)
-            or len(item) != 3
-            or not isinstance(item[0], str)
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in item[1:])
-        ):
-            raise ProtocolError("replication LOG_STARTS: an entry is [topic, queue, log start]")
-        out.append((item[0], item[1], item[2]))
-    return out
+    """A LOG_STARTS frame's `starts`."""
+    return _queue_offsets(doc, "starts", "LOG_STARTS")
 
 
 def _queue_starts(doc: dict[str, Any]) -> dict[tuple[str, int], int]:
-    """A restarting START's `queue_starts` ([[topic, queue, offset], ...]) as a dict."""
-    items = doc.get("queue_starts")
+    """A restarting START's `queue_starts` as a dict."""
+    return {(topic, queue): offset for topic, queue, offset in _queue_offsets(doc, "queue_starts", "START")}
+
+
+def _queue_offsets(doc: dict[str, Any], name: str, kind: str) -> list[tuple[str, int, int]]:
+    """A control frame's `name` field, [[topic, queue, offset], ...] (queue and offset not negative);
+    ProtocolError when it is not that."""
+    items = doc.get(name)
     if not isinstance(items, list) or not all(
         isinstance(i, list)
         and len(i) == 3
         and isinstance(i[0], str)
-        and isinstance(i[1], int)
-        and isinstance(i[2], int)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in i[1:])
         for i in items
     ):
-        raise ProtocolError("replication START: queue_starts must be [[topic, queue, offset], ...]")
-    return {(topic, queue): offset for topic, queue, offset in items}
+        raise ProtocolError(f"replication {kind}: {name} must be [[topic, queue, offset], ...]")
+    return [(topic, queue, offset) for topic, queue, offset in items]
 
 
 def _last_epoch(history: dict[str, Any]) -> int | None:
