@@ -54,16 +54,23 @@ def isr(cluster: Any, topic: str) -> list[int]:
         return []
 
 
-def kill_loop(cluster: Any, topic: str, acked_after: Any, rng: random.Random, kills: int = KILLS) -> list[float]:
-    """Kill the master `kills` times; each time wait for a write acknowledged by a new master, restart the killed
-    broker and wait for it to be back in sync. The failover times."""
+def kill_loop(
+    cluster: Any, topic: str, acks_after: Any, rng: random.Random, load: tuple[int, int], kills: int = KILLS
+) -> list[float]:
+    """Kill the master `kills` times, each time at a random moment of the load (after a random number, in `load`,
+    of writes acknowledged since the last failover: `acks_after(monotonic moment)` counts them); wait for a write
+    acknowledged by a new master, restart the killed broker and wait for it to be back in sync. The failover
+    times."""
     times = []
+    settled = time.monotonic()
     for _ in range(kills):
-        time.sleep(rng.uniform(0.3, 1.5))
+        wanted = rng.randint(*load)
+        wait_until(lambda s=settled, n=wanted: acks_after(s) >= n, SETTLE_S, f"{wanted} acknowledged writes")
         master = describe(cluster, topic).leader
         killed = time.monotonic()
         cluster.kill(master)
-        wait_until(lambda t=killed: acked_after(t), SETTLE_S, "a write acknowledged after the kill")
+        wait_until(lambda t=killed: acks_after(t) > 0, SETTLE_S, "a write acknowledged after the kill")
+        settled = time.monotonic()
         times.append(time.monotonic() - killed)
         cluster.restart(master)
         wait_until(lambda: len(isr(cluster, topic)) == 3, SETTLE_S, "the killed broker back in sync")
@@ -127,7 +134,7 @@ def test_kafka_python_idempotent_acks_all_loses_nothing_over_a_kill_loop(mqk_clu
     try:
         wait_until(lambda: len(acked) > 200, SETTLE_S, "the first acknowledgements")
         times = kill_loop(
-            cluster, topic, lambda t: any(when > t for when in list(acked.values())[-500:]), random.Random(3)
+            cluster, topic, lambda t: sum(1 for when in list(acked.values()) if when > t), random.Random(3), (200, 1500)
         )
     finally:
         stop.set()
@@ -152,7 +159,7 @@ def test_ali_ons_sync_master_loses_no_send_ok_message_over_a_kill_loop(mqk_clust
     producer = NodeProcess("ons.js", namesrv, "produce-loop", json.dumps({"topic": topic, "prefix": "ons"}))
     try:
         wait_until(lambda: len(producer.of("sent")) > 100, SETTLE_S, f"SEND_OK results ({producer.diagnostics()})")
-        times = kill_loop(cluster, topic, lambda t: acked_after_kill(producer, t), random.Random(5), ONS_KILLS)
+        times = kill_loop(cluster, topic, lambda t: acks_after(producer, t), random.Random(5), (10, 100), ONS_KILLS)
     finally:
         producer.close()
     sent = producer.of("sent")
@@ -167,7 +174,7 @@ def test_ali_ons_sync_master_loses_no_send_ok_message_over_a_kill_loop(mqk_clust
     )
 
 
-def acked_after_kill(producer: NodeProcess, monotonic_moment: float) -> bool:
-    """Whether the node producer reported a SEND_OK after `monotonic_moment` (its events carry wall time)."""
+def acks_after(producer: NodeProcess, monotonic_moment: float) -> int:
+    """How many SEND_OKs the node producer reported after `monotonic_moment` (its events carry wall time)."""
     wall_moment = time.time() - (time.monotonic() - monotonic_moment)
-    return any(e["at"] / 1000 > wall_moment and e["sendStatus"] == "SEND_OK" for e in producer.of("sent")[-200:])
+    return sum(1 for e in producer.of("sent") if e["at"] / 1000 > wall_moment and e["sendStatus"] == "SEND_OK")

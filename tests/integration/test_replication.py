@@ -87,8 +87,11 @@ def test_killing_the_master_again_and_again_loses_no_acknowledged_record(
     reader.start()
     with AckedProducer(cluster, "loop") as producer:
         wait_until(lambda: len(producer.acked) > 500, SETTLE_S, "the first acknowledgements")
+        settled = time.monotonic()
         for _ in range(KILLS):
-            time.sleep(rng.uniform(0.2, 1.5))  # a random moment of the load
+            # a random moment of the load: after a random number of writes acknowledged since the last failover
+            wanted = rng.randint(300, 3000)
+            wait_until(lambda s=settled, n=wanted: producer.acks_after(s) >= n, SETTLE_S, f"{wanted} acknowledgements")
             master = leader(cluster, "loop")
             killed_at = time.monotonic()
             cluster.kill(master)
@@ -98,6 +101,7 @@ def test_killing_the_master_again_and_again_loses_no_acknowledged_record(
                 "an acknowledged write on a new master",
             )
             failovers.append(min(t for t in producer.ack_times if t > killed_at) - killed_at)
+            settled = time.monotonic()
             cluster.restart(master)
             wait_until(lambda: len(in_sync(cluster, "loop")) == 3, SETTLE_S, "the restarted broker back in sync")
     reading.set()
