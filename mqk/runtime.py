@@ -259,6 +259,8 @@ class BrokerRuntime:
             from mqk.broker.moves import PartitionMoves
 
             moves = PartitionMoves(self.cluster, self.store, self.replication)
+            moves.under_way = transactions.under_way
+            moves.adopt_aborted = transactions.adopt_aborted
             moves.start()
             self._parts.append(moves)  # (stopped before the cluster member: its copiers ask the controller)
             kafka_ctx.moves = moves

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from mqk._fast import load
@@ -50,6 +51,7 @@ from mqk.broker.cluster.model import MOVE_SEALED, PartitionMove, TopicRecord
 from mqk.broker.replication import protocol as P
 from mqk.broker.replication.link import close_writer, read_frame
 from mqk.errors import MqkError, ProtocolError, StorageError
+from mqk.protocol.kafka.aborted import AbortedScan
 
 if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember
@@ -91,6 +93,10 @@ class PartitionMoves:
         self._copiers: dict[tuple[str, int], asyncio.Task[None]] = {}
         #: (topic, partition) -> offsets the copy still lacks, as of its last pull (DescribeLogDirs' offset lag)
         self.lags: dict[tuple[str, int], int] = {}
+        #: Kafka transactions (set by the runtime): whether one is under way in a partition (a source seals only
+        #: without one), and where a copy's aborted transactions go before the partition is served here
+        self.under_way: Callable[[str, int], bool] | None = None
+        self.adopt_aborted: Callable[[str, int, Sequence[tuple[int, int, int]]], Awaitable[None]] | None = None
         self._stopped = False
 
     def start(self) -> None:
@@ -146,6 +152,7 @@ class PartitionMoves:
         #: (source node, reader, writer) of the connection to the source group's master
         link: tuple[int, asyncio.StreamReader, asyncio.StreamWriter] | None = None
         try:
+            scan = await self._scan_copy(topic, partition)
             while (found := self._move(topic, partition)) is not None:
                 record, move = found
                 master = self.member.view.master_of(record.partitions[partition][0])
@@ -161,7 +168,7 @@ class PartitionMoves:
                             link = None
                         reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 5.0)
                         link = (broker.node_id, reader, writer)
-                    done = await self._pull(topic, partition, record, link[1], link[2], move, asked_seal)
+                    done = await self._pull(topic, partition, record, link[1], link[2], move, asked_seal, scan)
                 except Unmovable:
                     raise
                 except (OSError, asyncio.IncompleteReadError, TimeoutError, MqkError) as exc:
@@ -176,8 +183,8 @@ class PartitionMoves:
                     continue
                 if done == "switched":
                     return
-                if done == "sealing":
-                    asked_seal = True
+                if done in ("sealing", "unsealed"):
+                    asked_seal = done == "sealing"
                 elif done == "idle":
                     await asyncio.sleep(IDLE_S)
         except Unmovable as exc:
@@ -203,9 +210,11 @@ class PartitionMoves:
         writer: asyncio.StreamWriter,
         move: PartitionMove,
         asked_seal: bool,
+        scan: AbortedScan,
     ) -> str:
         """One pull and what it leads to: "switched" (the move is done), "sealing" (the seal was asked for),
-        "more" (pull again now), "idle" (pull again shortly)."""
+        "unsealed" (a transaction got under way before the seal: the move copies again), "more" (pull again now),
+        "idle" (pull again shortly). `scan` sees every batch the copy takes."""
         store = self.store
         engine = store.engine_of(topic)
         end = store.end_offset(topic, partition)
@@ -217,7 +226,7 @@ class PartitionMoves:
             "offset": end,
             "max_bytes": FETCH_BYTES,
         }
-        source_start, source_end, high_watermark, sealed, batches = await _ask(reader, writer, request)
+        source_start, source_end, high_watermark, flags, batches = await _ask(reader, writer, request)
         start = store.log_start_offset(topic, partition)
         if end > source_end:
             raise Unmovable(f"this group's copy ends at {end}, past the source's end {source_end}")
@@ -231,7 +240,7 @@ class PartitionMoves:
             # the source's log starts past the copy's end: ask from its start (which may lie inside a batch: the
             # batch comes whole, and the log start here moves to the source's below)
             request["offset"] = source_start
-            source_start, source_end, high_watermark, sealed, batches = await _ask(reader, writer, request)
+            source_start, source_end, high_watermark, flags, batches = await _ask(reader, writer, request)
             if not batches:
                 end = await self._skip(topic, partition, end, min(source_start, high_watermark), engine)
         pos, size = 0, len(batches)
@@ -249,11 +258,13 @@ class PartitionMoves:
                     raise Unmovable(f"the source's batch [{base}, {following}) straddles the copy's end {end}")
                 if base > end:
                     end = await self._skip(topic, partition, end, base, engine)
-                result = await engine.append(topic, partition, [batches[pos : pos + whole]])
+                batch = batches[pos : pos + whole]
+                result = await engine.append(topic, partition, [batch])
                 if result.base_offset != base:
                     raise StorageError(
                         f"the copy of {topic}-{partition} took the batch at {base} at offset {result.base_offset}"
                     )
+                scan.feed(base, batch)
                 end = following
             pos += whole
         if start < source_start <= end:  # (the source's log start moved: here too)
@@ -263,17 +274,43 @@ class PartitionMoves:
             return "more"
         if end < source_end:
             return "idle"  # (the source's replicas hold less than it: its high watermark will move)
-        if not sealed:
-            if move.state != MOVE_SEALED and not asked_seal:
-                await self.member.change_topic("move-seal", topic, partitions=partition, group=self.member.group)
+        stable = bool(flags & P.FETCHED_STABLE)
+        group = self.member.group
+        if not flags & P.FETCHED_SEALED:
+            # (sealed only with no transaction under way in it: its markers could not be written once it is)
+            if stable and move.state != MOVE_SEALED and not asked_seal:
+                await self.member.change_topic("move-seal", topic, partitions=partition, group=group)
                 return "sealing"
             return "idle"
+        if not stable:  # a transaction got its first records in just before the seal: unseal, let it end, again
+            log.info("moves: %s-%d: a transaction is under way at the source; unsealed until it ends", topic, partition)
+            await self.member.change_topic("move", topic, partitions=partition, group="")
+            await self.member.change_topic("move", topic, partitions=partition, group=group)
+            return "unsealed"
         # the source is sealed and the copy holds its every record: once this group's in-sync replicas hold them
-        # too, the partition is this group's
+        # too, and its transaction coordinator knows the aborted transactions in them, the partition is this group's
         await self.replication.wait_replicated(self.replication.engine.log_end, 1, REPLICATED_WAIT_S)
-        await self.member.change_topic("move-switch", topic, partitions=partition, group=self.member.group, offset=end)
-        log.info("moves: %s-%d moved to group %s at offset %d", topic, partition, self.member.group, end)
+        if scan.aborted and self.adopt_aborted is not None:
+            await self.adopt_aborted(topic, partition, scan.aborted)
+        await self.member.change_topic("move-switch", topic, partitions=partition, group=group, offset=end)
+        log.info("moves: %s-%d moved to group %s at offset %d", topic, partition, group, end)
         return "switched"
+
+    async def _scan_copy(self, topic: str, partition: int) -> AbortedScan:
+        """An AbortedScan of what this group's copy already holds (a copier that starts again after a failover
+        rebuilds what the last one saw)."""
+        store = self.store
+        start, end = store.offset_bounds(topic, partition)
+        scan = AbortedScan(start)
+        offset = start
+        while offset < end:
+            result = await store.read(topic, partition, offset, FETCH_BYTES)
+            if not result.batches:
+                break
+            for batch in result.batches:
+                scan.feed(batch.base_offset, batch.data)
+            offset = result.next_offset
+        return scan
 
     async def _skip(self, topic: str, partition: int, end: int, to: int, engine: object) -> int:
         """Keep the source's gap [end, to) a gap here: empty batches spanning it (see the module docstring)."""
@@ -331,6 +368,7 @@ class PartitionMoves:
         high_watermark = self.replication.committed_end(topic, partition, end)
         # (read after the bounds: the fence is up before those bounds were taken, or they may still grow)
         sealed = store.fenced(topic, partition)
+        under_way = self.under_way is not None and self.under_way(topic, partition)
         parts: list[Buffer] = []
         size = 0
         if start <= offset < high_watermark:
@@ -340,13 +378,14 @@ class PartitionMoves:
                     break
                 parts.append(batch.data)
                 size += len(batch.data)
-        return [P.fetched_head(start, end, high_watermark, P.FETCHED_SEALED if sealed else 0, size), *parts]
+        flags = (P.FETCHED_SEALED if sealed else 0) | (0 if under_way else P.FETCHED_STABLE)
+        return [P.fetched_head(start, end, high_watermark, flags, size), *parts]
 
 
 async def _ask(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: dict[str, object]
-) -> tuple[int, int, int, bool, memoryview]:
-    """One FETCH and its answer: the source's (log start, end, high watermark, sealed, record batches)."""
+) -> tuple[int, int, int, int, memoryview]:
+    """One FETCH and its answer: the source's (log start, end, high watermark, flags, record batches)."""
     writer.write(P.control(P.FETCH, request))
     await writer.drain()
     kind, body = await asyncio.wait_for(read_frame(reader), PULL_TIMEOUT_S)
@@ -355,7 +394,7 @@ async def _ask(
     if kind != P.FETCHED:
         raise ProtocolError(f"expected FETCHED, got frame kind {kind}")
     source_start, source_end, high_watermark, flags, batches = P.decode_fetched(body)
-    return source_start, source_end, high_watermark, bool(flags & P.FETCHED_SEALED), batches
+    return source_start, source_end, high_watermark, flags, batches
 
 
 __all__ = ["PartitionMoves", "Unmovable"]

@@ -39,8 +39,10 @@ from mqk.broker.cluster.model import (
 from mqk.broker.moves import PartitionMoves, Unmovable
 from mqk.broker.replication.link import read_frame
 from mqk.config import TopicConfig
+from mqk.protocol.kafka.aborted import AbortedScan
 from mqk.protocol.kafka.records import batch_records
 from mqk.server.kafka.rawclient import make_batch
+from mqk.server.kafka.transactions import control_batch
 from mqk.store.manager import StoreManager
 
 TOPIC_ID = "ab" * 16
@@ -236,7 +238,9 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 
 
 async def copy_until(moves: PartitionMoves, source: PartitionMoves, stop: str) -> list[str]:
-    """Pull from `source` over a real connection until a pull answers `stop`; the answers."""
+    """Pull from `source` over a real connection until a pull answers `stop` (as the copier does, with a scan of
+    what the copy holds already); the answers."""
+    scan = await moves._scan_copy("t", 0)
     served: list[asyncio.Task[None]] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -248,10 +252,13 @@ async def copy_until(moves: PartitionMoves, source: PartitionMoves, stop: str) -
     host, port = server.sockets[0].getsockname()[:2]
     reader, writer = await asyncio.open_connection(host, port)
     answers: list[str] = []
+    asked = False
     try:
         for _ in range(50):
             record = moves.member.topic("t")
-            answer = await moves._pull("t", 0, record, reader, writer, record.move_of(0), "sealing" in answers)
+            answer = await moves._pull("t", 0, record, reader, writer, record.move_of(0), asked, scan)
+            if answer in ("sealing", "unsealed"):  # (what the copier remembers between pulls)
+                asked = answer == "sealing"
             answers.append(answer)
             if answer == stop:
                 break
@@ -270,6 +277,9 @@ async def test_a_copy_keeps_every_offset_through_gaps_and_a_log_start_inside_a_b
     source_store, target_store = stores
     for i in range(4):  # batches [0, 10), [10, 20), [20, 30), [30, 40)
         await source_store.append("t", 0, [make_batch([b"v%d" % (10 * i + j) for j in range(10)])])
+    # then a transaction of producer 7 that was aborted: its batch at 40, its marker at 41
+    await source_store.append("t", 0, [make_batch([b"t40"], producer_id=7, producer_epoch=0, transactional=True)])
+    await source_store.append("t", 0, [control_batch(7, 0, False, 1)])
     first = (await source_store.read("t", 0, 0, 1 << 20)).batches[0].data
     # compaction kept [0, 10) and took [10, 20) away: a gap
     await source_store.engine_of("t").replace_range("t", 0, 0, 20, [first])
@@ -278,25 +288,38 @@ async def test_a_copy_keeps_every_offset_through_gaps_and_a_log_start_inside_a_b
     source = PartitionMoves(FakeMember("g0", moving), source_store, replication(source_store))  # type: ignore[arg-type]
     member = FakeMember("g1", moving)
     target = PartitionMoves(member, target_store, replication(target_store))  # type: ignore[arg-type]
+    adopted: list[tuple[str, int, list[tuple[int, int, int]]]] = []
+
+    async def adopt(topic: str, partition: int, aborted: Any) -> None:
+        adopted.append((topic, partition, list(aborted)))
+
+    target.adopt_aborted = adopt
+    under_way = [True]
+    source.under_way = lambda _t, _p: under_way[0]
+    # caught up, but a transaction is under way at the source: no seal (its marker could not be written once sealed)
+    answers = await copy_until(target, source, "idle")
+    assert member.asked == [] and target_store.offset_bounds("t", 0) == (5, 42)
+    under_way[0] = False
     answers = await copy_until(target, source, "sealing")
     assert answers[-1] == "sealing" and member.asked == [("move-seal", 0, "g1", -1)]
-    assert target_store.offset_bounds("t", 0) == (5, 40)
-    # sealed: the source's fence is up, so its answers say so; the copy then asks for the switch at its end
+    # sealed: the source's fence is up, so its answers say so; the copy then asks for the switch at its end, once
+    # the aborted transaction it copied is known here
     source_store.fence({"t": frozenset({0})})
     source.member.record = member.record
     answers = await copy_until(target, source, "switched")
-    assert answers[-1] == "switched" and member.asked[-1] == ("move-switch", 0, "g1", 40)
+    assert answers[-1] == "switched" and member.asked[-1] == ("move-switch", 0, "g1", 42)
+    assert adopted == [("t", 0, [(41, 7, 40)])]
     # every record where it was, the gap a gap (an empty batch spans it), nothing below the log start
     got = {}
     offset = 5
-    while offset < 40:
+    while offset < 42:
         result = await target_store.read("t", 0, offset, 1 << 20)
         for batch in result.batches:
             for record in _records(batch.data):
                 if record[0] >= 5:
                     got[record[0]] = record[1]
         offset = result.next_offset
-    assert got == {o: b"v%d" % o for o in [*range(5, 10), *range(20, 40)]}
+    assert {o: v for o, v in got.items() if o < 40} == {o: b"v%d" % o for o in [*range(5, 10), *range(20, 40)]}
 
 
 def _records(data: Any) -> list[tuple[int, bytes]]:
@@ -317,3 +340,19 @@ async def test_a_copy_back_into_a_group_that_deleted_what_the_source_still_holds
     target = PartitionMoves(FakeMember("g1", back), target_store, replication(target_store))  # type: ignore[arg-type]
     with pytest.raises(Unmovable):
         await copy_until(target, source, "sealing")
+
+
+def test_a_scan_finds_the_aborted_transactions_in_a_partitions_batches() -> None:
+    scan = AbortedScan(100)
+    batches = [
+        (100, make_batch([b"a"], producer_id=5, producer_epoch=0, transactional=True)),  # 5 begins at 100
+        (101, make_batch([b"plain"])),
+        (102, make_batch([b"b"], producer_id=6, producer_epoch=0, transactional=True)),  # 6 begins at 102
+        (103, make_batch([b"c"], producer_id=5, producer_epoch=0, transactional=True)),
+        (104, control_batch(6, 0, True, 1)),  # 6 committed
+        (105, control_batch(5, 0, False, 1)),  # 5 aborted: [100, 105)
+        (106, control_batch(9, 0, False, 1)),  # 9 aborted, begun before the scan's start
+    ]
+    for offset, data in batches:
+        scan.feed(offset, data)
+    assert scan.aborted == [(105, 5, 100), (106, 9, 100)]

@@ -23,7 +23,8 @@ The same listener serves one more conversation, between broker groups: a partiti
 
     FETCH      copier -> master   JSON: cluster id, topic, topic id, partition, offset, max bytes
     FETCHED    master -> copier   log start u64, end u64, high watermark u64, flags u8 (1: sealed, the source
-                                  takes no more writes for the partition), then whole record batches as stored,
+                                  takes no more writes for the partition; 2: stable, no Kafka transaction is
+                                  under way in it), then whole record batches as stored,
                                   from the one holding `offset`, below the high watermark
 
 `commit` is the master's commit offset: every in-sync replica holds the bytes below it (Kafka's high watermark, in
@@ -57,6 +58,8 @@ _U64X2 = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _FETCHED = struct.Struct(">QQQB")
 FETCHED_SEALED = 1
+#: no Kafka transaction is under way in the partition (its markers all written)
+FETCHED_STABLE = 2
 #: CommitLog bytes one DATA frame carries at most
 DATA_CHUNK = 1 << 20
 #: the record batches one FETCHED frame carries at most (one batch alone may be bigger than a FETCH asks for)
@@ -168,6 +171,7 @@ __all__ = [
     "FETCHED",
     "FETCHED_MAX",
     "FETCHED_SEALED",
+    "FETCHED_STABLE",
     "HEAD",
     "HEARTBEAT",
     "HELLO",

@@ -68,7 +68,7 @@ import bisect
 import json
 import logging
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -932,6 +932,26 @@ class TransactionCoordinator:
         for held in self.pending.values():
             pending.update(held.get(group_id, ()))
         return pending
+
+    def under_way(self, topic: str, partition: int) -> bool:
+        """Whether a transaction has records in the partition and no marker yet (a partition moving to another
+        broker group is sealed only without one: mqk.broker.moves)."""
+        state = self.partitions.get((topic, partition))
+        return state is not None and bool(state.open)
+
+    async def adopt_aborted(self, topic: str, partition: int, aborted: Sequence[tuple[int, int, int]]) -> None:
+        """Take over a partition's aborted transactions, (marker offset, producer id, first offset) each, found in
+        its records when it was copied here from another broker group (mqk.broker.moves): read_committed
+        consumers skip them here as they did there. Saved before the partition is served here."""
+        state = self._partition(topic, partition)
+        docs: dict[str, dict[str, Any] | None] = {}
+        for marker, producer_id, first in aborted:
+            entry = (marker, producer_id, first)
+            if entry not in state.aborted:
+                bisect.insort(state.aborted, entry)
+                docs[_abort_key(topic, partition, marker)] = {"pid": producer_id, "first": first}
+        if docs:
+            await self._save_docs(docs)
 
     def open_first_offset(self, topic: str, partition: int, producer_id: int) -> int:
         state = self.partitions.get((topic, partition))
