@@ -377,6 +377,55 @@ def test_share_consumers_share_the_partitions_every_broker_leads(cluster: LocalC
     assert not [v for v, n in seen.items() if n > 1], "a value was delivered twice"
 
 
+def test_a_share_group_keeps_its_progress_when_a_partition_moves_to_another_broker_group(cluster: LocalCluster) -> None:
+    """A share group reads part of a topic; its consumer leaves, a partition moves to another broker group
+    (AlterPartitionReassignments, kafka-python's admin client), and a new consumer of the group goes on: the
+    records accepted before are not delivered again (the partition's share state moved with it), and every other
+    record is delivered. (On one broker the move is refused, and the same holds.)"""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    topic, group = unique("sq-move"), unique("share-move")
+    b0, b1, b2 = bootstraps(cluster)
+    create_topic(b0, topic)
+    produce = confluent_produce(b1, topic)
+    produce(0, FIRST)
+    before = ShareConsumer({"bootstrap.servers": b1, "group.id": group})
+    try:
+        before.subscribe([topic])
+        accepted: set[int] = set()
+
+        def read_half() -> bool:
+            got = [int(m.value()) for m in before.poll(0.2) or [] if not m.error()]
+            if got:
+                before.commit_sync()  # (implicit mode: what this poll gave is accepted)
+                accepted.update(got)
+            return len(accepted) >= FIRST // 2
+
+        wait_until(read_half, 90, "half the values shared out")
+    finally:
+        before.close()
+    leader = leaders_of(b0, topic)[0]
+    others = [n for n in cluster.node_ids if n != leader] or [leader + 7]
+    admin = KafkaAdminClient(bootstrap_servers=b2)
+    try:
+        admin.alter_partition_reassignments({KafkaTopicPartition(topic, 0): [others[0]]})
+        wait_until(lambda: admin.list_partition_reassignments() == {}, 60, "the move to end")
+    finally:
+        admin.close()
+    if len(cluster.brokers) > 1:
+        wait_until(lambda: leaders_of(b0, topic).get(0) == others[0], 30, "partition 0 led in its new group")
+    produce(FIRST, MORE)
+    after = ShareConsumer({"bootstrap.servers": b2, "group.id": group})
+    try:
+        after.subscribe([topic])
+        seen = share_read([after], FIRST + MORE - len(accepted))
+    finally:
+        after.close()
+    assert not accepted & set(seen), f"accepted before the move, delivered again: {sorted(accepted & set(seen))[:5]}"
+    assert sorted(accepted | set(seen)) == list(range(FIRST + MORE))
+
+
 def coordinator_of(cluster: LocalCluster, group: str) -> int:
     """The node FindCoordinator names for consumer group `group`."""
 

@@ -257,10 +257,12 @@ class BrokerRuntime:
         if self.replication is not None:
             await self.replication.start()
             from mqk.broker.moves import PartitionMoves
+            from mqk.groups.share import MovingShareStates
 
             moves = PartitionMoves(self.cluster, self.store, self.replication)
             moves.under_way = transactions.under_way
             moves.adopt_aborted = transactions.adopt_aborted
+            moves.share_states = MovingShareStates(share, self.store)
             moves.start()
             self._parts.append(moves)  # (stopped before the cluster member: its copiers ask the controller)
             kafka_ctx.moves = moves

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mqk._fast import load
 from mqk.broker.cluster.model import MOVE_SEALED, PartitionMove, TopicRecord
@@ -97,6 +97,8 @@ class PartitionMoves:
         #: without one), and where a copy's aborted transactions go before the partition is served here
         self.under_way: Callable[[str, int], bool] | None = None
         self.adopt_aborted: Callable[[str, int, Sequence[tuple[int, int, int]]], Awaitable[None]] | None = None
+        #: share groups' record states (set by the runtime): given by a source, taken by a target, before the switch
+        self.share_states: ShareStates | None = None
         self._stopped = False
 
     def start(self) -> None:
@@ -151,8 +153,8 @@ class PartitionMoves:
         asked_seal = False
         #: (source node, reader, writer) of the connection to the source group's master
         link: tuple[int, asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        scan: AbortedScan | None = None
         try:
-            scan = await self._scan_copy(topic, partition)
             while (found := self._move(topic, partition)) is not None:
                 record, move = found
                 master = self.member.view.master_of(record.partitions[partition][0])
@@ -162,6 +164,8 @@ class PartitionMoves:
                     await asyncio.sleep(RETRY_S)
                     continue
                 try:
+                    if scan is None:  # (the topic is made here by the reconciler, maybe a moment after the move)
+                        scan = await self._scan_copy(topic, partition)
                     if link is None or link[0] != broker.node_id:
                         if link is not None:
                             await close_writer(link[2])
@@ -197,6 +201,8 @@ class PartitionMoves:
             )
             with contextlib.suppress(MqkError):
                 await self.member.change_topic("move", topic, partitions=partition, group="")
+        except Exception:  # a bug must not end a copier unseen: logged; the next change of the view starts it again
+            log.exception("moves: copying %s-%d failed", topic, partition)
         finally:
             if link is not None:
                 await close_writer(link[2])
@@ -292,6 +298,16 @@ class PartitionMoves:
         await self.replication.wait_replicated(self.replication.engine.log_end, 1, REPLICATED_WAIT_S)
         if scan.aborted and self.adopt_aborted is not None:
             await self.adopt_aborted(topic, partition, scan.aborted)
+        if self.share_states is not None:
+            writer.write(P.control(P.SHARE_STATES, {k: v for k, v in request.items() if k != "offset"}))
+            await writer.drain()
+            states = P.decode_control(P.SHARE_STATES, await _answer(reader, P.SHARE_STATES))
+            if not isinstance(states.get("states"), dict):
+                raise ProtocolError("replication SHARE_STATES: states must be an object")
+            try:
+                await self.share_states.take(topic, partition, states["states"])
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
         await self.member.change_topic("move-switch", topic, partitions=partition, group=group, offset=end)
         log.info("moves: %s-%d moved to group %s at offset %d", topic, partition, group, end)
         return "switched"
@@ -326,16 +342,23 @@ class PartitionMoves:
     async def serve_fetch(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer a copier's FETCH frames (the first one's body is `first`) until it goes away."""
         peer = writer.get_extra_info("peername")
-        body = first
+        kind, body = P.FETCH, first
         try:
             while True:
-                frame = await self._fetched(P.decode_control(P.FETCH, body))
+                request = P.decode_control(kind, body)
+                refusal = self._refusal(request)
+                if refusal:
+                    frame: list[Buffer] = [P.control(P.REFUSE, {"error": refusal})]
+                elif kind == P.FETCH:
+                    frame = await self._fetched(request)
+                else:
+                    frame = [await self._share_states(request)]
                 for part in frame:
                     writer.write(part)
                 await writer.drain()
                 kind, body = await read_frame(reader)
-                if kind != P.FETCH:
-                    raise ProtocolError(f"expected FETCH, got frame kind {kind}")
+                if kind not in (P.FETCH, P.SHARE_STATES):
+                    raise ProtocolError(f"expected FETCH or SHARE_STATES, got frame kind {kind}")
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (MqkError, OSError) as exc:
@@ -343,26 +366,36 @@ class PartitionMoves:
         finally:
             await close_writer(writer)
 
-    async def _fetched(self, request: dict[str, object]) -> list[Buffer]:
-        """The FETCHED frame (its parts) for one FETCH, or a REFUSE one."""
+    def _refusal(self, request: dict[str, object]) -> str:
+        """Why this broker does not answer a copier's request for a partition ("" when it does)."""
         member = self.member
+        topic = P.field(request, "topic", str, "FETCH")
+        partition = P.field(request, "partition", int, "FETCH")
+        record = member.topic(topic)
+        info = self.store.topic(topic)
+        if request.get("cluster") != member.keys.root:
+            return "another cluster"
+        if record is None or record.topic_id != request.get("topic_id") or info is None:
+            return f"no topic {topic} with that id here"
+        if not 0 <= partition < min(len(record.partitions), info.queue_count):
+            return f"no partition {topic}-{partition}"
+        if record.partitions[partition][0] != member.group or not member.node.leading:
+            return f"{topic}-{partition} is not led here"
+        return ""
+
+    async def _share_states(self, request: dict[str, object]) -> bytes:
+        """The SHARE_STATES answer: the partition's share group states (once it is sealed: none change after)."""
+        topic = P.field(request, "topic", str, "SHARE_STATES")
+        partition = P.field(request, "partition", int, "SHARE_STATES")
+        states = {} if self.share_states is None else await self.share_states.give(topic, partition)
+        return P.control(P.SHARE_STATES, {"states": states})
+
+    async def _fetched(self, request: dict[str, object]) -> list[Buffer]:
+        """The FETCHED frame (its parts) for one FETCH of a partition led here."""
         topic = P.field(request, "topic", str, "FETCH")
         partition = P.field(request, "partition", int, "FETCH")
         offset = P.field(request, "offset", int, "FETCH")
         max_bytes = min(max(P.field(request, "max_bytes", int, "FETCH"), 1), P.FETCHED_MAX)
-        record = member.topic(topic)
-        info = self.store.topic(topic)
-        refusal = ""
-        if request.get("cluster") != member.keys.root:
-            refusal = "another cluster"
-        elif record is None or record.topic_id != request.get("topic_id") or info is None:
-            refusal = f"no topic {topic} with that id here"
-        elif not 0 <= partition < min(len(record.partitions), info.queue_count):
-            refusal = f"no partition {topic}-{partition}"
-        elif record.partitions[partition][0] != member.group or not member.node.leading:
-            refusal = f"{topic}-{partition} is not led here"
-        if refusal:
-            return [P.control(P.REFUSE, {"error": refusal})]
         store = self.store
         start, end = store.offset_bounds(topic, partition)
         high_watermark = self.replication.committed_end(topic, partition, end)
@@ -388,13 +421,28 @@ async def _ask(
     """One FETCH and its answer: the source's (log start, end, high watermark, flags, record batches)."""
     writer.write(P.control(P.FETCH, request))
     await writer.drain()
+    return P.decode_fetched(await _answer(reader, P.FETCHED))
+
+
+async def _answer(reader: asyncio.StreamReader, expected: int) -> bytes:
+    """The source's next frame, of kind `expected` (its body); ProtocolError for a refusal or another kind."""
     kind, body = await asyncio.wait_for(read_frame(reader), PULL_TIMEOUT_S)
     if kind == P.REFUSE:
         raise ProtocolError(f"the source refused: {P.decode_control(kind, body).get('error')}")
-    if kind != P.FETCHED:
-        raise ProtocolError(f"expected FETCHED, got frame kind {kind}")
-    source_start, source_end, high_watermark, flags, batches = P.decode_fetched(body)
-    return source_start, source_end, high_watermark, flags, batches
+    if kind != expected:
+        raise ProtocolError(f"expected {P.KIND_NAMES[expected]}, got frame kind {kind}")
+    return body
 
 
-__all__ = ["PartitionMoves", "Unmovable"]
+class ShareStates(Protocol):
+    """The share groups' record states of a partition, as a moving partition takes them along (the runtime gives
+    the broker's share group engine: mqk.groups.share)."""
+
+    async def give(self, topic: str, partition: int) -> dict[str, Any]:
+        """Each share group's state of the partition, as it is saved."""
+
+    async def take(self, topic: str, partition: int, states: dict[str, Any]) -> None:
+        """Take (and save) states another broker group gave; ValueError for ones that do not read."""
+
+
+__all__ = ["PartitionMoves", "ShareStates", "Unmovable"]

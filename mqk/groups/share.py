@@ -530,6 +530,28 @@ GROUP_CONFIGS: dict[str, Callable[[str], str | None]] = {
 SHARE_GROUP_STATE_TOPIC = "__share_group_state"
 
 
+class MovingShareStates:
+    """A partition's share group states by topic name, as a partition moving to another broker group gives and
+    takes them (mqk.broker.moves.ShareStates; the engine keys partitions by topic id, the store knows it)."""
+
+    def __init__(self, share: ShareGroups, store: Any) -> None:
+        self.share = share
+        self.store = store
+
+    def _topic_id(self, topic: str) -> uuid.UUID | None:
+        info = self.store.topic(topic)
+        return None if info is None else uuid.UUID(bytes=bytes(info.topic_id))
+
+    async def give(self, topic: str, partition: int) -> dict[str, Any]:
+        topic_id = self._topic_id(topic)
+        return {} if topic_id is None else await self.share.export_partition(self.store, topic_id, partition)
+
+    async def take(self, topic: str, partition: int, states: dict[str, Any]) -> None:
+        topic_id = self._topic_id(topic)
+        if topic_id is not None:
+            await self.share.import_partition(self.store, topic_id, partition, states)
+
+
 class ShareGroups:
     """Every share group this broker coordinates, and their partitions' record states."""
 
@@ -596,6 +618,31 @@ class ShareGroups:
             for group_id, doc in saved.items():
                 self.load(group_id, doc)
             self._docs = docs
+
+    async def export_partition(self, store: Any, topic_id: uuid.UUID, partition: int) -> dict[str, dict[str, Any]]:
+        """Each share group's saved form of one partition's state: a partition moving to another broker group takes
+        its share groups' progress with it (mqk.broker.moves). Nothing, and nothing created, without saved states."""
+        if self._docs is None and store.topic(SHARE_GROUP_STATE_TOPIC) is None:
+            return {}
+        await self.ensure_loaded(store)
+        key = (topic_id, partition)
+        return {g.group_id: g.partitions[key].doc() for g in self.groups.values() if key in g.partitions}
+
+    async def import_partition(
+        self, store: Any, topic_id: uuid.UUID, partition: int, docs: dict[str, dict[str, Any]]
+    ) -> None:
+        """Take over a partition's share group states exported by another broker group, and save them (before the
+        partition is served here). ValueError for a document that is not one (nothing taken then)."""
+        if not docs:
+            return
+        try:
+            parts = {group_id: SharePartition.from_doc(doc) for group_id, doc in docs.items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"a share partition state that does not read: {exc!r}") from None
+        await self.ensure_loaded(store)
+        for group_id, part in parts.items():
+            self.groups.setdefault(group_id, ShareGroup(group_id)).partitions[(topic_id, partition)] = part
+        await self.save(parts)
 
     def unload(self) -> None:
         """Forget every group's state and sessions (cluster mode: this broker became, or stopped being, its group's

@@ -86,18 +86,21 @@ def leader_epoch(cluster: LocalCluster, topic: str, partition: int) -> int:
 
 
 class Reader:
-    """A consumer group member reading in a thread all along; each partition's offsets must only go up."""
+    """A consumer reading every partition in a thread all along; each partition's offsets must only go up. Its
+    partitions are assigned, not subscribed: its positions live in the client alone, so only the brokers' answers
+    (a leader epoch taken for a truncation, an offset out of range) could send it back."""
 
-    def __init__(self, cluster: LocalCluster, topic: str) -> None:
+    def __init__(self, cluster: LocalCluster, topic: str, partitions: int) -> None:
         self.consumer = Consumer(
             {
                 "bootstrap.servers": cluster.bootstrap,
                 "group.id": "all-along",
                 "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
                 "topic.metadata.refresh.interval.ms": 1000,
             }
         )
-        self.consumer.subscribe([topic])
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         self.last: dict[int, int] = {}
         self.backwards: list[tuple[int, int, int]] = []
         self.count = 0
@@ -144,7 +147,7 @@ def test_a_partition_moves_to_another_group_under_load_through_a_failover_and_lo
     staying = [p for p, meta in placed.items() if meta.leader == source_master and p != moving]
     target = sorted({0, 1, 2, 3} - set(placed[moving].replicas))
     epoch_before = leader_epoch(cluster, "moving", moving)
-    with Reader(cluster, "moving") as reader, AckedProducer(cluster, "moving") as producer:
+    with Reader(cluster, "moving", 4) as reader, AckedProducer(cluster, "moving") as producer:
         wait_until(lambda: len(producer.acked) >= 500, SETTLE_S, "writes acknowledged")
         # (while a broker is paused, the admin commands go to the controller alone: `mqk` asks its --bootstrap)
         at_controller = next(b.bootstrap for b in cluster.brokers if b.node_id == controller)

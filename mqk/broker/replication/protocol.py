@@ -26,6 +26,8 @@ The same listener serves one more conversation, between broker groups: a partiti
                                   takes no more writes for the partition; 2: stable, no Kafka transaction is
                                   under way in it), then whole record batches as stored,
                                   from the one holding `offset`, below the high watermark
+    SHARE_STATES copier <-> master JSON: asked with the FETCH fields (no offset), answered with the partition's
+                                  share group states ({"states": {group: state}}), once the source is sealed
 
 `commit` is the master's commit offset: every in-sync replica holds the bytes below it (Kafka's high watermark, in
 CommitLog bytes). A frame whose declared length is over its kind's limit, of an unknown kind, or whose body does
@@ -42,7 +44,7 @@ from mqk.errors import FrameTooLarge, ProtocolError
 
 VERSION = 1
 HEAD = struct.Struct(">IB")
-HELLO, START, REFUSE, DATA, HEARTBEAT, ACK, FETCH, FETCHED, LOG_STARTS = 1, 2, 3, 4, 5, 6, 7, 8, 9
+HELLO, START, REFUSE, DATA, HEARTBEAT, ACK, FETCH, FETCHED, LOG_STARTS, SHARE_STATES = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 KIND_NAMES = {
     HELLO: "HELLO",
     START: "START",
@@ -53,6 +55,7 @@ KIND_NAMES = {
     FETCH: "FETCH",
     FETCHED: "FETCHED",
     LOG_STARTS: "LOG_STARTS",
+    SHARE_STATES: "SHARE_STATES",
 }
 _U64X2 = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
@@ -75,6 +78,7 @@ MAX_BODY = {
     FETCH: 1 << 16,
     FETCHED: _FETCHED.size + FETCHED_MAX,
     LOG_STARTS: 64 << 20,
+    SHARE_STATES: 64 << 20,
 }
 
 
@@ -177,6 +181,7 @@ __all__ = [
     "HELLO",
     "LOG_STARTS",
     "REFUSE",
+    "SHARE_STATES",
     "START",
     "VERSION",
     "ack",
