@@ -405,16 +405,18 @@ def test_a_share_group_keeps_its_progress_when_a_partition_moves_to_another_brok
         wait_until(read_half, 90, "half the values shared out")
     finally:
         before.close()
-    leader = leaders_of(b0, topic)[0]
+    # the partition to move: the one most of whose values were accepted (value v went to partition v % 12)
+    moving = collections.Counter(v % PARTITIONS for v in accepted).most_common(1)[0][0]
+    leader = leaders_of(b0, topic)[moving]
     others = [n for n in cluster.node_ids if n != leader] or [leader + 7]
     admin = KafkaAdminClient(bootstrap_servers=b2)
     try:
-        admin.alter_partition_reassignments({KafkaTopicPartition(topic, 0): [others[0]]})
+        admin.alter_partition_reassignments({KafkaTopicPartition(topic, moving): [others[0]]})
         wait_until(lambda: admin.list_partition_reassignments() == {}, 60, "the move to end")
     finally:
         admin.close()
     if len(cluster.brokers) > 1:
-        wait_until(lambda: leaders_of(b0, topic).get(0) == others[0], 30, "partition 0 led in its new group")
+        wait_until(lambda: leaders_of(b0, topic).get(moving) == others[0], 30, "the partition led in its new group")
     produce(FIRST, MORE)
     after = ShareConsumer({"bootstrap.servers": b2, "group.id": group})
     try:
