@@ -35,7 +35,8 @@ side.
 
 RocketMQ clients see a partition's queue in the group it is in: a group numbers its queues in partition order
 (mqk.server.native), so a move renumbers the queues of both groups after it; RocketMQ clients re-read their routes
-and rebalance.
+and rebalance. Their consumer offsets stay with the source group (RocketMQ keeps them with a queue's broker): in
+its new group a moved queue is read again from its start, or from the consumer's consumeFromWhere.
 """
 
 from __future__ import annotations
