@@ -1,6 +1,7 @@
 """ali-ons (RocketMQ 4.x remoting) against a 3-broker cluster: its producer and push consumer learn the cluster's
 broker groups from any broker's name server and spread over the groups a topic's queues live on; what they send
-is what a Kafka consumer of the same topic reads."""
+is what a Kafka consumer of the same topic reads. A consumer group's offsets of a queue that moves to another broker
+group go with it."""
 
 from __future__ import annotations
 
@@ -75,3 +76,51 @@ def test_ali_ons_sends_and_consumes_over_every_group(mqk_cluster: Any) -> None:
         assert read == {m["body"].encode() for m in messages}
     finally:
         kafka.close()
+
+
+def test_ali_ons_consumers_keep_their_offsets_when_a_queue_moves_to_another_group(mqk_cluster: Any) -> None:
+    """A push consumer group reads a topic and closes (its offsets are committed to each queue's broker group); a
+    partition with messages moves to another broker group (AlterPartitionReassignments); a new consumer of the
+    group reads only what was sent after: the offsets of the moved queue came along with it."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    topic, group = unique("ons-move"), unique("ons-move-g")
+    create_topic(mqk_cluster.bootstrap, topic, 6)
+
+    def send(start: int) -> list[dict[str, Any]]:
+        messages = [{"topic": topic, "tags": "T", "body": f"move body {i}"} for i in range(start, start + 30)]
+        sent = run_node("ons.js", namesrv_of(mqk_cluster, 0), "produce", json.dumps({"messages": messages}))
+        assert [r["sendStatus"] for r in sent["result"]] == ["SEND_OK"] * 30, sent["result"]
+        return messages
+
+    def read(expect: set[str]) -> collections.Counter[str]:
+        consumer = NodeProcess(
+            "ons.js", namesrv_of(mqk_cluster, 1), "consume", json.dumps({"topic": topic, "group": group})
+        )
+        try:
+            wait_until(
+                lambda: expect <= {e["body"] for e in consumer.of("msg")},
+                60,
+                f"the messages to reach the consumer ({consumer.diagnostics()})",
+            )
+        finally:
+            consumer.close()  # (it commits its offsets as it closes)
+        return collections.Counter(e["body"] for e in consumer.of("msg"))
+
+    first = {m["body"] for m in send(0)}
+    assert set(read(first)) == first
+    from confluent_kafka.admin import AdminClient
+
+    meta = AdminClient({"bootstrap.servers": mqk_cluster.bootstrap}).list_topics(topic, timeout=10)
+    leaders = {p: m.leader for p, m in meta.topics[topic].partitions.items()}
+    target = next(n for n in sorted(set(leaders.values())) if n != leaders[0])
+    admin = KafkaAdminClient(bootstrap_servers=mqk_cluster.bootstrap)
+    try:
+        admin.alter_partition_reassignments({KafkaTopicPartition(topic, 0): [target]})
+        wait_until(lambda: admin.list_partition_reassignments() == {}, 60, "the move to end")
+    finally:
+        admin.close()
+    later = {m["body"] for m in send(30)}
+    again = read(later)
+    assert set(again) == later, f"delivered again after the move: {sorted(set(again) - later)[:5]}"

@@ -35,8 +35,8 @@ side.
 
 RocketMQ clients see a partition's queue in the group it is in: a group numbers its queues in partition order
 (mqk.server.native), so a move renumbers the queues of both groups after it; RocketMQ clients re-read their routes
-and rebalance. Their consumer offsets stay with the source group (RocketMQ keeps them with a queue's broker): in
-its new group a moved queue is read again from its start, or from the consumer's consumeFromWhere.
+and rebalance; the offsets they committed for the moved queue (to the source's group, as RocketMQ keeps them with
+a queue's broker) come along with the partition's share group states before the switch (PARTITION_STATES).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from mqk.broker.replication import protocol as P
 from mqk.broker.replication.link import close_writer, read_frame
 from mqk.errors import MqkError, ProtocolError, StorageError
 from mqk.protocol.kafka.aborted import AbortedScan
+from mqk.store.adapter import GroupOffset, store_time_ms
 
 if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember
@@ -299,16 +300,9 @@ class PartitionMoves:
         await self.replication.wait_replicated(self.replication.engine.log_end, 1, REPLICATED_WAIT_S)
         if scan.aborted and self.adopt_aborted is not None:
             await self.adopt_aborted(topic, partition, scan.aborted)
-        if self.share_states is not None:
-            writer.write(P.control(P.SHARE_STATES, {k: v for k, v in request.items() if k != "offset"}))
-            await writer.drain()
-            states = P.decode_control(P.SHARE_STATES, await _answer(reader, P.SHARE_STATES))
-            if not isinstance(states.get("states"), dict):
-                raise ProtocolError("replication SHARE_STATES: states must be an object")
-            try:
-                await self.share_states.take(topic, partition, states["states"])
-            except ValueError as exc:
-                raise ProtocolError(str(exc)) from None
+        writer.write(P.control(P.PARTITION_STATES, {k: v for k, v in request.items() if k != "offset"}))
+        await writer.drain()
+        await self._take_states(topic, partition, await _answer(reader, P.PARTITION_STATES))
         await self.member.change_topic("move-switch", topic, partitions=partition, group=group, offset=end)
         log.info("moves: %s-%d moved to group %s at offset %d", topic, partition, group, end)
         return "switched"
@@ -328,6 +322,29 @@ class PartitionMoves:
                 scan.feed(batch.base_offset, batch.data)
             offset = result.next_offset
         return scan
+
+    async def _take_states(self, topic: str, partition: int, body: bytes) -> None:
+        """Take what the source keeps beside the partition's records (a PARTITION_STATES answer): its share groups'
+        states, and the consumer offsets committed to the source's group for it (RocketMQ consumers commit to the
+        queue's broker), each one a group has not committed here already."""
+        doc = P.decode_control(P.PARTITION_STATES, body)
+        share, offsets = doc.get("share"), doc.get("offsets")
+        if not isinstance(share, dict) or not isinstance(offsets, dict):
+            raise ProtocolError("replication PARTITION_STATES: share and offsets must be objects")
+        if self.share_states is not None:
+            try:
+                await self.share_states.take(topic, partition, share)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
+        store = self.store
+        for group, value in sorted(offsets.items()):
+            if not (
+                isinstance(value, list) and len(value) == 2 and type(value[0]) is int and isinstance(value[1], str)
+            ):
+                raise ProtocolError(f"replication PARTITION_STATES: group {group!r}'s offset is not [offset, metadata]")
+            if (topic, partition) not in store.fetch_offsets(group):
+                committed = GroupOffset(value[0], value[1], store_time_ms())
+                await store.commit_offsets(group, {(topic, partition): committed})
 
     async def _skip(self, topic: str, partition: int, end: int, to: int, engine: object) -> int:
         """Keep the source's gap [end, to) a gap here: empty batches spanning it (see the module docstring)."""
@@ -353,13 +370,13 @@ class PartitionMoves:
                 elif kind == P.FETCH:
                     frame = await self._fetched(request)
                 else:
-                    frame = [await self._share_states(request)]
+                    frame = [await self._partition_states(request)]
                 for part in frame:
                     writer.write(part)
                 await writer.drain()
                 kind, body = await read_frame(reader)
-                if kind not in (P.FETCH, P.SHARE_STATES):
-                    raise ProtocolError(f"expected FETCH or SHARE_STATES, got frame kind {kind}")
+                if kind not in (P.FETCH, P.PARTITION_STATES):
+                    raise ProtocolError(f"expected FETCH or PARTITION_STATES, got frame kind {kind}")
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (MqkError, OSError) as exc:
@@ -384,12 +401,19 @@ class PartitionMoves:
             return f"{topic}-{partition} is not led here"
         return ""
 
-    async def _share_states(self, request: dict[str, object]) -> bytes:
-        """The SHARE_STATES answer: the partition's share group states (once it is sealed: none change after)."""
-        topic = P.field(request, "topic", str, "SHARE_STATES")
-        partition = P.field(request, "partition", int, "SHARE_STATES")
-        states = {} if self.share_states is None else await self.share_states.give(topic, partition)
-        return P.control(P.SHARE_STATES, {"states": states})
+    async def _partition_states(self, request: dict[str, object]) -> bytes:
+        """The PARTITION_STATES answer: the partition's share group states and the consumer offsets committed here
+        for it (asked once it is sealed)."""
+        topic = P.field(request, "topic", str, "PARTITION_STATES")
+        partition = P.field(request, "partition", int, "PARTITION_STATES")
+        share = {} if self.share_states is None else await self.share_states.give(topic, partition)
+        store = self.store
+        offsets = {}
+        for group in store.list_offset_groups():
+            committed = store.fetch_offsets(group).get((topic, partition))
+            if committed is not None and committed.offset >= 0:
+                offsets[group] = [committed.offset, committed.metadata or ""]
+        return P.control(P.PARTITION_STATES, {"share": share, "offsets": offsets})
 
     async def _fetched(self, request: dict[str, object]) -> list[Buffer]:
         """The FETCHED frame (its parts) for one FETCH of a partition led here."""

@@ -7,8 +7,10 @@ tests/integration/test_partition_moves.py).
   arrival and the departure recorded), cancel;
 - the store's fence: appends to a fenced queue are refused, the rest of a Produce goes on;
 - the copier against a source over a real connection, on every engine: offsets kept through a compacted gap and a
-  log start inside a batch, the seal asked once caught up, the switch once the source is sealed; a copy that would
-  lack records it left behind is refused.
+  log start inside a batch, the seal asked once caught up and no transaction is under way, the switch once the
+  source is sealed, with the aborted transactions and the consumer offsets committed at the source taken along; a
+  copy that would lack records it left behind is refused;
+- the scan that finds aborted transactions in a partition's batches.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from mqk.protocol.kafka.aborted import AbortedScan
 from mqk.protocol.kafka.records import batch_records
 from mqk.server.kafka.rawclient import make_batch
 from mqk.server.kafka.transactions import control_batch
+from mqk.store.adapter import GroupOffset
 from mqk.store.manager import StoreManager
 
 TOPIC_ID = "ab" * 16
@@ -306,9 +309,16 @@ async def test_a_copy_keeps_every_offset_through_gaps_and_a_log_start_inside_a_b
     # the aborted transaction it copied is known here
     source_store.fence({"t": frozenset({0})})
     source.member.record = member.record
+    # consumer offsets committed to the source for the partition (RocketMQ's) come along, unless committed here
+    await source_store.commit_offsets("rocketmq", {("t", 0): GroupOffset(30, "m")})
+    await source_store.commit_offsets("both", {("t", 0): GroupOffset(10)})
+    await target_store.commit_offsets("both", {("t", 0): GroupOffset(35)})
     answers = await copy_until(target, source, "switched")
     assert answers[-1] == "switched" and member.asked[-1] == ("move-switch", 0, "g1", 42)
     assert adopted == [("t", 0, [(41, 7, 40)])]
+    assert target_store.fetch_offsets("rocketmq")[("t", 0)].offset == 30
+    assert target_store.fetch_offsets("rocketmq")[("t", 0)].metadata == "m"
+    assert target_store.fetch_offsets("both")[("t", 0)].offset == 35
     # every record where it was, the gap a gap (an empty batch spans it), nothing below the log start
     got = {}
     offset = 5

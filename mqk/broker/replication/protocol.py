@@ -26,8 +26,10 @@ The same listener serves one more conversation, between broker groups: a partiti
                                   takes no more writes for the partition; 2: stable, no Kafka transaction is
                                   under way in it), then whole record batches as stored,
                                   from the one holding `offset`, below the high watermark
-    SHARE_STATES copier <-> master JSON: asked with the FETCH fields (no offset), answered with the partition's
-                                  share group states ({"states": {group: state}}), once the source is sealed
+    PARTITION_STATES copier <-> master  JSON: asked with the FETCH fields (no offset), answered, once the source is
+                                  sealed, with what is kept beside the partition's records: its share groups'
+                                  states {"share": {group: state}} and the consumer offsets committed to this
+                                  group for it (RocketMQ's) {"offsets": {group: [offset, metadata]}}
 
 `commit` is the master's commit offset: every in-sync replica holds the bytes below it (Kafka's high watermark, in
 CommitLog bytes). A frame whose declared length is over its kind's limit, of an unknown kind, or whose body does
@@ -44,7 +46,7 @@ from mqk.errors import FrameTooLarge, ProtocolError
 
 VERSION = 1
 HEAD = struct.Struct(">IB")
-HELLO, START, REFUSE, DATA, HEARTBEAT, ACK, FETCH, FETCHED, LOG_STARTS, SHARE_STATES = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+HELLO, START, REFUSE, DATA, HEARTBEAT, ACK, FETCH, FETCHED, LOG_STARTS, PARTITION_STATES = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 KIND_NAMES = {
     HELLO: "HELLO",
     START: "START",
@@ -55,7 +57,7 @@ KIND_NAMES = {
     FETCH: "FETCH",
     FETCHED: "FETCHED",
     LOG_STARTS: "LOG_STARTS",
-    SHARE_STATES: "SHARE_STATES",
+    PARTITION_STATES: "PARTITION_STATES",
 }
 _U64X2 = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
@@ -78,7 +80,7 @@ MAX_BODY = {
     FETCH: 1 << 16,
     FETCHED: _FETCHED.size + FETCHED_MAX,
     LOG_STARTS: 64 << 20,
-    SHARE_STATES: 64 << 20,
+    PARTITION_STATES: 64 << 20,
 }
 
 
@@ -180,8 +182,8 @@ __all__ = [
     "HEARTBEAT",
     "HELLO",
     "LOG_STARTS",
+    "PARTITION_STATES",
     "REFUSE",
-    "SHARE_STATES",
     "START",
     "VERSION",
     "ack",
