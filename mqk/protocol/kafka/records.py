@@ -297,6 +297,8 @@ def validate_produce_records(
         if codec != NONE:
             inner = decompress(codec, view[pos + _RECORDS_POS : pos + size], max_decompressed_bytes)
             named = recbatch.check_records(inner, count, header_names, require_keys, timestamps, base_ts)
+        if count != last_offset_delta + 1:  # (Kafka's rule for a produced batch; stores keep compaction's empty ones)
+            raise InvalidRecord(f"record batch of {count} records spans {last_offset_delta + 1} offsets")
         # a partition's records are most often exactly one batch: then the batch is the view itself, no slice
         data = view if size == whole else view[pos : pos + size]
         # tuple.__new__ straight away: the NamedTuple's generated __new__ is a Python call per batch
