@@ -146,11 +146,6 @@ class ClusterMember:
         record = self.view.state.topics.get(topic)
         return record.epoch_bases if record is not None else []
 
-    def arrival(self, topic: str, partition: int) -> tuple[int, int] | None:
-        """(leader epoch, end offset) with which the partition moved into its group, if it did (TopicRecord)."""
-        record = self.view.state.topics.get(topic)
-        return record.arrival(partition) if record is not None and 0 <= partition < len(record.partitions) else None
-
     # --- questions the front doors ask ----------------------------------------------------------------------------
 
     def brokers(self) -> list[BrokerRecord]:

@@ -41,8 +41,6 @@ class TopicReconciler:
         self.group = group
         self._ids_path = data_dir / "cluster" / "topic-ids.json" if data_dir is not None else None
         self._known: set[str] = set()
-        #: topic -> the partitions placed in this group as of the last sync (to see one leave)
-        self._placed: dict[str, frozenset[int]] = {}
         self._lock = asyncio.Lock()
         self._task = WokenTask("mqk-cluster-reconcile", self._sync_or_retry)
 
@@ -100,13 +98,10 @@ class TopicReconciler:
             return
         async with self._lock:
             topics = dict(self.view.state.topics)
-            placed: dict[str, frozenset[int]] = {}
             for name, record in topics.items():
                 if self.placed_here(record):
                     await self._apply(name, record)
-                    placed[name] = frozenset(record.queues_of(self.group))
-                    await self._delete_departed(name, record, self._placed.get(name, frozenset()) - placed[name])
-            self._placed = placed
+                    await self._delete_departed(name, record)
             cluster_ids = {r.topic_id for r in topics.values()}
             for name, info in self.store.topics().items():
                 topic_id = bytes(info.topic_id).hex()
@@ -145,23 +140,18 @@ class TopicReconciler:
         if info.config != config:
             await self.store.alter_topic_config(name, config)
 
-    async def _delete_departed(self, name: str, record: TopicRecord, departed: frozenset[int]) -> None:
-        """Delete the records of partitions that moved from this group to another (mqk.broker.moves): their
-        log start moves to their end here. (A broker that was down when a partition left keeps its records
-        until retention deletes them.)"""
-        for p in sorted(departed):
-            if p >= len(record.partitions) or record.partitions[p][0] == self.group or record.move_of(p) is not None:
+    async def _delete_departed(self, name: str, record: TopicRecord) -> None:
+        """Delete the records of partitions that left this group for another (TopicRecord.departures, written by a
+        move's switch: mqk.broker.moves): their log start here moves to where they left, once (a broker that was
+        down meanwhile does it when it is back). Not while the partition is moving back here."""
+        for p, group, left_at in record.departures:
+            if group != self.group or record.partitions[p][0] == self.group or record.move_of(p) is not None:
                 continue
             with contextlib.suppress(UnknownShard):
-                end = self.store.end_offset(name, p)
-                if self.store.log_start_offset(name, p) < end:
-                    await self.store.delete_before(name, p, end)
-                    log.info(
-                        "cluster: %s-%d moved to group %s; its records here are deleted",
-                        name,
-                        p,
-                        record.partitions[p][0],
-                    )
+                cut = min(left_at, self.store.end_offset(name, p))
+                if self.store.log_start_offset(name, p) < cut:
+                    await self.store.delete_before(name, p, cut)
+                    log.info("cluster: %s-%d left this group at offset %d; its records here are deleted", name, p, cut)
 
     async def _remember(self, topic_id: str) -> None:
         if topic_id in self._known:
