@@ -337,9 +337,3 @@ async def _reassign(
         if broker is None or broker.address("replication") is None:
             raise E.InvalidReplicaAssignmentError(f"broker group {g!r} has no master with a replication listener")
     await cluster.change_topic("move", topic, timeout, partitions=partition, group=group)
-
-
-def _replicas(ctx: KafkaContext, topic: str, partition: int) -> list[int]:
-    if ctx.cluster is None:
-        return [ctx.node_id]
-    return sorted(ctx.cluster.replicas(topic, partition))
