@@ -8,8 +8,11 @@ consumers, and a fault injected with SIGSTOP/SIGCONT.
   offset it was acknowledged at, from the new group; the reading consumer never went back (its position was not
   taken for a truncation when the leader changed); the leader epoch went up; the old group's copy is deleted while
   its other partition stays;
+- the target group's master killed (SIGKILL) while it copies: its group's other member copies on and the move ends;
 - what is refused: replicas from two groups, part of a group, unknown brokers, a cancel with nothing to cancel; a
-  cancelled move leaves the partition where it was.
+  log start moved by DeleteRecords moves along; a move back into a group that deleted the partition's records is
+  cancelled while the source holds older ones, and goes once they are deleted; a transactional partition keeps
+  its aborted transaction skipped.
 
 Every wait is bounded; the fixtures stop every process (by pid) and etcd.
 """
@@ -40,7 +43,7 @@ from helpers import (
 )
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KafkaTopicPartition
-from kafka.errors import InvalidReplicationAssignmentError, NoReassignmentInProgressError
+from kafka.errors import InvalidReplicationAssignmentError, KafkaError, NoReassignmentInProgressError
 
 from mqk.cluster_local import LocalCluster
 from mqk.protocol.kafka.api import ApiKey
@@ -198,6 +201,46 @@ def test_a_partition_moves_to_another_group_under_load_through_a_failover_and_lo
     sizes = partition_sizes(cluster, source_master, "moving", [0, 1, 2, 3])
     assert sizes[moving] == 0
     assert all(sizes[p] > 0 for p in staying)
+
+
+def test_a_move_goes_on_when_the_target_groups_master_is_killed_while_it_copies(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """kill -9 of the copying master (the target group's; the controller too, when it is that broker) just after
+    the move is recorded: the group's other member takes over as master and copies on from what it holds (what the
+    killed one had replicated to it, if anything); the partition switches, and every record is read back at its
+    offset from the new group."""
+    cluster = two_groups_of_two(mqk_cluster_factory)
+    create(cluster, "copied", 2)
+    placed = describe(cluster, "copied")
+    values = [b"%07d" % i + b"x" * 1000 for i in range(30_000)]  # about 30 MB: the copy takes a moment
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
+    for value in values:
+        producer.produce("copied", value=value, partition=0)
+    assert producer.flush(60) == 0
+    target = sorted({0, 1, 2, 3} - set(placed[0].replicas))
+    target_master = next(p.leader for p in placed.values() if p.leader in target)
+    outside = next(b.bootstrap for b in cluster.brokers if b.node_id not in target)
+    admin = KafkaAdminClient(bootstrap_servers=outside)
+    assert admin.alter_partition_reassignments({KafkaTopicPartition("copied", 0): target}) == {
+        KafkaTopicPartition("copied", 0): None
+    }
+    admin.close()
+    cluster.kill(target_master)  # (it may be the controller too: then a new one is elected as well)
+
+    def move_ended() -> bool:
+        asked = KafkaAdminClient(bootstrap_servers=outside)  # (a new client finds the controller there is now)
+        try:
+            return asked.list_partition_reassignments() == {}
+        except KafkaError:
+            return False
+        finally:
+            asked.close()
+
+    wait_until(move_ended, SETTLE_S, "the move to end on the new master")
+    assert describe(cluster, "copied")[0].leader == next(n for n in target if n != target_master)
+    got = read(cluster, "copied", 0, len(values))
+    assert len(got) == len(values) and all(got[i] == v for i, v in enumerate(values))
 
 
 def write(cluster: LocalCluster, topic: str, partition: int, values: range) -> None:
