@@ -41,6 +41,9 @@ class TopicReconciler:
         self.group = group
         self._ids_path = data_dir / "cluster" / "topic-ids.json" if data_dir is not None else None
         self._known: set[str] = set()
+        #: (the view's state, its topic changes) the store's fence was last computed from (the state itself, held:
+        #: a new state after a re-listing is always another object)
+        self._fenced_at: tuple[object, int] = (None, -1)
         self._lock = asyncio.Lock()
         self._task = WokenTask("mqk-cluster-reconcile", self._sync_or_retry)
 
@@ -72,9 +75,14 @@ class TopicReconciler:
         """Fence, in the store, the queues of the cluster's topics that take no appends here: partitions placed
         in another group, and those sealed while they move to one (StoreManager.fence). Run synchronously on
         every change of the view, before anything else hears of it, so that a source group stops growing a
-        sealed partition before it can answer "sealed" (mqk.broker.moves)."""
+        sealed partition before it can answer "sealed" (mqk.broker.moves); recomputed only when a topic record
+        changed (most changes the watch brings are other keys)."""
+        state = self.view.state
+        if self._fenced_at[0] is state and self._fenced_at[1] == state.topic_changes:
+            return
+        self._fenced_at = (state, state.topic_changes)
         fenced: dict[str, frozenset[int]] = {}
-        for name, record in self.view.state.topics.items():
+        for name, record in state.topics.items():
             if not record.involves(self.group):
                 continue
             queues = [p for p, (group, _queue) in enumerate(record.partitions) if group != self.group]

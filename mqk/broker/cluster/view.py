@@ -47,6 +47,8 @@ class ClusterState:
     topics: dict[str, TopicRecord] = field(default_factory=dict)
     #: each topic key's mod revision (compare-and-set of a topic update)
     topic_revisions: dict[str, int] = field(default_factory=dict)
+    #: how many topic records were put or deleted in this state (what follows the topic table checks it first)
+    topic_changes: int = 0
     #: every group a broker registered in, live or not (a group is live while it has a master)
     groups: set[str] = field(default_factory=set)
     #: per group, every node that ever served it (its replicas, live or not)
@@ -214,6 +216,7 @@ class ClusterView:
                 name = key[len(keys.topics) :]
                 state.topics[name] = TopicRecord.decode(record.value)
                 state.topic_revisions[name] = record.mod_revision
+                state.topic_changes += 1
             elif key.startswith(keys.groups) and key.endswith("/master"):
                 group = key[len(keys.groups) : -len("/master")]
                 state.masters[group] = MasterRecord.decode(record.value)
@@ -255,6 +258,7 @@ class ClusterView:
             name = key[len(keys.topics) :]
             state.topics.pop(name, None)
             state.topic_revisions.pop(name, None)
+            state.topic_changes += 1
         elif key.startswith(keys.groups) and key.endswith("/master"):
             state.masters.pop(key[len(keys.groups) : -len("/master")], None)
         elif key.startswith(keys.groups) and key.endswith("/isr"):
