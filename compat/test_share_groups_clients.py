@@ -191,7 +191,7 @@ def test_released_records_come_back_up_to_the_delivery_limit_and_rejected_ones_n
 
 
 CHILD = """
-import sys, time
+import signal, sys
 from confluent_kafka import ShareConsumer
 bootstrap, group, topic = sys.argv[1:4]
 c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group})
@@ -201,7 +201,7 @@ while True:
     for m in got:
         print(m.value().decode(), flush=True)
     if got:
-        time.sleep(60)  # holds them (a next poll would accept them): killed meanwhile
+        signal.pause()  # holds them (a next poll would accept them) until it is killed
 """
 
 

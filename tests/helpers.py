@@ -731,6 +731,8 @@ class Proxy:
         self.port = free_port()
         self.delay = 0.0
         self.refusing = False
+        #: connections refused while cut (what a test waits on to know the other side tried again)
+        self.refused = 0
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -757,6 +759,7 @@ class Proxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refusing:
+            self.refused += 1
             writer.close()
             return
         try:

@@ -346,8 +346,10 @@ def test_a_slow_then_cut_replication_link_takes_the_replicas_out_of_sync_and_bac
             alone_at = time.monotonic()
             wait_until(lambda: producer.acks_after(alone_at) > 100, SETTLE_S, "writes acknowledged by the master")
             proxy.delay = 0.0
+            refused = proxy.refused
             proxy.cut()  # and the links dropped: the replicas connect again once it heals
-            time.sleep(0.5)  # the links stay down a while: the replicas' reconnects meet the cut (no event here)
+            # the links stay down while both replicas try again and meet the cut
+            wait_until(lambda: proxy.refused >= refused + 2, SETTLE_S, "the replicas' reconnects refused")
             proxy.heal()
             wait_until(lambda: len(in_sync(cluster, "slow")) == 3, SETTLE_S, "the replicas back in sync")
         assert not producer.failed, producer.failed[:3]
