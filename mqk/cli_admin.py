@@ -1769,6 +1769,38 @@ async def query_by_key(args: argparse.Namespace) -> None:
             )
 
 
+def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return p
+
+
+def _group_parsers(
+    parser: argparse.ArgumentParser,
+    runs: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
+    *,
+    describe_help: str,
+    reset_help: str,
+    reset_description: str,
+    all_partitions: str,
+    shift: str,
+) -> argparse._SubParsersAction:
+    """`list`, `describe GROUP` and `reset-offsets GROUP` under `parser` (consumer groups and share groups alike:
+    `runs` are their three commands); the subparsers, for a kind's further verbs."""
+    list_run, describe_run, reset_run = runs
+    verbs = parser.add_subparsers(dest="action", required=True)
+    with_json(with_kafka_connection(verbs.add_parser("list"))).set_defaults(run=list_run)
+    p = with_json(with_kafka_connection(verbs.add_parser("describe", help=describe_help)))
+    p.add_argument("group")
+    p.set_defaults(run=describe_run)
+    p = with_json(
+        with_kafka_connection(verbs.add_parser("reset-offsets", help=reset_help, description=reset_description))
+    )
+    p.add_argument("group")
+    _reset_options(p, all_partitions, shift)
+    p.set_defaults(run=reset_run)
+    return verbs
+
+
 def _reset_options(p: argparse.ArgumentParser, all_topics: str, shift_by: str) -> None:
     """The options of a reset-offsets command (kafka-consumer-groups' and kafka-share-groups'): which partitions,
     where to, and --execute."""
@@ -1801,10 +1833,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     with_bootstrap = with_kafka_connection
 
-    def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--json", action="store_true", help="print JSON instead of text")
-        return p
-
     topics = sub.add_parser("topics", help="list, create, describe, delete topics")
     tsub = topics.add_subparsers(dest="action", required=True)
     with_json(with_bootstrap(tsub.add_parser("list"))).set_defaults(run=topics_list)
@@ -1826,44 +1854,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=topics_delete_records)
 
     groups = sub.add_parser("groups", help="list, describe consumer groups (with lag), reset their offsets")
-    gsub = groups.add_subparsers(dest="action", required=True)
-    with_json(with_bootstrap(gsub.add_parser("list"))).set_defaults(run=groups_list)
-    p = with_json(with_bootstrap(gsub.add_parser("describe", help="members, and per partition offsets and lag")))
-    p.add_argument("group")
-    p.set_defaults(run=groups_describe)
-    p = with_json(
-        with_bootstrap(
-            gsub.add_parser(
-                "reset-offsets",
-                help="move a group's committed offsets (dry run unless --execute)",
-                description="Plan new committed offsets for an inactive group and print them; --execute commits "
-                "them. Refused while the group has active members, as kafka-consumer-groups refuses it.",
-            )
-        )
+    _group_parsers(
+        groups,
+        (groups_list, groups_describe, groups_reset_offsets),
+        describe_help="members, and per partition offsets and lag",
+        reset_help="move a group's committed offsets (dry run unless --execute)",
+        reset_description="Plan new committed offsets for an inactive group and print them; --execute commits "
+        "them. Refused while the group has active members, as kafka-consumer-groups refuses it.",
+        all_partitions="every partition the group has committed",
+        shift="the committed offset plus N (N may be negative)",
     )
-    p.add_argument("group")
-    _reset_options(p, "every partition the group has committed", "the committed offset plus N (N may be negative)")
-    p.set_defaults(run=groups_reset_offsets)
-
     shares = sub.add_parser("share-groups", help="list, describe share groups (KIP-932), reset or delete offsets")
-    ssub = shares.add_subparsers(dest="action", required=True)
-    with_json(with_bootstrap(ssub.add_parser("list"))).set_defaults(run=share_groups_list)
-    p = with_json(with_bootstrap(ssub.add_parser("describe", help="members, and per partition start offset and lag")))
-    p.add_argument("group")
-    p.set_defaults(run=share_groups_describe)
-    p = with_json(
-        with_bootstrap(
-            ssub.add_parser(
-                "reset-offsets",
-                help="move a share group's start offsets (dry run unless --execute)",
-                description="Plan new share-partition start offsets for a share group without members and print "
-                "them; --execute applies them.",
-            )
-        )
+    ssub = _group_parsers(
+        shares,
+        (share_groups_list, share_groups_describe, share_groups_reset_offsets),
+        describe_help="members, and per partition start offset and lag",
+        reset_help="move a share group's start offsets (dry run unless --execute)",
+        reset_description="Plan new share-partition start offsets for a share group without members and print "
+        "them; --execute applies them.",
+        all_partitions="every partition the group has a state for",
+        shift="the start offset plus N (N may be negative)",
     )
-    p.add_argument("group")
-    _reset_options(p, "every partition the group has a state for", "the start offset plus N (N may be negative)")
-    p.set_defaults(run=share_groups_reset_offsets)
     p = with_bootstrap(ssub.add_parser("delete-offsets", help="drop a share group's states of topics"))
     p.add_argument("group")
     p.add_argument("--topic", action="append", required=True, help="a topic whose states go (repeatable)")

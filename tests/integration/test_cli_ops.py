@@ -46,6 +46,13 @@ def consume(c: Consumer, n: int) -> list:
     return got
 
 
+def dry_plan(stdout: str) -> list[tuple[int, int, int]]:
+    """(partition, previous offset, new offset) of a `reset-offsets --json` dry run (refused if it executed)."""
+    plan = json.loads(stdout)
+    assert not plan["executed"]
+    return [(p["partition"], p["previous_offset"], p["new_offset"]) for p in plan["partitions"]]
+
+
 def test_reset_offsets_is_refused_while_consumers_are_active_and_they_resume_from_the_new_offsets(mqk_broker):
     b = ("--bootstrap", mqk_broker.bootstrap)
     assert mqk("topics", "create", "r", "--partitions", "2", *b).returncode == 0
@@ -85,12 +92,7 @@ def test_reset_offsets_is_refused_while_consumers_are_active_and_they_resume_fro
 
     dry = mqk("groups", "reset-offsets", "rg", "--topic", "r", "--shift-by", "-3", "--json", *b)
     assert dry.returncode == 0, dry.stderr
-    plan = json.loads(dry.stdout)
-    assert not plan["executed"]
-    assert [(p["partition"], p["previous_offset"], p["new_offset"]) for p in plan["partitions"]] == [
-        (0, 10, 7),
-        (1, 10, 7),
-    ]
+    assert dry_plan(dry.stdout) == [(0, 10, 7), (1, 10, 7)]
     text = mqk("groups", "describe", "rg", *b).stdout  # the dry run committed nothing
     assert re.search(r"rg\s+r\s+0\s+10\s+10\s+0", text), text
 
@@ -236,14 +238,8 @@ def test_share_groups_are_listed_described_reset_and_their_offsets_deleted(mqk_b
     finally:
         share.close()
 
-    dry = json.loads(
-        mqk("share-groups", "reset-offsets", "sq", "--all-topics", "--shift-by", "-4", "--json", *b).stdout
-    )
-    assert not dry["executed"]
-    assert [(p["partition"], p["previous_offset"], p["new_offset"]) for p in dry["partitions"]] == [
-        (0, 10, 6),
-        (1, 10, 6),
-    ]
+    dry = mqk("share-groups", "reset-offsets", "sq", "--all-topics", "--shift-by", "-4", "--json", *b)
+    assert dry_plan(dry.stdout) == [(0, 10, 6), (1, 10, 6)]
     text = mqk("share-groups", "describe", "sq", *b).stdout  # the dry run changed nothing
     assert re.search(r"sq\s+jobs\s+0\s+10\s+0", text), text
     applied = mqk("share-groups", "reset-offsets", "sq", "--topic", "jobs:1", "--to-earliest", "--execute", *b)
