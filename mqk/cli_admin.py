@@ -532,21 +532,33 @@ async def groups_reset_offsets(args: argparse.Namespace) -> None:
         plan = await _plan_offsets(brokers, args, await _reset_targets(brokers, args, committed), committed)
         if args.execute and plan:
             await _commit(client, args.group, plan)
+    _print_plan(args, plan, committed, "NEW-OFFSET", "committed")
+
+
+def _print_plan(
+    args: argparse.Namespace,
+    plan: list[tuple[str, int, int]],
+    previous: dict[tuple[str, int], int],
+    column: str,
+    done: str,
+) -> None:
+    """A reset-offsets plan (topic, partition, new offset) of `args.group`, as JSON or a table (`column` heads the
+    new offsets), and on a dry run a word that nothing was `done`."""
     if args.json:
         _print_json(
             {
                 "group": args.group,
                 "executed": bool(args.execute),
                 "partitions": [
-                    {"topic": t, "partition": p, "previous_offset": committed.get((t, p)), "new_offset": o}
+                    {"topic": t, "partition": p, "previous_offset": previous.get((t, p)), "new_offset": o}
                     for t, p, o in plan
                 ],
             }
         )
         return
-    _print_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"], [[args.group, t, p, o] for t, p, o in plan])
+    _print_table(["GROUP", "TOPIC", "PARTITION", column], [[args.group, t, p, o] for t, p, o in plan])
     if not args.execute:
-        print("(dry run: nothing was committed; add --execute to apply)", file=sys.stderr)
+        print(f"(dry run: nothing was {done}; add --execute to apply)", file=sys.stderr)
 
 
 # --- share groups (kafka-share-groups) -----------------------------------------------------------------------
@@ -644,21 +656,7 @@ async def share_groups_reset_offsets(args: argparse.Namespace) -> None:
             for topic in resp["responses"]:
                 for p in topic["partitions"]:
                     _check(p["error_code"], f"reset {args.group} {topic['topic_name']}[{p['partition_index']}]")
-    if args.json:
-        _print_json(
-            {
-                "group": args.group,
-                "executed": bool(args.execute),
-                "partitions": [
-                    {"topic": t, "partition": p, "previous_offset": current.get((t, p)), "new_offset": o}
-                    for t, p, o in plan
-                ],
-            }
-        )
-        return
-    _print_table(["GROUP", "TOPIC", "PARTITION", "NEW-START-OFFSET"], [[args.group, t, p, o] for t, p, o in plan])
-    if not args.execute:
-        print("(dry run: nothing was changed; add --execute to apply)", file=sys.stderr)
+    _print_plan(args, plan, current, "NEW-START-OFFSET", "changed")
 
 
 async def share_groups_delete_offsets(args: argparse.Namespace) -> None:
