@@ -58,7 +58,7 @@ from mqk.store.adapter import GroupOffset, store_time_ms
 if TYPE_CHECKING:
     from mqk.broker.cluster import ClusterMember
     from mqk.broker.replication import Replication
-    from mqk.store.adapter import Buffer
+    from mqk.store.adapter import Buffer, StorageAdapter
     from mqk.store.manager import StoreManager
 
 log = logging.getLogger("mqk.moves")
@@ -146,10 +146,12 @@ class PartitionMoves:
     def _move(self, topic: str, partition: int) -> tuple[TopicRecord, PartitionMove] | None:
         """The topic and the move of `partition` into this group, while there is one and this broker leads."""
         record = self.member.topic(topic)
-        move = record.move_of(partition) if record is not None else None
+        if record is None:
+            return None
+        move = record.move_of(partition)
         if move is None or move.target != self.member.group or not self.member.node.leading:
             return None
-        return record, move  # type: ignore[return-value]  # (a move implies its record)
+        return record, move
 
     async def _copy(self, topic: str, partition: int) -> None:
         asked_seal = False
@@ -346,12 +348,12 @@ class PartitionMoves:
                 committed = GroupOffset(value[0], value[1], store_time_ms())
                 await store.commit_offsets(group, {(topic, partition): committed})
 
-    async def _skip(self, topic: str, partition: int, end: int, to: int, engine: object) -> int:
+    async def _skip(self, topic: str, partition: int, end: int, to: int, engine: StorageAdapter) -> int:
         """Keep the source's gap [end, to) a gap here: empty batches spanning it (see the module docstring)."""
         while end < to:
             span = min(to - end, GAP_SPAN)
             empty = recbatch.build_batch(end, -1, -1, b"", 0, span - 1)
-            await engine.append(topic, partition, [empty])  # type: ignore[attr-defined]
+            await engine.append(topic, partition, [empty])
             end += span
         return end
 
