@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mqk.broker.accepted import AcceptedTransports
 from mqk.server.tls import TlsProtocol, TlsServer
 
 #: TLS record content types: change_cipher_spec, alert, handshake, application_data
@@ -99,7 +100,7 @@ def test_one_input(data: bytes) -> None:
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = _context()
-    protocol = TlsProtocol(_made, TlsServer(_CONTEXT, 10.0, "fuzz listener"))  # type: ignore[arg-type]
+    protocol = TlsProtocol(_made, TlsServer(_CONTEXT, 10.0, "fuzz listener"), AcceptedTransports())  # type: ignore[arg-type]
     transport = _Transport()
 
     async def feed() -> None:

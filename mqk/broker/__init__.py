@@ -4,7 +4,9 @@
 - `topics.TopicRegistry`: lookup, creation (with the auto-create policy), deletion, partitions, settings, ids;
 - `names`: the topic-name rule set; `internal`: the internal topics and their policy;
 - `topic_config`: the per-topic settings schema applied on every creation and alteration;
-- `hub.WakeupHub`: long polls (Kafka Fetch, RocketMQ pull) wait here for their partitions to grow.
+- `hub.WakeupHub`: long polls (Kafka Fetch, RocketMQ pull) wait here for their partitions to grow;
+- `accepted.AcceptedTransports`: the sockets a listener accepted (every front door's, the replication listener's),
+  so that a stopped listener leaves none open.
 
 Layering: imported by mqk.server (and the runtime); imports the store, the timer, the clock and mqk.config, never
 mqk.protocol or mqk.server.

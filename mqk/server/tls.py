@@ -29,8 +29,9 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from mqk.broker.accepted import AcceptedTransports
 from mqk.config import TlsConfig
 
 log = logging.getLogger("mqk.tls")
@@ -74,22 +75,29 @@ async def create_server(
     host: str,
     port: int,
     tls: TlsServer | None = None,
+    *,
+    accepted: AcceptedTransports,
     **kwargs: Any,
 ) -> asyncio.Server:
-    """`loop.create_server(factory, ...)`, with each connection behind the TLS layer when `tls` is given."""
+    """`loop.create_server(factory, ...)`, with each connection behind the TLS layer when `tls` is given. The TLS
+    layer registers each socket in `accepted` (a connection still in its handshake is not yet the front door's);
+    without TLS the front door's protocol does."""
     loop = asyncio.get_running_loop()
     if tls is None:
         return await loop.create_server(factory, host, port, **kwargs)
-    return await loop.create_server(lambda: TlsProtocol(factory, tls), host, port, **kwargs)
+    return await loop.create_server(lambda: TlsProtocol(factory, tls, accepted), host, port, **kwargs)
 
 
 class TlsProtocol(asyncio.BufferedProtocol):
     """The socket's side of one TLS connection: ciphertext in and out, the handshake, and the front door's protocol
     once the handshake is done."""
 
-    def __init__(self, factory: Callable[[], asyncio.BaseProtocol], settings: TlsServer) -> None:
+    def __init__(
+        self, factory: Callable[[], asyncio.BaseProtocol], settings: TlsServer, accepted: AcceptedTransports
+    ) -> None:
         self._factory = factory
         self._settings = settings
+        self._accepted = accepted
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
         self._ssl = settings.context.wrap_bio(self._incoming, self._outgoing, server_side=True)
@@ -108,7 +116,11 @@ class TlsProtocol(asyncio.BufferedProtocol):
     # --- the socket's callbacks -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._raw = transport  # type: ignore[assignment]  # a stream server's transport is a Transport
+        stream = cast(asyncio.Transport, transport)  # a stream server's (uvloop's too: same methods, no subclass)
+        self._raw = stream
+        if not self._accepted.add(stream):
+            self._closing = True
+            return
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"

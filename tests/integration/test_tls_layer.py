@@ -15,6 +15,7 @@ import pytest
 from helpers import wait_until_async
 from pki import make_pki
 
+from mqk.broker.accepted import AcceptedTransports
 from mqk.config import TlsConfig
 from mqk.server.kafka.rawclient import client_ssl_context
 from mqk.server.tls import TlsServer, create_server, server_context
@@ -60,7 +61,7 @@ async def serve(pki, protocol, client_auth="none", timeout=10.0):  # noqa: ASYNC
     tls = TlsConfig(cert_file=pki.server, key_file=pki.server_key, ca_file=pki.ca, handshake_timeout_ms=1000)
     seen: list = []
     settings = TlsServer(server_context(tls, client_auth), timeout, "test listener")
-    server = await create_server(lambda: protocol(seen), "127.0.0.1", 0, settings)
+    server = await create_server(lambda: protocol(seen), "127.0.0.1", 0, settings, accepted=AcceptedTransports())
     return server, server.sockets[0].getsockname()[1], seen
 
 

@@ -52,6 +52,9 @@ class Transport:
     def close(self) -> None:
         self.closed = True
 
+    def abort(self) -> None:  # (the server's stop aborts what is still open)
+        self.closed = True
+
 
 class Wire:
     """Requests encoded with correlation ids 1, 2, ...; answers decoded in the order they were written."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from mqk import errors as E
 from mqk.broker import internal
+from mqk.broker.accepted import AcceptedTransports
 from mqk.broker.cluster.model import MasterRecord, SyncStateRecord, dump
 from mqk.broker.replication import protocol as P
 from mqk.broker.replication.link import (
@@ -101,6 +102,8 @@ class Replication:
         #: the highest commit offset heard from a master (where this broker's own commit starts if promoted)
         self.heard = 0
         self._server: asyncio.Server | None = None
+        #: every socket the listener accepted, for the stop to leave none open
+        self._accepted = AcceptedTransports()
         self.address: tuple[str, int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._follow_task: asyncio.Task[None] | None = None
@@ -159,6 +162,7 @@ class Replication:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+        await self._accepted.abort_all()
 
     # --- what the front doors ask -----------------------------------------------------------------------------
 
@@ -248,6 +252,8 @@ class Replication:
             flusher.kick()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._accepted.add(writer.transport):
+            return
         if self.member is None:  # (bound, not yet joined: the replica tries again)
             writer.close()
             return

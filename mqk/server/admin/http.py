@@ -18,8 +18,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from mqk.broker.accepted import AcceptedTransports
 
 log = logging.getLogger("mqk.admin")
 
@@ -80,6 +82,8 @@ class HttpServer:
         self._prefixes: list[tuple[str, dict[str, Handler]]] = []
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[_HttpConnection] = set()
+        #: every socket accepted, for the stop to leave none open
+        self.accepted = AcceptedTransports()
         self.address: tuple[str, int] | None = None
 
     # --- routes ----------------------------------------------------------------------------------------------
@@ -145,6 +149,7 @@ class HttpServer:
             except TimeoutError:
                 log.warning("admin listener: connections still open after 5 s at stop")
             self._server = None
+        await self.accepted.abort_all()  # (a connection with answers its client never read, or one that just came)
 
 
 def _h11() -> Any:
@@ -170,7 +175,11 @@ class _HttpConnection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # a stream server's transport is a Transport
+        stream = cast(asyncio.Transport, transport)  # a stream server's (uvloop's too: same methods, no subclass)
+        self.transport = stream
+        if not self.server.accepted.add(stream):
+            self.closed = True
+            return
         self.server.connections.add(self)
         self._touch()
 

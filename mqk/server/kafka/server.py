@@ -39,10 +39,11 @@ import struct
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import Any, cast
 
 from mqk import errors as E
 from mqk.broker import Broker
+from mqk.broker.accepted import AcceptedTransports
 from mqk.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotas
 from mqk.broker.security import USER, AuthenticationFailed, Principal, SaslServer
 from mqk.broker.security.principal import ANONYMOUS, NoMatchingRule
@@ -132,6 +133,8 @@ class KafkaServer:
         self.groups.share.transactions = self.ctx.transactions
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[KafkaConnection] = set()
+        #: every socket the listeners accepted, for the stop to leave none open
+        self.accepted = AcceptedTransports()
         #: max_connections, max_connections_per_ip and connections_max_idle_ms over every Kafka listener
         self.limits = ConnectionLimits(
             config.max_connections, config.max_connections_per_ip, config.connections_max_idle_ms, self.broker.clock
@@ -185,6 +188,7 @@ class KafkaServer:
                 listener.config.host,
                 listener.config.port,
                 self._tls(listener, contexts),
+                accepted=self.accepted,
                 reuse_address=True,
             )
             self._servers.append(server)
@@ -217,6 +221,7 @@ class KafkaServer:
             except TimeoutError:
                 log.warning("kafka listener: connections still open after 5 s at stop")
         self._servers = []
+        await self.accepted.abort_all()  # (a connection with answers its client never read, or one that just came)
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -264,7 +269,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
     # --- asyncio callbacks -----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # a stream server's transport is a Transport
+        stream = cast(asyncio.Transport, transport)  # a stream server's (uvloop's too: same methods, no subclass)
+        self.transport = stream
+        if not self.server.accepted.add(stream):
+            self.closed = True
+            return
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"

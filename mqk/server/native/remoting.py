@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from mqk.broker.accepted import AcceptedTransports
 from mqk.broker.stats import RequestMeter
 from mqk.config import BrokerConfig
 from mqk.errors import ProtocolError
@@ -126,6 +127,8 @@ class RemotingServer:
         self.limits = limits
         self._sweeps: asyncio.Task[None] | None = None
         self.connections: set[Connection] = set()
+        #: every socket accepted, for the stop to leave none open
+        self.accepted = AcceptedTransports()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -138,7 +141,9 @@ class RemotingServer:
             def streams() -> asyncio.StreamReaderProtocol:  # what asyncio.start_server makes per connection
                 return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), self._serve, loop=loop)
 
-            self._server = await create_server(streams, self.listen[0], self.listen[1], self.tls)
+            self._server = await create_server(
+                streams, self.listen[0], self.listen[1], self.tls, accepted=self.accepted
+            )
         host, port = self._server.sockets[0].getsockname()[:2]
         if self.limits is not None:
             self._sweeps = asyncio.create_task(
@@ -162,8 +167,11 @@ class RemotingServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        await self.accepted.abort_all()  # (a connection with answers its client never read, or one that just came)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.accepted.add(writer.transport):
+            return
         conn = Connection(writer)
         limits = self.limits
         if limits is not None:
