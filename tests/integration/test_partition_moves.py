@@ -12,7 +12,8 @@ consumers, and a fault injected with SIGSTOP/SIGCONT.
 - what is refused: replicas from two groups, part of a group, unknown brokers, a cancel with nothing to cancel; a
   log start moved by DeleteRecords moves along; a move back into a group that deleted the partition's records is
   cancelled while the source holds older ones, and goes once they are deleted; a transactional partition keeps
-  its aborted transaction skipped.
+  its aborted transaction skipped; a transaction open in the partition holds the move until it commits, and its
+  records, written before and after the move was asked for, are committed in the new group.
 
 Every wait is bounded; the fixtures stop every process (by pid) and etcd.
 """
@@ -344,3 +345,24 @@ def test_refused_reassignments_a_log_start_that_moves_along_and_a_move_back(
     assert describe(cluster, "stay")[p].leader in other
     committed = read(cluster, "stay", p, 20, isolation="read_committed")
     assert sorted(committed.values()) == sorted(b"t%d" % i for i in [*range(10), *range(20, 30)])
+    # a transaction open in a partition holds the partition's move: the source seals only between transactions, so
+    # the move waits while the transaction writes on, and its records, written before and after the move was asked
+    # for, are committed in the group the partition moves to
+    assert describe(cluster, "stay")[0].leader in here
+    txn.begin_transaction()
+    for i in range(5):
+        txn.produce("stay", value=b"s%d" % i, partition=0)
+    txn.flush(30)
+    assert admin.alter_partition_reassignments({tp: other}) == {tp: None}
+    for i in range(5, 10):
+        txn.produce("stay", value=b"s%d" % i, partition=0)
+    txn.flush(30)
+    assert tp in admin.list_partition_reassignments()  # (it cannot end while the transaction is open)
+    assert describe(cluster, "stay")[0].leader in here
+    txn.commit_transaction(30)
+    wait_until(lambda: admin.list_partition_reassignments() == {}, SETTLE_S, "the move to end after the commit")
+    assert describe(cluster, "stay")[0].leader in other
+    committed = read(cluster, "stay", 0, 20, isolation="read_committed")
+    assert sorted(committed.values()) == sorted(
+        [*(b"v%d" % i for i in range(100, 110)), *(b"s%d" % i for i in range(10))]
+    )
