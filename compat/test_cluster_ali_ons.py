@@ -1,18 +1,24 @@
 """ali-ons (RocketMQ 4.x remoting) against a 3-broker cluster: its producer and push consumer learn the cluster's
 broker groups from any broker's name server and spread over the groups a topic's queues live on; what they send
 is what a Kafka consumer of the same topic reads. A consumer group's offsets of a queue that moves to another broker
-group go with it."""
+group go with it. With slave reads on, a push consumer far behind is sent to its group's replica, which serves its
+pulls, and every message reaches it once."""
 
 from __future__ import annotations
 
 import collections
 import json
+import re
 import time
+import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from compat_helpers import NodeProcess, create_topic, run_node, unique
-from helpers import CLUSTER_TESTS, wait_until
+from helpers import CLUSTER_TESTS, CONFIG, SETTLE_S, in_sync, leader, wait_until
+
+from mqk.cluster_local import LocalCluster
 
 pytestmark = [pytest.mark.timeout(120), CLUSTER_TESTS]
 
@@ -124,3 +130,46 @@ def test_ali_ons_consumers_keep_their_offsets_when_a_queue_moves_to_another_grou
     later = {m["body"] for m in send(30)}
     again = read(later)
     assert set(again) == later, f"delivered again after the move: {sorted(set(again) - later)[:5]}"
+
+
+def records_served(cluster: LocalCluster, node: int, topic: str) -> int:
+    """What the broker's /metrics count as served to consumers of `topic`, over its partitions."""
+    host, port = cluster.broker(node).admin
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    pattern = re.compile(rf'^mqk_partition_records_out_total\{{[^}}]*topic="{re.escape(topic)}"[^}}]*\}} (\S+)$', re.M)
+    return sum(int(float(value)) for value in pattern.findall(text))
+
+
+def test_a_consumer_far_behind_pulls_from_the_replica_with_slave_reads_on(
+    mqk_cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    # one group of two brokers; every consumer behind the CommitLog's end counts as far behind (ratio 0)
+    settings = {**CONFIG, "native_slave_read_enable": True, "native_access_message_in_memory_max_ratio": 0}
+    cluster = mqk_cluster_factory(2, group_size=2, config=settings)
+    topic = unique("ons-slave-read")
+    create_topic(cluster.bootstrap, topic, 2, {"min.insync.replicas": "2"}, replication_factor=2)
+    wait_until(lambda: len(in_sync(cluster, topic)) == 2, SETTLE_S, "both brokers in sync")
+    count = 200  # (100 a queue: more than a pull takes, 32, so the pulls after the first have messages to serve)
+    messages = [{"topic": topic, "tags": "T", "keys": [f"k{i}"], "body": f"behind {i}"} for i in range(count)]
+    sent = run_node("ons.js", namesrv_of(cluster, 0), "produce", json.dumps({"messages": messages}), timeout=60)
+    assert [r["sendStatus"] for r in sent["result"]] == ["SEND_OK"] * count, sent["result"]
+    master = leader(cluster, topic)
+    replica = next(b.node_id for b in cluster.brokers if b.node_id != master)
+    consumer = NodeProcess(
+        "ons.js", namesrv_of(cluster, 1), "consume", json.dumps({"topic": topic, "group": unique("g")})
+    )
+    try:
+        wait_until(
+            lambda: len({e["body"] for e in consumer.of("msg")}) >= count,
+            SETTLE_S,
+            f"every message to reach the consumer ({consumer.diagnostics()})",
+        )
+        bodies = collections.Counter(e["body"] for e in consumer.of("msg"))
+        assert set(bodies) == {m["body"] for m in messages}
+        assert all(n == 1 for n in bodies.values()), bodies
+    finally:
+        consumer.close()
+    # the master served the first pull of each queue, which sent the consumer to the replica for the rest
+    assert records_served(cluster, replica, topic) > 0
+    assert records_served(cluster, master, topic) + records_served(cluster, replica, topic) >= count

@@ -453,6 +453,13 @@ class BrokerConfig:
     #: its producer, by a scan this often
     native_transaction_timeout_ms: int = 6_000
     native_transaction_check_interval_ms: int = 5_000
+    #: RocketMQ's slaveReadEnable: a pull that leaves its consumer far behind the CommitLog's end suggests that the
+    #: consumer pull from its group's replica (brokerId 1) until it has caught up, as a RocketMQ master does, so
+    #: a consumer reading old messages does not compete with the producers for the master's page cache and disk
+    native_slave_read_enable: bool = False
+    #: RocketMQ's accessMessageInMemoryMaxRatio: "far behind" is more than this percentage of the machine's memory
+    #: between the CommitLog's end and the last message the pull served
+    native_access_message_in_memory_max_ratio: int = 40
     #: Kafka `unclean.leader.election.enable`, for the broker groups (the unit of election here): a group whose
     #: in-sync replicas are all gone may elect another member, losing what only they held
     unclean_leader_election_enable: bool = False
@@ -529,6 +536,8 @@ class BrokerConfig:
             raise ValueError("native_transaction_timeout_ms must not be negative, the check interval positive")
         if self.native_max_message_size < 0:
             raise ValueError("native_max_message_size must not be negative")
+        if not 0 <= self.native_access_message_in_memory_max_ratio <= 100:
+            raise ValueError("native_access_message_in_memory_max_ratio is a percentage: 0 to 100")
         if self.max_connections < 1 or self.max_connections_per_ip < 1:
             raise ValueError("max_connections and max_connections_per_ip must be at least 1")
         if self.connections_max_idle_ms <= 0:

@@ -13,12 +13,21 @@ Tag filtering is two-step as in RocketMQ: the store filters batches by tags code
 ConsumeQueue), then each message's TAGS must equal one of the subscribed tags (hash collisions). With the
 suspend flag, PULL_NOT_FOUND waits (at most the client's suspendTimeoutMillis) on the broker's wake-up hub.
 Every answer carries nextBeginOffset, minOffset, maxOffset and suggestWhichBrokerId.
+
+Reads from replicas (RocketMQ's slaveReadEnable, `native_slave_read_enable`, cluster mode): a pull that served
+messages while its consumer is more than `native_access_message_in_memory_max_ratio` percent of the machine's
+memory behind the CommitLog's end suggests brokerId 1, the group's first replica (RocketMQ's
+whichBrokerWhenConsumeSlowly); any other answer suggests the master (0). A client takes the suggestion for its next
+pull of that queue. A replica serves pulls from its copy of the CommitLog with the same rules (it suggests the
+master back once the consumer has caught up), and never stores the offset a pull carries: offsets are the master's,
+as on a RocketMQ SLAVE. Without slave reads every answer suggests the master.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 
 from mqk._fast import load
@@ -48,6 +57,8 @@ MAX_SUSPEND_MS = 15_000
 #: per pull: RocketMQ's maxTransferCountOnMessageInMemory is 32; clients may ask for more, this caps it
 MAX_MESSAGES = 1024
 MAX_BODY_BYTES = 4 * 1024 * 1024
+#: RocketMQ's MixAll.MASTER_ID, and the replica a consumer far behind is sent to (its whichBrokerWhenConsumeSlowly)
+MASTER_ID, SLOW_CONSUMER_BROKER_ID = 0, 1
 #: store bytes read per pull: enough for `maxMsgNums` small messages, capped like RocketMQ's 256 KiB per transfer
 #: (a pull that gets fewer messages than asked simply pulls again from its next offset)
 READ_BYTES_PER_MESSAGE = 512
@@ -70,6 +81,12 @@ class PullProcessor:
         self.clients = clients
         #: the share groups, where subscription group configs live (a paused group pulls nothing); set by the server
         self.share: ShareGroups | None = None
+        config = ctx.config
+        #: how far behind the CommitLog's end (bytes) a consumer is sent to a replica; None: slave reads are off
+        self.far_behind_bytes: int | None = None
+        if config.native_slave_read_enable:
+            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            self.far_behind_bytes = memory * config.native_access_message_in_memory_max_ratio // 100
 
     async def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.get_str("consumerGroup", required=True) or ""
@@ -112,6 +129,7 @@ class PullProcessor:
 
         if (
             sys_flag & PULL_FLAG_COMMIT_OFFSET
+            and (cluster is None or cluster.node.leading)  # (a replica stores no offsets: RocketMQ's SLAVE neither)
             and commit_offset is not None
             and commit_offset >= 0
             and not _committed_already(self.ctx, group, topic, queue, commit_offset)
@@ -144,7 +162,7 @@ class PullProcessor:
             await self.ctx.hub.wait(((topic, queue),), remaining)
 
         ext = {
-            "suggestWhichBrokerId": 0,
+            "suggestWhichBrokerId": self._suggested_broker(result.messages),
             "nextBeginOffset": result.next_offset,
             "minOffset": result.min_offset,
             "maxOffset": result.max_offset,
@@ -157,6 +175,14 @@ class PullProcessor:
             body = b"".join(encode_message_ext(m) for m in messages)
             self.ctx.count_out(topic, queue, len(messages), len(body), group)
         return cmd.response(result.code, result.remark, ext, body)
+
+    def _suggested_broker(self, messages: list[MessageExt]) -> int:
+        """Which broker of the group the consumer should pull this queue from next (see the module docstring)."""
+        replication = self.ctx.replication
+        if self.far_behind_bytes is None or not messages or replication is None:
+            return MASTER_ID
+        behind = replication.engine.log_end - messages[-1].commit_log_offset
+        return SLOW_CONSUMER_BROKER_ID if behind > self.far_behind_bytes else MASTER_ID
 
     async def get_messages(
         self, topic: str, queue: int, offset: int, max_nums: int, tags: frozenset[str] | None
