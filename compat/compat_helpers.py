@@ -12,11 +12,13 @@ import collections
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +74,15 @@ def end_offsets(kafka_address: tuple[str, int], topic: str, partitions: tuple[in
 def unique(prefix: str = "t") -> str:
     """Topic / group names unique across the session and across runs (the shared broker outlives tests)."""
     return f"{prefix}-{os.getpid()}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+
+
+def records_served(cluster: Any, node: int, topic: str) -> int:
+    """What the broker's /metrics count as served to consumers of `topic`, over its partitions."""
+    host, port = cluster.broker(node).admin
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    pattern = re.compile(rf'^mqk_partition_records_out_total\{{[^}}]*topic="{re.escape(topic)}"[^}}]*\}} (\S+)$', re.M)
+    return sum(int(float(value)) for value in pattern.findall(text))
 
 
 def create_topic(

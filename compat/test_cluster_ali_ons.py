@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import collections
 import json
-import re
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from compat_helpers import NodeProcess, create_topic, run_node, unique
+from compat_helpers import NodeProcess, create_topic, records_served, run_node, unique
 from helpers import CLUSTER_TESTS, CONFIG, SETTLE_S, in_sync, leader, wait_until
 
 from mqk.cluster_local import LocalCluster
@@ -130,15 +128,6 @@ def test_ali_ons_consumers_keep_their_offsets_when_a_queue_moves_to_another_grou
     later = {m["body"] for m in send(30)}
     again = read(later)
     assert set(again) == later, f"delivered again after the move: {sorted(set(again) - later)[:5]}"
-
-
-def records_served(cluster: LocalCluster, node: int, topic: str) -> int:
-    """What the broker's /metrics count as served to consumers of `topic`, over its partitions."""
-    host, port = cluster.broker(node).admin
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    pattern = re.compile(rf'^mqk_partition_records_out_total\{{[^}}]*topic="{re.escape(topic)}"[^}}]*\}} (\S+)$', re.M)
-    return sum(int(float(value)) for value in pattern.findall(text))
 
 
 def test_a_consumer_far_behind_pulls_from_the_replica_with_slave_reads_on(

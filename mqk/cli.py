@@ -61,6 +61,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "--cluster-id", help="the cluster's name: its keys live under /mqk/<cluster-id>/ (default mqk-cluster)"
     )
     p.add_argument("--broker-group", help="the broker group this broker serves (default group-<node-id>)")
+    p.add_argument("--rack", help="the rack (or zone) this broker is in (Kafka's broker.rack), told to clients")
     p.add_argument(
         "--advertise",
         nargs="+",
@@ -174,6 +175,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         node_id=args.node_id,
         cluster_id=args.cluster_id,
         broker_group=args.broker_group,
+        broker_rack=args.rack,
         advertise=tuple(args.advertise) if args.advertise else None,
         admin_listen=args.admin_listen,
         grpc_listen=args.grpc_listen,

@@ -354,6 +354,8 @@ class TopicConfig:
         return dict(self.overrides)
 
 
+#: Kafka's rack-aware replica selector (KIP-392), by its Java class name (the short name is accepted too)
+RACK_AWARE_REPLICA_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
 #: RocketMQ's brokerRole values a master takes (its replicas are SLAVE by nature)
 SYNC_MASTER, ASYNC_MASTER = "SYNC_MASTER", "ASYNC_MASTER"
 
@@ -415,6 +417,13 @@ class BrokerConfig:
     cluster: str | None = None
     #: cluster mode: this broker's group (the unit a partition is placed on); default `group-<node_id>`
     broker_group: str | None = None
+    #: Kafka `broker.rack`: the rack (or zone) this broker is in, told to clients in Metadata; consumers that name
+    #: theirs (`client.rack`) read from a broker of their own rack when `replica_selector_class` is set
+    broker_rack: str | None = None
+    #: Kafka `replica.selector.class` (KIP-392): None, the leader serves every fetch; RackAwareReplicaSelector
+    #: (`org.apache.kafka.common.replica.RackAwareReplicaSelector`), a consumer whose rack holds an in-sync replica
+    #: of the partition, and not the leader, is told to fetch from that replica
+    replica_selector_class: str | None = None
     #: what clients and peers are told to connect to: a host for every listener (`HOST`), or per listener
     #: (`kafka=HOST:PORT`, `native=...`, `namesrv=...`); default: the bound addresses
     advertise: tuple[str, ...] = ()
@@ -536,6 +545,11 @@ class BrokerConfig:
             raise ValueError("native_transaction_timeout_ms must not be negative, the check interval positive")
         if self.native_max_message_size < 0:
             raise ValueError("native_max_message_size must not be negative")
+        if self.replica_selector_class is not None and not self.rack_aware_fetching:
+            raise ValueError(
+                f"replica_selector_class {self.replica_selector_class!r} is not known: "
+                f"{RACK_AWARE_REPLICA_SELECTOR} is the one selector mqk has"
+            )
         if not 0 <= self.native_access_message_in_memory_max_ratio <= 100:
             raise ValueError("native_access_message_in_memory_max_ratio is a percentage: 0 to 100")
         if self.max_connections < 1 or self.max_connections_per_ip < 1:
@@ -572,6 +586,12 @@ class BrokerConfig:
     def group_name(self) -> str:
         """This broker's group (in RocketMQ terms its broker name)."""
         return self.broker_group or (f"group-{self.node_id}" if self.cluster else self.broker_name)
+
+    @property
+    def rack_aware_fetching(self) -> bool:
+        """Whether Fetch sends consumers to a replica in their rack (`replica_selector_class`, KIP-392)."""
+        selector = self.replica_selector_class
+        return selector is not None and selector.rsplit(".", 1)[-1] == RACK_AWARE_REPLICA_SELECTOR.rsplit(".", 1)[-1]
 
     @classmethod
     def load(

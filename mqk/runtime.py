@@ -191,6 +191,7 @@ class BrokerRuntime:
             cfg.node_id,
             cfg.group_name,
             advertised_listeners(cfg, bound),
+            rack=cfg.broker_rack,
             session_timeout_s=max(1, cfg.cluster_session_timeout_ms // 1000),
             unclean_election=cfg.unclean_leader_election_enable,
         )

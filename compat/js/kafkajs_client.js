@@ -56,9 +56,9 @@ async function withDeadline (ms, what, promise) {
   try { return await Promise.race([promise, timeout]) } finally { clearTimeout(timer) }
 }
 
-// Read `count` messages of a topic from the beginning with a throw-away group.
-async function readAll (topic, count, timeoutMs = 20000) {
-  const consumer = kafka.consumer({ groupId: `read-${Date.now()}-${Math.random()}`, sessionTimeout: 6000, heartbeatInterval: 1000, maxWaitTimeInMs: 200 })
+// Read `count` messages of a topic from the beginning with a throw-away group (`options`: more consumer settings).
+async function readAll (topic, count, timeoutMs = 20000, options = {}) {
+  const consumer = kafka.consumer({ groupId: `read-${Date.now()}-${Math.random()}`, sessionTimeout: 6000, heartbeatInterval: 1000, maxWaitTimeInMs: 200, ...options })
   const out = []
   await consumer.connect()
   try {
@@ -80,6 +80,12 @@ async function readAll (topic, count, timeoutMs = 20000) {
 }
 
 const commands = {
+  // Every message of a topic, read by a consumer that names its rack (KIP-392's rackId: it may read from a follower)
+  // with read_uncommitted (kafkajs reads committed by default).
+  async readInRack ({ topic, count, rackId }) {
+    return { got: await readAll(topic, count, 30000, { rackId, readUncommitted: true }) }
+  },
+
   // Keys, headers and one codec, produced by kafkajs and read back by kafkajs.
   async roundtrip ({ topic, codec, n }) {
     const producer = kafka.producer({ allowAutoTopicCreation: true })

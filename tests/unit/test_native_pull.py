@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,12 +17,6 @@ from mqk.server.native.pull import PullProcessor
 from mqk.store.manager import StoreManager
 
 TAGS = [None, "A", "B", "C"]
-
-
-@pytest.mark.parametrize("ratio", [-1, 101])
-def test_the_in_memory_ratio_of_slave_reads_is_a_percentage(ratio: int) -> None:
-    with pytest.raises(ValueError, match="percentage"):
-        BrokerConfig(native_slave_read_enable=True, native_access_message_in_memory_max_ratio=ratio)
 
 
 def test_parse_subscription() -> None:

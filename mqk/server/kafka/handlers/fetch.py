@@ -23,6 +23,12 @@
 - ACLs: a topic the principal may not READ answers TOPIC_AUTHORIZATION_FAILED for each of its partitions.
 - Cluster mode: a partition this broker does not lead answers NOT_LEADER_OR_FOLLOWER, and a `current_leader_epoch`
   older or newer than the leader's FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (KIP-320), at once, without waiting.
+- Fetching from followers (KIP-392), with `replica_selector_class` set to the rack-aware selector: the leader
+  answers a consumer (Fetch v11+, read_uncommitted) whose `rack_id` is not the leader's rack but an in-sync
+  replica's with that replica as `preferred_read_replica` and no records, at once; the client fetches the partition
+  from there. A replica serves such a consumer (any v11+ read_uncommitted fetch) below its own high watermark, the
+  commit offset its master last told it. read_committed fetches stay with the leader: the last stable offset and
+  the aborted transactions are the master's.
 """
 
 from __future__ import annotations
@@ -86,9 +92,12 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
             "responses": [],
         }
     by_id = req.api_version >= 13
+    isolation_committed = body.get("isolation_level", 0) == 1
     # resolve topics once: (response topic dict, ShardInfo or None, [(partition, offset, max_bytes)])
     plan: _Plan = []
     cluster = ctx.cluster
+    #: cluster mode, a consumer that may read from a follower (KIP-392): its rack ("" if it named none), else None
+    rack = _follower_reader_rack(req, isolation_committed) if cluster is not None else None
     auth = authorizer(ctx)
     host = peer.client_host.lstrip("/") if auth is not ALLOW_ALL else ""
     for t in body["topics"]:
@@ -105,7 +114,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
         parts = [(p["partition"], p["fetch_offset"], p["partition_max_bytes"]) for p in t["partitions"]]
         refused = None
         if cluster is not None and info is not None:
-            refused = _refused(ctx, info.topic, t)
+            refused = _refused(ctx, info.topic, t, rack is not None)
             if refused:
                 parts = [part for part in parts if part[0] not in refused] + [(i, 0, 0) for i in refused]
         plan.append((t, info, missing, parts, refused))
@@ -116,7 +125,7 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
     min_bytes = body["min_bytes"]
     clock = ctx.clock
     deadline = clock.monotonic() + max(0, body["max_wait_ms"]) / 1000
-    isolation_committed = body.get("isolation_level", 0) == 1
+    elsewhere = _preferred_replicas(ctx, plan, rack) if rack and ctx.config.rack_aware_fetching else None
     watch = [
         (info.topic, p[0])
         for _t, info, _m, parts, refused in plan
@@ -127,8 +136,8 @@ async def handle(ctx: KafkaContext, peer: Peer, req: KafkaRequest[FetchRequest])
 
     responses: list[FetchableTopicResponse] | None = None
     while True:
-        responses, total, errored = await _read_all(ctx, plan, max_bytes, isolation_committed, responses)
-        if total >= min_bytes or errored or not watch:
+        responses, total, answer_now = await _read_all(ctx, plan, max_bytes, isolation_committed, responses, elsewhere)
+        if total >= min_bytes or answer_now or not watch:
             break
         remaining = deadline - clock.monotonic()
         if remaining <= 0 or peer.closed:
@@ -164,15 +173,17 @@ async def _read_all(
     max_bytes: int,
     isolation_committed: bool,
     previous: list[FetchableTopicResponse] | None = None,
+    elsewhere: dict[tuple[str, int], int] | None = None,
 ) -> tuple[list[FetchableTopicResponse], int, bool]:
-    """One pass over the request's partitions: (responses, bytes of records found, whether a partition erred).
-    `previous` is the last pass of the same request, which found too little and waited: a partition it answered
-    with offsets only keeps that answer (the same dict) while its offsets have not moved, so the pass after a
-    wake-up costs a consumer of many partitions little more than reading the one that woke it."""
+    """One pass over the request's partitions: (responses, bytes of records found, whether to answer without
+    waiting: a partition erred or is to be read elsewhere). `previous` is the last pass of the same request, which
+    found too little and waited: a partition it answered with offsets only keeps that answer (the same dict) while
+    its offsets have not moved, so the pass after a wake-up costs a consumer of many partitions little more than
+    reading the one that woke it. `elsewhere`: (topic, partition) -> the replica the consumer is sent to."""
     store = ctx.store
     responses: list[FetchableTopicResponse] = []
     total = 0
-    errored = False
+    answer_now = False
     left = max_bytes
     replication = ctx.replication
     #: the partitions transactions have touched (empty while none has written anything)
@@ -195,17 +206,17 @@ async def _read_all(
         for i, (index, offset, partition_max) in enumerate(parts):
             if refused and index in refused:
                 out.append(_error_partition(index, refused[index]))
-                errored = True
+                answer_now = True
                 continue
             known = bounds[i] if bounds is not None else None
             if known is None:
                 out.append(_error_partition(index, unknown))
-                errored = True
+                answer_now = True
                 continue
             log_start, hw = known
             if not log_start <= offset <= hw:
                 out.append(_error_partition(index, E.OffsetOutOfRangeError.code, hw, log_start))
-                errored = True
+                answer_now = True
                 continue
             if replicated:
                 assert replication is not None
@@ -214,6 +225,12 @@ async def _read_all(
                     offset = hw  # (between the high watermark and the log end: nothing to read yet)
             txns = txn_partitions.get((topic, index)) if txn_partitions else None
             stable = hw if txns is None else txns.last_stable(hw)
+            if elsewhere and (replica := elsewhere.get((topic, index))) is not None:
+                redirect = _offsets_only(index, hw, log_start, isolation_committed, stable)
+                redirect["preferred_read_replica"] = replica
+                out.append(redirect)
+                answer_now = True
+                continue
             readable = stable if isolation_committed else hw
             limit = min(partition_max, left)
             if offset >= readable or (limit <= 0 and total > 0):
@@ -248,7 +265,7 @@ async def _read_all(
                 if isinstance(exc, E.OffsetOutOfRange):
                     hw, log_start = exc.end, exc.start
                 out.append(_error_partition(index, code, hw, log_start))
-                errored = True
+                answer_now = True
                 continue
             data: list[Buffer] | bytes
             if batches:
@@ -275,18 +292,61 @@ async def _read_all(
                 ]
             out.append(answer)
         responses.append({"topic": t["topic"], "topic_id": t["topic_id"], "partitions": out})
-    return responses, total, errored
+    return responses, total, answer_now
 
 
-def _refused(ctx: KafkaContext, topic: str, t: FetchTopic) -> dict[int, int] | None:
-    """Cluster mode: the topic's partitions this broker cannot serve to this request, with their codes."""
+def _refused(ctx: KafkaContext, topic: str, t: FetchTopic, follower_may_serve: bool) -> dict[int, int] | None:
+    """Cluster mode: the topic's partitions this broker cannot serve to this request, with their codes. With
+    `follower_may_serve` (a consumer that may read from a follower) a replica of the partition serves it too."""
     refused = {}
+    cluster = ctx.cluster
+    assert cluster is not None
     for p in t["partitions"]:
         index = p["partition"]
-        code = partition_code(ctx, topic, index) or epoch_code(ctx, topic, index, p.get("current_leader_epoch", -1))
+        code = partition_code(ctx, topic, index)
+        if code == E.NotLeaderOrFollowerError.code and follower_may_serve and ctx.node_id in cluster.isr(topic, index):
+            code = NONE
+        code = code or epoch_code(ctx, topic, index, p.get("current_leader_epoch", -1))
         if code:
             refused[index] = code
     return refused or None
+
+
+def _follower_reader_rack(req: KafkaRequest[FetchRequest], isolation_committed: bool) -> str | None:
+    """The rack of a consumer that may read from a follower (KIP-392: Fetch v11+, which carries the client's rack;
+    here read_uncommitted only), "" if it named none; None for any other fetch."""
+    body = req.body
+    if req.api_version < 11 or isolation_committed:
+        return None
+    state = body.get("replica_state")
+    replica_id = body.get("replica_id", -1)  # (v15+ names a replica in replica_state)
+    if replica_id >= 0 or (state is not None and state["replica_id"] >= 0):
+        return None
+    return body.get("rack_id") or ""
+
+
+def _preferred_replicas(ctx: KafkaContext, plan: _Plan, rack: str) -> dict[tuple[str, int], int] | None:
+    """The rack-aware replica selector (KIP-392): for each partition led here, the in-sync replica in the consumer's
+    `rack` it should fetch from instead, when this broker is not in that rack (the lowest node id of those)."""
+    cluster = ctx.cluster
+    if cluster is None:
+        return None
+    here = cluster.view.broker(ctx.node_id)
+    if here is not None and here.rack == rack:
+        return None
+    elsewhere = {}
+    for _t, info, _missing, parts, refused in plan:
+        if info is None:
+            continue
+        for index, _offset, _max in parts:
+            if (refused and index in refused) or not cluster.leads(info.topic, index):
+                continue
+            for node in sorted(cluster.isr(info.topic, index)):
+                record = cluster.view.broker(node) if node != ctx.node_id else None
+                if record is not None and record.rack == rack:
+                    elsewhere[(info.topic, index)] = node
+                    break
+    return elsewhere or None
 
 
 def _offsets_only(

@@ -125,7 +125,7 @@ def brokers_and_controller(ctx: KafkaContext, peer: Peer) -> tuple[list[Metadata
     cluster = ctx.cluster
     if cluster is None:
         host, port = peer.advertised
-        return [{"node_id": ctx.node_id, "host": host, "port": port, "rack": None}], ctx.node_id
+        return [{"node_id": ctx.node_id, "host": host, "port": port, "rack": ctx.config.broker_rack}], ctx.node_id
     brokers: list[MetadataResponseBroker] = []
     key = peer.listener.key
     for record in cluster.brokers():
