@@ -181,6 +181,8 @@ class PullProcessor:
         replication = self.ctx.replication
         if self.far_behind_bytes is None or not messages or replication is None:
             return MASTER_ID
+        if replication.is_master and len(replication.tracker.isr) < 2:
+            return MASTER_ID  # (no replica in sync to send the consumer to)
         behind = replication.engine.log_end - messages[-1].commit_log_offset
         return SLOW_CONSUMER_BROKER_ID if behind > self.far_behind_bytes else MASTER_ID
 
