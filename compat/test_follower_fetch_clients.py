@@ -56,8 +56,6 @@ def test_a_consumer_reads_from_the_replica_in_its_rack(mqk_cluster_factory: Any)
     topic = unique("follower-fetch")
     create_topic(cluster.bootstrap, topic, 2, {"min.insync.replicas": "2"}, replication_factor=2)
     wait_until(lambda: len(in_sync(cluster, topic)) == 2, SETTLE_S, "both brokers in sync")
-    brokers = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(timeout=10).brokers
-    assert len(brokers) == 2  # (confluent-kafka's BrokerMetadata does not carry the rack: DescribeCluster below)
     master = leader(cluster, topic)
     replica = 1 - master
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
@@ -94,5 +92,10 @@ def test_a_consumer_reads_from_the_replica_in_its_rack(mqk_cluster_factory: Any)
 def test_the_racks_are_in_describe_cluster(mqk_cluster_factory: Any) -> None:
     cluster = mqk_cluster_factory(2, group_size=2, config=CONFIG, broker_args={0: ["--rack", "a"], 1: ["--rack", "b"]})
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})  # (held: the future needs its client alive)
-    described = admin.describe_cluster().result(30)
-    assert {node.id: node.rack for node in described.nodes} == {0: "a", 1: "b"}
+
+    def racks() -> dict[int, str | None]:
+        return {node.id: node.rack for node in admin.describe_cluster().result(30).nodes}
+
+    # (a broker's view of the others' registrations arrives by an etcd watch, just after it starts)
+    wait_until(lambda: len(racks()) == 2, SETTLE_S, "both brokers in the view")
+    assert racks() == {0: "a", 1: "b"}
