@@ -114,6 +114,9 @@ class Replication:
         #: appends not yet held by every in-sync replica: (CommitLog end after it, monotonic time, topic, the
         #: queues that grew), for the lag samples and to wake the readers once the high watermark passes them
         self._pending: deque[tuple[int, float, str, Sequence[tuple[int, int]]]] = deque()
+        #: a replica's copies not yet below the commit offset its master told it: (CommitLog end after them, topic,
+        #: the queues that grew), to wake its own readers (follower fetches, slave pulls) once they are
+        self._heard_pending: deque[tuple[int, str, Sequence[tuple[int, int]]]] = deque()
         self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         #: the readers' wake-up (the broker's WakeupHub.notify): consumers wait for the high watermark, not the end
         self.wake: Callable[[str, Sequence[tuple[int, int]]], None] | None = None
@@ -217,6 +220,8 @@ class Replication:
 
     def _on_data(self, topic: str, queue_ends: Sequence[tuple[int, int]]) -> None:
         if not self.is_master:
+            if self.wake is not None:
+                self._heard_pending.append((self.engine.log_end, topic, queue_ends))
             return
         for link in self.links.values():
             link.wake.set()
@@ -240,6 +245,12 @@ class Replication:
 
     def heard_commit(self, commit: int) -> None:
         self.heard = max(self.heard, commit)
+        pending = self._heard_pending
+        if pending and pending[0][0] <= self.heard and self.wake is not None:
+            wake = self.wake
+            while pending and pending[0][0] <= self.heard:
+                _end, topic, queue_ends = pending.popleft()
+                wake(topic, queue_ends)
 
     async def replica_durable(self, end: int) -> None:
         """A replica acks by its group's flush policy: after the flush in sync mode."""
@@ -281,6 +292,7 @@ class Replication:
         elected = self.member.node.elected_isr or frozenset({self.member.node_id})
         self.tracker.reset(frozenset(elected), max(self.heard, self.tracker.commit), now)
         self._pending.clear()
+        self._heard_pending.clear()
         self.store.set_writable(True)
         if self._isr_task is None or self._isr_task.done():
             self._isr_task = asyncio.get_running_loop().create_task(self._keep_isr(), name="mqk-replication-isr")
