@@ -245,12 +245,11 @@ class Replication:
 
     def heard_commit(self, commit: int) -> None:
         self.heard = max(self.heard, commit)
-        pending = self._heard_pending
-        if pending and pending[0][0] <= self.heard and self.wake is not None:
-            wake = self.wake
-            while pending and pending[0][0] <= self.heard:
-                _end, topic, queue_ends = pending.popleft()
-                wake(topic, queue_ends)
+        pending, wake = self._heard_pending, self.wake
+        while pending and pending[0][0] <= self.heard:
+            _end, topic, queue_ends = pending.popleft()
+            assert wake is not None  # (_on_data keeps entries only while there is a wake)
+            wake(topic, queue_ends)
 
     async def replica_durable(self, end: int) -> None:
         """A replica acks by its group's flush policy: after the flush in sync mode."""
