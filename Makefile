@@ -7,6 +7,9 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 JSDIR   = compat/js
+# the npm packages the JS compat clients require, installed beside the virtualenv's Python packages rather than in
+# the source tree (compat/compat_helpers.py hands this folder to node as NODE_PATH)
+JSDEPS  = $(VENV)/node
 PYTEST_ARGS ?=
 
 .PHONY: run test unit test-twins compat-deps setup bytecode gen gen-check lint bench clean
@@ -29,11 +32,13 @@ bytecode: $(STAMP)
 run: bytecode
 	$(VENV)/bin/mqk serve
 
-$(JSDIR)/node_modules/.stamp: $(JSDIR)/package.json
-	cd $(JSDIR) && npm install --no-audit --no-fund --loglevel=error
+$(JSDEPS)/node_modules/.stamp: $(JSDIR)/package.json | $(STAMP)
+	mkdir -p $(JSDEPS)
+	cp $(JSDIR)/package.json $(JSDEPS)/package.json
+	cd $(JSDEPS) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-compat-deps: $(JSDIR)/node_modules/.stamp
+compat-deps: $(JSDEPS)/node_modules/.stamp
 	@command -v kcat >/dev/null 2>&1 || { \
 	  echo "installing kcat (Debian package)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

@@ -29,6 +29,9 @@ from helpers import wait_until
 
 COMPAT_DIR = Path(__file__).resolve().parent
 JS_DIR = COMPAT_DIR / "js"
+#: the npm packages the scripts require: `make compat-deps` installs them beside the virtualenv's own packages (outside
+#: the source tree, which holds only this project's files), and node finds them through NODE_PATH
+NODE_MODULES = Path(sys.prefix) / "node" / "node_modules"
 
 # Short group timings keep rebalances in the low seconds (the broker's minimum session timeout is 6000 ms).
 SESSION_TIMEOUT_MS = 6000
@@ -273,15 +276,26 @@ def assert_stored_with(
         assert [start == XERIAL_MAGIC for _, start in batches] == [xerial] * len(batches), batches
 
 
-def run_node(script: str, *args: str, timeout: float = 60, stdin: str | None = None) -> Any:
-    """Run compat/js/<script> and return the JSON object printed on its last stdout line."""
+def node_command(script: str, *args: str) -> list[str]:
+    """The command line that runs compat/js/<script> with `args` (run it with `cwd=JS_DIR, env=node_env()`)."""
     node = shutil.which("node")
     assert node, "node is not installed"
-    assert (JS_DIR / "node_modules").is_dir(), "run `make compat-deps` (npm install in compat/js) first"
+    assert NODE_MODULES.is_dir(), f"run `make compat-deps` first (it installs the npm packages in {NODE_MODULES})"
+    return [node, str(JS_DIR / script), *args]
+
+
+def node_env() -> dict[str, str]:
+    """This process's environment, with NODE_PATH naming the installed npm packages."""
+    return {**os.environ, "NODE_PATH": str(NODE_MODULES)}
+
+
+def run_node(script: str, *args: str, timeout: float = 60, stdin: str | None = None) -> Any:
+    """Run compat/js/<script> and return the JSON object printed on its last stdout line."""
     proc = subprocess.run(
-        [node, str(JS_DIR / script), *args],
+        node_command(script, *args),
         check=False,
         cwd=JS_DIR,
+        env=node_env(),
         input=stdin,
         capture_output=True,
         text=True,
@@ -303,8 +317,9 @@ class NodeProcess:
         self.events: list[dict[str, Any]] = []
         self.stderr_tail: list[str] = []
         self.proc = subprocess.Popen(
-            [shutil.which("node") or "node", str(JS_DIR / script), *args],
+            node_command(script, *args),
             cwd=JS_DIR,
+            env=node_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

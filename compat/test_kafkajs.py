@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from compat_helpers import JS_DIR, assert_stored_with, create_topic, hostport, run_node
+from compat_helpers import JS_DIR, assert_stored_with, create_topic, hostport, node_command, node_env, run_node
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -84,8 +84,9 @@ def test_idempotent_producer_across_restart(file_broker: Any, topic: str) -> Non
     bootstrap = hostport(file_broker.bootstrap)
     create_topic(bootstrap, topic, 1)
     proc = subprocess.Popen(
-        ["node", str(JS_DIR / "kafkajs_client.js"), bootstrap, "idempotent", json.dumps({"topic": topic, "n": 20})],
+        node_command("kafkajs_client.js", bootstrap, "idempotent", json.dumps({"topic": topic, "n": 20})),
         cwd=JS_DIR,
+        env=node_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

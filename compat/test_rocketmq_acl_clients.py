@@ -11,13 +11,12 @@ listener, whose ANONYMOUS principal is a super user here.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
-from compat_helpers import JS_DIR, NodeProcess, end_offsets, hostport, run_node, unique
+from compat_helpers import JS_DIR, NodeProcess, end_offsets, hostport, node_command, node_env, run_node, unique
 from helpers import wait_until
 
 from mqk.testing import BrokerProcess
@@ -64,12 +63,11 @@ def rocket_acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketAclBr
 
 
 def ons_produce(namesrv: str, topic: str, bodies: list[str], **keys: str) -> subprocess.CompletedProcess[str]:
-    node = shutil.which("node")
-    assert node, "node is not installed"
     messages = [{"topic": topic, "tags": "T", "body": body} for body in bodies]
     return subprocess.run(
-        [node, str(JS_DIR / "ons.js"), namesrv, "produce", json.dumps({"messages": messages, **keys})],
+        node_command("ons.js", namesrv, "produce", json.dumps({"messages": messages, **keys})),
         cwd=JS_DIR,
+        env=node_env(),
         capture_output=True,
         text=True,
         timeout=60,
