@@ -54,6 +54,15 @@ class RecbatchApi(Protocol):
     ATTR_COMPRESSION_MASK: int
     ATTR_LOG_APPEND_TIME: int
     MIN_RECORD_BODY: int
+    PLAN_END: int
+    PLAN_SHAPE: int
+    PLAN_NO_QUEUE: int
+    PLAN_LEGACY: int
+    PLAN_IDEMPOTENT: int
+    PLAN_INVALID: int
+    PLAN_COMPRESSED: int
+    PLAN_TOO_LARGE: int
+    PLAN_CONTROL: int
 
     def crc32c_direct(self) -> bool: ...
     def parse_header(self, buf: Buffer, pos: int = 0) -> BatchHeader: ...
@@ -79,7 +88,7 @@ class RecbatchApi(Protocol):
         delays: list[bool],
         slots: list[int],
         answers: list[Any],
-    ) -> int: ...
+    ) -> tuple[int, int]: ...  # (where it stopped, why: PLAN_*)
     def count_records(self, buf: Buffer, pos: int, size: int) -> int: ...
     def has_header(self, buf: Buffer, pos: int, size: int, names: tuple[bytes, ...]) -> bool: ...
     def check_records(

@@ -32,6 +32,17 @@ ATTR_COMPRESSION_MASK = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
 MIN_RECORD_BODY = 6
 
+# why plan_plain_appends stopped before a partition (the twin's PLAN_* say each one)
+PLAN_END = 0
+PLAN_SHAPE = 1
+PLAN_NO_QUEUE = 2
+PLAN_LEGACY = 3
+PLAN_IDEMPOTENT = 4
+PLAN_INVALID = 5
+PLAN_COMPRESSED = 6
+PLAN_TOO_LARGE = 7
+PLAN_CONTROL = 8
+
 DEF C_HEADER = 61
 DEF C_MIN_BATCH_LENGTH = 49
 DEF C_CRC_START = 21
@@ -190,8 +201,9 @@ def plan_plain_appends(list partitions not None, Py_ssize_t start, Py_ssize_t qu
     `timestamps`), none compressed, none over `max_batch_bytes`, the first without an idempotent producer id and
     sequence, is planned for one append: (index, [batch views]) onto `entries`, whether a record carries a
     header named in `names` onto `delays`, len(answers) onto `slots` and None onto `answers` (its answer's place).
-    Stops at the first partition that is not such (an error to answer, compression to undo, idempotence, legacy
-    message sets): returns its position (len(partitions) when all were planned), and the caller takes it on."""
+    Stops at the first partition that is not such and returns (its position, why: PLAN_*), or
+    (len(partitions), PLAN_END) when all were planned; the caller takes that partition on (the twin's docstring
+    gives the order in which the reasons are checked)."""
     cdef Rules rules
     cdef tuple wanted = _rules(&rules, names, require_keys, timestamps)
     cdef Py_ssize_t i = start, n = len(partitions), index, pos, size, batches, first_size, n_bytes
@@ -200,55 +212,66 @@ def plan_plain_appends(list partitions not None, Py_ssize_t start, Py_ssize_t qu
     cdef const unsigned char* b
     cdef object part, index_obj, records
     cdef list views
-    cdef int named, any_named
-    cdef bint plain
+    cdef int named, any_named, stop = PLAN_END
     if i < 0:
         raise ValueError("start must not be negative")
     while i < n:
         part = partitions[i]
         if type(part) is not dict:
+            stop = PLAN_SHAPE
             break
         index_obj = (<dict>part).get("index")
         records = (<dict>part).get("records")
         if type(index_obj) is not int or type(records) is not memoryview:
+            stop = PLAN_SHAPE
             break
         shape = PyMemoryView_GET_BUFFER(records)
         if shape.ndim != 1 or shape.itemsize != 1:
+            stop = PLAN_SHAPE
             break
         try:
             index = index_obj
         except OverflowError:
+            stop = PLAN_NO_QUEUE
             break
         if index < 0 or index >= queue_count:
+            stop = PLAN_NO_QUEUE
             break
         try:
             borrow(records, &view)
         except BufferError:  # not contiguous
+            stop = PLAN_SHAPE
             break
         try:
             b = <const unsigned char*>view.buf
             n_bytes = view.len
             if n_bytes <= 16 or b[16] != 2:  # nothing, or a legacy message set
-                break
-            plain = not (ld_i64(b + 43) >= 0 and ld_i32(b + 53) >= 0) if n_bytes >= C_HEADER else False
+                stop = PLAN_LEGACY
+            elif n_bytes < C_HEADER:
+                stop = PLAN_INVALID
+            elif ld_i64(b + 43) >= 0 and ld_i32(b + 53) >= 0:
+                stop = PLAN_IDEMPOTENT
             pos = batches = any_named = 0
             first_size = -1
             try:
-                while plain and pos < n_bytes:
+                while stop == PLAN_END and pos < n_bytes:
                     size = _check_batch(b, n_bytes, pos, True, True, wanted, &rules, &named)
-                    # compressed, too large, or a control batch (which no client may write: the caller refuses it)
-                    if named < 0 or size > max_batch_bytes or ld_i16(b + pos + 21) & 0x20:
-                        plain = False
+                    if named < 0:
+                        stop = PLAN_COMPRESSED
+                    elif size > max_batch_bytes:
+                        stop = PLAN_TOO_LARGE
+                    elif ld_i16(b + pos + 21) & 0x20:  # (which no client may write: the caller refuses it)
+                        stop = PLAN_CONTROL
                     any_named |= named
                     if first_size < 0:
                         first_size = size
                     pos += size
                     batches += 1
             except (Corrupt, InvalidRecord):  # (InvalidTimestamp too) the caller's own check says what is wrong
-                plain = False
+                stop = PLAN_INVALID
         finally:
             PyBuffer_Release(&view)
-        if not plain:
+        if stop != PLAN_END:
             break
         if first_size == n_bytes:
             views = [records]
@@ -264,7 +287,7 @@ def plan_plain_appends(list partitions not None, Py_ssize_t start, Py_ssize_t qu
         slots.append(len(answers))
         answers.append(None)
         i += 1
-    return i
+    return i, stop
 
 
 cdef int32_t _uncompressed_batch(const unsigned char* b, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t size,

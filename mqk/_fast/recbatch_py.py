@@ -59,6 +59,17 @@ _SSIZE_MIN, _SSIZE_MAX = _INT64_MIN, _INT64_MAX
 #: a control batch's attribute bit (transaction markers: written by the broker only)
 _ATTR_CONTROL = 0x20
 
+# why plan_plain_appends stopped before a partition, in the order it checks a partition
+PLAN_END = 0  #: every partition from `start` on was planned
+PLAN_SHAPE = 1  #: not a dict whose `index` is an int and whose `records` is a 1-D, byte-item, contiguous memoryview
+PLAN_NO_QUEUE = 2  #: `index` is no queue of the topic
+PLAN_LEGACY = 3  #: no record batch: empty, or a legacy message set (magic 0 or 1)
+PLAN_IDEMPOTENT = 4  #: the first batch carries a producer id and a sequence (the idempotence check takes it)
+PLAN_INVALID = 5  #: a batch fails its check (length, CRC, record walk, keys, timestamps); the caller says which
+PLAN_COMPRESSED = 6  #: a batch is compressed (the caller decompresses and walks it)
+PLAN_TOO_LARGE = 7  #: a batch is over the topic's max.message.bytes
+PLAN_CONTROL = 8  #: a control batch (only a broker writes those: the caller refuses it)
+
 
 def _int(value: SupportsIndex, lo: int, hi: int) -> int:
     """Coerce like a typed Cython argument: TypeError for non-integers, OverflowError outside [lo, hi]."""
@@ -272,15 +283,17 @@ def plan_plain_appends(
     delays: list[bool],
     slots: list[int],
     answers: list[Any],
-) -> int:
+) -> tuple[int, int]:
     """The Produce handler's common case, one topic's `partition_data` dicts at a time from `start`: a partition
     whose `index` is a queue below `queue_count` and whose `records` (a 1-byte-item memoryview, as the request
     decoder gives) are v2 batches that pass scan_batches' whole check (CRC, record walk, `require_keys`,
     `timestamps`), none compressed, none over `max_batch_bytes`, the first without an idempotent producer id and
     sequence, is planned for one append: (index, [batch views]) onto `entries`, whether a record carries a
     header named in `names` onto `delays`, len(answers) onto `slots` and None onto `answers` (its answer's place).
-    Stops at the first partition that is not such (an error to answer, compression to undo, idempotence, legacy
-    message sets): returns its position (len(partitions) when all were planned), and the caller takes it on."""
+    Stops at the first partition that is not such and returns (its position, why), or (len(partitions),
+    PLAN_END) when all were planned; the caller takes that partition on. A partition is checked in the order of
+    the PLAN_* codes: its shape, its queue, the first batch's magic, then its length and producer fields, then
+    each batch in turn (its check, compression, size, control flag); the first that fails names the stop."""
     if type(partitions) is not list:
         raise TypeError("partitions must be a list")
     for out in (entries, delays, slots, answers):
@@ -294,33 +307,68 @@ def plan_plain_appends(
         raise ValueError("start must not be negative")
     i = start
     while i < len(partitions):
-        part = partitions[i]
-        if type(part) is not dict:
-            break
-        index, records = part.get("index"), part.get("records")
-        if type(index) is not int or type(records) is not memoryview or records.ndim != 1 or records.itemsize != 1:
-            break
-        if not 0 <= index < queue_count or not records.c_contiguous:
-            break
-        n = records.nbytes
-        if n <= 16 or _view(records)[16] != MAGIC:  # nothing, or a legacy message set
-            break
-        try:
-            batches = scan_batches(records, True, True, names, require_keys, window)
-        except (Corrupt, InvalidRecord):  # (InvalidTimestamp too) the caller's own check says what is wrong
-            break
-        first = batches[0]
-        if (first[6] >= 0 and first[8] >= 0) or any(
-            b[10] is None or b[1] > max_batch_bytes or b[5] & _ATTR_CONTROL for b in batches
-        ):
-            break  # compressed, too large, or a control batch (which no client may write: the caller refuses it)
-        views = [records] if first[1] == n else [records[b[0] : b[0] + b[1]] for b in batches]
+        planned = _plan_partition(partitions[i], queue_count, max_batch_bytes, names, require_keys, window)
+        if isinstance(planned, int):
+            return i, planned
+        index, views, named = planned
         entries.append((index, views))
-        delays.append(any(b[10] for b in batches))
+        delays.append(named)
         slots.append(len(answers))
         answers.append(None)
         i += 1
-    return i
+    return i, PLAN_END
+
+
+def _plan_partition(
+    part: Any,
+    queue_count: int,
+    max_batch_bytes: int,
+    names: tuple[bytes, ...],
+    require_keys: bool,
+    window: tuple[int, int] | None,
+) -> int | tuple[int, list[memoryview], bool]:
+    """plan_plain_appends for one partition: (index, [view of each batch], whether a record carries a named
+    header) when it is plain, else why not (PLAN_*)."""
+    if type(part) is not dict:
+        return PLAN_SHAPE
+    index, records = part.get("index"), part.get("records")
+    if type(index) is not int or type(records) is not memoryview or records.ndim != 1 or records.itemsize != 1:
+        return PLAN_SHAPE
+    if not 0 <= index < queue_count:
+        return PLAN_NO_QUEUE
+    if not records.c_contiguous:
+        return PLAN_SHAPE
+    n = records.nbytes
+    mv = _view(records)
+    if n <= 16 or mv[16] != MAGIC:  # nothing, or a legacy message set
+        return PLAN_LEGACY
+    if n < HEADER_SIZE:
+        return PLAN_INVALID
+    if _I64.unpack_from(mv, 43)[0] >= 0 and _I32.unpack_from(mv, 53)[0] >= 0:
+        return PLAN_IDEMPOTENT
+    views: list[memoryview] = []
+    named = False
+    pos = 0
+    while pos < n:
+        size = _I32.unpack_from(mv, pos + 8)[0] + 12 if n - pos >= HEADER_SIZE else 0
+        if size < HEADER_SIZE or size > n - pos:
+            return PLAN_INVALID  # truncated, or a length below the minimum (scan_batches would say which)
+        try:
+            ((_, _, _, _, _, attributes, _, _, _, _, batch_named),) = scan_batches(
+                mv[pos : pos + size], True, True, names, require_keys, window
+            )
+        except (Corrupt, InvalidRecord):  # (InvalidTimestamp too) the caller's own check says what is wrong
+            return PLAN_INVALID
+        if batch_named is None:
+            return PLAN_COMPRESSED
+        if size > max_batch_bytes:
+            return PLAN_TOO_LARGE
+        if attributes & _ATTR_CONTROL:
+            return PLAN_CONTROL
+        named = named or batch_named
+        views.append(records[pos : pos + size])
+        pos += size
+    return index, [records] if len(views) == 1 else views, named
 
 
 def _uncompressed_batch(mv: memoryview, pos: int, size: int, what: str) -> int:

@@ -122,6 +122,9 @@ class BrokerStats:
         #: (consumer group, topic) -> records served to the group by RocketMQ pulls (its consume rate); Kafka
         #: fetches name no group
         self.group_reads: dict[tuple[str, str], int] = {}
+        #: produced partitions that the append planning kernel left to the general path, by its stop code (a
+        #: partition it plans costs nothing here)
+        self.produce_general_path: dict[int, int] = {}
 
     def meter(self, listener: str, protocol: str) -> RequestMeter:
         """The listener's meter (made on first use)."""

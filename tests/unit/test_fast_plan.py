@@ -1,7 +1,7 @@
 """recbatch.plan_plain_appends, the Produce handler's kernel for its common case: each implementation (the twin
 always, the compiled module when built) must plan exactly the partitions the handler's own per-partition path would
-append as plain (validate_produce_records passes, nothing compressed or converted, not idempotent), in order, and
-stop at the first other one; Hypothesis draws mixed partition lists."""
+append as plain (validate_produce_records passes, nothing compressed or converted, not idempotent), in order, stop
+at the first other one and say why (PLAN_*, the same in both); Hypothesis draws mixed partition lists."""
 
 from __future__ import annotations
 
@@ -86,6 +86,44 @@ KINDS = {
 }
 
 
+#: why each kind that is not plain stops the plan (no keys required, no timestamp window, max.message.bytes 1000)
+STOPS = {
+    "null key": "END",
+    "old timestamp": "END",
+    "idempotent": "IDEMPOTENT",
+    "plain, idempotent second batch": "END",  # (only the first batch's producer fields decide)
+    "control batch": "CONTROL",
+    "control batch second": "CONTROL",
+    "compressed": "COMPRESSED",
+    "compressed second batch": "COMPRESSED",
+    "bad crc": "INVALID",
+    "bad crc in second batch": "INVALID",
+    "truncated": "INVALID",
+    "16 bytes": "LEGACY",
+    "empty records": "LEGACY",
+    "legacy magic": "LEGACY",
+    "too large": "TOO_LARGE",
+    "index out of range": "NO_QUEUE",
+    "negative index": "NO_QUEUE",
+    "huge index": "NO_QUEUE",
+    "bool index": "SHAPE",
+    "bytes records": "SHAPE",
+    "no records": "SHAPE",
+    "strided view": "SHAPE",
+    "int view": "SHAPE",
+}
+
+
+#: the kinds with a record without a key (what a compacted topic refuses)
+KEYLESS = {"null key", "plain, two batches"}
+
+
+def expected_stop(kind: str, require_keys: bool, timestamps) -> int:
+    if (kind in KEYLESS and require_keys) or (kind == "old timestamp" and timestamps is not None):
+        return RB.PLAN_INVALID
+    return getattr(RB, "PLAN_" + STOPS.get(kind, "END"))
+
+
 def partition(kind: str):
     index, records = KINDS[kind]()
     return {"index": index, "records": records, "_tagged_fields": {}}
@@ -121,9 +159,10 @@ def reference(partitions, start, max_batch_bytes, require_keys, timestamps):
 
 def plan(rb, partitions, start, max_batch_bytes, require_keys, timestamps, answers_before=0):
     entries, delays, slots, answers = [], [], [], ["earlier"] * answers_before
-    stop = rb.plan_plain_appends(
+    stop, why = rb.plan_plain_appends(
         partitions, start, QUEUES, max_batch_bytes, NAMES, require_keys, timestamps, entries, delays, slots, answers
     )
+    assert (why == rb.PLAN_END) == (stop >= len(partitions))
     assert len(entries) == len(delays) == len(slots) == stop - start
     assert slots == list(range(answers_before, answers_before + len(entries)))
     assert answers == ["earlier"] * answers_before + [None] * len(entries)
@@ -131,6 +170,12 @@ def plan(rb, partitions, start, max_batch_bytes, require_keys, timestamps, answe
         assert all(type(v) is memoryview for v in views)
         assert views[0].obj is p["records"].obj  # views into the request, never copies
     return stop, [(index, [bytes(v) for v in views], delayed) for (index, views), delayed in zip(entries, delays)]
+
+
+def stop_reason(rb, partitions, start, max_batch_bytes, require_keys, timestamps):
+    return rb.plan_plain_appends(
+        partitions, start, QUEUES, max_batch_bytes, NAMES, require_keys, timestamps, [], [], [], []
+    )
 
 
 @pytest.mark.parametrize("rb", IMPLS)
@@ -141,8 +186,11 @@ def test_each_kind_of_partition_is_planned_as_the_handler_would(rb, kind):
     for require_keys, timestamps in ((False, None), (True, None), (False, window)):
         expected = reference(partitions, 0, 1000, require_keys, timestamps)
         assert plan(rb, partitions, 0, 1000, require_keys, timestamps) == expected
-        # resuming after the partition it stopped at goes on with the rest
         stop = expected[0]
+        kinds = ["plain", kind, "plain, two batches"]
+        why = expected_stop(kinds[stop], require_keys, timestamps) if stop < len(kinds) else RB.PLAN_END
+        assert stop_reason(rb, partitions, 0, 1000, require_keys, timestamps) == (stop, why)
+        # resuming after the partition it stopped at goes on with the rest
         if stop < len(partitions):
             assert plan(rb, partitions, stop + 1, 1000, require_keys, timestamps, answers_before=2) == reference(
                 partitions, stop + 1, 1000, require_keys, timestamps
@@ -210,6 +258,21 @@ def test_mixed_partition_lists_agree_with_the_handlers_path(kinds, start, max_ba
     expected = reference(partitions, start, max_batch_bytes, require_keys, timestamps)
     for impl in IMPLS:
         assert plan(impl.values[0], partitions, start, max_batch_bytes, require_keys, timestamps) == expected
+    # and every implementation gives the same reason for where it stopped
+    reasons = {
+        stop_reason(impl.values[0], partitions, start, max_batch_bytes, require_keys, timestamps) for impl in IMPLS
+    }
+    assert len(reasons) == 1, reasons
+
+
+def test_the_reasons_are_the_kernels_codes_and_the_kinds_give_each():
+    """PLAN_* are distinct, the handler's PlanStop names them all, and the kinds above reach every one."""
+    from mqk.protocol.kafka.records import PlanStop
+
+    codes = {name: getattr(RB, name) for name in dir(RB) if name.startswith("PLAN_")}
+    assert len(set(codes.values())) == len(codes)
+    assert {"PLAN_" + stop.name: stop.value for stop in PlanStop} == codes
+    assert {"PLAN_" + stop for stop in STOPS.values()} == set(codes)
 
 
 def test_the_kinds_cover_both_outcomes():

@@ -29,6 +29,7 @@ The converted batch is a fresh buffer, so `BatchInfo.converted` is True for it.
 
 from __future__ import annotations
 
+import enum
 import struct
 import zlib
 from collections.abc import Callable
@@ -54,6 +55,22 @@ _XERIAL_HEADER = 16  # magic (8) + version (4) + compatible version (4)
 _I32 = struct.Struct(">i")
 _RECORDS_POS = 61  # recbatch.HEADER_SIZE
 _new_tuple = tuple.__new__
+
+
+class PlanStop(enum.IntEnum):
+    """Why recbatch.plan_plain_appends left a produced partition to the Produce handler's general path (the
+    kernel's PLAN_* codes; recbatch_py says each one). /metrics counts them by name, so a partition that a client
+    sends plain but the kernel no longer takes (a renamed field, a changed decoder) shows as SHAPE there."""
+
+    END = recbatch.PLAN_END
+    SHAPE = recbatch.PLAN_SHAPE
+    NO_QUEUE = recbatch.PLAN_NO_QUEUE
+    LEGACY = recbatch.PLAN_LEGACY
+    IDEMPOTENT = recbatch.PLAN_IDEMPOTENT
+    INVALID = recbatch.PLAN_INVALID
+    COMPRESSED = recbatch.PLAN_COMPRESSED
+    TOO_LARGE = recbatch.PLAN_TOO_LARGE
+    CONTROL = recbatch.PLAN_CONTROL
 
 
 class BatchInfo(NamedTuple):

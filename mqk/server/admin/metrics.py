@@ -37,6 +37,7 @@ from mqk import __version__
 from mqk.broker.stats import LATENCY_BOUNDS_S
 from mqk.errors import KafkaError
 from mqk.protocol.kafka import messages as kafka_messages
+from mqk.protocol.kafka.records import PlanStop
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.server.admin.health import readiness
 from mqk.server.admin.parts import BrokerParts
@@ -102,6 +103,8 @@ class Snapshot:
     #: (group, state, members, [(topic, partition, committed offset, log end offset)])
     groups: list[tuple[str, str, int, list[tuple[str, int, int, int]]]] = field(default_factory=list)
     meters: list[MeterSnapshot] = field(default_factory=list)
+    #: (why, how many): produced partitions left to the Produce handler's general path (records.PlanStop)
+    produce_general_path: list[tuple[str, int]] = field(default_factory=list)
     #: the file engine's figures (empty without one)
     store: dict[str, Any] = field(default_factory=dict)
     #: data directory: used bytes, file system size and available bytes; disk guard figures
@@ -134,6 +137,10 @@ async def snapshot(parts: BrokerParts, *, disk: bool = True) -> Snapshot:
         stats.traffic.forget(set(topics))
         for name, t in sorted(stats.traffic.topics.items()):
             snap.traffic.append((name, list(t.bytes_out), list(t.records_out)))
+        general = stats.produce_general_path
+        snap.produce_general_path = [
+            (stop.name.lower(), general.get(stop, 0)) for stop in PlanStop if stop is not PlanStop.END
+        ]
         live = _live_connections(parts)
         for listener, meter in sorted(stats.meters.items()):
             api_name, error_name = (
@@ -490,6 +497,17 @@ def families(snap: Snapshot) -> list[Any]:
             conns.add_metric([m.listener], m.live)
             accepted.add_metric([m.listener], m.accepted)
         fams += [requests, errors, latency, conns, accepted]
+
+    if snap.produce_general_path:
+        general = CounterMetricFamily(
+            "mqk_kafka_produce_general_path_partitions",
+            "Produced partitions the append planning kernel left to the general path, by why (compressed, "
+            "idempotent, invalid, ...); plain ones take the kernel's path and are not counted",
+            labels=["reason"],
+        )
+        for reason, count in snap.produce_general_path:
+            general.add_metric([reason], count)
+        add(general)
 
     store: dict[str, Any] = snap.store
     if store:

@@ -113,6 +113,9 @@ class KafkaContext:
     replication: Replication | None = None
     #: per-partition traffic-out counters for /metrics (mqk.broker.stats), None when metrics are off
     traffic: Traffic | None = None
+    #: produced partitions the planning kernel left to the Produce handler's general path, by stop code
+    #: (records.PlanStop), for /metrics; None when metrics are off
+    produce_general_path: dict[int, int] | None = None
     #: per-partition log sizes (DescribeLogDirs); None only for a context built without a broker's
     log_sizes: LogSizes | None = None
     #: users, SASL mechanisms and the authorizer hook (the broker's; None only for a context built without one)

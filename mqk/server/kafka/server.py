@@ -114,6 +114,7 @@ class KafkaServer:
             host=host,
             port=port,
             traffic=None if self.broker.stats is None else self.broker.stats.traffic,
+            produce_general_path=None if self.broker.stats is None else self.broker.stats.produce_general_path,
             log_sizes=self.broker.log_sizes,
             security=self.broker.security,
             quotas=self.broker.quotas,

@@ -367,7 +367,7 @@ def _prepare_topic(
     while i < count:
         # one kernel call takes the plain partitions (valid, uncompressed, not idempotent) from i on, as the
         # loop below would; the loop takes the one it stopped at
-        i = plan_plain_appends(
+        i, stop = plan_plain_appends(
             partitions,
             i,
             queue_count,
@@ -382,6 +382,9 @@ def _prepare_topic(
         )
         if i == count:
             break
+        general_path = ctx.produce_general_path
+        if general_path is not None:
+            general_path[stop] = general_path.get(stop, 0) + 1
         p = partitions[i]
         i += 1
         index = p["index"]
