@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from compat_helpers import NodeProcess, create_topic, records_served, run_node, unique
-from helpers import CLUSTER_TESTS, CONFIG, SETTLE_S, in_sync, leader, wait_until
+from helpers import CLUSTER_TESTS, CONFIG, SETTLE_S, in_sync, leader, leaders_seen_by, wait_until
 
 from mqk.cluster_local import LocalCluster
 
@@ -26,9 +26,21 @@ def namesrv_of(cluster: Any, node: int) -> str:
     return f"{host}:{port}"
 
 
+def known_everywhere(cluster: Any, topic: str, holds: Callable[[dict[int, int]], bool]) -> None:
+    """Wait until `holds(partition -> leader)` for the topic in every broker's own Metadata: the broker that answered
+    a change (a creation, the end of a move) had it in its view; each other broker, and its name server, learns it
+    by its own etcd watch a moment later."""
+    wait_until(
+        lambda: all(holds(leaders_seen_by(b.kafka, topic)) for b in cluster.brokers),
+        SETTLE_S,
+        f"every broker's Metadata to show the change to {topic}",
+    )
+
+
 def test_ali_ons_sends_and_consumes_over_every_group(mqk_cluster: Any) -> None:
     topic = unique("ons-cluster")
     create_topic(mqk_cluster.bootstrap, topic, 6)  # the controller spreads 6 partitions over the 3 groups
+    known_everywhere(mqk_cluster, topic, lambda leaders: len(leaders) == 6)
     count = 30
     messages = [{"topic": topic, "tags": "T", "keys": [f"k{i}"], "body": f"cluster body {i}"} for i in range(count)]
     sent = run_node("ons.js", namesrv_of(mqk_cluster, 0), "produce", json.dumps({"messages": messages}), timeout=60)
@@ -91,6 +103,7 @@ def test_ali_ons_consumers_keep_their_offsets_when_a_queue_moves_to_another_grou
 
     topic, group = unique("ons-move"), unique("ons-move-g")
     create_topic(mqk_cluster.bootstrap, topic, 6)
+    known_everywhere(mqk_cluster, topic, lambda leaders: len(leaders) == 6)
 
     def send(start: int) -> list[dict[str, Any]]:
         messages = [{"topic": topic, "tags": "T", "body": f"move body {i}"} for i in range(start, start + 30)]
@@ -125,6 +138,8 @@ def test_ali_ons_consumers_keep_their_offsets_when_a_queue_moves_to_another_grou
         wait_until(lambda: admin.list_partition_reassignments() == {}, 60, "the move to end")
     finally:
         admin.close()
+    # (the producer and the consumer below take the queue's route from the name servers of nodes 0 and 1)
+    known_everywhere(mqk_cluster, topic, lambda leaders: leaders.get(0) == target)
     later = {m["body"] for m in send(30)}
     again = read(later)
     assert set(again) == later, f"delivered again after the move: {sorted(set(again) - later)[:5]}"

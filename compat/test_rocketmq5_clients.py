@@ -35,7 +35,7 @@ import pytest
 from compat_helpers import create_topic, hostport, unique
 from confluent_kafka import Consumer, Producer, ShareConsumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-from helpers import CLUSTER_TESTS, wait_until
+from helpers import CLUSTER_TESTS, leaders_seen_by, wait_until
 from rocketmq import (
     ClientConfiguration,
     ConsumeResult,
@@ -623,7 +623,9 @@ def test_a_fifo_groups_messages_go_out_in_order_one_batch_of_a_queue_at_a_time(b
         producer.shutdown()
     first, second = simple_consumer(broker, group, topic), simple_consumer(broker, group, topic)
     try:
-        batch = first.receive(2, 5)
+        # held for 10 s: well past the watch on the second consumer below, whose last long poll (AWAIT_S) may
+        # start just before its 2.5 s end and be open till 4.5 s, and a slow machine's calls add to that
+        batch = first.receive(2, 10)
         assert [m.body for m in batch] == [b"o-0", b"o-1"]
         assert nothing_more(second, AWAIT_S + 0.5) == []  # the queue's batch is held
         first.ack(batch[1])  # o-0 is left to its lock's end
@@ -655,6 +657,9 @@ def test_in_a_cluster_the_sdk_sends_to_and_receives_from_every_masters_queues(mq
     assert first.grpc is not None and second.grpc is not None
     topic, group = unique("r5c"), unique("G")
     create_topic(cluster.bootstrap, topic, 4)
+    # (the controller answered the creation; the broker each client asks for the topic's route, through its gRPC
+    # endpoint, learns the topic by its own etcd watch, maybe a moment later)
+    wait_until(lambda: all(len(leaders_seen_by(b.kafka, topic)) == 4 for b in cluster.brokers), 30, "both know it")
     producer = RmqProducer(ClientConfiguration(hostport(first.grpc), Credentials("", "")), (topic,))
     producer.startup()
     consumer = SimpleConsumer(

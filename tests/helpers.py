@@ -21,6 +21,7 @@ What lives here:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
@@ -510,6 +511,25 @@ def describe(cluster: LocalCluster, topic: str) -> dict[int, Any]:
     admin = AdminClient({"bootstrap.servers": ",".join(b.bootstrap for b in cluster.brokers if b.running)})
     md = admin.list_topics(topic, timeout=10)
     return dict(md.topics[topic].partitions)
+
+
+def leaders_seen_by(kafka_address: tuple[str, int], topic: str) -> dict[int, int]:
+    """partition -> leader node id (-1: none now) in the Metadata of the one broker at `kafka_address`, asked
+    without auto-creation; {} while that broker does not know the topic. In a cluster a broker learns a change (a
+    topic made, a partition moved) by its own etcd watch, a moment after the broker that made it answered: a client
+    that asks one broker (its Metadata, its RocketMQ name server, its gRPC endpoint) is sure to find the change only
+    once that broker's Metadata shows it. Blocks; callable from async tests too (its own loop)."""
+
+    async def ask() -> dict[int, int]:
+        async with await RawKafkaClient.connect(*kafka_address) as client:
+            body = {"topics": [{"name": topic}], "allow_auto_topic_creation": False}
+            (entry,) = (await client.call(ApiKey.METADATA, 12, body))["topics"]
+        if entry["error_code"] != 0:
+            return {}
+        return {p["partition_index"]: p["leader_id"] for p in entry["partitions"]}
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # (a thread of its own: the caller may be in a loop)
+        return pool.submit(asyncio.run, ask()).result(timeout=30)
 
 
 def leader(cluster: LocalCluster, topic: str) -> int:

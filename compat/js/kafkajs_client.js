@@ -395,14 +395,19 @@ commands.reassign = async ({ topic, nodes, n, more }) => {
   } catch (e) {
     r.refused = e.errors ? e.errors.map(x => x.type).join(",") : (e.type || e.message) // (a per-partition error comes aggregated)
   }
+  // until the move has ended and, for a move made, Metadata names its new leader: the controller answers the
+  // listing once it has recorded the switch, and the broker kafkajs asks for Metadata (any of them) learns it by
+  // its own etcd watch, which may come a moment later (or the deadline passes, and the test sees the last answer)
   const deadline = Date.now() + 30000
   for (;;) {
     const listed = await admin.listPartitionReassignments({ topics: [{ topic, partitions: [0] }] })
     r.listed = (r.listed || 0) + 1
-    if (listed.topics.every(t => t.partitions.length === 0) || Date.now() > deadline) break
+    const ended = listed.topics.every(t => t.partitions.length === 0)
+    if (ended) r.after = await leaderOf()
+    if ((ended && (r.refused || r.after === to)) || Date.now() > deadline) break
     await new Promise(resolve => setTimeout(resolve, 50)) // (nothing to wait on but the answer)
   }
-  r.after = await leaderOf()
+  if (r.after === undefined) r.after = await leaderOf()
   await send(n, more)
   await producer.disconnect()
   await admin.disconnect()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from helpers import CLUSTER_TESTS
+from helpers import CLUSTER_TESTS, leaders_seen_by, wait_until
 
 from mqk.cluster_local import LocalCluster
 
@@ -33,6 +33,9 @@ def test_admin_commands_reach_each_partitions_leader_and_each_groups_coordinator
     cluster = mqk_cluster_factory(2)
     b0, b1 = cluster.brokers
     ok("topics", "create", "ledger", "--partitions", "4", "--bootstrap", b0.bootstrap)
+    # b0 answered once its own view had the topic; b1 learns it by its etcd watch a moment later
+    assert b1.kafka is not None
+    wait_until(lambda: len(leaders_seen_by(b1.kafka, "ledger")) == 4, 30, "b1 to know the topic")
     described = json.loads(ok("topics", "describe", "ledger", "--json", "--bootstrap", b1.bootstrap))
     leaders = {p["partition"]: p["leader"] for p in described["partitions"]}
     assert set(leaders.values()) == {b0.node_id, b1.node_id}, leaders  # placement spread them: both must answer

@@ -188,7 +188,7 @@ def test_a_partition_moves_to_another_group_under_load_through_a_failover_and_lo
         finally:
             cluster.resume(source_master)
         wait_until(lambda: admin.list_partition_reassignments() == {}, SETTLE_S, "the move to finish")
-        assert describe(cluster, "moving")[moving].leader in target
+        led_in(cluster, "moving", moving, target)
         acked_at_move = len(producer.acked)
         wait_until(lambda: len(producer.acked) >= acked_at_move + 500, SETTLE_S, "writes acknowledged after the move")
         producer.stop()
@@ -198,7 +198,13 @@ def test_a_partition_moves_to_another_group_under_load_through_a_failover_and_lo
     assert leader_epoch(cluster, "moving", moving) > epoch_before
     seen = read_all(cluster, "moving", len(producer.acked), "after")
     assert_every_ack_read_once(producer.acked, seen)
-    # the source group deleted its copy; its other partition is still there
+    # the source group deleted its copy (its reconciler does, once its own view shows the switch: the source master,
+    # paused and resumed, may come to it last); its other partition is still there
+    wait_until(
+        lambda: partition_sizes(cluster, source_master, "moving", [moving])[moving] == 0,
+        SETTLE_S,
+        "the source group's copy deleted",
+    )
     sizes = partition_sizes(cluster, source_master, "moving", [0, 1, 2, 3])
     assert sizes[moving] == 0
     assert all(sizes[p] > 0 for p in staying)
@@ -279,10 +285,23 @@ def read(
     return got
 
 
+def led_in(cluster: LocalCluster, topic: str, partition: int, group: list[int]) -> None:
+    """Wait until Metadata names a member of `group` the partition's leader. A move ends when the controller
+    records the switch, and the broker that answers ListPartitionReassignments has seen it; the broker answering
+    Metadata learns it by its own etcd watch, which may come a moment later."""
+    wait_until(
+        lambda: describe(cluster, topic)[partition].leader in group,
+        SETTLE_S,
+        f"Metadata to name a leader of {topic}-{partition} in {group}",
+    )
+
+
 def move(admin: KafkaAdminClient, cluster: LocalCluster, topic: str, partition: int, target: list[int]) -> None:
+    """Move the partition to `target`; return once the move has ended and Metadata names its leader there."""
     tp = KafkaTopicPartition(topic, partition)
     assert admin.alter_partition_reassignments({tp: target}) == {tp: None}
     wait_until(lambda: admin.list_partition_reassignments() == {}, SETTLE_S, "the move to end")
+    led_in(cluster, topic, partition, target)
 
 
 def test_refused_reassignments_a_log_start_that_moves_along_and_a_move_back(
@@ -318,8 +337,7 @@ def test_refused_reassignments_a_log_start_that_moves_along_and_a_move_back(
     # a partition whose log start DeleteRecords moved: the copy starts there too, every offset in its place
     write(cluster, "stay", 0, range(100))
     admin.delete_records({tp: 40})
-    move(admin, cluster, "stay", 0, other)
-    assert describe(cluster, "stay")[0].leader in other
+    move(admin, cluster, "stay", 0, other)  # (and Metadata names its leader there)
     assert read(cluster, "stay", 0, 60) == {i: b"v%d" % i for i in range(40, 100)}
     # back to the group it left: that group deleted its records there, and the source still holds 40..99, so the
     # copy would lack them: cancelled, and the partition stays (nothing lost)
@@ -331,7 +349,6 @@ def test_refused_reassignments_a_log_start_that_moves_along_and_a_move_back(
     # once those records are deleted where the partition is, it can go back
     admin.delete_records({tp: 100})
     move(admin, cluster, "stay", 0, here)
-    assert describe(cluster, "stay")[0].leader in here
     write(cluster, "stay", 0, range(100, 110))
     assert read(cluster, "stay", 0, 10) == {i: b"v%d" % i for i in range(100, 110)}
     # a partition with transactions moves with them: read_committed still skips the aborted one in its new group
@@ -345,7 +362,6 @@ def test_refused_reassignments_a_log_start_that_moves_along_and_a_move_back(
         txn.flush(30)
         (txn.commit_transaction if commit else txn.abort_transaction)(30)
     move(admin, cluster, "stay", p, other)
-    assert describe(cluster, "stay")[p].leader in other
     committed = read(cluster, "stay", p, 20, isolation="read_committed")
     assert sorted(committed.values()) == sorted(b"t%d" % i for i in [*range(10), *range(20, 30)])
     # a transaction open in a partition holds the partition's move: the source seals only between transactions, so
@@ -364,7 +380,7 @@ def test_refused_reassignments_a_log_start_that_moves_along_and_a_move_back(
     assert describe(cluster, "stay")[0].leader in here
     txn.commit_transaction(30)
     wait_until(lambda: admin.list_partition_reassignments() == {}, SETTLE_S, "the move to end after the commit")
-    assert describe(cluster, "stay")[0].leader in other
+    led_in(cluster, "stay", 0, other)
     committed = read(cluster, "stay", 0, 20, isolation="read_committed")
     assert sorted(committed.values()) == sorted(
         [*(b"v%d" % i for i in range(100, 110)), *(b"s%d" % i for i in range(10))]

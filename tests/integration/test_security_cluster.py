@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from helpers import CLUSTER_TESTS, produce_body, wait_until
+from helpers import CLUSTER_TESTS, leaders_seen_by, produce_body, wait_until
 
 from mqk import errors as E
 from mqk.client import Producer
@@ -165,9 +165,9 @@ def test_a_client_quota_set_through_one_broker_is_described_and_enforced_by_ever
     assert created["topics"][0]["error_code"] == 0
     # each broker throttles the client on what it leads: one partition each (placement spreads the topic)
     for broker in (b0, b1):
-        meta = call(broker.kafka, ApiKey.METADATA, 12, {"topics": [{"name": "capped"}]})
-        led = [p["partition_index"] for p in meta["topics"][0]["partitions"] if p["leader_id"] == broker.node_id]
-        assert led, meta
+        leaders = wait_until(lambda b=broker: all_led(b, "capped", 2), timeout=30, what=f"capped in {broker.node_id}")
+        led = [p for p, node in leaders.items() if node == broker.node_id]
+        assert led, leaders
         answer = asyncio.run(_produce_as(broker.kafka, "capped", "capped", led[0], rate + 4_000))
         assert answer["responses"][0]["partition_responses"][0]["error_code"] == 0
         assert answer["throttle_time_ms"] > 0, f"node {broker.node_id} did not throttle"
@@ -176,6 +176,14 @@ def test_a_client_quota_set_through_one_broker_is_described_and_enforced_by_ever
     removed = call(b1.kafka, ApiKey.ALTER_CLIENT_QUOTAS, 1, {"validate_only": False, "entries": [lifted]})
     assert [e["error_code"] for e in removed["entries"]] == [0]
     wait_until(lambda: described_by(b0) == [], timeout=30, what="the removal reaching the first broker")
+
+
+def all_led(broker, topic: str, partitions: int) -> dict[int, int] | None:
+    """partition -> leader in the broker's own Metadata once it has the topic with every partition led, else None:
+    the broker asked to create a topic answers once its view has it; the others learn it by their etcd watch a
+    moment later."""
+    leaders = leaders_seen_by(broker.kafka, topic)
+    return leaders if len(leaders) == partitions and min(leaders.values()) >= 0 else None
 
 
 async def _produce_as(address, client_id: str, topic: str, partition: int, size: int) -> dict:
@@ -210,6 +218,8 @@ def test_a_rocketmq_access_key_added_to_the_cluster_signs_requests_to_every_brok
     meta = call(b0.kafka, ApiKey.METADATA, 12, {"topics": [{"name": "signed"}]})
     leaders = {p["leader_id"] for p in meta["topics"][0]["partitions"]}
     assert leaders == {b0.node_id, b1.node_id}, meta  # one partition on each broker: both check the signature
+    # (the producer below asks b1's name server for the topic's route)
+    wait_until(lambda: len(leaders_seen_by(b1.kafka, "signed")) == 2, timeout=30, what="b1 to know the topic")
 
     namesrv = "{}:{}".format(*b1.namesrv)
 
