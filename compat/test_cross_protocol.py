@@ -170,26 +170,33 @@ def test_kafka_producer_delayed_delivery_headers(bootstrap: str, topic: str) -> 
     """The timer serves Kafka producers too: `mqk-delay-ms` (ms from now) and `mqk-deliver-at` (epoch ms)."""
     create_topic(bootstrap, topic, 1)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
-    sent_at = time.time() * 1000
-    producer.produce(
-        topic, key=b"later", value=b"in 1.5 s", partition=0, headers=[("mqk-delay-ms", b"1500"), ("trace", b"t-delay")]
-    )
-    producer.flush(10)
-    producer.produce(
-        topic,
-        key=b"at",
-        value=b"at +2.5 s",
-        partition=0,
-        headers=[("mqk-deliver-at", str(int(sent_at) + 2500).encode())],
-    )
-    producer.flush(10)
-    producer.produce(topic, key=b"now", value=b"now", partition=0)
-    assert producer.flush(10) == 0
-
+    # the reader is assigned before the records are sent: its start (connection, metadata, the partition's first
+    # offset) runs while they are produced, not after them, where a slow machine could stretch the lateness of
+    # "now" past its 1.4 s
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("x-delay"), "fetch.wait.max.ms": 100})
     arrivals: dict[bytes, tuple[float, Any]] = {}
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        sent_at = time.time() * 1000
+        producer.produce(
+            topic,
+            key=b"later",
+            value=b"in 1.5 s",
+            partition=0,
+            headers=[("mqk-delay-ms", b"1500"), ("trace", b"t-delay")],
+        )
+        producer.flush(10)
+        producer.produce(
+            topic,
+            key=b"at",
+            value=b"at +2.5 s",
+            partition=0,
+            headers=[("mqk-deliver-at", str(int(sent_at) + 2500).encode())],
+        )
+        producer.flush(10)
+        producer.produce(topic, key=b"now", value=b"now", partition=0)
+        assert producer.flush(10) == 0
+
         deadline = time.monotonic() + 15
         while len(arrivals) < 3 and time.monotonic() < deadline:
             m = consumer.poll(0.05)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -91,10 +92,15 @@ def test_metrics_count_a_known_workload_and_a_stopped_consumers_lag(mqk_file_bro
     try:
         consumer.assign([TopicPartition("m", 0, 0)])
         got: list[Any] = []
+        # (one deadline for the five: the first poll waits for the consumer's start too, which a loaded machine can
+        # stretch past any short per-poll timeout)
+        deadline = time.monotonic() + 30
         while len(got) < 5:
-            msg = consumer.poll(5.0)
-            assert msg is not None and not msg.error(), msg and msg.error()
-            got.append(msg)
+            assert time.monotonic() < deadline, f"{len(got)} of 5 records read in 30 s"
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                assert not msg.error(), msg.error()
+                got.append(msg)
         consumer.commit(message=got[4], asynchronous=False)
     finally:
         consumer.close()
