@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, ConsumerGroupState, Producer
+from confluent_kafka.admin import AdminClient
 
 from mqk.client import Message, PullConsumer
 from mqk.client import Producer as NativeProducer
@@ -62,12 +63,25 @@ def test_reset_offsets_is_refused_while_consumers_are_active_and_they_resume_fro
     producer.flush(10)
 
     group = [consumer(mqk_broker.bootstrap, "rg") for _ in range(2)]
+    admin = AdminClient({"bootstrap.servers": mqk_broker.bootstrap})
+
+    def settled() -> bool:
+        """Both members in the group's current generation, each with a partition. (A member whose JoinGroup comes
+        after the other has read all 20 records, as a loaded machine can delay one client's start, starts a
+        rebalance that the other hears of only with its next heartbeat, seconds later.)"""
+        desc = admin.describe_consumer_groups(["rg"])["rg"].result(10)
+        return (
+            desc.state == ConsumerGroupState.STABLE
+            and len(desc.members) == 2
+            and all(m.assignment.topic_partitions for m in desc.members)
+        )
+
     try:
         for c in group:
             c.subscribe(["r"])
         got: list = []
         deadline = time.monotonic() + 30
-        while len(got) < 20 and time.monotonic() < deadline:
+        while (len(got) < 20 or not settled()) and time.monotonic() < deadline:
             for c in group:
                 msg = c.poll(0.2)
                 if msg is not None and not msg.error():
