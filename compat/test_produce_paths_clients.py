@@ -17,24 +17,31 @@ from compat_helpers import create_topic, run_node, unique
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from mqk.protocol.kafka.codec import Declined
 from mqk.protocol.kafka.records import PlanStop
 
 FAMILY = "mqk_kafka_produce_general_path_partitions_total"
+DECLINED_FAMILY = "mqk_kafka_codec_declined_total"
 RECORDS = 30
 PARTITIONS = 3
 
 
-def general_path(broker: Any) -> dict[str, int]:
-    """reason -> produced partitions the broker's Produce handler took on its general path, from /metrics."""
+def samples(broker: Any, name: str) -> list[Any]:
+    """The samples of one counter on the broker's /metrics."""
     host, port = broker.admin_address
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    return {
-        s.labels["reason"]: int(s.value)
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == FAMILY
-    }
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
+
+
+def general_path(broker: Any) -> dict[str, int]:
+    """reason -> produced partitions the broker's Produce handler took on its general path, from /metrics."""
+    return {s.labels["reason"]: int(s.value) for s in samples(broker, FAMILY)}
+
+
+def codec_declined(broker: Any) -> dict[tuple[str, str], int]:
+    """(api, reason) -> Produce and Fetch bodies the codec kernels left to the generated codec, from /metrics."""
+    return {(s.labels["api"], s.labels["reason"]): int(s.value) for s in samples(broker, DECLINED_FAMILY)}
 
 
 def confluent(bootstrap: str, topic: str, **config: Any) -> None:
@@ -80,6 +87,8 @@ def test_plain_produces_take_the_kernel_path_and_the_others_are_counted_by_reaso
     create_topic(bootstrap, topic, PARTITIONS)
     before = general_path(mqk_broker)
     assert set(before) == {stop.name.lower() for stop in PlanStop if stop is not PlanStop.END}
+    declined = codec_declined(mqk_broker)
+    assert set(declined) == {(api, why.name.lower()) for api in ("Produce", "Fetch") for why in Declined}
 
     confluent(bootstrap, topic, **{"enable.idempotence": False, "compression.type": "none"})
     kafka_python(bootstrap, topic)
@@ -89,6 +98,8 @@ def test_plain_produces_take_the_kernel_path_and_the_others_are_counted_by_reaso
     lines = "".join(f"kcat{i}\n" for i in range(RECORDS))
     subprocess.run([kcat, "-P", "-b", bootstrap, "-t", topic, "-p", "1"], input=lines.encode(), check=True, timeout=60)
     assert general_path(mqk_broker) == before  # every one of them planned by the kernel
+    # their requests and the answers (kafkajs read its records back: Fetch too) all took the codec kernels
+    assert codec_declined(mqk_broker) == declined
 
     # (one batch a partition, linger.ms=500: librdkafka sends a batch uncompressed when gzip does not shrink it, as
     # for three of these records or fewer, which a producer thread held up under load could leave alone in a batch)

@@ -1,7 +1,7 @@
 # Shared by the _fast response encoders (cimported, never imported): a growing C buffer and the writers of answer
 # fields read from the body's dicts with C lookups; the twins' side is handwritten.py. A value the usual answer
-# never holds (another type, out of its field's range) raises handwritten.Decline: the caller leaves the body to
-# the generated encoder.
+# never holds (another type, out of its field's range) raises handwritten.Decline with why (a DECLINE_* code): the
+# entry point returns that code, and the caller leaves the body to the generated encoder.
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint64_t
 from libc.stdlib cimport realloc
 from libc.string cimport memcpy, memset
@@ -17,9 +17,20 @@ cdef struct Out:
     Py_ssize_t cap
 
 
-cdef inline int decline() except -1:
+# why a body is declined: the values of handwritten.DECLINE_*, which the entry points return (the twins' parity
+# tests hold the two builds to the same code for every declined body)
+cdef enum:
+    DECLINE_NONE = 0
+    DECLINE_VERSION = 1
+    DECLINE_SHAPE = 2
+    DECLINE_VALUE = 3
+    DECLINE_TEXT = 4
+    DECLINE_FIELD = 5
+
+
+cdef inline int decline(int reason) except -1:
     from mqk._fast.handwritten import Decline
-    raise Decline()
+    raise Decline(reason)
 
 
 cdef inline int out_reserve(Out* o, Py_ssize_t k) except -1:
@@ -70,7 +81,7 @@ cdef inline int out_length(Out* o, Py_ssize_t n, bint compact, bint i16) except 
         out_uvarint(o, <uint64_t>(n + 1))
     elif i16:
         if n > 32767:
-            decline()
+            decline(DECLINE_VALUE)
         out_be(o, <uint64_t>n, 2)
     else:
         out_be(o, <uint64_t>n, 4)
@@ -84,13 +95,13 @@ cdef inline int64_t dict_int(dict d, str key, int64_t default, int64_t lo, int64
     if v == NULL:
         return default
     if not isinstance(<object>v, int):
-        decline()
+        decline(DECLINE_VALUE)
     try:
         x = <object>v
     except OverflowError:
-        decline()
+        decline(DECLINE_VALUE)
     if not lo <= x <= hi:
-        decline()
+        decline(DECLINE_VALUE)
     return x
 
 
@@ -111,7 +122,7 @@ cdef inline object dict_seq(dict d, str key):
     if v == NULL:
         return ()
     if type(<object>v) is not list and type(<object>v) is not tuple:
-        decline()
+        decline(DECLINE_SHAPE)
     return <object>v
 
 
@@ -128,14 +139,14 @@ cdef inline int out_topic(Out* o, dict topic, str name_key, bint by_id, bint com
             o.n += 16
             return 0
         if type(<object>found) is not uuid_type:
-            decline()
+            decline(DECLINE_TEXT)
         name = (<object>found).bytes
         out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), 16)
         return 0
     found = PyDict_GetItem(topic, name_key)
     name = "" if found == NULL else <object>found
     if type(name) is not str:
-        decline()
+        decline(DECLINE_TEXT)
     name = (<str>name).encode("utf-8")
     out_length(o, PyBytes_GET_SIZE(name), compact, True)
     out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name))

@@ -271,28 +271,30 @@ class ProducereqApi(Protocol):
 
 
 class FetchreqApi(Protocol):
-    """Fetch request bodies decoded by hand (fetchreq.pyx / fetchreq_py.py); None: left to the generated codec."""
+    """Fetch request bodies decoded by hand (fetchreq.pyx / fetchreq_py.py); an int: left to the generated codec,
+    and why (handwritten.DECLINE_FIELD: a tagged field)."""
 
     ZERO_UUID: UUID
     FIRST_VERSION: int
     LAST_VERSION: int
 
-    def decode_fetch_request(self, buf: memoryview, version: int) -> dict[str, Any] | None: ...
+    def decode_fetch_request(self, buf: memoryview, version: int) -> dict[str, Any] | int: ...
 
 
 class ProducerespApi(Protocol):
-    """Produce response bodies encoded by hand (produceresp.pyx / produceresp_py.py); False: left to the
-    generated codec, `out` untouched."""
+    """Produce response bodies encoded by hand (produceresp.pyx / produceresp_py.py): DECLINE_NONE (0) when it
+    wrote the body into `out`, else why it left it to the generated codec (a handwritten.DECLINE_* code), `out`
+    untouched."""
 
     FIRST_VERSION: int
     LAST_VERSION: int
 
-    def encode_produce_response(self, body: object, version: int, out: bytearray) -> bool: ...
+    def encode_produce_response(self, body: object, version: int, out: bytearray) -> int: ...
 
 
 class FetchrespApi(Protocol):
     """Fetch response bodies encoded by hand (fetchresp.pyx / fetchresp_py.py): the answer as buffers, `out`
-    first; None: left to the generated codec, `out` untouched."""
+    first; an int: left to the generated codec, and why (a handwritten.DECLINE_* code), `out` untouched."""
 
     FIRST_VERSION: int
     LAST_VERSION: int
@@ -300,7 +302,7 @@ class FetchrespApi(Protocol):
 
     def encode_fetch_response(
         self, body: object, version: int, out: bytearray
-    ) -> list[bytes | bytearray | memoryview] | None: ...
+    ) -> list[bytes | bytearray | memoryview] | int: ...
 
 
 #: each kernel module's face, by the name `mqk._fast.load` takes

@@ -13,6 +13,7 @@ from mqk._fast._cursor cimport Cursor, array_length, i8, i32, i64, length, need,
 
 from uuid import UUID
 
+from mqk._fast import handwritten as _hw
 from mqk._fast.handwritten import Decline
 
 ZERO_UUID = UUID(int=0)
@@ -25,7 +26,7 @@ cdef inline int _no_tags(Cursor* c) except -1:
     """An empty tagged-field section (one zero byte); anything else is declined (see fetchreq_py)."""
     need(c, 1)
     if c.b[c.pos]:
-        raise Decline()
+        raise Decline(_hw.DECLINE_FIELD)
     c.pos += 1
     return 0
 
@@ -42,7 +43,7 @@ cdef tuple _name(Cursor* c, bint compact, bint by_id):
 
 def decode_fetch_request(buf, Py_ssize_t version):
     """A Fetch request body (no frame size, no request header) of `version` (4..17) -> the generated decoder's
-    dict, or None for a body with a tagged field (see fetchreq_py.py). Malformed bytes raise ValueError."""
+    dict, or handwritten.DECLINE_FIELD for a body with a tagged field (see fetchreq_py.py). Malformed bytes raise ValueError."""
     if not FIRST_VERSION <= version <= LAST_VERSION:
         raise ValueError(f"Fetch v{version} is not decoded here")
     cdef Py_buffer view
@@ -53,8 +54,8 @@ def decode_fetch_request(buf, Py_ssize_t version):
         c.n = view.len
         c.pos = 0
         return _decode(&c, version)
-    except Decline:
-        return None
+    except Decline as exc:
+        return exc.reason
     finally:
         PyBuffer_Release(&view)
 

@@ -5,8 +5,9 @@ A consumer sends every partition assigned to it in every Fetch; the generated de
 would cost the broker a thousand times that per Fetch before anything is read. `decode_fetch_request`
 answers exactly what the generated decoder answers for Fetch v4..v17, the same dict for the bytes it accepts, and
 refuses what it refuses (tests/unit/test_fast_fetchreq.py holds both twins to that), except that it declines
-(returns None) a body with a tagged field anywhere: the generated decoder then decodes it (cluster_id,
-replica_state, a partition's replica_directory_id, fields this broker does not use and consumers do not send).
+(returns handwritten.DECLINE_FIELD) a body with a tagged field anywhere: the generated decoder then decodes it
+(cluster_id, replica_state, a partition's replica_directory_id, fields this broker does not use and consumers do
+not send).
 
 Layout: replica_id (v4..v14; from v15 it is -1 and replica_state says who fetches), max_wait_ms, min_bytes,
 max_bytes, isolation_level (int8), session_id and session_epoch (v7+), topics [name (v4..v12) or 16-byte topic id
@@ -24,6 +25,7 @@ import struct
 from typing import Any
 from uuid import UUID
 
+from mqk._fast import handwritten as _hw
 from mqk._fast.handwritten import Decline
 from mqk._fast.producereq_py import Cursor
 
@@ -38,7 +40,7 @@ def _no_tags(c: Cursor) -> None:
     byte too (the generated decoder reads that)."""
     c.need(1)
     if c.buf[c.pos]:
-        raise Decline
+        raise Decline(_hw.DECLINE_FIELD)
     c.pos += 1
 
 
@@ -53,15 +55,16 @@ def _name(c: Cursor, compact: bool, by_id: bool) -> tuple[str, UUID]:
     return c.string(size), ZERO_UUID
 
 
-def decode_fetch_request(buf: memoryview, version: int) -> dict[str, Any] | None:
+def decode_fetch_request(buf: memoryview, version: int) -> dict[str, Any] | int:
     """A Fetch request body (no frame size, no request header) of `version` (4..17) -> the generated decoder's
-    dict, or None for a body with a tagged field (see the module docstring). Malformed bytes raise ValueError."""
+    dict, or handwritten.DECLINE_FIELD for a body with a tagged field (see the module docstring). Malformed bytes raise
+    ValueError."""
     if not FIRST_VERSION <= version <= LAST_VERSION:
         raise ValueError(f"Fetch v{version} is not decoded here")
     try:
         return _decode(Cursor(buf), version)
-    except Decline:
-        return None
+    except Decline as exc:
+        return exc.reason
 
 
 #: a partition's fixed fields per version: partition, [current_leader_epoch v9+], fetch_offset,
@@ -112,7 +115,7 @@ def _decode(c: Cursor, version: int) -> dict[str, Any]:
                 if pos >= end:
                     raise ValueError(f"truncated at byte {pos}")
                 if buf[pos]:
-                    raise Decline
+                    raise Decline(_hw.DECLINE_FIELD)
                 pos += 1
             partitions.append(
                 {

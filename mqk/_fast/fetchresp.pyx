@@ -10,7 +10,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
-from mqk._fast._out cimport (Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
+from mqk._fast._out cimport (DECLINE_FIELD, DECLINE_SHAPE, DECLINE_TEXT, DECLINE_VERSION,
+                             Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
                              out_topic)
 
 from uuid import UUID
@@ -45,7 +46,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
     cdef Py_ssize_t size
     cdef int64_t throttle
     if version >= 16 and body.get("node_endpoints"):
-        decline()
+        decline(DECLINE_FIELD)
     throttle = dict_i32(body, "throttle_time_ms", 0)
     out_be(o, <uint64_t>throttle, 4)
     if version >= 7:
@@ -55,13 +56,13 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
     out_length(o, len(responses), compact, False)
     for topic in responses:
         if type(topic) is not dict:
-            decline()
+            decline(DECLINE_SHAPE)
         out_topic(o, topic, "topic", version >= 13, compact, _UUID)
         partitions = dict_seq(topic, "partitions")
         out_length(o, len(partitions), compact, False)
         for p in partitions:
             if type(p) is not dict:
-                decline()
+                decline(DECLINE_SHAPE)
             out_be(o, <uint64_t>dict_i32(p, "partition_index", 0), 4)
             out_be(o, <uint64_t>dict_i16(p, "error_code", 0), 2)
             out_be(o, <uint64_t>dict_i64(p, "high_watermark", 0), 8)
@@ -70,7 +71,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
                 out_be(o, <uint64_t>dict_i64(p, "log_start_offset", -1), 8)
             if compact and not (_absent(p, "diverging_epoch") and _absent(p, "current_leader")
                                 and _absent(p, "snapshot_id")):
-                decline()
+                decline(DECLINE_FIELD)
             found = PyDict_GetItem(p, "aborted_transactions")
             aborted = () if found == NULL else <object>found
             if aborted is None:
@@ -79,13 +80,13 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
                 out_length(o, len(aborted), compact, False)
                 for txn in aborted:
                     if type(txn) is not dict:
-                        decline()
+                        decline(DECLINE_SHAPE)
                     out_be(o, <uint64_t>dict_i64(txn, "producer_id", 0), 8)
                     out_be(o, <uint64_t>dict_i64(txn, "first_offset", 0), 8)
                     if compact:
                         out_be(o, 0, 1)
             else:
-                decline()
+                decline(DECLINE_SHAPE)
             if version >= 11:
                 out_be(o, <uint64_t>dict_i32(p, "preferred_read_replica", -1), 4)
             found = PyDict_GetItem(p, "records")
@@ -96,7 +97,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
                 size = 0
                 for chunk in records:
                     if not _bytes_like(chunk):
-                        decline()
+                        decline(DECLINE_SHAPE)
                     size += len(chunk)
                 out_length(o, size, compact, False)
                 _cut(o, parts)
@@ -113,7 +114,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
                     chunk = bytes(records)
                     out_mem(o, <const unsigned char*>PyBytes_AS_STRING(chunk), PyBytes_GET_SIZE(chunk))
             else:
-                decline()
+                decline(DECLINE_SHAPE)
             if compact:
                 out_be(o, 0, 1)  # no tagged fields
         if compact:
@@ -125,10 +126,12 @@ cdef int _write(Out* o, dict body, Py_ssize_t version, list parts) except -1:
 
 
 def encode_fetch_response(body, Py_ssize_t version, bytearray out):
-    """The Fetch response body of `version` for `body` as [out + its first bytes, further buffers...], or None
-    (and `out` left alone) when `body` is not the usual answer; see fetchresp_py.py."""
-    if not FIRST_VERSION <= version <= LAST_VERSION or type(body) is not dict:
-        return None
+    """The Fetch response body of `version` for `body` as [out + its first bytes, further buffers...], or, when
+    `body` is not the usual answer, why (a handwritten.DECLINE_* code; `out` left alone); see fetchresp_py.py."""
+    if not FIRST_VERSION <= version <= LAST_VERSION:
+        return DECLINE_VERSION
+    if type(body) is not dict:
+        return DECLINE_SHAPE
     cdef Out o
     cdef list parts = []
     o.p = NULL
@@ -136,8 +139,10 @@ def encode_fetch_response(body, Py_ssize_t version, bytearray out):
     o.cap = 0
     try:
         _write(&o, body, version, parts)
-    except (Decline, UnicodeEncodeError):
-        return None
+    except Decline as exc:
+        return exc.reason
+    except UnicodeEncodeError:
+        return DECLINE_TEXT
     finally:
         free(o.p)
     out += parts[0]

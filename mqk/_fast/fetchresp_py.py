@@ -7,8 +7,8 @@ for Fetch v4..v17, but only for the answer the broker gives: every field an int 
 name (an exact str) before v13 and by uuid.UUID from v13, aborted transactions None or a list/tuple of
 {producer_id, first_offset}, records None, a bytes-like (bytes, bytearray, memoryview) or a list/tuple of them,
 no diverging_epoch, current_leader or snapshot_id (absent or None), no node_endpoints. For anything else it
-returns None and leaves `out` as it was, so the caller uses the generated encoder, which then also raises its
-own errors for bad values.
+returns why (a `handwritten.DECLINE_*` code) and leaves `out` as it was, so the caller uses the generated encoder,
+which then also raises its own errors for bad values.
 
 It returns the response as a list of buffers for `transport.writelines`, `out` first (with the leading bytes
 appended): a partition's records, when they are a list of buffers or a bytes-like of at least `INLINE_MAX` bytes,
@@ -26,7 +26,17 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from mqk._fast.handwritten import I16_RANGE, I32_RANGE, I64_RANGE, Decline, dict_int, dict_seq, put_length, put_topic
+from mqk._fast import handwritten as _hw
+from mqk._fast.handwritten import (
+    I16_RANGE,
+    I32_RANGE,
+    I64_RANGE,
+    Decline,
+    dict_int,
+    dict_seq,
+    put_length,
+    put_topic,
+)
 
 FIRST_VERSION = 4
 LAST_VERSION = 17
@@ -41,15 +51,21 @@ _ABORTED = struct.Struct(">qq")
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
-def encode_fetch_response(body: Any, version: int, out: bytearray) -> list[bytes | bytearray | memoryview] | None:
-    """The Fetch response body of `version` for `body` as [out + its first bytes, further buffers...], or None
-    (and `out` left alone) when `body` is not the usual answer; see the module docstring."""
-    if not FIRST_VERSION <= version <= LAST_VERSION or body.__class__ is not dict:
-        return None
+def encode_fetch_response(body: Any, version: int, out: bytearray) -> list[bytes | bytearray | memoryview] | int:
+    """The Fetch response body of `version` for `body` as [out + its first bytes, further buffers...], or, when
+    `body` is not the usual answer, why (a DECLINE_* code; `out` left alone); see the module docstring."""
+    if not FIRST_VERSION <= version <= LAST_VERSION:
+        return _hw.DECLINE_VERSION
+    if body.__class__ is not dict:
+        return _hw.DECLINE_SHAPE
     try:
         parts = _write(body, version)
-    except (Decline, UnicodeEncodeError, struct.error):
-        return None
+    except Decline as exc:
+        return exc.reason
+    except UnicodeEncodeError:
+        return _hw.DECLINE_TEXT
+    except struct.error:  # a partition field of another type or out of its range (see _write)
+        return _hw.DECLINE_VALUE
     out += parts[0]
     parts[0] = out
     return parts
@@ -58,7 +74,7 @@ def encode_fetch_response(body: Any, version: int, out: bytearray) -> list[bytes
 def _write(body: dict[str, Any], version: int) -> list[Any]:
     compact = version >= 12
     if version >= 16 and body.get("node_endpoints"):
-        raise Decline
+        raise Decline(_hw.DECLINE_FIELD)
     parts: list[Any] = []
     b = bytearray()
     throttle = dict_int(body, "throttle_time_ms", 0, I32_RANGE)
@@ -72,13 +88,13 @@ def _write(body: dict[str, Any], version: int) -> list[Any]:
     put_length(b, len(responses), compact)
     for topic in responses:
         if topic.__class__ is not dict:
-            raise Decline
+            raise Decline(_hw.DECLINE_SHAPE)
         put_topic(b, topic, "topic", version >= 13, compact)
         partitions = dict_seq(topic, "partitions")
         put_length(b, len(partitions), compact)
         for p in partitions:
             if p.__class__ is not dict:
-                raise Decline
+                raise Decline(_hw.DECLINE_SHAPE)
             # a value of another type or out of its field's range makes pack raise struct.error: declined
             if version >= 5:
                 b += _PART_V5.pack(
@@ -100,7 +116,7 @@ def _write(body: dict[str, Any], version: int) -> list[Any]:
                 or p.get("current_leader") is not None
                 or p.get("snapshot_id") is not None
             ):
-                raise Decline
+                raise Decline(_hw.DECLINE_FIELD)
             aborted = p.get("aborted_transactions", ())
             if aborted is None:
                 put_length(b, -1, compact)
@@ -108,14 +124,14 @@ def _write(body: dict[str, Any], version: int) -> list[Any]:
                 put_length(b, len(aborted), compact)
                 for txn in aborted:
                     if txn.__class__ is not dict:
-                        raise Decline
+                        raise Decline(_hw.DECLINE_SHAPE)
                     b += _ABORTED.pack(
                         dict_int(txn, "producer_id", 0, I64_RANGE), dict_int(txn, "first_offset", 0, I64_RANGE)
                     )
                     if compact:
                         b.append(0)
             else:
-                raise Decline
+                raise Decline(_hw.DECLINE_SHAPE)
             if version >= 11:
                 b += _I32.pack(p.get("preferred_read_replica", -1))
             records = p.get("records")
@@ -125,7 +141,7 @@ def _write(body: dict[str, Any], version: int) -> list[Any]:
                 size = 0
                 for chunk in records:
                     if chunk.__class__ not in _BYTES_LIKE:
-                        raise Decline
+                        raise Decline(_hw.DECLINE_SHAPE)
                     size += len(chunk)
                 put_length(b, size, compact)
                 parts.append(b)
@@ -140,7 +156,7 @@ def _write(body: dict[str, Any], version: int) -> list[Any]:
                 else:
                     b += records
             else:
-                raise Decline
+                raise Decline(_hw.DECLINE_SHAPE)
             if compact:
                 b.append(0)  # no tagged fields
         if compact:

@@ -17,22 +17,42 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
+#: why a hand-written codec left a body to the generated codec (0: it took the body). The entry points return
+#: these; `Decline` carries one from where the kernel found it up to its entry point.
+DECLINE_NONE = 0
+#: the version is outside the kernel's range
+DECLINE_VERSION = 1
+#: a body, topic, partition, array or records value of another type than the usual answer's
+DECLINE_SHAPE = 2
+#: an integer field that is not an int, or outside its field's range (a length too, in its width)
+DECLINE_VALUE = 3
+#: a topic name or message that is not a str (or does not encode), a topic id that is not a UUID
+DECLINE_TEXT = 4
+#: a field the kernel does not write or read: a tagged field (in a request, or an answer's optional one such as
+#: node_endpoints or current_leader) or a Produce answer's record_errors
+DECLINE_FIELD = 5
+
+
 class Decline(Exception):
-    """The body is not the usual one (an unusual answer, a tagged field in a request): the generated codec takes
-    it."""
+    """The body is not the usual one: the generated codec takes it. `reason` is a DECLINE_* code, which the
+    kernel's entry point returns."""
+
+    def __init__(self, reason: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def dict_int(d: dict[str, Any], key: str, default: int, bounds: tuple[int, int]) -> int:
     v = d.get(key, default)
     if not isinstance(v, int) or not bounds[0] <= v <= bounds[1]:
-        raise Decline
+        raise Decline(DECLINE_VALUE)
     return v
 
 
 def dict_seq(d: dict[str, Any], key: str) -> list[Any] | tuple[Any, ...]:
     v = d.get(key, ())
     if v.__class__ is not list and v.__class__ is not tuple:
-        raise Decline
+        raise Decline(DECLINE_SHAPE)
     seq: list[Any] | tuple[Any, ...] = v
     return seq
 
@@ -51,7 +71,7 @@ def put_length(b: bytearray, n: int, compact: bool, i16: bool = False) -> None:
         put_uvarint(b, n + 1)
     elif i16:
         if n > I16_RANGE[1]:
-            raise Decline
+            raise Decline(DECLINE_VALUE)
         b += _I16.pack(n)
     else:
         b += _I32.pack(n)
@@ -63,12 +83,12 @@ def put_topic(b: bytearray, topic: dict[str, Any], name_key: str, by_id: bool, c
     if by_id:
         topic_id = topic.get("topic_id", _ZERO_UUID)
         if topic_id.__class__ is not UUID:
-            raise Decline
+            raise Decline(DECLINE_TEXT)
         b += topic_id.bytes
         return
     name = topic.get(name_key, "")
     if name.__class__ is not str:
-        raise Decline
+        raise Decline(DECLINE_TEXT)
     name = name.encode()
     put_length(b, len(name), compact, True)
     b += name

@@ -10,7 +10,9 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
-from mqk._fast._out cimport (Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
+from mqk._fast._out cimport (DECLINE_FIELD, DECLINE_NONE, DECLINE_SHAPE, DECLINE_TEXT,
+                             DECLINE_VERSION,
+                             Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
                              out_topic)
 
 from uuid import UUID
@@ -27,19 +29,19 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
     cdef PyObject* found
     cdef int64_t throttle
     if version >= 10 and body.get("node_endpoints"):
-        decline()
+        decline(DECLINE_FIELD)
     responses = dict_seq(body, "responses")
     throttle = dict_i32(body, "throttle_time_ms", 0)
     out_length(o, len(responses), compact, False)
     for topic in responses:
         if type(topic) is not dict:
-            decline()
+            decline(DECLINE_SHAPE)
         out_topic(o, topic, "name", version >= 13, compact, _UUID)
         partitions = dict_seq(topic, "partition_responses")
         out_length(o, len(partitions), compact, False)
         for p in partitions:
             if type(p) is not dict:
-                decline()
+                decline(DECLINE_SHAPE)
             out_be(o, <uint64_t>dict_i32(p, "index", 0), 4)
             out_be(o, <uint64_t>dict_i16(p, "error_code", 0), 2)
             out_be(o, <uint64_t>dict_i64(p, "base_offset", 0), 8)
@@ -48,7 +50,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
                 out_be(o, <uint64_t>dict_i64(p, "log_start_offset", -1), 8)
             if version >= 8:
                 if dict_seq(p, "record_errors"):
-                    decline()
+                    decline(DECLINE_FIELD)
                 out_length(o, 0, compact, False)
                 found = PyDict_GetItem(p, "error_message")
                 message = None if found == NULL else <object>found
@@ -62,11 +64,11 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
                     out_length(o, len(message), compact, True)
                     out_mem(o, <const unsigned char*>PyBytes_AS_STRING(message), PyBytes_GET_SIZE(message))
                 else:
-                    decline()
+                    decline(DECLINE_TEXT)
             if version >= 10:
                 found = PyDict_GetItem(p, "current_leader")
                 if found != NULL and <object>found is not None:
-                    decline()
+                    decline(DECLINE_FIELD)
             if compact:
                 out_be(o, 0, 1)  # no tagged fields
         if compact:
@@ -78,10 +80,13 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
 
 
 def encode_produce_response(body, Py_ssize_t version, bytearray out):
-    """Append the Produce response body of `version` for `body` to `out` and return True, or return False (and
-    leave `out` alone) when `body` is not the usual answer; see produceresp_py.py."""
-    if not FIRST_VERSION <= version <= LAST_VERSION or type(body) is not dict:
-        return False
+    """Append the Produce response body of `version` for `body` to `out` and return DECLINE_NONE (0), or, when
+    `body` is not the usual answer, return why (a handwritten.DECLINE_* code) and leave `out` alone; see
+    produceresp_py.py."""
+    if not FIRST_VERSION <= version <= LAST_VERSION:
+        return DECLINE_VERSION
+    if type(body) is not dict:
+        return DECLINE_SHAPE
     cdef Out o
     o.p = NULL
     o.n = 0
@@ -89,8 +94,10 @@ def encode_produce_response(body, Py_ssize_t version, bytearray out):
     try:
         _write(&o, body, version)
         out += (<char*>o.p)[:o.n] if o.n else b""
-    except (Decline, UnicodeEncodeError):
-        return False
+    except Decline as exc:
+        return exc.reason
+    except UnicodeEncodeError:
+        return DECLINE_TEXT
     finally:
         free(o.p)
-    return True
+    return DECLINE_NONE

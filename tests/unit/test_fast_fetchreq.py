@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqk._fast import compiled, twin
+from mqk._fast.handwritten import DECLINE_FIELD
 from mqk.protocol.kafka import messages
-from mqk.protocol.kafka.codec import KafkaConnectionCodec, encode_request
+from mqk.protocol.kafka.codec import DECLINED, Declined, KafkaConnectionCodec, encode_request
 from mqk.protocol.kafka.errors import MalformedMessage
 
 VERSIONS = range(4, 18)
@@ -137,7 +138,7 @@ def test_refuses_what_the_generated_decoder_refuses(impl, version: int) -> None:
             builds = (twin("fetchreq"), compiled("fetchreq"))
             outcomes = [_outcome(m.decode_fetch_request, body, version) for m in builds]
             assert outcomes[0] == outcomes[1], data
-        if got == ("ok", None):
+        if got == ("ok", DECLINE_FIELD):  # (the only reason it declines a request: a tagged field)
             declined += 1
             assert version >= 12  # only a flexible version has tagged fields
             continue
@@ -167,7 +168,7 @@ def test_a_tagged_field_is_left_to_the_generated_decoder(impl) -> None:
         ],
     }
     for version in range(12, 18):
-        assert impl.decode_fetch_request(_encoded(version, obj), version) is None
+        assert impl.decode_fetch_request(_encoded(version, obj), version) == DECLINE_FIELD
         plain = {k: v for k, v in obj.items() if k != "cluster_id"}
         plain["topics"] = [
             {
@@ -182,12 +183,13 @@ def test_a_tagged_field_is_left_to_the_generated_decoder(impl) -> None:
         # an empty tag section spelt in two bytes (0x80 0x00) is read by the generated decoder, declined here
         assert bytes(body[-1:]) == b"\x00"
         longer = memoryview(bytes(body[:-1]) + b"\x80\x00")
-        assert impl.decode_fetch_request(longer, version) is None
+        assert impl.decode_fetch_request(longer, version) == DECLINE_FIELD
         assert _generated(version, longer) == _generated(version, body)
 
 
 def test_codec_decodes_fetch_with_the_kernel_and_falls_back_for_tagged_fields() -> None:
     codec = KafkaConnectionCodec()
+    declined = DECLINED[(1, Declined.FIELD)]
     for version, cluster_id in ((12, None), (17, None), (17, "c1")):
         body = {
             "max_wait_ms": 500,
@@ -206,6 +208,8 @@ def test_codec_decodes_fetch_with_the_kernel_and_falls_back_for_tagged_fields() 
         req = codec.next_request()
         assert req.correlation_id == 42 and req.body["cluster_id"] == cluster_id
         assert req.body["topics"][0]["partitions"][0]["fetch_offset"] == 5
+    # only the request with a cluster_id (a tagged field) went to the generated decoder, counted with its reason
+    assert DECLINED[(1, Declined.FIELD)] == declined + 1
     frame = b"".join(bytes(p) for p in encode_request(1, 12, 43, "c", body))
     truncated = bytearray(frame[:-3])
     truncated[0:4] = (len(truncated) - 4).to_bytes(4, "big")

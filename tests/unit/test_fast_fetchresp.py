@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mqk._fast import compiled, twin
 from mqk.protocol.kafka import messages
-from mqk.protocol.kafka.codec import Request, encode_response
+from mqk.protocol.kafka.codec import Declined, Request, encode_response
 
 VERSIONS = range(4, 18)
 IMPLS = [pytest.param(twin("fetchresp"), id="twin")]
@@ -90,7 +90,7 @@ def test_the_usual_answer_is_encoded_as_the_generated_encoder_does(impl, version
     def check(body) -> None:
         out = bytearray(b"head")
         parts = impl.encode_fetch_response(body, version, out)
-        assert parts is not None and parts[0] is out
+        assert parts.__class__ is list and parts[0] is out
         assert b"".join(bytes(p) for p in parts) == b"head" + _generated(version, body)
         passed_on = [id(p) for p in parts[1:]]
         assert all(id(buf) in passed_on for buf in _record_buffers(body))  # never copied
@@ -159,19 +159,46 @@ def test_anything_else_is_declined_untouched_or_encoded_identically(impl) -> Non
             body["node_endpoints"] = rnd.choice([[], [{"node_id": 1}]])
         out = bytearray(b"head")
         result = impl.encode_fetch_response(body, version, out)
-        if compiled("fetchresp") is not None:  # the two builds take and decline the same bodies
+        if compiled("fetchresp") is not None:  # the two builds take the same bodies and decline the others alike
             decisions = {
-                m.encode_fetch_response(body, version, bytearray()) is None
+                _decision(m.encode_fetch_response(body, version, bytearray()))
                 for m in (twin("fetchresp"), compiled("fetchresp"))
             }
-            assert len(decisions) == 1, (version, body)
-        if result is not None:
+            assert len(decisions) == 1, (version, body, decisions)
+        if result.__class__ is list:
             encoded += 1
             assert b"".join(bytes(p) for p in result) == b"head" + _generated(version, body), (version, body)
         else:
             declined += 1
+            assert result in set(Declined), result
             assert out == b"head"
     assert encoded > 300 and declined > 300
+
+
+def _decision(result: object) -> object:
+    """'encoded', or the reason a build declined the body."""
+    return "encoded" if result.__class__ is list else result
+
+
+#: a body each reason is given for, at Fetch v12 (one partition answered, as the broker does)
+_PART = {"partition_index": 0, "high_watermark": 5, "records": None}
+DECLINES = [
+    ("version", 3, {"responses": []}),
+    ("shape", 12, {"responses": [[_PART]]}),
+    ("shape", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "records": "r"}]}]}),
+    ("value", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "high_watermark": 1 << 63}]}]}),
+    ("text", 12, {"responses": [{"topic": 7, "partitions": [_PART]}]}),
+    ("field", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "current_leader": {"leader_id": 1}}]}]}),
+    ("field", 16, {"responses": [], "node_endpoints": [{"node_id": 1}]}),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("reason", "version", "body"), DECLINES)
+def test_each_declined_body_says_why(impl, reason: str, version: int, body: dict) -> None:
+    out = bytearray(b"head")
+    assert impl.encode_fetch_response(body, version, out) == Declined[reason.upper()]
+    assert out == b"head"
 
 
 def test_codec_frames_are_unchanged() -> None:

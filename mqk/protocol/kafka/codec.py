@@ -28,11 +28,13 @@ copies into the same buffer, for callers holding bytes.
 
 from __future__ import annotations
 
+import collections
+import enum
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
-from mqk._fast import load
+from mqk._fast import handwritten, load
 from mqk.errors import FrameTooLarge
 from mqk.protocol.kafka import api, messages, newer
 from mqk.protocol.kafka.errors import MalformedMessage, UnknownApiKey, UnsupportedApiVersion
@@ -61,17 +63,33 @@ _fetch_kernel = load("fetchreq").decode_fetch_request
 _produce_answer_kernel = load("produceresp").encode_produce_response
 _fetch_answer_kernel = load("fetchresp").encode_fetch_response
 _PRODUCE = int(api.ApiKey.PRODUCE)
+
+
+class Declined(enum.IntEnum):
+    """Why a hand-written kernel left a Produce or Fetch body to the generated codec: the codes the kernels return
+    (mqk._fast.handwritten's DECLINE_*)."""
+
+    VERSION = handwritten.DECLINE_VERSION
+    SHAPE = handwritten.DECLINE_SHAPE
+    VALUE = handwritten.DECLINE_VALUE
+    TEXT = handwritten.DECLINE_TEXT
+    FIELD = handwritten.DECLINE_FIELD
+
+
+#: (api key, Declined code) -> the bodies this process's kernels left to the generated codec (/metrics reports
+#: them: a kernel that starts declining what brokers answer or clients send shows there, not only as a slower path)
+DECLINED: collections.Counter[tuple[int, int]] = collections.Counter()
 _FETCH = int(api.ApiKey.FETCH)
 
 
 def _decode_by_kernel(
-    kernel: Callable[[memoryview, int], dict[str, Any] | None], api_key: int, api_version: int, body: memoryview
-) -> dict[str, Any] | None:
+    kernel: Callable[[memoryview, int], dict[str, Any] | int], api_key: int, api_version: int, body: memoryview
+) -> dict[str, Any] | int:
     """Produce and Fetch bodies are decoded by hand-written `_fast` kernels (hot paths may be written by hand,
     docs/architecture.md): the same dict as the generated decoder, at a fraction of its cost per partition, which
     counts when a request names many partitions (a producer spreading its records, a consumer assigned a large
-    topic). None: the kernel left the body to the generated decoder. Its ValueError becomes MalformedMessage, as
-    the generated decoder's errors do."""
+    topic). An int: the kernel left the body to the generated decoder, and why (a `Declined` code). Its ValueError
+    becomes MalformedMessage, as the generated decoder's errors do."""
     try:
         return kernel(body, api_version)
     except ValueError as exc:  # UnicodeDecodeError included
@@ -266,12 +284,16 @@ class KafkaConnectionCodec:
                 return Request(api_key, api_version, correlation_id, client_id, {}, True, len(frame))
             raise UnsupportedApiVersion(api_key, api_version, correlation_id)
         try:
-            body = None
+            decoded: dict[str, Any] | int | None = None
             if api_key == _PRODUCE:
-                body = _decode_by_kernel(_produce_kernel, api_key, api_version, frame[pos:])
+                decoded = _decode_by_kernel(_produce_kernel, api_key, api_version, frame[pos:])
             elif api_key == _FETCH:
-                body = _decode_by_kernel(_fetch_kernel, api_key, api_version, frame[pos:])
-            if body is None:
+                decoded = _decode_by_kernel(_fetch_kernel, api_key, api_version, frame[pos:])
+            if type(decoded) is dict:
+                body = decoded
+            else:
+                if isinstance(decoded, int):  # the kernel's reason
+                    DECLINED[(api_key, decoded)] += 1
                 if api_key in newer.NEWER:
                     body = newer.decode_request(api_key, api_version, frame[pos:])
                 else:
@@ -298,13 +320,16 @@ def encode_response(request: Request, body: dict[str, Any]) -> Parts:
         head[8] = 0  # empty tagged-field section
     # the usual Produce and Fetch answers are written by _fast kernels (the generated encoder's bytes); anything
     # else, or what a kernel declines, by the generated encoder
-    parts: Parts | None = None
+    encoded: Parts | int | None = None
     if api_key == _PRODUCE:
-        if _produce_answer_kernel(body, version, head):
-            parts = [head]
+        encoded = _produce_answer_kernel(body, version, head) or [head]
     elif api_key == _FETCH:
-        parts = _fetch_answer_kernel(body, version, head)
-    if parts is None:
+        encoded = _fetch_answer_kernel(body, version, head)
+    if type(encoded) is list:
+        parts = encoded
+    else:
+        if isinstance(encoded, int):  # the kernel's reason
+            DECLINED[(api_key, encoded)] += 1
         if api_key in newer.NEWER:
             parts = newer.encode_response(api_key, version, body, head)
         else:

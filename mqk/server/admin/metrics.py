@@ -37,6 +37,8 @@ from mqk import __version__
 from mqk.broker.stats import LATENCY_BOUNDS_S
 from mqk.errors import KafkaError
 from mqk.protocol.kafka import messages as kafka_messages
+from mqk.protocol.kafka.api import ApiKey
+from mqk.protocol.kafka.codec import DECLINED, Declined
 from mqk.protocol.kafka.records import PlanStop
 from mqk.protocol.native.codes import RequestCode, ResponseCode
 from mqk.server.admin.health import readiness
@@ -46,6 +48,10 @@ PROTOCOL_LISTENERS = {"kafka": "kafka", "rocketmq": "rocketmq", "namesrv": "rock
 
 
 # --- names ---------------------------------------------------------------------------------------------------
+
+
+#: the APIs whose bodies hand-written kernels decode or encode (mqk.protocol.kafka.codec)
+_KERNEL_APIS = (ApiKey.PRODUCE, ApiKey.FETCH)
 
 
 def kafka_api_name(key: int) -> str:
@@ -105,6 +111,8 @@ class Snapshot:
     meters: list[MeterSnapshot] = field(default_factory=list)
     #: (why, how many): produced partitions left to the Produce handler's general path (records.PlanStop)
     produce_general_path: list[tuple[str, int]] = field(default_factory=list)
+    #: (api, why, how many): Produce and Fetch bodies the hand-written codec kernels left to the generated codec
+    codec_declined: list[tuple[str, str, int]] = field(default_factory=list)
     #: the file engine's figures (empty without one)
     store: dict[str, Any] = field(default_factory=dict)
     #: data directory: used bytes, file system size and available bytes; disk guard figures
@@ -140,6 +148,9 @@ async def snapshot(parts: BrokerParts, *, disk: bool = True) -> Snapshot:
         general = stats.produce_general_path
         snap.produce_general_path = [
             (stop.name.lower(), general.get(stop, 0)) for stop in PlanStop if stop is not PlanStop.END
+        ]
+        snap.codec_declined = [
+            (kafka_api_name(api), why.name.lower(), DECLINED[(api, why)]) for api in _KERNEL_APIS for why in Declined
         ]
         live = _live_connections(parts)
         for listener, meter in sorted(stats.meters.items()):
@@ -508,6 +519,17 @@ def families(snap: Snapshot) -> list[Any]:
         for reason, count in snap.produce_general_path:
             general.add_metric([reason], count)
         add(general)
+
+    if snap.codec_declined:
+        declined = CounterMetricFamily(
+            "mqk_kafka_codec_declined",
+            "Produce and Fetch requests and answers the hand-written codec kernels left to the generated codec, by "
+            "API and why (shape, value, text, field, version); the usual ones take the kernels and are not counted",
+            labels=["api", "reason"],
+        )
+        for api, reason, count in snap.codec_declined:
+            declined.add_metric([api, reason], count)
+        add(declined)
 
     store: dict[str, Any] = snap.store
     if store:
