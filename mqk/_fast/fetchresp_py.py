@@ -36,6 +36,7 @@ from mqk._fast.handwritten import (
     dict_seq,
     put_length,
     put_topic,
+    written,
 )
 
 FIRST_VERSION = 4
@@ -54,18 +55,9 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 def encode_fetch_response(body: Any, version: int, out: bytearray) -> list[bytes | bytearray | memoryview] | int:
     """The Fetch response body of `version` for `body` as [out + its first bytes, further buffers...], or, when
     `body` is not the usual answer, why (a DECLINE_* code; `out` left alone); see the module docstring."""
-    if not FIRST_VERSION <= version <= LAST_VERSION:
-        return _hw.DECLINE_VERSION
-    if body.__class__ is not dict:
-        return _hw.DECLINE_SHAPE
-    try:
-        parts = _write(body, version)
-    except Decline as exc:
-        return exc.reason
-    except UnicodeEncodeError:
-        return _hw.DECLINE_TEXT
-    except struct.error:  # a partition field of another type or out of its range (see _write)
-        return _hw.DECLINE_VALUE
+    parts = written(_write, body, version, FIRST_VERSION, LAST_VERSION)
+    if isinstance(parts, int):
+        return parts
     out += parts[0]
     parts[0] = out
     return parts

@@ -7,7 +7,8 @@ as a list or tuple; anything else is declined, and the generated encoder then en
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from uuid import UUID
 
 I16_RANGE = (-(1 << 15), (1 << 15) - 1)
@@ -40,6 +41,27 @@ class Decline(Exception):
     def __init__(self, reason: int) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+_T = TypeVar("_T")
+
+
+def written(write: Callable[[dict[str, Any], int], _T], body: Any, version: int, first: int, last: int) -> _T | int:
+    """An encoder twin's entry point: `write(body, version)`, or why the body is declined: DECLINE_VERSION for a
+    version outside [first, last], DECLINE_SHAPE for a body that is not a dict, the reason a `Decline` carries,
+    DECLINE_TEXT for a str that does not encode, DECLINE_VALUE for a value `struct` cannot pack."""
+    if not first <= version <= last:
+        return DECLINE_VERSION
+    if body.__class__ is not dict:
+        return DECLINE_SHAPE
+    try:
+        return write(body, version)
+    except Decline as exc:
+        return exc.reason
+    except UnicodeEncodeError:
+        return DECLINE_TEXT
+    except struct.error:
+        return DECLINE_VALUE
 
 
 def dict_int(d: dict[str, Any], key: str, default: int, bounds: tuple[int, int]) -> int:

@@ -29,6 +29,7 @@ from mqk._fast.handwritten import (
     dict_seq,
     put_length,
     put_topic,
+    written,
 )
 
 FIRST_VERSION = 3
@@ -42,22 +43,15 @@ _PART_V5 = struct.Struct(">ihqqq")
 def encode_produce_response(body: Any, version: int, out: bytearray) -> int:
     """Append the Produce response body of `version` for `body` to `out` and return DECLINE_NONE (0), or, when `body`
     is not the usual answer, return why (a DECLINE_* code) and leave `out` alone; see the module docstring."""
-    if not FIRST_VERSION <= version <= LAST_VERSION:
-        return _hw.DECLINE_VERSION
-    if body.__class__ is not dict:
-        return _hw.DECLINE_SHAPE
-    try:
-        b = bytearray()
-        _write(b, body, version)
-    except Decline as exc:
-        return exc.reason
-    except UnicodeEncodeError:
-        return _hw.DECLINE_TEXT
+    b = written(_write, body, version, FIRST_VERSION, LAST_VERSION)
+    if isinstance(b, int):
+        return b
     out += b
     return _hw.DECLINE_NONE
 
 
-def _write(b: bytearray, body: dict[str, Any], version: int) -> None:
+def _write(body: dict[str, Any], version: int) -> bytearray:
+    b = bytearray()
     compact = version >= 9
     if version >= 10 and body.get("node_endpoints"):
         raise Decline(_hw.DECLINE_FIELD)
@@ -108,3 +102,4 @@ def _write(b: bytearray, body: dict[str, Any], version: int) -> None:
     b += _I32.pack(throttle)
     if compact:
         b.append(0)
+    return b

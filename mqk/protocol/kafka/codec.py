@@ -63,6 +63,7 @@ _fetch_kernel = load("fetchreq").decode_fetch_request
 _produce_answer_kernel = load("produceresp").encode_produce_response
 _fetch_answer_kernel = load("fetchresp").encode_fetch_response
 _PRODUCE = int(api.ApiKey.PRODUCE)
+_FETCH = int(api.ApiKey.FETCH)
 
 
 class Declined(enum.IntEnum):
@@ -79,7 +80,6 @@ class Declined(enum.IntEnum):
 #: (api key, Declined code) -> the bodies this process's kernels left to the generated codec (/metrics reports
 #: them: a kernel that starts declining what brokers answer or clients send shows there, not only as a slower path)
 DECLINED: collections.Counter[tuple[int, int]] = collections.Counter()
-_FETCH = int(api.ApiKey.FETCH)
 
 
 def _decode_by_kernel(
