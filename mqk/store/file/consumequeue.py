@@ -22,7 +22,7 @@ from pathlib import Path
 from mqk._fast import load
 from mqk._fast.api import Unit
 from mqk.errors import OutOfBounds
-from mqk.store.file.mapped_file import MappedFile, MappedFileQueue
+from mqk.store.file.mapped_file import MappedFileQueue
 from mqk.store.file.queue_table import DIRTY_MS, DIRTY_PHYS, END, MAX_TS, ROW_FIELDS, QueueTable, UnitFile
 
 cqunit = load("cqunit")
@@ -171,9 +171,6 @@ class ConsumeQueue:
             raise OutOfBounds(f"unit {index} is not written in {self.dir}")
         return self._unpack(mf.buf, pos)
 
-    def _file_units(self, mf: MappedFile) -> int:
-        return mf.wrote // UNIT
-
     def search_offset(self, offset: int) -> int:
         """Index of the unit holding `offset` (or the next one after a gap); max_unit if past the end;
         min_unit if below the first unit."""
@@ -192,7 +189,7 @@ class ConsumeQueue:
         if lo == 0:
             return self.min_unit
         mf = files[lo - 1]
-        n = self._file_units(mf)
+        n = mf.wrote // UNIT
         i = cqunit.search_offset(mf.buf, n, offset)
         i = max(i, 0)
         return mf.start_offset // UNIT + i
@@ -205,7 +202,7 @@ class ConsumeQueue:
         while lo < hi:
             mid = (lo + hi) >> 1
             mf = files[mid]
-            n = self._file_units(mf)
+            n = mf.wrote // UNIT
             if n == 0 or self._unpack(mf.buf, (n - 1) * UNIT)[5] < ts:
                 lo = mid + 1
             else:
@@ -213,7 +210,7 @@ class ConsumeQueue:
         if lo == len(files):
             return self.max_unit
         mf = files[lo]
-        return mf.start_offset // UNIT + cqunit.search_timestamp(mf.buf, self._file_units(mf), ts)
+        return mf.start_offset // UNIT + cqunit.search_timestamp(mf.buf, mf.wrote // UNIT, ts)
 
     # --- recovery --------------------------------------------------------------------------------------
 

@@ -251,38 +251,55 @@ class LogReader:
         and decompressing if needed, only that one batch; the same resolution as the other engines). The
         batches the search most likely reads are read back off the loop first if their pages were dropped."""
         shard = self.registry.get(topic, queue)
-        cq = shard.cq
+        found, first = self._timestamp_start(shard, timestamp)
+        if first < 0:
+            return found
+        units: list[Unit] = []
         flusher = self.flusher
-        if flusher is not None and shard.log_start < cq.end_offset:
-            # where the search below starts (but for a compacted prefix, which answers from its own log)
-            first = max(cq.search_timestamp(timestamp), cq.search_offset(shard.log_start))
-            units = list(islice(units_from(cq, first), TIMESTAMP_FAULT_IN_UNITS))
+        if flusher is not None:
+            units = list(islice(units_from(shard.cq, first), TIMESTAMP_FAULT_IN_UNITS))
             if units and units[0][0] < flusher.cache_from:
                 await self._read_back(units)
-        return self._offset_for_timestamp(shard, timestamp)
+                # the queue may have moved while the pages were read back: search it as it is now
+                return self._offset_for_timestamp(shard, timestamp)
+        return self._scan_for_timestamp(shard, timestamp, first, units)
 
     def _offset_for_timestamp(self, shard: Shard, timestamp: int) -> tuple[int, int] | None:
+        found, first = self._timestamp_start(shard, timestamp)
+        return found if first < 0 else self._scan_for_timestamp(shard, timestamp, first, [])
+
+    def _timestamp_start(self, shard: Shard, timestamp: int) -> tuple[tuple[int, int] | None, int]:
+        """(the answer, -1) when the lookup is decided before the queue's units are read (an empty queue, or the
+        compacted prefix holds the record); else (None, the index of the first unit the scan reads)."""
         cq = shard.cq
-        if shard.log_start >= cq.end_offset:
-            return None
+        end = cq.end_offset
         floor = shard.log_start
+        if floor >= end:
+            return None, -1
         compacted = self.compacted.get((shard.topic, shard.queue)) if self.compacted else None
         if compacted is not None and floor < compacted.upto:  # below upto the compacted prefix answers
             found = compacted.offset_for_timestamp(timestamp, floor)
             if found is not None:
-                return found
+                return found, -1
             floor = compacted.upto
-            if floor >= cq.end_offset:
-                return None
-        first = max(cq.search_timestamp(timestamp), cq.search_offset(floor))
+            if floor >= end:
+                return None, -1
+        return None, max(cq.search_timestamp(timestamp), cq.search_offset(floor))
+
+    def _scan_for_timestamp(
+        self, shard: Shard, timestamp: int, first: int, units: list[Unit]
+    ) -> tuple[int, int] | None:
+        """The first record at or after `timestamp` in the units from index `first` (`units`: those already
+        read from there, which the scan takes before reading on)."""
         view = self.clog.body_view
         tlen = len(shard.topic_b)
-        for unit in units_from(cq, first):
+        log_start = shard.log_start
+        for unit in chain(units, units_from(shard.cq, first + len(units))):
             data = view(unit[0], unit[1], tlen)
             # the unit holds the running max; the batch's own max says whether it can hold a match
             if _I64.unpack_from(data, 35)[0] < timestamp:
                 continue
-            found = first_record_at_or_after(data, timestamp, shard.log_start)
+            found = first_record_at_or_after(data, timestamp, log_start)
             if found is not None:
                 return found
         return None
