@@ -20,6 +20,7 @@ from mqk.store.adapter import GroupOffset
 from mqk.store.file.checkpoint import Checkpoint
 from mqk.store.file.engine import FileEngine
 from mqk.store.file.mapped_file import MappedFileQueue
+from mqk.store.file.reader import TIMESTAMP_FAULT_IN_UNITS
 
 rb = load("recbatch")
 T = "orders"
@@ -160,6 +161,21 @@ async def test_offset_for_timestamp_and_max_timestamp(engine: FileEngine) -> Non
     assert await engine.offset_for_timestamp(T, 0, 0) == (8, 1220)
     assert await engine.max_timestamp(T, 1) is None
     assert await engine.offset_for_timestamp(T, 1, 0) is None
+
+
+async def test_timestamp_lookup_scans_on_past_the_units_it_read_first(engine: FileEngine) -> None:
+    """The lookup reads the first units of its search to check their pages (the read-back), then scans from
+    them on: here the record is 12 batches past the search's start (older batches keep the running maximum up),
+    beyond the units read first."""
+    await engine.append(T, 0, [batch(1, ts=5_000)])
+    for i in range(12):
+        await engine.append(T, 0, [batch(1, ts=1_000 + i)])
+    await engine.append(T, 0, [batch(1, ts=6_000)])
+    await engine.delete_before(T, 0, 1)  # the search starts at offset 1: every unit from there has max 5,000
+    assert engine.flusher is not None and TIMESTAMP_FAULT_IN_UNITS < 12
+    assert await engine.offset_for_timestamp(T, 0, 4_000) == (13, 6_000)
+    assert await engine.offset_for_timestamp(T, 0, 1_005) == (6, 1_005)
+    assert await engine.offset_for_timestamp(T, 0, 6_001) is None
 
 
 async def test_timestamp_lookup_across_many_cq_files(engine: FileEngine) -> None:
