@@ -275,6 +275,10 @@ def measure(
     # a first pass creates every partition's files; the measured pass appends to existing queues
     warm = [(a, r, p, p * len(r)) for a, r, p, _s in targets]
     produce_all(warm, in_flight)
+    # no dirty pages at the start (untimed): the pass before wrote as many bytes, and the kernel writing them back
+    # would take CPU from this pass, which for the cluster means from the brokers (the standalone broker's pass has
+    # a core mostly idle to absorb it), so without this the order of the passes would bias the ratio
+    os.sync()
     for pid in pids.values():
         _settle(pid)
     cpu0 = {n: perfutil.proc_cpu_seconds(pid) for n, pid in pids.items()}
