@@ -126,6 +126,17 @@ cdef inline object dict_seq(dict d, str key):
     return <object>v
 
 
+cdef inline bytes utf8(object text):
+    """A topic name's or message's bytes: declined (DECLINE_TEXT) when it is not a str, or holds what UTF-8 cannot
+    encode (a lone surrogate)."""
+    if type(text) is not str:
+        decline(DECLINE_TEXT)
+    try:
+        return (<str>text).encode("utf-8")
+    except UnicodeEncodeError:
+        decline(DECLINE_TEXT)
+
+
 cdef inline int out_topic(Out* o, dict topic, str name_key, bint by_id, bint compact, object uuid_type) except -1:
     """A topic's 16-byte id (`topic_id`, a `uuid_type`, default zero) from v13, else its name (`name_key`, a str,
     default "")."""
@@ -144,10 +155,7 @@ cdef inline int out_topic(Out* o, dict topic, str name_key, bint by_id, bint com
         out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), 16)
         return 0
     found = PyDict_GetItem(topic, name_key)
-    name = "" if found == NULL else <object>found
-    if type(name) is not str:
-        decline(DECLINE_TEXT)
-    name = (<str>name).encode("utf-8")
+    name = utf8("" if found == NULL else <object>found)
     out_length(o, PyBytes_GET_SIZE(name), compact, True)
     out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name))
     return 0

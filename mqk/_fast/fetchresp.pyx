@@ -10,7 +10,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
-from mqk._fast._out cimport (DECLINE_FIELD, DECLINE_SHAPE, DECLINE_TEXT, DECLINE_VERSION,
+from mqk._fast._out cimport (DECLINE_FIELD, DECLINE_SHAPE, DECLINE_VERSION,
                              Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
                              out_topic)
 
@@ -139,10 +139,8 @@ def encode_fetch_response(body, Py_ssize_t version, bytearray out):
     o.cap = 0
     try:
         _write(&o, body, version, parts)
-    except Decline as exc:
+    except Decline as exc:  # (only a Decline: every field is checked before it is written)
         return exc.reason
-    except UnicodeEncodeError:
-        return DECLINE_TEXT
     finally:
         free(o.p)
     out += parts[0]

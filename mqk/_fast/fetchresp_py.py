@@ -87,22 +87,16 @@ def _write(body: dict[str, Any], version: int) -> list[Any]:
         for p in partitions:
             if p.__class__ is not dict:
                 raise Decline(_hw.DECLINE_SHAPE)
-            # a value of another type or out of its field's range makes pack raise struct.error: declined
+            head = (
+                dict_int(p, "partition_index", 0, I32_RANGE),
+                dict_int(p, "error_code", 0, I16_RANGE),
+                dict_int(p, "high_watermark", 0, I64_RANGE),
+                dict_int(p, "last_stable_offset", -1, I64_RANGE),
+            )
             if version >= 5:
-                b += _PART_V5.pack(
-                    p.get("partition_index", 0),
-                    p.get("error_code", 0),
-                    p.get("high_watermark", 0),
-                    p.get("last_stable_offset", -1),
-                    p.get("log_start_offset", -1),
-                )
+                b += _PART_V5.pack(*head, dict_int(p, "log_start_offset", -1, I64_RANGE))
             else:
-                b += _PART_V4.pack(
-                    p.get("partition_index", 0),
-                    p.get("error_code", 0),
-                    p.get("high_watermark", 0),
-                    p.get("last_stable_offset", -1),
-                )
+                b += _PART_V4.pack(*head)
             if compact and (
                 p.get("diverging_epoch") is not None
                 or p.get("current_leader") is not None
@@ -125,7 +119,7 @@ def _write(body: dict[str, Any], version: int) -> list[Any]:
             else:
                 raise Decline(_hw.DECLINE_SHAPE)
             if version >= 11:
-                b += _I32.pack(p.get("preferred_read_replica", -1))
+                b += _I32.pack(dict_int(p, "preferred_read_replica", -1, I32_RANGE))
             records = p.get("records")
             if records is None:
                 put_length(b, -1, compact)

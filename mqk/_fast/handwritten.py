@@ -48,8 +48,9 @@ _T = TypeVar("_T")
 
 def written(write: Callable[[dict[str, Any], int], _T], body: Any, version: int, first: int, last: int) -> _T | int:
     """An encoder twin's entry point: `write(body, version)`, or why the body is declined: DECLINE_VERSION for a
-    version outside [first, last], DECLINE_SHAPE for a body that is not a dict, the reason a `Decline` carries,
-    DECLINE_TEXT for a str that does not encode, DECLINE_VALUE for a value `struct` cannot pack."""
+    version outside [first, last], DECLINE_SHAPE for a body that is not a dict, else the reason the `Decline`
+    raised where the writer found it carries. Nothing else is caught: every field is checked before it is
+    written (dict_int, dict_seq, utf8), so any other exception is a fault of the writer's, and it propagates."""
     if not first <= version <= last:
         return DECLINE_VERSION
     if body.__class__ is not dict:
@@ -58,10 +59,6 @@ def written(write: Callable[[dict[str, Any], int], _T], body: Any, version: int,
         return write(body, version)
     except Decline as exc:
         return exc.reason
-    except UnicodeEncodeError:
-        return DECLINE_TEXT
-    except struct.error:
-        return DECLINE_VALUE
 
 
 def dict_int(d: dict[str, Any], key: str, default: int, bounds: tuple[int, int]) -> int:
@@ -69,6 +66,17 @@ def dict_int(d: dict[str, Any], key: str, default: int, bounds: tuple[int, int])
     if not isinstance(v, int) or not bounds[0] <= v <= bounds[1]:
         raise Decline(DECLINE_VALUE)
     return v
+
+
+def utf8(text: Any) -> bytes:
+    """A topic name's or message's bytes: declined (DECLINE_TEXT) when it is not a str, or holds what UTF-8 cannot
+    encode (a lone surrogate)."""
+    if text.__class__ is not str:
+        raise Decline(DECLINE_TEXT)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise Decline(DECLINE_TEXT) from None
 
 
 def dict_seq(d: dict[str, Any], key: str) -> list[Any] | tuple[Any, ...]:
@@ -108,10 +116,7 @@ def put_topic(b: bytearray, topic: dict[str, Any], name_key: str, by_id: bool, c
             raise Decline(DECLINE_TEXT)
         b += topic_id.bytes
         return
-    name = topic.get(name_key, "")
-    if name.__class__ is not str:
-        raise Decline(DECLINE_TEXT)
-    name = name.encode()
+    name = utf8(topic.get(name_key, ""))
     put_length(b, len(name), compact, True)
     b += name
 

@@ -10,10 +10,9 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
-from mqk._fast._out cimport (DECLINE_FIELD, DECLINE_NONE, DECLINE_SHAPE, DECLINE_TEXT,
-                             DECLINE_VERSION,
+from mqk._fast._out cimport (DECLINE_FIELD, DECLINE_NONE, DECLINE_SHAPE, DECLINE_VERSION,
                              Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
-                             out_topic)
+                             out_topic, utf8)
 
 from uuid import UUID
 
@@ -59,12 +58,10 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
                         out_be(o, 0, 1)
                     else:
                         out_be(o, 0xFFFF, 2)
-                elif type(message) is str:
-                    message = (<str>message).encode("utf-8")
+                else:
+                    message = utf8(message)
                     out_length(o, len(message), compact, True)
                     out_mem(o, <const unsigned char*>PyBytes_AS_STRING(message), PyBytes_GET_SIZE(message))
-                else:
-                    decline(DECLINE_TEXT)
             if version >= 10:
                 found = PyDict_GetItem(p, "current_leader")
                 if found != NULL and <object>found is not None:
@@ -94,10 +91,8 @@ def encode_produce_response(body, Py_ssize_t version, bytearray out):
     try:
         _write(&o, body, version)
         out += (<char*>o.p)[:o.n] if o.n else b""
-    except Decline as exc:
+    except Decline as exc:  # (only a Decline: every field is checked before it is written)
         return exc.reason
-    except UnicodeEncodeError:
-        return DECLINE_TEXT
     finally:
         free(o.p)
     return DECLINE_NONE

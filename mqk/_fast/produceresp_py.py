@@ -29,6 +29,7 @@ from mqk._fast.handwritten import (
     dict_seq,
     put_length,
     put_topic,
+    utf8,
     written,
 )
 
@@ -87,12 +88,10 @@ def _write(body: dict[str, Any], version: int) -> bytearray:
                         b.append(0)
                     else:
                         b += b"\xff\xff"
-                elif message.__class__ is str:
-                    message = message.encode()
+                else:
+                    message = utf8(message)
                     put_length(b, len(message), compact, True)
                     b += message
-                else:
-                    raise Decline(_hw.DECLINE_TEXT)
             if version >= 10 and p.get("current_leader") is not None:
                 raise Decline(_hw.DECLINE_FIELD)
             if compact:

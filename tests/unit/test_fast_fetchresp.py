@@ -6,6 +6,7 @@ codec's frames are unchanged."""
 from __future__ import annotations
 
 import random
+import struct
 import uuid
 
 import pytest
@@ -13,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqk._fast import compiled, twin
+from mqk._fast.fetchresp_py import FIRST_VERSION, LAST_VERSION
+from mqk._fast.handwritten import written
 from mqk.protocol.kafka import messages
 from mqk.protocol.kafka.codec import Declined, Request, encode_response
 
@@ -187,7 +190,10 @@ DECLINES = [
     ("shape", 12, {"responses": [[_PART]]}),
     ("shape", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "records": "r"}]}]}),
     ("value", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "high_watermark": 1 << 63}]}]}),
+    ("value", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "error_code": 1.5}]}]}),
+    ("value", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "preferred_read_replica": 1 << 40}]}]}),
     ("text", 12, {"responses": [{"topic": 7, "partitions": [_PART]}]}),
+    ("text", 12, {"responses": [{"topic": "\ud800", "partitions": [_PART]}]}),
     ("field", 12, {"responses": [{"topic": "t", "partitions": [{**_PART, "current_leader": {"leader_id": 1}}]}]}),
     ("field", 16, {"responses": [], "node_endpoints": [{"node_id": 1}]}),
 ]
@@ -199,6 +205,17 @@ def test_each_declined_body_says_why(impl, reason: str, version: int, body: dict
     out = bytearray(b"head")
     assert impl.encode_fetch_response(body, version, out) == Declined[reason.upper()]
     assert out == b"head"
+
+
+def test_a_fault_in_a_writer_is_raised_not_declined() -> None:
+    """Only a `Decline` becomes a reason: every field is checked before it is written, so another exception out of
+    a writer is a fault of the writer's, and hiding it as a decline would only make the broker slower."""
+
+    def broken(body: dict, version: int) -> list:
+        raise struct.error("a writer packing what it did not check")
+
+    with pytest.raises(struct.error):
+        written(broken, {"responses": []}, 12, FIRST_VERSION, LAST_VERSION)
 
 
 def test_codec_frames_are_unchanged() -> None:
