@@ -126,15 +126,29 @@ cdef inline object dict_seq(dict d, str key):
     return <object>v
 
 
-cdef inline bytes utf8(object text):
-    """A topic name's or message's bytes: declined (DECLINE_TEXT) when it is not a str, or holds what UTF-8 cannot
-    encode (a lone surrogate)."""
+cdef extern from "Python.h":
+    # NULL with the error set (no `except` here: a text UTF-8 cannot encode is declined, not raised)
+    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size)
+    int PyErr_ExceptionMatches(object exc_type)
+    void PyErr_Clear()
+
+
+cdef inline int out_text(Out* o, object text, bint compact) except -1:
+    """A topic name or message: its int16 length and UTF-8 bytes (an ASCII str's own, no copy made). Declined
+    (DECLINE_TEXT) when it is not a str, or holds what UTF-8 cannot encode (a lone surrogate)."""
+    cdef Py_ssize_t n
+    cdef const char* s
     if type(text) is not str:
         decline(DECLINE_TEXT)
-    try:
-        return (<str>text).encode("utf-8")
-    except UnicodeEncodeError:
+    s = PyUnicode_AsUTF8AndSize(text, &n)
+    if s == NULL:
+        if not PyErr_ExceptionMatches(UnicodeEncodeError):
+            return -1  # (out of memory: raised)
+        PyErr_Clear()
         decline(DECLINE_TEXT)
+    out_length(o, n, compact, True)
+    out_mem(o, <const unsigned char*>s, n)
+    return 0
 
 
 cdef inline int out_topic(Out* o, dict topic, str name_key, bint by_id, bint compact, object uuid_type) except -1:
@@ -155,7 +169,4 @@ cdef inline int out_topic(Out* o, dict topic, str name_key, bint by_id, bint com
         out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), 16)
         return 0
     found = PyDict_GetItem(topic, name_key)
-    name = utf8("" if found == NULL else <object>found)
-    out_length(o, PyBytes_GET_SIZE(name), compact, True)
-    out_mem(o, <const unsigned char*>PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name))
-    return 0
+    return out_text(o, "" if found == NULL else <object>found, compact)

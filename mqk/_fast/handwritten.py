@@ -50,7 +50,7 @@ def written(write: Callable[[dict[str, Any], int], _T], body: Any, version: int,
     """An encoder twin's entry point: `write(body, version)`, or why the body is declined: DECLINE_VERSION for a
     version outside [first, last], DECLINE_SHAPE for a body that is not a dict, else the reason the `Decline`
     raised where the writer found it carries. Nothing else is caught: every field is checked before it is
-    written (dict_int, dict_seq, utf8), so any other exception is a fault of the writer's, and it propagates."""
+    written (dict_int, dict_seq, put_text), so any other exception is a fault of the writer's, and it propagates."""
     if not first <= version <= last:
         return DECLINE_VERSION
     if body.__class__ is not dict:
@@ -68,15 +68,17 @@ def dict_int(d: dict[str, Any], key: str, default: int, bounds: tuple[int, int])
     return v
 
 
-def utf8(text: Any) -> bytes:
-    """A topic name's or message's bytes: declined (DECLINE_TEXT) when it is not a str, or holds what UTF-8 cannot
-    encode (a lone surrogate)."""
+def put_text(b: bytearray, text: Any, compact: bool) -> None:
+    """A topic name or message: its int16 length and UTF-8 bytes. Declined (DECLINE_TEXT) when it is not a str, or
+    holds what UTF-8 cannot encode (a lone surrogate)."""
     if text.__class__ is not str:
         raise Decline(DECLINE_TEXT)
     try:
-        return text.encode()
+        data = text.encode()
     except UnicodeEncodeError:
         raise Decline(DECLINE_TEXT) from None
+    put_length(b, len(data), compact, True)
+    b += data
 
 
 def dict_seq(d: dict[str, Any], key: str) -> list[Any] | tuple[Any, ...]:
@@ -116,9 +118,7 @@ def put_topic(b: bytearray, topic: dict[str, Any], name_key: str, by_id: bool, c
             raise Decline(DECLINE_TEXT)
         b += topic_id.bytes
         return
-    name = utf8(topic.get(name_key, ""))
-    put_length(b, len(name), compact, True)
-    b += name
+    put_text(b, topic.get(name_key, ""), compact)
 
 
 _ZERO_UUID = UUID(int=0)

@@ -6,13 +6,12 @@ lookups and written into a C buffer, copied into `out` once at the end.
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
 from mqk._fast._out cimport (DECLINE_FIELD, DECLINE_NONE, DECLINE_SHAPE, DECLINE_VERSION,
                              Out, decline, dict_i16, dict_i32, dict_i64, dict_seq, out_be, out_length, out_mem,
-                             out_topic, utf8)
+                             out_text, out_topic)
 
 from uuid import UUID
 
@@ -59,9 +58,7 @@ cdef int _write(Out* o, dict body, Py_ssize_t version) except -1:
                     else:
                         out_be(o, 0xFFFF, 2)
                 else:
-                    message = utf8(message)
-                    out_length(o, len(message), compact, True)
-                    out_mem(o, <const unsigned char*>PyBytes_AS_STRING(message), PyBytes_GET_SIZE(message))
+                    out_text(o, message, compact)
             if version >= 10:
                 found = PyDict_GetItem(p, "current_leader")
                 if found != NULL and <object>found is not None:

@@ -28,8 +28,8 @@ from mqk._fast.handwritten import (
     dict_int,
     dict_seq,
     put_length,
+    put_text,
     put_topic,
-    utf8,
     written,
 )
 
@@ -89,9 +89,7 @@ def _write(body: dict[str, Any], version: int) -> bytearray:
                     else:
                         b += b"\xff\xff"
                 else:
-                    message = utf8(message)
-                    put_length(b, len(message), compact, True)
-                    b += message
+                    put_text(b, message, compact)
             if version >= 10 and p.get("current_leader") is not None:
                 raise Decline(_hw.DECLINE_FIELD)
             if compact:
